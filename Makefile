@@ -1,0 +1,54 @@
+# One-command setup, demo and tests.  Every target installs what it needs, idempotently:
+# Debian packages (Open MPI, PT-Scotch's ParMETIS) when missing, then a .venv with the CPU torch wheel.
+SHELL := /bin/bash
+PY    := .venv/bin/python
+STAMP := .stamps
+# Open MPI refuses root without these; 4 ranks on 2 cores need oversubscription.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export OMPI_MCA_rmaps_base_oversubscribe := 1
+export OMPI_MCA_hwloc_base_binding_policy := none
+export PYTHONUNBUFFERED := 1
+MPIRUN := mpirun -n 4
+APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
+
+.PHONY: setup demo test test-unit test-mpi bench clean
+
+setup: $(STAMP)/apt $(STAMP)/venv
+
+$(STAMP)/apt:
+	@mkdir -p $(STAMP)
+	@if command -v mpirun >/dev/null && dpkg -s $(APT_PKGS) >/dev/null 2>&1; then \
+	  echo "setup: Debian packages present"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PKGS); \
+	else \
+	  echo "setup: need $(APT_PKGS) (run as root, or see README 'Installing on a cluster')" >&2; exit 1; \
+	fi
+	@touch $@
+
+$(STAMP)/venv: pyproject.toml
+	@mkdir -p $(STAMP)
+	@[ -x $(PY) ] || python3 -m venv .venv
+	@# Pin the CPU wheel first: a looser requirement would pull a multi-GB CUDA build.
+	@$(PY) -c "import torch" 2>/dev/null || .venv/bin/pip install -q torch==2.13.0
+	.venv/bin/pip install -q -e '.[test]'
+	@touch $@
+
+demo: setup
+	bash bench/demo.sh
+
+test-unit: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+# 2 emulated servers x 2 ranks by default; tests that need other shapes build them from the world.
+test-mpi: setup
+	GRANNDIS_RANKS_PER_SERVER=2 $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/mpi
+
+test: test-unit test-mpi
+
+bench: setup
+	$(MPIRUN) $(PY) bench/bench_comm.py --out docs/bench_comm.json
+
+clean:
+	rm -rf $(STAMP) .venv build *.egg-info
