@@ -1,0 +1,68 @@
+"""The canonical in-memory graph and small CSR helpers shared by preprocessing and the engine.
+
+Convention everywhere in granndis-hpc: graphs are stored as *in-edge* CSR.  For a vertex v,
+``indices[indptr[v]:indptr[v+1]]`` are the sources u of the edges u -> v, i.e. the vertices whose
+features v aggregates.  Ids are int64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Graph:
+    """A whole dataset after canonicalisation (what the partitioner and the tests' references see)."""
+
+    name: str
+    indptr: np.ndarray  # int64 [N+1], in-edge CSR
+    indices: np.ndarray  # int64 [E], source ids
+    features: np.ndarray  # float32 [N, F]
+    labels: np.ndarray  # int64 [N], in [0, num_classes)
+    train_mask: np.ndarray  # bool [N]
+    val_mask: np.ndarray  # bool [N]
+    test_mask: np.ndarray  # bool [N]
+    num_classes: int
+
+    @property
+    def num_vertices(self) -> int:
+        return int(self.indptr.shape[0] - 1)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[1])
+
+    def in_degree(self) -> np.ndarray:
+        return np.diff(self.indptr).astype(np.int64)
+
+
+def csr_from_edges(src: np.ndarray, dst: np.ndarray, num_vertices: int):
+    """In-edge CSR (indptr, indices) from edge arrays src -> dst; sources sorted inside each row."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    order = np.lexsort((src, dst))
+    indptr = np.zeros(num_vertices + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_vertices), out=indptr[1:])
+    return indptr, src[order]
+
+
+def csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray):
+    """Sub-CSR of the given rows (in that order): (indptr, indices) rebased to start at 0. Vectorised."""
+    rows = np.asarray(rows, dtype=np.int64)
+    starts, ends = indptr[rows], indptr[rows + 1]
+    counts = ends - starts
+    sub_indptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=sub_indptr[1:])
+    # Gather positions start_i + (0..count_i-1) for every row without a Python loop.
+    pos = np.arange(sub_indptr[-1], dtype=np.int64) - np.repeat(sub_indptr[:-1] - starts, counts)
+    return sub_indptr, indices[pos]
+
+
+def row_of_edges(indptr: np.ndarray) -> np.ndarray:
+    """For an in-edge CSR, the destination row of every edge (the COO row array)."""
+    return np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int64), np.diff(indptr))
