@@ -1,0 +1,54 @@
+"""Atomic file writes: a reader never sees a half-written file, and an interrupted writer leaves
+the previous version in place.  Used by shard writing, checkpoints and run-directory outputs."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename inside `path` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(final_path: str):
+    """Yield a temporary path in the same directory; on success fsync it and rename it to final_path.
+
+    On an exception the temporary file is removed and final_path is untouched.
+    """
+    directory = os.path.dirname(os.path.abspath(final_path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(final_path) + ".", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final_path)
+        fsync_dir(directory)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(final_path: str, data: bytes) -> None:
+    with atomic_path(final_path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+
+def atomic_write_json(final_path: str, obj) -> None:
+    atomic_write_bytes(final_path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
