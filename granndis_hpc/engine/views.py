@@ -1,0 +1,164 @@
+"""Views: a rank's rows plus everything needed to run the model over them with exchanges.
+
+Two views exist per rank, built by the same planner:
+- the *server view* (preloaded training, `flx` / `eas`): own rows = this GPU's rows of its server's
+  shard (inner + preloaded), halo = rows of the other GPUs of the same server, exchanged over the
+  intra-server transport; the active set shrinks by one hop per layer;
+- the *world view* (`fb` training and exact evaluation in every mode): own rows = this GPU's inner
+  vertices, halo = their in-neighbours on any other rank, exchanged with every rank (intra-server
+  peers over the intra-server transport, other servers over MPI); every row is active at every layer.
+
+Static per-row data of halo rows (input features, degrees) is exchanged once, at set-up.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import List
+
+import numpy as np
+import torch
+
+from granndis_hpc.engine.exchange import halo_exchange
+from granndis_hpc.graph import planner
+from granndis_hpc.nn.graph import LayerGraph
+
+
+@dataclass
+class RowSource:
+    """What the planner needs to know about one rank's rows, independent of the view."""
+
+    hop: np.ndarray  # int64 [n], non-decreasing
+    indptr: np.ndarray  # in-edges of the rows
+    is_own: np.ndarray  # per edge
+    own_pos: np.ndarray  # per edge (valid where is_own)
+    peer: np.ndarray  # per edge (valid where not is_own): index in the exchange's peer numbering
+    key: np.ndarray  # per edge: the key the peer resolves
+    src_hop: np.ndarray  # per edge: hop of the source row
+    degree: np.ndarray  # float [n]: normalisation degree of every own row
+    features: np.ndarray  # float32 [n, F]
+
+
+def server_rows(sl, exact_degrees: bool) -> RowSource:
+    """Rows of the preloaded server view from a RankSlice (shard rows of this GPU)."""
+    src = sl.indices.astype(np.int64)
+    offsets = sl.server_offsets.astype(np.int64)
+    owner = np.searchsorted(offsets, src, side="right") - 1
+    # Sampled (EAS) graphs are closed: normalise over the kept neighbours, not the global degree.
+    degree = sl.in_degree if exact_degrees else np.diff(sl.indptr)
+    return RowSource(
+        hop=sl.hop.astype(np.int64), indptr=sl.indptr.astype(np.int64), is_own=owner == sl.gpu,
+        own_pos=src - offsets[sl.gpu], peer=owner, key=src - offsets[owner],
+        src_hop=sl.server_hop.astype(np.int64)[src], degree=degree.astype(np.float32),
+        features=sl.features)
+
+
+def world_rows(sl, my_rank: int) -> RowSource:
+    """Rows of the exact world view: this GPU's inner vertices and all their in-edges."""
+    n = int(sl.n_inner)
+    inner_gid = sl.global_id[:n]
+    gid = sl.w_src_global_id.astype(np.int64)
+    owner = sl.w_src_rank.astype(np.int64)
+    is_own = owner == my_rank
+    pos = np.minimum(np.searchsorted(inner_gid, gid), max(n - 1, 0))
+    if n and np.any(is_own & (inner_gid[pos] != gid)):
+        raise planner.PlanError("world view names this rank as owner of a vertex it does not hold; "
+                                "the shard is inconsistent: run `python -m preprocess verify`")
+    return RowSource(
+        hop=np.zeros(n, dtype=np.int64), indptr=sl.w_indptr.astype(np.int64), is_own=is_own,
+        own_pos=pos, peer=owner, key=gid, src_hop=np.zeros_like(gid),
+        degree=sl.in_degree[:n].astype(np.float32), features=sl.features[:n])
+
+
+def key_resolver_server(num_own: int):
+    def resolve(keys):
+        return np.where((keys >= 0) & (keys < num_own), keys, -1)
+    return resolve
+
+
+def key_resolver_world(inner_gid: np.ndarray):
+    def resolve(keys):
+        if inner_gid.size == 0:
+            return np.full(keys.shape, -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(inner_gid, keys), inner_gid.size - 1)
+        return np.where(inner_gid[pos] == keys, pos, -1)
+    return resolve
+
+
+class View:
+    """A planned view bound to a transport: builds LayerGraphs and the model's `gather` function."""
+
+    def __init__(self, rows: RowSource, plan: planner.Plan, exchange, device: torch.device):
+        self.plan, self.device, self._exchange = plan, device, exchange
+        self.num_own = plan.num_own
+        self.hop = rows.hop
+        self._send = [torch.as_tensor(lp.send_index, device=device) for lp in plan.layers]
+        self._full_send = torch.as_tensor(plan.full_send_index, device=device)
+        # Static halo data, exchanged once over the full plan (phase "setup").
+        own_degree = torch.as_tensor(rows.degree, dtype=torch.float32, device=device).unsqueeze(1)
+        halo_degree = self.exchange_full(own_degree, phase="setup").squeeze(1)
+        self.features = torch.as_tensor(np.ascontiguousarray(rows.features), device=device)
+        self.halo_features = self.exchange_full(self.features, phase="setup")
+        self.graphs: List[LayerGraph] = []
+        for lp in plan.layers:
+            src_degree = torch.cat([own_degree.squeeze(1)[: lp.n_own_in],
+                                    halo_degree[torch.as_tensor(lp.halo_rows, device=device)]])
+            self.graphs.append(LayerGraph(
+                n_dst=lp.n_dst, n_src=lp.n_src,
+                indptr=torch.as_tensor(lp.indptr, device=device),
+                indices=torch.as_tensor(lp.indices, device=device),
+                dst_degree=own_degree.squeeze(1)[: lp.n_dst].contiguous(),
+                src_degree=src_degree.contiguous()))
+        self._halo_rows = [torch.as_tensor(lp.halo_rows, device=device) for lp in plan.layers]
+
+    def exchange_full(self, own: torch.Tensor, phase: str) -> torch.Tensor:
+        """All halo rows (HaloTable order) of a per-row tensor of the own rows."""
+        return self._exchange(own.index_select(0, self._full_send).contiguous(),
+                              self.plan.full_send_counts.tolist(), self.plan.halo.counts().tolist(),
+                              phase=phase)
+
+    @property
+    def input_features(self) -> torch.Tensor:
+        """Own rows the first layer reads."""
+        return self.features[: self.plan.layers[0].n_own_in]
+
+    def gather_fn(self, phase: str, input_dropout: float = 0.0, training: bool = False):
+        """The model's gather(l, h): own rows h -> [h | halo rows of layer l].
+
+        Layer 0 reading the raw input features uses the halo features exchanged at set-up (they are
+        static) instead of exchanging them every epoch; the halo rows get their own dropout mask.
+        """
+        exchange = functools.partial(self._exchange, phase=phase)
+        x0 = self.input_features
+
+        def gather(l: int, h: torch.Tensor) -> torch.Tensor:
+            lp = self.plan.layers[l]
+            if l == 0 and h is x0:
+                halo = self.halo_features.index_select(0, self._halo_rows[0])
+            else:
+                halo = halo_exchange(h, self._send[l], lp.send_counts.tolist(), lp.recv_counts.tolist(),
+                                     exchange)
+            if l == 0 and input_dropout > 0 and training and h is x0:
+                halo = torch.nn.functional.dropout(halo, input_dropout, training=True)
+            return torch.cat([h, halo], dim=0)
+
+        return gather
+
+
+def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: bool, resolve_keys,
+               exchange, alltoall_counts, device) -> View:
+    """Plan one view.  The one communication step: tell every owner which of its rows we need.
+
+    exchange(send, send_counts, recv_counts, phase) moves rows between the view's peers;
+    alltoall_counts(list) -> list is an MPI alltoall of one integer per peer on the same peers.
+    """
+    table, sources = planner.build_halo(num_peers, rows.is_own, rows.own_pos, rows.peer, rows.key,
+                                        rows.src_hop)
+    keys, counts = table.requests()
+    send_counts = np.asarray(alltoall_counts([int(c) for c in counts]), dtype=np.int64)
+    asked = exchange(torch.as_tensor(keys, dtype=torch.int64, device=device).reshape(-1, 1), counts.tolist(),
+                     send_counts.tolist(), phase="setup").reshape(-1).cpu().numpy()
+    send_pos = planner.resolve_requests(asked, resolve_keys)
+    plan = planner.build_plan(rows.hop, rows.indptr, sources, table, send_pos, send_counts,
+                              num_layers, all_active=all_active)
+    return View(rows, plan, exchange, device)
