@@ -126,7 +126,7 @@ class Trainer:
                 views.server_rows(sl, exact_degrees=(cfg.mode == "flx")), topo.ranks_per_server, cfg.layers,
                 all_active=False, resolve_keys=views.key_resolver_server(sl.global_id.shape[0]),
                 exchange=self.comm.intra_exchange, alltoall_counts=topo.server_comm.alltoall,
-                device=self.device)
+                device=self.device, exact=(cfg.mode == "flx"))
         n_inner = int(sl.n_inner)
         self.labels = torch.as_tensor(sl.labels[:n_inner], device=self.device)
         self.split_rows = {name: torch.as_tensor(np.flatnonzero(mask[:n_inner]), device=self.device)

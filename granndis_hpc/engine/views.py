@@ -146,11 +146,12 @@ class View:
 
 
 def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: bool, resolve_keys,
-               exchange, alltoall_counts, device) -> View:
+               exchange, alltoall_counts, device, exact: bool = True) -> View:
     """Plan one view.  The one communication step: tell every owner which of its rows we need.
 
     exchange(send, send_counts, recv_counts, phase) moves rows between the view's peers;
     alltoall_counts(list) -> list is an MPI alltoall of one integer per peer on the same peers.
+    exact: rows.degree are global degrees and every computed row must have all its in-edges.
     """
     table, sources = planner.build_halo(num_peers, rows.is_own, rows.own_pos, rows.peer, rows.key,
                                         rows.src_hop)
@@ -160,5 +161,6 @@ def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: boo
                      send_counts.tolist(), phase="setup").reshape(-1).cpu().numpy()
     send_pos = planner.resolve_requests(asked, resolve_keys)
     plan = planner.build_plan(rows.hop, rows.indptr, sources, table, send_pos, send_counts,
-                              num_layers, all_active=all_active)
+                              num_layers, all_active=all_active,
+                              complete_degree=rows.degree if exact else None)
     return View(rows, plan, exchange, device)

@@ -121,13 +121,15 @@ def resolve_requests(requested_keys: np.ndarray, key_to_pos) -> np.ndarray:
 
 def build_plan(own_hop: np.ndarray, indptr: np.ndarray, sources: EdgeSources, halo: HaloTable,
                send_pos: np.ndarray, send_peer_counts: np.ndarray, num_layers: int,
-               all_active: bool = False) -> Plan:
+               all_active: bool = False, complete_degree: np.ndarray = None) -> Plan:
     """Per-layer one-hop blocks and exchange lists.
 
     own_hop: hop of every own row (non-decreasing).  indptr/sources: in-edges of the own rows.
     send_pos/send_peer_counts: own row positions requested by each peer (concatenated in peer order,
     each peer's list in its (hop, key) order), from `resolve_requests`.
     all_active: every row is computed at every layer (world view / closed sampled graphs).
+    complete_degree: for exact plans, the global in-degree of every own row; every row the plan
+    computes must then have all its in-edges (a preload with too few hops would silently truncate).
     """
     own_hop = np.asarray(own_hop, dtype=np.int64)
     n_own = own_hop.shape[0]
@@ -142,6 +144,14 @@ def build_plan(own_hop: np.ndarray, indptr: np.ndarray, sources: EdgeSources, ha
     def limit(l_in):  # largest hop active as an input of 0-based layer l_in
         return np.iinfo(np.int64).max if all_active else L - l_in
 
+    if complete_degree is not None and L > 0:
+        n_computed = n_own if all_active else int(np.searchsorted(own_hop, limit(1), side="right"))
+        short = np.flatnonzero(np.diff(indptr)[:n_computed] != np.asarray(complete_degree)[:n_computed])
+        if short.size:
+            raise PlanError(
+                f"row {int(short[0])} (hop {int(own_hop[short[0]])}) is computed by a {L}-layer model but "
+                f"only {int(np.diff(indptr)[short[0]])} of its {int(complete_degree[short[0]])} in-edges are "
+                f"in the shard: the preload has too few hops for {L} layers (its rows are not active)")
     plan = Plan(num_peers=halo.num_peers, num_own=n_own, halo=halo)
     plan.full_send_index = send_pos
     plan.full_send_counts = np.asarray(send_peer_counts, dtype=np.int64)
