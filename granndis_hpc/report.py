@@ -1,0 +1,395 @@
+"""`granndis report RUN_DIR [RUN_DIR ...] [--out DIR]`: plots and an AE1-style table from run directories.
+
+Each run directory holds ``config.json`` (resolved options), ``metrics.jsonl`` (one record per epoch) and
+``summary.json`` (per-epoch means and totals), written by the trainer.  The report makes three PNGs and
+``report.md``:
+
+- time_breakdown.png: mean seconds per epoch, stacked by phase (compute, intra-server comm,
+  inter-server comm, gradient sync, sampling when used, and "other" = epoch time not in any phase);
+- accuracy.png: validation and test accuracy over the evaluated epochs of every run;
+- bytes.png: bytes per epoch for each link class (halo and gradient, intra- and inter-server);
+- report.md: the table below plus the plots.
+
+Table columns follow the GraNNDis artifact's AE1 table, with honest units: the artifact printed mean
+milliseconds per epoch under "Total Time (sec)"; here "Epoch time (s)" is the mean seconds per epoch,
+"Total time (s)" the measured wall time of the whole run, and "Comm (s/epoch)" counts every
+communication phase (intra-server, inter-server and gradient sync; the artifact left gradient sync out).
+Speedup = epoch time of the matching FB run / epoch time of this run, where the matching FB run is the
+first `fb` run given with the same model, layers, servers and ranks per server (a speedup across
+different models or cluster shapes would not mean anything), else "n/a".
+
+Plots use matplotlib's object API on the Agg canvas: no pyplot, no global backend switch, no display.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+from granndis_hpc.config import HelpFormatter
+from granndis_hpc.fsutil import atomic_path, atomic_write_bytes
+
+__all__ = ["ReportError", "RunData", "load_run", "render_report", "format_table", "main"]
+
+TIME_PHASES = (("compute", "compute"), ("intra_comm", "intra-server comm"), ("inter_comm", "inter-server comm"),
+               ("grad_sync", "gradient sync"), ("sampling", "sampling"))
+BYTE_CLASSES = (("intra_halo", "intra-server halo"), ("inter_halo", "inter-server halo"),
+                ("intra_grad", "intra-server gradient"), ("inter_grad", "inter-server gradient"))
+COMM_PHASES = ("intra_comm", "inter_comm", "grad_sync")
+LOG_SCALE_RATIO = 1e3  # bytes plot switches to log scale when the largest/smallest nonzero value exceed this
+
+
+class ReportError(ValueError):
+    """A run directory is missing a file or holds a malformed one; the message names both."""
+
+
+@dataclass
+class RunData:
+    run_dir: str
+    config: dict
+    summary: dict
+    metrics: list
+    label: str = ""
+
+    @property
+    def method(self) -> str:
+        return f"{self.summary['mode'].upper()} {self.summary['model']} L={self.summary['layers']}"
+
+    @property
+    def shape(self) -> tuple:
+        s = self.summary
+        return (s["model"], s["layers"], s["servers"], s["ranks_per_server"])
+
+    @property
+    def comm_s(self) -> float:
+        return sum(self.summary["seconds_per_epoch"][k] for k in COMM_PHASES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and checking
+
+
+def _read_json(run_dir, name):
+    path = os.path.join(run_dir, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ReportError(f"run {run_dir}: {name} not found (is this a granndis run directory, "
+                          "and did the run finish?)") from None
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"run {run_dir}: {name} is not readable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"run {run_dir}: {name} must hold a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _check(obj, key, kinds, where, optional=False):
+    """Return obj[key] if it has one of `kinds` ("int", "number", "str", "dict"); else ReportError."""
+    if key not in obj or obj[key] is None:
+        if optional:
+            return None
+        raise ReportError(f"{where}: missing {key!r}")
+    value = obj[key]
+    ok = {
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        "str": lambda v: isinstance(v, str),
+        "dict": lambda v: isinstance(v, dict),
+    }
+    if not any(ok[k](value) for k in kinds):
+        raise ReportError(f"{where}: {key!r} must be {' or '.join(kinds)}, found {value!r}")
+    return value
+
+
+def _check_summary(summary, where):
+    for key in ("mode", "model"):
+        _check(summary, key, ["str"], where)
+    for key in ("layers", "servers", "ranks_per_server", "epochs"):
+        _check(summary, key, ["int"], where)
+    for key in ("epoch_time_s", "total_time_s"):
+        _check(summary, key, ["number"], where)
+    seconds = _check(summary, "seconds_per_epoch", ["dict"], where)
+    for key, _ in TIME_PHASES:
+        # sampling is absent from exact modes in older summaries: treat as zero
+        if _check(seconds, key, ["number"], where + " seconds_per_epoch", optional=key == "sampling") is None:
+            seconds[key] = 0.0
+    byte_counts = _check(summary, "bytes_per_epoch", ["dict"], where)
+    for key, _ in BYTE_CLASSES:
+        _check(byte_counts, key, ["number"], where + " bytes_per_epoch")
+    accuracy = _check(summary, "accuracy", ["dict"], where, optional=True) or {}
+    for key in ("train", "val", "test"):
+        _check(accuracy, key, ["number"], where + " accuracy", optional=True)
+    summary["accuracy"] = accuracy
+    _check(summary, "peak_memory_bytes", ["int"], where, optional=True)
+
+
+def _read_metrics(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise ReportError(f"run {run_dir}: metrics.jsonl not found") from None
+    except OSError as exc:
+        raise ReportError(f"run {run_dir}: metrics.jsonl cannot be read: {exc}") from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"run {run_dir}: metrics.jsonl line {number}"
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise ReportError(f"{where} is not valid JSON ({exc}); was the file cut short?") from None
+        if not isinstance(record, dict):
+            raise ReportError(f"{where} must be a JSON object")
+        _check(record, "epoch", ["int"], where)
+        for key in ("time_s", "loss"):
+            _check(record, key, ["number"], where)
+        for key in ("val_acc", "test_acc", "train_acc"):
+            _check(record, key, ["number"], where, optional=True)
+        records.append(record)
+    if not records:
+        raise ReportError(f"run {run_dir}: metrics.jsonl has no epoch records")
+    return records
+
+
+def load_run(run_dir) -> RunData:
+    """Read and check one run directory."""
+    run_dir = os.fspath(run_dir)
+    if not os.path.isdir(run_dir):
+        raise ReportError(f"run {run_dir}: not a directory")
+    config = _read_json(run_dir, "config.json")
+    for key in ("mode", "model", "layers"):
+        if key not in config:
+            raise ReportError(f"run {run_dir}: config.json has no {key!r}")
+    summary = _read_json(run_dir, "summary.json")
+    _check_summary(summary, f"run {run_dir}: summary.json")
+    for key in ("mode", "model", "layers"):
+        if config[key] != summary[key]:
+            raise ReportError(f"run {run_dir}: config.json says {key}={config[key]!r} but summary.json says "
+                              f"{summary[key]!r}; the files come from different runs")
+    return RunData(run_dir, config, summary, _read_metrics(run_dir))
+
+
+def _assign_labels(runs):
+    """Method names, made unique with the run directory's name where two runs share one."""
+    counts = {}
+    for run in runs:
+        counts[run.method] = counts.get(run.method, 0) + 1
+    for run in runs:
+        base = os.path.basename(os.path.normpath(run.run_dir))
+        run.label = run.method if counts[run.method] == 1 else f"{run.method} [{base}]"
+
+
+def find_baselines(runs) -> dict:
+    """{index of run: index of its FB baseline run} for runs with a matching `fb` run."""
+    first_fb = {}
+    for i, run in enumerate(runs):
+        if run.summary["mode"].lower() == "fb":
+            first_fb.setdefault(run.shape, i)
+    return {i: first_fb[run.shape] for i, run in enumerate(runs) if run.shape in first_fb}
+
+
+# ---------------------------------------------------------------------------------------------
+# Table
+
+
+TABLE_HEADER = ("Method", "Servers x GPUs", "Epochs", "Epoch time (s)", "Comm (s/epoch)", "Total time (s)",
+                "Speedup vs FB", "Test acc")
+
+
+def format_table(runs, baselines) -> str:
+    rows = []
+    for i, run in enumerate(runs):
+        s = run.summary
+        speedup = "n/a"
+        if i in baselines and s["epoch_time_s"] > 0:
+            speedup = f"{runs[baselines[i]].summary['epoch_time_s'] / s['epoch_time_s']:.2f}x"
+        test = s["accuracy"].get("test")
+        rows.append((run.label, f"{s['servers']}x{s['ranks_per_server']}", str(s["epochs"]),
+                     f"{s['epoch_time_s']:.4f}", f"{run.comm_s:.4f}", f"{s['total_time_s']:.2f}",
+                     speedup, "n/a" if test is None else f"{test:.4f}"))
+    widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(TABLE_HEADER)]
+
+    def line(cells):
+        return "| " + " | ".join(cell.ljust(w) for cell, w in zip(cells, widths)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(TABLE_HEADER), sep, *(line(r) for r in rows)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def _new_figure(width=7.5, height=4.5):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path):
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", bbox_inches="tight")
+    return path
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000.0
+    return f"{n} B"  # unreachable
+
+
+def plot_time_breakdown(runs, path):
+    import numpy as np
+    phases = [(k, name) for k, name in TIME_PHASES
+              if k != "sampling" or any(r.summary["seconds_per_epoch"]["sampling"] > 0 for r in runs)]
+    values = np.array([[r.summary["seconds_per_epoch"][k] for k, _ in phases] for r in runs], dtype=float)
+    epoch = np.array([r.summary["epoch_time_s"] for r in runs], dtype=float)
+    other = np.clip(epoch - values.sum(axis=1), 0.0, None)  # phases may overlap; never negative
+    if np.any(other > 0.01 * np.maximum(epoch, 1e-12)):
+        phases.append(("other", "other (optimizer, loss, ...)"))
+        values = np.column_stack([values, other])
+    fig = _new_figure(max(5.0, 1.6 * len(runs) + 3), 4.5)
+    ax = fig.add_subplot()
+    x = np.arange(len(runs))
+    bottom = np.zeros(len(runs))
+    for j, (_, name) in enumerate(phases):
+        ax.bar(x, values[:, j], bottom=bottom, label=name, width=0.6)
+        bottom += values[:, j]
+    ax.set_xticks(x)
+    ax.set_xticklabels([r.label for r in runs], rotation=15, ha="right")
+    ax.set_ylabel("seconds per epoch (mean)")
+    ax.set_title("Epoch time by phase")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_accuracy(runs, path):
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    colors = [f"C{i % 10}" for i in range(len(runs))]
+    drawn = False
+    for run, color in zip(runs, colors):
+        for key, style, name in (("val_acc", "-", "val"), ("test_acc", "--", "test")):
+            points = [(m["epoch"], m[key]) for m in run.metrics if m.get(key) is not None]
+            if points:
+                epochs, acc = zip(*points)
+                ax.plot(epochs, acc, style, color=color, marker="." if len(points) < 30 else None,
+                        label=f"{run.label} {name}")
+                drawn = True
+    if drawn:
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no evaluated epochs in these runs", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("accuracy")
+    ax.set_title("Validation (solid) and test (dashed) accuracy")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_bytes(runs, path):
+    import numpy as np
+    values = np.array([[r.summary["bytes_per_epoch"][k] for k, _ in BYTE_CLASSES] for r in runs], dtype=float)
+    fig = _new_figure(max(6.0, 1.8 * len(runs) + 3), 4.5)
+    ax = fig.add_subplot()
+    x = np.arange(len(runs))
+    width = 0.8 / len(BYTE_CLASSES)
+    for j, (_, name) in enumerate(BYTE_CLASSES):
+        bars = ax.bar(x + (j - (len(BYTE_CLASSES) - 1) / 2) * width, values[:, j], width, label=name)
+        ax.bar_label(bars, labels=[human_bytes(v) for v in values[:, j]], fontsize=6, rotation=90, padding=2)
+    positive = values[values > 0]
+    log = positive.size > 0 and positive.max() / positive.min() > LOG_SCALE_RATIO
+    if log:
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=positive.min() / 3, top=positive.max() * 30)  # room for the labels
+    else:
+        ax.set_ylim(top=max(values.max(), 1.0) * 1.3)
+    ax.set_xticks(x)
+    ax.set_xticklabels([r.label for r in runs], rotation=15, ha="right")
+    ax.set_ylabel("bytes per epoch" + (" (log scale)" if log else ""))
+    ax.set_title("Traffic per link class")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def _markdown(runs, baselines, table, pngs, out_dir):
+    lines = ["# granndis report", "", table, "",
+             "Epoch time and Comm are means per epoch; Comm = intra-server + inter-server + gradient sync.",
+             "Speedup = FB epoch time / epoch time, against the FB run with the same model, layers and "
+             "cluster shape."]
+    used = sorted(set(baselines.values()))
+    if used:
+        lines.append("FB baseline(s): " + "; ".join(f"{runs[i].label} ({runs[i].run_dir})" for i in used) + ".")
+    else:
+        lines.append("No matching `fb` run was given, so there is no speedup.")
+    lines += ["", "Runs:", ""]
+    lines += [f"- {r.label}: `{r.run_dir}`" for r in runs]
+    lines.append("")
+    for png in pngs:
+        rel = os.path.relpath(png, out_dir)
+        lines += [f"![{os.path.splitext(os.path.basename(png))[0]}]({rel})", ""]
+    return "\n".join(lines)
+
+
+def render_report(run_dirs, out_dir) -> dict:
+    """Load the runs, write the PNGs and report.md into out_dir; return {table, pngs, markdown}."""
+    if not run_dirs:
+        raise ReportError("no run directories given")
+    runs = [load_run(d) for d in run_dirs]
+    _assign_labels(runs)
+    baselines = find_baselines(runs)
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    pngs = [plot_time_breakdown(runs, os.path.join(out_dir, "time_breakdown.png")),
+            plot_accuracy(runs, os.path.join(out_dir, "accuracy.png")),
+            plot_bytes(runs, os.path.join(out_dir, "bytes.png"))]
+    table = format_table(runs, baselines)
+    md_path = os.path.join(out_dir, "report.md")
+    atomic_write_bytes(md_path, _markdown(runs, baselines, table, pngs, out_dir).encode())
+    return {"table": table, "pngs": pngs, "markdown": md_path}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="granndis report", formatter_class=HelpFormatter,
+        description="Plots and a comparison table for one or more granndis-train run directories.",
+        epilog="example:\n  granndis report runs/fb-123 runs/flx-124 --out reports/cora")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories written by granndis-train")
+    p.add_argument("--out", default=None,
+                   help="output directory; default: the run directory when there is one run, else ./report")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else "report")
+    try:
+        result = render_report(args.run_dirs, out)
+    except ReportError as exc:
+        print(f"granndis report: error: {exc}", file=sys.stderr)
+        return 2
+    print(result["table"])
+    print()
+    for png in result["pngs"]:
+        print(f"plot: {png}")
+    print(f"report: {result['markdown']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

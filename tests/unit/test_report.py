@@ -1,0 +1,142 @@
+"""granndis report: two synthetic runs written here -> PNGs, report.md, and a table checked value by value."""
+import json
+import os
+import random
+
+import pytest
+
+from granndis_hpc.report import ReportError, main, render_report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(root, name, mode, model="sage", layers=3, epochs=12, eval_every=4, servers=2, rps=2,
+              sampling=0.0, seed=0, test_acc=0.8):
+    """A run directory as granndis-train writes it, with random but self-consistent numbers."""
+    rng = random.Random(seed)
+    run = root / name
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"mode": mode, "model": model, "layers": layers,
+                                                 "hidden": 64, "epochs": epochs, "out": str(run)}))
+    phases = {"compute": rng.uniform(0.01, 0.05), "intra_comm": rng.uniform(0.001, 0.01),
+              "inter_comm": rng.uniform(0.0, 0.08), "grad_sync": rng.uniform(0.001, 0.004), "sampling": sampling}
+    byte_counts = {"intra_halo": rng.randrange(10**5, 10**7), "inter_halo": rng.randrange(0, 10**8),
+                   "intra_grad": rng.randrange(10**3, 10**5), "inter_grad": rng.randrange(10**3, 10**5)}
+    with open(run / "metrics.jsonl", "w") as f:
+        for epoch in range(epochs):
+            rec = {"epoch": epoch, "time_s": sum(phases.values()) * rng.uniform(1.0, 1.2), "loss": 2.0 / (1 + epoch),
+                   "bytes": byte_counts, "peak_memory_bytes": 10**8,
+                   **{k + "_s": v * rng.uniform(0.9, 1.1) for k, v in phases.items()}}
+            if epoch % eval_every == eval_every - 1:
+                rec.update(train_acc=rng.random(), val_acc=rng.random(), test_acc=rng.random())
+            f.write(json.dumps(rec) + "\n")
+    epoch_time = sum(phases.values()) * 1.1
+    summary = {"mode": mode, "model": model, "layers": layers, "servers": servers, "ranks_per_server": rps,
+               "epochs": epochs, "epoch_time_s": epoch_time, "seconds_per_epoch": phases,
+               "bytes_per_epoch": byte_counts, "accuracy": {"train": 0.9, "val": 0.81, "test": test_acc},
+               "peak_memory_bytes": 10**8, "total_time_s": epoch_time * epochs + 3.5}
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run, summary
+
+
+def table_rows(table):
+    lines = table.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert set(lines[1]) <= {"|", "-"}
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def check_png(path):
+    assert os.path.isfile(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+    assert head == PNG_SIGNATURE and os.path.getsize(path) > 1000, path
+
+
+def test_two_runs_table_and_plots(tmp_path):
+    fb, fb_sum = write_run(tmp_path, "fb-101", "fb", seed=1, test_acc=0.7934)
+    flx, flx_sum = write_run(tmp_path, "flx-102", "flx", seed=2, test_acc=0.8011, sampling=0.004)
+    out = tmp_path / "report"
+    result = render_report([str(fb), str(flx)], str(out))
+
+    assert [os.path.basename(p) for p in result["pngs"]] == ["time_breakdown.png", "accuracy.png", "bytes.png"]
+    for png in result["pngs"]:
+        check_png(png)
+        assert os.path.dirname(png) == str(out)
+
+    rows = table_rows(result["table"])
+    assert [r["Method"] for r in rows] == ["FB sage L=3", "FLX sage L=3"]
+    for row, s in zip(rows, (fb_sum, flx_sum)):
+        assert row["Servers x GPUs"] == "2x2" and row["Epochs"] == "12"
+        assert float(row["Epoch time (s)"]) == pytest.approx(s["epoch_time_s"], abs=5e-5)
+        comm = sum(s["seconds_per_epoch"][k] for k in ("intra_comm", "inter_comm", "grad_sync"))
+        assert float(row["Comm (s/epoch)"]) == pytest.approx(comm, abs=5e-5)
+        assert float(row["Total time (s)"]) == pytest.approx(s["total_time_s"], abs=5e-3)
+        assert float(row["Test acc"]) == pytest.approx(s["accuracy"]["test"], abs=5e-5)
+    assert rows[0]["Speedup vs FB"] == "1.00x"
+    expected = fb_sum["epoch_time_s"] / flx_sum["epoch_time_s"]
+    assert rows[1]["Speedup vs FB"] == f"{expected:.2f}x"
+
+    md = (out / "report.md").read_text()
+    assert result["markdown"] == str(out / "report.md")
+    assert result["table"] in md and "![accuracy](accuracy.png)" in md and str(fb) in md
+
+
+def test_speedup_na_without_matching_fb_and_duplicate_labels(tmp_path):
+    a, _ = write_run(tmp_path, "flx-a", "flx", seed=3)
+    b, _ = write_run(tmp_path, "flx-b", "flx", seed=4)
+    fb_other, _ = write_run(tmp_path, "fb-gcn", "fb", model="gcn", seed=5)   # other model: not a baseline
+    fb_shape, _ = write_run(tmp_path, "fb-4x4", "fb", servers=4, rps=4, seed=6)  # other cluster shape
+    result = render_report([a, b, fb_other, fb_shape], tmp_path / "out")
+    rows = table_rows(result["table"])
+    assert [r["Method"] for r in rows] == ["FLX sage L=3 [flx-a]", "FLX sage L=3 [flx-b]", "FB gcn L=3",
+                                           "FB sage L=3"]
+    assert [r["Speedup vs FB"] for r in rows] == ["n/a", "n/a", "1.00x", "1.00x"]
+
+
+def test_runs_without_accuracy_still_render(tmp_path):
+    run, summary = write_run(tmp_path, "eas-1", "eas", eval_every=10**6, seed=7)
+    summary["accuracy"] = {"train": None, "val": None, "test": None}
+    (run / "summary.json").write_text(json.dumps(summary))
+    result = render_report([run], tmp_path / "out")
+    assert table_rows(result["table"])[0]["Test acc"] == "n/a"
+    for png in result["pngs"]:
+        check_png(png)
+
+
+def test_main_prints_table_and_paths(tmp_path, capsys):
+    fb, _ = write_run(tmp_path, "fb-1", "fb", seed=8)
+    flx, _ = write_run(tmp_path, "flx-2", "flx", seed=9)
+    assert main([str(fb), str(flx), "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "| Method" in out and "FLX sage L=3" in out
+    for name in ("time_breakdown.png", "accuracy.png", "bytes.png", "report.md"):
+        assert str(tmp_path / "r" / name) in out
+    # one run and no --out: the plots go into the run directory
+    assert main([str(flx)]) == 0
+    check_png(str(flx / "bytes.png"))
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda run: os.remove(run / "summary.json"), "summary.json not found"),
+    (lambda run: os.remove(run / "metrics.jsonl"), "metrics.jsonl not found"),
+    (lambda run: os.remove(run / "config.json"), "config.json not found"),
+    (lambda run: (run / "summary.json").write_text('{"mode": "fb", '), "summary.json is not readable JSON"),
+    (lambda run: open(run / "metrics.jsonl", "a").write('{"epoch": 12, "time_s"'), "metrics.jsonl line 13"),
+    (lambda run: (run / "metrics.jsonl").write_text(""), "no epoch records"),
+    (lambda run: (run / "summary.json").write_text(json.dumps({**json.loads((run / "summary.json").read_text()),
+                                                               "epoch_time_s": "fast"})),
+     "'epoch_time_s' must be number"),
+    (lambda run: (run / "summary.json").write_text(json.dumps({**json.loads((run / "summary.json").read_text()),
+                                                               "mode": "flx"})),
+     "different runs"),
+])
+def test_missing_or_corrupt_files_name_run_and_file(tmp_path, capsys, breakage, message):
+    good, _ = write_run(tmp_path, "fb-ok", "fb", seed=10)
+    bad, _ = write_run(tmp_path, "broken-run", "fb", seed=11)
+    breakage(bad)
+    with pytest.raises(ReportError) as err:
+        render_report([good, bad], tmp_path / "out")
+    assert str(bad) in str(err.value) and message in str(err.value), str(err.value)
+    assert main([str(good), str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
