@@ -96,7 +96,9 @@ class Trainer:
         manifest, error = None, ""
         try:
             manifest = shards.read_manifest(cfg.shards)
-            shards.check_job(manifest, topo.servers, topo.ranks_per_server, cfg.layers)
+            # fb reads only the world view, which serves any depth; preloaded modes need the built depth.
+            shards.check_job(manifest, topo.servers, topo.ranks_per_server,
+                             None if cfg.mode == "fb" else cfg.layers)
             check_mode(manifest, cfg)
             if topo.local_rank == 0 and not cfg.skip_checksums:
                 shards.verify_checksums(cfg.shards, manifest, servers=[topo.server])
