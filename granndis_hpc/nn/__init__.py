@@ -1,0 +1,7 @@
+"""Layers and models over a per-layer one-hop graph.  Pure torch: no MPI, no files (DESIGN §3)."""
+from .graph import BACKENDS, DEFAULT_BACKEND, KINDS, LayerGraph, aggregate
+from .layers import GCNConv, SAGEConv
+from .models import GNN, MODELS, PlainGNN, ResSAGE, build_model
+
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "KINDS", "LayerGraph", "aggregate", "GCNConv", "SAGEConv",
+           "GNN", "MODELS", "PlainGNN", "ResSAGE", "build_model"]

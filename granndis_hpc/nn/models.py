@@ -1,0 +1,135 @@
+"""GNN models over per-layer one-hop graphs: GraphSAGE, GCN and ResSAGE+ (DeeperGCN "res+" blocks).
+
+Contract with the engine (DESIGN §6):
+- ``forward(x, graphs, gather)``: ``x`` holds the rank's own rows of layer 0; ``graphs[l]`` is layer l's
+  ``LayerGraph``; layer l's n_dst equals layer l+1's number of own rows.
+- Before conv l the model calls ``gather(l, h)`` with h = the own rows [n_own, width]; gather returns
+  ``cat(h, halo)`` with n_src rows (``gather=None``: identity, single process).  Dropout is applied to h
+  *before* gather, so a halo row carries its owner's dropout mask as in single-process training.
+- ``conv_in_widths[l]`` is the width of the h passed to ``gather(l, h)`` (for halo buffers).
+- Parameters depend only on ``torch.manual_seed`` (modules are created in a fixed order).
+
+Parameter names are part of the contract: tests/dense_reference.py reads them to recompute the model.
+  sage/gcn: convs.{l}.(lin_self.weight, lin_self.bias, lin_neigh.weight | lin.weight, bias),
+            norms.{l}.(weight, bias) for l < L-1 when norm=True
+  ressage:  encoder.(weight, bias), convs.{l}.* (SAGEConv), norms.{l-1}.* (before conv l, l >= 1),
+            out_norm.*, head.(weight, bias)
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .graph import LayerGraph
+from .layers import GCNConv, SAGEConv
+
+MODELS = ("sage", "gcn", "ressage")
+
+Gather = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+class GNN(nn.Module):
+    """Base class: the gather/shape bookkeeping shared by every model."""
+
+    name: str
+    num_layers: int  # message-passing layers = hops a full preload needs
+    conv_in_widths: List[int]  # width of h handed to gather(l, h)
+
+    def _gather(self, gather: Optional[Gather], layer: int, h: torch.Tensor, graph: LayerGraph) -> torch.Tensor:
+        if h.shape[0] < graph.n_dst:
+            raise ValueError(f"{self.name} layer {layer}: {h.shape[0]} own rows but the layer graph has "
+                             f"n_dst={graph.n_dst}; destination rows must be a prefix of the own rows")
+        h_src = h if gather is None else gather(layer, h)
+        if h_src.shape[0] != graph.n_src:
+            how = ("without gather the own rows must be all source rows" if gather is None
+                   else "gather must return cat(own rows, halo rows)")
+            raise ValueError(f"{self.name} layer {layer}: got {h_src.shape[0]} source rows, the layer graph "
+                             f"has n_src={graph.n_src} ({how})")
+        return h_src
+
+    def _check_graphs(self, graphs: Sequence[LayerGraph]):
+        if len(graphs) != self.num_layers:
+            raise ValueError(f"{self.name} has {self.num_layers} message-passing layers but got "
+                             f"{len(graphs)} layer graphs; pass one LayerGraph per layer")
+
+
+class PlainGNN(GNN):
+    """L convs, widths in -> hidden ... -> classes; [LayerNorm] -> ReLU -> dropout between convs."""
+
+    def __init__(self, name: str, in_features: int, hidden: int, num_classes: int, layers: int,
+                 dropout: float, norm: bool):
+        super().__init__()
+        conv_cls = {"sage": SAGEConv, "gcn": GCNConv}[name]
+        self.name, self.num_layers, self.dropout, self.use_norm = name, layers, dropout, norm
+        widths = [in_features] + [hidden] * (layers - 1) + [num_classes]
+        self.conv_in_widths = widths[:-1]
+        self.convs = nn.ModuleList(conv_cls(widths[i], widths[i + 1]) for i in range(layers))
+        self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers - 1)) if norm else None
+
+    def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None) -> torch.Tensor:
+        self._check_graphs(graphs)
+        h = x
+        for layer, (conv, graph) in enumerate(zip(self.convs, graphs)):
+            if layer > 0:
+                if self.norms is not None:
+                    h = self.norms[layer - 1](h)
+                h = F.dropout(F.relu(h), self.dropout, self.training)
+            h = conv(self._gather(gather, layer, h, graph), graph)
+        return h
+
+
+class ResSAGE(GNN):
+    """ResSAGE+ (DeeperGCN "res+" with SAGE convs, Li et al. 2020), trainable at 28-112+ layers.
+
+    h = encoder(x);  h = conv_0(gather(0, h));
+    for l in 1..L-1:  z = conv_l(gather(l, dropout(relu(LayerNorm_l(h)))));  h = h[:n_dst] + z
+    logits = head(dropout(relu(out_norm(h))))
+
+    Pre-norm residual blocks keep an identity path from every block to the output, so gradients reach
+    the early blocks at any depth; PyTorch's default Linear init is enough (tests/unit/test_nn_models.py
+    trains 112 layers).  Unlike the GraNNDis artifact, out_norm is its own LayerNorm: the artifact reuses
+    block 0's norm for the head, which ties two unrelated normalisations together.
+    layers >= 1: layers == 1 is encoder -> conv_0 -> head (no residual block).
+    """
+
+    def __init__(self, in_features: int, hidden: int, num_classes: int, layers: int, dropout: float):
+        super().__init__()
+        self.name, self.num_layers, self.dropout = "ressage", layers, dropout
+        self.conv_in_widths = [hidden] * layers
+        self.encoder = nn.Linear(in_features, hidden)
+        self.convs = nn.ModuleList(SAGEConv(hidden, hidden) for _ in range(layers))
+        self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers - 1))
+        self.out_norm = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None) -> torch.Tensor:
+        self._check_graphs(graphs)
+        h = self.encoder(x)
+        h = self.convs[0](self._gather(gather, 0, h, graphs[0]), graphs[0])
+        for layer in range(1, self.num_layers):
+            graph = graphs[layer]
+            z = F.dropout(F.relu(self.norms[layer - 1](h)), self.dropout, self.training)
+            z = self.convs[layer](self._gather(gather, layer, z, graph), graph)
+            h = h[: graph.n_dst] + z
+        h = F.dropout(F.relu(self.out_norm(h)), self.dropout, self.training)
+        return self.head(h)
+
+
+def build_model(name: str, in_features: int, hidden: int, num_classes: int, layers: int,
+                dropout: float = 0.5, norm: bool = False) -> GNN:
+    """Build one of MODELS.  ``norm`` adds LayerNorm between sage/gcn convs; ressage always has LayerNorm."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {MODELS}")
+    for arg, value in (("in_features", in_features), ("hidden", hidden), ("num_classes", num_classes),
+                       ("layers", layers)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"build_model: {arg} must be a positive integer, got {value!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"build_model: dropout must be in [0, 1), got {dropout!r}")
+    if name == "ressage":
+        return ResSAGE(int(in_features), int(hidden), int(num_classes), int(layers), float(dropout))
+    return PlainGNN(name, int(in_features), int(hidden), int(num_classes), int(layers), float(dropout), bool(norm))

@@ -1,0 +1,137 @@
+"""Independent single-process reference for the GNN models: dense matrices on the whole graph.
+
+Written from the formulas in granndis_hpc/nn (module docstrings), NOT by calling its layers, so that a
+bug in the sparse layers, the gather bookkeeping or the residual slicing shows up as a mismatch.
+Everything is computed in float64 (by default) so that the reference's own rounding is negligible.
+
+    from tests.dense_reference import dense_logits
+    logits = dense_logits("sage", model, indptr, indices, features)          # [N, classes]
+
+Parameters are read by name (see granndis_hpc/nn/models.py).  Given the module itself, they are its
+live parameters, so ``dense_logits(...).sum().backward()`` produces reference gradients in ``.grad``.
+Dropout is 0 (eval semantics) whatever the module's mode.
+"""
+from __future__ import annotations
+
+import re
+from typing import Mapping, Optional, Union
+
+import numpy as np
+import torch
+
+LAYERNORM_EPS = 1e-5  # torch.nn.LayerNorm's default; read from the module when one is given
+
+
+def _t(a, dtype=None) -> torch.Tensor:
+    t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a))
+    return t if dtype is None else t.to(dtype)
+
+
+def dense_adjacency(indptr, indices, num_cols: Optional[int] = None, dtype=torch.float64) -> torch.Tensor:
+    """Dense A[v, u] = number of edges u -> v, from in-edge CSR; shape [rows, num_cols (default rows)]."""
+    indptr, indices = _t(indptr, torch.int64), _t(indices, torch.int64)
+    n_rows = indptr.shape[0] - 1
+    rows = torch.repeat_interleave(torch.arange(n_rows), indptr[1:] - indptr[:-1])
+    a = torch.zeros(n_rows, n_rows if num_cols is None else num_cols, dtype=dtype)
+    a.index_put_((rows, indices), torch.ones(rows.shape[0], dtype=dtype), accumulate=True)
+    return a
+
+
+def _layer_norm(h, weight, bias, eps):
+    mean = h.mean(dim=1, keepdim=True)
+    var = ((h - mean) ** 2).mean(dim=1, keepdim=True)  # biased variance, as LayerNorm uses
+    return (h - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+class _Params:
+    def __init__(self, source, dtype):
+        if isinstance(source, torch.nn.Module):
+            named = dict(source.named_parameters())
+            self.eps = {name: mod.eps for name, mod in source.named_modules() if isinstance(mod, torch.nn.LayerNorm)}
+        elif isinstance(source, Mapping):
+            named, self.eps = dict(source), {}
+        else:
+            raise TypeError(f"dense_logits: model must be a torch.nn.Module or a state_dict, got {type(source)}")
+        self.p = {k: v.to(dtype) for k, v in named.items()}
+
+    def __getitem__(self, name):
+        if name not in self.p:
+            raise KeyError(f"dense_logits: parameter {name!r} not found; have {sorted(self.p)}")
+        return self.p[name]
+
+    def has(self, name):
+        return name in self.p
+
+    def num_convs(self):
+        return 1 + max(int(m.group(1)) for k in self.p if (m := re.match(r"convs\.(\d+)\.", k)))
+
+    def linear(self, prefix, h, bias=True):
+        out = h @ self[prefix + ".weight"].T
+        return out + self[prefix + ".bias"] if bias and self.has(prefix + ".bias") else out
+
+    def layer_norm(self, prefix, h):
+        return _layer_norm(h, self[prefix + ".weight"], self[prefix + ".bias"], self.eps.get(prefix, LAYERNORM_EPS))
+
+
+def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, torch.Tensor]], indptr, indices,
+                 features, degrees: Optional[Union[np.ndarray, torch.Tensor]] = None,
+                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Whole-graph logits [N, classes] of model ``model_name`` ("sage" | "gcn" | "ressage"), dropout 0.
+
+    indptr/indices: in-edge CSR of the whole graph (numpy or torch); features [N, F];
+    degrees [N]: the degree to normalise with (default: the in-degree, i.e. row counts of the CSR).
+    Returns ``dtype`` (float64 by default); differentiable wrt the module's parameters.
+    """
+    x = _t(features, dtype)
+    n = x.shape[0]
+    a = dense_adjacency(indptr, indices, n, dtype)
+    if a.shape[0] != n:
+        raise ValueError(f"dense_logits: indptr has {a.shape[0]} rows but features have {n}")
+    deg = a.sum(dim=1) if degrees is None else _t(degrees, dtype)
+    p = _Params(model, dtype)
+    L = p.num_convs()
+
+    # Normalised dense operators, straight from the formulas.
+    mean_op = a / torch.clamp(deg, min=1.0)[:, None]
+    s = 1.0 / torch.sqrt(deg + 1.0)
+    gcn_op = s[:, None] * (a + torch.eye(n, dtype=dtype)) * s[None, :]
+
+    def sage(l, h):
+        c = f"convs.{l}"
+        return h @ p[c + ".lin_self.weight"].T + (p[c + ".lin_self.bias"] if p.has(c + ".lin_self.bias") else 0) \
+            + (mean_op @ h) @ p[c + ".lin_neigh.weight"].T
+
+    def gcn(l, h):
+        c = f"convs.{l}"
+        out = gcn_op @ (h @ p[c + ".lin.weight"].T)
+        return out + p[c + ".bias"] if p.has(c + ".bias") else out
+
+    if model_name in ("sage", "gcn"):
+        conv = sage if model_name == "sage" else gcn
+        h = x
+        for l in range(L):
+            if l > 0:
+                if p.has(f"norms.{l - 1}.weight"):
+                    h = p.layer_norm(f"norms.{l - 1}", h)
+                h = torch.relu(h)
+            h = conv(l, h)
+        return h
+    if model_name == "ressage":
+        h = sage(0, p.linear("encoder", x))
+        for l in range(1, L):
+            h = h + sage(l, torch.relu(p.layer_norm(f"norms.{l - 1}", h)))
+        return p.linear("head", torch.relu(p.layer_norm("out_norm", h)))
+    raise ValueError(f"dense_logits: unknown model {model_name!r}")
+
+
+def random_in_csr(num_vertices: int, num_edges: int, rng: np.random.Generator, isolated: int = 0):
+    """A random directed graph as in-edge CSR (indptr, indices): no self loops, possible multi-edges
+    removed, and the last ``isolated`` vertices without any edge (to exercise degree 0)."""
+    active = num_vertices - isolated
+    src = rng.integers(0, active, num_edges)
+    dst = rng.integers(0, active, num_edges)
+    keep = src != dst
+    pairs = np.unique(np.stack([dst[keep], src[keep]], axis=1), axis=0)  # sorted by (dst, src)
+    indptr = np.zeros(num_vertices + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pairs[:, 0], minlength=num_vertices), out=indptr[1:])
+    return indptr, pairs[:, 1].astype(np.int64)
