@@ -1,0 +1,17 @@
+"""Shard format v1: per-server HDF5 files + manifest.json (DESIGN §5, docs/shard-format.md).
+
+Readers (the engine) use read_manifest, check_job, verify_checksums and read_rank_slice; the
+preprocess stage writes with prepare_output_dir / stage_server_file / commit_shard_set (or write_shards).
+"""
+from .manifest import check_job, read_manifest, sha256_file, verify_checksums
+from .reader import RankSlice, read_rank_slice, read_server_arrays
+from .schema import DATASETS, FORMAT_VERSION, MANIFEST_NAME, ShardError, server_file_name
+from .writer import (StagedFile, commit_shard_set, discard_staged, prepare_output_dir, stage_server_file,
+                     write_shards)
+
+__all__ = [
+    "FORMAT_VERSION", "MANIFEST_NAME", "DATASETS", "ShardError", "server_file_name",
+    "read_manifest", "check_job", "verify_checksums", "sha256_file",
+    "RankSlice", "read_rank_slice", "read_server_arrays",
+    "StagedFile", "prepare_output_dir", "stage_server_file", "commit_shard_set", "discard_staged", "write_shards",
+]

@@ -1,0 +1,93 @@
+"""manifest.json: reading it, checking it against the job, and checking file checksums."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Iterable
+
+from .schema import FORMAT_VERSION, MANIFEST_NAME, ShardError, server_file_name
+
+_REBUILD = "re-run `python -m preprocess build ... --out {path} --overwrite`"
+
+
+def sha256_file(path: str, block: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(block)
+            if not chunk:
+                break
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(path) -> dict:
+    """Load DIR/manifest.json and check that it is a complete shard set of a version we read."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise ShardError(f"shard directory {path!r} does not exist; build it with `python -m preprocess build --out {path}`")
+    mpath = os.path.join(path, MANIFEST_NAME)
+    if not os.path.exists(mpath):
+        raise ShardError(
+            f"{path!r} has no {MANIFEST_NAME}: it is not a complete shard set (a build writes the manifest "
+            f"last, so an interrupted build leaves none); " + _REBUILD.format(path=path))
+    try:
+        with open(mpath, "r", encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ShardError(f"{mpath}: unreadable manifest ({exc}); " + _REBUILD.format(path=path)) from exc
+    if not isinstance(manifest, dict):
+        raise ShardError(f"{mpath}: manifest is not a JSON object; " + _REBUILD.format(path=path))
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ShardError(
+            f"{mpath}: shard format_version {version!r}, this program reads version {FORMAT_VERSION}; "
+            + _REBUILD.format(path=path) + " with this version of granndis-hpc")
+    for key in ("servers", "gpus_per_server", "layers", "dataset", "files", "preload"):
+        if key not in manifest:
+            raise ShardError(f"{mpath}: manifest lacks {key!r}; " + _REBUILD.format(path=path))
+    return manifest
+
+
+def check_job(manifest: dict, servers: int, gpus_per_server: int, layers: int | None = None) -> None:
+    """Refuse a shard set built for a different job shape; the message names both shapes and the fix."""
+    built_s, built_g = int(manifest["servers"]), int(manifest["gpus_per_server"])
+    problems = []
+    if built_s != servers or built_g != gpus_per_server:
+        problems.append(
+            f"it was built for {built_s} servers x {built_g} GPUs per server but this job runs "
+            f"{servers} servers x {gpus_per_server} GPUs per server (re-run preprocess with --servers {servers} "
+            f"--gpus-per-server {gpus_per_server}, or launch {built_s * built_g} ranks with "
+            f"{built_g} ranks per server)")
+    if layers is not None and int(manifest["layers"]) != int(layers):
+        problems.append(
+            f"it was built for a {manifest['layers']}-layer model but this job trains {layers} layers "
+            f"(re-run preprocess with --layers {layers}, or train with {manifest['layers']} layers)")
+    if problems:
+        name = manifest.get("dataset", {}).get("name", "?")
+        raise ShardError(f"shard set for dataset {name!r} does not match the job: " + "; ".join(problems))
+
+
+def verify_checksums(path, manifest: dict, servers: Iterable[int] | None = None) -> None:
+    """sha256 of each listed server file (or only of `servers`) against the manifest; names the bad file."""
+    path = os.fspath(path)
+    files = manifest.get("files", {})
+    wanted = range(int(manifest["servers"])) if servers is None else servers
+    for s in wanted:
+        name = server_file_name(s)
+        entry = files.get(name)
+        if entry is None:
+            raise ShardError(f"{path}: manifest lists no {name}; " + _REBUILD.format(path=path))
+        fpath = os.path.join(path, name)
+        if not os.path.exists(fpath):
+            raise ShardError(f"{fpath}: file missing (the set is incomplete); " + _REBUILD.format(path=path))
+        size = os.path.getsize(fpath)
+        if size != int(entry["bytes"]):
+            raise ShardError(f"{fpath}: {size} bytes, manifest says {entry['bytes']} (file truncated or replaced); "
+                             + _REBUILD.format(path=path))
+        digest = sha256_file(fpath)
+        if digest != entry["sha256"]:
+            raise ShardError(f"{fpath}: sha256 {digest[:12]}... does not match the manifest "
+                             f"({entry['sha256'][:12]}...): the file is corrupted or was modified after the build; "
+                             + _REBUILD.format(path=path))

@@ -1,0 +1,116 @@
+"""Reading shards: one rank reads only its own rows (h5py slices) plus small per-server vectors."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+
+from .schema import DATASETS, FORMAT_VERSION, ShardError, server_file_name
+
+
+@dataclass
+class RankSlice:
+    """What one rank (server, gpu) holds.  Row i here is server-local id offsets[gpu] + i."""
+
+    server: int
+    gpu: int
+    servers: int
+    gpus_per_server: int
+    global_id: np.ndarray  # int64 [n]   own rows, sorted by (hop, global id)
+    hop: np.ndarray  # int32 [n]
+    features: np.ndarray  # float32 [n, F]
+    labels: np.ndarray  # int64 [n]
+    train_mask: np.ndarray  # bool [n]
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+    n_inner: int  # own rows [0, n_inner) are inner (hop 0)
+    indptr: np.ndarray  # int64 [n+1] own rows' in-edges, rebased to 0
+    indices: np.ndarray  # int64 [nnz] sources as server-local ids
+    in_degree: np.ndarray  # int64 [n] global in-degree of own rows
+    server_offsets: np.ndarray  # int64 [G+1]
+    server_hop: np.ndarray  # int32 [n_s] hop of every server-local id
+    server_in_degree: np.ndarray  # int64 [n_s] global in-degree of every server-local id
+    w_indptr: np.ndarray  # int64 [n_inner+1] world view of own inner rows
+    w_src_global_id: np.ndarray  # int64 [nnz_w]
+    w_src_rank: np.ndarray  # int32 [nnz_w]
+    w_src_in_degree: np.ndarray  # int64 [nnz_w]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.global_id.shape[0])
+
+    @property
+    def row_offset(self) -> int:
+        """Server-local id of this rank's first row."""
+        return int(self.server_offsets[self.gpu])
+
+
+def _open_server(path: str, manifest: dict, server: int) -> h5py.File:
+    servers = int(manifest["servers"])
+    if not 0 <= server < servers:
+        raise ShardError(f"server {server} out of range: the shard set {path!r} has {servers} servers")
+    fpath = os.path.join(os.fspath(path), server_file_name(server))
+    if not os.path.exists(fpath):
+        raise ShardError(f"{fpath}: missing; the shard set is incomplete, rebuild it with `python -m preprocess build`")
+    try:
+        f = h5py.File(fpath, "r")
+    except OSError as exc:
+        raise ShardError(f"{fpath}: not a readable HDF5 file ({exc}); rebuild the shard set") from exc
+    version = f.attrs.get("format_version")
+    if version != FORMAT_VERSION or int(f.attrs.get("server", -1)) != server:
+        f.close()
+        raise ShardError(f"{fpath}: attrs format_version={version!r} server={f.attrs.get('server')!r}, "
+                         f"expected {FORMAT_VERSION} and {server}; rebuild the shard set")
+    return f
+
+
+def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
+    """Read rank (server, gpu)'s rows of its server's file, read-only, with h5py slices only."""
+    G = int(manifest["gpus_per_server"])
+    if not 0 <= gpu < G:
+        raise ShardError(f"gpu {gpu} out of range: the shard set {path!r} has {G} GPUs per server")
+    with _open_server(os.fspath(path), manifest, server) as f:
+        offsets = f["vertices/offsets"][:]
+        inner_counts = f["vertices/inner_counts"][:]
+        w_offsets = f["world/offsets"][:]
+        lo, hi = int(offsets[gpu]), int(offsets[gpu + 1])
+        indptr = f["graph/indptr"][lo:hi + 1]
+        e_lo, e_hi = int(indptr[0]), int(indptr[-1])
+        w_lo, w_hi = int(w_offsets[gpu]), int(w_offsets[gpu + 1])
+        w_indptr = f["world/indptr"][w_lo:w_hi + 1]
+        we_lo, we_hi = int(w_indptr[0]), int(w_indptr[-1])
+        return RankSlice(
+            server=server, gpu=gpu, servers=int(manifest["servers"]), gpus_per_server=G,
+            global_id=f["vertices/global_id"][lo:hi],
+            hop=f["vertices/hop"][lo:hi],
+            features=f["features"][lo:hi],
+            labels=f["labels"][lo:hi],
+            train_mask=f["split/train"][lo:hi],
+            val_mask=f["split/val"][lo:hi],
+            test_mask=f["split/test"][lo:hi],
+            n_inner=int(inner_counts[gpu]),
+            indptr=indptr - e_lo,
+            indices=f["graph/indices"][e_lo:e_hi],
+            in_degree=f["graph/in_degree"][lo:hi],
+            server_offsets=offsets,
+            server_hop=f["vertices/hop"][:],
+            server_in_degree=f["graph/in_degree"][:],
+            w_indptr=w_indptr - we_lo,
+            w_src_global_id=f["world/src_global_id"][we_lo:we_hi],
+            w_src_rank=f["world/src_rank"][we_lo:we_hi],
+            w_src_in_degree=f["world/src_in_degree"][we_lo:we_hi],
+        )
+
+
+def read_server_arrays(path, manifest: dict, server: int) -> dict:
+    """Every dataset of one server file, whole (for `verify` and tests; ranks use read_rank_slice)."""
+    with _open_server(os.fspath(path), manifest, server) as f:
+        missing = [name for name in DATASETS if name not in f]
+        if missing:
+            raise ShardError(f"{f.filename}: missing datasets {missing}; rebuild the shard set")
+        out = {name: f[name][()] for name in DATASETS}
+        out["attrs"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()}
+        out["feature_chunks"] = f["features"].chunks
+        return out

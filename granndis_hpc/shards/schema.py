@@ -1,0 +1,84 @@
+"""Names, types and shapes of shard format version 1 (DESIGN §5, docs/shard-format.md).
+
+One place that says what a server file holds, so the writer, the reader and `verify` cannot drift.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+class ShardError(ValueError):
+    """A shard set is missing, damaged or does not fit the job; the message says how to fix it."""
+
+
+def server_file_name(server: int) -> str:
+    return f"server-{int(server):04d}.h5"
+
+
+# Dataset name -> (dtype, shape rule).  Shape rules: "n" = one entry per row of the server file,
+# "n+1" = CSR pointer over the rows, "G+1"/"G" = per GPU, "nnz" = per stored edge,
+# "ni+1" = CSR pointer over the inner rows, "nnz_w" = per world-view edge, "n,F" = feature matrix.
+DATASETS: dict[str, tuple[np.dtype, str]] = {
+    "vertices/global_id": (np.dtype(np.int64), "n"),
+    "vertices/owner": (np.dtype(np.int32), "n"),
+    "vertices/hop": (np.dtype(np.int32), "n"),
+    "vertices/offsets": (np.dtype(np.int64), "G+1"),
+    "vertices/inner_counts": (np.dtype(np.int64), "G"),
+    "graph/indptr": (np.dtype(np.int64), "n+1"),
+    "graph/indices": (np.dtype(np.int64), "nnz"),
+    "graph/in_degree": (np.dtype(np.int64), "n"),
+    "features": (np.dtype(np.float32), "n,F"),
+    "labels": (np.dtype(np.int64), "n"),
+    "split/train": (np.dtype(bool), "n"),
+    "split/val": (np.dtype(bool), "n"),
+    "split/test": (np.dtype(bool), "n"),
+    "world/offsets": (np.dtype(np.int64), "G+1"),
+    "world/indptr": (np.dtype(np.int64), "ni+1"),
+    "world/src_global_id": (np.dtype(np.int64), "nnz_w"),
+    "world/src_rank": (np.dtype(np.int32), "nnz_w"),
+    "world/src_in_degree": (np.dtype(np.int64), "nnz_w"),
+}
+
+# Features are chunked by whole rows so that a rank's contiguous row slice touches few chunks.
+FEATURE_CHUNK_BYTES = 1 << 20
+
+
+def feature_chunk_rows(num_rows: int, num_features: int) -> int:
+    row_bytes = max(1, num_features) * 4
+    return int(max(1, min(max(num_rows, 1), FEATURE_CHUNK_BYTES // row_bytes)))
+
+
+def expected_shape(rule: str, n: int, g: int, nnz: int, n_inner: int, nnz_w: int, f: int) -> tuple:
+    return {
+        "n": (n,),
+        "n+1": (n + 1,),
+        "G+1": (g + 1,),
+        "G": (g,),
+        "nnz": (nnz,),
+        "ni+1": (n_inner + 1,),
+        "nnz_w": (nnz_w,),
+        "n,F": (n, f),
+    }[rule]
+
+
+def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
+    """Raise ShardError unless `arrays` has every dataset with the right dtype and consistent shapes."""
+    missing = sorted(set(DATASETS) - set(arrays))
+    if missing:
+        raise ShardError(f"{where}: missing datasets {missing}")
+    n = int(np.shape(arrays["vertices/global_id"])[0])
+    nnz = int(np.shape(arrays["graph/indices"])[0])
+    n_inner = int(np.shape(arrays["world/indptr"])[0]) - 1
+    nnz_w = int(np.shape(arrays["world/src_global_id"])[0])
+    feats = np.shape(arrays["features"])
+    f = int(feats[1]) if len(feats) == 2 else -1
+    for name, (dtype, rule) in DATASETS.items():
+        a = arrays[name]
+        want = expected_shape(rule, n, gpus_per_server, nnz, n_inner, nnz_w, f)
+        if tuple(np.shape(a)) != want:
+            raise ShardError(f"{where}: dataset {name} has shape {tuple(np.shape(a))}, expected {want}")
+        if np.asarray(a).dtype != dtype:
+            raise ShardError(f"{where}: dataset {name} has dtype {np.asarray(a).dtype}, expected {dtype}")

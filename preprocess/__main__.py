@@ -1,0 +1,132 @@
+"""`python -m preprocess {build,verify,info}` (also installed as `granndis-preprocess`).
+
+  mpirun -n 2 python -m preprocess build --source planetoid --name cora --root DIR \\
+      --servers 2 --gpus-per-server 2 --layers 3 --preload full --partitioner parmetis --out shards/cora-full
+  python -m preprocess verify shards/cora-full
+  python -m preprocess info shards/cora-full
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+
+from .halo import EAS_SELECT_RULES
+from .partition import PARTITIONERS
+
+
+def _add_build_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("layout and preloading")
+    g.add_argument("--servers", type=int, required=True, help="number of servers S")
+    g.add_argument("--gpus-per-server", type=int, required=True, help="GPUs (ranks) per server G")
+    g.add_argument("--layers", type=int, required=True, help="GNN layers the shards are built for")
+    g.add_argument("--preload", choices=("full", "eas"), default="full",
+                   help="full: k-hop preloading (FLX); eas: Expansion-aware Sampling")
+    g.add_argument("--hops", type=int, default=None, help="preloaded hops (default: --layers for full, 1 for eas)")
+    g.add_argument("--fanout", type=int, default=15, help="EAS: max external in-neighbours added per frontier vertex")
+    g.add_argument("--eas-select", choices=EAS_SELECT_RULES, default="degree",
+                   help="EAS: prefer candidates with many unselected neighbours (degree, the paper's rule) or uniform")
+    g.add_argument("--partitioner", choices=PARTITIONERS, default="parmetis", help="server-level partitioner")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", required=True, help="output directory (must not exist or be empty, unless --overwrite)")
+    o.add_argument("--overwrite", action="store_true",
+                   help="replace an existing shard set; the old set is kept until the new one is complete")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m preprocess", description="GraNNDis offline preprocessing")
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="partition a dataset and write a shard set (run under mpirun, or with 1 rank)")
+    try:
+        from . import sources
+
+        sources.add_source_arguments(b)
+    except (ImportError, AttributeError) as exc:  # keep verify/info usable without the loaders
+        b.set_defaults(source_error=exc)
+    if "--seed" not in b._option_string_actions:  # the sources may already define --seed (synthetic graphs)
+        b.add_argument("--seed", type=int, default=0, help="seed for partitioning and sampling")
+    _add_build_arguments(b)
+    b.set_defaults(func=cmd_build)
+    v = sub.add_parser("verify", help="check checksums and invariants of a shard set; exit 1 on problems")
+    v.add_argument("dir")
+    v.set_defaults(func=cmd_verify)
+    i = sub.add_parser("info", help="print the statistics of a shard set")
+    i.add_argument("dir")
+    i.set_defaults(func=cmd_info)
+    return parser
+
+
+def cmd_build(args, argv) -> int:
+    from mpi4py import MPI
+
+    from . import sources
+    from .build import BuildConfig, PhaseLog, _agree, run_build
+
+    comm = MPI.COMM_WORLD
+    if getattr(args, "source_error", None) is not None:
+        print(f"preprocess build: error: dataset loaders unavailable ({args.source_error})", file=sys.stderr)
+        return 1
+    log = PhaseLog(comm)
+    command = "python -m preprocess " + shlex.join(argv)
+    if comm.size > 1:
+        command = f"mpirun -n {comm.size} " + command
+    cfg = BuildConfig(out=args.out, servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
+                      preload=args.preload, hops=args.hops, fanout=args.fanout, select=args.eas_select,
+                      partitioner=args.partitioner, seed=int(getattr(args, "seed", 0) or 0),
+                      overwrite=args.overwrite, command=command)
+    try:
+        graph, err = None, None
+        try:
+            graph = sources.load_from_args(args)
+        except Exception as exc:  # noqa: BLE001 - agreed on below so that no rank waits forever
+            err = exc
+        _agree(comm, err, "loading the dataset")
+        log.done("load", f"{graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges, "
+                         f"{graph.num_features} features")
+        run_build(comm, graph, cfg, log)
+    except Exception as exc:  # noqa: BLE001
+        print(f"preprocess build: error (rank {comm.rank}): {exc}", file=sys.stderr, flush=True)
+        if comm.size > 1 and not getattr(exc, "agreed", False):
+            time.sleep(0.5)  # let the other ranks print their own message first
+            comm.Abort(1)
+        return 1
+    if comm.rank == 0:
+        print(f"[preprocess] wrote {cfg.out}; check it with `python -m preprocess verify {cfg.out}`", flush=True)
+    return 0
+
+
+def cmd_verify(args, argv) -> int:
+    from .verify import verify_shard_set
+
+    problems = verify_shard_set(args.dir)
+    if problems:
+        for p in problems:
+            print(f"PROBLEM: {p}")
+        print(f"{args.dir}: {len(problems)} problem(s)")
+        return 1
+    print(f"OK: {args.dir}")
+    return 0
+
+
+def cmd_info(args, argv) -> int:
+    from granndis_hpc.shards import ShardError, read_manifest
+
+    from .verify import format_info
+
+    try:
+        print(format_info(read_manifest(args.dir)))
+    except ShardError as exc:
+        print(f"preprocess info: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    return int(args.func(args, argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

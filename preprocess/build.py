@@ -1,0 +1,289 @@
+"""The build pipeline: partition, preload halos, assign owners, write the shard set.
+
+Work split over the P ranks of the communicator (P may be 1):
+- every rank holds the whole canonical graph (loaded by the CLI);
+- server partitioning is collective (ParMETIS) or done on rank 0 and broadcast (METIS);
+- server s is handled by rank s % P: its GPU partition, halo, owners and file;
+- the GPU of every inner vertex is all-reduced, because each server's world view names the global
+  rank that owns each in-neighbour;
+- rank 0 commits the set (renames, manifest last) once every rank has staged its files.
+A failure on any rank is agreed on collectively, so every rank raises a clear error and none hangs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from granndis_hpc.graph.csr import csr_rows
+from granndis_hpc.shards import (FORMAT_VERSION, ShardError, commit_shard_set, discard_staged,
+                                 prepare_output_dir, stage_server_file)
+
+from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
+from .owners import assign_owners
+from .partition import PARTITIONERS, balance, partition_gpus, partition_servers
+
+
+@dataclass
+class BuildConfig:
+    out: str
+    servers: int
+    gpus_per_server: int
+    layers: int
+    preload: str = "full"  # full | eas
+    hops: int | None = None  # default: layers (full), 1 (eas)
+    fanout: int = 15
+    select: str = "degree"
+    partitioner: str = "parmetis"
+    seed: int = 0
+    overwrite: bool = False
+    command: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def effective_hops(self) -> int:
+        if self.hops is not None:
+            return int(self.hops)
+        return int(self.layers) if self.preload == "full" else 1
+
+
+def validate_config(cfg: BuildConfig, num_vertices: int) -> None:
+    """Raise ValueError with the fix for every bad combination (called identically on every rank)."""
+    problems = []
+    if cfg.servers < 1:
+        problems.append(f"--servers must be >= 1 (got {cfg.servers})")
+    if cfg.gpus_per_server < 1:
+        problems.append(f"--gpus-per-server must be >= 1 (got {cfg.gpus_per_server})")
+    if cfg.layers < 1:
+        problems.append(f"--layers must be >= 1 (got {cfg.layers})")
+    if cfg.preload not in ("full", "eas"):
+        problems.append(f"--preload must be full or eas (got {cfg.preload!r})")
+    if cfg.hops is not None and cfg.hops < 1:
+        problems.append(f"--hops must be >= 1 (got {cfg.hops}); use --hops 1 or more (default: --layers for full, 1 for eas)")
+    if cfg.preload == "eas" and cfg.fanout < 1:
+        problems.append(f"--fanout must be >= 1 for --preload eas (got {cfg.fanout})")
+    if cfg.select not in EAS_SELECT_RULES:
+        problems.append(f"--eas-select must be one of {EAS_SELECT_RULES} (got {cfg.select!r})")
+    if cfg.partitioner not in PARTITIONERS:
+        problems.append(f"--partitioner must be one of {PARTITIONERS} (got {cfg.partitioner!r})")
+    if cfg.servers >= 1 and cfg.gpus_per_server >= 1 and cfg.servers * cfg.gpus_per_server > num_vertices:
+        problems.append(f"--servers {cfg.servers} x --gpus-per-server {cfg.gpus_per_server} = "
+                        f"{cfg.servers * cfg.gpus_per_server} GPUs but the graph has only {num_vertices} vertices; "
+                        f"every GPU needs at least one inner vertex: use fewer servers/GPUs or a larger graph")
+    if problems:
+        raise ValueError("invalid build configuration: " + "; ".join(problems))
+
+
+def _permute_csr(indptr: np.ndarray, indices: np.ndarray, perm: np.ndarray):
+    """Relabel a CSR so that new row i is old row perm[i]; sources sorted inside each row."""
+    new_id = np.empty_like(perm)
+    new_id[perm] = np.arange(perm.shape[0], dtype=perm.dtype)
+    sub_indptr, src = csr_rows(indptr, indices, perm)
+    src = new_id[src]
+    rows = np.repeat(np.arange(perm.shape[0], dtype=np.int64), np.diff(sub_indptr))
+    return sub_indptr, src[np.lexsort((src, rows))]
+
+
+def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, cfg: BuildConfig):
+    """All datasets of one server file (DESIGN §5) and its statistics.
+
+    server_of / gpu_of: server and GPU of every global vertex as an INNER vertex.
+    """
+    G = cfg.gpus_per_server
+    inner = np.flatnonzero(server_of == server).astype(np.int64)
+    if cfg.preload == "full":
+        verts, hop = full_khop(graph.indptr, graph.indices, inner, cfg.effective_hops)
+    else:
+        verts, hop = eas(graph.indptr, graph.indices, inner, cfg.effective_hops, cfg.fanout, cfg.select, cfg.seed)
+    sub_indptr, sub_indices = induced_subgraph(graph.indptr, graph.indices, verts)
+    owner = assign_owners(sub_indptr, sub_indices, hop, gpu_of[verts].astype(np.int32), G)
+    perm = np.lexsort((verts, hop, owner))  # rows ordered by (owner GPU, hop, global id)
+    verts, hop, owner = verts[perm], hop[perm], owner[perm]
+    indptr, indices = _permute_csr(sub_indptr, sub_indices, perm)
+
+    in_degree = graph.in_degree()
+    offsets = np.zeros(G + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=G), out=offsets[1:])
+    inner_counts = np.bincount(owner[hop == 0], minlength=G).astype(np.int64)
+    inner_rows = np.flatnonzero(hop == 0)  # in row order: GPU 0's inner rows, then GPU 1's, ...
+    w_offsets = np.zeros(G + 1, dtype=np.int64)
+    np.cumsum(inner_counts, out=w_offsets[1:])
+    w_indptr, w_src = csr_rows(graph.indptr, graph.indices, verts[inner_rows])
+    arrays = {
+        "vertices/global_id": verts.astype(np.int64),
+        "vertices/owner": owner.astype(np.int32),
+        "vertices/hop": hop.astype(np.int32),
+        "vertices/offsets": offsets,
+        "vertices/inner_counts": inner_counts,
+        "graph/indptr": indptr.astype(np.int64),
+        "graph/indices": indices.astype(np.int64),
+        "graph/in_degree": in_degree[verts],
+        "features": np.ascontiguousarray(graph.features[verts], dtype=np.float32),
+        "labels": graph.labels[verts].astype(np.int64),
+        "split/train": graph.train_mask[verts].astype(bool),
+        "split/val": graph.val_mask[verts].astype(bool),
+        "split/test": graph.test_mask[verts].astype(bool),
+        "world/offsets": w_offsets,
+        "world/indptr": w_indptr.astype(np.int64),
+        "world/src_global_id": w_src.astype(np.int64),
+        "world/src_rank": (server_of[w_src].astype(np.int64) * G + gpu_of[w_src]).astype(np.int32),
+        "world/src_in_degree": in_degree[w_src],
+    }
+    rows_per_gpu = np.diff(offsets)
+    train_inner = graph.train_mask[verts] & (hop == 0)
+    stats = {
+        "server": server,
+        "inner": int(inner.shape[0]),
+        "preloaded": int(np.count_nonzero(hop > 0)),
+        "preloaded_share": float(np.count_nonzero(hop > 0) / max(verts.shape[0], 1)),
+        "rows": int(verts.shape[0]),
+        "train": int(np.count_nonzero(train_inner)),
+        "edges": int(indices.shape[0]),
+        "world_edges": int(w_src.shape[0]),
+        "rows_per_gpu": rows_per_gpu.tolist(),
+        "inner_per_gpu": inner_counts.tolist(),
+        "train_per_gpu": np.bincount(owner[train_inner], minlength=G).tolist(),
+        "gpu_row_balance": balance(owner, G),
+        "gpu_inner_balance": balance(owner[hop == 0], G),
+        "gpu_train_balance": balance(owner[train_inner], G) if train_inner.any() else 1.0,
+        "hop_counts": np.bincount(hop, minlength=cfg.effective_hops + 1).tolist(),
+    }
+    return arrays, stats
+
+
+def _agree(comm, error: BaseException | None, phase: str) -> None:
+    """Collective error check: if any rank failed, every rank raises with the failing ranks' messages."""
+    msgs = comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
+    failed = [(r, m) for r, m in enumerate(msgs) if m is not None]
+    if failed:
+        if error is not None and comm.size == 1:
+            raise error
+        text = "; ".join(f"rank {r}: {m}" for r, m in failed)
+        exc_type = ShardError if all("ShardError" in m for _, m in failed) else RuntimeError
+        exc = exc_type(f"{phase} failed on {len(failed)} rank(s): {text}")
+        exc.agreed = True  # every rank raises this: the CLI may exit without MPI_Abort
+        raise exc from error
+
+
+class PhaseLog:
+    """Rank 0 prints one line per phase with its elapsed time."""
+
+    def __init__(self, comm, printer=print):
+        self.comm, self.printer, self.t0, self.last = comm, printer, time.perf_counter(), time.perf_counter()
+        self.times = {}
+
+    def done(self, phase: str, detail: str = "") -> None:
+        now = time.perf_counter()
+        self.times[phase] = now - self.last
+        if self.comm.rank == 0:
+            self.printer(f"[preprocess] {phase:<9} {now - self.last:8.2f} s  (total {now - self.t0:8.2f} s)"
+                         + (f"  {detail}" if detail else ""), flush=True)
+        self.last = now
+
+
+def _dataset_entry(graph) -> dict:
+    return {"name": graph.name, "num_vertices": graph.num_vertices, "num_edges": graph.num_edges,
+            "num_features": graph.num_features, "num_classes": int(graph.num_classes),
+            "num_train": int(graph.train_mask.sum()), "num_val": int(graph.val_mask.sum()),
+            "num_test": int(graph.test_mask.sum())}
+
+
+def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dict:
+    """Collective over `comm`: build the shard set cfg.out from `graph`; returns the manifest (all ranks)."""
+    log = log or PhaseLog(comm, printer=lambda *a, **k: None)
+    try:
+        validate_config(cfg, graph.num_vertices)
+    except ValueError as exc:
+        exc.agreed = True  # deterministic: every rank raises the same error
+        raise
+    S, G, P, rank = cfg.servers, cfg.gpus_per_server, comm.size, comm.rank
+    err = None
+    if rank == 0:
+        try:
+            prepare_output_dir(cfg.out, cfg.overwrite)
+        except BaseException as exc:  # noqa: BLE001 - re-raised collectively below
+            err = exc
+    _agree(comm, err, "preparing the output directory")
+
+    sp = partition_servers(comm, graph, S, cfg.partitioner, cfg.seed)
+    server_of = sp.parts
+    mine = list(range(rank, S, P))
+    gpu_local = np.full(graph.num_vertices, -1, dtype=np.int32)
+    gpu_constraints = {}
+    for s in mine:
+        inner = np.flatnonzero(server_of == s)
+        gpu_local[inner], gpu_constraints[s] = partition_gpus(graph, inner, G)
+    gpu_of = np.empty_like(gpu_local)
+    from mpi4py import MPI
+
+    comm.Allreduce(gpu_local, gpu_of, op=MPI.MAX)
+    log.done("partition", f"{sp.name}: edge cut {sp.edge_cut} ({100 * sp.edge_cut_fraction:.2f}% of edges), "
+                          f"vertex balance {sp.vertex_balance:.3f}, train balance {sp.train_balance:.3f}")
+
+    staged, stats, err = [], [], None
+    t_halo = t_write = 0.0
+    try:
+        for s in mine:
+            t = time.perf_counter()
+            arrays, st = build_server(graph, s, server_of, gpu_of, cfg)
+            st["gpu_constraints"] = gpu_constraints[s]
+            t_halo += time.perf_counter() - t
+            t = time.perf_counter()
+            staged.append(stage_server_file(cfg.out, s, S, G, arrays))
+            t_write += time.perf_counter() - t
+            stats.append(st)
+            del arrays
+    except BaseException as exc:  # noqa: BLE001
+        err = exc
+    try:
+        _agree(comm, err, "building server files")
+    except BaseException:
+        discard_staged(staged)
+        raise
+    log.done("halos+write", f"halo/owners {t_halo:.2f} s, hdf5 write {t_write:.2f} s (rank 0)")
+
+    all_staged = comm.gather(staged, root=0)
+    all_stats = comm.gather(stats, root=0)
+    manifest, err = None, None
+    if rank == 0:
+        try:
+            staged_flat = [x for part in all_staged for x in part]
+            stats_flat = sorted((x for part in all_stats for x in part), key=lambda x: x["server"])
+            manifest = {
+                "format_version": FORMAT_VERSION,
+                "dataset": _dataset_entry(graph),
+                "servers": S, "gpus_per_server": G, "layers": int(cfg.layers),
+                "preload": {"kind": cfg.preload, "hops": cfg.effective_hops,
+                            "fanout": int(cfg.fanout) if cfg.preload == "eas" else None,
+                            "select": cfg.select if cfg.preload == "eas" else None},
+                "partitioner": sp.manifest_entry(),
+                "seed": int(cfg.seed),
+                "command": cfg.command,
+                "files": {},
+                "stats": _summary_stats(stats_flat, S, G),
+            }
+            manifest.update(cfg.extra)
+            manifest = commit_shard_set(cfg.out, manifest, staged_flat)
+        except BaseException as exc:  # noqa: BLE001
+            err = exc
+            discard_staged([x for part in all_staged for x in part])
+    _agree(comm, err, "committing the shard set")
+    manifest = comm.bcast(manifest, root=0)
+    log.done("commit", f"{cfg.out}: {S} server files + manifest.json")
+    return manifest
+
+
+def _summary_stats(per_server: list, S: int, G: int) -> dict:
+    inner = np.array([s["inner"] for s in per_server], dtype=np.float64)
+    rows = np.array([s["rows"] for s in per_server], dtype=np.float64)
+    train = np.array([s["train"] for s in per_server], dtype=np.float64)
+    return {
+        "servers": per_server,
+        "server_inner_balance": float(inner.max() / inner.mean()) if inner.mean() > 0 else 1.0,
+        "server_rows_balance": float(rows.max() / rows.mean()) if rows.mean() > 0 else 1.0,
+        "server_train_balance": float(train.max() / train.mean()) if train.mean() > 0 else 1.0,
+        "gpu_row_balance_max": float(max(s["gpu_row_balance"] for s in per_server)),
+        "gpu_train_balance_max": float(max(s["gpu_train_balance"] for s in per_server)),
+        "replication_factor": float(rows.sum() / max(inner.sum(), 1.0)),
+    }

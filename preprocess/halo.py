@@ -1,0 +1,129 @@
+"""Which vertices a server holds: its inner vertices plus a preloaded halo.
+
+- Flexible Preloading (`full_khop`): the k-hop IN-neighbourhood of the inner vertices, with the hop at
+  which each vertex was first reached (frontier BFS over the in-edge CSR, one vectorised step per hop).
+- Expansion-aware Sampling (`eas`): only the expansion outside the server is sampled.  At each hop,
+  each frontier vertex adds at most `fanout` of its in-neighbours that are neither inner nor already
+  selected.  `select="degree"` (the paper's rule) prefers candidates with many in-neighbours that are
+  not yet selected (they open the most new dependencies, i.e. are the most "important" expansion);
+  `select="uniform"` picks uniformly.  Ties and uniform picks use a hash of (seed, source, destination),
+  so the result does not depend on the number of ranks or on array order.  All frontier vertices of a
+  hop choose at once, against the selection made before that hop.
+
+The server subgraph is the subgraph induced on the selected vertices (`induced_subgraph`), so edges
+among inner vertices are never dropped.  With fanout >= the largest in-degree EAS equals full_khop.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from granndis_hpc.graph.csr import csr_rows, row_of_edges
+
+EAS_SELECT_RULES = ("degree", "uniform")
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: a well-mixed 64-bit hash of each uint64 (vectorised, wraps mod 2**64)."""
+    x = x.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def edge_keys(src: np.ndarray, dst: np.ndarray, seed: int) -> np.ndarray:
+    """Deterministic pseudo-random uint64 key per edge (src -> dst) for a given seed."""
+    with np.errstate(over="ignore"):
+        h = _mix64(np.asarray(src, dtype=np.int64).astype(np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15))
+        return _mix64(h ^ np.asarray(dst, dtype=np.int64).astype(np.uint64))
+
+
+def _order_by_hop(num_vertices: int, hop_of: np.ndarray, max_hop: int):
+    """(vertices sorted by (hop, global id), their hops) from a dense hop array (-1 = not selected)."""
+    selected = np.flatnonzero(hop_of >= 0)
+    hops = hop_of[selected]
+    order = np.lexsort((selected, hops))
+    return selected[order].astype(np.int64), hops[order].astype(np.int32)
+
+
+def full_khop(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int):
+    """All vertices within `hops` in-hops of `inner`: (vertex ids, hop first reached), sorted by (hop, id)."""
+    n = indptr.shape[0] - 1
+    hop_of = np.full(n, -1, dtype=np.int32)
+    frontier = np.unique(np.asarray(inner, dtype=np.int64))
+    hop_of[frontier] = 0
+    for h in range(1, hops + 1):
+        if frontier.size == 0:
+            break
+        _, sources = csr_rows(indptr, indices, frontier)
+        new = np.unique(sources[hop_of[sources] < 0])
+        hop_of[new] = h
+        frontier = new
+    return _order_by_hop(n, hop_of, hops)
+
+
+def _unselected_in_degree(indptr, indices, vertices, selected: np.ndarray) -> np.ndarray:
+    """For each vertex, how many of its in-neighbours are not selected yet."""
+    sub_indptr, nbrs = csr_rows(indptr, indices, vertices)
+    return np.bincount(row_of_edges(sub_indptr), weights=~selected[nbrs], minlength=vertices.shape[0]).astype(np.int64)
+
+
+def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, fanout: int,
+        select: str = "degree", seed: int = 0):
+    """Expansion-aware Sampling: (vertex ids, hop first reached), sorted by (hop, id)."""
+    if select not in EAS_SELECT_RULES:
+        raise ValueError(f"unknown EAS selection rule {select!r}; use one of {EAS_SELECT_RULES}")
+    n = indptr.shape[0] - 1
+    hop_of = np.full(n, -1, dtype=np.int32)
+    frontier = np.unique(np.asarray(inner, dtype=np.int64))
+    hop_of[frontier] = 0
+    for h in range(1, hops + 1):
+        if frontier.size == 0 or fanout <= 0:
+            break
+        selected = hop_of >= 0
+        sub_indptr, src = csr_rows(indptr, indices, frontier)
+        dst = frontier[row_of_edges(sub_indptr)]
+        keep = ~selected[src]
+        src, dst = src[keep], dst[keep]
+        if src.size == 0:
+            break
+        keys = edge_keys(src, dst, seed)
+        if select == "degree":
+            cand, inverse = np.unique(src, return_inverse=True)
+            score = _unselected_in_degree(indptr, indices, cand, selected)[inverse]
+            order = np.lexsort((keys, -score, dst))
+        else:
+            order = np.lexsort((keys, dst))
+        src, dst = src[order], dst[order]
+        # A repeated edge (multigraph input) must not take two of the row's `fanout` slots.
+        first = np.ones(src.shape[0], dtype=bool)
+        first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+        src, dst = src[first], dst[first]
+        # Segmented rank: position of each candidate inside its destination row after sorting.
+        row_start = np.ones(dst.shape[0], dtype=bool)
+        row_start[1:] = dst[1:] != dst[:-1]
+        start_pos = np.flatnonzero(row_start)
+        rank = np.arange(dst.shape[0]) - np.repeat(start_pos, np.diff(np.append(start_pos, dst.shape[0])))
+        new = np.unique(src[rank < fanout])
+        hop_of[new] = h
+        frontier = new
+    return _order_by_hop(n, hop_of, hops)
+
+
+def induced_subgraph(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):
+    """In-edge CSR of the subgraph induced on `vertices` (local id i = vertices[i]); sources sorted in a row."""
+    n = indptr.shape[0] - 1
+    local = np.full(n, -1, dtype=np.int64)
+    local[vertices] = np.arange(vertices.shape[0], dtype=np.int64)
+    sub_indptr, src = csr_rows(indptr, indices, vertices)
+    rows = row_of_edges(sub_indptr)
+    src_local = local[src]
+    keep = src_local >= 0
+    rows, src_local = rows[keep], src_local[keep]
+    order = np.lexsort((src_local, rows))
+    out_indptr = np.zeros(vertices.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=vertices.shape[0]), out=out_indptr[1:])
+    return out_indptr, src_local[order]

@@ -1,0 +1,255 @@
+"""`python -m preprocess verify DIR` and `info DIR`.
+
+verify checks, and reports every problem with the file it is in:
+- the manifest (version, keys) and each server file's sha256 and size;
+- per file: attrs, dataset dtypes/shapes, offsets, owners and the (owner, hop, global id) row order;
+- CSR bounds, sortedness and no duplicate edges, for the stored subgraph and the world view;
+- hops: full preload = BFS distance from the inner rows over the stored subgraph; EAS: hop <= h,
+  every hop-t row feeds a hop t-1 row, and at most fanout x |hop t-1| rows at hop t;
+- every global vertex is inner on exactly one server; global ids are unique inside a file;
+- in-degree: one global value per vertex everywhere, equal to the world-view row length of inner rows;
+- world view: src_rank equals the (server, GPU) that holds the source as an inner vertex;
+  for full preloading the stored in-neighbours of inner rows are exactly the world-view ones;
+- manifest counts (vertices, splits, features, classes) against the files.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from granndis_hpc.graph.csr import row_of_edges
+from granndis_hpc.shards import ShardError, read_manifest, read_server_arrays, server_file_name, verify_checksums
+from granndis_hpc.shards.schema import DATASETS, FORMAT_VERSION, expected_shape
+
+
+def _csr_problems(name: str, indptr: np.ndarray, indices: np.ndarray, n_cols: int | None) -> list:
+    out = []
+    if indptr.shape[0] == 0 or indptr[0] != 0 or np.any(np.diff(indptr) < 0) or indptr[-1] != indices.shape[0]:
+        out.append(f"{name}: indptr is not a valid CSR pointer (must start at 0, not decrease, end at nnz)")
+        return out
+    if indices.size and (indices.min() < 0 or (n_cols is not None and indices.max() >= n_cols)):
+        out.append(f"{name}: indices out of range [0, {n_cols})")
+        return out
+    if indices.size > 1:
+        rows = row_of_edges(indptr)
+        same_row = rows[1:] == rows[:-1]
+        if np.any(same_row & (indices[1:] <= indices[:-1])):
+            out.append(f"{name}: indices not strictly increasing within a row (unsorted or duplicate edges)")
+    return out
+
+
+def _bfs_hops(indptr: np.ndarray, indices: np.ndarray, sources: np.ndarray, max_hop: int) -> np.ndarray:
+    """Hop distance (following in-edges) from `sources` over a CSR, -1 beyond max_hop."""
+    from granndis_hpc.graph.csr import csr_rows
+
+    dist = np.full(indptr.shape[0] - 1, -1, dtype=np.int64)
+    dist[sources] = 0
+    frontier = sources
+    for h in range(1, max_hop + 1):
+        _, nbrs = csr_rows(indptr, indices, frontier)
+        new = np.unique(nbrs[dist[nbrs] < 0])
+        dist[new] = h
+        frontier = new
+    return dist
+
+
+def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
+    S, G = int(manifest["servers"]), int(manifest["gpus_per_server"])
+    ds = manifest["dataset"]
+    out = []
+    attrs = a["attrs"]
+    if attrs.get("format_version") != FORMAT_VERSION or attrs.get("server") != server or \
+            attrs.get("servers") != S or attrs.get("gpus_per_server") != G:
+        out.append(f"{fname}: attrs {attrs} do not match format {FORMAT_VERSION}, server {server}, {S}x{G}")
+    n = a["vertices/global_id"].shape[0]
+    n_inner_w = a["world/indptr"].shape[0] - 1
+    f = a["features"].shape[1] if a["features"].ndim == 2 else -1
+    for name, (dtype, rule) in DATASETS.items():
+        want = expected_shape(rule, n, G, a["graph/indices"].shape[0], n_inner_w,
+                              a["world/src_global_id"].shape[0], f)
+        if a[name].shape != want or a[name].dtype != dtype:
+            out.append(f"{fname}: {name} has {a[name].dtype}{list(a[name].shape)}, expected {dtype}{list(want)}")
+    if out:
+        return out
+    gid, owner, hop = a["vertices/global_id"], a["vertices/owner"], a["vertices/hop"]
+    offsets, inner_counts = a["vertices/offsets"], a["vertices/inner_counts"]
+    if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0):
+        out.append(f"{fname}: vertices/offsets {offsets.tolist()} is not a partition of the {n} rows")
+        return out
+    row_gpu = np.repeat(np.arange(G), np.diff(offsets))
+    if np.any(owner != row_gpu):
+        out.append(f"{fname}: vertices/owner disagrees with vertices/offsets (rows of a GPU must be contiguous)")
+    if n > 1:
+        same = row_gpu[1:] == row_gpu[:-1]
+        order_ok = (hop[1:] > hop[:-1]) | ((hop[1:] == hop[:-1]) & (gid[1:] > gid[:-1]))
+        if np.any(same & ~order_ok):
+            out.append(f"{fname}: rows of a GPU are not sorted by (hop, global id)")
+    if np.any(hop < 0):
+        out.append(f"{fname}: negative hops")
+    if not np.array_equal(np.bincount(owner[hop == 0], minlength=G), inner_counts):
+        out.append(f"{fname}: vertices/inner_counts {inner_counts.tolist()} differ from the hop-0 rows per GPU")
+    if not np.array_equal(a["world/offsets"], np.concatenate([[0], np.cumsum(inner_counts)])):
+        out.append(f"{fname}: world/offsets is not the cumulative sum of vertices/inner_counts")
+    if gid.size and (gid.min() < 0 or gid.max() >= ds["num_vertices"]):
+        out.append(f"{fname}: global ids out of range [0, {ds['num_vertices']})")
+        return out
+    if np.unique(gid).shape[0] != n:
+        out.append(f"{fname}: a global vertex appears in more than one row (owned by more than one GPU)")
+    out += _csr_problems(f"{fname}: graph", a["graph/indptr"], a["graph/indices"], n)
+    out += _csr_problems(f"{fname}: world", a["world/indptr"], a["world/src_global_id"], ds["num_vertices"])
+    if f != ds["num_features"]:
+        out.append(f"{fname}: {f} features, manifest says {ds['num_features']}")
+    labels = a["labels"]
+    if labels.size and (labels.min() < 0 or labels.max() >= ds["num_classes"]):
+        out.append(f"{fname}: labels outside [0, {ds['num_classes']})")
+    if out:
+        return out
+
+    indptr, indices = a["graph/indptr"], a["graph/indices"]
+    inner_rows = np.flatnonzero(hop == 0)
+    pre = manifest["preload"]
+    h = int(pre["hops"])
+    if pre["kind"] == "full":
+        dist = _bfs_hops(indptr, indices, inner_rows, h)
+        if not np.array_equal(dist, hop):
+            bad = int(np.count_nonzero(dist != hop))
+            out.append(f"{fname}: {bad} rows have a hop that differs from the BFS distance from the inner "
+                       f"vertices over the stored subgraph")
+    else:
+        if hop.size and hop.max() > h:
+            out.append(f"{fname}: EAS rows at hop {int(hop.max())} > --hops {h}")
+        dst = row_of_edges(indptr)
+        feeds = hop[indices] == hop[dst] + 1
+        fed = np.zeros(n, dtype=bool)
+        fed[indices[feeds]] = True
+        if np.any(~fed[hop > 0]):
+            out.append(f"{fname}: EAS rows that feed no row one hop closer to the inner vertices")
+        per_hop = np.bincount(hop, minlength=h + 1)
+        fanout = int(pre["fanout"])
+        if np.any(per_hop[1:] > fanout * per_hop[:-1]):
+            out.append(f"{fname}: EAS hop sizes {per_hop.tolist()} exceed fanout {fanout} x previous hop")
+    # World view rows are the inner rows in row order, and their length is the global in-degree.
+    w_deg = np.diff(a["world/indptr"])
+    if not np.array_equal(w_deg, a["graph/in_degree"][inner_rows]):
+        out.append(f"{fname}: world-view row lengths differ from graph/in_degree of the inner rows")
+    local_deg = np.diff(indptr)
+    if np.any(local_deg > a["graph/in_degree"]):
+        out.append(f"{fname}: a row has more stored in-edges than its global in-degree")
+    if pre["kind"] == "full" and h >= 1 and not np.array_equal(local_deg[inner_rows], w_deg):
+        out.append(f"{fname}: full preload but an inner row misses some of its in-neighbours in the stored subgraph")
+    if pre["kind"] == "full" and h >= 1 and not out:
+        # Same rows, same lengths (checked above): compare each row's sources as sorted global ids.
+        pos = _rows_positions(indptr, inner_rows)
+        row_id = np.repeat(np.arange(inner_rows.shape[0]), local_deg[inner_rows])
+        local_src = gid[indices[pos]]
+        local_src = local_src[np.lexsort((local_src, row_id))]
+        if not np.array_equal(local_src, a["world/src_global_id"]):
+            out.append(f"{fname}: stored in-neighbours of inner rows differ from the world view")
+    return out
+
+
+def _rows_positions(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    counts = indptr[rows + 1] - indptr[rows]
+    starts = np.repeat(indptr[rows], counts)
+    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return starts + within
+
+
+def verify_shard_set(path) -> list:
+    """All problems found (an empty list means the set is valid)."""
+    path = os.fspath(path)
+    try:
+        manifest = read_manifest(path)
+    except ShardError as exc:
+        return [str(exc)]
+    problems = []
+    S, G = int(manifest["servers"]), int(manifest["gpus_per_server"])
+    for s in range(S):
+        try:
+            verify_checksums(path, manifest, servers=[s])
+        except ShardError as exc:
+            problems.append(str(exc))
+    if problems:
+        return problems
+    ds = manifest["dataset"]
+    N = int(ds["num_vertices"])
+    inner_server = np.full(N, -1, dtype=np.int64)
+    inner_gpu = np.full(N, -1, dtype=np.int64)
+    inner_hits = np.zeros(N, dtype=np.int64)
+    degree = np.full(N, -1, dtype=np.int64)
+    files = {}
+    counts = {"train": 0, "val": 0, "test": 0}
+    for s in range(S):
+        fname = server_file_name(s)
+        try:
+            a = read_server_arrays(path, manifest, s)
+        except ShardError as exc:
+            problems.append(str(exc))
+            continue
+        file_problems = _file_problems(fname, a, s, manifest)
+        problems += file_problems
+        if file_problems:
+            continue
+        files[s] = a
+        inner = a["vertices/hop"] == 0
+        gid = a["vertices/global_id"][inner]
+        np.add.at(inner_hits, gid, 1)
+        inner_server[gid] = s
+        inner_gpu[gid] = a["vertices/owner"][inner]
+        degree[gid] = a["graph/in_degree"][inner]
+        for k in counts:
+            counts[k] += int(a[f"split/{k}"][inner].sum())
+    if problems:
+        return problems
+    if np.any(inner_hits != 1):
+        problems.append(f"{int(np.count_nonzero(inner_hits == 0))} vertices are inner on no server and "
+                        f"{int(np.count_nonzero(inner_hits > 1))} on more than one (each must be inner on exactly one)")
+        return problems
+    for s, a in files.items():
+        fname = server_file_name(s)
+        if not np.array_equal(a["graph/in_degree"], degree[a["vertices/global_id"]]):
+            problems.append(f"{fname}: graph/in_degree disagrees with the in-degree stored by the vertex's home server")
+        src = a["world/src_global_id"]
+        if not np.array_equal(a["world/src_in_degree"], degree[src]):
+            problems.append(f"{fname}: world/src_in_degree disagrees with the sources' in-degree")
+        if not np.array_equal(a["world/src_rank"], inner_server[src] * G + inner_gpu[src]):
+            problems.append(f"{fname}: world/src_rank disagrees with the GPU that holds the source as inner vertex")
+    if int(degree.sum()) != int(ds["num_edges"]):
+        problems.append(f"manifest.json: num_edges {ds['num_edges']} but the in-degrees sum to {int(degree.sum())}")
+    for k, v in counts.items():
+        if v != int(ds[f"num_{k}"]):
+            problems.append(f"manifest.json: num_{k} {ds[f'num_{k}']} but the files hold {v} inner {k} vertices")
+    return problems
+
+
+def format_info(manifest: dict) -> str:
+    """Human-readable statistics of a shard set (what `info` prints)."""
+    ds, pre, part = manifest["dataset"], manifest["preload"], manifest.get("partitioner", {})
+    st = manifest.get("stats", {})
+    lines = [
+        f"dataset     {ds['name']}: {ds['num_vertices']} vertices, {ds['num_edges']} edges, "
+        f"{ds['num_features']} features, {ds['num_classes']} classes, train/val/test "
+        f"{ds['num_train']}/{ds['num_val']}/{ds['num_test']}",
+        f"layout      {manifest['servers']} servers x {manifest['gpus_per_server']} GPUs, layers {manifest['layers']}, "
+        f"format v{manifest['format_version']}",
+        f"preload     {pre['kind']} hops={pre['hops']}" + (f" fanout={pre['fanout']} select={pre['select']}"
+                                                         if pre["kind"] == "eas" else ""),
+        f"partitioner {part.get('name')} [{part.get('library')}] constraints={part.get('constraints')} "
+        f"edge cut {part.get('edge_cut')} ({100 * float(part.get('edge_cut_fraction', 0)):.2f}% of edges) "
+        f"vertex balance {float(part.get('vertex_balance', 1)):.3f} train balance {float(part.get('train_balance', 1)):.3f}",
+    ]
+    if st:
+        lines.append(f"replication {st['replication_factor']:.3f} rows per inner vertex; server inner balance "
+                     f"{st['server_inner_balance']:.3f}, rows balance {st['server_rows_balance']:.3f}, train balance "
+                     f"{st['server_train_balance']:.3f}; worst GPU row balance {st['gpu_row_balance_max']:.3f}, "
+                     f"worst GPU train balance {st['gpu_train_balance_max']:.3f}")
+        lines.append(f"{'server':>6} {'inner':>9} {'preloaded':>10} {'share':>6} {'train':>7} {'edges':>10} "
+                     f"{'rows/GPU':<28} {'train/GPU':<24}")
+        for s in st.get("servers", []):
+            lines.append(f"{s['server']:>6} {s['inner']:>9} {s['preloaded']:>10} {s['preloaded_share']:>6.3f} "
+                         f"{s['train']:>7} {s['edges']:>10} {str(s['rows_per_gpu']):<28} {str(s['train_per_gpu']):<24}")
+    files = manifest.get("files", {})
+    total = sum(int(v["bytes"]) for v in files.values())
+    lines.append(f"files       {len(files)} server files, {total / 2**20:.1f} MiB; command: {manifest.get('command', '')}")
+    return "\n".join(lines)
