@@ -1,0 +1,154 @@
+# Shared helpers for slurm/*.sbatch (sourced, not run).  Everything a site may need to change is an
+# environment variable; see slurm/README.md for the list.
+# shellcheck shell=bash
+
+granndis_die() {
+    echo "granndis slurm: error: $*" >&2
+    exit 2
+}
+
+granndis_note() {
+    echo "granndis slurm: $*" >&2
+}
+
+granndis_is_uint() {
+    [[ "$1" =~ ^[0-9]+$ ]]
+}
+
+# Site environment: modules (GRANNDIS_MODULES, space or comma separated), an arbitrary setup script
+# (GRANNDIS_ENV_SCRIPT, e.g. conda activation) and a Python venv (GRANNDIS_VENV).  Batch shells are
+# non-interactive, so the `module` function may be missing: try the usual init scripts first.
+granndis_site_env() {
+    if [ -n "${GRANNDIS_MODULES:-}" ]; then
+        if ! type module >/dev/null 2>&1; then
+            local init
+            for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh "${MODULESHOME:-/nonexistent}/init/bash"; do
+                # shellcheck disable=SC1090
+                if [ -r "$init" ]; then . "$init"; break; fi
+            done
+        fi
+        type module >/dev/null 2>&1 || \
+            granndis_die "GRANNDIS_MODULES is set but there is no 'module' command on this node; set MODULESHOME or unset GRANNDIS_MODULES"
+        local mod
+        for mod in ${GRANNDIS_MODULES//,/ }; do
+            module load "$mod" || granndis_die "'module load $mod' failed (check GRANNDIS_MODULES)"
+        done
+    fi
+    if [ -n "${GRANNDIS_ENV_SCRIPT:-}" ]; then
+        [ -r "$GRANNDIS_ENV_SCRIPT" ] || granndis_die "GRANNDIS_ENV_SCRIPT=$GRANNDIS_ENV_SCRIPT is not a readable file"
+        # shellcheck disable=SC1090
+        . "$GRANNDIS_ENV_SCRIPT"
+    fi
+    if [ -n "${GRANNDIS_VENV:-}" ]; then
+        [ -r "$GRANNDIS_VENV/bin/activate" ] || \
+            granndis_die "GRANNDIS_VENV=$GRANNDIS_VENV has no bin/activate (create it with 'python -m venv' first)"
+        # shellcheck disable=SC1091
+        . "$GRANNDIS_VENV/bin/activate"
+    fi
+}
+
+# Job shape from Slurm: sets GRANNDIS_NNODES, GRANNDIS_NTASKS and GRANNDIS_TASKS_PER_NODE.
+# SLURM_NTASKS_PER_NODE exists only when --ntasks-per-node was given; otherwise derive it, and refuse
+# uneven layouts (every server must have the same number of ranks).
+granndis_job_shape() {
+    [ -n "${SLURM_JOB_ID:-}" ] || granndis_die "SLURM_JOB_ID is not set: submit this script with sbatch"
+    local nnodes="${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-}}"
+    granndis_is_uint "$nnodes" && [ "$nnodes" -gt 0 ] || \
+        granndis_die "SLURM_NNODES='${nnodes}' is not a positive integer"
+    local ntasks="${SLURM_NTASKS:-}" per_node="${SLURM_NTASKS_PER_NODE:-}"
+    if [ -n "$per_node" ]; then
+        granndis_is_uint "$per_node" && [ "$per_node" -gt 0 ] || \
+            granndis_die "SLURM_NTASKS_PER_NODE='$per_node' is not a positive integer (use --ntasks-per-node=N)"
+        [ -n "$ntasks" ] || ntasks=$((per_node * nnodes))
+    fi
+    granndis_is_uint "$ntasks" && [ "$ntasks" -gt 0 ] || \
+        granndis_die "SLURM_NTASKS='${ntasks}' is not a positive integer (use --ntasks-per-node=N)"
+    if [ -z "$per_node" ]; then
+        [ $((ntasks % nnodes)) -eq 0 ] || \
+            granndis_die "$ntasks tasks on $nnodes nodes is uneven; every server needs the same number of ranks: use --ntasks-per-node"
+        per_node=$((ntasks / nnodes))
+    fi
+    [ "$ntasks" -eq $((per_node * nnodes)) ] || \
+        granndis_die "SLURM_NTASKS=$ntasks but $nnodes nodes x $per_node tasks per node = $((per_node * nnodes)); every server needs the same number of ranks"
+    GRANNDIS_NNODES=$nnodes
+    GRANNDIS_NTASKS=$ntasks
+    GRANNDIS_TASKS_PER_NODE=$per_node
+}
+
+# Fill the array LAUNCH with the parallel launcher for GRANNDIS_NTASKS ranks, GRANNDIS_TASKS_PER_NODE
+# per node, in block order (ranks 0..n-1 on the first node, ...), which is what ranks-per-server means.
+#   GRANNDIS_LAUNCHER=srun (default) | mpirun ; GRANNDIS_SRUN_MPI=pmix (srun's --mpi plugin)
+#   GRANNDIS_GPU_BIND (srun --gpu-bind value; empty by default, see README) ; GRANNDIS_LAUNCHER_ARGS (extra words)
+granndis_launcher() {
+    local cpus="${SLURM_CPUS_PER_TASK:-}"
+    case "${GRANNDIS_LAUNCHER:-srun}" in
+        srun)
+            LAUNCH=(srun "--mpi=${GRANNDIS_SRUN_MPI:-pmix}" "--nodes=$GRANNDIS_NNODES" "--ntasks=$GRANNDIS_NTASKS"
+                    "--ntasks-per-node=$GRANNDIS_TASKS_PER_NODE" --distribution=block:block --kill-on-bad-exit=1)
+            # Since Slurm 22.05 srun does not inherit --cpus-per-task from sbatch: pass it on.
+            [ -n "$cpus" ] && LAUNCH+=("--cpus-per-task=$cpus")
+            [ -n "${GRANNDIS_GPU_BIND:-}" ] && LAUNCH+=("--gpu-bind=$GRANNDIS_GPU_BIND")
+            ;;
+        mpirun)
+            # ppr:N:node places N consecutive ranks per node (block order); with PE=c each rank gets c cores.
+            local map="ppr:$GRANNDIS_TASKS_PER_NODE:node" bind=none
+            if [ -n "$cpus" ]; then map="$map:PE=$cpus"; bind=core; fi
+            LAUNCH=(mpirun -n "$GRANNDIS_NTASKS" --map-by "$map" --bind-to "$bind")
+            # Open MPI starts remote ranks through Slurm but passes on only the variables named here.
+            local var
+            for var in PATH LD_LIBRARY_PATH PYTHONPATH VIRTUAL_ENV OMP_NUM_THREADS \
+                       $(compgen -e | grep -E '^(GRANNDIS_|NCCL_|CUDA_|UCX_|OMPI_MCA_)' || true); do
+                [ -n "${!var+x}" ] && LAUNCH+=(-x "$var")
+            done
+            ;;
+        *)
+            granndis_die "GRANNDIS_LAUNCHER='${GRANNDIS_LAUNCHER}' is not supported: use srun or mpirun"
+            ;;
+    esac
+    if [ -n "${GRANNDIS_LAUNCHER_ARGS:-}" ]; then
+        local extra
+        read -r -a extra <<<"$GRANNDIS_LAUNCHER_ARGS"
+        LAUNCH+=("${extra[@]}")
+    fi
+}
+
+# Log a command as one copy-pasteable line.
+granndis_show() {
+    local out="" word
+    for word in "$@"; do out+="$(printf '%q' "$word") "; done
+    granndis_note "running: ${out% }"
+}
+
+# Run a command in the background and wait for it, forwarding USR1 and TERM to it.  Slurm's
+# --signal=B:USR1@T signals only this batch shell; srun and Open MPI's mpirun pass the signal on to
+# every rank, which write a checkpoint and stop.  Sets GRANNDIS_SIGNAL to the last signal received.
+granndis_forward_signal() {
+    GRANNDIS_SIGNAL=$1
+    granndis_note "got SIG$1, passing it to the ranks"
+    if [ -n "${GRANNDIS_CHILD:-}" ]; then kill "-$1" "$GRANNDIS_CHILD" 2>/dev/null || true; fi
+}
+
+granndis_run_forwarding_signals() {
+    GRANNDIS_SIGNAL=""
+    GRANNDIS_CHILD=""
+    # Traps first, so a signal that arrives while the launcher starts is not lost.
+    trap 'granndis_forward_signal USR1' USR1
+    trap 'granndis_forward_signal TERM' TERM
+    "$@" &
+    GRANNDIS_CHILD=$!
+    if [ -n "$GRANNDIS_SIGNAL" ]; then kill "-$GRANNDIS_SIGNAL" "$GRANNDIS_CHILD" 2>/dev/null || true; fi
+    local rc again
+    while :; do
+        wait "$GRANNDIS_CHILD"
+        rc=$?
+        [ "$rc" -le 128 ] && break
+        # Above 128: the launcher died of a signal, or a trap interrupted `wait`; then wait again.
+        kill -0 "$GRANNDIS_CHILD" 2>/dev/null && continue
+        wait "$GRANNDIS_CHILD" 2>/dev/null
+        again=$?
+        [ "$again" -ne 127 ] && rc=$again  # 127: its status was already collected above
+        break
+    done
+    trap - USR1 TERM
+    return "$rc"
+}

@@ -1,0 +1,273 @@
+"""slurm/*.sbatch run under plain bash with SLURM_* variables set and srun/mpirun/scontrol/module replaced
+by fakes on PATH that record their argv: checks the launched command, resume, requeue and errors.
+No Slurm, no network."""
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SLURM = REPO / "slurm"
+SCRIPTS = ["train.sbatch", "preprocess.sbatch", "lib.sh"]
+
+FAKE_LAUNCHER = r"""#!/bin/bash
+# Records argv (NUL-separated) and the environment the ranks would see; optionally waits for a signal.
+log="$FAKE_LOG/$(basename "$0")"
+printf '%s\0' "$@" > "$log.argv"
+env > "$log.env"
+if [ -n "${FAKE_WAIT_FOR_SIGNAL:-}" ] && [ "$(basename "$0")" != scontrol ]; then
+    sleep 30 & sleeper=$!
+    trap 'echo USR1 >> "$log.signals"; kill $sleeper; exit 0' USR1
+    trap 'echo TERM >> "$log.signals"; kill $sleeper; exit 143' TERM
+    touch "$log.ready"
+    wait $sleeper
+    exit 99
+fi
+exit "${FAKE_RC:-0}"
+"""
+FAKE_MODULE = """#!/bin/bash
+echo "$*" >> "$FAKE_LOG/module.calls"
+"""
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A fake job: bin dir with the fakes first on PATH, a log dir, a clean environment, cwd = submit dir."""
+    fakebin, log, work = tmp_path / "bin", tmp_path / "log", tmp_path / "work"
+    for d in (fakebin, log, work):
+        d.mkdir()
+    for name in ("srun", "mpirun", "scontrol"):
+        (fakebin / name).write_text(FAKE_LAUNCHER)
+    (fakebin / "module").write_text(FAKE_MODULE)
+    for f in fakebin.iterdir():
+        f.chmod(0o755)
+    env = {"PATH": f"{fakebin}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C", "FAKE_LOG": str(log),
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "granndis-train", "SLURM_NNODES": "2",
+           "SLURM_NTASKS_PER_NODE": "2", "SLURM_NTASKS": "4", "SLURM_CPUS_PER_TASK": "3",
+           "SLURM_SUBMIT_DIR": str(work), "GRANNDIS_SHARDS": "shards/cora"}
+    return {"env": env, "log": log, "work": work, "tmp": tmp_path}
+
+
+def run_script(job, script, *args, **env):
+    full_env = {k: v for k, v in {**job["env"], **env}.items() if v is not None}
+    script_path = script if os.path.isabs(str(script)) else SLURM / script
+    return subprocess.run(["bash", str(script_path), *args], cwd=job["work"], env=full_env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def recorded(job, name):
+    path = job["log"] / f"{name}.argv"
+    if not path.exists():
+        return None
+    return path.read_bytes().decode().split("\0")[:-1]
+
+
+def recorded_env(job, name):
+    lines = (job["log"] / f"{name}.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def split_at(argv, program):
+    i = argv.index(program)
+    return argv[:i], argv[i + 1:]
+
+
+def options(words):
+    """['--a', '1', '--b', '2'] -> {'--a': '1', '--b': '2'} (checks that every option has one value)."""
+    assert len(words) % 2 == 0 and all(w.startswith("--") for w in words[::2]), words
+    return dict(zip(words[::2], words[1::2]))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_scripts_parse(script):
+    subprocess.run(["bash", "-n", str(SLURM / script)], check=True)
+
+
+def test_sbatch_directives():
+    text = (SLURM / "train.sbatch").read_text()
+    for directive in ("--requeue", "--signal=B:USR1@120", "--ntasks-per-node=", "--gpus-per-node="):
+        assert f"#SBATCH {directive}" in text, directive
+    assert "#SBATCH --ntasks-per-node=" in (SLURM / "preprocess.sbatch").read_text()
+
+
+@pytest.mark.parametrize("nodes, per_node, give_per_node", [(2, 2, True), (4, 4, True), (2, 4, False)])
+def test_train_srun_command(job, nodes, per_node, give_per_node):
+    res = run_script(job, "train.sbatch", "--lr", "0.005", SLURM_NNODES=str(nodes),
+                     SLURM_NTASKS=str(nodes * per_node),
+                     SLURM_NTASKS_PER_NODE=str(per_node) if give_per_node else None)
+    assert res.returncode == 0, res.stderr
+    launcher, train = split_at(recorded(job, "srun"), "granndis-train")
+    assert launcher == ["--mpi=pmix", f"--nodes={nodes}", f"--ntasks={nodes * per_node}",
+                        f"--ntasks-per-node={per_node}", "--distribution=block:block", "--kill-on-bad-exit=1",
+                        "--cpus-per-task=3"]
+    assert options(train) == {"--shards": "shards/cora", "--mode": "flx", "--model": "sage", "--layers": "3",
+                              "--hidden": "64", "--epochs": "200", "--out": "runs/granndis-train-4242",
+                              "--lr": "0.005"}
+    assert train[-2:] == ["--lr", "0.005"]  # extra flags last, so they override the script's
+    env = recorded_env(job, "srun")
+    assert env["GRANNDIS_RANKS_PER_SERVER"] == str(per_node) and env["OMP_NUM_THREADS"] == "3"
+    assert (job["work"] / "runs" / "granndis-train-4242").is_dir()
+    assert "granndis-train --shards shards/cora" in res.stderr  # the command is shown in the job log
+
+
+def test_train_settings_from_environment(job):
+    (job["work"] / "run.toml").write_text("lr = 0.01\n")
+    res = run_script(job, "train.sbatch", GRANNDIS_MODE="eas", GRANNDIS_MODEL="gcn", GRANNDIS_LAYERS="5",
+                     GRANNDIS_HIDDEN="128", GRANNDIS_EPOCHS="7", GRANNDIS_CONFIG="run.toml",
+                     GRANNDIS_RUN_DIR="runs/mine", GRANNDIS_SRUN_MPI="pmi2", GRANNDIS_GPU_BIND="closest",
+                     GRANNDIS_LAUNCHER_ARGS="--exclusive --label")
+    assert res.returncode == 0, res.stderr
+    launcher, train = split_at(recorded(job, "srun"), "granndis-train")
+    assert launcher[0] == "--mpi=pmi2" and "--gpu-bind=closest" in launcher and launcher[-2:] == ["--exclusive",
+                                                                                                  "--label"]
+    assert options(train) == {"--shards": "shards/cora", "--mode": "eas", "--model": "gcn", "--layers": "5",
+                              "--hidden": "128", "--epochs": "7", "--out": "runs/mine", "--config": "run.toml"}
+    res = run_script(job, "train.sbatch", GRANNDIS_CONFIG="missing.toml")
+    assert res.returncode == 2 and "GRANNDIS_CONFIG=missing.toml" in res.stderr
+
+
+def test_train_mpirun_alternative(job):
+    res = run_script(job, "train.sbatch", GRANNDIS_LAUNCHER="mpirun", NCCL_DEBUG="INFO")
+    assert res.returncode == 0, res.stderr
+    assert recorded(job, "srun") is None
+    launcher, train = split_at(recorded(job, "mpirun"), "granndis-train")
+    assert launcher[:6] == ["-n", "4", "--map-by", "ppr:2:node:PE=3", "--bind-to", "core"]
+    exported = set(launcher[7::2])
+    assert set(launcher[6::2]) == {"-x"}
+    assert {"PATH", "GRANNDIS_RANKS_PER_SERVER", "GRANNDIS_SHARDS", "NCCL_DEBUG", "OMP_NUM_THREADS"} <= exported
+    assert options(train)["--out"] == "runs/granndis-train-4242" and "--resume" not in train
+
+
+def test_resume_when_checkpoint_exists(job):
+    run_dir = job["work"] / "runs" / "granndis-train-4242"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    # requeued before the first checkpoint: nothing to resume from, start fresh (and say so)
+    res = run_script(job, "train.sbatch", SLURM_RESTART_COUNT="1")
+    assert res.returncode == 0, res.stderr
+    assert "--resume" not in recorded(job, "srun") and "starting from scratch" in res.stderr
+
+    (run_dir / "checkpoints" / "epoch-00050.pt").write_bytes(b"x")
+    for restarts in ("1", None):  # after a requeue, and on a resubmission into the same run directory
+        res = run_script(job, "train.sbatch", SLURM_RESTART_COUNT=restarts)
+        assert res.returncode == 0, res.stderr
+        _, train = split_at(recorded(job, "srun"), "granndis-train")
+        assert options(train)["--resume"] == "runs/granndis-train-4242"
+        assert options(train)["--out"] == "runs/granndis-train-4242"
+
+
+def test_site_environment_hooks(job):
+    venv = job["tmp"] / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text('export VENV_MARK="active:$GRANNDIS_SHARDS"\n')
+    res = run_script(job, "train.sbatch", GRANNDIS_MODULES="cuda/12.1,openmpi/4.1.5 nccl",
+                     GRANNDIS_VENV=str(venv))
+    assert res.returncode == 0, res.stderr
+    assert (job["log"] / "module.calls").read_text().splitlines() == ["load cuda/12.1", "load openmpi/4.1.5",
+                                                                      "load nccl"]
+    assert recorded_env(job, "srun")["VENV_MARK"] == "active:shards/cora"
+    res = run_script(job, "train.sbatch", GRANNDIS_VENV=str(job["tmp"] / "nope"))
+    assert res.returncode == 2 and "has no bin/activate" in res.stderr and recorded(job, "srun") is not None
+
+
+def test_script_copied_to_spool_finds_lib_through_submit_dir(job):
+    spool = job["tmp"] / "spool"
+    spool.mkdir()
+    shutil.copy(SLURM / "train.sbatch", spool / "slurm_script")
+    res = run_script(job, spool / "slurm_script", SLURM_SUBMIT_DIR=str(REPO))
+    assert res.returncode == 0, res.stderr
+    assert options(split_at(recorded(job, "srun"), "granndis-train")[1])["--mode"] == "flx"
+    res = run_script(job, spool / "slurm_script")  # submit dir without slurm/lib.sh
+    assert res.returncode == 2 and "slurm/lib.sh not found" in res.stderr
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"SLURM_NNODES": "2", "SLURM_NTASKS": "5", "SLURM_NTASKS_PER_NODE": None}, "uneven"),
+    ({"SLURM_NNODES": "2", "SLURM_NTASKS": "6", "SLURM_NTASKS_PER_NODE": "2"}, "same number of ranks"),
+    ({"SLURM_NTASKS_PER_NODE": "two"}, "SLURM_NTASKS_PER_NODE='two'"),
+    ({"SLURM_JOB_ID": None}, "submit this script with sbatch"),
+    ({"GRANNDIS_SHARDS": None}, "set GRANNDIS_SHARDS"),
+    ({"GRANNDIS_LAUNCHER": "aprun"}, "use srun or mpirun"),
+    ({"GRANNDIS_MODULES": "cuda", "PATH": "/usr/bin:/bin"}, "no 'module' command"),
+])
+def test_train_bad_settings_fail_clearly_without_launching(job, env, message):
+    if env.get("PATH"):
+        env["PATH"] = f"{job['env']['PATH'].split(':')[0]}-empty:" + env["PATH"]
+        if shutil.which("module", path=env["PATH"]):
+            pytest.skip("a real `module` command is installed here")
+    res = run_script(job, "train.sbatch", MODULESHOME=None, **env)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr and res.stderr.startswith("granndis slurm: error: ")
+    assert recorded(job, "srun") is None
+
+
+def wait_for(path, seconds=15.0):
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig, finished, expect_requeue, expect_rc", [
+    (signal.SIGUSR1, False, True, 0),    # time limit near: ranks checkpoint, job goes back to the queue
+    (signal.SIGUSR1, True, False, 0),    # ... unless training already wrote its summary
+    (signal.SIGTERM, False, False, 143),  # preemption / scancel: pass it on, Slurm decides about requeue
+])
+def test_signal_is_forwarded_and_job_requeued(job, sig, finished, expect_requeue, expect_rc):
+    if finished:
+        run_dir = job["work"] / "runs" / "granndis-train-4242"
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text("{}")
+    proc = subprocess.Popen(["bash", str(SLURM / "train.sbatch")], cwd=job["work"],
+                            env={**job["env"], "FAKE_WAIT_FOR_SIGNAL": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(job["log"] / "srun.ready")
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    name = "USR1" if sig == signal.SIGUSR1 else "TERM"
+    assert (job["log"] / "srun.signals").read_text().split() == [name], err
+    assert proc.returncode == expect_rc, err
+    if expect_requeue:
+        assert recorded(job, "scontrol") == ["requeue", "4242"]
+    else:
+        assert recorded(job, "scontrol") is None
+
+
+def test_preprocess_command(job):
+    res = run_script(job, "preprocess.sbatch", "--source", "planetoid", "--name", "cora", "--root", "/data/pl",
+                     SLURM_JOB_ID="777", SLURM_JOB_NAME="granndis-preprocess", SLURM_NNODES="1",
+                     SLURM_NTASKS_PER_NODE="4", SLURM_NTASKS="4", GRANNDIS_SHARDS=None,
+                     GRANNDIS_SERVERS="2", GRANNDIS_GPUS_PER_SERVER="4", GRANNDIS_PYTHON="/opt/venv/bin/python")
+    assert res.returncode == 0, res.stderr
+    launcher, build = split_at(recorded(job, "srun"), "/opt/venv/bin/python")
+    assert launcher[:4] == ["--mpi=pmix", "--nodes=1", "--ntasks=4", "--ntasks-per-node=4"]
+    assert build[:3] == ["-m", "preprocess", "build"]
+    assert options(build[3:]) == {"--servers": "2", "--gpus-per-server": "4", "--layers": "3", "--preload": "full",
+                                  "--out": "shards/granndis-preprocess-777", "--source": "planetoid",
+                                  "--name": "cora", "--root": "/data/pl"}
+
+    res = run_script(job, "preprocess.sbatch", "--source", "synthetic", GRANNDIS_LAUNCHER="mpirun",
+                     GRANNDIS_SERVERS="4", GRANNDIS_GPUS_PER_SERVER="4", GRANNDIS_PRELOAD="eas", GRANNDIS_LAYERS="2")
+    assert res.returncode == 0, res.stderr
+    launcher, build = split_at(recorded(job, "mpirun"), "python")
+    assert launcher[:4] == ["-n", "4", "--map-by", "ppr:2:node:PE=3"]
+    assert options(build[3:]) == {"--servers": "4", "--gpus-per-server": "4", "--layers": "2", "--preload": "eas",
+                                  "--out": "shards/cora", "--source": "synthetic"}
+
+
+@pytest.mark.parametrize("env, args, message", [
+    ({"GRANNDIS_GPUS_PER_SERVER": "4"}, ["--source", "x"], "set GRANNDIS_SERVERS"),
+    ({"GRANNDIS_SERVERS": "2", "GRANNDIS_GPUS_PER_SERVER": "0"}, ["--source", "x"], "set GRANNDIS_GPUS_PER_SERVER"),
+    ({"GRANNDIS_SERVERS": "2", "GRANNDIS_GPUS_PER_SERVER": "4"}, [], "give the dataset"),
+])
+def test_preprocess_bad_settings(job, env, args, message):
+    res = run_script(job, "preprocess.sbatch", *args, **env)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert recorded(job, "srun") is None
