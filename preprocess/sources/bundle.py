@@ -1,0 +1,123 @@
+"""A generic graph bundle: one .npz or .h5 file with named arrays (the easy way to bring your own graph).
+
+Keys (HDF5: datasets at the file root):
+
+    edges     edge_index [2, E] (row 0 = source, row 1 = destination)
+              or indptr [N+1] + indices [E], an in-edge CSR (indices = sources of each row's edges)
+    features  [N, F] numbers
+    labels    [N] integer class ids (-1 = unlabelled, allowed only outside the splits)
+    splits    train_mask, val_mask, test_mask (bool [N])  or  train_idx, val_idx, test_idx (ids)
+    optional  num_classes (scalar)
+
+.npz files are read with ``allow_pickle=False``: a bundle can never execute code.
+"""
+from __future__ import annotations
+
+import os
+import zipfile
+
+import numpy as np
+
+from preprocess.canonical import DataError, canonicalize, index_to_mask
+from granndis_hpc.graph.csr import row_of_edges
+
+EXPECTED_KEYS = ("edge_index | (indptr, indices)", "features", "labels",
+                 "train_mask, val_mask, test_mask | train_idx, val_idx, test_idx", "[num_classes]")
+_ALL_KEYS = ("edge_index", "indptr", "indices", "features", "labels", "train_mask", "val_mask",
+             "test_mask", "train_idx", "val_idx", "test_idx", "num_classes")
+
+
+def _missing(path, what) -> DataError:
+    return DataError(f"{path}: {what}. Fix: a bundle needs the keys {'; '.join(EXPECTED_KEYS)}")
+
+
+def read_npz(path, required=(), optional=()) -> dict:
+    """The named arrays of an .npz (no pickles); a missing key or a damaged file is a DataError."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f"{path}: file not found. Fix: check the path")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in required if k not in z.files]
+            if missing:
+                raise DataError(f"{path}: missing keys {missing} (found {sorted(z.files)}). "
+                                f"Fix: the file must contain {list(required)}")
+            return {k: z[k] for k in (*required, *optional) if k in z.files}
+    except DataError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise DataError(f"{path}: cannot read the .npz ({type(exc).__name__}: {exc}); it is truncated, "
+                        "corrupted or holds pickled objects. Fix: write it again with np.savez "
+                        "from plain numeric arrays") from None
+
+
+def read_h5(path, keys) -> dict:
+    """The root datasets among ``keys`` of an HDF5 file; a damaged file is a DataError."""
+    import h5py
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f"{path}: file not found. Fix: check the path")
+    try:
+        with h5py.File(path, "r") as f:
+            return {k: np.asarray(f[k][()]) for k in keys if k in f and isinstance(f[k], h5py.Dataset)}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: cannot read the HDF5 file ({type(exc).__name__}: {exc}); it is "
+                        "truncated or not HDF5. Fix: write it again") from None
+
+
+def _edges(arrays, path):
+    if "edge_index" in arrays:
+        ei = arrays["edge_index"]
+        if ei.ndim != 2 or ei.shape[0] != 2:
+            raise _missing(path, f"edge_index must have shape [2, E], got {ei.shape}")
+        return ei[0], ei[1], None
+    if "indptr" in arrays and "indices" in arrays:
+        indptr, indices = arrays["indptr"], arrays["indices"]
+        if indptr.ndim != 1 or indices.ndim != 1 or indptr.size < 2 or not np.issubdtype(indptr.dtype, np.integer):
+            raise _missing(path, f"indptr/indices must be 1-D integer arrays, got {indptr.shape}/{indices.shape}")
+        if indptr[0] != 0 or indptr[-1] != indices.size or np.any(np.diff(indptr) < 0):
+            raise _missing(path, "indptr must start at 0, never decrease and end at len(indices)")
+        return indices, row_of_edges(indptr.astype(np.int64)), indptr.size - 1
+    raise _missing(path, f"no edges: neither edge_index nor indptr+indices (found {sorted(arrays)})")
+
+
+def _splits(arrays, n, path):
+    if all(k in arrays for k in ("train_mask", "val_mask", "test_mask")):
+        return [arrays[k] for k in ("train_mask", "val_mask", "test_mask")]
+    if all(k in arrays for k in ("train_idx", "val_idx", "test_idx")):
+        return [index_to_mask(arrays[k], n, k, path) for k in ("train_idx", "val_idx", "test_idx")]
+    raise _missing(path, f"no complete split: need train/val/test _mask or _idx (found {sorted(arrays)})")
+
+
+def load_bundle(path, name=None, symmetrize=True, self_loops="remove"):
+    """Load a .npz or .h5 bundle (keys above) and canonicalise it."""
+    if path is None:
+        raise DataError("bundle: no --path given. Fix: pass --path FILE.npz or FILE.h5")
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".npz":
+        arrays = read_npz(path, optional=_ALL_KEYS)
+    elif ext in (".h5", ".hdf5"):
+        arrays = read_h5(path, _ALL_KEYS)
+    else:
+        raise DataError(f"{path}: unknown bundle extension {ext!r}. Fix: use .npz or .h5/.hdf5")
+    for key in ("features", "labels"):
+        if key not in arrays:
+            raise _missing(path, f"missing key '{key}' (found {sorted(arrays)})")
+    features = arrays["features"]
+    if features.ndim != 2:
+        raise _missing(path, f"features must have shape [N, F], got {features.shape}")
+    n = features.shape[0]
+    src, dst, csr_n = _edges(arrays, path)
+    if csr_n is not None and csr_n != n:
+        raise _missing(path, f"indptr describes {csr_n} vertices but features have {n} rows")
+    masks = _splits(arrays, n, path)
+    num_classes = arrays.get("num_classes")
+    if num_classes is not None:
+        if num_classes.size != 1 or not np.issubdtype(num_classes.dtype, np.integer):
+            raise _missing(path, f"num_classes must be one integer, got {num_classes!r}")
+        num_classes = int(num_classes.reshape(-1)[0])
+    name = name or os.path.splitext(os.path.basename(path))[0]
+    return canonicalize(name, n, src, dst, features, arrays["labels"], *masks, num_classes=num_classes,
+                        symmetrize=symmetrize, self_loops=self_loops, origin=path)
