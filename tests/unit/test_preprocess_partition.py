@@ -1,0 +1,124 @@
+"""Partitioning helpers (serial): symmetric adjacency, edge cut, random/METIS partitions, GPU split."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from granndis_hpc.graph.csr import Graph, csr_from_edges
+from preprocess.parmetis import metis_part
+from preprocess.partition import (balance, edge_cut, fill_empty_parts, induced_symmetric, partition_gpus,
+                                  random_partition, symmetric_adjacency, vtxdist_for)
+
+
+def community_graph(n, communities, m, p_out, seed, directed=False):
+    rng = np.random.default_rng(seed)
+    comm = rng.integers(0, communities, n)
+    src, dst = rng.integers(0, n, 4 * m), rng.integers(0, n, 4 * m)
+    keep = (comm[src] == comm[dst]) | (rng.random(4 * m) < p_out)
+    src, dst = src[keep][:m], dst[keep][:m]
+    if not directed:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+    keys = np.unique(src * n + dst)
+    src, dst = keys // n, keys % n
+    indptr, indices = csr_from_edges(src, dst, n)
+    return indptr, indices, comm
+
+
+def scipy_symmetric(indptr, indices, n):
+    a = sp.csr_matrix((np.ones(indices.shape[0]), indices, indptr), shape=(n, n))  # row = dst, col = src
+    s = ((a + a.T) > 0).astype(np.int8).tolil()
+    s.setdiag(0)
+    s = s.tocsr()
+    s.eliminate_zeros()
+    s.sort_indices()
+    return s
+
+
+@pytest.mark.parametrize("directed", [False, True])
+def test_symmetric_adjacency_slices_match_scipy(directed):
+    n = 311
+    indptr, indices, _ = community_graph(n, 3, 1500, 0.1, seed=1, directed=directed)
+    # add self loops: they must be dropped
+    dst = np.repeat(np.arange(n), np.diff(indptr))
+    loops = np.arange(0, n, 10)
+    indptr, indices = csr_from_edges(np.concatenate([indices, loops]), np.concatenate([dst, loops]), n)
+    ref = scipy_symmetric(indptr, indices, n)
+    vtxdist = vtxdist_for(n, 3)
+    for r in range(3):
+        lo, hi = int(vtxdist[r]), int(vtxdist[r + 1])
+        xadj, adjncy = symmetric_adjacency(indptr, indices, lo, hi)
+        np.testing.assert_array_equal(xadj, ref.indptr[lo:hi + 1] - ref.indptr[lo])
+        np.testing.assert_array_equal(adjncy, ref.indices[ref.indptr[lo]:ref.indptr[hi]])
+
+
+def test_edge_cut_and_balance_reference():
+    n = 97
+    indptr, indices, _ = community_graph(n, 2, 300, 0.3, seed=2, directed=True)
+    parts = np.random.default_rng(0).integers(0, 3, n)
+    cut = 0
+    for v in range(n):
+        for u in indices[indptr[v]:indptr[v + 1]]:
+            cut += parts[u] != parts[v]
+    assert edge_cut(indptr, indices, parts) == cut
+    sizes = [np.sum(parts == p) for p in range(3)]
+    assert balance(parts, 3) == pytest.approx(max(sizes) / (n / 3))
+
+
+def test_random_partition_balanced_and_seeded():
+    p = random_partition(1001, 4, seed=3)
+    assert sorted(np.bincount(p).tolist()) == [250, 250, 250, 251]
+    np.testing.assert_array_equal(p, random_partition(1001, 4, seed=3))
+    assert not np.array_equal(p, random_partition(1001, 4, seed=4))
+
+
+def test_metis_two_constraints_balance_training_vertices():
+    # Training vertices all in one of two communities: a vertex-only partition would cut between the
+    # communities and put every training vertex on one part.  Two constraints must balance both.
+    n = 2000
+    indptr, indices, comm = community_graph(n, 2, 20000, 0.02, seed=0)
+    train = (comm == 0) & (np.random.default_rng(1).random(n) < 0.6)
+    xadj, adjncy = symmetric_adjacency(indptr, indices, 0, n)
+    one, ncon1 = metis_part(xadj, adjncy, 2, None)
+    assert ncon1 == 1
+    assert balance(one, 2, train.astype(float)) > 1.8  # the trap is real
+    w = np.stack([np.ones(n, dtype=np.int64), train.astype(np.int64)], axis=1)
+    two, ncon2 = metis_part(xadj, adjncy, 2, w)
+    assert ncon2 == 2
+    assert balance(two, 2) <= 1.05
+    assert balance(two, 2, train.astype(float)) <= 1.05
+
+
+def test_metis_cut_far_below_random():
+    n = 3000
+    indptr, indices, _ = community_graph(n, 8, 15000, 0.02, seed=5)
+    xadj, adjncy = symmetric_adjacency(indptr, indices, 0, n)
+    parts, _ = metis_part(xadj, adjncy, 4, None)
+    assert balance(parts, 4) <= 1.05
+    assert edge_cut(indptr, indices, parts) < 0.4 * edge_cut(indptr, indices, random_partition(n, 4, 0))
+
+
+def test_fill_empty_parts():
+    parts = np.array([0, 0, 0, 0, 2, 2])
+    fixed = fill_empty_parts(parts, 4)
+    assert np.all(np.bincount(fixed, minlength=4) >= 1)
+    assert np.count_nonzero(fixed != parts) == 2
+
+
+def test_induced_symmetric_and_partition_gpus():
+    n = 1200
+    indptr, indices, comm = community_graph(n, 6, 7000, 0.05, seed=7, directed=True)
+    rng = np.random.default_rng(2)
+    inner = np.sort(rng.choice(n, 700, replace=False))
+    xadj, adjncy = induced_symmetric(indptr, indices, inner)
+    ref = scipy_symmetric(indptr, indices, n)[inner][:, inner]
+    ref.sort_indices()
+    np.testing.assert_array_equal(xadj, ref.indptr)
+    np.testing.assert_array_equal(adjncy, ref.indices)
+    train = np.zeros(n, dtype=bool)
+    train[rng.choice(n, 300, replace=False)] = True
+    g = Graph("t", indptr, indices, np.zeros((n, 1), np.float32), np.zeros(n, np.int64), train,
+              np.zeros(n, bool), np.zeros(n, bool), 1)
+    gpu, constraints = partition_gpus(g, inner, 3)
+    assert constraints == ["vertices", "train"]
+    assert gpu.shape == inner.shape and set(gpu.tolist()) == {0, 1, 2}
+    assert balance(gpu, 3) <= 1.05
+    assert balance(gpu, 3, train[inner].astype(float)) <= 1.10
