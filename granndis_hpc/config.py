@@ -4,7 +4,8 @@ Rules (one place, so every tool behaves the same):
 
 - ``--config FILE.toml`` is added to the parser if it is not there already.
 - The file is FLAT: ``key = value`` pairs at top level, no ``[sections]``.  Keys are the options'
-  dest names; ``batches-per-epoch`` and ``batches_per_epoch`` mean the same thing.  Flat keys were
+  dest names; ``batches-per-epoch`` and ``batches_per_epoch`` mean the same thing.  A value is what
+  the option stores: ``--no-eval`` (dest ``eval``, store_false) is written ``eval = false``.  Flat keys were
   chosen over sections because every option already has exactly one name on the command line, and
   a section would be a second name for the same thing that could disagree with it.
 - Precedence: command line > config file > the parser's defaults.
@@ -110,20 +111,29 @@ def _config_path_from_argv(parser, argv, config_dest):
 
 
 def _settable_actions(parser, config_dest):
-    """Map every accepted key spelling to its action: dest, dest with '-' and each long option name."""
+    """Map every accepted key spelling (the dest, with '_' or '-') to its action.
+
+    Flag names that differ from the dest (``--no-eval`` storing False into ``eval``) are deliberately
+    not keys: ``no-eval = true`` would read as the opposite of what it does.
+    """
     by_key = {}
     for action in parser._actions:
         if action.dest in (argparse.SUPPRESS, config_dest) or not action.option_strings:
             continue
         if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             continue
-        names = {action.dest, action.dest.replace("_", "-")}
-        for opt in action.option_strings:
-            if opt.startswith("--"):
-                names.add(opt[2:])
-        for name in names:
-            by_key[name] = action
+        by_key[action.dest] = by_key[action.dest.replace("_", "-")] = action
     return by_key
+
+
+def _flag_hint(parser, key):
+    """If `key` is a flag name whose dest differs, say which key to use instead."""
+    for action in parser._actions:
+        if "--" + key in action.option_strings and action.dest not in (key, key.replace("-", "_")):
+            example = f"{action.dest} = false" if isinstance(action, argparse._StoreFalseAction) else \
+                f"{action.dest} = ..."
+            return f" The flag --{key} stores into {action.dest!r}: write '{example}' in the config file."
+    return None
 
 
 def _type_name(tp) -> str:
@@ -230,7 +240,15 @@ def load_config_file(path, parser, config_dest="config") -> dict:
             raise ConfigError(f"{where}: a config file cannot name another config file")
         action = actions.get(key)
         if action is None:
-            close = difflib.get_close_matches(key, sorted(actions), n=3, cutoff=0.6)
+            flag_hint = _flag_hint(parser, key)
+            if flag_hint:
+                raise ConfigError(f"{where}: not an option name.{flag_hint}")
+            close, named = [], set()
+            for name in difflib.get_close_matches(key, sorted(actions), n=6, cutoff=0.6):
+                if actions[name].dest not in named:  # one spelling per option, the closest one
+                    named.add(actions[name].dest)
+                    close.append(name)
+            close = close[:3]
             hint = (" Did you mean " + " or ".join(repr(c) for c in close) + "?") if close else \
                 " Run with --help for the list of options."
             raise ConfigError(f"{where}: unknown option.{hint}")

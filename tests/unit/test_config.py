@@ -86,6 +86,11 @@ def test_unknown_key_lists_close_matches(tmp_path):
     assert "batches_per_epok" in msg and cfg in msg and "unknown option" in msg
     assert "batches_per_epoch" in msg  # the suggestion
 
+    # the flag --no-eval stores into "eval": the key "no-eval" would read as the opposite, so it is refused
+    cfg = write_toml(tmp_path, 'no-eval = true\n', "flag.toml")
+    with pytest.raises(ConfigError, match="write 'eval = false'"):
+        parse_args_with_config(make_parser(), ["--config", cfg])
+
     cfg = write_toml(tmp_path, 'zzzz = 1\n', "far.toml")
     with pytest.raises(ConfigError, match="--help"):
         parse_args_with_config(make_parser(), ["--config", cfg])
