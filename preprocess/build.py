@@ -287,3 +287,20 @@ def _summary_stats(per_server: list, S: int, G: int) -> dict:
         "gpu_train_balance_max": float(max(s["gpu_train_balance"] for s in per_server)),
         "replication_factor": float(rows.sum() / max(inner.sum(), 1.0)),
     }
+
+
+def build_shards(graph, out, *, servers: int, gpus_per_server: int, layers: int, preload: str = "full",
+                 hops: int | None = None, fanout: int = 15, select: str = "degree", partitioner: str = "parmetis",
+                 seed: int = 0, overwrite: bool = False, comm=None, command: str = "", verbose: bool = False) -> dict:
+    """Programmatic build (tests, benchmarks): same pipeline as the CLI.  `comm` defaults to COMM_WORLD;
+    pass MPI.COMM_SELF to build on one rank.  Returns the manifest."""
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    cfg = BuildConfig(out=str(out), servers=servers, gpus_per_server=gpus_per_server, layers=layers, preload=preload,
+                      hops=hops, fanout=fanout, select=select, partitioner=partitioner, seed=seed,
+                      overwrite=overwrite, command=command or f"build_shards(servers={servers}, "
+                      f"gpus_per_server={gpus_per_server}, layers={layers}, preload={preload!r})")
+    log = PhaseLog(comm) if verbose else None
+    return run_build(comm, graph, cfg, log)
