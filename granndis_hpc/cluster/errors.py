@@ -1,0 +1,105 @@
+"""Failing loudly instead of hanging.
+
+In an MPI job, an exception on one rank leaves the other ranks blocked forever in the next
+collective.  Two tools prevent that:
+
+* `agree(comm, ok, message)` -- a collective check *before* collectives: every rank says whether
+  its input is fine; if any rank is not, every rank raises the same `ClusterError` naming the
+  offending rank(s).  Use it for validation whose outcome may differ between ranks (files, env,
+  sizes read from disk).
+* `main_guard(fn)` -- wraps an entry point.  An exception on any rank prints
+  "[rank r] <Type>: message" to stderr and aborts the whole job with exit status 1.  When the
+  exception came out of `agree` (so every rank raises it together), ranks instead synchronise,
+  print, and exit(1) one by one, so every rank's message reaches the user and nothing is killed
+  mid-print.
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+
+from mpi4py import MPI
+
+
+class ClusterError(RuntimeError):
+    """A configuration or communication error in the cluster layer.
+
+    `collective=True` means every rank of the communicator raised this same error at the same
+    point (it came out of `agree`), so the ranks can exit together without an abort.
+    """
+
+    def __init__(self, message: str, collective: bool = False):
+        super().__init__(message)
+        self.collective = collective
+
+
+def world_rank() -> int:
+    return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else 0
+
+
+def agree(comm, ok: bool, message: str = "") -> None:
+    """Collective: raise the same ClusterError on every rank of `comm` if any rank passes ok=False.
+
+    The error names each failing rank (its rank in MPI.COMM_WORLD) with the message it gave, so a
+    user sees what is wrong wherever it went wrong.  Costs one small allgather.
+    """
+    reports = comm.allgather((bool(ok), world_rank(), str(message)))
+    bad = [(rank, msg) for good, rank, msg in reports if not good]
+    if not bad:
+        return
+    # Identical messages from many ranks (the usual case for a bad configuration) are shown once.
+    by_message: dict[str, list[int]] = {}
+    for rank, msg in bad:
+        by_message.setdefault(msg, []).append(rank)
+    parts = []
+    for msg, ranks in by_message.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
+        parts.append(f"{who}: {msg or 'reported a problem'}")
+    # "collective" lets main_guard exit without an abort; that is only safe when every rank of the
+    # job raised it, i.e. when `comm` spans the whole world.
+    spans_world = comm.Get_size() == MPI.COMM_WORLD.Get_size()
+    raise ClusterError("; ".join(parts), collective=spans_world)
+
+
+def _report(exc: BaseException, rank: int, with_traceback: bool) -> None:
+    if with_traceback:
+        # The traceback without its last line: the one-line summary below states the exception.
+        text = "Traceback (most recent call last):\n" + "".join(traceback.format_tb(exc.__traceback__))
+        sys.stderr.write("".join(f"[rank {rank}] {line}" for line in text.splitlines(True)))
+    sys.stderr.write(f"[rank {rank}] {type(exc).__name__}: {exc}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+
+
+def main_guard(fn, *args, **kwargs):
+    """Run fn(*args, **kwargs); on an exception on any rank, make every rank exit non-zero.
+
+    * collective ClusterError (from `agree`): every rank prints "[rank r] ClusterError: ...",
+      waits at a barrier so that all messages are out, and exits with status 1.
+    * anything else (including SystemExit with a non-zero code, e.g. argparse): the rank prints
+      its traceback and "[rank r] <Type>: message" and calls MPI.COMM_WORLD.Abort(1), which
+      terminates every rank (the others may be blocked in a collective).
+    SystemExit(0) / None passes through unchanged.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            raise
+        code = exc.code if isinstance(exc.code, int) else 1
+        rank = world_rank()
+        if not isinstance(exc.code, int):
+            sys.stderr.write(f"[rank {rank}] error: {exc.code}\n")
+        sys.stderr.write(f"[rank {rank}] exiting with status {code}; aborting all ranks\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(code)
+    except BaseException as exc:  # noqa: BLE001 -- anything uncaught must not leave peers hanging
+        rank = world_rank()
+        if isinstance(exc, ClusterError) and exc.collective:
+            _report(exc, rank, with_traceback=False)
+            try:
+                MPI.COMM_WORLD.Barrier()
+            finally:
+                sys.exit(1)
+        _report(exc, rank, with_traceback=True)
+        MPI.COMM_WORLD.Abort(1)

@@ -1,0 +1,68 @@
+"""Row-block layouts of exchange buffers (pure NumPy, no MPI).
+
+An exchange buffer holds blocks of rows, one block per peer, in peer order: block p has
+counts[p] rows and starts at offsets[p] = counts[0] + ... + counts[p-1].
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ClusterError
+
+# MPI counts are C ints; we count rows (with a row-sized datatype), so this bounds rows, not bytes.
+MAX_MPI_COUNT = 2**31 - 1
+
+
+def check_counts(counts: Sequence[int], peers: int, name: str) -> np.ndarray:
+    """Counts as an int64 array of length `peers`, non-negative, or a ClusterError saying what is wrong."""
+    try:
+        arr = np.asarray(counts)
+    except Exception as exc:  # noqa: BLE001
+        raise ClusterError(f"{name} must be a sequence of {peers} non-negative integers: {exc}") from None
+    if arr.ndim != 1 or arr.shape[0] != peers:
+        raise ClusterError(f"{name} must have one entry per peer ({peers}), got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.all(np.equal(np.mod(arr, 1), 0)):
+            raise ClusterError(f"{name} must hold integers, got {arr.tolist()}")
+    arr = arr.astype(np.int64)
+    if arr.size and arr.min() < 0:
+        raise ClusterError(f"{name} must be non-negative, got {arr.tolist()}")
+    if arr.sum() > MAX_MPI_COUNT:
+        raise ClusterError(f"{name} adds up to {int(arr.sum())} rows, more than one exchange can carry "
+                           f"({MAX_MPI_COUNT}); split the exchange")
+    return arr
+
+
+def offsets_of(counts: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sum: where each peer's block starts."""
+    out = np.zeros(len(counts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=out[1:])
+    return out
+
+
+def block_rows(offsets: np.ndarray, counts: np.ndarray, peers: np.ndarray):
+    """Rows of the blocks of `peers` (in that order), as a slice when they are adjacent in the
+    buffer (the common case: a server's ranks are consecutive) and as an index array otherwise."""
+    peers = np.asarray(peers, dtype=np.int64)
+    if peers.size == 0:
+        return slice(0, 0)
+    starts, lens = offsets[peers], counts[peers]
+    ends = starts + lens
+    nonempty = lens > 0
+    if not nonempty.any():
+        return slice(0, 0)
+    s, e = starts[nonempty], ends[nonempty]
+    if np.all(s[1:] == e[:-1]):
+        return slice(int(s[0]), int(e[-1]))
+    # Concatenated aranges without a Python loop: position k of block b maps to starts[b] + k.
+    total = int(lens.sum())
+    block_start_in_out = offsets_of(lens)
+    return np.repeat(starts - block_start_in_out, lens) + np.arange(total, dtype=np.int64)
+
+
+def rows_selected(selection, n_rows: int) -> int:
+    if isinstance(selection, slice):
+        return len(range(*selection.indices(n_rows)))
+    return int(len(selection))

@@ -1,0 +1,118 @@
+"""Byte and time ledger per link class and phase.
+
+Conventions (the numbers are meant to be exact and machine-independent):
+
+* **Bytes** are the payload bytes this rank SENT over a link class: rows it ships to another rank
+  (element bytes only, no headers, no counts, no padding), each byte counted once, by its sender.
+  Rows a rank "sends" to itself are not counted (they never leave the process).  Summing a byte
+  counter over all ranks therefore gives the traffic on that link class.
+  "intra" = between ranks of the same server, "inter" = between ranks of different servers.
+  Collectives are counted with an algorithmic model documented where they are issued
+  (`comm.allreduce_bytes_model`): what a bandwidth-optimal algorithm must send, not what a
+  particular MPI happens to do for a particular message size.
+* **Seconds** are the wall time of the communication call on this rank (the caller synchronises
+  CUDA before the clock stops when tensors are on a GPU, see `Ledger(synchronize=...)`).
+  Waiting for a slower peer is part of it, as it is part of the step time.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable
+
+import numpy as np
+
+LINKS = ("intra", "inter")
+PHASES = ("halo", "gradient", "evaluation", "setup")
+
+
+def _index(link: str, phase: str) -> tuple[int, int]:
+    try:
+        i = LINKS.index(link)
+    except ValueError:
+        raise ValueError(f"unknown link class {link!r}: use one of {LINKS}") from None
+    try:
+        j = PHASES.index(phase)
+    except ValueError:
+        raise ValueError(f"unknown phase {phase!r}: use one of {PHASES}") from None
+    return i, j
+
+
+class Ledger:
+    """Counters bytes[link, phase] (int64) and seconds[link, phase] (float64) for one rank."""
+
+    def __init__(self, synchronize: Callable[[], None] | None = None):
+        # `synchronize` is called before each timer reading in `timed` (torch.cuda.synchronize on a
+        # GPU), so asynchronous kernels are charged to the call that launched them.
+        self._synchronize = synchronize
+        self._bytes = np.zeros((len(LINKS), len(PHASES)), dtype=np.int64)
+        self._seconds = np.zeros((len(LINKS), len(PHASES)), dtype=np.float64)
+
+    def add(self, link: str, phase: str, nbytes: int, seconds: float = 0.0) -> None:
+        i, j = _index(link, phase)
+        nbytes = int(nbytes)
+        if nbytes < 0 or seconds < 0:
+            raise ValueError(f"ledger entries must be non-negative, got nbytes={nbytes}, seconds={seconds}")
+        self._bytes[i, j] += nbytes
+        self._seconds[i, j] += float(seconds)
+
+    @contextlib.contextmanager
+    def timed(self, link: str, phase: str):
+        """Add the wall time of the `with` body to seconds[link, phase] (bytes are added separately)."""
+        _index(link, phase)
+        if self._synchronize is not None:
+            self._synchronize()
+        start = time.perf_counter()
+        try:
+            yield self
+        finally:
+            if self._synchronize is not None:
+                self._synchronize()
+            self.add(link, phase, 0, time.perf_counter() - start)
+
+    def bytes(self, link: str, phase: str) -> int:
+        return int(self._bytes[_index(link, phase)])
+
+    def seconds(self, link: str, phase: str) -> float:
+        return float(self._seconds[_index(link, phase)])
+
+    def total_bytes(self, link: str | None = None, phase: str | None = None) -> int:
+        """Sum over the unnamed axes: total_bytes("inter") is all inter-server bytes of every phase."""
+        return int(self._select(self._bytes, link, phase).sum())
+
+    def total_seconds(self, link: str | None = None, phase: str | None = None) -> float:
+        return float(self._select(self._seconds, link, phase).sum())
+
+    def reset(self) -> None:
+        self._bytes[:] = 0
+        self._seconds[:] = 0.0
+
+    def snapshot(self) -> dict:
+        """{"bytes": {link: {phase: int}}, "seconds": {link: {phase: float}}} of this rank."""
+        return _as_dict(self._bytes, self._seconds)
+
+    def reduce(self, comm, op: str = "sum") -> dict:
+        """Collective over `comm`: bytes summed over ranks; seconds summed (op="sum") or the
+        slowest rank's (op="max").  Returns the snapshot layout, identical on every rank."""
+        from mpi4py import MPI  # the ledger itself is usable without MPI (unit tests, reports)
+
+        if op not in ("sum", "max"):
+            raise ValueError(f"Ledger.reduce op must be 'sum' or 'max', got {op!r}")
+        total_bytes = np.empty_like(self._bytes)
+        total_seconds = np.empty_like(self._seconds)
+        comm.Allreduce(self._bytes, total_bytes, op=MPI.SUM)
+        comm.Allreduce(self._seconds, total_seconds, op=MPI.SUM if op == "sum" else MPI.MAX)
+        return _as_dict(total_bytes, total_seconds)
+
+    @staticmethod
+    def _select(table: np.ndarray, link: str | None, phase: str | None) -> np.ndarray:
+        rows = slice(None) if link is None else _index(link, PHASES[0])[0]
+        cols = slice(None) if phase is None else _index(LINKS[0], phase)[1]
+        return table[rows, cols]
+
+
+def _as_dict(bytes_table: np.ndarray, seconds_table: np.ndarray) -> dict:
+    return {
+        "bytes": {l: {p: int(bytes_table[i, j]) for j, p in enumerate(PHASES)} for i, l in enumerate(LINKS)},
+        "seconds": {l: {p: float(seconds_table[i, j]) for j, p in enumerate(PHASES)} for i, l in enumerate(LINKS)},
+    }

@@ -1,0 +1,317 @@
+"""Servers, ranks and process groups of one job.
+
+A *server* is a set of ranks with fast links between them (one machine with NVLink).  By default
+servers are the shared-memory nodes MPI sees (`Split_type(COMM_TYPE_SHARED)`).  On one machine,
+`ranks_per_server=N` (or env GRANNDIS_RANKS_PER_SERVER=N) emulates servers of N consecutive ranks.
+Every server must have the same number of ranks.
+
+`init_topology` is collective over MPI.COMM_WORLD.  It also initialises `torch.distributed` (when the
+intra-server transport is gloo or NCCL): rank 0 opens a TCPStore on a free port and broadcasts its
+address and port over MPI, the default group uses gloo, and one subgroup per server is created on
+every rank in server order (torch requires every rank to take part in every `new_group`).
+`Topology.close()` destroys the process group, so several topologies can be built one after the
+other in one process (the MPI tests build 2x2, 1x4 and 4x1 in one `mpirun -n 4`).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from .errors import ClusterError, agree
+
+ENV_RANKS_PER_SERVER = "GRANNDIS_RANKS_PER_SERVER"
+ENV_INTRA_TRANSPORT = "GRANNDIS_INTRA_TRANSPORT"
+ENV_DIST_TIMEOUT = "GRANNDIS_DIST_TIMEOUT_S"
+DEVICES = ("auto", "cpu", "cuda")
+TRANSPORTS = ("auto", "gloo", "nccl", "mpi")
+
+# Default intra-server transport on CPU, chosen by measurement (bench/bench_comm.py, docs/bench-comm.md,
+# 4 ranks as 2 servers x 2 on this 2-core machine): MPI over Open MPI's shared-memory transport
+# moved the intra-server exchange and the all-reduce several times faster than gloo over loopback
+# TCP at every message size measured.  Override with intra_transport= or GRANNDIS_INTRA_TRANSPORT.
+CPU_DEFAULT_INTRA_TRANSPORT = "mpi"
+
+
+@dataclass
+class Topology:
+    world: MPI.Comm                      # a duplicate of MPI.COMM_WORLD owned by this topology
+    server_comm: MPI.Comm                # the ranks of this rank's server, ordered by local rank
+    leader_comm: MPI.Comm | None         # local rank 0 of every server, rank = server index; None elsewhere
+    rank: int
+    world_size: int
+    server: int
+    local_rank: int
+    servers: int
+    ranks_per_server: int
+    device: torch.device
+    intra_group: "dist.ProcessGroup | None"  # this rank's server subgroup (None with the MPI transport)
+    intra_transport: str = "mpi"         # resolved: gloo | nccl | mpi
+    rank_table: np.ndarray = field(default=None, repr=False)  # [servers, ranks_per_server] -> global rank
+    hosts: tuple = ()                    # host name(s) of each server's ranks, by server
+    emulated: bool = False               # servers from ranks_per_server rather than shared-memory nodes
+    _server_of: np.ndarray = field(default=None, repr=False)
+    _local_of: np.ndarray = field(default=None, repr=False)
+    _owns_dist: bool = field(default=False, repr=False)
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.local_rank == 0
+
+    def global_rank(self, server, local_rank):
+        """Global rank of (server, local_rank); accepts ints or integer arrays."""
+        out = self.rank_table[server, local_rank]
+        return int(out) if np.ndim(out) == 0 else out
+
+    def server_of(self, rank):
+        out = self._server_of[rank]
+        return int(out) if np.ndim(out) == 0 else out
+
+    def local_rank_of(self, rank):
+        out = self._local_of[rank]
+        return int(out) if np.ndim(out) == 0 else out
+
+    def server_ranks(self, server: int | None = None) -> np.ndarray:
+        """Global ranks of a server (default: this rank's), ordered by local rank."""
+        return self.rank_table[self.server if server is None else server]
+
+    def describe(self) -> str:
+        """One line per server: index, host(s), global ranks, leader, device kind, transport."""
+        lines = [f"{self.servers} server(s) x {self.ranks_per_server} rank(s)"
+                 f"{' (emulated)' if self.emulated else ''}, device {self.device.type}, "
+                 f"intra-server transport {self.intra_transport}, inter-server MPI"]
+        for s in range(self.servers):
+            ranks = ",".join(map(str, self.rank_table[s]))
+            lines.append(f"  server {s:3d}  host {self.hosts[s]:<20s} ranks {ranks:<16s} leader {self.rank_table[s, 0]}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Destroy the torch process group created by init_topology and free the communicators.
+
+        Collective (every rank must call it).  Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_dist and dist.is_initialized():
+            dist.destroy_process_group()
+        for comm in (self.leader_comm, self.server_comm, self.world):
+            if comm is not None and comm != MPI.COMM_NULL:
+                comm.Free()
+
+
+def init_topology(ranks_per_server: int | None = None, device: str = "auto",
+                  intra_transport: str = "auto") -> Topology:
+    """Build the topology of this job.  Collective over MPI.COMM_WORLD.
+
+    ranks_per_server: None = one server per shared-memory node (or env GRANNDIS_RANKS_PER_SERVER);
+        N = emulate servers of N consecutive ranks.
+    device: "auto" (CUDA when every rank has it, else CPU), "cpu" or "cuda".
+    intra_transport: "auto" (env GRANNDIS_INTRA_TRANSPORT, else NCCL on CUDA and the measured CPU
+        default), "gloo", "nccl" or "mpi".
+    Any configuration problem raises the same ClusterError on every rank.
+    """
+    world = MPI.COMM_WORLD.Dup()
+    try:
+        return _build(world, ranks_per_server, device, intra_transport)
+    except BaseException:
+        if world != MPI.COMM_NULL:  # not yet freed by Topology.close()
+            world.Free()
+        raise
+
+
+def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str) -> Topology:
+    rank, size = world.Get_rank(), world.Get_size()
+    host = MPI.Get_processor_name()
+    hosts_of_rank = world.allgather(host)
+
+    rps, problem = _resolve_ranks_per_server(ranks_per_server, size)
+    agree(world, problem is None, problem or "")
+    all_rps = world.allgather(rps)
+    if len(set(all_rps)) != 1:
+        raise ClusterError(f"ranks disagree on ranks_per_server ({all_rps} by rank); set "
+                           f"{ENV_RANKS_PER_SERVER} identically for every rank", collective=True)
+
+    node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    try:
+        node_local_rank = node_comm.Get_rank()
+        if rps is None:
+            server, server_comm = _servers_from_nodes(world, node_comm, hosts_of_rank)
+            node_comm = None  # now owned as server_comm
+        else:
+            server = rank // rps
+            server_comm = world.Split(color=server, key=rank)
+    finally:
+        if node_comm is not None:
+            node_comm.Free()
+
+    local_rank = server_comm.Get_rank()
+    table = np.array(world.allgather((server, local_rank)), dtype=np.int64)  # [P, 2] by global rank
+    server_of, local_of = table[:, 0].copy(), table[:, 1].copy()
+    servers, group_size = int(server_of.max()) + 1, server_comm.Get_size()
+    rank_table = np.empty((servers, group_size), dtype=np.int64)
+    rank_table[server_of, local_of] = np.arange(size)
+    hosts = tuple("+".join(sorted({hosts_of_rank[r] for r in rank_table[s]})) for s in range(servers))
+    if rps is not None:
+        spanning = [f"server {s} on {hosts[s]}" for s in range(servers) if "+" in hosts[s]]
+        agree(world, not spanning, f"emulated servers span several hosts ({'; '.join(spanning)}): "
+              f"ranks_per_server={rps} must divide the number of ranks per host")
+
+    leader_comm = world.Split(color=0 if local_rank == 0 else MPI.UNDEFINED, key=server)
+    if leader_comm == MPI.COMM_NULL:
+        leader_comm = None
+
+    topo = Topology(world=world, server_comm=server_comm, leader_comm=leader_comm, rank=rank,
+                    world_size=size, server=server, local_rank=local_rank, servers=servers,
+                    ranks_per_server=group_size, device=torch.device("cpu"), intra_group=None,
+                    rank_table=rank_table, hosts=hosts, emulated=rps is not None,
+                    _server_of=server_of, _local_of=local_of)
+    try:
+        topo.device = _resolve_device(world, device, node_local_rank)
+        topo.intra_transport = _resolve_transport(world, intra_transport, topo.device)
+        if topo.intra_transport in ("gloo", "nccl"):
+            topo.intra_group = _init_torch_distributed(topo, len(set(hosts_of_rank)) == 1)
+            topo._owns_dist = True
+    except BaseException:
+        topo.close()
+        raise
+    return topo
+
+
+def _resolve_ranks_per_server(ranks_per_server, world_size: int):
+    """(value or None, problem message or None) -- local, checked collectively by the caller."""
+    source = "ranks_per_server"
+    if ranks_per_server is None:
+        env = os.environ.get(ENV_RANKS_PER_SERVER, "").strip()
+        if not env:
+            return None, None
+        source = f"{ENV_RANKS_PER_SERVER}={env!r}"
+        try:
+            ranks_per_server = int(env)
+        except ValueError:
+            return None, f"{source} is not an integer; set it to the number of ranks per server"
+    if isinstance(ranks_per_server, bool) or not isinstance(ranks_per_server, (int, np.integer)):
+        return None, f"{source} must be an integer, got {ranks_per_server!r}"
+    rps = int(ranks_per_server)
+    if rps < 1 or world_size % rps != 0:
+        return None, (f"{source} gives {rps} ranks per server, which does not divide the {world_size} "
+                      f"ranks of this job; every server needs the same number of ranks (use a divisor "
+                      f"of {world_size}, or start {world_size} rounded to a multiple of {rps} ranks)")
+    return rps, None
+
+
+def _servers_from_nodes(world: MPI.Comm, node_comm: MPI.Comm, hosts_of_rank):
+    """Servers = shared-memory nodes, numbered by their lowest global rank; all must be the same size."""
+    rank = world.Get_rank()
+    first_rank = node_comm.allreduce(rank, op=MPI.MIN)
+    firsts = np.array(world.allgather(first_rank))
+    keys, server_of, sizes = np.unique(firsts, return_inverse=True, return_counts=True)
+    if len(set(sizes.tolist())) != 1:
+        listing = ", ".join(f"{hosts_of_rank[k]}: {n}" for k, n in zip(keys, sizes))
+        raise ClusterError(f"servers have different numbers of ranks ({listing}); start the same number "
+                           f"of ranks on every node (e.g. mpirun --map-by ppr:G:node or srun "
+                           f"--ntasks-per-node=G)", collective=True)
+    return int(server_of[rank]), node_comm
+
+
+def _resolve_device(world: MPI.Comm, device: str, node_local_rank: int) -> torch.device:
+    agree(world, device in DEVICES, f"device must be one of {DEVICES}, got {device!r}")
+    has_cuda = torch.cuda.is_available()
+    n_gpus = torch.cuda.device_count() if has_cuda else 0
+    if device == "auto":
+        all_cuda = all(world.allgather(has_cuda))
+        device = "cuda" if all_cuda else "cpu"
+    if device == "cpu":
+        return torch.device("cpu")
+    problem = ""
+    if not has_cuda:
+        problem = (f"device=cuda was requested but CUDA is not available on host "
+                   f"{MPI.Get_processor_name()} (torch {torch.__version__}, built for CUDA "
+                   f"{torch.version.cuda}); use device=cpu, or run on GPU nodes with a CUDA build of torch")
+    elif n_gpus > 1 and node_local_rank >= n_gpus:
+        problem = (f"{node_local_rank + 1}+ ranks on this host but only {n_gpus} visible GPUs; start one "
+                   f"rank per GPU")
+    agree(world, not problem, problem)
+    # One visible GPU per rank (Slurm/CUDA_VISIBLE_DEVICES binding) -> cuda:0; otherwise one GPU per
+    # node-local rank (equal to local_rank when servers are real nodes).
+    index = 0 if n_gpus == 1 else node_local_rank
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _resolve_transport(world: MPI.Comm, requested: str, device: torch.device) -> str:
+    source = "intra_transport"
+    if requested == "auto" and os.environ.get(ENV_INTRA_TRANSPORT, "").strip():
+        requested = os.environ[ENV_INTRA_TRANSPORT].strip()
+        source = ENV_INTRA_TRANSPORT
+    problem = ""
+    if requested not in TRANSPORTS:
+        problem = f"{source} must be one of {TRANSPORTS}, got {requested!r}"
+    elif requested == "auto":
+        requested = "nccl" if device.type == "cuda" else CPU_DEFAULT_INTRA_TRANSPORT
+    elif requested == "nccl" and device.type != "cuda":
+        problem = f"{source}=nccl needs CUDA tensors but the device is {device}; use gloo or mpi on CPU"
+    elif requested == "gloo" and device.type == "cuda":
+        problem = f"{source}=gloo is for CPU tensors; with CUDA use nccl (or mpi, staged through host memory)"
+    if requested == "nccl" and not problem and not dist.is_nccl_available():
+        problem = "intra_transport=nccl but this torch build has no NCCL; use mpi"
+    if requested == "gloo" and not problem and not dist.is_gloo_available():
+        problem = "intra_transport=gloo but this torch build has no gloo; use mpi"
+    agree(world, not problem, problem)
+    return requested
+
+
+def _master_address(single_host: bool) -> str:
+    """An address of rank 0's host that every rank can reach (env MASTER_ADDR overrides)."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    if single_host:
+        return "127.0.0.1"
+    try:  # the interface of the default route; a UDP connect sends no packet
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("10.255.255.255", 1))
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.getfqdn())
+
+
+def _init_torch_distributed(topo: Topology, single_host: bool):
+    world = topo.world
+    if dist.is_initialized():
+        raise ClusterError("torch.distributed is already initialised in this process; close the previous "
+                           "Topology (topo.close()) before building a new one", collective=True)
+    timeout = datetime.timedelta(seconds=float(os.environ.get(ENV_DIST_TIMEOUT, "600")))
+    store, endpoint = None, None
+    if topo.rank == 0:
+        try:
+            address = _master_address(single_host)
+            # Port 0: the OS picks a free port and the store reports it, so no probe-then-bind race.
+            port = int(os.environ.get("MASTER_PORT", "0"))
+            store = dist.TCPStore(address, port, topo.world_size, True, timeout=timeout,
+                                  wait_for_workers=False)
+            endpoint = (address, int(store.port), "")
+        except Exception as exc:  # noqa: BLE001 -- reported to every rank below
+            endpoint = ("", 0, f"rank 0 could not open the torch.distributed store: {exc!r} "
+                               f"(set MASTER_ADDR / MASTER_PORT)")
+    address, port, problem = world.bcast(endpoint, root=0)
+    if problem:
+        raise ClusterError(problem, collective=True)
+    if store is None:
+        store = dist.TCPStore(address, port, topo.world_size, False, timeout=timeout)
+    # The default group is gloo even on GPUs: it only carries store barriers, and several ranks
+    # sharing one GPU (emulated servers) would break an NCCL default group.
+    dist.init_process_group("gloo", store=store, rank=topo.rank, world_size=topo.world_size,
+                            timeout=timeout)
+    backend = topo.intra_transport
+    mine = None
+    for s in range(topo.servers):  # every rank creates every subgroup, in the same order
+        group = dist.new_group(ranks=topo.rank_table[s].tolist(), backend=backend, timeout=timeout)
+        if s == topo.server:
+            mine = group
+    return mine
