@@ -27,11 +27,13 @@ class ServerPartition:
     edge_cut_fraction: float = 0.0
     vertex_balance: float = 1.0  # max part size / average
     train_balance: float = 1.0  # max training vertices per part / average
+    rebalanced_vertices: int = 0  # moved by refine_balance after the partitioner
 
     def manifest_entry(self) -> dict:
         return {"name": self.name, "library": self.library, "constraints": list(self.constraints),
                 "edge_cut": int(self.edge_cut), "edge_cut_fraction": float(self.edge_cut_fraction),
-                "vertex_balance": float(self.vertex_balance), "train_balance": float(self.train_balance)}
+                "vertex_balance": float(self.vertex_balance), "train_balance": float(self.train_balance),
+                "rebalanced_vertices": int(self.rebalanced_vertices)}
 
 
 def symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray, lo: int, hi: int):
@@ -83,6 +85,63 @@ def fill_empty_parts(parts: np.ndarray, nparts: int) -> np.ndarray:
     return parts
 
 
+def _segment_rank(key: np.ndarray) -> np.ndarray:
+    """For each element, how many earlier elements have the same key (rank in order of appearance)."""
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    start = np.searchsorted(sorted_key, sorted_key, side="left")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(key.shape[0]) - start
+    return rank
+
+
+def refine_balance(indptr: np.ndarray, indices: np.ndarray, parts: np.ndarray, nparts: int,
+                   max_ratio: float = 1.03, rounds: int = 8):
+    """Move vertices out of parts above max_ratio x average, best edge-cut gain first.
+
+    PT-Scotch's ParMETIS layer lands at ~5 % vertex imbalance whatever ubvec says (measured on Cora,
+    4 parts: 1.046-1.050 for ubvec 1.01-1.05), so this greedy pass brings every part under the cap.
+    The gain of moving v from p to q is (#neighbours of v in q) - (#neighbours in p), counted over
+    in-edges (the neighbours of a symmetric graph).  Returns (parts, number of vertices moved).
+    """
+    parts = parts.copy()
+    n = parts.shape[0]
+    cap = max(int(np.floor(max_ratio * n / nparts)), -(-n // nparts))
+    moved_total = 0
+    dst = row_of_edges(indptr)
+    for _ in range(rounds):  # a few rounds, each vectorised over vertices
+        load = np.bincount(parts, minlength=nparts)
+        over = load > cap
+        if not over.any():
+            break
+        room = np.maximum(cap - load, 0)
+        cand = np.flatnonzero(over[parts])
+        # neighbour counts per (candidate, part)
+        pos = np.full(n, -1, dtype=np.int64)
+        pos[cand] = np.arange(cand.shape[0])
+        e = pos[dst] >= 0
+        counts = np.bincount(pos[dst[e]] * nparts + parts[indices[e]],
+                             minlength=cand.shape[0] * nparts).reshape(cand.shape[0], nparts)
+        gain = counts - counts[np.arange(cand.shape[0]), parts[cand]][:, None]
+        gain[:, room == 0] = np.iinfo(np.int64).min // 2  # only parts with room can receive
+        target = np.argmax(gain, axis=1)
+        best = gain[np.arange(cand.shape[0]), target]
+        ok = room[target] > 0
+        cand, target, best = cand[ok], target[ok], best[ok]
+        order = np.lexsort((cand, -best))
+        cand, target = cand[order], target[order]
+        # accept at most `room` per target, then at most `excess` per source, best gain first
+        accept = _segment_rank(target) < room[target]
+        cand, target = cand[accept], target[accept]
+        excess = np.maximum(load - cap, 0)
+        accept = _segment_rank(parts[cand]) < excess[parts[cand]]
+        if not accept.any():
+            break
+        parts[cand[accept]] = target[accept]
+        moved_total += int(accept.sum())
+    return parts, moved_total
+
+
 def _weights(train_mask: np.ndarray, two_constraints: bool) -> np.ndarray:
     if not two_constraints:
         return np.ones((train_mask.shape[0], 1), dtype=np.int64)
@@ -129,9 +188,11 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
         library = f"{pm.name} ({pm.path}, idx_t {pm.idx_dtype.itemsize * 8}-bit)"
         constraints = ["vertices", "train"] if two else ["vertices"]
     parts = fill_empty_parts(np.asarray(parts, dtype=np.int64), nparts)
+    parts, moved = refine_balance(graph.indptr, graph.indices, parts, nparts)
     cut = edge_cut(graph.indptr, graph.indices, parts)
     return ServerPartition(
         parts=parts.astype(np.int32), name=method, library=library, constraints=constraints, edge_cut=cut,
+        rebalanced_vertices=moved,
         edge_cut_fraction=cut / max(graph.num_edges, 1), vertex_balance=balance(parts, nparts),
         train_balance=balance(parts, nparts, train.astype(np.float64)))
 

@@ -122,3 +122,30 @@ def test_induced_symmetric_and_partition_gpus():
     assert gpu.shape == inner.shape and set(gpu.tolist()) == {0, 1, 2}
     assert balance(gpu, 3) <= 1.05
     assert balance(gpu, 3, train[inner].astype(float)) <= 1.10
+
+
+def test_refine_balance_caps_parts_and_prefers_cheap_moves():
+    from preprocess.partition import refine_balance
+
+    n = 3000
+    indptr, indices, comm = community_graph(n, 4, 15000, 0.02, seed=8)
+    parts = comm.copy()  # communities are the natural parts, but of random sizes
+    parts[(comm == 1) & (np.arange(n) % 3 == 0)] = 0  # make part 0 oversized
+    assert balance(parts, 4) > 1.1
+    fixed, moved = refine_balance(indptr, indices, parts, 4, max_ratio=1.03)
+    assert balance(fixed, 4) <= 1.03
+    changed = fixed != parts
+    assert moved == int(changed.sum())
+    # only vertices of over-full parts moved, only into parts that had room
+    load = np.bincount(parts, minlength=4)
+    cap = int(np.floor(1.03 * n / 4))
+    assert np.all(load[parts[changed]] > cap) and np.all(load[fixed[changed]] < cap)
+    # the gain-ordered choice cuts fewer edges than moving the same vertices' count at random
+    rng = np.random.default_rng(0)
+    naive = parts.copy()
+    for p in np.flatnonzero(load > cap):
+        victims = rng.choice(np.flatnonzero(parts == p), load[p] - cap, replace=False)
+        naive[victims] = np.repeat(np.flatnonzero(load < cap), np.maximum(cap - load[load < cap], 0))[:victims.size]
+    assert edge_cut(indptr, indices, fixed) < edge_cut(indptr, indices, naive)
+    already, none_moved = refine_balance(indptr, indices, fixed, 4, max_ratio=1.03)
+    assert none_moved == 0 and np.array_equal(already, fixed)
