@@ -75,11 +75,35 @@ def _streams(seed: int):
     return dict(zip(names, root.spawn(len(names))))
 
 
-def _sample_by_weight(cum: np.ndarray, lo_mass, mass, u) -> np.ndarray:
-    """Indices into ``cum`` (inclusive cumulative weights) drawn with probability ~ weight, restricted
-    to the mass interval [lo_mass, lo_mass + mass)."""
-    idx = np.searchsorted(cum, lo_mass + u * mass, side="right")
-    return np.minimum(idx, cum.shape[0] - 1)
+class WeightedSampler:
+    """Draw indices with probability proportional to ``weights`` from positions x in [0, sum(weights)).
+
+    Same answer as ``searchsorted(cumsum(weights), x, side="right")`` but with a guide table
+    (Chen & Asau): bucket j of equal mass remembers the first index it contains, so each draw needs
+    a couple of gathers instead of ~log2(N) cache-missing binary-search steps -- 5-10x faster for
+    millions of random draws.  The refinement loop runs at most (max indices per bucket) times,
+    a small constant for weights bounded below (here theta >= 1).
+    """
+
+    def __init__(self, weights: np.ndarray):
+        self.cum = np.cumsum(weights, dtype=np.float64)
+        self.total = float(self.cum[-1])
+        n = self.cum.shape[0]
+        self.guide = np.searchsorted(self.cum, np.arange(n) * (self.total / n), side="right")
+        # The answer for a draw in bucket j lies in [guide[j], guide[j+1]] (last bucket: up to n-1).
+        widths = np.append(np.diff(self.guide), n - 1 - self.guide[-1])
+        self.max_steps = int(widths.max()) + 1
+
+    def sample(self, x: np.ndarray) -> np.ndarray:
+        n = self.cum.shape[0]
+        idx = self.guide[np.minimum((x * (n / self.total)).astype(np.int64), n - 1)]
+        for _ in range(self.max_steps):
+            advance = self.cum[idx] <= x
+            if not advance.any():
+                break
+            idx += advance
+            np.minimum(idx, n - 1, out=idx)  # x at the very top (float rounding) stays in range
+        return idx
 
 
 def generate_edges(community: np.ndarray, theta: np.ndarray, num_draws: int, homophily: float,
@@ -88,9 +112,11 @@ def generate_edges(community: np.ndarray, theta: np.ndarray, num_draws: int, hom
     n = community.shape[0]
     k = int(community.max()) + 1
     id_dtype = np.int32 if n < 2**31 else np.int64
-    cum_all = np.cumsum(theta)
+    everywhere = WeightedSampler(theta)
     by_comm = np.argsort(community, kind="stable").astype(id_dtype)
-    cum_comm = np.cumsum(theta[by_comm])
+    # One sampler over vertices ordered by community: community c owns the mass interval
+    # [comm_lo[c], comm_lo[c] + comm_mass[c]) and the index range [comm_start[c], +comm_count[c]).
+    within = WeightedSampler(theta[by_comm])
     comm_mass = np.bincount(community, weights=theta, minlength=k)
     comm_lo = np.concatenate(([0.0], np.cumsum(comm_mass)[:-1]))
     comm_count = np.bincount(community, minlength=k)
@@ -101,13 +127,13 @@ def generate_edges(community: np.ndarray, theta: np.ndarray, num_draws: int, hom
     for lo, child in zip(chunks, seq.spawn(len(chunks))):
         rng = np.random.default_rng(child)
         hi = min(lo + EDGE_CHUNK, num_draws)
-        s = _sample_by_weight(cum_all, 0.0, cum_all[-1], rng.random(hi - lo))
+        s = everywhere.sample(rng.random(hi - lo) * everywhere.total)
         c = community[s]
         # The other endpoint: inside s's community (by theta) with prob. homophily, else anywhere.
         inside = rng.random(hi - lo) < homophily
-        d = _sample_by_weight(cum_all, 0.0, cum_all[-1], rng.random(hi - lo))
+        d = everywhere.sample(rng.random(hi - lo) * everywhere.total)
         ci = c[inside]
-        pos = _sample_by_weight(cum_comm, comm_lo[ci], comm_mass[ci], rng.random(ci.shape[0]))
+        pos = within.sample(comm_lo[ci] + rng.random(ci.shape[0]) * comm_mass[ci])
         # Float rounding at a community's upper edge could step into the next block: clamp.
         d[inside] = by_comm[np.clip(pos, comm_start[ci], comm_start[ci] + comm_count[ci] - 1)]
         src[lo:hi] = s

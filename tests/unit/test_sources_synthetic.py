@@ -79,6 +79,17 @@ def test_neighbours_carry_the_class_signal(small):
     assert own < 0.45 and hop1 > 0.85 and hop1 - own > 0.4, (own, hop1)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_weighted_sampler_equals_binary_search(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    weights = rng.pareto(0.8, n) + (1e-6 if seed % 2 else 1.0)  # heavy tails; tiny weights on odd seeds
+    sampler = synthetic.WeightedSampler(weights)
+    x = np.concatenate([rng.random(50_000) * sampler.total, [0.0, sampler.total, np.nextafter(sampler.total, 0)]])
+    want = np.minimum(np.searchsorted(np.cumsum(weights), x, side="right"), n - 1)
+    assert np.array_equal(sampler.sample(x), want)
+
+
 def test_chunked_generation(monkeypatch):
     monkeypatch.setattr(synthetic, "EDGE_CHUNK", 1000)
     monkeypatch.setattr(synthetic, "ROW_CHUNK", 333)
