@@ -1,19 +1,20 @@
 """`granndis report RUN_DIR [RUN_DIR ...] [--out DIR]`: plots and an AE1-style table from run directories.
 
 Each run directory holds ``config.json`` (resolved options), ``metrics.jsonl`` (one record per epoch) and
-``summary.json`` (per-epoch means and totals), written by the trainer.  The report makes three PNGs and
+``summary.json`` (per-epoch figures and totals), written by the trainer.  The report makes three PNGs and
 ``report.md``:
 
-- time_breakdown.png: mean seconds per epoch, stacked by phase (compute, intra-server comm,
-  inter-server comm, gradient sync, sampling when used, and "other" = epoch time not in any phase);
+- time_breakdown.png: seconds per epoch from summary.json (the trainer writes medians over epochs),
+  stacked by phase (compute, intra-server comm, inter-server comm, gradient sync, sampling when used,
+  and "other" = epoch time not in any timed phase);
 - accuracy.png: validation and test accuracy over the evaluated epochs of every run;
 - bytes.png: bytes per epoch for each link class (halo and gradient, intra- and inter-server);
 - report.md: the table below plus the plots.
 
 Table columns follow the GraNNDis artifact's AE1 table, with honest units: the artifact printed mean
-milliseconds per epoch under "Total Time (sec)"; here "Epoch time (s)" is the mean seconds per epoch,
-"Total time (s)" the measured wall time of the whole run, and "Comm (s/epoch)" counts every
-communication phase (intra-server, inter-server and gradient sync; the artifact left gradient sync out).
+milliseconds per epoch under "Total Time (sec)"; here "Epoch time (s)" is summary.json's seconds per
+epoch (a median over epochs), "Total time (s)" the measured wall time of the whole run, and
+"Comm (s/epoch)" counts every communication phase (intra-server, inter-server and gradient sync; the artifact left gradient sync out).
 Speedup = epoch time of the matching FB run / epoch time of this run, where the matching FB run is the
 first `fb` run given with the same model, layers, servers and ranks per server (a speedup across
 different models or cluster shapes would not mean anything), else "n/a".
@@ -256,7 +257,7 @@ def plot_time_breakdown(runs, path):
     epoch = np.array([r.summary["epoch_time_s"] for r in runs], dtype=float)
     other = np.clip(epoch - values.sum(axis=1), 0.0, None)  # phases may overlap; never negative
     if np.any(other > 0.01 * np.maximum(epoch, 1e-12)):
-        phases.append(("other", "other (optimizer, loss, ...)"))
+        phases.append(("other", "other (not in a timed phase)"))
         values = np.column_stack([values, other])
     fig = _new_figure(max(5.0, 1.6 * len(runs) + 3), 4.5)
     ax = fig.add_subplot()
@@ -267,7 +268,7 @@ def plot_time_breakdown(runs, path):
         bottom += values[:, j]
     ax.set_xticks(x)
     ax.set_xticklabels([r.label for r in runs], rotation=15, ha="right")
-    ax.set_ylabel("seconds per epoch (mean)")
+    ax.set_ylabel("seconds per epoch (summary.json)")
     ax.set_title("Epoch time by phase")
     ax.legend(fontsize="small")
     return _save(fig, path)
@@ -329,7 +330,8 @@ def plot_bytes(runs, path):
 
 def _markdown(runs, baselines, table, pngs, out_dir):
     lines = ["# granndis report", "", table, "",
-             "Epoch time and Comm are means per epoch; Comm = intra-server + inter-server + gradient sync.",
+             "Epoch time and Comm are per epoch as in summary.json (medians over epochs); "
+             "Comm = intra-server + inter-server + gradient sync.",
              "Speedup = FB epoch time / epoch time, against the FB run with the same model, layers and "
              "cluster shape."]
     used = sorted(set(baselines.values()))
