@@ -22,6 +22,34 @@ from granndis_hpc.graph.csr import csr_rows, row_of_edges
 EAS_SELECT_RULES = ("degree", "uniform")
 
 
+# numpy 2.4's np.unique is ~50x slower than a sort on large int64 arrays (measured: 13 s against
+# 0.2 s for 4M values), so the hot paths use these instead.
+def unique_sorted(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of a (sort-based)."""
+    s = np.sort(a)
+    keep = np.ones(s.shape[0], dtype=bool)
+    keep[1:] = s[1:] != s[:-1]
+    return s[keep]
+
+
+def unique_inverse(a: np.ndarray):
+    """(sorted distinct values, index of each element of a in them)."""
+    order = np.argsort(a, kind="stable")
+    s = a[order]
+    first = np.ones(s.shape[0], dtype=bool)
+    first[1:] = s[1:] != s[:-1]
+    inverse = np.empty(a.shape[0], dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return s[first], inverse
+
+
+def marked(ids: np.ndarray, n: int) -> np.ndarray:
+    """Sorted distinct ids in [0, n) via a mask: O(n + len(ids)), faster than sorting big frontiers."""
+    mask = np.zeros(n, dtype=bool)
+    mask[ids] = True
+    return np.flatnonzero(mask).astype(np.int64)
+
+
 def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser: a well-mixed 64-bit hash of each uint64 (vectorised, wraps mod 2**64)."""
     x = x.astype(np.uint64, copy=True)
@@ -53,13 +81,13 @@ def full_khop(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: 
     """All vertices within `hops` in-hops of `inner`: (vertex ids, hop first reached), sorted by (hop, id)."""
     n = indptr.shape[0] - 1
     hop_of = np.full(n, -1, dtype=np.int32)
-    frontier = np.unique(np.asarray(inner, dtype=np.int64))
+    frontier = unique_sorted(np.asarray(inner, dtype=np.int64))
     hop_of[frontier] = 0
     for h in range(1, hops + 1):
         if frontier.size == 0:
             break
         _, sources = csr_rows(indptr, indices, frontier)
-        new = np.unique(sources[hop_of[sources] < 0])
+        new = marked(sources[hop_of[sources] < 0], n)
         hop_of[new] = h
         frontier = new
     return _order_by_hop(n, hop_of, hops)
@@ -78,7 +106,7 @@ def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, f
         raise ValueError(f"unknown EAS selection rule {select!r}; use one of {EAS_SELECT_RULES}")
     n = indptr.shape[0] - 1
     hop_of = np.full(n, -1, dtype=np.int32)
-    frontier = np.unique(np.asarray(inner, dtype=np.int64))
+    frontier = unique_sorted(np.asarray(inner, dtype=np.int64))
     hop_of[frontier] = 0
     for h in range(1, hops + 1):
         if frontier.size == 0 or fanout <= 0:
@@ -92,7 +120,7 @@ def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, f
             break
         keys = edge_keys(src, dst, seed)
         if select == "degree":
-            cand, inverse = np.unique(src, return_inverse=True)
+            cand, inverse = unique_inverse(src)
             score = _unselected_in_degree(indptr, indices, cand, selected)[inverse]
             order = np.lexsort((keys, -score, dst))
         else:
@@ -107,7 +135,7 @@ def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, f
         row_start[1:] = dst[1:] != dst[:-1]
         start_pos = np.flatnonzero(row_start)
         rank = np.arange(dst.shape[0]) - np.repeat(start_pos, np.diff(np.append(start_pos, dst.shape[0])))
-        new = np.unique(src[rank < fanout])
+        new = marked(src[rank < fanout], n)
         hop_of[new] = h
         frontier = new
     return _order_by_hop(n, hop_of, hops)

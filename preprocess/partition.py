@@ -12,6 +12,7 @@ import numpy as np
 
 from granndis_hpc.graph.csr import row_of_edges
 
+from .halo import unique_sorted
 from .parmetis import load_parmetis, metis_part, parmetis_part_kway
 
 PARTITIONERS = ("parmetis", "metis", "random")
@@ -48,7 +49,7 @@ def symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray, lo: int, hi: in
     rows = np.concatenate([dst_in, src_out])
     cols = np.concatenate([src_in, dst_out])
     keep = rows != cols
-    keys = np.unique((rows[keep] - lo) * n + cols[keep])
+    keys = unique_sorted((rows[keep] - lo) * n + cols[keep])
     rows_local, cols = np.divmod(keys, n)
     xadj = np.zeros(hi - lo + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows_local, minlength=hi - lo), out=xadj[1:])
@@ -212,7 +213,7 @@ def induced_symmetric(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndar
     keep = (src >= 0) & (src != dst)
     src, dst = src[keep], dst[keep]
     m = vertices.shape[0]
-    keys = np.unique(np.concatenate([dst * m + src, src * m + dst]))
+    keys = unique_sorted(np.concatenate([dst * m + src, src * m + dst]))
     rows, cols = np.divmod(keys, m)
     xadj = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=m), out=xadj[1:])

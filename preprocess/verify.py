@@ -22,6 +22,8 @@ from granndis_hpc.graph.csr import row_of_edges
 from granndis_hpc.shards import ShardError, read_manifest, read_server_arrays, server_file_name, verify_checksums
 from granndis_hpc.shards.schema import DATASETS, FORMAT_VERSION, expected_shape
 
+from .halo import unique_sorted
+
 
 def _csr_problems(name: str, indptr: np.ndarray, indices: np.ndarray, n_cols: int | None) -> list:
     out = []
@@ -48,7 +50,7 @@ def _bfs_hops(indptr: np.ndarray, indices: np.ndarray, sources: np.ndarray, max_
     frontier = sources
     for h in range(1, max_hop + 1):
         _, nbrs = csr_rows(indptr, indices, frontier)
-        new = np.unique(nbrs[dist[nbrs] < 0])
+        new = unique_sorted(nbrs[dist[nbrs] < 0])
         dist[new] = h
         frontier = new
     return dist
@@ -94,7 +96,7 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     if gid.size and (gid.min() < 0 or gid.max() >= ds["num_vertices"]):
         out.append(f"{fname}: global ids out of range [0, {ds['num_vertices']})")
         return out
-    if np.unique(gid).shape[0] != n:
+    if unique_sorted(gid).shape[0] != n:
         out.append(f"{fname}: a global vertex appears in more than one row (owned by more than one GPU)")
     out += _csr_problems(f"{fname}: graph", a["graph/indptr"], a["graph/indices"], n)
     out += _csr_problems(f"{fname}: world", a["world/indptr"], a["world/src_global_id"], ds["num_vertices"])
