@@ -32,10 +32,13 @@ ENV_DIST_TIMEOUT = "GRANNDIS_DIST_TIMEOUT_S"
 DEVICES = ("auto", "cpu", "cuda")
 TRANSPORTS = ("auto", "gloo", "nccl", "mpi")
 
-# Default intra-server transport on CPU, chosen by measurement (bench/bench_comm.py, docs/bench-comm.md,
-# 4 ranks as 2 servers x 2 on this 2-core machine): MPI over Open MPI's shared-memory transport
-# moved the intra-server exchange and the all-reduce several times faster than gloo over loopback
-# TCP at every message size measured.  Override with intra_transport= or GRANNDIS_INTRA_TRANSPORT.
+# Default intra-server transport on CPU, chosen by measurement (bench/bench_comm.py -> docs/bench-comm.md;
+# 4 ranks as 2 servers x 2 on this shared 2-core machine, 2026-11-29): MPI (Open MPI shared memory) was
+# 2.5-3x faster than gloo (loopback TCP) for 4 MiB blocks in the intra exchange, the world exchange and
+# the all-reduce, and 1.5x for a 256 KiB all-reduce; gloo was faster by 1-7 ms for 4-256 KiB exchange
+# blocks.  Summed over the measured set MPI took 110 ms against gloo's 214 ms, and an epoch's
+# communication time is dominated by its large messages, so MPI is the default.  Override with
+# init_topology(intra_transport=...) or GRANNDIS_INTRA_TRANSPORT=gloo.
 CPU_DEFAULT_INTRA_TRANSPORT = "mpi"
 
 
