@@ -56,7 +56,7 @@ def run_config(vertices, preload, partitioner, ranks, workdir, timeout):
     wall = time.perf_counter() - t0
     record = {"vertices": vertices, "preload": preload, "partitioner": partitioner, "ranks": ranks,
               "servers": 2, "gpus_per_server": 2, "wall_s": round(wall, 2), "command": "mpirun -n "
-              f"{ranks} python -m preprocess build " + " ".join(args)}
+              f"{ranks} python -m preprocess " + " ".join(args)}
     for line in res.stdout.splitlines():
         m = PHASE.search(line)
         if m:

@@ -210,10 +210,14 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dic
     server_of = sp.parts
     mine = list(range(rank, S, P))
     gpu_local = np.full(graph.num_vertices, -1, dtype=np.int32)
-    gpu_constraints = {}
-    for s in mine:
-        inner = np.flatnonzero(server_of == s)
-        gpu_local[inner], gpu_constraints[s] = partition_gpus(graph, inner, G)
+    gpu_constraints, err = {}, None
+    try:
+        for s in mine:
+            inner = np.flatnonzero(server_of == s)
+            gpu_local[inner], gpu_constraints[s] = partition_gpus(graph, inner, G)
+    except Exception as exc:  # noqa: BLE001 - agreed on below so that no rank waits in Allreduce
+        err = exc
+    _agree(comm, err, "partitioning servers over GPUs")
     gpu_of = np.empty_like(gpu_local)
     from mpi4py import MPI
 

@@ -165,12 +165,19 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
     elif method == "random":
         parts, library, constraints = random_partition(n, nparts, seed), "numpy", ["vertices"]
     elif method == "metis":
-        parts = None
+        result = None
         if comm.rank == 0:
-            xadj, adjncy = symmetric_adjacency(graph.indptr, graph.indices, 0, n)
-            use_train = int(train.sum()) >= nparts
-            parts, ncon = metis_part(xadj, adjncy, nparts, _weights(train, use_train))
-        parts, ncon = comm.bcast((parts, ncon) if comm.rank == 0 else None, root=0)
+            try:
+                xadj, adjncy = symmetric_adjacency(graph.indptr, graph.indices, 0, n)
+                use_train = int(train.sum()) >= nparts
+                result = metis_part(xadj, adjncy, nparts, _weights(train, use_train)) + (None,)
+            except Exception as exc:  # noqa: BLE001 - the other ranks wait in bcast: tell them
+                result = (None, None, f"{type(exc).__name__}: {exc}")
+        parts, ncon, error = comm.bcast(result, root=0)
+        if error is not None:
+            exc = RuntimeError(f"METIS partitioning on rank 0 failed: {error}")
+            exc.agreed = True
+            raise exc
         library = "metis (pymetis)"
         constraints = ["vertices", "train"][:ncon]
     else:

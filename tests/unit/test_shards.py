@@ -51,7 +51,16 @@ def bfs_hops(graph, inner, k):
 @pytest.mark.parametrize("directed", [False, True])
 @pytest.mark.parametrize("S,G,k", [(2, 2, 2), (3, 1, 1), (1, 3, 3)])
 def test_rank_slices_equal_arrays_from_graph(tmp_path, directed, S, G, k):
-    g = make_graph(directed=directed, seed=S * 10 + G)
+    check_round_trip(make_graph(directed=directed, seed=S * 10 + G), tmp_path, S, G, k)
+
+
+def test_rank_slices_equal_arrays_from_cora(tmp_path, planetoid_root):
+    from preprocess.sources import load
+
+    check_round_trip(load("planetoid", name="cora", root=str(planetoid_root)), tmp_path, 2, 2, 2)
+
+
+def check_round_trip(g, tmp_path, S, G, k):
     manifest = build(g, tmp_path / "set", servers=S, gpus_per_server=G, layers=k)
     assert verify_shard_set(tmp_path / "set") == []
     deg = g.in_degree()
