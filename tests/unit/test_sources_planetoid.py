@@ -128,6 +128,16 @@ def test_missing_file_named(tmp_path):
         load("planetoid", name="reddit", root=tmp_path)
 
 
+@pytest.mark.parametrize("part", ["graph", "tx", "ally"])
+def test_truncated_miniature_pickle_named(tmp_path, part):
+    write_miniature(tmp_path, name="cora")
+    path = tmp_path / f"ind.cora.{part}"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(DataError, match=rf"ind\.cora\.{part}: not a readable Planetoid pickle.*truncated"):
+        load("planetoid", name="cora", root=tmp_path)
+
+
 def test_mismatched_row_counts_named(tmp_path):
     write_miniature(tmp_path, name="cora")
     with open(tmp_path / "ind.cora.ty", "wb") as fh:
