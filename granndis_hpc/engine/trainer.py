@@ -15,7 +15,6 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from granndis_hpc import shards
 from granndis_hpc.cluster.comm import Communicator
@@ -135,7 +134,7 @@ class Trainer:
                            for name, mask in (("train", sl.train_mask), ("val", sl.val_mask),
                                               ("test", sl.test_mask))}
         counts = np.array([len(self.split_rows[k]) for k in ("train", "val", "test")], dtype=np.int64)
-        self.split_totals = dict(zip(("train", "val", "test"), self.world.allreduce(counts, op=MPI.SUM)))
+        self.split_totals = dict(zip(("train", "val", "test"), self.comm.allreduce_scalar(counts, "sum")))
         if self.split_totals["train"] == 0:
             raise TrainingError("the shards have no training vertices; check the dataset's split")
 
@@ -180,8 +179,8 @@ class Trainer:
         intra = led.seconds("intra", "halo")
         inter = led.seconds("inter", "halo")
         times = np.array([elapsed, intra, inter, grad_s, elapsed - intra - inter - grad_s])
-        slowest = self.world.allreduce(times, op=MPI.MAX)  # outside the timed region
-        loss = float(self.world.allreduce(local_loss, op=MPI.SUM))
+        slowest = self.comm.allreduce_scalar(times, "max")  # outside the timed region
+        loss = float(self.comm.allreduce_scalar(local_loss, "sum"))
         if not math.isfinite(loss):
             raise TrainingError(f"loss became {loss} at epoch {self.epoch}; lower --lr or check the "
                                 f"features for extreme values")
@@ -206,7 +205,7 @@ class Trainer:
         pred = self.inner_logits().argmax(dim=1)
         correct = np.array([int((pred[r] == self.labels[r]).sum()) for r in self.split_rows.values()],
                            dtype=np.int64)
-        correct = self.world.allreduce(correct, op=MPI.SUM)
+        correct = self.comm.allreduce_scalar(correct, "sum")
         return {name: float(c) / max(int(self.split_totals[name]), 1)
                 for name, c in zip(self.split_rows, correct)}
 
@@ -225,7 +224,7 @@ class Trainer:
             if last or (cfg.eval_every > 0 and self.epoch % cfg.eval_every == 0):
                 accuracy = self.evaluate()
                 rec.update(train_acc=accuracy["train"], val_acc=accuracy["val"], test_acc=accuracy["test"])
-            rec["peak_memory_bytes"] = int(self.world.allreduce(peak_memory_bytes(self.device), op=MPI.MAX))
+            rec["peak_memory_bytes"] = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
             records.append(rec)
             if rank0:
                 if writer:
@@ -234,7 +233,7 @@ class Trainer:
                     print(epoch_line(rec), flush=True)
         if accuracy is None:
             accuracy = self.evaluate()
-        peak = int(self.world.allreduce(peak_memory_bytes(self.device), op=MPI.MAX))
+        peak = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
         summary = summarize(records, asdict(cfg), accuracy, peak,
                             {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server},
                             time.perf_counter() - start)
@@ -244,4 +243,5 @@ class Trainer:
         return summary
 
     def close(self) -> None:
+        self.comm.close()
         self.topo.close()
