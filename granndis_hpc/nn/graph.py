@@ -59,7 +59,8 @@ class LayerGraph:
     indices: torch.Tensor  # int64 [nnz], source index in [0, n_src)
     dst_degree: torch.Tensor  # float32 [n_dst]
     src_degree: torch.Tensor  # float32 [n_src]
-    # (kind, dtype, transposed) -> sparse CSR matrix; built lazily on the graph's device.
+    # (kind, dtype, transposed) -> sparse CSR matrix, ("coo", kind, dtype) -> COO triple; built lazily
+    # on the graph's device.
     _cache: Dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -137,8 +138,16 @@ class LayerGraph:
         return torch.repeat_interleave(torch.arange(self.n_dst, device=self.device), counts)
 
     def coo(self, kind: str, dtype: torch.dtype = torch.float32):
-        """(rows, cols, values) of the normalised adjacency; for "gcn" with the self-loop entries appended."""
+        """(rows, cols, values) of the normalised adjacency; for "gcn" with the self-loop entries appended.
+
+        Cached like the CSR matrices (the index_add backend reads it on every call)."""
         _check_kind(kind)
+        key = ("coo", kind, dtype)
+        if key not in self._cache:
+            self._cache[key] = self._coo(kind, dtype)
+        return self._cache[key]
+
+    def _coo(self, kind: str, dtype: torch.dtype):
         rows, cols = self.edge_rows(), self.indices
         d_dst = self.dst_degree.to(dtype)
         if kind == "mean":
@@ -159,7 +168,7 @@ class LayerGraph:
     def _matrix(self, kind: str, dtype: torch.dtype, transposed: bool) -> torch.Tensor:
         key = (kind, dtype, transposed)
         if key not in self._cache:
-            rows, cols, vals = self.coo(kind, dtype)
+            rows, cols, vals = self._coo(kind, dtype)
             shape = (self.n_dst, self.n_src)
             if transposed:
                 rows, cols, shape = cols, rows, (self.n_src, self.n_dst)
@@ -172,8 +181,10 @@ def _coo_to_csr(rows, cols, vals, shape) -> torch.Tensor:
     n_rows, n_cols = shape
     # Sort by (row, col) with one key; int64 does not overflow for any realistic graph.
     key = rows * max(n_cols, 1) + cols
-    key, order = torch.sort(key)
-    vals = vals[order]
+    # Canonical CSR input (sorted, no multi-edges) is already in order: skip the O(nnz log nnz) sort.
+    if key.numel() > 1 and not bool((key[1:] > key[:-1]).all()):
+        key, order = torch.sort(key)
+        vals = vals[order]
     if key.numel():
         unique, inverse = torch.unique_consecutive(key, return_inverse=True)
         if unique.numel() != key.numel():
