@@ -196,6 +196,10 @@ class Communicator:
                 raise ClusterError(f"allreduce_: tensor {i} is on {t.device}, expected {self.topo.device}")
             if average and not t.is_floating_point():
                 raise ClusterError(f"allreduce_: average=True needs floating-point tensors, tensor {i} is {t.dtype}")
+        with torch.no_grad():  # parameters may be passed directly; in-place ops must not be traced
+            self._allreduce_buckets(tensors, phase, average, bucket_bytes)
+
+    def _allreduce_buckets(self, tensors, phase, average, bucket_bytes) -> None:
         for bucket in plan_buckets([t.numel() * t.element_size() for t in tensors],
                                    [t.dtype for t in tensors], bucket_bytes):
             members = [tensors[i] for i in bucket]

@@ -178,6 +178,8 @@ def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str)
     try:
         topo.device = _resolve_device(world, device, node_local_rank)
         topo.intra_transport = _resolve_transport(world, intra_transport, topo.device)
+        if topo.intra_transport == "nccl":
+            _check_one_gpu_per_rank(topo)
         if topo.intra_transport in ("gloo", "nccl"):
             topo.intra_group = _init_torch_distributed(topo, len(set(hosts_of_rank)) == 1)
             topo._owns_dist = True
@@ -268,6 +270,24 @@ def _resolve_transport(world: MPI.Comm, requested: str, device: torch.device) ->
         problem = "intra_transport=gloo but this torch build has no gloo; use mpi"
     agree(world, not problem, problem)
     return requested
+
+
+def _gpu_identity(device: torch.device) -> str:
+    """Physical identity of a GPU: its UUID where torch exposes it, else host + visible set + index."""
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    if uuid is not None:
+        return str(uuid)
+    return f"{MPI.Get_processor_name()}:{os.environ.get('CUDA_VISIBLE_DEVICES', '')}:{device.index}"
+
+
+def _check_one_gpu_per_rank(topo: Topology) -> None:
+    """NCCL refuses two ranks of one communicator on one GPU, but only at the first collective and
+    with a cryptic message; say it up front."""
+    ids = topo.server_comm.allgather(_gpu_identity(topo.device))
+    mine = [r for r, gpu in zip(topo.server_ranks().tolist(), ids) if gpu == ids[topo.local_rank]]
+    agree(topo.world, len(mine) == 1,
+          f"ranks {','.join(map(str, mine))} of server {topo.server} share GPU {topo.device} and NCCL needs one "
+          f"GPU per rank of a server: start one rank per GPU, or use intra_transport=mpi (staged through host)")
 
 
 def _master_address(single_host: bool) -> str:

@@ -201,10 +201,10 @@ def test_allreduce_average_equals_mean(cluster):
     topo, comm, ledger = cluster
     def grads(rank):
         return np.random.default_rng([500, rank]).standard_normal((37, 11)).astype(np.float32)
-    t = torch.from_numpy(grads(topo.rank))
+    t = torch.nn.Parameter(torch.from_numpy(grads(topo.rank)))  # a leaf that requires grad
     comm.allreduce_([t], average=True, bucket_bytes=1000)
     mean = np.mean([grads(r).astype(np.float64) for r in range(P)], axis=0)
-    np.testing.assert_allclose(t.numpy(), mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(t.detach().numpy(), mean, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.mpi(min_size=4)
