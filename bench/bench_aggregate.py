@@ -35,6 +35,7 @@ from granndis_hpc.graph.csr import csr_from_edges
 from granndis_hpc.nn import LayerGraph, aggregate
 
 METHODS = ("spmm", "index_add", "csr_autograd", "coo_autograd")
+NOTES_MARKER = "<!-- notes: kept when the table above is regenerated -->"
 
 
 def _sync(device):
@@ -165,8 +166,15 @@ def write_markdown(args, results):
         lines.append(f"| `{r['method']}` | {r['forward_s']:.3f} | {r['backward_s']:.3f} | {r['total_s']:.3f} | "
                      f"{r['build_s']:.3f} | {r['peak_extra_mib']:.0f} |")
     lines += ["", f"Fastest forward+backward here: `{fastest['method']}`.", ""]
+    # Hand-written interpretation below NOTES_MARKER survives a re-run.
+    notes = ""
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            old = f.read()
+        if NOTES_MARKER in old:
+            notes = old[old.index(NOTES_MARKER):]
     with open(args.out, "w") as f:
-        f.write("\n".join(lines))
+        f.write("\n".join(lines) + ("\n" + notes if notes else ""))
 
 
 def main(argv=None):
