@@ -47,19 +47,26 @@ def _expected(kind, graph, indptr, indices, h):
     return op @ h.double()
 
 
+# CUDA runs only where torch sees a GPU (not on the development machine or CI).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["mean", "gcn"])
-def test_aggregate_matches_formula_and_gradients(kind, backend):
+def test_aggregate_matches_formula_and_gradients(kind, backend, device):
     rng = np.random.default_rng(1)
     graph, indptr, indices = _block(rng)
     h = torch.randn(graph.n_src, 6, generator=torch.Generator().manual_seed(2), requires_grad=True)
-    out = aggregate(graph, h, kind, backend=backend)
+    h_dev = h.detach().to(device).requires_grad_()
+    out = aggregate(graph.to(device), h_dev, kind, backend=backend).cpu()
     want = _expected(kind, graph, indptr, indices, h)
     torch.testing.assert_close(out.double(), want, atol=1e-6, rtol=1e-6)
     # Gradient wrt the source rows (the custom backward uses the cached transpose).
     weights = torch.randn(graph.n_dst, 6, dtype=torch.float64)
-    (g_out,) = torch.autograd.grad((out.double() * weights).sum(), h)
+    (g_out,) = torch.autograd.grad((out.double() * weights).sum(), h_dev)
     (g_want,) = torch.autograd.grad((want * weights).sum(), h)
+    g_out = g_out.cpu()
     torch.testing.assert_close(g_out.double(), g_want.double(), atol=1e-6, rtol=1e-6)
 
 

@@ -45,13 +45,23 @@ def _param_grads(model):
     return {k: p.grad.detach().clone() for k, p in model.named_parameters()}
 
 
+# CUDA runs only where torch sees a GPU (not on the development machine or CI).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+def _on(device, graphs):
+    return [g.to(device) for g in graphs]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("name", MODELS)
-def test_whole_graph_forward_equals_dense_reference(name, norm):
+def test_whole_graph_forward_equals_dense_reference(name, norm, device):
     for seed in (0, 1):
         indptr, indices, x = _graph(seed)
         model = _model(name, seed, norm=norm)
-        got = model(x, _whole(indptr, indices, model))
+        got = model.to(device)(x.to(device), _on(device, _whole(indptr, indices, model))).cpu()
+        model.cpu()
         want = dense_logits(name, model, indptr, indices, x)
         assert got.shape == (x.shape[0], 5)
         torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
@@ -59,14 +69,16 @@ def test_whole_graph_forward_equals_dense_reference(name, norm):
         torch.testing.assert_close(dense_logits(name, model.state_dict(), indptr, indices, x), want.detach())
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", MODELS)
-def test_parameter_gradients_equal_dense_reference(name):
+def test_parameter_gradients_equal_dense_reference(name, device):
     indptr, indices, x = _graph(2)
-    model = _model(name, 2)
+    model = _model(name, 2).to(device)
     labels = torch.from_numpy(np.random.default_rng(2).integers(0, 5, x.shape[0]))
-    F.cross_entropy(model(x, _whole(indptr, indices, model)), labels, reduction="sum").backward()
-    got = _param_grads(model)
-    model.zero_grad()
+    logits = model(x.to(device), _on(device, _whole(indptr, indices, model)))
+    F.cross_entropy(logits, labels.to(device), reduction="sum").backward()
+    got = {k: g.cpu() for k, g in _param_grads(model).items()}
+    model.cpu().zero_grad()
     F.cross_entropy(dense_logits(name, model, indptr, indices, x), labels, reduction="sum").backward()
     want = _param_grads(model)
     assert set(got) == set(want) and len(got) > 0
