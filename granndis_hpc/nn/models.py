@@ -38,6 +38,9 @@ class GNN(nn.Module):
     name: str
     num_layers: int  # message-passing layers = hops a full preload needs
     conv_in_widths: List[int]  # width of h handed to gather(l, h)
+    # Dropout applies between layers, never to the raw input features (so layer 0's halo may be the
+    # static features exchanged once).  The engine reads this to know whether halo inputs need a mask.
+    input_dropout: float = 0.0
 
     def _gather(self, gather: Optional[Gather], layer: int, h: torch.Tensor, graph: LayerGraph) -> torch.Tensor:
         if h.shape[0] < graph.n_dst:
