@@ -21,12 +21,15 @@ from granndis_hpc.cluster.comm import Communicator
 from granndis_hpc.cluster.errors import agree
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
-from granndis_hpc.engine import views
+from granndis_hpc.engine import cobatch, views
+from granndis_hpc.graph.sampler import SAMPLERS, CoBatchSampler, SamplerError
 from granndis_hpc.metrics import MetricsWriter, epoch_line, peak_memory_bytes, summarize, write_summary
 from granndis_hpc.fsutil import atomic_write_json
 from granndis_hpc.nn.models import MODELS, build_model
+from granndis_hpc.engine import checkpoint
 
-MODES = ("fb", "flx", "eas")
+MODES = ("fb", "flx", "eas", "cob", "mb")
+BATCHED = ("cob", "mb")
 
 
 class TrainingError(RuntimeError):
@@ -53,6 +56,15 @@ class TrainConfig:
     intra_transport: str = "auto"
     quiet: bool = False
     skip_checksums: bool = False
+    # Checkpoints (engine/checkpoint.py): every N epochs (0 = only when SIGUSR1/SIGTERM asks to stop),
+    # and the run directory to continue from (its newest complete checkpoint).
+    checkpoint_every: int = 0
+    resume: Optional[str] = None
+    # Cooperative batching (cob) and the per-GPU mini-batch baseline (mb).
+    batches_per_epoch: int = 1
+    sampler: str = "sage"
+    fanout: int = -1
+    checkpoint_activations: bool = False
 
 
 def check_mode(manifest: Dict, cfg: TrainConfig) -> None:
@@ -67,6 +79,14 @@ def check_mode(manifest: Dict, cfg: TrainConfig) -> None:
             f"mode flx needs a full preload of at least {cfg.layers} hops for a {cfg.layers}-layer model, "
             f"but the shards hold a {pre['kind']} preload of {pre['hops']} hop(s); rebuild them with "
             f"`python -m preprocess build ... --preload full --hops {cfg.layers}`, or use --mode fb")
+    if cfg.mode in BATCHED and int(pre["hops"]) < cfg.layers and cfg.sampler != "saint" and pre["kind"] == "full":
+        raise TrainingError(
+            f"mode {cfg.mode} samples {cfg.layers}-hop dependency graphs inside the server's preload, but the "
+            f"shards hold a {pre['hops']}-hop preload; rebuild them with --hops {cfg.layers}")
+    if cfg.mode in BATCHED and (cfg.fanout == 0 or cfg.fanout < -1):
+        raise TrainingError(f"--fanout must be a positive number of neighbours or -1 for all, got {cfg.fanout}")
+    if cfg.mode in BATCHED and cfg.sampler not in SAMPLERS:
+        raise TrainingError(f"unknown sampler {cfg.sampler!r}; choose one of {', '.join(SAMPLERS)}")
     if cfg.mode == "eas" and pre["kind"] != "eas":
         raise TrainingError(f"mode eas needs shards built with --preload eas, these hold a {pre['kind']} "
                             f"preload; rebuild with `python -m preprocess build ... --preload eas`")
@@ -75,6 +95,11 @@ def check_mode(manifest: Dict, cfg: TrainConfig) -> None:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        # SIGUSR1/SIGTERM only set a flag; run() stops every rank after the same epoch with a checkpoint,
+        # which needs a run directory (without one the signals keep their default action).
+        self.stop_signals = checkpoint.StopSignals()
+        if cfg.out:
+            self.stop_signals.install()
         self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport)
         self.world = self.topo.world
         self.ledger = Ledger()
@@ -88,6 +113,14 @@ class Trainer:
                                  cfg.layers, dropout=cfg.dropout, norm=cfg.norm).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.epoch = 0
+        self.prior_records, self.prior_elapsed_s, self.stopped_checkpoint = [], 0.0, None
+        try:
+            self._check_checkpoint_options()
+            if cfg.resume:
+                self._resume()
+        except BaseException:
+            self.close()  # the errors above are raised on every rank together (agree): close together
+            raise
 
     # ---- set-up -------------------------------------------------------------------------------
     def _open_shards(self) -> Dict:
@@ -120,8 +153,12 @@ class Trainer:
             views.world_rows(sl, topo.rank), topo.world_size, cfg.layers, all_active=True,
             resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]), exchange=world_exchange,
             alltoall_counts=self.world.alltoall, device=self.device)
+        self.batched = None
         if cfg.mode == "fb":
             self.train_view = self.world_view
+        elif cfg.mode in BATCHED:
+            self.train_view = None
+            self.batched = self._batched_training(sl)
         else:
             self.train_view = views.build_view(
                 views.server_rows(sl, exact_degrees=(cfg.mode == "flx")), topo.ranks_per_server, cfg.layers,
@@ -138,6 +175,25 @@ class Trainer:
         if self.split_totals["train"] == 0:
             raise TrainingError("the shards have no training vertices; check the dataset's split")
 
+    def _batched_training(self, sl) -> "cobatch.BatchedTraining":
+        """Co-batches are sampled inside the server's preloaded subgraph, identically on every rank of
+        the server (same seed), so each rank reads its server's graph (not its features)."""
+        cfg, topo = self.cfg, self.topo
+        graph, sampler, error = None, None, ""
+        try:
+            graph = shards.read_server_graph(cfg.shards, self.manifest, topo.server)
+            train_ids = np.flatnonzero(graph["train"] & (graph["hop"] == 0))
+            sampler = CoBatchSampler(graph["indptr"], graph["indices"], train_ids, cfg.batches_per_epoch,
+                                     cfg.layers, cfg.sampler, cfg.fanout, cfg.seed, topo.server)
+        except (shards.ShardError, SamplerError, OSError, KeyError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        agree(self.world, not error, error)
+        # Exact (global degrees, complete neighbourhoods) only when nothing is sampled away.
+        exact = self.manifest["preload"]["kind"] == "full" and cfg.fanout == -1 and cfg.sampler == "sage"
+        self.sampler = sampler
+        return cobatch.BatchedTraining(cfg.mode, sl, graph, shards.server_file(cfg.shards, topo.server),
+                                       sampler, cfg.layers, exact, self.comm, self.device)
+
     # ---- one epoch ----------------------------------------------------------------------------
     def _forward(self, view: views.View, phase: str, training: bool) -> torch.Tensor:
         gather = view.gather_fn(phase, input_dropout=self.model_input_dropout, training=training)
@@ -152,34 +208,77 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _step(self, view: views.View, labels: torch.Tensor, rows, num_targets: int) -> tuple:
+        """Forward, loss over the target rows / the global target count, backward, gradient sync,
+        optimizer step.  Returns (local loss, gradient-sync seconds)."""
+        self.optimizer.zero_grad(set_to_none=False)
+        logits = self._forward(view, "halo", training=True)
+        loss = torch.nn.functional.cross_entropy(logits[rows], labels, reduction="sum") / float(num_targets)
+        loss.backward()
+        grad_start = time.perf_counter()
+        self.comm.allreduce_([p.grad for p in self.model.parameters()], phase="gradient")
+        self._sync()
+        grad_s = time.perf_counter() - grad_start
+        self.optimizer.step()
+        return float(loss.detach()), grad_s
+
     def train_epoch(self) -> Dict:
         self.ledger.reset()
         self.model.train()
         self._sync()
         start = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=False)
-        logits = self._forward(self.train_view, "halo", training=True)
-        rows = self.split_rows["train"]
-        loss = torch.nn.functional.cross_entropy(logits[rows], self.labels[rows], reduction="sum")
-        loss = loss / float(self.split_totals["train"])
-        loss.backward()
-        grads = [p.grad for p in self.model.parameters()]
-        grad_start = time.perf_counter()
-        self.comm.allreduce_(grads, phase="gradient")
-        self._sync()
-        grad_s = time.perf_counter() - grad_start
-        self.optimizer.step()
+        extra = {}
+        if self.batched is None:
+            rows = self.split_rows["train"]
+            loss, grad_s = self._step(self.train_view, self.labels[rows], rows,
+                                      int(self.split_totals["train"]))
+            sampling_s = 0.0
+        else:
+            loss, grad_s, sampling_s, extra = self._batched_epoch()
         self._sync()
         elapsed = time.perf_counter() - start
         self.epoch += 1
-        return self._epoch_record(elapsed, grad_s, float(loss.detach()))
+        rec = self._epoch_record(elapsed, grad_s, loss, sampling_s)
+        rec.update(extra)
+        return rec
 
-    def _epoch_record(self, elapsed: float, grad_s: float, local_loss: float) -> Dict:
+    def _batched_epoch(self):
+        """One optimizer step per co-batch; every server runs the same number of co-batches."""
+        b = self.batched
+        b.sampling_s = 0.0
+        batches = b.targets(self.epoch)
+        loss_sum, grad_s, extra = 0.0, 0.0, {}
+        for it, targets in enumerate(batches):
+            step = b.step(targets, self.epoch, it)
+            total = int(self.comm.allreduce_scalar(step.num_targets, "sum"))
+            rows = torch.arange(step.num_targets, device=self.device)
+            loss, g = self._step(step.view, step.labels, rows, total)
+            loss_sum += loss
+            grad_s += g
+            if it == 0:  # rows held / computed per layer and the redundancy factor, first step of the epoch
+                extra = self._batch_accounting(step)
+        # Each step's loss is already a mean over its co-batch; report the epoch's mean.
+        return loss_sum / len(batches), grad_s, b.sampling_s, extra
+
+    def _batch_accounting(self, step) -> Dict:
+        held = [int(g.n_src) for g in step.view.graphs]
+        computed = [int(g.n_dst) for g in step.view.graphs]
+        per_rank = self.world.gather({"rank": self.topo.rank, "rows_held": held, "rows_computed": computed}, root=0)
+        factor = cobatch.redundancy(self.topo.server_comm, step.computed_ids)
+        factors = self.world.gather(factor, root=0)
+        if self.topo.rank != 0:
+            return {}
+        return {"rows_per_layer": per_rank, "redundancy": float(np.mean(factors))}
+
+    def _epoch_record(self, elapsed: float, grad_s: float, local_loss: float, sampling_s: float = 0.0) -> Dict:
         led = self.ledger
-        intra = led.seconds("intra", "halo")
-        inter = led.seconds("inter", "halo")
-        times = np.array([elapsed, intra, inter, grad_s, elapsed - intra - inter - grad_s])
+        # Set-up traffic inside an epoch is per-step planning of co-batched training: count it as halo.
+        intra = led.seconds("intra", "halo") + led.seconds("intra", "setup")
+        inter = led.seconds("inter", "halo") + led.seconds("inter", "setup")
+        times = np.array([elapsed, intra, inter, grad_s, elapsed - intra - inter - grad_s - sampling_s,
+                          sampling_s])
         slowest = self.comm.allreduce_scalar(times, "max")  # outside the timed region
+        # Every rank's loss is its share of the global mean: their sum is the loss.
         loss = float(self.comm.allreduce_scalar(local_loss, "sum"))
         if not math.isfinite(loss):
             raise TrainingError(f"loss became {loss} at epoch {self.epoch}; lower --lr or check the "
@@ -189,8 +288,9 @@ class Trainer:
         return {
             "epoch": self.epoch - 1, "time_s": float(slowest[0]), "intra_comm_s": float(slowest[1]),
             "inter_comm_s": float(slowest[2]), "grad_sync_s": float(slowest[3]),
-            "compute_s": float(slowest[4]), "sampling_s": 0.0, "loss": loss,
-            "bytes": {"intra_halo": int(b["intra"]["halo"]), "inter_halo": int(b["inter"]["halo"]),
+            "compute_s": float(slowest[4]), "sampling_s": float(slowest[5]), "loss": loss,
+            "bytes": {"intra_halo": int(b["intra"]["halo"] + b["intra"]["setup"]),
+                      "inter_halo": int(b["inter"]["halo"] + b["inter"]["setup"]),
                       "intra_grad": int(b["intra"]["gradient"]), "inter_grad": int(b["inter"]["gradient"])},
         }
 
@@ -216,9 +316,10 @@ class Trainer:
         if rank0 and cfg.out:
             os.makedirs(cfg.out, exist_ok=True)
             atomic_write_json(os.path.join(cfg.out, "config.json"), asdict(cfg))
-            writer = MetricsWriter(cfg.out)
-        records, accuracy, start = [], None, time.perf_counter()
-        for _ in range(cfg.epochs):
+            writer = MetricsWriter(cfg.out, append=bool(cfg.resume))  # _resume() cut it at the checkpoint
+        records, accuracy = list(self.prior_records), None
+        start = time.perf_counter() - self.prior_elapsed_s
+        while self.epoch < cfg.epochs:
             rec = self.train_epoch()
             last = self.epoch == cfg.epochs
             if last or (cfg.eval_every > 0 and self.epoch % cfg.eval_every == 0):
@@ -231,6 +332,10 @@ class Trainer:
                     writer.write(rec)
                 if not cfg.quiet:
                     print(epoch_line(rec), flush=True)
+            if self._checkpoint_after_epoch(last, time.perf_counter() - start):
+                if writer:
+                    writer.close()
+                return None  # stopped on request with a checkpoint written: not finished, no summary
         if accuracy is None:
             accuracy = self.evaluate()
         peak = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
@@ -243,5 +348,96 @@ class Trainer:
         return summary
 
     def close(self) -> None:
+        self.stop_signals.uninstall()
         self.comm.close()
         self.topo.close()
+
+    # ---- checkpoints and resuming (the layout is described in engine/checkpoint.py) --------------
+    def _check_checkpoint_options(self) -> None:
+        cfg, error = self.cfg, ""
+        if cfg.checkpoint_every < 0:
+            error = (f"--checkpoint-every must be a number of epochs, or 0 to checkpoint only when "
+                     f"SIGUSR1/SIGTERM asks the run to stop; got {cfg.checkpoint_every}")
+        elif cfg.checkpoint_every > 0 and not cfg.out:
+            error = "--checkpoint-every needs a run directory to write checkpoints into: add --out RUN_DIR"
+        elif cfg.resume and (not cfg.out or os.path.realpath(cfg.out) != os.path.realpath(cfg.resume)):
+            error = (f"--resume {cfg.resume} continues in that run directory, but --out is {cfg.out!r}; "
+                     f"leave --out out or set it to {cfg.resume}")
+        agree(self.world, not error, error)
+
+    def checkpoint_fingerprint(self) -> Dict:
+        return checkpoint.fingerprint(self.cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest)
+
+    def _stateful_sampler(self):
+        """The co-batch sampler when the mode has one that can save its state (None otherwise)."""
+        sampler = getattr(self, "sampler", None)
+        if sampler is None or not (hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict")):
+            return None
+        return sampler
+
+    def save_checkpoint(self, elapsed_s: float = 0.0) -> str:
+        """Collective: checkpoint the state after `self.epoch` epochs into RUN_DIR/checkpoints/."""
+        sampler = self._stateful_sampler()
+        mine = {"rng": checkpoint.rng_state(self.device),
+                "sampler": None if sampler is None else sampler.state_dict()}
+        shared = None
+        if self.topo.rank == 0:  # parameters and optimizer state are identical on every rank
+            shared = {"epoch": self.epoch, "elapsed_s": float(elapsed_s), "model": self.model.state_dict(),
+                      "optimizer": self.optimizer.state_dict()}
+        return checkpoint.save(self.world, self.cfg.out, self.epoch, self.checkpoint_fingerprint(), shared, mine)
+
+    def _checkpoint_after_epoch(self, last: bool, elapsed_s: float) -> bool:
+        """After every epoch: agree whether any rank was asked to stop (a signal may reach only some
+        ranks, or reach them at different times: one max-reduction makes all stop after the same
+        epoch), then checkpoint when asked or due.  True when the run must stop here."""
+        cfg = self.cfg
+        if not cfg.out:
+            return False
+        stop = bool(self.comm.allreduce_scalar(int(self.stop_signals.requested), "max"))
+        due = cfg.checkpoint_every > 0 and self.epoch % cfg.checkpoint_every == 0
+        if not (stop or due):
+            return False
+        path = self.save_checkpoint(elapsed_s)
+        if not stop or last:
+            return False  # a stop requested during the last epoch: the run is finished anyway
+        self.stopped_checkpoint = path
+        if self.topo.rank == 0:
+            checkpoint.note(f"stop requested (SIGUSR1/SIGTERM): stopped after {self.epoch} epochs "
+                            f"with a checkpoint in {path}; continue with --resume {cfg.out}")
+        return True
+
+    def _resume(self) -> None:
+        """Collective: load the newest complete checkpoint of cfg.resume (or start at epoch 0 when there
+        is none, as a job stopped before its first checkpoint must) and cut metrics.jsonl to match."""
+        cfg, rank0 = self.cfg, self.topo.rank == 0
+        loaded = checkpoint.load_latest(self.world, cfg.resume, self.checkpoint_fingerprint())
+        error = ""
+        if loaded is None:
+            if rank0:
+                checkpoint.note(f"{checkpoint.checkpoints_dir(cfg.resume)} holds no complete checkpoint: "
+                                f"starting from epoch 0")
+        else:
+            try:
+                epoch = int(loaded.shared["epoch"])
+                if epoch > cfg.epochs:
+                    raise checkpoint.CheckpointError(
+                        f"checkpoint {loaded.info.path} is after epoch {epoch}, beyond --epochs {cfg.epochs}; "
+                        f"resume with --epochs {epoch} or more")
+                self.model.load_state_dict(loaded.shared["model"])
+                self.optimizer.load_state_dict(loaded.shared["optimizer"])
+                sampler = self._stateful_sampler()
+                if sampler is not None:
+                    sampler.load_state_dict(loaded.mine["sampler"])
+                checkpoint.set_rng_state(loaded.mine["rng"], self.device)  # last: nothing may draw after it
+                self.epoch, self.prior_elapsed_s = epoch, float(loaded.shared["elapsed_s"])
+            except (checkpoint.CheckpointError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+                error = f"resuming from {loaded.info.path}: {type(exc).__name__}: {exc}"
+        agree(self.world, not error, error)
+        records, error = [], ""
+        if rank0:
+            try:
+                records = checkpoint.truncate_metrics(cfg.out, self.epoch)
+            except OSError as exc:
+                error = f"cannot rewrite {os.path.join(cfg.out, 'metrics.jsonl')}: {exc}"
+        agree(self.world, not error, error)
+        self.prior_records = self.world.bcast(records, root=0)

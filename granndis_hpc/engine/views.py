@@ -88,17 +88,19 @@ def key_resolver_world(inner_gid: np.ndarray):
 class View:
     """A planned view bound to a transport: builds LayerGraphs and the model's `gather` function."""
 
-    def __init__(self, rows: RowSource, plan: planner.Plan, exchange, device: torch.device):
+    def __init__(self, rows: RowSource, plan: planner.Plan, exchange, device: torch.device,
+                 static_phase: str = "setup"):
         self.plan, self.device, self._exchange = plan, device, exchange
         self.num_own = plan.num_own
         self.hop = rows.hop
         self._send = [torch.as_tensor(lp.send_index, device=device) for lp in plan.layers]
         self._full_send = torch.as_tensor(plan.full_send_index, device=device)
-        # Static halo data, exchanged once over the full plan (phase "setup").
+        # Static halo data, exchanged once over the full plan: phase "setup" for a view built once,
+        # "halo" for the per-iteration views of co-batched training (it is then per-step traffic).
         own_degree = torch.as_tensor(rows.degree, dtype=torch.float32, device=device).unsqueeze(1)
-        halo_degree = self.exchange_full(own_degree, phase="setup").squeeze(1)
+        halo_degree = self.exchange_full(own_degree, phase=static_phase).squeeze(1)
         self.features = torch.as_tensor(np.ascontiguousarray(rows.features), device=device)
-        self.halo_features = self.exchange_full(self.features, phase="setup")
+        self.halo_features = self.exchange_full(self.features, phase=static_phase)
         self.graphs: List[LayerGraph] = []
         for lp in plan.layers:
             src_degree = torch.cat([own_degree.squeeze(1)[: lp.n_own_in],
@@ -146,7 +148,7 @@ class View:
 
 
 def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: bool, resolve_keys,
-               exchange, alltoall_counts, device, exact: bool = True) -> View:
+               exchange, alltoall_counts, device, exact: bool = True, static_phase: str = "setup") -> View:
     """Plan one view.  The one communication step: tell every owner which of its rows we need.
 
     exchange(send, send_counts, recv_counts, phase) moves rows between the view's peers;
@@ -163,4 +165,4 @@ def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: boo
     plan = planner.build_plan(rows.hop, rows.indptr, sources, table, send_pos, send_counts,
                               num_layers, all_active=all_active,
                               complete_degree=rows.degree if exact else None)
-    return View(rows, plan, exchange, device)
+    return View(rows, plan, exchange, device, static_phase=static_phase)

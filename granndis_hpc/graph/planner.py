@@ -167,7 +167,9 @@ def build_plan(own_hop: np.ndarray, indptr: np.ndarray, sources: EdgeSources, ha
         halo_col[halo_active] = n_own_in + np.arange(int(halo_active.sum()), dtype=np.int64)
         n_edges = int(indptr[n_dst])
         own_src = sources.own_pos[:n_edges]
-        cols = np.where(own_src >= 0, own_src, halo_col[np.maximum(sources.halo_index[:n_edges], 0)])
+        halo_of_edge = (halo_col[np.maximum(sources.halo_index[:n_edges], 0)] if halo_col.size
+                        else np.full(n_edges, -1, dtype=np.int64))
+        cols = np.where(own_src >= 0, own_src, halo_of_edge)
         if np.any((own_src >= 0) & (own_src >= n_own_in)) or np.any(cols < 0):
             bad = int(edge_dst[np.flatnonzero(((own_src >= 0) & (own_src >= n_own_in)) | (cols < 0))[0]])
             raise PlanError(

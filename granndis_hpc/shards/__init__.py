@@ -4,7 +4,7 @@ Readers (the engine) use read_manifest, check_job, verify_checksums and read_ran
 preprocess stage writes with prepare_output_dir / stage_server_file / commit_shard_set (or write_shards).
 """
 from .manifest import check_job, read_manifest, sha256_file, verify_checksums
-from .reader import RankSlice, read_rank_slice, read_server_arrays
+from .reader import RankSlice, read_rank_slice, read_server_arrays, read_server_graph, server_file
 from .schema import DATASETS, FORMAT_VERSION, MANIFEST_NAME, ShardError, server_file_name
 from .writer import (StagedFile, commit_shard_set, discard_staged, prepare_output_dir, stage_server_file,
                      write_shards)

@@ -114,3 +114,17 @@ def read_server_arrays(path, manifest: dict, server: int) -> dict:
         out["attrs"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()}
         out["feature_chunks"] = f["features"].chunks
         return out
+
+
+def server_file(path, server: int) -> str:
+    return os.path.join(os.fspath(path), server_file_name(server))
+
+
+def read_server_graph(path, manifest: dict, server: int) -> dict:
+    """A server's whole subgraph without features: what runtime samplers (co-batches) draw from.
+
+    Keys: indptr, indices (server-local in-edge CSR), in_degree (global), hop, train (bool), offsets."""
+    with _open_server(os.fspath(path), manifest, server) as f:
+        return {"indptr": f["graph/indptr"][:], "indices": f["graph/indices"][:],
+                "in_degree": f["graph/in_degree"][:], "hop": f["vertices/hop"][:],
+                "train": f["split/train"][:], "offsets": f["vertices/offsets"][:]}

@@ -46,11 +46,12 @@ def _summary(run_dir):
         return json.load(f)
 
 
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("model", ["gcn", "sage"])
 def test_cora_accuracy_fb_equals_flx(cora_shards, tmp_path, model):
     """200 epochs; dropout 0 so that fb and flx compute the same thing and must agree exactly."""
     args = ["--model", model, "--hidden", "64", "--epochs", "200", "--lr", "0.01", "--dropout", "0",
-            "--weight-decay", "5e-4", "--eval-every", "50", "--quiet"]
+            "--weight-decay", "5e-4", "--eval-every", "0", "--quiet"]
     acc = {}
     for mode in ("fb", "flx", "eas"):
         shards = cora_shards["eas" if mode == "eas" else "full"]
@@ -101,6 +102,7 @@ def _expected_halo_bytes(shards, hidden, classes_unused, num_features):
     return intra, inter
 
 
+@pytest.mark.timeout(600)
 def test_ledger_bytes_match_shard_volumes(cora_shards, tmp_path):
     hidden = 16
     res = _train(cora_shards["full"], "fb", tmp_path / "fb", "--model", "sage", "--hidden", str(hidden),
@@ -140,6 +142,7 @@ def _assert_fails_everywhere(res, *needles):
         assert needle in text, text
 
 
+@pytest.mark.timeout(900)
 def test_bad_input_fails_on_every_rank(cora_shards, tmp_path):
     full = str(cora_shards["full"])
     # Shards built for 2 servers x 2 GPUs, job with 4 servers x 1 rank.

@@ -1,0 +1,139 @@
+"""Runtime samplers for Cooperative Batching: a co-batch's dependency graph inside one server's
+preloaded subgraph.  Pure NumPy, vectorised, deterministic from (seed, server, epoch, iteration), so
+every rank of a server draws the same sample without communicating, and a resumed run draws the same
+samples as an uninterrupted one.
+
+A sample is a set of server-local vertices with a hop (0 = target of the co-batch, d = first reached
+at hop d) and, for every vertex that some layer computes (hop < L), its kept in-edges.  Vertices are
+sorted by (hop, id), so the planner's rule "layer l computes hop <= L-1-l" holds: a kept in-neighbour
+of a hop-d vertex has hop <= d + 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from granndis_hpc.graph.csr import csr_from_edges, csr_rows
+
+SAMPLERS = ("sage", "saint")
+
+
+class SamplerError(ValueError):
+    pass
+
+
+@dataclass
+class SampledGraph:
+    vertices: np.ndarray  # int64 [n] server-local ids, sorted by (hop, id)
+    hop: np.ndarray  # int64 [n]
+    indptr: np.ndarray  # int64 [n+1] kept in-edges of each vertex (empty for hop == L)
+    indices: np.ndarray  # int64 server-local ids of the sources
+
+    def position_of(self, ids: np.ndarray) -> np.ndarray:
+        """Row of each server-local id in this sample (-1 if absent)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.vertices.size == 0:
+            return np.full(ids.shape, -1, dtype=np.int64)
+        order = np.argsort(self.vertices, kind="stable")
+        sorted_ids = self.vertices[order]
+        pos = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
+        return np.where(sorted_ids[pos] == ids, order[pos], -1)
+
+
+def sample_rows(indptr, indices, rows, fanout: int, rng: np.random.Generator):
+    """Up to `fanout` in-edges of each row, uniformly without replacement (-1 = all): (indptr, sources)."""
+    sub_ip, sub_ix = csr_rows(indptr, indices, rows)
+    if fanout < 0:
+        return sub_ip, sub_ix
+    counts = np.diff(sub_ip)
+    row_of = np.repeat(np.arange(rows.shape[0], dtype=np.int64), counts)
+    order = np.lexsort((rng.random(sub_ix.shape[0]), row_of))  # random order inside each row
+    rank_in_row = np.arange(sub_ix.shape[0], dtype=np.int64) - sub_ip[row_of]
+    keep = order[rank_in_row < fanout]  # the first `fanout` of each row in the random order
+    keep.sort()
+    kept_counts = np.minimum(counts, fanout)
+    out_ip = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    np.cumsum(kept_counts, out=out_ip[1:])
+    return out_ip, sub_ix[keep]
+
+
+def sample_dependency(indptr, indices, targets, layers: int, fanout: int, rng) -> SampledGraph:
+    """GraphSAGE-style: hop by hop, each newly reached vertex keeps up to `fanout` in-edges."""
+    targets = np.unique(np.asarray(targets, dtype=np.int64))
+    vertices, hops = [targets], [np.zeros(targets.size, dtype=np.int64)]
+    edge_src, edge_dst = [], []
+    seen = targets
+    frontier = targets
+    for d in range(1, layers + 1):
+        ip, src = sample_rows(indptr, indices, frontier, fanout, rng)
+        edge_src.append(src)
+        edge_dst.append(np.repeat(frontier, np.diff(ip)))
+        new = np.setdiff1d(np.unique(src), seen, assume_unique=True)
+        vertices.append(new)
+        hops.append(np.full(new.size, d, dtype=np.int64))
+        seen = np.union1d(seen, new)
+        frontier = new
+    return _assemble(np.concatenate(vertices), np.concatenate(hops), np.concatenate(edge_src),
+                     np.concatenate(edge_dst))
+
+
+def induced_batch(indptr, indices, targets) -> SampledGraph:
+    """GraphSAINT-style node sampler: the subgraph induced on the batch; every row is a target."""
+    targets = np.unique(np.asarray(targets, dtype=np.int64))
+    ip, src = csr_rows(indptr, indices, targets)
+    dst = np.repeat(targets, np.diff(ip))
+    inside = np.isin(src, targets, assume_unique=False)
+    return _assemble(targets, np.zeros(targets.size, dtype=np.int64), src[inside], dst[inside])
+
+
+def _assemble(vertices, hop, edge_src, edge_dst) -> SampledGraph:
+    order = np.lexsort((vertices, hop))
+    vertices, hop = vertices[order], hop[order]
+    sg = SampledGraph(vertices=vertices, hop=hop, indptr=np.zeros(1, np.int64), indices=np.zeros(0, np.int64))
+    row = sg.position_of(edge_dst)
+    sg.indptr, sg.indices = csr_from_edges(edge_src, row, vertices.size)
+    return sg
+
+
+class CoBatchSampler:
+    """A server's co-batches: its inner training vertices in `batches` shuffled chunks per epoch,
+    each expanded to its L-hop dependency graph inside the server's preloaded subgraph."""
+
+    def __init__(self, indptr, indices, train_ids, batches: int, layers: int, kind: str = "sage",
+                 fanout: int = -1, seed: int = 0, server: int = 0):
+        if kind not in SAMPLERS:
+            raise SamplerError(f"unknown sampler {kind!r}; choose one of {', '.join(SAMPLERS)}")
+        if fanout == 0 or fanout < -1:
+            raise SamplerError(f"--fanout must be a positive number of neighbours or -1 for all, got {fanout}")
+        if batches < 1 or batches > len(train_ids):
+            raise SamplerError(f"server {server} has {len(train_ids)} training vertices, which cannot make "
+                               f"{batches} co-batches per epoch; use --batches-per-epoch <= {len(train_ids)}")
+        self.indptr, self.indices = indptr, indices
+        self.train_ids = np.sort(np.asarray(train_ids, dtype=np.int64))
+        self.batches, self.layers, self.kind, self.fanout = batches, layers, kind, fanout
+        self.seed, self.server = seed, server
+
+    def _rng(self, *stream) -> np.random.Generator:
+        return np.random.default_rng([self.seed, self.server, *stream])
+
+    def epoch_targets(self, epoch: int):
+        """The epoch's co-batches (shuffled chunks of the training vertices)."""
+        perm = self._rng(epoch, 0).permutation(self.train_ids)
+        return np.array_split(perm, self.batches)
+
+    def sample(self, targets, epoch: int, iteration: int) -> SampledGraph:
+        if self.kind == "saint":
+            return induced_batch(self.indptr, self.indices, targets)
+        return sample_dependency(self.indptr, self.indices, targets, self.layers, self.fanout,
+                                 self._rng(epoch, 1 + iteration))
+
+    # Samples depend only on (seed, server, epoch, iteration): nothing else to save for a resume.
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "server": self.server, "batches": self.batches, "kind": self.kind,
+                "fanout": self.fanout}
+
+    def load_state_dict(self, state: dict) -> None:
+        mine = self.state_dict()
+        if state != mine:
+            raise SamplerError(f"sampler state {state} does not match this run's sampler {mine}")
