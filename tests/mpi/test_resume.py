@@ -1,0 +1,145 @@
+"""Checkpoint and resume inside one mpirun -n 4 job (2 servers x 2 ranks), real Cora, dropout on.
+
+* A stop requested on ONE rank (a real SIGTERM to that process) stops every rank after the same epoch;
+  a new Trainer resuming the run directory ends with exactly the parameters and losses of an
+  uninterrupted run.
+* A checkpoint of another model, mode, width, layout or shard set is refused on every rank.
+* A write failure on one rank fails the checkpoint on every rank and leaves the previous one newest.
+"""
+import os
+import signal
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from granndis_hpc.cluster.errors import ClusterError
+from granndis_hpc.engine import checkpoint as ck
+from granndis_hpc.metrics import read_metrics
+from tests.mpi.conftest import make_trainer
+
+pytestmark = pytest.mark.mpi(min_size=4)
+WORLD = MPI.COMM_WORLD
+EPOCHS = 6
+COMMON = dict(hidden=16, dropout=0.5, lr=0.01, layers=3)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return WORLD.bcast(tempfile.mkdtemp(prefix="granndis-resume-") if WORLD.rank == 0 else None)
+
+
+@pytest.fixture(scope="module")
+def other_shards(cora, base):
+    """Rank 0 builds the same graph for 1 server x 4 GPUs, and 2 x 2 with a random partition."""
+    from preprocess.build import build_shards
+
+    dirs = {"1x4": os.path.join(base, "cora-1x4"), "random": os.path.join(base, "cora-2x2-random")}
+    error = None
+    if WORLD.rank == 0:
+        try:
+            build_shards(cora, dirs["1x4"], servers=1, gpus_per_server=4, layers=3, preload="full",
+                         partitioner="metis", comm=MPI.COMM_SELF)
+            build_shards(cora, dirs["random"], servers=2, gpus_per_server=2, layers=3, preload="full",
+                         partitioner="random", comm=MPI.COMM_SELF)
+        except Exception as exc:  # report on every rank instead of hanging the others
+            error = repr(exc)
+    error = WORLD.bcast(error)
+    assert error is None, error
+    return dirs
+
+
+def _run_to_end(trainer):
+    try:
+        result = trainer.run()
+        return result, [p.detach().clone() for p in trainer.model.parameters()]
+    finally:
+        trainer.close()
+
+
+def _losses(run_dir):
+    WORLD.Barrier()  # rank 0 wrote the file
+    return [r["loss"] for r in read_metrics(run_dir)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cora_shards, base):
+    run_a = os.path.join(base, "a")
+    trainer = make_trainer(cora_shards[("full", 3)], "flx", epochs=EPOCHS, out=run_a, checkpoint_every=3, **COMMON)
+    summary, params = _run_to_end(trainer)
+    assert summary["epochs"] == EPOCHS
+    return run_a, params
+
+
+def test_stop_on_one_rank_and_resume_equals_uninterrupted(cora_shards, base, uninterrupted):
+    run_a, params_a = uninterrupted
+    run_b = os.path.join(base, "b")
+    trainer = make_trainer(cora_shards[("full", 3)], "flx", epochs=EPOCHS, out=run_b, **COMMON)
+    if WORLD.rank == 3:  # a real signal, to this one process, during its third epoch
+        train_epoch = trainer.train_epoch
+
+        def signalled_epoch():
+            if trainer.epoch == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return train_epoch()
+        trainer.train_epoch = signalled_epoch
+    result, _ = _run_to_end(trainer)
+    assert result is None and trainer.epoch == 3  # every rank stopped after the same epoch
+    assert trainer.stopped_checkpoint == ck.epoch_dir(run_b, 3)
+    assert ck.latest_complete(run_b).epoch == 3
+
+    resumed = make_trainer(cora_shards[("full", 3)], "flx", epochs=EPOCHS, out=run_b, resume=run_b, **COMMON)
+    assert resumed.epoch == 3
+    summary, params_b = _run_to_end(resumed)
+    assert summary["epochs"] == EPOCHS
+    for pa, pb in zip(params_a, params_b):
+        assert torch.allclose(pa, pb, rtol=0, atol=1e-6)
+    # ... and the parameters are the same on every rank.
+    flat = torch.cat([p.flatten() for p in params_b]).double().numpy()
+    assert np.array_equal(WORLD.bcast(flat, root=0), flat)
+    losses_a, losses_b = _losses(run_a), _losses(run_b)
+    assert len(losses_b) == EPOCHS and np.allclose(losses_a, losses_b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("change,expected", [
+    ({"hidden": 32}, "hidden: checkpoint 16, this run 32"),
+    ({"model": "gcn"}, "model: checkpoint 'sage', this run 'gcn'"),
+    ({"mode": "fb"}, "mode: checkpoint 'flx', this run 'fb'"),
+    ({"shards": "1x4", "ranks_per_server": 4}, "ranks_per_server: checkpoint 2, this run 4"),
+    ({"shards": "random"}, "shard_set: checkpoint"),
+])
+def test_checkpoint_of_another_run_is_refused_on_every_rank(cora_shards, other_shards, uninterrupted, change,
+                                                            expected):
+    run_a, _ = uninterrupted
+    options = dict(COMMON, epochs=EPOCHS, out=run_a, resume=run_a)
+    options.update(change)
+    mode = options.pop("mode", "flx")
+    shards = other_shards[options.pop("shards")] if "shards" in change else cora_shards[("full", 3)]
+    with pytest.raises(ClusterError) as err:
+        make_trainer(shards, mode, **options)
+    assert err.value.collective
+    assert "ranks 0,1,2,3: CheckpointError" in str(err.value) and expected in str(err.value)
+    assert "written by another run" in str(err.value)
+
+
+def test_write_failure_on_one_rank_fails_everywhere_and_keeps_the_previous(cora_shards, base, monkeypatch):
+    run_c = os.path.join(base, "c")
+    trainer = make_trainer(cora_shards[("full", 3)], "flx", epochs=3, out=run_c, checkpoint_every=1, **COMMON)
+    if WORLD.rank == 2:
+        write = ck.write_payload
+
+        def failing(directory, name, payload):
+            if directory.endswith("epoch-000002"):
+                raise OSError(122, "Disk quota exceeded")
+            return write(directory, name, payload)
+        monkeypatch.setattr(ck, "write_payload", failing)
+    try:
+        with pytest.raises(ClusterError, match=r"rank 2: writing checkpoint .*epoch-000002 failed.*quota"):
+            trainer.run()
+    finally:
+        trainer.close()
+    WORLD.Barrier()
+    assert ck.latest_complete(run_c).epoch == 1
+    assert not os.path.exists(os.path.join(ck.epoch_dir(run_c, 2), ck.COMPLETE))

@@ -1,0 +1,188 @@
+"""Kill and resume through the command line, under `mpirun -n 4` (2 servers x 2 ranks), real Cora.
+
+Run A trains uninterrupted.  Run B gets SIGUSR1 on mpirun part-way (Open MPI 4.1's mpirun forwards
+SIGUSR1 to every rank; SIGTERM it turns into SIGTERM + SIGKILL one second later, too soon for a
+checkpoint, see engine/checkpoint.py), stops with a checkpoint and exit 0, and is continued with
+`--resume RUN_DIR` alone; that continuation gets SIGTERM on ONE rank only (every rank must stop after
+the same epoch), and is resumed again to the end.  Dropout is on, so B matches A only if every rank's
+RNG state came back each time: the loss of every epoch and the final parameters and optimizer state
+must equal A's.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from granndis_hpc.engine import checkpoint as ck
+from tests.conftest import MPI_ENV, PLANETOID, REPO
+
+pytestmark = pytest.mark.skipif(not (PLANETOID / "ind.cora.graph").exists() or shutil.which("mpirun") is None,
+                                reason=f"needs Cora in {PLANETOID} and mpirun")
+EPOCHS, EVERY = 40, 10
+TRAIN = ["--ranks-per-server", "2", "--layers", "2", "--hidden", "16", "--dropout", "0.5", "--lr", "0.01",
+         "--epochs", str(EPOCHS), "--eval-every", "0", "--checkpoint-every", str(EVERY), "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    from mpi4py import MPI
+    from preprocess.build import build_shards
+    from preprocess.sources import load
+
+    out = tmp_path_factory.mktemp("resume") / "cora-2x2"
+    graph = load("planetoid", name="cora", root=str(PLANETOID))
+    build_shards(graph, out, servers=2, gpus_per_server=2, layers=2, preload="full", partitioner="metis",
+                 comm=MPI.COMM_SELF)
+    return out
+
+
+def _launch(args, log):
+    cmd = ["mpirun", "-n", "4", sys.executable, "-m", "granndis_hpc.cli", "train", *map(str, args)]
+    return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **MPI_ENV), stdout=log, stderr=subprocess.STDOUT)
+
+
+def _run(args, tmp_path, name, timeout=120):
+    with open(tmp_path / f"{name}.log", "w+") as log:
+        proc = _launch(args, log)
+        rc = proc.wait(timeout=timeout)
+        log.seek(0)
+        return rc, log.read()
+
+
+def _metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _wait_for_epochs(proc, run_dir, epochs, timeout=90):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "training ended before it could be interrupted"
+        if os.path.exists(path):
+            with open(path) as f:
+                if sum(1 for _ in f) >= epochs:
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"{path} did not reach {epochs} epochs in {timeout} s")
+
+
+def _interrupted(args, tmp_path, name, send, after, run_dir=None):
+    """Launch, wait until metrics.jsonl holds `after` + 3 epochs, call send(proc), wait for the end;
+    returns (exit status, output)."""
+    run_dir = args[args.index("--out") + 1] if run_dir is None else run_dir
+    with open(tmp_path / f"{name}.log", "w+") as log:
+        proc = _launch(args, log)
+        try:
+            _wait_for_epochs(proc, run_dir, after + 3)
+            send(proc)
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        log.seek(0)
+        return rc, log.read()
+
+
+def _rank_pids(mpirun_pid):
+    """{world rank: pid} of mpirun's children (the ranks, launched locally)."""
+    ranks = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"OMPI_COMM_WORLD_RANK" in env:
+            ranks[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
+    return ranks
+
+
+def _final_state(run_dir):
+    info = ck.latest_complete(str(run_dir))
+    assert info is not None and info.epoch == EPOCHS
+    return ck.read_payload(info.path, info.manifest["files"][ck.SHARED_FILE])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(shards, tmp_path_factory):
+    run_a = tmp_path_factory.mktemp("run") / "a"
+    rc, log = _run(["--shards", shards, "--out", run_a, *TRAIN], run_a.parent, "a")
+    assert rc == 0, log
+    return run_a
+
+
+def _term_rank_3(proc):
+    """SIGTERM to ONE rank process (not to mpirun): the others learn of it only through the trainer's
+    per-epoch max-reduction of the stop flag."""
+    pids = _rank_pids(proc.pid)
+    assert sorted(pids) == [0, 1, 2, 3], pids
+    os.kill(pids[3], signal.SIGTERM)
+
+
+def _check_stopped(run_dir, log, after=0):
+    """A clean stop: exit 0 was checked by the caller; a complete 4-rank checkpoint at the epoch every
+    rank stopped after, metrics up to it, no summary."""
+    stopped = ck.latest_complete(str(run_dir))
+    assert stopped is not None and after + 3 <= stopped.epoch < EPOCHS, log
+    assert f"stopped after {stopped.epoch} epochs" in log and f"--resume {run_dir}" in log, log
+    assert sorted(stopped.manifest["files"]) == ["rank-0000.pt", "rank-0001.pt", "rank-0002.pt", "rank-0003.pt",
+                                                 "state.pt"]
+    assert [r["epoch"] for r in _metrics(run_dir)] == list(range(stopped.epoch))
+    assert not (run_dir / "summary.json").exists(), "a stopped run must not look finished"
+    return stopped.epoch
+
+
+def test_stop_and_resume_twice_repeats_the_uninterrupted_run(shards, uninterrupted, tmp_path):
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs /proc to find the rank processes")
+    run_b = tmp_path / "b"
+    # 1. SIGUSR1 to mpirun, which forwards it to every rank.
+    rc, log = _interrupted(["--shards", shards, "--out", run_b, *TRAIN], tmp_path, "b1",
+                           lambda proc: proc.send_signal(signal.SIGUSR1), after=0)
+    assert rc == 0, log
+    first = _check_stopped(run_b, log)
+    # 2. `--resume RUN_DIR` and nothing else; SIGTERM to rank 3 only, part-way.
+    rc, log = _interrupted(["--resume", run_b], tmp_path, "b2", _term_rank_3, after=first, run_dir=run_b)
+    assert rc == 0, log
+    _check_stopped(run_b, log, after=first)
+    # 3. Resume to the end.
+    rc, log = _run(["--resume", run_b], tmp_path, "b3")
+    assert rc == 0, log
+
+    a, b = _metrics(uninterrupted), _metrics(run_b)
+    assert [r["epoch"] for r in b] == list(range(EPOCHS))  # appended, no duplicates
+    worst = max(abs(ra["loss"] - rb["loss"]) for ra, rb in zip(a, b))
+    assert worst <= 1e-6, f"loss trajectories differ by {worst}"
+    assert len({round(r["loss"], 6) for r in a}) > EPOCHS // 2  # training moved (not a constant loss)
+    with open(run_b / "summary.json") as f:
+        assert json.load(f)["epochs"] == EPOCHS
+    # Final parameters and optimizer state, from the checkpoint each run wrote after its last epoch.
+    sa, sb = _final_state(uninterrupted), _final_state(run_b)
+    for name, ta in sa["model"].items():
+        assert torch.allclose(ta, sb["model"][name], rtol=0, atol=1e-6), name
+    for key, st in sa["optimizer"]["state"].items():
+        for field in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(st[field], sb["optimizer"]["state"][key][field], rtol=0, atol=1e-6)
+    # Only the newest two complete checkpoints are kept (the two stop checkpoints were pruned).
+    assert [(e, c) for e, _, c in ck.list_checkpoints(str(run_b))] == [(EPOCHS - EVERY, True), (EPOCHS, True)]
+
+
+def test_resume_refuses_changed_settings_on_every_rank(uninterrupted, tmp_path):
+    rc, log = _run(["--resume", uninterrupted, "--lr", "0.5", "--hidden", "16"], tmp_path, "refused")
+    assert rc != 0
+    for rank in range(4):
+        assert f"[rank {rank}] ClusterError" in log, log
+    assert "lr=0.5 (the run has 0.01)" in log and "hidden=16" not in log  # repeating a value is fine
