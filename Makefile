@@ -9,6 +9,8 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OMPI_MCA_hwloc_base_binding_policy := none
 export PYTHONUNBUFFERED := 1
+# One torch thread per rank: several ranks share the cores here.
+export OMP_NUM_THREADS := 1
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 

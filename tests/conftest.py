@@ -17,6 +17,7 @@ MPI_ENV = {
     "OMPI_MCA_rmaps_base_oversubscribe": "1",
     "OMPI_MCA_hwloc_base_binding_policy": "none",
     "PYTHONUNBUFFERED": "1",
+    "OMP_NUM_THREADS": "1",
 }
 
 

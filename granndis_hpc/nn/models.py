@@ -22,6 +22,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from .graph import LayerGraph
@@ -41,6 +42,15 @@ class GNN(nn.Module):
     # Dropout applies between layers, never to the raw input features (so layer 0's halo may be the
     # static features exchanged once).  The engine reads this to know whether halo inputs need a mask.
     input_dropout: float = 0.0
+    # Recompute each residual block (gather included) in the backward pass instead of keeping its
+    # activations.  Every rank recomputes the same blocks in the same order, so the exchanges inside
+    # line up; torch's checkpoint restores the RNG state, so the recomputed dropout masks are the same.
+    checkpoint_activations: bool = False
+
+    def _maybe_checkpoint(self, fn, *args):
+        if self.checkpoint_activations and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
 
     def _gather(self, gather: Optional[Gather], layer: int, h: torch.Tensor, graph: LayerGraph) -> torch.Tensor:
         if h.shape[0] < graph.n_dst:
@@ -115,9 +125,11 @@ class ResSAGE(GNN):
         h = self.convs[0](self._gather(gather, 0, h, graphs[0]), graphs[0])
         for layer in range(1, self.num_layers):
             graph = graphs[layer]
-            z = F.dropout(F.relu(self.norms[layer - 1](h)), self.dropout, self.training)
-            z = self.convs[layer](self._gather(gather, layer, z, graph), graph)
-            h = h[: graph.n_dst] + z
+
+            def block(h, layer=layer, graph=graph):
+                z = F.dropout(F.relu(self.norms[layer - 1](h)), self.dropout, self.training)
+                return h[: graph.n_dst] + self.convs[layer](self._gather(gather, layer, z, graph), graph)
+            h = self._maybe_checkpoint(block, h)
         h = F.dropout(F.relu(self.out_norm(h)), self.dropout, self.training)
         return self.head(h)
 

@@ -5,59 +5,20 @@ written from the formulas, not from the engine's layers.  `fb` (world view, halo
 (full preload, intra-server exchange only) must give the same logits and, after 20 epochs of training
 with dropout 0, the same parameters as single-process full-graph training."""
 import copy
-import os
-import tempfile
-
 import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
 
-from tests.conftest import PLANETOID
 from tests.dense_reference import dense_logits
+from tests.mpi.conftest import make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
-RANKS_PER_SERVER = 2
-
-
-def _cora():
-    from preprocess.sources import load
-    return load("planetoid", name="cora", root=str(PLANETOID))
-
-
-@pytest.fixture(scope="module")
-def cora():
-    if not (PLANETOID / "ind.cora.graph").exists():
-        pytest.skip(f"Cora not found in {PLANETOID}")
-    return _cora()
-
-
-@pytest.fixture(scope="module")
-def shard_dirs(cora):
-    """Rank 0 builds full-preload shard sets (3 and 8 layers) with METIS; every rank gets the paths."""
-    from preprocess.build import build_shards
-
-    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-test-") if WORLD.rank == 0 else None)
-    dirs = {L: os.path.join(base, f"cora-full-{L}") for L in (3, 8)}
-    error = None
-    if WORLD.rank == 0:
-        try:
-            for L, d in dirs.items():
-                build_shards(cora, d, servers=WORLD.size // RANKS_PER_SERVER, gpus_per_server=RANKS_PER_SERVER,
-                             layers=L, preload="full", partitioner="metis", comm=MPI.COMM_SELF, seed=0)
-        except Exception as exc:  # report on every rank instead of hanging the others
-            error = repr(exc)
-    error = WORLD.bcast(error)
-    assert error is None, error
-    return dirs
 
 
 def _trainer(shards, mode, model, layers, epochs=0, lr=0.01):
-    from granndis_hpc.engine.trainer import TrainConfig, Trainer
-    cfg = TrainConfig(shards=shards, mode=mode, model=model, layers=layers, hidden=16, epochs=epochs, lr=lr,
-                      dropout=0.0, eval_every=0, ranks_per_server=RANKS_PER_SERVER, quiet=True)
-    return Trainer(cfg)
+    return make_trainer(shards, mode, model, layers, epochs=epochs, lr=lr)
 
 
 def _gather_logits(trainer, logits):
@@ -85,9 +46,9 @@ def _assert_close(got, want, tol):
 
 
 @pytest.mark.parametrize("model,layers", [("sage", 3), ("gcn", 3), ("ressage", 8)])
-def test_logits_equal_dense_reference(cora, shard_dirs, model, layers):
+def test_logits_equal_dense_reference(cora, cora_shards, model, layers):
     for mode in ("fb", "flx"):
-        trainer = _trainer(shard_dirs[layers], mode, model, layers)
+        trainer = _trainer(cora_shards[('full', layers)], mode, model, layers)
         try:
             trainer.model.eval()
             with torch.no_grad():
@@ -121,8 +82,8 @@ def _reference_training(cora, model, epochs, lr):
 
 
 @pytest.mark.parametrize("mode", ["fb", "flx"])
-def test_parameters_after_training_equal_reference(cora, shard_dirs, mode):
-    trainer = _trainer(shard_dirs[3], mode, "sage", 3, epochs=20)
+def test_parameters_after_training_equal_reference(cora, cora_shards, mode):
+    trainer = _trainer(cora_shards[('full', 3)], mode, "sage", 3, epochs=20)
     try:
         initial = copy.deepcopy(trainer.model)
         trainer.run()

@@ -1,0 +1,49 @@
+"""Session fixtures for the MPI suite: real Cora and shard sets built once, on rank 0, with METIS."""
+import os
+import tempfile
+
+import pytest
+from mpi4py import MPI
+
+from tests.conftest import PLANETOID
+
+WORLD = MPI.COMM_WORLD
+RANKS_PER_SERVER = 2
+
+
+@pytest.fixture(scope="session")
+def cora():
+    if not (PLANETOID / "ind.cora.graph").exists():
+        pytest.skip(f"Cora not found in {PLANETOID}")
+    from preprocess.sources import load
+    return load("planetoid", name="cora", root=str(PLANETOID))
+
+
+@pytest.fixture(scope="session")
+def cora_shards(cora):
+    """Shard sets keyed by (preload, layers): full 3- and 8-hop, EAS h=1 f=15 for 3 layers."""
+    from preprocess.build import build_shards
+
+    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-test-") if WORLD.rank == 0 else None)
+    specs = {("full", 3): {}, ("full", 8): {}, ("eas", 3): {"hops": 1, "fanout": 15}}
+    dirs = {key: os.path.join(base, f"cora-{key[0]}-{key[1]}") for key in specs}
+    error = None
+    if WORLD.rank == 0:
+        try:
+            for (preload, layers), extra in specs.items():
+                build_shards(cora, dirs[(preload, layers)], servers=WORLD.size // RANKS_PER_SERVER,
+                             gpus_per_server=RANKS_PER_SERVER, layers=layers, preload=preload,
+                             partitioner="metis", comm=MPI.COMM_SELF, seed=0, **extra)
+        except Exception as exc:  # report on every rank instead of hanging the others
+            error = repr(exc)
+    error = WORLD.bcast(error)
+    assert error is None, error
+    return dirs
+
+
+def make_trainer(shards, mode, model="sage", layers=3, **overrides):
+    from granndis_hpc.engine.trainer import TrainConfig, Trainer
+    cfg = dict(shards=shards, mode=mode, model=model, layers=layers, hidden=16, epochs=0, lr=0.01,
+               dropout=0.0, eval_every=0, ranks_per_server=RANKS_PER_SERVER, quiet=True)
+    cfg.update(overrides)
+    return Trainer(TrainConfig(**cfg))

@@ -1,0 +1,78 @@
+"""Runtime samplers against brute-force definitions on random graphs."""
+import numpy as np
+import pytest
+
+from granndis_hpc.graph.csr import csr_from_edges
+from granndis_hpc.graph.sampler import CoBatchSampler, SamplerError, induced_batch, sample_dependency
+
+
+def _graph(n=200, m=1500, seed=0):
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, m), rng.integers(0, n, m)
+    key = np.unique(src * n + dst)
+    return csr_from_edges(key // n, key % n, n)
+
+
+def _edges(indptr, indices, v):
+    return set(indices[indptr[v]:indptr[v + 1]].tolist())
+
+
+@pytest.mark.parametrize("fanout", [-1, 1, 3])
+def test_dependency_sample_matches_definition(fanout):
+    indptr, indices = _graph()
+    targets = np.array([5, 17, 42, 99])
+    L = 3
+    sg = sample_dependency(indptr, indices, targets, L, fanout, np.random.default_rng(1))
+    assert np.all(np.diff(sg.hop) >= 0)  # sorted by hop
+    np.testing.assert_array_equal(np.sort(sg.vertices[sg.hop == 0]), targets)
+    hop_of = dict(zip(sg.vertices.tolist(), sg.hop.tolist()))
+    for i, (v, h) in enumerate(zip(sg.vertices, sg.hop)):
+        kept = sg.indices[sg.indptr[i]:sg.indptr[i + 1]].tolist()
+        if h == L:
+            assert kept == []  # no layer computes hop-L rows
+            continue
+        full = _edges(indptr, indices, v)
+        assert set(kept) <= full and len(set(kept)) == len(kept)
+        assert len(kept) == (len(full) if fanout < 0 else min(fanout, len(full)))
+        assert all(hop_of[u] <= h + 1 for u in kept)  # the planner's prefix rule holds
+    # Every non-target vertex is some kept edge's source one hop closer to the targets.
+    sources = {(u, hop_of[v]) for i, v in enumerate(sg.vertices)
+               for u in sg.indices[sg.indptr[i]:sg.indptr[i + 1]].tolist()}
+    for v, h in zip(sg.vertices.tolist(), sg.hop.tolist()):
+        if h > 0:
+            assert (v, h - 1) in sources
+
+
+def test_induced_batch_is_the_induced_subgraph():
+    indptr, indices = _graph()
+    targets = np.array([1, 2, 3, 50, 60, 70, 120])
+    sg = induced_batch(indptr, indices, targets)
+    assert np.all(sg.hop == 0)
+    for i, v in enumerate(sg.vertices):
+        want = _edges(indptr, indices, v) & set(targets.tolist())
+        assert set(sg.indices[sg.indptr[i]:sg.indptr[i + 1]].tolist()) == want
+
+
+def test_cobatches_partition_training_vertices_and_are_reproducible():
+    indptr, indices = _graph()
+    train = np.arange(0, 200, 3)
+    s = CoBatchSampler(indptr, indices, train, batches=4, layers=2, fanout=5, seed=7, server=1)
+    batches = s.epoch_targets(3)
+    assert len(batches) == 4
+    np.testing.assert_array_equal(np.sort(np.concatenate(batches)), train)
+    again = CoBatchSampler(indptr, indices, train, batches=4, layers=2, fanout=5, seed=7, server=1)
+    a, b = s.sample(batches[0], 3, 0), again.sample(again.epoch_targets(3)[0], 3, 0)
+    np.testing.assert_array_equal(a.vertices, b.vertices)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    assert not np.array_equal(s.epoch_targets(4)[0], batches[0])
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(batches=0), "batches-per-epoch"), (dict(batches=1000), "batches-per-epoch"),
+    (dict(fanout=0), "fanout"), (dict(kind="ladies"), "sampler")])
+def test_bad_sampler_options(kwargs, needle):
+    indptr, indices = _graph()
+    args = dict(batches=2, layers=2, fanout=5)
+    args.update(kwargs)
+    with pytest.raises(SamplerError, match=needle):
+        CoBatchSampler(indptr, indices, np.arange(10), **args)
