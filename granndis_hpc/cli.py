@@ -48,7 +48,8 @@ def train_parser() -> argparse.ArgumentParser:
                         "subgraph induced on the batch")
     p.add_argument("--fanout", type=int, default=-1, help="cob/mb: in-neighbours kept per vertex and hop (-1 = all)")
     p.add_argument("--checkpoint-activations", action="store_true",
-                   help="recompute each layer's activations in the backward pass (deep models, less memory)")
+                   help="ressage: recompute each residual block (its exchange included) in the backward "
+                        "pass instead of keeping its activations (deep models, less memory)")
     p.add_argument("--skip-checksums", action="store_true", help="do not verify shard sha256 at start-up")
     p.add_argument("--quiet", action="store_true", help="no per-epoch lines on stdout")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
