@@ -24,7 +24,8 @@ from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import cobatch, views
 from granndis_hpc.graph.sampler import SAMPLERS, CoBatchSampler, SamplerError
-from granndis_hpc.metrics import MetricsWriter, epoch_line, peak_memory_bytes, summarize, write_summary
+from granndis_hpc.metrics import (MetricsWriter, current_memory_bytes, epoch_line, peak_memory_bytes, summarize,
+                                  write_summary)
 from granndis_hpc.fsutil import atomic_write_json
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.engine import checkpoint
@@ -227,8 +228,11 @@ class Trainer:
         """Forward, loss over the target rows / the global target count, backward, gradient sync,
         optimizer step.  Returns (local loss, gradient-sync seconds)."""
         self.optimizer.zero_grad(set_to_none=False)
+        before = current_memory_bytes(self.device)
         logits = self._forward(view, "halo", training=True)
         loss = torch.nn.functional.cross_entropy(logits[rows], labels, reduction="sum") / float(num_targets)
+        # What autograd keeps for the backward pass: growth of memory in use over the forward pass.
+        self.activation_bytes = max(self.activation_bytes, current_memory_bytes(self.device) - before)
         loss.backward()
         grad_start = time.perf_counter()
         self.comm.allreduce_([p.grad for p in self.model.parameters()], phase="gradient")
@@ -239,6 +243,7 @@ class Trainer:
 
     def train_epoch(self) -> Dict:
         self.ledger.reset()
+        self.activation_bytes = 0
         self.model.train()
         self._sync()
         start = time.perf_counter()
@@ -254,6 +259,7 @@ class Trainer:
         elapsed = time.perf_counter() - start
         self.epoch += 1
         rec = self._epoch_record(elapsed, grad_s, loss, sampling_s)
+        rec["activation_memory_bytes"] = int(self.comm.allreduce_scalar(self.activation_bytes, "max"))
         rec.update(extra)
         return rec
 

@@ -45,10 +45,14 @@ def csr_from_edges(src: np.ndarray, dst: np.ndarray, num_vertices: int):
     """In-edge CSR (indptr, indices) from edge arrays src -> dst; sources sorted inside each row."""
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
-    order = np.lexsort((src, dst))
+    # One int64 key per edge (dst-major) and one sort: several times faster than lexsort on two keys.
+    # Sources may be ids of another space than the rows (e.g. server ids of a sample's rows).
+    base = max(int(num_vertices), int(src.max()) + 1 if src.size else 1, 1)
+    key = dst * base + src
+    key.sort()
     indptr = np.zeros(num_vertices + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=num_vertices), out=indptr[1:])
-    return indptr, src[order]
+    return indptr, key % base
 
 
 def csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray):
