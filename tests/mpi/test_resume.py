@@ -73,11 +73,11 @@ def uninterrupted(cora_shards, base):
     return run_a, params
 
 
-def test_stop_on_one_rank_and_resume_equals_uninterrupted(cora_shards, base, uninterrupted):
-    run_a, params_a = uninterrupted
-    run_b = os.path.join(base, "b")
-    trainer = make_trainer(cora_shards[("full", 3)], "flx", epochs=EPOCHS, out=run_b, **COMMON)
-    if WORLD.rank == 3:  # a real signal, to this one process, during its third epoch
+def _stop_on_rank_3_then_resume(shards, run_b, mode, **options):
+    """Stop by a real SIGTERM to rank 3 alone during its third epoch, check that every rank stopped after
+    that epoch, resume in a new Trainer; returns the resumed run's final parameters."""
+    trainer = make_trainer(shards, mode, epochs=EPOCHS, out=run_b, **options)
+    if WORLD.rank == 3:
         train_epoch = trainer.train_epoch
 
         def signalled_epoch():
@@ -90,17 +90,41 @@ def test_stop_on_one_rank_and_resume_equals_uninterrupted(cora_shards, base, uni
     assert trainer.stopped_checkpoint == ck.epoch_dir(run_b, 3)
     assert ck.latest_complete(run_b).epoch == 3
 
-    resumed = make_trainer(cora_shards[("full", 3)], "flx", epochs=EPOCHS, out=run_b, resume=run_b, **COMMON)
+    resumed = make_trainer(shards, mode, epochs=EPOCHS, out=run_b, resume=run_b, **options)
     assert resumed.epoch == 3
     summary, params_b = _run_to_end(resumed)
     assert summary["epochs"] == EPOCHS
-    for pa, pb in zip(params_a, params_b):
-        assert torch.allclose(pa, pb, rtol=0, atol=1e-6)
     # ... and the parameters are the same on every rank.
     flat = torch.cat([p.flatten() for p in params_b]).double().numpy()
     assert np.array_equal(WORLD.bcast(flat, root=0), flat)
+    return params_b
+
+
+def _assert_same_run(run_a, params_a, run_b, params_b):
+    for pa, pb in zip(params_a, params_b):
+        assert torch.allclose(pa, pb, rtol=0, atol=1e-6)
     losses_a, losses_b = _losses(run_a), _losses(run_b)
     assert len(losses_b) == EPOCHS and np.allclose(losses_a, losses_b, rtol=0, atol=1e-6)
+
+
+def test_stop_on_one_rank_and_resume_equals_uninterrupted(cora_shards, base, uninterrupted):
+    run_a, params_a = uninterrupted
+    run_b = os.path.join(base, "b")
+    params_b = _stop_on_rank_3_then_resume(cora_shards[("full", 3)], run_b, "flx", **COMMON)
+    _assert_same_run(run_a, params_a, run_b, params_b)
+
+
+def test_cooperative_batching_resumes_with_its_sampler(cora_shards, base):
+    """cob: two co-batches per epoch, sampled with fanout 5: the sampler's state and the per-epoch
+    sample streams must continue where they stopped."""
+    shards, options = cora_shards[("full", 3)], dict(COMMON, batches_per_epoch=2, fanout=5)
+    run_a, run_b = os.path.join(base, "cob-a"), os.path.join(base, "cob-b")
+    _, params_a = _run_to_end(make_trainer(shards, "cob", epochs=EPOCHS, out=run_a, **options))
+    params_b = _stop_on_rank_3_then_resume(shards, run_b, "cob", **options)
+    _assert_same_run(run_a, params_a, run_b, params_b)
+    # The saved sampler state is checked on resume: another sampler configuration is refused.
+    with pytest.raises(ClusterError, match="SamplerError: sampler state"):
+        make_trainer(shards, "cob", epochs=EPOCHS, out=run_b, resume=run_b, **dict(options, batches_per_epoch=3))
 
 
 @pytest.mark.parametrize("change,expected", [
