@@ -101,6 +101,8 @@ class View:
         halo_degree = self.exchange_full(own_degree, phase=static_phase).squeeze(1)
         self.features = torch.as_tensor(np.ascontiguousarray(rows.features), device=device)
         self.halo_features = self.exchange_full(self.features, phase=static_phase)
+        # One tensor object: gather recognises it (by identity) as the static input of layer 0.
+        self.input_features = self.features[: plan.layers[0].n_own_in]
         self.graphs: List[LayerGraph] = []
         for lp in plan.layers:
             src_degree = torch.cat([own_degree.squeeze(1)[: lp.n_own_in],
@@ -118,11 +120,6 @@ class View:
         return self._exchange(own.index_select(0, self._full_send).contiguous(),
                               self.plan.full_send_counts.tolist(), self.plan.halo.counts().tolist(),
                               phase=phase)
-
-    @property
-    def input_features(self) -> torch.Tensor:
-        """Own rows the first layer reads."""
-        return self.features[: self.plan.layers[0].n_own_in]
 
     def gather_fn(self, phase: str, input_dropout: float = 0.0, training: bool = False):
         """The model's gather(l, h): own rows h -> [h | halo rows of layer l].
