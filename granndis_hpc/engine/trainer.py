@@ -109,11 +109,7 @@ def _share_cpu_threads(world) -> None:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        # SIGUSR1/SIGTERM only set a flag; run() stops every rank after the same epoch with a checkpoint,
-        # which needs a run directory (without one the signals keep their default action).
-        self.stop_signals = checkpoint.StopSignals()
-        if cfg.out:
-            self.stop_signals.install()
+        self.stop_signals = checkpoint.StopSignals()  # installed at the end of __init__
         self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport)
         _share_cpu_threads(self.topo.world)
         self.world = self.topo.world
@@ -137,6 +133,11 @@ class Trainer:
         except BaseException:
             self.close()  # the errors above are raised on every rank together (agree): close together
             raise
+        # From here SIGUSR1/SIGTERM only set a flag; run() stops every rank after the same epoch with a
+        # checkpoint, which needs a run directory.  During set-up (nothing to save yet) and without --out
+        # they keep their default action, and a set-up that fails leaves no handler behind.
+        if cfg.out:
+            self.stop_signals.install()
 
     # ---- set-up -------------------------------------------------------------------------------
     def _open_shards(self) -> Dict:
