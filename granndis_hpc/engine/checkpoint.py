@@ -23,10 +23,11 @@ checkpoint can continue; another one is refused on every rank with the differenc
 
 Signals: `StopSignals` turns SIGUSR1/SIGTERM into a flag.  The trainer reduces that flag (max over
 ranks) after every epoch, so a signal that reaches only some ranks, or reaches them at different
-times, still stops every rank after the same epoch; they write a checkpoint and exit 0.  Open MPI 4.1's
-mpirun forwards SIGUSR1 to every rank but turns SIGTERM into a kill (SIGTERM, then SIGKILL one second
-later), so under mpirun send SIGUSR1; srun delivers SIGTERM to every task and waits KillWait
-(default 30 s) before SIGKILL.
+times, still stops every rank after the same epoch; they write a checkpoint and exit 0.  Measured with
+Open MPI 4.1.4: mpirun forwards SIGUSR1 to every rank, but on SIGTERM it tears the job down (the ranks
+get SIGTERM and are killed about a second later, odls_base_sigkill_timeout=1), too soon for a
+checkpoint, so under mpirun send SIGUSR1.  Under Slurm, scancel and preemption send SIGTERM to every
+task and SIGKILL after KillWait / GraceTime (Slurm's documentation; not measured here).
 """
 from __future__ import annotations
 
