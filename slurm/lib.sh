@@ -124,8 +124,13 @@ granndis_show() {
 # every rank, which write a checkpoint and stop.  Sets GRANNDIS_SIGNAL to the last signal received.
 granndis_forward_signal() {
     GRANNDIS_SIGNAL=$1
-    granndis_note "got SIG$1, passing it to the ranks"
-    if [ -n "${GRANNDIS_CHILD:-}" ]; then kill "-$1" "$GRANNDIS_CHILD" 2>/dev/null || true; fi
+    local sig=$1
+    # Open MPI's mpirun tears the job down about a second after forwarding SIGTERM, before the ranks
+    # can checkpoint; it forwards SIGUSR1 untouched, which the ranks treat the same way (measured,
+    # Open MPI 4.1.4).  srun delivers SIGTERM to every task, so it is passed on as it is.
+    [ "${GRANNDIS_LAUNCHER:-srun}" = mpirun ] && sig=USR1
+    granndis_note "got SIG$1, passing SIG$sig to the ranks"
+    if [ -n "${GRANNDIS_CHILD:-}" ]; then kill "-$sig" "$GRANNDIS_CHILD" 2>/dev/null || true; fi
 }
 
 granndis_run_forwarding_signals() {
@@ -136,7 +141,7 @@ granndis_run_forwarding_signals() {
     trap 'granndis_forward_signal TERM' TERM
     "$@" &
     GRANNDIS_CHILD=$!
-    if [ -n "$GRANNDIS_SIGNAL" ]; then kill "-$GRANNDIS_SIGNAL" "$GRANNDIS_CHILD" 2>/dev/null || true; fi
+    if [ -n "$GRANNDIS_SIGNAL" ]; then granndis_forward_signal "$GRANNDIS_SIGNAL"; fi
     local rc again
     while :; do
         wait "$GRANNDIS_CHILD"
