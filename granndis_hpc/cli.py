@@ -51,7 +51,10 @@ def train_parser() -> argparse.ArgumentParser:
                    help="ressage: recompute each residual block (its exchange included) in the backward "
                         "pass instead of keeping its activations (deep models, less memory)")
     p.add_argument("--skip-checksums", action="store_true", help="do not verify shard sha256 at start-up")
-    p.add_argument("--quiet", action="store_true", help="no per-epoch lines on stdout")
+    p.add_argument("--quiet", action="store_true", help="no per-epoch lines on stdout and no progress bar")
+    p.add_argument("--progress", action="store_true",
+                   help="draw rank 0's progress bar (epochs, loss, ETA) even when stderr is not a terminal, "
+                        "as under mpirun/srun, which pipe the ranks' output")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="write a checkpoint into RUN_DIR/checkpoints/ every N epochs (the newest 2 complete ones "
                         "are kept); 0 = only when SIGUSR1 or SIGTERM asks the run to stop, which it does after "

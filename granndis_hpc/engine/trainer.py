@@ -28,6 +28,7 @@ from granndis_hpc.metrics import (MetricsWriter, current_memory_bytes, epoch_lin
                                   write_summary)
 from granndis_hpc.fsutil import atomic_write_json
 from granndis_hpc.nn.models import MODELS, build_model
+from granndis_hpc.progress import progress
 from granndis_hpc.engine import checkpoint
 
 MODES = ("fb", "flx", "eas", "cob", "mb")
@@ -67,6 +68,7 @@ class TrainConfig:
     sampler: str = "sage"
     fanout: int = -1
     checkpoint_activations: bool = False
+    progress: bool = False  # force the rank-0 bar on (mpirun pipes output, so no terminal is seen)
 
 
 def check_mode(manifest: Dict, cfg: TrainConfig) -> None:
@@ -341,6 +343,9 @@ class Trainer:
             writer = MetricsWriter(cfg.out, append=bool(cfg.resume))  # _resume() cut it at the checkpoint
         records, accuracy = list(self.prior_records), None
         start = time.perf_counter() - self.prior_elapsed_s
+        # Rank 0, on a terminal and not --quiet only; epoch lines go through the bar so it stays whole.
+        bar = progress(total=cfg.epochs, initial=self.epoch, desc=f"{cfg.mode} epochs", rank=self.topo.rank,
+                       quiet=cfg.quiet, unit="epoch", enabled=True if cfg.progress else None)
         while self.epoch < cfg.epochs:
             rec = self.train_epoch()
             last = self.epoch == cfg.epochs
@@ -353,11 +358,19 @@ class Trainer:
                 if writer:
                     writer.write(rec)
                 if not cfg.quiet:
-                    print(epoch_line(rec), flush=True)
+                    line = epoch_line(rec)
+                    if bar.disable:
+                        print(line, flush=True)
+                    else:
+                        bar.write(line)
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+            bar.update(1)
             if self._checkpoint_after_epoch(last, time.perf_counter() - start):
+                bar.close()
                 if writer:
                     writer.close()
                 return None  # stopped on request with a checkpoint written: not finished, no summary
+        bar.close()
         if accuracy is None:
             accuracy = self.evaluate()
         peak = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
