@@ -27,7 +27,7 @@ import json
 import os
 import sys
 
-from granndis_hpc.fsutil import atomic_write_json
+from granndis_hpc.fsutil import atomic_write_json, read_json_object
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -333,17 +333,8 @@ def write_resolved_config(ns, run_dir) -> str:
 def load_resolved_config(run_dir) -> dict:
     """Read RUN_DIR/config.json; ConfigError naming the file if it is missing or not a JSON object."""
     path = os.path.join(os.fspath(run_dir), CONFIG_FILE_NAME)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{path} not found: {run_dir!s} is not a run directory "
-                          "(it has no resolved config)") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path} cannot be read as JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a JSON object of options, found {type(data).__name__}")
-    return data
+    return read_json_object(path, ConfigError,
+                            not_found_hint=f": {run_dir!s} is not a run directory (it has no resolved config)")
 
 
 __all__ = ["ConfigError", "HelpFormatter", "parse_args_with_config", "load_config_file",

@@ -52,3 +52,19 @@ def atomic_write_bytes(final_path: str, data: bytes) -> None:
 
 def atomic_write_json(final_path: str, obj) -> None:
     atomic_write_bytes(final_path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json_object(path: str, error=ValueError, where: str = "", not_found_hint: str = "") -> dict:
+    """Load a JSON object from `path`; otherwise raise `error` with a message that names the file
+    (`where`, default the path): missing, unreadable, or not an object."""
+    where = where or path
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise error(f"{where} not found{not_found_hint}") from None
+    except (OSError, ValueError) as exc:
+        raise error(f"{where} is not readable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise error(f"{where} must hold a JSON object, found {type(data).__name__}")
+    return data

@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 
 from granndis_hpc.config import HelpFormatter
-from granndis_hpc.fsutil import atomic_path, atomic_write_bytes
+from granndis_hpc.fsutil import atomic_path, atomic_write_bytes, read_json_object
 
 __all__ = ["ReportError", "RunData", "load_run", "render_report", "format_table", "main"]
 
@@ -74,18 +74,8 @@ class RunData:
 
 
 def _read_json(run_dir, name):
-    path = os.path.join(run_dir, name)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise ReportError(f"run {run_dir}: {name} not found (is this a granndis run directory, "
-                          "and did the run finish?)") from None
-    except (OSError, ValueError) as exc:
-        raise ReportError(f"run {run_dir}: {name} is not readable JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ReportError(f"run {run_dir}: {name} must hold a JSON object, found {type(data).__name__}")
-    return data
+    return read_json_object(os.path.join(run_dir, name), ReportError, where=f"run {run_dir}: {name}",
+                            not_found_hint=" (is this a granndis run directory, and did the run finish?)")
 
 
 def _check(obj, key, kinds, where, optional=False):

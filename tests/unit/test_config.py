@@ -186,5 +186,5 @@ def test_resolved_config_round_trip(tmp_path):
         load_resolved_config(tmp_path / "nowhere")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{ not json")
-    with pytest.raises(ConfigError, match="config.json cannot be read"):
+    with pytest.raises(ConfigError, match="config.json is not readable JSON"):
         load_resolved_config(tmp_path / "broken")

@@ -9,14 +9,6 @@ from granndis_hpc.nn import BACKENDS, LayerGraph, aggregate
 from tests.dense_reference import dense_adjacency, random_in_csr
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """These graphs are tiny: a second intra-op thread only adds spin-waiting, which on a shared 2-core
-    machine turned a 5 s test into 100 s (measured).  Restore the setting afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _block(rng, n_dst=37, n_src=53, nnz=300):

@@ -12,14 +12,6 @@ from granndis_hpc.nn import MODELS, LayerGraph, build_model
 from tests.dense_reference import dense_logits, random_in_csr
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """These graphs are tiny: a second intra-op thread only adds spin-waiting, which on a shared 2-core
-    machine turned a 5 s test into 100 s (measured).  Restore the setting afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 LAYERS = {"sage": 3, "gcn": 3, "ressage": 4}
 
