@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
-import json
 import os
 import sys
 

@@ -76,7 +76,7 @@ class Communicator:
         send: [sum(send_counts), *rest]; returns [sum(recv_counts), *rest] on topo.device.
         A rank's block to itself (if any) is copied locally and not counted as traffic.
         """
-        g, me = self.topo.ranks_per_server, self.topo.local_rank
+        g = self.topo.ranks_per_server
         sc = check_counts(send_counts, g, "send_counts")
         rc = check_counts(recv_counts, g, "recv_counts")
         rest, row_bytes = self._check_send(send, sc)

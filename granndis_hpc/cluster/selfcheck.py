@@ -18,7 +18,7 @@ import torch
 
 from .accounting import allreduce_bytes_model
 from .comm import Communicator
-from .errors import ClusterError, agree, main_guard
+from .errors import agree, main_guard
 from .ledger import Ledger
 from .topology import init_topology
 

@@ -1,7 +1,6 @@
 """Ledger: per (link, phase) byte and second counters, snapshots, reset, and reduction over ranks."""
 import time
 
-import numpy as np
 import pytest
 from mpi4py import MPI
 
