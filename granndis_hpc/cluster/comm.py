@@ -76,7 +76,7 @@ class Communicator:
         send: [sum(send_counts), *rest]; returns [sum(recv_counts), *rest] on topo.device.
         A rank's block to itself (if any) is copied locally and not counted as traffic.
         """
-        g = self.topo.ranks_per_server
+        g, me = self.topo.ranks_per_server, self.topo.local_rank
         sc = check_counts(send_counts, g, "send_counts")
         rc = check_counts(recv_counts, g, "recv_counts")
         rest, row_bytes = self._check_send(send, sc)
@@ -91,7 +91,7 @@ class Communicator:
 
     def _intra_bytes(self, send_bytes: torch.Tensor, sc: np.ndarray, rc: np.ndarray) -> torch.Tensor:
         """The intra-server all-to-all on [rows, row_bytes] uint8 tensors."""
-        g, me = self.topo.ranks_per_server, self.topo.local_rank
+        g = self.topo.ranks_per_server
         row_bytes = send_bytes.shape[1]
         n_out = int(rc.sum())
         if g == 1:  # a server of one rank: only the block to itself
