@@ -32,6 +32,9 @@ def _add_build_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--out", required=True, help="output directory (must not exist or be empty, unless --overwrite)")
     o.add_argument("--overwrite", action="store_true",
                    help="replace an existing shard set; the old set is kept until the new one is complete")
+    o.add_argument("--progress", action="store_true",
+                   help="draw rank 0's progress bar over the phases even when stderr is not a terminal "
+                        "(mpirun pipes the ranks' output)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,13 +64,17 @@ def cmd_build(args, argv) -> int:
     from mpi4py import MPI
 
     from . import sources
-    from .build import BuildConfig, PhaseLog, _agree, run_build
+    from .build import PHASES, BuildConfig, PhaseLog, _agree, run_build
 
     comm = MPI.COMM_WORLD
     if getattr(args, "source_error", None) is not None:
         print(f"preprocess build: error: dataset loaders unavailable ({args.source_error})", file=sys.stderr)
         return 1
-    log = PhaseLog(comm)
+    from granndis_hpc.progress import progress
+
+    bar = progress(total=len(PHASES), desc="preprocess", rank=comm.rank, unit="phase",
+                   enabled=True if args.progress else None)
+    log = PhaseLog(comm, bar=bar)
     command = "python -m preprocess " + shlex.join(argv)
     if comm.size > 1:
         command = f"mpirun -n {comm.size} " + command
@@ -91,6 +98,7 @@ def cmd_build(args, argv) -> int:
             time.sleep(0.5)  # let the other ranks print their own message first
             comm.Abort(1)
         return 1
+    bar.close()
     if comm.rank == 0:
         print(f"[preprocess] wrote {cfg.out}; check it with `python -m preprocess verify {cfg.out}`", flush=True)
     return 0

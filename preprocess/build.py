@@ -166,19 +166,31 @@ def _agree(comm, error: BaseException | None, phase: str) -> None:
         raise exc from error
 
 
-class PhaseLog:
-    """Rank 0 prints one line per phase with its elapsed time."""
+PHASES = ("load", "partition", "halos+write", "commit")
 
-    def __init__(self, comm, printer=print):
+
+class PhaseLog:
+    """Rank 0 prints one line per phase with its elapsed time, and advances a progress bar over the
+    phases when one is given (granndis_hpc.progress: rank 0, on a terminal or forced, never --quiet)."""
+
+    def __init__(self, comm, printer=print, bar=None):
         self.comm, self.printer, self.t0, self.last = comm, printer, time.perf_counter(), time.perf_counter()
         self.times = {}
+        self.bar = bar
 
     def done(self, phase: str, detail: str = "") -> None:
         now = time.perf_counter()
         self.times[phase] = now - self.last
         if self.comm.rank == 0:
-            self.printer(f"[preprocess] {phase:<9} {now - self.last:8.2f} s  (total {now - self.t0:8.2f} s)"
-                         + (f"  {detail}" if detail else ""), flush=True)
+            line = (f"[preprocess] {phase:<9} {now - self.last:8.2f} s  (total {now - self.t0:8.2f} s)"
+                    + (f"  {detail}" if detail else ""))
+            if self.bar is not None and not self.bar.disable:
+                self.bar.write(line)
+            else:
+                self.printer(line, flush=True)
+        if self.bar is not None:
+            self.bar.set_description(f"preprocess: {phase} done")
+            self.bar.update(1)
         self.last = now
 
 
