@@ -19,17 +19,6 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def current_memory_bytes(device: torch.device) -> int:
-    """Memory in use now: allocated bytes on CUDA, resident set size on CPU (from /proc)."""
-    if device.type == "cuda":
-        return int(torch.cuda.memory_allocated(device))
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def epoch_line(rec: Dict) -> str:
     line = (f"Epoch {rec['epoch']:05d} | Time(s) {rec['time_s']:.4f} | "
             f"Comm(s) {rec['intra_comm_s'] + rec['inter_comm_s']:.4f} | Reduce(s) {rec['grad_sync_s']:.4f} | "

@@ -24,8 +24,7 @@ from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import cobatch, views
 from granndis_hpc.graph.sampler import SAMPLERS, CoBatchSampler, SamplerError
-from granndis_hpc.metrics import (MetricsWriter, current_memory_bytes, epoch_line, peak_memory_bytes, summarize,
-                                  write_summary)
+from granndis_hpc.metrics import MetricsWriter, epoch_line, peak_memory_bytes, summarize, write_summary
 from granndis_hpc.fsutil import atomic_write_json
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
@@ -94,6 +93,30 @@ def check_mode(manifest: Dict, cfg: TrainConfig) -> None:
     if cfg.mode == "eas" and pre["kind"] != "eas":
         raise TrainingError(f"mode eas needs shards built with --preload eas, these hold a {pre['kind']} "
                             f"preload; rebuild with `python -m preprocess build ... --preload eas`")
+
+
+class SavedBytes:
+    """Counts what autograd keeps for the backward pass (each storage once): the activation memory of
+    a step, exact and the same on CPU and GPU.  (Resident-memory deltas are not: the C heap keeps freed
+    blocks.)  Recomputed blocks (--checkpoint-activations) save only their inputs, and so count less."""
+
+    def __init__(self):
+        self.total, self._seen = 0, set()
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            storage = t.untyped_storage()
+            key = (storage.device.type, storage.data_ptr())
+            if key not in self._seen:
+                self._seen.add(key)
+                self.total += storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
+            pass
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
 
 
 def _share_cpu_threads(world) -> None:
@@ -231,11 +254,11 @@ class Trainer:
         """Forward, loss over the target rows / the global target count, backward, gradient sync,
         optimizer step.  Returns (local loss, gradient-sync seconds)."""
         self.optimizer.zero_grad(set_to_none=False)
-        before = current_memory_bytes(self.device)
-        logits = self._forward(view, "halo", training=True)
-        loss = torch.nn.functional.cross_entropy(logits[rows], labels, reduction="sum") / float(num_targets)
-        # What autograd keeps for the backward pass: growth of memory in use over the forward pass.
-        self.activation_bytes = max(self.activation_bytes, current_memory_bytes(self.device) - before)
+        saved = SavedBytes()
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+            logits = self._forward(view, "halo", training=True)
+            loss = torch.nn.functional.cross_entropy(logits[rows], labels, reduction="sum") / float(num_targets)
+        self.activation_bytes = max(self.activation_bytes, saved.total)
         loss.backward()
         grad_start = time.perf_counter()
         self.comm.allreduce_([p.grad for p in self.model.parameters()], phase="gradient")
