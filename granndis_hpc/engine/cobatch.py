@@ -20,22 +20,8 @@ import numpy as np
 import torch
 
 from granndis_hpc.engine import views
-from granndis_hpc.graph.csr import csr_rows
+from granndis_hpc.graph.csr import csr_rows, position_lookup
 from granndis_hpc.graph.sampler import CoBatchSampler, SampledGraph
-
-
-def _lookup(ids: np.ndarray):
-    """Position of server-local ids in `ids` (-1 if absent), vectorised."""
-    order = np.argsort(ids, kind="stable")
-    sorted_ids = ids[order]
-
-    def find(keys):
-        keys = np.asarray(keys, dtype=np.int64)
-        if sorted_ids.size == 0:
-            return np.full(keys.shape, -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(sorted_ids, keys), sorted_ids.size - 1)
-        return np.where(sorted_ids[pos] == keys, order[pos], -1)
-    return find
 
 
 @dataclass
@@ -86,7 +72,7 @@ class BatchedTraining:
         ids = sg.vertices[mine]
         ip, src = csr_rows(sg.indptr, sg.indices, mine)
         src_owner = np.searchsorted(self.offsets, src, side="right") - 1
-        find_mine = _lookup(ids)
+        find_mine = position_lookup(ids)
         degree = self.server_degree[ids] if self.exact else np.diff(sg.indptr)[mine]
         rows = views.RowSource(
             hop=sg.hop[mine], indptr=ip, is_own=src_owner == gpu, own_pos=find_mine(src), peer=src_owner,
@@ -115,12 +101,12 @@ class BatchedTraining:
             def exchange(send, send_counts, recv_counts, phase="halo"):
                 return send.new_empty((0,) + tuple(send.shape[1:]))
             return views.build_view(rows, 1, self.layers, all_active=False,
-                                    resolve_keys=_lookup(ids), exchange=exchange,
+                                    resolve_keys=position_lookup(ids), exchange=exchange,
                                     alltoall_counts=lambda c: c, device=self.device, exact=self.exact,
                                     static_phase="halo")
         topo = self.comm.topo
         return views.build_view(rows, topo.ranks_per_server, self.layers, all_active=False,
-                                resolve_keys=_lookup(ids), exchange=self.comm.intra_exchange,
+                                resolve_keys=position_lookup(ids), exchange=self.comm.intra_exchange,
                                 alltoall_counts=topo.server_comm.alltoall, device=self.device,
                                 exact=self.exact, static_phase="halo")
 

@@ -21,6 +21,7 @@ import torch
 
 from granndis_hpc.engine.exchange import halo_exchange
 from granndis_hpc.graph import planner
+from granndis_hpc.graph.csr import position_lookup
 from granndis_hpc.nn.graph import LayerGraph
 
 
@@ -77,12 +78,7 @@ def key_resolver_server(num_own: int):
 
 
 def key_resolver_world(inner_gid: np.ndarray):
-    def resolve(keys):
-        if inner_gid.size == 0:
-            return np.full(keys.shape, -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(inner_gid, keys), inner_gid.size - 1)
-        return np.where(inner_gid[pos] == keys, pos, -1)
-    return resolve
+    return position_lookup(inner_gid)
 
 
 class View:

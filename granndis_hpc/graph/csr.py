@@ -67,6 +67,21 @@ def csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray):
     return sub_indptr, indices[pos]
 
 
+def position_lookup(ids: np.ndarray):
+    """A vectorised map from ids to their position in `ids` (unique ids, any order); -1 if absent."""
+    ids = np.asarray(ids, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+
+    def find(keys) -> np.ndarray:
+        keys = np.asarray(keys, dtype=np.int64)
+        if sorted_ids.size == 0:
+            return np.full(keys.shape, -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(sorted_ids, keys), sorted_ids.size - 1)
+        return np.where(sorted_ids[pos] == keys, order[pos], -1)
+    return find
+
+
 def row_of_edges(indptr: np.ndarray) -> np.ndarray:
     """For an in-edge CSR, the destination row of every edge (the COO row array)."""
     return np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int64), np.diff(indptr))

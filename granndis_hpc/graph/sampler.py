@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from granndis_hpc.graph.csr import csr_from_edges, csr_rows
+from granndis_hpc.graph.csr import csr_from_edges, csr_rows, position_lookup
 
 SAMPLERS = ("sage", "saint")
 
@@ -32,13 +32,7 @@ class SampledGraph:
 
     def position_of(self, ids: np.ndarray) -> np.ndarray:
         """Row of each server-local id in this sample (-1 if absent)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if self.vertices.size == 0:
-            return np.full(ids.shape, -1, dtype=np.int64)
-        order = np.argsort(self.vertices, kind="stable")
-        sorted_ids = self.vertices[order]
-        pos = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
-        return np.where(sorted_ids[pos] == ids, order[pos], -1)
+        return position_lookup(self.vertices)(ids)
 
 
 def sample_rows(indptr, indices, rows, fanout: int, rng: np.random.Generator):
