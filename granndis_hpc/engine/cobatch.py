@@ -32,6 +32,7 @@ class Step:
     labels: torch.Tensor  # labels of the view's target rows (hop 0), in row order
     num_targets: int
     computed_ids: list  # per layer: server-local ids of the rows computed (for redundancy)
+    sampling_s: float  # sampling and row building (host work before planning)
 
 
 class BatchedTraining:
@@ -42,7 +43,6 @@ class BatchedTraining:
         self.offsets = sl.server_offsets.astype(np.int64)
         self.server_degree = server_graph["in_degree"]
         self.shard_file = shard_file
-        self.sampling_s = 0.0
 
     def targets(self, epoch):
         return self.sampler.epoch_targets(epoch)
@@ -57,13 +57,13 @@ class BatchedTraining:
         else:
             sg = self.sampler.sample(targets, epoch, iteration)
             rows, ids = self._cob_rows(sg)
-        self.sampling_s += time.perf_counter() - start
+        sampling_s = time.perf_counter() - start
         view = self._plan(rows, ids)
         n_targets = int((rows.hop == 0).sum())
         local = ids[:n_targets] - self.offsets[self.sl.gpu]
         labels = torch.as_tensor(self.sl.labels[local], device=self.device)
         computed = [ids[: lp.n_dst] for lp in view.plan.layers]
-        return Step(view=view, labels=labels, num_targets=n_targets, computed_ids=computed)
+        return Step(view=view, labels=labels, num_targets=n_targets, computed_ids=computed, sampling_s=sampling_s)
 
     def _cob_rows(self, sg: SampledGraph):
         gpu = self.sl.gpu
@@ -87,11 +87,13 @@ class BatchedTraining:
         order = np.argsort(ids)
         with h5py.File(self.shard_file, "r") as f:
             feats = np.empty((ids.size, f["features"].shape[1]), dtype=np.float32)
-            feats[order] = f["features"][ids[order]] if ids.size else feats[order]
+            if ids.size:
+                feats[order] = f["features"][ids[order]]
         n_edges = sg.indices.size
+        src_pos = sg.position_of(sg.indices)  # every source is one of this rank's own rows
         rows = views.RowSource(
-            hop=sg.hop, indptr=sg.indptr, is_own=np.ones(n_edges, dtype=bool), own_pos=sg.position_of(sg.indices),
-            peer=np.zeros(n_edges, np.int64), key=sg.indices, src_hop=sg.hop[sg.position_of(sg.indices)],
+            hop=sg.hop, indptr=sg.indptr, is_own=np.ones(n_edges, dtype=bool), own_pos=src_pos,
+            peer=np.zeros(n_edges, np.int64), key=sg.indices, src_hop=sg.hop[src_pos],
             degree=degree.astype(np.float32), features=feats)
         return rows, ids
 

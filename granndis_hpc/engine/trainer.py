@@ -292,11 +292,11 @@ class Trainer:
     def _batched_epoch(self):
         """One optimizer step per co-batch; every server runs the same number of co-batches."""
         b = self.batched
-        b.sampling_s = 0.0
         batches = b.targets(self.epoch)
-        loss_sum, grad_s, extra = 0.0, 0.0, {}
+        loss_sum, grad_s, sampling_s, extra = 0.0, 0.0, 0.0, {}
         for it, targets in enumerate(batches):
             step = b.step(targets, self.epoch, it)
+            sampling_s += step.sampling_s
             total = int(self.comm.allreduce_scalar(step.num_targets, "sum"))
             rows = torch.arange(step.num_targets, device=self.device)
             loss, g = self._step(step.view, step.labels, rows, total)
@@ -305,7 +305,7 @@ class Trainer:
             if it == 0:  # rows held / computed per layer and the redundancy factor, first step of the epoch
                 extra = self._batch_accounting(step)
         # Each step's loss is already a mean over its co-batch; report the epoch's mean.
-        return loss_sum / len(batches), grad_s, b.sampling_s, extra
+        return loss_sum / len(batches), grad_s, sampling_s, extra
 
     def _batch_accounting(self, step) -> Dict:
         held = [int(g.n_src) for g in step.view.graphs]
