@@ -46,14 +46,17 @@ def test_activation_checkpointing_keeps_exchanges_consistent(cora_shards):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_mb_is_at_least_as_redundant_as_cob(cora_shards):
+def test_mb_is_more_redundant_than_cob(cora_shards):
     shards = cora_shards[("full", 3)]
     kw = dict(batches_per_epoch=2, fanout=10)
     cob, _ = _train(make_trainer(shards, "cob", **kw), 1)
     mb, _ = _train(make_trainer(shards, "mb", **kw), 1)
     if MPI.COMM_WORLD.rank == 0:
         assert cob[0]["redundancy"] == pytest.approx(1.0)
-        assert mb[0]["redundancy"] >= cob[0]["redundancy"]
+        # Per-GPU dependency graphs of one co-batch overlap (measured 1.012-1.018 over seeds on Cora,
+        # 3 layers, 2 co-batches, fanout 10): strictly more rows than CoB's 1.0, which could not be
+        # otherwise by definition if the assertion were >=.
+        assert mb[0]["redundancy"] > 1.001
         assert mb[0]["bytes"]["intra_halo"] == 0
 
 
