@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from contextlib import contextmanager
 
 from mpi4py import MPI
 
@@ -59,6 +60,27 @@ def agree(comm, ok: bool, message: str = "") -> None:
     # job raised it, i.e. when `comm` spans the whole world.
     spans_world = comm.Get_size() == MPI.COMM_WORLD.Get_size()
     raise ClusterError("; ".join(parts), collective=spans_world)
+
+
+@contextmanager
+def collective_errors(comm, phase: str, catch=(Exception,)):
+    """Collective: run the block on every rank, then agree on the outcome.
+
+    An exception of a type in `catch` raised inside the block on any rank becomes the same
+    ClusterError on every rank of `comm` (naming the rank(s) and `phase`); a block that succeeds
+    everywhere costs one small allgather.  Replaces the try / error text / agree pattern::
+
+        with collective_errors(topo.world, "reading the shards"):
+            manifest = read_manifest(path)
+
+    Exceptions not in `catch` propagate on their rank only (main_guard then aborts the job).
+    """
+    error = ""
+    try:
+        yield
+    except catch as exc:  # noqa: BLE001 -- reported collectively below
+        error = f"{phase}: {type(exc).__name__}: {exc}" if phase else f"{type(exc).__name__}: {exc}"
+    agree(comm, not error, error)
 
 
 def _report(exc: BaseException, rank: int, with_traceback: bool) -> None:

@@ -85,6 +85,32 @@ class Topology:
         """Global ranks of a server (default: this rank's), ordered by local rank."""
         return self.rank_table[self.server if server is None else server]
 
+    # ---- object collectives: the engine and preprocess go through these, never through mpi4py ----
+    def group(self, name: str = "world"):
+        """The communicator of a named group: "world" or "server" (this rank's server)."""
+        if name == "world":
+            return self.world
+        if name == "server":
+            return self.server_comm
+        raise ValueError(f"unknown group {name!r}; expected 'world' or 'server'")
+
+    def allgather_object(self, obj, group: str = "world") -> list:
+        return self.group(group).allgather(obj)
+
+    def gather_object(self, obj, root: int = 0, group: str = "world"):
+        """Objects of every rank of the group, on `root` (a list there, None elsewhere)."""
+        return self.group(group).gather(obj, root=root)
+
+    def bcast_object(self, obj, root: int = 0, group: str = "world"):
+        return self.group(group).bcast(obj, root=root)
+
+    def exchange_counts(self, counts, group: str = "world") -> list:
+        """All-to-all of one integer per peer of the group: counts[p] goes to peer p."""
+        return [int(c) for c in self.group(group).alltoall([int(c) for c in counts])]
+
+    def barrier(self, group: str = "world") -> None:
+        self.group(group).Barrier()
+
     def describe(self) -> str:
         """One line per server: index, host(s), global ranks, leader, device kind, transport."""
         lines = [f"{self.servers} server(s) x {self.ranks_per_server} rank(s)"
