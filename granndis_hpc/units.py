@@ -1,0 +1,38 @@
+"""Sizes as users write them on command lines and in TOML files ("40GiB", "512MB", "1.5e9")."""
+from __future__ import annotations
+
+import re
+
+_UNITS = {"": 1, "b": 1,
+          "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
+          "t": 1000 ** 4, "tb": 1000 ** 4,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text) -> int:
+    """Bytes from '40GiB', '512 MB', '1.5e9' or an int; a clear ValueError for anything else."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r}")
+    if isinstance(text, (int, float)):
+        value, unit = float(text), ""
+    else:
+        m = _SIZE.match(str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"not a size: {text!r}; write a number of bytes with an optional unit, "
+                             f"e.g. 40GiB, 512MiB, 16GB")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    nbytes = int(value * _UNITS[unit])
+    if nbytes <= 0:
+        raise ValueError(f"a size must be positive, got {text!r}")
+    return nbytes
+
+
+def format_size(nbytes: float) -> str:
+    """'38.2 GiB' style: binary units, three significant digits."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} TiB"
