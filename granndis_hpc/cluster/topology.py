@@ -59,6 +59,7 @@ class Topology:
     rank_table: np.ndarray = field(default=None, repr=False)  # [servers, ranks_per_server] -> global rank
     hosts: tuple = ()                    # host name(s) of each server's ranks, by server
     emulated: bool = False               # servers from ranks_per_server rather than shared-memory nodes
+    ranks_on_node: int = 1               # ranks sharing this rank's machine (its cores), emulated servers included
     _server_of: np.ndarray = field(default=None, repr=False)
     _local_of: np.ndarray = field(default=None, repr=False)
     _owns_dist: bool = field(default=False, repr=False)
@@ -169,7 +170,7 @@ def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str)
 
     node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     try:
-        node_local_rank = node_comm.Get_rank()
+        node_local_rank, ranks_on_node = node_comm.Get_rank(), node_comm.Get_size()
         if rps is None:
             server, server_comm = _servers_from_nodes(world, node_comm, hosts_of_rank)
             node_comm = None  # now owned as server_comm
@@ -199,7 +200,7 @@ def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str)
     topo = Topology(world=world, server_comm=server_comm, leader_comm=leader_comm, rank=rank,
                     world_size=size, server=server, local_rank=local_rank, servers=servers,
                     ranks_per_server=group_size, device=torch.device("cpu"), intra_group=None,
-                    rank_table=rank_table, hosts=hosts, emulated=rps is not None,
+                    rank_table=rank_table, hosts=hosts, emulated=rps is not None, ranks_on_node=ranks_on_node,
                     _server_of=server_of, _local_of=local_of)
     try:
         topo.device = _resolve_device(world, device, node_local_rank)

@@ -13,60 +13,73 @@ a per-GPU loader reading from the server's host store would.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from typing import Dict
 
 import h5py
 import numpy as np
 import torch
 
+from granndis_hpc import shards
 from granndis_hpc.engine import views
+from granndis_hpc.engine.modes import Step
 from granndis_hpc.graph.csr import csr_rows, position_lookup
 from granndis_hpc.graph.sampler import CoBatchSampler, SampledGraph
 
 
-@dataclass
-class Step:
-    """One iteration's inputs on this rank."""
+class BatchedSteps:
+    """The steps of a batched epoch: a sampler (which vertices and edges a co-batch needs) composed
+    with a split (which of them this rank computes, and how it gets the rest), planned by the one
+    planner.  One optimizer step per co-batch; every server runs the same number of co-batches."""
 
-    view: views.View
-    labels: torch.Tensor  # labels of the view's target rows (hop 0), in row order
-    num_targets: int
-    computed_ids: list  # per layer: server-local ids of the rows computed (for redundancy)
-    sampling_s: float  # sampling and row building (host work before planning)
+    def __init__(self, ctx, sampler: CoBatchSampler, split):
+        self.ctx, self.sampler, self.split = ctx, sampler, split
 
+    def steps(self, epoch: int):
+        for iteration, targets in enumerate(self.sampler.epoch_targets(epoch)):
+            yield self._step(targets, epoch, iteration)
 
-class BatchedTraining:
-    def __init__(self, mode, sl, server_graph, shard_file, sampler: CoBatchSampler, layers, exact, comm,
-                 device):
-        self.mode, self.sl, self.sampler, self.layers, self.exact = mode, sl, sampler, layers, exact
-        self.comm, self.device = comm, device
-        self.offsets = sl.server_offsets.astype(np.int64)
-        self.server_degree = server_graph["in_degree"]
-        self.shard_file = shard_file
-
-    def targets(self, epoch):
-        return self.sampler.epoch_targets(epoch)
-
-    def step(self, targets, epoch, iteration) -> Step:
+    def _step(self, targets, epoch: int, iteration: int) -> Step:
+        ctx = self.ctx
         start = time.perf_counter()
-        if self.mode == "mb":
-            # This GPU's share of the co-batch: the targets it owns; their whole dependency graph.
-            owner = np.searchsorted(self.offsets, targets, side="right") - 1
-            sg = self.sampler.sample(targets[owner == self.sl.gpu], epoch, iteration)
-            rows, ids = self._mb_rows(sg)
-        else:
-            sg = self.sampler.sample(targets, epoch, iteration)
-            rows, ids = self._cob_rows(sg)
+        sg = self.sampler.sample(self.split.targets(targets), epoch, iteration)
+        rows, ids = self.split.rows(sg)
         sampling_s = time.perf_counter() - start
-        view = self._plan(rows, ids)
+        view = self.split.plan(rows, ids)
         n_targets = int((rows.hop == 0).sum())
-        local = ids[:n_targets] - self.offsets[self.sl.gpu]
-        labels = torch.as_tensor(self.sl.labels[local], device=self.device)
+        local = ids[:n_targets] - ctx.slice.row_offset
         computed = [ids[: lp.n_dst] for lp in view.plan.layers]
-        return Step(view=view, labels=labels, num_targets=n_targets, computed_ids=computed, sampling_s=sampling_s)
+        return Step(view=view, rows=torch.arange(n_targets, device=ctx.device),
+                    labels=torch.as_tensor(ctx.slice.labels[local], device=ctx.device),
+                    num_targets=int(ctx.comm.allreduce_scalar(n_targets, "sum")), sampling_s=sampling_s,
+                    accounting=lambda: self._accounting(view, computed))
 
-    def _cob_rows(self, sg: SampledGraph):
-        gpu = self.sl.gpu
+    def _accounting(self, view, computed_ids) -> Dict:
+        """Collective: rows held / computed per layer per rank and the server's redundancy factor."""
+        topo = self.ctx.topo
+        record = {"rank": topo.rank, "rows_held": [int(g.n_src) for g in view.graphs],
+                  "rows_computed": [int(g.n_dst) for g in view.graphs]}
+        per_rank = topo.gather_object(record)
+        factors = topo.gather_object(redundancy(topo, computed_ids))
+        if topo.rank != 0:
+            return {}
+        return {"rows_per_layer": per_rank, "redundancy": float(np.mean(factors))}
+
+
+class CooperativeSplit:
+    """cob: the server's ranks share one co-batch; each computes the rows its GPU owns and receives
+    the others' rows over the intra-server transport."""
+
+    def __init__(self, ctx, server_graph, exact: bool):
+        self.ctx, self.exact = ctx, exact
+        self.offsets = ctx.slice.server_offsets.astype(np.int64)
+        self.server_degree = server_graph["in_degree"]
+
+    def targets(self, targets):
+        return targets
+
+    def rows(self, sg: SampledGraph):
+        sl = self.ctx.slice
+        gpu = sl.gpu
         owner = np.searchsorted(self.offsets, sg.vertices, side="right") - 1
         mine = np.flatnonzero(owner == gpu)
         ids = sg.vertices[mine]
@@ -77,15 +90,33 @@ class BatchedTraining:
         rows = views.RowSource(
             hop=sg.hop[mine], indptr=ip, is_own=src_owner == gpu, own_pos=find_mine(src), peer=src_owner,
             key=src, src_hop=sg.hop[sg.position_of(src)], degree=degree.astype(np.float32),
-            features=self.sl.features[ids - self.offsets[gpu]])
+            features=sl.features[ids - self.offsets[gpu]])
         return rows, ids
 
-    def _mb_rows(self, sg: SampledGraph):
+    def plan(self, rows, ids) -> views.View:
+        ctx = self.ctx
+        topo = ctx.topo
+        return views.build_view(rows, topo.ranks_per_server, ctx.cfg.layers, all_active=False,
+                                resolve_keys=position_lookup(ids), exchange=ctx.comm.intra_exchange,
+                                alltoall_counts=lambda counts: topo.exchange_counts(counts, group="server"),
+                                device=ctx.device, exact=self.exact, static_phase="halo", group="server")
+
+
+class PerGpuSplit(CooperativeSplit):
+    """mb: each rank takes the co-batch's targets its GPU owns and builds their whole dependency graph,
+    with no exchange: what cob saves is the overlap between these per-GPU graphs.  Features are read
+    per iteration from the server's shard file, as a per-GPU loader reading the server's host store would."""
+
+    def targets(self, targets):
+        owner = np.searchsorted(self.offsets, targets, side="right") - 1
+        return targets[owner == self.ctx.slice.gpu]
+
+    def rows(self, sg: SampledGraph):
         ids = sg.vertices
         degree = self.server_degree[ids] if self.exact else np.diff(sg.indptr)
         # Sorted reads are what h5py's fancy indexing needs; ids are unique.
         order = np.argsort(ids)
-        with h5py.File(self.shard_file, "r") as f:
+        with h5py.File(shards.server_file(self.ctx.cfg.shards, self.ctx.topo.server), "r") as f:
             feats = np.empty((ids.size, f["features"].shape[1]), dtype=np.float32)
             if ids.size:
                 feats[order] = f["features"][ids[order]]
@@ -97,27 +128,24 @@ class BatchedTraining:
             degree=degree.astype(np.float32), features=feats)
         return rows, ids
 
-    def _plan(self, rows, ids) -> views.View:
-        if self.mode == "mb":
-            # No halo anywhere in mb: plan with a local no-op exchange (nothing to send or receive).
-            def exchange(send, send_counts, recv_counts, phase="halo"):
-                return send.new_empty((0,) + tuple(send.shape[1:]))
-            return views.build_view(rows, 1, self.layers, all_active=False,
-                                    resolve_keys=position_lookup(ids), exchange=exchange,
-                                    alltoall_counts=lambda c: c, device=self.device, exact=self.exact,
-                                    static_phase="halo")
-        topo = self.comm.topo
-        return views.build_view(rows, topo.ranks_per_server, self.layers, all_active=False,
-                                resolve_keys=position_lookup(ids), exchange=self.comm.intra_exchange,
-                                alltoall_counts=topo.server_comm.alltoall, device=self.device,
-                                exact=self.exact, static_phase="halo")
+    def plan(self, rows, ids) -> views.View:
+        # No halo anywhere in mb: plan with a local no-op exchange (nothing to send or receive).
+        def exchange(send, send_counts, recv_counts, phase="halo"):
+            return send.new_empty((0,) + tuple(send.shape[1:]))
+        return views.build_view(rows, 1, self.ctx.cfg.layers, all_active=False,
+                                resolve_keys=position_lookup(ids), exchange=exchange,
+                                alltoall_counts=lambda c: c, device=self.ctx.device, exact=self.exact,
+                                static_phase="halo", group="server")
 
 
-def redundancy(server_comm, computed_ids) -> float:
+SPLITS = {"cooperative": CooperativeSplit, "per-gpu": PerGpuSplit}
+
+
+def redundancy(topo, computed_ids) -> float:
     """Rows computed summed over the server's ranks / distinct (vertex, layer) pairs they needed.
 
-    Collective on the server communicator; every rank gets the server's factor."""
-    gathered = server_comm.allgather([np.asarray(ids) for ids in computed_ids])
+    Collective on the server's ranks; every rank gets the server's factor."""
+    gathered = topo.allgather_object([np.asarray(ids) for ids in computed_ids], group="server")
     distinct = sum(np.unique(np.concatenate([g[l] for g in gathered])).size for l in range(len(computed_ids)))
     total = sum(sum(ids.size for ids in g) for g in gathered)
     return float(total) / max(distinct, 1)

@@ -15,28 +15,19 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from granndis_hpc import shards
 from granndis_hpc.cluster.comm import Communicator
-from granndis_hpc.cluster.errors import agree
+from granndis_hpc.cluster.errors import agree, collective_errors
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
-from granndis_hpc.engine import cobatch, views
-from granndis_hpc.graph.sampler import SAMPLERS, CoBatchSampler, SamplerError
+from granndis_hpc.engine import views
+from granndis_hpc.engine.modes import MODES, RunContext, Step, TrainingError, make_mode
 from granndis_hpc.metrics import MetricsWriter, epoch_line, peak_memory_bytes, summarize, write_summary
 from granndis_hpc.fsutil import atomic_write_json
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
 from granndis_hpc.engine import checkpoint
-
-MODES = ("fb", "flx", "eas", "cob", "mb")
-BATCHED = ("cob", "mb")
-
-
-class TrainingError(RuntimeError):
-    """A problem every rank detects identically (configuration, shard/mode mismatch, NaN loss)."""
-
 
 @dataclass
 class TrainConfig:
@@ -70,29 +61,9 @@ class TrainConfig:
     progress: bool = False  # force the rank-0 bar on (mpirun pipes output, so no terminal is seen)
 
 
-def check_mode(manifest: Dict, cfg: TrainConfig) -> None:
-    """Refuse a mode the shard set cannot serve, saying how to make one that can."""
-    if cfg.mode not in MODES:
-        raise TrainingError(f"unknown mode {cfg.mode!r}; choose one of {', '.join(MODES)}")
+def check_model(cfg: TrainConfig) -> None:
     if cfg.model not in MODELS:
         raise TrainingError(f"unknown model {cfg.model!r}; choose one of {', '.join(MODELS)}")
-    pre = manifest["preload"]
-    if cfg.mode == "flx" and (pre["kind"] != "full" or int(pre["hops"]) < cfg.layers):
-        raise TrainingError(
-            f"mode flx needs a full preload of at least {cfg.layers} hops for a {cfg.layers}-layer model, "
-            f"but the shards hold a {pre['kind']} preload of {pre['hops']} hop(s); rebuild them with "
-            f"`python -m preprocess build ... --preload full --hops {cfg.layers}`, or use --mode fb")
-    if cfg.mode in BATCHED and int(pre["hops"]) < cfg.layers and cfg.sampler != "saint" and pre["kind"] == "full":
-        raise TrainingError(
-            f"mode {cfg.mode} samples {cfg.layers}-hop dependency graphs inside the server's preload, but the "
-            f"shards hold a {pre['hops']}-hop preload; rebuild them with --hops {cfg.layers}")
-    if cfg.mode in BATCHED and (cfg.fanout == 0 or cfg.fanout < -1):
-        raise TrainingError(f"--fanout must be a positive number of neighbours or -1 for all, got {cfg.fanout}")
-    if cfg.mode in BATCHED and cfg.sampler not in SAMPLERS:
-        raise TrainingError(f"unknown sampler {cfg.sampler!r}; choose one of {', '.join(SAMPLERS)}")
-    if cfg.mode == "eas" and pre["kind"] != "eas":
-        raise TrainingError(f"mode eas needs shards built with --preload eas, these hold a {pre['kind']} "
-                            f"preload; rebuild with `python -m preprocess build ... --preload eas`")
 
 
 class SavedBytes:
@@ -119,16 +90,12 @@ class SavedBytes:
         return t
 
 
-def _share_cpu_threads(world) -> None:
+def _share_cpu_threads(topo) -> None:
     """Ranks on one node share its cores: without this every rank starts one torch thread per core and
     they fight (measured: 20x slower on 4 ranks over 2 cores).  OMP_NUM_THREADS, when set, wins."""
     if os.environ.get("OMP_NUM_THREADS"):
         return
-    node = world.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // node.Get_size()))
-    finally:
-        node.Free()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // topo.ranks_on_node))
 
 
 class Trainer:
@@ -136,13 +103,16 @@ class Trainer:
         self.cfg = cfg
         self.stop_signals = checkpoint.StopSignals()  # installed at the end of __init__
         self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport)
-        _share_cpu_threads(self.topo.world)
+        _share_cpu_threads(self.topo)
         self.world = self.topo.world
         self.ledger = Ledger()
         self.comm = Communicator(self.topo, self.ledger, cfg.intra_transport)
         self.device = self.topo.device
+        with collective_errors(self.world, "", catch=(TrainingError,)):
+            check_model(cfg)
+            self.mode = make_mode(cfg)
         self.manifest = self._open_shards()
-        self._build_views()
+        self._set_up_mode()
         torch.manual_seed(cfg.seed)  # same parameters on every rank
         ds = self.manifest["dataset"]
         self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
@@ -167,46 +137,27 @@ class Trainer:
     # ---- set-up -------------------------------------------------------------------------------
     def _open_shards(self) -> Dict:
         cfg, topo = self.cfg, self.topo
-        manifest, error = None, ""
-        try:
+        with collective_errors(self.world, "", catch=(shards.ShardError, TrainingError, OSError, KeyError,
+                                                      ValueError)):
             manifest = shards.read_manifest(cfg.shards)
-            # fb reads only the world view, which serves any depth; preloaded modes need the built depth.
-            shards.check_job(manifest, topo.servers, topo.ranks_per_server,
-                             None if cfg.mode == "fb" else cfg.layers)
-            check_mode(manifest, cfg)
+            shards.check_job(manifest, topo.servers, topo.ranks_per_server, self.mode.shard_layers())
+            self.mode.check(manifest)
             if topo.local_rank == 0 and not cfg.skip_checksums:
                 shards.verify_checksums(cfg.shards, manifest, servers=[topo.server])
-        except (shards.ShardError, TrainingError, OSError, KeyError, ValueError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        agree(self.world, not error, error)
         return manifest
 
-    def _build_views(self) -> None:
+    def _set_up_mode(self) -> None:
+        """Read this rank's slice, plan the world view (evaluation in every mode, and the world layers
+        of a training plan), then let the mode plan its training."""
         cfg, topo = self.cfg, self.topo
-        sl, error = None, ""
-        try:
+        with collective_errors(self.world, "", catch=(shards.ShardError, OSError, KeyError, ValueError)):
             sl = shards.read_rank_slice(cfg.shards, self.manifest, topo.server, topo.local_rank)
-        except (shards.ShardError, OSError, KeyError, ValueError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        agree(self.world, not error, error)
         self.slice = sl
-        world_exchange = self.comm.world_exchange
         self.world_view = views.build_view(
             views.world_rows(sl, topo.rank), topo.world_size, cfg.layers, all_active=True,
-            resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]), exchange=world_exchange,
-            alltoall_counts=self.world.alltoall, device=self.device)
-        self.batched = None
-        if cfg.mode == "fb":
-            self.train_view = self.world_view
-        elif cfg.mode in BATCHED:
-            self.train_view = None
-            self.batched = self._batched_training(sl)
-        else:
-            self.train_view = views.build_view(
-                views.server_rows(sl, exact_degrees=(cfg.mode == "flx")), topo.ranks_per_server, cfg.layers,
-                all_active=False, resolve_keys=views.key_resolver_server(sl.global_id.shape[0]),
-                exchange=self.comm.intra_exchange, alltoall_counts=topo.server_comm.alltoall,
-                device=self.device, exact=(cfg.mode == "flx"))
+            resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]), exchange=self.comm.world_exchange,
+            alltoall_counts=lambda counts: topo.exchange_counts(counts, group="world"), device=self.device,
+            group="world")
         n_inner = int(sl.n_inner)
         self.labels = torch.as_tensor(sl.labels[:n_inner], device=self.device)
         self.split_rows = {name: torch.as_tensor(np.flatnonzero(mask[:n_inner]), device=self.device)
@@ -216,48 +167,35 @@ class Trainer:
         self.split_totals = dict(zip(("train", "val", "test"), self.comm.allreduce_scalar(counts, "sum")))
         if self.split_totals["train"] == 0:
             raise TrainingError("the shards have no training vertices; check the dataset's split")
-
-    def _batched_training(self, sl) -> "cobatch.BatchedTraining":
-        """Co-batches are sampled inside the server's preloaded subgraph, identically on every rank of
-        the server (same seed), so each rank reads its server's graph (not its features)."""
-        cfg, topo = self.cfg, self.topo
-        graph, sampler, error = None, None, ""
-        try:
-            graph = shards.read_server_graph(cfg.shards, self.manifest, topo.server)
-            train_ids = np.flatnonzero(graph["train"] & (graph["hop"] == 0))
-            sampler = CoBatchSampler(graph["indptr"], graph["indices"], train_ids, cfg.batches_per_epoch,
-                                     cfg.layers, cfg.sampler, cfg.fanout, cfg.seed, topo.server)
-        except (shards.ShardError, SamplerError, OSError, KeyError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        agree(self.world, not error, error)
-        # Exact (global degrees, complete neighbourhoods) only when nothing is sampled away.
-        exact = self.manifest["preload"]["kind"] == "full" and cfg.fanout == -1 and cfg.sampler == "sage"
-        self.sampler = sampler
-        return cobatch.BatchedTraining(cfg.mode, sl, graph, shards.server_file(cfg.shards, topo.server),
-                                       sampler, cfg.layers, exact, self.comm, self.device)
-
-    # ---- one epoch ----------------------------------------------------------------------------
-    def _forward(self, view: views.View, phase: str, training: bool) -> torch.Tensor:
-        gather = view.gather_fn(phase, input_dropout=self.model_input_dropout, training=training)
-        logits = self.model(view.input_features, view.graphs, gather)
-        return logits[: int(self.slice.n_inner)]  # the last layer's rows are the inner rows
+        self.mode.setup(RunContext(cfg=cfg, topo=topo, comm=self.comm, device=self.device,
+                                   manifest=self.manifest, slice=sl, world_view=self.world_view,
+                                   labels=self.labels, split_rows=self.split_rows,
+                                   split_totals=self.split_totals))
+        self.sampler = self.mode.sampler
 
     @property
-    def model_input_dropout(self) -> float:
-        return float(getattr(self.model, "input_dropout", 0.0))
+    def train_view(self):
+        """The static training plan of a full-graph mode (None for batched modes)."""
+        return getattr(self.mode, "view", None)
+
+    # ---- one epoch ----------------------------------------------------------------------------
+    def _forward(self, view, phase: str) -> torch.Tensor:
+        """The model over a plan: the rows the last layer computes (inner rows, or a step's targets)."""
+        return self.model(view.input_features, view.graphs, view.gather_fn(phase))
 
     def _sync(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _step(self, view: views.View, labels: torch.Tensor, rows, num_targets: int) -> tuple:
-        """Forward, loss over the target rows / the global target count, backward, gradient sync,
+    def _step(self, step: Step) -> tuple:
+        """Forward, loss over the step's target rows / their global count, backward, gradient sync,
         optimizer step.  Returns (local loss, gradient-sync seconds)."""
         self.optimizer.zero_grad(set_to_none=False)
         saved = SavedBytes()
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-            logits = self._forward(view, "halo", training=True)
-            loss = torch.nn.functional.cross_entropy(logits[rows], labels, reduction="sum") / float(num_targets)
+            logits = self._forward(step.view, "halo")
+            loss = torch.nn.functional.cross_entropy(logits[step.rows], step.labels, reduction="sum") \
+                / float(step.num_targets)
         self.activation_bytes = max(self.activation_bytes, saved.total)
         loss.backward()
         grad_start = time.perf_counter()
@@ -268,54 +206,27 @@ class Trainer:
         return float(loss.detach()), grad_s
 
     def train_epoch(self) -> Dict:
+        """One epoch: every step the mode yields (one for full-graph modes, one per co-batch)."""
         self.ledger.reset()
         self.activation_bytes = 0
         self.model.train()
         self._sync()
         start = time.perf_counter()
-        extra = {}
-        if self.batched is None:
-            rows = self.split_rows["train"]
-            loss, grad_s = self._step(self.train_view, self.labels[rows], rows,
-                                      int(self.split_totals["train"]))
-            sampling_s = 0.0
-        else:
-            loss, grad_s, sampling_s, extra = self._batched_epoch()
+        loss_sum, grad_s, sampling_s, extra, steps = 0.0, 0.0, 0.0, {}, 0
+        for step in self.mode.steps(self.epoch):
+            loss, g = self._step(step)
+            loss_sum, grad_s, sampling_s = loss_sum + loss, grad_s + g, sampling_s + step.sampling_s
+            if steps == 0 and step.accounting is not None:  # rows held/computed, first step of the epoch
+                extra = step.accounting()
+            steps += 1
         self._sync()
         elapsed = time.perf_counter() - start
         self.epoch += 1
-        rec = self._epoch_record(elapsed, grad_s, loss, sampling_s)
+        # Each step's loss is a mean over its targets; the epoch's is the mean over its steps.
+        rec = self._epoch_record(elapsed, grad_s, loss_sum / max(steps, 1), sampling_s)
         rec["activation_memory_bytes"] = int(self.comm.allreduce_scalar(self.activation_bytes, "max"))
         rec.update(extra)
         return rec
-
-    def _batched_epoch(self):
-        """One optimizer step per co-batch; every server runs the same number of co-batches."""
-        b = self.batched
-        batches = b.targets(self.epoch)
-        loss_sum, grad_s, sampling_s, extra = 0.0, 0.0, 0.0, {}
-        for it, targets in enumerate(batches):
-            step = b.step(targets, self.epoch, it)
-            sampling_s += step.sampling_s
-            total = int(self.comm.allreduce_scalar(step.num_targets, "sum"))
-            rows = torch.arange(step.num_targets, device=self.device)
-            loss, g = self._step(step.view, step.labels, rows, total)
-            loss_sum += loss
-            grad_s += g
-            if it == 0:  # rows held / computed per layer and the redundancy factor, first step of the epoch
-                extra = self._batch_accounting(step)
-        # Each step's loss is already a mean over its co-batch; report the epoch's mean.
-        return loss_sum / len(batches), grad_s, sampling_s, extra
-
-    def _batch_accounting(self, step) -> Dict:
-        held = [int(g.n_src) for g in step.view.graphs]
-        computed = [int(g.n_dst) for g in step.view.graphs]
-        per_rank = self.world.gather({"rank": self.topo.rank, "rows_held": held, "rows_computed": computed}, root=0)
-        factor = cobatch.redundancy(self.topo.server_comm, step.computed_ids)
-        factors = self.world.gather(factor, root=0)
-        if self.topo.rank != 0:
-            return {}
-        return {"rows_per_layer": per_rank, "redundancy": float(np.mean(factors))}
 
     def _epoch_record(self, elapsed: float, grad_s: float, local_loss: float, sampling_s: float = 0.0) -> Dict:
         led = self.ledger
@@ -346,7 +257,7 @@ class Trainer:
     def inner_logits(self) -> torch.Tensor:
         """Exact full-graph logits of this rank's inner vertices (world view, eval mode)."""
         self.model.eval()
-        return self._forward(self.world_view, "evaluation", training=False)
+        return self._forward(self.world_view, "evaluation")
 
     def evaluate(self) -> Dict[str, float]:
         pred = self.inner_logits().argmax(dim=1)

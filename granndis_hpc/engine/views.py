@@ -8,6 +8,10 @@ Two views exist per rank, built by the same planner:
   vertices, halo = their in-neighbours on any other rank, exchanged with every rank (intra-server
   peers over the intra-server transport, other servers over MPI); every row is active at every layer.
 
+A training plan may use different views for different layers (`LayeredView`): Flexible Preloading
+with k < L runs its first k layers on the server view of a k-hop preload and the remaining layers on
+the world view.  Each layer of a plan names its exchange group ("server" or "world").
+
 Static per-row data of halo rows (input features, degrees) is exchanged once, at set-up.
 """
 from __future__ import annotations
@@ -23,6 +27,8 @@ from granndis_hpc.engine.exchange import halo_exchange
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import position_lookup
 from granndis_hpc.nn.graph import LayerGraph
+
+GROUPS = ("server", "world")
 
 
 @dataclass
@@ -88,7 +94,7 @@ class View:
                  static_phase: str = "setup"):
         self.plan, self.device, self._exchange = plan, device, exchange
         self.num_own = plan.num_own
-        self.hop = rows.hop
+        self.group = plan.group
         self._send = [torch.as_tensor(lp.send_index, device=device) for lp in plan.layers]
         self._full_send = torch.as_tensor(plan.full_send_index, device=device)
         # Static halo data, exchanged once over the full plan: phase "setup" for a view built once,
@@ -117,11 +123,11 @@ class View:
                               self.plan.full_send_counts.tolist(), self.plan.halo.counts().tolist(),
                               phase=phase)
 
-    def gather_fn(self, phase: str, input_dropout: float = 0.0, training: bool = False):
+    def gather_fn(self, phase: str):
         """The model's gather(l, h): own rows h -> [h | halo rows of layer l].
 
         Layer 0 reading the raw input features uses the halo features exchanged at set-up (they are
-        static) instead of exchanging them every epoch; the halo rows get their own dropout mask.
+        static) instead of exchanging them every epoch.
         """
         exchange = functools.partial(self._exchange, phase=phase)
         x0 = self.input_features
@@ -133,21 +139,68 @@ class View:
             else:
                 halo = halo_exchange(h, self._send[l], lp.send_counts.tolist(), lp.recv_counts.tolist(),
                                      exchange)
-            if l == 0 and input_dropout > 0 and training and h is x0:
-                halo = torch.nn.functional.dropout(halo, input_dropout, training=True)
             return torch.cat([h, halo], dim=0)
 
         return gather
 
 
+class LayeredView:
+    """A training plan whose layer l runs on `per_layer[l]`: that view's layer-l graph and exchange.
+
+    Views are indexed by the plan's layer number, so a view that serves layers [k, L) must be planned
+    for at least L layers (the world view: every layer the same) and one serving [0, k) for k layers
+    (the server view of a k-hop preload: layer l computes hop <= k-1-l).  Where the plan switches
+    views, the rows the first computes must be the rows the second starts from: both views order a
+    rank's inner vertices identically (the shard's order), which is checked here.
+    """
+
+    def __init__(self, per_layer):
+        self.per_layer = list(per_layer)
+        if not self.per_layer:
+            raise planner.PlanError("a plan needs at least one layer")
+        self.input_features = self.per_layer[0].input_features
+        self.graphs = [view.graphs[l] for l, view in enumerate(self.per_layer)]
+        self.groups = [view.group for view in self.per_layer]
+        for l in range(1, len(self.per_layer)):
+            before, after = self.per_layer[l - 1], self.per_layer[l]
+            if before is not after and self.graphs[l - 1].n_dst != after.plan.layers[l].n_own_in:
+                raise planner.PlanError(
+                    f"layer {l + 1} switches from the {before.group} view to the {after.group} view, but "
+                    f"the first computes {self.graphs[l - 1].n_dst} rows and the second reads "
+                    f"{after.plan.layers[l].n_own_in}: the shard's views disagree; run `python -m "
+                    f"preprocess verify`")
+
+    @property
+    def views(self):
+        """The distinct views of the plan, in layer order."""
+        out = []
+        for view in self.per_layer:
+            if not any(view is seen for seen in out):
+                out.append(view)
+        return out
+
+    def gather_fn(self, phase: str):
+        by_view = {id(view): view.gather_fn(phase) for view in self.views}
+        per_layer = [by_view[id(view)] for view in self.per_layer]
+
+        def gather(l: int, h: torch.Tensor) -> torch.Tensor:
+            return per_layer[l](l, h)
+
+        return gather
+
+
 def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: bool, resolve_keys,
-               exchange, alltoall_counts, device, exact: bool = True, static_phase: str = "setup") -> View:
+               exchange, alltoall_counts, device, exact: bool = True, static_phase: str = "setup",
+               group: str = "server") -> View:
     """Plan one view.  The one communication step: tell every owner which of its rows we need.
 
     exchange(send, send_counts, recv_counts, phase) moves rows between the view's peers;
     alltoall_counts(list) -> list is an MPI alltoall of one integer per peer on the same peers.
     exact: rows.degree are global degrees and every computed row must have all its in-edges.
+    group: the exchange group the view's layers use ("server" or "world"), recorded in the plan.
     """
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
     table, sources = planner.build_halo(num_peers, rows.is_own, rows.own_pos, rows.peer, rows.key,
                                         rows.src_hop)
     keys, counts = table.requests()
@@ -157,5 +210,5 @@ def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: boo
     send_pos = planner.resolve_requests(asked, resolve_keys)
     plan = planner.build_plan(rows.hop, rows.indptr, sources, table, send_pos, send_counts,
                               num_layers, all_active=all_active,
-                              complete_degree=rows.degree if exact else None)
+                              complete_degree=rows.degree if exact else None, group=group)
     return View(rows, plan, exchange, device, static_phase=static_phase)

@@ -86,6 +86,7 @@ class LayerPlan:
 
     n_own_in: int  # own source rows (a prefix of the own rows)
     n_dst: int  # rows computed (a prefix of the own rows)
+    active_hops: int  # largest hop of this layer's source rows (-1: every row, the plan is all-active)
     send_index: np.ndarray  # int64: own rows to send, grouped by destination peer
     send_counts: np.ndarray  # int64 [num_peers]
     recv_counts: np.ndarray  # int64 [num_peers]
@@ -103,6 +104,7 @@ class Plan:
     num_peers: int
     num_own: int
     halo: HaloTable
+    group: str = "server"  # the exchange group of every layer of the plan: "server" or "world"
     layers: List[LayerPlan] = field(default_factory=list)
     # The full exchange (every halo row): used once at set-up for static per-row data
     # (input features, degrees) and by layers whose inputs are all rows.
@@ -121,7 +123,7 @@ def resolve_requests(requested_keys: np.ndarray, key_to_pos) -> np.ndarray:
 
 def build_plan(own_hop: np.ndarray, indptr: np.ndarray, sources: EdgeSources, halo: HaloTable,
                send_pos: np.ndarray, send_peer_counts: np.ndarray, num_layers: int,
-               all_active: bool = False, complete_degree: np.ndarray = None) -> Plan:
+               all_active: bool = False, complete_degree: np.ndarray = None, group: str = "server") -> Plan:
     """Per-layer one-hop blocks and exchange lists.
 
     own_hop: hop of every own row (non-decreasing).  indptr/sources: in-edges of the own rows.
@@ -152,7 +154,7 @@ def build_plan(own_hop: np.ndarray, indptr: np.ndarray, sources: EdgeSources, ha
                 f"row {int(short[0])} (hop {int(own_hop[short[0]])}) is computed by a {L}-layer model but "
                 f"only {int(np.diff(indptr)[short[0]])} of its {int(complete_degree[short[0]])} in-edges are "
                 f"in the shard: the preload has too few hops for {L} layers (its rows are not active)")
-    plan = Plan(num_peers=halo.num_peers, num_own=n_own, halo=halo)
+    plan = Plan(num_peers=halo.num_peers, num_own=n_own, halo=halo, group=group)
     plan.full_send_index = send_pos
     plan.full_send_counts = np.asarray(send_peer_counts, dtype=np.int64)
     for l in range(L):
@@ -178,7 +180,7 @@ def build_plan(own_hop: np.ndarray, indptr: np.ndarray, sources: EdgeSources, ha
                 f"{L} layers")
         send_active = send_hop <= in_lim
         plan.layers.append(LayerPlan(
-            n_own_in=n_own_in, n_dst=n_dst,
+            n_own_in=n_own_in, n_dst=n_dst, active_hops=-1 if all_active else int(in_lim),
             send_index=send_pos[send_active],
             send_counts=np.bincount(send_peer[send_active], minlength=halo.num_peers).astype(np.int64),
             recv_counts=recv_counts,

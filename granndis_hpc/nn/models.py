@@ -39,9 +39,8 @@ class GNN(nn.Module):
     name: str
     num_layers: int  # message-passing layers = hops a full preload needs
     conv_in_widths: List[int]  # width of h handed to gather(l, h)
-    # Dropout applies between layers, never to the raw input features (so layer 0's halo may be the
-    # static features exchanged once).  The engine reads this to know whether halo inputs need a mask.
-    input_dropout: float = 0.0
+    # Dropout applies between layers, never to the raw input features: layer 0's halo is the static
+    # features exchanged once at set-up.
     # Recompute each residual block (gather included) in the backward pass instead of keeping its
     # activations.  Every rank recomputes the same blocks in the same order, so the exchanges inside
     # line up; torch's checkpoint restores the RNG state, so the recomputed dropout masks are the same.

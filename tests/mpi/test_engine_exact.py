@@ -52,7 +52,7 @@ def test_logits_equal_dense_reference(cora, cora_shards, model, layers):
         try:
             trainer.model.eval()
             with torch.no_grad():
-                train_view_logits = trainer._forward(trainer.train_view, "halo", training=False)
+                train_view_logits = trainer._forward(trainer.train_view, "halo")
                 world_logits = trainer.inner_logits()
             got_train = _gather_logits(trainer, train_view_logits)
             got_world = _gather_logits(trainer, world_logits)

@@ -1,0 +1,249 @@
+"""Training modes as objects: one small class per mode, found by name in `MODES`.
+
+A mode says what shard set it needs (and how to build one when the given set is wrong), whether its
+result is exact (equal to single-process full-graph training), and yields the steps of an epoch.  The
+training loop (engine/trainer.py) only calls these methods: adding a mode touches this file (or a
+module of its own registered here) and nothing in the loop.  docs/architecture.md has the recipe.
+
+    fb    full-batch baseline: every layer on the world view (1-hop halo from every owner)
+    flx   Flexible Preloading: the first k layers on the server's k-hop preload (intra-server
+          exchange only), the remaining L-k layers on the world view; k = L exchanges no halo rows
+          between servers, k = 0 would be fb
+    eas   Expansion-aware Sampling: every layer on the server view of an EAS preload
+    cob   Cooperative Batching: co-batches sampled inside the server's preload, split over its GPUs
+    mb    per-GPU mini-batches: each GPU samples the whole dependency graph of its own targets
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, Optional
+
+import numpy as np
+import torch
+
+from granndis_hpc import shards
+from granndis_hpc.cluster.errors import collective_errors
+from granndis_hpc.engine import views
+from granndis_hpc.graph.sampler import SAMPLERS, CoBatchSampler, SamplerError
+
+
+class TrainingError(RuntimeError):
+    """A problem every rank detects identically (configuration, shard/mode mismatch, NaN loss)."""
+
+
+@dataclass
+class RunContext:
+    """What every mode may use, built once by the Trainer before the mode's set-up."""
+
+    cfg: object  # TrainConfig
+    topo: object  # cluster.Topology
+    comm: object  # cluster.Communicator
+    device: torch.device
+    manifest: dict
+    slice: shards.RankSlice
+    world_view: views.View  # exact, every layer on the world exchange (also what evaluation runs)
+    labels: torch.Tensor  # labels of this rank's inner rows
+    split_rows: Dict[str, torch.Tensor]  # inner-row positions of train/val/test
+    split_totals: Dict[str, int]  # global counts
+
+
+@dataclass
+class Step:
+    """One optimizer step's inputs on this rank."""
+
+    view: object  # views.LayeredView (or View): input_features, graphs, gather_fn(phase)
+    rows: torch.Tensor  # positions of the loss's target rows among the last layer's rows
+    labels: torch.Tensor  # their labels
+    num_targets: int  # global number of target rows of this step (the loss is their mean)
+    sampling_s: float = 0.0  # host-side sampling and row building before planning
+    accounting: Optional[Callable[[], Dict]] = None  # collective: rows held/computed, redundancy
+
+
+class Mode:
+    """Base class.  Subclasses set `name`/`help` and implement `check`, `setup` and `steps`."""
+
+    name: str = ""
+    help: str = ""
+    sampler = None  # a stateful sampler (state_dict/load_state_dict) when the mode has one
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def shard_layers(self) -> Optional[int]:
+        """The layer count the shard set must have been built for (None: any)."""
+        return self.cfg.layers
+
+    def check(self, manifest: dict) -> None:
+        """Raise TrainingError, saying what to build instead, when the shard set cannot serve the mode."""
+
+    def exact(self, manifest: dict) -> bool:
+        raise NotImplementedError
+
+    def setup(self, ctx: RunContext) -> None:
+        raise NotImplementedError
+
+    def steps(self, epoch: int) -> Iterator[Step]:
+        raise NotImplementedError
+
+    def describe(self, manifest: dict) -> Dict:
+        """What the run records about the mode (config.json / summary.json)."""
+        return {"mode": self.name, "exact": self.exact(manifest)}
+
+
+MODES: Dict[str, type] = {}
+
+
+def register(cls):
+    MODES[cls.name] = cls
+    return cls
+
+
+def make_mode(cfg) -> Mode:
+    if cfg.mode not in MODES:
+        raise TrainingError(f"unknown mode {cfg.mode!r}; choose one of {', '.join(MODES)}")
+    return MODES[cfg.mode](cfg)
+
+
+# ---- full-graph modes: one static plan, one step per epoch ---------------------------------------
+class StaticMode(Mode):
+    """One plan built at set-up; every epoch is one full-graph step over it."""
+
+    def setup(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.view = views.LayeredView(self.plan_layers(ctx))
+
+    def plan_layers(self, ctx: RunContext):
+        """The view of every layer, in order."""
+        raise NotImplementedError
+
+    def steps(self, epoch: int) -> Iterator[Step]:
+        rows = self.ctx.split_rows["train"]
+        yield Step(view=self.view, rows=rows, labels=self.ctx.labels[rows],
+                   num_targets=int(self.ctx.split_totals["train"]))
+
+
+def server_view(ctx: RunContext, num_layers: int, exact: bool) -> views.View:
+    """The rank's rows of its server's preload, planned for `num_layers` layers, intra-server exchange."""
+    sl, topo = ctx.slice, ctx.topo
+    return views.build_view(
+        views.server_rows(sl, exact_degrees=exact), topo.ranks_per_server, num_layers, all_active=False,
+        resolve_keys=views.key_resolver_server(sl.global_id.shape[0]), exchange=ctx.comm.intra_exchange,
+        alltoall_counts=lambda counts: topo.exchange_counts(counts, group="server"), device=ctx.device,
+        exact=exact, group="server")
+
+
+@register
+class FullBatch(StaticMode):
+    name = "fb"
+    help = "full-batch baseline: 1-hop halo exchanged with every owner at every layer"
+
+    def shard_layers(self):
+        return None  # the world view serves any depth
+
+    def exact(self, manifest):
+        return True
+
+    def plan_layers(self, ctx):
+        return [ctx.world_view] * self.cfg.layers
+
+
+@register
+class FlexiblePreload(StaticMode):
+    name = "flx"
+    help = ("Flexible Preloading: the first k layers (k = the shard set's --hops) on the server's "
+            "preload, the rest with the world exchange")
+
+    def check(self, manifest):
+        pre = manifest["preload"]
+        if pre["kind"] != "full" or int(pre["hops"]) < 1:
+            raise TrainingError(
+                f"mode flx needs a full preload of 1 to {self.cfg.layers} hops, but the shards hold a "
+                f"{pre['kind']} preload of {pre['hops']} hop(s); rebuild them with `python -m preprocess "
+                f"build ... --preload full --hops K` (1 <= K <= {self.cfg.layers}), or use --mode fb")
+
+    def exact(self, manifest):
+        return True
+
+    def preloaded_layers(self, manifest) -> int:
+        """k: the layers that run on the server's preload (a deeper preload than the model serves L)."""
+        return min(int(manifest["preload"]["hops"]), self.cfg.layers)
+
+    def plan_layers(self, ctx):
+        k, L = self.preloaded_layers(ctx.manifest), self.cfg.layers
+        preloaded = server_view(ctx, k, exact=True)
+        return [preloaded] * k + [ctx.world_view] * (L - k)
+
+    def describe(self, manifest):
+        return {**super().describe(manifest), "preloaded_layers": self.preloaded_layers(manifest)}
+
+
+@register
+class ExpansionAware(StaticMode):
+    name = "eas"
+    help = "Expansion-aware Sampling: every layer on the server's sampled (EAS) preload"
+
+    def check(self, manifest):
+        kind = manifest["preload"]["kind"]
+        if kind != "eas":
+            raise TrainingError(f"mode eas needs shards built with --preload eas, these hold a {kind} "
+                                f"preload; rebuild with `python -m preprocess build ... --preload eas`")
+
+    def exact(self, manifest):
+        return False  # the boundary expansion is sampled; degrees are the kept neighbours'
+
+    def plan_layers(self, ctx):
+        return [server_view(ctx, self.cfg.layers, exact=False)] * self.cfg.layers
+
+
+# ---- mini-batch modes: a sampler composed with a row split (engine/cobatch.py) -------------------
+class BatchedMode(Mode):
+    """Co-batches drawn by a CoBatchSampler inside the server's preload; `split` says which rows of a
+    co-batch's dependency graph this rank computes and how it gets the others."""
+
+    split_kind = ""
+
+    def check(self, manifest):
+        cfg, pre = self.cfg, manifest["preload"]
+        if cfg.fanout == 0 or cfg.fanout < -1:
+            raise TrainingError(f"--fanout must be a positive number of neighbours or -1 for all, got {cfg.fanout}")
+        if cfg.sampler not in SAMPLERS:
+            raise TrainingError(f"unknown sampler {cfg.sampler!r}; choose one of {', '.join(SAMPLERS)}")
+        if pre["kind"] == "full" and cfg.sampler != "saint" and int(pre["hops"]) < cfg.layers:
+            raise TrainingError(
+                f"mode {self.name} samples {cfg.layers}-hop dependency graphs inside the server's preload, "
+                f"but the shards hold a {pre['hops']}-hop preload; rebuild them with --hops {cfg.layers}")
+
+    def exact(self, manifest):
+        # Global degrees and complete neighbourhoods only when nothing is sampled away.
+        return manifest["preload"]["kind"] == "full" and self.cfg.fanout == -1 and self.cfg.sampler == "sage"
+
+    def setup(self, ctx):
+        from granndis_hpc.engine import cobatch
+
+        cfg, topo = self.cfg, ctx.topo
+        # Every rank of a server draws the same co-batches (same seed): each reads its server's graph.
+        with collective_errors(topo.world, "reading the server graph for co-batches",
+                               catch=(shards.ShardError, SamplerError, OSError, KeyError)):
+            graph = shards.read_server_graph(cfg.shards, ctx.manifest, topo.server)
+            train_ids = np.flatnonzero(graph["train"] & (graph["hop"] == 0))
+            self.sampler = CoBatchSampler(graph["indptr"], graph["indices"], train_ids, cfg.batches_per_epoch,
+                                          cfg.layers, cfg.sampler, cfg.fanout, cfg.seed, topo.server)
+        split = cobatch.SPLITS[self.split_kind](ctx, graph, self.exact(ctx.manifest))
+        self.batches = cobatch.BatchedSteps(ctx, self.sampler, split)
+
+    def steps(self, epoch):
+        return self.batches.steps(epoch)
+
+
+@register
+class CooperativeBatching(BatchedMode):
+    name = "cob"
+    help = "Cooperative Batching: one co-batch per server, its dependency graph split over the server's GPUs"
+    split_kind = "cooperative"
+
+
+@register
+class PerGpuMiniBatch(BatchedMode):
+    name = "mb"
+    help = "per-GPU mini-batches: each GPU builds the whole dependency graph of its own targets"
+    split_kind = "per-gpu"
