@@ -21,7 +21,7 @@ import torch
 
 from granndis_hpc import shards
 from granndis_hpc.engine import views
-from granndis_hpc.engine.modes import Step
+from granndis_hpc.engine.modes import Step, rows_accounting
 from granndis_hpc.graph.csr import csr_rows, position_lookup
 from granndis_hpc.graph.sampler import CoBatchSampler, SampledGraph
 
@@ -56,13 +56,11 @@ class BatchedSteps:
     def _accounting(self, view, computed_ids) -> Dict:
         """Collective: rows held / computed per layer per rank and the server's redundancy factor."""
         topo = self.ctx.topo
-        record = {"rank": topo.rank, "rows_held": [int(g.n_src) for g in view.graphs],
-                  "rows_computed": [int(g.n_dst) for g in view.graphs]}
-        per_rank = topo.gather_object(record)
+        rows = rows_accounting(topo, view)
         factors = topo.gather_object(redundancy(topo, computed_ids))
         if topo.rank != 0:
             return {}
-        return {"rows_per_layer": per_rank, "redundancy": float(np.mean(factors))}
+        return {**rows, "redundancy": float(np.mean(factors))}
 
 
 class CooperativeSplit:

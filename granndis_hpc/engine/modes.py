@@ -119,7 +119,16 @@ class StaticMode(Mode):
     def steps(self, epoch: int) -> Iterator[Step]:
         rows = self.ctx.split_rows["train"]
         yield Step(view=self.view, rows=rows, labels=self.ctx.labels[rows],
-                   num_targets=int(self.ctx.split_totals["train"]))
+                   num_targets=int(self.ctx.split_totals["train"]),
+                   accounting=lambda: rows_accounting(self.ctx.topo, self.view))
+
+
+def rows_accounting(topo, view) -> Dict:
+    """Collective: the rows every rank holds (layer sources) and computes per layer, on rank 0."""
+    record = {"rank": topo.rank, "rows_held": [int(g.n_src) for g in view.graphs],
+              "rows_computed": [int(g.n_dst) for g in view.graphs]}
+    per_rank = topo.gather_object(record)
+    return {"rows_per_layer": per_rank} if topo.rank == 0 else {}
 
 
 def server_view(ctx: RunContext, num_layers: int, exact: bool) -> views.View:
