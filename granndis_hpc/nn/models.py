@@ -18,7 +18,7 @@ Parameter names are part of the contract: tests/dense_reference.py reads them to
 from __future__ import annotations
 
 import numbers
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,9 @@ from torch import nn
 from .graph import LayerGraph
 from .layers import GCNConv, SAGEConv
 
-MODELS = ("sage", "gcn", "ressage")
+# name -> builder(in_features, hidden, num_classes, layers, dropout, norm) -> GNN; filled by
+# `register_model` below (docs/architecture.md: adding a model is one builder registered here).
+MODELS: Dict[str, Callable[..., "GNN"]] = {}
 
 Gather = Callable[[int, torch.Tensor], torch.Tensor]
 
@@ -133,17 +135,38 @@ class ResSAGE(GNN):
         return self.head(h)
 
 
+def register_model(name: str):
+    """Decorator: make `builder(in_features, hidden, num_classes, layers, dropout, norm)` buildable by name."""
+    def register(builder):
+        MODELS[name] = builder
+        return builder
+    return register
+
+
+@register_model("sage")
+def _sage(in_features, hidden, num_classes, layers, dropout, norm):
+    return PlainGNN("sage", in_features, hidden, num_classes, layers, dropout, norm)
+
+
+@register_model("gcn")
+def _gcn(in_features, hidden, num_classes, layers, dropout, norm):
+    return PlainGNN("gcn", in_features, hidden, num_classes, layers, dropout, norm)
+
+
+@register_model("ressage")
+def _ressage(in_features, hidden, num_classes, layers, dropout, norm):
+    return ResSAGE(in_features, hidden, num_classes, layers, dropout)  # LayerNorm in every block anyway
+
+
 def build_model(name: str, in_features: int, hidden: int, num_classes: int, layers: int,
                 dropout: float = 0.5, norm: bool = False) -> GNN:
     """Build one of MODELS.  ``norm`` adds LayerNorm between sage/gcn convs; ressage always has LayerNorm."""
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {MODELS}")
+        raise ValueError(f"unknown model {name!r}; choose one of {tuple(MODELS)}")
     for arg, value in (("in_features", in_features), ("hidden", hidden), ("num_classes", num_classes),
                        ("layers", layers)):
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
             raise ValueError(f"build_model: {arg} must be a positive integer, got {value!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"build_model: dropout must be in [0, 1), got {dropout!r}")
-    if name == "ressage":
-        return ResSAGE(int(in_features), int(hidden), int(num_classes), int(layers), float(dropout))
-    return PlainGNN(name, int(in_features), int(hidden), int(num_classes), int(layers), float(dropout), bool(norm))
+    return MODELS[name](int(in_features), int(hidden), int(num_classes), int(layers), float(dropout), bool(norm))
