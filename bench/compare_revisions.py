@@ -1,0 +1,94 @@
+"""Two revisions of the engine side by side on the same shards (not a test).
+
+    python bench/compare_revisions.py --old 23b85fc --vertices 200000 --epochs 5 --reps 2 \\
+        --out docs/bench-redesign.md
+
+Checks out OLD into a temporary git worktree, builds the shard sets once with the current tree (the
+format is shared), then trains fb, flx and eas with both trees alternately (old, new, old, new, ...) so
+that the machine's load drifts over both alike, and writes: the ledger bytes per epoch of each (which
+must be identical for a redesign) and the median epoch time of each mode per revision with their ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from bench_modes import ENV, REPO, build
+
+MODES = (("fb", "full"), ("flx", "full"), ("eas", "eas"))
+
+
+def train(tree, shards, mode, run_dir, common, log):
+    cmd = ["mpirun", "-n", "4", sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", shards,
+           "--ranks-per-server", "2", "--mode", mode, "--out", run_dir, "--quiet", *common]
+    log.append(f"(cd {tree} && {' '.join(cmd)})")
+    # `python -m` puts the working directory first on sys.path: each tree runs its own code.
+    subprocess.run(cmd, cwd=tree, env=dict(ENV, PYTHONPATH=tree), check=True)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return summary, records
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--old", required=True, help="git revision to compare against (e.g. the commit before a redesign)")
+    p.add_argument("--vertices", type=int, default=200000)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--reps", type=int, default=2, help="alternating runs per revision and mode")
+    p.add_argument("--work", default=os.path.join(REPO, "bench-out", "compare"))
+    p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-redesign.md"))
+    args = p.parse_args(argv)
+    log = []
+    old_rev = subprocess.run(["git", "rev-parse", "--short", args.old], cwd=REPO, check=True,
+                             capture_output=True, text=True).stdout.strip()
+    new_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, check=True,
+                             capture_output=True, text=True).stdout.strip()
+    old_tree = tempfile.mkdtemp(prefix="granndis-old-")
+    subprocess.run(["git", "worktree", "add", "--detach", old_tree, old_rev], cwd=REPO, check=True)
+    try:
+        shard_dirs = {"full": os.path.join(args.work, "shards-full"), "eas": os.path.join(args.work, "shards-eas")}
+        build(args, shard_dirs["full"], ["--preload", "full"], log)
+        build(args, shard_dirs["eas"], ["--preload", "eas", "--hops", "1", "--fanout", "15"], log)
+        common = ["--model", "sage", "--layers", str(args.layers), "--hidden", "64", "--epochs", str(args.epochs),
+                  "--eval-every", "0"]
+        times = {(rev, m): [] for rev in ("old", "new") for m, _ in MODES}
+        ledger = {}
+        for rep in range(args.reps):
+            for mode, kind in MODES:
+                for rev, tree in (("old", old_tree), ("new", REPO)):
+                    summary, records = train(tree, shard_dirs[kind], mode,
+                                             os.path.join(args.work, "runs", f"{rev}-{mode}-{rep}"), common, log)
+                    times[(rev, mode)].append(summary["epoch_time_s"])
+                    ledger[(rev, mode)] = [r["bytes"] for r in records]
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", old_tree], cwd=REPO, check=False)
+    lines = [f"# Redesign check: {old_rev} (old) vs {new_rev} (new), side by side ({datetime.date.today()})", "",
+             f"Synthetic DC-SBM graph, {args.vertices:,} vertices, {args.layers}-layer SAGE (hidden 64), 2 emulated "
+             f"servers x 2 ranks on one 2-core machine; {args.reps} alternating runs per revision and mode, each "
+             f"the median epoch time over {args.epochs} epochs of the slowest rank; the table shows the median "
+             f"of the runs. Ledger bytes are exact counts per epoch summed over ranks.", "",
+             "| mode | ledger bytes identical | old epoch (s) | new epoch (s) | new / old |", "|---|---|---:|---:|---:|"]
+    for mode, _ in MODES:
+        same = ledger[("old", mode)] == ledger[("new", mode)]
+        old_t, new_t = statistics.median(times[("old", mode)]), statistics.median(times[("new", mode)])
+        lines.append(f"| {mode} | {'yes' if same else 'NO'} | {old_t:.3f} | {new_t:.3f} | {new_t / old_t:.3f} |")
+    lines += ["", "Per-epoch bytes (new): " + "; ".join(
+        f"{m}: {json.dumps(ledger[('new', m)][-1])}" for m, _ in MODES), "",
+        "## Commands", "", "```", f"python bench/compare_revisions.py {' '.join(argv or sys.argv[1:])}", *log, "```", ""]
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
