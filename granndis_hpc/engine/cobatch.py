@@ -13,6 +13,7 @@ a per-GPU loader reading from the server's host store would.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict
 
 import h5py
@@ -29,21 +30,43 @@ from granndis_hpc.graph.sampler import CoBatchSampler, SampledGraph
 class BatchedSteps:
     """The steps of a batched epoch: a sampler (which vertices and edges a co-batch needs) composed
     with a split (which of them this rank computes, and how it gets the rest), planned by the one
-    planner.  One optimizer step per co-batch; every server runs the same number of co-batches."""
+    planner.  One optimizer step per co-batch; every server runs the same number of co-batches.
 
-    def __init__(self, ctx, sampler: CoBatchSampler, split):
-        self.ctx, self.sampler, self.split = ctx, sampler, split
+    prefetch: sample and build the rows of co-batch i+1 in a background thread while step i computes
+    (as SALIENT pipelines its sampling), so host-side sampling leaves the critical path.  Samples
+    depend only on (seed, server, epoch, iteration), so the result is the same either way.  Planning
+    stays on the main thread: it talks to the server's other ranks, in step order."""
+
+    def __init__(self, ctx, sampler: CoBatchSampler, split, prefetch: bool = True):
+        self.ctx, self.sampler, self.split, self.prefetch = ctx, sampler, split, prefetch
 
     def steps(self, epoch: int):
-        for iteration, targets in enumerate(self.sampler.epoch_targets(epoch)):
-            yield self._step(targets, epoch, iteration)
+        batches = self.sampler.epoch_targets(epoch)
+        if not self.prefetch:
+            for iteration, targets in enumerate(batches):
+                yield self._step(*self._sample(targets, epoch, iteration))
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cobatch-sampler") as pool:
+            pending = pool.submit(self._sample, batches[0], epoch, 0)
+            for iteration in range(len(batches)):
+                waited = time.perf_counter()
+                rows, ids, _ = pending.result()
+                waited = time.perf_counter() - waited  # the part of sampling left on the critical path
+                if iteration + 1 < len(batches):
+                    pending = pool.submit(self._sample, batches[iteration + 1], epoch, iteration + 1)
+                yield self._step(rows, ids, waited)
 
-    def _step(self, targets, epoch: int, iteration: int) -> Step:
-        ctx = self.ctx
+    def _sample(self, targets, epoch: int, iteration: int):
+        """Host-only work of one co-batch: its dependency graph and this rank's rows of it."""
         start = time.perf_counter()
         sg = self.sampler.sample(self.split.targets(targets), epoch, iteration)
         rows, ids = self.split.rows(sg)
-        sampling_s = time.perf_counter() - start
+        return rows, ids, time.perf_counter() - start
+
+    def _step(self, rows, ids, sampling_s: float) -> Step:
+        """Plan one co-batch (collective on the server) into a Step.  sampling_s is the sampling time on
+        the critical path: all of it without prefetching, the wait for the sampler thread with it."""
+        ctx = self.ctx
         view = self.split.plan(rows, ids)
         n_targets = int((rows.hop == 0).sum())
         local = ids[:n_targets] - ctx.slice.row_offset

@@ -34,6 +34,22 @@ def test_cob_without_sampling_equals_flx(cora_shards):
     assert all(r["bytes"]["inter_halo"] == 0 for r in cob)
 
 
+@pytest.mark.parametrize("mode", ["cob", "mb"])
+def test_prefetching_the_next_co_batch_changes_nothing(cora_shards, mode):
+    """Sampling co-batch i+1 in a background thread while step i runs gives the very same steps."""
+    shards = cora_shards[("full", 3)]
+    kw = dict(batches_per_epoch=3, fanout=5, dropout=0.0)
+    sequential = make_trainer(shards, mode, **kw)
+    sequential.mode.batches.prefetch = False
+    plain, plain_params = _train(sequential, 2)
+    prefetched = make_trainer(shards, mode, **kw)
+    assert prefetched.mode.batches.prefetch  # the default
+    fetched, fetched_params = _train(prefetched, 2)
+    assert [r["loss"] for r in fetched] == [r["loss"] for r in plain]
+    for a, b in zip(fetched_params, plain_params):
+        assert torch.equal(a, b)
+
+
 def test_activation_checkpointing_keeps_exchanges_consistent(cora_shards):
     """Recomputing ResSAGE+ blocks (their halo exchanges included) in the backward pass changes
     nothing: same losses and parameters, with dropout on (the recomputed masks must match)."""
