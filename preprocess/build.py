@@ -191,7 +191,7 @@ def _dataset_entry(graph) -> dict:
 
 
 def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dict:
-    """Collective over `comm` (an mpi4py communicator or a cluster.Group; None = MPI.COMM_WORLD): build
+    """Collective over `comm` (an MPI communicator or a cluster.Group; None = MPI.COMM_WORLD): build
     the shard set cfg.out from `graph`; returns the manifest (all ranks)."""
     group = as_group(comm)
     log = log or PhaseLog(group, printer=lambda *a, **k: None)

@@ -84,7 +84,7 @@ def _ptr(a: np.ndarray):
 
 def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndarray, adjncy: np.ndarray,
                        nparts: int, vwgt: np.ndarray | None, seed: int, imbalance: float = 1.03) -> np.ndarray:
-    """Collective over `comm` (an mpi4py communicator or a cluster.Group): part (int64) of this rank's
+    """Collective over `comm` (an MPI communicator or a cluster.Group): part (int64) of this rank's
     vertices vtxdist[rank]:vtxdist[rank+1].
 
     vwgt: None or int [n_local, ncon].  The graph must be symmetric without self loops.

@@ -146,7 +146,7 @@ def vtxdist_for(n: int, size: int) -> np.ndarray:
 
 
 def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> ServerPartition:
-    """Collective over `comm` (an mpi4py communicator or a cluster.Group): the server of every vertex,
+    """Collective over `comm` (an MPI communicator or a cluster.Group): the server of every vertex,
     identical on every rank."""
     group = as_group(comm)
     n = graph.num_vertices

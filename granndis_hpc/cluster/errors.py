@@ -94,8 +94,7 @@ def collective_errors(comm, phase: str, catch=(Exception,), *, passthrough_alone
     waits for it; in-process callers keep its type).  Exceptions not in `catch` propagate on their
     rank only (main_guard then aborts the job).
     """
-    mpi_comm = _mpi_comm(comm)
-    if passthrough_alone and mpi_comm.Get_size() == 1:
+    if passthrough_alone and _mpi_comm(comm).Get_size() == 1:
         yield
         return
     error, caught = "", None
@@ -105,7 +104,7 @@ def collective_errors(comm, phase: str, catch=(Exception,), *, passthrough_alone
         caught = exc
         error = f"{phase}: {type(exc).__name__}: {exc}" if phase else f"{type(exc).__name__}: {exc}"
     try:
-        agree(mpi_comm, not error, error)
+        agree(comm, not error, error)
     except ClusterError as agreed:
         if caught is None:
             raise
