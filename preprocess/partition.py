@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from granndis_hpc.cluster import as_group
-from granndis_hpc.graph.csr import row_of_edges, segment_rank
+from granndis_hpc.graph.csr import csr_rows, row_of_edges, segment_rank
 
 from .halo import unique_sorted
 from .parmetis import load_parmetis, metis_part, parmetis_part_kway
@@ -197,13 +197,9 @@ def induced_symmetric(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndar
     n = indptr.shape[0] - 1
     local = np.full(n, -1, dtype=np.int64)
     local[vertices] = np.arange(vertices.shape[0], dtype=np.int64)
-    starts, ends = indptr[vertices], indptr[vertices + 1]
-    counts = ends - starts
-    sub_ptr = np.zeros(vertices.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=sub_ptr[1:])
-    pos = np.arange(sub_ptr[-1], dtype=np.int64) - np.repeat(sub_ptr[:-1] - starts, counts)
-    src = local[indices[pos]]
-    dst = np.repeat(np.arange(vertices.shape[0], dtype=np.int64), counts)
+    sub_ptr, nbrs = csr_rows(indptr, indices, vertices)
+    src = local[nbrs]
+    dst = row_of_edges(sub_ptr)
     keep = (src >= 0) & (src != dst)
     src, dst = src[keep], dst[keep]
     m = vertices.shape[0]

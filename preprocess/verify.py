@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from granndis_hpc.graph.csr import bfs_hops, row_of_edges
+from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges
 from granndis_hpc.shards import ShardError, leftover_temporaries, read_manifest, read_server_arrays, server_file_name, verify_checksums
 from granndis_hpc.shards.schema import DATASETS, FORMAT_VERSION, expected_shape
 
@@ -127,20 +127,13 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
         out.append(f"{fname}: full preload but an inner row misses some of its in-neighbours in the stored subgraph")
     if pre["kind"] == "full" and h >= 1 and not out:
         # Same rows, same lengths (checked above): compare each row's sources as sorted global ids.
-        pos = _rows_positions(indptr, inner_rows)
-        row_id = np.repeat(np.arange(inner_rows.shape[0]), local_deg[inner_rows])
-        local_src = gid[indices[pos]]
+        sub_ptr, nbrs = csr_rows(indptr, indices, inner_rows)
+        row_id = row_of_edges(sub_ptr)
+        local_src = gid[nbrs]
         local_src = local_src[np.lexsort((local_src, row_id))]
         if not np.array_equal(local_src, a["world/src_global_id"]):
             out.append(f"{fname}: stored in-neighbours of inner rows differ from the world view")
     return out
-
-
-def _rows_positions(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    counts = indptr[rows + 1] - indptr[rows]
-    starts = np.repeat(indptr[rows], counts)
-    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    return starts + within
 
 
 def _temporaries_problem(path: str) -> list:
