@@ -61,45 +61,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_build(args, argv) -> int:
-    from mpi4py import MPI
+    from granndis_hpc.cluster import ClusterError, as_group
 
     from . import sources
-    from .build import PHASES, BuildConfig, PhaseLog, _agree, run_build
+    from .build import PHASES, BuildConfig, PhaseLog, run_build
 
-    comm = MPI.COMM_WORLD
+    group = as_group(None)  # MPI.COMM_WORLD, through cluster/ (preprocess never calls MPI itself)
     if getattr(args, "source_error", None) is not None:
         print(f"preprocess build: error: dataset loaders unavailable ({args.source_error})", file=sys.stderr)
         return 1
     from granndis_hpc.progress import progress
 
-    bar = progress(total=len(PHASES), desc="preprocess", rank=comm.rank, unit="phase",
+    bar = progress(total=len(PHASES), desc="preprocess", rank=group.rank, unit="phase",
                    enabled=True if args.progress else None)
-    log = PhaseLog(comm, bar=bar)
+    log = PhaseLog(group, bar=bar)
     command = "python -m preprocess " + shlex.join(argv)
-    if comm.size > 1:
-        command = f"mpirun -n {comm.size} " + command
+    if group.size > 1:
+        command = f"mpirun -n {group.size} " + command
     cfg = BuildConfig(out=args.out, servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
                       preload=args.preload, hops=args.hops, fanout=args.fanout, select=args.eas_select,
                       partitioner=args.partitioner, seed=int(getattr(args, "seed", 0) or 0),
                       overwrite=args.overwrite, command=command)
     try:
-        graph, err = None, None
-        try:
+        with group.errors("loading the dataset"):
             graph = sources.load_from_args(args)
-        except Exception as exc:  # noqa: BLE001 - agreed on below so that no rank waits forever
-            err = exc
-        _agree(comm, err, "loading the dataset")
         log.done("load", f"{graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges, "
                          f"{graph.num_features} features")
-        run_build(comm, graph, cfg, log)
+        run_build(group, graph, cfg, log)
     except Exception as exc:  # noqa: BLE001
-        print(f"preprocess build: error (rank {comm.rank}): {exc}", file=sys.stderr, flush=True)
-        if comm.size > 1 and not getattr(exc, "agreed", False):
+        print(f"preprocess build: error (rank {group.rank}): {exc}", file=sys.stderr, flush=True)
+        # An agreed error was raised by every rank: all exit 1 together.  Anything else was seen by
+        # this rank only, and its peers may be blocked in a collective: end the whole job.
+        if group.size > 1 and not (isinstance(exc, ClusterError) and exc.collective):
             time.sleep(0.5)  # let the other ranks print their own message first
-            comm.Abort(1)
+            group.abort(1)
         return 1
     bar.close()
-    if comm.rank == 0:
+    if group.rank == 0:
         print(f"[preprocess] wrote {cfg.out}; check it with `python -m preprocess verify {cfg.out}`", flush=True)
     return 0
 

@@ -7,7 +7,8 @@ Work split over the P ranks of the communicator (P may be 1):
 - the GPU of every inner vertex is all-reduced, because each server's world view names the global
   rank that owns each in-neighbour;
 - rank 0 commits the set (renames, manifest last) once every rank has staged its files.
-A failure on any rank is agreed on collectively, so every rank raises a clear error and none hangs.
+A failure on any rank is agreed on collectively (granndis_hpc.cluster's `collective_errors`, through
+`Group.errors`), so every rank raises a clear error and none hangs; preprocess never calls MPI itself.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_rows
-from granndis_hpc.shards import (FORMAT_VERSION, ShardError, commit_shard_set, discard_staged,
-                                 prepare_output_dir, stage_server_file)
+from granndis_hpc.shards import (FORMAT_VERSION, check_free_space, commit_shard_set, discard_staged,
+                                 lower_bound_set_bytes, prepare_output_dir, stage_server_file)
 
 from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from .owners import assign_owners
@@ -152,20 +154,6 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
     return arrays, stats
 
 
-def _agree(comm, error: BaseException | None, phase: str) -> None:
-    """Collective error check: if any rank failed, every rank raises with the failing ranks' messages."""
-    msgs = comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
-    failed = [(r, m) for r, m in enumerate(msgs) if m is not None]
-    if failed:
-        if error is not None and comm.size == 1:
-            raise error
-        text = "; ".join(f"rank {r}: {m}" for r, m in failed)
-        exc_type = ShardError if all("ShardError" in m for _, m in failed) else RuntimeError
-        exc = exc_type(f"{phase} failed on {len(failed)} rank(s): {text}")
-        exc.agreed = True  # every rank raises this: the CLI may exit without MPI_Abort
-        raise exc from error
-
-
 PHASES = ("load", "partition", "halos+write", "commit")
 
 
@@ -174,14 +162,15 @@ class PhaseLog:
     phases when one is given (granndis_hpc.progress: rank 0, on a terminal or forced, never --quiet)."""
 
     def __init__(self, comm, printer=print, bar=None):
-        self.comm, self.printer, self.t0, self.last = comm, printer, time.perf_counter(), time.perf_counter()
+        self.rank = as_group(comm).rank
+        self.printer, self.t0, self.last = printer, time.perf_counter(), time.perf_counter()
         self.times = {}
         self.bar = bar
 
     def done(self, phase: str, detail: str = "") -> None:
         now = time.perf_counter()
         self.times[phase] = now - self.last
-        if self.comm.rank == 0:
+        if self.rank == 0:
             line = (f"[preprocess] {phase:<9} {now - self.last:8.2f} s  (total {now - self.t0:8.2f} s)"
                     + (f"  {detail}" if detail else ""))
             if self.bar is not None and not self.bar.disable:
@@ -202,90 +191,81 @@ def _dataset_entry(graph) -> dict:
 
 
 def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dict:
-    """Collective over `comm`: build the shard set cfg.out from `graph`; returns the manifest (all ranks)."""
-    log = log or PhaseLog(comm, printer=lambda *a, **k: None)
-    try:
+    """Collective over `comm` (an MPI communicator or a cluster.Group; None = MPI.COMM_WORLD): build
+    the shard set cfg.out from `graph`; returns the manifest (all ranks)."""
+    group = as_group(comm)
+    log = log or PhaseLog(group, printer=lambda *a, **k: None)
+    with group.errors("checking the build configuration"):
         validate_config(cfg, graph.num_vertices)
-    except ValueError as exc:
-        exc.agreed = True  # deterministic: every rank raises the same error
-        raise
-    S, G, P, rank = cfg.servers, cfg.gpus_per_server, comm.size, comm.rank
-    err = None
-    if rank == 0:
-        try:
+    S, G, P, rank = cfg.servers, cfg.gpus_per_server, group.size, group.rank
+    with group.errors("preparing the output directory"):
+        if rank == 0:
             prepare_output_dir(cfg.out, cfg.overwrite)
-        except BaseException as exc:  # noqa: BLE001 - re-raised collectively below
-            err = exc
-    _agree(comm, err, "preparing the output directory")
+            # Before the partitioning, refuse a disk that cannot hold even the inner rows; each server
+            # file is checked against its own size again before it is written.
+            check_free_space(cfg.out, lower_bound_set_bytes(graph.num_vertices, graph.num_edges, graph.num_features),
+                             "the shard set (at least)")
+            # Before hours of partitioning, refuse a disk that cannot hold even the inner rows.
 
-    sp = partition_servers(comm, graph, S, cfg.partitioner, cfg.seed)
+    sp = partition_servers(group, graph, S, cfg.partitioner, cfg.seed)
     server_of = sp.parts
     mine = list(range(rank, S, P))
     gpu_local = np.full(graph.num_vertices, -1, dtype=np.int32)
-    gpu_constraints, err = {}, None
-    try:
+    gpu_constraints = {}
+    with group.errors("partitioning servers over GPUs"):
         for s in mine:
             inner = np.flatnonzero(server_of == s)
             gpu_local[inner], gpu_constraints[s] = partition_gpus(graph, inner, G)
-    except Exception as exc:  # noqa: BLE001 - agreed on below so that no rank waits in Allreduce
-        err = exc
-    _agree(comm, err, "partitioning servers over GPUs")
-    gpu_of = np.empty_like(gpu_local)
-    from mpi4py import MPI
-
-    comm.Allreduce(gpu_local, gpu_of, op=MPI.MAX)
+    gpu_of = group.allreduce_max(gpu_local)
     log.done("partition", f"{sp.name}: edge cut {sp.edge_cut} ({100 * sp.edge_cut_fraction:.2f}% of edges), "
                           f"vertex balance {sp.vertex_balance:.3f}, train balance {sp.train_balance:.3f}")
 
-    staged, stats, err = [], [], None
+    staged, stats = [], []
     t_halo = t_write = 0.0
     try:
-        for s in mine:
-            t = time.perf_counter()
-            arrays, st = build_server(graph, s, server_of, gpu_of, cfg)
-            st["gpu_constraints"] = gpu_constraints[s]
-            t_halo += time.perf_counter() - t
-            t = time.perf_counter()
-            staged.append(stage_server_file(cfg.out, s, S, G, arrays))
-            t_write += time.perf_counter() - t
-            stats.append(st)
-            del arrays
-    except BaseException as exc:  # noqa: BLE001
-        err = exc
-    try:
-        _agree(comm, err, "building server files")
+        with group.errors("building server files"):
+            for s in mine:
+                t = time.perf_counter()
+                arrays, st = build_server(graph, s, server_of, gpu_of, cfg)
+                st["gpu_constraints"] = gpu_constraints[s]
+                t_halo += time.perf_counter() - t
+                t = time.perf_counter()
+                staged.append(stage_server_file(cfg.out, s, S, G, arrays))
+                t_write += time.perf_counter() - t
+                stats.append(st)
+                del arrays
     except BaseException:
         discard_staged(staged)
         raise
     log.done("halos+write", f"halo/owners {t_halo:.2f} s, hdf5 write {t_write:.2f} s (rank 0)")
 
-    all_staged = comm.gather(staged, root=0)
-    all_stats = comm.gather(stats, root=0)
-    manifest, err = None, None
-    if rank == 0:
-        try:
+    all_staged = group.gather_object(staged)
+    all_stats = group.gather_object(stats)
+    manifest = None
+    with group.errors("committing the shard set"):
+        if rank == 0:
             staged_flat = [x for part in all_staged for x in part]
-            stats_flat = sorted((x for part in all_stats for x in part), key=lambda x: x["server"])
-            manifest = {
-                "format_version": FORMAT_VERSION,
-                "dataset": _dataset_entry(graph),
-                "servers": S, "gpus_per_server": G, "layers": int(cfg.layers),
-                "preload": {"kind": cfg.preload, "hops": cfg.effective_hops,
-                            "fanout": int(cfg.fanout) if cfg.preload == "eas" else None,
-                            "select": cfg.select if cfg.preload == "eas" else None},
-                "partitioner": sp.manifest_entry(),
-                "seed": int(cfg.seed),
-                "command": cfg.command,
-                "files": {},
-                "stats": _summary_stats(stats_flat, S, G),
-            }
-            manifest.update(cfg.extra)
-            manifest = commit_shard_set(cfg.out, manifest, staged_flat)
-        except BaseException as exc:  # noqa: BLE001
-            err = exc
-            discard_staged([x for part in all_staged for x in part])
-    _agree(comm, err, "committing the shard set")
-    manifest = comm.bcast(manifest, root=0)
+            try:
+                stats_flat = sorted((x for part in all_stats for x in part), key=lambda x: x["server"])
+                manifest = {
+                    "format_version": FORMAT_VERSION,
+                    "dataset": _dataset_entry(graph),
+                    "servers": S, "gpus_per_server": G, "layers": int(cfg.layers),
+                    "preload": {"kind": cfg.preload, "hops": cfg.effective_hops,
+                                "fanout": int(cfg.fanout) if cfg.preload == "eas" else None,
+                                "select": cfg.select if cfg.preload == "eas" else None},
+                    "partitioner": sp.manifest_entry(),
+                    "seed": int(cfg.seed),
+                    "command": cfg.command,
+                    "files": {},
+                    "stats": _summary_stats(stats_flat, S, G),
+                }
+                manifest.update(cfg.extra)
+                manifest = commit_shard_set(cfg.out, manifest, staged_flat)
+            except BaseException:
+                discard_staged(staged_flat)
+                raise
+    manifest = group.bcast_object(manifest)
     log.done("commit", f"{cfg.out}: {S} server files + manifest.json")
     return manifest
 
@@ -309,11 +289,7 @@ def build_shards(graph, out, *, servers: int, gpus_per_server: int, layers: int,
                  hops: int | None = None, fanout: int = 15, select: str = "degree", partitioner: str = "parmetis",
                  seed: int = 0, overwrite: bool = False, comm=None, command: str = "", verbose: bool = False) -> dict:
     """Programmatic build (tests, benchmarks): same pipeline as the CLI.  `comm` defaults to COMM_WORLD;
-    pass MPI.COMM_SELF to build on one rank.  Returns the manifest."""
-    if comm is None:
-        from mpi4py import MPI
-
-        comm = MPI.COMM_WORLD
+    pass MPI.COMM_SELF (or a one-rank cluster.Group) to build on one rank.  Returns the manifest."""
     cfg = BuildConfig(out=str(out), servers=servers, gpus_per_server=gpus_per_server, layers=layers, preload=preload,
                       hops=hops, fanout=fanout, select=select, partitioner=partitioner, seed=seed,
                       overwrite=overwrite, command=command or f"build_shards(servers={servers}, "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from granndis_hpc.graph.csr import csr_rows, row_of_edges
+from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges, segment_rank
 
 EAS_SELECT_RULES = ("degree", "uniform")
 
@@ -41,13 +41,6 @@ def unique_inverse(a: np.ndarray):
     inverse = np.empty(a.shape[0], dtype=np.int64)
     inverse[order] = np.cumsum(first) - 1
     return s[first], inverse
-
-
-def marked(ids: np.ndarray, n: int) -> np.ndarray:
-    """Sorted distinct ids in [0, n) via a mask: O(n + len(ids)), faster than sorting big frontiers."""
-    mask = np.zeros(n, dtype=bool)
-    mask[ids] = True
-    return np.flatnonzero(mask).astype(np.int64)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -80,17 +73,7 @@ def _order_by_hop(num_vertices: int, hop_of: np.ndarray, max_hop: int):
 def full_khop(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int):
     """All vertices within `hops` in-hops of `inner`: (vertex ids, hop first reached), sorted by (hop, id)."""
     n = indptr.shape[0] - 1
-    hop_of = np.full(n, -1, dtype=np.int32)
-    frontier = unique_sorted(np.asarray(inner, dtype=np.int64))
-    hop_of[frontier] = 0
-    for h in range(1, hops + 1):
-        if frontier.size == 0:
-            break
-        _, sources = csr_rows(indptr, indices, frontier)
-        new = marked(sources[hop_of[sources] < 0], n)
-        hop_of[new] = h
-        frontier = new
-    return _order_by_hop(n, hop_of, hops)
+    return _order_by_hop(n, bfs_hops(indptr, indices, inner, hops), hops)
 
 
 def _unselected_in_degree(indptr, indices, vertices, selected: np.ndarray) -> np.ndarray:
@@ -105,19 +88,18 @@ def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, f
     if select not in EAS_SELECT_RULES:
         raise ValueError(f"unknown EAS selection rule {select!r}; use one of {EAS_SELECT_RULES}")
     n = indptr.shape[0] - 1
-    hop_of = np.full(n, -1, dtype=np.int32)
-    frontier = unique_sorted(np.asarray(inner, dtype=np.int64))
-    hop_of[frontier] = 0
-    for h in range(1, hops + 1):
-        if frontier.size == 0 or fanout <= 0:
-            break
+
+    def expand(frontier, hop_of):
+        """The sampled in-neighbours of one hop: at most `fanout` unselected ones per frontier vertex."""
+        if fanout <= 0:
+            return np.zeros(0, dtype=np.int64)
         selected = hop_of >= 0
         sub_indptr, src = csr_rows(indptr, indices, frontier)
         dst = frontier[row_of_edges(sub_indptr)]
         keep = ~selected[src]
         src, dst = src[keep], dst[keep]
         if src.size == 0:
-            break
+            return src
         keys = edge_keys(src, dst, seed)
         if select == "degree":
             cand, inverse = unique_inverse(src)
@@ -130,15 +112,10 @@ def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, f
         first = np.ones(src.shape[0], dtype=bool)
         first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
         src, dst = src[first], dst[first]
-        # Segmented rank: position of each candidate inside its destination row after sorting.
-        row_start = np.ones(dst.shape[0], dtype=bool)
-        row_start[1:] = dst[1:] != dst[:-1]
-        start_pos = np.flatnonzero(row_start)
-        rank = np.arange(dst.shape[0]) - np.repeat(start_pos, np.diff(np.append(start_pos, dst.shape[0])))
-        new = marked(src[rank < fanout], n)
-        hop_of[new] = h
-        frontier = new
-    return _order_by_hop(n, hop_of, hops)
+        # Position of each candidate inside its destination row after sorting (dst is grouped).
+        return src[segment_rank(dst) < fanout]
+
+    return _order_by_hop(n, bfs_hops(indptr, indices, inner, hops, expand), hops)
 
 
 def induced_subgraph(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):

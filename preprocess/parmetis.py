@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from granndis_hpc.cluster import as_group
+
 METIS_OK = 1
 PARMETIS_NAMES = ("libparmetis.so", "libptscotchparmetisv3.so")
 
@@ -82,13 +84,12 @@ def _ptr(a: np.ndarray):
 
 def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndarray, adjncy: np.ndarray,
                        nparts: int, vwgt: np.ndarray | None, seed: int, imbalance: float = 1.03) -> np.ndarray:
-    """Collective over `comm`: part (int64) of this rank's vertices vtxdist[rank]:vtxdist[rank+1].
+    """Collective over `comm` (an MPI communicator or a cluster.Group): part (int64) of this rank's
+    vertices vtxdist[rank]:vtxdist[rank+1].
 
     vwgt: None or int [n_local, ncon].  The graph must be symmetric without self loops.
     imbalance 1.03 (not 1.05): PT-Scotch uses the whole allowance, and we promise balance within 5 %.
     """
-    from mpi4py import MPI
-
     idx = pm.idx_dtype
     vtxdist_c = np.ascontiguousarray(vtxdist, dtype=idx)
     xadj_c = np.ascontiguousarray(xadj, dtype=idx)
@@ -108,7 +109,7 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     options = np.array([1, 0, seed], dtype=idx)  # use options; no debug output; random seed
     edgecut = np.zeros(1, dtype=idx)
     part = np.zeros(max(n_local, 1), dtype=idx)
-    comm_ptr = ctypes.c_void_p(MPI._addressof(comm))
+    comm_ptr = ctypes.c_void_p(as_group(comm).c_handle_address())  # the MPI_Comm * it takes
     rc = pm.lib.ParMETIS_V3_PartKway(
         _ptr(vtxdist_c), _ptr(xadj_c), _ptr(adjncy_c), _ptr(vwgt_c), None, _ptr(wgtflag), _ptr(numflag),
         _ptr(ncon_c), _ptr(nparts_c), _ptr(tpwgts), _ptr(ubvec), _ptr(options), _ptr(edgecut), _ptr(part), comm_ptr)

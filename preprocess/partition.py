@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from granndis_hpc.graph.csr import row_of_edges
+from granndis_hpc.cluster import as_group
+from granndis_hpc.graph.csr import csr_rows, row_of_edges, segment_rank
 
 from .halo import unique_sorted
 from .parmetis import load_parmetis, metis_part, parmetis_part_kway
@@ -86,16 +87,6 @@ def fill_empty_parts(parts: np.ndarray, nparts: int) -> np.ndarray:
     return parts
 
 
-def _segment_rank(key: np.ndarray) -> np.ndarray:
-    """For each element, how many earlier elements have the same key (rank in order of appearance)."""
-    order = np.argsort(key, kind="stable")
-    sorted_key = key[order]
-    start = np.searchsorted(sorted_key, sorted_key, side="left")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(key.shape[0]) - start
-    return rank
-
-
 def refine_balance(indptr: np.ndarray, indices: np.ndarray, parts: np.ndarray, nparts: int,
                    max_ratio: float = 1.03, rounds: int = 8):
     """Move vertices out of parts above max_ratio x average, best edge-cut gain first.
@@ -132,10 +123,10 @@ def refine_balance(indptr: np.ndarray, indices: np.ndarray, parts: np.ndarray, n
         order = np.lexsort((cand, -best))
         cand, target = cand[order], target[order]
         # accept at most `room` per target, then at most `excess` per source, best gain first
-        accept = _segment_rank(target) < room[target]
+        accept = segment_rank(target) < room[target]
         cand, target = cand[accept], target[accept]
         excess = np.maximum(load - cap, 0)
-        accept = _segment_rank(parts[cand]) < excess[parts[cand]]
+        accept = segment_rank(parts[cand]) < excess[parts[cand]]
         if not accept.any():
             break
         parts[cand[accept]] = target[accept]
@@ -155,7 +146,9 @@ def vtxdist_for(n: int, size: int) -> np.ndarray:
 
 
 def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> ServerPartition:
-    """Collective: the server of every vertex, identical on every rank of `comm`."""
+    """Collective over `comm` (an MPI communicator or a cluster.Group): the server of every vertex,
+    identical on every rank."""
+    group = as_group(comm)
     n = graph.num_vertices
     train = graph.train_mask
     if method not in PARTITIONERS:
@@ -166,33 +159,27 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
         parts, library, constraints = random_partition(n, nparts, seed), "numpy", ["vertices"]
     elif method == "metis":
         result = None
-        if comm.rank == 0:
-            try:
+        with group.errors("METIS partitioning on rank 0"):  # the other ranks would wait in the bcast
+            if group.rank == 0:
                 xadj, adjncy = symmetric_adjacency(graph.indptr, graph.indices, 0, n)
                 use_train = int(train.sum()) >= nparts
-                result = metis_part(xadj, adjncy, nparts, _weights(train, use_train)) + (None,)
-            except Exception as exc:  # noqa: BLE001 - the other ranks wait in bcast: tell them
-                result = (None, None, f"{type(exc).__name__}: {exc}")
-        parts, ncon, error = comm.bcast(result, root=0)
-        if error is not None:
-            exc = RuntimeError(f"METIS partitioning on rank 0 failed: {error}")
-            exc.agreed = True
-            raise exc
+                result = metis_part(xadj, adjncy, nparts, _weights(train, use_train))
+        parts, ncon = group.bcast_object(result)
         library = "metis (pymetis)"
         constraints = ["vertices", "train"][:ncon]
     else:
-        from mpi4py import MPI
-
-        pm = load_parmetis()
-        vtxdist = vtxdist_for(n, comm.size)
-        lo, hi = int(vtxdist[comm.rank]), int(vtxdist[comm.rank + 1])
-        xadj, adjncy = symmetric_adjacency(graph.indptr, graph.indices, lo, hi)
-        # PT-Scotch ignores a second constraint (DESIGN §8): balance vertices only there.
-        two = (not pm.is_scotch) and int(train.sum()) >= nparts
-        local = parmetis_part_kway(pm, comm, vtxdist, xadj, adjncy, nparts, _weights(train[lo:hi], two), seed)
-        parts = np.empty(n, dtype=np.int64)
-        counts = np.diff(vtxdist)
-        comm.Allgatherv(local, [parts, counts, vtxdist[:-1], MPI.INT64_T])
+        vtxdist = vtxdist_for(n, group.size)
+        with group.errors("ParMETIS partitioning"):  # a rank without the library must not hang the others
+            pm = load_parmetis()
+            lo, hi = int(vtxdist[group.rank]), int(vtxdist[group.rank + 1])
+            xadj, adjncy = symmetric_adjacency(graph.indptr, graph.indices, lo, hi)
+            # PT-Scotch ignores a second constraint (DESIGN §8): balance vertices only there.
+            two = (not pm.is_scotch) and int(train.sum()) >= nparts
+        # Collective inside the library: every rank reaches it (or none, after the check above); a
+        # non-OK return code is agreed on before the allgather below.
+        with group.errors("ParMETIS_V3_PartKway"):
+            local = parmetis_part_kway(pm, group, vtxdist, xadj, adjncy, nparts, _weights(train[lo:hi], two), seed)
+        parts = group.allgatherv(local, np.diff(vtxdist))
         library = f"{pm.name} ({pm.path}, idx_t {pm.idx_dtype.itemsize * 8}-bit)"
         constraints = ["vertices", "train"] if two else ["vertices"]
     parts = fill_empty_parts(np.asarray(parts, dtype=np.int64), nparts)
@@ -210,13 +197,9 @@ def induced_symmetric(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndar
     n = indptr.shape[0] - 1
     local = np.full(n, -1, dtype=np.int64)
     local[vertices] = np.arange(vertices.shape[0], dtype=np.int64)
-    starts, ends = indptr[vertices], indptr[vertices + 1]
-    counts = ends - starts
-    sub_ptr = np.zeros(vertices.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=sub_ptr[1:])
-    pos = np.arange(sub_ptr[-1], dtype=np.int64) - np.repeat(sub_ptr[:-1] - starts, counts)
-    src = local[indices[pos]]
-    dst = np.repeat(np.arange(vertices.shape[0], dtype=np.int64), counts)
+    sub_ptr, nbrs = csr_rows(indptr, indices, vertices)
+    src = local[nbrs]
+    dst = row_of_edges(sub_ptr)
     keep = (src >= 0) & (src != dst)
     src, dst = src[keep], dst[keep]
     m = vertices.shape[0]

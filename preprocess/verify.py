@@ -18,8 +18,8 @@ import os
 
 import numpy as np
 
-from granndis_hpc.graph.csr import row_of_edges
-from granndis_hpc.shards import ShardError, read_manifest, read_server_arrays, server_file_name, verify_checksums
+from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges
+from granndis_hpc.shards import ShardError, leftover_temporaries, read_manifest, read_server_arrays, server_file_name, verify_checksums
 from granndis_hpc.shards.schema import DATASETS, FORMAT_VERSION, expected_shape
 
 from .halo import unique_sorted
@@ -39,21 +39,6 @@ def _csr_problems(name: str, indptr: np.ndarray, indices: np.ndarray, n_cols: in
         if np.any(same_row & (indices[1:] <= indices[:-1])):
             out.append(f"{name}: indices not strictly increasing within a row (unsorted or duplicate edges)")
     return out
-
-
-def _bfs_hops(indptr: np.ndarray, indices: np.ndarray, sources: np.ndarray, max_hop: int) -> np.ndarray:
-    """Hop distance (following in-edges) from `sources` over a CSR, -1 beyond max_hop."""
-    from granndis_hpc.graph.csr import csr_rows
-
-    dist = np.full(indptr.shape[0] - 1, -1, dtype=np.int64)
-    dist[sources] = 0
-    frontier = sources
-    for h in range(1, max_hop + 1):
-        _, nbrs = csr_rows(indptr, indices, frontier)
-        new = unique_sorted(nbrs[dist[nbrs] < 0])
-        dist[new] = h
-        frontier = new
-    return dist
 
 
 def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
@@ -113,7 +98,7 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     pre = manifest["preload"]
     h = int(pre["hops"])
     if pre["kind"] == "full":
-        dist = _bfs_hops(indptr, indices, inner_rows, h)
+        dist = bfs_hops(indptr, indices, inner_rows, h)
         if not np.array_equal(dist, hop):
             bad = int(np.count_nonzero(dist != hop))
             out.append(f"{fname}: {bad} rows have a hop that differs from the BFS distance from the inner "
@@ -142,25 +127,33 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
         out.append(f"{fname}: full preload but an inner row misses some of its in-neighbours in the stored subgraph")
     if pre["kind"] == "full" and h >= 1 and not out:
         # Same rows, same lengths (checked above): compare each row's sources as sorted global ids.
-        pos = _rows_positions(indptr, inner_rows)
-        row_id = np.repeat(np.arange(inner_rows.shape[0]), local_deg[inner_rows])
-        local_src = gid[indices[pos]]
+        sub_ptr, nbrs = csr_rows(indptr, indices, inner_rows)
+        row_id = row_of_edges(sub_ptr)
+        local_src = gid[nbrs]
         local_src = local_src[np.lexsort((local_src, row_id))]
         if not np.array_equal(local_src, a["world/src_global_id"]):
             out.append(f"{fname}: stored in-neighbours of inner rows differ from the world view")
     return out
 
 
-def _rows_positions(indptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    counts = indptr[rows + 1] - indptr[rows]
-    starts = np.repeat(indptr[rows], counts)
-    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    return starts + within
+def _temporaries_problem(path: str) -> list:
+    """Temporaries of an interrupted build: harmless to readers, but they can be large."""
+    names = leftover_temporaries(path)
+    if not names:
+        return []
+    size = sum(os.path.getsize(os.path.join(path, n)) for n in names if os.path.exists(os.path.join(path, n)))
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    return [f"{path}: {len(names)} temporary file(s) of an interrupted build ({shown}; {size / 2**20:.1f} MiB): "
+            f"delete them, or re-run the build with --overwrite, which removes them"]
 
 
 def verify_shard_set(path) -> list:
     """All problems found (an empty list means the set is valid)."""
     path = os.fspath(path)
+    return _set_problems(path) + (_temporaries_problem(path) if os.path.isdir(path) else [])
+
+
+def _set_problems(path: str) -> list:
     try:
         manifest = read_manifest(path)
     except ShardError as exc:

@@ -1,4 +1,7 @@
-"""Shared fixtures: where the real datasets are, and how to launch mpirun from a serial test."""
+"""Shared fixtures: where the real datasets are, and how to launch mpirun from a serial test.
+
+The real datasets are part of the repository (tests/data/planetoid, 1.6 MB): a missing file fails the
+tests that need it instead of skipping them, so a broken checkout cannot pass quietly."""
 import os
 import pathlib
 import shutil
@@ -8,8 +11,19 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DATASETS = pathlib.Path(os.environ.get("GRANNDIS_DATASETS", REPO.parent / "shared" / "datasets"))
+DATASETS = pathlib.Path(os.environ.get("GRANNDIS_DATASETS", REPO / "tests" / "data"))
 PLANETOID = DATASETS / "planetoid"
+PLANETOID_FILES = [f"ind.{name}.{part}" for name in ("cora", "citeseer")
+                   for part in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")]
+
+
+def require_planetoid() -> pathlib.Path:
+    """The Planetoid directory; fails the calling test (not a skip) when a file is missing."""
+    missing = [f for f in PLANETOID_FILES if not (PLANETOID / f).exists()]
+    if missing:
+        pytest.fail(f"real Planetoid files missing from {PLANETOID}: {', '.join(missing)} (they are part of the "
+                    f"repository under tests/data/planetoid; GRANNDIS_DATASETS=DIR points elsewhere)")
+    return PLANETOID
 
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -23,9 +37,7 @@ MPI_ENV = {
 
 @pytest.fixture
 def planetoid_root():
-    if not (PLANETOID / "ind.cora.graph").exists():
-        pytest.skip(f"real Planetoid files not found in {PLANETOID} (set GRANNDIS_DATASETS)")
-    return PLANETOID
+    return require_planetoid()
 
 
 def run_mpi(args, n=4, timeout=240, env=None, cwd=REPO):

@@ -7,6 +7,8 @@ collective.  Two tools prevent that:
   its input is fine; if any rank is not, every rank raises the same `ClusterError` naming the
   offending rank(s).  Use it for validation whose outcome may differ between ranks (files, env,
   sizes read from disk).
+* `collective_errors(comm, phase)` -- the same check around a block: an exception inside it on any
+  rank becomes the same `ClusterError` on every rank.
 * `main_guard(fn)` -- wraps an entry point.  An exception on any rank prints
   "[rank r] <Type>: message" to stderr and aborts the whole job with exit status 1.  When the
   exception came out of `agree` (so every rank raises it together), ranks instead synchronise,
@@ -38,12 +40,25 @@ def world_rank() -> int:
     return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else 0
 
 
+def _mpi_comm(comm):
+    """The mpi4py communicator behind `comm`: an mpi4py communicator itself, a Topology (its world)
+    or a cluster.Group (anything with `mpi_comm`)."""
+    if isinstance(comm, MPI.Comm):
+        return comm
+    inner = getattr(comm, "mpi_comm", None)
+    if inner is None:
+        raise TypeError(f"expected an MPI communicator, a Topology or a cluster.Group, got {type(comm).__name__}")
+    return inner
+
+
 def agree(comm, ok: bool, message: str = "") -> None:
     """Collective: raise the same ClusterError on every rank of `comm` if any rank passes ok=False.
 
     The error names each failing rank (its rank in MPI.COMM_WORLD) with the message it gave, so a
     user sees what is wrong wherever it went wrong.  Costs one small allgather.
+    `comm`: an mpi4py communicator, a Topology (its world) or a cluster.Group.
     """
+    comm = _mpi_comm(comm)
     reports = comm.allgather((bool(ok), world_rank(), str(message)))
     bad = [(rank, msg) for good, rank, msg in reports if not good]
     if not bad:
@@ -63,24 +78,37 @@ def agree(comm, ok: bool, message: str = "") -> None:
 
 
 @contextmanager
-def collective_errors(comm, phase: str, catch=(Exception,)):
+def collective_errors(comm, phase: str, catch=(Exception,), *, passthrough_alone: bool = False):
     """Collective: run the block on every rank, then agree on the outcome.
 
     An exception of a type in `catch` raised inside the block on any rank becomes the same
-    ClusterError on every rank of `comm` (naming the rank(s) and `phase`); a block that succeeds
-    everywhere costs one small allgather.  Replaces the try / error text / agree pattern::
+    ClusterError on every rank of `comm` (naming the rank(s) and `phase`; on a failing rank it is
+    chained to the original exception); a block that succeeds everywhere costs one small allgather.
+    Replaces the try / error text / agree pattern::
 
         with collective_errors(topo.world, "reading the shards"):
             manifest = read_manifest(path)
 
-    Exceptions not in `catch` propagate on their rank only (main_guard then aborts the job).
+    `comm`: an mpi4py communicator, a Topology (its world) or a cluster.Group.
+    passthrough_alone=True: on a one-rank communicator the exception propagates unchanged (no peer
+    waits for it; in-process callers keep its type).  Exceptions not in `catch` propagate on their
+    rank only (main_guard then aborts the job).
     """
-    error = ""
+    if passthrough_alone and _mpi_comm(comm).Get_size() == 1:
+        yield
+        return
+    error, caught = "", None
     try:
         yield
     except catch as exc:  # noqa: BLE001 -- reported collectively below
+        caught = exc
         error = f"{phase}: {type(exc).__name__}: {exc}" if phase else f"{type(exc).__name__}: {exc}"
-    agree(comm, not error, error)
+    try:
+        agree(comm, not error, error)
+    except ClusterError as agreed:
+        if caught is None:
+            raise
+        raise agreed from caught
 
 
 def _report(exc: BaseException, rank: int, with_traceback: bool) -> None:

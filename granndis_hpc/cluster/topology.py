@@ -66,6 +66,11 @@ class Topology:
     _closed: bool = field(default=False, repr=False)
 
     @property
+    def mpi_comm(self) -> MPI.Comm:
+        """The world communicator: what `agree` / `collective_errors` use when given a Topology."""
+        return self.world
+
+    @property
     def is_leader(self) -> bool:
         return self.local_rank == 0
 
@@ -231,10 +236,16 @@ def _resolve_ranks_per_server(ranks_per_server, world_size: int):
     if isinstance(ranks_per_server, bool) or not isinstance(ranks_per_server, (int, np.integer)):
         return None, f"{source} must be an integer, got {ranks_per_server!r}"
     rps = int(ranks_per_server)
-    if rps < 1 or world_size % rps != 0:
+    if rps < 1:
+        return None, (f"{source} gives {rps} ranks per server; a server needs at least 1 rank (set it to "
+                      f"the number of GPUs per server, a divisor of the {world_size} ranks of this job)")
+    if world_size % rps != 0:
+        rounded_up = -(-world_size // rps) * rps
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
         return None, (f"{source} gives {rps} ranks per server, which does not divide the {world_size} "
-                      f"ranks of this job; every server needs the same number of ranks (use a divisor "
-                      f"of {world_size}, or start {world_size} rounded to a multiple of {rps} ranks)")
+                      f"ranks of this job; every server needs the same number of ranks: start "
+                      f"{rounded_up} ranks ({rounded_up // rps} servers of {rps}), or use one of "
+                      f"{', '.join(map(str, divisors))} ranks per server")
     return rps, None
 
 

@@ -85,3 +85,58 @@ def position_lookup(ids: np.ndarray):
 def row_of_edges(indptr: np.ndarray) -> np.ndarray:
     """For an in-edge CSR, the destination row of every edge (the COO row array)."""
     return np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int64), np.diff(indptr))
+
+
+def owner_of(offsets: np.ndarray, ids) -> np.ndarray:
+    """Which contiguous block each id falls in, for blocks given by their start offsets
+    (`offsets[p] <= id < offsets[p+1]` -> p).  The one lookup of "which GPU's rows hold this row":
+    rows of each GPU are contiguous in a server file (DESIGN §5)."""
+    return np.searchsorted(offsets, ids, side="right") - 1
+
+
+def marked(ids: np.ndarray, n: int) -> np.ndarray:
+    """Sorted distinct ids in [0, n) via a mask: O(n + len(ids)), faster than sorting big frontiers."""
+    mask = np.zeros(n, dtype=bool)
+    mask[ids] = True
+    return np.flatnonzero(mask).astype(np.int64)
+
+
+def segment_rank(key: np.ndarray) -> np.ndarray:
+    """For each element, how many earlier elements have the same key (its rank inside its segment,
+    in order of appearance).  Keys already grouped (non-decreasing, e.g. the row of each CSR entry)
+    take an O(n) path; any other order costs one stable sort."""
+    key = np.asarray(key)
+    n = key.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if np.all(key[1:] >= key[:-1]):
+        start = np.ones(n, dtype=bool)
+        start[1:] = key[1:] != key[:-1]
+        first = np.flatnonzero(start)
+        return np.arange(n, dtype=np.int64) - np.repeat(first, np.diff(np.append(first, n)))
+    order = np.argsort(key, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = segment_rank(key[order])
+    return rank
+
+
+def bfs_hops(indptr: np.ndarray, indices: np.ndarray, sources, max_hop: int, expand=None) -> np.ndarray:
+    """Frontier BFS over an in-edge CSR: the hop at which each vertex is first reached from `sources`
+    (0 for the sources, -1 beyond `max_hop` or never).  One vectorised step per hop.
+
+    `expand(frontier, hop_of)` returns the vertices the sorted `frontier` reaches at the next hop
+    (default: all their in-neighbours); ones already reached are dropped here.  Samplers pass their
+    own rule (EAS, GraphSAGE fanout), so preprocessing, verification and the runtime sampler walk
+    the graph the same way.
+    """
+    n = indptr.shape[0] - 1
+    hop_of = np.full(n, -1, dtype=np.int32)
+    frontier = marked(np.asarray(sources, dtype=np.int64), n)
+    hop_of[frontier] = 0
+    for h in range(1, max_hop + 1):
+        if frontier.size == 0:
+            break
+        reached = csr_rows(indptr, indices, frontier)[1] if expand is None else expand(frontier, hop_of)
+        frontier = marked(reached[hop_of[reached] < 0], n)
+        hop_of[frontier] = h
+    return hop_of

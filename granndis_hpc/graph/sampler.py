@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from granndis_hpc.graph.csr import csr_from_edges, csr_rows, position_lookup
+from granndis_hpc.graph.csr import bfs_hops, csr_from_edges, csr_rows, position_lookup, segment_rank
 
 SAMPLERS = ("sage", "saint")
 
@@ -46,8 +46,7 @@ def sample_rows(indptr, indices, rows, fanout: int, rng: np.random.Generator):
     # 32-bit draw in the low bits.
     key = (row_of << 32) | rng.integers(0, 1 << 32, sub_ix.shape[0], dtype=np.int64)
     order = np.argsort(key)
-    rank_in_row = np.arange(sub_ix.shape[0], dtype=np.int64) - sub_ip[row_of]
-    keep = order[rank_in_row < fanout]  # the first `fanout` of each row in the random order
+    keep = order[segment_rank(row_of) < fanout]  # the first `fanout` of each row in the random order
     keep.sort()
     kept_counts = np.minimum(counts, fanout)
     out_ip = np.zeros(rows.shape[0] + 1, dtype=np.int64)
@@ -57,27 +56,17 @@ def sample_rows(indptr, indices, rows, fanout: int, rng: np.random.Generator):
 
 def sample_dependency(indptr, indices, targets, layers: int, fanout: int, rng) -> SampledGraph:
     """GraphSAGE-style: hop by hop, each newly reached vertex keeps up to `fanout` in-edges."""
-    # Membership as boolean masks over the server's vertices: O(n) per hop, and much faster than
-    # np.unique / setdiff1d on large id arrays (sort-based, measured 50x slower with numpy 2.4).
-    n = indptr.shape[0] - 1
-    seen = np.zeros(n, dtype=bool)
-    seen[np.asarray(targets, dtype=np.int64)] = True
-    frontier = np.flatnonzero(seen)
-    vertices, hops = [frontier], [np.zeros(frontier.size, dtype=np.int64)]
-    edge_src, edge_dst = [], []
-    for d in range(1, layers + 1):
+    edge_src, edge_dst = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+
+    def expand(frontier, hop_of):
         ip, src = sample_rows(indptr, indices, frontier, fanout, rng)
         edge_src.append(src)
         edge_dst.append(np.repeat(frontier, np.diff(ip)))
-        fresh = np.zeros(n, dtype=bool)
-        fresh[src] = True
-        fresh &= ~seen
-        seen |= fresh
-        frontier = np.flatnonzero(fresh)
-        vertices.append(frontier)
-        hops.append(np.full(frontier.size, d, dtype=np.int64))
-    return _assemble(np.concatenate(vertices), np.concatenate(hops), np.concatenate(edge_src),
-                     np.concatenate(edge_dst))
+        return src
+
+    hop = bfs_hops(indptr, indices, targets, layers, expand)
+    vertices = np.flatnonzero(hop >= 0)
+    return _assemble(vertices, hop[vertices].astype(np.int64), np.concatenate(edge_src), np.concatenate(edge_dst))
 
 
 def induced_batch(indptr, indices, targets) -> SampledGraph:

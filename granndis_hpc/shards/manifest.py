@@ -47,7 +47,85 @@ def read_manifest(path) -> dict:
     for key in ("servers", "gpus_per_server", "layers", "dataset", "files", "preload"):
         if key not in manifest:
             raise ShardError(f"{mpath}: manifest lacks {key!r}; " + _REBUILD.format(path=path))
+    problems = _type_problems(manifest)
+    if problems:
+        raise ShardError(f"{mpath}: " + "; ".join(problems) + "; " + _REBUILD.format(path=path))
+    changed = _changed_fields(manifest)
+    if changed:
+        raise ShardError(f"{mpath}: " + "; ".join(changed) + ": the manifest was edited after the build "
+                         f"(it no longer matches the digests the build recorded); restore it or "
+                         + _REBUILD.format(path=path))
     return manifest
+
+
+def _canonical(value) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def manifest_digests(manifest: dict) -> dict:
+    """sha256 (first 16 hex digits) of every field of the manifest, by dotted name: each entry of
+    "dataset" on its own (the counts the engine sizes tensors with), every other top-level key as a
+    whole.  "files" is left out: each file's own sha256 and size are checked against the file."""
+    out = {}
+    for key, value in manifest.items():
+        if key in ("files", "digests"):
+            continue
+        if key == "dataset" and isinstance(value, dict):
+            for field, v in value.items():
+                out[f"dataset.{field}"] = hashlib.sha256(_canonical(v)).hexdigest()[:16]
+        else:
+            out[key] = hashlib.sha256(_canonical(value)).hexdigest()[:16]
+    return out
+
+
+def _changed_fields(manifest: dict) -> list:
+    recorded = manifest.get("digests")
+    if not isinstance(recorded, dict):
+        return ["it has no field digests (written by an older granndis-hpc, or they were removed)"]
+    now = manifest_digests(manifest)
+    out = [f"field {name} was changed" for name in sorted(now) if name in recorded and recorded[name] != now[name]]
+    out += [f"field {name} was added" for name in sorted(set(now) - set(recorded))]
+    out += [f"field {name} was removed" for name in sorted(set(recorded) - set(now))]
+    return out
+
+
+def _is_count(value, minimum: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _type_problems(manifest: dict) -> list:
+    """What does not have the type the readers rely on (so that no reader fails with a TypeError)."""
+    out = []
+    for key in ("servers", "gpus_per_server", "layers"):
+        if not _is_count(manifest[key], 1):
+            out.append(f"{key} must be a positive integer, got {json.dumps(manifest[key])}")
+    ds = manifest["dataset"]
+    if not isinstance(ds, dict):
+        out.append(f"dataset must be an object, got {json.dumps(ds)}")
+    else:
+        if not isinstance(ds.get("name"), str):
+            out.append(f"dataset.name must be a string, got {json.dumps(ds.get('name'))}")
+        for field in ("num_vertices", "num_edges", "num_features", "num_classes", "num_train", "num_val", "num_test"):
+            if not _is_count(ds.get(field)):
+                out.append(f"dataset.{field} must be a non-negative integer, got {json.dumps(ds.get(field))}")
+    pre = manifest["preload"]
+    if not isinstance(pre, dict) or pre.get("kind") not in ("full", "eas") or not _is_count(pre.get("hops")):
+        out.append(f"preload must be an object with kind full|eas and integer hops, got {json.dumps(pre)}")
+    elif pre["kind"] == "eas" and not _is_count(pre.get("fanout"), 1):
+        out.append(f"preload.fanout must be a positive integer for EAS, got {json.dumps(pre.get('fanout'))}")
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        out.append(f"files must be an object, got {json.dumps(files)}")
+    else:
+        for name, entry in files.items():
+            if not isinstance(entry, dict):
+                out.append(f"files[{name!r}] must be an object with sha256 and bytes, got {json.dumps(entry)}")
+                continue
+            if not isinstance(entry.get("sha256"), str):
+                out.append(f"files[{name!r}] lacks a string 'sha256'")
+            if not _is_count(entry.get("bytes")):
+                out.append(f"files[{name!r}] lacks an integer 'bytes'")
+    return out
 
 
 def check_job(manifest: dict, servers: int, gpus_per_server: int, layers: int | None = None) -> None:

@@ -1,4 +1,8 @@
-"""Reading shards: one rank reads only its own rows (h5py slices) plus small per-server vectors."""
+"""Reading shards: one rank reads only its own rows (h5py slices) plus small per-server vectors.
+
+RankSlice holds what the engine uses.  The file also stores graph/in_degree for every server row and
+world/src_in_degree (verify checks them; a sampler reads the former through read_server_graph), but
+a rank's slice does not load them: nothing at run time reads them per rank."""
 from __future__ import annotations
 
 import os
@@ -31,11 +35,9 @@ class RankSlice:
     in_degree: np.ndarray  # int64 [n] global in-degree of own rows
     server_offsets: np.ndarray  # int64 [G+1]
     server_hop: np.ndarray  # int32 [n_s] hop of every server-local id
-    server_in_degree: np.ndarray  # int64 [n_s] global in-degree of every server-local id
     w_indptr: np.ndarray  # int64 [n_inner+1] world view of own inner rows
     w_src_global_id: np.ndarray  # int64 [nnz_w]
     w_src_rank: np.ndarray  # int32 [nnz_w]
-    w_src_in_degree: np.ndarray  # int64 [nnz_w]
 
     @property
     def num_rows(self) -> int:
@@ -96,11 +98,9 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
             in_degree=f["graph/in_degree"][lo:hi],
             server_offsets=offsets,
             server_hop=f["vertices/hop"][:],
-            server_in_degree=f["graph/in_degree"][:],
             w_indptr=w_indptr - we_lo,
             w_src_global_id=f["world/src_global_id"][we_lo:we_hi],
             w_src_rank=f["world/src_rank"][we_lo:we_hi],
-            w_src_in_degree=f["world/src_in_degree"][we_lo:we_hi],
         )
 
 
@@ -128,3 +128,26 @@ def read_server_graph(path, manifest: dict, server: int) -> dict:
         return {"indptr": f["graph/indptr"][:], "indices": f["graph/indices"][:],
                 "in_degree": f["graph/in_degree"][:], "hop": f["vertices/hop"][:],
                 "train": f["split/train"][:], "offsets": f["vertices/offsets"][:]}
+
+
+def read_server_rows(path, manifest: dict, server: int, ids) -> np.ndarray:
+    """Feature rows of the given server-local ids (any order, unique), as float32 [len(ids), F].
+
+    For per-GPU mini-batches, whose rows lie anywhere in the server's file.  h5py's fancy indexing
+    needs increasing indices, so the ids are read sorted and put back in the caller's order."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.ndim != 1:
+        raise ShardError(f"read_server_rows: ids must be 1-D, got shape {ids.shape}")
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    if sorted_ids.size > 1 and np.any(sorted_ids[1:] == sorted_ids[:-1]):
+        raise ShardError("read_server_rows: ids must be unique (h5py reads each row once)")
+    with _open_server(os.fspath(path), manifest, server) as f:
+        dset = f["features"]
+        if sorted_ids.size and (sorted_ids[0] < 0 or sorted_ids[-1] >= dset.shape[0]):
+            raise ShardError(f"{f.filename}: row ids must lie in [0, {dset.shape[0]}), got "
+                             f"[{int(sorted_ids[0])}, {int(sorted_ids[-1])}]")
+        out = np.empty((ids.size, dset.shape[1]), dtype=np.float32)
+        if ids.size:
+            out[order] = dset[sorted_ids]
+        return out

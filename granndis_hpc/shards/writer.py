@@ -3,10 +3,12 @@
 Protocol (so an interrupted build never leaves a set that `verify` or a reader accepts, and an old set
 survives until the new one is complete):
 
-1. `prepare_output_dir`: refuse a non-empty directory unless overwrite; refuse to overwrite a non-empty
-   directory that is not a shard set (no manifest.json), so a typo cannot clobber unrelated files.
-2. `stage_server_file` (any rank, one call per server): write the HDF5 file under a hidden temporary
-   name in the output directory, fsync it, hash it.  Nothing visible changes yet.
+1. `prepare_output_dir`: refuse a non-empty directory unless overwrite; refuse to overwrite a directory
+   that holds anything but this tool's files (server files, manifest, temporaries), so a typo cannot
+   clobber unrelated files, while a set killed mid-commit (server files, no manifest) can be replaced.
+   Temporaries left by a killed earlier build are removed.
+2. `stage_server_file` (any rank, one call per server): check the free space, write the HDF5 file under
+   a hidden temporary name in the output directory, fsync it, hash it.  Nothing visible changes yet.
 3. `commit_shard_set` (one rank, after every file is staged): remove the old manifest (from here on the
    directory is not a valid set), rename each staged file to its final name, delete server files the
    new set does not have, then write the new manifest atomically, last.
@@ -15,15 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
+import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 
 import h5py
 import numpy as np
 
-from ..fsutil import atomic_write_json, fsync_dir
-from .manifest import sha256_file
+from ..fsutil import atomic_path, fsync_dir
+from .manifest import manifest_digests, sha256_file
 from .schema import (DATASETS, FORMAT_VERSION, MANIFEST_NAME, ShardError, check_server_arrays,
                      feature_chunk_rows, server_file_name)
 
@@ -38,6 +43,59 @@ class StagedFile:
     bytes: int
 
 
+# What this tool writes into a shard directory: the set itself, and the temporaries of an unfinished
+# build (staged server files; atomic_path's manifest temporary).
+_SET_FILE = re.compile(r"^(server-\d{4}\.h5|" + re.escape(MANIFEST_NAME) + r")$")
+_TEMPORARY = re.compile(r"^\.(server-\d{4}\.h5|" + re.escape(MANIFEST_NAME) + r")\..+" + re.escape(_TMP_SUFFIX) + "$")
+
+
+def leftover_temporaries(out_dir: str) -> list:
+    """Names of temporaries an interrupted build left in out_dir (sorted)."""
+    try:
+        return sorted(e for e in os.listdir(out_dir) if _TEMPORARY.match(e))
+    except FileNotFoundError:
+        return []
+
+
+def lower_bound_set_bytes(num_vertices: int, num_edges: int, num_features: int) -> int:
+    """Bytes every shard set of a graph needs at least, whatever its layout: each vertex is an inner
+    row once (features, label, global id) and each edge is in the world view once (source id, rank,
+    in-degree).  Preloaded copies and the stored subgraph come on top."""
+    return int(num_vertices) * (4 * int(num_features) + 8 + 8) + int(num_edges) * (8 + 4 + 8)
+
+
+def estimate_file_bytes(arrays: dict) -> int:
+    """Size of a server file holding `arrays`: their bytes plus HDF5's metadata (measured well under
+    64 KiB for the 18 datasets, and chunk indexes of ~1 %)."""
+    data = sum(int(np.asarray(a).nbytes) for a in arrays.values())
+    return data + data // 50 + (256 << 10)
+
+
+def check_free_space(directory: str, needed: int, what: str) -> None:
+    """Refuse to start a write that cannot fit, with the numbers (ShardError).  Checked up front
+    because HDF5 handles a full disk badly: its error paths have crashed the interpreter."""
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise ShardError(f"not enough free space in {directory!r}: {what} needs about {needed / 2**20:.1f} MiB "
+                         f"but {free / 2**20:.1f} MiB are free (No space left on device); free some space or "
+                         f"choose another --out (an old set there stays intact)")
+
+
+def _file_mode() -> int:
+    """The mode an ordinary new file gets under this process's umask (mkstemp's files are 0600, which
+    would hide a shard set from the group it is shared with)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # no /proc (not Linux): read it by setting it, then restore it at once
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def prepare_output_dir(out_dir: str, overwrite: bool) -> None:
     """Check (and create) the output directory before any work is done."""
     out_dir = os.fspath(out_dir)
@@ -49,18 +107,23 @@ def prepare_output_dir(out_dir: str, overwrite: bool) -> None:
         raise ShardError(f"output directory {out_dir!r} already exists and is not empty; pass --overwrite to "
                          f"replace the shard set in it (the old set stays intact until the new one is complete) "
                          f"or choose another --out")
-    if visible and overwrite and MANIFEST_NAME not in entries:
-        raise ShardError(f"refusing --overwrite of {out_dir!r}: it is not empty and holds no {MANIFEST_NAME}, so it "
-                         f"is not a shard set; choose another --out or empty it yourself")
+    foreign = [e for e in visible if not _SET_FILE.match(e)]
+    if foreign and overwrite:
+        shown = ", ".join(sorted(foreign)[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise ShardError(f"refusing --overwrite of {out_dir!r}: it is not a shard set (it holds files this tool "
+                         f"does not write: {shown}); choose another --out or empty it yourself")
     os.makedirs(out_dir, exist_ok=True)
     # Temporaries left by a killed earlier build are invisible to readers; remove them now.
-    for stale in glob.glob(os.path.join(out_dir, ".server-*" + _TMP_SUFFIX)):
+    for stale in leftover_temporaries(out_dir):
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(stale)
+            os.unlink(os.path.join(out_dir, stale))
 
 
 def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays: dict) -> None:
-    with h5py.File(path, "w") as f:
+    # rdcc_nbytes=0: no chunk cache, so every chunk is written by create_dataset and a full disk raises
+    # there.  With the cache, the chunks were written by close() and HDF5 crashed (segfault in
+    # H5D_close) while closing a file whose flush had failed (measured, 2 MB tmpfs).
+    with h5py.File(path, "w", rdcc_nbytes=0) as f:
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["server"] = int(server)
         f.attrs["servers"] = int(servers)
@@ -78,10 +141,12 @@ def stage_server_file(out_dir: str, server: int, servers: int, gpus_per_server: 
     """Write one server file under a temporary name in out_dir, fsync and hash it."""
     name = server_file_name(server)
     check_server_arrays(arrays, gpus_per_server, where=name)
+    check_free_space(out_dir, estimate_file_bytes(arrays), name)
     fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=_TMP_SUFFIX, dir=out_dir)
     os.close(fd)
     try:
         _write_h5(tmp, server, servers, gpus_per_server, arrays)
+        os.chmod(tmp, _file_mode())
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         return StagedFile(name=name, tmp_path=tmp, sha256=sha256_file(tmp), bytes=os.path.getsize(tmp))
@@ -106,6 +171,9 @@ def commit_shard_set(out_dir: str, manifest: dict, staged: list) -> dict:
         raise ShardError(f"internal error: staged files {names} but the manifest needs {expected}")
     manifest = dict(manifest)
     manifest["files"] = {s.name: {"sha256": s.sha256, "bytes": s.bytes} for s in sorted(staged, key=lambda s: s.name)}
+    manifest.pop("digests", None)
+    manifest = json.loads(json.dumps(manifest))  # what a reader will load (tuples -> lists, int keys -> str)
+    manifest["digests"] = manifest_digests(manifest)
     old_manifest = os.path.join(out_dir, MANIFEST_NAME)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(old_manifest)
@@ -116,7 +184,10 @@ def commit_shard_set(out_dir: str, manifest: dict, staged: list) -> dict:
         if os.path.basename(old) not in manifest["files"]:
             os.unlink(old)
     fsync_dir(out_dir)
-    atomic_write_json(old_manifest, manifest)
+    with atomic_path(old_manifest) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        os.chmod(tmp, _file_mode())
     return manifest
 
 

@@ -5,7 +5,7 @@ import tempfile
 import pytest
 from mpi4py import MPI
 
-from tests.conftest import PLANETOID
+from tests.conftest import require_planetoid
 
 WORLD = MPI.COMM_WORLD
 RANKS_PER_SERVER = 2
@@ -13,10 +13,8 @@ RANKS_PER_SERVER = 2
 
 @pytest.fixture(scope="session")
 def cora():
-    if not (PLANETOID / "ind.cora.graph").exists():
-        pytest.skip(f"Cora not found in {PLANETOID}")
     from preprocess.sources import load
-    return load("planetoid", name="cora", root=str(PLANETOID))
+    return load("planetoid", name="cora", root=str(require_planetoid()))
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from granndis_hpc.graph.csr import Graph, csr_from_edges
 from preprocess.build import build_shards
 from preprocess.partition import partition_servers
 from preprocess.verify import verify_shard_set
-from tests.conftest import PLANETOID
+from tests.conftest import require_planetoid
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -63,10 +63,8 @@ def graph():
 
 @pytest.fixture(scope="module")
 def cora():
-    if not (PLANETOID / "ind.cora.graph").exists():
-        pytest.skip(f"Cora not found in {PLANETOID}")
     from preprocess.sources import load
-    return load("planetoid", name="cora", root=str(PLANETOID))
+    return load("planetoid", name="cora", root=str(require_planetoid()))
 
 
 @pytest.mark.parametrize("source", ["synthetic", "cora"])

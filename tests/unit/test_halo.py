@@ -185,8 +185,6 @@ def test_induced_subgraph_brute_force():
 
 @pytest.fixture(scope="module")
 def cora():
-    from tests.conftest import PLANETOID
-    if not (PLANETOID / "ind.cora.graph").exists():
-        pytest.skip(f"real Planetoid files not found in {PLANETOID}")
     from preprocess.sources import load
-    return load("planetoid", name="cora", root=str(PLANETOID))
+    from tests.conftest import require_planetoid
+    return load("planetoid", name="cora", root=str(require_planetoid()))

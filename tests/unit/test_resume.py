@@ -20,10 +20,9 @@ import pytest
 import torch
 
 from granndis_hpc.engine import checkpoint as ck
-from tests.conftest import MPI_ENV, PLANETOID, REPO
+from tests.conftest import MPI_ENV, REPO, require_planetoid
 
-pytestmark = pytest.mark.skipif(not (PLANETOID / "ind.cora.graph").exists() or shutil.which("mpirun") is None,
-                                reason=f"needs Cora in {PLANETOID} and mpirun")
+pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 EPOCHS, EVERY = 20, 10
 TRAIN = ["--ranks-per-server", "2", "--layers", "2", "--hidden", "16", "--dropout", "0.5", "--lr", "0.01",
          "--epochs", str(EPOCHS), "--eval-every", "0", "--checkpoint-every", str(EVERY), "--quiet"]
@@ -36,7 +35,7 @@ def shards(tmp_path_factory):
     from preprocess.sources import load
 
     out = tmp_path_factory.mktemp("resume") / "cora-2x2"
-    graph = load("planetoid", name="cora", root=str(PLANETOID))
+    graph = load("planetoid", name="cora", root=str(require_planetoid()))
     build_shards(graph, out, servers=2, gpus_per_server=2, layers=2, preload="full", partitioner="metis",
                  comm=MPI.COMM_SELF)
     return out

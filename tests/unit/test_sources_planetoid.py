@@ -16,7 +16,7 @@ from preprocess.sources.planetoid import load_planetoid
 PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph")
 
 
-# ---------------------------------------------------------------- real data (skips when absent)
+# ---------------------------------------------------------------- real data (tests/data; fails when absent)
 
 @pytest.mark.parametrize("name,n,f,c,split,edges", [
     ("cora", 2708, 1433, 7, (140, 500, 1000), 10556),

@@ -12,16 +12,14 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import MPI_ENV, PLANETOID, REPO, run_mpi
+from tests.conftest import MPI_ENV, REPO, require_planetoid, run_mpi
 
-pytestmark = pytest.mark.skipif(not (PLANETOID / "ind.cora.graph").exists(),
-                                reason=f"Cora not found in {PLANETOID}")
 LAYERS = 2
 
 
 def _build(out, *extra):
     cmd = [sys.executable, "-m", "preprocess", "build", "--source", "planetoid", "--name", "cora",
-           "--root", str(PLANETOID), "--servers", "2", "--gpus-per-server", "2", "--layers", str(LAYERS),
+           "--root", str(require_planetoid()), "--servers", "2", "--gpus-per-server", "2", "--layers", str(LAYERS),
            "--partitioner", "metis", "--out", str(out), *extra]
     res = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, **MPI_ENV), capture_output=True, text=True,
                          timeout=300)

@@ -1,0 +1,79 @@
+"""A communicator for code that has no Topology: the offline preprocessing stage.
+
+`preprocess` runs on any number of ranks (P may differ from S x G and may be 1) and needs neither
+servers nor torch groups, only a few collectives over the ranks it was given.  It goes through this
+wrapper, so that `cluster/` stays the only package that imports mpi4py (DESIGN §3):
+
+    group = as_group(comm)            # None = MPI.COMM_WORLD; an mpi4py communicator; a Group
+    with group.errors("partitioning"):
+        ...                           # an exception on any rank -> the same error on every rank
+    parts = group.bcast_object(parts)
+
+The method names are Topology's (allgather_object, gather_object, bcast_object, barrier), without the
+`group=` argument: a Group *is* one group.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .errors import collective_errors
+
+
+class Group:
+    """One MPI communicator (not owned: the caller's communicator is neither duplicated nor freed)."""
+
+    def __init__(self, comm=None):
+        self.mpi_comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank = self.mpi_comm.Get_rank()
+        self.size = self.mpi_comm.Get_size()
+
+    def errors(self, phase: str, catch=(Exception,), *, passthrough_alone: bool = True):
+        """`collective_errors` over this group.  By default a one-rank group lets the block's exception
+        through unchanged: nobody waits for it, and an in-process caller (a test, a notebook) gets the
+        precise type (ShardError, OSError) instead of a wrapper."""
+        return collective_errors(self, phase, catch, passthrough_alone=passthrough_alone)
+
+    def allgather_object(self, obj) -> list:
+        return self.mpi_comm.allgather(obj)
+
+    def gather_object(self, obj, root: int = 0):
+        """Objects of every rank, on `root` (a list there, None elsewhere)."""
+        return self.mpi_comm.gather(obj, root=root)
+
+    def bcast_object(self, obj, root: int = 0):
+        return self.mpi_comm.bcast(obj, root=root)
+
+    def barrier(self) -> None:
+        self.mpi_comm.Barrier()
+
+    def allreduce_max(self, local: np.ndarray) -> np.ndarray:
+        """Element-wise maximum of a numeric array over the ranks (a new array; same shape everywhere)."""
+        local = np.ascontiguousarray(local)
+        out = np.empty_like(local)
+        self.mpi_comm.Allreduce(local, out, op=MPI.MAX)
+        return out
+
+    def allgatherv(self, local: np.ndarray, counts) -> np.ndarray:
+        """Concatenation of every rank's 1-D int64 array, rank order; counts[r] = len on rank r."""
+        local = np.ascontiguousarray(local, dtype=np.int64)
+        counts = np.asarray(counts, dtype=np.int64)
+        displs = np.zeros_like(counts)
+        np.cumsum(counts[:-1], out=displs[1:])
+        out = np.empty(int(counts.sum()), dtype=np.int64)
+        self.mpi_comm.Allgatherv(local, [out, counts, displs, MPI.INT64_T])
+        return out
+
+    def c_handle_address(self) -> int:
+        """Address of the C `MPI_Comm` handle, for libraries called through ctypes that take an
+        `MPI_Comm *` (ParMETIS_V3_PartKway's last argument)."""
+        return MPI._addressof(self.mpi_comm)
+
+    def abort(self, code: int = 1) -> None:
+        """Terminate every rank of the job (for an error only this rank saw; peers may be blocked)."""
+        self.mpi_comm.Abort(code)
+
+
+def as_group(comm=None) -> Group:
+    """A Group over `comm`: None (MPI.COMM_WORLD), an mpi4py communicator, or a Group (returned as is)."""
+    return comm if isinstance(comm, Group) else Group(comm)
