@@ -16,14 +16,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict
 
-import h5py
 import numpy as np
 import torch
 
 from granndis_hpc import shards
 from granndis_hpc.engine import views
 from granndis_hpc.engine.modes import Step, rows_accounting
-from granndis_hpc.graph.csr import csr_rows, position_lookup
+from granndis_hpc.graph.csr import csr_rows, owner_of, position_lookup
 from granndis_hpc.graph.sampler import CoBatchSampler, SampledGraph
 
 
@@ -101,11 +100,11 @@ class CooperativeSplit:
     def rows(self, sg: SampledGraph):
         sl = self.ctx.slice
         gpu = sl.gpu
-        owner = np.searchsorted(self.offsets, sg.vertices, side="right") - 1
+        owner = owner_of(self.offsets, sg.vertices)
         mine = np.flatnonzero(owner == gpu)
         ids = sg.vertices[mine]
         ip, src = csr_rows(sg.indptr, sg.indices, mine)
-        src_owner = np.searchsorted(self.offsets, src, side="right") - 1
+        src_owner = owner_of(self.offsets, src)
         find_mine = position_lookup(ids)
         degree = self.server_degree[ids] if self.exact else np.diff(sg.indptr)[mine]
         rows = views.RowSource(
@@ -129,18 +128,13 @@ class PerGpuSplit(CooperativeSplit):
     per iteration from the server's shard file, as a per-GPU loader reading the server's host store would."""
 
     def targets(self, targets):
-        owner = np.searchsorted(self.offsets, targets, side="right") - 1
+        owner = owner_of(self.offsets, targets)
         return targets[owner == self.ctx.slice.gpu]
 
     def rows(self, sg: SampledGraph):
         ids = sg.vertices
         degree = self.server_degree[ids] if self.exact else np.diff(sg.indptr)
-        # Sorted reads are what h5py's fancy indexing needs; ids are unique.
-        order = np.argsort(ids)
-        with h5py.File(shards.server_file(self.ctx.cfg.shards, self.ctx.topo.server), "r") as f:
-            feats = np.empty((ids.size, f["features"].shape[1]), dtype=np.float32)
-            if ids.size:
-                feats[order] = f["features"][ids[order]]
+        feats = shards.read_server_rows(self.ctx.cfg.shards, self.ctx.manifest, self.ctx.topo.server, ids)
         n_edges = sg.indices.size
         src_pos = sg.position_of(sg.indices)  # every source is one of this rank's own rows
         rows = views.RowSource(

@@ -25,7 +25,7 @@ import torch
 
 from granndis_hpc.engine.exchange import halo_exchange
 from granndis_hpc.graph import planner
-from granndis_hpc.graph.csr import position_lookup
+from granndis_hpc.graph.csr import owner_of, position_lookup
 from granndis_hpc.nn.graph import LayerGraph
 
 GROUPS = ("server", "world")
@@ -50,7 +50,7 @@ def server_rows(sl, exact_degrees: bool) -> RowSource:
     """Rows of the preloaded server view from a RankSlice (shard rows of this GPU)."""
     src = sl.indices.astype(np.int64)
     offsets = sl.server_offsets.astype(np.int64)
-    owner = np.searchsorted(offsets, src, side="right") - 1
+    owner = owner_of(offsets, src)
     # Sampled (EAS) graphs are closed: normalise over the kept neighbours, not the global degree.
     degree = sl.in_degree if exact_degrees else np.diff(sl.indptr)
     return RowSource(
