@@ -16,9 +16,27 @@ import pytest
 import torch
 from mpi4py import MPI
 
+from granndis_hpc import cli
 from granndis_hpc.cluster.errors import ClusterError
+from granndis_hpc.config import TrainConfig
 from granndis_hpc.engine import checkpoint as ck
+from granndis_hpc.engine import signals
+from granndis_hpc.metrics import truncate_metrics
 from tests.conftest import REPO
+
+
+class SelfTopology:
+    """The collectives checkpoint.save/load_latest use, as a cluster.Topology of a one-process job has them."""
+    rank, world_size, world = 0, 1, MPI.COMM_SELF
+
+    def gather_object(self, obj, root=0):
+        return self.world.gather(obj, root=root)
+
+    def bcast_object(self, obj, root=0):
+        return self.world.bcast(obj, root=root)
+
+
+SELF = SelfTopology()
 
 FP = {"model": "sage", "mode": "flx", "layers": 2, "hidden": 16, "norm": False, "servers": 1,
       "ranks_per_server": 1, "dataset": "toy", "shard_set": "abc"}
@@ -39,7 +57,7 @@ def _trained(seed=0):
 def _save(run_dir, epoch, model, opt, fp=FP):
     shared = {"epoch": epoch, "elapsed_s": 1.5, "model": model.state_dict(), "optimizer": opt.state_dict()}
     mine = {"rng": ck.rng_state(torch.device("cpu")), "sampler": {"seed": 3, "key": np.arange(4, dtype=np.uint32)}}
-    return ck.save(MPI.COMM_SELF, str(run_dir), epoch, fp, shared, mine)
+    return ck.save(SELF, str(run_dir), epoch, fp, shared, mine)
 
 
 def test_layout_and_round_trip(tmp_path):
@@ -51,7 +69,7 @@ def test_layout_and_round_trip(tmp_path):
     assert manifest["epoch"] == 7 and manifest["world_size"] == 1 and manifest["fingerprint"] == FP
     assert set(manifest["files"]) == {"rank-0000.pt", "state.pt"}
 
-    loaded = ck.load_latest(MPI.COMM_SELF, str(tmp_path), FP)
+    loaded = ck.load_latest(SELF, str(tmp_path), FP)
     assert loaded.info.epoch == 7
     assert loaded.shared["epoch"] == 7 and loaded.shared["elapsed_s"] == 1.5
     for name, tensor in model.state_dict().items():
@@ -127,7 +145,7 @@ def test_crash_while_writing_leaves_the_previous_checkpoint_newest(tmp_path, sta
         assert names == ["rank-0000.pt", "state.pt"]
     info = ck.latest_complete(str(tmp_path))
     assert info.epoch == 1
-    loaded = ck.load_latest(MPI.COMM_SELF, str(tmp_path), FP)
+    loaded = ck.load_latest(SELF, str(tmp_path), FP)
     assert loaded.shared["epoch"] == 1
     # The next successful checkpoint replaces the leftovers and keeps epoch 1 as the second newest.
     model, opt = _trained()
@@ -166,13 +184,13 @@ def test_damaged_files_are_detected(tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     os.unlink(os.path.join(path2, "COMPLETE.json"))
     with pytest.raises(ClusterError, match=r"rank-0000.pt: size or sha256 differs .* delete .*epoch-000001"):
-        ck.load_latest(MPI.COMM_SELF, str(tmp_path), FP)
+        ck.load_latest(SELF, str(tmp_path), FP)
 
 
 def test_no_checkpoint_gives_none(tmp_path):
     assert ck.latest_complete(str(tmp_path)) is None
     os.makedirs(ck.epoch_dir(tmp_path, 3))
-    assert ck.load_latest(MPI.COMM_SELF, str(tmp_path), FP) is None
+    assert ck.load_latest(SELF, str(tmp_path), FP) is None
     assert ck.prune(str(tmp_path)) == []  # nothing complete: nothing is deleted
 
 
@@ -184,12 +202,11 @@ def test_checkpoint_of_another_run_is_refused(tmp_path, key, value):
     other = dict(FP, **{key: value})
     with pytest.raises(ClusterError, match=rf"written by another run \({key}: checkpoint {FP[key]!r}, "
                                            rf"this run {value!r}\).*start a new run"):
-        ck.load_latest(MPI.COMM_SELF, str(tmp_path), other)
+        ck.load_latest(SELF, str(tmp_path), other)
 
 
 def test_fingerprint_names_the_shard_set():
-    class Cfg:
-        model, mode, layers, hidden, norm = "sage", "flx", 2, 16, False
+    Cfg = TrainConfig(shards="s", model="sage", mode="flx", layers=2, hidden=16, norm=False)
     manifest = {"dataset": {"name": "cora"}, "files": {"server-0000.h5": {"sha256": "aa"},
                                                        "server-0001.h5": {"sha256": "bb"}}}
     fp = ck.fingerprint(Cfg, 2, 2, manifest)
@@ -210,7 +227,7 @@ SAVED = {"shards": "/s", "mode": "flx", "model": "sage", "hidden": 16, "lr": 0.0
 
 
 def test_resume_config_takes_the_saved_options(tmp_path):
-    merged = ck.resume_config(SAVED, {"resume": str(tmp_path)}, str(tmp_path), DEFAULTS)
+    merged = cli.resume_config(SAVED, {"resume": str(tmp_path)}, str(tmp_path), DEFAULTS)
     assert merged["hidden"] == 16 and merged["checkpoint_every"] == 5 and merged["quiet"] is True
     assert merged["out"] == merged["resume"] == str(tmp_path)
     assert merged["batches_per_epoch"] == 1  # missing from an older config.json: the default it ran with
@@ -218,19 +235,19 @@ def test_resume_config_takes_the_saved_options(tmp_path):
     # Safe options change; options repeated with the same value (as slurm/train.sbatch does) are fine.
     given = {"resume": str(tmp_path), "epochs": 50, "eval_every": 0, "hidden": 16, "mode": "flx",
              "out": str(tmp_path) + "/", "shards": "/moved/s"}
-    merged = ck.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
+    merged = cli.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
     assert merged["epochs"] == 50 and merged["eval_every"] == 0 and merged["shards"] == "/moved/s"
 
 
 def test_resume_config_refuses_other_settings(tmp_path):
     given = {"resume": str(tmp_path), "lr": 0.1, "hidden": 32, "batches_per_epoch": 4}
     with pytest.raises(ck.CheckpointError) as err:
-        ck.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
+        cli.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
     text = str(err.value)
     assert "lr=0.1 (the run has 0.01)" in text and "hidden=32 (the run has 16)" in text
     assert "batches_per_epoch=4 (the run has 1)" in text and "epochs" in text and "another --out" in text
     with pytest.raises(ck.CheckpointError, match="out='/elsewhere' .*writes into the run directory"):
-        ck.resume_config(SAVED, {"out": "/elsewhere"}, str(tmp_path), DEFAULTS)
+        cli.resume_config(SAVED, {"out": "/elsewhere"}, str(tmp_path), DEFAULTS)
 
 
 def test_truncate_metrics_drops_epochs_after_the_checkpoint(tmp_path):
@@ -238,16 +255,16 @@ def test_truncate_metrics_drops_epochs_after_the_checkpoint(tmp_path):
     with open(tmp_path / "metrics.jsonl", "w") as f:
         f.writelines(lines)
         f.write('{"epoch": 7, "lo')  # the line the kill cut short
-    kept = ck.truncate_metrics(str(tmp_path), 4)
+    kept = truncate_metrics(str(tmp_path), 4)
     assert [r["epoch"] for r in kept] == [0, 1, 2, 3]
     assert [json.loads(l)["epoch"] for l in open(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
     os.makedirs(tmp_path / "fresh")  # a run stopped before its first epoch has no metrics.jsonl yet
-    assert ck.truncate_metrics(str(tmp_path / "fresh"), 0) == []
+    assert truncate_metrics(str(tmp_path / "fresh"), 0) == []
 
 
 def test_stop_signals_set_a_flag_and_restore_handlers():
-    before = {s: signal.getsignal(s) for s in ck.STOP_SIGNALS}
-    stop = ck.StopSignals()
+    before = {s: signal.getsignal(s) for s in signals.STOP_SIGNALS}
+    stop = signals.StopSignals()
     assert stop.install()
     try:
         assert not stop.requested
@@ -259,4 +276,4 @@ def test_stop_signals_set_a_flag_and_restore_handlers():
         assert stop.received == signal.SIGUSR1  # the first one is kept
     finally:
         stop.uninstall()
-    assert {s: signal.getsignal(s) for s in ck.STOP_SIGNALS} == before
+    assert {s: signal.getsignal(s) for s in signals.STOP_SIGNALS} == before

@@ -2,10 +2,12 @@
 import argparse
 import json
 import os
+from dataclasses import dataclass
+from typing import List, Optional
 
 import pytest
 
-from granndis_hpc.config import (ConfigError, HelpFormatter, load_resolved_config, parse_args_with_config,
+from granndis_hpc.config import (ConfigError, load_resolved_config, option, parse_args_with_config,
                                  resolved_config, write_resolved_config)
 
 
@@ -16,20 +18,23 @@ def positive_int(text):
     return value
 
 
+@dataclass
+class Options:
+    """Options shaped like granndis-train's: every kind of option the config layer must handle."""
+    shards: str = option(help="shard directory")
+    mode: str = option("flx", choices=("fb", "flx", "cob", "eas"), help="training method")
+    layers: int = option(3, help="GNN layers")
+    lr: float = option(0.01, help="learning rate")
+    batches_per_epoch: int = option(1, parse=positive_int, help="co-batches per epoch")
+    quiet: bool = option(False, help="no progress bar")
+    eval: bool = option(True, flag="--no-eval", help="skip evaluation")
+    fanouts: List[int] = option([15, 10], nargs="+", help="per-layer fanout")
+    tag: Optional[List[str]] = option(None, append=True, help="free-form run tags")
+    seed: int = option(0)  # no help text on purpose: --help must still show it
+
+
 def make_parser():
-    """A parser shaped like granndis-train's: every kind of option the config layer must handle."""
-    p = argparse.ArgumentParser(prog="granndis-train", formatter_class=HelpFormatter)
-    p.add_argument("--shards", required=True, help="shard directory")
-    p.add_argument("--mode", choices=["fb", "flx", "cob", "eas"], default="flx", help="training method")
-    p.add_argument("--layers", type=int, default=3, help="GNN layers")
-    p.add_argument("--lr", type=float, default=0.01, help="learning rate")
-    p.add_argument("--batches-per-epoch", type=positive_int, default=1, help="co-batches per epoch")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--no-eval", dest="eval", action="store_false", help="skip evaluation")
-    p.add_argument("--fanouts", type=int, nargs="+", default=[15, 10], help="per-layer fanout")
-    p.add_argument("--tag", action="append", default=None, help="free-form run tags")
-    p.add_argument("--seed", type=int, default=0)  # no help text on purpose: --help must still show it
-    return p
+    return Options
 
 
 def write_toml(tmp_path, text, name="run.toml"):
@@ -155,10 +160,11 @@ def test_help_lists_every_option_with_default(tmp_path, capsys, monkeypatch):
 
 
 def test_config_option_is_not_added_twice():
-    parser = make_parser()
-    parser.add_argument("--config", default="site.toml", help="site config")
-    # the existing option is reused (adding it again would raise argparse.ArgumentError)
-    ns = parse_args_with_config(parser, ["--shards", "s"])
+    @dataclass
+    class WithConfig(Options):
+        config: Optional[str] = option("site.toml", help="site config")
+    # the declared option is used (adding it again would raise argparse.ArgumentError)
+    ns = parse_args_with_config(WithConfig, ["--shards", "s"])
     assert ns.config == "site.toml"
 
 
