@@ -9,7 +9,8 @@ Declaring an option (see :class:`TrainConfig`)::
 ``choices``, ``ge``/``gt``/``le``/``lt`` (ranges), ``check`` (a callable returning a problem or None),
 ``parse`` (a converter from text, e.g. a size parser), ``flag`` (a flag name other than ``--name``,
 e.g. ``--no-eval`` for a bool that defaults to True), ``nargs="+"`` or ``append=True`` for lists,
-``metavar``, and ``on_resume`` ("keep", "may_change" or "reset", read by engine/checkpoint.py).
+``metavar``, ``on_resume`` ("keep", "may_change" or "reset", read by cli.resume_config and the checkpoint
+fingerprint) and ``fingerprint=False`` (a "keep" option that a checkpoint checks otherwise).
 The same rules run three times from that one place: when a command-line word is converted (argparse
 ``type=``), when a TOML value is read, and in ``__post_init__`` (:func:`validate`), so a TrainConfig
 built in code is checked exactly like one parsed from a command line.
@@ -78,7 +79,8 @@ def option(default=MISSING, help: Optional[str] = None, **rules):
     return dataclasses.field(default=default, metadata=metadata)
 
 
-_RULES = {"choices", "ge", "gt", "le", "lt", "check", "parse", "flag", "nargs", "append", "metavar", "on_resume"}
+_RULES = {"choices", "ge", "gt", "le", "lt", "check", "parse", "flag", "nargs", "append", "metavar", "on_resume",
+          "fingerprint"}
 _NO_DEFAULT = object()
 
 
@@ -521,13 +523,15 @@ class TrainConfig:
     overwrite_run: bool = option(False, on_resume="reset",
                                  help="replace the run that --out already holds (it is deleted only after the new "
                                       "run has written its config.json)")
-    # Cooperative batching (cob) and the per-GPU mini-batch baseline (mb).
-    batches_per_epoch: int = option(1, ge=1, help="cob/mb: co-batches per epoch (each server's training "
+    # Cooperative batching (cob) and the per-GPU mini-batch baseline (mb).  Not in the checkpoint
+    # fingerprint: the sampler's saved state holds them and its load_state_dict refuses other values,
+    # in the modes where they change anything (the others never read them).
+    batches_per_epoch: int = option(1, ge=1, fingerprint=False, help="cob/mb: co-batches per epoch (each server's training "
                                                   "vertices in shuffled chunks)")
-    sampler: str = option("sage", choices=_sampler_names(),
+    sampler: str = option("sage", choices=_sampler_names(), fingerprint=False,
                           help="cob/mb: sage = per-hop fanout sampling of the dependency graph; saint = the "
                                "subgraph induced on the batch")
-    fanout: int = option(-1, check=_fanout_problem, help="cob/mb: in-neighbours kept per vertex and hop (-1 = all)")
+    fanout: int = option(-1, check=_fanout_problem, fingerprint=False, help="cob/mb: in-neighbours kept per vertex and hop (-1 = all)")
     checkpoint_activations: bool = option(
         False, help="recompute each residual block (its exchange included) in the backward pass instead of "
                     "keeping its activations (deep models, less memory); ressage only: refused for sage and "

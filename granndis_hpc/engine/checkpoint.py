@@ -102,10 +102,11 @@ def shard_set_id(manifest: Dict) -> str:
 def trajectory_options(cfg) -> Dict:
     """The options of `cfg` (a TrainConfig) that a continuation must share: every field whose
     on_resume rule is "keep" (the default).  Options that may change on resume (epochs, output,
-    shards path, ...) or are reset (overwrite_run) do not change the numbers."""
+    shards path, ...) or are reset (overwrite_run) do not change the numbers; the sampler's options
+    (fingerprint=False) are checked by the sampler's own saved state."""
     from granndis_hpc.config import specs
     return {s.name: getattr(cfg, s.name) for s in specs(type(cfg))
-            if s.meta.get("on_resume", "keep") == "keep"}
+            if s.meta.get("on_resume", "keep") == "keep" and s.meta.get("fingerprint", True)}
 
 
 def fingerprint(cfg, servers: int, ranks_per_server: int, manifest: Dict) -> Dict:
@@ -208,12 +209,14 @@ def _safe_load(path: str, data: bytes):
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        # torch names a refused class as "GLOBAL module.name"; anything else is not a pickle it can read.
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        what = f" ({found.group(1)})" if found else ""
-        raise not_valid(path, f"it holds a Python object{what} that is not a tensor, number, string or "
-                              f"container, and such objects are never loaded") from None
+        if found is None:
+            raise not_valid(path, "it is not a file written by torch.save, or it is damaged") from None
+        raise not_valid(path, f"it holds a Python object ({found.group(1)}) that is not a tensor, number, "
+                              f"string or container, and such objects are never loaded") from None
     except (RuntimeError, ValueError, EOFError, OSError, TypeError, AttributeError, KeyError, IndexError):
-        raise not_valid(path, "it is not a file written by torch.save") from None
+        raise not_valid(path, "it is not a file written by torch.save, or it is damaged") from None
 
 
 def read_payload(directory: str, entry: Dict) -> Dict:
