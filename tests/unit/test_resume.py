@@ -238,3 +238,35 @@ def test_resume_of_a_run_without_checkpoint_restarts_it(shards, tmp_path):
     assert "holds no complete checkpoint: starting from epoch 0" in log
     assert [r["epoch"] for r in _metrics(run)] == [0, 1, 2, 3]
     assert [r["loss"] for r in _metrics(run)] == [json.loads(line)["loss"] for line in lines]  # same run again
+
+
+def test_crafted_state_file_is_refused_with_one_clear_message(shards, tmp_path):
+    """Defect: a crafted state.pt (its COMPLETE.json entry updated to match) was refused with a traceback
+    and PyTorch's text advising weights_only=False, the unsafe option."""
+    import hashlib
+    import io
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    run = tmp_path / "c"
+    rc, log = _run(["--shards", shards, "--out", run, *SHORT, "--epochs", "2", "--checkpoint-every", "2"],
+                   tmp_path, "first")
+    assert rc == 0, log
+    info = ck.latest_complete(str(run))
+    buf = io.BytesIO()
+    torch.save({"epoch": 2, "elapsed_s": 0.0, "model": Exploit(), "optimizer": {}}, buf)
+    data = buf.getvalue()
+    with open(os.path.join(info.path, ck.SHARED_FILE), "wb") as f:
+        f.write(data)
+    manifest = dict(info.manifest)
+    manifest["files"][ck.SHARED_FILE].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    with open(os.path.join(info.path, ck.COMPLETE), "w") as f:
+        json.dump(manifest, f)
+    rc, log = _run(["--resume", run, "--epochs", "4"], tmp_path, "crafted")
+    assert rc == 1, log
+    state = os.path.join(info.path, ck.SHARED_FILE)
+    assert f"checkpoint file {state} is not a valid granndis checkpoint" in log, log
+    assert "weights_only" not in log and "Traceback" not in log, log
+    assert not (tmp_path / "pwned").exists()
