@@ -41,7 +41,7 @@ def build(args, out, preload_args, log, layers=None, vertices=None):
 
 def train(shards, mode, run_dir, extra, log):
     run(["mpirun", "-n", "4", sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", shards,
-         "--ranks-per-server", "2", "--mode", mode, "--out", run_dir, "--quiet", *extra], log)
+         "--ranks-per-server", "2", "--mode", mode, "--out", run_dir, "--overwrite-run", "--quiet", *extra], log)
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:

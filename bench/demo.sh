@@ -20,7 +20,7 @@ common=(--ranks-per-server 2 --model sage --layers 3 --hidden 64 --epochs "$EPOC
 for mode in fb flx eas; do
     shards="$OUT/shards-full"; [ "$mode" = eas ] && shards="$OUT/shards-eas"
     echo "== training: mode $mode"
-    $MPI $PY -m granndis_hpc.cli train --shards "$shards" --mode "$mode" "${common[@]}" --out "$OUT/runs/$mode"
+    $MPI $PY -m granndis_hpc.cli train --shards "$shards" --mode "$mode" "${common[@]}" --out "$OUT/runs/$mode" --overwrite-run
 done
 
 echo "== report"

@@ -2,112 +2,91 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import asdict
+from typing import Dict
 
-from granndis_hpc.config import HelpFormatter, parse_args_with_config
+from granndis_hpc.config import (ConfigError, TrainConfig, build_parser, defaults, load_resolved_config,
+                                 missing_required, read_options, resume_rule)
+
+TRAIN_PROG = "granndis-train"
+TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU "
+                     "(mpirun -n S*G granndis-train --shards DIR --ranks-per-server G ...).")
+
+# Options that may be given again with another value together with --resume (TrainConfig's on_resume
+# metadata): they change nothing the trajectory depends on, or are checked otherwise (`shards` and
+# `ranks_per_server` may point elsewhere because the checkpoint's fingerprint still has to match the
+# shard set and layout).  `out` is the run directory itself.  "reset" options (overwrite_run) are not
+# carried over from the run being resumed.
+RESUME_OVERRIDABLE = resume_rule(TrainConfig, "may_change")
+RESUME_RESET = resume_rule(TrainConfig, "reset")
 
 
 def train_parser() -> argparse.ArgumentParser:
-    from granndis_hpc.engine.trainer import MODES
-    from granndis_hpc.nn.models import MODELS
+    """The `granndis-train` parser, derived from TrainConfig (for --help and documentation)."""
+    return build_parser(TrainConfig, prog=TRAIN_PROG, description=TRAIN_DESCRIPTION)
 
-    p = argparse.ArgumentParser(
-        prog="granndis-train", formatter_class=HelpFormatter,
-        description="Train a GNN on a shard directory with one MPI rank per GPU "
-                    "(mpirun -n S*G granndis-train --shards DIR --ranks-per-server G ...).")
-    p.add_argument("--shards", required=True, help="shard directory written by `python -m preprocess build`")
-    p.add_argument("--mode", default="flx", choices=MODES,
-                   help="fb: full-batch baseline (1-hop halo every layer, world-wide); flx: flexible "
-                        "preloading (full k-hop preload, only gradients cross servers); eas: "
-                        "expansion-aware sampled preload; cob: cooperative batching (a server's GPUs share "
-                        "one co-batch); mb: per-GPU mini-batches (the baseline cob is measured against)")
-    p.add_argument("--model", default="sage", choices=MODELS, help="GNN architecture")
-    p.add_argument("--layers", type=int, default=3, help="message-passing layers")
-    p.add_argument("--hidden", type=int, default=64, help="hidden width")
-    p.add_argument("--epochs", type=int, default=200, help="training epochs")
-    p.add_argument("--lr", type=float, default=0.01, help="Adam learning rate")
-    p.add_argument("--weight-decay", type=float, default=0.0, help="Adam weight decay")
-    p.add_argument("--dropout", type=float, default=0.5, help="dropout probability")
-    p.add_argument("--norm", action="store_true", help="LayerNorm between sage/gcn layers")
-    p.add_argument("--seed", type=int, default=0, help="seed for parameters and dropout")
-    p.add_argument("--eval-every", type=int, default=10,
-                   help="exact full-graph evaluation every N epochs (and always at the end); 0 = only at the end")
-    p.add_argument("--out", default=None, help="run directory (config.json, metrics.jsonl, summary.json)")
-    p.add_argument("--ranks-per-server", type=int, default=None,
-                   help="emulate servers of N ranks (default: env GRANNDIS_RANKS_PER_SERVER, else one server "
-                        "per shared-memory node)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="auto = cuda:local_rank when CUDA is available")
-    p.add_argument("--intra-transport", default="auto", choices=("auto", "gloo", "nccl", "mpi"),
-                   help="intra-server transport (auto: NCCL on GPU, measured default on CPU)")
-    p.add_argument("--batches-per-epoch", type=int, default=1,
-                   help="cob/mb: co-batches per epoch (each server's training vertices in shuffled chunks)")
-    p.add_argument("--sampler", default="sage", choices=("sage", "saint"),
-                   help="cob/mb: sage = per-hop fanout sampling of the dependency graph; saint = the "
-                        "subgraph induced on the batch")
-    p.add_argument("--fanout", type=int, default=-1, help="cob/mb: in-neighbours kept per vertex and hop (-1 = all)")
-    p.add_argument("--checkpoint-activations", action="store_true",
-                   help="ressage: recompute each residual block (its exchange included) in the backward "
-                        "pass instead of keeping its activations (deep models, less memory)")
-    p.add_argument("--skip-checksums", action="store_true", help="do not verify shard sha256 at start-up")
-    p.add_argument("--quiet", action="store_true", help="no per-epoch lines on stdout and no progress bar")
-    p.add_argument("--progress", action="store_true",
-                   help="draw rank 0's progress bar (epochs, loss, ETA) even when stderr is not a terminal, "
-                        "as under mpirun/srun, which pipe the ranks' output")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
-                   help="write a checkpoint into RUN_DIR/checkpoints/ every N epochs (the newest 2 complete ones "
-                        "are kept); 0 = only when SIGUSR1 or SIGTERM asks the run to stop, which it does after "
-                        "the current epoch, with a checkpoint, exiting 0")
-    p.add_argument("--resume", metavar="RUN_DIR", default=None,
-                   help="continue RUN_DIR from its newest complete checkpoint with the options in RUN_DIR/config.json "
-                        "(nothing else is needed); options given again may differ only for --epochs, --eval-every, "
-                        "--checkpoint-every, --quiet, --skip-checksums, --intra-transport, and --shards / "
-                        "--ranks-per-server when they name the same shard set and layout")
-    return p
+
+def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dict:
+    """The options of a resumed run: RUN_DIR/config.json (`saved`), with options given again on the
+    command line or in --config (`given`) allowed to differ only where RESUME_OVERRIDABLE says so.
+    `defaults` maps every option the trainer takes to its default (what a run whose config.json
+    predates an option ran with); other keys, in either dict, are dropped."""
+    from granndis_hpc.engine.checkpoint import CheckpointError
+
+    run_dir = os.fspath(run_dir)
+    ran_with = {k: (d if k in RESUME_RESET else saved.get(k, d)) for k, d in defaults.items()}
+    refused = [f"{k}={given[k]!r} (the run has {ran_with[k]!r})" for k in sorted(given)
+               if k in defaults and k not in RESUME_OVERRIDABLE | RESUME_RESET and given[k] != ran_with[k]]
+    out = given.get("out")
+    if out is not None and os.path.realpath(out) != os.path.realpath(run_dir):
+        refused.append(f"out={out!r} (a resumed run writes into the run directory {run_dir!r})")
+    if refused:
+        raise CheckpointError(
+            f"--resume {run_dir} continues that run with its own settings ({os.path.join(run_dir, 'config.json')}); "
+            f"these options differ: {', '.join(refused)}.  Only "
+            f"{', '.join(sorted(RESUME_OVERRIDABLE - {'resume', 'out'}))} may change on resume; start a new run "
+            f"(another --out) to change anything else")
+    merged = dict(ran_with)
+    merged.update({k: v for k, v in given.items() if k in defaults})
+    merged["out"], merged["resume"] = run_dir, run_dir
+    return merged
 
 
 def _parse_train_args(argv):
-    """Options of a run.  With --resume RUN_DIR they come from RUN_DIR/config.json, and options given
-    again (command line or --config) may change only what checkpoint.resume_config allows; a refusal is
-    raised on every rank."""
-    import argparse as _argparse
-
+    """Options of a run, validated (TrainConfig.__post_init__).  With --resume RUN_DIR they come from
+    RUN_DIR/config.json, and options given again (command line or --config) may change only what
+    resume_config allows.  A bad flag is argparse's usage error (status 2) on every rank; any other
+    refusal is raised on every rank together (collective_errors)."""
+    # The one direct MPI use left here: options are parsed before the Topology exists (it is built
+    # from them), so the collective refusal runs on COMM_WORLD.
     from mpi4py import MPI
 
-    from granndis_hpc.cluster.errors import agree
-    from granndis_hpc.config import ConfigError, load_resolved_config
-    from granndis_hpc.engine.checkpoint import CheckpointError, resume_config
-    from granndis_hpc.engine.trainer import TrainConfig
+    from granndis_hpc.cluster.errors import collective_errors
+    from granndis_hpc.engine.checkpoint import CheckpointError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = _argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--resume", default=None)
-    if pre.parse_known_args(argv)[0].resume is None:
-        ns = parse_args_with_config(train_parser(), argv)
-        error = "" if ns.resume is None else "resume cannot be set in a --config file; give --resume RUN_DIR"
-        agree(MPI.COMM_WORLD, not error, f"ConfigError: {error}")
-        return ns
-    given_only = train_parser()  # no defaults: what is left in the namespace was given
-    for action in given_only._actions:
-        if action.dest != "help":
-            action.default, action.required = _argparse.SUPPRESS, False
-    given = vars(parse_args_with_config(given_only, argv))
-    defaults = {f.name: (None if f.default is MISSING else f.default) for f in fields(TrainConfig)}
-    merged, error = None, ""
-    try:
-        merged = resume_config(load_resolved_config(given["resume"]), given, given["resume"], defaults)
-    except (ConfigError, CheckpointError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    agree(MPI.COMM_WORLD, not error, error)
-    return _argparse.Namespace(**merged)
+    cfg = None
+    with collective_errors(MPI.COMM_WORLD, "", catch=(ConfigError, CheckpointError)):
+        command_line, file_values, _ = read_options(TrainConfig, argv, TRAIN_PROG, TRAIN_DESCRIPTION)
+        if "resume" in file_values:
+            raise ConfigError("resume cannot be set in a --config file; give --resume RUN_DIR")
+        given = {**file_values, **command_line}
+        if given.get("resume") is None:
+            missing = missing_required(TrainConfig, given)
+            if missing:
+                raise ConfigError(f"the following arguments are required: {', '.join(missing)}")
+            values = {**defaults(TrainConfig), **given}
+        else:
+            values = resume_config(load_resolved_config(given["resume"]), given, given["resume"],
+                                   defaults(TrainConfig))
+        cfg = TrainConfig(**values)
+    return argparse.Namespace(**asdict(cfg))
 
 
-def _config_from_args(ns):
-    from granndis_hpc.engine.trainer import TrainConfig
-
-    names = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in vars(ns).items() if k in names})
+def _config_from_args(ns) -> TrainConfig:
+    return TrainConfig(**vars(ns))
 
 
 def run_training(argv=None) -> dict:

@@ -1,18 +1,31 @@
-"""TOML configuration files for the command-line tools, and the resolved config of a run.
+"""Options declared once: a dataclass whose fields carry help, choices, defaults and ranges, from which
+the command-line parser, the TOML reader and ``--help`` are derived; and the resolved config of a run.
 
-Rules (one place, so every tool behaves the same):
+Declaring an option (see :class:`TrainConfig`)::
 
-- ``--config FILE.toml`` is added to the parser if it is not there already.
-- The file is FLAT: ``key = value`` pairs at top level, no ``[sections]``.  Keys are the options'
-  dest names; ``batches-per-epoch`` and ``batches_per_epoch`` mean the same thing.  A value is what
-  the option stores: ``--no-eval`` (dest ``eval``, store_false) is written ``eval = false``.  Flat keys were
-  chosen over sections because every option already has exactly one name on the command line, and
-  a section would be a second name for the same thing that could disagree with it.
-- Precedence: command line > config file > the parser's defaults.
-- File values are checked against the option the way argparse would check the same text on the
-  command line (``type=``, ``choices=``, ``store_true`` -> bool, ``nargs``/``append`` -> list), so a
-  wrong file is an error before any work starts.  Every problem is a :class:`ConfigError` that names
-  the file, the key, what was expected and what was found.
+    epochs: int = option(200, "training epochs", ge=1)
+
+``option(default, help, **rules)`` is ``dataclasses.field`` with the rules in its metadata:
+``choices``, ``ge``/``gt``/``le``/``lt`` (ranges), ``check`` (a callable returning a problem or None),
+``parse`` (a converter from text, e.g. a size parser), ``flag`` (a flag name other than ``--name``,
+e.g. ``--no-eval`` for a bool that defaults to True), ``nargs="+"`` or ``append=True`` for lists,
+``metavar``, ``on_resume`` ("keep", "may_change" or "reset", read by cli.resume_config and the checkpoint
+fingerprint) and ``fingerprint=False`` (a "keep" option that a checkpoint checks otherwise).
+The same rules run three times from that one place: when a command-line word is converted (argparse
+``type=``), when a TOML value is read, and in ``__post_init__`` (:func:`validate`), so a TrainConfig
+built in code is checked exactly like one parsed from a command line.
+
+Rules for ``--config FILE.toml`` (one place, so every tool behaves the same):
+
+- The file is FLAT: ``key = value`` pairs at top level, no ``[sections]``.  Keys are the field names;
+  ``batches-per-epoch`` and ``batches_per_epoch`` mean the same thing.  A value is what the field
+  holds: ``--no-eval`` (field ``eval``, default true) is written ``eval = false``.  Flat keys were
+  chosen over sections because every option already has exactly one name on the command line, and a
+  section would be a second name for the same thing that could disagree with it.
+- Precedence: command line > config file > the field's default.
+- File values are checked against the field the way the command line's text is checked (type,
+  choices, range, ``parse``, lists), so a wrong file is an error before any work starts.  Every
+  problem is a :class:`ConfigError` that names the file, the key, what was expected and what was found.
 - Unknown keys are errors (a typo must not silently fall back to a default) with close matches.
 
 The resolved config (every option after precedence) is written to ``RUN_DIR/config.json`` so a run can
@@ -21,10 +34,13 @@ be reproduced and ``granndis report`` can label it.
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import difflib
 import os
 import sys
+import typing
+from dataclasses import MISSING, dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 from granndis_hpc.fsutil import atomic_write_json, read_json_object
 
@@ -37,187 +53,298 @@ CONFIG_FILE_NAME = "config.json"
 
 
 class ConfigError(ValueError):
-    """A configuration file (or a resolved config) is wrong; the message says what and how to fix it."""
+    """A configuration file (or a resolved config, or an option value) is wrong; the message says what
+    and how to fix it."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` shows every option with its default, including options declared without help text.
-
-    (argparse's own ArgumentDefaultsHelpFormatter skips options that have no ``help=``.)  On/off flags
-    show ``(default: off)`` rather than the stored value, because "--no-eval (default: True)" reads as
-    if the flag were on.  Required options show no default.  Descriptions and epilogs keep their line
-    breaks so that usage examples stay readable.
-    """
-
-    def _default_text(self, action):
-        if action.default is argparse.SUPPRESS or action.required:
-            return None
-        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
-            return None
-        if not action.option_strings and action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
-            return None  # required positionals have no default worth printing
-        if (isinstance(action, argparse._StoreTrueAction) and action.default is False) or \
-                (isinstance(action, argparse._StoreFalseAction) and action.default is True):
-            return "(default: off)"
-        return "(default: %(default)s)"
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        extra = self._default_text(action)
-        if extra is None or "%(default)" in text:
-            return text
-        return (text + " " if text else "") + extra
-
-    def _format_action(self, action):
-        # argparse prints nothing after an option without help text; give it one that holds the default
-        if action.help is None and self._default_text(action) is not None:
-            action = copy.copy(action)
-            action.help = ""
-            action.help = self._get_help_string(action)
-        return super()._format_action(action)
+    """For hand-written parsers (granndis report): keep line breaks of descriptions and epilogs, and
+    show defaults.  Parsers derived from an options dataclass write their defaults into the help text
+    themselves (see :func:`build_parser`), so they need nothing beyond RawDescriptionHelpFormatter."""
 
 
 # ---------------------------------------------------------------------------------------------
-# Parsing
+# Declaring options
 
 
-def _find_config_action(parser):
-    for action in parser._actions:
-        if "--config" in action.option_strings:
-            return action
-    return None
+def option(default=MISSING, help: Optional[str] = None, **rules):
+    """A dataclass field with its command-line rules in the metadata (see the module docstring).
+    A list default is given as a list and copied per instance."""
+    unknown = set(rules) - _RULES
+    if unknown:
+        raise TypeError(f"option(): unknown rule(s) {sorted(unknown)}; known: {sorted(_RULES)}")
+    metadata = dict(rules, help=help)
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
-def _ensure_config_option(parser) -> str:
-    """Add ``--config`` if missing; return its dest."""
-    action = _find_config_action(parser)
-    if action is None:
-        action = parser.add_argument(
-            "--config", metavar="FILE.toml", default=None,
-            help="TOML file with option values (keys = option names, '-' or '_'); "
-                 "options given on the command line override it")
-    return action.dest
+_RULES = {"choices", "ge", "gt", "le", "lt", "check", "parse", "flag", "nargs", "append", "metavar", "on_resume",
+          "fingerprint"}
+_NO_DEFAULT = object()
 
 
-def _config_path_from_argv(parser, argv, config_dest):
-    """Find ``--config`` in argv without running the full parser (which may fail on required options
-    that the file provides).  Uses the same prefix rules as the real parser."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=parser.allow_abbrev,
-                                  prefix_chars=parser.prefix_chars)
-    pre.add_argument("--config", dest=config_dest, default=None)
-    known, _ = pre.parse_known_args(argv)
-    return getattr(known, config_dest)
+@dataclass(frozen=True)
+class _Spec:
+    """What the parser, the TOML reader and the validator need to know about one field."""
+    name: str
+    kind: type                 # int, float, str or bool (the element type for lists)
+    optional: bool             # None is allowed
+    is_list: bool
+    default: Any               # _NO_DEFAULT for a required option
+    meta: Dict
+
+    @property
+    def flag(self) -> str:
+        return self.meta.get("flag") or "--" + self.name.replace("_", "-")
+
+    @property
+    def required(self) -> bool:
+        return self.default is _NO_DEFAULT
 
 
-def _settable_actions(parser, config_dest):
-    """Map every accepted key spelling (the dest, with '_' or '-') to its action.
-
-    Flag names that differ from the dest (``--no-eval`` storing False into ``eval``) are deliberately
-    not keys: ``no-eval = true`` would read as the opposite of what it does.
-    """
-    by_key = {}
-    for action in parser._actions:
-        if action.dest in (argparse.SUPPRESS, config_dest) or not action.option_strings:
-            continue
-        if isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
-            continue
-        by_key[action.dest] = by_key[action.dest.replace("_", "-")] = action
-    return by_key
-
-
-def _flag_hint(parser, key):
-    """If `key` is a flag name whose dest differs, say which key to use instead."""
-    for action in parser._actions:
-        if "--" + key in action.option_strings and action.dest not in (key, key.replace("-", "_")):
-            example = f"{action.dest} = false" if isinstance(action, argparse._StoreFalseAction) else \
-                f"{action.dest} = ..."
-            return f" The flag --{key} stores into {action.dest!r}: write '{example}' in the config file."
-    return None
+def _unwrap(tp) -> Tuple[type, bool, bool]:
+    """(element type, optional, is_list) of an annotation such as Optional[List[int]]."""
+    optional = False
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Union and type(None) in args:
+        optional = True
+        tp = next(a for a in args if a is not type(None))
+    is_list = typing.get_origin(tp) in (list, List)
+    if is_list:
+        tp = typing.get_args(tp)[0]
+    if tp not in (int, float, str, bool):
+        raise TypeError(f"option type {tp!r} is not supported (int, float, str, bool, lists of them)")
+    return tp, optional, is_list
 
 
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", None) or repr(tp)
+def specs(cls) -> List[_Spec]:
+    """The option specs of an options dataclass, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kind, optional, is_list = _unwrap(hints[f.name])
+        if f.default is not MISSING:
+            default = f.default
+        elif f.default_factory is not MISSING:
+            default = f.default_factory()
+        else:
+            default = _NO_DEFAULT
+        out.append(_Spec(f.name, kind, optional, is_list, default, dict(f.metadata)))
+    return out
+
+
+def defaults(cls) -> Dict[str, Any]:
+    """{field: default} of an options dataclass (None for a required field)."""
+    return {s.name: (None if s.required else s.default) for s in specs(cls)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking one value (shared by the command line, the TOML reader and __post_init__)
 
 
 def _describe(value) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def allowed_choices(meta: Dict) -> Optional[tuple]:
+    """An option's choices: a tuple, or a callable returning one (a registry read when the option is
+    parsed or checked, so that a mode or model registered after import is a valid choice)."""
+    choices = meta.get("choices")
+    return tuple(choices()) if callable(choices) else choices
 
 
-def _convert_scalar(value, action, where):
-    """Convert one TOML scalar the way argparse converts one command-line word for `action`."""
-    tp = action.type
-    if tp is None or tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {_describe(value)}; quote it in the file")
-        return value
-    if tp is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(f"{where}: expected an integer, got {_describe(value)}")
-        return value
-    if tp is float:
-        if not _is_number(value):
-            raise ConfigError(f"{where}: expected a number, got {_describe(value)}")
-        return float(value)
-    # A custom converter (e.g. a path checker or a positive-int parser): feed it the text that the
-    # command line would have given it.
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ConfigError(f"{where}: expected a value for {_type_name(tp)}, got {_describe(value)}")
+def _range_problem(spec: _Spec, value) -> Optional[str]:
+    m = spec.meta
+    for key, bad, text in (("ge", lambda v, b: v < b, ">="), ("gt", lambda v, b: v <= b, ">"),
+                           ("le", lambda v, b: v > b, "<="), ("lt", lambda v, b: v >= b, "<")):
+        if key in m and bad(value, m[key]):
+            return f"must be {text} {m[key]}, got {value!r}"
+    allowed = allowed_choices(m)
+    if allowed is not None and value not in allowed:
+        return f"{value!r} is not one of the allowed values: {', '.join(repr(c) for c in allowed)}"
+    if m.get("check") is not None:
+        return m["check"](value)
+    return None
+
+
+def _parse_name(spec: _Spec) -> str:
+    parse = spec.meta.get("parse")
+    return getattr(parse, "__name__", None) or repr(parse)
+
+
+def _scalar_from_text(spec: _Spec, text: str):
+    """Command-line word -> value of one element, range-checked (argparse ``type=``)."""
     try:
-        return tp(value if isinstance(value, str) else str(value))
+        if spec.meta.get("parse") is not None:
+            value = spec.meta["parse"](text)
+        elif spec.kind is int:
+            value = int(text)
+        elif spec.kind is float:
+            value = float(text)
+        else:
+            value = text
     except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
-        raise ConfigError(f"{where}: {_describe(value)} is not a valid {_type_name(tp)}: {exc}") from None
+        what = _parse_name(spec) if spec.meta.get("parse") else {int: "an integer", float: "a number"}[spec.kind]
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}" + (f": {exc}" if spec.meta.get("parse") else ""))
+    problem = _range_problem(spec, value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
-def _check_choices(value, action, where):
-    if action.choices is not None and value not in action.choices:
-        choices = ", ".join(repr(c) for c in action.choices)
-        raise ConfigError(f"{where}: {value!r} is not one of the allowed values: {choices}")
-
-
-def _convert(value, action, where):
-    """Type-check and convert a file value for `action`; the result is what argparse would store."""
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
-                           getattr(argparse, "BooleanOptionalAction", ()))):
+def _scalar_from_file(spec: _Spec, value, where: str):
+    """TOML value -> value of one element, checked the way the command line checks its text."""
+    if spec.meta.get("parse") is not None:
+        # A custom converter (a size parser, a positive-int parser): feed it the command line's text.
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{where}: expected a value for {_parse_name(spec)}, got {_describe(value)}")
+        try:
+            out = spec.meta["parse"](value if isinstance(value, str) else str(value))
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+            raise ConfigError(f"{where}: {_describe(value)} is not a valid {_parse_name(spec)}: {exc}") from None
+    elif spec.kind is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {_describe(value)}")
-        return value
-    if isinstance(action, argparse._StoreConstAction):  # e.g. store_const / append_const-like flags
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true (= {action.const!r}) or false (= default), "
-                              f"got {_describe(value)}")
-        return action.const if value else action.default
-    if isinstance(action, argparse._CountAction):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"{where}: expected a count (integer >= 0), got {_describe(value)}")
-        return value
-    takes_list = isinstance(action, (argparse._AppendAction, getattr(argparse, "_ExtendAction", ()))) \
-        or action.nargs in (argparse.ZERO_OR_MORE, argparse.ONE_OR_MORE) or isinstance(action.nargs, int)
-    if takes_list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list like [a, b], got {_describe(value)}")
-        if isinstance(action.nargs, int) and not isinstance(action, argparse._AppendAction) \
-                and len(value) != action.nargs:
-            raise ConfigError(f"{where}: expected a list of exactly {action.nargs} values, got {len(value)}")
-        if action.nargs == argparse.ONE_OR_MORE and not value:
-            raise ConfigError(f"{where}: expected a non-empty list")
-        items = [_convert_scalar(v, action, f"{where}[{i}]") for i, v in enumerate(value)]
-        for i, item in enumerate(items):
-            _check_choices(item, action, f"{where}[{i}]")
-        return items
-    if isinstance(action, argparse._StoreAction):
-        out = _convert_scalar(value, action, where)
-        _check_choices(out, action, where)
-        return out
-    raise ConfigError(f"{where}: option kind {type(action).__name__} cannot be set from a config file; "
-                      "give it on the command line")
+        out = value
+    elif spec.kind is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {_describe(value)}")
+        out = value
+    elif spec.kind is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {_describe(value)}")
+        out = float(value)
+    else:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {_describe(value)}; quote it in the file")
+        out = value
+    problem = _range_problem(spec, out)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
+    return out
 
 
-def load_config_file(path, parser, config_dest="config") -> dict:
-    """Read and check a TOML file against `parser`; return {dest: value} ready to use as defaults."""
+def _from_file(spec: _Spec, value, where: str):
+    if not spec.is_list:
+        return _scalar_from_file(spec, value, where)
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: expected a list like [a, b], got {_describe(value)}")
+    if spec.meta.get("nargs") == "+" and not value:
+        raise ConfigError(f"{where}: expected a non-empty list")
+    return [_scalar_from_file(spec, v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+
+def validate(obj) -> None:
+    """Check every field of an options dataclass instance against its rules (for __post_init__);
+    ConfigError naming the option (as its flag) and the problem."""
+    for spec in specs(type(obj)):
+        value = getattr(obj, spec.name)
+        where = f"{spec.flag}"
+        if value is None:
+            if spec.optional or (spec.is_list and spec.meta.get("append")):
+                continue
+            raise ConfigError(f"{where} is required" if spec.required else f"{where} cannot be None")
+        items = value if spec.is_list else [value]
+        if spec.is_list and not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {_describe(value)}")
+        for item in items:
+            ok = (isinstance(item, bool) if spec.kind is bool else
+                  isinstance(item, spec.kind) and not isinstance(item, bool) if spec.kind is int else
+                  isinstance(item, (int, float)) and not isinstance(item, bool) if spec.kind is float else
+                  isinstance(item, str))
+            if not ok:
+                raise ConfigError(f"{where}: expected {spec.kind.__name__}, got {_describe(item)}")
+            if spec.meta.get("parse") is not None and isinstance(item, str):
+                try:
+                    spec.meta["parse"](item)
+                except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+                    raise ConfigError(f"{where}: {item!r} is not a valid {_parse_name(spec)}: {exc}") from None
+            problem = _range_problem(spec, item)
+            if problem:
+                raise ConfigError(f"{where}: {problem}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The parser and --help
+
+
+def _help_text(spec: _Spec) -> str:
+    text = spec.meta.get("help") or ""
+    bounds = [f"{sign} {spec.meta[key]}" for key, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+              if key in spec.meta]
+    if bounds:  # the range checked at parse time, so --help says it before an error has to
+        text += (" " if text else "") + f"[{', '.join(bounds)}]"
+    text = text.replace("%", "%%")  # argparse %-formats help strings
+    if spec.required or "(default:" in text:
+        return text
+    if spec.kind is bool and not spec.is_list:
+        default = "off"  # a flag: "--no-eval (default: True)" would read as if the flag were on
+    else:
+        default = spec.default
+    return (text + " " if text else "") + f"(default: {default})".replace("%", "%%")
+
+
+def build_parser(cls, prog: Optional[str] = None, description: Optional[str] = None,
+                 epilog: Optional[str] = None) -> argparse.ArgumentParser:
+    """The command-line parser of an options dataclass (plus ``--config`` unless the class has a
+    ``config`` field).  Every option's default is argparse.SUPPRESS, so the namespace holds only what
+    the command line gave (precedence is applied by :func:`read_options`)."""
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                argument_default=argparse.SUPPRESS)
+    names = set()
+    for spec in specs(cls):
+        names.add(spec.name)
+        kwargs = {"dest": spec.name, "help": _help_text(spec)}
+        if spec.meta.get("metavar"):
+            kwargs["metavar"] = spec.meta["metavar"]
+        if spec.kind is bool and not spec.is_list:
+            kwargs.pop("metavar", None)
+            kwargs["action"] = "store_false" if spec.default is True else "store_true"
+        else:
+            kwargs["type"] = (lambda s: (lambda text: _scalar_from_text(s, text)))(spec)
+            kwargs["type"].__name__ = spec.name  # argparse names the converter in some messages
+            if spec.meta.get("choices") is not None and spec.meta.get("parse") is None:
+                kwargs["choices"] = allowed_choices(spec.meta)
+            if spec.is_list:
+                if spec.meta.get("append"):
+                    kwargs["action"] = "append"
+                else:
+                    kwargs["nargs"] = spec.meta.get("nargs", "+")
+        p.add_argument(spec.flag, **kwargs)
+    if "config" not in names:
+        p.add_argument("--config", metavar="FILE.toml", dest="config",
+                       help="TOML file with option values (keys = option names, '-' or '_'); options given "
+                            "on the command line override it (default: None)")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# The TOML reader
+
+
+def _keys(cls) -> Dict[str, _Spec]:
+    """Every accepted key spelling (the field name, with '_' or '-') -> its spec.  Flag names that
+    differ from the field (``--no-eval`` for ``eval``) are deliberately not keys: ``no-eval = true``
+    would read as the opposite of what it does."""
+    by_key = {}
+    for spec in specs(cls):
+        if spec.name != "config":
+            by_key[spec.name] = by_key[spec.name.replace("_", "-")] = spec
+    return by_key
+
+
+def _flag_hint(cls, key: str) -> Optional[str]:
+    for spec in specs(cls):
+        if spec.flag == "--" + key and key.replace("-", "_") != spec.name:
+            example = f"{spec.name} = false" if spec.kind is bool and spec.default is True else f"{spec.name} = ..."
+            return f" The flag --{key} stores into {spec.name!r}: write '{example}' in the config file."
+    return None
+
+
+def load_config_file(path, cls) -> Dict[str, Any]:
+    """Read and check a TOML file against the options dataclass `cls`; return {field: value}."""
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
@@ -228,73 +355,229 @@ def load_config_file(path, parser, config_dest="config") -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from None
 
-    actions = _settable_actions(parser, config_dest)
+    keys = _keys(cls)
     values, seen_as = {}, {}
     for key, value in raw.items():
         where = f"config file {path!r}, key {key!r}"
         if isinstance(value, dict):
             raise ConfigError(f"{where}: [sections] are not supported; write every option as a "
                               f"top-level 'name = value' line (before any [section] header)")
-        if key.replace("-", "_") == config_dest:
+        if key.replace("-", "_") == "config":
             raise ConfigError(f"{where}: a config file cannot name another config file")
-        action = actions.get(key)
-        if action is None:
-            flag_hint = _flag_hint(parser, key)
+        spec = keys.get(key)
+        if spec is None:
+            flag_hint = _flag_hint(cls, key)
             if flag_hint:
                 raise ConfigError(f"{where}: not an option name.{flag_hint}")
             close, named = [], set()
-            for name in difflib.get_close_matches(key, sorted(actions), n=6, cutoff=0.6):
-                if actions[name].dest not in named:  # one spelling per option, the closest one
-                    named.add(actions[name].dest)
+            for name in difflib.get_close_matches(key, sorted(keys), n=6, cutoff=0.6):
+                if keys[name].name not in named:  # one spelling per option, the closest one
+                    named.add(keys[name].name)
                     close.append(name)
             close = close[:3]
             hint = (" Did you mean " + " or ".join(repr(c) for c in close) + "?") if close else \
                 " Run with --help for the list of options."
             raise ConfigError(f"{where}: unknown option.{hint}")
-        if action.dest in seen_as:
-            raise ConfigError(f"{where}: the same option is also given as {seen_as[action.dest]!r}; "
-                              "keep one of them")
-        seen_as[action.dest] = key
-        values[action.dest] = _convert(value, action, where)
+        if spec.name in seen_as:
+            raise ConfigError(f"{where}: the same option is also given as {seen_as[spec.name]!r}; keep one of them")
+        seen_as[spec.name] = key
+        values[spec.name] = _from_file(spec, value, where)
     return values
 
 
-def parse_args_with_config(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
-    """Parse `argv` (default sys.argv[1:]) with values from ``--config FILE.toml`` as defaults.
+# ---------------------------------------------------------------------------------------------
+# Command line + file
 
-    Raises ConfigError for a bad file; argparse itself still exits with status 2 on bad flags.
-    Entry points should turn ConfigError into ``parser.error(str(exc))`` so that every rank exits
-    non-zero with the message.
-    """
+
+def read_options(cls, argv=None, prog: Optional[str] = None, description: Optional[str] = None,
+                 epilog: Optional[str] = None) -> Tuple[Dict[str, Any], Dict[str, Any], Optional[str]]:
+    """(options given on the command line, options from --config FILE.toml, the file's path), with no
+    defaults applied, so a caller can tell what the user asked for and where (``--resume`` does).
+    argparse exits with status 2 on a bad flag or value (and 0 on --help); a bad file raises ConfigError."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    config_dest = _ensure_config_option(parser)
-    path = _config_path_from_argv(parser, argv, config_dest)
-    # --help must work even when the config file is broken, so do not read it then.
-    options_part = argv[:argv.index("--")] if "--" in argv else argv
-    wants_help = any(a in ("-h", "--help") for a in options_part)
-    file_values = load_config_file(path, parser, config_dest) if path is not None and not wants_help else {}
+    parser = build_parser(cls, prog, description, epilog)
+    command_line = vars(parser.parse_args(argv))  # --help exits here, before a broken file is read
+    path = command_line.get("config")  # only a file named on the command line is read, never a default
+    if "config" not in {s.name for s in specs(cls)}:
+        command_line.pop("config", None)
+    file_values = load_config_file(path, cls) if path is not None else {}
+    return command_line, file_values, path
 
-    actions = {a.dest: a for a in _settable_actions(parser, config_dest).values()}
-    # argparse only fills in defaults for attributes missing from the namespace, so pre-filling it with
-    # the file's values makes them defaults that the command line overrides.  List-accumulating options
-    # (append/extend) would append to the file's list instead of replacing it, so they start as None
-    # and get the file's list only if the command line did not give them.
-    accumulating = {d for d in file_values
-                    if isinstance(actions[d], (argparse._AppendAction, getattr(argparse, "_ExtendAction", ())))}
-    namespace = argparse.Namespace(**{d: (None if d in accumulating else v) for d, v in file_values.items()})
-    # An option required on the command line is satisfied by the file.
-    relaxed = [actions[d] for d in file_values if actions[d].required]
-    for action in relaxed:
-        action.required = False
-    try:
-        ns = parser.parse_args(argv, namespace=namespace)
-    finally:
-        for action in relaxed:
-            action.required = True
-    for dest in accumulating:
-        if getattr(ns, dest) is None:
-            setattr(ns, dest, list(file_values[dest]))
-    return ns
+
+def missing_required(cls, given: Dict[str, Any]) -> List[str]:
+    """Flags of the required options that `given` lacks."""
+    return [s.flag for s in specs(cls) if s.required and s.name not in given]
+
+
+def parse_args_with_config(cls, argv=None, prog: Optional[str] = None, description: Optional[str] = None,
+                           epilog: Optional[str] = None) -> argparse.Namespace:
+    """Every option of `cls` after precedence (command line > --config FILE.toml > defaults), plus
+    ``config`` (the file's path or None).  A required option missing from both is a usage error
+    (exit status 2), as argparse makes it."""
+    command_line, file_values, path = read_options(cls, argv, prog, description, epilog)
+    given = {**file_values, **command_line}
+    missing = missing_required(cls, given)
+    if missing:
+        build_parser(cls, prog, description, epilog).error(
+            f"the following arguments are required: {', '.join(missing)}")
+    values = defaults(cls)
+    values.update(given)
+    values.setdefault("config", path)
+    return argparse.Namespace(**values)
+
+
+def resume_rule(cls, rule: str) -> frozenset:
+    """Names of the fields of `cls` whose on_resume rule is `rule` ("keep" when not given)."""
+    return frozenset(s.name for s in specs(cls) if s.meta.get("on_resume", "keep") == rule)
+
+
+# ---------------------------------------------------------------------------------------------
+# The options of granndis-train
+
+# The same lists as cluster.topology.DEVICES / TRANSPORTS (tests/unit/test_config.py keeps them equal).
+# Not imported from there: that module imports mpi4py, which initialises MPI, and `granndis report`
+# reads this module on machines without MPI.
+DEVICE_NAMES = ("auto", "cpu", "cuda")
+TRANSPORT_NAMES = ("auto", "gloo", "nccl", "mpi")
+# Models whose recomputation --checkpoint-activations is implemented for (nn/models.py: only ResSAGE+
+# wraps its residual blocks in torch.utils.checkpoint; sage/gcn are shallow and would ignore it).
+CHECKPOINTABLE_MODELS = ("ressage",)
+
+
+def _mode_names():
+    # The engine's registry (engine/modes.py): one place declares the modes.
+    from granndis_hpc.engine.modes import MODES
+    return tuple(MODES)
+
+
+def _model_names():
+    from granndis_hpc.nn.models import MODELS
+    return tuple(MODELS)
+
+
+def _sampler_names():
+    from granndis_hpc.graph.sampler import SAMPLERS
+    return tuple(SAMPLERS)
+
+
+def _size_text(text: str) -> str:
+    """A memory size as written ('40GiB'), checked with units.parse_size and kept as written, so that
+    config.json records what the user typed."""
+    from granndis_hpc.units import parse_size
+    parse_size(text)
+    return text
+
+
+_size_text.__name__ = "size"
+
+
+def _fanout_problem(value: int) -> Optional[str]:
+    if value == -1 or value >= 1:
+        return None
+    return f"must be a positive number of neighbours or -1 for all, got {value}"
+
+
+@dataclass
+class TrainConfig:
+    """Every option of `granndis-train`; the parser, --config and --help are derived from it."""
+    # on_resume: "keep" (default) = a resumed run must have the same value, and the checkpoint
+    # fingerprint holds it (it changes the trajectory); "may_change" = given again with --resume it wins
+    # (nothing the numbers depend on, or checked otherwise: shards and ranks_per_server by the shard set
+    # and layout in the fingerprint); "reset" = not carried over from the run being resumed.
+    shards: str = option(help="shard directory written by `python -m preprocess build` (required, except with "
+                              "--resume)", on_resume="may_change")
+    mode: str = option("flx", choices=_mode_names,
+                       help="fb: full-batch baseline (1-hop halo every layer, world-wide); flx: flexible "
+                            "preloading (full k-hop preload, only gradients cross servers); eas: "
+                            "expansion-aware sampled preload; cob: cooperative batching (a server's GPUs share "
+                            "one co-batch); mb: per-GPU mini-batches (the baseline cob is measured against); "
+                            "auto: GraNNDis' automatic choice for --memory-per-gpu")
+    model: str = option("sage", choices=_model_names, help="GNN architecture")
+    layers: int = option(3, ge=1, help="message-passing layers")
+    hidden: int = option(64, ge=1, help="hidden width")
+    epochs: int = option(200, ge=1, on_resume="may_change", help="training epochs")
+    lr: float = option(0.01, gt=0.0, help="Adam learning rate")
+    weight_decay: float = option(0.0, ge=0.0, help="Adam weight decay")
+    dropout: float = option(0.5, ge=0.0, lt=1.0, help="dropout probability")
+    norm: bool = option(False, help="LayerNorm between sage/gcn layers")
+    seed: int = option(0, ge=0, help="seed for parameters and dropout")
+    eval_every: int = option(10, ge=0, on_resume="may_change",
+                             help="exact full-graph evaluation every N epochs (and always at the end); "
+                                  "0 = only at the end")
+    out: Optional[str] = option(None, on_resume="may_change",
+                                help="run directory (config.json, metrics.jsonl, summary.json, checkpoints); "
+                                     "one that already holds a run is refused: continue it with --resume, "
+                                     "or give --overwrite-run")
+    ranks_per_server: Optional[int] = option(None, ge=1, on_resume="may_change",
+                                             help="emulate servers of N ranks (default: env "
+                                                  "GRANNDIS_RANKS_PER_SERVER, else one server per shared-memory "
+                                                  "node)")
+    device: str = option("auto", choices=DEVICE_NAMES, help="auto = cuda:local_rank when CUDA is available")
+    intra_transport: str = option("auto", choices=TRANSPORT_NAMES, on_resume="may_change",
+                                  help="intra-server transport (auto: NCCL on GPU, measured default on CPU)")
+    quiet: bool = option(False, on_resume="may_change", help="no per-epoch lines on stdout and no progress bar")
+    skip_checksums: bool = option(False, on_resume="may_change", help="do not verify shard sha256 at start-up")
+    # Checkpoints (engine/checkpoint.py): every N epochs (0 = only when SIGUSR1/SIGTERM asks to stop),
+    # and the run directory to continue from (its newest complete checkpoint).
+    checkpoint_every: int = option(0, ge=0, metavar="N", on_resume="may_change",
+                                   help="write a checkpoint into RUN_DIR/checkpoints/ every N epochs (the newest "
+                                        "2 complete ones are kept); 0 = only when SIGUSR1 or SIGTERM asks the run "
+                                        "to stop, which it does after the current epoch, with a checkpoint, "
+                                        "exiting 0")
+    resume: Optional[str] = option(None, metavar="RUN_DIR", on_resume="may_change",
+                                   help="continue RUN_DIR from its newest complete checkpoint (from epoch 0 when "
+                                        "it has none yet) with the options in RUN_DIR/config.json (nothing else "
+                                        "is needed); options given again may differ only for --epochs, "
+                                        "--eval-every, --checkpoint-every, --quiet, --progress, --skip-checksums, "
+                                        "--intra-transport, and --shards / --ranks-per-server when they name the "
+                                        "same shard set and layout")
+    overwrite_run: bool = option(False, on_resume="reset",
+                                 help="replace the run that --out already holds (it is deleted only after the new "
+                                      "run has written its config.json)")
+    # Cooperative batching (cob) and the per-GPU mini-batch baseline (mb).  Not in the checkpoint
+    # fingerprint: the sampler's saved state holds them and its load_state_dict refuses other values,
+    # in the modes where they change anything (the others never read them).
+    batches_per_epoch: int = option(1, ge=1, fingerprint=False, help="cob/mb: co-batches per epoch (each server's training "
+                                                  "vertices in shuffled chunks)")
+    sampler: str = option("sage", choices=_sampler_names, fingerprint=False,
+                          help="cob/mb: sage = per-hop fanout sampling of the dependency graph; saint = the "
+                               "subgraph induced on the batch")
+    fanout: int = option(-1, check=_fanout_problem, fingerprint=False, help="cob/mb: in-neighbours kept per vertex and hop (-1 = all)")
+    checkpoint_activations: bool = option(
+        False, help="recompute each residual block (its exchange included) in the backward pass instead of "
+                    "keeping its activations (deep models, less memory); ressage only: refused for sage and "
+                    "gcn, which have no residual blocks")
+    memory_per_gpu: Optional[str] = option(
+        None, parse=_size_text, metavar="SIZE",
+        help="GPU memory budget per rank, e.g. 40GiB; --mode auto picks the largest preload that fits")
+    # Force the rank-0 bar on (mpirun pipes output, so no terminal is seen).
+    progress: bool = option(False, on_resume="may_change",
+                            help="draw rank 0's progress bar (epochs, loss, ETA) even when stderr is not a "
+                                 "terminal, as under mpirun/srun, which pipe the ranks' output")
+
+    def __post_init__(self):
+        # Like torchtitan's ParallelDims: a config that exists is a valid one, however it was made.
+        validate(self)
+        if self.mode == "auto" and self.memory_per_gpu is None:
+            raise ConfigError("--mode auto chooses the preload that fits a GPU's memory: give "
+                              "--memory-per-gpu SIZE (e.g. 40GiB), or choose a mode")
+        if self.checkpoint_activations and self.model not in CHECKPOINTABLE_MODELS:
+            raise ConfigError(f"--checkpoint-activations recomputes residual blocks, which only "
+                              f"{', '.join(CHECKPOINTABLE_MODELS)} has; model {self.model!r} would ignore it: "
+                              f"leave it out or use --model ressage")
+        if self.checkpoint_every > 0 and not self.out:
+            raise ConfigError("--checkpoint-every needs a run directory to write checkpoints into: add --out RUN_DIR")
+        if self.resume and (not self.out or os.path.realpath(self.out) != os.path.realpath(self.resume)):
+            raise ConfigError(f"--resume {self.resume} continues in that run directory, but --out is {self.out!r}; "
+                              f"leave --out out or set it to {self.resume}")
+        if self.resume and self.overwrite_run:
+            raise ConfigError("--overwrite-run starts a new run in place of the old one and --resume continues "
+                              "the old one: give one of them")
+
+    @property
+    def memory_per_gpu_bytes(self) -> Optional[int]:
+        from granndis_hpc.units import parse_size
+        return None if self.memory_per_gpu is None else parse_size(self.memory_per_gpu)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,8 +600,12 @@ def _jsonable(value, key):
 
 
 def resolved_config(ns) -> dict:
-    """Every option of `ns` (an argparse.Namespace or a dict) as a JSON-able dict with sorted keys."""
-    items = ns.items() if isinstance(ns, dict) else vars(ns).items()
+    """Every option of `ns` (an argparse.Namespace, a dict or an options dataclass) as a JSON-able dict
+    with sorted keys."""
+    if dataclasses.is_dataclass(ns) and not isinstance(ns, type):
+        items = dataclasses.asdict(ns).items()
+    else:
+        items = ns.items() if isinstance(ns, dict) else vars(ns).items()
     return {k: _jsonable(v, k) for k, v in sorted(items)}
 
 
@@ -336,5 +623,7 @@ def load_resolved_config(run_dir) -> dict:
                             not_found_hint=f": {run_dir!s} is not a run directory (it has no resolved config)")
 
 
-__all__ = ["ConfigError", "HelpFormatter", "parse_args_with_config", "load_config_file",
-           "resolved_config", "write_resolved_config", "load_resolved_config", "CONFIG_FILE_NAME"]
+__all__ = ["ConfigError", "HelpFormatter", "TrainConfig", "allowed_choices", "DEVICE_NAMES", "TRANSPORT_NAMES",
+           "CHECKPOINTABLE_MODELS", "option", "specs", "defaults", "validate", "build_parser", "read_options", "missing_required", "resume_rule",
+           "parse_args_with_config", "load_config_file", "resolved_config", "write_resolved_config",
+           "load_resolved_config", "CONFIG_FILE_NAME"]

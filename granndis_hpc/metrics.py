@@ -5,11 +5,17 @@ import json
 import os
 import resource
 import statistics
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from granndis_hpc.fsutil import atomic_write_json
+from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsError(ValueError):
+    """metrics.jsonl is missing, unreadable or holds a line that is not a JSON object."""
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -34,7 +40,7 @@ class MetricsWriter:
     def __init__(self, run_dir: str, append: bool = False):
         os.makedirs(run_dir, exist_ok=True)
         self.run_dir = run_dir
-        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.path = os.path.join(run_dir, METRICS_FILE)
         self._f = open(self.path, "a" if append else "w")
 
     def write(self, rec: Dict) -> None:
@@ -45,9 +51,60 @@ class MetricsWriter:
         self._f.close()
 
 
+def read_metrics_lines(run_dir: str, skip_bad_lines: bool = False,
+                       missing_ok: bool = False) -> List[Tuple[int, Dict]]:
+    """(line number, record) of every record of RUN_DIR/metrics.jsonl: the one reader of that file
+    (the trainer on resume, `granndis report`, tests).  Blank lines are skipped.  A line that is not a
+    JSON object is a MetricsError naming it, or skipped with `skip_bad_lines` (resuming after a kill,
+    whose last line may be cut short).  A missing file is a MetricsError, or no records with
+    `missing_ok` (a run stopped before its first epoch has none yet)."""
+    path = os.path.join(os.fspath(run_dir), METRICS_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        if missing_ok:
+            return []
+        raise MetricsError(f"{METRICS_FILE} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MetricsError(f"{METRICS_FILE} cannot be read: {exc}") from None
+    out = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            if skip_bad_lines:
+                continue
+            raise MetricsError(f"{METRICS_FILE} line {number} is not valid JSON ({exc}); was the file cut short?") \
+                from None
+        if not isinstance(record, dict):
+            if skip_bad_lines:
+                continue
+            raise MetricsError(f"{METRICS_FILE} line {number} must be a JSON object")
+        out.append((number, record))
+    return out
+
+
 def read_metrics(run_dir: str) -> List[Dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [record for _, record in read_metrics_lines(run_dir)]
+
+
+def truncate_metrics(run_dir: str, epoch: int) -> List[Dict]:
+    """Keep the records of epochs before `epoch` (those a checkpoint after `epoch` epochs includes) and
+    drop the rest, so a resumed run appends without duplicates.  Rewritten atomically (a crash leaves
+    the old file or the new one); returns the kept records."""
+    kept = []
+    for _, rec in read_metrics_lines(run_dir, skip_bad_lines=True, missing_ok=True):
+        try:
+            if int(rec.get("epoch", -1)) < epoch:
+                kept.append(rec)
+        except (TypeError, ValueError):  # not a record this program wrote
+            continue
+    text = "".join(json.dumps(rec, sort_keys=True) + "\n" for rec in kept)
+    atomic_write_bytes(os.path.join(os.fspath(run_dir), METRICS_FILE), text.encode())
+    return kept
 
 
 def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_memory: int,

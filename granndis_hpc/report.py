@@ -24,7 +24,6 @@ Plots use matplotlib's object API on the Agg canvas: no pyplot, no global backen
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 
 from granndis_hpc.config import HelpFormatter
 from granndis_hpc.fsutil import atomic_path, atomic_write_bytes, read_json_object
+from granndis_hpc.metrics import MetricsError, read_metrics_lines
 
 __all__ = ["ReportError", "RunData", "load_run", "render_report", "format_table", "main"]
 
@@ -119,25 +119,13 @@ def _check_summary(summary, where):
 
 
 def _read_metrics(run_dir):
-    path = os.path.join(run_dir, "metrics.jsonl")
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise ReportError(f"run {run_dir}: metrics.jsonl not found") from None
-    except OSError as exc:
-        raise ReportError(f"run {run_dir}: metrics.jsonl cannot be read: {exc}") from None
+        lines = read_metrics_lines(run_dir)
+    except MetricsError as exc:
+        raise ReportError(f"run {run_dir}: {exc}") from None
     records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, record in lines:
         where = f"run {run_dir}: metrics.jsonl line {number}"
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise ReportError(f"{where} is not valid JSON ({exc}); was the file cut short?") from None
-        if not isinstance(record, dict):
-            raise ReportError(f"{where} must be a JSON object")
         _check(record, "epoch", ["int"], where)
         for key in ("time_s", "loss"):
             _check(record, key, ["number"], where)

@@ -1,4 +1,6 @@
-"""Checkpoints, resuming, and stopping cleanly on SIGUSR1/SIGTERM.
+"""Checkpoints and resuming: one CheckpointManager per run, over the state_dict/load_state_dict of the
+model, the optimizer, the sampler (when the mode has one), every rank's RNG streams and the metrics
+cursor (epochs done, seconds spent; metrics.jsonl is cut back to it on resume).
 
 Layout of one checkpoint (written after epoch E has finished, so training resumes with epoch E)::
 
@@ -18,16 +20,17 @@ writing leaves either no file or a whole one; a directory without COMPLETE.json 
 checkpoints and any incomplete leftovers, never before: a crash during writing always leaves the
 previous complete checkpoint as the newest.
 
-The fingerprint (model, mode, layers, hidden, norm, servers x ranks per server, shard set) says which run a
-checkpoint can continue; another one is refused on every rank with the differences named.
+The fingerprint says which run a checkpoint can continue: every option that changes the trajectory
+(every TrainConfig field whose ``on_resume`` rule is "keep": model, mode, widths, lr, weight decay,
+dropout, seed, ...), the layout (servers x ranks per server) and the shard set.  Another one is refused
+on every rank with the differences named.
 
-Signals: `StopSignals` turns SIGUSR1/SIGTERM into a flag.  The trainer reduces that flag (max over
-ranks) after every epoch, so a signal that reaches only some ranks, or reaches them at different
-times, still stops every rank after the same epoch; they write a checkpoint and exit 0.  Measured with
-Open MPI 4.1.4: mpirun forwards SIGUSR1 to every rank, but on SIGTERM it tears the job down (the ranks
-get SIGTERM and are killed about a second later, odls_base_sigkill_timeout=1), too soon for a
-checkpoint, so under mpirun send SIGUSR1.  Under Slurm, scancel and preemption send SIGTERM to every
-task and SIGKILL after KillWait / GraceTime (Slurm's documentation; not measured here).
+Files are read with torch.load(weights_only=True), which refuses pickled code; a file it refuses, or
+one whose contents are not what this program writes, is "not a valid granndis checkpoint".
+
+Collectives go through the job's Topology (its object gather/broadcast and cluster.collective_errors),
+so this module needs no MPI of its own: a failure on any rank raises the same ClusterError on every
+rank.  Signals are engine/signals.py; the --resume option rules are cli.resume_config.
 """
 from __future__ import annotations
 
@@ -36,35 +39,32 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import random
 import re
 import shutil
-import signal
 import sys
-import threading
+import tempfile
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 
-from granndis_hpc.cluster.errors import agree
+from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE.json"
 SHARED_FILE = "state.pt"
-FORMAT_VERSION = 1
+# 2: the fingerprint covers every trajectory option (version 1 held only shapes, wiring and data, so
+# a checkpoint of another lr or seed passed as this run's).
+FORMAT_VERSION = 2
 KEEP = 2
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 _EPOCH_DIR = re.compile(r"^epoch-(\d{6,})$")
-
-# Options that may be given again with another value together with --resume.  The first group changes
-# nothing the trajectory depends on; `shards` and `ranks_per_server` may point elsewhere because the
-# checkpoint's fingerprint still has to match the shard set and layout (a moved shard directory, or
-# the layout given by flag instead of GRANNDIS_RANKS_PER_SERVER).  `out` is the run directory itself.
-RESUME_OVERRIDABLE = frozenset({"epochs", "eval_every", "checkpoint_every", "quiet", "skip_checksums",
-                                "intra_transport", "shards", "ranks_per_server", "resume", "out"})
+# What each file must hold (checked after loading, before anything is restored).
+_SHARED_KEYS = {"epoch": int, "elapsed_s": (int, float), "model": dict, "optimizer": dict}
+_RANK_KEYS = {"rng": dict}
 
 
 class CheckpointError(RuntimeError):
@@ -99,11 +99,22 @@ def shard_set_id(manifest: Dict) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
+def trajectory_options(cfg) -> Dict:
+    """The options of `cfg` (a TrainConfig) that a continuation must share: every field whose
+    on_resume rule is "keep" (the default).  Options that may change on resume (epochs, output,
+    shards path, ...) or are reset (overwrite_run) do not change the numbers; the sampler's options
+    (fingerprint=False) are checked by the sampler's own saved state."""
+    from granndis_hpc.config import specs
+    return {s.name: getattr(cfg, s.name) for s in specs(type(cfg))
+            if s.meta.get("on_resume", "keep") == "keep" and s.meta.get("fingerprint", True)}
+
+
 def fingerprint(cfg, servers: int, ranks_per_server: int, manifest: Dict) -> Dict:
-    """What a checkpoint must share with the run that continues it (shapes, wiring, data)."""
-    return {"model": cfg.model, "mode": cfg.mode, "layers": int(cfg.layers), "hidden": int(cfg.hidden),
-            "norm": bool(cfg.norm), "servers": int(servers), "ranks_per_server": int(ranks_per_server),
-            "dataset": manifest.get("dataset", {}).get("name", "?"), "shard_set": shard_set_id(manifest)}
+    """What a checkpoint must share with the run that continues it: trajectory options, layout, data."""
+    fp = trajectory_options(cfg)
+    fp.update({"servers": int(servers), "ranks_per_server": int(ranks_per_server),
+               "dataset": manifest.get("dataset", {}).get("name", "?"), "shard_set": shard_set_id(manifest)})
+    return fp
 
 
 def check_fingerprint(saved: Dict, current: Dict, where: str) -> None:
@@ -138,6 +149,19 @@ def set_rng_state(state: Dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+class RNGState:
+    """A process's random streams as a stateful object (state_dict / load_state_dict)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def state_dict(self) -> Dict:
+        return rng_state(self.device)
+
+    def load_state_dict(self, state: Dict) -> None:
+        set_rng_state(state, self.device)
+
+
 # ---- files --------------------------------------------------------------------------------------
 # torch.load(weights_only=True) refuses arbitrary pickles; NumPy arrays (in NumPy's RNG state, or in a
 # sampler's state) are stored as tensors under a tag and turned back on load.
@@ -166,6 +190,10 @@ def _from_storable(obj):
     return obj
 
 
+def not_valid(path: str, why: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint file {path} is not a valid granndis checkpoint ({why})")
+
+
 def write_payload(directory: str, name: str, payload: Dict) -> Dict:
     """Serialise `payload` and write it atomically as DIRECTORY/NAME; returns its size and sha256."""
     buf = io.BytesIO()
@@ -173,6 +201,22 @@ def write_payload(directory: str, name: str, payload: Dict) -> Dict:
     data = buf.getvalue()
     atomic_write_bytes(os.path.join(directory, name), data)
     return {"name": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _safe_load(path: str, data: bytes):
+    """torch.load(weights_only=True), with its refusals turned into our message.  PyTorch's own text is
+    dropped on purpose: it advises weights_only=False, which would run whatever the file holds."""
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch names a refused class as "GLOBAL module.name"; anything else is not a pickle it can read.
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        if found is None:
+            raise not_valid(path, "it is not a file written by torch.save, or it is damaged") from None
+        raise not_valid(path, f"it holds a Python object ({found.group(1)}) that is not a tensor, number, "
+                              f"string or container, and such objects are never loaded") from None
+    except (RuntimeError, ValueError, EOFError, OSError, TypeError, AttributeError, KeyError, IndexError):
+        raise not_valid(path, "it is not a file written by torch.save, or it is damaged") from None
 
 
 def read_payload(directory: str, entry: Dict) -> Dict:
@@ -188,7 +232,17 @@ def read_payload(directory: str, entry: Dict) -> Dict:
         raise CheckpointError(f"{path}: size or sha256 differs from {COMPLETE} (the file was modified or "
                               f"damaged after it was written); delete {directory} to resume from the one "
                               f"before it")
-    return _from_storable(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
+    return _from_storable(_safe_load(path, data))
+
+
+def _check_keys(path: str, payload, keys: Dict) -> None:
+    if not isinstance(payload, dict):
+        raise not_valid(path, f"it holds a {type(payload).__name__}, not a dict")
+    for key, kind in keys.items():
+        if key not in payload:
+            raise not_valid(path, f"it has no {key!r}")
+        if not isinstance(payload[key], kind) or isinstance(payload[key], bool):
+            raise not_valid(path, f"its {key!r} is a {type(payload[key]).__name__}")
 
 
 # ---- finding and pruning ------------------------------------------------------------------------
@@ -252,15 +306,20 @@ def prune(run_dir: str, keep: int = KEEP) -> List[str]:
 
 
 # ---- collective save and load ------------------------------------------------------------------
-def save(world, run_dir: str, epoch: int, fp: Dict, shared: Optional[Dict], mine: Dict,
+# `topo` is the job's cluster.Topology, or anything with its rank, world_size, world (for
+# collective_errors), gather_object and bcast_object.
+_WRITE_ERRORS = (OSError, RuntimeError, TypeError, ValueError)
+
+
+def save(topo, run_dir: str, epoch: int, fp: Dict, shared: Optional[Dict], mine: Dict,
          keep: int = KEEP) -> str:
-    """Collective over `world` (an mpi4py communicator): every rank writes its file, rank 0 also the
-    shared state; once all have succeeded rank 0 writes COMPLETE.json and prunes.  A failure on any rank
-    raises the same ClusterError on every rank and leaves no COMPLETE.json."""
-    rank = world.Get_rank()
+    """Collective: every rank writes its file, rank 0 also the shared state; once all have succeeded
+    rank 0 writes COMPLETE.json and prunes.  A failure on any rank raises the same ClusterError on
+    every rank and leaves no COMPLETE.json."""
+    rank = topo.rank
     path = epoch_dir(run_dir, epoch)
-    entries, error = [], ""
-    try:
+    entries = []
+    with collective_errors(topo.world, f"writing checkpoint {path} failed", catch=_WRITE_ERRORS):
         if rank == 0:
             # Never let an old marker vouch for files being rewritten (only possible when a run is
             # re-run from an earlier checkpoint by hand).
@@ -270,30 +329,23 @@ def save(world, run_dir: str, epoch: int, fp: Dict, shared: Optional[Dict], mine
         entries.append(write_payload(path, rank_file(rank), mine))
         if rank == 0:
             entries.append(write_payload(path, SHARED_FILE, shared))
-    except (OSError, RuntimeError, TypeError, ValueError) as exc:
-        error = f"writing checkpoint {path} failed: {type(exc).__name__}: {exc}"
-    agree(world, not error, error)
-    listed = world.gather(entries, root=0)
-    error = ""
-    if rank == 0:
-        try:
+    listed = topo.gather_object(entries, root=0)
+    with collective_errors(topo.world, f"writing {os.path.join(path, COMPLETE)} failed", catch=(OSError,)):
+        if rank == 0:
             # Every rank has finished writing, so any temporary file left is a dead writer's leftover.
             for name in os.listdir(path):
                 if name.startswith(".") and name.endswith(".tmp"):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(path, name))
-            manifest = {"format_version": FORMAT_VERSION, "epoch": int(epoch), "world_size": world.Get_size(),
+            manifest = {"format_version": FORMAT_VERSION, "epoch": int(epoch), "world_size": int(topo.world_size),
                         "fingerprint": fp, "files": {e["name"]: e for part in listed for e in part}}
             atomic_write_json(os.path.join(path, COMPLETE), manifest)
-        except OSError as exc:
-            error = f"writing {os.path.join(path, COMPLETE)} failed: {exc}"
-        if not error:
-            try:
-                prune(run_dir, keep)
-            except OSError as exc:  # the new checkpoint is complete; old ones are only disk space
-                print(f"warning: could not delete old checkpoints in {checkpoints_dir(run_dir)}: {exc}",
-                      file=sys.stderr, flush=True)
-    agree(world, not error, error)
+    if rank == 0:
+        try:
+            prune(run_dir, keep)
+        except OSError as exc:  # the new checkpoint is complete; old ones are only disk space
+            print(f"warning: could not delete old checkpoints in {checkpoints_dir(run_dir)}: {exc}",
+                  file=sys.stderr, flush=True)
     return path
 
 
@@ -304,122 +356,151 @@ class Loaded:
     mine: Dict
 
 
-def load_latest(world, run_dir: str, fp: Dict) -> Optional[Loaded]:
+def _open_checkpoint(chosen: str, run_dir: str, fp: Dict, rank: int, world_size: int) -> Loaded:
+    manifest = read_complete(chosen)
+    if manifest is None:
+        raise CheckpointError(f"{chosen} is complete on rank 0 but not readable here; is {run_dir} on a "
+                              f"file system every node sees?")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{chosen} has checkpoint format {manifest.get('format_version')!r}, this "
+                              f"program reads {FORMAT_VERSION}")
+    check_fingerprint(manifest["fingerprint"], fp, f"checkpoint {chosen}")
+    if int(manifest["world_size"]) != world_size:
+        raise CheckpointError(f"checkpoint {chosen} was written by {manifest['world_size']} ranks, this job "
+                              f"has {world_size}; launch {manifest['world_size']} ranks")
+    files = manifest["files"]
+    if not isinstance(files, dict) or rank_file(rank) not in files or SHARED_FILE not in files:
+        raise CheckpointError(f"{chosen}/{COMPLETE} does not list {rank_file(rank)} and {SHARED_FILE}")
+    info = CheckpointInfo(int(manifest["epoch"]), chosen, manifest)
+    shared = read_payload(chosen, files[SHARED_FILE])
+    _check_keys(os.path.join(chosen, SHARED_FILE), shared, _SHARED_KEYS)
+    mine = read_payload(chosen, files[rank_file(rank)])
+    _check_keys(os.path.join(chosen, rank_file(rank)), mine, _RANK_KEYS)
+    if shared["epoch"] != info.epoch:
+        raise not_valid(os.path.join(chosen, SHARED_FILE),
+                        f"it says epoch {shared['epoch']}, {COMPLETE} says {info.epoch}")
+    return Loaded(info, shared, mine)
+
+
+def load_latest(topo, run_dir: str, fp: Dict) -> Optional[Loaded]:
     """Collective: the newest complete checkpoint of RUN_DIR (chosen by rank 0, so every rank loads the
     same one), checked against this run's fingerprint and world size; None if there is none.  Any
     problem on any rank raises the same ClusterError on every rank."""
-    rank = world.Get_rank()
     chosen = None
-    if rank == 0:
+    if topo.rank == 0:
         info = latest_complete(run_dir)
         chosen = None if info is None else info.path
-    chosen = world.bcast(chosen, root=0)
+    chosen = topo.bcast_object(chosen, root=0)
     if chosen is None:
         return None
-    loaded, error = None, ""
-    try:
-        manifest = read_complete(chosen)
-        if manifest is None:
-            raise CheckpointError(f"{chosen} is complete on rank 0 but not readable here; is {run_dir} on a "
-                                  f"file system every node sees?")
-        if int(manifest.get("format_version", -1)) != FORMAT_VERSION:
-            raise CheckpointError(f"{chosen} has checkpoint format {manifest.get('format_version')!r}, this "
-                                  f"program reads {FORMAT_VERSION}")
-        check_fingerprint(manifest["fingerprint"], fp, f"checkpoint {chosen}")
-        if int(manifest["world_size"]) != world.Get_size():
-            raise CheckpointError(f"checkpoint {chosen} was written by {manifest['world_size']} ranks, this job "
-                                  f"has {world.Get_size()}; launch {manifest['world_size']} ranks")
-        files = manifest["files"]
-        if rank_file(rank) not in files or SHARED_FILE not in files:
-            raise CheckpointError(f"{chosen}/{COMPLETE} does not list {rank_file(rank)} and {SHARED_FILE}")
-        info = CheckpointInfo(int(manifest["epoch"]), chosen, manifest)
-        loaded = Loaded(info, read_payload(chosen, files[SHARED_FILE]), read_payload(chosen, files[rank_file(rank)]))
-    except (CheckpointError, OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    agree(world, not error, error)
+    loaded = None
+    with collective_errors(topo.world, "", catch=(CheckpointError, OSError, RuntimeError, KeyError,
+                                                  ValueError, TypeError)):
+        loaded = _open_checkpoint(chosen, run_dir, fp, topo.rank, topo.world_size)
     return loaded
 
 
-# ---- metrics.jsonl on resume --------------------------------------------------------------------
-def truncate_metrics(run_dir: str, epoch: int) -> List[Dict]:
-    """Keep the records of epochs before `epoch` (those the checkpoint includes) and drop the rest, so
-    the resumed run appends without duplicates.  Rewritten atomically; returns the kept records."""
-    path = os.path.join(os.fspath(run_dir), "metrics.jsonl")
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
-    except FileNotFoundError:
-        lines = []
-    kept, text = [], []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:  # a line cut short by the kill that stopped the run
-            continue
-        if isinstance(rec, dict) and int(rec.get("epoch", -1)) < epoch:
-            kept.append(rec)
-            text.append(json.dumps(rec, sort_keys=True) + "\n")
-    atomic_write_bytes(path, "".join(text).encode())
-    return kept
+# ---- the run directory -------------------------------------------------------------------------
+# What the trainer writes into a run directory; any of them there means the directory holds a run.
+RUN_OUTPUTS = ("config.json", "metrics.jsonl", "summary.json", CHECKPOINTS)
+_ASIDE_PREFIX = ".replaced-run-"
 
 
-# ---- --resume on the command line ---------------------------------------------------------------
-def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dict:
-    """The options of a resumed run: RUN_DIR/config.json (`saved`), with options given again on the
-    command line or in --config (`given`) allowed to differ only where RESUME_OVERRIDABLE says so.
-    `defaults` maps every option the trainer takes to its default (what a run whose config.json
-    predates an option ran with); other keys, in either dict, are dropped."""
+def run_contents(run_dir: str) -> List[str]:
+    """The trainer's outputs present in RUN_DIR (an empty checkpoints/ does not count: nothing was
+    written into it)."""
+    found = []
+    for name in RUN_OUTPUTS:
+        path = os.path.join(os.fspath(run_dir), name)
+        if name == CHECKPOINTS:
+            if os.path.isdir(path) and os.listdir(path):
+                found.append(name + "/")
+        elif os.path.lexists(path):
+            found.append(name)
+    return found
+
+
+def refuse_new_run_in(run_dir: str, found: List[str]) -> CheckpointError:
+    return CheckpointError(
+        f"run directory {run_dir} already holds a run ({', '.join(found)}); a new run there would mix with "
+        f"or destroy it: continue it with --resume {run_dir}, start a new run in another --out, or replace "
+        f"it with --overwrite-run")
+
+
+def move_run_aside(run_dir: str) -> Optional[str]:
+    """Move the trainer's outputs in RUN_DIR into a hidden directory inside it, so a new run can write
+    its config before the old run is deleted (renames only: nothing is lost if the job dies here).
+    Returns that directory, or None when there was nothing to move."""
     run_dir = os.fspath(run_dir)
-    ran_with = {k: saved.get(k, d) for k, d in defaults.items()}
-    refused = [f"{k}={given[k]!r} (the run has {ran_with[k]!r})" for k in sorted(given)
-               if k in defaults and k not in RESUME_OVERRIDABLE and given[k] != ran_with[k]]
-    out = given.get("out")
-    if out is not None and os.path.realpath(out) != os.path.realpath(run_dir):
-        refused.append(f"out={out!r} (a resumed run writes into the run directory {run_dir!r})")
-    if refused:
-        raise CheckpointError(
-            f"--resume {run_dir} continues that run with its own settings ({os.path.join(run_dir, 'config.json')}); "
-            f"these options differ: {', '.join(refused)}.  Only "
-            f"{', '.join(sorted(RESUME_OVERRIDABLE - {'resume', 'out'}))} may change on resume; start a new run "
-            f"(another --out) to change anything else")
-    merged = dict(ran_with)
-    merged.update({k: v for k, v in given.items() if k in defaults})
-    merged["out"], merged["resume"] = run_dir, run_dir
-    return merged
+    present = [name for name in RUN_OUTPUTS if os.path.lexists(os.path.join(run_dir, name))]
+    if not present:
+        return None
+    aside = tempfile.mkdtemp(prefix=_ASIDE_PREFIX, dir=run_dir)
+    for name in present:
+        os.rename(os.path.join(run_dir, name), os.path.join(aside, name))
+    return aside
 
 
-# ---- signals -------------------------------------------------------------------------------------
-class StopSignals:
-    """SIGUSR1/SIGTERM set a flag (the handler does nothing else: it may run between any two bytecodes);
-    the training loop polls it after each epoch."""
+# ---- the manager the trainer holds -------------------------------------------------------------
+@dataclass
+class Resumed:
+    """Where a resumed run continues: epochs done, seconds already spent, the checkpoint (None when
+    the run directory had none yet, so training starts at epoch 0), and the metrics records kept."""
+    epoch: int
+    elapsed_s: float
+    path: Optional[str]
+    records: List[Dict]
 
-    def __init__(self):
-        self.received: Optional[int] = None
-        self._previous: Dict[int, object] = {}
 
-    def install(self) -> bool:
-        if threading.current_thread() is not threading.main_thread():
-            return False  # Python only lets the main thread install handlers
-        for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return True
+class CheckpointManager:
+    """Saves and restores one run's training state in RUN_DIR/checkpoints (like torchtitan's
+    CheckpointManager): the model and optimizer (one copy, rank 0's), and on every rank its RNG streams
+    and the sampler's state (`sampler`: anything with state_dict/load_state_dict, or None).  Every
+    method is collective over `topo`."""
 
-    def _handle(self, signum, frame) -> None:
-        if self.received is None:
-            self.received = signum
+    def __init__(self, topo, run_dir: str, fp: Dict, model, optimizer, device: torch.device,
+                 sampler=None, keep: int = KEEP):
+        self.topo, self.run_dir, self.fp, self.keep = topo, os.fspath(run_dir), fp, keep
+        self.model, self.optimizer, self.sampler = model, optimizer, sampler
+        self.rng = RNGState(device)
 
-    def request(self, signum: int = signal.SIGUSR1) -> None:
-        """Ask for a stop as a signal would (used by tests and by code that wants a clean stop)."""
-        self._handle(signum, None)
+    def save(self, epoch: int, elapsed_s: float = 0.0) -> str:
+        """Checkpoint the state after `epoch` epochs; returns the checkpoint's directory."""
+        mine = {"rng": self.rng.state_dict(),
+                "sampler": None if self.sampler is None else self.sampler.state_dict()}
+        shared = None
+        if self.topo.rank == 0:  # parameters and optimizer state are identical on every rank
+            shared = {"epoch": int(epoch), "elapsed_s": float(elapsed_s), "model": self.model.state_dict(),
+                      "optimizer": self.optimizer.state_dict()}
+        return save(self.topo, self.run_dir, epoch, self.fp, shared, mine, self.keep)
 
-    @property
-    def requested(self) -> bool:
-        return self.received is not None
+    def load(self, max_epoch: int) -> Resumed:
+        """Restore the newest complete checkpoint (none: start at epoch 0, as a job stopped before its
+        first checkpoint must) and cut metrics.jsonl back to it; returns where to continue."""
+        from granndis_hpc.metrics import truncate_metrics
 
-    def uninstall(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous = {}
+        loaded = load_latest(self.topo, self.run_dir, self.fp)
+        epoch, elapsed_s, path = 0, 0.0, None
+        if loaded is not None:
+            path = loaded.info.path
+            with collective_errors(self.topo.world, f"resuming from {path}",
+                                   catch=(CheckpointError, RuntimeError, KeyError, ValueError, TypeError)):
+                epoch = int(loaded.shared["epoch"])
+                if epoch > max_epoch:
+                    raise CheckpointError(f"checkpoint {path} is after epoch {epoch}, beyond --epochs "
+                                          f"{max_epoch}; resume with --epochs {epoch} or more")
+                self.model.load_state_dict(loaded.shared["model"])
+                self.optimizer.load_state_dict(loaded.shared["optimizer"])
+                if self.sampler is not None:
+                    self.sampler.load_state_dict(loaded.mine.get("sampler"))
+                self.rng.load_state_dict(loaded.mine["rng"])  # last: nothing may draw after it
+                elapsed_s = float(loaded.shared["elapsed_s"])
+        records = []
+        with collective_errors(self.topo.world, f"cannot rewrite {os.path.join(self.run_dir, 'metrics.jsonl')}",
+                               catch=(OSError,)):
+            if self.topo.rank == 0:
+                records = truncate_metrics(self.run_dir, epoch)
+        return Resumed(epoch, elapsed_s, path, self.topo.bcast_object(records, root=0))
 
 
 def note(message: str) -> None:
@@ -427,8 +508,9 @@ def note(message: str) -> None:
     print(f"granndis-train: {message}", file=sys.stderr, flush=True)
 
 
-__all__ = ["CHECKPOINTS", "COMPLETE", "SHARED_FILE", "KEEP", "RESUME_OVERRIDABLE", "CheckpointError",
-           "CheckpointInfo", "Loaded", "StopSignals", "checkpoints_dir", "epoch_dir", "rank_file",
-           "fingerprint", "shard_set_id", "check_fingerprint", "rng_state", "set_rng_state", "write_payload",
-           "read_payload", "list_checkpoints", "read_complete", "latest_complete", "prune", "save",
-           "load_latest", "truncate_metrics", "resume_config", "note"]
+__all__ = ["CHECKPOINTS", "COMPLETE", "SHARED_FILE", "KEEP", "FORMAT_VERSION", "CheckpointError",
+           "CheckpointInfo", "CheckpointManager", "Loaded", "Resumed", "RNGState", "checkpoints_dir", "epoch_dir",
+           "rank_file", "fingerprint", "trajectory_options", "shard_set_id", "check_fingerprint", "rng_state",
+           "set_rng_state", "write_payload", "read_payload", "list_checkpoints", "read_complete",
+           "latest_complete", "prune", "save", "load_latest", "note", "RUN_OUTPUTS", "run_contents",
+           "refuse_new_run_in", "move_run_aside"]

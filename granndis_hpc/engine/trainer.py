@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Dict, Optional
 
 import numpy as np
@@ -24,42 +25,10 @@ from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import views
 from granndis_hpc.engine.modes import MODES, RunContext, Step, TrainingError, make_mode
 from granndis_hpc.metrics import MetricsWriter, epoch_line, peak_memory_bytes, summarize, write_summary
-from granndis_hpc.fsutil import atomic_write_json
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
-from granndis_hpc.engine import checkpoint
-
-@dataclass
-class TrainConfig:
-    shards: str
-    mode: str = "flx"
-    model: str = "sage"
-    layers: int = 3
-    hidden: int = 64
-    epochs: int = 200
-    lr: float = 0.01
-    weight_decay: float = 0.0
-    dropout: float = 0.5
-    norm: bool = False
-    seed: int = 0
-    eval_every: int = 10
-    out: Optional[str] = None
-    ranks_per_server: Optional[int] = None
-    device: str = "auto"
-    intra_transport: str = "auto"
-    quiet: bool = False
-    skip_checksums: bool = False
-    # Checkpoints (engine/checkpoint.py): every N epochs (0 = only when SIGUSR1/SIGTERM asks to stop),
-    # and the run directory to continue from (its newest complete checkpoint).
-    checkpoint_every: int = 0
-    resume: Optional[str] = None
-    # Cooperative batching (cob) and the per-GPU mini-batch baseline (mb).
-    batches_per_epoch: int = 1
-    sampler: str = "sage"
-    fanout: int = -1
-    checkpoint_activations: bool = False
-    progress: bool = False  # force the rank-0 bar on (mpirun pipes output, so no terminal is seen)
-
+from granndis_hpc.config import ConfigError, TrainConfig, write_resolved_config  # the one declaration of the options; importable from here too
+from granndis_hpc.engine import checkpoint, signals
 
 def check_model(cfg: TrainConfig) -> None:
     if cfg.model not in MODELS:
@@ -101,7 +70,7 @@ def _share_cpu_threads(topo) -> None:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.stop_signals = checkpoint.StopSignals()  # installed at the end of __init__
+        self.stop_signals = signals.StopSignals()  # installed at the end of __init__
         self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport)
         _share_cpu_threads(self.topo)
         self.world = self.topo.world
@@ -121,10 +90,9 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.epoch = 0
         self.prior_records, self.prior_elapsed_s, self.stopped_checkpoint = [], 0.0, None
+        self.checkpoints: Optional[checkpoint.CheckpointManager] = None  # with --out only
         try:
-            self._check_checkpoint_options()
-            if cfg.resume:
-                self._resume()
+            self._set_up_checkpoints()
         except BaseException:
             self.close()  # the errors above are raised on every rank together (agree): close together
             raise
@@ -270,11 +238,7 @@ class Trainer:
     # ---- the whole run ------------------------------------------------------------------------
     def run(self) -> Dict:
         cfg, rank0 = self.cfg, self.topo.rank == 0
-        writer = None
-        if rank0 and cfg.out:
-            os.makedirs(cfg.out, exist_ok=True)
-            atomic_write_json(os.path.join(cfg.out, "config.json"), asdict(cfg))
-            writer = MetricsWriter(cfg.out, append=bool(cfg.resume))  # _resume() cut it at the checkpoint
+        writer = self._open_run_directory()  # rank 0 with --out: config.json written, metrics.jsonl open
         records, accuracy = list(self.prior_records), None
         start = time.perf_counter() - self.prior_elapsed_s
         # Rank 0, on a terminal and not --quiet only; epoch lines go through the bar so it stays whole.
@@ -322,17 +286,24 @@ class Trainer:
         self.topo.close()
 
     # ---- checkpoints and resuming (the layout is described in engine/checkpoint.py) --------------
-    def _check_checkpoint_options(self) -> None:
-        cfg, error = self.cfg, ""
-        if cfg.checkpoint_every < 0:
-            error = (f"--checkpoint-every must be a number of epochs, or 0 to checkpoint only when "
-                     f"SIGUSR1/SIGTERM asks the run to stop; got {cfg.checkpoint_every}")
-        elif cfg.checkpoint_every > 0 and not cfg.out:
-            error = "--checkpoint-every needs a run directory to write checkpoints into: add --out RUN_DIR"
-        elif cfg.resume and (not cfg.out or os.path.realpath(cfg.out) != os.path.realpath(cfg.resume)):
-            error = (f"--resume {cfg.resume} continues in that run directory, but --out is {cfg.out!r}; "
-                     f"leave --out out or set it to {cfg.resume}")
-        agree(self.world, not error, error)
+    def _set_up_checkpoints(self) -> None:
+        """Collective: refuse a new run in a run directory that holds one (unless --overwrite-run), make
+        the checkpoint manager, and with --resume restore the newest complete checkpoint.  (Option rules
+        that need no files, e.g. --checkpoint-every without --out, are TrainConfig.__post_init__'s.)"""
+        cfg = self.cfg
+        if not cfg.out:
+            return
+        found = None
+        with collective_errors(self.world, "", catch=(checkpoint.CheckpointError, OSError)):
+            if self.topo.rank == 0 and not cfg.resume:
+                found = checkpoint.run_contents(cfg.out)
+                if found and not cfg.overwrite_run:
+                    raise checkpoint.refuse_new_run_in(cfg.out, found)
+        self.checkpoints = checkpoint.CheckpointManager(
+            self.topo, cfg.out, self.checkpoint_fingerprint(), self.model, self.optimizer, self.device,
+            sampler=self._stateful_sampler())
+        if cfg.resume:
+            self._resume()
 
     def checkpoint_fingerprint(self) -> Dict:
         return checkpoint.fingerprint(self.cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest)
@@ -344,16 +315,30 @@ class Trainer:
             return None
         return sampler
 
+    def _open_run_directory(self) -> Optional[MetricsWriter]:
+        """Collective: rank 0 writes RUN_DIR/config.json and opens metrics.jsonl (appending on resume:
+        _resume() cut it at the checkpoint).  With --overwrite-run the old run's outputs are moved aside
+        first and deleted only once the new config.json is written, so a crash in between loses nothing."""
+        cfg, writer = self.cfg, None
+        if not cfg.out:
+            return None
+        with collective_errors(self.world, f"preparing run directory {cfg.out}", catch=(OSError, ConfigError)):
+            if self.topo.rank == 0:
+                os.makedirs(cfg.out, exist_ok=True)
+                aside = checkpoint.move_run_aside(cfg.out) if cfg.overwrite_run and not cfg.resume else None
+                write_resolved_config(cfg, cfg.out)
+                if aside is not None:
+                    try:
+                        shutil.rmtree(aside)
+                        checkpoint.note(f"--overwrite-run: replaced the run that was in {cfg.out}")
+                    except OSError as exc:  # the new run is in place; the old one is only disk space
+                        checkpoint.note(f"--overwrite-run: could not delete the old run in {aside}: {exc}")
+                writer = MetricsWriter(cfg.out, append=bool(cfg.resume))
+        return writer
+
     def save_checkpoint(self, elapsed_s: float = 0.0) -> str:
         """Collective: checkpoint the state after `self.epoch` epochs into RUN_DIR/checkpoints/."""
-        sampler = self._stateful_sampler()
-        mine = {"rng": checkpoint.rng_state(self.device),
-                "sampler": None if sampler is None else sampler.state_dict()}
-        shared = None
-        if self.topo.rank == 0:  # parameters and optimizer state are identical on every rank
-            shared = {"epoch": self.epoch, "elapsed_s": float(elapsed_s), "model": self.model.state_dict(),
-                      "optimizer": self.optimizer.state_dict()}
-        return checkpoint.save(self.world, self.cfg.out, self.epoch, self.checkpoint_fingerprint(), shared, mine)
+        return self.checkpoints.save(self.epoch, elapsed_s)
 
     def _checkpoint_after_epoch(self, last: bool, elapsed_s: float) -> bool:
         """After every epoch: agree whether any rank was asked to stop (a signal may reach only some
@@ -376,37 +361,10 @@ class Trainer:
         return True
 
     def _resume(self) -> None:
-        """Collective: load the newest complete checkpoint of cfg.resume (or start at epoch 0 when there
-        is none, as a job stopped before its first checkpoint must) and cut metrics.jsonl to match."""
-        cfg, rank0 = self.cfg, self.topo.rank == 0
-        loaded = checkpoint.load_latest(self.world, cfg.resume, self.checkpoint_fingerprint())
-        error = ""
-        if loaded is None:
-            if rank0:
-                checkpoint.note(f"{checkpoint.checkpoints_dir(cfg.resume)} holds no complete checkpoint: "
-                                f"starting from epoch 0")
-        else:
-            try:
-                epoch = int(loaded.shared["epoch"])
-                if epoch > cfg.epochs:
-                    raise checkpoint.CheckpointError(
-                        f"checkpoint {loaded.info.path} is after epoch {epoch}, beyond --epochs {cfg.epochs}; "
-                        f"resume with --epochs {epoch} or more")
-                self.model.load_state_dict(loaded.shared["model"])
-                self.optimizer.load_state_dict(loaded.shared["optimizer"])
-                sampler = self._stateful_sampler()
-                if sampler is not None:
-                    sampler.load_state_dict(loaded.mine["sampler"])
-                checkpoint.set_rng_state(loaded.mine["rng"], self.device)  # last: nothing may draw after it
-                self.epoch, self.prior_elapsed_s = epoch, float(loaded.shared["elapsed_s"])
-            except (checkpoint.CheckpointError, RuntimeError, KeyError, ValueError, TypeError) as exc:
-                error = f"resuming from {loaded.info.path}: {type(exc).__name__}: {exc}"
-        agree(self.world, not error, error)
-        records, error = [], ""
-        if rank0:
-            try:
-                records = checkpoint.truncate_metrics(cfg.out, self.epoch)
-            except OSError as exc:
-                error = f"cannot rewrite {os.path.join(cfg.out, 'metrics.jsonl')}: {exc}"
-        agree(self.world, not error, error)
-        self.prior_records = self.world.bcast(records, root=0)
+        """Collective: continue from the newest complete checkpoint of cfg.resume (or from epoch 0 when
+        there is none, as a job stopped before its first checkpoint must), metrics.jsonl cut to match."""
+        resumed = self.checkpoints.load(max_epoch=self.cfg.epochs)
+        if resumed.path is None and self.topo.rank == 0:
+            checkpoint.note(f"{checkpoint.checkpoints_dir(self.cfg.resume)} holds no complete checkpoint: "
+                            f"starting from epoch 0")
+        self.epoch, self.prior_elapsed_s, self.prior_records = resumed.epoch, resumed.elapsed_s, resumed.records

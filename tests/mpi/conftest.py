@@ -41,7 +41,7 @@ def cora_shards(cora):
 
 def make_trainer(shards, mode, model="sage", layers=3, **overrides):
     from granndis_hpc.engine.trainer import TrainConfig, Trainer
-    cfg = dict(shards=shards, mode=mode, model=model, layers=layers, hidden=16, epochs=0, lr=0.01,
+    cfg = dict(shards=shards, mode=mode, model=model, layers=layers, hidden=16, epochs=1, lr=0.01,
                dropout=0.0, eval_every=0, ranks_per_server=RANKS_PER_SERVER, quiet=True)
     cfg.update(overrides)
     return Trainer(TrainConfig(**cfg))

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
 
 
-def _trainer(shards, mode, model, layers, epochs=0, lr=0.01):
+def _trainer(shards, mode, model, layers, epochs=1, lr=0.01):
     return make_trainer(shards, mode, model, layers, epochs=epochs, lr=lr)
 
 

@@ -3,9 +3,11 @@ damage detection, fingerprints, --resume option rules, metrics truncation, RNG s
 
 The multi-rank behaviour (kill and resume under mpirun, refusals on every rank) is in
 tests/unit/test_resume.py and tests/mpi/test_resume.py."""
+import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -16,9 +18,27 @@ import pytest
 import torch
 from mpi4py import MPI
 
+from granndis_hpc import cli
 from granndis_hpc.cluster.errors import ClusterError
+from granndis_hpc.config import TrainConfig
 from granndis_hpc.engine import checkpoint as ck
+from granndis_hpc.engine import signals
+from granndis_hpc.metrics import truncate_metrics
 from tests.conftest import REPO
+
+
+class SelfTopology:
+    """The collectives checkpoint.save/load_latest use, as a cluster.Topology of a one-process job has them."""
+    rank, world_size, world = 0, 1, MPI.COMM_SELF
+
+    def gather_object(self, obj, root=0):
+        return self.world.gather(obj, root=root)
+
+    def bcast_object(self, obj, root=0):
+        return self.world.bcast(obj, root=root)
+
+
+SELF = SelfTopology()
 
 FP = {"model": "sage", "mode": "flx", "layers": 2, "hidden": 16, "norm": False, "servers": 1,
       "ranks_per_server": 1, "dataset": "toy", "shard_set": "abc"}
@@ -39,7 +59,7 @@ def _trained(seed=0):
 def _save(run_dir, epoch, model, opt, fp=FP):
     shared = {"epoch": epoch, "elapsed_s": 1.5, "model": model.state_dict(), "optimizer": opt.state_dict()}
     mine = {"rng": ck.rng_state(torch.device("cpu")), "sampler": {"seed": 3, "key": np.arange(4, dtype=np.uint32)}}
-    return ck.save(MPI.COMM_SELF, str(run_dir), epoch, fp, shared, mine)
+    return ck.save(SELF, str(run_dir), epoch, fp, shared, mine)
 
 
 def test_layout_and_round_trip(tmp_path):
@@ -51,7 +71,7 @@ def test_layout_and_round_trip(tmp_path):
     assert manifest["epoch"] == 7 and manifest["world_size"] == 1 and manifest["fingerprint"] == FP
     assert set(manifest["files"]) == {"rank-0000.pt", "state.pt"}
 
-    loaded = ck.load_latest(MPI.COMM_SELF, str(tmp_path), FP)
+    loaded = ck.load_latest(SELF, str(tmp_path), FP)
     assert loaded.info.epoch == 7
     assert loaded.shared["epoch"] == 7 and loaded.shared["elapsed_s"] == 1.5
     for name, tensor in model.state_dict().items():
@@ -127,7 +147,7 @@ def test_crash_while_writing_leaves_the_previous_checkpoint_newest(tmp_path, sta
         assert names == ["rank-0000.pt", "state.pt"]
     info = ck.latest_complete(str(tmp_path))
     assert info.epoch == 1
-    loaded = ck.load_latest(MPI.COMM_SELF, str(tmp_path), FP)
+    loaded = ck.load_latest(SELF, str(tmp_path), FP)
     assert loaded.shared["epoch"] == 1
     # The next successful checkpoint replaces the leftovers and keeps epoch 1 as the second newest.
     model, opt = _trained()
@@ -166,13 +186,13 @@ def test_damaged_files_are_detected(tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     os.unlink(os.path.join(path2, "COMPLETE.json"))
     with pytest.raises(ClusterError, match=r"rank-0000.pt: size or sha256 differs .* delete .*epoch-000001"):
-        ck.load_latest(MPI.COMM_SELF, str(tmp_path), FP)
+        ck.load_latest(SELF, str(tmp_path), FP)
 
 
 def test_no_checkpoint_gives_none(tmp_path):
     assert ck.latest_complete(str(tmp_path)) is None
     os.makedirs(ck.epoch_dir(tmp_path, 3))
-    assert ck.load_latest(MPI.COMM_SELF, str(tmp_path), FP) is None
+    assert ck.load_latest(SELF, str(tmp_path), FP) is None
     assert ck.prune(str(tmp_path)) == []  # nothing complete: nothing is deleted
 
 
@@ -184,12 +204,11 @@ def test_checkpoint_of_another_run_is_refused(tmp_path, key, value):
     other = dict(FP, **{key: value})
     with pytest.raises(ClusterError, match=rf"written by another run \({key}: checkpoint {FP[key]!r}, "
                                            rf"this run {value!r}\).*start a new run"):
-        ck.load_latest(MPI.COMM_SELF, str(tmp_path), other)
+        ck.load_latest(SELF, str(tmp_path), other)
 
 
 def test_fingerprint_names_the_shard_set():
-    class Cfg:
-        model, mode, layers, hidden, norm = "sage", "flx", 2, 16, False
+    Cfg = TrainConfig(shards="s", model="sage", mode="flx", layers=2, hidden=16, norm=False)
     manifest = {"dataset": {"name": "cora"}, "files": {"server-0000.h5": {"sha256": "aa"},
                                                        "server-0001.h5": {"sha256": "bb"}}}
     fp = ck.fingerprint(Cfg, 2, 2, manifest)
@@ -210,7 +229,7 @@ SAVED = {"shards": "/s", "mode": "flx", "model": "sage", "hidden": 16, "lr": 0.0
 
 
 def test_resume_config_takes_the_saved_options(tmp_path):
-    merged = ck.resume_config(SAVED, {"resume": str(tmp_path)}, str(tmp_path), DEFAULTS)
+    merged = cli.resume_config(SAVED, {"resume": str(tmp_path)}, str(tmp_path), DEFAULTS)
     assert merged["hidden"] == 16 and merged["checkpoint_every"] == 5 and merged["quiet"] is True
     assert merged["out"] == merged["resume"] == str(tmp_path)
     assert merged["batches_per_epoch"] == 1  # missing from an older config.json: the default it ran with
@@ -218,19 +237,19 @@ def test_resume_config_takes_the_saved_options(tmp_path):
     # Safe options change; options repeated with the same value (as slurm/train.sbatch does) are fine.
     given = {"resume": str(tmp_path), "epochs": 50, "eval_every": 0, "hidden": 16, "mode": "flx",
              "out": str(tmp_path) + "/", "shards": "/moved/s"}
-    merged = ck.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
+    merged = cli.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
     assert merged["epochs"] == 50 and merged["eval_every"] == 0 and merged["shards"] == "/moved/s"
 
 
 def test_resume_config_refuses_other_settings(tmp_path):
     given = {"resume": str(tmp_path), "lr": 0.1, "hidden": 32, "batches_per_epoch": 4}
     with pytest.raises(ck.CheckpointError) as err:
-        ck.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
+        cli.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
     text = str(err.value)
     assert "lr=0.1 (the run has 0.01)" in text and "hidden=32 (the run has 16)" in text
     assert "batches_per_epoch=4 (the run has 1)" in text and "epochs" in text and "another --out" in text
     with pytest.raises(ck.CheckpointError, match="out='/elsewhere' .*writes into the run directory"):
-        ck.resume_config(SAVED, {"out": "/elsewhere"}, str(tmp_path), DEFAULTS)
+        cli.resume_config(SAVED, {"out": "/elsewhere"}, str(tmp_path), DEFAULTS)
 
 
 def test_truncate_metrics_drops_epochs_after_the_checkpoint(tmp_path):
@@ -238,16 +257,16 @@ def test_truncate_metrics_drops_epochs_after_the_checkpoint(tmp_path):
     with open(tmp_path / "metrics.jsonl", "w") as f:
         f.writelines(lines)
         f.write('{"epoch": 7, "lo')  # the line the kill cut short
-    kept = ck.truncate_metrics(str(tmp_path), 4)
+    kept = truncate_metrics(str(tmp_path), 4)
     assert [r["epoch"] for r in kept] == [0, 1, 2, 3]
     assert [json.loads(l)["epoch"] for l in open(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
     os.makedirs(tmp_path / "fresh")  # a run stopped before its first epoch has no metrics.jsonl yet
-    assert ck.truncate_metrics(str(tmp_path / "fresh"), 0) == []
+    assert truncate_metrics(str(tmp_path / "fresh"), 0) == []
 
 
 def test_stop_signals_set_a_flag_and_restore_handlers():
-    before = {s: signal.getsignal(s) for s in ck.STOP_SIGNALS}
-    stop = ck.StopSignals()
+    before = {s: signal.getsignal(s) for s in signals.STOP_SIGNALS}
+    stop = signals.StopSignals()
     assert stop.install()
     try:
         assert not stop.requested
@@ -259,4 +278,133 @@ def test_stop_signals_set_a_flag_and_restore_handlers():
         assert stop.received == signal.SIGUSR1  # the first one is kept
     finally:
         stop.uninstall()
-    assert {s: signal.getsignal(s) for s in ck.STOP_SIGNALS} == before
+    assert {s: signal.getsignal(s) for s in signals.STOP_SIGNALS} == before
+
+
+def _replace_file(path, data):
+    """Replace a checkpoint file AND its COMPLETE.json entry, as a crafted checkpoint would."""
+    import hashlib
+    with open(path, "wb") as f:
+        f.write(data)
+    marker = os.path.join(os.path.dirname(path), "COMPLETE.json")
+    manifest = json.load(open(marker))
+    entry = manifest["files"][os.path.basename(path)]
+    entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    with open(marker, "w") as f:
+        json.dump(manifest, f)
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def _torch_bytes(obj):
+    import io
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name, data, why", [
+    ("state.pt", lambda: _torch_bytes({"model": _Exploit()}), "holds a Python object"),
+    ("rank-0000.pt", lambda: _torch_bytes(_Exploit()), "holds a Python object"),
+    ("state.pt", lambda: b"not a torch file at all", "not a file written by torch.save"),
+    ("state.pt", lambda: _torch_bytes([1, 2, 3]), "holds a list, not a dict"),
+    ("state.pt", lambda: _torch_bytes({"epoch": 1, "elapsed_s": 0.0, "model": {}}), "has no 'optimizer'"),
+    ("rank-0000.pt", lambda: _torch_bytes({"sampler": None}), "has no 'rng'"),
+])
+def test_crafted_file_is_not_a_valid_checkpoint(tmp_path, name, data, why):
+    model, opt = _trained()
+    path = os.path.join(_save(tmp_path, 1, model, opt), name)
+    _replace_file(path, data())
+    with pytest.raises(ClusterError) as err:
+        ck.load_latest(SELF, str(tmp_path), FP)
+    text = str(err.value)
+    assert f"checkpoint file {path} is not a valid granndis checkpoint" in text and why in text, text
+    assert "weights_only" not in text and "Weights only" not in text, text  # PyTorch's unsafe advice
+
+
+def test_fingerprint_covers_every_trajectory_option():
+    base = TrainConfig(shards="s", out="/r")
+    manifest = {"dataset": {"name": "cora"}, "files": {}}
+    fp = ck.fingerprint(base, 2, 2, manifest)
+    for change in ({"seed": 1}, {"lr": 0.02}, {"weight_decay": 5e-4}, {"dropout": 0.1}, {"norm": True},
+                   {"hidden": 32}, {"layers": 4}, {"model": "gcn"}, {"mode": "fb"}, {"device": "cpu"}):
+        other = ck.fingerprint(dataclasses.replace(base, **change), 2, 2, manifest)
+        (key,) = change
+        assert other[key] != fp[key], change
+    # ... and not the options that may change on resume (nor the sampler's, which its state checks).
+    for change in ({"epochs": 5}, {"eval_every": 0}, {"checkpoint_every": 3}, {"quiet": True}, {"shards": "t"},
+                   {"out": "/elsewhere"}, {"progress": True}, {"overwrite_run": True}, {"batches_per_epoch": 2}):
+        assert ck.fingerprint(dataclasses.replace(base, **change), 2, 2, manifest) == fp, change
+
+
+def test_checkpoint_of_another_lr_or_seed_is_refused(tmp_path):
+    """Defect: the fingerprint left out seed and lr, so a run directory's old checkpoints passed as
+    another run's."""
+    manifest = {"dataset": {"name": "cora"}, "files": {}}
+    cfg = TrainConfig(shards="s", out=str(tmp_path))
+    model, opt = _trained()
+    _save(tmp_path, 1, model, opt, fp=ck.fingerprint(cfg, 1, 1, manifest))
+    for change, expected in (({"lr": 0.5}, "lr: checkpoint 0.01, this run 0.5"), ({"seed": 7}, "seed: checkpoint 0")):
+        other = ck.fingerprint(dataclasses.replace(cfg, **change), 1, 1, manifest)
+        with pytest.raises(ClusterError, match=re.escape(expected)):
+            ck.load_latest(SELF, str(tmp_path), other)
+
+
+class _Sampler:
+    def __init__(self, seed):
+        self.seed = seed
+
+    def state_dict(self):
+        return {"seed": self.seed, "key": np.arange(3, dtype=np.uint32)}
+
+    def load_state_dict(self, state):
+        if state["seed"] != self.seed:
+            raise ValueError(f"sampler state {state} is not this sampler's")
+
+
+def test_manager_restores_model_optimizer_sampler_rng_and_metrics(tmp_path):
+    model, opt = _trained()
+    manager = ck.CheckpointManager(SELF, str(tmp_path), FP, model, opt, torch.device("cpu"), sampler=_Sampler(3))
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps({"epoch": e, "loss": 1.0}) + "\n" for e in range(6))
+    assert manager.save(4, elapsed_s=2.5) == ck.epoch_dir(tmp_path, 4)
+    expected = torch.rand(3)  # the stream right after the checkpoint
+    fresh, fresh_opt = _trained(seed=1)
+    resumed = ck.CheckpointManager(SELF, str(tmp_path), FP, fresh, fresh_opt, torch.device("cpu"),
+                                   sampler=_Sampler(3)).load(max_epoch=10)
+    assert (resumed.epoch, resumed.elapsed_s, resumed.path) == (4, 2.5, ck.epoch_dir(tmp_path, 4))
+    assert [r["epoch"] for r in resumed.records] == [0, 1, 2, 3]  # the metrics cursor
+    assert [json.loads(line)["epoch"] for line in open(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
+    assert torch.equal(torch.rand(3), expected)
+    for a, b in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(a, b)
+    assert fresh_opt.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    with pytest.raises(ClusterError, match="beyond --epochs 3"):
+        ck.CheckpointManager(SELF, str(tmp_path), FP, fresh, fresh_opt, torch.device("cpu")).load(max_epoch=3)
+    with pytest.raises(ClusterError, match="sampler state .* is not this sampler's"):
+        ck.CheckpointManager(SELF, str(tmp_path), FP, fresh, fresh_opt, torch.device("cpu"),
+                             sampler=_Sampler(4)).load(max_epoch=10)
+    # No checkpoint yet: start at epoch 0 (a job stopped before its first checkpoint).
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    start = ck.CheckpointManager(SELF, str(empty), FP, fresh, fresh_opt, torch.device("cpu")).load(max_epoch=10)
+    assert (start.epoch, start.path, start.records) == (0, None, [])
+
+
+def test_run_contents_and_move_aside(tmp_path):
+    assert ck.run_contents(str(tmp_path)) == []
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "notes.txt").write_text("the user's own file")
+    assert ck.run_contents(str(tmp_path)) == []  # an empty checkpoints/ holds nothing
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "checkpoints" / "epoch-000001").mkdir()
+    assert ck.run_contents(str(tmp_path)) == ["config.json", "metrics.jsonl", "checkpoints/"]
+    aside = ck.move_run_aside(str(tmp_path))
+    assert os.path.dirname(aside) == str(tmp_path) and os.path.basename(aside).startswith(".")
+    assert sorted(os.listdir(aside)) == ["checkpoints", "config.json", "metrics.jsonl"]
+    assert ck.run_contents(str(tmp_path)) == [] and (tmp_path / "notes.txt").exists()
+    assert ck.move_run_aside(str(tmp_path / "checkpoints")) is None

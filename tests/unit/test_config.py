@@ -2,10 +2,13 @@
 import argparse
 import json
 import os
+import re
+from dataclasses import dataclass
+from typing import List, Optional
 
 import pytest
 
-from granndis_hpc.config import (ConfigError, HelpFormatter, load_resolved_config, parse_args_with_config,
+from granndis_hpc.config import (ConfigError, load_resolved_config, option, parse_args_with_config,
                                  resolved_config, write_resolved_config)
 
 
@@ -16,20 +19,23 @@ def positive_int(text):
     return value
 
 
+@dataclass
+class Options:
+    """Options shaped like granndis-train's: every kind of option the config layer must handle."""
+    shards: str = option(help="shard directory")
+    mode: str = option("flx", choices=("fb", "flx", "cob", "eas"), help="training method")
+    layers: int = option(3, help="GNN layers")
+    lr: float = option(0.01, help="learning rate")
+    batches_per_epoch: int = option(1, parse=positive_int, help="co-batches per epoch")
+    quiet: bool = option(False, help="no progress bar")
+    eval: bool = option(True, flag="--no-eval", help="skip evaluation")
+    fanouts: List[int] = option([15, 10], nargs="+", help="per-layer fanout")
+    tag: Optional[List[str]] = option(None, append=True, help="free-form run tags")
+    seed: int = option(0)  # no help text on purpose: --help must still show it
+
+
 def make_parser():
-    """A parser shaped like granndis-train's: every kind of option the config layer must handle."""
-    p = argparse.ArgumentParser(prog="granndis-train", formatter_class=HelpFormatter)
-    p.add_argument("--shards", required=True, help="shard directory")
-    p.add_argument("--mode", choices=["fb", "flx", "cob", "eas"], default="flx", help="training method")
-    p.add_argument("--layers", type=int, default=3, help="GNN layers")
-    p.add_argument("--lr", type=float, default=0.01, help="learning rate")
-    p.add_argument("--batches-per-epoch", type=positive_int, default=1, help="co-batches per epoch")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--no-eval", dest="eval", action="store_false", help="skip evaluation")
-    p.add_argument("--fanouts", type=int, nargs="+", default=[15, 10], help="per-layer fanout")
-    p.add_argument("--tag", action="append", default=None, help="free-form run tags")
-    p.add_argument("--seed", type=int, default=0)  # no help text on purpose: --help must still show it
-    return p
+    return Options
 
 
 def write_toml(tmp_path, text, name="run.toml"):
@@ -155,10 +161,11 @@ def test_help_lists_every_option_with_default(tmp_path, capsys, monkeypatch):
 
 
 def test_config_option_is_not_added_twice():
-    parser = make_parser()
-    parser.add_argument("--config", default="site.toml", help="site config")
-    # the existing option is reused (adding it again would raise argparse.ArgumentError)
-    ns = parse_args_with_config(parser, ["--shards", "s"])
+    @dataclass
+    class WithConfig(Options):
+        config: Optional[str] = option("site.toml", help="site config")
+    # the declared option is used (adding it again would raise argparse.ArgumentError)
+    ns = parse_args_with_config(WithConfig, ["--shards", "s"])
     assert ns.config == "site.toml"
 
 
@@ -188,3 +195,138 @@ def test_resolved_config_round_trip(tmp_path):
     (tmp_path / "broken" / "config.json").write_text("{ not json")
     with pytest.raises(ConfigError, match="config.json is not readable JSON"):
         load_resolved_config(tmp_path / "broken")
+
+
+# ---- granndis-train's options: one declaration (TrainConfig) --------------------------------------
+import dataclasses  # noqa: E402
+
+from granndis_hpc import cli  # noqa: E402
+from granndis_hpc.config import (CHECKPOINTABLE_MODELS, DEVICE_NAMES, TRANSPORT_NAMES, allowed_choices,  # noqa: E402
+                                 TrainConfig, specs)
+
+OUT_OF_RANGE = [("epochs", "0", ">= 1"), ("epochs", "-5", ">= 1"), ("layers", "0", ">= 1"), ("hidden", "0", ">= 1"),
+                ("lr", "0", "> 0.0"), ("lr", "-0.1", "> 0.0"), ("weight_decay", "-1e-4", ">= 0.0"),
+                ("dropout", "1", "< 1.0"), ("dropout", "-0.5", ">= 0.0"), ("seed", "-1", ">= 0"),
+                ("eval_every", "-1", ">= 0"), ("checkpoint_every", "-2", ">= 0"), ("ranks_per_server", "0", ">= 1"),
+                ("batches_per_epoch", "0", ">= 1"), ("fanout", "0", "-1 for all"), ("fanout", "-2", "-1 for all")]
+
+
+def test_every_numeric_option_has_a_range():
+    """A numeric option added without a range (or check) would accept nonsense such as --epochs 0."""
+    numeric = [s for s in specs(TrainConfig) if s.kind in (int, float)]
+    assert {s.name for s in numeric} == {name for name, _, _ in OUT_OF_RANGE}
+    for s in numeric:
+        assert set(s.meta) & {"ge", "gt", "le", "lt", "check"}, s.name
+
+
+@pytest.mark.parametrize("name, text, expect", OUT_OF_RANGE)
+def test_out_of_range_values_are_refused_at_parse_time(tmp_path, capsys, name, text, expect):
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(SystemExit) as exit_info:  # the command line: argparse's usage error
+        parse_args_with_config(TrainConfig, ["--shards", "s", f"{flag}={text}"])  # '=': argparse reads -1e-4 as a flag
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and expect in err, err
+    cfg = write_toml(tmp_path, f'shards = "s"\n{name} = {text}\n')  # the same rule for a config file
+    with pytest.raises(ConfigError, match=rf"key '{name}'.*{re.escape(expect)}"):
+        parse_args_with_config(TrainConfig, ["--config", cfg])
+    value = float(text) if any(s.name == name and s.kind is float for s in specs(TrainConfig)) else int(text)
+    with pytest.raises(ConfigError, match=re.escape(expect)):  # and for a TrainConfig built in code
+        TrainConfig(shards="s", **{name: value})
+
+
+def test_epochs_zero_exits_non_zero_before_any_work(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run_training(["--shards", "/nonexistent", "--epochs", "0"])
+    assert exit_info.value.code == 2 and "must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_choices_come_from_their_registries():
+    from granndis_hpc.cluster.topology import DEVICES, TRANSPORTS
+    from granndis_hpc.graph.sampler import SAMPLERS
+    from granndis_hpc.nn.models import MODELS
+    meta = {s.name: s.meta for s in specs(TrainConfig)}
+    from granndis_hpc.engine.modes import MODES
+    assert allowed_choices(meta["model"]) == tuple(MODELS) and allowed_choices(meta["sampler"]) == tuple(SAMPLERS)
+    assert allowed_choices(meta["mode"]) == tuple(MODES) == ("fb", "flx", "eas", "cob", "mb", "auto")
+    assert DEVICE_NAMES == tuple(DEVICES) and TRANSPORT_NAMES == tuple(TRANSPORTS)
+    assert meta["device"]["choices"] == DEVICE_NAMES and meta["intra_transport"]["choices"] == TRANSPORT_NAMES
+
+
+def test_memory_per_gpu_is_a_size_and_auto_needs_it(tmp_path, capsys):
+    cfg = TrainConfig(shards="s", mode="auto", memory_per_gpu="40GiB")
+    assert cfg.memory_per_gpu == "40GiB" and cfg.memory_per_gpu_bytes == 40 << 30  # kept as written
+    assert TrainConfig(shards="s").memory_per_gpu is None
+    with pytest.raises(ConfigError, match="--mode auto .*--memory-per-gpu"):
+        TrainConfig(shards="s", mode="auto")
+    with pytest.raises(ConfigError, match="memory-per-gpu.*'lots' is not a valid size"):
+        TrainConfig(shards="s", memory_per_gpu="lots")
+    with pytest.raises(SystemExit):
+        parse_args_with_config(TrainConfig, ["--shards", "s", "--memory-per-gpu", "-3GB"])
+    assert "argument --memory-per-gpu" in capsys.readouterr().err
+    toml = write_toml(tmp_path, 'shards = "s"\nmemory_per_gpu = "12 GB"\nmode = "auto"\n')
+    ns = parse_args_with_config(TrainConfig, ["--config", toml])
+    assert ns.memory_per_gpu == "12 GB" and ns.mode == "auto"
+
+
+@pytest.mark.parametrize("model", ["sage", "gcn", "ressage"])
+def test_checkpoint_activations_is_refused_where_it_would_be_ignored(model):
+    if model in CHECKPOINTABLE_MODELS:
+        assert TrainConfig(shards="s", model=model, checkpoint_activations=True).checkpoint_activations
+    else:
+        with pytest.raises(ConfigError, match=f"model '{model}' would ignore it"):
+            TrainConfig(shards="s", model=model, checkpoint_activations=True)
+
+
+def test_checkpointable_models_really_recompute():
+    """CHECKPOINTABLE_MODELS must be exactly the models that call torch.utils.checkpoint."""
+    import torch
+    from granndis_hpc.nn.models import MODELS, build_model
+    for name in MODELS:
+        model = build_model(name, 4, 8, 3, 2, dropout=0.0, norm=False)
+        model.checkpoint_activations = True
+        calls = []
+        original = torch.utils.checkpoint.checkpoint
+        torch.utils.checkpoint.checkpoint = lambda fn, *a, **k: calls.append(name) or original(fn, *a, **k)
+        try:
+            model.train()
+            x = torch.randn(5, 4, requires_grad=True)
+            model(x, [_full_graph(5)] * 2).sum().backward()
+        finally:
+            torch.utils.checkpoint.checkpoint = original
+        assert bool(calls) == (name in CHECKPOINTABLE_MODELS), name
+
+
+def _full_graph(n):
+    """Every row an in-neighbour of every row (n_dst = n_src = n)."""
+    import torch
+    from granndis_hpc.nn.graph import LayerGraph
+    return LayerGraph(n, n, torch.arange(0, n * n + 1, n), torch.arange(n).repeat(n),
+                      torch.full((n,), float(n)), torch.full((n,), float(n)))
+
+
+def test_train_cross_option_rules():
+    with pytest.raises(ConfigError, match="--checkpoint-every needs a run directory"):
+        TrainConfig(shards="s", checkpoint_every=5)
+    with pytest.raises(ConfigError, match="--resume /a continues in that run directory"):
+        TrainConfig(shards="s", resume="/a", out="/b")
+    with pytest.raises(ConfigError, match="--overwrite-run .* --resume"):
+        TrainConfig(shards="s", resume="/a", out="/a", overwrite_run=True)
+
+
+def test_train_help_lists_every_option(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args_with_config(TrainConfig, ["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for f in dataclasses.fields(TrainConfig):
+        assert "--" + f.name.replace("_", "-") in text, f.name
+    assert re.search(r"--epochs EPOCHS\s+training epochs \[>= 1\] \(default: 200\)", text), text
+
+
+def test_no_private_argparse_api():
+    import pathlib
+    for module in ("config.py", "cli.py"):
+        source = (pathlib.Path(cli.__file__).parent / module).read_text()
+        assert "._actions" not in source and "argparse._" not in source, module

@@ -178,3 +178,94 @@ def test_stop_and_resume_twice_repeats_the_uninterrupted_run(shards, uninterrupt
     # Only the newest two complete checkpoints are kept (older stop and periodic ones were pruned).
     newest_two = sorted({first, second, EVERY, EPOCHS})[-2:]
     assert [(e, c) for e, _, c in ck.list_checkpoints(str(run_b))] == [(e, True) for e in newest_two]
+
+
+def _snapshot(run_dir):
+    """{relative path: bytes} of every file under RUN_DIR."""
+    out = {}
+    for root, _, files in os.walk(run_dir):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, run_dir)] = f.read()
+    return out
+
+
+SHORT = ["--ranks-per-server", "2", "--layers", "2", "--hidden", "16", "--epochs", "4", "--eval-every", "0", "--quiet"]
+
+
+def test_new_run_in_a_run_directory_is_refused_and_overwrite_replaces_it(shards, tmp_path):
+    """Defect: a second run with the same --out overwrote config.json and metrics.jsonl, kept the old
+    checkpoints, and pruning then deleted the new run's."""
+    run = tmp_path / "a"
+    rc, log = _run(["--shards", shards, "--out", run, *SHORT, "--checkpoint-every", "2"], tmp_path, "first")
+    assert rc == 0, log
+    before = _snapshot(run)
+    assert "checkpoints/epoch-000004/COMPLETE.json" in before and "summary.json" in before
+
+    again = ["--shards", shards, "--out", run, *SHORT, "--lr", "0.05", "--seed", "3", "--checkpoint-every", "1"]
+    rc, log = _run(again, tmp_path, "again")
+    assert rc != 0, log
+    assert f"run directory {run} already holds a run" in log and f"--resume {run}" in log
+    assert "--overwrite-run" in log and "Traceback" not in log
+    assert _snapshot(run) == before  # nothing of the old run was touched
+
+    rc, log = _run([*again, "--overwrite-run"], tmp_path, "overwrite")
+    assert rc == 0, log
+    with open(run / "config.json") as f:
+        config = json.load(f)
+    assert (config["lr"], config["seed"]) == (0.05, 3)
+    assert [(e, c) for e, _, c in ck.list_checkpoints(str(run))] == [(3, True), (4, True)]  # the new run's
+    assert ck.latest_complete(str(run)).manifest["fingerprint"]["lr"] == 0.05
+    assert [r["epoch"] for r in _metrics(run)] == [0, 1, 2, 3]
+    assert not [n for n in os.listdir(run) if n.startswith(".")], os.listdir(run)  # the old run is gone
+
+
+def test_resume_of_a_run_without_checkpoint_restarts_it(shards, tmp_path):
+    """What a Slurm job requeued before its first checkpoint does (slurm/train.sbatch adds --resume):
+    its own unfinished run starts again from epoch 0 with the run's options."""
+    run = tmp_path / "r"
+    rc, log = _run(["--shards", shards, "--out", run, *SHORT, "--lr", "0.02"], tmp_path, "first")
+    assert rc == 0, log
+    os.unlink(run / "summary.json")  # as if killed after 2 epochs, before any checkpoint
+    with open(run / "metrics.jsonl") as f:
+        lines = f.readlines()
+    with open(run / "metrics.jsonl", "w") as f:
+        f.writelines(lines[:2])
+    rc, log = _run(["--resume", run], tmp_path, "restart")
+    assert rc == 0, log
+    assert "holds no complete checkpoint: starting from epoch 0" in log
+    assert [r["epoch"] for r in _metrics(run)] == [0, 1, 2, 3]
+    assert [r["loss"] for r in _metrics(run)] == [json.loads(line)["loss"] for line in lines]  # same run again
+
+
+def test_crafted_state_file_is_refused_with_one_clear_message(shards, tmp_path):
+    """Defect: a crafted state.pt (its COMPLETE.json entry updated to match) was refused with a traceback
+    and PyTorch's text advising weights_only=False, the unsafe option."""
+    import hashlib
+    import io
+
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    run = tmp_path / "c"
+    rc, log = _run(["--shards", shards, "--out", run, *SHORT, "--epochs", "2", "--checkpoint-every", "2"],
+                   tmp_path, "first")
+    assert rc == 0, log
+    info = ck.latest_complete(str(run))
+    buf = io.BytesIO()
+    torch.save({"epoch": 2, "elapsed_s": 0.0, "model": Exploit(), "optimizer": {}}, buf)
+    data = buf.getvalue()
+    with open(os.path.join(info.path, ck.SHARED_FILE), "wb") as f:
+        f.write(data)
+    manifest = dict(info.manifest)
+    manifest["files"][ck.SHARED_FILE].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    with open(os.path.join(info.path, ck.COMPLETE), "w") as f:
+        json.dump(manifest, f)
+    rc, log = _run(["--resume", run, "--epochs", "4"], tmp_path, "crafted")
+    assert rc == 1, log
+    state = os.path.join(info.path, ck.SHARED_FILE)
+    assert f"checkpoint file {state} is not a valid granndis checkpoint" in log, log
+    assert "weights_only" not in log and "Traceback" not in log, log
+    assert not (tmp_path / "pwned").exists()

@@ -159,6 +159,27 @@ def test_resume_when_checkpoint_exists(job):
         assert options(train)["--out"] == "runs/granndis-train-4242"
 
 
+def test_requeue_before_first_checkpoint_restarts_its_own_run(job):
+    """granndis-train refuses a new run in a directory that holds one, so a requeued job whose run wrote
+    config.json but no checkpoint must come back through --resume (which starts at epoch 0)."""
+    run_dir = job["work"] / "runs" / "granndis-train-4242"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text("{}")
+    (run_dir / "metrics.jsonl").write_text("")
+    res = run_script(job, "train.sbatch", SLURM_RESTART_COUNT="1")
+    assert res.returncode == 0, res.stderr
+    _, train = split_at(recorded(job, "srun"), "granndis-train")
+    assert options(train)["--resume"] == "runs/granndis-train-4242" and "from epoch 0" in res.stderr
+    # A first start (not a requeue of this job) meeting such a directory does not take it over, and a
+    # finished run (summary.json) is never restarted: granndis-train's refusal says what to do.
+    for restarts, finished in ((None, False), ("1", True)):
+        if finished:
+            (run_dir / "summary.json").write_text("{}")
+        res = run_script(job, "train.sbatch", SLURM_RESTART_COUNT=restarts)
+        assert res.returncode == 0, res.stderr
+        assert "--resume" not in recorded(job, "srun"), (restarts, finished)
+
+
 def test_site_environment_hooks(job):
     venv = job["tmp"] / "venv"
     (venv / "bin").mkdir(parents=True)
