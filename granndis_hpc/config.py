@@ -547,6 +547,10 @@ class TrainConfig:
         False, help="recompute each residual block (its exchange included) in the backward pass instead of "
                     "keeping its activations (deep models, less memory); ressage only: refused for sage and "
                     "gcn, which have no residual blocks")
+    preloaded_layers: Optional[int] = option(
+        None, ge=1, metavar="K",
+        help="flx: the first K layers run on the server's preload (intra-server exchange only), the rest "
+             "with the world exchange (default: the shard set's --hops, at most --layers)")
     memory_per_gpu: Optional[str] = option(
         None, parse=_size_text, metavar="SIZE",
         help="GPU memory budget per rank, e.g. 40GiB; --mode auto picks the largest preload that fits")

@@ -65,9 +65,14 @@ class Mode:
     name: str = ""
     help: str = ""
     sampler = None  # a stateful sampler (state_dict/load_state_dict) when the mode has one
+    decision: Optional[Dict] = None  # what `auto` chose and rejected, when this mode was chosen by it
 
     def __init__(self, cfg):
         self.cfg = cfg
+
+    def resolve(self, topo) -> "Mode":
+        """The mode that will run (collective): itself, except for `auto`, which picks one."""
+        return self
 
     def shard_layers(self) -> Optional[int]:
         """The layer count the shard set must have been built for (None: any)."""
@@ -86,8 +91,11 @@ class Mode:
         raise NotImplementedError
 
     def describe(self, manifest: dict) -> Dict:
-        """What the run records about the mode (config.json / summary.json)."""
-        return {"mode": self.name, "exact": self.exact(manifest)}
+        """What the run records about the mode (summary.json)."""
+        out = {"mode": self.name, "exact": self.exact(manifest)}
+        if self.decision is not None:
+            out["auto"] = self.decision
+        return out
 
 
 MODES: Dict[str, type] = {}
@@ -169,13 +177,21 @@ class FlexiblePreload(StaticMode):
                 f"mode flx needs a full preload of 1 to {self.cfg.layers} hops, but the shards hold a "
                 f"{pre['kind']} preload of {pre['hops']} hop(s); rebuild them with `python -m preprocess "
                 f"build ... --preload full --hops K` (1 <= K <= {self.cfg.layers}), or use --mode fb")
+        k = self.cfg.preloaded_layers
+        if k is not None and (k > int(pre["hops"]) or k > self.cfg.layers):
+            raise TrainingError(
+                f"--preloaded-layers {k} needs a preload of {k} hops and a model of at least {k} layers; the "
+                f"shards preload {pre['hops']} hop(s) and the model has {self.cfg.layers} layers: use "
+                f"--preloaded-layers {min(int(pre['hops']), self.cfg.layers)} or fewer, or rebuild with --hops {k}")
 
     def exact(self, manifest):
         return True
 
     def preloaded_layers(self, manifest) -> int:
-        """k: the layers that run on the server's preload (a deeper preload than the model serves L)."""
-        return min(int(manifest["preload"]["hops"]), self.cfg.layers)
+        """k: the layers that run on the server's preload: --preloaded-layers, else the set's hops (at
+        most L).  Rows deeper than k stay resident but are never active."""
+        hops = int(manifest["preload"]["hops"])
+        return min(hops if self.cfg.preloaded_layers is None else self.cfg.preloaded_layers, self.cfg.layers)
 
     def plan_layers(self, ctx):
         k, L = self.preloaded_layers(ctx.manifest), self.cfg.layers
@@ -256,3 +272,50 @@ class PerGpuMiniBatch(BatchedMode):
     name = "mb"
     help = "per-GPU mini-batches: each GPU builds the whole dependency graph of its own targets"
     split_kind = "per-gpu"
+
+
+# ---- GraNNDis' automatic choice (paper §5.1, Fig. 13b) -------------------------------------------
+@register
+class Automatic(Mode):
+    """--mode auto --memory-per-gpu X --shards A[,B,...]: estimate every way the shard sets can be
+    trained (granndis_hpc.memory_model) and run the first that fits in GraNNDis' order: full-batch FLX
+    with the largest k, then FLX on an EAS set, then cooperative batching with the fewest co-batches.
+    Nothing fitting is refused with the budget that would be needed."""
+
+    name = "auto"
+    help = "GraNNDis' choice for --memory-per-gpu: largest k that fits, then EAS, then co-batches"
+
+    def resolve(self, topo):
+        import dataclasses
+
+        from granndis_hpc import memory_model
+        from granndis_hpc.units import format_size
+
+        cfg = self.cfg
+        paths = [p for p in str(cfg.shards).split(",") if p]
+        decision = None
+        # Rank 0 reads the shard sets and estimates; every rank gets the same decision or error.
+        with collective_errors(topo.world, "--mode auto", catch=(TrainingError, memory_model.MemoryModelError,
+                                                                 shards.ShardError, OSError, KeyError, ValueError)):
+            if topo.rank == 0:
+                decision = memory_model.choose_shard_sets(
+                    paths, cfg.model, cfg.hidden, cfg.layers, cfg.memory_per_gpu_bytes, device=topo.device.type,
+                    fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed, dropout=cfg.dropout, norm=cfg.norm,
+                    checkpoint_activations=cfg.checkpoint_activations).to_dict()
+                if decision["choice"] is None:
+                    raise TrainingError(decision["reason"])
+        decision = topo.bcast_object(decision)
+        choice = decision["choice"]
+        resolved = dataclasses.replace(
+            cfg, mode=choice["mode"], shards=choice["source"],
+            preloaded_layers=choice["k"] if choice["mode"] == "flx" else None,
+            batches_per_epoch=choice["batches"] if choice["mode"] == "cob" else cfg.batches_per_epoch)
+        mode = make_mode(resolved)
+        mode.decision = decision
+        if topo.rank == 0 and not cfg.quiet:
+            print(f"[auto] {choice['label']} on {choice['source']}: estimated peak "
+                  f"{format_size(choice['peak_bytes'])} per GPU within {format_size(decision['budget_bytes'])}",
+                  flush=True)
+            for o in decision["rejected"]:
+                print(f"[auto]   rejected {o['label']} on {o['source']}: {format_size(o['peak_bytes'])}", flush=True)
+        return mode

@@ -19,11 +19,11 @@ import torch
 
 from granndis_hpc import shards
 from granndis_hpc.cluster.comm import Communicator
-from granndis_hpc.cluster.errors import agree, collective_errors
+from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import views
-from granndis_hpc.engine.modes import MODES, RunContext, Step, TrainingError, make_mode
+from granndis_hpc.engine.modes import RunContext, Step, TrainingError, make_mode
 from granndis_hpc.metrics import MetricsWriter, epoch_line, peak_memory_bytes, summarize, write_summary
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
@@ -79,7 +79,9 @@ class Trainer:
         self.device = self.topo.device
         with collective_errors(self.world, "", catch=(TrainingError,)):
             check_model(cfg)
-            self.mode = make_mode(cfg)
+            mode = make_mode(cfg)
+        self.mode = mode.resolve(self.topo)  # `auto` picks the mode (and shard set) that fits
+        self.cfg = cfg = self.mode.cfg
         self.manifest = self._open_shards()
         self._set_up_mode()
         torch.manual_seed(cfg.seed)  # same parameters on every rank
@@ -275,6 +277,7 @@ class Trainer:
         summary = summarize(records, asdict(cfg), accuracy, peak,
                             {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server},
                             time.perf_counter() - start)
+        summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
         if writer:
             writer.close()
             write_summary(cfg.out, summary)
