@@ -63,6 +63,10 @@ def validate_config(cfg: BuildConfig, num_vertices: int) -> None:
         problems.append(f"--preload must be full or eas (got {cfg.preload!r})")
     if cfg.hops is not None and cfg.hops < 1:
         problems.append(f"--hops must be >= 1 (got {cfg.hops}); use --hops 1 or more (default: --layers for full, 1 for eas)")
+    if cfg.preload == "full" and isinstance(cfg.hops, int) and cfg.layers >= 1 and cfg.hops > cfg.layers:
+        problems.append(f"--hops {cfg.hops} > --layers {cfg.layers}: a full preload deeper than the model only "
+                        f"costs memory; use --hops {cfg.layers} (Flexible Preloading with k = L, exact "
+                        f"full-graph training) or fewer (k < L: the last L-k layers use the world exchange)")
     if cfg.preload == "eas" and cfg.fanout < 1:
         problems.append(f"--fanout must be >= 1 for --preload eas (got {cfg.fanout})")
     if cfg.select not in EAS_SELECT_RULES:

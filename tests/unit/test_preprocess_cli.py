@@ -45,6 +45,7 @@ def test_eas_build_single_rank_in_process(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,message", [
     (("--hops", "0"), "--hops must be >= 1"),
+    (("--hops", "4"), "--hops 4 > --layers"),
     (("--servers", "40", "--gpus-per-server", "40"), "1600 GPUs but the graph has only 1500 vertices"),
 ])
 def test_bad_input_fails_on_every_rank(tmp_path, extra, message):
