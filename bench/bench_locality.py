@@ -101,7 +101,8 @@ def measure(generator: str, args) -> dict:
 
 
 def check_build(args, rec) -> dict:
-    """One real build (local generator, --hops 2): the manifest's rows must equal rows_per_vertex[2]."""
+    """One real build (local generator, --hops 2): its manifest's replication factor (rows summed over
+    servers / inner vertices) must equal rows_per_vertex[2] computed here."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "shards")
         cmd = [sys.executable, "-m", "preprocess", "build", "--source", "synthetic", "--generator", "local",
@@ -111,9 +112,12 @@ def check_build(args, rec) -> dict:
         subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True)
         with open(os.path.join(out, "manifest.json")) as f:
             manifest = json.load(f)
-    servers = manifest["servers"] if isinstance(manifest["servers"], list) else manifest.get("server_files", [])
-    return {"command": "python -m preprocess " + " ".join(cmd[3:-2]) + " --out DIR", "manifest_keys": sorted(manifest),
-            "servers_entry": servers, "computed_rows_per_vertex_k2": rec["rows_per_vertex"][2]}
+    stats = manifest["stats"]
+    built = float(stats["replication_factor"])
+    return {"command": "python -m preprocess " + " ".join(cmd[3:-1]) + " DIR",
+            "manifest_rows_per_server": [s["rows"] for s in stats["servers"]],
+            "manifest_replication_factor": built, "computed_rows_per_vertex_k2": rec["rows_per_vertex"][2],
+            "equal": abs(built - rec["rows_per_vertex"][2]) < 1e-9}
 
 
 def main(argv=None) -> int:
