@@ -14,8 +14,12 @@ build --preload full --hops k` stores per server).  It reports
 
   python bench/bench_locality.py --vertices 200000 --out docs/bench-locality.json
 
-``--check-build`` also runs one `python -m preprocess build ... --preload full --hops 2` for the local
-generator and checks that the rows its manifest reports equal the ones computed here.
+Each generator is measured in a fresh process: PT-Scotch's ParMETIS keeps random state between calls in
+one process, so a second partitioning there is not the one a build (a fresh job) would get.
+
+``--check-build`` also runs one `mpirun -n BUILD_RANKS python -m preprocess build ... --preload full
+--hops 2` for the local generator and reports the rows its manifest records next to the ones computed
+here (equal for METIS; ParMETIS on several ranks partitions differently from one rank).
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_hwloc_base_binding_policy": "none"}
 sys.path.insert(0, REPO)
 
 import numpy as np  # noqa: E402
@@ -105,16 +111,20 @@ def check_build(args, rec) -> dict:
     servers / inner vertices) must equal rows_per_vertex[2] computed here."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "shards")
-        cmd = [sys.executable, "-m", "preprocess", "build", "--source", "synthetic", "--generator", "local",
+        cmd = ["mpirun", "-n", str(args.build_ranks), sys.executable, "-m", "preprocess", "build",
+               "--source", "synthetic", "--generator", "local",
                "--vertices", str(args.vertices), "--avg-degree", str(args.avg_degree), "--seed", str(args.seed),
                "--servers", str(args.servers), "--gpus-per-server", "1", "--layers", str(args.layers),
                "--preload", "full", "--hops", "2", "--partitioner", args.partitioner, "--out", out]
-        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True)
+        t0 = time.perf_counter()
+        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV))
+        wall = time.perf_counter() - t0
         with open(os.path.join(out, "manifest.json")) as f:
             manifest = json.load(f)
     stats = manifest["stats"]
     built = float(stats["replication_factor"])
-    return {"command": "python -m preprocess " + " ".join(cmd[3:-1]) + " DIR",
+    return {"command": f"mpirun -n {args.build_ranks} python -m preprocess " + " ".join(cmd[6:-1]) + " DIR",
+            "build_s": round(wall, 1), "edge_cut_fraction": manifest["partitioner"]["edge_cut_fraction"],
             "manifest_rows_per_server": [s["rows"] for s in stats["servers"]],
             "manifest_replication_factor": built, "computed_rows_per_vertex_k2": rec["rows_per_vertex"][2],
             "equal": abs(built - rec["rows_per_vertex"][2]) < 1e-9}
@@ -131,30 +141,41 @@ def main(argv=None) -> int:
     p.add_argument("--generators", nargs="+", default=["sbm", "local"])
     p.add_argument("--no-accuracy", action="store_true", help="skip the nearest-class-mean probes")
     p.add_argument("--check-build", action="store_true")
+    p.add_argument("--build-ranks", type=int, default=2, help="MPI ranks of the --check-build build (default 2)")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # worker: measure one generator, print JSON
     p.add_argument("--out", default=None, help="write the records as JSON here")
     args = p.parse_args(argv)
+    if args.one:
+        rec = measure(args.one, args)
+        rec["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        print("RECORD " + json.dumps(rec), flush=True)
+        return 0
     records = []
     for gen in args.generators:
-        rec = measure(gen, args)
+        argv_one = [a for a in (argv if argv is not None else sys.argv[1:])]
+        res = subprocess.run([sys.executable, os.path.abspath(__file__), *argv_one, "--one", gen], cwd=REPO,
+                             check=True, capture_output=True, text=True)
+        rec = json.loads(next(line[7:] for line in res.stdout.splitlines() if line.startswith("RECORD ")))
+        rec["rows_per_vertex"] = {int(k): v for k, v in rec["rows_per_vertex"].items()}  # JSON keys are str
         records.append(rec)
         print(json.dumps(rec), flush=True)
+    check = None
     if args.check_build and "local" in args.generators:
-        print(json.dumps(check_build(args, next(r for r in records if r["generator"] == "local"))), flush=True)
+        check = check_build(args, next(r for r in records if r["generator"] == "local"))
+        print(json.dumps(check), flush=True)
     ks = range(1, args.layers + 1)
-    print(f"\n| generator | edges | cut ({args.servers}-way) | " + " | ".join(f"rows/vertex k={k}" for k in ks)
+    print(f"\n| generator | edges (mean degree) | cut ({args.servers}-way) | " + " | ".join(f"rows/vertex k={k}" for k in ks)
           + " | NCM own / 1-hop / 2-hop | homophily | max deg |")
     print("|---" * (6 + args.layers) + "|")
     for r in records:
         acc = r.get("nearest_class_mean")
         acc_s = f"{acc['own']:.2f} / {acc['hop1']:.2f} / {acc['hop2']:.2f}" if acc else "-"
-        print(f"| {r['generator']} | {r['edges']:,} | {100 * r['edge_cut_fraction']:.2f} % | "
+        print(f"| {r['generator']} | {r['edges']:,} ({r['avg_degree']:.1f}) | {100 * r['edge_cut_fraction']:.2f} % | "
               + " | ".join(f"{r['rows_per_vertex'][k]:.3f}" for k in ks)
               + f" | {acc_s} | {r['edge_homophily']:.2f} | {r['max_degree']} |")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(f"\npeak RSS {peak:.0f} MiB")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"records": records, "argv": sys.argv[1:], "peak_rss_mib": peak}, f, indent=1)
+            json.dump({"records": records, "argv": sys.argv[1:], "build_check": check}, f, indent=1)
     return 0
 
 
