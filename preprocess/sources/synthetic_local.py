@@ -45,13 +45,13 @@ from preprocess.sources.synthetic import DEGREE_EXPONENT, THETA_CAP, WeightedSam
 LOCAL_DEFAULTS = dict(cell_size=16, local_scale=1.0, long_range=0.0002)
 PATCH_VERTICES = 4096  # default patch size: communities = max(C, N // PATCH_VERTICES)
 # A vertex's kernel widens as theta**HUB_SPREAD (x2 at the cap theta = 1000): a fixed-width neighbourhood
-# holds only a few hundred vertices, which would cap every degree there (measured at 200k, D=25: max
-# degree 466 with 0, 1182 with 0.1), while a wider exponent makes hubs global and the 2-hop halo the
-# whole graph (0.5: 1.99 rows per vertex at k=2).
+# holds only a few hundred vertices, which would cap every degree there (measured at 200k, D=25, METIS:
+# max degree 466 with 0, 1182 with 0.1, for 2-hop rows per vertex 1.30 -> 1.38), while a wider exponent
+# makes hubs global and the 2-hop halo the whole graph (0.5: cut 5.4 %, 1.99 rows per vertex at k=2).
 HUB_SPREAD = 0.1
 # The partner is drawn uniformly inside its cell (theta**0), not by theta as in the DC-SBM: in a
 # neighbourhood of a few hundred vertices theta-weighted partners repeat hub-hub pairs many times and
-# canonicalisation drops them (measured realised degree 19.0 by theta, 21.0 uniform, of 25 drawn).
+# canonicalisation drops them (measured realised mean degree 20.3 by theta, 22.1 uniform, of 25 drawn).
 # Hubs still come from the theta-weighted first endpoint, so the degree tail stays a power law.
 PARTNER_EXPONENT = 0.0
 
