@@ -122,6 +122,17 @@ def test_edge_kernel_and_long_range(long_range, local_scale):
         assert 0.55 < near.mean() < 0.8, near.mean()
 
 
+def test_partner_is_uniform_inside_its_cell():
+    # First endpoints follow theta (the degree tail); partners are uniform in their cell, so how often a
+    # vertex is a partner does not follow how often it is a first endpoint (by theta: correlation 0.58).
+    raw = synthetic.generate_any(generator="local", vertices=40_000, avg_degree=10, features=4, classes=4,
+                                 seed=2, long_range=0.0)
+    first, partner = np.bincount(raw["src"], minlength=40_000), np.bincount(raw["dst"], minlength=40_000)
+    assert first.max() > 50 * first.mean()
+    assert abs(np.corrcoef(first, partner)[0, 1]) < 0.15
+    assert partner.max() < 10 * partner.mean()
+
+
 def test_partitioner_finds_small_cut_and_thin_halos(medium_pair):
     (g, p), (gs, ps) = medium_pair["local"], medium_pair["sbm"]
     # Issue 11: a few percent cut, a 2-hop preload well under 1.5 rows per vertex at 200k vertices (measured
