@@ -74,6 +74,8 @@ def test_reproducible_from_seed(small):
     assert not np.array_equal(other.features, small.features)
     assert not np.array_equal(other.labels, small.labels)
     assert other.num_edges != small.num_edges or not np.array_equal(other.indices, small.indices)
+    # --homophily is the SBM's; the local graph's homophily comes from its geometry (documented).
+    graphs_equal(load("synthetic", **dict(SMALL, homophily=0.1)), small)
     # Not the DC-SBM's draw under another name.
     sbm = load("synthetic", **dict(SMALL, generator="sbm"))
     assert sbm.num_edges != small.num_edges or not np.array_equal(sbm.indices, small.indices)
@@ -82,11 +84,9 @@ def test_reproducible_from_seed(small):
 def test_chunked_generation_is_deterministic_and_local(monkeypatch):
     monkeypatch.setattr(synthetic, "EDGE_CHUNK", 1000)
     monkeypatch.setattr(synthetic, "ROW_CHUNK", 333)
-    params = dict(vertices=3000, avg_degree=10, features=8, classes=3, seed=1, cell_size=4, long_range=0.0)
-    a = synthetic_local.generate_local_raw(**{k: v for k, v in dict(synthetic.DEFAULTS, **params).items()
-                                              if k != "homophily"})
-    b = synthetic_local.generate_local_raw(**{k: v for k, v in dict(synthetic.DEFAULTS, **params).items()
-                                              if k != "homophily"})
+    params = dict(generator="local", vertices=3000, avg_degree=10, features=8, classes=3, seed=1, cell_size=4,
+                  long_range=0.0)
+    a, b = synthetic.generate_any(**params), synthetic.generate_any(**params)
     for key in ("src", "dst", "features", "labels", "train_mask", "cell", "community"):
         assert np.array_equal(a[key], b[key]), key
     dx, dy = torus_offsets(a)
@@ -149,8 +149,7 @@ def test_ids_are_random_with_respect_to_position(small):
     # A partitioner must find the structure: contiguous id ranges cut about half of all edges.
     halves = (np.arange(small.num_vertices) >= small.num_vertices // 2).astype(np.int64)
     assert 0.45 < edge_cut(small.indptr, small.indices, halves) / small.num_edges < 0.55
-    raw = synthetic_local.generate_local_raw(**{k: v for k, v in dict(synthetic.DEFAULTS, vertices=20_000).items()
-                                                if k != "homophily"})
+    raw = synthetic.generate_any(generator="local", vertices=20_000)
     assert abs(np.corrcoef(np.arange(20_000), raw["cell"])[0, 1]) < 0.03
 
 
@@ -191,8 +190,7 @@ def test_patches_are_voronoi_regions_of_the_torus():
 
     d2 = dist(c % side, seeds % side) ** 2 + dist(c // side, seeds // side) ** 2
     assert np.array_equal(d2[c, patch], d2.min(1))  # each cell in (one of) its nearest seed's patch
-    raw = synthetic_local.generate_local_raw(**{k: v for k, v in dict(synthetic.DEFAULTS, vertices=5000, classes=3,
-                                                                       communities=12).items() if k != "homophily"})
+    raw = synthetic.generate_any(generator="local", vertices=5000, classes=3, communities=12)
     assert np.array_equal(np.unique(raw["community"]), np.arange(12))
     # labels are a function of the patch
     pairs = np.unique(np.stack([raw["community"], raw["labels"]], 1), axis=0)
