@@ -42,6 +42,9 @@ from preprocess.sources import synthetic
 from preprocess.sources.synthetic import DEGREE_EXPONENT, THETA_CAP, WeightedSampler, generate_features
 
 # Defaults chosen with bench/bench_locality.py (200k vertices, D=25, 2 servers): see docs/bench-locality.md.
+# long_range is small because every long-range edge into a server drags its endpoint's whole (k-1)-hop
+# ball into the halo: 0.001 instead of 0.0002 took the 2-hop preload from 1.28 to 1.55 rows per vertex
+# (measured, before HUB_SPREAD); cell_size 16 with local_scale 1 gives a neighbourhood of ~200 vertices.
 LOCAL_DEFAULTS = dict(cell_size=16, local_scale=1.0, long_range=0.0002)
 PATCH_VERTICES = 4096  # default patch size: communities = max(C, N // PATCH_VERTICES)
 # A vertex's kernel widens as theta**HUB_SPREAD (x2 at the cap theta = 1000): a fixed-width neighbourhood
