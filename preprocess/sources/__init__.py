@@ -3,7 +3,8 @@
     planetoid  Cora / CiteSeer / PubMed raw `ind.*` files, standard (Kipf/PyG public) split
     ogb        OGB node-property datasets in their downloaded raw/ + split/ layout
     bundle     one .npz / .h5 file with edge_index or CSR, features, labels, splits
-    synthetic  degree-corrected SBM at any scale (default; `make demo` uses it)
+    synthetic  degree-corrected SBM at any scale (default; `make demo` uses it), or with
+               ``--generator local`` a geometric graph with the locality of real graphs
 
 Command line: `add_source_arguments(parser)` adds the options, `load_from_args(args)` loads.
 Programmatic: `load(source, **options)` with the options' argparse names (``dest``), e.g.
@@ -18,18 +19,20 @@ import argparse
 from granndis_hpc.graph.csr import Graph
 from preprocess.canonical import SELF_LOOP_MODES, DataError, canonicalize  # noqa: F401 (re-exported)
 from preprocess.sources.synthetic import DEFAULTS as _SYNTHETIC_DEFAULTS
+from preprocess.sources.synthetic import GENERATORS as _GENERATORS
+from preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
 
 SOURCES = ("planetoid", "ogb", "bundle", "synthetic")
 
 # Every option load() accepts, with its default (the same defaults argparse uses).
 OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, symmetrize=True,
-                       self_loops="remove", **_SYNTHETIC_DEFAULTS)
+                       self_loops="remove", **_SYNTHETIC_DEFAULTS, generator="sbm", **_LOCAL_DEFAULTS)
 # Which options each source reads (others are accepted and ignored, so one parser serves all).
 _USES = {
     "planetoid": ("name", "root"),
     "ogb": ("name", "root", "split_scheme"),
     "bundle": ("name", "path"),
-    "synthetic": tuple(_SYNTHETIC_DEFAULTS),
+    "synthetic": tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
 }
 
 
@@ -48,19 +51,29 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--path", default=None, metavar="FILE", help="bundle: the .npz or .h5 file")
     g.add_argument("--split-scheme", default=None, metavar="DIR",
                    help="ogb: subdirectory of split/ (default: the only one present)")
-    s = parser.add_argument_group("synthetic source (degree-corrected SBM)")
+    s = parser.add_argument_group("synthetic source (degree-corrected SBM, or --generator local)")
+    s.add_argument("--generator", choices=_GENERATORS, default=d["generator"],
+                   help="sbm: degree-corrected SBM, communities are expanders (default); local: geometric "
+                        "graph on a torus with the locality of real graphs (small cuts and k-hop halos)")
     s.add_argument("--vertices", type=int, default=d["vertices"], metavar="N", help="default %(default)s")
     s.add_argument("--avg-degree", type=float, default=d["avg_degree"], metavar="D",
                    help="average directed in-degree before duplicate removal (default %(default)s)")
     s.add_argument("--features", type=int, default=d["features"], metavar="F", help="default %(default)s")
     s.add_argument("--classes", type=int, default=d["classes"], metavar="C", help="default %(default)s")
     s.add_argument("--communities", type=int, default=None, metavar="K",
-                   help="communities, class = community mod C (default: C)")
+                   help="sbm: communities, class = community mod C (default: C); local: label patches "
+                        "(default: max(C, N/4096))")
     s.add_argument("--seed", type=int, default=d["seed"], metavar="S", help="default %(default)s")
     s.add_argument("--train-frac", type=float, default=d["train_frac"], help="default %(default)s")
     s.add_argument("--val-frac", type=float, default=d["val_frac"], help="default %(default)s; rest is test")
     s.add_argument("--homophily", type=float, default=d["homophily"],
-                   help="fraction of edge draws inside a community (default %(default)s)")
+                   help="sbm: fraction of edge draws inside a community (default %(default)s)")
+    s.add_argument("--cell-size", type=float, default=d["cell_size"], metavar="M",
+                   help="local: mean vertices per torus cell (default %(default)s)")
+    s.add_argument("--local-scale", type=float, default=d["local_scale"], metavar="SIGMA",
+                   help="local: std of an edge's cell offset per axis, in cells (default %(default)s)")
+    s.add_argument("--long-range", type=float, default=d["long_range"], metavar="P",
+                   help="local: fraction of edge draws to a vertex anywhere (default %(default)s)")
     s.add_argument("--feature-noise", type=float, default=d["feature_noise"],
                    help="per-vertex feature noise std; class centroids have unit scale (default %(default)s)")
     c = parser.add_argument_group("canonicalisation")
