@@ -49,6 +49,9 @@ def main(argv=None):
     p.add_argument("--vertices", type=int, default=200000)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--generator", choices=("sbm", "local"), default="local",
+                   help="synthetic generator: local has the locality of real graphs (docs/bench-locality.md), "
+                        "sbm replicates almost everything at 3 hops")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "depth"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-depth.md"))
     args = p.parse_args(argv)
@@ -72,7 +75,7 @@ def main(argv=None):
     os.makedirs(os.path.dirname(img), exist_ok=True)
     plot(rows, img)
     lines = [f"# Flexible Preloading depth sweep ({datetime.date.today()})", "",
-             f"Synthetic DC-SBM graph, {args.vertices:,} vertices, {L}-layer SAGE (hidden 64), 2 emulated servers "
+             f"Synthetic graph (`--generator {args.generator}`), {args.vertices:,} vertices, {L}-layer SAGE (hidden 64), 2 emulated servers "
              f"x 2 ranks on one 2-core machine. k = 0 is fb; flx with k preloaded hops runs its first k layers on "
              f"the server's preload (intra-server exchange only) and the remaining {L}-k with the world exchange. "
              f"Bytes are exact ledger counts per epoch summed over ranks; rows are exact plan counts per epoch "

@@ -36,7 +36,7 @@ def build(args, out, preload_args, log, layers=None, vertices=None):
     run(["mpirun", "-n", "2", sys.executable, "-m", "preprocess", "build", "--source", "synthetic",
          "--vertices", str(vertices or args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", "2",
          "--layers", str(layers or args.layers), "--partitioner", "metis", "--out", out, "--overwrite",
-         *preload_args], log)
+         "--generator", getattr(args, "generator", "sbm"), *preload_args], log)
 
 
 def train(shards, mode, run_dir, extra, log):
