@@ -40,6 +40,7 @@ sys.path.insert(0, REPO)
 import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 
+from granndis_hpc.cluster.group import self_group  # noqa: E402
 from preprocess.halo import full_khop  # noqa: E402
 from preprocess.partition import partition_servers  # noqa: E402
 from preprocess.sources import load  # noqa: E402
@@ -71,23 +72,12 @@ def rows_per_vertex(g, parts: np.ndarray, servers: int, max_hops: int) -> dict:
     return {k: float(rows[k] / g.num_vertices) for k in range(1, max_hops + 1)}
 
 
-class _SelfComm:
-    """partition_servers' collective calls on one process without MPI (rank 0, size 1)."""
-    rank, size = 0, 1
-
-    def bcast(self, obj, root=0):
-        return obj
-
-
 def measure(generator: str, args) -> dict:
     t0 = time.perf_counter()
     g = load("synthetic", generator=generator, vertices=args.vertices, avg_degree=args.avg_degree,
              seed=args.seed)
     gen_s = time.perf_counter() - t0
-    comm = _SelfComm()
-    if args.partitioner == "parmetis":
-        from mpi4py import MPI
-        comm = MPI.COMM_SELF
+    comm = self_group()
     t0 = time.perf_counter()
     part = partition_servers(comm, g, args.servers, args.partitioner, args.seed)
     part_s = time.perf_counter() - t0

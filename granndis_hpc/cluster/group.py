@@ -77,3 +77,8 @@ class Group:
 def as_group(comm=None) -> Group:
     """A Group over `comm`: None (MPI.COMM_WORLD), an mpi4py communicator, or a Group (returned as is)."""
     return comm if isinstance(comm, Group) else Group(comm)
+
+
+def self_group() -> Group:
+    """This process alone (MPI.COMM_SELF): serial tools and tests that call collective preprocess code."""
+    return Group(MPI.COMM_SELF)

@@ -176,12 +176,25 @@ def generate_raw(vertices=DEFAULTS["vertices"], avg_degree=DEFAULTS["avg_degree"
     community[np.random.default_rng(streams["community"].spawn(1)[0]).permutation(vertices)[:communities]] = \
         np.arange(communities)
     labels = (community % classes).astype(np.int64)
-    u = np.random.default_rng(streams["theta"]).random(vertices)
-    theta = np.minimum((1.0 - u) ** (-1.0 / (DEGREE_EXPONENT - 1.0)), THETA_CAP)
+    theta = degree_propensity(vertices, streams["theta"])
     num_draws = int(round(vertices * float(avg_degree) / 2))
     src, dst = generate_edges(community, theta, num_draws, float(homophily), streams["edges"])
     x = generate_features(labels, features, classes, float(feature_noise), streams)
-    perm = np.random.default_rng(streams["split"]).permutation(vertices)
+    masks = split_masks(vertices, train_frac, val_frac, streams["split"])
+    return dict(num_vertices=vertices, src=src, dst=dst, features=x, labels=labels,
+                train_mask=masks[0], val_mask=masks[1], test_mask=masks[2], num_classes=classes,
+                community=community)
+
+
+def degree_propensity(vertices: int, stream) -> np.ndarray:
+    """theta_v ~ Pareto with tail exponent DEGREE_EXPONENT, capped at THETA_CAP (both generators)."""
+    u = np.random.default_rng(stream).random(vertices)
+    return np.minimum((1.0 - u) ** (-1.0 / (DEGREE_EXPONENT - 1.0)), THETA_CAP)
+
+
+def split_masks(vertices: int, train_frac: float, val_frac: float, stream):
+    """Train/val/test masks from one random permutation: the first train_frac*N, the next val_frac*N, the rest."""
+    perm = np.random.default_rng(stream).permutation(vertices)
     n_train = max(1, int(round(train_frac * vertices)))
     n_val = int(round(val_frac * vertices))
     masks = []
@@ -189,9 +202,7 @@ def generate_raw(vertices=DEFAULTS["vertices"], avg_degree=DEFAULTS["avg_degree"
         m = np.zeros(vertices, dtype=bool)
         m[perm[lo:hi]] = True
         masks.append(m)
-    return dict(num_vertices=vertices, src=src, dst=dst, features=x, labels=labels,
-                train_mask=masks[0], val_mask=masks[1], test_mask=masks[2], num_classes=classes,
-                community=community)
+    return masks
 
 
 # The two generators: the DC-SBM here (default, unchanged), and the geometric graph with the locality of

@@ -39,7 +39,7 @@ import numpy as np
 
 from preprocess.canonical import DataError
 from preprocess.sources import synthetic
-from preprocess.sources.synthetic import DEGREE_EXPONENT, THETA_CAP, WeightedSampler, generate_features
+from preprocess.sources.synthetic import WeightedSampler, degree_propensity, generate_features, split_masks
 
 # Defaults chosen with bench/bench_locality.py (200k vertices, D=25, 2 servers): see docs/bench-locality.md.
 # long_range is small because every long-range edge into a server drags its endpoint's whole (k-1)-hop
@@ -179,8 +179,7 @@ def generate_local_raw(vertices, avg_degree, features, classes, communities, see
     cell = np.random.default_rng(streams["cell"]).integers(0, n_cells, vertices)
     # Every cell gets at least one vertex, so a draw never lands in an empty cell.
     cell[np.random.default_rng(streams["cell"].spawn(1)[0]).permutation(vertices)[:n_cells]] = np.arange(n_cells)
-    u = np.random.default_rng(streams["theta"]).random(vertices)
-    theta = np.minimum((1.0 - u) ** (-1.0 / (DEGREE_EXPONENT - 1.0)), THETA_CAP)
+    theta = degree_propensity(vertices, streams["theta"])
     num_draws = int(round(vertices * float(avg_degree) / 2))
     src, dst = generate_local_edges(cell, side, theta, num_draws, float(local_scale), float(long_range),
                                     streams["edges"])
@@ -190,14 +189,7 @@ def generate_local_raw(vertices, avg_degree, features, classes, communities, see
     community = patch_of_cell[cell]
     labels = patch_class[community].astype(np.int64)
     x = generate_features(labels, features, classes, float(feature_noise), streams)
-    perm = np.random.default_rng(streams["split"]).permutation(vertices)
-    n_train = max(1, int(round(train_frac * vertices)))
-    n_val = int(round(val_frac * vertices))
-    masks = []
-    for a, b in ((0, n_train), (n_train, n_train + n_val), (n_train + n_val, vertices)):
-        mask = np.zeros(vertices, dtype=bool)
-        mask[perm[a:b]] = True
-        masks.append(mask)
+    masks = split_masks(vertices, train_frac, val_frac, streams["split"])
     return dict(num_vertices=vertices, src=src, dst=dst, features=x, labels=labels,
                 train_mask=masks[0], val_mask=masks[1], test_mask=masks[2], num_classes=classes,
                 community=community, cell=cell, side=side)

@@ -6,6 +6,8 @@ import hashlib
 import numpy as np
 import pytest
 
+from granndis_hpc.cluster.group import self_group
+
 from preprocess.halo import full_khop
 from preprocess.partition import edge_cut, partition_servers
 from preprocess.sources import DataError, add_source_arguments, load, load_from_args
@@ -18,14 +20,6 @@ SMALL = dict(generator="local", vertices=20_000, classes=4, seed=3)
 # The targets of issue 11 are stated at 200k vertices (docs/bench-locality.md); the boundary of a 2-way
 # cut shrinks relative to the graph like 1/sqrt(N), so at this size the bounds are a little looser.
 MEDIUM = 50_000
-
-
-class _SelfComm:
-    """partition_servers' collectives on one process (the METIS path only needs rank, size and bcast)."""
-    rank, size = 0, 1
-
-    def bcast(self, obj, root=0):
-        return obj
 
 
 def rows_per_vertex(g, parts, servers, hops):
@@ -55,7 +49,7 @@ def medium_pair():
     out = {}
     for gen in ("local", "sbm"):
         g = load("synthetic", generator=gen, vertices=MEDIUM, seed=0)
-        out[gen] = (g, partition_servers(_SelfComm(), g, 2, "metis", 0))
+        out[gen] = (g, partition_servers(self_group(), g, 2, "metis", 0))
     return out
 
 
