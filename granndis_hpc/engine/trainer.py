@@ -28,7 +28,8 @@ from granndis_hpc.graph.sampler import SAMPLERS, CoBatchSampler, SamplerError
 from granndis_hpc.metrics import MetricsWriter, epoch_line, peak_memory_bytes, summarize, write_summary
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
-from granndis_hpc.config import ConfigError, TrainConfig, write_resolved_config  # the one declaration of the options; importable from here too
+# TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
+from granndis_hpc.config import ConfigError, TrainConfig, write_resolved_config
 from granndis_hpc.engine import checkpoint, signals
 
 MODES = ("fb", "flx", "eas", "cob", "mb")

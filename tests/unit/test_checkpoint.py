@@ -1,5 +1,6 @@
 """engine/checkpoint.py on one process (MPI.COMM_SELF): layout, atomicity under crashes, pruning,
-damage detection, fingerprints, --resume option rules, metrics truncation, RNG state and signals.
+damage detection and crafted files, fingerprints, the CheckpointManager, the run-directory helpers, and
+(moved beside it, tested here) cli.resume_config, metrics.truncate_metrics and signals.StopSignals.
 
 The multi-rank behaviour (kill and resume under mpirun, refusals on every rank) is in
 tests/unit/test_resume.py and tests/mpi/test_resume.py."""
