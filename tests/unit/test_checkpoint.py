@@ -409,3 +409,27 @@ def test_run_contents_and_move_aside(tmp_path):
     assert sorted(os.listdir(aside)) == ["checkpoints", "config.json", "metrics.jsonl"]
     assert ck.run_contents(str(tmp_path)) == [] and (tmp_path / "notes.txt").exists()
     assert ck.move_run_aside(str(tmp_path / "checkpoints")) is None
+
+
+def test_replace_run_deletes_the_old_run_only_after_the_new_config(tmp_path):
+    def old_run():
+        (tmp_path / "config.json").write_text('{"lr": 0.01}')
+        (tmp_path / "metrics.jsonl").write_text('{"epoch": 0}\n')
+        os.makedirs(tmp_path / "checkpoints" / "epoch-000002")
+
+    old_run()
+    seen = {}
+
+    def failing_write():
+        seen["during"] = ck.run_contents(str(tmp_path))  # the old run is aside while the config is written
+        raise OSError(28, "No space left on device")
+    with pytest.raises(OSError, match="No space left"):
+        ck.replace_run(str(tmp_path), failing_write)
+    assert seen["during"] == []
+    assert (tmp_path / "config.json").read_text() == '{"lr": 0.01}'  # moved back, whole
+    assert ck.run_contents(str(tmp_path)) == ["config.json", "metrics.jsonl", "checkpoints/"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "config.json", "metrics.jsonl"]
+
+    assert ck.replace_run(str(tmp_path), lambda: (tmp_path / "config.json").write_text('{"lr": 0.5}'))
+    assert sorted(os.listdir(tmp_path)) == ["config.json"] and "0.5" in (tmp_path / "config.json").read_text()
+    assert not ck.replace_run(str(tmp_path / "checkpoints"), lambda: None)  # nothing to replace
