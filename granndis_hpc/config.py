@@ -537,12 +537,14 @@ class TrainConfig:
     # Cooperative batching (cob) and the per-GPU mini-batch baseline (mb).  Not in the checkpoint
     # fingerprint: the sampler's saved state holds them and its load_state_dict refuses other values,
     # in the modes where they change anything (the others never read them).
-    batches_per_epoch: int = option(1, ge=1, fingerprint=False, help="cob/mb: co-batches per epoch (each server's training "
-                                                  "vertices in shuffled chunks)")
+    batches_per_epoch: int = option(1, ge=1, fingerprint=False,
+                                    help="cob/mb: co-batches per epoch (each server's training vertices in "
+                                         "shuffled chunks)")
     sampler: str = option("sage", choices=_sampler_names, fingerprint=False,
                           help="cob/mb: sage = per-hop fanout sampling of the dependency graph; saint = the "
                                "subgraph induced on the batch")
-    fanout: int = option(-1, check=_fanout_problem, fingerprint=False, help="cob/mb: in-neighbours kept per vertex and hop (-1 = all)")
+    fanout: int = option(-1, check=_fanout_problem, fingerprint=False,
+                         help="cob/mb: in-neighbours kept per vertex and hop (-1 = all)")
     checkpoint_activations: bool = option(
         False, help="recompute each residual block (its exchange included) in the backward pass instead of "
                     "keeping its activations (deep models, less memory); ressage only: refused for sage and "
@@ -628,6 +630,7 @@ def load_resolved_config(run_dir) -> dict:
 
 
 __all__ = ["ConfigError", "HelpFormatter", "TrainConfig", "allowed_choices", "DEVICE_NAMES", "TRANSPORT_NAMES",
-           "CHECKPOINTABLE_MODELS", "option", "specs", "defaults", "validate", "build_parser", "read_options", "missing_required", "resume_rule",
+           "CHECKPOINTABLE_MODELS", "option", "specs", "defaults", "validate", "build_parser", "read_options",
+           "missing_required", "resume_rule",
            "parse_args_with_config", "load_config_file", "resolved_config", "write_resolved_config",
            "load_resolved_config", "CONFIG_FILE_NAME"]

@@ -441,6 +441,31 @@ def move_run_aside(run_dir: str) -> Optional[str]:
     return aside
 
 
+def replace_run(run_dir: str, write_new_config) -> bool:
+    """--overwrite-run: move the old run's outputs aside, call write_new_config(), then delete the old
+    run.  If writing the new config fails, the old run is moved back (and the error raised), so at no
+    point is the old run gone without the new one's config in its place.  Returns whether there was a
+    run to replace; a failure to delete the old one after success is only reported (disk space)."""
+    aside = move_run_aside(run_dir)
+    try:
+        write_new_config()
+    except BaseException:
+        if aside is not None:
+            for name in os.listdir(aside):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(run_dir, name))  # a half-made new file (atomic writes leave none)
+                os.rename(os.path.join(aside, name), os.path.join(run_dir, name))
+            os.rmdir(aside)
+        raise
+    if aside is None:
+        return False
+    try:
+        shutil.rmtree(aside)
+    except OSError as exc:
+        note(f"--overwrite-run: the new run is in {run_dir}, but the old one in {aside} could not be deleted: {exc}")
+    return True
+
+
 # ---- the manager the trainer holds -------------------------------------------------------------
 @dataclass
 class Resumed:
@@ -513,4 +538,4 @@ __all__ = ["CHECKPOINTS", "COMPLETE", "SHARED_FILE", "KEEP", "FORMAT_VERSION", "
            "rank_file", "fingerprint", "trajectory_options", "shard_set_id", "check_fingerprint", "rng_state",
            "set_rng_state", "write_payload", "read_payload", "list_checkpoints", "read_complete",
            "latest_complete", "prune", "save", "load_latest", "note", "RUN_OUTPUTS", "run_contents",
-           "refuse_new_run_in", "move_run_aside"]
+           "refuse_new_run_in", "move_run_aside", "replace_run"]

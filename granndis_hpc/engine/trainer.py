@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from dataclasses import asdict
 from typing import Dict, Optional
@@ -27,7 +26,8 @@ from granndis_hpc.engine.modes import RunContext, Step, TrainingError, make_mode
 from granndis_hpc.metrics import MetricsWriter, epoch_line, peak_memory_bytes, summarize, write_summary
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
-from granndis_hpc.config import ConfigError, TrainConfig, write_resolved_config  # the one declaration of the options; importable from here too
+# TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
+from granndis_hpc.config import ConfigError, TrainConfig, write_resolved_config
 from granndis_hpc.engine import checkpoint, signals
 
 def check_model(cfg: TrainConfig) -> None:
@@ -328,14 +328,11 @@ class Trainer:
         with collective_errors(self.world, f"preparing run directory {cfg.out}", catch=(OSError, ConfigError)):
             if self.topo.rank == 0:
                 os.makedirs(cfg.out, exist_ok=True)
-                aside = checkpoint.move_run_aside(cfg.out) if cfg.overwrite_run and not cfg.resume else None
-                write_resolved_config(cfg, cfg.out)
-                if aside is not None:
-                    try:
-                        shutil.rmtree(aside)
+                if cfg.overwrite_run and not cfg.resume:
+                    if checkpoint.replace_run(cfg.out, lambda: write_resolved_config(cfg, cfg.out)):
                         checkpoint.note(f"--overwrite-run: replaced the run that was in {cfg.out}")
-                    except OSError as exc:  # the new run is in place; the old one is only disk space
-                        checkpoint.note(f"--overwrite-run: could not delete the old run in {aside}: {exc}")
+                else:
+                    write_resolved_config(cfg, cfg.out)
                 writer = MetricsWriter(cfg.out, append=bool(cfg.resume))
         return writer
 

@@ -1,5 +1,6 @@
 """engine/checkpoint.py on one process (MPI.COMM_SELF): layout, atomicity under crashes, pruning,
-damage detection, fingerprints, --resume option rules, metrics truncation, RNG state and signals.
+damage detection and crafted files, fingerprints, the CheckpointManager, the run-directory helpers, and
+(moved beside it, tested here) cli.resume_config, metrics.truncate_metrics and signals.StopSignals.
 
 The multi-rank behaviour (kill and resume under mpirun, refusals on every rank) is in
 tests/unit/test_resume.py and tests/mpi/test_resume.py."""
@@ -408,3 +409,27 @@ def test_run_contents_and_move_aside(tmp_path):
     assert sorted(os.listdir(aside)) == ["checkpoints", "config.json", "metrics.jsonl"]
     assert ck.run_contents(str(tmp_path)) == [] and (tmp_path / "notes.txt").exists()
     assert ck.move_run_aside(str(tmp_path / "checkpoints")) is None
+
+
+def test_replace_run_deletes_the_old_run_only_after_the_new_config(tmp_path):
+    def old_run():
+        (tmp_path / "config.json").write_text('{"lr": 0.01}')
+        (tmp_path / "metrics.jsonl").write_text('{"epoch": 0}\n')
+        os.makedirs(tmp_path / "checkpoints" / "epoch-000002")
+
+    old_run()
+    seen = {}
+
+    def failing_write():
+        seen["during"] = ck.run_contents(str(tmp_path))  # the old run is aside while the config is written
+        raise OSError(28, "No space left on device")
+    with pytest.raises(OSError, match="No space left"):
+        ck.replace_run(str(tmp_path), failing_write)
+    assert seen["during"] == []
+    assert (tmp_path / "config.json").read_text() == '{"lr": 0.01}'  # moved back, whole
+    assert ck.run_contents(str(tmp_path)) == ["config.json", "metrics.jsonl", "checkpoints/"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "config.json", "metrics.jsonl"]
+
+    assert ck.replace_run(str(tmp_path), lambda: (tmp_path / "config.json").write_text('{"lr": 0.5}'))
+    assert sorted(os.listdir(tmp_path)) == ["config.json"] and "0.5" in (tmp_path / "config.json").read_text()
+    assert not ck.replace_run(str(tmp_path / "checkpoints"), lambda: None)  # nothing to replace
