@@ -24,7 +24,7 @@ import torch
 from granndis_hpc import shards
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.engine import views
-from granndis_hpc.graph.sampler import SAMPLERS, CoBatchSampler, SamplerError
+from granndis_hpc.graph.sampler import CoBatchSampler, SamplerError
 
 
 class TrainingError(RuntimeError):
@@ -228,11 +228,7 @@ class BatchedMode(Mode):
     split_kind = ""
 
     def check(self, manifest):
-        cfg, pre = self.cfg, manifest["preload"]
-        if cfg.fanout == 0 or cfg.fanout < -1:
-            raise TrainingError(f"--fanout must be a positive number of neighbours or -1 for all, got {cfg.fanout}")
-        if cfg.sampler not in SAMPLERS:
-            raise TrainingError(f"unknown sampler {cfg.sampler!r}; choose one of {', '.join(SAMPLERS)}")
+        cfg, pre = self.cfg, manifest["preload"]  # fanout and sampler names: TrainConfig checks them
         if pre["kind"] == "full" and cfg.sampler != "saint" and int(pre["hops"]) < cfg.layers:
             raise TrainingError(
                 f"mode {self.name} samples {cfg.layers}-hop dependency graphs inside the server's preload, "
