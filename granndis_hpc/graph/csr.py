@@ -101,10 +101,17 @@ def marked(ids: np.ndarray, n: int) -> np.ndarray:
     return np.flatnonzero(mask).astype(np.int64)
 
 
+def rank_in_rows(indptr: np.ndarray) -> np.ndarray:
+    """Position of every CSR entry inside its row (0, 1, ... per row): the one "rank within a
+    segment" computation, for segments given by a pointer array."""
+    indptr = np.asarray(indptr, dtype=np.int64)
+    return np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1], np.diff(indptr))
+
+
 def segment_rank(key: np.ndarray) -> np.ndarray:
     """For each element, how many earlier elements have the same key (its rank inside its segment,
-    in order of appearance).  Keys already grouped (non-decreasing, e.g. the row of each CSR entry)
-    take an O(n) path; any other order costs one stable sort."""
+    in order of appearance).  Keys already grouped (non-decreasing) take an O(n) path; any other
+    order costs one stable sort.  With the CSR pointer at hand, rank_in_rows is cheaper."""
     key = np.asarray(key)
     n = key.shape[0]
     if n == 0:
@@ -112,8 +119,7 @@ def segment_rank(key: np.ndarray) -> np.ndarray:
     if np.all(key[1:] >= key[:-1]):
         start = np.ones(n, dtype=bool)
         start[1:] = key[1:] != key[:-1]
-        first = np.flatnonzero(start)
-        return np.arange(n, dtype=np.int64) - np.repeat(first, np.diff(np.append(first, n)))
+        return rank_in_rows(np.append(np.flatnonzero(start), n))
     order = np.argsort(key, kind="stable")
     rank = np.empty(n, dtype=np.int64)
     rank[order] = segment_rank(key[order])

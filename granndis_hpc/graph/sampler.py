@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from granndis_hpc.graph.csr import bfs_hops, csr_from_edges, csr_rows, position_lookup, segment_rank
+from granndis_hpc.graph.csr import bfs_hops, csr_from_edges, csr_rows, position_lookup, rank_in_rows
 
 SAMPLERS = ("sage", "saint")
 
@@ -46,7 +46,7 @@ def sample_rows(indptr, indices, rows, fanout: int, rng: np.random.Generator):
     # 32-bit draw in the low bits.
     key = (row_of << 32) | rng.integers(0, 1 << 32, sub_ix.shape[0], dtype=np.int64)
     order = np.argsort(key)
-    keep = order[segment_rank(row_of) < fanout]  # the first `fanout` of each row in the random order
+    keep = order[rank_in_rows(sub_ip) < fanout]  # the first `fanout` of each row in the random order
     keep.sort()
     kept_counts = np.minimum(counts, fanout)
     out_ip = np.zeros(rows.shape[0] + 1, dtype=np.int64)
@@ -58,6 +58,7 @@ def sample_dependency(indptr, indices, targets, layers: int, fanout: int, rng) -
     """GraphSAGE-style: hop by hop, each newly reached vertex keeps up to `fanout` in-edges."""
     edge_src, edge_dst = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
 
+    # The BFS keeps the first hop at which each vertex is reached; the kept edges are recorded here.
     def expand(frontier, hop_of):
         ip, src = sample_rows(indptr, indices, frontier, fanout, rng)
         edge_src.append(src)

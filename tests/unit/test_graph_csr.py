@@ -3,7 +3,7 @@ BFS.  Each against a plain-Python reference on random inputs."""
 import numpy as np
 import pytest
 
-from granndis_hpc.graph.csr import bfs_hops, csr_from_edges, owner_of, segment_rank
+from granndis_hpc.graph.csr import bfs_hops, csr_from_edges, owner_of, rank_in_rows, segment_rank
 
 
 def test_owner_of_finds_the_block_of_every_id():
@@ -26,6 +26,11 @@ def test_segment_rank_counts_earlier_equal_keys(grouped):
         seen[k] = seen.get(k, 0) + 1
     assert segment_rank(key).tolist() == want
     assert segment_rank(np.zeros(0, np.int64)).tolist() == []
+
+
+def test_rank_in_rows_numbers_the_entries_of_each_row():
+    assert rank_in_rows(np.array([0, 3, 3, 5, 6])).tolist() == [0, 1, 2, 0, 1, 0]
+    assert rank_in_rows(np.array([0])).tolist() == []
 
 
 def _reference_bfs(indptr, indices, sources, max_hop):
