@@ -100,6 +100,10 @@ class CoBatchSampler:
             raise SamplerError(f"unknown sampler {kind!r}; choose one of {', '.join(SAMPLERS)}")
         if fanout == 0 or fanout < -1:
             raise SamplerError(f"--fanout must be a positive number of neighbours or -1 for all, got {fanout}")
+        if len(train_ids) == 0:
+            raise SamplerError(f"server {server} holds no training vertices, so it has no co-batches to draw; "
+                               f"train with a full-graph mode (--mode flx or fb), or rebuild the shards with "
+                               f"fewer servers or a larger training split")
         if batches < 1 or batches > len(train_ids):
             raise SamplerError(f"server {server} has {len(train_ids)} training vertices, which cannot make "
                                f"{batches} co-batches per epoch; use --batches-per-epoch <= {len(train_ids)}")

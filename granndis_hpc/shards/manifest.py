@@ -53,7 +53,7 @@ def read_manifest(path) -> dict:
     changed = _changed_fields(manifest)
     if changed:
         raise ShardError(f"{mpath}: " + "; ".join(changed) + ": the manifest was edited after the build "
-                         f"(it no longer matches the digests the build recorded); restore it or "
+                         "(it no longer matches the digests the build recorded); restore it or "
                          + _REBUILD.format(path=path))
     return manifest
 

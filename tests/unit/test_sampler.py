@@ -76,3 +76,10 @@ def test_bad_sampler_options(kwargs, needle):
     args.update(kwargs)
     with pytest.raises(SamplerError, match=needle):
         CoBatchSampler(indptr, indices, np.arange(10), **args)
+
+
+def test_server_without_training_vertices_says_what_to_do():
+    indptr, indices = _graph()
+    with pytest.raises(SamplerError, match=r"holds no training vertices.*--mode flx or fb") as info:
+        CoBatchSampler(indptr, indices, np.arange(0), batches=1, layers=2, fanout=5)
+    assert "<= 0" not in str(info.value)
