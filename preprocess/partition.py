@@ -88,20 +88,21 @@ def fill_empty_parts(parts: np.ndarray, nparts: int) -> np.ndarray:
 
 
 def refine_balance(indptr: np.ndarray, indices: np.ndarray, parts: np.ndarray, nparts: int,
-                   max_ratio: float = 1.03, rounds: int = 8):
+                   max_ratio: float = 1.03, rounds: int = 64):
     """Move vertices out of parts above max_ratio x average, best edge-cut gain first.
 
     PT-Scotch's ParMETIS layer lands at ~5 % vertex imbalance whatever ubvec says (measured on Cora,
     4 parts: 1.046-1.050 for ubvec 1.01-1.05), so this greedy pass brings every part under the cap.
     The gain of moving v from p to q is (#neighbours of v in q) - (#neighbours in p), counted over
-    in-edges (the neighbours of a symmetric graph).  Returns (parts, number of vertices moved).
+    in-edges (the neighbours of a symmetric graph); only vertices with a neighbour in the receiving
+    part move while there are any.  Returns (parts, number of vertices moved).
     """
     parts = parts.copy()
     n = parts.shape[0]
     cap = max(int(np.floor(max_ratio * n / nparts)), -(-n // nparts))
     moved_total = 0
     dst = row_of_edges(indptr)
-    for _ in range(rounds):  # a few rounds, each vectorised over vertices
+    for _ in range(rounds):  # usually 1-3 rounds (it stops once balanced), each vectorised over vertices
         load = np.bincount(parts, minlength=nparts)
         over = load > cap
         if not over.any():
@@ -119,6 +120,13 @@ def refine_balance(indptr: np.ndarray, indices: np.ndarray, parts: np.ndarray, n
         target = np.argmax(gain, axis=1)
         best = gain[np.arange(cand.shape[0]), target]
         ok = room[target] > 0
+        # Move only vertices that already have a neighbour in the receiving part (the boundary): a
+        # vertex moved into a part it does not touch becomes an island whose whole k-hop ball joins
+        # the other server's preload (measured: 1997 such moves raised a 2-hop preload from 1.37 to
+        # 1.52 rows per vertex).  Islands only when no boundary vertex is left to move.
+        touches = counts[np.arange(cand.shape[0]), target] > 0
+        if (ok & touches).any():
+            ok &= touches
         cand, target, best = cand[ok], target[ok], best[ok]
         order = np.lexsort((cand, -best))
         cand, target = cand[order], target[order]

@@ -149,3 +149,23 @@ def test_refine_balance_caps_parts_and_prefers_cheap_moves():
     assert edge_cut(indptr, indices, fixed) < edge_cut(indptr, indices, naive)
     already, none_moved = refine_balance(indptr, indices, fixed, 4, max_ratio=1.03)
     assert none_moved == 0 and np.array_equal(already, fixed)
+
+
+def test_refine_balance_moves_the_boundary_not_islands():
+    """A path 0-1-...-99 split at 60: part 0 is 9 vertices over the cap.  Moving the 9 vertices next to
+    the cut keeps the cut at one edge; moving far vertices (no neighbour in part 1) would make islands
+    whose preloaded halos the other server must hold."""
+    from preprocess.partition import refine_balance
+
+    n = 100
+    src = np.concatenate([np.arange(n - 1), np.arange(1, n)])
+    dst = np.concatenate([np.arange(1, n), np.arange(n - 1)])
+    order = np.lexsort((src, dst))
+    indices = src[order]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    parts = (np.arange(n) >= 60).astype(np.int64)
+    fixed, moved = refine_balance(indptr, indices, parts, 2, max_ratio=1.03)
+    assert balance(fixed, 2) <= 1.03 and moved == 9
+    assert edge_cut(indptr, indices, fixed) == edge_cut(indptr, indices, parts) == 2  # one edge, both directions
+    assert np.array_equal(np.flatnonzero(fixed != parts), np.arange(51, 60))
