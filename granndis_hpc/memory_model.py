@@ -1,0 +1,464 @@
+"""Per-GPU memory model of a training plan, and the choice GraNNDis makes with it (paper §5.1):
+the largest preloaded depth k that fits, then EAS, then cooperative batches.
+
+Pure: no MPI, nothing from the engine, so `preprocess` can use it offline.  Two entry points:
+- `estimate(plan, model, ...)` from row counts per layer (a `RankRows`, built by hand or by
+  `rank_rows(...)` from shard arrays);
+- `estimate_shard_set(path, ...)` from a shard set on disk (reads each rank's slice, plans nothing,
+  trains nothing).
+
+What a rank holds (on its device; the host copies are not counted), for an L-layer model trained
+with k preloaded hops:
+- features: the static input rows of every view the run builds (own rows and the halo rows exchanged
+  once at set-up): the server view (k >= 1) and the world view (always: exact evaluation uses it);
+- graph: per LayerGraph indptr/indices/degrees, the cached normalised CSR adjacency (built by the
+  first forward) and its cached transpose (built by the first backward, only where the aggregation's
+  input needs a gradient), and the exchange's index tensors;
+- activations: what autograd keeps for the backward pass, per layer, derived from what each aten op
+  saves and checked byte for byte against `SavedBytes` (tests/unit/test_memory_model.py);
+- halo buffers: the largest layer's send + receive rows (transient, forward and backward);
+- backward workspace: the largest layer's gradient tensors alive at once (transient);
+- parameters, their gradients, Adam's two moments, and the flat all-reduce bucket.
+The peak is the static part plus activations plus the larger of the two transients.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+F32 = 4  # every float tensor of the engine is float32
+I64 = 8  # every index tensor is int64
+MODELS = ("sage", "gcn", "ressage")
+
+
+class MemoryModelError(ValueError):
+    """Inputs the model cannot estimate (unknown model, k outside 0..L, inconsistent counts)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Row counts
+@dataclass(frozen=True)
+class LayerRows:
+    """One LayerGraph of a view: its source rows (own prefix + halo), computed rows and edges."""
+
+    n_own_in: int  # own source rows (a prefix of the own rows)
+    n_halo: int  # halo source rows received from peers at this layer
+    n_dst: int  # rows computed
+    nnz: int  # in-edges of the computed rows
+    n_send: int = 0  # own rows sent to peers at this layer
+    inter_halo: int = 0  # of n_halo: rows received from other servers (world view only)
+
+    @property
+    def n_src(self) -> int:
+        return self.n_own_in + self.n_halo
+
+
+@dataclass(frozen=True)
+class ViewRows:
+    """A view: all its own rows, its full halo (static features exchanged once) and its L graphs."""
+
+    name: str  # "server" | "world" | "cobatch"
+    n_own: int
+    n_halo: int  # distinct halo rows of the full plan
+    n_send: int  # rows of the full send list (the static exchange)
+    layers: Tuple[LayerRows, ...]
+    inter_halo: int = 0  # of n_halo: rows owned by other servers
+
+
+@dataclass(frozen=True)
+class RankRows:
+    """What one rank (server s, GPU g) trains on, as row counts.
+
+    k: preloaded layers.  Layers 0..k-1 of the training plan are server.layers[0..k-1], layers k..L-1
+    are world.layers[k..L-1]; k = 0 is fb (server is None), k = L is flx."""
+
+    rank: int
+    features: int
+    num_classes: int
+    n_inner: int
+    n_train: int  # inner training rows of this rank (the loss)
+    layers: int
+    k: int
+    world: ViewRows
+    server: Optional[ViewRows] = None
+
+    def training_layers(self) -> List[Tuple[str, LayerRows]]:
+        out = []
+        for l in range(self.layers):
+            if l < self.k:
+                out.append(("server", self.server.layers[l]))
+            else:
+                out.append(("world", self.world.layers[l]))
+        return out
+
+    def views(self) -> List[ViewRows]:
+        return [v for v in (self.server, self.world) if v is not None]
+
+
+def check_rank_rows(r: RankRows) -> None:
+    if not 0 <= r.k <= r.layers:
+        raise MemoryModelError(f"k = {r.k} preloaded layers is outside 0..L = 0..{r.layers}")
+    if r.k > 0 and (r.server is None or len(r.server.layers) < r.k):
+        raise MemoryModelError(f"k = {r.k} needs a server view with at least {r.k} layers")
+    if len(r.world.layers) != r.layers:
+        raise MemoryModelError(f"the world view has {len(r.world.layers)} layers, the model {r.layers}")
+    tl = r.training_layers()
+    for l in range(1, len(tl)):
+        if tl[l][1].n_own_in != tl[l - 1][1].n_dst:
+            raise MemoryModelError(
+                f"layer {l}: {tl[l][1].n_own_in} own source rows but layer {l - 1} computes {tl[l - 1][1].n_dst}; "
+                "a layer's computed rows are the next layer's own rows")
+    if tl and tl[-1][1].n_dst != r.n_inner:
+        raise MemoryModelError(f"the last layer computes {tl[-1][1].n_dst} rows, not the {r.n_inner} inner rows")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Models: widths and parameters (mirrors granndis_hpc/nn/models.py; test_memory_model checks both)
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    features: int
+    hidden: int
+    num_classes: int
+    layers: int
+    dropout: float = 0.5
+    norm: bool = False  # sage/gcn only; ressage always has LayerNorm
+    checkpoint_activations: bool = False  # ressage only (nn/models.py recomputes its residual blocks)
+
+    def __post_init__(self):
+        if self.name not in MODELS:
+            raise MemoryModelError(f"unknown model {self.name!r}; choose one of {', '.join(MODELS)}")
+        for k in ("features", "hidden", "num_classes", "layers"):
+            if int(getattr(self, k)) < 1:
+                raise MemoryModelError(f"{k} must be >= 1, got {getattr(self, k)}")
+
+    def widths(self) -> List[Tuple[int, int]]:
+        """(in, out) width of every conv."""
+        L, H = self.layers, self.hidden
+        if self.name == "ressage":
+            return [(H, H)] * L
+        w = [self.features] + [H] * (L - 1) + [self.num_classes]
+        return [(w[i], w[i + 1]) for i in range(L)]
+
+    def parameters(self) -> int:
+        """Number of parameters (floats)."""
+        L, H, F, C = self.layers, self.hidden, self.features, self.num_classes
+        if self.name == "ressage":
+            conv = 2 * H * H + H
+            return (F * H + H) + L * conv + (L - 1) * 2 * H + 2 * H + (H * C + C)
+        n = 0
+        for i, o in self.widths():
+            n += (2 * i * o + o) if self.name == "sage" else (i * o + o)
+        if self.norm:
+            n += (L - 1) * 2 * H
+        return n
+
+
+# ---------------------------------------------------------------------------------------------------
+# What autograd saves
+def _conv_saved(kind: str, lr: LayerRows, win: int, wout: int, input_grad: bool, with_exchange: bool) -> int:
+    """Bytes a SAGE/GCN conv saves at one layer, gather included (views.View.gather_fn + nn/layers.py).
+
+    gather: the halo exchange saves its send index when h needs a gradient; cat makes a new [n_src, win]
+    storage, which lin_self (SAGE) / the projection (when out < in) save.  Aggregating first (out >= in)
+    saves the [n_dst, win] aggregate instead.  A Linear saves its weight only when its input needs a
+    gradient.  Slices (h_src[:n_dst]) share the cat's storage and count once."""
+    s, d = lr.n_src, lr.n_dst
+    b = 0
+    if input_grad and with_exchange:
+        b += lr.n_send * I64
+    h_src = s * win * F32
+    weight = win * wout * F32 if input_grad else 0
+    if kind == "sage":
+        b += h_src + weight  # lin_self(h_src[:d])
+        b += weight if wout < win else d * win * F32 + weight  # lin_neigh on h_src, or on the aggregate
+    else:  # gcn: one Linear, before or after the aggregation
+        b += (h_src + weight) if wout < win else (d * win * F32 + weight)
+    return b
+
+
+def _pre_saved(rows: int, width: int, norm: bool, dropout: float, mask_bytes: int) -> int:
+    """[LayerNorm] -> ReLU -> dropout between convs: LN saves input, mean, rstd, weight, bias; ReLU its
+    result; dropout its mask (a float mask on CPU (input * bernoulli noise), a bool mask on CUDA)."""
+    b = 0
+    if norm:
+        b += rows * width * F32 + 2 * rows * F32 + 2 * width * F32
+    b += rows * width * F32
+    if dropout > 0:
+        b += rows * width * mask_bytes
+    return b
+
+
+def _loss_saved(n_train: int, classes: int) -> int:
+    """logits[rows]: the row index; cross entropy: log-softmax result, the target, total_weight."""
+    return n_train * I64 + n_train * classes * F32 + n_train * I64 + F32
+
+
+def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[str, object]:
+    """Bytes autograd keeps for the backward pass, per layer (as SavedBytes counts: each storage once).
+
+    Returns {"per_layer": [...], "head": bytes, "loss": bytes, "saved": the total SavedBytes counts,
+    "recompute": with checkpointing, the largest block's activations, held again while the backward
+    recomputes it (0 without)}."""
+    mask_bytes = 1 if device == "cuda" else F32
+    tl = r.training_layers()
+    widths = m.widths()
+    per_layer, recompute = [], 0
+    if m.name == "ressage":
+        H = m.hidden
+        server_first = tl[0][0] == "server"
+        own0 = r.server.n_own if server_first else r.world.n_own
+        # encoder(x): x is a slice of the view's whole feature tensor, which is what its storage holds.
+        enc = own0 * r.features * F32
+        for l, (_, lr) in enumerate(tl):
+            b = _conv_saved("sage", lr, H, H, input_grad=True, with_exchange=True)
+            if l >= 1:
+                b += _pre_saved(lr.n_own_in, H, True, m.dropout, mask_bytes)
+            if l >= 1 and m.checkpoint_activations:
+                # A recomputed block saves only its input (the outer hooks see it; measured), and
+                # the backward re-runs the block, holding its activations again one block at a time.
+                recompute = max(recompute, b)
+                b = lr.n_own_in * H * F32
+            per_layer.append(b)
+        per_layer[0] += enc
+        head = _pre_saved(r.n_inner, H, True, m.dropout, mask_bytes)
+        # head saves its input (the dropout output, a new storage when p > 0; else ReLU's result,
+        # counted above) and its weight.
+        head += (r.n_inner * H * F32 if m.dropout > 0 else 0) + H * m.num_classes * F32
+    else:
+        for l, (_, lr) in enumerate(tl):
+            win, wout = widths[l]
+            b = _conv_saved(m.name, lr, win, wout, input_grad=l > 0, with_exchange=l > 0)
+            if l >= 1:
+                b += _pre_saved(lr.n_own_in, win, m.norm, m.dropout, mask_bytes)
+            per_layer.append(b)
+        head = 0
+    loss = _loss_saved(r.n_train, m.num_classes)
+    saved = sum(per_layer) + head + loss
+    return {"per_layer": per_layer, "head": head, "loss": loss, "saved": saved, "recompute": recompute}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Static memory
+def _graph_bytes(lr: LayerRows, kind: str, forward_cache: bool, transpose_cache: bool) -> int:
+    """A LayerGraph: indptr, indices, degrees, its exchange indices (send, halo rows) and the cached CSR
+    adjacency (crow, col, values; GCN adds the n_dst self-loop entries) and its transpose."""
+    b = (lr.n_dst + 1) * I64 + lr.nnz * I64 + lr.n_dst * F32 + lr.n_src * F32
+    b += lr.n_send * I64 + lr.n_halo * I64
+    entries = lr.nnz + (lr.n_dst if kind == "gcn" else 0)
+    if forward_cache:
+        b += (lr.n_dst + 1) * I64 + entries * (I64 + F32)
+    if transpose_cache:
+        b += (lr.n_src + 1) * I64 + entries * (I64 + F32)
+    return b
+
+
+def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) -> Dict[str, object]:
+    """Memory of one rank: {"breakdown": {component: bytes}, "total": peak bytes, ...}."""
+    check_rank_rows(r)
+    if m.layers != r.layers:
+        raise MemoryModelError(f"the model has {m.layers} layers, the row counts {r.layers}")
+    kind = "gcn" if m.name == "gcn" else "mean"
+    tl = r.training_layers()
+    widths = m.widths()
+    # Does layer l's aggregation input need a gradient (then the backward builds the transpose)?
+    def agg_input_grad(l):
+        if m.name == "ressage" or l > 0:
+            return True
+        win, wout = widths[0]
+        return wout < win  # projected first: the aggregate's input is lin(h_src), which has a gradient
+
+    features = 0
+    for v in r.views():
+        features += (v.n_own + v.n_halo) * r.features * F32 + (v.n_own + v.n_halo) * F32  # + degrees
+        features += v.n_send * I64  # the full send list
+    graph = 0
+    for v in r.views():
+        for l, lr in enumerate(v.layers):
+            trained = (v.name == "server" and l < r.k) or (v.name == "world" and l >= r.k)
+            used_forward = trained or v.name == "world"  # evaluation runs every world layer
+            graph += _graph_bytes(lr, kind, used_forward, trained and agg_input_grad(l))
+    act = activation_layers(r, m, device)
+    # Halo buffers: the send rows (index_select) and the received rows, at the layer's input width.
+    halo = 0
+    for l, (_, lr) in enumerate(tl):
+        w = widths[l][0]
+        if l == 0 and m.name != "ressage":
+            continue  # layer 0 reads the static halo features (exchanged once, counted in features)
+        halo = max(halo, (lr.n_send + lr.n_halo) * w * F32)
+    # Backward workspace: gradient of the layer's output, of its source rows (aggregation + the
+    # exchange's returned rows) and of the own rows they add into.
+    workspace = 0
+    for l, (_, lr) in enumerate(tl):
+        win, wout = widths[l]
+        workspace = max(workspace, (lr.n_dst * wout + 2 * lr.n_src * win + lr.n_own_in * win) * F32)
+    P = m.parameters()
+    breakdown = {
+        "features": features,
+        "graph": graph,
+        "activations": int(act["saved"]),
+        "halo_buffers": halo,
+        "backward_workspace": workspace,
+        "parameters": P * F32,
+        "gradients": P * F32,
+        "optimizer": (2 * P * F32) if adam else 0,
+        "allreduce_bucket": P * F32,
+    }
+    static = sum(v for k, v in breakdown.items() if k not in ("halo_buffers", "backward_workspace"))
+    total = static + max(halo, workspace) + act["recompute"]
+    return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),
+            "activation_saved": int(act["saved"]), "activation_per_layer": act["per_layer"],
+            "step_peak": int(act["saved"] + max(halo, workspace) + act["recompute"]),
+            "rows_per_layer": [lr.n_src for _, lr in tl], "computed_per_layer": [lr.n_dst for _, lr in tl]}
+
+
+def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int) -> Dict[str, int]:
+    """Inter-server bytes per epoch, summed over ranks, as the ledger counts them.
+
+    Halo: every world-exchange layer l >= k sends, forward, the inter-server halo rows at the layer's
+    input width and returns their gradients backward (x2); layer 0 of plain models reads the static
+    features exchanged at set-up, so in fb it costs nothing per epoch.  Gradients: the leaders' ring
+    all-reduce moves 2 (S-1) x params x 4 bytes in all (cluster/accounting.py)."""
+    widths = m.widths()
+    halo = 0
+    for r in ranks:
+        for l in range(r.k, r.layers):
+            if l == 0 and m.name != "ressage":
+                continue
+            halo += 2 * r.world.layers[l].inter_halo * widths[l][0] * F32
+    grad = 2 * (int(servers) - 1) * m.parameters() * F32
+    return {"halo": int(halo), "gradient": int(grad), "total": int(halo + grad)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Row counts from shard arrays (the same rules as engine/views.py and graph/planner.py)
+@dataclass
+class GpuArrays:
+    """What the model reads of one rank's shard slice (shards.RankSlice has all of it)."""
+
+    rank: int  # global rank = server * G + gpu
+    gpu: int
+    indptr: np.ndarray  # in-edge CSR of this GPU's rows, rebased to 0
+    indices: np.ndarray  # sources as server-local ids
+    w_indptr: np.ndarray  # world view of its inner rows
+    w_src_rank: np.ndarray
+    w_src_global_id: np.ndarray
+    n_train: int  # inner training rows
+
+
+@dataclass
+class ServerArrays:
+    server: int
+    hop: np.ndarray  # hop of every server-local id
+    offsets: np.ndarray  # [G+1] row offsets of the GPUs
+    gpus: List[GpuArrays]
+
+
+def server_arrays_from_build(arrays: Dict[str, np.ndarray], server: int) -> ServerArrays:
+    """From the datasets of one server file (preprocess.build.build_server names) without features."""
+    offsets = np.asarray(arrays["vertices/offsets"], dtype=np.int64)
+    w_off = np.asarray(arrays["world/offsets"], dtype=np.int64)
+    ip, ix = np.asarray(arrays["graph/indptr"], np.int64), arrays["graph/indices"]
+    wip = np.asarray(arrays["world/indptr"], np.int64)
+    hop = np.asarray(arrays["vertices/hop"], np.int64)
+    train = np.asarray(arrays["split/train"], bool) & (hop == 0)
+    G = offsets.shape[0] - 1
+    gpus = []
+    for g in range(G):  # loop over the server's GPUs
+        lo, hi, wlo, whi = offsets[g], offsets[g + 1], w_off[g], w_off[g + 1]
+        gpus.append(GpuArrays(
+            rank=server * G + g, gpu=g, indptr=ip[lo:hi + 1] - ip[lo], indices=ix[ip[lo]:ip[hi]],
+            w_indptr=wip[wlo:whi + 1] - wip[wlo], w_src_rank=arrays["world/src_rank"][wip[wlo]:wip[whi]],
+            w_src_global_id=arrays["world/src_global_id"][wip[wlo]:wip[whi]],
+            n_train=int(np.count_nonzero(train[lo:hi]))))
+    return ServerArrays(server=server, hop=hop, offsets=offsets, gpus=gpus)
+
+
+def gpu_arrays_from_slice(sl) -> GpuArrays:
+    """From a shards.RankSlice."""
+    n = int(sl.n_inner)
+    return GpuArrays(rank=int(sl.server) * int(sl.gpus_per_server) + int(sl.gpu), gpu=int(sl.gpu),
+                     indptr=sl.indptr, indices=sl.indices, w_indptr=sl.w_indptr, w_src_rank=sl.w_src_rank,
+                     w_src_global_id=sl.w_src_global_id, n_train=int(np.count_nonzero(sl.train_mask[:n])))
+
+
+def _world_halo_pairs(g: GpuArrays) -> np.ndarray:
+    """Distinct (owner rank, global id) of this rank's world halo rows, sorted."""
+    wr = np.asarray(g.w_src_rank, dtype=np.int64)
+    wg = np.asarray(g.w_src_global_id, dtype=np.int64)
+    other = wr != g.rank
+    if not other.any():
+        return np.zeros((0, 2), dtype=np.int64)
+    return np.unique(np.stack([wr[other], wg[other]], axis=1), axis=0)
+
+
+def world_reads(servers: Sequence[ServerArrays], world_size: int) -> np.ndarray:
+    """For every rank, how many of its inner rows the given servers' ranks read: summed over all
+    servers (an all-reduce under MPI), it is every rank's world send-list length."""
+    out = np.zeros(int(world_size), dtype=np.int64)
+    for s in servers:
+        for g in s.gpus:  # loop over ranks, not vertices
+            out += np.bincount(_world_halo_pairs(g)[:, 0], minlength=int(world_size))
+    return out
+
+
+def server_view_rows(s: ServerArrays, gpu: int, depth: int) -> ViewRows:
+    """GPU `gpu`'s server view planned for `depth` layers (planner.build_plan, all_active=False):
+    layer l reads own and other-GPU rows of hop <= depth-l and computes own rows of hop <= depth-1-l."""
+    offsets, hop = s.offsets, s.hop
+    own_hop = hop[offsets[gpu]:offsets[gpu + 1]]
+    ip = np.asarray(s.gpus[gpu].indptr, dtype=np.int64)
+    src = np.asarray(s.gpus[gpu].indices, dtype=np.int64)
+    owner = np.searchsorted(offsets, src, side="right") - 1
+    halo = np.unique(src[owner != gpu])
+    halo_hop = hop[halo]
+    # What the other GPUs read from this one: the distinct own rows among each peer's halo sources.
+    sent = []
+    for g in s.gpus:  # loop over the server's GPUs, not over vertices
+        if g.gpu == gpu:
+            continue
+        src_g = np.asarray(g.indices, dtype=np.int64)
+        o = np.searchsorted(offsets, src_g, side="right") - 1
+        sent.append(np.unique(src_g[o == gpu]))
+    sent = np.concatenate(sent) if sent else np.zeros(0, np.int64)
+    sent_hop = hop[sent]
+    layers = []
+    for l in range(int(depth)):
+        lim_in, lim_out = depth - l, depth - 1 - l
+        n_own_in = int(np.searchsorted(own_hop, lim_in, side="right"))
+        n_dst = int(np.searchsorted(own_hop, lim_out, side="right"))
+        layers.append(LayerRows(n_own_in=n_own_in, n_halo=int(np.count_nonzero(halo_hop <= lim_in)),
+                                n_dst=n_dst, nnz=int(ip[n_dst]),
+                                n_send=int(np.count_nonzero(sent_hop <= lim_in))))
+    return ViewRows("server", int(own_hop.shape[0]), int(halo.shape[0]), int(sent.shape[0]), tuple(layers))
+
+
+def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: int, num_classes: int,
+               world_sent: Optional[np.ndarray] = None) -> List[RankRows]:
+    """RankRows of every rank of the given servers for an L-layer model with k preloaded layers.
+
+    The server arrays must hold a preload of at least k hops (k = 0 reads only the world view).
+    world_sent: every rank's world send-list length (`world_reads` summed over all servers); computed
+    from `servers` when they are all the servers."""
+    if not 0 <= int(k) <= int(layers):
+        raise MemoryModelError(f"k = {k} preloaded layers is outside 0..L = 0..{layers}")
+    if world_sent is None:
+        world_sent = world_reads(servers, sum(len(s.gpus) for s in servers))
+    out = []
+    for s in servers:
+        G = len(s.gpus)
+        for g in s.gpus:
+            n_inner = int(np.asarray(g.w_indptr).shape[0] - 1)
+            pairs = _world_halo_pairs(g)
+            w_inter = int(np.count_nonzero(pairs[:, 0] // G != s.server))
+            wl = LayerRows(n_own_in=n_inner, n_halo=int(pairs.shape[0]), n_dst=n_inner,
+                           nnz=int(np.asarray(g.w_indptr)[-1]), n_send=int(world_sent[g.rank]), inter_halo=w_inter)
+            world = ViewRows("world", n_inner, int(pairs.shape[0]), int(world_sent[g.rank]),
+                             tuple([wl] * int(layers)), inter_halo=w_inter)
+            server = server_view_rows(s, g.gpu, int(k)) if k > 0 else None
+            out.append(RankRows(rank=g.rank, features=int(features), num_classes=int(num_classes),
+                                n_inner=n_inner, n_train=g.n_train, layers=int(layers), k=int(k),
+                                world=world, server=server))
+    return out
