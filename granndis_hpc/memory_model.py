@@ -164,11 +164,13 @@ def _conv_saved(kind: str, lr: LayerRows, win: int, wout: int, input_grad: bool,
     gather: the halo exchange saves its send index when h needs a gradient; cat makes a new [n_src, win]
     storage, which lin_self (SAGE) / the projection (when out < in) save.  Aggregating first (out >= in)
     saves the [n_dst, win] aggregate instead.  A Linear saves its weight only when its input needs a
-    gradient.  Slices (h_src[:n_dst]) share the cat's storage and count once."""
+    gradient.  Slices (h_src[:n_dst]) share the cat's storage and count once.
+    Returns (saved, of which already allocated before the step: the weights and the send index)."""
     s, d = lr.n_src, lr.n_dst
-    b = 0
+    b = pre = 0
     if input_grad and with_exchange:
         b += lr.n_send * I64
+        pre += lr.n_send * I64
     h_src = s * win * F32
     weight = win * wout * F32 if input_grad else 0
     if kind == "sage":
@@ -176,68 +178,81 @@ def _conv_saved(kind: str, lr: LayerRows, win: int, wout: int, input_grad: bool,
         b += weight if wout < win else d * win * F32 + weight  # lin_neigh on h_src, or on the aggregate
     else:  # gcn: one Linear, before or after the aggregation
         b += (h_src + weight) if wout < win else (d * win * F32 + weight)
-    return b
+    pre += weight * (2 if kind == "sage" else 1)
+    return b, pre
 
 
 def _pre_saved(rows: int, width: int, norm: bool, dropout: float, mask_bytes: int) -> int:
     """[LayerNorm] -> ReLU -> dropout between convs: LN saves input, mean, rstd, weight, bias; ReLU its
     result; dropout its mask (a float mask on CPU (input * bernoulli noise), a bool mask on CUDA)."""
-    b = 0
+    b = pre = 0
     if norm:
         b += rows * width * F32 + 2 * rows * F32 + 2 * width * F32
+        pre += 2 * width * F32  # LN weight and bias
     b += rows * width * F32
     if dropout > 0:
         b += rows * width * mask_bytes
-    return b
+    return b, pre
 
 
-def _loss_saved(n_train: int, classes: int) -> int:
-    """logits[rows]: the row index; cross entropy: log-softmax result, the target, total_weight."""
-    return n_train * I64 + n_train * classes * F32 + n_train * I64 + F32
+def _loss_saved(n_train: int, classes: int):
+    """logits[rows]: the row index (the trainer's, allocated at set-up); cross entropy: log-softmax
+    result, the target, total_weight."""
+    return n_train * I64 + n_train * classes * F32 + n_train * I64 + F32, n_train * I64
 
 
 def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[str, object]:
     """Bytes autograd keeps for the backward pass, per layer (as SavedBytes counts: each storage once).
 
     Returns {"per_layer": [...], "head": bytes, "loss": bytes, "saved": the total SavedBytes counts,
+    "fresh"/"fresh_per_layer": the part the step allocates (not the weights, the input features or
+    index tensors that exist before it),
     "recompute": with checkpointing, the largest block's activations, held again while the backward
     recomputes it (0 without)}."""
     mask_bytes = 1 if device == "cuda" else F32
     tl = r.training_layers()
     widths = m.widths()
-    per_layer, recompute = [], 0
+    per_layer, fresh, recompute = [], [], 0
+
+    def add(*parts):
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
     if m.name == "ressage":
         H = m.hidden
-        server_first = tl[0][0] == "server"
-        own0 = r.server.n_own if server_first else r.world.n_own
-        # encoder(x): x is a slice of the view's whole feature tensor, which is what its storage holds.
+        own0 = r.server.n_own if r.k > 0 else r.world.n_own
+        # encoder(x) saves x, a slice of the view's whole feature tensor, which is what its storage
+        # holds (allocated at set-up).
         enc = own0 * r.features * F32
         for l, (_, lr) in enumerate(tl):
-            b = _conv_saved("sage", lr, H, H, input_grad=True, with_exchange=True)
+            b, pre = _conv_saved("sage", lr, H, H, input_grad=True, with_exchange=True)
             if l >= 1:
-                b += _pre_saved(lr.n_own_in, H, True, m.dropout, mask_bytes)
+                b, pre = add((b, pre), _pre_saved(lr.n_own_in, H, True, m.dropout, mask_bytes))
             if l >= 1 and m.checkpoint_activations:
                 # A recomputed block saves only its input (the outer hooks see it; measured), and
                 # the backward re-runs the block, holding its activations again one block at a time.
-                recompute = max(recompute, b)
-                b = lr.n_own_in * H * F32
+                recompute = max(recompute, b - pre)
+                b, pre = lr.n_own_in * H * F32, 0
             per_layer.append(b)
+            fresh.append(b - pre)
         per_layer[0] += enc
-        head = _pre_saved(r.n_inner, H, True, m.dropout, mask_bytes)
+        head, pre = _pre_saved(r.n_inner, H, True, m.dropout, mask_bytes)
         # head saves its input (the dropout output, a new storage when p > 0; else ReLU's result,
         # counted above) and its weight.
         head += (r.n_inner * H * F32 if m.dropout > 0 else 0) + H * m.num_classes * F32
+        head_fresh = head - pre - H * m.num_classes * F32
     else:
         for l, (_, lr) in enumerate(tl):
             win, wout = widths[l]
-            b = _conv_saved(m.name, lr, win, wout, input_grad=l > 0, with_exchange=l > 0)
+            b, pre = _conv_saved(m.name, lr, win, wout, input_grad=l > 0, with_exchange=l > 0)
             if l >= 1:
-                b += _pre_saved(lr.n_own_in, win, m.norm, m.dropout, mask_bytes)
+                b, pre = add((b, pre), _pre_saved(lr.n_own_in, win, m.norm, m.dropout, mask_bytes))
             per_layer.append(b)
-        head = 0
-    loss = _loss_saved(r.n_train, m.num_classes)
+            fresh.append(b - pre)
+        head = head_fresh = 0
+    loss, loss_pre = _loss_saved(r.n_train, m.num_classes)
     saved = sum(per_layer) + head + loss
-    return {"per_layer": per_layer, "head": head, "loss": loss, "saved": saved, "recompute": recompute}
+    return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": head, "loss": loss, "saved": saved,
+            "fresh": sum(fresh) + head_fresh + loss - loss_pre, "recompute": recompute}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -253,6 +268,38 @@ def _graph_bytes(lr: LayerRows, kind: str, forward_cache: bool, transpose_cache:
     if transpose_cache:
         b += (lr.n_src + 1) * I64 + entries * (I64 + F32)
     return b
+
+
+def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, object]:
+    """Peak bytes a training step allocates above what it starts with (activations and transients).
+
+    Forward at layer l: the activations saved so far (layers <= l) plus the larger of the exchange's
+    buffers (send + receive rows at the input width) and the conv's two output terms.  Backward at
+    layer l: the activations of layers <= l (later ones are freed as the backward passes them) plus
+    the gradient of the output and, where the input needs a gradient, the gradients of the source
+    rows (two paths: self and aggregation), of the rows sent back to their owners and of the own
+    rows they add into; a checkpointed block also holds its recomputed activations.  The end of the
+    forward holds every activation plus the logits and the loss terms."""
+    tl = r.training_layers()
+    widths = m.widths()
+    # Only what the step allocates: saved inputs, weights and index tensors exist before it.
+    prefix = np.cumsum(act["fresh_per_layer"]).tolist()
+    best, where = int(act["fresh"]) + r.n_inner * m.num_classes * F32, "loss"
+    for l, (_, lr) in enumerate(tl):
+        win, wout = widths[l]
+        exchanged = l > 0 or m.name == "ressage"  # plain layer 0 reads the static halo features
+        input_grad = exchanged
+        halo = (lr.n_send + lr.n_halo) * win * F32 if exchanged else 0
+        fwd = prefix[l] + max(halo, 2 * lr.n_dst * wout * F32)
+        if input_grad:
+            grads = lr.n_dst * wout + 2 * lr.n_src * win + lr.n_send * win + lr.n_own_in * win
+        else:
+            grads = lr.n_dst * wout + (lr.n_src * wout if wout < win else 0)
+        bwd = prefix[l] + grads * F32 + (act["recompute"] if m.checkpoint_activations and l >= 1 else 0)
+        for value, name in ((fwd, f"forward layer {l}"), (bwd, f"backward layer {l}")):
+            if value > best:
+                best, where = int(value), name
+    return {"peak": int(best), "where": where}
 
 
 def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) -> Dict[str, object]:
@@ -277,40 +324,28 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
     graph = 0
     for v in r.views():
         for l, lr in enumerate(v.layers):
-            trained = (v.name == "server" and l < r.k) or (v.name == "world" and l >= r.k)
+            trained = (v.name != "world" and l < r.k) or (v.name == "world" and l >= r.k)
             used_forward = trained or v.name == "world"  # evaluation runs every world layer
             graph += _graph_bytes(lr, kind, used_forward, trained and agg_input_grad(l))
     act = activation_layers(r, m, device)
-    # Halo buffers: the send rows (index_select) and the received rows, at the layer's input width.
-    halo = 0
-    for l, (_, lr) in enumerate(tl):
-        w = widths[l][0]
-        if l == 0 and m.name != "ressage":
-            continue  # layer 0 reads the static halo features (exchanged once, counted in features)
-        halo = max(halo, (lr.n_send + lr.n_halo) * w * F32)
-    # Backward workspace: gradient of the layer's output, of its source rows (aggregation + the
-    # exchange's returned rows) and of the own rows they add into.
-    workspace = 0
-    for l, (_, lr) in enumerate(tl):
-        win, wout = widths[l]
-        workspace = max(workspace, (lr.n_dst * wout + 2 * lr.n_src * win + lr.n_own_in * win) * F32)
+    step = step_peak(r, m, act)
     P = m.parameters()
+    # After the backward the activations are gone; the step then holds the flat all-reduce bucket
+    # and Adam's temporaries (one parameter-sized tensor each, at most).
+    after = 2 * P * F32 if adam else P * F32
     breakdown = {
         "features": features,
         "graph": graph,
-        "activations": int(act["saved"]),
-        "halo_buffers": halo,
-        "backward_workspace": workspace,
         "parameters": P * F32,
         "gradients": P * F32,
         "optimizer": (2 * P * F32) if adam else 0,
-        "allreduce_bucket": P * F32,
+        "activations": int(act["fresh"]),
+        "step_transient": int(max(step["peak"], after) - act["fresh"]),
     }
-    static = sum(v for k, v in breakdown.items() if k not in ("halo_buffers", "backward_workspace"))
-    total = static + max(halo, workspace) + act["recompute"]
+    total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),
             "activation_saved": int(act["saved"]), "activation_per_layer": act["per_layer"],
-            "step_peak": int(act["saved"] + max(halo, workspace) + act["recompute"]),
+            "step_peak": int(step["peak"]), "step_peak_layer": step["where"],
             "rows_per_layer": [lr.n_src for _, lr in tl], "computed_per_layer": [lr.n_dst for _, lr in tl]}
 
 
@@ -462,3 +497,207 @@ def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: i
                                 n_inner=n_inner, n_train=g.n_train, layers=int(layers), k=int(k),
                                 world=world, server=server))
     return out
+
+
+def cobatch_server_arrays(graph: Dict[str, np.ndarray], server: int, layers: int, batches: int,
+                          fanout: int = -1, sampler: str = "sage", seed: int = 0, epoch: int = 0,
+                          iteration: int = 0) -> ServerArrays:
+    """The rows of one co-batch (engine/cobatch.py `cob`): the sampler's dependency graph of the
+    iteration's targets, split over the server's GPUs by the shard's owners, as ServerArrays whose
+    rows are the sample's (sorted by (GPU, hop)).  This is the exact sample the run draws at that
+    (epoch, iteration) -- same seed, same sampler -- so its counts are a measurement, not a bound.
+
+    graph: shards.read_server_graph's dict (indptr, indices, hop, train, offsets)."""
+    from granndis_hpc.graph.csr import csr_rows
+    from granndis_hpc.graph.sampler import CoBatchSampler
+
+    offsets = np.asarray(graph["offsets"], dtype=np.int64)
+    G = offsets.shape[0] - 1
+    train_ids = np.flatnonzero(np.asarray(graph["train"], bool) & (np.asarray(graph["hop"]) == 0))
+    smp = CoBatchSampler(graph["indptr"], graph["indices"], train_ids, batches, layers, sampler, fanout, seed, server)
+    sg = smp.sample(smp.epoch_targets(epoch)[iteration], epoch, iteration)
+    owner = np.searchsorted(offsets, sg.vertices, side="right") - 1
+    perm = np.lexsort((np.arange(sg.vertices.shape[0]), sg.hop, owner))  # (GPU, hop), stable
+    new_pos = np.empty_like(perm)
+    new_pos[perm] = np.arange(perm.shape[0], dtype=perm.dtype)
+    row_off = np.zeros(G + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=G), out=row_off[1:])
+    sample_src = new_pos[sg.position_of(sg.indices)]
+    gpus = []
+    for g in range(G):  # loop over the server's GPUs
+        ip, src = csr_rows(sg.indptr, sample_src, perm[row_off[g]:row_off[g + 1]])
+        n_t = int(np.count_nonzero(sg.hop[perm[row_off[g]:row_off[g + 1]]] == 0))
+        gpus.append(GpuArrays(rank=server * G + g, gpu=g, indptr=ip, indices=src, w_indptr=np.zeros(1, np.int64),
+                              w_src_rank=np.zeros(0, np.int64), w_src_global_id=np.zeros(0, np.int64), n_train=n_t))
+    return ServerArrays(server=server, hop=sg.hop[perm].astype(np.int64), offsets=row_off, gpus=gpus)
+
+
+def with_cobatch(world_rows: Sequence[RankRows], cob: Sequence[ServerArrays]) -> List[RankRows]:
+    """RankRows of cooperative batching: each rank's co-batch view (all L layers) plus its world view
+    (exact evaluation keeps it resident)."""
+    by_rank = {g.rank: (s, g) for s in cob for g in s.gpus}
+    out = []
+    for r in world_rows:
+        s, g = by_rank[r.rank]
+        view = server_view_rows(s, g.gpu, r.layers)
+        out.append(replace(r, k=r.layers, server=replace(view, name="cobatch"), n_train=g.n_train))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Options and the choice
+@dataclass
+class Option:
+    """One way to train: `mode` fb|flx|eas|cob, `k` preloaded layers (flx), `batches` (cob)."""
+
+    mode: str
+    k: int = 0
+    batches: int = 1
+    peak: int = 0  # estimated peak bytes, max over ranks
+    peak_rank: int = 0
+    breakdown: Dict[str, int] = field(default_factory=dict)  # of the peak rank
+    rows_per_gpu: int = 0  # max over ranks of the rows a GPU holds (own + halo, training views)
+    inter_server_bytes: Dict[str, int] = field(default_factory=dict)
+    source: str = ""  # the shard set (or build) it reads
+
+    @property
+    def label(self) -> str:
+        if self.mode == "flx":
+            return f"flx k={self.k}"
+        if self.mode == "cob":
+            return f"cob batches={self.batches}"
+        return self.mode
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "k": self.k, "batches": self.batches, "label": self.label, "peak_bytes": self.peak,
+                "peak_rank": self.peak_rank, "breakdown": dict(self.breakdown), "rows_per_gpu": self.rows_per_gpu,
+                "inter_server_bytes": dict(self.inter_server_bytes), "source": self.source}
+
+
+def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int, device: str = "cpu",
+                batches: int = 1, source: str = "") -> Option:
+    ests = [estimate(r, m, device) for r in rows]
+    worst = max(range(len(ests)), key=lambda i: ests[i]["total"])
+    held = max(sum(v.n_own + v.n_halo for v in r.views() if v.name != "world" or r.k < r.layers) for r in rows)
+    return Option(mode=mode, k=int(rows[0].k) if mode in ("flx", "fb") else int(rows[0].layers), batches=batches,
+                  peak=int(ests[worst]["total"]), peak_rank=int(rows[worst].rank), breakdown=ests[worst]["breakdown"],
+                  rows_per_gpu=int(held), inter_server_bytes=inter_server_bytes(rows, m, servers), source=source)
+
+
+@dataclass
+class Decision:
+    """What `choose` picked (None when nothing fits), its estimate, and what it rejected and why."""
+
+    choice: Optional[Option]
+    budget: int
+    rejected: List[Option]
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"choice": None if self.choice is None else self.choice.to_dict(), "budget_bytes": self.budget,
+                "reason": self.reason, "rejected": [o.to_dict() for o in self.rejected]}
+
+
+def preference(o: Option) -> tuple:
+    """GraNNDis' order (paper §5.1, Fig. 13b): full-batch FLX with the largest k (k = 0 is fb, which
+    replicates nothing and so is the last full-batch resort), then FLX on EAS, then cooperative
+    batching with the fewest (largest) co-batches."""
+    return {"flx": (0, -o.k), "fb": (1, 0), "eas": (2, 0), "cob": (3, o.batches)}[o.mode]
+
+
+def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
+    """The first option in GraNNDis' preference order whose estimated peak fits the budget."""
+    from granndis_hpc.units import format_size
+
+    ordered = sorted(options, key=preference)
+    for i, o in enumerate(ordered):
+        if o.peak <= budget_bytes:
+            rejected = ordered[:i]
+            why = (f"{o.label} is the first of GraNNDis' order (largest k, then EAS, then co-batches) whose "
+                   f"estimated peak {format_size(o.peak)} per GPU fits {format_size(budget_bytes)}")
+            if rejected:
+                why += "; rejected: " + ", ".join(f"{r.label} ({format_size(r.peak)})" for r in rejected)
+            return Decision(o, int(budget_bytes), rejected, why)
+    need = min((o.peak for o in ordered), default=0)
+    return Decision(None, int(budget_bytes), list(ordered),
+                    f"nothing fits {format_size(budget_bytes)} per GPU: the smallest estimate is "
+                    f"{format_size(need)} ({min(ordered, key=lambda o: o.peak).label if ordered else 'none'}); "
+                    f"use --memory-per-gpu {format_size(need)} or more, more servers/GPUs, or more co-batches")
+
+
+# ---------------------------------------------------------------------------------------------------
+# From shard sets on disk
+def read_shard_set(path: str) -> Tuple[dict, List[ServerArrays]]:
+    """The manifest and every server's ServerArrays of a shard set (reads each rank's slice)."""
+    from granndis_hpc import shards
+
+    manifest = shards.read_manifest(path)
+    out = []
+    for s in range(int(manifest["servers"])):
+        gpus, sl = [], None
+        for g in range(int(manifest["gpus_per_server"])):
+            sl = shards.read_rank_slice(path, manifest, s, g)
+            gpus.append(gpu_arrays_from_slice(sl))
+        out.append(ServerArrays(s, sl.server_hop.astype(np.int64), sl.server_offsets.astype(np.int64), gpus))
+    return manifest, out
+
+
+def model_for(manifest: dict, name: str, hidden: int, layers: int, **kw) -> ModelSpec:
+    ds = manifest["dataset"]
+    return ModelSpec(name, int(ds["num_features"]), int(hidden), int(ds["num_classes"]), int(layers), **kw)
+
+
+def options_from_arrays(servers: Sequence[ServerArrays], kind: str, hops: int, layers: int, m: ModelSpec,
+                        n_servers: int, device: str = "cpu", source: str = "",
+                        world_sent: Optional[np.ndarray] = None, ks: Optional[Sequence[int]] = None) -> List[Option]:
+    """The options one set of server arrays offers: a full preload of h hops serves fb and flx with any
+    k <= min(h, L) (rows deeper than k stay resident but inactive); an EAS set serves eas."""
+    F, C = m.features, m.num_classes
+    if kind == "eas":
+        return [make_option("eas", shard_rows(servers, layers, layers, F, C, world_sent), m, n_servers, device,
+                            source=source)]
+    ks = range(0, min(int(hops), int(layers)) + 1) if ks is None else ks
+    return [make_option("fb" if k == 0 else "flx", shard_rows(servers, layers, k, F, C, world_sent), m, n_servers,
+                        device, source=source) for k in ks]
+
+
+def estimate_shard_set(path: str, model: str, hidden: int, layers: Optional[int] = None, k: Optional[int] = None,
+                       device: str = "cpu", **model_kw) -> List[dict]:
+    """Per-rank estimates (`estimate`'s dicts) for a shard set on disk.  k defaults to the set's
+    preload (min(hops, L)) for a full set, L (all layers on the EAS server view) for an EAS set."""
+    manifest, servers = read_shard_set(path)
+    L = int(layers or manifest["layers"])
+    pre = manifest["preload"]
+    if k is None:
+        k = L if pre["kind"] == "eas" else min(int(pre["hops"]), L)
+    if pre["kind"] == "full" and k > int(pre["hops"]):
+        raise MemoryModelError(f"{path} preloads {pre['hops']} hop(s), which cannot run k = {k} preloaded layers")
+    m = model_for(manifest, model, hidden, L, **model_kw)
+    rows = shard_rows(servers, L, k, m.features, m.num_classes)
+    return [estimate(r, m, device) for r in rows]
+
+
+def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int, budget_bytes: int,
+                      device: str = "cpu", batches: Sequence[int] = (2, 4, 8, 16, 32, 64), fanout: int = -1,
+                      sampler: str = "sage", seed: int = 0, **model_kw) -> Decision:
+    """`--mode auto`: the options the shard sets offer (full sets: fb and flx k <= hops; EAS sets: eas,
+    and cob with each co-batch count in `batches`), estimated, and the choice for the budget."""
+    from granndis_hpc import shards
+
+    options = []
+    for path in paths:
+        manifest, servers = read_shard_set(path)
+        m = model_for(manifest, model, hidden, layers, **model_kw)
+        pre = manifest["preload"]
+        S = int(manifest["servers"])
+        options += options_from_arrays(servers, pre["kind"], int(pre["hops"]), layers, m, S, device, source=path)
+        if pre["kind"] == "eas" or int(pre["hops"]) >= layers:
+            base = shard_rows(servers, layers, 0, m.features, m.num_classes)
+            graphs = [shards.read_server_graph(path, manifest, s) for s in range(S)]
+            for b in batches:
+                n_train = min(int(np.count_nonzero(g["train"] & (g["hop"] == 0))) for g in graphs)
+                if b > n_train:
+                    continue
+                cob = [cobatch_server_arrays(g, s, layers, b, fanout, sampler, seed) for s, g in enumerate(graphs)]
+                options.append(make_option("cob", with_cobatch(base, cob), m, S, device, batches=b, source=path))
+    return choose(options, budget_bytes)
