@@ -389,6 +389,9 @@ class ServerArrays:
     hop: np.ndarray  # hop of every server-local id
     offsets: np.ndarray  # [G+1] row offsets of the GPUs
     gpus: List[GpuArrays]
+    # The server's whole graph as shards.read_server_graph returns it (what the co-batch sampler
+    # draws from); kept by server_arrays_from_build only.
+    graph: Optional[Dict[str, np.ndarray]] = None
 
 
 def server_arrays_from_build(arrays: Dict[str, np.ndarray], server: int) -> ServerArrays:
@@ -408,7 +411,9 @@ def server_arrays_from_build(arrays: Dict[str, np.ndarray], server: int) -> Serv
             w_indptr=wip[wlo:whi + 1] - wip[wlo], w_src_rank=arrays["world/src_rank"][wip[wlo]:wip[whi]],
             w_src_global_id=arrays["world/src_global_id"][wip[wlo]:wip[whi]],
             n_train=int(np.count_nonzero(train[lo:hi]))))
-    return ServerArrays(server=server, hop=hop, offsets=offsets, gpus=gpus)
+    graph = {"indptr": ip, "indices": np.asarray(ix, np.int64), "in_degree": arrays.get("graph/in_degree"),
+             "hop": hop, "train": np.asarray(arrays["split/train"], bool), "offsets": offsets}
+    return ServerArrays(server=server, hop=hop, offsets=offsets, gpus=gpus, graph=graph)
 
 
 def gpu_arrays_from_slice(sl) -> GpuArrays:
@@ -540,12 +545,21 @@ def with_cobatch(world_rows: Sequence[RankRows], cob: Sequence[ServerArrays]) ->
     for r in world_rows:
         s, g = by_rank[r.rank]
         view = server_view_rows(s, g.gpu, r.layers)
-        out.append(replace(r, k=r.layers, server=replace(view, name="cobatch"), n_train=g.n_train))
+        # The step's last layer computes the co-batch's targets on this GPU: they are its "inner" rows.
+        out.append(replace(r, k=r.layers, server=replace(view, name="cobatch"), n_train=g.n_train,
+                           n_inner=g.n_train))
     return out
 
 
 # ---------------------------------------------------------------------------------------------------
 # Options and the choice
+def rows_held(r: RankRows) -> int:
+    """Distinct rows a GPU's training plan holds: the server view's own and halo rows (k >= 1), plus
+    the world halo rows when a layer runs on the world view (its own rows are the inner rows)."""
+    n = (r.server.n_own + r.server.n_halo) if r.k > 0 else r.world.n_own
+    return int(n + (r.world.n_halo if r.k < r.layers else 0))
+
+
 @dataclass
 class Option:
     """One way to train: `mode` fb|flx|eas|cob, `k` preloaded layers (flx), `batches` (cob)."""
@@ -578,7 +592,7 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
                 batches: int = 1, source: str = "") -> Option:
     ests = [estimate(r, m, device) for r in rows]
     worst = max(range(len(ests)), key=lambda i: ests[i]["total"])
-    held = max(sum(v.n_own + v.n_halo for v in r.views() if v.name != "world" or r.k < r.layers) for r in rows)
+    held = max(rows_held(r) for r in rows)
     return Option(mode=mode, k=int(rows[0].k) if mode in ("flx", "fb") else int(rows[0].layers), batches=batches,
                   peak=int(ests[worst]["total"]), peak_rank=int(rows[worst].rank), breakdown=ests[worst]["breakdown"],
                   rows_per_gpu=int(held), inter_server_bytes=inter_server_bytes(rows, m, servers), source=source)
