@@ -277,7 +277,7 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
     buffers (send + receive rows at the input width) and the conv's two output terms.  Backward at
     layer l: the activations of layers <= l (later ones are freed as the backward passes them) plus
     the gradient of the output and, where the input needs a gradient, the gradients of the source
-    rows (two paths: self and aggregation), of the rows sent back to their owners and of the own
+    rows (SAGE: two paths, self and aggregation; GCN: one), of the rows sent back to their owners and of the own
     rows they add into; a checkpointed block also holds its recomputed activations.  The end of the
     forward holds every activation plus the logits and the loss terms."""
     tl = r.training_layers()
@@ -292,7 +292,9 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
         halo = (lr.n_send + lr.n_halo) * win * F32 if exchanged else 0
         fwd = prefix[l] + max(halo, 2 * lr.n_dst * wout * F32)
         if input_grad:
-            grads = lr.n_dst * wout + 2 * lr.n_src * win + lr.n_send * win + lr.n_own_in * win
+            # SAGE's source rows get two gradients (lin_self's slice and the aggregation), GCN's one.
+            paths = 1 if m.name == "gcn" else 2
+            grads = lr.n_dst * wout + paths * lr.n_src * win + lr.n_send * win + lr.n_own_in * win
         else:
             grads = lr.n_dst * wout + (lr.n_src * wout if wout < win else 0)
         bwd = prefix[l] + grads * F32 + (act["recompute"] if m.checkpoint_activations and l >= 1 else 0)
