@@ -553,6 +553,22 @@ def with_cobatch(world_rows: Sequence[RankRows], cob: Sequence[ServerArrays]) ->
     return out
 
 
+def measure_step_peak(fn) -> int:
+    """Peak bytes torch allocates on CPU while fn() runs, above the level it starts at: every CPU
+    allocation and free the profiler records, summed in time order.  (Resident memory is no measure:
+    the C heap keeps freed blocks.)  On CUDA use torch.cuda.max_memory_allocated instead."""
+    import itertools
+
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.profiler.kineto_results.events()
+                     if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU),
+                    key=lambda e: e.start_ns())
+    return int(max(itertools.accumulate((e.nbytes() for e in events), initial=0)))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Options and the choice
 def rows_held(r: RankRows) -> int:

@@ -10,7 +10,6 @@ layer 0 aggregates before projecting):
 both within 20 % (the issue's bar); and the ledger's inter-server bytes per epoch against
 inter_server_bytes() (halo and gradients).  Activation bytes are also exact today for k = 0 and
 k = L (test_activation_bytes_are_exact)."""
-import itertools
 import os
 import tempfile
 
@@ -64,17 +63,6 @@ def shards_for(graphs, graph_name, k):
     return _SHARDS[key], ("fb" if k == 0 else "flx")
 
 
-def step_peak_bytes(fn) -> int:
-    """Peak bytes allocated on CPU during fn() above the level it starts at: every allocation and free
-    the profiler records, summed in time order (exact for torch's CPU allocator)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU),
-                    key=lambda e: e.start_ns())
-    return int(max(itertools.accumulate((e.nbytes() for e in events), initial=0)))
-
-
 def _measure(path, mode, model, k, dropout=0.5):
     t = make_trainer(path, mode, model, LAYERS, hidden=HIDDEN, dropout=dropout)
     try:
@@ -86,7 +74,7 @@ def _measure(path, mode, model, k, dropout=0.5):
 
         def epoch():
             rec.update(t.train_epoch())
-        peak = step_peak_bytes(epoch)
+        peak = mm.measure_step_peak(epoch)
         mine = {"rank": t.topo.rank, "saved": int(t.activation_bytes), "peak": peak}
     finally:
         t.close()
