@@ -310,3 +310,36 @@ def test_hops_auto_error_on_every_rank(tmp_path):
     assert res.returncode != 0
     for rank in (0, 1):
         assert f"error (rank {rank})" in res.stderr and "--memory-per-gpu" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def eas_shards(small_graph, tmp_path_factory):
+    from mpi4py import MPI
+
+    from preprocess.build import build_shards
+
+    out = tmp_path_factory.mktemp("mm") / "eas"
+    build_shards(small_graph, out, servers=2, gpus_per_server=2, layers=3, preload="eas", hops=1, fanout=2,
+                 partitioner="metis", comm=MPI.COMM_SELF)
+    return out
+
+
+def test_mode_auto_entry_point_over_shard_sets(small_shards, eas_shards):
+    """choose_shard_sets: what `--mode auto` calls with the shard sets it is given."""
+    big = mm.choose_shard_sets([str(small_shards), str(eas_shards)], "sage", 16, 3, 1 << 40, batches=(2, 4))
+    assert big.choice.label == "flx k=3" and big.choice.source == str(small_shards) and not big.rejected
+    every = mm.choose_shard_sets([str(small_shards), str(eas_shards)], "sage", 16, 3, 1, batches=(2, 4)).rejected
+    assert {o.label for o in every} == {"fb", "flx k=1", "flx k=2", "flx k=3", "eas", "cob batches=2",
+                                        "cob batches=4"}
+    flx = {e["rank"]: e["total"] for e in mm.estimate_shard_set(str(small_shards), "sage", 16)}
+    eas = {e["rank"]: e["total"] for e in mm.estimate_shard_set(str(eas_shards), "sage", 16)}
+    assert max(eas.values()) < max(flx.values())  # EAS keeps fewer external rows than a 3-hop preload
+    by = {o.label: o.peak for o in every}
+    assert by["eas"] == max(eas.values()) and by["flx k=3"] == max(flx.values())
+    for budget in sorted(by.values()):
+        d = mm.choose_shard_sets([str(small_shards), str(eas_shards)], "sage", 16, 3, budget, batches=(2, 4))
+        want = next(o for o in sorted(every, key=mm.preference) if o.peak <= budget)
+        assert d.choice.label == want.label and d.choice.peak <= budget
+        assert all(o.peak > budget for o in d.rejected)
+    with pytest.raises(mm.MemoryModelError, match="cannot run k = 4"):
+        mm.estimate_shard_set(str(small_shards), "sage", 16, layers=4, k=4)
