@@ -8,18 +8,18 @@ Pure: no MPI, nothing from the engine, so `preprocess` can use it offline.  Two 
   trains nothing).
 
 What a rank holds (on its device; the host copies are not counted), for an L-layer model trained
-with k preloaded hops:
+with k preloaded hops (docs/memory-model.md has the formulas and the measurements):
 - features: the static input rows of every view the run builds (own rows and the halo rows exchanged
   once at set-up): the server view (k >= 1) and the world view (always: exact evaluation uses it);
 - graph: per LayerGraph indptr/indices/degrees, the cached normalised CSR adjacency (built by the
   first forward) and its cached transpose (built by the first backward, only where the aggregation's
   input needs a gradient), and the exchange's index tensors;
+- parameters, their gradients and Adam's two moments;
 - activations: what autograd keeps for the backward pass, per layer, derived from what each aten op
-  saves and checked byte for byte against `SavedBytes` (tests/unit/test_memory_model.py);
-- halo buffers: the largest layer's send + receive rows (transient, forward and backward);
-- backward workspace: the largest layer's gradient tensors alive at once (transient);
-- parameters, their gradients, Adam's two moments, and the flat all-reduce bucket.
-The peak is the static part plus activations plus the larger of the two transients.
+  saves and equal byte for byte to `SavedBytes` (tests/unit/test_memory_model.py);
+- step transient: the step's peak above its activations (exchange buffers, conv outputs, the current
+  layer's gradients in the backward; after it, the flat all-reduce bucket and Adam's temporaries).
+The estimate of a rank is the sum of these; an option's is the largest rank's.
 """
 from __future__ import annotations
 
@@ -158,7 +158,8 @@ class ModelSpec:
 
 # ---------------------------------------------------------------------------------------------------
 # What autograd saves
-def _conv_saved(kind: str, lr: LayerRows, win: int, wout: int, input_grad: bool, with_exchange: bool) -> int:
+def _conv_saved(kind: str, lr: LayerRows, win: int, wout: int, input_grad: bool,
+                with_exchange: bool) -> Tuple[int, int]:
     """Bytes a SAGE/GCN conv saves at one layer, gather included (views.View.gather_fn + nn/layers.py).
 
     gather: the halo exchange saves its send index when h needs a gradient; cat makes a new [n_src, win]
@@ -182,7 +183,7 @@ def _conv_saved(kind: str, lr: LayerRows, win: int, wout: int, input_grad: bool,
     return b, pre
 
 
-def _pre_saved(rows: int, width: int, norm: bool, dropout: float, mask_bytes: int) -> int:
+def _pre_saved(rows: int, width: int, norm: bool, dropout: float, mask_bytes: int) -> Tuple[int, int]:
     """[LayerNorm] -> ReLU -> dropout between convs: LN saves input, mean, rstd, weight, bias; ReLU its
     result; dropout its mask (a float mask on CPU (input * bernoulli noise), a bool mask on CUDA)."""
     b = pre = 0
@@ -195,7 +196,7 @@ def _pre_saved(rows: int, width: int, norm: bool, dropout: float, mask_bytes: in
     return b, pre
 
 
-def _loss_saved(n_train: int, classes: int):
+def _loss_saved(n_train: int, classes: int) -> Tuple[int, int]:
     """logits[rows]: the row index (the trainer's, allocated at set-up); cross entropy: log-softmax
     result, the target, total_weight."""
     return n_train * I64 + n_train * classes * F32 + n_train * I64 + F32, n_train * I64

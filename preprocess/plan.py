@@ -109,8 +109,19 @@ def plan_options(comm, graph, cfg: PlanConfig) -> Dict[str, object]:
     err = None
     try:
         # One build per preloaded depth: owners and GPU row balance depend on the preload.
-        full = {k: [_server_arrays(counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="full", hops=k))
-                    for s in mine] for k in ks if k > 0}
+        full: Dict[int, List[mm.ServerArrays]] = {}
+        last: Dict[int, tuple] = {}  # server -> (depth built, its arrays)
+        for k in [k for k in ks if k > 0]:
+            full[k] = []
+            for s in mine:
+                depth, arrays = last.get(s, (0, None))
+                # Once the expansion stops growing (the BFS frontier emptied before `depth` hops), a
+                # deeper preload is the same build: deep models do not pay L full expansions.
+                if arrays is None or int(arrays.hop.max(initial=0)) >= depth:
+                    arrays = _server_arrays(counting, s, sp.parts, gpu_of,
+                                            dataclasses.replace(bcfg, preload="full", hops=k))
+                last[s] = (k, arrays)
+                full[k].append(arrays)
         any_arrays = next(iter(full.values())) if full else [
             _server_arrays(counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="full", hops=1)) for s in mine]
         eas = ([_server_arrays(counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="eas", hops=cfg.eas_hops))

@@ -359,3 +359,16 @@ def test_plan_under_mpirun_equals_one_rank(tmp_path):
     assert main([*args, "--json", str(tmp_path / "one.json")]) == 0
     a, b = (json.loads((tmp_path / f).read_text()) for f in ("mpi.json", "one.json"))
     assert a["options"] == b["options"] and a["decision"] == b["decision"]
+
+
+def test_plan_reuses_a_saturated_expansion_without_changing_the_estimate(small_graph):
+    """Deep models: once the k-hop expansion stops growing, deeper builds are reused; the estimate of
+    k = 8 must be the one a fresh 8-hop build gives."""
+    from mpi4py import MPI
+
+    from preprocess import plan
+
+    cfg = plan.PlanConfig(servers=2, gpus_per_server=2, layers=8, hidden=16, partitioner="metis", eas=False)
+    many = plan.plan_options(MPI.COMM_SELF, small_graph, plan.dataclasses.replace(cfg, ks=[5, 6, 7, 8]))["options"]
+    one = plan.plan_options(MPI.COMM_SELF, small_graph, plan.dataclasses.replace(cfg, ks=[8]))["options"]
+    assert [o.to_dict() for o in many if o.k == 8] == [o.to_dict() for o in one]
