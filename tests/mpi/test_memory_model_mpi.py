@@ -129,3 +129,38 @@ def test_activation_bytes_are_exact(graphs, graph_name, k):
             diff = None if got == by_rank else f"{model}: measured {got}, estimated {by_rank}"
         diff = WORLD.bcast(diff, root=0)
         assert diff is None, diff
+
+
+@pytest.mark.parametrize("batches", [2, 4])
+def test_cobatch_estimate_is_the_sampled_cobatch(graphs, batches):
+    """cob: the model counts the co-batches the run's own sampler draws (same seed), so the saved
+    activations of the epoch's largest co-batch step (what the trainer reports) are estimated exactly."""
+    path, _ = shards_for(graphs, "cora", LAYERS)
+    t = make_trainer(path, "cob", "sage", LAYERS, hidden=HIDDEN, dropout=0.5, batches_per_epoch=batches, fanout=-1)
+    try:
+        t.train_epoch()
+        epoch = t.epoch
+        t.train_epoch()
+        mine = {"rank": t.topo.rank, "saved": int(t.activation_bytes)}
+    finally:
+        t.close()
+    measured = WORLD.gather(mine, root=0)
+    problems = []
+    if WORLD.rank == 0:
+        from granndis_hpc import shards
+        manifest, servers = mm.read_shard_set(path)
+        spec = mm.model_for(manifest, "sage", HIDDEN, LAYERS, dropout=0.5)
+        base = mm.shard_rows(servers, LAYERS, 0, spec.features, spec.num_classes)
+        graphs_s = [shards.read_server_graph(path, manifest, s) for s in range(len(servers))]
+        est = {}
+        for it in range(batches):
+            cob = [mm.cobatch_server_arrays(g, s, LAYERS, batches, -1, "sage", 0, epoch=epoch, iteration=it)
+                   for s, g in enumerate(graphs_s)]
+            for r in mm.with_cobatch(base, cob):
+                saved = mm.activation_layers(r, spec, device="cpu")["saved"]
+                est[r.rank] = max(est.get(r.rank, 0), saved)
+        for m in measured:
+            if m["saved"] != est[m["rank"]]:
+                problems.append(f"rank {m['rank']}: estimated {est[m['rank']]}, measured {m['saved']}")
+    problems = WORLD.bcast(problems, root=0)
+    assert not problems, "; ".join(problems)
