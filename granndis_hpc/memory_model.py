@@ -294,10 +294,15 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
         fwd = prefix[l] + max(halo, 2 * lr.n_dst * wout * F32)
         if input_grad:
             # SAGE's source rows get two gradients (lin_self's slice and the aggregation), GCN's one.
+            # The autograd engine adds the second into the first and frees it before the exchange's
+            # backward allocates the rows sent back and the own rows they add into.
             paths = 1 if m.name == "gcn" else 2
-            grads = lr.n_dst * wout + paths * lr.n_src * win + lr.n_send * win + lr.n_own_in * win
+            grads = lr.n_dst * wout + max(paths * lr.n_src * win,
+                                          lr.n_src * win + lr.n_send * win + lr.n_own_in * win)
         else:
             grads = lr.n_dst * wout + (lr.n_src * wout if wout < win else 0)
+        # + the weight gradient, computed then added into .grad (one weight at a time).
+        grads += win * wout
         bwd = prefix[l] + grads * F32 + (act["recompute"] if m.checkpoint_activations and l >= 1 else 0)
         for value, name in ((fwd, f"forward layer {l}"), (bwd, f"backward layer {l}")):
             if value > best:
