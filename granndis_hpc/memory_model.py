@@ -578,8 +578,9 @@ def measure_step_peak(fn) -> int:
 # ---------------------------------------------------------------------------------------------------
 # Options and the choice
 def rows_held(r: RankRows) -> int:
-    """Distinct rows a GPU's training plan holds: the server view's own and halo rows (k >= 1), plus
-    the world halo rows when a layer runs on the world view (its own rows are the inner rows)."""
+    """Rows the views a GPU trains on hold: the server view's own and halo rows (k >= 1), plus the
+    world view's halo rows when a layer runs on it (its own rows are the inner rows, already counted).
+    The two views keep separate tensors, so a row in both halos counts twice, as its memory does."""
     n = (r.server.n_own + r.server.n_halo) if r.k > 0 else r.world.n_own
     return int(n + (r.world.n_halo if r.k < r.layers else 0))
 
@@ -657,10 +658,12 @@ def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
                 why += "; rejected: " + ", ".join(f"{r.label} ({format_size(r.peak)})" for r in rejected)
             return Decision(o, int(budget_bytes), rejected, why)
     need = min((o.peak for o in ordered), default=0)
+    # A budget the user can paste: whole MiB, rounded up (format_size rounds to 3 digits).
+    paste = f"{-(-need // (1 << 20))}MiB"
     return Decision(None, int(budget_bytes), list(ordered),
                     f"nothing fits {format_size(budget_bytes)} per GPU: the smallest estimate is "
                     f"{format_size(need)} ({min(ordered, key=lambda o: o.peak).label if ordered else 'none'}); "
-                    f"use --memory-per-gpu {format_size(need)} or more, more servers/GPUs, or more co-batches")
+                    f"use --memory-per-gpu {paste} or more, more servers/GPUs, or more co-batches")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -185,7 +185,7 @@ def describe_build(o: mm.Option, cfg: PlanConfig) -> str:
 
 
 def format_table(options: Sequence[mm.Option], cfg: PlanConfig, decision: Optional[mm.Decision]) -> str:
-    lines = [f"{'option':<16} {'rows/GPU':>10} {'peak/GPU':>11} {'inter-server B/epoch':>21} "
+    lines = [f"{'option':<16} {'rows held':>10} {'peak/GPU':>11} {'inter-server B/epoch':>21} "
              f"{'(halo + grad)':>24}  fits"]
     for o in sorted(options, key=mm.preference):
         fits = "-" if cfg.budget is None else ("yes" if o.peak <= cfg.budget else "no")

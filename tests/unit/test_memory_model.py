@@ -155,6 +155,7 @@ def test_choose_follows_granndis_order():
     assert mm.choose([o for o in opts if o.mode not in ("fb", "eas")], 9).choice.label == "cob batches=2"
     none = mm.choose(opts, 4)
     assert none.choice is None and "5 B" in none.reason and "cob batches=8" in none.reason
+    assert "--memory-per-gpu 1MiB" in none.reason  # whole MiB, rounded up: a budget that fits
     assert json.loads(json.dumps(d.to_dict()))["choice"]["k"] == 2
 
 
