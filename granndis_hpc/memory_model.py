@@ -357,13 +357,14 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
             "rows_per_layer": [lr.n_src for _, lr in tl], "computed_per_layer": [lr.n_dst for _, lr in tl]}
 
 
-def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int) -> Dict[str, int]:
+def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int, steps: int = 1) -> Dict[str, int]:
     """Inter-server bytes per epoch, summed over ranks, as the ledger counts them.
 
     Halo: every world-exchange layer l >= k sends, forward, the inter-server halo rows at the layer's
     input width and returns their gradients backward (x2); layer 0 of plain models reads the static
     features exchanged at set-up, so in fb it costs nothing per epoch.  Gradients: the leaders' ring
-    all-reduce moves 2 (S-1) x params x 4 bytes in all (cluster/accounting.py)."""
+    all-reduce moves 2 (S-1) x params x 4 bytes in all (cluster/accounting.py), once per optimizer
+    step (`steps` per epoch: the co-batches of cob)."""
     widths = m.widths()
     halo = 0
     for r in ranks:
@@ -371,7 +372,7 @@ def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int) ->
             if l == 0 and m.name != "ressage":
                 continue
             halo += 2 * r.world.layers[l].inter_halo * widths[l][0] * F32
-    grad = 2 * (int(servers) - 1) * m.parameters() * F32
+    grad = 2 * (int(servers) - 1) * m.parameters() * F32 * int(steps)
     return {"halo": int(halo), "gradient": int(grad), "total": int(halo + grad)}
 
 
@@ -620,7 +621,8 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
     held = max(rows_held(r) for r in rows)
     return Option(mode=mode, k=int(rows[0].k) if mode in ("flx", "fb") else int(rows[0].layers), batches=batches,
                   peak=int(ests[worst]["total"]), peak_rank=int(rows[worst].rank), breakdown=ests[worst]["breakdown"],
-                  rows_per_gpu=int(held), inter_server_bytes=inter_server_bytes(rows, m, servers), source=source)
+                  rows_per_gpu=int(held), source=source,
+                  inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches if mode == "cob" else 1))
 
 
 @dataclass

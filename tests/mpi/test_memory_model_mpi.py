@@ -13,9 +13,7 @@ k = L (test_activation_bytes_are_exact)."""
 import os
 import tempfile
 
-import numpy as np
 import pytest
-import torch
 from mpi4py import MPI
 
 from granndis_hpc import memory_model as mm

@@ -246,6 +246,10 @@ def test_plan_cli_prints_every_option_and_recommends(tmp_path, capsys):
     assert by["fb"]["inter_server_bytes"]["halo"] >= by["flx k=2"]["inter_server_bytes"]["halo"] > 0
     assert by["flx k=3"]["inter_server_bytes"]["halo"] == 0
     assert by["flx k=3"]["rows_per_gpu"] > by["fb"]["rows_per_gpu"]
+    # cob all-reduces the gradients once per co-batch.
+    grad = by["flx k=3"]["inter_server_bytes"]["gradient"]
+    assert by["cob batches=4"]["inter_server_bytes"]["gradient"] == 4 * grad == 2 * by["cob batches=2"][
+        "inter_server_bytes"]["gradient"]
     # A budget between k=2's and k=3's estimate picks k=2 (the largest that fits).
     mid = (by["flx k=2"]["peak_bytes"] + by["flx k=3"]["peak_bytes"]) // 2
     if by["flx k=2"]["peak_bytes"] < mid < by["flx k=3"]["peak_bytes"]:
