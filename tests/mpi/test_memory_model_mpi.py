@@ -138,7 +138,7 @@ def test_cobatch_estimate_is_the_sampled_cobatch(graphs, batches):
     try:
         t.train_epoch()
         epoch = t.epoch
-        t.train_epoch()
+        rec = t.train_epoch()
         mine = {"rank": t.topo.rank, "saved": int(t.activation_bytes)}
     finally:
         t.close()
@@ -160,5 +160,8 @@ def test_cobatch_estimate_is_the_sampled_cobatch(graphs, batches):
         for m in measured:
             if m["saved"] != est[m["rank"]]:
                 problems.append(f"rank {m['rank']}: estimated {est[m['rank']]}, measured {m['saved']}")
+        inter = mm.inter_server_bytes(mm.with_cobatch(base, cob), spec, len(servers), steps=batches)
+        if (rec["bytes"]["inter_halo"], rec["bytes"]["inter_grad"]) != (inter["halo"], inter["gradient"]):
+            problems.append(f"ledger inter-server bytes {rec['bytes']}, estimated {inter}")
     problems = WORLD.bcast(problems, root=0)
     assert not problems, "; ".join(problems)
