@@ -108,7 +108,7 @@ def cmd_build(args, argv) -> int:
         log.done("load", f"{graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges, "
                          f"{graph.num_features} features")
         cfg.hops = resolve_build_hops(comm, graph, args, printer=lambda line, **_: (
-            bar.write(line) if not bar.disable else print(line, flush=True)))
+            bar.write(line) if not bar.disable else print(line, flush=True)), record=cfg.extra)
         run_build(comm, graph, cfg, log)
     except Exception as exc:  # noqa: BLE001
         print(f"preprocess build: error (rank {comm.rank}): {exc}", file=sys.stderr, flush=True)

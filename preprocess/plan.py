@@ -356,9 +356,10 @@ def hops_arg(text: str):
         raise argparse.ArgumentTypeError(f"--hops takes a number of hops or 'auto', got {text!r}") from None
 
 
-def resolve_build_hops(comm, graph, args, printer=print) -> Optional[int]:
+def resolve_build_hops(comm, graph, args, printer=print, record: Optional[dict] = None) -> Optional[int]:
     """build's --hops: checks 1 <= k <= L for a full preload, and resolves `auto` with the memory
-    model (rank 0 says which k and why).  Collective when --hops auto; errors are agreed."""
+    model (rank 0 says which k and why; `record`, when given, gets the decision under "hops_auto"
+    for the manifest).  Collective when --hops auto; errors are agreed."""
     if args.memory_per_gpu is not None and args.hops != "auto":
         raise _agreed(PlanError("--memory-per-gpu is what --hops auto fits the preload into; add --hops auto, "
                                 "or leave --memory-per-gpu out"))
@@ -377,4 +378,6 @@ def resolve_build_hops(comm, graph, args, printer=print) -> Optional[int]:
         printer(f"[preprocess] --hops auto: k = {decision.choice.k} (estimated peak "
                 f"{format_size(decision.choice.peak)} per GPU of {format_size(cfg.budget)}): {decision.reason}",
                 flush=True)
+    if record is not None:
+        record["hops_auto"] = decision.to_dict()
     return decision.choice.k

@@ -277,8 +277,15 @@ def test_build_hops_auto_picks_the_largest_k_that_fits(tmp_path, capsys):
     rc, out = _build(tmp_path, "--hops", "auto", "--memory-per-gpu", str(budget))
     text = capsys.readouterr().out
     from granndis_hpc import shards
-    assert rc == 0 and shards.read_manifest(out)["preload"]["hops"] == 2
+    manifest = shards.read_manifest(out)
+    assert rc == 0 and manifest["preload"]["hops"] == 2
     assert "--hops auto: k = 2" in text
+    # The manifest keeps the decision: budget, the estimate of k = 2 and the rejected k = 3.
+    auto = manifest["hops_auto"]
+    assert auto["budget_bytes"] == budget and auto["choice"]["peak_bytes"] == by["flx k=2"]
+    assert [o["label"] for o in auto["rejected"]] == ["flx k=3"]
+    from preprocess.__main__ import main
+    assert main(["verify", str(out)]) == 0
 
 
 @pytest.mark.parametrize("extra,message", [
