@@ -61,8 +61,8 @@ def shards_for(graphs, graph_name, k):
     return _SHARDS[key], ("fb" if k == 0 else "flx")
 
 
-def _measure(path, mode, model, k, dropout=0.5):
-    t = make_trainer(path, mode, model, LAYERS, hidden=HIDDEN, dropout=dropout)
+def _measure(path, mode, model, k, dropout=0.5, ckpt=False):
+    t = make_trainer(path, mode, model, LAYERS, hidden=HIDDEN, dropout=dropout, checkpoint_activations=ckpt)
     try:
         # After two epochs the lazy state exists (gradients, Adam moments, cached CSR transposes),
         # as in every later epoch: the third epoch's step is the steady one the model describes.
@@ -80,7 +80,7 @@ def _measure(path, mode, model, k, dropout=0.5):
     if WORLD.rank == 0:
         rows = mm.shard_rows(mm.read_shard_set(path)[1], LAYERS, k,
                              int(t.manifest["dataset"]["num_features"]), int(t.manifest["dataset"]["num_classes"]))
-        spec = mm.model_for(t.manifest, model, HIDDEN, LAYERS, dropout=dropout)
+        spec = mm.model_for(t.manifest, model, HIDDEN, LAYERS, dropout=dropout, checkpoint_activations=ckpt)
         est = {"per_rank": [mm.estimate(r, spec, device="cpu") for r in rows],
                "inter": mm.inter_server_bytes(rows, spec, WORLD.size // RANKS_PER_SERVER)}
     return WORLD.gather(mine, root=0), est, rec
@@ -118,13 +118,13 @@ def test_estimate_within_20_percent_of_measurement(graphs, graph_name, model, k)
 @pytest.mark.parametrize("k", [0, LAYERS])
 def test_activation_bytes_are_exact(graphs, graph_name, k):
     path, mode = shards_for(graphs, graph_name, k)
-    for model, dropout in (("sage", 0.5), ("ressage", 0.0)):
-        measured, est, _ = _measure(path, mode, model, k, dropout=dropout)
+    for model, dropout, ckpt in (("sage", 0.5, False), ("ressage", 0.0, False), ("ressage", 0.5, True)):
+        measured, est, _ = _measure(path, mode, model, k, dropout=dropout, ckpt=ckpt)
         diff = None
         if WORLD.rank == 0:
             by_rank = {e["rank"]: e["activation_saved"] for e in est["per_rank"]}
             got = {m["rank"]: m["saved"] for m in measured}
-            diff = None if got == by_rank else f"{model}: measured {got}, estimated {by_rank}"
+            diff = None if got == by_rank else f"{model} ckpt={ckpt}: measured {got}, estimated {by_rank}"
         diff = WORLD.bcast(diff, root=0)
         assert diff is None, diff
 
