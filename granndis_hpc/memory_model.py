@@ -17,8 +17,9 @@ with k preloaded hops (docs/memory-model.md has the formulas and the measurement
 - parameters, their gradients and Adam's two moments;
 - activations: what autograd keeps for the backward pass, per layer, derived from what each aten op
   saves and equal byte for byte to `SavedBytes` (tests/unit/test_memory_model.py);
-- step transient: the step's peak above its activations (exchange buffers, conv outputs, the current
-  layer's gradients in the backward; after it, the flat all-reduce bucket and Adam's temporaries).
+- halo buffers and step transient: the step's peak above its activations (the exchange's send and
+  receive rows, conv outputs, the current layer's gradients in the backward; after it, the flat
+  all-reduce bucket and Adam's temporaries), the exchange's share reported as halo_buffers.
 The estimate of a rank is the sum of these; an option's is the largest rank's.
 """
 from __future__ import annotations
@@ -286,11 +287,13 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
     # Only what the step allocates: saved inputs, weights and index tensors exist before it.
     prefix = np.cumsum(act["fresh_per_layer"]).tolist()
     best, where = int(act["fresh"]) + r.n_inner * m.num_classes * F32, "loss"
+    halo_max = 0
     for l, (_, lr) in enumerate(tl):
         win, wout = widths[l]
         exchanged = l > 0 or m.name == "ressage"  # plain layer 0 reads the static halo features
         input_grad = exchanged
         halo = (lr.n_send + lr.n_halo) * win * F32 if exchanged else 0
+        halo_max = max(halo_max, halo)
         fwd = prefix[l] + max(halo, 2 * lr.n_dst * wout * F32)
         if input_grad:
             # SAGE's source rows get two gradients (lin_self's slice and the aggregation), GCN's one.
@@ -307,7 +310,7 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
         for value, name in ((fwd, f"forward layer {l}"), (bwd, f"backward layer {l}")):
             if value > best:
                 best, where = int(value), name
-    return {"peak": int(best), "where": where}
+    return {"peak": int(best), "where": where, "halo": int(halo_max)}
 
 
 def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) -> Dict[str, object]:
@@ -348,8 +351,12 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
         "gradients": P * F32,
         "optimizer": (2 * P * F32) if adam else 0,
         "activations": int(act["fresh"]),
-        "step_transient": int(max(step["peak"], after) - act["fresh"]),
     }
+    # The step's transient above its activations, of which halo buffers: at most the largest
+    # layer's exchange (send + receive rows at its input width).
+    transient = int(max(step["peak"], after) - act["fresh"])
+    breakdown["halo_buffers"] = min(transient, int(step["halo"]))
+    breakdown["step_transient"] = transient - breakdown["halo_buffers"]
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),
             "activation_saved": int(act["saved"]), "activation_per_layer": act["per_layer"],

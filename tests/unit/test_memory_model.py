@@ -122,6 +122,11 @@ def test_estimate_breakdown_and_bad_input():
     est = mm.estimate(rows, spec)
     b = est["breakdown"]
     assert est["total"] == sum(b.values())
+    assert set(b) == {"features", "graph", "parameters", "gradients", "optimizer", "activations", "halo_buffers",
+                      "step_transient"}
+    # Layers 1..2 exchange (n_send + n_halo) rows at width 16; the buffer share is at most the largest.
+    biggest = max((lr.n_send + lr.n_halo) * 16 * 4 for lr in rows.server.layers[1:])
+    assert 0 < b["halo_buffers"] <= biggest
     assert b["optimizer"] == 2 * b["parameters"] == 2 * spec.parameters() * 4
     assert b["features"] >= (rows.server.n_own + rows.server.n_halo) * 24 * 4
     assert est["step_peak"] >= est["activation_saved"] - spec.parameters() * 4 - 10 ** 5
@@ -252,9 +257,9 @@ def test_plan_cli_prints_every_option_and_recommends(tmp_path, capsys):
         "inter_server_bytes"]["gradient"]
     # A budget between k=2's and k=3's estimate picks k=2 (the largest that fits).
     mid = (by["flx k=2"]["peak_bytes"] + by["flx k=3"]["peak_bytes"]) // 2
-    if by["flx k=2"]["peak_bytes"] < mid < by["flx k=3"]["peak_bytes"]:
-        rc, res = _plan(tmp_path, "--memory-per-gpu", str(mid))
-        assert rc == 0 and res["decision"]["choice"]["label"] == "flx k=2"
+    assert by["flx k=2"]["peak_bytes"] < mid < by["flx k=3"]["peak_bytes"]
+    rc, res = _plan(tmp_path, "--memory-per-gpu", str(mid))
+    assert rc == 0 and res["decision"]["choice"]["label"] == "flx k=2"
     rc, res = _plan(tmp_path, "--memory-per-gpu", "1KiB")
     assert rc != 0 and res["decision"]["choice"] is None
     assert "nothing fits" in capsys.readouterr().err
