@@ -1,7 +1,9 @@
-"""`python -m preprocess {build,verify,info}` (also installed as `granndis-preprocess`).
+"""`python -m preprocess {build,plan,verify,info}` (also installed as `granndis-preprocess`).
 
   mpirun -n 2 python -m preprocess build --source planetoid --name cora --root DIR \\
       --servers 2 --gpus-per-server 2 --layers 3 --preload full --partitioner parmetis --out shards/cora-full
+  mpirun -n 2 python -m preprocess plan --source planetoid --name cora --root DIR \\
+      --servers 2 --gpus-per-server 2 --layers 3 --model sage --hidden 64 --memory-per-gpu 40GiB
   python -m preprocess verify shards/cora-full
   python -m preprocess info shards/cora-full
 """
