@@ -731,7 +731,11 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
                       device: str = "cpu", batches: Sequence[int] = (2, 4, 8, 16, 32, 64), fanout: int = -1,
                       sampler: str = "sage", seed: int = 0, **model_kw) -> Decision:
     """`--mode auto`: the options the shard sets offer (full sets: fb and flx k <= hops; EAS sets: eas,
-    and cob with each co-batch count in `batches`), estimated, and the choice for the budget."""
+    and cob with each co-batch count in `batches`), estimated, and the choice for the budget.
+
+    Reads every rank's slice of every set (features included) and samples the first co-batch on
+    the calling process: call it on one rank and broadcast the Decision.  device="cuda" for a GPU
+    run (bool dropout masks)."""
     from granndis_hpc import shards
 
     options = []
