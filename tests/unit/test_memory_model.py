@@ -389,3 +389,23 @@ def test_plan_reuses_a_saturated_expansion_without_changing_the_estimate(small_g
     many = plan.plan_options(MPI.COMM_SELF, small_graph, plan.dataclasses.replace(cfg, ks=[5, 6, 7, 8]))["options"]
     one = plan.plan_options(MPI.COMM_SELF, small_graph, plan.dataclasses.replace(cfg, ks=[8]))["options"]
     assert [o.to_dict() for o in many if o.k == 8] == [o.to_dict() for o in one]
+
+
+def test_plan_counts_equal_the_written_shards(small_graph, small_shards, tmp_path):
+    """plan (build_server without features, never written) and the shard set on disk give the same
+    estimate: same partition, same rows, same world view."""
+    from mpi4py import MPI
+
+    from preprocess import plan
+    from preprocess.build import build_shards
+
+    two = tmp_path / "full2"
+    build_shards(small_graph, two, servers=2, gpus_per_server=2, layers=3, hops=2, partitioner="metis",
+                 comm=MPI.COMM_SELF)
+    cfg = plan.PlanConfig(servers=2, gpus_per_server=2, layers=3, hidden=16, partitioner="metis", eas=False,
+                          device="cpu", ks=[0, 2, 3])
+    got = {o.label: o for o in plan.plan_options(MPI.COMM_SELF, small_graph, cfg)["options"]}
+    for label, path, k in (("flx k=2", two, 2), ("flx k=3", small_shards, 3), ("fb", small_shards, 0)):
+        ests = mm.estimate_shard_set(str(path), "sage", 16, 3, k=k)
+        worst = max(ests, key=lambda e: e["total"])
+        assert got[label].peak == worst["total"] and got[label].breakdown == worst["breakdown"], label
