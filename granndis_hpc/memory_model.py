@@ -661,7 +661,8 @@ def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
     for i, o in enumerate(ordered):
         if o.peak <= budget_bytes:
             rejected = ordered[:i]
-            why = (f"{o.label} is the first of GraNNDis' order (largest k, then EAS, then co-batches) whose "
+            why = (f"{o.label} is the first of GraNNDis' order (the largest k of flx, then fb (k = 0), then EAS, "
+                   f"then the fewest co-batches) whose "
                    f"estimated peak {format_size(o.peak)} per GPU fits {format_size(budget_bytes)}")
             if rejected:
                 why += "; rejected: " + ", ".join(f"{r.label} ({format_size(r.peak)})" for r in rejected)
