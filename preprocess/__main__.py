@@ -1,7 +1,9 @@
-"""`python -m preprocess {build,verify,info}` (also installed as `granndis-preprocess`).
+"""`python -m preprocess {build,plan,verify,info}` (also installed as `granndis-preprocess`).
 
   mpirun -n 2 python -m preprocess build --source planetoid --name cora --root DIR \\
       --servers 2 --gpus-per-server 2 --layers 3 --preload full --partitioner parmetis --out shards/cora-full
+  mpirun -n 2 python -m preprocess plan --source planetoid --name cora --root DIR \\
+      --servers 2 --gpus-per-server 2 --layers 3 --model sage --hidden 64 --memory-per-gpu 40GiB
   python -m preprocess verify shards/cora-full
   python -m preprocess info shards/cora-full
 """
@@ -14,6 +16,7 @@ import time
 
 from .halo import EAS_SELECT_RULES
 from .partition import PARTITIONERS
+from .plan import add_model_arguments, add_plan_arguments, cmd_plan, hops_arg, resolve_build_hops
 
 
 def _add_build_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +26,9 @@ def _add_build_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layers", type=int, required=True, help="GNN layers the shards are built for")
     g.add_argument("--preload", choices=("full", "eas"), default="full",
                    help="full: k-hop preloading (FLX); eas: Expansion-aware Sampling")
-    g.add_argument("--hops", type=int, default=None, help="preloaded hops (default: --layers for full, 1 for eas)")
+    g.add_argument("--hops", type=hops_arg, default=None,
+                   help="preloaded hops (default: --layers for full, 1 for eas); auto: the largest k <= --layers "
+                        "whose estimated memory fits --memory-per-gpu (see `python -m preprocess plan`)")
     g.add_argument("--fanout", type=int, default=15, help="EAS: max external in-neighbours added per frontier vertex")
     g.add_argument("--eas-select", choices=EAS_SELECT_RULES, default="degree",
                    help="EAS: prefer candidates with many unselected neighbours (degree, the paper's rule) or uniform")
@@ -50,7 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
     if "--seed" not in b._option_string_actions:  # the sources may already define --seed (synthetic graphs)
         b.add_argument("--seed", type=int, default=0, help="seed for partitioning and sampling")
     _add_build_arguments(b)
+    add_model_arguments(b)
     b.set_defaults(func=cmd_build)
+    pl = sub.add_parser("plan", help="estimate memory per GPU and inter-server bytes of every build, and "
+                                     "recommend one (writes no shard; run under mpirun, or with 1 rank)")
+    try:
+        from . import sources
+
+        sources.add_source_arguments(pl)
+    except (ImportError, AttributeError) as exc:
+        pl.set_defaults(source_error=exc)
+    if "--seed" not in pl._option_string_actions:
+        pl.add_argument("--seed", type=int, default=0, help="seed for partitioning and sampling")
+    add_plan_arguments(pl)
+    pl.set_defaults(func=cmd_plan)
     v = sub.add_parser("verify", help="check checksums and invariants of a shard set; exit 1 on problems")
     v.add_argument("dir")
     v.set_defaults(func=cmd_verify)
@@ -87,6 +105,8 @@ def cmd_build(args, argv) -> int:
             graph = sources.load_from_args(args)
         log.done("load", f"{graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges, "
                          f"{graph.num_features} features")
+        cfg.hops = resolve_build_hops(group, graph, args, printer=lambda line, **_: (
+            bar.write(line) if not bar.disable else print(line, flush=True)), record=cfg.extra)
         run_build(group, graph, cfg, log)
     except Exception as exc:  # noqa: BLE001
         print(f"preprocess build: error (rank {group.rank}): {exc}", file=sys.stderr, flush=True)

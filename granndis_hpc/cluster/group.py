@@ -49,9 +49,20 @@ class Group:
 
     def allreduce_max(self, local: np.ndarray) -> np.ndarray:
         """Element-wise maximum of a numeric array over the ranks (a new array; same shape everywhere)."""
+        return self._allreduce(local, MPI.MAX)
+
+    def allreduce_sum(self, local: np.ndarray) -> np.ndarray:
+        """Element-wise sum of a numeric array over the ranks."""
+        return self._allreduce(local, MPI.SUM)
+
+    def allreduce_min(self, local: np.ndarray) -> np.ndarray:
+        """Element-wise minimum of a numeric array over the ranks."""
+        return self._allreduce(local, MPI.MIN)
+
+    def _allreduce(self, local, op) -> np.ndarray:
         local = np.ascontiguousarray(local)
         out = np.empty_like(local)
-        self.mpi_comm.Allreduce(local, out, op=MPI.MAX)
+        self.mpi_comm.Allreduce(local, out, op=op)
         return out
 
     def allgatherv(self, local: np.ndarray, counts) -> np.ndarray:

@@ -1,0 +1,411 @@
+"""The per-GPU memory model (granndis_hpc/memory_model.py), `preprocess plan` and `build --hops auto`.
+
+The activation formula is checked byte for byte against what autograd saves (SavedBytes), running the
+real models with a gather that does what engine/views.View.gather_fn does (static halo features at
+layer 0, an autograd halo exchange after it; here a loopback exchange: the rows sent come back as the
+halo).  Row counts from shard arrays are checked against the real planner.  The engine on several
+ranks (halos from other GPUs and servers) is checked in tests/mpi/test_memory_model_mpi.py."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from granndis_hpc import memory_model as mm
+from granndis_hpc.engine.exchange import halo_exchange
+from granndis_hpc.engine.trainer import SavedBytes
+from granndis_hpc.nn.graph import LayerGraph
+from granndis_hpc.nn.models import build_model
+
+
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,norm", [("sage", False), ("sage", True), ("gcn", False), ("gcn", True),
+                                       ("ressage", False)])
+@pytest.mark.parametrize("features,hidden", [(40, 16), (8, 16)])
+def test_parameter_count_matches_the_models(name, norm, features, hidden):
+    model = build_model(name, features, hidden, 5, 4, norm=norm)
+    spec = mm.ModelSpec(name, features, hidden, 5, 4, norm=norm)
+    assert spec.parameters() == sum(p.numel() for p in model.parameters())
+    assert [tuple(w) for w in spec.widths()] == [(c.in_features, c.out_features) for c in model.convs]
+
+
+def _loopback(send, send_counts, recv_counts, phase="halo"):
+    return send.clone()
+
+
+def _random_plan(rng, layers, n_own=120, features=24, hidden=16, classes=5):
+    """A rank's rows sorted by hop (0..layers), the prefix rule of the planner, and a halo per layer
+    that is the loopback of `n_send` own rows active at that layer."""
+    hop = np.sort(rng.integers(0, layers + 1, n_own))
+    hop[: n_own // 4] = 0
+    graphs, layer_rows, send_idx = [], [], []
+    halo_rows_full = n_own  # the static halo: every own row once (loopback of the full send list)
+    for l in range(layers):
+        n_in = int(np.searchsorted(hop, layers - l, side="right"))
+        n_dst = int(np.searchsorted(hop, layers - 1 - l, side="right"))
+        n_send = int(rng.integers(1, n_in + 1))
+        idx = np.sort(rng.choice(n_in, n_send, replace=False))
+        n_src = n_in + n_send
+        deg = rng.integers(0, 6, n_dst)
+        ip = np.zeros(n_dst + 1, dtype=np.int64)
+        np.cumsum(deg, out=ip[1:])
+        ix = rng.integers(0, n_src, int(ip[-1]))
+        graphs.append(LayerGraph(n_dst, n_src, ip, ix, rng.integers(1, 9, n_dst).astype(np.float32),
+                                 rng.integers(1, 9, n_src).astype(np.float32)))
+        layer_rows.append(mm.LayerRows(n_own_in=n_in, n_halo=n_send, n_dst=n_dst, nnz=int(ip[-1]), n_send=n_send))
+        send_idx.append(torch.as_tensor(idx))
+    n_inner = layer_rows[-1].n_dst
+    view = mm.ViewRows("server", n_own, halo_rows_full, halo_rows_full, tuple(layer_rows))
+    world_l = mm.LayerRows(n_inner, 0, n_inner, 0)
+    world = mm.ViewRows("world", n_inner, 0, 0, tuple([world_l] * layers))
+    n_train = max(1, n_inner // 2)
+    rows = mm.RankRows(rank=0, features=features, num_classes=classes, n_inner=n_inner, n_train=n_train,
+                       layers=layers, k=layers, world=world, server=view)
+    return rows, graphs, send_idx
+
+
+def _measured_saved_bytes(model, rows, graphs, send_idx, rng):
+    """What the trainer's step saves, with View.gather_fn's structure."""
+    feats = torch.as_tensor(rng.standard_normal((rows.server.n_own, rows.features)).astype(np.float32))
+    x0 = feats[: graphs[0].n_src - rows.server.layers[0].n_halo]
+    static_halo = feats.clone()  # the static halo features (exchanged once at set-up)
+
+    def gather(l, h):
+        if l == 0 and h is x0:
+            halo = static_halo.index_select(0, send_idx[0])
+        else:
+            n = len(send_idx[l])
+            halo = halo_exchange(h, send_idx[l], [n], [n], _loopback)
+        return torch.cat([h, halo], dim=0)
+
+    labels = torch.as_tensor(rng.integers(0, rows.num_classes, rows.n_inner))
+    train_rows = torch.arange(rows.n_train)
+    target = labels[train_rows]  # the trainer indexes the labels before the step
+    saved = SavedBytes()
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        logits = model(x0, graphs, gather)[: rows.n_inner]
+        loss = torch.nn.functional.cross_entropy(logits[train_rows], target, reduction="sum") / 7.0
+    loss.backward()
+    return saved.total
+
+
+@pytest.mark.parametrize("name,norm,dropout,ckpt", [
+    ("sage", False, 0.5, False), ("sage", True, 0.0, False), ("sage", True, 0.3, False),
+    ("gcn", False, 0.5, False), ("gcn", True, 0.0, False),
+    ("ressage", False, 0.5, False), ("ressage", False, 0.0, False), ("ressage", False, 0.5, True)])
+@pytest.mark.parametrize("features", [24, 8])  # projected first (F > hidden) and aggregated first
+def test_activation_formula_equals_saved_tensor_bytes(name, norm, dropout, ckpt, features):
+    rng = np.random.default_rng(features + len(name))
+    layers = 4
+    rows, graphs, send_idx = _random_plan(rng, layers, features=features)
+    torch.manual_seed(0)
+    model = build_model(name, features, 16, rows.num_classes, layers, dropout=dropout, norm=norm)
+    model.checkpoint_activations = ckpt
+    measured = _measured_saved_bytes(model, rows, graphs, send_idx, rng)
+    spec = mm.ModelSpec(name, features, 16, rows.num_classes, layers, dropout, norm, ckpt)
+    assert mm.activation_layers(rows, spec, device="cpu")["saved"] == measured
+
+
+def test_checkpointing_and_cuda_masks_save_less():
+    rows, _, _ = _random_plan(np.random.default_rng(1), 4)
+    plain = mm.ModelSpec("ressage", 24, 16, 5, 4, 0.5)
+    ckpt = mm.ModelSpec("ressage", 24, 16, 5, 4, 0.5, checkpoint_activations=True)
+    a, b = mm.activation_layers(rows, plain), mm.activation_layers(rows, ckpt)
+    assert b["saved"] < a["saved"] and b["recompute"] > 0 and a["recompute"] == 0
+    assert mm.activation_layers(rows, plain, device="cuda")["saved"] < a["saved"]  # bool masks
+
+
+def test_estimate_breakdown_and_bad_input():
+    rows, _, _ = _random_plan(np.random.default_rng(2), 3)
+    spec = mm.ModelSpec("sage", 24, 16, 5, 3)
+    est = mm.estimate(rows, spec)
+    b = est["breakdown"]
+    assert est["total"] == sum(b.values())
+    assert set(b) == {"features", "graph", "parameters", "gradients", "optimizer", "activations", "halo_buffers",
+                      "step_transient"}
+    # Layers 1..2 exchange (n_send + n_halo) rows at width 16; the buffer share is at most the largest.
+    biggest = max((lr.n_send + lr.n_halo) * 16 * 4 for lr in rows.server.layers[1:])
+    assert 0 < b["halo_buffers"] <= biggest
+    assert b["optimizer"] == 2 * b["parameters"] == 2 * spec.parameters() * 4
+    assert b["features"] >= (rows.server.n_own + rows.server.n_halo) * 24 * 4
+    assert est["step_peak"] >= est["activation_saved"] - spec.parameters() * 4 - 10 ** 5
+    wider = mm.estimate(rows, mm.ModelSpec("sage", 24, 64, 5, 3))
+    assert wider["breakdown"]["activations"] > b["activations"]
+    with pytest.raises(mm.MemoryModelError, match="outside 0..L"):
+        mm.estimate(mm.RankRows(**{**rows.__dict__, "k": 4}), spec)
+    with pytest.raises(mm.MemoryModelError, match="unknown model"):
+        mm.ModelSpec("gat", 4, 4, 2, 2)
+    broken = rows.server.layers[1].__class__(**{**rows.server.layers[1].__dict__, "n_own_in": 1})
+    bad = mm.RankRows(**{**rows.__dict__, "server": mm.ViewRows(
+        "server", rows.server.n_own, rows.server.n_halo, rows.server.n_send,
+        (rows.server.layers[0], broken, rows.server.layers[2]))})
+    with pytest.raises(mm.MemoryModelError, match="next layer's own rows"):
+        mm.estimate(bad, spec)
+
+
+# ---------------------------------------------------------------------------------------------------
+def _opt(mode, peak, k=0, batches=1):
+    return mm.Option(mode=mode, k=k, batches=batches, peak=peak)
+
+
+def test_choose_follows_granndis_order():
+    opts = [_opt("fb", 10), _opt("flx", 40, k=1), _opt("flx", 60, k=2), _opt("flx", 90, k=3),
+            _opt("eas", 30), _opt("cob", 8, batches=2), _opt("cob", 5, batches=8)]
+    assert mm.choose(opts, 100).choice.label == "flx k=3"
+    d = mm.choose(opts, 70)
+    assert d.choice.label == "flx k=2" and [o.label for o in d.rejected] == ["flx k=3"]
+    assert mm.choose(opts, 39).choice.mode == "fb"  # no preload fits: fb (k = 0) replicates nothing
+    assert mm.choose([o for o in opts if o.mode != "fb"], 39).choice.mode == "eas"
+    assert mm.choose([o for o in opts if o.mode not in ("fb", "eas")], 9).choice.label == "cob batches=2"
+    none = mm.choose(opts, 4)
+    assert none.choice is None and "5 B" in none.reason and "cob batches=8" in none.reason
+    assert "--memory-per-gpu 1MiB" in none.reason  # whole MiB, rounded up: a budget that fits
+    assert json.loads(json.dumps(d.to_dict()))["choice"]["k"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_graph():
+    from preprocess.sources import load
+
+    return load("synthetic", vertices=1500, avg_degree=8.0, features=12, classes=4, seed=1)
+
+
+@pytest.fixture(scope="module")
+def small_shards(small_graph, tmp_path_factory):
+    from mpi4py import MPI
+
+    from preprocess.build import build_shards
+
+    out = tmp_path_factory.mktemp("mm") / "full3"
+    build_shards(small_graph, out, servers=2, gpus_per_server=2, layers=3, partitioner="metis", comm=MPI.COMM_SELF)
+    return out
+
+
+def test_row_counts_equal_the_planners(small_shards):
+    """server_view_rows (own/halo/dst/edges/sent per layer) against graph/planner.py on the same slices."""
+    from granndis_hpc import shards
+    from granndis_hpc.engine import views
+    from granndis_hpc.graph import planner
+
+    manifest, servers = mm.read_shard_set(small_shards)
+    for s in range(2):
+        slices = [shards.read_rank_slice(small_shards, manifest, s, g) for g in range(2)]
+        tables = []
+        for sl in slices:
+            rows = views.server_rows(sl, exact_degrees=True)
+            tables.append((rows, planner.build_halo(2, rows.is_own, rows.own_pos, rows.peer, rows.key, rows.src_hop)))
+        for k in (1, 2, 3):
+            for g, sl in enumerate(slices):
+                mine = mm.server_view_rows(servers[s], g, k)
+                rows, (table, sources) = tables[g]
+                peer_table = tables[1 - g][1][0]
+                asked = peer_table.peer == g  # what the other GPU asks of this one
+                send_pos = peer_table.key[asked]
+                send_counts = np.array([0, 0]); send_counts[1 - g] = send_pos.size
+                plan = planner.build_plan(rows.hop, rows.indptr, sources, table, send_pos, send_counts, k)
+                for lp, lr in zip(plan.layers, mine.layers):
+                    assert (lr.n_own_in, lr.n_halo, lr.n_dst, lr.nnz, lr.n_send) == (
+                        lp.n_own_in, int(lp.recv_counts.sum()), lp.n_dst, int(lp.indptr[-1]), int(lp.send_counts.sum()))
+
+
+def test_world_rows_and_inter_server_bytes(small_shards):
+    manifest, servers = mm.read_shard_set(small_shards)
+    rows = mm.shard_rows(servers, 3, 0, 12, 4)
+    assert sum(r.n_inner for r in rows) == 1500
+    # Every halo row some rank reads is sent by its owner: send and receive totals agree.
+    assert sum(r.world.n_send for r in rows) == sum(r.world.n_halo for r in rows)
+    m = mm.ModelSpec("sage", 12, 16, 4, 3)
+    fb = mm.inter_server_bytes(rows, m, 2)
+    inter = sum(r.world.inter_halo for r in rows)
+    assert inter > 0 and fb["halo"] == 2 * inter * 16 * 4 * 2  # layers 1 and 2, forward + backward
+    assert fb["gradient"] == 2 * 1 * m.parameters() * 4
+    flx = mm.inter_server_bytes(mm.shard_rows(servers, 3, 3, 12, 4), m, 2)
+    assert flx["halo"] == 0 and flx["gradient"] == fb["gradient"]
+
+
+# ---------------------------------------------------------------------------------------------------
+SYN = ["--source", "synthetic", "--vertices", "1500", "--avg-degree", "8", "--features", "12", "--classes", "4",
+       "--seed", "1"]
+
+
+def _plan(tmp_path, *extra):
+    from preprocess.__main__ import main
+
+    out = tmp_path / "plan.json"
+    rc = main(["plan", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis",
+               "--hidden", "16", "--json", str(out), "--cob-batches", "2,4", *extra])
+    return rc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_plan_cli_prints_every_option_and_recommends(tmp_path, capsys):
+    rc, res = _plan(tmp_path, "--memory-per-gpu", "1GiB")
+    text = capsys.readouterr().out
+    labels = [o["label"] for o in res["options"]]
+    assert rc == 0 and set(labels) == {"fb", "flx k=1", "flx k=2", "flx k=3", "eas", "cob batches=2", "cob batches=4"}
+    assert res["decision"]["choice"]["label"] == "flx k=3" and "recommendation: flx k=3" in text
+    assert not list(tmp_path.glob("*.h5"))  # no shard written
+    by = {o["label"]: o for o in res["options"]}
+    # The trade: inter-server halo bytes fall as k grows, rows held grow past fb.
+    assert by["fb"]["inter_server_bytes"]["halo"] >= by["flx k=2"]["inter_server_bytes"]["halo"] > 0
+    assert by["flx k=3"]["inter_server_bytes"]["halo"] == 0
+    assert by["flx k=3"]["rows_per_gpu"] > by["fb"]["rows_per_gpu"]
+    # cob all-reduces the gradients once per co-batch.
+    grad = by["flx k=3"]["inter_server_bytes"]["gradient"]
+    assert by["cob batches=4"]["inter_server_bytes"]["gradient"] == 4 * grad == 2 * by["cob batches=2"][
+        "inter_server_bytes"]["gradient"]
+    # A budget between k=2's and k=3's estimate picks k=2 (the largest that fits).
+    mid = (by["flx k=2"]["peak_bytes"] + by["flx k=3"]["peak_bytes"]) // 2
+    assert by["flx k=2"]["peak_bytes"] < mid < by["flx k=3"]["peak_bytes"]
+    rc, res = _plan(tmp_path, "--memory-per-gpu", str(mid))
+    assert rc == 0 and res["decision"]["choice"]["label"] == "flx k=2"
+    rc, res = _plan(tmp_path, "--memory-per-gpu", "1KiB")
+    assert rc != 0 and res["decision"]["choice"] is None
+    assert "nothing fits" in capsys.readouterr().err
+
+
+def _build(tmp_path, *extra):
+    from preprocess.__main__ import main
+
+    out = tmp_path / "set"
+    rc = main(["build", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis",
+               "--hidden", "16", "--out", str(out), *extra])
+    return rc, out
+
+
+def test_build_hops_auto_picks_the_largest_k_that_fits(tmp_path, capsys):
+    _, res = _plan(tmp_path, "--no-eas")
+    by = {o["label"]: o["peak_bytes"] for o in res["options"]}
+    budget = by["flx k=2"] + 1  # k = 2 fits, and k = 3 needs more
+    assert by["flx k=3"] > budget
+    rc, out = _build(tmp_path, "--hops", "auto", "--memory-per-gpu", str(budget))
+    text = capsys.readouterr().out
+    from granndis_hpc import shards
+    manifest = shards.read_manifest(out)
+    assert rc == 0 and manifest["preload"]["hops"] == 2
+    assert "--hops auto: k = 2" in text
+    # The manifest keeps the decision: budget, the estimate of k = 2 and the rejected k = 3.
+    auto = manifest["hops_auto"]
+    assert auto["budget_bytes"] == budget and auto["choice"]["peak_bytes"] == by["flx k=2"]
+    assert [o["label"] for o in auto["rejected"]] == ["flx k=3"]
+    from preprocess.__main__ import main
+    assert main(["verify", str(out)]) == 0
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--hops", "auto"), "add --memory-per-gpu"),
+    (("--hops", "4"), "--hops 4 > --layers 3"),
+    (("--hops", "auto", "--memory-per-gpu", "1KiB"), "too small for any full preload"),
+    (("--hops", "2", "--memory-per-gpu", "1GiB"), "add --hops auto"),
+    (("--hops", "banana"), "number of hops or 'auto'"),
+])
+def test_build_hops_bad_input(tmp_path, capsys, extra, message):
+    try:
+        rc, out = _build(tmp_path, *extra)
+    except SystemExit as exc:  # argparse rejects a malformed --hops
+        rc, out = exc.code, tmp_path / "set"
+    err = capsys.readouterr().err
+    assert rc != 0 and message in err
+    assert not (out / "manifest.json").exists()
+
+
+def test_too_small_budget_names_what_to_build_instead(tmp_path, capsys):
+    _, res = _plan(tmp_path)
+    by = {o["label"]: o["peak_bytes"] for o in res["options"]}
+    budget = min(by["flx k=1"], by["fb"]) - 1
+    rc, _ = _build(tmp_path, "--hops", "auto", "--memory-per-gpu", str(budget))
+    err = capsys.readouterr().err
+    assert rc != 0 and "too small for any full preload" in err and "instead" in err
+
+
+def test_hops_auto_error_on_every_rank(tmp_path):
+    from tests.conftest import run_mpi
+
+    res = run_mpi(["-m", "preprocess", "build", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3",
+                   "--partitioner", "metis", "--out", str(tmp_path / "x"), "--hops", "auto"], n=2, timeout=120)
+    assert res.returncode != 0
+    for rank in (0, 1):
+        assert f"error (rank {rank})" in res.stderr and "--memory-per-gpu" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def eas_shards(small_graph, tmp_path_factory):
+    from mpi4py import MPI
+
+    from preprocess.build import build_shards
+
+    out = tmp_path_factory.mktemp("mm") / "eas"
+    build_shards(small_graph, out, servers=2, gpus_per_server=2, layers=3, preload="eas", hops=1, fanout=2,
+                 partitioner="metis", comm=MPI.COMM_SELF)
+    return out
+
+
+def test_mode_auto_entry_point_over_shard_sets(small_shards, eas_shards):
+    """choose_shard_sets: what `--mode auto` calls with the shard sets it is given."""
+    big = mm.choose_shard_sets([str(small_shards), str(eas_shards)], "sage", 16, 3, 1 << 40, batches=(2, 4))
+    assert big.choice.label == "flx k=3" and big.choice.source == str(small_shards) and not big.rejected
+    every = mm.choose_shard_sets([str(small_shards), str(eas_shards)], "sage", 16, 3, 1, batches=(2, 4)).rejected
+    assert {o.label for o in every} == {"fb", "flx k=1", "flx k=2", "flx k=3", "eas", "cob batches=2",
+                                        "cob batches=4"}
+    flx = {e["rank"]: e["total"] for e in mm.estimate_shard_set(str(small_shards), "sage", 16)}
+    eas = {e["rank"]: e["total"] for e in mm.estimate_shard_set(str(eas_shards), "sage", 16)}
+    assert max(eas.values()) < max(flx.values())  # EAS keeps fewer external rows than a 3-hop preload
+    by = {o.label: o.peak for o in every}
+    assert by["eas"] == max(eas.values()) and by["flx k=3"] == max(flx.values())
+    for budget in sorted(by.values()):
+        d = mm.choose_shard_sets([str(small_shards), str(eas_shards)], "sage", 16, 3, budget, batches=(2, 4))
+        want = next(o for o in sorted(every, key=mm.preference) if o.peak <= budget)
+        assert d.choice.label == want.label and d.choice.peak <= budget
+        assert all(o.peak > budget for o in d.rejected)
+    with pytest.raises(mm.MemoryModelError, match="cannot run k = 4"):
+        mm.estimate_shard_set(str(small_shards), "sage", 16, layers=4, k=4)
+
+
+def test_plan_under_mpirun_equals_one_rank(tmp_path):
+    """The collective plan (servers split over ranks, world send lists all-reduced) gives the same
+    options as one rank; the table is printed once."""
+    from tests.conftest import run_mpi
+
+    args = ["plan", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis",
+            "--hidden", "16", "--cob-batches", "2", "--memory-per-gpu", "1GiB"]
+    res = run_mpi(["-m", "preprocess", *args, "--json", str(tmp_path / "mpi.json")], n=2, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("recommendation:") == 1
+    from preprocess.__main__ import main
+    assert main([*args, "--json", str(tmp_path / "one.json")]) == 0
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("mpi.json", "one.json"))
+    assert a["options"] == b["options"] and a["decision"] == b["decision"]
+
+
+def test_plan_reuses_a_saturated_expansion_without_changing_the_estimate(small_graph):
+    """Deep models: once the k-hop expansion stops growing, deeper builds are reused; the estimate of
+    k = 8 must be the one a fresh 8-hop build gives."""
+    from mpi4py import MPI
+
+    from preprocess import plan
+
+    cfg = plan.PlanConfig(servers=2, gpus_per_server=2, layers=8, hidden=16, partitioner="metis", eas=False)
+    many = plan.plan_options(MPI.COMM_SELF, small_graph, plan.dataclasses.replace(cfg, ks=[5, 6, 7, 8]))["options"]
+    one = plan.plan_options(MPI.COMM_SELF, small_graph, plan.dataclasses.replace(cfg, ks=[8]))["options"]
+    assert [o.to_dict() for o in many if o.k == 8] == [o.to_dict() for o in one]
+
+
+def test_plan_counts_equal_the_written_shards(small_graph, small_shards, tmp_path):
+    """plan (build_server without features, never written) and the shard set on disk give the same
+    estimate: same partition, same rows, same world view."""
+    from mpi4py import MPI
+
+    from preprocess import plan
+    from preprocess.build import build_shards
+
+    two = tmp_path / "full2"
+    build_shards(small_graph, two, servers=2, gpus_per_server=2, layers=3, hops=2, partitioner="metis",
+                 comm=MPI.COMM_SELF)
+    cfg = plan.PlanConfig(servers=2, gpus_per_server=2, layers=3, hidden=16, partitioner="metis", eas=False,
+                          device="cpu", ks=[0, 2, 3])
+    got = {o.label: o for o in plan.plan_options(MPI.COMM_SELF, small_graph, cfg)["options"]}
+    for label, path, k in (("flx k=2", two, 2), ("flx k=3", small_shards, 3), ("fb", small_shards, 0)):
+        ests = mm.estimate_shard_set(str(path), "sage", 16, 3, k=k)
+        worst = max(ests, key=lambda e: e["total"])
+        assert got[label].peak == worst["total"] and got[label].breakdown == worst["breakdown"], label
