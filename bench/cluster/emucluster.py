@@ -485,8 +485,9 @@ def selfcheck(ranks_per_server=2, high=1.15, low=0.5, python=None, timeout_s=120
     hosts (else Open MPI is not seeing the emulated servers)."""
     state = read_state()
     bps = state.get("rate_bps")
-    # Size each inter transfer to ~0.3 s at the configured rate: long against the tbf bucket.
-    size = 8 << 20 if bps is None else int(min(max(bps / 8 * 0.3, 1 << 20), 16 << 20))
+    # Size each inter transfer to ~0.2 s at the configured rate: long against the tbf bucket (64 KiB or
+    # 1 ms), short enough that 3 trials x 3 round trips stay a few seconds at 25mbit.
+    size = 8 << 20 if bps is None else int(min(max(bps / 8 * 0.2, 1 << 20), 16 << 20))
     n = state["servers"] * ranks_per_server
     p = emu_mpirun(["-n", str(n), python or default_python(), os.path.join(HERE, "pingpong.py"),
                     "--bytes", str(size), "--ranks-per-server", str(ranks_per_server)],
@@ -583,7 +584,11 @@ def main(argv=None):
     try:
         if argv and argv[0] == "agent":   # the rsh agent: exec, never return
             cmd = agent_argv(argv[1:], read_state())
-            os.execvp(cmd[0], cmd)
+            try:
+                os.execvp(cmd[0], cmd)  # replaces this process
+            except OSError as exc:
+                raise EmuError(f"rsh-agent: cannot run {cmd[0]}: {exc}", code=255) from None
+            return 127  # only reached when execvp is replaced (tests)
         if argv and argv[0] == "mpirun":  # emu-mpirun
             rest, timeout_s = list(argv[1:]), DEFAULT_RUN_TIMEOUT_S
             if "--emu-timeout" in rest:
@@ -650,7 +655,7 @@ def format_selfcheck(m):
     for peer, bw in m["inter_Bps"].items():
         ratio = "" if m.get("rate_bps") is None else f" = {bw / (m['rate_bps'] / 8):.2f}x the {rate} limit"
         lines.append(f"inter-server (server 0 <-> {peer}):            {bw / 1e6:9.2f} MB/s{ratio}")
-    lines.append(f"message size {m['bytes']:,} B, {m['reps']} round trips each")
+    lines.append(f"message size {m['bytes']:,} B, {m['reps']} round trips each, best of {m.get('trials', 1)} trials")
     return "\n".join(lines)
 
 

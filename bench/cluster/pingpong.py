@@ -3,7 +3,9 @@
 Run under emu-mpirun with S x R ranks (R consecutive ranks per server).  Rank 0 prints one line
 `PINGPONG {json}`: the host of every rank, intra-server bandwidth (rank 0 <-> rank 1) and inter-server
 bandwidth (rank 0 <-> the first rank of every other server), in bytes/s one way:
-2 x bytes x round trips / elapsed, after one warm-up round trip.
+2 x bytes x round trips / elapsed, after one warm-up round trip; the best of --trials trials, because on a
+shared machine CPU starvation only ever slows a trial down (measured: 0.23x the link rate at load 21 on
+2 cores, 0.85x a minute later), while the link's limit is what the check is about.
 """
 import argparse
 import json
@@ -40,6 +42,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bytes", type=int, default=4 << 20)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--trials", type=int, default=3)
     p.add_argument("--ranks-per-server", type=int, required=True)
     args = p.parse_args()
     comm = MPI.COMM_WORLD
@@ -50,16 +53,16 @@ def main():
     buf = np.zeros(args.bytes, dtype=np.uint8)
     intra = None
     if rps > 1:
-        dt = pingpong(comm, 1, buf, args.reps)
+        dt = min(pingpong(comm, 1, buf, args.reps) for _ in range(args.trials))
         intra = 2 * args.bytes * args.reps / dt if comm.Get_rank() == 0 else None
     inter = {}
     for s in range(1, size // rps):
-        dt = pingpong(comm, s * rps, buf, args.reps)
+        dt = min(pingpong(comm, s * rps, buf, args.reps) for _ in range(args.trials))
         if comm.Get_rank() == 0:
             inter[str(s)] = 2 * args.bytes * args.reps / dt
     if comm.Get_rank() == 0:
         print("PINGPONG " + json.dumps({"hosts": hosts, "intra_Bps": intra, "inter_Bps": inter,
-                                        "bytes": args.bytes, "reps": args.reps}), flush=True)
+                                        "bytes": args.bytes, "reps": args.reps, "trials": args.trials}), flush=True)
 
 
 if __name__ == "__main__":
