@@ -14,7 +14,7 @@ export OMP_NUM_THREADS := 1
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 
-.PHONY: setup demo test test-unit test-mpi bench clean
+.PHONY: setup demo test test-unit test-mpi bench bench-cluster clean
 
 setup: $(STAMP)/apt $(STAMP)/venv
 
@@ -51,6 +51,14 @@ test: test-unit test-mpi
 
 bench: setup
 	$(MPIRUN) $(PY) bench/bench_comm.py --out docs/bench_comm.json
+
+# fb, flx, eas, cob on an emulated 2-server cluster (namespaces + tc tbf; needs root) at several link
+# rates: docs/bench-cluster.md, bench-out/cluster/sweep.json and docs/img/speedup_vs_rate.png.
+# `timeout` bounds the whole sweep; the script tears the cluster down on exit, failure or SIGTERM.
+bench-cluster: setup
+	timeout --kill-after=30 2400 $(PY) bench/bench_cluster.py $(BENCH_CLUSTER_ARGS)
+	$(PY) -m granndis_hpc.cli report --sweep bench-out/cluster/sweep.json --out bench-out/cluster/report
+	cp bench-out/cluster/report/speedup_vs_rate.png docs/img/speedup_vs_rate.png
 
 clean:
 	rm -rf $(STAMP) .venv build *.egg-info

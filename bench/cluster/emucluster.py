@@ -477,55 +477,80 @@ def default_python():
     return venv if os.path.exists(venv) else sys.executable
 
 
-def selfcheck(ranks_per_server=2, high=1.15, low=0.5, python=None, timeout_s=120):
-    """Measure intra- and inter-server bandwidth by MPI ping-pong; EmuError when shaping does not hold.
+def selfcheck(ranks_per_server=2, high=1.15, low=0.5, python=None, timeout_s=120, attempts=3, capacity_Bps=None):
+    """Measure intra- and inter-server bandwidth by MPI ping-pong; report whether shaping holds.
 
-    Returns the measurement dict.  Inter-server bandwidth must lie within [low, high] x the configured
-    rate (bytes/s = rate / 8); ranks inside a server must be on one host and the servers on distinct
-    hosts (else Open MPI is not seeing the emulated servers)."""
+    Returns the measurement dict with "problems" (empty when shaping holds) and "fatal" (a problem no
+    retry can fix: the link faster than configured, or Open MPI not seeing the servers).  Inter-server
+    bandwidth must lie within [low, high] x the configured rate (bytes/s = rate / 8); the low bound is
+    taken against min(rate, capacity_Bps) when the machine's unshaped capacity is known, because on 2
+    busy cores TCP over veth may not reach a fast configured rate at all.  A slow measurement is retried
+    (up to `attempts` jobs): on a shared machine CPU starvation slows a trial, it never speeds one up."""
     state = read_state()
     bps = state.get("rate_bps")
     # Size each inter transfer to ~0.2 s at the configured rate: long against the tbf bucket (64 KiB or
     # 1 ms), short enough that 3 trials x 3 round trips stay a few seconds at 25mbit.
     size = 8 << 20 if bps is None else int(min(max(bps / 8 * 0.2, 1 << 20), 16 << 20))
     n = state["servers"] * ranks_per_server
-    p = emu_mpirun(["-n", str(n), python or default_python(), os.path.join(HERE, "pingpong.py"),
-                    "--bytes", str(size), "--ranks-per-server", str(ranks_per_server)],
-                   timeout_s=timeout_s, capture=True)
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("PINGPONG ")]
-    if p.returncode != 0 or not line:
-        raise EmuError(f"self-check: the ping-pong job failed (exit {p.returncode}):\n{p.stdout[-3000:]}\n"
-                       f"{p.stderr[-3000:]}")
-    m = json.loads(line[-1][len("PINGPONG "):])
-    m["rate_bps"] = bps
-    problems = check_measurement(m, state["servers"], ranks_per_server, bps, high, low)
-    m["problems"] = problems
-    return m
+    best = None
+    for attempt in range(max(1, attempts)):
+        p = emu_mpirun(["-n", str(n), python or default_python(), os.path.join(HERE, "pingpong.py"),
+                        "--bytes", str(size), "--ranks-per-server", str(ranks_per_server)],
+                       timeout_s=timeout_s, capture=True)
+        line = [ln for ln in p.stdout.splitlines() if ln.startswith("PINGPONG ")]
+        if p.returncode != 0 or not line:
+            raise EmuError(f"self-check: the ping-pong job failed (exit {p.returncode}):\n{p.stdout[-3000:]}\n"
+                           f"{p.stderr[-3000:]}")
+        m = json.loads(line[-1][len("PINGPONG "):])
+        m["rate_bps"], m["attempts"] = bps, attempt + 1
+        m["problems"], m["fatal"] = check_measurement(m, state["servers"], ranks_per_server, bps, high, low,
+                                                      capacity_Bps, with_fatal=True)
+        if best is None or min(m["inter_Bps"].values()) > min(best["inter_Bps"].values()):
+            best = dict(m, attempts=attempt + 1)
+        if not m["problems"] or m["fatal"]:
+            return m
+    return best
 
 
-def check_measurement(m, servers, ranks_per_server, bps, high=1.15, low=0.5):
-    """Problems (list of str) with a ping-pong measurement; empty when shaping holds."""
-    problems = []
+def check_measurement(m, servers, ranks_per_server, bps, high=1.15, low=0.5, capacity_Bps=None,
+                      with_fatal=False):
+    """Problems (list of str) with a ping-pong measurement; empty when shaping holds.
+
+    with_fatal: return (problems, fatal) where fatal says a problem is structural (not load)."""
+    problems, fatal = [], False
     hosts = m["hosts"]
     if len(set(hosts)) != servers:
         problems.append(f"Open MPI sees {len(set(hosts))} host(s) ({sorted(set(hosts))}), expected {servers}: "
                         f"the UTS namespaces are not in effect")
+        fatal = True
     for s in range(servers):
         mine = set(hosts[s * ranks_per_server:(s + 1) * ranks_per_server])
         if len(mine) != 1:
             problems.append(f"server {s}'s ranks are on several hosts {sorted(mine)}")
+            fatal = True
     if bps is not None:
         want = bps / 8
+        floor = want if capacity_Bps is None else min(want, capacity_Bps)
         for peer, bw in m["inter_Bps"].items():
             ratio = bw / want
-            if not low <= ratio <= high:
+            if ratio > high:
                 problems.append(f"inter-server bandwidth to server {peer}: {bw / 1e6:.2f} MB/s = {ratio:.2f}x "
-                                f"the configured {format_rate(bps)} ({want / 1e6:.2f} MB/s); allowed "
-                                f"{low:g}x..{high:g}x: the link is not shaped as configured")
-        if m.get("intra_Bps") is not None and m["intra_Bps"] < 1.5 * want:
+                                f"the configured {format_rate(bps)} ({want / 1e6:.2f} MB/s); allowed at most "
+                                f"{high:g}x: the link is not shaped as configured")
+                fatal = True
+            elif bw < low * floor:
+                what = "the configured rate" if floor == want else "this machine's unshaped capacity"
+                problems.append(f"inter-server bandwidth to server {peer}: {bw / 1e6:.2f} MB/s = {ratio:.2f}x "
+                                f"the configured {format_rate(bps)} ({want / 1e6:.2f} MB/s), under {low:g}x "
+                                f"{what} ({floor / 1e6:.2f} MB/s): the link is not shaped as configured "
+                                f"(or the machine is too busy to drive it; try again when it is idle)")
+        inter_best = max(m["inter_Bps"].values()) if m["inter_Bps"] else 0.0
+        if m.get("intra_Bps") is not None and m["intra_Bps"] < 1.5 * inter_best:
             problems.append(f"intra-server bandwidth {m['intra_Bps'] / 1e6:.1f} MB/s is not above the shaped "
-                            f"inter-server link: ranks inside a server are not using shared memory")
-    return problems
+                            f"inter-server link ({inter_best / 1e6:.1f} MB/s): ranks inside a server are not "
+                            f"using shared memory")
+            fatal = True
+    return (problems, fatal) if with_fatal else problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,7 +680,8 @@ def format_selfcheck(m):
     for peer, bw in m["inter_Bps"].items():
         ratio = "" if m.get("rate_bps") is None else f" = {bw / (m['rate_bps'] / 8):.2f}x the {rate} limit"
         lines.append(f"inter-server (server 0 <-> {peer}):            {bw / 1e6:9.2f} MB/s{ratio}")
-    lines.append(f"message size {m['bytes']:,} B, {m['reps']} round trips each, best of {m.get('trials', 1)} trials")
+    lines.append(f"message size {m['bytes']:,} B, {m['reps']} round trips each, best of {m.get('trials', 1)} trials"
+                 f" (job {m.get('attempts', 1)})")
     return "\n".join(lines)
 
 

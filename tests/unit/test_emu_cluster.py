@@ -380,3 +380,27 @@ def test_report_sweep_errors(tmp_path, capsys):
         report_main([])                                          # neither runs nor --sweep
     with pytest.raises(SystemExit):
         report_main(["somerun", "--sweep", str(tmp_path / "b.json")])
+
+
+def test_pooled_prediction_leaves_the_measured_run_out():
+    rates = sweep_rates(1.45)
+    rates.append({"label": "50mbit", "rate_bps": 5 * 10**7, "bw_Bps": 5e6,
+                  "runs": {m: dict(r, compute=r["compute"] + 1.0) for m, r in rates[1]["runs"].items()}})
+    costmodel.model_sweep(rates, servers=2)
+    fb = rates[1]["runs"]["fb"]
+    # the other two runs' local terms: 0.45 (unshaped) and 1.45 (50mbit, compute 1.3) -> median 0.95
+    assert fb["predicted_pooled_s"] == pytest.approx(0.95 + (2 * 10**7 + 1000) / 2 / 1e7)
+    assert fb["model_error_pooled"] == pytest.approx((fb["predicted_pooled_s"] - 1.45) / 1.45)
+    assert fb["predicted_s"] == pytest.approx(0.45 + 1.00005)   # the unshaped-based one is unchanged
+
+
+def test_selfcheck_low_bound_follows_the_machines_capacity():
+    gbit = 10**9                                                  # 125 MB/s: more than 2 busy cores drive
+    (slow,) = emu.check_measurement(measurement(57.0, intra_MBps=600), 2, 2, gbit)
+    assert "0.46x" in slow and "too busy" in slow
+    assert emu.check_measurement(measurement(57.0, intra_MBps=600), 2, 2, gbit, capacity_Bps=100e6) == []
+    problems, fatal = emu.check_measurement(measurement(20.0, intra_MBps=600), 2, 2, gbit, capacity_Bps=100e6,
+                                            with_fatal=True)
+    assert problems and "unshaped capacity" in problems[0] and not fatal    # load: worth a retry
+    problems, fatal = emu.check_measurement(measurement(15.0), 2, 2, 10**8, with_fatal=True)
+    assert problems and fatal                                     # faster than the limit: shaping is off
