@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${DEMO_OUT:-demo-out}
 VERTICES=${DEMO_VERTICES:-20000}
-EPOCHS=${DEMO_EPOCHS:-20}
+EPOCHS=${DEMO_EPOCHS:-10}
 RATE=${DEMO_RATE:-100mbit}
 EMU=bench/cluster/emu-cluster
 mkdir -p "$OUT"
@@ -33,7 +33,7 @@ mpirun -n 2 $PY -m preprocess build --source synthetic --vertices "$VERTICES" --
 mpirun -n 2 $PY -m preprocess build --source synthetic --vertices "$VERTICES" --seed 0 \
     --servers 2 --gpus-per-server 2 --layers 3 --preload eas --hops 1 --fanout 15 --out "$OUT/shards-eas" --overwrite
 
-common=(--model sage --layers 3 --hidden 64 --epochs "$EPOCHS" --lr 0.01 --dropout 0.5 --eval-every 10)
+common=(--model sage --layers 3 --hidden 64 --epochs "$EPOCHS" --lr 0.01 --dropout 0.5 --eval-every 5)
 if [ $emulated = 1 ]; then
     # Torn down however the demo ends (success, failure, Ctrl-C, SIGTERM).
     trap '$EMU teardown >/dev/null 2>&1 || true' EXIT
