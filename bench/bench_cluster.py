@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -83,7 +82,9 @@ def parse_rates(text):
 def run(cmd, log, timeout, capture=False):
     print("+", " ".join(cmd), flush=True)
     log.append(" ".join(cmd))
-    p = subprocess.run(cmd, cwd=REPO, env=ENV, timeout=timeout, capture_output=capture, text=True)
+    # `timeout` bounds the command; emucluster.run_bounded passes a SIGTERM of the sweep on to it.
+    p = emucluster.run_bounded(["timeout", "--kill-after=15", str(int(timeout)), *cmd], env=ENV, capture=capture,
+                               cwd=REPO)
     if p.returncode != 0:
         tail = ((p.stdout or "") + (p.stderr or ""))[-3000:] if capture else ""
         raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n{tail}")

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${DEMO_OUT:-demo-out}
 VERTICES=${DEMO_VERTICES:-20000}
-EPOCHS=${DEMO_EPOCHS:-10}
+EPOCHS=${DEMO_EPOCHS:-6}
 RATE=${DEMO_RATE:-100mbit}
 EMU=bench/cluster/emu-cluster
 mkdir -p "$OUT"
@@ -33,7 +33,7 @@ mpirun -n 2 $PY -m preprocess build --source synthetic --vertices "$VERTICES" --
 mpirun -n 2 $PY -m preprocess build --source synthetic --vertices "$VERTICES" --seed 0 \
     --servers 2 --gpus-per-server 2 --layers 3 --preload eas --hops 1 --fanout 15 --out "$OUT/shards-eas" --overwrite
 
-common=(--model sage --layers 3 --hidden 64 --epochs "$EPOCHS" --lr 0.01 --dropout 0.5 --eval-every 5)
+common=(--model sage --layers 3 --hidden 64 --epochs "$EPOCHS" --lr 0.01 --dropout 0.5 --eval-every 3)
 if [ $emulated = 1 ]; then
     # Torn down however the demo ends (success, failure, Ctrl-C, SIGTERM).
     trap '$EMU teardown >/dev/null 2>&1 || true' EXIT
@@ -74,7 +74,7 @@ if emulated:
           f"(the paper measured 44-86 % on its 10 GbE GPU cluster).")
 else:
     print(f"\nNot on an emulated cluster ({why.replace('emu-cluster: error: ', '').strip()}).\n"
-          f"Servers shared memory here: fb spends only {share * 100:.0f} % of its epoch on inter-server "
+          f"The servers share memory here: fb spends only {share * 100:.0f} % of its epoch on inter-server "
           f"communication, so the table below is not the paper's situation.")
 print(f"\n{'mode':<5} {'epoch (s)':>10} {'speedup':>8} {'intra halo B':>14} {'inter halo B':>14} "
       f"{'inter grad B':>14} {'test acc':>9}")

@@ -459,13 +459,32 @@ def shape(bps, delay_s=None):
     return state
 
 
+def run_bounded(cmd, env=None, capture=False, grace_s=20, cwd=None):
+    """subprocess.run that passes a stop on: on any exception here (SIGTERM/SIGHUP turned into
+    KeyboardInterrupt by install_signal_teardown, Ctrl-C) the child gets SIGTERM, then SIGKILL after
+    `grace_s`.  subprocess.run would SIGKILL `timeout` at once and orphan the mpirun under it."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, text=True, stdout=subprocess.PIPE if capture else None,
+                            stderr=subprocess.PIPE if capture else None)
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)  # `timeout` forwards it to its child
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def emu_mpirun(argv, timeout_s=DEFAULT_RUN_TIMEOUT_S, capture=False):
     """Run mpirun on the emulated cluster; returns the CompletedProcess (or exits on a usage error)."""
     preflight()
     state = read_state()
     cmd, extra = launcher_argv(argv, state, timeout_s)
     env = dict(os.environ, **extra)
-    p = subprocess.run(cmd, env=env, capture_output=capture, text=True)
+    p = run_bounded(cmd, env=env, capture=capture)
     if p.returncode in (124, 137):
         print(f"emu-mpirun: the job ran past its {timeout_s} s limit and was stopped "
               f"(raise it with --emu-timeout S)", file=sys.stderr)
@@ -623,6 +642,7 @@ def main(argv=None):
                 except (IndexError, ValueError):
                     raise EmuError("--emu-timeout needs a number of seconds", code=EXIT_USAGE) from None
                 del rest[i:i + 2]
+            install_signal_teardown()  # a SIGTERM to emu-mpirun reaches mpirun (run_bounded)
             try:
                 return emu_mpirun(rest, timeout_s).returncode
             except ValueError as exc:
@@ -660,7 +680,7 @@ def main(argv=None):
             install_signal_teardown()
             try:
                 setup(args.servers, bps, delay)
-                return subprocess.run(["timeout", "--kill-after=15", str(args.timeout), *command]).returncode
+                return run_bounded(["timeout", "--kill-after=15", str(args.timeout), *command]).returncode
             finally:
                 teardown()
         return 0

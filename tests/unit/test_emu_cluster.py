@@ -404,3 +404,32 @@ def test_selfcheck_low_bound_follows_the_machines_capacity():
     assert problems and "unshaped capacity" in problems[0] and not fatal    # load: worth a retry
     problems, fatal = emu.check_measurement(measurement(15.0), 2, 2, 10**8, with_fatal=True)
     assert problems and fatal                                     # faster than the limit: shaping is off
+
+
+def test_run_bounded_passes_a_stop_on_to_the_child(tmp_path, monkeypatch):
+    """A stop (KeyboardInterrupt, as SIGTERM becomes) must end the child, not orphan it."""
+    import subprocess
+    import time
+    marker = tmp_path / "pid"
+    real_popen = subprocess.Popen
+    procs = []
+
+    def popen(*a, **kw):
+        p = real_popen(*a, **kw)
+        procs.append(p)
+        return p
+    monkeypatch.setattr(emu.subprocess, "Popen", popen)
+
+    def interrupt_soon(self, *a, **kw):
+        time.sleep(0.3)
+        raise KeyboardInterrupt("signal 15")
+    monkeypatch.setattr(real_popen, "communicate", interrupt_soon)
+    with pytest.raises(KeyboardInterrupt):
+        emu.run_bounded(["sh", "-c", f"echo $$ > {marker}; exec sleep 30"], grace_s=5)
+    assert procs and procs[0].poll() is not None                  # the child was ended and reaped
+    assert procs[0].returncode == -15                             # by SIGTERM first, not SIGKILL
+
+
+def test_run_bounded_returns_like_subprocess_run():
+    p = emu.run_bounded(["sh", "-c", "echo hi; exit 3"], capture=True)
+    assert (p.returncode, p.stdout) == (3, "hi\n")
