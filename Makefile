@@ -14,7 +14,7 @@ export OMP_NUM_THREADS := 1
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 
-.PHONY: setup demo test test-unit test-mpi bench clean
+.PHONY: setup demo test test-unit test-mpi bench bench-cluster clean
 
 setup: $(STAMP)/apt $(STAMP)/venv
 
@@ -51,6 +51,20 @@ test: test-unit test-mpi
 
 bench: setup
 	$(MPIRUN) $(PY) bench/bench_comm.py --out docs/bench_comm.json
+
+# fb, flx, eas, cob on an emulated 2-server cluster (namespaces + tc tbf; needs root) at several link
+# rates: docs/bench-cluster.md (+ .json) and docs/img/speedup_vs_rate.png; ~25 min on 2 busy cores.
+# A quick look: make bench-cluster BENCH_CLUSTER_ARGS='--rates unshaped,100mbit --modes fb,flx'
+# `timeout` bounds the whole sweep; the script tears the cluster down on exit, failure or SIGTERM.
+BENCH_CLUSTER_WORK ?= bench-out/cluster
+BENCH_CLUSTER_DOCS ?= docs
+bench-cluster: setup
+	timeout --kill-after=30 2400 $(PY) bench/bench_cluster.py --work $(BENCH_CLUSTER_WORK) \
+	    --out $(BENCH_CLUSTER_DOCS)/bench-cluster.md $(BENCH_CLUSTER_ARGS)
+	$(PY) -m granndis_hpc.cli report --sweep $(BENCH_CLUSTER_WORK)/sweep.json --out $(BENCH_CLUSTER_WORK)/report
+	mkdir -p $(BENCH_CLUSTER_DOCS)/img
+	cp $(BENCH_CLUSTER_WORK)/sweep.json $(BENCH_CLUSTER_DOCS)/bench-cluster.json
+	cp $(BENCH_CLUSTER_WORK)/report/speedup_vs_rate.png $(BENCH_CLUSTER_DOCS)/img/speedup_vs_rate.png
 
 clean:
 	rm -rf $(STAMP) .venv build *.egg-info

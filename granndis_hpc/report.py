@@ -19,6 +19,11 @@ Speedup = epoch time of the matching FB run / epoch time of this run, where the 
 first `fb` run given with the same model, layers, servers and ranks per server (a speedup across
 different models or cluster shapes would not mean anything), else "n/a".
 
+`granndis report --sweep SWEEP.json [--out DIR]` reads the output of bench/bench_cluster.py (every mode at
+several link rates of the emulated cluster) and writes ``speedup_vs_rate.png`` (speedup over fb against
+the inter-server link rate, log scale; the unshaped run is drawn at its measured ping-pong bandwidth) and
+``speedup_vs_rate.md`` (the same numbers as a table), and prints the table.
+
 Plots use matplotlib's object API on the Agg canvas: no pyplot, no global backend switch, no display.
 """
 from __future__ import annotations
@@ -33,7 +38,8 @@ from granndis_hpc.config import HelpFormatter
 from granndis_hpc.fsutil import atomic_path, atomic_write_bytes, read_json_object
 from granndis_hpc.metrics import MetricsError, read_metrics_lines
 
-__all__ = ["ReportError", "RunData", "load_run", "render_report", "format_table", "main"]
+__all__ = ["ReportError", "RunData", "load_run", "render_report", "format_table", "load_sweep",
+           "render_sweep", "main"]
 
 TIME_PHASES = (("compute", "compute"), ("intra_comm", "intra-server comm"), ("inter_comm", "inter-server comm"),
                ("grad_sync", "gradient sync"), ("sampling", "sampling"))
@@ -344,22 +350,123 @@ def render_report(run_dirs, out_dir) -> dict:
     return {"table": table, "pngs": pngs, "markdown": md_path}
 
 
+# ---------------------------------------------------------------------------------------------
+# Link-rate sweeps (bench/bench_cluster.py)
+
+
+def load_sweep(path) -> dict:
+    """Read and check a sweep.json: modes (fb first), rates with their measured bandwidth and epoch times."""
+    where = f"sweep {path}"
+    sweep = read_json_object(path, ReportError, where=where,
+                             not_found_hint=" (bench/bench_cluster.py writes it, by default to bench-out/cluster/)")
+    modes = sweep.get("modes")
+    if not isinstance(modes, list) or not modes or not all(isinstance(m, str) for m in modes):
+        raise ReportError(f"{where}: 'modes' must be a non-empty list of mode names")
+    if "fb" not in modes:
+        raise ReportError(f"{where}: no 'fb' mode, so there is no speedup to draw")
+    rates = sweep.get("rates")
+    if not isinstance(rates, list) or not rates:
+        raise ReportError(f"{where}: 'rates' must be a non-empty list; did the sweep finish?")
+    for i, rate in enumerate(rates):
+        w = f"{where}: rates[{i}]"
+        if not isinstance(rate, dict):
+            raise ReportError(f"{w} must be an object")
+        _check(rate, "label", ["str"], w)
+        _check(rate, "rate_bps", ["int", "number"], w, optional=True)
+        _check(rate, "bw_Bps", ["number"], w)
+        runs = _check(rate, "runs", ["dict"], w)
+        for m in modes:
+            if m not in runs or not isinstance(runs[m], dict):
+                raise ReportError(f"{w} ({rate['label']}): no run of mode {m!r}")
+            _check(runs[m], "epoch_s", ["number"], f"{w} runs[{m}]")
+            if runs[m]["epoch_s"] <= 0:
+                raise ReportError(f"{w} runs[{m}]: epoch_s must be positive, found {runs[m]['epoch_s']}")
+    return sweep
+
+
+def _sweep_x(rate) -> float:
+    """Link rate in Mbit/s for the x axis: the configured one, or the measured one when unshaped."""
+    bps = rate["rate_bps"] if rate.get("rate_bps") is not None else rate["bw_Bps"] * 8
+    return bps / 1e6
+
+
+def sweep_table(sweep) -> str:
+    modes = sweep["modes"]
+    others = [m for m in modes if m != "fb"]
+    header = ["Link rate", "Mbit/s", "FB epoch (s)"] + [f"{m.upper()} speedup" for m in others]
+    rows = []
+    for rate in sorted(sweep["rates"], key=_sweep_x):
+        fb = rate["runs"]["fb"]["epoch_s"]
+        label = rate["label"] + (" (measured)" if rate.get("rate_bps") is None else "")
+        rows.append([label, f"{_sweep_x(rate):,.0f}", f"{fb:.3f}"]
+                    + [f"{fb / rate['runs'][m]['epoch_s']:.2f}x" for m in others])
+    widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(header)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *(line(r) for r in rows)])
+
+
+def plot_sweep(sweep, path):
+    rates = sorted(sweep["rates"], key=_sweep_x)
+    xs = [_sweep_x(r) for r in rates]
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for i, m in enumerate(sweep["modes"]):
+        if m == "fb":
+            continue
+        ys = [r["runs"]["fb"]["epoch_s"] / r["runs"][m]["epoch_s"] for r in rates]
+        ax.plot(xs, ys, marker="o", color=f"C{i % 10}", label=m)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="fb (= 1)")
+    for r, x in zip(rates, xs):
+        if r.get("rate_bps") is None:
+            ax.annotate("unshaped", (x, 1.0), textcoords="offset points", xytext=(0, -14), ha="center",
+                        fontsize="small")
+    ax.set_xscale("log")
+    ax.set_xlabel("inter-server link rate per direction (Mbit/s, log scale)")
+    ax.set_ylabel("speedup over fb (epoch time)")
+    g = sweep.get("graph", {})
+    ax.set_title(f"Speedup over fb vs link rate ({g.get('servers', '?')} servers x {g.get('ranks_per_server', '?')} "
+                 f"ranks, emulated)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def render_sweep(path, out_dir) -> dict:
+    sweep = load_sweep(path)
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    png = plot_sweep(sweep, os.path.join(out_dir, "speedup_vs_rate.png"))
+    table = sweep_table(sweep)
+    md = os.path.join(out_dir, "speedup_vs_rate.md")
+    atomic_write_bytes(md, ("# Speedup over fb against link rate\n\n" + table + "\n\nFrom `" + os.fspath(path)
+                            + "`.\n\n![speedup vs link rate](speedup_vs_rate.png)\n").encode())
+    return {"table": table, "pngs": [png], "markdown": md}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="granndis report", formatter_class=HelpFormatter,
         description="Plots and a comparison table for one or more granndis-train run directories.",
-        epilog="example:\n  granndis report runs/fb-123 runs/flx-124 --out reports/cora")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories written by granndis-train")
+        epilog="examples:\n  granndis report runs/fb-123 runs/flx-124 --out reports/cora\n"
+               "  granndis report --sweep bench-out/cluster/sweep.json --out reports/cluster")
+    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directories written by granndis-train")
+    p.add_argument("--sweep", default=None, metavar="SWEEP_JSON",
+                   help="a link-rate sweep from bench/bench_cluster.py: plot speedup over fb against link rate")
     p.add_argument("--out", default=None,
                    help="output directory; default: the run directory when there is one run, else ./report")
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.sweep is not None and args.run_dirs:
+        parser.error("give either run directories or --sweep, not both")
+    if args.sweep is None and not args.run_dirs:
+        parser.error("give one or more run directories (or --sweep SWEEP_JSON)")
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else "report")
     try:
-        result = render_report(args.run_dirs, out)
+        result = render_sweep(args.sweep, out) if args.sweep else render_report(args.run_dirs, out)
     except ReportError as exc:
         print(f"granndis report: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,301 @@
+"""fb, flx, eas and cob side by side on an emulated 2-server cluster, at several link rates (not a test).
+
+    make bench-cluster        # = python bench/bench_cluster.py (root; ~15 min on a 2-core machine)
+
+Builds the shard sets once (synthetic DC-SBM graph, 2 servers x 2 GPUs, METIS), sets up the emulated
+cluster (bench/cluster/: a network + UTS namespace per server, one veth, tc tbf on both egresses), then
+for every rate: re-shapes the link, measures it (MPI ping-pong self-check; the run stops if shaping does
+not hold) and trains every mode under emu-mpirun (4 ranks, 2 per server, servers found by Open MPI from
+the hostnames).  Writes bench-out/cluster/sweep.json and the markdown page (tables, cost model, the exact
+commands).  `granndis report --sweep bench-out/cluster/sweep.json` draws speedup against link rate.
+
+Epoch time = median over the epochs after the first; evaluation runs on the last epoch only (not timed
+in an epoch) and gives the test accuracy.  The cluster is torn down on exit, failure or SIGTERM.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "bench", "cluster"))
+import costmodel  # noqa: E402
+import emucluster  # noqa: E402
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_hwloc_base_binding_policy="none",
+           OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+# Shard sets: name -> preprocess arguments (beyond the graph and cluster shape).  Add a row per set.
+SHARD_SETS = {
+    "full": ["--preload", "full"],
+    "eas": ["--preload", "eas", "--hops", "1", "--fanout", "15"],
+    # Flexible Preloading with k < L (when the engine has it): k-hop preloads of a 3-layer model.
+    "full-k1": ["--preload", "full", "--hops", "1"],
+    "full-k2": ["--preload", "full", "--hops", "2"],
+}
+# Modes of the sweep: name -> (shard set, granndis-train arguments, in the default list?).
+# fb is the baseline every speedup is measured against.  To add "flx k=1..L-1" give
+# --modes fb,flx,flx-k1,flx-k2 (or flip the third field) once the engine runs --mode flx on k < L shards.
+MODES = {
+    "fb": ("full", ["--mode", "fb"], True),
+    "flx": ("full", ["--mode", "flx"], True),
+    "eas": ("eas", ["--mode", "eas"], True),
+    "cob": ("full", ["--mode", "cob", "--batches-per-epoch", "2", "--fanout", "10"], True),
+    "flx-k1": ("full-k1", ["--mode", "flx"], False),
+    "flx-k2": ("full-k2", ["--mode", "flx"], False),
+}
+DEFAULT_RATES = "unshaped,1gbit,250mbit,100mbit,50mbit,25mbit"
+
+
+def parse_modes(text):
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)} "
+                         f"(add a row to MODES in bench/bench_cluster.py)")
+    if "fb" not in modes:
+        raise ValueError("--modes must include fb: every speedup is measured against it")
+    if len(set(modes)) != len(modes):
+        raise ValueError(f"--modes lists a mode twice: {text}")
+    return ["fb"] + [m for m in modes if m != "fb"]
+
+
+def parse_rates(text):
+    """[(label, bits/s or None)], the unshaped one first (the cost model's compute comes from it)."""
+    out = []
+    for label in (t.strip() for t in text.split(",") if t.strip()):
+        bps = emucluster.parse_rate(label)
+        out.append((emucluster.format_rate(bps), bps))
+    if not any(b is None for _, b in out):
+        raise ValueError("--rates must include 'unshaped': the cost model takes each mode's compute time "
+                         "from the unshaped run")
+    if len({b for _, b in out}) != len(out):
+        raise ValueError(f"--rates lists a rate twice: {text}")
+    return sorted(out, key=lambda lb: (0, 0) if lb[1] is None else (1, -lb[1]))
+
+
+def run(cmd, log, timeout, capture=False):
+    print("+", " ".join(cmd), flush=True)
+    log.append(" ".join(cmd))
+    # `timeout` bounds the command; emucluster.run_bounded passes a SIGTERM of the sweep on to it.
+    p = emucluster.run_bounded(["timeout", "--kill-after=15", str(int(timeout)), *cmd], env=ENV, capture=capture,
+                               cwd=REPO)
+    if p.returncode != 0:
+        tail = ((p.stdout or "") + (p.stderr or ""))[-3000:] if capture else ""
+        raise RuntimeError(f"command failed ({p.returncode}): {' '.join(cmd)}\n{tail}")
+    return p
+
+
+def read_records(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def fmt_rate_col(rate):
+    if rate["rate_bps"] is None:
+        return f"unshaped ({rate['bw_Bps'] * 8 / 1e6:,.0f} Mbit/s measured)"
+    return rate["label"]
+
+
+def render(sweep, argv):
+    """The markdown page of a sweep."""
+    g, rates, modes = sweep["graph"], sweep["rates"], sweep["modes"]
+    L = [f"# Speedup on an emulated 2-server cluster ({sweep['date']})", "",
+         f"Synthetic DC-SBM graph, {g['vertices']:,} vertices, {g['layers']}-layer SAGE, hidden {g['hidden']}, "
+         f"{g['epochs']} epochs per run (median epoch time over epochs 1..{g['epochs'] - 1}; test accuracy "
+         f"after epoch {g['epochs'] - 1}). 2 servers x 2 ranks; each server is a network + UTS namespace, the "
+         f"servers are joined by one veth shaped with `tc tbf` on both egresses, ranks inside a server use "
+         f"shared memory (see `docs/cluster.md`). One 2-core machine shared with other jobs: times are "
+         f"indicative, bytes are exact ledger counts (summed over ranks, per epoch).", ""]
+    L += ["## Link check (MPI ping-pong, bench/cluster/pingpong.py)", "",
+          "| link rate | inter-server MB/s | x nominal | intra-server MB/s |", "|---|---:|---:|---:|"]
+    for r in rates:
+        pp = r["pingpong"]
+        nominal = "" if r["rate_bps"] is None else f"{r['bw_Bps'] / (r['rate_bps'] / 8):.2f}"
+        intra = pp.get("intra_Bps")
+        L.append(f"| {r['label']} | {r['bw_Bps'] / 1e6:,.2f} | {nominal} | "
+                 f"{'' if intra is None else f'{intra / 1e6:,.0f}'} |")
+    L += ["", "## Epoch time and speedup over fb", "",
+          "| link rate | " + " | ".join(f"{m} (s)" for m in modes) + " | " +
+          " | ".join(f"{m} speedup" for m in modes if m != "fb") + " | fb inter share |",
+          "|---|" + "---:|" * (2 * len(modes) - 1 + 1)]
+    for r in rates:
+        sp = costmodel.speedups(r)
+        L.append(f"| {fmt_rate_col(r)} | " + " | ".join(f"{r['runs'][m]['epoch_s']:.3f}" for m in modes) + " | "
+                 + " | ".join(f"**{sp[m]:.2f}x**" for m in modes if m != "fb") +
+                 f" | {costmodel.inter_share(r['runs']['fb']) * 100:.0f} % |")
+    L += ["", "## Breakdown per epoch (s), bytes per link class, accuracy", "",
+          "| link rate | mode | epoch | compute | sampling | intra comm | inter comm | grad sync | intra halo (B) | "
+          "inter halo (B) | intra grad (B) | inter grad (B) | test acc |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rates:
+        for m in modes:
+            x, b = r["runs"][m], r["runs"][m]["bytes"]
+            acc = "" if x["test_acc"] is None else f"{x['test_acc']:.3f}"
+            L.append(f"| {r['label']} | {m} | {x['epoch_s']:.3f} | {x['compute']:.3f} | {x['sampling']:.3f} | "
+                     f"{x['intra_comm']:.3f} | {x['inter_comm']:.3f} | {x['grad_sync']:.3f} | {b['intra_halo']:,} | "
+                     f"{b['inter_halo']:,} | {b['intra_grad']:,} | {b['inter_grad']:,} | {acc} |")
+    L += ["", "## Cost model: predicted vs measured epoch time", "",
+          "T = C + T_intra + B_inter / (2 * bw): C and T_intra (intra comm + grad sync + sampling) from the "
+          "mode's unshaped run, B_inter = ledger inter-server bytes per epoch, bw = the ping-pong bandwidth "
+          "at that rate (table above). `bench/cluster/costmodel.py` has the reasoning.", "",
+          "| link rate | " + " | ".join(f"{m} meas / pred (err)" for m in modes) + " |",
+          "|---|" + "---:|" * len(modes)]
+    off = []
+    for r in rates:
+        cells = []
+        for m in modes:
+            x = r["runs"][m]
+            cells.append(f"{x['epoch_s']:.3f} / {x['predicted_s']:.3f} ({x['model_error'] * 100:+.0f} %)")
+            if abs(x["model_error"]) > 0.25:
+                off.append(f"{m} at {r['label']}")
+        L.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    worst = max(abs(x["model_error"]) for r in rates for x in r["runs"].values())
+    L += ["", f"Largest error: {worst * 100:.0f} %. "
+          + (f"Off by more than 25 %: {', '.join(off)} (see docs/cluster.md, 'When the model is off')."
+             if off else "Every prediction is within 25 %.")]
+    if all("predicted_pooled_s" in x for r in rates for x in r["runs"].values()):
+        L += ["", "Pooled variant: C + T_intra = median over the mode's runs at the other rates "
+              "(leave-one-out), against load spikes of this shared machine:", "",
+              "| link rate | " + " | ".join(f"{m} meas / pred (err)" for m in modes) + " |",
+              "|---|" + "---:|" * len(modes)]
+        off_p = []
+        for r in rates:
+            cells = []
+            for m in modes:
+                x = r["runs"][m]
+                cells.append(f"{x['epoch_s']:.3f} / {x['predicted_pooled_s']:.3f} ({x['model_error_pooled'] * 100:+.0f} %)")
+                if abs(x["model_error_pooled"]) > 0.25:
+                    off_p.append(f"{m} at {r['label']}")
+            L.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+        worst_p = max(abs(x["model_error_pooled"]) for r in rates for x in r["runs"].values())
+        L += ["", f"Largest error (pooled): {worst_p * 100:.0f} %. "
+              + (f"Off by more than 25 %: {', '.join(off_p)}." if off_p else "Every prediction is within 25 %.")]
+    paper = costmodel.paper_like_rates(rates)
+    L += ["", "## At the paper's communication share", "",
+          f"The paper measured FB spending {costmodel.PAPER_SHARE[0] * 100:.0f}-{costmodel.PAPER_SHARE[1] * 100:.0f} % "
+          f"of its epoch on inter-server communication on its 10 GbE GPU cluster. Here fb does so at: "
+          f"{', '.join(paper) if paper else 'none of the measured rates'}.", "",
+          "| link rate | fb inter share | " + " | ".join(f"{m} speedup" for m in modes if m != "fb") + " |",
+          "|---|---:|" + "---:|" * (len(modes) - 1)]
+    for r in rates:
+        if r["label"] in paper:
+            sp = costmodel.speedups(r)
+            L.append(f"| {r['label']} | {costmodel.inter_share(r['runs']['fb']) * 100:.0f} % | "
+                     + " | ".join(f"{sp[m]:.2f}x" for m in modes if m != "fb") + " |")
+    L += ["", "Paper (AE cluster, 10 GbE, FLX over FB): "
+          + ", ".join(f"{k} {v:.2f}x" for k, v in costmodel.PAPER_FLX_SPEEDUP.items()) + ".", ""]
+    if sweep.get("skipped"):
+        L += ["## Rates left out", "", "The self-check could not verify these links (after 3 ping-pong jobs), so "
+              "no training numbers were taken there:", ""]
+        L += [f"- {s['label']}: {'; '.join(s['problems'])}" for s in sweep["skipped"]] + [""]
+    L += ["## Commands", "", "```", f"python bench/bench_cluster.py {' '.join(argv)}".rstrip(), *sweep["log"], "```", ""]
+    return "\n".join(L)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vertices", type=int, default=20000)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=5, help="per run; the first is left out of the median")
+    p.add_argument("--rates", default=DEFAULT_RATES, help="comma-separated; must include unshaped")
+    p.add_argument("--modes", default=",".join(m for m, (_, _, on) in MODES.items() if on),
+                   help=f"comma-separated, from: {', '.join(MODES)}")
+    p.add_argument("--run-timeout", type=int, default=300, help="seconds per training run")
+    p.add_argument("--work", default=os.path.join(REPO, "bench-out", "cluster"))
+    p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cluster.md"))
+    p.add_argument("--from-json", default=None, metavar="SWEEP_JSON",
+                   help="no runs: recompute the cost model and rewrite the page from a saved sweep.json")
+    args = p.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            sweep = json.load(f)
+        costmodel.model_sweep(sweep["rates"], servers=sweep["graph"]["servers"])
+        with open(args.from_json, "w") as f:
+            json.dump(sweep, f, indent=1)
+        page = render(sweep, sweep.get("argv", [])) + f"\nWhole sweep: {sweep['wall_s'] / 60:.1f} min wall.\n"
+        with open(args.out, "w") as f:
+            f.write(page)
+        print(page)
+        return 0
+    try:
+        modes, rates = parse_modes(args.modes), parse_rates(args.rates)
+        if args.epochs < 2:
+            raise ValueError("--epochs must be at least 2 (the first epoch is left out)")
+        emucluster.preflight()
+    except ValueError as exc:
+        p.error(str(exc))
+    except emucluster.EmuError as exc:
+        print(f"bench_cluster: cannot run here: {exc}", file=sys.stderr)
+        return exc.code
+    os.environ.update(ENV)  # the self-check's mpirun reads os.environ (root needs OMPI_ALLOW_RUN_AS_ROOT)
+    py, log, started = sys.executable, [], time.monotonic()
+    shards = {}
+    for m in modes:
+        name = MODES[m][0]
+        if name not in shards:
+            shards[name] = os.path.join(args.work, f"shards-{name}")
+            run(["mpirun", "-n", "2", py, "-m", "preprocess", "build", "--source", "synthetic", "--vertices",
+                 str(args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", "2", "--layers",
+                 str(args.layers), "--partitioner", "metis", "--out", shards[name], "--overwrite",
+                 *SHARD_SETS[name]], log, timeout=600)
+    common = ["--model", "sage", "--layers", str(args.layers), "--hidden", str(args.hidden), "--epochs",
+              str(args.epochs), "--eval-every", str(args.epochs), "--lr", "0.01", "--dropout", "0.5", "--quiet"]
+    emucluster.install_signal_teardown()
+    sweep = {"date": str(datetime.date.today()), "modes": modes, "rates": [], "log": log, "argv": argv, "skipped": [],
+             "graph": {"vertices": args.vertices, "layers": args.layers, "hidden": args.hidden,
+                       "epochs": args.epochs, "servers": 2, "ranks_per_server": 2}}
+    capacity = None  # unshaped inter-server bandwidth: the most this machine can drive
+    try:
+        emucluster.setup(2, None)
+        log.append("bench/cluster/emu-cluster setup --servers 2 --rate unshaped")
+        for label, bps in rates:
+            emucluster.shape(bps)
+            log.append(f"bench/cluster/emu-cluster shape --rate {label} && bench/cluster/emu-cluster selfcheck")
+            pp = emucluster.selfcheck(python=py, capacity_Bps=capacity)
+            print(emucluster.format_selfcheck(pp), flush=True)
+            if pp["problems"] and (pp["fatal"] or bps is None):
+                raise RuntimeError("the emulated cluster is not what it should be:\n  " + "\n  ".join(pp["problems"]))
+            if pp["problems"]:  # too slow after retries: a busy machine; no numbers from an unverified link
+                sweep["skipped"].append({"label": label, "problems": pp["problems"]})
+                print(f"   {label}: skipped, the link could not be verified", flush=True)
+                continue
+            if bps is None:
+                capacity = pp["inter_Bps"]["1"]
+            entry = {"label": label, "rate_bps": bps, "bw_Bps": pp["inter_Bps"]["1"], "pingpong": pp, "runs": {}}
+            for m in modes:
+                shard_set, extra, _ = MODES[m]
+                run_dir = os.path.join(args.work, "runs", label, m)
+                run([os.path.join(REPO, "bench", "cluster", "emu-mpirun"), "-n", "4", "--emu-timeout",
+                     str(args.run_timeout), py, "-m", "granndis_hpc.cli", "train", "--shards", shards[shard_set],
+                     *extra, *common, "--out", run_dir], log, timeout=args.run_timeout + 60)
+                entry["runs"][m] = dict(costmodel.summarize_run(read_records(run_dir)), run_dir=run_dir)
+                print(f"   {label} {m}: epoch {entry['runs'][m]['epoch_s']:.3f} s", flush=True)
+            sweep["rates"].append(entry)
+            with open(os.path.join(args.work, "sweep.partial.json"), "w") as f:  # survives a stopped sweep
+                json.dump(sweep, f, indent=1)
+    finally:
+        emucluster.teardown()
+    costmodel.model_sweep(sweep["rates"], servers=2)
+    sweep["wall_s"] = time.monotonic() - started
+    os.makedirs(args.work, exist_ok=True)
+    with open(os.path.join(args.work, "sweep.json"), "w") as f:
+        json.dump(sweep, f, indent=1)
+    page = render(sweep, argv) + f"\nWhole sweep: {sweep['wall_s'] / 60:.1f} min wall.\n"
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(page)
+    print(page)
+    print(f"sweep: {os.path.join(args.work, 'sweep.json')}\npage: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

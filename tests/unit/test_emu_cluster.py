@@ -1,0 +1,435 @@
+"""The emulated cluster (bench/cluster/) and the link-rate sweep, in the parts that run without root:
+argument handling, the rsh agent's and the launcher's command lines, refusals, the self-check's verdict,
+the cost model and the sweep page.  (Setting the cluster up needs root; `emu-cluster selfcheck` and
+`make bench-cluster` exercise that.)"""
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench", "cluster"))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+
+import bench_cluster  # noqa: E402
+import costmodel  # noqa: E402
+import emucluster as emu  # noqa: E402
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv(emu.ENV_STATE_DIR, str(tmp_path))
+    st = emu.layout(2, str(tmp_path))
+    st["rate_bps"], st["delay_s"] = 100_000_000, None
+    emu.write_state(st)
+    return st
+
+
+# ---- parsing -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,bps", [("25mbit", 25_000_000), ("1gbit", 10**9), ("2.5gbit", 2_500_000_000),
+                                      ("500kbit", 500_000), ("100MBIT", 10**8), ("unshaped", None), ("none", None)])
+def test_parse_rate(text, bps):
+    assert emu.parse_rate(text) == bps
+
+
+@pytest.mark.parametrize("text,words", [("100mbps", "ambiguous"), ("100M", "ambiguous"), ("fast", "not understood"),
+                                        ("10bit", "outside"), ("200gbit", "outside"), ("-5mbit", "not understood")])
+def test_parse_rate_rejects_with_a_reason(text, words):
+    with pytest.raises(ValueError, match=words):
+        emu.parse_rate(text)
+
+
+def test_format_rate_round_trips():
+    for text in ("25mbit", "1gbit", "250mbit", "500kbit", "unshaped"):
+        assert emu.format_rate(emu.parse_rate(text)) == text
+
+
+def test_parse_delay():
+    assert emu.parse_delay("5ms") == pytest.approx(0.005)
+    assert emu.parse_delay("100us") == pytest.approx(1e-4)
+    for bad in ("5", "fast", "0ms", "20s"):
+        with pytest.raises(ValueError):
+            emu.parse_delay(bad)
+
+
+def test_qdisc_commands():
+    (tbf,) = emu.qdisc_commands("gemu-s0", "gemu0", 100_000_000)
+    assert tbf[:4] == ["ip", "netns", "exec", "gemu-s0"]
+    assert tbf[4:] == ["tc", "qdisc", "replace", "dev", "gemu0", "root", "tbf", "rate", "100000000bit",
+                       "burst", str(emu.tbf_burst_bytes(100_000_000)), "latency", emu.TBF_LATENCY]
+    assert emu.tbf_burst_bytes(25_000_000) == 64 * 1024          # floor: one GSO packet fits
+    assert emu.tbf_burst_bytes(10**9) == 125_000                 # 1 ms of traffic
+    (unshaped,) = emu.qdisc_commands("gemu-s1", "gemu0", None)
+    assert unshaped[4:] == ["tc", "qdisc", "del", "dev", "gemu0", "root"]
+    (netem,) = emu.qdisc_commands("gemu-s1", "gemu0", 10**9, delay_s=0.005)
+    assert netem[4:] == ["tc", "qdisc", "replace", "dev", "gemu0", "root", "netem", "delay", "5000us",
+                         "rate", "1000000000bit"]
+
+
+def test_layout_veth_for_two_bridge_for_more(tmp_path):
+    two = emu.layout(2, str(tmp_path))
+    assert not two["bridge"] and two["egress"] == [("gemu-s0", "gemu0"), ("gemu-s1", "gemu0")]
+    assert [h["address"] for h in two["hosts"]] == ["10.213.0.1", "10.213.0.2"]
+    assert [h["hostname"] for h in two["hosts"]] == ["emu-s0", "emu-s1"]
+    four = emu.layout(4, str(tmp_path))
+    assert four["bridge"] and len(four["egress"]) == 8          # server side and bridge side of each port
+    assert ("gemu-hub", "gemup3") in four["egress"]
+    assert all(h["address"].startswith("10.213.0.") for h in four["hosts"])
+    for bad in (1, 0, 17, "2"):
+        with pytest.raises(ValueError, match="--servers"):
+            emu.layout(bad, str(tmp_path))
+
+
+# ---- the rsh agent and the launcher ------------------------------------------------------------
+
+ORTED = ["orted", "-mca", "ess", '"env"', "-mca", "orte_hnp_uri", '"1.0;tcp://10.213.0.1:42277"']
+
+
+def test_agent_enters_the_target_servers_namespaces(state):
+    cmd = emu.agent_argv(["emu-s1", *ORTED], state)
+    uts = os.path.join(state["state_dir"], "uts-emu-s1")
+    assert cmd == ["nsenter", "--net=/run/netns/gemu-s1", f"--uts={uts}", "--", "/bin/sh", "-c", " ".join(ORTED)]
+    # ssh-style leading options are skipped; user@host and the server's address name it too
+    assert emu.agent_argv(["-x", "root@emu-s1", *ORTED], state) == cmd
+    assert emu.agent_argv(["10.213.0.2", *ORTED], state) == cmd
+    assert emu.agent_argv(["emu-s0", "true"], state)[1] == "--net=/run/netns/gemu-s0"
+
+
+def test_agent_refuses_unknown_host_and_missing_command(state):
+    with pytest.raises(emu.EmuError, match="not a server of the emulated cluster.*emu-s0, emu-s1") as e:
+        emu.agent_argv(["node07", "orted"], state)
+    assert e.value.code == 255                                   # what ssh returns: mpirun reports it
+    with pytest.raises(emu.EmuError, match="expected HOST COMMAND"):
+        emu.agent_argv(["emu-s1"], state)
+    with pytest.raises(emu.EmuError, match="empty command"):
+        emu.agent_argv(["emu-s1", " "], state)
+
+
+def test_agent_main_execs_the_command(state, monkeypatch):
+    seen = []
+    monkeypatch.setattr(emu.os, "execvp", lambda f, argv: seen.append((f, argv)))
+    emu.main(["agent", "emu-s1", "orted", "-mca", "x"])
+    assert seen and seen[0][0] == "nsenter" and seen[0][1][-1] == "orted -mca x"
+
+
+def test_launcher_command_line(state):
+    env = {"OMP_NUM_THREADS": "1", "GRANNDIS_RANKS_PER_SERVER": "2", "HOME": "/root"}
+    cmd, extra = emu.launcher_argv(["-n", "4", "python", "train.py", "--x"], state, 300, env=env)
+    assert cmd[:4] == ["timeout", "--kill-after=15", "300", "nsenter"]
+    assert "--net=/run/netns/gemu-s0" in cmd                     # mpirun itself runs in server 0
+    mpi = cmd[cmd.index("mpirun"):]
+    assert mpi[:5] == ["mpirun", "-n", "4", "--host", "emu-s0:2,emu-s1:2"]
+    pairs = {mpi[i + 1]: mpi[i + 2] for i, a in enumerate(mpi[:-2]) if a == "--mca"}
+    assert pairs["plm_rsh_agent"] == os.path.join(REPO, "bench", "cluster", "rsh-agent")
+    assert pairs["pml"] == "ob1" and pairs["btl"] == "tcp,self,vader"
+    assert pairs["btl_tcp_if_include"] == pairs["oob_tcp_if_include"] == "10.213.0.0/24"
+    exported = {mpi[i + 1] for i, a in enumerate(mpi[:-1]) if a == "-x"}
+    assert {"MASTER_ADDR", "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "GRANNDIS_RANKS_PER_SERVER"} <= exported
+    assert "HOME" not in exported
+    assert extra["MASTER_ADDR"] == "10.213.0.1" and extra["GLOO_SOCKET_IFNAME"] == "gemu0"
+    assert mpi[-3:] == ["python", "train.py", "--x"]
+    cmd2, _ = emu.launcher_argv(["-np=6", "prog"], state, 60, env={})
+    assert "emu-s0:3,emu-s1:3" in cmd2
+
+
+@pytest.mark.parametrize("argv,words", [(["-n", "3", "prog"], "multiple of 2"), (["prog"], "-n N"),
+                                        (["-n", "4"], "no program"), (["-n", "x", "p"], "not a number"),
+                                        (["-n"], "needs a number")])
+def test_launcher_rejects_bad_arguments(state, argv, words):
+    with pytest.raises(ValueError, match=words):
+        emu.launcher_argv(argv, state, 60, env={})
+
+
+def test_emu_mpirun_without_a_cluster_says_how_to_make_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(emu.ENV_STATE_DIR, str(tmp_path / "none"))
+    monkeypatch.setattr(emu, "preflight", lambda: None)
+    assert emu.main(["mpirun", "-n", "4", "prog"]) == emu.EXIT_USAGE
+    assert "emu-cluster setup --servers 2" in capsys.readouterr().err
+
+
+def test_emu_mpirun_bad_n_is_a_usage_error(state, monkeypatch, capsys):
+    monkeypatch.setattr(emu, "preflight", lambda: None)
+    assert emu.main(["mpirun", "-n", "3", "prog"]) == emu.EXIT_USAGE
+    assert "cannot be spread evenly" in capsys.readouterr().err
+    assert emu.main(["mpirun", "--emu-timeout", "soon", "-n", "4", "prog"]) == emu.EXIT_USAGE
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+
+def test_preflight_refuses_without_root_tools_or_linux():
+    have = lambda tool: "/usr/bin/" + tool  # noqa: E731
+    with pytest.raises(emu.EmuError, match="needs root.*CAP_NET_ADMIN") as e:
+        emu.preflight(euid=1000, which=have, platform="linux")
+    assert e.value.code == emu.EXIT_REFUSED
+    with pytest.raises(emu.EmuError, match=r"missing tools: tc \(Debian package iproute2\)"):
+        emu.preflight(euid=0, which=lambda t: None if t == "tc" else have(t), platform="linux")
+    with pytest.raises(emu.EmuError, match="needs Linux"):
+        emu.preflight(euid=0, which=have, platform="darwin")
+    emu.preflight(euid=0, which=have, platform="linux")         # all there: no error
+
+
+def test_setup_without_root_exits_3_with_the_reason(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv(emu.ENV_STATE_DIR, str(tmp_path))
+    monkeypatch.setattr(emu.os, "geteuid", lambda: 1000)
+    assert emu.main(["setup", "--servers", "2", "--rate", "100mbit"]) == emu.EXIT_REFUSED
+    assert "needs root" in capsys.readouterr().err
+    assert emu.main(["setup", "--rate", "100mbps"]) == emu.EXIT_USAGE       # bad input before privileges
+    assert "ambiguous" in capsys.readouterr().err
+    assert emu.main(["setup", "--servers", "1"]) == emu.EXIT_USAGE
+    assert emu.main(["session", "--rate", "1gbit"]) == emu.EXIT_USAGE       # no command
+
+
+class FakeRun:
+    def __init__(self, rc=0, stderr=""):
+        self.calls, self.rc, self.stderr = [], rc, stderr
+
+    def __call__(self, cmd, check=True, timeout=None):
+        self.calls.append(cmd)
+        return type("P", (), {"returncode": self.rc, "stderr": self.stderr, "stdout": ""})()
+
+
+def test_delay_without_netem_is_refused_clearly(state, monkeypatch):
+    monkeypatch.setattr(emu, "_run", FakeRun(2, "Error: Specified qdisc kind is unknown."))
+    with pytest.raises(emu.EmuError, match="no netem qdisc.*--delay cannot be emulated.*run without --delay") as e:
+        emu.apply_shaping(state, 10**8, delay_s=0.005)
+    assert e.value.code == emu.EXIT_REFUSED
+
+
+def test_shaping_every_egress_and_unshaping_an_unshaped_link(state, monkeypatch):
+    fake = FakeRun()
+    monkeypatch.setattr(emu, "_run", fake)
+    emu.apply_shaping(state, 25_000_000)
+    assert [c[3] for c in fake.calls] == ["gemu-s0", "gemu-s1"] and all("tbf" in c for c in fake.calls)
+    assert emu.read_state()["rate_bps"] == 25_000_000             # the state file follows the link
+    monkeypatch.setattr(emu, "_run", FakeRun(2, "Error: Cannot delete qdisc with handle of zero."))
+    emu.apply_shaping(state, None)                                # nothing to remove: fine
+    assert emu.read_state()["rate_bps"] is None
+    monkeypatch.setattr(emu, "_run", FakeRun(2, "RTNETLINK answers: Operation not permitted"))
+    with pytest.raises(emu.EmuError, match="Operation not permitted"):
+        emu.apply_shaping(state, 10**8)
+
+
+# ---- the self-check's verdict ------------------------------------------------------------------
+
+def measurement(inter_MBps, intra_MBps=340.0, hosts=("emu-s0", "emu-s0", "emu-s1", "emu-s1")):
+    return {"hosts": list(hosts), "intra_Bps": intra_MBps * 1e6, "inter_Bps": {"1": inter_MBps * 1e6},
+            "bytes": 1 << 20, "reps": 3}
+
+
+def test_selfcheck_verdict():
+    rate = 100_000_000                                            # 12.5 MB/s
+    assert emu.check_measurement(measurement(11.0), 2, 2, rate) == []
+    (too_fast,) = emu.check_measurement(measurement(15.0), 2, 2, rate)
+    assert "1.20x" in too_fast and "not shaped" in too_fast
+    (too_slow,) = emu.check_measurement(measurement(5.0), 2, 2, rate)
+    assert "0.40x" in too_slow
+    one_host = emu.check_measurement(measurement(11.0, hosts=("vm",) * 4), 2, 2, rate)
+    assert any("sees 1 host" in p for p in one_host)
+    (no_shm,) = emu.check_measurement(measurement(11.0, intra_MBps=12.0), 2, 2, rate)
+    assert "shared memory" in no_shm
+    assert emu.check_measurement(measurement(140.0), 2, 2, None) == []   # unshaped: nothing to hold
+
+
+# ---- cost model and sweep ----------------------------------------------------------------------
+
+def record(epoch, time_s, compute, inter, intra=0.01, grad=0.01, inter_bytes=10**6, test_acc=None):
+    r = {"epoch": epoch, "time_s": time_s, "compute_s": compute, "inter_comm_s": inter, "intra_comm_s": intra,
+         "grad_sync_s": grad, "sampling_s": 0.0, "loss": 1.0,
+         "bytes": {"intra_halo": 500, "inter_halo": inter_bytes, "intra_grad": 10, "inter_grad": 20}}
+    if test_acc is not None:
+        r["test_acc"] = test_acc
+    return r
+
+
+def test_summarize_run_leaves_out_the_first_epoch():
+    recs = [record(0, 9.0, 8.0, 1.0), record(1, 1.0, 0.5, 0.4), record(2, 2.0, 0.7, 1.2),
+            record(3, 1.2, 0.6, 0.5, test_acc=0.42)]
+    s = costmodel.summarize_run(recs)
+    assert s["epoch_s"] == 1.2 and s["compute"] == 0.6 and s["inter_comm"] == 0.5 and s["epochs_used"] == 3
+    assert s["test_acc"] == 0.42 and s["bytes"]["inter_halo"] == 10**6
+    with pytest.raises(ValueError):
+        costmodel.summarize_run([])
+
+
+def sweep_rates(measured_slow):
+    """unshaped + 10 MB/s; fb sends 2e7 inter bytes per epoch, flx only gradients."""
+    def run(epoch, compute, inter_s, inter_bytes):
+        return {"epoch_s": epoch, "compute": compute, "sampling": 0.0, "intra_comm": 0.1, "grad_sync": 0.05,
+                "inter_comm": inter_s, "bytes": {"intra_halo": 0, "inter_halo": inter_bytes, "intra_grad": 0,
+                                                 "inter_grad": 1000}, "test_acc": 0.5}
+    return [{"label": "unshaped", "rate_bps": None, "bw_Bps": 1e8,
+             "runs": {"fb": run(0.6, 0.3, 0.1, 2 * 10**7), "flx": run(0.5, 0.35, 0.0, 0)}},
+            {"label": "100mbit", "rate_bps": 10**8, "bw_Bps": 1e7,
+             "runs": {"fb": run(measured_slow, 0.3, measured_slow - 0.45, 2 * 10**7), "flx": run(0.5, 0.35, 0.0, 0)}}]
+
+
+def test_cost_model_predicts_from_compute_and_bytes():
+    rates = sweep_rates(1.45)
+    rows = costmodel.model_sweep(rates, servers=2)
+    fb = rates[1]["runs"]["fb"]
+    # 0.3 compute + 0.1 intra + 0.05 grad + (2e7 + 1000) / 2 / 1e7 s on the wire
+    assert fb["predicted_s"] == pytest.approx(0.45 + 1.00005)
+    assert fb["model_error"] == pytest.approx((1.45005 - 1.45) / 1.45)
+    assert rates[1]["runs"]["flx"]["predicted_s"] == pytest.approx(0.5 + 1000 / 2 / 1e7)
+    assert len(rows) == 4
+    assert costmodel.speedups(rates[1])["flx"] == pytest.approx(1.45 / 0.5)
+    assert costmodel.inter_share(fb) == pytest.approx(1.0 / 1.45)
+    assert costmodel.paper_like_rates(rates) == ["100mbit"]     # 69 % is in 44-86 %; unshaped 17 % is not
+    with pytest.raises(ValueError, match="include 'unshaped'"):
+        costmodel.model_sweep(rates[1:], servers=2)
+    with pytest.raises(ValueError):
+        costmodel.predict(rates[0]["runs"]["fb"], 0, 2)
+
+
+def test_sweep_page_flags_a_model_error_over_25_percent():
+    rates = sweep_rates(3.0)                                     # measured 3.0, predicted 1.45: -52 %
+    for r in rates:
+        r["pingpong"] = {"intra_Bps": 3.4e8}
+    costmodel.model_sweep(rates, servers=2)
+    sweep = {"date": "2026-12-01", "modes": ["fb", "flx"], "rates": rates, "log": ["cmd one"],
+             "graph": {"vertices": 20000, "layers": 3, "hidden": 64, "epochs": 5}}
+    page = bench_cluster.render(sweep, ["--epochs", "5"])
+    assert "Off by more than 25 %: fb at 100mbit" in page
+    assert "| 100mbit | 3.000 | 0.500 | **6.00x** |" in page
+    assert "python bench/bench_cluster.py --epochs 5" in page and "cmd one" in page
+    ok = sweep_rates(1.45)
+    for r in ok:
+        r["pingpong"] = {"intra_Bps": None}
+    costmodel.model_sweep(ok, servers=2)
+    assert "Every prediction is within 25 %" in bench_cluster.render(dict(sweep, rates=ok), [])
+
+
+def test_sweep_modes_and_rates():
+    assert bench_cluster.parse_modes("flx,fb,eas") == ["fb", "flx", "eas"]
+    for bad, words in (("flx,eas", "must include fb"), ("fb,flx-k9", "unknown mode"), ("fb,fb", "twice")):
+        with pytest.raises(ValueError, match=words):
+            bench_cluster.parse_modes(bad)
+    assert bench_cluster.parse_rates("25mbit,unshaped,1gbit") == [("unshaped", None), ("1gbit", 10**9),
+                                                                   ("25mbit", 25_000_000)]
+    with pytest.raises(ValueError, match="must include 'unshaped'"):
+        bench_cluster.parse_rates("25mbit,1gbit")
+    with pytest.raises(ValueError, match="twice"):
+        bench_cluster.parse_rates("unshaped,1gbit,1000mbit")
+    # every mode names a shard set that exists, and the k < L rows are there to switch on
+    assert all(shards in bench_cluster.SHARD_SETS for shards, _, _ in bench_cluster.MODES.values())
+    assert {"flx-k1", "flx-k2"} <= set(bench_cluster.MODES)
+
+
+def test_sweep_refuses_without_root(monkeypatch, capsys):
+    monkeypatch.setattr(emu.os, "geteuid", lambda: 1000)
+    assert bench_cluster.main(["--rates", "unshaped,100mbit"]) == emu.EXIT_REFUSED
+    assert "needs root" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_cluster.main(["--rates", "100mbit"])               # usage error before privileges
+    assert "must include 'unshaped'" in capsys.readouterr().err
+
+
+def test_state_file_errors_are_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv(emu.ENV_STATE_DIR, str(tmp_path))
+    (tmp_path / "state.json").write_text("{not json")
+    with pytest.raises(emu.EmuError, match="teardown"):
+        emu.read_state()
+    st = emu.layout(2, str(tmp_path))
+    emu.write_state(st)
+    assert json.loads((tmp_path / "state.json").read_text())["servers"] == 2
+
+
+# ---- granndis report --sweep -------------------------------------------------------------------
+
+def write_sweep(path, modes=("fb", "flx", "eas")):
+    def runs(fb_s):
+        return {m: {"epoch_s": fb_s if m == "fb" else 0.5} for m in modes}
+    sweep = {"modes": list(modes), "graph": {"servers": 2, "ranks_per_server": 2},
+             "rates": [{"label": "unshaped", "rate_bps": None, "bw_Bps": 1.4e8, "runs": runs(0.6)},
+                       {"label": "25mbit", "rate_bps": 25_000_000, "bw_Bps": 2.9e6, "runs": runs(4.0)},
+                       {"label": "100mbit", "rate_bps": 10**8, "bw_Bps": 1.1e7, "runs": runs(1.5)}]}
+    path.write_text(json.dumps(sweep))
+    return path
+
+
+def test_report_sweep_plots_speedup_against_rate(tmp_path, capsys):
+    from granndis_hpc.report import main as report_main
+    path = write_sweep(tmp_path / "sweep.json")
+    out = tmp_path / "rep"
+    assert report_main(["--sweep", str(path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    with open(out / "speedup_vs_rate.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    lines = [ln for ln in printed.splitlines() if ln.startswith("| ")]
+    # sorted by rate: 25 Mbit/s, 100 Mbit/s, then unshaped at its measured 1,120 Mbit/s
+    assert lines[1].split("|")[1].strip() == "25mbit" and "8.00x" in lines[1]
+    assert "100mbit" in lines[2] and "3.00x" in lines[2]
+    assert "unshaped (measured)" in lines[3] and "1,120" in lines[3] and "1.20x" in lines[3]
+    assert (out / "speedup_vs_rate.md").read_text().count("8.00x") == 2   # flx and eas
+
+
+def test_report_sweep_errors(tmp_path, capsys):
+    from granndis_hpc.report import main as report_main
+    assert report_main(["--sweep", str(write_sweep(tmp_path / "a.json", modes=("flx", "eas")))]) == 2
+    assert "no 'fb' mode" in capsys.readouterr().err
+    assert report_main(["--sweep", str(tmp_path / "missing.json")]) == 2
+    assert "bench_cluster.py writes it" in capsys.readouterr().err
+    bad = json.loads(write_sweep(tmp_path / "b.json").read_text())
+    del bad["rates"][1]["runs"]["eas"]
+    (tmp_path / "b.json").write_text(json.dumps(bad))
+    assert report_main(["--sweep", str(tmp_path / "b.json")]) == 2
+    assert "25mbit): no run of mode 'eas'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report_main([])                                          # neither runs nor --sweep
+    with pytest.raises(SystemExit):
+        report_main(["somerun", "--sweep", str(tmp_path / "b.json")])
+
+
+def test_pooled_prediction_leaves_the_measured_run_out():
+    rates = sweep_rates(1.45)
+    rates.append({"label": "50mbit", "rate_bps": 5 * 10**7, "bw_Bps": 5e6,
+                  "runs": {m: dict(r, compute=r["compute"] + 1.0) for m, r in rates[1]["runs"].items()}})
+    costmodel.model_sweep(rates, servers=2)
+    fb = rates[1]["runs"]["fb"]
+    # the other two runs' local terms: 0.45 (unshaped) and 1.45 (50mbit, compute 1.3) -> median 0.95
+    assert fb["predicted_pooled_s"] == pytest.approx(0.95 + (2 * 10**7 + 1000) / 2 / 1e7)
+    assert fb["model_error_pooled"] == pytest.approx((fb["predicted_pooled_s"] - 1.45) / 1.45)
+    assert fb["predicted_s"] == pytest.approx(0.45 + 1.00005)   # the unshaped-based one is unchanged
+
+
+def test_selfcheck_low_bound_follows_the_machines_capacity():
+    gbit = 10**9                                                  # 125 MB/s: more than 2 busy cores drive
+    (slow,) = emu.check_measurement(measurement(57.0, intra_MBps=600), 2, 2, gbit)
+    assert "0.46x" in slow and "too busy" in slow
+    assert emu.check_measurement(measurement(57.0, intra_MBps=600), 2, 2, gbit, capacity_Bps=100e6) == []
+    problems, fatal = emu.check_measurement(measurement(20.0, intra_MBps=600), 2, 2, gbit, capacity_Bps=100e6,
+                                            with_fatal=True)
+    assert problems and "unshaped capacity" in problems[0] and not fatal    # load: worth a retry
+    problems, fatal = emu.check_measurement(measurement(15.0), 2, 2, 10**8, with_fatal=True)
+    assert problems and fatal                                     # faster than the limit: shaping is off
+
+
+def test_run_bounded_passes_a_stop_on_to_the_child(tmp_path, monkeypatch):
+    """A stop (KeyboardInterrupt, as SIGTERM becomes) must end the child, not orphan it."""
+    import subprocess
+    import time
+    marker = tmp_path / "pid"
+    real_popen = subprocess.Popen
+    procs = []
+
+    def popen(*a, **kw):
+        p = real_popen(*a, **kw)
+        procs.append(p)
+        return p
+    monkeypatch.setattr(emu.subprocess, "Popen", popen)
+
+    def interrupt_soon(self, *a, **kw):
+        time.sleep(0.3)
+        raise KeyboardInterrupt("signal 15")
+    monkeypatch.setattr(real_popen, "communicate", interrupt_soon)
+    with pytest.raises(KeyboardInterrupt):
+        emu.run_bounded(["sh", "-c", f"echo $$ > {marker}; exec sleep 30"], grace_s=5)
+    assert procs and procs[0].poll() is not None                  # the child was ended and reaped
+    assert procs[0].returncode == -15                             # by SIGTERM first, not SIGKILL
+
+
+def test_run_bounded_returns_like_subprocess_run():
+    p = emu.run_bounded(["sh", "-c", "echo hi; exit 3"], capture=True)
+    assert (p.returncode, p.stdout) == (3, "hi\n")
