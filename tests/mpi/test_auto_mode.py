@@ -1,0 +1,102 @@
+"""--mode auto on one synthetic graph, 2 servers x 2 ranks (mpirun -n 4): three memory budgets give
+GraNNDis' three choices (full-batch FLX with the largest k, FLX on the EAS set, cooperative batching
+with the largest co-batch that fits), each run trains, each run's measured peak stays under its
+budget, and a budget too small for anything is refused on every rank with the budget needed."""
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from granndis_hpc import memory_model as mm
+from granndis_hpc.cluster.errors import ClusterError
+from tests.mpi.conftest import RANKS_PER_SERVER, make_trainer
+
+pytestmark = pytest.mark.mpi(min_size=4)
+WORLD = MPI.COMM_WORLD
+LAYERS, HIDDEN = 3, 32
+
+
+@pytest.fixture(scope="module")
+def shard_sets():
+    """A full 3-hop set and an EAS set (h=1, f=4) of one graph with the locality of real graphs."""
+    from preprocess.build import build_shards
+    from preprocess.sources import load
+
+    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-auto-") if WORLD.rank == 0 else None)
+    paths = {"full": os.path.join(base, "full"), "eas": os.path.join(base, "eas")}
+    error = None
+    if WORLD.rank == 0:
+        try:
+            graph = load("synthetic", generator="local", vertices=6000, avg_degree=12.0, features=64, classes=4,
+                         seed=1)
+            for kind, extra in (("full", {}), ("eas", {"hops": 1, "fanout": 4})):
+                build_shards(graph, paths[kind], servers=WORLD.size // RANKS_PER_SERVER,
+                             gpus_per_server=RANKS_PER_SERVER, layers=LAYERS, preload=kind, partitioner="metis",
+                             comm=MPI.COMM_SELF, seed=0, **extra)
+        except Exception as exc:  # report on every rank instead of hanging the others
+            error = repr(exc)
+    error = WORLD.bcast(error)
+    assert error is None, error
+    return paths
+
+
+@pytest.fixture(scope="module")
+def estimates(shard_sets):
+    """Every option the two sets offer, with its estimated peak per GPU (rank 0's, shared)."""
+    options = None
+    if WORLD.rank == 0:
+        decision = mm.choose_shard_sets([shard_sets["full"], shard_sets["eas"]], "sage", HIDDEN, LAYERS, 1,
+                                        dropout=0.5)
+        options = {o.label: o.peak for o in decision.rejected}  # a budget of 1 byte rejects them all
+    return WORLD.bcast(options)
+
+
+def _budgets(estimates):
+    """Budgets that must give each of the three choices (the order is GraNNDis': largest k, then EAS,
+    then co-batches), checked to be possible on this graph first."""
+    full_batch = [peak for label, peak in estimates.items() if label.startswith(("flx", "fb"))]
+    cob = [peak for label, peak in estimates.items() if label.startswith("cob")]
+    assert estimates["eas"] < min(full_batch), f"EAS must need less than every full preload here: {estimates}"
+    assert min(cob) < estimates["eas"], f"a co-batch must need less than the EAS set: {estimates}"
+    return {"flx": estimates[f"flx k={LAYERS}"], "eas": estimates["eas"], "cob": int(estimates["eas"]) - 1}
+
+
+@pytest.mark.parametrize("expected", ["flx", "eas", "cob"])
+def test_three_budgets_three_choices(shard_sets, estimates, expected):
+    budget = _budgets(estimates)[expected]
+    holder = {}
+
+    def train():
+        trainer = make_trainer(f"{shard_sets['full']},{shard_sets['eas']}", "auto", "sage", LAYERS, hidden=HIDDEN,
+                               dropout=0.5, memory_per_gpu=str(budget), epochs=2)
+        try:
+            holder["records"] = [trainer.train_epoch() for _ in range(2)]
+            holder["mode"], holder["decision"], holder["cfg"] = trainer.mode.name, trainer.mode.decision, trainer.cfg
+        finally:
+            trainer.close()
+
+    # Torch's CPU allocations from before set-up to after training (the shard rows read through numpy
+    # are not torch allocations: on CPU this undercounts the features, which the estimate includes).
+    peak = mm.measure_step_peak(train)
+    choice = holder["decision"]["choice"]
+    assert holder["mode"] == expected == choice["mode"], holder["decision"]["reason"]
+    assert choice["peak_bytes"] <= budget
+    assert all(o["peak_bytes"] > budget for o in holder["decision"]["rejected"])
+    if expected == "flx":
+        assert choice["k"] == LAYERS and holder["cfg"].shards == shard_sets["full"]
+    else:
+        assert holder["cfg"].shards == shard_sets["eas"]
+    if expected == "cob":
+        assert holder["cfg"].batches_per_epoch == choice["batches"] > 1
+    assert all(np.isfinite(r["loss"]) for r in holder["records"])
+    peaks = WORLD.gather(peak, root=0)
+    if WORLD.rank == 0:
+        assert max(peaks) <= budget, f"measured peaks {peaks} exceed the budget {budget}"
+
+
+def test_nothing_fits_is_refused_with_the_budget_needed(shard_sets):
+    with pytest.raises(ClusterError, match=r"nothing fits .* use --memory-per-gpu"):
+        make_trainer(f"{shard_sets['full']},{shard_sets['eas']}", "auto", "sage", LAYERS, hidden=HIDDEN,
+                     memory_per_gpu="1KiB")
