@@ -34,13 +34,13 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 SHARD_SETS = {
     "full": ["--preload", "full"],
     "eas": ["--preload", "eas", "--hops", "1", "--fanout", "15"],
-    # Flexible Preloading with k < L (when the engine has it): k-hop preloads of a 3-layer model.
+    # Flexible Preloading with k < L: k-hop preloads of a 3-layer model (flx then runs k layers on the
+    # preload and the rest with the world exchange).
     "full-k1": ["--preload", "full", "--hops", "1"],
     "full-k2": ["--preload", "full", "--hops", "2"],
 }
 # Modes of the sweep: name -> (shard set, granndis-train arguments, in the default list?).
-# fb is the baseline every speedup is measured against.  To add "flx k=1..L-1" give
-# --modes fb,flx,flx-k1,flx-k2 (or flip the third field) once the engine runs --mode flx on k < L shards.
+# fb is the baseline every speedup is measured against.  flx k=1..L-1: --modes fb,flx,flx-k1,flx-k2.
 MODES = {
     "fb": ("full", ["--mode", "fb"], True),
     "flx": ("full", ["--mode", "flx"], True),
@@ -106,7 +106,7 @@ def render(sweep, argv):
     """The markdown page of a sweep."""
     g, rates, modes = sweep["graph"], sweep["rates"], sweep["modes"]
     L = [f"# Speedup on an emulated 2-server cluster ({sweep['date']})", "",
-         f"Synthetic DC-SBM graph, {g['vertices']:,} vertices, {g['layers']}-layer SAGE, hidden {g['hidden']}, "
+         f"Synthetic graph (`--generator {g.get('generator', 'sbm')}`), {g['vertices']:,} vertices, {g['layers']}-layer SAGE, hidden {g['hidden']}, "
          f"{g['epochs']} epochs per run (median epoch time over epochs 1..{g['epochs'] - 1}; test accuracy "
          f"after epoch {g['epochs'] - 1}). 2 servers x 2 ranks; each server is a network + UTS namespace, the "
          f"servers are joined by one veth shaped with `tc tbf` on both egresses, ranks inside a server use "
@@ -202,6 +202,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vertices", type=int, default=20000)
+    p.add_argument("--generator", choices=("sbm", "local"), default="sbm",
+                   help="synthetic generator (local: the locality of real graphs, docs/bench-locality.md)")
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--epochs", type=int, default=5, help="per run; the first is left out of the median")
@@ -245,12 +247,12 @@ def main(argv=None):
             run(["mpirun", "-n", "2", py, "-m", "preprocess", "build", "--source", "synthetic", "--vertices",
                  str(args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", "2", "--layers",
                  str(args.layers), "--partitioner", "metis", "--out", shards[name], "--overwrite",
-                 *SHARD_SETS[name]], log, timeout=600)
+                 "--generator", args.generator, *SHARD_SETS[name]], log, timeout=600)
     common = ["--model", "sage", "--layers", str(args.layers), "--hidden", str(args.hidden), "--epochs",
               str(args.epochs), "--eval-every", str(args.epochs), "--lr", "0.01", "--dropout", "0.5", "--quiet"]
     emucluster.install_signal_teardown()
     sweep = {"date": str(datetime.date.today()), "modes": modes, "rates": [], "log": log, "argv": argv, "skipped": [],
-             "graph": {"vertices": args.vertices, "layers": args.layers, "hidden": args.hidden,
+             "graph": {"vertices": args.vertices, "generator": args.generator, "layers": args.layers, "hidden": args.hidden,
                        "epochs": args.epochs, "servers": 2, "ranks_per_server": 2}}
     capacity = None  # unshaped inter-server bandwidth: the most this machine can drive
     try:
