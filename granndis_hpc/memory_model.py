@@ -647,10 +647,11 @@ class Decision:
 
 
 def preference(o: Option) -> tuple:
-    """GraNNDis' order (paper §5.1, Fig. 13b): full-batch FLX with the largest k (k = 0 is fb, which
-    replicates nothing and so is the last full-batch resort), then FLX on EAS, then cooperative
-    batching with the fewest (largest) co-batches."""
-    return {"flx": (0, -o.k), "fb": (1, 0), "eas": (2, 0), "cob": (3, o.batches)}[o.mode]
+    """GraNNDis' order (paper §5.1, Fig. 13b): full-batch FLX with the largest k, then FLX on EAS, then
+    cooperative batching with the fewest (largest) co-batches.  fb (k = 0) comes last: it replicates
+    nothing but sends every layer's halo over the slow links, which is what GraNNDis avoids; it is
+    chosen only when nothing of GraNNDis' fits (it is also the lightest full-batch option)."""
+    return {"flx": (0, -o.k), "eas": (1, 0), "cob": (2, o.batches), "fb": (3, 0)}[o.mode]
 
 
 def choose(options: Sequence[Option], budget_bytes: int) -> Decision:

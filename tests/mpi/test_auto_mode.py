@@ -15,12 +15,14 @@ from tests.mpi.conftest import RANKS_PER_SERVER, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
-LAYERS, HIDDEN = 3, 32
+LAYERS, HIDDEN = 3, 16
 
 
 @pytest.fixture(scope="module")
 def shard_sets():
-    """A full 3-hop set and an EAS set (h=1, f=4) of one graph with the locality of real graphs."""
+    """A full 3-hop set and an EAS set (h=1, f=1) of one graph whose features (512 wide, hidden 16)
+    dominate memory: there the sampled EAS halo is cheaper than even the full 1-hop preload, as the
+    paper's chain assumes (on narrow features flx k=1 is the cheaper of the two, and auto picks it)."""
     from preprocess.build import build_shards
     from preprocess.sources import load
 
@@ -29,9 +31,8 @@ def shard_sets():
     error = None
     if WORLD.rank == 0:
         try:
-            graph = load("synthetic", generator="local", vertices=6000, avg_degree=12.0, features=64, classes=4,
-                         seed=1)
-            for kind, extra in (("full", {}), ("eas", {"hops": 1, "fanout": 4})):
+            graph = load("synthetic", vertices=6000, avg_degree=20.0, features=512, classes=4, seed=1)
+            for kind, extra in (("full", {}), ("eas", {"hops": 1, "fanout": 1})):
                 build_shards(graph, paths[kind], servers=WORLD.size // RANKS_PER_SERVER,
                              gpus_per_server=RANKS_PER_SERVER, layers=LAYERS, preload=kind, partitioner="metis",
                              comm=MPI.COMM_SELF, seed=0, **extra)
@@ -55,8 +56,8 @@ def estimates(shard_sets):
 
 def _budgets(estimates):
     """Budgets that must give each of the three choices (the order is GraNNDis': largest k, then EAS,
-    then co-batches), checked to be possible on this graph first."""
-    full_batch = [peak for label, peak in estimates.items() if label.startswith(("flx", "fb"))]
+    then co-batches; fb only when none of those fits), checked to be possible on this graph first."""
+    full_batch = [peak for label, peak in estimates.items() if label.startswith("flx")]
     cob = [peak for label, peak in estimates.items() if label.startswith("cob")]
     assert estimates["eas"] < min(full_batch), f"EAS must need less than every full preload here: {estimates}"
     assert min(cob) < estimates["eas"], f"a co-batch must need less than the EAS set: {estimates}"
@@ -93,6 +94,7 @@ def test_three_budgets_three_choices(shard_sets, estimates, expected):
     assert all(np.isfinite(r["loss"]) for r in holder["records"])
     peaks = WORLD.gather(peak, root=0)
     if WORLD.rank == 0:
+        print(f"[auto {expected}] budget {budget} measured torch peak {max(peaks)}")
         assert max(peaks) <= budget, f"measured peaks {peaks} exceed the budget {budget}"
 
 

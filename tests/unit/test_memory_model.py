@@ -155,9 +155,9 @@ def test_choose_follows_granndis_order():
     assert mm.choose(opts, 100).choice.label == "flx k=3"
     d = mm.choose(opts, 70)
     assert d.choice.label == "flx k=2" and [o.label for o in d.rejected] == ["flx k=3"]
-    assert mm.choose(opts, 39).choice.mode == "fb"  # no preload fits: fb (k = 0) replicates nothing
-    assert mm.choose([o for o in opts if o.mode != "fb"], 39).choice.mode == "eas"
-    assert mm.choose([o for o in opts if o.mode not in ("fb", "eas")], 9).choice.label == "cob batches=2"
+    assert mm.choose(opts, 39).choice.mode == "eas"  # no full preload fits: FLX on the EAS set
+    assert mm.choose(opts, 9).choice.label == "cob batches=2"  # then the largest co-batch that fits
+    assert mm.choose([o for o in opts if o.mode != "cob"], 29).choice.mode == "fb"  # fb only as a last resort
     none = mm.choose(opts, 4)
     assert none.choice is None and "5 B" in none.reason and "cob batches=8" in none.reason
     assert "--memory-per-gpu 1MiB" in none.reason  # whole MiB, rounded up: a budget that fits
