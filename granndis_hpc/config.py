@@ -564,9 +564,10 @@ class TrainConfig:
     def __post_init__(self):
         # Like torchtitan's ParallelDims: a config that exists is a valid one, however it was made.
         validate(self)
-        if self.mode == "auto" and self.memory_per_gpu is None:
-            raise ConfigError("--mode auto chooses the preload that fits a GPU's memory: give "
-                              "--memory-per-gpu SIZE (e.g. 40GiB), or choose a mode")
+        from granndis_hpc.engine.modes import MODES
+        problem = MODES[self.mode].check_options(self)  # what a mode needs of the other options
+        if problem:
+            raise ConfigError(problem)
         if self.checkpoint_activations and self.model not in CHECKPOINTABLE_MODELS:
             raise ConfigError(f"--checkpoint-activations recomputes residual blocks, which only "
                               f"{', '.join(CHECKPOINTABLE_MODELS)} has; model {self.model!r} would ignore it: "

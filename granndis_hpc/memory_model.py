@@ -609,11 +609,9 @@ class Option:
 
     @property
     def label(self) -> str:
-        if self.mode == "flx":
-            return f"flx k={self.k}"
-        if self.mode == "cob":
-            return f"cob batches={self.batches}"
-        return self.mode
+        # The knob that tells options of one mode apart: k for flx, the co-batch count for cob.
+        knob = {"flx": f" k={self.k}", "cob": f" batches={self.batches}"}
+        return self.mode + knob.get(self.mode, "")
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "k": self.k, "batches": self.batches, "label": self.label, "peak_bytes": self.peak,
@@ -629,7 +627,8 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
     return Option(mode=mode, k=int(rows[0].k) if mode in ("flx", "fb") else int(rows[0].layers), batches=batches,
                   peak=int(ests[worst]["total"]), peak_rank=int(rows[worst].rank), breakdown=ests[worst]["breakdown"],
                   rows_per_gpu=int(held), source=source,
-                  inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches if mode == "cob" else 1))
+                  # one optimizer step per co-batch (batches is 1 for the full-graph modes)
+                  inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches))
 
 
 @dataclass

@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 
 from .halo import EAS_SELECT_RULES
 from .partition import PARTITIONERS
-from .plan import add_model_arguments, add_plan_arguments, cmd_plan, hops_arg, resolve_build_hops
+from .plan import add_model_arguments, add_plan_arguments, cmd_plan, fail, hops_arg, resolve_build_hops
 
 
 def _add_build_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_build(args, argv) -> int:
-    from granndis_hpc.cluster import ClusterError, as_group
+    from granndis_hpc.cluster import as_group
 
     from . import sources
     from .build import PHASES, BuildConfig, PhaseLog, run_build
@@ -109,13 +108,7 @@ def cmd_build(args, argv) -> int:
             bar.write(line) if not bar.disable else print(line, flush=True)), record=cfg.extra)
         run_build(group, graph, cfg, log)
     except Exception as exc:  # noqa: BLE001
-        print(f"preprocess build: error (rank {group.rank}): {exc}", file=sys.stderr, flush=True)
-        # An agreed error was raised by every rank: all exit 1 together.  Anything else was seen by
-        # this rank only, and its peers may be blocked in a collective: end the whole job.
-        if group.size > 1 and not (isinstance(exc, ClusterError) and exc.collective):
-            time.sleep(0.5)  # let the other ranks print their own message first
-            group.abort(1)
-        return 1
+        return fail(group, "build", exc)
     bar.close()
     if group.rank == 0:
         print(f"[preprocess] wrote {cfg.out}; check it with `python -m preprocess verify {cfg.out}`", flush=True)

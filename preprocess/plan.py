@@ -52,6 +52,22 @@ class PlanConfig:
     cob_sampler: str = "sage"
 
 
+def fail(group, command: str, exc: BaseException) -> int:
+    """A preprocess command's failure: print it on this rank and return exit status 1.  A collective
+    error was raised by every rank, so all exit 1 together; anything else was seen by this rank only,
+    and its peers may be blocked in a collective: end the whole job."""
+    import sys
+    import time
+
+    from granndis_hpc.cluster import ClusterError
+
+    print(f"preprocess {command}: error (rank {group.rank}): {exc}", file=sys.stderr, flush=True)
+    if group.size > 1 and not (isinstance(exc, ClusterError) and exc.collective):
+        time.sleep(0.5)  # let the other ranks print their own message first
+        group.abort(1)
+    return 1
+
+
 def _everywhere(group, exc: BaseException):
     """Raise `exc`, which every rank raises identically, as one collective error (the CLI then exits 1
     on every rank, no MPI_Abort); on one rank, `exc` itself."""
@@ -267,9 +283,6 @@ def config_from_args(args, **overrides) -> PlanConfig:
 def cmd_plan(args, argv) -> int:
     import json
     import sys
-    import time
-
-    from granndis_hpc.cluster import ClusterError, as_group
 
     from . import sources
 
@@ -289,12 +302,7 @@ def cmd_plan(args, argv) -> int:
         result = plan_options(group, graph, cfg)
         decision = mm.choose(result["options"], cfg.budget) if cfg.budget is not None else None
     except Exception as exc:  # noqa: BLE001
-        print(f"preprocess plan: error (rank {group.rank}): {exc}", file=sys.stderr, flush=True)
-        # A collective error was raised by every rank: all exit 1 together; anything else ends the job.
-        if group.size > 1 and not (isinstance(exc, ClusterError) and exc.collective):
-            time.sleep(0.5)  # let the other ranks print their own message first
-            group.abort(1)
-        return 1
+        return fail(group, "plan", exc)
     if group.rank == 0:
         m = result["model"]
         print(f"[plan] {graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges; {cfg.servers} servers x "

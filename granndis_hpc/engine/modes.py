@@ -70,6 +70,11 @@ class Mode:
     def __init__(self, cfg):
         self.cfg = cfg
 
+    @classmethod
+    def check_options(cls, cfg) -> Optional[str]:
+        """A problem with the other options this mode needs (TrainConfig refuses it at parse time)."""
+        return None
+
     def resolve(self, topo) -> "Mode":
         """The mode that will run (collective): itself, except for `auto`, which picks one."""
         return self
@@ -280,6 +285,13 @@ class Automatic(Mode):
 
     name = "auto"
     help = "GraNNDis' choice for --memory-per-gpu: largest k that fits, then EAS, then co-batches"
+
+    @classmethod
+    def check_options(cls, cfg):
+        if cfg.memory_per_gpu is None:
+            return ("--mode auto chooses the preload that fits a GPU's memory: give --memory-per-gpu SIZE "
+                    "(e.g. 40GiB), or choose a mode")
+        return None
 
     def resolve(self, topo):
         import dataclasses

@@ -44,9 +44,8 @@ DEFAULTS = dict(vertices=100_000, avg_degree=25.0, features=100, classes=16, com
                 train_frac=0.1, val_frac=0.1, homophily=0.8, feature_noise=8.0)
 
 
-def _check(vertices, avg_degree, features, classes, communities, train_frac, val_frac, homophily,
-           feature_noise):
-    where = "synthetic"
+def common_problems(vertices, avg_degree, features, classes, train_frac, val_frac, feature_noise) -> list:
+    """The option problems both generators share (each adds its own)."""
     problems = []
     if vertices < 2:
         problems.append(f"--vertices {vertices} (need at least 2)")
@@ -56,17 +55,24 @@ def _check(vertices, avg_degree, features, classes, communities, train_frac, val
         problems.append(f"--features {features} (need >= 1)")
     if classes < 1:
         problems.append(f"--classes {classes} (need >= 1)")
+    if not (0 < train_frac and 0 <= val_frac and train_frac + val_frac <= 1):
+        problems.append(f"--train-frac {train_frac} --val-frac {val_frac} (need 0 < train, 0 <= val, sum <= 1)")
+    if not feature_noise >= 0:
+        problems.append(f"--feature-noise {feature_noise} (need >= 0)")
+    return problems
+
+
+def _check(vertices, avg_degree, features, classes, communities, train_frac, val_frac, homophily,
+           feature_noise):
+    where = "synthetic"
+    problems = common_problems(vertices, avg_degree, features, classes, train_frac, val_frac, feature_noise)
     if communities < classes:
         problems.append(f"--communities {communities} (need >= --classes {classes}: each class is a union "
                         "of communities)")
     if communities > vertices:
         problems.append(f"--communities {communities} (more than --vertices {vertices})")
-    if not (0 < train_frac and 0 <= val_frac and train_frac + val_frac <= 1):
-        problems.append(f"--train-frac {train_frac} --val-frac {val_frac} (need 0 < train, 0 <= val, sum <= 1)")
     if not 0 <= homophily <= 1:
         problems.append(f"--homophily {homophily} (need 0..1)")
-    if not feature_noise >= 0:
-        problems.append(f"--feature-noise {feature_noise} (need >= 0)")
     if problems:
         raise DataError(f"{where}: invalid parameters: {'; '.join(problems)}. Fix: change those options")
 

@@ -39,7 +39,8 @@ import numpy as np
 
 from preprocess.canonical import DataError
 from preprocess.sources import synthetic
-from preprocess.sources.synthetic import WeightedSampler, degree_propensity, generate_features, split_masks
+from preprocess.sources.synthetic import (WeightedSampler, common_problems, degree_propensity, generate_features,
+                                          split_masks)
 
 # Defaults chosen with bench/bench_locality.py (200k vertices, D=25, 2 servers): see docs/bench-locality.md.
 # long_range is small because every long-range edge into a server drags its endpoint's whole (k-1)-hop
@@ -69,19 +70,7 @@ def default_communities(vertices: int, classes: int) -> int:
 
 def _check(vertices, avg_degree, features, classes, communities, train_frac, val_frac, feature_noise,
            cell_size, local_scale, long_range):
-    problems = []
-    if vertices < 2:
-        problems.append(f"--vertices {vertices} (need at least 2)")
-    if not avg_degree > 0:
-        problems.append(f"--avg-degree {avg_degree} (need > 0)")
-    if features < 1:
-        problems.append(f"--features {features} (need >= 1)")
-    if classes < 1:
-        problems.append(f"--classes {classes} (need >= 1)")
-    if not (0 < train_frac and 0 <= val_frac and train_frac + val_frac <= 1):
-        problems.append(f"--train-frac {train_frac} --val-frac {val_frac} (need 0 < train, 0 <= val, sum <= 1)")
-    if not feature_noise >= 0:
-        problems.append(f"--feature-noise {feature_noise} (need >= 0)")
+    problems = common_problems(vertices, avg_degree, features, classes, train_frac, val_frac, feature_noise)
     if not cell_size >= 1:
         problems.append(f"--cell-size {cell_size} (need >= 1 vertex per cell)")
     elif vertices >= 2:
