@@ -115,6 +115,18 @@ class WeightedSampler:
         return idx
 
 
+def grouped_sampler(group: np.ndarray, weights: np.ndarray, n_groups: int, id_dtype):
+    """One sampler over vertices ordered by group: group c owns the mass interval [lo[c], lo[c] + mass[c])
+    and the index range [start[c], start[c] + count[c]).  Returns (order, sampler, mass, lo, count, start)."""
+    order = np.argsort(group, kind="stable").astype(id_dtype)
+    within = WeightedSampler(weights[order])
+    mass = np.bincount(group, weights=weights, minlength=n_groups)
+    lo = np.concatenate(([0.0], np.cumsum(mass)[:-1]))
+    count = np.bincount(group, minlength=n_groups)
+    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    return order, within, mass, lo, count, start
+
+
 def generate_edges(community: np.ndarray, theta: np.ndarray, num_draws: int, homophily: float,
                    seq: np.random.SeedSequence):
     """DC-SBM edge draws (src, dst) as int32/int64 arrays, generated chunk by chunk."""
@@ -122,14 +134,7 @@ def generate_edges(community: np.ndarray, theta: np.ndarray, num_draws: int, hom
     k = int(community.max()) + 1
     id_dtype = np.int32 if n < 2**31 else np.int64
     everywhere = WeightedSampler(theta)
-    by_comm = np.argsort(community, kind="stable").astype(id_dtype)
-    # One sampler over vertices ordered by community: community c owns the mass interval
-    # [comm_lo[c], comm_lo[c] + comm_mass[c]) and the index range [comm_start[c], +comm_count[c]).
-    within = WeightedSampler(theta[by_comm])
-    comm_mass = np.bincount(community, weights=theta, minlength=k)
-    comm_lo = np.concatenate(([0.0], np.cumsum(comm_mass)[:-1]))
-    comm_count = np.bincount(community, minlength=k)
-    comm_start = np.concatenate(([0], np.cumsum(comm_count)[:-1]))
+    by_comm, within, comm_mass, comm_lo, comm_count, comm_start = grouped_sampler(community, theta, k, id_dtype)
     src = np.empty(num_draws, dtype=id_dtype)
     dst = np.empty(num_draws, dtype=id_dtype)
     chunks = range(0, num_draws, EDGE_CHUNK)

@@ -107,15 +107,9 @@ def generate_local_edges(cell: np.ndarray, side: int, theta: np.ndarray, num_dra
     n_cells = side * side
     id_dtype = np.int32 if n < 2**31 else np.int64
     everywhere = WeightedSampler(theta)
-    by_cell = np.argsort(cell, kind="stable").astype(id_dtype)
-    # One sampler over vertices ordered by cell: cell c owns the mass interval [lo[c], lo[c] + mass[c])
-    # and the index range [start[c], start[c] + count[c]) (the DC-SBM's community trick, per cell).
+    # The DC-SBM's community trick, per cell (synthetic.grouped_sampler).
     w = theta ** PARTNER_EXPONENT
-    within = WeightedSampler(w[by_cell])
-    mass = np.bincount(cell, weights=w, minlength=n_cells)
-    lo_mass = np.concatenate(([0.0], np.cumsum(mass)[:-1]))
-    count = np.bincount(cell, minlength=n_cells)
-    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    by_cell, within, mass, lo_mass, count, start = synthetic.grouped_sampler(cell, w, n_cells, id_dtype)
     src = np.empty(num_draws, dtype=id_dtype)
     dst = np.empty(num_draws, dtype=id_dtype)
     chunks = range(0, num_draws, synthetic.EDGE_CHUNK)

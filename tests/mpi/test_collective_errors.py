@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from granndis_hpc.cluster import ClusterError, as_group, collective_errors, init_topology
+from granndis_hpc.cluster import as_group, collective_errors, init_topology
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
