@@ -64,7 +64,7 @@ def main(argv=None):
     p.add_argument("--deep-epochs", type=int, default=20)
     p.add_argument("--deep-vertices", type=int, default=20000,
                    help="graph size for the deep model (a 56-layer model on 2 shared cores needs a small one)")
-    p.add_argument("--skip", nargs="*", default=[], help="parts to skip: static batched deep")
+    p.add_argument("--skip", nargs="*", default=[], help="parts to skip: static batched overlap deep")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-modes.md"))
     args = p.parse_args(argv)
@@ -112,6 +112,23 @@ def main(argv=None):
                          f"{s['bytes_per_epoch']['intra_halo']:,} | {rows} | "
                          f"{sum(r['redundancy'] for r in recs) / len(recs):.3f} | "
                          f"{mib(s['activation_memory_bytes'])} | {mib(s['peak_memory_bytes'])} |")
+        lines.append("")
+    if "overlap" not in args.skip:
+        batch = common + ["--batches-per-epoch", str(args.batches_per_epoch), "--fanout", str(args.fanout)]
+        lines += [f"## Cooperative batching: sampling overlapped with compute, and cob without sampling vs flx", "",
+                  f"cob with {args.batches_per_epoch} co-batches, fanout {args.fanout}: the next co-batch sampled "
+                  f"in a background thread (default) or after the step (`--sequential-sampling`); sampling (s) is "
+                  f"the sampling left on the critical path. cob with one co-batch and all neighbours computes "
+                  f"exactly what flx computes (tests/mpi/test_cobatch.py).", "",
+                  "| run | epoch (s) | sampling on the critical path (s) | compute (s) | intra halo (B) | loss after last epoch |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for name, mode, extra in (("cob, prefetched", "cob", batch), ("cob, sequential", "cob", batch + ["--sequential-sampling"]),
+                                  ("cob, 1 co-batch, fanout -1", "cob", common + ["--batches-per-epoch", "1", "--fanout", "-1"]),
+                                  ("flx", "flx", common)):
+            s_, recs = train(full, mode, os.path.join(runs, name.replace(" ", "").replace(",", "-")), extra, log)
+            lines.append(f"| {name} | {s_['epoch_time_s']:.3f} | {s_['seconds_per_epoch']['sampling']:.3f} | "
+                         f"{s_['seconds_per_epoch']['compute']:.3f} | {s_['bytes_per_epoch']['intra_halo']:,} | "
+                         f"{recs[-1]['loss']:.4f} |")
         lines.append("")
     if "deep" not in args.skip:
         eas = os.path.join(args.work, "shards-eas-deep")

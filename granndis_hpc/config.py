@@ -545,6 +545,10 @@ class TrainConfig:
                                "subgraph induced on the batch")
     fanout: int = option(-1, check=_fanout_problem, fingerprint=False,
                          help="cob/mb: in-neighbours kept per vertex and hop (-1 = all)")
+    sequential_sampling: bool = option(
+        False, on_resume="may_change",
+        help="cob/mb: sample each co-batch on the main thread after the previous step, instead of in a "
+             "background thread while it computes (the same samples either way; for measuring the overlap)")
     checkpoint_activations: bool = option(
         False, help="recompute each residual block (its exchange included) in the backward pass instead of "
                     "keeping its activations (deep models, less memory); ressage only: refused for sage and "

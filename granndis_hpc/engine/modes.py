@@ -255,7 +255,7 @@ class BatchedMode(Mode):
             self.sampler = CoBatchSampler(graph["indptr"], graph["indices"], train_ids, cfg.batches_per_epoch,
                                           cfg.layers, cfg.sampler, cfg.fanout, cfg.seed, topo.server)
         split = cobatch.SPLITS[self.split_kind](ctx, graph, self.exact(ctx.manifest))
-        self.batches = cobatch.BatchedSteps(ctx, self.sampler, split)
+        self.batches = cobatch.BatchedSteps(ctx, self.sampler, split, prefetch=not cfg.sequential_sampling)
 
     def steps(self, epoch):
         return self.batches.steps(epoch)

@@ -40,8 +40,8 @@ def test_prefetching_the_next_co_batch_changes_nothing(cora_shards, mode):
     """Sampling co-batch i+1 in a background thread while step i runs gives the very same steps."""
     shards = cora_shards[("full", 3)]
     kw = dict(batches_per_epoch=3, fanout=5, dropout=0.0)
-    sequential = make_trainer(shards, mode, **kw)
-    sequential.mode.batches.prefetch = False
+    sequential = make_trainer(shards, mode, sequential_sampling=True, **kw)
+    assert not sequential.mode.batches.prefetch
     plain, plain_params = _train(sequential, 2)
     prefetched = make_trainer(shards, mode, **kw)
     assert prefetched.mode.batches.prefetch  # the default
