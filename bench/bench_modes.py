@@ -115,7 +115,7 @@ def main(argv=None):
         lines.append("")
     if "overlap" not in args.skip:
         batch = common + ["--batches-per-epoch", str(args.batches_per_epoch), "--fanout", str(args.fanout)]
-        lines += [f"## Cooperative batching: sampling overlapped with compute, and cob without sampling vs flx", "",
+        lines += ["## Cooperative batching: sampling overlapped with compute, and cob without sampling vs flx", "",
                   f"cob with {args.batches_per_epoch} co-batches, fanout {args.fanout}: the next co-batch sampled "
                   f"in a background thread (default) or after the step (`--sequential-sampling`); sampling (s) is "
                   f"the sampling left on the critical path. cob with one co-batch and all neighbours computes "
