@@ -14,6 +14,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,6 +26,9 @@ MODES = (("fb", "full"), ("flx", "full"), ("eas", "eas"))
 
 
 def train(tree, shards, mode, run_dir, common, log):
+    # A fresh run directory: the new revision refuses to start a run in one that holds a run, and the
+    # old one has no --overwrite-run.
+    shutil.rmtree(run_dir, ignore_errors=True)
     cmd = ["mpirun", "-n", "4", sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", shards,
            "--ranks-per-server", "2", "--mode", mode, "--out", run_dir, "--quiet", *common]
     log.append(f"(cd {tree} && {' '.join(cmd)})")
