@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ class RowSource:
     src_hop: np.ndarray  # per edge: hop of the source row
     degree: np.ndarray  # float [n]: normalisation degree of every own row
     features: np.ndarray  # float32 [n, F]
+    # int64 [n]: the vertex id every rank and a single process know the row by (global id), which keys
+    # its dropout masks (nn/dropout.py); None: the row's position (no shape-independence).
+    global_id: Optional[np.ndarray] = None
 
 
 def server_rows(sl, exact_degrees: bool) -> RowSource:
@@ -57,7 +60,7 @@ def server_rows(sl, exact_degrees: bool) -> RowSource:
         hop=sl.hop.astype(np.int64), indptr=sl.indptr.astype(np.int64), is_own=owner == sl.gpu,
         own_pos=src - offsets[sl.gpu], peer=owner, key=src - offsets[owner],
         src_hop=sl.server_hop.astype(np.int64)[src], degree=degree.astype(np.float32),
-        features=sl.features)
+        features=sl.features, global_id=sl.global_id)
 
 
 def world_rows(sl, my_rank: int) -> RowSource:
@@ -74,7 +77,7 @@ def world_rows(sl, my_rank: int) -> RowSource:
     return RowSource(
         hop=np.zeros(n, dtype=np.int64), indptr=sl.w_indptr.astype(np.int64), is_own=is_own,
         own_pos=pos, peer=owner, key=gid, src_hop=np.zeros_like(gid),
-        degree=sl.in_degree[:n].astype(np.float32), features=sl.features[:n])
+        degree=sl.in_degree[:n].astype(np.float32), features=sl.features[:n], global_id=inner_gid)
 
 
 def key_resolver_server(num_own: int):
@@ -116,6 +119,9 @@ class View:
                 dst_degree=own_degree.squeeze(1)[: lp.n_dst].contiguous(),
                 src_degree=src_degree.contiguous()))
         self._halo_rows = [torch.as_tensor(lp.halo_rows, device=device) for lp in plan.layers]
+        # Global ids of the own rows (every layer's rows are a prefix): what dropout masks are keyed by.
+        self.row_ids = (None if rows.global_id is None
+                        else torch.as_tensor(np.asarray(rows.global_id, dtype=np.int64), device=device))
 
     def exchange_full(self, own: torch.Tensor, phase: str) -> torch.Tensor:
         """All halo rows (HaloTable order) of a per-row tensor of the own rows."""
@@ -169,6 +175,15 @@ class LayeredView:
                     f"the first computes {self.graphs[l - 1].n_dst} rows and the second reads "
                     f"{after.plan.layers[l].n_own_in}: the shard's views disagree; run `python -m "
                     f"preprocess verify`")
+            # Dropout keys rows by global id: the rows must also be the same vertices, not just as many.
+            n = self.graphs[l - 1].n_dst
+            if (before is not after and before.row_ids is not None and after.row_ids is not None
+                    and not torch.equal(before.row_ids[:n], after.row_ids[:n])):
+                raise planner.PlanError(
+                    f"layer {l + 1} switches from the {before.group} view to the {after.group} view, but the "
+                    f"two order the rank's inner vertices differently; run `python -m preprocess verify`")
+        # Layer l's own rows (dropout's row ids): a prefix of its view's rows.
+        self.row_ids = [view.row_ids for view in self.per_layer]
 
     @property
     def views(self):
