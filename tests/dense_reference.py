@@ -97,8 +97,10 @@ def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, tor
 
     # Normalised dense operators, straight from the formulas.
     mean_op = a / torch.clamp(deg, min=1.0)[:, None]
-    s = 1.0 / torch.sqrt(deg + 1.0)
-    gcn_op = s[:, None] * (a + torch.eye(n, dtype=dtype)) * s[None, :]
+    # GCN as PyG's add_remaining_self_loops: a stored loop (diagonal of A) is replaced by one of weight 1.
+    loops = torch.diagonal(a).clone()
+    s = 1.0 / torch.sqrt(deg - loops + 1.0)
+    gcn_op = s[:, None] * (a - torch.diag(loops) + torch.eye(n, dtype=dtype)) * s[None, :]
 
     def sage(l, h):
         c = f"convs.{l}"

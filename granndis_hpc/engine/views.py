@@ -80,6 +80,14 @@ def world_rows(sl, my_rank: int) -> RowSource:
         degree=sl.in_degree[:n].astype(np.float32), features=sl.features[:n], global_id=inner_gid)
 
 
+def stored_self_loops(rows: RowSource) -> np.ndarray:
+    """Self-loop edges (v -> v) of every row: in-edges from the row itself, as counted in its degree."""
+    n = rows.hop.shape[0]
+    edge_row = np.repeat(np.arange(n, dtype=np.int64), np.diff(rows.indptr))
+    on_diag = rows.is_own & (rows.own_pos == edge_row)
+    return np.bincount(edge_row[on_diag], minlength=n).astype(np.float32)
+
+
 def key_resolver_server(num_own: int):
     def resolve(keys):
         return np.where((keys >= 0) & (keys < num_own), keys, -1)
@@ -103,7 +111,11 @@ class View:
         # Static halo data, exchanged once over the full plan: phase "setup" for a view built once,
         # "halo" for the per-iteration views of co-batched training (it is then per-step traffic).
         own_degree = torch.as_tensor(rows.degree, dtype=torch.float32, device=device).unsqueeze(1)
-        halo_degree = self.exchange_full(own_degree, phase=static_phase).squeeze(1)
+        own_loops = torch.as_tensor(stored_self_loops(rows), dtype=torch.float32, device=device)
+        # A halo row's degree is read only by GCN's source normalisation, degree - loops + 1 (nn/graph.py):
+        # send it without the row's stored self loops (and give the halo row 0 loops), so the static
+        # exchange stays one column (and is unchanged on graphs without loops).
+        halo_degree = self.exchange_full(own_degree - own_loops.unsqueeze(1), phase=static_phase).squeeze(1)
         self.features = torch.as_tensor(np.ascontiguousarray(rows.features), device=device)
         self.halo_features = self.exchange_full(self.features, phase=static_phase)
         # One tensor object: gather recognises it (by identity) as the static input of layer 0.
@@ -117,7 +129,8 @@ class View:
                 indptr=torch.as_tensor(lp.indptr, device=device),
                 indices=torch.as_tensor(lp.indices, device=device),
                 dst_degree=own_degree.squeeze(1)[: lp.n_dst].contiguous(),
-                src_degree=src_degree.contiguous()))
+                src_degree=src_degree.contiguous(),
+                src_loops=torch.cat([own_loops[: lp.n_own_in], own_loops.new_zeros(lp.n_src - lp.n_own_in)])))
         self._halo_rows = [torch.as_tensor(lp.halo_rows, device=device) for lp in plan.layers]
         # Global ids of the own rows (every layer's rows are a prefix): what dropout masks are keyed by.
         self.row_ids = (None if rows.global_id is None
