@@ -23,7 +23,6 @@ _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / phi: splitmix64's increment
 _MUL1 = 0xBF58476D1CE4E5B9
 _MUL2 = 0x94D049BB133111EB
-_UNIFORM_BITS = 53  # u = top 53 bits of the hash, uniform on [0, 2^53)
 
 
 def _signed(v: int) -> int:
@@ -65,17 +64,24 @@ def keep_mask(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, width: i
     (seed, epoch, layer, row_ids[i], c) only.
 
     Each row gets a hashed start (row id and key), each column is a step of a splitmix64 stream from
-    it: one hash of the [n] row counters, then one finaliser per element."""
+    it: one full hash of the [n] row counters, then per element the finaliser's two multiply rounds and
+    a signed comparison (10 elementwise ops).  The finaliser's last xor-shift is left out: it only
+    changes the low 33 bits, and the comparison reads the high ones (it decides only on a tie of the
+    top 31 bits, probability 2^-31)."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"keep_mask: p must be in [0, 1), got {p!r}")
     ids = row_ids.to(torch.int64)
     if ids.dim() != 1:
         raise ValueError(f"keep_mask: row_ids must be 1-D, got shape {tuple(ids.shape)}")
     row_start = _mix(ids * _signed(_GOLDEN) + stream_key(seed, epoch, layer))
-    cols = (torch.arange(1, width + 1, dtype=torch.int64, device=ids.device) * _signed(_GOLDEN))
-    u = _srl(_mix(row_start.unsqueeze(1) + cols.unsqueeze(0)), 64 - _UNIFORM_BITS)
-    # keep iff u >= p * 2^53: P(keep) = 1 - p up to 2^-53.
-    return u >= int(round(p * (1 << _UNIFORM_BITS)))
+    cols = torch.arange(1, width + 1, dtype=torch.int64, device=ids.device) * _signed(_GOLDEN)
+    z = row_start.unsqueeze(1) + cols.unsqueeze(0)
+    z ^= _srl(z, 30)
+    z *= _signed(_MUL1)
+    z ^= _srl(z, 27)
+    z *= _signed(_MUL2)
+    # z is uniform on the int64 range [-2^63, 2^63): keep iff z >= -2^63 + p * 2^64, P(keep) = 1 - p.
+    return z >= min(int(round(p * 2.0 ** 64)) - (1 << 63), (1 << 63) - 1)
 
 
 def apply_mask(h: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
