@@ -9,7 +9,9 @@ Everything is computed in float64 (by default) so that the reference's own round
 
 Parameters are read by name (see granndis_hpc/nn/models.py).  Given the module itself, they are its
 live parameters, so ``dense_logits(...).sum().backward()`` produces reference gradients in ``.grad``.
-Dropout is 0 (eval semantics) whatever the module's mode.
+Dropout is 0 (eval semantics) whatever the module's mode, unless ``dropout(layer, h)`` is given: it is
+applied where the models drop (before conv l >= 1; ResSAGE+ also before the head, layer L), e.g. with
+the masks of granndis_hpc.nn.dropout.keep_mask over the global ids 0..N-1.
 """
 from __future__ import annotations
 
@@ -75,11 +77,12 @@ class _Params:
 
 def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, torch.Tensor]], indptr, indices,
                  features, degrees: Optional[Union[np.ndarray, torch.Tensor]] = None,
-                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
+                 dtype: torch.dtype = torch.float64, dropout=None) -> torch.Tensor:
     """Whole-graph logits [N, classes] of model ``model_name`` ("sage" | "gcn" | "ressage"), dropout 0.
 
     indptr/indices: in-edge CSR of the whole graph (numpy or torch); features [N, F];
     degrees [N]: the degree to normalise with (default: the in-degree, i.e. row counts of the CSR).
+    dropout(layer, h) -> h: the training-time dropout of the rows of h (all N vertices); None: none.
     Returns ``dtype`` (float64 by default); differentiable wrt the module's parameters.
     """
     x = _t(features, dtype)
@@ -90,11 +93,14 @@ def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, tor
     deg = a.sum(dim=1) if degrees is None else _t(degrees, dtype)
     p = _Params(model, dtype)
     L = p.num_convs()
+    drop = dropout if dropout is not None else (lambda layer, h: h)
 
     # Normalised dense operators, straight from the formulas.
     mean_op = a / torch.clamp(deg, min=1.0)[:, None]
-    s = 1.0 / torch.sqrt(deg + 1.0)
-    gcn_op = s[:, None] * (a + torch.eye(n, dtype=dtype)) * s[None, :]
+    # GCN as PyG's add_remaining_self_loops: a stored loop (diagonal of A) is replaced by one of weight 1.
+    loops = torch.diagonal(a).clone()
+    s = 1.0 / torch.sqrt(deg - loops + 1.0)
+    gcn_op = s[:, None] * (a - torch.diag(loops) + torch.eye(n, dtype=dtype)) * s[None, :]
 
     def sage(l, h):
         c = f"convs.{l}"
@@ -113,14 +119,14 @@ def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, tor
             if l > 0:
                 if p.has(f"norms.{l - 1}.weight"):
                     h = p.layer_norm(f"norms.{l - 1}", h)
-                h = torch.relu(h)
+                h = drop(l, torch.relu(h))
             h = conv(l, h)
         return h
     if model_name == "ressage":
         h = sage(0, p.linear("encoder", x))
         for l in range(1, L):
-            h = h + sage(l, torch.relu(p.layer_norm(f"norms.{l - 1}", h)))
-        return p.linear("head", torch.relu(p.layer_norm("out_norm", h)))
+            h = h + sage(l, drop(l, torch.relu(p.layer_norm(f"norms.{l - 1}", h))))
+        return p.linear("head", drop(L, torch.relu(p.layer_norm("out_norm", h))))
     raise ValueError(f"dense_logits: unknown model {model_name!r}")
 
 

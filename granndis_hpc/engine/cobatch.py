@@ -110,7 +110,7 @@ class CooperativeSplit:
         rows = views.RowSource(
             hop=sg.hop[mine], indptr=ip, is_own=src_owner == gpu, own_pos=find_mine(src), peer=src_owner,
             key=src, src_hop=sg.hop[sg.position_of(src)], degree=degree.astype(np.float32),
-            features=sl.features[ids - self.offsets[gpu]])
+            features=sl.features[ids - self.offsets[gpu]], global_id=sl.global_id[ids - self.offsets[gpu]])
         return rows, ids
 
     def plan(self, rows, ids) -> views.View:
@@ -140,7 +140,10 @@ class PerGpuSplit(CooperativeSplit):
         rows = views.RowSource(
             hop=sg.hop, indptr=sg.indptr, is_own=np.ones(n_edges, dtype=bool), own_pos=src_pos,
             peer=np.zeros(n_edges, np.int64), key=sg.indices, src_hop=sg.hop[src_pos],
-            degree=degree.astype(np.float32), features=feats)
+            degree=degree.astype(np.float32), features=feats,
+            # Dropout keys by the server-local id (the slice has no global ids of other GPUs' rows): the
+            # server's GPUs draw one mask per vertex; mb is not exact, so no shape-independence is lost.
+            global_id=ids)
         return rows, ids
 
     def plan(self, rows, ids) -> views.View:

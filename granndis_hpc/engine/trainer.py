@@ -7,6 +7,7 @@ full-graph inference over the world view in every mode.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -24,6 +25,7 @@ from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import views
 from granndis_hpc.engine.modes import RunContext, Step, TrainingError, make_mode
 from granndis_hpc.metrics import MetricsWriter, epoch_line, peak_memory_bytes, summarize, write_summary
+from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
@@ -89,6 +91,7 @@ class Trainer:
         self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
                                  cfg.layers, dropout=cfg.dropout, norm=cfg.norm).to(self.device)
         self.model.checkpoint_activations = cfg.checkpoint_activations
+        self._keyed_dropout = "dropout" in inspect.signature(self.model.forward).parameters
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.epoch = 0
         self.prior_records, self.prior_elapsed_s, self.stopped_checkpoint = [], 0.0, None
@@ -150,8 +153,16 @@ class Trainer:
 
     # ---- one epoch ----------------------------------------------------------------------------
     def _forward(self, view, phase: str) -> torch.Tensor:
-        """The model over a plan: the rows the last layer computes (inner rows, or a step's targets)."""
-        return self.model(view.input_features, view.graphs, view.gather_fn(phase))
+        """The model over a plan: the rows the last layer computes (inner rows, or a step's targets).
+
+        Dropout masks are keyed by (seed, epoch, layer, global row id) (nn/dropout.py), so every shape
+        draws the single-process masks.  A registered model whose forward takes no `dropout` keeps the
+        documented forward(x, graphs, gather) contract and draws its own."""
+        gather = view.gather_fn(phase)
+        if not self._keyed_dropout:
+            return self.model(view.input_features, view.graphs, gather)
+        drop = RowDropout(self.cfg.seed, self.epoch, getattr(view, "row_ids", None))
+        return self.model(view.input_features, view.graphs, gather, dropout=drop)
 
     def _sync(self):
         if self.device.type == "cuda":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ class RowSource:
     src_hop: np.ndarray  # per edge: hop of the source row
     degree: np.ndarray  # float [n]: normalisation degree of every own row
     features: np.ndarray  # float32 [n, F]
+    # int64 [n]: the vertex id every rank and a single process know the row by (global id), which keys
+    # its dropout masks (nn/dropout.py); None: the row's position (no shape-independence).
+    global_id: Optional[np.ndarray] = None
 
 
 def server_rows(sl, exact_degrees: bool) -> RowSource:
@@ -57,7 +60,7 @@ def server_rows(sl, exact_degrees: bool) -> RowSource:
         hop=sl.hop.astype(np.int64), indptr=sl.indptr.astype(np.int64), is_own=owner == sl.gpu,
         own_pos=src - offsets[sl.gpu], peer=owner, key=src - offsets[owner],
         src_hop=sl.server_hop.astype(np.int64)[src], degree=degree.astype(np.float32),
-        features=sl.features)
+        features=sl.features, global_id=sl.global_id)
 
 
 def world_rows(sl, my_rank: int) -> RowSource:
@@ -74,7 +77,15 @@ def world_rows(sl, my_rank: int) -> RowSource:
     return RowSource(
         hop=np.zeros(n, dtype=np.int64), indptr=sl.w_indptr.astype(np.int64), is_own=is_own,
         own_pos=pos, peer=owner, key=gid, src_hop=np.zeros_like(gid),
-        degree=sl.in_degree[:n].astype(np.float32), features=sl.features[:n])
+        degree=sl.in_degree[:n].astype(np.float32), features=sl.features[:n], global_id=inner_gid)
+
+
+def stored_self_loops(rows: RowSource) -> np.ndarray:
+    """Self-loop edges (v -> v) of every row: in-edges from the row itself, as counted in its degree."""
+    n = rows.hop.shape[0]
+    edge_row = np.repeat(np.arange(n, dtype=np.int64), np.diff(rows.indptr))
+    on_diag = rows.is_own & (rows.own_pos == edge_row)
+    return np.bincount(edge_row[on_diag], minlength=n).astype(np.float32)
 
 
 def key_resolver_server(num_own: int):
@@ -100,7 +111,11 @@ class View:
         # Static halo data, exchanged once over the full plan: phase "setup" for a view built once,
         # "halo" for the per-iteration views of co-batched training (it is then per-step traffic).
         own_degree = torch.as_tensor(rows.degree, dtype=torch.float32, device=device).unsqueeze(1)
-        halo_degree = self.exchange_full(own_degree, phase=static_phase).squeeze(1)
+        own_loops = torch.as_tensor(stored_self_loops(rows), dtype=torch.float32, device=device)
+        # A halo row's degree is read only by GCN's source normalisation, degree - loops + 1 (nn/graph.py):
+        # send it without the row's stored self loops (and give the halo row 0 loops), so the static
+        # exchange stays one column (and is unchanged on graphs without loops).
+        halo_degree = self.exchange_full(own_degree - own_loops.unsqueeze(1), phase=static_phase).squeeze(1)
         self.features = torch.as_tensor(np.ascontiguousarray(rows.features), device=device)
         self.halo_features = self.exchange_full(self.features, phase=static_phase)
         # One tensor object: gather recognises it (by identity) as the static input of layer 0.
@@ -114,8 +129,12 @@ class View:
                 indptr=torch.as_tensor(lp.indptr, device=device),
                 indices=torch.as_tensor(lp.indices, device=device),
                 dst_degree=own_degree.squeeze(1)[: lp.n_dst].contiguous(),
-                src_degree=src_degree.contiguous()))
+                src_degree=src_degree.contiguous(),
+                src_loops=torch.cat([own_loops[: lp.n_own_in], own_loops.new_zeros(lp.n_src - lp.n_own_in)])))
         self._halo_rows = [torch.as_tensor(lp.halo_rows, device=device) for lp in plan.layers]
+        # Global ids of the own rows (every layer's rows are a prefix): what dropout masks are keyed by.
+        self.row_ids = (None if rows.global_id is None
+                        else torch.as_tensor(np.asarray(rows.global_id, dtype=np.int64), device=device))
 
     def exchange_full(self, own: torch.Tensor, phase: str) -> torch.Tensor:
         """All halo rows (HaloTable order) of a per-row tensor of the own rows."""
@@ -169,6 +188,15 @@ class LayeredView:
                     f"the first computes {self.graphs[l - 1].n_dst} rows and the second reads "
                     f"{after.plan.layers[l].n_own_in}: the shard's views disagree; run `python -m "
                     f"preprocess verify`")
+            # Dropout keys rows by global id: the rows must also be the same vertices, not just as many.
+            n = self.graphs[l - 1].n_dst
+            if (before is not after and before.row_ids is not None and after.row_ids is not None
+                    and not torch.equal(before.row_ids[:n], after.row_ids[:n])):
+                raise planner.PlanError(
+                    f"layer {l + 1} switches from the {before.group} view to the {after.group} view, but the "
+                    f"two order the rank's inner vertices differently; run `python -m preprocess verify`")
+        # Layer l's own rows (dropout's row ids): a prefix of its view's rows.
+        self.row_ids = [view.row_ids for view in self.per_layer]
 
     @property
     def views(self):

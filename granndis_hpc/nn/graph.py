@@ -7,6 +7,8 @@ rows from peers) and the in-edges of the destination rows as CSR over source ind
 
 Degrees are *given*, never recomputed from the block: exact modes pass global in-degrees (a truncated
 frontier block would otherwise change the normalisation), sampled modes pass kept-neighbour counts.
+Degrees count a stored self loop (an edge v -> v) like any in-edge; ``src_loops`` says how many each
+source row has, so that GCN can treat them as PyG's ``add_remaining_self_loops`` does.
 
 No MPI and no files here: this module is pure torch and device-agnostic (CPU and CUDA).
 """
@@ -59,6 +61,10 @@ class LayerGraph:
     indices: torch.Tensor  # int64 [nnz], source index in [0, n_src)
     dst_degree: torch.Tensor  # float32 [n_dst]
     src_degree: torch.Tensor  # float32 [n_src]
+    # float32 [n_src]: stored self loops of each source row (counted in its degree).  None: counted from
+    # the block for the destination rows (their loop is the edge i -> i), 0 for the other rows; pass
+    # them when rows beyond n_dst have stored loops.  Given ones must match the block's destination rows.
+    src_loops: Optional[torch.Tensor] = None
     # (kind, dtype, transposed) -> sparse CSR matrix, ("coo", kind, dtype) -> COO triple; built lazily
     # on the graph's device.
     _cache: Dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
@@ -69,7 +75,22 @@ class LayerGraph:
         self.indices = _as_tensor(self.indices, torch.int64, "indices")
         self.dst_degree = _as_tensor(self.dst_degree, torch.float32, "dst_degree")
         self.src_degree = _as_tensor(self.src_degree, torch.float32, "src_degree")
+        given_loops = self.src_loops is not None
+        if given_loops:
+            self.src_loops = _as_tensor(self.src_loops, torch.float32, "src_loops")
         self._validate()
+        rows = self.edge_rows()
+        on_diag = rows[self.indices == rows]
+        block_loops = torch.bincount(on_diag, minlength=self.n_dst).to(torch.float32) if self.n_dst else \
+            torch.zeros(0, device=self.device)
+        if not given_loops:
+            self.src_loops = torch.cat([block_loops, torch.zeros(self.n_src - self.n_dst, device=self.device)])
+        elif self.src_loops.shape != (self.n_src,):
+            raise ValueError(f"LayerGraph: src_loops must have shape ({self.n_src},), got {tuple(self.src_loops.shape)}")
+        elif not torch.equal(self.src_loops[: self.n_dst], block_loops):
+            raise ValueError("LayerGraph: src_loops of the destination rows must equal their self-loop edges "
+                             "(i -> i) in the block")
+        self.has_loops = bool(on_diag.numel())
 
     def _validate(self):
         def bad(msg):
@@ -106,7 +127,7 @@ class LayerGraph:
         return self.indptr.device
 
     @staticmethod
-    def from_csr(indptr, indices, n_src: int, dst_degree=None, src_degree=None) -> "LayerGraph":
+    def from_csr(indptr, indices, n_src: int, dst_degree=None, src_degree=None, src_loops=None) -> "LayerGraph":
         """Build from in-edge CSR (numpy or torch).  Degrees default to the block's own row counts.
 
         The default is right for a whole graph and for sampled blocks; exact truncated blocks must pass
@@ -124,13 +145,13 @@ class LayerGraph:
                     "the block has no in-edges for the halo rows, so their degree cannot be derived; "
                     "pass the global in-degree (exact modes) or the kept-neighbour count (sampled modes)")
             src_degree = _as_tensor(dst_degree, torch.float32, "dst_degree")
-        return LayerGraph(n_dst, int(n_src), indptr, indices, dst_degree, src_degree)
+        return LayerGraph(n_dst, int(n_src), indptr, indices, dst_degree, src_degree, src_loops)
 
     def to(self, device) -> "LayerGraph":
         """A copy on ``device`` (the adjacency cache is rebuilt there lazily)."""
         device = torch.device(device)
         return LayerGraph(self.n_dst, self.n_src, self.indptr.to(device), self.indices.to(device),
-                          self.dst_degree.to(device), self.src_degree.to(device))
+                          self.dst_degree.to(device), self.src_degree.to(device), self.src_loops.to(device))
 
     def edge_rows(self) -> torch.Tensor:
         """Destination row of every edge (COO row array), device-agnostic."""
@@ -154,12 +175,20 @@ class LayerGraph:
             # Divide by max(degree, 1): an isolated vertex (or one with no kept neighbour) aggregates 0.
             vals = (1.0 / d_dst.clamp(min=1.0))[rows]
             return rows, cols, vals
-        # Kipf & Welling: A_hat = (D+I)^-1/2 (A+I) (D+I)^-1/2 with d the degree without self loop.
-        inv_sqrt_dst = torch.rsqrt(d_dst + 1.0)
-        inv_sqrt_src = torch.rsqrt(self.src_degree.to(dtype) + 1.0)
+        # Kipf & Welling: A_hat = (D+I)^-1/2 (A+I) (D+I)^-1/2 with A and d without self loops.  A stored
+        # loop is replaced by the one of weight 1 (PyG's add_remaining_self_loops), not added to it: its
+        # edge is dropped and it leaves the degree (d = degree - loops), else it would count twice.
+        loops = self.src_loops.to(dtype)
+        # The clamp only guards a degree given below the row's loops (inconsistent input): d' >= 1.
+        d_hat_dst = (d_dst - loops[: self.n_dst]).clamp(min=0.0) + 1.0
+        inv_sqrt_dst = torch.rsqrt(d_hat_dst)
+        inv_sqrt_src = torch.rsqrt((self.src_degree.to(dtype) - loops).clamp(min=0.0) + 1.0)
+        if self.has_loops:
+            off_diag = cols != rows
+            rows, cols = rows[off_diag], cols[off_diag]
         vals = inv_sqrt_dst[rows] * inv_sqrt_src[cols]
         diag = torch.arange(self.n_dst, device=self.device)
-        return (torch.cat([rows, diag]), torch.cat([cols, diag]), torch.cat([vals, 1.0 / (d_dst + 1.0)]))
+        return (torch.cat([rows, diag]), torch.cat([cols, diag]), torch.cat([vals, 1.0 / d_hat_dst]))
 
     def adjacency(self, kind: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Cached sparse CSR matrix [n_dst, n_src] of the normalised adjacency ("mean" or "gcn")."""
@@ -232,7 +261,8 @@ def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Option
     """Normalised neighbourhood aggregation [n_dst, d] of source rows h_src [n_src, d]; autograd-aware.
 
     kind "mean": sum_{u in N(v)} h_u / max(d_v, 1).
-    kind "gcn":  h_v / (d_v+1) + sum_{u in N(v)} h_u / sqrt((d_u+1)(d_v+1)).
+    kind "gcn":  h_v / d'_v + sum_{u in N(v), u != v} h_u / sqrt(d'_u d'_v), d' = degree - stored loops + 1
+                 (PyG's GCNConv with add_remaining_self_loops: one loop of weight 1 per vertex).
     """
     _check_kind(kind)
     if h_src.dim() != 2 or h_src.shape[0] != graph.n_src:

@@ -6,6 +6,11 @@ Contract with the engine (DESIGN §6):
 - Before conv l the model calls ``gather(l, h)`` with h = the own rows [n_own, width]; gather returns
   ``cat(h, halo)`` with n_src rows (``gather=None``: identity, single process).  Dropout is applied to h
   *before* gather, so a halo row carries its owner's dropout mask as in single-process training.
+- ``forward(..., dropout=RowDropout(seed, epoch, row_ids))`` (nn/dropout.py): the masks are a function of
+  (seed, epoch, layer, global row id, column), so every cluster shape draws the masks a single process
+  draws on the whole graph (row_ids None: rows are vertices 0..n-1).  Layer l's key is the index of the
+  conv the dropped rows feed (ResSAGE's head: L).  ``dropout=None`` in training draws a fresh seed from
+  torch's generator for the pass (reproducible under torch.manual_seed, not across shapes).
 - ``conv_in_widths[l]`` is the width of the h passed to ``gather(l, h)`` (for halo buffers).
 - Parameters depend only on ``torch.manual_seed`` (modules are created in a fixed order).
 
@@ -25,6 +30,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from .dropout import RowDropout
 from .graph import LayerGraph
 from .layers import GCNConv, SAGEConv
 
@@ -45,8 +51,21 @@ class GNN(nn.Module):
     # features exchanged once at set-up.
     # Recompute each residual block (gather included) in the backward pass instead of keeping its
     # activations.  Every rank recomputes the same blocks in the same order, so the exchanges inside
-    # line up; torch's checkpoint restores the RNG state, so the recomputed dropout masks are the same.
+    # line up; the dropout masks are hashes of their counters (nn/dropout.py), so the recomputed masks
+    # are the same by construction.
     checkpoint_activations: bool = False
+    dropout: float = 0.0
+
+    def _dropout_for_pass(self, dropout: Optional[RowDropout]) -> Optional[RowDropout]:
+        """The pass's RowDropout; None where nothing is dropped (eval, p = 0: no generator is touched)."""
+        if not self.training or self.dropout == 0.0:
+            return None
+        if dropout is None:  # single-process use without a key: a fresh key per pass
+            dropout = RowDropout(int(torch.randint(0, 2 ** 62, ())), 0)
+        return dropout
+
+    def _drop(self, dropout: Optional[RowDropout], layer: int, h: torch.Tensor) -> torch.Tensor:
+        return h if dropout is None else dropout(layer, h, self.dropout)
 
     def _maybe_checkpoint(self, fn, *args):
         if self.checkpoint_activations and self.training and torch.is_grad_enabled():
@@ -84,14 +103,16 @@ class PlainGNN(GNN):
         self.convs = nn.ModuleList(conv_cls(widths[i], widths[i + 1]) for i in range(layers))
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers - 1)) if norm else None
 
-    def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None,
+                dropout: Optional[RowDropout] = None) -> torch.Tensor:
         self._check_graphs(graphs)
+        dropout = self._dropout_for_pass(dropout)
         h = x
         for layer, (conv, graph) in enumerate(zip(self.convs, graphs)):
             if layer > 0:
                 if self.norms is not None:
                     h = self.norms[layer - 1](h)
-                h = F.dropout(F.relu(h), self.dropout, self.training)
+                h = self._drop(dropout, layer, F.relu(h))
             h = conv(self._gather(gather, layer, h, graph), graph)
         return h
 
@@ -120,18 +141,20 @@ class ResSAGE(GNN):
         self.out_norm = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, num_classes)
 
-    def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None,
+                dropout: Optional[RowDropout] = None) -> torch.Tensor:
         self._check_graphs(graphs)
+        dropout = self._dropout_for_pass(dropout)
         h = self.encoder(x)
         h = self.convs[0](self._gather(gather, 0, h, graphs[0]), graphs[0])
         for layer in range(1, self.num_layers):
             graph = graphs[layer]
 
             def block(h, layer=layer, graph=graph):
-                z = F.dropout(F.relu(self.norms[layer - 1](h)), self.dropout, self.training)
+                z = self._drop(dropout, layer, F.relu(self.norms[layer - 1](h)))
                 return h[: graph.n_dst] + self.convs[layer](self._gather(gather, layer, z, graph), graph)
             h = self._maybe_checkpoint(block, h)
-        h = F.dropout(F.relu(self.out_norm(h)), self.dropout, self.training)
+        h = self._drop(dropout, self.num_layers, F.relu(self.out_norm(h)))
         return self.head(h)
 
 

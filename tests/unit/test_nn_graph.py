@@ -16,6 +16,10 @@ def _block(rng, n_dst=37, n_src=53, nnz=300):
     dst = np.sort(rng.integers(0, n_dst - 5, nnz))  # the last 5 destination rows have no in-edge
     src = rng.integers(0, n_src, nnz)
     src[1], dst[1] = src[0], dst[0]  # one multi-edge: counts twice
+    # No edge i -> i: GCN replaces a stored self loop (tests/unit/test_gcn_self_loops.py); here the
+    # formula is that of a graph without loops.
+    on_diag = src == dst
+    src[on_diag] = (src[on_diag] + 1) % n_src
     indptr = np.zeros(n_dst + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=n_dst), out=indptr[1:])
     # "Global" degrees larger than the block's row counts, as for a truncated frontier block; some 0.

@@ -1,0 +1,126 @@
+"""Counter-based dropout: the mask of an element is a function of (seed, epoch, layer, vertex id, column).
+
+DESIGN §6: results must not depend on S x G where the method is exact, dropout included.  A per-rank
+generator draws a rank's masks from a stream whose position depends on how many rows the rank holds,
+so fb, flx and the same run on another cluster shape follow different trajectories.  Here a mask
+element is a hash of its counters instead (splitmix64's finaliser over a Weyl sequence, in torch int64
+ops so it runs vectorised on any device): any rank draws the owner's mask for a row it holds, a
+single process on the whole graph draws the same masks, and activation checkpointing recomputes the
+same masks by construction.
+
+    drop = RowDropout(seed, epoch, row_ids)   # row_ids: global ids of the rows (None: 0..n-1)
+    h = drop(layer, h, p)                     # keep-rate 1 - p, kept values scaled by 1 / (1 - p)
+
+No MPI and no files here (nn knows neither).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / phi: splitmix64's increment
+_MUL1 = 0xBF58476D1CE4E5B9
+_MUL2 = 0x94D049BB133111EB
+
+
+def _signed(v: int) -> int:
+    """A 64-bit pattern as the int64 torch stores (torch arithmetic wraps modulo 2^64)."""
+    v &= _M64
+    return v - (1 << 64) if v >> 63 else v
+
+
+def _mix_int(z: int) -> int:
+    """splitmix64's finaliser on a Python int (exact 64-bit arithmetic)."""
+    z &= _M64
+    z = ((z ^ (z >> 30)) * _MUL1) & _M64
+    z = ((z ^ (z >> 27)) * _MUL2) & _M64
+    return z ^ (z >> 31)
+
+
+def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic: mask off the copied sign bits)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser, elementwise on int64 (multiplication wraps like uint64's)."""
+    z = (z ^ _srl(z, 30)) * _signed(_MUL1)
+    z = (z ^ _srl(z, 27)) * _signed(_MUL2)
+    return z ^ _srl(z, 31)
+
+
+def stream_key(seed: int, epoch: int, layer: int) -> int:
+    """The int64 key of one (seed, epoch, layer): nested hashing, so nearby counters give unrelated keys."""
+    k = _mix_int(int(seed) * _GOLDEN + 1)
+    k = _mix_int(k ^ (int(epoch) * _GOLDEN + 2))
+    k = _mix_int(k ^ (int(layer) * _GOLDEN + 3))
+    return _signed(k)
+
+
+def keep_mask(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, width: int, p: float) -> torch.Tensor:
+    """Bool [len(row_ids), width]: element (i, c) is kept with probability 1 - p, as a function of
+    (seed, epoch, layer, row_ids[i], c) only.
+
+    Each row gets a hashed start (row id and key), each column is a step of a splitmix64 stream from
+    it: one full hash of the [n] row counters, then per element the finaliser's two multiply rounds and
+    a signed comparison (10 elementwise ops).  The finaliser's last xor-shift is left out: it only
+    changes the low 33 bits, and the comparison reads the high ones (it decides only on a tie of the
+    top 31 bits, probability 2^-31)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"keep_mask: p must be in [0, 1), got {p!r}")
+    ids = row_ids.to(torch.int64)
+    if ids.dim() != 1:
+        raise ValueError(f"keep_mask: row_ids must be 1-D, got shape {tuple(ids.shape)}")
+    row_start = _mix(ids * _signed(_GOLDEN) + stream_key(seed, epoch, layer))
+    cols = torch.arange(1, width + 1, dtype=torch.int64, device=ids.device) * _signed(_GOLDEN)
+    z = row_start.unsqueeze(1) + cols.unsqueeze(0)
+    z ^= _srl(z, 30)
+    z *= _signed(_MUL1)
+    z ^= _srl(z, 27)
+    z *= _signed(_MUL2)
+    # z is uniform on the int64 range [-2^63, 2^63): keep iff z >= -2^63 + p * 2^64, P(keep) = 1 - p.
+    return z >= min(int(round(p * 2.0 ** 64)) - (1 << 63), (1 << 63) - 1)
+
+
+def apply_mask(h: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """h * keep / (1 - p), saving what torch's own dropout saves for backward on that device (a float
+    mask on CPU, a bool mask on CUDA), so the memory model's activation formula still holds."""
+    scale = 1.0 / (1.0 - p)
+    if h.device.type == "cuda":
+        return torch.where(keep, h * scale, h.new_zeros(()))
+    return h * (keep.to(h.dtype) * scale)
+
+
+RowIds = Union[None, torch.Tensor, Sequence[Optional[torch.Tensor]]]
+
+
+class RowDropout:
+    """The dropout of one forward pass: `drop(layer, h, p)` drops the rows of h, which are the first
+    h.shape[0] rows whose global ids `row_ids` gives.
+
+    row_ids: None (the rows are vertices 0..n-1: a single process on the whole graph), one tensor (the
+    global ids of a rank's own rows, of which every layer's rows are a prefix), or one tensor per layer
+    of a plan (layer l's own rows; a layer past the last, such as a head after the last conv, uses the
+    last layer's).  The key is (seed, epoch, layer): the same on every rank, different every epoch."""
+
+    def __init__(self, seed: int, epoch: int, row_ids: RowIds = None):
+        self.seed, self.epoch, self.row_ids = int(seed), int(epoch), row_ids
+
+    def ids(self, layer: int, n: int, device) -> torch.Tensor:
+        ids = self.row_ids
+        if ids is not None and not isinstance(ids, torch.Tensor):
+            ids = ids[min(layer, len(ids) - 1)]
+        if ids is None:
+            return torch.arange(n, device=device)
+        if ids.shape[0] < n:
+            raise ValueError(f"RowDropout layer {layer}: {n} rows but only {ids.shape[0]} row ids; the rows "
+                             "must be a prefix of the rows the ids name")
+        return ids[:n].to(device)
+
+    def __call__(self, layer: int, h: torch.Tensor, p: float) -> torch.Tensor:
+        if p == 0.0:
+            return h
+        keep = keep_mask(self.seed, self.epoch, layer, self.ids(layer, h.shape[0], h.device), h.shape[1], p)
+        return apply_mask(h, keep, p)
