@@ -45,3 +45,17 @@ def make_trainer(shards, mode, model="sage", layers=3, **overrides):
                dropout=0.0, eval_every=0, ranks_per_server=RANKS_PER_SERVER, quiet=True)
     cfg.update(overrides)
     return Trainer(TrainConfig(**cfg))
+
+
+def gather_by_global_id(trainer, values):
+    """Rank 0 gets the rows of every rank's inner vertices (e.g. logits), placed by global id; None elsewhere."""
+    import numpy as np
+
+    gid = trainer.slice.global_id[: trainer.slice.n_inner]
+    parts = WORLD.gather((gid, values.detach().double().cpu().numpy()), root=0)
+    if WORLD.rank != 0:
+        return None
+    out = np.zeros((sum(g.size for g, _ in parts), parts[0][1].shape[1]))
+    for g, v in parts:
+        out[g] = v
+    return out

@@ -10,8 +10,8 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from tests.dense_reference import dense_logits
-from tests.mpi.conftest import make_trainer
+from tests.dense_reference import dense_logits, train_dense
+from tests.mpi.conftest import gather_by_global_id, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -19,19 +19,6 @@ WORLD = MPI.COMM_WORLD
 
 def _trainer(shards, mode, model, layers, epochs=1, lr=0.01):
     return make_trainer(shards, mode, model, layers, epochs=epochs, lr=lr)
-
-
-def _gather_logits(trainer, logits):
-    """Rank 0 gets the whole graph's logits, placed by global id."""
-    gid = trainer.slice.global_id[: trainer.slice.n_inner]
-    parts = WORLD.gather((gid, logits.detach().double().cpu().numpy()), root=0)
-    if WORLD.rank != 0:
-        return None
-    n = sum(p[0].size for p in parts)
-    out = np.zeros((n, parts[0][1].shape[1]))
-    for g, l in parts:
-        out[g] = l
-    return out
 
 
 def _reference(cora, model):
@@ -54,31 +41,14 @@ def test_logits_equal_dense_reference(cora, cora_shards, model, layers):
             with torch.no_grad():
                 train_view_logits = trainer._forward(trainer.train_view, "halo")
                 world_logits = trainer.inner_logits()
-            got_train = _gather_logits(trainer, train_view_logits)
-            got_world = _gather_logits(trainer, world_logits)
+            got_train = gather_by_global_id(trainer, train_view_logits)
+            got_world = gather_by_global_id(trainer, world_logits)
             if WORLD.rank == 0:
                 want = _reference(cora, trainer.model)
                 _assert_close(got_train, want, 1e-4)
                 _assert_close(got_world, want, 1e-4)
         finally:
             trainer.close()
-
-
-def _reference_training(cora, model, epochs, lr):
-    """Single-process full-graph training with the dense reference: Adam on CE(sum)/n_train."""
-    model = copy.deepcopy(model)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    x = torch.from_numpy(cora.features)
-    y = torch.from_numpy(cora.labels)
-    train = torch.from_numpy(np.flatnonzero(cora.train_mask))
-    deg = torch.from_numpy(cora.in_degree())
-    for _ in range(epochs):
-        opt.zero_grad()
-        logits = dense_logits(model.name, model, cora.indptr, cora.indices, x, degrees=deg)
-        loss = torch.nn.functional.cross_entropy(logits[train], y[train], reduction="sum") / len(train)
-        loss.backward()
-        opt.step()
-    return model
 
 
 @pytest.mark.parametrize("mode", ["fb", "flx"])
@@ -88,7 +58,7 @@ def test_parameters_after_training_equal_reference(cora, cora_shards, mode):
         initial = copy.deepcopy(trainer.model)
         trainer.run()
         if WORLD.rank == 0:
-            ref = _reference_training(cora, initial, 20, 0.01)
+            ref = train_dense(cora, initial, 20, 0.01)
             for (name, got), (_, want) in zip(trainer.model.named_parameters(), ref.named_parameters()):
                 err = (got.detach().double() - want.detach().double()).abs().max().item()
                 scale = want.detach().abs().max().item()

@@ -14,8 +14,8 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from tests.dense_reference import dense_logits
-from tests.mpi.conftest import RANKS_PER_SERVER, make_trainer
+from tests.dense_reference import dense_logits, train_dense
+from tests.mpi.conftest import RANKS_PER_SERVER, gather_by_global_id, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -43,17 +43,6 @@ def depth_shards(cora):
     return dirs
 
 
-def _gather_by_global_id(trainer, values):
-    gid = trainer.slice.global_id[: trainer.slice.n_inner]
-    parts = WORLD.gather((gid, values.detach().double().cpu().numpy()), root=0)
-    if WORLD.rank != 0:
-        return None
-    out = np.zeros((sum(p[0].size for p in parts), parts[0][1].shape[1]))
-    for g, v in parts:
-        out[g] = v
-    return out
-
-
 def _relative_error(got, want):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
@@ -66,7 +55,7 @@ def test_logits_equal_dense_reference(cora, depth_shards, model, k):
         assert trainer.train_view.groups == ["server"] * k + ["world"] * (LAYERS - k)
         trainer.model.eval()
         with torch.no_grad():
-            got = _gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
+            got = gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
         if WORLD.rank == 0:
             want = dense_logits(model, trainer.model, cora.indptr, cora.indices, torch.from_numpy(cora.features),
                                 degrees=torch.from_numpy(cora.in_degree())).detach().numpy()
@@ -74,22 +63,6 @@ def test_logits_equal_dense_reference(cora, depth_shards, model, k):
             assert err < 1e-4, f"k={k}: max relative error {err:.3e}"
     finally:
         trainer.close()
-
-
-def _reference_training(cora, model, epochs, lr):
-    """Single-process full-graph training with the dense reference: Adam on CE(sum)/n_train."""
-    model = copy.deepcopy(model)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    x, y = torch.from_numpy(cora.features), torch.from_numpy(cora.labels)
-    train = torch.from_numpy(np.flatnonzero(cora.train_mask))
-    deg = torch.from_numpy(cora.in_degree())
-    for _ in range(epochs):
-        opt.zero_grad()
-        logits = dense_logits(model.name, model, cora.indptr, cora.indices, x, degrees=deg)
-        loss = torch.nn.functional.cross_entropy(logits[train], y[train], reduction="sum") / len(train)
-        loss.backward()
-        opt.step()
-    return model
 
 
 @pytest.mark.parametrize("model", ["sage", "gcn"])
@@ -100,7 +73,7 @@ def test_parameters_after_training_equal_reference(cora, depth_shards, model, k)
         initial = copy.deepcopy(trainer.model)
         trainer.run()
         if WORLD.rank == 0:
-            ref = _reference_training(cora, initial, 20, 0.01)
+            ref = train_dense(cora, initial, 20, 0.01)
             for (name, got), (_, want) in zip(trainer.model.named_parameters(), ref.named_parameters()):
                 err = (got.detach().double() - want.detach().double()).abs().max().item()
                 scale = want.detach().abs().max().item()

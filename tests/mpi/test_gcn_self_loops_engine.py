@@ -12,7 +12,7 @@ import torch
 from mpi4py import MPI
 
 from tests.conftest import require_planetoid
-from tests.mpi.conftest import RANKS_PER_SERVER, make_trainer
+from tests.mpi.conftest import RANKS_PER_SERVER, gather_by_global_id, make_trainer
 from tests.unit.test_gcn_self_loops import _pyg_gcn_operator
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -40,17 +40,6 @@ def looped():
     return graph, out
 
 
-def _gathered(trainer, logits):
-    gid = trainer.slice.global_id[: trainer.slice.n_inner]
-    parts = WORLD.gather((gid, logits.detach().double().numpy()), root=0)
-    if WORLD.rank != 0:
-        return None
-    out = np.zeros((sum(g.size for g, _ in parts), parts[0][1].shape[1]))
-    for g, l in parts:
-        out[g] = l
-    return out
-
-
 @pytest.mark.parametrize("mode", ["fb", "flx"])
 def test_gcn_with_stored_loops_equals_pyg_semantics(looped, mode):
     graph, shards = looped
@@ -61,8 +50,8 @@ def test_gcn_with_stored_loops_equals_pyg_semantics(looped, mode):
     try:
         trainer.model.eval()
         with torch.no_grad():
-            got = [_gathered(trainer, trainer._forward(trainer.train_view, "halo")),
-                   _gathered(trainer, trainer.inner_logits())]
+            got = [gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo")),
+                   gather_by_global_id(trainer, trainer.inner_logits())]
         if WORLD.rank == 0:
             op = _pyg_gcn_operator(graph.indptr, graph.indices, n)
             p = {k: v.detach().double() for k, v in trainer.model.named_parameters()}

@@ -15,7 +15,7 @@ from granndis_hpc.engine import modes
 from granndis_hpc.nn import models
 from granndis_hpc.nn.graph import aggregate
 from tests.dense_reference import dense_adjacency, dense_logits
-from tests.mpi.conftest import make_trainer
+from tests.mpi.conftest import gather_by_global_id, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -84,15 +84,7 @@ def registered():
 def _logits_by_global_id(trainer):
     trainer.model.eval()
     with torch.no_grad():
-        logits = trainer._forward(trainer.train_view, "halo")
-    gid = trainer.slice.global_id[: trainer.slice.n_inner]
-    parts = WORLD.gather((gid, logits.double().numpy()), root=0)
-    if WORLD.rank != 0:
-        return None
-    out = np.zeros((sum(p[0].size for p in parts), parts[0][1].shape[1]))
-    for g, v in parts:
-        out[g] = v
-    return out
+        return gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
 
 
 def _check(got, want):
