@@ -102,6 +102,25 @@ def fmt_rate_col(rate):
     return rate["label"]
 
 
+def _model_table(rates, modes, predicted, error, tag="", why=""):
+    """Measured vs predicted epoch time per rate and mode, and the largest error (the last line)."""
+    lines = ["| link rate | " + " | ".join(f"{m} meas / pred (err)" for m in modes) + " |",
+             "|---|" + "---:|" * len(modes)]
+    off = []
+    for r in rates:
+        cells = []
+        for m in modes:
+            x = r["runs"][m]
+            cells.append(f"{x['epoch_s']:.3f} / {x[predicted]:.3f} ({x[error] * 100:+.0f} %)")
+            if abs(x[error]) > 0.25:
+                off.append(f"{m} at {r['label']}")
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    worst = max(abs(x[error]) for r in rates for x in r["runs"].values())
+    lines += ["", f"Largest error{tag}: {worst * 100:.0f} %. "
+              + (f"Off by more than 25 %: {', '.join(off)}{why}." if off else "Every prediction is within 25 %.")]
+    return lines
+
+
 def render(sweep, argv):
     """The markdown page of a sweep."""
     g, rates, modes = sweep["graph"], sweep["rates"], sweep["modes"]
@@ -143,39 +162,13 @@ def render(sweep, argv):
     L += ["", "## Cost model: predicted vs measured epoch time", "",
           "T = C + T_intra + B_inter / (2 * bw): C and T_intra (intra comm + grad sync + sampling) from the "
           "mode's unshaped run, B_inter = ledger inter-server bytes per epoch, bw = the ping-pong bandwidth "
-          "at that rate (table above). `bench/cluster/costmodel.py` has the reasoning.", "",
-          "| link rate | " + " | ".join(f"{m} meas / pred (err)" for m in modes) + " |",
-          "|---|" + "---:|" * len(modes)]
-    off = []
-    for r in rates:
-        cells = []
-        for m in modes:
-            x = r["runs"][m]
-            cells.append(f"{x['epoch_s']:.3f} / {x['predicted_s']:.3f} ({x['model_error'] * 100:+.0f} %)")
-            if abs(x["model_error"]) > 0.25:
-                off.append(f"{m} at {r['label']}")
-        L.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    worst = max(abs(x["model_error"]) for r in rates for x in r["runs"].values())
-    L += ["", f"Largest error: {worst * 100:.0f} %. "
-          + (f"Off by more than 25 %: {', '.join(off)} (see docs/cluster.md, 'When the model is off')."
-             if off else "Every prediction is within 25 %.")]
+          "at that rate (table above). `bench/cluster/costmodel.py` has the reasoning.", ""]
+    L += _model_table(rates, modes, "predicted_s", "model_error",
+                      why=" (see docs/cluster.md, 'When the model is off')")
     if all("predicted_pooled_s" in x for r in rates for x in r["runs"].values()):
         L += ["", "Pooled variant: C + T_intra = median over the mode's runs at the other rates "
-              "(leave-one-out), against load spikes of this shared machine:", "",
-              "| link rate | " + " | ".join(f"{m} meas / pred (err)" for m in modes) + " |",
-              "|---|" + "---:|" * len(modes)]
-        off_p = []
-        for r in rates:
-            cells = []
-            for m in modes:
-                x = r["runs"][m]
-                cells.append(f"{x['epoch_s']:.3f} / {x['predicted_pooled_s']:.3f} ({x['model_error_pooled'] * 100:+.0f} %)")
-                if abs(x["model_error_pooled"]) > 0.25:
-                    off_p.append(f"{m} at {r['label']}")
-            L.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-        worst_p = max(abs(x["model_error_pooled"]) for r in rates for x in r["runs"].values())
-        L += ["", f"Largest error (pooled): {worst_p * 100:.0f} %. "
-              + (f"Off by more than 25 %: {', '.join(off_p)}." if off_p else "Every prediction is within 25 %.")]
+              "(leave-one-out), against load spikes of this shared machine:", ""]
+        L += _model_table(rates, modes, "predicted_pooled_s", "model_error_pooled", " (pooled)")
     paper = costmodel.paper_like_rates(rates)
     L += ["", "## At the paper's communication share", "",
           f"The paper measured FB spending {costmodel.PAPER_SHARE[0] * 100:.0f}-{costmodel.PAPER_SHARE[1] * 100:.0f} % "

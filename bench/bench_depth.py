@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import sys
 
-from bench_modes import REPO, build, train
+from bench_modes import REPO, build, train, write_page
 
 
 def totals(records):
@@ -89,12 +88,8 @@ def main(argv=None):
                      f"{r['peak'] / 2**20:,.0f} |")
     lines += ["", f"![inter-server bytes and rows computed against k](img/{os.path.basename(img)})", "",
               "fb caches its layer-0 input halo (exchanged once at set-up), so per epoch it sends what k = 1 "
-              "sends: both exchange the world halo at layers 2..L.", "",
-              "## Commands", "", "```", f"python bench/bench_depth.py {' '.join(argv or sys.argv[1:])}", *log,
-              "```", ""]
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines))
-    print("\n".join(lines))
+              "sends: both exchange the world halo at layers 2..L.", ""]
+    write_page(args.out, lines, "bench/bench_depth.py", argv, log)
 
 
 if __name__ == "__main__":

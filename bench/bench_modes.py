@@ -6,6 +6,8 @@ Builds the shards once (full 3-hop preload and EAS h=1 f=15, S=2 x G=2, METIS), 
 session, one after another under `mpirun -n 4`:
   static: fb, flx, eas   (3-layer SAGE, hidden 64)
   batched: cob and mb with the same targets and fanout (--batches-per-epoch, --fanout)
+  overlap: cob with the next co-batch sampled in a background thread vs after the step, and cob
+           without sampling vs flx
   deep: ressage (56 layers) with cob on the EAS shards, with and without activation checkpointing
 and writes one markdown file with the commands, the tables (median epoch time, bytes per link class
 from the ledger, accuracy, peak memory, redundancy) and the fb/flx inter-server byte ratio.
@@ -47,6 +49,16 @@ def train(shards, mode, run_dir, extra, log):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if line.strip()]
     return summary, records
+
+
+def write_page(path, lines, script, argv, log):
+    """Write a results page: its lines, then the commands that reproduce it; print it too."""
+    lines = lines + ["## Commands", "", "```", f"python {script} {' '.join(argv or sys.argv[1:])}".rstrip(), *log,
+                     "```", ""]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
 
 
 def mib(n):
@@ -149,11 +161,7 @@ def main(argv=None):
                          f"{recs[-1]['loss']:.4f} | {mib(s['activation_memory_bytes'])} | "
                          f"{mib(s['peak_memory_bytes'])} |")
         lines.append("")
-    lines += ["## Commands", "", "```", f"python bench/bench_modes.py {' '.join(argv or sys.argv[1:])}", *log, "```", ""]
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines))
-    print("\n".join(lines))
+    write_page(args.out, lines, "bench/bench_modes.py", argv, log)
 
 
 if __name__ == "__main__":

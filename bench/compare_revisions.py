@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_modes import ENV, REPO, build
+from bench_modes import ENV, REPO, build, write_page
 
 MODES = (("fb", "full"), ("flx", "full"), ("eas", "eas"))
 
@@ -91,12 +91,8 @@ def main(argv=None):
                      f"| {new_t / old_t:.3f} | {min(new) / min(old):.3f} | {', '.join(f'{t:.2f}' for t in old)} "
                      f"| {', '.join(f'{t:.2f}' for t in new)} |")
     lines += ["", "Per-epoch bytes (new): " + "; ".join(
-        f"{m}: {json.dumps(ledger[('new', m)][-1])}" for m, _ in MODES), "",
-        "## Commands", "", "```", f"python bench/compare_revisions.py {' '.join(argv or sys.argv[1:])}", *log, "```", ""]
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines))
-    print("\n".join(lines))
+        f"{m}: {json.dumps(ledger[('new', m)][-1])}" for m, _ in MODES), ""]
+    write_page(args.out, lines, "bench/compare_revisions.py", argv, log)
 
 
 if __name__ == "__main__":

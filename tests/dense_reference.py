@@ -160,3 +160,11 @@ def train_dense(graph, model, epochs: int, lr: float):
         loss.backward()
         opt.step()
     return model
+
+
+def assert_parameters_close(model, reference, rel_tol: float = 1e-4, label: str = ""):
+    """Every parameter of `model` within rel_tol x max(|reference|, 1) of the reference's, by name."""
+    for (name, got), (_, want) in zip(model.named_parameters(), reference.named_parameters()):
+        err = (got.detach().double() - want.detach().double()).abs().max().item()
+        scale = want.detach().abs().max().item()
+        assert err <= rel_tol * max(scale, 1.0), f"{label}{name}: max abs error {err:.3e}"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from tests.dense_reference import dense_logits, train_dense
+from tests.dense_reference import assert_parameters_close, dense_logits, train_dense
 from tests.mpi.conftest import gather_by_global_id, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -59,9 +59,6 @@ def test_parameters_after_training_equal_reference(cora, cora_shards, mode):
         trainer.run()
         if WORLD.rank == 0:
             ref = train_dense(cora, initial, 20, 0.01)
-            for (name, got), (_, want) in zip(trainer.model.named_parameters(), ref.named_parameters()):
-                err = (got.detach().double() - want.detach().double()).abs().max().item()
-                scale = want.detach().abs().max().item()
-                assert err <= 1e-4 * max(scale, 1.0), f"{name}: max abs error {err:.3e}"
+            assert_parameters_close(trainer.model, ref, 1e-4)
     finally:
         trainer.close()

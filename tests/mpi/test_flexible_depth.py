@@ -14,7 +14,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from tests.dense_reference import dense_logits, train_dense
+from tests.dense_reference import assert_parameters_close, dense_logits, train_dense
 from tests.mpi.conftest import RANKS_PER_SERVER, gather_by_global_id, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -74,10 +74,7 @@ def test_parameters_after_training_equal_reference(cora, depth_shards, model, k)
         trainer.run()
         if WORLD.rank == 0:
             ref = train_dense(cora, initial, 20, 0.01)
-            for (name, got), (_, want) in zip(trainer.model.named_parameters(), ref.named_parameters()):
-                err = (got.detach().double() - want.detach().double()).abs().max().item()
-                scale = want.detach().abs().max().item()
-                assert err <= 1e-4 * max(scale, 1.0), f"k={k} {name}: max abs error {err:.3e}"
+            assert_parameters_close(trainer.model, ref, 1e-4, f"k={k} ")
     finally:
         trainer.close()
 
