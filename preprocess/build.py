@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from granndis_hpc.cluster import as_group
-from granndis_hpc.graph.csr import csr_rows
+from granndis_hpc.graph.csr import csr_from_edges, csr_rows, row_of_edges
 from granndis_hpc.shards import (FORMAT_VERSION, check_free_space, commit_shard_set, discard_staged,
                                  lower_bound_set_bytes, prepare_output_dir, stage_server_file)
 
@@ -86,9 +86,9 @@ def _permute_csr(indptr: np.ndarray, indices: np.ndarray, perm: np.ndarray):
     new_id = np.empty_like(perm)
     new_id[perm] = np.arange(perm.shape[0], dtype=perm.dtype)
     sub_indptr, src = csr_rows(indptr, indices, perm)
-    src = new_id[src]
-    rows = np.repeat(np.arange(perm.shape[0], dtype=np.int64), np.diff(sub_indptr))
-    return sub_indptr, src[np.lexsort((src, rows))]
+    # csr_from_edges sorts one int64 key per edge (several times faster than a two-key lexsort); its
+    # indptr equals sub_indptr (same rows, same lengths).
+    return csr_from_edges(new_id[src], row_of_edges(sub_indptr), perm.shape[0])
 
 
 def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, cfg: BuildConfig):
