@@ -161,6 +161,27 @@ def page(args, records):
     return lines
 
 
+BEGIN, END = "<!-- bench_scale.py results: begin -->", "<!-- bench_scale.py results: end -->"
+
+
+def write_results(path, lines, argv, log):
+    """Write the generated tables between the BEGIN/END markers of `path`, keeping the hand-written
+    text around them (the reading of the numbers); a page without the markers is written whole."""
+    tmp = path + ".generated"
+    write_page(tmp, lines, "bench/bench_scale.py", argv, log)
+    with open(tmp) as f:
+        generated = f.read()
+    os.remove(tmp)
+    text = f"{BEGIN}\n{generated}{END}\n"
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+        if BEGIN in old and END in old:
+            text = old[:old.index(BEGIN)] + text + old[old.index(END) + len(END) + 1:]
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vertices", type=int, default=2_450_000)
@@ -180,7 +201,7 @@ def main(argv=None):
         {"build": stage_build, "verify": stage_verify, "train": stage_train}[stage](args, records, path)
     log = [r["command"] for r in records["builds"].values()]
     log += [r["command"] for r in records["train"].values() if "command" in r]
-    write_page(args.out, page(args, records), "bench/bench_scale.py", argv, log)
+    write_results(args.out, page(args, records), argv, log)
     shutil.copy(path, os.path.splitext(args.out)[0] + ".json")
     if args.clean:
         for name in os.listdir(args.work):
