@@ -84,9 +84,9 @@ def stage_verify(args, records, path):
 def stage_train(args, records, path):
     common = ["--model", "sage", "--layers", "3", "--hidden", str(args.hidden), "--epochs", str(args.epochs),
               "--eval-every", "0"]
-    for name, kind, mode, extra in RUNS:
-        if args.runs and name not in args.runs:
-            continue
+    by_name = {r[0]: r for r in RUNS}
+    for name in args.runs or by_name:  # in the order given
+        _, kind, mode, extra = by_name[name]
         log, load = [], os.getloadavg()[0]
         t0 = time.perf_counter()
         try:
@@ -188,7 +188,8 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--stages", nargs="+", default=["build", "verify", "train"], choices=("build", "verify", "train"))
-    p.add_argument("--runs", nargs="*", default=None, help="train only these runs (default: all of RUNS)")
+    p.add_argument("--runs", nargs="*", default=None, choices=[r[0] for r in RUNS],
+                   help="train only these runs, in this order (default: all of RUNS)")
     p.add_argument("--timeout", type=int, default=7200, help="seconds per build")
     p.add_argument("--work", default="/tmp/bench-scale", help="shard sets, runs and records.json (outside the repo)")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-scale.md"))
