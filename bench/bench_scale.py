@@ -92,7 +92,7 @@ def stage_train(args, records, path):
         try:
             summary, recs = train(shard_dir(records, kind), mode, os.path.join(args.work, "runs", name.replace(" ", "")),
                                   common + extra, log)
-            rec = {"summary": summary, "last_epoch": recs[-1], "epochs": len(recs)}
+            rec = {"summary": summary, "first_epoch": recs[0], "last_epoch": recs[-1], "epochs": len(recs)}
         except subprocess.CalledProcessError as exc:  # e.g. killed for memory: record it, keep going
             rec = {"error": f"exit status {exc.returncode}"}
         rec.update(command=log[0], wall_s=time.perf_counter() - t0, loadavg_start=load, loadavg_end=os.getloadavg()[0])
@@ -137,22 +137,24 @@ def page(args, records):
     if records["train"]:
         lines += [f"## One epoch per mode: 3-layer SAGE, hidden {args.hidden}, 2 emulated servers x 2 ranks "
                   "(`mpirun -n 4`, GRANNDIS_RANKS_PER_SERVER=2 on one machine)", "",
-                  "Numbers of the last epoch's metrics.jsonl record (epoch 2 of 2 unless said otherwise): epoch "
-                  "time of the slowest rank and its breakdown, bytes per link class summed over the ranks (exact "
+                  "Numbers of the last epoch's metrics.jsonl record (*epoch* says which): epoch "
+                  "time of the slowest rank and its breakdown (*epoch 1* is the first epoch's time, which builds "
+                  "the cached normalised adjacencies), bytes per link class summed over the ranks (exact "
                   "ledger counts), peak RSS of the largest rank (includes the test-accuracy evaluation after the "
                   "last epoch). *run wall* is the whole `mpirun` (start-up, reading the shards, both epochs, "
                   "evaluation).", "",
-                  "| run | epoch (s) | compute (s) | intra comm (s) | inter comm (s) | grad sync (s) | intra halo (B) | "
+                  "| run | epoch | epoch (s) | epoch 1 (s) | compute (s) | intra comm (s) | inter comm (s) | grad sync (s) | intra halo (B) | "
                   "inter halo (B) | intra grad (B) | inter grad (B) | peak RSS / rank (MiB) | test acc | run wall (s) | "
-                  "load avg start / end |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "load avg start / end |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for name, r in records["train"].items():
             if "error" in r:
-                lines.append(f"| {name} | {r['error']} | | | | | | | | | | | {r['wall_s']:.0f} | |")
+                lines.append(f"| {name} | {r['error']} | | | | | | | | | | | | | {r['wall_s']:.0f} | |")
                 continue
             e, s = r["last_epoch"], r["summary"]
             by = e["bytes"]
+            first = f"{r['first_epoch']['time_s']:.1f}" if "first_epoch" in r else ""
             lines.append(
-                f"| {name} | {e['time_s']:.1f} | {e['compute_s']:.1f} | {e['intra_comm_s']:.1f} | "
+                f"| {name} | {e['epoch'] + 1} of {r['epochs']} | {e['time_s']:.1f} | {first} | {e['compute_s']:.1f} | {e['intra_comm_s']:.1f} | "
                 f"{e['inter_comm_s']:.1f} | {e['grad_sync_s']:.1f} | {by['intra_halo']:,} | {by['inter_halo']:,} | "
                 f"{by['intra_grad']:,} | {by['inter_grad']:,} | {mib(s['peak_memory_bytes'])} | "
                 f"{s['accuracy'].get('test', float('nan')):.3f} | {r['wall_s']:.0f} | "
@@ -187,7 +189,8 @@ def main(argv=None):
     p.add_argument("--vertices", type=int, default=2_450_000)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--stages", nargs="+", default=["build", "verify", "train"], choices=("build", "verify", "train"))
+    p.add_argument("--stages", nargs="*", default=["build", "verify", "train"], choices=("build", "verify", "train"),
+                   help="what to run (none: only rewrite --out from WORK/records.json)")
     p.add_argument("--runs", nargs="*", default=None, choices=[r[0] for r in RUNS],
                    help="train only these runs, in this order (default: all of RUNS)")
     p.add_argument("--timeout", type=int, default=7200, help="seconds per build")
@@ -202,7 +205,8 @@ def main(argv=None):
         {"build": stage_build, "verify": stage_verify, "train": stage_train}[stage](args, records, path)
     log = [r["command"] for r in records["builds"].values()]
     log += [r["command"] for r in records["train"].values() if "command" in r]
-    write_results(args.out, page(args, records), argv, log)
+    # The page names the one command that reproduces all of it, whatever stages this call ran.
+    write_results(args.out, page(args, records), ["--work", args.work, "--clean"], log)
     shutil.copy(path, os.path.splitext(args.out)[0] + ".json")
     if args.clean:
         for name in os.listdir(args.work):
