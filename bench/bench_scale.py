@@ -23,8 +23,10 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -81,6 +83,36 @@ def stage_verify(args, records, path):
         print(kind, json.dumps(rec), flush=True)
 
 
+class MemoryGuard:
+    """Stops this driver's training job (its child `mpirun`, which stops its ranks) when the machine's
+    MemAvailable falls under `min_gib`, before the kernel's OOM killer picks a process of another job
+    on a shared machine.  `fired`: the MemAvailable (GiB) that triggered it, else None."""
+
+    def __init__(self, min_gib: float):
+        self.min_gib, self.fired = float(min_gib), None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self):
+        while not self._stop.wait(1.0):
+            with open("/proc/meminfo") as f:
+                avail = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 2**20
+            if avail < self.min_gib:
+                self.fired = avail
+                with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+                    for pid in f.read().split():
+                        os.kill(int(pid), signal.SIGTERM)
+                return
+
+
 def stage_train(args, records, path):
     common = ["--model", "sage", "--layers", "3", "--hidden", str(args.hidden), "--epochs", str(args.epochs),
               "--eval-every", "0"]
@@ -89,12 +121,16 @@ def stage_train(args, records, path):
         _, kind, mode, extra = by_name[name]
         log, load = [], os.getloadavg()[0]
         t0 = time.perf_counter()
-        try:
-            summary, recs = train(shard_dir(records, kind), mode, os.path.join(args.work, "runs", name.replace(" ", "")),
-                                  common + extra, log)
-            rec = {"summary": summary, "first_epoch": recs[0], "last_epoch": recs[-1], "epochs": len(recs)}
-        except subprocess.CalledProcessError as exc:  # e.g. killed for memory: record it, keep going
-            rec = {"error": f"exit status {exc.returncode}"}
+        with MemoryGuard(args.min_available_gib) as guard:
+            try:
+                summary, recs = train(shard_dir(records, kind), mode,
+                                      os.path.join(args.work, "runs", name.replace(" ", "")), common + extra, log)
+                rec = {"summary": summary, "first_epoch": recs[0], "last_epoch": recs[-1], "epochs": len(recs)}
+            except subprocess.CalledProcessError as exc:  # record it, keep going with the next run
+                rec = {"error": f"exit status {exc.returncode}"}
+        if guard.fired is not None:
+            rec["error"] = (f"stopped by the memory guard: MemAvailable {guard.fired:.2f} GiB < "
+                            f"{args.min_available_gib} GiB")
         rec.update(command=log[0], wall_s=time.perf_counter() - t0, loadavg_start=load, loadavg_end=os.getloadavg()[0])
         records["train"][name] = rec
         save_records(path, records)
@@ -103,13 +139,13 @@ def stage_train(args, records, path):
 
 def page(args, records):
     b, lines = records["builds"], []
-    lines += [f"# Products-size build and training (issue 11, \"Scale\"; {datetime.date.today()})", "",
+    lines += [f"## Results ({datetime.date.today()}, written by bench/bench_scale.py)", "",
               f"Machine: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} "
               f"GiB, no GPU, Python {platform.python_version()}, shared with other jobs (load averages below). "
               "Wall times are this machine's under that load; CPU seconds per rank say what an idle core per rank "
               "would take. Peak RSS does not depend on the load.", ""]
     if b:
-        lines += ["## Build: ParMETIS on 2 ranks (`mpirun -n 2`), 2 servers x 2 GPUs, 3 layers", "",
+        lines += ["### Build: ParMETIS on 2 ranks (`mpirun -n 2`), 2 servers x 2 GPUs, 3 layers", "",
                   "| shard set | vertices | directed edges | wall (s) | load | partition | halos+write | commit | "
                   "CPU s / rank | peak RSS / rank (MiB) | load avg start / end | edge cut | rows/vertex | shards (MiB) |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|"]
@@ -127,7 +163,7 @@ def page(args, records):
         for kind, r in b.items():
             lines += [f"{kind}: `{r['command']}`", "", "```", *r.get("phase_log", []), "```", ""]
     if records["verify"]:
-        lines += ["## Verify (`python -m preprocess verify`, one process)", "",
+        lines += ["### Verify (`python -m preprocess verify`, one process)", "",
                   "| shard set | result | wall (s) | CPU s | peak RSS (MiB) |", "|---|---|---:|---:|---:|"]
         for kind, r in records["verify"].items():
             ok = "OK" if r.get("rc") == 0 else f"FAILED (rc {r.get('rc')})"
@@ -135,7 +171,7 @@ def page(args, records):
                          f"{r.get('peak_rss_mib', 0):,.0f} |")
         lines.append("")
     if records["train"]:
-        lines += [f"## One epoch per mode: 3-layer SAGE, hidden {args.hidden}, 2 emulated servers x 2 ranks "
+        lines += [f"### One epoch per mode: 3-layer SAGE, hidden {args.hidden}, 2 emulated servers x 2 ranks "
                   "(`mpirun -n 4`, GRANNDIS_RANKS_PER_SERVER=2 on one machine)", "",
                   "Numbers of the last epoch's metrics.jsonl record (*epoch* says which): epoch "
                   "time of the slowest rank and its breakdown (*epoch 1* is the first epoch's time, which builds "
@@ -194,6 +230,8 @@ def main(argv=None):
     p.add_argument("--runs", nargs="*", default=None, choices=[r[0] for r in RUNS],
                    help="train only these runs, in this order (default: all of RUNS)")
     p.add_argument("--timeout", type=int, default=7200, help="seconds per build")
+    p.add_argument("--min-available-gib", type=float, default=1.5,
+                   help="stop a training run when the machine's MemAvailable falls below this")
     p.add_argument("--work", default="/tmp/bench-scale", help="shard sets, runs and records.json (outside the repo)")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-scale.md"))
     p.add_argument("--clean", action="store_true", help="delete WORK's shard sets and runs at the end")
