@@ -204,23 +204,27 @@ def render(sweep, argv):
                      f"{x['intra_comm']:.3f} | {x['inter_comm']:.3f} | {x['grad_sync']:.3f} | {b['intra_halo']:,} | "
                      f"{b['inter_halo']:,} | {b['intra_grad']:,} | {b['inter_grad']:,} | {acc} |")
     L += ["", "## Cost model: predicted vs measured epoch time", "",
-          "T = c x rows + B_intra / bw_intra + B_inter / bw_inter: rows = rows computed per epoch (all ranks, "
-          "layers and steps; exact), c = seconds per row calibrated in the same round by least squares over the "
-          "round's *other* modes (leave-one-out), B_inter = the busiest server's inter-server bytes, B_intra = the "
-          "busiest rank's intra-server bytes (exact, from the ledger), bw = the round's ping-pong bandwidths "
-          "(table above). `bench/cluster/costmodel.py` has the reasoning.", ""]
+          "T = rows x k(mode) x f(round) + B_intra / bw_intra + B_inter / bw_inter: rows = rows computed per epoch "
+          "(all ranks, layers and steps; exact), k = the mode's cost per row (fitted on its runs at the *other* "
+          "rates), f = the round's load factor (fitted on the *other* modes of the round), B_inter = the busiest "
+          "server's inter-server bytes, B_intra = the busiest rank's intra-server bytes (exact, from the ledger), "
+          "bw = the round's ping-pong bandwidths (table above; inter capped at the rate's TCP payload). Every run "
+          "is predicted from the others only (leave-one-out). `bench/cluster/costmodel.py` has the reasoning.", ""]
     L += _model_table(rounds, modes, "predicted_s", "model_error",
                       why=" (see docs/cluster.md, 'When the model is off')")
-    L += ["", "Rounds in the order they ran: the machine's 1-minute load average when the round started and the "
-          "cost per row fitted on all of the round's modes (what drifts with the load):", "",
-          "| round | link rate | load average | c (us per row) | rows per epoch (" + ", ".join(modes) + ") |",
-          "|---:|---|---:|---:|---|"]
-    for r in sorted(rounds, key=lambda r: r.get("round", 0)):
-        x = r["runs"]
-        c = costmodel.cost_per_row([(o["rows"], o["epoch_s"] - o["wire_s"]) for o in x.values()])
-        load = r.get("loadavg_1min")
-        L.append(f"| {r.get('round', '')} | {r['label']} | {'' if load is None else f'{load:.1f}'} | {c * 1e6:.2f} | "
-                 + ", ".join(f"{x[m]['rows']:,}" for m in modes) + " |")
+    fit = sweep.get("model_fit")
+    if fit:
+        by_round = {r.get("round", i): (r, f) for i, (r, f) in enumerate(zip(rounds, fit["load_factor"]))}
+        L += ["", "Fitted on all runs: the load factor of every round, in the order the rounds ran (1 = the "
+              "first round), beside the machine's 1-minute load average when the round started; and each mode's "
+              "cost per row at the first round's load.", "",
+              "| round | link rate | load average | load factor f |", "|---:|---|---:|---:|"]
+        for i in sorted(by_round):
+            r, f = by_round[i]
+            load = r.get("loadavg_1min")
+            L.append(f"| {i} | {r['label']} | {'' if load is None else f'{load:.1f}'} | {f:.2f} |")
+        L += ["", "| mode | rows per epoch | k (us per row) |", "|---|---:|---:|"]
+        L += [f"| {m} | {rounds[0]['runs'][m]['rows']:,} | {fit['cost_per_row_s'][m] * 1e6:.2f} |" for m in modes]
     L += ["", "For comparison, the previous model (C + T_intra of the mode's unshaped run, which counts waits "
           "for the link twice, + total inter bytes / 2 / bw):", ""]
     L += _model_table(rounds, modes, "predicted_unshaped_s", "model_error_unshaped", " (previous model)")
@@ -254,7 +258,7 @@ def main(argv=None):
                    help="synthetic generator (local: the locality of real graphs, docs/bench-locality.md)")
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=5, help="per run; the first is left out of the median")
+    p.add_argument("--epochs", type=int, default=8, help="per run; the first is left out of the median")
     p.add_argument("--rates", default=DEFAULT_RATES, help="comma-separated; must include unshaped")
     p.add_argument("--modes", default=",".join(m for m, (_, _, on) in MODES.items() if on),
                    help=f"comma-separated, from: {', '.join(MODES)}")
@@ -269,7 +273,7 @@ def main(argv=None):
     if args.from_json:
         with open(args.from_json) as f:
             sweep = json.load(f)
-        costmodel.model_sweep(all_rounds(sweep), servers=sweep["graph"]["servers"])
+        sweep["model_fit"] = costmodel.model_sweep(all_rounds(sweep), servers=sweep["graph"]["servers"])
         with open(args.from_json, "w") as f:
             json.dump(sweep, f, indent=1)
         page = render(sweep, sweep.get("argv", [])) + f"\nWhole sweep: {sweep['wall_s'] / 60:.1f} min wall.\n"
@@ -347,7 +351,7 @@ def main(argv=None):
         emucluster.teardown()
     sweep["rates"].sort(key=lambda r: (0, 0) if r["rate_bps"] is None else (1, -r["rate_bps"]))
     sweep["loadavg_end"] = list(os.getloadavg())
-    costmodel.model_sweep(all_rounds(sweep), servers=2)
+    sweep["model_fit"] = costmodel.model_sweep(all_rounds(sweep), servers=2)
     sweep["wall_s"] = time.monotonic() - started
     os.makedirs(args.work, exist_ok=True)
     with open(os.path.join(args.work, "sweep.json"), "w") as f:

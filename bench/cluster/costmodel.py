@@ -2,34 +2,38 @@
 
 The model follows the paper's Eq. 1 / 5: an epoch is computation plus communication per link class,
 
-    T(mode, R) = c(R) * rows(mode) + B_intra(mode) / bw_intra(R) + B_inter(mode) / bw_inter(R)
+    T(mode, round) = rows(mode) * c(mode, round) + B_intra(mode) / bw_intra + B_inter(mode) / bw_inter
 
 - rows: the rows the mode computes per epoch, summed over layers, ranks and steps (the epoch record's
-  rows_per_layer, exact).  Summed over ranks, not the busiest rank: here the 4 ranks share 2 cores
-  (with other jobs), so an epoch's CPU time is everyone's rows, and a rank that reaches an exchange
-  first waits for the others' compute.  That wait is part of the cost of a row on this machine.
-- c(R): seconds per row, calibrated in the *same round* (every mode at one rate, back to back, minutes
-  apart) by least squares over the round's *other* modes (leave-one-out: a run never predicts itself):
-  c = sum(rows_i * y_i) / sum(rows_i^2), y_i = T_i - wire time_i.  A cost per row from one unshaped run
-  at the start of the sweep cannot be used: the machine's load drifts during a sweep and the same run
-  computed 0.13-0.45 s per epoch minutes apart (docs/cluster.md, "When the model is off").
+  rows_per_layer, exact).
+- c(mode, round) = k(mode) * f(round): seconds per row.  k is the mode's own cost per row: one number
+  for every mode does not fit, because a row costs what its aggregation reads (a co-batch's rows have
+  2-3x more sources than rows) plus sampling and per-step work (measured: cob's row costs 3-4x fb's).
+  f is the round's load factor: the machine is shared with other jobs, and one run computed 1x to 6x
+  slower than the same run minutes earlier (docs/cluster.md, "When the model is off").  A sweep is run
+  as rounds, one rate per round with every mode back to back, so every run of a round sees about the
+  same load.  Both are fitted by least squares on log(compute) = log k + log f (weighted by the
+  run's compute share of its epoch squared: how much its compute says), and each run is
+  predicted *leave-one-out*: k from its mode's runs at the other rates, f from the other modes of its
+  round; a run never predicts itself.  "Compute" of a run = its epoch less its wire time, so waiting
+  for other ranks' compute on the 2 shared cores (a real part of an epoch here) is in it, and waiting
+  for the link is not (it is the wire time): waiting is counted once.
 - B_inter: the busiest server's inter-server bytes per epoch (the record's inter_bytes_per_server,
-  halo + gradient, exact).  Each server sends over its own shaped egress at the same time, so the
-  epoch waits for the server with the most to send, not for the average one.
-- B_intra: the busiest rank's intra-server bytes (max_rank_bytes), over bw_intra, the shared-memory
-  bandwidth the round's ping-pong measured.
-- bw_inter(R): the inter-server bandwidth measured by MPI ping-pong at that rate (the self-check), so
-  TCP/IP overhead (a 1500-byte frame carries 1448 payload bytes) is in it.
-
-Waiting is counted once: the measured intra-comm and gradient-sync seconds (mostly waits for a slower
-peer, including its inter-server transfer) are not terms of the model; they are in c (waits for
-compute) or in the wire time (waits for the link).
+  halo + gradient, exact): each server sends over its own shaped egress at the same time, so an epoch
+  waits for the server with the most to send.
+- bw_inter: the round's MPI ping-pong bandwidth (the self-check), so TCP/IP overhead is in it, capped at
+  the shaped rate's TCP payload (1448 of every 1514 bytes): the ping-pong's messages get a free tbf
+  burst each, a long exchange does not.
+- B_intra / bw_intra: the busiest rank's intra-server bytes over the round's shared-memory ping-pong
+  bandwidth (small: a few hundredths of a second).
 
 `unshaped_model` keeps the previous model (the unshaped run's compute + intra + gradient-sync
-seconds + total inter bytes / S / bw) for comparison on the same page.
+seconds + total inter bytes / S / bw) for comparison on the same page: it counts waits for the link
+twice (they are in the unshaped run's intra and gradient-sync seconds) and inherits that one run's load.
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 PHASES = ("compute", "intra_comm", "inter_comm", "grad_sync", "sampling")
@@ -75,6 +79,19 @@ def _positive(bw, what):
     return bw
 
 
+COMPUTE_FLOOR_S = 1e-3
+# TCP payload per byte on the wire with a 1500-byte MTU: 1448 (timestamps) of 1514 (+ Ethernet header).
+TCP_PAYLOAD_SHARE = 1448 / 1514
+
+
+def link_bandwidth(rnd):
+    """Sustained inter-server payload bytes/s of a round: the ping-pong's, capped at what the shaped rate
+    can carry.  The cap matters at slow rates: between round trips tbf's bucket refills, so every
+    ping-pong message gets a 64 KiB burst free (25 Mbit/s measured 1.01x nominal), a long exchange not."""
+    bw = _positive(rnd["bw_Bps"], "inter-server")
+    return bw if rnd.get("rate_bps") is None else min(bw, rnd["rate_bps"] / 8 * TCP_PAYLOAD_SHARE)
+
+
 def wire_s(run, bw_inter, bw_intra):
     """Seconds on the links: the busiest server's inter bytes and the busiest rank's intra bytes."""
     if run.get("inter_bytes_max_server") is None or run.get("intra_bytes_max_rank") is None:
@@ -85,30 +102,68 @@ def wire_s(run, bw_inter, bw_intra):
             + run["intra_bytes_max_rank"] / _positive(bw_intra, "intra-server"))
 
 
-def cost_per_row(samples):
-    """Least squares through the origin of y = c * rows over [(rows, y)]: c = sum(r y) / sum(r^2)."""
-    den = sum(r * r for r, _ in samples)
-    if den <= 0:
-        raise ValueError("calibrating a cost per row needs at least one other run with rows computed")
-    return sum(r * y for r, y in samples) / den
+def fit_mode_round(cells, leave_out=None, iterations=200):
+    """Weighted least squares of log y[m, r] = a[m] + b[r] over the cells but `leave_out`.
+
+    cells: {(mode, round): (log y, weight)}.  a[m]: the mode's log compute seconds at the first round's
+    load, b[r]: the round's log load factor (b[first round] = 0 fixes the split).  Solved by alternating
+    weighted means (each step is the exact minimiser for one side; it converges for a connected table).
+    Returns ({mode: a}, {round: b})."""
+    cells = {k: v for k, v in cells.items() if k != leave_out}
+    modes, rounds = sorted({m for m, _ in cells}), sorted({r for _, r in cells})
+    a, b = {m: 0.0 for m in modes}, {r: 0.0 for r in rounds}
+
+    def mean(pairs):
+        pairs = list(pairs)
+        return sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+
+    for _ in range(iterations):
+        for m in modes:
+            a[m] = mean((v - b[r], w) for (mm, r), (v, w) in cells.items() if mm == m)
+        for r in rounds:
+            b[r] = mean((v - a[m], w) for (m, rr), (v, w) in cells.items() if rr == r)
+    shift = b[rounds[0]]
+    return {m: x + shift for m, x in a.items()}, {r: x - shift for r, x in b.items()}
 
 
-def model_round(rnd):
-    """Add the prediction to every run of one round (one rate, every mode back to back), in place.
+def model_sweep(rounds, servers):
+    """Predict every run of a sweep from the others, in place; return the fit on all runs.
 
-    c is calibrated by leave-one-out least squares over the round's other modes."""
-    bw_inter, bw_intra = rnd["bw_Bps"], rnd["pingpong"].get("intra_Bps")
-    runs = rnd["runs"]
-    for mode, run in runs.items():
-        if run.get("rows") is None:
-            raise ValueError(f"run {run.get('run_dir', mode)} has no rows_per_layer in its records; rerun it "
-                             f"with this version of granndis_hpc")
-        run["wire_s"] = wire_s(run, bw_inter, bw_intra)
-    for mode, run in runs.items():
-        others = [(o["rows"], o["epoch_s"] - o["wire_s"]) for m, o in runs.items() if m != mode]
-        run["cost_per_row_s"] = cost_per_row(others)
-        run["predicted_s"] = run["cost_per_row_s"] * run["rows"] + run["wire_s"]
-        run["model_error"] = (run["predicted_s"] - run["epoch_s"]) / run["epoch_s"]
+    rounds: [{"label", "rate_bps", "bw_Bps", "pingpong", "runs": {mode: summary}}], each one rate with every
+    mode run back to back.  A run's compute (its epoch less its wire time) is predicted as its mode's
+    compute at the reference load (from the mode's runs at the *other* rates) times the round's load
+    factor (from the *other* modes of the round): leave-one-out, so a run never predicts itself.  Also
+    adds the previous model (`unshaped_model`) for comparison."""
+    modes = {m for rnd in rounds for m in rnd["runs"]}
+    if len(rounds) < 2 or len(modes) < 2:
+        raise ValueError("the cost model calibrates each run on the other modes of its round and on its mode's "
+                         "runs in other rounds: it needs at least 2 modes and 2 rounds (rates, or the repeat)")
+    cells = {}
+    for i, rnd in enumerate(rounds):
+        bw_inter, bw_intra = link_bandwidth(rnd), rnd["pingpong"].get("intra_Bps")
+        for mode, run in rnd["runs"].items():
+            if run.get("rows") is None:
+                raise ValueError(f"run {run.get('run_dir', mode)} has no rows_per_layer in its records; rerun it "
+                                 f"with this version of granndis_hpc")
+            run["wire_s"] = wire_s(run, bw_inter, bw_intra)
+            # Compute = what is not on the wire; floored at 1 ms so that an over-predicted wire time keeps
+            # a logarithm.  Weight (compute / epoch)^2: an error dT of the epoch moves log(compute) by
+            # dT / compute, so a run that is mostly wire time (fb at slow rates) says little about its
+            # compute, and an error of the wire model there must not set a mode's cost or a round's load.
+            compute = max(run["epoch_s"] - run["wire_s"], COMPUTE_FLOOR_S)
+            cells[(mode, i)] = (math.log(compute), (compute / run["epoch_s"]) ** 2)
+    for i, rnd in enumerate(rounds):
+        for mode, run in rnd["runs"].items():
+            a, b = fit_mode_round(cells, leave_out=(mode, i))
+            compute = math.exp(a[mode] + b[i])
+            run["cost_per_row_s"] = compute / run["rows"]
+            run["predicted_s"] = compute + run["wire_s"]
+            run["model_error"] = (run["predicted_s"] - run["epoch_s"]) / run["epoch_s"]
+    unshaped_model(rounds, servers)
+    a, b = fit_mode_round(cells)
+    rows = {m: rnd["runs"][m]["rows"] for rnd in rounds for m in rnd["runs"]}
+    return {"cost_per_row_s": {m: math.exp(x) / rows[m] for m, x in a.items()},
+            "load_factor": [math.exp(b[i]) for i in range(len(rounds))]}
 
 
 def unshaped_model(rounds, servers, base_label="unshaped"):
@@ -125,15 +180,6 @@ def unshaped_model(rounds, servers, base_label="unshaped"):
                     + inter_bytes(run) / servers / _positive(rnd["bw_Bps"], "inter-server"))
             run["predicted_unshaped_s"] = pred
             run["model_error_unshaped"] = (pred - run["epoch_s"]) / run["epoch_s"]
-
-
-def model_sweep(rounds, servers):
-    """Both models on every round of a sweep, in place (rounds: [{"label", "bw_Bps", "pingpong", "runs"}])."""
-    if len(next(iter(rounds))["runs"]) < 2:
-        raise ValueError("the cost model calibrates each round on its other modes: run at least 2 modes")
-    for rnd in rounds:
-        model_round(rnd)
-    unshaped_model(rounds, servers)
 
 
 def speedups(rate, baseline="fb"):
