@@ -27,6 +27,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -102,7 +103,9 @@ def make_implementations(graph, args):
     n = graph.num_vertices
     indptr, indices = torch.from_numpy(graph.indptr), torch.from_numpy(graph.indices)
     # In-edge CSR: row v lists the sources of v's in-edges, which is PyG's adj_t (target rows) as it is.
-    adj_t = torch.sparse_csr_tensor(indptr, indices, torch.ones(indices.shape[0]), size=(n, n))
+    with warnings.catch_warnings():  # torch's "beta" / "invariant checks" notes, once per tensor
+        warnings.simplefilter("ignore", UserWarning)
+        adj_t = torch.sparse_csr_tensor(indptr, indices, torch.ones(indices.shape[0]), size=(n, n))
     edge_index = torch.stack([indices, torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])])
     for name, adj in (("pyg-csr", adj_t), ("pyg-edges", edge_index)):
         impls.append(PygSage(name, adj, graph.num_features, graph.num_classes, args).copy_from(ours.model))
