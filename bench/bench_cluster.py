@@ -1,12 +1,15 @@
 """fb, flx, eas and cob side by side on an emulated 2-server cluster, at several link rates (not a test).
 
-    make bench-cluster        # = python bench/bench_cluster.py (root; ~15 min on a 2-core machine)
+    make bench-cluster        # = python bench/bench_cluster.py (root; ~20 min on a busy 2-core machine)
 
 Builds the shard sets once (synthetic DC-SBM graph, 2 servers x 2 GPUs, METIS), sets up the emulated
 cluster (bench/cluster/: a network + UTS namespace per server, one veth, tc tbf on both egresses), then
-for every rate: re-shapes the link, measures it (MPI ping-pong self-check; the run stops if shaping does
-not hold) and trains every mode under emu-mpirun (4 ranks, 2 per server, servers found by Open MPI from
-the hostnames).  Writes bench-out/cluster/sweep.json and the markdown page (tables, cost model, the exact
+runs one round per rate: re-shapes the link, measures it (MPI ping-pong self-check; the run stops if
+shaping does not hold) and trains every mode back to back under emu-mpirun (4 ranks, 2 per server,
+servers found by Open MPI from the hostnames).  The rounds alternate between the fast and the slow end of
+the rates and end with the unshaped round again (`round_order`): the machine is shared, and its load
+drifts during a sweep; the cost model (bench/cluster/costmodel.py) fits each round's load from the
+round's modes.  Writes bench-out/cluster/sweep.json and the markdown page (tables, cost model, the exact
 commands).  `granndis report --sweep bench-out/cluster/sweep.json` draws speedup against link rate.
 
 Epoch time = median over the epochs after the first; evaluation runs on the last epoch only (not timed
@@ -66,14 +69,15 @@ def parse_modes(text):
 
 
 def parse_rates(text):
-    """[(label, bits/s or None)], the unshaped one first (the cost model's compute comes from it)."""
+    """[(label, bits/s or None)], fastest first: unshaped, the first round (the load reference, and
+    what the previous model takes every mode's local seconds from), then the rates high to low."""
     out = []
     for label in (t.strip() for t in text.split(",") if t.strip()):
         bps = emucluster.parse_rate(label)
         out.append((emucluster.format_rate(bps), bps))
     if not any(b is None for _, b in out):
-        raise ValueError("--rates must include 'unshaped': the cost model takes each mode's compute time "
-                         "from the unshaped run")
+        raise ValueError("--rates must include 'unshaped': it is the sweep's first and last round (the cost "
+                         "model's load reference and drift check) and the machine's link capacity")
     if len({b for _, b in out}) != len(out):
         raise ValueError(f"--rates lists a rate twice: {text}")
     return sorted(out, key=lambda lb: (0, 0) if lb[1] is None else (1, -lb[1]))

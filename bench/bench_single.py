@@ -189,8 +189,18 @@ def main(argv=None):
         lines += [f"PyG not measured: {missing}.", ""]
     else:
         import torch_geometric
+        from torch_geometric import typing as pyg_typing
+
         lines[2] = lines[2].replace(f"torch {torch.__version__}",
                                     f"torch {torch.__version__}, torch_geometric {torch_geometric.__version__}")
+        # PyG's compiled extensions change its speed; say which it had (PyPI has wheels of none of them).
+        ext = {name: getattr(pyg_typing, flag, False) for name, flag in
+               (("pyg-lib", "WITH_PYG_LIB"), ("torch-scatter", "WITH_TORCH_SCATTER"), ("torch-sparse", "WITH_TORCH_SPARSE"))}
+        lines += ["PyG's optional compiled extensions: " + ", ".join(f"{n} {'yes' if on else 'no'}" for n, on in ext.items())
+                  + " (without them PyG aggregates with torch's own scatter / sparse kernels). granndis "
+                  "aggregates after the linear map in a layer whose output is narrower than its input (here "
+                  f"the first, {graph.num_features} -> {args.hidden}, and the last, {args.hidden} -> "
+                  f"{graph.num_classes}); PyG's SAGEConv always aggregates first.", ""]
     lines += ["## Same weights, same function", ""] + check_same_function(impls, x, labels, train) + [""]
     opts = [torch.optim.Adam(i.model.parameters(), lr=0.01) for i in impls]
     for impl, opt in zip(impls, opts):  # warm-up: caches (CSR matrices, PyG's checks), allocator
