@@ -25,7 +25,7 @@ from granndis_hpc.shards import (FORMAT_VERSION, check_free_space, commit_shard_
 
 from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from .owners import assign_owners
-from .partition import PARTITIONERS, balance, partition_gpus, partition_servers
+from .partition import PARTITIONERS, balance, partition_digest, partition_gpus, partition_servers
 
 
 @dataclass
@@ -281,6 +281,7 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dic
                                 "fanout": int(cfg.fanout) if cfg.preload == "eas" else None,
                                 "select": cfg.select if cfg.preload == "eas" else None},
                     "partitioner": sp.manifest_entry(),
+                    "partition_digest": partition_digest(server_of, gpu_of, S, G),
                     "seed": int(cfg.seed),
                     "command": cfg.command,
                     "files": {},

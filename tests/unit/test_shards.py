@@ -113,14 +113,26 @@ def test_dataset_digest_names_the_data_not_the_partition(tmp_path):
     edge, a feature value, a label, a split flag or the class count; independent of the arrays' dtypes."""
     import dataclasses
 
+    import hashlib
+
+    from preprocess.verify import format_info
+
     g = make_graph(n=300, m=900)
     digest = dataset_digest(g)
+    # Independently: the documented byte layout, assembled with tobytes() and one concatenation.
+    layout = [("indptr", "<i8"), ("indices", "<i8"), ("features", "<f4"), ("labels", "<i8"),
+              ("train_mask", "|b1"), ("val_mask", "|b1"), ("test_mask", "|b1")]
+    data = f"granndis-dataset-v1 classes={g.num_classes}".encode() + b"".join(
+        f" {name}:{dtype}:{list(getattr(g, name).shape)};".encode() + getattr(g, name).astype(dtype).tobytes()
+        for name, dtype in layout)
+    assert digest == hashlib.sha256(data).hexdigest()
     builds = [build(g, tmp_path / "2x2"), build(g, tmp_path / "1x4", servers=1, gpus_per_server=4, hops=1),
               build(g, tmp_path / "3x1", servers=3, gpus_per_server=1, partitioner="random"),
               build(g, tmp_path / "eas", preload="eas", hops=1, fanout=3)]
     assert [m["dataset"]["content_sha256"] for m in builds] == [digest] * 4
     assert len({shard_set_id(m) for m in builds}) == 4  # while the shard sets differ
     assert shards.read_manifest(tmp_path / "1x4")["dataset"]["content_sha256"] == digest
+    assert f"content     digest {digest} " in format_info(builds[1])
 
     def changed(**arrays):
         return dataset_digest(dataclasses.replace(g, **arrays))
