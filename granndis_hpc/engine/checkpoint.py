@@ -150,6 +150,8 @@ def _shape_refusal(saved: Dict, current: Dict) -> Optional[str]:
         if fp.get("shape_dependent"):
             return (f"the shape (layout, shard set, mode) may change on resume only in the exact modes fb and flx, "
                     f"and {whose} depends on it: {fp['shape_dependent']}")
+    if saved.get("shard_set") == current.get("shard_set"):
+        return None  # the same files: the same data, digest or not
     if saved.get("dataset_sha256") is None:
         return ("the checkpoint was written on a shard set without a dataset content digest (built by an older "
                 "granndis-hpc), so no other shard set can be shown to hold the same dataset; resume it on the "

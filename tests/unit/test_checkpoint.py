@@ -253,6 +253,7 @@ def test_a_shard_set_without_content_digest_holds_the_run_to_its_shard_set():
     set holds the same data, so the shard set and layout may not change; the same set is fine."""
     old = dict(FP, dataset_sha256=None)
     ck.check_fingerprint(old, dict(old), "checkpoint X")  # the same files: the same data
+    ck.check_fingerprint(old, dict(old, mode="fb", preloaded_layers=1), "checkpoint X")  # ... in another exact mode
     with pytest.raises(ck.CheckpointError) as err:
         ck.check_fingerprint(old, dict(FP, servers=4, shard_set="other"), "checkpoint X")
     assert "cannot continue on this run's shape (servers: checkpoint 1, this run 4; shard_set: " in str(err.value)
