@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check checksums and invariants of a shard set; exit 1 on problems")
     v.add_argument("dir")
     v.set_defaults(func=cmd_verify)
-    i = sub.add_parser("info", help="print the statistics of a shard set")
+    i = sub.add_parser("info", help="print the statistics of a shard set and its partition digest (equal digests: "
+                                    "the same server and GPU for every vertex)")
     i.add_argument("dir")
     i.set_defaults(func=cmd_info)
     return parser

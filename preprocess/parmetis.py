@@ -10,6 +10,12 @@ libptscotchparmetisv3.so.  Two implementations share the ParMETIS v3 API:
   $GRANNDIS_PARMETIS_IDXTYPEWIDTH (default 32, ParMETIS' default build) and real_t from
   $GRANNDIS_PARMETIS_REALTYPEWIDTH (default 32).
 
+Reproducibility (measured on Debian's PT-Scotch 7.0.3, Cora): PT-Scotch's threads make its result vary
+from run to run (and its random state carries over between calls in one process), whatever the seed in
+options[].  `_scotch_reproducible` runs the call with one Scotch thread (SCOTCH_PTHREAD_NUMBER=1, read by
+Scotch at every call) and Scotch's generator seeded and reset: then the same graph, seed and rank count
+give the same partition.  Karypis' ParMETIS takes the seed from options[2].
+
 METIS: pymetis 2025.2 silently uses ncon=1 whatever vweights holds (measured: the training constraint was
 ignored), so we call METIS_PartGraphRecursive / METIS_PartGraphKway from the METIS that pymetis bundles
 (its extension exports them; idx_t width from pymetis._internal._idx_type_width()).  NULL tpwgts/ubvec
@@ -17,6 +23,7 @@ select METIS' defaults, so real_t's width does not matter.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from dataclasses import dataclass
@@ -78,6 +85,36 @@ def load_parmetis() -> ParMetisLib:
                        real_dtype=np.dtype(f"float{real_width}"), is_scotch=is_scotch)
 
 
+@contextlib.contextmanager
+def _scotch_reproducible(pm: ParMetisLib, seed: int):
+    """Make a PT-Scotch call a function of its inputs and `seed` (no-op for Karypis' ParMETIS).
+
+    Threaded Scotch is not reproducible (measured: with 2 threads every build of Cora differed, with 1
+    none did), so the call runs single-threaded; parallelism comes from the MPI ranks.  The variable is
+    set for this call only and restored after it.  Seeding and resetting Scotch's generator on every
+    rank makes the result independent of earlier calls in the same process (measured: without the
+    reset, consecutive calls in one process differed).
+    """
+    if not pm.is_scotch:
+        yield
+        return
+    num = ctypes.c_int64 if pm.idx_dtype == np.int64 else ctypes.c_int32
+    old = os.environ.get("SCOTCH_PTHREAD_NUMBER")
+    os.environ["SCOTCH_PTHREAD_NUMBER"] = "1"
+    try:
+        if hasattr(pm.lib, "SCOTCH_randomSeed"):
+            pm.lib.SCOTCH_randomSeed.argtypes = [num]
+            pm.lib.SCOTCH_randomSeed(num(seed))
+        if hasattr(pm.lib, "SCOTCH_randomReset"):
+            pm.lib.SCOTCH_randomReset()
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SCOTCH_PTHREAD_NUMBER", None)
+        else:
+            os.environ["SCOTCH_PTHREAD_NUMBER"] = old
+
+
 def _ptr(a: np.ndarray):
     return a.ctypes.data_as(ctypes.c_void_p) if a is not None else None
 
@@ -89,6 +126,7 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
 
     vwgt: None or int [n_local, ncon].  The graph must be symmetric without self loops.
     imbalance 1.03 (not 1.05): PT-Scotch uses the whole allowance, and we promise balance within 5 %.
+    The result is reproducible for the same inputs, seed and rank count (see _scotch_reproducible).
     """
     idx = pm.idx_dtype
     vtxdist_c = np.ascontiguousarray(vtxdist, dtype=idx)
@@ -106,13 +144,16 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     nparts_c = np.array([nparts], dtype=idx)
     tpwgts = np.full(ncon * nparts, 1.0 / nparts, dtype=pm.real_dtype)
     ubvec = np.full(ncon, imbalance, dtype=pm.real_dtype)
-    options = np.array([1, 0, seed], dtype=idx)  # use options; no debug output; random seed
+    seed = int(seed) % (2 ** 31)  # fits idx_t and SCOTCH_Num of either width
+    options = np.array([1, 0, seed], dtype=idx)  # use options; no debug output; random seed (Karypis')
     edgecut = np.zeros(1, dtype=idx)
     part = np.zeros(max(n_local, 1), dtype=idx)
     comm_ptr = ctypes.c_void_p(as_group(comm).c_handle_address())  # the MPI_Comm * it takes
-    rc = pm.lib.ParMETIS_V3_PartKway(
-        _ptr(vtxdist_c), _ptr(xadj_c), _ptr(adjncy_c), _ptr(vwgt_c), None, _ptr(wgtflag), _ptr(numflag),
-        _ptr(ncon_c), _ptr(nparts_c), _ptr(tpwgts), _ptr(ubvec), _ptr(options), _ptr(edgecut), _ptr(part), comm_ptr)
+    with _scotch_reproducible(pm, seed):
+        rc = pm.lib.ParMETIS_V3_PartKway(
+            _ptr(vtxdist_c), _ptr(xadj_c), _ptr(adjncy_c), _ptr(vwgt_c), None, _ptr(wgtflag), _ptr(numflag),
+            _ptr(ncon_c), _ptr(nparts_c), _ptr(tpwgts), _ptr(ubvec), _ptr(options), _ptr(edgecut), _ptr(part),
+            comm_ptr)
     if rc != METIS_OK:
         raise PartitionerError(f"ParMETIS_V3_PartKway ({pm.path}) returned {rc}")
     return part[:n_local].astype(np.int64)

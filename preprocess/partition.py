@@ -6,6 +6,7 @@ edges u->v whose endpoints are on different parts (PT-Scotch reports 0).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -198,6 +199,19 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
         rebalanced_vertices=moved,
         edge_cut_fraction=cut / max(graph.num_edges, 1), vertex_balance=balance(parts, nparts),
         train_balance=balance(parts, nparts, train.astype(np.float64)))
+
+
+def partition_digest(server_of: np.ndarray, gpu_of: np.ndarray, servers: int, gpus_per_server: int) -> str:
+    """sha256 (hex) of a two-level partition, independent of timestamps, paths and file layout.
+
+    Hashed: servers and gpus_per_server as two little-endian int64, then the owner (global rank
+    server * gpus_per_server + gpu) of every vertex in global-id order as little-endian int32.  Two
+    builds have the same digest exactly when every vertex is inner on the same GPU of the same server.
+    """
+    owner = np.asarray(server_of, dtype=np.int64) * int(gpus_per_server) + np.asarray(gpu_of, dtype=np.int64)
+    h = hashlib.sha256(np.array([servers, gpus_per_server], dtype="<i8").tobytes())
+    h.update(owner.astype("<i4").tobytes())
+    return h.hexdigest()
 
 
 def induced_symmetric(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):

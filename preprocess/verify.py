@@ -10,7 +10,8 @@ verify checks, and reports every problem with the file it is in:
 - in-degree: one global value per vertex everywhere, equal to the world-view row length of inner rows;
 - world view: src_rank equals the (server, GPU) that holds the source as an inner vertex;
   for full preloading the stored in-neighbours of inner rows are exactly the world-view ones;
-- manifest counts (vertices, splits, features, classes) against the files.
+- manifest counts (vertices, splits, features, classes) against the files;
+- the manifest's partition_digest against the owner of every vertex in the files.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from granndis_hpc.shards import ShardError, leftover_temporaries, read_manifest,
 from granndis_hpc.shards.schema import DATASETS, FORMAT_VERSION, expected_shape
 
 from .halo import unique_sorted
+from .partition import partition_digest
 
 
 def _csr_problems(name: str, indptr: np.ndarray, indices: np.ndarray, n_cols: int | None) -> list:
@@ -136,6 +138,19 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     return out
 
 
+def _partition_digest_problems(manifest: dict, inner_server: np.ndarray, inner_gpu: np.ndarray) -> list:
+    """The manifest's partition_digest against the owners the files hold (hand-written sets may omit it;
+    a build always records it, and removing it from the manifest is caught by the field digests)."""
+    if "partition_digest" not in manifest:
+        return []
+    S, G = int(manifest["servers"]), int(manifest["gpus_per_server"])
+    recorded, actual = manifest["partition_digest"], partition_digest(inner_server, inner_gpu, S, G)
+    if recorded != actual:
+        return [f"manifest.json: partition_digest {str(recorded)[:16]}... but the server files' owners hash to "
+                f"{actual[:16]}... (the files are not the partition the build recorded); rebuild the set"]
+    return []
+
+
 def _temporaries_problem(path: str) -> list:
     """Temporaries of an interrupted build: harmless to readers, but they can be large."""
     names = leftover_temporaries(path)
@@ -201,6 +216,7 @@ def _set_problems(path: str) -> list:
         problems.append(f"{int(np.count_nonzero(inner_hits == 0))} vertices are inner on no server and "
                         f"{int(np.count_nonzero(inner_hits > 1))} on more than one (each must be inner on exactly one)")
         return problems
+    problems += _partition_digest_problems(manifest, inner_server, inner_gpu)
     for s, a in files.items():
         fname = server_file_name(s)
         if not np.array_equal(a["graph/in_degree"], degree[a["vertices/global_id"]]):
@@ -226,6 +242,8 @@ def format_info(manifest: dict) -> str:
         f"dataset     {ds['name']}: {ds['num_vertices']} vertices, {ds['num_edges']} edges, "
         f"{ds['num_features']} features, {ds['num_classes']} classes, train/val/test "
         f"{ds['num_train']}/{ds['num_val']}/{ds['num_test']}",
+        f"content     digest {ds.get('content_sha256', 'not recorded')} (equal digests = the same graph, features, "
+        f"labels and split: a checkpoint of fb/flx may continue on either set)",
         f"layout      {manifest['servers']} servers x {manifest['gpus_per_server']} GPUs, layers {manifest['layers']}, "
         f"format v{manifest['format_version']}",
         f"preload     {pre['kind']} hops={pre['hops']}" + (f" fanout={pre['fanout']} select={pre['select']}"
@@ -233,6 +251,8 @@ def format_info(manifest: dict) -> str:
         f"partitioner {part.get('name')} [{part.get('library')}] constraints={part.get('constraints')} "
         f"edge cut {part.get('edge_cut')} ({100 * float(part.get('edge_cut_fraction', 0)):.2f}% of edges) "
         f"vertex balance {float(part.get('vertex_balance', 1)):.3f} train balance {float(part.get('train_balance', 1)):.3f}",
+        f"partition   digest {manifest.get('partition_digest', 'not recorded')} (seed {manifest.get('seed')}; "
+        f"equal digests = the same server and GPU for every vertex)",
     ]
     if st:
         lines.append(f"replication {st['replication_factor']:.3f} rows per inner vertex; server inner balance "

@@ -324,7 +324,22 @@ class Trainer:
             self._resume()
 
     def checkpoint_fingerprint(self) -> Dict:
-        return checkpoint.fingerprint(self.cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest)
+        return checkpoint.fingerprint(self.cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest,
+                                      shape_dependent=self.shape_dependence())
+
+    def shape_dependence(self) -> Optional[str]:
+        """Why this run's trajectory depends on S x G and the partition, or None when it does not (then
+        a checkpoint may continue on another layout or shard set of the same dataset, in fb or flx)."""
+        cfg, name = self.cfg, self.mode.name
+        if not self.mode.exact(self.manifest):
+            return f"mode {name} is not exact here (it samples within each server's preload)"
+        if getattr(self, "sampler", None) is not None:
+            return (f"mode {name} samples its co-batches per server (each server shuffles its own training "
+                    f"vertices), so the batches follow the partition")
+        if cfg.dropout > 0 and not self._keyed_dropout:
+            return (f"model {cfg.model} draws its dropout masks from each rank's own generator (its forward takes "
+                    f"no `dropout`), so they follow the layout")
+        return None
 
     def _stateful_sampler(self):
         """The co-batch sampler when the mode has one that can save its state (None otherwise)."""

@@ -120,6 +120,8 @@ def prepare_output_dir(out_dir: str, overwrite: bool) -> None:
 
 
 def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays: dict) -> None:
+    # track_times=False: no object timestamps (h5py's default, made explicit), so that identical builds
+    # write byte-identical files (docs/shard-format.md, "Reproducible builds").
     # rdcc_nbytes=0: no chunk cache, so every chunk is written by create_dataset and a full disk raises
     # there.  With the cache, the chunks were written by close() and HDF5 crashed (segfault in
     # H5D_close) while closing a file whose flush had failed (measured, 2 MB tmpfs).
@@ -132,9 +134,9 @@ def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays
             data = np.ascontiguousarray(arrays[name])
             if name == "features" and data.shape[0] > 0:
                 rows = feature_chunk_rows(data.shape[0], data.shape[1])
-                f.create_dataset(name, data=data, chunks=(rows, max(1, data.shape[1])))
+                f.create_dataset(name, data=data, chunks=(rows, max(1, data.shape[1])), track_times=False)
             else:
-                f.create_dataset(name, data=data)
+                f.create_dataset(name, data=data, track_times=False)
 
 
 def stage_server_file(out_dir: str, server: int, servers: int, gpus_per_server: int, arrays: dict) -> StagedFile:
