@@ -222,15 +222,19 @@ class Trainer:
         if not math.isfinite(loss):
             raise TrainingError(f"loss became {loss} at epoch {self.epoch}; lower --lr or check the "
                                 f"features for extreme values")
-        totals = led.reduce(self.world)
-        b = totals["bytes"]
+        # Bytes per rank (exact): their sum is the traffic per link class; the busiest rank and the
+        # busiest server's inter-server egress are what a slow link waits for.
+        per_rank = Ledger.record_classes(led.gather_bytes(self.world))
+        inter = per_rank["inter_halo"] + per_rank["inter_grad"]
+        per_server = np.zeros(self.topo.servers, dtype=np.int64)
+        np.add.at(per_server, self.topo.server_of(np.arange(inter.size)), inter)
         return {
             "epoch": self.epoch - 1, "time_s": float(slowest[0]), "intra_comm_s": float(slowest[1]),
             "inter_comm_s": float(slowest[2]), "grad_sync_s": float(slowest[3]),
             "compute_s": float(slowest[4]), "sampling_s": float(slowest[5]), "loss": loss,
-            "bytes": {"intra_halo": int(b["intra"]["halo"] + b["intra"]["setup"]),
-                      "inter_halo": int(b["inter"]["halo"] + b["inter"]["setup"]),
-                      "intra_grad": int(b["intra"]["gradient"]), "inter_grad": int(b["inter"]["gradient"])},
+            "bytes": {k: int(v.sum()) for k, v in per_rank.items()},
+            "max_rank_bytes": {k: int(v.max()) for k, v in per_rank.items()},
+            "inter_bytes_per_server": [int(b) for b in per_server],
         }
 
     # ---- evaluation ---------------------------------------------------------------------------
