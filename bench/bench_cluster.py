@@ -1,12 +1,15 @@
 """fb, flx, eas and cob side by side on an emulated 2-server cluster, at several link rates (not a test).
 
-    make bench-cluster        # = python bench/bench_cluster.py (root; ~15 min on a 2-core machine)
+    make bench-cluster        # = python bench/bench_cluster.py (root; ~20 min on a busy 2-core machine)
 
 Builds the shard sets once (synthetic DC-SBM graph, 2 servers x 2 GPUs, METIS), sets up the emulated
 cluster (bench/cluster/: a network + UTS namespace per server, one veth, tc tbf on both egresses), then
-for every rate: re-shapes the link, measures it (MPI ping-pong self-check; the run stops if shaping does
-not hold) and trains every mode under emu-mpirun (4 ranks, 2 per server, servers found by Open MPI from
-the hostnames).  Writes bench-out/cluster/sweep.json and the markdown page (tables, cost model, the exact
+runs one round per rate: re-shapes the link, measures it (MPI ping-pong self-check; the run stops if
+shaping does not hold) and trains every mode back to back under emu-mpirun (4 ranks, 2 per server,
+servers found by Open MPI from the hostnames).  The rounds alternate between the fast and the slow end of
+the rates and end with the unshaped round again (`round_order`): the machine is shared, and its load
+drifts during a sweep; the cost model (bench/cluster/costmodel.py) fits each round's load from the
+round's modes.  Writes bench-out/cluster/sweep.json and the markdown page (tables, cost model, the exact
 commands).  `granndis report --sweep bench-out/cluster/sweep.json` draws speedup against link rate.
 
 Epoch time = median over the epochs after the first; evaluation runs on the last epoch only (not timed
@@ -66,17 +69,47 @@ def parse_modes(text):
 
 
 def parse_rates(text):
-    """[(label, bits/s or None)], the unshaped one first (the cost model's compute comes from it)."""
+    """[(label, bits/s or None)], fastest first: unshaped, the first round (the load reference, and
+    what the previous model takes every mode's local seconds from), then the rates high to low."""
     out = []
     for label in (t.strip() for t in text.split(",") if t.strip()):
         bps = emucluster.parse_rate(label)
         out.append((emucluster.format_rate(bps), bps))
     if not any(b is None for _, b in out):
-        raise ValueError("--rates must include 'unshaped': the cost model takes each mode's compute time "
-                         "from the unshaped run")
+        raise ValueError("--rates must include 'unshaped': it is the sweep's first and last round (the cost "
+                         "model's load reference and drift check) and the machine's link capacity")
     if len({b for _, b in out}) != len(out):
         raise ValueError(f"--rates lists a rate twice: {text}")
     return sorted(out, key=lambda lb: (0, 0) if lb[1] is None else (1, -lb[1]))
+
+
+def round_order(rates, repeat=True):
+    """[(label, bits/s, is_repeat)]: the rates (fastest first) taken alternately from the fast and the slow
+    end, then the unshaped one again.  The machine is shared and its load drifts over a sweep; swept
+    fast to slow, the drift would look like an effect of the rate.  The repeat measures the drift."""
+    order, lo, hi = [], 0, len(rates) - 1
+    while lo <= hi:
+        order.append(rates[lo])
+        if hi != lo:
+            order.append(rates[hi])
+        lo, hi = lo + 1, hi - 1
+    out = [(label, bps, False) for label, bps in order]
+    if repeat:
+        out += [(f"{label}-repeat", bps, True) for label, bps in rates if bps is None]
+    return out
+
+
+def all_rounds(sweep):
+    return sweep["rates"] + sweep.get("repeat", [])
+
+
+def steps_per_epoch(run_dir):
+    """Steps per epoch of a run (its config.json): batches per epoch in a batched mode, else 1."""
+    from granndis_hpc.engine.modes import MODES as TRAIN_MODES, BatchedMode
+
+    with open(os.path.join(run_dir, "config.json")) as f:
+        cfg = json.load(f)
+    return int(cfg["batches_per_epoch"]) if issubclass(TRAIN_MODES[cfg["mode"]], BatchedMode) else 1
 
 
 def run(cmd, log, timeout, capture=False):
@@ -96,9 +129,19 @@ def read_records(run_dir):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def load_line(sweep):
+    """What the machine's load was (other jobs share its cores): say it beside the numbers."""
+    start, end = sweep.get("loadavg_start"), sweep.get("loadavg_end")
+    if not start or not end:
+        return "The machine's load average was not recorded."
+    fmt = lambda la: " / ".join(f"{x:.1f}" for x in la)  # noqa: E731
+    return (f"Load average (1 / 5 / 15 min) before the sweep: {fmt(start)}; after: {fmt(end)}; 2 cores "
+            f"(4 ranks of this sweep and other jobs).")
+
+
 def fmt_rate_col(rate):
     if rate["rate_bps"] is None:
-        return f"unshaped ({rate['bw_Bps'] * 8 / 1e6:,.0f} Mbit/s measured)"
+        return f"{rate['label']} ({rate['bw_Bps'] * 8 / 1e6:,.0f} Mbit/s measured)"
     return rate["label"]
 
 
@@ -124,16 +167,21 @@ def _model_table(rates, modes, predicted, error, tag="", why=""):
 def render(sweep, argv):
     """The markdown page of a sweep."""
     g, rates, modes = sweep["graph"], sweep["rates"], sweep["modes"]
+    rounds = all_rounds(sweep)  # the rates fastest first, then the repeated unshaped round
     L = [f"# Speedup on an emulated 2-server cluster ({sweep['date']})", "",
          f"Synthetic graph (`--generator {g.get('generator', 'sbm')}`), {g['vertices']:,} vertices, {g['layers']}-layer SAGE, hidden {g['hidden']}, "
          f"{g['epochs']} epochs per run (median epoch time over epochs 1..{g['epochs'] - 1}; test accuracy "
          f"after epoch {g['epochs'] - 1}). 2 servers x 2 ranks; each server is a network + UTS namespace, the "
          f"servers are joined by one veth shaped with `tc tbf` on both egresses, ranks inside a server use "
          f"shared memory (see `docs/cluster.md`). One 2-core machine shared with other jobs: times are "
-         f"indicative, bytes are exact ledger counts (summed over ranks, per epoch).", ""]
+         f"indicative, bytes are exact ledger counts (summed over ranks, per epoch).", "",
+         f"Run as rounds, one rate per round with every mode back to back, in the order "
+         f"{', '.join(sweep.get('round_order', [r['label'] for r in rates]))} (fast and slow rates alternate, so "
+         f"a drift of the machine's load is not read as an effect of the rate). "
+         + load_line(sweep), ""]
     L += ["## Link check (MPI ping-pong, bench/cluster/pingpong.py)", "",
           "| link rate | inter-server MB/s | x nominal | intra-server MB/s |", "|---|---:|---:|---:|"]
-    for r in rates:
+    for r in rounds:
         pp = r["pingpong"]
         nominal = "" if r["rate_bps"] is None else f"{r['bw_Bps'] / (r['rate_bps'] / 8):.2f}"
         intra = pp.get("intra_Bps")
@@ -143,7 +191,7 @@ def render(sweep, argv):
           "| link rate | " + " | ".join(f"{m} (s)" for m in modes) + " | " +
           " | ".join(f"{m} speedup" for m in modes if m != "fb") + " | fb inter share |",
           "|---|" + "---:|" * (2 * len(modes) - 1 + 1)]
-    for r in rates:
+    for r in rounds:
         sp = costmodel.speedups(r)
         L.append(f"| {fmt_rate_col(r)} | " + " | ".join(f"{r['runs'][m]['epoch_s']:.3f}" for m in modes) + " | "
                  + " | ".join(f"**{sp[m]:.2f}x**" for m in modes if m != "fb") +
@@ -152,7 +200,7 @@ def render(sweep, argv):
           "| link rate | mode | epoch | compute | sampling | intra comm | inter comm | grad sync | intra halo (B) | "
           "inter halo (B) | intra grad (B) | inter grad (B) | test acc |",
           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rates:
+    for r in rounds:
         for m in modes:
             x, b = r["runs"][m], r["runs"][m]["bytes"]
             acc = "" if x["test_acc"] is None else f"{x['test_acc']:.3f}"
@@ -160,15 +208,30 @@ def render(sweep, argv):
                      f"{x['intra_comm']:.3f} | {x['inter_comm']:.3f} | {x['grad_sync']:.3f} | {b['intra_halo']:,} | "
                      f"{b['inter_halo']:,} | {b['intra_grad']:,} | {b['inter_grad']:,} | {acc} |")
     L += ["", "## Cost model: predicted vs measured epoch time", "",
-          "T = C + T_intra + B_inter / (2 * bw): C and T_intra (intra comm + grad sync + sampling) from the "
-          "mode's unshaped run, B_inter = ledger inter-server bytes per epoch, bw = the ping-pong bandwidth "
-          "at that rate (table above). `bench/cluster/costmodel.py` has the reasoning.", ""]
-    L += _model_table(rates, modes, "predicted_s", "model_error",
+          "T = rows x k(mode) x f(round) + B_intra / bw_intra + B_inter / bw_inter: rows = rows computed per epoch "
+          "(all ranks, layers and steps; exact), k = the mode's cost per row (fitted on its runs at the *other* "
+          "rates), f = the round's load factor (fitted on the *other* modes of the round), B_inter = the busiest "
+          "server's inter-server bytes, B_intra = the busiest rank's intra-server bytes (exact, from the ledger), "
+          "bw = the round's ping-pong bandwidths (table above; inter capped at the rate's TCP payload). Every run "
+          "is predicted from the others only (leave-one-out). `bench/cluster/costmodel.py` has the reasoning.", ""]
+    L += _model_table(rounds, modes, "predicted_s", "model_error",
                       why=" (see docs/cluster.md, 'When the model is off')")
-    if all("predicted_pooled_s" in x for r in rates for x in r["runs"].values()):
-        L += ["", "Pooled variant: C + T_intra = median over the mode's runs at the other rates "
-              "(leave-one-out), against load spikes of this shared machine:", ""]
-        L += _model_table(rates, modes, "predicted_pooled_s", "model_error_pooled", " (pooled)")
+    fit = sweep.get("model_fit")
+    if fit:
+        by_round = {r.get("round", i): (r, f) for i, (r, f) in enumerate(zip(rounds, fit["load_factor"]))}
+        L += ["", "Fitted on all runs: the load factor of every round, in the order the rounds ran (1 = the "
+              "first round), beside the machine's 1-minute load average when the round started; and each mode's "
+              "cost per row at the first round's load.", "",
+              "| round | link rate | load average | load factor f |", "|---:|---|---:|---:|"]
+        for i in sorted(by_round):
+            r, f = by_round[i]
+            load = r.get("loadavg_1min")
+            L.append(f"| {i} | {r['label']} | {'' if load is None else f'{load:.1f}'} | {f:.2f} |")
+        L += ["", "| mode | rows per epoch | k (us per row) |", "|---|---:|---:|"]
+        L += [f"| {m} | {rounds[0]['runs'][m]['rows']:,} | {fit['cost_per_row_s'][m] * 1e6:.2f} |" for m in modes]
+    L += ["", "For comparison, the previous model (C + T_intra of the mode's unshaped run, which counts waits "
+          "for the link twice, + total inter bytes / 2 / bw):", ""]
+    L += _model_table(rounds, modes, "predicted_unshaped_s", "model_error_unshaped", " (previous model)")
     paper = costmodel.paper_like_rates(rates)
     L += ["", "## At the paper's communication share", "",
           f"The paper measured FB spending {costmodel.PAPER_SHARE[0] * 100:.0f}-{costmodel.PAPER_SHARE[1] * 100:.0f} % "
@@ -199,10 +262,12 @@ def main(argv=None):
                    help="synthetic generator (local: the locality of real graphs, docs/bench-locality.md)")
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=5, help="per run; the first is left out of the median")
+    p.add_argument("--epochs", type=int, default=8, help="per run; the first is left out of the median")
     p.add_argument("--rates", default=DEFAULT_RATES, help="comma-separated; must include unshaped")
     p.add_argument("--modes", default=",".join(m for m, (_, _, on) in MODES.items() if on),
                    help=f"comma-separated, from: {', '.join(MODES)}")
+    p.add_argument("--no-repeat", action="store_true",
+                   help="leave out the second unshaped round at the end (it measures the load drift of the sweep)")
     p.add_argument("--run-timeout", type=int, default=300, help="seconds per training run")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "cluster"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cluster.md"))
@@ -212,7 +277,7 @@ def main(argv=None):
     if args.from_json:
         with open(args.from_json) as f:
             sweep = json.load(f)
-        costmodel.model_sweep(sweep["rates"], servers=sweep["graph"]["servers"])
+        sweep["model_fit"] = costmodel.model_sweep(all_rounds(sweep), servers=sweep["graph"]["servers"])
         with open(args.from_json, "w") as f:
             json.dump(sweep, f, indent=1)
         page = render(sweep, sweep.get("argv", [])) + f"\nWhole sweep: {sweep['wall_s'] / 60:.1f} min wall.\n"
@@ -244,16 +309,21 @@ def main(argv=None):
     common = ["--model", "sage", "--layers", str(args.layers), "--hidden", str(args.hidden), "--epochs",
               str(args.epochs), "--eval-every", str(args.epochs), "--lr", "0.01", "--dropout", "0.5", "--quiet"]
     emucluster.install_signal_teardown()
-    sweep = {"date": str(datetime.date.today()), "modes": modes, "rates": [], "log": log, "argv": argv, "skipped": [],
+    sweep = {"date": str(datetime.date.today()), "modes": modes, "rates": [], "repeat": [], "log": log, "argv": argv,
+             "skipped": [], "loadavg_start": list(os.getloadavg()),
              "graph": {"vertices": args.vertices, "generator": args.generator, "layers": args.layers, "hidden": args.hidden,
                        "epochs": args.epochs, "servers": 2, "ranks_per_server": 2}}
     capacity = None  # unshaped inter-server bandwidth: the most this machine can drive
+    plan = round_order(rates, repeat=not args.no_repeat)
+    sweep["round_order"] = [label for label, _, _ in plan]
     try:
         emucluster.setup(2, None)
         log.append("bench/cluster/emu-cluster setup --servers 2 --rate unshaped")
-        for label, bps in rates:
+        for i, (label, bps, repeat) in enumerate(plan):
             emucluster.shape(bps)
-            log.append(f"bench/cluster/emu-cluster shape --rate {label} && bench/cluster/emu-cluster selfcheck")
+            log.append(f"bench/cluster/emu-cluster shape --rate {emucluster.format_rate(bps)} && "
+                       f"bench/cluster/emu-cluster selfcheck")
+            load = os.getloadavg()[0]
             pp = emucluster.selfcheck(python=py, capacity_Bps=capacity)
             print(emucluster.format_selfcheck(pp), flush=True)
             if pp["problems"] and (pp["fatal"] or bps is None):
@@ -262,23 +332,30 @@ def main(argv=None):
                 sweep["skipped"].append({"label": label, "problems": pp["problems"]})
                 print(f"   {label}: skipped, the link could not be verified", flush=True)
                 continue
-            if bps is None:
+            if capacity is None and bps is None:
                 capacity = pp["inter_Bps"]["1"]
-            entry = {"label": label, "rate_bps": bps, "bw_Bps": pp["inter_Bps"]["1"], "pingpong": pp, "runs": {}}
-            for m in modes:
+            entry = {"label": label, "rate_bps": bps, "bw_Bps": pp["inter_Bps"]["1"], "pingpong": pp, "runs": {},
+                     "round": i, "loadavg_1min": load}
+            # Every mode back to back at this rate; alternate rounds reverse the order, so no mode is
+            # always the first (or the last) of a round.
+            for m in (modes if i % 2 == 0 else modes[::-1]):
                 shard_set, extra, _ = MODES[m]
                 run_dir = os.path.join(args.work, "runs", label, m)
                 run([os.path.join(REPO, "bench", "cluster", "emu-mpirun"), "-n", "4", "--emu-timeout",
                      str(args.run_timeout), py, "-m", "granndis_hpc.cli", "train", "--shards", shards[shard_set],
                      *extra, *common, "--out", run_dir], log, timeout=args.run_timeout + 60)
-                entry["runs"][m] = dict(costmodel.summarize_run(read_records(run_dir)), run_dir=run_dir)
+                entry["runs"][m] = dict(costmodel.summarize_run(read_records(run_dir), steps_per_epoch(run_dir)),
+                                        run_dir=run_dir)
                 print(f"   {label} {m}: epoch {entry['runs'][m]['epoch_s']:.3f} s", flush=True)
-            sweep["rates"].append(entry)
+            entry["runs"] = {m: entry["runs"][m] for m in modes}  # table order
+            (sweep["repeat"] if repeat else sweep["rates"]).append(entry)
             with open(os.path.join(args.work, "sweep.partial.json"), "w") as f:  # survives a stopped sweep
                 json.dump(sweep, f, indent=1)
     finally:
         emucluster.teardown()
-    costmodel.model_sweep(sweep["rates"], servers=2)
+    sweep["rates"].sort(key=lambda r: (0, 0) if r["rate_bps"] is None else (1, -r["rate_bps"]))
+    sweep["loadavg_end"] = list(os.getloadavg())
+    sweep["model_fit"] = costmodel.model_sweep(all_rounds(sweep), servers=2)
     sweep["wall_s"] = time.monotonic() - started
     os.makedirs(args.work, exist_ok=True)
     with open(os.path.join(args.work, "sweep.json"), "w") as f:

@@ -15,10 +15,11 @@ TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU
                      "(mpirun -n S*G granndis-train --shards DIR --ranks-per-server G ...).")
 
 # Options that may be given again with another value together with --resume (TrainConfig's on_resume
-# metadata): they change nothing the trajectory depends on, or are checked otherwise (`shards` and
-# `ranks_per_server` may point elsewhere because the checkpoint's fingerprint still has to match the
-# shard set and layout).  `out` is the run directory itself.  "reset" options (overwrite_run) are not
-# carried over from the run being resumed.
+# metadata): they change nothing the trajectory depends on, or are checked otherwise (`shards`,
+# `ranks_per_server`, `mode` and `preloaded_layers` may differ because they are the checkpoint
+# fingerprint's shape: the same shard set, layout and mode, or, in the exact modes, any shard set of
+# the same dataset, engine/checkpoint.py).  `out` is the run directory itself.  "reset" options
+# (overwrite_run) are not carried over from the run being resumed.
 RESUME_OVERRIDABLE = resume_rule(TrainConfig, "may_change")
 RESUME_RESET = resume_rule(TrainConfig, "reset")
 
@@ -46,7 +47,8 @@ def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dic
         raise CheckpointError(
             f"--resume {run_dir} continues that run with its own settings ({os.path.join(run_dir, 'config.json')}); "
             f"these options differ: {', '.join(refused)}.  Only "
-            f"{', '.join(sorted(RESUME_OVERRIDABLE - {'resume', 'out'}))} may change on resume; start a new run "
+            f"{', '.join(sorted(RESUME_OVERRIDABLE - {'resume', 'out'}))} may change on resume (mode, preloaded_layers, "
+            f"ranks_per_server and shards as far as the checkpoint allows); start a new run "
             f"(another --out) to change anything else")
     merged = dict(ran_with)
     merged.update({k: v for k, v in given.items() if k in defaults})

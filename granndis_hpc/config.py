@@ -482,11 +482,12 @@ class TrainConfig:
     """Every option of `granndis-train`; the parser, --config and --help are derived from it."""
     # on_resume: "keep" (default) = a resumed run must have the same value, and the checkpoint
     # fingerprint holds it (it changes the trajectory); "may_change" = given again with --resume it wins
-    # (nothing the numbers depend on, or checked otherwise: shards and ranks_per_server by the shard set
-    # and layout in the fingerprint); "reset" = not carried over from the run being resumed.
+    # (nothing the numbers depend on, or checked otherwise: shards, ranks_per_server, mode and
+    # preloaded_layers are the fingerprint's shape, which only the exact modes may change, see
+    # engine/checkpoint.py); "reset" = not carried over from the run being resumed.
     shards: str = option(help="shard directory written by `python -m preprocess build` (required, except with "
                               "--resume)", on_resume="may_change")
-    mode: str = option("flx", choices=_mode_names,
+    mode: str = option("flx", choices=_mode_names, on_resume="may_change",
                        help="fb: full-batch baseline (1-hop halo every layer, world-wide); flx: flexible "
                             "preloading (full k-hop preload, only gradients cross servers); eas: "
                             "expansion-aware sampled preload; cob: cooperative batching (a server's GPUs share "
@@ -529,8 +530,9 @@ class TrainConfig:
                                         "it has none yet) with the options in RUN_DIR/config.json (nothing else "
                                         "is needed); options given again may differ only for --epochs, "
                                         "--eval-every, --checkpoint-every, --quiet, --progress, --skip-checksums, "
-                                        "--intra-transport, and --shards / --ranks-per-server when they name the "
-                                        "same shard set and layout")
+                                        "--intra-transport, and --shards / --ranks-per-server / --mode / "
+                                        "--preloaded-layers when they name the same shard set and layout, or, in "
+                                        "the exact modes fb and flx, the same dataset built for another layout")
     overwrite_run: bool = option(False, on_resume="reset",
                                  help="replace the run that --out already holds (it is deleted only after the new "
                                       "run has written its config.json)")
@@ -554,7 +556,7 @@ class TrainConfig:
                     "keeping its activations (deep models, less memory); ressage only: refused for sage and "
                     "gcn, which have no residual blocks")
     preloaded_layers: Optional[int] = option(
-        None, ge=1, metavar="K",
+        None, ge=1, metavar="K", on_resume="may_change",
         help="flx: the first K layers run on the server's preload (intra-server exchange only), the rest "
              "with the world exchange (default: the shard set's --hops, at most --layers)")
     memory_per_gpu: Optional[str] = option(

@@ -12,6 +12,7 @@ A failure on any rank is agreed on collectively (granndis_hpc.cluster's `collect
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 
@@ -197,11 +198,32 @@ class PhaseLog:
         self.last = now
 
 
+# What the content digest covers, in this order (dtype fixed, little-endian, so that the digest does not
+# depend on the machine or on how a source happened to type its arrays).
+_CONTENT = (("indptr", "<i8"), ("indices", "<i8"), ("features", "<f4"), ("labels", "<i8"),
+            ("train_mask", "|b1"), ("val_mask", "|b1"), ("test_mask", "|b1"))
+
+
+def dataset_digest(graph) -> str:
+    """sha256 of the canonical dataset in global-id order: the in-edge CSR, the features, the labels,
+    the class count and the three split masks.  It does not depend on the partition, the layout or the
+    preload, so two shard sets of one dataset built for different S x G (or with another partitioner,
+    seed or --hops) share it, and a checkpoint can continue on either (engine/checkpoint.py); a change
+    to any edge, feature value, label or split flag changes it.  One pass over the arrays (memoryviews,
+    no copies when the arrays already have these dtypes)."""
+    h = hashlib.sha256(f"granndis-dataset-v1 classes={int(graph.num_classes)}".encode())
+    for name, dtype in _CONTENT:
+        a = np.ascontiguousarray(getattr(graph, name), dtype=dtype)
+        h.update(f" {name}:{a.dtype.str}:{list(a.shape)};".encode())  # shapes bound the byte runs
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
 def _dataset_entry(graph) -> dict:
     return {"name": graph.name, "num_vertices": graph.num_vertices, "num_edges": graph.num_edges,
             "num_features": graph.num_features, "num_classes": int(graph.num_classes),
             "num_train": int(graph.train_mask.sum()), "num_val": int(graph.val_mask.sum()),
-            "num_test": int(graph.test_mask.sum())}
+            "num_test": int(graph.test_mask.sum()), "content_sha256": dataset_digest(graph)}
 
 
 def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dict:

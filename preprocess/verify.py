@@ -242,6 +242,8 @@ def format_info(manifest: dict) -> str:
         f"dataset     {ds['name']}: {ds['num_vertices']} vertices, {ds['num_edges']} edges, "
         f"{ds['num_features']} features, {ds['num_classes']} classes, train/val/test "
         f"{ds['num_train']}/{ds['num_val']}/{ds['num_test']}",
+        f"content     digest {ds.get('content_sha256', 'not recorded')} (equal digests = the same graph, features, "
+        f"labels and split: a checkpoint of fb/flx may continue on either set)",
         f"layout      {manifest['servers']} servers x {manifest['gpus_per_server']} GPUs, layers {manifest['layers']}, "
         f"format v{manifest['format_version']}",
         f"preload     {pre['kind']} hops={pre['hops']}" + (f" fanout={pre['fanout']} select={pre['select']}"

@@ -143,19 +143,27 @@ def random_in_csr(num_vertices: int, num_edges: int, rng: np.random.Generator, i
     return indptr, pairs[:, 1].astype(np.int64)
 
 
-def train_dense(graph, model, epochs: int, lr: float):
-    """Single-process full-graph training with the dense reference (dropout 0): Adam on CE(sum)/n_train.
-    Returns a trained copy of `model`; `graph` is a preprocess Graph (indptr, indices, features, ...)."""
+def train_dense(graph, model, epochs: int, lr: float, dropout: float = 0.0, seed: int = 0):
+    """Single-process full-graph training with the dense reference: Adam on CE(sum)/n_train, with the
+    counter-based dropout masks of vertices 0..N-1 (granndis_hpc.nn.dropout.keep_mask, key `seed`) when
+    `dropout` > 0.  Returns a trained copy of `model`; `graph` is a preprocess Graph (indptr, indices,
+    features, ...)."""
     import copy
+
+    from granndis_hpc.nn.dropout import keep_mask
 
     model = copy.deepcopy(model)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     x, y = torch.from_numpy(graph.features), torch.from_numpy(graph.labels)
     train = torch.from_numpy(np.flatnonzero(graph.train_mask))
     deg = torch.from_numpy(graph.in_degree())
-    for _ in range(epochs):
+    ids = torch.arange(x.shape[0])
+    for epoch in range(epochs):
+        def drop(layer, h, epoch=epoch):
+            return h * keep_mask(seed, epoch, layer, ids, h.shape[1], dropout).to(h.dtype) / (1 - dropout)
         opt.zero_grad()
-        logits = dense_logits(model.name, model, graph.indptr, graph.indices, x, degrees=deg)
+        logits = dense_logits(model.name, model, graph.indptr, graph.indices, x, degrees=deg,
+                              dropout=drop if dropout > 0 else None)
         loss = torch.nn.functional.cross_entropy(logits[train], y[train], reduction="sum") / len(train)
         loss.backward()
         opt.step()

@@ -2,28 +2,38 @@
 
 The model follows the paper's Eq. 1 / 5: an epoch is computation plus communication per link class,
 
-    T(mode, R) = C(mode) + T_intra(mode) + B_inter(mode) / (S * bw(R))
+    T(mode, round) = rows(mode) * c(mode, round) + B_intra(mode) / bw_intra + B_inter(mode) / bw_inter
 
-- C: the mode's measured compute seconds per epoch in the unshaped run (compute does not depend on the
-  link; on CPU a rank waiting for the network is idle).
-- T_intra: the unshaped run's intra-server communication and gradient-sync seconds.  The links inside a
-  server are never shaped, so this term is the same at every rate; it is measured, not modelled from
-  bytes, because on 2 shared cores it is dominated by waiting for the other ranks' compute, not by the
-  shared-memory bandwidth (the ping-pong shows ~340 MB/s; an fb epoch's intra messages would take 0.03 s).
-- B_inter: the ledger's inter-server bytes per epoch (halo + gradient, summed over ranks: exact).  Each
-  of the S servers sends its share over its own egress at the same time, so the wire time is B / S over
-  one egress (the partitions are balanced; the busiest server would add its imbalance).
-- bw(R): the inter-server bandwidth measured by MPI ping-pong at that rate (the self-check), so TCP/IP
-  overhead (a 1500-byte frame carries 1448 payload bytes) is in it; the nominal R is printed beside it.
+- rows: the rows the mode computes per epoch, summed over layers, ranks and steps (the epoch record's
+  rows_per_layer, exact).
+- c(mode, round) = k(mode) * f(round): seconds per row.  k is the mode's own cost per row: one number
+  for every mode does not fit, because a row costs what its aggregation reads (a co-batch's rows have
+  2-3x more sources than rows) plus sampling and per-step work (measured: cob's row costs 3-4x fb's).
+  f is the round's load factor: the machine is shared with other jobs, and one run computed 1x to 6x
+  slower than the same run minutes earlier (docs/cluster.md, "When the model is off").  A sweep is run
+  as rounds, one rate per round with every mode back to back, so every run of a round sees about the
+  same load.  Both are fitted by least squares on log(compute) = log k + log f (weighted by the
+  run's compute share of its epoch squared: how much its compute says), and each run is
+  predicted *leave-one-out*: k from its mode's runs at the other rates, f from the other modes of its
+  round; a run never predicts itself.  "Compute" of a run = its epoch less its wire time, so waiting
+  for other ranks' compute on the 2 shared cores (a real part of an epoch here) is in it, and waiting
+  for the link is not (it is the wire time): waiting is counted once.
+- B_inter: the busiest server's inter-server bytes per epoch (the record's inter_bytes_per_server,
+  halo + gradient, exact): each server sends over its own shaped egress at the same time, so an epoch
+  waits for the server with the most to send.
+- bw_inter: the round's MPI ping-pong bandwidth (the self-check), so TCP/IP overhead is in it, capped at
+  the shaped rate's TCP payload (1448 of every 1514 bytes): the ping-pong's messages get a free tbf
+  burst each, a long exchange does not.
+- B_intra / bw_intra: the busiest rank's intra-server bytes over the round's shared-memory ping-pong
+  bandwidth (small: a few hundredths of a second).
 
-A second, "pooled" prediction takes C and T_intra as the median over the mode's runs at the *other*
-rates (leave-one-out, so the measured run never predicts itself).  Compute does not depend on the link,
-so every run measures it; on a machine shared with other jobs one unshaped run can be caught by a load
-spike (measured here: the same eas run took 0.25 s and 1.50 s per epoch minutes apart), and the median
-of several runs is the better estimate of C.
+`unshaped_model` keeps the previous model (the unshaped run's compute + intra + gradient-sync
+seconds + total inter bytes / S / bw) for comparison on the same page: it counts waits for the link
+twice (they are in the unshaped run's intra and gradient-sync seconds) and inherits that one run's load.
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 PHASES = ("compute", "intra_comm", "inter_comm", "grad_sync", "sampling")
@@ -33,11 +43,12 @@ PAPER_SHARE = (0.44, 0.86)  # share of FB's epoch on inter-server communication 
 PAPER_FLX_SPEEDUP = {"ogbn-arxiv": 1.79, "Reddit": 5.13, "ogbn-products": 3.98}
 
 
-def summarize_run(records):
+def summarize_run(records, steps=1):
     """Median per-epoch figures of a run's metrics.jsonl records, the first epoch left out.
 
     The first epoch pays one-off costs (TCP connections, allocator warm-up, first sampling).  With
-    evaluation only on the last epoch its accuracy is the run's; evaluation is not in time_s."""
+    evaluation only on the last epoch its accuracy is the run's; evaluation is not in time_s.
+    `steps`: steps per epoch (co-batches); the record counts the rows of the epoch's first step."""
     if not records:
         raise ValueError("a run with no epoch records")
     steady = records[1:] if len(records) > 1 else records
@@ -45,8 +56,14 @@ def summarize_run(records):
     out = {"epoch_s": med("time_s"), "epochs_used": len(steady)}
     for p in PHASES:
         out[p] = med(p + "_s")
-    last_bytes = steady[-1].get("bytes", {})
-    out["bytes"] = {k: int(last_bytes.get(k, 0)) for k in BYTE_KEYS}
+    last = steady[-1]
+    out["bytes"] = {k: int(last.get("bytes", {}).get(k, 0)) for k in BYTE_KEYS}
+    # Exact per-epoch counts of the cost model (absent in records of older versions: None).
+    per_rank = last.get("rows_per_layer")
+    out["rows"] = None if not per_rank else int(steps) * sum(sum(r["rows_computed"]) for r in per_rank)
+    per_server, max_rank = last.get("inter_bytes_per_server"), last.get("max_rank_bytes")
+    out["inter_bytes_max_server"] = None if per_server is None else int(max(per_server))
+    out["intra_bytes_max_rank"] = None if max_rank is None else int(max_rank["intra_halo"] + max_rank["intra_grad"])
     tested = [r for r in records if r.get("test_acc") is not None]
     out["test_acc"] = float(tested[-1]["test_acc"]) if tested else None
     return out
@@ -56,48 +73,113 @@ def inter_bytes(run):
     return run["bytes"]["inter_halo"] + run["bytes"]["inter_grad"]
 
 
-def predict(base, bw_Bps, servers):
-    """Predicted epoch seconds of a mode from its unshaped run `base` at inter bandwidth bw (bytes/s)."""
-    if bw_Bps is None or bw_Bps <= 0:
-        raise ValueError(f"inter-server bandwidth must be positive, got {bw_Bps!r}")
+def _positive(bw, what):
+    if bw is None or bw <= 0:
+        raise ValueError(f"{what} bandwidth must be positive, got {bw!r}")
+    return bw
+
+
+COMPUTE_FLOOR_S = 1e-3
+# TCP payload per byte on the wire with a 1500-byte MTU: 1448 (timestamps) of 1514 (+ Ethernet header).
+TCP_PAYLOAD_SHARE = 1448 / 1514
+
+
+def link_bandwidth(rnd):
+    """Sustained inter-server payload bytes/s of a round: the ping-pong's, capped at what the shaped rate
+    can carry.  The cap matters at slow rates: between round trips tbf's bucket refills, so every
+    ping-pong message gets a 64 KiB burst free (25 Mbit/s measured 1.01x nominal), a long exchange not."""
+    bw = _positive(rnd["bw_Bps"], "inter-server")
+    return bw if rnd.get("rate_bps") is None else min(bw, rnd["rate_bps"] / 8 * TCP_PAYLOAD_SHARE)
+
+
+def wire_s(run, bw_inter, bw_intra):
+    """Seconds on the links: the busiest server's inter bytes and the busiest rank's intra bytes."""
+    if run.get("inter_bytes_max_server") is None or run.get("intra_bytes_max_rank") is None:
+        raise ValueError(f"run {run.get('run_dir', '?')} has no per-server / per-rank bytes in its records; "
+                         f"rerun it with this version of granndis_hpc (the epoch record's inter_bytes_per_server "
+                         f"and max_rank_bytes)")
+    return (run["inter_bytes_max_server"] / _positive(bw_inter, "inter-server")
+            + run["intra_bytes_max_rank"] / _positive(bw_intra, "intra-server"))
+
+
+def fit_mode_round(cells, leave_out=None, iterations=200):
+    """Weighted least squares of log y[m, r] = a[m] + b[r] over the cells but `leave_out`.
+
+    cells: {(mode, round): (log y, weight)}.  a[m]: the mode's log compute seconds at the first round's
+    load, b[r]: the round's log load factor (b[first round] = 0 fixes the split).  Solved by alternating
+    weighted means (each step is the exact minimiser for one side; it converges for a connected table).
+    Returns ({mode: a}, {round: b})."""
+    cells = {k: v for k, v in cells.items() if k != leave_out}
+    modes, rounds = sorted({m for m, _ in cells}), sorted({r for _, r in cells})
+    a, b = {m: 0.0 for m in modes}, {r: 0.0 for r in rounds}
+
+    def mean(pairs):
+        pairs = list(pairs)
+        return sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
+
+    for _ in range(iterations):
+        for m in modes:
+            a[m] = mean((v - b[r], w) for (mm, r), (v, w) in cells.items() if mm == m)
+        for r in rounds:
+            b[r] = mean((v - a[m], w) for (m, rr), (v, w) in cells.items() if rr == r)
+    shift = b[rounds[0]]
+    return {m: x + shift for m, x in a.items()}, {r: x - shift for r, x in b.items()}
+
+
+def model_sweep(rounds, servers):
+    """Predict every run of a sweep from the others, in place; return the fit on all runs.
+
+    rounds: [{"label", "rate_bps", "bw_Bps", "pingpong", "runs": {mode: summary}}], each one rate with every
+    mode run back to back.  A run's compute (its epoch less its wire time) is predicted as its mode's
+    compute at the reference load (from the mode's runs at the *other* rates) times the round's load
+    factor (from the *other* modes of the round): leave-one-out, so a run never predicts itself.  Also
+    adds the previous model (`unshaped_model`) for comparison."""
+    modes = {m for rnd in rounds for m in rnd["runs"]}
+    if len(rounds) < 2 or len(modes) < 2:
+        raise ValueError("the cost model calibrates each run on the other modes of its round and on its mode's "
+                         "runs in other rounds: it needs at least 2 modes and 2 rounds (rates, or the repeat)")
+    cells = {}
+    for i, rnd in enumerate(rounds):
+        bw_inter, bw_intra = link_bandwidth(rnd), rnd["pingpong"].get("intra_Bps")
+        for mode, run in rnd["runs"].items():
+            if run.get("rows") is None:
+                raise ValueError(f"run {run.get('run_dir', mode)} has no rows_per_layer in its records; rerun it "
+                                 f"with this version of granndis_hpc")
+            run["wire_s"] = wire_s(run, bw_inter, bw_intra)
+            # Compute = what is not on the wire; floored at 1 ms so that an over-predicted wire time keeps
+            # a logarithm.  Weight (compute / epoch)^2: an error dT of the epoch moves log(compute) by
+            # dT / compute, so a run that is mostly wire time (fb at slow rates) says little about its
+            # compute, and an error of the wire model there must not set a mode's cost or a round's load.
+            compute = max(run["epoch_s"] - run["wire_s"], COMPUTE_FLOOR_S)
+            cells[(mode, i)] = (math.log(compute), (compute / run["epoch_s"]) ** 2)
+    for i, rnd in enumerate(rounds):
+        for mode, run in rnd["runs"].items():
+            a, b = fit_mode_round(cells, leave_out=(mode, i))
+            compute = math.exp(a[mode] + b[i])
+            run["cost_per_row_s"] = compute / run["rows"]
+            run["predicted_s"] = compute + run["wire_s"]
+            run["model_error"] = (run["predicted_s"] - run["epoch_s"]) / run["epoch_s"]
+    unshaped_model(rounds, servers)
+    a, b = fit_mode_round(cells)
+    rows = {m: rnd["runs"][m]["rows"] for rnd in rounds for m in rnd["runs"]}
+    return {"cost_per_row_s": {m: math.exp(x) / rows[m] for m, x in a.items()},
+            "load_factor": [math.exp(b[i]) for i in range(len(rounds))]}
+
+
+def unshaped_model(rounds, servers, base_label="unshaped"):
+    """The previous model, for comparison: C + T_intra of the mode's unshaped run + B_inter / S / bw."""
+    base = next((r for r in rounds if r["label"] == base_label), None)
+    if base is None:
+        raise ValueError(f"the cost model needs the {base_label} run; include '{base_label}' in --rates")
     if servers < 2:
         raise ValueError("the cost model needs at least 2 servers")
-    return (base["compute"] + base["sampling"] + base["intra_comm"] + base["grad_sync"]
-            + inter_bytes(base) / servers / bw_Bps)
-
-
-def local_terms(run):
-    """C + T_intra of one run: everything in its epoch that does not cross the inter-server link."""
-    return run["compute"] + run["sampling"] + run["intra_comm"] + run["grad_sync"]
-
-
-def model_sweep(rates, servers, base_label="unshaped"):
-    """Add predictions and errors to every run of a sweep, in place; return the list of rows.
-
-    `rates`: [{"label", "rate_bps", "bw_Bps", "runs": {mode: summary}}]; the one labelled `base_label`
-    supplies every mode's compute and intra terms."""
-    base = next((r for r in rates if r["label"] == base_label), None)
-    if base is None:
-        raise ValueError(f"the cost model needs the {base_label} run (its compute seconds); include "
-                         f"'{base_label}' in --rates")
-    rows = []
-    for rate in rates:
-        for mode, run in rate["runs"].items():
-            if mode not in base["runs"]:
-                continue
-            pred = predict(base["runs"][mode], rate["bw_Bps"], servers)
-            run["predicted_s"] = pred
-            run["model_error"] = (pred - run["epoch_s"]) / run["epoch_s"]
-            others = [r["runs"][mode] for r in rates if r is not rate and mode in r["runs"]]
-            pooled = None
-            if others:
-                pooled = (statistics.median(local_terms(o) for o in others)
-                          + inter_bytes(run) / servers / rate["bw_Bps"])
-                run["predicted_pooled_s"] = pooled
-                run["model_error_pooled"] = (pooled - run["epoch_s"]) / run["epoch_s"]
-            rows.append({"rate": rate["label"], "mode": mode, "measured_s": run["epoch_s"],
-                         "predicted_s": pred, "error": run["model_error"], "predicted_pooled_s": pooled})
-    return rows
+    for rnd in rounds:
+        for mode, run in rnd["runs"].items():
+            b = base["runs"][mode]
+            pred = (b["compute"] + b["sampling"] + b["intra_comm"] + b["grad_sync"]
+                    + inter_bytes(run) / servers / _positive(rnd["bw_Bps"], "inter-server"))
+            run["predicted_unshaped_s"] = pred
+            run["model_error_unshaped"] = (pred - run["epoch_s"]) / run["epoch_s"]
 
 
 def speedups(rate, baseline="fb"):

@@ -104,6 +104,29 @@ class Ledger:
         comm.Allreduce(self._seconds, total_seconds, op=MPI.SUM if op == "sum" else MPI.MAX)
         return _as_dict(total_bytes, total_seconds)
 
+    def gather_bytes(self, comm) -> np.ndarray:
+        """Collective over `comm`: every rank's bytes table, int64 [rank, link, phase], on every rank.
+
+        The per-rank tables (not only their sum) say which rank and server is the busiest sender:
+        a shaped link is as slow as the egress with the most to send, not as the average one."""
+        out = np.empty((comm.Get_size(),) + self._bytes.shape, dtype=np.int64)
+        comm.Allgather(self._bytes, out)
+        return out
+
+    @staticmethod
+    def record_classes(per_rank: np.ndarray) -> dict:
+        """The epoch record's byte classes of a [rank, link, phase] table (`gather_bytes`):
+        {"intra_halo", "inter_halo", "intra_grad", "inter_grad"} -> int64[rank].
+
+        Set-up traffic inside an epoch is the per-step planning of co-batched training: it is counted
+        as halo.  Evaluation traffic is not part of a training epoch."""
+        halo, setup, grad = (PHASES.index(p) for p in ("halo", "setup", "gradient"))
+        out = {}
+        for i, link in enumerate(LINKS):
+            out[f"{link}_halo"] = per_rank[:, i, halo] + per_rank[:, i, setup]
+            out[f"{link}_grad"] = per_rank[:, i, grad]
+        return out
+
     @staticmethod
     def _select(table: np.ndarray, link: str | None, phase: str | None) -> np.ndarray:
         rows = slice(None) if link is None else _index(link, PHASES[0])[0]

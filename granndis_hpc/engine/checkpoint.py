@@ -9,8 +9,8 @@ Layout of one checkpoint (written after epoch E has finished, so training resume
                           all-reduced, so every rank holds the same parameters and optimizer state and
                           one copy is enough.
         rank-0000.pt ...  every rank: its own RNG states (torch CPU, CUDA when used, NumPy, Python
-                          `random`) and its sampler's state.  Dropout masks differ per rank, so the RNG
-                          streams must be restored per rank for a resumed run to repeat the same numbers.
+                          `random`) and its sampler's state (co-batches are drawn per server), restored
+                          on the same layout so that a resumed run repeats the same numbers.
         COMPLETE.json     written LAST, by rank 0, after every rank reported its files written: epoch,
                           world size, the run's fingerprint and the size and sha256 of every file.
 
@@ -21,9 +21,21 @@ checkpoints and any incomplete leftovers, never before: a crash during writing a
 previous complete checkpoint as the newest.
 
 The fingerprint says which run a checkpoint can continue: every option that changes the trajectory
-(every TrainConfig field whose ``on_resume`` rule is "keep": model, mode, widths, lr, weight decay,
-dropout, seed, ...), the layout (servers x ranks per server) and the shard set.  Another one is refused
-on every rank with the differences named.
+(every TrainConfig field whose ``on_resume`` rule is "keep": model, widths, lr, weight decay, dropout,
+seed, ...), the dataset (its name and content digest, dataset.content_sha256 of the shard set's
+manifest, computed by the build over the canonical graph, features, labels and splits in global-id
+order), and the SHAPE: the layout (servers x ranks per server), the shard set (its files' digests),
+the mode and flx's preloaded layers.  Another one is refused on every rank with the differences named.
+
+The shape may differ (a requeued job that lands on other nodes: `--resume RUN_DIR --shards OTHER_SET
+--ranks-per-server G`) when the checkpoint's run and this one both follow a trajectory that does not
+depend on it, and both shard sets carry the same content digest.  That holds in the exact modes fb and
+flx (either may follow the other, with any preloaded depth): dropout masks are keyed by (seed, epoch,
+layer, global vertex id) and gradients are all-reduced, so nothing any rank draws depends on the
+partition.  The fingerprint's "shape_dependent" says why a run's trajectory does depend on it (cob and
+mb draw co-batches per server, eas samples its preload, a model may draw its own dropout per rank), and
+such a checkpoint continues only on its own shape.  On another layout the per-rank files are not read:
+the exact modes draw nothing from a rank's RNG streams, and the new ranks are not the old ones.
 
 Files are read with torch.load(weights_only=True), which refuses pickled code; a file it refuses, or
 one whose contents are not what this program writes, is "not a valid granndis checkpoint".
@@ -58,8 +70,11 @@ CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE.json"
 SHARED_FILE = "state.pt"
 # 2: the fingerprint covers every trajectory option (version 1 held only shapes, wiring and data, so
-# a checkpoint of another lr or seed passed as this run's).
-FORMAT_VERSION = 2
+# a checkpoint of another lr or seed passed as this run's).  3: it names the dataset by its content and
+# says whether the trajectory depends on the shape, so that an exact run may continue on another one.
+FORMAT_VERSION = 3
+# What may differ between a shape-free checkpoint and a shape-free run of the same dataset.
+SHAPE_KEYS = ("servers", "ranks_per_server", "shard_set", "mode", "preloaded_layers")
 KEEP = 2
 _EPOCH_DIR = re.compile(r"^epoch-(\d{6,})$")
 # What each file must hold (checked after loading, before anything is restored).
@@ -99,33 +114,82 @@ def shard_set_id(manifest: Dict) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
+def dataset_digest(manifest: Dict) -> Optional[str]:
+    """The shard set's dataset.content_sha256 (preprocess/build.py dataset_digest); None for a set built
+    before the build recorded one."""
+    value = manifest.get("dataset", {}).get("content_sha256")
+    return value if isinstance(value, str) else None
+
+
 def trajectory_options(cfg) -> Dict:
     """The options of `cfg` (a TrainConfig) that a continuation must share: every field whose
     on_resume rule is "keep" (the default).  Options that may change on resume (epochs, output,
-    shards path, ...) or are reset (overwrite_run) do not change the numbers; the sampler's options
-    (fingerprint=False) are checked by the sampler's own saved state."""
+    shards path, ...) or are reset (overwrite_run) do not change the numbers, or are shape keys the
+    fingerprint holds itself (mode, preloaded_layers); the sampler's options (fingerprint=False) are
+    checked by the sampler's own saved state."""
     from granndis_hpc.config import specs
     return {s.name: getattr(cfg, s.name) for s in specs(type(cfg))
             if s.meta.get("on_resume", "keep") == "keep" and s.meta.get("fingerprint", True)}
 
 
-def fingerprint(cfg, servers: int, ranks_per_server: int, manifest: Dict) -> Dict:
-    """What a checkpoint must share with the run that continues it: trajectory options, layout, data."""
+def fingerprint(cfg, servers: int, ranks_per_server: int, manifest: Dict, *, shape_dependent: Optional[str]) -> Dict:
+    """What a checkpoint must share with the run that continues it: trajectory options, dataset and
+    shape (SHAPE_KEYS).  `shape_dependent` says why the run's trajectory depends on the shape (None:
+    it does not, and the shape may change on resume)."""
     fp = trajectory_options(cfg)
-    fp.update({"servers": int(servers), "ranks_per_server": int(ranks_per_server),
-               "dataset": manifest.get("dataset", {}).get("name", "?"), "shard_set": shard_set_id(manifest)})
+    fp.update({"servers": int(servers), "ranks_per_server": int(ranks_per_server), "mode": cfg.mode,
+               "preloaded_layers": cfg.preloaded_layers, "dataset": manifest.get("dataset", {}).get("name", "?"),
+               "dataset_sha256": dataset_digest(manifest), "shard_set": shard_set_id(manifest),
+               "shape_dependent": shape_dependent})
     return fp
 
 
+def _shape_refusal(saved: Dict, current: Dict) -> Optional[str]:
+    """Why the checkpoint cannot continue on this run's shape (None: it can)."""
+    for fp, whose in ((saved, "the checkpoint's run"), (current, "this run")):
+        if fp.get("shape_dependent"):
+            return (f"the shape (layout, shard set, mode) may change on resume only in the exact modes fb and flx, "
+                    f"and {whose} depends on it: {fp['shape_dependent']}")
+    if saved.get("shard_set") == current.get("shard_set"):
+        return None  # the same files: the same data, digest or not
+    if saved.get("dataset_sha256") is None:
+        return ("the checkpoint was written on a shard set without a dataset content digest (built by an older "
+                "granndis-hpc), so no other shard set can be shown to hold the same dataset; resume it on the "
+                "shard set and layout it was written with")
+    if current.get("dataset_sha256") is None:
+        return ("this run's shard set (--shards) has no dataset content digest (built by an older granndis-hpc): "
+                "rebuild it with this version (`python -m preprocess build ... --overwrite`), whose manifest "
+                "records dataset.content_sha256")
+    return None
+
+
 def check_fingerprint(saved: Dict, current: Dict, where: str) -> None:
-    """Raise CheckpointError naming every difference between a checkpoint and this run."""
-    diffs = [f"{key}: checkpoint {saved.get(key)!r}, this run {current.get(key)!r}"
-             for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
-    if diffs:
+    """Raise CheckpointError naming every difference between a checkpoint and this run (the shape keys
+    only where they may not differ, see the module docstring)."""
+    # A missing digest (a shard set built before the build recorded one) says nothing about the data:
+    # such a checkpoint or run is held to its own shard set (a shape key) instead.
+    known = saved.get("dataset_sha256") is not None and current.get("dataset_sha256") is not None
+    ignored = {"shape_dependent"} if known else {"shape_dependent", "dataset_sha256"}
+    keys = [k for k in sorted(set(saved) | set(current)) if k not in ignored and saved.get(k) != current.get(k)]
+    refusal = _shape_refusal(saved, current) if any(k in SHAPE_KEYS for k in keys) else None
+    if refusal is None:
+        keys = [k for k in keys if k not in SHAPE_KEYS]
+    if not keys:
+        return
+    diffs = "; ".join(f"{key}: checkpoint {saved.get(key)!r}, this run {current.get(key)!r}" for key in keys)
+    if all(k in SHAPE_KEYS for k in keys):
         raise CheckpointError(
-            f"{where} was written by another run ({'; '.join(diffs)}); resume it with the settings, shard "
-            f"set and layout it was written with (its run directory's config.json), or start a new run "
-            f"in another --out directory")
+            f"{where} cannot continue on this run's shape ({diffs}): {refusal}; resume it with the mode, shard "
+            f"set and layout it was written with ({saved.get('servers')} servers x {saved.get('ranks_per_server')} "
+            f"ranks per server, mode {saved.get('mode')!r}; its run directory's config.json names the shard "
+            f"set), or start a new run in another --out directory")
+    if "dataset_sha256" in keys:
+        refusal = ("the shard sets hold different data (the graph, features, labels or split differ; "
+                   "dataset.content_sha256 of their manifests)" + (f"; {refusal}" if refusal else ""))
+    raise CheckpointError(
+        f"{where} was written by another run ({diffs}); " + (f"{refusal}; " if refusal else "")
+        + "resume it with the settings, shard set and layout it was written with (its run directory's "
+          "config.json), or start a new run in another --out directory")
 
 
 # ---- RNG states ---------------------------------------------------------------------------------
@@ -353,7 +417,13 @@ def save(topo, run_dir: str, epoch: int, fp: Dict, shared: Optional[Dict], mine:
 class Loaded:
     info: CheckpointInfo
     shared: Dict
-    mine: Dict
+    mine: Optional[Dict]  # this rank's file; None on another layout (see same_layout)
+
+
+def same_layout(saved: Dict, current: Dict) -> bool:
+    """Whether a checkpoint's fingerprint and this run's name the same servers x ranks per server (so
+    rank r of this job continues rank r of the checkpoint's)."""
+    return all(saved.get(k) == current.get(k) for k in ("servers", "ranks_per_server"))
 
 
 def _open_checkpoint(chosen: str, run_dir: str, fp: Dict, rank: int, world_size: int) -> Loaded:
@@ -363,19 +433,26 @@ def _open_checkpoint(chosen: str, run_dir: str, fp: Dict, rank: int, world_size:
                               f"file system every node sees?")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{chosen} has checkpoint format {manifest.get('format_version')!r}, this "
-                              f"program reads {FORMAT_VERSION}")
+                              f"program reads {FORMAT_VERSION}: finish the run with the granndis-hpc version "
+                              f"that wrote it, or start a new run in another --out directory")
     check_fingerprint(manifest["fingerprint"], fp, f"checkpoint {chosen}")
-    if int(manifest["world_size"]) != world_size:
+    # On another layout (allowed by the fingerprint only where the trajectory does not depend on it) the
+    # rank files are not read: rank r of this job is not rank r of the checkpoint's.
+    own = same_layout(manifest["fingerprint"], fp)
+    if own and int(manifest["world_size"]) != world_size:
         raise CheckpointError(f"checkpoint {chosen} was written by {manifest['world_size']} ranks, this job "
                               f"has {world_size}; launch {manifest['world_size']} ranks")
     files = manifest["files"]
-    if not isinstance(files, dict) or rank_file(rank) not in files or SHARED_FILE not in files:
-        raise CheckpointError(f"{chosen}/{COMPLETE} does not list {rank_file(rank)} and {SHARED_FILE}")
+    needed = [SHARED_FILE] + ([rank_file(rank)] if own else [])
+    if not isinstance(files, dict) or any(name not in files for name in needed):
+        raise CheckpointError(f"{chosen}/{COMPLETE} does not list {' and '.join(needed)}")
     info = CheckpointInfo(int(manifest["epoch"]), chosen, manifest)
     shared = read_payload(chosen, files[SHARED_FILE])
     _check_keys(os.path.join(chosen, SHARED_FILE), shared, _SHARED_KEYS)
-    mine = read_payload(chosen, files[rank_file(rank)])
-    _check_keys(os.path.join(chosen, rank_file(rank)), mine, _RANK_KEYS)
+    mine = None
+    if own:
+        mine = read_payload(chosen, files[rank_file(rank)])
+        _check_keys(os.path.join(chosen, rank_file(rank)), mine, _RANK_KEYS)
     if shared["epoch"] != info.epoch:
         raise not_valid(os.path.join(chosen, SHARED_FILE),
                         f"it says epoch {shared['epoch']}, {COMPLETE} says {info.epoch}")
@@ -384,8 +461,8 @@ def _open_checkpoint(chosen: str, run_dir: str, fp: Dict, rank: int, world_size:
 
 def load_latest(topo, run_dir: str, fp: Dict) -> Optional[Loaded]:
     """Collective: the newest complete checkpoint of RUN_DIR (chosen by rank 0, so every rank loads the
-    same one), checked against this run's fingerprint and world size; None if there is none.  Any
-    problem on any rank raises the same ClusterError on every rank."""
+    same one), checked against this run's fingerprint (and, on its own layout, world size); None if
+    there is none.  Any problem on any rank raises the same ClusterError on every rank."""
     chosen = None
     if topo.rank == 0:
         info = latest_complete(run_dir)
@@ -516,9 +593,12 @@ class CheckpointManager:
                                           f"{max_epoch}; resume with --epochs {epoch} or more")
                 self.model.load_state_dict(loaded.shared["model"])
                 self.optimizer.load_state_dict(loaded.shared["optimizer"])
-                if self.sampler is not None:
-                    self.sampler.load_state_dict(loaded.mine.get("sampler"))
-                self.rng.load_state_dict(loaded.mine["rng"])  # last: nothing may draw after it
+                if loaded.mine is not None:  # None: another layout, in a mode that draws nothing per rank
+                    if self.sampler is not None:
+                        self.sampler.load_state_dict(loaded.mine.get("sampler"))
+                    self.rng.load_state_dict(loaded.mine["rng"])  # last: nothing may draw after it
+                elif self.topo.rank == 0:
+                    note(_shape_change(loaded.info.manifest["fingerprint"], self.fp, path))
                 elapsed_s = float(loaded.shared["elapsed_s"])
         records = []
         with collective_errors(self.topo.world, f"cannot rewrite {os.path.join(self.run_dir, 'metrics.jsonl')}",
@@ -528,6 +608,13 @@ class CheckpointManager:
         return Resumed(epoch, elapsed_s, path, self.topo.bcast_object(records, root=0))
 
 
+def _shape_change(saved: Dict, current: Dict, path: str) -> str:
+    def shape(fp):
+        return f"{fp.get('servers')} x {fp.get('ranks_per_server')} ({fp.get('mode')})"
+    return (f"continuing {path}, written on {shape(saved)}, on {shape(current)}: the mode is exact and draws no "
+            f"per-rank randomness, so the trajectory continues; the per-rank random states are not restored")
+
+
 def note(message: str) -> None:
     """A line for the job log (stderr, flushed: the job may be killed soon after)."""
     print(f"granndis-train: {message}", file=sys.stderr, flush=True)
@@ -535,7 +622,8 @@ def note(message: str) -> None:
 
 __all__ = ["CHECKPOINTS", "COMPLETE", "SHARED_FILE", "KEEP", "FORMAT_VERSION", "CheckpointError",
            "CheckpointInfo", "CheckpointManager", "Loaded", "Resumed", "RNGState", "checkpoints_dir", "epoch_dir",
-           "rank_file", "fingerprint", "trajectory_options", "shard_set_id", "check_fingerprint", "rng_state",
+           "rank_file", "fingerprint", "trajectory_options", "shard_set_id", "dataset_digest", "check_fingerprint",
+           "same_layout", "SHAPE_KEYS", "rng_state",
            "set_rng_state", "write_payload", "read_payload", "list_checkpoints", "read_complete",
            "latest_complete", "prune", "save", "load_latest", "note", "RUN_OUTPUTS", "run_contents",
            "refuse_new_run_in", "move_run_aside", "replace_run"]

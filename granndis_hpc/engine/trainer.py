@@ -222,15 +222,19 @@ class Trainer:
         if not math.isfinite(loss):
             raise TrainingError(f"loss became {loss} at epoch {self.epoch}; lower --lr or check the "
                                 f"features for extreme values")
-        totals = led.reduce(self.world)
-        b = totals["bytes"]
+        # Bytes per rank (exact): their sum is the traffic per link class; the busiest rank and the
+        # busiest server's inter-server egress are what a slow link waits for.
+        per_rank = Ledger.record_classes(led.gather_bytes(self.world))
+        inter = per_rank["inter_halo"] + per_rank["inter_grad"]
+        per_server = np.zeros(self.topo.servers, dtype=np.int64)
+        np.add.at(per_server, self.topo.server_of(np.arange(inter.size)), inter)
         return {
             "epoch": self.epoch - 1, "time_s": float(slowest[0]), "intra_comm_s": float(slowest[1]),
             "inter_comm_s": float(slowest[2]), "grad_sync_s": float(slowest[3]),
             "compute_s": float(slowest[4]), "sampling_s": float(slowest[5]), "loss": loss,
-            "bytes": {"intra_halo": int(b["intra"]["halo"] + b["intra"]["setup"]),
-                      "inter_halo": int(b["inter"]["halo"] + b["inter"]["setup"]),
-                      "intra_grad": int(b["intra"]["gradient"]), "inter_grad": int(b["inter"]["gradient"])},
+            "bytes": {k: int(v.sum()) for k, v in per_rank.items()},
+            "max_rank_bytes": {k: int(v.max()) for k, v in per_rank.items()},
+            "inter_bytes_per_server": [int(b) for b in per_server],
         }
 
     # ---- evaluation ---------------------------------------------------------------------------
@@ -320,7 +324,22 @@ class Trainer:
             self._resume()
 
     def checkpoint_fingerprint(self) -> Dict:
-        return checkpoint.fingerprint(self.cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest)
+        return checkpoint.fingerprint(self.cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest,
+                                      shape_dependent=self.shape_dependence())
+
+    def shape_dependence(self) -> Optional[str]:
+        """Why this run's trajectory depends on S x G and the partition, or None when it does not (then
+        a checkpoint may continue on another layout or shard set of the same dataset, in fb or flx)."""
+        cfg, name = self.cfg, self.mode.name
+        if not self.mode.exact(self.manifest):
+            return f"mode {name} is not exact here (it samples within each server's preload)"
+        if getattr(self, "sampler", None) is not None:
+            return (f"mode {name} samples its co-batches per server (each server shuffles its own training "
+                    f"vertices), so the batches follow the partition")
+        if cfg.dropout > 0 and not self._keyed_dropout:
+            return (f"model {cfg.model} draws its dropout masks from each rank's own generator (its forward takes "
+                    f"no `dropout`), so they follow the layout")
+        return None
 
     def _stateful_sampler(self):
         """The co-batch sampler when the mode has one that can save its state (None otherwise)."""

@@ -39,6 +39,27 @@ def cora_shards(cora):
     return dirs
 
 
+@pytest.fixture(scope="session")
+def cora_shapes(cora, cora_shards):
+    """Full 3-hop shard sets of Cora for 2x2 (the session's), 1x4 and 4x1, keyed by ranks per server
+    (the other shapes run inside the 4-rank world with --ranks-per-server 4 and 1)."""
+    from preprocess.build import build_shards
+
+    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-shapes-") if WORLD.rank == 0 else None)
+    dirs = {2: cora_shards[("full", 3)], 4: os.path.join(base, "1x4"), 1: os.path.join(base, "4x1")}
+    error = None
+    if WORLD.rank == 0:
+        try:
+            for rps in (4, 1):
+                build_shards(cora, dirs[rps], servers=WORLD.size // rps, gpus_per_server=rps, layers=3,
+                             preload="full", partitioner="metis", comm=MPI.COMM_SELF, seed=0)
+        except Exception as exc:  # report on every rank instead of hanging the others
+            error = repr(exc)
+    error = WORLD.bcast(error)
+    assert error is None, error
+    return dirs
+
+
 def make_trainer(shards, mode, model="sage", layers=3, **overrides):
     from granndis_hpc.engine.trainer import TrainConfig, Trainer
     cfg = dict(shards=shards, mode=mode, model=model, layers=layers, hidden=16, epochs=1, lr=0.01,

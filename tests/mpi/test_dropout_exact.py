@@ -5,16 +5,11 @@ flx with k = L and with k < L, on 2x2, 1x4 and 4x1, all follow the single-proces
 epochs with dropout 0.5 their parameters equal those of full-graph training with plain dense torch
 (tests/dense_reference.py with the same masks over vertex ids 0..N-1) within 1e-5."""
 import copy
-import os
-import tempfile
 
-import numpy as np
 import pytest
-import torch
 from mpi4py import MPI
 
-from granndis_hpc.nn.dropout import keep_mask
-from tests.dense_reference import dense_logits
+from tests.dense_reference import train_dense
 from tests.mpi.conftest import make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -24,22 +19,7 @@ P, EPOCHS, LR, SEED, LAYERS = 0.5, 20, 0.01, 3, 3
 
 def _reference_training(cora, model, epochs):
     """Single-process full-graph training in float64 with the counter-based masks of vertices 0..N-1."""
-    model = copy.deepcopy(model).double()
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    x = torch.from_numpy(cora.features)
-    y = torch.from_numpy(cora.labels)
-    train = torch.from_numpy(np.flatnonzero(cora.train_mask))
-    deg = torch.from_numpy(cora.in_degree())
-    ids = torch.arange(x.shape[0])
-    for epoch in range(epochs):
-        def drop(layer, h, epoch=epoch):
-            return h * keep_mask(SEED, epoch, layer, ids, h.shape[1], P).double() / (1 - P)
-        opt.zero_grad()
-        logits = dense_logits(model.name, model, cora.indptr, cora.indices, x, degrees=deg, dropout=drop)
-        loss = torch.nn.functional.cross_entropy(logits[train], y[train], reduction="sum") / len(train)
-        loss.backward()
-        opt.step()
-    return model
+    return train_dense(cora, copy.deepcopy(model).double(), epochs, LR, dropout=P, seed=SEED)
 
 
 def _train(shards, mode, model, ranks_per_server, **extra):
@@ -65,35 +45,15 @@ def _max_error(got, want):
     return max((got[k] - want[k]).abs().max().item() / TOLERANCE.get(k, 1e-5) for k in want) * 1e-5
 
 
-@pytest.fixture(scope="module")
-def shapes(cora, cora_shards):
-    """Full 3-hop shard sets for 2x2 (the session's), 1x4 and 4x1, keyed by ranks per server."""
-    from preprocess.build import build_shards
-
-    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-dropout-") if WORLD.rank == 0 else None)
-    dirs = {2: cora_shards[("full", LAYERS)], 4: os.path.join(base, "1x4"), 1: os.path.join(base, "4x1")}
-    error = None
-    if WORLD.rank == 0:
-        try:
-            for rps in (4, 1):
-                build_shards(cora, dirs[rps], servers=WORLD.size // rps, gpus_per_server=rps, layers=LAYERS,
-                             preload="full", partitioner="metis", comm=MPI.COMM_SELF, seed=0)
-        except Exception as exc:  # report on every rank instead of hanging the others
-            error = repr(exc)
-    error = WORLD.bcast(error)
-    assert error is None, error
-    return dirs
-
-
 @pytest.mark.parametrize("model,mode,k,ckpt", [
     ("sage", "fb", None, False), ("sage", "flx", 3, False), ("sage", "flx", 1, False),
     # ResSAGE+ drops before every block and the head; checkpointing recomputes the blocks' masks.
     ("ressage", "flx", 2, True)])
-def test_dropout_training_equals_reference_on_every_shape(cora, shapes, model, mode, k, ckpt):
+def test_dropout_training_equals_reference_on_every_shape(cora, cora_shapes, model, mode, k, ckpt):
     extra = {"checkpoint_activations": True} if ckpt else {}
     if mode == "flx":
         extra["preloaded_layers"] = k
-    results = {rps: _train(shapes[rps], mode, model, rps, **extra) for rps in (2, 4, 1)}
+    results = {rps: _train(cora_shapes[rps], mode, model, rps, **extra) for rps in (2, 4, 1)}
     if WORLD.rank != 0:
         return
     initial, got = results[2]

@@ -237,7 +237,10 @@ def test_selfcheck_verdict():
 def record(epoch, time_s, compute, inter, intra=0.01, grad=0.01, inter_bytes=10**6, test_acc=None):
     r = {"epoch": epoch, "time_s": time_s, "compute_s": compute, "inter_comm_s": inter, "intra_comm_s": intra,
          "grad_sync_s": grad, "sampling_s": 0.0, "loss": 1.0,
-         "bytes": {"intra_halo": 500, "inter_halo": inter_bytes, "intra_grad": 10, "inter_grad": 20}}
+         "bytes": {"intra_halo": 500, "inter_halo": inter_bytes, "intra_grad": 10, "inter_grad": 20},
+         "max_rank_bytes": {"intra_halo": 300, "inter_halo": inter_bytes // 2 + 7, "intra_grad": 5, "inter_grad": 20},
+         "inter_bytes_per_server": [inter_bytes // 2 - 7, inter_bytes // 2 + 27],
+         "rows_per_layer": [{"rank": 0, "rows_computed": [30, 20, 10]}, {"rank": 1, "rows_computed": [40, 20, 5]}]}
     if test_acc is not None:
         r["test_acc"] = test_acc
     return r
@@ -249,56 +252,118 @@ def test_summarize_run_leaves_out_the_first_epoch():
     s = costmodel.summarize_run(recs)
     assert s["epoch_s"] == 1.2 and s["compute"] == 0.6 and s["inter_comm"] == 0.5 and s["epochs_used"] == 3
     assert s["test_acc"] == 0.42 and s["bytes"]["inter_halo"] == 10**6
+    # the cost model's exact counts: rows over ranks and layers (x steps), the busiest server and rank
+    assert s["rows"] == 125 and costmodel.summarize_run(recs, steps=2)["rows"] == 250
+    assert s["inter_bytes_max_server"] == 10**6 // 2 + 27 and s["intra_bytes_max_rank"] == 305
+    old = [{k: v for k, v in r.items() if k not in ("rows_per_layer", "max_rank_bytes", "inter_bytes_per_server")}
+           for r in recs]
+    assert costmodel.summarize_run(old)["rows"] is None
     with pytest.raises(ValueError):
         costmodel.summarize_run([])
 
 
-def sweep_rates(measured_slow):
-    """unshaped + 10 MB/s; fb sends 2e7 inter bytes per epoch, flx only gradients."""
-    def run(epoch, compute, inter_s, inter_bytes):
-        return {"epoch_s": epoch, "compute": compute, "sampling": 0.0, "intra_comm": 0.1, "grad_sync": 0.05,
-                "inter_comm": inter_s, "bytes": {"intra_halo": 0, "inter_halo": inter_bytes, "intra_grad": 0,
-                                                 "inter_grad": 1000}, "test_acc": 0.5}
-    return [{"label": "unshaped", "rate_bps": None, "bw_Bps": 1e8,
-             "runs": {"fb": run(0.6, 0.3, 0.1, 2 * 10**7), "flx": run(0.5, 0.35, 0.0, 0)}},
-            {"label": "100mbit", "rate_bps": 10**8, "bw_Bps": 1e7,
-             "runs": {"fb": run(measured_slow, 0.3, measured_slow - 0.45, 2 * 10**7), "flx": run(0.5, 0.35, 0.0, 0)}}]
+def model_run(epoch, rows, inter_max, intra_max=0, inter_total=None):
+    return {"epoch_s": epoch, "rows": rows, "inter_bytes_max_server": inter_max, "intra_bytes_max_rank": intra_max,
+            "compute": 0.3, "sampling": 0.0, "intra_comm": 0.1, "grad_sync": 0.05, "inter_comm": 0.0,
+            "bytes": {"intra_halo": 0, "inter_halo": inter_total or 2 * inter_max, "intra_grad": 0, "inter_grad": 0},
+            "test_acc": 0.5}
 
 
-def test_cost_model_predicts_from_compute_and_bytes():
-    rates = sweep_rates(1.45)
-    rows = costmodel.model_sweep(rates, servers=2)
-    fb = rates[1]["runs"]["fb"]
-    # 0.3 compute + 0.1 intra + 0.05 grad + (2e7 + 1000) / 2 / 1e7 s on the wire
-    assert fb["predicted_s"] == pytest.approx(0.45 + 1.00005)
-    assert fb["model_error"] == pytest.approx((1.45005 - 1.45) / 1.45)
-    assert rates[1]["runs"]["flx"]["predicted_s"] == pytest.approx(0.5 + 1000 / 2 / 1e7)
-    assert len(rows) == 4
-    assert costmodel.speedups(rates[1])["flx"] == pytest.approx(1.45 / 0.5)
-    assert costmodel.inter_share(fb) == pytest.approx(1.0 / 1.45)
-    assert costmodel.paper_like_rates(rates) == ["100mbit"]     # 69 % is in 44-86 %; unshaped 17 % is not
+K = {"fb": 2e-6, "flx": 1e-6, "eas": 1.5e-6}   # cost per row of each mode (s) at load factor 1
+ROWS = {"fb": 1000, "flx": 3000, "eas": 2000}
+BYTES = {"fb": (10**7, 10**6), "flx": (1000, 0), "eas": (1000, 0)}   # (busiest server inter, busiest rank intra)
+
+
+def one_round(label, bw, load, off=None, bps=None):
+    """fb, flx, eas whose epochs are exactly rows * k * load + wire time; `off` = (mode, factor on its epoch)."""
+    runs = {}
+    for m in K:
+        inter, intra = BYTES[m]
+        epoch = ROWS[m] * K[m] * load + inter / bw + intra / 1e9
+        runs[m] = model_run(epoch * (off[1] if off and off[0] == m else 1.0), ROWS[m], inter, intra)
+    return {"label": label, "rate_bps": bps, "bw_Bps": bw, "pingpong": {"intra_Bps": 1e9}, "runs": runs}
+
+
+def test_cost_model_predicts_each_run_from_the_others():
+    # the load drifts: the unshaped round computes 3x slower than the 100mbit one
+    rounds = [one_round("unshaped", 1e8, 3.0), one_round("100mbit", 1e7, 1.0, bps=10**8),
+              one_round("25mbit", 2.5e6, 2.0, bps=25 * 10**6)]
+    fit = costmodel.model_sweep(rounds, servers=2)
+    for rnd in rounds:
+        for mode, run in rnd["runs"].items():
+            assert run["model_error"] == pytest.approx(0.0, abs=1e-6), (rnd["label"], mode)
+    assert fit["load_factor"] == pytest.approx([1.0, 1 / 3, 2 / 3])
+    assert fit["cost_per_row_s"] == pytest.approx({m: 3 * k for m, k in K.items()})
+    fb = rounds[1]["runs"]["fb"]
+    assert fb["wire_s"] == pytest.approx(10**7 / 1e7 + 10**6 / 1e9)   # busiest server / inter + busiest rank / intra
+    # a ping-pong above the shaped rate's TCP payload (a free tbf burst per message) is capped at it
+    fast = dict(rounds[2], bw_Bps=3.2e6)
+    assert costmodel.link_bandwidth(fast) == pytest.approx(25e6 / 8 * 1448 / 1514)
+    assert costmodel.link_bandwidth(rounds[2]) == 2.5e6 and costmodel.link_bandwidth(rounds[0]) == 1e8
+    # the previous model takes every round's local seconds from the unshaped run: off by more than 25 %
+    assert rounds[1]["runs"]["flx"]["model_error_unshaped"] > 0.25
+
+
+def test_cost_model_never_calibrates_a_run_on_itself():
+    # fb at 100mbit took twice what the others predict: that run shows the error, the others stay exact-ish
+    rounds = [one_round("unshaped", 1e8, 3.0), one_round("100mbit", 1e7, 1.0, off=("fb", 2.0), bps=10**8),
+              one_round("25mbit", 2.5e6, 2.0, bps=25 * 10**6)]
+    costmodel.model_sweep(rounds, servers=2)
+    fb = rounds[1]["runs"]["fb"]
+    assert fb["model_error"] == pytest.approx((fb["predicted_s"] - fb["epoch_s"]) / fb["epoch_s"])
+    # fb's cost per row comes from its other rounds, the round's load from flx and eas: the true epoch
+    assert fb["predicted_s"] == pytest.approx(fb["epoch_s"] / 2)
+    assert rounds[0]["runs"]["flx"]["model_error"] != pytest.approx(0.0, abs=1e-3)  # its fit saw the bad run
+
+
+def test_cost_model_refuses_what_it_cannot_compute():
+    two = [one_round("unshaped", 1e8, 3.0), one_round("100mbit", 1e7, 1.0, bps=10**8)]
     with pytest.raises(ValueError, match="include 'unshaped'"):
-        costmodel.model_sweep(rates[1:], servers=2)
-    with pytest.raises(ValueError):
-        costmodel.predict(rates[0]["runs"]["fb"], 0, 2)
+        costmodel.model_sweep([two[1], one_round("50mbit", 5e6, 1.0, bps=5 * 10**7)], servers=2)
+    with pytest.raises(ValueError, match="at least 2 modes and 2 rounds"):
+        costmodel.model_sweep(two[:1], servers=2)
+    with pytest.raises(ValueError, match="inter-server bandwidth must be positive"):
+        costmodel.model_sweep([dict(two[0], bw_Bps=0), two[1]], servers=2)
+    two[0]["runs"]["flx"]["rows"] = None
+    with pytest.raises(ValueError, match="no rows_per_layer"):
+        costmodel.model_sweep(two, servers=2)
+
+
+def test_speedups_and_the_paper_share():
+    fb = dict(model_run(1.45, 1000, 10**7), inter_comm=1.0)
+    rate = {"label": "100mbit", "runs": {"fb": fb, "flx": model_run(0.5, 3000, 1000)}}
+    unshaped = {"label": "unshaped", "runs": {"fb": dict(fb, epoch_s=0.6, inter_comm=0.1), "flx": rate["runs"]["flx"]}}
+    assert costmodel.speedups(rate)["flx"] == pytest.approx(1.45 / 0.5)
+    assert costmodel.inter_share(fb) == pytest.approx(1.0 / 1.45)
+    assert costmodel.paper_like_rates([unshaped, rate]) == ["100mbit"]  # 69 % is in 44-86 %; 17 % is not
+
+
+def test_sweep_rounds_alternate_fast_and_slow_then_repeat_unshaped():
+    rates = bench_cluster.parse_rates(bench_cluster.DEFAULT_RATES)
+    assert [label for label, _, _ in bench_cluster.round_order(rates)] == [
+        "unshaped", "25mbit", "1gbit", "50mbit", "250mbit", "100mbit", "unshaped-repeat"]
+    assert bench_cluster.round_order(rates, repeat=False)[-1] == ("100mbit", 10**8, False)
+    assert bench_cluster.round_order(rates[:1]) == [("unshaped", None, False), ("unshaped-repeat", None, True)]
 
 
 def test_sweep_page_flags_a_model_error_over_25_percent():
-    rates = sweep_rates(3.0)                                     # measured 3.0, predicted 1.45: -52 %
-    for r in rates:
-        r["pingpong"] = {"intra_Bps": 3.4e8}
-    costmodel.model_sweep(rates, servers=2)
-    sweep = {"date": "2026-12-01", "modes": ["fb", "flx"], "rates": rates, "log": ["cmd one"],
-             "graph": {"vertices": 20000, "layers": 3, "hidden": 64, "epochs": 5}}
+    rounds = [one_round("unshaped", 1e8, 3.0), one_round("100mbit", 1e7, 1.0, off=("flx", 2.0), bps=10**8)]
+    repeat = [one_round("unshaped-repeat", 1e8, 2.0)]
+    for i, r in enumerate(rounds + repeat):
+        r.update(round=i, loadavg_1min=3.0 + i)
+    sweep = {"date": "2026-12-01", "modes": ["fb", "flx", "eas"], "rates": rounds, "repeat": repeat, "log": ["cmd one"],
+             "graph": {"vertices": 20000, "layers": 3, "hidden": 64, "epochs": 5},
+             "loadavg_start": [3.0, 2.5, 2.0], "loadavg_end": [5.0, 4.0, 3.0]}
+    sweep["model_fit"] = costmodel.model_sweep(bench_cluster.all_rounds(sweep), servers=2)
     page = bench_cluster.render(sweep, ["--epochs", "5"])
-    assert "Off by more than 25 %: fb at 100mbit" in page
-    assert "| 100mbit | 3.000 | 0.500 | **6.00x** |" in page
+    (off,) = [line for line in page.splitlines() if line.startswith("Largest error: ")]
+    assert "flx at 100mbit" in off and "fb at" not in off   # a 2x slow flx run is flagged, fb is wire time
+    assert "before the sweep: 3.0 / 2.5 / 2.0; after: 5.0 / 4.0 / 3.0" in page
+    assert "| 2 | unshaped-repeat | 5.0 |" in page and "| flx | 3,000 |" in page
     assert "python bench/bench_cluster.py --epochs 5" in page and "cmd one" in page
-    ok = sweep_rates(1.45)
-    for r in ok:
-        r["pingpong"] = {"intra_Bps": None}
+    ok = [one_round("unshaped", 1e8, 3.0), one_round("100mbit", 1e7, 1.0, bps=10**8)]
     costmodel.model_sweep(ok, servers=2)
-    assert "Every prediction is within 25 %" in bench_cluster.render(dict(sweep, rates=ok), [])
+    assert "Every prediction is within 25 %" in bench_cluster.render(dict(sweep, rates=ok, repeat=[]), [])
 
 
 def test_sweep_modes_and_rates():
@@ -380,18 +445,6 @@ def test_report_sweep_errors(tmp_path, capsys):
         report_main([])                                          # neither runs nor --sweep
     with pytest.raises(SystemExit):
         report_main(["somerun", "--sweep", str(tmp_path / "b.json")])
-
-
-def test_pooled_prediction_leaves_the_measured_run_out():
-    rates = sweep_rates(1.45)
-    rates.append({"label": "50mbit", "rate_bps": 5 * 10**7, "bw_Bps": 5e6,
-                  "runs": {m: dict(r, compute=r["compute"] + 1.0) for m, r in rates[1]["runs"].items()}})
-    costmodel.model_sweep(rates, servers=2)
-    fb = rates[1]["runs"]["fb"]
-    # the other two runs' local terms: 0.45 (unshaped) and 1.45 (50mbit, compute 1.3) -> median 0.95
-    assert fb["predicted_pooled_s"] == pytest.approx(0.95 + (2 * 10**7 + 1000) / 2 / 1e7)
-    assert fb["model_error_pooled"] == pytest.approx((fb["predicted_pooled_s"] - 1.45) / 1.45)
-    assert fb["predicted_s"] == pytest.approx(0.45 + 1.00005)   # the unshaped-based one is unchanged
 
 
 def test_selfcheck_low_bound_follows_the_machines_capacity():

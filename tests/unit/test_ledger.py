@@ -76,3 +76,17 @@ def test_reduce_over_a_single_rank_returns_the_snapshot():
     assert ledger.reduce(MPI.COMM_SELF, op="max") == ledger.snapshot()
     with pytest.raises(ValueError, match="'sum' or 'max'"):
         ledger.reduce(MPI.COMM_SELF, op="mean")
+
+
+def test_gather_bytes_and_record_classes_of_one_rank():
+    ledger = Ledger()
+    ledger.add("intra", "halo", 5)
+    ledger.add("intra", "setup", 2)  # per-step planning inside an epoch counts as halo
+    ledger.add("inter", "halo", 11)
+    ledger.add("inter", "gradient", 9)
+    ledger.add("inter", "evaluation", 1000)  # not training traffic
+    table = ledger.gather_bytes(MPI.COMM_SELF)
+    assert table.shape == (1, len(LINKS), len(PHASES)) and table.dtype.kind == "i"
+    classes = Ledger.record_classes(table)
+    assert {k: v.tolist() for k, v in classes.items()} == {
+        "intra_halo": [7], "inter_halo": [11], "intra_grad": [0], "inter_grad": [9]}

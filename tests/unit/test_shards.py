@@ -12,7 +12,8 @@ from mpi4py import MPI
 from granndis_hpc import shards
 from granndis_hpc.graph.csr import Graph, csr_from_edges
 from granndis_hpc.shards import writer as shard_writer
-from preprocess.build import BuildConfig, run_build
+from granndis_hpc.engine.checkpoint import shard_set_id
+from preprocess.build import BuildConfig, dataset_digest, run_build
 from preprocess.verify import verify_shard_set
 
 COMM = MPI.COMM_SELF
@@ -106,6 +107,55 @@ def check_round_trip(g, tmp_path, S, G, k):
                 np.testing.assert_array_equal(w_src_in_degree[inner_index], deg[src])
 
 
+def test_dataset_digest_names_the_data_not_the_partition(tmp_path):
+    """dataset.content_sha256 (what lets a checkpoint continue on another shard set, engine/checkpoint.py):
+    the same for every layout, partitioner and preload of one graph; different after any change to an
+    edge, a feature value, a label, a split flag or the class count; independent of the arrays' dtypes."""
+    import dataclasses
+
+    import hashlib
+
+    from preprocess.verify import format_info
+
+    g = make_graph(n=300, m=900)
+    digest = dataset_digest(g)
+    # Independently: the documented byte layout, assembled with tobytes() and one concatenation.
+    layout = [("indptr", "<i8"), ("indices", "<i8"), ("features", "<f4"), ("labels", "<i8"),
+              ("train_mask", "|b1"), ("val_mask", "|b1"), ("test_mask", "|b1")]
+    data = f"granndis-dataset-v1 classes={g.num_classes}".encode() + b"".join(
+        f" {name}:{dtype}:{list(getattr(g, name).shape)};".encode() + getattr(g, name).astype(dtype).tobytes()
+        for name, dtype in layout)
+    assert digest == hashlib.sha256(data).hexdigest()
+    builds = [build(g, tmp_path / "2x2"), build(g, tmp_path / "1x4", servers=1, gpus_per_server=4, hops=1),
+              build(g, tmp_path / "3x1", servers=3, gpus_per_server=1, partitioner="random"),
+              build(g, tmp_path / "eas", preload="eas", hops=1, fanout=3)]
+    assert [m["dataset"]["content_sha256"] for m in builds] == [digest] * 4
+    assert len({shard_set_id(m) for m in builds}) == 4  # while the shard sets differ
+    assert shards.read_manifest(tmp_path / "1x4")["dataset"]["content_sha256"] == digest
+    assert f"content     digest {digest} " in format_info(builds[1])
+
+    def changed(**arrays):
+        return dataset_digest(dataclasses.replace(g, **arrays))
+
+    indices, features, labels, train = g.indices.copy(), g.features.copy(), g.labels.copy(), g.train_mask.copy()
+    indices[0] = (indices[0] + 1) % g.num_vertices
+    features[17, 3] += 1e-3
+    labels[5] = (labels[5] + 1) % g.num_classes
+    train[9] = not train[9]
+    others = [changed(indices=indices), changed(features=features), changed(labels=labels),
+              changed(train_mask=train), changed(num_classes=g.num_classes + 1),
+              changed(val_mask=g.test_mask, test_mask=g.val_mask)]
+    assert len(set(others) | {digest}) == len(others) + 1
+    assert changed(features=g.features.astype(np.float64), labels=g.labels.astype(np.int32)) == digest
+    # The manifest's field digests cover it: an edited content digest is refused like any other field.
+    path = tmp_path / "2x2" / "manifest.json"
+    m = json.loads(path.read_text())
+    m["dataset"]["content_sha256"] = "0" * 64
+    path.write_text(json.dumps(m))
+    with pytest.raises(shards.ShardError, match="field dataset.content_sha256 was changed"):
+        shards.read_manifest(tmp_path / "2x2")
+
+
 def test_manifest_contents_and_feature_chunks(tmp_path):
     g = make_graph(n=3001, m=9000, features=300)
     m = build(g, tmp_path / "set", preload="eas", hops=1, fanout=3)
@@ -113,7 +163,8 @@ def test_manifest_contents_and_feature_chunks(tmp_path):
     assert m["preload"] == {"kind": "eas", "hops": 1, "fanout": 3, "select": "degree"}
     assert m["dataset"] == {"name": "toy", "num_vertices": 3001, "num_edges": g.num_edges, "num_features": 300,
                             "num_classes": 5, "num_train": int(g.train_mask.sum()),
-                            "num_val": int(g.val_mask.sum()), "num_test": int(g.test_mask.sum())}
+                            "num_val": int(g.val_mask.sum()), "num_test": int(g.test_mask.sum()),
+                            "content_sha256": dataset_digest(g)}
     assert set(m["partitioner"]) >= {"name", "library", "constraints", "edge_cut", "edge_cut_fraction"}
     assert sorted(m["files"]) == ["server-0000.h5", "server-0001.h5"]
     on_disk = json.loads((tmp_path / "set" / "manifest.json").read_text())
