@@ -36,27 +36,36 @@ def worker(argv) -> int:
     t0 = time.perf_counter()
     rc = main(argv)
     wall = time.perf_counter() - t0
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
-    peaks = MPI.COMM_WORLD.gather(peak_mib, root=0)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    # Linux reports ru_maxrss in KiB.  CPU seconds (user + system) say what the wall time would be on
+    # an idle machine with a core per rank, whatever the load was during the run.
+    mine = {"peak_rss_mib": ru.ru_maxrss / 1024.0, "cpu_s": ru.ru_utime + ru.ru_stime}
+    every = MPI.COMM_WORLD.gather(mine, root=0)
     if MPI.COMM_WORLD.rank == 0:
-        print("BENCH " + json.dumps({"rc": rc, "build_s": wall, "peak_rss_mib": peaks}), flush=True)
+        print("BENCH " + json.dumps({"rc": rc, "build_s": wall, "peak_rss_mib": [r["peak_rss_mib"] for r in every],
+                                     "cpu_s": [round(r["cpu_s"], 1) for r in every]}), flush=True)
     return rc
 
 
-def run_config(vertices, preload, partitioner, ranks, workdir, timeout):
-    out = os.path.join(workdir, f"syn{vertices}-{preload}-{partitioner}")
-    args = ["build", "--source", "synthetic", "--vertices", str(vertices), "--seed", "0", "--servers", "2",
-            "--gpus-per-server", "2", "--layers", "3", "--preload", preload, "--partitioner", partitioner,
-            "--out", out, "--overwrite"]
+def run_config(vertices, preload, partitioner, ranks, workdir, timeout, generator="sbm", keep=False):
+    """One build in a fresh `mpirun` job; returns its record.  keep: leave the shard set in workdir
+    (bench_scale.py trains on it) instead of deleting it."""
+    out = os.path.join(workdir, f"syn{vertices}-{generator}-{preload}-{partitioner}")
+    args = ["build", "--source", "synthetic", "--generator", generator, "--vertices", str(vertices), "--seed", "0",
+            "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--preload", preload,
+            "--partitioner", partitioner, "--out", out, "--overwrite"]
     args += ["--hops", "3"] if preload == "full" else ["--hops", "1", "--fanout", "15"]
     cmd = ["mpirun", "-n", str(ranks), sys.executable, os.path.abspath(__file__), "--worker", *args]
+    load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, **MPI_ENV), capture_output=True, text=True,
                          timeout=timeout)
     wall = time.perf_counter() - t0
-    record = {"vertices": vertices, "preload": preload, "partitioner": partitioner, "ranks": ranks,
-              "servers": 2, "gpus_per_server": 2, "wall_s": round(wall, 2), "command": "mpirun -n "
-              f"{ranks} python -m preprocess " + " ".join(args)}
+    record = {"vertices": vertices, "generator": generator, "preload": preload, "partitioner": partitioner,
+              "ranks": ranks, "servers": 2, "gpus_per_server": 2, "wall_s": round(wall, 2),
+              "loadavg_start": load_start, "loadavg_end": os.getloadavg()[0], "out": out,
+              "command": f"mpirun -n {ranks} python -m preprocess " + " ".join(args),
+              "phase_log": [line for line in res.stdout.splitlines() if line.startswith("[preprocess]")]}
     for line in res.stdout.splitlines():
         m = PHASE.search(line)
         if m:
@@ -72,7 +81,8 @@ def run_config(vertices, preload, partitioner, ranks, workdir, timeout):
         record["edge_cut_fraction"] = man["partitioner"]["edge_cut_fraction"]
         record["replication"] = man["stats"]["replication_factor"]
         record["shard_mib"] = round(sum(v["bytes"] for v in man["files"].values()) / 2**20, 1)
-    shutil.rmtree(out, ignore_errors=True)
+    if not keep or res.returncode != 0:
+        shutil.rmtree(out, ignore_errors=True)
     return record
 
 
@@ -99,9 +109,11 @@ def main() -> int:
     p.add_argument("--vertices", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--preload", nargs="+", default=["full", "eas"])
     p.add_argument("--partitioner", nargs="+", default=["parmetis", "metis"])
+    p.add_argument("--generator", choices=("sbm", "local"), default="sbm", help="synthetic graph (README)")
+    p.add_argument("--keep", action="store_true", help="keep the shard sets in --workdir")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--timeout", type=int, default=3600, help="seconds per configuration")
-    p.add_argument("--workdir", default=None, help="where shard sets are written (deleted after each run)")
+    p.add_argument("--workdir", default=None, help="where shard sets are written (deleted after each run unless --keep)")
     p.add_argument("--out", default=None, help="append JSON records here")
     args = p.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-preprocess-")
@@ -109,7 +121,7 @@ def main() -> int:
     for n in args.vertices:
         for preload in args.preload:
             for part in args.partitioner:
-                rec = run_config(n, preload, part, args.ranks, workdir, args.timeout)
+                rec = run_config(n, preload, part, args.ranks, workdir, args.timeout, args.generator, args.keep)
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
                 if args.out:

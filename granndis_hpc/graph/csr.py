@@ -48,11 +48,13 @@ def csr_from_edges(src: np.ndarray, dst: np.ndarray, num_vertices: int):
     # One int64 key per edge (dst-major) and one sort: several times faster than lexsort on two keys.
     # Sources may be ids of another space than the rows (e.g. server ids of a sample's rows).
     base = max(int(num_vertices), int(src.max()) + 1 if src.size else 1, 1)
-    key = dst * base + src
+    key = dst * base
+    key += src  # in place: one edge-sized temporary less
     key.sort()
     indptr = np.zeros(num_vertices + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=num_vertices), out=indptr[1:])
-    return indptr, key % base
+    key %= base  # in place: the sorted keys become the sources
+    return indptr, key
 
 
 def csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray):
