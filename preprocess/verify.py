@@ -228,6 +228,7 @@ def format_info(manifest: dict) -> str:
         f"{ds['num_train']}/{ds['num_val']}/{ds['num_test']}",
         f"layout      {manifest['servers']} servers x {manifest['gpus_per_server']} GPUs, layers {manifest['layers']}, "
         f"format v{manifest['format_version']}",
+        f"features    normalization {manifest.get('features', {}).get('normalization', 'none')}",
         f"preload     {pre['kind']} hops={pre['hops']}" + (f" fanout={pre['fanout']} select={pre['select']}"
                                                          if pre["kind"] == "eas" else ""),
         f"partitioner {part.get('name')} [{part.get('library')}] constraints={part.get('constraints')} "

@@ -10,6 +10,12 @@ same masks by construction.
 
     drop = RowDropout(seed, epoch, row_ids)   # row_ids: global ids of the rows (None: 0..n-1)
     h = drop(layer, h, p)                     # keep-rate 1 - p, kept values scaled by 1 / (1 - p)
+    x_src = drop.sources(x_src, p)            # input dropout: layer 0's source rows, halo rows included
+
+Input dropout (--input-dropout) drops the raw features, key layer 0 (the hidden dropouts are keyed by
+the conv they feed, l >= 1, so 0 is free).  A rank applies it to the static features of its own rows
+*and* of its cached layer-0 halo rows, drawing each halo row's mask from the row's global id: that is
+the mask its owner would have drawn and sent, so the cached halo stays valid and nothing is exchanged.
 
 No MPI and no files here (nn knows neither).
 """
@@ -103,10 +109,14 @@ class RowDropout:
     row_ids: None (the rows are vertices 0..n-1: a single process on the whole graph), one tensor (the
     global ids of a rank's own rows, of which every layer's rows are a prefix), or one tensor per layer
     of a plan (layer l's own rows; a layer past the last, such as a head after the last conv, uses the
-    last layer's).  The key is (seed, epoch, layer): the same on every rank, different every epoch."""
+    last layer's).  The key is (seed, epoch, layer): the same on every rank, different every epoch.
+    source_ids: global ids of layer 0's source rows (own rows, then halo rows) for `sources`; None: the
+    rows are vertices 0..n-1 (single process) or, when row_ids is given, the own rows only."""
 
-    def __init__(self, seed: int, epoch: int, row_ids: RowIds = None):
-        self.seed, self.epoch, self.row_ids = int(seed), int(epoch), row_ids
+    INPUT_LAYER = 0  # the key of input dropout (hidden dropouts use the conv they feed, l >= 1)
+
+    def __init__(self, seed: int, epoch: int, row_ids: RowIds = None, source_ids: Optional[torch.Tensor] = None):
+        self.seed, self.epoch, self.row_ids, self.source_ids = int(seed), int(epoch), row_ids, source_ids
 
     def ids(self, layer: int, n: int, device) -> torch.Tensor:
         ids = self.row_ids
@@ -124,3 +134,16 @@ class RowDropout:
             return h
         keep = keep_mask(self.seed, self.epoch, layer, self.ids(layer, h.shape[0], h.device), h.shape[1], p)
         return apply_mask(h, keep, p)
+
+    def sources(self, h_src: torch.Tensor, p: float) -> torch.Tensor:
+        """Input dropout of layer 0's source rows h_src (own rows, then halo rows), key layer 0."""
+        if p == 0.0:
+            return h_src
+        if self.source_ids is None:
+            return self(self.INPUT_LAYER, h_src, p)  # own rows only (single process: all rows)
+        ids = self.source_ids
+        if ids.shape[0] != h_src.shape[0]:
+            raise ValueError(f"RowDropout.sources: {h_src.shape[0]} source rows but {ids.shape[0]} source ids; "
+                             "pass the ids of layer 0's own rows followed by its halo rows")
+        keep = keep_mask(self.seed, self.epoch, self.INPUT_LAYER, ids.to(h_src.device), h_src.shape[1], p)
+        return apply_mask(h_src, keep, p)

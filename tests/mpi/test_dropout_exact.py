@@ -8,13 +8,11 @@ import copy
 import os
 import tempfile
 
-import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
 
-from granndis_hpc.nn.dropout import keep_mask
-from tests.dense_reference import dense_logits
+from tests.dense_reference import train_dense
 from tests.mpi.conftest import make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -24,22 +22,7 @@ P, EPOCHS, LR, SEED, LAYERS = 0.5, 20, 0.01, 3, 3
 
 def _reference_training(cora, model, epochs):
     """Single-process full-graph training in float64 with the counter-based masks of vertices 0..N-1."""
-    model = copy.deepcopy(model).double()
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    x = torch.from_numpy(cora.features)
-    y = torch.from_numpy(cora.labels)
-    train = torch.from_numpy(np.flatnonzero(cora.train_mask))
-    deg = torch.from_numpy(cora.in_degree())
-    ids = torch.arange(x.shape[0])
-    for epoch in range(epochs):
-        def drop(layer, h, epoch=epoch):
-            return h * keep_mask(SEED, epoch, layer, ids, h.shape[1], P).double() / (1 - P)
-        opt.zero_grad()
-        logits = dense_logits(model.name, model, cora.indptr, cora.indices, x, degrees=deg, dropout=drop)
-        loss = torch.nn.functional.cross_entropy(logits[train], y[train], reduction="sum") / len(train)
-        loss.backward()
-        opt.step()
-    return model
+    return train_dense(cora, model, epochs, LR, dropout=P, seed=SEED, dtype=torch.float64)
 
 
 def _train(shards, mode, model, ranks_per_server, **extra):
