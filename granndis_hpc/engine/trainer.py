@@ -335,8 +335,9 @@ class Trainer:
                             time.perf_counter() - start, best=self.best)
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
         summary["features"] = features_entry(self.manifest)
+        if cfg.out:
+            self._write_best_model()  # collective (every rank agrees on the outcome), rank 0 writes
         if writer:
-            self._write_best_model()
             writer.close()
             write_summary(cfg.out, summary)
         return summary
