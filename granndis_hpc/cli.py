@@ -104,9 +104,10 @@ def run_training(argv=None) -> dict:
     if summary is None:  # stopped by SIGUSR1/SIGTERM with a checkpoint written: exit 0 so the job requeues
         return None
     if trainer.topo.rank == 0 and not ns.quiet:
-        acc = summary["accuracy"]
+        acc, best = summary["accuracy"], summary.get("best_val")
+        at_best = "" if best is None else f" (best val {best['val']:.4f} at epoch {best['epoch']}: test {best['test']:.4f})"
         print(f"[{summary['mode']}] done: {summary['epochs']} epochs, median epoch {summary['epoch_time_s']:.4f} s, "
-              f"test acc {acc.get('test', float('nan')):.4f}", flush=True)
+              f"test acc {acc.get('test', float('nan')):.4f}{at_best}", flush=True)
     return summary
 
 

@@ -442,6 +442,8 @@ TRANSPORT_NAMES = ("auto", "gloo", "nccl", "mpi")
 # Models whose recomputation --checkpoint-activations is implemented for (nn/models.py: only ResSAGE+
 # wraps its residual blocks in torch.utils.checkpoint; sage/gcn are shallow and would ignore it).
 CHECKPOINTABLE_MODELS = ("ressage",)
+# --weight-decay-on: every parameter, or the first layer's only (nn/models.py GNN.first_layer_prefix).
+WEIGHT_DECAY_ON = ("all", "first")
 
 
 def _mode_names():
@@ -499,7 +501,14 @@ class TrainConfig:
     epochs: int = option(200, ge=1, on_resume="may_change", help="training epochs")
     lr: float = option(0.01, gt=0.0, help="Adam learning rate")
     weight_decay: float = option(0.0, ge=0.0, help="Adam weight decay")
+    weight_decay_on: str = option("all", choices=WEIGHT_DECAY_ON,
+                                  help="parameters --weight-decay applies to: all, or first = the layer that "
+                                       "reads the input features (Kipf & Welling's GCN and PyG's examples/gcn.py "
+                                       "decay conv 0 only)")
     dropout: float = option(0.5, ge=0.0, lt=1.0, help="dropout probability")
+    input_dropout: float = option(0.0, ge=0.0, lt=1.0,
+                                  help="dropout probability of the input features (Kipf & Welling's GCN: 0.5); "
+                                       "keyed by vertex id like --dropout, so cached halo rows need no exchange")
     norm: bool = option(False, help="LayerNorm between sage/gcn layers")
     seed: int = option(0, ge=0, help="seed for parameters and dropout")
     eval_every: int = option(10, ge=0, on_resume="may_change",
@@ -570,6 +579,10 @@ class TrainConfig:
     def __post_init__(self):
         # Like torchtitan's ParallelDims: a config that exists is a valid one, however it was made.
         validate(self)
+        if self.weight_decay_on != "all" and self.weight_decay == 0.0:
+            raise ConfigError(f"--weight-decay-on {self.weight_decay_on} says which parameters --weight-decay "
+                              f"applies to, but --weight-decay is 0: give --weight-decay (e.g. 5e-4) or leave "
+                              f"--weight-decay-on out")
         from granndis_hpc.engine.modes import MODES
         problem = MODES[self.mode].check_options(self)  # what a mode needs of the other options
         if problem:
@@ -637,7 +650,7 @@ def load_resolved_config(run_dir) -> dict:
 
 
 __all__ = ["ConfigError", "HelpFormatter", "TrainConfig", "allowed_choices", "DEVICE_NAMES", "TRANSPORT_NAMES",
-           "CHECKPOINTABLE_MODELS", "option", "specs", "defaults", "validate", "build_parser", "read_options",
+           "CHECKPOINTABLE_MODELS", "WEIGHT_DECAY_ON", "option", "specs", "defaults", "validate", "build_parser", "read_options",
            "missing_required", "resume_rule",
            "parse_args_with_config", "load_config_file", "resolved_config", "write_resolved_config",
            "load_resolved_config", "CONFIG_FILE_NAME"]

@@ -1,6 +1,8 @@
-"""Run-directory outputs: the per-epoch line users of PipeGCN/GraNNDis know, metrics.jsonl, summary.json."""
+"""Run-directory outputs: the per-epoch line users of PipeGCN/GraNNDis know, metrics.jsonl, summary.json,
+best-model.pt (the parameters of the best-validation epoch)."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import resource
@@ -12,6 +14,7 @@ import torch
 from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
 
 METRICS_FILE = "metrics.jsonl"
+BEST_MODEL = "best-model.pt"
 
 
 class MetricsError(ValueError):
@@ -108,8 +111,10 @@ def truncate_metrics(run_dir: str, epoch: int) -> List[Dict]:
 
 
 def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_memory: int,
-              topology: Dict, total_time_s: float) -> Dict:
-    """summary.json: medians over epochs (epoch time is already the slowest rank's)."""
+              topology: Dict, total_time_s: float, best: Optional[Dict] = None) -> Dict:
+    """summary.json: medians over epochs (epoch time is already the slowest rank's).  `accuracy` is the
+    last epoch's; `best` the best-validation epoch's (epoch, train/val/test accuracy; None: none was
+    evaluated), the test accuracy published results report (Kipf & Welling, PyG's examples)."""
     def med(key):
         vals = [r[key] for r in records]
         return float(statistics.median(vals)) if vals else 0.0
@@ -128,10 +133,22 @@ def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_
                               "sampling": med("sampling_s")},
         "bytes_per_epoch": {k: med_bytes(k) for k in ("intra_halo", "inter_halo", "intra_grad", "inter_grad")},
         "accuracy": accuracy or {},
+        "best_val": None if best is None else {"epoch": int(best["epoch"]), "train": float(best["train_acc"]),
+                                               "val": float(best["val_acc"]), "test": float(best["test_acc"])},
         "peak_memory_bytes": int(peak_memory),
         "activation_memory_bytes": int(max((r.get("activation_memory_bytes", 0) for r in records), default=0)),
         "total_time_s": float(total_time_s),
     }
+
+
+def write_best_model(run_dir: str, best: Dict, state: Dict) -> str:
+    """RUN_DIR/best-model.pt, atomically: {"epoch", "train_acc", "val_acc", "test_acc", "model"}; load it
+    with torch.load(path, weights_only=True) and model.load_state_dict(obj["model"])."""
+    buf = io.BytesIO()
+    torch.save({**{k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")}, "model": state}, buf)
+    path = os.path.join(run_dir, BEST_MODEL)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
 
 
 def write_summary(run_dir: str, summary: Dict) -> str:

@@ -15,6 +15,8 @@ Table columns follow the GraNNDis artifact's AE1 table, with honest units: the a
 milliseconds per epoch under "Total Time (sec)"; here "Epoch time (s)" is summary.json's seconds per
 epoch (a median over epochs), "Total time (s)" the measured wall time of the whole run, and
 "Comm (s/epoch)" counts every communication phase (intra-server, inter-server and gradient sync; the artifact left gradient sync out).
+"Test acc" is the last epoch's; "Test acc at best val (epoch)" the test accuracy of the evaluated epoch
+with the best validation accuracy (summary.json's best_val, what published GCN figures report).
 Speedup = epoch time of the matching FB run / epoch time of this run, where the matching FB run is the
 first `fb` run given with the same model, layers, servers and ranks per server (a speedup across
 different models or cluster shapes would not mean anything), else "n/a".
@@ -121,6 +123,11 @@ def _check_summary(summary, where):
     for key in ("train", "val", "test"):
         _check(accuracy, key, ["number"], where + " accuracy", optional=True)
     summary["accuracy"] = accuracy
+    best = _check(summary, "best_val", ["dict"], where, optional=True)
+    if best is not None:
+        _check(best, "epoch", ["int"], where + " best_val")
+        for key in ("val", "test"):
+            _check(best, key, ["number"], where + " best_val")
     _check(summary, "peak_memory_bytes", ["int"], where, optional=True)
 
 
@@ -185,7 +192,7 @@ def find_baselines(runs) -> dict:
 
 
 TABLE_HEADER = ("Method", "Servers x GPUs", "Epochs", "Epoch time (s)", "Comm (s/epoch)", "Total time (s)",
-                "Speedup vs FB", "Test acc")
+                "Speedup vs FB", "Test acc", "Test acc at best val (epoch)")
 
 
 def format_table(runs, baselines) -> str:
@@ -195,10 +202,11 @@ def format_table(runs, baselines) -> str:
         speedup = "n/a"
         if i in baselines and s["epoch_time_s"] > 0:
             speedup = f"{runs[baselines[i]].summary['epoch_time_s'] / s['epoch_time_s']:.2f}x"
-        test = s["accuracy"].get("test")
+        test, best = s["accuracy"].get("test"), s.get("best_val")
         rows.append((run.label, f"{s['servers']}x{s['ranks_per_server']}", str(s["epochs"]),
                      f"{s['epoch_time_s']:.4f}", f"{run.comm_s:.4f}", f"{s['total_time_s']:.2f}",
-                     speedup, "n/a" if test is None else f"{test:.4f}"))
+                     speedup, "n/a" if test is None else f"{test:.4f}",
+                     "n/a" if best is None else f"{best['test']:.4f} ({best['epoch']})"))
     widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(TABLE_HEADER)]
 
     def line(cells):

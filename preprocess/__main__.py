@@ -100,6 +100,7 @@ def cmd_build(args, argv) -> int:
                       preload=args.preload, hops=args.hops, fanout=args.fanout, select=args.eas_select,
                       partitioner=args.partitioner, seed=int(getattr(args, "seed", 0) or 0),
                       overwrite=args.overwrite, command=command)
+    cfg.extra.update(sources.features_record(getattr(args, "normalize_features", "none")))
     try:
         with group.errors("loading the dataset"):
             graph = sources.load_from_args(args)

@@ -24,6 +24,9 @@ import numpy as np
 from granndis_hpc.graph.csr import Graph
 
 SELF_LOOP_MODES = ("remove", "keep", "add")
+# Feature preprocessing (`--normalize-features`): none, or row = every row divided by its sum (Kipf &
+# Welling's GCN recipe, PyG's NormalizeFeatures on non-negative features), recorded in the manifest.
+FEATURE_NORMALIZATIONS = ("none", "row")
 # Largest N for which v * N + u cannot overflow int64 (floor(sqrt(2**63 - 1))).
 MAX_VERTICES = 3_037_000_499
 # Elementwise passes over big arrays run in chunks of this many entries so temporaries stay small.
@@ -244,3 +247,32 @@ def canonicalize(name, num_vertices, src, dst, features, labels, train_mask, val
     np.remainder(keys, n, out=keys)  # keys become the CSR indices (sources) in place
     return Graph(name=str(name), indptr=indptr, indices=keys, features=features, labels=labels,
                  train_mask=masks[0], val_mask=masks[1], test_mask=masks[2], num_classes=num_classes)
+
+
+def normalize_features(features: np.ndarray, how: str, origin: str = "features") -> np.ndarray:
+    """Features preprocessed as `how` (FEATURE_NORMALIZATIONS); "none" returns them unchanged.
+
+    "row" divides each row by its sum, so a bag-of-words row becomes word frequencies (Kipf & Welling's
+    preprocess_features); an all-zero row stays zero.  Sums are taken in float64 and the rows scaled in
+    place in float32 chunks, so no float64 copy of the whole matrix is made.  Negative entries are
+    refused: a row sum is then no scale (it may be 0 or negative), and PyG's shift by the global minimum
+    would change the features' meaning silently."""
+    if how not in FEATURE_NORMALIZATIONS:
+        raise _fail(origin, f"feature normalisation {how!r} is not one of {FEATURE_NORMALIZATIONS}",
+                    "choose none or row")
+    if how == "none":
+        return features
+    features = np.array(features, dtype=np.float32)  # a copy: the caller's array is not modified
+    n, width = features.shape
+    step = max(1, _CHUNK // max(1, width))
+    for lo in range(0, n, step):
+        rows = features[lo:lo + step]
+        negative = (rows < 0).any(axis=1)
+        if negative.any():
+            raise _fail(origin, f"--normalize-features row needs non-negative features, but vertex "
+                        f"{lo + int(np.flatnonzero(negative)[0])} has negative entries",
+                        "build without --normalize-features, or shift/scale the features yourself")
+        sums = rows.sum(axis=1, dtype=np.float64)
+        inv = np.divide(1.0, sums, out=np.zeros_like(sums), where=sums > 0)
+        rows *= inv.astype(np.float32)[:, None]
+    return features

@@ -246,6 +246,7 @@ def format_info(manifest: dict) -> str:
         f"labels and split: a checkpoint of fb/flx may continue on either set)",
         f"layout      {manifest['servers']} servers x {manifest['gpus_per_server']} GPUs, layers {manifest['layers']}, "
         f"format v{manifest['format_version']}",
+        f"features    normalization {manifest.get('features', {}).get('normalization', 'none')}",
         f"preload     {pre['kind']} hops={pre['hops']}" + (f" fanout={pre['fanout']} select={pre['select']}"
                                                          if pre["kind"] == "eas" else ""),
         f"partitioner {part.get('name')} [{part.get('library')}] constraints={part.get('constraints')} "

@@ -11,7 +11,9 @@ Parameters are read by name (see granndis_hpc/nn/models.py).  Given the module i
 live parameters, so ``dense_logits(...).sum().backward()`` produces reference gradients in ``.grad``.
 Dropout is 0 (eval semantics) whatever the module's mode, unless ``dropout(layer, h)`` is given: it is
 applied where the models drop (before conv l >= 1; ResSAGE+ also before the head, layer L), e.g. with
-the masks of granndis_hpc.nn.dropout.keep_mask over the global ids 0..N-1.
+the masks of granndis_hpc.nn.dropout.keep_mask over the global ids 0..N-1.  Input dropout is
+``dropout(0, x)`` on the raw features when ``input_dropout=True`` (before conv 0; ResSAGE+: before the
+encoder): a single process holds every vertex, so there is no halo to think about.
 """
 from __future__ import annotations
 
@@ -77,12 +79,13 @@ class _Params:
 
 def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, torch.Tensor]], indptr, indices,
                  features, degrees: Optional[Union[np.ndarray, torch.Tensor]] = None,
-                 dtype: torch.dtype = torch.float64, dropout=None) -> torch.Tensor:
+                 dtype: torch.dtype = torch.float64, dropout=None, input_dropout: bool = False) -> torch.Tensor:
     """Whole-graph logits [N, classes] of model ``model_name`` ("sage" | "gcn" | "ressage"), dropout 0.
 
     indptr/indices: in-edge CSR of the whole graph (numpy or torch); features [N, F];
     degrees [N]: the degree to normalise with (default: the in-degree, i.e. row counts of the CSR).
     dropout(layer, h) -> h: the training-time dropout of the rows of h (all N vertices); None: none.
+    input_dropout: also drop the input features, as dropout(0, x).
     Returns ``dtype`` (float64 by default); differentiable wrt the module's parameters.
     """
     x = _t(features, dtype)
@@ -94,6 +97,8 @@ def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, tor
     p = _Params(model, dtype)
     L = p.num_convs()
     drop = dropout if dropout is not None else (lambda layer, h: h)
+    if input_dropout:
+        x = drop(0, x)
 
     # Normalised dense operators, straight from the formulas.
     mean_op = a / torch.clamp(deg, min=1.0)[:, None]
@@ -143,27 +148,46 @@ def random_in_csr(num_vertices: int, num_edges: int, rng: np.random.Generator, i
     return indptr, pairs[:, 1].astype(np.int64)
 
 
-def train_dense(graph, model, epochs: int, lr: float, dropout: float = 0.0, seed: int = 0):
-    """Single-process full-graph training with the dense reference: Adam on CE(sum)/n_train, with the
-    counter-based dropout masks of vertices 0..N-1 (granndis_hpc.nn.dropout.keep_mask, key `seed`) when
-    `dropout` > 0.  Returns a trained copy of `model`; `graph` is a preprocess Graph (indptr, indices,
-    features, ...)."""
+def train_dense(graph, model, epochs: int, lr: float, dropout: float = 0.0, input_dropout: float = 0.0,
+                seed: int = 0, weight_decay: float = 0.0, first_layer_decay_only: bool = False,
+                dtype: Optional[torch.dtype] = None):
+    """Single-process full-graph training with the dense reference: Adam on CE(sum)/n_train.
+    Returns a trained copy of `model` (converted to `dtype` when given); `graph` is a preprocess Graph
+    (indptr, indices, features, ...).
+
+    dropout / input_dropout: probabilities, with the counter-based masks of vertices 0..N-1
+    (nn/dropout.keep_mask(seed, epoch, layer, ids, width, p); input dropout is layer 0).
+    weight_decay: Adam's (coupled L2); first_layer_decay_only: only on the layer that reads the features
+    (parameters convs.0.* for sage/gcn, encoder.* for ressage; models.py names them), as PyG's
+    examples/gcn.py decays conv1 only."""
     import copy
 
     from granndis_hpc.nn.dropout import keep_mask
 
     model = copy.deepcopy(model)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    if dtype is not None:
+        model = model.to(dtype)
+    first = "encoder." if model.name == "ressage" else "convs.0."
+    named = list(model.named_parameters())
+    if first_layer_decay_only:
+        groups = [{"params": [p for n, p in named if n.startswith(first)], "weight_decay": weight_decay},
+                  {"params": [p for n, p in named if not n.startswith(first)], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": [p for _, p in named], "weight_decay": weight_decay}]
+    opt = torch.optim.Adam(groups, lr=lr)
     x, y = torch.from_numpy(graph.features), torch.from_numpy(graph.labels)
     train = torch.from_numpy(np.flatnonzero(graph.train_mask))
     deg = torch.from_numpy(graph.in_degree())
     ids = torch.arange(x.shape[0])
     for epoch in range(epochs):
         def drop(layer, h, epoch=epoch):
-            return h * keep_mask(seed, epoch, layer, ids, h.shape[1], dropout).to(h.dtype) / (1 - dropout)
+            p = input_dropout if layer == 0 else dropout
+            if p == 0.0:
+                return h
+            return h * keep_mask(seed, epoch, layer, ids, h.shape[1], p).to(h.dtype) / (1 - p)
         opt.zero_grad()
-        logits = dense_logits(model.name, model, graph.indptr, graph.indices, x, degrees=deg,
-                              dropout=drop if dropout > 0 else None)
+        logits = dense_logits(model.name, model, graph.indptr, graph.indices, x, degrees=deg, dropout=drop,
+                              input_dropout=input_dropout > 0)
         loss = torch.nn.functional.cross_entropy(logits[train], y[train], reduction="sum") / len(train)
         loss.backward()
         opt.step()

@@ -65,6 +65,7 @@ import torch
 
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
+from granndis_hpc.metrics import BEST_MODEL
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE.json"
@@ -479,7 +480,7 @@ def load_latest(topo, run_dir: str, fp: Dict) -> Optional[Loaded]:
 
 # ---- the run directory -------------------------------------------------------------------------
 # What the trainer writes into a run directory; any of them there means the directory holds a run.
-RUN_OUTPUTS = ("config.json", "metrics.jsonl", "summary.json", CHECKPOINTS)
+RUN_OUTPUTS = ("config.json", "metrics.jsonl", "summary.json", BEST_MODEL, CHECKPOINTS)
 _ASIDE_PREFIX = ".replaced-run-"
 
 
@@ -552,6 +553,8 @@ class Resumed:
     elapsed_s: float
     path: Optional[str]
     records: List[Dict]
+    # The best-validation epoch up to the checkpoint (epoch, accuracies, "model": its parameters), or None.
+    best: Optional[Dict] = None
 
 
 class CheckpointManager:
@@ -566,14 +569,16 @@ class CheckpointManager:
         self.model, self.optimizer, self.sampler = model, optimizer, sampler
         self.rng = RNGState(device)
 
-    def save(self, epoch: int, elapsed_s: float = 0.0) -> str:
-        """Checkpoint the state after `epoch` epochs; returns the checkpoint's directory."""
+    def save(self, epoch: int, elapsed_s: float = 0.0, best: Optional[Dict] = None) -> str:
+        """Checkpoint the state after `epoch` epochs; returns the checkpoint's directory.  `best` (rank
+        0's is stored): the best-validation epoch so far, {"epoch", "train_acc", "val_acc", "test_acc",
+        "model": its state_dict}, so best-validation selection survives a resume."""
         mine = {"rng": self.rng.state_dict(),
                 "sampler": None if self.sampler is None else self.sampler.state_dict()}
         shared = None
         if self.topo.rank == 0:  # parameters and optimizer state are identical on every rank
             shared = {"epoch": int(epoch), "elapsed_s": float(elapsed_s), "model": self.model.state_dict(),
-                      "optimizer": self.optimizer.state_dict()}
+                      "optimizer": self.optimizer.state_dict(), "best": best}
         return save(self.topo, self.run_dir, epoch, self.fp, shared, mine, self.keep)
 
     def load(self, max_epoch: int) -> Resumed:
@@ -582,7 +587,7 @@ class CheckpointManager:
         from granndis_hpc.metrics import truncate_metrics
 
         loaded = load_latest(self.topo, self.run_dir, self.fp)
-        epoch, elapsed_s, path = 0, 0.0, None
+        epoch, elapsed_s, path, best = 0, 0.0, None, None
         if loaded is not None:
             path = loaded.info.path
             with collective_errors(self.topo.world, f"resuming from {path}",
@@ -600,12 +605,23 @@ class CheckpointManager:
                 elif self.topo.rank == 0:
                     note(_shape_change(loaded.info.manifest["fingerprint"], self.fp, path))
                 elapsed_s = float(loaded.shared["elapsed_s"])
+                best = _checked_best(path, loaded.shared.get("best"))
         records = []
         with collective_errors(self.topo.world, f"cannot rewrite {os.path.join(self.run_dir, 'metrics.jsonl')}",
                                catch=(OSError,)):
             if self.topo.rank == 0:
                 records = truncate_metrics(self.run_dir, epoch)
-        return Resumed(epoch, elapsed_s, path, self.topo.bcast_object(records, root=0))
+        return Resumed(epoch, elapsed_s, path, self.topo.bcast_object(records, root=0), best)
+
+
+def _checked_best(path: str, best) -> Optional[Dict]:
+    """The shared payload's best-validation entry, checked (None: no epoch evaluated yet)."""
+    if best is None:
+        return None
+    keys = {"epoch": int, "train_acc": (int, float), "val_acc": (int, float), "test_acc": (int, float),
+            "model": dict}
+    _check_keys(os.path.join(path, SHARED_FILE) + " (best)", best, keys)
+    return best
 
 
 def _shape_change(saved: Dict, current: Dict, path: str) -> str:

@@ -24,7 +24,8 @@ from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import views
 from granndis_hpc.engine.modes import RunContext, Step, TrainingError, make_mode
-from granndis_hpc.metrics import MetricsWriter, epoch_line, peak_memory_bytes, summarize, write_summary
+from granndis_hpc.metrics import (BEST_MODEL, MetricsWriter, epoch_line, peak_memory_bytes, summarize,
+                                  write_best_model, write_summary)
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
@@ -35,6 +36,34 @@ from granndis_hpc.engine import checkpoint, signals
 def check_model(cfg: TrainConfig) -> None:
     if cfg.model not in MODELS:
         raise TrainingError(f"unknown model {cfg.model!r}; choose one of {', '.join(MODELS)}")
+
+
+def check_input_dropout(cfg: TrainConfig, model, keyed: bool) -> None:
+    """--input-dropout needs a model that applies it with keyed masks (nn/models.py input_dropout_rows)."""
+    if cfg.input_dropout > 0 and (not keyed or getattr(model, "input_dropout_rows", None) is None):
+        raise TrainingError(f"--input-dropout {cfg.input_dropout}: model {cfg.model!r} does not apply input "
+                            f"dropout (its class sets no input_dropout_rows, or its forward takes no keyed "
+                            f"`dropout`); leave --input-dropout out or use --model sage, gcn or ressage")
+
+
+def optimizer_groups(model, cfg: TrainConfig):
+    """Adam's parameter groups: --weight-decay on every parameter, or (--weight-decay-on first) only on
+    the layer reading the input features, as Kipf & Welling's GCN and PyG's examples/gcn.py do."""
+    if cfg.weight_decay_on == "all":
+        return [{"params": list(model.parameters()), "weight_decay": cfg.weight_decay}]
+    prefix = getattr(model, "first_layer_prefix", "convs.0.")
+    first = [p for name, p in model.named_parameters() if name.startswith(prefix)]
+    rest = [p for name, p in model.named_parameters() if not name.startswith(prefix)]
+    if not first:
+        raise TrainingError(f"--weight-decay-on first: model {cfg.model!r} has no parameters named {prefix}*; "
+                            f"set first_layer_prefix on the model class or use --weight-decay-on all")
+    return [{"params": first, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def features_entry(manifest: Dict) -> Dict:
+    """How the shard set's features were preprocessed (`preprocess build --normalize-features`); shard
+    sets built before the option existed hold the raw features."""
+    return dict(manifest.get("features") or {"normalization": "none"})
 
 
 class SavedBytes:
@@ -91,9 +120,19 @@ class Trainer:
         self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
                                  cfg.layers, dropout=cfg.dropout, norm=cfg.norm).to(self.device)
         self.model.checkpoint_activations = cfg.checkpoint_activations
+        self.model.input_dropout = cfg.input_dropout
         self._keyed_dropout = "dropout" in inspect.signature(self.model.forward).parameters
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        with collective_errors(self.world, "", catch=(TrainingError,)):
+            check_input_dropout(cfg, self.model, self._keyed_dropout)
+            groups = optimizer_groups(self.model, cfg)
+        self.optimizer = torch.optim.Adam(groups, lr=cfg.lr)
+        if self._input_dropout_sources() and self.train_view is not None:
+            self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
         self.epoch = 0
+        # Best-validation selection (run(): the evaluated epoch with the highest val accuracy, ties the
+        # earlier): its record, and on rank 0 a CPU copy of its parameters (best-model.pt, checkpoints).
+        self.best: Optional[Dict] = None
+        self.best_state: Optional[Dict] = None
         self.prior_records, self.prior_elapsed_s, self.stopped_checkpoint = [], 0.0, None
         self.checkpoints: Optional[checkpoint.CheckpointManager] = None  # with --out only
         try:
@@ -161,8 +200,13 @@ class Trainer:
         gather = view.gather_fn(phase)
         if not self._keyed_dropout:
             return self.model(view.input_features, view.graphs, gather)
-        drop = RowDropout(self.cfg.seed, self.epoch, getattr(view, "row_ids", None))
+        # Input dropout reads the ids of layer 0's halo rows too (exchanged once per view, cached).
+        sources = view.source_ids() if self.model.training and self._input_dropout_sources() else None
+        drop = RowDropout(self.cfg.seed, self.epoch, getattr(view, "row_ids", None), source_ids=sources)
         return self.model(view.input_features, view.graphs, gather, dropout=drop)
+
+    def _input_dropout_sources(self) -> bool:
+        return self.cfg.input_dropout > 0 and getattr(self.model, "input_dropout_rows", None) == "sources"
 
     def _sync(self):
         if self.device.type == "cuda":
@@ -267,6 +311,7 @@ class Trainer:
             if last or (cfg.eval_every > 0 and self.epoch % cfg.eval_every == 0):
                 accuracy = self.evaluate()
                 rec.update(train_acc=accuracy["train"], val_acc=accuracy["val"], test_acc=accuracy["test"])
+                self._track_best(rec)
             rec["peak_memory_bytes"] = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
             records.append(rec)
             if rank0:
@@ -286,17 +331,46 @@ class Trainer:
                     writer.close()
                 return None  # stopped on request with a checkpoint written: not finished, no summary
         bar.close()
-        if accuracy is None:
+        if accuracy is None:  # resumed after the last epoch: evaluate the parameters it ended with
             accuracy = self.evaluate()
         peak = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
         summary = summarize(records, asdict(cfg), accuracy, peak,
                             {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server},
-                            time.perf_counter() - start)
+                            time.perf_counter() - start, best=self.best)
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
+        summary["features"] = features_entry(self.manifest)
+        if cfg.out:
+            self._write_best_model()  # collective (every rank agrees on the outcome), rank 0 writes
         if writer:
             writer.close()
             write_summary(cfg.out, summary)
         return summary
+
+    # ---- best-validation selection --------------------------------------------------------------
+    def _track_best(self, rec: Dict) -> None:
+        """Keep the evaluated epoch with the highest validation accuracy (a tie keeps the earlier one,
+        as PyG's examples/gcn.py does).  Accuracies are all-reduced, so every rank decides alike; rank 0
+        keeps a CPU copy of the parameters (identical on every rank) for best-model.pt and checkpoints."""
+        if self.best is not None and not rec["val_acc"] > self.best["val_acc"]:
+            return
+        self.best = {"epoch": int(rec["epoch"]), "train_acc": rec["train_acc"], "val_acc": rec["val_acc"],
+                     "test_acc": rec["test_acc"]}
+        if self.topo.rank == 0:
+            self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def _write_best_model(self) -> None:
+        """Collective: rank 0 writes RUN_DIR/best-model.pt (atomically) when an epoch was evaluated."""
+        with collective_errors(self.world, f"writing {os.path.join(self.cfg.out, BEST_MODEL)}", catch=(OSError,)):
+            if self.topo.rank == 0 and self.best is not None:
+                write_best_model(self.cfg.out, self.best, self.best_state)
+
+    def _restore_best(self, best: Optional[Dict]) -> None:
+        """After a resume: the checkpoint's best epoch (record, and parameters on rank 0)."""
+        if best is None:
+            self.best, self.best_state = None, None
+            return
+        self.best = {k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")}
+        self.best_state = best.get("model") if self.topo.rank == 0 else None
 
     def close(self) -> None:
         self.stop_signals.uninstall()
@@ -367,8 +441,12 @@ class Trainer:
         return writer
 
     def save_checkpoint(self, elapsed_s: float = 0.0) -> str:
-        """Collective: checkpoint the state after `self.epoch` epochs into RUN_DIR/checkpoints/."""
-        return self.checkpoints.save(self.epoch, elapsed_s)
+        """Collective: checkpoint the state after `self.epoch` epochs into RUN_DIR/checkpoints/, with the
+        best-validation epoch so far (its parameters too), and refresh RUN_DIR/best-model.pt."""
+        best = None if self.best is None else dict(self.best, model=self.best_state)
+        path = self.checkpoints.save(self.epoch, elapsed_s, best=best)
+        self._write_best_model()
+        return path
 
     def _checkpoint_after_epoch(self, last: bool, elapsed_s: float) -> bool:
         """After every epoch: agree whether any rank was asked to stop (a signal may reach only some
@@ -398,3 +476,4 @@ class Trainer:
             checkpoint.note(f"{checkpoint.checkpoints_dir(self.cfg.resume)} holds no complete checkpoint: "
                             f"starting from epoch 0")
         self.epoch, self.prior_elapsed_s, self.prior_records = resumed.epoch, resumed.elapsed_s, resumed.records
+        self._restore_best(resumed.best)

@@ -12,7 +12,8 @@ A training plan may use different views for different layers (`LayeredView`): Fl
 with k < L runs its first k layers on the server view of a k-hop preload and the remaining layers on
 the world view.  Each layer of a plan names its exchange group ("server" or "world").
 
-Static per-row data of halo rows (input features, degrees) is exchanged once, at set-up.
+Static per-row data of halo rows (input features, degrees) is exchanged once, at set-up; so are
+their global ids, when input dropout asks for them (`source_ids`).
 """
 from __future__ import annotations
 
@@ -135,6 +136,19 @@ class View:
         # Global ids of the own rows (every layer's rows are a prefix): what dropout masks are keyed by.
         self.row_ids = (None if rows.global_id is None
                         else torch.as_tensor(np.asarray(rows.global_id, dtype=np.int64), device=device))
+        self._static_phase, self._source_ids = static_phase, None
+
+    def source_ids(self) -> Optional[torch.Tensor]:
+        """Global ids of layer 0's source rows (own rows, then halo rows), keying input dropout
+        (nn/dropout.py RowDropout.sources); None without row ids.  Collective over the view's peers on
+        the first call (the halo rows' ids are exchanged once, like their features), cached after."""
+        if self.row_ids is None:
+            return None
+        if self._source_ids is None:
+            halo_ids = self.exchange_full(self.row_ids.unsqueeze(1), phase=self._static_phase).squeeze(1)
+            self._source_ids = torch.cat([self.row_ids[: self.plan.layers[0].n_own_in],
+                                          halo_ids.index_select(0, self._halo_rows[0])])
+        return self._source_ids
 
     def exchange_full(self, own: torch.Tensor, phase: str) -> torch.Tensor:
         """All halo rows (HaloTable order) of a per-row tensor of the own rows."""
@@ -197,6 +211,10 @@ class LayeredView:
                     f"two order the rank's inner vertices differently; run `python -m preprocess verify`")
         # Layer l's own rows (dropout's row ids): a prefix of its view's rows.
         self.row_ids = [view.row_ids for view in self.per_layer]
+
+    def source_ids(self) -> Optional[torch.Tensor]:
+        """Layer 0's source-row ids: those of the view that runs layer 0 (View.source_ids)."""
+        return self.per_layer[0].source_ids()
 
     @property
     def views(self):

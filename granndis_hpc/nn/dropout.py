@@ -10,6 +10,12 @@ same masks by construction.
 
     drop = RowDropout(seed, epoch, row_ids)   # row_ids: global ids of the rows (None: 0..n-1)
     h = drop(layer, h, p)                     # keep-rate 1 - p, kept values scaled by 1 / (1 - p)
+    x_src = drop.sources(x_src, p)            # input dropout: layer 0's source rows, halo rows included
+
+Input dropout (--input-dropout) drops the raw features, key layer 0 (the hidden dropouts are keyed by
+the conv they feed, l >= 1, so 0 is free).  A rank applies it to the static features of its own rows
+*and* of its cached layer-0 halo rows, drawing each halo row's mask from the row's global id: that is
+the mask its owner would have drawn and sent, so the cached halo stays valid and nothing is exchanged.
 
 No MPI and no files here (nn knows neither).
 """
@@ -73,15 +79,33 @@ def keep_mask(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, width: i
     ids = row_ids.to(torch.int64)
     if ids.dim() != 1:
         raise ValueError(f"keep_mask: row_ids must be 1-D, got shape {tuple(ids.shape)}")
-    row_start = _mix(ids * _signed(_GOLDEN) + stream_key(seed, epoch, layer))
+    row_start = _row_starts(seed, epoch, layer, ids)
     cols = torch.arange(1, width + 1, dtype=torch.int64, device=ids.device) * _signed(_GOLDEN)
-    z = row_start.unsqueeze(1) + cols.unsqueeze(0)
+    return _keep(row_start.unsqueeze(1) + cols.unsqueeze(0), p)
+
+
+def _row_starts(seed: int, epoch: int, layer: int, ids: torch.Tensor) -> torch.Tensor:
+    return _mix(ids * _signed(_GOLDEN) + stream_key(seed, epoch, layer))
+
+
+def _keep(z: torch.Tensor, p: float) -> torch.Tensor:
+    """The keep decision of stream positions z (row start + column step), in place on z."""
     z ^= _srl(z, 30)
     z *= _signed(_MUL1)
     z ^= _srl(z, 27)
     z *= _signed(_MUL2)
     # z is uniform on the int64 range [-2^63, 2^63): keep iff z >= -2^63 + p * 2^64, P(keep) = 1 - p.
     return z >= min(int(round(p * 2.0 ** 64)) - (1 << 63), (1 << 63) - 1)
+
+
+def keep_elements(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, rows: torch.Tensor,
+                  cols: torch.Tensor, p: float) -> torch.Tensor:
+    """keep_mask(seed, epoch, layer, row_ids, width, p)[rows, cols] for index vectors rows, cols,
+    computed only at those elements (the nonzeros of sparse input features)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"keep_elements: p must be in [0, 1), got {p!r}")
+    row_start = _row_starts(seed, epoch, layer, row_ids.to(torch.int64))
+    return _keep(row_start[rows] + (cols.to(torch.int64) + 1) * _signed(_GOLDEN), p)
 
 
 def apply_mask(h: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
@@ -91,6 +115,25 @@ def apply_mask(h: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
     if h.device.type == "cuda":
         return torch.where(keep, h * scale, h.new_zeros(()))
     return h * (keep.to(h.dtype) * scale)
+
+
+# Below this fraction of nonzeros, input dropout hashes only the nonzero elements (a dropped zero is
+# zero): Cora's bag-of-words rows are 1.3 % nonzero, and hashing all 1433 columns of every layer-0
+# source row cost 20x the first layer's matmul (measured, 1500 x 1433 rows).  Above it, the index
+# arrays (16 bytes per nonzero) would cost more memory than the dense mask.
+SPARSE_INPUT_DENSITY = 0.25
+
+
+def drop_sparse_rows(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, h: torch.Tensor,
+                     p: float) -> torch.Tensor:
+    """Dropout of h's rows (global ids row_ids) equal to apply_mask(h, keep_mask(...), p), hashing only
+    h's nonzero elements when h is sparse enough (input features)."""
+    n, width = h.shape
+    rows, cols = torch.nonzero(h, as_tuple=True)
+    if rows.shape[0] > SPARSE_INPUT_DENSITY * h.numel():
+        return apply_mask(h, keep_mask(seed, epoch, layer, row_ids[:n], width, p), p)
+    keep = keep_elements(seed, epoch, layer, row_ids[:n], rows, cols, p)
+    return h.index_put((rows, cols), h[rows, cols] * (keep.to(h.dtype) * (1.0 / (1.0 - p))))
 
 
 RowIds = Union[None, torch.Tensor, Sequence[Optional[torch.Tensor]]]
@@ -103,10 +146,14 @@ class RowDropout:
     row_ids: None (the rows are vertices 0..n-1: a single process on the whole graph), one tensor (the
     global ids of a rank's own rows, of which every layer's rows are a prefix), or one tensor per layer
     of a plan (layer l's own rows; a layer past the last, such as a head after the last conv, uses the
-    last layer's).  The key is (seed, epoch, layer): the same on every rank, different every epoch."""
+    last layer's).  The key is (seed, epoch, layer): the same on every rank, different every epoch.
+    source_ids: global ids of layer 0's source rows (own rows, then halo rows) for `sources`; None: the
+    rows are vertices 0..n-1 (single process) or, when row_ids is given, the own rows only."""
 
-    def __init__(self, seed: int, epoch: int, row_ids: RowIds = None):
-        self.seed, self.epoch, self.row_ids = int(seed), int(epoch), row_ids
+    INPUT_LAYER = 0  # the key of input dropout (hidden dropouts use the conv they feed, l >= 1)
+
+    def __init__(self, seed: int, epoch: int, row_ids: RowIds = None, source_ids: Optional[torch.Tensor] = None):
+        self.seed, self.epoch, self.row_ids, self.source_ids = int(seed), int(epoch), row_ids, source_ids
 
     def ids(self, layer: int, n: int, device) -> torch.Tensor:
         ids = self.row_ids
@@ -124,3 +171,16 @@ class RowDropout:
             return h
         keep = keep_mask(self.seed, self.epoch, layer, self.ids(layer, h.shape[0], h.device), h.shape[1], p)
         return apply_mask(h, keep, p)
+
+    def sources(self, h_src: torch.Tensor, p: float) -> torch.Tensor:
+        """Input dropout of layer 0's source rows h_src (own rows, then halo rows), key layer 0."""
+        if p == 0.0:
+            return h_src
+        if self.source_ids is None:  # own rows only (single process: all rows)
+            return drop_sparse_rows(self.seed, self.epoch, self.INPUT_LAYER,
+                                    self.ids(self.INPUT_LAYER, h_src.shape[0], h_src.device), h_src, p)
+        ids = self.source_ids
+        if ids.shape[0] != h_src.shape[0]:
+            raise ValueError(f"RowDropout.sources: {h_src.shape[0]} source rows but {ids.shape[0]} source ids; "
+                             "pass the ids of layer 0's own rows followed by its halo rows")
+        return drop_sparse_rows(self.seed, self.epoch, self.INPUT_LAYER, ids.to(h_src.device), h_src, p)

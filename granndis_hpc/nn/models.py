@@ -9,7 +9,8 @@ Contract with the engine (DESIGN §6):
 - ``forward(..., dropout=RowDropout(seed, epoch, row_ids))`` (nn/dropout.py): the masks are a function of
   (seed, epoch, layer, global row id, column), so every cluster shape draws the masks a single process
   draws on the whole graph (row_ids None: rows are vertices 0..n-1).  Layer l's key is the index of the
-  conv the dropped rows feed (ResSAGE's head: L).  ``dropout=None`` in training draws a fresh seed from
+  conv the dropped rows feed (ResSAGE's head: L); input dropout is key 0, drawn for layer 0's source rows
+  by their global ids (RowDropout(..., source_ids=...)).  ``dropout=None`` in training draws a fresh seed from
   torch's generator for the pass (reproducible under torch.manual_seed, not across shapes).
 - ``conv_in_widths[l]`` is the width of the h passed to ``gather(l, h)`` (for halo buffers).
 - Parameters depend only on ``torch.manual_seed`` (modules are created in a fixed order).
@@ -47,18 +48,26 @@ class GNN(nn.Module):
     name: str
     num_layers: int  # message-passing layers = hops a full preload needs
     conv_in_widths: List[int]  # width of h handed to gather(l, h)
-    # Dropout applies between layers, never to the raw input features: layer 0's halo is the static
-    # features exchanged once at set-up.
+    # Dropout applies between layers; `input_dropout` (set after building, like checkpoint_activations)
+    # also drops the raw input features.  Layer 0's halo is the static features exchanged once at set-up,
+    # so input dropout is drawn *after* gather, on own and halo rows alike, keyed by their global ids
+    # (RowDropout.sources): every rank draws the owner's mask itself and the cached halo stays valid.
+    # A model that applies it says to which rows (the trainer refuses --input-dropout otherwise):
+    # "sources" = layer 0's gathered source rows (the trainer passes their ids), "own" = the own rows.
     # Recompute each residual block (gather included) in the backward pass instead of keeping its
     # activations.  Every rank recomputes the same blocks in the same order, so the exchanges inside
     # line up; the dropout masks are hashes of their counters (nn/dropout.py), so the recomputed masks
     # are the same by construction.
     checkpoint_activations: bool = False
     dropout: float = 0.0
+    input_dropout: float = 0.0
+    input_dropout_rows: Optional[str] = None
+    # Parameter-name prefix of the layer that reads the input features (--weight-decay-on first).
+    first_layer_prefix: str = "convs.0."
 
     def _dropout_for_pass(self, dropout: Optional[RowDropout]) -> Optional[RowDropout]:
         """The pass's RowDropout; None where nothing is dropped (eval, p = 0: no generator is touched)."""
-        if not self.training or self.dropout == 0.0:
+        if not self.training or (self.dropout == 0.0 and self.input_dropout == 0.0):
             return None
         if dropout is None:  # single-process use without a key: a fresh key per pass
             dropout = RowDropout(int(torch.randint(0, 2 ** 62, ())), 0)
@@ -66,6 +75,14 @@ class GNN(nn.Module):
 
     def _drop(self, dropout: Optional[RowDropout], layer: int, h: torch.Tensor) -> torch.Tensor:
         return h if dropout is None else dropout(layer, h, self.dropout)
+
+    def _drop_input(self, dropout: Optional[RowDropout], x: torch.Tensor) -> torch.Tensor:
+        """Input dropout of raw feature rows: layer 0's gathered source rows, or the own rows."""
+        if dropout is None:
+            return x
+        if self.input_dropout_rows == "sources":
+            return dropout.sources(x, self.input_dropout)
+        return dropout(RowDropout.INPUT_LAYER, x, self.input_dropout)
 
     def _maybe_checkpoint(self, fn, *args):
         if self.checkpoint_activations and self.training and torch.is_grad_enabled():
@@ -91,7 +108,10 @@ class GNN(nn.Module):
 
 
 class PlainGNN(GNN):
-    """L convs, widths in -> hidden ... -> classes; [LayerNorm] -> ReLU -> dropout between convs."""
+    """L convs, widths in -> hidden ... -> classes; [LayerNorm] -> ReLU -> dropout between convs;
+    input dropout on layer 0's gathered source rows."""
+
+    input_dropout_rows = "sources"
 
     def __init__(self, name: str, in_features: int, hidden: int, num_classes: int, layers: int,
                  dropout: float, norm: bool):
@@ -113,14 +133,17 @@ class PlainGNN(GNN):
                 if self.norms is not None:
                     h = self.norms[layer - 1](h)
                 h = self._drop(dropout, layer, F.relu(h))
-            h = conv(self._gather(gather, layer, h, graph), graph)
+            h_src = self._gather(gather, layer, h, graph)
+            if layer == 0:
+                h_src = self._drop_input(dropout, h_src)
+            h = conv(h_src, graph)
         return h
 
 
 class ResSAGE(GNN):
     """ResSAGE+ (DeeperGCN "res+" with SAGE convs, Li et al. 2020), trainable at 28-112+ layers.
 
-    h = encoder(x);  h = conv_0(gather(0, h));
+    h = encoder(input_dropout(x));  h = conv_0(gather(0, h));
     for l in 1..L-1:  z = conv_l(gather(l, dropout(relu(LayerNorm_l(h)))));  h = h[:n_dst] + z
     logits = head(dropout(relu(out_norm(h))))
 
@@ -129,7 +152,11 @@ class ResSAGE(GNN):
     trains 112 layers).  Unlike the GraNNDis artifact, out_norm is its own LayerNorm: the artifact reuses
     block 0's norm for the head, which ties two unrelated normalisations together.
     layers >= 1: layers == 1 is encoder -> conv_0 -> head (no residual block).
+    The encoder runs on the own rows before gather, so input dropout drops only own rows here.
     """
+
+    input_dropout_rows = "own"
+    first_layer_prefix = "encoder."
 
     def __init__(self, in_features: int, hidden: int, num_classes: int, layers: int, dropout: float):
         super().__init__()
@@ -145,7 +172,7 @@ class ResSAGE(GNN):
                 dropout: Optional[RowDropout] = None) -> torch.Tensor:
         self._check_graphs(graphs)
         dropout = self._dropout_for_pass(dropout)
-        h = self.encoder(x)
+        h = self.encoder(self._drop_input(dropout, x))
         h = self.convs[0](self._gather(gather, 0, h, graphs[0]), graphs[0])
         for layer in range(1, self.num_layers):
             graph = graphs[layer]

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 
 from granndis_hpc.graph.csr import Graph
-from preprocess.canonical import SELF_LOOP_MODES, DataError, canonicalize  # noqa: F401 (re-exported)
+from preprocess.canonical import (FEATURE_NORMALIZATIONS, SELF_LOOP_MODES, DataError,  # noqa: F401 (re-exported)
+                                  canonicalize, normalize_features)
 from preprocess.sources.synthetic import DEFAULTS as _SYNTHETIC_DEFAULTS
 from preprocess.sources.synthetic import GENERATORS as _GENERATORS
 from preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
@@ -26,7 +27,7 @@ SOURCES = ("planetoid", "ogb", "bundle", "synthetic")
 
 # Every option load() accepts, with its default (the same defaults argparse uses).
 OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, symmetrize=True,
-                       self_loops="remove", **_SYNTHETIC_DEFAULTS, generator="sbm", **_LOCAL_DEFAULTS)
+                       self_loops="remove", normalize_features="none", **_SYNTHETIC_DEFAULTS, generator="sbm", **_LOCAL_DEFAULTS)
 # Which options each source reads (others are accepted and ignored, so one parser serves all).
 _USES = {
     "planetoid": ("name", "root"),
@@ -81,10 +82,29 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
                    help="keep edge directions as given (default: add reverse edges)")
     c.add_argument("--self-loops", choices=SELF_LOOP_MODES, default=d["self_loops"],
                    help="remove (default), keep those in the data, or add one per vertex")
+    c.add_argument("--normalize-features", choices=FEATURE_NORMALIZATIONS, default=d["normalize_features"],
+                   help="none (default), or row: divide every feature row by its sum (Kipf & Welling's GCN "
+                        "recipe); recorded in the manifest (`info` shows it)")
 
 
 def load(source: str, **options) -> Graph:
-    """Load ``source`` with ``options`` (argparse dest names, see OPTION_DEFAULTS) and canonicalise."""
+    """Load ``source`` with ``options`` (argparse dest names, see OPTION_DEFAULTS), canonicalise, and
+    normalise the features as ``normalize_features`` says."""
+    import dataclasses
+
+    how = options.pop("normalize_features", OPTION_DEFAULTS["normalize_features"])
+    graph = _load_canonical(source, **options)
+    if how == "none":
+        return graph
+    return dataclasses.replace(graph, features=normalize_features(graph.features, how, origin=f"{source}: features"))
+
+
+def features_record(how: str) -> dict:
+    """The manifest's record of the feature preprocessing (`info` prints it, a run's summary copies it)."""
+    return {"features": {"normalization": how}}
+
+
+def _load_canonical(source: str, **options) -> Graph:
     if source not in SOURCES:
         raise DataError(f"{source!r}: unknown source. Fix: use one of {', '.join(SOURCES)}")
     unknown = sorted(set(options) - set(OPTION_DEFAULTS))

@@ -7,6 +7,7 @@ epochs with dropout 0.5 their parameters equal those of full-graph training with
 import copy
 
 import pytest
+import torch
 from mpi4py import MPI
 
 from tests.dense_reference import train_dense
@@ -19,7 +20,7 @@ P, EPOCHS, LR, SEED, LAYERS = 0.5, 20, 0.01, 3, 3
 
 def _reference_training(cora, model, epochs):
     """Single-process full-graph training in float64 with the counter-based masks of vertices 0..N-1."""
-    return train_dense(cora, copy.deepcopy(model).double(), epochs, LR, dropout=P, seed=SEED)
+    return train_dense(cora, model, epochs, LR, dropout=P, seed=SEED, dtype=torch.float64)
 
 
 def _train(shards, mode, model, ranks_per_server, **extra):

@@ -206,7 +206,8 @@ from granndis_hpc.config import (CHECKPOINTABLE_MODELS, DEVICE_NAMES, TRANSPORT_
 
 OUT_OF_RANGE = [("epochs", "0", ">= 1"), ("epochs", "-5", ">= 1"), ("layers", "0", ">= 1"), ("hidden", "0", ">= 1"),
                 ("lr", "0", "> 0.0"), ("lr", "-0.1", "> 0.0"), ("weight_decay", "-1e-4", ">= 0.0"),
-                ("dropout", "1", "< 1.0"), ("dropout", "-0.5", ">= 0.0"), ("seed", "-1", ">= 0"),
+                ("dropout", "1", "< 1.0"), ("dropout", "-0.5", ">= 0.0"), ("input_dropout", "1", "< 1.0"),
+                ("input_dropout", "-0.5", ">= 0.0"), ("seed", "-1", ">= 0"),
                 ("eval_every", "-1", ">= 0"), ("checkpoint_every", "-2", ">= 0"), ("ranks_per_server", "0", ">= 1"),
                 ("batches_per_epoch", "0", ">= 1"), ("fanout", "0", "-1 for all"), ("fanout", "-2", "-1 for all"),
                 ("preloaded_layers", "0", ">= 1")]

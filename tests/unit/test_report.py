@@ -140,3 +140,18 @@ def test_missing_or_corrupt_files_name_run_and_file(tmp_path, capsys, breakage, 
     assert str(bad) in str(err.value) and message in str(err.value), str(err.value)
     assert main([str(good), str(bad), "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_best_validation_epoch_is_shown_beside_the_last(tmp_path):
+    """summary.json's best_val (the recipe's selection) gets its own column; older summaries say n/a."""
+    best, summary = write_run(tmp_path, "fb-best", "fb", seed=12, test_acc=0.8011)
+    summary["best_val"] = {"epoch": 179, "train": 0.99, "val": 0.792, "test": 0.824}
+    (best / "summary.json").write_text(json.dumps(summary))
+    old, _ = write_run(tmp_path, "fb-old", "fb", seed=13)
+    rows = table_rows(render_report([best, old], tmp_path / "out")["table"])
+    assert rows[0]["Test acc"] == "0.8011" and rows[0]["Test acc at best val (epoch)"] == "0.8240 (179)"
+    assert rows[1]["Test acc at best val (epoch)"] == "n/a"
+    summary["best_val"] = {"epoch": "late", "val": 0.792, "test": 0.824}
+    (best / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ReportError, match="'epoch' must be int"):
+        render_report([best], tmp_path / "out2")
