@@ -133,10 +133,12 @@ class PlainGNN(GNN):
                 if self.norms is not None:
                     h = self.norms[layer - 1](h)
                 h = self._drop(dropout, layer, F.relu(h))
-            h_src = self._gather(gather, layer, h, graph)
+            # One name for the gathered rows: a second one would keep layer l's gathered tensor alive
+            # through layer l + 1's gather (measured: +24 % step peak for GCN, tests/mpi/test_memory_model_mpi).
+            h = self._gather(gather, layer, h, graph)
             if layer == 0:
-                h_src = self._drop_input(dropout, h_src)
-            h = conv(h_src, graph)
+                h = self._drop_input(dropout, h)
+            h = conv(h, graph)
         return h
 
 

@@ -17,47 +17,47 @@ def cora():
     return load("planetoid", name="cora", root=str(require_planetoid()))
 
 
-@pytest.fixture(scope="session")
-def cora_shards(cora):
-    """Shard sets keyed by (preload, layers): full 3- and 8-hop, EAS h=1 f=15 for 3 layers."""
+def build_sets_on_rank0(graph_or_loader, specs, prefix="granndis-test-"):
+    """Build one shard set per entry of `specs` ({name: build_shards keywords}) on rank 0 with METIS, for
+    2 servers x RANKS_PER_SERVER; returns {name: directory} on every rank.  `graph_or_loader` is a Graph,
+    or a callable returning one (so only rank 0 generates it).  A failure is raised on every rank instead
+    of leaving the others waiting."""
     from preprocess.build import build_shards
 
-    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-test-") if WORLD.rank == 0 else None)
-    specs = {("full", 3): {}, ("full", 8): {}, ("eas", 3): {"hops": 1, "fanout": 15}}
-    dirs = {key: os.path.join(base, f"cora-{key[0]}-{key[1]}") for key in specs}
+    base = WORLD.bcast(tempfile.mkdtemp(prefix=prefix) if WORLD.rank == 0 else None)
+    dirs = {name: os.path.join(base, str(name)) for name in specs}
     error = None
     if WORLD.rank == 0:
         try:
-            for (preload, layers), extra in specs.items():
-                build_shards(cora, dirs[(preload, layers)], servers=WORLD.size // RANKS_PER_SERVER,
-                             gpus_per_server=RANKS_PER_SERVER, layers=layers, preload=preload,
-                             partitioner="metis", comm=MPI.COMM_SELF, seed=0, **extra)
+            graph = graph_or_loader() if callable(graph_or_loader) else graph_or_loader
+            for name, kwargs in specs.items():
+                kwargs = {"servers": WORLD.size // RANKS_PER_SERVER, "gpus_per_server": RANKS_PER_SERVER,
+                          "partitioner": "metis", "comm": MPI.COMM_SELF, "seed": 0, **kwargs}
+                build_shards(graph, dirs[name], **kwargs)
         except Exception as exc:  # report on every rank instead of hanging the others
             error = repr(exc)
     error = WORLD.bcast(error)
     assert error is None, error
     return dirs
+
+
+@pytest.fixture(scope="session")
+def cora_shards(cora):
+    """Shard sets keyed by (preload, layers): full 3- and 8-hop, EAS h=1 f=15 for 3 layers."""
+    specs = {("full", 3): {}, ("full", 8): {}, ("eas", 3): {"hops": 1, "fanout": 15}}
+    dirs = build_sets_on_rank0(cora, {f"cora-{preload}-{layers}": {"preload": preload, "layers": layers, **extra}
+                                      for (preload, layers), extra in specs.items()})
+    return {(preload, layers): dirs[f"cora-{preload}-{layers}"] for preload, layers in specs}
 
 
 @pytest.fixture(scope="session")
 def cora_shapes(cora, cora_shards):
     """Full 3-hop shard sets of Cora for 2x2 (the session's), 1x4 and 4x1, keyed by ranks per server
     (the other shapes run inside the 4-rank world with --ranks-per-server 4 and 1)."""
-    from preprocess.build import build_shards
-
-    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-shapes-") if WORLD.rank == 0 else None)
-    dirs = {2: cora_shards[("full", 3)], 4: os.path.join(base, "1x4"), 1: os.path.join(base, "4x1")}
-    error = None
-    if WORLD.rank == 0:
-        try:
-            for rps in (4, 1):
-                build_shards(cora, dirs[rps], servers=WORLD.size // rps, gpus_per_server=rps, layers=3,
-                             preload="full", partitioner="metis", comm=MPI.COMM_SELF, seed=0)
-        except Exception as exc:  # report on every rank instead of hanging the others
-            error = repr(exc)
-    error = WORLD.bcast(error)
-    assert error is None, error
-    return dirs
+    built = build_sets_on_rank0(cora, {f"{WORLD.size // rps}x{rps}": {
+        "servers": WORLD.size // rps, "gpus_per_server": rps, "layers": 3, "preload": "full"} for rps in (4, 1)},
+        prefix="granndis-shapes-")
+    return {2: cora_shards[("full", 3)], 4: built[f"{WORLD.size // 4}x4"], 1: built[f"{WORLD.size}x1"]}
 
 
 def make_trainer(shards, mode, model="sage", layers=3, **overrides):

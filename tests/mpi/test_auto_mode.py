@@ -2,16 +2,13 @@
 GraNNDis' three choices (full-batch FLX with the largest k, FLX on the EAS set, cooperative batching
 with the largest co-batch that fits), each run trains, each run's measured peak stays under its
 budget, and a budget too small for anything is refused on every rank with the budget needed."""
-import os
-import tempfile
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from granndis_hpc import memory_model as mm
 from granndis_hpc.cluster.errors import ClusterError
-from tests.mpi.conftest import RANKS_PER_SERVER, make_trainer
+from tests.mpi.conftest import build_sets_on_rank0, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -23,24 +20,14 @@ def shard_sets():
     """A full 3-hop set and an EAS set (h=1, f=1) of one graph whose features (512 wide, hidden 16)
     dominate memory: there the sampled EAS halo is cheaper than even the full 1-hop preload, as the
     paper's chain assumes (on narrow features flx k=1 is the cheaper of the two, and auto picks it)."""
-    from preprocess.build import build_shards
     from preprocess.sources import load
 
-    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-auto-") if WORLD.rank == 0 else None)
-    paths = {"full": os.path.join(base, "full"), "eas": os.path.join(base, "eas")}
-    error = None
-    if WORLD.rank == 0:
-        try:
-            graph = load("synthetic", vertices=6000, avg_degree=20.0, features=512, classes=4, seed=1)
-            for kind, extra in (("full", {}), ("eas", {"hops": 1, "fanout": 1})):
-                build_shards(graph, paths[kind], servers=WORLD.size // RANKS_PER_SERVER,
-                             gpus_per_server=RANKS_PER_SERVER, layers=LAYERS, preload=kind, partitioner="metis",
-                             comm=MPI.COMM_SELF, seed=0, **extra)
-        except Exception as exc:  # report on every rank instead of hanging the others
-            error = repr(exc)
-    error = WORLD.bcast(error)
-    assert error is None, error
-    return paths
+    def graph():
+        return load("synthetic", vertices=6000, avg_degree=20.0, features=512, classes=4, seed=1)
+
+    return build_sets_on_rank0(graph, {"full": {"layers": LAYERS, "preload": "full"},
+                                       "eas": {"layers": LAYERS, "preload": "eas", "hops": 1, "fanout": 1}},
+                               prefix="granndis-auto-")
 
 
 @pytest.fixture(scope="module")
