@@ -51,6 +51,17 @@ def graphs_equal(a, b):
         assert (np.array_equal(x, y) and x.dtype == y.dtype) if isinstance(x, np.ndarray) else x == y, field.name
 
 
+def assert_reproducible_from_seed(load_fn, params, graph):
+    """`graph` = load_fn(**params): the same parameters give the same graph, another seed another one
+    (features, labels and edges all differ).  Shared by the synthetic generators' tests."""
+    graphs_equal(load_fn(**params), graph)
+    other = load_fn(**dict(params, seed=params.get("seed", 0) + 1))
+    assert not np.array_equal(other.features, graph.features)
+    assert not np.array_equal(other.labels, graph.labels)
+    assert other.num_edges != graph.num_edges or not np.array_equal(other.indices, graph.indices)
+    return other
+
+
 def test_ogb_npz_h5_round_trip_to_same_graph(tmp_path):
     raw = make_raw(seed=11, n=211, e=900)
     ogb = load("ogb", root=write_ogb(tmp_path / "ogbn_rt", raw))
