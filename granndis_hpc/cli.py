@@ -7,8 +7,8 @@ import sys
 from dataclasses import asdict
 from typing import Dict
 
-from granndis_hpc.config import (ConfigError, TrainConfig, build_parser, defaults, load_resolved_config,
-                                 missing_required, read_options, resume_rule)
+from granndis_hpc.config import (ConfigError, TrainConfig, defaults, load_resolved_config, missing_required,
+                                 read_options, resume_rule)
 
 TRAIN_PROG = "granndis-train"
 TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU "
@@ -22,11 +22,6 @@ TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU
 # (overwrite_run) are not carried over from the run being resumed.
 RESUME_OVERRIDABLE = resume_rule(TrainConfig, "may_change")
 RESUME_RESET = resume_rule(TrainConfig, "reset")
-
-
-def train_parser() -> argparse.ArgumentParser:
-    """The `granndis-train` parser, derived from TrainConfig (for --help and documentation)."""
-    return build_parser(TrainConfig, prog=TRAIN_PROG, description=TRAIN_DESCRIPTION)
 
 
 def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dict:

@@ -61,8 +61,3 @@ def block_rows(offsets: np.ndarray, counts: np.ndarray, peers: np.ndarray):
     block_start_in_out = offsets_of(lens)
     return np.repeat(starts - block_start_in_out, lens) + np.arange(total, dtype=np.int64)
 
-
-def rows_selected(selection, n_rows: int) -> int:
-    if isinstance(selection, slice):
-        return len(range(*selection.indices(n_rows)))
-    return int(len(selection))

@@ -17,6 +17,25 @@ def cora():
     return load("planetoid", name="cora", root=str(require_planetoid()))
 
 
+def shared_tmpdir(prefix="granndis-test-"):
+    """A new temporary directory made by rank 0, its path on every rank."""
+    return WORLD.bcast(tempfile.mkdtemp(prefix=prefix) if WORLD.rank == 0 else None)
+
+
+def on_rank0(fn):
+    """Run fn() on rank 0 only and return its result on every rank.  An exception there (a failed
+    assertion included) fails the test on every rank instead of leaving the others waiting."""
+    result, error = None, None
+    if WORLD.rank == 0:
+        try:
+            result = fn()
+        except Exception as exc:  # report on every rank instead of hanging the others
+            error = repr(exc)
+    error = WORLD.bcast(error)
+    assert error is None, error
+    return WORLD.bcast(result)
+
+
 def build_sets_on_rank0(graph_or_loader, specs, prefix="granndis-test-"):
     """Build one shard set per entry of `specs` ({name: build_shards keywords}) on rank 0 with METIS, for
     2 servers x RANKS_PER_SERVER; returns {name: directory} on every rank.  `graph_or_loader` is a Graph,
@@ -24,20 +43,17 @@ def build_sets_on_rank0(graph_or_loader, specs, prefix="granndis-test-"):
     of leaving the others waiting."""
     from preprocess.build import build_shards
 
-    base = WORLD.bcast(tempfile.mkdtemp(prefix=prefix) if WORLD.rank == 0 else None)
+    base = shared_tmpdir(prefix)
     dirs = {name: os.path.join(base, str(name)) for name in specs}
-    error = None
-    if WORLD.rank == 0:
-        try:
-            graph = graph_or_loader() if callable(graph_or_loader) else graph_or_loader
-            for name, kwargs in specs.items():
-                kwargs = {"servers": WORLD.size // RANKS_PER_SERVER, "gpus_per_server": RANKS_PER_SERVER,
-                          "partitioner": "metis", "comm": MPI.COMM_SELF, "seed": 0, **kwargs}
-                build_shards(graph, dirs[name], **kwargs)
-        except Exception as exc:  # report on every rank instead of hanging the others
-            error = repr(exc)
-    error = WORLD.bcast(error)
-    assert error is None, error
+
+    def build():
+        graph = graph_or_loader() if callable(graph_or_loader) else graph_or_loader
+        for name, kwargs in specs.items():
+            kwargs = {"servers": WORLD.size // RANKS_PER_SERVER, "gpus_per_server": RANKS_PER_SERVER,
+                      "partitioner": "metis", "comm": MPI.COMM_SELF, "seed": 0, **kwargs}
+            build_shards(graph, dirs[name], **kwargs)
+
+    on_rank0(build)
     return dirs
 
 

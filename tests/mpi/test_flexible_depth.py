@@ -6,8 +6,6 @@ equal the dense single-process reference (tests/dense_reference.py) in logits an
 in parameters; the ledger shows the trade: inter-server halo bytes fall linearly in k to 0 at k = L,
 while the rows computed per epoch grow."""
 import copy
-import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ import torch
 from mpi4py import MPI
 
 from tests.dense_reference import assert_parameters_close, dense_logits, train_dense
-from tests.mpi.conftest import RANKS_PER_SERVER, gather_by_global_id, make_trainer
+from tests.mpi.conftest import build_sets_on_rank0, gather_by_global_id, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -26,21 +24,9 @@ DEPTHS = list(range(1, LAYERS + 1))
 @pytest.fixture(scope="module")
 def depth_shards(cora):
     """Full preloads of k = 1..L hops for an L-layer model, keyed by k."""
-    from preprocess.build import build_shards
-
-    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-depth-") if WORLD.rank == 0 else None)
-    dirs = {k: os.path.join(base, f"cora-full-L{LAYERS}-k{k}") for k in DEPTHS}
-    error = None
-    if WORLD.rank == 0:
-        try:
-            for k, path in dirs.items():
-                build_shards(cora, path, servers=WORLD.size // RANKS_PER_SERVER, gpus_per_server=RANKS_PER_SERVER,
-                             layers=LAYERS, preload="full", hops=k, partitioner="metis", comm=MPI.COMM_SELF, seed=0)
-        except Exception as exc:  # report on every rank instead of hanging the others
-            error = repr(exc)
-    error = WORLD.bcast(error)
-    assert error is None, error
-    return dirs
+    built = build_sets_on_rank0(cora, {f"cora-full-L{LAYERS}-k{k}": {"layers": LAYERS, "preload": "full", "hops": k}
+                                       for k in DEPTHS}, prefix="granndis-depth-")
+    return {k: built[f"cora-full-L{LAYERS}-k{k}"] for k in DEPTHS}
 
 
 def _relative_error(got, want):

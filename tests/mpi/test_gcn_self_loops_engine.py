@@ -3,8 +3,6 @@ PyG's GCNConv semantics (add_remaining_self_loops), in fb and flx (mpirun -n 4, 
 
 The views exchange a halo row's degree without its stored loop (engine/views.py) and count own rows'
 loops; before the fix the loop was counted twice and the logits were off by ~0.2 (relative)."""
-import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -12,7 +10,7 @@ import torch
 from mpi4py import MPI
 
 from tests.conftest import require_planetoid
-from tests.mpi.conftest import RANKS_PER_SERVER, gather_by_global_id, make_trainer
+from tests.mpi.conftest import build_sets_on_rank0, gather_by_global_id, make_trainer
 from tests.unit.test_gcn_self_loops import _pyg_gcn_operator
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -22,21 +20,11 @@ LAYERS = 3
 
 @pytest.fixture(scope="module")
 def looped():
-    from preprocess.build import build_shards
     from preprocess.sources import load
 
     graph = load("planetoid", name="cora", root=str(require_planetoid()), self_loops="add")
-    out = WORLD.bcast(os.path.join(tempfile.mkdtemp(prefix="granndis-loops-"), "cora-loops")
-                      if WORLD.rank == 0 else None)
-    error = None
-    if WORLD.rank == 0:
-        try:
-            build_shards(graph, out, servers=WORLD.size // RANKS_PER_SERVER, gpus_per_server=RANKS_PER_SERVER,
-                         layers=LAYERS, preload="full", partitioner="metis", comm=MPI.COMM_SELF, seed=0)
-        except Exception as exc:  # report on every rank instead of hanging the others
-            error = repr(exc)
-    error = WORLD.bcast(error)
-    assert error is None, error
+    out = build_sets_on_rank0(graph, {"cora-loops": {"layers": LAYERS, "preload": "full"}},
+                              prefix="granndis-loops-")["cora-loops"]
     return graph, out
 
 

@@ -7,8 +7,6 @@ single-process trajectory (tests/dense_reference.train_dense with the same masks
 0..N-1), with hidden dropout and first-layer weight decay as in Kipf & Welling's GCN recipe, and the
 halo traffic per epoch is the same as without input dropout."""
 import copy
-import os
-import tempfile
 
 import pytest
 import torch
@@ -25,22 +23,10 @@ RECIPE = dict(epochs=EPOCHS, lr=LR, dropout=P, input_dropout=P_IN, seed=SEED, we
 
 
 @pytest.fixture(scope="module")
-def shard_sets(cora, cora_shards):
-    """Full 3-hop shard sets for 2x2 (the session's) and 4x1, keyed by ranks per server."""
-    from preprocess.build import build_shards
-
-    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-input-dropout-") if WORLD.rank == 0 else None)
-    dirs = {2: cora_shards[("full", LAYERS)], 1: os.path.join(base, "4x1")}
-    error = None
-    if WORLD.rank == 0:
-        try:
-            build_shards(cora, dirs[1], servers=WORLD.size, gpus_per_server=1, layers=LAYERS, preload="full",
-                         partitioner="metis", comm=MPI.COMM_SELF, seed=0)
-        except Exception as exc:  # report on every rank instead of hanging the others
-            error = repr(exc)
-    error = WORLD.bcast(error)
-    assert error is None, error
-    return dirs
+def shard_sets(cora_shapes):
+    """Full 3-hop shard sets for 2x2 and 4x1 (the session's, tests/mpi/conftest.py), keyed by ranks per server."""
+    assert LAYERS == 3  # the layers cora_shapes is built for
+    return {2: cora_shapes[2], 1: cora_shapes[1]}
 
 
 def _train(shards, mode, ranks_per_server, **extra):

@@ -10,14 +10,12 @@ layer 0 aggregates before projecting):
 both within 20 % (the issue's bar); and the ledger's inter-server bytes per epoch against
 inter_server_bytes() (halo and gradients).  Activation bytes are also exact today for k = 0 and
 k = L (test_activation_bytes_are_exact)."""
-import os
-import tempfile
 
 import pytest
 from mpi4py import MPI
 
 from granndis_hpc import memory_model as mm
-from tests.mpi.conftest import RANKS_PER_SERVER, make_trainer
+from tests.mpi.conftest import build_sets_on_rank0, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -52,24 +50,13 @@ _SHARDS = {}
 def shards_for(graphs, graph_name, k):
     """(shard dir, mode) serving k preloaded layers of an L-layer model: fb reads the world view of
     the L-hop set; k >= 1 trains flx on a set built with --hops k.  Built once, on rank 0."""
-    from preprocess.build import build_shards
     hops = LAYERS if k == 0 else k
     key = (graph_name, hops)
     if key not in _SHARDS:
         graph = graphs(graph_name)  # on every rank: a missing Cora skips the test on all of them
-        base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-mm-") if WORLD.rank == 0 else None)
-        out = os.path.join(base, f"{graph_name}-h{hops}")
-        error = None
-        if WORLD.rank == 0:
-            try:
-                build_shards(graph, out, servers=WORLD.size // RANKS_PER_SERVER,
-                             gpus_per_server=RANKS_PER_SERVER, layers=LAYERS, hops=hops, preload="full",
-                             partitioner="metis", comm=MPI.COMM_SELF, seed=0)
-            except Exception as exc:  # report on every rank instead of hanging the others
-                error = repr(exc)
-        error = WORLD.bcast(error)
-        assert error is None, error
-        _SHARDS[key] = out
+        name = f"{graph_name}-h{hops}"
+        _SHARDS[key] = build_sets_on_rank0(graph, {name: {"layers": LAYERS, "hops": hops, "preload": "full"}},
+                                           prefix="granndis-mm-")[name]
     return _SHARDS[key], ("fb" if k == 0 else "flx")
 
 

@@ -5,7 +5,6 @@ for ParMETIS/METIS, and cut far fewer edges than a random partition.  The edge-c
 with scipy (edges inside each part subtracted from all edges), independently of the code under test.
 """
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from preprocess.build import build_shards
 from preprocess.partition import partition_servers
 from preprocess.verify import verify_shard_set
 from tests.conftest import require_planetoid
+from tests.mpi.conftest import on_rank0, shared_tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -85,25 +85,10 @@ def test_parmetis_metis_random_valid_balanced_and_cut(source, graph, request):
     assert check_partition(g, "metis").constraints == ["vertices", "train"]
 
 
-def _shared_tmpdir():
-    return WORLD.bcast(tempfile.mkdtemp(prefix="granndis-part-") if WORLD.rank == 0 else None)
-
-
-def _agree_rank0(fn):
-    error = None
-    if WORLD.rank == 0:
-        try:
-            fn()
-        except Exception as exc:  # report on every rank instead of hanging the others
-            error = repr(exc)
-    error = WORLD.bcast(error)
-    assert error is None, error
-
-
 @pytest.mark.parametrize("preload", ["full", "eas"])
 def test_distributed_build_equals_single_rank_build(graph, preload):
     """METIS partitioning + deterministic halos: 4 ranks must write what 1 rank writes."""
-    base = _shared_tmpdir()
+    base = shared_tmpdir("granndis-part-")
     kw = dict(servers=3, gpus_per_server=2, layers=2, preload=preload, fanout=2, partitioner="metis", seed=3)
     m4 = build_shards(graph, os.path.join(base, "p4"), comm=WORLD, **kw)
 
@@ -116,11 +101,11 @@ def test_distributed_build_equals_single_rank_build(graph, preload):
             for name in shards.DATASETS:
                 np.testing.assert_array_equal(a4[name], a1[name], err_msg=name)
 
-    _agree_rank0(single_and_compare)
+    on_rank0(single_and_compare)
 
 
 def test_parmetis_build_each_rank_reads_its_slice(graph):
-    base = _shared_tmpdir()
+    base = shared_tmpdir("granndis-part-")
     out = os.path.join(base, "pm")
     m = build_shards(graph, out, servers=2, gpus_per_server=2, layers=2, preload="full", partitioner="parmetis",
                      comm=WORLD)
@@ -134,4 +119,4 @@ def test_parmetis_build_each_rank_reads_its_slice(graph):
     def verified():
         assert verify_shard_set(out) == []
 
-    _agree_rank0(verified)
+    on_rank0(verified)
