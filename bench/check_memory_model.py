@@ -34,7 +34,7 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--models", nargs="+", default=["sage", "gcn", "ressage"])
-    p.add_argument("--cora-root", default=os.environ.get("GRANNDIS_DATASETS", "/work/shared/datasets") + "/planetoid")
+    p.add_argument("--cora-root", default=os.environ.get("GRANNDIS_DATASETS", os.path.join(REPO, "tests", "data")) + "/planetoid")
     args = p.parse_args(argv)
     from preprocess.build import build_shards
     from preprocess.sources import load

@@ -94,7 +94,7 @@ def _permute_csr(indptr: np.ndarray, indices: np.ndarray, perm: np.ndarray):
 
 
 def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, cfg: BuildConfig):
-    """All datasets of one server file (DESIGN §5) and its statistics.
+    """All datasets of one server file (docs/design.md §5) and its statistics.
 
     server_of / gpu_of: server and GPU of every global vertex as an INNER vertex.
     """

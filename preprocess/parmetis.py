@@ -5,7 +5,7 @@ libptscotchparmetisv3.so.  Two implementations share the ParMETIS v3 API:
 
 - PT-Scotch's compatibility layer (Debian `libscotchparmetis-dev`): it exports SCOTCH_* symbols and
   tells its index width through SCOTCH_numSizeof().  It accepts ncon=2 but does not honour the second
-  constraint (measured, DESIGN §8), so callers use one constraint there.  Its reported edge cut is 0.
+  constraint (measured, docs/design.md §8), so callers use one constraint there.  Its reported edge cut is 0.
 - Karypis' ParMETIS: idx_t width is a build option with no run-time query; it is read from
   $GRANNDIS_PARMETIS_IDXTYPEWIDTH (default 32, ParMETIS' default build) and real_t from
   $GRANNDIS_PARMETIS_REALTYPEWIDTH (default 32).

@@ -199,7 +199,7 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
             pm = load_parmetis()
             lo, hi = int(vtxdist[group.rank]), int(vtxdist[group.rank + 1])
             xadj, adjncy = symmetric_adjacency(graph.indptr, graph.indices, lo, hi)
-            # PT-Scotch ignores a second constraint (DESIGN §8): balance vertices only there.
+            # PT-Scotch ignores a second constraint (docs/design.md §8): balance vertices only there.
             two = (not pm.is_scotch) and int(train.sum()) >= nparts
         # Collective inside the library: every rank reaches it (or none, after the check above); a
         # non-OK return code is agreed on before the allgather below.

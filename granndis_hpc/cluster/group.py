@@ -2,7 +2,7 @@
 
 `preprocess` runs on any number of ranks (P may differ from S x G and may be 1) and needs neither
 servers nor torch groups, only a few collectives over the ranks it was given.  It goes through this
-wrapper, so that `cluster/` stays the only package that imports mpi4py (DESIGN §3):
+wrapper, so that `cluster/` stays the only package that imports mpi4py (docs/design.md §3):
 
     group = as_group(comm)            # None = MPI.COMM_WORLD; an mpi4py communicator; a Group
     with group.errors("partitioning"):

@@ -1,6 +1,6 @@
 """The training loop.  Reads top to bottom: topology -> shards -> views -> model -> epochs -> outputs.
 
-Semantics (DESIGN §6): loss only on inner training rows (each lies on exactly one rank), summed and
+Semantics (docs/design.md §6): loss only on inner training rows (each lies on exactly one rank), summed and
 divided by the global training count, so the all-reduced *sum* of gradients equals the single-process
 full-graph gradient; parameters identical on every rank from one seed; evaluation is exact
 full-graph inference over the world view in every mode.

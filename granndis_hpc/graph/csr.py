@@ -92,7 +92,7 @@ def row_of_edges(indptr: np.ndarray) -> np.ndarray:
 def owner_of(offsets: np.ndarray, ids) -> np.ndarray:
     """Which contiguous block each id falls in, for blocks given by their start offsets
     (`offsets[p] <= id < offsets[p+1]` -> p).  The one lookup of "which GPU's rows hold this row":
-    rows of each GPU are contiguous in a server file (DESIGN §5)."""
+    rows of each GPU are contiguous in a server file (docs/design.md §5)."""
     return np.searchsorted(offsets, ids, side="right") - 1
 
 

@@ -1,4 +1,4 @@
-"""Layers and models over a per-layer one-hop graph.  Pure torch: no MPI, no files (DESIGN §3)."""
+"""Layers and models over a per-layer one-hop graph.  Pure torch: no MPI, no files (docs/design.md §3)."""
 from .dropout import RowDropout, keep_mask
 from .graph import BACKENDS, DEFAULT_BACKEND, KINDS, LayerGraph, aggregate
 from .layers import GCNConv, SAGEConv

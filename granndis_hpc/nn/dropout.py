@@ -1,6 +1,6 @@
 """Counter-based dropout: the mask of an element is a function of (seed, epoch, layer, vertex id, column).
 
-DESIGN §6: results must not depend on S x G where the method is exact, dropout included.  A per-rank
+docs/design.md §6: results must not depend on S x G where the method is exact, dropout included.  A per-rank
 generator draws a rank's masks from a stream whose position depends on how many rows the rank holds,
 so fb, flx and the same run on another cluster shape follow different trajectories.  Here a mask
 element is a hash of its counters instead (splitmix64's finaliser over a Weyl sequence, in torch int64

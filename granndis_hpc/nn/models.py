@@ -1,6 +1,6 @@
 """GNN models over per-layer one-hop graphs: GraphSAGE, GCN and ResSAGE+ (DeeperGCN "res+" blocks).
 
-Contract with the engine (DESIGN §6):
+Contract with the engine (docs/design.md §6):
 - ``forward(x, graphs, gather)``: ``x`` holds the rank's own rows of layer 0; ``graphs[l]`` is layer l's
   ``LayerGraph``; layer l's n_dst equals layer l+1's number of own rows.
 - Before conv l the model calls ``gather(l, h)`` with h = the own rows [n_own, width]; gather returns

@@ -1,4 +1,4 @@
-"""Shard format v1: per-server HDF5 files + manifest.json (DESIGN §5, docs/shard-format.md).
+"""Shard format v1: per-server HDF5 files + manifest.json (docs/design.md §5, docs/shard-format.md).
 
 Readers (the engine) use read_manifest, check_job, verify_checksums and read_rank_slice; the
 preprocess stage writes with prepare_output_dir / stage_server_file / commit_shard_set (or write_shards).

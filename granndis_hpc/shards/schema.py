@@ -1,4 +1,4 @@
-"""Names, types and shapes of shard format version 1 (DESIGN §5, docs/shard-format.md).
+"""Names, types and shapes of shard format version 1 (docs/design.md §5, docs/shard-format.md).
 
 One place that says what a server file holds, so the writer, the reader and `verify` cannot drift.
 """

@@ -1,4 +1,4 @@
-"""Training with dropout is shape-independent in the exact modes (DESIGN §6), on real Cora (mpirun -n 4).
+"""Training with dropout is shape-independent in the exact modes (docs/design.md §6), on real Cora (mpirun -n 4).
 
 Dropout masks are a function of (seed, epoch, layer, global vertex id, column) (nn/dropout.py), so fb,
 flx with k = L and with k < L, on 2x2, 1x4 and 4x1, all follow the single-process trajectory: after 20

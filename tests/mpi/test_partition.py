@@ -77,7 +77,7 @@ def test_parmetis_metis_random_valid_balanced_and_cut(source, graph, request):
         assert res.vertex_balance <= 1.05, (method, res.vertex_balance)
         assert res.edge_cut < 0.5 * rnd.edge_cut, (method, res.edge_cut, rnd.edge_cut)
     pm = check_partition(g, "parmetis")
-    # PT-Scotch ignores a second constraint, so only vertices are balanced there (DESIGN §8)
+    # PT-Scotch ignores a second constraint, so only vertices are balanced there (docs/design.md §8)
     if "pt-scotch" in pm.library:
         assert pm.constraints == ["vertices"]
     else:
