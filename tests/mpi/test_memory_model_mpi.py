@@ -15,7 +15,7 @@ import pytest
 from mpi4py import MPI
 
 from granndis_hpc import memory_model as mm
-from tests.mpi.conftest import build_sets_on_rank0, make_trainer
+from tests.mpi.conftest import RANKS_PER_SERVER, build_sets_on_rank0, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
