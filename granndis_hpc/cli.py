@@ -112,6 +112,10 @@ def run_training(argv=None) -> dict:
 
 
 def train_main(argv=None) -> int:
+    # First, before the imports and the set-up that take seconds: a stop signal (Slurm's time-limit
+    # warning, preemption) arriving meanwhile must be recorded, not kill the rank (engine/signals.py).
+    from granndis_hpc.engine.signals import install_early
+    install_early()
     from granndis_hpc.cluster.errors import main_guard
 
     main_guard(run_training, argv)

@@ -119,18 +119,18 @@ granndis_show() {
     granndis_note "running: ${out% }"
 }
 
-# Run a command in the background and wait for it, forwarding USR1 and TERM to it.  Slurm's
-# --signal=B:USR1@T signals only this batch shell; srun and Open MPI's mpirun pass the signal on to
-# every rank, which write a checkpoint and stop.  Sets GRANNDIS_SIGNAL to the last signal received.
+# Run a command in the background and wait for it, passing USR1 and TERM on to it as USR1.  Slurm's
+# --signal=B:USR1@T and `scancel --signal=TERM --batch` signal only this batch shell.  Sets
+# GRANNDIS_SIGNAL to the last signal received.
 granndis_forward_signal() {
     GRANNDIS_SIGNAL=$1
-    local sig=$1
-    # Open MPI's mpirun tears the job down about a second after forwarding SIGTERM, before the ranks
-    # can checkpoint; it forwards SIGUSR1 untouched, which the ranks treat the same way (measured,
-    # Open MPI 4.1.4).  srun delivers SIGTERM to every task, so it is passed on as it is.
-    [ "${GRANNDIS_LAUNCHER:-srun}" = mpirun ] && sig=USR1
-    granndis_note "got SIG$1, passing SIG$sig to the ranks"
-    if [ -n "${GRANNDIS_CHILD:-}" ]; then kill "-$sig" "$GRANNDIS_CHILD" 2>/dev/null || true; fi
+    # SIGUSR1 whatever arrived: both launchers relay it to every rank untouched, and the ranks treat it
+    # as they treat SIGTERM (checkpoint, stop).  SIGTERM itself would not reach them alive: Slurm
+    # 22.05's srun answers it by killing the step ("srun: forcing job termination", every rank
+    # SIGKILLed, no checkpoint; measured), and Open MPI 4.1's mpirun tears the job down about a second
+    # after forwarding it.
+    granndis_note "got SIG$1, passing SIGUSR1 to the ranks"
+    if [ -n "${GRANNDIS_CHILD:-}" ]; then kill -USR1 "$GRANNDIS_CHILD" 2>/dev/null || true; fi
 }
 
 granndis_run_forwarding_signals() {
@@ -139,7 +139,9 @@ granndis_run_forwarding_signals() {
     # Traps first, so a signal that arrives while the launcher starts is not lost.
     trap 'granndis_forward_signal USR1' USR1
     trap 'granndis_forward_signal TERM' TERM
-    "$@" &
+    # The launcher's stderr also goes to a file, to explain a failure afterwards (granndis_explain_failure).
+    GRANNDIS_LAUNCH_ERR="${GRANNDIS_LAUNCH_ERR:-$(mktemp "${TMPDIR:-/tmp}/granndis-launch.XXXXXX")}"
+    "$@" 2> >(tee "$GRANNDIS_LAUNCH_ERR" >&2) &
     GRANNDIS_CHILD=$!
     if [ -n "$GRANNDIS_SIGNAL" ]; then granndis_forward_signal "$GRANNDIS_SIGNAL"; fi
     local rc again
@@ -156,4 +158,53 @@ granndis_run_forwarding_signals() {
     done
     trap - USR1 TERM
     return "$rc"
+}
+
+# After a failed launch: say what a known launcher failure means (the ranks' own messages are above it).
+granndis_explain_failure() {
+    local err="${GRANNDIS_LAUNCH_ERR:-}"
+    [ -n "$err" ] && [ -r "$err" ] || return 0
+    if grep -qE "not built with SLURM's PMI support|PMI2_Init failed|PMI_Init failed|pmi2 plugin|OPAL_ERR_NOT_SUPPORTED.*PMI" "$err"; then
+        granndis_note "error: the MPI library cannot start under srun --mpi=${GRANNDIS_SRUN_MPI:-pmix} (it was not built for that PMI plugin).  Debian's and most Open MPI builds need --mpi=pmix: set GRANNDIS_SRUN_MPI=pmix (\`srun --mpi=list\` shows the site's plugins), or use GRANNDIS_LAUNCHER=mpirun"
+    fi
+}
+
+# The srun --mpi plugin must be one this Slurm has (`srun --mpi=list`), or srun fails with a long error.
+granndis_check_mpi_plugin() {
+    [ "${GRANNDIS_LAUNCHER:-srun}" = srun ] || return 0
+    local want="${GRANNDIS_SRUN_MPI:-pmix}" list
+    list="$(srun --mpi=list 2>&1)" || return 0  # an srun that cannot list: let srun itself decide
+    grep -qE -- "^[[:space:]]+$want\$|available:.*\<$want\>" <<<"$list" || \
+        granndis_die "GRANNDIS_SRUN_MPI=$want: this Slurm's srun has no '$want' MPI plugin (srun --mpi=list: $(tr '\n' ' ' <<<"$list")); set GRANNDIS_SRUN_MPI to one of them (pmix for Open MPI), or use GRANNDIS_LAUNCHER=mpirun"
+}
+
+# Is an option given among the words (`--name value` or `--name=value`)?
+granndis_has_option() {
+    local name=$1 word
+    shift
+    for word in "$@"; do
+        [ "$word" = "$name" ] || [[ "$word" == "$name="* ]] && return 0
+    done
+    return 1
+}
+
+# Append `--name value` to the array named $1 unless the user's words ($4...) give --name themselves: the
+# logged command line then shows each option once, with the value that is used.
+granndis_default_option() {
+    local -n _into=$1
+    local name=$2 value=$3
+    shift 3
+    granndis_has_option "$name" "$@" || _into+=("$name" "$value")
+}
+
+# The epoch of RUN_DIR's newest complete checkpoint (COMPLETE.json is written last), -1 when none.
+granndis_checkpoint_epoch() {
+    local best=-1 done epoch
+    for done in "$1"/checkpoints/epoch-*/COMPLETE.json; do
+        [ -e "$done" ] || continue
+        epoch="${done%/COMPLETE.json}"
+        epoch=$((10#${epoch##*/epoch-}))
+        [ "$epoch" -gt "$best" ] && best=$epoch
+    done
+    echo "$best"
 }
