@@ -1,0 +1,72 @@
+"""A stop signal (Slurm's time-limit warning, preemption) that reaches the ranks while they are still
+setting up -- importing torch, MPI_Init, reading shards: seconds -- must be honoured, not kill them
+(issue 22, defect 1: the handlers were installed only after set-up, so SIGUSR1 killed the ranks and the
+Slurm script requeued the job forever).  Under `mpirun -n 2` (2 servers x 1 rank), real Cora."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from granndis_hpc.engine import checkpoint as ck
+from tests.conftest import MPI_ENV, REPO
+from tests.conftest import require_planetoid
+from tests.unit.test_resume import _rank_pids
+
+pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+TRAIN = ["--ranks-per-server", "1", "--layers", "2", "--hidden", "16", "--epochs", "4", "--eval-every", "0",
+         "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    from mpi4py import MPI
+    from preprocess.build import build_shards
+    from preprocess.sources import load
+
+    out = tmp_path_factory.mktemp("stop") / "cora-2x1"
+    graph = load("planetoid", name="cora", root=str(require_planetoid()))
+    build_shards(graph, out, servers=2, gpus_per_server=1, layers=2, preload="full", partitioner="metis",
+                 comm=MPI.COMM_SELF)
+    return out
+
+
+def _catches_usr1(pid):
+    """Has the process a handler for SIGUSR1 (/proc/PID/status SigCgt, bit 10 - 1)?"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught, 16) >> (signal.SIGUSR1 - 1) & 1)
+
+
+def test_stop_signal_during_set_up_stops_cleanly_before_training(shards, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    cmd = ["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", str(shards),
+           "--out", str(run_dir), *TRAIN]
+    with open(tmp_path / "log", "w+") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **MPI_ENV), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            # As soon as every rank catches SIGUSR1 (before the fix: only after set-up; now: before the
+            # imports), signal them all: they are then still importing torch and mpi4py.
+            deadline = time.monotonic() + 60
+            while len(pids := _rank_pids(proc.pid)) < 2 or not all(map(_catches_usr1, pids.values())):
+                assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+                time.sleep(0.005)
+            for pid in pids.values():
+                os.kill(pid, signal.SIGUSR1)
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        log.seek(0)
+        out = log.read()
+    assert not (run_dir / "metrics.jsonl").exists() or (run_dir / "metrics.jsonl").read_text() == "", out
+    assert rc == 0, out
+    assert "stop requested (SIGUSR1/SIGTERM) during set-up: stopped before training, at epoch 0" in out, out
+    assert ck.latest_complete(str(run_dir)) is None and not (run_dir / "summary.json").exists()
+    assert (run_dir / "config.json").exists()  # the run exists: --resume continues it from epoch 0
