@@ -313,6 +313,8 @@ class Trainer:
         records, accuracy = list(self.prior_records), None
         start = time.perf_counter() - self.prior_elapsed_s
         # Rank 0, on a terminal and not --quiet only; epoch lines go through the bar so it stays whole.
+        if rank0 and not cfg.quiet:  # the job's layout first: which host each server is
+            print(self.topo.describe(), flush=True)
         if self._stopped_during_set_up():
             if writer:
                 writer.close()
@@ -349,7 +351,8 @@ class Trainer:
             accuracy = self.evaluate()
         peak = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
         summary = summarize(records, asdict(cfg), accuracy, peak,
-                            {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server},
+                            {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server,
+                             "hosts": self.topo.hosts, "emulated": self.topo.emulated},
                             time.perf_counter() - start, best=self.best)
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
         summary["features"] = features_entry(self.manifest)
