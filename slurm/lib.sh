@@ -129,7 +129,7 @@ granndis_forward_signal() {
     # 22.05's srun answers it by killing the step ("srun: forcing job termination", every rank
     # SIGKILLed, no checkpoint; measured), and Open MPI 4.1's mpirun tears the job down about a second
     # after forwarding it.
-    granndis_note "got SIG$1, passing SIGUSR1 to the ranks"
+    granndis_note "got SIG$1 at $(date -u +%H:%M:%S) UTC, passing SIGUSR1 to the ranks"
     if [ -n "${GRANNDIS_CHILD:-}" ]; then kill -USR1 "$GRANNDIS_CHILD" 2>/dev/null || true; fi
 }
 
@@ -139,9 +139,16 @@ granndis_run_forwarding_signals() {
     # Traps first, so a signal that arrives while the launcher starts is not lost.
     trap 'granndis_forward_signal USR1' USR1
     trap 'granndis_forward_signal TERM' TERM
-    # The launcher's stderr also goes to a file, to explain a failure afterwards (granndis_explain_failure).
-    GRANNDIS_LAUNCH_ERR="${GRANNDIS_LAUNCH_ERR:-$(mktemp "${TMPDIR:-/tmp}/granndis-launch.XXXXXX")}"
-    "$@" 2> >(tee "$GRANNDIS_LAUNCH_ERR" >&2) &
+    # The launcher's stderr also goes to a file, to explain a failure afterwards (granndis_explain_failure),
+    # through a tee that ignores the stop signals (a plain scancel signals this whole batch step: a dead
+    # tee would kill the launcher with SIGPIPE at its next message).
+    local tmp
+    tmp="$(mktemp -d "${TMPDIR:-/tmp}/granndis-launch.XXXXXX")"
+    GRANNDIS_LAUNCH_ERR="$tmp/stderr"
+    mkfifo "$tmp/fifo"
+    ( trap '' TERM USR1 INT HUP; exec tee "$GRANNDIS_LAUNCH_ERR" <"$tmp/fifo" >&2 ) &
+    local tee_pid=$!
+    "$@" 2>"$tmp/fifo" &
     GRANNDIS_CHILD=$!
     if [ -n "$GRANNDIS_SIGNAL" ]; then granndis_forward_signal "$GRANNDIS_SIGNAL"; fi
     local rc again
@@ -157,16 +164,27 @@ granndis_run_forwarding_signals() {
         break
     done
     trap - USR1 TERM
+    # tee ends when the last writer is gone; do not wait forever on a stray process holding the pipe
+    local i
+    for i in $(seq 50); do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done
+    kill "$tee_pid" 2>/dev/null || true
+    wait "$tee_pid" 2>/dev/null || true
+    rm -f "$tmp/fifo"
     return "$rc"
 }
 
 # After a failed launch: say what a known launcher failure means (the ranks' own messages are above it).
+# granndis_cleanup_launch removes the saved stderr.
 granndis_explain_failure() {
     local err="${GRANNDIS_LAUNCH_ERR:-}"
     [ -n "$err" ] && [ -r "$err" ] || return 0
     if grep -qE "not built with SLURM's PMI support|PMI2_Init failed|PMI_Init failed|pmi2 plugin|OPAL_ERR_NOT_SUPPORTED.*PMI" "$err"; then
         granndis_note "error: the MPI library cannot start under srun --mpi=${GRANNDIS_SRUN_MPI:-pmix} (it was not built for that PMI plugin).  Debian's and most Open MPI builds need --mpi=pmix: set GRANNDIS_SRUN_MPI=pmix (\`srun --mpi=list\` shows the site's plugins), or use GRANNDIS_LAUNCHER=mpirun"
     fi
+}
+
+granndis_cleanup_launch() {
+    if [ -n "${GRANNDIS_LAUNCH_ERR:-}" ]; then rm -rf "$(dirname "$GRANNDIS_LAUNCH_ERR")"; fi
 }
 
 # The srun --mpi plugin must be one this Slurm has (`srun --mpi=list`), or srun fails with a long error.

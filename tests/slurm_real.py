@@ -137,3 +137,52 @@ def preprocess(tmp, layers=2, timeout_s=180):
     info = wait(job, timeout_s)
     assert info["JobState"] == "COMPLETED", (info, log.read_text(errors="replace")[-3000:])
     return shards
+
+
+def _environ(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    except OSError:
+        return {}
+
+
+def catches_usr1(pid):
+    """Has the process a handler for SIGUSR1 (/proc/PID/status SigCgt)?"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught, 16) >> (signal.SIGUSR1 - 1) & 1)
+
+
+def rank_pids(job_id):
+    """{task rank: pid} of a job's granndis-train ranks (they run in the emulated servers' namespaces,
+    in this machine's process table)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        env = _environ(entry)
+        if env.get(b"SLURM_JOB_ID") != str(job_id).encode() or b"SLURM_PROCID" not in env:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"granndis-train" in cmd or b"granndis_hpc" in cmd:
+            out[int(env[b"SLURM_PROCID"])] = int(entry)
+    return out
+
+
+def wait_for_ranks(job_id, n, timeout_s, handler=True):
+    """Wait until the job's n ranks run (and, with handler, catch SIGUSR1); returns their pids."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = rank_pids(job_id)
+        if len(pids) == n and (not handler or all(map(catches_usr1, pids.values()))):
+            return pids
+        time.sleep(0.01)
+    raise AssertionError(f"job {job_id}: {n} ranks not running within {timeout_s} s (found {rank_pids(job_id)})")

@@ -44,7 +44,9 @@ import emucluster as emu  # noqa: E402
 
 INSTANCE = "slurm"
 SUBNET = "10.214.0"
-PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+# libpmix-dev: Slurm's mpi/pmix plugin dlopens libpmix.so (the unversioned name; Open MPI's -dev package
+# brings it too)
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "libpmix-dev")
 BINARIES = ("slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "scontrol", "squeue", "scancel", "munged")
 CLUSTER_NAME = "granndis"
 PARTITION = "emu"
@@ -81,7 +83,11 @@ def conf_path():
 
 
 def missing_binaries(which=shutil.which):
-    return [b for b in BINARIES if which(b) is None and not os.path.exists(f"/usr/sbin/{b}")]
+    missing = [b for b in BINARIES if which(b) is None and not os.path.exists(f"/usr/sbin/{b}")]
+    if not any(os.path.exists(os.path.join(d, "libpmix.so")) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64",
+                                                                     "/usr/lib", "/usr/lib/aarch64-linux-gnu")):
+        missing.append("libpmix.so")
+    return missing
 
 
 def install(timeout_s=600, quiet=False):
