@@ -34,10 +34,33 @@ def _interrupt(signum, frame):
 @contextlib.contextmanager
 def slurm_cluster(cpus=4, cred_expire=10, kill_wait=15, lock_timeout_s=600):
     """A 2-node Slurm for the duration of the block; torn down after, also on failure or SIGTERM."""
+    with instance_environment():
+        try:
+            sc.preflight()
+        except sc.emu.EmuError as exc:
+            pytest.skip(f"no real Slurm cluster here: {exc}")
+        with _locked_cluster(cpus, cred_expire, kill_wait, lock_timeout_s) as info:
+            yield info
+
+
+@contextlib.contextmanager
+def instance_environment():
+    """slurmcluster points emucluster at its instance through the environment: undo that afterwards, so
+    that other tests in this process see the default instance."""
+    keys = (sc.emu.ENV_INSTANCE, sc.emu.ENV_SUBNET, sc.emu.ENV_STATE_DIR)
+    before = {k: os.environ.get(k) for k in keys}
     try:
-        sc.preflight()
-    except sc.emu.EmuError as exc:
-        pytest.skip(f"no real Slurm cluster here: {exc}")
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _locked_cluster(cpus, cred_expire, kill_wait, lock_timeout_s):
     with open(LOCK, "w") as lock:
         deadline = time.monotonic() + lock_timeout_s
         while True:
@@ -127,13 +150,13 @@ def plain_mpirun(train_args, out, timeout_s=300):
     return p
 
 
-def preprocess(tmp, layers=2, timeout_s=180):
+def preprocess(tmp, layers=2, timeout_s=180, cwd=REPO):
     """preprocess.sbatch with its own resource defaults: Cora shards for 2 servers x 2."""
     shards, log = tmp / "shards", tmp / "preprocess.out"
     job = submit(REPO / "slurm" / "preprocess.sbatch",
                  args=["--source", "planetoid", "--name", "cora", "--root", str(PLANETOID)],
                  env=job_env(GRANNDIS_SERVERS=2, GRANNDIS_GPUS_PER_SERVER=2, GRANNDIS_LAYERS=layers,
-                             GRANNDIS_SHARDS=shards), log=log)
+                             GRANNDIS_SHARDS=shards), log=log, cwd=cwd)
     info = wait(job, timeout_s)
     assert info["JobState"] == "COMPLETED", (info, log.read_text(errors="replace")[-3000:])
     return shards
@@ -186,3 +209,6 @@ def wait_for_ranks(job_id, n, timeout_s, handler=True):
             return pids
         time.sleep(0.01)
     raise AssertionError(f"job {job_id}: {n} ranks not running within {timeout_s} s (found {rank_pids(job_id)})")
+
+
+job_info = sc.job_info

@@ -83,7 +83,7 @@ def test_time_limited_job_requeues_and_resumes_to_the_uninterrupted_run(shards, 
     info = sr.wait(job, 840)
     text = log.read_text(errors="replace")
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, text[-4000:])
-    restarts = int(info["RestartCnt"])
+    restarts = int(info["Restarts"])
     assert restarts >= 1, text[-4000:]  # it was stopped by the time limit at least once
     requeues = re.findall(r"checkpoint of epoch (\d+) \(this attempt: epoch (\d+) -> (\d+)\)", text)
     assert len(requeues) == restarts, text[-4000:]
@@ -103,7 +103,7 @@ def test_stop_signal_during_set_up_is_honoured_and_not_requeued(shards, tmp_path
     sr.signal_job(job, "USR1", batch=True)  # what --signal=B:USR1@T does
     info = sr.wait(job, 180)
     text = log.read_text(errors="replace")
-    assert int(info["RestartCnt"]) == 0, text[-4000:]
+    assert int(info["Restarts"]) == 0, text[-4000:]
     assert "during set-up: stopped before training" in text, text[-4000:]
     assert "made no progress in this attempt" in text and "not requeued" in text
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "3:0", info
@@ -120,8 +120,8 @@ def test_time_limit_too_short_for_progress_stops(shards, tmp_path):
     info = sr.wait(job, 600)
     text = log.read_text(errors="replace")
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "3:0", (info, text[-4000:])
-    assert int(info["RestartCnt"]) <= 2 and "made no progress in this attempt" in text, text[-4000:]
-    record("time_limit_too_short", restarts=int(info["RestartCnt"]), wall_s=round(time.monotonic() - t0, 1),
+    assert int(info["Restarts"]) <= 2 and "made no progress in this attempt" in text, text[-4000:]
+    record("time_limit_too_short", restarts=int(info["Restarts"]), wall_s=round(time.monotonic() - t0, 1),
            signals_at=re.findall(r"got SIGUSR1 at (\S+) UTC", text))
 
 
@@ -183,7 +183,7 @@ def test_scontrol_requeue_of_a_running_job_resumes(shards, reference, tmp_path):
     info = sr.wait(job, 600, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"))
     text = log.read_text(errors="replace")
     # a requeued job may be held back once more by Slurm ("JobHeldAdmin") on some versions: not here
-    assert info["JobState"] == "COMPLETED" and int(info["RestartCnt"]) == 1, (info, text[-4000:])
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, (info, text[-4000:])
     assert "--resume" in text.split("restart 1")[-1] or "resuming from" in text, text[-4000:]
     assert sr.losses(run_dir) == reference
     record("scontrol_requeue", restarts=1, wall_after_requeue_s=round(time.monotonic() - t0, 1),
@@ -202,6 +202,22 @@ def test_job_failing_every_attempt_stops(shards, tmp_path):
     time.sleep(15)  # a requeue would show within cred_expire + 1 s
     info = sr.job_info(job)
     text = log.read_text(errors="replace")
-    assert info["JobState"] == "FAILED" and int(info["RestartCnt"]) == 0, (info, text[-4000:])
+    assert info["JobState"] == "FAILED" and int(info["Restarts"]) == 0, (info, text[-4000:])
     assert "requeueing" not in text
-    record("failing_job", state=info["JobState"], exit=info["ExitCode"], restarts=int(info["RestartCnt"]))
+    record("failing_job", state=info["JobState"], exit=info["ExitCode"], restarts=int(info["Restarts"]))
+
+
+def test_pmi2_with_debian_open_mpi_fails_with_the_reason(shards, tmp_path):
+    """Debian's Open MPI has no PMI2 support (defect 4): the job fails at once, and the log says why and
+    what to set instead."""
+    run_dir, log = tmp_path / "run", tmp_path / "job.out"
+    job = train_job(shards, run_dir, log, GRANNDIS_SRUN_MPI="pmi2")
+    info = sr.wait(job, 180)
+    text = log.read_text(errors="replace")
+    assert info["JobState"] == "FAILED", (info, text[-4000:])
+    assert "not built with SLURM's PMI support" in text, text[-4000:]
+    assert "cannot start under srun --mpi=pmi2" in text and "GRANNDIS_SRUN_MPI=pmix" in text
+    job = train_job(shards, run_dir, log, GRANNDIS_SRUN_MPI="pmi7")
+    info = sr.wait(job, 60)
+    assert info["JobState"] == "FAILED" and "no 'pmi7' MPI plugin" in log.read_text(errors="replace")
+    record("pmi2", state=info["JobState"], message="OMPI was not built with SLURM's PMI support")

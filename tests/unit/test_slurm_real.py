@@ -25,12 +25,14 @@ def test_cpu_form_is_the_documented_one():
 @pytest.mark.timeout(400)
 def test_preprocess_then_train_on_two_nodes_equals_plain_mpirun(tmp_path):
     with sr.slurm_cluster():
-        shards = sr.preprocess(tmp_path)  # the script's own defaults fit a 4-CPU node (defect 3)
+        # Submitted from outside the checkout, by path, without GRANNDIS_HOME (defect 7); the script's own
+        # resource defaults fit a 4-CPU node (defect 3)
+        shards = sr.preprocess(tmp_path, cwd=tmp_path)
         run_dir, log = tmp_path / "run", tmp_path / "train.out"
         # No GRANNDIS_LAYERS: the depth comes from the shards (defect 7)
         job = sr.submit(REPO / "slurm" / "train.sbatch", CPU_FORM,
                         ["--epochs", "3", "--hidden", "16", "--eval-every", "0"],
-                        env=sr.job_env(GRANNDIS_SHARDS=shards, GRANNDIS_RUN_DIR=run_dir), log=log)
+                        env=sr.job_env(GRANNDIS_SHARDS=shards, GRANNDIS_RUN_DIR=run_dir), log=log, cwd=tmp_path)
         info = sr.wait(job, 240)
     text = log.read_text(errors="replace")
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, text[-4000:])
@@ -47,3 +49,25 @@ def test_preprocess_then_train_on_two_nodes_equals_plain_mpirun(tmp_path):
     sr.plain_mpirun(train, ref)
     assert len(sr.losses(run_dir)) == 3
     assert sr.losses(run_dir) == sr.losses(ref)
+
+
+def test_slurm_conf_of_the_test_cluster(tmp_path, monkeypatch):
+    """What the measured set-up needs (slurm/testing/slurmcluster.py): per-node paths with %n (TmpFS
+    too: the pmix plugin's spmix_appdir_* collide without it), the controller on server 0 by address,
+    the lowered cred_expire, more CPUs than the machine's cores."""
+    monkeypatch.delenv(sr.sc.emu.ENV_STATE_DIR, raising=False)
+    monkeypatch.delenv(sr.sc.emu.ENV_SUBNET, raising=False)
+    monkeypatch.setenv(sr.sc.emu.ENV_INSTANCE, sr.sc.INSTANCE)
+    state = sr.sc.emu.layout(2, str(tmp_path))
+    conf = dict(line.split("=", 1) for line in sr.sc.slurm_conf(state, "/s", 4, 10, 15, "/m/sock").splitlines()
+                if "=" in line and not line.startswith(("#", "NodeName", "PartitionName")))
+    assert conf["SlurmctldHost"] == "slurm-s0(10.214.0.1)"
+    assert conf["AuthInfo"] == "socket=/m/sock,cred_expire=10"
+    for key in ("SlurmdSpoolDir", "SlurmdPidFile", "SlurmdLogFile", "TmpFS"):
+        assert "%n" in conf[key], key
+    assert conf["SlurmdParameters"] == "config_overrides" and conf["MpiDefault"] == "none"
+    assert conf["ProctrackType"] == "proctrack/linuxproc" and conf["TaskPlugin"] == "task/none"
+    nodes = [line for line in sr.sc.slurm_conf(state, "/s", 4, 10, 15, "/m/sock").splitlines()
+             if line.startswith("NodeName")]
+    assert nodes == ["NodeName=slurm-s0 NodeAddr=10.214.0.1 NodeHostname=slurm-s0 CPUs=4 State=UNKNOWN",
+                     "NodeName=slurm-s1 NodeAddr=10.214.0.2 NodeHostname=slurm-s1 CPUs=4 State=UNKNOWN"]
