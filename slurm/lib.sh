@@ -129,7 +129,10 @@ granndis_forward_signal() {
     # 22.05's srun answers it by killing the step ("srun: forcing job termination", every rank
     # SIGKILLed, no checkpoint; measured), and Open MPI 4.1's mpirun tears the job down about a second
     # after forwarding it.
-    granndis_note "got SIG$1 at $(date -u +%H:%M:%S) UTC, passing SIGUSR1 to the ranks"
+    local left=""
+    # how early the time-limit warning came (Slurm checks limits periodically: it may be a minute early)
+    [ -n "${SLURM_JOB_ID:-}" ] && left="$(timeout 5 squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null || true)"
+    granndis_note "got SIG$1 at $(date -u +%H:%M:%S) UTC${left:+ (time left: $left)}, passing SIGUSR1 to the ranks"
     if [ -n "${GRANNDIS_CHILD:-}" ]; then kill -USR1 "$GRANNDIS_CHILD" 2>/dev/null || true; fi
 }
 
