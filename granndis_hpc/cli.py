@@ -99,6 +99,7 @@ def run_training(argv=None) -> dict:
     trainer = Trainer(_config_from_args(ns))
     try:
         summary = trainer.run()  # writes the resolved config (every option) to RUN_DIR/config.json
+        trainer.stop_signals.ignore_warnings_after()  # a late SIGUSR1 must not kill the ranks on their way out
     finally:
         trainer.close()
     if summary is None:  # stopped by SIGUSR1/SIGTERM with a checkpoint written: exit 0 so the job requeues

@@ -58,6 +58,14 @@ class StopSignals:
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous = {}
 
+    def ignore_warnings_after(self) -> None:
+        """After the run has ended (finished, or stopped with its checkpoint): leave SIGUSR1 ignored when
+        the handlers are uninstalled.  A time-limit warning that comes while the ranks shut down has
+        nothing left to stop, and must not kill them (measured under Slurm: a job that finished its last
+        epoch, then got the warning during MPI_Finalize, ended FAILED).  SIGTERM keeps its effect."""
+        if signal.SIGUSR1 in self._previous:
+            self._previous[signal.SIGUSR1] = signal.SIG_IGN
+
     def uninstall_and_redeliver(self) -> None:
         """Restore the previous handlers; a signal received meanwhile is raised again under them (for a
         run that cannot checkpoint: without a run directory a stop signal keeps its usual effect)."""

@@ -13,8 +13,8 @@ import pytest
 
 from granndis_hpc.engine import checkpoint as ck
 from tests.conftest import MPI_ENV, REPO
-from tests.conftest import require_planetoid
-from tests.unit.test_resume import _rank_pids
+from tests.slurm_real import catches_usr1
+from tests.unit.test_resume import _rank_pids, cora_shards
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 TRAIN = ["--ranks-per-server", "1", "--layers", "2", "--hidden", "16", "--epochs", "4", "--eval-every", "0",
@@ -23,25 +23,7 @@ TRAIN = ["--ranks-per-server", "1", "--layers", "2", "--hidden", "16", "--epochs
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    from mpi4py import MPI
-    from preprocess.build import build_shards
-    from preprocess.sources import load
-
-    out = tmp_path_factory.mktemp("stop") / "cora-2x1"
-    graph = load("planetoid", name="cora", root=str(require_planetoid()))
-    build_shards(graph, out, servers=2, gpus_per_server=1, layers=2, preload="full", partitioner="metis",
-                 comm=MPI.COMM_SELF)
-    return out
-
-
-def _catches_usr1(pid):
-    """Has the process a handler for SIGUSR1 (/proc/PID/status SigCgt, bit 10 - 1)?"""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
-    except (OSError, StopIteration):
-        return False
-    return bool(int(caught, 16) >> (signal.SIGUSR1 - 1) & 1)
+    return cora_shards(tmp_path_factory.mktemp("stop") / "cora-2x1", 2, 1)
 
 
 def test_stop_signal_during_set_up_stops_cleanly_before_training(shards, tmp_path):  # noqa: F811
@@ -54,7 +36,7 @@ def test_stop_signal_during_set_up_stops_cleanly_before_training(shards, tmp_pat
             # As soon as every rank catches SIGUSR1 (before the fix: only after set-up; now: before the
             # imports), signal them all: they are then still importing torch and mpi4py.
             deadline = time.monotonic() + 60
-            while len(pids := _rank_pids(proc.pid)) < 2 or not all(map(_catches_usr1, pids.values())):
+            while len(pids := _rank_pids(proc.pid)) < 2 or not all(map(catches_usr1, pids.values())):
                 assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
                 time.sleep(0.005)
             for pid in pids.values():
@@ -70,3 +52,28 @@ def test_stop_signal_during_set_up_stops_cleanly_before_training(shards, tmp_pat
     assert "stop requested (SIGUSR1/SIGTERM) during set-up: stopped before training, at epoch 0" in out, out
     assert ck.latest_complete(str(run_dir)) is None and not (run_dir / "summary.json").exists()
     assert (run_dir / "config.json").exists()  # the run exists: --resume continues it from epoch 0
+
+
+def test_early_handlers_are_handed_to_the_trainer_and_late_warnings_ignored():
+    """install_early records a signal that comes before the Trainer exists; take_early hands it over.
+    After the run, a SIGUSR1 while the ranks shut down is ignored (under Slurm a job that had finished
+    its last epoch got the time-limit warning during shutdown and was killed by it: FAILED)."""
+    from granndis_hpc.engine import signals
+
+    before = {s: signal.getsignal(s) for s in signals.STOP_SIGNALS}
+    try:
+        early = signals.install_early()
+        assert signals.install_early() is early  # idempotent
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        handed = signals.take_early()
+        assert handed is early and handed.received == signal.SIGUSR1
+        assert signals.take_early() is not early  # taken once; a new one afterwards
+        handed.install()  # the Trainer installs again after set-up: uninstall must still restore the originals
+        handed.ignore_warnings_after()
+        handed.uninstall()
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
