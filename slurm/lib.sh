@@ -133,11 +133,15 @@ granndis_forward_signal() {
     # how early the time-limit warning came (Slurm checks limits periodically: it may be a minute early)
     [ -n "${SLURM_JOB_ID:-}" ] && left="$(timeout 5 squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null || true)"
     granndis_note "got SIG$1 at $(date -u +%H:%M:%S) UTC${left:+ (time left: $left)}, passing SIGUSR1 to the ranks"
+    # srun drops a signal that comes before it has started the tasks (measured): the stop file, which
+    # the ranks poll as they poll the signal flag (engine/signals.py), still asks them once they run.
+    # Rank 0 runs on this node (block placement), and one rank asking stops them all.
+    if [ -n "${GRANNDIS_STOP_FILE:-}" ]; then : >"$GRANNDIS_STOP_FILE" 2>/dev/null || true; fi
     if [ -n "${GRANNDIS_CHILD:-}" ]; then kill -USR1 "$GRANNDIS_CHILD" 2>/dev/null || true; fi
 }
 
 granndis_run_forwarding_signals() {
-    GRANNDIS_SIGNAL=""
+    GRANNDIS_SIGNAL="${GRANNDIS_SIGNAL:-}"  # one caught before (train.sbatch's first traps) is kept
     GRANNDIS_CHILD=""
     # Traps first, so a signal that arrives while the launcher starts is not lost.
     trap 'granndis_forward_signal USR1' USR1
@@ -148,6 +152,7 @@ granndis_run_forwarding_signals() {
     local tmp
     tmp="$(mktemp -d "${TMPDIR:-/tmp}/granndis-launch.XXXXXX")"
     GRANNDIS_LAUNCH_ERR="$tmp/stderr"
+    export GRANNDIS_STOP_FILE="$tmp/stop"  # one per attempt: a new attempt never sees an old request
     mkfifo "$tmp/fifo"
     ( trap '' TERM USR1 INT HUP; exec tee "$GRANNDIS_LAUNCH_ERR" <"$tmp/fifo" >&2 ) &
     local tee_pid=$!

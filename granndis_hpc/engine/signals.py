@@ -16,20 +16,26 @@ requested during set-up is honoured (the run stops before its first epoch) inste
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Dict, Optional
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+# A file whose existence asks for a stop as a signal does (slurm/lib.sh creates it when the batch shell
+# gets the time-limit warning): srun drops a signal that comes before it has started the tasks
+# (measured, Slurm 22.05), the file is still there when they start.  Polled where the flag is.
+ENV_STOP_FILE = "GRANNDIS_STOP_FILE"
 
 
 class StopSignals:
     """SIGUSR1/SIGTERM set a flag (the handler does nothing else: it may run between any two bytecodes);
     the training loop polls it after each epoch."""
 
-    def __init__(self):
+    def __init__(self, stop_file: Optional[str] = None):
         self.received: Optional[int] = None
         self._previous: Dict[int, object] = {}
+        self.stop_file = stop_file if stop_file is not None else os.environ.get(ENV_STOP_FILE) or None
 
     def install(self) -> bool:
         """Install the handlers (again: a library may have replaced them; the first previous handler is
@@ -51,7 +57,7 @@ class StopSignals:
 
     @property
     def requested(self) -> bool:
-        return self.received is not None
+        return self.received is not None or (self.stop_file is not None and os.path.exists(self.stop_file))
 
     def uninstall(self) -> None:
         for sig, previous in self._previous.items():
@@ -95,4 +101,4 @@ def take_early() -> StopSignals:
     return early if early is not None else StopSignals()
 
 
-__all__ = ["STOP_SIGNALS", "StopSignals", "install_early", "take_early"]
+__all__ = ["ENV_STOP_FILE", "STOP_SIGNALS", "StopSignals", "install_early", "take_early"]

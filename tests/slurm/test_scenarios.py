@@ -84,7 +84,50 @@ def finish_in_new_job(shards, run_dir, tmp_path, reference):
     return text
 
 
-def test_time_limited_job_requeues_and_resumes_to_the_uninterrupted_run(shards, reference, tmp_path):
+def _check_requeues(text, restarts):
+    """The self-requeues the log shows; each next attempt started only after cred_expire (10 s) + 1 s."""
+    requeues = re.findall(r"checkpoint of epoch (\d+) \(this attempt: epoch (\d+) -> (\d+)\)", text)
+    assert len(requeues) == restarts, text[-4000:]
+    requeued_at = [_seconds(t) for t in re.findall(r"requeueing job \d+ at (\S+) UTC", text)]
+    started_at = [_seconds(t) for t in re.findall(r"attempt \d+ started at (\S+) UTC", text)]
+    waits = [(b - a) % 86400 for a, b in zip(requeued_at, started_at[1:])]
+    assert len(waits) == restarts and all(w >= 10 for w in waits), (requeued_at, started_at)
+    return [int(b) - max(int(a), 0) for _, a, b in requeues], waits
+
+
+def test_time_limit_warnings_requeue_and_resume_to_the_uninterrupted_run(shards, reference, tmp_path):
+    """The time-limit warning, twice, at chosen moments: `scancel --signal=USR1 --batch` is what
+    --signal=B:USR1@T sends (to the batch shell only).  Each time the ranks checkpoint, the job requeues
+    itself and resumes; the losses must equal the uninterrupted run's, epoch for epoch (dropout on: every
+    rank's RNG state must come back too)."""
+    run_dir, log = tmp_path / "run", tmp_path / "job.out"
+    t0 = time.monotonic()
+    job = train_job(shards, run_dir, log)
+    for k in (1, 2):
+        _running_epochs(run_dir, job, 15 * k)  # this attempt is training
+        sr.signal_job(job, "USR1", batch=True)
+        deadline = time.monotonic() + 120
+        while int(sr.job_info(job).get("Restarts", 0)) < k:
+            assert time.monotonic() < deadline, (sr.job_info(job), log.read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+    info = sr.wait(job, 400)
+    text = log.read_text(errors="replace")
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, text[-4000:])
+    assert int(info["Restarts"]) == 2, text[-4000:]
+    epochs, waits = _check_requeues(text, 2)
+    assert all(e > 0 for e in epochs)
+    assert sr.losses(run_dir) == reference
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == EPOCHS and summary["hosts"] == ["slurm-s0", "slurm-s1"]
+    record("warning_requeues", restarts=2, epochs_per_attempt=epochs, requeue_to_restart_s=waits,
+           wall_s=round(time.monotonic() - t0, 1), losses_equal=True)
+
+
+def test_real_time_limit(shards, reference, tmp_path):
+    """A real time limit with the script's warning (--time=2:00, --signal=B:USR1@60): the job ends
+    COMPLETED with the uninterrupted run's losses, however many attempts the load on this machine made
+    it take; the warning comes at least the asked 60 s before the limit (slurm/README.md: up to a
+    minute earlier), and every self-requeue waits cred_expire + 1 s."""
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
     t0 = time.monotonic()
     job = train_job(shards, run_dir, log, ["--time=00:02:00", "--signal=B:USR1@60"])
@@ -92,23 +135,12 @@ def test_time_limited_job_requeues_and_resumes_to_the_uninterrupted_run(shards, 
     text = log.read_text(errors="replace")
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, text[-4000:])
     restarts = int(info["Restarts"])
-    assert restarts >= 1, text[-4000:]  # it was stopped by the time limit at least once
-    requeues = re.findall(r"checkpoint of epoch (\d+) \(this attempt: epoch (\d+) -> (\d+)\)", text)
-    # What a time-limit requeue costs (slurm/README.md): the warning comes early, and the next attempt
-    # starts only after cred_expire (10 s here) + 1 s
     left = [_seconds(t) for t in re.findall(r"got SIGUSR1 at \S+ UTC \(time left: (\S+)\)", text)]
-    assert left and all(t >= 60 for t in left), left
-    requeued_at = [_seconds(t) for t in re.findall(r"requeueing job \d+ at (\S+) UTC", text)]
-    started_at = [_seconds(t) for t in re.findall(r"attempt \d+ started at (\S+) UTC", text)]
-    waits = [(b - a) % 86400 for a, b in zip(requeued_at, started_at[1:])]
-    assert len(waits) == restarts and all(w >= 10 for w in waits), (requeued_at, started_at)
-    assert len(requeues) == restarts, text[-4000:]
-    assert sr.losses(run_dir) == reference  # every epoch, through every requeue
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["epochs"] == EPOCHS and summary["hosts"] == ["slurm-s0", "slurm-s1"]
-    record("time_limit", restarts=restarts, requeue_to_restart_s=waits, time_left_at_signal_s=left, epochs_per_attempt=[int(b) - int(a if int(a) >= 0 else 0)
-                                                                  for _, a, b in requeues],
-           wall_s=round(time.monotonic() - t0, 1), losses_equal=True)
+    assert all(t >= 60 for t in left), left  # (a fast machine may finish before the first warning)
+    epochs, waits = _check_requeues(text, restarts)
+    assert sr.losses(run_dir) == reference
+    record("time_limit", restarts=restarts, epochs_per_attempt=epochs, requeue_to_restart_s=waits,
+           time_left_at_signal_s=left, wall_s=round(time.monotonic() - t0, 1), losses_equal=True)
 
 
 def test_stop_signal_during_set_up_is_honoured_and_not_requeued(shards, tmp_path):
@@ -218,7 +250,7 @@ def test_job_failing_every_attempt_stops(shards, tmp_path):
     info = sr.job_info(job)
     text = log.read_text(errors="replace")
     assert info["JobState"] == "FAILED" and int(info["Restarts"]) == 0, (info, text[-4000:])
-    assert "requeueing" not in text
+    assert not re.search(r"granndis slurm: requeueing", text) and "not requeueing job" in text
     record("failing_job", state=info["JobState"], exit=info["ExitCode"], restarts=int(info["Restarts"]))
 
 

@@ -2,6 +2,7 @@
 by fakes on PATH that record their argv: checks the launched command, resume, requeue and errors.
 No Slurm, no network."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,7 +36,8 @@ if [ -n "${FAKE_WAIT_FOR_SIGNAL:-}" ] && [ "$name" != scontrol ]; then
     # FAKE_PROGRESS=DIR: the ranks write a complete checkpoint of epoch 10 when they stop (progress made)
     checkpoint() { [ -n "${FAKE_PROGRESS:-}" ] && mkdir -p "$FAKE_PROGRESS/checkpoints/epoch-000010" && \
                    echo '{}' > "$FAKE_PROGRESS/checkpoints/epoch-000010/COMPLETE.json"; }
-    trap 'echo USR1 >> "$log.signals"; checkpoint; kill $sleeper; exit ${FAKE_RC:-0}' USR1
+    trap 'echo USR1 >> "$log.signals"; [ -e "${GRANNDIS_STOP_FILE:-/nonexistent}" ] && touch "$log.stopfile"
+          checkpoint; kill $sleeper; exit ${FAKE_RC:-0}' USR1
     trap 'echo TERM >> "$log.signals"; kill $sleeper; exit 143' TERM
     touch "$log.ready"
     wait $sleeper
@@ -276,10 +278,12 @@ def test_signal_is_forwarded_and_job_requeued(job, sig, finished, progress, expe
         if proc.poll() is None:
             proc.kill()
     assert (job["log"] / "srun.signals").read_text().split() == ["USR1"], err
+    # the stop file too: srun drops a signal that comes before it started the tasks
+    assert (job["log"] / "srun.stopfile").exists()
     assert proc.returncode == expect_rc, err
     if expect_requeue:
         assert recorded(job, "scontrol") == ["requeue", "4242"]
-        assert "requeueing job 4242 to continue from the checkpoint of epoch 10" in err
+        assert re.search(r"requeueing job 4242 at \S+ UTC to continue from the checkpoint of epoch 10", err), err
     else:
         assert recorded(job, "scontrol") is None
     if not progress:

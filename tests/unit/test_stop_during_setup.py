@@ -77,3 +77,18 @@ def test_early_handlers_are_handed_to_the_trainer_and_late_warnings_ignored():
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def test_stop_file_asks_like_a_signal(tmp_path, monkeypatch):
+    """slurm/lib.sh also creates GRANNDIS_STOP_FILE: srun drops a signal that comes before it started
+    the tasks (measured under Slurm 22.05: the job then ran on past its warning)."""
+    from granndis_hpc.engine import signals
+
+    stop = tmp_path / "stop"
+    monkeypatch.setenv(signals.ENV_STOP_FILE, str(stop))
+    s = signals.StopSignals()
+    assert not s.requested
+    stop.write_text("")
+    assert s.requested and s.received is None
+    monkeypatch.delenv(signals.ENV_STOP_FILE)
+    assert not signals.StopSignals().requested
