@@ -137,7 +137,18 @@ granndis_forward_signal() {
     # the ranks poll as they poll the signal flag (engine/signals.py), still asks them once they run.
     # Rank 0 runs on this node (block placement), and one rank asking stops them all.
     if [ -n "${GRANNDIS_STOP_FILE:-}" ]; then : >"$GRANNDIS_STOP_FILE" 2>/dev/null || true; fi
-    if [ -n "${GRANNDIS_CHILD:-}" ]; then kill -USR1 "$GRANNDIS_CHILD" 2>/dev/null || true; fi
+    # A rank signalled in its first moments, before granndis-train has installed its handlers, dies of
+    # it (measured: a warning at the launch second, relayed by srun, killed all four).  So a launcher
+    # younger than GRANNDIS_SIGNAL_GRACE_S (15 s) gets the signal only when it is that old; the stop
+    # file asks rank 0 meanwhile.
+    if [ -n "${GRANNDIS_CHILD:-}" ]; then
+        local age=$((SECONDS - ${GRANNDIS_LAUNCHED_AT:-0})) grace="${GRANNDIS_SIGNAL_GRACE_S:-15}"
+        if [ "$age" -ge "$grace" ]; then
+            kill -USR1 "$GRANNDIS_CHILD" 2>/dev/null || true
+        else
+            ( sleep $((grace - age)); kill -USR1 "$GRANNDIS_CHILD" 2>/dev/null || true ) &
+        fi
+    fi
 }
 
 granndis_run_forwarding_signals() {
@@ -156,6 +167,7 @@ granndis_run_forwarding_signals() {
     mkfifo "$tmp/fifo"
     ( trap '' TERM USR1 INT HUP; exec tee "$GRANNDIS_LAUNCH_ERR" <"$tmp/fifo" >&2 ) &
     local tee_pid=$!
+    GRANNDIS_LAUNCHED_AT=$SECONDS
     "$@" 2>"$tmp/fifo" &
     GRANNDIS_CHILD=$!
     if [ -n "$GRANNDIS_SIGNAL" ]; then granndis_forward_signal "$GRANNDIS_SIGNAL"; fi

@@ -66,7 +66,7 @@ def job(tmp_path):
     env = {"PATH": f"{fakebin}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C", "FAKE_LOG": str(log),
            "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "granndis-train", "SLURM_NNODES": "2",
            "SLURM_NTASKS_PER_NODE": "2", "SLURM_NTASKS": "4", "SLURM_CPUS_PER_TASK": "3",
-           "SLURM_SUBMIT_DIR": str(work), "GRANNDIS_SHARDS": "shards/cora"}
+           "SLURM_SUBMIT_DIR": str(work), "GRANNDIS_SHARDS": "shards/cora", "GRANNDIS_SIGNAL_GRACE_S": "0"}
     return {"env": env, "log": log, "work": work, "tmp": tmp_path}
 
 
@@ -288,6 +288,25 @@ def test_signal_is_forwarded_and_job_requeued(job, sig, finished, progress, expe
         assert recorded(job, "scontrol") is None
     if not progress:
         assert "made no progress in this attempt" in err and "not requeued" in err
+
+
+def test_young_launcher_gets_the_signal_after_the_grace_period(job):
+    """A signal in the launcher's first seconds is passed on only once it is GRANNDIS_SIGNAL_GRACE_S old
+    (a rank signalled before granndis-train installs its handlers dies); the stop file at once."""
+    proc = subprocess.Popen(["bash", str(SLURM / "train.sbatch")], cwd=job["work"],
+                            env={**job["env"], "FAKE_WAIT_FOR_SIGNAL": "1", "GRANNDIS_SIGNAL_GRACE_S": "3"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(job["log"] / "srun.ready")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGUSR1)
+        _, err = proc.communicate(timeout=30)
+        waited = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (job["log"] / "srun.signals").read_text().split() == ["USR1"], err
+    assert (job["log"] / "srun.stopfile").exists() and waited >= 1.5, (waited, err)
 
 
 def test_failing_ranks_after_the_time_limit_signal_are_not_requeued(job):
