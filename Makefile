@@ -14,9 +14,9 @@ export OMP_NUM_THREADS := 1
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 
-.PHONY: setup demo test test-unit test-mpi bench bench-cluster clean
+.PHONY: setup demo test test-unit test-mpi test-slurm bench bench-cluster clean
 
-setup: $(STAMP)/apt $(STAMP)/venv
+setup: $(STAMP)/apt $(STAMP)/venv $(STAMP)/slurm
 
 $(STAMP)/apt:
 	@mkdir -p $(STAMP)
@@ -28,6 +28,16 @@ $(STAMP)/apt:
 	  echo "setup: need $(APT_PKGS) (run as root, or see README 'Installing on a cluster')" >&2; exit 1; \
 	fi
 	@touch $@
+
+# A real Slurm for the tests that submit slurm/*.sbatch (Debian's slurmctld, slurmd, slurm-client, munge;
+# their own services are kept from starting).  Where not root those tests skip, saying why.
+$(STAMP)/slurm:
+	@mkdir -p $(STAMP)
+	@if [ "$$(id -u)" = 0 ]; then \
+	  timeout --kill-after=10 900 python3 slurm/testing/slurmcluster.py install && touch $@; \
+	else \
+	  echo "setup: not root: Slurm not installed (the real-Slurm tests will skip; see slurm/README.md)"; \
+	fi
 
 $(STAMP)/venv: pyproject.toml
 	@mkdir -p $(STAMP)
@@ -48,6 +58,11 @@ test-mpi: setup
 	GRANNDIS_RANKS_PER_SERVER=2 $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/mpi
 
 test: test-unit test-mpi
+
+# The longer real-Slurm scenarios (time limit + requeue + resume, signals during set-up, scancel,
+# scontrol requeue, a job failing every attempt): ~10 min; results in docs/slurm.md.
+test-slurm: setup
+	timeout --kill-after=30 1800 $(PY) -m pytest -q -p no:cacheprovider -rs tests/slurm
 
 bench: setup
 	$(MPIRUN) $(PY) bench/bench_comm.py --out docs/bench_comm.json

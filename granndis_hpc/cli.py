@@ -94,6 +94,7 @@ def run_training(argv=None) -> dict:
     trainer = Trainer(_config_from_args(ns))
     try:
         summary = trainer.run()  # writes the resolved config (every option) to RUN_DIR/config.json
+        trainer.stop_signals.ignore_warnings_after()  # a late SIGUSR1 must not kill the ranks on their way out
     finally:
         trainer.close()
     if summary is None:  # stopped by SIGUSR1/SIGTERM with a checkpoint written: exit 0 so the job requeues
@@ -107,6 +108,10 @@ def run_training(argv=None) -> dict:
 
 
 def train_main(argv=None) -> int:
+    # First, before the imports and the set-up that take seconds: a stop signal (Slurm's time-limit
+    # warning, preemption) arriving meanwhile must be recorded, not kill the rank (engine/signals.py).
+    from granndis_hpc.engine.signals import install_early
+    install_early()
     from granndis_hpc.cluster.errors import main_guard
 
     main_guard(run_training, argv)

@@ -126,6 +126,8 @@ def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_
     return {
         "mode": config["mode"], "model": config["model"], "layers": config["layers"],
         "servers": topology["servers"], "ranks_per_server": topology["ranks_per_server"],
+        # which machine each server was (and whether servers were emulated on one): a job's record
+        "hosts": list(topology.get("hosts", ())), "emulated_servers": bool(topology.get("emulated", False)),
         "epochs": len(records),
         "epoch_time_s": med("time_s"),
         "seconds_per_epoch": {"compute": med("compute_s"), "intra_comm": med("intra_comm_s"),

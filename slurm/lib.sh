@@ -119,27 +119,56 @@ granndis_show() {
     granndis_note "running: ${out% }"
 }
 
-# Run a command in the background and wait for it, forwarding USR1 and TERM to it.  Slurm's
-# --signal=B:USR1@T signals only this batch shell; srun and Open MPI's mpirun pass the signal on to
-# every rank, which write a checkpoint and stop.  Sets GRANNDIS_SIGNAL to the last signal received.
+# Run a command in the background and wait for it, passing USR1 and TERM on to it as USR1.  Slurm's
+# --signal=B:USR1@T and `scancel --signal=TERM --batch` signal only this batch shell.  Sets
+# GRANNDIS_SIGNAL to the last signal received.
 granndis_forward_signal() {
     GRANNDIS_SIGNAL=$1
-    local sig=$1
-    # Open MPI's mpirun tears the job down about a second after forwarding SIGTERM, before the ranks
-    # can checkpoint; it forwards SIGUSR1 untouched, which the ranks treat the same way (measured,
-    # Open MPI 4.1.4).  srun delivers SIGTERM to every task, so it is passed on as it is.
-    [ "${GRANNDIS_LAUNCHER:-srun}" = mpirun ] && sig=USR1
-    granndis_note "got SIG$1, passing SIG$sig to the ranks"
-    if [ -n "${GRANNDIS_CHILD:-}" ]; then kill "-$sig" "$GRANNDIS_CHILD" 2>/dev/null || true; fi
+    # SIGUSR1 whatever arrived: both launchers relay it to every rank untouched, and the ranks treat it
+    # as they treat SIGTERM (checkpoint, stop).  SIGTERM itself would not reach them alive: Slurm
+    # 22.05's srun answers it by killing the step ("srun: forcing job termination", every rank
+    # SIGKILLed, no checkpoint; measured), and Open MPI 4.1's mpirun tears the job down about a second
+    # after forwarding it.
+    local left=""
+    # how early the time-limit warning came (Slurm checks limits periodically: it may be a minute early)
+    [ -n "${SLURM_JOB_ID:-}" ] && left="$(timeout 5 squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null || true)"
+    granndis_note "got SIG$1 at $(date -u +%H:%M:%S) UTC${left:+ (time left: $left)}, passing SIGUSR1 to the ranks"
+    # srun drops a signal that comes before it has started the tasks (measured): the stop file, which
+    # the ranks poll as they poll the signal flag (engine/signals.py), still asks them once they run.
+    # Rank 0 runs on this node (block placement), and one rank asking stops them all.
+    if [ -n "${GRANNDIS_STOP_FILE:-}" ]; then : >"$GRANNDIS_STOP_FILE" 2>/dev/null || true; fi
+    # A rank signalled in its first moments, before granndis-train has installed its handlers, dies of
+    # it (measured: a warning at the launch second, relayed by srun, killed all four).  So a launcher
+    # younger than GRANNDIS_SIGNAL_GRACE_S (15 s) gets the signal only when it is that old; the stop
+    # file asks rank 0 meanwhile.
+    if [ -n "${GRANNDIS_CHILD:-}" ]; then
+        local age=$((SECONDS - ${GRANNDIS_LAUNCHED_AT:-0})) grace="${GRANNDIS_SIGNAL_GRACE_S:-15}"
+        if [ "$age" -ge "$grace" ]; then
+            kill -USR1 "$GRANNDIS_CHILD" 2>/dev/null || true
+        else
+            ( sleep $((grace - age)); kill -USR1 "$GRANNDIS_CHILD" 2>/dev/null || true ) &
+        fi
+    fi
 }
 
 granndis_run_forwarding_signals() {
-    GRANNDIS_SIGNAL=""
+    GRANNDIS_SIGNAL="${GRANNDIS_SIGNAL:-}"  # one caught before (train.sbatch's first traps) is kept
     GRANNDIS_CHILD=""
     # Traps first, so a signal that arrives while the launcher starts is not lost.
     trap 'granndis_forward_signal USR1' USR1
     trap 'granndis_forward_signal TERM' TERM
-    "$@" &
+    # The launcher's stderr also goes to a file, to explain a failure afterwards (granndis_explain_failure),
+    # through a tee that ignores the stop signals (a plain scancel signals this whole batch step: a dead
+    # tee would kill the launcher with SIGPIPE at its next message).
+    local tmp
+    tmp="$(mktemp -d "${TMPDIR:-/tmp}/granndis-launch.XXXXXX")"
+    GRANNDIS_LAUNCH_ERR="$tmp/stderr"
+    export GRANNDIS_STOP_FILE="$tmp/stop"  # one per attempt: a new attempt never sees an old request
+    mkfifo "$tmp/fifo"
+    ( trap '' TERM USR1 INT HUP; exec tee "$GRANNDIS_LAUNCH_ERR" <"$tmp/fifo" >&2 ) &
+    local tee_pid=$!
+    GRANNDIS_LAUNCHED_AT=$SECONDS
+    "$@" 2>"$tmp/fifo" &
     GRANNDIS_CHILD=$!
     if [ -n "$GRANNDIS_SIGNAL" ]; then granndis_forward_signal "$GRANNDIS_SIGNAL"; fi
     local rc again
@@ -155,5 +184,65 @@ granndis_run_forwarding_signals() {
         break
     done
     trap - USR1 TERM
+    # tee ends when the last writer is gone; do not wait forever on a stray process holding the pipe
+    local i
+    for i in $(seq 50); do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done
+    kill "$tee_pid" 2>/dev/null || true
+    wait "$tee_pid" 2>/dev/null || true
+    rm -f "$tmp/fifo"
     return "$rc"
+}
+
+# After a failed launch: say what a known launcher failure means (the ranks' own messages are above it).
+# granndis_cleanup_launch removes the saved stderr.
+granndis_explain_failure() {
+    local err="${GRANNDIS_LAUNCH_ERR:-}"
+    [ -n "$err" ] && [ -r "$err" ] || return 0
+    if grep -qE "not built with SLURM's PMI support|PMI2_Init failed|PMI_Init failed|pmi2 plugin|OPAL_ERR_NOT_SUPPORTED.*PMI" "$err"; then
+        granndis_note "error: the MPI library cannot start under srun --mpi=${GRANNDIS_SRUN_MPI:-pmix} (it was not built for that PMI plugin).  Debian's and most Open MPI builds need --mpi=pmix: set GRANNDIS_SRUN_MPI=pmix (\`srun --mpi=list\` shows the site's plugins), or use GRANNDIS_LAUNCHER=mpirun"
+    fi
+}
+
+granndis_cleanup_launch() {
+    if [ -n "${GRANNDIS_LAUNCH_ERR:-}" ]; then rm -rf "$(dirname "$GRANNDIS_LAUNCH_ERR")"; fi
+}
+
+# The srun --mpi plugin must be one this Slurm has (`srun --mpi=list`), or srun fails with a long error.
+granndis_check_mpi_plugin() {
+    [ "${GRANNDIS_LAUNCHER:-srun}" = srun ] || return 0
+    local want="${GRANNDIS_SRUN_MPI:-pmix}" list
+    list="$(srun --mpi=list 2>&1)" || return 0  # an srun that cannot list: let srun itself decide
+    grep -qE -- "^[[:space:]]+$want\$|available:.*\<$want\>" <<<"$list" || \
+        granndis_die "GRANNDIS_SRUN_MPI=$want: this Slurm's srun has no '$want' MPI plugin (srun --mpi=list: $(tr '\n' ' ' <<<"$list")); set GRANNDIS_SRUN_MPI to one of them (pmix for Open MPI), or use GRANNDIS_LAUNCHER=mpirun"
+}
+
+# Is an option given among the words (`--name value` or `--name=value`)?
+granndis_has_option() {
+    local name=$1 word
+    shift
+    for word in "$@"; do
+        [ "$word" = "$name" ] || [[ "$word" == "$name="* ]] && return 0
+    done
+    return 1
+}
+
+# Append `--name value` to the array named $1 unless the user's words ($4...) give --name themselves: the
+# logged command line then shows each option once, with the value that is used.
+granndis_default_option() {
+    local -n _into=$1
+    local name=$2 value=$3
+    shift 3
+    granndis_has_option "$name" "$@" || _into+=("$name" "$value")
+}
+
+# The epoch of RUN_DIR's newest complete checkpoint (COMPLETE.json is written last), -1 when none.
+granndis_checkpoint_epoch() {
+    local best=-1 done epoch
+    for done in "$1"/checkpoints/epoch-*/COMPLETE.json; do
+        [ -e "$done" ] || continue
+        epoch="${done%/COMPLETE.json}"
+        epoch=$((10#${epoch##*/epoch-}))
+        [ "$epoch" -gt "$best" ] && best=$epoch
+    done
+    echo "$best"
 }

@@ -6,6 +6,9 @@
     bench/cluster/emu-mpirun -n 4 .venv/bin/python -m granndis_hpc.cli train ...
     bench/cluster/emu-cluster teardown                             # idempotent
     bench/cluster/emu-cluster session --servers 2 --rate 100mbit -- CMD ...   # setup, CMD, teardown
+    bench/cluster/emu-cluster --instance slurm setup --servers 2    # a second cluster beside the default:
+        # namespaces gslurm-s*, hosts slurm-s*, subnet 10.214.0.0/24 (GRANNDIS_EMU_SUBNET), state in
+        # /run/granndis-emu-slurm; GRANNDIS_EMU_INSTANCE=slurm does the same for every command
 
 Why each piece (measured on this kind of machine, see docs/cluster.md):
 - A server is a network namespace *and* a UTS namespace with its own hostname.  With network
@@ -47,6 +50,12 @@ IFNAME = "gemu0"              # the same interface name in every server: GLOO_SO
 SUBNET_PREFIX = "10.213.0"    # server i has 10.213.0.(i+1); only inside our namespaces
 SUBNET = SUBNET_PREFIX + ".0/24"
 HOST_PREFIX = "emu-s"
+# Instances: several emulated clusters may exist side by side (a benchmark on the default one, a Slurm
+# cluster on another).  GRANNDIS_EMU_INSTANCE=NAME (or --instance NAME) gives every name its own
+# prefix, subnet and state directory; unset or empty = the names above, unchanged.
+ENV_INSTANCE = "GRANNDIS_EMU_INSTANCE"
+ENV_SUBNET = "GRANNDIS_EMU_SUBNET"          # e.g. 10.214.0 (a /24); default 10.214.0 for named instances
+INSTANCE_RE = r"[a-z][a-z0-9]{0,7}"
 MAX_SERVERS = 16
 CMD_TIMEOUT_S = 30            # every ip/tc/nsenter call is bounded
 DEFAULT_RUN_TIMEOUT_S = 1800  # emu-mpirun's default bound on a whole job
@@ -137,24 +146,47 @@ def qdisc_commands(ns, dev, bps, delay_s=None):
 # Layout of the emulated cluster (pure: no system calls)
 
 
+def instance_names(instance=None, env=None):
+    """Every name and address of one emulated cluster instance (pure).  `instance` None: from the
+    environment.  Names never overlap between instances: teardown of one leaves the others alone."""
+    env = os.environ if env is None else env
+    inst = env.get(ENV_INSTANCE, "") if instance is None else instance
+    if not inst:
+        return {"instance": "", "ns_prefix": NS_PREFIX, "hub_ns": HUB_NS, "bridge": BRIDGE, "ifname": IFNAME,
+                "subnet_prefix": SUBNET_PREFIX, "host_prefix": HOST_PREFIX, "probe_ns": "gemu-probe",
+                "port_prefix": "gemup", "state_dir": DEFAULT_STATE_DIR}
+    if not re.fullmatch(INSTANCE_RE, inst) or inst == "emu":
+        raise EmuError(f"emulated cluster instance {inst!r} must be 1-8 lower-case letters or digits starting "
+                       f"with a letter, and not 'emu' (the default instance's names)", code=EXIT_USAGE)
+    sub = env.get(ENV_SUBNET) or "10.214.0"
+    if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", sub) or max(map(int, sub.split(".")[1:])) > 255:
+        raise EmuError(f"{ENV_SUBNET}={sub!r} must be the first three numbers of a 10.x.y.0/24 subnet, "
+                       f"e.g. 10.214.0", code=EXIT_USAGE)
+    return {"instance": inst, "ns_prefix": f"g{inst}-s", "hub_ns": f"g{inst}-hub", "bridge": f"g{inst}br0",
+            "ifname": f"g{inst}0", "subnet_prefix": sub, "host_prefix": f"{inst}-s", "probe_ns": f"g{inst}-probe",
+            "port_prefix": f"g{inst}p", "state_dir": f"{DEFAULT_STATE_DIR}-{inst}"}
+
+
 def state_dir():
-    return os.environ.get(ENV_STATE_DIR, DEFAULT_STATE_DIR)
+    return os.environ.get(ENV_STATE_DIR) or instance_names()["state_dir"]
 
 
 def layout(servers, sdir=None):
     """Names and addresses of an emulated cluster of `servers` servers."""
     if not isinstance(servers, int) or not 2 <= servers <= MAX_SERVERS:
         raise ValueError(f"--servers must be an integer from 2 to {MAX_SERVERS}, got {servers!r}")
+    nm = instance_names()
     sdir = sdir or state_dir()
-    hosts = [{"index": i, "hostname": f"{HOST_PREFIX}{i}", "netns": f"{NS_PREFIX}{i}",
-              "uts": os.path.join(sdir, f"uts-{HOST_PREFIX}{i}"), "address": f"{SUBNET_PREFIX}.{i + 1}"}
+    hp, sp = nm["host_prefix"], nm["subnet_prefix"]
+    hosts = [{"index": i, "hostname": f"{hp}{i}", "netns": f"{nm['ns_prefix']}{i}",
+              "uts": os.path.join(sdir, f"uts-{hp}{i}"), "address": f"{sp}.{i + 1}"}
              for i in range(servers)]
     # Every egress that tc shapes: (namespace, device).
-    egress = [(h["netns"], IFNAME) for h in hosts]
+    egress = [(h["netns"], nm["ifname"]) for h in hosts]
     if servers > 2:
-        egress += [(HUB_NS, f"gemup{i}") for i in range(servers)]
-    return {"servers": servers, "subnet": SUBNET, "ifname": IFNAME, "bridge": servers > 2,
-            "hosts": hosts, "egress": egress, "state_dir": sdir}
+        egress += [(nm["hub_ns"], f"{nm['port_prefix']}{i}") for i in range(servers)]
+    return {"servers": servers, "subnet": f"{sp}.0/24", "ifname": nm["ifname"], "bridge": servers > 2,
+            "hosts": hosts, "egress": egress, "state_dir": sdir, "names": nm}
 
 
 def read_state(sdir=None):
@@ -315,7 +347,7 @@ def probe(sdir=None):
     """Can this machine host the cluster?  Creates and removes one throwaway namespace of each kind."""
     preflight()
     sdir = sdir or state_dir()
-    name = "gemu-probe"
+    name = instance_names()["probe_ns"]
     _run(["ip", "netns", "del", name], check=False)
     try:
         _run(["ip", "netns", "add", name])
@@ -332,7 +364,7 @@ def probe(sdir=None):
         uts = os.path.join(sdir, "uts-probe")
         open(uts, "a").close()
         try:
-            _run(["unshare", f"--uts={uts}", "hostname", "gemu-probe"])
+            _run(["unshare", f"--uts={uts}", "hostname", name])
         except EmuError as exc:
             raise _namespaces_refused("UTS namespaces", exc) from None
         finally:
@@ -345,9 +377,11 @@ def probe(sdir=None):
 def teardown(sdir=None, quiet=False):
     """Remove every namespace and mount this tool made.  Idempotent; needs no state file."""
     sdir = sdir or state_dir()
+    nm = instance_names()
     removed = []
+    # Only this instance's names: another instance (a benchmark, a Slurm cluster) may be running.
     names = sorted(n for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else [])
-                   if n.startswith(NS_PREFIX) or n in (HUB_NS, "gemu-probe"))
+                   if re.fullmatch(re.escape(nm["ns_prefix"]) + r"\d+", n) or n in (nm["hub_ns"], nm["probe_ns"]))
     for name in names:
         _run(["ip", "netns", "del", name], check=False)
         removed.append(name)
@@ -387,13 +421,14 @@ def apply_shaping(state, bps, delay_s=None):
 
 def _wait_links_up(state, timeout=10.0):
     deadline = time.monotonic() + timeout
+    ifname = state["ifname"]
     for h in state["hosts"]:
         while True:
-            out = _run(["ip", "-n", h["netns"], "-o", "link", "show", IFNAME]).stdout
+            out = _run(["ip", "-n", h["netns"], "-o", "link", "show", ifname]).stdout
             if "state UP" in out or "LOWER_UP" in out:
                 break
             if time.monotonic() > deadline:
-                raise EmuError(f"link {IFNAME} in {h['netns']} did not come up in {timeout} s: {out.strip()}")
+                raise EmuError(f"link {ifname} in {h['netns']} did not come up in {timeout} s: {out.strip()}")
             time.sleep(0.05)
 
 
@@ -415,23 +450,25 @@ def setup(servers, bps, delay_s=None, sdir=None, quiet=False):
                 _run(["unshare", f"--uts={h['uts']}", "hostname", h["hostname"]])
             except EmuError as exc:
                 raise _namespaces_refused("UTS namespaces", exc) from None
+        nm, ifname = state["names"], state["ifname"]
         if servers == 2:
             a, b = state["hosts"]
-            _run(["ip", "link", "add", IFNAME, "netns", a["netns"], "type", "veth", "peer", "name", IFNAME,
+            _run(["ip", "link", "add", ifname, "netns", a["netns"], "type", "veth", "peer", "name", ifname,
                   "netns", b["netns"]])
         else:
-            _run(["ip", "netns", "add", HUB_NS])
-            _run(["ip", "-n", HUB_NS, "link", "add", BRIDGE, "type", "bridge"])
-            _run(["ip", "-n", HUB_NS, "link", "set", BRIDGE, "up"])
+            hub, bridge = nm["hub_ns"], nm["bridge"]
+            _run(["ip", "netns", "add", hub])
+            _run(["ip", "-n", hub, "link", "add", bridge, "type", "bridge"])
+            _run(["ip", "-n", hub, "link", "set", bridge, "up"])
             for h in state["hosts"]:
-                port = f"gemup{h['index']}"
-                _run(["ip", "link", "add", IFNAME, "netns", h["netns"], "type", "veth", "peer", "name", port,
-                      "netns", HUB_NS])
-                _run(["ip", "-n", HUB_NS, "link", "set", port, "master", BRIDGE])
-                _run(["ip", "-n", HUB_NS, "link", "set", port, "up"])
+                port = f"{nm['port_prefix']}{h['index']}"
+                _run(["ip", "link", "add", ifname, "netns", h["netns"], "type", "veth", "peer", "name", port,
+                      "netns", hub])
+                _run(["ip", "-n", hub, "link", "set", port, "master", bridge])
+                _run(["ip", "-n", hub, "link", "set", port, "up"])
         for h in state["hosts"]:
-            _run(["ip", "-n", h["netns"], "addr", "add", f"{h['address']}/24", "dev", IFNAME])
-            _run(["ip", "-n", h["netns"], "link", "set", IFNAME, "up"])
+            _run(["ip", "-n", h["netns"], "addr", "add", f"{h['address']}/24", "dev", ifname])
+            _run(["ip", "-n", h["netns"], "link", "set", ifname, "up"])
         _wait_links_up(state)
         apply_shaping(state, bps, delay_s)
     except BaseException:
@@ -578,7 +615,8 @@ def check_measurement(m, servers, ranks_per_server, bps, high=1.15, low=0.5, cap
 
 def build_parser():
     p = argparse.ArgumentParser(prog="emu-cluster", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="emu-cluster [--instance NAME] {setup,shape,teardown,status,probe,selfcheck,session} ...")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("setup", help="build the cluster (removes an old one first)")
     s.add_argument("--servers", type=int, default=2)
@@ -626,6 +664,17 @@ def _rate_delay(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
+        # --instance NAME (before the subcommand) = GRANNDIS_EMU_INSTANCE=NAME, for this process and the
+        # commands it starts (emu-mpirun's rsh agent finds the instance through its state directory).
+        while argv[:1] == ["--instance"] or (argv and argv[0].startswith("--instance=")):
+            if argv[0] == "--instance":
+                if len(argv) < 2:
+                    raise EmuError("--instance needs a name", code=EXIT_USAGE)
+                name, argv = argv[1], argv[2:]
+            else:
+                name, argv = argv[0].split("=", 1)[1], argv[1:]
+            os.environ[ENV_INSTANCE] = name
+            instance_names()  # refuse a bad name before anything is built
         if argv and argv[0] == "agent":   # the rsh agent: exec, never return
             cmd = agent_argv(argv[1:], read_state())
             try:

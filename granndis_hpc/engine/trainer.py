@@ -101,8 +101,15 @@ def _share_cpu_threads(topo) -> None:
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.stop_signals = signals.StopSignals()  # installed at the end of __init__
-        self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport)
+        # Installed before set-up (granndis-train installs them before its imports: install_early), so a
+        # stop signal during set-up is recorded, not fatal; run() honours it before the first epoch.
+        self.stop_signals = signals.take_early()
+        self.stop_signals.install()
+        try:
+            self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport)
+        except BaseException:
+            self.stop_signals.uninstall()
+            raise
         _share_cpu_threads(self.topo)
         self.world = self.topo.world
         self.ledger = Ledger()
@@ -140,11 +147,14 @@ class Trainer:
         except BaseException:
             self.close()  # the errors above are raised on every rank together (agree): close together
             raise
-        # From here SIGUSR1/SIGTERM only set a flag; run() stops every rank after the same epoch with a
-        # checkpoint, which needs a run directory.  During set-up (nothing to save yet) and without --out
-        # they keep their default action, and a set-up that fails leaves no handler behind.
+        # SIGUSR1/SIGTERM only set a flag; run() stops every rank after the same epoch with a checkpoint
+        # (or before the first epoch when it came during set-up), which needs a run directory.  Without
+        # --out they keep their usual effect (one received during set-up is delivered now), and a set-up
+        # that fails leaves no handler behind (close()).
         if cfg.out:
-            self.stop_signals.install()
+            self.stop_signals.install()  # again: MPI or torch may have replaced them during set-up
+        else:
+            self.stop_signals.uninstall_and_redeliver()
 
     # ---- set-up -------------------------------------------------------------------------------
     def _open_shards(self) -> Dict:
@@ -303,6 +313,12 @@ class Trainer:
         records, accuracy = list(self.prior_records), None
         start = time.perf_counter() - self.prior_elapsed_s
         # Rank 0, on a terminal and not --quiet only; epoch lines go through the bar so it stays whole.
+        if rank0 and not cfg.quiet:  # the job's layout first: which host each server is
+            print(self.topo.describe(), flush=True)
+        if self._stopped_during_set_up():
+            if writer:
+                writer.close()
+            return None
         bar = progress(total=cfg.epochs, initial=self.epoch, desc=f"{cfg.mode} epochs", rank=self.topo.rank,
                        quiet=cfg.quiet, unit="epoch", enabled=True if cfg.progress else None)
         while self.epoch < cfg.epochs:
@@ -335,7 +351,8 @@ class Trainer:
             accuracy = self.evaluate()
         peak = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
         summary = summarize(records, asdict(cfg), accuracy, peak,
-                            {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server},
+                            {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server,
+                             "hosts": self.topo.hosts, "emulated": self.topo.emulated},
                             time.perf_counter() - start, best=self.best)
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
         summary["features"] = features_entry(self.manifest)
@@ -466,6 +483,20 @@ class Trainer:
         if self.topo.rank == 0:
             checkpoint.note(f"stop requested (SIGUSR1/SIGTERM): stopped after {self.epoch} epochs "
                             f"with a checkpoint in {path}; continue with --resume {cfg.out}")
+        return True
+
+    def _stopped_during_set_up(self) -> bool:
+        """Collective: was any rank asked to stop before the first epoch of this attempt?  Then stop at
+        once: nothing was trained, so there is nothing new to checkpoint (the newest checkpoint, if
+        any, stays the newest; slurm/lib.sh sees that no progress was made)."""
+        if not self.cfg.out or self.epoch >= self.cfg.epochs:
+            return False
+        if not self.comm.allreduce_scalar(int(self.stop_signals.requested), "max"):
+            return False
+        if self.topo.rank == 0:
+            checkpoint.note(f"stop requested (SIGUSR1/SIGTERM) during set-up: stopped before training, at "
+                            f"epoch {self.epoch} of {self.cfg.epochs} (nothing new to checkpoint); continue "
+                            f"with --resume {self.cfg.out}")
         return True
 
     def _resume(self) -> None:

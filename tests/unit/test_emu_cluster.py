@@ -486,3 +486,48 @@ def test_run_bounded_passes_a_stop_on_to_the_child(tmp_path, monkeypatch):
 def test_run_bounded_returns_like_subprocess_run():
     p = emu.run_bounded(["sh", "-c", "echo hi; exit 3"], capture=True)
     assert (p.returncode, p.stdout) == (3, "hi\n")
+
+
+# ---- instances: a second emulated cluster beside the default one ----------------------------------
+
+def test_default_instance_keeps_its_names(monkeypatch, tmp_path):
+    monkeypatch.delenv(emu.ENV_INSTANCE, raising=False)
+    monkeypatch.delenv(emu.ENV_STATE_DIR, raising=False)
+    assert emu.state_dir() == "/run/granndis-emu"
+    st = emu.layout(4, str(tmp_path))
+    assert [h["netns"] for h in st["hosts"]] == ["gemu-s0", "gemu-s1", "gemu-s2", "gemu-s3"]
+    assert st["subnet"] == "10.213.0.0/24" and st["ifname"] == "gemu0" and st["hosts"][1]["hostname"] == "emu-s1"
+    assert ("gemu-hub", "gemup3") in st["egress"]
+
+
+def test_named_instance_shares_no_name_with_the_default(monkeypatch, tmp_path):
+    monkeypatch.setenv(emu.ENV_INSTANCE, "slurm")
+    monkeypatch.delenv(emu.ENV_STATE_DIR, raising=False)
+    monkeypatch.delenv(emu.ENV_SUBNET, raising=False)
+    assert emu.state_dir() == "/run/granndis-emu-slurm"
+    st = emu.layout(4, str(tmp_path))
+    assert [h["netns"] for h in st["hosts"]][:2] == ["gslurm-s0", "gslurm-s1"]
+    assert [h["address"] for h in st["hosts"]][:2] == ["10.214.0.1", "10.214.0.2"]
+    assert st["hosts"][0]["hostname"] == "slurm-s0" and st["ifname"] == "gslurm0"
+    assert ("gslurm-hub", "gslurmp3") in st["egress"]
+    default = emu.instance_names("")
+    # the default instance's teardown (prefix gemu-s + digits, gemu-hub, gemu-probe) cannot match ours
+    assert not any(n.startswith(default["ns_prefix"]) or n in (default["hub_ns"], default["probe_ns"])
+                   for n in [h["netns"] for h in st["hosts"]] + ["gslurm-hub", "gslurm-probe"])
+    monkeypatch.setenv(emu.ENV_SUBNET, "10.220.7")
+    assert emu.layout(2, str(tmp_path))["subnet"] == "10.220.7.0/24"
+    for bad in ("emu", "Slurm", "a-b", "toolongname"):
+        with pytest.raises(emu.EmuError, match="instance"):
+            emu.instance_names(bad)
+    monkeypatch.setenv(emu.ENV_SUBNET, "192.168.0")
+    with pytest.raises(emu.EmuError, match="GRANNDIS_EMU_SUBNET"):
+        emu.instance_names("slurm")
+
+
+def test_instance_option_sets_the_environment(monkeypatch, capsys):
+    monkeypatch.delenv(emu.ENV_INSTANCE, raising=False)
+    monkeypatch.setenv(emu.ENV_STATE_DIR, "/nonexistent-granndis")
+    assert emu.main(["--instance", "slurm", "status"]) == emu.EXIT_USAGE  # no cluster set up there
+    assert os.environ[emu.ENV_INSTANCE] == "slurm"
+    assert emu.main(["--instance", "emu", "status"]) == emu.EXIT_USAGE
+    assert "not 'emu'" in capsys.readouterr().err

@@ -28,17 +28,21 @@ TRAIN = ["--ranks-per-server", "2", "--layers", "2", "--hidden", "16", "--dropou
          "--epochs", str(EPOCHS), "--eval-every", "0", "--checkpoint-every", str(EVERY), "--quiet"]
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
+def cora_shards(out, servers, gpus_per_server):
+    """Real Cora, 2-layer full preload, METIS on this process: the shard set these CLI tests train on."""
     from mpi4py import MPI
     from preprocess.build import build_shards
     from preprocess.sources import load
 
-    out = tmp_path_factory.mktemp("resume") / "cora-2x2"
     graph = load("planetoid", name="cora", root=str(require_planetoid()))
-    build_shards(graph, out, servers=2, gpus_per_server=2, layers=2, preload="full", partitioner="metis",
-                 comm=MPI.COMM_SELF)
+    build_shards(graph, out, servers=servers, gpus_per_server=gpus_per_server, layers=2, preload="full",
+                 partitioner="metis", comm=MPI.COMM_SELF)
     return out
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return cora_shards(tmp_path_factory.mktemp("resume") / "cora-2x2", 2, 2)
 
 
 def _launch(args, log):

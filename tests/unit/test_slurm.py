@@ -2,6 +2,7 @@
 by fakes on PATH that record their argv: checks the launched command, resume, requeue and errors.
 No Slurm, no network."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,12 +17,27 @@ SCRIPTS = ["train.sbatch", "preprocess.sbatch", "lib.sh"]
 
 FAKE_LAUNCHER = r"""#!/bin/bash
 # Records argv (NUL-separated) and the environment the ranks would see; optionally waits for a signal.
-log="$FAKE_LOG/$(basename "$0")"
+# `srun --mpi=list` and `scontrol show job` answer as Slurm 22.05 does and are not recorded.
+name="$(basename "$0")"
+log="$FAKE_LOG/$name"
+if [ "$name" = srun ] && [ "${1:-}" = --mpi=list ]; then
+    printf 'MPI plugin types are...\n\tpmix\n\tnone\n\tcray_shasta\n\tpmi2\nspecific pmix plugin versions available: pmix_v4\n'
+    exit 0
+fi
+if [ "$name" = scontrol ] && [ "${1:-}" = show ]; then
+    [ -n "${FAKE_COMMAND:-}" ] && echo "JobId=$SLURM_JOB_ID JobName=x Command=$FAKE_COMMAND WorkDir=/w"
+    exit 0
+fi
 printf '%s\0' "$@" > "$log.argv"
 env > "$log.env"
-if [ -n "${FAKE_WAIT_FOR_SIGNAL:-}" ] && [ "$(basename "$0")" != scontrol ]; then
+[ -n "${FAKE_STDERR:-}" ] && echo "$FAKE_STDERR" >&2
+if [ -n "${FAKE_WAIT_FOR_SIGNAL:-}" ] && [ "$name" != scontrol ]; then
     sleep 30 & sleeper=$!
-    trap 'echo USR1 >> "$log.signals"; kill $sleeper; exit 0' USR1
+    # FAKE_PROGRESS=DIR: the ranks write a complete checkpoint of epoch 10 when they stop (progress made)
+    checkpoint() { [ -n "${FAKE_PROGRESS:-}" ] && mkdir -p "$FAKE_PROGRESS/checkpoints/epoch-000010" && \
+                   echo '{}' > "$FAKE_PROGRESS/checkpoints/epoch-000010/COMPLETE.json"; }
+    trap 'echo USR1 >> "$log.signals"; [ -e "${GRANNDIS_STOP_FILE:-/nonexistent}" ] && touch "$log.stopfile"
+          checkpoint; kill $sleeper; exit ${FAKE_RC:-0}' USR1
     trap 'echo TERM >> "$log.signals"; kill $sleeper; exit 143' TERM
     touch "$log.ready"
     wait $sleeper
@@ -45,10 +61,12 @@ def job(tmp_path):
     (fakebin / "module").write_text(FAKE_MODULE)
     for f in fakebin.iterdir():
         f.chmod(0o755)
+    (work / "shards" / "cora").mkdir(parents=True)  # what preprocess.sbatch leaves: the manifest's depth
+    (work / "shards" / "cora" / "manifest.json").write_text('{"layers": 3, "servers": 2}')
     env = {"PATH": f"{fakebin}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C", "FAKE_LOG": str(log),
            "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "granndis-train", "SLURM_NNODES": "2",
            "SLURM_NTASKS_PER_NODE": "2", "SLURM_NTASKS": "4", "SLURM_CPUS_PER_TASK": "3",
-           "SLURM_SUBMIT_DIR": str(work), "GRANNDIS_SHARDS": "shards/cora"}
+           "SLURM_SUBMIT_DIR": str(work), "GRANNDIS_SHARDS": "shards/cora", "GRANNDIS_SIGNAL_GRACE_S": "0"}
     return {"env": env, "log": log, "work": work, "tmp": tmp_path}
 
 
@@ -109,7 +127,8 @@ def test_train_srun_command(job, nodes, per_node, give_per_node):
                               "--lr": "0.005"}
     assert train[-2:] == ["--lr", "0.005"]  # extra flags last, so they override the script's
     env = recorded_env(job, "srun")
-    assert env["GRANNDIS_RANKS_PER_SERVER"] == str(per_node) and env["OMP_NUM_THREADS"] == "3"
+    # Real nodes: the ranks find the servers themselves (not forced, which would report them "emulated")
+    assert "GRANNDIS_RANKS_PER_SERVER" not in env and env["OMP_NUM_THREADS"] == "3"
     assert (job["work"] / "runs" / "granndis-train-4242").is_dir()
     assert "granndis-train --shards shards/cora" in res.stderr  # the command is shown in the job log
 
@@ -138,7 +157,8 @@ def test_train_mpirun_alternative(job):
     assert launcher[:6] == ["-n", "4", "--map-by", "ppr:2:node:PE=3", "--bind-to", "core"]
     exported = set(launcher[7::2])
     assert set(launcher[6::2]) == {"-x"}
-    assert {"PATH", "GRANNDIS_RANKS_PER_SERVER", "GRANNDIS_SHARDS", "NCCL_DEBUG", "OMP_NUM_THREADS"} <= exported
+    assert {"PATH", "GRANNDIS_SHARDS", "NCCL_DEBUG", "OMP_NUM_THREADS"} <= exported
+    assert "GRANNDIS_RANKS_PER_SERVER" not in exported
     assert options(train)["--out"] == "runs/granndis-train-4242" and "--resume" not in train
 
 
@@ -232,18 +252,23 @@ def wait_for(path, seconds=15.0):
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("sig, finished, expect_requeue, expect_rc", [
-    (signal.SIGUSR1, False, True, 0),    # time limit near: ranks checkpoint, job goes back to the queue
-    (signal.SIGUSR1, True, False, 0),    # ... unless training already wrote its summary
-    (signal.SIGTERM, False, False, 143),  # preemption / scancel: pass it on, Slurm decides about requeue
+@pytest.mark.parametrize("sig, finished, progress, expect_requeue, expect_rc", [
+    (signal.SIGUSR1, False, True, True, 0),    # time limit near: ranks checkpoint, job goes back to the queue
+    (signal.SIGUSR1, True, True, False, 0),    # ... unless training already wrote its summary
+    (signal.SIGUSR1, False, False, False, 3),  # ... or the attempt made no progress (it would loop forever)
+    # preemption / scancel --signal=TERM --batch: the ranks get USR1 (srun kills the step on TERM),
+    # checkpoint and stop; Slurm decides about requeueing
+    (signal.SIGTERM, False, True, False, 0),
 ])
-def test_signal_is_forwarded_and_job_requeued(job, sig, finished, expect_requeue, expect_rc):
+def test_signal_is_forwarded_and_job_requeued(job, sig, finished, progress, expect_requeue, expect_rc):
+    run_dir = job["work"] / "runs" / "granndis-train-4242"
     if finished:
-        run_dir = job["work"] / "runs" / "granndis-train-4242"
         run_dir.mkdir(parents=True)
         (run_dir / "summary.json").write_text("{}")
-    proc = subprocess.Popen(["bash", str(SLURM / "train.sbatch")], cwd=job["work"],
-                            env={**job["env"], "FAKE_WAIT_FOR_SIGNAL": "1"},
+    env = {**job["env"], "FAKE_WAIT_FOR_SIGNAL": "1"}
+    if progress:
+        env["FAKE_PROGRESS"] = str(run_dir)
+    proc = subprocess.Popen(["bash", str(SLURM / "train.sbatch")], cwd=job["work"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(job["log"] / "srun.ready")
@@ -252,13 +277,101 @@ def test_signal_is_forwarded_and_job_requeued(job, sig, finished, expect_requeue
     finally:
         if proc.poll() is None:
             proc.kill()
-    name = "USR1" if sig == signal.SIGUSR1 else "TERM"
-    assert (job["log"] / "srun.signals").read_text().split() == [name], err
+    assert (job["log"] / "srun.signals").read_text().split() == ["USR1"], err
+    # the stop file too: srun drops a signal that comes before it started the tasks
+    assert (job["log"] / "srun.stopfile").exists()
     assert proc.returncode == expect_rc, err
     if expect_requeue:
         assert recorded(job, "scontrol") == ["requeue", "4242"]
+        assert re.search(r"requeueing job 4242 at \S+ UTC to continue from the checkpoint of epoch 10", err), err
     else:
         assert recorded(job, "scontrol") is None
+    if not progress:
+        assert "made no progress in this attempt" in err and "not requeued" in err
+
+
+def test_young_launcher_gets_the_signal_after_the_grace_period(job):
+    """A signal in the launcher's first seconds is passed on only once it is GRANNDIS_SIGNAL_GRACE_S old
+    (a rank signalled before granndis-train installs its handlers dies); the stop file at once."""
+    proc = subprocess.Popen(["bash", str(SLURM / "train.sbatch")], cwd=job["work"],
+                            env={**job["env"], "FAKE_WAIT_FOR_SIGNAL": "1", "GRANNDIS_SIGNAL_GRACE_S": "3"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(job["log"] / "srun.ready")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGUSR1)
+        _, err = proc.communicate(timeout=30)
+        waited = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (job["log"] / "srun.signals").read_text().split() == ["USR1"], err
+    assert (job["log"] / "srun.stopfile").exists() and waited >= 1.5, (waited, err)
+
+
+def test_failing_ranks_after_the_time_limit_signal_are_not_requeued(job):
+    """A job whose ranks fail must stop, not requeue itself each attempt (even with a checkpoint)."""
+    run_dir = job["work"] / "runs" / "granndis-train-4242"
+    proc = subprocess.Popen(["bash", str(SLURM / "train.sbatch")], cwd=job["work"],
+                            env={**job["env"], "FAKE_WAIT_FOR_SIGNAL": "1", "FAKE_RC": "1",
+                                 "FAKE_PROGRESS": str(run_dir)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(job["log"] / "srun.ready")
+        proc.send_signal(signal.SIGUSR1)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and recorded(job, "scontrol") is None, err
+    assert "the ranks failed (exit 1) after the time-limit signal: not requeueing" in err
+
+
+def test_each_option_once_and_layers_from_the_shards(job):
+    """Flags after the script replace the script's defaults (the logged command shows each once), and
+    the layer count comes from the shards' manifest unless given."""
+    res = run_script(job, "train.sbatch", "--epochs", "50", "--mode=fb")
+    assert res.returncode == 0, res.stderr
+    _, train = split_at(recorded(job, "srun"), "granndis-train")
+    assert train.count("--epochs") == 1 and "--mode" not in train and "--mode=fb" in train
+    assert options([w for w in train if w != "--mode=fb"])["--layers"] == "3"  # the manifest's depth
+    assert "--epochs 200" not in res.stderr and "--epochs 50" in res.stderr
+    (job["work"] / "shards" / "cora" / "manifest.json").write_text('{"layers": 5}')
+    res = run_script(job, "train.sbatch")
+    assert options(split_at(recorded(job, "srun"), "granndis-train")[1])["--layers"] == "5"
+    res = run_script(job, "train.sbatch", "--layers", "2", GRANNDIS_SHARDS="shards/none")
+    assert res.returncode == 0 and split_at(recorded(job, "srun"), "granndis-train")[1].count("--layers") == 1
+    res = run_script(job, "train.sbatch", GRANNDIS_SHARDS="shards/none")
+    assert res.returncode == 2 and "cannot read the layer count from shards/none/manifest.json" in res.stderr
+    res = run_script(job, "preprocess.sbatch", "--source", "x", "--layers", "2", GRANNDIS_SERVERS="2",
+                     GRANNDIS_GPUS_PER_SERVER="2")
+    assert res.returncode == 0 and split_at(recorded(job, "srun"), "python")[1].count("--layers") == 1
+
+
+def test_user_ranks_per_server_is_passed_on(job):
+    res = run_script(job, "train.sbatch", GRANNDIS_RANKS_PER_SERVER="1")
+    assert res.returncode == 0, res.stderr
+    assert recorded_env(job, "srun")["GRANNDIS_RANKS_PER_SERVER"] == "1" and "emulated servers" in res.stderr
+
+
+def test_mpi_plugin_problems_are_explained(job):
+    res = run_script(job, "train.sbatch", GRANNDIS_SRUN_MPI="pmi7")
+    assert res.returncode == 2 and recorded(job, "srun") is None
+    assert "no 'pmi7' MPI plugin" in res.stderr and "pmix" in res.stderr
+    # what Debian's Open MPI prints under srun --mpi=pmi2 (measured)
+    res = run_script(job, "train.sbatch", GRANNDIS_SRUN_MPI="pmi2", FAKE_RC="1",
+                     FAKE_STDERR="OMPI was not built with SLURM's PMI support and therefore cannot execute.")
+    assert res.returncode == 1
+    assert "cannot start under srun --mpi=pmi2" in res.stderr and "GRANNDIS_SRUN_MPI=pmix" in res.stderr
+
+
+def test_spool_copy_finds_lib_next_to_the_submitted_script(job):
+    """Submitted by its path from outside the checkout: no GRANNDIS_HOME needed (the job's Command)."""
+    spool = job["tmp"] / "spool"
+    spool.mkdir()
+    shutil.copy(SLURM / "train.sbatch", spool / "slurm_script")
+    res = run_script(job, spool / "slurm_script", FAKE_COMMAND=str(SLURM / "train.sbatch"))
+    assert res.returncode == 0, res.stderr
 
 
 def test_preprocess_command(job):

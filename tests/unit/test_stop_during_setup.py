@@ -1,0 +1,94 @@
+"""A stop signal (Slurm's time-limit warning, preemption) that reaches the ranks while they are still
+setting up -- importing torch, MPI_Init, reading shards: seconds -- must be honoured, not kill them
+(issue 22, defect 1: the handlers were installed only after set-up, so SIGUSR1 killed the ranks and the
+Slurm script requeued the job forever).  Under `mpirun -n 2` (2 servers x 1 rank), real Cora."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from granndis_hpc.engine import checkpoint as ck
+from tests.conftest import MPI_ENV, REPO
+from tests.slurm_real import catches_usr1
+from tests.unit.test_resume import _rank_pids, cora_shards
+
+pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+TRAIN = ["--ranks-per-server", "1", "--layers", "2", "--hidden", "16", "--epochs", "4", "--eval-every", "0",
+         "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return cora_shards(tmp_path_factory.mktemp("stop") / "cora-2x1", 2, 1)
+
+
+def test_stop_signal_during_set_up_stops_cleanly_before_training(shards, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    cmd = ["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", str(shards),
+           "--out", str(run_dir), *TRAIN]
+    with open(tmp_path / "log", "w+") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **MPI_ENV), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            # As soon as every rank catches SIGUSR1 (before the fix: only after set-up; now: before the
+            # imports), signal them all: they are then still importing torch and mpi4py.
+            deadline = time.monotonic() + 60
+            while len(pids := _rank_pids(proc.pid)) < 2 or not all(map(catches_usr1, pids.values())):
+                assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+                time.sleep(0.005)
+            for pid in pids.values():
+                os.kill(pid, signal.SIGUSR1)
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        log.seek(0)
+        out = log.read()
+    assert not (run_dir / "metrics.jsonl").exists() or (run_dir / "metrics.jsonl").read_text() == "", out
+    assert rc == 0, out
+    assert "stop requested (SIGUSR1/SIGTERM) during set-up: stopped before training, at epoch 0" in out, out
+    assert ck.latest_complete(str(run_dir)) is None and not (run_dir / "summary.json").exists()
+    assert (run_dir / "config.json").exists()  # the run exists: --resume continues it from epoch 0
+
+
+def test_early_handlers_are_handed_to_the_trainer_and_late_warnings_ignored():
+    """install_early records a signal that comes before the Trainer exists; take_early hands it over.
+    After the run, a SIGUSR1 while the ranks shut down is ignored (under Slurm a job that had finished
+    its last epoch got the time-limit warning during shutdown and was killed by it: FAILED)."""
+    from granndis_hpc.engine import signals
+
+    before = {s: signal.getsignal(s) for s in signals.STOP_SIGNALS}
+    try:
+        early = signals.install_early()
+        assert signals.install_early() is early  # idempotent
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.01)
+        handed = signals.take_early()
+        assert handed is early and handed.received == signal.SIGUSR1
+        assert signals.take_early() is not early  # taken once; a new one afterwards
+        handed.install()  # the Trainer installs again after set-up: uninstall must still restore the originals
+        handed.ignore_warnings_after()
+        handed.uninstall()
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def test_stop_file_asks_like_a_signal(tmp_path, monkeypatch):
+    """slurm/lib.sh also creates GRANNDIS_STOP_FILE: srun drops a signal that comes before it started
+    the tasks (measured under Slurm 22.05: the job then ran on past its warning)."""
+    from granndis_hpc.engine import signals
+
+    stop = tmp_path / "stop"
+    monkeypatch.setenv(signals.ENV_STOP_FILE, str(stop))
+    s = signals.StopSignals()
+    assert not s.requested
+    stop.write_text("")
+    assert s.requested and s.received is None
+    monkeypatch.delenv(signals.ENV_STOP_FILE)
+    assert not signals.StopSignals().requested
