@@ -10,6 +10,7 @@ verify checks, and reports every problem with the file it is in:
 - in-degree: one global value per vertex everywhere, equal to the world-view row length of inner rows;
 - world view: src_rank equals the (server, GPU) that holds the source as an inner vertex;
   for full preloading the stored in-neighbours of inner rows are exactly the world-view ones;
+- features are finite (NaN or infinity would make the loss NaN);
 - manifest counts (vertices, splits, features, classes) against the files;
 - the manifest's partition_digest against the owner of every vertex in the files.
 """
@@ -92,6 +93,10 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     labels = a["labels"]
     if labels.size and (labels.min() < 0 or labels.max() >= ds["num_classes"]):
         out.append(f"{fname}: labels outside [0, {ds['num_classes']})")
+    finite = np.isfinite(a["features"]).all(axis=1)
+    if not finite.all():  # the build refuses such input; training would stop with a NaN loss
+        out.append(f"{fname}: features are not finite (NaN or infinity) in {int(np.count_nonzero(~finite))} rows "
+                   f"(first: global id {int(gid[np.flatnonzero(~finite)[0]])}); rebuild the set from its source")
     if out:
         return out
 

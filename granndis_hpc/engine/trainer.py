@@ -23,6 +23,7 @@ from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import views
+from granndis_hpc.graph import planner
 from granndis_hpc.engine.modes import RunContext, Step, TrainingError, make_mode
 from granndis_hpc.metrics import (BEST_MODEL, MetricsWriter, epoch_line, peak_memory_bytes, summarize,
                                   write_best_model, write_summary)
@@ -64,6 +65,22 @@ def features_entry(manifest: Dict) -> Dict:
     """How the shard set's features were preprocessed (`preprocess build --normalize-features`); shard
     sets built before the option existed hold the raw features."""
     return dict(manifest.get("features") or {"normalization": "none"})
+
+
+def check_split_totals(totals: Dict, manifest: Dict, path: str) -> None:
+    """The inner rows flagged train/val/test, summed over the job, against the manifest's counts: split
+    flags edited in a server file (test flags copied from the train flags) would otherwise evaluate on
+    other vertices and report a different accuracy with exit status 0."""
+    ds = manifest["dataset"]
+    wrong = [f"{k} {int(totals[k])} (manifest: {int(ds[f'num_{k}'])})" for k in ("train", "val", "test")
+             if int(totals[k]) != int(ds[f"num_{k}"])]
+    if wrong:
+        raise TrainingError(f"{path}: the server files flag {', '.join(wrong)} inner vertices: their split/* flags "
+                            f"were edited after the build; run `python -m preprocess verify {path}` and rebuild the "
+                            f"set with `python -m preprocess build ... --overwrite`")
+    if int(totals["train"]) == 0:
+        raise TrainingError(f"{path}: the shards have no training vertices; build the set from a dataset "
+                            f"whose split marks training vertices")
 
 
 class SavedBytes:
@@ -165,11 +182,17 @@ class Trainer:
         with collective_errors(self.world, "", catch=(shards.ShardError, OSError, KeyError, ValueError)):
             sl = shards.read_rank_slice(cfg.shards, self.manifest, topo.server, topo.local_rank)
         self.slice = sl
-        self.world_view = views.build_view(
-            views.world_rows(sl, topo.rank), topo.world_size, cfg.layers, all_active=True,
-            resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]), exchange=self.comm.world_exchange,
-            alltoall_counts=lambda counts: topo.exchange_counts(counts, group="world"), device=self.device,
-            group="world")
+        # A shard whose rows disagree with its peers' (a view's row width, an edge naming a row nobody
+        # holds) is refused by the planner on every rank of the view (views.build_view agrees on it);
+        # this makes it the one-line error on every rank of the job.
+        with collective_errors(self.world, "", catch=(planner.PlanError,)):
+            world_rows = views.world_rows(sl, topo.rank)  # rank-local checks, agreed before any exchange
+        with collective_errors(self.world, "", catch=(planner.PlanError,)):
+            self.world_view = views.build_view(
+                world_rows, topo.world_size, cfg.layers, all_active=True,
+                resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]), exchange=self.comm.world_exchange,
+                alltoall_counts=lambda counts: topo.exchange_counts(counts, group="world"), device=self.device,
+                group="world")
         n_inner = int(sl.n_inner)
         self.labels = torch.as_tensor(sl.labels[:n_inner], device=self.device)
         self.split_rows = {name: torch.as_tensor(np.flatnonzero(mask[:n_inner]), device=self.device)
@@ -177,12 +200,13 @@ class Trainer:
                                               ("test", sl.test_mask))}
         counts = np.array([len(self.split_rows[k]) for k in ("train", "val", "test")], dtype=np.int64)
         self.split_totals = dict(zip(("train", "val", "test"), self.comm.allreduce_scalar(counts, "sum")))
-        if self.split_totals["train"] == 0:
-            raise TrainingError("the shards have no training vertices; check the dataset's split")
-        self.mode.setup(RunContext(cfg=cfg, topo=topo, comm=self.comm, device=self.device,
-                                   manifest=self.manifest, slice=sl, world_view=self.world_view,
-                                   labels=self.labels, split_rows=self.split_rows,
-                                   split_totals=self.split_totals))
+        with collective_errors(self.world, "", catch=(TrainingError,)):
+            check_split_totals(self.split_totals, self.manifest, cfg.shards)
+        with collective_errors(self.world, "", catch=(planner.PlanError,)):
+            self.mode.setup(RunContext(cfg=cfg, topo=topo, comm=self.comm, device=self.device,
+                                       manifest=self.manifest, slice=sl, world_view=self.world_view,
+                                       labels=self.labels, split_rows=self.split_rows,
+                                       split_totals=self.split_totals))
         self.sampler = self.mode.sampler
 
     @property
