@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import sys
 import typing
@@ -156,6 +157,10 @@ def allowed_choices(meta: Dict) -> Optional[tuple]:
 
 def _range_problem(spec: _Spec, value) -> Optional[str]:
     m = spec.meta
+    # NaN compares false with every bound, and infinity passes a lower one: refuse both for every float
+    # option, wherever the value came from (command line, TOML, code).
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
     for key, bad, text in (("ge", lambda v, b: v < b, ">="), ("gt", lambda v, b: v <= b, ">"),
                            ("le", lambda v, b: v > b, "<="), ("lt", lambda v, b: v >= b, "<")):
         if key in m and bad(value, m[key]):

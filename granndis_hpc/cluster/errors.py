@@ -31,9 +31,10 @@ class ClusterError(RuntimeError):
     point (it came out of `agree`), so the ranks can exit together without an abort.
     """
 
-    def __init__(self, message: str, collective: bool = False):
+    def __init__(self, message: str, collective: bool = False, exit_code: int = 1):
         super().__init__(message)
         self.collective = collective
+        self.exit_code = exit_code  # main_guard's exit status for a collective error (2: an option error)
 
 
 def world_rank() -> int:
@@ -150,6 +151,6 @@ def main_guard(fn, *args, **kwargs):
             try:
                 MPI.COMM_WORLD.Barrier()
             finally:
-                sys.exit(1)
+                sys.exit(int(getattr(exc, "exit_code", 1) or 1))
         _report(exc, rank, with_traceback=True)
         MPI.COMM_WORLD.Abort(1)
