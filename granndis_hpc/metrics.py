@@ -38,20 +38,36 @@ def epoch_line(rec: Dict) -> str:
 
 
 class MetricsWriter:
-    """Rank 0's writer: appends one JSON line per epoch (flushed, so a killed job keeps its epochs)."""
+    """Rank 0's writer: appends one JSON line per epoch, each with one unbuffered write (so a killed job
+    keeps its epochs).  A write that fails (a full disk) is cut back to the end of the previous line, so
+    the file never ends with half a record; the OSError propagates."""
 
     def __init__(self, run_dir: str, append: bool = False):
         os.makedirs(run_dir, exist_ok=True)
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, METRICS_FILE)
-        self._f = open(self.path, "a" if append else "w")
+        if os.path.isdir(self.path):
+            raise IsADirectoryError(21, "is a directory, not the run's metrics file", self.path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o666)
 
     def write(self, rec: Dict) -> None:
-        self._f.write(json.dumps(rec, sort_keys=True) + "\n")
-        self._f.flush()
+        data = (json.dumps(rec, sort_keys=True) + "\n").encode()
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise
 
     def close(self) -> None:
-        self._f.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def read_metrics_lines(run_dir: str, skip_bad_lines: bool = False,

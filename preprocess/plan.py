@@ -280,6 +280,19 @@ def config_from_args(args, **overrides) -> PlanConfig:
     return dataclasses.replace(cfg, **overrides)
 
 
+def check_writable(path: str) -> None:
+    """PlanError unless `path` can be created or replaced (its directory exists and is writable)."""
+    import os
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise PlanError(f"--json {path}: is a directory; give a file name")
+    if not os.path.isdir(directory):
+        raise PlanError(f"--json {path}: directory {directory} does not exist; create it or choose another path")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise PlanError(f"--json {path}: not writable (permission denied or read-only); choose another path")
+
+
 def cmd_plan(args, argv) -> int:
     import json
     import sys
@@ -297,6 +310,8 @@ def cmd_plan(args, argv) -> int:
                 raise PlanError(f"--eas-hops and --fanout must be >= 1 (got {cfg.eas_hops}, {cfg.fanout})")
             if any(b < 1 for b in cfg.cob_batches):
                 raise PlanError(f"--cob-batches must be positive counts, got {args.cob_batches!r}")
+            if args.json:
+                check_writable(args.json)  # before the work, not after printing the table
         with group.errors("loading the dataset"):
             graph = sources.load_from_args(args)
         result = plan_options(group, graph, cfg)
@@ -310,10 +325,15 @@ def cmd_plan(args, argv) -> int:
               f"{cfg.device} (max over GPUs), inter-server bytes per epoch summed over ranks", flush=True)
         print(format_table(result["options"], cfg, decision), flush=True)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"options": [o.to_dict() for o in result["options"]],
-                           "decision": None if decision is None else decision.to_dict(),
-                           "partition": result["partition"]}, f, indent=1, sort_keys=True)
+            try:
+                with open(args.json, "w") as f:
+                    json.dump({"options": [o.to_dict() for o in result["options"]],
+                               "decision": None if decision is None else decision.to_dict(),
+                               "partition": result["partition"]}, f, indent=1, sort_keys=True)
+            except OSError as exc:  # rank 0 only, after every collective: nothing waits for it
+                print(f"preprocess plan: error: cannot write --json {args.json}: {exc.strerror or exc}; "
+                      f"choose a writable path", file=sys.stderr, flush=True)
+                return 1
     if decision is not None and decision.choice is None:
         print(f"preprocess plan: error (rank {group.rank}): {decision.reason}", file=sys.stderr, flush=True)
         return 2

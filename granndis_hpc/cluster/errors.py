@@ -37,6 +37,14 @@ class ClusterError(RuntimeError):
         self.exit_code = exit_code  # main_guard's exit status for a collective error (2: an option error)
 
 
+def raised_everywhere(exc: BaseException) -> BaseException:
+    """Mark `exc` as raised by every rank of the world at the same point (e.g. from a value every rank
+    all-reduced, such as the loss), so main_guard ends the job with its one-line message on every rank
+    and a synchronised exit instead of a traceback and MPI_ABORT.  Returns `exc` (raise it)."""
+    exc.collective = True
+    return exc
+
+
 def world_rank() -> int:
     return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else 0
 
@@ -146,7 +154,7 @@ def main_guard(fn, *args, **kwargs):
         MPI.COMM_WORLD.Abort(code)
     except BaseException as exc:  # noqa: BLE001 -- anything uncaught must not leave peers hanging
         rank = world_rank()
-        if isinstance(exc, ClusterError) and exc.collective:
+        if getattr(exc, "collective", False) is True:  # a ClusterError from agree, or raised_everywhere
             _report(exc, rank, with_traceback=False)
             try:
                 MPI.COMM_WORLD.Barrier()

@@ -7,6 +7,7 @@ full-graph inference over the world view in every mode.
 """
 from __future__ import annotations
 
+import errno
 import inspect
 import math
 import os
@@ -19,13 +20,13 @@ import torch
 
 from granndis_hpc import shards
 from granndis_hpc.cluster.comm import Communicator
-from granndis_hpc.cluster.errors import collective_errors
+from granndis_hpc.cluster.errors import collective_errors, raised_everywhere
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import views
 from granndis_hpc.graph import planner
 from granndis_hpc.engine.modes import RunContext, Step, TrainingError, make_mode
-from granndis_hpc.metrics import (BEST_MODEL, MetricsWriter, epoch_line, peak_memory_bytes, summarize,
+from granndis_hpc.metrics import (BEST_MODEL, METRICS_FILE, MetricsWriter, epoch_line, peak_memory_bytes, summarize,
                                   write_best_model, write_summary)
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import MODELS, build_model
@@ -146,6 +147,7 @@ class Trainer:
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
         self.epoch = 0
+        self._write_errno = 0  # rank 0: errno of a failed metrics.jsonl append (0: none)
         # Best-validation selection (run(): the evaluated epoch with the highest val accuracy, ties the
         # earlier): its record, and on rank 0 a CPU copy of its parameters (best-model.pt, checkpoints).
         self.best: Optional[Dict] = None
@@ -288,8 +290,10 @@ class Trainer:
         # Every rank's loss is its share of the global mean: their sum is the loss.
         loss = float(self.comm.allreduce_scalar(local_loss, "sum"))
         if not math.isfinite(loss):
-            raise TrainingError(f"loss became {loss} at epoch {self.epoch}; lower --lr or check the "
-                                f"features for extreme values")
+            # Every rank holds the same all-reduced loss, so every rank raises this together.
+            raise raised_everywhere(TrainingError(
+                f"loss became {loss} at epoch {self.epoch}; lower --lr or check the features for extreme "
+                f"values (`python -m preprocess verify` checks that they are finite)"))
         # Bytes per rank (exact): their sum is the traffic per link class; the busiest rank and the
         # busiest server's inter-server egress are what a slow link waits for.
         per_rank = Ledger.record_classes(led.gather_bytes(self.world))
@@ -324,6 +328,7 @@ class Trainer:
     def run(self) -> Dict:
         cfg, rank0 = self.cfg, self.topo.rank == 0
         writer = self._open_run_directory()  # rank 0 with --out: config.json written, metrics.jsonl open
+        self._writer = writer  # closed by close() when the run ends with an error
         records, accuracy = list(self.prior_records), None
         start = time.perf_counter() - self.prior_elapsed_s
         # Rank 0, on a terminal and not --quiet only; epoch lines go through the bar so it stays whole.
@@ -340,7 +345,10 @@ class Trainer:
             records.append(rec)
             if rank0:
                 if writer:
-                    writer.write(rec)
+                    try:
+                        writer.write(rec)
+                    except OSError as exc:  # agreed after the epoch (_checkpoint_after_epoch): all stop
+                        self._write_errno = exc.errno or errno.EIO
                 if not cfg.quiet:
                     line = epoch_line(rec)
                     if bar.disable:
@@ -365,10 +373,18 @@ class Trainer:
         summary["features"] = features_entry(self.manifest)
         if cfg.out:
             self._write_best_model()  # collective (every rank agrees on the outcome), rank 0 writes
-        if writer:
-            writer.close()
-            write_summary(cfg.out, summary)
+            with collective_errors(self.world, self._run_file_phase("summary.json"), catch=(OSError,)):
+                if writer:
+                    writer.close()
+                    write_summary(cfg.out, summary)
         return summary
+
+    def _run_file_phase(self, name: str) -> str:
+        """What a failed write of a run file says (a full disk): the file, and what is still usable."""
+        out = self.cfg.out
+        return (f"writing {os.path.join(out, name)} (free space, then continue with --resume {out}: the run's "
+                f"newest complete checkpoint in {checkpoint.checkpoints_dir(out)} stays usable, and "
+                f"metrics.jsonl holds whole records only)")
 
     # ---- best-validation selection --------------------------------------------------------------
     def _track_best(self, rec: Dict) -> None:
@@ -384,7 +400,7 @@ class Trainer:
 
     def _write_best_model(self) -> None:
         """Collective: rank 0 writes RUN_DIR/best-model.pt (atomically) when an epoch was evaluated."""
-        with collective_errors(self.world, f"writing {os.path.join(self.cfg.out, BEST_MODEL)}", catch=(OSError,)):
+        with collective_errors(self.world, self._run_file_phase(BEST_MODEL), catch=(OSError,)):
             if self.topo.rank == 0 and self.best is not None:
                 write_best_model(self.cfg.out, self.best, self.best_state)
 
@@ -397,6 +413,8 @@ class Trainer:
         self.best_state = best.get("model") if self.topo.rank == 0 else None
 
     def close(self) -> None:
+        if getattr(self, "_writer", None) is not None:
+            self._writer.close()
         self.stop_signals.uninstall()
         self.comm.close()
         self.topo.close()
@@ -479,7 +497,14 @@ class Trainer:
         cfg = self.cfg
         if not cfg.out:
             return False
-        stop = bool(self.comm.allreduce_scalar(int(self.stop_signals.requested), "max"))
+        # One max-reduction: a stop request on any rank, and rank 0's failure to append metrics.jsonl.
+        flags = self.comm.allreduce_scalar(np.array([int(self.stop_signals.requested), self._write_errno],
+                                                    dtype=np.int64), "max")
+        stop = bool(flags[0])
+        if flags[1]:
+            raise raised_everywhere(TrainingError(
+                f"{self._run_file_phase(METRICS_FILE)}: {os.strerror(int(flags[1]))}; stopped after "
+                f"{self.epoch} epochs"))
         due = cfg.checkpoint_every > 0 and self.epoch % cfg.checkpoint_every == 0
         if not (stop or due):
             return False

@@ -1,0 +1,109 @@
+"""Run-directory files under ordinary faults (issue 21, items 4, 5, 12, 15, 17), in one process on a 1x1
+shard set (the world is this one process; every refusal is the collective one mpirun's ranks share)."""
+import errno
+import json
+import os
+import stat
+
+import pytest
+
+from granndis_hpc import cli, metrics
+from granndis_hpc.cluster.errors import ClusterError
+from granndis_hpc.engine.modes import TrainingError
+from tests.unit.test_shards import build, make_graph
+
+pytest.importorskip("mpi4py")
+
+
+@pytest.fixture(scope="module")
+def one_rank_set(tmp_path_factory):
+    out = tmp_path_factory.mktemp("set11") / "set"
+    build(make_graph(n=200, m=800), out, servers=1, gpus_per_server=1)
+    return out
+
+
+def train(shards, run, *extra):
+    return cli.run_training(["--shards", str(shards), "--ranks-per-server", "1", "--layers", "2", "--hidden", "8",
+                             "--epochs", "3", "--checkpoint-every", "1", "--eval-every", "1", "--out", str(run),
+                             "--quiet", *map(str, extra)])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_every_run_file_honours_the_umask(one_rank_set, tmp_path, umask):
+    """Before: config.json, summary.json, best-model.pt and checkpoints were 0600 (mkstemp's mode)."""
+    old = os.umask(umask)
+    try:
+        train(one_rank_set, tmp_path / "run")
+    finally:
+        os.umask(old)
+    modes = {os.path.relpath(os.path.join(d, n), tmp_path): stat.S_IMODE(os.stat(os.path.join(d, n)).st_mode)
+             for d, _, names in os.walk(tmp_path / "run") for n in names}
+    assert {"run/config.json", "run/summary.json", "run/best-model.pt", "run/metrics.jsonl"} <= set(modes)
+    assert modes == {name: 0o666 & ~umask for name in modes}, {k: oct(v) for k, v in modes.items()}
+
+
+def _full_disk_after(calls):
+    real = metrics.MetricsWriter.write
+    count = {"n": 0}
+
+    def write(self, rec):
+        count["n"] += 1
+        if count["n"] > calls:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+        return real(self, rec)
+    return write
+
+
+def test_a_full_disk_during_the_run_stops_every_rank_with_one_message(one_rank_set, tmp_path, monkeypatch):
+    """Before: an OSError traceback on rank 0 and MPI_ABORT; now the one-line error, and the newest
+    checkpoint continues the run."""
+    run = tmp_path / "run"
+    monkeypatch.setattr(metrics.MetricsWriter, "write", _full_disk_after(2))
+    with pytest.raises(TrainingError) as info:
+        train(one_rank_set, run)
+    text = str(info.value)
+    assert info.value.collective and "metrics.jsonl" in text and "No space left on device" in text
+    assert f"--resume {run}" in text and "checkpoint" in text and "stopped after 3 epochs" in text
+    assert [r["epoch"] for r in metrics.read_metrics(run)] == [0, 1]
+    monkeypatch.undo()
+    summary = cli.run_training(["--resume", str(run), "--quiet"])
+    assert summary["epochs"] == 3 and [r["epoch"] for r in metrics.read_metrics(run)] == [0, 1, 2]
+
+
+def test_a_full_disk_at_the_summary_is_the_collective_error(one_rank_set, tmp_path, monkeypatch):
+    import granndis_hpc.engine.trainer as trainer
+
+    def no_space(run_dir, summary):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(run_dir, "summary.json"))
+    monkeypatch.setattr(trainer, "write_summary", no_space)
+    with pytest.raises(ClusterError, match=r"summary.json \(free space, then continue with --resume .*No space left"):
+        train(one_rank_set, tmp_path / "run")
+
+
+def test_a_failed_append_leaves_whole_lines(tmp_path, monkeypatch):
+    """ENOSPC in the middle of a line (a partial write) is cut back: metrics.jsonl never ends half a record."""
+    writer = metrics.MetricsWriter(str(tmp_path))
+    writer.write({"epoch": 0})
+    real = os.write
+
+    def half(fd, data):
+        real(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "write", half)
+    with pytest.raises(OSError):
+        writer.write({"epoch": 1, "loss": 0.5})
+    monkeypatch.undo()
+    writer.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == json.dumps({"epoch": 0}) + "\n"
+
+
+def test_plan_json_to_a_missing_directory_is_refused_before_the_work(tmp_path, capsys):
+    """Item 4: `preprocess plan ... --json /nonexistent/x.json` printed the plan, then a traceback."""
+    from preprocess.__main__ import main
+
+    rc = main(["plan", "--source", "synthetic", "--vertices", "300", "--avg-degree", "4", "--features", "4",
+               "--classes", "3", "--servers", "1", "--gpus-per-server", "2", "--layers", "2",
+               "--json", str(tmp_path / "nonexistent" / "x.json")])
+    out, err = capsys.readouterr()
+    assert rc == 1 and "[plan]" not in out
+    assert "nonexistent does not exist; create it or choose another path" in err and "Traceback" not in err
