@@ -31,6 +31,7 @@ from granndis_hpc.metrics import (BEST_MODEL, METRICS_FILE, MetricsWriter, epoch
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
+from granndis_hpc.runlock import RunLock, RunLockedError
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
 from granndis_hpc.config import ConfigError, TrainConfig, write_resolved_config
 from granndis_hpc.engine import checkpoint, signals
@@ -415,6 +416,8 @@ class Trainer:
     def close(self) -> None:
         if getattr(self, "_writer", None) is not None:
             self._writer.close()
+        if getattr(self, "_run_lock", None) is not None:
+            self._run_lock.release()
         self.stop_signals.uninstall()
         self.comm.close()
         self.topo.close()
@@ -428,7 +431,10 @@ class Trainer:
         if not cfg.out:
             return
         found = None
-        with collective_errors(self.world, "", catch=(checkpoint.CheckpointError, OSError)):
+        with collective_errors(self.world, "", catch=(checkpoint.CheckpointError, OSError, RunLockedError)):
+            if self.topo.rank == 0:  # held until close(): no second job touches the run meanwhile
+                self._run_lock = RunLock(cfg.out, "resume it" if cfg.resume else
+                                         "replace its run (--overwrite-run)" if cfg.overwrite_run else "start a run in it")
             if self.topo.rank == 0 and not cfg.resume:
                 found = checkpoint.run_contents(cfg.out)
                 if found and not cfg.overwrite_run:

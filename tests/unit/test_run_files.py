@@ -107,3 +107,43 @@ def test_plan_json_to_a_missing_directory_is_refused_before_the_work(tmp_path, c
     out, err = capsys.readouterr()
     assert rc == 1 and "[plan]" not in out
     assert "nonexistent does not exist; create it or choose another path" in err and "Traceback" not in err
+
+
+def test_a_live_run_directory_is_locked(one_rank_set, tmp_path, monkeypatch):
+    """Item 12: --overwrite-run (or --resume, or a new run) while another job trains in the directory
+    mixed the two runs' files.  Now each is refused naming the holder, and nothing is written."""
+    import socket
+
+    from granndis_hpc.runlock import RunLock
+
+    run = tmp_path / "run"
+    train(one_rank_set, run)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    held = RunLock(str(run))  # the "other job" (another open file description: flock conflicts)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    before = {n: os.path.getmtime(run / n) for n in os.listdir(run)}
+    try:
+        holder = f"host {socket.gethostname()}, pid {os.getpid()}, job id 4242"
+        for extra, action in ((["--overwrite-run"], "replace its run"), ([], "start a run in it")):
+            with pytest.raises(ClusterError, match=rf"in use by a running job \({holder}\).*cannot {action}"):
+                train(one_rank_set, run, *extra)
+        with pytest.raises(ClusterError, match=rf"in use by a running job \({holder}\).*cannot resume it"):
+            cli.run_training(["--resume", str(run), "--quiet", "--epochs", "5"])
+        assert {n: os.path.getmtime(run / n) for n in os.listdir(run)} == before
+    finally:
+        held.release()
+    train(one_rank_set, run, "--overwrite-run", "--seed", "1")  # free again
+
+
+def test_a_killed_holder_leaves_no_stale_lock(one_rank_set, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    run = tmp_path / "run"
+    code = ("import os, signal; from granndis_hpc.runlock import RunLock; "
+            f"lock = RunLock({str(run)!r}); os.kill(os.getpid(), signal.SIGKILL)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60)
+    assert res.returncode == -9 and (run / ".lock").exists()
+    assert train(one_rank_set, run)["epochs"] == 3
