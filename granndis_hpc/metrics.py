@@ -110,19 +110,57 @@ def read_metrics(run_dir: str) -> List[Dict]:
     return [record for _, record in read_metrics_lines(run_dir)]
 
 
-def truncate_metrics(run_dir: str, epoch: int) -> List[Dict]:
+def truncate_metrics(run_dir: str, epoch: int, note=None) -> List[Dict]:
     """Keep the records of epochs before `epoch` (those a checkpoint after `epoch` epochs includes) and
     drop the rest, so a resumed run appends without duplicates.  Rewritten atomically (a crash leaves
-    the old file or the new one); returns the kept records."""
-    kept = []
-    for _, rec in read_metrics_lines(run_dir, skip_bad_lines=True, missing_ok=True):
+    the old file or the new one); returns the kept records.
+
+    Damage is never dropped silently (issue 21, item 15): a last line cut short (a kill, a full disk)
+    is repaired, saying so through `note`; a damaged line before it, or an epoch missing from the
+    records the checkpoint includes, is a MetricsError naming the lines, since cutting them would lose
+    records."""
+    path = os.path.join(os.fspath(run_dir), METRICS_FILE)
+    if os.path.isdir(path):
+        raise MetricsError(f"{path} is a directory, not the run's metrics file; move it away and resume again")
+    lines = []
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise MetricsError(f"{path} cannot be read: {exc}") from None
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    kept, bad = [], []
+    for number, line in numbered:
         try:
-            if int(rec.get("epoch", -1)) < epoch:
-                kept.append(rec)
-        except (TypeError, ValueError):  # not a record this program wrote
+            rec = json.loads(line.decode("utf-8"))
+            if not isinstance(rec, dict) or isinstance(rec.get("epoch"), bool) or not isinstance(rec.get("epoch"), int):
+                raise ValueError("not an epoch record")
+        except ValueError:  # UnicodeDecodeError and json's errors are ValueErrors
+            bad.append(number)
             continue
+        if rec["epoch"] < epoch:
+            kept.append(rec)
+    last = numbered[-1][0] if numbered else None
+    damaged = [n for n in bad if n != last]
+    epochs = [rec["epoch"] for rec in kept]
+    missing = sorted(set(range(epoch)) - set(epochs)) if numbered else []
+    if damaged or (missing and numbered):
+        what = []
+        if damaged:
+            what.append(f"line(s) {', '.join(map(str, damaged[:5]))}{', ...' if len(damaged) > 5 else ''} are not "
+                        f"epoch records")
+        if missing:
+            what.append(f"the records of epoch(s) {', '.join(map(str, missing[:5]))}{', ...' if len(missing) > 5 else ''} "
+                        f"(before the checkpoint, after {epoch} epochs) are missing")
+        raise MetricsError(f"{path}: {'; '.join(what)}: resuming would lose records; restore the file (or delete "
+                           f"it to continue without the old records) and resume again")
+    if bad and note is not None:
+        note(f"{path}: line {bad[0]}, the last, was cut short (the job was killed or the disk was full "
+             f"while it was written); dropped it, the run continues from its checkpoint")
     text = "".join(json.dumps(rec, sort_keys=True) + "\n" for rec in kept)
-    atomic_write_bytes(os.path.join(os.fspath(run_dir), METRICS_FILE), text.encode())
+    atomic_write_bytes(path, text.encode())
     return kept
 
 

@@ -147,3 +147,39 @@ def test_a_killed_holder_leaves_no_stale_lock(one_rank_set, tmp_path):
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60)
     assert res.returncode == -9 and (run / ".lock").exists()
     assert train(one_rank_set, run)["epochs"] == 3
+
+
+def _metrics(tmp_path, lines):
+    (tmp_path / "metrics.jsonl").write_bytes(b"".join(lines))
+
+
+def test_damaged_metrics_lines_are_refused_or_repaired_with_a_message(tmp_path):
+    """Item 15: a damaged line in the middle was dropped silently on --resume (epochs 0, 1, 3, 4...)."""
+    rec = [json.dumps({"epoch": e}).encode() + b"\n" for e in range(5)]
+    _metrics(tmp_path, rec[:2] + [b'{"epoch": 2, "lo\n'] + rec[3:])
+    with pytest.raises(metrics.MetricsError, match=r"line\(s\) 3 are not epoch records.*epoch\(s\) 2 .*missing"):
+        metrics.truncate_metrics(str(tmp_path), 4)
+    assert (tmp_path / "metrics.jsonl").read_bytes().count(b"\n") == 5  # untouched
+    _metrics(tmp_path, rec[:2] + rec[3:])  # a record gone
+    with pytest.raises(metrics.MetricsError, match=r"epoch\(s\) 2 \(before the checkpoint"):
+        metrics.truncate_metrics(str(tmp_path), 3)
+    _metrics(tmp_path, [b"\xff\xfe junk \x00\n"] + rec)  # random bytes: a refusal, not a traceback
+    with pytest.raises(metrics.MetricsError, match=r"line\(s\) 1 are not epoch records"):
+        metrics.truncate_metrics(str(tmp_path), 2)
+    notes = []
+    _metrics(tmp_path, rec[:3] + [b'{"epoch": 3, "lo'])  # the last line cut by a kill: repaired, said
+    assert [r["epoch"] for r in metrics.truncate_metrics(str(tmp_path), 3, note=notes.append)] == [0, 1, 2]
+    assert len(notes) == 1 and "line 4, the last, was cut short" in notes[0]
+    os.remove(tmp_path / "metrics.jsonl")
+    os.mkdir(tmp_path / "metrics.jsonl")
+    with pytest.raises(metrics.MetricsError, match="is a directory"):
+        metrics.truncate_metrics(str(tmp_path), 2)
+
+
+def test_resume_refuses_a_damaged_metrics_file_on_every_rank(one_rank_set, tmp_path):
+    run = tmp_path / "run"
+    train(one_rank_set, run)
+    lines = (run / "metrics.jsonl").read_bytes().splitlines(True)
+    (run / "metrics.jsonl").write_bytes(lines[0] + b"garbage\n" + lines[2])
+    with pytest.raises(ClusterError, match=r"metrics.jsonl: line\(s\) 2 are not epoch records"):
+        cli.run_training(["--resume", str(run), "--quiet", "--epochs", "4"])
