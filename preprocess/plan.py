@@ -53,16 +53,19 @@ class PlanConfig:
 
 
 def fail(group, command: str, exc: BaseException) -> int:
-    """A preprocess command's failure: print it on this rank and return exit status 1.  A collective
-    error was raised by every rank, so all exit 1 together; anything else was seen by this rank only,
+    """A preprocess command's failure: print it and return exit status 1.  A collective error was raised
+    by every rank with one message naming every failing rank, so rank 0 prints it and all exit 1
+    together; anything else was seen by this rank only (it prints it),
     and its peers may be blocked in a collective: end the whole job."""
     import sys
     import time
 
     from granndis_hpc.cluster import ClusterError
 
-    print(f"preprocess {command}: error (rank {group.rank}): {exc}", file=sys.stderr, flush=True)
-    if group.size > 1 and not (isinstance(exc, ClusterError) and exc.collective):
+    collective = isinstance(exc, ClusterError) and exc.collective
+    if group.rank == 0 or not collective:  # a collective error holds every rank's message: said once
+        print(f"preprocess {command}: error (rank {group.rank}): {exc}", file=sys.stderr, flush=True)
+    if group.size > 1 and not collective:
         time.sleep(0.5)  # let the other ranks print their own message first
         group.abort(1)
     return 1

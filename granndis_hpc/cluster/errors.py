@@ -11,9 +11,9 @@ collective.  Two tools prevent that:
   rank becomes the same `ClusterError` on every rank.
 * `main_guard(fn)` -- wraps an entry point.  An exception on any rank prints
   "[rank r] <Type>: message" to stderr and aborts the whole job with exit status 1.  When the
-  exception came out of `agree` (so every rank raises it together), ranks instead synchronise,
-  print, and exit(1) one by one, so every rank's message reaches the user and nothing is killed
-  mid-print.
+  exception came out of `agree` (so every rank raises it together, with one message naming every
+  failing rank and what it said), rank 0 prints it once and the ranks synchronise and exit together
+  (status 1, or the error's exit_code: 2 for option errors), so nothing is killed mid-print.
 """
 from __future__ import annotations
 
@@ -133,8 +133,9 @@ def _report(exc: BaseException, rank: int, with_traceback: bool) -> None:
 def main_guard(fn, *args, **kwargs):
     """Run fn(*args, **kwargs); on an exception on any rank, make every rank exit non-zero.
 
-    * collective ClusterError (from `agree`): every rank prints "[rank r] ClusterError: ...",
-      waits at a barrier so that all messages are out, and exits with status 1.
+    * collective ClusterError (from `agree`, or an error marked by raised_everywhere): rank 0 prints
+      "[rank 0] ClusterError: ..." (the same message every rank holds), every rank waits at a barrier
+      and exits with the error's exit_code (1; 2 for option errors).
     * anything else (including SystemExit with a non-zero code, e.g. argparse): the rank prints
       its traceback and "[rank r] <Type>: message" and calls MPI.COMM_WORLD.Abort(1), which
       terminates every rank (the others may be blocked in a collective).
@@ -155,7 +156,10 @@ def main_guard(fn, *args, **kwargs):
     except BaseException as exc:  # noqa: BLE001 -- anything uncaught must not leave peers hanging
         rank = world_rank()
         if getattr(exc, "collective", False) is True:  # a ClusterError from agree, or raised_everywhere
-            _report(exc, rank, with_traceback=False)
+            # Every rank holds the same message (agree names each failing rank and what it said), so
+            # rank 0 says it once instead of every rank repeating it (issue 21, item 10).
+            if rank == 0:
+                _report(exc, rank, with_traceback=False)
             try:
                 MPI.COMM_WORLD.Barrier()
             finally:
