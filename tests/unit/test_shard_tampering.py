@@ -147,3 +147,20 @@ def test_training_refuses_a_narrow_feature_file_on_every_rank(shard_set, tmp_pat
     assert "Traceback" not in res.stderr and "malloc" not in res.stderr, res.stderr[-3000:]
     assert re.search(r"server-0001\.h5: dataset 'features' has shape \[\d+, 3\], expected \[\d+, 7\]", res.stderr), \
         res.stderr[-3000:]
+
+
+def test_verify_recomputes_the_content_digest(shard_set, tmp_path):
+    """Item 2: one training label changed (in range, file checksum recomputed, content_sha256 left as
+    built) passed `verify` and was accepted by --resume as "the same dataset"."""
+    from preprocess.verify import verify_shard_set
+
+    assert verify_shard_set(shard_set) == []  # the recomputed digest equals the build's
+    row = int(_train_rows(shard_set, 1)[0])
+    bad = tamper(shard_set, tmp_path / "label", 1, "labels", lambda a: _set(a, row, (a[row] + 1) % 5))
+    problems = verify_shard_set(bad)
+    assert any("content_sha256" in p and "edited after the build" in p for p in problems), problems
+    with h5py.File(shard_set / shards.server_file_name(0), "r") as f:
+        preloaded = int(np.flatnonzero(f["vertices/hop"][()] > 0)[0])
+    bad = tamper(shard_set, tmp_path / "copy", 0, "features", lambda a: _set(a, preloaded, a[preloaded] + 1))
+    problems = verify_shard_set(bad)
+    assert len(problems) == 1 and "preloaded rows' features differ" in problems[0], problems
