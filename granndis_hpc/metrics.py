@@ -29,6 +29,8 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def epoch_line(rec: Dict) -> str:
+    # Time is the slowest rank's epoch; Comm (halo exchange) and Reduce (gradient all-reduce) are that
+    # rank's own parts of it, so they never add up to more than the epoch.
     line = (f"Epoch {rec['epoch']:05d} | Time(s) {rec['time_s']:.4f} | "
             f"Comm(s) {rec['intra_comm_s'] + rec['inter_comm_s']:.4f} | Reduce(s) {rec['grad_sync_s']:.4f} | "
             f"Loss {rec['loss']:.4f}")
@@ -173,6 +175,13 @@ def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_
         vals = [r[key] for r in records]
         return float(statistics.median(vals)) if vals else 0.0
 
+    # The per-phase seconds are those of the median epoch (the lower one of an even count), whose parts
+    # add up to its time: medians taken part by part need not add up to anything.
+    typical = sorted(records, key=lambda r: r["time_s"])[(len(records) - 1) // 2] if records else None
+
+    def part(key):
+        return float(typical.get(key, 0.0)) if typical is not None else 0.0
+
     def med_bytes(key):
         vals = [r["bytes"][key] for r in records]
         return int(statistics.median(vals)) if vals else 0
@@ -182,9 +191,10 @@ def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_
         "servers": topology["servers"], "ranks_per_server": topology["ranks_per_server"],
         "epochs": len(records),
         "epoch_time_s": med("time_s"),
-        "seconds_per_epoch": {"compute": med("compute_s"), "intra_comm": med("intra_comm_s"),
-                              "inter_comm": med("inter_comm_s"), "grad_sync": med("grad_sync_s"),
-                              "sampling": med("sampling_s")},
+        # The slowest rank's own parts of the median epoch (epoch_time_s is their sum for an odd count).
+        "seconds_per_epoch": {"compute": part("compute_s"), "intra_comm": part("intra_comm_s"),
+                              "inter_comm": part("inter_comm_s"), "grad_sync": part("grad_sync_s"),
+                              "sampling": part("sampling_s")},
         "bytes_per_epoch": {k: med_bytes(k) for k in ("intra_halo", "inter_halo", "intra_grad", "inter_grad")},
         "accuracy": accuracy or {},
         "best_val": None if best is None else {"epoch": int(best["epoch"]), "train": float(best["train_acc"]),

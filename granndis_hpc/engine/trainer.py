@@ -287,7 +287,15 @@ class Trainer:
         inter = led.seconds("inter", "halo") + led.seconds("inter", "setup")
         times = np.array([elapsed, intra, inter, grad_s, elapsed - intra - inter - grad_s - sampling_s,
                           sampling_s])
-        slowest = self.comm.allreduce_scalar(times, "max")  # outside the timed region
+        # The slowest rank's own breakdown, so that its parts add up to the epoch time (the maxima of
+        # each part over ranks came from different ranks and could sum past the epoch: issue 21, item 6).
+        # Every rank's row of a world x 6 table, summed: all ranks see every rank's times (outside the
+        # timed region; 48 bytes per rank).
+        table = np.zeros((self.topo.world_size, times.size))
+        table[self.topo.rank] = times
+        table = self.comm.allreduce_scalar(table, "sum")
+        slowest_rank = int(np.argmax(table[:, 0]))
+        slowest = table[slowest_rank]
         # Every rank's loss is its share of the global mean: their sum is the loss.
         loss = float(self.comm.allreduce_scalar(local_loss, "sum"))
         if not math.isfinite(loss):
@@ -304,7 +312,8 @@ class Trainer:
         return {
             "epoch": self.epoch - 1, "time_s": float(slowest[0]), "intra_comm_s": float(slowest[1]),
             "inter_comm_s": float(slowest[2]), "grad_sync_s": float(slowest[3]),
-            "compute_s": float(slowest[4]), "sampling_s": float(slowest[5]), "loss": loss,
+            "compute_s": float(slowest[4]), "sampling_s": float(slowest[5]), "slowest_rank": slowest_rank,
+            "loss": loss,
             "bytes": {k: int(v.sum()) for k, v in per_rank.items()},
             "max_rank_bytes": {k: int(v.max()) for k, v in per_rank.items()},
             "inter_bytes_per_server": [int(b) for b in per_server],
