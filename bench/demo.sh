@@ -40,10 +40,6 @@ mpirun -n 2 $PY -m preprocess build --source synthetic --vertices "$VERTICES" --
 
 common=(--model sage --layers 3 --hidden 64 --epochs "$EPOCHS" --lr 0.01 --dropout 0.5 --eval-every 2)
 if [ $emulated = 1 ]; then
-    # The emulated cluster's namespaces and addresses are fixed: one builder at a time on this machine
-    # (bench_cluster.py and other demos wait here), released when the demo ends.
-    exec 9>/tmp/granndis-emu.lock
-    flock 9
     # Torn down however the demo ends (success, failure, Ctrl-C, SIGTERM).
     trap '$EMU teardown >/dev/null 2>&1 || true' EXIT
     trap 'exit 130' INT TERM
