@@ -71,9 +71,26 @@ def estimate_file_bytes(arrays: dict) -> int:
     return data + data // 50 + (256 << 10)
 
 
+def check_writable(directory: str) -> None:
+    """ShardError when `directory` is on a read-only file system or this user may not write it."""
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        raise ShardError(f"{directory!r} is on a read-only file system (Read-only file system): nothing can be "
+                         f"written there; remount it read-write or choose another --out (the set there is unchanged)")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ShardError(f"{directory!r} is not writable by this user (Permission denied); fix its permissions or "
+                         f"choose another --out (the set there is unchanged)")
+
+
 def check_free_space(directory: str, needed: int, what: str) -> None:
     """Refuse to start a write that cannot fit, with the numbers (ShardError).  Checked up front
-    because HDF5 handles a full disk badly: its error paths have crashed the interpreter."""
+    because HDF5 handles a full disk badly: its error paths have crashed the interpreter.  A directory
+    that cannot be written at all is said first: a read-only file system also reports little free
+    space, and "No space left" would name the wrong cause (issue 21, item 9)."""
+    check_writable(directory)
     free = shutil.disk_usage(directory).free
     if free < needed:
         raise ShardError(f"not enough free space in {directory!r}: {what} needs about {needed / 2**20:.1f} MiB "

@@ -164,3 +164,22 @@ def test_verify_recomputes_the_content_digest(shard_set, tmp_path):
     bad = tamper(shard_set, tmp_path / "copy", 0, "features", lambda a: _set(a, preloaded, a[preloaded] + 1))
     problems = verify_shard_set(bad)
     assert len(problems) == 1 and "preloaded rows' features differ" in problems[0], problems
+
+
+def test_a_read_only_output_is_named_as_such(tmp_path, monkeypatch):
+    """Item 9: `build --overwrite` onto a read-only set said "not enough free space ... (No space left on
+    device" with 15.0 of 15.0 MiB free; the cause is the read-only file system."""
+    import collections
+
+    from granndis_hpc.shards import writer
+
+    Stat = collections.namedtuple("Stat", "f_flag")
+    real = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: Stat(os.ST_RDONLY) if str(p) == str(tmp_path) else real(p))
+    with pytest.raises(shards.ShardError, match="read-only file system") as info:
+        writer.check_free_space(str(tmp_path), 10, "the set")
+    assert "No space left" not in str(info.value)
+    monkeypatch.setattr(os, "statvfs", real)
+    monkeypatch.setattr(os, "access", lambda p, mode: False)
+    with pytest.raises(shards.ShardError, match=r"not writable by this user \(Permission denied\)"):
+        writer.check_free_space(str(tmp_path), 10, "the set")
