@@ -667,7 +667,9 @@ def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
             if rejected:
                 why += "; rejected: " + ", ".join(f"{r.label} ({format_size(r.peak)})" for r in rejected)
             return Decision(o, int(budget_bytes), rejected, why)
-    need = min((o.peak for o in ordered), default=0)
+    if not ordered:
+        return Decision(None, int(budget_bytes), [], "no option was estimated for this job, so none can be chosen")
+    need = min(o.peak for o in ordered)
     # A budget the user can paste: whole MiB, rounded up (format_size rounds to 3 digits).
     paste = f"{-(-need // (1 << 20))}MiB"
     return Decision(None, int(budget_bytes), list(ordered),

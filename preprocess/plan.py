@@ -217,11 +217,17 @@ def auto_hops(group, graph, cfg: PlanConfig) -> mm.Decision:
     flx = [o for o in options if o.mode == "flx"]
     decision = mm.choose(flx, cfg.budget)
     if decision.choice is None:
-        others = mm.choose([o for o in options if o.mode != "flx"], cfg.budget)
+        rest = [o for o in options if o.mode != "flx"]
+        others = mm.choose(rest, cfg.budget)
         smallest = min(flx, key=lambda o: o.peak)
-        what = (f"build {describe_build(others.choice, cfg).split('build ... ', 1)[-1]} "
-                f"(estimated {format_size(others.choice.peak)} per GPU)" if others.choice is not None
-                else others.reason)
+        if others.choice is not None:
+            what = (f"build {describe_build(others.choice, cfg).split('build ... ', 1)[-1]} "
+                    f"(estimated {format_size(others.choice.peak)} per GPU)")
+        elif rest:
+            what = others.reason
+        else:  # nothing else was estimated: "the smallest estimate is 0 B" would be false
+            what = (f"give --memory-per-gpu {-(-smallest.peak // (1 << 20))}MiB or more, more servers/GPUs, "
+                    f"or a smaller model")
         _everywhere(group, PlanError(
             f"--memory-per-gpu {format_size(cfg.budget)} is too small for any full preload: k = 1 needs an "
             f"estimated {format_size(smallest.peak)} per GPU; instead {what}; "

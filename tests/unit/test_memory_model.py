@@ -408,3 +408,10 @@ def test_plan_counts_equal_the_written_shards(small_graph, small_shards, tmp_pat
         ests = mm.estimate_shard_set(str(path), "sage", 16, 3, k=k)
         worst = max(ests, key=lambda e: e["total"])
         assert got[label].peak == worst["total"] and got[label].breakdown == worst["breakdown"], label
+
+
+def test_build_hops_auto_with_a_one_byte_budget_says_what_is_needed(tmp_path, capsys):
+    """Issue 21, item 16: `--hops auto --memory-per-gpu 1` said "the smallest estimate is 0 B"."""
+    rc, _ = _build(tmp_path, "--hops", "auto", "--memory-per-gpu", "1")
+    err = capsys.readouterr().err
+    assert rc != 0 and "too small for any full preload" in err and " 0 B" not in err, err
