@@ -359,6 +359,12 @@ def load_config_file(path, cls) -> Dict[str, Any]:
         raise ConfigError(f"config file {path!r} cannot be read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8: random bytes, or a Latin-1 file
+        raise ConfigError(f"config file {path!r} is not valid TOML: not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start}); save it as UTF-8") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path!r} is not valid TOML for options: its values nest too deeply "
+                          f"(options are flat 'name = value' lines)") from None
 
     keys = _keys(cls)
     values, seen_as = {}, {}

@@ -241,6 +241,9 @@ def _set_problems(path: str) -> list:
     for k, v in counts.items():
         if v != int(ds[f"num_{k}"]):
             problems.append(f"manifest.json: num_{k} {ds[f'num_{k}']} but the files hold {v} inner {k} vertices")
+    if int(ds["num_classes"]) > max(N, 1):
+        problems.append(f"manifest.json: num_classes {ds['num_classes']} exceeds the {N} vertices (a model would "
+                        f"allocate an output layer that large); rebuild the set from its source")
     if int(ds["num_train"]) == 0:
         problems.append("manifest.json: num_train is 0: the set has no training vertices, so no mode can train "
                         "on it; build it from a dataset whose split marks training vertices")
@@ -309,8 +312,9 @@ class _Content:
 
 def format_info(manifest: dict) -> str:
     """Human-readable statistics of a shard set (what `info` prints)."""
-    ds, pre, part = manifest["dataset"], manifest["preload"], manifest.get("partitioner", {})
-    st = manifest.get("stats", {})
+    ds, pre = manifest["dataset"], manifest["preload"]
+    part = manifest.get("partitioner") if isinstance(manifest.get("partitioner"), dict) else {}
+    st = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}
     lines = [
         f"dataset     {ds['name']}: {ds['num_vertices']} vertices, {ds['num_edges']} edges, "
         f"{ds['num_features']} features, {ds['num_classes']} classes, train/val/test "
