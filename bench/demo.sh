@@ -103,14 +103,15 @@ print(f"fb {'=' if same else '!='} flx: test accuracy {runs['fb']['accuracy']['t
           " (Flexible Preloading is exact: the same model as the full-batch baseline; eas samples the "
           "preload's boundary, so it differs)" if same else " (they should be equal: please report this)"))
 if not emulated:
-    # What a shaped link would show: the cost model (bench/cluster/costmodel.py) on this run's exact bytes
-    # at the nominal rate (TCP/IP headers make the real link ~10 % slower).
-    bw = emucluster.parse_rate(rate) / 8
-    def base(s):
-        t = s["seconds_per_epoch"]
-        return dict(compute=t["compute"], sampling=t.get("sampling", 0.0), intra_comm=t["intra_comm"],
-                    grad_sync=t["grad_sync"], bytes=s["bytes_per_epoch"])
-    pred = {m: costmodel.predict(base(s), bw, 2) for m, s in runs.items()}
+    # What a shaped link would show: this run's epoch without its inter-server seconds (shared memory
+    # here), plus the busiest server's exact inter-server bytes over the link's TCP payload rate
+    # (bench/cluster/costmodel.py: each server sends over its own egress at the same time).
+    bw = emucluster.parse_rate(rate) / 8 * costmodel.TCP_PAYLOAD_SHARE
+    def predict(mode):
+        recs = [json.loads(l) for l in open(f"{out}/runs/{mode}/metrics.jsonl") if l.strip()]
+        run = costmodel.summarize_run(recs)
+        return run["epoch_s"] - run["inter_comm"] + run["inter_bytes_max_server"] / bw
+    pred = {m: predict(m) for m in runs}
     print(f"\nOn a {rate} inter-server link (run as root where namespaces are allowed to measure it), the cost "
           f"model predicts from these bytes: " + ", ".join(
               f"{m} {pred[m]:.2f} s ({pred['fb'] / pred[m]:.2f}x)" for m in runs) + ".")
