@@ -514,6 +514,9 @@ def main(argv=None) -> int:
         print(f"granndis report: error: {exc}", file=sys.stderr)
         return 2
     print(result["table"])
+    if not args.sweep:
+        print("Epoch time: the slowest rank's epoch (median over epochs); Comm: that rank's communication "
+              "in that epoch, a part of it.")
     for note in result.get("notes", []):
         print(note)
     print()
