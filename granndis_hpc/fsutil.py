@@ -60,6 +60,23 @@ def atomic_path(final_path: str):
         raise
 
 
+def remove_temporaries(directory: str, names) -> list:
+    """Delete atomic_path's temporaries of the given file names in `directory` (".NAME.*.tmp", left by
+    a writer that was killed before its rename); returns what was deleted.  Only safe while no other
+    process writes those files (the trainer holds the run directory's lock)."""
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        if entry.endswith(".tmp") and any(entry.startswith("." + name + ".") for name in names):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, entry))
+                removed.append(entry)
+    return sorted(removed)
+
+
 def atomic_write_bytes(final_path: str, data: bytes) -> None:
     with atomic_path(final_path) as tmp:
         with open(tmp, "wb") as f:

@@ -34,6 +34,7 @@ from granndis_hpc.progress import progress
 from granndis_hpc.runlock import RunLock, RunLockedError
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
 from granndis_hpc.config import ConfigError, TrainConfig, write_resolved_config
+from granndis_hpc.fsutil import remove_temporaries
 from granndis_hpc.engine import checkpoint, signals
 
 def check_model(cfg: TrainConfig) -> None:
@@ -447,6 +448,11 @@ class Trainer:
             if self.topo.rank == 0:  # held until close(): no second job touches the run meanwhile
                 self._run_lock = RunLock(cfg.out, "resume it" if cfg.resume else
                                          "replace its run (--overwrite-run)" if cfg.overwrite_run else "start a run in it")
+                # With the lock held no one else writes here: temporaries are a killed writer's leftovers.
+                stale = remove_temporaries(cfg.out, [n for n in checkpoint.RUN_OUTPUTS if n != checkpoint.CHECKPOINTS])
+                if stale:
+                    checkpoint.note(f"removed {len(stale)} temporary file(s) of a job killed while writing: "
+                                    f"{', '.join(stale)}")
             if self.topo.rank == 0 and not cfg.resume:
                 found = checkpoint.run_contents(cfg.out)
                 if found and not cfg.overwrite_run:

@@ -183,3 +183,16 @@ def test_resume_refuses_a_damaged_metrics_file_on_every_rank(one_rank_set, tmp_p
     (run / "metrics.jsonl").write_bytes(lines[0] + b"garbage\n" + lines[2])
     with pytest.raises(ClusterError, match=r"metrics.jsonl: line\(s\) 2 are not epoch records"):
         cli.run_training(["--resume", str(run), "--quiet", "--epochs", "4"])
+
+
+def test_a_killed_writers_temporaries_are_removed_by_the_next_run(one_rank_set, tmp_path, capsys):
+    """Item 17: a SIGKILL while best-model.pt was written left .best-model.pt.*.tmp, still there after a
+    successful resume."""
+    run = tmp_path / "run"
+    train(one_rank_set, run)
+    (run / ".best-model.pt.abc123.tmp").write_bytes(b"half")
+    (run / ".summary.json.x.tmp").write_bytes(b"{")
+    (run / ".keep-me.tmp").write_bytes(b"not ours")
+    cli.run_training(["--resume", str(run), "--quiet", "--epochs", "4"])
+    assert sorted(n for n in os.listdir(run) if n.endswith(".tmp")) == [".keep-me.tmp"]
+    assert "removed 2 temporary file(s) of a job killed while writing" in capsys.readouterr().err
