@@ -653,20 +653,53 @@ def preference(o: Option) -> tuple:
     return {"flx": (0, -o.k), "eas": (1, 0), "cob": (2, o.batches), "fb": (3, 0)}[o.mode]
 
 
+def _inter_total(o: Option) -> int:
+    return int(sum(o.inter_server_bytes.values()))
+
+
+def drop_dominated(options: Sequence[Option]) -> Tuple[List[Option], List[str]]:
+    """The exact full-graph options (fb, flx) without those another one of the same shard set beats on
+    both counts: no more memory and no more inter-server bytes, less of one (issue 21, item 13: flx
+    k = 1 of a 2-layer model holds more rows than fb for the same inter-server bytes, since fb caches its
+    layer-0 halo).  Returns (kept, one line per dropped option saying why)."""
+    exact = [o for o in options if o.mode in ("fb", "flx")]
+    kept, why = [], []
+    for o in options:
+        better = next((b for b in exact if o.mode in ("fb", "flx") and b is not o and b.source == o.source
+                       and o.inter_server_bytes and b.inter_server_bytes  # known for both
+                       and b.peak <= o.peak and _inter_total(b) <= _inter_total(o)
+                       and (b.peak < o.peak or _inter_total(b) < _inter_total(o))), None)
+        if better is None:
+            kept.append(o)
+        else:
+            why.append(f"{o.label} (dominated by {better.label}: {format_size_(better.peak)} <= "
+                       f"{format_size_(o.peak)} per GPU, {_inter_total(better):,} <= {_inter_total(o):,} "
+                       f"inter-server bytes per epoch)")
+    return kept, why
+
+
+def format_size_(n):
+    from granndis_hpc.units import format_size
+    return format_size(n)
+
+
 def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
     """The first option in GraNNDis' preference order whose estimated peak fits the budget."""
     from granndis_hpc.units import format_size
 
+    options, dominated = drop_dominated(options)
+    dropped = ("; not considered: " + ", ".join(dominated)) if dominated else ""
     ordered = sorted(options, key=preference)
     for i, o in enumerate(ordered):
         if o.peak <= budget_bytes:
             rejected = ordered[:i]
-            why = (f"{o.label} is the first of GraNNDis' order (the largest k of flx, then fb (k = 0), then EAS, "
-                   f"then the fewest co-batches) whose "
+            # The order as preference() applies it (one ranking, the same in `plan` and --mode auto).
+            why = (f"{o.label} is the first of GraNNDis' order (flx with the largest k, then EAS, then cob with "
+                   f"the fewest co-batches, then fb) whose "
                    f"estimated peak {format_size(o.peak)} per GPU fits {format_size(budget_bytes)}")
             if rejected:
                 why += "; rejected: " + ", ".join(f"{r.label} ({format_size(r.peak)})" for r in rejected)
-            return Decision(o, int(budget_bytes), rejected, why)
+            return Decision(o, int(budget_bytes), rejected, why + dropped)
     if not ordered:
         return Decision(None, int(budget_bytes), [], "no option was estimated for this job, so none can be chosen")
     need = min(o.peak for o in ordered)
@@ -675,7 +708,7 @@ def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
     return Decision(None, int(budget_bytes), list(ordered),
                     f"nothing fits {format_size(budget_bytes)} per GPU: the smallest estimate is "
                     f"{format_size(need)} ({min(ordered, key=lambda o: o.peak).label if ordered else 'none'}); "
-                    f"use --memory-per-gpu {paste} or more, more servers/GPUs, or more co-batches")
+                    f"use --memory-per-gpu {paste} or more, more servers/GPUs, or more co-batches" + dropped)
 
 
 # ---------------------------------------------------------------------------------------------------
