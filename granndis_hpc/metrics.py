@@ -166,6 +166,17 @@ def truncate_metrics(run_dir: str, epoch: int, note=None) -> List[Dict]:
     return kept
 
 
+# What summarize reads of an epoch record.  The run keeps only these per epoch (summary_fields): whole
+# records (cob's per-rank rows accounting on rank 0 above all) grew rank 0's memory by ~6.6 KB per
+# epoch (issue 21, item 17); they are in metrics.jsonl.
+SUMMARY_FIELDS = ("epoch", "time_s", "compute_s", "intra_comm_s", "inter_comm_s", "grad_sync_s", "sampling_s",
+                  "bytes", "activation_memory_bytes")
+
+
+def summary_fields(rec: Dict) -> Dict:
+    return {k: rec[k] for k in SUMMARY_FIELDS if k in rec}
+
+
 def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_memory: int,
               topology: Dict, total_time_s: float, best: Optional[Dict] = None) -> Dict:
     """summary.json: medians over epochs (epoch time is already the slowest rank's).  `accuracy` is the

@@ -26,8 +26,8 @@ from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import views
 from granndis_hpc.graph import planner
 from granndis_hpc.engine.modes import RunContext, Step, TrainingError, make_mode
-from granndis_hpc.metrics import (BEST_MODEL, METRICS_FILE, MetricsWriter, epoch_line, peak_memory_bytes, summarize,
-                                  write_best_model, write_summary)
+from granndis_hpc.metrics import (BEST_MODEL, METRICS_FILE, MetricsWriter, epoch_line, peak_memory_bytes,
+                                  summarize, summary_fields, write_best_model, write_summary)
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
@@ -343,7 +343,7 @@ class Trainer:
         cfg, rank0 = self.cfg, self.topo.rank == 0
         writer = self._open_run_directory()  # rank 0 with --out: config.json written, metrics.jsonl open
         self._writer = writer  # closed by close() when the run ends with an error
-        records, accuracy = list(self.prior_records), None
+        records, accuracy = [summary_fields(r) for r in self.prior_records], None
         start = time.perf_counter() - self.prior_elapsed_s
         # Rank 0, on a terminal and not --quiet only; epoch lines go through the bar so it stays whole.
         bar = progress(total=cfg.epochs, initial=self.epoch, desc=f"{cfg.mode} epochs", rank=self.topo.rank,
@@ -356,7 +356,7 @@ class Trainer:
                 rec.update(train_acc=accuracy["train"], val_acc=accuracy["val"], test_acc=accuracy["test"])
                 self._track_best(rec)
             rec["peak_memory_bytes"] = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
-            records.append(rec)
+            records.append(summary_fields(rec))  # the whole record goes to metrics.jsonl, not to memory
             if rank0:
                 if writer:
                     try:
