@@ -765,7 +765,8 @@ def estimate_shard_set(path: str, model: str, hidden: int, layers: Optional[int]
 
 def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int, budget_bytes: int,
                       device: str = "cpu", batches: Sequence[int] = (2, 4, 8, 16, 32, 64), fanout: int = -1,
-                      sampler: str = "sage", seed: int = 0, **model_kw) -> Decision:
+                      sampler: str = "sage", seed: int = 0, job: Optional[Tuple[int, int]] = None,
+                      **model_kw) -> Decision:
     """`--mode auto`: the options the shard sets offer (full sets: fb and flx k <= hops; EAS sets: eas,
     and cob with each co-batch count in `batches`), estimated, and the choice for the budget.
 
@@ -774,13 +775,21 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     run (bool dropout masks)."""
     from granndis_hpc import shards
 
+    manifests = {path: shards.read_manifest(path) for path in paths}
+    usable, skipped = fitting_sets(manifests, layers, job)
+    if not usable:
+        raise MemoryModelError("--mode auto: none of the shard sets can run this job: " + "; ".join(skipped))
     options = []
-    for path in paths:
+    for path in usable:
         manifest, servers = read_shard_set(path)
         m = model_for(manifest, model, hidden, layers, **model_kw)
         pre = manifest["preload"]
         S = int(manifest["servers"])
-        options += options_from_arrays(servers, pre["kind"], int(pre["hops"]), layers, m, S, device, source=path)
+        found = options_from_arrays(servers, pre["kind"], int(pre["hops"]), layers, m, S, device, source=path)
+        if int(manifest["layers"]) != layers:  # only fb serves a set built for another depth
+            options += [o for o in found if o.mode == "fb"]
+            continue
+        options += found
         if pre["kind"] == "eas" or int(pre["hops"]) >= layers:
             base = shard_rows(servers, layers, 0, m.features, m.num_classes)
             graphs = [shards.read_server_graph(path, manifest, s) for s in range(S)]
@@ -790,4 +799,33 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
                     continue
                 cob = [cobatch_server_arrays(g, s, layers, b, fanout, sampler, seed) for s, g in enumerate(graphs)]
                 options.append(make_option("cob", with_cobatch(base, cob), m, S, device, batches=b, source=path))
-    return choose(options, budget_bytes)
+    decision = choose(options, budget_bytes)
+    if skipped:
+        import dataclasses
+        decision = dataclasses.replace(decision, reason=decision.reason + "; sets not considered: " + "; ".join(skipped))
+    return decision
+
+
+def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[int, int]]) -> Tuple[list, list]:
+    """(the shard sets --mode auto may choose among, why each other one is left out).  Every set must
+    hold the same dataset (one content digest; issue 21, item 14: a list of a CiteSeer and a Cora set
+    trained Cora), else MemoryModelError; a set built for another S x G than the job's is left out (it
+    would be picked and then refused)."""
+    def dataset(m):
+        ds = m["dataset"]
+        return ds.get("content_sha256") or f"name {ds.get('name')!r}"
+    kinds = {}
+    for path, m in manifests.items():
+        kinds.setdefault(dataset(m), []).append(f"{path} ({m['dataset'].get('name')})")
+    if len(kinds) > 1:
+        raise MemoryModelError("--mode auto: --shards lists sets of different datasets (content digests differ: "
+                               + " vs ".join(", ".join(v) for v in kinds.values())
+                               + "); give sets built from one dataset")
+    usable, skipped = [], []
+    for path, m in manifests.items():
+        S, G = int(m["servers"]), int(m["gpus_per_server"])
+        if job is not None and (S, G) != tuple(job):
+            skipped.append(f"{path} is built for {S} servers x {G} GPUs, this job runs {job[0]} x {job[1]}")
+        else:
+            usable.append(path)
+    return usable, skipped

@@ -431,3 +431,23 @@ def test_a_dominated_option_is_not_chosen_and_the_order_is_stated_as_applied():
     assert "not considered: flx k=1 (dominated by fb" in d.reason
     assert "flx with the largest k, then EAS, then cob with the fewest co-batches, then fb" in d.reason
     assert mm.choose([fb, k1], 36).choice.label == "fb"
+
+
+def test_mode_auto_considers_only_sets_of_one_dataset_that_fit_the_job(small_graph, small_shards, tmp_path):
+    """Issue 21, item 14: `--shards citeseer-2x2,cora-2x2-eas` trained Cora (exit 0), and a 4x1 set in a
+    2x2 job was picked, then refused."""
+    from mpi4py import MPI
+
+    from preprocess.build import build_shards
+    from tests.unit.test_shards import build, make_graph
+
+    other = tmp_path / "4x1"
+    build_shards(small_graph, other, servers=4, gpus_per_server=1, layers=3, partitioner="metis", comm=MPI.COMM_SELF)
+    d = mm.choose_shard_sets([str(other), str(small_shards)], "sage", 16, 3, 1 << 40, batches=(2,), job=(2, 2))
+    assert d.choice.source == str(small_shards) and f"{other} is built for 4 servers x 1 GPUs" in d.reason
+    with pytest.raises(mm.MemoryModelError, match="none of the shard sets can run this job"):
+        mm.choose_shard_sets([str(other)], "sage", 16, 3, 1 << 40, job=(2, 2))
+    foreign = tmp_path / "toy"
+    build(make_graph(), foreign, layers=3)
+    with pytest.raises(mm.MemoryModelError, match="sets of different datasets"):
+        mm.choose_shard_sets([str(foreign), str(small_shards)], "sage", 16, 3, 1 << 40, job=(2, 2))
