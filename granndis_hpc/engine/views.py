@@ -254,31 +254,30 @@ def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: boo
     # manifest (shards.read_server_rows) and skip the extra all-to-alls.
     agree = static_phase == "setup" and num_peers > 1
     signature = row_signature(rows.features)
-    problem = None
-    try:
-        table, sources = planner.build_halo(num_peers, rows.is_own, rows.own_pos, rows.peer, rows.key,
-                                            rows.src_hop)
-    except planner.PlanError as exc:
-        if not agree:
-            raise
-        problem = exc
-    if agree:
-        agree_with_peers(alltoall_counts, num_peers, signature, problem, rows.features)
+
+    def agreed(step):
+        """step(), then (a view built once) tell the peers whether it failed and check their rows."""
+        problem, out = None, None
+        try:
+            out = step()
+        except planner.PlanError as exc:
+            if not agree:
+                raise
+            problem = exc
+        if agree:
+            agree_with_peers(alltoall_counts, num_peers, signature, problem, rows.features)
+        return out
+
+    table, sources = agreed(lambda: planner.build_halo(num_peers, rows.is_own, rows.own_pos, rows.peer, rows.key,
+                                                       rows.src_hop))
     keys, counts = table.requests()
     send_counts = np.asarray(alltoall_counts([int(c) for c in counts]), dtype=np.int64)
     asked = exchange(torch.as_tensor(keys, dtype=torch.int64, device=device).reshape(-1, 1), counts.tolist(),
                      send_counts.tolist(), phase="setup").reshape(-1).cpu().numpy()
-    try:
-        send_pos = planner.resolve_requests(asked, resolve_keys)
-        plan = planner.build_plan(rows.hop, rows.indptr, sources, table, send_pos, send_counts,
-                                  num_layers, all_active=all_active,
-                                  complete_degree=rows.degree if exact else None, group=group)
-    except planner.PlanError as exc:
-        if not agree:
-            raise
-        problem = exc
-    if agree:
-        agree_with_peers(alltoall_counts, num_peers, signature, problem, rows.features)
+    plan = agreed(lambda: planner.build_plan(rows.hop, rows.indptr, sources, table,
+                                             planner.resolve_requests(asked, resolve_keys), send_counts,
+                                             num_layers, all_active=all_active,
+                                             complete_degree=rows.degree if exact else None, group=group))
     return View(rows, plan, exchange, device, static_phase=static_phase)
 
 
