@@ -60,10 +60,18 @@ def _parse_train_args(argv):
     # from them), so the collective refusal runs on COMM_WORLD.
     from mpi4py import MPI
 
-    from granndis_hpc.cluster.errors import collective_errors
+    from granndis_hpc.cluster.errors import ClusterError, collective_errors
     from granndis_hpc.engine.checkpoint import CheckpointError
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _agreed_train_args(argv, MPI, collective_errors, CheckpointError)
+    except ClusterError as exc:
+        exc.exit_code = 2  # an option error: exit status 2 on every rank, as argparse's usage errors
+        raise
+
+
+def _agreed_train_args(argv, MPI, collective_errors, CheckpointError):
     cfg = None
     with collective_errors(MPI.COMM_WORLD, "", catch=(ConfigError, CheckpointError)):
         command_line, file_values, _ = read_options(TrainConfig, argv, TRAIN_PROG, TRAIN_DESCRIPTION)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import sys
 import typing
@@ -156,6 +157,10 @@ def allowed_choices(meta: Dict) -> Optional[tuple]:
 
 def _range_problem(spec: _Spec, value) -> Optional[str]:
     m = spec.meta
+    # NaN compares false with every bound, and infinity passes a lower one: refuse both for every float
+    # option, wherever the value came from (command line, TOML, code).
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
     for key, bad, text in (("ge", lambda v, b: v < b, ">="), ("gt", lambda v, b: v <= b, ">"),
                            ("le", lambda v, b: v > b, "<="), ("lt", lambda v, b: v >= b, "<")):
         if key in m and bad(value, m[key]):
@@ -354,6 +359,12 @@ def load_config_file(path, cls) -> Dict[str, Any]:
         raise ConfigError(f"config file {path!r} cannot be read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8: random bytes, or a Latin-1 file
+        raise ConfigError(f"config file {path!r} is not valid TOML: not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start}); save it as UTF-8") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path!r} is not valid TOML for options: its values nest too deeply "
+                          f"(options are flat 'name = value' lines)") from None
 
     keys = _keys(cls)
     values, seen_as = {}, {}

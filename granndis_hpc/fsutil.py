@@ -22,6 +22,21 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def file_mode() -> int:
+    """The mode an ordinary new file gets under this process's umask.  mkstemp's files are 0600, which
+    would hide shard sets and run files from the group they are shared with (issue 21, item 5)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # no /proc (not Linux): read it by setting it, then restore it at once
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def atomic_path(final_path: str):
     """Yield a temporary path in the same directory; on success fsync it and rename it to final_path.
@@ -35,6 +50,7 @@ def atomic_path(final_path: str):
     try:
         yield tmp
         with open(tmp, "rb+") as f:
+            os.fchmod(f.fileno(), file_mode())  # as open() would have created it: honour the umask
             os.fsync(f.fileno())
         os.replace(tmp, final_path)
         fsync_dir(directory)
@@ -42,6 +58,23 @@ def atomic_path(final_path: str):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def remove_temporaries(directory: str, names) -> list:
+    """Delete atomic_path's temporaries of the given file names in `directory` (".NAME.*.tmp", left by
+    a writer that was killed before its rename); returns what was deleted.  Only safe while no other
+    process writes those files (the trainer holds the run directory's lock)."""
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        if entry.endswith(".tmp") and any(entry.startswith("." + name + ".") for name in names):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, entry))
+                removed.append(entry)
+    return sorted(removed)
 
 
 def atomic_write_bytes(final_path: str, data: bytes) -> None:

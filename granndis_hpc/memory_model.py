@@ -653,27 +653,62 @@ def preference(o: Option) -> tuple:
     return {"flx": (0, -o.k), "eas": (1, 0), "cob": (2, o.batches), "fb": (3, 0)}[o.mode]
 
 
+def _inter_total(o: Option) -> int:
+    return int(sum(o.inter_server_bytes.values()))
+
+
+def drop_dominated(options: Sequence[Option]) -> Tuple[List[Option], List[str]]:
+    """The exact full-graph options (fb, flx) without those another one of the same shard set beats on
+    both counts: no more memory and no more inter-server bytes, less of one (issue 21, item 13: flx
+    k = 1 of a 2-layer model holds more rows than fb for the same inter-server bytes, since fb caches its
+    layer-0 halo).  Returns (kept, one line per dropped option saying why)."""
+    exact = [o for o in options if o.mode in ("fb", "flx")]
+    kept, why = [], []
+    for o in options:
+        better = next((b for b in exact if o.mode in ("fb", "flx") and b is not o and b.source == o.source
+                       and o.inter_server_bytes and b.inter_server_bytes  # known for both
+                       and b.peak <= o.peak and _inter_total(b) <= _inter_total(o)
+                       and (b.peak < o.peak or _inter_total(b) < _inter_total(o))), None)
+        if better is None:
+            kept.append(o)
+        else:
+            why.append(f"{o.label} (dominated by {better.label}: {format_size_(better.peak)} <= "
+                       f"{format_size_(o.peak)} per GPU, {_inter_total(better):,} <= {_inter_total(o):,} "
+                       f"inter-server bytes per epoch)")
+    return kept, why
+
+
+def format_size_(n):
+    from granndis_hpc.units import format_size
+    return format_size(n)
+
+
 def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
     """The first option in GraNNDis' preference order whose estimated peak fits the budget."""
     from granndis_hpc.units import format_size
 
+    options, dominated = drop_dominated(options)
+    dropped = ("; not considered: " + ", ".join(dominated)) if dominated else ""
     ordered = sorted(options, key=preference)
     for i, o in enumerate(ordered):
         if o.peak <= budget_bytes:
             rejected = ordered[:i]
-            why = (f"{o.label} is the first of GraNNDis' order (the largest k of flx, then fb (k = 0), then EAS, "
-                   f"then the fewest co-batches) whose "
+            # The order as preference() applies it (one ranking, the same in `plan` and --mode auto).
+            why = (f"{o.label} is the first of GraNNDis' order (flx with the largest k, then EAS, then cob with "
+                   f"the fewest co-batches, then fb) whose "
                    f"estimated peak {format_size(o.peak)} per GPU fits {format_size(budget_bytes)}")
             if rejected:
                 why += "; rejected: " + ", ".join(f"{r.label} ({format_size(r.peak)})" for r in rejected)
-            return Decision(o, int(budget_bytes), rejected, why)
-    need = min((o.peak for o in ordered), default=0)
+            return Decision(o, int(budget_bytes), rejected, why + dropped)
+    if not ordered:
+        return Decision(None, int(budget_bytes), [], "no option was estimated for this job, so none can be chosen")
+    need = min(o.peak for o in ordered)
     # A budget the user can paste: whole MiB, rounded up (format_size rounds to 3 digits).
     paste = f"{-(-need // (1 << 20))}MiB"
     return Decision(None, int(budget_bytes), list(ordered),
                     f"nothing fits {format_size(budget_bytes)} per GPU: the smallest estimate is "
                     f"{format_size(need)} ({min(ordered, key=lambda o: o.peak).label if ordered else 'none'}); "
-                    f"use --memory-per-gpu {paste} or more, more servers/GPUs, or more co-batches")
+                    f"use --memory-per-gpu {paste} or more, more servers/GPUs, or more co-batches" + dropped)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -730,7 +765,8 @@ def estimate_shard_set(path: str, model: str, hidden: int, layers: Optional[int]
 
 def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int, budget_bytes: int,
                       device: str = "cpu", batches: Sequence[int] = (2, 4, 8, 16, 32, 64), fanout: int = -1,
-                      sampler: str = "sage", seed: int = 0, **model_kw) -> Decision:
+                      sampler: str = "sage", seed: int = 0, job: Optional[Tuple[int, int]] = None,
+                      **model_kw) -> Decision:
     """`--mode auto`: the options the shard sets offer (full sets: fb and flx k <= hops; EAS sets: eas,
     and cob with each co-batch count in `batches`), estimated, and the choice for the budget.
 
@@ -739,13 +775,21 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     run (bool dropout masks)."""
     from granndis_hpc import shards
 
+    manifests = {path: shards.read_manifest(path) for path in paths}
+    usable, skipped = fitting_sets(manifests, layers, job)
+    if not usable:
+        raise MemoryModelError("--mode auto: none of the shard sets can run this job: " + "; ".join(skipped))
     options = []
-    for path in paths:
+    for path in usable:
         manifest, servers = read_shard_set(path)
         m = model_for(manifest, model, hidden, layers, **model_kw)
         pre = manifest["preload"]
         S = int(manifest["servers"])
-        options += options_from_arrays(servers, pre["kind"], int(pre["hops"]), layers, m, S, device, source=path)
+        found = options_from_arrays(servers, pre["kind"], int(pre["hops"]), layers, m, S, device, source=path)
+        if int(manifest["layers"]) != layers:  # only fb serves a set built for another depth
+            options += [o for o in found if o.mode == "fb"]
+            continue
+        options += found
         if pre["kind"] == "eas" or int(pre["hops"]) >= layers:
             base = shard_rows(servers, layers, 0, m.features, m.num_classes)
             graphs = [shards.read_server_graph(path, manifest, s) for s in range(S)]
@@ -755,4 +799,33 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
                     continue
                 cob = [cobatch_server_arrays(g, s, layers, b, fanout, sampler, seed) for s, g in enumerate(graphs)]
                 options.append(make_option("cob", with_cobatch(base, cob), m, S, device, batches=b, source=path))
-    return choose(options, budget_bytes)
+    decision = choose(options, budget_bytes)
+    if skipped:
+        import dataclasses
+        decision = dataclasses.replace(decision, reason=decision.reason + "; sets not considered: " + "; ".join(skipped))
+    return decision
+
+
+def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[int, int]]) -> Tuple[list, list]:
+    """(the shard sets --mode auto may choose among, why each other one is left out).  Every set must
+    hold the same dataset (one content digest; issue 21, item 14: a list of a CiteSeer and a Cora set
+    trained Cora), else MemoryModelError; a set built for another S x G than the job's is left out (it
+    would be picked and then refused)."""
+    def dataset(m):
+        ds = m["dataset"]
+        return ds.get("content_sha256") or f"name {ds.get('name')!r}"
+    kinds = {}
+    for path, m in manifests.items():
+        kinds.setdefault(dataset(m), []).append(f"{path} ({m['dataset'].get('name')})")
+    if len(kinds) > 1:
+        raise MemoryModelError("--mode auto: --shards lists sets of different datasets (content digests differ: "
+                               + " vs ".join(", ".join(v) for v in kinds.values())
+                               + "); give sets built from one dataset")
+    usable, skipped = [], []
+    for path, m in manifests.items():
+        S, G = int(m["servers"]), int(m["gpus_per_server"])
+        if job is not None and (S, G) != tuple(job):
+            skipped.append(f"{path} is built for {S} servers x {G} GPUs, this job runs {job[0]} x {job[1]}")
+        else:
+            usable.append(path)
+    return usable, skipped

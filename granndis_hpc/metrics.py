@@ -29,6 +29,8 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def epoch_line(rec: Dict) -> str:
+    # Time is the slowest rank's epoch; Comm (halo exchange) and Reduce (gradient all-reduce) are that
+    # rank's own parts of it, so they never add up to more than the epoch.
     line = (f"Epoch {rec['epoch']:05d} | Time(s) {rec['time_s']:.4f} | "
             f"Comm(s) {rec['intra_comm_s'] + rec['inter_comm_s']:.4f} | Reduce(s) {rec['grad_sync_s']:.4f} | "
             f"Loss {rec['loss']:.4f}")
@@ -38,20 +40,36 @@ def epoch_line(rec: Dict) -> str:
 
 
 class MetricsWriter:
-    """Rank 0's writer: appends one JSON line per epoch (flushed, so a killed job keeps its epochs)."""
+    """Rank 0's writer: appends one JSON line per epoch, each with one unbuffered write (so a killed job
+    keeps its epochs).  A write that fails (a full disk) is cut back to the end of the previous line, so
+    the file never ends with half a record; the OSError propagates."""
 
     def __init__(self, run_dir: str, append: bool = False):
         os.makedirs(run_dir, exist_ok=True)
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, METRICS_FILE)
-        self._f = open(self.path, "a" if append else "w")
+        if os.path.isdir(self.path):
+            raise IsADirectoryError(21, "is a directory, not the run's metrics file", self.path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o666)
 
     def write(self, rec: Dict) -> None:
-        self._f.write(json.dumps(rec, sort_keys=True) + "\n")
-        self._f.flush()
+        data = (json.dumps(rec, sort_keys=True) + "\n").encode()
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise
 
     def close(self) -> None:
-        self._f.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def read_metrics_lines(run_dir: str, skip_bad_lines: bool = False,
@@ -94,20 +112,69 @@ def read_metrics(run_dir: str) -> List[Dict]:
     return [record for _, record in read_metrics_lines(run_dir)]
 
 
-def truncate_metrics(run_dir: str, epoch: int) -> List[Dict]:
+def truncate_metrics(run_dir: str, epoch: int, note=None) -> List[Dict]:
     """Keep the records of epochs before `epoch` (those a checkpoint after `epoch` epochs includes) and
     drop the rest, so a resumed run appends without duplicates.  Rewritten atomically (a crash leaves
-    the old file or the new one); returns the kept records."""
-    kept = []
-    for _, rec in read_metrics_lines(run_dir, skip_bad_lines=True, missing_ok=True):
+    the old file or the new one); returns the kept records.
+
+    Damage is never dropped silently (issue 21, item 15): a last line cut short (a kill, a full disk)
+    is repaired, saying so through `note`; a damaged line before it, or an epoch missing from the
+    records the checkpoint includes, is a MetricsError naming the lines, since cutting them would lose
+    records."""
+    path = os.path.join(os.fspath(run_dir), METRICS_FILE)
+    if os.path.isdir(path):
+        raise MetricsError(f"{path} is a directory, not the run's metrics file; move it away and resume again")
+    lines = []
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise MetricsError(f"{path} cannot be read: {exc}") from None
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    kept, bad = [], []
+    for number, line in numbered:
         try:
-            if int(rec.get("epoch", -1)) < epoch:
-                kept.append(rec)
-        except (TypeError, ValueError):  # not a record this program wrote
+            rec = json.loads(line.decode("utf-8"))
+            if not isinstance(rec, dict) or isinstance(rec.get("epoch"), bool) or not isinstance(rec.get("epoch"), int):
+                raise ValueError("not an epoch record")
+        except ValueError:  # UnicodeDecodeError and json's errors are ValueErrors
+            bad.append(number)
             continue
+        if rec["epoch"] < epoch:
+            kept.append(rec)
+    last = numbered[-1][0] if numbered else None
+    damaged = [n for n in bad if n != last]
+    epochs = [rec["epoch"] for rec in kept]
+    missing = sorted(set(range(epoch)) - set(epochs)) if numbered else []
+    if damaged or (missing and numbered):
+        what = []
+        if damaged:
+            what.append(f"line(s) {', '.join(map(str, damaged[:5]))}{', ...' if len(damaged) > 5 else ''} are not "
+                        f"epoch records")
+        if missing:
+            what.append(f"the records of epoch(s) {', '.join(map(str, missing[:5]))}{', ...' if len(missing) > 5 else ''} "
+                        f"(before the checkpoint, after {epoch} epochs) are missing")
+        raise MetricsError(f"{path}: {'; '.join(what)}: resuming would lose records; restore the file (or delete "
+                           f"it to continue without the old records) and resume again")
+    if bad and note is not None:
+        note(f"{path}: line {bad[0]}, the last, was cut short (the job was killed or the disk was full "
+             f"while it was written); dropped it, the run continues from its checkpoint")
     text = "".join(json.dumps(rec, sort_keys=True) + "\n" for rec in kept)
-    atomic_write_bytes(os.path.join(os.fspath(run_dir), METRICS_FILE), text.encode())
+    atomic_write_bytes(path, text.encode())
     return kept
+
+
+# What summarize reads of an epoch record.  The run keeps only these per epoch (summary_fields): whole
+# records (cob's per-rank rows accounting on rank 0 above all) grew rank 0's memory by ~6.6 KB per
+# epoch (issue 21, item 17); they are in metrics.jsonl.
+SUMMARY_FIELDS = ("epoch", "time_s", "compute_s", "intra_comm_s", "inter_comm_s", "grad_sync_s", "sampling_s",
+                  "bytes", "activation_memory_bytes")
+
+
+def summary_fields(rec: Dict) -> Dict:
+    return {k: rec[k] for k in SUMMARY_FIELDS if k in rec}
 
 
 def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_memory: int,
@@ -118,6 +185,13 @@ def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_
     def med(key):
         vals = [r[key] for r in records]
         return float(statistics.median(vals)) if vals else 0.0
+
+    # The per-phase seconds are those of the median epoch (the lower one of an even count), whose parts
+    # add up to its time: medians taken part by part need not add up to anything.
+    typical = sorted(records, key=lambda r: r["time_s"])[(len(records) - 1) // 2] if records else None
+
+    def part(key):
+        return float(typical.get(key, 0.0)) if typical is not None else 0.0
 
     def med_bytes(key):
         vals = [r["bytes"][key] for r in records]
@@ -130,9 +204,10 @@ def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_
         "hosts": list(topology.get("hosts", ())), "emulated_servers": bool(topology.get("emulated", False)),
         "epochs": len(records),
         "epoch_time_s": med("time_s"),
-        "seconds_per_epoch": {"compute": med("compute_s"), "intra_comm": med("intra_comm_s"),
-                              "inter_comm": med("inter_comm_s"), "grad_sync": med("grad_sync_s"),
-                              "sampling": med("sampling_s")},
+        # The slowest rank's own parts of the median epoch (epoch_time_s is their sum for an odd count).
+        "seconds_per_epoch": {"compute": part("compute_s"), "intra_comm": part("intra_comm_s"),
+                              "inter_comm": part("inter_comm_s"), "grad_sync": part("grad_sync_s"),
+                              "sampling": part("sampling_s")},
         "bytes_per_epoch": {k: med_bytes(k) for k in ("intra_halo", "inter_halo", "intra_grad", "inter_grad")},
         "accuracy": accuracy or {},
         "best_val": None if best is None else {"epoch": int(best["epoch"]), "train": float(best["train_acc"]),

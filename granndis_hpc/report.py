@@ -14,12 +14,15 @@ Each run directory holds ``config.json`` (resolved options), ``metrics.jsonl`` (
 Table columns follow the GraNNDis artifact's AE1 table, with honest units: the artifact printed mean
 milliseconds per epoch under "Total Time (sec)"; here "Epoch time (s)" is summary.json's seconds per
 epoch (a median over epochs), "Total time (s)" the measured wall time of the whole run, and
-"Comm (s/epoch)" counts every communication phase (intra-server, inter-server and gradient sync; the artifact left gradient sync out).
+"Comm (s/epoch)" counts every communication phase (intra-server, inter-server and gradient sync; the artifact left gradient sync out)
+of the same rank and epoch as the epoch time (the slowest rank of the median epoch), so it is a part of it.
 "Test acc" is the last epoch's; "Test acc at best val (epoch)" the test accuracy of the evaluated epoch
 with the best validation accuracy (summary.json's best_val, what published GCN figures report).
 Speedup = epoch time of the matching FB run / epoch time of this run, where the matching FB run is the
 first `fb` run given with the same model, layers, servers and ranks per server (a speedup across
-different models or cluster shapes would not mean anything), else "n/a".
+different models or cluster shapes would not mean anything), preferring one with the same settings
+(COMPARED_SETTINGS); a speedup against an fb run with other settings is marked "*" and explained
+below the table; else "n/a".
 
 `granndis report --sweep SWEEP.json [--out DIR]` reads the output of bench/bench_cluster.py (every mode at
 several link rates of the emulated cluster) and writes ``speedup_vs_rate.png`` (speedup over fb against
@@ -178,13 +181,43 @@ def _assign_labels(runs):
         run.label = run.method if counts[run.method] == 1 else f"{run.method} [{base}]"
 
 
+# Options besides the shape (model, layers, servers, ranks per server) that change what an epoch costs
+# or computes: a speedup against an fb run that differs in one of them is flagged (issue 21, item 11).
+COMPARED_SETTINGS = ("hidden", "dropout", "input_dropout", "norm", "weight_decay", "checkpoint_activations",
+                     "device", "intra_transport", "lr", "seed")
+
+
+def setting_differences(run, baseline) -> list:
+    """"name a vs b" for each of COMPARED_SETTINGS the two runs' config.json give different values."""
+    out = []
+    for key in COMPARED_SETTINGS:
+        a, b = run.config.get(key), baseline.config.get(key)
+        if a != b:
+            out.append(f"{key} {a!r} vs {b!r}")
+    return out
+
+
 def find_baselines(runs) -> dict:
-    """{index of run: index of its FB baseline run} for runs with a matching `fb` run."""
-    first_fb = {}
+    """{index of run: index of its FB baseline run} for runs with a matching `fb` run (same shape),
+    preferring one whose settings (COMPARED_SETTINGS) are also the same."""
+    out = {}
     for i, run in enumerate(runs):
-        if run.summary["mode"].lower() == "fb":
-            first_fb.setdefault(run.shape, i)
-    return {i: first_fb[run.shape] for i, run in enumerate(runs) if run.shape in first_fb}
+        fbs = [j for j, other in enumerate(runs) if other.summary["mode"].lower() == "fb" and other.shape == run.shape]
+        alike = [j for j in fbs if not setting_differences(run, runs[j])]
+        if alike or fbs:
+            out[i] = (alike or fbs)[0]
+    return out
+
+
+def baseline_notes(runs, baselines) -> list:
+    """One line per run whose FB baseline differs in settings (its speedup is marked with *)."""
+    notes = []
+    for i, j in sorted(baselines.items()):
+        diff = setting_differences(runs[i], runs[j])
+        if diff:
+            notes.append(f"* {runs[i].label}: its speedup compares against {runs[j].label}, whose settings differ "
+                         f"({', '.join(diff)}): not like with like; give an fb run with the same settings")
+    return notes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +235,8 @@ def format_table(runs, baselines) -> str:
         speedup = "n/a"
         if i in baselines and s["epoch_time_s"] > 0:
             speedup = f"{runs[baselines[i]].summary['epoch_time_s'] / s['epoch_time_s']:.2f}x"
+            if setting_differences(run, runs[baselines[i]]):
+                speedup += "*"  # see baseline_notes
         test, best = s["accuracy"].get("test"), s.get("best_val")
         rows.append((run.label, f"{s['servers']}x{s['ranks_per_server']}", str(s["epochs"]),
                      f"{s['epoch_time_s']:.4f}", f"{run.comm_s:.4f}", f"{s['total_time_s']:.2f}",
@@ -322,10 +357,10 @@ def plot_bytes(runs, path):
 
 def _markdown(runs, baselines, table, pngs, out_dir):
     lines = ["# granndis report", "", table, "",
-             "Epoch time and Comm are per epoch as in summary.json (medians over epochs); "
-             "Comm = intra-server + inter-server + gradient sync.",
+             "Epoch time is the median over epochs of the slowest rank's epoch; Comm = intra-server + "
+             "inter-server + gradient sync of that same rank in the median epoch (a part of the epoch time).",
              "Speedup = FB epoch time / epoch time, against the FB run with the same model, layers and "
-             "cluster shape."]
+             "cluster shape (and, where one was given, the same settings).", *baseline_notes(runs, baselines)]
     used = sorted(set(baselines.values()))
     if used:
         lines.append("FB baseline(s): " + "; ".join(f"{runs[i].label} ({runs[i].run_dir})" for i in used) + ".")
@@ -355,7 +390,7 @@ def render_report(run_dirs, out_dir) -> dict:
     table = format_table(runs, baselines)
     md_path = os.path.join(out_dir, "report.md")
     atomic_write_bytes(md_path, _markdown(runs, baselines, table, pngs, out_dir).encode())
-    return {"table": table, "pngs": pngs, "markdown": md_path}
+    return {"table": table, "pngs": pngs, "markdown": md_path, "notes": baseline_notes(runs, baselines)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,6 +514,11 @@ def main(argv=None) -> int:
         print(f"granndis report: error: {exc}", file=sys.stderr)
         return 2
     print(result["table"])
+    if not args.sweep:
+        print("Epoch time: the slowest rank's epoch (median over epochs); Comm: that rank's communication "
+              "in that epoch, a part of it.")
+    for note in result.get("notes", []):
+        print(note)
     print()
     for png in result["pngs"]:
         print(f"plot: {png}")

@@ -1,6 +1,7 @@
 """Sizes as users write them on command lines and in TOML files ("40GiB", "512MB", "1.5e9")."""
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"": 1, "b": 1,
@@ -22,6 +23,8 @@ def parse_size(text) -> int:
             raise ValueError(f"not a size: {text!r}; write a number of bytes with an optional unit, "
                              f"e.g. 40GiB, 512MiB, 16GB")
         value, unit = float(m.group(1)), m.group(2).lower()
+    if not math.isfinite(value * _UNITS[unit]):  # '1e400', 'inf': int() would raise OverflowError
+        raise ValueError(f"a size must be a finite number of bytes, got {text!r}")
     nbytes = int(value * _UNITS[unit])
     if nbytes <= 0:
         raise ValueError(f"a size must be positive, got {text!r}")

@@ -140,6 +140,11 @@ def cmd_info(args, argv) -> int:
     except ShardError as exc:
         print(f"preprocess info: error: {exc}", file=sys.stderr)
         return 1
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a field of an unexpected type
+        print(f"preprocess info: error: {args.dir}/manifest.json: a field has an unexpected value "
+              f"({type(exc).__name__}: {exc}); run `python -m preprocess verify {args.dir}`, or rebuild the set",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -53,16 +53,19 @@ class PlanConfig:
 
 
 def fail(group, command: str, exc: BaseException) -> int:
-    """A preprocess command's failure: print it on this rank and return exit status 1.  A collective
-    error was raised by every rank, so all exit 1 together; anything else was seen by this rank only,
+    """A preprocess command's failure: print it and return exit status 1.  A collective error was raised
+    by every rank with one message naming every failing rank, so rank 0 prints it and all exit 1
+    together; anything else was seen by this rank only (it prints it),
     and its peers may be blocked in a collective: end the whole job."""
     import sys
     import time
 
     from granndis_hpc.cluster import ClusterError
 
-    print(f"preprocess {command}: error (rank {group.rank}): {exc}", file=sys.stderr, flush=True)
-    if group.size > 1 and not (isinstance(exc, ClusterError) and exc.collective):
+    collective = isinstance(exc, ClusterError) and exc.collective
+    if group.rank == 0 or not collective:  # a collective error holds every rank's message: said once
+        print(f"preprocess {command}: error (rank {group.rank}): {exc}", file=sys.stderr, flush=True)
+    if group.size > 1 and not collective:
         time.sleep(0.5)  # let the other ranks print their own message first
         group.abort(1)
     return 1
@@ -214,11 +217,17 @@ def auto_hops(group, graph, cfg: PlanConfig) -> mm.Decision:
     flx = [o for o in options if o.mode == "flx"]
     decision = mm.choose(flx, cfg.budget)
     if decision.choice is None:
-        others = mm.choose([o for o in options if o.mode != "flx"], cfg.budget)
+        rest = [o for o in options if o.mode != "flx"]
+        others = mm.choose(rest, cfg.budget)
         smallest = min(flx, key=lambda o: o.peak)
-        what = (f"build {describe_build(others.choice, cfg).split('build ... ', 1)[-1]} "
-                f"(estimated {format_size(others.choice.peak)} per GPU)" if others.choice is not None
-                else others.reason)
+        if others.choice is not None:
+            what = (f"build {describe_build(others.choice, cfg).split('build ... ', 1)[-1]} "
+                    f"(estimated {format_size(others.choice.peak)} per GPU)")
+        elif rest:
+            what = others.reason
+        else:  # nothing else was estimated: "the smallest estimate is 0 B" would be false
+            what = (f"give --memory-per-gpu {-(-smallest.peak // (1 << 20))}MiB or more, more servers/GPUs, "
+                    f"or a smaller model")
         _everywhere(group, PlanError(
             f"--memory-per-gpu {format_size(cfg.budget)} is too small for any full preload: k = 1 needs an "
             f"estimated {format_size(smallest.peak)} per GPU; instead {what}; "
@@ -280,6 +289,19 @@ def config_from_args(args, **overrides) -> PlanConfig:
     return dataclasses.replace(cfg, **overrides)
 
 
+def check_writable(path: str) -> None:
+    """PlanError unless `path` can be created or replaced (its directory exists and is writable)."""
+    import os
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise PlanError(f"--json {path}: is a directory; give a file name")
+    if not os.path.isdir(directory):
+        raise PlanError(f"--json {path}: directory {directory} does not exist; create it or choose another path")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise PlanError(f"--json {path}: not writable (permission denied or read-only); choose another path")
+
+
 def cmd_plan(args, argv) -> int:
     import json
     import sys
@@ -297,6 +319,8 @@ def cmd_plan(args, argv) -> int:
                 raise PlanError(f"--eas-hops and --fanout must be >= 1 (got {cfg.eas_hops}, {cfg.fanout})")
             if any(b < 1 for b in cfg.cob_batches):
                 raise PlanError(f"--cob-batches must be positive counts, got {args.cob_batches!r}")
+            if args.json:
+                check_writable(args.json)  # before the work, not after printing the table
         with group.errors("loading the dataset"):
             graph = sources.load_from_args(args)
         result = plan_options(group, graph, cfg)
@@ -310,10 +334,15 @@ def cmd_plan(args, argv) -> int:
               f"{cfg.device} (max over GPUs), inter-server bytes per epoch summed over ranks", flush=True)
         print(format_table(result["options"], cfg, decision), flush=True)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"options": [o.to_dict() for o in result["options"]],
-                           "decision": None if decision is None else decision.to_dict(),
-                           "partition": result["partition"]}, f, indent=1, sort_keys=True)
+            try:
+                with open(args.json, "w") as f:
+                    json.dump({"options": [o.to_dict() for o in result["options"]],
+                               "decision": None if decision is None else decision.to_dict(),
+                               "partition": result["partition"]}, f, indent=1, sort_keys=True)
+            except OSError as exc:  # rank 0 only, after every collective: nothing waits for it
+                print(f"preprocess plan: error: cannot write --json {args.json}: {exc.strerror or exc}; "
+                      f"choose a writable path", file=sys.stderr, flush=True)
+                return 1
     if decision is not None and decision.choice is None:
         print(f"preprocess plan: error (rank {group.rank}): {decision.reason}", file=sys.stderr, flush=True)
         return 2

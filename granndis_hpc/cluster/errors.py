@@ -11,9 +11,9 @@ collective.  Two tools prevent that:
   rank becomes the same `ClusterError` on every rank.
 * `main_guard(fn)` -- wraps an entry point.  An exception on any rank prints
   "[rank r] <Type>: message" to stderr and aborts the whole job with exit status 1.  When the
-  exception came out of `agree` (so every rank raises it together), ranks instead synchronise,
-  print, and exit(1) one by one, so every rank's message reaches the user and nothing is killed
-  mid-print.
+  exception came out of `agree` (so every rank raises it together, with one message naming every
+  failing rank and what it said), rank 0 prints it once and the ranks synchronise and exit together
+  (status 1, or the error's exit_code: 2 for option errors), so nothing is killed mid-print.
 """
 from __future__ import annotations
 
@@ -31,9 +31,18 @@ class ClusterError(RuntimeError):
     point (it came out of `agree`), so the ranks can exit together without an abort.
     """
 
-    def __init__(self, message: str, collective: bool = False):
+    def __init__(self, message: str, collective: bool = False, exit_code: int = 1):
         super().__init__(message)
         self.collective = collective
+        self.exit_code = exit_code  # main_guard's exit status for a collective error (2: an option error)
+
+
+def raised_everywhere(exc: BaseException) -> BaseException:
+    """Mark `exc` as raised by every rank of the world at the same point (e.g. from a value every rank
+    all-reduced, such as the loss), so main_guard ends the job with its one-line message on every rank
+    and a synchronised exit instead of a traceback and MPI_ABORT.  Returns `exc` (raise it)."""
+    exc.collective = True
+    return exc
 
 
 def world_rank() -> int:
@@ -124,8 +133,9 @@ def _report(exc: BaseException, rank: int, with_traceback: bool) -> None:
 def main_guard(fn, *args, **kwargs):
     """Run fn(*args, **kwargs); on an exception on any rank, make every rank exit non-zero.
 
-    * collective ClusterError (from `agree`): every rank prints "[rank r] ClusterError: ...",
-      waits at a barrier so that all messages are out, and exits with status 1.
+    * collective ClusterError (from `agree`, or an error marked by raised_everywhere): rank 0 prints
+      "[rank 0] ClusterError: ..." (the same message every rank holds), every rank waits at a barrier
+      and exits with the error's exit_code (1; 2 for option errors).
     * anything else (including SystemExit with a non-zero code, e.g. argparse): the rank prints
       its traceback and "[rank r] <Type>: message" and calls MPI.COMM_WORLD.Abort(1), which
       terminates every rank (the others may be blocked in a collective).
@@ -145,11 +155,14 @@ def main_guard(fn, *args, **kwargs):
         MPI.COMM_WORLD.Abort(code)
     except BaseException as exc:  # noqa: BLE001 -- anything uncaught must not leave peers hanging
         rank = world_rank()
-        if isinstance(exc, ClusterError) and exc.collective:
-            _report(exc, rank, with_traceback=False)
+        if getattr(exc, "collective", False) is True:  # a ClusterError from agree, or raised_everywhere
+            # Every rank holds the same message (agree names each failing rank and what it said), so
+            # rank 0 says it once instead of every rank repeating it (issue 21, item 10).
+            if rank == 0:
+                _report(exc, rank, with_traceback=False)
             try:
                 MPI.COMM_WORLD.Barrier()
             finally:
-                sys.exit(1)
+                sys.exit(int(getattr(exc, "exit_code", 1) or 1))
         _report(exc, rank, with_traceback=True)
         MPI.COMM_WORLD.Abort(1)

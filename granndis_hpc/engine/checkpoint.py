@@ -584,7 +584,7 @@ class CheckpointManager:
     def load(self, max_epoch: int) -> Resumed:
         """Restore the newest complete checkpoint (none: start at epoch 0, as a job stopped before its
         first checkpoint must) and cut metrics.jsonl back to it; returns where to continue."""
-        from granndis_hpc.metrics import truncate_metrics
+        from granndis_hpc.metrics import MetricsError, truncate_metrics
 
         loaded = load_latest(self.topo, self.run_dir, self.fp)
         epoch, elapsed_s, path, best = 0, 0.0, None, None
@@ -608,9 +608,9 @@ class CheckpointManager:
                 best = _checked_best(path, loaded.shared.get("best"))
         records = []
         with collective_errors(self.topo.world, f"cannot rewrite {os.path.join(self.run_dir, 'metrics.jsonl')}",
-                               catch=(OSError,)):
+                               catch=(OSError, MetricsError)):
             if self.topo.rank == 0:
-                records = truncate_metrics(self.run_dir, epoch)
+                records = truncate_metrics(self.run_dir, epoch, note=note)
         return Resumed(epoch, elapsed_s, path, self.topo.bcast_object(records, root=0), best)
 
 

@@ -309,7 +309,8 @@ class Automatic(Mode):
                 decision = memory_model.choose_shard_sets(
                     paths, cfg.model, cfg.hidden, cfg.layers, cfg.memory_per_gpu_bytes, device=topo.device.type,
                     fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed, dropout=cfg.dropout, norm=cfg.norm,
-                    checkpoint_activations=cfg.checkpoint_activations).to_dict()
+                    checkpoint_activations=cfg.checkpoint_activations,
+                    job=(topo.servers, topo.ranks_per_server)).to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)

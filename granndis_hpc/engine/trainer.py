@@ -7,6 +7,7 @@ full-graph inference over the world view in every mode.
 """
 from __future__ import annotations
 
+import errno
 import inspect
 import math
 import os
@@ -19,18 +20,21 @@ import torch
 
 from granndis_hpc import shards
 from granndis_hpc.cluster.comm import Communicator
-from granndis_hpc.cluster.errors import collective_errors
+from granndis_hpc.cluster.errors import collective_errors, raised_everywhere
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import views
+from granndis_hpc.graph import planner
 from granndis_hpc.engine.modes import RunContext, Step, TrainingError, make_mode
-from granndis_hpc.metrics import (BEST_MODEL, MetricsWriter, epoch_line, peak_memory_bytes, summarize,
-                                  write_best_model, write_summary)
+from granndis_hpc.metrics import (BEST_MODEL, METRICS_FILE, MetricsWriter, epoch_line, peak_memory_bytes,
+                                  summarize, summary_fields, write_best_model, write_summary)
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import MODELS, build_model
 from granndis_hpc.progress import progress
+from granndis_hpc.runlock import RunLock, RunLockedError
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
 from granndis_hpc.config import ConfigError, TrainConfig, write_resolved_config
+from granndis_hpc.fsutil import remove_temporaries
 from granndis_hpc.engine import checkpoint, signals
 
 def check_model(cfg: TrainConfig) -> None:
@@ -64,6 +68,25 @@ def features_entry(manifest: Dict) -> Dict:
     """How the shard set's features were preprocessed (`preprocess build --normalize-features`); shard
     sets built before the option existed hold the raw features."""
     return dict(manifest.get("features") or {"normalization": "none"})
+
+
+def check_split_totals(totals: Dict, manifest: Dict, path: str) -> None:
+    """The inner rows flagged train/val/test, summed over the job, against the manifest's counts: split
+    flags edited in a server file (test flags copied from the train flags) would otherwise evaluate on
+    other vertices and report a different accuracy with exit status 0."""
+    ds = manifest["dataset"]
+    wrong = [f"{k} {int(totals[k])} (manifest: {int(ds[f'num_{k}'])})" for k in ("train", "val", "test")
+             if int(totals[k]) != int(ds[f"num_{k}"])]
+    if wrong:
+        raise TrainingError(f"{path}: the server files flag {', '.join(wrong)} inner vertices: their split/* flags "
+                            f"were edited after the build; run `python -m preprocess verify {path}` and rebuild the "
+                            f"set with `python -m preprocess build ... --overwrite`")
+    if int(ds["num_classes"]) > max(int(ds["num_vertices"]), 1):
+        raise TrainingError(f"{path}: manifest num_classes {ds['num_classes']} exceeds its {ds['num_vertices']} "
+                            f"vertices: the output layer would be that wide; rebuild the set from its source")
+    if int(totals["train"]) == 0:
+        raise TrainingError(f"{path}: the shards have no training vertices; build the set from a dataset "
+                            f"whose split marks training vertices")
 
 
 class SavedBytes:
@@ -136,6 +159,7 @@ class Trainer:
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
         self.epoch = 0
+        self._write_errno = 0  # rank 0: errno of a failed metrics.jsonl append (0: none)
         # Best-validation selection (run(): the evaluated epoch with the highest val accuracy, ties the
         # earlier): its record, and on rank 0 a CPU copy of its parameters (best-model.pt, checkpoints).
         self.best: Optional[Dict] = None
@@ -175,11 +199,17 @@ class Trainer:
         with collective_errors(self.world, "", catch=(shards.ShardError, OSError, KeyError, ValueError)):
             sl = shards.read_rank_slice(cfg.shards, self.manifest, topo.server, topo.local_rank)
         self.slice = sl
-        self.world_view = views.build_view(
-            views.world_rows(sl, topo.rank), topo.world_size, cfg.layers, all_active=True,
-            resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]), exchange=self.comm.world_exchange,
-            alltoall_counts=lambda counts: topo.exchange_counts(counts, group="world"), device=self.device,
-            group="world")
+        # A shard whose rows disagree with its peers' (a view's row width, an edge naming a row nobody
+        # holds) is refused by the planner on every rank of the view (views.build_view agrees on it);
+        # this makes it the one-line error on every rank of the job.
+        with collective_errors(self.world, "", catch=(planner.PlanError,)):
+            world_rows = views.world_rows(sl, topo.rank)  # rank-local checks, agreed before any exchange
+        with collective_errors(self.world, "", catch=(planner.PlanError,)):
+            self.world_view = views.build_view(
+                world_rows, topo.world_size, cfg.layers, all_active=True,
+                resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]), exchange=self.comm.world_exchange,
+                alltoall_counts=lambda counts: topo.exchange_counts(counts, group="world"), device=self.device,
+                group="world")
         n_inner = int(sl.n_inner)
         self.labels = torch.as_tensor(sl.labels[:n_inner], device=self.device)
         self.split_rows = {name: torch.as_tensor(np.flatnonzero(mask[:n_inner]), device=self.device)
@@ -187,12 +217,13 @@ class Trainer:
                                               ("test", sl.test_mask))}
         counts = np.array([len(self.split_rows[k]) for k in ("train", "val", "test")], dtype=np.int64)
         self.split_totals = dict(zip(("train", "val", "test"), self.comm.allreduce_scalar(counts, "sum")))
-        if self.split_totals["train"] == 0:
-            raise TrainingError("the shards have no training vertices; check the dataset's split")
-        self.mode.setup(RunContext(cfg=cfg, topo=topo, comm=self.comm, device=self.device,
-                                   manifest=self.manifest, slice=sl, world_view=self.world_view,
-                                   labels=self.labels, split_rows=self.split_rows,
-                                   split_totals=self.split_totals))
+        with collective_errors(self.world, "", catch=(TrainingError,)):
+            check_split_totals(self.split_totals, self.manifest, cfg.shards)
+        with collective_errors(self.world, "", catch=(planner.PlanError,)):
+            self.mode.setup(RunContext(cfg=cfg, topo=topo, comm=self.comm, device=self.device,
+                                       manifest=self.manifest, slice=sl, world_view=self.world_view,
+                                       labels=self.labels, split_rows=self.split_rows,
+                                       split_totals=self.split_totals))
         self.sampler = self.mode.sampler
 
     @property
@@ -270,12 +301,22 @@ class Trainer:
         inter = led.seconds("inter", "halo") + led.seconds("inter", "setup")
         times = np.array([elapsed, intra, inter, grad_s, elapsed - intra - inter - grad_s - sampling_s,
                           sampling_s])
-        slowest = self.comm.allreduce_scalar(times, "max")  # outside the timed region
+        # The slowest rank's own breakdown, so that its parts add up to the epoch time (the maxima of
+        # each part over ranks came from different ranks and could sum past the epoch: issue 21, item 6).
+        # Every rank's row of a world x 6 table, summed: all ranks see every rank's times (outside the
+        # timed region; 48 bytes per rank).
+        table = np.zeros((self.topo.world_size, times.size))
+        table[self.topo.rank] = times
+        table = self.comm.allreduce_scalar(table, "sum")
+        slowest_rank = int(np.argmax(table[:, 0]))
+        slowest = table[slowest_rank]
         # Every rank's loss is its share of the global mean: their sum is the loss.
         loss = float(self.comm.allreduce_scalar(local_loss, "sum"))
         if not math.isfinite(loss):
-            raise TrainingError(f"loss became {loss} at epoch {self.epoch}; lower --lr or check the "
-                                f"features for extreme values")
+            # Every rank holds the same all-reduced loss, so every rank raises this together.
+            raise raised_everywhere(TrainingError(
+                f"loss became {loss} at epoch {self.epoch}; lower --lr or check the features for extreme "
+                f"values (`python -m preprocess verify` checks that they are finite)"))
         # Bytes per rank (exact): their sum is the traffic per link class; the busiest rank and the
         # busiest server's inter-server egress are what a slow link waits for.
         per_rank = Ledger.record_classes(led.gather_bytes(self.world))
@@ -285,7 +326,8 @@ class Trainer:
         return {
             "epoch": self.epoch - 1, "time_s": float(slowest[0]), "intra_comm_s": float(slowest[1]),
             "inter_comm_s": float(slowest[2]), "grad_sync_s": float(slowest[3]),
-            "compute_s": float(slowest[4]), "sampling_s": float(slowest[5]), "loss": loss,
+            "compute_s": float(slowest[4]), "sampling_s": float(slowest[5]), "slowest_rank": slowest_rank,
+            "loss": loss,
             "bytes": {k: int(v.sum()) for k, v in per_rank.items()},
             "max_rank_bytes": {k: int(v.max()) for k, v in per_rank.items()},
             "inter_bytes_per_server": [int(b) for b in per_server],
@@ -310,7 +352,8 @@ class Trainer:
     def run(self) -> Dict:
         cfg, rank0 = self.cfg, self.topo.rank == 0
         writer = self._open_run_directory()  # rank 0 with --out: config.json written, metrics.jsonl open
-        records, accuracy = list(self.prior_records), None
+        self._writer = writer  # closed by close() when the run ends with an error
+        records, accuracy = [summary_fields(r) for r in self.prior_records], None
         start = time.perf_counter() - self.prior_elapsed_s
         # Rank 0, on a terminal and not --quiet only; epoch lines go through the bar so it stays whole.
         if rank0 and not cfg.quiet:  # the job's layout first: which host each server is
@@ -329,10 +372,13 @@ class Trainer:
                 rec.update(train_acc=accuracy["train"], val_acc=accuracy["val"], test_acc=accuracy["test"])
                 self._track_best(rec)
             rec["peak_memory_bytes"] = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
-            records.append(rec)
+            records.append(summary_fields(rec))  # the whole record goes to metrics.jsonl, not to memory
             if rank0:
                 if writer:
-                    writer.write(rec)
+                    try:
+                        writer.write(rec)
+                    except OSError as exc:  # agreed after the epoch (_checkpoint_after_epoch): all stop
+                        self._write_errno = exc.errno or errno.EIO
                 if not cfg.quiet:
                     line = epoch_line(rec)
                     if bar.disable:
@@ -358,10 +404,18 @@ class Trainer:
         summary["features"] = features_entry(self.manifest)
         if cfg.out:
             self._write_best_model()  # collective (every rank agrees on the outcome), rank 0 writes
-        if writer:
-            writer.close()
-            write_summary(cfg.out, summary)
+            with collective_errors(self.world, self._run_file_phase("summary.json"), catch=(OSError,)):
+                if writer:
+                    writer.close()
+                    write_summary(cfg.out, summary)
         return summary
+
+    def _run_file_phase(self, name: str) -> str:
+        """What a failed write of a run file says (a full disk): the file, and what is still usable."""
+        out = self.cfg.out
+        return (f"writing {os.path.join(out, name)} (free space, then continue with --resume {out}: the run's "
+                f"newest complete checkpoint in {checkpoint.checkpoints_dir(out)} stays usable, and "
+                f"metrics.jsonl holds whole records only)")
 
     # ---- best-validation selection --------------------------------------------------------------
     def _track_best(self, rec: Dict) -> None:
@@ -377,7 +431,7 @@ class Trainer:
 
     def _write_best_model(self) -> None:
         """Collective: rank 0 writes RUN_DIR/best-model.pt (atomically) when an epoch was evaluated."""
-        with collective_errors(self.world, f"writing {os.path.join(self.cfg.out, BEST_MODEL)}", catch=(OSError,)):
+        with collective_errors(self.world, self._run_file_phase(BEST_MODEL), catch=(OSError,)):
             if self.topo.rank == 0 and self.best is not None:
                 write_best_model(self.cfg.out, self.best, self.best_state)
 
@@ -390,6 +444,10 @@ class Trainer:
         self.best_state = best.get("model") if self.topo.rank == 0 else None
 
     def close(self) -> None:
+        if getattr(self, "_writer", None) is not None:
+            self._writer.close()
+        if getattr(self, "_run_lock", None) is not None:
+            self._run_lock.release()
         self.stop_signals.uninstall()
         self.comm.close()
         self.topo.close()
@@ -403,7 +461,15 @@ class Trainer:
         if not cfg.out:
             return
         found = None
-        with collective_errors(self.world, "", catch=(checkpoint.CheckpointError, OSError)):
+        with collective_errors(self.world, "", catch=(checkpoint.CheckpointError, OSError, RunLockedError)):
+            if self.topo.rank == 0:  # held until close(): no second job touches the run meanwhile
+                self._run_lock = RunLock(cfg.out, "resume it" if cfg.resume else
+                                         "replace its run (--overwrite-run)" if cfg.overwrite_run else "start a run in it")
+                # With the lock held no one else writes here: temporaries are a killed writer's leftovers.
+                stale = remove_temporaries(cfg.out, [n for n in checkpoint.RUN_OUTPUTS if n != checkpoint.CHECKPOINTS])
+                if stale:
+                    checkpoint.note(f"removed {len(stale)} temporary file(s) of a job killed while writing: "
+                                    f"{', '.join(stale)}")
             if self.topo.rank == 0 and not cfg.resume:
                 found = checkpoint.run_contents(cfg.out)
                 if found and not cfg.overwrite_run:
@@ -472,7 +538,14 @@ class Trainer:
         cfg = self.cfg
         if not cfg.out:
             return False
-        stop = bool(self.comm.allreduce_scalar(int(self.stop_signals.requested), "max"))
+        # One max-reduction: a stop request on any rank, and rank 0's failure to append metrics.jsonl.
+        flags = self.comm.allreduce_scalar(np.array([int(self.stop_signals.requested), self._write_errno],
+                                                    dtype=np.int64), "max")
+        stop = bool(flags[0])
+        if flags[1]:
+            raise raised_everywhere(TrainingError(
+                f"{self._run_file_phase(METRICS_FILE)}: {os.strerror(int(flags[1]))}; stopped after "
+                f"{self.epoch} epochs"))
         due = cfg.checkpoint_every > 0 and self.epoch % cfg.checkpoint_every == 0
         if not (stop or due):
             return False

@@ -247,14 +247,66 @@ def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: boo
     """
     if group not in GROUPS:
         raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
-    table, sources = planner.build_halo(num_peers, rows.is_own, rows.own_pos, rows.peer, rows.key,
-                                        rows.src_hop)
+    # A view built once (static_phase "setup") agrees with its peers, before each exchange, that every
+    # peer planned without error and sends rows of the same width and dtype: the exchange sizes its
+    # rows from local data, so a peer with another feature width would corrupt memory or hang it
+    # (issue 21).  Per-step views of co-batched training read rows already checked against the
+    # manifest (shards.read_server_rows) and skip the extra all-to-alls.
+    agree = static_phase == "setup" and num_peers > 1
+    signature = row_signature(rows.features)
+
+    def agreed(step):
+        """step(), then (a view built once) tell the peers whether it failed and check their rows."""
+        problem, out = None, None
+        try:
+            out = step()
+        except planner.PlanError as exc:
+            if not agree:
+                raise
+            problem = exc
+        if agree:
+            agree_with_peers(alltoall_counts, num_peers, signature, problem, rows.features)
+        return out
+
+    table, sources = agreed(lambda: planner.build_halo(num_peers, rows.is_own, rows.own_pos, rows.peer, rows.key,
+                                                       rows.src_hop))
     keys, counts = table.requests()
     send_counts = np.asarray(alltoall_counts([int(c) for c in counts]), dtype=np.int64)
     asked = exchange(torch.as_tensor(keys, dtype=torch.int64, device=device).reshape(-1, 1), counts.tolist(),
                      send_counts.tolist(), phase="setup").reshape(-1).cpu().numpy()
-    send_pos = planner.resolve_requests(asked, resolve_keys)
-    plan = planner.build_plan(rows.hop, rows.indptr, sources, table, send_pos, send_counts,
-                              num_layers, all_active=all_active,
-                              complete_degree=rows.degree if exact else None, group=group)
+    plan = agreed(lambda: planner.build_plan(rows.hop, rows.indptr, sources, table,
+                                             planner.resolve_requests(asked, resolve_keys), send_counts,
+                                             num_layers, all_active=all_active,
+                                             complete_degree=rows.degree if exact else None, group=group))
     return View(rows, plan, exchange, device, static_phase=static_phase)
+
+
+_DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.float16): 3}
+
+
+def row_signature(features) -> int:
+    """One integer for the width and dtype of a view's static rows (what its exchanges send)."""
+    a = np.asarray(features) if not isinstance(features, torch.Tensor) else features
+    dtype = np.dtype(str(a.dtype).replace("torch.", ""))
+    width = int(a.shape[1]) if len(a.shape) == 2 else -1
+    return width * 16 + _DTYPE_CODES.get(dtype, 15)
+
+
+def agree_with_peers(alltoall_counts, num_peers: int, signature: int, problem, features) -> None:
+    """Collective over the view's peers (one all-to-all of one integer): raise PlanError on every peer
+    when any peer failed to plan (`problem`) or holds rows of another width or dtype."""
+    mine = -1 if problem is not None else signature
+    theirs = np.asarray(alltoall_counts([mine] * num_peers), dtype=np.int64)
+    if problem is not None:
+        raise problem
+    failed = np.flatnonzero(theirs == -1)
+    if failed.size:
+        raise planner.PlanError(f"peer(s) {failed.tolist()} of this view could not plan their rows (their "
+                                f"shard is inconsistent: see their message); run `python -m preprocess verify`")
+    other = np.flatnonzero(theirs != signature)
+    if other.size:
+        shape = tuple(np.shape(features))
+        raise planner.PlanError(
+            f"this rank's rows are {shape[1:] or shape} of {getattr(features, 'dtype', '?')} but peer(s) "
+            f"{other.tolist()} of the view hold rows of another width or dtype: the exchange cannot agree on a "
+            f"row size; the shard set's server files disagree: run `python -m preprocess verify` and rebuild it")

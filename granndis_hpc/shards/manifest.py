@@ -28,6 +28,12 @@ def read_manifest(path) -> dict:
     if not os.path.isdir(path):
         raise ShardError(f"shard directory {path!r} does not exist; build it with `python -m preprocess build --out {path}`")
     mpath = os.path.join(path, MANIFEST_NAME)
+    if not os.access(path, os.R_OK | os.X_OK):  # else "no manifest.json ... rebuild" would name the wrong cause
+        raise ShardError(f"shard directory {path!r} cannot be read by this user (Permission denied); fix its "
+                         f"permissions (e.g. chmod -R g+rX {path}) or ask its owner")
+    if os.path.exists(mpath) and not os.access(mpath, os.R_OK):
+        raise ShardError(f"{mpath}: cannot be read by this user (Permission denied); fix its permissions or ask "
+                         f"the shard set's owner")
     if not os.path.exists(mpath):
         raise ShardError(
             f"{path!r} has no {MANIFEST_NAME}: it is not a complete shard set (a build writes the manifest "

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from ..fsutil import atomic_path, fsync_dir
+from ..fsutil import atomic_path, file_mode, fsync_dir
 from .manifest import manifest_digests, sha256_file
 from .schema import (DATASETS, FORMAT_VERSION, MANIFEST_NAME, ShardError, check_server_arrays,
                      feature_chunk_rows, server_file_name)
@@ -71,29 +71,31 @@ def estimate_file_bytes(arrays: dict) -> int:
     return data + data // 50 + (256 << 10)
 
 
+def check_writable(directory: str) -> None:
+    """ShardError when `directory` is on a read-only file system or this user may not write it."""
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        raise ShardError(f"{directory!r} is on a read-only file system (Read-only file system): nothing can be "
+                         f"written there; remount it read-write or choose another --out (the set there is unchanged)")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ShardError(f"{directory!r} is not writable by this user (Permission denied); fix its permissions or "
+                         f"choose another --out (the set there is unchanged)")
+
+
 def check_free_space(directory: str, needed: int, what: str) -> None:
     """Refuse to start a write that cannot fit, with the numbers (ShardError).  Checked up front
-    because HDF5 handles a full disk badly: its error paths have crashed the interpreter."""
+    because HDF5 handles a full disk badly: its error paths have crashed the interpreter.  A directory
+    that cannot be written at all is said first: a read-only file system also reports little free
+    space, and "No space left" would name the wrong cause (issue 21, item 9)."""
+    check_writable(directory)
     free = shutil.disk_usage(directory).free
     if free < needed:
         raise ShardError(f"not enough free space in {directory!r}: {what} needs about {needed / 2**20:.1f} MiB "
                          f"but {free / 2**20:.1f} MiB are free (No space left on device); free some space or "
                          f"choose another --out (an old set there stays intact)")
-
-
-def _file_mode() -> int:
-    """The mode an ordinary new file gets under this process's umask (mkstemp's files are 0600, which
-    would hide a shard set from the group it is shared with)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)  # no /proc (not Linux): read it by setting it, then restore it at once
-    os.umask(mask)
-    return 0o666 & ~mask
 
 
 def prepare_output_dir(out_dir: str, overwrite: bool) -> None:
@@ -148,7 +150,7 @@ def stage_server_file(out_dir: str, server: int, servers: int, gpus_per_server: 
     os.close(fd)
     try:
         _write_h5(tmp, server, servers, gpus_per_server, arrays)
-        os.chmod(tmp, _file_mode())
+        os.chmod(tmp, file_mode())
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         return StagedFile(name=name, tmp_path=tmp, sha256=sha256_file(tmp), bytes=os.path.getsize(tmp))
@@ -189,7 +191,7 @@ def commit_shard_set(out_dir: str, manifest: dict, staged: list) -> dict:
     with atomic_path(old_manifest) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        os.chmod(tmp, _file_mode())
+        os.chmod(tmp, file_mode())
     return manifest
 
 

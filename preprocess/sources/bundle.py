@@ -31,12 +31,73 @@ def _missing(path, what) -> DataError:
     return DataError(f"{path}: {what}. Fix: a bundle needs the keys {'; '.join(EXPECTED_KEYS)}")
 
 
+# Deflate (zip, gzip) cannot compress better than about 1032:1: a member that claims more holds less
+# data than it says (a crafted header), or is a decompression bomb.
+MAX_COMPRESSION_RATIO = 1032
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 1 << 62  # unknown: no limit
+
+
+def check_declared_sizes(path, members) -> None:
+    """Before anything is allocated or inflated (issue 21, item 8): `members` = (key, declared bytes from
+    the array's header, bytes stored in the file, compressed?).  A stored member must hold exactly its
+    declared bytes, a compressed one at most MAX_COMPRESSION_RATIO times fewer, and all together must
+    fit in the memory available; else DataError with the numbers and the fix."""
+    total = 0
+    for key, declared, stored, compressed in members:
+        total += declared
+        if not compressed and stored < declared:
+            raise DataError(f"{path}: array {key!r} declares {declared:,} bytes but the file stores {stored:,} for "
+                            f"it (a truncated or crafted file). Fix: write it again with np.savez / h5py")
+        if compressed and declared > MAX_COMPRESSION_RATIO * max(stored, 1):
+            raise DataError(f"{path}: array {key!r} declares {declared:,} bytes from {stored:,} compressed bytes, "
+                            f"more than deflate can produce ({MAX_COMPRESSION_RATIO}:1): a crafted header or a "
+                            f"decompression bomb. Fix: write it again with np.savez_compressed / h5py")
+    available = _available_memory()
+    if total > available:
+        raise DataError(f"{path}: its arrays declare {total / 2**30:.2f} GiB, more than the "
+                        f"{available / 2**30:.2f} GiB of memory available. Fix: build on a machine with more "
+                        f"memory, or check the file (a crafted header declares sizes it does not hold)")
+
+
+def _npz_members(path) -> list:
+    """(key, declared bytes, stored bytes, compressed?) of every .npy member, from the headers only."""
+    out = []
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            with zf.open(info) as fp:
+                version = np.lib.format.read_magic(fp)
+                reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                          else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = reader(fp)
+                header = fp.tell()
+            if dtype.hasobject:
+                continue  # pickled objects: np.load(allow_pickle=False) refuses the member without reading it
+            declared = int(np.prod(shape, dtype=object)) * dtype.itemsize + header
+            compressed = info.compress_type != zipfile.ZIP_STORED
+            out.append((info.filename[:-4], declared, info.compress_size if compressed else info.file_size,
+                        compressed))
+    return out
+
+
 def read_npz(path, required=(), optional=()) -> dict:
     """The named arrays of an .npz (no pickles); a missing key or a damaged file is a DataError."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"{path}: file not found. Fix: check the path")
     try:
+        check_declared_sizes(path, _npz_members(path))
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in required if k not in z.files]
             if missing:
@@ -60,7 +121,11 @@ def read_h5(path, keys) -> dict:
         raise DataError(f"{path}: file not found. Fix: check the path")
     try:
         with h5py.File(path, "r") as f:
-            return {k: np.asarray(f[k][()]) for k in keys if k in f and isinstance(f[k], h5py.Dataset)}
+            names = [k for k in keys if k in f and isinstance(f[k], h5py.Dataset)]
+            check_declared_sizes(path, [(k, int(f[k].size) * f[k].dtype.itemsize, int(f[k].id.get_storage_size()),
+                                         bool(f[k].compression)) for k in names
+                                        if f[k].id.get_storage_size() or f[k].size])
+            return {k: np.asarray(f[k][()]) for k in names}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(f"{path}: cannot read the HDF5 file ({type(exc).__name__}: {exc}); it is "
                         "truncated or not HDF5. Fix: write it again") from None

@@ -1,0 +1,65 @@
+"""More ordinary faults answered with a traceback or a misleading message (issue 21, item 16)."""
+import json
+import os
+import shutil
+
+import pytest
+
+from granndis_hpc import shards
+from granndis_hpc.config import ConfigError, TrainConfig, load_config_file
+from granndis_hpc.shards.manifest import manifest_digests
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)), b"lr = 0.01 # caf\xe9\n", b"x = " + b"[" * 100000])
+def test_a_toml_file_of_bytes_or_deep_nesting_is_a_config_error(tmp_path, content):
+    path = tmp_path / "c.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=r"c.toml' is not valid TOML"):
+        load_config_file(str(path), TrainConfig)
+
+
+@pytest.fixture(scope="module")
+def shard_set(tmp_path_factory):
+    from tests.unit.test_shards import build, make_graph
+
+    out = tmp_path_factory.mktemp("faults") / "set"
+    build(make_graph(), out)
+    return out
+
+
+def _edited(src, dst, edit):
+    """A copy whose manifest is edited with its field digests recomputed (a deliberate edit)."""
+    shutil.copytree(src, dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    edit(m)
+    m["digests"] = manifest_digests(m)
+    (dst / "manifest.json").write_text(json.dumps(m))
+    return dst
+
+
+def test_info_on_a_null_partitioner_is_one_line(shard_set, tmp_path, capsys):
+    from preprocess.__main__ import main
+
+    bad = _edited(shard_set, tmp_path / "null", lambda m: m.update(partitioner=None, stats="x"))
+    assert main(["info", str(bad)]) == 0  # what it can show, without an AttributeError
+    bad = _edited(shard_set, tmp_path / "pre", lambda m: m.update(seed={"a": 1}, files={**m["files"], "x": 1}))
+    rc = main(["info", str(bad)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and (rc == 0 or "preprocess info: error" in err)
+
+
+def test_an_absurd_class_count_is_refused_by_verify(shard_set, tmp_path):
+    from preprocess.verify import verify_shard_set
+
+    bad = _edited(shard_set, tmp_path / "classes", lambda m: m["dataset"].update(num_classes=2 ** 40))
+    assert any("num_classes 1099511627776 exceeds the 523 vertices" in p for p in verify_shard_set(bad))
+
+
+def test_a_permission_denied_set_says_so(shard_set, monkeypatch):
+    """As a user without read access (root reads anything, so os.access is answered here): it said
+    "has no manifest.json ... rebuild it with --overwrite"."""
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if os.fspath(p) == str(shard_set) else real(p, mode))
+    with pytest.raises(shards.ShardError, match=r"cannot be read by this user \(Permission denied\)") as info:
+        shards.read_manifest(shard_set)
+    assert "--overwrite" not in str(info.value)
