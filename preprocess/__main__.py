@@ -13,6 +13,8 @@ import argparse
 import shlex
 import sys
 
+import numpy as np
+
 from .halo import EAS_SELECT_RULES
 from .partition import PARTITIONERS
 from .plan import add_model_arguments, add_plan_arguments, cmd_plan, fail, hops_arg, resolve_build_hops
@@ -68,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
         pl.add_argument("--seed", type=int, default=0, help="seed for partitioning and sampling")
     add_plan_arguments(pl)
     pl.set_defaults(func=cmd_plan)
+    c = sub.add_parser("chunk", help="convert any source into the chunked input format (memory-mappable .npy "
+                                     "chunks + metadata.json) that build ranks read slice by slice")
+    try:
+        from . import sources
+
+        sources.add_source_arguments(c)
+    except (ImportError, AttributeError) as exc:
+        c.set_defaults(source_error=exc)
+    c.add_argument("--out", required=True, help="output directory (must not exist, or be empty)")
+    c.add_argument("--chunks", type=int, default=8, help="number of edge chunks and of node chunks (default 8)")
+    c.set_defaults(func=cmd_chunk)
     v = sub.add_parser("verify", help="check checksums and invariants of a shard set; exit 1 on problems")
     v.add_argument("dir")
     v.set_defaults(func=cmd_verify)
@@ -102,18 +115,81 @@ def cmd_build(args, argv) -> int:
                       overwrite=args.overwrite, command=command)
     cfg.extra.update(sources.features_record(getattr(args, "normalize_features", "none")))
     try:
-        with group.errors("loading the dataset"):
-            graph = sources.load_from_args(args)
+        with group.errors("opening the dataset"):
+            sliced = sources.sliced_from_args(args)
+        content_digest = None
+        if sliced is not None:
+            # Every rank reads 1/P of the edges and rows and the ranks canonicalise together
+            # (preprocess/sliced.py); the later phases still take the whole graph (assembled here).
+            from .sliced import assemble, load_slice, slice_digest
+
+            part = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
+                              normalize=getattr(args, "normalize_features", "none"))
+            content_digest = slice_digest(group, part)
+            graph = assemble(group, part)
+            del part
+        else:
+            with group.errors("loading the dataset"):
+                graph = sources.load_from_args(args)
         log.done("load", f"{graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges, "
                          f"{graph.num_features} features")
         cfg.hops = resolve_build_hops(group, graph, args, printer=lambda line, **_: (
             bar.write(line) if not bar.disable else print(line, flush=True)), record=cfg.extra)
-        run_build(group, graph, cfg, log)
+        run_build(group, graph, cfg, log, content_digest=content_digest)
     except Exception as exc:  # noqa: BLE001
         return fail(group, "build", exc)
     bar.close()
     if group.rank == 0:
         print(f"[preprocess] wrote {cfg.out}; check it with `python -m preprocess verify {cfg.out}`", flush=True)
+    return 0
+
+
+def cmd_chunk(args, argv) -> int:
+    """Write the chunked input format from any source, one chunk in memory at a time where the source
+    is sliced (synthetic, chunked), else from the loaded canonical graph."""
+    from . import sources
+    from .chunked import graph_pieces, split_ranges, write_chunked
+
+    if getattr(args, "source_error", None) is not None:
+        print(f"preprocess chunk: error: dataset loaders unavailable ({args.source_error})", file=sys.stderr)
+        return 1
+    try:
+        if args.chunks < 1:
+            raise ValueError(f"--chunks must be >= 1 (got {args.chunks})")
+        sliced = sources.sliced_from_args(args)
+        if sliced is not None:
+            C = int(args.chunks)
+            bounds = split_ranges(sliced.num_vertices, C)
+
+            def edges():
+                for c in range(C):
+                    parts = list(sliced.edge_pieces(c, C))
+                    src = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+                    dst = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)
+                    yield src, dst
+
+            def nodes():
+                for c in range(C):
+                    yield {f: a for f, (_, a) in sliced.nodes(int(bounds[c]), int(bounds[c + 1])).items()}
+
+            meta = write_chunked(args.out, name=sliced.name, num_vertices=sliced.num_vertices,
+                                 num_features=sliced.num_features, num_classes=sliced.num_classes,
+                                 edge_pieces=edges(), node_pieces=nodes(),
+                                 canonical=getattr(sliced, "canonical", None))
+        else:
+            args.normalize_features = "none"  # raw features; the build applies --normalize-features
+            graph = sources.load_from_args(args)
+            e, n = graph_pieces(graph, int(args.chunks))
+            meta = write_chunked(args.out, name=graph.name, num_vertices=graph.num_vertices,
+                                 num_features=graph.num_features, num_classes=graph.num_classes, edge_pieces=e,
+                                 node_pieces=n, canonical={"symmetrize": bool(args.symmetrize),
+                                                           "self_loops": args.self_loops})
+    except Exception as exc:  # noqa: BLE001
+        print(f"preprocess chunk: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"[preprocess] wrote {args.out}: {meta['num_vertices']} vertices, {meta['num_edges']} edges in "
+          f"{len(meta['edges']['chunks'])} edge and {len(meta['nodes']['rows'])} node chunks; build from it with "
+          f"`--source chunked --path {args.out}`", flush=True)
     return 0
 
 

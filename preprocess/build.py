@@ -219,16 +219,19 @@ def dataset_digest(graph) -> str:
     return h.hexdigest()
 
 
-def _dataset_entry(graph) -> dict:
+def _dataset_entry(graph, content_digest: str | None = None) -> dict:
     return {"name": graph.name, "num_vertices": graph.num_vertices, "num_edges": graph.num_edges,
             "num_features": graph.num_features, "num_classes": int(graph.num_classes),
             "num_train": int(graph.train_mask.sum()), "num_val": int(graph.val_mask.sum()),
-            "num_test": int(graph.test_mask.sum()), "content_sha256": dataset_digest(graph)}
+            "num_test": int(graph.test_mask.sum()),
+            "content_sha256": content_digest or dataset_digest(graph)}
 
 
-def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dict:
+def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, content_digest: str | None = None) -> dict:
     """Collective over `comm` (an MPI communicator or a cluster.Group; None = MPI.COMM_WORLD): build
-    the shard set cfg.out from `graph`; returns the manifest (all ranks)."""
+    the shard set cfg.out from `graph`; returns the manifest (all ranks).  `content_digest`: the
+    dataset digest when already computed from the slices (sliced.slice_digest, equal to
+    dataset_digest(graph))."""
     group = as_group(comm)
     log = log or PhaseLog(group, printer=lambda *a, **k: None)
     with group.errors("checking the build configuration"):
@@ -285,7 +288,7 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dic
                 stats_flat = sorted((x for part in all_stats for x in part), key=lambda x: x["server"])
                 manifest = {
                     "format_version": FORMAT_VERSION,
-                    "dataset": _dataset_entry(graph),
+                    "dataset": _dataset_entry(graph, content_digest),
                     "servers": S, "gpus_per_server": G, "layers": int(cfg.layers),
                     "preload": {"kind": cfg.preload, "hops": cfg.effective_hops,
                                 "fanout": int(cfg.fanout) if cfg.preload == "eas" else None,
