@@ -142,7 +142,7 @@ def load_from_args(args: argparse.Namespace) -> Graph:
 
 
 # Sources a build rank can read a slice of (preprocess/sliced.py); the others are loaded whole.
-SLICED_SOURCES = ("chunked",)
+SLICED_SOURCES = ("chunked", "synthetic")
 
 
 def sliced_from_args(args: argparse.Namespace):
@@ -157,4 +157,7 @@ def sliced_source(source: str, **options):
     if source == "chunked":
         from preprocess.chunked import ChunkedSource, open_chunked
         return ChunkedSource(open_chunked(opts["path"]), opts["name"])
+    if source == "synthetic":
+        from preprocess.sources.synthetic_chunks import SyntheticSource
+        return SyntheticSource(**{k: opts[k] for k in _USES["synthetic"]})
     return None
