@@ -34,6 +34,10 @@ def _add_build_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eas-select", choices=EAS_SELECT_RULES, default="degree",
                    help="EAS: prefer candidates with many unselected neighbours (degree, the paper's rule) or uniform")
     g.add_argument("--partitioner", choices=PARTITIONERS, default="parmetis", help="server-level partitioner")
+    g.add_argument("--whole-graph", action="store_true",
+                   help="load the whole graph on every rank and build from it (the build before issue 17; "
+                        "for comparisons): by default chunked and synthetic sources are read and built as "
+                        "1/P slices per rank")
     o = p.add_argument_group("output")
     o.add_argument("--out", required=True, help="output directory (must not exist or be empty, unless --overwrite)")
     o.add_argument("--overwrite", action="store_true",
@@ -114,28 +118,40 @@ def cmd_build(args, argv) -> int:
                       partitioner=args.partitioner, seed=int(getattr(args, "seed", 0) or 0),
                       overwrite=args.overwrite, command=command)
     cfg.extra.update(sources.features_record(getattr(args, "normalize_features", "none")))
+    printer = lambda line, **_: (bar.write(line) if not bar.disable else print(line, flush=True))  # noqa: E731
     try:
         with group.errors("opening the dataset"):
-            sliced = sources.sliced_from_args(args)
-        content_digest = None
-        if sliced is not None:
-            # Every rank reads 1/P of the edges and rows and the ranks canonicalise together
-            # (preprocess/sliced.py); the later phases still take the whole graph (assembled here).
-            from .sliced import assemble, load_slice, slice_digest
+            sliced = None if args.whole_graph else sources.sliced_from_args(args)
+        if sliced is not None and args.hops != "auto":
+            # Every rank reads 1/P of the edges and rows, the ranks canonicalise together
+            # (preprocess/sliced.py) and every later phase works on the slices (preprocess/dist_build.py).
+            from .dist_build import run_build_sliced
+            from .sliced import load_slice, slice_digest
 
             part = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
                               normalize=getattr(args, "normalize_features", "none"))
             content_digest = slice_digest(group, part)
-            graph = assemble(group, part)
-            del part
+            log.done("load", f"{part.name}: {part.num_vertices} vertices, {part.num_edges} edges, "
+                             f"{part.num_features} features (rank 0 holds rows {part.lo}..{part.hi - 1})")
+            cfg.hops = resolve_build_hops(group, None, args, printer=printer, record=cfg.extra)
+            run_build_sliced(group, part, cfg, log, content_digest=content_digest)
         else:
-            with group.errors("loading the dataset"):
-                graph = sources.load_from_args(args)
-        log.done("load", f"{graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges, "
-                         f"{graph.num_features} features")
-        cfg.hops = resolve_build_hops(group, graph, args, printer=lambda line, **_: (
-            bar.write(line) if not bar.disable else print(line, flush=True)), record=cfg.extra)
-        run_build(group, graph, cfg, log, content_digest=content_digest)
+            content_digest = None
+            if sliced is not None:  # --hops auto: the memory model reads the whole graph
+                from .sliced import assemble, load_slice, slice_digest
+
+                part = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
+                                  normalize=getattr(args, "normalize_features", "none"))
+                content_digest = slice_digest(group, part)
+                graph = assemble(group, part)
+                del part
+            else:
+                with group.errors("loading the dataset"):
+                    graph = sources.load_from_args(args)
+            log.done("load", f"{graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges, "
+                             f"{graph.num_features} features")
+            cfg.hops = resolve_build_hops(group, graph, args, printer=printer, record=cfg.extra)
+            run_build(group, graph, cfg, log, content_digest=content_digest)
     except Exception as exc:  # noqa: BLE001
         return fail(group, "build", exc)
     bar.close()

@@ -227,6 +227,16 @@ def _dataset_entry(graph, content_digest: str | None = None) -> dict:
             "content_sha256": content_digest or dataset_digest(graph)}
 
 
+def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int) -> None:
+    """Collective: rank 0 prepares cfg.out and, before hours of partitioning, refuses a disk that cannot
+    hold even the inner rows (each server file is checked against its own size again before it is
+    written)."""
+    with group.errors("preparing the output directory"):
+        if group.rank == 0:
+            prepare_output_dir(cfg.out, cfg.overwrite)
+            check_free_space(cfg.out, lower_bound_set_bytes(n, e, f), "the shard set (at least)")
+
+
 def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, content_digest: str | None = None) -> dict:
     """Collective over `comm` (an MPI communicator or a cluster.Group; None = MPI.COMM_WORLD): build
     the shard set cfg.out from `graph`; returns the manifest (all ranks).  `content_digest`: the
@@ -237,14 +247,7 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
     with group.errors("checking the build configuration"):
         validate_config(cfg, graph.num_vertices)
     S, G, P, rank = cfg.servers, cfg.gpus_per_server, group.size, group.rank
-    with group.errors("preparing the output directory"):
-        if rank == 0:
-            prepare_output_dir(cfg.out, cfg.overwrite)
-            # Before the partitioning, refuse a disk that cannot hold even the inner rows; each server
-            # file is checked against its own size again before it is written.
-            check_free_space(cfg.out, lower_bound_set_bytes(graph.num_vertices, graph.num_edges, graph.num_features),
-                             "the shard set (at least)")
-            # Before hours of partitioning, refuse a disk that cannot hold even the inner rows.
+    prepare_build_output(group, cfg, graph.num_vertices, graph.num_edges, graph.num_features)
 
     sp = partition_servers(group, graph, S, cfg.partitioner, cfg.seed)
     server_of = sp.parts
@@ -278,17 +281,26 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
         raise
     log.done("halos+write", f"halo/owners {t_halo:.2f} s, hdf5 write {t_write:.2f} s (rank 0)")
 
+    manifest = commit_build(group, cfg, _dataset_entry(graph, content_digest), sp, server_of, gpu_of, staged, stats)
+    log.done("commit", f"{cfg.out}: {S} server files + manifest.json")
+    return manifest
+
+
+def commit_build(group, cfg: BuildConfig, dataset_entry: dict, sp, server_of, gpu_of, staged, stats) -> dict:
+    """Collective: gather every rank's staged server files and statistics; rank 0 writes the manifest and
+    commits the set (or discards every staged file on failure); returns the manifest on every rank."""
+    S, G = cfg.servers, cfg.gpus_per_server
     all_staged = group.gather_object(staged)
     all_stats = group.gather_object(stats)
     manifest = None
     with group.errors("committing the shard set"):
-        if rank == 0:
+        if group.rank == 0:
             staged_flat = [x for part in all_staged for x in part]
             try:
                 stats_flat = sorted((x for part in all_stats for x in part), key=lambda x: x["server"])
                 manifest = {
                     "format_version": FORMAT_VERSION,
-                    "dataset": _dataset_entry(graph, content_digest),
+                    "dataset": dataset_entry,
                     "servers": S, "gpus_per_server": G, "layers": int(cfg.layers),
                     "preload": {"kind": cfg.preload, "hops": cfg.effective_hops,
                                 "fanout": int(cfg.fanout) if cfg.preload == "eas" else None,
@@ -305,9 +317,7 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
             except BaseException:
                 discard_staged(staged_flat)
                 raise
-    manifest = group.bcast_object(manifest)
-    log.done("commit", f"{cfg.out}: {S} server files + manifest.json")
-    return manifest
+    return group.bcast_object(manifest)
 
 
 def _summary_stats(per_server: list, S: int, G: int) -> dict:
