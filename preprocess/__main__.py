@@ -186,7 +186,8 @@ def cmd_chunk(args, argv) -> int:
 
             def nodes():
                 for c in range(C):
-                    yield {f: a for f, (_, a) in sliced.nodes(int(bounds[c]), int(bounds[c + 1])).items()}
+                    got = sliced.nodes(int(bounds[c]), int(bounds[c + 1]))
+                    yield {f: np.concatenate([a for _, a in pieces]) for f, pieces in got.items()}
 
             meta = write_chunked(args.out, name=sliced.name, num_vertices=sliced.num_vertices,
                                  num_features=sliced.num_features, num_classes=sliced.num_classes,

@@ -317,13 +317,10 @@ class ChunkedSource:
         out = {}
         for field in NODE_FIELDS:
             pieces = list(self.ds.node_range(field, lo, hi))
-            origin = ", ".join(p for p, _ in pieces) or self.ds.path
             if not pieces:
                 shape = (0, self.num_features) if field == "features" else (0,)
-                arr = np.zeros(shape, dtype=self.ds.nodes[field][0][1].dtype)
-            else:
-                arr = np.concatenate([a for _, a in pieces]) if len(pieces) > 1 else pieces[0][1]
-            out[field] = (origin, arr)
+                pieces = [(self.ds.path, np.zeros(shape, dtype=self.ds.nodes[field][0][1].dtype))]
+            out[field] = pieces
         return out
 
 

@@ -7,8 +7,8 @@ alone, preprocess/sources/synthetic_chunks.py).  The protocol:
 
     source.name, source.num_vertices, source.num_features, source.num_classes (None: from the labels)
     source.edge_pieces(rank, size)  -> iterable of (origin, src, dst), this rank's 1/size of the raw edges
-    source.nodes(lo, hi)            -> {field: (origin, array)} for vertices lo..hi-1 (features, labels,
-                                       train_mask, val_mask, test_mask)
+    source.nodes(lo, hi)            -> {field: [(origin, array), ...]}: vertices lo..hi-1 in pieces, in
+                                       order (features, labels, train_mask, val_mask, test_mask)
 
 Canonicalisation (`load_slice`), the same result as canonical.canonicalize on the whole graph, rows
 lo..hi-1 of it (vtxdist = partition.vtxdist_for(N, P), the slices ParMETIS takes):
@@ -108,41 +108,48 @@ def shuffle_to_owners(group, keys: np.ndarray, vtxdist: np.ndarray, n: int) -> n
     return got
 
 
+def _origin_of(pieces, index: int) -> str:
+    """The file holding local row `index` of a field given as [(origin, array), ...]."""
+    ends = np.cumsum([a.shape[0] for _, a in pieces])
+    return pieces[min(int(np.searchsorted(ends, index, side="right")), len(pieces) - 1)][0]
+
+
 def _check_nodes(nodes: dict, lo: int, hi: int, width: int) -> dict:
-    """Validate one rank's vertex rows (messages name the chunk file and the global vertex id)."""
-    out = {}
+    """Validate one rank's vertex rows, given per field as [(origin, array), ...] pieces in vertex order;
+    messages name the chunk file holding the first bad row and its global vertex id."""
+    out, origins = {}, {}
     m = hi - lo
     for field in NODE_FIELDS:
-        origin, a = nodes[field]
-        a = np.asarray(a)
-        want = (m, width) if field == "features" else (m,)
-        if a.shape != want:
-            raise DataError(f"{origin}: {field} has shape {a.shape} for vertices {lo}..{hi - 1}, expected {want}. "
+        pieces = [(o, np.asarray(a)) for o, a in nodes[field]]
+        for origin, a in pieces:
+            if field == "features" and (a.ndim != 2 or a.shape[1] != width):
+                raise DataError(f"{origin}: features have shape {a.shape}, expected [rows, {width}]. "
+                                "Fix: one row of num_features values per vertex")
+            if field == "labels" and not np.issubdtype(a.dtype, np.integer):
+                raise DataError(f"{origin}: labels have dtype {a.dtype}. Fix: store integer class ids (-1 = unlabelled)")
+            if field.endswith("_mask") and a.dtype != np.bool_:
+                raise DataError(f"{origin}: {field} has dtype {a.dtype}. Fix: store a boolean mask")
+        arr = pieces[0][1] if len(pieces) == 1 else np.concatenate([a for _, a in pieces])
+        if arr.shape[0] != m:
+            raise DataError(f"{pieces[0][0]}: {field} has {arr.shape[0]} rows for vertices {lo}..{hi - 1}. "
                             "Fix: one row per vertex")
-        out[field] = (origin, a)
-    origin, x = out["features"]
-    x = x.astype(np.float32, copy=False)
+        out[field], origins[field] = arr, pieces
+    x = out["features"].astype(np.float32, copy=False)
     bad = ~np.isfinite(x).all(axis=1)
     if bad.any():
-        raise DataError(f"{origin}: features of {int(bad.sum())} vertices contain NaN or infinite values "
-                        f"(first: vertex {lo + int(np.flatnonzero(bad)[0])}). Fix: clean or impute those "
+        first = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{_origin_of(origins['features'], first)}: features of {int(bad.sum())} vertices contain "
+                        f"NaN or infinite values (first: vertex {lo + first}). Fix: clean or impute those "
                         "feature rows before preprocessing (e.g. replace by 0)")
-    origin, y = out["labels"]
-    if not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"{origin}: labels have dtype {y.dtype}. Fix: store integer class ids (-1 = unlabelled)")
-    masks = []
-    for field in ("train_mask", "val_mask", "test_mask"):
-        origin, mk = out[field]
-        if mk.dtype != np.bool_:
-            raise DataError(f"{origin}: {field} has dtype {mk.dtype}. Fix: store a boolean mask")
-        masks.append(mk)
+    masks = [out[f] for f in ("train_mask", "val_mask", "test_mask")]
     overlap = (masks[0].astype(np.int8) + masks[1] + masks[2]) > 1
     if overlap.any():
-        raise DataError(f"{out['train_mask'][0]}: {int(overlap.sum())} vertices are in more than one of "
-                        f"train/val/test (first: vertex {lo + int(np.flatnonzero(overlap)[0])}). Fix: make the "
-                        "splits disjoint (overlap leaks evaluation data into training)")
-    return {"features": x, "labels": y.astype(np.int64, copy=False), "train_mask": masks[0],
-            "val_mask": masks[1], "test_mask": masks[2], "origin_labels": out["labels"][0]}
+        first = int(np.flatnonzero(overlap)[0])
+        raise DataError(f"{_origin_of(origins['train_mask'], first)}: {int(overlap.sum())} vertices are in more "
+                        f"than one of train/val/test (first: vertex {lo + first}). Fix: make the splits disjoint "
+                        "(overlap leaks evaluation data into training)")
+    return {"features": x, "labels": out["labels"].astype(np.int64, copy=False), "train_mask": masks[0],
+            "val_mask": masks[1], "test_mask": masks[2], "label_pieces": origins["labels"]}
 
 
 def load_slice(comm, source, symmetrize: bool = True, self_loops: str = "remove",
@@ -175,14 +182,18 @@ def load_slice(comm, source, symmetrize: bool = True, self_loops: str = "remove"
         classes = max(int(top) + 1, 1)
     with group.errors("checking the labels"):
         split = nodes["train_mask"] | nodes["val_mask"] | nodes["test_mask"]
-        if labels.size and (labels.min() < -1 or labels.max() >= classes):
-            raise DataError(f"{nodes['origin_labels']}: labels span [{labels.min()}, {labels.max()}] but "
-                            f"num_classes={classes} (valid: 0..num_classes-1, or -1 for unlabelled). Fix: fix the "
-                            "labels or the num_classes in metadata.json")
+        out_of_range = (labels < -1) | (labels >= classes)
+        if out_of_range.any():
+            first = int(np.flatnonzero(out_of_range)[0])
+            raise DataError(f"{_origin_of(nodes['label_pieces'], first)}: labels span [{labels.min()}, "
+                            f"{labels.max()}] but num_classes={classes} (valid: 0..num_classes-1, or -1 for "
+                            f"unlabelled; first bad: vertex {lo + first}). Fix: fix the labels or the num_classes "
+                            "in metadata.json")
         bad = (labels < 0) & split
         if bad.any():
-            raise DataError(f"{nodes['origin_labels']}: {int(bad.sum())} unlabelled vertices (label -1) are in a "
-                            f"train/val/test split (first: vertex {lo + int(np.flatnonzero(bad)[0])}). Fix: remove "
+            first = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{_origin_of(nodes['label_pieces'], first)}: {int(bad.sum())} unlabelled vertices "
+                            f"(label -1) are in a train/val/test split (first: vertex {lo + first}). Fix: remove "
                             "them from the splits or give them labels")
         features = normalize_features(nodes["features"], normalize, origin=f"{source.name}: features")
     counts = group.allgather_object(int(keys.shape[0]))

@@ -259,18 +259,18 @@ class SyntheticSource:
             else:
                 arr = np.zeros((0, self.num_features) if f == "features" else (0,),
                                dtype=np.float32 if f == "features" else (np.int64 if f == "labels" else bool))
-            out[f] = ("synthetic", arr)
+            out[f] = [("synthetic", arr)]
         return out
 
     def raw(self) -> dict:
         """The whole draw in this process (canonicalize() arguments plus community, and for local the
         cell of every vertex and the torus side): the reference the distributed load is tested against."""
         edges = [self.chunk_edges(i) for i in range(self.num_chunks)]
-        nodes = self.nodes(0, self.num_vertices)
+        nodes = {f: p[0][1] for f, p in self.nodes(0, self.num_vertices).items()}
         ids = np.arange(self.num_vertices, dtype=np.int64)
         out = dict(num_vertices=self.num_vertices,
                    src=np.concatenate([e[0] for e in edges]), dst=np.concatenate([e[1] for e in edges]),
-                   **{f: a for f, (_, a) in nodes.items()}, num_classes=self.num_classes,
+                   **nodes, num_classes=self.num_classes,
                    community=self.community_of(ids))
         if self.generator == "local":
             out.update(cell=self.block_of(ids), side=self.side)

@@ -105,8 +105,8 @@ def test_chunks_do_not_depend_on_the_rank_count(monkeypatch, generator):
         assert np.array_equal(np.concatenate(pieces, axis=1), whole), size
         bounds = (np.arange(size + 1) * 3000) // size
         for f in ("features", "labels", "train_mask", "val_mask", "test_mask"):
-            parts = [src.nodes(int(bounds[r]), int(bounds[r + 1]))[f][1] for r in range(size)]
-            assert np.array_equal(np.concatenate(parts), nodes[f][1]), (size, f)
+            parts = [src.nodes(int(bounds[r]), int(bounds[r + 1]))[f][0][1] for r in range(size)]
+            assert np.array_equal(np.concatenate(parts), nodes[f][0][1]), (size, f)
     g = load("synthetic", generator=generator, vertices=3000, avg_degree=10, features=8, classes=3, seed=1)
     rows = np.repeat(np.arange(3000), np.diff(g.indptr))
     assert 0.85 * 30_000 <= g.num_edges <= 1.1 * 30_000
