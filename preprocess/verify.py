@@ -12,6 +12,8 @@ verify checks, and reports every problem with the file it is in:
   for full preloading the stored in-neighbours of inner rows are exactly the world-view ones;
 - manifest counts (vertices, splits, features, classes) against the files;
 - the manifest's partition_digest against the owner of every vertex in the files.
+Memory: one server file at a time (two passes: per-file checks and the per-vertex tables, then the
+cross-file checks reading only the id and degree datasets) plus a few int64 arrays of N.
 """
 from __future__ import annotations
 
@@ -162,6 +164,10 @@ def _temporaries_problem(path: str) -> list:
             f"delete them, or re-run the build with --overwrite, which removes them"]
 
 
+_CROSS_CHECKED = ("vertices/global_id", "graph/in_degree", "world/src_global_id", "world/src_in_degree",
+                  "world/src_rank")
+
+
 def verify_shard_set(path) -> list:
     """All problems found (an empty list means the set is valid)."""
     path = os.fspath(path)
@@ -201,7 +207,7 @@ def _set_problems(path: str) -> list:
         problems += file_problems
         if file_problems:
             continue
-        files[s] = a
+        files[s] = True
         inner = a["vertices/hop"] == 0
         gid = a["vertices/global_id"][inner]
         np.add.at(inner_hits, gid, 1)
@@ -210,6 +216,7 @@ def _set_problems(path: str) -> list:
         degree[gid] = a["graph/in_degree"][inner]
         for k in counts:
             counts[k] += int(a[f"split/{k}"][inner].sum())
+        del a  # one server file in memory at a time (a set can be far larger than one process)
     if problems:
         return problems
     if np.any(inner_hits != 1):
@@ -217,8 +224,9 @@ def _set_problems(path: str) -> list:
                         f"{int(np.count_nonzero(inner_hits > 1))} on more than one (each must be inner on exactly one)")
         return problems
     problems += _partition_digest_problems(manifest, inner_server, inner_gpu)
-    for s, a in files.items():
+    for s in files:  # second pass, again one server at a time, reading only what the cross checks need
         fname = server_file_name(s)
+        a = read_server_arrays(path, manifest, s, names=_CROSS_CHECKED)
         if not np.array_equal(a["graph/in_degree"], degree[a["vertices/global_id"]]):
             problems.append(f"{fname}: graph/in_degree disagrees with the in-degree stored by the vertex's home server")
         src = a["world/src_global_id"]
