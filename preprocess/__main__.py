@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -154,6 +155,9 @@ def cmd_build(args, argv) -> int:
             run_build(group, graph, cfg, log, content_digest=content_digest)
     except Exception as exc:  # noqa: BLE001
         return fail(group, "build", exc)
+    from .build import write_profile
+
+    write_profile(log, os.environ.get("GRANNDIS_BUILD_PROFILE"))  # bench/bench_build_scaling.py
     bar.close()
     if group.rank == 0:
         print(f"[preprocess] wrote {cfg.out}; check it with `python -m preprocess verify {cfg.out}`", flush=True)

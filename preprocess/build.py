@@ -172,18 +172,58 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
 PHASES = ("load", "partition", "halos+write", "commit")
 
 
+def _peak_rss() -> int | None:
+    """This process's peak resident set since the last reset, in bytes (Linux VmHWM; None elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> None:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs); no-op elsewhere."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def write_profile(log: "PhaseLog", path: str | None) -> None:
+    """Collective: rank 0 writes every rank's per-phase profile as JSON to `path` (None: nothing)."""
+    import json
+
+    profiles = log.group.gather_object(log.profile)
+    if path and log.rank == 0:
+        with open(path, "w") as f:
+            json.dump({"ranks": profiles}, f, indent=1)
+
+
 class PhaseLog:
     """Rank 0 prints one line per phase with its elapsed time, and advances a progress bar over the
     phases when one is given (granndis_hpc.progress: rank 0, on a terminal or forced, never --quiet)."""
 
     def __init__(self, comm, printer=print, bar=None):
-        self.rank = as_group(comm).rank
+        self.group = as_group(comm)
+        self.rank = self.group.rank
         self.printer, self.t0, self.last = printer, time.perf_counter(), time.perf_counter()
         self.times = {}
         self.bar = bar
+        # Every rank's CPU seconds and peak RSS per phase (`profile`, gathered by bench scripts through
+        # $GRANNDIS_BUILD_PROFILE): the peak is reset at every phase end, so it is that phase's own.
+        self.profile, self.cpu_last = {}, time.process_time()
+        _reset_peak_rss()
 
     def done(self, phase: str, detail: str = "") -> None:
         now = time.perf_counter()
+        cpu = time.process_time()
+        self.profile[phase] = {"wall_s": now - self.last, "cpu_s": cpu - self.cpu_last, "peak_rss": _peak_rss()}
+        self.cpu_last = cpu
+        _reset_peak_rss()
         self.times[phase] = now - self.last
         if self.rank == 0:
             line = (f"[preprocess] {phase:<9} {now - self.last:8.2f} s  (total {now - self.t0:8.2f} s)"
