@@ -48,16 +48,22 @@ def _add_build_arguments(p: argparse.ArgumentParser) -> None:
                         "(mpirun pipes the ranks' output)")
 
 
+def _add_sources(p: argparse.ArgumentParser) -> None:
+    """The dataset-source options; a missing loader is reported when the command runs (so that
+    verify/info stay usable without the loaders)."""
+    try:
+        from . import sources
+
+        sources.add_source_arguments(p)
+    except (ImportError, AttributeError) as exc:
+        p.set_defaults(source_error=exc)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m preprocess", description="GraNNDis offline preprocessing")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="partition a dataset and write a shard set (run under mpirun, or with 1 rank)")
-    try:
-        from . import sources
-
-        sources.add_source_arguments(b)
-    except (ImportError, AttributeError) as exc:  # keep verify/info usable without the loaders
-        b.set_defaults(source_error=exc)
+    _add_sources(b)
     if "--seed" not in b._option_string_actions:  # the sources may already define --seed (synthetic graphs)
         b.add_argument("--seed", type=int, default=0, help="seed for partitioning and sampling")
     _add_build_arguments(b)
@@ -65,24 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
     pl = sub.add_parser("plan", help="estimate memory per GPU and inter-server bytes of every build, and "
                                      "recommend one (writes no shard; run under mpirun, or with 1 rank)")
-    try:
-        from . import sources
-
-        sources.add_source_arguments(pl)
-    except (ImportError, AttributeError) as exc:
-        pl.set_defaults(source_error=exc)
+    _add_sources(pl)
     if "--seed" not in pl._option_string_actions:
         pl.add_argument("--seed", type=int, default=0, help="seed for partitioning and sampling")
     add_plan_arguments(pl)
     pl.set_defaults(func=cmd_plan)
     c = sub.add_parser("chunk", help="convert any source into the chunked input format (memory-mappable .npy "
                                      "chunks + metadata.json) that build ranks read slice by slice")
-    try:
-        from . import sources
-
-        sources.add_source_arguments(c)
-    except (ImportError, AttributeError) as exc:
-        c.set_defaults(source_error=exc)
+    _add_sources(c)
     c.add_argument("--out", required=True, help="output directory (must not exist, or be empty)")
     c.add_argument("--chunks", type=int, default=8, help="number of edge chunks and of node chunks (default 8)")
     c.set_defaults(func=cmd_chunk)

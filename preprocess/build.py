@@ -169,6 +169,24 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
     return arrays, stats
 
 
+def build_and_stage(graph, s: int, server_of, gpu_of, cfg: BuildConfig, gpu_constraints, staged: list,
+                    stats: list, release=None):
+    """Build server s's arrays and stage its file (appending to `staged` and `stats`); returns the
+    seconds spent (building, writing).  `release()`, when given, runs between the two: the distributed
+    build frees the rows it fetched for this server there, before the file is written."""
+    t = time.perf_counter()
+    arrays, st = build_server(graph, s, server_of, gpu_of, cfg)
+    st["gpu_constraints"] = gpu_constraints
+    t_build = time.perf_counter() - t
+    del graph  # the last reference when the caller passed a temporary view
+    if release is not None:
+        release()
+    t = time.perf_counter()
+    staged.append(stage_server_file(cfg.out, s, cfg.servers, cfg.gpus_per_server, arrays))
+    stats.append(st)
+    return t_build, time.perf_counter() - t
+
+
 PHASES = ("load", "partition", "halos+write", "commit")
 
 
@@ -307,15 +325,8 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
     try:
         with group.errors("building server files"):
             for s in mine:
-                t = time.perf_counter()
-                arrays, st = build_server(graph, s, server_of, gpu_of, cfg)
-                st["gpu_constraints"] = gpu_constraints[s]
-                t_halo += time.perf_counter() - t
-                t = time.perf_counter()
-                staged.append(stage_server_file(cfg.out, s, S, G, arrays))
-                t_write += time.perf_counter() - t
-                stats.append(st)
-                del arrays
+                dh, dw = build_and_stage(graph, s, server_of, gpu_of, cfg, gpu_constraints[s], staged, stats)
+                t_halo, t_write = t_halo + dh, t_write + dw
     except BaseException:
         discard_staged(staged)
         raise

@@ -102,30 +102,26 @@ class ChunkedDataset:
 
     def edge_range(self, lo: int, hi: int):
         """Yield (file, src, dst) for the global edge positions lo..hi-1 of the chunk concatenation."""
-        first = int(np.searchsorted(self.edge_offsets, lo, side="right")) - 1
-        for c in range(max(first, 0), len(self.edge_files)):
-            a, b = int(self.edge_offsets[c]), int(self.edge_offsets[c + 1])
-            if a >= hi:
-                break
-            s, e = max(lo, a) - a, min(hi, b) - a
-            if e <= s:
-                continue
-            path, arr = self.edge_files[c]
+        for path, arr, s, e in _pieces(self.edge_offsets, self.edge_files, lo, hi):
             piece = np.asarray(arr[:, s:e])
             yield path, piece[0], piece[1]
 
     def node_range(self, field: str, lo: int, hi: int):
         """Yield (file, rows) of node field `field` for the vertices lo..hi-1."""
-        first = int(np.searchsorted(self.row_offsets, lo, side="right")) - 1
-        for c in range(max(first, 0), len(self.nodes[field])):
-            a, b = int(self.row_offsets[c]), int(self.row_offsets[c + 1])
-            if a >= hi:
-                break
-            s, e = max(lo, a) - a, min(hi, b) - a
-            if e <= s:
-                continue
-            path, arr = self.nodes[field][c]
+        for path, arr, s, e in _pieces(self.row_offsets, self.nodes[field], lo, hi):
             yield path, np.asarray(arr[s:e])
+
+
+def _pieces(offsets: np.ndarray, files: list, lo: int, hi: int):
+    """(file, memmap, start, end) of every chunk overlapping the global range lo..hi-1 (chunk c holds
+    offsets[c]..offsets[c+1]-1)."""
+    first = max(int(np.searchsorted(offsets, lo, side="right")) - 1, 0)
+    for c in range(first, len(files)):
+        a, b = int(offsets[c]), int(offsets[c + 1])
+        if a >= hi:
+            break
+        if min(hi, b) > max(lo, a):
+            yield files[c][0], files[c][1], max(lo, a) - a, min(hi, b) - a
 
 
 def open_chunked(path) -> ChunkedDataset:

@@ -30,9 +30,9 @@ import numpy as np
 
 from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import Graph, csr_rows, row_of_edges
-from granndis_hpc.shards import discard_staged, stage_server_file
+from granndis_hpc.shards import discard_staged
 
-from .build import PhaseLog, build_server, commit_build, prepare_build_output, validate_config
+from .build import PhaseLog, build_and_stage, commit_build, prepare_build_output, validate_config
 from .halo import eas, full_khop, unique_sorted
 from .partition import partition_gpus, partition_servers
 from .sliced import GraphSlice, shuffle_to_owners
@@ -130,6 +130,11 @@ class RowCache:
             self.lens.append(np.diff(indptr))
             self.srcs.append(srcs)
             self._csr = None
+
+    def clear(self) -> None:
+        """Drop every fetched row (the cache stays usable, empty)."""
+        self.have[:] = False
+        self.ids, self.lens, self.srcs, self._csr = [], [], [], None
 
     def csr(self):
         if self._csr is None:
@@ -264,20 +269,16 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
             got = fetch_node_rows(group, part, ids, ("features", "labels"))
             with group.errors("building server files"):
                 if inner is not None:
-                    indptr, indices = cache.csr()
-                    view = PartialGraph(part.name, indptr, indices, FetchedRows(ids, got["features"], n),
-                                        FetchedRows(ids, got["labels"], n), masks["train_mask"], masks["val_mask"],
-                                        masks["test_mask"], part.num_classes, degree=degree)
-                    del got
-                    arrays, st = build_server(view, s, server_of, gpu_of, cfg)
-                    st["gpu_constraints"] = gpu_constraints[s]
-                    t_halo += time.perf_counter() - t
-                    t = time.perf_counter()
-                    del view, cache
-                    staged.append(stage_server_file(cfg.out, s, S, G, arrays))
-                    t_write += time.perf_counter() - t
-                    stats.append(st)
-                    del arrays
+                    fetch_s = time.perf_counter() - t
+                    # No local name keeps the view (fetched rows and features) alive: build_and_stage
+                    # drops it after building, before the file is written.
+                    dh, dw = build_and_stage(
+                        PartialGraph(part.name, *cache.csr(), FetchedRows(ids, got.pop("features"), n),
+                                     FetchedRows(ids, got.pop("labels"), n), masks["train_mask"],
+                                     masks["val_mask"], masks["test_mask"], part.num_classes, degree=degree),
+                        s, server_of, gpu_of, cfg, gpu_constraints[s], staged, stats, release=cache.clear)
+                    t_halo, t_write = t_halo + fetch_s + dh, t_write + dw
+            del cache, got
     except BaseException:
         discard_staged(staged)
         raise

@@ -39,21 +39,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from preprocess.halo import _mix64  # the one splitmix64 finaliser (EAS tie-breaks use it too)
+
 VERTEX_CHUNK = 1 << 14  # vertices per generator chunk: part of the model (changing it changes the graph)
 _SBM, _LOCAL = 0x73626D, 0x6C6F63
 _POS, _SPLIT, _THETA, _EDGES, _FEATURES, _CENTROIDS, _PATCHES, _CLASSES = range(1, 9)
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser of uint64 values (in place on a copy; wraps mod 2**64)."""
-    x = np.array(x, dtype=np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return x
 
 
 def _key(*parts: int) -> np.uint64:
