@@ -78,14 +78,31 @@ def run_one(a, P, preload, whole) -> dict:
     return rec
 
 
-def plan_estimate(a, P, preload) -> dict | None:
-    """`preprocess plan --build-ranks P`'s estimated peak per build rank (one rank, counts only)."""
-    cmd = [sys.executable, "-m", "preprocess", "plan", *graph_args(a), *layout_args(a, preload)[:6],
-           "--model", "sage", "--hidden", "64", "--build-ranks", str(P), "--json"]
+def plan_inputs(a) -> dict:
+    """`preprocess plan --json`'s build-memory inputs for this graph (one plan run; every preload)."""
+    path = os.path.join(a.work, "plan.json")
+    cmd = [sys.executable, "-m", "preprocess", "plan", *graph_args(a), "--servers", "2", "--gpus-per-server", "2",
+           "--layers", str(a.layers), "--partitioner", a.partitioner, "--model", "sage", "--hidden", "64",
+           "--cob-batches", "2", "--eas-hops", "1", "--fanout", "15", "--json", path]
     r = subprocess.run(cmd, cwd=REPO, env={**os.environ, **MPI_ENV}, capture_output=True, text=True)
     if r.returncode != 0:
-        return {"error": r.stderr[-500:]}
-    return json.loads(r.stdout).get("build_memory")
+        raise RuntimeError(r.stderr[-800:])
+    with open(path) as f:
+        return json.load(f)["build_memory"]
+
+
+def add_estimates(a, records) -> None:
+    """The estimated peak per rank (preprocess/build_memory.py) beside every sliced build's measurement."""
+    sys.path.insert(0, REPO)
+    from preprocess.build_memory import ServerLoad, estimate_build_memory
+
+    plan = plan_inputs(a)
+    for r in records:
+        if r["whole_graph"] or "ranks" not in r:
+            continue
+        inp = dict(plan["eas" if r["preload"] == "eas" else f"flx k={a.hops}"]["inputs"])
+        servers = [ServerLoad(**x) for x in inp.pop("servers")]
+        r["estimate"] = estimate_build_memory(servers=servers, ranks=r["P"], **inp).to_dict()
 
 
 def table(records) -> str:
@@ -128,11 +145,18 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "build-scaling"))
     p.add_argument("--json", default=None)
+    p.add_argument("--estimate", action="store_true",
+                   help="add `preprocess plan`'s estimated peak per rank to every record (after the builds)")
+    p.add_argument("--from-json", default=None,
+                   help="skip the builds: read the records of an earlier run (e.g. to add --estimate)")
     p.add_argument("--md", default=None)
     a = p.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
     records = []
-    for preload in a.preload:
+    if a.from_json:
+        with open(a.from_json) as f:
+            records = json.load(f)["records"]
+    for preload in ([] if a.from_json else a.preload):
         for P in a.ranks:
             for whole in ([True] if P in a.whole_graph else []) + [False]:
                 rec = run_one(a, P, preload, whole)
@@ -141,6 +165,11 @@ def main(argv=None) -> int:
                 if a.json:
                     with open(a.json, "w") as f:
                         json.dump({"argv": sys.argv[1:], "records": records}, f, indent=1)
+    if a.estimate:
+        add_estimates(a, records)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"argv": sys.argv[1:], "records": records}, f, indent=1)
     md = table(records)
     print(md)
     if a.md:

@@ -198,6 +198,7 @@ def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: st
     for label, loads in (result.get("server_loads") or {}).items():
         est = estimate_build_memory(servers=loads, ranks=ranks, **common)
         rec = est.to_dict()
+        rec["inputs"] = {**common, "servers": [vars(x) for x in loads]}  # to re-estimate for another P
         writers = sorted({s.server % ranks for s in loads})
         others = [b for r, b in enumerate(est.per_rank) if r not in writers]
         text = (f"[plan] build {label}: estimated peak per build rank with P = {ranks}: {format_size(est.peak)} "
