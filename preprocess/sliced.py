@@ -218,9 +218,9 @@ def assemble(comm, part: GraphSlice) -> Graph:
     return Graph(name=part.name, indptr=indptr, indices=indices, num_classes=part.num_classes, **fields)
 
 
-# build._CONTENT, repeated here by name only (the dtypes come from there, so the two cannot drift).
 def slice_digest(comm, part: GraphSlice) -> str:
-    """build.dataset_digest of the whole canonical graph, from the slices (every rank gets it)."""
+    """build.dataset_digest of the whole canonical graph, from the slices (every rank gets it).  The
+    arrays, dtypes and header strings come from build._CONTENT, so the two digests cannot drift."""
     from .build import _CONTENT
 
     group = as_group(comm)
