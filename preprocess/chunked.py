@@ -304,6 +304,7 @@ class ChunkedSource:
         self.ds = ds
         self.name = name or ds.name
         self.num_vertices, self.num_features, self.num_classes = ds.num_vertices, ds.num_features, ds.num_classes
+        self.num_edges, self.canonical = ds.num_edges, ds.canonical
 
     def edge_pieces(self, rank: int, size: int):
         b = split_ranges(self.ds.num_edges, size)
@@ -320,6 +321,23 @@ class ChunkedSource:
         return out
 
 
+def open_source(path, name=None):
+    """The sliced source of a chunked directory: ours (FORMAT), or DistDGL's homogeneous chunked graph
+    format (preprocess/distdgl.py), told apart by metadata.json."""
+    meta_path = os.path.join(os.fspath(path), "metadata.json") if path is not None else None
+    if meta_path and os.path.isfile(meta_path):
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            meta = None  # open_chunked reports it
+        from .distdgl import DistDGLSource, is_distdgl
+
+        if is_distdgl(meta):
+            return DistDGLSource(os.fspath(path), meta, name)
+    return ChunkedSource(open_chunked(path), name)
+
+
 def load_chunked(path, name=None, symmetrize=True, self_loops="remove"):
     """The whole canonical Graph of a chunked directory in this process (the one-rank case of the
     distributed load: the same code, so the two cannot disagree)."""
@@ -328,5 +346,5 @@ def load_chunked(path, name=None, symmetrize=True, self_loops="remove"):
     from .sliced import assemble, load_slice
 
     group = self_group()
-    part = load_slice(group, ChunkedSource(open_chunked(path), name), symmetrize, self_loops)
+    part = load_slice(group, open_source(path, name), symmetrize, self_loops)
     return assemble(group, part)

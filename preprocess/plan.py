@@ -383,9 +383,9 @@ def _raw_keys(args, graph) -> int:
     if args.source == "synthetic":
         raw = int(round(args.vertices * args.avg_degree / 2))
     elif args.source == "chunked":
-        from .chunked import open_chunked
+        from .chunked import open_source
 
-        raw = open_chunked(args.path).num_edges
+        raw = open_source(args.path).num_edges
     else:
         raw = graph.num_edges
     return raw * (2 if getattr(args, "symmetrize", True) else 1)

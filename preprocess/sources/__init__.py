@@ -155,8 +155,8 @@ def sliced_from_args(args: argparse.Namespace):
 def sliced_source(source: str, **options):
     opts = {**OPTION_DEFAULTS, **options}
     if source == "chunked":
-        from preprocess.chunked import ChunkedSource, open_chunked
-        return ChunkedSource(open_chunked(opts["path"]), opts["name"])
+        from preprocess.chunked import open_source
+        return open_source(opts["path"], opts["name"])
     if source == "synthetic":
         from preprocess.sources.synthetic_chunks import SyntheticSource
         return SyntheticSource(**{k: opts[k] for k in _USES["synthetic"]})

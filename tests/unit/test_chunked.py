@@ -160,3 +160,41 @@ def test_open_chunked_reads_headers_only(cora_dir):
     # a slice across two node chunks
     rows = np.concatenate([a for _, a in ds.node_range("labels", 670, 690)])
     assert np.array_equal(rows, load("chunked", path=str(cora_dir)).labels[670:690])
+
+
+@pytest.mark.parametrize("edge_format", ["csv", "numpy"])
+def test_distdgl_homogeneous_chunked_format(tmp_path, planetoid_root, edge_format):
+    """A directory in DistDGL's chunked graph format (text or .npy edge files, 0/1 integer masks) builds as it is."""
+    ref = load("planetoid", name="cora", root=str(planetoid_root))
+    rows = np.repeat(np.arange(ref.num_vertices), np.diff(ref.indptr))
+    d = tmp_path / "dgl"
+    (d / "edges").mkdir(parents=True)
+    (d / "node_data").mkdir()
+    edges = np.stack([ref.indices, rows], axis=1)
+    files = []
+    for i, part in enumerate(np.array_split(edges, 3)):
+        if edge_format == "csv":
+            files.append(f"edges/cites{i}.txt")
+            np.savetxt(d / files[-1], part, fmt="%d", delimiter=" ")
+        else:
+            files.append(f"edges/cites{i}.npy")
+            np.save(d / files[-1], part)
+    node_data = {}
+    for key, arr in (("feat", ref.features), ("label", ref.labels), ("train_mask", ref.train_mask.astype(np.uint8)),
+                     ("val_mask", ref.val_mask.astype(np.uint8)), ("test_mask", ref.test_mask.astype(np.uint8))):
+        names = []
+        for j, part in enumerate(np.array_split(arr, 2)):
+            names.append(f"node_data/paper-{key}-{j}.npy")
+            np.save(d / names[-1], part)
+        node_data[key] = {"format": {"name": "numpy"}, "data": names}
+    meta = {"graph_name": "cora", "node_type": ["paper"], "num_nodes_per_type": [ref.num_vertices],
+            "edge_type": ["paper:cites:paper"], "num_edges_per_type": [int(edges.shape[0])],
+            "edges": {"paper:cites:paper": {"format": {"name": edge_format, "delimiter": " "}, "data": files}},
+            "node_data": {"paper": node_data}}
+    (d / "metadata.json").write_text(json.dumps(meta))
+    got = load("chunked", path=str(d))
+    graphs_equal(got, ref)
+    assert got.name == "cora"
+    os.remove(d / "node_data/paper-label-1.npy")
+    with pytest.raises(DataError, match=r"paper-label-1\.npy: chunk file not found"):
+        load("chunked", path=str(d))
