@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from granndis_hpc.cluster import as_group
-from granndis_hpc.graph.csr import Graph, csr_rows, row_of_edges
+from granndis_hpc.graph.csr import Graph, csr_rows, rank_in_rows, row_of_edges
 from granndis_hpc.shards import discard_staged
 
 from .build import PhaseLog, build_and_stage, commit_build, prepare_build_output, validate_config
@@ -108,13 +108,15 @@ def fetch_node_rows(group, part: GraphSlice, want: np.ndarray, fields) -> dict:
 
 
 class RowCache:
-    """The rows of the global in-edge CSR one rank fetched, as a global-size CSR (other rows empty)."""
+    """The rows of the global in-edge CSR one rank fetched, as one global-size CSR (other rows empty).
+
+    Only that CSR is kept (8 B per fetched edge and 8 B per vertex): each fetch merges its rows into
+    it, moving the old rows to their new positions, so no second copy of the rows stays alive."""
 
     def __init__(self, n: int):
         self.n = n
         self.have = np.zeros(n, dtype=bool)
-        self.ids, self.lens, self.srcs = [], [], []
-        self._csr = None
+        self.clear()
 
     def missing(self, ids) -> np.ndarray:
         ids = unique_sorted(np.asarray(ids, dtype=np.int64))
@@ -123,38 +125,33 @@ class RowCache:
     def fetch(self, group, part: GraphSlice, ids) -> None:
         """Collective (every rank calls it, with an empty `ids` if it needs nothing)."""
         want = self.missing(ids)
-        indptr, srcs = fetch_rows(group, part, want)
-        if want.size:
-            self.have[want] = True
-            self.ids.append(want)
-            self.lens.append(np.diff(indptr))
-            self.srcs.append(srcs)
-            self._csr = None
+        got_ptr, srcs = fetch_rows(group, part, want)
+        if not want.size:
+            return
+        self.have[want] = True
+        old_ptr, old_idx = self.indptr, self.indices
+        lens = np.diff(old_ptr)
+        old_lens = lens.copy()
+        lens[want] = np.diff(got_ptr)
+        ptr = np.zeros(self.n + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        del lens
+        idx = np.empty(int(ptr[-1]), dtype=np.int64)
+        # old edge e of row r moves to e + (ptr[r] - old_ptr[r]); new edge j of row want[i] goes to
+        # ptr[want[i]] + (its position in the row)
+        idx[np.arange(old_idx.shape[0], dtype=np.int64) + np.repeat(ptr[:-1] - old_ptr[:-1], old_lens)] = old_idx
+        del old_idx, old_lens
+        idx[np.repeat(ptr[want], np.diff(got_ptr)) + rank_in_rows(got_ptr)] = srcs
+        self.indptr, self.indices = ptr, idx
 
     def clear(self) -> None:
         """Drop every fetched row (the cache stays usable, empty)."""
         self.have[:] = False
-        self.ids, self.lens, self.srcs, self._csr = [], [], [], None
+        self.indptr = np.zeros(self.n + 1, dtype=np.int64)
+        self.indices = np.zeros(0, dtype=np.int64)
 
     def csr(self):
-        if self._csr is None:
-            lens = np.zeros(self.n, dtype=np.int64)
-            indptr = np.zeros(self.n + 1, dtype=np.int64)
-            if self.ids:
-                ids = np.concatenate(self.ids)
-                row_lens = np.concatenate(self.lens)
-                store_ptr = np.zeros(ids.shape[0] + 1, dtype=np.int64)
-                np.cumsum(row_lens, out=store_ptr[1:])
-                srcs = np.concatenate(self.srcs)
-                order = np.argsort(ids, kind="stable")
-                _, indices = csr_rows(store_ptr, srcs, order)
-                lens[ids] = row_lens
-                self.ids, self.lens, self.srcs = [ids], [row_lens], [srcs]
-            else:
-                indices = np.zeros(0, dtype=np.int64)
-            np.cumsum(lens, out=indptr[1:])
-            self._csr = (indptr, indices)
-        return self._csr
+        return self.indptr, self.indices
 
 
 class FetchedRows:
