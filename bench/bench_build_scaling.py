@@ -105,11 +105,20 @@ def add_estimates(a, records) -> None:
         r["estimate"] = estimate_build_memory(servers=servers, ranks=r["P"], **inp).to_dict()
 
 
+def _split(values, P, servers=2):
+    """(max over the writer ranks s % P, max over the other ranks or None)."""
+    writers = {s % P for s in range(servers)}
+    w = max(v for r, v in enumerate(values) if r in writers)
+    o = [v for r, v in enumerate(values) if r not in writers]
+    return w, (max(o) if o else None)
+
+
 def table(records) -> str:
     gib = 2.0 ** 30
-    lines = ["| P | preload | build | wall (s) | CPU s per rank: load / partition / halos+write / commit (max over ranks) | "
-             "total CPU s (all ranks) | peak RSS per rank per phase (GiB, max over ranks) | peak RSS, largest rank (GiB) | "
-             "estimate (GiB) | load avg |",
+    fmt = lambda x: "-" if x is None else f"{x / gib:.2f}"  # noqa: E731
+    lines = ["| P | preload | build | wall (s) | CPU s per rank: load / partition / halos+write / commit (max over "
+             "ranks) | total CPU s (all ranks) | peak RSS per phase (GiB, max over ranks) | peak RSS (GiB): writer "
+             "ranks / others | estimate (GiB): writer / others | load avg |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if "ranks" not in r:
@@ -119,11 +128,13 @@ def table(records) -> str:
         cpu = [max(x[p]["cpu_s"] for x in r["ranks"]) for p in PHASES]
         rss = [max(x[p]["peak_rss"] for x in r["ranks"]) / gib for p in PHASES]
         total = sum(x[p]["cpu_s"] for x in r["ranks"] for p in PHASES)
-        est = r.get("estimate") or {}
+        per_rank = [max(x[p]["peak_rss"] for p in PHASES) for x in r["ranks"]]
+        w, o = _split(per_rank, r["P"])
+        est = r.get("estimate")
+        ew, eo = _split(est["per_rank"], r["P"]) if est else (None, None)
         lines.append(f"| {r['P']} | {r['preload']} | {'whole' if r['whole_graph'] else 'sliced'} | {r['wall_s']:.0f} | "
                      + " / ".join(f"{c:.1f}" for c in cpu) + f" | {total:.0f} | "
-                     + " / ".join(f"{x:.2f}" for x in rss) + f" | {max(rss):.2f} | "
-                     + (f"{est['peak_bytes'] / gib:.2f}" if "peak_bytes" in est else "-")
+                     + " / ".join(f"{x:.2f}" for x in rss) + f" | {fmt(w)} / {fmt(o)} | {fmt(ew)} / {fmt(eo)}"
                      + f" | {r['loadavg_start']:.1f} / {r['loadavg_end']:.1f} |")
     return "\n".join(lines)
 
