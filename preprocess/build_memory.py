@@ -10,11 +10,13 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   the de-duplication mask: LOAD_BYTES_PER_KEY per key it reads;
 * partition: the shuffled symmetric adjacency and ParMETIS' own structures for its slice
   (PARTITION_BYTES_PER_EDGE per edge of the slice); METIS instead gathers the whole adjacency on
-  rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there);
+  rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there); a writer rank also splits its server over
+  the GPUs (METIS on the server's inner rows: GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
 * halos+write, on the writer rank of server s (rank s % P): the rows it fetched from their owners
   (the in-edges of every server row: WRITER_BYTES_PER_FETCHED_EDGE per edge, covering the row cache,
-  the induced and permuted subgraphs and the world view build_server makes) and the server's feature
-  rows (fetched, then copied into the file's dataset: 2 x 4F B per row); the other ranks serve rows
+  the induced and permuted subgraphs and the world view build_server makes; EAS adds
+  EAS_BYTES_PER_FETCHED_EDGE for scoring its candidates) and the server's feature rows (fetched, then
+  copied into the file's dataset: 2 x 4F B per row); the other ranks serve rows
   (SERVE_BYTES_PER_EDGE per edge of their slice).
 
 The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS per rank
@@ -28,10 +30,12 @@ from typing import Dict, List, Optional
 MIB = 1 << 20
 BASE_BYTES = 150 * MIB
 PER_VERTEX_BYTES = 64
-LOAD_BYTES_PER_KEY = 24
+LOAD_BYTES_PER_KEY = 8
 PARTITION_BYTES_PER_EDGE = 56
 METIS_BYTES_PER_EDGE = 40
 WRITER_BYTES_PER_FETCHED_EDGE = 40
+EAS_BYTES_PER_FETCHED_EDGE = 24  # EAS scores its candidates: edge keys, sorts (on top of the above)
+GPU_SPLIT_BYTES_PER_INNER_EDGE = 64  # the writer's METIS GPU split: inner rows, symmetric subgraph, METIS
 SERVE_BYTES_PER_EDGE = 16
 
 
@@ -59,7 +63,8 @@ class BuildMemory:
 
 
 def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_features: int,
-                          servers: List[ServerLoad], ranks: int, partitioner: str = "parmetis") -> BuildMemory:
+                          servers: List[ServerLoad], ranks: int, partitioner: str = "parmetis",
+                          eas: bool = False) -> BuildMemory:
     """Peak bytes per rank of a P-rank sliced build (module docstring).  raw_keys: int64 edge keys the
     load makes (raw edges, twice when symmetrising)."""
     P, n, e, F = int(ranks), int(num_vertices), int(num_edges), int(num_features)
@@ -69,11 +74,15 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
         edges = e * rows / max(n, 1)  # the slice's share of the edges (balanced on average)
         common = BASE_BYTES + PER_VERTEX_BYTES * n
         held = 8 * edges + (4 * F + 24) * rows
-        ph = {"load": common + held + LOAD_BYTES_PER_KEY * raw_keys / P,
-              "partition": common + held + PARTITION_BYTES_PER_EDGE * edges
-              + (METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0 else 0)}
         mine = [s for s in servers if s.server % P == r]
-        writer = max((WRITER_BYTES_PER_FETCHED_EDGE * s.fetched_edges + 8 * F * s.rows for s in mine), default=0)
+        # The server partitioner's structures are freed before the GPU split of this rank's servers.
+        gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0
+        ph = {"load": common + held + LOAD_BYTES_PER_KEY * raw_keys / P,
+              "partition": common + held + max(PARTITION_BYTES_PER_EDGE * edges
+                                               + (METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0
+                                                  else 0), gpu_split)}
+        per_edge = WRITER_BYTES_PER_FETCHED_EDGE + (EAS_BYTES_PER_FETCHED_EDGE if eas else 0)
+        writer = max((per_edge * s.fetched_edges + 8 * F * s.rows for s in mine), default=0)
         ph["halos+write"] = common + held + SERVE_BYTES_PER_EDGE * edges + writer
         ph = {k: int(v) for k, v in ph.items()}
         phases.append(ph)

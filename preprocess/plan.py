@@ -196,16 +196,16 @@ def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: st
     common = dict(num_vertices=graph.num_vertices, num_edges=graph.num_edges, raw_keys=int(raw_keys),
                   num_features=graph.num_features, partitioner=partitioner)
     for label, loads in (result.get("server_loads") or {}).items():
-        est = estimate_build_memory(servers=loads, ranks=ranks, **common)
+        est = estimate_build_memory(servers=loads, ranks=ranks, eas=label == "eas", **common)
         rec = est.to_dict()
-        rec["inputs"] = {**common, "servers": [vars(x) for x in loads]}  # to re-estimate for another P
+        rec["inputs"] = {**common, "eas": label == "eas", "servers": [vars(x) for x in loads]}  # for another P
         writers = sorted({s.server % ranks for s in loads})
         others = [b for r, b in enumerate(est.per_rank) if r not in writers]
         text = (f"[plan] build {label}: estimated peak per build rank with P = {ranks}: {format_size(est.peak)} "
                 f"(writer ranks {','.join(map(str, writers))})"
                 + (f", {format_size(max(others))} on the others" if others else ""))
         if budget is not None:
-            fit = smallest_fitting_ranks(budget, servers=loads, **common)
+            fit = smallest_fitting_ranks(budget, servers=loads, eas=label == "eas", **common)
             rec["smallest_ranks_fitting"] = fit
             text += (f"; smallest P fitting --memory-per-rank {format_size(budget)}: {fit}" if fit else
                      f"; no P fits --memory-per-rank {format_size(budget)} (a writer rank holds its server's rows)")

@@ -18,7 +18,8 @@ def test_estimate_by_hand():
     common = bm.BASE_BYTES + bm.PER_VERTEX_BYTES * n
     held = 8 * e + (4 * f + 24) * n
     want = {"load": common + held + bm.LOAD_BYTES_PER_KEY * 25_000_000,
-            "partition": common + held + bm.PARTITION_BYTES_PER_EDGE * e + bm.METIS_BYTES_PER_EDGE * e,
+            "partition": common + held + max(bm.PARTITION_BYTES_PER_EDGE * e + bm.METIS_BYTES_PER_EDGE * e,
+                                             bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2),
             "halos+write": common + held + bm.SERVE_BYTES_PER_EDGE * e
             + max(bm.WRITER_BYTES_PER_FETCHED_EDGE * s.fetched_edges + 8 * f * s.rows for s in SERVERS)}
     assert est.phases == [{k: int(v) for k, v in want.items()}]
