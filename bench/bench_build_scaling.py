@@ -80,7 +80,10 @@ def run_one(a, P, preload, whole) -> dict:
 
 def plan_inputs(a) -> dict:
     """`preprocess plan --json`'s build-memory inputs for this graph (one plan run; every preload)."""
-    path = os.path.join(a.work, "plan.json")
+    path = a.plan_json or os.path.join(a.work, "plan.json")
+    if a.plan_json and os.path.exists(path):  # an earlier run's plan of the same graph
+        with open(path) as f:
+            return json.load(f)["build_memory"]
     cmd = [sys.executable, "-m", "preprocess", "plan", *graph_args(a), "--servers", "2", "--gpus-per-server", "2",
            "--layers", str(a.layers), "--partitioner", a.partitioner, "--model", "sage", "--hidden", "64",
            "--cob-batches", "2", "--eas-hops", "1", "--fanout", "15", "--json", path]
@@ -101,6 +104,7 @@ def add_estimates(a, records) -> None:
         if r["whole_graph"] or "ranks" not in r:
             continue
         inp = dict(plan["eas" if r["preload"] == "eas" else f"flx k={a.hops}"]["inputs"])
+        inp["eas"] = r["preload"] == "eas"
         servers = [ServerLoad(**x) for x in inp.pop("servers")]
         r["estimate"] = estimate_build_memory(servers=servers, ranks=r["P"], **inp).to_dict()
 
@@ -158,6 +162,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--estimate", action="store_true",
                    help="add `preprocess plan`'s estimated peak per rank to every record (after the builds)")
+    p.add_argument("--plan-json", default=None,
+                   help="with --estimate: the plan's JSON (reused when it exists, else written there)")
     p.add_argument("--from-json", default=None,
                    help="skip the builds: read the records of an earlier run (e.g. to add --estimate)")
     p.add_argument("--md", default=None)
