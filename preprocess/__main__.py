@@ -10,8 +10,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+
+import numpy as np
 
 from .halo import EAS_SELECT_RULES
 from .partition import PARTITIONERS
@@ -32,6 +35,10 @@ def _add_build_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eas-select", choices=EAS_SELECT_RULES, default="degree",
                    help="EAS: prefer candidates with many unselected neighbours (degree, the paper's rule) or uniform")
     g.add_argument("--partitioner", choices=PARTITIONERS, default="parmetis", help="server-level partitioner")
+    g.add_argument("--whole-graph", action="store_true",
+                   help="load the whole graph on every rank and build from it (the build before issue 17; "
+                        "for comparisons): by default chunked and synthetic sources are read and built as "
+                        "1/P slices per rank")
     o = p.add_argument_group("output")
     o.add_argument("--out", required=True, help="output directory (must not exist or be empty, unless --overwrite)")
     o.add_argument("--overwrite", action="store_true",
@@ -41,16 +48,22 @@ def _add_build_arguments(p: argparse.ArgumentParser) -> None:
                         "(mpirun pipes the ranks' output)")
 
 
+def _add_sources(p: argparse.ArgumentParser) -> None:
+    """The dataset-source options; a missing loader is reported when the command runs (so that
+    verify/info stay usable without the loaders)."""
+    try:
+        from . import sources
+
+        sources.add_source_arguments(p)
+    except (ImportError, AttributeError) as exc:
+        p.set_defaults(source_error=exc)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m preprocess", description="GraNNDis offline preprocessing")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="partition a dataset and write a shard set (run under mpirun, or with 1 rank)")
-    try:
-        from . import sources
-
-        sources.add_source_arguments(b)
-    except (ImportError, AttributeError) as exc:  # keep verify/info usable without the loaders
-        b.set_defaults(source_error=exc)
+    _add_sources(b)
     if "--seed" not in b._option_string_actions:  # the sources may already define --seed (synthetic graphs)
         b.add_argument("--seed", type=int, default=0, help="seed for partitioning and sampling")
     _add_build_arguments(b)
@@ -58,16 +71,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
     pl = sub.add_parser("plan", help="estimate memory per GPU and inter-server bytes of every build, and "
                                      "recommend one (writes no shard; run under mpirun, or with 1 rank)")
-    try:
-        from . import sources
-
-        sources.add_source_arguments(pl)
-    except (ImportError, AttributeError) as exc:
-        pl.set_defaults(source_error=exc)
+    _add_sources(pl)
     if "--seed" not in pl._option_string_actions:
         pl.add_argument("--seed", type=int, default=0, help="seed for partitioning and sampling")
     add_plan_arguments(pl)
     pl.set_defaults(func=cmd_plan)
+    c = sub.add_parser("chunk", help="convert any source into the chunked input format (memory-mappable .npy "
+                                     "chunks + metadata.json) that build ranks read slice by slice")
+    _add_sources(c)
+    c.add_argument("--out", required=True, help="output directory (must not exist, or be empty)")
+    c.add_argument("--chunks", type=int, default=8, help="number of edge chunks and of node chunks (default 8)")
+    c.set_defaults(func=cmd_chunk)
     v = sub.add_parser("verify", help="check checksums and invariants of a shard set; exit 1 on problems")
     v.add_argument("dir")
     v.set_defaults(func=cmd_verify)
@@ -101,19 +115,98 @@ def cmd_build(args, argv) -> int:
                       partitioner=args.partitioner, seed=int(getattr(args, "seed", 0) or 0),
                       overwrite=args.overwrite, command=command)
     cfg.extra.update(sources.features_record(getattr(args, "normalize_features", "none")))
+    printer = lambda line, **_: (bar.write(line) if not bar.disable else print(line, flush=True))  # noqa: E731
     try:
-        with group.errors("loading the dataset"):
-            graph = sources.load_from_args(args)
-        log.done("load", f"{graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges, "
-                         f"{graph.num_features} features")
-        cfg.hops = resolve_build_hops(group, graph, args, printer=lambda line, **_: (
-            bar.write(line) if not bar.disable else print(line, flush=True)), record=cfg.extra)
-        run_build(group, graph, cfg, log)
+        with group.errors("opening the dataset"):
+            sliced = None if args.whole_graph else sources.sliced_from_args(args)
+        if sliced is not None and args.hops != "auto":
+            # Every rank reads 1/P of the edges and rows, the ranks canonicalise together
+            # (preprocess/sliced.py) and every later phase works on the slices (preprocess/dist_build.py).
+            from .dist_build import run_build_sliced
+            from .sliced import load_slice, slice_digest
+
+            part = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
+                              normalize=getattr(args, "normalize_features", "none"))
+            content_digest = slice_digest(group, part)
+            log.done("load", f"{part.name}: {part.num_vertices} vertices, {part.num_edges} edges, "
+                             f"{part.num_features} features (rank 0 holds rows {part.lo}..{part.hi - 1})")
+            cfg.hops = resolve_build_hops(group, None, args, printer=printer, record=cfg.extra)
+            run_build_sliced(group, part, cfg, log, content_digest=content_digest)
+        else:
+            content_digest = None
+            if sliced is not None:  # --hops auto: the memory model reads the whole graph
+                from .sliced import assemble, load_slice, slice_digest
+
+                part = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
+                                  normalize=getattr(args, "normalize_features", "none"))
+                content_digest = slice_digest(group, part)
+                graph = assemble(group, part)
+                del part
+            else:
+                with group.errors("loading the dataset"):
+                    graph = sources.load_from_args(args)
+            log.done("load", f"{graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges, "
+                             f"{graph.num_features} features")
+            cfg.hops = resolve_build_hops(group, graph, args, printer=printer, record=cfg.extra)
+            run_build(group, graph, cfg, log, content_digest=content_digest)
     except Exception as exc:  # noqa: BLE001
         return fail(group, "build", exc)
+    from .build import write_profile
+
+    write_profile(log, os.environ.get("GRANNDIS_BUILD_PROFILE"))  # bench/bench_build_scaling.py
     bar.close()
     if group.rank == 0:
         print(f"[preprocess] wrote {cfg.out}; check it with `python -m preprocess verify {cfg.out}`", flush=True)
+    return 0
+
+
+def cmd_chunk(args, argv) -> int:
+    """Write the chunked input format from any source, one chunk in memory at a time where the source
+    is sliced (synthetic, chunked), else from the loaded canonical graph."""
+    from . import sources
+    from .chunked import graph_pieces, split_ranges, write_chunked
+
+    if getattr(args, "source_error", None) is not None:
+        print(f"preprocess chunk: error: dataset loaders unavailable ({args.source_error})", file=sys.stderr)
+        return 1
+    try:
+        if args.chunks < 1:
+            raise ValueError(f"--chunks must be >= 1 (got {args.chunks})")
+        sliced = sources.sliced_from_args(args)
+        if sliced is not None:
+            C = int(args.chunks)
+            bounds = split_ranges(sliced.num_vertices, C)
+
+            def edges():
+                for c in range(C):
+                    parts = list(sliced.edge_pieces(c, C))
+                    src = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+                    dst = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)
+                    yield src, dst
+
+            def nodes():
+                for c in range(C):
+                    got = sliced.nodes(int(bounds[c]), int(bounds[c + 1]))
+                    yield {f: np.concatenate([a for _, a in pieces]) for f, pieces in got.items()}
+
+            meta = write_chunked(args.out, name=sliced.name, num_vertices=sliced.num_vertices,
+                                 num_features=sliced.num_features, num_classes=sliced.num_classes,
+                                 edge_pieces=edges(), node_pieces=nodes(),
+                                 canonical=getattr(sliced, "canonical", None))
+        else:
+            args.normalize_features = "none"  # raw features; the build applies --normalize-features
+            graph = sources.load_from_args(args)
+            e, n = graph_pieces(graph, int(args.chunks))
+            meta = write_chunked(args.out, name=graph.name, num_vertices=graph.num_vertices,
+                                 num_features=graph.num_features, num_classes=graph.num_classes, edge_pieces=e,
+                                 node_pieces=n, canonical={"symmetrize": bool(args.symmetrize),
+                                                           "self_loops": args.self_loops})
+    except Exception as exc:  # noqa: BLE001
+        print(f"preprocess chunk: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"[preprocess] wrote {args.out}: {meta['num_vertices']} vertices, {meta['num_edges']} edges in "
+          f"{len(meta['edges']['chunks'])} edge and {len(meta['nodes']['rows'])} node chunks; build from it with "
+          f"`--source chunked --path {args.out}`", flush=True)
     return 0
 
 

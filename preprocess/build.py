@@ -169,7 +169,56 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
     return arrays, stats
 
 
+def build_and_stage(graph, s: int, server_of, gpu_of, cfg: BuildConfig, gpu_constraints, staged: list,
+                    stats: list, release=None):
+    """Build server s's arrays and stage its file (appending to `staged` and `stats`); returns the
+    seconds spent (building, writing).  `release()`, when given, runs between the two: the distributed
+    build frees the rows it fetched for this server there, before the file is written."""
+    t = time.perf_counter()
+    arrays, st = build_server(graph, s, server_of, gpu_of, cfg)
+    st["gpu_constraints"] = gpu_constraints
+    t_build = time.perf_counter() - t
+    del graph  # the last reference when the caller passed a temporary view
+    if release is not None:
+        release()
+    t = time.perf_counter()
+    staged.append(stage_server_file(cfg.out, s, cfg.servers, cfg.gpus_per_server, arrays))
+    stats.append(st)
+    return t_build, time.perf_counter() - t
+
+
 PHASES = ("load", "partition", "halos+write", "commit")
+
+
+def _peak_rss() -> int | None:
+    """This process's peak resident set since the last reset, in bytes (Linux VmHWM; None elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> None:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs); no-op elsewhere."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def write_profile(log: "PhaseLog", path: str | None) -> None:
+    """Collective: rank 0 writes every rank's per-phase profile as JSON to `path` (None: nothing)."""
+    import json
+
+    profiles = log.group.gather_object(log.profile)
+    if path and log.rank == 0:
+        with open(path, "w") as f:
+            json.dump({"ranks": profiles}, f, indent=1)
 
 
 class PhaseLog:
@@ -177,13 +226,22 @@ class PhaseLog:
     phases when one is given (granndis_hpc.progress: rank 0, on a terminal or forced, never --quiet)."""
 
     def __init__(self, comm, printer=print, bar=None):
-        self.rank = as_group(comm).rank
+        self.group = as_group(comm)
+        self.rank = self.group.rank
         self.printer, self.t0, self.last = printer, time.perf_counter(), time.perf_counter()
         self.times = {}
         self.bar = bar
+        # Every rank's CPU seconds and peak RSS per phase (`profile`, gathered by bench scripts through
+        # $GRANNDIS_BUILD_PROFILE): the peak is reset at every phase end, so it is that phase's own.
+        self.profile, self.cpu_last = {}, time.process_time()
+        _reset_peak_rss()
 
     def done(self, phase: str, detail: str = "") -> None:
         now = time.perf_counter()
+        cpu = time.process_time()
+        self.profile[phase] = {"wall_s": now - self.last, "cpu_s": cpu - self.cpu_last, "peak_rss": _peak_rss()}
+        self.cpu_last = cpu
+        _reset_peak_rss()
         self.times[phase] = now - self.last
         if self.rank == 0:
             line = (f"[preprocess] {phase:<9} {now - self.last:8.2f} s  (total {now - self.t0:8.2f} s)"
@@ -219,29 +277,35 @@ def dataset_digest(graph) -> str:
     return h.hexdigest()
 
 
-def _dataset_entry(graph) -> dict:
+def _dataset_entry(graph, content_digest: str | None = None) -> dict:
     return {"name": graph.name, "num_vertices": graph.num_vertices, "num_edges": graph.num_edges,
             "num_features": graph.num_features, "num_classes": int(graph.num_classes),
             "num_train": int(graph.train_mask.sum()), "num_val": int(graph.val_mask.sum()),
-            "num_test": int(graph.test_mask.sum()), "content_sha256": dataset_digest(graph)}
+            "num_test": int(graph.test_mask.sum()),
+            "content_sha256": content_digest or dataset_digest(graph)}
 
 
-def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dict:
+def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int) -> None:
+    """Collective: rank 0 prepares cfg.out and, before hours of partitioning, refuses a disk that cannot
+    hold even the inner rows (each server file is checked against its own size again before it is
+    written)."""
+    with group.errors("preparing the output directory"):
+        if group.rank == 0:
+            prepare_output_dir(cfg.out, cfg.overwrite)
+            check_free_space(cfg.out, lower_bound_set_bytes(n, e, f), "the shard set (at least)")
+
+
+def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, content_digest: str | None = None) -> dict:
     """Collective over `comm` (an MPI communicator or a cluster.Group; None = MPI.COMM_WORLD): build
-    the shard set cfg.out from `graph`; returns the manifest (all ranks)."""
+    the shard set cfg.out from `graph`; returns the manifest (all ranks).  `content_digest`: the
+    dataset digest when already computed from the slices (sliced.slice_digest, equal to
+    dataset_digest(graph))."""
     group = as_group(comm)
     log = log or PhaseLog(group, printer=lambda *a, **k: None)
     with group.errors("checking the build configuration"):
         validate_config(cfg, graph.num_vertices)
     S, G, P, rank = cfg.servers, cfg.gpus_per_server, group.size, group.rank
-    with group.errors("preparing the output directory"):
-        if rank == 0:
-            prepare_output_dir(cfg.out, cfg.overwrite)
-            # Before the partitioning, refuse a disk that cannot hold even the inner rows; each server
-            # file is checked against its own size again before it is written.
-            check_free_space(cfg.out, lower_bound_set_bytes(graph.num_vertices, graph.num_edges, graph.num_features),
-                             "the shard set (at least)")
-            # Before hours of partitioning, refuse a disk that cannot hold even the inner rows.
+    prepare_build_output(group, cfg, graph.num_vertices, graph.num_edges, graph.num_features)
 
     sp = partition_servers(group, graph, S, cfg.partitioner, cfg.seed)
     server_of = sp.parts
@@ -261,31 +325,33 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dic
     try:
         with group.errors("building server files"):
             for s in mine:
-                t = time.perf_counter()
-                arrays, st = build_server(graph, s, server_of, gpu_of, cfg)
-                st["gpu_constraints"] = gpu_constraints[s]
-                t_halo += time.perf_counter() - t
-                t = time.perf_counter()
-                staged.append(stage_server_file(cfg.out, s, S, G, arrays))
-                t_write += time.perf_counter() - t
-                stats.append(st)
-                del arrays
+                dh, dw = build_and_stage(graph, s, server_of, gpu_of, cfg, gpu_constraints[s], staged, stats)
+                t_halo, t_write = t_halo + dh, t_write + dw
     except BaseException:
         discard_staged(staged)
         raise
     log.done("halos+write", f"halo/owners {t_halo:.2f} s, hdf5 write {t_write:.2f} s (rank 0)")
 
+    manifest = commit_build(group, cfg, _dataset_entry(graph, content_digest), sp, server_of, gpu_of, staged, stats)
+    log.done("commit", f"{cfg.out}: {S} server files + manifest.json")
+    return manifest
+
+
+def commit_build(group, cfg: BuildConfig, dataset_entry: dict, sp, server_of, gpu_of, staged, stats) -> dict:
+    """Collective: gather every rank's staged server files and statistics; rank 0 writes the manifest and
+    commits the set (or discards every staged file on failure); returns the manifest on every rank."""
+    S, G = cfg.servers, cfg.gpus_per_server
     all_staged = group.gather_object(staged)
     all_stats = group.gather_object(stats)
     manifest = None
     with group.errors("committing the shard set"):
-        if rank == 0:
+        if group.rank == 0:
             staged_flat = [x for part in all_staged for x in part]
             try:
                 stats_flat = sorted((x for part in all_stats for x in part), key=lambda x: x["server"])
                 manifest = {
                     "format_version": FORMAT_VERSION,
-                    "dataset": _dataset_entry(graph),
+                    "dataset": dataset_entry,
                     "servers": S, "gpus_per_server": G, "layers": int(cfg.layers),
                     "preload": {"kind": cfg.preload, "hops": cfg.effective_hops,
                                 "fanout": int(cfg.fanout) if cfg.preload == "eas" else None,
@@ -302,9 +368,7 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None) -> dic
             except BaseException:
                 discard_staged(staged_flat)
                 raise
-    manifest = group.bcast_object(manifest)
-    log.done("commit", f"{cfg.out}: {S} server files + manifest.json")
-    return manifest
+    return group.bcast_object(manifest)
 
 
 def _summary_stats(per_server: list, S: int, G: int) -> dict:

@@ -105,8 +105,22 @@ def fill_empty_parts(parts: np.ndarray, nparts: int) -> np.ndarray:
     return parts
 
 
+def in_neighbour_part_counts(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray, parts: np.ndarray,
+                             nparts: int) -> np.ndarray:
+    """int64 [len(rows), nparts]: how many in-neighbours of each row lie in each part."""
+    sub_indptr, nbrs = csr_rows(indptr, indices, rows)
+    return np.bincount(row_of_edges(sub_indptr) * nparts + parts[nbrs],
+                       minlength=rows.shape[0] * nparts).reshape(rows.shape[0], nparts)
+
+
 def refine_balance(indptr: np.ndarray, indices: np.ndarray, parts: np.ndarray, nparts: int,
                    max_ratio: float = 1.03, rounds: int = 64):
+    """refine_balance_with over a whole in-edge CSR (see there)."""
+    return refine_balance_with(lambda cand, p: in_neighbour_part_counts(indptr, indices, cand, p, nparts),
+                               parts, nparts, max_ratio, rounds)
+
+
+def refine_balance_with(counts_of, parts: np.ndarray, nparts: int, max_ratio: float = 1.03, rounds: int = 64):
     """Move vertices out of parts above max_ratio x average, best edge-cut gain first.
 
     PT-Scotch's ParMETIS layer lands at ~5 % vertex imbalance whatever ubvec says (measured on Cora,
@@ -114,12 +128,13 @@ def refine_balance(indptr: np.ndarray, indices: np.ndarray, parts: np.ndarray, n
     The gain of moving v from p to q is (#neighbours of v in q) - (#neighbours in p), counted over
     in-edges (the neighbours of a symmetric graph); only vertices with a neighbour in the receiving
     part move while there are any.  Returns (parts, number of vertices moved).
+    `counts_of(candidates, parts)` gives those neighbour counts (int64 [len(candidates), nparts]): from
+    the whole graph, or collectively from the build ranks' slices (dist_build), with the same result.
     """
     parts = parts.copy()
     n = parts.shape[0]
     cap = max(int(np.floor(max_ratio * n / nparts)), -(-n // nparts))
     moved_total = 0
-    dst = row_of_edges(indptr)
     for _ in range(rounds):  # usually 1-3 rounds (it stops once balanced), each vectorised over vertices
         load = np.bincount(parts, minlength=nparts)
         over = load > cap
@@ -127,12 +142,7 @@ def refine_balance(indptr: np.ndarray, indices: np.ndarray, parts: np.ndarray, n
             break
         room = np.maximum(cap - load, 0)
         cand = np.flatnonzero(over[parts])
-        # neighbour counts per (candidate, part)
-        pos = np.full(n, -1, dtype=np.int64)
-        pos[cand] = np.arange(cand.shape[0])
-        e = pos[dst] >= 0
-        counts = np.bincount(pos[dst[e]] * nparts + parts[indices[e]],
-                             minlength=cand.shape[0] * nparts).reshape(cand.shape[0], nparts)
+        counts = counts_of(cand, parts)  # neighbour counts per (candidate, part)
         gain = counts - counts[np.arange(cand.shape[0]), parts[cand]][:, None]
         gain[:, room == 0] = np.iinfo(np.int64).min // 2  # only parts with room can receive
         target = np.argmax(gain, axis=1)
@@ -171,12 +181,35 @@ def vtxdist_for(n: int, size: int) -> np.ndarray:
     return (np.arange(size + 1, dtype=np.int64) * n) // size
 
 
+class WholeGraphAccess:
+    """What server partitioning reads of a graph, from a whole in-memory Graph (every rank holds it)."""
+
+    def __init__(self, group, graph):
+        self.group, self.graph = group, graph
+        self.num_vertices, self.num_edges, self.train = graph.num_vertices, graph.num_edges, graph.train_mask
+
+    def adjacency(self, dist: np.ndarray):
+        """(xadj, adjncy) of this rank's rows dist[rank]..dist[rank+1]-1 of the symmetric graph."""
+        lo, hi = int(dist[self.group.rank]), int(dist[self.group.rank + 1])
+        if hi <= lo:
+            return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return symmetric_adjacency(self.graph.indptr, self.graph.indices, lo, hi)
+
+    def part_counts(self, cand: np.ndarray, parts: np.ndarray, nparts: int) -> np.ndarray:
+        return in_neighbour_part_counts(self.graph.indptr, self.graph.indices, cand, parts, nparts)
+
+    def edge_cut(self, parts: np.ndarray) -> int:
+        return edge_cut(self.graph.indptr, self.graph.indices, parts)
+
+
 def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> ServerPartition:
     """Collective over `comm` (an MPI communicator or a cluster.Group): the server of every vertex,
-    identical on every rank."""
+    identical on every rank.  `graph`: a Graph, or an access object (WholeGraphAccess's methods; the
+    distributed build passes dist_build.SlicedAccess, which reads the ranks' slices, same result)."""
     group = as_group(comm)
-    n = graph.num_vertices
-    train = graph.train_mask
+    access = graph if hasattr(graph, "part_counts") else WholeGraphAccess(group, graph)
+    n = access.num_vertices
+    train = access.train
     if method not in PARTITIONERS:
         raise ValueError(f"unknown partitioner {method!r}; use one of {PARTITIONERS}")
     if nparts == 1:
@@ -184,12 +217,14 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
     elif method == "random":
         parts, library, constraints = random_partition(n, nparts, seed), "numpy", ["vertices"]
     elif method == "metis":
+        # Every row to rank 0 (collective for a sliced graph), which runs METIS alone.
+        xadj, adjncy = access.adjacency(np.array([0] + [n] * group.size, dtype=np.int64))
         result = None
         with group.errors("METIS partitioning on rank 0"):  # the other ranks would wait in the bcast
             if group.rank == 0:
-                xadj, adjncy = symmetric_adjacency(graph.indptr, graph.indices, 0, n)
                 use_train = int(train.sum()) >= nparts
                 result = metis_part(xadj, adjncy, nparts, _weights(train, use_train))
+        del xadj, adjncy
         parts, ncon = group.bcast_object(result)
         library = "metis (pymetis)"
         constraints = ["vertices", "train"][:ncon]
@@ -198,23 +233,24 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
         with group.errors("ParMETIS partitioning"):  # a rank without the library must not hang the others
             pm = load_parmetis()
             lo, hi = int(vtxdist[group.rank]), int(vtxdist[group.rank + 1])
-            xadj, adjncy = symmetric_adjacency(graph.indptr, graph.indices, lo, hi)
             # PT-Scotch ignores a second constraint (docs/design.md §8): balance vertices only there.
             two = (not pm.is_scotch) and int(train.sum()) >= nparts
+        xadj, adjncy = access.adjacency(vtxdist)
         # Collective inside the library: every rank reaches it (or none, after the check above); a
         # non-OK return code is agreed on before the allgather below.
         with group.errors("ParMETIS_V3_PartKway"):
             local = parmetis_part_kway(pm, group, vtxdist, xadj, adjncy, nparts, _weights(train[lo:hi], two), seed)
+        del xadj, adjncy
         parts = group.allgatherv(local, np.diff(vtxdist))
         library = f"{pm.name} ({pm.path}, idx_t {pm.idx_dtype.itemsize * 8}-bit)"
         constraints = ["vertices", "train"] if two else ["vertices"]
     parts = fill_empty_parts(np.asarray(parts, dtype=np.int64), nparts)
-    parts, moved = refine_balance(graph.indptr, graph.indices, parts, nparts)
-    cut = edge_cut(graph.indptr, graph.indices, parts)
+    parts, moved = refine_balance_with(lambda cand, p: access.part_counts(cand, p, nparts), parts, nparts)
+    cut = access.edge_cut(parts)
     return ServerPartition(
         parts=parts.astype(np.int32), name=method, library=library, constraints=constraints, edge_cut=cut,
         rebalanced_vertices=moved,
-        edge_cut_fraction=cut / max(graph.num_edges, 1), vertex_balance=balance(parts, nparts),
+        edge_cut_fraction=cut / max(access.num_edges, 1), vertex_balance=balance(parts, nparts),
         train_balance=balance(parts, nparts, train.astype(np.float64)))
 
 

@@ -153,6 +153,12 @@ def plan_options(group, graph, cfg: PlanConfig) -> Dict[str, object]:
                 cob = [mm.cobatch_server_arrays(a.graph, a.server, L, int(b), cfg.cob_fanout, cfg.cob_sampler,
                                                 cfg.seed) for a in eas]
                 rows[("cob", int(b))] = mm.with_cobatch(base, cob)
+    # What each server's writer would fetch in the distributed build (preprocess/build_memory.py): the
+    # in-edges of its rows.  EAS fetches the rows of every candidate it scores: the full h-hop ball.
+    loads = {f"flx k={k}": [_load(a) for a in full[k]] for k in ks if k > 0}
+    if cfg.eas:
+        loads["eas"] = [_load(a) for a in full.get(cfg.eas_hops, eas)]
+    all_loads = group.gather_object(loads)
     gathered = group.gather_object(rows)
     options = None
     if group.rank == 0:
@@ -170,7 +176,45 @@ def plan_options(group, graph, cfg: PlanConfig) -> Dict[str, object]:
             else:
                 options.append(mm.make_option("cob", rr, m, S, cfg.device, batches=n))
     options = group.bcast_object(options)
-    return {"options": options, "model": m, "partition": sp.manifest_entry()}
+    server_loads = None
+    if group.rank == 0:
+        server_loads = {}
+        for part in all_loads:
+            for key, lst in part.items():
+                server_loads.setdefault(key, []).extend(lst)
+    return {"options": options, "model": m, "partition": sp.manifest_entry(), "server_loads": server_loads}
+
+
+def _load(a: mm.ServerArrays):
+    from .build_memory import ServerLoad
+
+    return ServerLoad(server=int(a.server), rows=int(a.hop.shape[0]), fetched_edges=int(a.graph["in_degree"].sum()))
+
+
+def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: str, budget: Optional[int]):
+    """Rank 0's lines on the distributed build's memory (and its JSON record)."""
+    from .build_memory import estimate_build_memory, smallest_fitting_ranks
+
+    lines, record = [], {}
+    common = dict(num_vertices=graph.num_vertices, num_edges=graph.num_edges, raw_keys=int(raw_keys),
+                  num_features=graph.num_features, partitioner=partitioner)
+    for label, loads in (result.get("server_loads") or {}).items():
+        est = estimate_build_memory(servers=loads, ranks=ranks, eas=label == "eas", **common)
+        rec = est.to_dict()
+        rec["inputs"] = {**common, "eas": label == "eas", "servers": [vars(x) for x in loads]}  # for another P
+        writers = sorted({s.server % ranks for s in loads})
+        others = [b for r, b in enumerate(est.per_rank) if r not in writers]
+        text = (f"[plan] build {label}: estimated peak per build rank with P = {ranks}: {format_size(est.peak)} "
+                f"(writer ranks {','.join(map(str, writers))})"
+                + (f", {format_size(max(others))} on the others" if others else ""))
+        if budget is not None:
+            fit = smallest_fitting_ranks(budget, servers=loads, eas=label == "eas", **common)
+            rec["smallest_ranks_fitting"] = fit
+            text += (f"; smallest P fitting --memory-per-rank {format_size(budget)}: {fit}" if fit else
+                     f"; no P fits --memory-per-rank {format_size(budget)} (a writer rank holds its server's rows)")
+        lines.append(text)
+        record[label] = rec
+    return lines, record
 
 
 def describe_build(o: mm.Option, cfg: PlanConfig) -> str:
@@ -267,6 +311,11 @@ def add_plan_arguments(p) -> None:
     e.add_argument("--cob-batches", default="2,4,8,16", help="co-batch counts per epoch to estimate (default 2,4,8,16)")
     e.add_argument("--cob-fanout", type=int, default=-1, help="co-batch sampler fanout (-1 = all in-neighbours)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the options and the decision as JSON")
+    b = p.add_argument_group("build memory (the distributed `preprocess build`)")
+    b.add_argument("--build-ranks", type=int, default=None, metavar="P",
+                   help="ranks of the build the memory estimate is for (default: this plan's ranks)")
+    b.add_argument("--memory-per-rank", default=None, metavar="SIZE",
+                   help="also print the smallest number of build ranks whose estimated peak fits SIZE per rank")
     add_model_arguments(p)
 
 
@@ -315,6 +364,9 @@ def cmd_plan(args, argv) -> int:
     try:
         with group.errors("reading the options", catch=(ValueError, mm.MemoryModelError)):
             cfg = config_from_args(args)
+            _budget(args.memory_per_rank)  # a bad size fails here, on every rank
+            if args.build_ranks is not None and args.build_ranks < 1:
+                raise PlanError(f"--build-ranks must be >= 1 (got {args.build_ranks})")
             if cfg.eas_hops < 1 or cfg.fanout < 1:
                 raise PlanError(f"--eas-hops and --fanout must be >= 1 (got {cfg.eas_hops}, {cfg.fanout})")
             if any(b < 1 for b in cfg.cob_batches):
@@ -333,12 +385,17 @@ def cmd_plan(args, argv) -> int:
               f"{cfg.gpus_per_server} GPUs; {m.layers}-layer {m.name}, hidden {m.hidden}; estimates per GPU on "
               f"{cfg.device} (max over GPUs), inter-server bytes per epoch summed over ranks", flush=True)
         print(format_table(result["options"], cfg, decision), flush=True)
+        lines, build_record = build_memory_lines(graph, result, _raw_keys(args, graph), args.build_ranks or group.size,
+                                                 cfg.partitioner, _budget(args.memory_per_rank))
+        for line in lines:
+            print(line, flush=True)
         if args.json:
             try:
                 with open(args.json, "w") as f:
                     json.dump({"options": [o.to_dict() for o in result["options"]],
                                "decision": None if decision is None else decision.to_dict(),
-                               "partition": result["partition"]}, f, indent=1, sort_keys=True)
+                               "partition": result["partition"], "build_memory": build_record}, f,
+                              indent=1, sort_keys=True)
             except OSError as exc:  # rank 0 only, after every collective: nothing waits for it
                 print(f"preprocess plan: error: cannot write --json {args.json}: {exc.strerror or exc}; "
                       f"choose a writable path", file=sys.stderr, flush=True)
@@ -347,6 +404,20 @@ def cmd_plan(args, argv) -> int:
         print(f"preprocess plan: error (rank {group.rank}): {decision.reason}", file=sys.stderr, flush=True)
         return 2
     return 0
+
+
+def _raw_keys(args, graph) -> int:
+    """Edge keys the distributed build's load makes: the raw edges (a synthetic graph's draws, a chunked
+    directory's edges, else the canonical ones), twice when symmetrising."""
+    if args.source == "synthetic":
+        raw = int(round(args.vertices * args.avg_degree / 2))
+    elif args.source == "chunked":
+        from .chunked import open_source
+
+        raw = open_source(args.path).num_edges
+    else:
+        raw = graph.num_edges
+    return raw * (2 if getattr(args, "symmetrize", True) else 1)
 
 
 def hops_arg(text: str):

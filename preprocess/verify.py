@@ -14,7 +14,11 @@ verify checks, and reports every problem with the file it is in:
 - manifest counts (vertices, splits, features, classes) against the files;
 - the manifest's partition_digest against the owner of every vertex in the files;
 - the manifest's content digest (dataset.content_sha256) against the graph, features, labels and split
-  the files hold, recomputed with the build's digest (one file's arrays read at a time).
+  the files hold, recomputed with the build's digest.
+Memory: one server file at a time (two passes: per-file checks and the per-vertex tables, then the
+cross-file checks reading only the id and degree datasets) plus a few int64 arrays of N, and, for the
+content digest, the inner rows' features in global order (N x F float32: the digest hashes them in
+that order; a distributed verify would hash them in slices as the distributed build does).
 """
 from __future__ import annotations
 
@@ -169,6 +173,10 @@ def _temporaries_problem(path: str) -> list:
             f"delete them, or re-run the build with --overwrite, which removes them"]
 
 
+_CROSS_CHECKED = ("vertices/global_id", "graph/in_degree", "world/src_global_id", "world/src_in_degree",
+                  "world/src_rank")
+
+
 def verify_shard_set(path) -> list:
     """All problems found (an empty list means the set is valid)."""
     path = os.fspath(path)
@@ -209,7 +217,7 @@ def _set_problems(path: str) -> list:
         problems += file_problems
         if file_problems:
             continue
-        files[s] = a
+        files[s] = True
         inner = a["vertices/hop"] == 0
         gid = a["vertices/global_id"][inner]
         content.add_server(a, inner, gid)
@@ -220,6 +228,7 @@ def _set_problems(path: str) -> list:
         degree[gid] = a["graph/in_degree"][inner]
         for k in counts:
             counts[k] += int(a[f"split/{k}"][inner].sum())
+        del a  # one server file in memory at a time (a set can be far larger than one process)
     if problems:
         return problems
     if np.any(inner_hits != 1):
@@ -227,8 +236,9 @@ def _set_problems(path: str) -> list:
                         f"{int(np.count_nonzero(inner_hits > 1))} on more than one (each must be inner on exactly one)")
         return problems
     problems += _partition_digest_problems(manifest, inner_server, inner_gpu)
-    for s, a in files.items():
+    for s in files:  # second pass, again one server at a time, reading only what the cross checks need
         fname = server_file_name(s)
+        a = read_server_arrays(path, manifest, s, names=_CROSS_CHECKED)
         if not np.array_equal(a["graph/in_degree"], degree[a["vertices/global_id"]]):
             problems.append(f"{fname}: graph/in_degree disagrees with the in-degree stored by the vertex's home server")
         src = a["world/src_global_id"]

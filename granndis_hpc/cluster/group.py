@@ -20,6 +20,9 @@ from mpi4py import MPI
 from .errors import collective_errors
 
 
+_PIECE = 1 << 30
+
+
 class Group:
     """One MPI communicator (not owned: the caller's communicator is neither duplicated nor freed)."""
 
@@ -74,6 +77,75 @@ class Group:
         out = np.empty(int(counts.sum()), dtype=np.int64)
         self.mpi_comm.Allgatherv(local, [out, counts, displs, MPI.INT64_T])
         return out
+
+    def _row_type(self, a: np.ndarray):
+        """An MPI datatype of one row of `a` (contiguous bytes), so counts stay in rows (int32 safe)."""
+        row = int(a.itemsize * (int(np.prod(a.shape[1:])) if a.ndim > 1 else 1))
+        t = MPI.BYTE.Create_contiguous(max(row, 1))
+        t.Commit()
+        return t
+
+    def alltoallv(self, send: np.ndarray, send_counts) -> np.ndarray:
+        """Personalised exchange of rows: `send` is ordered by destination rank, send_counts[r] rows go
+        to rank r; returns the rows received, ordered by source rank (any dtype, any row shape; every
+        rank must pass the same dtype and row shape)."""
+        send = np.ascontiguousarray(send)
+        sc = np.ascontiguousarray(send_counts, dtype=np.int64)
+        rc = np.empty_like(sc)
+        self.mpi_comm.Alltoall(sc, rc)
+        out = np.empty((int(rc.sum()),) + send.shape[1:], dtype=send.dtype)
+        sd = np.zeros_like(sc)
+        np.cumsum(sc[:-1], out=sd[1:])
+        rd = np.zeros_like(rc)
+        np.cumsum(rc[:-1], out=rd[1:])
+        t = self._row_type(send)
+        try:
+            self.mpi_comm.Alltoallv([send.reshape(-1).view(np.uint8) if send.size else np.zeros(1, np.uint8),
+                                     sc.astype(np.int32), sd.astype(np.int32), t],
+                                    [out.reshape(-1).view(np.uint8) if out.size else np.zeros(1, np.uint8),
+                                     rc.astype(np.int32), rd.astype(np.int32), t])
+        finally:
+            t.Free()
+        return out
+
+    def allgatherv_rows(self, local: np.ndarray, counts) -> np.ndarray:
+        """Concatenation of every rank's rows (any dtype and row shape, the same on every rank), rank
+        order; counts[r] = rows on rank r."""
+        local = np.ascontiguousarray(local)
+        counts = np.asarray(counts, dtype=np.int64)
+        displs = np.zeros_like(counts)
+        np.cumsum(counts[:-1], out=displs[1:])
+        out = np.empty((int(counts.sum()),) + local.shape[1:], dtype=local.dtype)
+        t = self._row_type(local)
+        try:
+            self.mpi_comm.Allgatherv([local.reshape(-1).view(np.uint8) if local.size else np.zeros(1, np.uint8),
+                                      int(local.shape[0]), t],
+                                     [out.reshape(-1).view(np.uint8) if out.size else np.zeros(1, np.uint8),
+                                      counts.astype(np.int32), displs.astype(np.int32), t])
+        finally:
+            t.Free()
+        return out
+
+    def stream_to(self, local: np.ndarray, consume, root: int = 0) -> None:
+        """Hand every rank's array to `consume(array)` on `root`, one rank after another in rank order
+        (root holds one rank's array at a time: a sequential fold, e.g. a hash, in bounded memory)."""
+        for r in range(self.size):
+            if r == root:
+                if self.rank == root:
+                    consume(local)
+                continue
+            if self.rank == r:
+                self.mpi_comm.send((local.dtype.str, local.shape), dest=root, tag=7)
+                raw = np.ascontiguousarray(local).reshape(-1).view(np.uint8)
+                for lo in range(0, raw.shape[0], _PIECE):  # int32 counts: messages of at most 1 GiB
+                    self.mpi_comm.Send([raw[lo:lo + _PIECE], MPI.BYTE], dest=root, tag=8)
+            elif self.rank == root:
+                dtype, shape = self.mpi_comm.recv(source=r, tag=7)
+                buf = np.empty(shape, dtype=np.dtype(dtype))
+                raw = buf.reshape(-1).view(np.uint8)
+                for lo in range(0, raw.shape[0], _PIECE):
+                    self.mpi_comm.Recv([raw[lo:lo + _PIECE], MPI.BYTE], source=r, tag=8)
+                consume(buf)
 
     def c_handle_address(self) -> int:
         """Address of the C `MPI_Comm` handle, for libraries called through ctypes that take an

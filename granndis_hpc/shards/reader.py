@@ -114,13 +114,14 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
     return sl
 
 
-def read_server_arrays(path, manifest: dict, server: int) -> dict:
-    """Every dataset of one server file, whole (for `verify` and tests; ranks use read_rank_slice)."""
+def read_server_arrays(path, manifest: dict, server: int, names=None) -> dict:
+    """Every dataset of one server file (or only `names`), whole (for `verify` and tests; ranks use
+    read_rank_slice)."""
     with _open_server(os.fspath(path), manifest, server) as f:
         missing = [name for name in DATASETS if name not in f]
         if missing:
             raise ShardError(f"{f.filename}: missing datasets {missing}; rebuild the shard set")
-        out = {name: f[name][()] for name in DATASETS}
+        out = {name: f[name][()] for name in (DATASETS if names is None else names)}
         out["attrs"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()}
         out["feature_chunks"] = f["features"].chunks
         return out

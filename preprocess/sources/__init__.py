@@ -3,6 +3,8 @@
     planetoid  Cora / CiteSeer / PubMed raw `ind.*` files, standard (Kipf/PyG public) split
     ogb        OGB node-property datasets in their downloaded raw/ + split/ layout
     bundle     one .npz / .h5 file with edge_index or CSR, features, labels, splits
+    chunked    a directory of memory-mappable .npy chunks + metadata.json (preprocess/chunked.py;
+               `python -m preprocess chunk` writes one from any source); a build rank reads only its slice
     synthetic  degree-corrected SBM at any scale (default; `make demo` uses it), or with
                ``--generator local`` a geometric graph with the locality of real graphs
 
@@ -23,7 +25,7 @@ from preprocess.sources.synthetic import DEFAULTS as _SYNTHETIC_DEFAULTS
 from preprocess.sources.synthetic import GENERATORS as _GENERATORS
 from preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
 
-SOURCES = ("planetoid", "ogb", "bundle", "synthetic")
+SOURCES = ("planetoid", "ogb", "bundle", "synthetic", "chunked")
 
 # Every option load() accepts, with its default (the same defaults argparse uses).
 OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, symmetrize=True,
@@ -33,6 +35,7 @@ _USES = {
     "planetoid": ("name", "root"),
     "ogb": ("name", "root", "split_scheme"),
     "bundle": ("name", "path"),
+    "chunked": ("name", "path"),
     "synthetic": tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
 }
 
@@ -49,7 +52,8 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--root", default=None, metavar="DIR",
                    help="planetoid: directory with ind.NAME.* files; ogb: dataset directory (holding raw/ "
                         "and split/) or its parent")
-    g.add_argument("--path", default=None, metavar="FILE", help="bundle: the .npz or .h5 file")
+    g.add_argument("--path", default=None, metavar="FILE",
+                   help="bundle: the .npz or .h5 file; chunked: the directory holding metadata.json")
     g.add_argument("--split-scheme", default=None, metavar="DIR",
                    help="ogb: subdirectory of split/ (default: the only one present)")
     s = parser.add_argument_group("synthetic source (degree-corrected SBM, or --generator local)")
@@ -124,6 +128,9 @@ def _load_canonical(source: str, **options) -> Graph:
     if source == "bundle":
         from preprocess.sources.bundle import load_bundle
         return load_bundle(picked["path"], picked["name"], **canon)
+    if source == "chunked":
+        from preprocess.chunked import load_chunked
+        return load_chunked(picked["path"], picked["name"], **canon)
     from preprocess.sources.synthetic import load_synthetic
     return load_synthetic(**canon, **picked)
 
@@ -132,3 +139,25 @@ def load_from_args(args: argparse.Namespace) -> Graph:
     """Load the graph described by a namespace parsed with `add_source_arguments`."""
     options = {k: getattr(args, k) for k in OPTION_DEFAULTS if hasattr(args, k)}
     return load(args.source, **options)
+
+
+# Sources a build rank can read a slice of (preprocess/sliced.py); the others are loaded whole.
+SLICED_SOURCES = ("chunked", "synthetic")
+
+
+def sliced_from_args(args: argparse.Namespace):
+    """The sliced source (preprocess/sliced.py protocol) the namespace describes, or None when its source
+    is loaded whole by every rank."""
+    options = {k: getattr(args, k) for k in OPTION_DEFAULTS if hasattr(args, k)}
+    return sliced_source(args.source, **options)
+
+
+def sliced_source(source: str, **options):
+    opts = {**OPTION_DEFAULTS, **options}
+    if source == "chunked":
+        from preprocess.chunked import open_source
+        return open_source(opts["path"], opts["name"])
+    if source == "synthetic":
+        from preprocess.sources.synthetic_chunks import SyntheticSource
+        return SyntheticSource(**{k: opts[k] for k in _USES["synthetic"]})
+    return None

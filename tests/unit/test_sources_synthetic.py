@@ -75,32 +75,48 @@ def test_neighbours_carry_the_class_signal(small):
     assert own < 0.45 and hop1 > 0.85 and hop1 - own > 0.4, (own, hop1)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_weighted_sampler_equals_binary_search(seed):
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 3000))
-    weights = rng.pareto(0.8, n) + (1e-6 if seed % 2 else 1.0)  # heavy tails; tiny weights on odd seeds
-    sampler = synthetic.WeightedSampler(weights)
-    x = np.concatenate([rng.random(50_000) * sampler.total, [0.0, sampler.total, np.nextafter(sampler.total, 0)]])
-    want = np.minimum(np.searchsorted(np.cumsum(weights), x, side="right"), n - 1)
-    assert np.array_equal(sampler.sample(x), want)
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 1000, 4097, 65_537])
+def test_feistel_is_a_bijection_and_inverts(n):
+    from preprocess.sources.synthetic_chunks import Feistel
+
+    f = Feistel(n, 7, 1)
+    ids = np.arange(n)
+    pos = f.forward(ids)
+    assert np.array_equal(np.sort(pos), ids)  # a permutation of 0..n-1
+    assert np.array_equal(f.inverse(pos), ids)
+    if n >= 1000:  # random with respect to the ids, and keyed
+        assert abs(np.corrcoef(ids, pos)[0, 1]) < 0.1
+        assert not np.array_equal(Feistel(n, 8, 1).forward(ids), pos)
 
 
-def test_chunked_generation(monkeypatch):
-    monkeypatch.setattr(synthetic, "EDGE_CHUNK", 1000)
-    monkeypatch.setattr(synthetic, "ROW_CHUNK", 333)
-    a = load("synthetic", vertices=3000, avg_degree=10, features=8, classes=3, seed=1)
-    b = load("synthetic", vertices=3000, avg_degree=10, features=8, classes=3, seed=1)
-    graphs_equal(a, b)
-    assert 0.85 * 30_000 <= a.num_edges <= 30_000
-    rows = np.repeat(np.arange(3000), np.diff(a.indptr))
-    assert np.mean(a.labels[rows] == a.labels[a.indices]) > 0.75
-    # Noise around each class centroid keeps its configured scale across chunks.
-    centroids = np.stack([a.features[a.labels == c].mean(0) for c in range(3)])
-    noise = a.features - centroids[a.labels]
-    assert abs(noise[:333].std() - synthetic.DEFAULTS["feature_noise"]) < 0.6
-    assert abs(noise[-333:].std() - synthetic.DEFAULTS["feature_noise"]) < 0.6
-    assert abs(np.corrcoef(noise[:333].ravel(), noise[333:666].ravel())[0, 1]) < 0.05
+@pytest.mark.parametrize("generator", ["sbm", "local"])
+def test_chunks_do_not_depend_on_the_rank_count(monkeypatch, generator):
+    """A rank's share of the draws is a set of whole chunks, each from (seed, chunk) alone: the union over
+    the ranks, and any slice of the vertex rows, is the same whatever the number of ranks."""
+    from preprocess.sources import synthetic_chunks
+
+    monkeypatch.setattr(synthetic_chunks, "VERTEX_CHUNK", 700)
+    src = synthetic_chunks.SyntheticSource(generator, vertices=3000, avg_degree=10, features=8, classes=3, seed=1)
+    assert src.num_chunks == 5
+    whole = np.concatenate([np.stack(src.chunk_edges(i)) for i in range(5)], axis=1)
+    nodes = src.nodes(0, 3000)
+    for size in (1, 2, 3, 4, 8):
+        pieces = [np.stack([s, d]) for r in range(size) for _, s, d in src.edge_pieces(r, size)]
+        assert np.array_equal(np.concatenate(pieces, axis=1), whole), size
+        bounds = (np.arange(size + 1) * 3000) // size
+        for f in ("features", "labels", "train_mask", "val_mask", "test_mask"):
+            parts = [src.nodes(int(bounds[r]), int(bounds[r + 1]))[f][0][1] for r in range(size)]
+            assert np.array_equal(np.concatenate(parts), nodes[f][0][1]), (size, f)
+    g = load("synthetic", generator=generator, vertices=3000, avg_degree=10, features=8, classes=3, seed=1)
+    rows = np.repeat(np.arange(3000), np.diff(g.indptr))
+    assert 0.85 * 30_000 <= g.num_edges <= 1.1 * 30_000
+    assert np.mean(g.labels[rows] == g.labels[g.indices]) > 0.75
+    # Noise around each class centroid keeps its configured scale in every chunk, independently.
+    centroids = np.stack([g.features[g.labels == c].mean(0) for c in range(3)])
+    noise = g.features - centroids[g.labels]
+    assert abs(noise[:700].std() - synthetic.DEFAULTS["feature_noise"]) < 0.6
+    assert abs(noise[-300:].std() - synthetic.DEFAULTS["feature_noise"]) < 0.6
+    assert abs(np.corrcoef(noise[:700].ravel(), noise[700:1400].ravel())[0, 1]) < 0.05
 
 
 @pytest.mark.parametrize("params,pattern", [

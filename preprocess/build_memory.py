@@ -1,0 +1,99 @@
+"""Estimated peak memory of one rank of the distributed build (`preprocess plan`, issue 17).
+
+The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P:
+
+* always: the interpreter with numpy/scipy/h5py/mpi4py (BASE_BYTES) and the per-vertex arrays every
+  rank keeps (server and GPU of every vertex, in-degrees, split masks, the partitioner's parts:
+  PER_VERTEX_BYTES per vertex of the graph);
+* its slice: the in-edges of N/P rows (8 B each), their features (4F B per row) and labels/masks;
+* load: the int64 keys of its raw edges (both directions when symmetrising), their alltoallv copy and
+  the de-duplication mask: LOAD_BYTES_PER_KEY per key it reads;
+* partition: the shuffled symmetric adjacency and ParMETIS' own structures for its slice
+  (PARTITION_BYTES_PER_EDGE per edge of the slice); METIS instead gathers the whole adjacency on
+  rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there); a writer rank also splits its server over
+  the GPUs (METIS on the server's inner rows: GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
+* halos+write, on the writer rank of server s (rank s % P): the rows it fetched from their owners
+  (the in-edges of every server row: WRITER_BYTES_PER_FETCHED_EDGE per edge, covering the row cache,
+  the induced and permuted subgraphs and the world view build_server makes; EAS adds
+  EAS_BYTES_PER_FETCHED_EDGE for scoring its candidates) and the server's feature rows (fetched, then
+  copied into the file's dataset: 2 x 4F B per row); the other ranks serve rows
+  (SERVE_BYTES_PER_EDGE per edge of their slice).
+
+The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS per rank
+(docs/bench-build-scaling.md, where the estimate is checked against the measurement).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+MIB = 1 << 20
+BASE_BYTES = 150 * MIB
+PER_VERTEX_BYTES = 64
+LOAD_BYTES_PER_KEY = 8
+PARTITION_BYTES_PER_EDGE = 56
+METIS_BYTES_PER_EDGE = 40
+WRITER_BYTES_PER_FETCHED_EDGE = 40
+EAS_BYTES_PER_FETCHED_EDGE = 24  # EAS scores its candidates: edge keys, sorts (on top of the above)
+GPU_SPLIT_BYTES_PER_INNER_EDGE = 64  # the writer's METIS GPU split: inner rows, symmetric subgraph, METIS
+SERVE_BYTES_PER_EDGE = 16
+
+
+@dataclass
+class ServerLoad:
+    """What one server's writer fetches: its rows and the in-edges of those rows (global in-degrees)."""
+
+    server: int
+    rows: int
+    fetched_edges: int
+
+
+@dataclass
+class BuildMemory:
+    ranks: int
+    per_rank: List[int]  # estimated peak bytes of every rank
+    phases: List[Dict[str, int]] = field(default_factory=list)  # per rank: phase -> bytes
+
+    @property
+    def peak(self) -> int:
+        return max(self.per_rank)
+
+    def to_dict(self) -> dict:
+        return {"ranks": self.ranks, "peak_bytes": self.peak, "per_rank": self.per_rank, "phases": self.phases}
+
+
+def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_features: int,
+                          servers: List[ServerLoad], ranks: int, partitioner: str = "parmetis",
+                          eas: bool = False) -> BuildMemory:
+    """Peak bytes per rank of a P-rank sliced build (module docstring).  raw_keys: int64 edge keys the
+    load makes (raw edges, twice when symmetrising)."""
+    P, n, e, F = int(ranks), int(num_vertices), int(num_edges), int(num_features)
+    per_rank, phases = [], []
+    for r in range(P):
+        rows = (n * (r + 1)) // P - (n * r) // P
+        edges = e * rows / max(n, 1)  # the slice's share of the edges (balanced on average)
+        common = BASE_BYTES + PER_VERTEX_BYTES * n
+        held = 8 * edges + (4 * F + 24) * rows
+        mine = [s for s in servers if s.server % P == r]
+        # The server partitioner's structures are freed before the GPU split of this rank's servers.
+        gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0
+        ph = {"load": common + held + LOAD_BYTES_PER_KEY * raw_keys / P,
+              "partition": common + held + max(PARTITION_BYTES_PER_EDGE * edges
+                                               + (METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0
+                                                  else 0), gpu_split)}
+        per_edge = WRITER_BYTES_PER_FETCHED_EDGE + (EAS_BYTES_PER_FETCHED_EDGE if eas else 0)
+        writer = max((per_edge * s.fetched_edges + 8 * F * s.rows for s in mine), default=0)
+        ph["halos+write"] = common + held + SERVE_BYTES_PER_EDGE * edges + writer
+        ph = {k: int(v) for k, v in ph.items()}
+        phases.append(ph)
+        per_rank.append(max(ph.values()))
+    return BuildMemory(ranks=P, per_rank=per_rank, phases=phases)
+
+
+def smallest_fitting_ranks(budget: int, max_ranks: int = 1024, **kwargs) -> Optional[int]:
+    """The smallest P whose estimated peak per rank fits `budget` (None when none up to max_ranks does:
+    a writer rank always holds its server's rows)."""
+    for P in range(1, max_ranks + 1):
+        if estimate_build_memory(ranks=P, **kwargs).peak <= budget:
+            return P
+    return None

@@ -1,0 +1,350 @@
+"""The chunked input format: a dataset as many small memory-mappable `.npy` files plus `metadata.json`.
+
+Why: a build rank must be able to read its slice of a graph without touching the rest (issue 17).
+One `.npz`/HDF5 bundle, an OGB CSV or a Planetoid pickle is read whole by every rank; a directory of
+`.npy` chunks is opened with `np.load(mmap_mode="r")`, so a rank pages in only the byte ranges it
+slices, and several ranks read disjoint ranges of the same files.
+
+Layout (docs/shard-format.md, "Chunked input"):
+
+    DIR/metadata.json
+    DIR/edges-00000.npy ...          int64 (or int32) [2, E_i]: row 0 sources, row 1 destinations
+    DIR/features-00000.npy ...       float32 [N_j, F]       node chunk j holds vertices
+    DIR/labels-00000.npy ...         int64 [N_j]            row_offsets[j] .. row_offsets[j+1]-1
+    DIR/train_mask-00000.npy ...     bool [N_j]   (also val_mask, test_mask)
+
+    metadata.json = {"format": "granndis-chunked-v1", "name": ..., "num_vertices": N,
+                     "num_edges": E, "num_features": F, "num_classes": C,
+                     "edges": {"dtype": "int64", "chunks": [{"file": "edges-00000.npy", "count": E_0}, ...]},
+                     "nodes": {"rows": [N_0, N_1, ...],
+                               "features": {"dtype": "float32", "files": [...]},
+                               "labels": {...}, "train_mask": {...}, "val_mask": {...}, "test_mask": {...}},
+                     "canonical": {"symmetrize": ..., "self_loops": ...} or null}
+
+Edges are directed src -> dst as a source produced them; the build canonicalises them (symmetrise,
+deduplicate, self loops) exactly as for any source.  `canonical` records what the writer had already
+applied (informational; canonicalisation is idempotent, so a canonical graph chunked and rebuilt with
+the same options is the same dataset, the same content digest).
+
+Validation (`open_chunked`): every rank checks metadata.json and the header of every chunk file
+(exists, readable, dtype and shape as declared, counts adding up), so a bad directory gives the same
+error naming the file on every rank before any work starts; ids out of range and bad values are
+checked on the slice each rank reads, naming the chunk file.  `write_chunked` writes into a sibling
+staging directory and renames it into place only when complete, so a failed conversion leaves
+nothing half-written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from .canonical import DataError
+
+FORMAT = "granndis-chunked-v1"
+NODE_FIELDS = ("features", "labels", "train_mask", "val_mask", "test_mask")
+NODE_DTYPES = {"features": ("float32",), "labels": ("int64", "int32"), "train_mask": ("bool",),
+               "val_mask": ("bool",), "test_mask": ("bool",)}
+EDGE_DTYPES = ("int64", "int32")
+
+
+def _bad(path, problem: str, fix: str) -> DataError:
+    return DataError(f"{path}: {problem}. Fix: {fix}")
+
+
+def _open_npy(path: str, dtype: str, shape: tuple):
+    """Memory-map one chunk file after checking it exists, is complete, and has the declared dtype and
+    shape (only the header and the file size are read)."""
+    if not os.path.isfile(path):
+        raise _bad(path, "chunk file not found", "restore it, or write the directory again with "
+                   "`python -m preprocess chunk`")
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise _bad(path, f"cannot read the .npy chunk ({exc}); it is truncated or not a .npy file",
+                   "write the chunk again (np.save of a plain numeric array)") from None
+    if not isinstance(a, np.ndarray):
+        raise _bad(path, "not a single .npy array", "store each chunk with np.save")
+    if a.dtype != np.dtype(dtype):
+        raise _bad(path, f"dtype {a.dtype} but metadata.json declares {dtype}",
+                   f"store the chunk as {dtype} (or correct metadata.json)")
+    if tuple(a.shape) != tuple(shape):
+        raise _bad(path, f"shape {tuple(a.shape)} but metadata.json declares {tuple(shape)}",
+                   "write the chunk again, or correct its count in metadata.json")
+    return a
+
+
+def _as_int(meta_path, value, what: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _bad(meta_path, f"{what} must be an integer >= {minimum}, got {value!r}", "correct metadata.json")
+    return int(value)
+
+
+@dataclass
+class ChunkedDataset:
+    """An opened, header-validated chunked directory (every file memory-mapped, nothing read yet)."""
+
+    path: str
+    name: str
+    num_vertices: int
+    num_edges: int
+    num_features: int
+    num_classes: int | None
+    edge_files: list  # [(path, memmap [2, E_i])]
+    edge_offsets: np.ndarray  # int64 [chunks + 1]
+    row_offsets: np.ndarray  # int64 [node chunks + 1]
+    nodes: dict  # field -> [(path, memmap)]
+    canonical: dict | None
+
+    def edge_range(self, lo: int, hi: int):
+        """Yield (file, src, dst) for the global edge positions lo..hi-1 of the chunk concatenation."""
+        for path, arr, s, e in _pieces(self.edge_offsets, self.edge_files, lo, hi):
+            piece = np.asarray(arr[:, s:e])
+            yield path, piece[0], piece[1]
+
+    def node_range(self, field: str, lo: int, hi: int):
+        """Yield (file, rows) of node field `field` for the vertices lo..hi-1."""
+        for path, arr, s, e in _pieces(self.row_offsets, self.nodes[field], lo, hi):
+            yield path, np.asarray(arr[s:e])
+
+
+def _pieces(offsets: np.ndarray, files: list, lo: int, hi: int):
+    """(file, memmap, start, end) of every chunk overlapping the global range lo..hi-1 (chunk c holds
+    offsets[c]..offsets[c+1]-1)."""
+    first = max(int(np.searchsorted(offsets, lo, side="right")) - 1, 0)
+    for c in range(first, len(files)):
+        a, b = int(offsets[c]), int(offsets[c + 1])
+        if a >= hi:
+            break
+        if min(hi, b) > max(lo, a):
+            yield files[c][0], files[c][1], max(lo, a) - a, min(hi, b) - a
+
+
+def open_chunked(path) -> ChunkedDataset:
+    """Open and validate a chunked directory (see the module docstring); DataError naming the file."""
+    if path is None:
+        raise DataError("chunked: no --path given. Fix: pass --path DIR (a directory written by "
+                        "`python -m preprocess chunk`)")
+    path = os.fspath(path)
+    meta_path = os.path.join(path, "metadata.json")
+    if not os.path.isdir(path):
+        raise _bad(path, "not a directory", "pass the directory written by `python -m preprocess chunk`")
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise _bad(meta_path, "file not found", "a chunked dataset needs metadata.json (write it with "
+                   "`python -m preprocess chunk`)") from None
+    except (OSError, ValueError) as exc:
+        raise _bad(meta_path, f"cannot parse ({exc})", "write metadata.json again") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise _bad(meta_path, f"format {meta.get('format') if isinstance(meta, dict) else None!r} is not {FORMAT!r}",
+                   "write the directory with `python -m preprocess chunk`")
+    try:
+        n = _as_int(meta_path, meta["num_vertices"], "num_vertices", 1)
+        e_total = _as_int(meta_path, meta["num_edges"], "num_edges")
+        f_width = _as_int(meta_path, meta["num_features"], "num_features", 1)
+        classes = meta.get("num_classes")
+        if classes is not None:
+            classes = _as_int(meta_path, classes, "num_classes", 1)
+        edges, nodes = meta["edges"], meta["nodes"]
+        edge_dtype = edges["dtype"]
+        edge_chunks = edges["chunks"]
+        rows = nodes["rows"]
+    except (KeyError, TypeError) as exc:
+        raise _bad(meta_path, f"missing or malformed entry {exc}", "see docs/shard-format.md (Chunked input)") from None
+    if edge_dtype not in EDGE_DTYPES:
+        raise _bad(meta_path, f"edges dtype {edge_dtype!r} is not one of {EDGE_DTYPES}", "store ids as int64")
+    if not isinstance(edge_chunks, list) or not isinstance(rows, list) or not rows:
+        raise _bad(meta_path, "edges.chunks and nodes.rows must be non-empty lists", "correct metadata.json")
+    counts = []
+    edge_files = []
+    for i, ch in enumerate(edge_chunks):
+        if not isinstance(ch, dict) or "file" not in ch or "count" not in ch:
+            raise _bad(meta_path, f"edges.chunks[{i}] needs 'file' and 'count'", "correct metadata.json")
+        c = _as_int(meta_path, ch["count"], f"edges.chunks[{i}].count")
+        fp = os.path.join(path, str(ch["file"]))
+        edge_files.append((fp, _open_npy(fp, edge_dtype, (2, c))))
+        counts.append(c)
+    if sum(counts) != e_total:
+        raise _bad(meta_path, f"the edge chunks hold {sum(counts)} edges but num_edges is {e_total}",
+                   "correct num_edges or the chunk counts")
+    rows = [_as_int(meta_path, r, "nodes.rows[*]") for r in rows]
+    if sum(rows) != n:
+        raise _bad(meta_path, f"the node chunks hold {sum(rows)} rows but num_vertices is {n}",
+                   "correct num_vertices or nodes.rows")
+    node_files = {}
+    for field in NODE_FIELDS:
+        try:
+            spec = nodes[field]
+            dtype, files = spec["dtype"], spec["files"]
+        except (KeyError, TypeError):
+            raise _bad(meta_path, f"nodes.{field} needs 'dtype' and 'files'", "correct metadata.json") from None
+        if dtype not in NODE_DTYPES[field]:
+            raise _bad(meta_path, f"nodes.{field} dtype {dtype!r} is not one of {NODE_DTYPES[field]}",
+                       "store it with one of those dtypes")
+        if not isinstance(files, list) or len(files) != len(rows):
+            raise _bad(meta_path, f"nodes.{field} lists {len(files) if isinstance(files, list) else '?'} files "
+                       f"but nodes.rows has {len(rows)} chunks", "list one file per node chunk")
+        node_files[field] = []
+        for j, (fname, r) in enumerate(zip(files, rows)):
+            fp = os.path.join(path, str(fname))
+            shape = (r, f_width) if field == "features" else (r,)
+            node_files[field].append((fp, _open_npy(fp, dtype, shape)))
+    edge_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=edge_offsets[1:])
+    row_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(rows, out=row_offsets[1:])
+    return ChunkedDataset(path=path, name=str(meta.get("name") or os.path.basename(os.path.normpath(path))),
+                          num_vertices=n, num_edges=e_total, num_features=f_width, num_classes=classes,
+                          edge_files=edge_files, edge_offsets=edge_offsets, row_offsets=row_offsets,
+                          nodes=node_files, canonical=meta.get("canonical"))
+
+
+def _stage_dir(out: str) -> str:
+    out = os.path.abspath(out)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise DataError(f"{out}: exists and is not an empty directory. Fix: choose a new --out or remove it")
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)
+
+
+def write_chunked(out, *, name: str, num_vertices: int, num_features: int, num_classes: int | None,
+                  edge_pieces, node_pieces, canonical: dict | None = None) -> dict:
+    """Write a chunked directory at `out` (must not exist, or be empty) and return its metadata.
+
+    edge_pieces: iterable of (src, dst) arrays, one output edge chunk each (written as int64 [2, E_i]);
+    node_pieces: iterable of dicts {features, labels, train_mask, val_mask, test_mask}, one node chunk
+    each, covering the vertices in id order.  Pieces are consumed one at a time (a generator keeps the
+    memory at one chunk).  Everything goes to a staging directory renamed to `out` at the end."""
+    stage = _stage_dir(out)
+    try:
+        chunks, total = [], 0
+        for i, (src, dst) in enumerate(edge_pieces):
+            arr = np.empty((2, int(np.asarray(src).shape[0])), dtype=np.int64)
+            arr[0], arr[1] = src, dst
+            fname = f"edges-{i:05d}.npy"
+            np.save(os.path.join(stage, fname), arr)
+            chunks.append({"file": fname, "count": int(arr.shape[1])})
+            total += int(arr.shape[1])
+            del arr
+        rows = []
+        files = {f: [] for f in NODE_FIELDS}
+        dtypes = {"features": "float32", "labels": "int64", "train_mask": "bool", "val_mask": "bool",
+                  "test_mask": "bool"}
+        for j, piece in enumerate(node_pieces):
+            r = int(np.asarray(piece["labels"]).shape[0])
+            for f in NODE_FIELDS:
+                a = np.ascontiguousarray(piece[f], dtype=dtypes[f])
+                if a.shape[0] != r:
+                    raise DataError(f"{out}: node chunk {j}: {f} has {a.shape[0]} rows, labels {r}. "
+                                    "Fix: give every field the same rows")
+                fname = f"{f}-{j:05d}.npy"
+                np.save(os.path.join(stage, fname), a)
+                files[f].append(fname)
+            rows.append(r)
+        if sum(rows) != num_vertices:
+            raise DataError(f"{out}: node chunks hold {sum(rows)} rows, expected {num_vertices}. "
+                            "Fix: cover every vertex exactly once")
+        meta = {"format": FORMAT, "name": str(name), "num_vertices": int(num_vertices), "num_edges": int(total),
+                "num_features": int(num_features),
+                "num_classes": None if num_classes is None else int(num_classes),
+                "edges": {"dtype": "int64", "chunks": chunks},
+                "nodes": {"rows": rows, **{f: {"dtype": dtypes[f], "files": files[f]} for f in NODE_FIELDS}},
+                "canonical": canonical}
+        with open(os.path.join(stage, "metadata.json"), "w") as fh:  # last: a directory without it is refused
+            json.dump(meta, fh, indent=1)
+        out = os.path.abspath(out)
+        if os.path.isdir(out):
+            os.rmdir(out)  # empty (checked in _stage_dir)
+        os.rename(stage, out)
+        return meta
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def split_ranges(total: int, parts: int) -> np.ndarray:
+    """Boundaries of `parts` contiguous, balanced ranges of 0..total-1."""
+    return (np.arange(parts + 1, dtype=np.int64) * int(total)) // max(int(parts), 1)
+
+
+def graph_pieces(graph, chunks: int):
+    """(edge_pieces, node_pieces) of a canonical Graph split into `chunks` edge and node chunks."""
+    e_bounds = split_ranges(graph.num_edges, chunks)
+    v_bounds = split_ranges(graph.num_vertices, chunks)
+
+    def edges():
+        for i in range(chunks):
+            lo, hi = int(e_bounds[i]), int(e_bounds[i + 1])
+            # destination of edge positions lo..hi-1: the CSR row holding each position
+            dst = np.searchsorted(graph.indptr, np.arange(lo, hi, dtype=np.int64), side="right") - 1
+            yield graph.indices[lo:hi], dst
+
+    def nodes():
+        for j in range(chunks):
+            lo, hi = int(v_bounds[j]), int(v_bounds[j + 1])
+            yield {"features": graph.features[lo:hi], "labels": graph.labels[lo:hi],
+                   "train_mask": graph.train_mask[lo:hi], "val_mask": graph.val_mask[lo:hi],
+                   "test_mask": graph.test_mask[lo:hi]}
+
+    return edges(), nodes()
+
+
+class ChunkedSource:
+    """A chunked directory as a sliced source (preprocess/sliced.py): rank r of P reads edge positions
+    split_ranges(E, P)[r:r+2] of the chunk concatenation and the vertex rows it is given."""
+
+    def __init__(self, ds: ChunkedDataset, name: str | None = None):
+        self.ds = ds
+        self.name = name or ds.name
+        self.num_vertices, self.num_features, self.num_classes = ds.num_vertices, ds.num_features, ds.num_classes
+        self.num_edges, self.canonical = ds.num_edges, ds.canonical
+
+    def edge_pieces(self, rank: int, size: int):
+        b = split_ranges(self.ds.num_edges, size)
+        return self.ds.edge_range(int(b[rank]), int(b[rank + 1]))
+
+    def nodes(self, lo: int, hi: int) -> dict:
+        out = {}
+        for field in NODE_FIELDS:
+            pieces = list(self.ds.node_range(field, lo, hi))
+            if not pieces:
+                shape = (0, self.num_features) if field == "features" else (0,)
+                pieces = [(self.ds.path, np.zeros(shape, dtype=self.ds.nodes[field][0][1].dtype))]
+            out[field] = pieces
+        return out
+
+
+def open_source(path, name=None):
+    """The sliced source of a chunked directory: ours (FORMAT), or DistDGL's homogeneous chunked graph
+    format (preprocess/distdgl.py), told apart by metadata.json."""
+    meta_path = os.path.join(os.fspath(path), "metadata.json") if path is not None else None
+    if meta_path and os.path.isfile(meta_path):
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            meta = None  # open_chunked reports it
+        from .distdgl import DistDGLSource, is_distdgl
+
+        if is_distdgl(meta):
+            return DistDGLSource(os.fspath(path), meta, name)
+    return ChunkedSource(open_chunked(path), name)
+
+
+def load_chunked(path, name=None, symmetrize=True, self_loops="remove"):
+    """The whole canonical Graph of a chunked directory in this process (the one-rank case of the
+    distributed load: the same code, so the two cannot disagree)."""
+    from granndis_hpc.cluster.group import self_group
+
+    from .sliced import assemble, load_slice
+
+    group = self_group()
+    part = load_slice(group, open_source(path, name), symmetrize, self_loops)
+    return assemble(group, part)

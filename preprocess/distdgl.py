@@ -1,0 +1,132 @@
+"""DistDGL's chunked graph format, homogeneous graphs only, as a sliced source (`--source chunked`).
+
+A directory prepared for DistDGL's distributed partitioning pipeline can be built as it is:
+
+    metadata.json  {"graph_name", "node_type": [T], "num_nodes_per_type": [N], "edge_type": ["T:rel:T"],
+                    "num_edges_per_type": [E],
+                    "edges": {"T:rel:T": {"format": {"name": "csv", "delimiter": " "} | {"name": "numpy"},
+                                          "data": [file, ...]}},
+                    "node_data": {"T": {"feat": {"format": {"name": "numpy"}, "data": [file, ...]},
+                                        "label": ..., "train_mask": ..., "val_mask": ..., "test_mask": ...}}}
+
+Edge files: text "src dst" per line (csv with the given delimiter) or `.npy` [E_i, 2]; node data `.npy`
+chunks in id order (masks may be 0/1 integers).  Text edge files cannot be sliced without parsing, so
+rank r of P reads whole edge files r, r+P, ...; `.npy` files are memory-mapped.  Every rank checks the
+metadata and every `.npy` header (dtype, shape, row counts against num_nodes_per_type) before work.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .canonical import DataError
+
+FIELDS = {"features": "feat", "labels": "label", "train_mask": "train_mask", "val_mask": "val_mask",
+          "test_mask": "test_mask"}
+
+
+def is_distdgl(meta: dict) -> bool:
+    return isinstance(meta, dict) and "num_nodes_per_type" in meta and "edges" in meta
+
+
+def _bad(path, problem, fix="see DistDGL's chunked graph format (homogeneous graphs only)") -> DataError:
+    return DataError(f"{path}: {problem}. Fix: {fix}")
+
+
+def _npy(path):
+    if not os.path.isfile(path):
+        raise _bad(path, "chunk file not found", "restore it or correct metadata.json")
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise _bad(path, f"cannot read the .npy chunk ({exc}); it is truncated or not a .npy file",
+                   "write the chunk again") from None
+
+
+class DistDGLSource:
+    """The sliced-source protocol (preprocess/sliced.py) over a DistDGL chunked directory."""
+
+    canonical = None
+
+    def __init__(self, path: str, meta: dict, name: str | None = None):
+        mp = os.path.join(path, "metadata.json")
+        types, etypes = meta.get("node_type"), meta.get("edge_type")
+        if not (isinstance(types, list) and len(types) == 1 and isinstance(etypes, list) and len(etypes) == 1):
+            raise _bad(mp, f"node types {types} and edge types {etypes}: only homogeneous graphs (one node "
+                       "type, one edge type) are read", "convert the graph to a homogeneous one")
+        ntype, etype = types[0], etypes[0]
+        try:
+            self.num_vertices = int(meta["num_nodes_per_type"][0])
+            self.num_edges = int(meta["num_edges_per_type"][0])
+            espec = meta["edges"][etype]
+            self.edge_format = espec["format"]["name"]
+            self.delimiter = espec["format"].get("delimiter", " ")
+            self.edge_files = [os.path.join(path, f) for f in espec["data"]]
+            nspec = meta["node_data"][ntype]
+        except (KeyError, TypeError, IndexError, ValueError) as exc:
+            raise _bad(mp, f"missing or malformed entry {exc}") from None
+        if self.edge_format not in ("csv", "numpy"):
+            raise _bad(mp, f"edge format {self.edge_format!r} is not csv or numpy", "store edges as text or .npy")
+        self.name = name or str(meta.get("graph_name") or os.path.basename(os.path.normpath(path)))
+        self.node_files = {}
+        for field, key in FIELDS.items():
+            if key not in nspec:
+                raise _bad(mp, f"node_data.{ntype} has no {key!r} (found {sorted(nspec)})",
+                           f"add the {key} chunks (features, labels and the three split masks are needed)")
+            files = [os.path.join(path, f) for f in nspec[key]["data"]]
+            arrays = [(f, _npy(f)) for f in files]
+            rows = sum(a.shape[0] for _, a in arrays)
+            if rows != self.num_vertices:
+                raise _bad(mp, f"the {key} chunks hold {rows} rows but num_nodes_per_type is {self.num_vertices}",
+                           "correct num_nodes_per_type or the chunks")
+            self.node_files[field] = arrays
+        self.row_offsets = {f: np.concatenate([[0], np.cumsum([a.shape[0] for _, a in arr])])
+                            for f, arr in self.node_files.items()}
+        feats = self.node_files["features"][0][1]
+        if feats.ndim != 2:
+            raise _bad(self.node_files["features"][0][0], f"feat has shape {feats.shape}, expected [rows, F]")
+        self.num_features = int(feats.shape[1])
+        self.num_classes = None
+        if self.edge_format == "numpy":
+            for f in self.edge_files:
+                a = _npy(f)
+                if a.ndim != 2 or a.shape[1] != 2:
+                    raise _bad(f, f"edge chunk has shape {a.shape}, expected [E_i, 2]")
+        else:
+            for f in self.edge_files:
+                if not os.path.isfile(f):
+                    raise _bad(f, "edge file not found", "restore it or correct metadata.json")
+
+    def edge_pieces(self, rank: int, size: int):
+        for f in self.edge_files[rank::size]:
+            if self.edge_format == "numpy":
+                a = np.asarray(_npy(f))
+            else:
+                try:
+                    a = np.loadtxt(f, dtype=np.int64, delimiter=None if self.delimiter == " " else self.delimiter,
+                                   ndmin=2)
+                except ValueError as exc:
+                    raise _bad(f, f"cannot parse the edge file ({exc})", "one 'src dst' pair of integers per line")
+                if a.size and a.shape[1] != 2:
+                    raise _bad(f, f"{a.shape[1]} columns per line, expected 2 (src dst)")
+            yield f, a[:, 0], a[:, 1]
+
+    def nodes(self, lo: int, hi: int) -> dict:
+        """{field: [(file, rows)]} for vertices lo..hi-1; 0/1 integer masks become booleans."""
+        from .chunked import _pieces
+
+        out = {}
+        for field, files in self.node_files.items():
+            pieces = []
+            for path, arr, s, e in _pieces(self.row_offsets[field], files, lo, hi):
+                a = np.asarray(arr[s:e])
+                if field.endswith("_mask") and a.dtype != np.bool_ and np.issubdtype(a.dtype, np.integer):
+                    if a.size and (a.min() < 0 or a.max() > 1):
+                        raise _bad(path, f"{field} holds values other than 0/1", "store a boolean or 0/1 mask")
+                    a = a.astype(bool)
+                if field == "labels" and a.ndim == 2 and a.shape[1] == 1:
+                    a = a[:, 0]
+                pieces.append((path, a))
+            out[field] = pieces or [(files[0][0], np.zeros((0,) + files[0][1].shape[1:], files[0][1].dtype))]
+        return out

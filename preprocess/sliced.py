@@ -1,0 +1,242 @@
+"""Distributed loading: every build rank reads 1/P of the edges and of the vertex rows, and the ranks
+canonicalise together (issue 17).
+
+A *sliced source* can hand a rank its share without producing the rest: the chunked directory
+(preprocess/chunked.py, memory-mapped) and the synthetic generators (each chunk drawn from (seed, i)
+alone, preprocess/sources/synthetic_chunks.py).  The protocol:
+
+    source.name, source.num_vertices, source.num_features, source.num_classes (None: from the labels)
+    source.edge_pieces(rank, size)  -> iterable of (origin, src, dst), this rank's 1/size of the raw edges
+    source.nodes(lo, hi)            -> {field: [(origin, array), ...]}: vertices lo..hi-1 in pieces, in
+                                       order (features, labels, train_mask, val_mask, test_mask)
+
+Canonicalisation (`load_slice`), the same result as canonical.canonicalize on the whole graph, rows
+lo..hi-1 of it (vtxdist = partition.vtxdist_for(N, P), the slices ParMETIS takes):
+1. every raw edge u->v (and v->u when symmetrising) becomes the int64 key v*N+u, checked for range
+   on the rank that read it (the error names the chunk file);
+2. one local sort groups the keys by the rank owning their destination (contiguous id ranges, so key
+   order is owner order) and one alltoallv sends each group to its owner;
+3. the owner sorts what it received, adds its vertices' loops (self_loops=add), removes duplicates and
+   (self_loops=remove) loops: its rows of the global in-edge CSR, sources sorted.
+Memory per rank: its keys (16 B per raw edge read, twice when symmetrising) and its rows.
+
+`slice_digest` computes the dataset content digest of build.dataset_digest from the slices (the same
+bytes in the same order: every rank's part of each array is streamed to rank 0 in rank order, so rank
+0 holds one slice at a time), so a shard set built from slices carries the digest a whole-graph build
+of the same dataset gives and `--resume` across shapes keeps working.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from granndis_hpc.cluster import as_group
+from granndis_hpc.graph.csr import Graph
+
+from .canonical import SELF_LOOP_MODES, DataError, _dedupe_sorted, normalize_features
+from .partition import vtxdist_for
+
+NODE_FIELDS = ("features", "labels", "train_mask", "val_mask", "test_mask")
+
+
+@dataclass
+class GraphSlice:
+    """Rows lo..hi-1 of a canonical graph, with their vertex data (global ids everywhere)."""
+
+    name: str
+    num_vertices: int
+    num_edges: int  # of the whole canonical graph
+    num_classes: int
+    vtxdist: np.ndarray  # int64 [P + 1]
+    lo: int
+    hi: int
+    edge_offset: int  # global position of this slice's first edge in the CSR
+    indptr: np.ndarray  # int64 [hi - lo + 1], starting at 0
+    indices: np.ndarray  # int64 sources (global ids)
+    features: np.ndarray
+    labels: np.ndarray
+    train_mask: np.ndarray
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[1])
+
+
+def _edge_keys_checked(pieces, n: int, symmetrize: bool) -> np.ndarray:
+    """int64 keys v*n+u of this rank's raw edges (and their reverses), ids checked per piece."""
+    parts = []
+    for origin, src, dst in pieces:
+        src, dst = np.asarray(src), np.asarray(dst)
+        if src.ndim != 1 or src.shape != dst.shape:
+            raise DataError(f"{origin}: edge arrays must be two 1-D arrays of equal length, got {src.shape} "
+                            f"and {dst.shape}. Fix: store edges as [2, E]")
+        if src.size == 0:
+            continue
+        for arr, what in ((src, "source"), (dst, "destination")):
+            if not np.issubdtype(arr.dtype, np.integer):
+                raise DataError(f"{origin}: edge {what} ids have dtype {arr.dtype}, not an integer type. "
+                                "Fix: store edge endpoints as integers")
+            a, b = int(arr.min()), int(arr.max())
+            if a < 0 or b >= n:
+                raise DataError(f"{origin}: edge {what} ids span [{a}, {b}] but there are {n} vertices "
+                                f"(valid ids 0..{n - 1}). Fix: renumber the edges to 0-based ids or give "
+                                "the correct vertex count")
+        s, d = src.astype(np.int64), dst.astype(np.int64)
+        k = d * n
+        k += s
+        parts.append(k)
+        if symmetrize:
+            s *= n
+            s += d
+            parts.append(s)
+        del d
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def shuffle_to_owners(group, keys: np.ndarray, vtxdist: np.ndarray, n: int) -> np.ndarray:
+    """Send every key v*n+u to the rank owning v (vtxdist ranges); returns the keys received, sorted."""
+    keys.sort()
+    cuts = np.searchsorted(keys, vtxdist * n)
+    cuts[-1] = keys.shape[0]
+    got = group.alltoallv(keys, np.diff(cuts))
+    del keys
+    got.sort()
+    return got
+
+
+def _origin_of(pieces, index: int) -> str:
+    """The file holding local row `index` of a field given as [(origin, array), ...]."""
+    ends = np.cumsum([a.shape[0] for _, a in pieces])
+    return pieces[min(int(np.searchsorted(ends, index, side="right")), len(pieces) - 1)][0]
+
+
+def _check_nodes(nodes: dict, lo: int, hi: int, width: int) -> dict:
+    """Validate one rank's vertex rows, given per field as [(origin, array), ...] pieces in vertex order;
+    messages name the chunk file holding the first bad row and its global vertex id."""
+    out, origins = {}, {}
+    m = hi - lo
+    for field in NODE_FIELDS:
+        pieces = [(o, np.asarray(a)) for o, a in nodes[field]]
+        for origin, a in pieces:
+            if field == "features" and (a.ndim != 2 or a.shape[1] != width):
+                raise DataError(f"{origin}: features have shape {a.shape}, expected [rows, {width}]. "
+                                "Fix: one row of num_features values per vertex")
+            if field == "labels" and not np.issubdtype(a.dtype, np.integer):
+                raise DataError(f"{origin}: labels have dtype {a.dtype}. Fix: store integer class ids (-1 = unlabelled)")
+            if field.endswith("_mask") and a.dtype != np.bool_:
+                raise DataError(f"{origin}: {field} has dtype {a.dtype}. Fix: store a boolean mask")
+        arr = pieces[0][1] if len(pieces) == 1 else np.concatenate([a for _, a in pieces])
+        if arr.shape[0] != m:
+            raise DataError(f"{pieces[0][0]}: {field} has {arr.shape[0]} rows for vertices {lo}..{hi - 1}. "
+                            "Fix: one row per vertex")
+        out[field], origins[field] = arr, pieces
+    x = out["features"].astype(np.float32, copy=False)
+    bad = ~np.isfinite(x).all(axis=1)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{_origin_of(origins['features'], first)}: features of {int(bad.sum())} vertices contain "
+                        f"NaN or infinite values (first: vertex {lo + first}). Fix: clean or impute those "
+                        "feature rows before preprocessing (e.g. replace by 0)")
+    masks = [out[f] for f in ("train_mask", "val_mask", "test_mask")]
+    overlap = (masks[0].astype(np.int8) + masks[1] + masks[2]) > 1
+    if overlap.any():
+        first = int(np.flatnonzero(overlap)[0])
+        raise DataError(f"{_origin_of(origins['train_mask'], first)}: {int(overlap.sum())} vertices are in more "
+                        f"than one of train/val/test (first: vertex {lo + first}). Fix: make the splits disjoint "
+                        "(overlap leaks evaluation data into training)")
+    return {"features": x, "labels": out["labels"].astype(np.int64, copy=False), "train_mask": masks[0],
+            "val_mask": masks[1], "test_mask": masks[2], "label_pieces": origins["labels"]}
+
+
+def load_slice(comm, source, symmetrize: bool = True, self_loops: str = "remove",
+               normalize: str = "none") -> GraphSlice:
+    """Collective: this rank's rows of the canonical graph of `source` (module docstring).  Raises
+    DataError on the rank that found a problem; callers wrap it in `group.errors` so every rank fails."""
+    group = as_group(comm)
+    if self_loops not in SELF_LOOP_MODES:
+        raise DataError(f"{source.name}: self_loops={self_loops!r} is not one of {SELF_LOOP_MODES}. "
+                        "Fix: choose remove, keep or add")
+    n, P, rank = int(source.num_vertices), group.size, group.rank
+    vtxdist = vtxdist_for(n, P)
+    lo, hi = int(vtxdist[rank]), int(vtxdist[rank + 1])
+    with group.errors("reading this rank's edges"):
+        keys = _edge_keys_checked(source.edge_pieces(rank, P), n, symmetrize)
+    keys = shuffle_to_owners(group, keys, vtxdist, n)
+    if self_loops == "add":
+        loops = np.arange(lo, hi, dtype=np.int64) * (n + 1)
+        keys = np.concatenate([keys, loops])
+        keys.sort()
+    keys = _dedupe_sorted(keys, n, drop_loops=self_loops == "remove")
+    indptr = np.searchsorted(keys, np.arange(lo, hi + 1, dtype=np.int64) * n).astype(np.int64)
+    np.remainder(keys, n, out=keys)
+    with group.errors("reading this rank's vertex rows"):
+        nodes = _check_nodes(source.nodes(lo, hi), lo, hi, int(source.num_features))
+    labels = nodes["labels"]
+    classes = source.num_classes
+    if classes is None:
+        top = group.allreduce_max(np.array([labels.max() if labels.size else -1], dtype=np.int64))[0]
+        classes = max(int(top) + 1, 1)
+    with group.errors("checking the labels"):
+        split = nodes["train_mask"] | nodes["val_mask"] | nodes["test_mask"]
+        out_of_range = (labels < -1) | (labels >= classes)
+        if out_of_range.any():
+            first = int(np.flatnonzero(out_of_range)[0])
+            raise DataError(f"{_origin_of(nodes['label_pieces'], first)}: labels span [{labels.min()}, "
+                            f"{labels.max()}] but num_classes={classes} (valid: 0..num_classes-1, or -1 for "
+                            f"unlabelled; first bad: vertex {lo + first}). Fix: fix the labels or the num_classes "
+                            "in metadata.json")
+        bad = (labels < 0) & split
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{_origin_of(nodes['label_pieces'], first)}: {int(bad.sum())} unlabelled vertices "
+                            f"(label -1) are in a train/val/test split (first: vertex {lo + first}). Fix: remove "
+                            "them from the splits or give them labels")
+        features = normalize_features(nodes["features"], normalize, origin=f"{source.name}: features")
+    counts = group.allgather_object(int(keys.shape[0]))
+    return GraphSlice(name=str(source.name), num_vertices=n, num_edges=int(sum(counts)), num_classes=int(classes),
+                      vtxdist=vtxdist, lo=lo, hi=hi, edge_offset=int(sum(counts[:rank])), indptr=indptr,
+                      indices=keys, features=features, labels=labels, train_mask=nodes["train_mask"],
+                      val_mask=nodes["val_mask"], test_mask=nodes["test_mask"])
+
+
+def assemble(comm, part: GraphSlice) -> Graph:
+    """The whole canonical Graph on every rank from the slices (allgathers): for the build phases that
+    still work on the whole graph."""
+    group = as_group(comm)
+    rows = np.diff(part.vtxdist)
+    degrees = group.allgatherv_rows(np.diff(part.indptr), rows)
+    indptr = np.zeros(part.num_vertices + 1, dtype=np.int64)
+    np.cumsum(degrees, out=indptr[1:])
+    del degrees
+    counts = group.allgather_object(int(part.indices.shape[0]))
+    indices = group.allgatherv_rows(part.indices, counts)
+    fields = {f: group.allgatherv_rows(getattr(part, f), rows) for f in NODE_FIELDS}
+    return Graph(name=part.name, indptr=indptr, indices=indices, num_classes=part.num_classes, **fields)
+
+
+def slice_digest(comm, part: GraphSlice) -> str:
+    """build.dataset_digest of the whole canonical graph, from the slices (every rank gets it).  The
+    arrays, dtypes and header strings come from build._CONTENT, so the two digests cannot drift."""
+    from .build import _CONTENT
+
+    group = as_group(comm)
+    h = hashlib.sha256(f"granndis-dataset-v1 classes={int(part.num_classes)}".encode()) if group.rank == 0 else None
+    last = group.rank == group.size - 1
+    n, e = part.num_vertices, part.num_edges
+    shapes = {"indptr": [n + 1], "indices": [e], "features": [n, part.num_features]}
+    for name, dtype in _CONTENT:
+        if name == "indptr":
+            local = part.indptr[:None if last else -1] + part.edge_offset
+        else:
+            local = getattr(part, name)
+        local = np.ascontiguousarray(local, dtype=dtype)
+        if group.rank == 0:
+            shape = shapes.get(name, [n])
+            h.update(f" {name}:{local.dtype.str}:{shape};".encode())
+        group.stream_to(local, (lambda a: h.update(memoryview(np.ascontiguousarray(a)).cast("B")))
+                        if group.rank == 0 else None)
+    return group.bcast_object(h.hexdigest() if group.rank == 0 else None)

@@ -1,0 +1,74 @@
+"""Build memory in the plan (issue 17): the per-rank estimate of the distributed build, and the
+smallest number of build ranks that fits a budget."""
+import json
+
+import pytest
+
+from preprocess import build_memory as bm
+from preprocess.build_memory import ServerLoad, estimate_build_memory, smallest_fitting_ranks
+
+GRAPH = dict(num_vertices=1_000_000, num_edges=24_000_000, raw_keys=25_000_000, num_features=100)
+SERVERS = [ServerLoad(0, 800_000, 19_000_000), ServerLoad(1, 700_000, 17_000_000)]
+
+
+def test_estimate_by_hand():
+    """One rank, METIS: every term of the module docstring written out."""
+    est = estimate_build_memory(servers=SERVERS, ranks=1, partitioner="metis", **GRAPH)
+    n, e, f = 1_000_000, 24_000_000, 100
+    common = bm.BASE_BYTES + bm.PER_VERTEX_BYTES * n
+    held = 8 * e + (4 * f + 24) * n
+    want = {"load": common + held + bm.LOAD_BYTES_PER_KEY * 25_000_000,
+            "partition": common + held + max(bm.PARTITION_BYTES_PER_EDGE * e + bm.METIS_BYTES_PER_EDGE * e,
+                                             bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2),
+            "halos+write": common + held + bm.SERVE_BYTES_PER_EDGE * e
+            + max(bm.WRITER_BYTES_PER_FETCHED_EDGE * s.fetched_edges + 8 * f * s.rows for s in SERVERS)}
+    assert est.phases == [{k: int(v) for k, v in want.items()}]
+    assert est.peak == max(int(v) for v in want.values())
+
+
+def test_slices_shrink_with_ranks_but_writers_keep_their_server():
+    peaks = {P: estimate_build_memory(servers=SERVERS, ranks=P, **GRAPH) for P in (1, 2, 4, 8)}
+    others = [max(peaks[P].per_rank[2:]) for P in (4, 8)]
+    assert others[1] < others[0] < peaks[1].peak
+    assert peaks[8].per_rank[0] > peaks[8].per_rank[5]  # rank 0 writes server 0
+    writer_term = bm.WRITER_BYTES_PER_FETCHED_EDGE * SERVERS[0].fetched_edges + 800 * SERVERS[0].rows
+    assert all(peaks[P].per_rank[0] > writer_term for P in peaks)
+
+
+def test_smallest_fitting_ranks():
+    kwargs = dict(servers=SERVERS, **GRAPH)
+    p4 = estimate_build_memory(ranks=4, **kwargs).peak
+    fit = smallest_fitting_ranks(p4, **kwargs)
+    assert fit is not None and fit <= 4
+    assert estimate_build_memory(ranks=fit, **kwargs).peak <= p4
+    assert fit == 1 or estimate_build_memory(ranks=fit - 1, **kwargs).peak > p4
+    assert smallest_fitting_ranks(10 << 20, max_ranks=64, **kwargs) is None  # below the writer's share
+
+
+def test_plan_prints_the_build_memory(tmp_path, capsys):
+    from preprocess.__main__ import main
+
+    out = tmp_path / "plan.json"
+    rc = main(["plan", "--source", "synthetic", "--vertices", "3000", "--features", "8", "--avg-degree", "6",
+               "--servers", "2", "--gpus-per-server", "2", "--layers", "2", "--partitioner", "metis",
+               "--cob-batches", "2", "--build-ranks", "4", "--memory-per-rank", "1GiB", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "[plan] build flx k=2: estimated peak per build rank with P = 4:" in text
+    assert "smallest P fitting --memory-per-rank 1 GiB: 1" in text
+    rec = json.loads(out.read_text())["build_memory"]
+    assert set(rec) == {"flx k=1", "flx k=2", "eas"}
+    inputs = dict(rec["flx k=2"]["inputs"])
+    servers = [ServerLoad(**s) for s in inputs.pop("servers")]
+    assert sum(s.rows for s in servers) >= 3000  # every vertex is inner somewhere, plus the halos
+    assert estimate_build_memory(servers=servers, ranks=4, **inputs).to_dict()["per_rank"] == rec["flx k=2"]["per_rank"]
+
+
+def test_plan_refuses_bad_build_options(capsys):
+    from preprocess.__main__ import main
+
+    args = ["plan", "--vertices", "500", "--features", "4", "--servers", "2", "--gpus-per-server", "1", "--layers", "1"]
+    assert main(args + ["--build-ranks", "0"]) == 1
+    assert "--build-ranks must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(args + ["--memory-per-rank"])
