@@ -92,7 +92,13 @@ class BatchedSteps:
                 nxt = self.sampler.epoch_targets(epoch + 1)[0]
                 self._ahead = (epoch + 1, self._pool.submit(self._build, nxt, epoch + 1, 0))
             yield self._step(built, waited)
-            self._learn(built)
+            if self._learn(built):
+                # The first step told which matrices the model builds; the co-batch already being built
+                # did not know: prepare them in the loader too, right after it (one worker: in order).
+                if iteration + 1 < len(batches):
+                    pending = self._pool.submit(self._prepare_late, pending)
+                elif self._ahead is not None:
+                    self._ahead = (self._ahead[0], self._pool.submit(self._prepare_late, self._ahead[1]))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -134,10 +140,21 @@ class BatchedSteps:
             self._to_device(built)
         return built
 
-    def _learn(self, built: Built) -> None:
-        """After a step: the matrices its graphs built are the ones to prepare for the next co-batches."""
-        if not self._matrix_keys:
-            self._matrix_keys = sorted({k for g in built.view.graphs for k in g.cache_keys()}, key=str)
+    def _learn(self, built: Built) -> bool:
+        """After a step: the matrices its graphs built are the ones to prepare for the next co-batches.
+        True when they were learnt just now."""
+        if self._matrix_keys:
+            return False
+        self._matrix_keys = sorted({k for g in built.view.graphs for k in g.cache_keys()}, key=str)
+        return bool(self._matrix_keys)
+
+    def _prepare_late(self, pending) -> Built:
+        built = pending.result()
+        if built.view is not None:  # (a reused plan has them already: a no-op)
+            start = cobplan.clock()
+            cobplan.prepare_matrices(built.view.graphs, self._matrix_keys)
+            built.timings["matrices"] += cobplan.clock() - start
+        return built
 
     # ---- main thread ---------------------------------------------------------------------------
     def _step(self, built: Built, waited: float) -> Step:
