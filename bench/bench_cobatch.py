@@ -36,6 +36,9 @@ def label(mode, batches, fanout):
     return mode if batches is None else f"{mode} b={batches} f={fanout}"
 
 
+DEEP = ("cob", 4, 10)  # the deep table of docs/bench-modes.md: 56-layer ResSAGE+ with cob on an EAS set
+
+
 def train(tree, shards, mode, batches, fanout, run_dir, common, log):
     shutil.rmtree(run_dir, ignore_errors=True)  # the old revision may lack --overwrite-run
     extra = [] if batches is None else ["--batches-per-epoch", str(batches), "--fanout", str(fanout)]
@@ -92,6 +95,16 @@ def page(results, args, old_rev, new_rev, log):
             lines.append(f"| {label(*cfg)} | " + " | ".join(f"{h.get(k, 0):.3f}" for k in
                          ("sample", "split", "plan", "to_torch", "matrices")) + f" | {sum(h.values()):.3f} |")
     lines.append("")
+    deep = {rev: results.get(rev, {}).get("deep", []) for rev in ("old", "new")}
+    if deep["old"] and deep["new"]:
+        o, n = (statistics.median(r["epoch_s"] for r in deep[rev]) for rev in ("old", "new"))
+        same = deep["old"][0]["losses"] == deep["new"][0]["losses"]
+        lines += [f"Deep model: {args.deep_layers}-layer ResSAGE+ (hidden 64), cob --batches-per-epoch {DEEP[1]} "
+                  f"--fanout {DEEP[2]} on an EAS set (h=1, f=15) of a {args.deep_vertices:,}-vertex graph, "
+                  f"{args.deep_epochs} epochs: old {o:.2f} s, new {n:.2f} s per epoch (new / old {n / o:.2f}); "
+                  f"critical host old {statistics.median(r['critical_host_s'] for r in deep['old']) / o:.0%}, new "
+                  f"{statistics.median(r['critical_host_s'] for r in deep['new']) / n:.0%}; losses identical: "
+                  f"{'yes' if same else 'no'}.", ""]
     return lines
 
 
@@ -103,6 +116,10 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--only", nargs="*", default=None, help="labels of the configurations to run (default all)")
+    p.add_argument("--deep", action="store_true", help="also the 56-layer ResSAGE+ cob run on an EAS set")
+    p.add_argument("--deep-layers", type=int, default=56)
+    p.add_argument("--deep-vertices", type=int, default=10000)
+    p.add_argument("--deep-epochs", type=int, default=3)
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "cobatch"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cobatch.md"))
     args = p.parse_args(argv)
@@ -126,6 +143,18 @@ def main(argv=None):
                     run_dir = os.path.join(args.work, "runs", f"{which}-{label(*cfg).replace(' ', '-')}-{rep}")
                     results[which].setdefault(label(*cfg), []).append(
                         train(tree, shards, *cfg, run_dir, common, log))
+                    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+                        json.dump({"old": old_rev, "new": new_rev, "results": results}, f, indent=1)
+        if args.deep:
+            eas = os.path.join(args.work, "shards-eas-deep")
+            build(args, eas, ["--preload", "eas", "--hops", "1", "--fanout", "15"], log, layers=args.deep_layers,
+                  vertices=args.deep_vertices)
+            deep = ["--model", "ressage", "--layers", str(args.deep_layers), "--hidden", "64", "--epochs",
+                    str(args.deep_epochs), "--eval-every", "0"]
+            for rep in range(args.reps):
+                for which, tree in (("old", old_tree), ("new", REPO)):
+                    results[which].setdefault("deep", []).append(train(
+                        tree, eas, *DEEP, os.path.join(args.work, "runs", f"{which}-deep-{rep}"), deep, log))
                     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
                         json.dump({"old": old_rev, "new": new_rev, "results": results}, f, indent=1)
     finally:
