@@ -17,17 +17,15 @@ after every run, so an interrupted sweep keeps what it measured.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
-import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 
-from bench_modes import ENV, REPO, build, write_page
+from bench_modes import REPO, build, write_page
+from compare_revisions import revision_arguments, train as train_tree
 
 CONFIGS = (("flx", None, None), ("cob", 1, -1), ("cob", 1, 25), ("cob", 8, 10), ("mb", 1, 25), ("mb", 8, 10))
 
@@ -40,14 +38,8 @@ DEEP = ("cob", 4, 10)  # the deep table of docs/bench-modes.md: 56-layer ResSAGE
 
 
 def train(tree, shards, mode, batches, fanout, run_dir, common, log):
-    shutil.rmtree(run_dir, ignore_errors=True)  # the old revision may lack --overwrite-run
     extra = [] if batches is None else ["--batches-per-epoch", str(batches), "--fanout", str(fanout)]
-    cmd = ["mpirun", "-n", "4", sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", shards,
-           "--ranks-per-server", "2", "--mode", mode, "--out", run_dir, "--quiet", *common, *extra]
-    log.append(f"(cd {tree} && {' '.join(cmd)})")
-    subprocess.run(cmd, cwd=tree, env=dict(ENV, PYTHONPATH=tree), check=True)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    _, records = train_tree(tree, shards, mode, run_dir, common + extra, log)
     med = lambda key: statistics.median(r[key] for r in records)  # noqa: E731
     out = {"epoch_s": med("time_s"), "first_epoch_s": records[0]["time_s"], "critical_host_s": med("sampling_s"),
            "compute_s": med("compute_s"), "intra_halo_bytes": int(statistics.median(r["bytes"]["intra_halo"] for r in records)),
@@ -109,12 +101,7 @@ def page(results, args, old_rev, new_rev, log):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--old", required=True, help="git revision to compare against")
-    p.add_argument("--vertices", type=int, default=200000)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--reps", type=int, default=1)
+    p = revision_arguments(__doc__, epochs=3, reps=1)
     p.add_argument("--only", nargs="*", default=None, help="labels of the configurations to run (default all)")
     p.add_argument("--deep", action="store_true", help="also the 56-layer ResSAGE+ cob run on an EAS set")
     p.add_argument("--deep-layers", type=int, default=56)
