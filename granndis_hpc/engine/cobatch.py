@@ -219,6 +219,12 @@ def redundancy(topo, computed_ids) -> float:
 
     Collective on the server's ranks; every rank gets the server's factor."""
     gathered = topo.allgather_object([np.asarray(ids) for ids in computed_ids], group="server")
-    distinct = sum(np.unique(np.concatenate([g[l] for g in gathered])).size for l in range(len(computed_ids)))
+    distinct = 0
+    for l in range(len(computed_ids)):
+        ids = np.concatenate([g[l] for g in gathered])
+        if ids.size:  # server-local ids: a mask counts the distinct ones in O(n) (np.unique sorts)
+            seen = np.zeros(int(ids.max()) + 1, dtype=bool)
+            seen[ids] = True
+            distinct += int(np.count_nonzero(seen))
     total = sum(sum(ids.size for ids in g) for g in gathered)
     return float(total) / max(distinct, 1)
