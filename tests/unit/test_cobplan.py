@@ -98,3 +98,28 @@ def test_per_gpu_plan_is_the_whole_dependency_graph_without_halo():
     np.testing.assert_array_equal(first.indptr, sg.indptr[: n + 1])
     np.testing.assert_array_equal(first.indices, sg.position_of(sg.indices[: sg.indptr[n]]))
     np.testing.assert_array_equal(hp.degree, np.diff(sg.indptr))
+
+
+def test_prepared_matrices_are_the_lazily_built_ones():
+    """The loader builds a co-batch's aggregation matrices ahead (LayerGraph.prepare with the keys an
+    earlier graph built): they must be the matrices the step would have built itself."""
+    import torch
+
+    from granndis_hpc.nn.graph import aggregate
+
+    g = _server(seed=2)
+    train = np.flatnonzero(g["train"])
+    smp = CoBatchSampler(g["indptr"], g["indices"], train, batches=1, layers=L, fanout=4, seed=0, server=0)
+    draw = smp.draw(train, 0, 0)
+    index = cobplan.ServerIndex(g, L, exact=False)
+    lazy = cobplan.layer_graphs(cobplan.cooperative_plan(index, draw, 1, {}), torch.device("cpu"))
+    ahead = cobplan.layer_graphs(cobplan.cooperative_plan(index, draw, 1, {}), torch.device("cpu"))
+    h = torch.randn(lazy[0].n_src, 4, requires_grad=True)
+    aggregate(lazy[0], h, "mean").sum().backward()  # builds the forward and the transposed matrix
+    keys = lazy[0].cache_keys()
+    assert len(keys) == 2
+    cobplan.prepare_matrices(ahead, keys)
+    for key in keys:
+        a, b = lazy[0]._cache[key], ahead[0]._cache[key]
+        assert torch.equal(a.to_dense(), b.to_dense())
+    assert all(len(gr.cache_keys()) == 2 for gr in ahead)
