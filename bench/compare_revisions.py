@@ -41,13 +41,19 @@ def train(tree, shards, mode, run_dir, common, log):
     return summary, records
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def revision_arguments(doc: str, epochs: int, reps: int) -> argparse.ArgumentParser:
+    """The options every old-vs-new benchmark takes (this script, bench_cobatch.py)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--old", required=True, help="git revision to compare against (e.g. the commit before a redesign)")
     p.add_argument("--vertices", type=int, default=200000)
     p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--reps", type=int, default=2, help="alternating runs per revision and mode")
+    p.add_argument("--epochs", type=int, default=epochs)
+    p.add_argument("--reps", type=int, default=reps, help="alternating runs per revision and mode")
+    return p
+
+
+def main(argv=None):
+    p = revision_arguments(__doc__, epochs=5, reps=2)
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "compare"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-redesign.md"))
     args = p.parse_args(argv)

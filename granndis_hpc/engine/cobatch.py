@@ -7,23 +7,42 @@ the intra-server transport.
 
 mb: each rank builds the whole dependency graph of its own share of the co-batch's targets (the
 targets its GPU owns) from the server's preload, with no exchange: what CoB saves is the overlap
-between these per-GPU graphs.  Its features are read per iteration from the server's shard file, as
-a per-GPU loader reading from the server's host store would.
+between these per-GPU graphs.
+
+Both plan every co-batch as index arrays over one fixed per-rank structure (engine/cobplan.py, One-Hop
+Graph Masking) from the server's graph and features in host memory, with no communication, so the
+whole host side of co-batch i+1 (sample, split, plan, tensors, aggregation matrices) is built in a
+background thread while step i computes.
 """
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 
-from granndis_hpc import shards
-from granndis_hpc.engine import views
+from granndis_hpc.engine import cobplan
 from granndis_hpc.engine.modes import Step, rows_accounting
-from granndis_hpc.graph.csr import csr_rows, owner_of, position_lookup
-from granndis_hpc.graph.sampler import CoBatchSampler, SampledGraph
+from granndis_hpc.graph.csr import owner_of
+from granndis_hpc.graph.sampler import CoBatchSampler
+
+PHASES = ("sample", "split", "plan", "to_torch", "matrices")
+
+
+@dataclass
+class Built:
+    """One co-batch, ready for its step on this rank (host work done, or the host plan on a GPU)."""
+
+    targets: np.ndarray  # sorted targets of the co-batch (what a deterministic draw depends on)
+    host: cobplan.HostPlan
+    timings: Dict[str, float]
+    view: object = None  # views.View once on the device
+    rows: torch.Tensor = None
+    labels: torch.Tensor = None
+    computed: List[np.ndarray] = field(default_factory=list)  # ids computed per layer (redundancy)
 
 
 class BatchedSteps:
@@ -31,49 +50,118 @@ class BatchedSteps:
     with a split (which of them this rank computes, and how it gets the rest), planned by the one
     planner.  One optimizer step per co-batch; every server runs the same number of co-batches.
 
-    prefetch: sample and build the rows of co-batch i+1 in a background thread while step i computes
-    (as SALIENT pipelines its sampling), so host-side sampling leaves the critical path.  Samples
-    depend only on (seed, server, epoch, iteration), so the result is the same either way.  Planning
-    stays on the main thread: it talks to the server's other ranks, in step order."""
+    prefetch: build co-batch i+1 (the next epoch's first after an epoch's last) in a background thread
+    while step i computes (as SALIENT pipelines its sampling), so host work leaves the critical path.
+    Samples depend only on (seed, server, epoch, iteration) and plans need no communication, so the
+    result is the same either way.  A co-batch whose sample is a function of its targets (fanout -1,
+    or the saint sampler) and whose targets are the previous co-batch's (one co-batch per epoch) reuses
+    that plan, aggregation matrices included, as flx reuses its plan every epoch."""
 
     def __init__(self, ctx, sampler: CoBatchSampler, split, prefetch: bool = True):
         self.ctx, self.sampler, self.split, self.prefetch = ctx, sampler, split, prefetch
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cobatch-loader") if prefetch else None
+        self._ahead = None  # (epoch, future) of a next epoch's first co-batch built ahead
+        self._last: Optional[Built] = None  # the latest co-batch built (reused when its draw repeats)
+        self._matrix_keys: list = []  # aggregation matrices the model builds (learnt from the first step)
+        # On a GPU the loader thread does host work only; tensors and matrices go to the device on the
+        # main thread, in stream order (no cross-stream lifetime to manage).
+        self._host_only = ctx.device.type != "cpu"
 
     def steps(self, epoch: int):
         batches = self.sampler.epoch_targets(epoch)
         if not self.prefetch:
             for iteration, targets in enumerate(batches):
-                yield self._step(*self._sample(targets, epoch, iteration))
+                start = time.perf_counter()
+                built = self._ready(self._build(targets, epoch, iteration))
+                yield self._step(built, time.perf_counter() - start)  # all of it on the critical path
+                self._learn(built)
             return
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cobatch-sampler") as pool:
-            pending = pool.submit(self._sample, batches[0], epoch, 0)
-            for iteration in range(len(batches)):
-                waited = time.perf_counter()
-                rows, ids, _ = pending.result()
-                waited = time.perf_counter() - waited  # the part of sampling left on the critical path
+        pending = None
+        if self._ahead is not None and self._ahead[0] == epoch:
+            pending = self._ahead[1]
+        self._ahead = None
+        if pending is None:
+            pending = self._pool.submit(self._build, batches[0], epoch, 0)
+        for iteration in range(len(batches)):
+            waited = time.perf_counter()
+            built = self._ready(pending.result())
+            waited = time.perf_counter() - waited  # the host work left on the critical path
+            if iteration + 1 < len(batches):
+                pending = self._pool.submit(self._build, batches[iteration + 1], epoch, iteration + 1)
+            elif epoch + 1 < self.ctx.cfg.epochs:
+                nxt = self.sampler.epoch_targets(epoch + 1)[0]
+                self._ahead = (epoch + 1, self._pool.submit(self._build, nxt, epoch + 1, 0))
+            yield self._step(built, waited)
+            if self._learn(built):
+                # The first step told which matrices the model builds; the co-batch already being built
+                # did not know: prepare them in the loader too, right after it (one worker: in order).
                 if iteration + 1 < len(batches):
-                    pending = pool.submit(self._sample, batches[iteration + 1], epoch, iteration + 1)
-                yield self._step(rows, ids, waited)
+                    pending = self._pool.submit(self._prepare_late, pending)
+                elif self._ahead is not None:
+                    self._ahead = (self._ahead[0], self._pool.submit(self._prepare_late, self._ahead[1]))
 
-    def _sample(self, targets, epoch: int, iteration: int):
-        """Host-only work of one co-batch: its dependency graph and this rank's rows of it."""
-        start = time.perf_counter()
-        sg = self.sampler.sample(self.split.targets(targets), epoch, iteration)
-        rows, ids = self.split.rows(sg)
-        return rows, ids, time.perf_counter() - start
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _step(self, rows, ids, sampling_s: float) -> Step:
-        """Plan one co-batch (collective on the server) into a Step.  sampling_s is the sampling time on
-        the critical path: all of it without prefetching, the wait for the sampler thread with it."""
-        ctx = self.ctx
-        view = self.split.plan(rows, ids)
-        n_targets = int((rows.hop == 0).sum())
-        local = ids[:n_targets] - ctx.slice.row_offset
-        computed = [ids[: lp.n_dst] for lp in view.plan.layers]
-        return Step(view=view, rows=torch.arange(n_targets, device=ctx.device),
-                    labels=torch.as_tensor(ctx.slice.labels[local], device=ctx.device),
-                    num_targets=int(ctx.comm.allreduce_scalar(n_targets, "sum")), sampling_s=sampling_s,
-                    accounting=lambda: self._accounting(view, computed))
+    # ---- host side (the loader thread when prefetching) ----------------------------------------
+    def _build(self, targets, epoch: int, iteration: int) -> Built:
+        targets = np.sort(np.asarray(targets, dtype=np.int64))
+        last = self._last
+        if self.sampler.deterministic and last is not None and np.array_equal(last.targets, targets):
+            return Built(targets=targets, host=last.host, timings={p: 0.0 for p in PHASES}, view=last.view,
+                         rows=last.rows, labels=last.labels, computed=last.computed)
+        timings = {p: 0.0 for p in PHASES}
+        start = cobplan.clock()
+        draw = self.sampler.draw(self.split.targets(targets), epoch, iteration)
+        timings["sample"] = cobplan.clock() - start
+        built = Built(targets=targets, host=self.split.plan(draw, timings), timings=timings)
+        if not self._host_only:
+            self._to_device(built)
+        self._last = built
+        return built
+
+    def _to_device(self, built: Built) -> None:
+        ctx, hp = self.ctx, built.host
+        start = cobplan.clock()
+        graphs = cobplan.layer_graphs(hp, ctx.device)
+        built.view = cobplan.assemble_view(hp, graphs, self.split.exchange, ctx.device)
+        n_targets = int((hp.own_hop == 0).sum())
+        built.rows = torch.arange(n_targets, device=ctx.device)
+        built.labels = torch.as_tensor(ctx.slice.labels[hp.ids[:n_targets] - ctx.slice.row_offset], device=ctx.device)
+        built.computed = [hp.ids[: lp.n_dst] for lp in hp.plan.layers]
+        mid = cobplan.clock()
+        cobplan.prepare_matrices(graphs, self._matrix_keys)
+        built.timings["to_torch"] += mid - start
+        built.timings["matrices"] += cobplan.clock() - mid
+
+    def _ready(self, built: Built) -> Built:
+        if built.view is None:  # a GPU: the device part on the main thread
+            self._to_device(built)
+        return built
+
+    def _learn(self, built: Built) -> bool:
+        """After a step: the matrices its graphs built are the ones to prepare for the next co-batches.
+        True when they were learnt just now."""
+        if self._matrix_keys:
+            return False
+        self._matrix_keys = sorted({k for g in built.view.graphs for k in g.cache_keys()}, key=str)
+        return bool(self._matrix_keys)
+
+    def _prepare_late(self, pending) -> Built:
+        built = pending.result()
+        if built.view is not None:  # (a reused plan has them already: a no-op)
+            start = cobplan.clock()
+            cobplan.prepare_matrices(built.view.graphs, self._matrix_keys)
+            built.timings["matrices"] += cobplan.clock() - start
+        return built
+
+    # ---- main thread ---------------------------------------------------------------------------
+    def _step(self, built: Built, waited: float) -> Step:
+        n_targets = int(built.rows.shape[0])
+        return Step(view=built.view, rows=built.rows, labels=built.labels,
+                    num_targets=int(self.ctx.comm.allreduce_scalar(n_targets, "sum")), sampling_s=waited,
+                    host_s=dict(built.timings), accounting=lambda: self._accounting(built.view, built.computed))
 
     def _accounting(self, view, computed_ids) -> Dict:
         """Collective: rows held / computed per layer per rank and the server's redundancy factor."""
@@ -90,70 +178,37 @@ class CooperativeSplit:
     the others' rows over the intra-server transport."""
 
     def __init__(self, ctx, server_graph, exact: bool):
-        self.ctx, self.exact = ctx, exact
-        self.offsets = ctx.slice.server_offsets.astype(np.int64)
-        self.server_degree = server_graph["in_degree"]
+        self.ctx = ctx
+        self.index = cobplan.ServerIndex(server_graph, ctx.cfg.layers, exact)
+        self.exchange = ctx.comm.intra_exchange
 
     def targets(self, targets):
         return targets
 
-    def rows(self, sg: SampledGraph):
-        sl = self.ctx.slice
-        gpu = sl.gpu
-        owner = owner_of(self.offsets, sg.vertices)
-        mine = np.flatnonzero(owner == gpu)
-        ids = sg.vertices[mine]
-        ip, src = csr_rows(sg.indptr, sg.indices, mine)
-        src_owner = owner_of(self.offsets, src)
-        find_mine = position_lookup(ids)
-        degree = self.server_degree[ids] if self.exact else np.diff(sg.indptr)[mine]
-        rows = views.RowSource(
-            hop=sg.hop[mine], indptr=ip, is_own=src_owner == gpu, own_pos=find_mine(src), peer=src_owner,
-            key=src, src_hop=sg.hop[sg.position_of(src)], degree=degree.astype(np.float32),
-            features=sl.features[ids - self.offsets[gpu]], global_id=sl.global_id[ids - self.offsets[gpu]])
-        return rows, ids
+    def plan(self, draw, timings) -> cobplan.HostPlan:
+        return cobplan.cooperative_plan(self.index, draw, self.ctx.slice.gpu, timings)
 
-    def plan(self, rows, ids) -> views.View:
-        ctx = self.ctx
-        topo = ctx.topo
-        return views.build_view(rows, topo.ranks_per_server, ctx.cfg.layers, all_active=False,
-                                resolve_keys=position_lookup(ids), exchange=ctx.comm.intra_exchange,
-                                alltoall_counts=lambda counts: topo.exchange_counts(counts, group="server"),
-                                device=ctx.device, exact=self.exact, static_phase="halo", group="server")
+
+def _no_exchange(send, send_counts, recv_counts, phase="halo"):
+    """mb has no halo anywhere: nothing to send or receive."""
+    return send.new_empty((0,) + tuple(send.shape[1:]))
 
 
 class PerGpuSplit(CooperativeSplit):
     """mb: each rank takes the co-batch's targets its GPU owns and builds their whole dependency graph,
-    with no exchange: what cob saves is the overlap between these per-GPU graphs.  Features are read
-    per iteration from the server's shard file, as a per-GPU loader reading the server's host store would."""
+    with no exchange: what cob saves is the overlap between these per-GPU graphs.  Features come from
+    the server's rows in host memory, as a per-GPU loader's would."""
+
+    def __init__(self, ctx, server_graph, exact: bool):
+        super().__init__(ctx, server_graph, exact)
+        self.exchange = _no_exchange
 
     def targets(self, targets):
-        owner = owner_of(self.offsets, targets)
+        owner = owner_of(self.index.offsets, targets)
         return targets[owner == self.ctx.slice.gpu]
 
-    def rows(self, sg: SampledGraph):
-        ids = sg.vertices
-        degree = self.server_degree[ids] if self.exact else np.diff(sg.indptr)
-        feats = shards.read_server_rows(self.ctx.cfg.shards, self.ctx.manifest, self.ctx.topo.server, ids)
-        n_edges = sg.indices.size
-        src_pos = sg.position_of(sg.indices)  # every source is one of this rank's own rows
-        rows = views.RowSource(
-            hop=sg.hop, indptr=sg.indptr, is_own=np.ones(n_edges, dtype=bool), own_pos=src_pos,
-            peer=np.zeros(n_edges, np.int64), key=sg.indices, src_hop=sg.hop[src_pos],
-            degree=degree.astype(np.float32), features=feats,
-            # Dropout keys by the server-local id (the slice has no global ids of other GPUs' rows): the
-            # server's GPUs draw one mask per vertex; mb is not exact, so no shape-independence is lost.
-            global_id=ids)
-        return rows, ids
-
-    def plan(self, rows, ids) -> views.View:
-        # No halo anywhere in mb: plan with a local no-op exchange (nothing to send or receive).
-        def exchange(send, send_counts, recv_counts, phase="halo"):
-            return send.new_empty((0,) + tuple(send.shape[1:]))
-        return views.build_view(rows, 1, self.ctx.cfg.layers, all_active=False,
-                                resolve_keys=position_lookup(ids), exchange=exchange,
-                                alltoall_counts=lambda c: c, device=self.ctx.device, exact=self.exact,
-                                static_phase="halo", group="server")
+    def plan(self, draw, timings) -> cobplan.HostPlan:
+        return cobplan.per_gpu_plan(self.index, draw, timings)
 
 
 SPLITS = {"cooperative": CooperativeSplit, "per-gpu": PerGpuSplit}
@@ -164,6 +219,12 @@ def redundancy(topo, computed_ids) -> float:
 
     Collective on the server's ranks; every rank gets the server's factor."""
     gathered = topo.allgather_object([np.asarray(ids) for ids in computed_ids], group="server")
-    distinct = sum(np.unique(np.concatenate([g[l] for g in gathered])).size for l in range(len(computed_ids)))
+    distinct = 0
+    for l in range(len(computed_ids)):
+        ids = np.concatenate([g[l] for g in gathered])
+        if ids.size:  # server-local ids: a mask counts the distinct ones in O(n) (np.unique sorts)
+            seen = np.zeros(int(ids.max()) + 1, dtype=bool)
+            seen[ids] = True
+            distinct += int(np.count_nonzero(seen))
     total = sum(sum(ids.size for ids in g) for g in gathered)
     return float(total) / max(distinct, 1)

@@ -55,7 +55,8 @@ class Step:
     rows: torch.Tensor  # positions of the loss's target rows among the last layer's rows
     labels: torch.Tensor  # their labels
     num_targets: int  # global number of target rows of this step (the loss is their mean)
-    sampling_s: float = 0.0  # host-side sampling and row building before planning
+    sampling_s: float = 0.0  # host work (sampling, planning) left on the critical path before the step
+    host_s: Optional[Dict[str, float]] = None  # batched modes: host seconds of this co-batch per phase
     accounting: Optional[Callable[[], Dict]] = None  # collective: rows held/computed, redundancy
 
 
@@ -94,6 +95,9 @@ class Mode:
 
     def steps(self, epoch: int) -> Iterator[Step]:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what set-up started (a batched mode's loader thread)."""
 
     def describe(self, manifest: dict) -> Dict:
         """What the run records about the mode (summary.json)."""
@@ -250,7 +254,7 @@ class BatchedMode(Mode):
         # Every rank of a server draws the same co-batches (same seed): each reads its server's graph.
         with collective_errors(topo.world, "reading the server graph for co-batches",
                                catch=(shards.ShardError, SamplerError, OSError, KeyError)):
-            graph = shards.read_server_graph(cfg.shards, ctx.manifest, topo.server)
+            graph = shards.read_server_graph(cfg.shards, ctx.manifest, topo.server, features=True)
             train_ids = np.flatnonzero(graph["train"] & (graph["hop"] == 0))
             self.sampler = CoBatchSampler(graph["indptr"], graph["indices"], train_ids, cfg.batches_per_epoch,
                                           cfg.layers, cfg.sampler, cfg.fanout, cfg.seed, topo.server)
@@ -259,6 +263,10 @@ class BatchedMode(Mode):
 
     def steps(self, epoch):
         return self.batches.steps(epoch)
+
+    def close(self):
+        if getattr(self, "batches", None) is not None:
+            self.batches.close()
 
 
 @register

@@ -278,10 +278,12 @@ class Trainer:
         self.model.train()
         self._sync()
         start = time.perf_counter()
-        loss_sum, grad_s, sampling_s, extra, steps = 0.0, 0.0, 0.0, {}, 0
+        loss_sum, grad_s, sampling_s, extra, steps, host = 0.0, 0.0, 0.0, {}, 0, {}
         for step in self.mode.steps(self.epoch):
             loss, g = self._step(step)
             loss_sum, grad_s, sampling_s = loss_sum + loss, grad_s + g, sampling_s + step.sampling_s
+            for phase, seconds in (step.host_s or {}).items():
+                host[phase] = host.get(phase, 0.0) + seconds
             if steps == 0 and step.accounting is not None:  # rows held/computed, first step of the epoch
                 extra = step.accounting()
             steps += 1
@@ -291,6 +293,10 @@ class Trainer:
         # Each step's loss is a mean over its targets; the epoch's is the mean over its steps.
         rec = self._epoch_record(elapsed, grad_s, loss_sum / max(steps, 1), sampling_s)
         rec["activation_memory_bytes"] = int(self.comm.allreduce_scalar(self.activation_bytes, "max"))
+        if host:  # batched modes (every rank): host seconds per co-batch by phase, on or off the critical path
+            names = sorted(host)
+            slowest = self.comm.allreduce_scalar(np.array([host[n] / steps for n in names]), "max")
+            rec["cobatch_host_s"] = {n: float(v) for n, v in zip(names, slowest)}
         rec.update(extra)
         return rec
 
@@ -449,6 +455,7 @@ class Trainer:
         if getattr(self, "_run_lock", None) is not None:
             self._run_lock.release()
         self.stop_signals.uninstall()
+        self.mode.close()
         self.comm.close()
         self.topo.close()
 

@@ -138,6 +138,24 @@ class View:
                         else torch.as_tensor(np.asarray(rows.global_id, dtype=np.int64), device=device))
         self._static_phase, self._source_ids = static_phase, None
 
+    @classmethod
+    def assembled(cls, plan: planner.Plan, exchange, device: torch.device, features: torch.Tensor,
+                  halo_features: torch.Tensor, graphs: List[LayerGraph], row_ids: Optional[torch.Tensor],
+                  source_ids: Optional[torch.Tensor], static_phase: str = "halo") -> "View":
+        """A view whose static per-row data is already at hand (engine/cobplan.py: a co-batch planned from
+        host memory), so nothing is exchanged to build it: the same object __init__ makes, given its parts."""
+        self = cls.__new__(cls)
+        self.plan, self.device, self._exchange = plan, device, exchange
+        self.num_own, self.group = plan.num_own, plan.group
+        self._send = [torch.as_tensor(lp.send_index, device=device) for lp in plan.layers]
+        self._full_send = torch.as_tensor(plan.full_send_index, device=device)
+        self.features, self.halo_features = features, halo_features
+        self.input_features = features[: plan.layers[0].n_own_in]
+        self.graphs = list(graphs)
+        self._halo_rows = [torch.as_tensor(lp.halo_rows, device=device) for lp in plan.layers]
+        self.row_ids, self._static_phase, self._source_ids = row_ids, static_phase, source_ids
+        return self
+
     def source_ids(self) -> Optional[torch.Tensor]:
         """Global ids of layer 0's source rows (own rows, then halo rows), keying input dropout
         (nn/dropout.py RowDropout.sources); None without row ids.  Collective over the view's peers on

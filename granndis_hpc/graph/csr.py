@@ -59,6 +59,13 @@ def csr_from_edges(src: np.ndarray, dst: np.ndarray, num_vertices: int):
 
 def csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray):
     """Sub-CSR of the given rows (in that order): (indptr, indices) rebased to start at 0. Vectorised."""
+    sub_indptr, pos = csr_row_positions(indptr, rows)
+    return sub_indptr, indices[pos]
+
+
+def csr_row_positions(indptr: np.ndarray, rows: np.ndarray):
+    """The given rows' entries (in that order) as positions into the CSR's `indices`: (sub_indptr, pos).
+    Positions name edges of a fixed graph, so a subgraph can be kept as an index array over it."""
     rows = np.asarray(rows, dtype=np.int64)
     starts, ends = indptr[rows], indptr[rows + 1]
     counts = ends - starts
@@ -66,7 +73,7 @@ def csr_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray):
     np.cumsum(counts, out=sub_indptr[1:])
     # Gather positions start_i + (0..count_i-1) for every row without a Python loop.
     pos = np.arange(sub_indptr[-1], dtype=np.int64) - np.repeat(sub_indptr[:-1] - starts, counts)
-    return sub_indptr, indices[pos]
+    return sub_indptr, pos
 
 
 def position_lookup(ids: np.ndarray):

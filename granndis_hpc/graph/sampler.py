@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from granndis_hpc.graph.csr import bfs_hops, csr_from_edges, csr_rows, position_lookup, rank_in_rows
+from granndis_hpc.graph.csr import bfs_hops, csr_from_edges, csr_row_positions, position_lookup, rank_in_rows
 
 SAMPLERS = ("sage", "saint")
 
@@ -35,50 +35,82 @@ class SampledGraph:
         return position_lookup(self.vertices)(ids)
 
 
-def sample_rows(indptr, indices, rows, fanout: int, rng: np.random.Generator):
-    """Up to `fanout` in-edges of each row, uniformly without replacement (-1 = all): (indptr, sources)."""
-    sub_ip, sub_ix = csr_rows(indptr, indices, rows)
+@dataclass
+class Draw:
+    """A co-batch's sample as index arrays over the server graph it was drawn from (One-Hop Graph
+    Masking's per-co-batch masks over one fixed graph): no new graph is built per co-batch.
+
+    The same sample as the SampledGraph `to_sampled` builds from it (what `CoBatchSampler.sample`
+    returns), in a form a rank can split and plan from without renumbering the server's edges."""
+
+    hop: np.ndarray  # int [n_s]: hop of every server vertex in the sample, -1 for the others
+    edges: np.ndarray  # int64, increasing: positions in the server CSR of the kept in-edges
+
+    def to_sampled(self, indptr, indices) -> SampledGraph:
+        vertices = np.flatnonzero(self.hop >= 0)
+        dst = np.searchsorted(indptr, self.edges, side="right") - 1
+        return _assemble(vertices, self.hop[vertices].astype(np.int64), indices[self.edges], dst)
+
+
+def sample_row_positions(indptr, rows, fanout: int, rng: np.random.Generator):
+    """Up to `fanout` in-edges of each row, uniformly without replacement (-1 = all), as positions in
+    the CSR: (indptr over the rows, positions)."""
+    sub_ip, pos = csr_row_positions(indptr, rows)
     if fanout < 0:
-        return sub_ip, sub_ix
+        return sub_ip, pos
     counts = np.diff(sub_ip)
     row_of = np.repeat(np.arange(rows.shape[0], dtype=np.int64), counts)
     # Random order inside each row with one sort of an int64 key: row in the high bits, a random
     # 32-bit draw in the low bits.
-    key = (row_of << 32) | rng.integers(0, 1 << 32, sub_ix.shape[0], dtype=np.int64)
+    key = (row_of << 32) | rng.integers(0, 1 << 32, pos.shape[0], dtype=np.int64)
     order = np.argsort(key)
     keep = order[rank_in_rows(sub_ip) < fanout]  # the first `fanout` of each row in the random order
     keep.sort()
     kept_counts = np.minimum(counts, fanout)
     out_ip = np.zeros(rows.shape[0] + 1, dtype=np.int64)
     np.cumsum(kept_counts, out=out_ip[1:])
-    return out_ip, sub_ix[keep]
+    return out_ip, pos[keep]
 
 
-def sample_dependency(indptr, indices, targets, layers: int, fanout: int, rng) -> SampledGraph:
+def sample_rows(indptr, indices, rows, fanout: int, rng: np.random.Generator):
+    """Up to `fanout` in-edges of each row, uniformly without replacement (-1 = all): (indptr, sources)."""
+    out_ip, pos = sample_row_positions(indptr, rows, fanout, rng)
+    return out_ip, indices[pos]
+
+
+def draw_dependency(indptr, indices, targets, layers: int, fanout: int, rng) -> Draw:
     """GraphSAGE-style: hop by hop, each newly reached vertex keeps up to `fanout` in-edges."""
-    edge_src, edge_dst = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    kept = [np.zeros(0, dtype=np.int64)]
 
     # The BFS keeps the first hop at which each vertex is reached; the kept edges are recorded here.
     def expand(frontier, hop_of):
-        ip, src = sample_rows(indptr, indices, frontier, fanout, rng)
-        edge_src.append(src)
-        edge_dst.append(np.repeat(frontier, np.diff(ip)))
-        return src
+        pos = sample_row_positions(indptr, frontier, fanout, rng)[1]
+        kept.append(pos)
+        return indices[pos]
 
     hop = bfs_hops(indptr, indices, targets, layers, expand)
-    vertices = np.flatnonzero(hop >= 0)
-    return _assemble(vertices, hop[vertices].astype(np.int64), np.concatenate(edge_src), np.concatenate(edge_dst))
+    edges = np.concatenate(kept)
+    edges.sort()  # each vertex is expanded once: the positions are distinct
+    return Draw(hop=hop, edges=edges)
+
+
+def draw_induced(indptr, indices, targets) -> Draw:
+    """GraphSAINT-style node sampler: the subgraph induced on the batch; every row is a target (the
+    "unmasked version" of One-Hop Graph Masking)."""
+    n = indptr.shape[0] - 1
+    hop = np.full(n, -1, dtype=np.int32)
+    hop[np.asarray(targets, dtype=np.int64)] = 0
+    rows = np.flatnonzero(hop == 0)
+    pos = csr_row_positions(indptr, rows)[1]
+    return Draw(hop=hop, edges=pos[hop[indices[pos]] == 0])  # rows ascending: positions increasing
+
+
+def sample_dependency(indptr, indices, targets, layers: int, fanout: int, rng) -> SampledGraph:
+    return draw_dependency(indptr, indices, targets, layers, fanout, rng).to_sampled(indptr, indices)
 
 
 def induced_batch(indptr, indices, targets) -> SampledGraph:
-    """GraphSAINT-style node sampler: the subgraph induced on the batch; every row is a target."""
-    member = np.zeros(indptr.shape[0] - 1, dtype=bool)
-    member[np.asarray(targets, dtype=np.int64)] = True
-    targets = np.flatnonzero(member)
-    ip, src = csr_rows(indptr, indices, targets)
-    dst = np.repeat(targets, np.diff(ip))
-    inside = member[src]
-    return _assemble(targets, np.zeros(targets.size, dtype=np.int64), src[inside], dst[inside])
+    return draw_induced(indptr, indices, targets).to_sampled(indptr, indices)
 
 
 def _assemble(vertices, hop, edge_src, edge_dst) -> SampledGraph:
@@ -120,11 +152,21 @@ class CoBatchSampler:
         perm = self._rng(epoch, 0).permutation(self.train_ids)
         return np.array_split(perm, self.batches)
 
-    def sample(self, targets, epoch: int, iteration: int) -> SampledGraph:
+    @property
+    def deterministic(self) -> bool:
+        """Whether a co-batch's sample is a function of its targets alone (nothing drawn at random)."""
+        return self.kind == "saint" or self.fanout < 0
+
+    def draw(self, targets, epoch: int, iteration: int) -> Draw:
+        """Co-batch `iteration` of `epoch` (its targets: epoch_targets(epoch)[iteration], or a GPU's
+        share of them) as index arrays over the server graph."""
         if self.kind == "saint":
-            return induced_batch(self.indptr, self.indices, targets)
-        return sample_dependency(self.indptr, self.indices, targets, self.layers, self.fanout,
-                                 self._rng(epoch, 1 + iteration))
+            return draw_induced(self.indptr, self.indices, targets)
+        return draw_dependency(self.indptr, self.indices, targets, self.layers, self.fanout,
+                               self._rng(epoch, 1 + iteration))
+
+    def sample(self, targets, epoch: int, iteration: int) -> SampledGraph:
+        return self.draw(targets, epoch, iteration).to_sampled(self.indptr, self.indices)
 
     # Samples depend only on (seed, server, epoch, iteration): nothing else to save for a resume.
     def state_dict(self) -> dict:

@@ -190,6 +190,19 @@ class LayerGraph:
         diag = torch.arange(self.n_dst, device=self.device)
         return (torch.cat([rows, diag]), torch.cat([cols, diag]), torch.cat([vals, 1.0 / d_hat_dst]))
 
+    def cache_keys(self):
+        """The aggregation matrices this graph has built so far (keys for `prepare`)."""
+        return list(self._cache)
+
+    def prepare(self, keys) -> None:
+        """Build the matrices named by `keys` (another graph's cache_keys) now: a loader thread prepares the
+        next co-batch's graphs this way while the current step computes."""
+        for key in keys:
+            if key[0] == "coo":
+                self.coo(key[1], key[2])
+            else:
+                self._matrix(*key)
+
     def adjacency(self, kind: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Cached sparse CSR matrix [n_dst, n_src] of the normalised adjacency ("mean" or "gcn")."""
         return self._matrix(kind, dtype, transposed=False)

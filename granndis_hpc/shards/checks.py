@@ -110,3 +110,7 @@ def check_server_graph(graph: dict, manifest: dict, fpath: str) -> None:
         raise _fail(fpath, "graph/indptr", "does not start at 0 and end at the number of stored edges", manifest)
     _in_range(graph["indices"], 0, n, "graph/indices", manifest, fpath)
     _in_range(graph["hop"], 0, int(manifest["preload"]["hops"]) + 1, "vertices/hop", manifest, fpath)
+    _in_range(graph["global_id"], 0, int(manifest["dataset"]["num_vertices"]), "vertices/global_id", manifest, fpath)
+    if "features" in graph and not np.all(np.isfinite(graph["features"])):
+        bad = int(np.count_nonzero(~np.isfinite(graph["features"]).all(axis=1)))
+        raise _fail(fpath, "features", f"holds NaN or infinite values in {bad} of the server's rows", manifest)

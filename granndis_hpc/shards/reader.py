@@ -131,17 +131,22 @@ def server_file(path, server: int) -> str:
     return os.path.join(os.fspath(path), server_file_name(server))
 
 
-def read_server_graph(path, manifest: dict, server: int) -> dict:
+def read_server_graph(path, manifest: dict, server: int, features: bool = False) -> dict:
     """A server's whole subgraph without features: what runtime samplers (co-batches) draw from.
 
-    Keys: indptr, indices (server-local in-edge CSR), in_degree (global), hop, train (bool), offsets."""
+    Keys: indptr, indices (server-local in-edge CSR), in_degree (global), hop, train (bool), offsets,
+    global_id; with features=True also features (float32 [n_s, F]: a batched mode keeps the server's
+    rows in host memory, as a real loader does, instead of reading the file per co-batch)."""
     with _open_server(os.fspath(path), manifest, server) as f:
         checks.check_file_layout(f, manifest, f.filename)
-        graph = {"indptr": f["graph/indptr"][:], "indices": f["graph/indices"][:],
-                 "in_degree": f["graph/in_degree"][:], "hop": f["vertices/hop"][:],
-                 "train": f["split/train"][:], "offsets": f["vertices/offsets"][:]}
-        checks.check_server_graph(graph, manifest, f.filename)
-        return graph
+        out = {"indptr": f["graph/indptr"][:], "indices": f["graph/indices"][:],
+               "in_degree": f["graph/in_degree"][:], "hop": f["vertices/hop"][:],
+               "train": f["split/train"][:], "offsets": f["vertices/offsets"][:],
+               "global_id": f["vertices/global_id"][:]}
+        if features:
+            out["features"] = f["features"][:]
+        checks.check_server_graph(out, manifest, f.filename)
+        return out
 
 
 def read_server_rows(path, manifest: dict, server: int, ids) -> np.ndarray:
