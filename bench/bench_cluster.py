@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -124,7 +125,7 @@ def run_config(run_dir):
     """What the cost model needs of a run's config.json: layers, and whether it overlapped."""
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
-    return {"layers": int(cfg["layers"]), "overlap": bool(cfg.get("overlap", False)),
+    return {"layers": int(cfg["layers"]), "overlap": not cfg.get("no_overlap", True) if "overlap" not in cfg else bool(cfg["overlap"]),
             "halo_dtype": cfg.get("halo_dtype", "float32")}
 
 
@@ -295,6 +296,8 @@ def main(argv=None):
     p.add_argument("--no-repeat", action="store_true",
                    help="leave out the second unshaped round at the end (it measures the load drift of the sweep)")
     p.add_argument("--run-timeout", type=int, default=300, help="seconds per training run")
+    p.add_argument("--reuse-shards", action="store_true",
+                   help="keep shard sets already built in --work (same options: the caller's responsibility)")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "cluster"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cluster.md"))
     p.add_argument("--from-json", default=None, metavar="SWEEP_JSON",
@@ -303,9 +306,9 @@ def main(argv=None):
     if args.from_json:
         with open(args.from_json) as f:
             sweep = json.load(f)
-        for rnd in all_rounds(sweep):  # sweeps saved before run_config existed: read it from the runs
+        for rnd in all_rounds(sweep):  # what the cost model needs of each run, read from the run itself
             for run_ in rnd["runs"].values():
-                if "layers" not in run_ and os.path.exists(os.path.join(run_.get("run_dir", ""), "config.json")):
+                if os.path.exists(os.path.join(run_.get("run_dir", ""), "config.json")):
                     run_.update(run_config(run_["run_dir"]))
         sweep["model_fit"] = costmodel.model_sweep(all_rounds(sweep), servers=sweep["graph"]["servers"])
         with open(args.from_json, "w") as f:
@@ -332,6 +335,9 @@ def main(argv=None):
         name = MODES[m][0]
         if name not in shards:
             shards[name] = os.path.join(args.work, f"shards-{name}")
+            if args.reuse_shards and os.path.exists(os.path.join(shards[name], "manifest.json")):
+                log.append(f"(reused {shards[name]})")
+                continue
             run(["mpirun", "-n", "2", py, "-m", "preprocess", "build", "--source", "synthetic", "--vertices",
                  str(args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", "2", "--layers",
                  str(args.layers), "--partitioner", "metis", "--out", shards[name], "--overwrite",
@@ -371,6 +377,8 @@ def main(argv=None):
             for m in (modes if i % 2 == 0 else modes[::-1]):
                 shard_set, extra, _ = MODES[m]
                 run_dir = os.path.join(args.work, "runs", label, m)
+                if os.path.exists(run_dir):  # a run of an earlier sweep in the same --work
+                    shutil.rmtree(run_dir)
                 run([os.path.join(REPO, "bench", "cluster", "emu-mpirun"), "-n", "4", "--emu-timeout",
                      str(args.run_timeout), py, "-m", "granndis_hpc.cli", "train", "--shards", shards[shard_set],
                      *extra, *common, "--out", run_dir], log, timeout=args.run_timeout + 60)

@@ -575,12 +575,12 @@ class TrainConfig:
         help="GPU memory budget per rank, e.g. 40GiB; --mode auto picks the largest preload that fits")
     # Communication hidden behind computation (engine/exchange.py, cluster/gradsync.py): only the order of
     # floating-point sums changes, so a resumed run may switch it.
-    overlap: bool = option(True, flag="--no-overlap", on_resume="may_change",
-                           help="--no-overlap: wait for each layer's whole halo before computing and reduce "
-                                "the gradients after the whole backward (the order before overlap existed, "
-                                "for comparison); by default a layer aggregates the edges of the rows it "
-                                "holds while its halo travels, in both passes, and gradient buckets are "
-                                "reduced during the backward")
+    no_overlap: bool = option(False, on_resume="may_change",
+                              help="wait for each layer's whole halo before computing and reduce the gradients "
+                                   "after the whole backward (the order before overlap existed, for "
+                                   "comparison); by default a layer aggregates the edges of the rows it holds "
+                                   "while its halo travels, in both passes, and gradient buckets are reduced "
+                                   "during the backward")
     halo_dtype: str = option("float32", choices=HALO_DTYPES,
                              help="dtype training halo rows and their gradients travel in; bfloat16/float16 "
                                   "halve the halo bytes and are widened on arrival, but the run is then not "

@@ -129,8 +129,8 @@ class Trainer:
         self.optimizer = torch.optim.Adam(groups, lr=cfg.lr)
         # Overlap (--no-overlap turns it off): gradients reduced in buckets during the backward, and the
         # halo in flight while each layer aggregates its own rows (models that accept PendingRows).
-        self.gradsync = GradientSync(self.comm, self.model.parameters()) if cfg.overlap else None
-        self._overlap_halo = bool(cfg.overlap and getattr(self.model, "accepts_pending_rows", False))
+        self.gradsync = GradientSync(self.comm, self.model.parameters()) if not cfg.no_overlap else None
+        self._overlap_halo = bool(not cfg.no_overlap and getattr(self.model, "accepts_pending_rows", False))
         self._halo_wire = None if cfg.halo_dtype == "float32" else getattr(torch, cfg.halo_dtype)
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
@@ -387,7 +387,7 @@ class Trainer:
     def communication_entry(self) -> Dict:
         """How training communicated (summary.json's plan): overlap, and the halo wire dtype, which makes
         an otherwise exact mode inexact when it is narrower than float32."""
-        entry = {"overlap": bool(self.cfg.overlap), "halo_dtype": self.cfg.halo_dtype}
+        entry = {"overlap": not self.cfg.no_overlap, "halo_dtype": self.cfg.halo_dtype}
         if self._halo_wire is not None:
             entry["exact"] = False
             entry["inexact_because"] = f"--halo-dtype {self.cfg.halo_dtype}: halo rows are rounded on the wire"

@@ -38,7 +38,7 @@ def _train(shards, mode, **overrides):
     ("cob", ("full", 3), {"batches_per_epoch": 2, "fanout": 5}),
 ])
 def test_overlap_equals_no_overlap_with_the_same_bytes(cora_shards, mode, shards, extra):
-    runs = {overlap: _train(cora_shards[shards], mode, overlap=overlap, **extra) for overlap in (True, False)}
+    runs = {overlap: _train(cora_shards[shards], mode, no_overlap=not overlap, **extra) for overlap in (True, False)}
     (rec_on, logits_on, params_on), (rec_off, logits_off, params_off) = runs[True], runs[False]
     for a, b in zip(rec_on, rec_off):
         assert a["bytes"] == b["bytes"] and a["max_rank_bytes"] == b["max_rank_bytes"]
