@@ -96,7 +96,7 @@ class Communicator:
             self._validate_counts(self.topo.server_comm, sc, rc, row_bytes, "local rank")
         if row_bytes == 0:  # nothing to move (every rank passes the same row shape)
             return PendingExchange.done(torch.empty((int(rc.sum()), *rest), dtype=send.dtype, device=self.topo.device))
-        with self._timed("intra", phase):
+        with self._timed("intra", phase, sync=False):
             finish = self._intra_bytes_start(_byte_rows(send, row_bytes), sc, rc, progress)
         self.ledger.add("intra", phase, (int(sc.sum()) - int(sc[me])) * row_bytes)
 
@@ -182,11 +182,11 @@ class Communicator:
         to_send = others[sc[others] > 0]
         to_recv = others[rc[others] > 0]
 
-        with self._timed("inter", phase):
+        with self._timed("inter", phase, sync=False):
             requests, staged_recv = self._post_inter(send_bytes, out_bytes, sc, rc, s_off, r_off,
                                                      to_send, to_recv, row_bytes)
             waiter = _MPIProgress(requests, progress)
-        with self._timed("intra", phase):
+        with self._timed("intra", phase, sync=False):
             intra_in = block_rows(s_off, sc, mates)
             finish_intra = self._intra_bytes_start(send_bytes[intra_in], sc[mates], rc[mates], progress)
         self.ledger.add("intra", phase, (int(sc[mates].sum()) - int(sc[topo.rank])) * row_bytes)
@@ -355,8 +355,11 @@ class Communicator:
             self._row_types[row_bytes] = t
         return t
 
-    def _timed(self, link: str, phase: str):
-        return _TimedSync(self.ledger, link, phase, self._cuda)
+    def _timed(self, link: str, phase: str, sync: bool = True):
+        """Time a communication call.  sync=False for posting a non-blocking one: synchronising the GPU
+        there would stall the host until queued kernels finish, which is what overlap avoids (NCCL and
+        the staging copies order themselves on the streams)."""
+        return _TimedSync(self.ledger, link, phase, self._cuda and sync)
 
 
 class PendingExchange:
@@ -437,7 +440,7 @@ class PendingReduce:
         comm.ledger.add("intra", phase, model["intra"])
         comm.ledger.add("inter", phase, model["inter"])
         if topo.ranks_per_server > 1:
-            with comm._timed("intra", phase):
+            with comm._timed("intra", phase, sync=False):
                 if self._torch:
                     self._stage1 = dist.reduce(flat, dst=self._leader, op=dist.ReduceOp.SUM,
                                                group=topo.intra_group, async_op=True)
