@@ -128,19 +128,44 @@ class Communicator:
                 work.wait()
                 return out
             return finish_torch
-        # MPI Ialltoallv on the server communicator, staged through host memory on a GPU.
+        # MPI on the server's ranks, staged through host memory on a GPU.  Blocking: Alltoallv, as before
+        # overlap existed.  Non-blocking: Isend/Irecv of the non-empty blocks on the private p2p
+        # communicator -- not MPI_Ialltoallv: Open MPI's non-blocking collectives (libnbc) were measured
+        # 3-15x slower than the blocking ones and than point-to-point on the oversubscribed machine.
         host_send = send_bytes.cpu() if send_bytes.is_cuda else send_bytes
         host_out = torch.empty((n_out, row_bytes), dtype=torch.uint8, pin_memory=self._cuda)
         rtype = self._row_type(row_bytes)
-        request = self.topo.server_comm.Ialltoallv(
-            [_np(host_send), (sc.tolist(), offsets_of(sc).tolist()), rtype],
-            [_np(host_out), (rc.tolist(), offsets_of(rc).tolist()), rtype])
-        waiter = _MPIProgress([request], progress)  # mpi4py's requests keep their buffers alive
+        s_off, r_off = offsets_of(sc), offsets_of(rc)
+        if not progress:
+            self.topo.server_comm.Alltoallv([_np(host_send), (sc.tolist(), s_off.tolist()), rtype],
+                                            [_np(host_out), (rc.tolist(), r_off.tolist()), rtype])
+            out = host_out.to(send_bytes.device, non_blocking=True) if self._cuda else host_out
+            return lambda: out
+        me, mates = self.topo.local_rank, self.topo.server_ranks()
+        host_out[int(r_off[me]):int(r_off[me] + rc[me])] = host_send[int(s_off[me]):int(s_off[me] + sc[me])]
+        others = np.array([j for j in range(g) if j != me], dtype=np.int64)
+        to_send, to_recv = others[sc[others] > 0], others[rc[others] > 0]
+        requests = self._post_p2p(_np(host_send), _np(host_out), sc, rc, s_off, r_off, mates[to_send],
+                                  to_send, mates[to_recv], to_recv, rtype)
+        waiter = _MPIProgress(requests, progress)  # mpi4py's requests keep their buffers alive
 
         def finish_mpi():
             waiter.wait()
             return host_out.to(send_bytes.device, non_blocking=True) if self._cuda else host_out
         return finish_mpi
+
+    def _post_p2p(self, send_buf, recv_buf, sc, rc, s_off, r_off, send_ranks, send_blocks, recv_ranks,
+                  recv_blocks, rtype, tag=None):
+        """Irecv then Isend of row blocks: block b of send_blocks goes to global rank send_ranks[b]."""
+        tag = _P2P_TAG if tag is None else tag
+        requests = []
+        for src, j in zip(np.asarray(recv_ranks).tolist(), np.asarray(recv_blocks).tolist()):
+            off, n = int(r_off[j]), int(rc[j])
+            requests.append(self._p2p.Irecv([recv_buf[off:off + n], n, rtype], source=src, tag=tag))
+        for dst, j in zip(np.asarray(send_ranks).tolist(), np.asarray(send_blocks).tolist()):
+            off, n = int(s_off[j]), int(sc[j])
+            requests.append(self._p2p.Isend([send_buf[off:off + n], n, rtype], dest=dst, tag=tag))
+        return requests
 
     # ----------------------------------------------------------------- world exchange
     def world_exchange(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
@@ -412,6 +437,15 @@ class _MPIProgress:
         while not self._stop and not MPI.Request.Testall(self._requests):
             time.sleep(PROGRESS_POLL_S)
 
+    def test(self) -> bool:
+        """True when every request has completed (MPI_Testall; only while no thread polls them)."""
+        if self._thread is not None:
+            if self._thread.is_alive():
+                return False
+            self._thread.join()
+            self._thread = None
+        return bool(MPI.Request.Testall(self._requests))
+
     def wait(self) -> None:
         if self._thread is not None:
             self._stop = True
@@ -423,18 +457,26 @@ class _MPIProgress:
 class PendingReduce:
     """One bucket's hierarchical all-reduce in flight (Communicator.reduce_flat_start).
 
-    Stages: (1) reduce to the server's leader (gloo/NCCL async_op, or MPI Ireduce); (2) on leaders,
-    MPI Iallreduce among them, driven by a progress thread; (3) broadcast from the leader, in wait().
-    Every rank posts its buckets in the same order (the caller's), so the collectives line up."""
+    Stages: (1) reduce to the server's leader (gloo/NCCL async_op; with MPI, the non-leaders Isend their
+    bucket and the leader sums the G-1 it receives in local-rank order); (2) on leaders, the sum among
+    them: on 2 servers a pairwise exchange (Isend/Irecv; a + b is b + a exactly, so both leaders hold the
+    same bits, and each sends B bytes, the ring model's 2(S-1)/S B), driven by the progress thread; on
+    more servers a blocking MPI all-reduce in wait(); (3) broadcast from the leader, in wait().  Not
+    MPI's non-blocking collectives: Open MPI's (libnbc) were measured 3-15x slower than blocking ones
+    here (MPI_Ireduce of 93 kB inside a server: 1.4 s against MPI_Reduce's 0.1 s).  Every rank posts its
+    buckets in the same order (the caller's), so the messages match."""
+
+    _REDUCE_TAG, _LEADERS_TAG = 18, 19
 
     def __init__(self, comm: Communicator, flat: torch.Tensor, phase: str):
         topo = comm.topo
         self.comm, self.flat, self.phase = comm, flat, phase
         self._torch = comm.intra_transport in ("gloo", "nccl")
         self._leader = int(topo.rank_table[topo.server, 0])
-        self._host = None       # host copy of a GPU bucket for the MPI stages
-        self._stage1 = None     # torch Work or MPI request of the reduce to the leader
-        self._stage2 = None     # _MPIProgress of the leaders' all-reduce, or False when there is none
+        self._host = None       # host view (CPU) or copy (GPU) of the bucket for the MPI stages
+        self._stage1 = None     # torch Work, or _MPIProgress of the Isend/Irecv to the leader
+        self._received = None   # leader, MPI: the G-1 buckets of its server's other ranks
+        self._stage2 = None     # (_MPIProgress, the other leader's bucket) on 2 servers, else False
         model = allreduce_bytes_model(flat.numel(), flat.element_size(), topo.servers, topo.ranks_per_server,
                                       topo.server, topo.local_rank)
         comm.ledger.add("intra", phase, model["intra"])
@@ -445,16 +487,33 @@ class PendingReduce:
                     self._stage1 = dist.reduce(flat, dst=self._leader, op=dist.ReduceOp.SUM,
                                                group=topo.intra_group, async_op=True)
                 else:
-                    self._host = flat.cpu() if flat.is_cuda else flat
-                    buf = _np(self._host)
-                    self._stage1 = topo.server_comm.Ireduce(MPI.IN_PLACE if topo.is_leader else buf,
-                                                            buf if topo.is_leader else None, op=MPI.SUM, root=0)
+                    self._stage1 = self._post_to_leader()
         self.poll()
+
+    def _mpi_type(self):
+        return _REDUCIBLE[self.flat.dtype]
+
+    def _host_flat(self) -> torch.Tensor:
+        if self._host is None:
+            self._host = self.flat.cpu() if self.flat.is_cuda else self.flat
+        return self._host
+
+    def _post_to_leader(self):
+        topo, p2p, n = self.comm.topo, self.comm._p2p, self.flat.numel()
+        mates = topo.server_ranks().tolist()
+        host = self._host_flat()
+        if topo.is_leader:
+            self._received = torch.empty((len(mates) - 1, n), dtype=self.flat.dtype)
+            requests = [p2p.Irecv([_np(self._received[i]), n, self._mpi_type()], source=src, tag=self._REDUCE_TAG)
+                        for i, src in enumerate(mates[1:])]
+        else:
+            requests = [p2p.Isend([_np(host), n, self._mpi_type()], dest=self._leader, tag=self._REDUCE_TAG)]
+        return _MPIProgress(requests, progress=True)
 
     def _stage1_done(self) -> bool:
         if self._stage1 is None:
             return True
-        return self._stage1.is_completed() if self._torch else self._stage1.Test()
+        return self._stage1.is_completed() if self._torch else self._stage1.test()
 
     def poll(self) -> None:
         """Start the leaders' stage once the reduce to the leader has completed (cheap when not)."""
@@ -465,13 +524,16 @@ class PendingReduce:
         comm, topo = self.comm, self.comm.topo
         with comm._timed("intra", self.phase):
             self._finish_stage1()
-        if topo.servers > 1 and topo.is_leader:
-            with comm._timed("inter", self.phase):
-                if self.flat.is_cuda:
-                    self._host = self.flat.cpu()
-                host = self.flat if self._host is None else self._host
-                request = topo.leader_comm.Iallreduce(MPI.IN_PLACE, _np(host), op=MPI.SUM)
-                self._stage2 = _MPIProgress([request], progress=True)
+        if topo.servers == 2 and topo.is_leader:
+            with comm._timed("inter", self.phase, sync=False):
+                host = self._host_flat() if not self.flat.is_cuda else self.flat.cpu()
+                self._host = host
+                other = torch.empty_like(host)
+                peer = int(topo.rank_table[1 - topo.server, 0])
+                p2p, n = comm._p2p, host.numel()
+                requests = [p2p.Irecv([_np(other), n, self._mpi_type()], source=peer, tag=self._LEADERS_TAG),
+                            p2p.Isend([_np(host), n, self._mpi_type()], dest=peer, tag=self._LEADERS_TAG)]
+                self._stage2 = (_MPIProgress(requests, progress=True), other)
         else:
             self._stage2 = False
 
@@ -481,9 +543,14 @@ class PendingReduce:
         if self._torch:
             self._stage1.wait()
         else:
-            self._stage1.Wait()
-            if self.flat.is_cuda and self.comm.topo.is_leader:
-                self.flat.copy_(self._host)
+            self._stage1.wait()
+            if self._received is not None:  # leader: its bucket + the others', in local-rank order
+                host = self._host_flat()
+                for row in self._received:
+                    host.add_(row)
+                if self.flat.is_cuda:
+                    self.flat.copy_(host)
+                self._received = None
         self._stage1 = None
 
     def wait(self) -> torch.Tensor:
@@ -493,9 +560,15 @@ class PendingReduce:
             self._start_stage2()
         if self._stage2:
             with comm._timed("inter", self.phase):
-                self._stage2.wait()
+                waiter, other = self._stage2
+                waiter.wait()
+                self._host.add_(other)
                 if self.flat.is_cuda:
                     self.flat.copy_(self._host)
+        elif topo.servers > 2 and topo.is_leader:
+            with comm._timed("inter", self.phase):
+                comm._mpi_in_host(self.flat, lambda buf: topo.leader_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+                                  write_back=True)
         if topo.ranks_per_server > 1:
             with comm._timed("intra", self.phase):
                 if self._torch:
