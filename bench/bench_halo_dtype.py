@@ -49,24 +49,23 @@ def _worker(args):
     world = MPI.COMM_WORLD
     base = world.bcast(tempfile.mkdtemp(prefix="granndis-halo-dtype-") if world.rank == 0 else None)
     dirs = build_sets(base, args.datasets)
-    results = []
-    for name in args.datasets:
-        for loop in args.loops:
-            for seed in range(args.seeds):
+    # Seeds outermost and one JSON line per run, appended as it finishes: a sweep stopped early still
+    # has every (dataset, loop, dtype) cell at the seeds it reached (`--from-results` renders it).
+    for seed in range(args.seeds):
+        for name in args.datasets:
+            for loop in args.loops:
                 for dtype in DTYPES:  # side by side, seed by seed
                     r = engine_run(dirs[(name, "row")], loop, seed, dtype, args.epochs)
-                    results.append(dict(r, dataset=name, loop=loop, seed=seed, halo_dtype=dtype))
                     if world.rank == 0:
+                        with open(args.worker, "a") as f:
+                            f.write(json.dumps(dict(r, dataset=name, loop=loop, seed=seed, halo_dtype=dtype)) + "\n")
                         print(f"[halo-dtype] {name} {loop} seed {seed} {dtype}: test {r['best_val']:.4f}", flush=True)
-    if world.rank == 0:
-        with open(args.worker, "w") as f:
-            json.dump(results, f)
 
 
 def page(results, args):
     lines = ["# Half-width halos (`--halo-dtype bfloat16`): accuracy against float32", "", __doc__.split("\n\n")[2]
              .replace("\n", " "), "",
-             f"{args.seeds} seeds, {args.epochs} epochs; test accuracy (%) of the best-validation epoch, mean ± std.", "",
+             f"{len({r['seed'] for r in results})} seeds, {args.epochs} epochs; test accuracy (%) of the best-validation epoch, mean ± std.", "",
              "| dataset | loop | float32 | bfloat16 | difference (points) | within 0.5 |", "|---|---|---|---|---:|---|"]
     for name in args.datasets:
         for loop in args.loops:
@@ -90,18 +89,27 @@ def main(argv=None):
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
     p.add_argument("--loops", nargs="+", default=list(LOOPS), choices=list(LOOPS))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "accuracy-halo-dtype.md"))
+    p.add_argument("--results", default=os.path.join(REPO, "bench-out", "halo-dtype.jsonl"),
+                   help="JSON lines, one per run, appended as runs finish")
+    p.add_argument("--from-results", action="store_true", help="no runs: render the page from --results")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         _worker(args)
         return 0
-    fd, results_file = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
+    results_file = os.path.abspath(args.results)
     cmd = ["mpirun", "-n", "4", sys.executable, os.path.abspath(__file__), "--worker", results_file, "--seeds",
            str(args.seeds), "--epochs", str(args.epochs), "--datasets", *args.datasets, "--loops", *args.loops]
-    subprocess.run(cmd, cwd=REPO, env=ENV, check=True)
+    if not args.from_results:
+        os.makedirs(os.path.dirname(results_file), exist_ok=True)
+        open(results_file, "w").close()
+        subprocess.run(cmd, cwd=REPO, env=ENV, check=True)
     with open(results_file) as f:
-        results = json.load(f)
+        results = [json.loads(line) for line in f if line.strip()]
+    complete = {r["seed"] for r in results if all(
+        any((q["seed"], q["dataset"], q["loop"], q["halo_dtype"]) == (r["seed"], d, lp, t) for q in results)
+        for d in args.datasets for lp in args.loops for t in DTYPES)}
+    results = [r for r in results if r["seed"] in complete]  # only seeds every cell reached
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
         json.dump(results, f, indent=1)
     shown = ["mpirun", "-n", "4", "python", "bench/bench_halo_dtype.py", "--worker", "RESULTS.json", *cmd[6:]]
