@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -51,6 +52,14 @@ MODES = {
     "cob": ("full", ["--mode", "cob", "--batches-per-epoch", "2", "--fanout", "10"], True),
     "flx-k1": ("full-k1", ["--mode", "flx"], False),
     "flx-k2": ("full-k2", ["--mode", "flx"], False),
+    # Overlap of communication with computation (issue 19, docs/bench-overlap.md): the modes above run
+    # with it (the default); these rows are today's order (--no-overlap) and half-width halos.
+    "fb-noovl": ("full", ["--mode", "fb", "--no-overlap"], False),
+    "fb-bf16": ("full", ["--mode", "fb", "--halo-dtype", "bfloat16"], False),
+    "flx-noovl": ("full", ["--mode", "flx", "--no-overlap"], False),
+    "flx-k1-noovl": ("full-k1", ["--mode", "flx", "--no-overlap"], False),
+    "flx-k1-bf16": ("full-k1", ["--mode", "flx", "--halo-dtype", "bfloat16"], False),
+    "eas-noovl": ("eas", ["--mode", "eas", "--no-overlap"], False),
 }
 DEFAULT_RATES = "unshaped,1gbit,250mbit,100mbit,50mbit,25mbit"
 
@@ -110,6 +119,14 @@ def steps_per_epoch(run_dir):
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
     return int(cfg["batches_per_epoch"]) if issubclass(TRAIN_MODES[cfg["mode"]], BatchedMode) else 1
+
+
+def run_config(run_dir):
+    """What the cost model needs of a run's config.json: layers, and whether it overlapped."""
+    with open(os.path.join(run_dir, "config.json")) as f:
+        cfg = json.load(f)
+    return {"layers": int(cfg["layers"]), "overlap": not cfg.get("no_overlap", True) if "overlap" not in cfg else bool(cfg["overlap"]),
+            "halo_dtype": cfg.get("halo_dtype", "float32")}
 
 
 def run(cmd, log, timeout, capture=False):
@@ -229,6 +246,16 @@ def render(sweep, argv):
             L.append(f"| {i} | {r['label']} | {'' if load is None else f'{load:.1f}'} | {f:.2f} |")
         L += ["", "| mode | rows per epoch | k (us per row) |", "|---|---:|---:|"]
         L += [f"| {m} | {rounds[0]['runs'][m]['rows']:,} | {fit['cost_per_row_s'][m] * 1e6:.2f} |" for m in modes]
+    if all("overlap_limit_s" in x for r in rounds for x in r["runs"].values()):
+        L += ["", "Overlap limit (sum over layer-passes of max(compute, halo wire) + gradient wire; "
+              "`bench/cluster/costmodel.py`): measured epoch / limit per run, marked * where the run overlapped. "
+              "A run that overlaps is at or above its limit; one that does not is near the additive model.", "",
+              "| link rate | " + " | ".join(f"{m} meas / limit" for m in modes) + " |", "|---|" + "---:|" * len(modes)]
+        for r in rounds:
+            L.append(f"| {r['label']} | " + " | ".join(
+                f"{r['runs'][m]['epoch_s']:.3f} / {r['runs'][m]['overlap_limit_s']:.3f} = "
+                f"{r['runs'][m]['measured_over_limit']:.2f}{'*' if r['runs'][m].get('overlap') else ''}"
+                for m in modes) + " |")
     L += ["", "For comparison, the previous model (C + T_intra of the mode's unshaped run, which counts waits "
           "for the link twice, + total inter bytes / 2 / bw):", ""]
     L += _model_table(rounds, modes, "predicted_unshaped_s", "model_error_unshaped", " (previous model)")
@@ -269,6 +296,8 @@ def main(argv=None):
     p.add_argument("--no-repeat", action="store_true",
                    help="leave out the second unshaped round at the end (it measures the load drift of the sweep)")
     p.add_argument("--run-timeout", type=int, default=300, help="seconds per training run")
+    p.add_argument("--reuse-shards", action="store_true",
+                   help="keep shard sets already built in --work (same options: the caller's responsibility)")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "cluster"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cluster.md"))
     p.add_argument("--from-json", default=None, metavar="SWEEP_JSON",
@@ -277,6 +306,10 @@ def main(argv=None):
     if args.from_json:
         with open(args.from_json) as f:
             sweep = json.load(f)
+        for rnd in all_rounds(sweep):  # what the cost model needs of each run, read from the run itself
+            for run_ in rnd["runs"].values():
+                if os.path.exists(os.path.join(run_.get("run_dir", ""), "config.json")):
+                    run_.update(run_config(run_["run_dir"]))
         sweep["model_fit"] = costmodel.model_sweep(all_rounds(sweep), servers=sweep["graph"]["servers"])
         with open(args.from_json, "w") as f:
             json.dump(sweep, f, indent=1)
@@ -302,6 +335,9 @@ def main(argv=None):
         name = MODES[m][0]
         if name not in shards:
             shards[name] = os.path.join(args.work, f"shards-{name}")
+            if args.reuse_shards and os.path.exists(os.path.join(shards[name], "manifest.json")):
+                log.append(f"(reused {shards[name]})")
+                continue
             run(["mpirun", "-n", "2", py, "-m", "preprocess", "build", "--source", "synthetic", "--vertices",
                  str(args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", "2", "--layers",
                  str(args.layers), "--partitioner", "metis", "--out", shards[name], "--overwrite",
@@ -341,11 +377,13 @@ def main(argv=None):
             for m in (modes if i % 2 == 0 else modes[::-1]):
                 shard_set, extra, _ = MODES[m]
                 run_dir = os.path.join(args.work, "runs", label, m)
+                if os.path.exists(run_dir):  # a run of an earlier sweep in the same --work
+                    shutil.rmtree(run_dir)
                 run([os.path.join(REPO, "bench", "cluster", "emu-mpirun"), "-n", "4", "--emu-timeout",
                      str(args.run_timeout), py, "-m", "granndis_hpc.cli", "train", "--shards", shards[shard_set],
                      *extra, *common, "--out", run_dir], log, timeout=args.run_timeout + 60)
                 entry["runs"][m] = dict(costmodel.summarize_run(read_records(run_dir), steps_per_epoch(run_dir)),
-                                        run_dir=run_dir)
+                                        run_dir=run_dir, **run_config(run_dir))
                 print(f"   {label} {m}: epoch {entry['runs'][m]['epoch_s']:.3f} s", flush=True)
             entry["runs"] = {m: entry["runs"][m] for m in modes}  # table order
             (sweep["repeat"] if repeat else sweep["rates"]).append(entry)

@@ -455,6 +455,8 @@ TRANSPORT_NAMES = ("auto", "gloo", "nccl", "mpi")
 CHECKPOINTABLE_MODELS = ("ressage",)
 # --weight-decay-on: every parameter, or the first layer's only (nn/models.py GNN.first_layer_prefix).
 WEIGHT_DECAY_ON = ("all", "first")
+# --halo-dtype: the wire format of training halo rows (engine/exchange.py); float32 is exact.
+HALO_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _mode_names():
@@ -582,6 +584,19 @@ class TrainConfig:
     memory_per_gpu: Optional[str] = option(
         None, parse=_size_text, metavar="SIZE",
         help="GPU memory budget per rank, e.g. 40GiB; --mode auto picks the largest preload that fits")
+    # Communication hidden behind computation (engine/exchange.py, cluster/gradsync.py): only the order of
+    # floating-point sums changes, so a resumed run may switch it.
+    no_overlap: bool = option(False, on_resume="may_change",
+                              help="wait for each layer's whole halo before computing and reduce the gradients "
+                                   "after the whole backward (the order before overlap existed, for "
+                                   "comparison); by default a layer aggregates the edges of the rows it holds "
+                                   "while its halo travels, in both passes, and gradient buckets are reduced "
+                                   "during the backward")
+    halo_dtype: str = option("float32", choices=HALO_DTYPES,
+                             help="dtype training halo rows and their gradients travel in; bfloat16/float16 "
+                                  "halve the halo bytes and are widened on arrival, but the run is then not "
+                                  "exact (summary.json says so; its checkpoints resume only on the same "
+                                  "shape); evaluation always exchanges float32")
     # Force the rank-0 bar on (mpirun pipes output, so no terminal is seen).
     progress: bool = option(False, on_resume="may_change",
                             help="draw rank 0's progress bar (epochs, loss, ETA) even when stderr is not a "

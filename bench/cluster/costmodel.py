@@ -27,6 +27,21 @@ The model follows the paper's Eq. 1 / 5: an epoch is computation plus communicat
 - B_intra / bw_intra: the busiest rank's intra-server bytes over the round's shared-memory ping-pong
   bandwidth (small: a few hundredths of a second).
 
+Overlap (`overlap_limit`, beside the additive form): with the halo in flight while a layer aggregates
+the rows it holds, and gradient buckets reduced during the backward (granndis-train's default), a
+layer-pass costs max(its compute, its wire time), not their sum:
+
+    T_overlap = sum over the 2L layer-passes of max(c, w_l) + W_grad
+
+c = C / 2L: the run's compute (from the fit above) spread evenly over the forward and backward passes
+of the L layers (the record has no per-layer times); w_l = W_halo / 2(L-1) on the layers that exchange
+(every layer but the first: layer 0's halo is the static input, exchanged at set-up) and 0 on the
+first; W_grad = the gradient bytes' wire time, left additive (it is a few hundredths of a second here,
+and the leaders' stage overlaps only the rest of the backward).  It is a *limit*: the compute that needs
+the halo (the halo edges' products) cannot overlap it, so a measured epoch is at or above it.  A run's
+"compute" for the fit is its epoch less its wire time without overlap; with overlap the wire time is
+partly hidden, so there the fit reads the run's own compute (the epoch less the seconds it waited).
+
 `unshaped_model` keeps the previous model (the unshaped run's compute + intra + gradient-sync
 seconds + total inter bytes / S / bw) for comparison on the same page: it counts waits for the link
 twice (they are in the unshaped run's intra and gradient-sync seconds) and inherits that one run's load.
@@ -138,9 +153,10 @@ def model_sweep(rounds, servers):
     if len(rounds) < 2 or len(modes) < 2:
         raise ValueError("the cost model calibrates each run on the other modes of its round and on its mode's "
                          "runs in other rounds: it needs at least 2 modes and 2 rounds (rates, or the repeat)")
-    cells = {}
+    cells, bw_of = {}, {}
     for i, rnd in enumerate(rounds):
         bw_inter, bw_intra = link_bandwidth(rnd), rnd["pingpong"].get("intra_Bps")
+        bw_of[i] = (bw_inter, bw_intra)
         for mode, run in rnd["runs"].items():
             if run.get("rows") is None:
                 raise ValueError(f"run {run.get('run_dir', mode)} has no rows_per_layer in its records; rerun it "
@@ -150,7 +166,8 @@ def model_sweep(rounds, servers):
             # a logarithm.  Weight (compute / epoch)^2: an error dT of the epoch moves log(compute) by
             # dT / compute, so a run that is mostly wire time (fb at slow rates) says little about its
             # compute, and an error of the wire model there must not set a mode's cost or a round's load.
-            compute = max(run["epoch_s"] - run["wire_s"], COMPUTE_FLOOR_S)
+            compute = max(run["compute"] + run["sampling"] if run.get("overlap") else run["epoch_s"] - run["wire_s"],
+                          COMPUTE_FLOOR_S)
             cells[(mode, i)] = (math.log(compute), (compute / run["epoch_s"]) ** 2)
     for i, rnd in enumerate(rounds):
         for mode, run in rnd["runs"].items():
@@ -159,11 +176,36 @@ def model_sweep(rounds, servers):
             run["cost_per_row_s"] = compute / run["rows"]
             run["predicted_s"] = compute + run["wire_s"]
             run["model_error"] = (run["predicted_s"] - run["epoch_s"]) / run["epoch_s"]
+            if run.get("layers"):  # sweeps recorded before the overlap model have no layer count
+                run["overlap_limit_s"] = overlap_limit(run, compute, bw_of[i], servers)
+                run["measured_over_limit"] = run["epoch_s"] / run["overlap_limit_s"]
     unshaped_model(rounds, servers)
     a, b = fit_mode_round(cells)
     rows = {m: rnd["runs"][m]["rows"] for rnd in rounds for m in rnd["runs"]}
     return {"cost_per_row_s": {m: math.exp(x) / rows[m] for m, x in a.items()},
             "load_factor": [math.exp(b[i]) for i in range(len(rounds))]}
+
+
+def overlap_limit(run, compute_s, bandwidths, servers):
+    """T_overlap of the module docstring: sum over layer-passes of max(compute, halo wire) + gradient wire."""
+    bw_inter, bw_intra = (_positive(b, what) for b, what in zip(bandwidths, ("inter-server", "intra-server")))
+    layers = int(run.get("layers") or 0)
+    if layers < 1:
+        raise ValueError(f"run {run.get('run_dir', '?')}: the overlap model needs the run's layer count")
+    b = run["bytes"]
+    # Gradient bytes are the same on every leader (the ring), so the busiest server's halo share is its
+    # inter bytes less one leader's gradient bytes; the busiest rank's intra bytes likewise less the
+    # gradient's (an upper bound on its halo bytes: the leader's broadcast is the largest intra grad).
+    grad_inter = b["inter_grad"] / servers
+    grad_wire = grad_inter / bw_inter + b["intra_grad"] / servers / bw_intra
+    halo_wire = (max(run["inter_bytes_max_server"] - grad_inter, 0) / bw_inter
+                 + run["intra_bytes_max_rank"] / bw_intra)
+    passes, exchanging = 2 * layers, 2 * (layers - 1)
+    c = compute_s / passes
+    if exchanging == 0:
+        return compute_s + halo_wire + grad_wire
+    w = halo_wire / exchanging
+    return exchanging * max(c, w) + (passes - exchanging) * c + grad_wire
 
 
 def unshaped_model(rounds, servers, base_label="unshaped"):

@@ -2,41 +2,159 @@
 returns the gradients of received rows to their owners, who add them to their own rows' gradients.
 
 Every rank runs the same layers in the same order, forward and backward, so the collective calls
-inside line up on all ranks (a rank with nothing to send still takes part with empty blocks)."""
+inside line up on all ranks (a rank with nothing to send still takes part with empty blocks).
+
+Two forms:
+- `halo_exchange`: blocking (the rows are there when it returns; backward likewise) -- `--no-overlap`;
+- `halo_exchange_start`: posts the exchange and returns the own rows with the halo still in flight
+  (nn.graph.PendingRows); the layer aggregates the edges whose sources it holds, then waits and adds
+  the halo edges.  Its backward runs in reverse: the halo's gradients are posted back as soon as they
+  are known, the own rows' gradients are computed while they travel, and the owner waits only when
+  it must add them (two autograd nodes, _Post and _Wait; the autograd engine runs the later-created
+  node first among those ready, so the local branch's backward falls between them).
+
+`wire_dtype` (--halo-dtype): halo rows and their gradients travel in that dtype (bfloat16/float16:
+half the bytes) and are widened to the rows' dtype on arrival.  None: as they are (exact).
+"""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
+
+from granndis_hpc.nn.graph import PendingRows
 
 # exchange_fn(send_rows, send_counts, recv_counts) -> received rows; a Communicator method bound to
 # the right peers (intra-server or world) and ledger phase.
 ExchangeFn = Callable[[torch.Tensor, Sequence[int], Sequence[int]], torch.Tensor]
+# start_fn(send_rows, send_counts, recv_counts) -> an object whose wait() returns the received rows
+# (cluster.comm.PendingExchange).
+StartFn = Callable[[torch.Tensor, Sequence[int], Sequence[int]], object]
+
+
+def _to_wire(t: torch.Tensor, wire_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return (t if wire_dtype is None or t.dtype == wire_dtype else t.to(wire_dtype)).contiguous()
+
+
+def _from_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, send_index, send_counts, recv_counts, exchange_fn):
-        ctx.exchange_fn = exchange_fn
+    def forward(ctx, h, send_index, send_counts, recv_counts, exchange_fn, wire_dtype):
+        ctx.exchange_fn, ctx.wire_dtype = exchange_fn, wire_dtype
         ctx.send_counts, ctx.recv_counts = send_counts, recv_counts
         ctx.save_for_backward(send_index)
         ctx.num_rows = h.shape[0]
-        return exchange_fn(h.index_select(0, send_index).contiguous(), send_counts, recv_counts)
+        return _from_wire(exchange_fn(_to_wire(h.index_select(0, send_index), wire_dtype), send_counts,
+                                      recv_counts), h.dtype)
 
     @staticmethod
     def backward(ctx, grad_recv):
         (send_index,) = ctx.saved_tensors
         # The reverse exchange: what we received, we send back; what we sent, we receive.
-        grad_send = ctx.exchange_fn(grad_recv.contiguous(), ctx.recv_counts, ctx.send_counts)
+        grad_send = _from_wire(ctx.exchange_fn(_to_wire(grad_recv, ctx.wire_dtype), ctx.recv_counts,
+                                               ctx.send_counts), grad_recv.dtype)
         grad_h = grad_recv.new_zeros((ctx.num_rows,) + tuple(grad_recv.shape[1:]))
         grad_h.index_add_(0, send_index, grad_send)
-        return grad_h, None, None, None, None
+        return grad_h, None, None, None, None, None
 
 
 def halo_exchange(h: torch.Tensor, send_index: torch.Tensor, send_counts: Sequence[int],
-                  recv_counts: Sequence[int], exchange_fn: ExchangeFn) -> torch.Tensor:
+                  recv_counts: Sequence[int], exchange_fn: ExchangeFn,
+                  wire_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Rows of `h` at `send_index` go to the peers (grouped by peer, `send_counts` each); returns the
     rows received (grouped by source peer, `recv_counts` each).  Differentiable wrt `h`."""
     if h.requires_grad:
-        return _HaloExchange.apply(h, send_index, list(send_counts), list(recv_counts), exchange_fn)
-    return exchange_fn(h.index_select(0, send_index).contiguous(), list(send_counts), list(recv_counts))
+        return _HaloExchange.apply(h, send_index, list(send_counts), list(recv_counts), exchange_fn, wire_dtype)
+    return _from_wire(exchange_fn(_to_wire(h.index_select(0, send_index), wire_dtype), list(send_counts),
+                                  list(recv_counts)), h.dtype)
+
+
+class _InFlight:
+    """What the two nodes of one overlapped exchange share: the plan and the two pending exchanges."""
+
+    __slots__ = ("send_index", "send_counts", "recv_counts", "start", "wire_dtype", "dtype", "num_rows",
+                 "forward", "backward")
+
+    def __init__(self, h, send_index, send_counts, recv_counts, start, wire_dtype):
+        self.send_index, self.send_counts, self.recv_counts = send_index, send_counts, recv_counts
+        self.start, self.wire_dtype, self.dtype, self.num_rows = start, wire_dtype, h.dtype, h.shape[0]
+        self.forward = self.backward = None
+
+
+class _Post(torch.autograd.Function):
+    """Forward: post the own rows' exchange; returns an empty token that orders _Wait after it.
+    Backward: wait for the halo gradients _Wait posted and add them to the rows that were sent."""
+
+    @staticmethod
+    def forward(ctx, h, state: _InFlight):
+        ctx.state = state
+        state.forward = state.start(_to_wire(h.index_select(0, state.send_index), state.wire_dtype),
+                                    state.send_counts, state.recv_counts)
+        return h.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _grad_token):
+        state = ctx.state
+        grad_send = _from_wire(state.backward.wait(), state.dtype)
+        state.backward = None
+        grad_h = grad_send.new_zeros((state.num_rows,) + tuple(grad_send.shape[1:]))
+        grad_h.index_add_(0, state.send_index, grad_send)
+        return grad_h, None
+
+
+class _Wait(torch.autograd.Function):
+    """Forward: wait for the halo rows, widened.  Backward: post their gradients back to the owners."""
+
+    @staticmethod
+    def forward(ctx, _token, state: _InFlight):
+        ctx.state = state
+        rows = _from_wire(state.forward.wait(), state.dtype)
+        state.forward = None
+        return rows
+
+    @staticmethod
+    def backward(ctx, grad_halo):
+        state = ctx.state
+        state.backward = state.start(_to_wire(grad_halo, state.wire_dtype), state.recv_counts, state.send_counts)
+        return grad_halo.new_zeros(0), None
+
+
+def halo_exchange_start(h: torch.Tensor, send_index: torch.Tensor, send_counts: Sequence[int],
+                        recv_counts: Sequence[int], start_fn: StartFn,
+                        wire_dtype: Optional[torch.dtype] = None) -> PendingRows:
+    """Post the exchange of `halo_exchange` and return PendingRows(own = h, halo in flight)."""
+    state = _InFlight(h, send_index, list(send_counts), list(recv_counts), start_fn, wire_dtype)
+    n_halo = int(sum(state.recv_counts))
+    if h.requires_grad:
+        token = _Post.apply(h, state)
+        return PendingRows(h, lambda: _Wait.apply(token, state), n_halo)
+    state.forward = start_fn(_to_wire(h.index_select(0, send_index), wire_dtype), state.send_counts,
+                             state.recv_counts)
+    return PendingRows(h, lambda: _from_wire(state.forward.wait(), h.dtype), n_halo)
+
+
+def start_form(exchange_fn) -> Callable:
+    """The non-blocking form of an exchange function: `<method>_start` of the Communicator a bound
+    `intra_exchange`/`world_exchange` belongs to; for any other function (a planning no-op, a test's
+    fake transport) one that exchanges at once and hands back the finished rows."""
+    owner, name = getattr(exchange_fn, "__self__", None), getattr(exchange_fn, "__name__", "")
+    start = getattr(owner, f"{name}_start", None) if owner is not None else None
+    if start is not None:
+        return start
+
+    def exchange_now(send, send_counts, recv_counts, phase="halo"):
+        return _Finished(exchange_fn(send, send_counts, recv_counts, phase=phase))
+    return exchange_now
+
+
+class _Finished:
+    __slots__ = ("rows",)
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def wait(self):
+        return self.rows

@@ -21,6 +21,7 @@ import torch
 from granndis_hpc import shards
 from granndis_hpc.cluster.comm import Communicator
 from granndis_hpc.cluster.errors import collective_errors, raised_everywhere
+from granndis_hpc.cluster.gradsync import GradientSync
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import views
@@ -156,6 +157,11 @@ class Trainer:
             check_input_dropout(cfg, self.model, self._keyed_dropout)
             groups = optimizer_groups(self.model, cfg)
         self.optimizer = torch.optim.Adam(groups, lr=cfg.lr)
+        # Overlap (--no-overlap turns it off): gradients reduced in buckets during the backward, and the
+        # halo in flight while each layer aggregates its own rows (models that accept PendingRows).
+        self.gradsync = GradientSync(self.comm, self.model.parameters()) if not cfg.no_overlap else None
+        self._overlap_halo = bool(not cfg.no_overlap and getattr(self.model, "accepts_pending_rows", False))
+        self._halo_wire = None if cfg.halo_dtype == "float32" else getattr(torch, cfg.halo_dtype)
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
         self.epoch = 0
@@ -238,7 +244,9 @@ class Trainer:
         Dropout masks are keyed by (seed, epoch, layer, global row id) (nn/dropout.py), so every shape
         draws the single-process masks.  A registered model whose forward takes no `dropout` keeps the
         documented forward(x, graphs, gather) contract and draws its own."""
-        gather = view.gather_fn(phase)
+        # Training halos travel in --halo-dtype; evaluation stays exact (float32 on the wire).
+        gather = view.gather_fn(phase, overlap=self._overlap_halo,
+                                wire_dtype=self._halo_wire if phase == "halo" else None)
         if not self._keyed_dropout:
             return self.model(view.input_features, view.graphs, gather)
         # Input dropout reads the ids of layer 0's halo rows too (exchanged once per view, cached).
@@ -263,9 +271,12 @@ class Trainer:
             loss = torch.nn.functional.cross_entropy(logits[step.rows], step.labels, reduction="sum") \
                 / float(step.num_targets)
         self.activation_bytes = max(self.activation_bytes, saved.total)
-        loss.backward()
+        loss.backward()  # with overlap, gradient buckets are already being reduced (cluster/gradsync.py)
         grad_start = time.perf_counter()
-        self.comm.allreduce_([p.grad for p in self.model.parameters()], phase="gradient")
+        if self.gradsync is not None:
+            self.gradsync.finish()  # the reduction not hidden behind the backward
+        else:
+            self.comm.allreduce_([p.grad for p in self.model.parameters()], phase="gradient")
         self._sync()
         grad_s = time.perf_counter() - grad_start
         self.optimizer.step()
@@ -407,6 +418,7 @@ class Trainer:
                              "hosts": self.topo.hosts, "emulated": self.topo.emulated},
                             time.perf_counter() - start, best=self.best)
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
+        summary["plan"].update(self.communication_entry())
         summary["features"] = features_entry(self.manifest)
         if cfg.out:
             self._write_best_model()  # collective (every rank agrees on the outcome), rank 0 writes
@@ -449,11 +461,22 @@ class Trainer:
         self.best = {k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")}
         self.best_state = best.get("model") if self.topo.rank == 0 else None
 
+    def communication_entry(self) -> Dict:
+        """How training communicated (summary.json's plan): overlap, and the halo wire dtype, which makes
+        an otherwise exact mode inexact when it is narrower than float32."""
+        entry = {"overlap": not self.cfg.no_overlap, "halo_dtype": self.cfg.halo_dtype}
+        if self._halo_wire is not None:
+            entry["exact"] = False
+            entry["inexact_because"] = f"--halo-dtype {self.cfg.halo_dtype}: halo rows are rounded on the wire"
+        return entry
+
     def close(self) -> None:
         if getattr(self, "_writer", None) is not None:
             self._writer.close()
         if getattr(self, "_run_lock", None) is not None:
             self._run_lock.release()
+        if getattr(self, "gradsync", None) is not None:
+            self.gradsync.close()
         self.stop_signals.uninstall()
         self.mode.close()
         self.comm.close()
@@ -497,6 +520,9 @@ class Trainer:
         cfg, name = self.cfg, self.mode.name
         if not self.mode.exact(self.manifest):
             return f"mode {name} is not exact here (it samples within each server's preload)"
+        if cfg.halo_dtype != "float32":
+            return (f"--halo-dtype {cfg.halo_dtype} rounds the halo rows, and which rows are halo rows follows "
+                    f"the partition")
         if getattr(self, "sampler", None) is not None:
             return (f"mode {name} samples its co-batches per server (each server shuffles its own training "
                     f"vertices), so the batches follow the partition")

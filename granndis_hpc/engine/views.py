@@ -24,7 +24,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from granndis_hpc.engine.exchange import halo_exchange
+from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_start, start_form
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import owner_of, position_lookup
 from granndis_hpc.nn.graph import LayerGraph
@@ -174,22 +174,28 @@ class View:
                               self.plan.full_send_counts.tolist(), self.plan.halo.counts().tolist(),
                               phase=phase)
 
-    def gather_fn(self, phase: str):
+    def gather_fn(self, phase: str, overlap: bool = False, wire_dtype: Optional[torch.dtype] = None):
         """The model's gather(l, h): own rows h -> [h | halo rows of layer l].
 
         Layer 0 reading the raw input features uses the halo features exchanged at set-up (they are
-        static) instead of exchanging them every epoch.
+        static) instead of exchanging them every epoch.  overlap: return nn.graph.PendingRows (the
+        exchange posted, the halo in flight) for the model's convs to aggregate the own rows' edges
+        first (engine/exchange.py).  wire_dtype: the dtype halo rows travel in (--halo-dtype).
         """
         exchange = functools.partial(self._exchange, phase=phase)
+        start = functools.partial(start_form(self._exchange), phase=phase)
         x0 = self.input_features
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
             lp = self.plan.layers[l]
             if l == 0 and h is x0:
                 halo = self.halo_features.index_select(0, self._halo_rows[0])
+            elif overlap:
+                return halo_exchange_start(h, self._send[l], lp.send_counts.tolist(), lp.recv_counts.tolist(),
+                                           start, wire_dtype)
             else:
                 halo = halo_exchange(h, self._send[l], lp.send_counts.tolist(), lp.recv_counts.tolist(),
-                                     exchange)
+                                     exchange, wire_dtype)
             return torch.cat([h, halo], dim=0)
 
         return gather
@@ -243,8 +249,8 @@ class LayeredView:
                 out.append(view)
         return out
 
-    def gather_fn(self, phase: str):
-        by_view = {id(view): view.gather_fn(phase) for view in self.views}
+    def gather_fn(self, phase: str, **options):
+        by_view = {id(view): view.gather_fn(phase, **options) for view in self.views}
         per_layer = [by_view[id(view)] for view in self.per_layer]
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:

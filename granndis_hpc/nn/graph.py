@@ -51,6 +51,43 @@ def _csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape: Tuple[
             return torch.sparse_csr_tensor(crow, col, val, size=shape)
 
 
+class PendingRows:
+    """A layer's source rows while its halo is still in flight: the own rows now, the halo on demand.
+
+    ``own`` [n_own, d] are the first source rows; ``halo()`` waits for the other ``n_halo`` rows (once,
+    then cached) and returns them, autograd-connected.  ``aggregate`` multiplies the edges whose sources
+    are own rows first and waits only before the halo edges, so the transfer overlaps that work.  The
+    model contract's cat(own, halo) is ``materialize()``.  No MPI here: the waiting is the caller's.
+    """
+
+    __slots__ = ("own", "_wait", "n_halo", "_halo")
+
+    def __init__(self, own: torch.Tensor, wait_halo, n_halo: int):
+        self.own, self._wait, self.n_halo, self._halo = own, wait_halo, int(n_halo), None
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.own.shape[0] + self.n_halo,) + tuple(self.own.shape[1:]))
+
+    def halo(self) -> torch.Tensor:
+        if self._wait is not None:
+            wait, self._wait = self._wait, None
+            self._halo = wait()
+        return self._halo
+
+    def map(self, fn) -> "PendingRows":
+        """A row-wise ``fn`` (a Linear) applied to the own rows now and to the halo rows on arrival."""
+        return PendingRows(fn(self.own), lambda: fn(self.halo()), self.n_halo)
+
+    def materialize(self) -> torch.Tensor:
+        return torch.cat([self.own, self.halo()], dim=0)
+
+
+def materialize(h_src) -> torch.Tensor:
+    """``h_src`` as one tensor (waiting for a pending halo)."""
+    return h_src.materialize() if isinstance(h_src, PendingRows) else h_src
+
+
 @dataclass(eq=False)
 class LayerGraph:
     """In-edges of ``n_dst`` destination rows over ``n_src`` source rows, plus the degrees to normalise with."""
@@ -207,13 +244,24 @@ class LayerGraph:
         """Cached sparse CSR matrix [n_dst, n_src] of the normalised adjacency ("mean" or "gcn")."""
         return self._matrix(kind, dtype, transposed=False)
 
-    def _matrix(self, kind: str, dtype: torch.dtype, transposed: bool) -> torch.Tensor:
-        key = (kind, dtype, transposed)
+    def _matrix(self, kind: str, dtype: torch.dtype, transposed: bool, part=None) -> torch.Tensor:
+        """part None: the whole adjacency; ("own", n_own): its columns < n_own (sources the rank holds);
+        ("halo", n_own): the other columns, renumbered from 0 (the halo rows).  Built once per graph --
+        the engine keeps a plan's graphs for every step -- by one mask over the COO entries."""
+        key = (kind, dtype, transposed, part)
         if key not in self._cache:
             rows, cols, vals = self._coo(kind, dtype)
             shape = (self.n_dst, self.n_src)
+            if part is not None:
+                which, n_own = part
+                keep = cols < n_own if which == "own" else cols >= n_own
+                rows, cols, vals = rows[keep], cols[keep], vals[keep]
+                if which == "own":
+                    shape = (self.n_dst, n_own)
+                else:
+                    cols, shape = cols - n_own, (self.n_dst, self.n_src - n_own)
             if transposed:
-                rows, cols, shape = cols, rows, (self.n_src, self.n_dst)
+                rows, cols, shape = cols, rows, (shape[1], shape[0])
             self._cache[key] = _coo_to_csr(rows, cols, vals, shape)
         return self._cache[key]
 
@@ -246,16 +294,16 @@ class _SparseMatmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, graph: LayerGraph, kind: str):
-        ctx.graph, ctx.kind = graph, kind
-        return graph._matrix(kind, h.dtype, transposed=False) @ h
+    def forward(ctx, h, graph: LayerGraph, kind: str, part=None):
+        ctx.graph, ctx.kind, ctx.part = graph, kind, part
+        return graph._matrix(kind, h.dtype, transposed=False, part=part) @ h
 
     @staticmethod
     def backward(ctx, grad_out):
         grad_h = None
         if ctx.needs_input_grad[0]:
-            grad_h = ctx.graph._matrix(ctx.kind, grad_out.dtype, transposed=True) @ grad_out.contiguous()
-        return grad_h, None, None
+            grad_h = ctx.graph._matrix(ctx.kind, grad_out.dtype, transposed=True, part=ctx.part) @ grad_out.contiguous()
+        return grad_h, None, None, None
 
 
 def _aggregate_index_add(graph: LayerGraph, h_src: torch.Tensor, kind: str) -> torch.Tensor:
@@ -278,6 +326,8 @@ def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Option
                  (PyG's GCNConv with add_remaining_self_loops: one loop of weight 1 per vertex).
     """
     _check_kind(kind)
+    if isinstance(h_src, PendingRows):
+        return _aggregate_pending(graph, h_src, kind, backend)
     if h_src.dim() != 2 or h_src.shape[0] != graph.n_src:
         raise ValueError(f"aggregate: h_src must have shape [n_src={graph.n_src}, d], got {tuple(h_src.shape)}")
     if h_src.device != graph.device:
@@ -289,3 +339,22 @@ def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Option
     if backend == "index_add":
         return _aggregate_index_add(graph, h_src, kind)
     raise ValueError(f"unknown aggregation backend {backend!r}; choose one of {BACKENDS}")
+
+
+def _aggregate_pending(graph: LayerGraph, h_src: PendingRows, kind: str, backend: Optional[str]) -> torch.Tensor:
+    """aggregate over own rows now + halo rows on arrival: A[:, own] @ own + A[:, halo] @ halo.
+
+    The same entries as aggregate(graph, cat(own, halo)); only the order of the sums differs.  The
+    index_add backend has no split form: it waits first."""
+    own = h_src.own
+    n_own = own.shape[0]
+    if own.dim() != 2 or n_own + h_src.n_halo != graph.n_src or n_own < graph.n_dst:
+        raise ValueError(f"aggregate: pending rows of shape {tuple(h_src.shape)} (own {n_own}) do not fit "
+                         f"the graph's n_src={graph.n_src}, n_dst={graph.n_dst}")
+    if (backend or DEFAULT_BACKEND) != "spmm":
+        return aggregate(graph, h_src.materialize(), kind, backend)
+    out = _SparseMatmul.apply(own.contiguous(), graph, kind, ("own", n_own))
+    halo = h_src.halo()  # the wait: everything above overlapped the transfer
+    # Even without halo rows the halo product stays in the graph: its backward posts the reverse
+    # exchange, which the peers wait for (every rank must run the same collectives).
+    return out + _SparseMatmul.apply(halo.contiguous(), graph, kind, ("halo", n_own))

@@ -32,7 +32,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from .dropout import RowDropout
-from .graph import LayerGraph
+from .graph import LayerGraph, materialize
 from .layers import GCNConv, SAGEConv
 
 # name -> builder(in_features, hidden, num_classes, layers, dropout, norm) -> GNN; filled by
@@ -64,6 +64,10 @@ class GNN(nn.Module):
     input_dropout_rows: Optional[str] = None
     # Parameter-name prefix of the layer that reads the input features (--weight-decay-on first).
     first_layer_prefix: str = "convs.0."
+    # gather may return PendingRows (the halo still in flight) instead of cat(own, halo): the model hands
+    # them to its convs, which aggregate the own rows' edges before waiting (the engine's overlap).  A
+    # model that indexes or transforms the gathered rows itself leaves this False and gets tensors.
+    accepts_pending_rows: bool = False
 
     def _dropout_for_pass(self, dropout: Optional[RowDropout]) -> Optional[RowDropout]:
         """The pass's RowDropout; None where nothing is dropped (eval, p = 0: no generator is touched)."""
@@ -80,6 +84,7 @@ class GNN(nn.Module):
         """Input dropout of raw feature rows: layer 0's gathered source rows, or the own rows."""
         if dropout is None:
             return x
+        x = materialize(x)  # drawn per source row: needs the halo rows
         if self.input_dropout_rows == "sources":
             return dropout.sources(x, self.input_dropout)
         return dropout(RowDropout.INPUT_LAYER, x, self.input_dropout)
@@ -112,6 +117,7 @@ class PlainGNN(GNN):
     input dropout on layer 0's gathered source rows."""
 
     input_dropout_rows = "sources"
+    accepts_pending_rows = True
 
     def __init__(self, name: str, in_features: int, hidden: int, num_classes: int, layers: int,
                  dropout: float, norm: bool):
@@ -159,6 +165,7 @@ class ResSAGE(GNN):
 
     input_dropout_rows = "own"
     first_layer_prefix = "encoder."
+    accepts_pending_rows = True
 
     def __init__(self, in_features: int, hidden: int, num_classes: int, layers: int, dropout: float):
         super().__init__()

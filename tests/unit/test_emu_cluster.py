@@ -531,3 +531,23 @@ def test_instance_option_sets_the_environment(monkeypatch, capsys):
     assert os.environ[emu.ENV_INSTANCE] == "slurm"
     assert emu.main(["--instance", "emu", "status"]) == emu.EXIT_USAGE
     assert "not 'emu'" in capsys.readouterr().err
+
+
+def test_overlap_limit_is_the_sum_of_per_layer_maxima():
+    # 3 layers: 6 layer-passes of c = 0.1 s; 4 of them exchange (not layer 0); gradient wire additive
+    run = model_run(2.0, 1000, inter_max=10**7 + 500, intra_max=0)
+    run["layers"] = 3
+    run["bytes"]["inter_grad"] = 1000  # 500 per leader on 2 servers
+    bw = (1e7, 1e9)
+    grad_wire = 500 / 1e7
+    # wire-bound: halo wire 1 s -> 4 x 0.25 + 2 x 0.1
+    assert costmodel.overlap_limit(run, 0.6, bw, servers=2) == pytest.approx(1.2 + grad_wire)
+    # compute-bound: halo wire 0.2 s hides entirely behind the compute
+    run["inter_bytes_max_server"] = 2 * 10**6 + 500
+    assert costmodel.overlap_limit(run, 0.6, bw, servers=2) == pytest.approx(0.6 + grad_wire)
+    # never below max(compute, wire) nor above their sum
+    for inter in (10**5, 10**6, 10**7, 10**8):
+        run["inter_bytes_max_server"] = inter + 500
+        limit = costmodel.overlap_limit(run, 0.6, bw, servers=2)
+        wire = inter / 1e7
+        assert max(0.6, wire) <= limit - grad_wire + 1e-12 <= 0.6 + wire + 1e-12

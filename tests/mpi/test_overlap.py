@@ -1,0 +1,73 @@
+"""Communication behind computation, 2 servers x 2 ranks on real Cora (mpirun -n 4).
+
+- Overlap (the default: halo in flight while each layer aggregates its own rows, gradient buckets
+  reduced during the backward) against --no-overlap (today's order): the same logits and, after
+  training, the same parameters up to the order of floating-point sums, and exactly the same ledger
+  bytes -- halo and gradient -- in fb, flx with k < L (world layers after preloaded ones), eas and cob.
+  (The default's equality with the dense single-process reference is tests/mpi/test_engine_exact.py
+  and test_flexible_depth.py, which run with overlap on.)
+- --halo-dtype bfloat16 / float16: the epoch's halo bytes exactly half of float32's, gradient bytes
+  unchanged, the loss close to float32's, and the run marked inexact and shape-dependent."""
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from tests.mpi.conftest import gather_by_global_id, make_trainer
+
+pytestmark = pytest.mark.mpi(min_size=4)
+WORLD = MPI.COMM_WORLD
+EPOCHS = 3
+
+
+def _train(shards, mode, **overrides):
+    trainer = make_trainer(shards, mode, epochs=EPOCHS, **overrides)
+    try:
+        records = [trainer.train_epoch() for _ in range(EPOCHS)]
+        logits = gather_by_global_id(trainer, trainer.inner_logits())
+        params = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    finally:
+        trainer.close()
+    return records, logits, params
+
+
+@pytest.mark.parametrize("mode,shards,extra", [
+    ("fb", ("full", 3), {}),
+    ("flx", ("full", 3), {"preloaded_layers": 1}),
+    ("eas", ("eas", 3), {}),
+    ("cob", ("full", 3), {"batches_per_epoch": 2, "fanout": 5}),
+])
+def test_overlap_equals_no_overlap_with_the_same_bytes(cora_shards, mode, shards, extra):
+    runs = {overlap: _train(cora_shards[shards], mode, no_overlap=not overlap, **extra) for overlap in (True, False)}
+    (rec_on, logits_on, params_on), (rec_off, logits_off, params_off) = runs[True], runs[False]
+    for a, b in zip(rec_on, rec_off):
+        assert a["bytes"] == b["bytes"] and a["max_rank_bytes"] == b["max_rank_bytes"]
+        assert a["inter_bytes_per_server"] == b["inter_bytes_per_server"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    for name in params_on:
+        torch.testing.assert_close(params_on[name], params_off[name], rtol=1e-4, atol=1e-6, msg=name)
+    if WORLD.rank == 0:
+        err = np.abs(logits_on - logits_off).max() / np.abs(logits_off).max()
+        assert err < 1e-5, f"{mode}: logits differ by {err:.2e} relative"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_width_halo_halves_the_halo_bytes_and_is_inexact(cora_shards, dtype):
+    shards = cora_shards[("full", 3)]
+    recs = {}
+    for halo_dtype in ("float32", dtype):
+        trainer = make_trainer(shards, "fb", halo_dtype=halo_dtype, epochs=2)
+        try:
+            recs[halo_dtype] = [trainer.train_epoch() for _ in range(2)]
+            entry = trainer.communication_entry()
+            shape_dependent = trainer.shape_dependence()
+        finally:
+            trainer.close()
+        assert (entry.get("exact", True), shape_dependent is None) == ((True, True) if halo_dtype == "float32"
+                                                                       else (False, False))
+    for full, half in zip(recs["float32"], recs[dtype]):
+        for link in ("intra", "inter"):
+            assert full["bytes"][f"{link}_halo"] > 0
+            assert half["bytes"][f"{link}_halo"] * 2 == full["bytes"][f"{link}_halo"]
+            assert half["bytes"][f"{link}_grad"] == full["bytes"][f"{link}_grad"]
+        assert half["loss"] == pytest.approx(full["loss"], rel=2e-2)
