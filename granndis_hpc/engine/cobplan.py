@@ -226,7 +226,8 @@ def layer_graphs(hp: HostPlan, device) -> List[LayerGraph]:
             n_dst=lp.n_dst, n_src=lp.n_src, indptr=t(lp.indptr), indices=t(lp.indices),
             dst_degree=own_degree[: lp.n_dst].contiguous(),
             src_degree=torch.cat([own_degree[: lp.n_own_in], halo_degree[t(lp.halo_rows)]]),
-            src_loops=torch.cat([own_loops[: lp.n_own_in], own_loops.new_zeros(lp.n_src - lp.n_own_in)])))
+            src_loops=torch.cat([own_loops[: lp.n_own_in], own_loops.new_zeros(lp.n_src - lp.n_own_in)]),
+            n_own=lp.n_own_in))
     return graphs
 
 

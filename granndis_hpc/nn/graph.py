@@ -102,7 +102,10 @@ class LayerGraph:
     # the block for the destination rows (their loop is the edge i -> i), 0 for the other rows; pass
     # them when rows beyond n_dst have stored loops.  Given ones must match the block's destination rows.
     src_loops: Optional[torch.Tensor] = None
-    # (kind, dtype, transposed) -> sparse CSR matrix, ("coo", kind, dtype) -> COO triple; built lazily
+    # Source rows the rank holds itself (the rest are halo rows), where the builder knows it: prepare()
+    # then builds this graph's own/halo split matrices (overlapped aggregation) from another graph's keys.
+    n_own: Optional[int] = None
+    # (kind, dtype, transposed, part) -> sparse CSR matrix, ("coo", kind, dtype) -> COO triple; built lazily
     # on the graph's device.
     _cache: Dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -188,7 +191,8 @@ class LayerGraph:
         """A copy on ``device`` (the adjacency cache is rebuilt there lazily)."""
         device = torch.device(device)
         return LayerGraph(self.n_dst, self.n_src, self.indptr.to(device), self.indices.to(device),
-                          self.dst_degree.to(device), self.src_degree.to(device), self.src_loops.to(device))
+                          self.dst_degree.to(device), self.src_degree.to(device), self.src_loops.to(device),
+                          n_own=self.n_own)
 
     def edge_rows(self) -> torch.Tensor:
         """Destination row of every edge (COO row array), device-agnostic."""
@@ -237,8 +241,13 @@ class LayerGraph:
         for key in keys:
             if key[0] == "coo":
                 self.coo(key[1], key[2])
-            else:
-                self._matrix(*key)
+                continue
+            kind, dtype, transposed, part = key
+            if part is not None:  # the split point is this graph's own, not the other graph's
+                if self.n_own is None:
+                    continue  # built on first use
+                part = (part[0], self.n_own)
+            self._matrix(kind, dtype, transposed, part)
 
     def adjacency(self, kind: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Cached sparse CSR matrix [n_dst, n_src] of the normalised adjacency ("mean" or "gcn")."""
