@@ -4,7 +4,7 @@ Without it, `--overwrite-run`, `--resume` or a new run started while another job
 same directory mixed the two runs' files.  The lock is `flock` on the directory, taken by rank 0 for
 the whole run: the kernel drops it when the process ends, however it ends, so a killed job leaves no
 stale lock.  RUN_DIR/.lock names the holder (host, pid, job id) so a refusal can say who holds it; it
-is only read while the directory is locked, so one left by a killed job misleads nobody.
+is only read while the directory is locked, by the job that wrote it once that job has started its run.
 """
 from __future__ import annotations
 
@@ -39,8 +39,9 @@ def describe_holder(text: str) -> str:
 
 class RunLock:
     """Hold the lock on RUN_DIR until release() (or the end of the process).  Raises RunLockedError
-    when another live process holds it, naming that process and what to do.  The flock is on the
-    directory itself, so a refused job creates nothing; the holder writes RUN_DIR/.lock (who it is)."""
+    when another live process holds it, naming that process (as it recorded itself with announce();
+    a holder still starting up has not yet, and the file may then name an earlier holder) and what to
+    do.  The flock is on the directory itself, so taking it writes nothing."""
 
     def __init__(self, run_dir: str, action: str = "train in it"):
         run_dir = os.fspath(run_dir)
@@ -63,11 +64,12 @@ class RunLock:
                 f"cannot {action} while it runs; wait for it to end or stop it (scancel / kill), or choose "
                 f"another --out") from None
         self._fd = fd
-        try:
-            atomic_write_bytes(self.path, json.dumps(_holder()).encode())
-        except BaseException:
-            self.release()
-            raise
+
+    def announce(self) -> None:
+        """Write RUN_DIR/.lock naming this process (host, pid, job id), for a refused job's message.  The
+        trainer calls it when the run starts writing, so a job refused for another reason (the directory
+        holds a run, a checkpoint of another shape) leaves the directory exactly as it was."""
+        atomic_write_bytes(self.path, json.dumps(_holder()).encode())
 
     def release(self) -> None:
         if self._fd is not None:

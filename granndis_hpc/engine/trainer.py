@@ -548,6 +548,7 @@ class Trainer:
         with collective_errors(self.world, f"preparing run directory {cfg.out}", catch=(OSError, ConfigError)):
             if self.topo.rank == 0:
                 os.makedirs(cfg.out, exist_ok=True)
+                self._run_lock.announce()  # RUN_DIR/.lock: who holds the run directory (host, pid, job id)
                 if cfg.overwrite_run and not cfg.resume:
                     if checkpoint.replace_run(cfg.out, lambda: write_resolved_config(cfg, cfg.out)):
                         checkpoint.note(f"--overwrite-run: replaced the run that was in {cfg.out}")

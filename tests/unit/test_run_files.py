@@ -120,6 +120,7 @@ def test_a_live_run_directory_is_locked(one_rank_set, tmp_path, monkeypatch):
     train(one_rank_set, run)
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     held = RunLock(str(run))  # the "other job" (another open file description: flock conflicts)
+    held.announce()
     monkeypatch.delenv("SLURM_JOB_ID")
     before = {n: os.path.getmtime(run / n) for n in os.listdir(run)}
     try:
@@ -143,7 +144,7 @@ def test_a_killed_holder_leaves_no_stale_lock(one_rank_set, tmp_path):
 
     run = tmp_path / "run"
     code = ("import os, signal; from granndis_hpc.runlock import RunLock; "
-            f"lock = RunLock({str(run)!r}); os.kill(os.getpid(), signal.SIGKILL)")
+            f"lock = RunLock({str(run)!r}); lock.announce(); os.kill(os.getpid(), signal.SIGKILL)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60)
     assert res.returncode == -9 and (run / ".lock").exists()
     assert train(one_rank_set, run)["epochs"] == 3
