@@ -51,7 +51,7 @@ def _worker(args):
     dirs = build_sets(base, args.datasets)
     # Seeds outermost and one JSON line per run, appended as it finishes: a sweep stopped early still
     # has every (dataset, loop, dtype) cell at the seeds it reached (`--from-results` renders it).
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.seeds):
         for name in args.datasets:
             for loop in args.loops:
                 for dtype in DTYPES:  # side by side, seed by seed
@@ -92,6 +92,8 @@ def main(argv=None):
     p.add_argument("--results", default=os.path.join(REPO, "bench-out", "halo-dtype.jsonl"),
                    help="JSON lines, one per run, appended as runs finish")
     p.add_argument("--from-results", action="store_true", help="no runs: render the page from --results")
+    p.add_argument("--first-seed", type=int, default=0, help="continue a stopped sweep: start at this seed and "
+                   "append to --results (with --datasets/--loops naming the cells still missing)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -99,10 +101,11 @@ def main(argv=None):
         return 0
     results_file = os.path.abspath(args.results)
     cmd = ["mpirun", "-n", "4", sys.executable, os.path.abspath(__file__), "--worker", results_file, "--seeds",
-           str(args.seeds), "--epochs", str(args.epochs), "--datasets", *args.datasets, "--loops", *args.loops]
+           str(args.seeds), "--first-seed", str(args.first_seed), "--epochs", str(args.epochs), "--datasets", *args.datasets, "--loops", *args.loops]
     if not args.from_results:
         os.makedirs(os.path.dirname(results_file), exist_ok=True)
-        open(results_file, "w").close()
+        if args.first_seed == 0:
+            open(results_file, "w").close()
         subprocess.run(cmd, cwd=REPO, env=ENV, check=True)
     with open(results_file) as f:
         results = [json.loads(line) for line in f if line.strip()]
