@@ -67,8 +67,8 @@ def refused_sets(cora, cora_shapes, base):
 
     def build():
         dirs = {"resplit": os.path.join(base, "resplit-4x1"), "old": os.path.join(base, "old-4x1")}
-        train = cora.train_mask.copy()
-        train[np.flatnonzero(~train)[0]] = True
+        train = cora.train_mask.copy()  # one more training vertex, taken from no split (a valid split)
+        train[np.flatnonzero(~(cora.train_mask | cora.val_mask | cora.test_mask))[0]] = True
         build_shards(dataclasses.replace(cora, train_mask=train), dirs["resplit"], servers=4, gpus_per_server=1,
                      layers=LAYERS, preload="full", partitioner="metis", comm=MPI.COMM_SELF, seed=0)
         shutil.copytree(cora_shapes[1], dirs["old"])
