@@ -61,7 +61,10 @@ def shards_for(graphs, graph_name, k):
 
 
 def _measure(path, mode, model, k, dropout=0.5, ckpt=False):
-    t = make_trainer(path, mode, model, LAYERS, hidden=HIDDEN, dropout=dropout, checkpoint_activations=ckpt)
+    # The memory model describes the --no-overlap order (the overlapped convs save their own/halo split
+    # matrices and products instead: not modelled yet, docs/memory-model.md).
+    t = make_trainer(path, mode, model, LAYERS, hidden=HIDDEN, dropout=dropout, checkpoint_activations=ckpt,
+                     no_overlap=True)
     try:
         # After two epochs the lazy state exists (gradients, Adam moments, cached CSR transposes),
         # as in every later epoch: the third epoch's step is the steady one the model describes.
@@ -133,7 +136,8 @@ def test_cobatch_estimate_is_the_sampled_cobatch(graphs, batches):
     """cob: the model counts the co-batches the run's own sampler draws (same seed), so the saved
     activations of the epoch's largest co-batch step (what the trainer reports) are estimated exactly."""
     path, _ = shards_for(graphs, "cora", LAYERS)
-    t = make_trainer(path, "cob", "sage", LAYERS, hidden=HIDDEN, dropout=0.5, batches_per_epoch=batches, fanout=-1)
+    t = make_trainer(path, "cob", "sage", LAYERS, hidden=HIDDEN, dropout=0.5, batches_per_epoch=batches, fanout=-1,
+                     no_overlap=True)  # the model describes the --no-overlap order (see _measure)
     try:
         t.train_epoch()
         epoch = t.epoch
