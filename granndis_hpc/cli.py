@@ -94,15 +94,20 @@ def _config_from_args(ns) -> TrainConfig:
     return TrainConfig(**vars(ns))
 
 
-def run_training(argv=None) -> dict:
-    """Parse, train, write outputs; returns the summary (rank 0) — used by tests and the CLI."""
+def run_training(argv=None, ignore_late_warnings: bool = False) -> dict:
+    """Parse, train, write outputs; returns the summary (rank 0) — used by tests and the CLI.
+
+    ignore_late_warnings (the CLI's process only): leave SIGUSR1 ignored after the run, for the rank's
+    way out.  Not for in-process callers: children they start later would inherit SIG_IGN, and a shell
+    cannot trap a signal ignored at its entry (the stand-in srun tests failed after such a caller)."""
     from granndis_hpc.engine.trainer import Trainer
 
     ns = _parse_train_args(argv)
     trainer = Trainer(_config_from_args(ns))
     try:
         summary = trainer.run()  # writes the resolved config (every option) to RUN_DIR/config.json
-        trainer.stop_signals.ignore_warnings_after()  # a late SIGUSR1 must not kill the ranks on their way out
+        if ignore_late_warnings:  # a late SIGUSR1 must not kill the ranks on their way out
+            trainer.stop_signals.ignore_warnings_after()
     finally:
         trainer.close()
     if summary is None:  # stopped by SIGUSR1/SIGTERM with a checkpoint written: exit 0 so the job requeues
@@ -122,7 +127,7 @@ def train_main(argv=None) -> int:
     install_early()
     from granndis_hpc.cluster.errors import main_guard
 
-    main_guard(run_training, argv)
+    main_guard(run_training, argv, ignore_late_warnings=True)
     return 0
 
 
