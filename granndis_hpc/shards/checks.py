@@ -77,7 +77,7 @@ def check_rank_slice(sl, manifest: dict, fpath: str, n_server: int) -> None:
     ds, pre = manifest["dataset"], manifest["preload"]
     V, C = int(ds["num_vertices"]), int(ds["num_classes"])
     world = int(manifest["servers"]) * int(manifest["gpus_per_server"])
-    n, ni = sl.global_id.shape[0], int(sl.n_inner)
+    ni = int(sl.n_inner)
     _in_range(sl.indices, 0, n_server, "graph/indices", manifest, fpath)
     _in_range(sl.global_id, 0, V, "vertices/global_id", manifest, fpath)
     _in_range(sl.server_hop, 0, int(pre["hops"]) + 1, "vertices/hop", manifest, fpath)

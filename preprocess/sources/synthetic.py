@@ -35,8 +35,6 @@ statistics, which the tests check, did not.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from preprocess.canonical import DataError, canonicalize
 
 DEGREE_EXPONENT = 2.5  # density exponent gamma of theta; tail P(theta > t) ~ t^-(gamma-1)

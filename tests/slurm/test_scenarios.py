@@ -123,6 +123,11 @@ def test_time_limit_warnings_requeue_and_resume_to_the_uninterrupted_run(shards,
            wall_s=round(time.monotonic() - t0, 1), losses_equal=True)
 
 
+def _times_left_at_signal(text):
+    """The job's time left at each SIGUSR1 that train.sbatch logged ("got SIGUSR1 at ... (time left: T)")."""
+    return re.findall(r"got SIGUSR1 at \S+ UTC \(time left: (\S+)\)", text)
+
+
 def test_real_time_limit(shards, reference, tmp_path):
     """A real time limit with the script's warning (--time=2:00, --signal=B:USR1@60): the job ends
     COMPLETED with the uninterrupted run's losses, however many attempts the load on this machine made
@@ -135,7 +140,7 @@ def test_real_time_limit(shards, reference, tmp_path):
     text = log.read_text(errors="replace")
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, text[-4000:])
     restarts = int(info["Restarts"])
-    left = [_seconds(t) for t in re.findall(r"got SIGUSR1 at \S+ UTC \(time left: (\S+)\)", text)]
+    left = [_seconds(t) for t in _times_left_at_signal(text)]
     assert all(t >= 60 for t in left), left  # (a fast machine may finish before the first warning)
     epochs, waits = _check_requeues(text, restarts)
     assert sr.losses(run_dir) == reference
@@ -169,7 +174,7 @@ def test_time_limit_too_short_for_progress_stops(shards, tmp_path):
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "3:0", (info, text[-4000:])
     assert int(info["Restarts"]) <= 2 and "made no progress in this attempt" in text, text[-4000:]
     record("time_limit_too_short", restarts=int(info["Restarts"]), wall_s=round(time.monotonic() - t0, 1),
-           time_left_at_signal=re.findall(r"got SIGUSR1 at \S+ UTC \(time left: (\S+)\)", text))
+           time_left_at_signal=_times_left_at_signal(text))
 
 
 def _running_epochs(run_dir, job, epochs, timeout_s=240):
