@@ -1,4 +1,4 @@
-"""`python -m preprocess {build,plan,verify,info}` (also installed as `granndis-preprocess`).
+"""`python -m preprocess {build,plan,chunk,verify,info}` (also installed as `granndis-preprocess`).
 
   mpirun -n 2 python -m preprocess build --source planetoid --name cora --root DIR \\
       --servers 2 --gpus-per-server 2 --layers 3 --preload full --partitioner parmetis --out shards/cora-full
@@ -9,87 +9,19 @@
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
 
 import numpy as np
 
-from .halo import EAS_SELECT_RULES
-from .partition import PARTITIONERS
-from .plan import add_model_arguments, add_plan_arguments, cmd_plan, fail, hops_arg, resolve_build_hops
+from granndis_hpc.options import read_command
 
+from .options import BuildOptions, ChunkOptions, PlanOptions, ShardSetOptions, hops_value
+from .plan import cmd_plan, fail, resolve_build_hops
 
-def _add_build_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("layout and preloading")
-    g.add_argument("--servers", type=int, required=True, help="number of servers S")
-    g.add_argument("--gpus-per-server", type=int, required=True, help="GPUs (ranks) per server G")
-    g.add_argument("--layers", type=int, required=True, help="GNN layers the shards are built for")
-    g.add_argument("--preload", choices=("full", "eas"), default="full",
-                   help="full: k-hop preloading (FLX); eas: Expansion-aware Sampling")
-    g.add_argument("--hops", type=hops_arg, default=None,
-                   help="preloaded hops (default: --layers for full, 1 for eas); auto: the largest k <= --layers "
-                        "whose estimated memory fits --memory-per-gpu (see `python -m preprocess plan`)")
-    g.add_argument("--fanout", type=int, default=15, help="EAS: max external in-neighbours added per frontier vertex")
-    g.add_argument("--eas-select", choices=EAS_SELECT_RULES, default="degree",
-                   help="EAS: prefer candidates with many unselected neighbours (degree, the paper's rule) or uniform")
-    g.add_argument("--partitioner", choices=PARTITIONERS, default="parmetis", help="server-level partitioner")
-    g.add_argument("--whole-graph", action="store_true",
-                   help="load the whole graph on every rank and build from it (the build before issue 17; "
-                        "for comparisons): by default chunked and synthetic sources are read and built as "
-                        "1/P slices per rank")
-    o = p.add_argument_group("output")
-    o.add_argument("--out", required=True, help="output directory (must not exist or be empty, unless --overwrite)")
-    o.add_argument("--overwrite", action="store_true",
-                   help="replace an existing shard set; the old set is kept until the new one is complete")
-    o.add_argument("--progress", action="store_true",
-                   help="draw rank 0's progress bar over the phases even when stderr is not a terminal "
-                        "(mpirun pipes the ranks' output)")
-
-
-def _add_sources(p: argparse.ArgumentParser) -> None:
-    """The dataset-source options; a missing loader is reported when the command runs (so that
-    verify/info stay usable without the loaders)."""
-    try:
-        from . import sources
-
-        sources.add_source_arguments(p)
-    except (ImportError, AttributeError) as exc:
-        p.set_defaults(source_error=exc)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m preprocess", description="GraNNDis offline preprocessing")
-    sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="partition a dataset and write a shard set (run under mpirun, or with 1 rank)")
-    _add_sources(b)
-    if "--seed" not in b._option_string_actions:  # the sources may already define --seed (synthetic graphs)
-        b.add_argument("--seed", type=int, default=0, help="seed for partitioning and sampling")
-    _add_build_arguments(b)
-    add_model_arguments(b)
-    b.set_defaults(func=cmd_build)
-    pl = sub.add_parser("plan", help="estimate memory per GPU and inter-server bytes of every build, and "
-                                     "recommend one (writes no shard; run under mpirun, or with 1 rank)")
-    _add_sources(pl)
-    if "--seed" not in pl._option_string_actions:
-        pl.add_argument("--seed", type=int, default=0, help="seed for partitioning and sampling")
-    add_plan_arguments(pl)
-    pl.set_defaults(func=cmd_plan)
-    c = sub.add_parser("chunk", help="convert any source into the chunked input format (memory-mappable .npy "
-                                     "chunks + metadata.json) that build ranks read slice by slice")
-    _add_sources(c)
-    c.add_argument("--out", required=True, help="output directory (must not exist, or be empty)")
-    c.add_argument("--chunks", type=int, default=8, help="number of edge chunks and of node chunks (default 8)")
-    c.set_defaults(func=cmd_chunk)
-    v = sub.add_parser("verify", help="check checksums and invariants of a shard set; exit 1 on problems")
-    v.add_argument("dir")
-    v.set_defaults(func=cmd_verify)
-    i = sub.add_parser("info", help="print the statistics of a shard set and its partition digest (equal digests: "
-                                    "the same server and GPU for every vertex)")
-    i.add_argument("dir")
-    i.set_defaults(func=cmd_info)
-    return parser
+PROG = "python -m preprocess"
+DESCRIPTION = "GraNNDis offline preprocessing"
 
 
 def cmd_build(args, argv) -> int:
@@ -99,9 +31,6 @@ def cmd_build(args, argv) -> int:
     from .build import PHASES, BuildConfig, PhaseLog, run_build
 
     group = as_group(None)  # MPI.COMM_WORLD, through cluster/ (preprocess never calls MPI itself)
-    if getattr(args, "source_error", None) is not None:
-        print(f"preprocess build: error: dataset loaders unavailable ({args.source_error})", file=sys.stderr)
-        return 1
     from granndis_hpc.progress import progress
 
     bar = progress(total=len(PHASES), desc="preprocess", rank=group.rank, unit="phase",
@@ -110,23 +39,23 @@ def cmd_build(args, argv) -> int:
     command = "python -m preprocess " + shlex.join(argv)
     if group.size > 1:
         command = f"mpirun -n {group.size} " + command
+    hops = hops_value(args.hops)
     cfg = BuildConfig(out=args.out, servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
-                      preload=args.preload, hops=args.hops, fanout=args.fanout, select=args.eas_select,
-                      partitioner=args.partitioner, seed=int(getattr(args, "seed", 0) or 0),
-                      overwrite=args.overwrite, command=command)
-    cfg.extra.update(sources.features_record(getattr(args, "normalize_features", "none")))
+                      preload=args.preload, hops=hops, fanout=args.eas_fanout, select=args.eas_select,
+                      partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite, command=command)
+    cfg.extra.update(sources.features_record(args.normalize_features))
     printer = lambda line, **_: (bar.write(line) if not bar.disable else print(line, flush=True))  # noqa: E731
     try:
         with group.errors("opening the dataset"):
             sliced = None if args.whole_graph else sources.sliced_from_args(args)
-        if sliced is not None and args.hops != "auto":
+        if sliced is not None and hops != "auto":
             # Every rank reads 1/P of the edges and rows, the ranks canonicalise together
             # (preprocess/sliced.py) and every later phase works on the slices (preprocess/dist_build.py).
             from .dist_build import run_build_sliced
             from .sliced import load_slice, slice_digest
 
             part = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
-                              normalize=getattr(args, "normalize_features", "none"))
+                              normalize=args.normalize_features)
             content_digest = slice_digest(group, part)
             log.done("load", f"{part.name}: {part.num_vertices} vertices, {part.num_edges} edges, "
                              f"{part.num_features} features (rank 0 holds rows {part.lo}..{part.hi - 1})")
@@ -138,7 +67,7 @@ def cmd_build(args, argv) -> int:
                 from .sliced import assemble, load_slice, slice_digest
 
                 part = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
-                                  normalize=getattr(args, "normalize_features", "none"))
+                                  normalize=args.normalize_features)
                 content_digest = slice_digest(group, part)
                 graph = assemble(group, part)
                 del part
@@ -166,12 +95,7 @@ def cmd_chunk(args, argv) -> int:
     from . import sources
     from .chunked import graph_pieces, split_ranges, write_chunked
 
-    if getattr(args, "source_error", None) is not None:
-        print(f"preprocess chunk: error: dataset loaders unavailable ({args.source_error})", file=sys.stderr)
-        return 1
     try:
-        if args.chunks < 1:
-            raise ValueError(f"--chunks must be >= 1 (got {args.chunks})")
         sliced = sources.sliced_from_args(args)
         if sliced is not None:
             C = int(args.chunks)
@@ -241,10 +165,25 @@ def cmd_info(args, argv) -> int:
     return 0
 
 
+# Every command: its options class (preprocess/options.py), a line of help, and what runs it.
+COMMANDS = {
+    "build": (BuildOptions, "partition a dataset and write a shard set (run under mpirun, or with 1 rank)", cmd_build),
+    "plan": (PlanOptions, "estimate memory per GPU and inter-server bytes of every build, and recommend one (writes "
+                          "no shard; run under mpirun, or with 1 rank)", cmd_plan),
+    "chunk": (ChunkOptions, "convert any source into the chunked input format (memory-mappable .npy chunks + "
+                            "metadata.json) that build ranks read slice by slice", cmd_chunk),
+    "verify": (ShardSetOptions, "check checksums and invariants of a shard set; exit 1 on problems", cmd_verify),
+    "info": (ShardSetOptions, "print the statistics of a shard set and its partition digest (equal digests: the "
+                              "same server and GPU for every vertex)", cmd_info),
+}
+
+
 def main(argv=None) -> int:
+    """Parse (command line > --config FILE.toml > defaults, every value checked: a bad one is the
+    subcommand's usage error, exit status 2, on every rank) and run the command."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    return int(args.func(args, argv))
+    name, args = read_command({k: (cls, text) for k, (cls, text, _) in COMMANDS.items()}, argv, PROG, DESCRIPTION)
+    return int(COMMANDS[name][2](args, argv))
 
 
 if __name__ == "__main__":

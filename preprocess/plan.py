@@ -21,6 +21,7 @@ from granndis_hpc.cluster.group import as_group
 from granndis_hpc.units import format_size
 
 from .build import BuildConfig, build_server, validate_config
+from .options import hops_value
 from .partition import partition_gpus, partition_servers
 
 
@@ -281,44 +282,6 @@ def auto_hops(group, graph, cfg: PlanConfig) -> mm.Decision:
 
 # ---------------------------------------------------------------------------------------------------
 # Command line (registered by preprocess/__main__.py)
-def add_model_arguments(p, budget_required: bool = False) -> None:
-    g = p.add_argument_group("model and memory budget (the estimate)")
-    g.add_argument("--model", choices=mm.MODELS, default="sage", help="model the estimate is for (default sage)")
-    g.add_argument("--hidden", type=int, default=64, help="hidden width (default 64)")
-    g.add_argument("--dropout", type=float, default=0.5, help="dropout of training (default 0.5, as granndis-train)")
-    g.add_argument("--norm", action="store_true", help="LayerNorm between sage/gcn convs")
-    g.add_argument("--checkpoint-activations", action="store_true", help="ressage: recompute residual blocks")
-    g.add_argument("--memory-per-gpu", default=None, metavar="SIZE",
-                   help="memory budget of one GPU, e.g. 40GiB" + (" (required)" if budget_required else ""))
-    g.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="device the run trains on: dropout masks take 1 byte per value on CUDA, 4 on CPU")
-
-
-def add_plan_arguments(p) -> None:
-    g = p.add_argument_group("layout")
-    g.add_argument("--servers", type=int, required=True, help="number of servers S")
-    g.add_argument("--gpus-per-server", type=int, required=True, help="GPUs (ranks) per server G")
-    g.add_argument("--layers", type=int, required=True, help="GNN layers L")
-    from .partition import PARTITIONERS
-    from .halo import EAS_SELECT_RULES
-
-    g.add_argument("--partitioner", choices=PARTITIONERS, default="parmetis", help="server-level partitioner")
-    e = p.add_argument_group("EAS and co-batches")
-    e.add_argument("--eas-hops", type=int, default=1, help="EAS hops h (default 1, the paper's)")
-    e.add_argument("--fanout", type=int, default=15, help="EAS fanout f (default 15, the paper's)")
-    e.add_argument("--eas-select", choices=EAS_SELECT_RULES, default="degree")
-    e.add_argument("--no-eas", action="store_true", help="plan full preloads only")
-    e.add_argument("--cob-batches", default="2,4,8,16", help="co-batch counts per epoch to estimate (default 2,4,8,16)")
-    e.add_argument("--cob-fanout", type=int, default=-1, help="co-batch sampler fanout (-1 = all in-neighbours)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the options and the decision as JSON")
-    b = p.add_argument_group("build memory (the distributed `preprocess build`)")
-    b.add_argument("--build-ranks", type=int, default=None, metavar="P",
-                   help="ranks of the build the memory estimate is for (default: this plan's ranks)")
-    b.add_argument("--memory-per-rank", default=None, metavar="SIZE",
-                   help="also print the smallest number of build ranks whose estimated peak fits SIZE per rank")
-    add_model_arguments(p)
-
-
 def _budget(text) -> Optional[int]:
     from granndis_hpc.units import parse_size
 
@@ -326,15 +289,15 @@ def _budget(text) -> Optional[int]:
 
 
 def config_from_args(args, **overrides) -> PlanConfig:
-    """A PlanConfig from plan's or build's parsed arguments (build has no EAS/co-batch options)."""
+    """A PlanConfig from plan's or build's options (preprocess/options.py; build has no co-batch options)."""
     batches = [int(b) for b in str(getattr(args, "cob_batches", "2,4,8,16")).split(",") if b.strip()]
     cfg = PlanConfig(servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
                      model=args.model, hidden=args.hidden, dropout=args.dropout, norm=args.norm,
                      checkpoint_activations=args.checkpoint_activations, budget=_budget(args.memory_per_gpu),
-                     device=args.device, partitioner=args.partitioner, seed=int(getattr(args, "seed", 0) or 0),
-                     eas_hops=getattr(args, "eas_hops", 1), fanout=args.fanout,
-                     eas_select=getattr(args, "eas_select", "degree"), eas=not getattr(args, "no_eas", False),
-                     cob_batches=batches, cob_fanout=getattr(args, "cob_fanout", -1))
+                     device=args.estimate_device, partitioner=args.partitioner, seed=args.seed,
+                     eas_hops=getattr(args, "eas_hops", 1), fanout=args.eas_fanout, eas_select=args.eas_select,
+                     eas=not getattr(args, "no_eas", False), cob_batches=batches,
+                     cob_fanout=getattr(args, "cob_fanout", -1))
     return dataclasses.replace(cfg, **overrides)
 
 
@@ -358,19 +321,12 @@ def cmd_plan(args, argv) -> int:
     from . import sources
 
     group = as_group(None)  # MPI.COMM_WORLD, through cluster/
-    if getattr(args, "source_error", None) is not None:
-        print(f"preprocess plan: error: dataset loaders unavailable ({args.source_error})", file=sys.stderr)
-        return 1
     try:
         with group.errors("reading the options", catch=(ValueError, mm.MemoryModelError)):
             cfg = config_from_args(args)
             _budget(args.memory_per_rank)  # a bad size fails here, on every rank
             if args.build_ranks is not None and args.build_ranks < 1:
                 raise PlanError(f"--build-ranks must be >= 1 (got {args.build_ranks})")
-            if cfg.eas_hops < 1 or cfg.fanout < 1:
-                raise PlanError(f"--eas-hops and --fanout must be >= 1 (got {cfg.eas_hops}, {cfg.fanout})")
-            if any(b < 1 for b in cfg.cob_batches):
-                raise PlanError(f"--cob-batches must be positive counts, got {args.cob_batches!r}")
             if args.json:
                 check_writable(args.json)  # before the work, not after printing the table
         with group.errors("loading the dataset"):
@@ -420,32 +376,21 @@ def _raw_keys(args, graph) -> int:
     return raw * (2 if getattr(args, "symmetrize", True) else 1)
 
 
-def hops_arg(text: str):
-    """--hops: a number of hops, or `auto` (the largest k that fits --memory-per-gpu)."""
-    import argparse
-
-    if text == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--hops takes a number of hops or 'auto', got {text!r}") from None
-
-
 def resolve_build_hops(group, graph, args, printer=print, record: Optional[dict] = None) -> Optional[int]:
     """build's --hops: checks 1 <= k <= L for a full preload, and resolves `auto` with the memory
     model (rank 0 says which k and why; `record`, when given, gets the decision under "hops_auto"
     for the manifest).  Collective when --hops auto; errors are raised on every rank alike."""
     group = as_group(group)
-    if args.memory_per_gpu is not None and args.hops != "auto":
+    hops = hops_value(args.hops)
+    if args.memory_per_gpu is not None and hops != "auto":
         _everywhere(group, PlanError("--memory-per-gpu is what --hops auto fits the preload into; add --hops "
                                      "auto, or leave --memory-per-gpu out"))
-    if args.hops == "auto" and args.preload != "full":
+    if hops == "auto" and args.preload != "full":
         _everywhere(group, PlanError("--hops auto picks the depth of a full preload; with --preload eas give "
                                      "--hops H (EAS hops, default 1)"))
     # --hops K > --layers is refused by the build's own validate_config.
-    if args.hops != "auto":
-        return args.hops
+    if hops != "auto":
+        return hops
     with group.errors("reading the options", catch=(ValueError,)):
         cfg = config_from_args(args, eas=False)
     decision = auto_hops(group, graph, cfg)

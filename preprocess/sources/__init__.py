@@ -8,7 +8,8 @@
     synthetic  degree-corrected SBM at any scale (default; `make demo` uses it), or with
                ``--generator local`` a geometric graph with the locality of real graphs
 
-Command line: `add_source_arguments(parser)` adds the options, `load_from_args(args)` loads.
+Command line: `SourceOptions` declares the options (`add_source_arguments(parser)` adds them to a
+plain parser), `load_from_args(args)` loads.
 Programmatic: `load(source, **options)` with the options' argparse names (``dest``), e.g.
 ``load("synthetic", vertices=10_000, seed=3)`` or ``load("planetoid", name="cora", root=DIR)``;
 canonicalisation options are ``symmetrize`` (bool) and ``self_loops`` (remove|keep|add).
@@ -17,8 +18,11 @@ Every bad input raises `DataError` (a ValueError) naming the file, the problem a
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from typing import Optional
 
 from granndis_hpc.graph.csr import Graph
+from granndis_hpc.options import Options, add_options, option
 from preprocess.canonical import (FEATURE_NORMALIZATIONS, SELF_LOOP_MODES, DataError,  # noqa: F401 (re-exported)
                                   canonicalize, normalize_features)
 from preprocess.sources.synthetic import DEFAULTS as _SYNTHETIC_DEFAULTS
@@ -40,55 +44,61 @@ _USES = {
 }
 
 
+_d = OPTION_DEFAULTS
+_SOURCE, _SYNTHETIC, _CANON = ("dataset source", "synthetic source (degree-corrected SBM, or --generator local)",
+                               "canonicalisation")
+
+
+@dataclass
+class SourceOptions(Options):
+    """The dataset-source and canonicalisation options of every `python -m preprocess` command that reads
+    a dataset (granndis_hpc/options.py derives their parser); the defaults are OPTION_DEFAULTS'."""
+    source: str = option("synthetic", choices=SOURCES, group=_SOURCE, help="where the graph comes from")
+    name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv; "
+                                                           "bundle: dataset name (default: file name)")
+    root: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
+                                 help="planetoid: directory with ind.NAME.* files; ogb: dataset directory (holding "
+                                      "raw/ and split/) or its parent")
+    path: Optional[str] = option(None, group=_SOURCE, metavar="FILE",
+                                 help="bundle: the .npz or .h5 file; chunked: the directory holding metadata.json")
+    split_scheme: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
+                                         help="ogb: subdirectory of split/ (default: the only one present)")
+    generator: str = option(_d["generator"], choices=_GENERATORS, group=_SYNTHETIC,
+                            help="sbm: degree-corrected SBM, communities are expanders; local: geometric graph on a "
+                                 "torus with the locality of real graphs (small cuts and k-hop halos)")
+    vertices: int = option(_d["vertices"], group=_SYNTHETIC, metavar="N")
+    avg_degree: float = option(_d["avg_degree"], group=_SYNTHETIC, metavar="D",
+                               help="average directed in-degree before duplicate removal")
+    features: int = option(_d["features"], group=_SYNTHETIC, metavar="F")
+    classes: int = option(_d["classes"], group=_SYNTHETIC, metavar="C")
+    communities: Optional[int] = option(None, group=_SYNTHETIC, metavar="K",
+                                        help="sbm: communities, class = community mod C (default: C); local: label "
+                                             "patches (default: max(C, N/4096))")
+    seed: int = option(_d["seed"], group=_SYNTHETIC, metavar="S",
+                       help="seed of the synthetic graph; build and plan partition and sample with it too")
+    train_frac: float = option(_d["train_frac"], group=_SYNTHETIC)
+    val_frac: float = option(_d["val_frac"], group=_SYNTHETIC, help="rest is test")
+    homophily: float = option(_d["homophily"], group=_SYNTHETIC, help="sbm: fraction of edge draws inside a community")
+    cell_size: float = option(_d["cell_size"], group=_SYNTHETIC, metavar="M", help="local: mean vertices per torus cell")
+    local_scale: float = option(_d["local_scale"], group=_SYNTHETIC, metavar="SIGMA",
+                                help="local: std of an edge's cell offset per axis, in cells")
+    long_range: float = option(_d["long_range"], group=_SYNTHETIC, metavar="P",
+                               help="local: fraction of edge draws to a vertex anywhere")
+    feature_noise: float = option(_d["feature_noise"], group=_SYNTHETIC,
+                                  help="per-vertex feature noise std; class centroids have unit scale")
+    symmetrize: bool = option(True, flag="--no-symmetrize", group=_CANON,
+                              help="keep edge directions as given (default: add reverse edges)")
+    self_loops: str = option(_d["self_loops"], choices=SELF_LOOP_MODES, group=_CANON,
+                             help="remove, keep those in the data, or add one per vertex")
+    normalize_features: str = option(_d["normalize_features"], choices=FEATURE_NORMALIZATIONS, group=_CANON,
+                                     help="none, or row: divide every feature row by its sum (Kipf & Welling's GCN "
+                                          "recipe); recorded in the manifest (`info` shows it)")
+
+
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the dataset-source and canonicalisation options to ``parser`` (in their own groups)."""
-    d = OPTION_DEFAULTS
-    g = parser.add_argument_group("dataset source")
-    g.add_argument("--source", choices=SOURCES, default="synthetic",
-                   help="where the graph comes from (default: synthetic)")
-    g.add_argument("--name", default=None,
-                   help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv; bundle: dataset name "
-                        "(default: file name)")
-    g.add_argument("--root", default=None, metavar="DIR",
-                   help="planetoid: directory with ind.NAME.* files; ogb: dataset directory (holding raw/ "
-                        "and split/) or its parent")
-    g.add_argument("--path", default=None, metavar="FILE",
-                   help="bundle: the .npz or .h5 file; chunked: the directory holding metadata.json")
-    g.add_argument("--split-scheme", default=None, metavar="DIR",
-                   help="ogb: subdirectory of split/ (default: the only one present)")
-    s = parser.add_argument_group("synthetic source (degree-corrected SBM, or --generator local)")
-    s.add_argument("--generator", choices=_GENERATORS, default=d["generator"],
-                   help="sbm: degree-corrected SBM, communities are expanders (default); local: geometric "
-                        "graph on a torus with the locality of real graphs (small cuts and k-hop halos)")
-    s.add_argument("--vertices", type=int, default=d["vertices"], metavar="N", help="default %(default)s")
-    s.add_argument("--avg-degree", type=float, default=d["avg_degree"], metavar="D",
-                   help="average directed in-degree before duplicate removal (default %(default)s)")
-    s.add_argument("--features", type=int, default=d["features"], metavar="F", help="default %(default)s")
-    s.add_argument("--classes", type=int, default=d["classes"], metavar="C", help="default %(default)s")
-    s.add_argument("--communities", type=int, default=None, metavar="K",
-                   help="sbm: communities, class = community mod C (default: C); local: label patches "
-                        "(default: max(C, N/4096))")
-    s.add_argument("--seed", type=int, default=d["seed"], metavar="S", help="default %(default)s")
-    s.add_argument("--train-frac", type=float, default=d["train_frac"], help="default %(default)s")
-    s.add_argument("--val-frac", type=float, default=d["val_frac"], help="default %(default)s; rest is test")
-    s.add_argument("--homophily", type=float, default=d["homophily"],
-                   help="sbm: fraction of edge draws inside a community (default %(default)s)")
-    s.add_argument("--cell-size", type=float, default=d["cell_size"], metavar="M",
-                   help="local: mean vertices per torus cell (default %(default)s)")
-    s.add_argument("--local-scale", type=float, default=d["local_scale"], metavar="SIGMA",
-                   help="local: std of an edge's cell offset per axis, in cells (default %(default)s)")
-    s.add_argument("--long-range", type=float, default=d["long_range"], metavar="P",
-                   help="local: fraction of edge draws to a vertex anywhere (default %(default)s)")
-    s.add_argument("--feature-noise", type=float, default=d["feature_noise"],
-                   help="per-vertex feature noise std; class centroids have unit scale (default %(default)s)")
-    c = parser.add_argument_group("canonicalisation")
-    c.add_argument("--no-symmetrize", dest="symmetrize", action="store_false",
-                   help="keep edge directions as given (default: add reverse edges)")
-    c.add_argument("--self-loops", choices=SELF_LOOP_MODES, default=d["self_loops"],
-                   help="remove (default), keep those in the data, or add one per vertex")
-    c.add_argument("--normalize-features", choices=FEATURE_NORMALIZATIONS, default=d["normalize_features"],
-                   help="none (default), or row: divide every feature row by its sum (Kipf & Welling's GCN "
-                        "recipe); recorded in the manifest (`info` shows it)")
+    """Add the dataset-source and canonicalisation options to a plain ``parser`` (in their own groups),
+    with their defaults; the preprocess commands take them as part of their options class instead."""
+    add_options(parser, SourceOptions, with_defaults=True, config=False)
 
 
 def load(source: str, **options) -> Graph:

@@ -1,0 +1,161 @@
+"""The options of every `python -m preprocess` command, declared once (granndis_hpc/options.py derives
+their parsers, ``--config FILE.toml`` and ``--help``).
+
+A command's options class is composed of the groups it takes, by inheritance: build = source + layout
++ EAS + its own + the estimate (for ``--hops auto``); plan = source + layout + EAS + its own + the
+estimate.  The estimate's model options are granndis-train's own declarations (:func:`reuse` of
+TrainConfig's fields): ``--model --hidden --dropout --norm --checkpoint-activations --memory-per-gpu
+--device`` mean and check the same thing in both commands.  Options that mean something else get
+another name: the EAS fanout is ``--eas-fanout`` (``--fanout`` is granndis-train's sampler fanout;
+preprocess still accepts ``--fanout`` for one release, with a warning), the co-batch sampler fanout
+a plan estimates is ``--cob-fanout`` (granndis-train's ``--fanout``, reused).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Optional
+
+from granndis_hpc.config import TrainConfig
+from granndis_hpc.options import Options, option, reuse
+
+from .halo import EAS_SELECT_RULES
+from .partition import PARTITIONERS
+from .sources import SourceOptions
+
+PRELOADS = ("full", "eas")
+# The release in which the old spelling of a renamed option stops being accepted.
+_OLD_SPELLING_ENDS = "the next release"
+
+
+def hops_text(text: str) -> str:
+    """--hops: a number of hops, or `auto` (the largest k that fits --memory-per-gpu); kept as written
+    (:func:`hops_value` converts).  Its range (1 <= k <= --layers) is the build's own check, said once
+    by rank 0 with the other build problems."""
+    if text != "auto":
+        try:
+            int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--hops takes a number of hops or 'auto', got {text!r}") from None
+    return text
+
+
+hops_text.__name__ = "number of hops or 'auto'"
+
+
+def hops_value(text: Optional[str]):
+    """The --hops text as the build takes it: None, "auto" or an int."""
+    return text if text in (None, "auto") else int(hops_text(text))
+
+
+def _positive_counts(text: str) -> Optional[str]:
+    """--cob-batches: comma-separated positive counts."""
+    try:
+        counts = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        return f"must be comma-separated counts such as 2,4,8, got {text!r}"
+    if not counts or any(b < 1 for b in counts):
+        return f"must be positive counts, got {text!r}"
+    return None
+
+
+@dataclass
+class LayoutOptions(Options):
+    OPTIONS_GROUP = "layout"
+    servers: int = option(None, required=True, ge=1, help="number of servers S")
+    gpus_per_server: int = option(None, required=True, ge=1, help="GPUs (ranks) per server G")
+    layers: int = reuse(TrainConfig, "layers", default=None, required=True,
+                        help="GNN layers L the shards are built for (granndis-train's --layers)")
+    partitioner: str = option("parmetis", choices=PARTITIONERS, help="server-level partitioner")
+
+
+@dataclass
+class EasOptions(Options):
+    OPTIONS_GROUP = "Expansion-aware Sampling (EAS)"
+    eas_fanout: int = option(15, ge=1, deprecated={"--fanout": _OLD_SPELLING_ENDS},
+                             help="EAS fanout f: max external in-neighbours added per frontier vertex (the "
+                                  "paper's 15; not granndis-train's --fanout, the co-batch sampler's)")
+    eas_select: str = option("degree", choices=EAS_SELECT_RULES,
+                             help="prefer candidates with many unselected neighbours (degree, the paper's rule) "
+                                  "or uniform")
+
+
+@dataclass
+class EstimateOptions(Options):
+    """What the memory model's estimate is for: granndis-train's declarations of the same options."""
+    OPTIONS_GROUP = "model and memory budget (the estimate)"
+    model: str = reuse(TrainConfig, "model", help="model the estimate is for")
+    hidden: int = reuse(TrainConfig, "hidden")
+    dropout: float = reuse(TrainConfig, "dropout", help="dropout of training (as granndis-train)")
+    norm: bool = reuse(TrainConfig, "norm")
+    checkpoint_activations: bool = reuse(TrainConfig, "checkpoint_activations",
+                                         help="ressage: recompute residual blocks in the backward pass")
+    memory_per_gpu: Optional[str] = reuse(TrainConfig, "memory_per_gpu",
+                                          help="GPU memory budget per rank, e.g. 40GiB: plan recommends the "
+                                               "build that fits; build --hops auto preloads as deep as fits")
+    device: str = reuse(TrainConfig, "device",
+                        help="the device training runs on (dropout masks are bool on cuda, float on cpu); "
+                             "auto = cuda, the GPUs a plan is for")
+
+    @property
+    def estimate_device(self) -> str:
+        return "cuda" if self.device == "auto" else self.device
+
+
+@dataclass
+class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
+    """`python -m preprocess build`."""
+    preload: str = option("full", choices=PRELOADS, group="preloading",
+                          help="full: k-hop preloading (FLX); eas: Expansion-aware Sampling")
+    hops: Optional[str] = option(None, parse=hops_text, metavar="K|auto", group="preloading",
+                                 help="preloaded hops (default: --layers for full, 1 for eas); auto: the largest "
+                                      "k <= --layers whose estimated memory fits --memory-per-gpu (see `python -m "
+                                      "preprocess plan`)")
+    whole_graph: bool = option(False, group="preloading",
+                               help="load the whole graph on every rank and build from it (the build before "
+                                    "issue 17; for comparisons): by default chunked and synthetic sources are "
+                                    "read and built as 1/P slices per rank")
+    out: str = option(None, required=True, group="output",
+                      help="output directory (must not exist or be empty, unless --overwrite)")
+    overwrite: bool = option(False, group="output",
+                             help="replace an existing shard set; the old set is kept until the new one is complete")
+    progress: bool = reuse(TrainConfig, "progress", group="output",
+                           help="draw rank 0's progress bar over the phases even when stderr is not a terminal "
+                                "(mpirun pipes the ranks' output)")
+
+
+@dataclass
+class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
+    """`python -m preprocess plan`."""
+    eas_hops: int = option(1, ge=1, group="EAS and co-batches", help="EAS hops h (the paper's 1)")
+    no_eas: bool = option(False, group="EAS and co-batches", help="plan full preloads only")
+    cob_batches: str = option("2,4,8,16", check=_positive_counts, group="EAS and co-batches",
+                              help="co-batch counts per epoch to estimate")
+    cob_fanout: int = reuse(TrainConfig, "fanout", group="EAS and co-batches",
+                            help="co-batch sampler fanout the estimate is for (granndis-train's --fanout; "
+                                 "-1 = all in-neighbours)")
+    json: Optional[str] = option(None, metavar="PATH", help="also write the options and the decision as JSON")
+    build_ranks: Optional[int] = option(None, metavar="P", group="build memory (the distributed `preprocess build`)",
+                                        help="ranks of the build the memory estimate is for (default: this plan's "
+                                             "ranks); checked with the other plan options, on every rank")
+    memory_per_rank: Optional[str] = reuse(TrainConfig, "memory_per_gpu", group="build memory (the distributed "
+                                                                                 "`preprocess build`)",
+                                           help="also print the smallest number of build ranks whose estimated "
+                                                "peak fits SIZE per rank")
+
+
+@dataclass
+class ChunkOptions(SourceOptions):
+    """`python -m preprocess chunk`."""
+    out: str = option(None, required=True, group="output", help="output directory (must not exist, or be empty)")
+    chunks: int = option(8, ge=1, group="output", help="number of edge chunks and of node chunks")
+
+
+@dataclass
+class ShardSetOptions(Options):
+    """`python -m preprocess verify|info`."""
+    dir: str = option(None, required=True, positional=True, help="the shard set's directory")
+
+
+__all__ = ["BuildOptions", "ChunkOptions", "EasOptions", "EstimateOptions", "LayoutOptions", "PlanOptions",
+           "ShardSetOptions", "SourceOptions", "hops_text", "hops_value"]
