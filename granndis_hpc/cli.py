@@ -7,8 +7,8 @@ import sys
 from dataclasses import asdict
 from typing import Dict
 
-from granndis_hpc.config import (ConfigError, TrainConfig, defaults, load_resolved_config, missing_required,
-                                 read_options, resume_rule)
+from granndis_hpc.config import TrainConfig, load_resolved_config
+from granndis_hpc.options import ConfigError, defaults, missing_required, read_options, resume_rule, specs
 
 TRAIN_PROG = "granndis-train"
 TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU "
@@ -22,6 +22,8 @@ TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU
 # (overwrite_run) are not carried over from the run being resumed.
 RESUME_OVERRIDABLE = resume_rule(TrainConfig, "may_change")
 RESUME_RESET = resume_rule(TrainConfig, "reset")
+# The overridable options that are the checkpoint's shape (may change only as far as it allows).
+RESUME_SHAPE = sorted(s.name for s in specs(TrainConfig) if s.meta.get("resume_shape"))
 
 
 def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dict:
@@ -42,8 +44,8 @@ def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dic
         raise CheckpointError(
             f"--resume {run_dir} continues that run with its own settings ({os.path.join(run_dir, 'config.json')}); "
             f"these options differ: {', '.join(refused)}.  Only "
-            f"{', '.join(sorted(RESUME_OVERRIDABLE - {'resume', 'out'}))} may change on resume (mode, preloaded_layers, "
-            f"ranks_per_server and shards as far as the checkpoint allows); start a new run "
+            f"{', '.join(sorted(RESUME_OVERRIDABLE - {'resume', 'out'}))} may change on resume "
+            f"({', '.join(RESUME_SHAPE[:-1])} and {RESUME_SHAPE[-1]} as far as the checkpoint allows); start a new run "
             f"(another --out) to change anything else")
     merged = dict(ran_with)
     merged.update({k: v for k, v in given.items() if k in defaults})

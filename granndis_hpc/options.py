@@ -307,9 +307,7 @@ def _help_text(spec: _Spec, cls=None) -> str:
     if bounds:  # the range checked at parse time, so --help says it before an error has to
         text += (" " if text else "") + f"[{', '.join(bounds)}]"
     text = text.replace("%", "%%")  # argparse %-formats help strings
-    if spec.required:  # the parser leaves required-ness to read_options (a --config file may give it)
-        return text if "required" in text else (text + " " if text else "") + "(required)"
-    if "(default:" in text or spec.meta.get("positional"):
+    if spec.required or "(default:" in text or spec.meta.get("positional"):
         return text
     if spec.kind is bool and not spec.is_list:
         default = "off"  # a flag: "--no-eval (default: True)" would read as if the flag were on
@@ -532,7 +530,20 @@ def read_command(commands: Dict[str, Tuple[type, str]], argv=None, prog: Optiona
                                                    formatter_class=argparse.RawDescriptionHelpFormatter), cls)
     command_line = vars(parser.parse_args(argv))
     name = command_line.pop("command")
-    cls, own = commands[name][0], parsers[name]
+    return name, _finish(parsers[name], commands[name][0], command_line)
+
+
+def parse_options(cls, argv=None, prog: Optional[str] = None, description: Optional[str] = None,
+                  epilog: Optional[str] = None):
+    """The options object of a command without subcommands (`granndis report`), after precedence and
+    validated by the class; every problem is a usage error (exit status 2), --help exits 0."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(cls, prog, description, epilog)
+    return _finish(parser, cls, vars(parser.parse_args(argv)))
+
+
+def _finish(parser: argparse.ArgumentParser, cls, command_line: Dict[str, Any]):
+    """Precedence (command line > --config file > defaults) and the class's checks, as usage errors."""
     path = command_line.get("config")
     if "config" not in {s.name for s in specs(cls)}:
         command_line.pop("config", None)
@@ -541,9 +552,9 @@ def read_command(commands: Dict[str, Tuple[type, str]], argv=None, prog: Optiona
         missing = missing_required(cls, given)
         if missing:
             raise ConfigError(f"the following arguments are required: {', '.join(missing)}")
-        return name, cls(**{**defaults(cls), **given})
+        return cls(**{**defaults(cls), **given})
     except ConfigError as exc:
-        own.error(str(exc))
+        parser.error(str(exc))
 
 
 def resume_rule(cls, rule: str) -> frozenset:
@@ -552,5 +563,5 @@ def resume_rule(cls, rule: str) -> frozenset:
 
 
 __all__ = ["ConfigError", "HelpFormatter", "Options", "add_options", "allowed_choices", "build_parser", "defaults",
-           "load_config_file", "missing_required", "option", "parse_args_with_config", "read_command", "read_options",
+           "load_config_file", "missing_required", "option", "parse_args_with_config", "parse_options", "read_command", "read_options",
            "resume_rule", "reuse", "specs", "validate"]

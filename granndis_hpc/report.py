@@ -38,10 +38,12 @@ import math
 import os
 import sys
 from dataclasses import dataclass
+from typing import List, Optional
 
-from granndis_hpc.config import HelpFormatter
+from granndis_hpc import options
 from granndis_hpc.fsutil import atomic_path, atomic_write_bytes, read_json_object
 from granndis_hpc.metrics import MetricsError, read_metrics_lines
+from granndis_hpc.options import ConfigError, Options, option
 
 __all__ = ["ReportError", "RunData", "load_run", "render_report", "format_table", "load_sweep",
            "render_sweep", "main"]
@@ -486,27 +488,37 @@ def render_sweep(path, out_dir) -> dict:
     return {"table": table, "pngs": [png], "markdown": md}
 
 
+@dataclass
+class ReportOptions(Options):
+    """`granndis report`'s options (granndis_hpc/options.py derives the parser and --config)."""
+    run_dirs: List[str] = option([], positional=True, nargs="*", metavar="RUN_DIR",
+                                 help="run directories written by granndis-train")
+    sweep: Optional[str] = option(None, metavar="SWEEP_JSON",
+                                  help="a link-rate sweep from bench/bench_cluster.py: plot speedup over fb against "
+                                       "link rate")
+    out: Optional[str] = option(None, help="output directory (default: the run directory when there is one run, "
+                                           "else ./report)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.sweep is not None and self.run_dirs:
+            raise ConfigError("give either run directories or --sweep, not both")
+        if self.sweep is None and not self.run_dirs:
+            raise ConfigError("give one or more run directories (or --sweep SWEEP_JSON)")
+
+
+REPORT_PROG = "granndis report"
+REPORT_DESCRIPTION = "Plots and a comparison table for one or more granndis-train run directories."
+REPORT_EPILOG = ("examples:\n  granndis report runs/fb-123 runs/flx-124 --out reports/cora\n"
+                 "  granndis report --sweep bench-out/cluster/sweep.json --out reports/cluster")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="granndis report", formatter_class=HelpFormatter,
-        description="Plots and a comparison table for one or more granndis-train run directories.",
-        epilog="examples:\n  granndis report runs/fb-123 runs/flx-124 --out reports/cora\n"
-               "  granndis report --sweep bench-out/cluster/sweep.json --out reports/cluster")
-    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directories written by granndis-train")
-    p.add_argument("--sweep", default=None, metavar="SWEEP_JSON",
-                   help="a link-rate sweep from bench/bench_cluster.py: plot speedup over fb against link rate")
-    p.add_argument("--out", default=None,
-                   help="output directory; default: the run directory when there is one run, else ./report")
-    return p
+    return options.build_parser(ReportOptions, REPORT_PROG, REPORT_DESCRIPTION, REPORT_EPILOG)
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.sweep is not None and args.run_dirs:
-        parser.error("give either run directories or --sweep, not both")
-    if args.sweep is None and not args.run_dirs:
-        parser.error("give one or more run directories (or --sweep SWEEP_JSON)")
+    args = options.parse_options(ReportOptions, argv, REPORT_PROG, REPORT_DESCRIPTION, REPORT_EPILOG)
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else "report")
     try:
         result = render_sweep(args.sweep, out) if args.sweep else render_report(args.run_dirs, out)

@@ -62,10 +62,10 @@ def _positive_counts(text: str) -> Optional[str]:
 @dataclass
 class LayoutOptions(Options):
     OPTIONS_GROUP = "layout"
-    servers: int = option(None, required=True, ge=1, help="number of servers S")
-    gpus_per_server: int = option(None, required=True, ge=1, help="GPUs (ranks) per server G")
+    servers: int = option(None, required=True, ge=1, help="number of servers S (required)")
+    gpus_per_server: int = option(None, required=True, ge=1, help="GPUs (ranks) per server G (required)")
     layers: int = reuse(TrainConfig, "layers", default=None, required=True,
-                        help="GNN layers L the shards are built for (granndis-train's --layers)")
+                        help="GNN layers L the shards are built for (granndis-train's --layers; required)")
     partitioner: str = option("parmetis", choices=PARTITIONERS, help="server-level partitioner")
 
 
@@ -116,7 +116,7 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
                                     "issue 17; for comparisons): by default chunked and synthetic sources are "
                                     "read and built as 1/P slices per rank")
     out: str = option(None, required=True, group="output",
-                      help="output directory (must not exist or be empty, unless --overwrite)")
+                      help="output directory (required; must not exist or be empty, unless --overwrite)")
     overwrite: bool = option(False, group="output",
                              help="replace an existing shard set; the old set is kept until the new one is complete")
     progress: bool = reuse(TrainConfig, "progress", group="output",
@@ -147,7 +147,7 @@ class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
 @dataclass
 class ChunkOptions(SourceOptions):
     """`python -m preprocess chunk`."""
-    out: str = option(None, required=True, group="output", help="output directory (must not exist, or be empty)")
+    out: str = option(None, required=True, group="output", help="output directory (required; must not exist, or be empty)")
     chunks: int = option(8, ge=1, group="output", help="number of edge chunks and of node chunks")
 
 
