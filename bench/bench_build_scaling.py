@@ -40,7 +40,7 @@ def graph_args(a) -> list:
 def layout_args(a, preload) -> list:
     out = ["--servers", "2", "--gpus-per-server", "2", "--layers", str(a.layers), "--preload", preload,
            "--partitioner", a.partitioner]
-    return out + (["--hops", str(a.hops)] if preload == "full" else ["--hops", "1", "--fanout", "15"])
+    return out + (["--hops", str(a.hops)] if preload == "full" else ["--hops", "1", "--eas-fanout", "15"])
 
 
 def run_one(a, P, preload, whole) -> dict:
@@ -86,7 +86,7 @@ def plan_inputs(a) -> dict:
             return json.load(f)["build_memory"]
     cmd = [sys.executable, "-m", "preprocess", "plan", *graph_args(a), "--servers", "2", "--gpus-per-server", "2",
            "--layers", str(a.layers), "--partitioner", a.partitioner, "--model", "sage", "--hidden", "64",
-           "--cob-batches", "2", "--eas-hops", "1", "--fanout", "15", "--json", path]
+           "--cob-batches", "2", "--eas-hops", "1", "--eas-fanout", "15", "--json", path]
     r = subprocess.run(cmd, cwd=REPO, env={**os.environ, **MPI_ENV}, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-800:])

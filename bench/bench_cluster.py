@@ -37,7 +37,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 # Shard sets: name -> preprocess arguments (beyond the graph and cluster shape).  Add a row per set.
 SHARD_SETS = {
     "full": ["--preload", "full"],
-    "eas": ["--preload", "eas", "--hops", "1", "--fanout", "15"],
+    "eas": ["--preload", "eas", "--hops", "1", "--eas-fanout", "15"],
     # Flexible Preloading with k < L: k-hop preloads of a 3-layer model (flx then runs k layers on the
     # preload and the rest with the world exchange).
     "full-k1": ["--preload", "full", "--hops", "1"],

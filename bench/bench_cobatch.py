@@ -134,7 +134,7 @@ def main(argv=None):
                         json.dump({"old": old_rev, "new": new_rev, "results": results}, f, indent=1)
         if args.deep:
             eas = os.path.join(args.work, "shards-eas-deep")
-            build(args, eas, ["--preload", "eas", "--hops", "1", "--fanout", "15"], log, layers=args.deep_layers,
+            build(args, eas, ["--preload", "eas", "--hops", "1", "--eas-fanout", "15"], log, layers=args.deep_layers,
                   vertices=args.deep_vertices)
             deep = ["--model", "ressage", "--layers", str(args.deep_layers), "--hidden", "64", "--epochs",
                     str(args.deep_epochs), "--eval-every", "0"]

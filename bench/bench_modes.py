@@ -83,7 +83,7 @@ def main(argv=None):
     log, lines = [], []
     full, eas = os.path.join(args.work, "shards-full"), os.path.join(args.work, "shards-eas")
     build(args, full, ["--preload", "full"], log)
-    build(args, eas, ["--preload", "eas", "--hops", "1", "--fanout", "15"], log)
+    build(args, eas, ["--preload", "eas", "--hops", "1", "--eas-fanout", "15"], log)
     common = ["--model", "sage", "--layers", str(args.layers), "--hidden", "64", "--epochs", str(args.epochs),
               "--eval-every", "0"]
     runs = os.path.join(args.work, "runs")
@@ -144,7 +144,7 @@ def main(argv=None):
         lines.append("")
     if "deep" not in args.skip:
         eas = os.path.join(args.work, "shards-eas-deep")
-        build(args, eas, ["--preload", "eas", "--hops", "1", "--fanout", "15"], log, layers=args.deep_layers,
+        build(args, eas, ["--preload", "eas", "--hops", "1", "--eas-fanout", "15"], log, layers=args.deep_layers,
               vertices=args.deep_vertices)
         deep = ["--model", "ressage", "--layers", str(args.deep_layers), "--hidden", "64", "--epochs",
                 str(args.deep_epochs), "--eval-every", "0", "--batches-per-epoch", str(args.batches_per_epoch),

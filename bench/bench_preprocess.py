@@ -54,7 +54,7 @@ def run_config(vertices, preload, partitioner, ranks, workdir, timeout, generato
     args = ["build", "--source", "synthetic", "--generator", generator, "--vertices", str(vertices), "--seed", "0",
             "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--preload", preload,
             "--partitioner", partitioner, "--out", out, "--overwrite"]
-    args += ["--hops", "3"] if preload == "full" else ["--hops", "1", "--fanout", "15"]
+    args += ["--hops", "3"] if preload == "full" else ["--hops", "1", "--eas-fanout", "15"]
     cmd = ["mpirun", "-n", str(ranks), sys.executable, os.path.abspath(__file__), "--worker", *args]
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()

@@ -67,7 +67,7 @@ def main(argv=None):
     try:
         shard_dirs = {"full": os.path.join(args.work, "shards-full"), "eas": os.path.join(args.work, "shards-eas")}
         build(args, shard_dirs["full"], ["--preload", "full"], log)
-        build(args, shard_dirs["eas"], ["--preload", "eas", "--hops", "1", "--fanout", "15"], log)
+        build(args, shard_dirs["eas"], ["--preload", "eas", "--hops", "1", "--eas-fanout", "15"], log)
         common = ["--model", "sage", "--layers", str(args.layers), "--hidden", "64", "--epochs", str(args.epochs),
                   "--eval-every", "0"]
         times = {(rev, m): [] for rev in ("old", "new") for m, _ in MODES}

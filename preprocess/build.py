@@ -69,7 +69,7 @@ def validate_config(cfg: BuildConfig, num_vertices: int) -> None:
                         f"costs memory; use --hops {cfg.layers} (Flexible Preloading with k = L, exact "
                         f"full-graph training) or fewer (k < L: the last L-k layers use the world exchange)")
     if cfg.preload == "eas" and cfg.fanout < 1:
-        problems.append(f"--fanout must be >= 1 for --preload eas (got {cfg.fanout})")
+        problems.append(f"--eas-fanout must be >= 1 for --preload eas (got {cfg.fanout})")
     if cfg.select not in EAS_SELECT_RULES:
         problems.append(f"--eas-select must be one of {EAS_SELECT_RULES} (got {cfg.select!r})")
     if cfg.partitioner not in PARTITIONERS:

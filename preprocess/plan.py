@@ -225,8 +225,8 @@ def describe_build(o: mm.Option, cfg: PlanConfig) -> str:
     if o.mode == "fb":
         return f"{base} --preload full --hops 1   (train --mode fb: the world view only)"
     if o.mode == "eas":
-        return f"{base} --preload eas --hops {cfg.eas_hops} --fanout {cfg.fanout}   (train --mode eas)"
-    return (f"{base} --preload eas --hops {cfg.eas_hops} --fanout {cfg.fanout}   (train --mode cob "
+        return f"{base} --preload eas --hops {cfg.eas_hops} --eas-fanout {cfg.fanout}   (train --mode eas)"
+    return (f"{base} --preload eas --hops {cfg.eas_hops} --eas-fanout {cfg.fanout}   (train --mode cob "
             f"--batches-per-epoch {o.batches} --fanout {cfg.cob_fanout})")
 
 

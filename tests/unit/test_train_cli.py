@@ -32,7 +32,7 @@ def _build(out, *extra):
 def cora_shards(tmp_path_factory):
     base = tmp_path_factory.mktemp("cora")
     return {"full": _build(base / "full", "--preload", "full"),
-            "eas": _build(base / "eas", "--preload", "eas", "--hops", "1", "--fanout", "15")}
+            "eas": _build(base / "eas", "--preload", "eas", "--hops", "1", "--eas-fanout", "15")}
 
 
 def _train(shards, mode, run_dir, *extra, timeout=300):
