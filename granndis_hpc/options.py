@@ -526,8 +526,13 @@ def read_command(commands: Dict[str, Tuple[type, str]], argv=None, prog: Optiona
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(commands) + "}")
     parsers = {}
     for name, (cls, text) in commands.items():
-        parsers[name] = add_options(sub.add_parser(name, help=text, description=text, argument_default=argparse.SUPPRESS,
-                                                   formatter_class=argparse.RawDescriptionHelpFormatter), cls)
+        parsers[name] = sub.add_parser(name, help=text, description=text, argument_default=argparse.SUPPRESS,
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    # Only the chosen command's options are added (the command is the first word: the top level has
+    # no option but --help): a registry read for another command's choices (plan's --model reads the
+    # models) is not loaded by `verify`.
+    if argv and argv[0] in commands:
+        add_options(parsers[argv[0]], commands[argv[0]][0])
     command_line = vars(parser.parse_args(argv))
     name = command_line.pop("command")
     return name, _finish(parsers[name], commands[name][0], command_line)
