@@ -1,9 +1,9 @@
 """The options of `granndis-train` (:class:`TrainConfig`: one declaration, from which its parser,
-``--config FILE.toml`` and ``--help`` are derived by granndis_hpc/options.py) and the resolved config of
+``--config FILE.toml`` and ``--help`` are derived by granndis_hpc/options/) and the resolved config of
 a run (``RUN_DIR/config.json``, so a run can be reproduced and ``granndis report`` can label it).
 
 The framework (``option()``, specs, defaults, validate, build_parser, read_options, the TOML rules) lives
-in granndis_hpc/options.py, which every command shares; its names are re-exported here for the callers
+in granndis_hpc/options/, which every command shares; its names are re-exported here for the callers
 that read them from this module.
 """
 from __future__ import annotations

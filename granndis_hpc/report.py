@@ -490,7 +490,7 @@ def render_sweep(path, out_dir) -> dict:
 
 @dataclass
 class ReportOptions(Options):
-    """`granndis report`'s options (granndis_hpc/options.py derives the parser and --config)."""
+    """`granndis report`'s options (granndis_hpc/options/ derives the parser and --config)."""
     run_dirs: List[str] = option([], positional=True, nargs="*", metavar="RUN_DIR",
                                  help="run directories written by granndis-train")
     sweep: Optional[str] = option(None, metavar="SWEEP_JSON",

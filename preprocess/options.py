@@ -1,4 +1,4 @@
-"""The options of every `python -m preprocess` command, declared once (granndis_hpc/options.py derives
+"""The options of every `python -m preprocess` command, declared once (granndis_hpc/options/ derives
 their parsers, ``--config FILE.toml`` and ``--help``).
 
 A command's options class is composed of the groups it takes, by inheritance: build = source + layout

@@ -52,7 +52,7 @@ _SOURCE, _SYNTHETIC, _CANON = ("dataset source", "synthetic source (degree-corre
 @dataclass
 class SourceOptions(Options):
     """The dataset-source and canonicalisation options of every `python -m preprocess` command that reads
-    a dataset (granndis_hpc/options.py derives their parser); the defaults are OPTION_DEFAULTS'."""
+    a dataset (granndis_hpc/options/ derives their parser); the defaults are OPTION_DEFAULTS'."""
     source: str = option("synthetic", choices=SOURCES, group=_SOURCE, help="where the graph comes from")
     name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv; "
                                                            "bundle: dataset name (default: file name)")

@@ -1,4 +1,4 @@
-"""One options framework (granndis_hpc/options.py) for every command: granndis-train, granndis report and
+"""One options framework (granndis_hpc/options/) for every command: granndis-train, granndis report and
 every `python -m preprocess` subcommand (issue 20).  Parsing only: nothing here builds or trains."""
 import dataclasses
 import pathlib

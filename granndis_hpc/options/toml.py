@@ -1,0 +1,80 @@
+"""The TOML reader of ``--config FILE.toml`` (the rules: granndis_hpc/options/__init__.py)."""
+from __future__ import annotations
+
+import difflib
+import sys
+from typing import Any, Dict, Optional
+
+from .declare import ConfigError, _from_file, _Spec, specs
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python < 3.11 (pyproject pulls in tomli there)
+    import tomli as tomllib
+
+
+def _keys(cls) -> Dict[str, _Spec]:
+    """Every accepted key spelling (the field name, with '_' or '-') -> its spec.  Flag names that
+    differ from the field (``--no-eval`` for ``eval``) are deliberately not keys: ``no-eval = true``
+    would read as the opposite of what it does."""
+    by_key = {}
+    for spec in specs(cls):
+        if spec.name != "config":
+            by_key[spec.name] = by_key[spec.name.replace("_", "-")] = spec
+    return by_key
+
+
+def _flag_hint(cls, key: str) -> Optional[str]:
+    for spec in specs(cls):
+        if spec.flag == "--" + key and key.replace("-", "_") != spec.name:
+            example = f"{spec.name} = false" if spec.kind is bool and spec.default is True else f"{spec.name} = ..."
+            return f" The flag --{key} stores into {spec.name!r}: write '{example}' in the config file."
+    return None
+
+
+def load_config_file(path, cls) -> Dict[str, Any]:
+    """Read and check a TOML file against the options dataclass `cls`; return {field: value}."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} not found (check the --config path)") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path!r} cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8: random bytes, or a Latin-1 file
+        raise ConfigError(f"config file {path!r} is not valid TOML: not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start}); save it as UTF-8") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path!r} is not valid TOML for options: its values nest too deeply "
+                          f"(options are flat 'name = value' lines)") from None
+
+    keys = _keys(cls)
+    values, seen_as = {}, {}
+    for key, value in raw.items():
+        where = f"config file {path!r}, key {key!r}"
+        if isinstance(value, dict):
+            raise ConfigError(f"{where}: [sections] are not supported; write every option as a "
+                              f"top-level 'name = value' line (before any [section] header)")
+        if key.replace("-", "_") == "config":
+            raise ConfigError(f"{where}: a config file cannot name another config file")
+        spec = keys.get(key)
+        if spec is None:
+            flag_hint = _flag_hint(cls, key)
+            if flag_hint:
+                raise ConfigError(f"{where}: not an option name.{flag_hint}")
+            close, named = [], set()
+            for name in difflib.get_close_matches(key, sorted(keys), n=6, cutoff=0.6):
+                if keys[name].name not in named:  # one spelling per option, the closest one
+                    named.add(keys[name].name)
+                    close.append(name)
+            close = close[:3]
+            hint = (" Did you mean " + " or ".join(repr(c) for c in close) + "?") if close else \
+                " Run with --help for the list of options."
+            raise ConfigError(f"{where}: unknown option.{hint}")
+        if spec.name in seen_as:
+            raise ConfigError(f"{where}: the same option is also given as {seen_as[spec.name]!r}; keep one of them")
+        seen_as[spec.name] = key
+        values[spec.name] = _from_file(spec, value, where)
+    return values
