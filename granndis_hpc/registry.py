@@ -142,7 +142,7 @@ def model_options(model: str, items: Optional[Sequence[str]] = ()) -> Dict[str, 
         try:
             out[name] = declared[name].type(text.strip())
         except (TypeError, ValueError):
-            raise ValueError(f"--model-option {item!r}: {name} takes a {declared[name].type.__name__}, "
+            raise ValueError(f"--model-option {item!r}: {name} must be of type {declared[name].type.__name__}, "
                              f"got {text.strip()!r}") from None
     return out
 

@@ -322,8 +322,8 @@ class Automatic(Mode):
         decision = topo.bcast_object(decision)
         choice = decision["choice"]
         # The chosen mode's own knob (flx: preloaded_layers = k; cob: batches_per_epoch), from its entry.
-        resolved = dataclasses.replace(cfg, mode=choice["mode"], shards=choice["source"], preloaded_layers=None,
-                                       **choice["train_options"])
+        resolved = dataclasses.replace(cfg, mode=choice["mode"], shards=choice["source"],
+                                       **{"preloaded_layers": None, **choice["train_options"]})
         mode = make_mode(resolved)
         mode.decision = decision
         if topo.rank == 0 and not cfg.quiet:
