@@ -9,7 +9,7 @@ serves cob with each co-batch count, sampled here exactly as the run samples its
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np

@@ -63,3 +63,42 @@ def test_model_options_and_mode_needs_are_checked_at_parse_time():
     finally:
         recipe_model.unregister()
     assert recipe_model.NAME not in registry.MODELS
+
+
+def test_a_registered_mode_takes_its_place_in_autos_order():
+    """The recipe "add a mode", step 4: a mode class with a rank, a phrase and an estimate is estimated
+    by row_groups, ranked by preference and named in choose's reason where its rank puts it."""
+    import numpy as np
+
+    from granndis_hpc import memory_model as mm
+    from granndis_hpc.engine import modes
+    from tests.unit.test_memory_model import _random_plan
+
+    rows, _, _ = _random_plan(np.random.default_rng(3), 3)
+    calls = []
+
+    def ranked_rows(s, layers, m, sampling):
+        calls.append(s.source)
+        return [mm.RowGroup("recipe-ranked", [rows], k=layers, source=s.source)]
+
+    class Ranked(modes.StaticMode):
+        name, help = "recipe-ranked", "a mode auto ranks between flx and eas"
+        rank, phrase = 0.5, "the recipe's mode"
+        estimate = staticmethod(ranked_rows)
+
+    modes.register(Ranked)
+    try:
+        m = mm.ModelSpec("sage", rows.features, 16, rows.num_classes, 3)
+        s = mm.SetArrays([], "full", 3, 3, source="set", world_sent=np.zeros(0, np.int64), sample_cobatches=False)
+        groups = [g for g in mm.row_groups(s, 3, m, mm.Sampling()) if g.mode == Ranked.name]
+        assert calls == ["set"] and len(groups) == 1
+        mine = mm.options(groups, m, 2)[0]
+        flx = mm.Option(mode="flx", k=3, peak=mine.peak + 1)
+        eas = mm.Option(mode="eas", k=3, peak=1)
+        d = mm.choose([eas, flx, mine], mine.peak)
+        assert d.choice is mine and [o.label for o in d.rejected] == ["flx k=3"]
+        assert "(flx with the largest k, then the recipe's mode, then EAS, then cob" in d.reason
+        assert mm.choose([eas, flx, mine], mine.peak + 1).choice is flx
+    finally:
+        modes.MODES.pop(Ranked.name)
+    assert "the recipe's mode" not in mm.order_text()
