@@ -16,8 +16,9 @@ from typing import Optional, Sequence
 from granndis_hpc import memory_model as mm
 from granndis_hpc import registry
 from granndis_hpc.cluster.group import as_group
-from granndis_hpc.units import format_size
+from granndis_hpc.units import format_size, parse_size
 
+from .build_memory import estimate_build_memory, smallest_fitting_ranks
 from .plan_sets import plan_options
 
 __all__ = ["PlanConfig", "PlanError", "plan_options", "auto_hops", "format_table", "describe_build", "cmd_plan"]
@@ -81,8 +82,6 @@ def _everywhere(group, exc: BaseException):
 
 def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: str, budget: Optional[int]):
     """Rank 0's lines on the distributed build's memory (and its JSON record)."""
-    from .build_memory import estimate_build_memory, smallest_fitting_ranks
-
     lines, record = [], {}
     common = dict(num_vertices=graph.num_vertices, num_edges=graph.num_edges, raw_keys=int(raw_keys),
                   num_features=graph.num_features, partitioner=partitioner)
@@ -206,8 +205,6 @@ def add_plan_arguments(p) -> None:
 
 
 def _budget(text) -> Optional[int]:
-    from granndis_hpc.units import parse_size
-
     return None if text is None else parse_size(text)
 
 

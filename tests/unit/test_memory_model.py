@@ -505,3 +505,19 @@ def test_plan_of_a_set_and_auto_on_it_estimate_and_choose_alike(recipe_model, sm
     for budget in sorted({o.peak for o in every}):
         a, b = mm.choose(planned["options"], budget), mm.choose_shard_sets(sets, model, 16, 3, budget, **kw)
         assert same(a.choice) == same(b.choice) and a.reason == b.reason
+
+
+def test_plan_cli_estimates_one_build_of_a_registered_model(recipe_model, tmp_path, capsys):
+    """`plan --hops 3 --model recipe-meanmlp --model-option widen=2`: the 3-hop build's options (fb,
+    flx k <= 3, cob), sized by the registered model's own estimate and option."""
+    rc, res = _plan(tmp_path, "--hops", "3", "--no-eas", "--model", recipe_model.NAME, "--model-option", "widen=2",
+                    "--memory-per-gpu", "1GiB")
+    assert rc == 0 and "recommendation: flx k=3" in capsys.readouterr().out
+    assert {(o["label"], o["source"]) for o in res["options"]} == {
+        (label, "--hops 3") for label in ("fb", "flx k=1", "flx k=2", "flx k=3", "cob batches=2", "cob batches=4")}
+    assert res["decision"]["choice"]["train_options"] == {"preloaded_layers": 3}
+    _, narrow = _plan(tmp_path, "--hops", "3", "--no-eas", "--model", recipe_model.NAME, "--memory-per-gpu", "1GiB")
+    peaks = {o["label"]: o["peak_bytes"] for o in narrow["options"]}
+    assert all(o["peak_bytes"] > peaks[o["label"]] for o in res["options"])  # widen=2: wider hidden layers
+    rc, _ = _plan(tmp_path, "--hops", "3", "--no-eas", "--model", recipe_model.NAME, "--model-option", "heads=2")
+    assert rc != 0 and "the options widen (int, default 1)" in capsys.readouterr().err
