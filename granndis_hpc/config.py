@@ -508,7 +508,7 @@ class TrainConfig:
                             "auto: GraNNDis' automatic choice for --memory-per-gpu")
     model: str = option("sage", choices=_model_names, help="GNN architecture")
     # None, not []: checkpoints written before the option existed hold no value for it (same fingerprint).
-    model_options: Optional[List[str]] = option(None, append=True, flag="--model-option", metavar="NAME=VALUE",
+    model_option: Optional[List[str]] = option(None, append=True, metavar="NAME=VALUE",
                                                 help="an extra constructor option of the model, as its registry entry "
                                            "declares them (repeat for several; the built-in models have none)")
     layers: int = option(3, ge=1, help="message-passing layers")
@@ -624,7 +624,7 @@ class TrainConfig:
                               f"{', '.join(able)} has; model {self.model!r} would ignore it: "
                               f"leave it out or use --model {able[0] if able else 'ressage'}")
         try:
-            registry.model_options(self.model, self.model_options)
+            registry.model_options(self.model, self.model_option)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if self.checkpoint_every > 0 and not self.out:

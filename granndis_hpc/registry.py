@@ -81,7 +81,11 @@ class Registry(MutableMapping):
     def register(self, name: str, obj, **attrs) -> None:
         """An entry for an object at hand; keeps the capabilities a lazy declaration of it gave."""
         old = self._entries.get(name)
-        merged = dict(old.attrs) if old is not None and isinstance(old.target, str) else {}
+        # The declared capabilities stay with the object they declare (the lazy entry, or the same
+        # object registered again, e.g. its module reloaded).
+        same = old is not None and (isinstance(old.target, str) or getattr(old.target, "__qualname__", None)
+                                    == getattr(obj, "__qualname__", object()))
+        merged = dict(old.attrs) if same else {}
         merged.update({k: v for k, v in attrs.items() if v is not None})
         self._entries[name] = Entry(name, obj, merged, obj)
 

@@ -142,7 +142,7 @@ def auto_hops(group, graph, cfg: PlanConfig) -> mm.Decision:
                                      "add --memory-per-gpu (e.g. 40GiB), or give --hops K with 1 <= K <= --layers"))
     # One build per k = 1..L and nothing else (no EAS): every option is a full preload of its own depth.
     cfg = dataclasses.replace(cfg, ks=list(range(1, cfg.layers + 1)), eas=False, hops=None)
-    full = plan_options(group, graph, cfg, _model_options(cfg))["options"]
+    full = plan_options(group, graph, cfg)["options"]
     decision = mm.choose(full, cfg.budget)
     if decision.choice is None:
         smallest = min(full, key=lambda o: o.peak)
@@ -152,11 +152,6 @@ def auto_hops(group, graph, cfg: PlanConfig) -> mm.Decision:
             f"{-(-smallest.peak // (1 << 20))}MiB or more, more servers/GPUs, or a smaller model; "
             f"`python -m preprocess plan` prints every option (EAS and co-batches too)"))
     return decision
-
-
-def _model_options(cfg: PlanConfig):
-    """The model's constructor options as (name, value) pairs (ValueError for unknown ones)."""
-    return tuple(registry.model_options(cfg.model, cfg.model_options).items())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -260,7 +255,7 @@ def cmd_plan(args, argv) -> int:
                 check_writable(args.json)  # before the work, not after printing the table
         with group.errors("loading the dataset"):
             graph = sources.load_from_args(args)
-        result = plan_options(group, graph, cfg, _model_options(cfg))
+        result = plan_options(group, graph, cfg)
         decision = mm.choose(result["options"], cfg.budget) if cfg.budget is not None else None
     except Exception as exc:  # noqa: BLE001
         return fail(group, "plan", exc)

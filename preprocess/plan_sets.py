@@ -21,6 +21,7 @@ from typing import Dict, List
 import numpy as np
 
 from granndis_hpc import memory_model as mm
+from granndis_hpc import registry
 from granndis_hpc.cluster.group import as_group
 
 from .build import BuildConfig, build_server, validate_config
@@ -49,12 +50,14 @@ def _load(a: mm.ServerArrays) -> ServerLoad:
     return ServerLoad(server=int(a.server), rows=int(a.hop.shape[0]), fetched_edges=int(a.graph["in_degree"].sum()))
 
 
-def model_spec(graph, cfg, options=()) -> mm.ModelSpec:
+def model_spec(graph, cfg) -> mm.ModelSpec:
+    """The model the plan is for, with its extra constructor options (cfg.model_options, NAME=VALUE)."""
+    options = registry.model_options(cfg.model, cfg.model_options)
     return mm.ModelSpec(cfg.model, graph.num_features, cfg.hidden, int(graph.num_classes), cfg.layers,
-                        cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options))
+                        cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()))
 
 
-def plan_options(group, graph, cfg, model_options=()) -> Dict[str, object]:
+def plan_options(group, graph, cfg) -> Dict[str, object]:
     """Collective: every option's estimate.  Returns (on every rank) {"options": [Option], "model":
     ModelSpec, "partition": manifest entry, "server_loads"}.  `group`: a cluster Group or an mpi4py
     communicator; `cfg`: a preprocess.plan.PlanConfig."""
@@ -64,7 +67,7 @@ def plan_options(group, graph, cfg, model_options=()) -> Dict[str, object]:
     L = cfg.layers
     with group.errors("checking the plan options", catch=(ValueError, mm.MemoryModelError)):
         validate_config(bcfg, graph.num_vertices)
-        m = model_spec(graph, cfg, model_options)
+        m = model_spec(graph, cfg)
         ks = list(range(0, L + 1)) if cfg.ks is None else sorted(set(int(k) for k in cfg.ks))
         bad = [k for k in ks if not 0 <= k <= min(L, cfg.hops or L)]
         if bad:

@@ -315,7 +315,7 @@ class Automatic(Mode):
                     paths, cfg.model, cfg.hidden, cfg.layers, cfg.memory_per_gpu_bytes, device=topo.device.type,
                     fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed, dropout=cfg.dropout, norm=cfg.norm,
                     checkpoint_activations=cfg.checkpoint_activations,
-                    options=tuple(registry.model_options(cfg.model, cfg.model_options).items()),
+                    options=tuple(registry.model_options(cfg.model, cfg.model_option).items()),
                     job=(topo.servers, topo.ranks_per_server)).to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])

@@ -151,7 +151,7 @@ class Trainer:
         ds = self.manifest["dataset"]
         self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
                                  cfg.layers, dropout=cfg.dropout, norm=cfg.norm,
-                                 **model_options(cfg.model, cfg.model_options)).to(self.device)
+                                 **model_options(cfg.model, cfg.model_option)).to(self.device)
         self.model.checkpoint_activations = cfg.checkpoint_activations
         self.model.input_dropout = cfg.input_dropout
         self._keyed_dropout = "dropout" in inspect.signature(self.model.forward).parameters

@@ -91,7 +91,7 @@ def test_added_model_runs_in_every_mode(registered, cora, cora_shards, mode):
     full = cora_shards[("full", 3)]
     # auto: its registered estimate sizes it (1 TiB: the largest k of the full set, flx k = 3).
     shards, extra = (f"{full},{cora_shards[('eas', 3)]}", dict(memory_per_gpu="1TiB")) if mode == "auto" else (full, {})
-    trainer = make_trainer(shards, mode, recipe_model.NAME, 3, model_options=["widen=2"], **extra)
+    trainer = make_trainer(shards, mode, recipe_model.NAME, 3, model_option=["widen=2"], **extra)
     try:
         assert trainer.model.lins[0].out_features == 32  # its own constructor option reached it
         if mode == "auto":

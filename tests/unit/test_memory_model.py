@@ -490,7 +490,7 @@ def test_plan_of_a_set_and_auto_on_it_estimate_and_choose_alike(recipe_model, sm
 
     cfg = plan.PlanConfig(servers=2, gpus_per_server=2, layers=3, model=model, hidden=16, partitioner="metis",
                           device="cpu", hops=3, eas_hops=1, fanout=2, cob_batches=(2, 4), model_options=options)
-    planned = plan.plan_options(MPI.COMM_SELF, small_graph, cfg, tuple(model_options(model, options).items()))
+    planned = plan.plan_options(MPI.COMM_SELF, small_graph, cfg)
     sets = [str(small_shards), str(eas_shards)]
     kw = dict(batches=(2, 4), options=tuple(model_options(model, options).items()))
     every = mm.choose_shard_sets(sets, model, 16, 3, 1, **kw).rejected

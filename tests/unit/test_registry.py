@@ -45,20 +45,20 @@ def test_model_options_and_mode_needs_are_checked_at_parse_time():
     from tests import recipe_model
 
     with pytest.raises(config.ConfigError, match="no extra constructor options"):
-        config.TrainConfig(shards="x", model="sage", model_options=["heads=4"])
+        config.TrainConfig(shards="x", model="sage", model_option=["heads=4"])
     with pytest.raises(config.ConfigError, match="--memory-per-gpu SIZE"):
         config.TrainConfig(shards="x", mode="auto")
     with pytest.raises(config.ConfigError, match="only ressage has"):
         config.TrainConfig(shards="x", model="gcn", checkpoint_activations=True)
     recipe_model.register()
     try:
-        assert config.TrainConfig(shards="x", model=recipe_model.NAME, model_options=["widen=2"]).model_options
+        assert config.TrainConfig(shards="x", model=recipe_model.NAME, model_option=["widen=2"]).model_option
         assert registry.model_options(recipe_model.NAME, ["widen=2"]) == {"widen": 2}
         assert registry.model_options(recipe_model.NAME) == {"widen": 1}
         with pytest.raises(config.ConfigError, match="widen must be of type int"):
-            config.TrainConfig(shards="x", model=recipe_model.NAME, model_options=["widen=wide"])
+            config.TrainConfig(shards="x", model=recipe_model.NAME, model_option=["widen=wide"])
         with pytest.raises(config.ConfigError, match=r"the options widen \(int, default 1\)"):
-            config.TrainConfig(shards="x", model=recipe_model.NAME, model_options=["heads=2"])
+            config.TrainConfig(shards="x", model=recipe_model.NAME, model_option=["heads=2"])
         assert not registry.checkpointable(recipe_model.NAME)
     finally:
         recipe_model.unregister()
