@@ -23,6 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from granndis_hpc import memory_model as mm  # noqa: E402
+from granndis_hpc.memory_model.profile import measure_step_peak  # noqa: E402
 from granndis_hpc.engine.trainer import TrainConfig, Trainer  # noqa: E402
 
 W = MPI.COMM_WORLD
@@ -62,7 +63,7 @@ def main(argv=None):
                     t.train_epoch()
                     t.train_epoch()
                     rec = {}
-                    peak = mm.measure_step_peak(lambda: rec.update(t.train_epoch()))
+                    peak = measure_step_peak(lambda: rec.update(t.train_epoch()))
                     mine = (t.topo.rank, int(t.activation_bytes), peak)
                 finally:
                     t.close()

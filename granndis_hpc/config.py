@@ -13,10 +13,13 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from granndis_hpc import registry
 from granndis_hpc.fsutil import atomic_write_json, read_json_object
 from granndis_hpc.options import (ConfigError, HelpFormatter, add_options, allowed_choices,  # noqa: F401 (re-exported)
                                   build_parser, defaults, load_config_file, missing_required, option,
                                   parse_args_with_config, read_options, resume_rule, specs, validate)
+from granndis_hpc.graph.sampler import SAMPLERS
+from granndis_hpc.units import parse_size
 
 CONFIG_FILE_NAME = "config.json"
 
@@ -29,9 +32,6 @@ CONFIG_FILE_NAME = "config.json"
 # reads this module on machines without MPI.
 DEVICE_NAMES = ("auto", "cpu", "cuda")
 TRANSPORT_NAMES = ("auto", "gloo", "nccl", "mpi")
-# Models whose recomputation --checkpoint-activations is implemented for (nn/models.py: only ResSAGE+
-# wraps its residual blocks in torch.utils.checkpoint; sage/gcn are shallow and would ignore it).
-CHECKPOINTABLE_MODELS = ("ressage",)
 # --weight-decay-on: every parameter, or the first layer's only (nn/models.py GNN.first_layer_prefix).
 WEIGHT_DECAY_ON = ("all", "first")
 # --halo-dtype: the wire format of training halo rows (engine/exchange.py); float32 is exact.
@@ -39,25 +39,23 @@ HALO_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _mode_names():
-    # The engine's registry (engine/modes.py): one place declares the modes.
-    from granndis_hpc.engine.modes import MODES
-    return tuple(MODES)
+    # The registries (granndis_hpc/registry.py, filled by engine/modes.py and nn/models.py) list their
+    # names without importing the engine or torch; read when an option is checked, so that a mode or
+    # model registered after import is a valid choice.
+    return tuple(registry.MODES)
 
 
 def _model_names():
-    from granndis_hpc.nn.models import MODELS
-    return tuple(MODELS)
+    return tuple(registry.MODELS)
 
 
 def _sampler_names():
-    from granndis_hpc.graph.sampler import SAMPLERS
     return tuple(SAMPLERS)
 
 
 def _size_text(text: str) -> str:
     """A memory size as written ('40GiB'), checked with units.parse_size and kept as written, so that
     config.json records what the user typed."""
-    from granndis_hpc.units import parse_size
     parse_size(text)
     return text
 
@@ -100,6 +98,10 @@ class TrainConfig:
                             "one co-batch); mb: per-GPU mini-batches (the baseline cob is measured against); "
                             "auto: GraNNDis' automatic choice for --memory-per-gpu")
     model: str = option("sage", choices=_model_names, help="GNN architecture")
+    # None, not []: checkpoints written before the option existed hold no value for it (same fingerprint).
+    model_option: Optional[List[str]] = option(None, append=True, metavar="NAME=VALUE",
+                                                help="an extra constructor option of the model, as its registry entry "
+                                           "declares them (repeat for several; the built-in models have none)")
     layers: int = option(3, ge=1, help="message-passing layers")
     hidden: int = option(64, ge=1, help="hidden width")
     epochs: int = option(200, ge=1, on_resume="may_change", help="training epochs")
@@ -193,14 +195,22 @@ class TrainConfig:
             raise ConfigError(f"--weight-decay-on {self.weight_decay_on} says which parameters --weight-decay "
                               f"applies to, but --weight-decay is 0: give --weight-decay (e.g. 5e-4) or leave "
                               f"--weight-decay-on out")
-        from granndis_hpc.engine.modes import MODES
-        problem = MODES[self.mode].check_options(self)  # what a mode needs of the other options
+        # What a mode needs of the other options: its registry entry's `needs`, or the check_options
+        # of a mode class registered in code (read from the loaded class only: no engine import here).
+        entry = registry.MODES.entry(self.mode)
+        check = entry.get("check_options")
+        problem = registry.mode_problem(self.mode, self) or (check(self) if check is not None else None)
         if problem:
             raise ConfigError(problem)
-        if self.checkpoint_activations and self.model not in CHECKPOINTABLE_MODELS:
+        if self.checkpoint_activations and not registry.checkpointable(self.model):
+            able = [name for name in registry.MODELS if registry.checkpointable(name)]
             raise ConfigError(f"--checkpoint-activations recomputes residual blocks, which only "
-                              f"{', '.join(CHECKPOINTABLE_MODELS)} has; model {self.model!r} would ignore it: "
-                              f"leave it out or use --model ressage")
+                              f"{', '.join(able)} has; model {self.model!r} would ignore it: "
+                              f"leave it out or use --model {able[0] if able else 'ressage'}")
+        try:
+            registry.model_options(self.model, self.model_option)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.checkpoint_every > 0 and not self.out:
             raise ConfigError("--checkpoint-every needs a run directory to write checkpoints into: add --out RUN_DIR")
         if self.resume and (not self.out or os.path.realpath(self.out) != os.path.realpath(self.resume)):
@@ -212,7 +222,6 @@ class TrainConfig:
 
     @property
     def memory_per_gpu_bytes(self) -> Optional[int]:
-        from granndis_hpc.units import parse_size
         return None if self.memory_per_gpu is None else parse_size(self.memory_per_gpu)
 
 
@@ -260,6 +269,6 @@ def load_resolved_config(run_dir) -> dict:
 
 
 __all__ = ["ConfigError", "HelpFormatter", "TrainConfig", "allowed_choices", "DEVICE_NAMES", "TRANSPORT_NAMES",
-           "CHECKPOINTABLE_MODELS", "WEIGHT_DECAY_ON", "option", "specs", "defaults", "validate", "build_parser",
+           "WEIGHT_DECAY_ON", "option", "specs", "defaults", "validate", "build_parser",
            "add_options", "read_options", "missing_required", "resume_rule", "parse_args_with_config",
            "load_config_file", "resolved_config", "write_resolved_config", "load_resolved_config", "CONFIG_FILE_NAME"]

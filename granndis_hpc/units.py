@@ -4,6 +4,11 @@ from __future__ import annotations
 import math
 import re
 
+# Element sizes the memory model counts with: every float tensor of the engine is float32, every
+# index tensor int64 (granndis_hpc/memory_model, nn/layers.py and nn/models.py byte counts).
+FLOAT32_BYTES = 4
+INT64_BYTES = 8
+
 _UNITS = {"": 1, "b": 1,
           "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
           "t": 1000 ** 4, "tb": 1000 ** 4,

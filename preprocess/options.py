@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 from granndis_hpc.config import TrainConfig
 from granndis_hpc.options import Options, option, reuse
@@ -85,6 +85,7 @@ class EstimateOptions(Options):
     """What the memory model's estimate is for: granndis-train's declarations of the same options."""
     OPTIONS_GROUP = "model and memory budget (the estimate)"
     model: str = reuse(TrainConfig, "model", help="model the estimate is for")
+    model_option: Optional[List[str]] = reuse(TrainConfig, "model_option")
     hidden: int = reuse(TrainConfig, "hidden")
     dropout: float = reuse(TrainConfig, "dropout", help="dropout of training (as granndis-train)")
     norm: bool = reuse(TrainConfig, "norm")
@@ -129,6 +130,10 @@ class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
     """`python -m preprocess plan`."""
     eas_hops: int = option(1, ge=1, group="EAS and co-batches", help="EAS hops h (the paper's 1)")
     no_eas: bool = option(False, group="EAS and co-batches", help="plan full preloads only")
+    hops: Optional[int] = option(None, ge=1, metavar="H", group="layout",
+                                 help="estimate the one full build of H hops (fb, flx k <= H, cob when H >= L) and "
+                                      "the EAS build: what --mode auto chooses among on those sets (default: one "
+                                      "build per k)")
     cob_batches: str = option("2,4,8,16", check=_positive_counts, group="EAS and co-batches",
                               help="co-batch counts per epoch to estimate")
     cob_fanout: int = reuse(TrainConfig, "fanout", group="EAS and co-batches",

@@ -1,10 +1,9 @@
 """`python -m preprocess plan`: what each build would cost per GPU, without writing a shard.
 
-It runs the build's own steps -- the same partitioners (preprocess/partition.py), the same halo
-expansion and owner assignment (preprocess/build.py `build_server`, with the feature columns left
-out) -- for a full preload of every k = 1..L and for EAS, counts each rank's rows per layer, and
-feeds them to granndis_hpc.memory_model.  k = 0 (fb) reads only the world view, which every build
-shares.  Collective over the communicator like the build (server s is handled by rank s % P).
+preprocess/plan_sets.py runs the build's own steps for a full preload of every k = 1..L (or, with
+`--hops H`, the one build of H hops) and for EAS, without writing them, and every mode estimates its
+options on those sets as it does for --mode auto (granndis_hpc.memory_model); `choose` ranks them
+(one ranking for plan and auto).  This module prints the table and the recommendation.
 
 `auto_hops` is what `build --hops auto --memory-per-gpu X` calls: the largest k whose estimate fits.
 """
@@ -12,17 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
-
-import numpy as np
+from typing import Optional, Sequence
 
 from granndis_hpc import memory_model as mm
+from granndis_hpc import registry
 from granndis_hpc.cluster.group import as_group
-from granndis_hpc.units import format_size
+from granndis_hpc.units import format_size, parse_size
 
-from .build import BuildConfig, build_server, validate_config
+from .build_memory import estimate_build_memory, smallest_fitting_ranks
 from .options import hops_value
-from .partition import partition_gpus, partition_servers
+from .plan_sets import plan_options
+
+__all__ = ["PlanConfig", "PlanError", "plan_options", "auto_hops", "format_table", "describe_build", "cmd_plan"]
 
 
 class PlanError(ValueError):
@@ -51,6 +51,8 @@ class PlanConfig:
     cob_batches: Sequence[int] = (2, 4, 8, 16)
     cob_fanout: int = -1
     cob_sampler: str = "sage"
+    hops: Optional[int] = None  # estimate the one full build of H hops (what --mode auto sees on it)
+    model_options: Sequence[str] = ()  # the model's extra constructor options, NAME=VALUE
 
 
 def fail(group, command: str, exc: BaseException) -> int:
@@ -79,137 +81,23 @@ def _everywhere(group, exc: BaseException):
         raise exc
 
 
-def _counting_graph(graph):
-    """The graph with zero feature columns: build_server then gathers no feature rows (counts only)."""
-    return dataclasses.replace(graph, features=np.zeros((graph.num_vertices, 0), dtype=np.float32))
-
-
-def _partition(group, graph, cfg: PlanConfig):
-    """The build's two-level partition (run_build's first half): server and GPU of every vertex."""
-    sp = partition_servers(group, graph, cfg.servers, cfg.partitioner, cfg.seed)
-    mine = list(range(group.rank, cfg.servers, group.size))
-    gpu_local = np.full(graph.num_vertices, -1, dtype=np.int32)
-    with group.errors("partitioning servers over GPUs"):
-        for s in mine:
-            inner = np.flatnonzero(sp.parts == s)
-            gpu_local[inner], _ = partition_gpus(graph, inner, cfg.gpus_per_server)
-    return sp, mine, group.allreduce_max(gpu_local)
-
-
-def _server_arrays(graph, s, server_of, gpu_of, bcfg: BuildConfig) -> mm.ServerArrays:
-    arrays, _ = build_server(graph, s, server_of, gpu_of, bcfg)
-    return mm.server_arrays_from_build(arrays, s)
-
-
-def plan_options(group, graph, cfg: PlanConfig) -> Dict[str, object]:
-    """Collective: every option's estimate.  Returns (on every rank) {"options": [Option], "model":
-    ModelSpec, "partition": manifest entry}.  `group`: a cluster Group or an mpi4py communicator."""
-    group = as_group(group)
-    bcfg = BuildConfig(out="", servers=cfg.servers, gpus_per_server=cfg.gpus_per_server, layers=cfg.layers,
-                       partitioner=cfg.partitioner, seed=cfg.seed, fanout=cfg.fanout, select=cfg.eas_select)
-    with group.errors("checking the plan options", catch=(ValueError, mm.MemoryModelError)):
-        validate_config(bcfg, graph.num_vertices)
-        m = mm.ModelSpec(cfg.model, graph.num_features, cfg.hidden, int(graph.num_classes), cfg.layers,
-                         cfg.dropout, cfg.norm, cfg.checkpoint_activations)
-        ks = list(range(0, cfg.layers + 1)) if cfg.ks is None else sorted(set(int(k) for k in cfg.ks))
-        bad = [k for k in ks if not 0 <= k <= cfg.layers]
-        if bad:
-            raise PlanError(f"k = {bad[0]} preloaded hops is outside 0..{cfg.layers} for a {cfg.layers}-layer model")
-    sp, mine, gpu_of = _partition(group, graph, cfg)
-    counting = _counting_graph(graph)
-    S, G, L = cfg.servers, cfg.gpus_per_server, cfg.layers
-    rows: Dict[tuple, List[mm.RankRows]] = {}
-    with group.errors("expanding the halos"):
-        # One build per preloaded depth: owners and GPU row balance depend on the preload.
-        full: Dict[int, List[mm.ServerArrays]] = {}
-        last: Dict[int, tuple] = {}  # server -> (depth built, its arrays)
-        for k in [k for k in ks if k > 0]:
-            full[k] = []
-            for s in mine:
-                depth, arrays = last.get(s, (0, None))
-                # Once the expansion stops growing (the BFS frontier emptied before `depth` hops), a
-                # deeper preload is the same build: deep models do not pay L full expansions.
-                if arrays is None or int(arrays.hop.max(initial=0)) >= depth:
-                    arrays = _server_arrays(counting, s, sp.parts, gpu_of,
-                                            dataclasses.replace(bcfg, preload="full", hops=k))
-                last[s] = (k, arrays)
-                full[k].append(arrays)
-        any_arrays = next(iter(full.values())) if full else [
-            _server_arrays(counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="full", hops=1)) for s in mine]
-        eas = ([_server_arrays(counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="eas", hops=cfg.eas_hops))
-                for s in mine] if cfg.eas else [])
-        reads = mm.world_reads(any_arrays, S * G)
-    sent = group.allreduce_sum(reads)  # every rank's world send list: what all readers ask of it
-    # A server cannot make more co-batches than it has training vertices (the sampler refuses):
-    # every rank must skip the same counts, so take the smallest server's over all ranks.
-    mine_train = [int(np.count_nonzero(a.graph["train"] & (a.hop == 0))) for a in eas]
-    min_train = int(group.allreduce_min(np.array([min(mine_train, default=1 << 62)], dtype=np.int64))[0])
-    with group.errors("counting rows"):
-        for k in ks:
-            rows[("full", k)] = mm.shard_rows(full[k] if k > 0 else any_arrays, L, k, m.features, m.num_classes, sent)
-        if cfg.eas:
-            rows[("eas", L)] = mm.shard_rows(eas, L, L, m.features, m.num_classes, sent)
-            base = mm.shard_rows(eas, L, 0, m.features, m.num_classes, sent)
-            for b in [b for b in cfg.cob_batches if int(b) <= min_train]:
-                cob = [mm.cobatch_server_arrays(a.graph, a.server, L, int(b), cfg.cob_fanout, cfg.cob_sampler,
-                                                cfg.seed) for a in eas]
-                rows[("cob", int(b))] = mm.with_cobatch(base, cob)
-    # What each server's writer would fetch in the distributed build (preprocess/build_memory.py): the
-    # in-edges of its rows.  EAS fetches the rows of every candidate it scores: the full h-hop ball.
-    loads = {f"flx k={k}": [_load(a) for a in full[k]] for k in ks if k > 0}
-    if cfg.eas:
-        loads["eas"] = [_load(a) for a in full.get(cfg.eas_hops, eas)]
-    all_loads = group.gather_object(loads)
-    gathered = group.gather_object(rows)
-    options = None
-    if group.rank == 0:
-        merged: Dict[tuple, List[mm.RankRows]] = {}
-        for part in gathered:
-            for key, rr in part.items():
-                merged.setdefault(key, []).extend(rr)
-        options = []
-        for (kind, n), rr in merged.items():
-            rr = sorted(rr, key=lambda r: r.rank)
-            if kind == "full":
-                options.append(mm.make_option("fb" if n == 0 else "flx", rr, m, S, cfg.device))
-            elif kind == "eas":
-                options.append(mm.make_option("eas", rr, m, S, cfg.device))
-            else:
-                options.append(mm.make_option("cob", rr, m, S, cfg.device, batches=n))
-    options = group.bcast_object(options)
-    server_loads = None
-    if group.rank == 0:
-        server_loads = {}
-        for part in all_loads:
-            for key, lst in part.items():
-                server_loads.setdefault(key, []).extend(lst)
-    return {"options": options, "model": m, "partition": sp.manifest_entry(), "server_loads": server_loads}
-
-
-def _load(a: mm.ServerArrays):
-    from .build_memory import ServerLoad
-
-    return ServerLoad(server=int(a.server), rows=int(a.hop.shape[0]), fetched_edges=int(a.graph["in_degree"].sum()))
-
-
 def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: str, budget: Optional[int]):
     """Rank 0's lines on the distributed build's memory (and its JSON record)."""
-    from .build_memory import estimate_build_memory, smallest_fitting_ranks
-
     lines, record = [], {}
     common = dict(num_vertices=graph.num_vertices, num_edges=graph.num_edges, raw_keys=int(raw_keys),
                   num_features=graph.num_features, partitioner=partitioner)
     for label, loads in (result.get("server_loads") or {}).items():
-        est = estimate_build_memory(servers=loads, ranks=ranks, eas=label == "eas", **common)
+        eas, loads = loads
+        est = estimate_build_memory(servers=loads, ranks=ranks, eas=eas, **common)
         rec = est.to_dict()
-        rec["inputs"] = {**common, "eas": label == "eas", "servers": [vars(x) for x in loads]}  # for another P
+        rec["inputs"] = {**common, "eas": eas, "servers": [vars(x) for x in loads]}  # for another P
         writers = sorted({s.server % ranks for s in loads})
         others = [b for r, b in enumerate(est.per_rank) if r not in writers]
         text = (f"[plan] build {label}: estimated peak per build rank with P = {ranks}: {format_size(est.peak)} "
                 f"(writer ranks {','.join(map(str, writers))})"
                 + (f", {format_size(max(others))} on the others" if others else ""))
         if budget is not None:
-            fit = smallest_fitting_ranks(budget, servers=loads, eas=label == "eas", **common)
+            fit = smallest_fitting_ranks(budget, servers=loads, eas=eas, **common)
             rec["smallest_ranks_fitting"] = fit
             text += (f"; smallest P fitting --memory-per-rank {format_size(budget)}: {fit}" if fit else
                      f"; no P fits --memory-per-rank {format_size(budget)} (a writer rank holds its server's rows)")
@@ -219,15 +107,11 @@ def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: st
 
 
 def describe_build(o: mm.Option, cfg: PlanConfig) -> str:
+    """The build (and train) command of an option: its mode's registry entry says which preload."""
     base = f"python -m preprocess build ... --servers {cfg.servers} --gpus-per-server {cfg.gpus_per_server} --layers {cfg.layers}"
-    if o.mode == "flx":
-        return f"{base} --preload full --hops {o.k}   (train --mode flx)"
-    if o.mode == "fb":
-        return f"{base} --preload full --hops 1   (train --mode fb: the world view only)"
-    if o.mode == "eas":
-        return f"{base} --preload eas --hops {cfg.eas_hops} --eas-fanout {cfg.fanout}   (train --mode eas)"
-    return (f"{base} --preload eas --hops {cfg.eas_hops} --eas-fanout {cfg.fanout}   (train --mode cob "
-            f"--batches-per-epoch {o.batches} --fanout {cfg.cob_fanout})")
+    build = registry.MODES.entry(o.mode).get("build") or f"(train --mode {o.mode})"
+    return f"{base} " + build.format(k=o.k, batches=o.batches, eas_hops=cfg.eas_hops, fanout=cfg.fanout,
+                                     cob_fanout=cfg.cob_fanout)
 
 
 def format_table(options: Sequence[mm.Option], cfg: PlanConfig, decision: Optional[mm.Decision]) -> str:
@@ -236,7 +120,8 @@ def format_table(options: Sequence[mm.Option], cfg: PlanConfig, decision: Option
     for o in sorted(options, key=mm.preference):
         fits = "-" if cfg.budget is None else ("yes" if o.peak <= cfg.budget else "no")
         ib = o.inter_server_bytes
-        lines.append(f"{o.label:<16} {o.rows_per_gpu:>10,} {format_size(o.peak):>11} {ib['total']:>21,} "
+        label = f"{o.label} [{o.source}]" if o.source else o.label  # --hops H: which of the two sets
+        lines.append(f"{label:<16} {o.rows_per_gpu:>10,} {format_size(o.peak):>11} {ib['total']:>21,} "
                      f"{ib['halo']:>12,} + {ib['gradient']:>9,}  {fits}")
     if decision is not None:
         if decision.choice is None:
@@ -251,40 +136,28 @@ def auto_hops(group, graph, cfg: PlanConfig) -> mm.Decision:
     """`build --hops auto`: the largest k in 1..L whose estimate fits cfg.budget (collective).
 
     Raises PlanError (the same on every rank, as a collective ClusterError under mpirun) when there is no budget or when not even k = 1
-    fits, naming what to build instead (EAS, or co-batches, with their estimates)."""
+    fits, saying what budget would (`preprocess plan` prints the EAS and co-batch options too)."""
     group = as_group(group)
     if cfg.budget is None:
         _everywhere(group, PlanError("--hops auto picks the largest preloaded depth that fits a memory budget: "
                                      "add --memory-per-gpu (e.g. 40GiB), or give --hops K with 1 <= K <= --layers"))
-    cfg = dataclasses.replace(cfg, ks=list(range(1, cfg.layers + 1)))
-    result = plan_options(group, graph, cfg)
-    options = result["options"]
-    flx = [o for o in options if o.mode == "flx"]
-    decision = mm.choose(flx, cfg.budget)
+    # One build per k = 1..L and nothing else (no EAS): every option is a full preload of its own depth.
+    cfg = dataclasses.replace(cfg, ks=list(range(1, cfg.layers + 1)), eas=False, hops=None)
+    full = plan_options(group, graph, cfg)["options"]
+    decision = mm.choose(full, cfg.budget)
     if decision.choice is None:
-        rest = [o for o in options if o.mode != "flx"]
-        others = mm.choose(rest, cfg.budget)
-        smallest = min(flx, key=lambda o: o.peak)
-        if others.choice is not None:
-            what = (f"build {describe_build(others.choice, cfg).split('build ... ', 1)[-1]} "
-                    f"(estimated {format_size(others.choice.peak)} per GPU)")
-        elif rest:
-            what = others.reason
-        else:  # nothing else was estimated: "the smallest estimate is 0 B" would be false
-            what = (f"give --memory-per-gpu {-(-smallest.peak // (1 << 20))}MiB or more, more servers/GPUs, "
-                    f"or a smaller model")
+        smallest = min(full, key=lambda o: o.peak)
         _everywhere(group, PlanError(
             f"--memory-per-gpu {format_size(cfg.budget)} is too small for any full preload: k = 1 needs an "
-            f"estimated {format_size(smallest.peak)} per GPU; instead {what}; "
-            f"`python -m preprocess plan` prints every option"))
+            f"estimated {format_size(smallest.peak)} per GPU; instead give --memory-per-gpu "
+            f"{-(-smallest.peak // (1 << 20))}MiB or more, more servers/GPUs, or a smaller model; "
+            f"`python -m preprocess plan` prints every option (EAS and co-batches too)"))
     return decision
 
 
 # ---------------------------------------------------------------------------------------------------
 # Command line (registered by preprocess/__main__.py)
 def _budget(text) -> Optional[int]:
-    from granndis_hpc.units import parse_size
-
     return None if text is None else parse_size(text)
 
 
@@ -297,7 +170,9 @@ def config_from_args(args, **overrides) -> PlanConfig:
                      device=args.estimate_device, partitioner=args.partitioner, seed=args.seed,
                      eas_hops=getattr(args, "eas_hops", 1), fanout=args.eas_fanout, eas_select=args.eas_select,
                      eas=not getattr(args, "no_eas", False), cob_batches=batches,
-                     cob_fanout=getattr(args, "cob_fanout", -1))
+                     cob_fanout=getattr(args, "cob_fanout", -1),
+                     hops=args.hops if isinstance(getattr(args, "hops", None), int) else None,
+                     model_options=tuple(getattr(args, "model_option", None) or ()))
     return dataclasses.replace(cfg, **overrides)
 
 

@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterator, Optional
 import numpy as np
 import torch
 
-from granndis_hpc import shards
+from granndis_hpc import memory_model, registry, shards
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.engine import views
 from granndis_hpc.graph.sampler import CoBatchSampler, SamplerError
@@ -73,8 +73,9 @@ class Mode:
 
     @classmethod
     def check_options(cls, cfg) -> Optional[str]:
-        """A problem with the other options this mode needs (TrainConfig refuses it at parse time)."""
-        return None
+        """A problem with the other options this mode needs (TrainConfig refuses it at parse time): by
+        default what its registry entry declares it `needs`."""
+        return registry.mode_problem(cls.name, cfg)
 
     def resolve(self, topo) -> "Mode":
         """The mode that will run (collective): itself, except for `auto`, which picks one."""
@@ -107,11 +108,15 @@ class Mode:
         return out
 
 
-MODES: Dict[str, type] = {}
+# name -> mode class: the dependency-free registry (granndis_hpc/registry.py declares the built-in
+# modes by name with their capabilities: auto's rank, the memory model's estimate, what they need).
+MODES: registry.Registry = registry.MODES
 
 
 def register(cls):
-    MODES[cls.name] = cls
+    """Register a mode class under its `name`; capabilities it does not declare are read from the class
+    (e.g. `rank`, `knob`, `estimate` to take part in --mode auto: docs/architecture.md)."""
+    MODES.register(cls.name, cls)
     return cls
 
 
@@ -294,17 +299,9 @@ class Automatic(Mode):
     name = "auto"
     help = "GraNNDis' choice for --memory-per-gpu: largest k that fits, then EAS, then co-batches"
 
-    @classmethod
-    def check_options(cls, cfg):
-        if cfg.memory_per_gpu is None:
-            return ("--mode auto chooses the preload that fits a GPU's memory: give --memory-per-gpu SIZE "
-                    "(e.g. 40GiB), or choose a mode")
-        return None
-
     def resolve(self, topo):
         import dataclasses
 
-        from granndis_hpc import memory_model
         from granndis_hpc.units import format_size
 
         cfg = self.cfg
@@ -318,15 +315,15 @@ class Automatic(Mode):
                     paths, cfg.model, cfg.hidden, cfg.layers, cfg.memory_per_gpu_bytes, device=topo.device.type,
                     fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed, dropout=cfg.dropout, norm=cfg.norm,
                     checkpoint_activations=cfg.checkpoint_activations,
+                    options=tuple(registry.model_options(cfg.model, cfg.model_option).items()),
                     job=(topo.servers, topo.ranks_per_server)).to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)
         choice = decision["choice"]
-        resolved = dataclasses.replace(
-            cfg, mode=choice["mode"], shards=choice["source"],
-            preloaded_layers=choice["k"] if choice["mode"] == "flx" else None,
-            batches_per_epoch=choice["batches"] if choice["mode"] == "cob" else cfg.batches_per_epoch)
+        # The chosen mode's own knob (flx: preloaded_layers = k; cob: batches_per_epoch), from its entry.
+        resolved = dataclasses.replace(cfg, mode=choice["mode"], shards=choice["source"],
+                                       **{"preloaded_layers": None, **choice["train_options"]})
         mode = make_mode(resolved)
         mode.decision = decision
         if topo.rank == 0 and not cfg.quiet:

@@ -31,6 +31,7 @@ from granndis_hpc.metrics import (BEST_MODEL, METRICS_FILE, MetricsWriter, epoch
                                   summarize, summary_fields, write_best_model, write_summary)
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import MODELS, build_model
+from granndis_hpc.registry import model_options
 from granndis_hpc.progress import progress
 from granndis_hpc.runlock import RunLock, RunLockedError
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
@@ -149,7 +150,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # same parameters on every rank
         ds = self.manifest["dataset"]
         self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
-                                 cfg.layers, dropout=cfg.dropout, norm=cfg.norm).to(self.device)
+                                 cfg.layers, dropout=cfg.dropout, norm=cfg.norm,
+                                 **model_options(cfg.model, cfg.model_option)).to(self.device)
         self.model.checkpoint_activations = cfg.checkpoint_activations
         self.model.input_dropout = cfg.input_dropout
         self._keyed_dropout = "dropout" in inspect.signature(self.model.forward).parameters

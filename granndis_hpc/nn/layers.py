@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from granndis_hpc.units import FLOAT32_BYTES as F32
+
 from .graph import LayerGraph, PendingRows, aggregate
 
 
@@ -35,6 +37,25 @@ def _own_rows(h_src, n_dst: int) -> torch.Tensor:
 class SAGEConv(nn.Module):
     """out_v = W_self h_v + W_neigh (sum_{u in N(v)} h_u) / max(d_v, 1) + b   (GraphSAGE-mean)."""
 
+    # For the memory model (nn/models.py ModelEstimate): the source rows get two gradients in the
+    # backward (lin_self's slice and the aggregation); the aggregation adds no self-loop entries.
+    source_grad_paths = 2
+    self_loops = False
+
+    @staticmethod
+    def parameter_count(win: int, wout: int) -> int:
+        return 2 * win * wout + wout
+
+    @staticmethod
+    def saved_bytes(n_src: int, n_dst: int, win: int, wout: int, input_grad: bool) -> tuple:
+        """(bytes autograd saves, of which allocated before the step: the weights).  lin_self saves the
+        source rows' storage (h_src[:n_dst] is a slice of it) and, when its input needs a gradient, its
+        weight; lin_neigh saves h_src again (projected first, out < in: the same storage, counted once)
+        or the [n_dst, win] aggregate."""
+        weight = win * wout * F32 if input_grad else 0
+        saved = n_src * win * F32 + weight + (weight if wout < win else n_dst * win * F32 + weight)
+        return saved, 2 * weight
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -50,6 +71,20 @@ class SAGEConv(nn.Module):
 
 class GCNConv(nn.Module):
     """out_v = W (h_v/(d_v+1) + sum_{u in N(v)} h_u / sqrt((d_u+1)(d_v+1))) + b   (Kipf & Welling)."""
+
+    source_grad_paths = 1  # one Linear: the source rows get one gradient
+    self_loops = True  # the cached adjacency holds the n_dst self-loop entries
+
+    @staticmethod
+    def parameter_count(win: int, wout: int) -> int:
+        return win * wout + wout
+
+    @staticmethod
+    def saved_bytes(n_src: int, n_dst: int, win: int, wout: int, input_grad: bool) -> tuple:
+        """One Linear, before the aggregation (out < in: it saves the [n_src, win] source rows) or after
+        it (the [n_dst, win] aggregate); its weight when its input needs a gradient."""
+        weight = win * wout * F32 if input_grad else 0
+        return (n_src * win * F32 if wout < win else n_dst * win * F32) + weight, weight
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()

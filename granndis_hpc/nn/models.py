@@ -24,20 +24,26 @@ Parameter names are part of the contract: tests/dense_reference.py reads them to
 from __future__ import annotations
 
 import numbers
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from granndis_hpc import registry
+from granndis_hpc.units import FLOAT32_BYTES as F32
+from granndis_hpc.units import INT64_BYTES as I64
+
 from .dropout import RowDropout
 from .graph import LayerGraph, materialize
 from .layers import GCNConv, SAGEConv
 
-# name -> builder(in_features, hidden, num_classes, layers, dropout, norm) -> GNN; filled by
-# `register_model` below (docs/architecture.md: adding a model is one builder registered here).
-MODELS: Dict[str, Callable[..., "GNN"]] = {}
+# name -> builder(in_features, hidden, num_classes, layers, dropout, norm, **options) -> GNN: the
+# dependency-free registry (granndis_hpc/registry.py declares the built-in models by name, so that
+# the train parser lists them without importing torch); `register_model` below adds one
+# (docs/architecture.md: adding a model is one builder registered here).
+MODELS: registry.Registry = registry.MODELS
 
 Gather = Callable[[int, torch.Tensor], torch.Tensor]
 
@@ -194,32 +200,37 @@ class ResSAGE(GNN):
         return self.head(h)
 
 
-def register_model(name: str):
-    """Decorator: make `builder(in_features, hidden, num_classes, layers, dropout, norm)` buildable by name."""
+def register_model(name: str, *, estimator: Optional["ModelEstimate"] = None, checkpointable: bool = False,
+                   options: Sequence[registry.ModelOption] = ()):
+    """Decorator: make `builder(in_features, hidden, num_classes, layers, dropout, norm, **options)`
+    buildable by name.  `estimator` (a ModelEstimate) lets --mode auto and `preprocess plan` estimate
+    its memory; `checkpointable`: --checkpoint-activations recomputes its blocks; `options`: its extra
+    constructor options (--model-option NAME=VALUE, passed to the builder as keywords)."""
     def register(builder):
-        MODELS[name] = builder
+        MODELS.register(name, builder, estimator=estimator, checkpointable=bool(checkpointable),
+                        options=tuple(options))
         return builder
     return register
 
 
-@register_model("sage")
+# The built-in models, declared by name in granndis_hpc/registry.py (lazily: these builders and
+# estimates are what it names).
 def _sage(in_features, hidden, num_classes, layers, dropout, norm):
     return PlainGNN("sage", in_features, hidden, num_classes, layers, dropout, norm)
 
 
-@register_model("gcn")
 def _gcn(in_features, hidden, num_classes, layers, dropout, norm):
     return PlainGNN("gcn", in_features, hidden, num_classes, layers, dropout, norm)
 
 
-@register_model("ressage")
 def _ressage(in_features, hidden, num_classes, layers, dropout, norm):
     return ResSAGE(in_features, hidden, num_classes, layers, dropout)  # LayerNorm in every block anyway
 
 
 def build_model(name: str, in_features: int, hidden: int, num_classes: int, layers: int,
-                dropout: float = 0.5, norm: bool = False) -> GNN:
-    """Build one of MODELS.  ``norm`` adds LayerNorm between sage/gcn convs; ressage always has LayerNorm."""
+                dropout: float = 0.5, norm: bool = False, **options) -> GNN:
+    """Build one of MODELS.  ``norm`` adds LayerNorm between sage/gcn convs; ressage always has LayerNorm.
+    ``options``: the model's extra constructor options (registry.model_options parses them)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {tuple(MODELS)}")
     for arg, value in (("in_features", in_features), ("hidden", hidden), ("num_classes", num_classes),
@@ -228,4 +239,142 @@ def build_model(name: str, in_features: int, hidden: int, num_classes: int, laye
             raise ValueError(f"build_model: {arg} must be a positive integer, got {value!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"build_model: dropout must be in [0, 1), got {dropout!r}")
-    return MODELS[name](int(in_features), int(hidden), int(num_classes), int(layers), float(dropout), bool(norm))
+    return MODELS[name](int(in_features), int(hidden), int(num_classes), int(layers), float(dropout), bool(norm),
+                        **options)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory estimates (granndis_hpc/memory_model reads them through the registry entry's `estimator`).
+# `rows` is a memory_model.RankRows, `m` a memory_model.ModelSpec; the byte counts mirror the forward
+# passes above and are checked byte for byte against what autograd saves (tests/unit/test_memory_model).
+def between_convs_saved(rows: int, width: int, norm: bool, dropout: float, mask_bytes: int) -> Tuple[int, int]:
+    """[LayerNorm] -> ReLU -> dropout between convs: LN saves input, mean, rstd, weight, bias; ReLU its
+    result; dropout its mask (a float mask on CPU (input * bernoulli noise), a bool mask on CUDA).
+    Returns (saved, of which allocated before the step: LN's weight and bias)."""
+    b = pre = 0
+    if norm:
+        b += rows * width * F32 + 2 * rows * F32 + 2 * width * F32
+        pre += 2 * width * F32
+    b += rows * width * F32
+    if dropout > 0:
+        b += rows * width * mask_bytes
+    return b, pre
+
+
+def gather_saved(layer_rows, exchanged: bool) -> Tuple[int, int]:
+    """The halo exchange saves its send index (allocated at set-up) when its input needs a gradient."""
+    n = layer_rows.n_send * I64 if exchanged else 0
+    return n, n
+
+
+class ModelEstimate:
+    """What the memory model needs of a model: conv widths, parameter count, the bytes autograd saves
+    per layer, and how its layers use the exchange.  Subclass per model (or reuse one whose forward is
+    the same) and pass it as `register_model(..., estimator=...)`."""
+
+    conv = SAGEConv  # the conv class: its source_grad_paths, self_loops and byte counts
+
+    @property
+    def grad_paths(self) -> int:
+        """Gradients the backward allocates for a layer's source rows (SAGE: self and aggregation)."""
+        return self.conv.source_grad_paths
+
+    @property
+    def self_loops(self) -> bool:
+        """The cached adjacency holds n_dst self-loop entries (GCN)."""
+        return self.conv.self_loops
+
+    def exchanged(self, layer: int) -> bool:
+        """Layer `layer`'s source rows come through the autograd exchange (False: the static halo
+        features exchanged once at set-up; then no gradient and no per-epoch halo bytes)."""
+        return True
+
+    def aggregation_input_grad(self, m, layer: int) -> bool:
+        """Does the aggregation's input need a gradient (then the backward builds the transpose)?"""
+        win, wout = self.widths(m)[layer]
+        return self.exchanged(layer) or wout < win  # projected first: lin(h_src) has a gradient
+
+    def widths(self, m) -> List[Tuple[int, int]]:
+        raise NotImplementedError
+
+    def parameters(self, m) -> int:
+        raise NotImplementedError
+
+    def activations(self, rows, m, mask_bytes: int) -> Dict[str, object]:
+        """{"per_layer", "fresh_per_layer" (without what exists before the step), "head", "head_fresh",
+        "recompute" (checkpointing: the largest block's activations, held again in the backward)}."""
+        raise NotImplementedError
+
+
+class PlainEstimate(ModelEstimate):
+    """PlainGNN: L convs F -> H ... -> C; layer 0 reads the static halo features (no input gradient)."""
+
+    def __init__(self, conv):
+        self.conv = conv
+
+    def exchanged(self, layer):
+        return layer > 0
+
+    def widths(self, m):
+        w = [m.features] + [m.hidden] * (m.layers - 1) + [m.num_classes]
+        return [(w[i], w[i + 1]) for i in range(m.layers)]
+
+    def parameters(self, m):
+        n = sum(self.conv.parameter_count(i, o) for i, o in self.widths(m))
+        return n + ((m.layers - 1) * 2 * m.hidden if m.norm else 0)
+
+    def activations(self, rows, m, mask_bytes):
+        per_layer, fresh = [], []
+        for l, ((_, lr), (win, wout)) in enumerate(zip(rows.training_layers(), self.widths(m))):
+            parts = [gather_saved(lr, self.exchanged(l)),
+                     self.conv.saved_bytes(lr.n_src, lr.n_dst, win, wout, input_grad=self.exchanged(l))]
+            if l >= 1:
+                parts.append(between_convs_saved(lr.n_own_in, win, m.norm, m.dropout, mask_bytes))
+            b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)
+            per_layer.append(b)
+            fresh.append(b - pre)
+        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": 0, "head_fresh": 0, "recompute": 0}
+
+
+class ResSAGEEstimate(ModelEstimate):
+    """ResSAGE+: encoder F -> H, L SAGE convs H -> H (every one exchanged: the encoder's output has a
+    gradient), pre-norm residual blocks, head H -> C."""
+
+    def widths(self, m):
+        return [(m.hidden, m.hidden)] * m.layers
+
+    def parameters(self, m):
+        L, H, F_, C = m.layers, m.hidden, m.features, m.num_classes
+        return (F_ * H + H) + L * SAGEConv.parameter_count(H, H) + (L - 1) * 2 * H + 2 * H + (H * C + C)
+
+    def activations(self, rows, m, mask_bytes):
+        H = m.hidden
+        own0 = rows.server.n_own if rows.k > 0 else rows.world.n_own
+        # encoder(x) saves x, a slice of the view's whole feature tensor, which is what its storage
+        # holds (allocated at set-up).
+        enc = own0 * rows.features * F32
+        per_layer, fresh, recompute = [], [], 0
+        for l, (_, lr) in enumerate(rows.training_layers()):
+            parts = [gather_saved(lr, True), SAGEConv.saved_bytes(lr.n_src, lr.n_dst, H, H, input_grad=True)]
+            if l >= 1:
+                parts.append(between_convs_saved(lr.n_own_in, H, True, m.dropout, mask_bytes))
+            b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)
+            if l >= 1 and m.checkpoint_activations:
+                # A recomputed block saves only its input (the outer hooks see it; measured), and
+                # the backward re-runs the block, holding its activations again one block at a time.
+                recompute = max(recompute, b - pre)
+                b, pre = lr.n_own_in * H * F32, 0
+            per_layer.append(b)
+            fresh.append(b - pre)
+        per_layer[0] += enc
+        head, pre = between_convs_saved(rows.n_inner, H, True, m.dropout, mask_bytes)
+        # head saves its input (the dropout output, a new storage when p > 0; else ReLU's result,
+        # counted above) and its weight.
+        head += (rows.n_inner * H * F32 if m.dropout > 0 else 0) + H * m.num_classes * F32
+        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": head,
+                "head_fresh": head - pre - H * m.num_classes * F32, "recompute": recompute}
+
+
+SAGE_ESTIMATE = PlainEstimate(SAGEConv)
+GCN_ESTIMATE = PlainEstimate(GCNConv)
+RESSAGE_ESTIMATE = ResSAGEEstimate()

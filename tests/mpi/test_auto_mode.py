@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from granndis_hpc import memory_model as mm
 from granndis_hpc.cluster.errors import ClusterError
+from granndis_hpc.memory_model.profile import measure_step_peak
 from tests.mpi.conftest import build_sets_on_rank0, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -67,7 +68,7 @@ def test_three_budgets_three_choices(shard_sets, estimates, expected):
 
     # Torch's CPU allocations from before set-up to after training (the shard rows read through numpy
     # are not torch allocations: on CPU this undercounts the features, which the estimate includes).
-    peak = mm.measure_step_peak(train)
+    peak = measure_step_peak(train)
     choice = holder["decision"]["choice"]
     assert holder["mode"] == expected == choice["mode"], holder["decision"]["reason"]
     assert choice["peak_bytes"] <= budget

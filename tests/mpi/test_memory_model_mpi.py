@@ -15,6 +15,7 @@ import pytest
 from mpi4py import MPI
 
 from granndis_hpc import memory_model as mm
+from granndis_hpc.memory_model.profile import measure_step_peak
 from tests.mpi.conftest import RANKS_PER_SERVER, build_sets_on_rank0, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -74,7 +75,7 @@ def _measure(path, mode, model, k, dropout=0.5, ckpt=False):
 
         def epoch():
             rec.update(t.train_epoch())
-        peak = mm.measure_step_peak(epoch)
+        peak = measure_step_peak(epoch)
         mine = {"rank": t.topo.rank, "saved": int(t.activation_bytes), "peak": peak}
     finally:
         t.close()

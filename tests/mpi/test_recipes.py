@@ -2,18 +2,17 @@
 
 - Add a mode: subclass StaticMode, say which view runs each layer, register it; the training loop is
   untouched.  Here: half the layers on the server's preload, the rest with the world exchange.
-- Add a model: register one builder in granndis_hpc.nn.models; every mode can train it.  Here: a
-  mean-aggregation MLP, checked against a dense reference written in this file.
+- Add a model: register one builder (with its memory estimate and its constructor options) in
+  granndis_hpc.nn.models; every mode can train it, --mode auto included.  Here: tests/recipe_model.py's
+  mean-aggregation MLP with its own option `widen`, checked against a dense reference written in this file.
 Both must equal the dense single-process computation (logits within 1e-4)."""
 import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
-from torch import nn
 
 from granndis_hpc.engine import modes
-from granndis_hpc.nn import models
-from granndis_hpc.nn.graph import aggregate
+from tests import recipe_model
 from tests.dense_reference import dense_adjacency, dense_logits
 from tests.mpi.conftest import gather_by_global_id, make_trainer
 
@@ -38,28 +37,7 @@ class HalfPreload(modes.StaticMode):
         return [modes.server_view(ctx, k, exact=True)] * k + [ctx.world_view] * (self.cfg.layers - k)
 
 
-# ---- recipe: add a model -------------------------------------------------------------------------
-class MeanMLP(models.GNN):
-    """h_{l+1} = W_l (h_v + mean_{u in N(v)} h_u) + b_l, ReLU between layers."""
-
-    def __init__(self, in_features, hidden, num_classes, layers, dropout, norm):
-        super().__init__()
-        self.name, self.num_layers = "recipe-meanmlp", layers
-        widths = [in_features] + [hidden] * (layers - 1) + [num_classes]
-        self.conv_in_widths = widths[:-1]
-        self.lins = nn.ModuleList(nn.Linear(widths[i], widths[i + 1]) for i in range(layers))
-
-    def forward(self, x, graphs, gather=None):
-        self._check_graphs(graphs)
-        h = x
-        for layer, (lin, graph) in enumerate(zip(self.lins, graphs)):
-            h_src = self._gather(gather, layer, h, graph)
-            h = lin(h_src[: graph.n_dst] + aggregate(graph, h_src, "mean"))
-            if layer < self.num_layers - 1:
-                h = torch.relu(h)
-        return h
-
-
+# ---- recipe: add a model (tests/recipe_model.py) ------------------------------------------------
 def mean_mlp_dense(model, cora):
     """The same formula with dense float64 matrices over the whole graph."""
     a = dense_adjacency(cora.indptr, cora.indices)
@@ -75,10 +53,10 @@ def mean_mlp_dense(model, cora):
 @pytest.fixture
 def registered():
     modes.register(HalfPreload)
-    models.register_model("recipe-meanmlp")(MeanMLP)
+    recipe_model.register()
     yield
     modes.MODES.pop(HalfPreload.name)
-    models.MODELS.pop("recipe-meanmlp")
+    recipe_model.unregister()
 
 
 def _logits_by_global_id(trainer):
@@ -108,10 +86,16 @@ def test_added_mode_trains_exactly(registered, cora, cora_shards):
         trainer.close()
 
 
-@pytest.mark.parametrize("mode", ["fb", "flx", "recipe-half"])
+@pytest.mark.parametrize("mode", ["fb", "flx", "recipe-half", "auto"])
 def test_added_model_runs_in_every_mode(registered, cora, cora_shards, mode):
-    trainer = make_trainer(cora_shards[("full", 3)], mode, "recipe-meanmlp", 3)
+    full = cora_shards[("full", 3)]
+    # auto: its registered estimate sizes it (1 TiB: the largest k of the full set, flx k = 3).
+    shards, extra = (f"{full},{cora_shards[('eas', 3)]}", dict(memory_per_gpu="1TiB")) if mode == "auto" else (full, {})
+    trainer = make_trainer(shards, mode, recipe_model.NAME, 3, model_option=["widen=2"], **extra)
     try:
+        assert trainer.model.lins[0].out_features == 32  # its own constructor option reached it
+        if mode == "auto":
+            assert trainer.mode.name == "flx" and trainer.mode.decision["choice"]["label"] == "flx k=3"
         got = _logits_by_global_id(trainer)
         if WORLD.rank == 0:
             _check(got, mean_mlp_dense(trainer.model, cora))

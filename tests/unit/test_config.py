@@ -201,7 +201,8 @@ def test_resolved_config_round_trip(tmp_path):
 import dataclasses  # noqa: E402
 
 from granndis_hpc import cli  # noqa: E402
-from granndis_hpc.config import (CHECKPOINTABLE_MODELS, DEVICE_NAMES, TRANSPORT_NAMES, allowed_choices,  # noqa: E402
+from granndis_hpc.registry import checkpointable  # noqa: E402
+from granndis_hpc.config import (DEVICE_NAMES, TRANSPORT_NAMES, allowed_choices,  # noqa: E402
                                  TrainConfig, specs)
 
 OUT_OF_RANGE = [("epochs", "0", ">= 1"), ("epochs", "-5", ">= 1"), ("layers", "0", ">= 1"), ("hidden", "0", ">= 1"),
@@ -273,7 +274,7 @@ def test_memory_per_gpu_is_a_size_and_auto_needs_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("model", ["sage", "gcn", "ressage"])
 def test_checkpoint_activations_is_refused_where_it_would_be_ignored(model):
-    if model in CHECKPOINTABLE_MODELS:
+    if checkpointable(model):
         assert TrainConfig(shards="s", model=model, checkpoint_activations=True).checkpoint_activations
     else:
         with pytest.raises(ConfigError, match=f"model '{model}' would ignore it"):
@@ -281,7 +282,7 @@ def test_checkpoint_activations_is_refused_where_it_would_be_ignored(model):
 
 
 def test_checkpointable_models_really_recompute():
-    """CHECKPOINTABLE_MODELS must be exactly the models that call torch.utils.checkpoint."""
+    """The checkpointable models (their registry entries) must be exactly those that call torch.utils.checkpoint."""
     import torch
     from granndis_hpc.nn.models import MODELS, build_model
     for name in MODELS:
@@ -296,7 +297,7 @@ def test_checkpointable_models_really_recompute():
             model(x, [_full_graph(5)] * 2).sum().backward()
         finally:
             torch.utils.checkpoint.checkpoint = original
-        assert bool(calls) == (name in CHECKPOINTABLE_MODELS), name
+        assert bool(calls) == checkpointable(name), name
 
 
 def _full_graph(n):

@@ -451,3 +451,73 @@ def test_mode_auto_considers_only_sets_of_one_dataset_that_fit_the_job(small_gra
     build(make_graph(), foreign, layers=3)
     with pytest.raises(mm.MemoryModelError, match="sets of different datasets"):
         mm.choose_shard_sets([str(foreign), str(small_shards)], "sage", 16, 3, 1 << 40, job=(2, 2))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Issue 20: a registered model (with a constructor option of its own) is estimated by its own entry;
+# issue 21, item 13: plan on a set and --mode auto on that set rank the same options the same way.
+@pytest.fixture
+def recipe_model():
+    from tests import recipe_model
+
+    recipe_model.register()
+    yield recipe_model
+    recipe_model.unregister()
+
+
+@pytest.mark.parametrize("widen", [1, 3])
+@pytest.mark.parametrize("features", [24, 8])
+def test_a_registered_models_estimate_equals_saved_tensor_bytes(recipe_model, widen, features):
+    rng = np.random.default_rng(features + widen)
+    rows, graphs, send_idx = _random_plan(rng, 4, features=features)
+    model = build_model(recipe_model.NAME, features, 16, rows.num_classes, 4, widen=widen)
+    spec = mm.ModelSpec(recipe_model.NAME, features, 16, rows.num_classes, 4, options={"widen": widen})
+    assert spec.parameters() == sum(p.numel() for p in model.parameters())
+    assert mm.activation_layers(rows, spec)["saved"] == _measured_saved_bytes(model, rows, graphs, send_idx, rng)
+    with pytest.raises(mm.MemoryModelError, match="no option 'heads'"):
+        mm.ModelSpec(recipe_model.NAME, features, 16, 5, 4, options={"heads": 2})
+
+
+@pytest.mark.parametrize("model,options", [("sage", ()), ("recipe-meanmlp", ("widen=2",))])
+def test_plan_of_a_set_and_auto_on_it_estimate_and_choose_alike(recipe_model, small_graph, small_shards, eas_shards,
+                                                                  model, options):
+    """`plan --hops 3` (the 3-hop build and the EAS build, never written) and --mode auto on those two
+    sets written to disk: the same options, estimates and reasons, so the same choice at every budget."""
+    from mpi4py import MPI
+
+    from granndis_hpc.registry import model_options
+    from preprocess import plan
+
+    cfg = plan.PlanConfig(servers=2, gpus_per_server=2, layers=3, model=model, hidden=16, partitioner="metis",
+                          device="cpu", hops=3, eas_hops=1, fanout=2, cob_batches=(2, 4), model_options=options)
+    planned = plan.plan_options(MPI.COMM_SELF, small_graph, cfg)
+    sets = [str(small_shards), str(eas_shards)]
+    kw = dict(batches=(2, 4), options=tuple(model_options(model, options).items()))
+    every = mm.choose_shard_sets(sets, model, 16, 3, 1, **kw).rejected
+    table = plan.format_table(planned["options"], cfg, None)
+    assert "flx k=3 [--hops 3]" in table and "cob batches=2 [--preload eas]" in table
+
+    def same(o):
+        return o.label, o.peak, o.rows_per_gpu, o.inter_server_bytes
+
+    kept, _ = mm.drop_dominated(planned["options"])
+    assert sorted(map(same, kept), key=str) == sorted(map(same, every), key=str)
+    for budget in sorted({o.peak for o in every}):
+        a, b = mm.choose(planned["options"], budget), mm.choose_shard_sets(sets, model, 16, 3, budget, **kw)
+        assert same(a.choice) == same(b.choice) and a.reason == b.reason
+
+
+def test_plan_cli_estimates_one_build_of_a_registered_model(recipe_model, tmp_path, capsys):
+    """`plan --hops 3 --model recipe-meanmlp --model-option widen=2`: the 3-hop build's options (fb,
+    flx k <= 3, cob), sized by the registered model's own estimate and option."""
+    rc, res = _plan(tmp_path, "--hops", "3", "--no-eas", "--model", recipe_model.NAME, "--model-option", "widen=2",
+                    "--memory-per-gpu", "1GiB")
+    assert rc == 0 and "recommendation: flx k=3" in capsys.readouterr().out
+    assert {(o["label"], o["source"]) for o in res["options"]} == {
+        (label, "--hops 3") for label in ("fb", "flx k=1", "flx k=2", "flx k=3", "cob batches=2", "cob batches=4")}
+    assert res["decision"]["choice"]["train_options"] == {"preloaded_layers": 3}
+    _, narrow = _plan(tmp_path, "--hops", "3", "--no-eas", "--model", recipe_model.NAME, "--memory-per-gpu", "1GiB")
+    peaks = {o["label"]: o["peak_bytes"] for o in narrow["options"]}
+    assert all(o["peak_bytes"] > peaks[o["label"]] for o in res["options"])  # widen=2: wider hidden layers
+    rc, _ = _plan(tmp_path, "--hops", "3", "--no-eas", "--model", recipe_model.NAME, "--model-option", "heads=2")
+    assert rc != 0 and "the options widen (int, default 1)" in capsys.readouterr().err

@@ -1,0 +1,42 @@
+"""Per-GPU memory model of a training plan, and the choice GraNNDis makes with it (paper §5.1):
+the largest preloaded depth k that fits, then EAS, then cooperative batches.
+
+No MPI, nothing from the engine, so `preprocess` can use it offline.  The parts:
+- estimate.py: the pure estimate, `estimate(rows, model, device)` from row counts per layer (a
+  `RankRows`); no I/O, no sampling, no torch; the model's share is its registered estimator;
+- choice.py: `Option`s, the one ranking (`preference`, the modes' registry entries) and `choose`;
+- arrays.py: row counts from shard arrays (`shard_rows`), NumPy only;
+- modes.py: each mode's `estimate` of a set (what its options train on; cob samples its co-batch);
+- shardsets.py: reading shard sets on disk (`estimate_shard_set`, `choose_shard_sets` for --mode auto);
+- profile.py: measuring a step's peak with torch's profiler (tests and bench only; not imported here).
+
+What a rank holds (on its device; the host copies are not counted), for an L-layer model trained
+with k preloaded hops (docs/memory-model.md has the formulas and the measurements):
+- features: the static input rows of every view the run builds (own rows and the halo rows exchanged
+  once at set-up): the server view (k >= 1) and the world view (always: exact evaluation uses it);
+- graph: per LayerGraph indptr/indices/degrees, the cached normalised CSR adjacency (built by the
+  first forward) and its cached transpose (built by the first backward, only where the aggregation's
+  input needs a gradient), and the exchange's index tensors;
+- parameters, their gradients and Adam's two moments;
+- activations: what autograd keeps for the backward pass, per layer, derived from what each aten op
+  saves and equal byte for byte to `SavedBytes` (tests/unit/test_memory_model.py);
+- halo buffers and step transient: the step's peak above its activations (the exchange's send and
+  receive rows, conv outputs, the current layer's gradients in the backward; after it, the flat
+  all-reduce bucket and Adam's temporaries), the exchange's share reported as halo_buffers.
+The estimate of a rank is the sum of these; an option's is the largest rank's.
+"""
+
+from .arrays import (GpuArrays, ServerArrays, gpu_arrays_from_slice, server_arrays_from_build, server_view_rows,
+                     shard_rows, with_cobatch, world_reads)
+from .choice import Decision, Option, choose, drop_dominated, make_option, order_text, preference, rows_held
+from .estimate import (LayerRows, MemoryModelError, ModelSpec, RankRows, ViewRows, activation_layers,
+                       check_rank_rows, estimate, inter_server_bytes, step_peak)
+from .modes import RowGroup, Sampling, SetArrays, cobatch_server_arrays, options, row_groups
+from .shardsets import choose_shard_sets, estimate_shard_set, fitting_sets, model_for, read_shard_set, set_arrays
+
+__all__ = ["GpuArrays", "ServerArrays", "gpu_arrays_from_slice", "server_arrays_from_build", "server_view_rows",
+           "shard_rows", "with_cobatch", "world_reads", "Decision", "Option", "choose", "drop_dominated",
+           "make_option", "order_text", "preference", "rows_held", "LayerRows", "MemoryModelError", "ModelSpec",
+           "RankRows", "ViewRows", "activation_layers", "check_rank_rows", "estimate", "inter_server_bytes",
+           "step_peak", "RowGroup", "Sampling", "SetArrays", "cobatch_server_arrays", "options", "row_groups",
+           "choose_shard_sets", "estimate_shard_set", "fitting_sets", "model_for", "read_shard_set", "set_arrays"]

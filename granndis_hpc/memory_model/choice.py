@@ -1,0 +1,159 @@
+"""Options and the choice GraNNDis makes with them (paper §5.1): one ranking, applied by `choose`, that
+--mode auto and `preprocess plan` both use.
+
+The ranking is the modes' own (their registry entries, granndis_hpc/registry.py: `rank`, and a `knob`
+that prefers the largest preloaded depth k or the fewest co-batches); the "why" text is written from
+the same entries, so it states the order exactly as it is applied.  No mode is named here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from granndis_hpc.registry import MODES, auto_modes
+from granndis_hpc.units import format_size
+
+from .estimate import ModelSpec, RankRows, estimate, inter_server_bytes
+
+# Which Option attribute a mode's knob is, and how auto prefers it: the largest k, the fewest co-batches.
+_KNOBS = {"k": lambda o: -o.k, "batches": lambda o: o.batches}
+
+
+def rows_held(r: RankRows) -> int:
+    """Rows the views a GPU trains on hold: the server view's own and halo rows (k >= 1), plus the
+    world view's halo rows when a layer runs on it (its own rows are the inner rows, already counted).
+    The two views keep separate tensors, so a row in both halos counts twice, as its memory does."""
+    n = (r.server.n_own + r.server.n_halo) if r.k > 0 else r.world.n_own
+    return int(n + (r.world.n_halo if r.k < r.layers else 0))
+
+
+@dataclass
+class Option:
+    """One way to train: `mode` (a registered mode), `k` preloaded layers, `batches` co-batches per epoch."""
+
+    mode: str
+    k: int = 0
+    batches: int = 1
+    peak: int = 0  # estimated peak bytes, max over ranks
+    peak_rank: int = 0
+    breakdown: Dict[str, int] = field(default_factory=dict)  # of the peak rank
+    rows_per_gpu: int = 0  # max over ranks of the rows a GPU holds (own + halo, training views)
+    inter_server_bytes: Dict[str, int] = field(default_factory=dict)
+    source: str = ""  # the shard set (or build) it reads
+
+    @property
+    def knob(self) -> Optional[str]:
+        """The attribute that tells options of one mode apart (its registry entry's `knob`)."""
+        return MODES.entry(self.mode).get("knob")
+
+    @property
+    def label(self) -> str:
+        return self.mode + (f" {self.knob}={getattr(self, self.knob)}" if self.knob else "")
+
+    def train_options(self) -> Dict[str, int]:
+        """The train options that run this option (its entry's `train_option` set to the knob)."""
+        name = MODES.entry(self.mode).get("train_option")
+        return {name: int(getattr(self, self.knob))} if name and self.knob else {}
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "k": self.k, "batches": self.batches, "label": self.label, "peak_bytes": self.peak,
+                "peak_rank": self.peak_rank, "breakdown": dict(self.breakdown), "rows_per_gpu": self.rows_per_gpu,
+                "inter_server_bytes": dict(self.inter_server_bytes), "source": self.source,
+                "train_options": self.train_options()}
+
+
+def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int, device: str = "cpu",
+                batches: int = 1, source: str = "") -> Option:
+    ests = [estimate(r, m, device) for r in rows]
+    worst = max(range(len(ests)), key=lambda i: ests[i]["total"])
+    held = max(rows_held(r) for r in rows)
+    # k: the layers on the server-side view (0 for fb, L for eas and cob).
+    return Option(mode=mode, k=int(rows[0].k), batches=batches,
+                  peak=int(ests[worst]["total"]), peak_rank=int(rows[worst].rank), breakdown=ests[worst]["breakdown"],
+                  rows_per_gpu=int(held), source=source,
+                  # one optimizer step per co-batch (batches is 1 for the full-graph modes)
+                  inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches))
+
+
+@dataclass
+class Decision:
+    """What `choose` picked (None when nothing fits), its estimate, and what it rejected and why."""
+
+    choice: Optional[Option]
+    budget: int
+    rejected: List[Option]
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"choice": None if self.choice is None else self.choice.to_dict(), "budget_bytes": self.budget,
+                "reason": self.reason, "rejected": [o.to_dict() for o in self.rejected]}
+
+
+def preference(o: Option) -> tuple:
+    """GraNNDis' order (paper §5.1, Fig. 13b), as the modes' registry entries rank themselves: full-batch
+    FLX with the largest k, then FLX on EAS, then cooperative batching with the fewest (largest)
+    co-batches.  fb (k = 0) comes last: it replicates nothing but sends every layer's halo over the slow
+    links, which is what GraNNDis avoids; it is chosen only when nothing of GraNNDis' fits (it is also
+    the lightest full-batch option)."""
+    entry = MODES.entry(o.mode)
+    knob = entry.get("knob")
+    return (entry.get("rank"), _KNOBS[knob](o) if knob else 0)
+
+
+def order_text() -> str:
+    """The order `preference` applies, in words (each mode's `phrase`, in rank order)."""
+    return ", then ".join(e.get("phrase") or e.name for e in auto_modes())
+
+
+def _inter_total(o: Option) -> int:
+    return int(sum(o.inter_server_bytes.values()))
+
+
+def _exact(o: Option) -> bool:
+    return bool(MODES.entry(o.mode).get("exact_full_graph"))
+
+
+def drop_dominated(options: Sequence[Option]) -> Tuple[List[Option], List[str]]:
+    """The exact full-graph options (fb, flx) without those another one of the same shard set beats on
+    both counts: no more memory and no more inter-server bytes, less of one (issue 21, item 13: flx
+    k = 1 of a 2-layer model holds more rows than fb for the same inter-server bytes, since fb caches its
+    layer-0 halo).  Returns (kept, one line per dropped option saying why)."""
+    exact = [o for o in options if _exact(o)]
+    kept, why = [], []
+    for o in options:
+        better = next((b for b in exact if _exact(o) and b is not o and b.source == o.source
+                       and o.inter_server_bytes and b.inter_server_bytes  # known for both
+                       and b.peak <= o.peak and _inter_total(b) <= _inter_total(o)
+                       and (b.peak < o.peak or _inter_total(b) < _inter_total(o))), None)
+        if better is None:
+            kept.append(o)
+        else:
+            why.append(f"{o.label} (dominated by {better.label}: {format_size(better.peak)} <= "
+                       f"{format_size(o.peak)} per GPU, {_inter_total(better):,} <= {_inter_total(o):,} "
+                       f"inter-server bytes per epoch)")
+    return kept, why
+
+
+def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
+    """The first option in GraNNDis' preference order whose estimated peak fits the budget."""
+    options, dominated = drop_dominated(options)
+    dropped = ("; not considered: " + ", ".join(dominated)) if dominated else ""
+    ordered = sorted(options, key=preference)
+    for i, o in enumerate(ordered):
+        if o.peak <= budget_bytes:
+            rejected = ordered[:i]
+            # The order as preference() applies it (one ranking, the same in `plan` and --mode auto).
+            why = (f"{o.label} is the first of GraNNDis' order ({order_text()}) whose "
+                   f"estimated peak {format_size(o.peak)} per GPU fits {format_size(budget_bytes)}")
+            if rejected:
+                why += "; rejected: " + ", ".join(f"{r.label} ({format_size(r.peak)})" for r in rejected)
+            return Decision(o, int(budget_bytes), rejected, why + dropped)
+    if not ordered:
+        return Decision(None, int(budget_bytes), [], "no option was estimated for this job, so none can be chosen")
+    need = min(o.peak for o in ordered)
+    # A budget the user can paste: whole MiB, rounded up (format_size rounds to 3 digits).
+    paste = f"{-(-need // (1 << 20))}MiB"
+    return Decision(None, int(budget_bytes), list(ordered),
+                    f"nothing fits {format_size(budget_bytes)} per GPU: the smallest estimate is "
+                    f"{format_size(need)} ({min(ordered, key=lambda o: o.peak).label}); "
+                    f"use --memory-per-gpu {paste} or more, more servers/GPUs, or more co-batches" + dropped)

@@ -1,0 +1,297 @@
+"""The pure estimate: per-GPU memory of a training plan from row counts, with no I/O.
+
+No HDF5, no sampling, no torch: `estimate(rows, model, device)` from a `RankRows` (row counts per
+layer, built by hand or by memory_model/arrays.py from shard arrays).  What is model-specific (conv
+widths, parameters, what autograd saves per layer, which layers read the static halo) is the model's
+own estimate, found through its registry entry (granndis_hpc/registry.py `estimator`; nn/models.py
+ModelEstimate): this module names no model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from granndis_hpc.registry import MODELS, model_options
+from granndis_hpc.units import FLOAT32_BYTES as F32
+from granndis_hpc.units import INT64_BYTES as I64
+
+
+class MemoryModelError(ValueError):
+    """Inputs the model cannot estimate (unknown model, k outside 0..L, inconsistent counts)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Row counts
+@dataclass(frozen=True)
+class LayerRows:
+    """One LayerGraph of a view: its source rows (own prefix + halo), computed rows and edges."""
+
+    n_own_in: int  # own source rows (a prefix of the own rows)
+    n_halo: int  # halo source rows received from peers at this layer
+    n_dst: int  # rows computed
+    nnz: int  # in-edges of the computed rows
+    n_send: int = 0  # own rows sent to peers at this layer
+    inter_halo: int = 0  # of n_halo: rows received from other servers (world view only)
+
+    @property
+    def n_src(self) -> int:
+        return self.n_own_in + self.n_halo
+
+
+@dataclass(frozen=True)
+class ViewRows:
+    """A view: all its own rows, its full halo (static features exchanged once) and its L graphs."""
+
+    name: str  # "server" | "world" | "cobatch"
+    n_own: int
+    n_halo: int  # distinct halo rows of the full plan
+    n_send: int  # rows of the full send list (the static exchange)
+    layers: Tuple[LayerRows, ...]
+    inter_halo: int = 0  # of n_halo: rows owned by other servers
+
+
+@dataclass(frozen=True)
+class RankRows:
+    """What one rank (server s, GPU g) trains on, as row counts.
+
+    k: preloaded layers.  Layers 0..k-1 of the training plan are server.layers[0..k-1], layers k..L-1
+    are world.layers[k..L-1]; k = 0 is fb (server is None), k = L is flx."""
+
+    rank: int
+    features: int
+    num_classes: int
+    n_inner: int
+    n_train: int  # inner training rows of this rank (the loss)
+    layers: int
+    k: int
+    world: ViewRows
+    server: Optional[ViewRows] = None
+
+    def training_layers(self) -> List[Tuple[str, LayerRows]]:
+        out = []
+        for l in range(self.layers):
+            if l < self.k:
+                out.append(("server", self.server.layers[l]))
+            else:
+                out.append(("world", self.world.layers[l]))
+        return out
+
+    def views(self) -> List[ViewRows]:
+        return [v for v in (self.server, self.world) if v is not None]
+
+
+def check_rank_rows(r: RankRows) -> None:
+    if not 0 <= r.k <= r.layers:
+        raise MemoryModelError(f"k = {r.k} preloaded layers is outside 0..L = 0..{r.layers}")
+    if r.k > 0 and (r.server is None or len(r.server.layers) < r.k):
+        raise MemoryModelError(f"k = {r.k} needs a server view with at least {r.k} layers")
+    if len(r.world.layers) != r.layers:
+        raise MemoryModelError(f"the world view has {len(r.world.layers)} layers, the model {r.layers}")
+    tl = r.training_layers()
+    for l in range(1, len(tl)):
+        if tl[l][1].n_own_in != tl[l - 1][1].n_dst:
+            raise MemoryModelError(
+                f"layer {l}: {tl[l][1].n_own_in} own source rows but layer {l - 1} computes {tl[l - 1][1].n_dst}; "
+                "a layer's computed rows are the next layer's own rows")
+    if tl and tl[-1][1].n_dst != r.n_inner:
+        raise MemoryModelError(f"the last layer computes {tl[-1][1].n_dst} rows, not the {r.n_inner} inner rows")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Models: the estimate registered with each (nn/models.py; test_memory_model checks it against the models)
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    features: int
+    hidden: int
+    num_classes: int
+    layers: int
+    dropout: float = 0.5
+    norm: bool = False  # LayerNorm between convs, for the models that take it
+    checkpoint_activations: bool = False  # recompute blocks (the models whose entry is checkpointable)
+    options: Tuple[Tuple[str, Any], ...] = ()  # the model's extra constructor options (registry.model_options)
+
+    def __post_init__(self):
+        if self.name not in MODELS:
+            raise MemoryModelError(f"unknown model {self.name!r}; choose one of {', '.join(MODELS)}")
+        if MODELS.entry(self.name).get("estimator") is None:
+            raise MemoryModelError(
+                f"model {self.name!r} has no memory estimate, which --mode auto and `preprocess plan` need: "
+                f"register it with register_model({self.name!r}, estimator=...) (a nn.models.ModelEstimate), "
+                f"or choose a mode")
+        for k in ("features", "hidden", "num_classes", "layers"):
+            if int(getattr(self, k)) < 1:
+                raise MemoryModelError(f"{k} must be >= 1, got {getattr(self, k)}")
+        try:
+            declared = model_options(self.name)
+            declared.update(dict(self.options))
+            unknown = sorted(set(dict(self.options)) - set(model_options(self.name)))
+        except ValueError as exc:
+            raise MemoryModelError(str(exc)) from None
+        if unknown:
+            raise MemoryModelError(f"model {self.name!r} has no option {unknown[0]!r}")
+        object.__setattr__(self, "options", tuple(sorted(declared.items())))
+
+    @property
+    def estimator(self):
+        """The model's ModelEstimate (its registry entry's `estimator`)."""
+        return MODELS.entry(self.name).resolve("estimator")
+
+    def option(self, name: str):
+        """One of the model's extra constructor options (its declared default when not given)."""
+        return dict(self.options)[name]
+
+    def widths(self) -> List[Tuple[int, int]]:
+        """(in, out) width of every conv."""
+        return self.estimator.widths(self)
+
+    def parameters(self) -> int:
+        """Number of parameters (floats)."""
+        return int(self.estimator.parameters(self))
+
+
+# ---------------------------------------------------------------------------------------------------
+# What autograd saves
+def _loss_saved(n_train: int, classes: int) -> Tuple[int, int]:
+    """logits[rows]: the row index (the trainer's, allocated at set-up); cross entropy: log-softmax
+    result, the target, total_weight."""
+    return n_train * I64 + n_train * classes * F32 + n_train * I64 + F32, n_train * I64
+
+
+def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[str, object]:
+    """Bytes autograd keeps for the backward pass, per layer (as SavedBytes counts: each storage once).
+
+    Returns {"per_layer": [...], "head": bytes, "loss": bytes, "saved": the total SavedBytes counts,
+    "fresh"/"fresh_per_layer": the part the step allocates (not the weights, the input features or
+    index tensors that exist before it),
+    "recompute": with checkpointing, the largest block's activations, held again while the backward
+    recomputes it (0 without)}.  The model's layers are its estimator's; the loss is the trainer's."""
+    mask_bytes = 1 if device == "cuda" else F32  # dropout masks: bool on CUDA, float on CPU
+    a = m.estimator.activations(r, m, mask_bytes)
+    loss, loss_pre = _loss_saved(r.n_train, m.num_classes)
+    saved = sum(a["per_layer"]) + a["head"] + loss
+    return {"per_layer": list(a["per_layer"]), "fresh_per_layer": list(a["fresh_per_layer"]), "head": a["head"],
+            "loss": loss, "saved": saved, "fresh": sum(a["fresh_per_layer"]) + a["head_fresh"] + loss - loss_pre,
+            "recompute": a["recompute"]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Static memory
+def _graph_bytes(lr: LayerRows, self_loops: bool, forward_cache: bool, transpose_cache: bool) -> int:
+    """A LayerGraph: indptr, indices, degrees, its exchange indices (send, halo rows) and the cached CSR
+    adjacency (crow, col, values; self_loops adds the n_dst self-loop entries) and its transpose."""
+    b = (lr.n_dst + 1) * I64 + lr.nnz * I64 + lr.n_dst * F32 + lr.n_src * F32
+    b += lr.n_send * I64 + lr.n_halo * I64
+    entries = lr.nnz + (lr.n_dst if self_loops else 0)
+    if forward_cache:
+        b += (lr.n_dst + 1) * I64 + entries * (I64 + F32)
+    if transpose_cache:
+        b += (lr.n_src + 1) * I64 + entries * (I64 + F32)
+    return b
+
+
+def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, object]:
+    """Peak bytes a training step allocates above what it starts with (activations and transients).
+
+    Forward at layer l: the activations saved so far (layers <= l) plus the larger of the exchange's
+    buffers (send + receive rows at the input width) and the conv's two output terms.  Backward at
+    layer l: the activations of layers <= l (later ones are freed as the backward passes them) plus
+    the gradient of the output and, where the input needs a gradient, the gradients of the source
+    rows (SAGE: two paths, self and aggregation; GCN: one), of the rows sent back to their owners and of the own
+    rows they add into; a checkpointed block also holds its recomputed activations.  The end of the
+    forward holds every activation plus the logits and the loss terms."""
+    tl = r.training_layers()
+    widths = m.widths()
+    est = m.estimator
+    # Only what the step allocates: saved inputs, weights and index tensors exist before it.
+    prefix = np.cumsum(act["fresh_per_layer"]).tolist()
+    best, where = int(act["fresh"]) + r.n_inner * m.num_classes * F32, "loss"
+    halo_max = 0
+    for l, (_, lr) in enumerate(tl):
+        win, wout = widths[l]
+        exchanged = est.exchanged(l)  # else the layer reads the static halo features
+        input_grad = exchanged
+        halo = (lr.n_send + lr.n_halo) * win * F32 if exchanged else 0
+        halo_max = max(halo_max, halo)
+        fwd = prefix[l] + max(halo, 2 * lr.n_dst * wout * F32)
+        if input_grad:
+            # SAGE's source rows get two gradients (lin_self's slice and the aggregation), GCN's one:
+            # the estimator's grad_paths.  The autograd engine adds the second into the first and frees it before the exchange's
+            # backward allocates the rows sent back and the own rows they add into.
+            paths = est.grad_paths
+            grads = lr.n_dst * wout + max(paths * lr.n_src * win,
+                                          lr.n_src * win + lr.n_send * win + lr.n_own_in * win)
+        else:
+            grads = lr.n_dst * wout + (lr.n_src * wout if wout < win else 0)
+        # + the weight gradient, computed then added into .grad (one weight at a time).
+        grads += win * wout
+        bwd = prefix[l] + grads * F32 + (act["recompute"] if m.checkpoint_activations and l >= 1 else 0)
+        for value, name in ((fwd, f"forward layer {l}"), (bwd, f"backward layer {l}")):
+            if value > best:
+                best, where = int(value), name
+    return {"peak": int(best), "where": where, "halo": int(halo_max)}
+
+
+def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) -> Dict[str, object]:
+    """Memory of one rank: {"breakdown": {component: bytes}, "total": peak bytes, ...}."""
+    check_rank_rows(r)
+    if m.layers != r.layers:
+        raise MemoryModelError(f"the model has {m.layers} layers, the row counts {r.layers}")
+    est = m.estimator
+    tl = r.training_layers()
+
+    features = 0
+    for v in r.views():
+        features += (v.n_own + v.n_halo) * r.features * F32 + (v.n_own + v.n_halo) * F32  # + degrees
+        features += v.n_send * I64  # the full send list
+    graph = 0
+    for v in r.views():
+        for l, lr in enumerate(v.layers):
+            trained = (v.name != "world" and l < r.k) or (v.name == "world" and l >= r.k)
+            used_forward = trained or v.name == "world"  # evaluation runs every world layer
+            graph += _graph_bytes(lr, est.self_loops, used_forward, trained and est.aggregation_input_grad(m, l))
+    act = activation_layers(r, m, device)
+    step = step_peak(r, m, act)
+    P = m.parameters()
+    # After the backward the activations are gone; the step then holds the flat all-reduce bucket
+    # and Adam's temporaries (one parameter-sized tensor each, at most).
+    after = 2 * P * F32 if adam else P * F32
+    breakdown = {
+        "features": features,
+        "graph": graph,
+        "parameters": P * F32,
+        "gradients": P * F32,
+        "optimizer": (2 * P * F32) if adam else 0,
+        "activations": int(act["fresh"]),
+    }
+    # The step's transient above its activations, of which halo buffers: at most the largest
+    # layer's exchange (send + receive rows at its input width).
+    transient = int(max(step["peak"], after) - act["fresh"])
+    breakdown["halo_buffers"] = min(transient, int(step["halo"]))
+    breakdown["step_transient"] = transient - breakdown["halo_buffers"]
+    total = sum(breakdown.values())
+    return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),
+            "activation_saved": int(act["saved"]), "activation_per_layer": act["per_layer"],
+            "step_peak": int(step["peak"]), "step_peak_layer": step["where"],
+            "rows_per_layer": [lr.n_src for _, lr in tl], "computed_per_layer": [lr.n_dst for _, lr in tl]}
+
+
+def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int, steps: int = 1) -> Dict[str, int]:
+    """Inter-server bytes per epoch, summed over ranks, as the ledger counts them.
+
+    Halo: every world-exchange layer l >= k sends, forward, the inter-server halo rows at the layer's
+    input width and returns their gradients backward (x2); layer 0 of plain models reads the static
+    features exchanged at set-up (the estimator's `exchanged`), so in fb it costs nothing per epoch.  Gradients: the leaders' ring
+    all-reduce moves 2 (S-1) x params x 4 bytes in all (cluster/accounting.py), once per optimizer
+    step (`steps` per epoch: the co-batches of cob)."""
+    widths = m.widths()
+    halo = 0
+    for r in ranks:
+        for l in range(r.k, r.layers):
+            if not m.estimator.exchanged(l):
+                continue
+            halo += 2 * r.world.layers[l].inter_halo * widths[l][0] * F32
+    grad = 2 * (int(servers) - 1) * m.parameters() * F32 * int(steps)
+    return {"halo": int(halo), "gradient": int(grad), "total": int(halo + grad)}

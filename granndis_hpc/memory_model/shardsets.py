@@ -1,0 +1,111 @@
+"""The memory model's inputs from shard sets on disk: reading each rank's slice, and --mode auto's
+choice over the sets it is given (`choose_shard_sets`), estimated by the modes' own `estimate`
+(memory_model/modes.py) and ranked by `choose` (memory_model/choice.py), as `preprocess plan` does.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from granndis_hpc import shards
+
+from .arrays import ServerArrays, gpu_arrays_from_slice, shard_rows
+from .choice import Decision, choose
+from .estimate import MemoryModelError, ModelSpec, estimate
+from .modes import Sampling, SetArrays, options, row_groups
+
+
+def read_shard_set(path: str) -> Tuple[dict, List[ServerArrays]]:
+    """The manifest and every server's ServerArrays of a shard set (reads each rank's slice)."""
+    manifest = shards.read_manifest(path)
+    out = []
+    for s in range(int(manifest["servers"])):
+        gpus, sl = [], None
+        for g in range(int(manifest["gpus_per_server"])):
+            sl = shards.read_rank_slice(path, manifest, s, g)
+            gpus.append(gpu_arrays_from_slice(sl))
+        out.append(ServerArrays(s, sl.server_hop.astype(np.int64), sl.server_offsets.astype(np.int64), gpus))
+    return manifest, out
+
+
+def model_for(manifest: dict, name: str, hidden: int, layers: int, **kw) -> ModelSpec:
+    ds = manifest["dataset"]
+    return ModelSpec(name, int(ds["num_features"]), int(hidden), int(ds["num_classes"]), int(layers), **kw)
+
+
+def set_arrays(path: str, manifest: dict, servers: List[ServerArrays]) -> SetArrays:
+    """A shard set on disk as the modes' estimates read it (co-batches sample its server graphs)."""
+    pre = manifest["preload"]
+    return SetArrays(servers, pre["kind"], int(pre["hops"]), int(manifest["layers"]), source=path,
+                     server_graph=lambda a: shards.read_server_graph(path, manifest, a.server))
+
+
+def estimate_shard_set(path: str, model: str, hidden: int, layers: Optional[int] = None, k: Optional[int] = None,
+                       device: str = "cpu", **model_kw) -> List[dict]:
+    """Per-rank estimates (`estimate`'s dicts) for a shard set on disk.  k defaults to the set's
+    preload (min(hops, L)) for a full set, L (all layers on the EAS server view) for an EAS set."""
+    manifest, servers = read_shard_set(path)
+    L = int(layers or manifest["layers"])
+    pre = manifest["preload"]
+    if k is None:
+        k = L if pre["kind"] == "eas" else min(int(pre["hops"]), L)
+    if pre["kind"] == "full" and k > int(pre["hops"]):
+        raise MemoryModelError(f"{path} preloads {pre['hops']} hop(s), which cannot run k = {k} preloaded layers")
+    m = model_for(manifest, model, hidden, L, **model_kw)
+    rows = shard_rows(servers, L, k, m.features, m.num_classes)
+    return [estimate(r, m, device) for r in rows]
+
+
+def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int, budget_bytes: int,
+                      device: str = "cpu", batches: Sequence[int] = (2, 4, 8, 16, 32, 64), fanout: int = -1,
+                      sampler: str = "sage", seed: int = 0, job: Optional[Tuple[int, int]] = None,
+                      **model_kw) -> Decision:
+    """`--mode auto`: the options the shard sets offer (every mode's `estimate` on every set: full
+    sets give fb and flx k <= hops, EAS sets eas, sets of L hops or EAS cob with each co-batch count
+    in `batches`), estimated, and the choice for the budget.
+
+    Reads every rank's slice of every set (features included) and samples the first co-batch on
+    the calling process: call it on one rank and broadcast the Decision.  device="cuda" for a GPU
+    run (bool dropout masks)."""
+    manifests = {path: shards.read_manifest(path) for path in paths}
+    usable, skipped = fitting_sets(manifests, layers, job)
+    if not usable:
+        raise MemoryModelError("--mode auto: none of the shard sets can run this job: " + "; ".join(skipped))
+    sampling = Sampling(tuple(batches), fanout, sampler, seed)
+    found = []
+    for path in usable:
+        manifest, servers = read_shard_set(path)
+        m = model_for(manifest, model, hidden, layers, **model_kw)
+        found += options(row_groups(set_arrays(path, manifest, servers), layers, m, sampling), m,
+                         int(manifest["servers"]), device)
+    decision = choose(found, budget_bytes)
+    if skipped:
+        decision = dataclasses.replace(decision, reason=decision.reason + "; sets not considered: " + "; ".join(skipped))
+    return decision
+
+
+def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[int, int]]) -> Tuple[list, list]:
+    """(the shard sets --mode auto may choose among, why each other one is left out).  Every set must
+    hold the same dataset (one content digest; issue 21, item 14: a list of a CiteSeer and a Cora set
+    trained Cora), else MemoryModelError; a set built for another S x G than the job's is left out (it
+    would be picked and then refused)."""
+    def dataset(m):
+        ds = m["dataset"]
+        return ds.get("content_sha256") or f"name {ds.get('name')!r}"
+    kinds = {}
+    for path, m in manifests.items():
+        kinds.setdefault(dataset(m), []).append(f"{path} ({m['dataset'].get('name')})")
+    if len(kinds) > 1:
+        raise MemoryModelError("--mode auto: --shards lists sets of different datasets (content digests differ: "
+                               + " vs ".join(", ".join(v) for v in kinds.values())
+                               + "); give sets built from one dataset")
+    usable, skipped = [], []
+    for path, m in manifests.items():
+        S, G = int(m["servers"]), int(m["gpus_per_server"])
+        if job is not None and (S, G) != tuple(job):
+            skipped.append(f"{path} is built for {S} servers x {G} GPUs, this job runs {job[0]} x {job[1]}")
+        else:
+            usable.append(path)
+    return usable, skipped

@@ -1,0 +1,201 @@
+"""The registries of models and modes: names, capabilities and lazy references, importable without
+torch, h5py or mpi4py (config.py builds the train parser from them; preprocess reads a mode's rules
+for `plan` without importing the engine).
+
+An entry is declared by name with the object it stands for written as ``"module:attribute"``; the
+object is imported the first time it is needed (``REGISTRY[name]``), so that listing the names, or
+reading an entry's capabilities, imports nothing.  Code that has the object at hand registers it
+directly (``nn.models.register_model``, ``engine.modes.register``), and an entry registered that way
+reads the capabilities it is not given from the object's attributes.  A registry is a mapping from
+name to object: ``tuple(MODELS)`` lists the names, ``MODELS[name]`` is the builder, ``MODES[name]``
+the mode class, ``MODELS.entry(name)`` the entry with its capabilities.
+
+What an entry carries (docs/architecture.md, the recipes):
+- a model: ``checkpointable`` (--checkpoint-activations recomputes its blocks), ``estimator`` (its
+  memory, for --mode auto and `preprocess plan`: nn/models.py ModelEstimate), ``options`` (extra
+  constructor options, ``--model-option KEY=VALUE``, as ``ModelOption``s);
+- a mode: its place in auto's preference (``rank``; ``knob``: "k" prefers the largest preloaded depth,
+  "batches" the fewest co-batches), ``phrase`` (how the "why" text names it), ``estimate`` (the row
+  counts of its options on a shard set: memory_model/modes.py), ``exact_full_graph`` (an exact
+  full-graph mode: dominated options of these are dropped), ``any_depth`` (serves a set built for
+  another depth), ``build`` (the `preprocess build` arguments that make its set, for `plan`), and
+  ``needs`` (options it requires: config refuses a run without them).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, Mapping, MutableMapping, Optional, Sequence, Tuple
+
+
+def _load(target):
+    """The object a "module:attribute" reference names (any other value is the object itself)."""
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass
+class Entry:
+    """One registered name: its object (or a lazy reference to it) and its capabilities."""
+
+    name: str
+    target: Any
+    attrs: Dict[str, Any] = field(default_factory=dict)
+    _loaded: Any = None
+
+    def load(self):
+        if self._loaded is None:
+            self._loaded = _load(self.target)
+        return self._loaded
+
+    def get(self, key: str, default=None):
+        """A capability: as declared, else the registered object's attribute (loaded only then)."""
+        if key in self.attrs:
+            return self.attrs[key]
+        if not isinstance(self.target, str):
+            return getattr(self.target, key, default)
+        return default
+
+    def resolve(self, key: str, default=None):
+        """A capability that may be a lazy reference ("module:attribute"), loaded."""
+        value = self.get(key, default)
+        return _load(value) if value is not None else default
+
+
+class Registry(MutableMapping):
+    """name -> object, with the entries' capabilities (``entry``) readable without loading them."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: Dict[str, Entry] = {}
+
+    def declare(self, name: str, target: str, **attrs) -> None:
+        """A lazily loaded entry (``target`` = "module:attribute")."""
+        self._entries[name] = Entry(name, target, dict(attrs))
+
+    def register(self, name: str, obj, **attrs) -> None:
+        """An entry for an object at hand; keeps the capabilities a lazy declaration of it gave."""
+        old = self._entries.get(name)
+        # The declared capabilities stay with the object they declare (the lazy entry, or the same
+        # object registered again, e.g. its module reloaded).
+        same = old is not None and (isinstance(old.target, str) or getattr(old.target, "__qualname__", None)
+                                    == getattr(obj, "__qualname__", object()))
+        merged = dict(old.attrs) if same else {}
+        merged.update({k: v for k, v in attrs.items() if v is not None})
+        self._entries[name] = Entry(name, obj, merged, obj)
+
+    def entry(self, name: str) -> Entry:
+        if name not in self._entries:
+            raise KeyError(f"unknown {self.kind} {name!r}; choose one of {', '.join(self._entries)}")
+        return self._entries[name]
+
+    def entries(self) -> Iterator[Entry]:
+        return iter(list(self._entries.values()))
+
+    def __getitem__(self, name):
+        return self.entry(name).load()
+
+    def __setitem__(self, name, obj):
+        self.register(name, obj)
+
+    def __delitem__(self, name):
+        del self._entries[name]
+
+    def __iter__(self):
+        return iter(list(self._entries))
+
+    def __len__(self):
+        return len(self._entries)
+
+    def __contains__(self, name):
+        return name in self._entries
+
+    def __repr__(self):
+        return f"Registry({self.kind}: {', '.join(self._entries)})"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Models
+@dataclass(frozen=True)
+class ModelOption:
+    """An extra constructor option of a model (``--model-option NAME=VALUE``)."""
+
+    name: str
+    type: type
+    default: Any
+    help: str = ""
+
+
+def model_options(model: str, items: Optional[Sequence[str]] = ()) -> Dict[str, Any]:
+    """The model's extra constructor options: its declared defaults, overridden by ``NAME=VALUE`` items.
+    ValueError, naming the model's options, for an unknown name or a value of the wrong type."""
+    declared: Mapping[str, ModelOption] = {o.name: o for o in (MODELS.entry(model).get("options") or ())}
+    out = {name: o.default for name, o in declared.items()}
+    for item in items or ():
+        name, sep, text = str(item).partition("=")
+        name = name.strip().replace("-", "_")
+        known = ", ".join(f"{o.name} ({o.type.__name__}, default {o.default!r})" for o in declared.values())
+        if not sep or name not in declared:
+            raise ValueError(f"--model-option {item!r}: model {model!r} has " + (
+                f"the options {known}; give NAME=VALUE" if declared else "no extra constructor options"))
+        try:
+            out[name] = declared[name].type(text.strip())
+        except (TypeError, ValueError):
+            raise ValueError(f"--model-option {item!r}: {name} must be of type {declared[name].type.__name__}, "
+                             f"got {text.strip()!r}") from None
+    return out
+
+
+def checkpointable(model: str) -> bool:
+    """Whether --checkpoint-activations recomputes anything in this model."""
+    return bool(MODELS.entry(model).get("checkpointable", False))
+
+
+MODELS = Registry("model")
+MODELS.declare("sage", "granndis_hpc.nn.models:_sage", estimator="granndis_hpc.nn.models:SAGE_ESTIMATE")
+MODELS.declare("gcn", "granndis_hpc.nn.models:_gcn", estimator="granndis_hpc.nn.models:GCN_ESTIMATE")
+MODELS.declare("ressage", "granndis_hpc.nn.models:_ressage", checkpointable=True,
+               estimator="granndis_hpc.nn.models:RESSAGE_ESTIMATE")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Modes
+MODES = Registry("mode")
+_ESTIMATES = "granndis_hpc.memory_model.modes"
+MODES.declare("fb", "granndis_hpc.engine.modes:FullBatch", rank=3, phrase="fb", exact_full_graph=True,
+              any_depth=True, estimate=f"{_ESTIMATES}:full_batch",
+              build="--preload full --hops 1   (train --mode fb: the world view only)")
+MODES.declare("flx", "granndis_hpc.engine.modes:FlexiblePreload", rank=0, knob="k", train_option="preloaded_layers",
+              phrase="flx with the largest k",
+              exact_full_graph=True, estimate=f"{_ESTIMATES}:flexible_preload",
+              build="--preload full --hops {k}   (train --mode flx)")
+MODES.declare("eas", "granndis_hpc.engine.modes:ExpansionAware", rank=1, phrase="EAS",
+              estimate=f"{_ESTIMATES}:expansion_aware",
+              build="--preload eas --hops {eas_hops} --eas-fanout {fanout}   (train --mode eas)")
+MODES.declare("cob", "granndis_hpc.engine.modes:CooperativeBatching", rank=2, knob="batches",
+              train_option="batches_per_epoch",
+              phrase="cob with the fewest co-batches", estimate=f"{_ESTIMATES}:cooperative_batching",
+              build="--preload eas --hops {eas_hops} --eas-fanout {fanout}   (train --mode cob --batches-per-epoch "
+                    "{batches} --fanout {cob_fanout})")
+MODES.declare("mb", "granndis_hpc.engine.modes:PerGpuMiniBatch")
+MODES.declare("auto", "granndis_hpc.engine.modes:Automatic", needs=(
+    ("memory_per_gpu", "--mode auto chooses the preload that fits a GPU's memory: give --memory-per-gpu SIZE "
+                       "(e.g. 40GiB), or choose a mode"),))
+
+
+def mode_problem(mode: str, cfg) -> Optional[str]:
+    """What a mode needs of the other options and `cfg` lacks (its declared ``needs``), or None."""
+    for name, message in MODES.entry(mode).get("needs") or ():
+        if getattr(cfg, name, None) is None:
+            return message
+    return None
+
+
+def auto_modes() -> Tuple[Entry, ...]:
+    """The modes --mode auto and `preprocess plan` estimate, in auto's preference order."""
+    return tuple(sorted((e for e in MODES.entries() if e.get("rank") is not None), key=lambda e: e.get("rank")))

@@ -1,0 +1,145 @@
+"""The shard sets `preprocess plan` would build, counted without being written, and their options.
+
+The build's own steps -- the same partitioners (preprocess/partition.py), the same halo expansion and
+owner assignment (preprocess/build.py `build_server`, with the feature columns left out) -- give each
+set's arrays; every mode then estimates its options on a set with its own `estimate` (the modes'
+registry entries, granndis_hpc/memory_model/modes.py), exactly as --mode auto does on the sets on disk,
+so the two rank the same options the same way (issue 21, item 13).
+
+Two questions, two sets of builds:
+- which build? (default): one full build per preloaded depth k (flx k on a k-hop build; fb on the
+  world view every build shares) and the EAS build (eas and cob);
+- this build (`--hops H`, PlanConfig.hops): the one full build of H hops with every option it serves
+  (fb, flx k <= H, cob when H >= L), and the EAS build: what `--mode auto --shards FULL,EAS` sees.
+Collective over the communicator like the build (server s is handled by rank s % P).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List
+
+import numpy as np
+
+from granndis_hpc import memory_model as mm
+from granndis_hpc import registry
+from granndis_hpc.cluster.group import as_group
+
+from .build import BuildConfig, build_server, validate_config
+from .build_memory import ServerLoad
+from .partition import partition_gpus, partition_servers
+
+
+def _counting_graph(graph):
+    """The graph with zero feature columns: build_server then gathers no feature rows (counts only)."""
+    return dataclasses.replace(graph, features=np.zeros((graph.num_vertices, 0), dtype=np.float32))
+
+
+def _partition(group, graph, cfg):
+    """The build's two-level partition (run_build's first half): server and GPU of every vertex."""
+    sp = partition_servers(group, graph, cfg.servers, cfg.partitioner, cfg.seed)
+    mine = list(range(group.rank, cfg.servers, group.size))
+    gpu_local = np.full(graph.num_vertices, -1, dtype=np.int32)
+    with group.errors("partitioning servers over GPUs"):
+        for s in mine:
+            inner = np.flatnonzero(sp.parts == s)
+            gpu_local[inner], _ = partition_gpus(graph, inner, cfg.gpus_per_server)
+    return sp, mine, group.allreduce_max(gpu_local)
+
+
+def _load(a: mm.ServerArrays) -> ServerLoad:
+    return ServerLoad(server=int(a.server), rows=int(a.hop.shape[0]), fetched_edges=int(a.graph["in_degree"].sum()))
+
+
+def model_spec(graph, cfg) -> mm.ModelSpec:
+    """The model the plan is for, with its extra constructor options (cfg.model_options, NAME=VALUE)."""
+    options = registry.model_options(cfg.model, cfg.model_options)
+    return mm.ModelSpec(cfg.model, graph.num_features, cfg.hidden, int(graph.num_classes), cfg.layers,
+                        cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()))
+
+
+def plan_options(group, graph, cfg) -> Dict[str, object]:
+    """Collective: every option's estimate.  Returns (on every rank) {"options": [Option], "model":
+    ModelSpec, "partition": manifest entry, "server_loads"}.  `group`: a cluster Group or an mpi4py
+    communicator; `cfg`: a preprocess.plan.PlanConfig."""
+    group = as_group(group)
+    bcfg = BuildConfig(out="", servers=cfg.servers, gpus_per_server=cfg.gpus_per_server, layers=cfg.layers,
+                       partitioner=cfg.partitioner, seed=cfg.seed, fanout=cfg.fanout, select=cfg.eas_select)
+    L = cfg.layers
+    with group.errors("checking the plan options", catch=(ValueError, mm.MemoryModelError)):
+        validate_config(bcfg, graph.num_vertices)
+        m = model_spec(graph, cfg)
+        ks = list(range(0, L + 1)) if cfg.ks is None else sorted(set(int(k) for k in cfg.ks))
+        bad = [k for k in ks if not 0 <= k <= min(L, cfg.hops or L)]
+        if bad:
+            raise ValueError(f"k = {bad[0]} preloaded hops is outside 0..{min(L, cfg.hops or L)} for a {L}-layer "
+                             f"model" + (f" on a {cfg.hops}-hop preload" if cfg.hops else ""))
+        if cfg.hops is not None and not 1 <= cfg.hops <= L:
+            raise ValueError(f"--hops {cfg.hops}: a full preload of 1 to --layers {L} hops")
+    sp, mine, gpu_of = _partition(group, graph, cfg)
+    counting = _counting_graph(graph)
+    with group.errors("expanding the halos"):
+        # One build per preloaded depth (owners and GPU row balance depend on the preload), or the one
+        # build of --hops H.
+        full: Dict[int, List[mm.ServerArrays]] = {}
+        last: Dict[int, tuple] = {}  # server -> (depth built, its arrays)
+        for k in ([cfg.hops] if cfg.hops else [k for k in ks if k > 0]):
+            full[k] = []
+            for s in mine:
+                depth, arrays = last.get(s, (0, None))
+                # Once the expansion stops growing (the BFS frontier emptied before `depth` hops), a
+                # deeper preload is the same build: deep models do not pay L full expansions.
+                if arrays is None or int(arrays.hop.max(initial=0)) >= depth:
+                    arrays = mm.server_arrays_from_build(build_server(
+                        counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="full", hops=k))[0], s)
+                last[s] = (k, arrays)
+                full[k].append(arrays)
+        any_arrays = next(iter(full.values())) if full else [mm.server_arrays_from_build(build_server(
+            counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="full", hops=1))[0], s) for s in mine]
+        eas = ([mm.server_arrays_from_build(build_server(
+            counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="eas", hops=cfg.eas_hops))[0], s)
+            for s in mine] if cfg.eas else [])
+        reads = mm.world_reads(any_arrays, cfg.servers * cfg.gpus_per_server)
+    sent = group.allreduce_sum(reads)  # every rank's world send list: what all readers ask of it
+    if cfg.hops:
+        sets = [mm.SetArrays(full[cfg.hops], "full", cfg.hops, L, source=f"--hops {cfg.hops}", ks=ks)]
+    else:
+        sets = ([mm.SetArrays(any_arrays, "full", 1, L, ks=[0], sample_cobatches=False)] if 0 in ks else []) + [
+            mm.SetArrays(full[k], "full", k, L, ks=[k], sample_cobatches=False) for k in ks if k > 0]
+    if cfg.eas:
+        sets.append(mm.SetArrays(eas, "eas", cfg.eas_hops, L, source="--preload eas" if cfg.hops else ""))
+    for s in sets:
+        s.world_sent = sent
+        # A server cannot make more co-batches than it has training vertices (the sampler refuses):
+        # every rank must skip the same counts, so take the smallest server's over all ranks.
+        mine_train = [int(np.count_nonzero(a.graph["train"] & (a.hop == 0))) for a in s.servers]
+        s.min_train = int(group.allreduce_min(np.array([min(mine_train, default=1 << 62)], dtype=np.int64))[0])
+    sampling = mm.Sampling(tuple(int(b) for b in cfg.cob_batches), cfg.cob_fanout, cfg.cob_sampler, cfg.seed)
+    with group.errors("counting rows"):
+        groups = [g for s in sets for g in mm.row_groups(s, L, m, sampling)]
+    # What each server's writer would fetch in the distributed build (preprocess/build_memory.py): the
+    # in-edges of its rows.  EAS fetches the rows of every candidate it scores: the full h-hop ball.
+    # label -> (an EAS build, its servers' loads)
+    loads = {f"flx k={k}": (False, [_load(a) for a in arrays]) for k, arrays in full.items()}
+    if cfg.eas:
+        loads["eas"] = (True, [_load(a) for a in full.get(cfg.eas_hops, eas)])
+    all_loads = group.gather_object(loads)
+    gathered = group.gather_object(groups)
+    options = server_loads = None
+    if group.rank == 0:
+        merged: Dict[tuple, mm.RowGroup] = {}
+        for part in gathered:
+            for g in part:
+                key = (g.mode, g.k, g.batches, g.source)
+                if key in merged:
+                    merged[key].rows.extend(g.rows)
+                else:
+                    merged[key] = dataclasses.replace(g, rows=list(g.rows))
+        for g in merged.values():
+            g.rows.sort(key=lambda r: r.rank)
+        options = mm.options(list(merged.values()), m, cfg.servers, cfg.device)
+        server_loads = {}
+        for part in all_loads:
+            for key, (is_eas, lst) in part.items():
+                server_loads.setdefault(key, (is_eas, []))[1].extend(lst)
+    options = group.bcast_object(options)
+    return {"options": options, "model": m, "partition": sp.manifest_entry(), "server_loads": server_loads}
