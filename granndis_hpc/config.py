@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 from granndis_hpc import registry
 from granndis_hpc.fsutil import atomic_write_json, read_json_object
