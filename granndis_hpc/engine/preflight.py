@@ -1,6 +1,6 @@
-"""Set-up checks and choices of the training loop that need no communication: the model and its
-options, the split totals against the manifest, the optimizer's groups, the CPU threads per rank.
-Each raises TrainingError with what to change; the trainer raises them on every rank together."""
+"""Set-up checks and choices of the training loop that need no communication: the model's options,
+the split totals against the manifest, the optimizer's groups, the CPU threads per rank.  Each raises
+TrainingError with what to change; the trainer raises them on every rank together."""
 from __future__ import annotations
 
 import os
@@ -9,12 +9,6 @@ from typing import Dict
 import torch
 
 from granndis_hpc.engine.steps import TrainingError
-from granndis_hpc.nn.models import MODELS
-
-
-def check_model(cfg) -> None:
-    if cfg.model not in MODELS:
-        raise TrainingError(f"unknown model {cfg.model!r}; choose one of {', '.join(MODELS)}")
 
 
 def check_input_dropout(cfg, model, keyed: bool) -> None:

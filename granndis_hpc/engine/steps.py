@@ -8,12 +8,17 @@ imports only this.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Protocol, Sequence
 
 import torch
 
 from granndis_hpc import shards
 from granndis_hpc.cluster.exchange_group import ExchangeGroup
+
+if TYPE_CHECKING:  # names for the annotations only (the loop imports these modules anyway)
+    from granndis_hpc.cluster.comm import Communicator
+    from granndis_hpc.cluster.topology import Topology
+    from granndis_hpc.config import TrainConfig
 
 
 class TrainingError(RuntimeError):
@@ -37,9 +42,9 @@ class PlanView(Protocol):
 class RunContext:
     """What every mode may use, built once by the Trainer before the mode's set-up."""
 
-    cfg: object  # config.TrainConfig
-    topo: object  # cluster.Topology
-    comm: object  # cluster.Communicator
+    cfg: "TrainConfig"
+    topo: "Topology"
+    comm: "Communicator"
     device: torch.device
     manifest: dict
     slice: shards.RankSlice

@@ -29,7 +29,7 @@ from granndis_hpc.engine import checkpoint, signals, views
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
-    check_input_dropout, check_model, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
+    check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
 from granndis_hpc.engine.rundir import RunDirectory
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError
 from granndis_hpc.graph import planner
@@ -69,10 +69,9 @@ class Trainer:
         self.ledger = Ledger()
         self.comm = Communicator(self.topo, self.ledger, cfg.intra_transport)
         self.device = self.topo.device
-        with collective_errors(self.world, "", catch=(TrainingError,)):
-            check_model(cfg)
-            mode = make_mode(cfg)
-        self.mode = mode.resolve(self.topo)  # `auto` picks the mode (and shard set) that fits
+        # The model and mode names were checked where the options are (TrainConfig: choices read from the
+        # registries), the one place; every rank holds the same config, so this cannot differ by rank.
+        self.mode = make_mode(cfg).resolve(self.topo)  # `auto` picks the mode (and shard set) that fits
         self.cfg = cfg = self.mode.cfg
         # The exchange groups every view uses; training halo rows travel in --halo-dtype on both.
         wire = None if cfg.halo_dtype == "float32" else getattr(torch, cfg.halo_dtype)
