@@ -4,7 +4,7 @@
         --out docs/bench-redesign.md
 
 Checks out OLD into a temporary git worktree, builds the shard sets once with the current tree (the
-format is shared), then trains fb, flx and eas with both trees alternately (old, new, old, new, ...) so
+format is shared), then trains fb, flx, eas and cob with both trees alternately (old, new, old, new, ...) so
 that the machine's load drifts over both alike, and writes: the ledger bytes per epoch of each (which
 must be identical for a redesign) and the median epoch time of each mode per revision with their ratio.
 """
@@ -22,7 +22,7 @@ import tempfile
 
 from bench_modes import ENV, REPO, build, write_page
 
-MODES = (("fb", "full"), ("flx", "full"), ("eas", "eas"))
+MODES = (("fb", "full"), ("flx", "full"), ("eas", "eas"), ("cob", "full"))
 
 
 def train(tree, shards, mode, run_dir, common, log):

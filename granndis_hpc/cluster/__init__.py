@@ -11,7 +11,7 @@ from .group import Group, as_group
 
 _LAZY = {
     "allreduce_bytes_model": ".accounting",
-    "Communicator": ".comm", "plan_buckets": ".comm",
+    "Communicator": ".comm", "plan_buckets": ".layout",
     "LINKS": ".ledger", "PHASES": ".ledger", "Ledger": ".ledger",
     "Topology": ".topology", "init_topology": ".topology",
 }

@@ -18,9 +18,7 @@ mismatch: use it while developing a new exchange plan.
 from __future__ import annotations
 
 import os
-import threading
-import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -28,16 +26,16 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from .accounting import allreduce_bytes_model
+from .allreduce import REDUCIBLE, PendingReduce
 from .errors import ClusterError, agree
-from .layout import block_rows, check_counts, offsets_of
+from .exchange_group import ExchangeGroup, local_group
+from .layout import block_rows, check_counts, offsets_of, plan_buckets
 from .ledger import Ledger
+from .pending import MPIProgress, PendingExchange, TimedSync, byte_rows, np_view, typed_rows
 from .topology import Topology
 
 ENV_CHECK_COMM = "GRANNDIS_CHECK_COMM"
 DEFAULT_BUCKET_BYTES = 25 << 20
-# Dtypes MPI can sum; the leaders' all-reduce always goes through MPI.
-_REDUCIBLE = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE,
-              torch.int32: MPI.INT32_T, torch.int64: MPI.INT64_T}
 _P2P_TAG = 17
 
 
@@ -70,6 +68,22 @@ class Communicator:
             self._p2p.Free()
             self._p2p = None
 
+    def group(self, name: str, wire_dtype: Optional[torch.dtype] = None) -> ExchangeGroup:
+        """The exchange group `name` ("world", "server" or "none") over this communicator's transports,
+        its training halo travelling in `wire_dtype` (cluster/exchange_group.py)."""
+        topo = self.topo
+        if name == "world":
+            group = ExchangeGroup("world", topo.world_size, self.world_exchange, self.world_exchange_start,
+                                  lambda counts: topo.exchange_counts(counts, group="world"), ("intra", "inter"))
+        elif name == "server":
+            group = ExchangeGroup("server", topo.ranks_per_server, self.intra_exchange, self.intra_exchange_start,
+                                  lambda counts: topo.exchange_counts(counts, group="server"), ("intra",))
+        elif name == "none":
+            group = local_group()
+        else:
+            raise ClusterError(f"exchange group must be world, server or none, got {name!r}")
+        return group.with_wire(wire_dtype)
+
     # ----------------------------------------------------------------- intra-server exchange
     def intra_exchange(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
                        phase: str = "halo") -> torch.Tensor:
@@ -97,12 +111,12 @@ class Communicator:
         if row_bytes == 0:  # nothing to move (every rank passes the same row shape)
             return PendingExchange.done(torch.empty((int(rc.sum()), *rest), dtype=send.dtype, device=self.topo.device))
         with self._timed("intra", phase, sync=False):
-            finish = self._intra_bytes_start(_byte_rows(send, row_bytes), sc, rc, progress)
+            finish = self._intra_bytes_start(byte_rows(send, row_bytes), sc, rc, progress)
         self.ledger.add("intra", phase, (int(sc.sum()) - int(sc[me])) * row_bytes)
 
         def wait():
             with self._timed("intra", phase):
-                return _typed_rows(finish(), send.dtype, rest)
+                return typed_rows(finish(), send.dtype, rest)
         return PendingExchange(wait)
 
     def _intra_bytes(self, send_bytes: torch.Tensor, sc: np.ndarray, rc: np.ndarray) -> torch.Tensor:
@@ -137,17 +151,17 @@ class Communicator:
         rtype = self._row_type(row_bytes)
         s_off, r_off = offsets_of(sc), offsets_of(rc)
         if not progress:
-            self.topo.server_comm.Alltoallv([_np(host_send), (sc.tolist(), s_off.tolist()), rtype],
-                                            [_np(host_out), (rc.tolist(), r_off.tolist()), rtype])
+            self.topo.server_comm.Alltoallv([np_view(host_send), (sc.tolist(), s_off.tolist()), rtype],
+                                            [np_view(host_out), (rc.tolist(), r_off.tolist()), rtype])
             out = host_out.to(send_bytes.device, non_blocking=True) if self._cuda else host_out
             return lambda: out
         me, mates = self.topo.local_rank, self.topo.server_ranks()
         host_out[int(r_off[me]):int(r_off[me] + rc[me])] = host_send[int(s_off[me]):int(s_off[me] + sc[me])]
         others = np.array([j for j in range(g) if j != me], dtype=np.int64)
         to_send, to_recv = others[sc[others] > 0], others[rc[others] > 0]
-        requests = self._post_p2p(_np(host_send), _np(host_out), sc, rc, s_off, r_off, mates[to_send],
+        requests = self._post_p2p(np_view(host_send), np_view(host_out), sc, rc, s_off, r_off, mates[to_send],
                                   to_send, mates[to_recv], to_recv, rtype)
-        waiter = _MPIProgress(requests, progress)  # mpi4py's requests keep their buffers alive
+        waiter = MPIProgress(requests, progress)  # mpi4py's requests keep their buffers alive
 
         def finish_mpi():
             waiter.wait()
@@ -198,8 +212,8 @@ class Communicator:
         out = torch.empty((int(rc.sum()), *rest), dtype=send.dtype, device=topo.device)
         if row_bytes == 0:
             return PendingExchange.done(out)
-        send_bytes = _byte_rows(send, row_bytes)
-        out_bytes = _byte_rows(out, row_bytes)
+        send_bytes = byte_rows(send, row_bytes)
+        out_bytes = byte_rows(out, row_bytes)
         s_off, r_off = offsets_of(sc), offsets_of(rc)
 
         mates = topo.server_ranks()                       # same-server ranks, by local rank
@@ -210,7 +224,7 @@ class Communicator:
         with self._timed("inter", phase, sync=False):
             requests, staged_recv = self._post_inter(send_bytes, out_bytes, sc, rc, s_off, r_off,
                                                      to_send, to_recv, row_bytes)
-            waiter = _MPIProgress(requests, progress)
+            waiter = MPIProgress(requests, progress)
         with self._timed("intra", phase, sync=False):
             intra_in = block_rows(s_off, sc, mates)
             finish_intra = self._intra_bytes_start(send_bytes[intra_in], sc[mates], rc[mates], progress)
@@ -238,12 +252,12 @@ class Communicator:
             recv_rows = block_rows(r_off, rc, to_recv)
             host_recv = torch.empty((int(rc[to_recv].sum()), row_bytes), dtype=torch.uint8, pin_memory=True)
             host_send = send_bytes[block_rows(s_off, sc, to_send)].cpu()
-            recv_buf, recv_off = _np(host_recv), offsets_of(rc[to_recv])
-            send_buf, send_off = _np(host_send), offsets_of(sc[to_send])
+            recv_buf, recv_off = np_view(host_recv), offsets_of(rc[to_recv])
+            send_buf, send_off = np_view(host_send), offsets_of(sc[to_send])
             staged_recv = (host_recv, recv_rows)
         else:
-            recv_buf, recv_off = _np(out_bytes), r_off[to_recv]
-            send_buf, send_off = _np(send_bytes), s_off[to_send]
+            recv_buf, recv_off = np_view(out_bytes), r_off[to_recv]
+            send_buf, send_off = np_view(send_bytes), s_off[to_send]
         for src, off in zip(to_recv.tolist(), np.asarray(recv_off).tolist()):
             n = int(rc[src])
             requests.append(self._p2p.Irecv([recv_buf[off:off + n], n, rtype], source=src, tag=_P2P_TAG))
@@ -264,9 +278,9 @@ class Communicator:
         if bucket_bytes <= 0:
             raise ClusterError(f"bucket_bytes must be positive, got {bucket_bytes}")
         for i, t in enumerate(tensors):
-            if t.dtype not in _REDUCIBLE:
+            if t.dtype not in REDUCIBLE:
                 raise ClusterError(f"allreduce_: tensor {i} has dtype {t.dtype}; supported dtypes are "
-                                   f"{sorted(str(d) for d in _REDUCIBLE)} (cast before reducing)")
+                                   f"{sorted(str(d) for d in REDUCIBLE)} (cast before reducing)")
             if t.device != self.topo.device:
                 raise ClusterError(f"allreduce_: tensor {i} is on {t.device}, expected {self.topo.device}")
             if average and not t.is_floating_point():
@@ -328,10 +342,10 @@ class Communicator:
     def _mpi_in_host(self, flat: torch.Tensor, op, write_back: bool) -> None:
         """Run an MPI call on a host view of `flat` (a copy when it lives on a GPU)."""
         if not flat.is_cuda:
-            op(_np(flat))
+            op(np_view(flat))
             return
         host = flat.cpu()
-        op(_np(host))
+        op(np_view(host))
         if write_back:
             flat.copy_(host)
 
@@ -384,252 +398,4 @@ class Communicator:
         """Time a communication call.  sync=False for posting a non-blocking one: synchronising the GPU
         there would stall the host until queued kernels finish, which is what overlap avoids (NCCL and
         the staging copies order themselves on the streams)."""
-        return _TimedSync(self.ledger, link, phase, self._cuda and sync)
-
-
-class PendingExchange:
-    """An exchange in flight.  wait() completes it (once) and returns the received rows; every rank that
-    posted must wait, in the order it posted (collectives of one group complete in order)."""
-
-    __slots__ = ("_finish", "_rows")
-
-    def __init__(self, finish):
-        self._finish, self._rows = finish, None
-
-    @classmethod
-    def done(cls, rows: torch.Tensor) -> "PendingExchange":
-        pending = cls(None)
-        pending._rows = rows
-        return pending
-
-    def wait(self) -> torch.Tensor:
-        if self._finish is not None:
-            finish, self._finish = self._finish, None
-            self._rows = finish()
-        return self._rows
-
-
-# Seconds between two MPI_Testall of the progress thread: short against a message's transfer time
-# (0.1 s for 1 MB at 100 Mbit/s), long enough that the polling costs no measurable compute.
-PROGRESS_POLL_S = 0.001
-
-
-class _MPIProgress:
-    """Completion of MPI requests, optionally driven by a helper thread while the caller computes.
-
-    Open MPI progresses non-blocking point-to-point and collectives only inside MPI calls (no
-    asynchronous progress on TCP), so without the thread the messages would wait for wait().  The
-    thread polls (MPI_Testall, then a short sleep) only until the caller needs the result: wait() stops
-    it and completes the requests with MPI_Waitall on the calling thread, which reacts to every message
-    at once -- a sleeping poller would add a wake-up per protocol round (measured on the oversubscribed
-    2-core machine: the gradient all-reduce's rounds took 0.5 s longer when a poller completed them).
-    The thread needs MPI_THREAD_MULTIPLE (mpi4py's default); with a lower thread level it is not started
-    and the requests complete in wait() as before.  Only one thread touches the requests at a time."""
-
-    def __init__(self, requests, progress: bool):
-        self._requests = list(requests)
-        self._thread, self._stop = None, False
-        if progress and self._requests and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
-            self._thread = threading.Thread(target=self._poll, name="granndis-mpi-progress", daemon=True)
-            self._thread.start()
-
-    def _poll(self) -> None:
-        while not self._stop and not MPI.Request.Testall(self._requests):
-            time.sleep(PROGRESS_POLL_S)
-
-    def test(self) -> bool:
-        """True when every request has completed (MPI_Testall; only while no thread polls them)."""
-        if self._thread is not None:
-            if self._thread.is_alive():
-                return False
-            self._thread.join()
-            self._thread = None
-        return bool(MPI.Request.Testall(self._requests))
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._stop = True
-            self._thread.join()
-            self._thread = None
-        MPI.Request.Waitall(self._requests)  # completed requests are MPI_REQUEST_NULL: returns at once
-
-
-class PendingReduce:
-    """One bucket's hierarchical all-reduce in flight (Communicator.reduce_flat_start).
-
-    Stages: (1) reduce to the server's leader (gloo/NCCL async_op; with MPI, the non-leaders Isend their
-    bucket and the leader sums the G-1 it receives in local-rank order); (2) on leaders, the sum among
-    them: on 2 servers a pairwise exchange (Isend/Irecv; a + b is b + a exactly, so both leaders hold the
-    same bits, and each sends B bytes, the ring model's 2(S-1)/S B), driven by the progress thread; on
-    more servers a blocking MPI all-reduce in wait(); (3) broadcast from the leader, in wait().  Not
-    MPI's non-blocking collectives: Open MPI's (libnbc) were measured 3-15x slower than blocking ones
-    here (MPI_Ireduce of 93 kB inside a server: 1.4 s against MPI_Reduce's 0.1 s).  Every rank posts its
-    buckets in the same order (the caller's), so the messages match."""
-
-    _REDUCE_TAG, _LEADERS_TAG = 18, 19
-
-    def __init__(self, comm: Communicator, flat: torch.Tensor, phase: str):
-        topo = comm.topo
-        self.comm, self.flat, self.phase = comm, flat, phase
-        self._torch = comm.intra_transport in ("gloo", "nccl")
-        self._leader = int(topo.rank_table[topo.server, 0])
-        self._host = None       # host view (CPU) or copy (GPU) of the bucket for the MPI stages
-        self._stage1 = None     # torch Work, or _MPIProgress of the Isend/Irecv to the leader
-        self._received = None   # leader, MPI: the G-1 buckets of its server's other ranks
-        self._stage2 = None     # (_MPIProgress, the other leader's bucket) on 2 servers, else False
-        model = allreduce_bytes_model(flat.numel(), flat.element_size(), topo.servers, topo.ranks_per_server,
-                                      topo.server, topo.local_rank)
-        comm.ledger.add("intra", phase, model["intra"])
-        comm.ledger.add("inter", phase, model["inter"])
-        if topo.ranks_per_server > 1:
-            with comm._timed("intra", phase, sync=False):
-                if self._torch:
-                    self._stage1 = dist.reduce(flat, dst=self._leader, op=dist.ReduceOp.SUM,
-                                               group=topo.intra_group, async_op=True)
-                else:
-                    self._stage1 = self._post_to_leader()
-        self.poll()
-
-    def _mpi_type(self):
-        return _REDUCIBLE[self.flat.dtype]
-
-    def _host_flat(self) -> torch.Tensor:
-        if self._host is None:
-            self._host = self.flat.cpu() if self.flat.is_cuda else self.flat
-        return self._host
-
-    def _post_to_leader(self):
-        topo, p2p, n = self.comm.topo, self.comm._p2p, self.flat.numel()
-        mates = topo.server_ranks().tolist()
-        host = self._host_flat()
-        if topo.is_leader:
-            self._received = torch.empty((len(mates) - 1, n), dtype=self.flat.dtype)
-            requests = [p2p.Irecv([_np(self._received[i]), n, self._mpi_type()], source=src, tag=self._REDUCE_TAG)
-                        for i, src in enumerate(mates[1:])]
-        else:
-            requests = [p2p.Isend([_np(host), n, self._mpi_type()], dest=self._leader, tag=self._REDUCE_TAG)]
-        return _MPIProgress(requests, progress=True)
-
-    def _stage1_done(self) -> bool:
-        if self._stage1 is None:
-            return True
-        return self._stage1.is_completed() if self._torch else self._stage1.test()
-
-    def poll(self) -> None:
-        """Start the leaders' stage once the reduce to the leader has completed (cheap when not)."""
-        if self._stage2 is None and self._stage1_done():
-            self._start_stage2()
-
-    def _start_stage2(self) -> None:
-        comm, topo = self.comm, self.comm.topo
-        with comm._timed("intra", self.phase):
-            self._finish_stage1()
-        if topo.servers == 2 and topo.is_leader:
-            with comm._timed("inter", self.phase, sync=False):
-                host = self._host_flat() if not self.flat.is_cuda else self.flat.cpu()
-                self._host = host
-                other = torch.empty_like(host)
-                peer = int(topo.rank_table[1 - topo.server, 0])
-                p2p, n = comm._p2p, host.numel()
-                requests = [p2p.Irecv([_np(other), n, self._mpi_type()], source=peer, tag=self._LEADERS_TAG),
-                            p2p.Isend([_np(host), n, self._mpi_type()], dest=peer, tag=self._LEADERS_TAG)]
-                self._stage2 = (_MPIProgress(requests, progress=True), other)
-        else:
-            self._stage2 = False
-
-    def _finish_stage1(self) -> None:
-        if self._stage1 is None:
-            return
-        if self._torch:
-            self._stage1.wait()
-        else:
-            self._stage1.wait()
-            if self._received is not None:  # leader: its bucket + the others', in local-rank order
-                host = self._host_flat()
-                for row in self._received:
-                    host.add_(row)
-                if self.flat.is_cuda:
-                    self.flat.copy_(host)
-                self._received = None
-        self._stage1 = None
-
-    def wait(self) -> torch.Tensor:
-        """Complete every stage; returns the bucket holding the sum over all ranks."""
-        comm, topo = self.comm, self.comm.topo
-        if self._stage2 is None:
-            self._start_stage2()
-        if self._stage2:
-            with comm._timed("inter", self.phase):
-                waiter, other = self._stage2
-                waiter.wait()
-                self._host.add_(other)
-                if self.flat.is_cuda:
-                    self.flat.copy_(self._host)
-        elif topo.servers > 2 and topo.is_leader:
-            with comm._timed("inter", self.phase):
-                comm._mpi_in_host(self.flat, lambda buf: topo.leader_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-                                  write_back=True)
-        if topo.ranks_per_server > 1:
-            with comm._timed("intra", self.phase):
-                if self._torch:
-                    dist.broadcast(self.flat, src=self._leader, group=topo.intra_group)
-                else:
-                    comm._mpi_in_host(self.flat, lambda buf: topo.server_comm.Bcast(buf, root=0),
-                                      write_back=not topo.is_leader)
-        return self.flat
-
-
-class _TimedSync:
-    """ledger.timed that synchronises CUDA first, so kernels are charged to the right call."""
-
-    def __init__(self, ledger: Ledger, link: str, phase: str, cuda: bool):
-        self._inner = ledger.timed(link, phase)
-        self._cuda = cuda
-
-    def __enter__(self):
-        if self._cuda:
-            torch.cuda.synchronize()
-        return self._inner.__enter__()
-
-    def __exit__(self, *exc):
-        if self._cuda:
-            torch.cuda.synchronize()
-        return self._inner.__exit__(*exc)
-
-
-def plan_buckets(nbytes: Sequence[int], dtypes: Sequence, bucket_bytes: int) -> list[list[int]]:
-    """Indices of tensors per bucket: consecutive tensors of one dtype while they fit in bucket_bytes.
-
-    The order depends only on the sizes and dtypes, which are the same on every rank.
-    """
-    buckets: list[list[int]] = []
-    open_of: dict = {}          # dtype -> (bucket index, bytes so far)
-    for i, (n, dt) in enumerate(zip(nbytes, dtypes)):
-        current = open_of.get(dt)
-        if current is not None and current[1] + n <= bucket_bytes:
-            buckets[current[0]].append(i)
-            open_of[dt] = (current[0], current[1] + n)
-        else:
-            buckets.append([i])
-            open_of[dt] = (len(buckets) - 1, n)
-    return buckets
-
-
-def _byte_rows(t: torch.Tensor, row_bytes: int) -> torch.Tensor:
-    """A [rows, row_bytes] uint8 view of a tensor's rows (contiguous copy if needed)."""
-    rows = t.shape[0]
-    if rows == 0:  # empty tensors may carry zero strides that dtype views reject
-        return torch.empty((0, row_bytes), dtype=torch.uint8, device=t.device)
-    flat = t.contiguous().view(rows, row_bytes // t.element_size())
-    return flat if t.dtype == torch.uint8 else flat.view(torch.uint8)
-
-
-def _typed_rows(byte_rows: torch.Tensor, dtype: torch.dtype, rest: tuple) -> torch.Tensor:
-    """Inverse of _byte_rows: [rows, row_bytes] uint8 -> [rows, *rest] of dtype (a view)."""
-    typed = byte_rows if dtype == torch.uint8 else byte_rows.view(dtype)
-    return typed.reshape(byte_rows.shape[0], *rest)
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    """NumPy view of a CPU tensor's memory (uint8 or a reducible dtype)."""
-    return t.detach().numpy()
+        return TimedSync(self.ledger, link, phase, self._cuda and sync)

@@ -61,3 +61,20 @@ def block_rows(offsets: np.ndarray, counts: np.ndarray, peers: np.ndarray):
     block_start_in_out = offsets_of(lens)
     return np.repeat(starts - block_start_in_out, lens) + np.arange(total, dtype=np.int64)
 
+
+def plan_buckets(nbytes: Sequence[int], dtypes: Sequence, bucket_bytes: int) -> list[list[int]]:
+    """Indices of tensors per bucket: consecutive tensors of one dtype while they fit in bucket_bytes.
+
+    The order depends only on the sizes and dtypes, which are the same on every rank.
+    """
+    buckets: list[list[int]] = []
+    open_of: dict = {}          # dtype -> (bucket index, bytes so far)
+    for i, (n, dt) in enumerate(zip(nbytes, dtypes)):
+        current = open_of.get(dt)
+        if current is not None and current[1] + n <= bucket_bytes:
+            buckets[current[0]].append(i)
+            open_of[dt] = (current[0], current[1] + n)
+        else:
+            buckets.append([i])
+            open_of[dt] = (len(buckets) - 1, n)
+    return buckets

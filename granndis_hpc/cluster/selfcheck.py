@@ -19,6 +19,7 @@ import torch
 from .accounting import allreduce_bytes_model
 from .comm import Communicator
 from .errors import agree, main_guard
+from .layout import plan_buckets
 from .ledger import Ledger
 from .topology import init_topology
 
@@ -92,7 +93,6 @@ def check_allreduce(comm: Communicator, seed: int) -> list[str]:
     problems = []
     if not all(np.array_equal(t.cpu().numpy(), e) for t, e in zip(tensors, expected)):
         problems.append("allreduce_ result differs from the NumPy sum")
-    from .comm import plan_buckets
     want = {"intra": 0, "inter": 0}
     for bucket in plan_buckets([int(np.prod(shapes[i])) * 8 for i in range(len(shapes))],
                                [torch.float64] * len(shapes), bucket_bytes):

@@ -49,14 +49,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import os
 import pickle
-import random
 import re
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -65,166 +61,22 @@ import torch
 
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
-from granndis_hpc.metrics import BEST_MODEL
+from granndis_hpc.metrics import METRICS_FILE, MetricsError, truncate_metrics
+# The concerns of a checkpoint, one module each (importable from here too, as before): where the files
+# are and pruning them, what identifies a run, the RNG streams, and the run directory around them.
+from granndis_hpc.engine.checkpoint_files import (  # noqa: F401
+    CHECKPOINTS, COMPLETE, FORMAT_VERSION, KEEP, SHARED_FILE, CheckpointError, CheckpointInfo, checkpoints_dir,
+    epoch_dir, latest_complete, list_checkpoints, note, prune, rank_file, read_complete)
+from granndis_hpc.engine.fingerprint import (  # noqa: F401
+    SHAPE_KEYS, check_fingerprint, dataset_digest, fingerprint, same_layout, shape_change, shard_set_id,
+    trajectory_options)
+from granndis_hpc.engine.rngstate import RNGState, rng_state, set_rng_state  # noqa: F401
+from granndis_hpc.engine.rundir import (  # noqa: F401
+    RUN_OUTPUTS, RunDirectory, move_run_aside, refuse_new_run_in, replace_run, run_contents)
 
-CHECKPOINTS = "checkpoints"
-COMPLETE = "COMPLETE.json"
-SHARED_FILE = "state.pt"
-# 2: the fingerprint covers every trajectory option (version 1 held only shapes, wiring and data, so
-# a checkpoint of another lr or seed passed as this run's).  3: it names the dataset by its content and
-# says whether the trajectory depends on the shape, so that an exact run may continue on another one.
-FORMAT_VERSION = 3
-# What may differ between a shape-free checkpoint and a shape-free run of the same dataset.
-SHAPE_KEYS = ("servers", "ranks_per_server", "shard_set", "mode", "preloaded_layers")
-KEEP = 2
-_EPOCH_DIR = re.compile(r"^epoch-(\d{6,})$")
 # What each file must hold (checked after loading, before anything is restored).
 _SHARED_KEYS = {"epoch": int, "elapsed_s": (int, float), "model": dict, "optimizer": dict}
 _RANK_KEYS = {"rng": dict}
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written, found or used; the message says why and what to do."""
-
-
-# ---- where things are ---------------------------------------------------------------------------
-def checkpoints_dir(run_dir: str) -> str:
-    return os.path.join(os.fspath(run_dir), CHECKPOINTS)
-
-
-def epoch_dir(run_dir: str, epoch: int) -> str:
-    return os.path.join(checkpoints_dir(run_dir), f"epoch-{int(epoch):06d}")
-
-
-def rank_file(rank: int) -> str:
-    return f"rank-{int(rank):04d}.pt"
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    epoch: int
-    path: str
-    manifest: Dict
-
-
-# ---- what identifies a run ----------------------------------------------------------------------
-def shard_set_id(manifest: Dict) -> str:
-    """One digest for a shard set: the sha256 of its server files (names and digests, sorted)."""
-    files = manifest.get("files", {})
-    listing = sorted((name, entry.get("sha256", "")) for name, entry in files.items())
-    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
-
-
-def dataset_digest(manifest: Dict) -> Optional[str]:
-    """The shard set's dataset.content_sha256 (preprocess/build.py dataset_digest); None for a set built
-    before the build recorded one."""
-    value = manifest.get("dataset", {}).get("content_sha256")
-    return value if isinstance(value, str) else None
-
-
-def trajectory_options(cfg) -> Dict:
-    """The options of `cfg` (a TrainConfig) that a continuation must share: every field whose
-    on_resume rule is "keep" (the default).  Options that may change on resume (epochs, output,
-    shards path, ...) or are reset (overwrite_run) do not change the numbers, or are shape keys the
-    fingerprint holds itself (mode, preloaded_layers); the sampler's options (fingerprint=False) are
-    checked by the sampler's own saved state."""
-    from granndis_hpc.config import specs
-    return {s.name: getattr(cfg, s.name) for s in specs(type(cfg))
-            if s.meta.get("on_resume", "keep") == "keep" and s.meta.get("fingerprint", True)}
-
-
-def fingerprint(cfg, servers: int, ranks_per_server: int, manifest: Dict, *, shape_dependent: Optional[str]) -> Dict:
-    """What a checkpoint must share with the run that continues it: trajectory options, dataset and
-    shape (SHAPE_KEYS).  `shape_dependent` says why the run's trajectory depends on the shape (None:
-    it does not, and the shape may change on resume)."""
-    fp = trajectory_options(cfg)
-    fp.update({"servers": int(servers), "ranks_per_server": int(ranks_per_server), "mode": cfg.mode,
-               "preloaded_layers": cfg.preloaded_layers, "dataset": manifest.get("dataset", {}).get("name", "?"),
-               "dataset_sha256": dataset_digest(manifest), "shard_set": shard_set_id(manifest),
-               "shape_dependent": shape_dependent})
-    return fp
-
-
-def _shape_refusal(saved: Dict, current: Dict) -> Optional[str]:
-    """Why the checkpoint cannot continue on this run's shape (None: it can)."""
-    for fp, whose in ((saved, "the checkpoint's run"), (current, "this run")):
-        if fp.get("shape_dependent"):
-            return (f"the shape (layout, shard set, mode) may change on resume only in the exact modes fb and flx, "
-                    f"and {whose} depends on it: {fp['shape_dependent']}")
-    if saved.get("shard_set") == current.get("shard_set"):
-        return None  # the same files: the same data, digest or not
-    if saved.get("dataset_sha256") is None:
-        return ("the checkpoint was written on a shard set without a dataset content digest (built by an older "
-                "granndis-hpc), so no other shard set can be shown to hold the same dataset; resume it on the "
-                "shard set and layout it was written with")
-    if current.get("dataset_sha256") is None:
-        return ("this run's shard set (--shards) has no dataset content digest (built by an older granndis-hpc): "
-                "rebuild it with this version (`python -m preprocess build ... --overwrite`), whose manifest "
-                "records dataset.content_sha256")
-    return None
-
-
-def check_fingerprint(saved: Dict, current: Dict, where: str) -> None:
-    """Raise CheckpointError naming every difference between a checkpoint and this run (the shape keys
-    only where they may not differ, see the module docstring)."""
-    # A missing digest (a shard set built before the build recorded one) says nothing about the data:
-    # such a checkpoint or run is held to its own shard set (a shape key) instead.
-    known = saved.get("dataset_sha256") is not None and current.get("dataset_sha256") is not None
-    ignored = {"shape_dependent"} if known else {"shape_dependent", "dataset_sha256"}
-    keys = [k for k in sorted(set(saved) | set(current)) if k not in ignored and saved.get(k) != current.get(k)]
-    refusal = _shape_refusal(saved, current) if any(k in SHAPE_KEYS for k in keys) else None
-    if refusal is None:
-        keys = [k for k in keys if k not in SHAPE_KEYS]
-    if not keys:
-        return
-    diffs = "; ".join(f"{key}: checkpoint {saved.get(key)!r}, this run {current.get(key)!r}" for key in keys)
-    if all(k in SHAPE_KEYS for k in keys):
-        raise CheckpointError(
-            f"{where} cannot continue on this run's shape ({diffs}): {refusal}; resume it with the mode, shard "
-            f"set and layout it was written with ({saved.get('servers')} servers x {saved.get('ranks_per_server')} "
-            f"ranks per server, mode {saved.get('mode')!r}; its run directory's config.json names the shard "
-            f"set), or start a new run in another --out directory")
-    if "dataset_sha256" in keys:
-        refusal = ("the shard sets hold different data (the graph, features, labels or split differ; "
-                   "dataset.content_sha256 of their manifests)" + (f"; {refusal}" if refusal else ""))
-    raise CheckpointError(
-        f"{where} was written by another run ({diffs}); " + (f"{refusal}; " if refusal else "")
-        + "resume it with the settings, shard set and layout it was written with (its run directory's "
-          "config.json), or start a new run in another --out directory")
-
-
-# ---- RNG states ---------------------------------------------------------------------------------
-def rng_state(device: torch.device) -> Dict:
-    """This process's random streams (the ones dropout and samplers draw from)."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(legacy=False),
-             "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: Dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if device.type == "cuda":
-        if "cuda" not in state:
-            raise CheckpointError("the checkpoint was written on CPU and holds no CUDA random state; "
-                                  "resume it with --device cpu")
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-class RNGState:
-    """A process's random streams as a stateful object (state_dict / load_state_dict)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def state_dict(self) -> Dict:
-        return rng_state(self.device)
-
-    def load_state_dict(self, state: Dict) -> None:
-        set_rng_state(state, self.device)
 
 
 # ---- files --------------------------------------------------------------------------------------
@@ -310,66 +162,6 @@ def _check_keys(path: str, payload, keys: Dict) -> None:
             raise not_valid(path, f"its {key!r} is a {type(payload[key]).__name__}")
 
 
-# ---- finding and pruning ------------------------------------------------------------------------
-def list_checkpoints(run_dir: str) -> List[tuple]:
-    """(epoch, path, complete) for every epoch-* directory, oldest first."""
-    root = checkpoints_dir(run_dir)
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        m = _EPOCH_DIR.match(name)
-        path = os.path.join(root, name)
-        if m and os.path.isdir(path):
-            found.append((int(m.group(1)), path, os.path.isfile(os.path.join(path, COMPLETE))))
-    return sorted(found)
-
-
-def read_complete(path: str) -> Optional[Dict]:
-    """The COMPLETE.json of a checkpoint directory if it is whole and every listed file has its size."""
-    try:
-        with open(os.path.join(path, COMPLETE), encoding="utf-8") as f:
-            manifest = json.load(f)
-        files = manifest["files"]
-        for entry in files.values():
-            if os.path.getsize(os.path.join(path, entry["name"])) != int(entry["bytes"]):
-                return None
-        int(manifest["epoch"]), int(manifest["world_size"]), dict(manifest["fingerprint"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return manifest
-
-
-def latest_complete(run_dir: str) -> Optional[CheckpointInfo]:
-    """The newest checkpoint whose COMPLETE.json exists and whose files are all there."""
-    for epoch, path, complete in reversed(list_checkpoints(run_dir)):
-        manifest = read_complete(path) if complete else None
-        if manifest is not None and int(manifest["epoch"]) == epoch:
-            return CheckpointInfo(epoch, path, manifest)
-    return None
-
-
-def prune(run_dir: str, keep: int = KEEP) -> List[str]:
-    """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than the
-    newest complete one (leftovers of interrupted writes).  Returns the deleted paths."""
-    entries = list_checkpoints(run_dir)
-    complete = [(e, p) for e, p, c in entries if c and read_complete(p) is not None]
-    if not complete:
-        return []  # nothing is complete: keep everything, it may be all there is
-    kept = {p for _, p in complete[-keep:]}
-    newest = complete[-1][0]
-    doomed = [p for e, p, _ in entries if p not in kept and e <= newest]
-    for path in doomed:
-        # The marker goes first, so a crash half-way through a deletion leaves an incomplete directory
-        # (ignored) rather than a "complete" one with files missing.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(path, COMPLETE))
-        shutil.rmtree(path, ignore_errors=True)
-    return doomed
-
-
 # ---- collective save and load ------------------------------------------------------------------
 # `topo` is the job's cluster.Topology, or anything with its rank, world_size, world (for
 # collective_errors), gather_object and bcast_object.
@@ -419,12 +211,6 @@ class Loaded:
     info: CheckpointInfo
     shared: Dict
     mine: Optional[Dict]  # this rank's file; None on another layout (see same_layout)
-
-
-def same_layout(saved: Dict, current: Dict) -> bool:
-    """Whether a checkpoint's fingerprint and this run's name the same servers x ranks per server (so
-    rank r of this job continues rank r of the checkpoint's)."""
-    return all(saved.get(k) == current.get(k) for k in ("servers", "ranks_per_server"))
 
 
 def _open_checkpoint(chosen: str, run_dir: str, fp: Dict, rank: int, world_size: int) -> Loaded:
@@ -478,72 +264,6 @@ def load_latest(topo, run_dir: str, fp: Dict) -> Optional[Loaded]:
     return loaded
 
 
-# ---- the run directory -------------------------------------------------------------------------
-# What the trainer writes into a run directory; any of them there means the directory holds a run.
-RUN_OUTPUTS = ("config.json", "metrics.jsonl", "summary.json", BEST_MODEL, CHECKPOINTS)
-_ASIDE_PREFIX = ".replaced-run-"
-
-
-def run_contents(run_dir: str) -> List[str]:
-    """The trainer's outputs present in RUN_DIR (an empty checkpoints/ does not count: nothing was
-    written into it)."""
-    found = []
-    for name in RUN_OUTPUTS:
-        path = os.path.join(os.fspath(run_dir), name)
-        if name == CHECKPOINTS:
-            if os.path.isdir(path) and os.listdir(path):
-                found.append(name + "/")
-        elif os.path.lexists(path):
-            found.append(name)
-    return found
-
-
-def refuse_new_run_in(run_dir: str, found: List[str]) -> CheckpointError:
-    return CheckpointError(
-        f"run directory {run_dir} already holds a run ({', '.join(found)}); a new run there would mix with "
-        f"or destroy it: continue it with --resume {run_dir}, start a new run in another --out, or replace "
-        f"it with --overwrite-run")
-
-
-def move_run_aside(run_dir: str) -> Optional[str]:
-    """Move the trainer's outputs in RUN_DIR into a hidden directory inside it, so a new run can write
-    its config before the old run is deleted (renames only: nothing is lost if the job dies here).
-    Returns that directory, or None when there was nothing to move."""
-    run_dir = os.fspath(run_dir)
-    present = [name for name in RUN_OUTPUTS if os.path.lexists(os.path.join(run_dir, name))]
-    if not present:
-        return None
-    aside = tempfile.mkdtemp(prefix=_ASIDE_PREFIX, dir=run_dir)
-    for name in present:
-        os.rename(os.path.join(run_dir, name), os.path.join(aside, name))
-    return aside
-
-
-def replace_run(run_dir: str, write_new_config) -> bool:
-    """--overwrite-run: move the old run's outputs aside, call write_new_config(), then delete the old
-    run.  If writing the new config fails, the old run is moved back (and the error raised), so at no
-    point is the old run gone without the new one's config in its place.  Returns whether there was a
-    run to replace; a failure to delete the old one after success is only reported (disk space)."""
-    aside = move_run_aside(run_dir)
-    try:
-        write_new_config()
-    except BaseException:
-        if aside is not None:
-            for name in os.listdir(aside):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(run_dir, name))  # a half-made new file (atomic writes leave none)
-                os.rename(os.path.join(aside, name), os.path.join(run_dir, name))
-            os.rmdir(aside)
-        raise
-    if aside is None:
-        return False
-    try:
-        shutil.rmtree(aside)
-    except OSError as exc:
-        note(f"--overwrite-run: the new run is in {run_dir}, but the old one in {aside} could not be deleted: {exc}")
-    return True
-
-
 # ---- the manager the trainer holds -------------------------------------------------------------
 @dataclass
 class Resumed:
@@ -584,8 +304,6 @@ class CheckpointManager:
     def load(self, max_epoch: int) -> Resumed:
         """Restore the newest complete checkpoint (none: start at epoch 0, as a job stopped before its
         first checkpoint must) and cut metrics.jsonl back to it; returns where to continue."""
-        from granndis_hpc.metrics import MetricsError, truncate_metrics
-
         loaded = load_latest(self.topo, self.run_dir, self.fp)
         epoch, elapsed_s, path, best = 0, 0.0, None, None
         if loaded is not None:
@@ -603,11 +321,11 @@ class CheckpointManager:
                         self.sampler.load_state_dict(loaded.mine.get("sampler"))
                     self.rng.load_state_dict(loaded.mine["rng"])  # last: nothing may draw after it
                 elif self.topo.rank == 0:
-                    note(_shape_change(loaded.info.manifest["fingerprint"], self.fp, path))
+                    note(shape_change(loaded.info.manifest["fingerprint"], self.fp, path))
                 elapsed_s = float(loaded.shared["elapsed_s"])
                 best = _checked_best(path, loaded.shared.get("best"))
         records = []
-        with collective_errors(self.topo.world, f"cannot rewrite {os.path.join(self.run_dir, 'metrics.jsonl')}",
+        with collective_errors(self.topo.world, f"cannot rewrite {os.path.join(self.run_dir, METRICS_FILE)}",
                                catch=(OSError, MetricsError)):
             if self.topo.rank == 0:
                 records = truncate_metrics(self.run_dir, epoch, note=note)
@@ -624,22 +342,10 @@ def _checked_best(path: str, best) -> Optional[Dict]:
     return best
 
 
-def _shape_change(saved: Dict, current: Dict, path: str) -> str:
-    def shape(fp):
-        return f"{fp.get('servers')} x {fp.get('ranks_per_server')} ({fp.get('mode')})"
-    return (f"continuing {path}, written on {shape(saved)}, on {shape(current)}: the mode is exact and draws no "
-            f"per-rank randomness, so the trajectory continues; the per-rank random states are not restored")
-
-
-def note(message: str) -> None:
-    """A line for the job log (stderr, flushed: the job may be killed soon after)."""
-    print(f"granndis-train: {message}", file=sys.stderr, flush=True)
-
-
 __all__ = ["CHECKPOINTS", "COMPLETE", "SHARED_FILE", "KEEP", "FORMAT_VERSION", "CheckpointError",
            "CheckpointInfo", "CheckpointManager", "Loaded", "Resumed", "RNGState", "checkpoints_dir", "epoch_dir",
            "rank_file", "fingerprint", "trajectory_options", "shard_set_id", "dataset_digest", "check_fingerprint",
            "same_layout", "SHAPE_KEYS", "rng_state",
            "set_rng_state", "write_payload", "read_payload", "list_checkpoints", "read_complete",
            "latest_complete", "prune", "save", "load_latest", "note", "RUN_OUTPUTS", "run_contents",
-           "refuse_new_run_in", "move_run_aside", "replace_run"]
+           "refuse_new_run_in", "move_run_aside", "replace_run", "RunDirectory"]

@@ -24,8 +24,9 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from granndis_hpc.engine import cobplan
-from granndis_hpc.engine.modes import Step, rows_accounting
+from granndis_hpc.cluster.exchange_group import local_group
+from granndis_hpc.engine import cobplan, views
+from granndis_hpc.engine.steps import Step, rows_accounting
 from granndis_hpc.graph.csr import owner_of
 from granndis_hpc.graph.sampler import CoBatchSampler
 
@@ -39,7 +40,7 @@ class Built:
     targets: np.ndarray  # sorted targets of the co-batch (what a deterministic draw depends on)
     host: cobplan.HostPlan
     timings: Dict[str, float]
-    view: object = None  # views.View once on the device
+    view: Optional[views.View] = None  # once on the device
     rows: torch.Tensor = None
     labels: torch.Tensor = None
     computed: List[np.ndarray] = field(default_factory=list)  # ids computed per layer (redundancy)
@@ -125,7 +126,7 @@ class BatchedSteps:
         ctx, hp = self.ctx, built.host
         start = cobplan.clock()
         graphs = cobplan.layer_graphs(hp, ctx.device)
-        built.view = cobplan.assemble_view(hp, graphs, self.split.exchange, ctx.device)
+        built.view = cobplan.assemble_view(hp, graphs, self.split.group, ctx.device)
         n_targets = int((hp.own_hop == 0).sum())
         built.rows = torch.arange(n_targets, device=ctx.device)
         built.labels = torch.as_tensor(ctx.slice.labels[hp.ids[:n_targets] - ctx.slice.row_offset], device=ctx.device)
@@ -180,18 +181,13 @@ class CooperativeSplit:
     def __init__(self, ctx, server_graph, exact: bool):
         self.ctx = ctx
         self.index = cobplan.ServerIndex(server_graph, ctx.cfg.layers, exact)
-        self.exchange = ctx.comm.intra_exchange
+        self.group = ctx.groups["server"]
 
     def targets(self, targets):
         return targets
 
     def plan(self, draw, timings) -> cobplan.HostPlan:
         return cobplan.cooperative_plan(self.index, draw, self.ctx.slice.gpu, timings)
-
-
-def _no_exchange(send, send_counts, recv_counts, phase="halo"):
-    """mb has no halo anywhere: nothing to send or receive."""
-    return send.new_empty((0,) + tuple(send.shape[1:]))
 
 
 class PerGpuSplit(CooperativeSplit):
@@ -201,7 +197,7 @@ class PerGpuSplit(CooperativeSplit):
 
     def __init__(self, ctx, server_graph, exact: bool):
         super().__init__(ctx, server_graph, exact)
-        self.exchange = _no_exchange
+        self.group = local_group()  # mb has no halo anywhere: nothing to send or receive
 
     def targets(self, targets):
         owner = owner_of(self.index.offsets, targets)

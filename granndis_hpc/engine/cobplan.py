@@ -231,13 +231,13 @@ def layer_graphs(hp: HostPlan, device) -> List[LayerGraph]:
     return graphs
 
 
-def assemble_view(hp: HostPlan, graphs, exchange, device) -> views.View:
+def assemble_view(hp: HostPlan, graphs, group, device) -> views.View:
     """A views.View of the plan whose static data (features, degrees, ids of halo rows) is already at hand."""
     halo_rows0 = torch.as_tensor(hp.plan.layers[0].halo_rows, device=device)
     row_ids = torch.as_tensor(hp.row_ids, device=device)
     source_ids = torch.cat([row_ids[: hp.plan.layers[0].n_own_in],
                             torch.as_tensor(hp.halo_row_ids, device=device).index_select(0, halo_rows0)])
-    return views.View.assembled(hp.plan, exchange, device, features=torch.as_tensor(hp.features, device=device),
+    return views.View.assembled(hp.plan, group, device, features=torch.as_tensor(hp.features, device=device),
                                 halo_features=torch.as_tensor(hp.halo_features, device=device), graphs=graphs,
                                 row_ids=row_ids, source_ids=source_ids)
 

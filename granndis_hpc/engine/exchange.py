@@ -134,27 +134,3 @@ def halo_exchange_start(h: torch.Tensor, send_index: torch.Tensor, send_counts: 
     state.forward = start_fn(_to_wire(h.index_select(0, send_index), wire_dtype), state.send_counts,
                              state.recv_counts)
     return PendingRows(h, lambda: _from_wire(state.forward.wait(), h.dtype), n_halo)
-
-
-def start_form(exchange_fn) -> Callable:
-    """The non-blocking form of an exchange function: `<method>_start` of the Communicator a bound
-    `intra_exchange`/`world_exchange` belongs to; for any other function (a planning no-op, a test's
-    fake transport) one that exchanges at once and hands back the finished rows."""
-    owner, name = getattr(exchange_fn, "__self__", None), getattr(exchange_fn, "__name__", "")
-    start = getattr(owner, f"{name}_start", None) if owner is not None else None
-    if start is not None:
-        return start
-
-    def exchange_now(send, send_counts, recv_counts, phase="halo"):
-        return _Finished(exchange_fn(send, send_counts, recv_counts, phase=phase))
-    return exchange_now
-
-
-class _Finished:
-    __slots__ = ("rows",)
-
-    def __init__(self, rows):
-        self.rows = rows
-
-    def wait(self):
-        return self.rows

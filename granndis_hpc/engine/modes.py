@@ -15,49 +15,18 @@ module of its own registered here) and nothing in the loop.  docs/architecture.m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Optional
+import dataclasses
+from typing import Dict, Iterator, Optional
 
 import numpy as np
-import torch
 
 from granndis_hpc import memory_model, registry, shards
 from granndis_hpc.cluster.errors import collective_errors
-from granndis_hpc.engine import views
+from granndis_hpc.engine import cobatch, views
+# The shared step types live in engine/steps.py (importable from here too, as before).
+from granndis_hpc.engine.steps import RunContext, Step, TrainingError, rows_accounting  # noqa: F401
 from granndis_hpc.graph.sampler import CoBatchSampler, SamplerError
-
-
-class TrainingError(RuntimeError):
-    """A problem every rank detects identically (configuration, shard/mode mismatch, NaN loss)."""
-
-
-@dataclass
-class RunContext:
-    """What every mode may use, built once by the Trainer before the mode's set-up."""
-
-    cfg: object  # TrainConfig
-    topo: object  # cluster.Topology
-    comm: object  # cluster.Communicator
-    device: torch.device
-    manifest: dict
-    slice: shards.RankSlice
-    world_view: views.View  # exact, every layer on the world exchange (also what evaluation runs)
-    labels: torch.Tensor  # labels of this rank's inner rows
-    split_rows: Dict[str, torch.Tensor]  # inner-row positions of train/val/test
-    split_totals: Dict[str, int]  # global counts
-
-
-@dataclass
-class Step:
-    """One optimizer step's inputs on this rank."""
-
-    view: object  # views.LayeredView (or View): input_features, graphs, gather_fn(phase)
-    rows: torch.Tensor  # positions of the loss's target rows among the last layer's rows
-    labels: torch.Tensor  # their labels
-    num_targets: int  # global number of target rows of this step (the loss is their mean)
-    sampling_s: float = 0.0  # host work (sampling, planning) left on the critical path before the step
-    host_s: Optional[Dict[str, float]] = None  # batched modes: host seconds of this co-batch per phase
-    accounting: Optional[Callable[[], Dict]] = None  # collective: rows held/computed, redundancy
+from granndis_hpc.units import format_size
 
 
 class Mode:
@@ -66,6 +35,7 @@ class Mode:
     name: str = ""
     help: str = ""
     sampler = None  # a stateful sampler (state_dict/load_state_dict) when the mode has one
+    static_view = None  # full-graph modes: the one plan every epoch runs over (set by setup)
     decision: Optional[Dict] = None  # what `auto` chose and rejected, when this mode was chosen by it
 
     def __init__(self, cfg):
@@ -100,6 +70,25 @@ class Mode:
     def close(self) -> None:
         """Release what set-up started (a batched mode's loader thread)."""
 
+    # ---- what a checkpoint needs of the mode ------------------------------------------------
+    def shape_dependence(self, manifest: dict) -> Optional[str]:
+        """Why this mode's trajectory depends on S x G and the partition, or None when it does not (a
+        checkpoint may then continue on another layout of the same dataset: engine/checkpoint.py)."""
+        if not self.exact(manifest):
+            return f"mode {self.name} is not exact here (it samples within each server's preload)"
+        return None
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the mode has state a checkpoint must keep (state_dict/load_state_dict)."""
+        return False
+
+    def state_dict(self) -> Optional[Dict]:
+        return None
+
+    def load_state_dict(self, state: Optional[Dict]) -> None:
+        """Restore what state_dict returned (a stateless mode has nothing to restore)."""
+
     def describe(self, manifest: dict) -> Dict:
         """What the run records about the mode (summary.json)."""
         out = {"mode": self.name, "exact": self.exact(manifest)}
@@ -132,35 +121,25 @@ class StaticMode(Mode):
 
     def setup(self, ctx: RunContext) -> None:
         self.ctx = ctx
-        self.view = views.LayeredView(self.plan_layers(ctx))
+        self.static_view = views.LayeredView(self.plan_layers(ctx))
 
     def plan_layers(self, ctx: RunContext):
         """The view of every layer, in order."""
         raise NotImplementedError
 
     def steps(self, epoch: int) -> Iterator[Step]:
-        rows = self.ctx.split_rows["train"]
-        yield Step(view=self.view, rows=rows, labels=self.ctx.labels[rows],
+        rows, view = self.ctx.split_rows["train"], self.static_view
+        yield Step(view=view, rows=rows, labels=self.ctx.labels[rows],
                    num_targets=int(self.ctx.split_totals["train"]),
-                   accounting=lambda: rows_accounting(self.ctx.topo, self.view))
-
-
-def rows_accounting(topo, view) -> Dict:
-    """Collective: the rows every rank holds (layer sources) and computes per layer, on rank 0."""
-    record = {"rank": topo.rank, "rows_held": [int(g.n_src) for g in view.graphs],
-              "rows_computed": [int(g.n_dst) for g in view.graphs]}
-    per_rank = topo.gather_object(record)
-    return {"rows_per_layer": per_rank} if topo.rank == 0 else {}
+                   accounting=lambda: rows_accounting(self.ctx.topo, view))
 
 
 def server_view(ctx: RunContext, num_layers: int, exact: bool) -> views.View:
     """The rank's rows of its server's preload, planned for `num_layers` layers, intra-server exchange."""
-    sl, topo = ctx.slice, ctx.topo
+    sl = ctx.slice
     return views.build_view(
-        views.server_rows(sl, exact_degrees=exact), topo.ranks_per_server, num_layers, all_active=False,
-        resolve_keys=views.key_resolver_server(sl.global_id.shape[0]), exchange=ctx.comm.intra_exchange,
-        alltoall_counts=lambda counts: topo.exchange_counts(counts, group="server"), device=ctx.device,
-        exact=exact, group="server")
+        views.server_rows(sl, exact_degrees=exact), ctx.groups["server"], num_layers, all_active=False,
+        resolve_keys=views.key_resolver_server(sl.global_id.shape[0]), device=ctx.device, exact=exact)
 
 
 @register
@@ -253,8 +232,6 @@ class BatchedMode(Mode):
         return manifest["preload"]["kind"] == "full" and self.cfg.fanout == -1 and self.cfg.sampler == "sage"
 
     def setup(self, ctx):
-        from granndis_hpc.engine import cobatch
-
         cfg, topo = self.cfg, ctx.topo
         # Every rank of a server draws the same co-batches (same seed): each reads its server's graph.
         with collective_errors(topo.world, "reading the server graph for co-batches",
@@ -268,6 +245,21 @@ class BatchedMode(Mode):
 
     def steps(self, epoch):
         return self.batches.steps(epoch)
+
+    def shape_dependence(self, manifest):
+        return super().shape_dependence(manifest) or (
+            f"mode {self.name} samples its co-batches per server (each server shuffles its own training "
+            f"vertices), so the batches follow the partition")
+
+    @property
+    def stateful(self):
+        return True  # the sampler's position: co-batches continue where they stopped
+
+    def state_dict(self):
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state):
+        self.sampler.load_state_dict(state)
 
     def close(self):
         if getattr(self, "batches", None) is not None:
@@ -300,10 +292,6 @@ class Automatic(Mode):
     help = "GraNNDis' choice for --memory-per-gpu: largest k that fits, then EAS, then co-batches"
 
     def resolve(self, topo):
-        import dataclasses
-
-        from granndis_hpc.units import format_size
-
         cfg = self.cfg
         paths = [p for p in str(cfg.shards).split(",") if p]
         decision = None

@@ -10,7 +10,8 @@ Two views exist per rank, built by the same planner:
 
 A training plan may use different views for different layers (`LayeredView`): Flexible Preloading
 with k < L runs its first k layers on the server view of a k-hop preload and the remaining layers on
-the world view.  Each layer of a plan names its exchange group ("server" or "world").
+the world view.  Each view exchanges within one ExchangeGroup (cluster/exchange_group.py: its
+peers, count exchange, ledger links and wire dtype); each layer of a plan names its group.
 
 Static per-row data of halo rows (input features, degrees) is exchanged once, at set-up; so are
 their global ids, when input dropout asks for them (`source_ids`).
@@ -24,13 +25,11 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_start, start_form
+from granndis_hpc.cluster.exchange_group import ExchangeGroup
+from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_start
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import owner_of, position_lookup
 from granndis_hpc.nn.graph import LayerGraph
-
-GROUPS = ("server", "world")
-
 
 @dataclass
 class RowSource:
@@ -102,11 +101,11 @@ def key_resolver_world(inner_gid: np.ndarray):
 class View:
     """A planned view bound to a transport: builds LayerGraphs and the model's `gather` function."""
 
-    def __init__(self, rows: RowSource, plan: planner.Plan, exchange, device: torch.device,
+    def __init__(self, rows: RowSource, plan: planner.Plan, group: ExchangeGroup, device: torch.device,
                  static_phase: str = "setup"):
-        self.plan, self.device, self._exchange = plan, device, exchange
+        self.plan, self.device, self.exchange_group, self._exchange = plan, device, group, group.exchange
         self.num_own = plan.num_own
-        self.group = plan.group
+        self.group = plan.group  # the group's name, as the plan records it
         self._send = [torch.as_tensor(lp.send_index, device=device) for lp in plan.layers]
         self._full_send = torch.as_tensor(plan.full_send_index, device=device)
         # Static halo data, exchanged once over the full plan: phase "setup" for a view built once,
@@ -139,13 +138,13 @@ class View:
         self._static_phase, self._source_ids = static_phase, None
 
     @classmethod
-    def assembled(cls, plan: planner.Plan, exchange, device: torch.device, features: torch.Tensor,
+    def assembled(cls, plan: planner.Plan, group: ExchangeGroup, device: torch.device, features: torch.Tensor,
                   halo_features: torch.Tensor, graphs: List[LayerGraph], row_ids: Optional[torch.Tensor],
                   source_ids: Optional[torch.Tensor], static_phase: str = "halo") -> "View":
         """A view whose static per-row data is already at hand (engine/cobplan.py: a co-batch planned from
         host memory), so nothing is exchanged to build it: the same object __init__ makes, given its parts."""
         self = cls.__new__(cls)
-        self.plan, self.device, self._exchange = plan, device, exchange
+        self.plan, self.device, self.exchange_group, self._exchange = plan, device, group, group.exchange
         self.num_own, self.group = plan.num_own, plan.group
         self._send = [torch.as_tensor(lp.send_index, device=device) for lp in plan.layers]
         self._full_send = torch.as_tensor(plan.full_send_index, device=device)
@@ -174,16 +173,24 @@ class View:
                               self.plan.full_send_counts.tolist(), self.plan.halo.counts().tolist(),
                               phase=phase)
 
-    def gather_fn(self, phase: str, overlap: bool = False, wire_dtype: Optional[torch.dtype] = None):
+    @property
+    def layer_row_ids(self) -> Optional[tuple]:
+        """Dropout's row ids per layer (nn/dropout.py RowIds): one tensor serves every layer, since each
+        layer's own rows are a prefix of the view's rows; None without global ids."""
+        return None if self.row_ids is None else (self.row_ids,)
+
+    def gather_fn(self, phase: str, overlap: bool = False):
         """The model's gather(l, h): own rows h -> [h | halo rows of layer l].
 
         Layer 0 reading the raw input features uses the halo features exchanged at set-up (they are
         static) instead of exchanging them every epoch.  overlap: return nn.graph.PendingRows (the
         exchange posted, the halo in flight) for the model's convs to aggregate the own rows' edges
-        first (engine/exchange.py).  wire_dtype: the dtype halo rows travel in (--halo-dtype).
+        first (engine/exchange.py).  Halo rows travel in the group's wire dtype in the training phase
+        ("halo", --halo-dtype); evaluation and set-up exchanges are exact.
         """
+        wire_dtype = self.exchange_group.halo_wire(phase)
         exchange = functools.partial(self._exchange, phase=phase)
-        start = functools.partial(start_form(self._exchange), phase=phase)
+        start = functools.partial(self.exchange_group.start, phase=phase)
         x0 = self.input_features
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
@@ -234,7 +241,8 @@ class LayeredView:
                     f"layer {l + 1} switches from the {before.group} view to the {after.group} view, but the "
                     f"two order the rank's inner vertices differently; run `python -m preprocess verify`")
         # Layer l's own rows (dropout's row ids): a prefix of its view's rows.
-        self.row_ids = [view.row_ids for view in self.per_layer]
+        ids = [view.row_ids for view in self.per_layer]
+        self.layer_row_ids = tuple(ids)
 
     def source_ids(self) -> Optional[torch.Tensor]:
         """Layer 0's source-row ids: those of the view that runs layer 0 (View.source_ids)."""
@@ -259,18 +267,15 @@ class LayeredView:
         return gather
 
 
-def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: bool, resolve_keys,
-               exchange, alltoall_counts, device, exact: bool = True, static_phase: str = "setup",
-               group: str = "server") -> View:
+def build_view(rows: RowSource, group: ExchangeGroup, num_layers: int, all_active: bool, resolve_keys,
+               device, exact: bool = True, static_phase: str = "setup") -> View:
     """Plan one view.  The one communication step: tell every owner which of its rows we need.
 
-    exchange(send, send_counts, recv_counts, phase) moves rows between the view's peers;
-    alltoall_counts(list) -> list is an MPI alltoall of one integer per peer on the same peers.
+    group: the view's peers (cluster/exchange_group.py): its exchange moves rows between them, its count
+    exchange sizes it, and the plan records its name.
     exact: rows.degree are global degrees and every computed row must have all its in-edges.
-    group: the exchange group the view's layers use ("server" or "world"), recorded in the plan.
     """
-    if group not in GROUPS:
-        raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
+    num_peers, alltoall_counts, exchange = group.size, group.counts, group.exchange
     # A view built once (static_phase "setup") agrees with its peers, before each exchange, that every
     # peer planned without error and sends rows of the same width and dtype: the exchange sizes its
     # rows from local data, so a peer with another feature width would corrupt memory or hang it
@@ -301,8 +306,8 @@ def build_view(rows: RowSource, num_peers: int, num_layers: int, all_active: boo
     plan = agreed(lambda: planner.build_plan(rows.hop, rows.indptr, sources, table,
                                              planner.resolve_requests(asked, resolve_keys), send_counts,
                                              num_layers, all_active=all_active,
-                                             complete_degree=rows.degree if exact else None, group=group))
-    return View(rows, plan, exchange, device, static_phase=static_phase)
+                                             complete_degree=rows.degree if exact else None, group=group.name))
+    return View(rows, plan, group, device, static_phase=static_phase)
 
 
 _DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.float16): 3}

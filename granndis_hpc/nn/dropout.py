@@ -153,12 +153,16 @@ class RowDropout:
     INPUT_LAYER = 0  # the key of input dropout (hidden dropouts use the conv they feed, l >= 1)
 
     def __init__(self, seed: int, epoch: int, row_ids: RowIds = None, source_ids: Optional[torch.Tensor] = None):
-        self.seed, self.epoch, self.row_ids, self.source_ids = int(seed), int(epoch), row_ids, source_ids
+        self.seed, self.epoch, self.source_ids = int(seed), int(epoch), source_ids
+        # One form inside: a tuple per layer (one tensor is every layer's; the engine's views hand the
+        # tuple, View.layer_row_ids / LayeredView.layer_row_ids).
+        self.layer_ids = (None,) if row_ids is None else (row_ids,) if isinstance(row_ids, torch.Tensor) \
+            else tuple(row_ids)
+        if not self.layer_ids:
+            raise ValueError("RowDropout: row_ids is an empty sequence; pass None, one tensor or one per layer")
 
     def ids(self, layer: int, n: int, device) -> torch.Tensor:
-        ids = self.row_ids
-        if ids is not None and not isinstance(ids, torch.Tensor):
-            ids = ids[min(layer, len(ids) - 1)]
+        ids = self.layer_ids[min(layer, len(self.layer_ids) - 1)]
         if ids is None:
             return torch.arange(n, device=device)
         if ids.shape[0] < n:

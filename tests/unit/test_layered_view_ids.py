@@ -20,7 +20,7 @@ def test_row_ids_per_layer_and_switch_check():
     server = _view("server", [9, 6], [6, 4], torch.tensor([5, 1, 7, 3, 2, 8, 0, 4, 6]))
     world = _view("world", [4, 4, 4], [4, 4, 4], torch.tensor([5, 1, 7, 3]))
     plan = LayeredView([server, server, world])
-    assert plan.row_ids[0] is server.row_ids and plan.row_ids[2] is world.row_ids
+    assert plan.layer_row_ids[0] is server.row_ids and plan.layer_row_ids[2] is world.row_ids
     swapped = _view("world", [4, 4, 4], [4, 4, 4], torch.tensor([1, 5, 7, 3]))
     with pytest.raises(PlanError, match="differently"):
         LayeredView([server, server, swapped])

@@ -1,0 +1,80 @@
+"""Per-epoch accounting of the training loop: the activation bytes autograd saves (SavedBytes), and the
+epoch record built from the ledger and the per-rank times (epoch_record)."""
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+import numpy as np
+import torch
+
+from granndis_hpc.cluster.errors import raised_everywhere
+from granndis_hpc.cluster.ledger import Ledger
+from granndis_hpc.engine.steps import TrainingError
+
+
+class SavedBytes:
+    """Counts what autograd keeps for the backward pass (each storage once): the activation memory of
+    a step, exact and the same on CPU and GPU.  (Resident-memory deltas are not: the C heap keeps freed
+    blocks.)  Recomputed blocks (--checkpoint-activations) save only their inputs, and so count less."""
+
+    def __init__(self):
+        self.total, self._seen = 0, set()
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            storage = t.untyped_storage()
+            key = (storage.device.type, storage.data_ptr())
+            if key not in self._seen:
+                self._seen.add(key)
+                self.total += storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
+            pass
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+def epoch_record(ledger: Ledger, topo, comm, epoch: int, elapsed: float, grad_s: float, local_loss: float,
+                 sampling_s: float = 0.0) -> Dict:
+    """Collective: the record of epoch `epoch` (0-based) from this rank's ledger and times: the slowest
+    rank's time breakdown, the loss, and the exact bytes per link class."""
+    led = ledger
+    # Set-up traffic inside an epoch is per-step planning of co-batched training: count it as halo.
+    intra = led.seconds("intra", "halo") + led.seconds("intra", "setup")
+    inter = led.seconds("inter", "halo") + led.seconds("inter", "setup")
+    times = np.array([elapsed, intra, inter, grad_s, elapsed - intra - inter - grad_s - sampling_s,
+                      sampling_s])
+    # The slowest rank's own breakdown, so that its parts add up to the epoch time (the maxima of
+    # each part over ranks came from different ranks and could sum past the epoch: issue 21, item 6).
+    # Every rank's row of a world x 6 table, summed: all ranks see every rank's times (outside the
+    # timed region; 48 bytes per rank).
+    table = np.zeros((topo.world_size, times.size))
+    table[topo.rank] = times
+    table = comm.allreduce_scalar(table, "sum")
+    slowest_rank = int(np.argmax(table[:, 0]))
+    slowest = table[slowest_rank]
+    # Every rank's loss is its share of the global mean: their sum is the loss.
+    loss = float(comm.allreduce_scalar(local_loss, "sum"))
+    if not math.isfinite(loss):
+        # Every rank holds the same all-reduced loss, so every rank raises this together.
+        raise raised_everywhere(TrainingError(
+            f"loss became {loss} at epoch {epoch + 1}; lower --lr or check the features for extreme "
+            f"values (`python -m preprocess verify` checks that they are finite)"))
+    # Bytes per rank (exact): their sum is the traffic per link class; the busiest rank and the
+    # busiest server's inter-server egress are what a slow link waits for.
+    per_rank = Ledger.record_classes(led.gather_bytes(topo.world))
+    inter = per_rank["inter_halo"] + per_rank["inter_grad"]
+    per_server = np.zeros(topo.servers, dtype=np.int64)
+    np.add.at(per_server, topo.server_of(np.arange(inter.size)), inter)
+    return {
+        "epoch": epoch, "time_s": float(slowest[0]), "intra_comm_s": float(slowest[1]),
+        "inter_comm_s": float(slowest[2]), "grad_sync_s": float(slowest[3]),
+        "compute_s": float(slowest[4]), "sampling_s": float(slowest[5]), "slowest_rank": slowest_rank,
+        "loss": loss,
+        "bytes": {k: int(v.sum()) for k, v in per_rank.items()},
+        "max_rank_bytes": {k: int(v.max()) for k, v in per_rank.items()},
+        "inter_bytes_per_server": [int(b) for b in per_server],
+    }

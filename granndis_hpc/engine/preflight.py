@@ -1,0 +1,66 @@
+"""Set-up checks and choices of the training loop that need no communication: the model's options,
+the split totals against the manifest, the optimizer's groups, the CPU threads per rank.  Each raises
+TrainingError with what to change; the trainer raises them on every rank together."""
+from __future__ import annotations
+
+import os
+from typing import Dict
+
+import torch
+
+from granndis_hpc.engine.steps import TrainingError
+
+
+def check_input_dropout(cfg, model, keyed: bool) -> None:
+    """--input-dropout needs a model that applies it with keyed masks (nn/models.py input_dropout_rows)."""
+    if cfg.input_dropout > 0 and (not keyed or getattr(model, "input_dropout_rows", None) is None):
+        raise TrainingError(f"--input-dropout {cfg.input_dropout}: model {cfg.model!r} does not apply input "
+                            f"dropout (its class sets no input_dropout_rows, or its forward takes no keyed "
+                            f"`dropout`); leave --input-dropout out or use --model sage, gcn or ressage")
+
+
+def optimizer_groups(model, cfg):
+    """Adam's parameter groups: --weight-decay on every parameter, or (--weight-decay-on first) only on
+    the layer reading the input features, as Kipf & Welling's GCN and PyG's examples/gcn.py do."""
+    if cfg.weight_decay_on == "all":
+        return [{"params": list(model.parameters()), "weight_decay": cfg.weight_decay}]
+    prefix = getattr(model, "first_layer_prefix", "convs.0.")
+    first = [p for name, p in model.named_parameters() if name.startswith(prefix)]
+    rest = [p for name, p in model.named_parameters() if not name.startswith(prefix)]
+    if not first:
+        raise TrainingError(f"--weight-decay-on first: model {cfg.model!r} has no parameters named {prefix}*; "
+                            f"set first_layer_prefix on the model class or use --weight-decay-on all")
+    return [{"params": first, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def features_entry(manifest: Dict) -> Dict:
+    """How the shard set's features were preprocessed (`preprocess build --normalize-features`); shard
+    sets built before the option existed hold the raw features."""
+    return dict(manifest.get("features") or {"normalization": "none"})
+
+
+def check_split_totals(totals: Dict, manifest: Dict, path: str) -> None:
+    """The inner rows flagged train/val/test, summed over the job, against the manifest's counts: split
+    flags edited in a server file (test flags copied from the train flags) would otherwise evaluate on
+    other vertices and report a different accuracy with exit status 0."""
+    ds = manifest["dataset"]
+    wrong = [f"{k} {int(totals[k])} (manifest: {int(ds[f'num_{k}'])})" for k in ("train", "val", "test")
+             if int(totals[k]) != int(ds[f"num_{k}"])]
+    if wrong:
+        raise TrainingError(f"{path}: the server files flag {', '.join(wrong)} inner vertices: their split/* flags "
+                            f"were edited after the build; run `python -m preprocess verify {path}` and rebuild the "
+                            f"set with `python -m preprocess build ... --overwrite`")
+    if int(ds["num_classes"]) > max(int(ds["num_vertices"]), 1):
+        raise TrainingError(f"{path}: manifest num_classes {ds['num_classes']} exceeds its {ds['num_vertices']} "
+                            f"vertices: the output layer would be that wide; rebuild the set from its source")
+    if int(totals["train"]) == 0:
+        raise TrainingError(f"{path}: the shards have no training vertices; build the set from a dataset "
+                            f"whose split marks training vertices")
+
+
+def share_cpu_threads(topo) -> None:
+    """Ranks on one node share its cores: without this every rank starts one torch thread per core and
+    they fight (measured: 20x slower on 4 ranks over 2 cores).  OMP_NUM_THREADS, when set, wins."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // topo.ranks_on_node))

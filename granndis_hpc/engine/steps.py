@@ -1,0 +1,77 @@
+"""The types the training loop and the modes share: what a mode is given (RunContext), what it yields
+(Step), what both raise (TrainingError), and the plan a step runs over (PlanView).
+
+A module of its own so that the loop (engine/trainer.py), the registry of modes (engine/modes.py) and
+the batched steps (engine/cobatch.py) import it and not each other: modes.py imports cobatch.py, which
+imports only this.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Protocol, Sequence
+
+import torch
+
+from granndis_hpc import shards
+from granndis_hpc.cluster.exchange_group import ExchangeGroup
+
+if TYPE_CHECKING:  # names for the annotations only (the loop imports these modules anyway)
+    from granndis_hpc.cluster.comm import Communicator
+    from granndis_hpc.cluster.topology import Topology
+    from granndis_hpc.config import TrainConfig
+
+
+class TrainingError(RuntimeError):
+    """A problem every rank detects identically (configuration, shard/mode mismatch, NaN loss)."""
+
+
+class PlanView(Protocol):
+    """What a step runs the model over: engine/views.View (one view) or LayeredView (one per layer)."""
+
+    input_features: torch.Tensor  # layer 0's own input rows
+    graphs: Sequence  # nn.graph.LayerGraph per layer
+    # Dropout's row ids per layer (nn/dropout.py RowIds): a tuple, or None (rows are 0..n-1).
+    layer_row_ids: Optional[tuple]
+
+    def gather_fn(self, phase: str, overlap: bool = False) -> Callable: ...
+
+    def source_ids(self) -> Optional[torch.Tensor]: ...
+
+
+@dataclass
+class RunContext:
+    """What every mode may use, built once by the Trainer before the mode's set-up."""
+
+    cfg: "TrainConfig"
+    topo: "Topology"
+    comm: "Communicator"
+    device: torch.device
+    manifest: dict
+    slice: shards.RankSlice
+    world_view: PlanView  # exact, every layer on the world exchange (also what evaluation runs)
+    labels: torch.Tensor  # labels of this rank's inner rows
+    split_rows: Dict[str, torch.Tensor]  # inner-row positions of train/val/test
+    split_totals: Dict[str, int]  # global counts
+    # The exchange groups by name ("world", "server"), training halo in --halo-dtype on both.
+    groups: Optional[Dict[str, ExchangeGroup]] = None
+
+
+@dataclass
+class Step:
+    """One optimizer step's inputs on this rank."""
+
+    view: PlanView
+    rows: torch.Tensor  # positions of the loss's target rows among the last layer's rows
+    labels: torch.Tensor  # their labels
+    num_targets: int  # global number of target rows of this step (the loss is their mean)
+    sampling_s: float = 0.0  # host work (sampling, planning) left on the critical path before the step
+    host_s: Optional[Dict[str, float]] = None  # batched modes: host seconds of this co-batch per phase
+    accounting: Optional[Callable[[], Dict]] = None  # collective: rows held/computed, redundancy
+
+
+def rows_accounting(topo, view: PlanView) -> Dict:
+    """Collective: the rows every rank holds (layer sources) and computes per layer, on rank 0."""
+    record = {"rank": topo.rank, "rows_held": [int(g.n_src) for g in view.graphs],
+              "rows_computed": [int(g.n_dst) for g in view.graphs]}
+    per_rank = topo.gather_object(record)
+    return {"rows_per_layer": per_rank} if topo.rank == 0 else {}
