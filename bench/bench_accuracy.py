@@ -23,9 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from bench.bench_modes import ENV, write_page  # noqa: E402
+from harness import ENV, REPO, write_page
 
 PLANETOID = os.path.join(REPO, "tests", "data", "planetoid")
 DATASETS = ("cora", "citeseer")

@@ -25,14 +25,10 @@ import shutil
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "bench", "cluster"))
+from harness import ENV, REPO  # first: puts bench/cluster on the path
+
 import costmodel  # noqa: E402
 import emucluster  # noqa: E402
-
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_hwloc_base_binding_policy="none",
-           OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 # Shard sets: name -> preprocess arguments (beyond the graph and cluster shape).  Add a row per set.
 SHARD_SETS = {

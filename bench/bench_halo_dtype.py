@@ -21,10 +21,8 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from bench.bench_accuracy import COMMON, DATASETS, SETTINGS, build_sets  # noqa: E402
-from bench.bench_modes import ENV, write_page  # noqa: E402
+from bench_accuracy import COMMON, DATASETS, SETTINGS, build_sets
+from harness import ENV, REPO, write_page
 
 LOOPS = {"fb": dict(mode="fb"), "flx-k1": dict(mode="flx", preloaded_layers=1)}
 DTYPES = ("float32", "bfloat16")

@@ -23,15 +23,13 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_modes import ENV, REPO, run, write_page  # noqa: E402
+from harness import ENV, REPO, run, write_page
 
 CORA = ["--source", "planetoid", "--name", "cora", "--root", os.path.join(REPO, "tests", "data", "planetoid")]
 
 
 def worker(raw: bool, calls: int, nparts: int, seeds: list) -> None:
     """One MPI job: partition Cora `calls` times per seed; rank 0 prints one JSON line per call."""
-    sys.path.insert(0, REPO)
     import numpy as np
     from mpi4py import MPI
 

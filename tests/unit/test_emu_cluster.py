@@ -4,17 +4,14 @@ the cost model and the sweep page.  (Setting the cluster up needs root; `emu-clu
 `make bench-cluster` exercise that.)"""
 import json
 import os
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "bench", "cluster"))
-sys.path.insert(0, os.path.join(REPO, "bench"))
+import bench_cluster  # bench/ and bench/cluster are on pytest's pythonpath (pyproject.toml)
+import costmodel
+import emucluster as emu
 
-import bench_cluster  # noqa: E402
-import costmodel  # noqa: E402
-import emucluster as emu  # noqa: E402
+from tests.conftest import REPO
 
 
 @pytest.fixture
