@@ -72,7 +72,7 @@ BENCH_CLUSTER_DOCS ?= docs
 bench-cluster: setup
 	timeout --kill-after=30 2400 $(PY) bench/bench_cluster.py --work $(BENCH_CLUSTER_WORK) \
 	    --out $(BENCH_CLUSTER_DOCS)/bench-cluster.md $(BENCH_CLUSTER_ARGS)
-	$(PY) -m granndis_hpc.cli report --sweep $(BENCH_CLUSTER_WORK)/sweep.json --out $(BENCH_CLUSTER_WORK)/report
+	$(PY) -m granndis_hpc.cli report --sweep $(BENCH_CLUSTER_WORK)/runs --out $(BENCH_CLUSTER_WORK)/report
 	mkdir -p $(BENCH_CLUSTER_DOCS)/img
 	cp $(BENCH_CLUSTER_WORK)/sweep.json $(BENCH_CLUSTER_DOCS)/bench-cluster.json
 	cp $(BENCH_CLUSTER_WORK)/report/speedup_vs_rate.png $(BENCH_CLUSTER_DOCS)/img/speedup_vs_rate.png
