@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -53,7 +52,7 @@ def run_worker(ranks, extra_env, args, log, raw=True, seeds=(0,), calls=None):
            "--calls", str(calls or args.calls), "--seed-list", *map(str, seeds)] + (["--raw"] if raw else [])
     env = dict(ENV, **extra_env)
     log.append(" ".join(f"{k}={v}" for k, v in extra_env.items()) + (" " if extra_env else "") + " ".join(cmd))
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    res = run(cmd, None, env=env, capture=True)
     return [json.loads(line[6:]) for line in res.stdout.splitlines() if line.startswith("BENCH ")]
 
 
