@@ -10,9 +10,12 @@ import sys
 
 import pytest
 
-from harness import MPI_ENV  # (bench/harness.py: the one MPI environment; tests import it from here)
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO / "bench") not in sys.path:  # pytest's pythonpath has it; a test's own subprocess may not
+    sys.path.append(str(REPO / "bench"))
+
+# bench/harness.py: the one MPI environment and the 2 x 2 shape; tests import them from here.
+from harness import MPI_ENV, RANKS_PER_SERVER  # noqa: E402,F401
 DATASETS = pathlib.Path(os.environ.get("GRANNDIS_DATASETS", REPO / "tests" / "data"))
 PLANETOID = DATASETS / "planetoid"
 PLANETOID_FILES = [f"ind.{name}.{part}" for name in ("cora", "citeseer")

@@ -5,8 +5,7 @@ import tempfile
 import pytest
 from mpi4py import MPI
 
-from harness import RANKS_PER_SERVER  # noqa: F401  (the 2 x 2 shape `make test-mpi` launches; tests import it from here)
-from tests.conftest import require_planetoid
+from tests.conftest import RANKS_PER_SERVER, require_planetoid
 
 WORLD = MPI.COMM_WORLD
 
