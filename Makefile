@@ -3,14 +3,10 @@
 SHELL := /bin/bash
 PY    := .venv/bin/python
 STAMP := .stamps
-# Open MPI refuses root without these; 4 ranks on 2 cores need oversubscription.
-export OMPI_ALLOW_RUN_AS_ROOT := 1
-export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
-export OMPI_MCA_rmaps_base_oversubscribe := 1
-export OMPI_MCA_hwloc_base_binding_policy := none
-export PYTHONUNBUFFERED := 1
-# One torch thread per rank: several ranks share the cores here.
-export OMP_NUM_THREADS := 1
+# The MPI environment (root allowed, oversubscribed, one thread per rank): its one definition is
+# bench/harness.py's MPI_ENV, which the tests and the benchmarks use too.
+$(foreach kv,$(shell python3 bench/harness.py env),$(eval export $(kv)))
+RANKS_PER_SERVER := $(shell python3 bench/harness.py ranks-per-server)
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 
@@ -55,7 +51,7 @@ test-unit: setup
 
 # 2 emulated servers x 2 ranks by default; tests that need other shapes build them from the world.
 test-mpi: setup
-	GRANNDIS_RANKS_PER_SERVER=2 $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/mpi
+	GRANNDIS_RANKS_PER_SERVER=$(RANKS_PER_SERVER) $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/mpi
 
 test: test-unit test-mpi
 
@@ -76,7 +72,7 @@ BENCH_CLUSTER_DOCS ?= docs
 bench-cluster: setup
 	timeout --kill-after=30 2400 $(PY) bench/bench_cluster.py --work $(BENCH_CLUSTER_WORK) \
 	    --out $(BENCH_CLUSTER_DOCS)/bench-cluster.md $(BENCH_CLUSTER_ARGS)
-	$(PY) -m granndis_hpc.cli report --sweep $(BENCH_CLUSTER_WORK)/sweep.json --out $(BENCH_CLUSTER_WORK)/report
+	$(PY) -m granndis_hpc.cli report --sweep $(BENCH_CLUSTER_WORK)/runs --out $(BENCH_CLUSTER_WORK)/report
 	mkdir -p $(BENCH_CLUSTER_DOCS)/img
 	cp $(BENCH_CLUSTER_WORK)/sweep.json $(BENCH_CLUSTER_DOCS)/bench-cluster.json
 	cp $(BENCH_CLUSTER_WORK)/report/speedup_vs_rate.png $(BENCH_CLUSTER_DOCS)/img/speedup_vs_rate.png

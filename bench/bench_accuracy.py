@@ -19,13 +19,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from bench.bench_modes import ENV, write_page  # noqa: E402
+from harness import REPO, run, write_page
 
 PLANETOID = os.path.join(REPO, "tests", "data", "planetoid")
 DATASETS = ("cora", "citeseer")
@@ -245,7 +242,7 @@ def main(argv=None) -> int:
     cmd = ["mpirun", "-n", "4", sys.executable, os.path.abspath(__file__), "--worker", results_file,
            "--seeds", str(args.seeds), "--epochs", str(args.epochs), "--datasets", *args.datasets,
            "--modes", *args.modes]
-    subprocess.run(cmd, cwd=REPO, env=ENV, check=True)
+    run(cmd)
     with open(results_file) as f:
         results = json.load(f)
     loops = list(args.modes)

@@ -29,8 +29,7 @@ import time
 import numpy as np
 import torch
 
-# Runnable from a checkout without `pip install -e .` (the worker subprocesses inherit sys.path via this).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: F401  first: makes the checkout importable (the worker subprocesses re-run it)
 from granndis_hpc.graph.csr import csr_from_edges
 from granndis_hpc.nn import LayerGraph, aggregate
 

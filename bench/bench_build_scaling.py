@@ -22,13 +22,9 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "bench"))
-from bench_scale import MemoryGuard  # noqa: E402
+from bench_scale import MemoryGuard
+from harness import REPO, mpi_env
 
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_hwloc_base_binding_policy": "none",
-           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 PHASES = ("load", "partition", "halos+write", "commit")
 
 
@@ -50,7 +46,7 @@ def run_one(a, P, preload, whole) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cmd = ["mpirun", "-n", str(P), sys.executable, "-m", "preprocess", "build", *graph_args(a),
            *layout_args(a, preload), "--out", out] + (["--whole-graph"] if whole else [])
-    env = {**os.environ, **MPI_ENV, "GRANNDIS_BUILD_PROFILE": prof}
+    env = mpi_env(GRANNDIS_BUILD_PROFILE=prof)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     with MemoryGuard(a.min_available_gib) as guard:
@@ -87,7 +83,7 @@ def plan_inputs(a) -> dict:
     cmd = [sys.executable, "-m", "preprocess", "plan", *graph_args(a), "--servers", "2", "--gpus-per-server", "2",
            "--layers", str(a.layers), "--partitioner", a.partitioner, "--model", "sage", "--hidden", "64",
            "--cob-batches", "2", "--eas-hops", "1", "--eas-fanout", "15", "--json", path]
-    r = subprocess.run(cmd, cwd=REPO, env={**os.environ, **MPI_ENV}, capture_output=True, text=True)
+    r = subprocess.run(cmd, cwd=REPO, env=mpi_env(), capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-800:])
     with open(path) as f:
@@ -96,7 +92,6 @@ def plan_inputs(a) -> dict:
 
 def add_estimates(a, records) -> None:
     """The estimated peak per rank (preprocess/build_memory.py) beside every sliced build's measurement."""
-    sys.path.insert(0, REPO)
     from preprocess.build_memory import ServerLoad, estimate_build_memory
 
     plan = plan_inputs(a)

@@ -10,7 +10,9 @@ servers found by Open MPI from the hostnames).  The rounds alternate between the
 the rates and end with the unshaped round again (`round_order`): the machine is shared, and its load
 drifts during a sweep; the cost model (bench/cluster/costmodel.py) fits each round's load from the
 round's modes.  Writes bench-out/cluster/sweep.json and the markdown page (tables, cost model, the exact
-commands).  `granndis report --sweep bench-out/cluster/sweep.json` draws speedup against link rate.
+commands), and into every run directory (bench-out/cluster/runs/RATE/MODE; the repeated unshaped round's
+under repeat/) a link.json, the link it ran on (granndis_hpc/linkmodel.py), so that
+`granndis report --sweep bench-out/cluster/runs` draws speedup against link rate from the runs themselves.
 
 Epoch time = median over the epochs after the first; evaluation runs on the last epoch only (not timed
 in an epoch) and gives the test accuracy.  The cluster is torn down on exit, failure or SIGTERM.
@@ -25,14 +27,12 @@ import shutil
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "bench", "cluster"))
+from harness import ENV, REPO  # first: puts bench/cluster on the path
+
+from granndis_hpc.linkmodel import LINK_FILE  # noqa: E402
+
 import costmodel  # noqa: E402
 import emucluster  # noqa: E402
-
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_hwloc_base_binding_policy="none",
-           OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 # Shard sets: name -> preprocess arguments (beyond the graph and cluster shape).  Add a row per set.
 SHARD_SETS = {
@@ -352,6 +352,8 @@ def main(argv=None):
     capacity = None  # unshaped inter-server bandwidth: the most this machine can drive
     plan = round_order(rates, repeat=not args.no_repeat)
     sweep["round_order"] = [label for label, _, _ in plan]
+    for old in ("runs", "repeat"):  # runs of an earlier sweep would join this one's report
+        shutil.rmtree(os.path.join(args.work, old), ignore_errors=True)
     try:
         emucluster.setup(2, None)
         log.append("bench/cluster/emu-cluster setup --servers 2 --rate unshaped")
@@ -376,12 +378,13 @@ def main(argv=None):
             # always the first (or the last) of a round.
             for m in (modes if i % 2 == 0 else modes[::-1]):
                 shard_set, extra, _ = MODES[m]
-                run_dir = os.path.join(args.work, "runs", label, m)
-                if os.path.exists(run_dir):  # a run of an earlier sweep in the same --work
-                    shutil.rmtree(run_dir)
+                run_dir = os.path.join(args.work, "repeat" if repeat else "runs", label, m)
                 run([os.path.join(REPO, "bench", "cluster", "emu-mpirun"), "-n", "4", "--emu-timeout",
                      str(args.run_timeout), py, "-m", "granndis_hpc.cli", "train", "--shards", shards[shard_set],
                      *extra, *common, "--out", run_dir], log, timeout=args.run_timeout + 60)
+                with open(os.path.join(run_dir, LINK_FILE), "w") as f:  # the run's own record of its link
+                    json.dump({"label": label, "rate_bps": bps, "bw_Bps": entry["bw_Bps"],
+                               "intra_Bps": pp["intra_Bps"]}, f)
                 entry["runs"][m] = dict(costmodel.summarize_run(read_records(run_dir), steps_per_epoch(run_dir)),
                                         run_dir=run_dir, **run_config(run_dir))
                 print(f"   {label} {m}: epoch {entry['runs'][m]['epoch_s']:.3f} s", flush=True)

@@ -24,8 +24,9 @@ import statistics
 import subprocess
 import tempfile
 
-from bench_modes import REPO, build, write_page
-from compare_revisions import revision_arguments, train as train_tree
+from harness import REPO, build, write_page
+from compare_revisions import revision_arguments
+from harness import train as train_run
 
 CONFIGS = (("flx", None, None), ("cob", 1, -1), ("cob", 1, 25), ("cob", 8, 10), ("mb", 1, 25), ("mb", 8, 10))
 
@@ -39,7 +40,7 @@ DEEP = ("cob", 4, 10)  # the deep table of docs/bench-modes.md: 56-layer ResSAGE
 
 def train(tree, shards, mode, batches, fanout, run_dir, common, log):
     extra = [] if batches is None else ["--batches-per-epoch", str(batches), "--fanout", str(fanout)]
-    _, records = train_tree(tree, shards, mode, run_dir, common + extra, log)
+    _, records = train_run(shards, mode, run_dir, common + extra, log, tree=tree)
     med = lambda key: statistics.median(r[key] for r in records)  # noqa: E731
     out = {"epoch_s": med("time_s"), "first_epoch_s": records[0]["time_s"], "critical_host_s": med("sampling_s"),
            "compute_s": med("compute_s"), "intra_halo_bytes": int(statistics.median(r["bytes"]["intra_halo"] for r in records)),

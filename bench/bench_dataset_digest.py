@@ -10,13 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from harness import REPO  # first: makes the checkout importable
 
 from granndis_hpc.graph.csr import Graph
 from preprocess.build import dataset_digest

@@ -14,7 +14,7 @@ import argparse
 import datetime
 import os
 
-from bench_modes import REPO, build, train, write_page
+from harness import REPO, build, train, write_page
 
 
 def totals(records):

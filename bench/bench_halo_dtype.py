@@ -17,14 +17,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from bench.bench_accuracy import COMMON, DATASETS, SETTINGS, build_sets  # noqa: E402
-from bench.bench_modes import ENV, write_page  # noqa: E402
+from bench_accuracy import COMMON, DATASETS, SETTINGS, build_sets
+from harness import REPO, run, write_page
 
 LOOPS = {"fb": dict(mode="fb"), "flx-k1": dict(mode="flx", preloaded_layers=1)}
 DTYPES = ("float32", "bfloat16")
@@ -106,7 +103,7 @@ def main(argv=None):
         os.makedirs(os.path.dirname(results_file), exist_ok=True)
         if args.first_seed == 0:
             open(results_file, "w").close()
-        subprocess.run(cmd, cwd=REPO, env=ENV, check=True)
+        run(cmd)
     with open(results_file) as f:
         results = [json.loads(line) for line in f if line.strip()]
     complete = {r["seed"] for r in results if all(

@@ -32,18 +32,15 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_hwloc_base_binding_policy": "none"}
-sys.path.insert(0, REPO)
+import numpy as np
+import scipy.sparse as sp
 
-import numpy as np  # noqa: E402
-import scipy.sparse as sp  # noqa: E402
+from harness import REPO, mpi_env  # first: makes the checkout importable
 
-from granndis_hpc.cluster.group import self_group  # noqa: E402
-from preprocess.halo import full_khop  # noqa: E402
-from preprocess.partition import partition_servers  # noqa: E402
-from preprocess.sources import load  # noqa: E402
+from granndis_hpc.cluster.group import self_group
+from preprocess.halo import full_khop
+from preprocess.partition import partition_servers
+from preprocess.sources import load
 
 
 def nearest_class_mean_accuracy(g, x) -> float:
@@ -107,7 +104,7 @@ def check_build(args, rec) -> dict:
                "--servers", str(args.servers), "--gpus-per-server", "1", "--layers", str(args.layers),
                "--preload", "full", "--hops", "2", "--partitioner", args.partitioner, "--out", out]
         t0 = time.perf_counter()
-        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, env=dict(os.environ, **MPI_ENV))
+        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, env=mpi_env(threads=False))
         wall = time.perf_counter() - t0
         with open(os.path.join(out, "manifest.json")) as f:
             manifest = json.load(f)

@@ -17,52 +17,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import subprocess
-import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_hwloc_base_binding_policy="none",
-           OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-
-
-def run(cmd, log):
-    print("+", " ".join(cmd), flush=True)
-    log.append(" ".join(cmd))
-    subprocess.run(cmd, cwd=REPO, env=ENV, check=True)
-
-
-def build(args, out, preload_args, log, layers=None, vertices=None):
-    run(["mpirun", "-n", "2", sys.executable, "-m", "preprocess", "build", "--source", "synthetic",
-         "--vertices", str(vertices or args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", "2",
-         "--layers", str(layers or args.layers), "--partitioner", "metis", "--out", out, "--overwrite",
-         "--generator", getattr(args, "generator", "sbm"), *preload_args], log)
-
-
-def train(shards, mode, run_dir, extra, log):
-    run(["mpirun", "-n", "4", sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", shards,
-         "--ranks-per-server", "2", "--mode", mode, "--out", run_dir, "--overwrite-run", "--quiet", *extra], log)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return summary, records
-
-
-def write_page(path, lines, script, argv, log):
-    """Write a results page: its lines, then the commands that reproduce it; print it too."""
-    lines = lines + ["## Commands", "", "```", f"python {script} {' '.join(argv or sys.argv[1:])}".rstrip(), *log,
-                     "```", ""]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
-    print("\n".join(lines))
-
-
-def mib(n):
-    return f"{n / 2**20:,.0f}"
+from harness import REPO, build, mib, train, write_page
 
 
 def main(argv=None):

@@ -19,10 +19,8 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_hwloc_base_binding_policy": "none",
-           "PYTHONUNBUFFERED": "1"}
+from harness import REPO, mpi_env
+
 PHASE = re.compile(r"\[preprocess\] (\S+)\s+([0-9.]+) s")
 
 
@@ -30,7 +28,6 @@ def worker(argv) -> int:
     """Run one build in this MPI job; rank 0 prints every rank's peak RSS as one JSON line."""
     from mpi4py import MPI
 
-    sys.path.insert(0, REPO)
     from preprocess.__main__ import main
 
     t0 = time.perf_counter()
@@ -58,7 +55,7 @@ def run_config(vertices, preload, partitioner, ranks, workdir, timeout, generato
     cmd = ["mpirun", "-n", str(ranks), sys.executable, os.path.abspath(__file__), "--worker", *args]
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, **MPI_ENV), capture_output=True, text=True,
+    res = subprocess.run(cmd, cwd=REPO, env=mpi_env(threads=False), capture_output=True, text=True,
                          timeout=timeout)
     wall = time.perf_counter() - t0
     record = {"vertices": vertices, "generator": generator, "preload": preload, "partitioner": partitioner,

@@ -19,19 +19,16 @@ import contextlib
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_modes import ENV, REPO, run, write_page  # noqa: E402
+from harness import ENV, REPO, run, write_page
 
 CORA = ["--source", "planetoid", "--name", "cora", "--root", os.path.join(REPO, "tests", "data", "planetoid")]
 
 
 def worker(raw: bool, calls: int, nparts: int, seeds: list) -> None:
     """One MPI job: partition Cora `calls` times per seed; rank 0 prints one JSON line per call."""
-    sys.path.insert(0, REPO)
     import numpy as np
     from mpi4py import MPI
 
@@ -55,7 +52,7 @@ def run_worker(ranks, extra_env, args, log, raw=True, seeds=(0,), calls=None):
            "--calls", str(calls or args.calls), "--seed-list", *map(str, seeds)] + (["--raw"] if raw else [])
     env = dict(ENV, **extra_env)
     log.append(" ".join(f"{k}={v}" for k, v in extra_env.items()) + (" " if extra_env else "") + " ".join(cmd))
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    res = run(cmd, None, env=env, capture=True)
     return [json.loads(line[6:]) for line in res.stdout.splitlines() if line.startswith("BENCH ")]
 
 

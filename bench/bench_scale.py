@@ -29,9 +29,8 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_modes import ENV, REPO, mib, train, write_page  # noqa: E402
-from bench_preprocess import run_config  # noqa: E402
+from bench_preprocess import run_config
+from harness import ENV, REPO, mib, train, write_page
 
 # (name, shard set, mode, extra train arguments)
 RUNS = (("fb", "full", "fb", []),

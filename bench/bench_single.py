@@ -32,7 +32,7 @@ import warnings
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: F401  first: makes the checkout importable
 from granndis_hpc.nn import LayerGraph  # noqa: E402
 from granndis_hpc.nn.models import build_model  # noqa: E402
 

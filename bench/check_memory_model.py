@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 
 from mpi4py import MPI
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from harness import RANKS_PER_SERVER, REPO  # first: makes the checkout importable
 
 from granndis_hpc import memory_model as mm  # noqa: E402
 from granndis_hpc.memory_model.profile import measure_step_peak  # noqa: E402
@@ -40,7 +38,7 @@ def main(argv=None):
     from preprocess.build import build_shards
     from preprocess.sources import load
 
-    rps = int(os.environ.get("GRANNDIS_RANKS_PER_SERVER", "2"))
+    rps = int(os.environ.get("GRANNDIS_RANKS_PER_SERVER", RANKS_PER_SERVER))
     graphs = {"cora": lambda: load("planetoid", name="cora", root=args.cora_root),
               "synthetic": lambda: load("synthetic", vertices=3000, avg_degree=10.0, features=8, classes=5, seed=2)}
     base = W.bcast(tempfile.mkdtemp(prefix="granndis-mmcheck-") if W.rank == 0 else None)

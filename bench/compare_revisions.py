@@ -14,31 +14,13 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 
-from bench_modes import ENV, REPO, build, write_page
+from harness import REPO, build, train, write_page
 
 MODES = (("fb", "full"), ("flx", "full"), ("eas", "eas"), ("cob", "full"))
-
-
-def train(tree, shards, mode, run_dir, common, log):
-    # A fresh run directory: the new revision refuses to start a run in one that holds a run, and the
-    # old one has no --overwrite-run.
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = ["mpirun", "-n", "4", sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", shards,
-           "--ranks-per-server", "2", "--mode", mode, "--out", run_dir, "--quiet", *common]
-    log.append(f"(cd {tree} && {' '.join(cmd)})")
-    # `python -m` puts the working directory first on sys.path: each tree runs its own code.
-    subprocess.run(cmd, cwd=tree, env=dict(ENV, PYTHONPATH=tree), check=True)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return summary, records
 
 
 def revision_arguments(doc: str, epochs: int, reps: int) -> argparse.ArgumentParser:
@@ -75,8 +57,8 @@ def main(argv=None):
         for rep in range(args.reps):
             for mode, kind in MODES:
                 for rev, tree in (("old", old_tree), ("new", REPO)):
-                    summary, records = train(tree, shard_dirs[kind], mode,
-                                             os.path.join(args.work, "runs", f"{rev}-{mode}-{rep}"), common, log)
+                    summary, records = train(shard_dirs[kind], mode, os.path.join(args.work, "runs", f"{rev}-{mode}-{rep}"),
+                                             common, log, tree=tree)
                     times[(rev, mode)].append(summary["epoch_time_s"])
                     ledger[(rev, mode)] = [r["bytes"] for r in records]
     finally:

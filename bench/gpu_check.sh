@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Device check for granndis-hpc: CUDA models, the trainer on GPU (1 rank, and 2 servers x 1 rank with
 # MPI between them when an MPI is present), timings.  Everything it prints lands in $OUT/log.
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# The MPI environment of the tests and benchmarks (bench/harness.py); but the device's CPU threads are
+# left to torch (one GPU rank at a time here, or two on 16 cores), as before.
+eval "$(python3 bench/harness.py env --shell)"
+unset OMP_NUM_THREADS
+export PYTHONPATH=$PWD
 nvidia-smi -L
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0))"
 python3 -c "from mpi4py import MPI; print('mpi4py ok:', MPI.Get_library_version()[:40])" 2>&1 | tail -1

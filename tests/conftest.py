@@ -11,6 +11,11 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO / "bench") not in sys.path:  # pytest's pythonpath has it; a test's own subprocess may not
+    sys.path.append(str(REPO / "bench"))
+
+# bench/harness.py: the one MPI environment and the 2 x 2 shape; tests import them from here.
+from harness import MPI_ENV, RANKS_PER_SERVER  # noqa: E402,F401
 DATASETS = pathlib.Path(os.environ.get("GRANNDIS_DATASETS", REPO / "tests" / "data"))
 PLANETOID = DATASETS / "planetoid"
 PLANETOID_FILES = [f"ind.{name}.{part}" for name in ("cora", "citeseer")
@@ -25,14 +30,6 @@ def require_planetoid() -> pathlib.Path:
                     f"repository under tests/data/planetoid; GRANNDIS_DATASETS=DIR points elsewhere)")
     return PLANETOID
 
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    "OMPI_MCA_hwloc_base_binding_policy": "none",
-    "PYTHONUNBUFFERED": "1",
-    "OMP_NUM_THREADS": "1",
-}
 
 
 @pytest.fixture
@@ -40,10 +37,24 @@ def planetoid_root():
     return require_planetoid()
 
 
-def run_mpi(args, n=4, timeout=240, env=None, cwd=REPO):
-    """Run `mpirun -n N python ARGS...` and return the CompletedProcess (never raises on failure)."""
+def mpi_env(env=None) -> dict:
+    """os.environ with the MPI environment and `env` on top."""
+    return dict(os.environ, **MPI_ENV, **(env or {}))
+
+
+def mpi_command(args, n=4) -> list:
+    """`mpirun -n N python ARGS...`; skips the calling test where mpirun is not installed."""
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not installed")
-    full_env = dict(os.environ, **MPI_ENV, **(env or {}))
-    cmd = ["mpirun", "-n", str(n), sys.executable, *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return ["mpirun", "-n", str(n), sys.executable, *map(str, args)]
+
+
+def run_mpi(args, n=4, timeout=240, env=None, cwd=REPO):
+    """Run `mpirun -n N python ARGS...` and return the CompletedProcess (never raises on failure)."""
+    return subprocess.run(mpi_command(args, n), cwd=cwd, env=mpi_env(env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_mpi(args, log, n=4, env=None):
+    """Start `mpirun -n N python ARGS...` in the background, its output to the open file `log`."""
+    return subprocess.Popen(mpi_command(args, n), cwd=REPO, env=mpi_env(env), stdout=log, stderr=subprocess.STDOUT)

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,8 +19,7 @@ import pytest
 
 from tests.conftest import MPI_ENV, REPO
 
-sys.path.insert(0, str(REPO / "slurm" / "testing"))
-import slurmcluster as sc  # noqa: E402
+import slurmcluster as sc  # noqa: E402  (slurm/testing is on pytest's pythonpath: pyproject.toml)
 
 LOCK = "/tmp/granndis-emu-slurm.lock"   # one Slurm test cluster at a time on this machine
 PLANETOID = REPO / "tests" / "data" / "planetoid"

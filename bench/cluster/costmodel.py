@@ -27,18 +27,8 @@ The model follows the paper's Eq. 1 / 5: an epoch is computation plus communicat
 - B_intra / bw_intra: the busiest rank's intra-server bytes over the round's shared-memory ping-pong
   bandwidth (small: a few hundredths of a second).
 
-Overlap (`overlap_limit`, beside the additive form): with the halo in flight while a layer aggregates
-the rows it holds, and gradient buckets reduced during the backward (granndis-train's default), a
-layer-pass costs max(its compute, its wire time), not their sum:
-
-    T_overlap = sum over the 2L layer-passes of max(c, w_l) + W_grad
-
-c = C / 2L: the run's compute (from the fit above) spread evenly over the forward and backward passes
-of the L layers (the record has no per-layer times); w_l = W_halo / 2(L-1) on the layers that exchange
-(every layer but the first: layer 0's halo is the static input, exchanged at set-up) and 0 on the
-first; W_grad = the gradient bytes' wire time, left additive (it is a few hundredths of a second here,
-and the leaders' stage overlaps only the rest of the backward).  It is a *limit*: the compute that needs
-the halo (the halo edges' products) cannot overlap it, so a measured epoch is at or above it.  A run's
+Overlap (`overlap_limit`, beside the additive form): granndis_hpc/linkmodel.py holds that model (the
+product's `granndis report` shows it too): a layer-pass costs max(its compute, its wire time).  A run's
 "compute" for the fit is its epoch less its wire time without overlap; with overlap the wire time is
 partly hidden, so there the fit reads the run's own compute (the epoch less the seconds it waited).
 
@@ -50,6 +40,9 @@ from __future__ import annotations
 
 import math
 import statistics
+
+from granndis_hpc.linkmodel import (TCP_PAYLOAD_SHARE, busiest_bytes, link_bandwidth,  # noqa: F401 (re-exported)
+                                    overlap_limit, positive as _positive, wire_s)
 
 PHASES = ("compute", "intra_comm", "inter_comm", "grad_sync", "sampling")
 BYTE_KEYS = ("intra_halo", "inter_halo", "intra_grad", "inter_grad")
@@ -76,9 +69,7 @@ def summarize_run(records, steps=1):
     # Exact per-epoch counts of the cost model (absent in records of older versions: None).
     per_rank = last.get("rows_per_layer")
     out["rows"] = None if not per_rank else int(steps) * sum(sum(r["rows_computed"]) for r in per_rank)
-    per_server, max_rank = last.get("inter_bytes_per_server"), last.get("max_rank_bytes")
-    out["inter_bytes_max_server"] = None if per_server is None else int(max(per_server))
-    out["intra_bytes_max_rank"] = None if max_rank is None else int(max_rank["intra_halo"] + max_rank["intra_grad"])
+    out["inter_bytes_max_server"], out["intra_bytes_max_rank"] = busiest_bytes(last)
     tested = [r for r in records if r.get("test_acc") is not None]
     out["test_acc"] = float(tested[-1]["test_acc"]) if tested else None
     return out
@@ -88,33 +79,7 @@ def inter_bytes(run):
     return run["bytes"]["inter_halo"] + run["bytes"]["inter_grad"]
 
 
-def _positive(bw, what):
-    if bw is None or bw <= 0:
-        raise ValueError(f"{what} bandwidth must be positive, got {bw!r}")
-    return bw
-
-
 COMPUTE_FLOOR_S = 1e-3
-# TCP payload per byte on the wire with a 1500-byte MTU: 1448 (timestamps) of 1514 (+ Ethernet header).
-TCP_PAYLOAD_SHARE = 1448 / 1514
-
-
-def link_bandwidth(rnd):
-    """Sustained inter-server payload bytes/s of a round: the ping-pong's, capped at what the shaped rate
-    can carry.  The cap matters at slow rates: between round trips tbf's bucket refills, so every
-    ping-pong message gets a 64 KiB burst free (25 Mbit/s measured 1.01x nominal), a long exchange not."""
-    bw = _positive(rnd["bw_Bps"], "inter-server")
-    return bw if rnd.get("rate_bps") is None else min(bw, rnd["rate_bps"] / 8 * TCP_PAYLOAD_SHARE)
-
-
-def wire_s(run, bw_inter, bw_intra):
-    """Seconds on the links: the busiest server's inter bytes and the busiest rank's intra bytes."""
-    if run.get("inter_bytes_max_server") is None or run.get("intra_bytes_max_rank") is None:
-        raise ValueError(f"run {run.get('run_dir', '?')} has no per-server / per-rank bytes in its records; "
-                         f"rerun it with this version of granndis_hpc (the epoch record's inter_bytes_per_server "
-                         f"and max_rank_bytes)")
-    return (run["inter_bytes_max_server"] / _positive(bw_inter, "inter-server")
-            + run["intra_bytes_max_rank"] / _positive(bw_intra, "intra-server"))
 
 
 def fit_mode_round(cells, leave_out=None, iterations=200):
@@ -184,28 +149,6 @@ def model_sweep(rounds, servers):
     rows = {m: rnd["runs"][m]["rows"] for rnd in rounds for m in rnd["runs"]}
     return {"cost_per_row_s": {m: math.exp(x) / rows[m] for m, x in a.items()},
             "load_factor": [math.exp(b[i]) for i in range(len(rounds))]}
-
-
-def overlap_limit(run, compute_s, bandwidths, servers):
-    """T_overlap of the module docstring: sum over layer-passes of max(compute, halo wire) + gradient wire."""
-    bw_inter, bw_intra = (_positive(b, what) for b, what in zip(bandwidths, ("inter-server", "intra-server")))
-    layers = int(run.get("layers") or 0)
-    if layers < 1:
-        raise ValueError(f"run {run.get('run_dir', '?')}: the overlap model needs the run's layer count")
-    b = run["bytes"]
-    # Gradient bytes are the same on every leader (the ring), so the busiest server's halo share is its
-    # inter bytes less one leader's gradient bytes; the busiest rank's intra bytes likewise less the
-    # gradient's (an upper bound on its halo bytes: the leader's broadcast is the largest intra grad).
-    grad_inter = b["inter_grad"] / servers
-    grad_wire = grad_inter / bw_inter + b["intra_grad"] / servers / bw_intra
-    halo_wire = (max(run["inter_bytes_max_server"] - grad_inter, 0) / bw_inter
-                 + run["intra_bytes_max_rank"] / bw_intra)
-    passes, exchanging = 2 * layers, 2 * (layers - 1)
-    c = compute_s / passes
-    if exchanging == 0:
-        return compute_s + halo_wire + grad_wire
-    w = halo_wire / exchanging
-    return exchanging * max(c, w) + (passes - exchanging) * c + grad_wire
 
 
 def unshaped_model(rounds, servers, base_label="unshaped"):

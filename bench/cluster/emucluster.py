@@ -24,6 +24,11 @@ Why each piece (measured on this kind of machine, see docs/cluster.md):
   bench/cluster/rsh-agent, which enters the target server's namespaces (nsenter) instead of ssh.
 - netem (delay) is not in every kernel (it is not in this one); --delay probes it and refuses clearly.
 
+This module does the system side (namespaces, links, shaping) and the command line; the pure pieces
+live beside it and are re-exported here: emuconfig.py (names per instance, rate parsing, the layout and
+its state file), emulaunch.py (the rsh agent's and emu-mpirun's command lines, a stop-passing
+subprocess), emucheck.py (the self-check's verdict and printout).
+
 Standard library only: the rsh agent runs under the system python3 before any virtual environment.
 """
 from __future__ import annotations
@@ -32,277 +37,22 @@ import argparse
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-ENV_STATE_DIR = "GRANNDIS_EMU_STATE_DIR"
-DEFAULT_STATE_DIR = "/run/granndis-emu"
-NS_PREFIX = "gemu-s"          # network namespaces gemu-s0, gemu-s1, ... (under /run/netns)
-HUB_NS = "gemu-hub"           # holds the bridge when there are more than 2 servers
-BRIDGE = "gemubr0"
-IFNAME = "gemu0"              # the same interface name in every server: GLOO_SOCKET_IFNAME can be global
-SUBNET_PREFIX = "10.213.0"    # server i has 10.213.0.(i+1); only inside our namespaces
-SUBNET = SUBNET_PREFIX + ".0/24"
-HOST_PREFIX = "emu-s"
-# Instances: several emulated clusters may exist side by side (a benchmark on the default one, a Slurm
-# cluster on another).  GRANNDIS_EMU_INSTANCE=NAME (or --instance NAME) gives every name its own
-# prefix, subnet and state directory; unset or empty = the names above, unchanged.
-ENV_INSTANCE = "GRANNDIS_EMU_INSTANCE"
-ENV_SUBNET = "GRANNDIS_EMU_SUBNET"          # e.g. 10.214.0 (a /24); default 10.214.0 for named instances
-INSTANCE_RE = r"[a-z][a-z0-9]{0,7}"
-MAX_SERVERS = 16
-CMD_TIMEOUT_S = 30            # every ip/tc/nsenter call is bounded
-DEFAULT_RUN_TIMEOUT_S = 1800  # emu-mpirun's default bound on a whole job
-# tbf: the queue may hold this much time of traffic before dropping; TCP backs off long before.
-TBF_LATENCY = "200ms"
-EXIT_USAGE, EXIT_REFUSED = 2, 3
-
-RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
-DELAY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
-UNSHAPED = ("unshaped", "none", "off")
-NETEM_MISSING = ("this kernel has no netem qdisc (sch_netem), so --delay cannot be emulated here "
-                 "(tc said: {detail}); run without --delay (links are then shaped by rate only), or on a "
-                 "kernel built with CONFIG_NET_SCH_NETEM")
-
-
-class EmuError(RuntimeError):
-    """A clear, user-facing problem; `code` is the exit status."""
-
-    def __init__(self, message, code=1):
-        super().__init__(message)
-        self.code = code
-
-
-# ---------------------------------------------------------------------------------------------
-# Parsing
-
-
-def parse_rate(text):
-    """'100mbit' -> 100_000_000 (bits/s); 'unshaped' / 'none' / 'off' -> None.  tc's decimal units."""
-    t = str(text).strip().lower()
-    if t in UNSHAPED:
-        return None
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([a-z]*)", t)
-    if m and m.group(2) in ("mbps", "gbps", "kbps", "bps", "m", "g", "k", "mb", "gb", "kb"):
-        raise ValueError(f"link rate {text!r} is ambiguous (bytes or bits?); write bits per second with a "
-                         f"unit, e.g. 100mbit or 1gbit")
-    if not m or m.group(2) not in RATE_UNITS:
-        raise ValueError(f"link rate {text!r} not understood; write e.g. 25mbit, 100mbit, 1gbit "
-                         f"(units: {', '.join(RATE_UNITS)}) or 'unshaped'")
-    bps = float(m.group(1)) * RATE_UNITS[m.group(2)]
-    if not 10**5 <= bps <= 10**11:
-        raise ValueError(f"link rate {text!r} is outside 100kbit..100gbit")
-    return int(bps)
-
-
-def format_rate(bps):
-    if bps is None:
-        return "unshaped"
-    for unit, scale in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
-        if bps >= scale and bps % scale == 0:
-            return f"{bps // scale}{unit}"
-    return f"{bps}bit"
-
-
-def parse_delay(text):
-    """'5ms' -> 0.005 (s)."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(us|ms|s)", str(text).strip().lower())
-    if not m:
-        raise ValueError(f"delay {text!r} not understood; write e.g. 100us, 5ms or 0.1s")
-    seconds = float(m.group(1)) * DELAY_UNITS[m.group(2)]
-    if not 0 < seconds <= 10:
-        raise ValueError(f"delay {text!r} must be above 0 and at most 10s")
-    return seconds
-
-
-def tbf_burst_bytes(bps):
-    """Bucket size: 1 ms of traffic, at least 64 KiB (one GSO super-packet on veth must fit, or tbf
-    drops it).  Small against the MB-sized halo messages, so the measured rate stays near R."""
-    return max(64 * 1024, bps // 8 // 1000)
-
-
-def qdisc_commands(ns, dev, bps, delay_s=None):
-    """The tc command lines that shape egress of `dev` in namespace `ns` (list of argv lists)."""
-    base = ["ip", "netns", "exec", ns, "tc", "qdisc"]
-    if delay_s is None and bps is None:
-        return [base + ["del", "dev", dev, "root"]]
-    if delay_s is not None:
-        # netem does both: its own rate limiter sits after the delay line.
-        cmd = base + ["replace", "dev", dev, "root", "netem", "delay", f"{delay_s * 1e6:.0f}us"]
-        if bps is not None:
-            cmd += ["rate", f"{bps}bit"]
-        return [cmd]
-    return [base + ["replace", "dev", dev, "root", "tbf", "rate", f"{bps}bit",
-                    "burst", str(tbf_burst_bytes(bps)), "latency", TBF_LATENCY]]
-
-
-# ---------------------------------------------------------------------------------------------
-# Layout of the emulated cluster (pure: no system calls)
-
-
-def instance_names(instance=None, env=None):
-    """Every name and address of one emulated cluster instance (pure).  `instance` None: from the
-    environment.  Names never overlap between instances: teardown of one leaves the others alone."""
-    env = os.environ if env is None else env
-    inst = env.get(ENV_INSTANCE, "") if instance is None else instance
-    if not inst:
-        return {"instance": "", "ns_prefix": NS_PREFIX, "hub_ns": HUB_NS, "bridge": BRIDGE, "ifname": IFNAME,
-                "subnet_prefix": SUBNET_PREFIX, "host_prefix": HOST_PREFIX, "probe_ns": "gemu-probe",
-                "port_prefix": "gemup", "state_dir": DEFAULT_STATE_DIR}
-    if not re.fullmatch(INSTANCE_RE, inst) or inst == "emu":
-        raise EmuError(f"emulated cluster instance {inst!r} must be 1-8 lower-case letters or digits starting "
-                       f"with a letter, and not 'emu' (the default instance's names)", code=EXIT_USAGE)
-    sub = env.get(ENV_SUBNET) or "10.214.0"
-    if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", sub) or max(map(int, sub.split(".")[1:])) > 255:
-        raise EmuError(f"{ENV_SUBNET}={sub!r} must be the first three numbers of a 10.x.y.0/24 subnet, "
-                       f"e.g. 10.214.0", code=EXIT_USAGE)
-    return {"instance": inst, "ns_prefix": f"g{inst}-s", "hub_ns": f"g{inst}-hub", "bridge": f"g{inst}br0",
-            "ifname": f"g{inst}0", "subnet_prefix": sub, "host_prefix": f"{inst}-s", "probe_ns": f"g{inst}-probe",
-            "port_prefix": f"g{inst}p", "state_dir": f"{DEFAULT_STATE_DIR}-{inst}"}
-
-
-def state_dir():
-    return os.environ.get(ENV_STATE_DIR) or instance_names()["state_dir"]
-
-
-def layout(servers, sdir=None):
-    """Names and addresses of an emulated cluster of `servers` servers."""
-    if not isinstance(servers, int) or not 2 <= servers <= MAX_SERVERS:
-        raise ValueError(f"--servers must be an integer from 2 to {MAX_SERVERS}, got {servers!r}")
-    nm = instance_names()
-    sdir = sdir or state_dir()
-    hp, sp = nm["host_prefix"], nm["subnet_prefix"]
-    hosts = [{"index": i, "hostname": f"{hp}{i}", "netns": f"{nm['ns_prefix']}{i}",
-              "uts": os.path.join(sdir, f"uts-{hp}{i}"), "address": f"{sp}.{i + 1}"}
-             for i in range(servers)]
-    # Every egress that tc shapes: (namespace, device).
-    egress = [(h["netns"], nm["ifname"]) for h in hosts]
-    if servers > 2:
-        egress += [(nm["hub_ns"], f"{nm['port_prefix']}{i}") for i in range(servers)]
-    return {"servers": servers, "subnet": f"{sp}.0/24", "ifname": nm["ifname"], "bridge": servers > 2,
-            "hosts": hosts, "egress": egress, "state_dir": sdir, "names": nm}
-
-
-def read_state(sdir=None):
-    path = os.path.join(sdir or state_dir(), "state.json")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise EmuError("no emulated cluster is set up (no " + path + "); run "
-                       "`bench/cluster/emu-cluster setup --servers 2 --rate 100mbit` first", code=EXIT_USAGE) from None
-    except (OSError, ValueError) as exc:
-        raise EmuError(f"cannot read {path}: {exc}; run `bench/cluster/emu-cluster teardown` and set up again")
-
-
-def write_state(state):
-    sdir = state["state_dir"]
-    os.makedirs(sdir, exist_ok=True)
-    tmp = os.path.join(sdir, "state.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(state, f, indent=1)
-    os.replace(tmp, os.path.join(sdir, "state.json"))
-
-
-def host_index(state, target):
-    """Index of the server an rsh target names (hostname, user@hostname or address)."""
-    name = target.rsplit("@", 1)[-1]
-    for h in state["hosts"]:
-        if name in (h["hostname"], h["address"]):
-            return h["index"]
-    known = ", ".join(h["hostname"] for h in state["hosts"])
-    raise EmuError(f"rsh-agent: {target!r} is not a server of the emulated cluster (servers: {known})",
-                   code=255)
-
-
-def enter_argv(host, argv):
-    """argv that runs `argv` inside an emulated server's network and UTS namespaces."""
-    return ["nsenter", f"--net=/run/netns/{host['netns']}", f"--uts={host['uts']}", "--", *argv]
-
-
-def agent_argv(args, state):
-    """The command the rsh agent executes for Open MPI's `AGENT [options] HOST COMMAND...`.
-
-    Like ssh, the remote command is the remaining words joined by spaces and run by a shell (Open MPI
-    sends shell syntax: `PATH=...; export PATH; orted ...`).  Leading options (Open MPI's
-    plm_rsh_args, ssh's -x) are ignored: there is nothing to forward."""
-    rest = list(args)
-    while rest and rest[0].startswith("-"):
-        rest.pop(0)
-    if len(rest) < 2:
-        raise EmuError(f"rsh-agent: expected HOST COMMAND..., got {' '.join(map(shlex.quote, args)) or 'nothing'}",
-                       code=255)
-    host = state["hosts"][host_index(state, rest[0])]
-    command = " ".join(rest[1:]).strip()
-    if not command:
-        raise EmuError(f"rsh-agent: empty command for {rest[0]}", code=255)
-    return enter_argv(host, ["/bin/sh", "-c", command])
-
-
-EXPORTED_ENV = ("OMP_NUM_THREADS", "PYTHONUNBUFFERED", "PYTHONPATH", "MASTER_PORT")
-
-
-def split_np(argv):
-    """(number of ranks, the other mpirun arguments) from an mpirun-style argv."""
-    rest, n, i = [], None, 0
-    while i < len(argv):
-        a = argv[i]
-        if a in ("-n", "-np", "--np", "--n", "-c"):
-            if i + 1 >= len(argv):
-                raise ValueError(f"{a} needs a number of ranks")
-            n, i = argv[i + 1], i + 2
-            continue
-        m = re.fullmatch(r"(?:-n|-np|--np)=?(\d+)", a)
-        if m:
-            n, i = m.group(1), i + 1
-            continue
-        rest.append(a)
-        i += 1
-    if n is None:
-        raise ValueError("give the number of ranks with -n N (N = servers x ranks per server)")
-    try:
-        n = int(n)
-    except ValueError:
-        raise ValueError(f"-n {n!r} is not a number of ranks") from None
-    if n < 1:
-        raise ValueError(f"-n must be at least 1, got {n}")
-    return n, rest
-
-
-def launcher_argv(argv, state, timeout_s, env=None):
-    """(argv, extra environment) of the mpirun that `emu-mpirun ARGV` runs on the emulated cluster."""
-    env = os.environ if env is None else env
-    n, rest = split_np(argv)
-    servers = state["servers"]
-    if n % servers:
-        raise ValueError(f"-n {n} ranks cannot be spread evenly over {servers} emulated servers; give a "
-                         f"multiple of {servers} (every server needs the same number of ranks)")
-    if not rest:
-        raise ValueError("no program given: emu-mpirun -n N PROGRAM [ARGS...]")
-    per = n // servers
-    hosts = state["hosts"]
-    master = hosts[0]["address"]
-    extra_env = {"MASTER_ADDR": master, "GLOO_SOCKET_IFNAME": state["ifname"],
-                 "TP_SOCKET_IFNAME": state["ifname"], ENV_STATE_DIR: state["state_dir"]}
-    agent = os.path.join(HERE, "rsh-agent")
-    mpi = ["mpirun", "-n", str(n), "--host", ",".join(f"{h['hostname']}:{per}" for h in hosts),
-           "--map-by", "slot", "--bind-to", "none",
-           "--mca", "plm_rsh_agent", agent,
-           "--mca", "pml", "ob1", "--mca", "btl", "tcp,self,vader",
-           "--mca", "btl_tcp_if_include", state["subnet"], "--mca", "oob_tcp_if_include", state["subnet"]]
-    for name in sorted(extra_env) + [k for k in EXPORTED_ENV if k in env] + \
-            sorted(k for k in env if k.startswith("GRANNDIS_") and k not in extra_env):
-        mpi += ["-x", name]
-    # `timeout` bounds the whole job: SIGTERM to mpirun (which ends its ranks), SIGKILL 15 s later.
-    full = ["timeout", "--kill-after=15", str(int(timeout_s)), *enter_argv(hosts[0], mpi + rest)]
-    return full, extra_env
-
+# The pieces (re-exported here: emucluster is the one module its users import).
+from emuconfig import (HERE, REPO, ENV_STATE_DIR, DEFAULT_STATE_DIR, NS_PREFIX, HUB_NS, BRIDGE, IFNAME,
+                       SUBNET_PREFIX, SUBNET, HOST_PREFIX, ENV_INSTANCE, ENV_SUBNET, INSTANCE_RE,
+                       MAX_SERVERS, CMD_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, TBF_LATENCY, EXIT_USAGE,
+                       EXIT_REFUSED, RATE_UNITS, DELAY_UNITS, UNSHAPED, NETEM_MISSING, EmuError, parse_rate,
+                       format_rate, parse_delay, tbf_burst_bytes, qdisc_commands, instance_names, state_dir,
+                       layout, read_state, write_state, host_index)  # noqa: F401
+from emulaunch import (enter_argv, agent_argv, EXPORTED_ENV, split_np, launcher_argv, run_bounded,
+                       default_python)  # noqa: F401
+from emucheck import check_measurement, format_selfcheck  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------
 # System side
@@ -496,25 +246,6 @@ def shape(bps, delay_s=None):
     return state
 
 
-def run_bounded(cmd, env=None, capture=False, grace_s=20, cwd=None):
-    """subprocess.run that passes a stop on: on any exception here (SIGTERM/SIGHUP turned into
-    KeyboardInterrupt by install_signal_teardown, Ctrl-C) the child gets SIGTERM, then SIGKILL after
-    `grace_s`.  subprocess.run would SIGKILL `timeout` at once and orphan the mpirun under it."""
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, text=True, stdout=subprocess.PIPE if capture else None,
-                            stderr=subprocess.PIPE if capture else None)
-    try:
-        out, err = proc.communicate()
-    except BaseException:
-        proc.send_signal(signal.SIGTERM)  # `timeout` forwards it to its child
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 def emu_mpirun(argv, timeout_s=DEFAULT_RUN_TIMEOUT_S, capture=False):
     """Run mpirun on the emulated cluster; returns the CompletedProcess (or exits on a usage error)."""
     preflight()
@@ -526,11 +257,6 @@ def emu_mpirun(argv, timeout_s=DEFAULT_RUN_TIMEOUT_S, capture=False):
         print(f"emu-mpirun: the job ran past its {timeout_s} s limit and was stopped "
               f"(raise it with --emu-timeout S)", file=sys.stderr)
     return p
-
-
-def default_python():
-    venv = os.path.join(REPO, ".venv", "bin", "python")
-    return venv if os.path.exists(venv) else sys.executable
 
 
 def selfcheck(ranks_per_server=2, high=1.15, low=0.5, python=None, timeout_s=120, attempts=3, capacity_Bps=None):
@@ -566,47 +292,6 @@ def selfcheck(ranks_per_server=2, high=1.15, low=0.5, python=None, timeout_s=120
         if not m["problems"] or m["fatal"]:
             return m
     return best
-
-
-def check_measurement(m, servers, ranks_per_server, bps, high=1.15, low=0.5, capacity_Bps=None,
-                      with_fatal=False):
-    """Problems (list of str) with a ping-pong measurement; empty when shaping holds.
-
-    with_fatal: return (problems, fatal) where fatal says a problem is structural (not load)."""
-    problems, fatal = [], False
-    hosts = m["hosts"]
-    if len(set(hosts)) != servers:
-        problems.append(f"Open MPI sees {len(set(hosts))} host(s) ({sorted(set(hosts))}), expected {servers}: "
-                        f"the UTS namespaces are not in effect")
-        fatal = True
-    for s in range(servers):
-        mine = set(hosts[s * ranks_per_server:(s + 1) * ranks_per_server])
-        if len(mine) != 1:
-            problems.append(f"server {s}'s ranks are on several hosts {sorted(mine)}")
-            fatal = True
-    if bps is not None:
-        want = bps / 8
-        floor = want if capacity_Bps is None else min(want, capacity_Bps)
-        for peer, bw in m["inter_Bps"].items():
-            ratio = bw / want
-            if ratio > high:
-                problems.append(f"inter-server bandwidth to server {peer}: {bw / 1e6:.2f} MB/s = {ratio:.2f}x "
-                                f"the configured {format_rate(bps)} ({want / 1e6:.2f} MB/s); allowed at most "
-                                f"{high:g}x: the link is not shaped as configured")
-                fatal = True
-            elif bw < low * floor:
-                what = "the configured rate" if floor == want else "this machine's unshaped capacity"
-                problems.append(f"inter-server bandwidth to server {peer}: {bw / 1e6:.2f} MB/s = {ratio:.2f}x "
-                                f"the configured {format_rate(bps)} ({want / 1e6:.2f} MB/s), under {low:g}x "
-                                f"{what} ({floor / 1e6:.2f} MB/s): the link is not shaped as configured "
-                                f"(or the machine is too busy to drive it; try again when it is idle)")
-        inter_best = max(m["inter_Bps"].values()) if m["inter_Bps"] else 0.0
-        if m.get("intra_Bps") is not None and m["intra_Bps"] < 1.5 * inter_best:
-            problems.append(f"intra-server bandwidth {m['intra_Bps'] / 1e6:.1f} MB/s is not above the shaped "
-                            f"inter-server link ({inter_best / 1e6:.1f} MB/s): ranks inside a server are not "
-                            f"using shared memory")
-            fatal = True
-    return (problems, fatal) if with_fatal else problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -739,19 +424,6 @@ def main(argv=None):
     except KeyboardInterrupt as exc:
         print(f"emu-cluster: interrupted ({exc})", file=sys.stderr)
         return 130
-
-
-def format_selfcheck(m):
-    rate = format_rate(m.get("rate_bps"))
-    lines = [f"hosts by rank: {' '.join(m['hosts'])}",
-             f"intra-server (rank 0 <-> 1, shared memory): {m['intra_Bps'] / 1e6:9.1f} MB/s"
-             if m.get("intra_Bps") is not None else "intra-server: (one rank per server, not measured)"]
-    for peer, bw in m["inter_Bps"].items():
-        ratio = "" if m.get("rate_bps") is None else f" = {bw / (m['rate_bps'] / 8):.2f}x the {rate} limit"
-        lines.append(f"inter-server (server 0 <-> {peer}):            {bw / 1e6:9.2f} MB/s{ratio}")
-    lines.append(f"message size {m['bytes']:,} B, {m['reps']} round trips each, best of {m.get('trials', 1)} trials"
-                 f" (job {m.get('attempts', 1)})")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -41,6 +40,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "bench", "cluster"))
 import emucluster as emu  # noqa: E402
+# The pieces beside this module (re-exported): slurm.conf's text, and the processes' helpers.
+from slurmconf import CLUSTER_NAME, PARTITION, slurm_conf  # noqa: E402,F401
+from slurmprocs import (CMD_TIMEOUT_S, alive, cmdline, namespace_pids, read_json, spawn, stop_pids,  # noqa: E402,F401
+                        write_json)
 
 INSTANCE = "slurm"
 SUBNET = "10.214.0"
@@ -48,9 +51,6 @@ SUBNET = "10.214.0"
 # brings it too)
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "libpmix-dev")
 BINARIES = ("slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "scontrol", "squeue", "scancel", "munged")
-CLUSTER_NAME = "granndis"
-PARTITION = "emu"
-CMD_TIMEOUT_S = 30
 EXIT_SKIP = 3  # emucluster's EXIT_REFUSED: this machine cannot host it (the reason is printed)
 
 
@@ -144,123 +144,6 @@ def preflight():
 
 
 # ---------------------------------------------------------------------------------------------
-# Configuration (pure)
-
-
-def slurm_conf(state, sdir, cpus, cred_expire, kill_wait, munge_socket):
-    h0 = state["hosts"][0]
-    lines = [
-        "# written by slurm/testing/slurmcluster.py: a test cluster on emulated servers",
-        f"ClusterName={CLUSTER_NAME}",
-        f"SlurmctldHost={h0['hostname']}({h0['address']})",
-        "SlurmUser=root", "SlurmdUser=root",
-        "AuthType=auth/munge", "CredType=cred/munge",
-        f"AuthInfo=socket={munge_socket},cred_expire={int(cred_expire)}",
-        f"StateSaveLocation={sdir}/ctld",
-        f"SlurmctldPidFile={sdir}/slurmctld.pid",
-        f"SlurmctldLogFile={sdir}/slurmctld.log",
-        # %n: the node name; both slurmd share one file system
-        f"SlurmdSpoolDir={sdir}/spool-%n",
-        f"SlurmdPidFile={sdir}/slurmd-%n.pid",
-        f"SlurmdLogFile={sdir}/slurmd-%n.log",
-        f"TmpFS={sdir}/tmp-%n",
-        "SlurmdParameters=config_overrides",  # declare more CPUs than the machine's cores
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-        "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
-        "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-        "JobCompType=jobcomp/none", "SchedulerType=sched/backfill", "ReturnToService=2",
-        f"KillWait={int(kill_wait)}", "MinJobAge=3600", "InactiveLimit=0", "OverTimeLimit=0",
-        "SlurmctldTimeout=30", "SlurmdTimeout=60", "MessageTimeout=20",
-        "SlurmctldDebug=info", "SlurmdDebug=info",
-    ]
-    for h in state["hosts"]:
-        lines.append(f"NodeName={h['hostname']} NodeAddr={h['address']} NodeHostname={h['hostname']} "
-                     f"CPUs={int(cpus)} State=UNKNOWN")
-    lines.append(f"PartitionName={PARTITION} Nodes={','.join(h['hostname'] for h in state['hosts'])} "
-                 f"Default=YES MaxTime=INFINITE State=UP")
-    return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes
-
-
-def _read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")[0].decode(errors="replace")
-    except OSError:
-        return None
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours counts as gone
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _stop_pids(pids, grace_s=5.0):
-    """SIGTERM, then SIGKILL after grace_s, to the given pids (already known to be ours)."""
-    pids = [p for p in pids if p and p != os.getpid() and _alive(p)]
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGTERM)
-        except OSError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
-    for p in pids:
-        if _alive(p):
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
-    for p in pids:  # reap our own children
-        try:
-            os.waitpid(p, os.WNOHANG)
-        except OSError:
-            pass
-
-
-def namespace_pids(netns):
-    """Every process inside one of this instance's network namespaces (all started by this cluster)."""
-    p = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
-    return [int(x) for x in p.stdout.split() if x.isdigit()] if p.returncode == 0 else []
-
-
-def _spawn(argv, log):
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    return proc.pid
-
-
-# ---------------------------------------------------------------------------------------------
 # The cluster
 
 
@@ -268,7 +151,7 @@ def teardown(quiet=False):
     """Stop every job and daemon of this cluster, then remove its namespaces.  Idempotent."""
     use_instance()
     sdir = slurm_dir()
-    info = _read_json(os.path.join(sdir, "cluster.json")) or {}
+    info = read_json(os.path.join(sdir, "cluster.json")) or {}
     ns = sorted(n for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else [])
                 if n.startswith(emu.instance_names()["ns_prefix"]))
     # Jobs first (their ranks, slurmstepd), then the daemons; all live in our namespaces.
@@ -276,10 +159,10 @@ def teardown(quiet=False):
         pids = [p for n in ns for p in namespace_pids(n)]
         if not pids:
             break
-        _stop_pids(pids)
+        stop_pids(pids)
     munged = info.get("munged_pid")
-    if munged and (_cmdline(munged) or "").endswith("munged"):
-        _stop_pids([munged])
+    if munged and (cmdline(munged) or "").endswith("munged"):
+        stop_pids([munged])
     emu.teardown(quiet=True)
     if os.path.isdir(sdir):
         shutil.rmtree(sdir, ignore_errors=True)
@@ -352,8 +235,8 @@ def setup(servers=2, cpus=4, cred_expire=10, kill_wait=15, timeout_s=60, quiet=F
         sock = os.path.join(mdir, "munge.socket")
         munged = ["munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={key}",
                   f"--pid-file={mdir}/munged.pid", f"--log-file={mdir}/munged.log", f"--seed-file={mdir}/munged.seed"]
-        info = {"munged_pid": _spawn(munged, os.path.join(mdir, "munged.out")), "servers": servers}
-        _write_json(os.path.join(sdir, "cluster.json"), info)
+        info = {"munged_pid": spawn(munged, os.path.join(mdir, "munged.out")), "servers": servers}
+        write_json(os.path.join(sdir, "cluster.json"), info)
         _wait("munged's socket", lambda: (os.path.exists(sock), sock), 10, [os.path.join(mdir, "munged.log")])
         for d in ["ctld"] + [f"{k}-{h['hostname']}" for h in state["hosts"] for k in ("spool", "tmp")]:
             os.makedirs(os.path.join(sdir, d), exist_ok=True)
@@ -364,11 +247,11 @@ def setup(servers=2, cpus=4, cred_expire=10, kill_wait=15, timeout_s=60, quiet=F
         with open(conf, "w") as f:
             f.write(slurm_conf(state, sdir, cpus, cred_expire, kill_wait, sock))
         h0 = state["hosts"][0]
-        info["slurmctld_pid"] = _spawn(emu.enter_argv(h0, ["slurmctld", "-D", "-i", "-f", conf]),
+        info["slurmctld_pid"] = spawn(emu.enter_argv(h0, ["slurmctld", "-D", "-i", "-f", conf]),
                                        os.path.join(sdir, "slurmctld.out"))
-        info["slurmd_pids"] = [_spawn(emu.enter_argv(h, ["slurmd", "-D", "-N", h["hostname"], "-f", conf]),
+        info["slurmd_pids"] = [spawn(emu.enter_argv(h, ["slurmd", "-D", "-N", h["hostname"], "-f", conf]),
                                       os.path.join(sdir, f"slurmd-{h['hostname']}.out")) for h in state["hosts"]]
-        _write_json(os.path.join(sdir, "cluster.json"), info)
+        write_json(os.path.join(sdir, "cluster.json"), info)
         logs = [os.path.join(sdir, n) for n in ("slurmctld.out", "slurmctld.log")]
 
         def nodes_idle():
@@ -380,7 +263,7 @@ def setup(servers=2, cpus=4, cred_expire=10, kill_wait=15, timeout_s=60, quiet=F
         _wait(f"{servers} idle nodes", nodes_idle, timeout_s,
               logs + [os.path.join(sdir, f"slurmd-{h['hostname']}.{e}") for h in state["hosts"] for e in ("out", "log")])
         info["setup_s"] = round(time.monotonic() - t0, 2)
-        _write_json(os.path.join(sdir, "cluster.json"), info)
+        write_json(os.path.join(sdir, "cluster.json"), info)
     except BaseException:
         teardown(quiet=True)
         raise

@@ -5,10 +5,9 @@ import tempfile
 import pytest
 from mpi4py import MPI
 
-from tests.conftest import require_planetoid
+from tests.conftest import RANKS_PER_SERVER, require_planetoid
 
 WORLD = MPI.COMM_WORLD
-RANKS_PER_SERVER = 2
 
 
 @pytest.fixture(scope="session")

@@ -7,14 +7,13 @@
   and ends with the uninterrupted run's best_val and best-model.pt.
 """
 import os
-import tempfile
 
 import pytest
 import torch
 from mpi4py import MPI
 
 from granndis_hpc.metrics import BEST_MODEL, read_metrics
-from tests.mpi.conftest import make_trainer
+from tests.mpi.conftest import make_trainer, shared_tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -25,7 +24,7 @@ RECIPE = dict(epochs=EPOCHS, eval_every=1, dropout=0.5, input_dropout=0.5, weigh
 
 @pytest.fixture(scope="module")
 def base():
-    return WORLD.bcast(tempfile.mkdtemp(prefix="granndis-best-") if WORLD.rank == 0 else None)
+    return shared_tmpdir("granndis-best-")
 
 
 def _load_best(run_dir):

@@ -9,10 +9,10 @@ directory (ParMETIS, full 2-hop) and the chunk-native synthetic `local` generato
 import filecmp
 import os
 import shutil
-import tempfile
 
 import pytest
 from mpi4py import MPI
+from tests.mpi.conftest import on_rank0, shared_tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -21,7 +21,7 @@ SYNTH = dict(generator="local", vertices=6000, avg_degree=10, features=8, classe
 
 @pytest.fixture(scope="module")
 def base():
-    path = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-dist-") if WORLD.rank == 0 else None)
+    path = shared_tmpdir("granndis-dist-")
     yield path
     WORLD.barrier()
     if WORLD.rank == 0:
@@ -34,15 +34,12 @@ def cora_chunks(base, cora):
     from preprocess.chunked import graph_pieces, write_chunked
 
     out = os.path.join(base, "cora-chunks")
-    error = None
-    if WORLD.rank == 0:
-        try:
-            e, n = graph_pieces(cora, 3)
-            write_chunked(out, name=cora.name, num_vertices=cora.num_vertices, num_features=cora.num_features,
-                          num_classes=cora.num_classes, edge_pieces=e, node_pieces=n)
-        except Exception as exc:  # noqa: BLE001 -- reported on every rank
-            error = repr(exc)
-    assert WORLD.bcast(error) is None
+
+    def write():
+        e, n = graph_pieces(cora, 3)
+        write_chunked(out, name=cora.name, num_vertices=cora.num_vertices, num_features=cora.num_features,
+                      num_classes=cora.num_classes, edge_pieces=e, node_pieces=n)
+    on_rank0(write)
     return out
 
 

@@ -12,12 +12,12 @@ import os
 import re
 import shlex
 import statistics
-import tempfile
 
 import pytest
 from mpi4py import MPI
 
 from tests.conftest import REPO, require_planetoid
+from tests.mpi.conftest import shared_tmpdir
 
 pytestmark = [pytest.mark.mpi(min_size=4), pytest.mark.slow]
 WORLD = MPI.COMM_WORLD
@@ -54,7 +54,7 @@ def test_readme_recipe_reaches_the_published_gcn_accuracy(dataset):
     from preprocess.__main__ import main as preprocess_main
 
     build, train = readme_commands()
-    base = WORLD.bcast(tempfile.mkdtemp(prefix=f"granndis-published-{dataset}-") if WORLD.rank == 0 else None)
+    base = shared_tmpdir(f"granndis-published-{dataset}-")
     shards = os.path.join(base, "shards")
     assert preprocess_main(with_values(build, name=dataset, root=require_planetoid(), out=shards)) == 0
     best, last = {}, {}

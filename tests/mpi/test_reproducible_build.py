@@ -7,7 +7,6 @@ checked against one recomputed with hashlib from the owners read back from the f
 import hashlib
 import os
 import shutil
-import tempfile
 
 import h5py
 import numpy as np
@@ -16,6 +15,7 @@ from mpi4py import MPI
 
 from preprocess.build import build_shards
 from preprocess.partition import partition_servers
+from tests.mpi.conftest import shared_tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -43,7 +43,7 @@ def test_repeated_parmetis_partitions_are_identical(cora):
 
 @pytest.mark.timeout(120)
 def test_two_parmetis_builds_have_identical_digest_and_files(cora):
-    base = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-repro-") if WORLD.rank == 0 else None)
+    base = shared_tmpdir("granndis-repro-")
     outs = [os.path.join(base, f"build-{i}") for i in range(2)]
     manifests = [build_shards(cora, out, servers=2, gpus_per_server=2, layers=2, partitioner="parmetis",
                               seed=4, comm=WORLD) for out in outs]

@@ -9,7 +9,6 @@
 """
 import os
 import signal
-import tempfile
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from mpi4py import MPI
 from granndis_hpc.cluster.errors import ClusterError
 from granndis_hpc.engine import checkpoint as ck
 from granndis_hpc.metrics import read_metrics
-from tests.mpi.conftest import make_trainer
+from tests.mpi.conftest import make_trainer, shared_tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -29,7 +28,7 @@ COMMON = dict(hidden=16, dropout=0.5, lr=0.01, layers=3)
 
 @pytest.fixture(scope="module")
 def base():
-    return WORLD.bcast(tempfile.mkdtemp(prefix="granndis-resume-") if WORLD.rank == 0 else None)
+    return shared_tmpdir("granndis-resume-")
 
 
 def _run_to_end(trainer):

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -33,7 +32,7 @@ from granndis_hpc.engine import checkpoint as ck
 from granndis_hpc.metrics import read_metrics
 from granndis_hpc.shards.manifest import manifest_digests
 from tests.dense_reference import assert_parameters_close, train_dense
-from tests.mpi.conftest import make_trainer
+from tests.mpi.conftest import make_trainer, on_rank0, shared_tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -43,20 +42,7 @@ COMMON = dict(layers=LAYERS, hidden=16, lr=LR, dropout=P, seed=SEED)
 
 @pytest.fixture(scope="module")
 def base():
-    return WORLD.bcast(tempfile.mkdtemp(prefix="granndis-resume-shape-") if WORLD.rank == 0 else None)
-
-
-def _on_rank_0(fn):
-    """Run fn() on rank 0 and share its result; an error there fails every rank instead of hanging them."""
-    result, error = None, None
-    if WORLD.rank == 0:
-        try:
-            result = fn()
-        except Exception as exc:
-            error = repr(exc)
-    result, error = WORLD.bcast((result, error))
-    assert error is None, error
-    return result
+    return shared_tmpdir("granndis-resume-shape-")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +66,7 @@ def refused_sets(cora, cora_shapes, base):
         with open(path, "w") as f:
             json.dump(manifest, f)
         return dirs
-    return _on_rank_0(build)
+    return on_rank0(build)
 
 
 def _parameters(trainer):
@@ -173,7 +159,7 @@ def _snapshot(run_dir):
                     out[os.path.relpath(path, run_dir)] = hashlib.sha256(f.read()).hexdigest()
         return out
     WORLD.Barrier()
-    return _on_rank_0(files)
+    return on_rank0(files)
 
 
 @pytest.mark.parametrize("run,shards,extra,expected", [

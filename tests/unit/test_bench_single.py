@@ -2,16 +2,12 @@
 edge_index) give the same loss and gradients from the same weights, and a wrong weight is caught.
 PyG is optional (the `bench` extra), so without it this module is skipped."""
 import argparse
-import os
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("torch_geometric")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "bench"))
-import bench_single  # noqa: E402
+import bench_single  # noqa: E402  (bench/ is on pytest's pythonpath: pyproject.toml)
 
 
 def _setup():

@@ -2,8 +2,6 @@
 strict validation of chunk files (a clear error naming the file, exit non-zero, nothing written)."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ from preprocess.build import dataset_digest
 from preprocess.canonical import DataError
 from preprocess.chunked import open_chunked
 from preprocess.sources import load
-from tests.conftest import MPI_ENV, REPO
+from tests.conftest import run_mpi
 from tests.unit.test_sources_bundle import graphs_equal
 
 SYNTH = ["--source", "synthetic", "--generator", "sbm", "--vertices", "1500", "--avg-degree", "6",
@@ -144,9 +142,8 @@ def test_build_from_bad_chunks_fails_on_every_rank_and_writes_nothing(tmp_path, 
     d = _copy(cora_dir, tmp_path / "bad")
     _truncate(d / "labels-00002.npy")
     out = tmp_path / "shards"
-    cmd = ["mpirun", "-n", "2", sys.executable, "-m", "preprocess", "build", "--source", "chunked", "--path", str(d),
-           "--servers", "2", "--gpus-per-server", "1", "--layers", "1", "--partitioner", "metis", "--out", str(out)]
-    r = subprocess.run(cmd, cwd=REPO, env={**os.environ, **MPI_ENV}, capture_output=True, text=True, timeout=120)
+    r = run_mpi(["-m", "preprocess", "build", "--source", "chunked", "--path", d, "--servers", "2",
+                 "--gpus-per-server", "1", "--layers", "1", "--partitioner", "metis", "--out", out], n=2, timeout=120)
     assert r.returncode != 0
     # Said once, by rank 0, for both ranks (issue 21, item 10): every rank stops, one prints.
     assert "preprocess build: error (rank 0):" in r.stderr and "error (rank 1)" not in r.stderr, r.stderr

@@ -4,17 +4,15 @@ the cost model and the sweep page.  (Setting the cluster up needs root; `emu-clu
 `make bench-cluster` exercise that.)"""
 import json
 import os
-import sys
+import shutil
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "bench", "cluster"))
-sys.path.insert(0, os.path.join(REPO, "bench"))
+import bench_cluster  # bench/ and bench/cluster are on pytest's pythonpath (pyproject.toml)
+import costmodel
+import emucluster as emu
 
-import bench_cluster  # noqa: E402
-import costmodel  # noqa: E402
-import emucluster as emu  # noqa: E402
+from tests.conftest import REPO
 
 
 @pytest.fixture
@@ -403,20 +401,25 @@ def test_state_file_errors_are_clear(tmp_path, monkeypatch):
 
 # ---- granndis report --sweep -------------------------------------------------------------------
 
-def write_sweep(path, modes=("fb", "flx", "eas")):
-    def runs(fb_s):
-        return {m: {"epoch_s": fb_s if m == "fb" else 0.5} for m in modes}
-    sweep = {"modes": list(modes), "graph": {"servers": 2, "ranks_per_server": 2},
-             "rates": [{"label": "unshaped", "rate_bps": None, "bw_Bps": 1.4e8, "runs": runs(0.6)},
-                       {"label": "25mbit", "rate_bps": 25_000_000, "bw_Bps": 2.9e6, "runs": runs(4.0)},
-                       {"label": "100mbit", "rate_bps": 10**8, "bw_Bps": 1.1e7, "runs": runs(1.5)}]}
-    path.write_text(json.dumps(sweep))
-    return path
+LINKS = (("unshaped", None, 1.4e8, 0.6), ("25mbit", 25_000_000, 2.9e6, 4.0), ("100mbit", 10**8, 1.1e7, 1.5))
+
+
+def write_sweep(root, modes=("fb", "flx", "eas")):
+    """Run directories as bench_cluster.py leaves them: ROOT/LABEL/MODE, each with its link.json."""
+    from tests.unit.test_report import write_run
+    for label, bps, bw, fb_s in LINKS:
+        (root / label).mkdir(parents=True)
+        for m in modes:
+            run, summary = write_run(root / label, m, m)
+            (run / "summary.json").write_text(json.dumps({**summary, "epoch_time_s": fb_s if m == "fb" else 0.5}))
+            (run / "link.json").write_text(json.dumps({"label": label, "rate_bps": bps, "bw_Bps": bw,
+                                                       "intra_Bps": 1e9}))
+    return root
 
 
 def test_report_sweep_plots_speedup_against_rate(tmp_path, capsys):
     from granndis_hpc.report import main as report_main
-    path = write_sweep(tmp_path / "sweep.json")
+    path = write_sweep(tmp_path / "runs")
     out = tmp_path / "rep"
     assert report_main(["--sweep", str(path), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -432,19 +435,24 @@ def test_report_sweep_plots_speedup_against_rate(tmp_path, capsys):
 
 def test_report_sweep_errors(tmp_path, capsys):
     from granndis_hpc.report import main as report_main
-    assert report_main(["--sweep", str(write_sweep(tmp_path / "a.json", modes=("flx", "eas")))]) == 2
-    assert "no 'fb' mode" in capsys.readouterr().err
-    assert report_main(["--sweep", str(tmp_path / "missing.json")]) == 2
-    assert "bench_cluster.py writes it" in capsys.readouterr().err
-    bad = json.loads(write_sweep(tmp_path / "b.json").read_text())
-    del bad["rates"][1]["runs"]["eas"]
-    (tmp_path / "b.json").write_text(json.dumps(bad))
-    assert report_main(["--sweep", str(tmp_path / "b.json")]) == 2
-    assert "25mbit): no run of mode 'eas'" in capsys.readouterr().err
+    assert report_main(["--sweep", str(write_sweep(tmp_path / "a", modes=("flx", "eas")))]) == 2
+    assert "no run named 'fb'" in capsys.readouterr().err
+    assert report_main(["--sweep", str(tmp_path / "missing")]) == 2
+    assert "no run directories" in capsys.readouterr().err
+    bad = write_sweep(tmp_path / "b")
+    shutil.rmtree(bad / "25mbit" / "eas")
+    assert report_main(["--sweep", str(bad)]) == 2
+    assert "link '25mbit': no run of 'eas'" in capsys.readouterr().err
+    os.remove(bad / "100mbit" / "flx" / "link.json")
+    assert report_main(["--sweep", str(bad)]) == 2
+    assert "no link.json" in capsys.readouterr().err
+    (bad / "100mbit" / "flx" / "link.json").write_text(json.dumps({"label": "100mbit", "bw_Bps": 0, "intra_Bps": 1}))
+    assert report_main(["--sweep", str(bad)]) == 2
+    assert "'bw_Bps' must be a positive number" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         report_main([])                                          # neither runs nor --sweep
     with pytest.raises(SystemExit):
-        report_main(["somerun", "--sweep", str(tmp_path / "b.json")])
+        report_main(["somerun", "--sweep", str(bad)])
 
 
 def test_selfcheck_low_bound_follows_the_machines_capacity():

@@ -12,15 +12,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from granndis_hpc.engine import checkpoint as ck
-from tests.conftest import MPI_ENV, REPO, require_planetoid
+from tests.conftest import require_planetoid, start_mpi
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 EPOCHS, EVERY = 20, 10
@@ -46,8 +44,7 @@ def shards(tmp_path_factory):
 
 
 def _launch(args, log):
-    cmd = ["mpirun", "-n", "4", sys.executable, "-m", "granndis_hpc.cli", "train", *map(str, args)]
-    return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **MPI_ENV), stdout=log, stderr=subprocess.STDOUT)
+    return start_mpi(["-m", "granndis_hpc.cli", "train", *args], log)
 
 
 def _run(args, tmp_path, name, timeout=120):

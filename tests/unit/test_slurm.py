@@ -7,11 +7,11 @@ import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
+
 SLURM = REPO / "slurm"
 SCRIPTS = ["train.sbatch", "preprocess.sbatch", "lib.sh"]
 

@@ -5,14 +5,12 @@ Slurm script requeued the job forever).  Under `mpirun -n 2` (2 servers x 1 rank
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from granndis_hpc.engine import checkpoint as ck
-from tests.conftest import MPI_ENV, REPO
+from tests.conftest import start_mpi
 from tests.slurm_real import catches_usr1
 from tests.unit.test_resume import _rank_pids, cora_shards
 
@@ -28,10 +26,8 @@ def shards(tmp_path_factory):
 
 def test_stop_signal_during_set_up_stops_cleanly_before_training(shards, tmp_path):  # noqa: F811
     run_dir = tmp_path / "run"
-    cmd = ["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", str(shards),
-           "--out", str(run_dir), *TRAIN]
     with open(tmp_path / "log", "w+") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **MPI_ENV), stdout=log, stderr=subprocess.STDOUT)
+        proc = start_mpi(["-m", "granndis_hpc.cli", "train", "--shards", shards, "--out", run_dir, *TRAIN], log, n=2)
         try:
             # As soon as every rank catches SIGUSR1 (before the fix: only after set-up; now: before the
             # imports), signal them all: they are then still importing torch and mpi4py.

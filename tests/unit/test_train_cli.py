@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import MPI_ENV, REPO, require_planetoid, run_mpi
+from tests.conftest import REPO, mpi_env, require_planetoid, run_mpi
 
 LAYERS = 2
 
@@ -22,7 +22,7 @@ def _build(out, *extra):
     cmd = [sys.executable, "-m", "preprocess", "build", "--source", "planetoid", "--name", "cora",
            "--root", str(require_planetoid()), "--servers", "2", "--gpus-per-server", "2", "--layers", str(LAYERS),
            "--partitioner", "metis", "--out", str(out), *extra]
-    res = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, **MPI_ENV), capture_output=True, text=True,
+    res = subprocess.run(cmd, cwd=REPO, env=mpi_env(), capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     return out

@@ -1,0 +1,211 @@
+"""Reading and checking the run directories `granndis report` draws from, and matching each run with its
+fb baseline.  A run directory holds config.json, summary.json and metrics.jsonl (the trainer writes them)
+and, optionally, link.json (granndis_hpc/linkmodel.py: the link the run ran on, for the overlap limit
+and the speedup-against-link-rate page)."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from granndis_hpc import linkmodel
+from granndis_hpc.fsutil import read_json_object
+from granndis_hpc.metrics import MetricsError, read_metrics_lines
+
+TIME_PHASES = (("compute", "compute"), ("intra_comm", "intra-server comm"), ("inter_comm", "inter-server comm"),
+               ("grad_sync", "gradient sync"), ("sampling", "sampling"))
+BYTE_CLASSES = (("intra_halo", "intra-server halo"), ("inter_halo", "inter-server halo"),
+                ("intra_grad", "intra-server gradient"), ("inter_grad", "inter-server gradient"))
+COMM_PHASES = ("intra_comm", "inter_comm", "grad_sync")
+
+
+class ReportError(ValueError):
+    """A run directory is missing a file or holds a malformed one; the message names both."""
+
+
+@dataclass
+class RunData:
+    run_dir: str
+    config: dict
+    summary: dict
+    metrics: list
+    label: str = ""
+    link: Optional[dict] = None  # link.json, when the run directory has one
+
+    @property
+    def name(self) -> str:
+        """The run directory's own name (a sweep names its runs by configuration: fb, flx-k1, ...)."""
+        return os.path.basename(os.path.normpath(self.run_dir))
+
+    @property
+    def method(self) -> str:
+        return f"{self.summary['mode'].upper()} {self.summary['model']} L={self.summary['layers']}"
+
+    @property
+    def shape(self) -> tuple:
+        s = self.summary
+        return (s["model"], s["layers"], s["servers"], s["ranks_per_server"])
+
+    @property
+    def comm_s(self) -> float:
+        return sum(self.summary["seconds_per_epoch"][k] for k in COMM_PHASES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and checking
+
+
+def read_run_json(run_dir, name):
+    return read_json_object(os.path.join(run_dir, name), ReportError, where=f"run {run_dir}: {name}",
+                            not_found_hint=" (is this a granndis run directory, and did the run finish?)")
+
+
+def check(obj, key, kinds, where, optional=False):
+    """Return obj[key] if it has one of `kinds` ("int", "number", "str", "dict"); else ReportError."""
+    if key not in obj or obj[key] is None:
+        if optional:
+            return None
+        raise ReportError(f"{where}: missing {key!r}")
+    value = obj[key]
+    ok = {
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+        "str": lambda v: isinstance(v, str),
+        "dict": lambda v: isinstance(v, dict),
+    }
+    if not any(ok[k](value) for k in kinds):
+        raise ReportError(f"{where}: {key!r} must be {' or '.join(kinds)}, found {value!r}")
+    return value
+
+
+def _check_summary(summary, where):
+    for key in ("mode", "model"):
+        check(summary, key, ["str"], where)
+    for key in ("layers", "servers", "ranks_per_server", "epochs"):
+        check(summary, key, ["int"], where)
+    for key in ("epoch_time_s", "total_time_s"):
+        check(summary, key, ["number"], where)
+    seconds = check(summary, "seconds_per_epoch", ["dict"], where)
+    for key, _ in TIME_PHASES:
+        # sampling is absent from exact modes in older summaries: treat as zero
+        if check(seconds, key, ["number"], where + " seconds_per_epoch", optional=key == "sampling") is None:
+            seconds[key] = 0.0
+    byte_counts = check(summary, "bytes_per_epoch", ["dict"], where)
+    for key, _ in BYTE_CLASSES:
+        check(byte_counts, key, ["number"], where + " bytes_per_epoch")
+    accuracy = check(summary, "accuracy", ["dict"], where, optional=True) or {}
+    for key in ("train", "val", "test"):
+        check(accuracy, key, ["number"], where + " accuracy", optional=True)
+    summary["accuracy"] = accuracy
+    best = check(summary, "best_val", ["dict"], where, optional=True)
+    if best is not None:
+        check(best, "epoch", ["int"], where + " best_val")
+        for key in ("val", "test"):
+            check(best, key, ["number"], where + " best_val")
+    check(summary, "peak_memory_bytes", ["int"], where, optional=True)
+
+
+def _read_metrics(run_dir):
+    try:
+        lines = read_metrics_lines(run_dir)
+    except MetricsError as exc:
+        raise ReportError(f"run {run_dir}: {exc}") from None
+    records = []
+    for number, record in lines:
+        where = f"run {run_dir}: metrics.jsonl line {number}"
+        check(record, "epoch", ["int"], where)
+        for key in ("time_s", "loss"):
+            check(record, key, ["number"], where)
+        for key in ("val_acc", "test_acc", "train_acc"):
+            check(record, key, ["number"], where, optional=True)
+        records.append(record)
+    if not records:
+        raise ReportError(f"run {run_dir}: metrics.jsonl has no epoch records")
+    return records
+
+
+def load_run(run_dir) -> RunData:
+    """Read and check one run directory."""
+    run_dir = os.fspath(run_dir)
+    if not os.path.isdir(run_dir):
+        raise ReportError(f"run {run_dir}: not a directory")
+    config = read_run_json(run_dir, "config.json")
+    for key in ("mode", "model", "layers"):
+        if key not in config:
+            raise ReportError(f"run {run_dir}: config.json has no {key!r}")
+    summary = read_run_json(run_dir, "summary.json")
+    _check_summary(summary, f"run {run_dir}: summary.json")
+    for key in ("mode", "model", "layers"):
+        if config[key] != summary[key]:
+            raise ReportError(f"run {run_dir}: config.json says {key}={config[key]!r} but summary.json says "
+                              f"{summary[key]!r}; the files come from different runs")
+    link = None
+    if os.path.exists(linkmodel.link_path(run_dir)):
+        link = linkmodel.check_link(read_run_json(run_dir, linkmodel.LINK_FILE), f"run {run_dir}: {linkmodel.LINK_FILE}",
+                                    ReportError)
+    return RunData(run_dir, config, summary, _read_metrics(run_dir), link=link)
+
+
+def median_record(run) -> dict:
+    """The epoch record of the median epoch (the one summary.json's per-phase seconds come from)."""
+    return sorted(run.metrics, key=lambda r: r["time_s"])[(len(run.metrics) - 1) // 2]
+
+
+def overlap_limit_s(run) -> Optional[float]:
+    """The run's overlapped cost-model limit on its link (linkmodel.run_limit); None without link.json or
+    per-server byte counts."""
+    if run.link is None:
+        return None
+    try:
+        return linkmodel.run_limit(run.summary, median_record(run), run.link, run.run_dir)
+    except ValueError:
+        return None
+
+
+def assign_labels(runs):
+    """Method names, made unique with the run directory's name where two runs share one."""
+    counts = {}
+    for run in runs:
+        counts[run.method] = counts.get(run.method, 0) + 1
+    for run in runs:
+        run.label = run.method if counts[run.method] == 1 else f"{run.method} [{run.name}]"
+
+
+# Options besides the shape (model, layers, servers, ranks per server) that change what an epoch costs
+# or computes: a speedup against an fb run that differs in one of them is flagged (issue 21, item 11).
+COMPARED_SETTINGS = ("hidden", "dropout", "input_dropout", "norm", "weight_decay", "checkpoint_activations",
+                     "device", "intra_transport", "lr", "seed")
+
+
+def setting_differences(run, baseline) -> list:
+    """"name a vs b" for each of COMPARED_SETTINGS the two runs' config.json give different values."""
+    out = []
+    for key in COMPARED_SETTINGS:
+        a, b = run.config.get(key), baseline.config.get(key)
+        if a != b:
+            out.append(f"{key} {a!r} vs {b!r}")
+    return out
+
+
+def find_baselines(runs) -> dict:
+    """{index of run: index of its FB baseline run} for runs with a matching `fb` run (same shape),
+    preferring one whose settings (COMPARED_SETTINGS) are also the same."""
+    out = {}
+    for i, run in enumerate(runs):
+        fbs = [j for j, other in enumerate(runs) if other.summary["mode"].lower() == "fb" and other.shape == run.shape]
+        alike = [j for j in fbs if not setting_differences(run, runs[j])]
+        if alike or fbs:
+            out[i] = (alike or fbs)[0]
+    return out
+
+
+def baseline_notes(runs, baselines) -> list:
+    """One line per run whose FB baseline differs in settings (its speedup is marked with *)."""
+    notes = []
+    for i, j in sorted(baselines.items()):
+        diff = setting_differences(runs[i], runs[j])
+        if diff:
+            notes.append(f"* {runs[i].label}: its speedup compares against {runs[j].label}, whose settings differ "
+                         f"({', '.join(diff)}): not like with like; give an fb run with the same settings")
+    return notes

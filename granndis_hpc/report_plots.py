@@ -1,0 +1,138 @@
+"""The PNGs of `granndis report`: time per phase, accuracy, bytes per link class, and speedup over fb
+against link rate.  matplotlib's object API on the Agg canvas: no pyplot, no global backend switch, no
+display."""
+from __future__ import annotations
+
+from granndis_hpc.fsutil import atomic_path
+from granndis_hpc.report_data import BYTE_CLASSES, TIME_PHASES
+
+LOG_SCALE_RATIO = 1e3  # bytes plot switches to log scale when the largest/smallest nonzero value exceed this
+
+
+def _new_figure(width=7.5, height=4.5):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path):
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", bbox_inches="tight")
+    return path
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000.0
+    return f"{n} B"  # unreachable
+
+
+def plot_time_breakdown(runs, path):
+    import numpy as np
+    phases = [(k, name) for k, name in TIME_PHASES
+              if k != "sampling" or any(r.summary["seconds_per_epoch"]["sampling"] > 0 for r in runs)]
+    values = np.array([[r.summary["seconds_per_epoch"][k] for k, _ in phases] for r in runs], dtype=float)
+    epoch = np.array([r.summary["epoch_time_s"] for r in runs], dtype=float)
+    other = np.clip(epoch - values.sum(axis=1), 0.0, None)  # phases may overlap; never negative
+    if np.any(other > 0.01 * np.maximum(epoch, 1e-12)):
+        phases.append(("other", "other (not in a timed phase)"))
+        values = np.column_stack([values, other])
+    fig = _new_figure(max(5.0, 1.6 * len(runs) + 3), 4.5)
+    ax = fig.add_subplot()
+    x = np.arange(len(runs))
+    bottom = np.zeros(len(runs))
+    for j, (_, name) in enumerate(phases):
+        ax.bar(x, values[:, j], bottom=bottom, label=name, width=0.6)
+        bottom += values[:, j]
+    ax.set_xticks(x)
+    ax.set_xticklabels([r.label for r in runs], rotation=15, ha="right")
+    ax.set_ylabel("seconds per epoch (summary.json)")
+    ax.set_title("Epoch time by phase")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_accuracy(runs, path):
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    colors = [f"C{i % 10}" for i in range(len(runs))]
+    drawn = False
+    for run, color in zip(runs, colors):
+        for key, style, name in (("val_acc", "-", "val"), ("test_acc", "--", "test")):
+            points = [(m["epoch"], m[key]) for m in run.metrics if m.get(key) is not None]
+            if points:
+                epochs, acc = zip(*points)
+                ax.plot(epochs, acc, style, color=color, marker="." if len(points) < 30 else None,
+                        label=f"{run.label} {name}")
+                drawn = True
+    if drawn:
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no evaluated epochs in these runs", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("accuracy")
+    ax.set_title("Validation (solid) and test (dashed) accuracy")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_bytes(runs, path):
+    import numpy as np
+    values = np.array([[r.summary["bytes_per_epoch"][k] for k, _ in BYTE_CLASSES] for r in runs], dtype=float)
+    fig = _new_figure(max(6.0, 1.8 * len(runs) + 3), 4.5)
+    ax = fig.add_subplot()
+    x = np.arange(len(runs))
+    width = 0.8 / len(BYTE_CLASSES)
+    for j, (_, name) in enumerate(BYTE_CLASSES):
+        bars = ax.bar(x + (j - (len(BYTE_CLASSES) - 1) / 2) * width, values[:, j], width, label=name)
+        ax.bar_label(bars, labels=[human_bytes(v) for v in values[:, j]], fontsize=6, rotation=90, padding=2)
+    positive = values[values > 0]
+    log = positive.size > 0 and positive.max() / positive.min() > LOG_SCALE_RATIO
+    if log:
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=positive.min() / 3, top=positive.max() * 30)  # room for the labels
+    else:
+        ax.set_ylim(top=max(values.max(), 1.0) * 1.3)
+    ax.set_xticks(x)
+    ax.set_xticklabels([r.label for r in runs], rotation=15, ha="right")
+    ax.set_ylabel("bytes per epoch" + (" (log scale)" if log else ""))
+    ax.set_title("Traffic per link class")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def sweep_x(rate) -> float:
+    """Link rate in Mbit/s for the x axis: the configured one, or the measured one when unshaped."""
+    bps = rate["rate_bps"] if rate.get("rate_bps") is not None else rate["bw_Bps"] * 8
+    return bps / 1e6
+
+
+def plot_sweep(sweep, path):
+    rates = sorted(sweep["rates"], key=sweep_x)
+    xs = [sweep_x(r) for r in rates]
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for i, m in enumerate(sweep["modes"]):
+        if m == "fb":
+            continue
+        ys = [r["runs"]["fb"]["epoch_s"] / r["runs"][m]["epoch_s"] for r in rates]
+        ax.plot(xs, ys, marker="o", color=f"C{i % 10}", label=m)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="fb (= 1)")
+    for r, x in zip(rates, xs):
+        if r.get("rate_bps") is None:
+            ax.annotate("unshaped", (x, 1.0), textcoords="offset points", xytext=(0, -14), ha="center",
+                        fontsize="small")
+    ax.set_xscale("log")
+    ax.set_xlabel("inter-server link rate per direction (Mbit/s, log scale)")
+    ax.set_ylabel("speedup over fb (epoch time)")
+    g = sweep.get("graph", {})
+    ax.set_title(f"Speedup over fb vs link rate ({g.get('servers', '?')} servers x {g.get('ranks_per_server', '?')} "
+                 f"ranks, emulated)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
