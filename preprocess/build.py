@@ -23,6 +23,7 @@ from granndis_hpc.shards import (FORMAT_VERSION, check_free_space, commit_shard_
                                  lower_bound_set_bytes, prepare_output_dir, stage_server_file)
 from granndis_hpc.shards import content
 
+from .canonical import DataError
 from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from .owners import assign_owners
 from .partition import PARTITIONERS, balance, partition_digest, partition_gpus, partition_servers
@@ -80,6 +81,20 @@ def validate_config(cfg: BuildConfig, num_vertices: int) -> None:
                         f"every GPU needs at least one inner vertex: use fewer servers/GPUs or a larger graph")
     if problems:
         raise ValueError("invalid build configuration: " + "; ".join(problems))
+
+
+def check_dataset(name: str, num_vertices: int, num_classes: int, num_train: int) -> None:
+    """What no mode can train on, refused before anything is written (called identically on every
+    rank): a class count above the vertex count (a source's or metadata.json's num_classes of 2**40
+    made training allocate an output layer that wide), and an empty train split (issue 21, item 16).
+    verify and training refuse the same sets (preprocess/verify.py, engine/trainer.check_split_totals)."""
+    if int(num_classes) > max(int(num_vertices), 1):
+        raise DataError(f"{name}: num_classes={int(num_classes)} exceeds the {int(num_vertices)} vertices (a model's "
+                        f"output layer would be that wide). Fix: give the dataset's true class count (the source's "
+                        f"num_classes, e.g. in metadata.json or the bundle), or leave it out to count the labels")
+    if int(num_train) == 0:
+        raise DataError(f"{name}: the train split is empty (no vertex is marked for training), so no mode can "
+                        f"train on the set. Fix: mark training vertices in the dataset's split (train_mask)")
 
 
 def _permute_csr(indptr: np.ndarray, indices: np.ndarray, perm: np.ndarray):
@@ -297,6 +312,7 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
     log = log or PhaseLog(group, printer=lambda *a, **k: None)
     with group.errors("checking the build configuration"):
         validate_config(cfg, graph.num_vertices)
+        check_dataset(graph.name, graph.num_vertices, graph.num_classes, int(np.count_nonzero(graph.train_mask)))
     S, G, P, rank = cfg.servers, cfg.gpus_per_server, group.size, group.rank
     prepare_build_output(group, cfg, graph.num_vertices, graph.num_edges, graph.num_features)
 

@@ -20,7 +20,7 @@ from granndis_hpc import memory_model as mm
 from granndis_hpc.cluster.group import as_group
 from granndis_hpc.units import format_size
 
-from .build import BuildConfig, build_server, validate_config
+from .build import BuildConfig, build_server, check_dataset, validate_config
 from .partition import partition_gpus, partition_servers
 
 
@@ -448,6 +448,8 @@ def resolve_build_hops(group, graph, args, printer=print, record: Optional[dict]
         return args.hops
     with group.errors("reading the options", catch=(ValueError,)):
         cfg = config_from_args(args, eas=False)
+        # before the memory model sizes an output layer of num_classes (2**40: "needs 3.1e+03 TiB per GPU")
+        check_dataset(graph.name, graph.num_vertices, graph.num_classes, int(np.count_nonzero(graph.train_mask)))
     decision = auto_hops(group, graph, cfg)
     if group.rank == 0:
         printer(f"[preprocess] --hops auto: k = {decision.choice.k} (estimated peak "
