@@ -166,7 +166,7 @@ def test_verify_recomputes_the_content_digest(shard_set, tmp_path):
     assert len(problems) == 1 and "preloaded rows' features differ" in problems[0], problems
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_training_with_verify_content_refuses_the_tampered_set_on_resume(shard_set, tmp_path):
     """Item 2 at training: the tampered set of the probe (one training label changed, the file's sha256
     recomputed, content_sha256 left as built) was accepted by `--resume` as the same dataset.  With
@@ -177,11 +177,11 @@ def test_training_with_verify_content_refuses_the_tampered_set_on_resume(shard_s
     run = tmp_path / "run"
     common = ["-m", "granndis_hpc.cli", "train", "--ranks-per-server", "2", "--mode", "flx", "--layers", "2",
               "--quiet", "--verify-content"]
-    res = run_mpi([*common, "--shards", shard_set, "--epochs", "1", "--out", run], timeout=120)
+    res = run_mpi([*common, "--shards", shard_set, "--epochs", "1", "--out", run], timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]  # the set as built passes
     row = int(_train_rows(shard_set, 1)[0])
     bad = tamper(shard_set, tmp_path / "label", 1, "labels", lambda a: _set(a, row, (a[row] + 1) % 5))
-    res = run_mpi([*common, "--resume", run, "--shards", bad, "--epochs", "2"], timeout=120)
+    res = run_mpi([*common, "--resume", run, "--shards", bad, "--epochs", "2"], timeout=240)
     assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert "--verify-content: manifest.json dataset.content_sha256 is" in res.stderr, res.stderr[-3000:]
     assert f"preprocess verify {bad}" in res.stderr, res.stderr[-3000:]
