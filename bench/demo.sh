@@ -90,18 +90,28 @@ for mode, s in runs.items():
     print(f"{mode:<5} {s['epoch_time_s']:>10.4f} {t['compute'] + t['sampling']:>10.4f} "
           f"{t['intra_comm'] + t['inter_comm']:>8.4f} {t['grad_sync']:>8.4f} {fb['epoch_time_s'] / s['epoch_time_s']:>7.2f}x "
           f"{b['intra_halo']:>14,} {b['inter_halo']:>14,} {b['inter_grad']:>14,} {s['accuracy']['test']:>9.4f}")
-print("(epoch = the slowest rank's median epoch; compute + comm + grad are that rank's parts of it)")
+print("(epoch = the slowest rank's median epoch; compute + comm + grad are that rank's parts of it; speedup over\n"
+      " fb as it runs by default: its halo in flight while each layer aggregates the rows it holds and gradients\n"
+      " reduced during the backward (issue 19), a stronger baseline than fb waiting for every halo, --no-overlap)")
 # Learning: test accuracy at every evaluated epoch, and the exactness statement (fb and flx compute the
 # same full-graph model with the same dropout masks, so their accuracies are equal).
 print("\ntest accuracy by epoch (6 % is chance for 16 classes):")
 for mode in runs:
     recs = [json.loads(l) for l in open(f"{out}/runs/{mode}/metrics.jsonl") if l.strip()]
     print(f"  {mode:<4} " + "  ".join(f"{r['epoch'] + 1}: {r['test_acc']:.3f}" for r in recs if "test_acc" in r))
-same = runs["fb"]["accuracy"]["test"] == runs["flx"]["accuracy"]["test"]
-print(f"fb {'=' if same else '!='} flx: test accuracy {runs['fb']['accuracy']['test']:.4f} "
-      f"{'=' if same else '!='} {runs['flx']['accuracy']['test']:.4f}" + (
-          " (Flexible Preloading is exact: the same model as the full-batch baseline; eas samples the "
-          "preload's boundary, so it differs)" if same else " (they should be equal: please report this)"))
+# fb and flx compute one function (the same model, weights and dropout masks); only the order of the
+# float32 sums differs (flx aggregates preloaded rows, fb exchanges them and, overlapped, adds the halo
+# edges after the rows it holds), so after ten epochs of Adam a vertex at a decision boundary may flip.
+# "Equal" here: at most 0.1 % of the test vertices (the exactness tests compare the logits themselves).
+n_test = int(json.load(open(f"{out}/shards-full/manifest.json"))["dataset"]["num_test"])
+acc = {m: runs[m]["accuracy"]["test"] for m in ("fb", "flx")}
+differ = round(abs(acc["fb"] - acc["flx"]) * n_test)
+loss = {m: [json.loads(l) for l in open(f"{out}/runs/{m}/metrics.jsonl") if l.strip()][-1]["loss"] for m in acc}
+same = differ <= max(1, n_test // 1000)
+print(f"fb {'=' if same else '!='} flx: test accuracy {acc['fb']:.4f} {'=' if differ == 0 else 'vs'} {acc['flx']:.4f} "
+      f"(a difference of {differ} of {n_test:,} test vertices; last training loss {loss['fb']:.5f} vs {loss['flx']:.5f})" + (
+          " -- Flexible Preloading is exact: the full-batch model, up to the order of float32 sums; eas samples "
+          "the preload's boundary, so it differs" if same else " (they should agree: please report this)"))
 if not emulated:
     # What a shaped link would show: this run's epoch without its inter-server seconds (shared memory
     # here), plus the busiest server's exact inter-server bytes over the link's TCP payload rate

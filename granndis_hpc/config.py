@@ -133,6 +133,10 @@ class TrainConfig:
                                   help="intra-server transport (auto: NCCL on GPU, measured default on CPU)")
     quiet: bool = option(False, on_resume="may_change", help="no per-epoch lines on stdout and no progress bar")
     skip_checksums: bool = option(False, on_resume="may_change", help="do not verify shard sha256 at start-up")
+    verify_content: bool = option(False, on_resume="may_change",
+                                  help="before training, recompute the dataset content digest from the rows the "
+                                       "ranks read and refuse a set whose files were edited after the build "
+                                       "(dataset.content_sha256; the dataset's bytes travel to rank 0 once)")
     # Checkpoints (engine/checkpoint.py): every N epochs (0 = only when SIGUSR1/SIGTERM asks to stop),
     # and the run directory to continue from (its newest complete checkpoint).
     checkpoint_every: int = option(0, ge=0, metavar="N", on_resume="may_change",

@@ -12,7 +12,6 @@ A failure on any rank is agreed on collectively (granndis_hpc.cluster's `collect
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +21,9 @@ from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_from_edges, csr_rows, row_of_edges
 from granndis_hpc.shards import (FORMAT_VERSION, check_free_space, commit_shard_set, discard_staged,
                                  lower_bound_set_bytes, prepare_output_dir, stage_server_file)
+from granndis_hpc.shards import content
 
+from .canonical import DataError
 from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from .owners import assign_owners
 from .partition import PARTITIONERS, balance, partition_digest, partition_gpus, partition_servers
@@ -80,6 +81,20 @@ def validate_config(cfg: BuildConfig, num_vertices: int) -> None:
                         f"every GPU needs at least one inner vertex: use fewer servers/GPUs or a larger graph")
     if problems:
         raise ValueError("invalid build configuration: " + "; ".join(problems))
+
+
+def check_dataset(name: str, num_vertices: int, num_classes: int, num_train: int) -> None:
+    """What no mode can train on, refused before anything is written (called identically on every
+    rank): a class count above the vertex count (a source's or metadata.json's num_classes of 2**40
+    made training allocate an output layer that wide), and an empty train split (issue 21, item 16).
+    verify and training refuse the same sets (preprocess/verify.py, engine/trainer.check_split_totals)."""
+    if int(num_classes) > max(int(num_vertices), 1):
+        raise DataError(f"{name}: num_classes={int(num_classes)} exceeds the {int(num_vertices)} vertices (a model's "
+                        f"output layer would be that wide). Fix: give the dataset's true class count (the source's "
+                        f"num_classes, e.g. in metadata.json or the bundle), or leave it out to count the labels")
+    if int(num_train) == 0:
+        raise DataError(f"{name}: the train split is empty (no vertex is marked for training), so no mode can "
+                        f"train on the set. Fix: mark training vertices in the dataset's split (train_mask)")
 
 
 def _permute_csr(indptr: np.ndarray, indices: np.ndarray, perm: np.ndarray):
@@ -256,25 +271,18 @@ class PhaseLog:
         self.last = now
 
 
-# What the content digest covers, in this order (dtype fixed, little-endian, so that the digest does not
-# depend on the machine or on how a source happened to type its arrays).
-_CONTENT = (("indptr", "<i8"), ("indices", "<i8"), ("features", "<f4"), ("labels", "<i8"),
-            ("train_mask", "|b1"), ("val_mask", "|b1"), ("test_mask", "|b1"))
+_CONTENT = content.CONTENT  # what the digest covers, in order (sliced.slice_digest streams it)
 
 
 def dataset_digest(graph) -> str:
     """sha256 of the canonical dataset in global-id order: the in-edge CSR, the features, the labels,
-    the class count and the three split masks.  It does not depend on the partition, the layout or the
-    preload, so two shard sets of one dataset built for different S x G (or with another partitioner,
-    seed or --hops) share it, and a checkpoint can continue on either (engine/checkpoint.py); a change
-    to any edge, feature value, label or split flag changes it.  One pass over the arrays (memoryviews,
-    no copies when the arrays already have these dtypes)."""
-    h = hashlib.sha256(f"granndis-dataset-v1 classes={int(graph.num_classes)}".encode())
-    for name, dtype in _CONTENT:
-        a = np.ascontiguousarray(getattr(graph, name), dtype=dtype)
-        h.update(f" {name}:{a.dtype.str}:{list(a.shape)};".encode())  # shapes bound the byte runs
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()
+    the class count and the three split masks (granndis_hpc/shards/content.py defines it, so that a
+    training job with --verify-content recomputes the same bytes from its ranks' rows).  It does not
+    depend on the partition, the layout or the preload, so two shard sets of one dataset built for
+    different S x G (or with another partitioner, seed or --hops) share it, and a checkpoint can
+    continue on either (engine/checkpoint.py); a change to any edge, feature value, label or split flag
+    changes it.  One pass over the arrays (no copies when they already have the digest's dtypes)."""
+    return content.dataset_digest(graph)
 
 
 def _dataset_entry(graph, content_digest: str | None = None) -> dict:
@@ -304,6 +312,7 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
     log = log or PhaseLog(group, printer=lambda *a, **k: None)
     with group.errors("checking the build configuration"):
         validate_config(cfg, graph.num_vertices)
+        check_dataset(graph.name, graph.num_vertices, graph.num_classes, int(np.count_nonzero(graph.train_mask)))
     S, G, P, rank = cfg.servers, cfg.gpus_per_server, group.size, group.rank
     prepare_build_output(group, cfg, graph.num_vertices, graph.num_edges, graph.num_features)
 

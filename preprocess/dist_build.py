@@ -32,7 +32,8 @@ from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import Graph, csr_rows, rank_in_rows, row_of_edges
 from granndis_hpc.shards import discard_staged
 
-from .build import PhaseLog, build_and_stage, commit_build, prepare_build_output, validate_config
+from .build import (PhaseLog, build_and_stage, check_dataset, commit_build, prepare_build_output,
+                    validate_config)
 from .halo import eas, full_khop, unique_sorted
 from .partition import partition_gpus, partition_servers
 from .sliced import GraphSlice, shuffle_to_owners
@@ -223,8 +224,10 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
         from .sliced import slice_digest
 
         content_digest = slice_digest(group, part)
+    num_train = int(group.allreduce_sum(np.array([np.count_nonzero(part.train_mask)], dtype=np.int64))[0])
     with group.errors("checking the build configuration"):
         validate_config(cfg, n)
+        check_dataset(part.name, n, part.num_classes, num_train)
     S, G, P, rank = cfg.servers, cfg.gpus_per_server, group.size, group.rank
     rows = np.diff(part.vtxdist)
     degree = group.allgatherv_rows(np.diff(part.indptr), rows)

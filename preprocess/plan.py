@@ -13,11 +13,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
+
 from granndis_hpc import memory_model as mm
 from granndis_hpc import registry
 from granndis_hpc.cluster.group import as_group
 from granndis_hpc.units import format_size, parse_size
 
+from .build import check_dataset
 from .build_memory import estimate_build_memory, smallest_fitting_ranks
 from .options import hops_value
 from .plan_sets import plan_options
@@ -268,6 +271,8 @@ def resolve_build_hops(group, graph, args, printer=print, record: Optional[dict]
         return hops
     with group.errors("reading the options", catch=(ValueError,)):
         cfg = config_from_args(args, eas=False)
+        # before the memory model sizes an output layer of num_classes (2**40: "needs 3.1e+03 TiB per GPU")
+        check_dataset(graph.name, graph.num_vertices, graph.num_classes, int(np.count_nonzero(graph.train_mask)))
     decision = auto_hops(group, graph, cfg)
     if group.rank == 0:
         printer(f"[preprocess] --hops auto: k = {decision.choice.k} (estimated peak "

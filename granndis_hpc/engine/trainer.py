@@ -125,6 +125,9 @@ class Trainer:
         cfg, topo = self.cfg, self.topo
         with collective_errors(self.world, "", catch=(shards.ShardError, OSError, KeyError, ValueError)):
             sl = shards.read_rank_slice(cfg.shards, self.manifest, topo.server, topo.local_rank)
+        if cfg.verify_content:  # collective, the same refusal on every rank (shards/content.py)
+            with collective_errors(self.world, "", catch=(shards.ShardError,)):
+                shards.check_job_content(self.world, sl, self.manifest, cfg.shards)
         self.slice = sl
         # A shard whose rows disagree with its peers' (a view's row width, an edge naming a row nobody
         # holds) is refused by the planner on every rank of the view (views.build_view agrees on it);

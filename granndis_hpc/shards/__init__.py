@@ -3,6 +3,7 @@
 Readers (the engine) use read_manifest, check_job, verify_checksums and read_rank_slice; the
 preprocess stage writes with prepare_output_dir / stage_server_file / commit_shard_set (or write_shards).
 """
+from .content import check_job_content
 from .manifest import check_job, manifest_digests, read_manifest, sha256_file, verify_checksums
 from .reader import (RankSlice, read_rank_slice, read_server_arrays, read_server_graph, read_server_rows,
                      server_file)
@@ -13,7 +14,7 @@ from .writer import (StagedFile, check_free_space, commit_shard_set, discard_sta
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "DATASETS", "ShardError", "server_file_name",
-    "read_manifest", "check_job", "verify_checksums", "sha256_file",
+    "read_manifest", "check_job", "check_job_content", "verify_checksums", "sha256_file",
     "RankSlice", "read_rank_slice", "read_server_arrays", "read_server_graph", "read_server_rows", "server_file",
     "StagedFile", "check_free_space", "estimate_file_bytes", "leftover_temporaries", "lower_bound_set_bytes",
     "manifest_digests", "prepare_output_dir", "stage_server_file", "commit_shard_set", "discard_staged", "write_shards",

@@ -63,3 +63,44 @@ def test_a_permission_denied_set_says_so(shard_set, monkeypatch):
     with pytest.raises(shards.ShardError, match=r"cannot be read by this user \(Permission denied\)") as info:
         shards.read_manifest(shard_set)
     assert "--overwrite" not in str(info.value)
+
+
+def _bundle(path, classes=None, train=True, n=60):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, n, 4 * n)
+    dst = (src + rng.integers(1, n, 4 * n)) % n
+    split = np.arange(n) % 3
+    arrays = {"edge_index": np.stack([src, dst]), "features": rng.standard_normal((n, 4)).astype(np.float32),
+              "labels": rng.integers(0, 3, n), "train_mask": (split == 0) & train, "val_mask": split == 1,
+              "test_mask": split == 2}
+    if classes is not None:
+        arrays["num_classes"] = np.array([classes])
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize("build", ["whole graph", "distributed", "hops auto"])
+@pytest.mark.parametrize("case,message", [
+    ({"classes": 2 ** 40}, "num_classes=1099511627776 exceeds the 60 vertices"),
+    ({"train": False}, "the train split is empty"),
+])
+def test_the_build_refuses_an_absurd_class_count_and_an_empty_train_split(tmp_path, capsys, build, case, message):
+    """Item 16: both passed `preprocess build` (verify and training refused them afterwards).  The whole-
+    graph build reads a bundle; the distributed one (preprocess/dist_build.py) the chunked format made
+    from it.  Refused before anything is written, with the fix."""
+    from preprocess.__main__ import main
+
+    source = ["--source", "bundle", "--path", str(_bundle(tmp_path / "g.npz", **case))]
+    if build == "distributed":
+        assert main(["chunk", *source, "--chunks", "2", "--out", str(tmp_path / "chunks")]) == 0
+        source = ["--source", "chunked", "--path", str(tmp_path / "chunks")]
+    if build == "hops auto":  # the memory model must not size the output layer first ("needs 3.1e+03 TiB")
+        source += ["--hops", "auto", "--memory-per-gpu", "1GiB"]
+    out = tmp_path / "set"
+    rc = main(["build", *source, "--servers", "2", "--gpus-per-server", "1", "--layers", "2", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and message in err and "Fix:" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not out.exists()

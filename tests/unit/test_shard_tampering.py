@@ -166,6 +166,32 @@ def test_verify_recomputes_the_content_digest(shard_set, tmp_path):
     assert len(problems) == 1 and "preloaded rows' features differ" in problems[0], problems
 
 
+@pytest.mark.timeout(600)
+def test_training_with_verify_content_refuses_the_tampered_set_on_resume(shard_set, tmp_path):
+    """Item 2 at training: the tampered set of the probe (one training label changed, the file's sha256
+    recomputed, content_sha256 left as built) was accepted by `--resume` as the same dataset.  With
+    --verify-content the job's ranks recompute the digest from the rows they read and refuse it, on
+    every rank, before any epoch (tests/mpi/test_verify_content.py checks the digest itself)."""
+    from tests.conftest import run_mpi
+
+    run = tmp_path / "run"
+    common = ["-m", "granndis_hpc.cli", "train", "--ranks-per-server", "2", "--mode", "flx", "--layers", "2",
+              "--quiet", "--verify-content"]
+    res = run_mpi([*common, "--shards", shard_set, "--epochs", "1", "--out", run], timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]  # the set as built passes
+    row = int(_train_rows(shard_set, 1)[0])
+    bad = tamper(shard_set, tmp_path / "label", 1, "labels", lambda a: _set(a, row, (a[row] + 1) % 5))
+    res = run_mpi([*common, "--resume", run, "--shards", bad, "--epochs", "2"], timeout=240)
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert "--verify-content: manifest.json dataset.content_sha256 is" in res.stderr, res.stderr[-3000:]
+    assert f"preprocess verify {bad}" in res.stderr, res.stderr[-3000:]
+    assert len(read_metrics_lines(run)) == 1  # nothing trained on the tampered set
+
+
+def read_metrics_lines(run):
+    return [line for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
 def test_a_read_only_output_is_named_as_such(tmp_path, monkeypatch):
     """Item 9: `build --overwrite` onto a read-only set said "not enough free space ... (No space left on
     device" with 15.0 of 15.0 MiB free; the cause is the read-only file system."""

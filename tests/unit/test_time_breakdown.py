@@ -20,6 +20,10 @@ def test_summary_parts_add_up_to_the_epoch_time():
     total = sum(s["seconds_per_epoch"][k] for k in PARTS)
     assert total == pytest.approx(s["epoch_time_s"]) == pytest.approx(1.02)
     assert s["seconds_per_epoch"]["inter_comm"] == pytest.approx(0.9)  # epoch 2, the median one
+    # An even count (`make demo` trains 10 epochs): the lower median epoch, not the mean of the middle two.
+    s = summarize(recs[:4], {"mode": "fb", "model": "sage", "layers": 2}, None, 0, {"servers": 2, "ranks_per_server": 2},
+                  5.0)
+    assert sum(s["seconds_per_epoch"][k] for k in PARTS) == pytest.approx(s["epoch_time_s"]) == pytest.approx(1.01)
 
 
 def test_report_flags_a_speedup_against_unlike_settings(tmp_path):
