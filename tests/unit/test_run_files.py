@@ -71,11 +71,11 @@ def test_a_full_disk_during_the_run_stops_every_rank_with_one_message(one_rank_s
 
 
 def test_a_full_disk_at_the_summary_is_the_collective_error(one_rank_set, tmp_path, monkeypatch):
-    import granndis_hpc.engine.trainer as trainer
+    import granndis_hpc.engine.rundir as rundir  # the run directory writes summary.json (issue 20)
 
     def no_space(run_dir, summary):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(run_dir, "summary.json"))
-    monkeypatch.setattr(trainer, "write_summary", no_space)
+    monkeypatch.setattr(rundir, "write_summary", no_space)
     with pytest.raises(ClusterError, match=r"summary.json \(free space, then continue with --resume .*No space left"):
         train(one_rank_set, tmp_path / "run")
 
