@@ -120,8 +120,10 @@ def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, f
     return _order_by_hop(n, bfs_hops(indptr, indices, inner, hops, expand), hops)
 
 
-def induced_subgraph(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):
-    """In-edge CSR of the subgraph induced on `vertices` (local id i = vertices[i]); sources sorted in a row."""
+def induced_edges(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):
+    """(source, destination) in local ids (local id i = vertices[i]) of every edge of the subgraph
+    induced on `vertices`, grouped by destination (the rows of `vertices` in order).  The one body of
+    induced_subgraph and partition.induced_symmetric."""
     n = indptr.shape[0] - 1
     local = np.full(n, -1, dtype=np.int64)
     local[vertices] = np.arange(vertices.shape[0], dtype=np.int64)
@@ -129,9 +131,15 @@ def induced_subgraph(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarr
     # This is the build's largest temporary (every in-edge of every server row): hold at most two
     # edge-sized arrays besides the kept ones (the build's peak per rank was set here, 56 B per edge).
     src = local[src]
+    del local
     keep = src >= 0
     src = src[keep]
-    rows = row_of_edges(sub_indptr)[keep]
-    del keep
+    dst = row_of_edges(sub_indptr)[keep]
+    return src, dst
+
+
+def induced_subgraph(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):
+    """In-edge CSR of the subgraph induced on `vertices` (local id i = vertices[i]); sources sorted in a row."""
+    src, rows = induced_edges(indptr, indices, vertices)
     # One int64-key sort instead of a two-key lexsort: 10 s -> ~2 s for one server of a 1M-vertex graph.
     return csr_from_edges(src, rows, vertices.shape[0])
