@@ -4,7 +4,7 @@ Readers (the engine) use read_manifest, check_job, verify_checksums and read_ran
 preprocess stage writes with prepare_output_dir / stage_server_file / commit_shard_set (or write_shards).
 """
 from .manifest import check_job, manifest_digests, read_manifest, sha256_file, verify_checksums
-from .reader import (RankSlice, read_rank_slice, read_server_arrays, read_server_graph, read_server_rows,
+from .reader import (RankSlice, open_server, read_rank_slice, read_server_arrays, read_server_graph, read_server_rows,
                      server_file)
 from .schema import DATASETS, FORMAT_VERSION, MANIFEST_NAME, ShardError, server_file_name
 from .writer import (StagedFile, StreamedDataset, check_free_space, commit_shard_set, discard_staged, estimate_file_bytes,
@@ -14,7 +14,7 @@ from .writer import (StagedFile, StreamedDataset, check_free_space, commit_shard
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "DATASETS", "ShardError", "server_file_name",
     "read_manifest", "check_job", "verify_checksums", "sha256_file",
-    "RankSlice", "read_rank_slice", "read_server_arrays", "read_server_graph", "read_server_rows", "server_file",
+    "RankSlice", "open_server", "read_rank_slice", "read_server_arrays", "read_server_graph", "read_server_rows", "server_file",
     "StagedFile", "StreamedDataset", "check_free_space", "estimate_file_bytes", "leftover_temporaries", "lower_bound_set_bytes",
     "manifest_digests", "prepare_output_dir", "stage_server_file", "commit_shard_set", "discard_staged", "write_shards",
 ]
