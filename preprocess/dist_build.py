@@ -32,7 +32,7 @@ from granndis_hpc.shards import discard_staged, stage_server_file
 from .build import PhaseLog, commit_build, prepare_build_output, validate_config
 from .dist_server import drain_datasets, server_datasets
 from .halo import unique_sorted
-from .partition import adjacency_from_keys, partition_servers, split_gpus, symmetric_keys
+from .partition import partition_servers, split_gpus, symmetric_keys
 from .sliced import GraphSlice, shuffle_to_owners
 
 
@@ -74,20 +74,30 @@ class SlicedAccess:
         return int(self.group.allreduce_sum(np.array([local], dtype=np.int64))[0])
 
 
-def _gpu_split_keys(part, server_of: np.ndarray, s: int, inner: np.ndarray) -> np.ndarray:
-    """This rank's share of the symmetric adjacency keys of server s's inner subgraph (local ids,
-    partition.induced_symmetric's), from the in-edges of its own inner rows."""
+def _gpu_split_keys(group, part, server_of: np.ndarray, s: int, inner: np.ndarray) -> np.ndarray:
+    """Collective: this rank's rows of the symmetric adjacency of server s's inner subgraph
+    (partition.induced_symmetric's keys row*m+col, local ids), sorted and distinct.  Every rank makes
+    both directions of the in-edges of its own inner rows and sends each key to the rank owning its row
+    (inner ids are in global order, so row ranges follow vtxdist): concatenated in rank order, the
+    pieces are the whole sorted key array."""
+    m = inner.shape[0]
     mine = np.flatnonzero(server_of[part.lo:part.hi] == s)
     sub_indptr, src = csr_rows(part.indptr, part.indices, mine)
     dst = np.searchsorted(inner, mine + part.lo)[row_of_edges(sub_indptr)]
     keep = server_of[src] == s
-    return symmetric_keys(np.searchsorted(inner, src[keep]), dst[keep], inner.shape[0])
+    keys = symmetric_keys(np.searchsorted(inner, src[keep]), dst[keep], m)
+    del sub_indptr, src, dst, keep
+    keys = shuffle_to_owners(group, keys, np.searchsorted(inner, part.vtxdist), m)
+    first = np.ones(keys.shape[0], dtype=bool)
+    first[1:] = keys[1:] != keys[:-1]
+    return keys[first]
 
 
 def split_servers_over_gpus(group, part, server_of: np.ndarray, masks: dict, G: int):
     """Collective: the GPU of every vertex (int32, allreduced) and the constraints of the servers this
-    rank split.  Server s is split (METIS) on rank s % P, from the keys of its inner subgraph every rank
-    sends it (one alltoallv per round of P servers); no rank holds a server's rows."""
+    rank split.  Server s is split (METIS) on rank s % P, from its inner subgraph's symmetric keys,
+    de-duplicated by the owners of their rows and sent to it in row order (one alltoallv per round of
+    P servers): the writer holds the METIS input (8 B per key), never the server's rows."""
     S = int(server_of.max()) + 1 if server_of.size else 0
     P, rank, n = group.size, group.rank, part.num_vertices
     gpu_local = np.full(n, -1, dtype=np.int32)
@@ -95,20 +105,21 @@ def split_servers_over_gpus(group, part, server_of: np.ndarray, masks: dict, G: 
     for j in range(-(-S // P)):
         round_servers = [s for s in range(j * P, min((j + 1) * P, S))]
         inners = {s: np.flatnonzero(server_of == s).astype(np.int64) for s in round_servers}
-        pieces = [_gpu_split_keys(part, server_of, s, inners[s]) if G > 1 else np.zeros(0, np.int64)
+        pieces = [_gpu_split_keys(group, part, server_of, s, inners[s]) if G > 1 else np.zeros(0, np.int64)
                   for s in round_servers]
         counts = np.zeros(P, dtype=np.int64)
         counts[:len(pieces)] = [p.shape[0] for p in pieces]
-        got = group.alltoallv(np.concatenate(pieces) if pieces else np.zeros(0, np.int64), counts)
+        keys = group.alltoallv(np.concatenate(pieces) if pieces else np.zeros(0, np.int64), counts)
         del pieces
         s = j * P + rank
         with group.errors("partitioning servers over GPUs"):
             if s < S:
                 inner = inners[s]
-                xadj, adjncy = adjacency_from_keys(unique_sorted(got, in_place=True), inner.shape[0])
-                del got
-                gpu_local[inner], constraints[s] = split_gpus(xadj, adjncy, masks["train_mask"][inner], G)
-        del inners
+                m = inner.shape[0]
+                xadj = np.searchsorted(keys, np.arange(m + 1, dtype=np.int64) * m).astype(np.int64)
+                np.remainder(keys, m, out=keys)
+                gpu_local[inner], constraints[s] = split_gpus(xadj, keys, masks["train_mask"][inner], G)
+        del inners, keys
     return group.allreduce_max(gpu_local), constraints
 
 
