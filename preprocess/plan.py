@@ -153,11 +153,11 @@ def plan_options(group, graph, cfg: PlanConfig) -> Dict[str, object]:
                 cob = [mm.cobatch_server_arrays(a.graph, a.server, L, int(b), cfg.cob_fanout, cfg.cob_sampler,
                                                 cfg.seed) for a in eas]
                 rows[("cob", int(b))] = mm.with_cobatch(base, cob)
-    # What each server's writer would fetch in the distributed build (preprocess/build_memory.py): the
-    # in-edges of its rows.  EAS fetches the rows of every candidate it scores: the full h-hop ball.
+    # Each server file's rows and their in-edges, for the distributed build's estimate
+    # (preprocess/build_memory.py: the writer's block is a 1/P share of them).
     loads = {f"flx k={k}": [_load(a) for a in full[k]] for k in ks if k > 0}
     if cfg.eas:
-        loads["eas"] = [_load(a) for a in full.get(cfg.eas_hops, eas)]
+        loads["eas"] = [_load(a) for a in eas]
     all_loads = group.gather_object(loads)
     gathered = group.gather_object(rows)
     options = None
