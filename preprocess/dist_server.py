@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from granndis_hpc.graph.csr import csr_rows, row_of_edges, segment_rank
+from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import StreamedDataset
 from granndis_hpc.shards.schema import DATASETS, feature_chunk_rows
 
-from .halo import edge_keys, unique_inverse
+from .halo import eas_choose, unique_inverse
 from .owners import DEFAULT_TOLERANCE, rebalance
-from .partition import balance
+from .build import server_stats
 from .sliced import shuffle_to_owners
 
 
@@ -81,18 +81,11 @@ def select_halo(group, part, inner: np.ndarray, cfg) -> np.ndarray:
             dst = (front + part.lo)[row_of_edges(sub_indptr)]
             keep = ~selected[src]
             src, dst = src[keep], dst[keep]
-            keys = edge_keys(src, dst, cfg.seed)
+            score = None
             if cfg.select == "degree":
                 cand, inverse = unique_inverse(src)
                 score = _remote_unselected_in_degree(group, part, cand, selected)[inverse]
-                order = np.lexsort((keys, -score, dst))
-            else:
-                order = np.lexsort((keys, dst))
-            src, dst = src[order], dst[order]
-            first = np.ones(src.shape[0], dtype=bool)
-            first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
-            src, dst = src[first], dst[first]
-            new = src[segment_rank(dst) < cfg.fanout]
+            new = eas_choose(src, dst, cfg.fanout, cfg.seed, score)
         hop_of[_union(group, n, new) & ~selected] = t
     return hop_of
 
@@ -289,24 +282,8 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
     assert list(arrays) == list(DATASETS), "dist_server: dataset order differs from the schema"
     stats = None
     if plan.is_writer:
-        train_inner = masks["train_mask"][verts] & (hop == 0)
-        stats = {
-            "server": s,
-            "inner": int(inner.shape[0]),
-            "preloaded": int(np.count_nonzero(hop > 0)),
-            "preloaded_share": float(np.count_nonzero(hop > 0) / max(m, 1)),
-            "rows": int(m),
-            "train": int(np.count_nonzero(train_inner)),
-            "edges": nnz,
-            "world_edges": world_edges,
-            "rows_per_gpu": np.diff(offsets).tolist(),
-            "inner_per_gpu": inner_counts.tolist(),
-            "train_per_gpu": np.bincount(owner[train_inner], minlength=G).tolist(),
-            "gpu_row_balance": balance(owner, G),
-            "gpu_inner_balance": balance(owner[hop == 0], G),
-            "gpu_train_balance": balance(owner[train_inner], G) if train_inner.any() else 1.0,
-            "hop_counts": np.bincount(hop, minlength=cfg.effective_hops + 1).tolist(),
-        }
+        stats = server_stats(s, inner.shape[0], hop, owner, masks["train_mask"][verts], nnz, world_edges, G,
+                             cfg.effective_hops)
     return arrays, stats
 
 

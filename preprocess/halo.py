@@ -84,6 +84,22 @@ def _unselected_in_degree(indptr, indices, vertices, selected: np.ndarray) -> np
     return np.bincount(row_of_edges(sub_indptr), weights=~selected[nbrs], minlength=vertices.shape[0]).astype(np.int64)
 
 
+def eas_choose(src: np.ndarray, dst: np.ndarray, fanout: int, seed: int, score=None) -> np.ndarray:
+    """EAS' choice among candidate edges src -> dst (sources not yet selected): at most `fanout` sources
+    per destination, by `score` descending (the degree rule; None: uniform), ties and uniform picks by
+    the hash of (seed, source, destination).  Shared by eas and the distributed build
+    (dist_server.select_halo), which must choose alike."""
+    keys = edge_keys(src, dst, seed)
+    order = np.lexsort((keys, dst)) if score is None else np.lexsort((keys, -score, dst))
+    src, dst = src[order], dst[order]
+    # A repeated edge (multigraph input) must not take two of the row's `fanout` slots.
+    first = np.ones(src.shape[0], dtype=bool)
+    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+    src, dst = src[first], dst[first]
+    # Position of each candidate inside its destination row after sorting (dst is grouped).
+    return src[segment_rank(dst) < fanout]
+
+
 def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, fanout: int,
         select: str = "degree", seed: int = 0):
     """Expansion-aware Sampling: (vertex ids, hop first reached), sorted by (hop, id)."""
@@ -102,20 +118,11 @@ def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, f
         src, dst = src[keep], dst[keep]
         if src.size == 0:
             return src
-        keys = edge_keys(src, dst, seed)
+        score = None
         if select == "degree":
             cand, inverse = unique_inverse(src)
             score = _unselected_in_degree(indptr, indices, cand, selected)[inverse]
-            order = np.lexsort((keys, -score, dst))
-        else:
-            order = np.lexsort((keys, dst))
-        src, dst = src[order], dst[order]
-        # A repeated edge (multigraph input) must not take two of the row's `fanout` slots.
-        first = np.ones(src.shape[0], dtype=bool)
-        first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
-        src, dst = src[first], dst[first]
-        # Position of each candidate inside its destination row after sorting (dst is grouped).
-        return src[segment_rank(dst) < fanout]
+        return eas_choose(src, dst, fanout, seed, score)
 
     return _order_by_hop(n, bfs_hops(indptr, indices, inner, hops, expand), hops)
 
