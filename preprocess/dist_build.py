@@ -120,6 +120,7 @@ def split_servers_over_gpus(group, part, server_of: np.ndarray, masks: dict, G: 
                 np.remainder(keys, m, out=keys)
                 gpu_local[inner], constraints[s] = split_gpus(xadj, keys, masks["train_mask"][inner], G)
         del inners, keys
+        group.idle_barrier()  # the ranks without a server here wait, asleep, for the METIS runs
     return group.allreduce_max(gpu_local), constraints
 
 
@@ -169,7 +170,10 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
                 else:
                     drain_datasets(arrays)
                 del arrays
-                t_write += time.perf_counter() - t
+            # Outside the errors block, which every rank leaves alike: the writer closes, fsyncs and
+            # hashes the file while the others sleep.
+            group.idle_barrier()
+            t_write += time.perf_counter() - t
     except BaseException:
         discard_staged(staged)
         raise

@@ -138,6 +138,7 @@ class _Blocks:
         the owners of `ids` (global ids, the same on every rank); on the writer the rows in `ids` order
         (and their lengths), elsewhere (None, None)."""
         group, part = self.group, self.part
+        group.idle_barrier()  # while the writer writes the previous block, the others sleep
         owner = np.searchsorted(part.vtxdist, ids, side="right") - 1
         mine = np.flatnonzero(owner == group.rank)
         lens, data = produce(ids[mine] - part.lo)
