@@ -71,10 +71,16 @@ def run_one(a, P, preload, whole) -> dict:
                files={k: v["sha256"] for k, v in m["files"].items()}, num_edges=m["dataset"]["num_edges"],
                rows_per_vertex=m["stats"]["replication_factor"])
     if a.verify:
-        v = subprocess.run([sys.executable, "-m", "preprocess", "verify", out], cwd=REPO, capture_output=True,
-                           text=True)
+        # /usr/bin/time: verify's own peak RSS (docs/bench-build-scaling.md: bounded, one file at a time).
+        timed = ["/usr/bin/time", "-f", "maxrss_kib=%M"] if os.path.exists("/usr/bin/time") else []
+        v = subprocess.run(timed + [sys.executable, "-m", "preprocess", "verify", out], cwd=REPO,
+                           capture_output=True, text=True)
         rec["verify"] = v.stdout.strip().splitlines()[-1] if v.stdout.strip() else v.stderr[-300:]
-    shutil.rmtree(out, ignore_errors=True)
+        rss = [l for l in v.stderr.splitlines() if l.startswith("maxrss_kib=")]
+        if rss:
+            rec["verify_peak_rss"] = int(rss[-1].split("=")[1]) * 1024
+    if not a.keep:
+        shutil.rmtree(out, ignore_errors=True)
     return rec
 
 
@@ -156,6 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--whole-graph", type=int, nargs="*", default=[],
                    help="also run the pre-issue-17 build (every rank loads the whole graph) at these P")
     p.add_argument("--verify", action="store_true", help="run `preprocess verify` on every set")
+    p.add_argument("--keep", action="store_true", help="keep the shard sets (default: removed after each run)")
     p.add_argument("--min-available-gib", type=float, default=3.0)
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "build-scaling"))
