@@ -112,6 +112,10 @@ def add_estimates(a, records) -> None:
         inp = dict(plan["eas" if r["preload"] == "eas" else f"flx k={a.hops}"]["inputs"])
         inp["eas"] = r["preload"] == "eas"
         servers = [ServerLoad(**x) for x in inp.pop("servers")]
+        if a.scale_plan:  # the plan of a smaller graph of the same generator, scaled to this one
+            fv, fe = a.vertices / inp["num_vertices"], r["num_edges"] / inp["num_edges"]
+            servers = [ServerLoad(x.server, int(x.rows * fv), int(x.fetched_edges * fe)) for x in servers]
+            inp.update(num_vertices=a.vertices, num_edges=r["num_edges"], raw_keys=int(inp["raw_keys"] * fe))
         r["estimate"] = estimate_build_memory(servers=servers, ranks=r["P"], **inp).to_dict()
 
 
@@ -171,6 +175,8 @@ def main(argv=None) -> int:
                    help="add `preprocess plan`'s estimated peak per rank to every record (after the builds)")
     p.add_argument("--plan-json", default=None,
                    help="with --estimate: the plan's JSON (reused when it exists, else written there)")
+    p.add_argument("--scale-plan", action="store_true",
+                   help="with --estimate --plan-json: the plan is of a smaller graph; scale its rows and edges")
     p.add_argument("--from-json", default=None,
                    help="skip the builds: read the records of an earlier run (e.g. to add --estimate)")
     p.add_argument("--md", default=None)
