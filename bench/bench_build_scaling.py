@@ -67,10 +67,16 @@ def run_one(a, P, preload, whole) -> dict:
                files={k: v["sha256"] for k, v in m["files"].items()}, num_edges=m["dataset"]["num_edges"],
                rows_per_vertex=m["stats"]["replication_factor"])
     if a.verify:
-        v = subprocess.run([sys.executable, "-m", "preprocess", "verify", out], cwd=REPO, capture_output=True,
-                           text=True)
+        # /usr/bin/time: verify's own peak RSS (docs/bench-build-scaling.md: bounded, one file at a time).
+        timed = ["/usr/bin/time", "-f", "maxrss_kib=%M"] if os.path.exists("/usr/bin/time") else []
+        v = subprocess.run(timed + [sys.executable, "-m", "preprocess", "verify", out], cwd=REPO,
+                           capture_output=True, text=True)
         rec["verify"] = v.stdout.strip().splitlines()[-1] if v.stdout.strip() else v.stderr[-300:]
-    shutil.rmtree(out, ignore_errors=True)
+        rss = [l for l in v.stderr.splitlines() if l.startswith("maxrss_kib=")]
+        if rss:
+            rec["verify_peak_rss"] = int(rss[-1].split("=")[1]) * 1024
+    if not a.keep:
+        shutil.rmtree(out, ignore_errors=True)
     return rec
 
 
@@ -101,6 +107,10 @@ def add_estimates(a, records) -> None:
         inp = dict(plan["eas" if r["preload"] == "eas" else f"flx k={a.hops}"]["inputs"])
         inp["eas"] = r["preload"] == "eas"
         servers = [ServerLoad(**x) for x in inp.pop("servers")]
+        if a.scale_plan:  # the plan of a smaller graph of the same generator, scaled to this one
+            fv, fe = a.vertices / inp["num_vertices"], r["num_edges"] / inp["num_edges"]
+            servers = [ServerLoad(x.server, int(x.rows * fv), int(x.fetched_edges * fe)) for x in servers]
+            inp.update(num_vertices=a.vertices, num_edges=r["num_edges"], raw_keys=int(inp["raw_keys"] * fe))
         r["estimate"] = estimate_build_memory(servers=servers, ranks=r["P"], **inp).to_dict()
 
 
@@ -151,6 +161,7 @@ def main(argv=None) -> int:
     p.add_argument("--whole-graph", type=int, nargs="*", default=[],
                    help="also run the pre-issue-17 build (every rank loads the whole graph) at these P")
     p.add_argument("--verify", action="store_true", help="run `preprocess verify` on every set")
+    p.add_argument("--keep", action="store_true", help="keep the shard sets (default: removed after each run)")
     p.add_argument("--min-available-gib", type=float, default=3.0)
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "build-scaling"))
@@ -159,6 +170,8 @@ def main(argv=None) -> int:
                    help="add `preprocess plan`'s estimated peak per rank to every record (after the builds)")
     p.add_argument("--plan-json", default=None,
                    help="with --estimate: the plan's JSON (reused when it exists, else written there)")
+    p.add_argument("--scale-plan", action="store_true",
+                   help="with --estimate --plan-json: the plan is of a smaller graph; scale its rows and edges")
     p.add_argument("--from-json", default=None,
                    help="skip the builds: read the records of an earlier run (e.g. to add --estimate)")
     p.add_argument("--md", default=None)

@@ -162,26 +162,34 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
         "world/src_rank": src_rank,
         "world/src_in_degree": in_degree[w_src],
     }
-    rows_per_gpu = np.diff(offsets)
-    train_inner = graph.train_mask[verts] & (hop == 0)
-    stats = {
+    stats = server_stats(server, inner.shape[0], hop, owner, graph.train_mask[verts], indices.shape[0],
+                         w_src.shape[0], G, cfg.effective_hops)
+    return arrays, stats
+
+
+def server_stats(server: int, inner: int, hop: np.ndarray, owner: np.ndarray, train: np.ndarray, edges: int,
+                 world_edges: int, G: int, hops: int) -> dict:
+    """The manifest's statistics of one server file (rows in file order: their hop, owner GPU and
+    training flag); build_server and the distributed build (dist_server) record the same."""
+    train_inner = train & (hop == 0)
+    m = hop.shape[0]
+    return {
         "server": server,
-        "inner": int(inner.shape[0]),
+        "inner": int(inner),
         "preloaded": int(np.count_nonzero(hop > 0)),
-        "preloaded_share": float(np.count_nonzero(hop > 0) / max(verts.shape[0], 1)),
-        "rows": int(verts.shape[0]),
+        "preloaded_share": float(np.count_nonzero(hop > 0) / max(m, 1)),
+        "rows": int(m),
         "train": int(np.count_nonzero(train_inner)),
-        "edges": int(indices.shape[0]),
-        "world_edges": int(w_src.shape[0]),
-        "rows_per_gpu": rows_per_gpu.tolist(),
-        "inner_per_gpu": inner_counts.tolist(),
+        "edges": int(edges),
+        "world_edges": int(world_edges),
+        "rows_per_gpu": np.bincount(owner, minlength=G).tolist(),
+        "inner_per_gpu": np.bincount(owner[hop == 0], minlength=G).tolist(),
         "train_per_gpu": np.bincount(owner[train_inner], minlength=G).tolist(),
         "gpu_row_balance": balance(owner, G),
         "gpu_inner_balance": balance(owner[hop == 0], G),
         "gpu_train_balance": balance(owner[train_inner], G) if train_inner.any() else 1.0,
-        "hop_counts": np.bincount(hop, minlength=cfg.effective_hops + 1).tolist(),
+        "hop_counts": np.bincount(hop, minlength=hops + 1).tolist(),
     }
-    return arrays, stats
 
 
 def build_and_stage(graph, s: int, server_of, gpu_of, cfg: BuildConfig, gpu_constraints, staged: list,

@@ -12,12 +12,15 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   (PARTITION_BYTES_PER_EDGE per edge of the slice); METIS instead gathers the whole adjacency on
   rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there); a writer rank also splits its server over
   the GPUs (METIS on the server's inner rows: GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
-* halos+write, on the writer rank of server s (rank s % P): the rows it fetched from their owners
-  (the in-edges of every server row: WRITER_BYTES_PER_FETCHED_EDGE per edge, covering the row cache,
-  the induced and permuted subgraphs and the world view build_server makes; EAS adds
-  EAS_BYTES_PER_FETCHED_EDGE for scoring its candidates) and the server's feature rows (fetched, then
-  copied into the file's dataset: 2 x 4F B per row); the other ranks serve rows
-  (SERVE_BYTES_PER_EDGE per edge of their slice).
+* halos+write (preprocess/dist_server.py): every rank takes part in every server's halo selection,
+  owner votes and file, on its own rows: a few per-vertex arrays while a server is built
+  (HALO_BYTES_PER_VERTEX: its hop, owner and file row of every vertex, the union masks) and the
+  server's per-row arrays (ROW_BYTES per row of the largest server: global ids, hops, owners and their
+  sort); the writer of server s (rank s % P) adds one block of the file, ceil(rows / P) rows with their
+  features (fetched, then reordered: BLOCK_BYTES_PER_FEATURE per feature of a row) and their in-edges
+  (BLOCK_BYTES_PER_EDGE per in-edge of a row, the server's average).  No rank holds a server's rows any
+  more, so the writer's term shrinks as 1/P too.  EAS uses the same terms (its scoring arrays are
+  those of the frontier rows each rank owns, within the above at the sizes measured).
 
 The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS per rank
 (docs/bench-build-scaling.md, where the estimate is checked against the measurement).
@@ -33,15 +36,16 @@ PER_VERTEX_BYTES = 64
 LOAD_BYTES_PER_KEY = 8
 PARTITION_BYTES_PER_EDGE = 56
 METIS_BYTES_PER_EDGE = 40
-WRITER_BYTES_PER_FETCHED_EDGE = 40
-EAS_BYTES_PER_FETCHED_EDGE = 24  # EAS scores its candidates: edge keys, sorts (on top of the above)
-GPU_SPLIT_BYTES_PER_INNER_EDGE = 64  # the writer's METIS GPU split: inner rows, symmetric subgraph, METIS
-SERVE_BYTES_PER_EDGE = 16
+GPU_SPLIT_BYTES_PER_INNER_EDGE = 48  # the writer's METIS GPU split: the symmetric inner keys, METIS
+HALO_BYTES_PER_VERTEX = 8
+ROW_BYTES = 24
+BLOCK_BYTES_PER_FEATURE = 8  # float32, two copies (received, reordered)
+BLOCK_BYTES_PER_EDGE = 16
 
 
 @dataclass
 class ServerLoad:
-    """What one server's writer fetches: its rows and the in-edges of those rows (global in-degrees)."""
+    """One server's file: its rows and the in-edges of those rows (global in-degrees)."""
 
     server: int
     rows: int
@@ -66,9 +70,11 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
                           servers: List[ServerLoad], ranks: int, partitioner: str = "parmetis",
                           eas: bool = False) -> BuildMemory:
     """Peak bytes per rank of a P-rank sliced build (module docstring).  raw_keys: int64 edge keys the
-    load makes (raw edges, twice when symmetrising)."""
+    load makes (raw edges, twice when symmetrising).  `eas` is recorded by the plan but changes no term
+    (the EAS servers' own rows and in-edges come in `servers`)."""
     P, n, e, F = int(ranks), int(num_vertices), int(num_edges), int(num_features)
     per_rank, phases = [], []
+    rows_max = max((s.rows for s in servers), default=0)
     for r in range(P):
         rows = (n * (r + 1)) // P - (n * r) // P
         edges = e * rows / max(n, 1)  # the slice's share of the edges (balanced on average)
@@ -81,9 +87,9 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
               "partition": common + held + max(PARTITION_BYTES_PER_EDGE * edges
                                                + (METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0
                                                   else 0), gpu_split)}
-        per_edge = WRITER_BYTES_PER_FETCHED_EDGE + (EAS_BYTES_PER_FETCHED_EDGE if eas else 0)
-        writer = max((per_edge * s.fetched_edges + 8 * F * s.rows for s in mine), default=0)
-        ph["halos+write"] = common + held + SERVE_BYTES_PER_EDGE * edges + writer
+        block = max((-(-s.rows // P) * (BLOCK_BYTES_PER_FEATURE * F + BLOCK_BYTES_PER_EDGE * s.fetched_edges
+                                         / max(s.rows, 1)) for s in mine), default=0)
+        ph["halos+write"] = (common + held + HALO_BYTES_PER_VERTEX * n + ROW_BYTES * rows_max + block)
         ph = {k: int(v) for k, v in ph.items()}
         phases.append(ph)
         per_rank.append(max(ph.values()))
@@ -92,7 +98,8 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
 
 def smallest_fitting_ranks(budget: int, max_ranks: int = 1024, **kwargs) -> Optional[int]:
     """The smallest P whose estimated peak per rank fits `budget` (None when none up to max_ranks does:
-    a writer rank always holds its server's rows)."""
+    every rank holds the per-vertex arrays and the server's per-row arrays, and the writer of a server
+    its METIS GPU split, which do not shrink with P)."""
     for P in range(1, max_ranks + 1):
         if estimate_build_memory(ranks=P, **kwargs).peak <= budget:
             return P

@@ -7,35 +7,32 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
   symmetric adjacency ParMETIS needs is one alltoallv of edge keys to the owner of their row (for
   METIS, to rank 0: small graphs only); the balance refinement's neighbour counts are computed by the
   owners of the candidate rows and allgathered; the edge cut is an allreduce;
-* the GPU split, the k-hop halo (full) and the EAS selection of server s run on its writer rank
-  s % P over a `RowCache`: the global in-edge CSR with only the rows the writer fetched from their
-  owners (frontier requests out, in-edges back, one alltoallv round per hop), in a global-size row
-  pointer with empty rows elsewhere, so the unchanged halo/owner/server code (halo.py, owners.py,
-  build.build_server) runs on it and gives byte-identical server files;
-* features and labels of the server's rows are fetched from their owners the same way;
+* the GPU split of server s (METIS, on rank s % P): every rank sends that rank the symmetric keys of
+  the inner subgraph's edges among its own rows (`split_servers_over_gpus`);
+* the halo (full k-hop or EAS), the owner GPUs and the file of server s are built by all ranks
+  together and written by rank s % P in blocks (preprocess/dist_server.py), so no rank holds a
+  server's edges or features, the writer included;
 * every rank holds O(V) small per-vertex arrays (server and GPU of every vertex, in-degrees, split
-  masks: 21 B per vertex) besides its slice; a writer rank also holds its server's rows (the data
-  that server's training ranks hold).
+  masks: 21 B per vertex; while a server is built its hop, owner and file row: 6 B per vertex, and its
+  rows' global ids, hops and owners: 16 B per row) besides its slice.
 
-Every fetch is collective, so the ranks walk the servers in lockstep rounds (round j: server
-j * P + rank), each round making the same number of fetches on every rank (1 + hops), a rank without a
-server in a round fetching nothing but serving the others.
+The servers are built one after another, each by every rank; every collective round happens on every
+rank whatever its data, so no rank waits for a round another skipped.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from granndis_hpc.cluster import as_group
-from granndis_hpc.graph.csr import Graph, csr_rows, rank_in_rows, row_of_edges
-from granndis_hpc.shards import discard_staged
+from granndis_hpc.graph.csr import csr_rows, row_of_edges
+from granndis_hpc.shards import discard_staged, stage_server_file
 
-from .build import (PhaseLog, build_and_stage, check_dataset, commit_build, prepare_build_output,
-                    validate_config)
-from .halo import eas, full_khop, unique_sorted
-from .partition import partition_gpus, partition_servers
+from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
+from .dist_server import drain_datasets, server_datasets
+from .halo import unique_sorted
+from .partition import partition_servers, split_gpus, symmetric_keys
 from .sliced import GraphSlice, shuffle_to_owners
 
 
@@ -77,140 +74,54 @@ class SlicedAccess:
         return int(self.group.allreduce_sum(np.array([local], dtype=np.int64))[0])
 
 
-def _requests(group, part: GraphSlice, want: np.ndarray):
-    """Send the sorted ids `want` to their owners; returns (ids asked of this rank as local rows, how
-    many each rank asked)."""
-    owner = np.searchsorted(part.vtxdist, want, side="right") - 1
-    counts = np.bincount(owner, minlength=group.size).astype(np.int64)
-    asked = group.alltoallv(want, counts)
-    asked_counts = group.alltoallv(counts, np.ones(group.size, dtype=np.int64))
-    return asked - part.lo, asked_counts
+def _gpu_split_keys(group, part, server_of: np.ndarray, s: int, inner: np.ndarray) -> np.ndarray:
+    """Collective: this rank's rows of the symmetric adjacency of server s's inner subgraph
+    (partition.induced_symmetric's keys row*m+col, local ids), sorted and distinct.  Every rank makes
+    both directions of the in-edges of its own inner rows and sends each key to the rank owning its row
+    (inner ids are in global order, so row ranges follow vtxdist): concatenated in rank order, the
+    pieces are the whole sorted key array."""
+    m = inner.shape[0]
+    mine = np.flatnonzero(server_of[part.lo:part.hi] == s)
+    sub_indptr, src = csr_rows(part.indptr, part.indices, mine)
+    dst = np.searchsorted(inner, mine + part.lo)[row_of_edges(sub_indptr)]
+    keep = server_of[src] == s
+    keys = symmetric_keys(np.searchsorted(inner, src[keep]), dst[keep], m)
+    del sub_indptr, src, dst, keep
+    keys = shuffle_to_owners(group, keys, np.searchsorted(inner, part.vtxdist), m)
+    first = np.ones(keys.shape[0], dtype=bool)
+    first[1:] = keys[1:] != keys[:-1]
+    return keys[first]
 
 
-def fetch_rows(group, part: GraphSlice, want: np.ndarray):
-    """Collective: the in-edge rows of the sorted distinct global ids `want` from their owners, as
-    (indptr, sources) in `want` order."""
-    local, asked_counts = _requests(group, part, want)
-    sub_indptr, srcs = csr_rows(part.indptr, part.indices, local)
-    lens = np.diff(sub_indptr)
-    got_lens = group.alltoallv(lens, asked_counts)
-    bounds = np.zeros(group.size + 1, dtype=np.int64)
-    np.cumsum(asked_counts, out=bounds[1:])
-    got_srcs = group.alltoallv(srcs, np.diff(sub_indptr[bounds]))
-    indptr = np.zeros(want.shape[0] + 1, dtype=np.int64)
-    np.cumsum(got_lens, out=indptr[1:])
-    return indptr, got_srcs
-
-
-def fetch_node_rows(group, part: GraphSlice, want: np.ndarray, fields) -> dict:
-    """Collective: {field: rows of the sorted distinct ids `want`} from their owners."""
-    local, asked_counts = _requests(group, part, want)
-    return {f: group.alltoallv(np.ascontiguousarray(getattr(part, f)[local]), asked_counts) for f in fields}
-
-
-class RowCache:
-    """The rows of the global in-edge CSR one rank fetched, as one global-size CSR (other rows empty).
-
-    Only that CSR is kept (8 B per fetched edge and 8 B per vertex): each fetch merges its rows into
-    it, moving the old rows to their new positions, so no second copy of the rows stays alive."""
-
-    def __init__(self, n: int):
-        self.n = n
-        self.have = np.zeros(n, dtype=bool)
-        self.clear()
-
-    def missing(self, ids) -> np.ndarray:
-        ids = unique_sorted(np.asarray(ids, dtype=np.int64))
-        return ids[~self.have[ids]]
-
-    def fetch(self, group, part: GraphSlice, ids) -> None:
-        """Collective (every rank calls it, with an empty `ids` if it needs nothing)."""
-        want = self.missing(ids)
-        got_ptr, srcs = fetch_rows(group, part, want)
-        if not want.size:
-            return
-        self.have[want] = True
-        old_ptr, old_idx = self.indptr, self.indices
-        lens = np.diff(old_ptr)
-        old_lens = lens.copy()
-        lens[want] = np.diff(got_ptr)
-        ptr = np.zeros(self.n + 1, dtype=np.int64)
-        np.cumsum(lens, out=ptr[1:])
-        del lens
-        idx = np.empty(int(ptr[-1]), dtype=np.int64)
-        # old edge e of row r moves to e + (ptr[r] - old_ptr[r]); new edge j of row want[i] goes to
-        # ptr[want[i]] + (its position in the row)
-        idx[np.arange(old_idx.shape[0], dtype=np.int64) + np.repeat(ptr[:-1] - old_ptr[:-1], old_lens)] = old_idx
-        del old_idx, old_lens
-        idx[np.repeat(ptr[want], np.diff(got_ptr)) + rank_in_rows(got_ptr)] = srcs
-        self.indptr, self.indices = ptr, idx
-
-    def clear(self) -> None:
-        """Drop every fetched row (the cache stays usable, empty)."""
-        self.have[:] = False
-        self.indptr = np.zeros(self.n + 1, dtype=np.int64)
-        self.indices = np.zeros(0, dtype=np.int64)
-
-    def csr(self):
-        return self.indptr, self.indices
-
-
-class FetchedRows:
-    """Rows of a per-vertex array for a set of global ids, indexed by global id (a KeyError-like
-    ValueError for an id not fetched: never silently a wrong row)."""
-
-    def __init__(self, ids: np.ndarray, rows: np.ndarray, n: int):
-        self.ids, self.rows = ids, rows
-        self.shape = (n,) + rows.shape[1:]
-        self.dtype = rows.dtype
-
-    def __getitem__(self, ids):
-        ids = np.asarray(ids, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self.ids, ids), max(self.ids.shape[0] - 1, 0))
-        if ids.size and (self.ids.size == 0 or not np.array_equal(self.ids[pos], ids)):
-            raise ValueError("dist_build: a row was used that was not fetched (a bug: please report it)")
-        return self.rows[pos]
-
-
-@dataclass
-class PartialGraph(Graph):
-    """A Graph whose CSR holds only fetched rows; in_degree() is the global one (allgathered)."""
-
-    degree: np.ndarray = None
-
-    def in_degree(self) -> np.ndarray:
-        return self.degree
-
-
-def _halo_fetches(group, part, cache: RowCache, inner, cfg) -> np.ndarray:
-    """Fetch (collectively, 1 + hops rounds) every row the server's halo selection reads: the rows of
-    the vertices of every hop, and for EAS the rows of the candidates it scores.  Returns the server's
-    vertices (sorted global ids; empty without a server)."""
-    empty = np.zeros(0, dtype=np.int64)
-    cache.fetch(group, part, empty if inner is None else inner)
-    k = cfg.effective_hops
-    for t in range(1, k + 1):
-        need = empty
-        if inner is not None:
-            indptr, indices = cache.csr()
-            if cfg.preload == "full":
-                verts, hop = full_khop(indptr, indices, inner, t)
-                need = verts[hop == t]
-            else:
-                verts, hop = eas(indptr, indices, inner, t - 1, cfg.fanout, cfg.select, cfg.seed)
-                selected = np.zeros(part.num_vertices, dtype=bool)
-                selected[verts] = True
-                nbrs = csr_rows(indptr, indices, verts[hop == t - 1])[1]
-                need = nbrs[~selected[nbrs]]
-        cache.fetch(group, part, need)
-    if inner is None:
-        return empty
-    indptr, indices = cache.csr()
-    if cfg.preload == "full":
-        verts = full_khop(indptr, indices, inner, k)[0]
-    else:
-        verts = eas(indptr, indices, inner, k, cfg.fanout, cfg.select, cfg.seed)[0]
-    return unique_sorted(verts)
+def split_servers_over_gpus(group, part, server_of: np.ndarray, masks: dict, G: int):
+    """Collective: the GPU of every vertex (int32, allreduced) and the constraints of the servers this
+    rank split.  Server s is split (METIS) on rank s % P, from its inner subgraph's symmetric keys,
+    de-duplicated by the owners of their rows and sent to it in row order (one alltoallv per round of
+    P servers): the writer holds the METIS input (8 B per key), never the server's rows."""
+    S = int(server_of.max()) + 1 if server_of.size else 0
+    P, rank, n = group.size, group.rank, part.num_vertices
+    gpu_local = np.full(n, -1, dtype=np.int32)
+    constraints = {}
+    for j in range(-(-S // P)):
+        round_servers = [s for s in range(j * P, min((j + 1) * P, S))]
+        inners = {s: np.flatnonzero(server_of == s).astype(np.int64) for s in round_servers}
+        pieces = [_gpu_split_keys(group, part, server_of, s, inners[s]) if G > 1 else np.zeros(0, np.int64)
+                  for s in round_servers]
+        counts = np.zeros(P, dtype=np.int64)
+        counts[:len(pieces)] = [p.shape[0] for p in pieces]
+        keys = group.alltoallv(np.concatenate(pieces) if pieces else np.zeros(0, np.int64), counts)
+        del pieces
+        s = j * P + rank
+        with group.errors("partitioning servers over GPUs"):
+            if s < S:
+                inner = inners[s]
+                m = inner.shape[0]
+                xadj = np.searchsorted(keys, np.arange(m + 1, dtype=np.int64) * m).astype(np.int64)
+                np.remainder(keys, m, out=keys)
+                gpu_local[inner], constraints[s] = split_gpus(xadj, keys, masks["train_mask"][inner], G)
+        del inners, keys
+        group.idle_barrier()  # the ranks without a server here wait, asleep, for the METIS runs
+    return group.allreduce_max(gpu_local), constraints
 
 
 def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
@@ -236,53 +147,39 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
 
     sp = partition_servers(group, SlicedAccess(group, part, masks["train_mask"]), S, cfg.partitioner, cfg.seed)
     server_of = sp.parts
-    rounds = -(-S // P)
-    gpu_local = np.full(n, -1, dtype=np.int32)
-    gpu_constraints = {}
-    no_features = FetchedRows(np.zeros(0, np.int64), np.zeros((0, part.num_features), np.float32), n)
-    for j in range(rounds):
-        s = j * P + rank
-        inner = np.flatnonzero(server_of == s).astype(np.int64) if s < S else None
-        cache = RowCache(n)
-        cache.fetch(group, part, np.zeros(0, np.int64) if inner is None else inner)
-        with group.errors("partitioning servers over GPUs"):
-            if inner is not None:
-                indptr, indices = cache.csr()
-                view = PartialGraph(part.name, indptr, indices, no_features, no_features, masks["train_mask"],
-                                    masks["val_mask"], masks["test_mask"], part.num_classes, degree=degree)
-                gpu_local[inner], gpu_constraints[s] = partition_gpus(view, inner, G)
-        del cache
-    gpu_of = group.allreduce_max(gpu_local)
-    del gpu_local
+    gpu_of, gpu_constraints = split_servers_over_gpus(group, part, server_of, masks, G)
     log.done("partition", f"{sp.name}: edge cut {sp.edge_cut} ({100 * sp.edge_cut_fraction:.2f}% of edges), "
                           f"vertex balance {sp.vertex_balance:.3f}, train balance {sp.train_balance:.3f}")
 
     staged, stats = [], []
     t_halo = t_write = 0.0
     try:
-        for j in range(rounds):
-            s = j * P + rank
-            inner = np.flatnonzero(server_of == s).astype(np.int64) if s < S else None
+        for s in range(S):
+            # Every rank builds every server with the others (dist_server); rank s % P writes it.
+            writer = s % P
             t = time.perf_counter()
-            cache = RowCache(n)
-            ids = _halo_fetches(group, part, cache, inner, cfg)
-            got = fetch_node_rows(group, part, ids, ("features", "labels"))
             with group.errors("building server files"):
-                if inner is not None:
-                    fetch_s = time.perf_counter() - t
-                    # No local name keeps the view (fetched rows and features) alive: build_and_stage
-                    # drops it after building, before the file is written.
-                    dh, dw = build_and_stage(
-                        PartialGraph(part.name, *cache.csr(), FetchedRows(ids, got.pop("features"), n),
-                                     FetchedRows(ids, got.pop("labels"), n), masks["train_mask"],
-                                     masks["val_mask"], masks["test_mask"], part.num_classes, degree=degree),
-                        s, server_of, gpu_of, cfg, gpu_constraints[s], staged, stats, release=cache.clear)
-                    t_halo, t_write = t_halo + fetch_s + dh, t_write + dw
-            del cache, got
+                arrays, st = server_datasets(group, part, s, writer, server_of, gpu_of, degree, masks, cfg)
+                t_halo += time.perf_counter() - t
+                t = time.perf_counter()
+                if rank == writer:
+                    st["gpu_constraints"] = gpu_constraints[s]
+                    try:
+                        staged.append(stage_server_file(cfg.out, s, S, G, arrays))
+                    finally:
+                        drain_datasets(arrays)  # the rounds a failed write left (none after a success)
+                    stats.append(st)
+                else:
+                    drain_datasets(arrays)
+                del arrays
+            # Outside the errors block, which every rank leaves alike: the writer closes, fsyncs and
+            # hashes the file while the others sleep.
+            group.idle_barrier()
+            t_write += time.perf_counter() - t
     except BaseException:
         discard_staged(staged)
         raise
-    log.done("halos+write", f"halo/owners {t_halo:.2f} s, hdf5 write {t_write:.2f} s (rank 0)")
+    log.done("halos+write", f"halo/owners {t_halo:.2f} s, gather + hdf5 write {t_write:.2f} s (rank 0)")
     entry = {"name": part.name, "num_vertices": n, "num_edges": part.num_edges, "num_features": part.num_features,
              "num_classes": int(part.num_classes), "num_train": int(masks["train_mask"].sum()),
              "num_val": int(masks["val_mask"].sum()), "num_test": int(masks["test_mask"].sum()),

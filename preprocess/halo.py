@@ -84,6 +84,22 @@ def _unselected_in_degree(indptr, indices, vertices, selected: np.ndarray) -> np
     return np.bincount(row_of_edges(sub_indptr), weights=~selected[nbrs], minlength=vertices.shape[0]).astype(np.int64)
 
 
+def eas_choose(src: np.ndarray, dst: np.ndarray, fanout: int, seed: int, score=None) -> np.ndarray:
+    """EAS' choice among candidate edges src -> dst (sources not yet selected): at most `fanout` sources
+    per destination, by `score` descending (the degree rule; None: uniform), ties and uniform picks by
+    the hash of (seed, source, destination).  Shared by eas and the distributed build
+    (dist_server.select_halo), which must choose alike."""
+    keys = edge_keys(src, dst, seed)
+    order = np.lexsort((keys, dst)) if score is None else np.lexsort((keys, -score, dst))
+    src, dst = src[order], dst[order]
+    # A repeated edge (multigraph input) must not take two of the row's `fanout` slots.
+    first = np.ones(src.shape[0], dtype=bool)
+    first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
+    src, dst = src[first], dst[first]
+    # Position of each candidate inside its destination row after sorting (dst is grouped).
+    return src[segment_rank(dst) < fanout]
+
+
 def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, fanout: int,
         select: str = "degree", seed: int = 0):
     """Expansion-aware Sampling: (vertex ids, hop first reached), sorted by (hop, id)."""
@@ -102,26 +118,19 @@ def eas(indptr: np.ndarray, indices: np.ndarray, inner: np.ndarray, hops: int, f
         src, dst = src[keep], dst[keep]
         if src.size == 0:
             return src
-        keys = edge_keys(src, dst, seed)
+        score = None
         if select == "degree":
             cand, inverse = unique_inverse(src)
             score = _unselected_in_degree(indptr, indices, cand, selected)[inverse]
-            order = np.lexsort((keys, -score, dst))
-        else:
-            order = np.lexsort((keys, dst))
-        src, dst = src[order], dst[order]
-        # A repeated edge (multigraph input) must not take two of the row's `fanout` slots.
-        first = np.ones(src.shape[0], dtype=bool)
-        first[1:] = (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])
-        src, dst = src[first], dst[first]
-        # Position of each candidate inside its destination row after sorting (dst is grouped).
-        return src[segment_rank(dst) < fanout]
+        return eas_choose(src, dst, fanout, seed, score)
 
     return _order_by_hop(n, bfs_hops(indptr, indices, inner, hops, expand), hops)
 
 
-def induced_subgraph(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):
-    """In-edge CSR of the subgraph induced on `vertices` (local id i = vertices[i]); sources sorted in a row."""
+def induced_edges(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):
+    """(source, destination) in local ids (local id i = vertices[i]) of every edge of the subgraph
+    induced on `vertices`, grouped by destination (the rows of `vertices` in order).  The one body of
+    induced_subgraph and partition.induced_symmetric."""
     n = indptr.shape[0] - 1
     local = np.full(n, -1, dtype=np.int64)
     local[vertices] = np.arange(vertices.shape[0], dtype=np.int64)
@@ -129,9 +138,15 @@ def induced_subgraph(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarr
     # This is the build's largest temporary (every in-edge of every server row): hold at most two
     # edge-sized arrays besides the kept ones (the build's peak per rank was set here, 56 B per edge).
     src = local[src]
+    del local
     keep = src >= 0
     src = src[keep]
-    rows = row_of_edges(sub_indptr)[keep]
-    del keep
+    dst = row_of_edges(sub_indptr)[keep]
+    return src, dst
+
+
+def induced_subgraph(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):
+    """In-edge CSR of the subgraph induced on `vertices` (local id i = vertices[i]); sources sorted in a row."""
+    src, rows = induced_edges(indptr, indices, vertices)
     # One int64-key sort instead of a two-key lexsort: 10 s -> ~2 s for one server of a 1M-vertex graph.
     return csr_from_edges(src, rows, vertices.shape[0])

@@ -14,7 +14,7 @@ import numpy as np
 from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_rows, row_of_edges, segment_rank
 
-from .halo import unique_sorted
+from .halo import induced_edges, unique_sorted
 from .parmetis import load_parmetis, metis_part, parmetis_part_kway
 
 PARTITIONERS = ("parmetis", "metis", "random")
@@ -267,22 +267,26 @@ def partition_digest(server_of: np.ndarray, gpu_of: np.ndarray, servers: int, gp
     return h.hexdigest()
 
 
-def induced_symmetric(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):
-    """Symmetric adjacency (no self loops) of the subgraph induced on `vertices`, in local ids."""
-    n = indptr.shape[0] - 1
-    local = np.full(n, -1, dtype=np.int64)
-    local[vertices] = np.arange(vertices.shape[0], dtype=np.int64)
-    sub_ptr, nbrs = csr_rows(indptr, indices, vertices)
-    src = local[nbrs]
-    dst = row_of_edges(sub_ptr)
-    keep = (src >= 0) & (src != dst)
+def symmetric_keys(src: np.ndarray, dst: np.ndarray, m: int) -> np.ndarray:
+    """Sorted distinct keys row*m+col of the symmetric adjacency (no self loops) of edges src -> dst
+    among m vertices (local ids)."""
+    keep = src != dst
     src, dst = src[keep], dst[keep]
-    m = vertices.shape[0]
-    keys = unique_sorted(np.concatenate([dst * m + src, src * m + dst]))
+    return unique_sorted(np.concatenate([dst * m + src, src * m + dst]), in_place=True)
+
+
+def adjacency_from_keys(keys: np.ndarray, m: int):
+    """(xadj, adjncy) of the sorted distinct keys row*m+col."""
     rows, cols = np.divmod(keys, m)
     xadj = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=m), out=xadj[1:])
     return xadj, cols
+
+
+def induced_symmetric(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndarray):
+    """Symmetric adjacency (no self loops) of the subgraph induced on `vertices`, in local ids."""
+    m = vertices.shape[0]
+    return adjacency_from_keys(symmetric_keys(*induced_edges(indptr, indices, vertices), m), m)
 
 
 def partition_gpus(graph, inner: np.ndarray, gpus: int) -> tuple[np.ndarray, list]:
@@ -294,7 +298,13 @@ def partition_gpus(graph, inner: np.ndarray, gpus: int) -> tuple[np.ndarray, lis
     if gpus == 1:
         return np.zeros(inner.shape[0], dtype=np.int32), ["vertices"]
     xadj, adjncy = induced_symmetric(graph.indptr, graph.indices, inner)
-    train = graph.train_mask[inner]
+    return split_gpus(xadj, adjncy, graph.train_mask[inner], gpus)
+
+
+def split_gpus(xadj: np.ndarray, adjncy: np.ndarray, train: np.ndarray, gpus: int) -> tuple[np.ndarray, list]:
+    """partition_gpus on the server's symmetric inner adjacency (xadj, adjncy) and training mask."""
+    if gpus == 1:
+        return np.zeros(train.shape[0], dtype=np.int32), ["vertices"]
     two = int(train.sum()) >= gpus
     parts, ncon = metis_part(xadj, adjncy, gpus, _weights(train, two))
     parts = fill_empty_parts(parts, gpus)

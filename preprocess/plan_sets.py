@@ -121,7 +121,7 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
     # label -> (an EAS build, its servers' loads)
     loads = {f"flx k={k}": (False, [_load(a) for a in arrays]) for k, arrays in full.items()}
     if cfg.eas:
-        loads["eas"] = (True, [_load(a) for a in full.get(cfg.eas_hops, eas)])
+        loads["eas"] = (True, [_load(a) for a in eas])  # the EAS files' own rows (prep2: the writer's block)
     all_loads = group.gather_object(loads)
     gathered = group.gather_object(groups)
     options = server_loads = None

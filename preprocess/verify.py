@@ -16,9 +16,9 @@ verify checks, and reports every problem with the file it is in:
 - the manifest's content digest (dataset.content_sha256) against the graph, features, labels and split
   the files hold, recomputed with the build's digest.
 Memory: one server file at a time (two passes: per-file checks and the per-vertex tables, then the
-cross-file checks reading only the id and degree datasets) plus a few int64 arrays of N, and, for the
-content digest, the inner rows' features in global order (N x F float32: the digest hashes them in
-that order; a distributed verify would hash them in slices as the distributed build does).
+cross-file checks reading only the id and degree datasets) plus a few int64 arrays of N; the content
+digest and the copy check read the files in blocks of global ids (preprocess/verify_content.py), so
+neither the N x F features nor the E edges are held.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from granndis_hpc.shards.schema import DATASETS, FORMAT_VERSION, expected_shape
 
 from .halo import unique_sorted
 from .partition import partition_digest
+from .verify_content import content_pass
 
 
 def _csr_problems(name: str, indptr: np.ndarray, indices: np.ndarray, n_cols: int | None) -> list:
@@ -205,7 +206,6 @@ def _set_problems(path: str) -> list:
     degree = np.full(N, -1, dtype=np.int64)
     files = {}
     counts = {"train": 0, "val": 0, "test": 0}
-    content = _Content(N, int(ds["num_features"]), int(ds["num_classes"]))
     for s in range(S):
         fname = server_file_name(s)
         try:
@@ -220,8 +220,6 @@ def _set_problems(path: str) -> list:
         files[s] = True
         inner = a["vertices/hop"] == 0
         gid = a["vertices/global_id"][inner]
-        content.add_server(a, inner, gid)
-        del a["features"]  # copied into the content in global order; one server's at a time is held
         np.add.at(inner_hits, gid, 1)
         inner_server[gid] = s
         inner_gpu[gid] = a["vertices/owner"][inner]
@@ -258,66 +256,15 @@ def _set_problems(path: str) -> list:
         problems.append("manifest.json: num_train is 0: the set has no training vertices, so no mode can train "
                         "on it; build it from a dataset whose split marks training vertices")
     checked = not problems  # the arrays are consistent: compare contents
-    if checked:  # preloaded rows are copies of their home server's inner rows (flx trains on them)
-        for s in files:
-            problems += content.copy_problems(server_file_name(s), read_server_arrays(path, manifest, s))
     recorded = ds.get("content_sha256")
-    if recorded is not None and checked:
-        actual = content.digest(degree)
-        if actual != recorded:
+    if checked:  # preloaded rows are copies of their home server's inner rows (flx trains on them)
+        copies, actual = content_pass(path, manifest, list(files), degree, digest=recorded is not None)
+        problems += copies
+        if recorded is not None and actual != recorded:
             problems.append(f"manifest.json: dataset.content_sha256 {str(recorded)[:16]}... but the server files' "
                             f"graph, features, labels and split hash to {actual[:16]}...: the files were edited "
                             f"after the build (their checksums recomputed); rebuild the set from its source")
     return problems
-
-
-class _Content:
-    """The dataset in global-id order, recomputed from the server files' inner rows one file at a time,
-    hashed with the build's own preprocess.build.dataset_digest (what `dataset.content_sha256` holds)."""
-
-    def __init__(self, n: int, num_features: int, num_classes: int):
-        self.num_classes = num_classes
-        self.features = np.zeros((n, num_features), dtype=np.float32)
-        self.labels = np.zeros(n, dtype=np.int64)
-        self.masks = {k: np.zeros(n, dtype=bool) for k in ("train", "val", "test")}
-        self.rows = []  # per server: (inner global ids, world indptr, world source ids)
-
-    def add_server(self, a: dict, inner: np.ndarray, gid: np.ndarray) -> None:
-        self.features[gid] = a["features"][inner]
-        self.labels[gid] = a["labels"][inner]
-        for k, m in self.masks.items():
-            m[gid] = a[f"split/{k}"][inner]
-        # World-view rows are the inner rows in row order, each with its sources sorted by global id.
-        self.rows.append((gid, a["world/indptr"], a["world/src_global_id"]))
-
-    def copy_problems(self, fname: str, a: dict) -> list:
-        """Rows a server file holds of other servers' vertices (its preload) against their home rows."""
-        pre = a["vertices/hop"] > 0
-        gid = a["vertices/global_id"][pre]
-        differ = [name for name, mine, home in (
-            ("features", a["features"][pre], self.features[gid]), ("labels", a["labels"][pre], self.labels[gid]),
-            *((f"split/{k}", a[f"split/{k}"][pre], m[gid]) for k, m in self.masks.items()))
-            if not np.array_equal(mine, home)]
-        if not differ:
-            return []
-        return [f"{fname}: preloaded rows' {', '.join(differ)} differ from their home server's rows (the file was "
-                f"edited after the build); rebuild the set"]
-
-    def digest(self, degree: np.ndarray) -> str:
-        from types import SimpleNamespace
-
-        from .build import dataset_digest
-
-        indptr = np.concatenate([[0], np.cumsum(degree)]).astype(np.int64)
-        indices = np.empty(int(indptr[-1]), dtype=np.int64)
-        for gid, w_indptr, src in self.rows:
-            lengths = np.diff(w_indptr)
-            shift = np.repeat(indptr[gid] - w_indptr[:-1], lengths)
-            indices[shift + np.arange(src.shape[0])] = src
-        graph = SimpleNamespace(indptr=indptr, indices=indices, features=self.features, labels=self.labels,
-                                train_mask=self.masks["train"], val_mask=self.masks["val"],
-                                test_mask=self.masks["test"], num_classes=self.num_classes)
-        return dataset_digest(graph)
 
 
 def format_info(manifest: dict) -> str:

@@ -5,17 +5,17 @@ preprocess stage writes with prepare_output_dir / stage_server_file / commit_sha
 """
 from .content import check_job_content
 from .manifest import check_job, manifest_digests, read_manifest, sha256_file, verify_checksums
-from .reader import (RankSlice, read_rank_slice, read_server_arrays, read_server_graph, read_server_rows,
+from .reader import (RankSlice, open_server, read_rank_slice, read_server_arrays, read_server_graph, read_server_rows,
                      server_file)
 from .schema import DATASETS, FORMAT_VERSION, MANIFEST_NAME, ShardError, server_file_name
-from .writer import (StagedFile, check_free_space, commit_shard_set, discard_staged, estimate_file_bytes,
+from .writer import (StagedFile, StreamedDataset, check_free_space, commit_shard_set, discard_staged, estimate_file_bytes,
                      leftover_temporaries, lower_bound_set_bytes, prepare_output_dir, stage_server_file,
                      write_shards)
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "DATASETS", "ShardError", "server_file_name",
     "read_manifest", "check_job", "check_job_content", "verify_checksums", "sha256_file",
-    "RankSlice", "read_rank_slice", "read_server_arrays", "read_server_graph", "read_server_rows", "server_file",
-    "StagedFile", "check_free_space", "estimate_file_bytes", "leftover_temporaries", "lower_bound_set_bytes",
+    "RankSlice", "open_server", "read_rank_slice", "read_server_arrays", "read_server_graph", "read_server_rows", "server_file",
+    "StagedFile", "StreamedDataset", "check_free_space", "estimate_file_bytes", "leftover_temporaries", "lower_bound_set_bytes",
     "manifest_digests", "prepare_output_dir", "stage_server_file", "commit_shard_set", "discard_staged", "write_shards",
 ]

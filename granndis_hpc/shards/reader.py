@@ -69,6 +69,12 @@ def _open_server(path: str, manifest: dict, server: int) -> h5py.File:
     return f
 
 
+def open_server(path, manifest: dict, server: int) -> h5py.File:
+    """The server file opened for reading (attrs checked), for readers that take row ranges of its
+    datasets one at a time (preprocess verify's content pass); the caller closes it."""
+    return _open_server(os.fspath(path), manifest, server)
+
+
 def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
     """Read rank (server, gpu)'s rows of its server's file, read-only, with h5py slices only."""
     G = int(manifest["gpus_per_server"])

@@ -80,5 +80,6 @@ def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
         want = expected_shape(rule, n, gpus_per_server, nnz, n_inner, nnz_w, f)
         if tuple(np.shape(a)) != want:
             raise ShardError(f"{where}: dataset {name} has shape {tuple(np.shape(a))}, expected {want}")
-        if np.asarray(a).dtype != dtype:
-            raise ShardError(f"{where}: dataset {name} has dtype {np.asarray(a).dtype}, expected {dtype}")
+        got = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
+        if got != dtype:
+            raise ShardError(f"{where}: dataset {name} has dtype {got}, expected {dtype}")

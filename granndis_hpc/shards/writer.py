@@ -35,6 +35,29 @@ from .schema import (DATASETS, FORMAT_VERSION, MANIFEST_NAME, ShardError, check_
 _TMP_SUFFIX = ".tmp"
 
 
+class StreamedDataset:
+    """A dataset written in blocks instead of held whole (the distributed build, preprocess/dist_server.py):
+    its shape and dtype up front, then `blocks`, an iterable of (first row, rows) in row order.  The file
+    is byte-identical to one written from the whole array (the same dataset, created and filled before
+    the next one, chunked alike).  `drain()` runs the rest of the blocks without writing them: the
+    blocks may be collective, so a rank that fails mid-file still takes part in the remaining rounds."""
+
+    def __init__(self, shape, dtype, blocks):
+        self.shape, self.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        self._blocks = iter(blocks)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def blocks(self):
+        return self._blocks
+
+    def drain(self) -> None:
+        for _ in self._blocks:
+            pass
+
+
 @dataclass
 class StagedFile:
     name: str  # final name, e.g. server-0000.h5
@@ -67,7 +90,7 @@ def lower_bound_set_bytes(num_vertices: int, num_edges: int, num_features: int) 
 def estimate_file_bytes(arrays: dict) -> int:
     """Size of a server file holding `arrays`: their bytes plus HDF5's metadata (measured well under
     64 KiB for the 18 datasets, and chunk indexes of ~1 %)."""
-    data = sum(int(np.asarray(a).nbytes) for a in arrays.values())
+    data = sum(int(a.nbytes if isinstance(a, StreamedDataset) else np.asarray(a).nbytes) for a in arrays.values())
     return data + data // 50 + (256 << 10)
 
 
@@ -133,12 +156,19 @@ def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays
         f.attrs["servers"] = int(servers)
         f.attrs["gpus_per_server"] = int(gpus_per_server)
         for name in DATASETS:
-            data = np.ascontiguousarray(arrays[name])
+            data = arrays[name]
+            if not isinstance(data, StreamedDataset):
+                data = np.ascontiguousarray(data)
+            chunks = None
             if name == "features" and data.shape[0] > 0:
-                rows = feature_chunk_rows(data.shape[0], data.shape[1])
-                f.create_dataset(name, data=data, chunks=(rows, max(1, data.shape[1])), track_times=False)
+                chunks = (feature_chunk_rows(data.shape[0], data.shape[1]), max(1, data.shape[1]))
+            if isinstance(data, StreamedDataset):
+                dset = f.create_dataset(name, shape=data.shape, dtype=data.dtype, chunks=chunks, track_times=False)
+                for start, rows in data.blocks():
+                    if rows.shape[0]:
+                        dset[start:start + rows.shape[0]] = rows
             else:
-                f.create_dataset(name, data=data, track_times=False)
+                f.create_dataset(name, data=data, chunks=chunks, track_times=False)
 
 
 def stage_server_file(out_dir: str, server: int, servers: int, gpus_per_server: int, arrays: dict) -> StagedFile:

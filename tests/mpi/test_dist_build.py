@@ -126,3 +126,34 @@ def test_bad_chunk_fails_on_every_rank(base, cora_chunks):
         with group.errors("opening the dataset"):
             open_chunked(bad)
     assert "edges-00001.npy" in str(info.value) and "truncated" in str(info.value)
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_write_fails_every_rank_without_a_hang(base, cora_chunks, monkeypatch):
+    """The writer's file fails after its first block (a full disk, say) while the other ranks are in
+    the block rounds: the writer drains the remaining rounds, every rank raises the writer's error,
+    and nothing is left in the output directory (no temporary, no manifest)."""
+    from granndis_hpc.shards import StreamedDataset
+    from preprocess.build import BuildConfig
+    from preprocess.chunked import ChunkedSource, open_chunked
+    from preprocess.dist_build import run_build_sliced
+    from preprocess.sliced import load_slice
+
+    original = StreamedDataset.blocks
+
+    def failing(self):
+        it = original(self)
+        first = next(it, None)  # one collective round done
+        if first is not None:
+            yield first
+        raise OSError("No space left on device (injected by the test)")
+
+    monkeypatch.setattr(StreamedDataset, "blocks", failing)  # only the writer calls blocks()
+    part = load_slice(WORLD, ChunkedSource(open_chunked(cora_chunks)))
+    out = os.path.join(base, "failed-write")
+    cfg = BuildConfig(out=out, servers=2, gpus_per_server=2, layers=2, preload="full", partitioner="metis", seed=3)
+    with pytest.raises(Exception) as info:
+        run_build_sliced(WORLD, part, cfg)
+    assert "No space left on device" in str(info.value)
+    WORLD.barrier()
+    assert os.listdir(out) == []

@@ -20,19 +20,25 @@ def test_estimate_by_hand():
     want = {"load": common + held + bm.LOAD_BYTES_PER_KEY * 25_000_000,
             "partition": common + held + max(bm.PARTITION_BYTES_PER_EDGE * e + bm.METIS_BYTES_PER_EDGE * e,
                                              bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2),
-            "halos+write": common + held + bm.SERVE_BYTES_PER_EDGE * e
-            + max(bm.WRITER_BYTES_PER_FETCHED_EDGE * s.fetched_edges + 8 * f * s.rows for s in SERVERS)}
+            "halos+write": common + held + bm.HALO_BYTES_PER_VERTEX * n + bm.ROW_BYTES * 800_000
+            + max(s.rows * (bm.BLOCK_BYTES_PER_FEATURE * f + bm.BLOCK_BYTES_PER_EDGE * s.fetched_edges / s.rows)
+                  for s in SERVERS)}
     assert est.phases == [{k: int(v) for k, v in want.items()}]
     assert est.peak == max(int(v) for v in want.values())
 
 
-def test_slices_shrink_with_ranks_but_writers_keep_their_server():
+def test_every_rank_shrinks_with_ranks_writers_too():
+    """Since the servers are built by all ranks (dist_server), the writer's block is a 1/P share of its
+    server: writers shrink with P as the others do, and stay above them by that block (and the GPU split)."""
     peaks = {P: estimate_build_memory(servers=SERVERS, ranks=P, **GRAPH) for P in (1, 2, 4, 8)}
     others = [max(peaks[P].per_rank[2:]) for P in (4, 8)]
     assert others[1] < others[0] < peaks[1].peak
+    writers = [max(peaks[P].phases[r]["halos+write"] for r in range(min(P, 2))) for P in (1, 2, 4, 8)]
+    assert writers == sorted(writers, reverse=True) and writers[3] < writers[0] / 2
     assert peaks[8].per_rank[0] > peaks[8].per_rank[5]  # rank 0 writes server 0
-    writer_term = bm.WRITER_BYTES_PER_FETCHED_EDGE * SERVERS[0].fetched_edges + 800 * SERVERS[0].rows
-    assert all(peaks[P].per_rank[0] > writer_term for P in peaks)
+    block8 = -(-SERVERS[0].rows // 8) * (bm.BLOCK_BYTES_PER_FEATURE * 100
+                                         + bm.BLOCK_BYTES_PER_EDGE * SERVERS[0].fetched_edges / SERVERS[0].rows)
+    assert peaks[8].phases[0]["halos+write"] - peaks[8].phases[5]["halos+write"] == pytest.approx(block8, abs=64)
 
 
 def test_smallest_fitting_ranks():

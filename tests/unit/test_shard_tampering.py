@@ -149,10 +149,20 @@ def test_training_refuses_a_narrow_feature_file_on_every_rank(shard_set, tmp_pat
         res.stderr[-3000:]
 
 
-def test_verify_recomputes_the_content_digest(shard_set, tmp_path):
+@pytest.mark.parametrize("block_bytes", [None, 4096])
+def test_verify_recomputes_the_content_digest(shard_set, tmp_path, monkeypatch, block_bytes):
     """Item 2: one training label changed (in range, file checksum recomputed, content_sha256 left as
-    built) passed `verify` and was accepted by --resume as "the same dataset"."""
+    built) passed `verify` and was accepted by --resume as "the same dataset".  block_bytes=4096: the
+    streamed content pass (preprocess/verify_content.py) in blocks of a few dozen vertices, whose
+    digest must still equal the build's (and dataset_digest of the graph, checked here directly)."""
+    from preprocess import verify_content
+    from preprocess.build import dataset_digest
     from preprocess.verify import verify_shard_set
+
+    if block_bytes is not None:
+        monkeypatch.setattr(verify_content, "BLOCK_BYTES", block_bytes)
+    manifest = json.loads((shard_set / "manifest.json").read_text())
+    assert manifest["dataset"]["content_sha256"] == dataset_digest(make_graph())
 
     assert verify_shard_set(shard_set) == []  # the recomputed digest equals the build's
     row = int(_train_rows(shard_set, 1)[0])
