@@ -19,7 +19,8 @@ What an entry carries (docs/architecture.md, the recipes):
   counts of its options on a shard set: memory_model/modes.py), ``exact_full_graph`` (an exact
   full-graph mode: dominated options of these are dropped), ``any_depth`` (serves a set built for
   another depth), ``build`` (the `preprocess build` arguments that make its set, for `plan`), and
-  ``needs`` (options it requires: config refuses a run without them).
+  ``needs`` (options it requires: config refuses a run without them), ``baseline`` (the mode every
+  speedup is measured against: `granndis report` and the link sweep).
 """
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ MODELS.declare("ressage", "granndis_hpc.nn.models:_ressage", checkpointable=True
 # Modes
 MODES = Registry("mode")
 _ESTIMATES = "granndis_hpc.memory_model.modes"
-MODES.declare("fb", "granndis_hpc.engine.modes:FullBatch", rank=3, phrase="fb", exact_full_graph=True,
+MODES.declare("fb", "granndis_hpc.engine.modes:FullBatch", rank=3, phrase="fb", exact_full_graph=True, baseline=True,
               any_depth=True, estimate=f"{_ESTIMATES}:full_batch",
               build="--preload full --hops 1   (train --mode fb: the world view only)")
 MODES.declare("flx", "granndis_hpc.engine.modes:FlexiblePreload", rank=0, knob="k", train_option="preloaded_layers",
@@ -186,6 +187,14 @@ MODES.declare("mb", "granndis_hpc.engine.modes:PerGpuMiniBatch")
 MODES.declare("auto", "granndis_hpc.engine.modes:Automatic", needs=(
     ("memory_per_gpu", "--mode auto chooses the preload that fits a GPU's memory: give --memory-per-gpu SIZE "
                        "(e.g. 40GiB), or choose a mode"),))
+
+
+def baseline_mode() -> str:
+    """The mode whose runs are the baseline of every reported speedup (the entry marked ``baseline``)."""
+    names = [e.name for e in MODES.entries() if e.get("baseline")]
+    if len(names) != 1:
+        raise LookupError(f"exactly one mode must be marked baseline in the registry, found {names}")
+    return names[0]
 
 
 def mode_problem(mode: str, cfg) -> Optional[str]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from granndis_hpc import linkmodel
+from granndis_hpc.registry import baseline_mode
 from granndis_hpc.fsutil import read_json_object
 from granndis_hpc.metrics import MetricsError, read_metrics_lines
 
@@ -191,9 +192,9 @@ def setting_differences(run, baseline) -> list:
 def find_baselines(runs) -> dict:
     """{index of run: index of its FB baseline run} for runs with a matching `fb` run (same shape),
     preferring one whose settings (COMPARED_SETTINGS) are also the same."""
-    out = {}
+    out, base = {}, baseline_mode()
     for i, run in enumerate(runs):
-        fbs = [j for j, other in enumerate(runs) if other.summary["mode"].lower() == "fb" and other.shape == run.shape]
+        fbs = [j for j, other in enumerate(runs) if other.summary["mode"].lower() == base and other.shape == run.shape]
         alike = [j for j in fbs if not setting_differences(run, runs[j])]
         if alike or fbs:
             out[i] = (alike or fbs)[0]

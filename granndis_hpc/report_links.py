@@ -12,6 +12,7 @@ import glob
 import os
 
 from granndis_hpc.fsutil import atomic_write_bytes
+from granndis_hpc.registry import baseline_mode
 from granndis_hpc.report_data import ReportError, load_run, overlap_limit_s
 from granndis_hpc.report_plots import plot_sweep, sweep_x
 
@@ -51,15 +52,16 @@ def load_sweep(root) -> dict:
         rate["runs"][run.name] = {"epoch_s": s["epoch_time_s"], "limit_s": overlap_limit_s(run), "run_dir": run_dir}
         if run.name not in names:
             names.append(run.name)
-    if "fb" not in names:
-        raise ReportError(f"sweep {root}: no run named 'fb' (the baseline), so there is no speedup to draw")
-    modes = ["fb"] + sorted(n for n in names if n != "fb")
+    base = baseline_mode()
+    if base not in names:
+        raise ReportError(f"sweep {root}: no run named {base!r} (the baseline), so there is no speedup to draw")
+    modes = [base] + sorted(n for n in names if n != base)
     for rate in rates.values():
         missing = [m for m in modes if m not in rate["runs"]]
         if missing:
             raise ReportError(f"sweep {root}: link {rate['label']!r}: no run of {', '.join(map(repr, missing))}")
         rate["runs"] = {m: rate["runs"][m] for m in modes}
-    return {"modes": modes, "rates": list(rates.values()),
+    return {"modes": modes, "baseline": base, "rates": list(rates.values()),
             "graph": {"servers": shape[0], "ranks_per_server": shape[1]}}
 
 
@@ -74,13 +76,15 @@ def _rate_label(rate):
 
 
 def sweep_table(sweep) -> str:
-    others = [m for m in sweep["modes"] if m != "fb"]
+    base = sweep["baseline"]
+    others = [m for m in sweep["modes"] if m != base]
     rows = []
     for rate in sorted(sweep["rates"], key=sweep_x):
-        fb = rate["runs"]["fb"]["epoch_s"]
-        rows.append([_rate_label(rate), f"{sweep_x(rate):,.0f}", f"{fb:.3f}"]
-                    + [f"{fb / rate['runs'][m]['epoch_s']:.2f}x" for m in others])
-    return _markdown_table(["Link rate", "Mbit/s", "FB epoch (s)"] + [f"{m.upper()} speedup" for m in others], rows)
+        t = rate["runs"][base]["epoch_s"]
+        rows.append([_rate_label(rate), f"{sweep_x(rate):,.0f}", f"{t:.3f}"]
+                    + [f"{t / rate['runs'][m]['epoch_s']:.2f}x" for m in others])
+    return _markdown_table(["Link rate", "Mbit/s", f"{base.upper()} epoch (s)"] + [f"{m.upper()} speedup" for m in others],
+                           rows)
 
 
 def limit_table(sweep) -> str:

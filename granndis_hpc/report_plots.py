@@ -117,12 +117,13 @@ def plot_sweep(sweep, path):
     xs = [sweep_x(r) for r in rates]
     fig = _new_figure()
     ax = fig.add_subplot()
+    base = sweep["baseline"]
     for i, m in enumerate(sweep["modes"]):
-        if m == "fb":
+        if m == base:
             continue
-        ys = [r["runs"]["fb"]["epoch_s"] / r["runs"][m]["epoch_s"] for r in rates]
+        ys = [r["runs"][base]["epoch_s"] / r["runs"][m]["epoch_s"] for r in rates]
         ax.plot(xs, ys, marker="o", color=f"C{i % 10}", label=m)
-    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="fb (= 1)")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label=f"{base} (= 1)")
     for r, x in zip(rates, xs):
         if r.get("rate_bps") is None:
             ax.annotate("unshaped", (x, 1.0), textcoords="offset points", xytext=(0, -14), ha="center",

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .canonical import DataError
+from .chunkrange import chunk_pieces
+from .distdgl import DistDGLSource, is_distdgl
 
 FORMAT = "granndis-chunked-v1"
 NODE_FIELDS = ("features", "labels", "train_mask", "val_mask", "test_mask")
@@ -102,26 +104,14 @@ class ChunkedDataset:
 
     def edge_range(self, lo: int, hi: int):
         """Yield (file, src, dst) for the global edge positions lo..hi-1 of the chunk concatenation."""
-        for path, arr, s, e in _pieces(self.edge_offsets, self.edge_files, lo, hi):
+        for path, arr, s, e in chunk_pieces(self.edge_offsets, self.edge_files, lo, hi):
             piece = np.asarray(arr[:, s:e])
             yield path, piece[0], piece[1]
 
     def node_range(self, field: str, lo: int, hi: int):
         """Yield (file, rows) of node field `field` for the vertices lo..hi-1."""
-        for path, arr, s, e in _pieces(self.row_offsets, self.nodes[field], lo, hi):
+        for path, arr, s, e in chunk_pieces(self.row_offsets, self.nodes[field], lo, hi):
             yield path, np.asarray(arr[s:e])
-
-
-def _pieces(offsets: np.ndarray, files: list, lo: int, hi: int):
-    """(file, memmap, start, end) of every chunk overlapping the global range lo..hi-1 (chunk c holds
-    offsets[c]..offsets[c+1]-1)."""
-    first = max(int(np.searchsorted(offsets, lo, side="right")) - 1, 0)
-    for c in range(first, len(files)):
-        a, b = int(offsets[c]), int(offsets[c + 1])
-        if a >= hi:
-            break
-        if min(hi, b) > max(lo, a):
-            yield files[c][0], files[c][1], max(lo, a) - a, min(hi, b) - a
 
 
 def open_chunked(path) -> ChunkedDataset:
@@ -274,7 +264,7 @@ def split_ranges(total: int, parts: int) -> np.ndarray:
     return (np.arange(parts + 1, dtype=np.int64) * int(total)) // max(int(parts), 1)
 
 
-def graph_pieces(graph, chunks: int):
+def graphchunk_pieces(graph, chunks: int):
     """(edge_pieces, node_pieces) of a canonical Graph split into `chunks` edge and node chunks."""
     e_bounds = split_ranges(graph.num_edges, chunks)
     v_bounds = split_ranges(graph.num_vertices, chunks)
@@ -306,7 +296,7 @@ class ChunkedSource:
         self.num_vertices, self.num_features, self.num_classes = ds.num_vertices, ds.num_features, ds.num_classes
         self.num_edges, self.canonical = ds.num_edges, ds.canonical
 
-    def edge_pieces(self, rank: int, size: int):
+    def edgechunk_pieces(self, rank: int, size: int):
         b = split_ranges(self.ds.num_edges, size)
         return self.ds.edge_range(int(b[rank]), int(b[rank + 1]))
 
@@ -331,8 +321,6 @@ def open_source(path, name=None):
                 meta = json.load(f)
         except (OSError, ValueError):
             meta = None  # open_chunked reports it
-        from .distdgl import DistDGLSource, is_distdgl
-
         if is_distdgl(meta):
             return DistDGLSource(os.fspath(path), meta, name)
     return ChunkedSource(open_chunked(path), name)

@@ -21,6 +21,7 @@ import os
 import numpy as np
 
 from .canonical import DataError
+from .chunkrange import chunk_pieces
 
 FIELDS = {"features": "feat", "labels": "label", "train_mask": "train_mask", "val_mask": "val_mask",
           "test_mask": "test_mask"}
@@ -98,7 +99,7 @@ class DistDGLSource:
                 if not os.path.isfile(f):
                     raise _bad(f, "edge file not found", "restore it or correct metadata.json")
 
-    def edge_pieces(self, rank: int, size: int):
+    def edgechunk_pieces(self, rank: int, size: int):
         for f in self.edge_files[rank::size]:
             if self.edge_format == "numpy":
                 a = np.asarray(_npy(f))
@@ -114,12 +115,10 @@ class DistDGLSource:
 
     def nodes(self, lo: int, hi: int) -> dict:
         """{field: [(file, rows)]} for vertices lo..hi-1; 0/1 integer masks become booleans."""
-        from .chunked import _pieces
-
         out = {}
         for field, files in self.node_files.items():
             pieces = []
-            for path, arr, s, e in _pieces(self.row_offsets[field], files, lo, hi):
+            for path, arr, s, e in chunk_pieces(self.row_offsets[field], files, lo, hi):
                 a = np.asarray(arr[s:e])
                 if field.endswith("_mask") and a.dtype != np.bool_ and np.issubdtype(a.dtype, np.integer):
                     if a.size and (a.min() < 0 or a.max() > 1):

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
-from . import checks
+from .checks import (check_file_layout, check_offsets, check_pointer, check_rank_slice,
+                     check_server_graph)
 from .schema import DATASETS, FORMAT_VERSION, ShardError, server_file_name
 
 
@@ -83,19 +84,19 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
     with _open_server(os.fspath(path), manifest, server) as f:
         fpath = f.filename
         # Headers first (no data read): a wrong dtype or width must never size a buffer or an MPI row.
-        checks.check_file_layout(f, manifest, fpath)
+        check_file_layout(f, manifest, fpath)
         n_server = int(f["vertices/global_id"].shape[0])
         offsets = f["vertices/offsets"][:]
         inner_counts = f["vertices/inner_counts"][:]
         w_offsets = f["world/offsets"][:]
-        checks.check_offsets(offsets, inner_counts, w_offsets, n_server, manifest, fpath)
+        check_offsets(offsets, inner_counts, w_offsets, n_server, manifest, fpath)
         lo, hi = int(offsets[gpu]), int(offsets[gpu + 1])
         indptr = f["graph/indptr"][lo:hi + 1]
-        checks.check_pointer(indptr, f["graph/indices"].shape[0], "graph/indptr", manifest, fpath)
+        check_pointer(indptr, f["graph/indices"].shape[0], "graph/indptr", manifest, fpath)
         e_lo, e_hi = int(indptr[0]), int(indptr[-1])
         w_lo, w_hi = int(w_offsets[gpu]), int(w_offsets[gpu + 1])
         w_indptr = f["world/indptr"][w_lo:w_hi + 1]
-        checks.check_pointer(w_indptr, f["world/src_global_id"].shape[0], "world/indptr", manifest, fpath)
+        check_pointer(w_indptr, f["world/src_global_id"].shape[0], "world/indptr", manifest, fpath)
         we_lo, we_hi = int(w_indptr[0]), int(w_indptr[-1])
         sl = RankSlice(
             server=server, gpu=gpu, servers=int(manifest["servers"]), gpus_per_server=G,
@@ -116,7 +117,7 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
             w_src_global_id=f["world/src_global_id"][we_lo:we_hi],
             w_src_rank=f["world/src_rank"][we_lo:we_hi],
         )
-    checks.check_rank_slice(sl, manifest, fpath, n_server)
+    check_rank_slice(sl, manifest, fpath, n_server)
     return sl
 
 
@@ -144,14 +145,14 @@ def read_server_graph(path, manifest: dict, server: int, features: bool = False)
     global_id; with features=True also features (float32 [n_s, F]: a batched mode keeps the server's
     rows in host memory, as a real loader does, instead of reading the file per co-batch)."""
     with _open_server(os.fspath(path), manifest, server) as f:
-        checks.check_file_layout(f, manifest, f.filename)
+        check_file_layout(f, manifest, f.filename)
         out = {"indptr": f["graph/indptr"][:], "indices": f["graph/indices"][:],
                "in_degree": f["graph/in_degree"][:], "hop": f["vertices/hop"][:],
                "train": f["split/train"][:], "offsets": f["vertices/offsets"][:],
                "global_id": f["vertices/global_id"][:]}
         if features:
             out["features"] = f["features"][:]
-        checks.check_server_graph(out, manifest, f.filename)
+        check_server_graph(out, manifest, f.filename)
         return out
 
 
@@ -170,7 +171,7 @@ def read_server_rows(path, manifest: dict, server: int, ids) -> np.ndarray:
     with _open_server(os.fspath(path), manifest, server) as f:
         dset = f["features"]
         if dset.dtype != np.float32 or dset.ndim != 2 or dset.shape[1] != int(manifest["dataset"]["num_features"]):
-            checks.check_file_layout(f, manifest, f.filename)  # names the dataset, the shapes and the fix
+            check_file_layout(f, manifest, f.filename)  # names the dataset, the shapes and the fix
         if sorted_ids.size and (sorted_ids[0] < 0 or sorted_ids[-1] >= dset.shape[0]):
             raise ShardError(f"{f.filename}: row ids must lie in [0, {dset.shape[0]}), got "
                              f"[{int(sorted_ids[0])}, {int(sorted_ids[-1])}]")

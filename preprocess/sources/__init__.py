@@ -141,7 +141,7 @@ def _load_canonical(source: str, **options) -> Graph:
     if source == "chunked":
         from preprocess.chunked import load_chunked
         return load_chunked(picked["path"], picked["name"], **canon)
-    from preprocess.sources.synthetic import load_synthetic
+    from preprocess.sources.synthetic_chunks import load_synthetic
     return load_synthetic(**canon, **picked)
 
 

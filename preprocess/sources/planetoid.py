@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from preprocess.canonical import DataError, canonicalize, index_to_mask
-from preprocess.sources import safe_pickle
+from preprocess.sources import safe_pickle  # a submodule: importing it runs the package first, no cycle
 
 NAMES = ("cora", "citeseer", "pubmed")
 _PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph")

@@ -35,7 +35,7 @@ statistics, which the tests check, did not.
 """
 from __future__ import annotations
 
-from preprocess.canonical import DataError, canonicalize
+from preprocess.canonical import DataError
 
 DEGREE_EXPONENT = 2.5  # density exponent gamma of theta; tail P(theta > t) ~ t^-(gamma-1)
 THETA_CAP = 1000.0
@@ -81,27 +81,3 @@ def _check(vertices, avg_degree, features, classes, communities, train_frac, val
 # real graphs in synthetic_local.py.  Options of one generator are ignored by the other, as options of
 # other sources are (one parser serves all).
 GENERATORS = ("sbm", "local")
-
-
-def generate_raw(**params) -> dict:
-    """The raw DC-SBM draw (before canonicalisation): canonicalize() arguments plus ``community``."""
-    from preprocess.sources.synthetic_chunks import SyntheticSource
-
-    return SyntheticSource("sbm", **params).raw()
-
-
-def generate_any(generator="sbm", **params) -> dict:
-    """The raw draw of either generator (canonicalize() arguments plus ``community``; local: ``cell``
-    and ``side`` too).  Options of the other generator are ignored."""
-    from preprocess.sources.synthetic_chunks import SyntheticSource
-
-    return SyntheticSource(generator, **params).raw()
-
-
-def load_synthetic(symmetrize=True, self_loops="remove", name="synthetic", **params):
-    """Generate every chunk in this process (synthetic_chunks.py) and canonicalise: the whole-graph
-    reference of what the build ranks produce from their own chunks (preprocess/sliced.py)."""
-    raw = generate_any(**params)
-    for key in ("community", "cell", "side"):
-        raw.pop(key, None)
-    return canonicalize(name, symmetrize=symmetrize, self_loops=self_loops, origin="synthetic", **raw)

@@ -39,7 +39,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from preprocess.canonical import DataError, canonicalize
 from preprocess.halo import _mix64  # the one splitmix64 finaliser (EAS tie-breaks use it too)
+import preprocess.sources.synthetic as synthetic
+import preprocess.sources.synthetic_local as synthetic_local
+from preprocess.sources.synthetic import DEGREE_EXPONENT, THETA_CAP
 
 VERTEX_CHUNK = 1 << 14  # vertices per generator chunk: part of the model (changing it changes the graph)
 _SBM, _LOCAL = 0x73626D, 0x6C6F63
@@ -110,9 +114,6 @@ class SyntheticSource:
     """One synthetic graph as a sliced source (preprocess/sliced.py protocol); see the module docstring."""
 
     def __init__(self, generator: str = "sbm", name: str = "synthetic", **params):
-        from preprocess.canonical import DataError
-        from preprocess.sources import synthetic, synthetic_local
-
         if generator not in synthetic.GENERATORS:
             raise DataError(f"synthetic: invalid parameters: --generator {generator!r} (unknown). "
                             f"Fix: use one of {', '.join(synthetic.GENERATORS)}")
@@ -162,8 +163,6 @@ class SyntheticSource:
 
     # ---- per-vertex functions of the id -------------------------------------------------------
     def theta(self, ids) -> np.ndarray:
-        from preprocess.sources.synthetic import DEGREE_EXPONENT, THETA_CAP
-
         u = hash_uniform(self.theta_key, ids)
         return np.minimum((1.0 - u) ** (-1.0 / (DEGREE_EXPONENT - 1.0)), THETA_CAP)
 
@@ -265,3 +264,30 @@ class SyntheticSource:
         if self.generator == "local":
             out.update(cell=self.block_of(ids), side=self.side)
         return out
+
+
+# The whole draw in one process: the generators' reference (tests, `load`), built on SyntheticSource.
+def generate_raw(**params) -> dict:
+    """The raw DC-SBM draw (before canonicalisation): canonicalize() arguments plus ``community``."""
+    return SyntheticSource("sbm", **params).raw()
+
+
+def generate_any(generator="sbm", **params) -> dict:
+    """The raw draw of either generator (canonicalize() arguments plus ``community``; local: ``cell``
+    and ``side`` too).  Options of the other generator are ignored."""
+    return SyntheticSource(generator, **params).raw()
+
+
+def load_synthetic(symmetrize=True, self_loops="remove", name="synthetic", **params):
+    """Generate every chunk in this process (SyntheticSource) and canonicalise: the whole-graph
+    reference of what the build ranks produce from their own chunks (preprocess/sliced.py)."""
+    raw = generate_any(**params)
+    for key in ("community", "cell", "side"):
+        raw.pop(key, None)
+    return canonicalize(name, symmetrize=symmetrize, self_loops=self_loops, origin="synthetic", **raw)
+
+
+def generate_local_raw(**params) -> dict:
+    """The raw draw (before canonicalisation): canonicalize() arguments plus ``community`` (patch) and
+    ``cell`` of every vertex and the torus ``side``; see the module docstring."""
+    return SyntheticSource("local", **params).raw()

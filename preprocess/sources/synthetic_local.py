@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from preprocess.canonical import DataError
-from preprocess.sources import synthetic
+import preprocess.sources.synthetic as synthetic
 from preprocess.sources.synthetic import common_problems
 
 # Defaults chosen with bench/bench_locality.py (200k vertices, D=25, 2 servers): see docs/bench-locality.md.
@@ -112,11 +112,3 @@ class PatchMap:
 def patches_of_cells(side: int, communities: int, seq: np.random.SeedSequence) -> np.ndarray:
     """Patch of every cell (PatchMap over all cells)."""
     return PatchMap(side, communities, seq).of_cells(np.arange(side * side, dtype=np.int64))
-
-
-def generate_local_raw(**params) -> dict:
-    """The raw draw (before canonicalisation): canonicalize() arguments plus ``community`` (patch) and
-    ``cell`` of every vertex and the torus ``side``; see the module docstring."""
-    from preprocess.sources.synthetic_chunks import SyntheticSource
-
-    return SyntheticSource("local", **params).raw()

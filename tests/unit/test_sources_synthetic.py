@@ -4,7 +4,7 @@ import pytest
 import scipy.sparse as sp
 
 from preprocess.sources import DataError, load
-from preprocess.sources import synthetic
+from preprocess.sources import synthetic, synthetic_chunks
 
 from tests.unit.test_sources_bundle import assert_reproducible_from_seed, graphs_equal
 
@@ -46,7 +46,7 @@ def test_degrees_heavy_tailed(small):
 
 
 def test_labels_follow_communities():
-    raw = synthetic.generate_raw(vertices=8000, classes=4, communities=12, seed=5, homophily=0.9)
+    raw = synthetic_chunks.generate_raw(vertices=8000, classes=4, communities=12, seed=5, homophily=0.9)
     comm, labels = raw["community"], raw["labels"]
     assert np.array_equal(labels, comm % 4)
     assert np.array_equal(np.unique(comm), np.arange(12))

@@ -11,7 +11,7 @@ from granndis_hpc.cluster.group import self_group
 from preprocess.halo import full_khop
 from preprocess.partition import edge_cut, partition_servers
 from preprocess.sources import DataError, add_source_arguments, load, load_from_args
-from preprocess.sources import synthetic, synthetic_local
+from preprocess.sources import synthetic, synthetic_chunks, synthetic_local
 
 from tests.unit.test_sources_bundle import assert_reproducible_from_seed, graphs_equal
 from tests.unit.test_sources_synthetic import nearest_class_mean_accuracy
@@ -79,7 +79,7 @@ def test_chunked_generation_is_deterministic_and_local(monkeypatch):
     monkeypatch.setattr(synthetic, "ROW_CHUNK", 333)
     params = dict(generator="local", vertices=3000, avg_degree=10, features=8, classes=3, seed=1, cell_size=4,
                   long_range=0.0)
-    a, b = synthetic.generate_any(**params), synthetic.generate_any(**params)
+    a, b = synthetic_chunks.generate_any(**params), synthetic_chunks.generate_any(**params)
     for key in ("src", "dst", "features", "labels", "train_mask", "cell", "community"):
         assert np.array_equal(a[key], b[key]), key
     dx, dy = torus_offsets(a)
@@ -100,7 +100,7 @@ def torus_offsets(raw):
 
 @pytest.mark.parametrize("long_range,local_scale", [(0.0, 1.0), (0.1, 1.0), (1.0, 1.0), (0.05, 0.0)])
 def test_edge_kernel_and_long_range(long_range, local_scale):
-    raw = synthetic.generate_any(generator="local", vertices=40_000, avg_degree=10, features=4, classes=4,
+    raw = synthetic_chunks.generate_any(generator="local", vertices=40_000, avg_degree=10, features=4, classes=4,
                                  seed=2, long_range=long_range, local_scale=local_scale)
     dx, dy = torus_offsets(raw)
     far = (dx > 12) | (dy > 12)  # beyond any kernel draw: 5 sigma x theta_max**0.1 = 10 cells
@@ -119,7 +119,7 @@ def test_edge_kernel_and_long_range(long_range, local_scale):
 def test_partner_is_uniform_inside_its_cell():
     # First endpoints follow theta (the degree tail); partners are uniform in their cell, so how often a
     # vertex is a partner does not follow how often it is a first endpoint (by theta: correlation 0.58).
-    raw = synthetic.generate_any(generator="local", vertices=40_000, avg_degree=10, features=4, classes=4,
+    raw = synthetic_chunks.generate_any(generator="local", vertices=40_000, avg_degree=10, features=4, classes=4,
                                  seed=2, long_range=0.0)
     first, partner = np.bincount(raw["src"], minlength=40_000), np.bincount(raw["dst"], minlength=40_000)
     assert first.max() > 50 * first.mean()
@@ -143,7 +143,7 @@ def test_ids_are_random_with_respect_to_position(small):
     # A partitioner must find the structure: contiguous id ranges cut about half of all edges.
     halves = (np.arange(small.num_vertices) >= small.num_vertices // 2).astype(np.int64)
     assert 0.45 < edge_cut(small.indptr, small.indices, halves) / small.num_edges < 0.55
-    raw = synthetic.generate_any(generator="local", vertices=20_000)
+    raw = synthetic_chunks.generate_any(generator="local", vertices=20_000)
     assert abs(np.corrcoef(np.arange(20_000), raw["cell"])[0, 1]) < 0.03
 
 
@@ -184,7 +184,7 @@ def test_patches_are_voronoi_regions_of_the_torus():
 
     d2 = dist(c % side, seeds % side) ** 2 + dist(c // side, seeds // side) ** 2
     assert np.array_equal(d2[c, patch], d2.min(1))  # each cell in (one of) its nearest seed's patch
-    raw = synthetic.generate_any(generator="local", vertices=5000, classes=3, communities=12)
+    raw = synthetic_chunks.generate_any(generator="local", vertices=5000, classes=3, communities=12)
     assert np.array_equal(np.unique(raw["community"]), np.arange(12))
     # labels are a function of the patch
     pairs = np.unique(np.stack([raw["community"], raw["labels"]], 1), axis=0)
