@@ -23,25 +23,36 @@ from typing import Optional
 
 from granndis_hpc.graph.csr import Graph
 from granndis_hpc.options import Options, add_options, option
+from granndis_hpc.registry import Registry
 from preprocess.canonical import (FEATURE_NORMALIZATIONS, SELF_LOOP_MODES, DataError,  # noqa: F401 (re-exported)
                                   canonicalize, normalize_features)
 from preprocess.sources.synthetic import DEFAULTS as _SYNTHETIC_DEFAULTS
 from preprocess.sources.synthetic import GENERATORS as _GENERATORS
 from preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
 
-SOURCES = ("planetoid", "ogb", "bundle", "synthetic", "chunked")
+# The sources: one line each.  An entry names its loader ("module:function", imported when used: the
+# loaders' own dependencies load only for the source asked for), the options it reads (`uses`; the
+# others are accepted and ignored, so one parser serves all) and, for a source a build rank reads a
+# slice of (preprocess/sliced.py), its `sliced` opener.  Every loader takes its `uses` and the
+# canonicalisation options as keywords and returns a canonical Graph.  docs/architecture.md, "add a
+# dataset source".
+SOURCES = Registry("source")
+SOURCES.declare("planetoid", "preprocess.sources.planetoid:load_planetoid", uses=("name", "root"))
+SOURCES.declare("ogb", "preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme"))
+SOURCES.declare("bundle", "preprocess.sources.bundle:load_bundle", uses=("name", "path"))
+SOURCES.declare("synthetic", "preprocess.sources.synthetic_chunks:load_synthetic",
+                uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
+                sliced="preprocess.sources.synthetic_chunks:SyntheticSource")
+SOURCES.declare("chunked", "preprocess.chunked:load_chunked", uses=("name", "path"),
+                sliced="preprocess.chunked:open_source")
 
 # Every option load() accepts, with its default (the same defaults argparse uses).
 OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, symmetrize=True,
                        self_loops="remove", normalize_features="none", **_SYNTHETIC_DEFAULTS, generator="sbm", **_LOCAL_DEFAULTS)
-# Which options each source reads (others are accepted and ignored, so one parser serves all).
-_USES = {
-    "planetoid": ("name", "root"),
-    "ogb": ("name", "root", "split_scheme"),
-    "bundle": ("name", "path"),
-    "chunked": ("name", "path"),
-    "synthetic": tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
-}
+
+
+def _source_names():
+    return tuple(SOURCES)  # read when the option is checked: a source registered after import is valid
 
 
 _d = OPTION_DEFAULTS
@@ -53,7 +64,7 @@ _SOURCE, _SYNTHETIC, _CANON = ("dataset source", "synthetic source (degree-corre
 class SourceOptions(Options):
     """The dataset-source and canonicalisation options of every `python -m preprocess` command that reads
     a dataset (granndis_hpc/options/ derives their parser); the defaults are OPTION_DEFAULTS'."""
-    source: str = option("synthetic", choices=SOURCES, group=_SOURCE, help="where the graph comes from")
+    source: str = option("synthetic", choices=_source_names, group=_SOURCE, help="where the graph comes from")
     name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv; "
                                                            "bundle: dataset name (default: file name)")
     root: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
@@ -118,41 +129,27 @@ def features_record(how: str) -> dict:
     return {"features": {"normalization": how}}
 
 
-def _load_canonical(source: str, **options) -> Graph:
+def _picked(source: str, options: dict) -> dict:
+    """The options `source` reads, after the defaults; DataError for an unknown source or option."""
     if source not in SOURCES:
         raise DataError(f"{source!r}: unknown source. Fix: use one of {', '.join(SOURCES)}")
     unknown = sorted(set(options) - set(OPTION_DEFAULTS))
     if unknown:
         raise DataError(f"{source}: unknown options {unknown}. Fix: use only {sorted(OPTION_DEFAULTS)}")
     opts = {**OPTION_DEFAULTS, **options}
-    canon = dict(symmetrize=bool(opts["symmetrize"]), self_loops=opts["self_loops"])
-    picked = {k: opts[k] for k in _USES[source]}
-    if source == "planetoid":
-        from preprocess.sources.planetoid import load_planetoid
-        if picked["name"] is None:
-            raise DataError("planetoid: no --name given. Fix: pass --name cora|citeseer|pubmed")
-        return load_planetoid(picked["root"], picked["name"], **canon)
-    if source == "ogb":
-        from preprocess.sources.ogb import load_ogb
-        return load_ogb(picked["root"], picked["name"], picked["split_scheme"], **canon)
-    if source == "bundle":
-        from preprocess.sources.bundle import load_bundle
-        return load_bundle(picked["path"], picked["name"], **canon)
-    if source == "chunked":
-        from preprocess.chunked import load_chunked
-        return load_chunked(picked["path"], picked["name"], **canon)
-    from preprocess.sources.synthetic_chunks import load_synthetic
-    return load_synthetic(**canon, **picked)
+    return {k: opts[k] for k in SOURCES.entry(source).get("uses", ())}
+
+
+def _load_canonical(source: str, **options) -> Graph:
+    picked = _picked(source, options)
+    opts = {**OPTION_DEFAULTS, **options}
+    return SOURCES[source](**picked, symmetrize=bool(opts["symmetrize"]), self_loops=opts["self_loops"])
 
 
 def load_from_args(args: argparse.Namespace) -> Graph:
     """Load the graph described by a namespace parsed with `add_source_arguments`."""
     options = {k: getattr(args, k) for k in OPTION_DEFAULTS if hasattr(args, k)}
     return load(args.source, **options)
-
-
-# Sources a build rank can read a slice of (preprocess/sliced.py); the others are loaded whole.
-SLICED_SOURCES = ("chunked", "synthetic")
 
 
 def sliced_from_args(args: argparse.Namespace):
@@ -163,11 +160,6 @@ def sliced_from_args(args: argparse.Namespace):
 
 
 def sliced_source(source: str, **options):
-    opts = {**OPTION_DEFAULTS, **options}
-    if source == "chunked":
-        from preprocess.chunked import open_source
-        return open_source(opts["path"], opts["name"])
-    if source == "synthetic":
-        from preprocess.sources.synthetic_chunks import SyntheticSource
-        return SyntheticSource(**{k: opts[k] for k in _USES["synthetic"]})
-    return None
+    """The source's sliced opener called with the options it reads, or None (a source loaded whole)."""
+    opener = SOURCES.entry(source).resolve("sliced") if source in SOURCES else None
+    return None if opener is None else opener(**_picked(source, options))

@@ -71,6 +71,8 @@ def _edges_from_dict(graph, path):
 
 def load_planetoid(root, name, symmetrize=True, self_loops="remove"):
     """Load ``ROOT/ind.NAME.*`` and canonicalise (see module docstring for the split)."""
+    if name is None:
+        raise DataError("planetoid: no --name given. Fix: pass --name cora|citeseer|pubmed")
     name = str(name).lower()
     if name not in NAMES:
         raise DataError(f"planetoid: unknown --name {name!r}. Fix: use one of {', '.join(NAMES)}")

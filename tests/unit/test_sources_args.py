@@ -18,7 +18,7 @@ def parse(argv):
 
 def test_defaults():
     args = parse([])
-    assert SOURCES == ("planetoid", "ogb", "bundle", "synthetic", "chunked")
+    assert tuple(SOURCES) == ("planetoid", "ogb", "bundle", "synthetic", "chunked")
     assert args.source == "synthetic"
     assert (args.vertices, args.avg_degree, args.features, args.classes, args.seed) == (100_000, 25.0, 100, 16, 0)
     assert args.communities is None and args.symmetrize is True and args.self_loops == "remove"
@@ -59,3 +59,36 @@ def test_errors():
         load("planetoid", name="cora", root="/nonexistent")
     with pytest.raises(SystemExit):
         parse(["--source", "csv"])
+
+
+def _load_ring(name=None, symmetrize=True, self_loops="remove"):
+    """The recipe's source: a 12-vertex directed ring, vertex v's features (v, 1), class v % 3."""
+    from preprocess.canonical import canonicalize
+
+    n = 12
+    ids = np.arange(n)
+    masks = [ids < 6, (ids >= 6) & (ids < 9), ids >= 9]
+    return canonicalize(name or "ring", n, ids, (ids + 1) % n, np.stack([ids, np.ones(n)], 1).astype(np.float32),
+                        ids % 3, *masks, symmetrize=symmetrize, self_loops=self_loops)
+
+
+def test_a_dataset_source_is_one_loader_and_one_registry_line():
+    """docs/architecture.md "add a dataset source": the loader above plus the one line below, and the
+    source is a choice of --source, loads with the shared canonicalisation options, and is loaded whole
+    (it declares no sliced opener)."""
+    from preprocess import sources
+
+    sources.SOURCES.register("ring", _load_ring, uses=("name",))
+    try:
+        g = load_from_args(parse(["--source", "ring", "--name", "r12"]))
+        assert g.name == "r12" and g.num_vertices == 12
+        # symmetrised by default: v aggregates v-1 and v+1 (the in-edge CSR, sources sorted)
+        expected = np.sort(np.stack([(np.arange(12) - 1) % 12, (np.arange(12) + 1) % 12], 1), axis=1).ravel()
+        assert np.array_equal(np.diff(g.indptr), np.full(12, 2)) and np.array_equal(g.indices, expected)
+        directed = load("ring", symmetrize=False)
+        assert np.array_equal(directed.indices, (np.arange(12) - 1) % 12)  # v aggregates only v-1
+        assert sources.sliced_source("ring") is None
+    finally:
+        del sources.SOURCES["ring"]
+    with pytest.raises(SystemExit):
+        parse(["--source", "ring"])  # gone with its registry line
