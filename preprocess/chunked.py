@@ -264,7 +264,7 @@ def split_ranges(total: int, parts: int) -> np.ndarray:
     return (np.arange(parts + 1, dtype=np.int64) * int(total)) // max(int(parts), 1)
 
 
-def graphchunk_pieces(graph, chunks: int):
+def graph_pieces(graph, chunks: int):
     """(edge_pieces, node_pieces) of a canonical Graph split into `chunks` edge and node chunks."""
     e_bounds = split_ranges(graph.num_edges, chunks)
     v_bounds = split_ranges(graph.num_vertices, chunks)
@@ -296,7 +296,7 @@ class ChunkedSource:
         self.num_vertices, self.num_features, self.num_classes = ds.num_vertices, ds.num_features, ds.num_classes
         self.num_edges, self.canonical = ds.num_edges, ds.canonical
 
-    def edgechunk_pieces(self, rank: int, size: int):
+    def edge_pieces(self, rank: int, size: int):
         b = split_ranges(self.ds.num_edges, size)
         return self.ds.edge_range(int(b[rank]), int(b[rank + 1]))
 

@@ -99,7 +99,7 @@ class DistDGLSource:
                 if not os.path.isfile(f):
                     raise _bad(f, "edge file not found", "restore it or correct metadata.json")
 
-    def edgechunk_pieces(self, rank: int, size: int):
+    def edge_pieces(self, rank: int, size: int):
         for f in self.edge_files[rank::size]:
             if self.edge_format == "numpy":
                 a = np.asarray(_npy(f))
