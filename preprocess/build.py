@@ -279,9 +279,6 @@ class PhaseLog:
         self.last = now
 
 
-_CONTENT = content.CONTENT  # what the digest covers, in order (sliced.slice_digest streams it)
-
-
 def dataset_digest(graph) -> str:
     """sha256 of the canonical dataset in global-id order: the in-edge CSR, the features, the labels,
     the class count and the three split masks (granndis_hpc/shards/content.py defines it, so that a

@@ -27,13 +27,13 @@ of the same dataset gives and `--resume` across shapes keeps working.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import Graph
+from granndis_hpc.shards.content import CONTENT, ContentHash
 
 from .canonical import SELF_LOOP_MODES, DataError, _dedupe_sorted, normalize_features
 from .partition import vtxdist_for
@@ -219,24 +219,20 @@ def assemble(comm, part: GraphSlice) -> Graph:
 
 
 def slice_digest(comm, part: GraphSlice) -> str:
-    """build.dataset_digest of the whole canonical graph, from the slices (every rank gets it).  The
-    arrays, dtypes and header strings come from build._CONTENT, so the two digests cannot drift."""
-    from .build import _CONTENT
-
+    """build.dataset_digest of the whole canonical graph, from the slices (every rank gets it), fed to
+    the one digest definition (granndis_hpc/shards/content.py ContentHash), so the two cannot drift."""
     group = as_group(comm)
-    h = hashlib.sha256(f"granndis-dataset-v1 classes={int(part.num_classes)}".encode()) if group.rank == 0 else None
+    h = ContentHash(part.num_classes) if group.rank == 0 else None
     last = group.rank == group.size - 1
     n, e = part.num_vertices, part.num_edges
     shapes = {"indptr": [n + 1], "indices": [e], "features": [n, part.num_features]}
-    for name, dtype in _CONTENT:
+    for name, dtype in CONTENT:
         if name == "indptr":
             local = part.indptr[:None if last else -1] + part.edge_offset
         else:
             local = getattr(part, name)
         local = np.ascontiguousarray(local, dtype=dtype)
         if group.rank == 0:
-            shape = shapes.get(name, [n])
-            h.update(f" {name}:{local.dtype.str}:{shape};".encode())
-        group.stream_to(local, (lambda a: h.update(memoryview(np.ascontiguousarray(a)).cast("B")))
-                        if group.rank == 0 else None)
+            h.begin(name, shapes.get(name, [n]))
+        group.stream_to(local, (lambda a: h.update(a, dtype)) if group.rank == 0 else None)
     return group.bcast_object(h.hexdigest() if group.rank == 0 else None)

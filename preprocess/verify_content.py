@@ -1,7 +1,7 @@
 """verify's content checks in bounded memory (issue 17): the dataset content digest and the check that
 preloaded rows are copies of their home rows, reading the server files in blocks of global ids.
 
-The digest (build.dataset_digest) hashes the in-edge CSR, the features, the labels and the split in
+The digest (shards/content.py ContentHash, as build.dataset_digest) hashes the in-edge CSR, the features, the labels and the split in
 global-id order.  A server file's rows are ordered by (owner GPU, hop, global id), so the rows of one
 (GPU, hop) pair form a run sorted by global id, and the rows of a block of global ids a..b-1 are one
 contiguous row range of each run: each block is assembled from one h5py range read per run (inner
@@ -12,11 +12,11 @@ masks) and one block (BLOCK_BYTES of features and of edges); never the N x F fea
 from __future__ import annotations
 
 import contextlib
-import hashlib
 
 import numpy as np
 
 from granndis_hpc.shards import open_server, read_server_arrays, server_file_name
+from granndis_hpc.shards.content import CONTENT, ContentHash
 
 BLOCK_BYTES = 32 << 20
 _SPLITS = ("train", "val", "test")
@@ -50,19 +50,12 @@ class _Runs:
                 yield int(self.owner[lo]), int(r0), int(r1)
 
 
-def _update(h, name: str, a: np.ndarray, shape) -> None:
-    """dataset_digest's header of one array (then its bytes come, in one or several updates)."""
-    h.update(f" {name}:{a.dtype.str}:{list(shape)};".encode())
-
-
 def content_pass(path: str, manifest: dict, files, degree: np.ndarray, digest: bool):
     """(problems of preloaded copies, the content digest or None): what verify's content checks need,
     streamed (module docstring).  `degree`: every vertex's in-degree (from the home files)."""
-    from .build import _CONTENT
-
     ds = manifest["dataset"]
     N, F = int(ds["num_vertices"]), int(ds["num_features"])
-    dtypes = dict(_CONTENT)
+    dtypes = dict(CONTENT)
     runs = {s: _Runs(path, manifest, s) for s in files}
     indptr = np.zeros(N + 1, dtype=dtypes["indptr"])
     np.cumsum(degree, out=indptr[1:])
@@ -82,16 +75,15 @@ def content_pass(path: str, manifest: dict, files, degree: np.ndarray, digest: b
                       if not np.array_equal(mine, home)]
     avg_degree = -(-int(indptr[-1]) // max(N, 1))
     block = max(1, BLOCK_BYTES // (4 * F + 8 * avg_degree + 8))
-    h = hashlib.sha256(f"granndis-dataset-v1 classes={int(ds['num_classes'])}".encode()) if digest else None
+    h = ContentHash(ds["num_classes"]) if digest else None
     with contextlib.ExitStack() as stack:
         handles = {s: stack.enter_context(open_server(path, manifest, s)) for s in files}
         if h is not None:
-            _update(h, "indptr", indptr, indptr.shape)
-            h.update(memoryview(indptr).cast("B"))
-            _update(h, "indices", np.zeros(0, dtypes["indices"]), [int(indptr[-1])])
+            h.update(indptr, h.begin("indptr", indptr.shape))
+            dtype = h.begin("indices", [int(indptr[-1])])
             for a in range(0, N, block):
-                h.update(memoryview(_edge_block(runs, handles, indptr, a, min(N, a + block))).cast("B"))
-            _update(h, "features", np.zeros(0, dtypes["features"]), [N, F])
+                h.update(_edge_block(runs, handles, indptr, a, min(N, a + block)), dtype)
+            h.begin("features", [N, F])
         features_differ = set()
         for a in range(0, N, block):
             b = min(N, a + block)
@@ -100,7 +92,7 @@ def content_pass(path: str, manifest: dict, files, degree: np.ndarray, digest: b
                 for _, r0, r1 in r.ranges(a, b, inner=True):
                     home[r.gid[r0:r1] - a] = handles[s]["features"][r0:r1]
             if h is not None:
-                h.update(memoryview(home).cast("B"))
+                h.update(home, dtypes["features"])
             for s, r in runs.items():
                 if s in features_differ:
                     continue
@@ -113,9 +105,7 @@ def content_pass(path: str, manifest: dict, files, degree: np.ndarray, digest: b
     if h is not None:
         for name in ("labels", "train_mask", "val_mask", "test_mask"):
             arr = labels if name == "labels" else masks[name[:-5]]
-            arr = np.ascontiguousarray(arr, dtype=dtypes[name])
-            _update(h, name, arr, arr.shape)
-            h.update(memoryview(arr).cast("B"))
+            h.update(arr, h.begin(name, arr.shape))
     problems = [f"{server_file_name(s)}: preloaded rows' {', '.join(differ[s])} differ from their home server's "
                 f"rows (the file was edited after the build); rebuild the set" for s in files if differ[s]]
     return problems, (h.hexdigest() if h is not None else None)
