@@ -38,7 +38,14 @@ def main(argv=None):
     p = revision_arguments(__doc__, epochs=5, reps=2)
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "compare"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-redesign.md"))
+    p.add_argument("--modes", default=",".join(m for m, _ in MODES),
+                   help="comma-separated subset of the modes to compare (e.g. fb, to rerun one with more --reps)")
     args = p.parse_args(argv)
+    wanted = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(wanted) - {m for m, _ in MODES})
+    if unknown:
+        p.error(f"--modes: unknown {', '.join(unknown)}; choose from {', '.join(m for m, _ in MODES)}")
+    modes = [(m, kind) for m, kind in MODES if m in wanted]
     log = []
     old_rev = subprocess.run(["git", "rev-parse", "--short", args.old], cwd=REPO, check=True,
                              capture_output=True, text=True).stdout.strip()
@@ -52,10 +59,10 @@ def main(argv=None):
         build(args, shard_dirs["eas"], ["--preload", "eas", "--hops", "1", "--eas-fanout", "15"], log)
         common = ["--model", "sage", "--layers", str(args.layers), "--hidden", "64", "--epochs", str(args.epochs),
                   "--eval-every", "0"]
-        times = {(rev, m): [] for rev in ("old", "new") for m, _ in MODES}
+        times = {(rev, m): [] for rev in ("old", "new") for m, _ in modes}
         ledger = {}
         for rep in range(args.reps):
-            for mode, kind in MODES:
+            for mode, kind in modes:
                 for rev, tree in (("old", old_tree), ("new", REPO)):
                     summary, records = train(shard_dirs[kind], mode, os.path.join(args.work, "runs", f"{rev}-{mode}-{rep}"),
                                              common, log, tree=tree)
@@ -71,7 +78,7 @@ def main(argv=None):
              f"Ledger bytes are exact counts per epoch summed over ranks.", "",
              "| mode | ledger bytes identical | old epoch (s), median / fastest | new epoch (s), median / fastest "
              "| new / old, median | new / old, fastest | runs old | runs new |", "|---|---|---:|---:|---:|---:|---|---|"]
-    for mode, _ in MODES:
+    for mode, _ in modes:
         same = ledger[("old", mode)] == ledger[("new", mode)]
         old, new = times[("old", mode)], times[("new", mode)]
         old_t, new_t = statistics.median(old), statistics.median(new)
@@ -79,7 +86,7 @@ def main(argv=None):
                      f"| {new_t / old_t:.3f} | {min(new) / min(old):.3f} | {', '.join(f'{t:.2f}' for t in old)} "
                      f"| {', '.join(f'{t:.2f}' for t in new)} |")
     lines += ["", "Per-epoch bytes (new): " + "; ".join(
-        f"{m}: {json.dumps(ledger[('new', m)][-1])}" for m, _ in MODES), ""]
+        f"{m}: {json.dumps(ledger[('new', m)][-1])}" for m, _ in modes), ""]
     write_page(args.out, lines, "bench/compare_revisions.py", argv, log)
 
 
