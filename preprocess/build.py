@@ -26,7 +26,8 @@ from granndis_hpc.shards import content
 from .canonical import DataError
 from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from .owners import assign_owners
-from .partition import PARTITIONERS, balance, partition_digest, partition_gpus, partition_servers
+from .partition import (PARTITIONERS, WholeGraphAccess, balance, partition_digest, partition_servers,
+                        split_servers_over_gpus)
 
 
 @dataclass
@@ -324,13 +325,9 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
     sp = partition_servers(group, graph, S, cfg.partitioner, cfg.seed)
     server_of = sp.parts
     mine = list(range(rank, S, P))
-    gpu_local = np.full(graph.num_vertices, -1, dtype=np.int32)
-    gpu_constraints = {}
-    with group.errors("partitioning servers over GPUs"):
-        for s in mine:
-            inner = np.flatnonzero(server_of == s)
-            gpu_local[inner], gpu_constraints[s] = partition_gpus(graph, inner, G)
-    gpu_of = group.allreduce_max(gpu_local)
+    # The distributed build's GPU split (one function; ParMETIS over all ranks for parmetis).
+    gpu_of, gpu_constraints = split_servers_over_gpus(group, WholeGraphAccess(group, graph), server_of,
+                                                      graph.train_mask, G, cfg.partitioner, cfg.seed)
     log.done("partition", f"{sp.name}: edge cut {sp.edge_cut} ({100 * sp.edge_cut_fraction:.2f}% of edges), "
                           f"vertex balance {sp.vertex_balance:.3f}, train balance {sp.train_balance:.3f}")
 

@@ -7,8 +7,10 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
   symmetric adjacency ParMETIS needs is one alltoallv of edge keys to the owner of their row (for
   METIS, to rank 0: small graphs only); the balance refinement's neighbour counts are computed by the
   owners of the candidate rows and allgathered; the edge cut is an allreduce;
-* the GPU split of server s (METIS, on rank s % P): every rank sends that rank the symmetric keys of
-  the inner subgraph's edges among its own rows (`split_servers_over_gpus`);
+* the GPU split of server s (partition.split_servers_over_gpus, the whole-graph build's too): every
+  rank sends the symmetric keys of the inner subgraph's edges among its own rows to the rank owning
+  their row, for ParMETIS over all ranks (`--partitioner parmetis`: each rank a 1/P slice of the
+  server's inner rows) or METIS on rank s % P (`metis`, `random`) (`SlicedAccess.inner_keys`);
 * the halo (full k-hop or EAS), the owner GPUs and the file of server s are built by all ranks
   together and written by rank s % P in blocks (preprocess/dist_server.py), so no rank holds a
   server's edges or features, the writer included;
@@ -32,7 +34,7 @@ from granndis_hpc.shards import discard_staged, stage_server_file
 from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
 from .dist_server import drain_datasets, server_datasets
 from .halo import unique_sorted
-from .partition import partition_servers, split_gpus, symmetric_keys
+from .partition import partition_servers, split_servers_over_gpus, symmetric_keys
 from .sliced import GraphSlice, shuffle_to_owners
 
 
@@ -41,6 +43,7 @@ class SlicedAccess:
 
     def __init__(self, group, part: GraphSlice, train: np.ndarray):
         self.group, self.part, self.train = group, part, train
+        self.server_of = None  # the server partition, once made (inner_keys)
         self.num_vertices, self.num_edges = part.num_vertices, part.num_edges
 
     def adjacency(self, dist: np.ndarray):
@@ -59,6 +62,25 @@ class SlicedAccess:
         keys %= n
         return xadj, keys
 
+    def inner_keys(self, s: int, inner: np.ndarray, dist: np.ndarray) -> np.ndarray:
+        """Collective: this rank's rows dist[rank]..dist[rank+1]-1 of server s's symmetric inner
+        adjacency (partition.split_servers_over_gpus; keys row*m+col, local ids), sorted and distinct.
+        Every rank makes both directions of the in-edges of its own inner rows (of its slice) and sends
+        each key to the rank owning its row under dist, which drops the duplicates (an edge and its
+        reverse made on two ranks)."""
+        p, server_of = self.part, self.server_of
+        m = inner.shape[0]
+        mine = np.flatnonzero(server_of[p.lo:p.hi] == s)
+        sub_indptr, src = csr_rows(p.indptr, p.indices, mine)
+        dst = np.searchsorted(inner, mine + p.lo)[row_of_edges(sub_indptr)]
+        keep = server_of[src] == s
+        keys = symmetric_keys(np.searchsorted(inner, src[keep]), dst[keep], m)
+        del sub_indptr, src, dst, keep
+        keys = shuffle_to_owners(self.group, keys, np.asarray(dist, dtype=np.int64), m)
+        first = np.ones(keys.shape[0], dtype=bool)
+        first[1:] = keys[1:] != keys[:-1]
+        return keys[first]
+
     def part_counts(self, cand: np.ndarray, parts: np.ndarray, nparts: int) -> np.ndarray:
         p = self.part
         a, b = np.searchsorted(cand, [p.lo, p.hi])
@@ -72,56 +94,6 @@ class SlicedAccess:
         p = self.part
         local = np.count_nonzero(parts[p.indices] != parts[row_of_edges(p.indptr) + p.lo])
         return int(self.group.allreduce_sum(np.array([local], dtype=np.int64))[0])
-
-
-def _gpu_split_keys(group, part, server_of: np.ndarray, s: int, inner: np.ndarray) -> np.ndarray:
-    """Collective: this rank's rows of the symmetric adjacency of server s's inner subgraph
-    (partition.induced_symmetric's keys row*m+col, local ids), sorted and distinct.  Every rank makes
-    both directions of the in-edges of its own inner rows and sends each key to the rank owning its row
-    (inner ids are in global order, so row ranges follow vtxdist): concatenated in rank order, the
-    pieces are the whole sorted key array."""
-    m = inner.shape[0]
-    mine = np.flatnonzero(server_of[part.lo:part.hi] == s)
-    sub_indptr, src = csr_rows(part.indptr, part.indices, mine)
-    dst = np.searchsorted(inner, mine + part.lo)[row_of_edges(sub_indptr)]
-    keep = server_of[src] == s
-    keys = symmetric_keys(np.searchsorted(inner, src[keep]), dst[keep], m)
-    del sub_indptr, src, dst, keep
-    keys = shuffle_to_owners(group, keys, np.searchsorted(inner, part.vtxdist), m)
-    first = np.ones(keys.shape[0], dtype=bool)
-    first[1:] = keys[1:] != keys[:-1]
-    return keys[first]
-
-
-def split_servers_over_gpus(group, part, server_of: np.ndarray, masks: dict, G: int):
-    """Collective: the GPU of every vertex (int32, allreduced) and the constraints of the servers this
-    rank split.  Server s is split (METIS) on rank s % P, from its inner subgraph's symmetric keys,
-    de-duplicated by the owners of their rows and sent to it in row order (one alltoallv per round of
-    P servers): the writer holds the METIS input (8 B per key), never the server's rows."""
-    S = int(server_of.max()) + 1 if server_of.size else 0
-    P, rank, n = group.size, group.rank, part.num_vertices
-    gpu_local = np.full(n, -1, dtype=np.int32)
-    constraints = {}
-    for j in range(-(-S // P)):
-        round_servers = [s for s in range(j * P, min((j + 1) * P, S))]
-        inners = {s: np.flatnonzero(server_of == s).astype(np.int64) for s in round_servers}
-        pieces = [_gpu_split_keys(group, part, server_of, s, inners[s]) if G > 1 else np.zeros(0, np.int64)
-                  for s in round_servers]
-        counts = np.zeros(P, dtype=np.int64)
-        counts[:len(pieces)] = [p.shape[0] for p in pieces]
-        keys = group.alltoallv(np.concatenate(pieces) if pieces else np.zeros(0, np.int64), counts)
-        del pieces
-        s = j * P + rank
-        with group.errors("partitioning servers over GPUs"):
-            if s < S:
-                inner = inners[s]
-                m = inner.shape[0]
-                xadj = np.searchsorted(keys, np.arange(m + 1, dtype=np.int64) * m).astype(np.int64)
-                np.remainder(keys, m, out=keys)
-                gpu_local[inner], constraints[s] = split_gpus(xadj, keys, masks["train_mask"][inner], G)
-        del inners, keys
-        group.idle_barrier()  # the ranks without a server here wait, asleep, for the METIS runs
-    return group.allreduce_max(gpu_local), constraints
 
 
 def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
@@ -145,9 +117,11 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
     masks = {f: group.allgatherv_rows(getattr(part, f), rows) for f in ("train_mask", "val_mask", "test_mask")}
     prepare_build_output(group, cfg, n, part.num_edges, part.num_features)
 
-    sp = partition_servers(group, SlicedAccess(group, part, masks["train_mask"]), S, cfg.partitioner, cfg.seed)
-    server_of = sp.parts
-    gpu_of, gpu_constraints = split_servers_over_gpus(group, part, server_of, masks, G)
+    access = SlicedAccess(group, part, masks["train_mask"])
+    sp = partition_servers(group, access, S, cfg.partitioner, cfg.seed)
+    server_of = access.server_of = sp.parts
+    gpu_of, gpu_constraints = split_servers_over_gpus(group, access, server_of, masks["train_mask"], G,
+                                                      cfg.partitioner, cfg.seed)
     log.done("partition", f"{sp.name}: edge cut {sp.edge_cut} ({100 * sp.edge_cut_fraction:.2f}% of edges), "
                           f"vertex balance {sp.vertex_balance:.3f}, train balance {sp.train_balance:.3f}")
 

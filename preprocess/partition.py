@@ -195,6 +195,17 @@ class WholeGraphAccess:
             return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return symmetric_adjacency(self.graph.indptr, self.graph.indices, lo, hi)
 
+    def inner_keys(self, s: int, inner: np.ndarray, dist: np.ndarray) -> np.ndarray:
+        """This rank's rows dist[rank]..dist[rank+1]-1 of server s's symmetric inner adjacency (sorted
+        distinct keys row*m+col, local ids; split_servers_over_gpus), cut from the whole subgraph's."""
+        lo, hi = int(dist[self.group.rank]), int(dist[self.group.rank + 1])
+        if hi <= lo:
+            return np.zeros(0, dtype=np.int64)
+        m = inner.shape[0]
+        keys = symmetric_keys(*induced_edges(self.graph.indptr, self.graph.indices, inner), m)
+        a, b = np.searchsorted(keys, [lo * m, hi * m])
+        return keys[a:b].copy() if (a, b) != (0, keys.shape[0]) else keys
+
     def part_counts(self, cand: np.ndarray, parts: np.ndarray, nparts: int) -> np.ndarray:
         return in_neighbour_part_counts(self.graph.indptr, self.graph.indices, cand, parts, nparts)
 
@@ -299,6 +310,98 @@ def partition_gpus(graph, inner: np.ndarray, gpus: int) -> tuple[np.ndarray, lis
         return np.zeros(inner.shape[0], dtype=np.int32), ["vertices"]
     xadj, adjncy = induced_symmetric(graph.indptr, graph.indices, inner)
     return split_gpus(xadj, adjncy, graph.train_mask[inner], gpus)
+
+
+def gpu_split_is_parallel(m: int, ranks: int, method: str) -> bool:
+    """Whether a server's GPU split (m inner vertices) runs ParMETIS over all ranks (every rank a
+    non-empty slice) rather than METIS on its writer."""
+    return method == "parmetis" and m >= ranks
+
+
+def gpu_split_dist(m: int, ranks: int, method: str, writer: int) -> np.ndarray:
+    """Which rank holds which rows of a server's inner subgraph (m vertices) for its GPU split: balanced
+    contiguous slices for ParMETIS, all on the writer (rank s % P) for METIS.  A function of
+    (m, P, method, writer) only, so the whole-graph and the distributed build hand the partitioner the
+    same slices and get the same split."""
+    if gpu_split_is_parallel(m, ranks, method):
+        return vtxdist_for(m, ranks)
+    dist = np.zeros(ranks + 1, dtype=np.int64)
+    dist[writer + 1:] = m
+    return dist
+
+
+def keys_to_adjacency(keys: np.ndarray, m: int, lo: int, hi: int):
+    """(xadj, adjncy) of rows lo..hi-1 from their sorted distinct keys row*m+col (in place on keys)."""
+    xadj = np.searchsorted(keys, np.arange(lo, hi + 1, dtype=np.int64) * m).astype(np.int64)
+    np.remainder(keys, m, out=keys)
+    return xadj, keys
+
+
+def split_servers_over_gpus(comm, access, server_of: np.ndarray, train: np.ndarray, gpus: int, method: str,
+                            seed: int):
+    """Collective: the GPU of every vertex (int32 [N], on every rank) and {server: constraints} for the
+    servers whose split this rank ran (ParMETIS: every server on every rank).  The one GPU split of
+    both builds: `access.inner_keys(s, inner, dist)` gives this rank's rows dist[rank]..dist[rank+1]-1
+    of server s's symmetric inner adjacency as sorted distinct keys row*m+col (WholeGraphAccess from
+    the whole graph, dist_build.SlicedAccess by a shuffle from the slices; the same keys).
+
+    `method` parmetis: ParMETIS over all ranks on the server's inner subgraph (gpu_split_dist's
+    balanced slices), then refine_balance_with over the same slices, as for the servers; the train
+    constraint only with Karypis' ParMETIS (PT-Scotch balances one).  metis and random: METIS on rank
+    s % P (split_gpus), as before; the parmetis split also falls back to it for a server with fewer
+    inner vertices than ranks."""
+    group = as_group(comm)
+    P, rank, n = group.size, group.rank, server_of.shape[0]
+    S = int(server_of.max()) + 1 if n else 0
+    gpu_local = np.full(n, -1, dtype=np.int32)
+    constraints = {}
+    if gpus == 1:
+        return np.zeros(n, dtype=np.int32), {s: ["vertices"] for s in range(rank, S, P)}
+    pm = None
+    if method == "parmetis":
+        with group.errors("loading ParMETIS for the GPU split"):
+            pm = load_parmetis()
+    for j in range(-(-S // P)):
+        # One round of P servers: the METIS ones are collected on their writers first, then split
+        # together (one per writer), so their METIS runs overlap as they did before ParMETIS.
+        pending = {}
+        for s in range(j * P, min((j + 1) * P, S)):
+            inner = np.flatnonzero(server_of == s).astype(np.int64)
+            m, writer = inner.shape[0], s % P
+            dist = gpu_split_dist(m, P, method, writer)
+            lo, hi = int(dist[rank]), int(dist[rank + 1])
+            keys = access.inner_keys(s, inner, dist)
+            xadj, adjncy = keys_to_adjacency(keys, m, lo, hi)
+            del keys
+            if not gpu_split_is_parallel(m, P, method):
+                if rank == writer:  # METIS: the writer holds every row
+                    pending[s] = (inner, xadj, adjncy)
+                continue
+            tr = train[inner]
+            with group.errors("partitioning servers over GPUs (ParMETIS)"):
+                two = (not pm.is_scotch) and int(tr.sum()) >= gpus
+            with group.errors("ParMETIS_V3_PartKway (GPU split)"):
+                local = parmetis_part_kway(pm, group, dist, xadj, adjncy, gpus, _weights(tr[lo:hi], two), seed)
+            parts = fill_empty_parts(group.allgatherv(local, np.diff(dist)), gpus)
+
+            def counts_of(cand, p, xadj=xadj, adjncy=adjncy, lo=lo, hi=hi, dist=dist):
+                a, b = np.searchsorted(cand, [lo, hi])
+                sub_indptr, nbrs = csr_rows(xadj, adjncy, cand[a:b] - lo)
+                local_counts = np.bincount(row_of_edges(sub_indptr) * gpus + p[nbrs],
+                                           minlength=(b - a) * gpus).reshape(b - a, gpus)
+                return group.allgatherv_rows(local_counts.astype(np.int64), np.diff(np.searchsorted(cand, dist)))
+
+            parts, _ = refine_balance_with(counts_of, parts, gpus)
+            del xadj, adjncy
+            gpu_local[inner] = parts.astype(np.int32)
+            if rank == writer:
+                constraints[s] = ["vertices", "train"] if two else ["vertices"]
+        with group.errors("partitioning servers over GPUs"):
+            for s, (inner, xadj, adjncy) in pending.items():
+                gpu_local[inner], constraints[s] = split_gpus(xadj, adjncy, train[inner], gpus)
+        del pending
+        group.idle_barrier()  # the ranks without a METIS split here wait, asleep, for those that have one
+    return group.allreduce_max(gpu_local), constraints
 
 
 def split_gpus(xadj: np.ndarray, adjncy: np.ndarray, train: np.ndarray, gpus: int) -> tuple[np.ndarray, list]:

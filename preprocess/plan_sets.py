@@ -26,7 +26,7 @@ from granndis_hpc.cluster.group import as_group
 
 from .build import BuildConfig, build_server, validate_config
 from .build_memory import ServerLoad
-from .partition import partition_gpus, partition_servers
+from .partition import WholeGraphAccess, partition_servers, split_servers_over_gpus
 
 
 def _counting_graph(graph):
@@ -38,12 +38,9 @@ def _partition(group, graph, cfg):
     """The build's two-level partition (run_build's first half): server and GPU of every vertex."""
     sp = partition_servers(group, graph, cfg.servers, cfg.partitioner, cfg.seed)
     mine = list(range(group.rank, cfg.servers, group.size))
-    gpu_local = np.full(graph.num_vertices, -1, dtype=np.int32)
-    with group.errors("partitioning servers over GPUs"):
-        for s in mine:
-            inner = np.flatnonzero(sp.parts == s)
-            gpu_local[inner], _ = partition_gpus(graph, inner, cfg.gpus_per_server)
-    return sp, mine, group.allreduce_max(gpu_local)
+    gpu_of, _ = split_servers_over_gpus(group, WholeGraphAccess(group, graph), sp.parts, graph.train_mask,
+                                        cfg.gpus_per_server, cfg.partitioner, cfg.seed)
+    return sp, mine, gpu_of
 
 
 def _load(a: mm.ServerArrays) -> ServerLoad:
