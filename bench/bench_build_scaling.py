@@ -65,7 +65,9 @@ def run_one(a, P, preload, whole) -> dict:
         m = json.load(f)
     rec.update(content_sha256=m["dataset"]["content_sha256"], partition_digest=m["partition_digest"],
                files={k: v["sha256"] for k, v in m["files"].items()}, num_edges=m["dataset"]["num_edges"],
-               rows_per_vertex=m["stats"]["replication_factor"])
+               rows_per_vertex=m["stats"]["replication_factor"],
+               gpu_row_balance_max=m["stats"]["gpu_row_balance_max"],
+               gpu_train_balance_max=m["stats"]["gpu_train_balance_max"])
     if a.verify:
         # /usr/bin/time: verify's own peak RSS (docs/bench-build-scaling.md: bounded, one file at a time).
         timed = ["/usr/bin/time", "-f", "maxrss_kib=%M"] if os.path.exists("/usr/bin/time") else []
@@ -172,15 +174,16 @@ def main(argv=None) -> int:
                    help="with --estimate: the plan's JSON (reused when it exists, else written there)")
     p.add_argument("--scale-plan", action="store_true",
                    help="with --estimate --plan-json: the plan is of a smaller graph; scale its rows and edges")
-    p.add_argument("--from-json", default=None,
-                   help="skip the builds: read the records of an earlier run (e.g. to add --estimate)")
+    p.add_argument("--from-json", nargs="+", default=None,
+                   help="skip the builds: read the records of earlier runs (e.g. to add --estimate, or to "
+                        "join runs of some P each)")
     p.add_argument("--md", default=None)
     a = p.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
     records = []
-    if a.from_json:
-        with open(a.from_json) as f:
-            records = json.load(f)["records"]
+    for path in a.from_json or []:
+        with open(path) as f:
+            records += json.load(f)["records"]
     for preload in ([] if a.from_json else a.preload):
         for P in a.ranks:
             for whole in ([True] if P in a.whole_graph else []) + [False]:

@@ -10,8 +10,10 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   the de-duplication mask: LOAD_BYTES_PER_KEY per key it reads;
 * partition: the shuffled symmetric adjacency and ParMETIS' own structures for its slice
   (PARTITION_BYTES_PER_EDGE per edge of the slice); METIS instead gathers the whole adjacency on
-  rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there); a writer rank also splits its server over
-  the GPUs (METIS on the server's inner rows: GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
+  rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there); then the GPU split: with ParMETIS every
+  rank holds 1/P of each server's inner subgraph (PARTITION_BYTES_PER_EDGE per edge of E/(S P), below
+  the server partition's term), with METIS the writer rank splits its server alone
+  (GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
 * halos+write (preprocess/dist_server.py): every rank takes part in every server's halo selection,
   owner votes and file, on its own rows: a few per-vertex arrays while a server is built
   (HALO_BYTES_PER_VERTEX: its hop, owner and file row of every vertex, the union masks) and the
@@ -36,7 +38,7 @@ PER_VERTEX_BYTES = 64
 LOAD_BYTES_PER_KEY = 8
 PARTITION_BYTES_PER_EDGE = 56
 METIS_BYTES_PER_EDGE = 40
-GPU_SPLIT_BYTES_PER_INNER_EDGE = 48  # the writer's METIS GPU split: the symmetric inner keys, METIS
+GPU_SPLIT_BYTES_PER_INNER_EDGE = 48  # the writer's METIS GPU split (metis, random): inner keys, METIS
 HALO_BYTES_PER_VERTEX = 8
 ROW_BYTES = 24
 BLOCK_BYTES_PER_FEATURE = 8  # float32, two copies (received, reordered)
@@ -81,8 +83,13 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
         common = BASE_BYTES + PER_VERTEX_BYTES * n
         held = 8 * edges + (4 * F + 24) * rows
         mine = [s for s in servers if s.server % P == r]
-        # The server partitioner's structures are freed before the GPU split of this rank's servers.
-        gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0
+        # The server partitioner's structures are freed before the GPU split.  ParMETIS: every rank
+        # holds 1/P of each server's inner edges (E/S of them), one server at a time; METIS (metis,
+        # random): the writer holds its server's.
+        if partitioner == "parmetis":
+            gpu_split = PARTITION_BYTES_PER_EDGE * e / max(len(servers), 1) / P
+        else:
+            gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0
         ph = {"load": common + held + LOAD_BYTES_PER_KEY * raw_keys / P,
               "partition": common + held + max(PARTITION_BYTES_PER_EDGE * edges
                                                + (METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0
@@ -98,8 +105,8 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
 
 def smallest_fitting_ranks(budget: int, max_ranks: int = 1024, **kwargs) -> Optional[int]:
     """The smallest P whose estimated peak per rank fits `budget` (None when none up to max_ranks does:
-    every rank holds the per-vertex arrays and the server's per-row arrays, and the writer of a server
-    its METIS GPU split, which do not shrink with P)."""
+    every rank holds the per-vertex arrays and the server's per-row arrays, and with METIS the writer
+    of a server its GPU split, which do not shrink with P)."""
     for P in range(1, max_ranks + 1):
         if estimate_build_memory(ranks=P, **kwargs).peak <= budget:
             return P

@@ -29,16 +29,32 @@ def test_estimate_by_hand():
 
 def test_every_rank_shrinks_with_ranks_writers_too():
     """Since the servers are built by all ranks (dist_server), the writer's block is a 1/P share of its
-    server: writers shrink with P as the others do, and stay above them by that block (and the GPU split)."""
+    server: writers shrink with P as the others do, and stay above them by that block."""
     peaks = {P: estimate_build_memory(servers=SERVERS, ranks=P, **GRAPH) for P in (1, 2, 4, 8)}
     others = [max(peaks[P].per_rank[2:]) for P in (4, 8)]
     assert others[1] < others[0] < peaks[1].peak
     writers = [max(peaks[P].phases[r]["halos+write"] for r in range(min(P, 2))) for P in (1, 2, 4, 8)]
     assert writers == sorted(writers, reverse=True) and writers[3] < writers[0] / 2
-    assert peaks[8].per_rank[0] > peaks[8].per_rank[5]  # rank 0 writes server 0
+    assert peaks[8].phases[0]["halos+write"] > peaks[8].phases[5]["halos+write"]  # rank 0 writes server 0
+    assert peaks[8].per_rank[0] >= peaks[8].per_rank[5]
     block8 = -(-SERVERS[0].rows // 8) * (bm.BLOCK_BYTES_PER_FEATURE * 100
                                          + bm.BLOCK_BYTES_PER_EDGE * SERVERS[0].fetched_edges / SERVERS[0].rows)
     assert peaks[8].phases[0]["halos+write"] - peaks[8].phases[5]["halos+write"] == pytest.approx(block8, abs=64)
+
+
+def test_parmetis_gpu_split_shrinks_with_ranks():
+    """ParMETIS splits each server over every rank (1/P of its E/S inner edges each): the writers'
+    partition phase is the others' (same slice size), while with METIS it holds E/S edges alone."""
+    n, e, f = 1_000_000, 24_000_000, 100
+    for P in (2, 4, 8):
+        pm = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="parmetis", **GRAPH)
+        me = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="metis", **GRAPH)
+        rows = (n * 1) // P - 0
+        held = 8 * e * rows / n + (4 * f + 24) * rows
+        common = bm.BASE_BYTES + bm.PER_VERTEX_BYTES * n
+        want = common + held + max(bm.PARTITION_BYTES_PER_EDGE * e * rows / n, bm.PARTITION_BYTES_PER_EDGE * e / 2 / P)
+        assert pm.phases[0]["partition"] == int(want)
+        assert me.phases[1]["partition"] >= int(common + held + bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2) - 64
 
 
 def test_smallest_fitting_ranks():
