@@ -112,7 +112,8 @@ def add_estimates(a, records) -> None:
         if a.scale_plan:  # the plan of a smaller graph of the same generator, scaled to this one
             fv, fe = a.vertices / inp["num_vertices"], r["num_edges"] / inp["num_edges"]
             servers = [ServerLoad(x.server, int(x.rows * fv), int(x.fetched_edges * fe)) for x in servers]
-            inp.update(num_vertices=a.vertices, num_edges=r["num_edges"], raw_keys=int(inp["raw_keys"] * fe))
+            inp.update(num_vertices=a.vertices, num_edges=r["num_edges"], raw_keys=int(inp["raw_keys"] * fe),
+                       num_features=a.features)
         r["estimate"] = estimate_build_memory(servers=servers, ranks=r["P"], **inp).to_dict()
 
 
@@ -177,10 +178,22 @@ def main(argv=None) -> int:
     p.add_argument("--from-json", nargs="+", default=None,
                    help="skip the builds: read the records of earlier runs (e.g. to add --estimate, or to "
                         "join runs of some P each)")
+    p.add_argument("--estimate-only", type=int, default=None, metavar="EDGES",
+                   help="build nothing: print the estimate (--plan-json --scale-plan) for a graph of --vertices "
+                        "vertices and EDGES directed edges at each --ranks and --preload (e.g. the 12M graph)")
     p.add_argument("--md", default=None)
     a = p.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
     records = []
+    if a.estimate_only is not None:
+        records = [{"P": P, "preload": pl, "whole_graph": False, "num_edges": a.estimate_only, "ranks": []}
+                   for pl in a.preload for P in a.ranks]
+        add_estimates(a, records)
+        for r in records:
+            per = r["estimate"]["per_rank"]
+            print(f"{a.vertices} vertices, {a.estimate_only} edges, {r['preload']}, P = {r['P']}: peak per rank "
+                  f"{max(per) / 2 ** 30:.2f} GiB (min {min(per) / 2 ** 30:.2f}), all ranks {sum(per) / 2 ** 30:.1f} GiB")
+        return 0
     for path in a.from_json or []:
         with open(path) as f:
             records += json.load(f)["records"]
