@@ -1,0 +1,149 @@
+"""`build --hops auto` from the build ranks' slices: every candidate depth's row counts without the
+whole graph, and without a server's edges, on any rank (issue 17).
+
+plan_sets.plan_options builds each candidate k-hop set on the whole graph (build.build_server, one
+server per rank) and hands its arrays to the memory model.  The model reads only counts of those
+arrays (memory_model/arrays.py HopCounts and WorldCounts); here the ranks count them together from
+their slices of the canonical in-edge CSR (sliced.GraphSlice), with the distributed build's own steps:
+
+* the partition: partition.partition_servers on dist_build.SlicedAccess and
+  dist_build.split_servers_over_gpus, as run_build_sliced partitions (the same server and GPU of every
+  vertex as the whole-graph build, tests/mpi/test_dist_build.py);
+* the halo of server s: dist_server.select_halo, the distributed BFS the sliced build expands halos
+  with, run once to the deepest candidate; a k-hop preload is its truncation to hop <= k (a full BFS
+  reaches a vertex at the same hop whatever the depth asked);
+* the owner GPUs of each k-hop set: dist_server.assign_owners_sliced (owners depend on k: the
+  rebalancing sees the k-hop rows);
+* the counts: every rank counts, on its own rows of the set, the in-edges from inside the set (by
+  owner and hop) and the distinct (reading GPU, source row) pairs across GPUs, shuffled to the owner of
+  the source row to drop duplicates (one alltoallv); the histograms are summed (allreduce).  The world
+  view (inner rows, the same for every k) is counted once for all servers the same way, with
+  (reading rank, source) pairs.
+
+Memory per rank: its slice, the O(V) per-vertex arrays the sliced build keeps (server, GPU, in-degree,
+train mask; hop and owner of the server being counted: 2 B per vertex) and pair keys for its own rows'
+in-edges (8 B per edge of the slice, on the sender and again on the receiver).  Every rank gets every
+count, so every rank ranks the options alike (no gather, no broadcast of the decision).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from granndis_hpc import memory_model as mm
+from granndis_hpc.cluster import as_group
+from granndis_hpc.graph.csr import csr_rows, row_of_edges
+
+from .dist_build import SlicedAccess, split_servers_over_gpus
+from .dist_server import assign_owners_sliced, order_by_hop, select_halo
+from .halo import unique_sorted
+from .partition import partition_servers
+from .sliced import shuffle_to_owners
+
+
+def _distinct_pairs(group, part, src: np.ndarray, reader: np.ndarray, width: int) -> np.ndarray:
+    """Collective: the distinct keys src*width + reader over all ranks, each on the rank owning `src`
+    (sorted there).  `reader` < width."""
+    keys = src.astype(np.int64) * width
+    keys += reader
+    return unique_sorted(shuffle_to_owners(group, keys, part.vtxdist, width), in_place=True)
+
+
+def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S: int, G: int,
+                      degree: np.ndarray, train: np.ndarray):
+    """Collective: (WorldCounts of every rank r = s*G + g, world_sent[r], n_train[r]) for all servers.
+
+    A rank's world view holds its inner rows and their in-edges; its halo is the distinct sources owned
+    by another rank (shard_rows' (owner rank, global id) pairs: the owner is a function of the id)."""
+    W = S * G
+    rank_of = server_of.astype(np.int64) * G + gpu_of
+    reader = rank_of[part.lo:part.hi][row_of_edges(part.indptr)]
+    src = part.indices
+    other = rank_of[src] != reader
+    got = _distinct_pairs(group, part, src[other], reader[other], W)
+    del reader, other
+    u, r = got // W, got % W
+    halo = np.bincount(r, minlength=W)
+    inter = np.bincount(r[server_of[u] != r // G], minlength=W)
+    sent = np.bincount(rank_of[u], minlength=W)
+    halo, inter, sent = np.split(group.allreduce_sum(np.concatenate([halo, inter, sent]).astype(np.int64)), 3)
+    n_inner = np.bincount(rank_of, minlength=W)
+    nnz = np.bincount(rank_of, weights=degree, minlength=W).astype(np.int64)
+    n_train = np.bincount(rank_of[train], minlength=W)
+    world = [mm.WorldCounts(n_inner=int(n_inner[x]), nnz=int(nnz[x]), n_halo=int(halo[x]),
+                            inter_halo=int(inter[x])) for x in range(W)]  # loop over ranks
+    return world, sent, n_train
+
+
+def server_hop_counts_sliced(group, part, hop_of: np.ndarray, gpu_of: np.ndarray, G: int) -> List[mm.HopCounts]:
+    """Collective: memory_model.server_hop_counts of every GPU of the set whose rows are `hop_of` >= 0
+    (the same dense array on every rank), from the slices."""
+    n, lo, hi = part.num_vertices, part.lo, part.hi
+    verts, hops = order_by_hop(hop_of)
+    owner = assign_owners_sliced(group, part, hop_of, verts, hops, gpu_of, G)
+    width = int(hops.max(initial=0)) + 1
+    own = np.bincount(owner.astype(np.int64) * width + hops, minlength=G * width).reshape(G, width)
+    owner_of = np.full(n, -1, dtype=np.int8 if G < 128 else np.int32)
+    owner_of[verts] = owner
+    del verts, hops, owner
+    mine = np.flatnonzero(hop_of[lo:hi] >= 0)
+    sub_indptr, u = csr_rows(part.indptr, part.indices, mine)
+    row = row_of_edges(sub_indptr)
+    del sub_indptr
+    inside = hop_of[u] >= 0
+    g_row = owner_of[mine + lo].astype(np.int64)
+    h_row = hop_of[mine + lo].astype(np.int64)
+    nnz = np.bincount(g_row * width + h_row, weights=np.bincount(row, weights=inside, minlength=mine.shape[0]),
+                      minlength=G * width)
+    # Halo pairs (reading GPU, source row) of the edges that cross GPUs inside the server.
+    g_edge = g_row[row]
+    del row
+    cross = inside & (owner_of[u] != g_edge)
+    got = _distinct_pairs(group, part, u[cross], g_edge[cross], G)
+    del u, g_edge, cross, inside
+    src, reader = got // G, got % G
+    h_src = hop_of[src].astype(np.int64)
+    halo = np.bincount(reader * width + h_src, minlength=G * width)
+    sent = np.bincount(owner_of[src].astype(np.int64) * width + h_src, minlength=G * width)
+    summed = group.allreduce_sum(np.concatenate([np.rint(nnz).astype(np.int64), halo, sent]).astype(np.int64))
+    nnz, halo, sent = (a.reshape(G, width) for a in np.split(summed, 3))
+    return [mm.HopCounts(own=own[g], nnz=nnz[g], halo=halo[g], sent=sent[g]) for g in range(G)]
+
+
+def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Sequence[int], partitioner: str,
+                      seed: int, features: int, num_classes: int):
+    """Collective: ({k: RankRows of every rank} for flx (k >= 1, on a k-hop full preload) or fb (k = 0),
+    what memory_model.shard_rows gives on the sets build would write, (server, GPU) of every vertex);
+    the same on every rank."""
+    from .build import BuildConfig
+
+    group = as_group(group)
+    S, G = int(servers), int(gpus)
+    rows = np.diff(part.vtxdist)
+    degree = group.allgatherv_rows(np.diff(part.indptr), rows)
+    masks = {f: group.allgatherv_rows(getattr(part, f), rows) for f in ("train_mask", "val_mask", "test_mask")}
+    sp = partition_servers(group, SlicedAccess(group, part, masks["train_mask"]), S, partitioner, seed)
+    server_of = sp.parts
+    gpu_of, _ = split_servers_over_gpus(group, part, server_of, masks, G)
+    world, world_sent, n_train = world_view_counts(group, part, server_of, gpu_of, S, G, degree, masks["train_mask"])
+    del masks
+    deepest = max([int(k) for k in ks] + [0])
+    counts: Dict[int, List[mm.HopCounts]] = {k: [] for k in ks if k > 0}
+    for s in range(S):
+        inner = np.flatnonzero(server_of == s).astype(np.int64)
+        hop_of = select_halo(group, part, inner, BuildConfig(out="", servers=S, gpus_per_server=G, layers=layers,
+                                                             preload="full", hops=max(deepest, 1)))
+        reached, last, last_k = int(hop_of.max(initial=0)), None, 0
+        for k in sorted(counts):
+            # Past the depth the BFS reached, a deeper preload is the same set (plan_sets reuses it too).
+            if last is None or min(k, reached) != min(last_k, reached):
+                last, last_k = server_hop_counts_sliced(group, part, np.where(hop_of <= k, hop_of, -1).astype(hop_of.dtype),
+                                                gpu_of, G), k
+            counts[k].extend(last)
+        del hop_of
+    out = {}
+    for k in ks:
+        out[k] = [mm.rank_rows(r, int(n_train[r]), world[r], int(world_sent[r]), counts[k][r] if k > 0 else None,
+                               layers, k, features, num_classes) for r in range(S * G)]  # loop over ranks
+    return out, (server_of, gpu_of)
