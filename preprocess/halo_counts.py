@@ -42,11 +42,35 @@ from .partition import partition_servers
 from .sliced import shuffle_to_owners
 
 
-def _distinct_pairs(group, part, src: np.ndarray, reader: np.ndarray, width: int) -> np.ndarray:
+# In-edges handled per block when making pair keys: the temporaries stay ~40 B x this (160 MiB) whatever
+# the slice, so a rank's peak is its slice plus the kept keys (8 B per distinct pair), not 5x its edges.
+EDGES_PER_BLOCK = 1 << 22
+
+
+def _pair_keys(part, rows: np.ndarray, pairs, width: int) -> np.ndarray:
+    """Sorted distinct keys src*width + reader made from the in-edges of this rank's local `rows`
+    (sorted), block by block: pairs(block rows, row index of each edge in the block, sources) ->
+    (sources kept, their readers < width)."""
+    deg = np.diff(part.indptr)[rows]
+    cum = np.cumsum(deg)
+    total = int(cum[-1]) if cum.size else 0
+    cuts = np.concatenate([[0], np.searchsorted(cum, np.arange(1, -(-total // EDGES_PER_BLOCK)) * EDGES_PER_BLOCK),
+                           [rows.shape[0]]]).astype(np.int64)
+    out = []
+    for a, b in zip(cuts[:-1], cuts[1:]):  # loop over blocks of rows, not over vertices
+        block = rows[a:b]
+        sub_indptr, src = csr_rows(part.indptr, part.indices, block)
+        src, reader = pairs(block, row_of_edges(sub_indptr), src)
+        keys = src.astype(np.int64) * width
+        keys += reader
+        del src, reader
+        out.append(unique_sorted(keys, in_place=True))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def _distinct_on_owner(group, part, keys: np.ndarray, width: int) -> np.ndarray:
     """Collective: the distinct keys src*width + reader over all ranks, each on the rank owning `src`
-    (sorted there).  `reader` < width."""
-    keys = src.astype(np.int64) * width
-    keys += reader
+    (sorted there)."""
     return unique_sorted(shuffle_to_owners(group, keys, part.vtxdist, width), in_place=True)
 
 
@@ -58,15 +82,21 @@ def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S:
     by another rank (shard_rows' (owner rank, global id) pairs: the owner is a function of the id)."""
     W = S * G
     rank_of = server_of.astype(np.int64) * G + gpu_of
-    reader = rank_of[part.lo:part.hi][row_of_edges(part.indptr)]
-    src = part.indices
-    other = rank_of[src] != reader
-    got = _distinct_pairs(group, part, src[other], reader[other], W)
-    del reader, other
+
+    def remote(block, row, src):
+        reader = rank_of[block + part.lo][row]
+        other = rank_of[src] != reader
+        return src[other], reader[other]
+
+    keys = _pair_keys(part, np.arange(part.hi - part.lo, dtype=np.int64), remote, W)
+    got = _distinct_on_owner(group, part, keys, W)
+    del keys
     u, r = got // W, got % W
+    del got
     halo = np.bincount(r, minlength=W)
     inter = np.bincount(r[server_of[u] != r // G], minlength=W)
     sent = np.bincount(rank_of[u], minlength=W)
+    del u, r
     halo, inter, sent = np.split(group.allreduce_sum(np.concatenate([halo, inter, sent]).astype(np.int64)), 3)
     n_inner = np.bincount(rank_of, minlength=W)
     nnz = np.bincount(rank_of, weights=degree, minlength=W).astype(np.int64)
@@ -79,7 +109,7 @@ def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S:
 def server_hop_counts_sliced(group, part, hop_of: np.ndarray, gpu_of: np.ndarray, G: int) -> List[mm.HopCounts]:
     """Collective: memory_model.server_hop_counts of every GPU of the set whose rows are `hop_of` >= 0
     (the same dense array on every rank), from the slices."""
-    n, lo, hi = part.num_vertices, part.lo, part.hi
+    n, lo = part.num_vertices, part.lo
     verts, hops = order_by_hop(hop_of)
     owner = assign_owners_sliced(group, part, hop_of, verts, hops, gpu_of, G)
     width = int(hops.max(initial=0)) + 1
@@ -87,26 +117,27 @@ def server_hop_counts_sliced(group, part, hop_of: np.ndarray, gpu_of: np.ndarray
     owner_of = np.full(n, -1, dtype=np.int8 if G < 128 else np.int32)
     owner_of[verts] = owner
     del verts, hops, owner
-    mine = np.flatnonzero(hop_of[lo:hi] >= 0)
-    sub_indptr, u = csr_rows(part.indptr, part.indices, mine)
-    row = row_of_edges(sub_indptr)
-    del sub_indptr
-    inside = hop_of[u] >= 0
-    g_row = owner_of[mine + lo].astype(np.int64)
-    h_row = hop_of[mine + lo].astype(np.int64)
-    nnz = np.bincount(g_row * width + h_row, weights=np.bincount(row, weights=inside, minlength=mine.shape[0]),
-                      minlength=G * width)
-    # Halo pairs (reading GPU, source row) of the edges that cross GPUs inside the server.
-    g_edge = g_row[row]
-    del row
-    cross = inside & (owner_of[u] != g_edge)
-    got = _distinct_pairs(group, part, u[cross], g_edge[cross], G)
-    del u, g_edge, cross, inside
-    src, reader = got // G, got % G
+    nnz = np.zeros(G * width, dtype=np.int64)
+
+    def crossing(block, row, src):
+        """Counts the block's in-edges from inside the server by (owner, hop) of their row; returns
+        the (source row, reading GPU) pairs of the edges that cross GPUs inside the server."""
+        inside = hop_of[src] >= 0
+        cell = owner_of[block + lo].astype(np.int64) * width + hop_of[block + lo]
+        nnz[:] += np.bincount(cell[row[inside]], minlength=G * width)
+        g_edge = owner_of[block + lo][row]
+        cross = inside & (owner_of[src] != g_edge)
+        return src[cross], g_edge[cross]
+
+    keys = _pair_keys(part, np.flatnonzero(hop_of[lo:part.hi] >= 0), crossing, G)
+    got = _distinct_on_owner(group, part, keys, G)
+    del keys
+    src, reader = got // G, (got % G).astype(np.int64)
+    del got
     h_src = hop_of[src].astype(np.int64)
     halo = np.bincount(reader * width + h_src, minlength=G * width)
     sent = np.bincount(owner_of[src].astype(np.int64) * width + h_src, minlength=G * width)
-    summed = group.allreduce_sum(np.concatenate([np.rint(nnz).astype(np.int64), halo, sent]).astype(np.int64))
+    summed = group.allreduce_sum(np.concatenate([nnz, halo, sent]).astype(np.int64))
     nnz, halo, sent = (a.reshape(G, width) for a in np.split(summed, 3))
     return [mm.HopCounts(own=own[g], nnz=nnz[g], halo=halo[g], sent=sent[g]) for g in range(G)]
 

@@ -160,7 +160,11 @@ def _run(P, case, chunk_dirs):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("case", ["cora", "synthetic"])
-def test_hops_auto_from_slices_equals_whole_graph(case, chunk_dirs):
+def test_hops_auto_from_slices_equals_whole_graph(case, chunk_dirs, monkeypatch):
+    import preprocess.halo_counts as hc
+
+    if case == "synthetic":  # several blocks of pair keys per rank (a few thousand edges each)
+        monkeypatch.setattr(hc, "EDGES_PER_BLOCK", 1000)
     for P in (1, 2, 4):
         error = None
         try:
