@@ -94,13 +94,13 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
     auto` ranks.  The EAS build and co-batches (the sampler draws from a server's whole subgraph) are
     planned on the whole graph only; options and their order equal plan_options' for the same cfg."""
     if cfg.eas or cfg.hops is not None:
-        raise ValueError("planning from build slices covers the full preloads (build --hops auto); plan the EAS "
-                         "build and co-batches on the whole graph (--whole-graph)")
+        raise ValueError("planning from build slices covers the full preloads of build --hops auto; the EAS build, "
+                         "co-batches and --hops H are planned on the whole graph (plan_options with a Graph)")
     _, m, ks = _checked(group, part, cfg)
     L = cfg.layers
-    with group.errors("counting the halos"):
-        counted, parts = full_preload_rows(group, part, cfg.servers, cfg.gpus_per_server, L, ks, cfg.partitioner, cfg.seed,
-                                    m.features, m.num_classes)
+    # Collective all through (no errors block around it: a rank's local failure ends the job, fail()).
+    counted, parts = full_preload_rows(group, part, cfg.servers, cfg.gpus_per_server, L, ks, cfg.partitioner,
+                                       cfg.seed, m.features, m.num_classes)
     sets = ([CountedSet([], "full", 1, L, ks=[0], sample_cobatches=False, counted=counted)] if 0 in ks else []) + [
         CountedSet([], "full", k, L, ks=[k], sample_cobatches=False, counted=counted) for k in ks if k > 0]
     sampling = mm.Sampling(tuple(int(b) for b in cfg.cob_batches), cfg.cob_fanout, cfg.cob_sampler, cfg.seed)
