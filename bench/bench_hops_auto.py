@@ -6,8 +6,9 @@ plan_sets.plan_options on the Graph); it now counts from the ranks' slices (prep
 For each P and each way, the driver runs one fresh job of this script's worker,
 `mpirun -n P python bench/bench_hops_auto.py --worker ...`, which loads the ranks' slices of the
 `--generator local` graph (sliced.load_slice, as `build` does), resets every rank's peak RSS (VmHWM),
-runs the choice (plan.auto_hops) and records per rank: RSS before, the choice's peak RSS, CPU and wall
-seconds, and the decision (which must be the same for both ways and every P).
+runs the choice (plan.auto_hops) and records per rank: RSS before (the slice, and torch, which the
+estimate's model code imports, loaded first), the choice's peak RSS, CPU and wall seconds, and the
+decision (the same for both ways at one P; the ParMETIS partition, hence the estimate, depends on P).
 
   python bench/bench_hops_auto.py --vertices 300000 --ranks 1 2 4 --ways sliced assembled \\
       --json docs/bench-hops-auto.json --md docs/bench-hops-auto.md
@@ -46,6 +47,11 @@ def worker(a) -> int:
     from preprocess.sources.synthetic_chunks import SyntheticSource
     from granndis_hpc.units import parse_size
 
+    from granndis_hpc import registry
+
+    # The estimate's model code imports torch (~190 MiB of RSS per rank, the same both ways and for
+    # every P): imported before the measurement, so the table shows what the choice's data costs.
+    registry.MODELS.entry("sage").resolve("estimator")
     group = as_group(None)
     source = SyntheticSource(generator="local", vertices=a.vertices, avg_degree=a.avg_degree, features=a.features,
                              seed=0)
