@@ -161,7 +161,7 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
     del masks
     deepest = max([int(k) for k in ks] + [0])
     counts: Dict[int, List[mm.HopCounts]] = {k: [] for k in ks if k > 0}
-    for s in range(S):
+    for s in range(S) if counts else ():  # (fb alone reads the world view only)
         inner = np.flatnonzero(server_of == s).astype(np.int64)
         hop_of = select_halo(group, part, inner, BuildConfig(out="", servers=S, gpus_per_server=G, layers=layers,
                                                              preload="full", hops=max(deepest, 1)))
@@ -169,8 +169,9 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
         for k in sorted(counts):
             # Past the depth the BFS reached, a deeper preload is the same set (plan_sets reuses it too).
             if last is None or min(k, reached) != min(last_k, reached):
-                last, last_k = server_hop_counts_sliced(group, part, np.where(hop_of <= k, hop_of, -1).astype(hop_of.dtype),
-                                                gpu_of, G), k
+                truncated = np.where(hop_of <= k, hop_of, -1).astype(hop_of.dtype)
+                last, last_k = server_hop_counts_sliced(group, part, truncated, gpu_of, G), k
+                del truncated
             counts[k].extend(last)
         del hop_of
     out = {}
