@@ -27,6 +27,7 @@ count, so every rank ranks the options alike (no gather, no broadcast of the dec
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ from granndis_hpc import memory_model as mm
 from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_rows, row_of_edges
 
+from .build_memory import ServerLoad
 from .dist_build import SlicedAccess, split_servers_over_gpus
 from .dist_server import assign_owners_sliced, order_by_hop, select_halo
 from .halo import unique_sorted
@@ -142,11 +144,20 @@ def server_hop_counts_sliced(group, part, hop_of: np.ndarray, gpu_of: np.ndarray
     return [mm.HopCounts(own=own[g], nnz=nnz[g], halo=halo[g], sent=sent[g]) for g in range(G)]
 
 
+@dataclass
+class Counted:
+    """What full_preload_rows counts."""
+
+    rows: Dict[int, List[mm.RankRows]]  # k -> RankRows of every rank (memory_model.shard_rows' on the set)
+    loads: Dict[int, List[ServerLoad]]  # k >= 1 -> each server's rows and their in-edges (build_memory)
+    partition: object  # partition.partition_servers' result
+    gpu_of: np.ndarray  # the GPU of every vertex in its server
+
+
 def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Sequence[int], partitioner: str,
-                      seed: int, features: int, num_classes: int):
-    """Collective: ({k: RankRows of every rank} for flx (k >= 1, on a k-hop full preload) or fb (k = 0),
-    what memory_model.shard_rows gives on the sets build would write, (server, GPU) of every vertex);
-    the same on every rank."""
+                      seed: int, features: int, num_classes: int) -> Counted:
+    """Collective: the Counted full preloads of the depths `ks` (k = 0: fb's world view); the same on
+    every rank."""
     from .build import BuildConfig
 
     group = as_group(group)
@@ -161,6 +172,7 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
     del masks
     deepest = max([int(k) for k in ks] + [0])
     counts: Dict[int, List[mm.HopCounts]] = {k: [] for k in ks if k > 0}
+    loads: Dict[int, List[ServerLoad]] = {k: [] for k in counts}
     for s in range(S) if counts else ():  # (fb alone reads the world view only)
         inner = np.flatnonzero(server_of == s).astype(np.int64)
         hop_of = select_halo(group, part, inner, BuildConfig(out="", servers=S, gpus_per_server=G, layers=layers,
@@ -170,12 +182,17 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
             # Past the depth the BFS reached, a deeper preload is the same set (plan_sets reuses it too).
             if last is None or min(k, reached) != min(last_k, reached):
                 truncated = np.where(hop_of <= k, hop_of, -1).astype(hop_of.dtype)
+                rows_in = truncated >= 0
+                load = ServerLoad(server=s, rows=int(np.count_nonzero(rows_in)), fetched_edges=int(degree[rows_in].sum()))
                 last, last_k = server_hop_counts_sliced(group, part, truncated, gpu_of, G), k
-                del truncated
+                del truncated, rows_in
             counts[k].extend(last)
+            loads[k].append(load)
         del hop_of
     out = {}
     for k in ks:
         out[k] = [mm.rank_rows(r, int(n_train[r]), world[r], int(world_sent[r]), counts[k][r] if k > 0 else None,
                                layers, k, features, num_classes) for r in range(S * G)]  # loop over ranks
-    return out, (server_of, gpu_of)
+    # The servers in the order plan_sets gathers them (rank s % P's servers, rank by rank).
+    order = sorted(range(S), key=lambda x: (x % group.size, x))
+    return Counted(rows=out, loads={k: [v[x] for x in order] for k, v in loads.items()}, partition=sp, gpu_of=gpu_of)

@@ -89,26 +89,28 @@ class CountedSet(mm.SetArrays):
 
 
 def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
-    """plan_options' options of the full preloads (k in cfg.ks; fb for k = 0) from the build ranks'
-    slices, with no rank holding the graph or a server's edges (halo_counts.py): what `build --hops
-    auto` ranks.  The EAS build and co-batches (the sampler draws from a server's whole subgraph) are
-    planned on the whole graph only; options and their order equal plan_options' for the same cfg."""
+    """plan_options of the full preloads (k in cfg.ks; fb for k = 0) from the build ranks' slices, with
+    no rank holding the graph or a server's edges (halo_counts.py): what `build --hops auto` ranks and
+    `plan --no-eas` prints.  The EAS build and co-batches (the sampler draws from a server's whole
+    subgraph) are planned on the whole graph only.  The same options in the same order, partition entry
+    and server loads as plan_options for the same cfg."""
     if cfg.eas or cfg.hops is not None:
         raise ValueError("planning from build slices covers the full preloads of build --hops auto; the EAS build, "
                          "co-batches and --hops H are planned on the whole graph (plan_options with a Graph)")
     _, m, ks = _checked(group, part, cfg)
     L = cfg.layers
     # Collective all through (no errors block around it: a rank's local failure ends the job, fail()).
-    counted, parts = full_preload_rows(group, part, cfg.servers, cfg.gpus_per_server, L, ks, cfg.partitioner,
-                                       cfg.seed, m.features, m.num_classes)
-    sets = ([CountedSet([], "full", 1, L, ks=[0], sample_cobatches=False, counted=counted)] if 0 in ks else []) + [
-        CountedSet([], "full", k, L, ks=[k], sample_cobatches=False, counted=counted) for k in ks if k > 0]
+    counted = full_preload_rows(group, part, cfg.servers, cfg.gpus_per_server, L, ks, cfg.partitioner, cfg.seed,
+                                m.features, m.num_classes)
+    sets = ([CountedSet([], "full", 1, L, ks=[0], sample_cobatches=False, counted=counted.rows)] if 0 in ks else []) + [
+        CountedSet([], "full", k, L, ks=[k], sample_cobatches=False, counted=counted.rows) for k in ks if k > 0]
     sampling = mm.Sampling(tuple(int(b) for b in cfg.cob_batches), cfg.cob_fanout, cfg.cob_sampler, cfg.seed)
     with group.errors("counting rows"):
         groups = [g for s in sets for g in mm.row_groups(s, L, m, sampling)]
         options = mm.options(groups, m, cfg.servers, cfg.device)
-    # "rows" and "parts" (server and GPU of every vertex) for tests/mpi/test_hops_auto_sliced.py.
-    return {"options": options, "model": m, "partition": None, "server_loads": None, "rows": counted, "parts": parts}
+    # "counted" (rows, server and GPU of every vertex) for tests/mpi/test_hops_auto_sliced.py.
+    return {"options": options, "model": m, "partition": counted.partition.manifest_entry(),
+            "server_loads": {f"flx k={k}": (False, lst) for k, lst in counted.loads.items()}, "counted": counted}
 
 
 def plan_options(group, graph, cfg) -> Dict[str, object]:

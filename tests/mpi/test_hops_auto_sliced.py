@@ -135,9 +135,12 @@ def _run(P, case, chunk_dirs):
         part = load_slice(comm, ChunkedSource(open_chunked(path)))
         assert part.hi - part.lo < whole.num_vertices or P == 1  # a slice, not the graph
         cfg = _config("parmetis" if case == "cora" else "metis")
-        result = plan_options(comm, part, cfg)
-        got, ref = result["options"], plan_options(comm, whole, cfg)["options"]
+        result, whole_result = plan_options(comm, part, cfg), plan_options(comm, whole, cfg)
+        got, ref = result["options"], whole_result["options"]
         assert [o.to_dict() for o in got] == [o.to_dict() for o in ref]
+        assert result["partition"] == whole_result["partition"]
+        # (plan_options gathers the loads on rank 0; the counts have them on every rank)
+        assert comm.bcast(result["server_loads"] == whole_result["server_loads"] if comm.rank == 0 else None)
         by = {o.label: o.peak for o in ref}
         # Budgets around each depth's peak, and below all: the same decision (k, rejected, reason).
         for budget in (by["flx k=1"] + 1, by["flx k=2"] + 1, by["flx k=3"] + 1, min(by.values()) // 2):
@@ -145,11 +148,11 @@ def _run(P, case, chunk_dirs):
             assert mm.choose(flx, budget).to_dict() == mm.choose([o for o in ref if o.mode == "flx"], budget).to_dict()
         # The counts themselves against the scipy count on the whole graph (for the partition this P made;
         # that it is the whole-graph build's, tests/mpi/test_dist_build.py checks, and the options above).
-        server_of, gpu_of = result["parts"]
+        counted = result["counted"]
         error = None
         if comm.rank == 0:
             try:
-                _check_against_reference(result["rows"], whole, server_of, gpu_of)
+                _check_against_reference(counted.rows, whole, counted.partition.parts, counted.gpu_of)
             except AssertionError as exc:
                 error = repr(exc)
         error = comm.bcast(error)
