@@ -209,8 +209,18 @@ def cmd_plan(args, argv) -> int:
                 raise PlanError(f"--build-ranks must be >= 1 (got {args.build_ranks})")
             if args.json:
                 check_writable(args.json)  # before the work, not after printing the table
-        with group.errors("loading the dataset"):
-            graph = sources.load_from_args(args)
+        with group.errors("opening the dataset"):
+            # The full preloads alone (--no-eas, no --hops) are counted from the ranks' slices of a sliced
+            # source (preprocess/halo_counts.py); EAS and co-batches sample a server's whole subgraph.
+            sliced = sources.sliced_from_args(args) if not cfg.eas and cfg.hops is None else None
+        if sliced is not None:
+            from .sliced import load_slice
+
+            graph = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
+                               normalize=args.normalize_features)
+        else:
+            with group.errors("loading the dataset"):
+                graph = sources.load_from_args(args)
         result = plan_options(group, graph, cfg)
         decision = mm.choose(result["options"], cfg.budget) if cfg.budget is not None else None
     except Exception as exc:  # noqa: BLE001
