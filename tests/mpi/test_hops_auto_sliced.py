@@ -219,3 +219,11 @@ def test_build_hops_auto_cli_on_slices(chunk_dirs, capfd):
     assert rc == 1 and not os.path.exists(os.path.join(base, "cli-small", "manifest.json"))
     said = [x for x in err.splitlines() if "too small for any full preload" in x]
     assert len(said) == (1 if WORLD.rank == 0 else 0), err
+    # More GPUs than vertices: refused by the counts' own check, the same way.
+    bad = list(common)
+    bad[bad.index("--servers") + 1] = "2000"
+    rc = main(bad + ["--memory-per-gpu", "1GiB", "--out", os.path.join(base, "cli-bad")])
+    err = capfd.readouterr().err
+    said = [x for x in err.splitlines() if "every GPU needs at least one inner vertex" in x]
+    assert rc == 1 and len(said) == (1 if WORLD.rank == 0 else 0), err
+    assert not os.path.exists(os.path.join(base, "cli-bad", "manifest.json"))
