@@ -156,6 +156,9 @@ def main(argv=None) -> int:
             rec = run_one(a, P, way)
             print(json.dumps({k: v for k, v in rec.items() if k != "ranks"}), flush=True)
             records.append(rec)
+            if a.json:  # after every job: a campaign cut short keeps what it measured
+                with open(a.json, "w") as f:
+                    json.dump({"argv": argv if argv is not None else sys.argv[1:], "records": records}, f, indent=1)
     # The partition (ParMETIS) depends on P, so the estimates may too; for one P both ways must agree.
     notes = []
     for P in a.ranks:
@@ -168,9 +171,6 @@ def main(argv=None) -> int:
                 f"{w}: k = {k} ({reason})" for w, (k, reason) in got.items())))
     text = table(records) + "\n\nDecisions:\n" + "\n".join(f"- {n}" for n in notes)
     print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"argv": argv if argv is not None else sys.argv[1:], "records": records}, f, indent=1)
     if a.md:
         with open(a.md, "w") as f:
             f.write(text + "\n")
