@@ -92,7 +92,10 @@ def run_one(a, P, way) -> dict:
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     with MemoryGuard(a.min_available_gib) as guard:
-        r = subprocess.run(cmd, cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=a.timeout)
+        try:
+            r = subprocess.run(cmd, cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=a.timeout)
+        except subprocess.TimeoutExpired:  # a record saying so; the campaign goes on
+            r = subprocess.CompletedProcess(cmd, 124, "", f"timed out after {a.timeout:.0f} s")
     rec = {"P": P, "way": way, "job_wall_s": time.perf_counter() - t0, "rc": r.returncode,
            "loadavg_start": load0, "loadavg_end": os.getloadavg()[0],
            "command": f"mpirun -n {P} python bench/bench_hops_auto.py " + " ".join(cmd[5:])}
