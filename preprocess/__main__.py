@@ -48,9 +48,10 @@ def cmd_build(args, argv) -> int:
     try:
         with group.errors("opening the dataset"):
             sliced = None if args.whole_graph else sources.sliced_from_args(args)
-        if sliced is not None and hops != "auto":
+        if sliced is not None:
             # Every rank reads 1/P of the edges and rows, the ranks canonicalise together
-            # (preprocess/sliced.py) and every later phase works on the slices (preprocess/dist_build.py).
+            # (preprocess/sliced.py) and every later phase works on the slices (preprocess/dist_build.py),
+            # --hops auto's counts included (preprocess/halo_counts.py).
             from .dist_build import run_build_sliced
             from .sliced import load_slice, slice_digest
 
@@ -59,25 +60,15 @@ def cmd_build(args, argv) -> int:
             content_digest = slice_digest(group, part)
             log.done("load", f"{part.name}: {part.num_vertices} vertices, {part.num_edges} edges, "
                              f"{part.num_features} features (rank 0 holds rows {part.lo}..{part.hi - 1})")
-            cfg.hops = resolve_build_hops(group, None, args, printer=printer, record=cfg.extra)
+            cfg.hops = resolve_build_hops(group, part, args, printer=printer, record=cfg.extra)
             run_build_sliced(group, part, cfg, log, content_digest=content_digest)
         else:
-            content_digest = None
-            if sliced is not None:  # --hops auto: the memory model reads the whole graph
-                from .sliced import assemble, load_slice, slice_digest
-
-                part = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
-                                  normalize=args.normalize_features)
-                content_digest = slice_digest(group, part)
-                graph = assemble(group, part)
-                del part
-            else:
-                with group.errors("loading the dataset"):
-                    graph = sources.load_from_args(args)
+            with group.errors("loading the dataset"):
+                graph = sources.load_from_args(args)
             log.done("load", f"{graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges, "
                              f"{graph.num_features} features")
             cfg.hops = resolve_build_hops(group, graph, args, printer=printer, record=cfg.extra)
-            run_build(group, graph, cfg, log, content_digest=content_digest)
+            run_build(group, graph, cfg, log)
     except Exception as exc:  # noqa: BLE001
         return fail(group, "build", exc)
     from .build import write_profile

@@ -24,6 +24,7 @@ from .build import check_dataset
 from .build_memory import estimate_build_memory, smallest_fitting_ranks
 from .options import hops_value
 from .plan_sets import plan_options
+from .sliced import GraphSlice
 
 __all__ = ["PlanConfig", "PlanError", "plan_options", "auto_hops", "format_table", "describe_build", "cmd_plan"]
 
@@ -136,7 +137,8 @@ def format_table(options: Sequence[mm.Option], cfg: PlanConfig, decision: Option
 
 
 def auto_hops(group, graph, cfg: PlanConfig) -> mm.Decision:
-    """`build --hops auto`: the largest k in 1..L whose estimate fits cfg.budget (collective).
+    """`build --hops auto`: the largest k in 1..L whose estimate fits cfg.budget (collective).  `graph`:
+    the whole Graph, or this rank's sliced.GraphSlice (counted without assembling it, halo_counts.py).
 
     Raises PlanError (the same on every rank, as a collective ClusterError under mpirun) when there is no budget or when not even k = 1
     fits, saying what budget would (`preprocess plan` prints the EAS and co-batch options too)."""
@@ -207,8 +209,18 @@ def cmd_plan(args, argv) -> int:
                 raise PlanError(f"--build-ranks must be >= 1 (got {args.build_ranks})")
             if args.json:
                 check_writable(args.json)  # before the work, not after printing the table
-        with group.errors("loading the dataset"):
-            graph = sources.load_from_args(args)
+        with group.errors("opening the dataset"):
+            # The full preloads alone (--no-eas, no --hops) are counted from the ranks' slices of a sliced
+            # source (preprocess/halo_counts.py); EAS and co-batches sample a server's whole subgraph.
+            sliced = sources.sliced_from_args(args) if not cfg.eas and cfg.hops is None else None
+        if sliced is not None:
+            from .sliced import load_slice
+
+            graph = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
+                               normalize=args.normalize_features)
+        else:
+            with group.errors("loading the dataset"):
+                graph = sources.load_from_args(args)
         result = plan_options(group, graph, cfg)
         decision = mm.choose(result["options"], cfg.budget) if cfg.budget is not None else None
     except Exception as exc:  # noqa: BLE001
@@ -269,10 +281,13 @@ def resolve_build_hops(group, graph, args, printer=print, record: Optional[dict]
     # --hops K > --layers is refused by the build's own validate_config.
     if hops != "auto":
         return hops
+    # `graph`: the whole Graph, or this rank's sliced.GraphSlice (the count is then over every slice).
+    num_train = int(group.allreduce_sum(np.array([np.count_nonzero(graph.train_mask)], dtype=np.int64))[0]
+                    if isinstance(graph, GraphSlice) else np.count_nonzero(graph.train_mask))
     with group.errors("reading the options", catch=(ValueError,)):
         cfg = config_from_args(args, eas=False)
         # before the memory model sizes an output layer of num_classes (2**40: "needs 3.1e+03 TiB per GPU")
-        check_dataset(graph.name, graph.num_vertices, graph.num_classes, int(np.count_nonzero(graph.train_mask)))
+        check_dataset(graph.name, graph.num_vertices, graph.num_classes, num_train)
     decision = auto_hops(group, graph, cfg)
     if group.rank == 0:
         printer(f"[preprocess] --hops auto: k = {decision.choice.k} (estimated peak "

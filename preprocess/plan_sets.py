@@ -16,7 +16,7 @@ Collective over the communicator like the build (server s is handled by rank s %
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -26,7 +26,9 @@ from granndis_hpc.cluster.group import as_group
 
 from .build import BuildConfig, build_server, validate_config
 from .build_memory import ServerLoad
+from .halo_counts import full_preload_rows
 from .partition import WholeGraphAccess, partition_servers, split_servers_over_gpus
+from .sliced import GraphSlice
 
 
 def _counting_graph(graph):
@@ -54,11 +56,8 @@ def model_spec(graph, cfg) -> mm.ModelSpec:
                         cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()))
 
 
-def plan_options(group, graph, cfg) -> Dict[str, object]:
-    """Collective: every option's estimate.  Returns (on every rank) {"options": [Option], "model":
-    ModelSpec, "partition": manifest entry, "server_loads"}.  `group`: a cluster Group or an mpi4py
-    communicator; `cfg`: a preprocess.plan.PlanConfig."""
-    group = as_group(group)
+def _checked(group, graph, cfg):
+    """(the build's config, the model, the candidate depths) of a plan, checked on every rank alike."""
     bcfg = BuildConfig(out="", servers=cfg.servers, gpus_per_server=cfg.gpus_per_server, layers=cfg.layers,
                        partitioner=cfg.partitioner, seed=cfg.seed, fanout=cfg.fanout, select=cfg.eas_select)
     L = cfg.layers
@@ -72,6 +71,54 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
                              f"model" + (f" on a {cfg.hops}-hop preload" if cfg.hops else ""))
         if cfg.hops is not None and not 1 <= cfg.hops <= L:
             raise ValueError(f"--hops {cfg.hops}: a full preload of 1 to --layers {L} hops")
+    return bcfg, m, ks
+
+
+@dataclasses.dataclass
+class CountedSet(mm.SetArrays):
+    """A full set known by its ranks' row counts only (preprocess/halo_counts.py): the modes' estimates
+    read it through `rows`, as they read a SetArrays."""
+
+    counted: Optional[Dict[int, List[mm.RankRows]]] = None
+
+    def rows(self, layers: int, k: int, m: mm.ModelSpec) -> List[mm.RankRows]:
+        return self.counted[k]
+
+
+def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
+    """plan_options of the full preloads (k in cfg.ks; fb for k = 0) from the build ranks' slices, with
+    no rank holding the graph or a server's edges (halo_counts.py): what `build --hops auto` ranks and
+    `plan --no-eas` prints.  The EAS build and co-batches (the sampler draws from a server's whole
+    subgraph) are planned on the whole graph only.  The same options in the same order, partition entry
+    and server loads as plan_options for the same cfg."""
+    if cfg.eas or cfg.hops is not None:
+        raise ValueError("planning from build slices covers the full preloads of build --hops auto; the EAS build, "
+                         "co-batches and --hops H are planned on the whole graph (plan_options with a Graph)")
+    _, m, ks = _checked(group, part, cfg)
+    L = cfg.layers
+    # Collective all through (no errors block around it: a rank's local failure ends the job, fail()).
+    counted = full_preload_rows(group, part, cfg.servers, cfg.gpus_per_server, L, ks, cfg.partitioner, cfg.seed,
+                                m.features, m.num_classes)
+    sets = ([CountedSet([], "full", 1, L, ks=[0], sample_cobatches=False, counted=counted.rows)] if 0 in ks else []) + [
+        CountedSet([], "full", k, L, ks=[k], sample_cobatches=False, counted=counted.rows) for k in ks if k > 0]
+    sampling = mm.Sampling(tuple(int(b) for b in cfg.cob_batches), cfg.cob_fanout, cfg.cob_sampler, cfg.seed)
+    with group.errors("counting rows"):
+        groups = [g for s in sets for g in mm.row_groups(s, L, m, sampling)]
+        options = mm.options(groups, m, cfg.servers, cfg.device)
+    # "counted" (rows, server and GPU of every vertex) for tests/mpi/test_hops_auto_sliced.py.
+    return {"options": options, "model": m, "partition": counted.partition.manifest_entry(),
+            "server_loads": {f"flx k={k}": (False, lst) for k, lst in counted.loads.items()}, "counted": counted}
+
+
+def plan_options(group, graph, cfg) -> Dict[str, object]:
+    """Collective: every option's estimate.  Returns (on every rank) {"options": [Option], "model":
+    ModelSpec, "partition": manifest entry, "server_loads"}.  `group`: a cluster Group or an mpi4py
+    communicator; `cfg`: a preprocess.plan.PlanConfig."""
+    group = as_group(group)
+    if isinstance(graph, GraphSlice):
+        return plan_options_sliced(group, graph, cfg)
+    bcfg, m, ks = _checked(group, graph, cfg)
+    L = cfg.layers
     sp, mine, gpu_of = _partition(group, graph, cfg)
     counting = _counting_graph(graph)
     with group.errors("expanding the halos"):

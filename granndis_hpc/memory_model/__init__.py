@@ -5,7 +5,8 @@ No MPI, nothing from the engine, so `preprocess` can use it offline.  The parts:
 - estimate.py: the pure estimate, `estimate(rows, model, device)` from row counts per layer (a
   `RankRows`); no I/O, no sampling, no torch; the model's share is its registered estimator;
 - choice.py: `Option`s, the one ranking (`preference`, the modes' registry entries) and `choose`;
-- arrays.py: row counts from shard arrays (`shard_rows`), NumPy only;
+- arrays.py: row counts from shard arrays (`shard_rows`), NumPy only, through counts by hop
+  (`HopCounts`, `WorldCounts`, `rank_rows`) that preprocess/halo_counts.py counts from build slices;
 - modes.py: each mode's `estimate` of a set (what its options train on; cob samples its co-batch);
 - shardsets.py: reading shard sets on disk (`estimate_shard_set`, `choose_shard_sets` for --mode auto);
 - profile.py: measuring a step's peak with torch's profiler (tests and bench only; not imported here).
@@ -26,16 +27,18 @@ with k preloaded hops (docs/memory-model.md has the formulas and the measurement
 The estimate of a rank is the sum of these; an option's is the largest rank's.
 """
 
-from .arrays import (GpuArrays, ServerArrays, gpu_arrays_from_slice, server_arrays_from_build, server_view_rows,
-                     shard_rows, with_cobatch, world_reads)
+from .arrays import (GpuArrays, HopCounts, ServerArrays, WorldCounts, gpu_arrays_from_slice, rank_rows,
+                     server_arrays_from_build, server_hop_counts, server_view_rows, shard_rows, view_rows_from_counts,
+                     with_cobatch, world_counts, world_reads)
 from .choice import Decision, Option, choose, drop_dominated, make_option, order_text, preference, rows_held
 from .estimate import (LayerRows, MemoryModelError, ModelSpec, RankRows, ViewRows, activation_layers,
                        check_rank_rows, estimate, inter_server_bytes, step_peak)
 from .modes import RowGroup, Sampling, SetArrays, cobatch_server_arrays, options, row_groups
 from .shardsets import choose_shard_sets, estimate_shard_set, fitting_sets, model_for, read_shard_set, set_arrays
 
-__all__ = ["GpuArrays", "ServerArrays", "gpu_arrays_from_slice", "server_arrays_from_build", "server_view_rows",
-           "shard_rows", "with_cobatch", "world_reads", "Decision", "Option", "choose", "drop_dominated",
+__all__ = ["GpuArrays", "HopCounts", "ServerArrays", "WorldCounts", "gpu_arrays_from_slice", "rank_rows",
+           "server_arrays_from_build", "server_hop_counts", "server_view_rows", "shard_rows", "view_rows_from_counts",
+           "with_cobatch", "world_counts", "world_reads", "Decision", "Option", "choose", "drop_dominated",
            "make_option", "order_text", "preference", "rows_held", "LayerRows", "MemoryModelError", "ModelSpec",
            "RankRows", "ViewRows", "activation_layers", "check_rank_rows", "estimate", "inter_server_bytes",
            "step_peak", "RowGroup", "Sampling", "SetArrays", "cobatch_server_arrays", "options", "row_groups",

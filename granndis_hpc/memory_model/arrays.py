@@ -91,16 +91,54 @@ def world_reads(servers: Sequence[ServerArrays], world_size: int) -> np.ndarray:
     return out
 
 
-def server_view_rows(s: ServerArrays, gpu: int, depth: int) -> ViewRows:
-    """GPU `gpu`'s server view planned for `depth` layers (planner.build_plan, all_active=False):
-    layer l reads own and other-GPU rows of hop <= depth-l and computes own rows of hop <= depth-1-l."""
-    offsets, hop = s.offsets, s.hop
+@dataclass
+class HopCounts:
+    """One GPU's server view as counts by hop (index h = hop h): everything server_view_rows reads of
+    the arrays.  Counted here from a set's arrays, or over the build ranks' slices without the server's
+    edges on any rank (preprocess/halo_counts.py): one definition of the rows makes both agree."""
+
+    own: np.ndarray  # this GPU's rows at each hop
+    nnz: np.ndarray  # in-edges (in the server subgraph) of those rows, by the row's hop
+    halo: np.ndarray  # distinct rows of other GPUs that this GPU's rows read, by their hop
+    sent: np.ndarray  # (peer GPU, own row) pairs, a peer's rows reading the row, by the row's hop
+
+
+@dataclass
+class WorldCounts:
+    """One rank's world view as counts (shard_rows' world LayerRows)."""
+
+    n_inner: int
+    nnz: int  # in-edges of the inner rows
+    n_halo: int  # distinct (owner rank, global id) of the in-neighbours other ranks own
+    inter_halo: int  # of n_halo: owned by other servers
+
+
+def _upto(a: np.ndarray, lim: int) -> int:
+    """Sum of a[0..lim] (rows of hop <= lim)."""
+    return int(np.asarray(a)[:max(int(lim), -1) + 1].sum())
+
+
+def view_rows_from_counts(c: HopCounts, depth: int) -> ViewRows:
+    """A server view planned for `depth` layers (planner.build_plan, all_active=False): layer l reads own
+    and other-GPU rows of hop <= depth-l and computes own rows of hop <= depth-1-l (the rows of a GPU
+    are in hop order, so those are prefixes)."""
+    layers = []
+    for l in range(int(depth)):
+        lim_in, lim_out = depth - l, depth - 1 - l
+        layers.append(LayerRows(n_own_in=_upto(c.own, lim_in), n_halo=_upto(c.halo, lim_in), n_dst=_upto(c.own, lim_out),
+                                nnz=_upto(c.nnz, lim_out), n_send=_upto(c.sent, lim_in)))
+    return ViewRows("server", int(np.sum(c.own)), int(np.sum(c.halo)), int(np.sum(c.sent)), tuple(layers))
+
+
+def server_hop_counts(s: ServerArrays, gpu: int) -> HopCounts:
+    """HopCounts of GPU `gpu` of a server's arrays."""
+    offsets, hop = s.offsets, np.asarray(s.hop, dtype=np.int64)
+    width = int(hop.max(initial=0)) + 1
     own_hop = hop[offsets[gpu]:offsets[gpu + 1]]
     ip = np.asarray(s.gpus[gpu].indptr, dtype=np.int64)
     src = np.asarray(s.gpus[gpu].indices, dtype=np.int64)
     owner = np.searchsorted(offsets, src, side="right") - 1
     halo = np.unique(src[owner != gpu])
-    halo_hop = hop[halo]
     # What the other GPUs read from this one: the distinct own rows among each peer's halo sources.
     sent = []
     for g in s.gpus:  # loop over the server's GPUs, not over vertices
@@ -109,17 +147,35 @@ def server_view_rows(s: ServerArrays, gpu: int, depth: int) -> ViewRows:
         src_g = np.asarray(g.indices, dtype=np.int64)
         o = np.searchsorted(offsets, src_g, side="right") - 1
         sent.append(np.unique(src_g[o == gpu]))
+    # One row per (peer, row) pair: a row two peers read is sent twice.
     sent = np.concatenate(sent) if sent else np.zeros(0, np.int64)
-    sent_hop = hop[sent]
-    layers = []
-    for l in range(int(depth)):
-        lim_in, lim_out = depth - l, depth - 1 - l
-        n_own_in = int(np.searchsorted(own_hop, lim_in, side="right"))
-        n_dst = int(np.searchsorted(own_hop, lim_out, side="right"))
-        layers.append(LayerRows(n_own_in=n_own_in, n_halo=int(np.count_nonzero(halo_hop <= lim_in)),
-                                n_dst=n_dst, nnz=int(ip[n_dst]),
-                                n_send=int(np.count_nonzero(sent_hop <= lim_in))))
-    return ViewRows("server", int(own_hop.shape[0]), int(halo.shape[0]), int(sent.shape[0]), tuple(layers))
+    return HopCounts(own=np.bincount(own_hop, minlength=width),
+                     nnz=np.bincount(own_hop, weights=np.diff(ip), minlength=width).astype(np.int64),
+                     halo=np.bincount(hop[halo], minlength=width), sent=np.bincount(hop[sent], minlength=width))
+
+
+def server_view_rows(s: ServerArrays, gpu: int, depth: int) -> ViewRows:
+    """GPU `gpu`'s server view planned for `depth` layers (view_rows_from_counts)."""
+    return view_rows_from_counts(server_hop_counts(s, gpu), depth)
+
+
+def world_counts(g: GpuArrays, server: int, gpus: int) -> WorldCounts:
+    pairs = _world_halo_pairs(g)
+    return WorldCounts(n_inner=int(np.asarray(g.w_indptr).shape[0] - 1), nnz=int(np.asarray(g.w_indptr)[-1]),
+                       n_halo=int(pairs.shape[0]), inter_halo=int(np.count_nonzero(pairs[:, 0] // gpus != server)))
+
+
+def rank_rows(rank: int, n_train: int, world: WorldCounts, n_sent: int, server: Optional[HopCounts], layers: int,
+              k: int, features: int, num_classes: int) -> RankRows:
+    """RankRows of one rank from its counts: the world view (every layer alike) and, for k > 0, the
+    server view planned for k layers."""
+    wl = LayerRows(n_own_in=world.n_inner, n_halo=world.n_halo, n_dst=world.n_inner, nnz=world.nnz,
+                   n_send=int(n_sent), inter_halo=world.inter_halo)
+    view = ViewRows("world", world.n_inner, world.n_halo, int(n_sent), tuple([wl] * int(layers)),
+                    inter_halo=world.inter_halo)
+    return RankRows(rank=int(rank), features=int(features), num_classes=int(num_classes), n_inner=world.n_inner,
+                    n_train=int(n_train), layers=int(layers), k=int(k), world=view,
+                    server=view_rows_from_counts(server, int(k)) if k > 0 else None)
 
 
 def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: int, num_classes: int,
@@ -137,19 +193,9 @@ def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: i
     for s in servers:
         G = len(s.gpus)
         for g in s.gpus:
-            n_inner = int(np.asarray(g.w_indptr).shape[0] - 1)
-            pairs = _world_halo_pairs(g)
-            w_inter = int(np.count_nonzero(pairs[:, 0] // G != s.server))
-            wl = LayerRows(n_own_in=n_inner, n_halo=int(pairs.shape[0]), n_dst=n_inner,
-                           nnz=int(np.asarray(g.w_indptr)[-1]), n_send=int(world_sent[g.rank]), inter_halo=w_inter)
-            world = ViewRows("world", n_inner, int(pairs.shape[0]), int(world_sent[g.rank]),
-                             tuple([wl] * int(layers)), inter_halo=w_inter)
-            server = server_view_rows(s, g.gpu, int(k)) if k > 0 else None
-            out.append(RankRows(rank=g.rank, features=int(features), num_classes=int(num_classes),
-                                n_inner=n_inner, n_train=g.n_train, layers=int(layers), k=int(k),
-                                world=world, server=server))
+            out.append(rank_rows(g.rank, g.n_train, world_counts(g, s.server, G), int(world_sent[g.rank]),
+                                 server_hop_counts(s, g.gpu) if k > 0 else None, layers, k, features, num_classes))
     return out
-
 
 
 def with_cobatch(world_rows: Sequence[RankRows], cob: Sequence[ServerArrays]) -> List[RankRows]:

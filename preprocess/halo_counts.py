@@ -1,0 +1,199 @@
+"""`build --hops auto` from the build ranks' slices: every candidate depth's row counts without the
+whole graph, and without a server's edges, on any rank (issue 17).
+
+plan_sets.plan_options builds each candidate k-hop set on the whole graph (build.build_server, one
+server per rank) and hands its arrays to the memory model.  The model reads only counts of those
+arrays (memory_model/arrays.py HopCounts and WorldCounts); here the ranks count them together from
+their slices of the canonical in-edge CSR (sliced.GraphSlice), with the distributed build's own steps:
+
+* the partition: partition.partition_servers on dist_build.SlicedAccess and
+  partition.split_servers_over_gpus, as run_build_sliced partitions (the same server and GPU of every
+  vertex as the whole-graph build, tests/mpi/test_dist_build.py);
+* the halo of server s: dist_server.select_halo, the distributed BFS the sliced build expands halos
+  with, run once to the deepest candidate; a k-hop preload is its truncation to hop <= k (a full BFS
+  reaches a vertex at the same hop whatever the depth asked);
+* the owner GPUs of each k-hop set: dist_server.assign_owners_sliced (owners depend on k: the
+  rebalancing sees the k-hop rows);
+* the counts: every rank counts, on its own rows of the set, the in-edges from inside the set (by
+  owner and hop) and the distinct (reading GPU, source row) pairs across GPUs, shuffled to the owner of
+  the source row to drop duplicates (one alltoallv); the histograms are summed (allreduce).  The world
+  view (inner rows, the same for every k) is counted once for all servers the same way, with
+  (reading rank, source) pairs.
+
+Memory per rank: its slice, the O(V) per-vertex arrays the sliced build keeps (server, GPU, in-degree,
+train mask; hop and owner of the server being counted: 2 B per vertex) and pair keys for its own rows'
+in-edges (8 B per edge of the slice, on the sender and again on the receiver).  Every rank gets every
+count, so every rank ranks the options alike (no gather, no broadcast of the decision).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from granndis_hpc import memory_model as mm
+from granndis_hpc.cluster import as_group
+from granndis_hpc.graph.csr import csr_rows, row_of_edges
+
+from .build_memory import ServerLoad
+from .dist_build import SlicedAccess
+from .dist_server import assign_owners_sliced, order_by_hop, select_halo
+from .halo import unique_sorted
+from .partition import partition_servers, split_servers_over_gpus
+from .sliced import shuffle_to_owners
+
+
+# In-edges handled per block when making pair keys: the temporaries stay ~40 B x this (160 MiB) whatever
+# the slice, so a rank's peak is its slice plus the kept keys (8 B per distinct pair), not 5x its edges.
+EDGES_PER_BLOCK = 1 << 22
+
+
+def _pair_keys(part, rows: np.ndarray, pairs, width: int) -> np.ndarray:
+    """Sorted distinct keys src*width + reader made from the in-edges of this rank's local `rows`
+    (sorted), block by block: pairs(block rows, row index of each edge in the block, sources) ->
+    (sources kept, their readers < width)."""
+    deg = np.diff(part.indptr)[rows]
+    cum = np.cumsum(deg)
+    total = int(cum[-1]) if cum.size else 0
+    cuts = np.concatenate([[0], np.searchsorted(cum, np.arange(1, -(-total // EDGES_PER_BLOCK)) * EDGES_PER_BLOCK),
+                           [rows.shape[0]]]).astype(np.int64)
+    out = []
+    for a, b in zip(cuts[:-1], cuts[1:]):  # loop over blocks of rows, not over vertices
+        block = rows[a:b]
+        sub_indptr, src = csr_rows(part.indptr, part.indices, block)
+        src, reader = pairs(block, row_of_edges(sub_indptr), src)
+        keys = src.astype(np.int64) * width
+        keys += reader
+        del src, reader
+        out.append(unique_sorted(keys, in_place=True))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def _distinct_on_owner(group, part, keys: np.ndarray, width: int) -> np.ndarray:
+    """Collective: the distinct keys src*width + reader over all ranks, each on the rank owning `src`
+    (sorted there)."""
+    return unique_sorted(shuffle_to_owners(group, keys, part.vtxdist, width), in_place=True)
+
+
+def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S: int, G: int,
+                      degree: np.ndarray, train: np.ndarray):
+    """Collective: (WorldCounts of every rank r = s*G + g, world_sent[r], n_train[r]) for all servers.
+
+    A rank's world view holds its inner rows and their in-edges; its halo is the distinct sources owned
+    by another rank (shard_rows' (owner rank, global id) pairs: the owner is a function of the id)."""
+    W = S * G
+    rank_of = server_of.astype(np.int64) * G + gpu_of
+
+    def remote(block, row, src):
+        reader = rank_of[block + part.lo][row]
+        other = rank_of[src] != reader
+        return src[other], reader[other]
+
+    keys = _pair_keys(part, np.arange(part.hi - part.lo, dtype=np.int64), remote, W)
+    got = _distinct_on_owner(group, part, keys, W)
+    del keys
+    u, r = got // W, got % W
+    del got
+    halo = np.bincount(r, minlength=W)
+    inter = np.bincount(r[server_of[u] != r // G], minlength=W)
+    sent = np.bincount(rank_of[u], minlength=W)
+    del u, r
+    halo, inter, sent = np.split(group.allreduce_sum(np.concatenate([halo, inter, sent]).astype(np.int64)), 3)
+    n_inner = np.bincount(rank_of, minlength=W)
+    nnz = np.bincount(rank_of, weights=degree, minlength=W).astype(np.int64)
+    n_train = np.bincount(rank_of[train], minlength=W)
+    world = [mm.WorldCounts(n_inner=int(n_inner[x]), nnz=int(nnz[x]), n_halo=int(halo[x]),
+                            inter_halo=int(inter[x])) for x in range(W)]  # loop over ranks
+    return world, sent, n_train
+
+
+def server_hop_counts_sliced(group, part, hop_of: np.ndarray, gpu_of: np.ndarray, G: int) -> List[mm.HopCounts]:
+    """Collective: memory_model.server_hop_counts of every GPU of the set whose rows are `hop_of` >= 0
+    (the same dense array on every rank), from the slices."""
+    n, lo = part.num_vertices, part.lo
+    verts, hops = order_by_hop(hop_of)
+    owner = assign_owners_sliced(group, part, hop_of, verts, hops, gpu_of, G)
+    width = int(hops.max(initial=0)) + 1
+    own = np.bincount(owner.astype(np.int64) * width + hops, minlength=G * width).reshape(G, width)
+    owner_of = np.full(n, -1, dtype=np.int8 if G < 128 else np.int32)
+    owner_of[verts] = owner
+    del verts, hops, owner
+    nnz = np.zeros(G * width, dtype=np.int64)
+
+    def crossing(block, row, src):
+        """Counts the block's in-edges from inside the server by (owner, hop) of their row; returns
+        the (source row, reading GPU) pairs of the edges that cross GPUs inside the server."""
+        inside = hop_of[src] >= 0
+        cell = owner_of[block + lo].astype(np.int64) * width + hop_of[block + lo]
+        nnz[:] += np.bincount(cell[row[inside]], minlength=G * width)
+        g_edge = owner_of[block + lo][row]
+        cross = inside & (owner_of[src] != g_edge)
+        return src[cross], g_edge[cross]
+
+    keys = _pair_keys(part, np.flatnonzero(hop_of[lo:part.hi] >= 0), crossing, G)
+    got = _distinct_on_owner(group, part, keys, G)
+    del keys
+    src, reader = got // G, (got % G).astype(np.int64)
+    del got
+    h_src = hop_of[src].astype(np.int64)
+    halo = np.bincount(reader * width + h_src, minlength=G * width)
+    sent = np.bincount(owner_of[src].astype(np.int64) * width + h_src, minlength=G * width)
+    summed = group.allreduce_sum(np.concatenate([nnz, halo, sent]).astype(np.int64))
+    nnz, halo, sent = (a.reshape(G, width) for a in np.split(summed, 3))
+    return [mm.HopCounts(own=own[g], nnz=nnz[g], halo=halo[g], sent=sent[g]) for g in range(G)]
+
+
+@dataclass
+class Counted:
+    """What full_preload_rows counts."""
+
+    rows: Dict[int, List[mm.RankRows]]  # k -> RankRows of every rank (memory_model.shard_rows' on the set)
+    loads: Dict[int, List[ServerLoad]]  # k >= 1 -> each server's rows and their in-edges (build_memory)
+    partition: object  # partition.partition_servers' result
+    gpu_of: np.ndarray  # the GPU of every vertex in its server
+
+
+def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Sequence[int], partitioner: str,
+                      seed: int, features: int, num_classes: int) -> Counted:
+    """Collective: the Counted full preloads of the depths `ks` (k = 0: fb's world view); the same on
+    every rank."""
+    from .build import BuildConfig
+
+    group = as_group(group)
+    S, G = int(servers), int(gpus)
+    rows = np.diff(part.vtxdist)
+    degree = group.allgatherv_rows(np.diff(part.indptr), rows)
+    masks = {f: group.allgatherv_rows(getattr(part, f), rows) for f in ("train_mask", "val_mask", "test_mask")}
+    access = SlicedAccess(group, part, masks["train_mask"])
+    sp = partition_servers(group, access, S, partitioner, seed)
+    server_of = sp.parts
+    gpu_of, _ = split_servers_over_gpus(group, access, server_of, masks["train_mask"], G, partitioner, seed)
+    world, world_sent, n_train = world_view_counts(group, part, server_of, gpu_of, S, G, degree, masks["train_mask"])
+    del masks
+    deepest = max([int(k) for k in ks] + [0])
+    counts: Dict[int, List[mm.HopCounts]] = {k: [] for k in ks if k > 0}
+    loads: Dict[int, List[ServerLoad]] = {k: [] for k in counts}
+    for s in range(S) if counts else ():  # (fb alone reads the world view only)
+        inner = np.flatnonzero(server_of == s).astype(np.int64)
+        hop_of = select_halo(group, part, inner, BuildConfig(out="", servers=S, gpus_per_server=G, layers=layers,
+                                                             preload="full", hops=max(deepest, 1)))
+        reached, last, last_k = int(hop_of.max(initial=0)), None, 0
+        for k in sorted(counts):
+            # Past the depth the BFS reached, a deeper preload is the same set (plan_sets reuses it too).
+            if last is None or min(k, reached) != min(last_k, reached):
+                truncated = np.where(hop_of <= k, hop_of, -1).astype(hop_of.dtype)
+                rows_in = truncated >= 0
+                load = ServerLoad(server=s, rows=int(np.count_nonzero(rows_in)), fetched_edges=int(degree[rows_in].sum()))
+                last, last_k = server_hop_counts_sliced(group, part, truncated, gpu_of, G), k
+                del truncated, rows_in
+            counts[k].extend(last)
+            loads[k].append(load)
+        del hop_of
+    out = {}
+    for k in ks:
+        out[k] = [mm.rank_rows(r, int(n_train[r]), world[r], int(world_sent[r]), counts[k][r] if k > 0 else None,
+                               layers, k, features, num_classes) for r in range(S * G)]  # loop over ranks
+    # The servers in the order plan_sets gathers them (rank s % P's servers, rank by rank).
+    order = sorted(range(S), key=lambda x: (x % group.size, x))
+    return Counted(rows=out, loads={k: [v[x] for x in order] for k, v in loads.items()}, partition=sp, gpu_of=gpu_of)

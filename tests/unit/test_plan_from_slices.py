@@ -1,0 +1,61 @@
+"""`preprocess plan --no-eas` and `build --hops auto` on a sliced source count the full preloads from
+the build ranks' slices (preprocess/halo_counts.py); here, in one process, their output must equal the
+whole-graph path's (sources.load_from_args, plan_sets.plan_options on the Graph) line for line and
+field for field.  tests/mpi/test_hops_auto_sliced.py checks P = 1, 2, 4 and an independent count."""
+import json
+
+from tests.unit.test_memory_model import SYN
+
+LAYOUT = ["--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis", "--hidden", "16",
+          "--seed", "1"]
+
+
+def _whole(monkeypatch):
+    """Make every command load the whole graph (the path before the sliced counts)."""
+    from preprocess import sources
+
+    monkeypatch.setattr(sources, "sliced_from_args", lambda args: None)
+
+
+def _plan(tmp_path, name, *extra):
+    from preprocess.__main__ import main
+
+    out = tmp_path / f"{name}.json"
+    rc = main(["plan", *SYN, *LAYOUT, "--no-eas", "--json", str(out), *extra])
+    return rc, json.loads(out.read_text())
+
+
+def test_plan_no_eas_from_slices_equals_whole_graph(tmp_path, capsys, monkeypatch):
+    import preprocess.plan_sets as plan_sets
+
+    called = []
+    monkeypatch.setattr(plan_sets, "plan_options_sliced",
+                        lambda *a, _f=plan_sets.plan_options_sliced: called.append(1) or _f(*a))
+    rc, sliced = _plan(tmp_path, "sliced", "--memory-per-gpu", "1GiB", "--memory-per-rank", "1GiB")
+    text_sliced = capsys.readouterr().out
+    assert rc == 0 and called  # the sliced path ran
+    with monkeypatch.context() as m:
+        _whole(m)
+        rc, whole = _plan(tmp_path, "whole", "--memory-per-gpu", "1GiB", "--memory-per-rank", "1GiB")
+    assert rc == 0 and len(called) == 1
+    assert sliced == whole  # options, decision, partition entry, build memory
+    assert text_sliced == capsys.readouterr().out
+    assert [o["label"] for o in sliced["options"]] == ["fb", "flx k=1", "flx k=2", "flx k=3"]
+
+
+def test_build_hops_auto_from_slices_equals_whole_graph(tmp_path, capsys, monkeypatch):
+    from granndis_hpc import shards
+    from preprocess.__main__ import main
+
+    _, res = _plan(tmp_path, "plan")
+    by = {o["label"]: o["peak_bytes"] for o in res["options"]}
+    budget = str(by["flx k=1"] + 1)
+    capsys.readouterr()
+    common = ["build", *SYN, *LAYOUT, "--hops", "auto", "--memory-per-gpu", budget]
+    assert main(common + ["--out", str(tmp_path / "sliced")]) == 0
+    assert main(common + ["--out", str(tmp_path / "whole"), "--whole-graph"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "--hops auto:" in x]
+    assert len(lines) == 2 and lines[0] == lines[1] and "k = 1" in lines[0]
+    a, b = shards.read_manifest(tmp_path / "sliced"), shards.read_manifest(tmp_path / "whole")
+    assert a["hops_auto"] == b["hops_auto"] and a["preload"]["hops"] == 1
+    assert a["files"] == b["files"]  # the same shards
