@@ -167,7 +167,7 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
     masks = {f: group.allgatherv_rows(getattr(part, f), rows) for f in ("train_mask", "val_mask", "test_mask")}
     access = SlicedAccess(group, part, masks["train_mask"])
     sp = partition_servers(group, access, S, partitioner, seed)
-    server_of = sp.parts
+    server_of = access.server_of = sp.parts
     gpu_of, _ = split_servers_over_gpus(group, access, server_of, masks["train_mask"], G, partitioner, seed)
     world, world_sent, n_train = world_view_counts(group, part, server_of, gpu_of, S, G, degree, masks["train_mask"])
     del masks
