@@ -108,6 +108,8 @@ def main(argv=None):
     p.add_argument("--deep-layers", type=int, default=56)
     p.add_argument("--deep-vertices", type=int, default=10000)
     p.add_argument("--deep-epochs", type=int, default=3)
+    p.add_argument("--reuse-shards", action="store_true",
+                   help="keep the shard set already built in WORK/shards-full (same options: the caller's responsibility)")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "cobatch"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cobatch.md"))
     args = p.parse_args(argv)
@@ -120,7 +122,8 @@ def main(argv=None):
     results = {"old": {}, "new": {}}
     try:
         shards = os.path.join(args.work, "shards-full")
-        build(args, shards, ["--preload", "full"], log)
+        if not (args.reuse_shards and os.path.exists(os.path.join(shards, "manifest.json"))):
+            build(args, shards, ["--preload", "full"], log)
         common = ["--model", "sage", "--layers", str(args.layers), "--hidden", "64", "--epochs", str(args.epochs),
                   "--eval-every", "0"]
         for rep in range(args.reps):

@@ -272,8 +272,11 @@ class LayerGraph:
             shape = (self.n_dst, self.n_src)
             if part is not None:
                 which, n_own = part
-                keep = cols < n_own if which == "own" else cols >= n_own
-                rows, cols, vals = rows[keep], cols[keep], vals[keep]
+                if n_own < self.n_src:  # (no halo rows: "own" is every entry, "halo" none -- no mask)
+                    keep = cols < n_own if which == "own" else cols >= n_own
+                    rows, cols, vals = rows[keep], cols[keep], vals[keep]
+                elif which == "halo":
+                    rows, cols, vals = rows[:0], cols[:0], vals[:0]
                 if which == "own":
                     shape = (self.n_dst, n_own)
                 else:
