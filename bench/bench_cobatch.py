@@ -112,8 +112,21 @@ def main(argv=None):
                    help="keep the shard set already built in WORK/shards-full (same options: the caller's responsibility)")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "cobatch"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cobatch.md"))
+    p.add_argument("--from-json", default=None,
+                   help="no runs: comma-separated result files of earlier (e.g. --only) sweeps, merged into one page")
     args = p.parse_args(argv)
     log = []
+    if args.from_json:  # a sweep split over several runs (each under the bench lock): one page
+        results, revs = {"old": {}, "new": {}}, None
+        for path in args.from_json.split(","):
+            with open(path) as f:
+                saved = json.load(f)
+            revs = (saved["old"], saved["new"])
+            for which in ("old", "new"):
+                results[which].update(saved["results"][which])
+            log += saved.get("log", [])
+        write_page(args.out, page(results, args, *revs, log), "bench/bench_cobatch.py", argv, log)
+        return
     rev = lambda r: subprocess.run(["git", "rev-parse", "--short", r], cwd=REPO, check=True,  # noqa: E731
                                    capture_output=True, text=True).stdout.strip()
     old_rev, new_rev = rev(args.old), rev("HEAD")
@@ -135,7 +148,7 @@ def main(argv=None):
                     results[which].setdefault(label(*cfg), []).append(
                         train(tree, shards, *cfg, run_dir, common, log))
                     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-                        json.dump({"old": old_rev, "new": new_rev, "results": results}, f, indent=1)
+                        json.dump({"old": old_rev, "new": new_rev, "results": results, "log": log}, f, indent=1)
         if args.deep:
             eas = os.path.join(args.work, "shards-eas-deep")
             build(args, eas, ["--preload", "eas", "--hops", "1", "--eas-fanout", "15"], log, layers=args.deep_layers,
@@ -147,7 +160,7 @@ def main(argv=None):
                     results[which].setdefault("deep", []).append(train(
                         tree, eas, *DEEP, os.path.join(args.work, "runs", f"{which}-deep-{rep}"), deep, log))
                     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-                        json.dump({"old": old_rev, "new": new_rev, "results": results}, f, indent=1)
+                        json.dump({"old": old_rev, "new": new_rev, "results": results, "log": log}, f, indent=1)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", old_tree], cwd=REPO, check=False)
     write_page(args.out, page(results, args, old_rev, new_rev, log), "bench/bench_cobatch.py", argv, log)
