@@ -44,7 +44,8 @@ def train(tree, shards, mode, batches, fanout, run_dir, common, log):
     med = lambda key: statistics.median(r[key] for r in records)  # noqa: E731
     out = {"epoch_s": med("time_s"), "first_epoch_s": records[0]["time_s"], "critical_host_s": med("sampling_s"),
            "compute_s": med("compute_s"), "intra_halo_bytes": int(statistics.median(r["bytes"]["intra_halo"] for r in records)),
-           "losses": [r["loss"] for r in records]}
+           "losses": [r["loss"] for r in records],
+           "epochs": [[r["time_s"], r["sampling_s"], r["compute_s"]] for r in records]}
     phases = [r["cobatch_host_s"] for r in records if "cobatch_host_s" in r]
     if phases:  # epochs that built co-batches (a reused plan costs 0 and is left out of the median)
         built = [p for p in phases if sum(p.values()) > 0] or phases
@@ -104,6 +105,8 @@ def page(results, args, old_rev, new_rev, log):
 def main(argv=None):
     p = revision_arguments(__doc__, epochs=3, reps=1)
     p.add_argument("--only", nargs="*", default=None, help="labels of the configurations to run (default all)")
+    p.add_argument("--old-for", nargs="*", default=None,
+                   help="labels of the configurations that also run OLD (default all; the others run this tree only)")
     p.add_argument("--deep", action="store_true", help="also the 56-layer ResSAGE+ cob run on an EAS set")
     p.add_argument("--deep-layers", type=int, default=56)
     p.add_argument("--deep-vertices", type=int, default=10000)
@@ -144,6 +147,8 @@ def main(argv=None):
                 if args.only and label(*cfg) not in args.only:
                     continue
                 for which, tree in (("old", old_tree), ("new", REPO)):
+                    if which == "old" and args.old_for is not None and label(*cfg) not in args.old_for:
+                        continue
                     run_dir = os.path.join(args.work, "runs", f"{which}-{label(*cfg).replace(' ', '-')}-{rep}")
                     results[which].setdefault(label(*cfg), []).append(
                         train(tree, shards, *cfg, run_dir, common, log))
