@@ -68,6 +68,9 @@ def page(results, args, old_rev, new_rev, log):
              "| run | old epoch (s) | new epoch (s) | new / old | old x flx | new x flx | old critical host | "
              "new critical host | new first epoch (s) | intra halo B old / new | losses identical |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    if getattr(args, "old_for", None) is not None:
+        lines[2] += (f" OLD ran only for {', '.join(args.old_for)} (`--old-for`); the other rows have no old "
+                     f"columns (nan).")
     flx = {rev: cell(rev, "flx", "epoch_s") for rev in ("old", "new")}
     for cfg in CONFIGS:
         name = label(*cfg)
@@ -88,6 +91,14 @@ def page(results, args, old_rev, new_rev, log):
             h = runs[0]["host_s_per_cobatch"]
             lines.append(f"| {label(*cfg)} | " + " | ".join(f"{h.get(k, 0):.3f}" for k in
                          ("sample", "split", "plan", "to_torch", "matrices")) + f" | {sum(h.values()):.3f} |")
+    lines += ["", "Every epoch (time s / waiting for the co-batch s / compute s; slowest rank):", "",
+              "| run | epoch 1 | epoch 2 | epoch 3 |", "|---|---|---|---|"]
+    for which in ("new", "old"):
+        for cfg in CONFIGS:
+            runs = results.get(which, {}).get(label(*cfg), [])
+            if runs and "epochs" in runs[0]:
+                lines.append(f"| {label(*cfg)} ({which}) | " + " | ".join(
+                    f"{t:.1f} / {w:.1f} / {c:.1f}" for t, w, c in runs[0]["epochs"]) + " |")
     lines.append("")
     deep = {rev: results.get(rev, {}).get("deep", []) for rev in ("old", "new")}
     if deep["old"] and deep["new"]:
