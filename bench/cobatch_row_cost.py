@@ -29,8 +29,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     costs = {}
     for name in sorted(os.listdir(args.runs)):
-        if not name.startswith(args.which + "-"):
-            continue
+        if not name.startswith(args.which + "-") or not os.path.exists(os.path.join(args.runs, name, "summary.json")):
+            continue  # (another revision's, or a run not finished)
         _, records = read_run(os.path.join(args.runs, name))
         b = re.search(r"-b=(\d+)-", name)  # bench_cobatch's run directories: WHICH-MODE[-b=B-f=F]-REP
         batches = int(b.group(1)) if b else 1
