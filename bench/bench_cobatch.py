@@ -44,7 +44,8 @@ def train(tree, shards, mode, batches, fanout, run_dir, common, log):
     med = lambda key: statistics.median(r[key] for r in records)  # noqa: E731
     out = {"epoch_s": med("time_s"), "first_epoch_s": records[0]["time_s"], "critical_host_s": med("sampling_s"),
            "compute_s": med("compute_s"), "intra_halo_bytes": int(statistics.median(r["bytes"]["intra_halo"] for r in records)),
-           "losses": [r["loss"] for r in records]}
+           "losses": [r["loss"] for r in records],
+           "epochs": [[r["time_s"], r["sampling_s"], r["compute_s"]] for r in records]}
     phases = [r["cobatch_host_s"] for r in records if "cobatch_host_s" in r]
     if phases:  # epochs that built co-batches (a reused plan costs 0 and is left out of the median)
         built = [p for p in phases if sum(p.values()) > 0] or phases
@@ -67,6 +68,9 @@ def page(results, args, old_rev, new_rev, log):
              "| run | old epoch (s) | new epoch (s) | new / old | old x flx | new x flx | old critical host | "
              "new critical host | new first epoch (s) | intra halo B old / new | losses identical |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    if getattr(args, "old_for", None) is not None:
+        lines[2] += (f" OLD ran only for {', '.join(args.old_for)} (`--old-for`); the other rows have no old "
+                     f"columns (nan).")
     flx = {rev: cell(rev, "flx", "epoch_s") for rev in ("old", "new")}
     for cfg in CONFIGS:
         name = label(*cfg)
@@ -87,6 +91,14 @@ def page(results, args, old_rev, new_rev, log):
             h = runs[0]["host_s_per_cobatch"]
             lines.append(f"| {label(*cfg)} | " + " | ".join(f"{h.get(k, 0):.3f}" for k in
                          ("sample", "split", "plan", "to_torch", "matrices")) + f" | {sum(h.values()):.3f} |")
+    lines += ["", "Every epoch (time s / waiting for the co-batch s / compute s; slowest rank):", "",
+              "| run | epoch 1 | epoch 2 | epoch 3 |", "|---|---|---|---|"]
+    for which in ("new", "old"):
+        for cfg in CONFIGS:
+            runs = results.get(which, {}).get(label(*cfg), [])
+            if runs and "epochs" in runs[0]:
+                lines.append(f"| {label(*cfg)} ({which}) | " + " | ".join(
+                    f"{t:.1f} / {w:.1f} / {c:.1f}" for t, w, c in runs[0]["epochs"]) + " |")
     lines.append("")
     deep = {rev: results.get(rev, {}).get("deep", []) for rev in ("old", "new")}
     if deep["old"] and deep["new"]:
@@ -104,14 +116,31 @@ def page(results, args, old_rev, new_rev, log):
 def main(argv=None):
     p = revision_arguments(__doc__, epochs=3, reps=1)
     p.add_argument("--only", nargs="*", default=None, help="labels of the configurations to run (default all)")
+    p.add_argument("--old-for", nargs="*", default=None,
+                   help="labels of the configurations that also run OLD (default all; the others run this tree only)")
     p.add_argument("--deep", action="store_true", help="also the 56-layer ResSAGE+ cob run on an EAS set")
     p.add_argument("--deep-layers", type=int, default=56)
     p.add_argument("--deep-vertices", type=int, default=10000)
     p.add_argument("--deep-epochs", type=int, default=3)
+    p.add_argument("--reuse-shards", action="store_true",
+                   help="keep the shard set already built in WORK/shards-full (same options: the caller's responsibility)")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "cobatch"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cobatch.md"))
+    p.add_argument("--from-json", default=None,
+                   help="no runs: comma-separated result files of earlier (e.g. --only) sweeps, merged into one page")
     args = p.parse_args(argv)
     log = []
+    if args.from_json:  # a sweep split over several runs (each under the bench lock): one page
+        results, revs = {"old": {}, "new": {}}, None
+        for path in args.from_json.split(","):
+            with open(path) as f:
+                saved = json.load(f)
+            revs = (saved["old"], saved["new"])
+            for which in ("old", "new"):
+                results[which].update(saved["results"][which])
+            log += saved.get("log", [])
+        write_page(args.out, page(results, args, *revs, log), "bench/bench_cobatch.py", argv, log)
+        return
     rev = lambda r: subprocess.run(["git", "rev-parse", "--short", r], cwd=REPO, check=True,  # noqa: E731
                                    capture_output=True, text=True).stdout.strip()
     old_rev, new_rev = rev(args.old), rev("HEAD")
@@ -120,7 +149,8 @@ def main(argv=None):
     results = {"old": {}, "new": {}}
     try:
         shards = os.path.join(args.work, "shards-full")
-        build(args, shards, ["--preload", "full"], log)
+        if not (args.reuse_shards and os.path.exists(os.path.join(shards, "manifest.json"))):
+            build(args, shards, ["--preload", "full"], log)
         common = ["--model", "sage", "--layers", str(args.layers), "--hidden", "64", "--epochs", str(args.epochs),
                   "--eval-every", "0"]
         for rep in range(args.reps):
@@ -128,11 +158,13 @@ def main(argv=None):
                 if args.only and label(*cfg) not in args.only:
                     continue
                 for which, tree in (("old", old_tree), ("new", REPO)):
+                    if which == "old" and args.old_for is not None and label(*cfg) not in args.old_for:
+                        continue
                     run_dir = os.path.join(args.work, "runs", f"{which}-{label(*cfg).replace(' ', '-')}-{rep}")
                     results[which].setdefault(label(*cfg), []).append(
                         train(tree, shards, *cfg, run_dir, common, log))
                     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-                        json.dump({"old": old_rev, "new": new_rev, "results": results}, f, indent=1)
+                        json.dump({"old": old_rev, "new": new_rev, "results": results, "log": log}, f, indent=1)
         if args.deep:
             eas = os.path.join(args.work, "shards-eas-deep")
             build(args, eas, ["--preload", "eas", "--hops", "1", "--eas-fanout", "15"], log, layers=args.deep_layers,
@@ -144,7 +176,7 @@ def main(argv=None):
                     results[which].setdefault("deep", []).append(train(
                         tree, eas, *DEEP, os.path.join(args.work, "runs", f"{which}-deep-{rep}"), deep, log))
                     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-                        json.dump({"old": old_rev, "new": new_rev, "results": results}, f, indent=1)
+                        json.dump({"old": old_rev, "new": new_rev, "results": results, "log": log}, f, indent=1)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", old_tree], cwd=REPO, check=False)
     write_page(args.out, page(results, args, old_rev, new_rev, log), "bench/bench_cobatch.py", argv, log)

@@ -16,6 +16,7 @@ background thread while step i computes.
 """
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,27 +47,91 @@ class Built:
     computed: List[np.ndarray] = field(default_factory=list)  # ids computed per layer (redundancy)
 
 
+class MatrixKeys:
+    """Which aggregation matrices the model builds, learnt from the first step's graphs while that step
+    runs (LayerGraph.on_build), so that the loader prepares them for the next co-batch during the step,
+    key by key, instead of after it: with one co-batch per epoch the next one's matrices were built
+    between the epochs, on the critical path of the second epoch."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._keys: list = []  # in the order the first step built them
+        self._graphs = None  # the graphs watched (the first step's)
+        self.known = False  # the first step ended (or the run closes): no key will be added
+
+    @property
+    def watching(self) -> bool:
+        return self._graphs is not None
+
+    def watch(self, graphs) -> None:
+        """Main thread, before the first step: record what its graphs build."""
+        self._graphs = list(graphs)
+        for g in self._graphs:
+            g.on_build = self._add
+
+    def _add(self, key) -> None:
+        with self._cond:
+            if key not in self._keys:
+                self._keys.append(key)
+                self._cond.notify_all()
+
+    def finish(self) -> None:
+        """After the first step (or on close): the keys are complete; a loader following them returns."""
+        for g in self._graphs or ():
+            g.on_build = None
+        with self._cond:
+            self.known = True
+            self._cond.notify_all()
+
+    def keys(self) -> list:
+        with self._cond:
+            return list(self._keys)
+
+    def follow(self, prepare) -> None:
+        """Loader thread: prepare(new keys) as they are learnt, until the first step ends."""
+        seen = 0
+        while True:
+            with self._cond:
+                while seen == len(self._keys) and not self.known:
+                    self._cond.wait()
+                new, done = self._keys[seen:], self.known
+                seen = len(self._keys)
+            if new:
+                prepare(new)
+            elif done:
+                return
+
+
 class BatchedSteps:
     """The steps of a batched epoch: a sampler (which vertices and edges a co-batch needs) composed
     with a split (which of them this rank computes, and how it gets the rest), planned by the one
     planner.  One optimizer step per co-batch; every server runs the same number of co-batches.
 
     prefetch: build co-batch i+1 (the next epoch's first after an epoch's last) in a background thread
-    while step i computes (as SALIENT pipelines its sampling), so host work leaves the critical path.
-    Samples depend only on (seed, server, epoch, iteration) and plans need no communication, so the
-    result is the same either way.  A co-batch whose sample is a function of its targets (fanout -1,
-    or the saint sampler) and whose targets are the previous co-batch's (one co-batch per epoch) reuses
-    that plan, aggregation matrices included, as flx reuses its plan every epoch."""
+    while step i computes (as SALIENT pipelines its sampling), so host work leaves the critical path;
+    the first epoch's first co-batch is started at set-up (`start`), while the trainer builds the model
+    and the rest of the run.  Samples depend only on (seed, server, epoch, iteration) and plans need no
+    communication, so the result is the same either way.  A co-batch whose sample is a function of its
+    targets (fanout -1, or the saint sampler) and whose targets are the previous co-batch's (one
+    co-batch per epoch) reuses that plan, aggregation matrices included, as flx reuses its plan every
+    epoch."""
 
     def __init__(self, ctx, sampler: CoBatchSampler, split, prefetch: bool = True):
         self.ctx, self.sampler, self.split, self.prefetch = ctx, sampler, split, prefetch
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cobatch-loader") if prefetch else None
-        self._ahead = None  # (epoch, future) of a next epoch's first co-batch built ahead
+        self._ahead = None  # (epoch, future) of an epoch's first co-batch built ahead
         self._last: Optional[Built] = None  # the latest co-batch built (reused when its draw repeats)
-        self._matrix_keys: list = []  # aggregation matrices the model builds (learnt from the first step)
+        self.keys = MatrixKeys()  # aggregation matrices the model builds (learnt during the first step)
         # On a GPU the loader thread does host work only; tensors and matrices go to the device on the
         # main thread, in stream order (no cross-stream lifetime to manage).
         self._host_only = ctx.device.type != "cpu"
+
+    def start(self, epoch: int) -> None:
+        """Start building `epoch`'s first co-batch now (set-up: the first epoch's; a resumed run that
+        starts at another epoch drops it)."""
+        if self.prefetch and self._ahead is None:
+            first = self.sampler.epoch_targets(epoch)[0]
+            self._ahead = (epoch, self._pool.submit(self._build, first, epoch, 0))
 
     def steps(self, epoch: int):
         batches = self.sampler.epoch_targets(epoch)
@@ -74,12 +139,16 @@ class BatchedSteps:
             for iteration, targets in enumerate(batches):
                 start = time.perf_counter()
                 built = self._ready(self._build(targets, epoch, iteration))
+                self._watch(built)
                 yield self._step(built, time.perf_counter() - start)  # all of it on the critical path
-                self._learn(built)
+                self._learnt()
             return
         pending = None
-        if self._ahead is not None and self._ahead[0] == epoch:
-            pending = self._ahead[1]
+        if self._ahead is not None:
+            if self._ahead[0] == epoch:
+                pending = self._ahead[1]
+            else:
+                self._ahead[1].cancel()  # (a resumed run: built for epoch 0; done or not, unused)
         self._ahead = None
         if pending is None:
             pending = self._pool.submit(self._build, batches[0], epoch, 0)
@@ -87,21 +156,17 @@ class BatchedSteps:
             waited = time.perf_counter()
             built = self._ready(pending.result())
             waited = time.perf_counter() - waited  # the host work left on the critical path
+            self._watch(built)  # before the next co-batch is started: it follows the keys
             if iteration + 1 < len(batches):
                 pending = self._pool.submit(self._build, batches[iteration + 1], epoch, iteration + 1)
             elif epoch + 1 < self.ctx.cfg.epochs:
                 nxt = self.sampler.epoch_targets(epoch + 1)[0]
                 self._ahead = (epoch + 1, self._pool.submit(self._build, nxt, epoch + 1, 0))
             yield self._step(built, waited)
-            if self._learn(built):
-                # The first step told which matrices the model builds; the co-batch already being built
-                # did not know: prepare them in the loader too, right after it (one worker: in order).
-                if iteration + 1 < len(batches):
-                    pending = self._pool.submit(self._prepare_late, pending)
-                elif self._ahead is not None:
-                    self._ahead = (self._ahead[0], self._pool.submit(self._prepare_late, self._ahead[1]))
+            self._learnt()
 
     def close(self) -> None:
+        self.keys.finish()  # a loader following the keys of a step that will not end returns
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -131,31 +196,34 @@ class BatchedSteps:
         built.rows = torch.arange(n_targets, device=ctx.device)
         built.labels = torch.as_tensor(ctx.slice.labels[hp.ids[:n_targets] - ctx.slice.row_offset], device=ctx.device)
         built.computed = [hp.ids[: lp.n_dst] for lp in hp.plan.layers]
-        mid = cobplan.clock()
-        cobplan.prepare_matrices(graphs, self._matrix_keys)
-        built.timings["to_torch"] += mid - start
-        built.timings["matrices"] += cobplan.clock() - mid
+        built.timings["to_torch"] += cobplan.clock() - start
+        self._prepare(built)
+
+    def _prepare(self, built: Built) -> None:
+        """The aggregation matrices of a new co-batch's graphs: those the model builds, once known; while
+        the first step runs (the keys being learnt), each one as soon as that step has built it; before
+        the first step (the first co-batch) none: that step builds them."""
+        start = cobplan.clock()
+        graphs = built.view.graphs
+        if self.keys.known:
+            cobplan.prepare_matrices(graphs, self.keys.keys())
+        elif self.keys.watching:
+            self.keys.follow(lambda keys: cobplan.prepare_matrices(graphs, keys))
+        built.timings["matrices"] += cobplan.clock() - start
 
     def _ready(self, built: Built) -> Built:
         if built.view is None:  # a GPU: the device part on the main thread
             self._to_device(built)
         return built
 
-    def _learn(self, built: Built) -> bool:
-        """After a step: the matrices its graphs built are the ones to prepare for the next co-batches.
-        True when they were learnt just now."""
-        if self._matrix_keys:
-            return False
-        self._matrix_keys = sorted({k for g in built.view.graphs for k in g.cache_keys()}, key=str)
-        return bool(self._matrix_keys)
+    def _watch(self, built: Built) -> None:
+        """Before the run's first step: learn the matrix keys from its graphs while it runs."""
+        if not self.keys.known and not self.keys.watching:
+            self.keys.watch(built.view.graphs)
 
-    def _prepare_late(self, pending) -> Built:
-        built = pending.result()
-        if built.view is not None:  # (a reused plan has them already: a no-op)
-            start = cobplan.clock()
-            cobplan.prepare_matrices(built.view.graphs, self._matrix_keys)
-            built.timings["matrices"] += cobplan.clock() - start
-        return built
+    def _learnt(self) -> None:
+        if not self.keys.known:
+            self.keys.finish()
 
     # ---- main thread ---------------------------------------------------------------------------
     def _step(self, built: Built, waited: float) -> Step:

@@ -210,7 +210,8 @@ def _finish(index, draw, ids, edges, indptr, sources, table, send_pos, send_coun
     plan = planner.build_plan(own_hop, indptr, sources, table, send_pos, send_counts, index.layers,
                               all_active=False, complete_degree=degree if index.exact else None, group="server")
     return HostPlan(plan=plan, ids=ids, halo_ids=halo_ids, own_hop=own_hop, degree=degree, loops=loops,
-                    halo_degree=halo_degree, features=index.features[ids], halo_features=index.features[halo_ids],
+                    halo_degree=halo_degree, features=np.take(index.features, ids, axis=0),
+                    halo_features=np.take(index.features, halo_ids, axis=0),
                     row_ids=row_ids, halo_row_ids=halo_row_ids)
 
 

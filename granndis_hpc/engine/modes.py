@@ -242,6 +242,7 @@ class BatchedMode(Mode):
                                           cfg.layers, cfg.sampler, cfg.fanout, cfg.seed, topo.server)
         split = cobatch.SPLITS[self.split_kind](ctx, graph, self.exact(ctx.manifest))
         self.batches = cobatch.BatchedSteps(ctx, self.sampler, split, prefetch=not cfg.sequential_sampling)
+        self.batches.start(0)  # the first co-batch is built while the trainer sets up the rest of the run
 
     def steps(self, epoch):
         return self.batches.steps(epoch)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -108,6 +108,10 @@ class LayerGraph:
     # (kind, dtype, transposed, part) -> sparse CSR matrix, ("coo", kind, dtype) -> COO triple; built lazily
     # on the graph's device.
     _cache: Dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
+    # Called with the key of every matrix this graph builds (coo or CSR), right after building it: a
+    # co-batch loader learns from the first step's graphs, while that step runs, which matrices the
+    # model needs, and prepares them for the next co-batch at once (engine/cobatch.py).
+    on_build: Optional[Callable[[tuple], None]] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self.n_dst, self.n_src = int(self.n_dst), int(self.n_src)
@@ -207,6 +211,7 @@ class LayerGraph:
         key = ("coo", kind, dtype)
         if key not in self._cache:
             self._cache[key] = self._coo(kind, dtype)
+            self._built(key)
         return self._cache[key]
 
     def _coo(self, kind: str, dtype: torch.dtype):
@@ -230,6 +235,10 @@ class LayerGraph:
         vals = inv_sqrt_dst[rows] * inv_sqrt_src[cols]
         diag = torch.arange(self.n_dst, device=self.device)
         return (torch.cat([rows, diag]), torch.cat([cols, diag]), torch.cat([vals, 1.0 / d_hat_dst]))
+
+    def _built(self, key) -> None:
+        if self.on_build is not None:
+            self.on_build(key)
 
     def cache_keys(self):
         """The aggregation matrices this graph has built so far (keys for `prepare`)."""
@@ -263,8 +272,11 @@ class LayerGraph:
             shape = (self.n_dst, self.n_src)
             if part is not None:
                 which, n_own = part
-                keep = cols < n_own if which == "own" else cols >= n_own
-                rows, cols, vals = rows[keep], cols[keep], vals[keep]
+                if n_own < self.n_src:  # (no halo rows: "own" is every entry, "halo" none -- no mask)
+                    keep = cols < n_own if which == "own" else cols >= n_own
+                    rows, cols, vals = rows[keep], cols[keep], vals[keep]
+                elif which == "halo":
+                    rows, cols, vals = rows[:0], cols[:0], vals[:0]
                 if which == "own":
                     shape = (self.n_dst, n_own)
                 else:
@@ -272,6 +284,7 @@ class LayerGraph:
             if transposed:
                 rows, cols, shape = cols, rows, (shape[1], shape[0])
             self._cache[key] = _coo_to_csr(rows, cols, vals, shape)
+            self._built(key)
         return self._cache[key]
 
 

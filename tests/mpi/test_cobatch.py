@@ -51,6 +51,36 @@ def test_prefetching_the_next_co_batch_changes_nothing(cora_shards, mode):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("mode", ["cob", "mb"])
+def test_first_co_batch_at_set_up_and_next_matrices_during_the_first_step(cora_shards, mode):
+    """The loader starts the first co-batch at set-up, and the next one (here the next epoch's) gets
+    its aggregation matrices from the keys the first step's graphs build while that step runs, not
+    after it; the steps are still those of sequential sampling (losses and parameters identical)."""
+    shards = cora_shards[("full", 3)]
+    kw = dict(batches_per_epoch=1, fanout=5, dropout=0.0, epochs=3)
+    sequential = make_trainer(shards, mode, sequential_sampling=True, **kw)
+    assert sequential.mode.batches._ahead is None  # nothing built in the background
+    plain, plain_params = _train(sequential, 3)
+    trainer = make_trainer(shards, mode, **kw)
+    batches = trainer.mode.batches
+    assert batches._ahead is not None and batches._ahead[0] == 0  # started at set-up
+    try:
+        fetched = [trainer.train_epoch()]
+        first_graphs = batches.keys._graphs
+        assert batches.keys.known and batches.keys.keys()  # learnt from the first step
+        ahead = batches._ahead[1].result()  # epoch 1's co-batch, built during epoch 0's step
+        kinds = lambda graphs: {(k[0], k[1], k[2], k[3] and k[3][0]) for g in graphs for k in g.cache_keys()}  # noqa: E731
+        assert kinds(ahead.view.graphs) == kinds(first_graphs)  # every matrix ready before its step
+        assert ahead.timings["matrices"] > 0 and all(a is not b for a, b in zip(ahead.view.graphs, first_graphs))
+        fetched += [trainer.train_epoch() for _ in range(2)]
+        fetched_params = [p.detach().clone() for p in trainer.model.parameters()]
+    finally:
+        trainer.close()
+    assert [r["loss"] for r in fetched] == [r["loss"] for r in plain]
+    for a, b in zip(fetched_params, plain_params):
+        assert torch.equal(a, b)
+
+
 def test_activation_checkpointing_keeps_exchanges_consistent(cora_shards):
     """Recomputing ResSAGE+ blocks (their halo exchanges included) in the backward pass changes
     nothing: same losses and parameters, with dropout on (the recomputed masks must match)."""

@@ -87,6 +87,29 @@ def test_adjacency_is_cached_and_matches_coo():
     assert not graph.to("cpu")._cache
 
 
+@pytest.mark.parametrize("halo_rows", [3, 0])
+def test_own_and_halo_parts_and_the_build_hook(halo_rows):
+    """The own/halo split matrices are the adjacency's columns before / after n_own (all and none of
+    them when the graph has no halo rows), and on_build names every matrix as it is built, once."""
+    rng = np.random.default_rng(5)
+    graph, indptr, indices = _block(rng)
+    n_own = graph.n_src - halo_rows
+    built = []
+    graph.on_build = built.append
+    whole = _expected("mean", graph, indptr, indices, torch.eye(graph.n_src, dtype=torch.float64))
+    for transposed in (False, True):
+        own = graph._matrix("mean", torch.float32, transposed, ("own", n_own)).to_dense().double()
+        halo = graph._matrix("mean", torch.float32, transposed, ("halo", n_own)).to_dense().double()
+        want_own, want_halo = whole[:, :n_own], whole[:, n_own:]
+        if transposed:
+            want_own, want_halo = want_own.T, want_halo.T
+        torch.testing.assert_close(own, want_own, atol=1e-7, rtol=1e-6)
+        assert halo.shape == want_halo.shape
+        torch.testing.assert_close(halo, want_halo, atol=1e-7, rtol=1e-6)
+    graph._matrix("mean", torch.float32, False, ("own", n_own))  # cached: not built again
+    assert built == [("mean", torch.float32, t, (w, n_own)) for t in (False, True) for w in ("own", "halo")]
+
+
 def test_whole_graph_defaults_and_empty_graphs():
     rng = np.random.default_rng(5)
     indptr, indices = random_in_csr(40, 120, rng, isolated=4)
