@@ -1,4 +1,5 @@
-"""Two-level partitioning: S servers (ParMETIS, METIS or random), then G GPUs per server (ParMETIS over all ranks, or METIS).
+"""Two-level partitioning: S servers (ParMETIS, METIS or random), then G GPUs per server (ParMETIS
+over all ranks, or METIS on one).
 
 Partitioners see the symmetric version of the graph without self loops (u~v if u->v or v->u), which is
 what (Par)METIS requires.  The edge cut is computed here on the canonical graph: the number of directed
