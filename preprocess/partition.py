@@ -1,4 +1,5 @@
-"""Two-level partitioning: S servers (ParMETIS, METIS or random), then G GPUs per server (METIS).
+"""Two-level partitioning: S servers (ParMETIS, METIS or random), then G GPUs per server (ParMETIS
+over all ranks, or METIS on one).
 
 Partitioners see the symmetric version of the graph without self loops (u~v if u->v or v->u), which is
 what (Par)METIS requires.  The edge cut is computed here on the canonical graph: the number of directed
@@ -307,18 +308,6 @@ def induced_symmetric(indptr: np.ndarray, indices: np.ndarray, vertices: np.ndar
     return adjacency_from_keys(symmetric_keys(*induced_edges(indptr, indices, vertices), m), m)
 
 
-def partition_gpus(graph, inner: np.ndarray, gpus: int) -> tuple[np.ndarray, list]:
-    """METIS split of one server's inner vertices (sorted global ids) into `gpus` parts.
-
-    Balanced on vertices and, when the server has at least one training vertex per GPU, on training
-    vertices too.  Returns (gpu of each inner vertex as int32, constraints used).
-    """
-    if gpus == 1:
-        return np.zeros(inner.shape[0], dtype=np.int32), ["vertices"]
-    xadj, adjncy = induced_symmetric(graph.indptr, graph.indices, inner)
-    return split_gpus(xadj, adjncy, graph.train_mask[inner], gpus)
-
-
 def gpu_split_is_parallel(m: int, ranks: int, method: str) -> bool:
     """Whether a server's GPU split (m inner vertices) runs ParMETIS over all ranks (every rank a
     non-empty slice) rather than METIS on its writer."""
@@ -413,7 +402,10 @@ def split_servers_over_gpus(comm, access, server_of: np.ndarray, train: np.ndarr
 
 
 def split_gpus(xadj: np.ndarray, adjncy: np.ndarray, train: np.ndarray, gpus: int) -> tuple[np.ndarray, list]:
-    """partition_gpus on the server's symmetric inner adjacency (xadj, adjncy) and training mask."""
+    """METIS split of one server's inner vertices into `gpus` parts, from its symmetric inner adjacency
+    (xadj, adjncy) and training mask: balanced on vertices and, when the server has at least one
+    training vertex per GPU, on training vertices too.  Returns (gpu of each inner vertex as int32,
+    constraints used)."""
     if gpus == 1:
         return np.zeros(train.shape[0], dtype=np.int32), ["vertices"]
     two = int(train.sum()) >= gpus

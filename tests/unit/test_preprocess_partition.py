@@ -5,7 +5,7 @@ import scipy.sparse as sp
 
 from granndis_hpc.graph.csr import Graph, csr_from_edges
 from preprocess.parmetis import metis_part
-from preprocess.partition import (balance, edge_cut, fill_empty_parts, induced_symmetric, partition_gpus,
+from preprocess.partition import (balance, edge_cut, fill_empty_parts, induced_symmetric,
                                   random_partition, symmetric_adjacency, vtxdist_for)
 
 
@@ -103,7 +103,7 @@ def test_fill_empty_parts():
     assert np.count_nonzero(fixed != parts) == 2
 
 
-def test_induced_symmetric_and_partition_gpus():
+def test_induced_symmetric_and_the_metis_gpu_split():
     n = 1200
     indptr, indices, comm = community_graph(n, 6, 7000, 0.05, seed=7, directed=True)
     rng = np.random.default_rng(2)
@@ -117,7 +117,16 @@ def test_induced_symmetric_and_partition_gpus():
     train[rng.choice(n, 300, replace=False)] = True
     g = Graph("t", indptr, indices, np.zeros((n, 1), np.float32), np.zeros(n, np.int64), train,
               np.zeros(n, bool), np.zeros(n, bool), 1)
-    gpu, constraints = partition_gpus(g, inner, 3)
+    from mpi4py import MPI
+
+    from granndis_hpc.cluster import as_group
+    from preprocess.partition import WholeGraphAccess, split_servers_over_gpus
+
+    group = as_group(MPI.COMM_SELF)
+    server_of = np.ones(n, dtype=np.int32)
+    server_of[inner] = 0  # server 0: the inner vertices; METIS on its writer (rank 0 of 1)
+    gpu_of, cons = split_servers_over_gpus(group, WholeGraphAccess(group, g), server_of, train, 3, "metis", 0)
+    gpu, constraints = gpu_of[inner], cons[0]
     assert constraints == ["vertices", "train"]
     assert gpu.shape == inner.shape and set(gpu.tolist()) == {0, 1, 2}
     assert balance(gpu, 3) <= 1.05
