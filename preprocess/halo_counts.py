@@ -21,9 +21,11 @@ their slices of the canonical in-edge CSR (sliced.GraphSlice), with the distribu
   (reading rank, source) pairs.
 
 Memory per rank: its slice, the O(V) per-vertex arrays the sliced build keeps (server, GPU, in-degree,
-train mask; hop and owner of the server being counted: 2 B per vertex) and pair keys for its own rows'
-in-edges (8 B per edge of the slice, on the sender and again on the receiver).  Every rank gets every
-count, so every rank ranks the options alike (no gather, no broadcast of the decision).
+train mask; hop and owner of the server being counted: 2 B per vertex) and the pair keys of its own
+rows' in-edges (at most 8 B per edge of the slice, on the sender and again on the receiver; made in
+blocks of EDGES_PER_BLOCK in-edges, de-duplicated per block).  Every rank gets every count, so every
+rank ranks the options alike (no gather, no broadcast of the decision).  Measured:
+docs/bench-hops-auto.md.
 """
 from __future__ import annotations
 

@@ -181,39 +181,36 @@ def test_hops_auto_from_slices_equals_whole_graph(case, chunk_dirs, monkeypatch)
 @pytest.mark.timeout(240)
 def test_build_hops_auto_cli_on_slices(chunk_dirs, capfd):
     """`mpirun -n 4 python -m preprocess build --source chunked ... --hops auto` (in process, on the
-    4-rank world): the sliced build prints and records the decision the whole-graph build
-    (--whole-graph) makes, writes the same files; a budget too small for any depth fails every rank
-    with exit status 1, the message printed once (rank 0), nothing written."""
+    4-rank world): the sliced build prints and records the decision the whole-graph path
+    makes (auto_hops on the whole graph: the same record, the same reason); a budget too small for any
+    depth fails every rank with exit status 1, the message printed once (rank 0), nothing written."""
+    import dataclasses
     import json
 
     from preprocess.__main__ import main
+    from preprocess.plan import PlanConfig, auto_hops
+    from preprocess.plan_sets import plan_options
 
     path, whole = chunk_dirs["cora"]
     base = os.path.dirname(path)
     common = ["build", "--source", "chunked", "--path", path, "--servers", str(S), "--gpus-per-server", str(G),
               "--layers", str(L), "--hidden", "16", "--device", "cpu", "--seed", "1", "--hops", "auto"]
-    from preprocess.plan import PlanConfig, auto_hops
-
     cfg = PlanConfig(servers=S, gpus_per_server=G, layers=L, hidden=16, device="cpu", seed=1)
-    by = {o.label: o.peak for o in __import__("preprocess.plan_sets", fromlist=["x"]).plan_options(
-        WORLD, whole, __import__("dataclasses").replace(cfg, ks=[1, 2, 3], eas=False))["options"]}
-    budget = str(by["flx k=2"] + 1)
+    by = {o.label: o.peak for o in plan_options(WORLD, whole, dataclasses.replace(cfg, ks=[1, 2, 3], eas=False))[
+        "options"]}
+    budget = by["flx k=2"] + 1
+    ref = auto_hops(WORLD, whole, dataclasses.replace(cfg, budget=budget))
     capfd.readouterr()
-    rc = {}
-    for name, extra in (("sliced", []), ("whole", ["--whole-graph"])):
-        rc[name] = main(common + ["--memory-per-gpu", budget, "--out", os.path.join(base, f"cli-{name}")] + extra)
+    rc = main(common + ["--memory-per-gpu", str(budget), "--out", os.path.join(base, "cli-sliced")])
     out = capfd.readouterr().out
-    assert rc == {"sliced": 0, "whole": 0}
+    assert rc == 0
     lines = [x for x in out.splitlines() if "--hops auto: k =" in x]
     if WORLD.rank == 0:
-        assert len(lines) == 2 and lines[0] == lines[1] and "k = 2" in lines[0], lines
-        manifests = [json.load(open(os.path.join(base, f"cli-{n}", "manifest.json"))) for n in ("sliced", "whole")]
-        assert manifests[0]["hops_auto"] == manifests[1]["hops_auto"]
-        assert manifests[0]["preload"]["hops"] == 2
-        assert manifests[0]["files"] == manifests[1]["files"]
+        assert len(lines) == 1 and "k = 2" in lines[0] and lines[0].endswith(ref.reason), lines
+        manifest = json.load(open(os.path.join(base, "cli-sliced", "manifest.json")))
+        assert manifest["hops_auto"] == ref.to_dict() and manifest["preload"]["hops"] == 2
     else:
         assert not lines
-    assert auto_hops(WORLD, whole, __import__("dataclasses").replace(cfg, budget=int(budget))).choice.k == 2
     rc = main(common + ["--memory-per-gpu", "1KiB", "--out", os.path.join(base, "cli-small")])
     err = capfd.readouterr().err
     assert rc == 1 and not os.path.exists(os.path.join(base, "cli-small", "manifest.json"))
