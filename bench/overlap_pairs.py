@@ -1,6 +1,8 @@
 """Overlap against --no-overlap, pair by pair, from bench_cluster.py sweeps (no runs; writes a page).
 
     python bench/overlap_pairs.py SWEEP.json [SWEEP.json ...] --out docs/bench-cluster-overlap-200k.md
+    python bench/overlap_pairs.py --runs bench-out/cluster/runs ...   # a sweep stopped early: its run
+                                                                        # directories (each has link.json)
 
 For every round (link rate) of every sweep and every mode M whose `M-noovl` ran in the same round
 (side by side): both epochs and their ratio, the exposed inter-server wait of each, the exact ledger
@@ -58,6 +60,31 @@ def pair_rows(sweep, servers=2):
     return out
 
 
+def sweep_of_runs(runs_dir):
+    """A sweep-like dict from a sweep's run directories (RATE/MODE, each with metrics.jsonl, config.json
+    and the link.json bench_cluster.py writes after every run): what a sweep stopped before the end of a
+    round (its sweep.partial.json holds only the rounds it completed) still measured."""
+    import bench_cluster
+    from granndis_hpc.linkmodel import LINK_FILE
+
+    rounds = []
+    for label in sorted(os.listdir(runs_dir)):
+        runs, link = {}, None
+        for mode in sorted(os.listdir(os.path.join(runs_dir, label))):
+            run_dir = os.path.join(runs_dir, label, mode)
+            if not os.path.exists(os.path.join(run_dir, LINK_FILE)):
+                continue  # a run that did not finish
+            with open(os.path.join(run_dir, LINK_FILE)) as f:
+                link = json.load(f)
+            runs[mode] = dict(bench_cluster.costmodel.summarize_run(bench_cluster.read_records(run_dir),
+                                                                    bench_cluster.steps_per_epoch(run_dir)),
+                              run_dir=run_dir, **bench_cluster.run_config(run_dir))
+        if runs:
+            rounds.append({"label": label, "rate_bps": link["rate_bps"], "bw_Bps": link["bw_Bps"],
+                           "pingpong": {"intra_Bps": link["intra_Bps"]}, "runs": runs})
+    return {"date": "", "rates": rounds}
+
+
 def page(rows, sources):
     lines = ["# Overlap against --no-overlap, side by side (issue 19)", "",
              f"From {', '.join(sources)} (bench/bench_cluster.py sweeps; this page: bench/overlap_pairs.py). "
@@ -80,7 +107,8 @@ def page(rows, sources):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("sweeps", nargs="+", help="sweep.json files of bench/bench_cluster.py")
+    p.add_argument("sweeps", nargs="*", help="sweep.json files of bench/bench_cluster.py")
+    p.add_argument("--runs", action="append", default=[], help="a sweep's run directory (RATE/MODE/...)")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cluster-overlap-pairs.md"))
     args = p.parse_args(argv)
     rows, sources = [], []
@@ -90,6 +118,10 @@ def main(argv=None):
         name = os.path.basename(os.path.dirname(os.path.abspath(path)))
         sources.append(name)
         rows += [dict(r, source=name) for r in pair_rows(sweep)]
+    for path in args.runs:
+        name = os.path.basename(os.path.dirname(os.path.abspath(path))) + "/" + os.path.basename(os.path.abspath(path))
+        sources.append(name)
+        rows += [dict(r, source=name) for r in pair_rows(sweep_of_runs(path))]
     if not rows:
         p.error("no mode ran beside its -noovl twin in these sweeps")
     write_page(args.out, page(rows, sources), "bench/overlap_pairs.py", argv, [], data=rows)
