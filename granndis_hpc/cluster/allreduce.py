@@ -1,11 +1,14 @@
 """The non-blocking hierarchical all-reduce of one flat bucket (Communicator.reduce_flat_start)."""
 from __future__ import annotations
 
+import itertools
+import threading
+
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .accounting import allreduce_bytes_model
+from .accounting import allreduce_bytes_model, ring_chunk_sizes
 from .pending import MPIProgress, np_view
 
 # Dtypes MPI can sum; the leaders' all-reduce always goes through MPI.
@@ -20,14 +23,16 @@ class PendingReduce:
     bucket and the leader sums the G-1 it receives in local-rank order); (2) on leaders, the sum among
     them: on 2 servers a pairwise exchange (Isend/Irecv; a + b is b + a exactly, so both leaders hold the
     same bits, and each sends B bytes, the ring model's 2(S-1)/S B), driven by the progress thread; on
-    more servers a blocking MPI all-reduce in wait(); (3) broadcast from the leader, in wait().  Not
-    MPI's non-blocking collectives: Open MPI's (libnbc) were measured 3-15x slower than blocking ones
-    here (MPI_Ireduce of 93 kB inside a server: 1.4 s against MPI_Reduce's 0.1 s).  Every rank posts its
-    buckets in the same order (the caller's), so the messages match."""
+    more servers a ring all-reduce (reduce-scatter, then all-gather, of S chunks: LeadersRing) run by a
+    helper thread, so it too travels while the caller computes; (3) broadcast from the leader, in
+    wait().  Not MPI's non-blocking collectives: Open MPI's (libnbc) were measured 3-15x slower than
+    blocking ones here (MPI_Ireduce of 93 kB inside a server: 1.4 s against MPI_Reduce's 0.1 s).  Every
+    rank posts its buckets in the same order (the caller's) and a bucket's leaders' stage starts only
+    after the previous bucket's has (`after`), so the messages match whatever the timing."""
 
     _REDUCE_TAG, _LEADERS_TAG = 18, 19
 
-    def __init__(self, comm, flat: torch.Tensor, phase: str):
+    def __init__(self, comm, flat: torch.Tensor, phase: str, after: "PendingReduce | None" = None):
         topo = comm.topo
         self.comm, self.flat, self.phase = comm, flat, phase
         self._torch = comm.intra_transport in ("gloo", "nccl")
@@ -35,7 +40,9 @@ class PendingReduce:
         self._host = None       # host view (CPU) or copy (GPU) of the bucket for the MPI stages
         self._stage1 = None     # torch Work, or MPIProgress of the Isend/Irecv to the leader
         self._received = None   # leader, MPI: the G-1 buckets of its server's other ranks
-        self._stage2 = None     # (MPIProgress, the other leader's bucket) on 2 servers, else False
+        self._stage2 = None     # (MPIProgress, the other leader's bucket) on 2 servers, a LeadersRing on
+        #                         more (leaders, with MPI_THREAD_MULTIPLE), else False (nothing, or blocking)
+        self._after = after     # the bucket posted before this one: its leaders' stage starts first
         model = allreduce_bytes_model(flat.numel(), flat.element_size(), topo.servers, topo.ranks_per_server,
                                       topo.server, topo.local_rank)
         comm.ledger.add("intra", phase, model["intra"])
@@ -75,12 +82,26 @@ class PendingReduce:
         return self._stage1.is_completed() if self._torch else self._stage1.test()
 
     def poll(self) -> None:
-        """Start the leaders' stage once the reduce to the leader has completed (cheap when not)."""
-        if self._stage2 is None and self._stage1_done():
+        """Start the leaders' stage once the reduce to the leader has completed and the previous bucket's
+        leaders' stage has started (cheap when not)."""
+        if self._stage2 is None and (self._after is None or self._after._stage2 is not None) \
+                and self._stage1_done():
             self._start_stage2()
+
+    def leaders_done(self) -> bool:
+        """True once this rank has nothing left of the leaders' stage but waiting for it (a started
+        pairwise exchange or ring that has completed, or no such stage on this rank)."""
+        if self._stage2 is None:
+            return False
+        if isinstance(self._stage2, LeadersRing):
+            return self._stage2.done()
+        return not self._stage2 or self._stage2[0].test()
 
     def _start_stage2(self) -> None:
         comm, topo = self.comm, self.comm.topo
+        if self._after is not None and self._after._stage2 is None:
+            self._after._start_stage2()  # keep the leaders' messages in posting order
+        self._after = None
         with comm._timed("intra", self.phase):
             self._finish_stage1()
         if topo.servers == 2 and topo.is_leader:
@@ -93,6 +114,11 @@ class PendingReduce:
                 requests = [p2p.Irecv([np_view(other), n, self._mpi_type()], source=peer, tag=self._LEADERS_TAG),
                             p2p.Isend([np_view(host), n, self._mpi_type()], dest=peer, tag=self._LEADERS_TAG)]
                 self._stage2 = (MPIProgress(requests, progress=True), other)
+        elif topo.servers > 2 and topo.is_leader and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            with comm._timed("inter", self.phase, sync=False):
+                self._host = self._host_flat() if not self.flat.is_cuda else self.flat.cpu()
+                self._stage2 = LeadersRing(topo.leader_comm, self._host, REDUCIBLE[self.flat.dtype],
+                                           tag=comm.next_ring_tag())
         else:
             self._stage2 = False
 
@@ -117,14 +143,19 @@ class PendingReduce:
         comm, topo = self.comm, self.comm.topo
         if self._stage2 is None:
             self._start_stage2()
-        if self._stage2:
+        if isinstance(self._stage2, LeadersRing):
+            with comm._timed("inter", self.phase):
+                self._stage2.wait()
+                if self.flat.is_cuda:
+                    self.flat.copy_(self._host)
+        elif self._stage2:
             with comm._timed("inter", self.phase):
                 waiter, other = self._stage2
                 waiter.wait()
                 self._host.add_(other)
                 if self.flat.is_cuda:
                     self.flat.copy_(self._host)
-        elif topo.servers > 2 and topo.is_leader:
+        elif topo.servers > 2 and topo.is_leader:  # no MPI_THREAD_MULTIPLE: the blocking all-reduce
             with comm._timed("inter", self.phase):
                 comm._mpi_in_host(self.flat, lambda buf: topo.leader_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
                                   write_back=True)
@@ -136,3 +167,57 @@ class PendingReduce:
                     comm._mpi_in_host(self.flat, lambda buf: topo.server_comm.Bcast(buf, root=0),
                                       write_back=not topo.is_leader)
         return self.flat
+
+
+# Tags of the leaders' ring: one per bucket in flight (the leaders start their buckets' rings in the same
+# order, so the k-th ring has the same tag everywhere), cycling through a range no other message on the
+# leaders' communicator uses.
+RING_TAG_BASE, RING_TAGS = 1000, 4096
+
+
+class LeadersRing:
+    """The ring all-reduce (sum) of one host bucket among the S > 2 servers' leaders, in a helper thread.
+
+    The bucket is cut into S chunks (accounting.ring_chunk_sizes, the ledger's ring model). Reduce-scatter:
+    in step t = 0..S-2 leader r sends chunk r-t to leader r+1 and adds chunk r-t-1, received from r-1, into
+    its own; after S-1 steps leader r holds the full sum of chunk r+1.  All-gather: in step t leader r
+    sends chunk r+1-t and copies chunk r-t from r-1.  Each chunk's sum is computed once, on one leader,
+    and copied to the others, so every leader holds the same bits (what a blocking MPI all-reduce does
+    not promise); leader r sends every chunk but r+1 and every chunk but r+2, which is the ledger's
+    `allreduce_bytes_model`.  Blocking MPI_Sendrecv in the thread (MPI_THREAD_MULTIPLE; the caller checks):
+    its messages progress while the caller computes, unlike MPI's non-blocking collectives here."""
+
+    def __init__(self, leaders: MPI.Comm, host: torch.Tensor, mpi_type: MPI.Datatype, tag: int):
+        self._buf, self._error = host, None
+        self._thread = threading.Thread(target=self._run, args=(leaders, mpi_type, tag),
+                                        name="granndis-leaders-ring", daemon=True)
+        self._thread.start()
+
+    def _run(self, leaders, mpi_type, tag) -> None:
+        try:
+            s, r = leaders.Get_size(), leaders.Get_rank()
+            sizes = ring_chunk_sizes(self._buf.numel(), s)
+            starts = list(itertools.accumulate([0] + sizes))
+            chunk = [self._buf[starts[c]:starts[c + 1]] for c in range(s)]
+            scratch = torch.empty(max(sizes), dtype=self._buf.dtype)
+            right, left = (r + 1) % s, (r - 1) % s
+            for step in range(s - 1):  # reduce-scatter
+                out, into = chunk[(r - step) % s], chunk[(r - step - 1) % s]
+                got = scratch[:into.numel()]
+                leaders.Sendrecv([np_view(out), out.numel(), mpi_type], dest=right, sendtag=tag,
+                                 recvbuf=[np_view(got), got.numel(), mpi_type], source=left, recvtag=tag)
+                into.add_(got)
+            for step in range(s - 1):  # all-gather: the owner's bits, copied
+                out, into = chunk[(r + 1 - step) % s], chunk[(r - step) % s]
+                leaders.Sendrecv([np_view(out), out.numel(), mpi_type], dest=right, sendtag=tag,
+                                 recvbuf=[np_view(into), into.numel(), mpi_type], source=left, recvtag=tag)
+        except BaseException as exc:  # re-raised by wait() on the calling thread
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error

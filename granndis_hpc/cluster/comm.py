@@ -59,6 +59,13 @@ class Communicator:
         # messages of any other library or of the caller.
         self._p2p = topo.world.Dup()
         self._row_types: dict[int, MPI.Datatype] = {}
+        self._ring_tags = 0  # leaders' rings started (allreduce.LeadersRing): the next one's tag
+
+    def next_ring_tag(self) -> int:
+        """The tag of the next leaders' ring (every leader starts its rings in the same order)."""
+        from .allreduce import RING_TAG_BASE, RING_TAGS
+        tag, self._ring_tags = RING_TAG_BASE + self._ring_tags % RING_TAGS, self._ring_tags + 1
+        return tag
 
     def close(self) -> None:
         for t in self._row_types.values():
@@ -332,12 +339,14 @@ class Communicator:
         self.ledger.add("intra", phase, model["intra"])
         self.ledger.add("inter", phase, model["inter"])
 
-    def reduce_flat_start(self, flat: torch.Tensor, phase: str = "gradient") -> "PendingReduce":
+    def reduce_flat_start(self, flat: torch.Tensor, phase: str = "gradient",
+                          after: "PendingReduce | None" = None) -> "PendingReduce":
         """The hierarchical all-reduce (sum) of one flat bucket, as `_reduce_flat`, started without waiting:
         the reduce to the leader is posted now, the leaders' all-reduce as soon as poll() or wait() finds
         it complete (so it travels while the caller computes), the broadcast in wait().  Same ledger
-        bytes as `_reduce_flat`."""
-        return PendingReduce(self, flat, phase)
+        bytes as `_reduce_flat`.  `after`: the bucket posted just before (its leaders' stage starts
+        first, so the leaders' messages pair up in the same order on every leader)."""
+        return PendingReduce(self, flat, phase, after)
 
     def _mpi_in_host(self, flat: torch.Tensor, op, write_back: bool) -> None:
         """Run an MPI call on a host view of `flat` (a copy when it lives on a GPU)."""

@@ -2,7 +2,8 @@
 
 Each parameter's post-accumulate-grad hook marks it final; a bucket whose parameters are all final is
 posted at once (Communicator.reduce_flat_start: reduce to the server's leader, then the leaders'
-MPI all-reduce, which travels while the backward computes the earlier layers' gradients), and
+sum -- a pairwise exchange on 2 servers, a ring in a helper thread on more -- which travels while the
+backward computes the earlier layers' gradients), and
 `finish()` after the backward waits for the buckets, broadcasts inside the servers and writes the sums
 back into `.grad`.  Buckets hold the parameters in reverse order (the backward produces the last
 layers' gradients first) and are posted strictly in bucket order, so every rank issues the same
@@ -70,7 +71,8 @@ class GradientSync:
         aliased = len(grads) == 1 and grads[0].is_contiguous()
         with torch.no_grad():
             flat = grads[0].view(-1) if aliased else torch.cat([g.reshape(-1) for g in grads])
-        self._posted.append((k, None if aliased else grads, self.comm.reduce_flat_start(flat, self.phase)))
+        after = self._posted[-1][2] if self._posted else None
+        self._posted.append((k, None if aliased else grads, self.comm.reduce_flat_start(flat, self.phase, after)))
 
     def finish(self) -> None:
         """After backward: post what is left (in order), wait for every bucket, write the sums back."""

@@ -22,8 +22,15 @@ from .graph import LayerGraph, PendingRows, aggregate
 def _aggregate_at_narrower_width(graph: LayerGraph, h_src, lin: nn.Linear, kind: str) -> torch.Tensor:
     """lin(aggregate(h_src)) computed in whichever order moves fewer numbers through the sparse matmul.
 
-    h_src may be PendingRows (halo in flight): lin runs on the own rows now and on the halo on arrival."""
-    if lin.out_features < lin.in_features:
+    h_src may be PendingRows (halo in flight): lin runs on the own rows now and on the halo on arrival.
+    At equal widths it then projects first too when the own source rows are no more than the destination
+    rows (fb's world layers: they are the same rows): the sparse work is the same, and aggregating first
+    would leave the projection of all n_dst rows after the wait (and, in the backward, its gradient
+    before the halo rows' gradients can be sent back); projected first, only the halo rows' projection
+    waits.  With more own source rows (a preload's expansion) projecting them would add work."""
+    pending = isinstance(h_src, PendingRows)
+    if lin.out_features < lin.in_features or (pending and lin.out_features == lin.in_features
+                                              and h_src.own.shape[0] <= graph.n_dst):
         projected = h_src.map(lin) if isinstance(h_src, PendingRows) else lin(h_src)
         return aggregate(graph, projected, kind)
     return lin(aggregate(graph, h_src, kind))

@@ -1,0 +1,132 @@
+"""Overlap against --no-overlap, pair by pair, from bench_cluster.py sweeps (no runs; writes a page).
+
+    python bench/overlap_pairs.py SWEEP.json [SWEEP.json ...] --out docs/bench-cluster-overlap-200k.md
+    python bench/overlap_pairs.py --runs bench-out/cluster/runs ...   # a sweep stopped early: its run
+                                                                        # directories (each has link.json)
+
+For every round (link rate) of every sweep and every mode M whose `M-noovl` ran in the same round
+(side by side): both epochs and their ratio, the exposed inter-server wait of each, the exact ledger
+bytes (equal in a pair, checked), and two readings of the overlap cost model
+(granndis_hpc/linkmodel.py, T = sum over layer-passes of max(c, w_l) + W_grad):
+
+- `meas / limit`: the overlapped run's epoch over its limit computed from *its own* compute (the
+  ledger's compute + sampling seconds of its median epoch) and the round's measured link -- what
+  `granndis report` shows: how far the run is from hiding all its halo wire time behind its compute;
+- `best ratio`: the limit over the additive epoch (compute + wire) of the *no-overlap* run's compute,
+  i.e. the smallest overlapped / no-overlap ratio the model allows on this graph and link, even with
+  every layer-pass's whole compute under the wire.  Where it is above a target ratio the target cannot
+  be reached by overlapping alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from harness import REPO, write_page  # first: puts bench/cluster on the path
+
+from granndis_hpc.linkmodel import link_bandwidth, overlap_limit, wire_s  # noqa: E402
+
+NOOVL = "-noovl"
+
+
+def own_compute(run):
+    return run["compute"] + run["sampling"]
+
+
+def pair_rows(sweep, servers=2):
+    """One dict per (round, mode with a -noovl twin): the figures of the module docstring."""
+    out = []
+    for rnd in sweep["rates"] + sweep.get("repeat", []):
+        bw = (link_bandwidth(rnd), rnd["pingpong"].get("intra_Bps"))
+        for mode, ovl in rnd["runs"].items():
+            base = rnd["runs"].get(mode + NOOVL)
+            if mode.endswith(NOOVL) or base is None:
+                continue
+            wire = wire_s(base, *bw)
+            limit_own = overlap_limit(ovl, own_compute(ovl), bw, servers)
+            c_base = own_compute(base)
+            best = overlap_limit(base, c_base, bw, servers) / (c_base + wire)
+            out.append({"date": sweep["date"], "label": rnd["label"], "mode": mode, "loadavg_1min": rnd.get("loadavg_1min"),
+                        "epoch_s": ovl["epoch_s"], "noovl_epoch_s": base["epoch_s"],
+                        "ratio": ovl["epoch_s"] / base["epoch_s"],
+                        "inter_wait_s": ovl["inter_comm"], "noovl_inter_wait_s": base["inter_comm"],
+                        "compute_s": own_compute(ovl), "noovl_compute_s": c_base, "wire_s": wire,
+                        "limit_own_s": limit_own, "over_limit_own": ovl["epoch_s"] / limit_own,
+                        "over_limit_loo": ovl.get("measured_over_limit"),
+                        "noovl_over_additive": base["epoch_s"] / (c_base + wire),
+                        "best_ratio": best, "bytes": ovl["bytes"], "bytes_equal": ovl["bytes"] == base["bytes"]})
+    return out
+
+
+def sweep_of_runs(runs_dir):
+    """A sweep-like dict from a sweep's run directories (RATE/MODE, each with metrics.jsonl, config.json
+    and the link.json bench_cluster.py writes after every run): what a sweep stopped before the end of a
+    round (its sweep.partial.json holds only the rounds it completed) still measured."""
+    import bench_cluster
+    from granndis_hpc.linkmodel import LINK_FILE
+
+    rounds = []
+    for label in sorted(os.listdir(runs_dir)):
+        runs, link = {}, None
+        for mode in sorted(os.listdir(os.path.join(runs_dir, label))):
+            run_dir = os.path.join(runs_dir, label, mode)
+            if not os.path.exists(os.path.join(run_dir, LINK_FILE)):
+                continue  # a run that did not finish
+            with open(os.path.join(run_dir, LINK_FILE)) as f:
+                link = json.load(f)
+            runs[mode] = dict(bench_cluster.costmodel.summarize_run(bench_cluster.read_records(run_dir),
+                                                                    bench_cluster.steps_per_epoch(run_dir)),
+                              run_dir=run_dir, **bench_cluster.run_config(run_dir))
+        if runs:
+            rounds.append({"label": label, "rate_bps": link["rate_bps"], "bw_Bps": link["bw_Bps"],
+                           "pingpong": {"intra_Bps": link["intra_Bps"]}, "runs": runs})
+    return {"date": "", "rates": rounds}
+
+
+def page(rows, sources):
+    lines = ["# Overlap against --no-overlap, side by side (issue 19)", "",
+             f"From {', '.join(sources)} (bench/bench_cluster.py sweeps; this page: bench/overlap_pairs.py). "
+             "Each row is one mode and its `--no-overlap` twin, run back to back in one round at one link rate. "
+             "Times: the median epoch of the slowest rank; bytes: exact ledger counts per epoch, summed over ranks.", "",
+             "| sweep | link | load | mode | overlap (s) | no-overlap (s) | ratio | inter wait ovl / no (s) | "
+             "compute ovl / no (s) | wire (s) | meas / limit (own) | meas / limit (leave-one-out) | no-ovl / additive | "
+             "best ratio | inter halo B | inter grad B | bytes equal |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        loo = "" if r["over_limit_loo"] is None else f"{r['over_limit_loo']:.2f}"
+        load = "" if r["loadavg_1min"] is None else f"{r['loadavg_1min']:.1f}"
+        lines.append(f"| {r['source']} | {r['label']} | {load} | {r['mode']} | {r['epoch_s']:.3f} | {r['noovl_epoch_s']:.3f} | "
+                     f"**{r['ratio']:.2f}x** | {r['inter_wait_s']:.3f} / {r['noovl_inter_wait_s']:.3f} | "
+                     f"{r['compute_s']:.3f} / {r['noovl_compute_s']:.3f} | {r['wire_s']:.3f} | {r['over_limit_own']:.2f} | "
+                     f"{loo} | {r['noovl_over_additive']:.2f} | {r['best_ratio']:.2f} | {r['bytes']['inter_halo']:,} | "
+                     f"{r['bytes']['inter_grad']:,} | {'yes' if r['bytes_equal'] else 'NO'} |")
+    return lines + [""]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("sweeps", nargs="*", help="sweep.json files of bench/bench_cluster.py")
+    p.add_argument("--runs", action="append", default=[], help="a sweep's run directory (RATE/MODE/...)")
+    p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cluster-overlap-pairs.md"))
+    args = p.parse_args(argv)
+    rows, sources = [], []
+    for path in args.sweeps:
+        with open(path) as f:
+            sweep = json.load(f)
+        name = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        sources.append(name)
+        rows += [dict(r, source=name) for r in pair_rows(sweep)]
+    for path in args.runs:
+        name = os.path.basename(os.path.dirname(os.path.abspath(path))) + "/" + os.path.basename(os.path.abspath(path))
+        sources.append(name)
+        rows += [dict(r, source=name) for r in pair_rows(sweep_of_runs(path))]
+    if not rows:
+        p.error("no mode ran beside its -noovl twin in these sweeps")
+    write_page(args.out, page(rows, sources), "bench/overlap_pairs.py", argv, [], data=rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
