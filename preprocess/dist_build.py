@@ -34,7 +34,7 @@ from granndis_hpc.shards import discard_staged, stage_server_file
 from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
 from .dist_server import drain_datasets, server_datasets
 from .halo import unique_sorted
-from .partition import partition_servers, split_servers_over_gpus, symmetric_keys
+from .partition import keys_to_adjacency, partition_servers, split_servers_over_gpus, symmetric_keys
 from .sliced import GraphSlice, shuffle_to_owners
 
 
@@ -57,10 +57,7 @@ class SlicedAccess:
         keys = np.concatenate([rows * n + cols, cols * n + rows])
         del rows, cols, keep
         keys = unique_sorted(shuffle_to_owners(self.group, keys, np.asarray(dist, dtype=np.int64), n), in_place=True)
-        lo, hi = int(dist[self.group.rank]), int(dist[self.group.rank + 1])
-        xadj = np.searchsorted(keys, np.arange(lo, hi + 1, dtype=np.int64) * n).astype(np.int64)
-        keys %= n
-        return xadj, keys
+        return keys_to_adjacency(keys, n, int(dist[self.group.rank]), int(dist[self.group.rank + 1]))
 
     def inner_keys(self, s: int, inner: np.ndarray, dist: np.ndarray) -> np.ndarray:
         """Collective: this rank's rows dist[rank]..dist[rank+1]-1 of server s's symmetric inner

@@ -70,10 +70,8 @@ def symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray, lo: int, hi: in
     del dst, keep
     keys = np.concatenate([key_in, key_out])
     del key_in, key_out
-    keys = unique_sorted(keys, in_place=True)
-    xadj = np.searchsorted(keys, np.arange(hi - lo + 1, dtype=np.int64) * n).astype(np.int64)
-    keys %= n  # in place: the columns
-    return xadj, keys
+    # The keys' rows are local (lo subtracted above): rows 0..hi-lo-1.
+    return keys_to_adjacency(unique_sorted(keys, in_place=True), n, 0, hi - lo)
 
 
 def edge_cut(indptr: np.ndarray, indices: np.ndarray, parts: np.ndarray) -> int:
