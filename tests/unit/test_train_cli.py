@@ -50,8 +50,9 @@ ACCURACY_ARGS = ["--hidden", "64", "--lr", "0.01", "--dropout", "0", "--weight-d
                  "--quiet"]
 
 
+# SAGE only: GCN's fb/flx accuracy on Cora (and CiteSeer) is tests/mpi/test_published_accuracy.py's.
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("model", ["gcn", "sage"])
+@pytest.mark.parametrize("model", ["sage"])
 def test_cora_accuracy_fb_equals_flx(cora_shards, tmp_path, model):
     """200 epochs; dropout 0 so that fb and flx compute the same thing and must agree exactly."""
     args = ["--model", model, "--epochs", "200", *ACCURACY_ARGS]
