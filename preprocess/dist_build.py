@@ -14,9 +14,12 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
 * the halo (full k-hop or EAS), the owner GPUs and the file of server s are built by all ranks
   together and written by rank s % P in blocks (preprocess/dist_server.py), so no rank holds a
   server's edges or features, the writer included;
-* every rank holds O(V) small per-vertex arrays (server and GPU of every vertex, in-degrees, split
-  masks: 21 B per vertex; while a server is built its hop, owner and file row: 6 B per vertex, and its
-  rows' global ids, hops and owners: 16 B per row) besides its slice.
+* every rank holds O(V) small per-vertex arrays (server and GPU of every vertex, int32 in-degrees,
+  split masks: 15 B per vertex; while a server is built its hop, owner and file row: 6 B per vertex,
+  and its rows' global ids, hops and owners: 16 B per row) besides its slice;
+* the partition phase, the peak of every rank (ParMETIS on the slices), holds only what it reads: the
+  slice's features and labels are in a temporary file meanwhile, its edges too during each ParMETIS
+  call (sliced.spilled), and the in-degrees and val/test masks are gathered after it (same bytes).
 
 The servers are built one after another, each by every rank; every collective round happens on every
 rank whatever its data, so no rank waits for a round another skipped.
