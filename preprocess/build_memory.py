@@ -8,12 +8,18 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
 * its slice: the in-edges of N/P rows (8 B each), their features (4F B per row) and labels/masks;
 * load: the int64 keys of its raw edges (both directions when symmetrising), their alltoallv copy and
   the de-duplication mask: LOAD_BYTES_PER_KEY per key it reads;
-* partition: the shuffled symmetric adjacency and ParMETIS' own structures for its slice
-  (PARTITION_BYTES_PER_EDGE per edge of the slice); METIS instead gathers the whole adjacency on
-  rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there); then the GPU split: with ParMETIS every
-  rank holds 1/P of each server's inner subgraph (PARTITION_BYTES_PER_EDGE per edge of E/(S P), below
-  the server partition's term), with METIS the writer rank splits its server alone
-  (GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
+* partition: only what the partitioner reads is in memory (dist_build.run_build_sliced): the slice's
+  features and labels wait on disk for the whole phase and its edges during each ParMETIS call
+  (sliced.spilled), and the in-degrees and val/test masks are gathered after it.  So the phase holds
+  BASE_BYTES, PARTITION_VERTEX_BYTES per vertex of the graph (the training mask and what PT-Scotch
+  and the source keep per vertex of the whole graph: fitted, not itemised),
+  PARTITION_ROW_BYTES per row of the slice (its row offsets and masks), and the symmetric adjacency
+  with ParMETIS' own structures for the slice (PARTITION_BYTES_PER_EDGE per edge of the slice); METIS
+  instead gathers the whole adjacency on rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there) and
+  the slice's edges stay in memory (8 B each); then the GPU split: with ParMETIS every rank holds 1/P
+  of each server's inner subgraph (PARTITION_BYTES_PER_EDGE per edge of E/(S P), below the server
+  partition's term), with METIS the writer rank splits its server alone (GPU_SPLIT_BYTES_PER_INNER_EDGE
+  per edge of E/S);
 * halos+write (preprocess/dist_server.py): every rank takes part in every server's halo selection,
   owner votes and file, on its own rows: a few per-vertex arrays while a server is built
   (HALO_BYTES_PER_VERTEX: its hop, owner and file row of every vertex, the union masks) and the
@@ -24,7 +30,8 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   more, so the writer's term shrinks as 1/P too.  EAS uses the same terms (its scoring arrays are
   those of the frontier rows each rank owns, within the above at the sizes measured).
 
-The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS per rank
+The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS per rank (the
+partition terms to 2.45M vertices at P = 1 and 8 and 800k at P = 8, after the spill)
 (docs/bench-build-scaling.md, where the estimate is checked against the measurement).
 """
 from __future__ import annotations
@@ -35,8 +42,10 @@ from typing import Dict, List, Optional
 MIB = 1 << 20
 BASE_BYTES = 150 * MIB
 PER_VERTEX_BYTES = 64
+PARTITION_VERTEX_BYTES = 120
+PARTITION_ROW_BYTES = 16
 LOAD_BYTES_PER_KEY = 8
-PARTITION_BYTES_PER_EDGE = 56
+PARTITION_BYTES_PER_EDGE = 58
 METIS_BYTES_PER_EDGE = 40
 GPU_SPLIT_BYTES_PER_INNER_EDGE = 48  # the writer's METIS GPU split (metis, random): inner keys, METIS
 HALO_BYTES_PER_VERTEX = 8
@@ -90,10 +99,12 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
             gpu_split = PARTITION_BYTES_PER_EDGE * e / max(len(servers), 1) / P
         else:
             gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0
+        # The partition phase: features, labels (and with ParMETIS the edges) on disk (docstring).
+        part_held = PARTITION_ROW_BYTES * rows + (0 if partitioner == "parmetis" else 8 * edges)
         ph = {"load": common + held + LOAD_BYTES_PER_KEY * raw_keys / P,
-              "partition": common + held + max(PARTITION_BYTES_PER_EDGE * edges
-                                               + (METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0
-                                                  else 0), gpu_split)}
+              "partition": BASE_BYTES + PARTITION_VERTEX_BYTES * n + part_held
+              + max(PARTITION_BYTES_PER_EDGE * edges + (METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0
+                                                        else 0), gpu_split)}
         block = max((-(-s.rows // P) * (BLOCK_BYTES_PER_FEATURE * F + BLOCK_BYTES_PER_EDGE * s.fetched_edges
                                          / max(s.rows, 1)) for s in mine), default=0)
         ph["halos+write"] = (common + held + HALO_BYTES_PER_VERTEX * n + ROW_BYTES * rows_max + block)

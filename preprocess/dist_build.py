@@ -14,9 +14,12 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
 * the halo (full k-hop or EAS), the owner GPUs and the file of server s are built by all ranks
   together and written by rank s % P in blocks (preprocess/dist_server.py), so no rank holds a
   server's edges or features, the writer included;
-* every rank holds O(V) small per-vertex arrays (server and GPU of every vertex, in-degrees, split
-  masks: 21 B per vertex; while a server is built its hop, owner and file row: 6 B per vertex, and its
-  rows' global ids, hops and owners: 16 B per row) besides its slice.
+* every rank holds O(V) small per-vertex arrays (server and GPU of every vertex, int32 in-degrees,
+  split masks: 15 B per vertex; while a server is built its hop, owner and file row: 6 B per vertex,
+  and its rows' global ids, hops and owners: 16 B per row) besides its slice;
+* the partition phase, the peak of every rank (ParMETIS on the slices), holds only what it reads: the
+  slice's features and labels are in a temporary file meanwhile, its edges too during each ParMETIS
+  call (sliced.spilled), and the in-degrees and val/test masks are gathered after it (same bytes).
 
 The servers are built one after another, each by every rank; every collective round happens on every
 rank whatever its data, so no rank waits for a round another skipped.
@@ -35,7 +38,7 @@ from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, 
 from .dist_server import drain_datasets, server_datasets
 from .halo import unique_sorted
 from .partition import keys_to_adjacency, partition_servers, split_servers_over_gpus, symmetric_keys
-from .sliced import GraphSlice, shuffle_to_owners
+from .sliced import GraphSlice, shuffle_to_owners, spilled
 
 
 class SlicedAccess:
@@ -78,6 +81,11 @@ class SlicedAccess:
         first[1:] = keys[1:] != keys[:-1]
         return keys[first]
 
+    def released(self):
+        """Collective context for a ParMETIS call: the slice's edges on disk meanwhile (sliced.spilled;
+        the partitioner reads only the adjacency made from them before the call)."""
+        return spilled(self.group, self.part, ("indices",))
+
     def part_counts(self, cand: np.ndarray, parts: np.ndarray, nparts: int) -> np.ndarray:
         p = self.part
         a, b = np.searchsorted(cand, [p.lo, p.hi])
@@ -110,15 +118,22 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
         check_dataset(part.name, n, part.num_classes, num_train)
     S, G, P, rank = cfg.servers, cfg.gpus_per_server, group.size, group.rank
     rows = np.diff(part.vtxdist)
-    degree = group.allgatherv_rows(np.diff(part.indptr), rows)
-    masks = {f: group.allgatherv_rows(getattr(part, f), rows) for f in ("train_mask", "val_mask", "test_mask")}
+    train = group.allgatherv_rows(part.train_mask, rows)
     prepare_build_output(group, cfg, n, part.num_edges, part.num_features)
 
-    access = SlicedAccess(group, part, masks["train_mask"])
-    sp = partition_servers(group, access, S, cfg.partitioner, cfg.seed)
-    server_of = access.server_of = sp.parts
-    gpu_of, gpu_constraints = split_servers_over_gpus(group, access, server_of, masks["train_mask"], G,
-                                                      cfg.partitioner, cfg.seed)
+    # The partition phase sets the build's peak (ParMETIS on every rank's slice): only what it reads is
+    # in memory meanwhile.  The features and labels wait on disk (sliced.spilled), the edges too during
+    # each ParMETIS call (SlicedAccess.released), and the per-vertex arrays the server files need
+    # (in-degrees, val/test masks) are gathered after it.
+    access = SlicedAccess(group, part, train)
+    with spilled(group, part, ("features", "labels")):
+        sp = partition_servers(group, access, S, cfg.partitioner, cfg.seed)
+        server_of = access.server_of = sp.parts
+        gpu_of, gpu_constraints = split_servers_over_gpus(group, access, server_of, train, G,
+                                                          cfg.partitioner, cfg.seed)
+    # int32 in-degrees (4 B per vertex on every rank; the files store them as int64).
+    degree = group.allgatherv_rows(np.diff(part.indptr).astype(np.int32 if part.num_edges < 2**31 else np.int64), rows)
+    masks = {"train_mask": train, **{f: group.allgatherv_rows(getattr(part, f), rows) for f in ("val_mask", "test_mask")}}
     log.done("partition", f"{sp.name}: edge cut {sp.edge_cut} ({100 * sp.edge_cut_fraction:.2f}% of edges), "
                           f"vertex balance {sp.vertex_balance:.3f}, train balance {sp.train_balance:.3f}")
 

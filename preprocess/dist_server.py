@@ -278,7 +278,7 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
                 server_of[src].astype(np.int32) * G + gpu_of[src]).astype(np.int32)), w_ptr)),
         "world/src_in_degree": StreamedDataset(
             (world_edges,), np.int64,
-            plan.edges(inner_ids, lambda local: _map_edges(in_edges(local), lambda src: degree[src]), w_ptr)),
+            plan.edges(inner_ids, lambda local: _map_edges(in_edges(local), lambda src: degree[src].astype(np.int64)), w_ptr)),
     }
     assert list(arrays) == list(DATASETS), "dist_server: dataset order differs from the schema"
     stats = None

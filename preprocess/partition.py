@@ -7,6 +7,7 @@ edges u->v whose endpoints are on different parts (PT-Scotch reports 0).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, field
 
@@ -212,6 +213,11 @@ class WholeGraphAccess:
         a, b = np.searchsorted(keys, [lo * m, hi * m])
         return keys[a:b].copy() if (a, b) != (0, keys.shape[0]) else keys
 
+    def released(self):
+        """Context for the partitioner's call (dist_build.SlicedAccess moves its slice's edges to disk
+        there); the whole graph stays in memory."""
+        return contextlib.nullcontext()
+
     def part_counts(self, cand: np.ndarray, parts: np.ndarray, nparts: int) -> np.ndarray:
         return in_neighbour_part_counts(self.graph.indptr, self.graph.indices, cand, parts, nparts)
 
@@ -255,8 +261,9 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
         xadj, adjncy = _as_idx(pm, *access.adjacency(vtxdist))
         # Collective inside the library: every rank reaches it (or none, after the check above); a
         # non-OK return code is agreed on before the allgather below.
-        with group.errors("ParMETIS_V3_PartKway"):
-            local = parmetis_part_kway(pm, group, vtxdist, xadj, adjncy, nparts, _weights(train[lo:hi], two), seed)
+        w = _weights(train[lo:hi], two)
+        with access.released(), group.errors("ParMETIS_V3_PartKway"):
+            local = parmetis_part_kway(pm, group, vtxdist, xadj, adjncy, nparts, w, seed)
         del xadj, adjncy
         parts = group.allgatherv(local, np.diff(vtxdist))
         library = f"{pm.name} ({pm.path}, idx_t {pm.idx_dtype.itemsize * 8}-bit)"
@@ -375,8 +382,9 @@ def split_servers_over_gpus(comm, access, server_of: np.ndarray, train: np.ndarr
             tr = train[inner]
             with group.errors("partitioning servers over GPUs (ParMETIS)"):
                 two = (not pm.is_scotch) and int(tr.sum()) >= gpus
-            with group.errors("ParMETIS_V3_PartKway (GPU split)"):
-                local = parmetis_part_kway(pm, group, dist, xadj, adjncy, gpus, _weights(tr[lo:hi], two), seed)
+            w = _weights(tr[lo:hi], two)
+            with access.released(), group.errors("ParMETIS_V3_PartKway (GPU split)"):
+                local = parmetis_part_kway(pm, group, dist, xadj, adjncy, gpus, w, seed)
             parts = fill_empty_parts(group.allgatherv(local, np.diff(dist)), gpus)
 
             def counts_of(cand, p, xadj=xadj, adjncy=adjncy, lo=lo, hi=hi, dist=dist):

@@ -27,6 +27,10 @@ of the same dataset gives and `--resume` across shapes keeps working.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +68,49 @@ class GraphSlice:
     @property
     def num_features(self) -> int:
         return int(self.features.shape[1])
+
+
+@contextlib.contextmanager
+def spilled(comm, part: GraphSlice, fields):
+    """Collective: inside the block this rank's slice arrays `fields` (e.g. "features", "indices") are
+    not in memory but in a temporary .npy file of its own (tempfile's directory: $TMPDIR), and
+    `part.<field>` is None; after the block they are read back into memory, the same bytes.
+
+    For the partition phase, whose peak is the partitioner's own structures (ParMETIS on the rank's
+    slice): the features and labels are not read there at all and the edges only before and after the
+    ParMETIS call, so holding them on disk meanwhile takes 4F + 8 B per row and 8 B per edge of the
+    slice off the build's peak (docs/bench-build-scaling.md) at the cost of writing and reading them
+    once.  A rank that cannot write or read its file fails every rank (group.errors)."""
+    group = as_group(comm)
+    fields = tuple(fields)
+    with group.errors("writing this rank's slice arrays to a temporary file"):
+        tmp = tempfile.mkdtemp(prefix="granndis-spill-")
+        try:
+            for f in fields:
+                np.save(os.path.join(tmp, f + ".npy"), getattr(part, f), allow_pickle=False)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    for f in fields:
+        setattr(part, f, None)
+
+    def restore():
+        for f in fields:
+            if getattr(part, f) is None:
+                setattr(part, f, np.load(os.path.join(tmp, f + ".npy"), allow_pickle=False))
+
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # the block's exception is the one to report
+            restore()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        with group.errors("reading this rank's slice arrays back from a temporary file"):
+            restore()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _edge_keys_checked(pieces, n: int, symmetrize: bool) -> np.ndarray:

@@ -18,8 +18,9 @@ def test_estimate_by_hand():
     common = bm.BASE_BYTES + bm.PER_VERTEX_BYTES * n
     held = 8 * e + (4 * f + 24) * n
     want = {"load": common + held + bm.LOAD_BYTES_PER_KEY * 25_000_000,
-            "partition": common + held + max(bm.PARTITION_BYTES_PER_EDGE * e + bm.METIS_BYTES_PER_EDGE * e,
-                                             bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2),
+            # partition: features and labels on disk (sliced.spilled); with METIS the edges stay
+            "partition": bm.BASE_BYTES + bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * n + 8 * e
+            + max(bm.PARTITION_BYTES_PER_EDGE * e + bm.METIS_BYTES_PER_EDGE * e, bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2),
             "halos+write": common + held + bm.HALO_BYTES_PER_VERTEX * n + bm.ROW_BYTES * 800_000
             + max(s.rows * (bm.BLOCK_BYTES_PER_FEATURE * f + bm.BLOCK_BYTES_PER_EDGE * s.fetched_edges / s.rows)
                   for s in SERVERS)}
@@ -50,11 +51,13 @@ def test_parmetis_gpu_split_shrinks_with_ranks():
         pm = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="parmetis", **GRAPH)
         me = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="metis", **GRAPH)
         rows = (n * 1) // P - 0
-        held = 8 * e * rows / n + (4 * f + 24) * rows
-        common = bm.BASE_BYTES + bm.PER_VERTEX_BYTES * n
-        want = common + held + max(bm.PARTITION_BYTES_PER_EDGE * e * rows / n, bm.PARTITION_BYTES_PER_EDGE * e / 2 / P)
+        # ParMETIS: the slice's edges, features and labels on disk during the calls (sliced.spilled).
+        kept = bm.BASE_BYTES + bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * rows
+        want = kept + max(bm.PARTITION_BYTES_PER_EDGE * e * rows / n, bm.PARTITION_BYTES_PER_EDGE * e / 2 / P)
         assert pm.phases[0]["partition"] == int(want)
-        assert me.phases[1]["partition"] >= int(common + held + bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2) - 64
+        assert me.phases[1]["partition"] >= int(kept + 8 * e * rows / n + bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2) - 64
+        # The partition phase no longer holds the slice's features: below the load phase's slice.
+        assert pm.phases[0]["partition"] < kept + 8 * e * rows / n + (4 * f + 24) * rows + bm.PARTITION_BYTES_PER_EDGE * e * rows / n
 
 
 def test_smallest_fitting_ranks():
