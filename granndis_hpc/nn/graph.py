@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
+import scipy.sparse  # (imported here, not on first use: ~0.5 s that would land in a training step)
 import torch
 
 KINDS = ("mean", "gcn")
@@ -323,8 +324,6 @@ _SCIPY_DTYPES = (torch.float32, torch.float64)
 
 
 def _coo_to_csr_scipy(rows, cols, vals, shape) -> torch.Tensor:
-    import scipy.sparse
-
     m = scipy.sparse.csr_matrix((vals.detach().numpy(), (rows.numpy(), cols.numpy())), shape=shape)
     m.sum_duplicates()  # (sorts the columns of every row too)
     crow = torch.from_numpy(m.indptr.astype(np.int64, copy=False))
