@@ -16,6 +16,7 @@ background thread while step i computes.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -48,14 +49,19 @@ class Built:
 
 
 class MatrixKeys:
-    """Which aggregation matrices the model builds, learnt from the first step's graphs while that step
-    runs (LayerGraph.on_build), so that the loader prepares them for the next co-batch during the step,
-    key by key, instead of after it: with one co-batch per epoch the next one's matrices were built
-    between the epochs, on the critical path of the second epoch."""
+    """Which aggregation matrices the model builds on each layer's graph, learnt from the first step's
+    graphs while that step runs (LayerGraph.on_build), so that the loader prepares them for the next
+    co-batch during the step, key by key, instead of after it: with one co-batch per epoch the next
+    one's matrices were built between the epochs, on the critical path of the second epoch.
+
+    Keys are kept per layer, as (layer, key): layers aggregate differently (a 3-layer SAGE builds the
+    whole matrix and its transpose on layer 0, whose input is static, and the own/halo split ones on
+    the others), and preparing every layer's keys on every graph built about 1.8x the matrices the
+    step uses, most of them on the largest graph, layer 0's."""
 
     def __init__(self):
         self._cond = threading.Condition()
-        self._keys: list = []  # in the order the first step built them
+        self._keys: list = []  # (layer, key), in the order the first step built them
         self._graphs = None  # the graphs watched (the first step's)
         self.known = False  # the first step ended (or the run closes): no key will be added
 
@@ -66,13 +72,13 @@ class MatrixKeys:
     def watch(self, graphs) -> None:
         """Main thread, before the first step: record what its graphs build."""
         self._graphs = list(graphs)
-        for g in self._graphs:
-            g.on_build = self._add
+        for layer, g in enumerate(self._graphs):
+            g.on_build = functools.partial(self._add, layer)
 
-    def _add(self, key) -> None:
+    def _add(self, layer: int, key) -> None:
         with self._cond:
-            if key not in self._keys:
-                self._keys.append(key)
+            if (layer, key) not in self._keys:
+                self._keys.append((layer, key))
                 self._cond.notify_all()
 
     def finish(self) -> None:
@@ -84,11 +90,12 @@ class MatrixKeys:
             self._cond.notify_all()
 
     def keys(self) -> list:
+        """(layer, key) pairs learnt so far."""
         with self._cond:
             return list(self._keys)
 
     def follow(self, prepare) -> None:
-        """Loader thread: prepare(new keys) as they are learnt, until the first step ends."""
+        """Loader thread: prepare(new (layer, key) pairs) as they are learnt, until the first step ends."""
         seen = 0
         while True:
             with self._cond:

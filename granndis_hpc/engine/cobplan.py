@@ -244,7 +244,8 @@ def assemble_view(hp: HostPlan, graphs, group, device) -> views.View:
 
 
 def prepare_matrices(graphs, keys) -> None:
-    """Build the graphs' aggregation matrices now (off the critical path) for the cache keys the previous
-    co-batch's graphs used (LayerGraph.cache_keys): the kinds and dtypes the model aggregates with."""
-    for g in graphs:
-        g.prepare(keys)
+    """Build the graphs' aggregation matrices now (off the critical path) for the (layer, cache key)
+    pairs the previous co-batch's graphs used (LayerGraph.cache_keys of its layer-`layer` graph): the
+    kinds and dtypes the model aggregates each layer with, and only those."""
+    for layer, key in keys:
+        graphs[layer].prepare([key])

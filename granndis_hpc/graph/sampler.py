@@ -60,15 +60,25 @@ def sample_row_positions(indptr, rows, fanout: int, rng: np.random.Generator):
         return sub_ip, pos
     counts = np.diff(sub_ip)
     row_of = np.repeat(np.arange(rows.shape[0], dtype=np.int64), counts)
-    # Random order inside each row with one sort of an int64 key: row in the high bits, a random
-    # 32-bit draw in the low bits.
+    # Random order inside each row with one int64 key: row in the high bits, a random 32-bit draw in
+    # the low bits; a row keeps its `fanout` smallest keys.
     key = (row_of << 32) | rng.integers(0, 1 << 32, pos.shape[0], dtype=np.int64)
-    order = np.argsort(key)
-    keep = order[rank_in_rows(sub_ip) < fanout]  # the first `fanout` of each row in the random order
-    keep.sort()
     kept_counts = np.minimum(counts, fanout)
     out_ip = np.zeros(rows.shape[0] + 1, dtype=np.int64)
     np.cumsum(kept_counts, out=out_ip[1:])
+    # Sorting the keys themselves is ~2.5x cheaper than arg-sorting them: the fanout-th smallest key of
+    # each row is a threshold, and the edges at or below it are the kept ones, already in position
+    # order.  Only a tie at a threshold (two equal 32-bit draws in one row) keeps more than `fanout`:
+    # then the arg-sort below decides, which makes every draw the one it has always been.
+    big = counts > fanout
+    threshold = np.full(rows.shape[0], np.iinfo(np.int64).max, dtype=np.int64)
+    threshold[big] = np.sort(key)[sub_ip[:-1][big] + (fanout - 1)]
+    keep = key <= threshold[row_of]
+    if np.count_nonzero(keep) == out_ip[-1]:
+        return out_ip, pos[keep]
+    order = np.argsort(key)
+    keep = order[rank_in_rows(sub_ip) < fanout]  # the first `fanout` of each row in the random order
+    keep.sort()
     return out_ip, pos[keep]
 
 

@@ -83,3 +83,37 @@ def test_server_without_training_vertices_says_what_to_do():
     with pytest.raises(SamplerError, match=r"holds no training vertices.*--mode flx or fb") as info:
         CoBatchSampler(indptr, indices, np.arange(0), batches=1, layers=2, fanout=5)
     assert "<= 0" not in str(info.value)
+
+
+class _FewDraws:
+    """A generator whose 'random' draws take only a few values: ties inside a row are frequent."""
+
+    def __init__(self, seed, values):
+        self._rng, self._values = np.random.default_rng(seed), values
+
+    def integers(self, low, high, size, dtype):
+        return self._rng.integers(0, self._values, size, dtype=dtype)
+
+
+@pytest.mark.parametrize("values", [1 << 32, 3])
+def test_row_sampling_keeps_the_fanout_smallest_draws_as_an_argsort_would(values):
+    """sample_row_positions keeps, per row, the edges whose draws come first in an arg-sort of
+    (row, draw): the threshold path (no sort of positions) and, on ties at a threshold, the arg-sort
+    itself give exactly that set."""
+    from granndis_hpc.graph.csr import rank_in_rows
+    from granndis_hpc.graph.sampler import sample_row_positions
+
+    rng = np.random.default_rng(1)
+    indptr = np.concatenate([[0], np.cumsum(rng.integers(0, 12, 300))]).astype(np.int64)
+    rows = np.sort(rng.choice(300, 120, replace=False)).astype(np.int64)
+    for fanout in (1, 4, 20):
+        out_ip, pos = sample_row_positions(indptr, rows, fanout, _FewDraws(7, values))
+        # Reference: the arg-sort of the same draws (the sampler's definition).
+        counts = indptr[rows + 1] - indptr[rows]
+        sub_ip = np.concatenate([[0], np.cumsum(counts)])
+        all_pos = np.concatenate([np.arange(indptr[r], indptr[r + 1]) for r in rows]).astype(np.int64)
+        row_of = np.repeat(np.arange(rows.size, dtype=np.int64), counts)
+        key = (row_of << 32) | _FewDraws(7, values).integers(0, 1 << 32, all_pos.size, dtype=np.int64)
+        keep = np.sort(np.argsort(key)[rank_in_rows(sub_ip) < fanout])
+        np.testing.assert_array_equal(out_ip, np.concatenate([[0], np.cumsum(np.minimum(counts, fanout))]))
+        np.testing.assert_array_equal(pos, all_pos[keep])  # (ties: the same arg-sort decides)
