@@ -39,6 +39,10 @@ class PendingExchange:
 # Seconds between two MPI_Testall of the progress thread: short against a message's transfer time
 # (0.1 s for 1 MB at 100 Mbit/s), long enough that the polling costs no measurable compute.
 PROGRESS_POLL_S = 0.001
+# Back-off between polls: each sleep is PROGRESS_BACKOFF times the last, up to PROGRESS_POLL_MAX_S
+# (1.0: a fixed interval).  bench/poll_cost.py measures what the polling costs.
+PROGRESS_BACKOFF = 1.0
+PROGRESS_POLL_MAX_S = 0.001
 
 
 class MPIProgress:
@@ -55,14 +59,17 @@ class MPIProgress:
 
     def __init__(self, requests, progress: bool):
         self._requests = list(requests)
-        self._thread, self._stop = None, False
+        self._thread, self._stop, self.polls = None, False, 0  # polls: MPI_Testall calls that found work left
         if progress and self._requests and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             self._thread = threading.Thread(target=self._poll, name="granndis-mpi-progress", daemon=True)
             self._thread.start()
 
     def _poll(self) -> None:
+        interval = PROGRESS_POLL_S
         while not self._stop and not MPI.Request.Testall(self._requests):
-            time.sleep(PROGRESS_POLL_S)
+            self.polls += 1
+            time.sleep(interval)
+            interval = min(interval * PROGRESS_BACKOFF, PROGRESS_POLL_MAX_S)
 
     def test(self) -> bool:
         """True when every request has completed (MPI_Testall; only while no thread polls them)."""
