@@ -199,7 +199,8 @@ class _LoopbackGather:
 def test_model_posts_each_exchange_from_the_boundary_rows_before_the_rest(name, norm, monkeypatch):
     """PlainGNN with gather.boundary: logits and every gradient equal the unsplit overlapped pass (and
     the blocking one), dropout included; each layer's exchange is posted before the rest of the layer
-    below is computed, and waited for only after it."""
+    below is computed, and waited for only after it; in the backward the rest rows' gradient is computed
+    between posting the halo gradients and waiting for them."""
     from granndis_hpc.nn.dropout import RowDropout
     from granndis_hpc.nn.models import build_model
     rng = np.random.default_rng(7)
@@ -215,13 +216,19 @@ def test_model_posts_each_exchange_from_the_boundary_rows_before_the_rest(name, 
     x = torch.randn(n, width, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
     x_halo = torch.randn(n_halo, width, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
     row_ids = torch.as_tensor(rng.permutation(1000)[:n])
-    real_rest = SplitRows.rest
+    real_rest, real_merge = SplitRows.rest, RowSplit.merge
     results = {}
     for how in ("blocking", "overlap", "boundary"):
         torch.manual_seed(0)
         model = build_model(name, width, 5, 3, layers, dropout=0.3, norm=norm).double()
         events = []
         monkeypatch.setattr(SplitRows, "rest", lambda self: (events.append("rest"), real_rest(self))[1])
+
+        def merge(split, first, rest, events=events):  # records when the rest rows get their gradient
+            if rest.requires_grad:
+                rest.register_hook(lambda g: events.append("rest-grad"))
+            return real_merge(split, first, rest)
+        monkeypatch.setattr(RowSplit, "merge", merge)
         if how == "blocking":
             def gather(l, h):
                 if l == 0:
@@ -232,12 +239,15 @@ def test_model_posts_each_exchange_from_the_boundary_rows_before_the_rest(name, 
             gather = _LoopbackGather(x_halo, send, n, events, boundary=how == "boundary")
         out = model(x, graphs, gather, dropout=RowDropout(3, 1, row_ids))
         # (a conv's rest() calls its aggregation's: count consecutive ones once)
-        events = [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]]
+        forward = [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]]
         if how == "boundary":
-            assert events == ["post", "rest", "wait", "post", "rest", "wait"], events
+            assert forward == ["post", "rest", "wait", "post", "rest", "wait"], forward
         elif how == "overlap":
-            assert events == ["post", "wait", "post", "wait"], events
+            assert forward == ["post", "wait", "post", "wait"], forward
+        n_forward = len(events)
         out.pow(2).sum().backward()
+        if how == "boundary":  # the backward mirror: the rest rows' gradient while the halo's travels
+            assert events[n_forward:] == ["post", "rest-grad", "wait"] * 2, events[n_forward:]
         results[how] = (out.detach(), [p.grad.clone() for p in model.parameters()])
     for how in ("overlap", "boundary"):
         torch.testing.assert_close(results[how][0], results["blocking"][0], rtol=1e-12, atol=1e-12)
