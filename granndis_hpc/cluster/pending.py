@@ -4,6 +4,7 @@ the byte views exchanges move rows as.
 Used by cluster/comm.py and cluster/allreduce.py."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -40,9 +41,29 @@ class PendingExchange:
 # (0.1 s for 1 MB at 100 Mbit/s), long enough that the polling costs no measurable compute.
 PROGRESS_POLL_S = 0.001
 # Back-off between polls: each sleep is PROGRESS_BACKOFF times the last, up to PROGRESS_POLL_MAX_S
-# (1.0: a fixed interval).  bench/poll_cost.py measures what the polling costs.
+# (1.0: a fixed interval).  bench/poll_cost.py measures what the polling costs (docs/overlap.md).
 PROGRESS_BACKOFF = 1.0
 PROGRESS_POLL_MAX_S = 0.001
+
+
+def _poll_from_env(text: str):
+    """GRANNDIS_PROGRESS_POLL="FIRST_S[,FACTOR,MAX_S]" (a benchmark knob: bench/cluster runs forward
+    GRANNDIS_* to every rank)."""
+    try:
+        parts = [float(v) for v in text.split(",")]
+        if len(parts) == 1:
+            parts += [1.0, parts[0]]
+        first, factor, longest = parts
+        if not (0 < first <= longest and factor >= 1.0):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"GRANNDIS_PROGRESS_POLL={text!r}: give FIRST_S or FIRST_S,FACTOR,MAX_S with "
+                         "0 < FIRST_S <= MAX_S and FACTOR >= 1") from None
+    return first, factor, longest
+
+
+if os.environ.get("GRANNDIS_PROGRESS_POLL"):
+    PROGRESS_POLL_S, PROGRESS_BACKOFF, PROGRESS_POLL_MAX_S = _poll_from_env(os.environ["GRANNDIS_PROGRESS_POLL"])
 
 
 class MPIProgress:
