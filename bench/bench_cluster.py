@@ -354,6 +354,8 @@ def main(argv=None):
     emucluster.install_signal_teardown()
     sweep = {"date": str(datetime.date.today()), "modes": modes, "rates": [], "repeat": [], "log": log, "argv": argv,
              "skipped": [], "loadavg_start": list(os.getloadavg()),
+             # the progress thread's polling (cluster/pending.py), where a benchmark sets it
+             "progress_poll": os.environ.get("GRANNDIS_PROGRESS_POLL", ""),
              "graph": {"vertices": args.vertices, "generator": args.generator, "layers": args.layers, "hidden": args.hidden,
                        "epochs": args.epochs, "servers": 2, "ranks_per_server": args.ranks_per_server}}
     capacity = None  # unshaped inter-server bandwidth: the most this machine can drive
