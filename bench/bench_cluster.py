@@ -188,7 +188,7 @@ def render(sweep, argv):
     L = [f"# Speedup on an emulated 2-server cluster ({sweep['date']})", "",
          f"Synthetic graph (`--generator {g.get('generator', 'sbm')}`), {g['vertices']:,} vertices, {g['layers']}-layer SAGE, hidden {g['hidden']}, "
          f"{g['epochs']} epochs per run (median epoch time over epochs 1..{g['epochs'] - 1}; test accuracy "
-         f"after epoch {g['epochs'] - 1}). 2 servers x 2 ranks; each server is a network + UTS namespace, the "
+         f"after epoch {g['epochs'] - 1}). 2 servers x {g.get('ranks_per_server', 2)} rank(s); each server is a network + UTS namespace, the "
          f"servers are joined by one veth shaped with `tc tbf` on both egresses, ranks inside a server use "
          f"shared memory (see `docs/cluster.md`). One 2-core machine shared with other jobs: times are "
          f"indicative, bytes are exact ledger counts (summed over ranks, per epoch).", "",
