@@ -158,7 +158,7 @@ def main(argv=None):
     if not rows:
         p.error("no mode ran beside its -noovl twin in these sweeps")
     lines = page(rows, sources)
-    lines[3:3] = ["Summary over the sweeps (ratio = overlap / --no-overlap epoch):", "", *summary_lines(rows)]
+    lines[4:4] = ["Summary over the sweeps (ratio = overlap / --no-overlap epoch):", "", *summary_lines(rows)]
     write_page(args.out, lines, "bench/overlap_pairs.py", argv, [], data=rows)
     return 0
 
