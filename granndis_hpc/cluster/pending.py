@@ -37,13 +37,16 @@ class PendingExchange:
         return self._rows
 
 
-# Seconds between two MPI_Testall of the progress thread: short against a message's transfer time
-# (0.1 s for 1 MB at 100 Mbit/s), long enough that the polling costs no measurable compute.
+# Seconds before the progress thread's second MPI_Testall: short against a message's transfer time
+# (0.1 s for 1 MB at 100 Mbit/s), so the protocol's first rounds (rendezvous) are answered at once.
 PROGRESS_POLL_S = 0.001
-# Back-off between polls: each sleep is PROGRESS_BACKOFF times the last, up to PROGRESS_POLL_MAX_S
-# (1.0: a fixed interval).  bench/poll_cost.py measures what the polling costs (docs/overlap.md).
-PROGRESS_BACKOFF = 1.0
-PROGRESS_POLL_MAX_S = 0.001
+# Back-off: each later sleep is PROGRESS_BACKOFF times the last, up to PROGRESS_POLL_MAX_S (1.0: a fixed
+# interval).  A fixed 1 ms poller cost 5 % of the compute beside it and 12 % CPU on 4 ranks over 2 cores
+# (bench/poll_cost.py), and fb's overlapped epochs on 2 x 2 took 0.90x (100 Mbit/s) and 1.13x (unshaped)
+# of --no-overlap against 0.70x and 0.80x with this back-off (docs/overlap.md, session 7).  16 ms is a
+# socket buffer's worth at the link rates measured (190 kB at 100 Mbit/s), so the transfer keeps moving.
+PROGRESS_BACKOFF = 2.0
+PROGRESS_POLL_MAX_S = 0.016
 
 
 def _poll_from_env(text: str):
@@ -67,7 +70,8 @@ if os.environ.get("GRANNDIS_PROGRESS_POLL"):
 
 
 class MPIProgress:
-    """Completion of MPI requests, optionally driven by a helper thread while the caller computes.
+    """Completion of MPI requests, optionally driven by a helper thread while the caller computes
+    (MPI_Testall after sleeps of PROGRESS_POLL_S, growing by PROGRESS_BACKOFF up to PROGRESS_POLL_MAX_S).
 
     Open MPI progresses non-blocking point-to-point and collectives only inside MPI calls (no
     asynchronous progress on TCP), so without the thread the messages would wait for wait().  The
