@@ -188,7 +188,7 @@ def render(sweep, argv):
     L = [f"# Speedup on an emulated 2-server cluster ({sweep['date']})", "",
          f"Synthetic graph (`--generator {g.get('generator', 'sbm')}`), {g['vertices']:,} vertices, {g['layers']}-layer SAGE, hidden {g['hidden']}, "
          f"{g['epochs']} epochs per run (median epoch time over epochs 1..{g['epochs'] - 1}; test accuracy "
-         f"after epoch {g['epochs'] - 1}). 2 servers x 2 ranks; each server is a network + UTS namespace, the "
+         f"after epoch {g['epochs'] - 1}). 2 servers x {g.get('ranks_per_server', 2)} rank(s); each server is a network + UTS namespace, the "
          f"servers are joined by one veth shaped with `tc tbf` on both egresses, ranks inside a server use "
          f"shared memory (see `docs/cluster.md`). One 2-core machine shared with other jobs: times are "
          f"indicative, bytes are exact ledger counts (summed over ranks, per epoch).", "",
@@ -296,6 +296,12 @@ def main(argv=None):
     p.add_argument("--no-repeat", action="store_true",
                    help="leave out the second unshaped round at the end (it measures the load drift of the sweep)")
     p.add_argument("--run-timeout", type=int, default=300, help="seconds per training run")
+    p.add_argument("--ranks-per-server", type=int, choices=(1, 2), default=2,
+                   help="ranks on each of the 2 emulated servers (1: a core per rank on this 2-core machine; "
+                        "its shard sets are built apart, suffix -1rps)")
+    p.add_argument("--reverse-modes", action="store_true",
+                   help="start the first round with the modes in reverse order (alternating passes: each mode "
+                        "runs first in a round as often as last)")
     p.add_argument("--reuse-shards", action="store_true",
                    help="keep shard sets already built in --work (same options: the caller's responsibility)")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "cluster"))
@@ -334,12 +340,13 @@ def main(argv=None):
     for m in modes:
         name = MODES[m][0]
         if name not in shards:
-            shards[name] = os.path.join(args.work, f"shards-{name}")
+            suffix = "" if args.ranks_per_server == 2 else f"-{args.ranks_per_server}rps"
+            shards[name] = os.path.join(args.work, f"shards-{name}{suffix}")
             if args.reuse_shards and os.path.exists(os.path.join(shards[name], "manifest.json")):
                 log.append(f"(reused {shards[name]})")
                 continue
             run(["mpirun", "-n", "2", py, "-m", "preprocess", "build", "--source", "synthetic", "--vertices",
-                 str(args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", "2", "--layers",
+                 str(args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", str(args.ranks_per_server), "--layers",
                  str(args.layers), "--partitioner", "metis", "--out", shards[name], "--overwrite",
                  "--generator", args.generator, *SHARD_SETS[name]], log, timeout=600)
     common = ["--model", "sage", "--layers", str(args.layers), "--hidden", str(args.hidden), "--epochs",
@@ -347,8 +354,10 @@ def main(argv=None):
     emucluster.install_signal_teardown()
     sweep = {"date": str(datetime.date.today()), "modes": modes, "rates": [], "repeat": [], "log": log, "argv": argv,
              "skipped": [], "loadavg_start": list(os.getloadavg()),
+             # the progress thread's polling (cluster/pending.py), where a benchmark sets it
+             "progress_poll": os.environ.get("GRANNDIS_PROGRESS_POLL", ""),
              "graph": {"vertices": args.vertices, "generator": args.generator, "layers": args.layers, "hidden": args.hidden,
-                       "epochs": args.epochs, "servers": 2, "ranks_per_server": 2}}
+                       "epochs": args.epochs, "servers": 2, "ranks_per_server": args.ranks_per_server}}
     capacity = None  # unshaped inter-server bandwidth: the most this machine can drive
     plan = round_order(rates, repeat=not args.no_repeat)
     sweep["round_order"] = [label for label, _, _ in plan]
@@ -362,7 +371,7 @@ def main(argv=None):
             log.append(f"bench/cluster/emu-cluster shape --rate {emucluster.format_rate(bps)} && "
                        f"bench/cluster/emu-cluster selfcheck")
             load = os.getloadavg()[0]
-            pp = emucluster.selfcheck(python=py, capacity_Bps=capacity)
+            pp = emucluster.selfcheck(args.ranks_per_server, python=py, capacity_Bps=capacity)
             print(emucluster.format_selfcheck(pp), flush=True)
             if pp["problems"] and (pp["fatal"] or bps is None):
                 raise RuntimeError("the emulated cluster is not what it should be:\n  " + "\n  ".join(pp["problems"]))
@@ -376,10 +385,10 @@ def main(argv=None):
                      "round": i, "loadavg_1min": load}
             # Every mode back to back at this rate; alternate rounds reverse the order, so no mode is
             # always the first (or the last) of a round.
-            for m in (modes if i % 2 == 0 else modes[::-1]):
+            for m in (modes if (i + args.reverse_modes) % 2 == 0 else modes[::-1]):
                 shard_set, extra, _ = MODES[m]
                 run_dir = os.path.join(args.work, "repeat" if repeat else "runs", label, m)
-                run([os.path.join(REPO, "bench", "cluster", "emu-mpirun"), "-n", "4", "--emu-timeout",
+                run([os.path.join(REPO, "bench", "cluster", "emu-mpirun"), "-n", str(2 * args.ranks_per_server), "--emu-timeout",
                      str(args.run_timeout), py, "-m", "granndis_hpc.cli", "train", "--shards", shards[shard_set],
                      *extra, *common, "--out", run_dir], log, timeout=args.run_timeout + 60)
                 with open(os.path.join(run_dir, LINK_FILE), "w") as f:  # the run's own record of its link

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -105,6 +106,37 @@ def page(rows, sources):
     return lines + [""]
 
 
+def summary(rows):
+    """Per (link, mode, cluster shape, poll setting): how many pairs, the geometric mean of their
+    ratios, and the smallest and largest ratio."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["label"], r["mode"], r.get("shape", ""), r.get("poll", "")), []).append(r["ratio"])
+    out = []
+    for (label, mode, shape, poll), ratios in groups.items():
+        gmean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        out.append({"label": label, "mode": mode, "shape": shape, "poll": poll, "pairs": len(ratios),
+                    "geomean": gmean, "min": min(ratios), "max": max(ratios)})
+    return out
+
+
+def summary_lines(rows):
+    lines = ["| link | mode | shape | progress polling | pairs | geometric mean | min | max |",
+             "|---|---|---|---|---:|---:|---:|---:|"]
+    for g in summary(rows):
+        lines.append(f"| {g['label']} | {g['mode']} | {g['shape']} | {g['poll'] or 'fixed 1 ms'} | {g['pairs']} | "
+                     f"**{g['geomean']:.2f}x** | {g['min']:.2f}x | {g['max']:.2f}x |")
+    return lines + [""]
+
+
+def sweep_name(path):
+    """A sweep's name on the page: its file's name, or its folder's for bench_cluster.py's sweep.json."""
+    base = os.path.basename(path)
+    if base in ("sweep.json", "sweep.partial.json"):
+        return os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return base[:-5] if base.endswith(".json") else base
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweeps", nargs="*", help="sweep.json files of bench/bench_cluster.py")
@@ -115,16 +147,19 @@ def main(argv=None):
     for path in args.sweeps:
         with open(path) as f:
             sweep = json.load(f)
-        name = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        name = sweep_name(path)
         sources.append(name)
-        rows += [dict(r, source=name) for r in pair_rows(sweep)]
+        shape = f"{sweep['graph']['servers']} x {sweep['graph']['ranks_per_server']}" if "graph" in sweep else ""
+        rows += [dict(r, source=name, shape=shape, poll=sweep.get("progress_poll", "")) for r in pair_rows(sweep)]
     for path in args.runs:
         name = os.path.basename(os.path.dirname(os.path.abspath(path))) + "/" + os.path.basename(os.path.abspath(path))
         sources.append(name)
         rows += [dict(r, source=name) for r in pair_rows(sweep_of_runs(path))]
     if not rows:
         p.error("no mode ran beside its -noovl twin in these sweeps")
-    write_page(args.out, page(rows, sources), "bench/overlap_pairs.py", argv, [], data=rows)
+    lines = page(rows, sources)
+    lines[4:4] = ["Summary over the sweeps (ratio = overlap / --no-overlap epoch):", "", *summary_lines(rows)]
+    write_page(args.out, lines, "bench/overlap_pairs.py", argv, [], data=rows)
     return 0
 
 

@@ -63,7 +63,12 @@ def wire_s(run, bw_inter, bw_intra):
                          f"rerun it with this version of granndis_hpc (the epoch record's inter_bytes_per_server "
                          f"and max_rank_bytes)")
     return (run["inter_bytes_max_server"] / positive(bw_inter, "inter-server")
-            + run["intra_bytes_max_rank"] / positive(bw_intra, "intra-server"))
+            + _intra_s(run["intra_bytes_max_rank"], bw_intra))
+
+
+def _intra_s(nbytes, bw_intra):
+    """Seconds of intra-server bytes; none and no link needed where there are none (1 rank per server)."""
+    return 0.0 if not nbytes else nbytes / positive(bw_intra, "intra-server")
 
 
 def overlap_limit(run, compute_s, bandwidths, servers):
@@ -71,7 +76,7 @@ def overlap_limit(run, compute_s, bandwidths, servers):
 
     run: {"layers", "bytes": {"inter_grad", "intra_grad", ...}, "inter_bytes_max_server",
     "intra_bytes_max_rank"}; bandwidths: (inter, intra) bytes/s."""
-    bw_inter, bw_intra = (positive(b, what) for b, what in zip(bandwidths, ("inter-server", "intra-server")))
+    bw_inter, bw_intra = positive(bandwidths[0], "inter-server"), bandwidths[1]
     layers = int(run.get("layers") or 0)
     if layers < 1:
         raise ValueError(f"run {run.get('run_dir', '?')}: the overlap model needs the run's layer count")
@@ -80,9 +85,9 @@ def overlap_limit(run, compute_s, bandwidths, servers):
     # inter bytes less one leader's gradient bytes; the busiest rank's intra bytes likewise less the
     # gradient's (an upper bound on its halo bytes: the leader's broadcast is the largest intra grad).
     grad_inter = b["inter_grad"] / servers
-    grad_wire = grad_inter / bw_inter + b["intra_grad"] / servers / bw_intra
+    grad_wire = grad_inter / bw_inter + _intra_s(b["intra_grad"] / servers, bw_intra)
     halo_wire = (max(run["inter_bytes_max_server"] - grad_inter, 0) / bw_inter
-                 + run["intra_bytes_max_rank"] / bw_intra)
+                 + _intra_s(run["intra_bytes_max_rank"], bw_intra))
     passes, exchanging = 2 * layers, 2 * (layers - 1)
     c = compute_s / passes
     if exchanging == 0:

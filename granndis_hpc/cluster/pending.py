@@ -4,6 +4,7 @@ the byte views exchanges move rows as.
 Used by cluster/comm.py and cluster/allreduce.py."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -36,13 +37,41 @@ class PendingExchange:
         return self._rows
 
 
-# Seconds between two MPI_Testall of the progress thread: short against a message's transfer time
-# (0.1 s for 1 MB at 100 Mbit/s), long enough that the polling costs no measurable compute.
+# Seconds before the progress thread's second MPI_Testall: short against a message's transfer time
+# (0.1 s for 1 MB at 100 Mbit/s), so the protocol's first rounds (rendezvous) are answered at once.
 PROGRESS_POLL_S = 0.001
+# Back-off: each later sleep is PROGRESS_BACKOFF times the last, up to PROGRESS_POLL_MAX_S (1.0: a fixed
+# interval).  A fixed 1 ms poller cost 5 % of the compute beside it and 12 % CPU on 4 ranks over 2 cores
+# (bench/poll_cost.py), and fb's overlapped epochs on 2 x 2 took 0.90x (100 Mbit/s) and 1.13x (unshaped)
+# of --no-overlap against 0.70x and 0.80x with this back-off (docs/overlap.md, session 7).  16 ms is a
+# socket buffer's worth at the link rates measured (190 kB at 100 Mbit/s), so the transfer keeps moving.
+PROGRESS_BACKOFF = 2.0
+PROGRESS_POLL_MAX_S = 0.016
+
+
+def _poll_from_env(text: str):
+    """GRANNDIS_PROGRESS_POLL="FIRST_S[,FACTOR,MAX_S]" (a benchmark knob: bench/cluster runs forward
+    GRANNDIS_* to every rank)."""
+    try:
+        parts = [float(v) for v in text.split(",")]
+        if len(parts) == 1:
+            parts += [1.0, parts[0]]
+        first, factor, longest = parts
+        if not (0 < first <= longest and factor >= 1.0):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"GRANNDIS_PROGRESS_POLL={text!r}: give FIRST_S or FIRST_S,FACTOR,MAX_S with "
+                         "0 < FIRST_S <= MAX_S and FACTOR >= 1") from None
+    return first, factor, longest
+
+
+if os.environ.get("GRANNDIS_PROGRESS_POLL"):
+    PROGRESS_POLL_S, PROGRESS_BACKOFF, PROGRESS_POLL_MAX_S = _poll_from_env(os.environ["GRANNDIS_PROGRESS_POLL"])
 
 
 class MPIProgress:
-    """Completion of MPI requests, optionally driven by a helper thread while the caller computes.
+    """Completion of MPI requests, optionally driven by a helper thread while the caller computes
+    (MPI_Testall after sleeps of PROGRESS_POLL_S, growing by PROGRESS_BACKOFF up to PROGRESS_POLL_MAX_S).
 
     Open MPI progresses non-blocking point-to-point and collectives only inside MPI calls (no
     asynchronous progress on TCP), so without the thread the messages would wait for wait().  The
@@ -55,14 +84,17 @@ class MPIProgress:
 
     def __init__(self, requests, progress: bool):
         self._requests = list(requests)
-        self._thread, self._stop = None, False
+        self._thread, self._stop, self.polls = None, False, 0  # polls: MPI_Testall calls that found work left
         if progress and self._requests and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             self._thread = threading.Thread(target=self._poll, name="granndis-mpi-progress", daemon=True)
             self._thread.start()
 
     def _poll(self) -> None:
+        interval = PROGRESS_POLL_S
         while not self._stop and not MPI.Request.Testall(self._requests):
-            time.sleep(PROGRESS_POLL_S)
+            self.polls += 1
+            time.sleep(interval)
+            interval = min(interval * PROGRESS_BACKOFF, PROGRESS_POLL_MAX_S)
 
     def test(self) -> bool:
         """True when every request has completed (MPI_Testall; only while no thread polls them)."""

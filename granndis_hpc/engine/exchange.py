@@ -13,6 +13,9 @@ Two forms:
   it must add them (two autograd nodes, _Post and _Wait; the autograd engine runs the later-created
   node first among those ready, so the local branch's backward falls between them).
 
+`halo_exchange_post` posts from the rows a layer sends before its other rows exist (boundary-first
+pipelining: nn/models.py computes those rows first); `halo_exchange_start` is it with all own rows.
+
 `wire_dtype` (--halo-dtype): halo rows and their gradients travel in that dtype (bfloat16/float16:
 half the bytes) and are widened to the rows' dtype on arrival.  None: as they are (exact).
 """
@@ -122,15 +125,40 @@ class _Wait(torch.autograd.Function):
         return grad_halo.new_zeros(0), None
 
 
+class PostedHalo:
+    """An exchange posted from the rows it sends (halo_exchange_post); ``rows(h)`` pairs it with the
+    layer's own rows h once they are complete."""
+
+    __slots__ = ("_state", "_token", "n_halo")
+
+    def __init__(self, state: _InFlight, token):
+        self._state, self._token, self.n_halo = state, token, int(sum(state.recv_counts))
+
+    def rows(self, h: torch.Tensor) -> PendingRows:
+        state, token = self._state, self._token
+        if token is not None:
+            return PendingRows(h, lambda: _Wait.apply(token, state), self.n_halo)
+        return PendingRows(h, lambda: _from_wire(state.forward.wait(), state.dtype), self.n_halo)
+
+
+def halo_exchange_post(rows: torch.Tensor, send_index: torch.Tensor, send_counts: Sequence[int],
+                       recv_counts: Sequence[int], start_fn: StartFn,
+                       wire_dtype: Optional[torch.dtype] = None) -> PostedHalo:
+    """Post the exchange of the rows `rows[send_index]` (grouped by peer, `send_counts` each).
+
+    `rows` may be all of a layer's own rows or only those it sends (boundary-first pipelining: the
+    model computes them first, posts, then computes the others); the backward adds the returned
+    gradients to `rows`."""
+    state = _InFlight(rows, send_index, list(send_counts), list(recv_counts), start_fn, wire_dtype)
+    if rows.requires_grad:
+        return PostedHalo(state, _Post.apply(rows, state))
+    state.forward = start_fn(_to_wire(rows.index_select(0, send_index), wire_dtype), state.send_counts,
+                             state.recv_counts)
+    return PostedHalo(state, None)
+
+
 def halo_exchange_start(h: torch.Tensor, send_index: torch.Tensor, send_counts: Sequence[int],
                         recv_counts: Sequence[int], start_fn: StartFn,
                         wire_dtype: Optional[torch.dtype] = None) -> PendingRows:
     """Post the exchange of `halo_exchange` and return PendingRows(own = h, halo in flight)."""
-    state = _InFlight(h, send_index, list(send_counts), list(recv_counts), start_fn, wire_dtype)
-    n_halo = int(sum(state.recv_counts))
-    if h.requires_grad:
-        token = _Post.apply(h, state)
-        return PendingRows(h, lambda: _Wait.apply(token, state), n_halo)
-    state.forward = start_fn(_to_wire(h.index_select(0, send_index), wire_dtype), state.send_counts,
-                             state.recv_counts)
-    return PendingRows(h, lambda: _from_wire(state.forward.wait(), h.dtype), n_halo)
+    return halo_exchange_post(h, send_index, send_counts, recv_counts, start_fn, wire_dtype).rows(h)

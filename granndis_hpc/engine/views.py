@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from granndis_hpc.cluster.exchange_group import ExchangeGroup
-from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_start
+from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_post, halo_exchange_start
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import owner_of, position_lookup
-from granndis_hpc.nn.graph import LayerGraph
+from granndis_hpc.nn.graph import LayerGraph, RowSplit
 
 @dataclass
 class RowSource:
@@ -192,9 +192,14 @@ class View:
         exchange = functools.partial(self._exchange, phase=phase)
         start = functools.partial(self.exchange_group.start, phase=phase)
         x0 = self.input_features
+        posted = {}  # layer -> PostedHalo, posted from the layer's send rows before its other rows exist
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
             lp = self.plan.layers[l]
+            if l in posted:
+                if h.shape[0] != lp.n_own_in:
+                    raise ValueError(f"gather layer {l}: {h.shape[0]} own rows, the plan has {lp.n_own_in}")
+                return posted.pop(l).rows(h)
             if l == 0 and h is x0:
                 halo = self.halo_features.index_select(0, self._halo_rows[0])
             elif overlap:
@@ -205,7 +210,28 @@ class View:
                                      exchange, wire_dtype)
             return torch.cat([h, halo], dim=0)
 
+        if overlap:
+            def post(l: int, rows: torch.Tensor) -> None:
+                """Post layer l's exchange from rows = the own rows boundary(l).first (in that order)."""
+                lp, (split, position) = self.plan.layers[l], self._row_split(l)
+                if rows.shape[0] != split.first.shape[0] or l in posted:
+                    raise ValueError(f"gather.post layer {l}: {rows.shape[0]} rows for {split.first.shape[0]} "
+                                     f"send rows{' (posted twice)' if l in posted else ''}")
+                posted[l] = halo_exchange_post(rows, position, lp.send_counts.tolist(), lp.recv_counts.tolist(),
+                                               start, wire_dtype)
+
+            gather.boundary = lambda l: self._row_split(l)[0]
+            gather.post = post
         return gather
+
+    def _row_split(self, l: int):
+        """(RowSplit of layer l's own rows into the rows it sends and the others, the send index as
+        positions in the first group), built once per view and layer."""
+        splits = self.__dict__.setdefault("_row_splits", {})
+        if l not in splits:
+            first, position = torch.unique(self._send[l], sorted=True, return_inverse=True)
+            splits[l] = (RowSplit(first, self.plan.layers[l].n_own_in), position)
+        return splits[l]
 
 
 class LayeredView:
@@ -264,6 +290,9 @@ class LayeredView:
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
             return per_layer[l](l, h)
 
+        if all(hasattr(g, "boundary") for g in per_layer):  # boundary-first pipelining, per layer's view
+            gather.boundary = lambda l: per_layer[l].boundary(l)
+            gather.post = lambda l, rows: per_layer[l].post(l, rows)
         return gather
 
 

@@ -1,8 +1,8 @@
 """Layers and models over a per-layer one-hop graph.  Pure torch: no MPI, no files (docs/design.md §3)."""
 from .dropout import RowDropout, keep_mask
-from .graph import BACKENDS, DEFAULT_BACKEND, KINDS, LayerGraph, PendingRows, aggregate
+from .graph import BACKENDS, DEFAULT_BACKEND, KINDS, LayerGraph, PendingRows, RowSplit, SplitRows, aggregate
 from .layers import GCNConv, SAGEConv
 from .models import GNN, MODELS, PlainGNN, ResSAGE, build_model
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "KINDS", "LayerGraph", "PendingRows", "aggregate", "GCNConv", "SAGEConv",
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "KINDS", "LayerGraph", "PendingRows", "RowSplit", "SplitRows", "aggregate", "GCNConv", "SAGEConv",
            "GNN", "MODELS", "PlainGNN", "ResSAGE", "build_model", "RowDropout", "keep_mask"]

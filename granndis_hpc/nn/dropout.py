@@ -176,6 +176,16 @@ class RowDropout:
         keep = keep_mask(self.seed, self.epoch, layer, self.ids(layer, h.shape[0], h.device), h.shape[1], p)
         return apply_mask(h, keep, p)
 
+    def at(self, layer: int, h: torch.Tensor, p: float, rows: torch.Tensor) -> torch.Tensor:
+        """Dropout of h, whose rows are the rows ``rows`` (indices into the layer's rows) of what
+        ``__call__`` drops: the same masks, drawn for those rows only (boundary-first pipelining drops
+        the rows the next exchange sends before the others)."""
+        if p == 0.0:
+            return h
+        ids = self.layer_ids[min(layer, len(self.layer_ids) - 1)]
+        ids = rows.to(h.device) if ids is None else ids.to(h.device).index_select(0, rows.to(ids.device))
+        return apply_mask(h, keep_mask(self.seed, self.epoch, layer, ids, h.shape[1], p), p)
+
     def sources(self, h_src: torch.Tensor, p: float) -> torch.Tensor:
         """Input dropout of layer 0's source rows h_src (own rows, then halo rows), key layer 0."""
         if p == 0.0:

@@ -89,6 +89,53 @@ def materialize(h_src) -> torch.Tensor:
     return h_src.materialize() if isinstance(h_src, PendingRows) else h_src
 
 
+class RowSplit:
+    """A layer's ``n`` destination rows in two groups: ``first`` (sorted row indices: the rows the peers
+    read in the next layer's exchange) and ``rest`` (the others, sorted).
+
+    Boundary-first pipelining (issue 19, as G3 does): a layer computes its first rows, the next layer's
+    exchange is posted with them, and the rest is computed while they travel.  ``merge`` puts the two
+    back in row order (autograd-connected)."""
+
+    __slots__ = ("first", "rest", "n", "__weakref__")
+
+    def __init__(self, first: torch.Tensor, n: int):
+        first = first.to(torch.int64)
+        if first.dim() != 1 or (first.numel() and (int(first.min()) < 0 or int(first.max()) >= n)):
+            raise ValueError(f"RowSplit: first rows must be a 1-D index into {n} rows")
+        if first.numel() > 1 and not bool((first[1:] > first[:-1]).all()):
+            raise ValueError("RowSplit: first rows must be sorted and unique")
+        others = torch.ones(n, dtype=torch.bool, device=first.device)
+        others[first] = False
+        self.first, self.rest, self.n = first, torch.nonzero(others).squeeze(1), int(n)
+
+    def merge(self, first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+        out = first.new_empty((self.n,) + tuple(first.shape[1:]))
+        out.index_copy_(0, self.first, first)
+        return out.index_copy_(0, self.rest, rest)
+
+
+class SplitRows:
+    """A layer's output over a RowSplit: the first rows now, the rest on demand (computed once)."""
+
+    __slots__ = ("split", "first", "_rest")
+
+    def __init__(self, split: RowSplit, first: torch.Tensor, rest):
+        self.split, self.first, self._rest = split, first, rest
+
+    def rest(self) -> torch.Tensor:
+        if callable(self._rest):
+            self._rest = self._rest()
+        return self._rest
+
+    def map(self, fn) -> "SplitRows":
+        """A row-wise ``fn`` applied to the first rows now and to the rest when they are asked for."""
+        return SplitRows(self.split, fn(self.first), lambda: fn(self.rest()))
+
+    def merge(self) -> torch.Tensor:
+        return self.split.merge(self.first, self.rest())
+
+
 @dataclass(eq=False)
 class LayerGraph:
     """In-edges of ``n_dst`` destination rows over ``n_src`` source rows, plus the degrees to normalise with."""
@@ -113,6 +160,9 @@ class LayerGraph:
     # co-batch loader learns from the first step's graphs, while that step runs, which matrices the
     # model needs, and prepares them for the next co-batch at once (engine/cobatch.py).
     on_build: Optional[Callable[[tuple], None]] = field(default=None, repr=False, compare=False)
+    # (kind, dtype, transposed, part, which, split) -> CSR of the rows split.first / split.rest
+    # (boundary-first pipelining); apart from _cache, whose keys a co-batch loader replays on other graphs.
+    _rows_cache: Dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         self.n_dst, self.n_src = int(self.n_dst), int(self.n_src)
@@ -263,30 +313,50 @@ class LayerGraph:
         """Cached sparse CSR matrix [n_dst, n_src] of the normalised adjacency ("mean" or "gcn")."""
         return self._matrix(kind, dtype, transposed=False)
 
-    def _matrix(self, kind: str, dtype: torch.dtype, transposed: bool, part=None) -> torch.Tensor:
+    def _matrix(self, kind: str, dtype: torch.dtype, transposed: bool, part=None, rows=None) -> torch.Tensor:
         """part None: the whole adjacency; ("own", n_own): its columns < n_own (sources the rank holds);
-        ("halo", n_own): the other columns, renumbered from 0 (the halo rows).  Built once per graph --
-        the engine keeps a plan's graphs for every step -- by one mask over the COO entries."""
+        ("halo", n_own): the other columns, renumbered from 0 (the halo rows).  rows None: every
+        destination row; ("first" | "rest", split): only those rows of the RowSplit, renumbered from 0.
+        Built once per graph -- the engine keeps a plan's graphs for every step -- by masks over the
+        COO entries."""
+        if rows is not None:
+            key = (kind, dtype, transposed, part, rows[0], rows[1])
+            if key not in self._rows_cache:
+                self._rows_cache[key] = self._build_matrix(kind, dtype, transposed, part, rows)
+            return self._rows_cache[key]
         key = (kind, dtype, transposed, part)
         if key not in self._cache:
-            rows, cols, vals = self._coo(kind, dtype)
-            shape = (self.n_dst, self.n_src)
-            if part is not None:
-                which, n_own = part
-                if n_own < self.n_src:  # (no halo rows: "own" is every entry, "halo" none -- no mask)
-                    keep = cols < n_own if which == "own" else cols >= n_own
-                    rows, cols, vals = rows[keep], cols[keep], vals[keep]
-                elif which == "halo":
-                    rows, cols, vals = rows[:0], cols[:0], vals[:0]
-                if which == "own":
-                    shape = (self.n_dst, n_own)
-                else:
-                    cols, shape = cols - n_own, (self.n_dst, self.n_src - n_own)
-            if transposed:
-                rows, cols, shape = cols, rows, (shape[1], shape[0])
-            self._cache[key] = _coo_to_csr(rows, cols, vals, shape)
+            self._cache[key] = self._build_matrix(kind, dtype, transposed, part, None)
             self._built(key)
         return self._cache[key]
+
+    def _build_matrix(self, kind, dtype, transposed, part, rows) -> torch.Tensor:
+        rows_, cols, vals = self._coo(kind, dtype)
+        shape = (self.n_dst, self.n_src)
+        if part is not None:
+            which, n_own = part
+            if n_own < self.n_src:  # (no halo rows: "own" is every entry, "halo" none -- no mask)
+                keep = cols < n_own if which == "own" else cols >= n_own
+                rows_, cols, vals = rows_[keep], cols[keep], vals[keep]
+            elif which == "halo":
+                rows_, cols, vals = rows_[:0], cols[:0], vals[:0]
+            if which == "own":
+                shape = (self.n_dst, n_own)
+            else:
+                cols, shape = cols - n_own, (self.n_dst, self.n_src - n_own)
+        if rows is not None:
+            which, split = rows
+            if split.n != self.n_dst:
+                raise ValueError(f"LayerGraph: a RowSplit of {split.n} rows for a graph of n_dst={self.n_dst}")
+            index = split.first if which == "first" else split.rest
+            position = torch.full((self.n_dst,), -1, dtype=torch.int64, device=self.device)
+            position[index] = torch.arange(index.numel(), device=self.device)
+            new_rows = position[rows_]
+            keep = new_rows >= 0
+            rows_, cols, vals, shape = new_rows[keep], cols[keep], vals[keep], (index.numel(), shape[1])
+        if transposed:
+            rows_, cols, shape = cols, rows_, (shape[1], shape[0])
+        return _coo_to_csr(rows_, cols, vals, shape)
 
 
 def _coo_to_csr(rows, cols, vals, shape) -> torch.Tensor:
@@ -339,16 +409,17 @@ class _SparseMatmul(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, graph: LayerGraph, kind: str, part=None):
-        ctx.graph, ctx.kind, ctx.part = graph, kind, part
-        return graph._matrix(kind, h.dtype, transposed=False, part=part) @ h
+    def forward(ctx, h, graph: LayerGraph, kind: str, part=None, rows=None):
+        ctx.graph, ctx.kind, ctx.part, ctx.rows = graph, kind, part, rows
+        return graph._matrix(kind, h.dtype, transposed=False, part=part, rows=rows) @ h
 
     @staticmethod
     def backward(ctx, grad_out):
         grad_h = None
         if ctx.needs_input_grad[0]:
-            grad_h = ctx.graph._matrix(ctx.kind, grad_out.dtype, transposed=True, part=ctx.part) @ grad_out.contiguous()
-        return grad_h, None, None, None
+            grad_h = ctx.graph._matrix(ctx.kind, grad_out.dtype, transposed=True, part=ctx.part,
+                                       rows=ctx.rows) @ grad_out.contiguous()
+        return grad_h, None, None, None, None
 
 
 def _aggregate_index_add(graph: LayerGraph, h_src: torch.Tensor, kind: str) -> torch.Tensor:
@@ -363,14 +434,19 @@ def _check_kind(kind: str):
         raise ValueError(f"unknown aggregation kind {kind!r}; choose one of {KINDS}")
 
 
-def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Optional[str] = None) -> torch.Tensor:
+def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Optional[str] = None,
+              split: Optional[RowSplit] = None):
     """Normalised neighbourhood aggregation [n_dst, d] of source rows h_src [n_src, d]; autograd-aware.
+
+    split: return SplitRows over it instead (see aggregate_split).
 
     kind "mean": sum_{u in N(v)} h_u / max(d_v, 1).
     kind "gcn":  h_v / d'_v + sum_{u in N(v), u != v} h_u / sqrt(d'_u d'_v), d' = degree - stored loops + 1
                  (PyG's GCNConv with add_remaining_self_loops: one loop of weight 1 per vertex).
     """
     _check_kind(kind)
+    if split is not None:
+        return aggregate_split(graph, h_src, kind, split, backend)
     if isinstance(h_src, PendingRows):
         return _aggregate_pending(graph, h_src, kind, backend)
     if h_src.dim() != 2 or h_src.shape[0] != graph.n_src:
@@ -403,3 +479,40 @@ def _aggregate_pending(graph: LayerGraph, h_src: PendingRows, kind: str, backend
     # Even without halo rows the halo product stays in the graph: its backward posts the reverse
     # exchange, which the peers wait for (every rank must run the same collectives).
     return out + _SparseMatmul.apply(halo.contiguous(), graph, kind, ("halo", n_own))
+
+
+def aggregate_split(graph: LayerGraph, h_src, kind: str, split: RowSplit, backend: Optional[str] = None) -> SplitRows:
+    """aggregate(graph, h_src, kind) as SplitRows: the first rows' edges now, the rest's on demand.
+
+    The first rows are what the next exchange sends, so they are computed first (waiting for a pending
+    halo only for their halo edges); everything of the other rows is left to ``rest()``, which the
+    model calls after posting that exchange, so it runs while the first rows travel (boundary-first
+    pipelining).  Each row sums the same entries as in ``aggregate``; only the order of sums can differ
+    (own columns, then halo columns).  The index_add backend has no row form: it aggregates every row
+    at once and splits the result."""
+    _check_kind(kind)
+    if split.n != graph.n_dst:
+        raise ValueError(f"aggregate: a RowSplit of {split.n} rows for a graph of n_dst={graph.n_dst}")
+    if (backend or DEFAULT_BACKEND) != "spmm":
+        out = aggregate(graph, h_src, kind, backend)
+        return SplitRows(split, out.index_select(0, split.first), lambda: out.index_select(0, split.rest))
+    first, rest = ("first", split), ("rest", split)
+    if not isinstance(h_src, PendingRows):
+        if h_src.dim() != 2 or h_src.shape[0] != graph.n_src:
+            raise ValueError(f"aggregate: h_src must have shape [n_src={graph.n_src}, d], got {tuple(h_src.shape)}")
+        x = h_src.contiguous()
+        return SplitRows(split, _SparseMatmul.apply(x, graph, kind, None, first),
+                         lambda: _SparseMatmul.apply(x, graph, kind, None, rest))
+    own = h_src.own.contiguous()
+    n_own = own.shape[0]
+    if own.dim() != 2 or n_own + h_src.n_halo != graph.n_src or n_own < graph.n_dst:
+        raise ValueError(f"aggregate: pending rows of shape {tuple(h_src.shape)} (own {n_own}) do not fit "
+                         f"the graph's n_src={graph.n_src}, n_dst={graph.n_dst}")
+    own_part, halo_part = ("own", n_own), ("halo", n_own)
+    out_first = _SparseMatmul.apply(own, graph, kind, own_part, first)
+    halo = h_src.halo().contiguous()  # the wait: the own edges of the first rows overlapped it
+    # Both halo products stay in the autograd graph even when empty: their backward posts the reverse
+    # exchange, which the peers wait for.
+    out_first = out_first + _SparseMatmul.apply(halo, graph, kind, halo_part, first)
+    return SplitRows(split, out_first, lambda: _SparseMatmul.apply(own, graph, kind, own_part, rest)
+                     + _SparseMatmul.apply(halo, graph, kind, halo_part, rest))

@@ -4,22 +4,25 @@ Both take the source rows ``h_src`` [n_src, in] and return destination rows [n_d
 destination rows are the first n_dst source rows, so a vertex's own representation is h_src[:n_dst].
 
 ``h_src`` may also be ``PendingRows`` (the halo still in flight, see nn/graph.py): the convs then compute
-everything the own rows allow before they wait for it.
+everything the own rows allow before they wait for it.  With ``split`` (a RowSplit) they return
+SplitRows: the rows the next exchange sends first, the others on demand (boundary-first pipelining).
 
 Aggregation is linear, so W (A h) == A (W h): each conv aggregates at the narrower of its two widths
 (project first when out < in, e.g. Cora's 1433 features -> 16 hidden), which cuts the sparse work.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
 from granndis_hpc.units import FLOAT32_BYTES as F32
 
-from .graph import LayerGraph, PendingRows, aggregate
+from .graph import LayerGraph, PendingRows, RowSplit, SplitRows, aggregate
 
 
-def _aggregate_at_narrower_width(graph: LayerGraph, h_src, lin: nn.Linear, kind: str) -> torch.Tensor:
+def _aggregate_at_narrower_width(graph: LayerGraph, h_src, lin: nn.Linear, kind: str, split=None):
     """lin(aggregate(h_src)) computed in whichever order moves fewer numbers through the sparse matmul.
 
     h_src may be PendingRows (halo in flight): lin runs on the own rows now and on the halo on arrival.
@@ -27,13 +30,19 @@ def _aggregate_at_narrower_width(graph: LayerGraph, h_src, lin: nn.Linear, kind:
     rows (fb's world layers: they are the same rows): the sparse work is the same, and aggregating first
     would leave the projection of all n_dst rows after the wait (and, in the backward, its gradient
     before the halo rows' gradients can be sent back); projected first, only the halo rows' projection
-    waits.  With more own source rows (a preload's expansion) projecting them would add work."""
+    waits.  With more own source rows (a preload's expansion) projecting them would add work.
+    split (a RowSplit): the result is SplitRows, its first rows computed first (nn/graph.aggregate_split)."""
     pending = isinstance(h_src, PendingRows)
     if lin.out_features < lin.in_features or (pending and lin.out_features == lin.in_features
                                               and h_src.own.shape[0] <= graph.n_dst):
         projected = h_src.map(lin) if isinstance(h_src, PendingRows) else lin(h_src)
-        return aggregate(graph, projected, kind)
-    return lin(aggregate(graph, h_src, kind))
+        return aggregate(graph, projected, kind, split=split)
+    return _rowwise(lin, aggregate(graph, h_src, kind, split=split))
+
+
+def _rowwise(fn, out):
+    """fn on a conv's output rows, a tensor or SplitRows (first rows now, the rest on demand)."""
+    return out.map(fn) if isinstance(out, SplitRows) else fn(out)
 
 
 def _own_rows(h_src, n_dst: int) -> torch.Tensor:
@@ -69,8 +78,15 @@ class SAGEConv(nn.Module):
         self.lin_self = nn.Linear(in_features, out_features, bias=bias)
         self.lin_neigh = nn.Linear(in_features, out_features, bias=False)
 
-    def forward(self, h_src: torch.Tensor, graph: LayerGraph) -> torch.Tensor:
-        return self.lin_self(_own_rows(h_src, graph.n_dst)) + _aggregate_at_narrower_width(graph, h_src, self.lin_neigh, "mean")
+    def forward(self, h_src: torch.Tensor, graph: LayerGraph, split: Optional[RowSplit] = None):
+        """split: return SplitRows (the rows split.first computed first, the rest on demand)."""
+        own = _own_rows(h_src, graph.n_dst)
+        if split is None:
+            return self.lin_self(own) + _aggregate_at_narrower_width(graph, h_src, self.lin_neigh, "mean")
+        first = self.lin_self(own.index_select(0, split.first))  # before the aggregation waits for the halo
+        neigh = _aggregate_at_narrower_width(graph, h_src, self.lin_neigh, "mean", split)
+        return SplitRows(split, first + neigh.first,
+                         lambda: self.lin_self(own.index_select(0, split.rest)) + neigh.rest())
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}"
@@ -100,9 +116,10 @@ class GCNConv(nn.Module):
         # The bias is added after aggregation (as in Kipf's GCN), so it is a separate parameter.
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
-    def forward(self, h_src: torch.Tensor, graph: LayerGraph) -> torch.Tensor:
-        out = _aggregate_at_narrower_width(graph, h_src, self.lin, "gcn")
-        return out + self.bias if self.bias is not None else out
+    def forward(self, h_src: torch.Tensor, graph: LayerGraph, split: Optional[RowSplit] = None):
+        """split: return SplitRows (the rows split.first computed first, the rest on demand)."""
+        out = _aggregate_at_narrower_width(graph, h_src, self.lin, "gcn", split)
+        return out if self.bias is None else _rowwise(lambda t: t + self.bias, out)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"

@@ -559,3 +559,17 @@ def test_overlap_limit_is_the_sum_of_per_layer_maxima():
         limit = costmodel.overlap_limit(run, 0.6, bw, servers=2)
         wire = inter / 1e7
         assert max(0.6, wire) <= limit - grad_wire + 1e-12 <= 0.6 + wire + 1e-12
+
+
+def test_one_rank_per_server_needs_no_intra_link():
+    """2 servers x 1 rank (bench_cluster.py --ranks-per-server 1): no intra-server bytes, no intra
+    bandwidth measured; the wire and the overlap limit are the inter-server terms alone."""
+    from granndis_hpc.linkmodel import wire_s
+    run = model_run(2.0, 1000, inter_max=10**7 + 500, intra_max=0)
+    run["layers"] = 3
+    run["bytes"]["inter_grad"], run["bytes"]["intra_grad"] = 1000, 0
+    assert wire_s(run, 1e7, None) == pytest.approx((10**7 + 500) / 1e7)
+    assert costmodel.overlap_limit(run, 0.6, (1e7, None), servers=2) == pytest.approx(1.2 + 500 / 1e7)
+    run["intra_bytes_max_rank"] = 10
+    with pytest.raises(ValueError, match="intra-server"):
+        wire_s(run, 1e7, None)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_start
-from granndis_hpc.nn.graph import LayerGraph, PendingRows, aggregate
+from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_post, halo_exchange_start
+from granndis_hpc.nn.graph import LayerGraph, PendingRows, RowSplit, SplitRows, aggregate
 from granndis_hpc.nn.layers import GCNConv, SAGEConv
 from tests.dense_reference import random_in_csr
 
@@ -115,3 +115,141 @@ def test_halo_wire_dtype_rounds_like_a_cast_both_ways():
         want = torch.zeros_like(h0).index_add_(0, send_index, g.to(dtype).float().flip(0))
         torch.testing.assert_close(h.grad, want, rtol=0, atol=0)
         assert sent == [dtype, dtype]
+
+
+# ---------------------------------------------------------------- boundary-first pipelining
+
+def _split_of(send_index, n):
+    first, position = torch.unique(send_index, sorted=True, return_inverse=True)
+    return RowSplit(first, n), position
+
+
+@pytest.mark.parametrize("conv_cls,width_out", [(SAGEConv, 4), (SAGEConv, 9), (GCNConv, 4), (GCNConv, 9)])
+@pytest.mark.parametrize("pending", [True, False])
+def test_split_rows_equal_the_whole_conv_forward_and_backward(conv_cls, width_out, pending):
+    """conv(h_src, graph, split) row for row equals conv(h_src, graph), gradients included; the first
+    rows are computed before rest() is asked for."""
+    graph, h0, send_index = _problem(5)
+    torch.manual_seed(0)
+    conv = conv_cls(h0.shape[1], width_out).double()
+    rng = np.random.default_rng(6)
+    split = RowSplit(torch.as_tensor(np.sort(rng.choice(graph.n_dst, 11, replace=False))), graph.n_dst)
+    results = []
+    for use_split in (False, True):
+        h = h0.clone().requires_grad_(True)
+        counts = [send_index.numel()]
+        if pending:
+            h_src = halo_exchange_start(h, send_index, counts, counts, FakeTransport([]).start)
+        else:
+            h_src = torch.cat([h, halo_exchange(h, send_index, counts, counts, FakeTransport([]))])
+        if use_split:
+            parts = conv(h_src, graph, split=split)
+            assert isinstance(parts, SplitRows) and parts.first.shape[0] == 11 and callable(parts._rest)
+            out = parts.merge()
+        else:
+            out = conv(h_src, graph)
+        weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+        (out * weight).sum().backward()
+        results.append((out.detach(), h.grad.clone(), [p.grad.clone() for p in conv.parameters()]))
+        conv.zero_grad()
+    (o0, g0, p0), (o1, g1, p1) = results
+    torch.testing.assert_close(o1, o0, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g1, g0, rtol=1e-12, atol=1e-12)
+    for a, b in zip(p1, p0):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+class _LoopbackGather:
+    """A one-process gather over L layers of N own rows: layer l's halo is the rows send[l] of its own
+    rows, reversed (a deterministic 'peer'); layer 0's halo is static.  boundary=True adds the
+    boundary-first hooks of engine/views.View.gather_fn.  Records posts, waits and rest() calls."""
+
+    def __init__(self, x_halo, send, n, events, boundary):
+        self.x_halo, self.send, self.n, self.events, self.posted = x_halo, send, n, events, {}
+        if boundary:
+            self.boundary = lambda l: _split_of(send[l], n)[0]
+            self.post = self._post
+
+    def start(self, rows, sc, rc):
+        self.events.append("post")
+        out = rows.flip(0).clone()
+        events = self.events
+
+        class Pending:
+            def wait(self):
+                events.append("wait")
+                return out
+        return Pending()
+
+    def _post(self, l, rows):
+        _, position = _split_of(self.send[l], self.n)
+        counts = [self.send[l].numel()]
+        self.posted[l] = halo_exchange_post(rows, position, counts, counts, self.start)
+
+    def __call__(self, l, h):
+        if l in self.posted:
+            return self.posted.pop(l).rows(h)
+        if l == 0:
+            return torch.cat([h, self.x_halo])
+        counts = [self.send[l].numel()]
+        return halo_exchange_start(h, self.send[l], counts, counts, self.start)
+
+
+@pytest.mark.parametrize("name,norm", [("sage", False), ("sage", True), ("gcn", False)])
+def test_model_posts_each_exchange_from_the_boundary_rows_before_the_rest(name, norm, monkeypatch):
+    """PlainGNN with gather.boundary: logits and every gradient equal the unsplit overlapped pass (and
+    the blocking one), dropout included; each layer's exchange is posted before the rest of the layer
+    below is computed, and waited for only after it; in the backward the rest rows' gradient is computed
+    between posting the halo gradients and waiting for them."""
+    from granndis_hpc.nn.dropout import RowDropout
+    from granndis_hpc.nn.models import build_model
+    rng = np.random.default_rng(7)
+    n, n_halo, layers, width = 40, 12, 3, 6
+    graphs, send = [], []
+    for _ in range(layers):
+        indptr, indices = random_in_csr(n, 240, rng)
+        indices = rng.integers(0, n + n_halo, indices.size)
+        degree = torch.as_tensor(np.diff(indptr) + rng.integers(0, 3, n), dtype=torch.float32)
+        src_degree = torch.cat([degree, torch.as_tensor(rng.integers(1, 9, n_halo), dtype=torch.float32)])
+        graphs.append(LayerGraph.from_csr(indptr, indices, n + n_halo, dst_degree=degree, src_degree=src_degree))
+        send.append(torch.as_tensor(rng.integers(0, n, n_halo)))  # duplicates: a row sent to two 'peers'
+    x = torch.randn(n, width, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    x_halo = torch.randn(n_halo, width, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    row_ids = torch.as_tensor(rng.permutation(1000)[:n])
+    real_rest, real_merge = SplitRows.rest, RowSplit.merge
+    results = {}
+    for how in ("blocking", "overlap", "boundary"):
+        torch.manual_seed(0)
+        model = build_model(name, width, 5, 3, layers, dropout=0.3, norm=norm).double()
+        events = []
+        monkeypatch.setattr(SplitRows, "rest", lambda self: (events.append("rest"), real_rest(self))[1])
+
+        def merge(split, first, rest, events=events):  # records when the rest rows get their gradient
+            if rest.requires_grad:
+                rest.register_hook(lambda g: events.append("rest-grad"))
+            return real_merge(split, first, rest)
+        monkeypatch.setattr(RowSplit, "merge", merge)
+        if how == "blocking":
+            def gather(l, h):
+                if l == 0:
+                    return torch.cat([h, x_halo])
+                counts = [send[l].numel()]
+                return torch.cat([h, halo_exchange(h, send[l], counts, counts, lambda s, sc, rc: s.flip(0).clone())])
+        else:
+            gather = _LoopbackGather(x_halo, send, n, events, boundary=how == "boundary")
+        out = model(x, graphs, gather, dropout=RowDropout(3, 1, row_ids))
+        # (a conv's rest() calls its aggregation's: count consecutive ones once)
+        forward = [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]]
+        if how == "boundary":
+            assert forward == ["post", "rest", "wait", "post", "rest", "wait"], forward
+        elif how == "overlap":
+            assert forward == ["post", "wait", "post", "wait"], forward
+        n_forward = len(events)
+        out.pow(2).sum().backward()
+        if how == "boundary":  # the backward mirror: the rest rows' gradient while the halo's travels
+            assert events[n_forward:] == ["post", "rest-grad", "wait"] * 2, events[n_forward:]
+        results[how] = (out.detach(), [p.grad.clone() for p in model.parameters()])
+    for how in ("overlap", "boundary"):
+        torch.testing.assert_close(results[how][0], results["blocking"][0], rtol=1e-12, atol=1e-12)
+        for a, b in zip(results[how][1], results["blocking"][1]):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

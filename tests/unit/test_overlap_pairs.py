@@ -24,3 +24,13 @@ def test_pairs_give_ratio_own_limit_and_best_ratio():
     # Best ratio, from the no-overlap run's compute 0.6 s (0.1 per pass): (0.8 + 0.2 + 0.01) / (0.6 + 0.81).
     assert row["best_ratio"] == pytest.approx(1.01 / 1.41)
     assert row["wire_s"] == pytest.approx(0.81)
+
+
+def test_summary_gives_the_geometric_mean_and_spread_per_link_and_shape():
+    from overlap_pairs import summary
+    rows = [{"label": "100mbit", "mode": "fb", "shape": "2 x 2", "ratio": r} for r in (0.5, 2.0, 1.0)]
+    rows.append({"label": "100mbit", "mode": "fb", "shape": "2 x 1", "ratio": 0.7})
+    a, b = summary(rows)
+    assert (a["shape"], a["pairs"], a["min"], a["max"]) == ("2 x 2", 3, 0.5, 2.0)
+    assert a["geomean"] == pytest.approx(1.0)
+    assert (b["pairs"], b["geomean"]) == (1, pytest.approx(0.7))
