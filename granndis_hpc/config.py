@@ -36,6 +36,8 @@ TRANSPORT_NAMES = ("auto", "gloo", "nccl", "mpi")
 WEIGHT_DECAY_ON = ("all", "first")
 # --halo-dtype: the wire format of training halo rows (engine/exchange.py); float32 is exact.
 HALO_DTYPES = ("float32", "bfloat16", "float16")
+# Which halo exchanges a layer computes behind (exchange group names, cluster/exchange_group.py).
+OVERLAP_HALOS = {"world": frozenset({"world"}), "all": frozenset({"world", "server"})}
 
 
 def _mode_names():
@@ -182,6 +184,15 @@ class TrainConfig:
                                    "comparison); by default a layer aggregates the edges of the rows it holds "
                                    "while its halo travels, in both passes, and gradient buckets are reduced "
                                    "during the backward")
+    # Server-view halos move between the ranks of one server (shared memory, NVLink) in a fraction of
+    # the layer's compute, so hiding them saves little, while the split own/halo products and the
+    # polling cost every layer: measured 1.0-1.6x slower for eas and 1.65x for a 56-layer cob model
+    # (docs/overlap.md).  So by default only the exchanges that cross servers overlap.
+    overlap_halos: str = option("world", choices=tuple(OVERLAP_HALOS), on_resume="may_change",
+                                help="which halo exchanges a layer computes behind: 'world' (default) the "
+                                     "ones that cross servers (fb; flx's world layers when k < L; "
+                                     "evaluation), 'all' also the intra-server ones of flx, eas and cob; "
+                                     "--no-overlap none")
     halo_dtype: str = option("float32", choices=HALO_DTYPES,
                              help="dtype training halo rows and their gradients travel in; bfloat16/float16 "
                                   "halve the halo bytes and are widened on arrival, but the run is then not "

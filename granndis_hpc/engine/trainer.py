@@ -24,7 +24,7 @@ from granndis_hpc.cluster.gradsync import GradientSync
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
-from granndis_hpc.config import TrainConfig  # noqa: F401
+from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
 from granndis_hpc.engine import checkpoint, signals, views
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.engine.modes import make_mode
@@ -94,7 +94,9 @@ class Trainer:
         # Overlap (--no-overlap turns it off): gradients reduced in buckets during the backward, and the
         # halo in flight while each layer aggregates its own rows (models that accept PendingRows).
         self.gradsync = GradientSync(self.comm, self.model.parameters()) if not cfg.no_overlap else None
-        self._overlap_halo = bool(not cfg.no_overlap and getattr(self.model, "accepts_pending_rows", False))
+        # The exchange groups whose halos travel while the layer computes (--overlap-halos).
+        self._overlap_halo = OVERLAP_HALOS[cfg.overlap_halos] \
+            if not cfg.no_overlap and getattr(self.model, "accepts_pending_rows", False) else frozenset()
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
         self.epoch = 0
@@ -331,7 +333,8 @@ class Trainer:
     def communication_entry(self) -> Dict:
         """How training communicated (summary.json's plan): overlap, and the halo wire dtype, which makes
         an otherwise exact mode inexact when it is narrower than float32."""
-        entry = {"overlap": not self.cfg.no_overlap, "halo_dtype": self.cfg.halo_dtype}
+        entry = {"overlap": not self.cfg.no_overlap, "overlap_halos": sorted(self._overlap_halo),
+                 "halo_dtype": self.cfg.halo_dtype}
         if not self.groups["world"].exact:
             entry["exact"] = False
             entry["inexact_because"] = f"--halo-dtype {self.cfg.halo_dtype}: halo rows are rounded on the wire"

@@ -186,8 +186,11 @@ class View:
         static) instead of exchanging them every epoch.  overlap: return nn.graph.PendingRows (the
         exchange posted, the halo in flight) for the model's convs to aggregate the own rows' edges
         first (engine/exchange.py).  Halo rows travel in the group's wire dtype in the training phase
-        ("halo", --halo-dtype); evaluation and set-up exchanges are exact.
+        ("halo", --halo-dtype); evaluation and set-up exchanges are exact.  overlap may also be the set of
+        exchange group names that overlap (--overlap-halos): this view overlaps when its group is in it.
         """
+        if not isinstance(overlap, bool):
+            overlap = self.exchange_group.name in overlap
         wire_dtype = self.exchange_group.halo_wire(phase)
         exchange = functools.partial(self._exchange, phase=phase)
         start = functools.partial(self.exchange_group.start, phase=phase)

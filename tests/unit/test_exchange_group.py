@@ -31,12 +31,12 @@ def _rows() -> RowSource:
         global_id=i.astype(np.int64))
 
 
-def _mirror_group(wire, sent):
+def _mirror_group(wire, sent, name="world"):
     def mirror(send, send_counts, recv_counts, phase="halo"):
         assert list(send_counts) == list(recv_counts)  # symmetric peers
         sent.append((phase, send.dtype))
         return send.clone()
-    group = ExchangeGroup("world", 2, mirror, immediate_start(mirror), lambda counts: [int(c) for c in counts],
+    group = ExchangeGroup(name, 2, mirror, immediate_start(mirror), lambda counts: [int(c) for c in counts],
                           ("intra", "inter"))
     return group.with_wire(wire)
 
@@ -72,6 +72,26 @@ def test_the_wire_dtype_is_the_groups(overlap):
                 assert torch.equal(got, expected)
     assert ("halo", torch.bfloat16) in sent_narrow and ("evaluation", torch.float32) in sent_narrow
     assert ("halo", torch.bfloat16) not in sent_exact
+
+
+@pytest.mark.parametrize("name", ["world", "server"])
+def test_a_view_overlaps_when_its_group_is_named_in_overlap_halos(name):
+    """--overlap-halos: given the set of group names that overlap (config.OVERLAP_HALOS), a view posts
+    its halo and hands back PendingRows only when its own group is in it; the rows are the same."""
+    from granndis_hpc.config import OVERLAP_HALOS
+    from granndis_hpc.nn.graph import PendingRows
+
+    view = views.build_view(_rows(), _mirror_group(None, [], name), 2, all_active=True,
+                            resolve_keys=views.key_resolver_server(N), device=torch.device("cpu"))
+    h = torch.randn(N, WIDTH)
+    blocking = view.gather_fn("halo", overlap=False)(1, h)
+    for setting, groups in OVERLAP_HALOS.items():
+        out = view.gather_fn("halo", overlap=groups)(1, h)
+        assert isinstance(out, PendingRows) == (name in groups), (setting, name)
+        if isinstance(out, PendingRows):
+            out = torch.cat([out.own, out.halo()])
+        assert torch.equal(out, blocking)
+    assert OVERLAP_HALOS["world"] == {"world"}  # the default: only the exchanges that cross servers
 
 
 def test_float32_is_the_exact_wire_and_the_local_group_moves_nothing():
