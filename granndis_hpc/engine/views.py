@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Collection, List, Optional
 
 import numpy as np
 import torch
@@ -179,18 +179,17 @@ class View:
         layer's own rows are a prefix of the view's rows; None without global ids."""
         return None if self.row_ids is None else (self.row_ids,)
 
-    def gather_fn(self, phase: str, overlap: bool = False):
+    def gather_fn(self, phase: str, overlap: Collection[str] = ()):
         """The model's gather(l, h): own rows h -> [h | halo rows of layer l].
 
         Layer 0 reading the raw input features uses the halo features exchanged at set-up (they are
-        static) instead of exchanging them every epoch.  overlap: return nn.graph.PendingRows (the
-        exchange posted, the halo in flight) for the model's convs to aggregate the own rows' edges
-        first (engine/exchange.py).  Halo rows travel in the group's wire dtype in the training phase
-        ("halo", --halo-dtype); evaluation and set-up exchanges are exact.  overlap may also be the set of
-        exchange group names that overlap (--overlap-halos): this view overlaps when its group is in it.
+        static) instead of exchanging them every epoch.  overlap: the exchange group names whose halos
+        overlap (config.OVERLAP_HALOS, --overlap-halos); when this view's group is one of them, return
+        nn.graph.PendingRows (the exchange posted, the halo in flight) for the model's convs to
+        aggregate the own rows' edges first (engine/exchange.py).  Halo rows travel in the group's wire
+        dtype in the training phase ("halo", --halo-dtype); evaluation and set-up exchanges are exact.
         """
-        if not isinstance(overlap, bool):
-            overlap = self.exchange_group.name in overlap
+        overlap = self.exchange_group.name in overlap
         wire_dtype = self.exchange_group.halo_wire(phase)
         exchange = functools.partial(self._exchange, phase=phase)
         start = functools.partial(self.exchange_group.start, phase=phase)

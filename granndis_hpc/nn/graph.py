@@ -447,13 +447,9 @@ def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Option
     _check_kind(kind)
     if split is not None:
         return aggregate_split(graph, h_src, kind, split, backend)
+    _check_sources(graph, h_src)
     if isinstance(h_src, PendingRows):
         return _aggregate_pending(graph, h_src, kind, backend)
-    if h_src.dim() != 2 or h_src.shape[0] != graph.n_src:
-        raise ValueError(f"aggregate: h_src must have shape [n_src={graph.n_src}, d], got {tuple(h_src.shape)}")
-    if h_src.device != graph.device:
-        raise ValueError(f"aggregate: h_src is on {h_src.device} but the graph is on {graph.device}; "
-                         "move the graph with graph.to(device)")
     backend = backend or DEFAULT_BACKEND
     if backend == "spmm":
         return _SparseMatmul.apply(h_src.contiguous(), graph, kind)
@@ -462,23 +458,40 @@ def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Option
     raise ValueError(f"unknown aggregation backend {backend!r}; choose one of {BACKENDS}")
 
 
+def _check_sources(graph: LayerGraph, h_src) -> None:
+    """h_src fits the graph: [n_src, d] rows on its device, or PendingRows of at least n_dst own rows."""
+    if isinstance(h_src, PendingRows):
+        own = h_src.own
+        n_own = own.shape[0]
+        if own.dim() != 2 or n_own + h_src.n_halo != graph.n_src or n_own < graph.n_dst:
+            raise ValueError(f"aggregate: pending rows of shape {tuple(h_src.shape)} (own {n_own}) do not fit "
+                             f"the graph's n_src={graph.n_src}, n_dst={graph.n_dst}")
+        return
+    if h_src.dim() != 2 or h_src.shape[0] != graph.n_src:
+        raise ValueError(f"aggregate: h_src must have shape [n_src={graph.n_src}, d], got {tuple(h_src.shape)}")
+    if h_src.device != graph.device:
+        raise ValueError(f"aggregate: h_src is on {h_src.device} but the graph is on {graph.device}; "
+                         "move the graph with graph.to(device)")
+
+
 def _aggregate_pending(graph: LayerGraph, h_src: PendingRows, kind: str, backend: Optional[str]) -> torch.Tensor:
     """aggregate over own rows now + halo rows on arrival: A[:, own] @ own + A[:, halo] @ halo.
 
     The same entries as aggregate(graph, cat(own, halo)); only the order of the sums differs.  The
     index_add backend has no split form: it waits first."""
-    own = h_src.own
-    n_own = own.shape[0]
-    if own.dim() != 2 or n_own + h_src.n_halo != graph.n_src or n_own < graph.n_dst:
-        raise ValueError(f"aggregate: pending rows of shape {tuple(h_src.shape)} (own {n_own}) do not fit "
-                         f"the graph's n_src={graph.n_src}, n_dst={graph.n_dst}")
     if (backend or DEFAULT_BACKEND) != "spmm":
         return aggregate(graph, h_src.materialize(), kind, backend)
-    out = _SparseMatmul.apply(own.contiguous(), graph, kind, ("own", n_own))
-    halo = h_src.halo()  # the wait: everything above overlapped the transfer
+    return _pending_product(graph, h_src, kind, None)
+
+
+def _pending_product(graph: LayerGraph, h_src: PendingRows, kind: str, rows) -> torch.Tensor:
+    """A[rows, own] @ own, then (after waiting for the halo) + A[rows, halo] @ halo; rows as _matrix's."""
+    n_own = h_src.own.shape[0]
+    out = _SparseMatmul.apply(h_src.own.contiguous(), graph, kind, ("own", n_own), rows)
+    halo = h_src.halo()  # the wait (once per PendingRows): everything above overlapped the transfer
     # Even without halo rows the halo product stays in the graph: its backward posts the reverse
     # exchange, which the peers wait for (every rank must run the same collectives).
-    return out + _SparseMatmul.apply(halo.contiguous(), graph, kind, ("halo", n_own))
+    return out + _SparseMatmul.apply(halo.contiguous(), graph, kind, ("halo", n_own), rows)
 
 
 def aggregate_split(graph: LayerGraph, h_src, kind: str, split: RowSplit, backend: Optional[str] = None) -> SplitRows:
@@ -496,23 +509,12 @@ def aggregate_split(graph: LayerGraph, h_src, kind: str, split: RowSplit, backen
     if (backend or DEFAULT_BACKEND) != "spmm":
         out = aggregate(graph, h_src, kind, backend)
         return SplitRows(split, out.index_select(0, split.first), lambda: out.index_select(0, split.rest))
-    first, rest = ("first", split), ("rest", split)
-    if not isinstance(h_src, PendingRows):
-        if h_src.dim() != 2 or h_src.shape[0] != graph.n_src:
-            raise ValueError(f"aggregate: h_src must have shape [n_src={graph.n_src}, d], got {tuple(h_src.shape)}")
-        x = h_src.contiguous()
-        return SplitRows(split, _SparseMatmul.apply(x, graph, kind, None, first),
-                         lambda: _SparseMatmul.apply(x, graph, kind, None, rest))
-    own = h_src.own.contiguous()
-    n_own = own.shape[0]
-    if own.dim() != 2 or n_own + h_src.n_halo != graph.n_src or n_own < graph.n_dst:
-        raise ValueError(f"aggregate: pending rows of shape {tuple(h_src.shape)} (own {n_own}) do not fit "
-                         f"the graph's n_src={graph.n_src}, n_dst={graph.n_dst}")
-    own_part, halo_part = ("own", n_own), ("halo", n_own)
-    out_first = _SparseMatmul.apply(own, graph, kind, own_part, first)
-    halo = h_src.halo().contiguous()  # the wait: the own edges of the first rows overlapped it
-    # Both halo products stay in the autograd graph even when empty: their backward posts the reverse
-    # exchange, which the peers wait for.
-    out_first = out_first + _SparseMatmul.apply(halo, graph, kind, halo_part, first)
-    return SplitRows(split, out_first, lambda: _SparseMatmul.apply(own, graph, kind, own_part, rest)
-                     + _SparseMatmul.apply(halo, graph, kind, halo_part, rest))
+    _check_sources(graph, h_src)
+
+    def product(which: str) -> torch.Tensor:
+        # Pending sources: the first rows wait for the halo only for their halo edges.
+        if isinstance(h_src, PendingRows):
+            return _pending_product(graph, h_src, kind, (which, split))
+        return _SparseMatmul.apply(h_src.contiguous(), graph, kind, None, (which, split))
+
+    return SplitRows(split, product("first"), lambda: product("rest"))

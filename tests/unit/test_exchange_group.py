@@ -57,7 +57,7 @@ def test_the_wire_dtype_is_the_groups(overlap):
     expected = h[(torch.arange(N) + 1) % N]  # row i's halo source: the peer's key (i + 1) % N
     for view, wire in ((exact, None), (narrow, torch.bfloat16)):
         for phase in ("halo", "evaluation"):
-            out = view.gather_fn(phase, overlap=overlap)(1, h)
+            out = view.gather_fn(phase, overlap={"world"} if overlap else ())(1, h)
             if overlap:
                 out = torch.cat([out.own, out.halo()])
             halo = out[N:]
@@ -84,7 +84,7 @@ def test_a_view_overlaps_when_its_group_is_named_in_overlap_halos(name):
     view = views.build_view(_rows(), _mirror_group(None, [], name), 2, all_active=True,
                             resolve_keys=views.key_resolver_server(N), device=torch.device("cpu"))
     h = torch.randn(N, WIDTH)
-    blocking = view.gather_fn("halo", overlap=False)(1, h)
+    blocking = view.gather_fn("halo", overlap=())(1, h)
     for setting, groups in OVERLAP_HALOS.items():
         out = view.gather_fn("halo", overlap=groups)(1, h)
         assert isinstance(out, PendingRows) == (name in groups), (setting, name)
