@@ -10,16 +10,23 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   the de-duplication mask: LOAD_BYTES_PER_KEY per key it reads;
 * partition: only what the partitioner reads is in memory (dist_build.run_build_sliced): the slice's
   features and labels wait on disk for the whole phase and its edges during each ParMETIS call
-  (sliced.spilled), and the in-degrees and val/test masks are gathered after it.  So the phase holds
-  BASE_BYTES, PARTITION_VERTEX_BYTES per vertex of the graph (the training mask and what PT-Scotch
-  and the source keep per vertex of the whole graph: fitted, not itemised),
-  PARTITION_ROW_BYTES per row of the slice (its row offsets and masks), and the symmetric adjacency
-  with ParMETIS' own structures for the slice (PARTITION_BYTES_PER_EDGE per edge of the slice); METIS
-  instead gathers the whole adjacency on rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there) and
-  the slice's edges stay in memory (8 B each); then the GPU split: with ParMETIS every rank holds 1/P
-  of each server's inner subgraph (PARTITION_BYTES_PER_EDGE per edge of E/(S P), below the server
-  partition's term), with METIS the writer rank splits its server alone (GPU_SPLIT_BYTES_PER_INNER_EDGE
-  per edge of E/S);
+  (sliced.spilled), and the in-degrees and val/test masks are gathered after it.  The phase peaks at
+  one of two moments (measured with bench/trace_build_memory.py, docs/bench-build-scaling.md):
+  - building the slice's symmetric adjacency (SlicedAccess.adjacency: int64 keys of both directions
+    of every slice edge, their alltoallv copy and sort, beside the slice's edges): BASE_BYTES +
+    KEY_BYTES_PER_EDGE per edge and PARTITION_ROW_BYTES per row of the slice.  The peak at P = 1 and 2;
+  - inside ParMETIS_V3_PartKway (PT-Scotch): SCOTCH_BASE_BYTES (the interpreter, libraries and MPI
+    that are resident then: less than BASE_BYTES, whose Python heap PT-Scotch reuses) + SCOTCH_VERTEX_BYTES
+    per vertex of the WHOLE graph + SCOTCH_BYTES_PER_EDGE per edge of the slice (PT-Scotch's own
+    structures with our int32 adjacency).  The per-vertex term is PT-Scotch's, not ours: at 800k
+    vertices it is the same at P = 2, 4 and 8 while every array of ours alive at the call is ~1 B per
+    vertex of the graph (the training mask) plus the slice's (PARTITION_VERTEX_BYTES, with the GPU
+    split's server and GPU of every vertex).  The peak at P >= 4.
+  Then the GPU split: with ParMETIS every rank holds 1/P of each server's inner subgraph (the same
+  ParMETIS terms for n/S vertices and E/(S P) slice edges, below the server partition's); METIS
+  instead gathers the whole adjacency on rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there,
+  the slice's edges staying in memory, 8 B each) and the writer rank splits its server alone
+  (GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
 * halos+write (preprocess/dist_server.py): every rank takes part in every server's halo selection,
   owner votes and file, on its own rows: a few per-vertex arrays while a server is built
   (HALO_BYTES_PER_VERTEX: its hop, owner and file row of every vertex, the union masks) and the
@@ -31,8 +38,9 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   those of the frontier rows each rank owns, within the above at the sizes measured).
 
 The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS per rank (the
-partition terms to 2.45M vertices at P = 1 and 8 and 800k at P = 8, after the spill)
-(docs/bench-build-scaling.md, where the estimate is checked against the measurement).
+partition terms to the 2.45M builds at P = 1, 2, 4, 8 and to bench/trace_build_memory.py's RSS
+inside the ParMETIS calls of 800k builds at P = 2, 4, 8) (docs/bench-build-scaling.md, where the
+estimate is checked against every measured rank).
 """
 from __future__ import annotations
 
@@ -42,10 +50,13 @@ from typing import Dict, List, Optional
 MIB = 1 << 20
 BASE_BYTES = 150 * MIB
 PER_VERTEX_BYTES = 64
-PARTITION_VERTEX_BYTES = 120
+PARTITION_VERTEX_BYTES = 6  # ours, on every rank: training mask, the GPU split's server and GPU ids
 PARTITION_ROW_BYTES = 16
 LOAD_BYTES_PER_KEY = 8
-PARTITION_BYTES_PER_EDGE = 58
+KEY_BYTES_PER_EDGE = 62  # building the slice's symmetric adjacency (keys, their shuffle, the edges)
+SCOTCH_BASE_BYTES = 120 * MIB
+SCOTCH_VERTEX_BYTES = 200  # PT-Scotch's, per vertex of the whole graph, on every rank (P >= 2)
+SCOTCH_BYTES_PER_EDGE = 40  # PT-Scotch's structures and our int32 adjacency, per edge of the slice
 METIS_BYTES_PER_EDGE = 40
 GPU_SPLIT_BYTES_PER_INNER_EDGE = 48  # the writer's METIS GPU split (metis, random): inner keys, METIS
 HALO_BYTES_PER_VERTEX = 8
@@ -92,19 +103,20 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
         common = BASE_BYTES + PER_VERTEX_BYTES * n
         held = 8 * edges + (4 * F + 24) * rows
         mine = [s for s in servers if s.server % P == r]
-        # The server partitioner's structures are freed before the GPU split.  ParMETIS: every rank
-        # holds 1/P of each server's inner edges (E/S of them), one server at a time; METIS (metis,
-        # random): the writer holds its server's.
+        # The partition phase (docstring): the adjacency's keys, then the partitioner.  The server
+        # partitioner's structures are freed before the GPU split.
+        ours = PARTITION_VERTEX_BYTES * n + PARTITION_ROW_BYTES * rows
+        keys = BASE_BYTES + KEY_BYTES_PER_EDGE * edges + ours
         if partitioner == "parmetis":
-            gpu_split = PARTITION_BYTES_PER_EDGE * e / max(len(servers), 1) / P
-        else:
+            S = max(len(servers), 1)
+            call = SCOTCH_BASE_BYTES + ours + max(SCOTCH_VERTEX_BYTES * n + SCOTCH_BYTES_PER_EDGE * edges,
+                                                  SCOTCH_VERTEX_BYTES * n / S + SCOTCH_BYTES_PER_EDGE * e / S / P)
+            part = max(keys, call)
+        else:  # METIS (metis, random): the edges stay in memory; rank 0 holds the whole adjacency
             gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0
-        # The partition phase: features, labels (and with ParMETIS the edges) on disk (docstring).
-        part_held = PARTITION_ROW_BYTES * rows + (0 if partitioner == "parmetis" else 8 * edges)
-        ph = {"load": common + held + LOAD_BYTES_PER_KEY * raw_keys / P,
-              "partition": BASE_BYTES + PARTITION_VERTEX_BYTES * n + part_held
-              + max(PARTITION_BYTES_PER_EDGE * edges + (METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0
-                                                        else 0), gpu_split)}
+            part = keys + 8 * edges + max(METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0 else 0,
+                                          gpu_split)
+        ph = {"load": common + held + LOAD_BYTES_PER_KEY * raw_keys / P, "partition": part}
         block = max((-(-s.rows // P) * (BLOCK_BYTES_PER_FEATURE * F + BLOCK_BYTES_PER_EDGE * s.fetched_edges
                                          / max(s.rows, 1)) for s in mine), default=0)
         ph["halos+write"] = (common + held + HALO_BYTES_PER_VERTEX * n + ROW_BYTES * rows_max + block)

@@ -354,7 +354,9 @@ def split_servers_over_gpus(comm, access, server_of: np.ndarray, train: np.ndarr
     group = as_group(comm)
     P, rank, n = group.size, group.rank, server_of.shape[0]
     S = int(server_of.max()) + 1 if n else 0
-    gpu_local = np.full(n, -1, dtype=np.int32)
+    # Every rank holds this per-vertex array through every ParMETIS call below: one byte per vertex
+    # of the graph while G < 128 (widened to int32 once, at the end).
+    gpu_local = np.full(n, -1, dtype=np.int8 if gpus < 128 else np.int32)
     constraints = {}
     if gpus == 1:
         return np.zeros(n, dtype=np.int32), {s: ["vertices"] for s in range(rank, S, P)}
@@ -367,7 +369,7 @@ def split_servers_over_gpus(comm, access, server_of: np.ndarray, train: np.ndarr
         # together (one per writer), so their METIS runs overlap as they did before ParMETIS.
         pending = {}
         for s in range(j * P, min((j + 1) * P, S)):
-            inner = np.flatnonzero(server_of == s).astype(np.int64)
+            inner = np.flatnonzero(server_of == s)  # int64 already: no copy
             m, writer = inner.shape[0], s % P
             dist = gpu_split_dist(m, P, method, writer)
             lo, hi = int(dist[rank]), int(dist[rank + 1])
@@ -383,8 +385,10 @@ def split_servers_over_gpus(comm, access, server_of: np.ndarray, train: np.ndarr
             with group.errors("partitioning servers over GPUs (ParMETIS)"):
                 two = (not pm.is_scotch) and int(tr.sum()) >= gpus
             w = _weights(tr[lo:hi], two)
+            del tr, inner  # 8 B per inner vertex of the server, found again after the call
             with access.released(), group.errors("ParMETIS_V3_PartKway (GPU split)"):
                 local = parmetis_part_kway(pm, group, dist, xadj, adjncy, gpus, w, seed)
+            inner = np.flatnonzero(server_of == s)
             parts = fill_empty_parts(group.allgatherv(local, np.diff(dist)), gpus)
 
             def counts_of(cand, p, xadj=xadj, adjncy=adjncy, lo=lo, hi=hi, dist=dist):
@@ -396,7 +400,7 @@ def split_servers_over_gpus(comm, access, server_of: np.ndarray, train: np.ndarr
 
             parts, _ = refine_balance_with(counts_of, parts, gpus)
             del xadj, adjncy
-            gpu_local[inner] = parts.astype(np.int32)
+            gpu_local[inner] = parts
             if rank == writer:
                 constraints[s] = ["vertices", "train"] if two else ["vertices"]
         with group.errors("partitioning servers over GPUs"):
@@ -404,7 +408,7 @@ def split_servers_over_gpus(comm, access, server_of: np.ndarray, train: np.ndarr
                 gpu_local[inner], constraints[s] = split_gpus(xadj, adjncy, train[inner], gpus)
         del pending
         group.idle_barrier()  # the ranks without a METIS split here wait, asleep, for those that have one
-    return group.allreduce_max(gpu_local), constraints
+    return group.allreduce_max(gpu_local).astype(np.int32), constraints
 
 
 def split_gpus(xadj: np.ndarray, adjncy: np.ndarray, train: np.ndarray, gpus: int) -> tuple[np.ndarray, list]:

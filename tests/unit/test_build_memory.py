@@ -20,7 +20,7 @@ def test_estimate_by_hand():
     want = {"load": common + held + bm.LOAD_BYTES_PER_KEY * 25_000_000,
             # partition: features and labels on disk (sliced.spilled); with METIS the edges stay
             "partition": bm.BASE_BYTES + bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * n + 8 * e
-            + max(bm.PARTITION_BYTES_PER_EDGE * e + bm.METIS_BYTES_PER_EDGE * e, bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2),
+            + bm.KEY_BYTES_PER_EDGE * e + max(bm.METIS_BYTES_PER_EDGE * e, bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2),
             "halos+write": common + held + bm.HALO_BYTES_PER_VERTEX * n + bm.ROW_BYTES * 800_000
             + max(s.rows * (bm.BLOCK_BYTES_PER_FEATURE * f + bm.BLOCK_BYTES_PER_EDGE * s.fetched_edges / s.rows)
                   for s in SERVERS)}
@@ -43,21 +43,31 @@ def test_every_rank_shrinks_with_ranks_writers_too():
     assert peaks[8].phases[0]["halos+write"] - peaks[8].phases[5]["halos+write"] == pytest.approx(block8, abs=64)
 
 
-def test_parmetis_gpu_split_shrinks_with_ranks():
-    """ParMETIS splits each server over every rank (1/P of its E/S inner edges each): the writers'
-    partition phase is the others' (same slice size), while with METIS it holds E/S edges alone."""
+def test_parmetis_partition_terms():
+    """ParMETIS: the partition phase peaks building the slice's adjacency keys or inside PT-Scotch,
+    whose term per vertex of the whole graph does not shrink with P (module docstring); the GPU split
+    (1/P of each server's inner subgraph on every rank) stays below the server partition, and with
+    METIS the writer holds its server's split alone."""
     n, e, f = 1_000_000, 24_000_000, 100
-    for P in (2, 4, 8):
+    calls = {}
+    for P in (1, 2, 4, 8):
         pm = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="parmetis", **GRAPH)
         me = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="metis", **GRAPH)
-        rows = (n * 1) // P - 0
-        # ParMETIS: the slice's edges, features and labels on disk during the calls (sliced.spilled).
-        kept = bm.BASE_BYTES + bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * rows
-        want = kept + max(bm.PARTITION_BYTES_PER_EDGE * e * rows / n, bm.PARTITION_BYTES_PER_EDGE * e / 2 / P)
-        assert pm.phases[0]["partition"] == int(want)
-        assert me.phases[1]["partition"] >= int(kept + 8 * e * rows / n + bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2) - 64
-        # The partition phase no longer holds the slice's features: below the load phase's slice.
-        assert pm.phases[0]["partition"] < kept + 8 * e * rows / n + (4 * f + 24) * rows + bm.PARTITION_BYTES_PER_EDGE * e * rows / n
+        rows, edges = n // P, e / P
+        ours = bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * rows
+        keys = bm.BASE_BYTES + bm.KEY_BYTES_PER_EDGE * edges + ours
+        calls[P] = call = (bm.SCOTCH_BASE_BYTES + ours + bm.SCOTCH_VERTEX_BYTES * n
+                           + bm.SCOTCH_BYTES_PER_EDGE * edges)
+        assert pm.phases[0]["partition"] == int(max(keys, call))
+        if P > 1:
+            assert me.phases[1]["partition"] >= int(keys + 8 * edges + bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2) - 64
+        # The partition phase does not hold the slice's features: below the load phase's slice.
+        assert pm.phases[0]["partition"] < max(keys, call) + 8 * edges + (4 * f + 24) * rows
+    # The keys set P = 1's peak, PT-Scotch P = 8's, and what PT-Scotch keeps per vertex of the graph
+    # bounds every rank from below whatever P.
+    assert estimate_build_memory(servers=SERVERS, ranks=1, **GRAPH).phases[0]["partition"] > int(calls[1])
+    assert estimate_build_memory(servers=SERVERS, ranks=8, **GRAPH).phases[0]["partition"] == int(calls[8])
+    assert calls[8] - calls[4] < 0 and calls[8] > bm.SCOTCH_VERTEX_BYTES * n
 
 
 def test_smallest_fitting_ranks():

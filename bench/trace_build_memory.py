@@ -1,0 +1,184 @@
+"""Where a build rank's memory is during the partition phase (issue 17; a measurement tool, not a test).
+
+  mpirun -n P python bench/trace_build_memory.py --trace OUT.json -- build --source synthetic ... --out DIR
+
+runs `python -m preprocess build ...` on every rank with two probes and writes one JSON record per rank
+(rank 0 gathers them into OUT.json):
+
+* around every ParMETIS_V3_PartKway call (preprocess.partition.parmetis_part_kway): VmRSS just before
+  the call, VmHWM of the call itself (reset with /proc/self/clear_refs just before) and VmRSS after,
+  and the numpy arrays alive at the call, found by walking every Python frame's locals and the objects
+  they hold (two levels of attributes and containers) and grouped by (function, name): what of that
+  RSS is ours, the rest being the interpreter, MPI and the library's own;
+* a sampler thread: VmRSS every --interval s, the largest sample of each stretch (before the first
+  call, each call, after each call) kept with the main thread's Python stack at that moment; during a
+  call also malloc's bytes in use (glibc mallinfo2), whose rise above the bytes in use at the call is
+  the library's own allocations, whatever freed pages it reuses (VmRSS does not show that).
+
+The probes read /proc and mallinfo2 only (no tracemalloc: its bookkeeping would change the RSS).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+try:
+    _libc = ctypes.CDLL("libc.so.6")
+    _libc.mallinfo2.restype = _MallInfo2
+except (OSError, AttributeError):
+    _libc = None
+
+
+def heap_in_use() -> int:
+    """malloc's bytes in use (glibc mallinfo2: arena chunks in use + mmapped chunks): unlike VmRSS, not
+    inflated by freed pages malloc keeps, so a call's own allocations are its rise (0 without glibc)."""
+    if _libc is None:
+        return 0
+    m = _libc.mallinfo2()
+    return int(m.uordblks + m.hblkhd)
+
+
+def _reset_hwm() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def live_arrays(frame) -> dict:
+    """{'function:name[.attr]': bytes} of the numpy arrays reachable from the frames' locals (each data
+    buffer counted once, under the first name found, innermost frame first)."""
+    seen, out = set(), {}
+
+    def visit(obj, label, depth):
+        if isinstance(obj, np.ndarray):
+            base = obj
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            key = base.__array_interface__["data"][0]
+            if key not in seen and base.nbytes:
+                seen.add(key)
+                out[label] = out.get(label, 0) + base.nbytes
+            return
+        if depth == 0 or isinstance(obj, (str, bytes, int, float, type)) or callable(obj) and not hasattr(obj, "__dict__"):
+            return
+        if isinstance(obj, dict):
+            items = list(obj.items())[:64]
+        elif isinstance(obj, (list, tuple)):
+            items = list(enumerate(obj))[:64]
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type(sys)):
+            items = list(vars(obj).items())
+        else:
+            return
+        for k, v in items:
+            visit(v, f"{label}.{k}", depth - 1)
+
+    f = frame
+    while f is not None:
+        fn = f"{os.path.basename(f.f_code.co_filename)}:{f.f_code.co_name}"
+        for name, v in list(f.f_locals.items()):
+            visit(v, f"{fn}:{name}", 3)
+        f = f.f_back
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", required=True)
+    p.add_argument("--interval", type=float, default=0.005)
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    a = p.parse_args()
+    argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+
+    import preprocess.partition as partition
+    from preprocess.__main__ import main as preprocess_main
+
+    calls, samples = [], {}
+    main_thread = threading.main_thread().ident
+    state = {"label": "start", "stop": False, "heap_max": 0}
+
+    def sampler():
+        while not state["stop"]:
+            rss = _status("VmRSS")
+            label = state["label"]
+            if label.startswith("parmetis#"):
+                state["heap_max"] = max(state["heap_max"], heap_in_use())
+            if rss > samples.get(label, {}).get("rss", 0):
+                frame = sys._current_frames().get(main_thread)
+                stack = [f"{os.path.basename(fs.filename)}:{fs.lineno} {fs.name}"
+                         for fs in traceback.extract_stack(frame)[-8:]] if frame else []
+                samples[label] = {"rss": rss, "stack": stack}
+            time.sleep(a.interval)
+
+    original = partition.parmetis_part_kway
+
+    def traced(pm, comm, vtxdist, xadj, adjncy, nparts, *args, **kw):
+        frame = sys._getframe(1)
+        arrays = live_arrays(frame)
+        # the call's own arguments (a few KiB besides xadj/adjncy) are counted with the caller's names
+        rec = {"caller": frame.f_code.co_name, "nparts": int(nparts), "local_rows": int(xadj.shape[0] - 1),
+               "local_adj": int(adjncy.shape[0]), "rss_before": _status("VmRSS"),
+               "arrays": dict(sorted(arrays.items(), key=lambda kv: -kv[1])[:40]),
+               "arrays_total": int(sum(arrays.values())), "heap_before": heap_in_use()}
+        state["heap_max"] = rec["heap_before"]
+        state["label"] = f"parmetis#{len(calls)}"
+        _reset_hwm()
+        t0 = time.process_time()
+        try:
+            return original(pm, comm, vtxdist, xadj, adjncy, nparts, *args, **kw)
+        finally:
+            state["label"] = "returning"
+            rec.update(hwm_during=_status("VmHWM"), rss_after=_status("VmRSS"), cpu_s=time.process_time() - t0,
+                       heap_max_during=state["heap_max"], heap_after=heap_in_use())
+            state["label"] = f"after-parmetis#{len(calls)}"
+            calls.append(rec)
+
+    partition.parmetis_part_kway = traced
+    th = threading.Thread(target=sampler, daemon=True)
+    th.start()
+    rc = preprocess_main(argv)
+    state["stop"] = True
+    th.join()
+    from granndis_hpc.cluster import as_group
+
+    group = as_group(None)
+    recs = group.allgather_object({"rank": group.rank, "size": group.size, "calls": calls, "samples": samples})
+    if group.rank == 0:
+        with open(a.trace, "w") as f:
+            json.dump({"argv": argv, "ranks": recs}, f, indent=1)
+        mib = 2.0 ** 20
+        for r in recs:
+            for i, c in enumerate(r["calls"]):
+                print(f"rank {r['rank']}/{r['size']} call {i} ({c['caller']}, {c['local_rows']} rows, "
+                      f"{c['local_adj']} adj): before {c['rss_before'] / mib:.0f} MiB (our arrays "
+                      f"{c['arrays_total'] / mib:.0f}), during {c['hwm_during'] / mib:.0f}, after "
+                      f"{c['rss_after'] / mib:.0f}; malloc in use before {c['heap_before'] / mib:.0f}, max "
+                      f"during {c['heap_max_during'] / mib:.0f} (+{(c['heap_max_during'] - c['heap_before']) / mib:.0f})")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
