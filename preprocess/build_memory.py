@@ -128,8 +128,9 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
 
 def smallest_fitting_ranks(budget: int, max_ranks: int = 1024, **kwargs) -> Optional[int]:
     """The smallest P whose estimated peak per rank fits `budget` (None when none up to max_ranks does:
-    every rank holds the per-vertex arrays and the server's per-row arrays, and with METIS the writer
-    of a server its GPU split, which do not shrink with P)."""
+    every rank holds the per-vertex arrays, PT-Scotch's SCOTCH_VERTEX_BYTES per vertex of the graph
+    and the server's per-row arrays, and with METIS the writer of a server its GPU split, which do not
+    shrink with P)."""
     for P in range(1, max_ranks + 1):
         if estimate_build_memory(ranks=P, **kwargs).peak <= budget:
             return P
