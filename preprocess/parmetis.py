@@ -16,6 +16,18 @@ options[].  `_scotch_reproducible` runs the call with one Scotch thread (SCOTCH_
 Scotch at every call) and Scotch's generator seeded and reset: then the same graph, seed and rank count
 give the same partition.  Karypis' ParMETIS takes the seed from options[2].
 
+The band width (PT-Scotch only; docs/design.md, "Partitioning"): PT-Scotch's ParMETIS_V3_PartKway maps
+with its default parallel strategy, whose refinement at every uncoarsening level gathers the band graph
+(the vertices within `width` = 3 of the separator) whole onto every process and runs FM on it there.
+On graphs without locality that band is most of the graph: measured, ~190 B per vertex of the whole
+graph on every rank and the largest part of ParMETIS' CPU growth with P (issue 17,
+docs/bench-build-scaling.md).  So we call PT-Scotch's own API (SCOTCH_dgraphMapCompute) with the same
+default strategy but that band 1 vertex wide (SCOTCH_BAND_WIDTH; GRANNDIS_SCOTCH_BAND_WIDTH=3 gives the
+compatibility layer's partition exactly).  Measured at 800k vertices, P = 8: ParMETIS CPU 68 -> 36 s,
+its peak RSS 0.343 -> 0.272 GiB, the same cut (1-hop halo 18.1k/17.8k -> 18.0k/17.8k vertices).
+A graph that PT-Scotch partitions sequentially (P = 1, or small enough to fold onto one process, e.g.
+Cora) never reaches that band: its partition is unchanged.
+
 METIS: pymetis 2025.2 silently uses ncon=1 whatever vweights holds (measured: the training constraint was
 ignored), so we call METIS_PartGraphRecursive / METIS_PartGraphKway from the METIS that pymetis bundles
 (its extension exports them; idx_t width from pymetis._internal._idx_type_width()).  NULL tpwgts/ubvec
@@ -26,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +64,16 @@ class ParMetisLib:
     @property
     def name(self) -> str:
         return "pt-scotch-parmetis" if self.is_scotch else "parmetis"
+
+    @property
+    def native_scotch(self) -> bool:
+        """PT-Scotch called through its own API (_scotch_map), not its ParMETIS compatibility layer."""
+        return self.is_scotch and hasattr(self.lib, "SCOTCH_dgraphMapCompute")
+
+    def describe(self) -> str:
+        """The library as the manifest records it (with the band width where it is PT-Scotch's own API)."""
+        how = f"; SCOTCH_dgraphMapCompute, band width {scotch_band_width()}" if self.native_scotch else ""
+        return f"{self.name} ({self.path}, idx_t {self.idx_dtype.itemsize * 8}-bit{how})"
 
 
 def load_parmetis() -> ParMetisLib:
@@ -148,6 +171,10 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     options = np.array([1, 0, seed], dtype=idx)  # use options; no debug output; random seed (Karypis')
     edgecut = np.zeros(1, dtype=idx)
     part = np.zeros(max(n_local, 1), dtype=idx)
+    if pm.native_scotch:
+        with _scotch_reproducible(pm, seed):
+            _scotch_map(pm, as_group(comm), vtxdist_c, xadj_c, adjncy_c, vwgt_c, nparts, part)
+        return part[:n_local].astype(np.int64)
     comm_ptr = ctypes.c_void_p(as_group(comm).c_handle_address())  # the MPI_Comm * it takes
     with _scotch_reproducible(pm, seed):
         rc = pm.lib.ParMETIS_V3_PartKway(
@@ -157,6 +184,100 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     if rc != METIS_OK:
         raise PartitionerError(f"ParMETIS_V3_PartKway ({pm.path}) returned {rc}")
     return part[:n_local].astype(np.int64)
+
+
+# The parallel band's width in PT-Scotch's mapping strategy (module docstring); 3 is PT-Scotch's own.
+SCOTCH_BAND_WIDTH = 1
+# The one place of the default parallel strategy (SCOTCH_stratDgraphMapBuild, PT-Scotch 7) that sets the
+# width of the band refined at every uncoarsening level of the distributed multilevel.
+_PARALLEL_BAND = "asc=b{width=3,bnd=(d{pass=40,dif=1"
+
+
+def scotch_band_width() -> int:
+    raw = os.environ.get("GRANNDIS_SCOTCH_BAND_WIDTH", str(SCOTCH_BAND_WIDTH))
+    if not raw.isdigit() or int(raw) < 1:
+        raise PartitionerError(f"GRANNDIS_SCOTCH_BAND_WIDTH must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def _scotch_strategy_text(lib, strat) -> str:
+    """The strategy as PT-Scotch writes it (SCOTCH_stratSave), to edit and parse back."""
+    libc = ctypes.CDLL(None)
+    libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    lib.SCOTCH_stratSave.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile("r", prefix="granndis-scotch-strat-") as tmp:
+        stream = libc.fopen(tmp.name.encode(), b"w")
+        if not stream:
+            raise PartitionerError(f"cannot write PT-Scotch's strategy to {tmp.name}")
+        rc = lib.SCOTCH_stratSave(strat, stream)
+        libc.fclose(stream)
+        if rc != 0:
+            raise PartitionerError("SCOTCH_stratSave failed")
+        return tmp.read()
+
+
+def _scotch_map(pm: ParMetisLib, group, vtxdist, xadj, adjncy, vwgt, nparts: int, part) -> None:
+    """What PT-Scotch's ParMETIS_V3_PartKway does (libscotchmetis/parmetis_dgraph_part.c: build the
+    distributed graph, map it onto nparts equal parts with the default strategy), with the parallel band
+    SCOTCH_BAND_WIDTH wide.  Collective over `group`; fills part[:n_local].  vwgt: as the compatibility
+    layer reads it (the first n_local values of the flattened weights; callers pass one constraint)."""
+    lib, V = pm.lib, ctypes.c_void_p
+    num = ctypes.c_int64 if pm.idx_dtype == np.int64 else ctypes.c_int32
+    for fn in ("SCOTCH_dgraphAlloc", "SCOTCH_stratAlloc", "SCOTCH_archAlloc", "SCOTCH_dmapAlloc"):
+        getattr(lib, fn).restype = V
+    lib.SCOTCH_dgraphInit.argtypes = [V, V]
+    lib.SCOTCH_dgraphBuild.argtypes = [V, num, num, num, V, V, V, V, num, num, V, V, V]
+    lib.SCOTCH_stratDgraphMapBuild.argtypes = [V, num, num, num, ctypes.c_double]
+    lib.SCOTCH_stratDgraphMap.argtypes = [V, ctypes.c_char_p]
+    lib.SCOTCH_archCmpltw.argtypes = [V, num, V]
+    lib.SCOTCH_dgraphMapInit.argtypes = [V, V, V, V]
+    lib.SCOTCH_dgraphMapCompute.argtypes = [V, V, V]
+    for fn in ("SCOTCH_stratInit", "SCOTCH_stratExit", "SCOTCH_archInit", "SCOTCH_archExit", "SCOTCH_dgraphExit"):
+        getattr(lib, fn).argtypes = [V]
+    lib.SCOTCH_dgraphMapExit.argtypes = [V, V]
+
+    def check(rc, what):
+        if rc != 0:
+            raise PartitionerError(f"{what} ({pm.path}) returned {rc}")
+
+    n_local, edges = xadj.shape[0] - 1, int(xadj[-1])
+    width = scotch_band_width()
+    # PT-Scotch's opaque objects, allocated by the library (their size is its own), freed in `finally`.
+    graf, strat, arch, mapp = (lib.SCOTCH_dgraphAlloc(), lib.SCOTCH_stratAlloc(), lib.SCOTCH_archAlloc(),
+                               lib.SCOTCH_dmapAlloc())
+    comm = V.from_address(group.c_handle_address()).value  # MPI_Comm by value (Open MPI: a pointer)
+    check(lib.SCOTCH_dgraphInit(graf, V(comm)), "SCOTCH_dgraphInit")
+    lib.SCOTCH_stratInit(strat)
+    lib.SCOTCH_archInit(arch)
+    try:
+        check(lib.SCOTCH_dgraphBuild(graf, num(0), num(n_local), num(n_local), _ptr(xadj), _ptr(xadj[1:]),
+                                     _ptr(vwgt), None, num(edges), num(edges), _ptr(adjncy), None, None),
+              "SCOTCH_dgraphBuild")
+        # The default SCOTCH_dgraphMapCompute would build (library_dgraph_map.c): flags 0, imbalance 0.05.
+        check(lib.SCOTCH_stratDgraphMapBuild(strat, num(0), num(group.size), num(nparts), ctypes.c_double(0.05)),
+              "SCOTCH_stratDgraphMapBuild")
+        text = _scotch_strategy_text(lib, strat)
+        if width != 3 and text.count(_PARALLEL_BAND) == 1:  # another PT-Scotch's text: its default, unedited
+            lib.SCOTCH_stratExit(strat)
+            lib.SCOTCH_stratInit(strat)
+            edited = text.replace(_PARALLEL_BAND, _PARALLEL_BAND.replace("width=3", f"width={width}"))
+            check(lib.SCOTCH_stratDgraphMap(strat, edited.encode()), "SCOTCH_stratDgraphMap")
+        equal = np.ones(nparts, dtype=pm.idx_dtype)  # the compat layer's target weights for equal tpwgts
+        check(lib.SCOTCH_archCmpltw(arch, num(nparts), _ptr(equal)), "SCOTCH_archCmpltw")
+        check(lib.SCOTCH_dgraphMapInit(graf, mapp, arch, _ptr(part)), "SCOTCH_dgraphMapInit")
+        try:
+            check(lib.SCOTCH_dgraphMapCompute(graf, mapp, strat), "SCOTCH_dgraphMapCompute")
+        finally:
+            lib.SCOTCH_dgraphMapExit(graf, mapp)
+    finally:
+        lib.SCOTCH_archExit(arch)
+        lib.SCOTCH_stratExit(strat)
+        lib.SCOTCH_dgraphExit(graf)
+        if hasattr(lib, "SCOTCH_memFree"):
+            lib.SCOTCH_memFree.argtypes = [V]
+            for handle in (graf, strat, arch, mapp):
+                lib.SCOTCH_memFree(handle)
 
 
 def _metis_lib():

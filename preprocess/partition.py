@@ -266,7 +266,7 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
             local = parmetis_part_kway(pm, group, vtxdist, xadj, adjncy, nparts, w, seed)
         del xadj, adjncy
         parts = group.allgatherv(local, np.diff(vtxdist))
-        library = f"{pm.name} ({pm.path}, idx_t {pm.idx_dtype.itemsize * 8}-bit)"
+        library = pm.describe()
         constraints = ["vertices", "train"] if two else ["vertices"]
     parts = fill_empty_parts(np.asarray(parts, dtype=np.int64), nparts)
     parts, moved = refine_balance_with(lambda cand, p: access.part_counts(cand, p, nparts), parts, nparts)
