@@ -16,7 +16,7 @@ options[].  `_scotch_reproducible` runs the call with one Scotch thread (SCOTCH_
 Scotch at every call) and Scotch's generator seeded and reset: then the same graph, seed and rank count
 give the same partition.  Karypis' ParMETIS takes the seed from options[2].
 
-The band width (PT-Scotch only; docs/design.md, "Partitioning"): PT-Scotch's ParMETIS_V3_PartKway maps
+The band width (PT-Scotch only; docs/design.md §8): PT-Scotch's ParMETIS_V3_PartKway maps
 with its default parallel strategy, whose refinement at every uncoarsening level gathers the band graph
 (the vertices within `width` = 3 of the separator) whole onto every process and runs FM on it there.
 On graphs without locality that band is most of the graph: measured, ~190 B per vertex of the whole
