@@ -15,8 +15,8 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   - building the slice's symmetric adjacency (SlicedAccess.adjacency: int64 keys of both directions
     of every slice edge, their alltoallv copy and sort, beside the slice's edges): BASE_BYTES +
     KEY_BYTES_PER_EDGE per edge and PARTITION_ROW_BYTES per row of the slice.  The peak at P = 1 and 2;
-  - inside ParMETIS_V3_PartKway (PT-Scotch): SCOTCH_BASE_BYTES (the interpreter, libraries and MPI
-    that are resident then: less than BASE_BYTES, whose Python heap PT-Scotch reuses) + SCOTCH_VERTEX_BYTES
+  - inside ParMETIS (PT-Scotch): SCOTCH_BASE_BYTES (the interpreter, libraries and MPI
+    that are resident then: less than BASE_BYTES, whose Python heap PT-Scotch reuses) + scotch_vertex_bytes()
     per vertex of the WHOLE graph + SCOTCH_BYTES_PER_EDGE per edge of the slice (PT-Scotch's own
     structures with our int32 adjacency).  The per-vertex term is PT-Scotch's, not ours: at 800k
     vertices it is the same at P = 2, 4 and 8 while every array of ours alive at the call is ~1 B per
@@ -55,7 +55,13 @@ PARTITION_ROW_BYTES = 16
 LOAD_BYTES_PER_KEY = 8
 KEY_BYTES_PER_EDGE = 62  # building the slice's symmetric adjacency (keys, their shuffle, the edges)
 SCOTCH_BASE_BYTES = 120 * MIB
-SCOTCH_VERTEX_BYTES = 200  # PT-Scotch's, per vertex of the whole graph, on every rank (P >= 2)
+# PT-Scotch's, per vertex of the whole graph, on every rank (P >= 2): the band graph it gathers onto
+# every process (docs/design.md §8), by the band's width (preprocess/parmetis.scotch_band_width).
+# Fitted to the partition phase's peak at P = 8: width 1 (the build's default) at 800k (0.272 GiB) and
+# 2.45M (0.62 GiB); width 3 (PT-Scotch's own) to the 800k P = 2/4/8 traces and 2.45M P = 1..8.
+# Width 2 measured as 3 (800k P = 8: 0.342 against 0.343 GiB).
+SCOTCH_VERTEX_BYTES = 200
+SCOTCH_VERTEX_BYTES_NARROW_BAND = 96
 SCOTCH_BYTES_PER_EDGE = 40  # PT-Scotch's structures and our int32 adjacency, per edge of the slice
 METIS_BYTES_PER_EDGE = 40
 GPU_SPLIT_BYTES_PER_INNER_EDGE = 48  # the writer's METIS GPU split (metis, random): inner keys, METIS
@@ -63,6 +69,12 @@ HALO_BYTES_PER_VERTEX = 8
 ROW_BYTES = 24
 BLOCK_BYTES_PER_FEATURE = 8  # float32, two copies (received, reordered)
 BLOCK_BYTES_PER_EDGE = 16
+
+
+def scotch_vertex_bytes() -> int:
+    """PT-Scotch's bytes per vertex of the whole graph on every rank, for the band width the build uses."""
+    from .parmetis import scotch_band_width
+    return SCOTCH_VERTEX_BYTES_NARROW_BAND if scotch_band_width() == 1 else SCOTCH_VERTEX_BYTES
 
 
 @dataclass
@@ -109,8 +121,9 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
         keys = BASE_BYTES + KEY_BYTES_PER_EDGE * edges + ours
         if partitioner == "parmetis":
             S = max(len(servers), 1)
-            call = SCOTCH_BASE_BYTES + ours + max(SCOTCH_VERTEX_BYTES * n + SCOTCH_BYTES_PER_EDGE * edges,
-                                                  SCOTCH_VERTEX_BYTES * n / S + SCOTCH_BYTES_PER_EDGE * e / S / P)
+            per_vertex = scotch_vertex_bytes()
+            call = SCOTCH_BASE_BYTES + ours + max(per_vertex * n + SCOTCH_BYTES_PER_EDGE * edges,
+                                                  per_vertex * n / S + SCOTCH_BYTES_PER_EDGE * e / S / P)
             part = max(keys, call)
         else:  # METIS (metis, random): the edges stay in memory; rank 0 holds the whole adjacency
             gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0

@@ -49,25 +49,36 @@ def test_parmetis_partition_terms():
     (1/P of each server's inner subgraph on every rank) stays below the server partition, and with
     METIS the writer holds its server's split alone."""
     n, e, f = 1_000_000, 24_000_000, 100
-    calls = {}
+    calls, keyss = {}, {}
     for P in (1, 2, 4, 8):
         pm = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="parmetis", **GRAPH)
         me = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="metis", **GRAPH)
         rows, edges = n // P, e / P
         ours = bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * rows
-        keys = bm.BASE_BYTES + bm.KEY_BYTES_PER_EDGE * edges + ours
-        calls[P] = call = (bm.SCOTCH_BASE_BYTES + ours + bm.SCOTCH_VERTEX_BYTES * n
+        keyss[P] = keys = bm.BASE_BYTES + bm.KEY_BYTES_PER_EDGE * edges + ours
+        calls[P] = call = (bm.SCOTCH_BASE_BYTES + ours + bm.scotch_vertex_bytes() * n
                            + bm.SCOTCH_BYTES_PER_EDGE * edges)
         assert pm.phases[0]["partition"] == int(max(keys, call))
         if P > 1:
             assert me.phases[1]["partition"] >= int(keys + 8 * edges + bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2) - 64
         # The partition phase does not hold the slice's features: below the load phase's slice.
         assert pm.phases[0]["partition"] < max(keys, call) + 8 * edges + (4 * f + 24) * rows
-    # The keys set P = 1's peak, PT-Scotch P = 8's, and what PT-Scotch keeps per vertex of the graph
-    # bounds every rank from below whatever P.
+    # The keys set P = 1's peak, the larger of the two P = 8's, and what PT-Scotch keeps per vertex of
+    # the graph bounds every rank from below whatever P.
     assert estimate_build_memory(servers=SERVERS, ranks=1, **GRAPH).phases[0]["partition"] > int(calls[1])
-    assert estimate_build_memory(servers=SERVERS, ranks=8, **GRAPH).phases[0]["partition"] == int(calls[8])
-    assert calls[8] - calls[4] < 0 and calls[8] > bm.SCOTCH_VERTEX_BYTES * n
+    assert estimate_build_memory(servers=SERVERS, ranks=8, **GRAPH).phases[0]["partition"] == int(max(keyss[8], calls[8]))
+    assert calls[8] - calls[4] < 0 and calls[8] > bm.scotch_vertex_bytes() * n
+
+
+def test_scotch_term_follows_the_band_width(monkeypatch):
+    """PT-Scotch's per-vertex term is the band graph's: the build's 1-wide band (default) or 3 (its own)."""
+    assert bm.scotch_vertex_bytes() == bm.SCOTCH_VERTEX_BYTES_NARROW_BAND
+    sparse = dict(GRAPH, num_edges=4_000_000, raw_keys=4_000_000)  # PT-Scotch's call sets the phase's peak
+    narrow = estimate_build_memory(servers=SERVERS, ranks=8, **sparse).phases[0]["partition"]
+    monkeypatch.setenv("GRANNDIS_SCOTCH_BAND_WIDTH", "3")
+    assert bm.scotch_vertex_bytes() == bm.SCOTCH_VERTEX_BYTES
+    wide = estimate_build_memory(servers=SERVERS, ranks=8, **sparse).phases[0]["partition"]
+    assert wide - narrow == (bm.SCOTCH_VERTEX_BYTES - bm.SCOTCH_VERTEX_BYTES_NARROW_BAND) * GRAPH["num_vertices"]
 
 
 def test_smallest_fitting_ranks():
