@@ -226,6 +226,19 @@ class View:
             gather.post = post
         return gather
 
+    def layer_counts(self) -> List[dict]:
+        """Per layer, what the overlap cost model (granndis_hpc/linkmodel.py) reads of this rank's plan:
+        the view's exchange group, the distinct own rows the layer's exchange sends (the boundary rows a
+        boundary-first layer below computes before posting), the halo rows it receives, and the layer's
+        edges and those whose source is a halo row (the product that must wait for the halo).  Built once."""
+        if "_layer_counts" not in self.__dict__:
+            self._layer_counts = [
+                {"group": self.group, "send_rows": int(np.unique(lp.send_index).size),
+                 "halo_rows": int(lp.n_src - lp.n_own_in), "edges": int(g.indices.shape[0]),
+                 "halo_edges": int((g.indices >= lp.n_own_in).sum())}
+                for lp, g in zip(self.plan.layers, self.graphs)]
+        return self._layer_counts
+
     def _row_split(self, l: int):
         """(RowSplit of layer l's own rows into the rows it sends and the others, the send index as
         positions in the first group), built once per view and layer."""
@@ -271,6 +284,10 @@ class LayeredView:
         # Layer l's own rows (dropout's row ids): a prefix of its view's rows.
         ids = [view.row_ids for view in self.per_layer]
         self.layer_row_ids = tuple(ids)
+
+    def layer_counts(self) -> List[dict]:
+        """Layer l's counts (View.layer_counts) from the view that runs it."""
+        return [view.layer_counts()[l] for l, view in enumerate(self.per_layer)]
 
     def source_ids(self) -> Optional[torch.Tensor]:
         """Layer 0's source-row ids: those of the view that runs layer 0 (View.source_ids)."""
