@@ -309,8 +309,11 @@ class LayeredView:
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
             return per_layer[l](l, h)
 
-        if all(hasattr(g, "boundary") for g in per_layer):  # boundary-first pipelining, per layer's view
-            gather.boundary = lambda l: per_layer[l].boundary(l)
+        # Boundary-first pipelining wherever layer l's view overlaps its exchange: under the default
+        # --overlap-halos world, flx k < L's world layers do while its server layers do not, and the
+        # model computes layer l - 1's send rows first for the layers whose boundary is not None.
+        if any(hasattr(g, "boundary") for g in per_layer):
+            gather.boundary = lambda l: per_layer[l].boundary(l) if hasattr(per_layer[l], "boundary") else None
             gather.post = lambda l, rows: per_layer[l].post(l, rows)
         return gather
 
