@@ -72,7 +72,12 @@ def sweep_of_runs(runs_dir):
     import bench_cluster
     from granndis_hpc.linkmodel import LINK_FILE
 
-    rounds = []
+    rounds, load = [], {}
+    for name in ("sweep.json", "sweep.partial.json"):  # the rounds' load averages, where the sweep wrote them
+        path = os.path.join(os.path.dirname(os.path.abspath(runs_dir)), name)
+        if os.path.exists(path) and not load:
+            with open(path) as f:
+                load = {r["label"]: r.get("loadavg_1min") for r in json.load(f).get("rates", [])}
     for label in sorted(os.listdir(runs_dir)):
         runs, link = {}, None
         for mode in sorted(os.listdir(os.path.join(runs_dir, label))):
@@ -86,6 +91,7 @@ def sweep_of_runs(runs_dir):
                               run_dir=run_dir, **bench_cluster.run_config(run_dir))
         if runs:
             rounds.append({"label": label, "rate_bps": link["rate_bps"], "bw_Bps": link["bw_Bps"],
+                           "loadavg_1min": load.get(label),
                            "pingpong": {"intra_Bps": link["intra_Bps"]}, "runs": runs})
     return {"date": "", "rates": rounds}
 
@@ -145,6 +151,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweeps", nargs="*", help="sweep.json files of bench/bench_cluster.py")
     p.add_argument("--runs", action="append", default=[], help="a sweep's run directory (RATE/MODE/...)")
+    p.add_argument("--runs-poll", default="back-off 1 -> 16 ms (default)",
+                   help="the progress polling of the --runs sweeps (a run directory does not record it)")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cluster-overlap-pairs.md"))
     args = p.parse_args(argv)
     rows, sources = [], []
@@ -158,7 +166,14 @@ def main(argv=None):
     for path in args.runs:
         name = os.path.basename(os.path.dirname(os.path.abspath(path))) + "/" + os.path.basename(os.path.abspath(path))
         sources.append(name)
-        rows += [dict(r, source=name) for r in pair_rows(sweep_of_runs(path))]
+        sweep = sweep_of_runs(path)
+        first = next(iter(sweep["rates"][0]["runs"].values()))["run_dir"] if sweep["rates"] else None
+        shape = ""
+        if first is not None:
+            with open(os.path.join(first, "summary.json")) as f:
+                s = json.load(f)
+            shape = f"{s['servers']} x {s['ranks_per_server']}"
+        rows += [dict(r, source=name, shape=shape, poll=args.runs_poll) for r in pair_rows(sweep)]
     if not rows:
         p.error("no mode ran beside its -noovl twin in these sweeps")
     lines = page(rows, sources)
