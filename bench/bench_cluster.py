@@ -122,11 +122,18 @@ def steps_per_epoch(run_dir):
 
 
 def run_config(run_dir):
-    """What the cost model needs of a run's config.json: layers, and whether it overlapped."""
+    """What the cost model needs of a run's config.json and summary.json: layers, model, whether it
+    overlapped and which exchange groups (summary.json's plan.overlap_halos; None before the option,
+    when every halo overlapped)."""
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
-    return {"layers": int(cfg["layers"]), "overlap": not cfg.get("no_overlap", True) if "overlap" not in cfg else bool(cfg["overlap"]),
-            "halo_dtype": cfg.get("halo_dtype", "float32")}
+    plan = {}
+    if os.path.exists(os.path.join(run_dir, "summary.json")):
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            plan = json.load(f).get("plan", {})
+    return {"layers": int(cfg["layers"]), "model": cfg.get("model"),
+            "overlap": not cfg.get("no_overlap", True) if "overlap" not in cfg else bool(cfg["overlap"]),
+            "overlap_halos": plan.get("overlap_halos"), "halo_dtype": cfg.get("halo_dtype", "float32")}
 
 
 def run(cmd, log, timeout, capture=False):
@@ -247,8 +254,9 @@ def render(sweep, argv):
         L += ["", "| mode | rows per epoch | k (us per row) |", "|---|---:|---:|"]
         L += [f"| {m} | {rounds[0]['runs'][m]['rows']:,} | {fit['cost_per_row_s'][m] * 1e6:.2f} |" for m in modes]
     if all("overlap_limit_s" in x for r in rounds for x in r["runs"].values()):
-        L += ["", "Overlap limit (sum over layer-passes of max(compute, halo wire) + gradient wire; "
-              "`bench/cluster/costmodel.py`): measured epoch / limit per run, marked * where the run overlapped. "
+        L += ["", "Overlap limit (compute + the halo wire each exchange's window of compute cannot hide + gradient "
+              "wire, for the exchanges the run overlapped; granndis_hpc/linkmodel.py): measured epoch / limit per "
+              "run, marked * where the run overlapped. "
               "A run that overlaps is at or above its limit; one that does not is near the additive model.", "",
               "| link rate | " + " | ".join(f"{m} meas / limit" for m in modes) + " |", "|---|" + "---:|" * len(modes)]
         for r in rounds:

@@ -7,14 +7,15 @@
 For every round (link rate) of every sweep and every mode M whose `M-noovl` ran in the same round
 (side by side): both epochs and their ratio, the exposed inter-server wait of each, the exact ledger
 bytes (equal in a pair, checked), and two readings of the overlap cost model
-(granndis_hpc/linkmodel.py, T = sum over layer-passes of max(c, w_l) + W_grad):
+(granndis_hpc/linkmodel.py: T = C + the wire time each exchange's window of compute cannot hide + W_grad,
+modelling what the run overlaps and what cannot overlap):
 
 - `meas / limit`: the overlapped run's epoch over its limit computed from *its own* compute (the
   ledger's compute + sampling seconds of its median epoch) and the round's measured link -- what
   `granndis report` shows: how far the run is from hiding all its halo wire time behind its compute;
 - `best ratio`: the limit over the additive epoch (compute + wire) of the *no-overlap* run's compute,
-  i.e. the smallest overlapped / no-overlap ratio the model allows on this graph and link, even with
-  every layer-pass's whole compute under the wire.  Where it is above a target ratio the target cannot
+  i.e. the smallest overlapped / no-overlap ratio the model allows on this graph and link with the
+  overlapped run's order (its overlapped groups and per-layer windows).  Where it is above a target ratio the target cannot
   be reached by overlapping alone.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import sys
 
 from harness import REPO, write_page  # first: puts bench/cluster on the path
 
-from granndis_hpc.linkmodel import link_bandwidth, overlap_limit, wire_s  # noqa: E402
+from granndis_hpc.linkmodel import link_bandwidth, overlap_limit, overlapped_groups, wire_s  # noqa: E402
 
 NOOVL = "-noovl"
 
@@ -48,7 +49,10 @@ def pair_rows(sweep, servers=2):
             wire = wire_s(base, *bw)
             limit_own = overlap_limit(ovl, own_compute(ovl), bw, servers)
             c_base = own_compute(base)
-            best = overlap_limit(base, c_base, bw, servers) / (c_base + wire)
+            # the no-overlap run's compute under the overlapped run's order (its groups and counts)
+            groups = overlapped_groups(ovl.get("overlap", True), ovl.get("overlap_halos"))
+            best = overlap_limit(dict(base, layer_counts=ovl.get("layer_counts")), c_base, bw, servers,
+                                 groups=groups) / (c_base + wire)
             out.append({"date": sweep["date"], "label": rnd["label"], "mode": mode, "loadavg_1min": rnd.get("loadavg_1min"),
                         "epoch_s": ovl["epoch_s"], "noovl_epoch_s": base["epoch_s"],
                         "ratio": ovl["epoch_s"] / base["epoch_s"],
@@ -68,7 +72,12 @@ def sweep_of_runs(runs_dir):
     import bench_cluster
     from granndis_hpc.linkmodel import LINK_FILE
 
-    rounds = []
+    rounds, load = [], {}
+    for name in ("sweep.json", "sweep.partial.json"):  # the rounds' load averages, where the sweep wrote them
+        path = os.path.join(os.path.dirname(os.path.abspath(runs_dir)), name)
+        if os.path.exists(path) and not load:
+            with open(path) as f:
+                load = {r["label"]: r.get("loadavg_1min") for r in json.load(f).get("rates", [])}
     for label in sorted(os.listdir(runs_dir)):
         runs, link = {}, None
         for mode in sorted(os.listdir(os.path.join(runs_dir, label))):
@@ -82,6 +91,7 @@ def sweep_of_runs(runs_dir):
                               run_dir=run_dir, **bench_cluster.run_config(run_dir))
         if runs:
             rounds.append({"label": label, "rate_bps": link["rate_bps"], "bw_Bps": link["bw_Bps"],
+                           "loadavg_1min": load.get(label),
                            "pingpong": {"intra_Bps": link["intra_Bps"]}, "runs": runs})
     return {"date": "", "rates": rounds}
 
@@ -141,6 +151,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweeps", nargs="*", help="sweep.json files of bench/bench_cluster.py")
     p.add_argument("--runs", action="append", default=[], help="a sweep's run directory (RATE/MODE/...)")
+    p.add_argument("--runs-poll", default="back-off 1 -> 16 ms (default)",
+                   help="the progress polling of the --runs sweeps (a run directory does not record it)")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cluster-overlap-pairs.md"))
     args = p.parse_args(argv)
     rows, sources = [], []
@@ -154,7 +166,14 @@ def main(argv=None):
     for path in args.runs:
         name = os.path.basename(os.path.dirname(os.path.abspath(path))) + "/" + os.path.basename(os.path.abspath(path))
         sources.append(name)
-        rows += [dict(r, source=name) for r in pair_rows(sweep_of_runs(path))]
+        sweep = sweep_of_runs(path)
+        first = next(iter(sweep["rates"][0]["runs"].values()))["run_dir"] if sweep["rates"] else None
+        shape = ""
+        if first is not None:
+            with open(os.path.join(first, "summary.json")) as f:
+                s = json.load(f)
+            shape = f"{s['servers']} x {s['ranks_per_server']}"
+        rows += [dict(r, source=name, shape=shape, poll=args.runs_poll) for r in pair_rows(sweep)]
     if not rows:
         p.error("no mode ran beside its -noovl twin in these sweeps")
     lines = page(rows, sources)

@@ -1,19 +1,37 @@
 """The cost model's overlapped limit of an epoch on a measured link (standard library only).
 
-`granndis report` shows it beside each run's measured epoch; bench/cluster/costmodel.py fits the same
-model over a link-rate sweep.  With the halo in flight while a layer aggregates the rows it holds, and
-gradient buckets reduced during the backward (granndis-train's default), a layer-pass costs
-max(its compute, its wire time), not their sum:
+`granndis report` shows it beside each run's measured epoch; bench/cluster/costmodel.py and
+bench/overlap_pairs.py compute it for a sweep with the same function (`overlap_limit`).  It models what the
+run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and what cannot overlap:
 
-    T_overlap = sum over the 2L layer-passes of max(c, w_l) + W_grad
+    T = C + sum over the exchanges e of w_e - hidden_e + W_grad,   hidden_e = min(w_e, window_e)
 
-c = C / 2L: the run's compute spread evenly over the forward and backward passes of the L layers (the
-record has no per-layer times); w_l = W_halo / 2(L-1) on the layers that exchange (every layer but the
-first: layer 0's halo is the static input, exchanged at set-up) and 0 on the first; W_grad = the
-gradient bytes' wire time, left additive (the leaders' stage overlaps only the rest of the backward).
-It is a *limit*: the compute that needs the halo (the halo edges' products) cannot overlap it, so a
-measured epoch is at or above it.  Wire times: the busiest server's inter-server bytes over the link's
-sustained payload rate, the busiest rank's intra-server bytes over the shared-memory rate.
+- C: the run's own compute (+ sampling) seconds.  It is spread over the L layers in proportion to the
+  rows each computes (the record's rows_computed, summed over ranks: the row-wise work -- projections,
+  bias, activation, dropout -- dominates a layer here), half in the forward and half in the backward:
+  c_l per layer and direction.
+- The exchanges: every layer but the first exchanges its halo once forward and once backward (layer 0 of
+  sage/gcn reads the static input halo, exchanged at set-up; ResSAGE's layer 0 exchanges too).  w_e: the
+  layer's share of the epoch's halo wire time, split over the exchanges in proportion to their halo rows
+  (the record's halo_rows): world-view layers carry the busiest server's inter-server halo bytes over the
+  link's payload rate, every exchanging layer the busiest rank's intra-server bytes over shared memory.
+- window_e: the compute that runs while exchange e (layer l) travels, by the engine's order
+  (docs/overlap.md): zero where e does not overlap (`--no-overlap`; a server-view layer under the default
+  `--overlap-halos world`), else
+      c_{l-1} (1 - s_l)  +  c_l (1 - h_l) f_l
+  * s_l = send rows / rows layer l - 1 computes (the record's send_rows): boundary-first, layer l - 1
+    computes the rows exchange e sends first and posts them; that part (c_{l-1} s_l) cannot overlap e;
+  * h_l = halo edges / edges of layer l (halo_edges, edges): the halo columns' product (and the halo
+    rows' projection) waits for e, so that share of c_l cannot overlap it;
+  * f_l = s_{l+1} where layer l is itself split for an overlapped exchange l + 1 (only its send rows'
+    own part runs before it needs e), else 1.
+  The backward mirrors the forward (halo gradients posted after the halo part's backward, the own branch
+  and the rest rows run while they travel), so it gets the same window.  The windows are disjoint pieces
+  of C, so no second of compute hides two exchanges.
+- W_grad: the gradient bytes' wire time, additive (one bucket on these models, final only at the end of
+  the backward).
+Without overlap T = C + W: the additive model.  It is a *limit* (a lower bound on the epoch): it assumes
+the link's full rate while a window lasts and no waiting for slower ranks.
 
 The link a run ran on is described by an optional file of its run directory, ``link.json`` (LINK_FILE),
 written by whoever measured the link (bench/bench_cluster.py does, from its MPI ping-pong self-check):
@@ -71,29 +89,94 @@ def _intra_s(nbytes, bw_intra):
     return 0.0 if not nbytes else nbytes / positive(bw_intra, "intra-server")
 
 
-def overlap_limit(run, compute_s, bandwidths, servers):
-    """T_overlap of the module docstring: sum over layer-passes of max(compute, halo wire) + gradient wire.
+# What the epoch record counts per layer for the model (engine/steps.LAYER_COUNT_KEYS, summed over ranks).
+COUNT_KEYS = ("rows_computed", "rows_held", "send_rows", "halo_rows", "edges", "halo_edges")
+# The exchange groups a run overlapped when its record predates `overlap_halos` (before the option every
+# halo overlapped), by the overlap flag.
+ALL_GROUPS = ("server", "world")
+
+
+def layer_counts(record):
+    """Per layer {group, rows_computed, rows_held, send_rows, halo_rows, edges, halo_edges} of an epoch
+    record's rows_per_layer, summed over ranks (the group: rank 0's, the same on every rank); None where
+    the record predates those counts."""
+    per_rank = record.get("rows_per_layer")
+    if not per_rank or any(key not in per_rank[0] for key in COUNT_KEYS + ("group",)):
+        return None
+    layers = len(per_rank[0]["rows_computed"])
+    return [dict({key: sum(int(r[key][l]) for r in per_rank) for key in COUNT_KEYS}, group=per_rank[0]["group"][l])
+            for l in range(layers)]
+
+
+def overlapped_groups(overlap, overlap_halos):
+    """The exchange groups a run overlapped: none without overlap; `overlap_halos` (summary.json's plan
+    or config.OVERLAP_HALOS) with it, every group where the run predates the option."""
+    if not overlap:
+        return frozenset()
+    return frozenset(ALL_GROUPS if overlap_halos is None else overlap_halos)
+
+
+def overlap_limit(run, compute_s, bandwidths, servers, groups=None):
+    """T of the module docstring: the run's compute, plus each exchange's wire time less what its window
+    of compute hides, plus the gradient's wire time.
 
     run: {"layers", "bytes": {"inter_grad", "intra_grad", ...}, "inter_bytes_max_server",
-    "intra_bytes_max_rank"}; bandwidths: (inter, intra) bytes/s."""
+    "intra_bytes_max_rank", "layer_counts" (layer_counts()), "overlap", "overlap_halos", "model"};
+    bandwidths: (inter, intra) bytes/s; groups: the exchange groups that overlap (default: the run's own,
+    overlapped_groups); with none the result is the additive C + W."""
     bw_inter, bw_intra = positive(bandwidths[0], "inter-server"), bandwidths[1]
     layers = int(run.get("layers") or 0)
     if layers < 1:
         raise ValueError(f"run {run.get('run_dir', '?')}: the overlap model needs the run's layer count")
+    if groups is None:
+        groups = overlapped_groups(run.get("overlap", True), run.get("overlap_halos"))
     b = run["bytes"]
     # Gradient bytes are the same on every leader (the ring), so the busiest server's halo share is its
     # inter bytes less one leader's gradient bytes; the busiest rank's intra bytes likewise less the
     # gradient's (an upper bound on its halo bytes: the leader's broadcast is the largest intra grad).
     grad_inter = b["inter_grad"] / servers
     grad_wire = grad_inter / bw_inter + _intra_s(b["intra_grad"] / servers, bw_intra)
-    halo_wire = (max(run["inter_bytes_max_server"] - grad_inter, 0) / bw_inter
-                 + _intra_s(run["intra_bytes_max_rank"], bw_intra))
-    passes, exchanging = 2 * layers, 2 * (layers - 1)
-    c = compute_s / passes
-    if exchanging == 0:
-        return compute_s + halo_wire + grad_wire
-    w = halo_wire / exchanging
-    return exchanging * max(c, w) + (passes - exchanging) * c + grad_wire
+    inter_wire = max(run["inter_bytes_max_server"] - grad_inter, 0) / bw_inter
+    intra_wire = _intra_s(run["intra_bytes_max_rank"], bw_intra)
+    counts = run.get("layer_counts")
+    if not groups:
+        return compute_s + inter_wire + intra_wire + grad_wire
+    if counts is None or len(counts) != layers:
+        raise ValueError(f"run {run.get('run_dir', '?')}: the overlap model needs the per-layer row and edge "
+                         f"counts of its epoch records (rows_per_layer's send_rows, halo_rows, edges, halo_edges); "
+                         f"rerun it with this version of granndis_hpc")
+    # sage/gcn (PlainGNN): layer 0's halo is static and a layer below an overlapped exchange computes
+    # its send rows first; ResSAGE exchanges at layer 0 too and computes every row before posting.
+    plain = run.get("model") != "ressage"
+    first = 1 if plain else 0
+    exchanging = range(first, layers)
+    rows = sum(c["rows_computed"] for c in counts) or 1
+    c = [compute_s * x["rows_computed"] / rows / 2 for x in counts]  # per layer and direction
+    world_halo = sum(counts[l]["halo_rows"] for l in exchanging if counts[l]["group"] == "world")
+    all_halo = sum(counts[l]["halo_rows"] for l in exchanging)
+    if inter_wire and not world_halo:
+        raise ValueError(f"run {run.get('run_dir', '?')}: inter-server halo bytes but no world-view layer")
+
+    def share(part, whole):
+        return part / whole if whole else 0.0
+
+    def overlaps(l):
+        return first <= l < layers and counts[l]["group"] in groups
+
+    exposed = 0.0
+    for l in exchanging:
+        x = counts[l]
+        # the layer's share of the epoch's halo wire, half of it forward and half backward
+        wire = ((share(x["halo_rows"], world_halo) * inter_wire if x["group"] == "world" else 0.0)
+                + share(x["halo_rows"], all_halo) * intra_wire) / 2
+        window = 0.0
+        if overlaps(l):
+            # boundary-first: layer l - 1 computes and posts the send rows, then the rest while they travel
+            below = c[l - 1] * (1 - share(x["send_rows"], counts[l - 1]["rows_computed"])) if plain else 0.0
+            split = share(counts[l + 1]["send_rows"], x["rows_computed"]) if plain and overlaps(l + 1) else 1.0
+            window = below + c[l] * (1 - share(x["halo_edges"], x["edges"])) * split
+        exposed += 2 * max(wire - window, 0.0)  # forward and backward
+    return compute_s + exposed + grad_wire
 
 
 def check_link(link, where, error=ValueError):
@@ -113,16 +196,20 @@ def check_link(link, where, error=ValueError):
 
 
 def run_limit(summary, record, link, run_dir=""):
-    """The overlapped limit (seconds) of a run's epoch on `link`, from its summary.json (layers, servers,
-    bytes per epoch, the compute and sampling seconds of its median epoch) and the epoch record whose
-    busiest-server / busiest-rank bytes it uses.  The compute is the run's own measured compute: the
-    limit says how far the run is from hiding all of its wire time behind it."""
+    """The limit (seconds) of a run's epoch on `link`, from its summary.json (layers, servers, model, plan:
+    overlap and overlap_halos, bytes per epoch, the compute and sampling seconds of its median epoch) and
+    the epoch record whose busiest-server / busiest-rank bytes and per-layer counts it uses.  The compute
+    is the run's own measured compute: the limit says how far the run is from hiding what its order
+    allows it to hide."""
     inter_max, intra_max = busiest_bytes(record)
     if inter_max is None or intra_max is None:
         raise ValueError(f"run {run_dir}: its metrics.jsonl has no per-server / per-rank byte counts "
                          f"(a run of an older version)")
+    plan = summary.get("plan", {})
     run = {"run_dir": run_dir, "layers": summary["layers"], "bytes": summary["bytes_per_epoch"],
-           "inter_bytes_max_server": inter_max, "intra_bytes_max_rank": intra_max}
+           "inter_bytes_max_server": inter_max, "intra_bytes_max_rank": intra_max, "model": summary.get("model"),
+           "layer_counts": layer_counts(record), "overlap": plan.get("overlap", True),
+           "overlap_halos": plan.get("overlap_halos")}
     seconds = summary["seconds_per_epoch"]
     compute = seconds["compute"] + seconds.get("sampling", 0.0)
     return overlap_limit(run, compute, (link_bandwidth(link), link["intra_Bps"]), summary["servers"])

@@ -28,7 +28,8 @@ The model follows the paper's Eq. 1 / 5: an epoch is computation plus communicat
   bandwidth (small: a few hundredths of a second).
 
 Overlap (`overlap_limit`, beside the additive form): granndis_hpc/linkmodel.py holds that model (the
-product's `granndis report` shows it too): a layer-pass costs max(its compute, its wire time).  A run's
+product's `granndis report` shows it too): each exchange the run overlaps hides its wire time behind the
+compute its order lets run meanwhile (the window), the rest is additive.  A run's
 "compute" for the fit is its epoch less its wire time without overlap; with overlap the wire time is
 partly hidden, so there the fit reads the run's own compute (the epoch less the seconds it waited).
 
@@ -41,8 +42,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from granndis_hpc.linkmodel import (TCP_PAYLOAD_SHARE, busiest_bytes, link_bandwidth,  # noqa: F401 (re-exported)
-                                    overlap_limit, positive as _positive, wire_s)
+from granndis_hpc.linkmodel import (TCP_PAYLOAD_SHARE, busiest_bytes, layer_counts,  # noqa: F401 (re-exported)
+                                    link_bandwidth, overlap_limit, positive as _positive, wire_s)
 
 PHASES = ("compute", "intra_comm", "inter_comm", "grad_sync", "sampling")
 BYTE_KEYS = ("intra_halo", "inter_halo", "intra_grad", "inter_grad")
@@ -70,6 +71,7 @@ def summarize_run(records, steps=1):
     per_rank = last.get("rows_per_layer")
     out["rows"] = None if not per_rank else int(steps) * sum(sum(r["rows_computed"]) for r in per_rank)
     out["inter_bytes_max_server"], out["intra_bytes_max_rank"] = busiest_bytes(last)
+    out["layer_counts"] = layer_counts(last)  # the overlap limit's per-layer counts (None: older records)
     tested = [r for r in records if r.get("test_acc") is not None]
     out["test_acc"] = float(tested[-1]["test_acc"]) if tested else None
     return out
@@ -141,7 +143,8 @@ def model_sweep(rounds, servers):
             run["cost_per_row_s"] = compute / run["rows"]
             run["predicted_s"] = compute + run["wire_s"]
             run["model_error"] = (run["predicted_s"] - run["epoch_s"]) / run["epoch_s"]
-            if run.get("layers"):  # sweeps recorded before the overlap model have no layer count
+            # sweeps recorded before the overlap model have no layer count, before its counts none of them
+            if run.get("layers") and (run.get("layer_counts") or not run.get("overlap")):
                 run["overlap_limit_s"] = overlap_limit(run, compute, bw_of[i], servers)
                 run["measured_over_limit"] = run["epoch_s"] / run["overlap_limit_s"]
     unshaped_model(rounds, servers)

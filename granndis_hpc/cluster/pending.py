@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from . import trace
 from .ledger import Ledger
 
 
@@ -95,6 +96,8 @@ class MPIProgress:
             self.polls += 1
             time.sleep(interval)
             interval = min(interval * PROGRESS_BACKOFF, PROGRESS_POLL_MAX_S)
+        if not self._stop:
+            trace.mark("polled_done")  # the thread saw every request complete (GRANNDIS_EXCHANGE_TRACE)
 
     def test(self) -> bool:
         """True when every request has completed (MPI_Testall; only while no thread polls them)."""

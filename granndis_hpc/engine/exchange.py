@@ -25,6 +25,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from granndis_hpc.cluster import trace
 from granndis_hpc.nn.graph import PendingRows
 
 # exchange_fn(send_rows, send_counts, recv_counts) -> received rows; a Communicator method bound to
@@ -50,15 +51,20 @@ class _HaloExchange(torch.autograd.Function):
         ctx.send_counts, ctx.recv_counts = send_counts, recv_counts
         ctx.save_for_backward(send_index)
         ctx.num_rows = h.shape[0]
-        return _from_wire(exchange_fn(_to_wire(h.index_select(0, send_index), wire_dtype), send_counts,
+        trace.mark("block_fwd_start")
+        rows = _from_wire(exchange_fn(_to_wire(h.index_select(0, send_index), wire_dtype), send_counts,
                                       recv_counts), h.dtype)
+        trace.mark("block_fwd_end")
+        return rows
 
     @staticmethod
     def backward(ctx, grad_recv):
         (send_index,) = ctx.saved_tensors
         # The reverse exchange: what we received, we send back; what we sent, we receive.
+        trace.mark("block_bwd_start")
         grad_send = _from_wire(ctx.exchange_fn(_to_wire(grad_recv, ctx.wire_dtype), ctx.recv_counts,
                                                ctx.send_counts), grad_recv.dtype)
+        trace.mark("block_bwd_end")
         grad_h = grad_recv.new_zeros((ctx.num_rows,) + tuple(grad_recv.shape[1:]))
         grad_h.index_add_(0, send_index, grad_send)
         return grad_h, None, None, None, None, None
@@ -79,12 +85,24 @@ class _InFlight:
     """What the two nodes of one overlapped exchange share: the plan and the two pending exchanges."""
 
     __slots__ = ("send_index", "send_counts", "recv_counts", "start", "wire_dtype", "dtype", "num_rows",
-                 "forward", "backward")
+                 "forward", "backward", "trace_id")
 
     def __init__(self, h, send_index, send_counts, recv_counts, start, wire_dtype):
         self.send_index, self.send_counts, self.recv_counts = send_index, send_counts, recv_counts
         self.start, self.wire_dtype, self.dtype, self.num_rows = start, wire_dtype, h.dtype, h.shape[0]
         self.forward = self.backward = None
+        self.trace_id = trace.new_id()  # GRANNDIS_EXCHANGE_TRACE (cluster/trace.py); -1 when off
+
+    def post(self, rows, send_counts, recv_counts, direction):
+        pending = self.start(rows, send_counts, recv_counts)
+        trace.mark("post_" + direction, self.trace_id)
+        return pending
+
+    def wait(self, pending, direction):
+        trace.mark("wait_start_" + direction, self.trace_id)
+        rows = _from_wire(pending.wait(), self.dtype)
+        trace.mark("wait_end_" + direction, self.trace_id)
+        return rows
 
 
 class _Post(torch.autograd.Function):
@@ -94,14 +112,14 @@ class _Post(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, state: _InFlight):
         ctx.state = state
-        state.forward = state.start(_to_wire(h.index_select(0, state.send_index), state.wire_dtype),
-                                    state.send_counts, state.recv_counts)
+        state.forward = state.post(_to_wire(h.index_select(0, state.send_index), state.wire_dtype),
+                                   state.send_counts, state.recv_counts, "fwd")
         return h.new_empty(0)
 
     @staticmethod
     def backward(ctx, _grad_token):
         state = ctx.state
-        grad_send = _from_wire(state.backward.wait(), state.dtype)
+        grad_send = state.wait(state.backward, "bwd")
         state.backward = None
         grad_h = grad_send.new_zeros((state.num_rows,) + tuple(grad_send.shape[1:]))
         grad_h.index_add_(0, state.send_index, grad_send)
@@ -114,14 +132,14 @@ class _Wait(torch.autograd.Function):
     @staticmethod
     def forward(ctx, _token, state: _InFlight):
         ctx.state = state
-        rows = _from_wire(state.forward.wait(), state.dtype)
+        rows = state.wait(state.forward, "fwd")
         state.forward = None
         return rows
 
     @staticmethod
     def backward(ctx, grad_halo):
         state = ctx.state
-        state.backward = state.start(_to_wire(grad_halo, state.wire_dtype), state.recv_counts, state.send_counts)
+        state.backward = state.post(_to_wire(grad_halo, state.wire_dtype), state.recv_counts, state.send_counts, "bwd")
         return grad_halo.new_zeros(0), None
 
 
@@ -138,7 +156,7 @@ class PostedHalo:
         state, token = self._state, self._token
         if token is not None:
             return PendingRows(h, lambda: _Wait.apply(token, state), self.n_halo)
-        return PendingRows(h, lambda: _from_wire(state.forward.wait(), state.dtype), self.n_halo)
+        return PendingRows(h, lambda: state.wait(state.forward, "fwd"), self.n_halo)
 
 
 def halo_exchange_post(rows: torch.Tensor, send_index: torch.Tensor, send_counts: Sequence[int],
@@ -152,8 +170,8 @@ def halo_exchange_post(rows: torch.Tensor, send_index: torch.Tensor, send_counts
     state = _InFlight(rows, send_index, list(send_counts), list(recv_counts), start_fn, wire_dtype)
     if rows.requires_grad:
         return PostedHalo(state, _Post.apply(rows, state))
-    state.forward = start_fn(_to_wire(rows.index_select(0, send_index), wire_dtype), state.send_counts,
-                             state.recv_counts)
+    state.forward = state.post(_to_wire(rows.index_select(0, send_index), wire_dtype), state.send_counts,
+                               state.recv_counts, "fwd")
     return PostedHalo(state, None)
 
 

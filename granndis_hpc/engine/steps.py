@@ -69,9 +69,16 @@ class Step:
     accounting: Optional[Callable[[], Dict]] = None  # collective: rows held/computed, redundancy
 
 
+# Per-layer counts of View.layer_counts the epoch record keeps (rows_per_layer), beside rows held/computed.
+LAYER_COUNT_KEYS = ("group", "send_rows", "halo_rows", "edges", "halo_edges")
+
+
 def rows_accounting(topo, view: PlanView) -> Dict:
     """Collective: the rows every rank holds (layer sources) and computes per layer, on rank 0."""
     record = {"rank": topo.rank, "rows_held": [int(g.n_src) for g in view.graphs],
               "rows_computed": [int(g.n_dst) for g in view.graphs]}
+    if hasattr(view, "layer_counts"):  # the overlap cost model's inputs (granndis_hpc/linkmodel.py)
+        counts = view.layer_counts()
+        record.update({key: [c[key] for c in counts] for key in LAYER_COUNT_KEYS})
     per_rank = topo.gather_object(record)
     return {"rows_per_layer": per_rank} if topo.rank == 0 else {}

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from granndis_hpc import shards
+from granndis_hpc.cluster import trace
 from granndis_hpc.cluster.comm import Communicator
 from granndis_hpc.cluster.errors import collective_errors, raised_everywhere
 from granndis_hpc.cluster.gradsync import GradientSync
@@ -186,6 +187,7 @@ class Trainer:
     def _step(self, step: Step) -> tuple:
         """Forward, loss over the step's target rows / their global count, backward, gradient sync,
         optimizer step.  Returns (local loss, gradient-sync seconds)."""
+        trace.mark("step_start")
         self.optimizer.zero_grad(set_to_none=False)
         saved = SavedBytes()
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
@@ -193,7 +195,9 @@ class Trainer:
             loss = torch.nn.functional.cross_entropy(logits[step.rows], step.labels, reduction="sum") \
                 / float(step.num_targets)
         self.activation_bytes = max(self.activation_bytes, saved.total)
+        trace.mark("backward")
         loss.backward()  # with overlap, gradient buckets are already being reduced (cluster/gradsync.py)
+        trace.mark("backward_end")
         grad_start = time.perf_counter()
         if self.gradsync is not None:
             self.gradsync.finish()  # the reduction not hidden behind the backward
@@ -202,6 +206,7 @@ class Trainer:
         self._sync()
         grad_s = time.perf_counter() - grad_start
         self.optimizer.step()
+        trace.mark("step_end")
         return float(loss.detach()), grad_s
 
     def train_epoch(self) -> Dict:
@@ -308,6 +313,8 @@ class Trainer:
         if self.run_dir:
             self.run_dir.write_best_model(self.best, self.best_state)  # collective, rank 0 writes
             self.run_dir.finish(summary)
+            # GRANNDIS_EXCHANGE_TRACE (cluster/trace.py): every rank's exchange events, beside the run's files
+            trace.dump(os.path.join(cfg.out, f"exchange-trace-rank{self.topo.rank}.json"))
         return summary
 
     # ---- best-validation selection --------------------------------------------------------------

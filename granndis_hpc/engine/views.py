@@ -226,6 +226,19 @@ class View:
             gather.post = post
         return gather
 
+    def layer_counts(self) -> List[dict]:
+        """Per layer, what the overlap cost model (granndis_hpc/linkmodel.py) reads of this rank's plan:
+        the view's exchange group, the distinct own rows the layer's exchange sends (the boundary rows a
+        boundary-first layer below computes before posting), the halo rows it receives, and the layer's
+        edges and those whose source is a halo row (the product that must wait for the halo).  Built once."""
+        if "_layer_counts" not in self.__dict__:
+            self._layer_counts = [
+                {"group": self.group, "send_rows": int(np.unique(lp.send_index).size),
+                 "halo_rows": int(lp.n_src - lp.n_own_in), "edges": int(g.indices.shape[0]),
+                 "halo_edges": int((g.indices >= lp.n_own_in).sum())}
+                for lp, g in zip(self.plan.layers, self.graphs)]
+        return self._layer_counts
+
     def _row_split(self, l: int):
         """(RowSplit of layer l's own rows into the rows it sends and the others, the send index as
         positions in the first group), built once per view and layer."""
@@ -272,6 +285,10 @@ class LayeredView:
         ids = [view.row_ids for view in self.per_layer]
         self.layer_row_ids = tuple(ids)
 
+    def layer_counts(self) -> List[dict]:
+        """Layer l's counts (View.layer_counts) from the view that runs it."""
+        return [view.layer_counts()[l] for l, view in enumerate(self.per_layer)]
+
     def source_ids(self) -> Optional[torch.Tensor]:
         """Layer 0's source-row ids: those of the view that runs layer 0 (View.source_ids)."""
         return self.per_layer[0].source_ids()
@@ -292,8 +309,11 @@ class LayeredView:
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
             return per_layer[l](l, h)
 
-        if all(hasattr(g, "boundary") for g in per_layer):  # boundary-first pipelining, per layer's view
-            gather.boundary = lambda l: per_layer[l].boundary(l)
+        # Boundary-first pipelining wherever layer l's view overlaps its exchange: under the default
+        # --overlap-halos world, flx k < L's world layers do while its server layers do not, and the
+        # model computes layer l - 1's send rows first for the layers whose boundary is not None.
+        if any(hasattr(g, "boundary") for g in per_layer):
+            gather.boundary = lambda l: per_layer[l].boundary(l) if hasattr(per_layer[l], "boundary") else None
             gather.post = lambda l, rows: per_layer[l].post(l, rows)
         return gather
 

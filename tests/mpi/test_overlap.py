@@ -34,6 +34,8 @@ def _train(shards, mode, **overrides):
 @pytest.mark.parametrize("mode,shards,extra", [
     ("fb", ("full", 3), {}),
     ("flx", ("full", 3), {"preloaded_layers": 1}),
+    # the default "world": only the world layers overlap, layer 0 (server view) computes their send rows first
+    ("flx", ("full", 3), {"preloaded_layers": 1, "overlap_halos": "world"}),
     ("eas", ("eas", 3), {}),
     ("cob", ("full", 3), {"batches_per_epoch": 2, "fanout": 5}),
     # recomputed blocks: the forward exchange runs again inside the backward, between overlapped ones
@@ -42,8 +44,8 @@ def _train(shards, mode, **overrides):
 def test_overlap_equals_no_overlap_with_the_same_bytes(cora_shards, mode, shards, extra):
     # overlap_halos="all": the server-view exchanges of flx, eas and cob overlap too (the default,
     # "world", keeps them blocking, so it would compare the blocking path with itself there).
-    runs = {overlap: _train(cora_shards[shards], mode, no_overlap=not overlap, overlap_halos="all", **extra)
-            for overlap in (True, False)}
+    extra = {"overlap_halos": "all", **extra}
+    runs = {overlap: _train(cora_shards[shards], mode, no_overlap=not overlap, **extra) for overlap in (True, False)}
     (rec_on, logits_on, params_on), (rec_off, logits_off, params_off) = runs[True], runs[False]
     for a, b in zip(rec_on, rec_off):
         assert a["bytes"] == b["bytes"] and a["max_rank_bytes"] == b["max_rank_bytes"]

@@ -541,35 +541,36 @@ def test_instance_option_sets_the_environment(monkeypatch, capsys):
     assert "not 'emu'" in capsys.readouterr().err
 
 
-def test_overlap_limit_is_the_sum_of_per_layer_maxima():
-    # 3 layers: 6 layer-passes of c = 0.1 s; 4 of them exchange (not layer 0); gradient wire additive
-    run = model_run(2.0, 1000, inter_max=10**7 + 500, intra_max=0)
-    run["layers"] = 3
+def _counted(run):
+    """3 sage layers on the world view (fb), 1000 rows each, 100 send rows, 1,000 of 10,000 edges from
+    halo rows (the overlap limit's per-layer counts, granndis_hpc/linkmodel.py)."""
+    run["layers"], run["model"], run["overlap"], run["overlap_halos"] = 3, "sage", True, ["world"]
+    run["layer_counts"] = [{"group": "world", "rows_computed": 1000, "rows_held": 1200, "send_rows": 100,
+                            "halo_rows": 200, "edges": 10_000, "halo_edges": 1_000}] * 3
+    return run
+
+
+def test_the_sweep_model_uses_the_product_overlap_limit():
+    """costmodel.overlap_limit is linkmodel's (tests/unit/test_linkmodel.py works it by hand): compute
+    0.6 s (0.1 s per layer and direction), 1 s of halo wire (0.25 s per exchange), windows 0.099 s and
+    0.18 s, gradient wire additive."""
+    run = _counted(model_run(2.0, 1000, inter_max=10**7 + 500, intra_max=0))
     run["bytes"]["inter_grad"] = 1000  # 500 per leader on 2 servers
     bw = (1e7, 1e9)
     grad_wire = 500 / 1e7
-    # wire-bound: halo wire 1 s -> 4 x 0.25 + 2 x 0.1
-    assert costmodel.overlap_limit(run, 0.6, bw, servers=2) == pytest.approx(1.2 + grad_wire)
-    # compute-bound: halo wire 0.2 s hides entirely behind the compute
-    run["inter_bytes_max_server"] = 2 * 10**6 + 500
-    assert costmodel.overlap_limit(run, 0.6, bw, servers=2) == pytest.approx(0.6 + grad_wire)
-    # never below max(compute, wire) nor above their sum
-    for inter in (10**5, 10**6, 10**7, 10**8):
-        run["inter_bytes_max_server"] = inter + 500
-        limit = costmodel.overlap_limit(run, 0.6, bw, servers=2)
-        wire = inter / 1e7
-        assert max(0.6, wire) <= limit - grad_wire + 1e-12 <= 0.6 + wire + 1e-12
+    assert costmodel.overlap_limit(run, 0.6, bw, servers=2) == pytest.approx(0.6 + 0.302 + 0.14 + grad_wire)
+    run["overlap"] = False  # a --no-overlap run: the additive compute + wire
+    assert costmodel.overlap_limit(run, 0.6, bw, servers=2) == pytest.approx(1.6 + grad_wire)
 
 
 def test_one_rank_per_server_needs_no_intra_link():
     """2 servers x 1 rank (bench_cluster.py --ranks-per-server 1): no intra-server bytes, no intra
     bandwidth measured; the wire and the overlap limit are the inter-server terms alone."""
     from granndis_hpc.linkmodel import wire_s
-    run = model_run(2.0, 1000, inter_max=10**7 + 500, intra_max=0)
-    run["layers"] = 3
+    run = _counted(model_run(2.0, 1000, inter_max=10**7 + 500, intra_max=0))
     run["bytes"]["inter_grad"], run["bytes"]["intra_grad"] = 1000, 0
     assert wire_s(run, 1e7, None) == pytest.approx((10**7 + 500) / 1e7)
-    assert costmodel.overlap_limit(run, 0.6, (1e7, None), servers=2) == pytest.approx(1.2 + 500 / 1e7)
+    assert costmodel.overlap_limit(run, 0.6, (1e7, None), servers=2) == pytest.approx(1.042 + 500 / 1e7)
     run["intra_bytes_max_rank"] = 10
     with pytest.raises(ValueError, match="intra-server"):
         wire_s(run, 1e7, None)

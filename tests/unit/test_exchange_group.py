@@ -116,3 +116,39 @@ def test_both_view_kinds_hand_dropout_row_ids_per_layer():
     for layer in (0, 1, 3):
         assert torch.equal(RowDropout(1, 2, view.layer_row_ids)(layer, h, 0.5),
                            RowDropout(1, 2, plan.layer_row_ids)(layer, h, 0.5))
+
+
+def test_a_layered_plan_pipelines_the_layers_whose_view_overlaps():
+    """flx k < L under the default --overlap-halos world: layer 0 on the server view (blocking), layer 1
+    on the world view (overlapped).  The plan's gather offers layer 1's boundary rows (so layer 0
+    computes and posts them first) and none for a layer whose view does not overlap; with no view
+    overlapping there is no boundary at all (the model then runs every conv whole)."""
+    server = views.build_view(_rows(), _mirror_group(None, [], "server"), 2, all_active=True,
+                              resolve_keys=views.key_resolver_server(N), device=torch.device("cpu"))
+    world = views.build_view(_rows(), _mirror_group(None, [], "world"), 2, all_active=True,
+                             resolve_keys=views.key_resolver_server(N), device=torch.device("cpu"))
+    gather = views.LayeredView([server, world]).gather_fn("halo", overlap={"world"})
+    assert torch.equal(gather.boundary(1).first, world.gather_fn("halo", overlap={"world"}).boundary(1).first)
+    assert views.LayeredView([world, server]).gather_fn("halo", overlap={"world"}).boundary(1) is None
+    assert not hasattr(views.LayeredView([server, world]).gather_fn("halo", overlap=()), "boundary")
+    # Posting from the boundary rows hands layer 1 the same rows as the blocking exchange.
+    h = torch.randn(N, WIDTH)
+    first = gather.boundary(1).first
+    gather.post(1, h[first])
+    out = gather(1, h)
+    assert torch.equal(torch.cat([out.own, out.halo()]), world.gather_fn("halo", overlap=())(1, h))
+
+
+def test_layer_counts_are_the_plans_rows_and_edges():
+    """What the epoch record keeps for the overlap cost model (engine/steps.rows_accounting), by hand:
+    each of the N rows has one own edge and one halo edge (key (i + 1) % N of the peer), so every layer
+    sends all N rows (the peer asks for every key), receives N halo rows, and has 2N edges, N of them
+    from halo rows; a LayeredView takes layer l's counts from layer l's view (its group)."""
+    server = views.build_view(_rows(), _mirror_group(None, [], "server"), 2, all_active=True,
+                              resolve_keys=views.key_resolver_server(N), device=torch.device("cpu"))
+    world = views.build_view(_rows(), _mirror_group(None, [], "world"), 2, all_active=True,
+                             resolve_keys=views.key_resolver_server(N), device=torch.device("cpu"))
+    per_layer = {"send_rows": N, "halo_rows": N, "edges": 2 * N, "halo_edges": N}
+    assert server.layer_counts() == [dict(per_layer, group="server")] * 2
+    assert views.LayeredView([server, world]).layer_counts() == [dict(per_layer, group="server"),
+                                                                dict(per_layer, group="world")]

@@ -5,8 +5,12 @@ from overlap_pairs import pair_rows
 
 
 def _run(epoch, compute, inter_wait, overlap):
+    # fb's 3 sage layers on the world view: 1000 rows, 100 send rows, 1,000 of 10,000 edges from halo rows
+    counts = [{"group": "world", "rows_computed": 1000, "rows_held": 1200, "send_rows": 100, "halo_rows": 200,
+               "edges": 10_000, "halo_edges": 1_000}] * 3
     return {"epoch_s": epoch, "compute": compute, "sampling": 0.0, "inter_comm": inter_wait, "layers": 3,
-            "overlap": overlap, "inter_bytes_max_server": 8_100_000, "intra_bytes_max_rank": 0,
+            "model": "sage", "overlap": overlap, "overlap_halos": ["world"] if overlap else [],
+            "inter_bytes_max_server": 8_100_000, "intra_bytes_max_rank": 0, "layer_counts": counts,
             "bytes": {"intra_halo": 0, "inter_halo": 16_000_000, "intra_grad": 0, "inter_grad": 200_000}}
 
 
@@ -17,12 +21,15 @@ def test_pairs_give_ratio_own_limit_and_best_ratio():
                                               "flx": _run(1.0, 0.9, 0.0, True)}}]}
     (row,) = pair_rows(sweep)  # flx has no -noovl twin: no row
     assert row["mode"] == "fb" and row["ratio"] == pytest.approx(1.2 / 1.5) and row["bytes_equal"]
-    # By hand: halo wire 8e6 B / 1e7 B/s = 0.8 s over 4 exchanging passes (0.2 each), gradient wire
-    # 1e5 B per leader / 1e7 = 0.01 s.  Own compute 0.5 s over 6 passes (0.0833 < 0.2):
-    # limit = 4 * 0.2 + 2 * 0.5 / 6 + 0.01.
-    assert row["limit_own_s"] == pytest.approx(0.8 + 1 / 6 + 0.01)
-    # Best ratio, from the no-overlap run's compute 0.6 s (0.1 per pass): (0.8 + 0.2 + 0.01) / (0.6 + 0.81).
-    assert row["best_ratio"] == pytest.approx(1.01 / 1.41)
+    # By hand (granndis_hpc/linkmodel.py): halo wire 8e6 B / 1e7 B/s = 0.8 s, 0.2 s per exchange (layers
+    # 1 and 2, forward and backward); gradient wire 1e5 B per leader / 1e7 = 0.01 s.  Own compute 0.5 s:
+    # c = 0.5 / 6 per layer and direction; windows (s = 0.1, h = 0.1) layer 1: c (0.9 + 0.09), layer 2:
+    # c (0.9 + 0.9); limit = 0.5 + 2 (0.2 - 0.99 c) + 2 (0.2 - 1.8 c) + 0.01.
+    c = 0.5 / 6
+    assert row["limit_own_s"] == pytest.approx(0.5 + 2 * (0.2 - 0.99 * c) + 2 * (0.2 - 1.8 * c) + 0.01)
+    # Best ratio: the no-overlap run's compute 0.6 s (c = 0.1) under the overlapped run's order, over its
+    # additive epoch 0.6 + 0.81.
+    assert row["best_ratio"] == pytest.approx((0.6 + 2 * (0.2 - 0.099) + 2 * (0.2 - 0.18) + 0.01) / 1.41)
     assert row["wire_s"] == pytest.approx(0.81)
 
 

@@ -159,18 +159,25 @@ def test_best_validation_epoch_is_shown_beside_the_last(tmp_path):
 
 def test_epoch_over_overlap_limit_from_the_runs_link(tmp_path):
     """Issue 19: measured epoch / the cost model's overlapped limit, per run, on the link of its link.json.
-    Worked by hand for 2 layers (4 layer-passes, 2 of them exchanging), 2 servers, an unshaped link of
-    1 MB/s (no rate cap) and no intra-server bytes: compute 0.4 s -> 0.1 s a pass; the busiest server sends
-    410,000 B of which one leader's gradient share is 20,000 / 2 = 10,000 B (0.01 s, additive), so the halo
-    is 0.4 s on the wire, 0.2 s a exchanging pass > 0.1 s: limit = 2 x 0.2 + 2 x 0.1 + 0.01 = 0.61 s."""
+    Worked by hand (granndis_hpc/linkmodel.py) for 2 sage layers on the world view (layer 1 exchanges,
+    forward and backward), 2 servers, an unshaped link of 1 MB/s (no rate cap) and no intra-server bytes:
+    compute 0.4 s -> c = 0.1 s per layer and direction; the busiest server sends 410,000 B of which one
+    leader's gradient share is 20,000 / 2 = 10,000 B (0.01 s, additive), so the halo is 0.4 s on the
+    wire, 0.2 s per exchange; layer 1 sends half of layer 0's rows (s = 0.5) and half its edges come
+    from halo rows (h = 0.5): window = c (1 - s) + c (1 - h) = 0.1 s, so 0.1 s of each exchange shows:
+    limit = 0.4 + 2 x 0.1 + 0.01 = 0.61 s (the plan overlapped the world view)."""
     run, summary = write_run(tmp_path, "fb-1", "fb", layers=2, seed=11)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     with open(run / "metrics.jsonl", "w") as f:
         for rec in records:
             f.write(json.dumps({**rec, "inter_bytes_per_server": [410_000, 300_000],
-                                "max_rank_bytes": {"intra_halo": 0, "intra_grad": 0}}) + "\n")
+                                "max_rank_bytes": {"intra_halo": 0, "intra_grad": 0}, "rows_per_layer": [
+                                    {"rank": 0, "rows_computed": [1000, 1000], "rows_held": [1000, 1300],
+                                     "send_rows": [0, 500], "halo_rows": [0, 300], "edges": [8000, 10_000],
+                                     "halo_edges": [0, 5000], "group": ["world", "world"]}]}) + "\n")
     summary.update(epoch_time_s=1.22, seconds_per_epoch={**summary["seconds_per_epoch"], "compute": 0.4, "sampling": 0.0},
-                   bytes_per_epoch={**summary["bytes_per_epoch"], "inter_grad": 20_000, "intra_grad": 0})
+                   bytes_per_epoch={**summary["bytes_per_epoch"], "inter_grad": 20_000, "intra_grad": 0},
+                   plan={"overlap": True, "overlap_halos": ["world"]})
     (run / "summary.json").write_text(json.dumps(summary))
     other, _ = write_run(tmp_path, "flx-2", "flx", layers=2, seed=12)          # no link.json: n/a
     (run / "link.json").write_text(json.dumps({"label": "1MB", "rate_bps": None, "bw_Bps": 1e6, "intra_Bps": 1e9}))
@@ -180,7 +187,7 @@ def test_epoch_over_overlap_limit_from_the_runs_link(tmp_path):
     # A shaped link caps the ping-pong's bandwidth at the rate's TCP payload: 8 Mbit/s -> 1e6 x 1448/1514 B/s.
     (run / "link.json").write_text(json.dumps({"label": "8mbit", "rate_bps": 8e6, "bw_Bps": 5e6, "intra_Bps": 1e9}))
     bw = 1e6 * 1448 / 1514
-    limit = 2 * (400_000 / bw / 2) + 2 * 0.1 + 10_000 / bw
+    limit = 0.4 + 2 * (400_000 / bw / 2 - 0.1) + 10_000 / bw
     row = table_rows(render_report([run], tmp_path / "out2")["table"])[0]
     assert row["Epoch / overlap limit"] == f"{1.22 / limit:.2f} ({limit:.4f} s)"
     (run / "link.json").write_text(json.dumps({"label": "x", "rate_bps": None, "bw_Bps": -1, "intra_Bps": 1e9}))

@@ -1,0 +1,116 @@
+"""granndis_hpc/linkmodel.py: the overlap limit models what the run overlaps (summary.json's plan:
+overlap, overlap_halos) and what cannot overlap (boundary rows before the post, halo edges after the
+wait), from the per-layer counts of the epoch record.  Every number below is worked by hand."""
+import pytest
+
+from granndis_hpc import linkmodel
+from granndis_hpc.linkmodel import layer_counts, overlap_limit, run_limit
+
+BW = (1e7, 1e9)  # inter, intra bytes/s
+GRAD = 500 / 1e7  # one leader's 500 gradient bytes between servers
+
+
+def _layer(group, halo=200, send=100, rows=1000, edges=10_000, halo_edges=1_000):
+    return {"group": group, "rows_computed": rows, "rows_held": rows + halo, "send_rows": send,
+            "halo_rows": halo, "edges": edges, "halo_edges": halo_edges}
+
+
+def _run(groups_per_layer, inter_halo_s=1.0, intra_bytes=0, model="sage", **layer):
+    """A run whose busiest server sends inter_halo_s x 1e7 halo bytes plus 500 gradient bytes."""
+    return {"layers": len(groups_per_layer), "model": model,
+            "bytes": {"inter_grad": 1000, "intra_grad": 0, "inter_halo": 0, "intra_halo": 0},
+            "inter_bytes_max_server": int(inter_halo_s * 1e7) + 500, "intra_bytes_max_rank": intra_bytes,
+            "layer_counts": [_layer(g, **layer) for g in groups_per_layer]}
+
+
+def test_fb_hides_each_exchange_behind_the_window_its_order_allows():
+    """3 layers on the world view, compute 0.6 s: c = 0.1 s per layer and direction; s = 100 / 1000
+    send rows, h = 1,000 / 10,000 halo edges.  The 1 s of halo wire splits over layers 1 and 2 by their
+    halo rows (200 each), half forward and half backward: 0.25 s per exchange.
+    layer 1: window = c0 (1 - s) + c1 (1 - h) s (layer 1 itself computes layer 2's send rows first)
+                    = 0.09 + 0.009 = 0.099 -> exposed 2 x 0.151
+    layer 2: window = c1 (1 - s) + c2 (1 - h) = 0.09 + 0.09 = 0.18      -> exposed 2 x 0.07"""
+    run = _run(["world"] * 3)
+    assert overlap_limit(run, 0.6, BW, 2, groups={"world"}) == pytest.approx(0.6 + 0.302 + 0.14 + GRAD)
+    # Without overlap (or with only the server view overlapping) nothing hides: the additive C + W.
+    for groups in (set(), {"server"}):
+        assert overlap_limit(run, 0.6, BW, 2, groups=groups) == pytest.approx(0.6 + 1.0 + GRAD)
+    # The run's own setting, as summary.json's plan gives it.
+    assert overlap_limit(dict(run, overlap=True, overlap_halos=["world"]), 0.6, BW, 2) == \
+        pytest.approx(0.6 + 0.302 + 0.14 + GRAD)
+    assert overlap_limit(dict(run, overlap=False, overlap_halos=[]), 0.6, BW, 2) == pytest.approx(1.6 + GRAD)
+    # Compute-bound: 0.1 s of halo wire (0.05 s per exchange) hides entirely.
+    assert overlap_limit(_run(["world"] * 3, inter_halo_s=0.1), 0.6, BW, 2, groups={"world"}) == \
+        pytest.approx(0.6 + GRAD)
+
+
+def test_wire_splits_by_halo_rows_and_only_world_layers_carry_the_inter_bytes():
+    """flx k = 1: layer 0 on the server view (static input halo), layers 1-2 on the world view.  Halo rows
+    300 and 100: the 1 s of inter wire is 0.75 s and 0.25 s (0.375 s and 0.125 s per exchange); the 2 ms
+    of intra wire (2e6 B at 1e9 B/s) splits over all exchanging layers by halo rows too: 1.5 ms and 0.5 ms
+    (0.75 ms and 0.25 ms per exchange).  Windows as in the fb case (0.099 s and 0.18 s): layer 2's
+    exchange hides entirely."""
+    run = _run(["server", "world", "world"], intra_bytes=2_000_000)
+    run["layer_counts"][1]["halo_rows"], run["layer_counts"][2]["halo_rows"] = 300, 100
+    expected = 0.6 + 2 * (0.375 + 0.00075 - 0.099) + GRAD
+    assert overlap_limit(run, 0.6, BW, 2, groups={"world"}) == pytest.approx(expected)
+
+
+def test_server_view_exchanges_are_additive_under_the_default():
+    """eas / flx k = L: every layer on the server view, no inter-server halo, 4 ms of intra wire (4e6 B at
+    1e9 B/s: 1 ms per exchange, layers 1 and 2 forward and backward).  Default ('world'): the server
+    exchanges block, all 4 ms add; 'all': each hides behind its window."""
+    run = _run(["server"] * 3, inter_halo_s=0.0, intra_bytes=4_000_000)
+    assert overlap_limit(run, 0.6, BW, 2, groups={"world"}) == pytest.approx(0.6 + 0.004 + GRAD)
+    assert overlap_limit(run, 0.6, BW, 2, groups={"world", "server"}) == pytest.approx(0.6 + GRAD)
+
+
+def test_ressage_exchanges_at_layer_0_and_posts_after_the_whole_layer():
+    """ResSAGE: layer 0 exchanges too and no layer computes its send rows first, so the window is only
+    the layer's own-edge share: c (1 - h) = 0.2 x 0.9 = 0.18 s (2 layers, compute 0.8 s: c = 0.2 s);
+    1 s of wire over 2 layers, forward and backward: 0.25 s per exchange."""
+    run = _run(["world"] * 2, model="ressage")
+    assert overlap_limit(run, 0.8, BW, 2, groups={"world"}) == pytest.approx(0.8 + 4 * (0.25 - 0.18) + GRAD)
+
+
+def test_the_limit_lies_between_the_bounds_and_needs_the_counts():
+    """Never below max(C, W) nor above C + W (the windows are disjoint pieces of C); an overlapped run
+    without per-layer counts (an older record) gets a clear error, a blocking one does not need them."""
+    for inter in (0.01, 0.1, 0.5, 1.0, 5.0):
+        limit = overlap_limit(_run(["world"] * 3, inter_halo_s=inter), 0.6, BW, 2, groups={"world"}) - GRAD
+        assert max(0.6, inter) - 1e-12 <= limit <= 0.6 + inter + 1e-12
+    old = dict(_run(["world"] * 3), layer_counts=None)
+    with pytest.raises(ValueError, match="per-layer row and edge counts"):
+        overlap_limit(old, 0.6, BW, 2, groups={"world"})
+    assert overlap_limit(old, 0.6, BW, 2, groups=set()) == pytest.approx(1.6 + GRAD)
+
+
+def test_layer_counts_sum_the_ranks_of_an_epoch_record():
+    rank = {"rows_computed": [10, 8], "rows_held": [12, 11], "send_rows": [2, 3], "halo_rows": [2, 3],
+            "edges": [40, 30], "halo_edges": [4, 6], "group": ["server", "world"]}
+    rec = {"rows_per_layer": [dict(rank, rank=0), dict(rank, rank=1)]}
+    assert layer_counts(rec) == [
+        {"group": "server", "rows_computed": 20, "rows_held": 24, "send_rows": 4, "halo_rows": 4, "edges": 80,
+         "halo_edges": 8},
+        {"group": "world", "rows_computed": 16, "rows_held": 22, "send_rows": 6, "halo_rows": 6, "edges": 60,
+         "halo_edges": 12}]
+    assert layer_counts({"rows_per_layer": [{"rank": 0, "rows_computed": [1], "rows_held": [1]}]}) is None
+
+
+def test_run_limit_reads_the_plan_of_summary_json():
+    """`granndis report`'s path: the summary's plan says what overlapped (a plan without overlap_halos
+    predates the option: every halo overlapped), the median record the counts and busiest bytes."""
+    run = _run(["world"] * 3)
+    per_rank = {k: [c[k] for c in run["layer_counts"]] for k in linkmodel.COUNT_KEYS + ("group",)}
+    record = {"rows_per_layer": [dict(per_rank, rank=0)], "inter_bytes_per_server": [run["inter_bytes_max_server"], 0],
+              "max_rank_bytes": {"intra_halo": 0, "intra_grad": 0}}
+    summary = {"layers": 3, "model": "sage", "servers": 2, "bytes_per_epoch": run["bytes"],
+               "seconds_per_epoch": {"compute": 0.5, "sampling": 0.1},
+               "plan": {"overlap": True, "overlap_halos": ["world"]}}
+    link = {"label": "x", "rate_bps": None, "bw_Bps": 1e7, "intra_Bps": 1e9}
+    assert run_limit(summary, record, link) == pytest.approx(0.6 + 0.302 + 0.14 + GRAD)
+    summary["plan"] = {"overlap": False, "overlap_halos": []}
+    assert run_limit(summary, record, link) == pytest.approx(1.6 + GRAD)
+    summary["plan"] = {"overlap": True}  # before --overlap-halos: all
+    assert linkmodel.overlapped_groups(True, None) == {"server", "world"}
+    assert run_limit(summary, record, link) == pytest.approx(0.6 + 0.302 + 0.14 + GRAD)
