@@ -33,6 +33,7 @@ VARIANTS = {  # name -> (progress thread, first interval, back-off factor, longe
     "fixed-0.2ms": (True, 0.0002, 1.0, 0.0002),
     "fixed-5ms": (True, 0.005, 1.0, 0.005),
     "backoff-1-16ms": (True, 0.001, 2.0, 0.016),
+    "backoff-1-4ms": (True, 0.001, 2.0, 0.004),
 }
 
 
