@@ -7,7 +7,8 @@ getrusage (the process and its main thread, so helper threads would show as the 
 and involuntary context switches) and then runs `python -m preprocess build` unchanged.  --barrier
 puts a sleeping barrier (Group.idle_barrier) before each call, so a call's CPU is its own and not a
 rank's wait for the slowest to arrive.  --perf records each rank with `perf record --call-graph dwarf`
-and attributes the samples taken inside ParMETIS_V3_PartKway to what PT-Scotch is doing
+and attributes the samples taken inside the call (SCOTCH_dgraphMapCompute, the build's entry point into PT-Scotch, or its
+ParMETIS_V3_PartKway layer) to what PT-Scotch is doing
 (CATEGORIES): the shares, times the call's CPU seconds, say which part grows with P.
 --cross prints, per P, the fraction of the graph's edges whose two ends lie in different ranks'
 vtxdist slices (PT-Scotch's ghost edges).
@@ -94,7 +95,8 @@ def attribute(perf_files: list) -> collections.Counter:
         text = subprocess.run(["perf", "script", "-i", path], capture_output=True, text=True).stdout
         for sample in text.split("\n\n"):
             frames = [_frame(x) for x in sample.split("\n")[1:] if x.strip()]
-            if not frames or not any("ParMETIS_V3_PartKway" in f for f in frames):
+            # the call's entry point: PT-Scotch's own API since session 8, its ParMETIS layer before
+            if not frames or not any("SCOTCH_dgraphMapCompute" in f or "ParMETIS_V3_PartKway" in f for f in frames):
                 continue
             f0, f1 = frames[0], (frames[1] if len(frames) > 1 else "")
             counts["(in the call)"] += 1

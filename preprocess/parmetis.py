@@ -40,6 +40,7 @@ import ctypes
 import os
 import tempfile
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -60,6 +61,7 @@ class ParMetisLib:
     idx_dtype: np.dtype
     real_dtype: np.dtype
     is_scotch: bool
+    band_width: Optional[int] = None  # PT-Scotch's parallel band in the last _scotch_map call (describe)
 
     @property
     def name(self) -> str:
@@ -71,8 +73,9 @@ class ParMetisLib:
         return self.is_scotch and hasattr(self.lib, "SCOTCH_dgraphMapCompute")
 
     def describe(self) -> str:
-        """The library as the manifest records it (with the band width where it is PT-Scotch's own API)."""
-        how = f"; SCOTCH_dgraphMapCompute, band width {scotch_band_width()}" if self.native_scotch else ""
+        """The library as the manifest records it (with the band width its last call used where it is
+        PT-Scotch's own API: another PT-Scotch's strategy text keeps its own width 3, see _scotch_map)."""
+        how = f"; SCOTCH_dgraphMapCompute, band width {self.band_width}" if self.band_width else ""
         return f"{self.name} ({self.path}, idx_t {self.idx_dtype.itemsize * 8}-bit{how})"
 
 
@@ -148,7 +151,8 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     vertices vtxdist[rank]:vtxdist[rank+1].
 
     vwgt: None or int [n_local, ncon].  The graph must be symmetric without self loops.
-    imbalance 1.03 (not 1.05): PT-Scotch uses the whole allowance, and we promise balance within 5 %.
+    imbalance 1.03 (not 1.05): Karypis' ubvec, which it uses in full, and we promise balance within 5 %.
+    PT-Scotch (its ParMETIS layer and _scotch_map alike) maps with its default 5 % and ignores it.
     The result is reproducible for the same inputs, seed and rank count (see _scotch_reproducible).
     """
     idx = pm.idx_dtype
@@ -161,20 +165,20 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     vwgt_c = None if vwgt is None else np.ascontiguousarray(vwgt, dtype=idx).reshape(-1)
     if vwgt_c is not None and vwgt_c.size == 0:
         vwgt_c = np.zeros(ncon, dtype=idx)
+    seed = int(seed) % (2 ** 31)  # fits idx_t and SCOTCH_Num of either width
+    part = np.zeros(max(n_local, 1), dtype=idx)
+    if pm.native_scotch:
+        with _scotch_reproducible(pm, seed):
+            pm.band_width = _scotch_map(pm, as_group(comm), xadj_c, adjncy_c, vwgt_c, nparts, part)
+        return part[:n_local].astype(np.int64)
     wgtflag = np.array([0 if vwgt is None else 2], dtype=idx)
     numflag = np.array([0], dtype=idx)
     ncon_c = np.array([ncon], dtype=idx)
     nparts_c = np.array([nparts], dtype=idx)
     tpwgts = np.full(ncon * nparts, 1.0 / nparts, dtype=pm.real_dtype)
     ubvec = np.full(ncon, imbalance, dtype=pm.real_dtype)
-    seed = int(seed) % (2 ** 31)  # fits idx_t and SCOTCH_Num of either width
     options = np.array([1, 0, seed], dtype=idx)  # use options; no debug output; random seed (Karypis')
     edgecut = np.zeros(1, dtype=idx)
-    part = np.zeros(max(n_local, 1), dtype=idx)
-    if pm.native_scotch:
-        with _scotch_reproducible(pm, seed):
-            _scotch_map(pm, as_group(comm), vtxdist_c, xadj_c, adjncy_c, vwgt_c, nparts, part)
-        return part[:n_local].astype(np.int64)
     comm_ptr = ctypes.c_void_p(as_group(comm).c_handle_address())  # the MPI_Comm * it takes
     with _scotch_reproducible(pm, seed):
         rc = pm.lib.ParMETIS_V3_PartKway(
@@ -217,11 +221,13 @@ def _scotch_strategy_text(lib, strat) -> str:
         return tmp.read()
 
 
-def _scotch_map(pm: ParMetisLib, group, vtxdist, xadj, adjncy, vwgt, nparts: int, part) -> None:
+def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -> int:
     """What PT-Scotch's ParMETIS_V3_PartKway does (libscotchmetis/parmetis_dgraph_part.c: build the
     distributed graph, map it onto nparts equal parts with the default strategy), with the parallel band
-    SCOTCH_BAND_WIDTH wide.  Collective over `group`; fills part[:n_local].  vwgt: as the compatibility
-    layer reads it (the first n_local values of the flattened weights; callers pass one constraint)."""
+    scotch_band_width() wide.  Collective over `group`; fills part[:n_local] and returns the band width
+    used: 3 where this PT-Scotch's default strategy text is not the one we know how to edit.  vwgt: as the
+    compatibility layer reads it (the first n_local values of the flattened weights; callers pass one
+    constraint)."""
     lib, V = pm.lib, ctypes.c_void_p
     num = ctypes.c_int64 if pm.idx_dtype == np.int64 else ctypes.c_int32
     for fn in ("SCOTCH_dgraphAlloc", "SCOTCH_stratAlloc", "SCOTCH_archAlloc", "SCOTCH_dmapAlloc"):
@@ -258,7 +264,9 @@ def _scotch_map(pm: ParMetisLib, group, vtxdist, xadj, adjncy, vwgt, nparts: int
         check(lib.SCOTCH_stratDgraphMapBuild(strat, num(0), num(group.size), num(nparts), ctypes.c_double(0.05)),
               "SCOTCH_stratDgraphMapBuild")
         text = _scotch_strategy_text(lib, strat)
-        if width != 3 and text.count(_PARALLEL_BAND) == 1:  # another PT-Scotch's text: its default, unedited
+        if text.count(_PARALLEL_BAND) != 1:  # another PT-Scotch's strategy: its default, unedited
+            width = 3
+        if width != 3:
             lib.SCOTCH_stratExit(strat)
             lib.SCOTCH_stratInit(strat)
             edited = text.replace(_PARALLEL_BAND, _PARALLEL_BAND.replace("width=3", f"width={width}"))
@@ -270,6 +278,7 @@ def _scotch_map(pm: ParMetisLib, group, vtxdist, xadj, adjncy, vwgt, nparts: int
             check(lib.SCOTCH_dgraphMapCompute(graf, mapp, strat), "SCOTCH_dgraphMapCompute")
         finally:
             lib.SCOTCH_dgraphMapExit(graf, mapp)
+        return width
     finally:
         lib.SCOTCH_archExit(arch)
         lib.SCOTCH_stratExit(strat)
