@@ -14,6 +14,7 @@ The method names are Topology's (allgather_object, gather_object, bcast_object, 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -160,6 +161,18 @@ class Group:
                 for lo in range(0, raw.shape[0], _PIECE):
                     self.mpi_comm.Recv([raw[lo:lo + _PIECE], MPI.BYTE], source=r, tag=8)
                 consume(buf)
+
+    @contextlib.contextmanager
+    def subgroups(self, color: int):
+        """Collective: the Group of the ranks that pass the same `color` (ranks in this group's order),
+        for work that disjoint sets of ranks do at the same time (each server's GPU split,
+        preprocess/partition.py).  Its communicator is freed when the block ends (collective over the
+        subgroup: every rank of it must leave the block)."""
+        sub = self.mpi_comm.Split(int(color), self.rank)
+        try:
+            yield Group(sub)
+        finally:
+            sub.Free()
 
     def c_handle_address(self) -> int:
         """Address of the C `MPI_Comm` handle, for libraries called through ctypes that take an
