@@ -160,18 +160,25 @@ def test_a_failed_write_fails_every_rank_without_a_hang(base, cora_chunks, monke
 
 
 @pytest.mark.timeout(120)
-def test_gpu_split_over_all_ranks(base, cora_chunks):
-    """partition.split_servers_over_gpus, both builds' GPU split, on 4 ranks: each rank's rows of a
-    server's symmetric inner adjacency (from the slices and from the whole graph) equal a plain NumPy
-    reference for ParMETIS' balanced slices and for METIS' all-on-the-writer; the ParMETIS split
-    (run by every rank on 1/4 of each server's rows) gives every inner vertex a GPU, is balanced
-    within 5 %, cuts far fewer inner edges than a random split, and is the same from both accesses."""
+@pytest.mark.parametrize("S", [3, 5])
+def test_gpu_split(base, cora_chunks, S):
+    """partition.split_servers_over_gpus, both builds' GPU split, on 4 ranks.  S = 3 <= P: each server's
+    split on its own block of ranks, all at once (server 0 on rank 0, 1 on rank 1, 2 on ranks 2-3);
+    S = 5 > P: one server after another over all 4 ranks.  Each rank's rows of a server's symmetric
+    inner adjacency (from the slices and from the whole graph) equal a plain NumPy reference for the
+    slices each path uses and for METIS' all-on-the-writer; the split gives every inner vertex a GPU,
+    is balanced within 5 %, cuts far fewer inner edges than a random split, and is the same from both
+    accesses.  Concurrent: each server's GPUs equal one ParMETIS split (partition._parmetis_split) of
+    the reference adjacency on that server's block alone, so the blocks' calls do not interfere."""
     import numpy as np
 
     from granndis_hpc.cluster import as_group
+    from preprocess import partition
     from preprocess.chunked import ChunkedSource, open_chunked
     from preprocess.dist_build import SlicedAccess
-    from preprocess.partition import WholeGraphAccess, gpu_split_dist, split_servers_over_gpus
+    from preprocess.parmetis import load_parmetis
+    from preprocess.partition import (WholeGraphAccess, gpu_split_dist, gpu_split_groups, slices_dist,
+                                      split_servers_over_gpus)
     from preprocess.sliced import load_slice
     from preprocess.sources import load
     from tests.conftest import require_planetoid
@@ -179,12 +186,18 @@ def test_gpu_split_over_all_ranks(base, cora_chunks):
     group = as_group(WORLD)
     whole = load("planetoid", name="cora", root=str(require_planetoid()))
     part = load_slice(WORLD, ChunkedSource(open_chunked(cora_chunks)))
-    n, S, G, P = whole.num_vertices, 3, 2, WORLD.size
+    n, G, P = whole.num_vertices, 2, WORLD.size
     server_of = ((np.arange(n) * 7919) % S).astype(np.int32)  # an arbitrary server partition
+    bounds = gpu_split_groups(np.bincount(server_of), P, "parmetis")
+    if S <= P:
+        np.testing.assert_array_equal(bounds, (np.arange(S + 1) * P) // S)
+    else:
+        assert bounds is None
     sliced = SlicedAccess(group, part, whole.train_mask)
     sliced.server_of = server_of
     full = WholeGraphAccess(group, whole)
     dst_all = np.repeat(np.arange(n), np.diff(whole.indptr))
+    ref_keys = {}
     for s in range(S):
         inner = np.flatnonzero(server_of == s)
         m = inner.shape[0]
@@ -192,13 +205,17 @@ def test_gpu_split_over_all_ranks(base, cora_chunks):
         local[inner] = np.arange(m)
         u, v = local[whole.indices], local[dst_all]
         keep = (u >= 0) & (v >= 0) & (u != v)
-        ref_keys = np.unique(np.concatenate([v[keep] * m + u[keep], u[keep] * m + v[keep]]))
-        for method in ("parmetis", "metis"):
-            dist = gpu_split_dist(m, P, method, s % P)
-            if method == "parmetis":
-                assert (np.diff(dist) > 0).all()
+        ref_keys[s] = np.unique(np.concatenate([v[keep] * m + u[keep], u[keep] * m + v[keep]]))
+        dists = [gpu_split_dist(m, P, "metis", s % P)]
+        if bounds is None:
+            dists.append(gpu_split_dist(m, P, "parmetis", s % P))
+            assert (np.diff(dists[-1]) > 0).all()
+        else:
+            dists.append(slices_dist(m, P, bounds[s], bounds[s + 1] - bounds[s]))
+            assert (np.diff(dists[-1])[bounds[s]:bounds[s + 1]] > 0).all() and dists[-1][-1] == m
+        for dist in dists:
             lo, hi = dist[WORLD.rank], dist[WORLD.rank + 1]
-            ref = ref_keys[(ref_keys >= lo * m) & (ref_keys < hi * m)]
+            ref = ref_keys[s][(ref_keys[s] >= lo * m) & (ref_keys[s] < hi * m)]
             np.testing.assert_array_equal(sliced.inner_keys(s, inner, dist), ref)
             np.testing.assert_array_equal(full.inner_keys(s, inner, dist), ref)
     gpu_sliced, cons = split_servers_over_gpus(group, sliced, server_of, whole.train_mask, G, "parmetis", 3)
@@ -216,3 +233,15 @@ def test_gpu_split_over_all_ranks(base, cora_chunks):
         rand = rng.integers(0, G, n)
         rand_cut = np.count_nonzero(rand[whole.indices[same]] != rand[dst_all[same]])
         assert cut < 0.6 * rand_cut, (s, cut, rand_cut)
+    if bounds is not None:
+        mine = int(np.searchsorted(bounds, WORLD.rank, side="right")) - 1
+        inner = np.flatnonzero(server_of == mine)
+        m = inner.shape[0]
+        with group.subgroups(mine) as block:
+            dist = partition.vtxdist_for(m, block.size)
+            lo, hi = dist[block.rank], dist[block.rank + 1]
+            keys = ref_keys[mine][(ref_keys[mine] >= lo * m) & (ref_keys[mine] < hi * m)]
+            xadj, adjncy = partition.keys_to_adjacency(keys.copy(), m, lo, hi)
+            alone = partition._parmetis_split(load_parmetis(), block, mine, server_of, whole.train_mask, dist,
+                                              xadj, adjncy, G, 3, False)
+        np.testing.assert_array_equal(gpu_sliced[inner], alone)

@@ -178,3 +178,26 @@ def test_refine_balance_moves_the_boundary_not_islands():
     assert balance(fixed, 2) <= 1.03 and moved == 9
     assert edge_cut(indptr, indices, fixed) == edge_cut(indptr, indices, parts) == 2  # one edge, both directions
     assert np.array_equal(np.flatnonzero(fixed != parts), np.arange(51, 60))
+
+
+def test_gpu_split_groups_and_their_slices():
+    """Concurrent GPU splits only with ParMETIS, 2 <= S <= P and every server at least as many inner
+    vertices as its block has ranks; the blocks are contiguous and cover the ranks; slices_dist gives a
+    server's rows to its block only, in balanced slices (the sequential path's dists are its special
+    cases: all ranks, or the writer alone)."""
+    import numpy as np
+
+    from preprocess.partition import gpu_split_dist, gpu_split_groups, slices_dist, vtxdist_for
+
+    np.testing.assert_array_equal(gpu_split_groups(np.array([500, 400]), 8, "parmetis"), [0, 4, 8])
+    np.testing.assert_array_equal(gpu_split_groups(np.array([5, 4, 3]), 8, "parmetis"), [0, 2, 5, 8])
+    np.testing.assert_array_equal(gpu_split_groups(np.array([9, 9]), 2, "parmetis"), [0, 1, 2])
+    assert gpu_split_groups(np.array([500, 400]), 1, "parmetis") is None  # P < S
+    assert gpu_split_groups(np.array([900]), 8, "parmetis") is None  # one server: all ranks anyway
+    assert gpu_split_groups(np.array([500, 3]), 8, "parmetis") is None  # a server smaller than its block
+    assert gpu_split_groups(np.array([500, 400]), 8, "metis") is None
+    np.testing.assert_array_equal(slices_dist(10, 8, 4, 4), [0, 0, 0, 0, 0, 2, 5, 7, 10])
+    np.testing.assert_array_equal(slices_dist(10, 8, 0, 4), [0, 2, 5, 7, 10, 10, 10, 10, 10])
+    np.testing.assert_array_equal(slices_dist(10, 5, 2, 2), [0, 0, 0, 5, 10, 10])
+    np.testing.assert_array_equal(gpu_split_dist(10, 4, "parmetis", 1), vtxdist_for(10, 4))
+    np.testing.assert_array_equal(gpu_split_dist(10, 4, "metis", 1), [0, 0, 10, 10, 10])
