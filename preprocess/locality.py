@@ -23,7 +23,7 @@ from granndis_hpc.graph.csr import csr_rows
 
 from .sliced import shuffle_to_owners
 
-REGION_VERTICES = 1 << 16  # one BFS seed per this many vertices
+REGION_VERTICES = 1 << 14  # one BFS seed per this many vertices
 RESTART_SEEDS = 1024  # new seeds per round for the components no seed reached
 
 
