@@ -9,8 +9,10 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
   owners of the candidate rows and allgathered; the edge cut is an allreduce;
 * the GPU split of server s (partition.split_servers_over_gpus, the whole-graph build's too): every
   rank sends the symmetric keys of the inner subgraph's edges among its own rows to the rank owning
-  their row, for ParMETIS over all ranks (`--partitioner parmetis`: each rank a 1/P slice of the
-  server's inner rows) or METIS on rank s % P (`metis`, `random`) (`SlicedAccess.inner_keys`);
+  their row, for ParMETIS on server s's own block of P / S ranks, every server's at the same time
+  (`--partitioner parmetis` with 2 <= S <= P: each rank of the block an S/P slice of the server's
+  inner rows; otherwise over all ranks, one server after another) or METIS on rank s % P (`metis`,
+  `random`) (`SlicedAccess.inner_keys`);
 * the halo (full k-hop or EAS), the owner GPUs and the file of server s are built by all ranks
   together and written by rank s % P in blocks (preprocess/dist_server.py), so no rank holds a
   server's edges or features, the writer included;

@@ -1,5 +1,7 @@
 """Two-level partitioning: S servers (ParMETIS, METIS or random), then G GPUs per server (ParMETIS
-over all ranks, or METIS on one).
+on each server's own block of P / S ranks, all servers at once, or over all ranks one server after
+another; or METIS on one rank).  Every ParMETIS call with P >= 2 sees the graph relabelled in an
+order with locality (preprocess/locality.py, part_kway_with_locality), mapped back after it.
 
 Partitioners see the symmetric version of the graph without self loops (u~v if u->v or v->u), which is
 what (Par)METIS requires.  The edge cut is computed here on the canonical graph: the number of directed
