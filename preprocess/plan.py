@@ -210,9 +210,9 @@ def cmd_plan(args, argv) -> int:
             if args.json:
                 check_writable(args.json)  # before the work, not after printing the table
         with group.errors("opening the dataset"):
-            # The full preloads alone (--no-eas, no --hops) are counted from the ranks' slices of a sliced
-            # source (preprocess/halo_counts.py); EAS and co-batches sample a server's whole subgraph.
-            sliced = sources.sliced_from_args(args) if not cfg.eas and cfg.hops is None else None
+            # A sliced source is counted from the ranks' slices (preprocess/halo_counts.py): no rank loads
+            # the graph; the others are loaded whole on every rank.
+            sliced = sources.sliced_from_args(args)
         if sliced is not None:
             from .sliced import load_slice
 
