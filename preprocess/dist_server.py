@@ -166,7 +166,6 @@ def server_graph(group, part, writer: int, verts: np.ndarray, hop: np.ndarray, o
     indices = np.empty(int(ptr[-1]) if plan.is_writer else 0, dtype=np.int64)
     for a, data in plan.edges(verts, lambda local: _induced_rows(part, file_row, m, local), ptr):
         indices[a:a + data.shape[0]] = data
-    del file_row
     if not plan.is_writer:
         return None
     offsets = np.zeros(gpus + 1, dtype=np.int64)
