@@ -1,5 +1,6 @@
-"""`build --hops auto` from the build ranks' slices: every candidate depth's row counts without the
-whole graph, and without a server's edges, on any rank (issue 17).
+"""`preprocess plan` and `build --hops auto` from the build ranks' slices: every candidate set's row
+counts without the whole graph, and without a server's edges, on any rank (issue 17) -- except the
+co-batch samples (`count_build`), drawn on the server's graph assembled on its writer rank.
 
 plan_sets.plan_options builds each candidate k-hop set on the whole graph (build.build_server, one
 server per rank) and hands its arrays to the memory model.  The model reads only counts of those
@@ -19,13 +20,20 @@ their slices of the canonical in-edge CSR (sliced.GraphSlice), with the distribu
   the source row to drop duplicates (one alltoallv); the histograms are summed (allreduce).  The world
   view (inner rows, the same for every k) is counted once for all servers the same way, with
   (reading rank, source) pairs.
+* the EAS build and the one build of `plan --hops H` (`count_build`): the same steps with the build's
+  own EAS selection (select_halo with preload eas); their co-batch options (cob) sample the first
+  co-batch as the run does (memory_model.cobatch_server_arrays) on the server's file graph without
+  features, which dist_server.server_graph assembles on the writer rank s % P from the rows' owners
+  (the file's graph/indptr and graph/indices, made by the code that writes them); only the sample's
+  counts (a few integers per GPU) leave the writer.
 
 Memory per rank: its slice, the O(V) per-vertex arrays the sliced build keeps (server, GPU, in-degree,
 train mask; hop and owner of the server being counted: 2 B per vertex) and the pair keys of its own
 rows' in-edges (at most 8 B per edge of the slice, on the sender and again on the receiver; made in
 blocks of EDGES_PER_BLOCK in-edges, de-duplicated per block).  Every rank gets every count, so every
-rank ranks the options alike (no gather, no broadcast of the decision).  Measured:
-docs/bench-hops-auto.md.
+rank ranks the options alike (no gather, no broadcast of the decision).  With co-batches the writer of
+server s also holds that server's induced subgraph (8 B per edge and row) while it samples.  Measured:
+docs/bench-hops-auto.md, docs/bench-build-scaling.md ("`preprocess plan` with EAS ...").
 """
 from __future__ import annotations
 

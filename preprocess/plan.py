@@ -3,7 +3,9 @@
 preprocess/plan_sets.py runs the build's own steps for a full preload of every k = 1..L (or, with
 `--hops H`, the one build of H hops) and for EAS, without writing them, and every mode estimates its
 options on those sets as it does for --mode auto (granndis_hpc.memory_model); `choose` ranks them
-(one ranking for plan and auto).  This module prints the table and the recommendation.
+(one ranking for plan and auto).  From a sliced source (chunked, chunk-native synthetic) every set is
+counted from the build ranks' slices (preprocess/halo_counts.py), no rank loading the graph; other
+sources are loaded whole on every rank.  This module prints the table and the recommendation.
 
 `auto_hops` is what `build --hops auto --memory-per-gpu X` calls: the largest k whose estimate fits.
 """

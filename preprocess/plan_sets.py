@@ -12,6 +12,9 @@ Two questions, two sets of builds:
 - this build (`--hops H`, PlanConfig.hops): the one full build of H hops with every option it serves
   (fb, flx k <= H, cob when H >= L), and the EAS build: what `--mode auto --shards FULL,EAS` sees.
 Collective over the communicator like the build (server s is handled by rank s % P).
+
+On a sliced.GraphSlice (a sliced source: no rank holds the graph) `plan_options_sliced` counts the
+same sets with the distributed build's steps instead (preprocess/halo_counts.py): the same options.
 """
 from __future__ import annotations
 
