@@ -1,7 +1,8 @@
-"""`preprocess plan --no-eas` and `build --hops auto` on a sliced source count the full preloads from
-the build ranks' slices (preprocess/halo_counts.py); here, in one process, their output must equal the
-whole-graph path's (sources.load_from_args, plan_sets.plan_options on the Graph) line for line and
-field for field.  tests/mpi/test_hops_auto_sliced.py checks P = 1, 2, 4 and an independent count."""
+"""`preprocess plan` (--no-eas, the default EAS set, --hops H) and `build --hops auto` on a sliced source
+count their sets from the build ranks' slices (preprocess/halo_counts.py); here, in one process, their
+output must equal the whole-graph path's (sources.load_from_args, plan_sets.plan_options on the Graph)
+line for line and field for field.  tests/mpi/test_hops_auto_sliced.py and test_plan_sliced.py check
+P = 1, 2, 4 (and an independent count of the full preloads)."""
 import json
 
 from tests.unit.test_memory_model import SYN
