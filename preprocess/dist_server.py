@@ -124,6 +124,56 @@ def assign_owners_sliced(group, part, hop_of: np.ndarray, verts: np.ndarray, hop
     return rebalance(owner_of[verts].astype(np.int32), hops, gpus, tolerance)
 
 
+def file_order(verts: np.ndarray, hop: np.ndarray, owner: np.ndarray):
+    """(global id, hop, owner) of the server's rows in its file's order: by (owner GPU, hop, global id)."""
+    perm = np.lexsort((verts, hop, owner))
+    return verts[perm], hop[perm], owner[perm]
+
+
+def _file_rows(n: int, verts: np.ndarray) -> np.ndarray:
+    """The file row of every vertex of the graph (-1 outside the server)."""
+    m = verts.shape[0]
+    file_row = np.full(n, -1, dtype=np.int32 if m < 2**31 else np.int64)
+    file_row[verts] = np.arange(m, dtype=file_row.dtype)
+    return file_row
+
+
+def _induced_rows(part, file_row: np.ndarray, m: int, local: np.ndarray):
+    """This rank's rows `local` of the subgraph induced on the server, in file ids, sorted: (in-edges
+    per row, their sources)."""
+    sub_ptr, src = csr_rows(part.indptr, part.indices, local)
+    new = file_row[src]
+    keep = new >= 0
+    row = row_of_edges(sub_ptr)[keep]
+    key = row * m + new[keep]
+    key.sort()
+    return np.bincount(row, minlength=local.shape[0]).astype(np.int64), key % m
+
+
+def server_graph(group, part, writer: int, verts: np.ndarray, hop: np.ndarray, owner: np.ndarray,
+                 train: np.ndarray, gpus: int):
+    """Collective: the graph of a server's file without features or world view -- what
+    shards.read_server_graph reads for the co-batch sampler (indptr, indices, hop, train, offsets) --
+    assembled on `writer` from the rows' owners in blocks of ceil(rows / P) rows, the same arrays as
+    the file's (graph/indptr, graph/indices: `server_datasets` makes them with the same code); None
+    elsewhere.  (verts, hop, owner): the server's rows in file order (`file_order`); train: the train
+    mask of every vertex of the graph.  The writer holds the server's induced subgraph (8 B per edge);
+    the others one block of their rows at a time."""
+    m = verts.shape[0]
+    file_row = _file_rows(part.num_vertices, verts)
+    plan = _Blocks(group, part, writer, -(-m // group.size))
+    ptr = plan.lengths(verts, lambda local: _induced_rows(part, file_row, m, local)[0])
+    indices = np.empty(int(ptr[-1]) if plan.is_writer else 0, dtype=np.int64)
+    for a, data in plan.edges(verts, lambda local: _induced_rows(part, file_row, m, local), ptr):
+        indices[a:a + data.shape[0]] = data
+    if not plan.is_writer:
+        return None
+    offsets = np.zeros(gpus + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=gpus), out=offsets[1:])
+    return {"indptr": ptr, "indices": indices, "hop": hop.astype(np.int64), "train": np.asarray(train[verts], bool),
+            "offsets": offsets}
+
+
 class _Blocks:
     """The block plan of one server file: file rows in blocks of at most `step` rows, and the collective
     that brings a block's rows from their owners to the writer."""
@@ -215,12 +265,9 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
     verts, hop = order_by_hop(hop_of)
     owner = assign_owners_sliced(group, part, hop_of, verts, hop, gpu_of, G)
     del hop_of
-    perm = np.lexsort((verts, hop, owner))  # rows ordered by (owner GPU, hop, global id)
-    verts, hop, owner = verts[perm], hop[perm], owner[perm]
-    del perm
+    verts, hop, owner = file_order(verts, hop, owner)
     m = verts.shape[0]
-    file_row = np.full(n, -1, dtype=np.int32 if m < 2**31 else np.int64)
-    file_row[verts] = np.arange(m, dtype=file_row.dtype)
+    file_row = _file_rows(n, verts)
 
     offsets = np.zeros(G + 1, dtype=np.int64)
     np.cumsum(np.bincount(owner, minlength=G), out=offsets[1:])
@@ -237,14 +284,7 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
     w = plan.is_writer
 
     def sub_rows(local):
-        """This rank's rows `local` of the subgraph induced on the server, in file ids, sorted."""
-        sub_ptr, src = csr_rows(part.indptr, part.indices, local)
-        new = file_row[src]
-        keep = new >= 0
-        row = row_of_edges(sub_ptr)[keep]
-        key = row * m + new[keep]
-        key.sort()
-        return np.bincount(row, minlength=local.shape[0]).astype(np.int64), key % m
+        return _induced_rows(part, file_row, m, local)
 
     def in_edges(local):
         sub_ptr, src = csr_rows(part.indptr, part.indices, local)

@@ -1,5 +1,6 @@
-"""`build --hops auto` from the build ranks' slices: every candidate depth's row counts without the
-whole graph, and without a server's edges, on any rank (issue 17).
+"""`preprocess plan` and `build --hops auto` from the build ranks' slices: every candidate set's row
+counts without the whole graph, and without a server's edges, on any rank (issue 17) -- except the
+co-batch samples (`count_build`), drawn on the server's graph assembled on its writer rank.
 
 plan_sets.plan_options builds each candidate k-hop set on the whole graph (build.build_server, one
 server per rank) and hands its arrays to the memory model.  The model reads only counts of those
@@ -19,13 +20,20 @@ their slices of the canonical in-edge CSR (sliced.GraphSlice), with the distribu
   the source row to drop duplicates (one alltoallv); the histograms are summed (allreduce).  The world
   view (inner rows, the same for every k) is counted once for all servers the same way, with
   (reading rank, source) pairs.
+* the EAS build and the one build of `plan --hops H` (`count_build`): the same steps with the build's
+  own EAS selection (select_halo with preload eas); their co-batch options (cob) sample the first
+  co-batch as the run does (memory_model.cobatch_server_arrays) on the server's file graph without
+  features, which dist_server.server_graph assembles on the writer rank s % P from the rows' owners
+  (the file's graph/indptr and graph/indices, made by the code that writes them); only the sample's
+  counts (a few integers per GPU) leave the writer.
 
 Memory per rank: its slice, the O(V) per-vertex arrays the sliced build keeps (server, GPU, in-degree,
 train mask; hop and owner of the server being counted: 2 B per vertex) and the pair keys of its own
 rows' in-edges (at most 8 B per edge of the slice, on the sender and again on the receiver; made in
 blocks of EDGES_PER_BLOCK in-edges, de-duplicated per block).  Every rank gets every count, so every
-rank ranks the options alike (no gather, no broadcast of the decision).  Measured:
-docs/bench-hops-auto.md.
+rank ranks the options alike (no gather, no broadcast of the decision).  With co-batches the writer of
+server s also holds that server's induced subgraph (8 B per edge and row) while it samples.  Measured:
+docs/bench-hops-auto.md, docs/bench-build-scaling.md ("`preprocess plan` with EAS ...").
 """
 from __future__ import annotations
 
@@ -110,12 +118,19 @@ def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S:
     return world, sent, n_train
 
 
-def server_hop_counts_sliced(group, part, hop_of: np.ndarray, gpu_of: np.ndarray, G: int) -> List[mm.HopCounts]:
-    """Collective: memory_model.server_hop_counts of every GPU of the set whose rows are `hop_of` >= 0
-    (the same dense array on every rank), from the slices."""
-    n, lo = part.num_vertices, part.lo
+def owned_rows(group, part, hop_of: np.ndarray, gpu_of: np.ndarray, G: int):
+    """Collective: (global id, hop, owner GPU) of the server's rows `hop_of` >= 0, in (hop, id) order:
+    the build's owner assignment (dist_server.assign_owners_sliced)."""
     verts, hops = order_by_hop(hop_of)
-    owner = assign_owners_sliced(group, part, hop_of, verts, hops, gpu_of, G)
+    return verts, hops, assign_owners_sliced(group, part, hop_of, verts, hops, gpu_of, G)
+
+
+def server_hop_counts_sliced(group, part, hop_of: np.ndarray, gpu_of: np.ndarray, G: int,
+                             owned=None) -> List[mm.HopCounts]:
+    """Collective: memory_model.server_hop_counts of every GPU of the set whose rows are `hop_of` >= 0
+    (the same dense array on every rank), from the slices.  owned: `owned_rows` of it, if made already."""
+    n, lo = part.num_vertices, part.lo
+    verts, hops, owner = owned if owned is not None else owned_rows(group, part, hop_of, gpu_of, G)
     width = int(hops.max(initial=0)) + 1
     own = np.bincount(owner.astype(np.int64) * width + hops, minlength=G * width).reshape(G, width)
     owner_of = np.full(n, -1, dtype=np.int8 if G < 128 else np.int32)
@@ -147,21 +162,34 @@ def server_hop_counts_sliced(group, part, hop_of: np.ndarray, gpu_of: np.ndarray
 
 
 @dataclass
-class Counted:
-    """What full_preload_rows counts."""
+class Prepared:
+    """What every set of a sliced plan shares: the partition and the world view's counts."""
 
-    rows: Dict[int, List[mm.RankRows]]  # k -> RankRows of every rank (memory_model.shard_rows' on the set)
-    loads: Dict[int, List[ServerLoad]]  # k >= 1 -> each server's rows and their in-edges (build_memory)
+    degree: np.ndarray  # in-degree of every vertex
+    train: np.ndarray  # train mask of every vertex
     partition: object  # partition.partition_servers' result
+    server_of: np.ndarray
     gpu_of: np.ndarray  # the GPU of every vertex in its server
+    world: List[mm.WorldCounts]  # of every rank r = s*G + g
+    world_sent: np.ndarray
+    n_train: np.ndarray  # inner training vertices of every rank
+    servers: int
+    gpus: int
+
+    def min_train(self) -> int:
+        """The smallest server's inner training vertices (modes.SetArrays.min_train)."""
+        return int(np.bincount(self.server_of[self.train], minlength=self.servers).min())
+
+    def rows(self, counts, layers: int, k: int, features: int, num_classes: int) -> List[mm.RankRows]:
+        """RankRows of every rank with k preloaded layers on the server views `counts` (rank order)."""
+        return [mm.rank_rows(r, int(self.n_train[r]), self.world[r], int(self.world_sent[r]),
+                             counts[r] if k > 0 else None, layers, k, features, num_classes)
+                for r in range(self.servers * self.gpus)]  # loop over ranks
 
 
-def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Sequence[int], partitioner: str,
-                      seed: int, features: int, num_classes: int) -> Counted:
-    """Collective: the Counted full preloads of the depths `ks` (k = 0: fb's world view); the same on
-    every rank."""
-    from .build import BuildConfig
-
+def prepare(group, part, servers: int, gpus: int, partitioner: str, seed: int) -> Prepared:
+    """Collective: the build's two-level partition from the slices (as dist_build.run_build_sliced
+    partitions) and the world view's counts; the same on every rank."""
     group = as_group(group)
     S, G = int(servers), int(gpus)
     rows = np.diff(part.vtxdist)
@@ -172,7 +200,35 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
     server_of = access.server_of = sp.parts
     gpu_of, _ = split_servers_over_gpus(group, access, server_of, masks["train_mask"], G, partitioner, seed)
     world, world_sent, n_train = world_view_counts(group, part, server_of, gpu_of, S, G, degree, masks["train_mask"])
-    del masks
+    return Prepared(degree=degree, train=masks["train_mask"], partition=sp, server_of=server_of, gpu_of=gpu_of,
+                    world=world, world_sent=world_sent, n_train=n_train, servers=S, gpus=G)
+
+
+def server_order(group, S: int) -> List[int]:
+    """The servers in the order plan_sets gathers them (rank s % P's servers, rank by rank)."""
+    return sorted(range(S), key=lambda x: (x % group.size, x))
+
+
+@dataclass
+class Counted:
+    """What full_preload_rows counts."""
+
+    rows: Dict[int, List[mm.RankRows]]  # k -> RankRows of every rank (memory_model.shard_rows' on the set)
+    loads: Dict[int, List[ServerLoad]]  # k >= 1 -> each server's rows and their in-edges (build_memory)
+    partition: object  # partition.partition_servers' result
+    gpu_of: np.ndarray  # the GPU of every vertex in its server
+
+
+def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Sequence[int], partitioner: str,
+                      seed: int, features: int, num_classes: int, prep: Prepared = None) -> Counted:
+    """Collective: the Counted full preloads of the depths `ks` (k = 0: fb's world view), one build per
+    depth; the same on every rank.  prep: `prepare`'s result, if made already."""
+    from .build import BuildConfig
+
+    group = as_group(group)
+    S, G = int(servers), int(gpus)
+    prep = prep or prepare(group, part, S, G, partitioner, seed)
+    server_of, gpu_of, degree = prep.server_of, prep.gpu_of, prep.degree
     deepest = max([int(k) for k in ks] + [0])
     counts: Dict[int, List[mm.HopCounts]] = {k: [] for k in ks if k > 0}
     loads: Dict[int, List[ServerLoad]] = {k: [] for k in counts}
@@ -192,10 +248,63 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
             counts[k].extend(last)
             loads[k].append(load)
         del hop_of
-    out = {}
-    for k in ks:
-        out[k] = [mm.rank_rows(r, int(n_train[r]), world[r], int(world_sent[r]), counts[k][r] if k > 0 else None,
-                               layers, k, features, num_classes) for r in range(S * G)]  # loop over ranks
-    # The servers in the order plan_sets gathers them (rank s % P's servers, rank by rank).
-    order = sorted(range(S), key=lambda x: (x % group.size, x))
-    return Counted(rows=out, loads={k: [v[x] for x in order] for k, v in loads.items()}, partition=sp, gpu_of=gpu_of)
+    out = {k: prep.rows(counts.get(k), layers, k, features, num_classes) for k in ks}
+    order = server_order(group, S)
+    return Counted(rows=out, loads={k: [v[x] for x in order] for k, v in loads.items()}, partition=prep.partition,
+                   gpu_of=gpu_of)
+
+
+@dataclass
+class CountedBuild:
+    """One build (every server) counted from the slices: what one shard set's file would hold."""
+
+    counts: List[mm.HopCounts]  # the server view of every rank r = s*G + g
+    loads: List[ServerLoad]  # every server's rows and their in-edges, in server_order
+    cobatches: Dict[int, Dict[int, tuple]]  # b -> memory_model.cobatch_counts of the first co-batch
+
+
+def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequence[int] = (),
+                sampling: mm.Sampling = None) -> CountedBuild:
+    """Collective: the build `bcfg` (preload full or eas, its hops) counted server by server with the
+    sliced build's own steps: the halo (dist_server.select_halo: the k-hop BFS, or the EAS selection),
+    the owners (dist_server.assign_owners_sliced), the server view's counts (server_hop_counts_sliced).
+
+    For each co-batch count in `batches`, the first co-batch is sampled as the run samples it
+    (memory_model.cobatch_server_arrays): the sampler draws from the server's whole subgraph, so that
+    graph (no features, no world view) is assembled on the server's writer rank s % P
+    (dist_server.server_graph) and only the sample's counts leave it."""
+    from .dist_server import file_order, server_graph
+
+    group = as_group(group)
+    S, G = prep.servers, prep.gpus
+    counts: List[mm.HopCounts] = []
+    loads: Dict[int, ServerLoad] = {}
+    mine: Dict[int, Dict[int, tuple]] = {int(b): {} for b in batches}
+    for s in range(S):
+        inner = np.flatnonzero(prep.server_of == s).astype(np.int64)
+        hop_of = select_halo(group, part, inner, bcfg)
+        rows_in = hop_of >= 0
+        loads[s] = ServerLoad(server=s, rows=int(np.count_nonzero(rows_in)),
+                              fetched_edges=int(prep.degree[rows_in].sum()))
+        del rows_in
+        owned = owned_rows(group, part, hop_of, prep.gpu_of, G)
+        counts.extend(server_hop_counts_sliced(group, part, hop_of, prep.gpu_of, G, owned=owned))
+        del hop_of
+        if batches:
+            verts, hop, owner = file_order(*owned)
+            del owned
+            graph = server_graph(group, part, s % group.size, verts, hop, owner, prep.train, G)
+            del verts, hop, owner
+            with group.errors("sampling co-batches"):
+                if graph is not None:  # the writer: the sample's counts, one co-batch count at a time
+                    for b in mine:
+                        cob = mm.cobatch_server_arrays(graph, s, layers, b, sampling.fanout, sampling.sampler,
+                                                       sampling.seed)
+                        mine[b].update(mm.cobatch_counts([cob]))
+                        del cob
+            del graph
+    cobatches: Dict[int, Dict[int, tuple]] = {b: {} for b in mine}
+    for part_counts in (group.allgather_object(mine) if mine else ()):
+        for b, by_rank in part_counts.items():
+            cobatches[b].update(by_rank)
+    return CountedBuild(counts=counts, loads=[loads[x] for x in server_order(group, S)], cobatches=cobatches)

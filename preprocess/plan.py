@@ -3,7 +3,9 @@
 preprocess/plan_sets.py runs the build's own steps for a full preload of every k = 1..L (or, with
 `--hops H`, the one build of H hops) and for EAS, without writing them, and every mode estimates its
 options on those sets as it does for --mode auto (granndis_hpc.memory_model); `choose` ranks them
-(one ranking for plan and auto).  This module prints the table and the recommendation.
+(one ranking for plan and auto).  From a sliced source (chunked, chunk-native synthetic) every set is
+counted from the build ranks' slices (preprocess/halo_counts.py), no rank loading the graph; other
+sources are loaded whole on every rank.  This module prints the table and the recommendation.
 
 `auto_hops` is what `build --hops auto --memory-per-gpu X` calls: the largest k whose estimate fits.
 """
@@ -210,9 +212,9 @@ def cmd_plan(args, argv) -> int:
             if args.json:
                 check_writable(args.json)  # before the work, not after printing the table
         with group.errors("opening the dataset"):
-            # The full preloads alone (--no-eas, no --hops) are counted from the ranks' slices of a sliced
-            # source (preprocess/halo_counts.py); EAS and co-batches sample a server's whole subgraph.
-            sliced = sources.sliced_from_args(args) if not cfg.eas and cfg.hops is None else None
+            # A sliced source is counted from the ranks' slices (preprocess/halo_counts.py): no rank loads
+            # the graph; the others are loaded whole on every rank.
+            sliced = sources.sliced_from_args(args)
         if sliced is not None:
             from .sliced import load_slice
 

@@ -12,6 +12,9 @@ Two questions, two sets of builds:
 - this build (`--hops H`, PlanConfig.hops): the one full build of H hops with every option it serves
   (fb, flx k <= H, cob when H >= L), and the EAS build: what `--mode auto --shards FULL,EAS` sees.
 Collective over the communicator like the build (server s is handled by rank s % P).
+
+On a sliced.GraphSlice (a sliced source: no rank holds the graph) `plan_options_sliced` counts the
+same sets with the distributed build's steps instead (preprocess/halo_counts.py): the same options.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from granndis_hpc.cluster.group import as_group
 
 from .build import BuildConfig, build_server, validate_config
 from .build_memory import ServerLoad
-from .halo_counts import full_preload_rows
+from .halo_counts import count_build, full_preload_rows, prepare
 from .partition import WholeGraphAccess, partition_servers, split_servers_over_gpus
 from .sliced import GraphSlice
 
@@ -64,7 +67,9 @@ def _checked(group, graph, cfg):
     with group.errors("checking the plan options", catch=(ValueError, mm.MemoryModelError)):
         validate_config(bcfg, graph.num_vertices)
         m = model_spec(graph, cfg)
-        ks = list(range(0, L + 1)) if cfg.ks is None else sorted(set(int(k) for k in cfg.ks))
+        # default: every depth the set serves (--hops H < L: flx k <= H; before, k = H+1..L were refused)
+        ks = (list(range(0, min(L, cfg.hops or L) + 1)) if cfg.ks is None
+              else sorted(set(int(k) for k in cfg.ks)))
         bad = [k for k in ks if not 0 <= k <= min(L, cfg.hops or L)]
         if bad:
             raise ValueError(f"k = {bad[0]} preloaded hops is outside 0..{min(L, cfg.hops or L)} for a {L}-layer "
@@ -76,38 +81,63 @@ def _checked(group, graph, cfg):
 
 @dataclasses.dataclass
 class CountedSet(mm.SetArrays):
-    """A full set known by its ranks' row counts only (preprocess/halo_counts.py): the modes' estimates
-    read it through `rows`, as they read a SetArrays."""
+    """A set known by its ranks' row counts only (preprocess/halo_counts.py): the modes' estimates read
+    it through `rows` and `cobatches`, as they read a SetArrays."""
 
-    counted: Optional[Dict[int, List[mm.RankRows]]] = None
+    counted: Optional[Dict[int, List[mm.RankRows]]] = None  # k -> every rank's rows
+    cob: Optional[Dict[int, Dict[int, tuple]]] = None  # b -> memory_model.cobatch_counts
 
     def rows(self, layers: int, k: int, m: mm.ModelSpec) -> List[mm.RankRows]:
         return self.counted[k]
 
+    def cobatches(self, layers: int, batches, sampling) -> Dict[int, Dict[int, tuple]]:
+        return {int(b): self.cob[int(b)] for b in batches}
+
 
 def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
-    """plan_options of the full preloads (k in cfg.ks; fb for k = 0) from the build ranks' slices, with
-    no rank holding the graph or a server's edges (halo_counts.py): what `build --hops auto` ranks and
-    `plan --no-eas` prints.  The EAS build and co-batches (the sampler draws from a server's whole
-    subgraph) are planned on the whole graph only.  The same options in the same order, partition entry
-    and server loads as plan_options for the same cfg."""
-    if cfg.eas or cfg.hops is not None:
-        raise ValueError("planning from build slices covers the full preloads of build --hops auto; the EAS build, "
-                         "co-batches and --hops H are planned on the whole graph (plan_options with a Graph)")
-    _, m, ks = _checked(group, part, cfg)
+    """plan_options from the build ranks' slices, with no rank holding the graph (halo_counts.py): the
+    full preloads (one build per k in cfg.ks; fb for k = 0) or the one build of --hops H, and the EAS
+    build; what `build --hops auto` ranks and `plan` prints on a sliced source.  The same options in
+    the same order, partition entry and server loads as plan_options on the whole graph for the same
+    cfg; every rank gets them all (no gather)."""
+    bcfg, m, ks = _checked(group, part, cfg)
     L = cfg.layers
-    # Collective all through (no errors block around it: a rank's local failure ends the job, fail()).
-    counted = full_preload_rows(group, part, cfg.servers, cfg.gpus_per_server, L, ks, cfg.partitioner, cfg.seed,
-                                m.features, m.num_classes)
-    sets = ([CountedSet([], "full", 1, L, ks=[0], sample_cobatches=False, counted=counted.rows)] if 0 in ks else []) + [
-        CountedSet([], "full", k, L, ks=[k], sample_cobatches=False, counted=counted.rows) for k in ks if k > 0]
     sampling = mm.Sampling(tuple(int(b) for b in cfg.cob_batches), cfg.cob_fanout, cfg.cob_sampler, cfg.seed)
+    # Collective all through (no errors block around it: a rank's local failure ends the job, fail()).
+    prep = prepare(group, part, cfg.servers, cfg.gpus_per_server, cfg.partitioner, cfg.seed)
+    min_train = prep.min_train()
+    batches = [b for b in sampling.batches if b <= min_train]  # the counts cob estimates (modes.py)
+    features, classes = m.features, m.num_classes
+
+    def counted_set(build, kind, hops, source, depths, **kw):
+        rows = {k: prep.rows(build.counts, L, k, features, classes) for k in depths}
+        return CountedSet([], kind, hops, L, source=source, min_train=min_train, counted=rows, cob=build.cobatches,
+                          **kw)
+
+    counted, sets, loads = None, [], {}
+    if cfg.hops is None:
+        counted = full_preload_rows(group, part, cfg.servers, cfg.gpus_per_server, L, ks, cfg.partitioner, cfg.seed,
+                                    features, classes, prep=prep)
+        sets = ([CountedSet([], "full", 1, L, ks=[0], sample_cobatches=False, counted=counted.rows)] if 0 in ks else []) + [
+            CountedSet([], "full", k, L, ks=[k], sample_cobatches=False, counted=counted.rows) for k in ks if k > 0]
+        loads = {f"flx k={k}": (False, lst) for k, lst in counted.loads.items()}
+    else:
+        H = cfg.hops
+        full = count_build(group, part, prep, dataclasses.replace(bcfg, preload="full", hops=H), L,
+                           batches if H >= L else (), sampling)
+        sets.append(counted_set(full, "full", H, f"--hops {H}", range(0, min(H, L) + 1), ks=ks))
+        loads[f"flx k={H}"] = (False, full.loads)
+    if cfg.eas:
+        eas = count_build(group, part, prep, dataclasses.replace(bcfg, preload="eas", hops=cfg.eas_hops), L,
+                          batches, sampling)
+        sets.append(counted_set(eas, "eas", cfg.eas_hops, "--preload eas" if cfg.hops else "", (0, L)))
+        loads["eas"] = (True, eas.loads)
     with group.errors("counting rows"):
         groups = [g for s in sets for g in mm.row_groups(s, L, m, sampling)]
         options = mm.options(groups, m, cfg.servers, cfg.device)
     # "counted" (rows, server and GPU of every vertex) for tests/mpi/test_hops_auto_sliced.py.
-    return {"options": options, "model": m, "partition": counted.partition.manifest_entry(),
-            "server_loads": {f"flx k={k}": (False, lst) for k, lst in counted.loads.items()}, "counted": counted}
+    return {"options": options, "model": m, "partition": prep.partition.manifest_entry(), "server_loads": loads,
+            "counted": counted, "prepared": prep}
 
 
 def plan_options(group, graph, cfg) -> Dict[str, object]:

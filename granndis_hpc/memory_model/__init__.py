@@ -27,7 +27,7 @@ with k preloaded hops (docs/memory-model.md has the formulas and the measurement
 The estimate of a rank is the sum of these; an option's is the largest rank's.
 """
 
-from .arrays import (GpuArrays, HopCounts, ServerArrays, WorldCounts, gpu_arrays_from_slice, rank_rows,
+from .arrays import (GpuArrays, HopCounts, ServerArrays, WorldCounts, cobatch_counts, gpu_arrays_from_slice, rank_rows,
                      server_arrays_from_build, server_hop_counts, server_view_rows, shard_rows, view_rows_from_counts,
                      with_cobatch, world_counts, world_reads)
 from .choice import Decision, Option, choose, drop_dominated, make_option, order_text, preference, rows_held
@@ -36,7 +36,7 @@ from .estimate import (LayerRows, MemoryModelError, ModelSpec, RankRows, ViewRow
 from .modes import RowGroup, Sampling, SetArrays, cobatch_server_arrays, options, row_groups
 from .shardsets import choose_shard_sets, estimate_shard_set, fitting_sets, model_for, read_shard_set, set_arrays
 
-__all__ = ["GpuArrays", "HopCounts", "ServerArrays", "WorldCounts", "gpu_arrays_from_slice", "rank_rows",
+__all__ = ["GpuArrays", "HopCounts", "ServerArrays", "WorldCounts", "cobatch_counts", "gpu_arrays_from_slice", "rank_rows",
            "server_arrays_from_build", "server_hop_counts", "server_view_rows", "shard_rows", "view_rows_from_counts",
            "with_cobatch", "world_counts", "world_reads", "Decision", "Option", "choose", "drop_dominated",
            "make_option", "order_text", "preference", "rows_held", "LayerRows", "MemoryModelError", "ModelSpec",

@@ -7,7 +7,7 @@ preprocess/plan.py hands over the arrays of the builds it runs without writing t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -198,15 +198,21 @@ def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: i
     return out
 
 
-def with_cobatch(world_rows: Sequence[RankRows], cob: Sequence[ServerArrays]) -> List[RankRows]:
+def cobatch_counts(cob: Sequence[ServerArrays]) -> Dict[int, Tuple[HopCounts, int]]:
+    """rank -> (HopCounts of its share of a co-batch's sample, the co-batch targets on it): all that
+    with_cobatch reads of the sampled arrays (preprocess/halo_counts.py sends these, not the arrays)."""
+    return {g.rank: (server_hop_counts(s, g.gpu), int(g.n_train)) for s in cob for g in s.gpus}
+
+
+def with_cobatch(world_rows: Sequence[RankRows], cob) -> List[RankRows]:
     """RankRows of cooperative batching: each rank's co-batch view (all L layers) plus its world view
-    (exact evaluation keeps it resident)."""
-    by_rank = {g.rank: (s, g) for s in cob for g in s.gpus}
+    (exact evaluation keeps it resident).  `cob`: the sampled ServerArrays, or their `cobatch_counts`."""
+    counts = cob if isinstance(cob, dict) else cobatch_counts(cob)
     out = []
     for r in world_rows:
-        s, g = by_rank[r.rank]
-        view = server_view_rows(s, g.gpu, r.layers)
+        c, n_train = counts[r.rank]
+        view = view_rows_from_counts(c, r.layers)
         # The step's last layer computes the co-batch's targets on this GPU: they are its "inner" rows.
-        out.append(replace(r, k=r.layers, server=replace(view, name="cobatch"), n_train=g.n_train,
-                           n_inner=g.n_train))
+        out.append(replace(r, k=r.layers, server=replace(view, name="cobatch"), n_train=n_train,
+                           n_inner=n_train))
     return out

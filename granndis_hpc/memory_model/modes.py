@@ -18,7 +18,7 @@ from granndis_hpc.graph.csr import csr_rows
 from granndis_hpc.graph.sampler import CoBatchSampler
 from granndis_hpc.registry import MODES
 
-from .arrays import GpuArrays, ServerArrays, shard_rows, with_cobatch
+from .arrays import GpuArrays, ServerArrays, cobatch_counts, shard_rows, with_cobatch
 from .choice import Option, make_option
 from .estimate import ModelSpec, RankRows
 
@@ -55,6 +55,24 @@ class SetArrays:
     def wants(self, k: int) -> bool:
         return self.ks is None or k in self.ks
 
+    def graphs(self) -> List[Dict[str, np.ndarray]]:
+        """Every server's graph (what the co-batch sampler draws from)."""
+        return [self.server_graph(a) if self.server_graph is not None else a.graph for a in self.servers]
+
+    def train_floor(self) -> int:
+        """The smallest server's inner training vertices: the most co-batches every server can make."""
+        if self.min_train is not None:
+            return self.min_train
+        return min(int(np.count_nonzero(g["train"] & (g["hop"] == 0))) for g in self.graphs())
+
+    def cobatches(self, layers: int, batches: Sequence[int], sampling: Sampling) -> Dict[int, Dict[int, tuple]]:
+        """b -> arrays.cobatch_counts of the first co-batch of every server, for each count b in
+        `batches`: sampled here on the servers' graphs (a CountedSet has them counted already)."""
+        graphs = self.graphs()
+        return {int(b): cobatch_counts([
+            cobatch_server_arrays(g, a.server, layers, int(b), sampling.fanout, sampling.sampler, sampling.seed)
+            for a, g in zip(self.servers, graphs)]) for b in batches}
+
 
 @dataclass
 class RowGroup:
@@ -90,18 +108,11 @@ def cooperative_batching(s: SetArrays, layers: int, m: ModelSpec, sampling: Samp
     co-batch's sample on every server, plus the world view evaluation keeps resident."""
     if not s.sample_cobatches or not (s.kind == "eas" or int(s.hops) >= int(layers)):
         return []
-    graphs = [s.server_graph(a) if s.server_graph is not None else a.graph for a in s.servers]
-    n_train = s.min_train if s.min_train is not None else min(
-        int(np.count_nonzero(g["train"] & (g["hop"] == 0))) for g in graphs)
+    n_train = s.train_floor()
     base = s.rows(layers, 0, m)
-    out = []
-    for b in sampling.batches:
-        if int(b) > n_train:
-            continue
-        cob = [cobatch_server_arrays(g, a.server, layers, int(b), sampling.fanout, sampling.sampler, sampling.seed)
-               for a, g in zip(s.servers, graphs)]
-        out.append(RowGroup("cob", with_cobatch(base, cob), k=layers, batches=int(b), source=s.source))
-    return out
+    wanted = [int(b) for b in sampling.batches if int(b) <= n_train]
+    counts = s.cobatches(layers, wanted, sampling) if wanted else {}
+    return [RowGroup("cob", with_cobatch(base, counts[b]), k=layers, batches=b, source=s.source) for b in wanted]
 
 
 def row_groups(s: SetArrays, layers: int, m: ModelSpec, sampling: Sampling) -> List[RowGroup]:
