@@ -2,12 +2,10 @@
 
 The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P:
 
-* always: the interpreter with numpy/scipy/h5py/mpi4py (BASE_BYTES) and the per-vertex arrays every
-  rank keeps (server and GPU of every vertex, in-degrees, split masks, the partitioner's parts:
-  PER_VERTEX_BYTES per vertex of the graph);
+* always: the interpreter with numpy/scipy/h5py/mpi4py (BASE_BYTES);
 * its slice: the in-edges of N/P rows (8 B each), their features (4F B per row) and labels/masks;
-* load: the int64 keys of its raw edges (both directions when symmetrising), their alltoallv copy and
-  the de-duplication mask: LOAD_BYTES_PER_KEY per key it reads;
+* load: the int64 keys of its raw edges (both directions when symmetrising) and their alltoallv copy:
+  LOAD_BYTES_PER_KEY per key it reads (no per-vertex array of the graph exists yet);
 * partition: only what the partitioner reads is in memory (dist_build.run_build_sliced): the slice's
   features and labels wait on disk for the whole phase and its edges during each ParMETIS call
   (sliced.spilled), and the in-degrees and val/test masks are gathered after it.  The phase peaks at
@@ -27,19 +25,29 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   instead gathers the whole adjacency on rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there,
   the slice's edges staying in memory, 8 B each) and the writer rank splits its server alone
   (GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
-* halos+write (preprocess/dist_server.py): every rank takes part in every server's halo selection,
-  owner votes and file, on its own rows: a few per-vertex arrays while a server is built
-  (HALO_BYTES_PER_VERTEX: its hop, owner and file row of every vertex, the union masks) and the
-  server's per-row arrays (ROW_BYTES per row of the largest server: global ids, hops, owners and their
-  sort); the writer of server s (rank s % P) adds one block of the file, ceil(rows / P) rows with their
-  features (fetched, then reordered: BLOCK_BYTES_PER_FEATURE per feature of a row) and their in-edges
-  (BLOCK_BYTES_PER_EDGE per in-edge of a row, the server's average).  No rank holds a server's rows any
-  more, so the writer's term shrinks as 1/P too.  EAS uses the same terms (its scoring arrays are
-  those of the frontier rows each rank owns, within the above at the sizes measured).
+* halos+write (preprocess/dist_server.py): every rank keeps PER_VERTEX_BYTES per vertex of the graph
+  from the partition on (int8 server and GPU of every vertex, int32 in-degree, three bool split
+  masks: 9 B) and takes part in every server's halo selection, owner votes and file, on its own rows:
+  a few per-vertex arrays while a server is built (HALO_BYTES_PER_VERTEX: the int8 hop and owner of
+  every vertex, the owners' allgathered copy, the int32 file row, the BFS's selected and union masks)
+  and the server's per-row arrays (ROW_BYTES per row of the largest server: int64 global ids, int8
+  hops and owners, and their sort); the writer of server s (rank s % P) adds its row offsets
+  (WRITER_BYTES_PER_ROW) and one block of the file (dist_server.block_rows: whole feature chunks, at
+  most ceil(rows / P) rows and dist_server.BLOCK_BYTES of features), whose features (received, then
+  reordered: BLOCK_BYTES_PER_FEATURE per feature of a row) or in-edges (BLOCK_BYTES_PER_EDGE per
+  in-edge of a row, the server's average), whichever is larger, are alive at a time.  No rank holds a
+  server's rows, and the writer's block is bounded in bytes whatever the server's size.  EAS uses the
+  same terms (its scoring arrays are those of the frontier rows each rank owns, within the above at
+  the sizes measured).  Measured with bench/trace_build_memory.py (every array alive at the phase's
+  peak, session 9, docs/bench-build-scaling.md): at 800k, P = 8, a non-writer holds 75 MiB of arrays
+  (its slice 57 MiB, per-vertex and per-row arrays the rest) beside 150-195 MiB of interpreter,
+  libraries, MPI and heap kept from the partition phase.
 
 The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS per rank (the
 partition terms to the 2.45M builds at P = 1, 2, 4, 8 and to bench/trace_build_memory.py's RSS
-inside the ParMETIS calls of 800k builds at P = 2, 4, 8) (docs/bench-build-scaling.md, where the
+inside the ParMETIS calls of 800k builds at P = 2, 4, 8; the load and halos+write terms, session 9,
+to the 2.45M full builds at P = 1 and 8 and the 800k full build at P = 8, the per-vertex and per-row
+bytes counted from the dtypes of the arrays the trace found) (docs/bench-build-scaling.md, where the
 estimate is checked against every measured rank).
 """
 from __future__ import annotations
@@ -49,10 +57,10 @@ from typing import Dict, List, Optional
 
 MIB = 1 << 20
 BASE_BYTES = 150 * MIB
-PER_VERTEX_BYTES = 64
+PER_VERTEX_BYTES = 9  # from the partition on, every rank: int8 server and GPU, int32 in-degree, 3 masks
 PARTITION_VERTEX_BYTES = 6  # ours, on every rank: training mask, the GPU split's server and GPU ids
 PARTITION_ROW_BYTES = 16
-LOAD_BYTES_PER_KEY = 8
+LOAD_BYTES_PER_KEY = 16  # the int64 key and its alltoallv copy
 KEY_BYTES_PER_EDGE = 62  # building the slice's symmetric adjacency (keys, their shuffle, the edges)
 SCOTCH_BASE_BYTES = 120 * MIB
 # PT-Scotch's, per vertex of the whole graph, on every rank (P >= 2): the band graph it gathers onto
@@ -65,10 +73,11 @@ SCOTCH_VERTEX_BYTES_NARROW_BAND = 96
 SCOTCH_BYTES_PER_EDGE = 40  # PT-Scotch's structures and our int32 adjacency, per edge of the slice
 METIS_BYTES_PER_EDGE = 40
 GPU_SPLIT_BYTES_PER_INNER_EDGE = 48  # the writer's METIS GPU split (metis, random): inner keys, METIS
-HALO_BYTES_PER_VERTEX = 8
-ROW_BYTES = 24
+HALO_BYTES_PER_VERTEX = 10  # int8 hop, owner and its allgathered copy; int32 file row; 2-3 bool masks
+ROW_BYTES = 24  # int64 global id, int8 hop and owner, and the (owner, hop, id) sort's permutation
+WRITER_BYTES_PER_ROW = 8  # the writer's int64 row offsets of the subgraph (graph/indptr)
 BLOCK_BYTES_PER_FEATURE = 8  # float32, two copies (received, reordered)
-BLOCK_BYTES_PER_EDGE = 16
+BLOCK_BYTES_PER_EDGE = 16  # int64 in-edges, two copies
 
 
 def scotch_vertex_bytes() -> int:
@@ -106,13 +115,14 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
     """Peak bytes per rank of a P-rank sliced build (module docstring).  raw_keys: int64 edge keys the
     load makes (raw edges, twice when symmetrising).  `eas` is recorded by the plan but changes no term
     (the EAS servers' own rows and in-edges come in `servers`)."""
+    from .dist_server import block_rows
+
     P, n, e, F = int(ranks), int(num_vertices), int(num_edges), int(num_features)
     per_rank, phases = [], []
     rows_max = max((s.rows for s in servers), default=0)
     for r in range(P):
         rows = (n * (r + 1)) // P - (n * r) // P
         edges = e * rows / max(n, 1)  # the slice's share of the edges (balanced on average)
-        common = BASE_BYTES + PER_VERTEX_BYTES * n
         held = 8 * edges + (4 * F + 24) * rows
         mine = [s for s in servers if s.server % P == r]
         # The partition phase (docstring): the adjacency's keys, then the partitioner.  The server
@@ -129,10 +139,12 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
             gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0
             part = keys + 8 * edges + max(METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0 else 0,
                                           gpu_split)
-        ph = {"load": common + held + LOAD_BYTES_PER_KEY * raw_keys / P, "partition": part}
-        block = max((-(-s.rows // P) * (BLOCK_BYTES_PER_FEATURE * F + BLOCK_BYTES_PER_EDGE * s.fetched_edges
-                                         / max(s.rows, 1)) for s in mine), default=0)
-        ph["halos+write"] = (common + held + HALO_BYTES_PER_VERTEX * n + ROW_BYTES * rows_max + block)
+        ph = {"load": BASE_BYTES + held + LOAD_BYTES_PER_KEY * raw_keys / P, "partition": part}
+        block = max((WRITER_BYTES_PER_ROW * s.rows + block_rows(s.rows, F, P)
+                     * max(BLOCK_BYTES_PER_FEATURE * F, BLOCK_BYTES_PER_EDGE * s.fetched_edges / max(s.rows, 1))
+                     for s in mine), default=0)
+        ph["halos+write"] = (BASE_BYTES + held + (PER_VERTEX_BYTES + HALO_BYTES_PER_VERTEX) * n
+                             + ROW_BYTES * rows_max + block)
         ph = {k: int(v) for k, v in ph.items()}
         phases.append(ph)
         per_rank.append(max(ph.values()))
@@ -141,8 +153,8 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
 
 def smallest_fitting_ranks(budget: int, max_ranks: int = 1024, **kwargs) -> Optional[int]:
     """The smallest P whose estimated peak per rank fits `budget` (None when none up to max_ranks does:
-    every rank holds the per-vertex arrays, PT-Scotch's SCOTCH_VERTEX_BYTES per vertex of the graph
-    and the server's per-row arrays, and with METIS the writer of a server its GPU split, which do not
+    every rank holds PT-Scotch's SCOTCH_VERTEX_BYTES per vertex of the graph, the per-vertex arrays and
+    the server's per-row arrays, and with METIS the writer of a server its GPU split, which do not
     shrink with P)."""
     for P in range(1, max_ranks + 1):
         if estimate_build_memory(ranks=P, **kwargs).peak <= budget:

@@ -14,9 +14,11 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
 * the halo (full k-hop or EAS), the owner GPUs and the file of server s are built by all ranks
   together and written by rank s % P in blocks (preprocess/dist_server.py), so no rank holds a
   server's edges or features, the writer included;
-* every rank holds O(V) small per-vertex arrays (server and GPU of every vertex, int32 in-degrees,
-  split masks: 15 B per vertex; while a server is built its hop, owner and file row: 6 B per vertex,
-  and its rows' global ids, hops and owners: 16 B per row) besides its slice;
+* every rank holds O(V) small per-vertex arrays after the partition (server and GPU of every vertex
+  as int8, int32 in-degrees, three bool split masks: 9 B per vertex; while a server is built its hop
+  and owner (int8) and file row (int32) of every vertex and the BFS's masks, and its rows' global ids,
+  hops and owners (int64, int8, int8) with their sort: measured with bench/trace_build_memory.py,
+  docs/bench-build-scaling.md) besides its slice;
 * the partition phase, the peak of every rank (ParMETIS on the slices), holds only what it reads: the
   slice's features and labels are in a temporary file meanwhile, its edges too during each ParMETIS
   call (sliced.spilled), and the in-degrees and val/test masks are gathered after it (same bytes).
@@ -35,7 +37,7 @@ from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import discard_staged, stage_server_file
 
 from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
-from .dist_server import drain_datasets, server_datasets
+from .dist_server import drain_datasets, server_datasets, small_int_dtype
 from .halo import unique_sorted
 from .partition import keys_to_adjacency, partition_servers, split_servers_over_gpus, symmetric_keys
 from .sliced import GraphSlice, shuffle_to_owners, spilled
@@ -131,6 +133,10 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
         server_of = access.server_of = sp.parts
         gpu_of, gpu_constraints = split_servers_over_gpus(group, access, server_of, train, G,
                                                           cfg.partitioner, cfg.seed)
+    # 1 B per vertex each (int8 while S, G < 128) instead of the partitioners' int32: one copy, kept
+    # until the manifest (partition_digest hashes the values, not the dtype).
+    server_of = sp.parts = access.server_of = server_of.astype(small_int_dtype(S))
+    gpu_of = gpu_of.astype(small_int_dtype(G))
     # int32 in-degrees (4 B per vertex on every rank; the files store them as int64).
     degree = group.allgatherv_rows(np.diff(part.indptr).astype(np.int32 if part.num_edges < 2**31 else np.int64), rows)
     masks = {"train_mask": train, **{f: group.allgatherv_rows(getattr(part, f), rows) for f in ("val_mask", "test_mask")}}
