@@ -10,9 +10,12 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   features and labels wait on disk for the whole phase and its edges during each ParMETIS call
   (sliced.spilled), and the in-degrees and val/test masks are gathered after it.  The phase peaks at
   one of two moments (measured with bench/trace_build_memory.py, docs/bench-build-scaling.md):
-  - building the slice's symmetric adjacency (SlicedAccess.adjacency: int64 keys of both directions
-    of every slice edge, their alltoallv copy and sort, beside the slice's edges): BASE_BYTES +
-    KEY_BYTES_PER_EDGE per edge and PARTITION_ROW_BYTES per row of the slice.  The peak at P = 1 and 2;
+  - building the slice's symmetric adjacency (SlicedAccess.adjacency): BASE_BYTES + KEY_BYTES_PER_EDGE
+    per edge (int64 keys of both directions of every slice edge, their alltoallv copy and sort, beside
+    the slice's edges) and PARTITION_ROW_BYTES per row of the slice; for ParMETIS on a symmetrised
+    graph (`symmetric`, the build's default) the slice's own rows are that adjacency already, and only
+    SYMMETRIC_ADJ_BYTES_PER_EDGE per edge are held (the edges, their row ids and the loop mask, then
+    the int32 copy for the partitioner).  The peak at P = 1 and 2 with keys;
   - inside ParMETIS (PT-Scotch): SCOTCH_BASE_BYTES (the interpreter, libraries and MPI
     that are resident then: less than BASE_BYTES, whose Python heap PT-Scotch reuses) + scotch_vertex_bytes()
     per vertex of the WHOLE graph + SCOTCH_BYTES_PER_EDGE per edge of the slice (PT-Scotch's own
@@ -34,8 +37,10 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   hops and owners, and their sort); the writer of server s (rank s % P) adds its row offsets
   (WRITER_BYTES_PER_ROW) and one block of the file (dist_server.block_rows: whole feature chunks, at
   most ceil(rows / P) rows and dist_server.BLOCK_BYTES of features), whose features (received, then
-  reordered: BLOCK_BYTES_PER_FEATURE per feature of a row) or in-edges (BLOCK_BYTES_PER_EDGE per
-  in-edge of a row, the server's average), whichever is larger, are alive at a time.  No rank holds a
+  reordered: BLOCK_BYTES_PER_FEATURE per feature of a row) or in-edges (BLOCK_BYTES_PER_EDGE +
+  BLOCK_PRODUCE_BYTES_PER_EDGE / P per in-edge of a row, the server's average: received, reordered,
+  the transfer's buffers, and the writer's own share of the relabelling), whichever is larger, are
+  alive at a time.  No rank holds a
   server's rows, and the writer's block is bounded in bytes whatever the server's size.  EAS uses the
   same terms (its scoring arrays are those of the frontier rows each rank owns, within the above at
   the sizes measured).  Measured with bench/trace_build_memory.py (every array alive at the phase's
@@ -62,6 +67,7 @@ PARTITION_VERTEX_BYTES = 6  # ours, on every rank: training mask, the GPU split'
 PARTITION_ROW_BYTES = 16
 LOAD_BYTES_PER_KEY = 16  # the int64 key and its alltoallv copy
 KEY_BYTES_PER_EDGE = 62  # building the slice's symmetric adjacency (keys, their shuffle, the edges)
+SYMMETRIC_ADJ_BYTES_PER_EDGE = 17  # a symmetric slice's own rows: int64 edges and row ids, loop mask
 SCOTCH_BASE_BYTES = 120 * MIB
 # PT-Scotch's, per vertex of the whole graph, on every rank (P >= 2): the band graph it gathers onto
 # every process (docs/design.md §8), by the band's width (preprocess/parmetis.scotch_band_width).
@@ -77,7 +83,13 @@ HALO_BYTES_PER_VERTEX = 10  # int8 hop, owner and its allgathered copy; int32 fi
 ROW_BYTES = 24  # int64 global id, int8 hop and owner, and the (owner, hop, id) sort's permutation
 WRITER_BYTES_PER_ROW = 8  # the writer's int64 row offsets of the subgraph (graph/indptr)
 BLOCK_BYTES_PER_FEATURE = 8  # float32, two copies (received, reordered)
-BLOCK_BYTES_PER_EDGE = 16  # int64 in-edges, two copies
+# Per in-edge of a block's rows on the writer: received and reordered int64 (16 B) and what the write
+# round holds besides (MPI's and HDF5's buffers: malloc'd bytes in use that no array of ours holds,
+# bench/trace_build_memory.py), fitted to the writer's rise over the non-writers at 800k P = 1 and 8;
+# plus the relabelling of the rows the writer owns itself (sources, file rows, row ids, sorted keys),
+# 1/P of the block.
+BLOCK_BYTES_PER_EDGE = 45
+BLOCK_PRODUCE_BYTES_PER_EDGE = 18
 
 
 def scotch_vertex_bytes() -> int:
@@ -111,10 +123,11 @@ class BuildMemory:
 
 def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_features: int,
                           servers: List[ServerLoad], ranks: int, partitioner: str = "parmetis",
-                          eas: bool = False) -> BuildMemory:
+                          eas: bool = False, symmetric: bool = True) -> BuildMemory:
     """Peak bytes per rank of a P-rank sliced build (module docstring).  raw_keys: int64 edge keys the
     load makes (raw edges, twice when symmetrising).  `eas` is recorded by the plan but changes no term
-    (the EAS servers' own rows and in-edges come in `servers`)."""
+    (the EAS servers' own rows and in-edges come in `servers`); `symmetric`: the graph was symmetrised
+    (the ParMETIS adjacency is then the slice's own rows)."""
     from .dist_server import block_rows
 
     P, n, e, F = int(ranks), int(num_vertices), int(num_edges), int(num_features)
@@ -128,7 +141,8 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
         # The partition phase (docstring): the adjacency's keys, then the partitioner.  The server
         # partitioner's structures are freed before the GPU split.
         ours = PARTITION_VERTEX_BYTES * n + PARTITION_ROW_BYTES * rows
-        keys = BASE_BYTES + KEY_BYTES_PER_EDGE * edges + ours
+        own_rows = symmetric and partitioner == "parmetis"
+        keys = BASE_BYTES + (SYMMETRIC_ADJ_BYTES_PER_EDGE if own_rows else KEY_BYTES_PER_EDGE) * edges + ours
         if partitioner == "parmetis":
             S = max(len(servers), 1)
             per_vertex = scotch_vertex_bytes()
@@ -141,7 +155,8 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
                                           gpu_split)
         ph = {"load": BASE_BYTES + held + LOAD_BYTES_PER_KEY * raw_keys / P, "partition": part}
         block = max((WRITER_BYTES_PER_ROW * s.rows + block_rows(s.rows, F, P)
-                     * max(BLOCK_BYTES_PER_FEATURE * F, BLOCK_BYTES_PER_EDGE * s.fetched_edges / max(s.rows, 1))
+                     * max(BLOCK_BYTES_PER_FEATURE * F, (BLOCK_BYTES_PER_EDGE + BLOCK_PRODUCE_BYTES_PER_EDGE / P)
+                           * s.fetched_edges / max(s.rows, 1))
                      for s in mine), default=0)
         ph["halos+write"] = (BASE_BYTES + held + (PER_VERTEX_BYTES + HALO_BYTES_PER_VERTEX) * n
                              + ROW_BYTES * rows_max + block)

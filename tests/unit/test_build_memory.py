@@ -25,7 +25,8 @@ def test_estimate_by_hand():
             + bm.ROW_BYTES * 800_000
             # the writer's row offsets and its block: the byte bound (BLOCK_BYTES of features) at P = 1
             + max(bm.WRITER_BYTES_PER_ROW * s.rows + (BLOCK_BYTES // (4 * f * 2621)) * 2621
-                  * max(bm.BLOCK_BYTES_PER_FEATURE * f, bm.BLOCK_BYTES_PER_EDGE * s.fetched_edges / s.rows)
+                  * max(bm.BLOCK_BYTES_PER_FEATURE * f, (bm.BLOCK_BYTES_PER_EDGE + bm.BLOCK_PRODUCE_BYTES_PER_EDGE)
+                        * s.fetched_edges / s.rows)
                   for s in SERVERS)}
     assert est.phases == [{k: int(v) for k, v in want.items()}]
     assert est.peak == max(int(v) for v in want.values())
@@ -45,7 +46,8 @@ def test_every_rank_shrinks_with_ranks_writers_too():
     s0 = SERVERS[0]
     assert block_rows(s0.rows, 100, 8) == 102_219 == -(-(s0.rows // 8) // 2621) * 2621  # 1/P, whole chunks
     block8 = bm.WRITER_BYTES_PER_ROW * s0.rows + block_rows(s0.rows, 100, 8) * max(
-        bm.BLOCK_BYTES_PER_FEATURE * 100, bm.BLOCK_BYTES_PER_EDGE * s0.fetched_edges / s0.rows)
+        bm.BLOCK_BYTES_PER_FEATURE * 100, (bm.BLOCK_BYTES_PER_EDGE + bm.BLOCK_PRODUCE_BYTES_PER_EDGE / 8)
+        * s0.fetched_edges / s0.rows)
     assert peaks[8].phases[0]["halos+write"] - peaks[8].phases[5]["halos+write"] == pytest.approx(block8, abs=64)
 
 
@@ -57,7 +59,7 @@ def test_parmetis_partition_terms():
     n, e, f = 1_000_000, 24_000_000, 100
     calls, keyss = {}, {}
     for P in (1, 2, 4, 8):
-        pm = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="parmetis", **GRAPH)
+        pm = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="parmetis", symmetric=False, **GRAPH)
         me = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="metis", **GRAPH)
         rows, edges = n // P, e / P
         ours = bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * rows
@@ -71,8 +73,16 @@ def test_parmetis_partition_terms():
         assert pm.phases[0]["partition"] < max(keys, call) + 8 * edges + (4 * f + 24) * rows
     # The keys set P = 1's peak, the larger of the two P = 8's, and what PT-Scotch keeps per vertex of
     # the graph bounds every rank from below whatever P.
-    assert estimate_build_memory(servers=SERVERS, ranks=1, **GRAPH).phases[0]["partition"] > int(calls[1])
-    assert estimate_build_memory(servers=SERVERS, ranks=8, **GRAPH).phases[0]["partition"] == int(max(keyss[8], calls[8]))
+    unsym = dict(GRAPH, symmetric=False)
+    assert estimate_build_memory(servers=SERVERS, ranks=1, **unsym).phases[0]["partition"] > int(calls[1])
+    assert estimate_build_memory(servers=SERVERS, ranks=8, **unsym).phases[0]["partition"] == int(max(keyss[8], calls[8]))
+    # A symmetrised graph (the default): the slice's own rows are the adjacency, no keys; PT-Scotch's
+    # call sets the phase's peak at every P here.
+    for P in (1, 8):
+        own = bm.BASE_BYTES + bm.SYMMETRIC_ADJ_BYTES_PER_EDGE * e / P + bm.PARTITION_VERTEX_BYTES * n \
+            + bm.PARTITION_ROW_BYTES * (n // P)
+        assert own < calls[P]
+        assert estimate_build_memory(servers=SERVERS, ranks=P, **GRAPH).phases[0]["partition"] == int(calls[P])
     assert calls[8] - calls[4] < 0 and calls[8] > bm.scotch_vertex_bytes() * n
 
 
