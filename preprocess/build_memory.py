@@ -85,11 +85,11 @@ WRITER_BYTES_PER_ROW = 8  # the writer's int64 row offsets of the subgraph (grap
 BLOCK_BYTES_PER_FEATURE = 8  # float32, two copies (received, reordered)
 # Per in-edge of a block's rows on the writer: received and reordered int64 (16 B) and what the write
 # round holds besides (MPI's and HDF5's buffers: malloc'd bytes in use that no array of ours holds,
-# bench/trace_build_memory.py), fitted to the writer's rise over the non-writers at 800k P = 1 and 8;
+# bench/trace_build_memory.py), fitted to the writer's rise at 800k P = 1 (trace) and 2.45M P = 8;
 # plus the relabelling of the rows the writer owns itself (sources, file rows, row ids, sorted keys),
 # 1/P of the block.
-BLOCK_BYTES_PER_EDGE = 45
-BLOCK_PRODUCE_BYTES_PER_EDGE = 18
+BLOCK_BYTES_PER_EDGE = 30
+BLOCK_PRODUCE_BYTES_PER_EDGE = 31
 
 
 def scotch_vertex_bytes() -> int:
