@@ -15,12 +15,19 @@ runs `python -m preprocess build ...` on every rank with two probes and writes o
   call also malloc's bytes in use (glibc mallinfo2), whose rise above the bytes in use at the call is
   the library's own allocations, whatever freed pages it reuses (VmRSS does not show that).
 
+and, in the halos+write phase (preprocess/dist_server.py), a probe at the start of every server, after
+its halo selection, its owner assignment and at every block round (`_Blocks.gather`): VmRSS, malloc's
+bytes in use and the numpy arrays alive (the frames' locals, and what the server's streamed datasets'
+closures and generators hold); per rank the record of the largest VmRSS is kept, with the sampler's
+largest sample of the phase (`halos` in the samples).
+
 The probes read /proc and mallinfo2 only (no tracemalloc: its bookkeeping would change the RSS).
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import inspect
 import json
 import os
 import sys
@@ -68,7 +75,15 @@ def _reset_hwm() -> None:
         f.write("5")
 
 
-def live_arrays(frame) -> dict:
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def live_arrays(frame, depth: int = 3) -> dict:
     """{'function:name[.attr]': bytes} of the numpy arrays reachable from the frames' locals (each data
     buffer counted once, under the first name found, innermost frame first)."""
     seen, out = set(), {}
@@ -85,7 +100,12 @@ def live_arrays(frame) -> dict:
             return
         if depth == 0 or isinstance(obj, (str, bytes, int, float, type)) or callable(obj) and not hasattr(obj, "__dict__"):
             return
-        if isinstance(obj, dict):
+        if inspect.isgenerator(obj):  # a streamed dataset's block generator: what its frame holds
+            items = list(obj.gi_frame.f_locals.items()) if obj.gi_frame is not None else []
+        elif inspect.isfunction(obj):  # a closure (the produce lambdas): its cells
+            items = [(c, cell.cell_contents) for c, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ())
+                     if c not in ("self",) and _filled(cell)]
+        elif isinstance(obj, dict):
             items = list(obj.items())[:64]
         elif isinstance(obj, (list, tuple)):
             items = list(enumerate(obj))[:64]
@@ -100,7 +120,7 @@ def live_arrays(frame) -> dict:
     while f is not None:
         fn = f"{os.path.basename(f.f_code.co_filename)}:{f.f_code.co_name}"
         for name, v in list(f.f_locals.items()):
-            visit(v, f"{fn}:{name}", 3)
+            visit(v, f"{fn}:{name}", depth)
         f = f.f_back
     return out
 
@@ -157,6 +177,39 @@ def main() -> int:
             calls.append(rec)
 
     partition.parmetis_part_kway = traced
+
+    # halos+write: probes at the server's steps and block rounds; the largest VmRSS record per rank kept.
+    import preprocess.dist_build as dist_build
+    import preprocess.dist_server as dist_server
+
+    halos = {"best": None, "first": None, "probes": 0}
+
+    def probe(where):
+        frame = sys._getframe(1)  # the wrapper: its arguments and result, then the callers
+        arrays = live_arrays(frame, depth=6)
+        rec = {"where": where, "rss": _status("VmRSS"), "heap": heap_in_use(),
+               "arrays": dict(sorted(arrays.items(), key=lambda kv: -kv[1])[:60]),
+               "arrays_total": int(sum(arrays.values()))}
+        halos["probes"] += 1
+        if halos["first"] is None:
+            halos["first"] = rec
+        if halos["best"] is None or rec["rss"] >= halos["best"]["rss"]:
+            halos["best"] = rec
+
+    def probed(fn, where, before=False):
+        def wrapper(*args, **kw):
+            if before:
+                state["label"] = "halos"
+                probe(where + ":start")
+            out = fn(*args, **kw)
+            probe(where)
+            return out
+        return wrapper
+
+    dist_build.server_datasets = probed(dist_build.server_datasets, "server_datasets", before=True)
+    dist_server.select_halo = probed(dist_server.select_halo, "select_halo")
+    dist_server.assign_owners_sliced = probed(dist_server.assign_owners_sliced, "assign_owners")
+    dist_server._Blocks.gather = probed(dist_server._Blocks.gather, "gather")
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
     rc = preprocess_main(argv)
@@ -165,7 +218,8 @@ def main() -> int:
     from granndis_hpc.cluster import as_group
 
     group = as_group(None)
-    recs = group.allgather_object({"rank": group.rank, "size": group.size, "calls": calls, "samples": samples})
+    recs = group.allgather_object({"rank": group.rank, "size": group.size, "calls": calls, "samples": samples,
+                                  "halos": halos})
     if group.rank == 0:
         with open(a.trace, "w") as f:
             json.dump({"argv": argv, "ranks": recs}, f, indent=1)
@@ -177,6 +231,13 @@ def main() -> int:
                       f"{c['arrays_total'] / mib:.0f}), during {c['hwm_during'] / mib:.0f}, after "
                       f"{c['rss_after'] / mib:.0f}; malloc in use before {c['heap_before'] / mib:.0f}, max "
                       f"during {c['heap_max_during'] / mib:.0f} (+{(c['heap_max_during'] - c['heap_before']) / mib:.0f})")
+            h = r["halos"]
+            if h["best"] is not None:
+                b, f0 = h["best"], h["first"]
+                print(f"rank {r['rank']}/{r['size']} halos+write: at the first server {f0['rss'] / mib:.0f} MiB (our "
+                      f"arrays {f0['arrays_total'] / mib:.0f}, malloc {f0['heap'] / mib:.0f}); largest probe "
+                      f"({b['where']}) {b['rss'] / mib:.0f} MiB (our arrays {b['arrays_total'] / mib:.0f}, malloc "
+                      f"{b['heap'] / mib:.0f}); sampler {r['samples'].get('halos', {}).get('rss', 0) / mib:.0f} MiB")
     return rc
 
 

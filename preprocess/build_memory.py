@@ -2,19 +2,20 @@
 
 The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P:
 
-* always: the interpreter with numpy/scipy/h5py/mpi4py (BASE_BYTES) and the per-vertex arrays every
-  rank keeps (server and GPU of every vertex, in-degrees, split masks, the partitioner's parts:
-  PER_VERTEX_BYTES per vertex of the graph);
+* always: the interpreter with numpy/scipy/h5py/mpi4py (BASE_BYTES);
 * its slice: the in-edges of N/P rows (8 B each), their features (4F B per row) and labels/masks;
-* load: the int64 keys of its raw edges (both directions when symmetrising), their alltoallv copy and
-  the de-duplication mask: LOAD_BYTES_PER_KEY per key it reads;
+* load: the int64 keys of its raw edges (both directions when symmetrising) and their alltoallv copy:
+  LOAD_BYTES_PER_KEY per key it reads (no per-vertex array of the graph exists yet);
 * partition: only what the partitioner reads is in memory (dist_build.run_build_sliced): the slice's
   features and labels wait on disk for the whole phase and its edges during each ParMETIS call
   (sliced.spilled), and the in-degrees and val/test masks are gathered after it.  The phase peaks at
   one of two moments (measured with bench/trace_build_memory.py, docs/bench-build-scaling.md):
-  - building the slice's symmetric adjacency (SlicedAccess.adjacency: int64 keys of both directions
-    of every slice edge, their alltoallv copy and sort, beside the slice's edges): BASE_BYTES +
-    KEY_BYTES_PER_EDGE per edge and PARTITION_ROW_BYTES per row of the slice.  The peak at P = 1 and 2;
+  - building the slice's symmetric adjacency (SlicedAccess.adjacency): BASE_BYTES + KEY_BYTES_PER_EDGE
+    per edge (int64 keys of both directions of every slice edge, their alltoallv copy and sort, beside
+    the slice's edges) and PARTITION_ROW_BYTES per row of the slice; for ParMETIS on a symmetrised
+    graph (`symmetric`, the build's default) the slice's own rows are that adjacency already, and only
+    SYMMETRIC_ADJ_BYTES_PER_EDGE per edge are held (the edges, their row ids and the loop mask, then
+    the int32 copy for the partitioner).  The peak at P = 1 and 2 with keys;
   - inside ParMETIS (PT-Scotch): SCOTCH_BASE_BYTES (the interpreter, libraries and MPI
     that are resident then: less than BASE_BYTES, whose Python heap PT-Scotch reuses) + scotch_vertex_bytes()
     per vertex of the WHOLE graph + SCOTCH_BYTES_PER_EDGE per edge of the slice (PT-Scotch's own
@@ -27,19 +28,31 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   instead gathers the whole adjacency on rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there,
   the slice's edges staying in memory, 8 B each) and the writer rank splits its server alone
   (GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
-* halos+write (preprocess/dist_server.py): every rank takes part in every server's halo selection,
-  owner votes and file, on its own rows: a few per-vertex arrays while a server is built
-  (HALO_BYTES_PER_VERTEX: its hop, owner and file row of every vertex, the union masks) and the
-  server's per-row arrays (ROW_BYTES per row of the largest server: global ids, hops, owners and their
-  sort); the writer of server s (rank s % P) adds one block of the file, ceil(rows / P) rows with their
-  features (fetched, then reordered: BLOCK_BYTES_PER_FEATURE per feature of a row) and their in-edges
-  (BLOCK_BYTES_PER_EDGE per in-edge of a row, the server's average).  No rank holds a server's rows any
-  more, so the writer's term shrinks as 1/P too.  EAS uses the same terms (its scoring arrays are
-  those of the frontier rows each rank owns, within the above at the sizes measured).
+* halos+write (preprocess/dist_server.py): every rank keeps PER_VERTEX_BYTES per vertex of the graph
+  from the partition on (int8 server and GPU of every vertex, int32 in-degree, three bool split
+  masks: 9 B) and takes part in every server's halo selection, owner votes and file, on its own rows:
+  a few per-vertex arrays while a server is built (HALO_BYTES_PER_VERTEX: the int8 hop and owner of
+  every vertex, the owners' allgathered copy, the int32 file row, the BFS's selected and union masks)
+  and the server's per-row arrays (ROW_BYTES per row of the largest server: int64 global ids, int8
+  hops and owners, and their sort); the writer of server s (rank s % P) adds its row offsets
+  (WRITER_BYTES_PER_ROW) and one block of the file (dist_server.block_rows: whole feature chunks, at
+  most ceil(rows / P) rows and dist_server.BLOCK_BYTES of features), whose features (received, then
+  reordered: BLOCK_BYTES_PER_FEATURE per feature of a row) or in-edges (BLOCK_BYTES_PER_EDGE +
+  BLOCK_PRODUCE_BYTES_PER_EDGE / P per in-edge of a row, the server's average: received, reordered,
+  the transfer's buffers, and the writer's own share of the relabelling), whichever is larger, are
+  alive at a time.  No rank holds a
+  server's rows, and the writer's block is bounded in bytes whatever the server's size.  EAS uses the
+  same terms (its scoring arrays are those of the frontier rows each rank owns, within the above at
+  the sizes measured).  Measured with bench/trace_build_memory.py (every array alive at the phase's
+  peak, session 9, docs/bench-build-scaling.md): at 800k, P = 8, a non-writer holds 75 MiB of arrays
+  (its slice 57 MiB, per-vertex and per-row arrays the rest) beside 150-195 MiB of interpreter,
+  libraries, MPI and heap kept from the partition phase.
 
 The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS per rank (the
 partition terms to the 2.45M builds at P = 1, 2, 4, 8 and to bench/trace_build_memory.py's RSS
-inside the ParMETIS calls of 800k builds at P = 2, 4, 8) (docs/bench-build-scaling.md, where the
+inside the ParMETIS calls of 800k builds at P = 2, 4, 8; the load and halos+write terms, session 9,
+to the 2.45M full builds at P = 1 and 8 and the 800k full build at P = 8, the per-vertex and per-row
+bytes counted from the dtypes of the arrays the trace found) (docs/bench-build-scaling.md, where the
 estimate is checked against every measured rank).
 """
 from __future__ import annotations
@@ -49,11 +62,12 @@ from typing import Dict, List, Optional
 
 MIB = 1 << 20
 BASE_BYTES = 150 * MIB
-PER_VERTEX_BYTES = 64
+PER_VERTEX_BYTES = 9  # from the partition on, every rank: int8 server and GPU, int32 in-degree, 3 masks
 PARTITION_VERTEX_BYTES = 6  # ours, on every rank: training mask, the GPU split's server and GPU ids
 PARTITION_ROW_BYTES = 16
-LOAD_BYTES_PER_KEY = 8
+LOAD_BYTES_PER_KEY = 16  # the int64 key and its alltoallv copy
 KEY_BYTES_PER_EDGE = 62  # building the slice's symmetric adjacency (keys, their shuffle, the edges)
+SYMMETRIC_ADJ_BYTES_PER_EDGE = 17  # a symmetric slice's own rows: int64 edges and row ids, loop mask
 SCOTCH_BASE_BYTES = 120 * MIB
 # PT-Scotch's, per vertex of the whole graph, on every rank (P >= 2): the band graph it gathers onto
 # every process (docs/design.md §8), by the band's width (preprocess/parmetis.scotch_band_width).
@@ -65,10 +79,17 @@ SCOTCH_VERTEX_BYTES_NARROW_BAND = 96
 SCOTCH_BYTES_PER_EDGE = 40  # PT-Scotch's structures and our int32 adjacency, per edge of the slice
 METIS_BYTES_PER_EDGE = 40
 GPU_SPLIT_BYTES_PER_INNER_EDGE = 48  # the writer's METIS GPU split (metis, random): inner keys, METIS
-HALO_BYTES_PER_VERTEX = 8
-ROW_BYTES = 24
+HALO_BYTES_PER_VERTEX = 10  # int8 hop, owner and its allgathered copy; int32 file row; 2-3 bool masks
+ROW_BYTES = 24  # int64 global id, int8 hop and owner, and the (owner, hop, id) sort's permutation
+WRITER_BYTES_PER_ROW = 8  # the writer's int64 row offsets of the subgraph (graph/indptr)
 BLOCK_BYTES_PER_FEATURE = 8  # float32, two copies (received, reordered)
-BLOCK_BYTES_PER_EDGE = 16
+# Per in-edge of a block's rows on the writer: received and reordered int64 (16 B) and what the write
+# round holds besides (MPI's and HDF5's buffers: malloc'd bytes in use that no array of ours holds,
+# bench/trace_build_memory.py), fitted to the writer's rise at 800k P = 1 (trace) and 2.45M P = 8;
+# plus the relabelling of the rows the writer owns itself (sources, file rows, row ids, sorted keys),
+# 1/P of the block.
+BLOCK_BYTES_PER_EDGE = 30
+BLOCK_PRODUCE_BYTES_PER_EDGE = 31
 
 
 def scotch_vertex_bytes() -> int:
@@ -102,23 +123,26 @@ class BuildMemory:
 
 def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_features: int,
                           servers: List[ServerLoad], ranks: int, partitioner: str = "parmetis",
-                          eas: bool = False) -> BuildMemory:
+                          eas: bool = False, symmetric: bool = True) -> BuildMemory:
     """Peak bytes per rank of a P-rank sliced build (module docstring).  raw_keys: int64 edge keys the
     load makes (raw edges, twice when symmetrising).  `eas` is recorded by the plan but changes no term
-    (the EAS servers' own rows and in-edges come in `servers`)."""
+    (the EAS servers' own rows and in-edges come in `servers`); `symmetric`: the graph was symmetrised
+    (the ParMETIS adjacency is then the slice's own rows)."""
+    from .dist_server import block_rows
+
     P, n, e, F = int(ranks), int(num_vertices), int(num_edges), int(num_features)
     per_rank, phases = [], []
     rows_max = max((s.rows for s in servers), default=0)
     for r in range(P):
         rows = (n * (r + 1)) // P - (n * r) // P
         edges = e * rows / max(n, 1)  # the slice's share of the edges (balanced on average)
-        common = BASE_BYTES + PER_VERTEX_BYTES * n
         held = 8 * edges + (4 * F + 24) * rows
         mine = [s for s in servers if s.server % P == r]
         # The partition phase (docstring): the adjacency's keys, then the partitioner.  The server
         # partitioner's structures are freed before the GPU split.
         ours = PARTITION_VERTEX_BYTES * n + PARTITION_ROW_BYTES * rows
-        keys = BASE_BYTES + KEY_BYTES_PER_EDGE * edges + ours
+        own_rows = symmetric and partitioner == "parmetis"
+        keys = BASE_BYTES + (SYMMETRIC_ADJ_BYTES_PER_EDGE if own_rows else KEY_BYTES_PER_EDGE) * edges + ours
         if partitioner == "parmetis":
             S = max(len(servers), 1)
             per_vertex = scotch_vertex_bytes()
@@ -129,10 +153,13 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
             gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0
             part = keys + 8 * edges + max(METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0 else 0,
                                           gpu_split)
-        ph = {"load": common + held + LOAD_BYTES_PER_KEY * raw_keys / P, "partition": part}
-        block = max((-(-s.rows // P) * (BLOCK_BYTES_PER_FEATURE * F + BLOCK_BYTES_PER_EDGE * s.fetched_edges
-                                         / max(s.rows, 1)) for s in mine), default=0)
-        ph["halos+write"] = (common + held + HALO_BYTES_PER_VERTEX * n + ROW_BYTES * rows_max + block)
+        ph = {"load": BASE_BYTES + held + LOAD_BYTES_PER_KEY * raw_keys / P, "partition": part}
+        block = max((WRITER_BYTES_PER_ROW * s.rows + block_rows(s.rows, F, P)
+                     * max(BLOCK_BYTES_PER_FEATURE * F, (BLOCK_BYTES_PER_EDGE + BLOCK_PRODUCE_BYTES_PER_EDGE / P)
+                           * s.fetched_edges / max(s.rows, 1))
+                     for s in mine), default=0)
+        ph["halos+write"] = (BASE_BYTES + held + (PER_VERTEX_BYTES + HALO_BYTES_PER_VERTEX) * n
+                             + ROW_BYTES * rows_max + block)
         ph = {k: int(v) for k, v in ph.items()}
         phases.append(ph)
         per_rank.append(max(ph.values()))
@@ -141,8 +168,8 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
 
 def smallest_fitting_ranks(budget: int, max_ranks: int = 1024, **kwargs) -> Optional[int]:
     """The smallest P whose estimated peak per rank fits `budget` (None when none up to max_ranks does:
-    every rank holds the per-vertex arrays, PT-Scotch's SCOTCH_VERTEX_BYTES per vertex of the graph
-    and the server's per-row arrays, and with METIS the writer of a server its GPU split, which do not
+    every rank holds PT-Scotch's SCOTCH_VERTEX_BYTES per vertex of the graph, the per-vertex arrays and
+    the server's per-row arrays, and with METIS the writer of a server its GPU split, which do not
     shrink with P)."""
     for P in range(1, max_ranks + 1):
         if estimate_build_memory(ranks=P, **kwargs).peak <= budget:

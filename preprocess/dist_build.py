@@ -16,9 +16,11 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
 * the halo (full k-hop or EAS), the owner GPUs and the file of server s are built by all ranks
   together and written by rank s % P in blocks (preprocess/dist_server.py), so no rank holds a
   server's edges or features, the writer included;
-* every rank holds O(V) small per-vertex arrays (server and GPU of every vertex, int32 in-degrees,
-  split masks: 15 B per vertex; while a server is built its hop, owner and file row: 6 B per vertex,
-  and its rows' global ids, hops and owners: 16 B per row) besides its slice;
+* every rank holds O(V) small per-vertex arrays after the partition (server and GPU of every vertex
+  as int8, int32 in-degrees, three bool split masks: 9 B per vertex; while a server is built its hop
+  and owner (int8) and file row (int32) of every vertex and the BFS's masks, and its rows' global ids,
+  hops and owners (int64, int8, int8) with their sort: measured with bench/trace_build_memory.py,
+  docs/bench-build-scaling.md) besides its slice;
 * the partition phase, the peak of every rank (ParMETIS on the slices), holds only what it reads: the
   slice's features and labels are in a temporary file meanwhile, its edges too during each ParMETIS
   call (sliced.spilled), and the in-degrees and val/test masks are gathered after it (same bytes).
@@ -37,7 +39,7 @@ from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import discard_staged, stage_server_file
 
 from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
-from .dist_server import drain_datasets, server_datasets
+from .dist_server import drain_datasets, server_datasets, small_int_dtype
 from .halo import unique_sorted
 from .partition import keys_to_adjacency, partition_servers, split_servers_over_gpus, symmetric_keys
 from .sliced import GraphSlice, shuffle_to_owners, spilled
@@ -53,11 +55,21 @@ class SlicedAccess:
 
     def adjacency(self, dist: np.ndarray):
         """Rows dist[rank]..dist[rank+1]-1 of the symmetric graph without loops: every edge u -> v of
-        this rank's rows becomes the keys v*n+u and u*n+v, sent to the owner (under dist) of its row."""
+        this rank's rows becomes the keys v*n+u and u*n+v, sent to the owner (under dist) of its row.
+        A symmetric slice (load_slice with symmetrize) asked for its own rows is that already: its rows
+        without their loops, the sources sorted and distinct (no keys, no shuffle: ~17 B per edge at
+        the partition phase instead of ~62)."""
         p, n = self.part, self.num_vertices
         rows = row_of_edges(p.indptr) + p.lo
         cols = p.indices
         keep = cols != rows
+        del rows
+        if p.symmetric and np.array_equal(np.asarray(dist), p.vtxdist):
+            loops = np.flatnonzero(~keep)  # edge positions of the loops (none without self_loops=add|keep)
+            del keep
+            xadj = p.indptr - np.searchsorted(loops, p.indptr)  # minus the loops before each row
+            return xadj, (np.delete(cols, loops) if loops.size else cols)
+        rows = row_of_edges(p.indptr) + p.lo
         rows, cols = rows[keep], cols[keep]
         keys = np.concatenate([rows * n + cols, cols * n + rows])
         del rows, cols, keep
@@ -133,6 +145,10 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
         server_of = access.server_of = sp.parts
         gpu_of, gpu_constraints = split_servers_over_gpus(group, access, server_of, train, G,
                                                           cfg.partitioner, cfg.seed)
+    # 1 B per vertex each (int8 while S, G < 128) instead of the partitioners' int32: one copy, kept
+    # until the manifest (partition_digest hashes the values, not the dtype).
+    server_of = sp.parts = access.server_of = server_of.astype(small_int_dtype(S))
+    gpu_of = gpu_of.astype(small_int_dtype(G))
     # int32 in-degrees (4 B per vertex on every rank; the files store them as int64).
     degree = group.allgatherv_rows(np.diff(part.indptr).astype(np.int32 if part.num_edges < 2**31 else np.int64), rows)
     masks = {"train_mask": train, **{f: group.allgatherv_rows(getattr(part, f), rows) for f in ("val_mask", "test_mask")}}

@@ -16,13 +16,16 @@ graph, with the same result:
   rebalancing runs on every rank on the server's (hop, owner) rows.
 * the file: rows ordered by (owner GPU, hop, global id) as build_server orders them; the writer rank
   (s % P) writes the datasets in order, the large ones (the subgraph's sources, features, labels, the
-  world view) as shards.StreamedDataset blocks of at most ceil(rows / P) rows that the rows' owners
-  compute (relabelled and sorted subgraph rows, world-view ranks and in-degrees) and send to the writer
-  (one alltoallv per block), so the writer holds one block at a time.
+  world view) as shards.StreamedDataset blocks (`block_rows`: whole feature chunks, at most ceil(rows /
+  P) rows and at most BLOCK_BYTES of features) that the rows' owners compute (relabelled and sorted
+  subgraph rows, world-view ranks and in-degrees) and send to the writer (one alltoallv per block), so
+  the writer holds one block at a time (received and reordered; the previous block is freed before
+  the next is gathered).
 
-Memory per rank besides its slice: a few bytes per vertex of the graph (hop, owner and the file row of
-every vertex) and the server's per-row arrays (global id, hop, owner: 16 B per row); the writer adds one
-block and, while writing, one small per-row dataset at a time.  Every collective round happens on
+Memory per rank besides its slice: a few bytes per vertex of the graph (the int8 hop and owner and the
+int32 file row of every vertex, the BFS's masks) and the server's per-row arrays (int64 global id, int8
+hop and owner, converted to the file's int32 when written); the writer adds one block (bounded in bytes,
+whatever the server's size) and, while writing, one small per-row dataset at a time.  Every collective round happens on
 every rank whatever the data (the block plan is computed from arrays all ranks share), so a rank that
 fails while writing drains the rest of the rounds and the failure is agreed on after the file
 (Group.errors), never a hang.
@@ -39,6 +42,29 @@ from .halo import eas_choose, unique_inverse
 from .owners import DEFAULT_TOLERANCE, rebalance
 from .build import server_stats
 from .sliced import shuffle_to_owners
+
+
+# The writer's block: at most this many bytes of feature rows (and the same rows' in-edges), received
+# and reordered (two copies), whatever the server's size; ceil(rows / P) rows when that is less.
+BLOCK_BYTES = 128 << 20
+
+
+def small_int_dtype(bound: int):
+    """The narrowest signed integer dtype holding -1..bound-1 (server, GPU, hop ids: 1 B per vertex)."""
+    for dt in (np.int8, np.int16, np.int32):
+        if bound <= np.iinfo(dt).max:
+            return np.dtype(dt)
+    return np.dtype(np.int64)
+
+
+def block_rows(rows: int, num_features: int, ranks: int, block_bytes: int | None = None) -> int:
+    """Rows of one block of a server file of `rows` rows: whole feature chunks, at most ceil(rows / P)
+    rows and at most `block_bytes` (default BLOCK_BYTES) of float32 feature rows (at least one chunk)."""
+    block_bytes = BLOCK_BYTES if block_bytes is None else int(block_bytes)
+    chunk = feature_chunk_rows(rows, num_features) if rows else 1
+    share = -(-rows // ranks)
+    by_bytes = max(block_bytes // (4 * max(num_features, 1) * chunk), 1) * chunk
+    return max(min(-(-share // chunk) * chunk, by_bytes), 1)
 
 
 def _my_rows(part, hop_of: np.ndarray, value: int) -> np.ndarray:
@@ -92,9 +118,9 @@ def select_halo(group, part, inner: np.ndarray, cfg) -> np.ndarray:
 
 def order_by_hop(hop_of: np.ndarray):
     """(server vertices sorted by (hop, global id), their hops): halo's row order."""
-    verts = np.flatnonzero(hop_of >= 0).astype(np.int64)
+    verts = np.flatnonzero(hop_of >= 0).astype(np.int64, copy=False)
     hops = hop_of[verts].astype(np.int32)
-    order = np.lexsort((verts, hops))
+    order = np.argsort(hops, kind="stable")  # verts ascend already: a stable sort by hop is (hop, id)
     return verts[order], hops[order]
 
 
@@ -195,6 +221,7 @@ class _Blocks:
         counts = np.zeros(group.size, dtype=np.int64)
         counts[self.writer] = data.shape[0]
         got = group.alltoallv(data, counts)
+        del data
         got_lens = None
         if lens is not None:
             counts[self.writer] = lens.shape[0]
@@ -225,6 +252,7 @@ class _Blocks:
             data, _ = self.gather(ids[a:a + step], produce)
             if self.is_writer:
                 yield a, data
+            del data  # not alive during the next block's gather (one block on the writer, not two)
 
     def edges(self, ids: np.ndarray, produce, ptr):
         """Blocks (first edge, edges) of a per-edge dataset of the rows `ids` (ptr: the rows' offsets,
@@ -233,6 +261,7 @@ class _Blocks:
             data, _ = self.gather(ids[a:a + self.step], produce)
             if self.is_writer:
                 yield int(ptr[a]), data
+            del data
 
     def lengths(self, ids: np.ndarray, produce) -> np.ndarray | None:
         """Row offsets (int64, len(ids) + 1) of a per-edge dataset, on the writer (None elsewhere)."""
@@ -260,11 +289,15 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
     datasets are StreamedDataset blocks.  On the writer the datasets are for shards.stage_server_file;
     every other rank must drain them (`drain_datasets`) in the same order.  stats only on the writer."""
     G, n = cfg.gpus_per_server, part.num_vertices
-    inner = np.flatnonzero(server_of == s).astype(np.int64)
+    inner = np.flatnonzero(server_of == s)
+    num_inner = inner.shape[0]
     hop_of = select_halo(group, part, inner, cfg)
+    del inner  # 8 B per inner vertex; the file's inner rows come from the hops
     verts, hop = order_by_hop(hop_of)
-    owner = assign_owners_sliced(group, part, hop_of, verts, hop, gpu_of, G)
+    owner = assign_owners_sliced(group, part, hop_of, verts, hop, gpu_of, G).astype(small_int_dtype(G))
     del hop_of
+    # The per-row arrays in 1 B hops and owners (the file stores them as int32, converted when written).
+    hop = hop.astype(small_int_dtype(cfg.effective_hops + 1))
     verts, hop, owner = file_order(verts, hop, owner)
     m = verts.shape[0]
     file_row = _file_rows(n, verts)
@@ -277,10 +310,8 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
     inner_ids = verts[hop == 0]  # in file order: GPU 0's inner rows, then GPU 1's, ...
     w_ptr = np.zeros(inner_ids.shape[0] + 1, dtype=np.int64)
     np.cumsum(degree[inner_ids], out=w_ptr[1:])
-    # Blocks of whole feature chunks, at most ceil(rows / P) rows: one block per rank's share.
-    chunk = feature_chunk_rows(m, part.num_features) if m else 1
-    share = -(-m // group.size)
-    plan = _Blocks(group, part, writer, -(-share // chunk) * chunk)
+    # Blocks of whole feature chunks, at most ceil(rows / P) rows and BLOCK_BYTES of features.
+    plan = _Blocks(group, part, writer, block_rows(m, part.num_features, group.size))
     w = plan.is_writer
 
     def sub_rows(local):
@@ -296,8 +327,8 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
     world_edges = int(w_ptr[-1])
     arrays = {
         "vertices/global_id": verts,
-        "vertices/owner": owner,
-        "vertices/hop": hop,
+        "vertices/owner": _lazy((m,), np.int32, lambda: owner, w),
+        "vertices/hop": _lazy((m,), np.int32, lambda: hop, w),
         "vertices/offsets": offsets,
         "vertices/inner_counts": inner_counts,
         "graph/indptr": ptr,
@@ -323,7 +354,7 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
     assert list(arrays) == list(DATASETS), "dist_server: dataset order differs from the schema"
     stats = None
     if plan.is_writer:
-        stats = server_stats(s, inner.shape[0], hop, owner, masks["train_mask"][verts], nnz, world_edges, G,
+        stats = server_stats(s, num_inner, hop, owner, masks["train_mask"][verts], nnz, world_edges, G,
                              cfg.effective_hops)
     return arrays, stats
 

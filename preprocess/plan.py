@@ -87,11 +87,12 @@ def _everywhere(group, exc: BaseException):
         raise exc
 
 
-def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: str, budget: Optional[int]):
+def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: str, budget: Optional[int],
+                       symmetric: bool = True):
     """Rank 0's lines on the distributed build's memory (and its JSON record)."""
     lines, record = [], {}
     common = dict(num_vertices=graph.num_vertices, num_edges=graph.num_edges, raw_keys=int(raw_keys),
-                  num_features=graph.num_features, partitioner=partitioner)
+                  num_features=graph.num_features, partitioner=partitioner, symmetric=bool(symmetric))
     for label, loads in (result.get("server_loads") or {}).items():
         eas, loads = loads
         est = estimate_build_memory(servers=loads, ranks=ranks, eas=eas, **common)
@@ -234,7 +235,8 @@ def cmd_plan(args, argv) -> int:
               f"{cfg.device} (max over GPUs), inter-server bytes per epoch summed over ranks", flush=True)
         print(format_table(result["options"], cfg, decision), flush=True)
         lines, build_record = build_memory_lines(graph, result, _raw_keys(args, graph), args.build_ranks or group.size,
-                                                 cfg.partitioner, _budget(args.memory_per_rank))
+                                                 cfg.partitioner, _budget(args.memory_per_rank),
+                                                 symmetric=getattr(args, "symmetrize", True))
         for line in lines:
             print(line, flush=True)
         if args.json:

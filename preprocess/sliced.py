@@ -64,6 +64,7 @@ class GraphSlice:
     train_mask: np.ndarray
     val_mask: np.ndarray
     test_mask: np.ndarray
+    symmetric: bool = False  # every edge u -> v has v -> u (load_slice with symmetrize)
 
     @property
     def num_features(self) -> int:
@@ -247,7 +248,7 @@ def load_slice(comm, source, symmetrize: bool = True, self_loops: str = "remove"
     return GraphSlice(name=str(source.name), num_vertices=n, num_edges=int(sum(counts)), num_classes=int(classes),
                       vtxdist=vtxdist, lo=lo, hi=hi, edge_offset=int(sum(counts[:rank])), indptr=indptr,
                       indices=keys, features=features, labels=labels, train_mask=nodes["train_mask"],
-                      val_mask=nodes["val_mask"], test_mask=nodes["test_mask"])
+                      val_mask=nodes["val_mask"], test_mask=nodes["test_mask"], symmetric=bool(symmetrize))
 
 
 def assemble(comm, part: GraphSlice) -> Graph:

@@ -167,6 +167,7 @@ def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays
                 for start, rows in data.blocks():
                     if rows.shape[0]:
                         dset[start:start + rows.shape[0]] = rows
+                    del rows  # not alive while the next block is made (one block in memory, not two)
             else:
                 f.create_dataset(name, data=data, chunks=chunks, track_times=False)
 

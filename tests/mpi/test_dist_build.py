@@ -56,7 +56,7 @@ def _compare(comm, a, b, S):
     return comm.bcast(same)
 
 
-def _run_case(P, base, case, cora_chunks):
+def _run_case(P, base, case, cora_chunks, tag=""):
     from preprocess.build import BuildConfig, build_shards, dataset_digest
     from preprocess.chunked import ChunkedSource, open_chunked
     from preprocess.dist_build import run_build_sliced
@@ -79,7 +79,7 @@ def _run_case(P, base, case, cora_chunks):
             opts = dict(preload="eas", layers=3, hops=2, fanout=4, partitioner="metis")
         part = load_slice(comm, source)
         assert slice_digest(comm, part) == dataset_digest(whole)
-        out = os.path.join(base, f"{case}-P{P}")
+        out = os.path.join(base, f"{case}-P{P}{tag}")
         ref = build_shards(whole, out + "-whole", servers=2, gpus_per_server=2, seed=3, comm=comm, **opts)
         cfg = BuildConfig(out=out + "-sliced", servers=2, gpus_per_server=2, seed=3, command=ref["command"], **opts)
         got = run_build_sliced(comm, part, cfg)
@@ -245,3 +245,20 @@ def test_gpu_split(base, cora_chunks, S):
             alone = partition._parmetis_split(load_parmetis(), block, mine, server_of, whole.train_mask, dist,
                                               xadj, adjncy, G, 3, False)
         np.testing.assert_array_equal(gpu_sliced[inner], alone)
+
+
+@pytest.mark.timeout(120)
+def test_byte_bounded_blocks_write_the_same_files(base, cora_chunks, monkeypatch):
+    """A writer's block bounded by bytes (dist_server.BLOCK_BYTES, here one feature chunk of Cora's
+    1433 features, 182 rows, against ceil(rows / P) ~ 1000 rows) changes the rounds, not the file."""
+    import preprocess.dist_server as dist_server
+
+    monkeypatch.setattr(dist_server, "BLOCK_BYTES", 1)
+    assert dist_server.block_rows(2000, 1433, 2) == 182
+    error = None
+    try:
+        _run_case(2, base, "cora", cora_chunks, tag="-small-blocks")
+    except Exception as exc:  # noqa: BLE001 -- gathered so every rank fails, none hangs
+        error = f"rank {WORLD.rank}: {exc!r}"
+    errors = [e for e in WORLD.allgather(error) if e]
+    assert not errors, errors

@@ -6,6 +6,7 @@ import pytest
 
 from preprocess import build_memory as bm
 from preprocess.build_memory import ServerLoad, estimate_build_memory, smallest_fitting_ranks
+from preprocess.dist_server import BLOCK_BYTES, block_rows
 
 GRAPH = dict(num_vertices=1_000_000, num_edges=24_000_000, raw_keys=25_000_000, num_features=100)
 SERVERS = [ServerLoad(0, 800_000, 19_000_000), ServerLoad(1, 700_000, 17_000_000)]
@@ -15,22 +16,26 @@ def test_estimate_by_hand():
     """One rank, METIS: every term of the module docstring written out."""
     est = estimate_build_memory(servers=SERVERS, ranks=1, partitioner="metis", **GRAPH)
     n, e, f = 1_000_000, 24_000_000, 100
-    common = bm.BASE_BYTES + bm.PER_VERTEX_BYTES * n
     held = 8 * e + (4 * f + 24) * n
-    want = {"load": common + held + bm.LOAD_BYTES_PER_KEY * 25_000_000,
+    want = {"load": bm.BASE_BYTES + held + bm.LOAD_BYTES_PER_KEY * 25_000_000,
             # partition: features and labels on disk (sliced.spilled); with METIS the edges stay
             "partition": bm.BASE_BYTES + bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * n + 8 * e
             + bm.KEY_BYTES_PER_EDGE * e + max(bm.METIS_BYTES_PER_EDGE * e, bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2),
-            "halos+write": common + held + bm.HALO_BYTES_PER_VERTEX * n + bm.ROW_BYTES * 800_000
-            + max(s.rows * (bm.BLOCK_BYTES_PER_FEATURE * f + bm.BLOCK_BYTES_PER_EDGE * s.fetched_edges / s.rows)
+            "halos+write": bm.BASE_BYTES + held + (bm.PER_VERTEX_BYTES + bm.HALO_BYTES_PER_VERTEX) * n
+            + bm.ROW_BYTES * 800_000
+            # the writer's row offsets and its block: the byte bound (BLOCK_BYTES of features) at P = 1
+            + max(bm.WRITER_BYTES_PER_ROW * s.rows + (BLOCK_BYTES // (4 * f * 2621)) * 2621
+                  * max(bm.BLOCK_BYTES_PER_FEATURE * f, (bm.BLOCK_BYTES_PER_EDGE + bm.BLOCK_PRODUCE_BYTES_PER_EDGE)
+                        * s.fetched_edges / s.rows)
                   for s in SERVERS)}
     assert est.phases == [{k: int(v) for k, v in want.items()}]
     assert est.peak == max(int(v) for v in want.values())
 
 
 def test_every_rank_shrinks_with_ranks_writers_too():
-    """Since the servers are built by all ranks (dist_server), the writer's block is a 1/P share of its
-    server: writers shrink with P as the others do, and stay above them by that block."""
+    """Since the servers are built by all ranks (dist_server), the writer's block is at most a 1/P share
+    of its server and at most BLOCK_BYTES of features: writers shrink with P as the others do, and stay
+    above them by their row offsets and that block."""
     peaks = {P: estimate_build_memory(servers=SERVERS, ranks=P, **GRAPH) for P in (1, 2, 4, 8)}
     others = [max(peaks[P].per_rank[2:]) for P in (4, 8)]
     assert others[1] < others[0] < peaks[1].peak
@@ -38,8 +43,11 @@ def test_every_rank_shrinks_with_ranks_writers_too():
     assert writers == sorted(writers, reverse=True) and writers[3] < writers[0] / 2
     assert peaks[8].phases[0]["halos+write"] > peaks[8].phases[5]["halos+write"]  # rank 0 writes server 0
     assert peaks[8].per_rank[0] >= peaks[8].per_rank[5]
-    block8 = -(-SERVERS[0].rows // 8) * (bm.BLOCK_BYTES_PER_FEATURE * 100
-                                         + bm.BLOCK_BYTES_PER_EDGE * SERVERS[0].fetched_edges / SERVERS[0].rows)
+    s0 = SERVERS[0]
+    assert block_rows(s0.rows, 100, 8) == 102_219 == -(-(s0.rows // 8) // 2621) * 2621  # 1/P, whole chunks
+    block8 = bm.WRITER_BYTES_PER_ROW * s0.rows + block_rows(s0.rows, 100, 8) * max(
+        bm.BLOCK_BYTES_PER_FEATURE * 100, (bm.BLOCK_BYTES_PER_EDGE + bm.BLOCK_PRODUCE_BYTES_PER_EDGE / 8)
+        * s0.fetched_edges / s0.rows)
     assert peaks[8].phases[0]["halos+write"] - peaks[8].phases[5]["halos+write"] == pytest.approx(block8, abs=64)
 
 
@@ -51,7 +59,7 @@ def test_parmetis_partition_terms():
     n, e, f = 1_000_000, 24_000_000, 100
     calls, keyss = {}, {}
     for P in (1, 2, 4, 8):
-        pm = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="parmetis", **GRAPH)
+        pm = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="parmetis", symmetric=False, **GRAPH)
         me = estimate_build_memory(servers=SERVERS, ranks=P, partitioner="metis", **GRAPH)
         rows, edges = n // P, e / P
         ours = bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * rows
@@ -65,8 +73,16 @@ def test_parmetis_partition_terms():
         assert pm.phases[0]["partition"] < max(keys, call) + 8 * edges + (4 * f + 24) * rows
     # The keys set P = 1's peak, the larger of the two P = 8's, and what PT-Scotch keeps per vertex of
     # the graph bounds every rank from below whatever P.
-    assert estimate_build_memory(servers=SERVERS, ranks=1, **GRAPH).phases[0]["partition"] > int(calls[1])
-    assert estimate_build_memory(servers=SERVERS, ranks=8, **GRAPH).phases[0]["partition"] == int(max(keyss[8], calls[8]))
+    unsym = dict(GRAPH, symmetric=False)
+    assert estimate_build_memory(servers=SERVERS, ranks=1, **unsym).phases[0]["partition"] > int(calls[1])
+    assert estimate_build_memory(servers=SERVERS, ranks=8, **unsym).phases[0]["partition"] == int(max(keyss[8], calls[8]))
+    # A symmetrised graph (the default): the slice's own rows are the adjacency, no keys; PT-Scotch's
+    # call sets the phase's peak at every P here.
+    for P in (1, 8):
+        own = bm.BASE_BYTES + bm.SYMMETRIC_ADJ_BYTES_PER_EDGE * e / P + bm.PARTITION_VERTEX_BYTES * n \
+            + bm.PARTITION_ROW_BYTES * (n // P)
+        assert own < calls[P]
+        assert estimate_build_memory(servers=SERVERS, ranks=P, **GRAPH).phases[0]["partition"] == int(calls[P])
     assert calls[8] - calls[4] < 0 and calls[8] > bm.scotch_vertex_bytes() * n
 
 
@@ -118,3 +134,21 @@ def test_plan_refuses_bad_build_options(capsys):
     assert "--build-ranks must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(args + ["--memory-per-rank"])
+
+
+def test_block_rows_and_small_ids():
+    """The writer's block: whole feature chunks, at most ceil(rows / P) rows and BLOCK_BYTES of features
+    (at least one chunk); server, GPU and hop ids in the narrowest signed dtype that holds them."""
+    import numpy as np
+
+    from granndis_hpc.shards.schema import feature_chunk_rows
+    from preprocess.dist_server import small_int_dtype
+
+    chunk = feature_chunk_rows(8_000_000, 128)
+    assert chunk == 2048
+    assert block_rows(8_000_000, 128, 8) == BLOCK_BYTES // (4 * 128)  # the byte bound, not 1M rows
+    assert block_rows(8_000_000, 128, 8) * 4 * 128 <= BLOCK_BYTES
+    assert block_rows(10_000, 128, 8) == chunk  # ceil(10000 / 8) rows, rounded up to a whole chunk
+    assert block_rows(100_000, 128, 8, block_bytes=1) == chunk  # never under one chunk
+    assert block_rows(0, 128, 8) == 1
+    assert [small_int_dtype(b) for b in (2, 127, 128, 40_000)] == [np.int8, np.int8, np.int16, np.int32]
