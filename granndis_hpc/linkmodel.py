@@ -31,7 +31,20 @@ run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and
 - W_grad: the gradient bytes' wire time, additive (one bucket on these models, final only at the end of
   the backward).
 Without overlap T = C + W: the additive model.  It is a *limit* (a lower bound on the epoch): it assumes
-the link's full rate while a window lasts and no waiting for slower ranks.
+the link's full rate while a window lasts.
+
+**Every rank's compute (session 9).**  A bulk-synchronous exchange waits for the slowest rank of its
+group at every layer, not for one rank's total: on 4 ranks sharing 2 cores the same layer took 0.2-0.86 s
+on different ranks, so C taken from one rank (the record's compute_s: the rank with the longest epoch)
+is a compute the run cannot achieve.  Where the epoch record has `layer_compute_s` (every rank's compute
+per layer and direction, engine/layerclock.py, and its total), the model runs the same order on every
+rank's timeline (`timeline`): a compute piece advances each rank by its share of that rank's c_l; an
+overlapped exchange's wait ends when every peer of its group (world: all ranks; server: the rank's
+server) has posted and its wire time has passed; a blocking one waits for the group's last rank, then
+its wire time; each rank's rest (loss, optimizer) runs between forward and backward, and the gradient
+all-reduce waits for every rank.  T is the slowest rank's end, + W_grad.  On one rank (or equal ranks)
+it is the formula above: each wait's delay is max(0, w_e - window_e) and no window holds another wait,
+so the delays add.  Without the per-rank record the one-rank form is used (C spread by rows).
 
 The link a run ran on is described by an optional file of its run directory, ``link.json`` (LINK_FILE),
 written by whoever measured the link (bench/bench_cluster.py does, from its MPI ping-pong self-check):

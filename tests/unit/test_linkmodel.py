@@ -168,3 +168,19 @@ def test_per_rank_overlapped_wait_ends_at_the_peers_post_plus_the_wire():
     assert overlap_limit(run, None, BW, 2, groups={"world"}, per_rank=ranks) == pytest.approx(1.091 + GRAD)
     with pytest.raises(ValueError, match="does not have 3 layers"):
         overlap_limit(run, None, BW, 2, groups={"world"}, per_rank=_ranks([[.1, .1]], [[.1, .1]], [0]))
+
+
+def test_run_limit_takes_every_ranks_compute_from_the_record_when_it_has_it():
+    """The median record's layer_compute_s (engine/epoch.py) replaces the summary's compute: the blocking
+    fb case above gives 2.0 s from the record against 1.8 s from the slowest rank's 0.8 s."""
+    run = _run(["world"] * 3)
+    per_rank = {k: [c[k] for c in run["layer_counts"]] for k in linkmodel.COUNT_KEYS + ("group",)}
+    record = {"rows_per_layer": [dict(per_rank, rank=0)], "inter_bytes_per_server": [run["inter_bytes_max_server"], 0],
+              "max_rank_bytes": {"intra_halo": 0, "intra_grad": 0},
+              "layer_compute_s": _ranks([[0.1, 0.2, 0.1], [0.2, 0.1, 0.1]], [[0.1, 0.2, 0.1], [0.2, 0.1, 0.1]], [0, 1])}
+    summary = {"layers": 3, "model": "sage", "servers": 2, "bytes_per_epoch": run["bytes"],
+               "seconds_per_epoch": {"compute": 0.8, "sampling": 0.0}, "plan": {"overlap": False, "overlap_halos": []}}
+    link = {"label": "x", "rate_bps": None, "bw_Bps": 1e7, "intra_Bps": 1e9}
+    assert run_limit(summary, record, link) == pytest.approx(2.0 + GRAD)
+    del record["layer_compute_s"]
+    assert run_limit(summary, record, link) == pytest.approx(1.8 + GRAD)
