@@ -10,12 +10,17 @@ bytes (equal in a pair, checked), and two readings of the overlap cost model
 (granndis_hpc/linkmodel.py: T = C + the wire time each exchange's window of compute cannot hide + W_grad,
 modelling what the run overlaps and what cannot overlap):
 
-- `meas / limit`: the overlapped run's epoch over its limit computed from *its own* compute (the
-  ledger's compute + sampling seconds of its median epoch) and the round's measured link -- what
-  `granndis report` shows: how far the run is from hiding all its halo wire time behind its compute;
-- `best ratio`: the limit over the additive epoch (compute + wire) of the *no-overlap* run's compute,
-  i.e. the smallest overlapped / no-overlap ratio the model allows on this graph and link with the
-  overlapped run's order (its overlapped groups and per-layer windows).  Where it is above a target ratio the target cannot
+- `meas / limit (per-rank)`: the overlapped run's epoch over its limit on the per-rank timeline (every
+  rank's measured compute per layer and direction of its median epoch, the record's layer_compute_s:
+  each exchange waits for the slowest rank of its group) and the round's measured link -- what
+  `granndis report` shows; empty for records without layer_compute_s;
+- `meas / limit (slowest rank's total)`: the same over the one-rank limit from the record's compute_s
+  (the compute of the rank with the longest epoch, spread over the layers by rows: session 8's figure);
+- `no-ovl / its limit (per-rank)`: the --no-overlap twin over its own additive limit on the per-rank
+  timeline (every exchange blocking), and `no-ovl / additive (total)`: over its compute_s + wire;
+- `best ratio`: the limit over the additive epoch of the *no-overlap* run's compute, i.e. the smallest
+  overlapped / no-overlap ratio the model allows on this graph and link with the overlapped run's order
+  (its overlapped groups and per-layer windows).  Where it is above a target ratio the target cannot
   be reached by overlapping alone.
 """
 from __future__ import annotations
