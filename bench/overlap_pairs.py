@@ -10,12 +10,17 @@ bytes (equal in a pair, checked), and two readings of the overlap cost model
 (granndis_hpc/linkmodel.py: T = C + the wire time each exchange's window of compute cannot hide + W_grad,
 modelling what the run overlaps and what cannot overlap):
 
-- `meas / limit`: the overlapped run's epoch over its limit computed from *its own* compute (the
-  ledger's compute + sampling seconds of its median epoch) and the round's measured link -- what
-  `granndis report` shows: how far the run is from hiding all its halo wire time behind its compute;
-- `best ratio`: the limit over the additive epoch (compute + wire) of the *no-overlap* run's compute,
-  i.e. the smallest overlapped / no-overlap ratio the model allows on this graph and link with the
-  overlapped run's order (its overlapped groups and per-layer windows).  Where it is above a target ratio the target cannot
+- `meas / limit (per-rank)`: the overlapped run's epoch over its limit on the per-rank timeline (every
+  rank's measured compute per layer and direction of its median epoch, the record's layer_compute_s:
+  each exchange waits for the slowest rank of its group) and the round's measured link -- what
+  `granndis report` shows; empty for records without layer_compute_s;
+- `meas / limit (slowest rank's total)`: the same over the one-rank limit from the record's compute_s
+  (the compute of the rank with the longest epoch, spread over the layers by rows: session 8's figure);
+- `no-ovl / its limit (per-rank)`: the --no-overlap twin over its own additive limit on the per-rank
+  timeline (every exchange blocking), and `no-ovl / additive (total)`: over its compute_s + wire;
+- `best ratio`: the limit over the additive epoch of the *no-overlap* run's compute, i.e. the smallest
+  overlapped / no-overlap ratio the model allows on this graph and link with the overlapped run's order
+  (its overlapped groups and per-layer windows).  Where it is above a target ratio the target cannot
   be reached by overlapping alone.
 """
 from __future__ import annotations
@@ -47,20 +52,28 @@ def pair_rows(sweep, servers=2):
             if mode.endswith(NOOVL) or base is None:
                 continue
             wire = wire_s(base, *bw)
-            limit_own = overlap_limit(ovl, own_compute(ovl), bw, servers)
+            # the slowest rank's total compute on one timeline (session 8's figure), and every rank's
+            # per-layer compute on the per-rank timeline (where the records have it)
+            limit_total = overlap_limit(ovl, own_compute(ovl), bw, servers)
+            limit_own = overlap_limit(ovl, own_compute(ovl), bw, servers, per_rank=ovl.get("layer_compute"))
             c_base = own_compute(base)
-            # the no-overlap run's compute under the overlapped run's order (its groups and counts)
+            # the no-overlap run's compute under the overlapped run's order (its groups and counts), over
+            # its additive epoch (both on the no-overlap run's per-rank timeline where it has one)
             groups = overlapped_groups(ovl.get("overlap", True), ovl.get("overlap_halos"))
-            best = overlap_limit(dict(base, layer_counts=ovl.get("layer_counts")), c_base, bw, servers,
-                                 groups=groups) / (c_base + wire)
+            base_counts = dict(base, layer_counts=ovl.get("layer_counts"))
+            additive = overlap_limit(base_counts, c_base, bw, servers, groups=set(), per_rank=base.get("layer_compute"))
+            best = overlap_limit(base_counts, c_base, bw, servers, groups=groups,
+                                 per_rank=base.get("layer_compute")) / additive
             out.append({"date": sweep["date"], "label": rnd["label"], "mode": mode, "loadavg_1min": rnd.get("loadavg_1min"),
                         "epoch_s": ovl["epoch_s"], "noovl_epoch_s": base["epoch_s"],
                         "ratio": ovl["epoch_s"] / base["epoch_s"],
                         "inter_wait_s": ovl["inter_comm"], "noovl_inter_wait_s": base["inter_comm"],
                         "compute_s": own_compute(ovl), "noovl_compute_s": c_base, "wire_s": wire,
                         "limit_own_s": limit_own, "over_limit_own": ovl["epoch_s"] / limit_own,
+                        "per_rank": ovl.get("layer_compute") is not None, "over_limit_total": ovl["epoch_s"] / limit_total,
                         "over_limit_loo": ovl.get("measured_over_limit"),
                         "noovl_over_additive": base["epoch_s"] / (c_base + wire),
+                        "noovl_over_limit_own": base["epoch_s"] / additive,
                         "best_ratio": best, "bytes": ovl["bytes"], "bytes_equal": ovl["bytes"] == base["bytes"]})
     return out
 
@@ -102,16 +115,17 @@ def page(rows, sources):
              "Each row is one mode and its `--no-overlap` twin, run back to back in one round at one link rate. "
              "Times: the median epoch of the slowest rank; bytes: exact ledger counts per epoch, summed over ranks.", "",
              "| sweep | link | load | mode | overlap (s) | no-overlap (s) | ratio | inter wait ovl / no (s) | "
-             "compute ovl / no (s) | wire (s) | meas / limit (own) | meas / limit (leave-one-out) | no-ovl / additive | "
-             "best ratio | inter halo B | inter grad B | bytes equal |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "compute ovl / no (s) | wire (s) | meas / limit (per-rank) | meas / limit (slowest rank's total) | "
+             "no-ovl / its limit (per-rank) | no-ovl / additive (total) | best ratio | inter halo B | inter grad B | bytes equal |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        loo = "" if r["over_limit_loo"] is None else f"{r['over_limit_loo']:.2f}"
+        own = f"{r['over_limit_own']:.2f}" if r.get("per_rank") else ""
         load = "" if r["loadavg_1min"] is None else f"{r['loadavg_1min']:.1f}"
         lines.append(f"| {r['source']} | {r['label']} | {load} | {r['mode']} | {r['epoch_s']:.3f} | {r['noovl_epoch_s']:.3f} | "
                      f"**{r['ratio']:.2f}x** | {r['inter_wait_s']:.3f} / {r['noovl_inter_wait_s']:.3f} | "
-                     f"{r['compute_s']:.3f} / {r['noovl_compute_s']:.3f} | {r['wire_s']:.3f} | {r['over_limit_own']:.2f} | "
-                     f"{loo} | {r['noovl_over_additive']:.2f} | {r['best_ratio']:.2f} | {r['bytes']['inter_halo']:,} | "
+                     f"{r['compute_s']:.3f} / {r['noovl_compute_s']:.3f} | {r['wire_s']:.3f} | {own} | "
+                     f"{r['over_limit_total']:.2f} | {r['noovl_over_limit_own']:.2f} | {r['noovl_over_additive']:.2f} | "
+                     f"{r['best_ratio']:.2f} | {r['bytes']['inter_halo']:,} | "
                      f"{r['bytes']['inter_grad']:,} | {'yes' if r['bytes_equal'] else 'NO'} |")
     return lines + [""]
 

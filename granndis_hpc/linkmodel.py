@@ -31,7 +31,20 @@ run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and
 - W_grad: the gradient bytes' wire time, additive (one bucket on these models, final only at the end of
   the backward).
 Without overlap T = C + W: the additive model.  It is a *limit* (a lower bound on the epoch): it assumes
-the link's full rate while a window lasts and no waiting for slower ranks.
+the link's full rate while a window lasts.
+
+**Every rank's compute (session 9).**  A bulk-synchronous exchange waits for the slowest rank of its
+group at every layer, not for one rank's total: on 4 ranks sharing 2 cores the same layer took 0.2-0.86 s
+on different ranks, so C taken from one rank (the record's compute_s: the rank with the longest epoch)
+is a compute the run cannot achieve.  Where the epoch record has `layer_compute_s` (every rank's compute
+per layer and direction, engine/layerclock.py, and its total), the model runs the same order on every
+rank's timeline (`timeline`): a compute piece advances each rank by its share of that rank's c_l; an
+overlapped exchange's wait ends when every peer of its group (world: all ranks; server: the rank's
+server) has posted and its wire time has passed; a blocking one waits for the group's last rank, then
+its wire time; each rank's rest (loss, optimizer) runs between forward and backward, and the gradient
+all-reduce waits for every rank.  T is the slowest rank's end, + W_grad.  On one rank (or equal ranks)
+it is the formula above: each wait's delay is max(0, w_e - window_e) and no window holds another wait,
+so the delays add.  Without the per-rank record the one-rank form is used (C spread by rows).
 
 The link a run ran on is described by an optional file of its run directory, ``link.json`` (LINK_FILE),
 written by whoever measured the link (bench/bench_cluster.py does, from its MPI ping-pong self-check):
@@ -116,14 +129,17 @@ def overlapped_groups(overlap, overlap_halos):
     return frozenset(ALL_GROUPS if overlap_halos is None else overlap_halos)
 
 
-def overlap_limit(run, compute_s, bandwidths, servers, groups=None):
+def overlap_limit(run, compute_s, bandwidths, servers, groups=None, per_rank=None):
     """T of the module docstring: the run's compute, plus each exchange's wire time less what its window
     of compute hides, plus the gradient's wire time.
 
     run: {"layers", "bytes": {"inter_grad", "intra_grad", ...}, "inter_bytes_max_server",
     "intra_bytes_max_rank", "layer_counts" (layer_counts()), "overlap", "overlap_halos", "model"};
     bandwidths: (inter, intra) bytes/s; groups: the exchange groups that overlap (default: the run's own,
-    overlapped_groups); with none the result is the additive C + W."""
+    overlapped_groups); with none the result is the additive C + W (with per_rank: the slowest ranks'
+    path plus W).  per_rank: an epoch record's `layer_compute_s` (every rank's compute per layer and
+    direction, engine/layerclock.py); with it compute_s is not used and the compute is that of the
+    per-rank timeline (module docstring), else compute_s spread over the layers by rows on one rank."""
     bw_inter, bw_intra = positive(bandwidths[0], "inter-server"), bandwidths[1]
     layers = int(run.get("layers") or 0)
     if layers < 1:
@@ -139,7 +155,7 @@ def overlap_limit(run, compute_s, bandwidths, servers, groups=None):
     inter_wire = max(run["inter_bytes_max_server"] - grad_inter, 0) / bw_inter
     intra_wire = _intra_s(run["intra_bytes_max_rank"], bw_intra)
     counts = run.get("layer_counts")
-    if not groups:
+    if per_rank is None and not groups:
         return compute_s + inter_wire + intra_wire + grad_wire
     if counts is None or len(counts) != layers:
         raise ValueError(f"run {run.get('run_dir', '?')}: the overlap model needs the per-layer row and edge "
@@ -150,8 +166,6 @@ def overlap_limit(run, compute_s, bandwidths, servers, groups=None):
     plain = run.get("model") != "ressage"
     first = 1 if plain else 0
     exchanging = range(first, layers)
-    rows = sum(c["rows_computed"] for c in counts) or 1
-    c = [compute_s * x["rows_computed"] / rows / 2 for x in counts]  # per layer and direction
     world_halo = sum(counts[l]["halo_rows"] for l in exchanging if counts[l]["group"] == "world")
     all_halo = sum(counts[l]["halo_rows"] for l in exchanging)
     if inter_wire and not world_halo:
@@ -160,23 +174,91 @@ def overlap_limit(run, compute_s, bandwidths, servers, groups=None):
     def share(part, whole):
         return part / whole if whole else 0.0
 
+    # each exchanging layer's share of the epoch's halo wire, half of it forward and half backward
+    wire = {l: ((share(counts[l]["halo_rows"], world_halo) * inter_wire if counts[l]["group"] == "world" else 0.0)
+                + share(counts[l]["halo_rows"], all_halo) * intra_wire) / 2 for l in exchanging}
+    order = forward_order(counts, plain, groups)
+    if per_rank is None:  # one rank: compute_s spread over the layers by rows, half per direction
+        rows = sum(c["rows_computed"] for c in counts) or 1
+        c = [[compute_s * x["rows_computed"] / rows / 2 for x in counts]]
+        fwd, bwd, rest, server = c, c, [0.0], [0]
+    else:
+        fwd, bwd, server = per_rank["forward"], per_rank["backward"], per_rank["server"]
+        if any(len(x) != layers for x in fwd + bwd) or not len(fwd) == len(bwd) == len(server):
+            raise ValueError(f"run {run.get('run_dir', '?')}: its layer_compute_s does not have {layers} layers "
+                             f"per rank")
+        rest = [max(total - sum(f) - sum(g), 0.0) for total, f, g in zip(per_rank["compute"], fwd, bwd)]
+    return timeline(order, wire, fwd, bwd, rest, server, [c["group"] for c in counts]) + grad_wire
+
+
+def forward_order(counts, plain=True, groups=()):
+    """The forward's events in the engine's order (docs/overlap.md), per layer l:
+    ("compute", l, share of c_l), ("post", l), ("wait", l) for an overlapped exchange, ("block", l) for
+    one that blocks.  Boundary-first (plain models, exchange l + 1 overlapped): layer l computes the
+    share s = send rows / rows of l + 1's send rows first, posts, then the rest; an overlapped exchange
+    l waits after the own-edge part (1 - h_l, h_l = halo edges / edges) of what comes before the post.
+    ResSAGE posts layer l's exchange after the whole of layer l - 1.  The backward runs it in reverse,
+    every post a wait and every wait a post."""
+    layers, first = len(counts), 1 if plain else 0
+
+    def share(part, whole):
+        return part / whole if whole else 0.0
+
     def overlaps(l):
         return first <= l < layers and counts[l]["group"] in groups
 
-    exposed = 0.0
-    for l in exchanging:
+    out = []
+    for l in range(layers):
         x = counts[l]
-        # the layer's share of the epoch's halo wire, half of it forward and half backward
-        wire = ((share(x["halo_rows"], world_halo) * inter_wire if x["group"] == "world" else 0.0)
-                + share(x["halo_rows"], all_halo) * intra_wire) / 2
-        window = 0.0
+        if first <= l and not overlaps(l):
+            out.append(("block", l))
+        if overlaps(l) and not plain:
+            out.append(("post", l))
+        s = share(counts[l + 1]["send_rows"], x["rows_computed"]) if plain and overlaps(l + 1) else None
+        before = 1.0 if s is None else s  # what layer l computes before posting l + 1 (all: no post)
         if overlaps(l):
-            # boundary-first: layer l - 1 computes and posts the send rows, then the rest while they travel
-            below = c[l - 1] * (1 - share(x["send_rows"], counts[l - 1]["rows_computed"])) if plain else 0.0
-            split = share(counts[l + 1]["send_rows"], x["rows_computed"]) if plain and overlaps(l + 1) else 1.0
-            window = below + c[l] * (1 - share(x["halo_edges"], x["edges"])) * split
-        exposed += 2 * max(wire - window, 0.0)  # forward and backward
-    return compute_s + exposed + grad_wire
+            h = share(x["halo_edges"], x["edges"])
+            out += [("compute", l, before * (1 - h)), ("wait", l), ("compute", l, before * h)]
+        else:
+            out.append(("compute", l, before))
+        if s is not None:
+            out += [("post", l + 1), ("compute", l, 1 - s)]
+    return out
+
+
+def timeline(order, wire, fwd, bwd, rest, server, group_of):
+    """The epoch on R ranks' timelines: the forward (order), each rank's rest (loss, optimizer), the
+    backward (order reversed), then the gradient's all-reduce waits for every rank.  A compute piece
+    advances each rank by its share of that rank's c_l; an overlapped exchange's wait ends when every
+    peer of its group (world: all ranks; server: the rank's server) has posted and its wire time
+    `wire[l]` has passed; a blocking one waits for the group's last rank and then its wire time.
+    fwd / bwd: [R][L] seconds; rest: [R]; server: [R] server of each rank.  Returns the slowest rank's
+    end.  On one rank it is C + sum of max(0, wire - window) per exchange and direction."""
+    t = [0.0] * len(server)
+
+    def members(l, r):
+        return range(len(t)) if group_of[l] == "world" else [q for q in range(len(t)) if server[q] == server[r]]
+
+    def run(events, c, kind_map):
+        posted = {}
+        for ev in events:
+            kind = kind_map.get(ev[0], ev[0])
+            if kind == "compute":
+                for r in range(len(t)):
+                    t[r] += ev[2] * c[r][ev[1]]
+            elif kind == "post":
+                posted[ev[1]] = list(t)
+            elif kind == "wait":
+                at = posted.pop(ev[1])
+                t[:] = [max(t[r], max(at[q] for q in members(ev[1], r)) + wire[ev[1]]) for r in range(len(t))]
+            else:  # block
+                t[:] = [max(t[q] for q in members(ev[1], r)) + wire[ev[1]] for r in range(len(t))]
+
+    run(order, fwd, {})
+    for r in range(len(t)):
+        t[r] += rest[r]
+    run(order[::-1], bwd, {"post": "wait", "wait": "post"})
+    return max(t)
 
 
 def check_link(link, where, error=ValueError):
@@ -212,7 +294,8 @@ def run_limit(summary, record, link, run_dir=""):
            "overlap_halos": plan.get("overlap_halos")}
     seconds = summary["seconds_per_epoch"]
     compute = seconds["compute"] + seconds.get("sampling", 0.0)
-    return overlap_limit(run, compute, (link_bandwidth(link), link["intra_Bps"]), summary["servers"])
+    return overlap_limit(run, compute, (link_bandwidth(link), link["intra_Bps"]), summary["servers"],
+                         per_rank=record.get("layer_compute_s"))
 
 
 def link_path(run_dir):

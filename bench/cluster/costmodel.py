@@ -72,6 +72,9 @@ def summarize_run(records, steps=1):
     out["rows"] = None if not per_rank else int(steps) * sum(sum(r["rows_computed"]) for r in per_rank)
     out["inter_bytes_max_server"], out["intra_bytes_max_rank"] = busiest_bytes(last)
     out["layer_counts"] = layer_counts(last)  # the overlap limit's per-layer counts (None: older records)
+    # every rank's compute per layer and direction of the median epoch (linkmodel's per-rank timeline;
+    # None: older records)
+    out["layer_compute"] = sorted(steady, key=lambda r: r["time_s"])[(len(steady) - 1) // 2].get("layer_compute_s")
     tested = [r for r in records if r.get("test_acc") is not None]
     out["test_acc"] = float(tested[-1]["test_acc"]) if tested else None
     return out

@@ -22,10 +22,15 @@ class PendingReduce:
     Stages: (1) reduce to the server's leader (gloo/NCCL async_op; with MPI, the non-leaders Isend their
     bucket and the leader sums the G-1 it receives in local-rank order); (2) on leaders, the sum among
     them: on 2 servers a pairwise exchange (Isend/Irecv; a + b is b + a exactly, so both leaders hold the
-    same bits, and each sends B bytes, the ring model's 2(S-1)/S B), driven by the progress thread; on
+    same bits, and each sends B bytes, the ring model's 2(S-1)/S B), driven by the caller's poll(); on
     more servers a ring all-reduce (reduce-scatter, then all-gather, of S chunks: LeadersRing) run by a
     helper thread, so it too travels while the caller computes; (3) broadcast from the leader, in
-    wait().  Not MPI's non-blocking collectives: Open MPI's (libnbc) were measured 3-15x slower than
+    wait().  The MPI stages have no progress thread: the caller's poll() (GradientSync calls it from every
+    parameter's gradient hook, so during the whole backward) runs MPI_Testall, which is what moves them,
+    and wait() completes them on the calling thread.  A polling thread per bucket competed with the
+    backward for the 2 cores 4 ranks share and, on models whose gradients fit one bucket, was started at
+    the backward's last hook with nothing left to overlap (issue 19, session 9).  Not MPI's non-blocking
+    collectives: Open MPI's (libnbc) were measured 3-15x slower than
     blocking ones here (MPI_Ireduce of 93 kB inside a server: 1.4 s against MPI_Reduce's 0.1 s).  Every
     rank posts its buckets in the same order (the caller's) and a bucket's leaders' stage starts only
     after the previous bucket's has (`after`), so the messages match whatever the timing."""
@@ -74,7 +79,7 @@ class PendingReduce:
                         for i, src in enumerate(mates[1:])]
         else:
             requests = [p2p.Isend([np_view(host), n, self._mpi_type()], dest=self._leader, tag=self._REDUCE_TAG)]
-        return MPIProgress(requests, progress=True)
+        return MPIProgress(requests, progress=False)
 
     def _stage1_done(self) -> bool:
         if self._stage1 is None:
@@ -82,11 +87,14 @@ class PendingReduce:
         return self._stage1.is_completed() if self._torch else self._stage1.test()
 
     def poll(self) -> None:
-        """Start the leaders' stage once the reduce to the leader has completed and the previous bucket's
-        leaders' stage has started (cheap when not)."""
-        if self._stage2 is None and (self._after is None or self._after._stage2 is not None) \
-                and self._stage1_done():
-            self._start_stage2()
+        """Move the bucket on (MPI_Testall of the stage in flight: MPI progresses only inside MPI calls);
+        start the leaders' stage once the reduce to the leader has completed and the previous bucket's
+        leaders' stage has started.  Cheap when nothing is left but waiting."""
+        if self._stage2 is None:
+            if self._stage1_done() and (self._after is None or self._after._stage2 is not None):
+                self._start_stage2()
+        elif self._stage2 and not isinstance(self._stage2, LeadersRing):
+            self._stage2[0].test()
 
     def leaders_done(self) -> bool:
         """True once this rank has nothing left of the leaders' stage but waiting for it (a started
@@ -113,7 +121,7 @@ class PendingReduce:
                 p2p, n = comm._p2p, host.numel()
                 requests = [p2p.Irecv([np_view(other), n, self._mpi_type()], source=peer, tag=self._LEADERS_TAG),
                             p2p.Isend([np_view(host), n, self._mpi_type()], dest=peer, tag=self._LEADERS_TAG)]
-                self._stage2 = (MPIProgress(requests, progress=True), other)
+                self._stage2 = (MPIProgress(requests, progress=False), other)
         elif topo.servers > 2 and topo.is_leader and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             with comm._timed("inter", self.phase, sync=False):
                 self._host = self._host_flat() if not self.flat.is_cuda else self.flat.cpu()

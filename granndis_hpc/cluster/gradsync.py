@@ -3,7 +3,8 @@
 Each parameter's post-accumulate-grad hook marks it final; a bucket whose parameters are all final is
 posted at once (Communicator.reduce_flat_start: reduce to the server's leader, then the leaders'
 sum -- a pairwise exchange on 2 servers, a ring in a helper thread on more -- which travels while the
-backward computes the earlier layers' gradients), and
+backward computes the earlier layers' gradients: every later hook polls the posted buckets, and that
+MPI_Testall is what moves them, with no polling thread), and
 `finish()` after the backward waits for the buckets, broadcasts inside the servers and writes the sums
 back into `.grad`.  Buckets hold the parameters in reverse order (the backward produces the last
 layers' gradients first) and are posted strictly in bucket order, so every rank issues the same

@@ -38,9 +38,11 @@ class SavedBytes:
 
 
 def epoch_record(ledger: Ledger, topo, comm, epoch: int, elapsed: float, grad_s: float, local_loss: float,
-                 sampling_s: float = 0.0) -> Dict:
+                 sampling_s: float = 0.0, layer_seconds=None) -> Dict:
     """Collective: the record of epoch `epoch` (0-based) from this rank's ledger and times: the slowest
-    rank's time breakdown, the loss, and the exact bytes per link class."""
+    rank's time breakdown, the loss, and the exact bytes per link class.  layer_seconds: this rank's
+    [2, layers] forward / backward compute seconds per layer (engine/layerclock.py); with it the record
+    holds every rank's (`layer_compute_s`), the overlap limit's per-rank timeline (linkmodel.py)."""
     led = ledger
     # Set-up traffic inside an epoch is per-step planning of co-batched training: count it as halo.
     intra = led.seconds("intra", "halo") + led.seconds("intra", "setup")
@@ -49,11 +51,15 @@ def epoch_record(ledger: Ledger, topo, comm, epoch: int, elapsed: float, grad_s:
                       sampling_s])
     # The slowest rank's own breakdown, so that its parts add up to the epoch time (the maxima of
     # each part over ranks came from different ranks and could sum past the epoch: issue 21, item 6).
-    # Every rank's row of a world x 6 table, summed: all ranks see every rank's times (outside the
-    # timed region; 48 bytes per rank).
-    table = np.zeros((topo.world_size, times.size))
-    table[topo.rank] = times
+    # Every rank's row of a world x (6 + 2 layers) table, summed: all ranks see every rank's times and
+    # per-layer compute (outside the timed region; 48 + 16 L bytes per rank).
+    layers = 0 if layer_seconds is None else int(np.shape(layer_seconds)[1])
+    table = np.zeros((topo.world_size, times.size + 2 * layers))
+    table[topo.rank, :times.size] = times
+    if layers:
+        table[topo.rank, times.size:] = np.asarray(layer_seconds, dtype=np.float64).reshape(-1)
     table = comm.allreduce_scalar(table, "sum")
+    per_layer, table = table[:, times.size:], table[:, :times.size]
     slowest_rank = int(np.argmax(table[:, 0]))
     slowest = table[slowest_rank]
     # Every rank's loss is its share of the global mean: their sum is the loss.
@@ -69,7 +75,7 @@ def epoch_record(ledger: Ledger, topo, comm, epoch: int, elapsed: float, grad_s:
     inter = per_rank["inter_halo"] + per_rank["inter_grad"]
     per_server = np.zeros(topo.servers, dtype=np.int64)
     np.add.at(per_server, topo.server_of(np.arange(inter.size)), inter)
-    return {
+    record = {
         "epoch": epoch, "time_s": float(slowest[0]), "intra_comm_s": float(slowest[1]),
         "inter_comm_s": float(slowest[2]), "grad_sync_s": float(slowest[3]),
         "compute_s": float(slowest[4]), "sampling_s": float(slowest[5]), "slowest_rank": slowest_rank,
@@ -78,3 +84,10 @@ def epoch_record(ledger: Ledger, topo, comm, epoch: int, elapsed: float, grad_s:
         "max_rank_bytes": {k: int(v.max()) for k, v in per_rank.items()},
         "inter_bytes_per_server": [int(b) for b in per_server],
     }
+    if layers:  # every rank's compute, and its share per layer and direction (the rest: loss, optimizer, ...)
+        record["layer_compute_s"] = {
+            "compute": [float(v) for v in table[:, 4]],
+            "forward": [[float(v) for v in row[:layers]] for row in per_layer],
+            "backward": [[float(v) for v in row[layers:]] for row in per_layer],
+            "server": [int(s) for s in topo.server_of(np.arange(topo.world_size))]}
+    return record

@@ -28,6 +28,7 @@ from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
 from granndis_hpc.engine import checkpoint, signals, views
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
+from granndis_hpc.engine.layerclock import LayerClock
 from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
     check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
@@ -95,6 +96,8 @@ class Trainer:
         # Overlap (--no-overlap turns it off): gradients reduced in buckets during the backward, and the
         # halo in flight while each layer aggregates its own rows (models that accept PendingRows).
         self.gradsync = GradientSync(self.comm, self.model.parameters()) if not cfg.no_overlap else None
+        # Per-layer compute of every rank, forward and backward (the overlap limit's per-rank timeline).
+        self.layer_clock = LayerClock(self.ledger, cfg.layers)
         # The exchange groups whose halos travel while the layer computes (--overlap-halos).
         self._overlap_halo = OVERLAP_HALOS[cfg.overlap_halos] \
             if not cfg.no_overlap and getattr(self.model, "accepts_pending_rows", False) else frozenset()
@@ -162,7 +165,7 @@ class Trainer:
         return self.mode.static_view
 
     # ---- one epoch ----------------------------------------------------------------------------
-    def _forward(self, view, phase: str) -> torch.Tensor:
+    def _forward(self, view, phase: str, clock: Optional[LayerClock] = None) -> torch.Tensor:
         """The model over a plan: the rows the last layer computes (inner rows, or a step's targets).
 
         Dropout masks are keyed by (seed, epoch, layer, global row id) (nn/dropout.py), so every shape
@@ -170,6 +173,8 @@ class Trainer:
         documented forward(x, graphs, gather) contract and draws its own."""
         # Training halos travel in the exchange group's wire dtype; evaluation stays exact.
         gather = view.gather_fn(phase, overlap=self._overlap_halo)
+        if clock is not None:
+            gather = clock.wrap(gather)
         if not self._keyed_dropout:
             return self.model(view.input_features, view.graphs, gather)
         # Input dropout reads the ids of layer 0's halo rows too (exchanged once per view, cached).
@@ -191,12 +196,16 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=False)
         saved = SavedBytes()
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-            logits = self._forward(step.view, "halo")
+            self.layer_clock.start_forward()
+            logits = self._forward(step.view, "halo", self.layer_clock)
+            self.layer_clock.end_forward()
             loss = torch.nn.functional.cross_entropy(logits[step.rows], step.labels, reduction="sum") \
                 / float(step.num_targets)
         self.activation_bytes = max(self.activation_bytes, saved.total)
         trace.mark("backward")
+        self.layer_clock.start_backward()
         loss.backward()  # with overlap, gradient buckets are already being reduced (cluster/gradsync.py)
+        self.layer_clock.end_backward()
         trace.mark("backward_end")
         grad_start = time.perf_counter()
         if self.gradsync is not None:
@@ -212,6 +221,7 @@ class Trainer:
     def train_epoch(self) -> Dict:
         """One epoch: every step the mode yields (one for full-graph modes, one per co-batch)."""
         self.ledger.reset()
+        self.layer_clock.reset()
         self.activation_bytes = 0
         self.model.train()
         self._sync()
@@ -240,7 +250,8 @@ class Trainer:
 
     def _epoch_record(self, elapsed: float, grad_s: float, local_loss: float, sampling_s: float = 0.0) -> Dict:
         """Collective: the record of the epoch just finished (engine/epoch.py epoch_record)."""
-        return epoch_record(self.ledger, self.topo, self.comm, self.epoch - 1, elapsed, grad_s, local_loss, sampling_s)
+        return epoch_record(self.ledger, self.topo, self.comm, self.epoch - 1, elapsed, grad_s, local_loss, sampling_s,
+                            layer_seconds=self.layer_clock.seconds)
 
     # ---- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()

@@ -114,3 +114,73 @@ def test_run_limit_reads_the_plan_of_summary_json():
     summary["plan"] = {"overlap": True}  # before --overlap-halos: all
     assert linkmodel.overlapped_groups(True, None) == {"server", "world"}
     assert run_limit(summary, record, link) == pytest.approx(0.6 + 0.302 + 0.14 + GRAD)
+
+
+def _ranks(forward, backward, server, rest=None):
+    """An epoch record's layer_compute_s: every rank's compute is its layers' plus `rest`."""
+    rest = rest or [0.0] * len(server)
+    return {"forward": forward, "backward": backward, "server": server,
+            "compute": [sum(f) + sum(b) + x for f, b, x in zip(forward, backward, rest)]}
+
+
+def test_per_rank_blocking_exchanges_wait_for_the_slowest_rank_of_every_layer():
+    """fb --no-overlap on 2 ranks (one per server), wire 0.25 s per exchange (1 s over layers 1-2,
+    forward and backward).  Forward c = [0.1, 0.2, 0.1] on A, [0.2, 0.1, 0.1] on B, the backward the
+    same; both ranks compute 0.8 s, so the slowest rank's total gives 0.8 + 1.0.  Per rank:
+      forward  layer 0: A 0.1, B 0.2; block 1: both 0.2 + 0.25 = 0.45; layer 1: A 0.65, B 0.55;
+               block 2: 0.65 + 0.25 = 0.9; layer 2: 1.0
+      backward layer 2: 1.1; block 2: 1.35; layer 1: A 1.55, B 1.45; block 1: 1.8; layer 0: A 1.9, B 2.0
+    = 2.0: the per-layer slowest compute (0.2 + 0.2 + 0.1 forward, 0.1 + 0.2 + 0.2 backward) + the wire."""
+    run = _run(["world"] * 3)
+    ranks = _ranks([[0.1, 0.2, 0.1], [0.2, 0.1, 0.1]], [[0.1, 0.2, 0.1], [0.2, 0.1, 0.1]], [0, 1])
+    assert overlap_limit(run, 0.8, BW, 2, groups=set()) == pytest.approx(1.8 + GRAD)
+    assert overlap_limit(run, None, BW, 2, groups=set(), per_rank=ranks) == pytest.approx(2.0 + GRAD)
+    # equal ranks: the one-rank model of the same compute
+    same = _ranks([[0.1] * 3] * 2, [[0.1] * 3] * 2, [0, 1])
+    assert overlap_limit(run, None, BW, 2, groups={"world"}, per_rank=same) == \
+        pytest.approx(overlap_limit(run, 0.6, BW, 2, groups={"world"}))
+
+
+def test_per_rank_server_exchanges_wait_only_within_the_server():
+    """eas: 2 servers x 2 ranks, every layer on the server view, no wire.  Forward c: rank 0 [.1 .1 .1],
+    rank 1 [.3 .1 .1], rank 2 [.1 .3 .1], rank 3 [.1 .1 .1]; backward 0.1 everywhere; rank 0 has 0.1 s of
+    rest (loss, optimizer).  Forward: layer 0 -> (.1 .3 .1 .1); block 1 (per server) -> (.3 .3 .1 .1);
+    layer 1 -> (.4 .4 .4 .2); block 2 -> .4 everywhere; layer 2 -> .5; rest -> (.6 .5 .5 .5).  Backward:
+    server 0 .7, .8, .9 and server 1 .6, .7, .8 after layers 2, 1, 0; the gradient waits for all: 0.9
+    (a world-wide maximum per layer would give 1.1: the servers do not wait for each other per layer)."""
+    run = _run(["server"] * 3, inter_halo_s=0.0)
+    ranks = _ranks([[.1, .1, .1], [.3, .1, .1], [.1, .3, .1], [.1, .1, .1]], [[.1] * 3] * 4, [0, 0, 1, 1],
+                   rest=[0.1, 0, 0, 0])
+    assert overlap_limit(run, None, BW, 2, groups={"world"}, per_rank=ranks) == pytest.approx(0.9 + GRAD)
+
+
+def test_per_rank_overlapped_wait_ends_at_the_peers_post_plus_the_wire():
+    """fb overlapped, 2 ranks, s = h = 0.1, wire 0.25 s per exchange; rank B's forward layer 0 takes 0.3 s
+    (A 0.1), every other layer 0.1 s.  Forward: layer 0's send rows (0.1 of it) then post 1: A .01,
+    B .03; rest of layer 0: A .1, B .3; layer 1's own part of its send rows (.09 x .1): A .109, B .309;
+    wait 1 = max(own, last post .03 + .25): A .28, B .309; halo part .001, post 2: A .281, B .310; rest
+    .09: A .371, B .400; layer 2 own part .09: A .461, B .490; wait 2 = .310 + .25 = .560; halo part:
+    .570.  Backward, both ranks alike: layer 2's halo part .58 (post 2), own part .67, layer 1's rest
+    .76, wait 2 = .58 + .25 = .83, .831 (post 1), .840, layer 0's rest .930, wait 1 = .831 + .25 = 1.081,
+    its send rows' part: 1.091."""
+    run = _run(["world"] * 3)
+    ranks = _ranks([[.1, .1, .1], [.3, .1, .1]], [[.1] * 3] * 2, [0, 1])
+    assert overlap_limit(run, None, BW, 2, groups={"world"}, per_rank=ranks) == pytest.approx(1.091 + GRAD)
+    with pytest.raises(ValueError, match="does not have 3 layers"):
+        overlap_limit(run, None, BW, 2, groups={"world"}, per_rank=_ranks([[.1, .1]], [[.1, .1]], [0]))
+
+
+def test_run_limit_takes_every_ranks_compute_from_the_record_when_it_has_it():
+    """The median record's layer_compute_s (engine/epoch.py) replaces the summary's compute: the blocking
+    fb case above gives 2.0 s from the record against 1.8 s from the slowest rank's 0.8 s."""
+    run = _run(["world"] * 3)
+    per_rank = {k: [c[k] for c in run["layer_counts"]] for k in linkmodel.COUNT_KEYS + ("group",)}
+    record = {"rows_per_layer": [dict(per_rank, rank=0)], "inter_bytes_per_server": [run["inter_bytes_max_server"], 0],
+              "max_rank_bytes": {"intra_halo": 0, "intra_grad": 0},
+              "layer_compute_s": _ranks([[0.1, 0.2, 0.1], [0.2, 0.1, 0.1]], [[0.1, 0.2, 0.1], [0.2, 0.1, 0.1]], [0, 1])}
+    summary = {"layers": 3, "model": "sage", "servers": 2, "bytes_per_epoch": run["bytes"],
+               "seconds_per_epoch": {"compute": 0.8, "sampling": 0.0}, "plan": {"overlap": False, "overlap_halos": []}}
+    link = {"label": "x", "rate_bps": None, "bw_Bps": 1e7, "intra_Bps": 1e9}
+    assert run_limit(summary, record, link) == pytest.approx(2.0 + GRAD)
+    del record["layer_compute_s"]
+    assert run_limit(summary, record, link) == pytest.approx(1.8 + GRAD)
