@@ -11,7 +11,8 @@ and attributes the samples taken inside the call (SCOTCH_dgraphMapCompute, the b
 ParMETIS_V3_PartKway layer) to what PT-Scotch is doing
 (CATEGORIES): the shares, times the call's CPU seconds, say which part grows with P.
 --cross prints, per P, the fraction of the graph's edges whose two ends lie in different ranks'
-vtxdist slices (PT-Scotch's ghost edges).
+vtxdist slices (PT-Scotch's ghost edges), in the generator's ids and in the locality order the build's
+ParMETIS calls see (preprocess/locality.py); --cross-only prints just that, building nothing.
 
   python bench/parmetis_cpu.py --vertices 300000 --features 8 --ranks 1 2 4 8 --barrier [--perf]
 """
@@ -105,6 +106,12 @@ def attribute(perf_files: list) -> collections.Counter:
 
 
 def cross_fractions(a, ranks) -> dict:
+    """{"ids": {P: f}, "locality_order": {P: f}}: the fraction of the graph's edges whose ends lie in
+    different ranks' vtxdist slices, in the generator's ids and in preprocess/locality.py's order (the
+    ids every ParMETIS call with P >= 2 sees; the order is the same for any P, so one process makes it)."""
+    from granndis_hpc.cluster.group import self_group
+    from granndis_hpc.graph.csr import owner_of, row_of_edges
+    import preprocess.locality as locality
     from preprocess.partition import vtxdist_for
     from preprocess.sliced import load_slice
     from preprocess.sources import sliced_source
@@ -113,11 +120,17 @@ def cross_fractions(a, ranks) -> dict:
 
     part = load_slice(None, sliced_source("synthetic", generator="local", vertices=a.vertices, features=1,
                                           avg_degree=a.avg_degree, seed=0))
-    rows = np.repeat(np.arange(part.num_vertices), np.diff(part.indptr))
-    out = {}
+    n = part.num_vertices
+    rows, cols = row_of_edges(part.indptr), part.indices.astype(np.int64)
+    # load_slice symmetrises and drops self loops: the rows are ParMETIS' adjacency as they are
+    if a.region_vertices:
+        locality.REGION_VERTICES = a.region_vertices
+    new_of_old = locality.locality_order(self_group(), np.array([0, n], dtype=np.int64), part.indptr, cols, n)
+    out = {"ids": {}, "locality_order": {}}
     for P in ranks:
-        d = vtxdist_for(part.num_vertices, P)
-        out[P] = float(np.mean(np.searchsorted(d, rows, side="right") != np.searchsorted(d, part.indices, side="right")))
+        d = vtxdist_for(n, P)
+        out["ids"][P] = float(np.mean(owner_of(d, rows) != owner_of(d, cols)))
+        out["locality_order"][P] = float(np.mean(owner_of(d, new_of_old[rows]) != owner_of(d, new_of_old[cols])))
     return out
 
 
@@ -169,8 +182,11 @@ def run_one(a, P) -> dict:
 
 def report(records, cross) -> str:
     lines = ["| P | ParMETIS CPU s per call (servers / GPU split 0 / 1), all ranks | sum | wall s per call | "
-             "vs P = 1 | build CPU s | edges across slices | load avg start / end | partition digest |",
+             "vs P = 1 | build CPU s | edges across slices: ids / locality order | load avg start / end | partition digest |",
              "|---|---|---|---|---|---|---|---|---|"]
+
+    def across(P, order):
+        return cross.get(order, {}).get(P, 0.0 if P == 1 else float("nan"))
     base = None
     for r in records:
         if "calls" not in r:
@@ -181,7 +197,7 @@ def report(records, cross) -> str:
         lines.append(f"| {r['P']} | {' / '.join('%.2f' % c['cpu_s'] for c in r['calls'])} | {s:.2f} | "
                      f"{' / '.join('%.2f' % c['wall_s'] for c in r['calls'])} | "
                      f"{'-' if base is None else f'{s / base:.2f}x'} | {r['process_cpu_s']:.1f} | "
-                     f"{cross.get(r['P'], 0.0 if r['P'] == 1 else float('nan')):.3f} | {r['loadavg_start']:.1f} / {r['loadavg_end']:.1f} | "
+                     f"{across(r['P'], 'ids'):.3f} / {across(r['P'], 'locality_order'):.3f} | {r['loadavg_start']:.1f} / {r['loadavg_end']:.1f} | "
                      f"{r['partition_digest'][:12]} |")
     if any("attribution" in r for r in records):
         labels = [label for label, _ in CATEGORIES]
@@ -205,6 +221,9 @@ def main(argv=None) -> int:
     p.add_argument("--barrier", action="store_true", help="a sleeping barrier before each call")
     p.add_argument("--perf", action="store_true", help="attribute each call's samples (perf record, dwarf)")
     p.add_argument("--cross", action="store_true", help="print the fraction of edges across the ranks' slices")
+    p.add_argument("--cross-only", action="store_true", help="only the --cross fractions, no build")
+    p.add_argument("--region-vertices", type=int, default=None,
+                   help="--cross: one BFS seed per this many vertices (default preprocess/locality.REGION_VERTICES)")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "parmetis-cpu"))
@@ -212,6 +231,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.perf and shutil.which("perf") is None:
         p.error("--perf needs perf (linux-perf) on PATH")
+    if a.cross_only:
+        print(json.dumps(cross_fractions(a, [P for P in a.ranks if P > 1]), indent=1))
+        return 0
     records = []
     for P in a.ranks:
         records.append(run_one(a, P))

@@ -12,14 +12,14 @@ from `seeds_for(n)` (evenly spaced ids, one per REGION_VERTICES vertices), level
 reached at a level joins the region of its lowest-numbered parent region there.  Components no seed
 reaches get the smallest unreached ids as new seeds (up to RESTART_SEEDS per round).  The new ids
 sort the vertices by (region, level, old id).  Per rank the search costs O((V + E) / P) work and one
-small alltoallv and allreduce per level; the map old -> new is then allgathered (4 or 8 B per vertex
+small alltoallv and allreduce per level; the map old -> new is then allgathered (int64: 8 B per vertex
 of the graph on every rank, like the build's other per-vertex arrays).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from granndis_hpc.graph.csr import csr_rows
+from granndis_hpc.graph.csr import csr_rows, owner_of
 
 from .sliced import shuffle_to_owners
 
@@ -30,10 +30,6 @@ RESTART_SEEDS = 1024  # new seeds per round for the components no seed reached
 def seeds_for(n: int) -> np.ndarray:
     k = max(1, n // REGION_VERTICES)
     return np.unique((np.arange(k, dtype=np.int64) * n) // k)
-
-
-def _owner(dist: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    return np.searchsorted(dist, ids, side="right") - 1
 
 
 def _min_per_vertex(x: np.ndarray, region: np.ndarray):
@@ -91,7 +87,7 @@ def locality_order(group, dist: np.ndarray, xadj: np.ndarray, adjncy: np.ndarray
         sub_indptr, nbrs = csr_rows(xadj, adjncy, frontier)
         proposed = np.repeat(region[frontier], np.diff(sub_indptr))
         nbrs, proposed = _min_per_vertex(nbrs, proposed)  # sorted by vertex: in owner order
-        pairs = group.alltoallv(np.stack([nbrs, proposed], axis=1), np.bincount(_owner(dist, nbrs), minlength=P))
+        pairs = group.alltoallv(np.stack([nbrs, proposed], axis=1), np.bincount(owner_of(dist, nbrs), minlength=P))
         del sub_indptr, nbrs, proposed
         x, r = _min_per_vertex(pairs[:, 0] - lo, pairs[:, 1])
         fresh = region[x] == -1

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from granndis_hpc.cluster import as_group
-from granndis_hpc.graph.csr import csr_rows, row_of_edges, segment_rank
+from granndis_hpc.graph.csr import csr_rows, owner_of, row_of_edges, segment_rank
 
 from .halo import induced_edges, unique_sorted
 from .parmetis import load_parmetis, metis_part, parmetis_part_kway
@@ -196,7 +196,8 @@ def part_kway_with_locality(pm, group, dist: np.ndarray, xadj: np.ndarray, adjnc
     the part of each of this rank's rows dist[rank]..dist[rank+1]-1, in the caller's ids.
 
     The relabelled graph has the same slices' sizes (dist) but most of its edges inside one slice
-    (the 2.45M local graph, P = 8: 23 % across slices instead of 87.5 %), and PT-Scotch's work on the
+    (the 2.45M local graph, P = 8: 21.5 % across slices instead of 87.5 %; bench/parmetis_cpu.py
+    --cross-only), and PT-Scotch's work on the
     ghost ends of crossing edges is most of its growth with P (docs/bench-build-scaling.md).  One
     process (P = 1: PT-Scotch is sequential, no ghosts) calls it on the graph as it is.  Costs one
     search (O((V + E) / P) per rank), one alltoallv of the adjacency and of the weights, and two
@@ -214,8 +215,7 @@ def part_kway_with_locality(pm, group, dist: np.ndarray, xadj: np.ndarray, adjnc
     mine = new_of_old[lo:hi]
     order = np.argsort(mine)
     rows = np.concatenate([mine[order, None], np.asarray(vwgt, dtype=np.int64)[order]], axis=1)
-    got = group.alltoallv(rows, np.bincount(np.searchsorted(dist, mine[order], side="right") - 1,
-                                            minlength=group.size))
+    got = group.alltoallv(rows, np.bincount(owner_of(dist, mine[order]), minlength=group.size))
     got = got[np.argsort(got[:, 0])]
     local = parmetis_part_kway(pm, group, dist, nx, na, nparts, got[:, 1:], seed)
     del nx, na, got

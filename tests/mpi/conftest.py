@@ -21,6 +21,20 @@ def shared_tmpdir(prefix="granndis-test-"):
     return WORLD.bcast(tempfile.mkdtemp(prefix=prefix) if WORLD.rank == 0 else None)
 
 
+def on_every_rank(fn, label=""):
+    """Run fn() on every rank and return its result.  An exception on any rank (a failed assertion
+    included) fails the test on every rank, each saying which ranks failed, instead of leaving the
+    others waiting in the next collective."""
+    result, error = None, None
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 -- gathered so every rank fails, none hangs
+        error = f"{label}rank {WORLD.rank}: {exc!r}"
+    errors = [e for e in WORLD.allgather(error) if e]
+    assert not errors, errors
+    return result
+
+
 def on_rank0(fn):
     """Run fn() on rank 0 only and return its result on every rank.  An exception there (a failed
     assertion included) fails the test on every rank instead of leaving the others waiting."""

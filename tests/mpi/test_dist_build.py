@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 from mpi4py import MPI
-from tests.mpi.conftest import on_rank0, shared_tmpdir
+from tests.mpi.conftest import on_every_rank, on_rank0, shared_tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -97,13 +97,7 @@ def _run_case(P, base, case, cora_chunks, tag=""):
 def test_sliced_build_equals_whole_graph_build(case, base, cora_chunks):
     digests = []
     for P in (1, 2, 4):
-        error, digest = None, None
-        try:
-            digest = _run_case(P, base, case, cora_chunks)
-        except Exception as exc:  # noqa: BLE001 -- gathered so every rank fails, none hangs
-            error = f"P={P} rank {WORLD.rank}: {exc!r}"
-        errors = [e for e in WORLD.allgather(error) if e]
-        assert not errors, errors
+        digest = on_every_rank(lambda: _run_case(P, base, case, cora_chunks), f"P={P} ")
         digests.append(WORLD.bcast(digest))
     assert len(set(digests)) == 1  # the dataset is the same whatever P read it
 
@@ -255,10 +249,4 @@ def test_byte_bounded_blocks_write_the_same_files(base, cora_chunks, monkeypatch
 
     monkeypatch.setattr(dist_server, "BLOCK_BYTES", 1)
     assert dist_server.block_rows(2000, 1433, 2) == 182
-    error = None
-    try:
-        _run_case(2, base, "cora", cora_chunks, tag="-small-blocks")
-    except Exception as exc:  # noqa: BLE001 -- gathered so every rank fails, none hangs
-        error = f"rank {WORLD.rank}: {exc!r}"
-    errors = [e for e in WORLD.allgather(error) if e]
-    assert not errors, errors
+    on_every_rank(lambda: _run_case(2, base, "cora", cora_chunks, tag="-small-blocks"))

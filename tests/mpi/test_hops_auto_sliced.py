@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sps
 from mpi4py import MPI
-from tests.mpi.conftest import on_rank0, shared_tmpdir
+from tests.mpi.conftest import on_every_rank, on_rank0, shared_tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -169,13 +169,7 @@ def test_hops_auto_from_slices_equals_whole_graph(case, chunk_dirs, monkeypatch)
     if case == "synthetic":  # several blocks of pair keys per rank (a few thousand edges each)
         monkeypatch.setattr(hc, "EDGES_PER_BLOCK", 1000)
     for P in (1, 2, 4):
-        error = None
-        try:
-            _run(P, case, chunk_dirs)
-        except Exception as exc:  # noqa: BLE001 -- gathered so every rank fails, none hangs
-            error = f"P={P} rank {WORLD.rank}: {exc!r}"
-        errors = [e for e in WORLD.allgather(error) if e]
-        assert not errors, errors
+        on_every_rank(lambda: _run(P, case, chunk_dirs), f"P={P} ")
 
 
 @pytest.mark.timeout(240)

@@ -16,6 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from tests.mpi import test_hops_auto_sliced as _hops
+from tests.mpi.conftest import on_every_rank
 from tests.mpi.test_hops_auto_sliced import G, L, S
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -90,10 +91,4 @@ def test_plan_eas_and_hops_from_slices_equal_whole_graph(case, chunk_dirs, monke
     if case == "synthetic":  # several blocks of pair keys per rank (a few thousand edges each)
         monkeypatch.setattr(hc, "EDGES_PER_BLOCK", 1000)
     for P in (1, 2, 4):
-        error = None
-        try:
-            _run(P, case, chunk_dirs)
-        except Exception as exc:  # noqa: BLE001 -- gathered so every rank fails, none hangs
-            error = f"P={P} rank {WORLD.rank}: {exc!r}"
-        errors = [e for e in WORLD.allgather(error) if e]
-        assert not errors, errors
+        on_every_rank(lambda: _run(P, case, chunk_dirs), f"P={P} ")
