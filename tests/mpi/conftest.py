@@ -35,18 +35,20 @@ def on_every_rank(fn, label=""):
     return result
 
 
-def on_rank0(fn):
-    """Run fn() on rank 0 only and return its result on every rank.  An exception there (a failed
-    assertion included) fails the test on every rank instead of leaving the others waiting."""
+def on_rank0(fn, comm=None):
+    """Run fn() on rank 0 of `comm` (default: the world) only and return its result on every rank of
+    it.  An exception there (a failed assertion included) fails the test on every rank instead of
+    leaving the others waiting in their next collective."""
+    comm = WORLD if comm is None else comm
     result, error = None, None
-    if WORLD.rank == 0:
+    if comm.rank == 0:
         try:
             result = fn()
         except Exception as exc:  # report on every rank instead of hanging the others
             error = repr(exc)
-    error = WORLD.bcast(error)
+    error = comm.bcast(error)
     assert error is None, error
-    return WORLD.bcast(result)
+    return comm.bcast(result)
 
 
 def build_sets_on_rank0(graph_or_loader, specs, prefix="granndis-test-"):

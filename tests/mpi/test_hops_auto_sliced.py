@@ -149,14 +149,8 @@ def _run(P, case, chunk_dirs):
         # The counts themselves against the scipy count on the whole graph (for the partition this P made;
         # that it is the whole-graph build's, tests/mpi/test_dist_build.py checks, and the options above).
         counted = result["counted"]
-        error = None
-        if comm.rank == 0:
-            try:
-                _check_against_reference(counted.rows, whole, counted.partition.parts, counted.gpu_of)
-            except AssertionError as exc:
-                error = repr(exc)
-        error = comm.bcast(error)
-        assert error is None, error
+        on_rank0(lambda: _check_against_reference(counted.rows, whole, counted.partition.parts, counted.gpu_of),
+                 comm)
     finally:
         comm.Free()
 

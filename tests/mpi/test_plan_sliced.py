@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from tests.mpi import test_hops_auto_sliced as _hops
-from tests.mpi.conftest import on_every_rank
+from tests.mpi.conftest import on_every_rank, on_rank0
 from tests.mpi.test_hops_auto_sliced import G, L, S
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -69,16 +69,13 @@ def _run(P, case, chunk_dirs):
             # plan_options gathers the loads on rank 0; the counts have them on every rank
             same_loads = comm.bcast(got["server_loads"] == ref["server_loads"] if comm.rank == 0 else None)
             assert same_loads, name
-            differ = None
-            if comm.rank == 0:  # (told to every rank: none goes on to the next case's collectives alone)
+            def same_printed():  # on rank 0, told to every rank: none goes on to the next case alone
                 for budget in sorted({o.peak for o in ref["options"]})[::2] + [1]:  # fits some, fits none
                     b = dataclasses.replace(cfg, budget=budget)
                     mine, theirs = _printed(part, got, b, P), _printed(whole, ref, b, P)
-                    if mine != theirs:
-                        differ = f"{name}, budget {budget}:\n{mine}\n-- whole graph --\n{theirs}"
-                        break
-            differ = comm.bcast(differ)
-            assert differ is None, differ
+                    assert mine == theirs, f"{name}, budget {budget}:\n{mine}\n-- whole graph --\n{theirs}"
+
+            on_rank0(same_printed, comm)
     finally:
         comm.Free()
 
