@@ -97,6 +97,10 @@ class GradientSync:
         self.bucket_names: List[List[str]] = [[self._named[order[i]][0] for i in b] for b in layout]
         self._bucket_of = {id(p): k for k, b in enumerate(self.buckets) for p in b}
 
+    def bucket_bytes(self) -> List[int]:
+        """Each bucket's bytes, in posting order."""
+        return [sum(p.numel() * p.element_size() for p in b) for b in self.buckets]
+
     def _learn_order(self) -> None:
         """Once, after the first backward (collective): rank 0's hook order, its unused parameters last."""
         order = self.comm.topo.world.bcast(self._seen if self.comm.topo.rank == 0 else None, root=0)

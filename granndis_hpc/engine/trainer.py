@@ -353,6 +353,8 @@ class Trainer:
         an otherwise exact mode inexact when it is narrower than float32."""
         entry = {"overlap": not self.cfg.no_overlap, "overlap_halos": sorted(self._overlap_halo),
                  "halo_dtype": self.cfg.halo_dtype}
+        if self.gradsync is not None:  # the gradient buckets' bytes, in posting order (the first final first)
+            entry["gradient_buckets_bytes"] = self.gradsync.bucket_bytes()
         if not self.groups["world"].exact:
             entry["exact"] = False
             entry["inexact_because"] = f"--halo-dtype {self.cfg.halo_dtype}: halo rows are rounded on the wire"
