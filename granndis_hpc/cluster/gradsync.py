@@ -23,7 +23,8 @@ Knows nothing about graphs; only about parameters and the Communicator.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Tuple, Union
+import os
+from typing import Iterable, List, Optional, Tuple, Union
 
 import torch
 
@@ -40,6 +41,10 @@ from .layout import plan_layer_buckets
 # the leaders' pair, a broadcast) and a blocking broadcast in finish(), so the count is bounded
 # (at most 2 * OVERLAP_BUCKETS + 1) instead of one bucket per layer of a 56-layer model.
 OVERLAP_BUCKETS = 8
+# A benchmark knob (bench/cluster runs forward GRANNDIS_* to every rank): GRANNDIS_GRAD_BUCKETS=1 is the
+# one bucket of session 9, final only at the end of the backward.
+if os.environ.get("GRANNDIS_GRAD_BUCKETS"):
+    OVERLAP_BUCKETS = int(os.environ["GRANNDIS_GRAD_BUCKETS"])
 
 
 def layer_of(name: str) -> str:
@@ -65,7 +70,8 @@ class GradientSync:
 
     def __init__(self, comm: Communicator,
                  params: Iterable[Union[torch.nn.Parameter, Tuple[str, torch.nn.Parameter]]],
-                 phase: str = "gradient", buckets: int = OVERLAP_BUCKETS):
+                 phase: str = "gradient", buckets: Optional[int] = None):
+        buckets = OVERLAP_BUCKETS if buckets is None else buckets
         if buckets < 1:
             raise ClusterError(f"buckets must be at least 1, got {buckets}")
         self.comm, self.phase, self._count = comm, phase, buckets
