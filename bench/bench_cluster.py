@@ -124,7 +124,8 @@ def steps_per_epoch(run_dir):
 def run_config(run_dir):
     """What the cost model needs of a run's config.json and summary.json: layers, model, whether it
     overlapped and which exchange groups (summary.json's plan.overlap_halos; None before the option,
-    when every halo overlapped)."""
+    when every halo overlapped), and its gradient buckets' bytes (plan.gradient_buckets_bytes; None before
+    session 10: one bucket)."""
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
     plan = {}
@@ -133,7 +134,8 @@ def run_config(run_dir):
             plan = json.load(f).get("plan", {})
     return {"layers": int(cfg["layers"]), "model": cfg.get("model"),
             "overlap": not cfg.get("no_overlap", True) if "overlap" not in cfg else bool(cfg["overlap"]),
-            "overlap_halos": plan.get("overlap_halos"), "halo_dtype": cfg.get("halo_dtype", "float32")}
+            "overlap_halos": plan.get("overlap_halos"), "halo_dtype": cfg.get("halo_dtype", "float32"),
+            "gradient_buckets_bytes": plan.get("gradient_buckets_bytes")}
 
 
 def run(cmd, log, timeout, capture=False):

@@ -28,8 +28,12 @@ run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and
   The backward mirrors the forward (halo gradients posted after the halo part's backward, the own branch
   and the rest rows run while they travel), so it gets the same window.  The windows are disjoint pieces
   of C, so no second of compute hides two exchanges.
-- W_grad: the gradient bytes' wire time, additive (one bucket on these models, final only at the end of
-  the backward).
+- W_grad: the gradient bytes' wire time.  Without overlap it is additive.  With overlap the gradient
+  travels in buckets cut between layers (cluster/gradsync.py; summary.json's plan.gradient_buckets_bytes,
+  in posting order), and each bucket is posted as soon as its layers' backward is done, so only the
+  last bucket has no backward left to hide behind.  The limit (a lower bound) charges W_grad x last
+  bucket / all buckets.  Runs from before session 10 had one bucket, so W_grad is fully additive for
+  them.  The model has no per-message term: each bucket's latency of a few messages is not modelled.
 Without overlap T = C + W: the additive model.  It is a *limit* (a lower bound on the epoch): it assumes
 the link's full rate while a window lasts.
 
@@ -152,6 +156,9 @@ def overlap_limit(run, compute_s, bandwidths, servers, groups=None, per_rank=Non
     # gradient's (an upper bound on its halo bytes: the leader's broadcast is the largest intra grad).
     grad_inter = b["inter_grad"] / servers
     grad_wire = grad_inter / bw_inter + _intra_s(b["intra_grad"] / servers, bw_intra)
+    buckets = run.get("gradient_buckets_bytes")
+    if run.get("overlap", True) and buckets and sum(buckets):  # only the last bucket cannot hide
+        grad_wire *= buckets[-1] / sum(buckets)
     inter_wire = max(run["inter_bytes_max_server"] - grad_inter, 0) / bw_inter
     intra_wire = _intra_s(run["intra_bytes_max_rank"], bw_intra)
     counts = run.get("layer_counts")
@@ -291,7 +298,7 @@ def run_limit(summary, record, link, run_dir=""):
     run = {"run_dir": run_dir, "layers": summary["layers"], "bytes": summary["bytes_per_epoch"],
            "inter_bytes_max_server": inter_max, "intra_bytes_max_rank": intra_max, "model": summary.get("model"),
            "layer_counts": layer_counts(record), "overlap": plan.get("overlap", True),
-           "overlap_halos": plan.get("overlap_halos")}
+           "overlap_halos": plan.get("overlap_halos"), "gradient_buckets_bytes": plan.get("gradient_buckets_bytes")}
     seconds = summary["seconds_per_epoch"]
     compute = seconds["compute"] + seconds.get("sampling", 0.0)
     return overlap_limit(run, compute, (link_bandwidth(link), link["intra_Bps"]), summary["servers"],

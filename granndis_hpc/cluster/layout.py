@@ -78,3 +78,35 @@ def plan_buckets(nbytes: Sequence[int], dtypes: Sequence, bucket_bytes: int) -> 
             buckets.append([i])
             open_of[dt] = (len(buckets) - 1, n)
     return buckets
+
+
+def plan_layer_buckets(nbytes: Sequence[int], dtypes: Sequence, units: Sequence, target_bytes: int) -> list[list[int]]:
+    """Indices of tensors per gradient bucket, for tensors listed in the order the backward makes them
+    final (the last layer's first): consecutive tensors of one dtype, a bucket closed only where the
+    unit (the layer, `units[i]`) changes, and there when the next unit would take it past
+    `target_bytes`.  So the first bucket is the last layer's own (final as soon as that layer's backward
+    is done) unless it is tiny, a layer is never split (its gradients become final together: a split buys
+    no earlier post), and two consecutive buckets always hold more than `target_bytes`, which bounds the
+    count by 2 * total / target_bytes + 1.  A dtype change closes a bucket (one dtype per bucket).
+
+    The layout depends only on the sizes, dtypes and units, which are the same on every rank.
+    """
+    if target_bytes <= 0:
+        raise ClusterError(f"target_bytes must be positive, got {target_bytes}")
+    if not len(nbytes) == len(dtypes) == len(units):
+        raise ClusterError(f"plan_layer_buckets: {len(nbytes)} sizes, {len(dtypes)} dtypes, {len(units)} units")
+    # The bytes of each run of one unit that starts at i (what the unit would add to the open bucket).
+    unit_bytes = {}
+    for i in range(len(nbytes) - 1, -1, -1):
+        same = i + 1 < len(nbytes) and units[i + 1] == units[i] and dtypes[i + 1] == dtypes[i]
+        unit_bytes[i] = int(nbytes[i]) + (unit_bytes[i + 1] if same else 0)
+    buckets: list[list[int]] = []
+    held = 0
+    for i, (n, dt) in enumerate(zip(nbytes, dtypes)):
+        new_unit = i == 0 or units[i] != units[i - 1]
+        if i == 0 or dt != dtypes[i - 1] or (new_unit and held + unit_bytes[i] > target_bytes):
+            buckets.append([])
+            held = 0
+        buckets[-1].append(i)
+        held += int(n)
+    return buckets

@@ -95,7 +95,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(groups, lr=cfg.lr)
         # Overlap (--no-overlap turns it off): gradients reduced in buckets during the backward, and the
         # halo in flight while each layer aggregates its own rows (models that accept PendingRows).
-        self.gradsync = GradientSync(self.comm, self.model.parameters()) if not cfg.no_overlap else None
+        self.gradsync = GradientSync(self.comm, self.model.named_parameters()) if not cfg.no_overlap else None
         # Per-layer compute of every rank, forward and backward (the overlap limit's per-rank timeline).
         self.layer_clock = LayerClock(self.ledger, cfg.layers)
         # The exchange groups whose halos travel while the layer computes (--overlap-halos).
@@ -353,6 +353,8 @@ class Trainer:
         an otherwise exact mode inexact when it is narrower than float32."""
         entry = {"overlap": not self.cfg.no_overlap, "overlap_halos": sorted(self._overlap_halo),
                  "halo_dtype": self.cfg.halo_dtype}
+        if self.gradsync is not None:  # the gradient buckets' bytes, in posting order (the first final first)
+            entry["gradient_buckets_bytes"] = self.gradsync.bucket_bytes()
         if not self.groups["world"].exact:
             entry["exact"] = False
             entry["inexact_because"] = f"--halo-dtype {self.cfg.halo_dtype}: halo rows are rounded on the wire"

@@ -89,3 +89,42 @@ def test_agree_passes_and_fails_with_the_message():
     with pytest.raises(ClusterError, match=r"rank 0: shard file missing") as info:
         agree(MPI.COMM_SELF, False, "shard file missing")
     assert info.value.collective is (MPI.COMM_WORLD.Get_size() == 1)
+
+
+def test_plan_layer_buckets_cuts_only_between_layers_and_bounds_the_count():
+    from granndis_hpc.cluster.layout import plan_layer_buckets
+    f, i = torch.float32, torch.int64
+    # the backward's order: a tiny last layer (c), then b, then a large first layer (a)
+    sizes = [8, 4, 30, 30, 60, 60]
+    units = ["c", "c", "b", "b", "a", "a"]
+    # target 50: c alone (12 + b's 60 > 50), b (60), a (120): never a layer split, though b and a exceed it
+    assert plan_layer_buckets(sizes, [f] * 6, units, 50) == [[0, 1], [2, 3], [4, 5]]
+    # target 80: c and b together (72), then a
+    assert plan_layer_buckets(sizes, [f] * 6, units, 80) == [[0, 1, 2, 3], [4, 5]]
+    assert plan_layer_buckets(sizes, [f] * 6, units, 10**9) == [[0, 1, 2, 3, 4, 5]]
+    # a dtype change closes a bucket even inside a layer
+    assert plan_layer_buckets(sizes, [f, f, f, i, f, f], units, 10**9) == [[0, 1, 2], [3], [4, 5]]
+    # many equal layers: two consecutive buckets always exceed the target, so at most 2 * total / target + 1
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n = int(rng.integers(1, 40))
+        sizes = rng.integers(1, 100, size=n).tolist()
+        units = np.cumsum(rng.random(n) < 0.4).tolist()
+        target = int(rng.integers(1, 400))
+        buckets = plan_layer_buckets(sizes, [f] * n, units, target)
+        assert sum(buckets, []) == list(range(n))
+        assert all(units[b[0] - 1] != units[b[0]] for b in buckets[1:])  # cut only where the layer changes
+        held = [sum(sizes[j] for j in b) for b in buckets]
+        assert all(x + y > target for x, y in zip(held, held[1:]))
+        assert len(buckets) <= 2 * sum(sizes) / target + 1
+    with pytest.raises(ClusterError):
+        plan_layer_buckets([1], [f], ["a"], 0)
+
+
+def test_layer_of_names_the_indexed_module_or_the_owner():
+    from granndis_hpc.cluster.gradsync import layer_of
+    assert layer_of("convs.2.lin_self.weight") == "convs.2"
+    assert layer_of("norms.0.bias") == "norms.0"
+    assert layer_of("out_norm.weight") == "out_norm"
+    assert layer_of("head.weight") == "head"
+    assert layer_of("weight") == ""

@@ -184,3 +184,15 @@ def test_run_limit_takes_every_ranks_compute_from_the_record_when_it_has_it():
     assert run_limit(summary, record, link) == pytest.approx(2.0 + GRAD)
     del record["layer_compute_s"]
     assert run_limit(summary, record, link) == pytest.approx(1.8 + GRAD)
+
+
+def test_only_the_last_gradient_bucket_is_exposed_when_the_gradient_overlaps():
+    """Buckets of 100, 300 and 100 bytes (posting order): the first two are posted while the backward
+    still runs, so the limit charges only the last one's share of the gradient wire, 100 / 500 of GRAD;
+    a --no-overlap run (or one from before the buckets: no plan entry) pays all of it."""
+    run = dict(_run(["world"] * 3, inter_halo_s=0.1), overlap=True, overlap_halos=["world"])
+    assert overlap_limit(run, 0.6, BW, 2) == pytest.approx(0.6 + GRAD)
+    bucketed = dict(run, gradient_buckets_bytes=[100, 300, 100])
+    assert overlap_limit(bucketed, 0.6, BW, 2) == pytest.approx(0.6 + GRAD / 5)
+    assert overlap_limit(dict(bucketed, overlap=False, overlap_halos=[]), 0.6, BW, 2) == \
+        pytest.approx(0.6 + 0.1 + GRAD)
