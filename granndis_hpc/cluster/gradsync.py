@@ -43,8 +43,11 @@ from .layout import plan_layer_buckets
 OVERLAP_BUCKETS = 8
 # A benchmark knob (bench/cluster runs forward GRANNDIS_* to every rank): GRANNDIS_GRAD_BUCKETS=1 is the
 # one bucket of session 9, final only at the end of the backward.
-if os.environ.get("GRANNDIS_GRAD_BUCKETS"):
-    OVERLAP_BUCKETS = int(os.environ["GRANNDIS_GRAD_BUCKETS"])
+_knob = os.environ.get("GRANNDIS_GRAD_BUCKETS", "")
+if _knob:
+    if not _knob.isdigit() or int(_knob) < 1:  # every rank reads the same value: all fail alike
+        raise ClusterError(f"GRANNDIS_GRAD_BUCKETS must be a positive integer (1 = one bucket), got {_knob!r}")
+    OVERLAP_BUCKETS = int(_knob)
 
 
 def layer_of(name: str) -> str:
