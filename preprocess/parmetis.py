@@ -197,6 +197,32 @@ SCOTCH_BAND_WIDTH = 1
 _PARALLEL_BAND = "asc=b{width=3,bnd=(d{pass=40,dif=1"
 
 
+# The refinement of that band at every level: gathered whole onto every process and refined there by
+# FM (`q`), then made exact (`x`).  We gather it only while it has fewer than SCOTCH_BAND_GATHER times
+# the mean slice's arcs (the graph's arcs / P): above that the distributed diffusion (`d`) alone refines
+# it, so no process holds more than about two slices' worth of band.  On the local graphs this skips
+# the gather at the finest level only (800k: the band there has 4.4M-8.8M of the graph's 17.8M arcs),
+# docs/bench-build-scaling.md.
+SCOTCH_BAND_GATHER = 2.0
+_BAND_REFINE = "|)q{strat=f{move=80,pass=-1,bal=0.01,type=b}}x{"
+_BAND_GATHER = "q{strat=f{move=80,pass=-1,bal=0.01,type=b}}"
+
+
+def scotch_band_gather() -> float | None:
+    """The factor f of SCOTCH_BAND_GATHER ($GRANNDIS_SCOTCH_BAND_GATHER: a positive number, or `always`
+    for PT-Scotch's own strategy, which gathers every band); None for always."""
+    raw = os.environ.get("GRANNDIS_SCOTCH_BAND_GATHER", str(SCOTCH_BAND_GATHER))
+    if raw == "always":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise PartitionerError(f"GRANNDIS_SCOTCH_BAND_GATHER must be a positive number or 'always', got {raw!r}")
+    return value
+
+
 def scotch_band_width() -> int:
     raw = os.environ.get("GRANNDIS_SCOTCH_BAND_WIDTH", str(SCOTCH_BAND_WIDTH))
     if not raw.isdigit() or int(raw) < 1:
@@ -266,10 +292,19 @@ def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -
         text = _scotch_strategy_text(lib, strat)
         if text.count(_PARALLEL_BAND) != 1:  # another PT-Scotch's strategy: its default, unedited
             width = 3
-        if width != 3:
+        gather = scotch_band_gather()
+        if gather is not None and text.count(_BAND_REFINE) != 1:
+            gather = None
+        if width != 3 or gather is not None:
             lib.SCOTCH_stratExit(strat)
             lib.SCOTCH_stratInit(strat)
             edited = text.replace(_PARALLEL_BAND, _PARALLEL_BAND.replace("width=3", f"width={width}"))
+            if gather is not None:
+                arcs = int(group.allreduce_sum(np.array([edges], dtype=np.int64))[0])
+                limit = max(1, int(gather * arcs / group.size))
+                # Scotch's conditional strategy: /(condition)?strategy; with `edge` the band's arcs.
+                edited = edited.replace(_BAND_REFINE, _BAND_REFINE.replace(
+                    _BAND_GATHER, f"/(edge<{limit})?{_BAND_GATHER};"))
             check(lib.SCOTCH_stratDgraphMap(strat, edited.encode()), "SCOTCH_stratDgraphMap")
         equal = np.ones(nparts, dtype=pm.idx_dtype)  # the compat layer's target weights for equal tpwgts
         check(lib.SCOTCH_archCmpltw(arch, num(nparts), _ptr(equal)), "SCOTCH_archCmpltw")
