@@ -44,7 +44,9 @@ def test_every_rank_shrinks_with_ranks_writers_too():
     assert peaks[8].phases[0]["halos+write"] > peaks[8].phases[5]["halos+write"]  # rank 0 writes server 0
     assert peaks[8].per_rank[0] >= peaks[8].per_rank[5]
     s0 = SERVERS[0]
-    assert block_rows(s0.rows, 100, 8) == 102_219 == -(-(s0.rows // 8) // 2621) * 2621  # 1/P, whole chunks
+    # whole chunks of 2621 rows: the byte bound (BLOCK_BYTES of features) below the 1/P share here
+    assert block_rows(s0.rows, 100, 8) == (BLOCK_BYTES // (400 * 2621)) * 2621 < -(-(s0.rows // 8) // 2621) * 2621
+    assert block_rows(s0.rows, 100, 8, block_bytes=1 << 30) == -(-(s0.rows // 8) // 2621) * 2621  # the 1/P share
     block8 = bm.WRITER_BYTES_PER_ROW * s0.rows + block_rows(s0.rows, 100, 8) * max(
         bm.BLOCK_BYTES_PER_FEATURE * 100, (bm.BLOCK_BYTES_PER_EDGE + bm.BLOCK_PRODUCE_BYTES_PER_EDGE / 8)
         * s0.fetched_edges / s0.rows)
