@@ -60,8 +60,9 @@ The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS p
 partition terms to the 2.45M builds at P = 1, 2, 4, 8 and to bench/trace_build_memory.py's RSS
 inside the ParMETIS calls of 800k builds at P = 2, 4, 8; the load and halos+write terms, session 9,
 to the 2.45M full builds at P = 1 and 8 and the 800k full build at P = 8, the per-vertex and per-row
-bytes counted from the dtypes of the arrays the trace found) (docs/bench-build-scaling.md, where the
-estimate is checked against every measured rank).
+bytes counted from the dtypes of the arrays the trace found; the gathered band's bound, session 10,
+to the server call's peak at 2.45M P = 8 with the gather limit) (docs/bench-build-scaling.md, where
+the estimate is checked against every measured rank).
 """
 from __future__ import annotations
 
