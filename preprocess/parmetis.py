@@ -257,7 +257,7 @@ def _scotch_strategy_text(lib, strat) -> str:
         return tmp.read()
 
 
-def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -> int:
+def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -> tuple[int, Optional[float]]:
     """What PT-Scotch's ParMETIS_V3_PartKway does (libscotchmetis/parmetis_dgraph_part.c: build the
     distributed graph, map it onto nparts equal parts with the default strategy), with the parallel band
     scotch_band_width() wide and gathered below scotch_band_gather() slices' arcs.  Collective over
