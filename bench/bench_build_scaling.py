@@ -64,7 +64,8 @@ def run_one(a, P, preload, whole) -> dict:
     with open(os.path.join(out, "manifest.json")) as f:
         m = json.load(f)
     rec.update(content_sha256=m["dataset"]["content_sha256"], partition_digest=m["partition_digest"],
-               files={k: v["sha256"] for k, v in m["files"].items()}, num_edges=m["dataset"]["num_edges"],
+               files={k: v["sha256"] for k, v in m["files"].items()},
+               file_bytes={k: v["bytes"] for k, v in m["files"].items()}, num_edges=m["dataset"]["num_edges"],
                rows_per_vertex=m["stats"]["replication_factor"],
                gpu_row_balance_max=m["stats"]["gpu_row_balance_max"],
                gpu_train_balance_max=m["stats"]["gpu_train_balance_max"])

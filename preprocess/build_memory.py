@@ -17,14 +17,22 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
     SYMMETRIC_ADJ_BYTES_PER_EDGE per edge are held (the edges, their row ids and the loop mask, then
     the int32 copy for the partitioner).  The peak at P = 1 and 2 with keys;
   - inside ParMETIS (PT-Scotch): SCOTCH_BASE_BYTES (the interpreter, libraries and MPI
-    that are resident then: less than BASE_BYTES, whose Python heap PT-Scotch reuses) + scotch_vertex_bytes()
-    per vertex of the WHOLE graph + SCOTCH_BYTES_PER_EDGE per edge of the slice (PT-Scotch's own
-    structures with our int32 adjacency).  The per-vertex term is PT-Scotch's, not ours: at 800k
-    vertices it is the same at P = 2, 4 and 8 while every array of ours alive at the call is ~1 B per
-    vertex of the graph (the training mask) plus the slice's (PARTITION_VERTEX_BYTES, with the GPU
-    split's server and GPU of every vertex).  The peak at P >= 4.
-  Then the GPU split: with ParMETIS every rank holds 1/P of each server's inner subgraph (the same
-  ParMETIS terms for n/S vertices and E/(S P) slice edges, below the server partition's); METIS
+    that are resident then: less than BASE_BYTES, whose Python heap PT-Scotch reuses) +
+    SCOTCH_BYTES_PER_EDGE per edge of the slice (PT-Scotch's own structures with our int32 relabelled
+    adjacency: partition.part_kway_with_locality frees the original rows and the whole-graph map
+    before the call) + PT-Scotch's band graph, gathered onto every process: scotch_vertex_bytes() per
+    vertex of the WHOLE graph when every band is gathered (GRANNDIS_SCOTCH_BAND_GATHER=always), at
+    most SCOTCH_GATHERED_BYTES_PER_ARC per arc of the gather limit (parmetis.SCOTCH_BAND_GATHER times
+    the slice's arcs) by default, whichever is less.  The band term is PT-Scotch's, not ours: every
+    array of ours alive at the call is ~1 B per vertex of the graph (the training mask) plus the
+    slice's (PARTITION_VERTEX_BYTES, with the GPU split's server and GPU of every vertex).  The peak at
+    P >= 4.  Before the call the relabelling (preprocess/locality.py) holds the slice's int32 and int64
+    rows, their int64 keys and the whole-graph map (8 B per vertex): below the call's peak at every
+    size measured (bench/trace_build_memory.py), so it has no term of its own.
+  Then the GPU split: with ParMETIS on the concurrent path (partition.gpu_split_groups: 2 <= S <= P)
+  each server's split runs on its own block of P / S ranks, every rank holding n/P rows of one server
+  (the same ParMETIS terms for n/S vertices and E/P slice edges); on the sequential path every rank
+  holds 1/P of each server's inner subgraph (n/S vertices, E/(S P) slice edges); METIS
   instead gathers the whole adjacency on rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there,
   the slice's edges staying in memory, 8 B each) and the writer rank splits its server alone
   (GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
@@ -52,8 +60,9 @@ The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS p
 partition terms to the 2.45M builds at P = 1, 2, 4, 8 and to bench/trace_build_memory.py's RSS
 inside the ParMETIS calls of 800k builds at P = 2, 4, 8; the load and halos+write terms, session 9,
 to the 2.45M full builds at P = 1 and 8 and the 800k full build at P = 8, the per-vertex and per-row
-bytes counted from the dtypes of the arrays the trace found) (docs/bench-build-scaling.md, where the
-estimate is checked against every measured rank).
+bytes counted from the dtypes of the arrays the trace found; the gathered band's bound, session 10,
+to the server call's peak at 2.45M P = 8 with the gather limit) (docs/bench-build-scaling.md, where
+the estimate is checked against every measured rank).
 """
 from __future__ import annotations
 
@@ -77,6 +86,10 @@ SCOTCH_BASE_BYTES = 120 * MIB
 SCOTCH_VERTEX_BYTES = 200
 SCOTCH_VERTEX_BYTES_NARROW_BAND = 96
 SCOTCH_BYTES_PER_EDGE = 40  # PT-Scotch's structures and our int32 adjacency, per edge of the slice
+# The band gathered only below SCOTCH_BAND_GATHER x the slice's arcs (the default): per arc of that
+# limit, fitted to the server call's peak at 2.45M P = 8 (536 MiB; 800k P = 8: 221 measured, 256
+# estimated, the band there being under the limit at more levels).
+SCOTCH_GATHERED_BYTES_PER_ARC = 10.5
 METIS_BYTES_PER_EDGE = 40
 GPU_SPLIT_BYTES_PER_INNER_EDGE = 48  # the writer's METIS GPU split (metis, random): inner keys, METIS
 HALO_BYTES_PER_VERTEX = 10  # int8 hop, owner and its allgathered copy; int32 file row; 2-3 bool masks
@@ -96,6 +109,18 @@ def scotch_vertex_bytes() -> int:
     """PT-Scotch's bytes per vertex of the whole graph on every rank, for the band width the build uses."""
     from .parmetis import scotch_band_width
     return SCOTCH_VERTEX_BYTES_NARROW_BAND if scotch_band_width() == 1 else SCOTCH_VERTEX_BYTES
+
+
+def scotch_band_bytes(vertices: float, slice_edges: float, ranks: int) -> float:
+    """PT-Scotch's band graph on every rank of a call on `vertices` vertices with `slice_edges` edges
+    per rank: the whole graph's per-vertex term, bounded by the gather limit (module docstring); at
+    one rank the limit is the whole graph (PT-Scotch is sequential there, no band is gathered)."""
+    from .parmetis import scotch_band_gather
+    full = scotch_vertex_bytes() * vertices
+    gather = scotch_band_gather()
+    if gather is None or ranks < 2:
+        return full
+    return min(full, SCOTCH_GATHERED_BYTES_PER_ARC * gather * slice_edges)
 
 
 @dataclass
@@ -145,9 +170,12 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
         keys = BASE_BYTES + (SYMMETRIC_ADJ_BYTES_PER_EDGE if own_rows else KEY_BYTES_PER_EDGE) * edges + ours
         if partitioner == "parmetis":
             S = max(len(servers), 1)
-            per_vertex = scotch_vertex_bytes()
-            call = SCOTCH_BASE_BYTES + ours + max(per_vertex * n + SCOTCH_BYTES_PER_EDGE * edges,
-                                                  per_vertex * n / S + SCOTCH_BYTES_PER_EDGE * e / S / P)
+            # The GPU split's slice: n/P rows of one server on its block (concurrent), else 1/P of each.
+            split_edges = e / P if 2 <= S <= P else e / S / P
+            call = SCOTCH_BASE_BYTES + ours + max(
+                scotch_band_bytes(n, edges, P) + SCOTCH_BYTES_PER_EDGE * edges,
+                scotch_band_bytes(n / S, split_edges, max(P // S, 1) if 2 <= S <= P else P)
+                + SCOTCH_BYTES_PER_EDGE * split_edges)
             part = max(keys, call)
         else:  # METIS (metis, random): the edges stay in memory; rank 0 holds the whole adjacency
             gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0

@@ -22,11 +22,17 @@ with its default parallel strategy, whose refinement at every uncoarsening level
 On graphs without locality that band is most of the graph: measured, ~190 B per vertex of the whole
 graph on every rank and the largest part of ParMETIS' CPU growth with P (issue 17,
 docs/bench-build-scaling.md).  So we call PT-Scotch's own API (SCOTCH_dgraphMapCompute) with the same
-default strategy but that band 1 vertex wide (SCOTCH_BAND_WIDTH; GRANNDIS_SCOTCH_BAND_WIDTH=3 gives the
-compatibility layer's partition exactly).  Measured at 800k vertices, P = 8: ParMETIS CPU 68 -> 36 s,
+default strategy but that band 1 vertex wide (SCOTCH_BAND_WIDTH; GRANNDIS_SCOTCH_BAND_WIDTH=3 with
+GRANNDIS_SCOTCH_BAND_GATHER=always gives the compatibility layer's partition exactly).  Measured at
+800k vertices, P = 8: ParMETIS CPU 68 -> 36 s,
 its peak RSS 0.343 -> 0.272 GiB, the same cut (1-hop halo 18.1k/17.8k -> 18.0k/17.8k vertices).
 A graph that PT-Scotch partitions sequentially (P = 1, or small enough to fold onto one process, e.g.
-Cora) never reaches that band: its partition is unchanged.
+Cora) never reaches that band: its partition is unchanged.  Even 1 wide, the finest level's band of
+the local graphs holds 25-50 % of the arcs, so a band is gathered only while it has fewer than
+SCOTCH_BAND_GATHER slices' worth of arcs, the distributed diffusion refining larger ones alone
+(GRANNDIS_SCOTCH_BAND_GATHER; `always` with width 3 is the compatibility layer's strategy exactly).
+Measured at P = 8: the server call's peak 272 -> 221 MiB (800k) and 607 -> 536 MiB (2.45M), 1-hop
+halos +0.3 % / +0.05 %.
 
 METIS: pymetis 2025.2 silently uses ncon=1 whatever vweights holds (measured: the training constraint was
 ignored), so we call METIS_PartGraphRecursive / METIS_PartGraphKway from the METIS that pymetis bundles
@@ -62,6 +68,7 @@ class ParMetisLib:
     real_dtype: np.dtype
     is_scotch: bool
     band_width: Optional[int] = None  # PT-Scotch's parallel band in the last _scotch_map call (describe)
+    band_gather: Optional[float] = None  # its gather limit in slices' arcs there (None: every band)
 
     @property
     def name(self) -> str:
@@ -75,7 +82,10 @@ class ParMetisLib:
     def describe(self) -> str:
         """The library as the manifest records it (with the band width its last call used where it is
         PT-Scotch's own API: another PT-Scotch's strategy text keeps its own width 3, see _scotch_map)."""
-        how = f"; SCOTCH_dgraphMapCompute, band width {self.band_width}" if self.band_width else ""
+        how = ""
+        if self.band_width:
+            gather = "always" if self.band_gather is None else f"below {self.band_gather:g} slices' arcs"
+            how = f"; SCOTCH_dgraphMapCompute, band width {self.band_width}, band gathered {gather}"
         return f"{self.name} ({self.path}, idx_t {self.idx_dtype.itemsize * 8}-bit{how})"
 
 
@@ -169,7 +179,7 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     part = np.zeros(max(n_local, 1), dtype=idx)
     if pm.native_scotch:
         with _scotch_reproducible(pm, seed):
-            pm.band_width = _scotch_map(pm, as_group(comm), xadj_c, adjncy_c, vwgt_c, nparts, part)
+            pm.band_width, pm.band_gather = _scotch_map(pm, as_group(comm), xadj_c, adjncy_c, vwgt_c, nparts, part)
         return part[:n_local].astype(np.int64)
     wgtflag = np.array([0 if vwgt is None else 2], dtype=idx)
     numflag = np.array([0], dtype=idx)
@@ -197,6 +207,32 @@ SCOTCH_BAND_WIDTH = 1
 _PARALLEL_BAND = "asc=b{width=3,bnd=(d{pass=40,dif=1"
 
 
+# The refinement of that band at every level: gathered whole onto every process and refined there by
+# FM (`q`), then made exact (`x`).  We gather it only while it has fewer than SCOTCH_BAND_GATHER times
+# the mean slice's arcs (the graph's arcs / P): above that the distributed diffusion (`d`) alone refines
+# it, so no process holds more than about two slices' worth of band.  On the local graphs this skips
+# the gather at the finest level only (800k: the band there has 4.4M-8.8M of the graph's 17.8M arcs),
+# docs/bench-build-scaling.md.
+SCOTCH_BAND_GATHER = 2.0
+_BAND_REFINE = "|)q{strat=f{move=80,pass=-1,bal=0.01,type=b}}x{"
+_BAND_GATHER = "q{strat=f{move=80,pass=-1,bal=0.01,type=b}}"
+
+
+def scotch_band_gather() -> float | None:
+    """The factor f of SCOTCH_BAND_GATHER ($GRANNDIS_SCOTCH_BAND_GATHER: a positive number, or `always`
+    for PT-Scotch's own strategy, which gathers every band); None for always."""
+    raw = os.environ.get("GRANNDIS_SCOTCH_BAND_GATHER", str(SCOTCH_BAND_GATHER))
+    if raw == "always":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise PartitionerError(f"GRANNDIS_SCOTCH_BAND_GATHER must be a positive number or 'always', got {raw!r}")
+    return value
+
+
 def scotch_band_width() -> int:
     raw = os.environ.get("GRANNDIS_SCOTCH_BAND_WIDTH", str(SCOTCH_BAND_WIDTH))
     if not raw.isdigit() or int(raw) < 1:
@@ -221,11 +257,12 @@ def _scotch_strategy_text(lib, strat) -> str:
         return tmp.read()
 
 
-def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -> int:
+def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -> tuple[int, Optional[float]]:
     """What PT-Scotch's ParMETIS_V3_PartKway does (libscotchmetis/parmetis_dgraph_part.c: build the
     distributed graph, map it onto nparts equal parts with the default strategy), with the parallel band
-    scotch_band_width() wide.  Collective over `group`; fills part[:n_local] and returns the band width
-    used: 3 where this PT-Scotch's default strategy text is not the one we know how to edit.  vwgt: as the
+    scotch_band_width() wide and gathered below scotch_band_gather() slices' arcs.  Collective over
+    `group`; fills part[:n_local] and returns the band width and gather factor used: 3 and None
+    (PT-Scotch's own) where this PT-Scotch's default strategy text is not the one we know how to edit.  vwgt: as the
     compatibility layer reads it (the first n_local values of the flattened weights; callers pass one
     constraint)."""
     lib, V = pm.lib, ctypes.c_void_p
@@ -266,10 +303,19 @@ def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -
         text = _scotch_strategy_text(lib, strat)
         if text.count(_PARALLEL_BAND) != 1:  # another PT-Scotch's strategy: its default, unedited
             width = 3
-        if width != 3:
+        gather = scotch_band_gather()
+        if gather is not None and text.count(_BAND_REFINE) != 1:
+            gather = None
+        if width != 3 or gather is not None:
             lib.SCOTCH_stratExit(strat)
             lib.SCOTCH_stratInit(strat)
             edited = text.replace(_PARALLEL_BAND, _PARALLEL_BAND.replace("width=3", f"width={width}"))
+            if gather is not None:
+                arcs = int(group.allreduce_sum(np.array([edges], dtype=np.int64))[0])
+                limit = max(1, int(gather * arcs / group.size))
+                # Scotch's conditional strategy: /(condition)?strategy; with `edge` the band's arcs.
+                edited = edited.replace(_BAND_REFINE, _BAND_REFINE.replace(
+                    _BAND_GATHER, f"/(edge<{limit})?{_BAND_GATHER};"))
             check(lib.SCOTCH_stratDgraphMap(strat, edited.encode()), "SCOTCH_stratDgraphMap")
         equal = np.ones(nparts, dtype=pm.idx_dtype)  # the compat layer's target weights for equal tpwgts
         check(lib.SCOTCH_archCmpltw(arch, num(nparts), _ptr(equal)), "SCOTCH_archCmpltw")
@@ -278,7 +324,7 @@ def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -
             check(lib.SCOTCH_dgraphMapCompute(graf, mapp, strat), "SCOTCH_dgraphMapCompute")
         finally:
             lib.SCOTCH_dgraphMapExit(graf, mapp)
-        return width
+        return width, gather
     finally:
         lib.SCOTCH_archExit(arch)
         lib.SCOTCH_stratExit(strat)

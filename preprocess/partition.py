@@ -190,18 +190,25 @@ def vtxdist_for(n: int, size: int) -> np.ndarray:
     return (np.arange(size + 1, dtype=np.int64) * n) // size
 
 
-def part_kway_with_locality(pm, group, dist: np.ndarray, xadj: np.ndarray, adjncy: np.ndarray, nparts: int,
-                            vwgt: np.ndarray, seed: int) -> np.ndarray:
+def part_kway_with_locality(pm, group, dist: np.ndarray, adjacency: list, nparts: int, vwgt: np.ndarray,
+                            seed: int) -> np.ndarray:
     """parmetis_part_kway on the same graph relabelled by preprocess/locality.locality_order (P >= 2):
     the part of each of this rank's rows dist[rank]..dist[rank+1]-1, in the caller's ids.
+
+    adjacency: a list [xadj, adjncy] of those rows in ParMETIS' idx_t, emptied here (the caller's
+    original is freed once the relabelled copy exists, before the call, unless the caller keeps a
+    reference of its own: the GPU split needs its rows again after the call).
 
     The relabelled graph has the same slices' sizes (dist) but most of its edges inside one slice
     (the 2.45M local graph, P = 8: 21.5 % across slices instead of 87.5 %; bench/parmetis_cpu.py
     --cross-only), and PT-Scotch's work on the
     ghost ends of crossing edges is most of its growth with P (docs/bench-build-scaling.md).  One
     process (P = 1: PT-Scotch is sequential, no ghosts) calls it on the graph as it is.  Costs one
-    search (O((V + E) / P) per rank), one alltoallv of the adjacency and of the weights, and two
-    int64 per-vertex arrays on every rank (the map and the parts) around the call."""
+    search (O((V + E) / P) per rank) and one alltoallv of the adjacency and of the weights; during the
+    call only the relabelled rows and this rank's new ids (8 B per row) are ours, the map of the whole
+    graph (8 B per vertex) being dropped before it (bench/trace_build_memory.py)."""
+    xadj, adjncy = adjacency
+    adjacency.clear()
     if group.size == 1:
         return parmetis_part_kway(pm, group, dist, xadj, adjncy, nparts, vwgt, seed)
     from .locality import locality_order, renumbered_adjacency
@@ -210,15 +217,19 @@ def part_kway_with_locality(pm, group, dist: np.ndarray, xadj: np.ndarray, adjnc
     adjncy64 = adjncy.astype(np.int64, copy=False)
     new_of_old = locality_order(group, dist, xadj, adjncy64, n)
     nx, na = _as_idx(pm, *renumbered_adjacency(group, dist, xadj, adjncy64, new_of_old, n))
-    del adjncy64
+    del adjncy64, xadj, adjncy
     # The weights of the rows each rank holds in the new ids: sent to their owners with their new ids.
-    mine = new_of_old[lo:hi]
+    mine = new_of_old[lo:hi].copy()
+    del new_of_old
     order = np.argsort(mine)
     rows = np.concatenate([mine[order, None], np.asarray(vwgt, dtype=np.int64)[order]], axis=1)
     got = group.alltoallv(rows, np.bincount(owner_of(dist, mine[order]), minlength=group.size))
+    del rows, order
     got = got[np.argsort(got[:, 0])]
-    local = parmetis_part_kway(pm, group, dist, nx, na, nparts, got[:, 1:], seed)
-    del nx, na, got
+    weights = np.ascontiguousarray(got[:, 1:], dtype=pm.idx_dtype)
+    del got
+    local = parmetis_part_kway(pm, group, dist, nx, na, nparts, weights, seed)
+    del nx, na, weights
     return group.allgatherv(local, np.diff(dist))[mine]
 
 
@@ -292,13 +303,13 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
             lo, hi = int(vtxdist[group.rank]), int(vtxdist[group.rank + 1])
             # PT-Scotch ignores a second constraint (docs/design.md §8): balance vertices only there.
             two = (not pm.is_scotch) and int(train.sum()) >= nparts
-        xadj, adjncy = _as_idx(pm, *access.adjacency(vtxdist))
+        adjacency = list(_as_idx(pm, *access.adjacency(vtxdist)))  # emptied by the call (its docstring)
         # Collective inside the library: every rank reaches it (or none, after the check above); a
         # non-OK return code is agreed on before the allgather below.
         w = _weights(train[lo:hi], two)
         with access.released(), group.errors("ParMETIS_V3_PartKway"):
-            local = part_kway_with_locality(pm, group, vtxdist, xadj, adjncy, nparts, w, seed)
-        del xadj, adjncy
+            local = part_kway_with_locality(pm, group, vtxdist, adjacency, nparts, w, seed)
+        del w
         parts = group.allgatherv(local, np.diff(vtxdist))
         library = pm.describe()
         constraints = ["vertices", "train"] if two else ["vertices"]
@@ -447,7 +458,7 @@ def _parmetis_split(pm, group, s: int, server_of, train, dist, xadj, adjncy, gpu
     xadj, adjncy = _as_idx(pm, xadj, adjncy)
     w = _weights(train[np.flatnonzero(server_of == s)[lo:hi]], two)
     with group.errors("ParMETIS_V3_PartKway (GPU split)"):
-        local = part_kway_with_locality(pm, group, dist, xadj, adjncy, gpus, w, seed)
+        local = part_kway_with_locality(pm, group, dist, [xadj, adjncy], gpus, w, seed)  # kept: counts_of
     parts = fill_empty_parts(group.allgatherv(local, np.diff(dist)), gpus)
 
     def counts_of(cand, p):
@@ -481,7 +492,8 @@ def _split_concurrently(group, access, server_of, train, gpus: int, seed: int, p
     m = int(np.count_nonzero(server_of == mine))
     dist = vtxdist_for(m, count)  # the block's slices in its own ranks' numbering (the same rows)
     lo, hi = int(dist[rank - first]), int(dist[rank - first + 1])
-    xadj, adjncy = keys_to_adjacency(held, m, lo, hi)  # in place on held
+    # In ParMETIS' idx_t at once: the int64 rows are not held beside their copy through the call.
+    xadj, adjncy = _as_idx(pm, *keys_to_adjacency(held, m, lo, hi))  # in place on held
     del held
     two = {s: _split_constraints(pm, train[server_of == s], gpus) for s in range(S)}
     with access.released(), group.errors("partitioning servers over GPUs (ParMETIS, one block of ranks each)"):
@@ -518,6 +530,7 @@ def _split_in_turn(group, access, server_of, train, S: int, gpus: int, method: s
                     pending[s] = (inner, xadj, adjncy)
                 continue
             del inner  # 8 B per inner vertex of the server, found again after the call
+            xadj, adjncy = _as_idx(pm, xadj, adjncy)  # not the int64 rows beside their copy in the call
             two = _split_constraints(pm, train[server_of == s], gpus)
             with access.released():
                 parts = _parmetis_split(pm, group, s, server_of, train, dist, xadj, adjncy, gpus, seed,

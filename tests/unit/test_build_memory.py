@@ -44,7 +44,9 @@ def test_every_rank_shrinks_with_ranks_writers_too():
     assert peaks[8].phases[0]["halos+write"] > peaks[8].phases[5]["halos+write"]  # rank 0 writes server 0
     assert peaks[8].per_rank[0] >= peaks[8].per_rank[5]
     s0 = SERVERS[0]
-    assert block_rows(s0.rows, 100, 8) == 102_219 == -(-(s0.rows // 8) // 2621) * 2621  # 1/P, whole chunks
+    # whole chunks of 2621 rows: the byte bound (BLOCK_BYTES of features) below the 1/P share here
+    assert block_rows(s0.rows, 100, 8) == (BLOCK_BYTES // (400 * 2621)) * 2621 < -(-(s0.rows // 8) // 2621) * 2621
+    assert block_rows(s0.rows, 100, 8, block_bytes=1 << 30) == -(-(s0.rows // 8) // 2621) * 2621  # the 1/P share
     block8 = bm.WRITER_BYTES_PER_ROW * s0.rows + block_rows(s0.rows, 100, 8) * max(
         bm.BLOCK_BYTES_PER_FEATURE * 100, (bm.BLOCK_BYTES_PER_EDGE + bm.BLOCK_PRODUCE_BYTES_PER_EDGE / 8)
         * s0.fetched_edges / s0.rows)
@@ -53,9 +55,10 @@ def test_every_rank_shrinks_with_ranks_writers_too():
 
 def test_parmetis_partition_terms():
     """ParMETIS: the partition phase peaks building the slice's adjacency keys or inside PT-Scotch,
-    whose term per vertex of the whole graph does not shrink with P (module docstring); the GPU split
-    (1/P of each server's inner subgraph on every rank) stays below the server partition, and with
-    METIS the writer holds its server's split alone."""
+    whose band term is PT-Scotch's per vertex of the whole graph, bounded by the gather limit (a
+    multiple of the slice's arcs) for P >= 2 (module docstring); the GPU split (n/P rows of one server
+    on its block of P / S ranks) stays below the server partition, and with METIS the writer holds its
+    server's split alone."""
     n, e, f = 1_000_000, 24_000_000, 100
     calls, keyss = {}, {}
     for P in (1, 2, 4, 8):
@@ -64,8 +67,10 @@ def test_parmetis_partition_terms():
         rows, edges = n // P, e / P
         ours = bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * rows
         keyss[P] = keys = bm.BASE_BYTES + bm.KEY_BYTES_PER_EDGE * edges + ours
-        calls[P] = call = (bm.SCOTCH_BASE_BYTES + ours + bm.scotch_vertex_bytes() * n
-                           + bm.SCOTCH_BYTES_PER_EDGE * edges)
+        band = bm.scotch_vertex_bytes() * n
+        if P > 1:
+            band = min(band, bm.SCOTCH_GATHERED_BYTES_PER_ARC * 2.0 * edges)
+        calls[P] = call = bm.SCOTCH_BASE_BYTES + ours + band + bm.SCOTCH_BYTES_PER_EDGE * edges
         assert pm.phases[0]["partition"] == int(max(keys, call))
         if P > 1:
             assert me.phases[1]["partition"] >= int(keys + 8 * edges + bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2) - 64
@@ -83,11 +88,31 @@ def test_parmetis_partition_terms():
             + bm.PARTITION_ROW_BYTES * (n // P)
         assert own < calls[P]
         assert estimate_build_memory(servers=SERVERS, ranks=P, **GRAPH).phases[0]["partition"] == int(calls[P])
-    assert calls[8] - calls[4] < 0 and calls[8] > bm.scotch_vertex_bytes() * n
+    assert calls[8] - calls[4] < 0 and calls[8] > bm.SCOTCH_BYTES_PER_EDGE * e / 8
+    # The band bounded: at P = 8 the limit (2 slices' arcs) is below the whole graph's band term.
+    assert bm.SCOTCH_GATHERED_BYTES_PER_ARC * 2.0 * e / 8 < bm.scotch_vertex_bytes() * n
+
+
+def test_band_term_bounded_by_the_gather_limit(monkeypatch):
+    """Every band gathered (GRANNDIS_SCOTCH_BAND_GATHER=always): the whole graph's per-vertex term on
+    every rank; the default gathers below SCOTCH_BAND_GATHER x the slice's arcs, whose term replaces it
+    where smaller; P = 1 (sequential PT-Scotch) keeps the per-vertex term."""
+    from preprocess.parmetis import SCOTCH_BAND_GATHER
+    n, e = GRAPH["num_vertices"], GRAPH["num_edges"]
+    default = {P: estimate_build_memory(servers=SERVERS, ranks=P, **GRAPH).phases[0]["partition"] for P in (1, 8)}
+    monkeypatch.setenv("GRANNDIS_SCOTCH_BAND_GATHER", "always")
+    always = {P: estimate_build_memory(servers=SERVERS, ranks=P, **GRAPH).phases[0]["partition"] for P in (1, 8)}
+    assert always[1] == default[1]
+    want = bm.scotch_vertex_bytes() * n - bm.SCOTCH_GATHERED_BYTES_PER_ARC * SCOTCH_BAND_GATHER * e / 8
+    assert always[8] - default[8] == pytest.approx(want, abs=2)
+    monkeypatch.setenv("GRANNDIS_SCOTCH_BAND_GATHER", "1000")  # a limit above the whole band: no bound
+    assert estimate_build_memory(servers=SERVERS, ranks=8, **GRAPH).phases[0]["partition"] == always[8]
 
 
 def test_scotch_term_follows_the_band_width(monkeypatch):
-    """PT-Scotch's per-vertex term is the band graph's: the build's 1-wide band (default) or 3 (its own)."""
+    """PT-Scotch's per-vertex term is the band graph's: the build's 1-wide band (default) or 3 (its own),
+    every band gathered."""
+    monkeypatch.setenv("GRANNDIS_SCOTCH_BAND_GATHER", "always")
     assert bm.scotch_vertex_bytes() == bm.SCOTCH_VERTEX_BYTES_NARROW_BAND
     sparse = dict(GRAPH, num_edges=4_000_000, raw_keys=4_000_000)  # PT-Scotch's call sets the phase's peak
     narrow = estimate_build_memory(servers=SERVERS, ranks=8, **sparse).phases[0]["partition"]
