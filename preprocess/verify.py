@@ -15,8 +15,9 @@ verify checks, and reports every problem with the file it is in:
 - the manifest's partition_digest against the owner of every vertex in the files;
 - the manifest's content digest (dataset.content_sha256) against the graph, features, labels and split
   the files hold, recomputed with the build's digest.
-Memory: one server file at a time (two passes: per-file checks and the per-vertex tables, then the
-cross-file checks reading only the id and degree datasets) plus a few int64 arrays of N; the content
+Memory: one server file at a time, without its features (two passes: per-file checks and the per-vertex
+tables, then the cross-file checks reading only the id and degree datasets; the features' finiteness
+is checked in blocks of rows) plus a few int64 arrays of N; the content
 digest and the copy check read the files in blocks of global ids (preprocess/verify_content.py), so
 neither the N x F features nor the E edges are held.
 """
@@ -27,12 +28,13 @@ import os
 import numpy as np
 
 from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges
-from granndis_hpc.shards import ShardError, leftover_temporaries, read_manifest, read_server_arrays, server_file_name, verify_checksums
+from granndis_hpc.shards import (ShardError, leftover_temporaries, open_server, read_manifest, read_server_arrays,
+                                 server_file_name, verify_checksums)
 from granndis_hpc.shards.schema import DATASETS, FORMAT_VERSION, expected_shape
 
 from .halo import unique_sorted
 from .partition import partition_digest
-from .verify_content import content_pass
+from .verify_content import BLOCK_BYTES as FEATURE_BLOCK_BYTES, content_pass
 
 
 def _csr_problems(name: str, indptr: np.ndarray, indices: np.ndarray, n_cols: int | None) -> list:
@@ -100,10 +102,10 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     labels = a["labels"]
     if labels.size and (labels.min() < 0 or labels.max() >= ds["num_classes"]):
         out.append(f"{fname}: labels outside [0, {ds['num_classes']})")
-    finite = np.isfinite(a["features"]).all(axis=1)
-    if not finite.all():  # the build refuses such input; training would stop with a NaN loss
-        out.append(f"{fname}: features are not finite (NaN or infinity) in {int(np.count_nonzero(~finite))} rows "
-                   f"(first: global id {int(gid[np.flatnonzero(~finite)[0]])}); rebuild the set from its source")
+    bad, first = a["nonfinite_rows"]()
+    if bad:  # the build refuses such input; training would stop with a NaN loss
+        out.append(f"{fname}: features are not finite (NaN or infinity) in {bad} rows "
+                   f"(first: global id {int(gid[first])}); rebuild the set from its source")
     if out:
         return out
 
@@ -148,6 +150,22 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
         if not np.array_equal(local_src, a["world/src_global_id"]):
             out.append(f"{fname}: stored in-neighbours of inner rows differ from the world view")
     return out
+
+
+def _nonfinite_rows(path: str, manifest: dict, server: int) -> tuple:
+    """(rows whose features hold a NaN or an infinity, the first such row or -1) of one server file,
+    read FEATURE_BLOCK_BYTES of rows at a time."""
+    with open_server(path, manifest, server) as f:
+        feats = f["features"]
+        rows = feats.shape[0]
+        step = max(1, FEATURE_BLOCK_BYTES // max(1, feats.dtype.itemsize * int(np.prod(feats.shape[1:]))))
+        bad, first = 0, -1
+        for lo in range(0, rows, step):
+            nonfinite = ~np.isfinite(feats[lo:lo + step]).reshape(min(step, rows - lo), -1).all(axis=1)
+            if nonfinite.any():
+                first = lo + int(np.flatnonzero(nonfinite)[0]) if first < 0 else first
+                bad += int(np.count_nonzero(nonfinite))
+    return bad, first
 
 
 def _partition_digest_problems(manifest: dict, inner_server: np.ndarray, inner_gpu: np.ndarray) -> list:
@@ -208,8 +226,9 @@ def _set_problems(path: str) -> list:
     counts = {"train": 0, "val": 0, "test": 0}
     for s in range(S):
         fname = server_file_name(s)
-        try:
-            a = read_server_arrays(path, manifest, s)
+        try:  # the features in blocks, not whole: the rest of a file is a fraction of its bytes
+            a = read_server_arrays(path, manifest, s, headers=("features",))
+            a["nonfinite_rows"] = lambda s=s: _nonfinite_rows(path, manifest, s)  # after the shape checks
         except ShardError as exc:
             problems.append(str(exc))
             continue

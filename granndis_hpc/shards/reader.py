@@ -121,14 +121,28 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
     return sl
 
 
-def read_server_arrays(path, manifest: dict, server: int, names=None) -> dict:
+@dataclass(frozen=True)
+class DatasetHeader:
+    """A dataset's shape and dtype without its data (what read_server_arrays gives for `headers`)."""
+
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def read_server_arrays(path, manifest: dict, server: int, names=None, headers=()) -> dict:
     """Every dataset of one server file (or only `names`), whole (for `verify` and tests; ranks use
-    read_rank_slice)."""
+    read_rank_slice); the datasets named in `headers` as a DatasetHeader only (verify reads the
+    features in blocks instead of holding a server's N_s x F floats)."""
     with _open_server(os.fspath(path), manifest, server) as f:
         missing = [name for name in DATASETS if name not in f]
         if missing:
             raise ShardError(f"{f.filename}: missing datasets {missing}; rebuild the shard set")
-        out = {name: f[name][()] for name in (DATASETS if names is None else names)}
+        out = {name: (DatasetHeader(tuple(f[name].shape), f[name].dtype) if name in headers else f[name][()])
+               for name in (DATASETS if names is None else names)}
         out["attrs"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()}
         out["feature_chunks"] = f["features"].chunks
         return out

@@ -112,6 +112,31 @@ def test_verify_reports_non_finite_features(shard_set, tmp_path):
     assert any("server-0001.h5" in p and "not finite" in p for p in problems), problems
 
 
+def test_verify_reads_features_in_blocks_and_counts_every_non_finite_row(shard_set, tmp_path, monkeypatch):
+    """verify never holds a server's features whole: the finite check reads blocks of rows (here 3 rows
+    a block), and still counts every bad row and names the first, in whichever block they fall."""
+    import preprocess.verify as verify
+
+    monkeypatch.setattr(verify, "FEATURE_BLOCK_BYTES", 3 * 7 * 4)  # 7 features of float32
+    m = shards.read_manifest(shard_set)
+    gid = shards.read_server_arrays(shard_set, m, 0, names=["vertices/global_id"])["vertices/global_id"]
+    rows = np.array([4, 5, len(gid) - 1])  # two in one block, one in the last (possibly partial) block
+
+    def poison(a):
+        a = a.copy()
+        a[rows[:2], 1] = np.nan
+        a[rows[2], 6] = -np.inf
+        return a
+
+    bad = tamper(shard_set, tmp_path / "blocks", 0, "features", poison)
+    assert verify._nonfinite_rows(str(bad), m, 0) == (3, 4)
+    problems = verify.verify_shard_set(bad)
+    assert any("server-0000.h5" in p and "in 3 rows" in p and f"global id {int(gid[4])}" in p
+               for p in problems), problems
+    header = shards.read_server_arrays(bad, m, 0, names=["features"], headers=("features",))["features"]
+    assert header.shape == (len(gid), 7) and header.dtype == np.float32 and header.ndim == 2
+
+
 def test_peers_agree_on_the_row_width_before_exchanging():
     """views.build_view's agreement: a peer whose rows have another width or dtype, or that failed to
     plan, makes every peer raise PlanError before any exchange is sized (an all-to-all emulated here)."""
