@@ -16,6 +16,26 @@ def cora():
     return load("planetoid", name="cora", root=str(require_planetoid()))
 
 
+def cluster_fixture(shapes):
+    """A module-scoped fixture over (GPUs per server, intra transport) shapes: (topology, Communicator,
+    its Ledger) on the CPU, closed after the module's tests of that shape."""
+    P = WORLD.Get_size()
+
+    @pytest.fixture(scope="module", params=shapes, ids=[f"{P // g}x{g}-{t}" for g, t in shapes])
+    def cluster(request):
+        from granndis_hpc.cluster import Communicator, Ledger, init_topology
+
+        group, transport = request.param
+        topo = init_topology(ranks_per_server=group, device="cpu", intra_transport=transport)
+        ledger = Ledger()
+        comm = Communicator(topo, ledger)
+        yield topo, comm, ledger
+        comm.close()
+        topo.close()
+
+    return cluster
+
+
 def shared_tmpdir(prefix="granndis-test-"):
     """A new temporary directory made by rank 0, its path on every rank."""
     return WORLD.bcast(tempfile.mkdtemp(prefix=prefix) if WORLD.rank == 0 else None)

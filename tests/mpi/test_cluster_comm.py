@@ -17,22 +17,15 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from granndis_hpc.cluster import ClusterError, Communicator, Ledger, agree, init_topology
+from granndis_hpc.cluster import ClusterError, Communicator, Ledger, agree
+from tests.mpi.conftest import cluster_fixture
 
 P = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
 SHAPES = [(2, "gloo"), (2, "mpi"), (4, "gloo"), (4, "mpi"), (1, "gloo"), (1, "mpi")]
 
 
-@pytest.fixture(scope="module", params=SHAPES, ids=[f"{P // g}x{g}-{t}" for g, t in SHAPES])
-def cluster(request):
-    group, transport = request.param
-    topo = init_topology(ranks_per_server=group, device="cpu", intra_transport=transport)
-    ledger = Ledger()
-    comm = Communicator(topo, ledger)
-    yield topo, comm, ledger
-    comm.close()
-    topo.close()
+cluster = cluster_fixture(SHAPES)
 
 
 def _counts(seed, n, self_blocks=False):

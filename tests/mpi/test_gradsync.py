@@ -15,24 +15,15 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from granndis_hpc.cluster import Communicator, Ledger, init_topology
 from granndis_hpc.cluster.gradsync import GradientSync, layer_of
-from tests.mpi.conftest import on_every_rank
+from tests.mpi.conftest import cluster_fixture, on_every_rank
 
 P = MPI.COMM_WORLD.Get_size()
 SHAPES = [(2, "gloo"), (2, "mpi"), (1, "mpi")]
 LAYERS, WIDTH = 6, 16
 
 
-@pytest.fixture(scope="module", params=SHAPES, ids=[f"{P // g}x{g}-{t}" for g, t in SHAPES])
-def cluster(request):
-    group, transport = request.param
-    topo = init_topology(ranks_per_server=group, device="cpu", intra_transport=transport)
-    ledger = Ledger()
-    comm = Communicator(topo, ledger)
-    yield topo, comm, ledger
-    comm.close()
-    topo.close()
+cluster = cluster_fixture(SHAPES)
 
 
 class Deep(torch.nn.Module):
