@@ -121,19 +121,39 @@ def _check_against_reference(rows_by_k, graph, server_of, gpu_of):
             assert [(x.n_own_in, x.n_halo, x.n_dst, x.nnz, x.n_send) for x in r.server.layers] == layers, (k, r.rank)
 
 
-def _run(P, case, chunk_dirs):
-    from granndis_hpc import memory_model as mm
+def on_slices(case, chunk_dirs, monkeypatch, check):
+    """check(comm, part, whole) for P = 1, 2, 4: comm the first P world ranks, part this rank's slice of
+    the case's chunked directory (load_slice), whole the graph in one piece; a failure on any rank
+    fails every rank.  The synthetic case counts in several blocks of pair keys per rank (a few
+    thousand edges each)."""
+    import preprocess.halo_counts as hc
+
+    if case == "synthetic":
+        monkeypatch.setattr(hc, "EDGES_PER_BLOCK", 1000)
+    for P in (1, 2, 4):
+        on_every_rank(lambda: _on_slice(P, *chunk_dirs[case], check), f"P={P} ")
+
+
+def _on_slice(P, path, whole, check):
     from preprocess.chunked import ChunkedSource, open_chunked
-    from preprocess.plan_sets import plan_options
     from preprocess.sliced import load_slice
 
     comm = WORLD.Split(0 if WORLD.rank < P else MPI.UNDEFINED, WORLD.rank)
     if comm == MPI.COMM_NULL:
         return
     try:
-        path, whole = chunk_dirs[case]
         part = load_slice(comm, ChunkedSource(open_chunked(path)))
         assert part.hi - part.lo < whole.num_vertices or P == 1  # a slice, not the graph
+        check(comm, part, whole)
+    finally:
+        comm.Free()
+
+
+def _check_auto(case):
+    def check(comm, part, whole):
+        from granndis_hpc import memory_model as mm
+        from preprocess.plan_sets import plan_options
+
         cfg = _config("parmetis" if case == "cora" else "metis")
         result, whole_result = plan_options(comm, part, cfg), plan_options(comm, whole, cfg)
         got, ref = result["options"], whole_result["options"]
@@ -151,19 +171,13 @@ def _run(P, case, chunk_dirs):
         counted = result["counted"]
         on_rank0(lambda: _check_against_reference(counted.rows, whole, counted.partition.parts, counted.gpu_of),
                  comm)
-    finally:
-        comm.Free()
+    return check
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("case", ["cora", "synthetic"])
 def test_hops_auto_from_slices_equals_whole_graph(case, chunk_dirs, monkeypatch):
-    import preprocess.halo_counts as hc
-
-    if case == "synthetic":  # several blocks of pair keys per rank (a few thousand edges each)
-        monkeypatch.setattr(hc, "EDGES_PER_BLOCK", 1000)
-    for P in (1, 2, 4):
-        on_every_rank(lambda: _run(P, case, chunk_dirs), f"P={P} ")
+    on_slices(case, chunk_dirs, monkeypatch, _check_auto(case))
 
 
 @pytest.mark.timeout(240)

@@ -16,7 +16,7 @@ import pytest
 from mpi4py import MPI
 
 from tests.mpi import test_hops_auto_sliced as _hops
-from tests.mpi.conftest import on_every_rank, on_rank0
+from tests.mpi.conftest import on_rank0
 from tests.mpi.test_hops_auto_sliced import G, L, S
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -47,18 +47,11 @@ def _printed(graph, result, cfg, P):
     return format_table(result["options"], cfg, decision) + "\n" + "\n".join(lines), decision.to_dict(), record
 
 
-def _run(P, case, chunk_dirs):
-    from preprocess.chunked import ChunkedSource, open_chunked
-    from preprocess.plan_sets import plan_options
-    from preprocess.sliced import load_slice
+def _check_plan(case):
+    def check(comm, part, whole):
+        from preprocess.plan_sets import plan_options
 
-    comm = WORLD.Split(0 if WORLD.rank < P else MPI.UNDEFINED, WORLD.rank)
-    if comm == MPI.COMM_NULL:
-        return
-    try:
-        path, whole = chunk_dirs[case]
-        part = load_slice(comm, ChunkedSource(open_chunked(path)))
-        assert part.hi - part.lo < whole.num_vertices or P == 1  # a slice, not the graph
+        P = comm.size
         for name, kw in CASES.items():
             cfg = _config("parmetis" if case == "cora" else "metis", **kw)
             got, ref = plan_options(comm, part, cfg), plan_options(comm, whole, cfg)
@@ -69,6 +62,7 @@ def _run(P, case, chunk_dirs):
             # plan_options gathers the loads on rank 0; the counts have them on every rank
             same_loads = comm.bcast(got["server_loads"] == ref["server_loads"] if comm.rank == 0 else None)
             assert same_loads, name
+
             def same_printed():  # on rank 0, told to every rank: none goes on to the next case alone
                 for budget in sorted({o.peak for o in ref["options"]})[::2] + [1]:  # fits some, fits none
                     b = dataclasses.replace(cfg, budget=budget)
@@ -76,16 +70,10 @@ def _run(P, case, chunk_dirs):
                     assert mine == theirs, f"{name}, budget {budget}:\n{mine}\n-- whole graph --\n{theirs}"
 
             on_rank0(same_printed, comm)
-    finally:
-        comm.Free()
+    return check
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("case", ["cora", "synthetic"])
 def test_plan_eas_and_hops_from_slices_equal_whole_graph(case, chunk_dirs, monkeypatch):
-    import preprocess.halo_counts as hc
-
-    if case == "synthetic":  # several blocks of pair keys per rank (a few thousand edges each)
-        monkeypatch.setattr(hc, "EDGES_PER_BLOCK", 1000)
-    for P in (1, 2, 4):
-        on_every_rank(lambda: _run(P, case, chunk_dirs), f"P={P} ")
+    _hops.on_slices(case, chunk_dirs, monkeypatch, _check_plan(case))
