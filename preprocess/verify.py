@@ -15,11 +15,13 @@ verify checks, and reports every problem with the file it is in:
 - the manifest's partition_digest against the owner of every vertex in the files;
 - the manifest's content digest (dataset.content_sha256) against the graph, features, labels and split
   the files hold, recomputed with the build's digest.
-Memory: one server file at a time, without its features (two passes: per-file checks and the per-vertex
-tables, then the cross-file checks reading only the id and degree datasets; the features' finiteness
-is checked in blocks of rows) plus a few int64 arrays of N; the content
-digest and the copy check read the files in blocks of global ids (preprocess/verify_content.py), so
-neither the N x F features nor the E edges are held.
+Memory: one server file at a time, and of it only the per-row arrays (ids, owners, hops, row pointers,
+degrees, labels, split): the edge-sized datasets (graph/indices, world/*) are read in row-aligned blocks
+of EDGE_BLOCK edges, the features in blocks of FEATURE_BLOCK_BYTES of rows, so neither a file's features
+nor its edges are held (the 12M graph's verify peaked at 13.1 GiB holding them, docs/bench-build-scaling.md).
+Two passes: the per-file checks and the per-vertex tables (a few int arrays of N), then the cross-file
+checks.  The content digest and the copy check read the files in blocks of global ids
+(preprocess/verify_content.py).
 """
 from __future__ import annotations
 
@@ -37,20 +39,64 @@ from .partition import partition_digest
 from .verify_content import BLOCK_BYTES as FEATURE_BLOCK_BYTES, content_pass
 
 
-def _csr_problems(name: str, indptr: np.ndarray, indices: np.ndarray, n_cols: int | None) -> list:
-    out = []
+# Edges per block where verify reads an edge-sized dataset (graph/indices, world/*): 32 MiB of int64.
+EDGE_BLOCK = 4 << 20
+# The datasets with one entry per edge: verify streams them (a file's other datasets have one per row).
+_EDGE_SIZED = ("graph/indices", "world/src_global_id", "world/src_rank", "world/src_in_degree")
+
+
+def _row_blocks(indptr: np.ndarray):
+    """Row ranges [r0, r1) of a valid CSR pointer, each with at most EDGE_BLOCK edges (or a single row)."""
+    n = indptr.shape[0] - 1
+    r0 = 0
+    while r0 < n:
+        r1 = int(np.searchsorted(indptr, indptr[r0] + EDGE_BLOCK, side="right")) - 1
+        r1 = min(n, max(r0 + 1, r1))
+        yield r0, r1
+        r0 = r1
+
+
+def _block(indptr: np.ndarray, indices, r0: int, r1: int):
+    """Rows [r0, r1) of a CSR: their indptr from 0 and their indices (`indices` an array or an h5py
+    dataset, of which only this block is read)."""
+    ptr = indptr[r0:r1 + 1]
+    return ptr - ptr[0], np.asarray(indices[int(ptr[0]):int(ptr[-1])])
+
+
+def _blocks(indptr: np.ndarray, indices):
+    """(r0, r1, indptr, indices) of every block of _row_blocks, one block read at a time."""
+    for r0, r1 in _row_blocks(indptr):
+        yield (r0, r1) + _block(indptr, indices, r0, r1)
+
+
+def _csr_problems(name: str, indptr: np.ndarray, indices, n_cols: int | None) -> list:
     if indptr.shape[0] == 0 or indptr[0] != 0 or np.any(np.diff(indptr) < 0) or indptr[-1] != indices.shape[0]:
-        out.append(f"{name}: indptr is not a valid CSR pointer (must start at 0, not decrease, end at nnz)")
-        return out
-    if indices.size and (indices.min() < 0 or (n_cols is not None and indices.max() >= n_cols)):
-        out.append(f"{name}: indices out of range [0, {n_cols})")
-        return out
-    if indices.size > 1:
-        rows = row_of_edges(indptr)
-        same_row = rows[1:] == rows[:-1]
-        if np.any(same_row & (indices[1:] <= indices[:-1])):
-            out.append(f"{name}: indices not strictly increasing within a row (unsorted or duplicate edges)")
-    return out
+        return [f"{name}: indptr is not a valid CSR pointer (must start at 0, not decrease, end at nnz)"]
+    unsorted = False
+    for _, _, ptr, idx in _blocks(indptr, indices):
+        if idx.size and (idx.min() < 0 or (n_cols is not None and idx.max() >= n_cols)):
+            return [f"{name}: indices out of range [0, {n_cols})"]
+        if idx.size > 1 and not unsorted:
+            rising = idx[1:] > idx[:-1]
+            starts = ptr[1:-1]  # a row's first edge need not exceed the previous row's last
+            rising[starts[(starts > 0) & (starts < idx.size)] - 1] = True
+            unsorted = not rising.all()
+    if unsorted:
+        return [f"{name}: indices not strictly increasing within a row (unsorted or duplicate edges)"]
+    return []
+
+
+def _in_neighbours_streamed(indptr: np.ndarray, indices, n: int):
+    """bfs_hops' `expand` over a CSR read in blocks: the distinct in-neighbours of the frontier rows,
+    marked in an array of n rows (never the frontier's edges at once)."""
+    def expand(frontier: np.ndarray, _hop_of) -> np.ndarray:
+        reached = np.zeros(n, dtype=bool)
+        for r0, r1 in _row_blocks(indptr):
+            lo, hi = np.searchsorted(frontier, (r0, r1))
+            if lo < hi:  # only the blocks that hold frontier rows are read
+                reached[csr_rows(*_block(indptr, indices, r0, r1), frontier[lo:hi] - r0)[1]] = True
+        return np.flatnonzero(reached)
+    return expand
 
 
 def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
@@ -114,7 +160,7 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     pre = manifest["preload"]
     h = int(pre["hops"])
     if pre["kind"] == "full":
-        dist = bfs_hops(indptr, indices, inner_rows, h)
+        dist = bfs_hops(indptr, None, inner_rows, h, expand=_in_neighbours_streamed(indptr, indices, n))
         if not np.array_equal(dist, hop):
             bad = int(np.count_nonzero(dist != hop))
             out.append(f"{fname}: {bad} rows have a hop that differs from the BFS distance from the inner "
@@ -122,10 +168,10 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     else:
         if hop.size and hop.max() > h:
             out.append(f"{fname}: EAS rows at hop {int(hop.max())} > --hops {h}")
-        dst = row_of_edges(indptr)
-        feeds = hop[indices] == hop[dst] + 1
         fed = np.zeros(n, dtype=bool)
-        fed[indices[feeds]] = True
+        for r0, _, ptr, idx in _blocks(indptr, indices):
+            feeds = hop[idx] == hop[r0 + row_of_edges(ptr)] + 1
+            fed[idx[feeds]] = True
         if np.any(~fed[hop > 0]):
             out.append(f"{fname}: EAS rows that feed no row one hop closer to the inner vertices")
         per_hop = np.bincount(hop, minlength=h + 1)
@@ -142,13 +188,19 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     if pre["kind"] == "full" and h >= 1 and not np.array_equal(local_deg[inner_rows], w_deg):
         out.append(f"{fname}: full preload but an inner row misses some of its in-neighbours in the stored subgraph")
     if pre["kind"] == "full" and h >= 1 and not out:
-        # Same rows, same lengths (checked above): compare each row's sources as sorted global ids.
-        sub_ptr, nbrs = csr_rows(indptr, indices, inner_rows)
-        row_id = row_of_edges(sub_ptr)
-        local_src = gid[nbrs]
-        local_src = local_src[np.lexsort((local_src, row_id))]
-        if not np.array_equal(local_src, a["world/src_global_id"]):
-            out.append(f"{fname}: stored in-neighbours of inner rows differ from the world view")
+        # Same rows, same lengths (checked above): compare each row's sources as sorted global ids, a
+        # block of rows at a time (world row j is inner row inner_rows[j]).
+        w_ptr, w_src = a["world/indptr"], a["world/src_global_id"]
+        for r0, r1, ptr, idx in _blocks(indptr, indices):
+            j0, j1 = np.searchsorted(inner_rows, (r0, r1))
+            if j0 == j1:
+                continue
+            sub_ptr, nbrs = csr_rows(ptr, idx, inner_rows[j0:j1] - r0)
+            local_src = gid[nbrs]
+            local_src = local_src[np.lexsort((local_src, row_of_edges(sub_ptr)))]
+            if not np.array_equal(local_src, np.asarray(w_src[int(w_ptr[j0]):int(w_ptr[j1])])):
+                out.append(f"{fname}: stored in-neighbours of inner rows differ from the world view")
+                break
     return out
 
 
@@ -192,10 +244,6 @@ def _temporaries_problem(path: str) -> list:
             f"delete them, or re-run the build with --overwrite, which removes them"]
 
 
-_CROSS_CHECKED = ("vertices/global_id", "graph/in_degree", "world/src_global_id", "world/src_in_degree",
-                  "world/src_rank")
-
-
 def verify_shard_set(path) -> list:
     """All problems found (an empty list means the set is valid)."""
     path = os.fspath(path)
@@ -218,21 +266,23 @@ def _set_problems(path: str) -> list:
         return problems
     ds = manifest["dataset"]
     N = int(ds["num_vertices"])
-    inner_server = np.full(N, -1, dtype=np.int64)
-    inner_gpu = np.full(N, -1, dtype=np.int64)
-    inner_hits = np.zeros(N, dtype=np.int64)
+    inner_server = np.full(N, -1, dtype=np.int32)  # int32: three of the four tables of N at half width
+    inner_gpu = np.full(N, -1, dtype=np.int32)
+    inner_hits = np.zeros(N, dtype=np.int32)
     degree = np.full(N, -1, dtype=np.int64)
     files = {}
     counts = {"train": 0, "val": 0, "test": 0}
     for s in range(S):
         fname = server_file_name(s)
-        try:  # the features in blocks, not whole: the rest of a file is a fraction of its bytes
-            a = read_server_arrays(path, manifest, s, headers=("features",))
+        try:  # the per-row arrays whole; the features and the edge-sized datasets in blocks
+            a = read_server_arrays(path, manifest, s, headers=("features",) + _EDGE_SIZED)
             a["nonfinite_rows"] = lambda s=s: _nonfinite_rows(path, manifest, s)  # after the shape checks
         except ShardError as exc:
             problems.append(str(exc))
             continue
-        file_problems = _file_problems(fname, a, s, manifest)
+        with open_server(path, manifest, s) as f:
+            a.update({name: f[name] for name in _EDGE_SIZED})  # h5py datasets: shape, dtype, slices
+            file_problems = _file_problems(fname, a, s, manifest)
         problems += file_problems
         if file_problems:
             continue
@@ -255,13 +305,20 @@ def _set_problems(path: str) -> list:
     problems += _partition_digest_problems(manifest, inner_server, inner_gpu)
     for s in files:  # second pass, again one server at a time, reading only what the cross checks need
         fname = server_file_name(s)
-        a = read_server_arrays(path, manifest, s, names=_CROSS_CHECKED)
+        a = read_server_arrays(path, manifest, s, names=("vertices/global_id", "graph/in_degree"))
         if not np.array_equal(a["graph/in_degree"], degree[a["vertices/global_id"]]):
             problems.append(f"{fname}: graph/in_degree disagrees with the in-degree stored by the vertex's home server")
-        src = a["world/src_global_id"]
-        if not np.array_equal(a["world/src_in_degree"], degree[src]):
+        with open_server(path, manifest, s) as f:  # the world view's sources, EDGE_BLOCK at a time
+            src_ds, deg_ds, rank_ds = f["world/src_global_id"], f["world/src_in_degree"], f["world/src_rank"]
+            bad_degree = bad_rank = False
+            for lo in range(0, src_ds.shape[0], EDGE_BLOCK):
+                src = src_ds[lo:lo + EDGE_BLOCK]
+                bad_degree = bad_degree or not np.array_equal(deg_ds[lo:lo + EDGE_BLOCK], degree[src])
+                bad_rank = bad_rank or not np.array_equal(rank_ds[lo:lo + EDGE_BLOCK],
+                                                          inner_server[src] * G + inner_gpu[src])
+        if bad_degree:
             problems.append(f"{fname}: world/src_in_degree disagrees with the sources' in-degree")
-        if not np.array_equal(a["world/src_rank"], inner_server[src] * G + inner_gpu[src]):
+        if bad_rank:
             problems.append(f"{fname}: world/src_rank disagrees with the GPU that holds the source as inner vertex")
     if int(degree.sum()) != int(ds["num_edges"]):
         problems.append(f"manifest.json: num_edges {ds['num_edges']} but the in-degrees sum to {int(degree.sum())}")

@@ -255,20 +255,51 @@ def _tamper(out, server, name, fn):
     (out / "manifest.json").write_text(json.dumps(manifest))
 
 
+def _swap_last_two(a):
+    """The last two entries swapped: the last row (or rows) no longer strictly increasing."""
+    a = a.copy()
+    a[-2:] = a[-2:][::-1].copy()
+    return a
+
+
+@pytest.mark.parametrize("edge_block", [None, 2])  # verify's default block, and blocks of about a row
 @pytest.mark.parametrize("name,fn,expect", [
     ("vertices/hop", lambda h: np.concatenate([h[:-1], h[-1:] + 1]), "BFS"),  # still sorted, wrong hop
     ("vertices/hop", lambda h: np.where(h == 2, 1, h), "sorted by (hop"),
     ("world/src_rank", lambda r: (r + 1) % 4, "src_rank"),
+    ("world/src_in_degree", lambda d: np.concatenate([d[:-1], d[-1:] + 1]), "src_in_degree"),  # the last block
     ("graph/in_degree", lambda d: d + 1, "in_degree"),
     ("graph/indices", lambda ix: ix[::-1].copy(), "graph"),
+    ("graph/indices", _swap_last_two, "graph: indices not strictly increasing"),
+    ("graph/indices", lambda ix: np.concatenate([ix[:-1], [10 ** 6]]), "graph: indices out of range"),
+    ("world/src_global_id", _swap_last_two, "world: indices not strictly increasing"),
 ])
-def test_verify_checks_invariants_not_only_checksums(tmp_path, name, fn, expect):
+def test_verify_checks_invariants_not_only_checksums(tmp_path, monkeypatch, edge_block, name, fn, expect):
+    """verify reads the edge-sized datasets in row-aligned blocks (preprocess/verify.py EDGE_BLOCK): a
+    fault in the last block is found as one in the first, with blocks of a row or two as at the default."""
+    import preprocess.verify as verify
+    if edge_block is not None:
+        monkeypatch.setattr(verify, "EDGE_BLOCK", edge_block)
     out = tmp_path / "set"
     build(make_graph(), out)
     assert verify_shard_set(out) == []
     _tamper(out, 0, name, fn)
     problems = verify_shard_set(out)
     assert problems and any(expect in p and "server-0000.h5" in p for p in problems), problems
+
+
+def test_verify_streamed_blocks_accept_valid_eas_and_full_sets(tmp_path, monkeypatch):
+    """Blocks of 3 edges (a row split from the next at every block end) and the default agree on valid
+    sets: EAS's feeds check and full preloading's BFS and world-view comparison, block by block."""
+    import preprocess.verify as verify
+    g = make_graph()
+    sets = [(tmp_path / "full", {}), (tmp_path / "eas", {"preload": "eas", "hops": 2, "fanout": 3})]
+    for out, kw in sets:
+        build(g, out, **kw)
+    for block in (3, verify.EDGE_BLOCK):
+        monkeypatch.setattr(verify, "EDGE_BLOCK", block)
+        for out, _ in sets:
+            assert verify_shard_set(out) == [], (block, out)
 
 
 def test_check_job_and_manifest_errors(tmp_path):
