@@ -201,3 +201,44 @@ def test_gpu_split_groups_and_their_slices():
     np.testing.assert_array_equal(slices_dist(10, 5, 2, 2), [0, 0, 0, 5, 10, 10])
     np.testing.assert_array_equal(gpu_split_dist(10, 4, "parmetis", 1), vtxdist_for(10, 4))
     np.testing.assert_array_equal(gpu_split_dist(10, 4, "metis", 1), [0, 0, 10, 10, 10])
+
+
+def test_heap_thresholds_during_a_parmetis_call(monkeypatch):
+    """parmetis._heap_for_call: inside it an allocation of 2 MiB is mmapped (glibc's mallinfo2 counts it
+    in hblkhd, and no more once freed), after it the same allocation lives in the heap again (the
+    thresholds the dynamic rule settles at, 32 MiB); GRANNDIS_SCOTCH_MMAP_MIB=0 leaves malloc alone,
+    a bad value is refused."""
+    import ctypes
+
+    from preprocess.parmetis import PartitionerError, _heap_for_call
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+    except (OSError, AttributeError):
+        pytest.skip("not glibc")
+
+    def mmapped_by(n):
+        before = libc.mallinfo2().hblkhd
+        a = np.ones(n, dtype=np.uint8)
+        grew = libc.mallinfo2().hblkhd - before
+        del a
+        return grew
+
+    size = 2 << 20
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD as numpy's arrays leave glibc's dynamic one
+    assert mmapped_by(size) == 0
+    with _heap_for_call():
+        assert mmapped_by(size) >= size
+    assert mmapped_by(size) == 0
+    for bad in ("-1", "x"):
+        monkeypatch.setenv("GRANNDIS_SCOTCH_MMAP_MIB", bad)
+        with pytest.raises(PartitionerError, match="GRANNDIS_SCOTCH_MMAP_MIB must be"):
+            with _heap_for_call():
+                pass
+    monkeypatch.setenv("GRANNDIS_SCOTCH_MMAP_MIB", "0")
+    with _heap_for_call():
+        assert mmapped_by(size) == 0  # the thresholds left at 32 MiB above
