@@ -22,8 +22,9 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
   hops and owners (int64, int8, int8) with their sort: measured with bench/trace_build_memory.py,
   docs/bench-build-scaling.md) besides its slice;
 * the partition phase, the peak of every rank (ParMETIS on the slices), holds only what it reads: the
-  slice's features and labels are in a temporary file meanwhile, its edges too during each ParMETIS
-  call (sliced.spilled), and the in-degrees and val/test masks are gathered after it (same bytes).
+  slice's features, labels and masks are in a temporary file meanwhile, its edges (indices, indptr)
+  too during each ParMETIS call (sliced.spilled), and the in-degrees and val/test masks are gathered
+  after it (same bytes).
 
 The servers are built one after another, each by every rank; every collective round happens on every
 rank whatever its data, so no rank waits for a round another skipped.
