@@ -135,6 +135,24 @@ def smaps_rollup() -> dict:
     return out
 
 
+def top_mappings(limit: int = 16) -> list:
+    """[(name, Rss bytes)] of the largest mappings (/proc/self/smaps, anonymous ones as [anon]):
+    which library's pages and which anonymous areas (the heap, Python's arenas, MPI's) are resident."""
+    import re
+    agg, name = {}, None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                    parts = line.split()
+                    name = parts[5] if len(parts) > 5 else "[anon]"
+                elif line.startswith("Rss:") and name is not None:
+                    agg[name] = agg.get(name, 0) + int(line.split()[1]) * 1024
+    except OSError:
+        return []
+    return sorted(agg.items(), key=lambda kv: -kv[1])[:limit]
+
+
 def _reset_hwm() -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -238,7 +256,7 @@ def main() -> int:
                "arrays": dict(sorted(arrays.items(), key=lambda kv: -kv[1])[:40]),
                "arrays_total": int(sum(arrays.values())), "heap_before": heap_in_use(),
                "mallinfo_before": heap_fields(), "smaps_before": smaps_rollup(),
-               "torch_loaded": "torch" in sys.modules}
+               "torch_loaded": "torch" in sys.modules, "mappings": top_mappings()}
         if a.probe == "gc":
             rec["garbage"] = garbage_arrays()
         elif a.probe in ("trim", "mmap") and _libc is not None:
