@@ -70,6 +70,89 @@ def heap_in_use() -> int:
     return int(m.uordblks + m.hblkhd)
 
 
+def heap_fields() -> dict:
+    """mallinfo2's arena (bytes of the main and thread arenas), hblkhd (mmapped chunks), uordblks (arena
+    bytes in use), fordblks (arena bytes free) and keepcost: free arena bytes are RSS that no
+    allocation holds (fragmentation), unlike uordblks + hblkhd."""
+    if _libc is None:
+        return {}
+    m = _libc.mallinfo2()
+    return {k: int(getattr(m, k)) for k in ("arena", "hblkhd", "uordblks", "fordblks", "keepcost")}
+
+
+def garbage_arrays(limit: int = 40) -> dict:
+    """Collect Python's cyclic garbage (gc.DEBUG_SAVEALL keeps it in gc.garbage) and return the numpy
+    bytes it held: {'kind:name': bytes} over the garbage's frames, dicts, lists, tuples and cells, each
+    data buffer once; then drop it.  What a plain run holds until the collector happens to run."""
+    import gc
+
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        found = gc.collect()
+        garbage = list(gc.garbage)
+        gc.garbage.clear()
+    finally:
+        gc.set_debug(0)
+    seen, out, kinds = set(), {}, {}
+    for obj in garbage:
+        kinds[type(obj).__name__] = kinds.get(type(obj).__name__, 0) + 1
+        if inspect.isframe(obj):
+            items, where = list(obj.f_locals.items()), f"frame {os.path.basename(obj.f_code.co_filename)}:{obj.f_code.co_name}"
+        elif isinstance(obj, dict):
+            items, where = list(obj.items()), "dict"
+        elif isinstance(obj, (list, tuple)):
+            items, where = list(enumerate(obj)), type(obj).__name__
+        else:
+            continue
+        for k, v in items:
+            if isinstance(v, np.ndarray):
+                base = v
+                while isinstance(base.base, np.ndarray):
+                    base = base.base
+                key = base.__array_interface__["data"][0]
+                if key not in seen and base.nbytes:
+                    seen.add(key)
+                    label = f"{where}:{k}"
+                    out[label] = out.get(label, 0) + base.nbytes
+    del garbage
+    top = dict(sorted(out.items(), key=lambda kv: -kv[1])[:limit])
+    return {"objects": int(found), "types": dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:15]),
+            "arrays": top, "arrays_total": int(sum(out.values()))}
+
+
+def smaps_rollup() -> dict:
+    """Rss split by kind (/proc/self/smaps_rollup, bytes): Anonymous (heap, mmapped chunks, Python's
+    arenas) against file-backed (the libraries' pages)."""
+    out = {}
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                k, _, rest = line.partition(":")
+                if k in ("Rss", "Anonymous", "Shared_Clean", "Shared_Dirty", "Private_Clean", "Private_Dirty"):
+                    out[k] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def top_mappings(limit: int = 16) -> list:
+    """[(name, Rss bytes)] of the largest mappings (/proc/self/smaps, anonymous ones as [anon]):
+    which library's pages and which anonymous areas (the heap, Python's arenas, MPI's) are resident."""
+    import re
+    agg, name = {}, None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                    parts = line.split()
+                    name = parts[5] if len(parts) > 5 else "[anon]"
+                elif line.startswith("Rss:") and name is not None:
+                    agg[name] = agg.get(name, 0) + int(line.split()[1]) * 1024
+    except OSError:
+        return []
+    return sorted(agg.items(), key=lambda kv: -kv[1])[:limit]
+
+
 def _reset_hwm() -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -129,6 +212,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", required=True)
     p.add_argument("--interval", type=float, default=0.005)
+    p.add_argument("--probe", choices=("none", "gc", "trim", "mmap"), default="none",
+                   help="before every ParMETIS call (after the record of what is alive): gc = collect the "
+                        "cyclic garbage and record the arrays it held, trim = malloc_trim(0), mmap = malloc_trim(0) and "
+                        "glibc's mmap and trim thresholds fixed at $TRACE_MMAP_MIB MiB (default 1); all record "
+                        "VmRSS and malloc's fields after it (a diagnosis: they change the run's peak)")
     p.add_argument("argv", nargs=argparse.REMAINDER)
     a = p.parse_args()
     argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
@@ -150,6 +238,10 @@ def main() -> int:
                 frame = sys._current_frames().get(main_thread)
                 stack = [f"{os.path.basename(fs.filename)}:{fs.lineno} {fs.name}"
                          for fs in traceback.extract_stack(frame)[-8:]] if frame else []
+                # Not kept past the sample: a frame object holds its locals, and those of every frame
+                # above it, even after they return (session 10's traces: the relabelling's int64 keys
+                # and adjacency, ~105 MiB at 2.45M P = 8, alive at the server call until the next sample).
+                del frame
                 samples[label] = {"rss": rss, "stack": stack}
             time.sleep(a.interval)
 
@@ -162,8 +254,20 @@ def main() -> int:
         rec = {"caller": frame.f_code.co_name, "nparts": int(nparts), "local_rows": int(xadj.shape[0] - 1),
                "local_adj": int(adjncy.shape[0]), "rss_before": _status("VmRSS"),
                "arrays": dict(sorted(arrays.items(), key=lambda kv: -kv[1])[:40]),
-               "arrays_total": int(sum(arrays.values())), "heap_before": heap_in_use()}
-        state["heap_max"] = rec["heap_before"]
+               "arrays_total": int(sum(arrays.values())), "heap_before": heap_in_use(),
+               "mallinfo_before": heap_fields(), "smaps_before": smaps_rollup(),
+               "torch_loaded": "torch" in sys.modules, "mappings": top_mappings()}
+        if a.probe == "gc":
+            rec["garbage"] = garbage_arrays()
+        elif a.probe in ("trim", "mmap") and _libc is not None:
+            if a.probe == "mmap":
+                mib = int(float(os.environ.get("TRACE_MMAP_MIB", "1")) * 2 ** 20)
+                _libc.mallopt(-3, mib)  # M_MMAP_THRESHOLD (fixed: no dynamic raise after)
+                _libc.mallopt(-1, mib)  # M_TRIM_THRESHOLD
+            _libc.malloc_trim(0)
+        if a.probe != "none":
+            rec.update(probe_rss=_status("VmRSS"), probe_heap=heap_in_use(), probe_mallinfo=heap_fields())
+        state["heap_max"] = heap_in_use()
         state["label"] = f"parmetis#{len(calls)}"
         _reset_hwm()
         t0 = time.process_time()
@@ -172,7 +276,7 @@ def main() -> int:
         finally:
             state["label"] = "returning"
             rec.update(hwm_during=_status("VmHWM"), rss_after=_status("VmRSS"), cpu_s=time.process_time() - t0,
-                       heap_max_during=state["heap_max"], heap_after=heap_in_use())
+                       heap_max_during=state["heap_max"], heap_after=heap_in_use(), mallinfo_after=heap_fields())
             state["label"] = f"after-parmetis#{len(calls)}"
             calls.append(rec)
 
@@ -231,6 +335,11 @@ def main() -> int:
                       f"{c['arrays_total'] / mib:.0f}), during {c['hwm_during'] / mib:.0f}, after "
                       f"{c['rss_after'] / mib:.0f}; malloc in use before {c['heap_before'] / mib:.0f}, max "
                       f"during {c['heap_max_during'] / mib:.0f} (+{(c['heap_max_during'] - c['heap_before']) / mib:.0f})")
+                if "probe_rss" in c:
+                    g = c.get("garbage", {})
+                    print(f"    probe {a.probe}: VmRSS {c['probe_rss'] / mib:.0f} MiB, malloc in use "
+                          f"{c['probe_heap'] / mib:.0f}" + (f"; garbage: {g['objects']} objects holding "
+                                                            f"{g['arrays_total'] / mib:.0f} MiB of arrays" if g else ""))
             h = r["halos"]
             if h["best"] is not None:
                 b, f0 = h["best"], h["first"]

@@ -17,7 +17,8 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
     SYMMETRIC_ADJ_BYTES_PER_EDGE per edge are held (the edges, their row ids and the loop mask, then
     the int32 copy for the partitioner).  The peak at P = 1 and 2 with keys;
   - inside ParMETIS (PT-Scotch): SCOTCH_BASE_BYTES (the interpreter, libraries and MPI
-    that are resident then: less than BASE_BYTES, whose Python heap PT-Scotch reuses) +
+    that are resident then: less than BASE_BYTES, whose Python heap PT-Scotch reuses; h5py is not
+    loaded yet) +
     SCOTCH_BYTES_PER_EDGE per edge of the slice (PT-Scotch's own structures with our int32 relabelled
     adjacency: partition.part_kway_with_locality frees the original rows and the whole-graph map
     before the call) + PT-Scotch's band graph, gathered onto every process: scotch_vertex_bytes() per
@@ -77,7 +78,11 @@ PARTITION_ROW_BYTES = 16
 LOAD_BYTES_PER_KEY = 16  # the int64 key and its alltoallv copy
 KEY_BYTES_PER_EDGE = 62  # building the slice's symmetric adjacency (keys, their shuffle, the edges)
 SYMMETRIC_ADJ_BYTES_PER_EDGE = 17  # a symmetric slice's own rows: int64 edges and row ids, loop mask
-SCOTCH_BASE_BYTES = 120 * MIB
+# What is resident besides PT-Scotch's structures and ours during the call: the interpreter, libraries,
+# MPI.  120 MiB until session 11, 100 since (h5py imported only at the write, ~13 MiB; PT-Scotch's
+# freed arrays returned to the system during the call, parmetis._heap_for_call): refitted to the 2.45M
+# P = 8 partition phase (0.491 / 0.499 GiB, two holds; docs/bench-build-scaling.md, session 11).
+SCOTCH_BASE_BYTES = 100 * MIB
 # PT-Scotch's, per vertex of the whole graph, on every rank (P >= 2): the band graph it gathers onto
 # every process (docs/design.md §8), by the band's width (preprocess/parmetis.scotch_band_width).
 # Fitted to the partition phase's peak at P = 8: width 1 (the build's default) at 800k (0.272 GiB) and

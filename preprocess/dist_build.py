@@ -22,8 +22,9 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
   hops and owners (int64, int8, int8) with their sort: measured with bench/trace_build_memory.py,
   docs/bench-build-scaling.md) besides its slice;
 * the partition phase, the peak of every rank (ParMETIS on the slices), holds only what it reads: the
-  slice's features and labels are in a temporary file meanwhile, its edges too during each ParMETIS
-  call (sliced.spilled), and the in-degrees and val/test masks are gathered after it (same bytes).
+  slice's features, labels and masks are in a temporary file meanwhile, its edges (indices, indptr)
+  too during each ParMETIS call (sliced.spilled), and the in-degrees and val/test masks are gathered
+  after it (same bytes).
 
 The servers are built one after another, each by every rank; every collective round happens on every
 rank whatever its data, so no rank waits for a round another skipped.
@@ -96,9 +97,10 @@ class SlicedAccess:
         return keys[first]
 
     def released(self):
-        """Collective context for a ParMETIS call: the slice's edges on disk meanwhile (sliced.spilled;
-        the partitioner reads only the adjacency made from them before the call)."""
-        return spilled(self.group, self.part, ("indices",))
+        """Collective context for a ParMETIS call: the slice's edges (indices and indptr) on disk
+        meanwhile (sliced.spilled; the partitioner reads only the adjacency made from them before the
+        call)."""
+        return spilled(self.group, self.part, ("indices", "indptr"))
 
     def part_counts(self, cand: np.ndarray, parts: np.ndarray, nparts: int) -> np.ndarray:
         p = self.part
@@ -136,18 +138,18 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
     prepare_build_output(group, cfg, n, part.num_edges, part.num_features)
 
     # The partition phase sets the build's peak (ParMETIS on every rank's slice): only what it reads is
-    # in memory meanwhile.  The features and labels wait on disk (sliced.spilled), the edges too during
-    # each ParMETIS call (SlicedAccess.released), and the per-vertex arrays the server files need
-    # (in-degrees, val/test masks) are gathered after it.
+    # in memory meanwhile.  The features, labels and the slice's masks wait on disk (sliced.spilled),
+    # the edges too during each ParMETIS call (SlicedAccess.released), and the per-vertex arrays the
+    # server files need (in-degrees, val/test masks) are gathered after it.
     access = SlicedAccess(group, part, train)
-    with spilled(group, part, ("features", "labels")):
+    with spilled(group, part, ("features", "labels", "train_mask", "val_mask", "test_mask")):
         sp = partition_servers(group, access, S, cfg.partitioner, cfg.seed)
-        server_of = access.server_of = sp.parts
+        # 1 B per vertex each (int8 while S, G < 128) instead of the partitioners' int32, the server's
+        # from here (through the GPU split's calls): one copy, kept until the manifest
+        # (partition_digest hashes the values, not the dtype).
+        server_of = sp.parts = access.server_of = sp.parts.astype(small_int_dtype(S))
         gpu_of, gpu_constraints = split_servers_over_gpus(group, access, server_of, train, G,
                                                           cfg.partitioner, cfg.seed)
-    # 1 B per vertex each (int8 while S, G < 128) instead of the partitioners' int32: one copy, kept
-    # until the manifest (partition_digest hashes the values, not the dtype).
-    server_of = sp.parts = access.server_of = server_of.astype(small_int_dtype(S))
     gpu_of = gpu_of.astype(small_int_dtype(G))
     # int32 in-degrees (4 B per vertex on every rank; the files store them as int64).
     degree = group.allgatherv_rows(np.diff(part.indptr).astype(np.int32 if part.num_edges < 2**31 else np.int64), rows)

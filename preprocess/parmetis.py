@@ -151,6 +151,53 @@ def _scotch_reproducible(pm: ParMetisLib, seed: int):
             os.environ["SCOTCH_PTHREAD_NUMBER"] = old
 
 
+# glibc's malloc during a ParMETIS call (issue 17): its allocations of at least SCOTCH_MMAP_MIB MiB are
+# mmapped, so each is returned to the system when freed instead of leaving a hole in the heap that
+# only a smaller later allocation can fill (with glibc's dynamic threshold, raised to 32 MiB by numpy's
+# arrays, PT-Scotch's level-by-level arrays lived in the heap).  Measured at 2.45M vertices, P = 8
+# (bench/trace_build_memory.py): the server call's peak 522-536 -> 512-520 MiB, the GPU split's
+# 494-513 -> 467-491, the same partition.  After the call the thresholds are those the dynamic rule
+# settles at (32 MiB, trim at 64).  GRANNDIS_SCOTCH_MMAP_MIB=0 leaves malloc as it is.
+SCOTCH_MMAP_MIB = 1.0
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_AFTER = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+
+
+def _libc_malloc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt.argtypes, libc.malloc_trim.argtypes = [ctypes.c_int, ctypes.c_int], [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+@contextlib.contextmanager
+def _heap_for_call():
+    """malloc's thresholds at SCOTCH_MMAP_MIB for a ParMETIS call (above), the heap's free pages
+    returned first (malloc_trim); a no-op without glibc or with GRANNDIS_SCOTCH_MMAP_MIB=0."""
+    raw = os.environ.get("GRANNDIS_SCOTCH_MMAP_MIB", str(SCOTCH_MMAP_MIB))
+    try:
+        mib = float(raw)
+    except ValueError:
+        mib = -1.0
+    if not mib >= 0:
+        raise PartitionerError(f"GRANNDIS_SCOTCH_MMAP_MIB must be a number >= 0 (0: off), got {raw!r}")
+    libc = _libc_malloc() if mib > 0 else None
+    if libc is None:
+        yield
+        return
+    threshold = max(int(mib * 2 ** 20), 1)
+    libc.malloc_trim(0)
+    libc.mallopt(_M_MMAP_THRESHOLD, threshold)
+    libc.mallopt(_M_TRIM_THRESHOLD, threshold)
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_AFTER)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_AFTER)
+
+
 def _ptr(a: np.ndarray):
     return a.ctypes.data_as(ctypes.c_void_p) if a is not None else None
 
@@ -178,7 +225,7 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     seed = int(seed) % (2 ** 31)  # fits idx_t and SCOTCH_Num of either width
     part = np.zeros(max(n_local, 1), dtype=idx)
     if pm.native_scotch:
-        with _scotch_reproducible(pm, seed):
+        with _scotch_reproducible(pm, seed), _heap_for_call():
             pm.band_width, pm.band_gather = _scotch_map(pm, as_group(comm), xadj_c, adjncy_c, vwgt_c, nparts, part)
         return part[:n_local].astype(np.int64)
     wgtflag = np.array([0 if vwgt is None else 2], dtype=idx)
@@ -190,7 +237,7 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     options = np.array([1, 0, seed], dtype=idx)  # use options; no debug output; random seed (Karypis')
     edgecut = np.zeros(1, dtype=idx)
     comm_ptr = ctypes.c_void_p(as_group(comm).c_handle_address())  # the MPI_Comm * it takes
-    with _scotch_reproducible(pm, seed):
+    with _scotch_reproducible(pm, seed), _heap_for_call():
         rc = pm.lib.ParMETIS_V3_PartKway(
             _ptr(vtxdist_c), _ptr(xadj_c), _ptr(adjncy_c), _ptr(vwgt_c), None, _ptr(wgtflag), _ptr(numflag),
             _ptr(ncon_c), _ptr(nparts_c), _ptr(tpwgts), _ptr(ubvec), _ptr(options), _ptr(edgecut), _ptr(part),

@@ -190,14 +190,16 @@ def vtxdist_for(n: int, size: int) -> np.ndarray:
     return (np.arange(size + 1, dtype=np.int64) * n) // size
 
 
-def part_kway_with_locality(pm, group, dist: np.ndarray, adjacency: list, nparts: int, vwgt: np.ndarray,
-                            seed: int) -> np.ndarray:
+def part_kway_with_locality(pm, group, dist: np.ndarray, graph: list, nparts: int, seed: int,
+                            keep: bool = False) -> np.ndarray:
     """parmetis_part_kway on the same graph relabelled by preprocess/locality.locality_order (P >= 2):
     the part of each of this rank's rows dist[rank]..dist[rank+1]-1, in the caller's ids.
 
-    adjacency: a list [xadj, adjncy] of those rows in ParMETIS' idx_t, emptied here (the caller's
-    original is freed once the relabelled copy exists, before the call, unless the caller keeps a
-    reference of its own: the GPU split needs its rows again after the call).
+    graph: a list [xadj, adjncy, vwgt] of those rows (xadj, adjncy in ParMETIS' idx_t; vwgt int
+    [rows, ncon]), emptied here, so that the caller's arrays are freed once the relabelled copy
+    exists, before the call.  keep: the caller needs its rows again after the call (the GPU split's
+    balance refinement): the list then holds [xadj, adjncy] again on return, the adjacency having
+    waited in a temporary file during the call (sliced.spilled; at P = 1 they are the call's own).
 
     The relabelled graph has the same slices' sizes (dist) but most of its edges inside one slice
     (the 2.45M local graph, P = 8: 21.5 % across slices instead of 87.5 %; bench/parmetis_cpu.py
@@ -205,32 +207,50 @@ def part_kway_with_locality(pm, group, dist: np.ndarray, adjacency: list, nparts
     ghost ends of crossing edges is most of its growth with P (docs/bench-build-scaling.md).  One
     process (P = 1: PT-Scotch is sequential, no ghosts) calls it on the graph as it is.  Costs one
     search (O((V + E) / P) per rank) and one alltoallv of the adjacency and of the weights; during the
-    call only the relabelled rows and this rank's new ids (8 B per row) are ours, the map of the whole
-    graph (8 B per vertex) being dropped before it (bench/trace_build_memory.py)."""
-    xadj, adjncy = adjacency
-    adjacency.clear()
+    call only the relabelled rows, their weights and this rank's new ids (4 B per row below 2^31
+    vertices) are ours, the map of the whole graph (8 B per vertex) and the caller's weights being
+    dropped before it (bench/trace_build_memory.py)."""
+    xadj, adjncy, vwgt = graph
+    graph.clear()
     if group.size == 1:
-        return parmetis_part_kway(pm, group, dist, xadj, adjncy, nparts, vwgt, seed)
+        parts = parmetis_part_kway(pm, group, dist, xadj, adjncy, nparts, vwgt, seed)
+        if keep:
+            graph.extend([xadj, adjncy])
+        return parts
     from .locality import locality_order, renumbered_adjacency
+    from .sliced import spilled
 
     n, lo, hi = int(dist[-1]), int(dist[group.rank]), int(dist[group.rank + 1])
     adjncy64 = adjncy.astype(np.int64, copy=False)
     new_of_old = locality_order(group, dist, xadj, adjncy64, n)
     nx, na = _as_idx(pm, *renumbered_adjacency(group, dist, xadj, adjncy64, new_of_old, n))
-    del adjncy64, xadj, adjncy
+    del adjncy64
     # The weights of the rows each rank holds in the new ids: sent to their owners with their new ids.
-    mine = new_of_old[lo:hi].copy()
+    mine = new_of_old[lo:hi].astype(np.int32 if n < 2 ** 31 else np.int64)
     del new_of_old
     order = np.argsort(mine)
     rows = np.concatenate([mine[order, None], np.asarray(vwgt, dtype=np.int64)[order]], axis=1)
+    del vwgt
     got = group.alltoallv(rows, np.bincount(owner_of(dist, mine[order]), minlength=group.size))
     del rows, order
     got = got[np.argsort(got[:, 0])]
     weights = np.ascontiguousarray(got[:, 1:], dtype=pm.idx_dtype)
     del got
-    local = parmetis_part_kway(pm, group, dist, nx, na, nparts, weights, seed)
-    del nx, na, weights
+    kept = _Kept(xadj, adjncy) if keep else None
+    del xadj, adjncy
+    with spilled(group, kept, ("adjncy",)) if keep else contextlib.nullcontext():
+        local = parmetis_part_kway(pm, group, dist, nx, na, nparts, weights, seed)
+        del nx, na, weights
+    if keep:
+        graph.extend([kept.xadj, kept.adjncy])
     return group.allgatherv(local, np.diff(dist))[mine]
+
+
+@dataclass
+class _Kept:
+    """The caller's rows that part_kway_with_locality hands back (`adjncy` on disk during the call)."""
+    xadj: np.ndarray
+    adjncy: np.ndarray | None  # None while on disk
 
 
 class WholeGraphAccess:
@@ -303,13 +323,12 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
             lo, hi = int(vtxdist[group.rank]), int(vtxdist[group.rank + 1])
             # PT-Scotch ignores a second constraint (docs/design.md §8): balance vertices only there.
             two = (not pm.is_scotch) and int(train.sum()) >= nparts
-        adjacency = list(_as_idx(pm, *access.adjacency(vtxdist)))  # emptied by the call (its docstring)
+        # Emptied by the call (its docstring): not held here through it.
+        graph = [*_as_idx(pm, *access.adjacency(vtxdist)), _weights(train[lo:hi], two)]
         # Collective inside the library: every rank reaches it (or none, after the check above); a
         # non-OK return code is agreed on before the allgather below.
-        w = _weights(train[lo:hi], two)
         with access.released(), group.errors("ParMETIS_V3_PartKway"):
-            local = part_kway_with_locality(pm, group, vtxdist, adjacency, nparts, w, seed)
-        del w
+            local = part_kway_with_locality(pm, group, vtxdist, graph, nparts, seed)
         parts = group.allgatherv(local, np.diff(vtxdist))
         library = pm.describe()
         constraints = ["vertices", "train"] if two else ["vertices"]
@@ -448,17 +467,20 @@ def _split_constraints(pm, train_inner: np.ndarray, gpus: int) -> bool:
     return (not pm.is_scotch) and int(train_inner.sum()) >= gpus
 
 
-def _parmetis_split(pm, group, s: int, server_of, train, dist, xadj, adjncy, gpus: int, seed: int,
+def _parmetis_split(pm, group, s: int, server_of, train, dist, adjacency: list, gpus: int, seed: int,
                     two: bool) -> np.ndarray:
     """Collective over `group` (the ranks dist slices server s's m inner rows over, in its ranks'
-    numbering): ParMETIS on this rank's rows dist[rank]..dist[rank+1]-1 (xadj, adjncy: local row ids,
-    local column ids), empty parts filled, then the balance refinement over the same slices.  Returns
-    the GPU of each of the m inner vertices (on every rank of `group`)."""
+    numbering): ParMETIS on this rank's rows dist[rank]..dist[rank+1]-1 (adjacency: a list [xadj,
+    adjncy], local row ids, local column ids, emptied here: the rows wait on disk during the call,
+    part_kway_with_locality's `keep`), empty parts filled, then the balance refinement over the same
+    slices.  Returns the GPU of each of the m inner vertices (on every rank of `group`)."""
     lo, hi = int(dist[group.rank]), int(dist[group.rank + 1])
-    xadj, adjncy = _as_idx(pm, xadj, adjncy)
-    w = _weights(train[np.flatnonzero(server_of == s)[lo:hi]], two)
+    graph = [*_as_idx(pm, *adjacency), _weights(train[np.flatnonzero(server_of == s)[lo:hi]], two)]
+    adjacency.clear()
     with group.errors("ParMETIS_V3_PartKway (GPU split)"):
-        local = part_kway_with_locality(pm, group, dist, [xadj, adjncy], gpus, w, seed)  # kept: counts_of
+        local = part_kway_with_locality(pm, group, dist, graph, gpus, seed, keep=True)
+    xadj, adjncy = graph  # the rows again, for counts_of
+    del graph
     parts = fill_empty_parts(group.allgatherv(local, np.diff(dist)), gpus)
 
     def counts_of(cand, p):
@@ -493,14 +515,14 @@ def _split_concurrently(group, access, server_of, train, gpus: int, seed: int, p
     dist = vtxdist_for(m, count)  # the block's slices in its own ranks' numbering (the same rows)
     lo, hi = int(dist[rank - first]), int(dist[rank - first + 1])
     # In ParMETIS' idx_t at once: the int64 rows are not held beside their copy through the call.
-    xadj, adjncy = _as_idx(pm, *keys_to_adjacency(held, m, lo, hi))  # in place on held
+    adjacency = list(_as_idx(pm, *keys_to_adjacency(held, m, lo, hi)))  # in place on held; emptied below
     del held
     two = {s: _split_constraints(pm, train[server_of == s], gpus) for s in range(S)}
     with access.released(), group.errors("partitioning servers over GPUs (ParMETIS, one block of ranks each)"):
         try:
             with group.subgroups(mine) as block, block.errors(f"the GPU split of server {mine}"):
-                gpu_local[server_of == mine] = _parmetis_split(pm, block, mine, server_of, train, dist, xadj,
-                                                               adjncy, gpus, seed, two[mine])
+                gpu_local[server_of == mine] = _parmetis_split(pm, block, mine, server_of, train, dist,
+                                                               adjacency, gpus, seed, two[mine])
         finally:
             # A block that finishes first waits here asleep, failed or not, before the collectives that
             # follow (Open MPI's blocking collectives spin, and that CPU would count).
@@ -530,12 +552,11 @@ def _split_in_turn(group, access, server_of, train, S: int, gpus: int, method: s
                     pending[s] = (inner, xadj, adjncy)
                 continue
             del inner  # 8 B per inner vertex of the server, found again after the call
-            xadj, adjncy = _as_idx(pm, xadj, adjncy)  # not the int64 rows beside their copy in the call
+            adjacency = list(_as_idx(pm, xadj, adjncy))  # not the int64 rows beside their copy in the call
+            del xadj, adjncy
             two = _split_constraints(pm, train[server_of == s], gpus)
             with access.released():
-                parts = _parmetis_split(pm, group, s, server_of, train, dist, xadj, adjncy, gpus, seed,
-                                        two)
-            del xadj, adjncy
+                parts = _parmetis_split(pm, group, s, server_of, train, dist, adjacency, gpus, seed, two)
             gpu_local[server_of == s] = parts
             if rank == writer:
                 constraints[s] = ["vertices", "train"] if two else ["vertices"]

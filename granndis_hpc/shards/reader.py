@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import h5py
 import numpy as np
 
 from .checks import (check_file_layout, check_offsets, check_pointer, check_rank_slice,
                      check_server_graph)
 from .schema import DATASETS, FORMAT_VERSION, ShardError, server_file_name
+
+if TYPE_CHECKING:  # h5py is imported where a file is opened (_open_server)
+    import h5py
 
 
 @dataclass
@@ -58,6 +61,8 @@ def _open_server(path: str, manifest: dict, server: int) -> h5py.File:
     fpath = os.path.join(os.fspath(path), server_file_name(server))
     if not os.path.exists(fpath):
         raise ShardError(f"{fpath}: missing; the shard set is incomplete, rebuild it with `python -m preprocess build`")
+    import h5py  # here, not at import: a build rank's partition phase, its peak, does not hold HDF5's ~13 MiB
+
     try:
         f = h5py.File(fpath, "r")
     except OSError as exc:

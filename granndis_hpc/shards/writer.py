@@ -24,7 +24,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-import h5py
 import numpy as np
 
 from ..fsutil import atomic_path, file_mode, fsync_dir
@@ -150,6 +149,8 @@ def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays
     # rdcc_nbytes=0: no chunk cache, so every chunk is written by create_dataset and a full disk raises
     # there.  With the cache, the chunks were written by close() and HDF5 crashed (segfault in
     # H5D_close) while closing a file whose flush had failed (measured, 2 MB tmpfs).
+    import h5py  # here, not at import (reader._open_server)
+
     with h5py.File(path, "w", rdcc_nbytes=0) as f:
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["server"] = int(server)

@@ -237,7 +237,7 @@ def test_gpu_split(base, cora_chunks, S):
             keys = ref_keys[mine][(ref_keys[mine] >= lo * m) & (ref_keys[mine] < hi * m)]
             xadj, adjncy = partition.keys_to_adjacency(keys.copy(), m, lo, hi)
             alone = partition._parmetis_split(load_parmetis(), block, mine, server_of, whole.train_mask, dist,
-                                              xadj, adjncy, G, 3, False)
+                                              [xadj, adjncy], G, 3, False)
         np.testing.assert_array_equal(gpu_sliced[inner], alone)
 
 

@@ -111,7 +111,7 @@ def test_part_kway_with_locality_maps_parts_back():
     lo, hi = dist[rank], dist[rank + 1]
     w = (np.arange(n) % 3 + 1)[:, None].astype(np.int64)  # unequal weights: they must travel with their rows
     mine = _as_idx(pm, xadj[lo:hi + 1] - xadj[lo], adjncy[xadj[lo]:xadj[hi]])
-    got = group.allgatherv(part_kway_with_locality(pm, group, dist, list(mine), 4, w[lo:hi], 7), np.diff(dist))
+    got = group.allgatherv(part_kway_with_locality(pm, group, dist, [*mine, w[lo:hi]], 4, 7), np.diff(dist))
     # Reference: the relabelled graph built here from the whole adjacency, ParMETIS on it, mapped back.
     new = locality_order(group, dist, xadj[lo:hi + 1] - xadj[lo], adjncy[xadj[lo]:xadj[hi]].astype(np.int64), n)
     rows = np.repeat(np.arange(n), np.diff(xadj))

@@ -83,6 +83,17 @@ def test_band_gathered_only_below_the_limit(monkeypatch):
     assert _cut(g, never) <= 1.3 * _cut(g, always), (_cut(g, never), _cut(g, always))
 
 
+@pytest.mark.timeout(120)
+def test_heap_thresholds_leave_the_partition(monkeypatch):
+    """glibc's thresholds during the call (parmetis._heap_for_call, GRANNDIS_SCOTCH_MMAP_MIB; 0 = off)
+    place PT-Scotch's allocations elsewhere, not its partition: the same parts with and without."""
+    pm = _scotch_or_skip()
+    g = community_graph(n=24000, communities=40, m=150000, p_out=0.05, seed=1)
+    monkeypatch.setenv("GRANNDIS_SCOTCH_MMAP_MIB", "0")
+    off = _partition(pm, g, 2, monkeypatch)
+    np.testing.assert_array_equal(_partition(pm, g, 2, monkeypatch), off)
+
+
 def test_band_gather_must_be_positive_or_always(monkeypatch):
     from preprocess.parmetis import PartitionerError, scotch_band_gather
     for bad in ("0", "-1", "x"):

@@ -1,4 +1,6 @@
 """Partitioning helpers (serial): symmetric adjacency, edge cut, random/METIS partitions, GPU split."""
+import os
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -201,3 +203,62 @@ def test_gpu_split_groups_and_their_slices():
     np.testing.assert_array_equal(slices_dist(10, 5, 2, 2), [0, 0, 0, 5, 10, 10])
     np.testing.assert_array_equal(gpu_split_dist(10, 4, "parmetis", 1), vtxdist_for(10, 4))
     np.testing.assert_array_equal(gpu_split_dist(10, 4, "metis", 1), [0, 0, 10, 10, 10])
+
+
+def test_heap_thresholds_during_a_parmetis_call():
+    """parmetis._heap_for_call: inside it an allocation of 2 MiB that no free heap chunk can serve is
+    mmapped (glibc's mallinfo2 counts it in hblkhd), after it the same allocation lives in the heap again
+    (the thresholds the dynamic rule settles at, 32 MiB); GRANNDIS_SCOTCH_MMAP_MIB=0 leaves malloc alone,
+    a bad value is refused.  In a fresh interpreter: glibc serves a request from a free chunk that fits
+    whatever the threshold, and a long test process has such chunks."""
+    import subprocess
+    import sys
+
+    code = r"""
+import ctypes, os, sys
+import numpy as np
+from preprocess.parmetis import PartitionerError, _heap_for_call
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
+try:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+except (OSError, AttributeError):
+    sys.exit(3)
+
+def mmapped_by(n):
+    before = libc.mallinfo2().hblkhd
+    a = np.ones(n, dtype=np.uint8)
+    grew = libc.mallinfo2().hblkhd - before
+    del a
+    return grew
+
+size = 2 << 20
+libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD as numpy's arrays leave glibc's dynamic one
+assert mmapped_by(size) == 0
+with _heap_for_call():
+    inside = mmapped_by(size)
+after = mmapped_by(size)
+print(inside, after)
+os.environ["GRANNDIS_SCOTCH_MMAP_MIB"] = "x"
+try:
+    with _heap_for_call():
+        pass
+except PartitionerError as exc:
+    assert "GRANNDIS_SCOTCH_MMAP_MIB must be" in str(exc)
+else:
+    sys.exit(4)
+"""
+    def run(mib):
+        env = dict(os.environ, GRANNDIS_SCOTCH_MMAP_MIB=mib)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        if r.returncode == 3:
+            pytest.skip("not glibc")
+        assert r.returncode == 0, r.stderr[-2000:]
+        return [int(x) for x in r.stdout.split()]
+
+    inside, after = run("1")
+    assert inside >= 2 << 20 and after == 0, (inside, after)
+    assert run("0") == [0, 0]  # off: the 32 MiB threshold set above holds inside too
