@@ -36,6 +36,9 @@ from harness import REPO, write_page  # first: puts bench/cluster on the path
 from granndis_hpc.linkmodel import link_bandwidth, overlap_limit, overlapped_groups, wire_s  # noqa: E402
 
 NOOVL = "-noovl"
+REPEAT = "-repeat"
+# A sweep without GRANNDIS_PROGRESS_POLL ran cluster/pending.py's default polling.
+DEFAULT_POLL = "default (back-off 1 -> 4 ms)"
 
 
 def own_compute(run):
@@ -134,8 +137,9 @@ def summary(rows):
     """Per (link, mode, cluster shape, poll setting): how many pairs, the geometric mean of their
     ratios, and the smallest and largest ratio."""
     groups = {}
-    for r in rows:
-        groups.setdefault((r["label"], r["mode"], r.get("shape", ""), r.get("poll", "")), []).append(r["ratio"])
+    for r in rows:  # a sweep's repeated unshaped round ("unshaped-repeat") counts with its rate
+        label = r["label"][:-len(REPEAT)] if r["label"].endswith(REPEAT) else r["label"]
+        groups.setdefault((label, r["mode"], r.get("shape", ""), r.get("poll", "")), []).append(r["ratio"])
     out = []
     for (label, mode, shape, poll), ratios in groups.items():
         gmean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
@@ -148,7 +152,7 @@ def summary_lines(rows):
     lines = ["| link | mode | shape | progress polling | pairs | geometric mean | min | max |",
              "|---|---|---|---|---:|---:|---:|---:|"]
     for g in summary(rows):
-        lines.append(f"| {g['label']} | {g['mode']} | {g['shape']} | {g['poll'] or 'fixed 1 ms'} | {g['pairs']} | "
+        lines.append(f"| {g['label']} | {g['mode']} | {g['shape']} | {g['poll'] or DEFAULT_POLL} | {g['pairs']} | "
                      f"**{g['geomean']:.2f}x** | {g['min']:.2f}x | {g['max']:.2f}x |")
     return lines + [""]
 
@@ -165,8 +169,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweeps", nargs="*", help="sweep.json files of bench/bench_cluster.py")
     p.add_argument("--runs", action="append", default=[], help="a sweep's run directory (RATE/MODE/...)")
-    p.add_argument("--runs-poll", default="back-off 1 -> 16 ms (default)",
-                   help="the progress polling of the --runs sweeps (a run directory does not record it)")
+    p.add_argument("--runs-poll", default="",
+                   help="the progress polling of the --runs sweeps, where not the default (a run directory "
+                        "does not record it)")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-cluster-overlap-pairs.md"))
     args = p.parse_args(argv)
     rows, sources = [], []

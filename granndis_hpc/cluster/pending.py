@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import numpy as np
 import torch
@@ -88,18 +87,23 @@ class MPIProgress:
 
     def __init__(self, requests, progress: bool):
         self._requests = list(requests)
-        self._thread, self._stop, self.polls = None, False, 0  # polls: MPI_Testall calls that found work left
+        # polls: MPI_Testall calls that found work left.  _stop is an Event, not a flag: the poller sleeps
+        # on it, so wait() wakes it at once instead of joining after the rest of its sleep (up to
+        # PROGRESS_POLL_MAX_S on the caller's critical path, twice per world exchange: its inter and
+        # intra pollers are joined one after the other).
+        self._thread, self._stop, self.polls = None, threading.Event(), 0
         if progress and self._requests and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             self._thread = threading.Thread(target=self._poll, name="granndis-mpi-progress", daemon=True)
             self._thread.start()
 
     def _poll(self) -> None:
         interval = PROGRESS_POLL_S
-        while not self._stop and not MPI.Request.Testall(self._requests):
+        while not self._stop.is_set() and not MPI.Request.Testall(self._requests):
             self.polls += 1
-            time.sleep(interval)
+            if self._stop.wait(interval):
+                return
             interval = min(interval * PROGRESS_BACKOFF, PROGRESS_POLL_MAX_S)
-        if not self._stop:
+        if not self._stop.is_set():
             trace.mark("polled_done")  # the thread saw every request complete (GRANNDIS_EXCHANGE_TRACE)
 
     def test(self) -> bool:
@@ -113,7 +117,7 @@ class MPIProgress:
 
     def wait(self) -> None:
         if self._thread is not None:
-            self._stop = True
+            self._stop.set()
             self._thread.join()
             self._thread = None
         MPI.Request.Waitall(self._requests)  # completed requests are MPI_REQUEST_NULL: returns at once

@@ -41,3 +41,11 @@ def test_summary_gives_the_geometric_mean_and_spread_per_link_and_shape():
     assert (a["shape"], a["pairs"], a["min"], a["max"]) == ("2 x 2", 3, 0.5, 2.0)
     assert a["geomean"] == pytest.approx(1.0)
     assert (b["pairs"], b["geomean"]) == (1, pytest.approx(0.7))
+
+
+def test_summary_counts_the_repeated_unshaped_round_with_its_rate():
+    from overlap_pairs import summary
+    rows = [{"label": "unshaped", "mode": "eas", "ratio": 0.8}, {"label": "unshaped-repeat", "mode": "eas", "ratio": 1.25}]
+    (g,) = summary(rows)
+    assert (g["label"], g["pairs"], g["min"], g["max"]) == ("unshaped", 2, 0.8, 1.25)
+    assert g["geomean"] == pytest.approx(1.0)
