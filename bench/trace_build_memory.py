@@ -26,7 +26,6 @@ The probes read /proc and mallinfo2 only (no tracemalloc: its bookkeeping would 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import inspect
 import json
 import os
@@ -49,16 +48,20 @@ def _status(key: str) -> int:
     return 0
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
+from preprocess.parmetis import libc_malloc_info  # noqa: E402  (after the sys.path line above)
+
+_libc = libc_malloc_info()
 
 
-try:
-    _libc = ctypes.CDLL("libc.so.6")
-    _libc.mallinfo2.restype = _MallInfo2
-except (OSError, AttributeError):
-    _libc = None
+def _count_buffer(v: np.ndarray, label: str, seen: set, out: dict) -> None:
+    """Add v's data buffer (its base array's) to out[label], once per buffer over `seen`."""
+    base = v
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    key = base.__array_interface__["data"][0]
+    if key not in seen and base.nbytes:
+        seen.add(key)
+        out[label] = out.get(label, 0) + base.nbytes
 
 
 def heap_in_use() -> int:
@@ -106,14 +109,7 @@ def garbage_arrays(limit: int = 40) -> dict:
             continue
         for k, v in items:
             if isinstance(v, np.ndarray):
-                base = v
-                while isinstance(base.base, np.ndarray):
-                    base = base.base
-                key = base.__array_interface__["data"][0]
-                if key not in seen and base.nbytes:
-                    seen.add(key)
-                    label = f"{where}:{k}"
-                    out[label] = out.get(label, 0) + base.nbytes
+                _count_buffer(v, f"{where}:{k}", seen, out)
     del garbage
     top = dict(sorted(out.items(), key=lambda kv: -kv[1])[:limit])
     return {"objects": int(found), "types": dict(sorted(kinds.items(), key=lambda kv: -kv[1])[:15]),
@@ -173,13 +169,7 @@ def live_arrays(frame, depth: int = 3) -> dict:
 
     def visit(obj, label, depth):
         if isinstance(obj, np.ndarray):
-            base = obj
-            while isinstance(base.base, np.ndarray):
-                base = base.base
-            key = base.__array_interface__["data"][0]
-            if key not in seen and base.nbytes:
-                seen.add(key)
-                out[label] = out.get(label, 0) + base.nbytes
+            _count_buffer(obj, label, seen, out)
             return
         if depth == 0 or isinstance(obj, (str, bytes, int, float, type)) or callable(obj) and not hasattr(obj, "__dict__"):
             return

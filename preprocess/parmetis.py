@@ -172,6 +172,21 @@ def _libc_malloc():
         return None
 
 
+class MallInfo2(ctypes.Structure):
+    """glibc's struct mallinfo2: malloc's counters, read by the memory probes (tests, bench/)."""
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def libc_malloc_info():
+    """glibc with mallinfo2's result type set (its mallopt, malloc_trim and mallinfo2), or None."""
+    libc = _libc_malloc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = MallInfo2
+    return libc
+
+
 @contextlib.contextmanager
 def _heap_for_call():
     """malloc's thresholds at SCOTCH_MMAP_MIB for a ParMETIS call (above), the heap's free pages

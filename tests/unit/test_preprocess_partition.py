@@ -217,15 +217,10 @@ def test_heap_thresholds_during_a_parmetis_call():
     code = r"""
 import ctypes, os, sys
 import numpy as np
-from preprocess.parmetis import PartitionerError, _heap_for_call
+from preprocess.parmetis import PartitionerError, _heap_for_call, libc_malloc_info
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                 "fsmblks", "uordblks", "fordblks", "keepcost")]
-try:
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = MallInfo2
-except (OSError, AttributeError):
+libc = libc_malloc_info()
+if libc is None:
     sys.exit(3)
 
 def mmapped_by(n):
