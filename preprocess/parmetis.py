@@ -191,13 +191,7 @@ def libc_malloc_info():
 def _heap_for_call():
     """malloc's thresholds at SCOTCH_MMAP_MIB for a ParMETIS call (above), the heap's free pages
     returned first (malloc_trim); a no-op without glibc or with GRANNDIS_SCOTCH_MMAP_MIB=0."""
-    raw = os.environ.get("GRANNDIS_SCOTCH_MMAP_MIB", str(SCOTCH_MMAP_MIB))
-    try:
-        mib = float(raw)
-    except ValueError:
-        mib = -1.0
-    if not mib >= 0:
-        raise PartitionerError(f"GRANNDIS_SCOTCH_MMAP_MIB must be a number >= 0 (0: off), got {raw!r}")
+    mib = _env_number("GRANNDIS_SCOTCH_MMAP_MIB", SCOTCH_MMAP_MIB, lambda v: v >= 0, "a number >= 0 (0: off)")
     libc = _libc_malloc() if mib > 0 else None
     if libc is None:
         yield
@@ -280,19 +274,25 @@ _BAND_REFINE = "|)q{strat=f{move=80,pass=-1,bal=0.01,type=b}}x{"
 _BAND_GATHER = "q{strat=f{move=80,pass=-1,bal=0.01,type=b}}"
 
 
-def scotch_band_gather() -> float | None:
-    """The factor f of SCOTCH_BAND_GATHER ($GRANNDIS_SCOTCH_BAND_GATHER: a positive number, or `always`
-    for PT-Scotch's own strategy, which gathers every band); None for always."""
-    raw = os.environ.get("GRANNDIS_SCOTCH_BAND_GATHER", str(SCOTCH_BAND_GATHER))
-    if raw == "always":
-        return None
+def _env_number(name: str, default: float, valid, rule: str) -> float:
+    """$name as a number (default when unset), refused with a clear error unless valid(value)."""
+    raw = os.environ.get(name, str(default))
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise PartitionerError(f"GRANNDIS_SCOTCH_BAND_GATHER must be a positive number or 'always', got {raw!r}")
+        value = float("nan")  # fails every rule below
+    if not valid(value):
+        raise PartitionerError(f"{name} must be {rule}, got {raw!r}")
     return value
+
+
+def scotch_band_gather() -> float | None:
+    """The factor f of SCOTCH_BAND_GATHER ($GRANNDIS_SCOTCH_BAND_GATHER: a positive number, or `always`
+    for PT-Scotch's own strategy, which gathers every band); None for always."""
+    if os.environ.get("GRANNDIS_SCOTCH_BAND_GATHER") == "always":
+        return None
+    return _env_number("GRANNDIS_SCOTCH_BAND_GATHER", SCOTCH_BAND_GATHER, lambda v: v > 0,
+                       "a positive number or 'always'")
 
 
 def scotch_band_width() -> int:

@@ -471,11 +471,11 @@ def _parmetis_split(pm, group, s: int, server_of, train, dist, adjacency: list, 
                     two: bool) -> np.ndarray:
     """Collective over `group` (the ranks dist slices server s's m inner rows over, in its ranks'
     numbering): ParMETIS on this rank's rows dist[rank]..dist[rank+1]-1 (adjacency: a list [xadj,
-    adjncy], local row ids, local column ids, emptied here: the rows wait on disk during the call,
+    adjncy] in ParMETIS' idx_t (_as_idx), local row ids, local column ids, emptied here: the rows wait on disk during the call,
     part_kway_with_locality's `keep`), empty parts filled, then the balance refinement over the same
     slices.  Returns the GPU of each of the m inner vertices (on every rank of `group`)."""
     lo, hi = int(dist[group.rank]), int(dist[group.rank + 1])
-    graph = [*_as_idx(pm, *adjacency), _weights(train[np.flatnonzero(server_of == s)[lo:hi]], two)]
+    graph = [*adjacency, _weights(train[np.flatnonzero(server_of == s)[lo:hi]], two)]
     adjacency.clear()
     with group.errors("ParMETIS_V3_PartKway (GPU split)"):
         local = part_kway_with_locality(pm, group, dist, graph, gpus, seed, keep=True)

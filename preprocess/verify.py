@@ -204,19 +204,17 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     return out
 
 
-def _nonfinite_rows(path: str, manifest: dict, server: int) -> tuple:
-    """(rows whose features hold a NaN or an infinity, the first such row or -1) of one server file,
-    read FEATURE_BLOCK_BYTES of rows at a time."""
-    with open_server(path, manifest, server) as f:
-        feats = f["features"]
-        rows = feats.shape[0]
-        step = max(1, FEATURE_BLOCK_BYTES // max(1, feats.dtype.itemsize * int(np.prod(feats.shape[1:]))))
-        bad, first = 0, -1
-        for lo in range(0, rows, step):
-            nonfinite = ~np.isfinite(feats[lo:lo + step]).reshape(min(step, rows - lo), -1).all(axis=1)
-            if nonfinite.any():
-                first = lo + int(np.flatnonzero(nonfinite)[0]) if first < 0 else first
-                bad += int(np.count_nonzero(nonfinite))
+def _nonfinite_rows(feats) -> tuple:
+    """(rows whose features hold a NaN or an infinity, the first such row or -1) of a server file's
+    features dataset, read FEATURE_BLOCK_BYTES of rows at a time."""
+    rows = feats.shape[0]
+    step = max(1, FEATURE_BLOCK_BYTES // max(1, feats.dtype.itemsize * int(np.prod(feats.shape[1:]))))
+    bad, first = 0, -1
+    for lo in range(0, rows, step):
+        nonfinite = ~np.isfinite(feats[lo:lo + step]).reshape(min(step, rows - lo), -1).all(axis=1)
+        if nonfinite.any():
+            first = lo + int(np.flatnonzero(nonfinite)[0]) if first < 0 else first
+            bad += int(np.count_nonzero(nonfinite))
     return bad, first
 
 
@@ -276,12 +274,12 @@ def _set_problems(path: str) -> list:
         fname = server_file_name(s)
         try:  # the per-row arrays whole; the features and the edge-sized datasets in blocks
             a = read_server_arrays(path, manifest, s, headers=("features",) + _EDGE_SIZED)
-            a["nonfinite_rows"] = lambda s=s: _nonfinite_rows(path, manifest, s)  # after the shape checks
         except ShardError as exc:
             problems.append(str(exc))
             continue
         with open_server(path, manifest, s) as f:
             a.update({name: f[name] for name in _EDGE_SIZED})  # h5py datasets: shape, dtype, slices
+            a["nonfinite_rows"] = lambda: _nonfinite_rows(f["features"])  # after the shape checks
             file_problems = _file_problems(fname, a, s, manifest)
         problems += file_problems
         if file_problems:

@@ -129,7 +129,8 @@ def test_verify_reads_features_in_blocks_and_counts_every_non_finite_row(shard_s
         return a
 
     bad = tamper(shard_set, tmp_path / "blocks", 0, "features", poison)
-    assert verify._nonfinite_rows(str(bad), m, 0) == (3, 4)
+    with shards.open_server(str(bad), m, 0) as f:
+        assert verify._nonfinite_rows(f["features"]) == (3, 4)
     problems = verify.verify_shard_set(bad)
     assert any("server-0000.h5" in p and "in 3 rows" in p and f"global id {int(gid[4])}" in p
                for p in problems), problems
