@@ -75,13 +75,16 @@ def open_array(path, raw_width=None):
                         "Fix: download the file again") from None
 
 
-def igb_split(n: int, num_classes: int):
-    """IGB's train/val/test masks: contiguous 60/20/20 % of the first n_split vertices (n_split = n, or
-    the full graph's labelled prefix)."""
-    n_split = IGB_FULL_LABELLED[num_classes] if n == IGB_FULL_VERTICES else n
-    n_train, n_val = int(n_split * TRAIN_FRACTION), int(n_split * VAL_FRACTION)
+def labelled_prefix(n: int, num_classes: int) -> int:
+    """How many leading vertices IGB's split covers: all n, or the full graph's labelled prefix."""
+    return IGB_FULL_LABELLED[num_classes] if n == IGB_FULL_VERTICES else n
+
+
+def igb_split(n: int, labelled: int):
+    """IGB's train/val/test masks: contiguous 60/20/20 % of the first ``labelled`` vertices."""
+    n_train, n_val = int(labelled * TRAIN_FRACTION), int(labelled * VAL_FRACTION)
     ids = np.arange(n)
-    return ids < n_train, (ids >= n_train) & (ids < n_train + n_val), (ids >= n_train + n_val) & (ids < n_split)
+    return ids < n_train, (ids >= n_train) & (ids < n_train + n_val), (ids >= n_train + n_val) & (ids < labelled)
 
 
 def load_igb(root, name=None, num_classes=19, symmetrize=True, self_loops="remove"):
@@ -105,10 +108,11 @@ def load_igb(root, name=None, num_classes=19, symmetrize=True, self_loops="remov
     if edges.ndim != 2 or edges.shape[1] != 2:
         raise DataError(f"{edge_path}: edge_index must have shape [E, 2] (IGB's layout), got {edges.shape}. "
                         "Fix: download the file again")
-    masks = igb_split(n, num_classes)
-    if n == IGB_FULL_VERTICES:  # the unlabelled tail is in no split and may hold any label value
+    labelled = labelled_prefix(n, num_classes)
+    masks = igb_split(n, labelled)
+    if labelled < n:  # the unlabelled tail is in no split and may hold any label value
         labels = np.array(labels.reshape(-1), dtype=np.float64)
-        labels[~(masks[0] | masks[1] | masks[2])] = np.nan
+        labels[labelled:] = np.nan
     parent = os.path.basename(os.path.dirname(os.path.normpath(base)))
     dataset = f"igb-{name or parent or 'igb'}"
     origins = {"*": base, "edges": edge_path, "features": feat_path, "labels": label_path}
