@@ -4,7 +4,7 @@ display."""
 from __future__ import annotations
 
 from granndis_hpc.fsutil import atomic_path
-from granndis_hpc.report_data import BYTE_CLASSES, TIME_PHASES
+from granndis_hpc.report_data import BYTE_CLASSES, TIME_PHASES, accuracy_over_time
 
 LOG_SCALE_RATIO = 1e3  # bytes plot switches to log scale when the largest/smallest nonzero value exceed this
 
@@ -77,6 +77,28 @@ def plot_accuracy(runs, path):
     ax.set_xlabel("epoch")
     ax.set_ylabel("accuracy")
     ax.set_title("Validation (solid) and test (dashed) accuracy")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_time_to_accuracy(runs, path):
+    """Validation accuracy against training time, one line per run (report_data.accuracy_over_time)."""
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    drawn = False
+    for i, run in enumerate(runs):
+        points = accuracy_over_time(run)
+        if points:
+            seconds, acc = zip(*points)
+            ax.plot(seconds, acc, "-", color=f"C{i % 10}", marker="." if len(points) < 30 else None, label=run.label)
+            drawn = True
+    if drawn:
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no evaluated epochs in these runs", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("training time (s): sum of epoch times, evaluation excluded")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title("Time to accuracy")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
