@@ -200,7 +200,7 @@ def test_chunk_from_reddit_and_igb(tmp_path, source):
         args = ["--root", str(tmp_path / "in")]
     else:
         write_igb(tmp_path / "in", igb_raw(seed=11))
-        args = ["--root", str(tmp_path / "in"), "--name", "small"]
+        args = ["--root", str(tmp_path / "in"), "--name", "small", "--num-classes", "19"]
     assert main(["chunk", "--source", source, *args, "--out", str(tmp_path / "c"), "--chunks", "3"]) == 0
     ref = load(source, root=str(tmp_path / "in"), name=None if source == "reddit" else "small")
     got = load("chunked", path=str(tmp_path / "c"))
