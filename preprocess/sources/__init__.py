@@ -3,7 +3,8 @@
     planetoid  Cora / CiteSeer / PubMed raw `ind.*` files, standard (Kipf/PyG public) split
     ogb        OGB node-property datasets in their downloaded raw/ + split/ layout
     reddit     Reddit as DGL and PyG download it (reddit_data.npz + reddit_graph.npz, the published split)
-    igb        IGB's homogeneous paper graph (processed/paper*/ .npy files, memory-mapped; IGB's 60/20/20 split)
+    igb        IGB's homogeneous paper graph (processed/paper*/ .npy files, memory-mapped; IGB's 60/20/20 split);
+               a build rank reads only its slice
     bundle     one .npz / .h5 file with edge_index or CSR, features, labels, splits
     chunked    a directory of memory-mappable .npy chunks + metadata.json (preprocess/chunked.py;
                `python -m preprocess chunk` writes one from any source); a build rank reads only its slice
@@ -42,7 +43,8 @@ SOURCES = Registry("source")
 SOURCES.declare("planetoid", "preprocess.sources.planetoid:load_planetoid", uses=("name", "root"))
 SOURCES.declare("ogb", "preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme"))
 SOURCES.declare("reddit", "preprocess.sources.reddit:load_reddit", uses=("name", "root"))
-SOURCES.declare("igb", "preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"))
+SOURCES.declare("igb", "preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
+                sliced="preprocess.sources.igb:IgbSource")
 SOURCES.declare("bundle", "preprocess.sources.bundle:load_bundle", uses=("name", "path"))
 SOURCES.declare("synthetic", "preprocess.sources.synthetic_chunks:load_synthetic",
                 uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),

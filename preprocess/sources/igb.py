@@ -9,7 +9,8 @@ root holding ``<--name>/processed`` (``--name tiny|small|medium|large|full``):
     processed/paper/node_label_2K.npy                labels, 2983 classes   (--num-classes 2983)
     processed/paper__cites__paper/edge_index.npy     [E, 2] integer pairs: column 0 cites column 1
 
-The files are memory-mapped (only the pages a pass touches are read).  The large and full downloads store
+The files are memory-mapped (only the pages a pass touches are read), and `IgbSource` hands each build
+rank its share of them for the distributed build (preprocess/sliced.py).  The large and full downloads store
 node_feat.npy and the label files as raw float32 without a .npy header (IGB's own loader maps them with
 np.memmap); a file without the .npy magic is read that way, its row count from its size.
 
@@ -21,10 +22,11 @@ re-adds self loops; here the usual canonicalisation applies (``--no-symmetrize``
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import numpy as np
 
-from preprocess.canonical import DataError, canonicalize
+from preprocess.canonical import DataError, _check_labels, canonicalize
 
 LABEL_FILES = {19: "node_label_19.npy", 2983: "node_label_2K.npy"}
 FEATURE_WIDTH = 1024  # of the headerless feature files (IGB's loader assumes it too)
@@ -80,41 +82,96 @@ def labelled_prefix(n: int, num_classes: int) -> int:
     return IGB_FULL_LABELLED[num_classes] if n == IGB_FULL_VERTICES else n
 
 
-def igb_split(n: int, labelled: int):
-    """IGB's train/val/test masks: contiguous 60/20/20 % of the first ``labelled`` vertices."""
+def igb_split(n: int, labelled: int, lo: int = 0, hi: Optional[int] = None):
+    """IGB's train/val/test masks of vertices lo..hi-1 (default: all n): contiguous 60/20/20 % of the
+    first ``labelled`` vertices."""
     n_train, n_val = int(labelled * TRAIN_FRACTION), int(labelled * VAL_FRACTION)
-    ids = np.arange(n)
+    ids = np.arange(lo, n if hi is None else hi)
     return ids < n_train, (ids >= n_train) & (ids < n_train + n_val), (ids >= n_train + n_val) & (ids < labelled)
+
+
+class IgbFiles:
+    """IGB's three files opened as read-only memory maps, their shapes checked against each other."""
+
+    def __init__(self, root, name=None, num_classes=19):
+        if num_classes not in LABEL_FILES:
+            raise DataError(f"igb: --num-classes {num_classes} is not an IGB label set. Fix: use 19 or 2983")
+        base = find_processed_dir(root, name)
+        self.feat_path = os.path.join(base, "paper", "node_feat.npy")
+        self.label_path = os.path.join(base, "paper", LABEL_FILES[num_classes])
+        self.edge_path = os.path.join(base, "paper__cites__paper", "edge_index.npy")
+        self.features = open_array(self.feat_path, raw_width=FEATURE_WIDTH)
+        if self.features.ndim != 2:
+            raise DataError(f"{self.feat_path}: features must have shape [N, F], got {self.features.shape}. "
+                            "Fix: download the file again")
+        n = self.features.shape[0]
+        labels = open_array(self.label_path)
+        if labels.shape != (n,) and labels.shape != (n, 1):
+            raise DataError(f"{self.label_path}: {labels.shape[0] if labels.ndim else 0} labels for the {n} vertices "
+                            f"of {self.feat_path} (shape {labels.shape}). Fix: use the files of one IGB size")
+        self.labels = labels.reshape(n)
+        self.edges = open_array(self.edge_path)
+        if self.edges.ndim != 2 or self.edges.shape[1] != 2:
+            raise DataError(f"{self.edge_path}: edge_index must have shape [E, 2] (IGB's layout), got "
+                            f"{self.edges.shape}. Fix: download the file again")
+        self.base, self.num_vertices, self.num_classes = base, n, num_classes
+        self.labelled = labelled_prefix(n, num_classes)
+        parent = os.path.basename(os.path.dirname(os.path.normpath(base)))
+        self.name = f"igb-{name or parent or 'igb'}"
+
+    def labels_of(self, lo: int, hi: int) -> np.ndarray:
+        """Labels of vertices lo..hi-1 for canonicalisation: those past the labelled prefix (the full
+        graph's unlabelled tail, in no split) are NaN, whatever the file holds there."""
+        labels = self.labels[lo:hi]
+        if hi <= self.labelled:
+            return labels
+        labels = np.array(labels, dtype=np.float64)
+        labels[max(self.labelled - lo, 0):] = np.nan
+        return labels
+
+
+class IgbSource:
+    """IGB's files as a sliced source (preprocess/sliced.py) for the distributed build: build rank r of
+    P reads rows split_ranges(E, P)[r:r+2] of edge_index.npy and the vertex rows it is given, straight
+    from the memory maps; nothing else of the files is touched on that rank."""
+
+    def __init__(self, root, name=None, num_classes=19):
+        self.files = IgbFiles(root, name, num_classes)
+        self.name, self.num_vertices = self.files.name, self.files.num_vertices
+        self.num_features, self.num_classes = int(self.files.features.shape[1]), num_classes
+        self.canonical = None  # raw edges: the build canonicalises them
+
+    def edge_pieces(self, rank: int, size: int):
+        from preprocess.chunked import split_ranges
+
+        b = split_ranges(self.files.edges.shape[0], size)
+        block = self.files.edges[int(b[rank]):int(b[rank + 1])]
+        return [(self.files.edge_path, block[:, 0], block[:, 1])]
+
+    def nodes(self, lo: int, hi: int) -> dict:
+        f = self.files
+        labels = f.labels_of(lo, hi)
+        origin = {"labels": f.label_path, "splits": f.base}
+        masks = igb_split(f.num_vertices, f.labelled, lo, hi)
+        # The same label checks as the whole-graph load (integer values, the label set's range, none
+        # unlabelled in a split), on this rank's rows, naming the label file.
+        checked = _check_labels(labels, hi - lo, f.label_path)
+        in_split = masks[0] | masks[1] | masks[2]
+        bad = in_split & ((checked < 0) | (checked >= f.num_classes))
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{origin['labels']}: {int(bad.sum())} vertices of the split have labels outside "
+                            f"0..{f.num_classes - 1} (first: vertex {lo + first}, label {checked[first]}). Fix: use "
+                            f"--num-classes to match {os.path.basename(f.label_path)}, or download it again")
+        return {"features": [(f.feat_path, f.features[lo:hi])], "labels": [(f.label_path, checked)],
+                **{k: [(f.base, m)] for k, m in zip(("train_mask", "val_mask", "test_mask"), masks)}}
 
 
 def load_igb(root, name=None, num_classes=19, symmetrize=True, self_loops="remove"):
     """Load IGB's homogeneous paper graph (memory-mapped) and canonicalise it."""
-    if num_classes not in LABEL_FILES:
-        raise DataError(f"igb: --num-classes {num_classes} is not an IGB label set. Fix: use 19 or 2983")
-    base = find_processed_dir(root, name)
-    feat_path = os.path.join(base, "paper", "node_feat.npy")
-    label_path = os.path.join(base, "paper", LABEL_FILES[num_classes])
-    edge_path = os.path.join(base, "paper__cites__paper", "edge_index.npy")
-    features = open_array(feat_path, raw_width=FEATURE_WIDTH)
-    if features.ndim != 2:
-        raise DataError(f"{feat_path}: features must have shape [N, F], got {features.shape}. Fix: download "
-                        "the file again")
-    n = features.shape[0]
-    labels = open_array(label_path)
-    if labels.shape != (n,) and labels.shape != (n, 1):
-        raise DataError(f"{label_path}: {labels.shape[0] if labels.ndim else 0} labels for the {n} vertices of "
-                        f"{feat_path} (shape {labels.shape}). Fix: use the files of one IGB size")
-    edges = open_array(edge_path)
-    if edges.ndim != 2 or edges.shape[1] != 2:
-        raise DataError(f"{edge_path}: edge_index must have shape [E, 2] (IGB's layout), got {edges.shape}. "
-                        "Fix: download the file again")
-    labelled = labelled_prefix(n, num_classes)
-    masks = igb_split(n, labelled)
-    if labelled < n:  # the unlabelled tail is in no split and may hold any label value
-        labels = np.array(labels.reshape(-1), dtype=np.float64)
-        labels[labelled:] = np.nan
-    parent = os.path.basename(os.path.dirname(os.path.normpath(base)))
-    dataset = f"igb-{name or parent or 'igb'}"
-    origins = {"*": base, "edges": edge_path, "features": feat_path, "labels": label_path}
-    return canonicalize(dataset, n, edges[:, 0], edges[:, 1], features, labels, *masks, num_classes=num_classes,
-                        symmetrize=symmetrize, self_loops=self_loops, origin=origins)
+    f = IgbFiles(root, name, num_classes)
+    masks = igb_split(f.num_vertices, f.labelled)
+    origins = {"*": f.base, "edges": f.edge_path, "features": f.feat_path, "labels": f.label_path}
+    return canonicalize(f.name, f.num_vertices, f.edges[:, 0], f.edges[:, 1], f.features,
+                        f.labels_of(0, f.num_vertices), *masks, num_classes=num_classes, symmetrize=symmetrize,
+                        self_loops=self_loops, origin=origins)
