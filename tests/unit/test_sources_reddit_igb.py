@@ -202,6 +202,7 @@ def _edges(proc):
      "156 labels for the 157 vertices"),
     (lambda p, n: (p / "paper" / "node_feat.npy").write_bytes(b"\x93NUMPY\x01\x00garbage"), "node_feat.npy",
      "cannot read it"),
+    (lambda p, n: _edges(p).write_bytes(_edges(p).read_bytes()[:-50]), "edge_index.npy", "truncated or damaged"),
     (lambda p, n: (p / "paper" / "node_feat.npy").write_bytes(b"\0" * 4100), "node_feat.npy",
      "neither a .npy file nor raw float32 rows of 4096 bytes"),
     (lambda p, n: np.save(p / "paper" / "node_label_19.npy", np.full(n, 19, np.float32)), "node_label_19.npy",
