@@ -159,8 +159,9 @@ def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=N
                         "the arrays of one graph")
     split = ids or {k: arrays[k] for k in ("train_mask", "val_mask", "test_mask") if arrays.get(k) is not None}
     if len(split) != 3:
-        raise DataError(f"save_bundle: incomplete split (got only {sorted(split)}). Fix: pass all of train/val/test "
-                        "as _mask or all as _idx")
+        raise DataError(f"save_bundle: no complete train/val/test split (given: {', '.join(sorted(split)) or 'none'}). "
+                        "Fix: pass all three as _mask or all three as _idx (e.g. train_idx=split['train'], ... from "
+                        "OGB's get_idx_split())")
     if ids:
         split_masks = [index_to_mask(_numpy(ids[f"{s}_idx"], f"{s}_idx"), n, f"{s}_idx", "save_bundle") for s in SPLITS]
     else:

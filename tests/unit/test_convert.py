@@ -112,7 +112,7 @@ def _bad(raw, **change):
     (lambda raw: _bad(raw, edge_index=np.array([[0, 1], [2, raw["n"]]])), r"save_bundle: edge destination ids span"),
     (lambda raw: _bad(raw, edge_index=np.zeros((3, 4), np.int64)), r"edge_index must have shape \[2, E\]"),
     (lambda raw: _bad(raw, labels=None), "no labels"),
-    (lambda raw: _bad(raw, test_mask=None), r"incomplete split \(got only \['train_mask', 'val_mask'\]\)"),
+    (lambda raw: _bad(raw, test_mask=None), r"no complete train/val/test split \(given: train_mask, val_mask\)"),
     (lambda raw: _bad(raw, train_mask=np.ones(raw["n"], bool)), "more than one of train/val/test"),
     (lambda raw: _bad(raw, adjacency=np.eye(raw["n"])), "exactly one of edge_index"),
     (lambda raw: _bad(raw, edge_index=None, adjacency=sp.eye(raw["n"] + 1, format="csr")), "adjacency is 158 x 158"),
