@@ -1,13 +1,15 @@
 """`granndis report RUN_DIR [RUN_DIR ...] [--out DIR]`: plots and an AE1-style table from run directories.
 
 Each run directory holds ``config.json`` (resolved options), ``metrics.jsonl`` (one record per epoch) and
-``summary.json`` (per-epoch figures and totals), written by the trainer.  The report makes three PNGs and
+``summary.json`` (per-epoch figures and totals), written by the trainer.  The report makes four PNGs and
 ``report.md``:
 
 - time_breakdown.png: seconds per epoch from summary.json (the trainer writes medians over epochs),
   stacked by phase (compute, intra-server comm, inter-server comm, gradient sync, sampling when used,
   and "other" = epoch time not in any timed phase);
 - accuracy.png: validation and test accuracy over the evaluated epochs of every run;
+- time_to_accuracy.png: validation accuracy against training time (the sum of the epoch times so far,
+  evaluation excluded), one line per run;
 - bytes.png: bytes per epoch for each link class (halo and gradient, intra- and inter-server);
 - report.md: the table below plus the plots.
 
@@ -48,7 +50,7 @@ from granndis_hpc.options import ConfigError, Options, option
 from granndis_hpc.report_data import (ReportError, RunData, assign_labels, baseline_notes, find_baselines, load_run,
                                       overlap_limit_s, setting_differences)
 from granndis_hpc.report_links import load_sweep, render_sweep
-from granndis_hpc.report_plots import plot_accuracy, plot_bytes, plot_time_breakdown
+from granndis_hpc.report_plots import plot_accuracy, plot_bytes, plot_time_breakdown, plot_time_to_accuracy
 
 __all__ = ["ReportError", "RunData", "load_run", "render_report", "format_table", "load_sweep",
            "render_sweep", "main"]
@@ -123,6 +125,7 @@ def render_report(run_dirs, out_dir) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     pngs = [plot_time_breakdown(runs, os.path.join(out_dir, "time_breakdown.png")),
             plot_accuracy(runs, os.path.join(out_dir, "accuracy.png")),
+            plot_time_to_accuracy(runs, os.path.join(out_dir, "time_to_accuracy.png")),
             plot_bytes(runs, os.path.join(out_dir, "bytes.png"))]
     table = format_table(runs, baselines)
     md_path = os.path.join(out_dir, "report.md")

@@ -210,3 +210,16 @@ def baseline_notes(runs, baselines) -> list:
             notes.append(f"* {runs[i].label}: its speedup compares against {runs[j].label}, whose settings differ "
                          f"({', '.join(diff)}): not like with like; give an fb run with the same settings")
     return notes
+
+
+def accuracy_over_time(run) -> list:
+    """(training seconds, validation accuracy) at every evaluated epoch of a run: the seconds are the sum
+    of the epoch times (metrics.jsonl's time_s, the slowest rank's) up to the end of that epoch, so
+    evaluation and set-up are left out and runs evaluated at different intervals compare alike (the
+    time-to-accuracy view of the GraNNDis paper's Figure 9)."""
+    seconds, points = 0.0, []
+    for record in sorted(run.metrics, key=lambda r: r["epoch"]):
+        seconds += record["time_s"]
+        if record.get("val_acc") is not None:
+            points.append((seconds, record["val_acc"]))
+    return points

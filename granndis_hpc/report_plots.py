@@ -4,8 +4,9 @@ display."""
 from __future__ import annotations
 
 from granndis_hpc.fsutil import atomic_path
-from granndis_hpc.report_data import BYTE_CLASSES, TIME_PHASES
+from granndis_hpc.report_data import BYTE_CLASSES, TIME_PHASES, accuracy_over_time
 
+MINUTES_AFTER_S = 600.0  # time-to-accuracy axis in minutes beyond this many seconds of training
 LOG_SCALE_RATIO = 1e3  # bytes plot switches to log scale when the largest/smallest nonzero value exceed this
 
 
@@ -77,6 +78,30 @@ def plot_accuracy(runs, path):
     ax.set_xlabel("epoch")
     ax.set_ylabel("accuracy")
     ax.set_title("Validation (solid) and test (dashed) accuracy")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_time_to_accuracy(runs, path):
+    """Validation accuracy against training time, one line per run (report_data.accuracy_over_time);
+    in minutes, as the paper's figure, once a run trains for more than MINUTES_AFTER_S seconds."""
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    curves = [(i, run, accuracy_over_time(run)) for i, run in enumerate(runs)]
+    longest = max((points[-1][0] for _, _, points in curves if points), default=0.0)
+    unit, scale = ("min", 60.0) if longest > MINUTES_AFTER_S else ("s", 1.0)
+    for i, run, points in curves:
+        if points:
+            seconds, acc = zip(*points)
+            ax.plot([s / scale for s in seconds], acc, "-", color=f"C{i % 10}",
+                    marker="." if len(points) < 30 else None, label=run.label)
+    if any(points for _, _, points in curves):
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no evaluated epochs in these runs", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(f"training time ({unit}): sum of epoch times, evaluation excluded")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title("Time to accuracy")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 

@@ -2,6 +2,9 @@
 
     planetoid  Cora / CiteSeer / PubMed raw `ind.*` files, standard (Kipf/PyG public) split
     ogb        OGB node-property datasets in their downloaded raw/ + split/ layout
+    reddit     Reddit as DGL and PyG download it (reddit_data.npz + reddit_graph.npz, the published split)
+    igb        IGB's homogeneous paper graph (processed/paper*/ .npy files, memory-mapped; IGB's 60/20/20 split);
+               a build rank reads only its slice
     bundle     one .npz / .h5 file with edge_index or CSR, features, labels, splits
     chunked    a directory of memory-mappable .npy chunks + metadata.json (preprocess/chunked.py;
                `python -m preprocess chunk` writes one from any source); a build rank reads only its slice
@@ -39,6 +42,9 @@ from preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
 SOURCES = Registry("source")
 SOURCES.declare("planetoid", "preprocess.sources.planetoid:load_planetoid", uses=("name", "root"))
 SOURCES.declare("ogb", "preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme"))
+SOURCES.declare("reddit", "preprocess.sources.reddit:load_reddit", uses=("name", "root"))
+SOURCES.declare("igb", "preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
+                sliced="preprocess.sources.igb:IgbSource")
 SOURCES.declare("bundle", "preprocess.sources.bundle:load_bundle", uses=("name", "path"))
 SOURCES.declare("synthetic", "preprocess.sources.synthetic_chunks:load_synthetic",
                 uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
@@ -47,7 +53,7 @@ SOURCES.declare("chunked", "preprocess.chunked:load_chunked", uses=("name", "pat
                 sliced="preprocess.chunked:open_source")
 
 # Every option load() accepts, with its default (the same defaults argparse uses).
-OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, symmetrize=True,
+OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, num_classes=19, symmetrize=True,
                        self_loops="remove", normalize_features="none", **_SYNTHETIC_DEFAULTS, generator="sbm", **_LOCAL_DEFAULTS)
 
 
@@ -66,14 +72,20 @@ class SourceOptions(Options):
     a dataset (granndis_hpc/options/ derives their parser); the defaults are OPTION_DEFAULTS'."""
     source: str = option("synthetic", choices=_source_names, group=_SOURCE, help="where the graph comes from")
     name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv; "
-                                                           "bundle: dataset name (default: file name)")
+                                                           "igb: the size directory under --root (tiny, small, "
+                                                           "medium, ...); bundle, reddit: dataset name (default: "
+                                                           "file name, reddit)")
     root: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
                                  help="planetoid: directory with ind.NAME.* files; ogb: dataset directory (holding "
-                                      "raw/ and split/) or its parent")
+                                      "raw/ and split/) or its parent; reddit: directory with reddit_data.npz and "
+                                      "reddit_graph.npz (or PyG's root, holding raw/); igb: the processed/ "
+                                      "directory, its parent, or IGB's root with --name")
     path: Optional[str] = option(None, group=_SOURCE, metavar="FILE",
                                  help="bundle: the .npz or .h5 file; chunked: the directory holding metadata.json")
     split_scheme: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
                                          help="ogb: subdirectory of split/ (default: the only one present)")
+    num_classes: int = option(_d["num_classes"], choices=(19, 2983), group=_SOURCE,
+                              help="igb: the label set, 19 (node_label_19.npy) or 2983 (node_label_2K.npy)")
     generator: str = option(_d["generator"], choices=_GENERATORS, group=_SYNTHETIC,
                             help="sbm: degree-corrected SBM, communities are expanders; local: geometric graph on a "
                                  "torus with the locality of real graphs (small cuts and k-hop halos)")

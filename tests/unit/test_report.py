@@ -59,7 +59,8 @@ def test_two_runs_table_and_plots(tmp_path):
     out = tmp_path / "report"
     result = render_report([str(fb), str(flx)], str(out))
 
-    assert [os.path.basename(p) for p in result["pngs"]] == ["time_breakdown.png", "accuracy.png", "bytes.png"]
+    assert [os.path.basename(p) for p in result["pngs"]] == ["time_breakdown.png", "accuracy.png",
+                                                             "time_to_accuracy.png", "bytes.png"]
     for png in result["pngs"]:
         check_png(png)
         assert os.path.dirname(png) == str(out)
@@ -110,7 +111,7 @@ def test_main_prints_table_and_paths(tmp_path, capsys):
     assert main([str(fb), str(flx), "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "| Method" in out and "FLX sage L=3" in out
-    for name in ("time_breakdown.png", "accuracy.png", "bytes.png", "report.md"):
+    for name in ("time_breakdown.png", "accuracy.png", "time_to_accuracy.png", "bytes.png", "report.md"):
         assert str(tmp_path / "r" / name) in out
     # one run and no --out: the plots go into the run directory
     assert main([str(flx)]) == 0
@@ -140,6 +141,23 @@ def test_missing_or_corrupt_files_name_run_and_file(tmp_path, capsys, breakage, 
     assert str(bad) in str(err.value) and message in str(err.value), str(err.value)
     assert main([str(good), str(bad), "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_time_to_accuracy_sums_epoch_times(tmp_path):
+    """Validation accuracy against the training time up to each evaluated epoch: the running sum of
+    metrics.jsonl's time_s, recomputed here from the file; a run evaluated more often has more points."""
+    from granndis_hpc.report_data import accuracy_over_time, load_run
+
+    fb, _ = write_run(tmp_path, "fb-t", "fb", seed=14, eval_every=4)
+    flx, _ = write_run(tmp_path, "flx-t", "flx", seed=15, eval_every=3)
+    for run, evaluated in ((fb, [3, 7, 11]), (flx, [2, 5, 8, 11])):
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        want = [(sum(r["time_s"] for r in records[:e + 1]), records[e]["val_acc"]) for e in evaluated]
+        got = accuracy_over_time(load_run(run))
+        assert [pytest.approx(w) for w in want] == got
+    result = render_report([fb, flx], tmp_path / "out")
+    check_png(result["pngs"][2])
+    assert "![time_to_accuracy](time_to_accuracy.png)" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_best_validation_epoch_is_shown_beside_the_last(tmp_path):

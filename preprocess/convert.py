@@ -1,0 +1,186 @@
+"""Hand a graph held in Python over to the build: write it as a bundle (`--source bundle --path FILE`).
+
+    from preprocess.convert import save_bundle
+    save_bundle("products.npz", data)                         # a PyG Data object
+    save_bundle("reddit.npz", g)                              # a DGL graph (ndata feat/label/*_mask)
+    save_bundle("mine.npz", edge_index=ei, features=x, labels=y,
+                train_mask=tr, val_mask=va, test_mask=te)     # NumPy arrays (or torch tensors)
+    save_bundle("mine.h5", adjacency=A, features=x, labels=y,
+                train_idx=tr_ids, val_idx=va_ids, test_idx=te_ids, num_classes=47)  # SciPy sparse
+
+Edges are directed src -> dst (``edge_index[0]`` -> ``edge_index[1]``, PyG's and DGL's convention; entry
+(i, j) of a SciPy adjacency is the edge i -> j); the build symmetrises and removes duplicates as usual.
+PyG and DGL are never imported: a PyG ``Data`` is recognised by its ``edge_index`` and ``x`` attributes
+and a DGL graph by ``edges()`` and ``ndata``, so nothing here depends on either library.  Tensors
+become NumPy arrays through ``.detach().cpu().numpy()``.
+
+Everything is validated before a byte is written (the same checks the build's loader makes: shapes,
+ids in range, finite features, labels against the classes, disjoint splits); bad input raises
+`DataError` saying what is wrong, and an existing file of that name is left untouched.  The file is
+written to a temporary name and renamed into place.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from granndis_hpc.fsutil import atomic_path
+from preprocess.canonical import DataError, canonicalize, index_to_mask
+
+SPLITS = ("train", "val", "test")
+DGL_KEYS = {"features": "feat", "labels": "label"}  # DGL's built-in datasets' ndata names
+
+
+def _numpy(value, what):
+    """A tensor or array-like as a NumPy array (no copy where possible)."""
+    if value is None:
+        return None
+    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        value = value.detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"save_bundle: {what} is not an array ({type(value).__name__}: {exc}). Fix: pass a "
+                        "NumPy array or a tensor") from None
+
+
+def is_pyg(obj) -> bool:
+    return hasattr(obj, "edge_index") and hasattr(obj, "x") and not hasattr(obj, "ndata")
+
+
+def is_dgl(obj) -> bool:
+    return hasattr(obj, "ndata") and callable(getattr(obj, "edges", None))
+
+
+def from_pyg(data) -> dict:
+    """The bundle arrays of a homogeneous PyG ``Data``: edge_index, x, y and train/val/test_mask."""
+    if getattr(data, "edge_index", None) is None or getattr(data, "x", None) is None:
+        raise DataError("save_bundle: the PyG object has no edge_index or no x (a HeteroData, or a graph without "
+                        "features). Fix: pass a homogeneous Data with x, or the arrays as keywords")
+    arrays = {"edge_index": data.edge_index, "features": data.x, "labels": getattr(data, "y", None)}
+    for split in SPLITS:
+        arrays[f"{split}_mask"] = getattr(data, f"{split}_mask", None)
+    num_nodes = getattr(data, "num_nodes", None)
+    if isinstance(num_nodes, (int, np.integer)) and num_nodes != _numpy(data.x, "x").shape[0]:
+        raise DataError(f"save_bundle: the PyG object has num_nodes={num_nodes} but x has "
+                        f"{_numpy(data.x, 'x').shape[0]} rows. Fix: give every vertex a feature row")
+    return arrays
+
+
+def from_dgl(g, feature_key="feat", label_key="label") -> dict:
+    """The bundle arrays of a homogeneous DGL graph: its edges and ndata[feature_key], ndata[label_key],
+    ndata["train_mask"/"val_mask"/"test_mask"] (DGL's built-in datasets' names)."""
+    ntypes = list(getattr(g, "ntypes", ["_N"]))
+    if len(ntypes) != 1:
+        raise DataError(f"save_bundle: the DGL graph has {len(ntypes)} node types {ntypes}; only homogeneous graphs "
+                        "are supported. Fix: convert it with dgl.to_homogeneous, or pass the arrays as keywords")
+    ndata = g.ndata
+    keys = sorted(ndata.keys())
+    for key in (feature_key, label_key):
+        if key not in ndata:
+            raise DataError(f"save_bundle: the DGL graph has no ndata[{key!r}] (it has {keys}). Fix: pass "
+                            "feature_key=/label_key= to from_dgl, or the arrays as keywords")
+    src, dst = g.edges()
+    arrays = {"edge_index": np.stack([_numpy(src, "edges"), _numpy(dst, "edges")]),
+              "features": ndata[feature_key], "labels": ndata[label_key]}
+    for split in SPLITS:
+        arrays[f"{split}_mask"] = ndata[f"{split}_mask"] if f"{split}_mask" in ndata else None
+    num_nodes = g.num_nodes() if callable(getattr(g, "num_nodes", None)) else None
+    if num_nodes is not None and num_nodes != _numpy(arrays["features"], "features").shape[0]:
+        raise DataError(f"save_bundle: the DGL graph has {num_nodes} nodes but ndata[{feature_key!r}] has "
+                        f"{_numpy(arrays['features'], 'features').shape[0]} rows. Fix: give every node a feature row")
+    return arrays
+
+
+def _edges_of(edge_index, adjacency):
+    """(src, dst) from exactly one of edge_index [2, E] and a SciPy sparse adjacency."""
+    if (edge_index is None) == (adjacency is None):
+        raise DataError("save_bundle: give exactly one of edge_index [2, E] and adjacency (SciPy sparse). "
+                        f"Fix: {'pass one of them' if edge_index is None else 'drop one of them'}")
+    if adjacency is not None:
+        if not hasattr(adjacency, "tocoo"):
+            raise DataError(f"save_bundle: adjacency must be a SciPy sparse matrix, got {type(adjacency).__name__}. "
+                            "Fix: scipy.sparse.csr_matrix(A), or pass edge_index")
+        if adjacency.shape[0] != adjacency.shape[1]:
+            raise DataError(f"save_bundle: adjacency must be square, got {adjacency.shape}. Fix: pass the "
+                            "N x N adjacency of the graph")
+        coo = adjacency.tocoo()
+        return np.asarray(coo.row), np.asarray(coo.col), adjacency.shape[0]
+    ei = _numpy(edge_index, "edge_index")
+    if ei.ndim != 2 or ei.shape[0] != 2:
+        raise DataError(f"save_bundle: edge_index must have shape [2, E], got {ei.shape}. Fix: pass "
+                        "np.stack([src, dst]) (an [E, 2] array transposed)")
+    return ei[0], ei[1], None
+
+
+def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=None, labels=None,
+                train_mask=None, val_mask=None, test_mask=None, train_idx=None, val_idx=None, test_idx=None,
+                num_classes=None) -> str:
+    """Write a graph as a bundle (.npz, or .h5/.hdf5) that ``--source bundle --path PATH`` reads; return PATH.
+
+    ``graph``: a PyG ``Data`` or a DGL graph (see from_pyg / from_dgl), or None for the arrays alone;
+    keywords given explicitly replace what the object holds.  Splits are boolean masks [N] or id
+    arrays, one kind for all three.  ``num_classes`` defaults to the largest label + 1."""
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".npz", ".h5", ".hdf5"):
+        raise DataError(f"{path}: a bundle is .npz or .h5/.hdf5, got {ext or 'no extension'!r}. Fix: name the "
+                        "file FILE.npz or FILE.h5")
+    given = {"edge_index": edge_index, "features": features, "labels": labels, "train_mask": train_mask,
+             "val_mask": val_mask, "test_mask": test_mask}
+    arrays = {}
+    if graph is not None:
+        if is_pyg(graph):
+            arrays = from_pyg(graph)
+        elif is_dgl(graph):
+            arrays = from_dgl(graph)
+        else:
+            raise DataError(f"save_bundle: {type(graph).__name__} is neither a PyG Data nor a DGL graph. Fix: pass "
+                            "the arrays as keywords (edge_index=, features=, labels=, train_mask=, ...)")
+        if adjacency is not None:
+            arrays.pop("edge_index")
+    arrays.update({k: v for k, v in given.items() if v is not None})
+    ids = {f"{s}_idx": v for s, v in zip(SPLITS, (train_idx, val_idx, test_idx)) if v is not None}
+    if ids:  # id arrays replace the object's masks
+        for split in SPLITS:
+            arrays.pop(f"{split}_mask", None)
+    src, dst, adj_n = _edges_of(arrays.get("edge_index"), adjacency)
+    for key in ("features", "labels"):
+        if arrays.get(key) is None:
+            raise DataError(f"save_bundle: no {key}. Fix: pass {key}= (or a graph object that holds them)")
+    x = _numpy(arrays["features"], "features")
+    y = _numpy(arrays["labels"], "labels")
+    if x.ndim != 2:
+        raise DataError(f"save_bundle: features must have shape [N, F], got {x.shape}. Fix: one row per vertex")
+    n = x.shape[0]
+    if adj_n is not None and adj_n != n:
+        raise DataError(f"save_bundle: the adjacency is {adj_n} x {adj_n} but features have {n} rows. Fix: pass "
+                        "the arrays of one graph")
+    split = ids or {k: arrays[k] for k in ("train_mask", "val_mask", "test_mask") if arrays.get(k) is not None}
+    if len(split) != 3:
+        raise DataError(f"save_bundle: no complete train/val/test split (given: {', '.join(sorted(split)) or 'none'}). "
+                        "Fix: pass all three as _mask or all three as _idx (e.g. train_idx=split['train'], ... from "
+                        "OGB's get_idx_split())")
+    if ids:
+        split_masks = [index_to_mask(_numpy(ids[f"{s}_idx"], f"{s}_idx"), n, f"{s}_idx", "save_bundle") for s in SPLITS]
+    else:
+        split_masks = [_numpy(split[f"{s}_mask"], f"{s}_mask") for s in SPLITS]
+    # The loader's own checks, before anything is written (the canonical graph itself is not kept).
+    canonicalize(os.path.basename(path), n, src, dst, x, y, *split_masks, num_classes=num_classes,
+                 symmetrize=False, self_loops="keep", origin="save_bundle")
+    out = {"edge_index": np.stack([np.asarray(src, np.int64), np.asarray(dst, np.int64)]),
+           "features": x.astype(np.float32, copy=False), "labels": y.reshape(n)}
+    out.update({f"{s}_mask": np.asarray(m, dtype=bool) for s, m in zip(SPLITS, split_masks)})
+    if num_classes is not None:
+        out["num_classes"] = np.int64(num_classes)
+    with atomic_path(path) as tmp:
+        if ext == ".npz":
+            with open(tmp, "wb") as f:
+                np.savez(f, **out)
+        else:
+            import h5py
+            with h5py.File(tmp, "w") as f:
+                for key, value in out.items():
+                    f[key] = value
+    return path
