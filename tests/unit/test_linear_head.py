@@ -11,7 +11,8 @@ from granndis_hpc.config import ConfigError, TrainConfig
 from granndis_hpc.nn import build_model
 from granndis_hpc.nn.dropout import RowDropout, keep_mask
 from tests.dense_reference import dense_logits
-from tests.unit.test_memory_model import _measured_saved_bytes, _random_plan, recipe_model  # noqa: F401 (fixture)
+from tests.unit.test_memory_model import (_measured_saved_bytes, _random_plan, recipe_model,  # noqa: F401 (fixtures)
+                                          small_graph, small_shards)
 from tests.unit.test_nn_models import _graph, _param_grads, _shrinking_blocks, _whole
 
 HEADS = [("sage", 4, 1, True), ("sage", 3, 2, False), ("gcn", 3, 1, True), ("ressage", 4, 2, False)]
@@ -123,3 +124,24 @@ def test_plan_estimates_the_head(tmp_path, capsys):
         assert head[label]["peak_bytes"] > base[label]["peak_bytes"]
         assert head[label]["inter_server_bytes"]["gradient"] > base[label]["inter_server_bytes"]["gradient"]
     assert SYN  # the same synthetic graph as the memory model's plan tests
+
+
+def test_mode_auto_estimates_the_head(small_shards):
+    """--mode auto's estimates on a 3-hop set for a 3-conv + 1 Linear model: every option costs more
+    than without the head, and the head's estimate is what estimate_shard_set gives."""
+    plain = mm.choose_shard_sets([str(small_shards)], "sage", 16, 3, 1, batches=(2,))
+    head = mm.choose_shard_sets([str(small_shards)], "sage", 16, 3, 1, batches=(2,), linear_layers=1)
+    by_plain = {o.label: o.peak for o in plain.rejected}
+    by_head = {o.label: o.peak for o in head.rejected}
+    assert set(by_plain) == set(by_head) and all(by_head[k] > by_plain[k] for k in by_plain)
+    flx = max(e["total"] for e in mm.estimate_shard_set(str(small_shards), "sage", 16, linear_layers=1))
+    assert by_head["flx k=3"] == flx
+
+
+def test_summary_records_the_head():
+    from granndis_hpc.metrics import summarize
+
+    shape = {"servers": 2, "ranks_per_server": 2}
+    config = {"mode": "flx", "model": "sage", "layers": 4, "linear_layers": 1}
+    assert summarize([], config, None, 0, shape, 1.0)["linear_layers"] == 1
+    assert summarize([], {**config, "linear_layers": None}, None, 0, shape, 1.0)["linear_layers"] == 0
