@@ -13,7 +13,7 @@ from granndis_hpc.nn.dropout import RowDropout, keep_mask
 from tests.dense_reference import dense_logits
 from tests.unit.test_memory_model import (_measured_saved_bytes, _random_plan, recipe_model,  # noqa: F401 (fixtures)
                                           small_graph, small_shards)
-from tests.unit.test_nn_models import _graph, _param_grads, _shrinking_blocks, _whole
+from tests.unit.test_nn_models import DEVICES, _graph, _on, _param_grads, _shrinking_blocks, _whole
 
 HEADS = [("sage", 4, 1, True), ("sage", 3, 2, False), ("gcn", 3, 1, True), ("ressage", 4, 2, False)]
 
@@ -23,16 +23,18 @@ def _head_model(name, layers, linear, norm, dropout=0.0, seed=0):
     return build_model(name, 11, 9, 5, layers, dropout=dropout, norm=norm, linear_layers=linear)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name,layers,linear,norm", HEADS)
-def test_head_forward_and_gradients_equal_dense_reference_with_dropout(name, layers, linear, norm):
+def test_head_forward_and_gradients_equal_dense_reference_with_dropout(name, layers, linear, norm, device):
     indptr, indices, x = _graph(5)
-    model = _head_model(name, layers, linear, norm, dropout=0.4).train()
+    model = _head_model(name, layers, linear, norm, dropout=0.4).train().to(device)
     assert model.num_layers == layers - linear and len(model.linears) == linear
     labels = torch.from_numpy(np.random.default_rng(5).integers(0, 5, x.shape[0]))
-    logits = model(x, _whole(indptr, indices, model), dropout=RowDropout(7, 2))
-    F.cross_entropy(logits, labels, reduction="sum").backward()
-    got = _param_grads(model)
-    model.zero_grad()
+    logits = model(x.to(device), _on(device, _whole(indptr, indices, model)), dropout=RowDropout(7, 2))
+    F.cross_entropy(logits, labels.to(device), reduction="sum").backward()
+    got = {k: g.cpu() for k, g in _param_grads(model).items()}
+    logits = logits.detach().cpu()
+    model.cpu().zero_grad()
     ids = torch.arange(x.shape[0])
 
     def drop(layer, h):  # the keyed masks of vertices 0..N-1, written out
@@ -145,3 +147,16 @@ def test_summary_records_the_head():
     config = {"mode": "flx", "model": "sage", "layers": 4, "linear_layers": 1}
     assert summarize([], config, None, 0, shape, 1.0)["linear_layers"] == 1
     assert summarize([], {**config, "linear_layers": None}, None, 0, shape, 1.0)["linear_layers"] == 0
+
+
+def test_report_measures_a_head_run_against_a_head_fb_run():
+    """`granndis report`: a run's speedup is over an fb run of the same model, its head included."""
+    from granndis_hpc.report_data import RunData, find_baselines
+
+    def run(mode, head):
+        summary = {"mode": mode, "model": "sage", "layers": 4, "linear_layers": head, "servers": 2,
+                   "ranks_per_server": 2}
+        return RunData(f"runs/{mode}-{head}", {}, summary, [])
+    runs = [run("fb", 0), run("fb", 1), run("flx", 1), run("flx", 0)]
+    assert find_baselines(runs) == {0: 0, 1: 1, 2: 1, 3: 0}
+    assert runs[2].method == "FLX sage L=4 (1 Linear)" and runs[3].method == "FLX sage L=4"

@@ -9,7 +9,7 @@ import pytest
 
 from granndis_hpc.config import TrainConfig
 from granndis_hpc.options import defaults, load_config_file
-from preprocess.options import BuildOptions
+from preprocess.options import BuildOptions, PlanOptions
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 DATASETS = ("arxiv", "products", "reddit", "papers100m")
@@ -24,6 +24,9 @@ def _train_preset(name):
 
 def _build_preset(name):
     values = load_config_file(str(CONFIGS / f"{name}.build.toml"), BuildOptions)
+    # `preprocess plan --config` reads the same file (docs/paper-experiments.md, step 1)
+    PlanOptions(**{**defaults(PlanOptions), **load_config_file(str(CONFIGS / f"{name}.build.toml"), PlanOptions),
+                   "servers": 2, "gpus_per_server": 2})
     return BuildOptions(**{**defaults(BuildOptions), **values, "out": "SET", "servers": 2, "gpus_per_server": 2})
 
 
