@@ -11,9 +11,31 @@ from granndis_hpc.config import ConfigError, TrainConfig
 from granndis_hpc.nn import build_model
 from granndis_hpc.nn.dropout import RowDropout, keep_mask
 from tests.dense_reference import dense_logits
-from tests.unit.test_memory_model import (_measured_saved_bytes, _random_plan, recipe_model,  # noqa: F401 (fixtures)
-                                          small_graph, small_shards)
+from tests.unit.test_memory_model import _measured_saved_bytes, _random_plan
 from tests.unit.test_nn_models import DEVICES, _graph, _on, _param_grads, _shrinking_blocks, _whole
+
+@pytest.fixture
+def recipe_model():
+    from tests import recipe_model
+
+    recipe_model.register()
+    yield recipe_model
+    recipe_model.unregister()
+
+
+@pytest.fixture(scope="module")
+def small_shards(tmp_path_factory):
+    """The memory model tests' synthetic 1500-vertex graph, a full 3-hop set for 2 x 2."""
+    from mpi4py import MPI
+
+    from preprocess.build import build_shards
+    from preprocess.sources import load
+
+    graph = load("synthetic", vertices=1500, avg_degree=8.0, features=12, classes=4, seed=1)
+    out = tmp_path_factory.mktemp("head") / "full3"
+    build_shards(graph, out, servers=2, gpus_per_server=2, layers=3, partitioner="metis", comm=MPI.COMM_SELF)
+    return out
+
 
 HEADS = [("sage", 4, 1, True), ("sage", 3, 2, False), ("gcn", 3, 1, True), ("ressage", 4, 2, False)]
 
