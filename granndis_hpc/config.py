@@ -104,7 +104,14 @@ class TrainConfig:
     model_option: Optional[List[str]] = option(None, append=True, metavar="NAME=VALUE",
                                                 help="an extra constructor option of the model, as its registry entry "
                                            "declares them (repeat for several; the built-in models have none)")
-    layers: int = option(3, ge=1, help="message-passing layers")
+    layers: int = option(3, ge=1, help="layers of the model: the message-passing ones, plus --linear-layers")
+    # None, not 0: checkpoints written before the option existed hold no value for it (same fingerprint);
+    # __post_init__ turns 0 into None.
+    linear_layers: Optional[int] = option(
+        None, ge=0, metavar="N",
+        help="the last N of --layers are per-vertex Linear layers (no aggregation; sage, gcn, ressage), so the "
+             "model aggregates over --layers - N hops and trains on a set built with that many: the GraNNDis "
+             "artifact's 3-layer GraphSAGE is --layers 4 --linear-layers 1 on a 3-hop set (default: none)")
     hidden: int = option(64, ge=1, help="hidden width")
     epochs: int = option(200, ge=1, on_resume="may_change", help="training epochs")
     lr: float = option(0.01, gt=0.0, help="Adam learning rate")
@@ -217,6 +224,11 @@ class TrainConfig:
         problem = registry.mode_problem(self.mode, self) or (check(self) if check is not None else None)
         if problem:
             raise ConfigError(problem)
+        if not self.linear_layers:
+            self.linear_layers = None
+        problem = registry.linear_head_problem(self.model, self.layers, self.linear_layers)
+        if problem:
+            raise ConfigError(problem)
         if self.checkpoint_activations and not registry.checkpointable(self.model):
             able = [name for name in registry.MODELS if registry.checkpointable(name)]
             raise ConfigError(f"--checkpoint-activations recomputes residual blocks, which only "
@@ -234,6 +246,11 @@ class TrainConfig:
         if self.resume and self.overwrite_run:
             raise ConfigError("--overwrite-run starts a new run in place of the old one and --resume continues "
                               "the old one: give one of them")
+
+    @property
+    def conv_layers(self) -> int:
+        """The model's message-passing layers: the hops its training and evaluation views span."""
+        return self.layers - (self.linear_layers or 0)
 
     @property
     def memory_per_gpu_bytes(self) -> Optional[int]:

@@ -13,7 +13,8 @@ the mode class, ``MODELS.entry(name)`` the entry with its capabilities.
 What an entry carries (docs/architecture.md, the recipes):
 - a model: ``checkpointable`` (--checkpoint-activations recomputes its blocks), ``estimator`` (its
   memory, for --mode auto and `preprocess plan`: nn/models.py ModelEstimate), ``options`` (extra
-  constructor options, ``--model-option KEY=VALUE``, as ``ModelOption``s);
+  constructor options, ``--model-option KEY=VALUE``, as ``ModelOption``s), ``linear_head`` (its builder
+  takes ``linear_layers``: --linear-layers);
 - a mode: its place in auto's preference (``rank``; ``knob``: "k" prefers the largest preloaded depth,
   "batches" the fewest co-batches), ``phrase`` (how the "why" text names it), ``estimate`` (the row
   counts of its options on a shard set: memory_model/modes.py), ``exact_full_graph`` (an exact
@@ -157,11 +158,29 @@ def checkpointable(model: str) -> bool:
     return bool(MODELS.entry(model).get("checkpointable", False))
 
 
+def linear_head_problem(model: str, layers: int, linear_layers: Optional[int]) -> Optional[str]:
+    """Why `linear_layers` per-vertex Linear layers at the end of a `layers`-layer `model` cannot be
+    built (None: they can, or none are asked for)."""
+    if not linear_layers:
+        return None
+    if not MODELS.entry(model).get("linear_head", False):
+        able = [e.name for e in MODELS.entries() if e.get("linear_head")]
+        return (f"--linear-layers makes the last layers per-vertex Linear layers, which model {model!r} does not "
+                f"build: use one of {', '.join(able)}, or leave --linear-layers out")
+    if int(linear_layers) >= int(layers):
+        return (f"--linear-layers {linear_layers} leaves no aggregating layer of the {layers} of --layers: "
+                f"--layers counts every layer (aggregating + Linear), so give --layers {int(linear_layers) + 1} "
+                f"or more, or fewer --linear-layers")
+    return None
+
+
 MODELS = Registry("model")
-MODELS.declare("sage", "granndis_hpc.nn.models:_sage", estimator="granndis_hpc.nn.models:SAGE_ESTIMATE")
-MODELS.declare("gcn", "granndis_hpc.nn.models:_gcn", estimator="granndis_hpc.nn.models:GCN_ESTIMATE")
+MODELS.declare("sage", "granndis_hpc.nn.models:_sage", estimator="granndis_hpc.nn.models:SAGE_ESTIMATE",
+               linear_head=True)
+MODELS.declare("gcn", "granndis_hpc.nn.models:_gcn", estimator="granndis_hpc.nn.models:GCN_ESTIMATE",
+               linear_head=True)
 MODELS.declare("ressage", "granndis_hpc.nn.models:_ressage", checkpointable=True,
-               estimator="granndis_hpc.nn.models:RESSAGE_ESTIMATE")
+               estimator="granndis_hpc.nn.models:RESSAGE_ESTIMATE", linear_head=True)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -41,12 +41,14 @@ class RunData:
 
     @property
     def method(self) -> str:
-        return f"{self.summary['mode'].upper()} {self.summary['model']} L={self.summary['layers']}"
+        head = self.summary.get("linear_layers") or 0  # per-vertex Linear layers among L
+        return f"{self.summary['mode'].upper()} {self.summary['model']} L={self.summary['layers']}" + (
+            f" ({head} Linear)" if head else "")
 
     @property
     def shape(self) -> tuple:
         s = self.summary
-        return (s["model"], s["layers"], s["servers"], s["ranks_per_server"])
+        return (s["model"], s["layers"], s.get("linear_layers") or 0, s["servers"], s["ranks_per_server"])
 
     @property
     def comm_s(self) -> float:

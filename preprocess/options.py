@@ -65,7 +65,8 @@ class LayoutOptions(Options):
     servers: int = option(None, required=True, ge=1, help="number of servers S (required)")
     gpus_per_server: int = option(None, required=True, ge=1, help="GPUs (ranks) per server G (required)")
     layers: int = reuse(TrainConfig, "layers", default=None, required=True,
-                        help="GNN layers L the shards are built for (granndis-train's --layers; required)")
+                        help="message-passing layers L the shards are built for (granndis-train's --layers, "
+                             "less its --linear-layers; required)")
     partitioner: str = option("parmetis", choices=PARTITIONERS, help="server-level partitioner")
 
 
@@ -89,6 +90,9 @@ class EstimateOptions(Options):
     hidden: int = reuse(TrainConfig, "hidden")
     dropout: float = reuse(TrainConfig, "dropout", help="dropout of training (as granndis-train)")
     norm: bool = reuse(TrainConfig, "norm")
+    linear_layers: Optional[int] = reuse(TrainConfig, "linear_layers",
+                                         help="per-vertex Linear layers after the --layers aggregating ones "
+                                              "(granndis-train's --linear-layers; they need no hop of the set)")
     checkpoint_activations: bool = reuse(TrainConfig, "checkpoint_activations",
                                          help="ressage: recompute residual blocks in the backward pass")
     memory_per_gpu: Optional[str] = reuse(TrainConfig, "memory_per_gpu",

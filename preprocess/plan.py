@@ -45,6 +45,7 @@ class PlanConfig:
     dropout: float = 0.5
     norm: bool = False
     checkpoint_activations: bool = False
+    linear_layers: Optional[int] = None  # per-vertex Linear layers after the `layers` convs
     budget: Optional[int] = None  # bytes per GPU
     device: str = "cuda"  # dropout masks are bool on CUDA, float on CPU
     partitioner: str = "parmetis"
@@ -174,7 +175,8 @@ def config_from_args(args, **overrides) -> PlanConfig:
     batches = [int(b) for b in str(getattr(args, "cob_batches", "2,4,8,16")).split(",") if b.strip()]
     cfg = PlanConfig(servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
                      model=args.model, hidden=args.hidden, dropout=args.dropout, norm=args.norm,
-                     checkpoint_activations=args.checkpoint_activations, budget=_budget(args.memory_per_gpu),
+                     checkpoint_activations=args.checkpoint_activations,
+                     linear_layers=getattr(args, "linear_layers", None), budget=_budget(args.memory_per_gpu),
                      device=args.estimate_device, partitioner=args.partitioner, seed=args.seed,
                      eas_hops=getattr(args, "eas_hops", 1), fanout=args.eas_fanout, eas_select=args.eas_select,
                      eas=not getattr(args, "no_eas", False), cob_batches=batches,
@@ -231,7 +233,8 @@ def cmd_plan(args, argv) -> int:
     if group.rank == 0:
         m = result["model"]
         print(f"[plan] {graph.name}: {graph.num_vertices} vertices, {graph.num_edges} edges; {cfg.servers} servers x "
-              f"{cfg.gpus_per_server} GPUs; {m.layers}-layer {m.name}, hidden {m.hidden}; estimates per GPU on "
+              f"{cfg.gpus_per_server} GPUs; {m.layers}-layer {m.name}"
+              f"{f' + {m.linear_layers} Linear' if m.linear_layers else ''}, hidden {m.hidden}; estimates per GPU on "
               f"{cfg.device} (max over GPUs), inter-server bytes per epoch summed over ranks", flush=True)
         print(format_table(result["options"], cfg, decision), flush=True)
         lines, build_record = build_memory_lines(graph, result, _raw_keys(args, graph), args.build_ranks or group.size,

@@ -56,7 +56,8 @@ def model_spec(graph, cfg) -> mm.ModelSpec:
     """The model the plan is for, with its extra constructor options (cfg.model_options, NAME=VALUE)."""
     options = registry.model_options(cfg.model, cfg.model_options)
     return mm.ModelSpec(cfg.model, graph.num_features, cfg.hidden, int(graph.num_classes), cfg.layers,
-                        cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()))
+                        cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()),
+                        linear_layers=cfg.linear_layers or 0)
 
 
 def _checked(group, graph, cfg):

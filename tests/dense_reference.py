@@ -10,7 +10,8 @@ Everything is computed in float64 (by default) so that the reference's own round
 Parameters are read by name (see granndis_hpc/nn/models.py).  Given the module itself, they are its
 live parameters, so ``dense_logits(...).sum().backward()`` produces reference gradients in ``.grad``.
 Dropout is 0 (eval semantics) whatever the module's mode, unless ``dropout(layer, h)`` is given: it is
-applied where the models drop (before conv l >= 1; ResSAGE+ also before the head, layer L), e.g. with
+applied where the models drop (before conv l >= 1 and before the per-vertex Linear layer l of a model
+with linears.{j} parameters; ResSAGE+ also before the head, layer L = all layers), e.g. with
 the masks of granndis_hpc.nn.dropout.keep_mask over the global ids 0..N-1.  Input dropout is
 ``dropout(0, x)`` on the raw features when ``input_dropout=True`` (before conv 0; ResSAGE+: before the
 encoder): a single process holds every vertex, so there is no halo to think about.
@@ -69,6 +70,10 @@ class _Params:
     def num_convs(self):
         return 1 + max(int(m.group(1)) for k in self.p if (m := re.match(r"convs\.(\d+)\.", k)))
 
+    def num_linears(self):
+        """The per-vertex Linear layers after the convs (linears.{j}; --linear-layers)."""
+        return len({m.group(1) for k in self.p if (m := re.match(r"linears\.(\d+)\.", k))})
+
     def linear(self, prefix, h, bias=True):
         out = h @ self[prefix + ".weight"].T
         return out + self[prefix + ".bias"] if bias and self.has(prefix + ".bias") else out
@@ -95,7 +100,7 @@ def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, tor
         raise ValueError(f"dense_logits: indptr has {a.shape[0]} rows but features have {n}")
     deg = a.sum(dim=1) if degrees is None else _t(degrees, dtype)
     p = _Params(model, dtype)
-    L = p.num_convs()
+    L, J = p.num_convs(), p.num_linears()
     drop = dropout if dropout is not None else (lambda layer, h: h)
     if input_dropout:
         x = drop(0, x)
@@ -131,12 +136,18 @@ def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, tor
                     h = p.layer_norm(f"norms.{l - 1}", h)
                 h = drop(l, torch.relu(h))
             h = conv(l, h)
+        for j in range(J):  # the per-vertex head: Linear layers L + j, no aggregation
+            if p.has(f"norms.{L + j - 1}.weight"):
+                h = p.layer_norm(f"norms.{L + j - 1}", h)
+            h = p.linear(f"linears.{j}", drop(L + j, torch.relu(h)))
         return h
     if model_name == "ressage":
         h = sage(0, p.linear("encoder", x))
         for l in range(1, L):
             h = h + sage(l, drop(l, torch.relu(p.layer_norm(f"norms.{l - 1}", h))))
-        return p.linear("head", drop(L, torch.relu(p.layer_norm("out_norm", h))))
+        for j in range(J):  # residual per-vertex blocks
+            h = h + p.linear(f"linears.{j}", drop(L + j, torch.relu(p.layer_norm(f"norms.{L + j - 1}", h))))
+        return p.linear("head", drop(L + J, torch.relu(p.layer_norm("out_norm", h))))
     raise ValueError(f"dense_logits: unknown model {model_name!r}")
 
 

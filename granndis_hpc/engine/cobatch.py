@@ -255,7 +255,7 @@ class CooperativeSplit:
 
     def __init__(self, ctx, server_graph, exact: bool):
         self.ctx = ctx
-        self.index = cobplan.ServerIndex(server_graph, ctx.cfg.layers, exact)
+        self.index = cobplan.ServerIndex(server_graph, ctx.cfg.conv_layers, exact)
         self.group = ctx.groups["server"]
 
     def targets(self, targets):

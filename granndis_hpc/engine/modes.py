@@ -53,7 +53,7 @@ class Mode:
 
     def shard_layers(self) -> Optional[int]:
         """The layer count the shard set must have been built for (None: any)."""
-        return self.cfg.layers
+        return self.cfg.conv_layers
 
     def check(self, manifest: dict) -> None:
         """Raise TrainingError, saying what to build instead, when the shard set cannot serve the mode."""
@@ -154,7 +154,7 @@ class FullBatch(StaticMode):
         return True
 
     def plan_layers(self, ctx):
-        return [ctx.world_view] * self.cfg.layers
+        return [ctx.world_view] * self.cfg.conv_layers
 
 
 @register
@@ -167,15 +167,15 @@ class FlexiblePreload(StaticMode):
         pre = manifest["preload"]
         if pre["kind"] != "full" or int(pre["hops"]) < 1:
             raise TrainingError(
-                f"mode flx needs a full preload of 1 to {self.cfg.layers} hops, but the shards hold a "
+                f"mode flx needs a full preload of 1 to {self.cfg.conv_layers} hops, but the shards hold a "
                 f"{pre['kind']} preload of {pre['hops']} hop(s); rebuild them with `python -m preprocess "
-                f"build ... --preload full --hops K` (1 <= K <= {self.cfg.layers}), or use --mode fb")
+                f"build ... --preload full --hops K` (1 <= K <= {self.cfg.conv_layers}), or use --mode fb")
         k = self.cfg.preloaded_layers
-        if k is not None and (k > int(pre["hops"]) or k > self.cfg.layers):
+        if k is not None and (k > int(pre["hops"]) or k > self.cfg.conv_layers):
             raise TrainingError(
                 f"--preloaded-layers {k} needs a preload of {k} hops and a model of at least {k} layers; the "
-                f"shards preload {pre['hops']} hop(s) and the model has {self.cfg.layers} layers: use "
-                f"--preloaded-layers {min(int(pre['hops']), self.cfg.layers)} or fewer, or rebuild with --hops {k}")
+                f"shards preload {pre['hops']} hop(s) and the model has {self.cfg.conv_layers} layers: use "
+                f"--preloaded-layers {min(int(pre['hops']), self.cfg.conv_layers)} or fewer, or rebuild with --hops {k}")
 
     def exact(self, manifest):
         return True
@@ -184,10 +184,10 @@ class FlexiblePreload(StaticMode):
         """k: the layers that run on the server's preload: --preloaded-layers, else the set's hops (at
         most L).  Rows deeper than k stay resident but are never active."""
         hops = int(manifest["preload"]["hops"])
-        return min(hops if self.cfg.preloaded_layers is None else self.cfg.preloaded_layers, self.cfg.layers)
+        return min(hops if self.cfg.preloaded_layers is None else self.cfg.preloaded_layers, self.cfg.conv_layers)
 
     def plan_layers(self, ctx):
-        k, L = self.preloaded_layers(ctx.manifest), self.cfg.layers
+        k, L = self.preloaded_layers(ctx.manifest), self.cfg.conv_layers
         preloaded = server_view(ctx, k, exact=True)
         return [preloaded] * k + [ctx.world_view] * (L - k)
 
@@ -210,7 +210,7 @@ class ExpansionAware(StaticMode):
         return False  # the boundary expansion is sampled; degrees are the kept neighbours'
 
     def plan_layers(self, ctx):
-        return [server_view(ctx, self.cfg.layers, exact=False)] * self.cfg.layers
+        return [server_view(ctx, self.cfg.conv_layers, exact=False)] * self.cfg.conv_layers
 
 
 # ---- mini-batch modes: a sampler composed with a row split (engine/cobatch.py) -------------------
@@ -222,10 +222,10 @@ class BatchedMode(Mode):
 
     def check(self, manifest):
         cfg, pre = self.cfg, manifest["preload"]  # fanout and sampler names: TrainConfig checks them
-        if pre["kind"] == "full" and cfg.sampler != "saint" and int(pre["hops"]) < cfg.layers:
+        if pre["kind"] == "full" and cfg.sampler != "saint" and int(pre["hops"]) < cfg.conv_layers:
             raise TrainingError(
-                f"mode {self.name} samples {cfg.layers}-hop dependency graphs inside the server's preload, "
-                f"but the shards hold a {pre['hops']}-hop preload; rebuild them with --hops {cfg.layers}")
+                f"mode {self.name} samples {cfg.conv_layers}-hop dependency graphs inside the server's preload, "
+                f"but the shards hold a {pre['hops']}-hop preload; rebuild them with --hops {cfg.conv_layers}")
 
     def exact(self, manifest):
         # Global degrees and complete neighbourhoods only when nothing is sampled away.
@@ -239,7 +239,7 @@ class BatchedMode(Mode):
             graph = shards.read_server_graph(cfg.shards, ctx.manifest, topo.server, features=True)
             train_ids = np.flatnonzero(graph["train"] & (graph["hop"] == 0))
             self.sampler = CoBatchSampler(graph["indptr"], graph["indices"], train_ids, cfg.batches_per_epoch,
-                                          cfg.layers, cfg.sampler, cfg.fanout, cfg.seed, topo.server)
+                                          cfg.conv_layers, cfg.sampler, cfg.fanout, cfg.seed, topo.server)
         split = cobatch.SPLITS[self.split_kind](ctx, graph, self.exact(ctx.manifest))
         self.batches = cobatch.BatchedSteps(ctx, self.sampler, split, prefetch=not cfg.sequential_sampling)
         self.batches.start(0)  # the first co-batch is built while the trainer sets up the rest of the run
@@ -301,9 +301,9 @@ class Automatic(Mode):
                                                                  shards.ShardError, OSError, KeyError, ValueError)):
             if topo.rank == 0:
                 decision = memory_model.choose_shard_sets(
-                    paths, cfg.model, cfg.hidden, cfg.layers, cfg.memory_per_gpu_bytes, device=topo.device.type,
+                    paths, cfg.model, cfg.hidden, cfg.conv_layers, cfg.memory_per_gpu_bytes, device=topo.device.type,
                     fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed, dropout=cfg.dropout, norm=cfg.norm,
-                    checkpoint_activations=cfg.checkpoint_activations,
+                    checkpoint_activations=cfg.checkpoint_activations, linear_layers=cfg.linear_layers or 0,
                     options=tuple(registry.model_options(cfg.model, cfg.model_option).items()),
                     job=(topo.servers, topo.ranks_per_server)).to_dict()
                 if decision["choice"] is None:

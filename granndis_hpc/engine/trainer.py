@@ -84,7 +84,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # same parameters on every rank
         ds = self.manifest["dataset"]
         self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
-                                 cfg.layers, dropout=cfg.dropout, norm=cfg.norm,
+                                 cfg.layers, dropout=cfg.dropout, norm=cfg.norm, linear_layers=cfg.linear_layers or 0,
                                  **model_options(cfg.model, cfg.model_option)).to(self.device)
         self.model.checkpoint_activations = cfg.checkpoint_activations
         self.model.input_dropout = cfg.input_dropout
@@ -97,7 +97,7 @@ class Trainer:
         # halo in flight while each layer aggregates its own rows (models that accept PendingRows).
         self.gradsync = GradientSync(self.comm, self.model.named_parameters()) if not cfg.no_overlap else None
         # Per-layer compute of every rank, forward and backward (the overlap limit's per-rank timeline).
-        self.layer_clock = LayerClock(self.ledger, cfg.layers)
+        self.layer_clock = LayerClock(self.ledger, cfg.conv_layers)
         # The exchange groups whose halos travel while the layer computes (--overlap-halos).
         self._overlap_halo = OVERLAP_HALOS[cfg.overlap_halos] \
             if not cfg.no_overlap and getattr(self.model, "accepts_pending_rows", False) else frozenset()
@@ -142,7 +142,7 @@ class Trainer:
             world_rows = views.world_rows(sl, topo.rank)  # rank-local checks, agreed before any exchange
         with collective_errors(self.world, "", catch=(planner.PlanError,)):
             self.world_view = views.build_view(
-                world_rows, self.groups["world"], cfg.layers, all_active=True,
+                world_rows, self.groups["world"], cfg.conv_layers, all_active=True,
                 resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]), device=self.device)
         n_inner = int(sl.n_inner)
         self.labels = torch.as_tensor(sl.labels[:n_inner], device=self.device)

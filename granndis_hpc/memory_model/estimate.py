@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from granndis_hpc.registry import MODELS, model_options
+from granndis_hpc.registry import MODELS, linear_head_problem, model_options
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
@@ -107,11 +107,12 @@ class ModelSpec:
     features: int
     hidden: int
     num_classes: int
-    layers: int
+    layers: int  # message-passing layers (the row counts' depth)
     dropout: float = 0.5
     norm: bool = False  # LayerNorm between convs, for the models that take it
     checkpoint_activations: bool = False  # recompute blocks (the models whose entry is checkpointable)
     options: Tuple[Tuple[str, Any], ...] = ()  # the model's extra constructor options (registry.model_options)
+    linear_layers: int = 0  # per-vertex Linear layers after the `layers` convs (--linear-layers)
 
     def __post_init__(self):
         if self.name not in MODELS:
@@ -124,6 +125,9 @@ class ModelSpec:
         for k in ("features", "hidden", "num_classes", "layers"):
             if int(getattr(self, k)) < 1:
                 raise MemoryModelError(f"{k} must be >= 1, got {getattr(self, k)}")
+        problem = linear_head_problem(self.name, self.layers + self.linear_layers, self.linear_layers)
+        if problem:
+            raise MemoryModelError(problem)
         try:
             declared = model_options(self.name)
             declared.update(dict(self.options))
@@ -146,6 +150,11 @@ class ModelSpec:
     def widths(self) -> List[Tuple[int, int]]:
         """(in, out) width of every conv."""
         return self.estimator.widths(self)
+
+    @property
+    def total_layers(self) -> int:
+        """Every layer: the convs and the per-vertex Linear head."""
+        return self.layers + self.linear_layers
 
     def parameters(self) -> int:
         """Number of parameters (floats)."""
@@ -208,6 +217,14 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
     # Only what the step allocates: saved inputs, weights and index tensors exist before it.
     prefix = np.cumsum(act["fresh_per_layer"]).tolist()
     best, where = int(act["fresh"]) + r.n_inner * m.num_classes * F32, "loss"
+    # The per-vertex head's backward (--linear-layers) runs while every activation is still held.
+    for j, (win, wout) in enumerate(est.linear_widths(m)):
+        # the gradients of its output, input and weight
+        n = est.linear_rows(r)
+        value = int(act["fresh"]) + (n * (win + wout) + win * wout) * F32 \
+            + (act["recompute"] if m.checkpoint_activations else 0)
+        if value > best:
+            best, where = value, f"backward layer {m.layers + j}"
     halo_max = 0
     for l, (_, lr) in enumerate(tl):
         win, wout = widths[l]

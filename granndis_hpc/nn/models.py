@@ -17,9 +17,16 @@ Contract with the engine (docs/design.md §6):
 
 Parameter names are part of the contract: tests/dense_reference.py reads them to recompute the model.
   sage/gcn: convs.{l}.(lin_self.weight, lin_self.bias, lin_neigh.weight | lin.weight, bias),
-            norms.{l}.(weight, bias) for l < L-1 when norm=True
+            norms.{l}.(weight, bias) for l < L-1 when norm=True, linears.{j}.(weight, bias)
   ressage:  encoder.(weight, bias), convs.{l}.* (SAGEConv), norms.{l-1}.* (before conv l, l >= 1),
-            out_norm.*, head.(weight, bias)
+            linears.{j}.* (residual per-vertex blocks), out_norm.*, head.(weight, bias)
+
+A per-vertex head (``linear_layers`` = N, --linear-layers): the last N of the L layers are ``nn.Linear``
+layers that aggregate nothing, so the model has L - N message-passing layers (``num_layers``, the hops a
+full preload needs: the GraNNDis artifact's "3-layer GraphSAGE" is 3 SAGE convolutions and 1 Linear
+classifier).  They run on the rows the last conv computes, after the same [LayerNorm] -> ReLU -> dropout
+as between convs (dropout key = the layer's index l in 0..L-1).  ResSAGE+'s last N blocks become
+h = h + Linear(dropout(relu(LayerNorm(h)))), before its out_norm and head.
 """
 from __future__ import annotations
 
@@ -126,14 +133,17 @@ class PlainGNN(GNN):
     accepts_pending_rows = True
 
     def __init__(self, name: str, in_features: int, hidden: int, num_classes: int, layers: int,
-                 dropout: float, norm: bool):
+                 dropout: float, norm: bool, linear_layers: int = 0):
         super().__init__()
         conv_cls = {"sage": SAGEConv, "gcn": GCNConv}[name]
-        self.name, self.num_layers, self.dropout, self.use_norm = name, layers, dropout, norm
+        convs = _conv_count(layers, linear_layers)
+        self.name, self.num_layers, self.dropout, self.use_norm = name, convs, dropout, norm
         widths = [in_features] + [hidden] * (layers - 1) + [num_classes]
-        self.conv_in_widths = widths[:-1]
-        self.convs = nn.ModuleList(conv_cls(widths[i], widths[i + 1]) for i in range(layers))
+        self.conv_in_widths = widths[:convs]
+        self.convs = nn.ModuleList(conv_cls(widths[i], widths[i + 1]) for i in range(convs))
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers - 1)) if norm else None
+        # Created last: without a head the parameters are drawn exactly as before the head existed.
+        self.linears = nn.ModuleList(nn.Linear(widths[i], widths[i + 1]) for i in range(convs, layers))
 
     def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None,
                 dropout: Optional[RowDropout] = None) -> torch.Tensor:
@@ -162,6 +172,8 @@ class PlainGNN(GNN):
             h = split.merge(first, self._between(dropout, layer + 1, out.rest(), split.rest))
             del out, first
             activated = True
+        for j, linear in enumerate(self.linears):  # the per-vertex head: the last conv's rows only
+            h = linear(self._between(dropout, self.num_layers + j, h))
         return h
 
     def _between(self, dropout, layer: int, h: torch.Tensor, rows=None) -> torch.Tensor:
@@ -194,15 +206,20 @@ class ResSAGE(GNN):
     first_layer_prefix = "encoder."
     accepts_pending_rows = True
 
-    def __init__(self, in_features: int, hidden: int, num_classes: int, layers: int, dropout: float):
+    def __init__(self, in_features: int, hidden: int, num_classes: int, layers: int, dropout: float,
+                 linear_layers: int = 0):
         super().__init__()
-        self.name, self.num_layers, self.dropout = "ressage", layers, dropout
-        self.conv_in_widths = [hidden] * layers
+        convs = _conv_count(layers, linear_layers)
+        self.name, self.num_layers, self.dropout = "ressage", convs, dropout
+        self.total_layers = layers
+        self.conv_in_widths = [hidden] * convs
         self.encoder = nn.Linear(in_features, hidden)
-        self.convs = nn.ModuleList(SAGEConv(hidden, hidden) for _ in range(layers))
+        self.convs = nn.ModuleList(SAGEConv(hidden, hidden) for _ in range(convs))
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers - 1))
         self.out_norm = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, num_classes)
+        # Created last: without linear blocks the parameters are drawn exactly as before they existed.
+        self.linears = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(convs, layers))
 
     def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None,
                 dropout: Optional[RowDropout] = None) -> torch.Tensor:
@@ -217,40 +234,58 @@ class ResSAGE(GNN):
                 z = self._drop(dropout, layer, F.relu(self.norms[layer - 1](h)))
                 return h[: graph.n_dst] + self.convs[layer](self._gather(gather, layer, z, graph), graph)
             h = self._maybe_checkpoint(block, h)
-        h = self._drop(dropout, self.num_layers, F.relu(self.out_norm(h)))
+        for j, linear in enumerate(self.linears):
+            layer = self.num_layers + j
+
+            def linear_block(h, layer=layer, linear=linear):
+                return h + linear(self._drop(dropout, layer, F.relu(self.norms[layer - 1](h))))
+            h = self._maybe_checkpoint(linear_block, h)
+        h = self._drop(dropout, self.total_layers, F.relu(self.out_norm(h)))
         return self.head(h)
 
 
+def _conv_count(layers: int, linear_layers: int) -> int:
+    """Message-passing layers of a model of `layers` layers whose last `linear_layers` are Linear."""
+    if not 0 <= int(linear_layers) < int(layers):
+        raise ValueError(f"linear_layers must be in [0, layers) = [0, {layers}) (at least one layer aggregates), "
+                         f"got {linear_layers!r}")
+    return int(layers) - int(linear_layers)
+
+
 def register_model(name: str, *, estimator: Optional["ModelEstimate"] = None, checkpointable: bool = False,
-                   options: Sequence[registry.ModelOption] = ()):
+                   options: Sequence[registry.ModelOption] = (), linear_head: bool = False):
     """Decorator: make `builder(in_features, hidden, num_classes, layers, dropout, norm, **options)`
     buildable by name.  `estimator` (a ModelEstimate) lets --mode auto and `preprocess plan` estimate
     its memory; `checkpointable`: --checkpoint-activations recomputes its blocks; `options`: its extra
-    constructor options (--model-option NAME=VALUE, passed to the builder as keywords)."""
+    constructor options (--model-option NAME=VALUE, passed to the builder as keywords); `linear_head`:
+    the builder takes `linear_layers=N` (--linear-layers, the last N layers per-vertex Linear ones)."""
     def register(builder):
         MODELS.register(name, builder, estimator=estimator, checkpointable=bool(checkpointable),
-                        options=tuple(options))
+                        options=tuple(options), linear_head=bool(linear_head))
         return builder
     return register
 
 
 # The built-in models, declared by name in granndis_hpc/registry.py (lazily: these builders and
 # estimates are what it names).
-def _sage(in_features, hidden, num_classes, layers, dropout, norm):
-    return PlainGNN("sage", in_features, hidden, num_classes, layers, dropout, norm)
+def _sage(in_features, hidden, num_classes, layers, dropout, norm, linear_layers=0):
+    return PlainGNN("sage", in_features, hidden, num_classes, layers, dropout, norm, linear_layers)
 
 
-def _gcn(in_features, hidden, num_classes, layers, dropout, norm):
-    return PlainGNN("gcn", in_features, hidden, num_classes, layers, dropout, norm)
+def _gcn(in_features, hidden, num_classes, layers, dropout, norm, linear_layers=0):
+    return PlainGNN("gcn", in_features, hidden, num_classes, layers, dropout, norm, linear_layers)
 
 
-def _ressage(in_features, hidden, num_classes, layers, dropout, norm):
-    return ResSAGE(in_features, hidden, num_classes, layers, dropout)  # LayerNorm in every block anyway
+def _ressage(in_features, hidden, num_classes, layers, dropout, norm, linear_layers=0):
+    # LayerNorm in every block anyway
+    return ResSAGE(in_features, hidden, num_classes, layers, dropout, linear_layers)
 
 
 def build_model(name: str, in_features: int, hidden: int, num_classes: int, layers: int,
-                dropout: float = 0.5, norm: bool = False, **options) -> GNN:
+                dropout: float = 0.5, norm: bool = False, linear_layers: int = 0, **options) -> GNN:
     """Build one of MODELS.  ``norm`` adds LayerNorm between sage/gcn convs; ressage always has LayerNorm.
+    ``layers`` counts every layer; the last ``linear_layers`` are per-vertex Linear layers (models whose
+    entry has ``linear_head``), so the model aggregates over ``layers - linear_layers`` hops.
     ``options``: the model's extra constructor options (registry.model_options parses them)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {tuple(MODELS)}")
@@ -260,6 +295,11 @@ def build_model(name: str, in_features: int, hidden: int, num_classes: int, laye
             raise ValueError(f"build_model: {arg} must be a positive integer, got {value!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"build_model: dropout must be in [0, 1), got {dropout!r}")
+    if linear_layers:
+        problem = registry.linear_head_problem(name, layers, linear_layers)
+        if problem:
+            raise ValueError(f"build_model: {problem}")
+        options = dict(options, linear_layers=int(linear_layers))
     return MODELS[name](int(in_features), int(hidden), int(num_classes), int(layers), float(dropout), bool(norm),
                         **options)
 
@@ -280,6 +320,15 @@ def between_convs_saved(rows: int, width: int, norm: bool, dropout: float, mask_
     if dropout > 0:
         b += rows * width * mask_bytes
     return b, pre
+
+
+def linear_saved(rows: int, win: int, wout: int, norm: bool, dropout: float, mask_bytes: int) -> Tuple[int, int]:
+    """A per-vertex Linear layer after [LayerNorm] -> ReLU -> dropout: what those save, plus the Linear's
+    input (the dropout's output, a new storage when p > 0; else ReLU's result, counted already) and its
+    weight (a parameter, allocated before the step).  Returns (saved, of which allocated before)."""
+    b, pre = between_convs_saved(rows, win, norm, dropout, mask_bytes)
+    b += (rows * win * F32 if dropout > 0 else 0) + win * wout * F32
+    return b, pre + win * wout * F32
 
 
 def gather_saved(layer_rows, exchanged: bool) -> Tuple[int, int]:
@@ -318,6 +367,14 @@ class ModelEstimate:
     def widths(self, m) -> List[Tuple[int, int]]:
         raise NotImplementedError
 
+    def linear_widths(self, m) -> List[Tuple[int, int]]:
+        """(in, out) widths of the per-vertex Linear layers after the convs (--linear-layers)."""
+        return []
+
+    def linear_rows(self, rows) -> int:
+        """The rows the per-vertex layers compute: those of the last conv."""
+        return rows.training_layers()[-1][1].n_dst
+
     def parameters(self, m) -> int:
         raise NotImplementedError
 
@@ -336,13 +393,21 @@ class PlainEstimate(ModelEstimate):
     def exchanged(self, layer):
         return layer > 0
 
+    def _all_widths(self, m):
+        T = m.layers + m.linear_layers
+        w = [m.features] + [m.hidden] * (T - 1) + [m.num_classes]
+        return [(w[i], w[i + 1]) for i in range(T)]
+
     def widths(self, m):
-        w = [m.features] + [m.hidden] * (m.layers - 1) + [m.num_classes]
-        return [(w[i], w[i + 1]) for i in range(m.layers)]
+        return self._all_widths(m)[: m.layers]
+
+    def linear_widths(self, m):
+        return self._all_widths(m)[m.layers:]
 
     def parameters(self, m):
         n = sum(self.conv.parameter_count(i, o) for i, o in self.widths(m))
-        return n + ((m.layers - 1) * 2 * m.hidden if m.norm else 0)
+        n += sum(i * o + o for i, o in self.linear_widths(m))
+        return n + ((m.layers + m.linear_layers - 1) * 2 * m.hidden if m.norm else 0)
 
     def activations(self, rows, m, mask_bytes):
         per_layer, fresh = [], []
@@ -354,7 +419,12 @@ class PlainEstimate(ModelEstimate):
             b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)
             per_layer.append(b)
             fresh.append(b - pre)
-        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": 0, "head_fresh": 0, "recompute": 0}
+        head = head_pre = 0
+        for win, wout in self.linear_widths(m):
+            b, pre = linear_saved(self.linear_rows(rows), win, wout, m.norm, m.dropout, mask_bytes)
+            head, head_pre = head + b, head_pre + pre
+        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": head, "head_fresh": head - head_pre,
+                "recompute": 0}
 
 
 class ResSAGEEstimate(ModelEstimate):
@@ -364,9 +434,13 @@ class ResSAGEEstimate(ModelEstimate):
     def widths(self, m):
         return [(m.hidden, m.hidden)] * m.layers
 
+    def linear_widths(self, m):
+        return [(m.hidden, m.hidden)] * m.linear_layers
+
     def parameters(self, m):
-        L, H, F_, C = m.layers, m.hidden, m.features, m.num_classes
-        return (F_ * H + H) + L * SAGEConv.parameter_count(H, H) + (L - 1) * 2 * H + 2 * H + (H * C + C)
+        L, H, F_, C, N = m.layers, m.hidden, m.features, m.num_classes, m.linear_layers
+        return ((F_ * H + H) + L * SAGEConv.parameter_count(H, H) + (L + N - 1) * 2 * H + 2 * H + (H * C + C)
+                + N * (H * H + H))
 
     def activations(self, rows, m, mask_bytes):
         H = m.hidden
@@ -388,12 +462,21 @@ class ResSAGEEstimate(ModelEstimate):
             per_layer.append(b)
             fresh.append(b - pre)
         per_layer[0] += enc
+        # The residual per-vertex blocks (--linear-layers): h + Linear(dropout(relu(LayerNorm(h)))),
+        # recomputed like the conv blocks under checkpointing.
+        blocks = blocks_pre = 0
+        for _ in range(m.linear_layers):
+            b, pre = linear_saved(self.linear_rows(rows), H, H, True, m.dropout, mask_bytes)
+            if m.checkpoint_activations:
+                recompute = max(recompute, b - pre)
+                b, pre = self.linear_rows(rows) * H * F32, 0
+            blocks, blocks_pre = blocks + b, blocks_pre + pre
         head, pre = between_convs_saved(rows.n_inner, H, True, m.dropout, mask_bytes)
         # head saves its input (the dropout output, a new storage when p > 0; else ReLU's result,
         # counted above) and its weight.
         head += (rows.n_inner * H * F32 if m.dropout > 0 else 0) + H * m.num_classes * F32
-        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": head,
-                "head_fresh": head - pre - H * m.num_classes * F32, "recompute": recompute}
+        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": head + blocks,
+                "head_fresh": head - pre - H * m.num_classes * F32 + blocks - blocks_pre, "recompute": recompute}
 
 
 SAGE_ESTIMATE = PlainEstimate(SAGEConv)

@@ -147,7 +147,8 @@ def check_job(manifest: dict, servers: int, gpus_per_server: int, layers: int | 
     if layers is not None and int(manifest["layers"]) != int(layers):
         problems.append(
             f"it was built for a {manifest['layers']}-layer model but this job trains {layers} layers "
-            f"(re-run preprocess with --layers {layers}, or train with {manifest['layers']} layers)")
+            f"(re-run preprocess with --layers {layers}, or train with {manifest['layers']} layers; a per-vertex "
+            f"head adds no hop: train's --layers less --linear-layers is the count that must match)")
     if problems:
         name = manifest.get("dataset", {}).get("name", "?")
         raise ShardError(f"shard set for dataset {name!r} does not match the job: " + "; ".join(problems))
