@@ -29,6 +29,7 @@ from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
 from granndis_hpc.engine import checkpoint, signals, views
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.engine.layerclock import LayerClock
+from granndis_hpc.engine.model_source import model_provenance
 from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
     check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
@@ -387,6 +388,7 @@ class Trainer:
         if self.run_dir is None:
             return
         self.run_dir.claim()
+        self.run_dir.provenance = model_provenance(cfg, self.manifest)
         self.checkpoints = checkpoint.CheckpointManager(
             self.topo, cfg.out, self.checkpoint_fingerprint(), self.model, self.optimizer, self.device,
             sampler=self.mode if self.mode.stateful else None)
