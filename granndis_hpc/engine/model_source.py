@@ -109,7 +109,11 @@ def _checkpoint(directory: str) -> ModelSource:
     if complete is None:
         raise ModelSourceError(f"{directory}: not a complete checkpoint (no readable {COMPLETE})")
     state_path = os.path.join(directory, SHARED_FILE)
-    obj = _load(state_path)
+    from granndis_hpc.engine.checkpoint import read_payload  # its size and sha256 checked first
+    try:
+        obj = read_payload(directory, complete["files"][SHARED_FILE])
+    except (CheckpointError, KeyError, TypeError) as exc:
+        raise ModelSourceError(f"{directory}: {exc}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
         raise ModelSourceError(f"{state_path}: holds no 'model' parameters; the checkpoint is damaged")
     run_dir = os.path.dirname(os.path.dirname(os.path.abspath(directory)))
