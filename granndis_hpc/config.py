@@ -179,6 +179,13 @@ class TrainConfig:
                                         "to stop, which it does after the current epoch, with a checkpoint, "
                                         "exiting 0")
     resume: Optional[str] = option(None, metavar="RUN_DIR", on_resume="may_change", help=_resume_help)
+    # Warm start (engine/model_source.py reads the model): parameters only, so the run is a new one.
+    init_from: Optional[str] = option(None, metavar="RUN_OR_FILE",
+                                      help="start from a trained model's parameters (a run directory, its "
+                                           "best-model.pt or a checkpoint directory) with a fresh optimizer, in a new "
+                                           "run (--out), on any shape and mode; the model options must match its")
+    eval_only: bool = option(False, help="train nothing: evaluate the --init-from model on --shards and write "
+                                         "summary.json (with --out) and the accuracies")
     overwrite_run: bool = option(False, on_resume="reset",
                                  help="replace the run that --out already holds (it is deleted only after the new "
                                       "run has written its config.json)")
@@ -261,6 +268,10 @@ class TrainConfig:
         problem = schedule_problem(self)
         if problem:
             raise ConfigError(problem)
+        if self.eval_only and not self.init_from:
+            raise ConfigError("--eval-only evaluates a saved model: give it with --init-from RUN_OR_FILE")
+        if self.eval_only and self.resume:
+            raise ConfigError("--eval-only trains nothing, so there is nothing to --resume: leave one of them out")
         if self.checkpoint_every > 0 and not self.out:
             raise ConfigError("--checkpoint-every needs a run directory to write checkpoints into: add --out RUN_DIR")
         if self.resume and (not self.out or os.path.realpath(self.out) != os.path.realpath(self.resume)):

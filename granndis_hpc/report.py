@@ -9,6 +9,7 @@ Each run directory holds ``config.json`` (resolved options), ``metrics.jsonl`` (
   and "other" = epoch time not in any timed phase);
 - accuracy.png: validation and test accuracy over the evaluated epochs of every run;
 - bytes.png: bytes per epoch for each link class (halo and gradient, intra- and inter-server);
+- learning_rate.png: the learning rate of every epoch (runs whose metrics.jsonl records it);
 - report.md: the table below plus the plots.
 
 Table columns follow the GraNNDis artifact's AE1 table, with honest units: the artifact printed mean
@@ -48,7 +49,7 @@ from granndis_hpc.options import ConfigError, Options, option
 from granndis_hpc.report_data import (ReportError, RunData, assign_labels, baseline_notes, find_baselines, load_run,
                                       overlap_limit_s, setting_differences)
 from granndis_hpc.report_links import load_sweep, render_sweep
-from granndis_hpc.report_plots import plot_accuracy, plot_bytes, plot_time_breakdown
+from granndis_hpc.report_plots import plot_accuracy, plot_bytes, plot_learning_rate, plot_time_breakdown
 
 __all__ = ["ReportError", "RunData", "load_run", "render_report", "format_table", "load_sweep",
            "render_sweep", "main"]
@@ -124,6 +125,8 @@ def render_report(run_dirs, out_dir) -> dict:
     pngs = [plot_time_breakdown(runs, os.path.join(out_dir, "time_breakdown.png")),
             plot_accuracy(runs, os.path.join(out_dir, "accuracy.png")),
             plot_bytes(runs, os.path.join(out_dir, "bytes.png"))]
+    if any(m.get("lr") is not None for run in runs for m in run.metrics):  # runs that record their rates
+        pngs.append(plot_learning_rate(runs, os.path.join(out_dir, "learning_rate.png")))
     table = format_table(runs, baselines)
     md_path = os.path.join(out_dir, "report.md")
     atomic_write_bytes(md_path, _markdown(runs, baselines, table, pngs, out_dir).encode())

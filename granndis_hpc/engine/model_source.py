@@ -181,3 +181,17 @@ def load_parameters(model: torch.nn.Module, source: ModelSource) -> None:
                                f"({source.architecture()}, the shard set's feature width and classes): "
                                + "; ".join(problems))
     model.load_state_dict(source.state)
+
+
+def warm_start(model: torch.nn.Module, cfg) -> ModelSource:
+    """--init-from: copy a trained model's parameters into the run's model (built from the run's own
+    options, which must describe the same architecture); returns the source (for summary.json)."""
+    source = read_model_source(cfg.init_from)
+    arch = source.architecture()
+    differ = [f"--{k.replace('_', '-')} {getattr(cfg, k)!r} (the model: {arch[k]!r})"
+              for k in ("model", "hidden", "layers", "norm", "model_option") if arch.get(k) != getattr(cfg, k)]
+    if differ:
+        raise ModelSourceError(f"--init-from {cfg.init_from}: the run builds another model than the saved one: "
+                               f"{', '.join(differ)}; give the saved model's options")
+    load_parameters(model, source)
+    return source

@@ -29,7 +29,7 @@ from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
 from granndis_hpc.engine import checkpoint, signals, views
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.engine.layerclock import LayerClock
-from granndis_hpc.engine.model_source import model_provenance
+from granndis_hpc.engine.model_source import ModelSourceError, model_provenance, warm_start
 from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.optim import ScheduledOptimizer
 from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
@@ -88,6 +88,9 @@ class Trainer:
         self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
                                  cfg.layers, dropout=cfg.dropout, norm=cfg.norm,
                                  **model_options(cfg.model, cfg.model_option)).to(self.device)
+        if cfg.init_from:  # --init-from: the parameters of a trained model (a resume replaces them below)
+            with collective_errors(self.world, "", catch=(ModelSourceError,)):
+                self.init_source = warm_start(self.model, cfg)
         self.model.checkpoint_activations = cfg.checkpoint_activations
         self.model.input_dropout = cfg.input_dropout
         self._keyed_dropout = "dropout" in inspect.signature(self.model.forward).parameters
@@ -288,7 +291,7 @@ class Trainer:
         bar = progress(total=cfg.epochs, initial=self.epoch, desc=f"{cfg.mode} epochs", rank=self.topo.rank,
                        quiet=cfg.quiet, unit="epoch", enabled=True if cfg.progress else None)
         stop_early = False
-        while self.epoch < cfg.epochs and self.optimizer.stopped_at is None:  # early-stopped: resumes to the end
+        while self.epoch < cfg.epochs and self.optimizer.stopped_at is None and not cfg.eval_only:  # early-stopped: resumes to the end
             lr = self.optimizer.start_epoch(self.epoch)
             rec = self.train_epoch()
             rec["lr"] = lr
@@ -339,6 +342,8 @@ class Trainer:
         summary["plan"].update(self.communication_entry())
         summary["features"] = features_entry(self.manifest)
         summary["optimizer"] = self.optimizer.summary()
+        if cfg.init_from:
+            summary["init_from"] = self.init_source.provenance()
         if self.run_dir:
             self.run_dir.write_best_model(self.best, self.best_state)  # collective, rank 0 writes
             self.run_dir.finish(summary)

@@ -6,6 +6,7 @@ and to the 4 x 1 set of the same dataset (HDF5, the test split, probabilities). 
 single-process dense forward of best-model.pt's parameters (tests/dense_reference.py, float64) to
 float32 rounding, in global-id order; an existing --out is refused on every rank and left as it was.
 """
+import json
 import os
 
 import numpy as np
@@ -76,3 +77,38 @@ def test_predict_equals_single_process_forward_on_two_shapes(cora, cora_shapes, 
     with pytest.raises(ClusterError, match="--layer 3: the model has 3 message-passing layers"):
         cli.run_predict(["--model", run, "--shards", cora_shapes[2], "--out", os.path.join(base, "x.h5"),
                          "--layer", "3", "--ranks-per-server", "2"])
+
+
+def test_eval_only_and_init_from_on_another_shape(cora, cora_shapes, trained):
+    """--eval-only on 4 x 1 reports the dense forward's accuracies of best-model.pt; --init-from starts a new
+    run from those parameters (on 4 x 1, mode flx) with a fresh Adam, equal to 2 dense Adam epochs from them;
+    another width is refused on every rank."""
+    from tests.dense_reference import assert_parameters_close, train_dense
+    from granndis_hpc.nn.models import build_model
+
+    base, run = trained
+    common = ["--shards", cora_shapes[1], "--ranks-per-server", "1", "--layers", "3", "--hidden", "16",
+              "--quiet", "--init-from", run]
+    summary = cli.run_training(common + ["--eval-only", "--mode", "fb", "--out", os.path.join(base, "eval")])
+    cli.run_training(common + ["--mode", "flx", "--epochs", "2", "--lr", "0.01", "--dropout", "0",
+                               "--checkpoint-every", "2", "--out", os.path.join(base, "warm")])
+
+    def check():
+        want, _ = reference(cora, run)
+        pred = want.argmax(1).numpy()
+        for split, mask in (("train", cora.train_mask), ("val", cora.val_mask), ("test", cora.test_mask)):
+            assert summary["accuracy"][split] == pytest.approx((pred[mask] == cora.labels[mask]).mean(), abs=1e-12)
+        assert summary["epochs"] == 0 and summary["init_from"]["epoch"] >= 1
+        with open(os.path.join(base, "eval", "summary.json")) as f:
+            assert json.load(f)["accuracy"] == summary["accuracy"]
+        model = build_model("sage", cora.features.shape[1], 16, 7, 3, dropout=0.0, norm=False)
+        model.load_state_dict(torch.load(os.path.join(run, "best-model.pt"), weights_only=True)["model"])
+        ref = train_dense(cora, model, epochs=2, lr=0.01)
+        final = build_model("sage", cora.features.shape[1], 16, 7, 3, dropout=0.0, norm=False)
+        final.load_state_dict(torch.load(os.path.join(base, "warm", "checkpoints", "epoch-000002", "state.pt"),
+                                         weights_only=True)["model"])
+        assert_parameters_close(final, ref, rel_tol=1e-5)
+    on_rank0(check)
+    with pytest.raises(ClusterError, match=r"--hidden 32 \(the model: 16\)"):
+        cli.run_training(["--shards", cora_shapes[2], "--ranks-per-server", "2", "--layers", "3", "--hidden", "32",
+                          "--mode", "fb", "--init-from", run, "--quiet"])

@@ -62,3 +62,21 @@ def test_saved_state_refused_for_another_optimizer_or_schedule():
     ScheduledOptimizer(cfg(), groups(), model.parameters()).load_state_dict(plain)
     with pytest.raises(CheckpointError, match="optimizer: checkpoint 'adam', this run 'adamw'"):
         ScheduledOptimizer(cfg(optimizer="adamw"), groups(), model.parameters()).load_state_dict(plain)
+
+
+def test_report_plots_the_learning_rate_of_runs_that_record_it(tmp_path):
+    import json
+    import os
+
+    from granndis_hpc.report import render_report
+    from tests.unit.test_report import check_png, write_run
+
+    plain, _ = write_run(tmp_path, "plain", "fb", seed=1)
+    assert "learning_rate.png" not in [os.path.basename(p) for p in render_report([str(plain)], str(tmp_path / "r1"))["pngs"]]
+    run, _ = write_run(tmp_path, "cosine", "fb", seed=2)
+    lrs = rates(cfg(lr=0.1, lr_schedule="cosine", warmup_epochs=2, epochs=12), 12)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(dict(r, lr=lr)) + "\n" for r, lr in zip(lines, lrs)))
+    pngs = render_report([str(run), str(plain)], str(tmp_path / "r2"))["pngs"]
+    assert os.path.basename(pngs[-1]) == "learning_rate.png"
+    check_png(pngs[-1])
