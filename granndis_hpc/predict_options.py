@@ -42,7 +42,9 @@ class PredictOptions(Options):
     device: str = reuse(TrainConfig, "device")
     intra_transport: str = reuse(TrainConfig, "intra_transport")
     skip_checksums: bool = reuse(TrainConfig, "skip_checksums")
-    verify_content: bool = reuse(TrainConfig, "verify_content")
+    verify_content: bool = reuse(TrainConfig, "verify_content",
+                                 help="before predicting, recompute the dataset content digest from the rows the "
+                                      "ranks read and refuse a set whose files were edited after the build")
     quiet: bool = option(False, help="print nothing but errors")
 
     def __post_init__(self):
