@@ -184,7 +184,7 @@ class TrainConfig:
                                       help="start from a trained model's parameters (a run directory, its "
                                            "best-model.pt or a checkpoint directory) with a fresh optimizer, in a new "
                                            "run (--out), on any shape and mode; the model options must match its")
-    eval_only: bool = option(False, help="train nothing: evaluate the --init-from model on --shards and write "
+    eval_only: bool = option(False, fingerprint=False, help="train nothing: evaluate the --init-from model on --shards and write "
                                          "summary.json (with --out) and the accuracies")
     overwrite_run: bool = option(False, on_resume="reset",
                                  help="replace the run that --out already holds (it is deleted only after the new "

@@ -127,3 +127,11 @@ def test_model_sources(toy, tmp_path):
     assert (src.kind, src.epoch, src.dataset_sha256, src.config["layers"]) == ("checkpoint", 2, "ab", 2)
     with pytest.raises(ModelSourceError, match="holds neither best-model.pt nor a complete checkpoint"):
         read_model_source(str(ck.parent))
+
+
+def test_eval_only_needs_a_model_and_no_resume(tmp_path):
+    from granndis_hpc.config import ConfigError, TrainConfig
+    with pytest.raises(ConfigError, match="--eval-only evaluates a saved model: give it with --init-from"):
+        TrainConfig(shards="x", eval_only=True)
+    with pytest.raises(ConfigError, match="nothing to --resume"):
+        TrainConfig(shards="x", eval_only=True, init_from="m", resume=str(tmp_path), out=str(tmp_path))
