@@ -117,6 +117,7 @@ class Trainer:
         self.best: Optional[Dict] = None
         self.best_state: Optional[Dict] = None
         self.prior_records, self.prior_elapsed_s, self.stopped_checkpoint = [], 0.0, None
+        self._saved_epoch: Optional[int] = None  # the epoch of the newest checkpoint this attempt wrote
         self.checkpoints: Optional[checkpoint.CheckpointManager] = None  # with --out only
         self._set_up_checkpoints()
 
@@ -324,7 +325,7 @@ class Trainer:
                 self.run_dir.close_metrics()
                 return None  # stopped on request with a checkpoint written: not finished, no summary
             if stop_early:  # --patience: end here, with a checkpoint (best-model.pt is written below)
-                if self.run_dir and not (cfg.checkpoint_every > 0 and self.epoch % cfg.checkpoint_every == 0):
+                if self.run_dir and self._saved_epoch != self.epoch:  # not written after this epoch already
                     self.save_checkpoint(time.perf_counter() - start)
                 if rank0 and not cfg.quiet:
                     print(f"early stopping: no better validation metric in the last {cfg.patience} evaluations; "
@@ -440,6 +441,7 @@ class Trainer:
         best-validation epoch so far (its parameters too), and refresh RUN_DIR/best-model.pt."""
         best = None if self.best is None else dict(self.best, model=self.best_state)
         path = self.checkpoints.save(self.epoch, elapsed_s, best=best)
+        self._saved_epoch = self.epoch
         self.run_dir.write_best_model(self.best, self.best_state)
         return path
 

@@ -93,12 +93,11 @@ def run(shards, out, stop_after=None, **o):
         trainer.close()
 
 
-def initial_model(shards, **o):
-    trainer = make_trainer(shards, "fb", **{k: v for k, v in o.items() if k != "patience"})
-    try:
-        return trainer.model
-    finally:
-        trainer.close()
+def initial_model(cora, **o):
+    """The parameters every rank starts from: the trainer seeds torch with --seed, then builds the model."""
+    from granndis_hpc.nn.models import build_model
+    torch.manual_seed(o["seed"])
+    return build_model("sage", cora.features.shape[1], o["hidden"], 7, 3, dropout=o["dropout"], norm=False)
 
 
 def metrics(run_dir):
@@ -108,7 +107,7 @@ def metrics(run_dir):
 
 def test_cosine_warmup_clipping_early_stopping_resumed_equals_uninterrupted_and_reference(cora, cora_shards):
     shards, base = cora_shards[("full", 3)], shared_tmpdir("granndis-schedule-")
-    model0 = initial_model(shards, **COSINE)
+    model0 = initial_model(cora, **COSINE)
     summary, params, _ = run(shards, os.path.join(base, "a"), **COSINE)
     stopped = summary["optimizer"]["stopped_early_after_epoch"]
     rec_a = metrics(os.path.join(base, "a"))
@@ -139,7 +138,7 @@ def test_cosine_warmup_clipping_early_stopping_resumed_equals_uninterrupted_and_
 
 def test_sgd_nesterov_plateau_equals_reference(cora, cora_shards):
     shards = cora_shards[("full", 3)]
-    model0 = initial_model(shards, **PLATEAU)
+    model0 = initial_model(cora, **PLATEAU)
     base = shared_tmpdir("granndis-plateau-")
     _, params, _ = run(shards, os.path.join(base, "p"), **PLATEAU)
     rec = metrics(os.path.join(base, "p"))
