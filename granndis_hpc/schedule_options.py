@@ -12,7 +12,8 @@ SCHEDULE_GROUP = "optimizer and schedule"
 def schedule_problem(cfg) -> Optional[str]:
     """What is wrong with a combination of these options (None: nothing)."""
     if cfg.optimizer != "sgd" and (cfg.momentum > 0 or cfg.nesterov):
-        return f"--momentum and --nesterov are sgd's; --optimizer is {cfg.optimizer}: give --optimizer sgd or leave them out"
+        return (f"--momentum and --nesterov are sgd's; --optimizer is {cfg.optimizer}: give --optimizer sgd or "
+                f"leave them out")
     if cfg.nesterov and cfg.momentum == 0:
         return "--nesterov needs momentum: give --momentum (e.g. 0.9)"
     if cfg.lr_schedule in ("cosine", "plateau") and cfg.min_lr >= cfg.lr:

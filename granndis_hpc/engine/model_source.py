@@ -172,8 +172,8 @@ def load_parameters(model: torch.nn.Module, source: ModelSource) -> None:
     mine = model.state_dict()
     missing = sorted(set(mine) - set(source.state))
     unexpected = sorted(set(source.state) - set(mine))
-    shapes = [f"{k} {tuple(source.state[k].shape)} (here {tuple(mine[k].shape)})" for k in sorted(set(mine) & set(source.state))
-              if tuple(source.state[k].shape) != tuple(mine[k].shape)]
+    shapes = [f"{k} {tuple(source.state[k].shape)} (here {tuple(mine[k].shape)})"
+              for k in sorted(set(mine) & set(source.state)) if tuple(source.state[k].shape) != tuple(mine[k].shape)]
     problems = ([f"missing {', '.join(missing[:4])}"] if missing else []) + \
                ([f"unexpected {', '.join(unexpected[:4])}"] if unexpected else []) + shapes[:4]
     if problems:

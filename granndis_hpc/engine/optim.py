@@ -148,7 +148,8 @@ class ScheduledOptimizer:
         differ = [f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}" for k, v in self._options().items()
                   if saved.get(k) != v]
         if differ:
-            raise CheckpointError(f"the checkpoint's optimizer and schedule differ from this run's ({'; '.join(differ)}); "
+            raise CheckpointError(f"the checkpoint's optimizer and schedule differ from this run's "
+                                  f"({'; '.join(differ)}); "
                                   f"resume with the run's own options, or start a new run (--init-from RUN_DIR "
                                   f"starts one from its parameters)")
         if "torch" not in state:
@@ -157,5 +158,6 @@ class ScheduledOptimizer:
         self.torch.load_state_dict(state["torch"])
         s = state["schedule"]
         self.horizon, self.plateau_lr, self.best = int(s["horizon"]), float(s["plateau_lr"]), s["best"]
-        self.plateau_bad, self.since_best, self.stopped_at = int(s["plateau_bad"]), int(s["since_best"]), s["stopped_at"]
+        self.plateau_bad, self.since_best = int(s["plateau_bad"]), int(s["since_best"])
+        self.stopped_at = s["stopped_at"]
         self.lr = float(s["lr"])

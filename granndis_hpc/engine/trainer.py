@@ -292,7 +292,8 @@ class Trainer:
         bar = progress(total=cfg.epochs, initial=self.epoch, desc=f"{cfg.mode} epochs", rank=self.topo.rank,
                        quiet=cfg.quiet, unit="epoch", enabled=True if cfg.progress else None)
         stop_early = False
-        while self.epoch < cfg.epochs and self.optimizer.stopped_at is None and not cfg.eval_only:  # early-stopped: resumes to the end
+        # An early-stopped run (resumed) trains no further; --eval-only trains nothing.
+        while self.epoch < cfg.epochs and self.optimizer.stopped_at is None and not cfg.eval_only:
             lr = self.optimizer.start_epoch(self.epoch)
             rec = self.train_epoch()
             rec["lr"] = lr
