@@ -1,4 +1,4 @@
-"""Command-line entry points: `granndis-train` (under mpirun/srun) and `granndis {train,report}`."""
+"""Command-line entry points: `granndis-train` (under mpirun/srun) and `granndis {train,predict,report}`."""
 from __future__ import annotations
 
 import argparse
@@ -133,19 +133,40 @@ def train_main(argv=None) -> int:
     return 0
 
 
+def predict_main(argv=None) -> int:
+    """`granndis predict` (under mpirun/srun like training): engine/predict.py."""
+    from granndis_hpc.cluster.errors import main_guard
+
+    main_guard(run_predict, argv)
+    return 0
+
+
+def run_predict(argv=None) -> dict:
+    """Parse (a usage error exits 2 on every rank alike: every rank parses the same argv), predict."""
+    from granndis_hpc.engine.predict import run_predict as predict
+    from granndis_hpc.options import parse_options
+    from granndis_hpc.predict_options import PREDICT_DESCRIPTION, PREDICT_EPILOG, PREDICT_PROG, PredictOptions
+
+    opts = parse_options(PredictOptions, argv, PREDICT_PROG, PREDICT_DESCRIPTION, PREDICT_EPILOG)
+    return predict(opts)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: granndis {train,report} ...\n  train   same as granndis-train\n"
-              "  report  plots and a table for run directories")
+        print("usage: granndis {train,predict,report} ...\n  train    same as granndis-train\n"
+              "  predict  write a trained model's predictions and embeddings (under mpirun, like train)\n"
+              "  report   plots and a table for run directories")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "train":
         return train_main(rest)
+    if cmd == "predict":
+        return predict_main(rest)
     if cmd == "report":
         from granndis_hpc.report import main as report_main
         return report_main(rest)
-    print(f"granndis: unknown command {cmd!r}; choose train or report", file=sys.stderr)
+    print(f"granndis: unknown command {cmd!r}; choose train, predict or report", file=sys.stderr)
     return 2
 
 

@@ -19,6 +19,7 @@ from granndis_hpc.options import (ConfigError, HelpFormatter, add_options, allow
                                   build_parser, defaults, load_config_file, missing_required, option,
                                   parse_args_with_config, read_options, resume_rule, specs, validate)
 from granndis_hpc.graph.sampler import SAMPLERS
+from granndis_hpc.schedule_options import LR_SCHEDULES, OPTIMIZER_NAMES, SCHEDULE_GROUP, schedule_problem
 from granndis_hpc.units import parse_size
 
 CONFIG_FILE_NAME = "config.json"
@@ -114,12 +115,43 @@ class TrainConfig:
              "artifact's 3-layer GraphSAGE is --layers 4 --linear-layers 1 on a 3-hop set (default: none)")
     hidden: int = option(64, ge=1, help="hidden width")
     epochs: int = option(200, ge=1, on_resume="may_change", help="training epochs")
-    lr: float = option(0.01, gt=0.0, help="Adam learning rate")
-    weight_decay: float = option(0.0, ge=0.0, help="Adam weight decay")
+    lr: float = option(0.01, gt=0.0, help="learning rate (a schedule's peak)")
+    weight_decay: float = option(0.0, ge=0.0, help="weight decay (adam and sgd: L2 in the gradient; adamw: decoupled)")
     weight_decay_on: str = option("all", choices=WEIGHT_DECAY_ON,
                                   help="parameters --weight-decay applies to: all, or first = the layer that "
                                        "reads the input features (Kipf & Welling's GCN and PyG's examples/gcn.py "
                                        "decay conv 0 only)")
+    # The optimizer and its schedule (engine/optim.py).  Not in the checkpoint fingerprint (checkpoints
+    # written before these options existed ran with their defaults): the optimizer's saved state holds
+    # them and refuses other values on resume, as the sampler's does for its options.
+    optimizer: str = option("adam", choices=OPTIMIZER_NAMES, fingerprint=False, group=SCHEDULE_GROUP,
+                            help="adam, adamw (decoupled weight decay) or sgd (--momentum, --nesterov)")
+    momentum: float = option(0.0, ge=0.0, lt=1.0, fingerprint=False, group=SCHEDULE_GROUP, help="sgd: momentum")
+    nesterov: bool = option(False, fingerprint=False, group=SCHEDULE_GROUP,
+                            help="sgd: Nesterov momentum (needs --momentum > 0)")
+    lr_schedule: str = option("constant", choices=LR_SCHEDULES, fingerprint=False, group=SCHEDULE_GROUP,
+                              help="learning rate per epoch after --warmup-epochs: constant; step (x --gamma every "
+                                   "--step-size epochs); cosine (down to --min-lr over --lr-decay-epochs); plateau "
+                                   "(x --gamma after --plateau-patience evaluations without a better validation "
+                                   "metric, not below --min-lr)")
+    warmup_epochs: int = option(0, ge=0, fingerprint=False, group=SCHEDULE_GROUP,
+                                help="linear warm-up: epoch e < N runs at --lr * (e + 1) / N")
+    step_size: int = option(30, ge=1, fingerprint=False, group=SCHEDULE_GROUP, help="step: epochs per decay")
+    gamma: float = option(0.1, gt=0.0, lt=1.0, fingerprint=False, group=SCHEDULE_GROUP,
+                          help="step and plateau: the factor of each decay")
+    min_lr: float = option(0.0, ge=0.0, fingerprint=False, group=SCHEDULE_GROUP,
+                           help="cosine: the final learning rate; plateau: the lowest")
+    lr_decay_epochs: int = option(0, ge=0, fingerprint=False, group=SCHEDULE_GROUP,
+                                  help="cosine: the epoch the decay ends at (0 = --epochs of the run's start; kept "
+                                       "when a resumed run changes --epochs)")
+    plateau_patience: int = option(10, ge=1, fingerprint=False, group=SCHEDULE_GROUP,
+                                   help="plateau: evaluations without a better validation metric before a decay")
+    clip_grad_norm: float = option(0.0, ge=0.0, fingerprint=False, group=SCHEDULE_GROUP,
+                                   help="clip the gradient to this global L2 norm (0 = off); the norm is the whole "
+                                        "graph's, as one process computes it")
+    patience: int = option(0, ge=0, on_resume="may_change", group=SCHEDULE_GROUP,
+                           help="early stopping: end the run after N evaluations (--eval-every) without a better "
+                                "validation metric, with the best model in best-model.pt (0 = off)")
     dropout: float = option(0.5, ge=0.0, lt=1.0, help="dropout probability")
     input_dropout: float = option(0.0, ge=0.0, lt=1.0,
                                   help="dropout probability of the input features (Kipf & Welling's GCN: 0.5); "
@@ -154,6 +186,13 @@ class TrainConfig:
                                         "to stop, which it does after the current epoch, with a checkpoint, "
                                         "exiting 0")
     resume: Optional[str] = option(None, metavar="RUN_DIR", on_resume="may_change", help=_resume_help)
+    # Warm start (engine/model_source.py reads the model): parameters only, so the run is a new one.
+    init_from: Optional[str] = option(None, metavar="RUN_OR_FILE",
+                                      help="start from a trained model's parameters (a run directory, its "
+                                           "best-model.pt or a checkpoint directory) with a fresh optimizer, in a new "
+                                           "run (--out), on any shape and mode; the model options must match its")
+    eval_only: bool = option(False, fingerprint=False, help="train nothing: evaluate the --init-from model on --shards and write "
+                                         "summary.json (with --out) and the accuracies")
     overwrite_run: bool = option(False, on_resume="reset",
                                  help="replace the run that --out already holds (it is deleted only after the new "
                                       "run has written its config.json)")
@@ -238,6 +277,13 @@ class TrainConfig:
             registry.model_options(self.model, self.model_option)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        problem = schedule_problem(self)
+        if problem:
+            raise ConfigError(problem)
+        if self.eval_only and not self.init_from:
+            raise ConfigError("--eval-only evaluates a saved model: give it with --init-from RUN_OR_FILE")
+        if self.eval_only and self.resume:
+            raise ConfigError("--eval-only trains nothing, so there is nothing to --resume: leave one of them out")
         if self.checkpoint_every > 0 and not self.out:
             raise ConfigError("--checkpoint-every needs a run directory to write checkpoints into: add --out RUN_DIR")
         if self.resume and (not self.out or os.path.realpath(self.out) != os.path.realpath(self.resume)):

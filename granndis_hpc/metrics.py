@@ -219,11 +219,15 @@ def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_
     }
 
 
-def write_best_model(run_dir: str, best: Dict, state: Dict) -> str:
-    """RUN_DIR/best-model.pt, atomically: {"epoch", "train_acc", "val_acc", "test_acc", "model"}; load it
+def write_best_model(run_dir: str, best: Dict, state: Dict, provenance: Optional[Dict] = None) -> str:
+    """RUN_DIR/best-model.pt, atomically: {"epoch", "train_acc", "val_acc", "test_acc", "model"} and, when
+    given, "provenance" (the run's options and dataset digest: engine/model_source.py reads it); load it
     with torch.load(path, weights_only=True) and model.load_state_dict(obj["model"])."""
     buf = io.BytesIO()
-    torch.save({**{k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")}, "model": state}, buf)
+    obj = {**{k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")}, "model": state}
+    if provenance is not None:
+        obj["provenance"] = provenance
+    torch.save(obj, buf)
     path = os.path.join(run_dir, BEST_MODEL)
     atomic_write_bytes(path, buf.getvalue())
     return path

@@ -11,6 +11,7 @@ Each run directory holds ``config.json`` (resolved options), ``metrics.jsonl`` (
 - time_to_accuracy.png: validation accuracy against training time (the sum of the epoch times so far,
   evaluation excluded), one line per run;
 - bytes.png: bytes per epoch for each link class (halo and gradient, intra- and inter-server);
+- learning_rate.png: the learning rate of every epoch (runs whose metrics.jsonl records it);
 - report.md: the table below plus the plots.
 
 Table columns follow the GraNNDis artifact's AE1 table, with honest units: the artifact printed mean
@@ -50,7 +51,8 @@ from granndis_hpc.options import ConfigError, Options, option
 from granndis_hpc.report_data import (ReportError, RunData, assign_labels, baseline_notes, find_baselines, load_run,
                                       overlap_limit_s, setting_differences)
 from granndis_hpc.report_links import load_sweep, render_sweep
-from granndis_hpc.report_plots import plot_accuracy, plot_bytes, plot_time_breakdown, plot_time_to_accuracy
+from granndis_hpc.report_plots import (plot_accuracy, plot_bytes, plot_learning_rate, plot_time_breakdown,
+                                       plot_time_to_accuracy)
 
 __all__ = ["ReportError", "RunData", "load_run", "render_report", "format_table", "load_sweep",
            "render_sweep", "main"]
@@ -127,6 +129,8 @@ def render_report(run_dirs, out_dir) -> dict:
             plot_accuracy(runs, os.path.join(out_dir, "accuracy.png")),
             plot_time_to_accuracy(runs, os.path.join(out_dir, "time_to_accuracy.png")),
             plot_bytes(runs, os.path.join(out_dir, "bytes.png"))]
+    if any(m.get("lr") is not None for run in runs for m in run.metrics):  # runs that record their rates
+        pngs.append(plot_learning_rate(runs, os.path.join(out_dir, "learning_rate.png")))
     table = format_table(runs, baselines)
     md_path = os.path.join(out_dir, "report.md")
     atomic_write_bytes(md_path, _markdown(runs, baselines, table, pngs, out_dir).encode())

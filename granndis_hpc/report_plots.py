@@ -1,4 +1,4 @@
-"""The PNGs of `granndis report`: time per phase, accuracy, bytes per link class, and speedup over fb
+"""The PNGs of `granndis report`: time per phase, accuracy, learning rate, bytes per link class, and speedup over fb
 against link rate.  matplotlib's object API on the Agg canvas: no pyplot, no global backend switch, no
 display."""
 from __future__ import annotations
@@ -102,6 +102,23 @@ def plot_time_to_accuracy(runs, path):
     ax.set_xlabel(f"training time ({unit}): sum of epoch times, evaluation excluded")
     ax.set_ylabel("validation accuracy")
     ax.set_title("Time to accuracy")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_learning_rate(runs, path):
+    """The learning rate of every epoch (metrics.jsonl's lr: --lr-schedule with its warm-up and decays)."""
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for i, run in enumerate(runs):
+        points = [(m["epoch"], m["lr"]) for m in run.metrics if m.get("lr") is not None]
+        if points:
+            epochs, lr = zip(*points)
+            ax.plot(epochs, lr, color=f"C{i % 10}", label=run.label)
+    ax.legend(fontsize="small")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("learning rate")
+    ax.set_title("Learning rate per epoch")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 

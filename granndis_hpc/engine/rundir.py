@@ -102,6 +102,8 @@ class RunDirectory:
         self.resume, self.overwrite_run = bool(resume), bool(overwrite_run)
         self._lock: Optional[RunLock] = None
         self.writer: Optional[MetricsWriter] = None
+        # Written into best-model.pt: the run's options and its dataset's digest (set by the trainer).
+        self.provenance: Optional[Dict] = None
 
     @property
     def checkpoints(self) -> str:
@@ -151,7 +153,7 @@ class RunDirectory:
         """Collective: rank 0 writes best-model.pt (atomically) when an epoch was evaluated."""
         with collective_errors(self.topo.world, self.failed_write(BEST_MODEL), catch=(OSError,)):
             if self.topo.rank == 0 and best is not None:
-                write_best_model(self.path, best, state)
+                write_best_model(self.path, best, state, self.provenance)
 
     def finish(self, summary: Dict) -> None:
         """Collective: close metrics.jsonl and write summary.json (the run has finished)."""

@@ -29,7 +29,9 @@ from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
 from granndis_hpc.engine import checkpoint, signals, views
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.engine.layerclock import LayerClock
+from granndis_hpc.engine.model_source import ModelSourceError, model_provenance, warm_start
 from granndis_hpc.engine.modes import make_mode
+from granndis_hpc.engine.optim import ScheduledOptimizer
 from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
     check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
 from granndis_hpc.engine.rundir import RunDirectory
@@ -86,13 +88,18 @@ class Trainer:
         self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
                                  cfg.layers, dropout=cfg.dropout, norm=cfg.norm, linear_layers=cfg.linear_layers or 0,
                                  **model_options(cfg.model, cfg.model_option)).to(self.device)
+        if cfg.init_from:  # --init-from: the parameters of a trained model (a resume replaces them below)
+            with collective_errors(self.world, "", catch=(ModelSourceError,)):
+                self.init_source = warm_start(self.model, cfg)
         self.model.checkpoint_activations = cfg.checkpoint_activations
         self.model.input_dropout = cfg.input_dropout
         self._keyed_dropout = "dropout" in inspect.signature(self.model.forward).parameters
         with collective_errors(self.world, "", catch=(TrainingError,)):
             check_input_dropout(cfg, self.model, self._keyed_dropout)
             groups = optimizer_groups(self.model, cfg)
-        self.optimizer = torch.optim.Adam(groups, lr=cfg.lr)
+        # --optimizer with its schedule, clipping and early stopping (engine/optim.py); its state_dict
+        # holds the schedule's state too, so checkpoints carry it.
+        self.optimizer = ScheduledOptimizer(cfg, groups, self.model.parameters())
         # Overlap (--no-overlap turns it off): gradients reduced in buckets during the backward, and the
         # halo in flight while each layer aggregates its own rows (models that accept PendingRows).
         self.gradsync = GradientSync(self.comm, self.model.named_parameters()) if not cfg.no_overlap else None
@@ -110,6 +117,7 @@ class Trainer:
         self.best: Optional[Dict] = None
         self.best_state: Optional[Dict] = None
         self.prior_records, self.prior_elapsed_s, self.stopped_checkpoint = [], 0.0, None
+        self._saved_epoch: Optional[int] = None  # the epoch of the newest checkpoint this attempt wrote
         self.checkpoints: Optional[checkpoint.CheckpointManager] = None  # with --out only
         self._set_up_checkpoints()
 
@@ -283,13 +291,20 @@ class Trainer:
             return None
         bar = progress(total=cfg.epochs, initial=self.epoch, desc=f"{cfg.mode} epochs", rank=self.topo.rank,
                        quiet=cfg.quiet, unit="epoch", enabled=True if cfg.progress else None)
-        while self.epoch < cfg.epochs:
+        stop_early = False
+        # An early-stopped run (resumed) trains no further; --eval-only trains nothing.
+        while self.epoch < cfg.epochs and self.optimizer.stopped_at is None and not cfg.eval_only:
+            lr = self.optimizer.start_epoch(self.epoch)
             rec = self.train_epoch()
+            rec["lr"] = lr
+            if self.optimizer.last_norm is not None:  # --clip-grad-norm: the last step's norm before clipping
+                rec["grad_norm"] = self.optimizer.last_norm
             last = self.epoch == cfg.epochs
             if last or (cfg.eval_every > 0 and self.epoch % cfg.eval_every == 0):
                 accuracy = self.evaluate()
                 rec.update(train_acc=accuracy["train"], val_acc=accuracy["val"], test_acc=accuracy["test"])
                 self._track_best(rec)
+                stop_early = self.optimizer.observe(rec["val_acc"], self.epoch, final=last)
             rec["peak_memory_bytes"] = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
             records.append(summary_fields(rec))  # the whole record goes to metrics.jsonl, not to memory
             if rank0:
@@ -306,10 +321,17 @@ class Trainer:
                         bar.write(line)
             bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
             bar.update(1)
-            if self._checkpoint_after_epoch(last, time.perf_counter() - start):
+            if self._checkpoint_after_epoch(last or stop_early, time.perf_counter() - start):
                 bar.close()
                 self.run_dir.close_metrics()
                 return None  # stopped on request with a checkpoint written: not finished, no summary
+            if stop_early:  # --patience: end here, with a checkpoint (best-model.pt is written below)
+                if self.run_dir and self._saved_epoch != self.epoch:  # not written after this epoch already
+                    self.save_checkpoint(time.perf_counter() - start)
+                if rank0 and not cfg.quiet:
+                    print(f"early stopping: no better validation metric in the last {cfg.patience} evaluations; "
+                          f"stopped after epoch {self.epoch} (best: epoch {self.best['epoch']})", flush=True)
+                break
         bar.close()
         if accuracy is None:  # resumed after the last epoch: evaluate the parameters it ended with
             accuracy = self.evaluate()
@@ -321,6 +343,9 @@ class Trainer:
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
         summary["plan"].update(self.communication_entry())
         summary["features"] = features_entry(self.manifest)
+        summary["optimizer"] = self.optimizer.summary()
+        if cfg.init_from:
+            summary["init_from"] = self.init_source.provenance()
         if self.run_dir:
             self.run_dir.write_best_model(self.best, self.best_state)  # collective, rank 0 writes
             self.run_dir.finish(summary)
@@ -387,6 +412,7 @@ class Trainer:
         if self.run_dir is None:
             return
         self.run_dir.claim()
+        self.run_dir.provenance = model_provenance(cfg, self.manifest)
         self.checkpoints = checkpoint.CheckpointManager(
             self.topo, cfg.out, self.checkpoint_fingerprint(), self.model, self.optimizer, self.device,
             sampler=self.mode if self.mode.stateful else None)
@@ -416,6 +442,7 @@ class Trainer:
         best-validation epoch so far (its parameters too), and refresh RUN_DIR/best-model.pt."""
         best = None if self.best is None else dict(self.best, model=self.best_state)
         path = self.checkpoints.save(self.epoch, elapsed_s, best=best)
+        self._saved_epoch = self.epoch
         self.run_dir.write_best_model(self.best, self.best_state)
         return path
 

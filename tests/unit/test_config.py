@@ -211,7 +211,11 @@ OUT_OF_RANGE = [("epochs", "0", ">= 1"), ("epochs", "-5", ">= 1"), ("layers", "0
                 ("input_dropout", "-0.5", ">= 0.0"), ("seed", "-1", ">= 0"),
                 ("eval_every", "-1", ">= 0"), ("checkpoint_every", "-2", ">= 0"), ("ranks_per_server", "0", ">= 1"),
                 ("batches_per_epoch", "0", ">= 1"), ("fanout", "0", "-1 for all"), ("fanout", "-2", "-1 for all"),
-                ("preloaded_layers", "0", ">= 1"), ("linear_layers", "-1", ">= 0")]
+                ("preloaded_layers", "0", ">= 1"), ("linear_layers", "-1", ">= 0"),
+                ("momentum", "1", "< 1.0"), ("warmup_epochs", "-1", ">= 0"),
+                ("step_size", "0", ">= 1"), ("gamma", "1", "< 1.0"), ("min_lr", "-1", ">= 0.0"),
+                ("lr_decay_epochs", "-1", ">= 0"), ("plateau_patience", "0", ">= 1"),
+                ("clip_grad_norm", "-1", ">= 0.0"), ("patience", "-1", ">= 0")]
 
 
 def test_every_numeric_option_has_a_range():

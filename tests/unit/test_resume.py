@@ -173,9 +173,9 @@ def test_stop_and_resume_twice_repeats_the_uninterrupted_run(shards, uninterrupt
     sa, sb = _final_state(uninterrupted), _final_state(run_b)
     for name, ta in sa["model"].items():
         assert torch.allclose(ta, sb["model"][name], rtol=0, atol=1e-6), name
-    for key, st in sa["optimizer"]["state"].items():
+    for key, st in sa["optimizer"]["torch"]["state"].items():
         for field in ("exp_avg", "exp_avg_sq"):
-            assert torch.allclose(st[field], sb["optimizer"]["state"][key][field], rtol=0, atol=1e-6)
+            assert torch.allclose(st[field], sb["optimizer"]["torch"]["state"][key][field], rtol=0, atol=1e-6)
     # Only the newest two complete checkpoints are kept (older stop and periodic ones were pruned).
     newest_two = sorted({first, second, EVERY, EPOCHS})[-2:]
     assert [(e, c) for e, _, c in ck.list_checkpoints(str(run_b))] == [(e, True) for e in newest_two]

@@ -1,0 +1,168 @@
+"""`granndis predict`: exact distributed inference of a trained model, written in global-id order.
+
+Every rank reads its slice of the shard set, plans the exact world view (its inner vertices and all their
+in-edges, the view training evaluates with) and runs the model in eval mode over it, so the logits are
+the single-process full-graph forward's to float32 rounding on any cluster shape and any shard set of
+the same dataset (the model's dataset content digest must match the shard set's).  The rows are then
+moved into contiguous blocks of global ids and written (engine/predict_io.py): no rank holds more than
+its own vertices' rows and one block of the output.
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+
+from granndis_hpc import shards
+from granndis_hpc.cluster.comm import Communicator
+from granndis_hpc.cluster.errors import collective_errors
+from granndis_hpc.cluster.ledger import Ledger
+from granndis_hpc.cluster.topology import init_topology
+from granndis_hpc.engine import views
+from granndis_hpc.engine.model_source import ModelSource, ModelSourceError, dataset_refusal, load_parameters, \
+    read_model_source
+from granndis_hpc.engine.predict_io import OutputError, block_bounds, check_output, to_blocks, write_rows
+from granndis_hpc.engine.preflight import share_cpu_threads
+from granndis_hpc.graph import planner
+from granndis_hpc.nn.models import build_model
+from granndis_hpc.registry import model_options
+
+SPLIT_MASKS = {"train": "train_mask", "val": "val_mask", "test": "test_mask"}
+
+
+class PredictError(ValueError):
+    """The options cannot be served by this model and shard set."""
+
+
+def build_from_source(source: ModelSource, manifest: Dict, device) -> torch.nn.Module:
+    """The model the source's architecture describes, for this shard set's widths, with its parameters."""
+    arch, ds = source.architecture(), manifest["dataset"]
+    torch.manual_seed(0)  # the parameters are replaced below; this keeps building deterministic
+    model = build_model(arch["model"], int(ds["num_features"]), int(arch["hidden"]), int(ds["num_classes"]),
+                        int(arch["layers"]), dropout=float(arch.get("dropout") or 0.0), norm=bool(arch.get("norm")),
+                        **model_options(arch["model"], arch.get("model_option")))
+    load_parameters(model, source)
+    model.input_dropout = float(arch.get("input_dropout") or 0.0)
+    return model.to(device)
+
+
+class WorldForward:
+    """Collective set-up of what exact full-graph inference needs on one rank: topology, shard slice,
+    world view, the model with the source's parameters.  close() releases it."""
+
+    def __init__(self, shards_dir: str, source_path: str, ranks_per_server: Optional[int], device: str,
+                 intra_transport: str, skip_checksums: bool = False, verify_content: bool = False):
+        self.topo = topo = init_topology(ranks_per_server, device, intra_transport)
+        try:
+            share_cpu_threads(topo)
+            self.comm = Communicator(topo, Ledger(), intra_transport)
+            self.group = self.comm.group("world", None)
+            world = topo.world
+            with collective_errors(world, "", catch=(ModelSourceError, shards.ShardError, OSError, KeyError,
+                                                     ValueError)):
+                self.source = read_model_source(source_path)
+                self.manifest = shards.read_manifest(shards_dir)
+                shards.check_job(self.manifest, topo.servers, topo.ranks_per_server, None)  # any preload depth
+                refusal = dataset_refusal(self.source, self.manifest, shards_dir)
+                if refusal:
+                    raise ModelSourceError(refusal)
+                if topo.local_rank == 0 and not skip_checksums:
+                    shards.verify_checksums(shards_dir, self.manifest, servers=[topo.server])
+                self.slice = sl = shards.read_rank_slice(shards_dir, self.manifest, topo.server, topo.local_rank)
+                self.model = build_from_source(self.source, self.manifest, topo.device).eval()
+            if verify_content:
+                with collective_errors(world, "", catch=(shards.ShardError,)):
+                    shards.check_job_content(world, sl, self.manifest, shards_dir)
+            self.layers = int(self.model.num_layers)
+            with collective_errors(world, "", catch=(planner.PlanError,)):
+                rows = views.world_rows(sl, topo.rank)
+            with collective_errors(world, "", catch=(planner.PlanError,)):
+                self.view = views.build_view(rows, self.group, self.layers, all_active=True,
+                                             resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]),
+                                             device=topo.device)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def n_inner(self) -> int:
+        return int(self.slice.n_inner)
+
+    @torch.no_grad()
+    def forward(self, layer: Optional[int] = None) -> tuple:
+        """Collective: (logits of the inner rows, the rows layer `layer` reads or None).  Layer K's rows
+        are what the model hands to gather(K, h): its own rows' input of conv K."""
+        self.model.eval()
+        exchange = self.view.gather_fn("evaluation")  # exact: evaluation halos travel in float32
+        kept = {}
+
+        def gather(l, h):
+            if l == layer:
+                kept["h"] = h[: self.n_inner].detach().clone()
+            return exchange(l, h)
+
+        logits = self.model(self.view.input_features, self.view.graphs, gather)
+        return logits[: self.n_inner], kept.get("h")
+
+    def close(self) -> None:
+        for name in ("comm", "topo"):
+            part = getattr(self, name, None)
+            if part is not None:
+                part.close()
+
+
+def run_predict(opts) -> Dict:
+    """Collective: `granndis predict` (opts: PredictOptions).  Returns what was written (every rank)."""
+    fmt = opts.resolved_format()
+    start_s = time.perf_counter()
+    fw = WorldForward(opts.shards, opts.model, opts.ranks_per_server, opts.device, opts.intra_transport,
+                      opts.skip_checksums, opts.verify_content)
+    try:
+        topo, sl, n_inner = fw.topo, fw.slice, fw.n_inner
+        with collective_errors(topo.world, "", catch=(PredictError, OutputError)):
+            if opts.layer is not None and opts.layer >= fw.layers:
+                raise PredictError(f"--layer {opts.layer}: the model has {fw.layers} message-passing layers, so "
+                                   f"K must be 0 .. {fw.layers - 1} (the logits are written anyway)")
+            if topo.rank == 0:
+                check_output(opts.out, opts.overwrite)  # before the forward: refuse early
+        logits, emb = fw.forward(opts.layer)
+        out_name = "probabilities" if opts.probabilities else "logits"
+        scores = torch.softmax(logits, dim=1) if opts.probabilities else logits
+        gid = sl.global_id[:n_inner].astype(np.int64)
+        arrays = {out_name: scores.float(), "prediction": logits.argmax(dim=1)}
+        if emb is not None:
+            arrays["embeddings"] = emb.float()
+        n = int(fw.manifest["dataset"]["num_vertices"])
+        if opts.split == "all":
+            keep = np.ones(n_inner, dtype=bool)
+        else:
+            keep = np.asarray(getattr(sl, SPLIT_MASKS[opts.split])[:n_inner], dtype=bool)
+        arrays["selected"] = torch.as_tensor(keep, device=topo.device)
+        block_ids, block = to_blocks(fw.comm, topo, gid, arrays, n)
+        lo, hi = block_bounds(n, topo.world_size)[topo.rank: topo.rank + 2]
+        with collective_errors(topo.world, "", catch=(PredictError,)):
+            if not np.array_equal(block_ids, np.arange(lo, hi)):  # every vertex has exactly one owner
+                raise PredictError(f"{opts.shards}: the ranks' inner vertices do not cover global ids {lo}..{hi - 1} "
+                                   f"exactly once; run `python -m preprocess verify {opts.shards}`")
+        sel = block.pop("selected").astype(bool)
+        rows = {name: a[sel] for name, a in block.items()}
+        rows["global_id"] = block_ids[sel]
+        counts = np.asarray(topo.allgather_object(int(sel.sum())), dtype=np.int64)
+        first, total = int(counts[: topo.rank].sum()), int(counts.sum())
+        shapes = {name: (a.dtype.str, a.shape[1:]) for name, a in rows.items()}
+        provenance = {"kind": "granndis predict", "output": out_name, "split": opts.split, "layer": opts.layer,
+                      "rows": total, "shards": opts.shards, "dataset": fw.manifest["dataset"].get("name"),
+                      "dataset_sha256": fw.manifest["dataset"].get("content_sha256"),
+                      "servers": topo.servers, "ranks_per_server": topo.ranks_per_server,
+                      "model": fw.source.provenance(), "created_unix_s": time.time()}
+        write_rows(topo, opts.out, fmt, first, total, rows, shapes, provenance, opts.overwrite)
+        result = {"out": opts.out, "format": fmt, "rows": total, "arrays": sorted(shapes),
+                  "seconds": time.perf_counter() - start_s}
+        if topo.rank == 0 and not opts.quiet:
+            print(f"[predict] wrote {total} rows ({', '.join(sorted(shapes))}) of {fw.source.path} "
+                  f"(epoch {fw.source.epoch}) to {opts.out} in {result['seconds']:.2f} s", flush=True)
+        return result
+    finally:
+        fw.close()

@@ -1,0 +1,58 @@
+"""`granndis predict`'s options (the one options framework; no torch, h5py or MPI imported here)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from granndis_hpc.config import TrainConfig
+from granndis_hpc.options import ConfigError, Options, option, reuse
+
+PREDICT_PROG = "granndis predict"
+PREDICT_DESCRIPTION = (
+    "Exact distributed inference of a trained model over a shard set of the same dataset, on any cluster "
+    "shape (mpirun -n S*G granndis predict --model RUN_DIR --shards DIR --out preds.h5).  Writes, for every "
+    "vertex in global-id order (or those of one --split), the logits or probabilities, the predicted class "
+    "and, with --layer K, the embeddings of layer K, to HDF5 or to a directory of .npy files.")
+PREDICT_EPILOG = ("examples:\n"
+                  "  mpirun -n 4 granndis predict --model runs/cora --shards shards/cora-2x2 --out cora-preds.h5\n"
+                  "  mpirun -n 4 granndis predict --model runs/cora/best-model.pt --shards shards/cora-4x1 \\\n"
+                  "      --ranks-per-server 1 --layer 2 --split test --probabilities --out cora-test-npy")
+SPLITS = ("all", "train", "val", "test")
+FORMATS = ("auto", "hdf5", "npy")
+
+
+@dataclass
+class PredictOptions(Options):
+    model: str = option(help="the trained model: a run directory (its best-model.pt, else its newest complete "
+                             "checkpoint), a best-model.pt, or a checkpoint directory RUN_DIR/checkpoints/epoch-E",
+                        metavar="RUN_OR_FILE")
+    shards: str = reuse(TrainConfig, "shards", help="shard directory of the same dataset (any servers x ranks, "
+                                                    "any preload): its content digest must match the model's")
+    out: str = option(help="output: FILE.h5 / FILE.hdf5 (HDF5), or a directory of .npy files (see --format)")
+    format: str = option("auto", choices=FORMATS, help="auto: HDF5 when --out ends in .h5 or .hdf5, else a "
+                                                       "directory of .npy files")
+    probabilities: bool = option(False, help="write softmax probabilities instead of the logits")
+    layer: Optional[int] = option(None, ge=0, metavar="K",
+                                  help="also write layer K's embeddings: the rows message-passing layer K reads "
+                                       "(0 = the input features, 1 .. L-1 = the output of the first K layers)")
+    split: str = option("all", choices=SPLITS, help="the vertices written: all, or one split's (their global ids "
+                                                    "are written beside them)")
+    overwrite: bool = option(False, help="replace --out when it exists (otherwise refused)")
+    ranks_per_server: Optional[int] = reuse(TrainConfig, "ranks_per_server")
+    device: str = reuse(TrainConfig, "device")
+    intra_transport: str = reuse(TrainConfig, "intra_transport")
+    skip_checksums: bool = reuse(TrainConfig, "skip_checksums")
+    verify_content: bool = reuse(TrainConfig, "verify_content",
+                                 help="before predicting, recompute the dataset content digest from the rows the "
+                                      "ranks read and refuse a set whose files were edited after the build")
+    quiet: bool = option(False, help="print nothing but errors")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.resolved_format() == "hdf5" and self.out.endswith("/"):
+            raise ConfigError(f"--out {self.out!r} names a directory but --format hdf5 writes one file")
+
+    def resolved_format(self) -> str:
+        if self.format != "auto":
+            return self.format
+        return "hdf5" if self.out.lower().endswith((".h5", ".hdf5")) else "npy"
