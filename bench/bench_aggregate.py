@@ -1,7 +1,7 @@
 """Benchmark the aggregation backends of granndis_hpc.nn: forward+backward time and peak memory.
 
     .venv/bin/python bench/bench_aggregate.py                       # CPU, writes docs/bench-aggregate.md
-    python bench/bench_aggregate.py --device cuda --out /tmp/agg-cuda.md
+    python bench/bench_aggregate.py --device cuda --out bench-out/aggregate-cuda.md
 
 A random graph (default 200k vertices, average in-degree 25, i.e. 5M edges) and a width-64 feature
 matrix; for every method, out = A_hat @ h then out.backward(g), timed over --reps repetitions after one

@@ -1,4 +1,4 @@
-"""Strong scaling of one preprocessing build over P ranks (issue 17; not a test).
+"""Strong scaling of one preprocessing build over P ranks (not a test).
 
 For each P (and preload) the driver runs one fresh job
 `mpirun -n P python -m preprocess build --source synthetic --generator local --vertices N ...` with
@@ -10,7 +10,7 @@ a job that drives the machine's MemAvailable under --min-available-gib (other jo
   python bench/bench_build_scaling.py --vertices 2450000 --ranks 1 2 4 8 --preload full eas \\
       --json docs/bench-build-scaling.json --md docs/bench-build-scaling.md
 
-`--whole-graph` adds the build before issue 17 (every rank loads the whole graph) for comparison.
+`--whole-graph` adds the whole-graph build (every rank loads the whole graph) for comparison.
 """
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ MODES = {
     "cob": ("full", ["--mode", "cob", "--batches-per-epoch", "2", "--fanout", "10"], True),
     "flx-k1": ("full-k1", ["--mode", "flx"], False),
     "flx-k2": ("full-k2", ["--mode", "flx"], False),
-    # Overlap of communication with computation (issue 19, docs/bench-overlap.md): the modes above run
+    # Overlap of communication with computation (docs/overlap.md): the modes above run
     # with it (the default); these rows are today's order (--no-overlap) and half-width halos.
     "fb-noovl": ("full", ["--mode", "fb", "--no-overlap"], False),
     "fb-bf16": ("full", ["--mode", "fb", "--halo-dtype", "bfloat16"], False),
@@ -124,8 +124,8 @@ def steps_per_epoch(run_dir):
 def run_config(run_dir):
     """What the cost model needs of a run's config.json and summary.json: layers, model, whether it
     overlapped and which exchange groups (summary.json's plan.overlap_halos; None before the option,
-    when every halo overlapped), and its gradient buckets' bytes (plan.gradient_buckets_bytes; None before
-    session 10: one bucket)."""
+    when every halo overlapped), and its gradient buckets' bytes (plan.gradient_buckets_bytes; None for
+    runs that recorded no buckets: one bucket)."""
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
     plan = {}

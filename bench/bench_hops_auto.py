@@ -1,4 +1,4 @@
-"""Per-rank memory of `build --hops auto`'s depth choice over P ranks (issue 17; not a test).
+"""Per-rank memory of `build --hops auto`'s depth choice over P ranks (not a test).
 
 `build --hops auto --memory-per-gpu X` estimates a full preload of every depth k = 1..L before it
 builds.  It used to assemble the whole graph on every rank for that (sliced.assemble, then
@@ -13,7 +13,7 @@ decision (the same for both ways at one P; the ParMETIS partition, hence the est
   python bench/bench_hops_auto.py --vertices 300000 --ranks 1 2 4 --ways sliced assembled \\
       --json docs/bench-hops-auto.json --md docs/bench-hops-auto.md
 
-Run it under `flock /tmp/granndis-bench.lock` on a shared machine.
+Run it alone on the machine: other jobs change the peak RSS it measures.
 """
 from __future__ import annotations
 

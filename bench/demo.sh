@@ -92,7 +92,7 @@ for mode, s in runs.items():
           f"{b['intra_halo']:>14,} {b['inter_halo']:>14,} {b['inter_grad']:>14,} {s['accuracy']['test']:>9.4f}")
 print("(epoch = the slowest rank's median epoch; compute + comm + grad are that rank's parts of it; speedup over\n"
       " fb as it runs by default: its halo in flight while each layer aggregates the rows it holds and gradients\n"
-      " reduced during the backward (issue 19), a stronger baseline than fb waiting for every halo, --no-overlap)")
+      " reduced during the backward, a stronger baseline than fb waiting for every halo, --no-overlap)")
 # Learning: test accuracy at every evaluated epoch, and the exactness statement (fb and flx compute the
 # same full-graph model with the same dropout masks, so their accuracies are equal).
 print("\ntest accuracy by epoch (6 % is chance for 16 classes):")

@@ -1,7 +1,7 @@
 """The cost model's overlapped limit of an epoch on a measured link (standard library only).
 
-`granndis report` shows it beside each run's measured epoch; bench/cluster/costmodel.py and
-bench/overlap_pairs.py compute it for a sweep with the same function (`overlap_limit`).  It models what the
+`granndis report` shows it beside each run's measured epoch; bench/cluster/costmodel.py computes it
+for a sweep with the same function (`overlap_limit`).  It models what the
 run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and what cannot overlap:
 
     T = C + sum over the exchanges e of w_e - hidden_e + W_grad,   hidden_e = min(w_e, window_e)
@@ -32,12 +32,12 @@ run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and
   travels in buckets cut between layers (cluster/gradsync.py; summary.json's plan.gradient_buckets_bytes,
   in posting order), and each bucket is posted as soon as its layers' backward is done, so only the
   last bucket has no backward left to hide behind.  The limit (a lower bound) charges W_grad x last
-  bucket / all buckets.  Runs from before session 10 had one bucket, so W_grad is fully additive for
+  bucket / all buckets.  Runs that recorded no buckets had one, so W_grad is fully additive for
   them.  The model has no per-message term: each bucket's latency of a few messages is not modelled.
 Without overlap T = C + W: the additive model.  It is a *limit* (a lower bound on the epoch): it assumes
 the link's full rate while a window lasts.
 
-**Every rank's compute (session 9).**  A bulk-synchronous exchange waits for the slowest rank of its
+**Every rank's compute.**  A bulk-synchronous exchange waits for the slowest rank of its
 group at every layer, not for one rank's total: on 4 ranks sharing 2 cores the same layer took 0.2-0.86 s
 on different ranks, so C taken from one rank (the record's compute_s: the rank with the longest epoch)
 is a compute the run cannot achieve.  Where the epoch record has `layer_compute_s` (every rank's compute

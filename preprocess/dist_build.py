@@ -1,4 +1,4 @@
-"""The distributed build: every phase reads the ranks' slices of the canonical graph (issue 17).
+"""The distributed build: every phase reads the ranks' slices of the canonical graph.
 
 After `sliced.load_slice`, rank r of P holds rows vtxdist[r]..vtxdist[r+1]-1 of the in-edge CSR and
 those vertices' features, labels and masks.  No rank ever holds the whole edge list or feature matrix:
@@ -19,7 +19,7 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
 * every rank holds O(V) small per-vertex arrays after the partition (server and GPU of every vertex
   as int8, int32 in-degrees, three bool split masks: 9 B per vertex; while a server is built its hop
   and owner (int8) and file row (int32) of every vertex and the BFS's masks, and its rows' global ids,
-  hops and owners (int64, int8, int8) with their sort: measured with bench/trace_build_memory.py,
+  hops and owners (int64, int8, int8) with their sort: measured by tracing every live array,
   docs/bench-build-scaling.md) besides its slice;
 * the partition phase, the peak of every rank (ParMETIS on the slices), holds only what it reads: the
   slice's features, labels and masks are in a temporary file meanwhile, its edges (indices, indptr)

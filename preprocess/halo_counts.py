@@ -1,5 +1,5 @@
 """`preprocess plan` and `build --hops auto` from the build ranks' slices: every candidate set's row
-counts without the whole graph, and without a server's edges, on any rank (issue 17) -- except the
+counts without the whole graph, and without a server's edges, on any rank -- except the
 co-batch samples (`count_build`), drawn on the server's graph assembled on its writer rank.
 
 plan_sets.plan_options builds each candidate k-hop set on the whole graph (build.build_server, one

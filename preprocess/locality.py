@@ -1,4 +1,4 @@
-"""A vertex order with locality for the distributed partitioner (issue 17).
+"""A vertex order with locality for the distributed partitioner.
 
 Why: PT-Scotch's CPU per call grows with its number of processes because it numbers the ghost ends of
 the edges that cross the ranks' `vtxdist` slices (dgraphGhst2's sorts, 40-45 % of a call), and with

@@ -202,14 +202,13 @@ def part_kway_with_locality(pm, group, dist: np.ndarray, graph: list, nparts: in
     waited in a temporary file during the call (sliced.spilled; at P = 1 they are the call's own).
 
     The relabelled graph has the same slices' sizes (dist) but most of its edges inside one slice
-    (the 2.45M local graph, P = 8: 21.5 % across slices instead of 87.5 %; bench/parmetis_cpu.py
-    --cross-only), and PT-Scotch's work on the
+    (the 2.45M local graph, P = 8: 21.5 % across slices instead of 87.5 %), and PT-Scotch's work on the
     ghost ends of crossing edges is most of its growth with P (docs/bench-build-scaling.md).  One
     process (P = 1: PT-Scotch is sequential, no ghosts) calls it on the graph as it is.  Costs one
     search (O((V + E) / P) per rank) and one alltoallv of the adjacency and of the weights; during the
     call only the relabelled rows, their weights and this rank's new ids (4 B per row below 2^31
     vertices) are ours, the map of the whole graph (8 B per vertex) and the caller's weights being
-    dropped before it (bench/trace_build_memory.py)."""
+    dropped before it (measured by tracing every live array)."""
     xadj, adjncy, vwgt = graph
     graph.clear()
     if group.size == 1:
@@ -406,7 +405,7 @@ def gpu_split_groups(sizes: np.ndarray, ranks: int, method: str) -> np.ndarray |
     """The ranks of each server's concurrent GPU split: server s on ranks bounds[s]..bounds[s+1]-1
     (S + 1 bounds, contiguous blocks of P // S or P // S + 1 ranks), or None for the sequential path.
 
-    Concurrent (issue 17): with ParMETIS, 2 <= S <= P and every server at least as many inner vertices
+    Concurrent: with ParMETIS, 2 <= S <= P and every server at least as many inner vertices
     as its block has ranks, each server's split runs over its own block of P / S ranks, all at the
     same time, instead of one after another over all P.  PT-Scotch's CPU per call grows with its number
     of processes at equal graph size (its ghost-edge numbering, 1 - 1/P of the edges crossing the

@@ -1,5 +1,5 @@
 """Distributed loading: every build rank reads 1/P of the edges and of the vertex rows, and the ranks
-canonicalise together (issue 17).
+canonicalise together.
 
 A *sliced source* can hand a rank its share without producing the rest: the chunked directory
 (preprocess/chunked.py, memory-mapped) and the synthetic generators (each chunk drawn from (seed, i)

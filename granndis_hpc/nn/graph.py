@@ -93,7 +93,7 @@ class RowSplit:
     """A layer's ``n`` destination rows in two groups: ``first`` (sorted row indices: the rows the peers
     read in the next layer's exchange) and ``rest`` (the others, sorted).
 
-    Boundary-first pipelining (issue 19, as G3 does): a layer computes its first rows, the next layer's
+    Boundary-first pipelining (as G3 does): a layer computes its first rows, the next layer's
     exchange is posted with them, and the rest is computed while they travel.  ``merge`` puts the two
     back in row order (autograd-connected)."""
 

@@ -1,6 +1,6 @@
 """Synthetic graphs with the locality of real ones: a degree-corrected geometric graph on a 2-D torus.
 
-Why (issue 11): the DC-SBM of `synthetic.py` joins any two vertices of a community with the same
+Why: the DC-SBM of `synthetic.py` joins any two vertices of a community with the same
 probability, so a community of N/C vertices is an expander: a 2-way cut of it costs ~half of its
 edges and the 3-hop neighbourhood of half the graph is the whole graph.  Real graphs are local at
 every scale -- co-purchased products sit in small groups of similar items, inside sub-categories,

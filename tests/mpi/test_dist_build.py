@@ -1,4 +1,4 @@
-"""The distributed build (issue 17) under `mpirun -n 4`, on sub-communicators of P = 1, 2, 4 ranks.
+"""The distributed build under `mpirun -n 4`, on sub-communicators of P = 1, 2, 4 ranks.
 
 For the same inputs, seed, layout, partitioner and P, the build from the ranks' slices
 (sliced.load_slice + dist_build.run_build_sliced) must give the same partition digest and

@@ -1,5 +1,5 @@
 """preprocess/locality.py under `mpirun -n 4`: the order with locality that every ParMETIS call with
-P >= 2 sees (issue 17).  The distributed order equals a plain sequential reference of its definition
+P >= 2 sees.  The distributed order equals a plain sequential reference of its definition
 for P = 1, 2, 4, on a graph with several components and vertices without neighbours (so the restarts
 and the last region run); part_kway_with_locality's parts are ParMETIS' parts of the relabelled
 graph mapped back."""

@@ -1,4 +1,4 @@
-"""Build memory in the plan (issue 17): the per-rank estimate of the distributed build, and the
+"""Build memory in the plan: the per-rank estimate of the distributed build, and the
 smallest number of build ranks that fits a budget."""
 import json
 

@@ -1,4 +1,4 @@
-"""The chunked input format (issue 17): `preprocess chunk` from every source, `--source chunked`, and the
+"""The chunked input format: `preprocess chunk` from every source, `--source chunked`, and the
 strict validation of chunk files (a clear error naming the file, exit non-zero, nothing written)."""
 import json
 import os
@@ -145,7 +145,7 @@ def test_build_from_bad_chunks_fails_on_every_rank_and_writes_nothing(tmp_path, 
     r = run_mpi(["-m", "preprocess", "build", "--source", "chunked", "--path", d, "--servers", "2",
                  "--gpus-per-server", "1", "--layers", "1", "--partitioner", "metis", "--out", out], n=2, timeout=120)
     assert r.returncode != 0
-    # Said once, by rank 0, for both ranks (issue 21, item 10): every rank stops, one prints.
+    # Said once, by rank 0, for both ranks: every rank stops, one prints.
     assert "preprocess build: error (rank 0):" in r.stderr and "error (rank 1)" not in r.stderr, r.stderr
     assert "labels-00002.npy: cannot read" in r.stderr, r.stderr
     assert not out.exists()

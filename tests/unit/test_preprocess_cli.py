@@ -51,7 +51,7 @@ def test_eas_build_single_rank_in_process(tmp_path, capsys):
 def test_bad_input_fails_on_every_rank(tmp_path, extra, message):
     res = run_mpi(_build_args(tmp_path / "x", *extra), n=2, timeout=120)
     assert res.returncode != 0
-    # Said once, by rank 0, for both ranks (issue 21, item 10).
+    # Said once, by rank 0, for both ranks.
     assert "error (rank 0)" in res.stderr and "error (rank 1)" not in res.stderr and message in res.stderr
     assert not (tmp_path / "x" / "manifest.json").exists()
 

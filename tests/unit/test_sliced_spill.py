@@ -1,4 +1,4 @@
-"""sliced.spilled (issue 17): the partition phase holds a slice's features, labels and edges in a
+"""sliced.spilled: the partition phase holds a slice's features, labels and edges in a
 temporary file instead of memory; after the block they are back, the same bytes, and a rank that
 cannot write its file gets a clear error with nothing left behind."""
 import glob

@@ -13,8 +13,8 @@ import pytest
 from tests.conftest import REPO
 from tests import slurm_real as sr
 
-# The CPU form slurm/README.md documents (issue 22, defect 3: the script's GPU defaults made
-# `sbatch -N 2 --ntasks-per-node=2 slurm/train.sbatch` fail on a cluster without GPUs).
+# The CPU form slurm/README.md documents (with the script's GPU defaults,
+# `sbatch -N 2 --ntasks-per-node=2 slurm/train.sbatch` would fail on a cluster without GPUs).
 CPU_FORM = ["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1"]
 
 
@@ -25,11 +25,11 @@ def test_cpu_form_is_the_documented_one():
 @pytest.mark.timeout(400)
 def test_preprocess_then_train_on_two_nodes_equals_plain_mpirun(tmp_path):
     with sr.slurm_cluster():
-        # Submitted from outside the checkout, by path, without GRANNDIS_HOME (defect 7); the script's own
-        # resource defaults fit a 4-CPU node (defect 3)
+        # Submitted from outside the checkout, by path, without GRANNDIS_HOME; the script's own
+        # resource defaults fit a 4-CPU node
         shards = sr.preprocess(tmp_path, cwd=tmp_path)
         run_dir, log = tmp_path / "run", tmp_path / "train.out"
-        # No GRANNDIS_LAYERS: the depth comes from the shards (defect 7)
+        # No GRANNDIS_LAYERS: the depth comes from the shards
         job = sr.submit(REPO / "slurm" / "train.sbatch", CPU_FORM,
                         ["--epochs", "3", "--hidden", "16", "--eval-every", "0"],
                         env=sr.job_env(GRANNDIS_SHARDS=shards, GRANNDIS_RUN_DIR=run_dir), log=log, cwd=tmp_path)
@@ -37,13 +37,13 @@ def test_preprocess_then_train_on_two_nodes_equals_plain_mpirun(tmp_path):
     text = log.read_text(errors="replace")
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, text[-4000:])
     summary = json.loads((run_dir / "summary.json").read_text())
-    # The job found its servers itself: one per node, named (defect 5)
+    # The job found its servers itself: one per node, named
     assert (summary["servers"], summary["ranks_per_server"]) == (2, 2)
     assert summary["hosts"] == ["slurm-s0", "slurm-s1"] and summary["emulated_servers"] is False
     assert re.search(r"server +0 +host slurm-s0 +ranks 0,1", text) and re.search(r"server +1 +host slurm-s1 +ranks 2,3", text)
     assert "(emulated)" not in text
     train = sr.logged_train_args(text)
-    assert train.count("--epochs") == 1 and train[train.index("--layers") + 1] == "2", train  # defect 7
+    assert train.count("--epochs") == 1 and train[train.index("--layers") + 1] == "2", train  # the depth from the shards
     # The same options under a plain mpirun on one machine: the same losses, bit for bit
     ref = tmp_path / "ref"
     sr.plain_mpirun(train, ref)

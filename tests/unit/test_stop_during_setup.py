@@ -1,7 +1,7 @@
 """A stop signal (Slurm's time-limit warning, preemption) that reaches the ranks while they are still
 setting up -- importing torch, MPI_Init, reading shards: seconds -- must be honoured, not kill them
-(issue 22, defect 1: the handlers were installed only after set-up, so SIGUSR1 killed the ranks and the
-Slurm script requeued the job forever).  Under `mpirun -n 2` (2 servers x 1 rank), real Cora."""
+(handlers installed only after set-up would let SIGUSR1 kill the ranks, and the Slurm script would
+requeue the job forever).  Under `mpirun -n 2` (2 servers x 1 rank), real Cora."""
 import os
 import shutil
 import signal

@@ -36,6 +36,6 @@ def test_training_refuses_the_manifest_on_every_rank(shard_set, tmp_path, edit, 
     res = _train_with(shard_set, tmp_path, edit)
     assert res.returncode != 0, res.stdout + res.stderr
     ranks = {int(r) for r in re.findall(r"^\[rank (\d+)\] .*" + re.escape(needle), res.stderr, re.M)}
-    assert ranks == {0}, res.stderr[-3000:]  # said once, by rank 0 (issue 21, item 10)
+    assert ranks == {0}, res.stderr[-3000:]  # said once, by rank 0
     assert "ranks 0,1,2,3: " in res.stderr
     assert "TypeError" not in res.stderr and "Traceback" not in res.stderr

@@ -197,7 +197,7 @@ def test_bad_input_fails_on_every_rank(cora_shards, tmp_path):
     # A diverging run: the loss becomes NaN and every rank stops with a clear message.
     res = _train(full, "fb", tmp_path / "nan", "--lr", "1e30", "--epochs", "20", timeout=120)
     _assert_fails_everywhere(res, "loss became")
-    # ... as the trainer's one-line error on every rank, not a traceback and MPI_ABORT (issue 21, item 7).
+    # ... as the trainer's one-line error on every rank, not a traceback and MPI_ABORT.
     assert "Traceback" not in res.stderr and "MPI_ABORT" not in res.stderr + res.stdout, res.stderr[-3000:]
     assert {int(r) for r in re.findall(r"^\[rank (\d+)\] TrainingError: loss became", res.stderr, re.M)} \
         == {0}, res.stderr[-3000:]  # every rank raised it; rank 0 says it once
