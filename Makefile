@@ -56,26 +56,25 @@ test-mpi: setup
 test: test-unit test-mpi
 
 # The longer real-Slurm scenarios (time limit + requeue + resume, signals during set-up, scancel,
-# scontrol requeue, a job failing every attempt): ~10 min; results in docs/slurm.md.
+# scontrol requeue, a job failing every attempt): ~10 min; results in docs/slurm-scenarios.md.
 test-slurm: setup
 	timeout --kill-after=30 1800 $(PY) -m pytest -q -p no:cacheprovider -rs tests/slurm
 
+# The communication benchmark (docs/performance/comm.md); results under bench-out/ (not tracked).
 bench: setup
-	$(MPIRUN) $(PY) bench/bench_comm.py --out docs/bench_comm.json
+	mkdir -p bench-out
+	$(MPIRUN) $(PY) bench/bench_comm.py --out bench-out/comm.json --md bench-out/comm.md
 
 # fb, flx, eas, cob on an emulated 2-server cluster (namespaces + tc tbf; needs root) at several link
-# rates: docs/bench-cluster.md (+ .json) and docs/img/speedup_vs_rate.png; ~25 min on 2 busy cores.
+# rates, and the report with its speedup-against-rate plot; ~25 min on 2 busy cores.  Everything goes
+# under bench-out/ (not tracked): docs/performance/cluster.md says what the results mean.
 # A quick look: make bench-cluster BENCH_CLUSTER_ARGS='--rates unshaped,100mbit --modes fb,flx'
 # `timeout` bounds the whole sweep; the script tears the cluster down on exit, failure or SIGTERM.
 BENCH_CLUSTER_WORK ?= bench-out/cluster
-BENCH_CLUSTER_DOCS ?= docs
 bench-cluster: setup
 	timeout --kill-after=30 2400 $(PY) bench/bench_cluster.py --work $(BENCH_CLUSTER_WORK) \
-	    --out $(BENCH_CLUSTER_DOCS)/bench-cluster.md $(BENCH_CLUSTER_ARGS)
+	    --out $(BENCH_CLUSTER_WORK)/cluster.md $(BENCH_CLUSTER_ARGS)
 	$(PY) -m granndis_hpc.cli report --sweep $(BENCH_CLUSTER_WORK)/runs --out $(BENCH_CLUSTER_WORK)/report
-	mkdir -p $(BENCH_CLUSTER_DOCS)/img
-	cp $(BENCH_CLUSTER_WORK)/sweep.json $(BENCH_CLUSTER_DOCS)/bench-cluster.json
-	cp $(BENCH_CLUSTER_WORK)/report/speedup_vs_rate.png $(BENCH_CLUSTER_DOCS)/img/speedup_vs_rate.png
 
 clean:
 	rm -rf $(STAMP) .venv build *.egg-info

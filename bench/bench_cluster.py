@@ -52,7 +52,7 @@ MODES = {
     "cob": ("full", ["--mode", "cob", "--batches-per-epoch", "2", "--fanout", "10"], True),
     "flx-k1": ("full-k1", ["--mode", "flx"], False),
     "flx-k2": ("full-k2", ["--mode", "flx"], False),
-    # Overlap of communication with computation (docs/overlap.md): the modes above run
+    # Overlap of communication with computation (docs/performance/overlap.md): the modes above run
     # with it (the default); these rows are today's order (--no-overlap) and half-width halos.
     "fb-noovl": ("full", ["--mode", "fb", "--no-overlap"], False),
     "fb-bf16": ("full", ["--mode", "fb", "--halo-dtype", "bfloat16"], False),
@@ -199,7 +199,7 @@ def render(sweep, argv):
          f"{g['epochs']} epochs per run (median epoch time over epochs 1..{g['epochs'] - 1}; test accuracy "
          f"after epoch {g['epochs'] - 1}). 2 servers x {g.get('ranks_per_server', 2)} rank(s); each server is a network + UTS namespace, the "
          f"servers are joined by one veth shaped with `tc tbf` on both egresses, ranks inside a server use "
-         f"shared memory (see `docs/cluster.md`). One 2-core machine shared with other jobs: times are "
+         f"shared memory (see `docs/emulated-cluster.md`). One 2-core machine shared with other jobs: times are "
          f"indicative, bytes are exact ledger counts (summed over ranks, per epoch).", "",
          f"Run as rounds, one rate per round with every mode back to back, in the order "
          f"{', '.join(sweep.get('round_order', [r['label'] for r in rates]))} (fast and slow rates alternate, so "
@@ -241,7 +241,7 @@ def render(sweep, argv):
           "bw = the round's ping-pong bandwidths (table above; inter capped at the rate's TCP payload). Every run "
           "is predicted from the others only (leave-one-out). `bench/cluster/costmodel.py` has the reasoning.", ""]
     L += _model_table(rounds, modes, "predicted_s", "model_error",
-                      why=" (see docs/cluster.md, 'When the model is off')")
+                      why=" (see docs/emulated-cluster.md, 'When the model is off')")
     fit = sweep.get("model_fit")
     if fit:
         by_round = {r.get("round", i): (r, f) for i, (r, f) in enumerate(zip(rounds, fit["load_factor"]))}
@@ -296,7 +296,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vertices", type=int, default=20000)
     p.add_argument("--generator", choices=("sbm", "local"), default="sbm",
-                   help="synthetic generator (local: the locality of real graphs, docs/bench-locality.md)")
+                   help="synthetic generator (local: the locality of real graphs, docs/performance/locality.md)")
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--epochs", type=int, default=8, help="per run; the first is left out of the median")

@@ -1,7 +1,7 @@
 """Accuracy with half-width halos: --halo-dtype bfloat16 against float32 on the published GCN recipe
-(a benchmark, not a test; writes docs/accuracy-halo-dtype.md).
+(a benchmark, not a test; writes docs/performance/halo-dtype.md).
 
-    python bench/bench_halo_dtype.py --seeds 5 --out docs/accuracy-halo-dtype.md
+    python bench/bench_halo_dtype.py --seeds 5 --out bench-out/halo-dtype.md
 
 Kipf & Welling's recipe as bench/bench_accuracy.py runs it (2-layer GCN, hidden 16, row-normalised
 features, input dropout, weight decay on the first layer, 200 epochs, best-validation selection), on

@@ -11,7 +11,7 @@ estimate's model code imports, loaded first), the choice's peak RSS, CPU and wal
 decision (the same for both ways at one P; the ParMETIS partition, hence the estimate, depends on P).
 
   python bench/bench_hops_auto.py --vertices 300000 --ranks 1 2 4 --ways sliced assembled \\
-      --json docs/bench-hops-auto.json --md docs/bench-hops-auto.md
+      --json bench-out/bench-hops-auto.json --md bench-out/hops-auto.md
 
 Run it alone on the machine: other jobs change the peak RSS it measures.
 """

@@ -1,6 +1,6 @@
 """Products-size benchmark: the 2.45M-vertex build and one epoch per mode on it (not a test).
 
-    python bench/bench_scale.py --work bench-out/scale --out docs/bench-scale.md
+    python bench/bench_scale.py --work bench-out/scale --out bench-out/scale.md
 
 1. build: two shard sets of the `--generator local` graph (2.45M vertices, ~54.5M directed edges) with
    ParMETIS on 2 ranks, each in a fresh `mpirun -n 2` job (bench/bench_preprocess.py's run_config):

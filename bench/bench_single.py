@@ -1,7 +1,7 @@
 """Single-rank GraphSAGE training: this project's model against PyTorch Geometric's SAGEConv (not a test).
 
     .venv/bin/pip install torch_geometric        # or: pip install -e '.[bench]'
-    .venv/bin/python bench/bench_single.py --out docs/bench-single.md
+    .venv/bin/python bench/bench_single.py --out bench-out/single.md
 
 The same 3-layer SAGE (mean aggregation, ReLU between layers, no dropout, hidden 64) on the same
 synthetic graph (preprocess's DC-SBM, default 100,000 vertices, average degree 25, 100 features), trained

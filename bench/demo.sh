@@ -6,7 +6,7 @@
 # Where this machine can host it (root, network + UTS namespaces, tc tbf), the two servers are an
 # emulated cluster (bench/cluster/): separate namespaces and hostnames joined by a link shaped to
 # DEMO_RATE (default 100mbit), so inter-server traffic costs what it costs between GPU servers on 10 GbE
-# (a CPU rank computes ~100x slower than a GPU; docs/cluster.md).  Elsewhere the servers are emulated by
+# (a CPU rank computes ~100x slower than a GPU; docs/emulated-cluster.md).  Elsewhere the servers are emulated by
 # --ranks-per-server 2 on one host, where "inter-server" is shared memory and flx's replicated rows make
 # it slower than fb; the demo then says why and what the shaped link would show (the cost model applied
 # to this run's exact byte counts).  DEMO_EMULATE=0 forces the single-host run.

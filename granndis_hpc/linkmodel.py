@@ -16,7 +16,7 @@ run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and
   (the record's halo_rows): world-view layers carry the busiest server's inter-server halo bytes over the
   link's payload rate, every exchanging layer the busiest rank's intra-server bytes over shared memory.
 - window_e: the compute that runs while exchange e (layer l) travels, by the engine's order
-  (docs/overlap.md): zero where e does not overlap (`--no-overlap`; a server-view layer under the default
+  (docs/performance/overlap.md): zero where e does not overlap (`--no-overlap`; a server-view layer under the default
   `--overlap-halos world`), else
       c_{l-1} (1 - s_l)  +  c_l (1 - h_l) f_l
   * s_l = send rows / rows layer l - 1 computes (the record's send_rows): boundary-first, layer l - 1
@@ -199,7 +199,7 @@ def overlap_limit(run, compute_s, bandwidths, servers, groups=None, per_rank=Non
 
 
 def forward_order(counts, plain=True, groups=()):
-    """The forward's events in the engine's order (docs/overlap.md), per layer l:
+    """The forward's events in the engine's order (docs/performance/overlap.md), per layer l:
     ("compute", l, share of c_l), ("post", l), ("wait", l) for an overlapped exchange, ("block", l) for
     one that blocks.  Boundary-first (plain models, exchange l + 1 overlapped): layer l computes the
     share s = send rows / rows of l + 1's send rows first, posts, then the rest; an overlapped exchange

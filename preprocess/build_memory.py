@@ -9,7 +9,7 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
 * partition: only what the partitioner reads is in memory (dist_build.run_build_sliced): the slice's
   features and labels wait on disk for the whole phase and its edges during each ParMETIS call
   (sliced.spilled), and the in-degrees and val/test masks are gathered after it.  The phase peaks at
-  one of two moments (measured by tracing every live array, docs/bench-build-scaling.md):
+  one of two moments (measured by tracing every live array, docs/performance/build-scaling.md):
   - building the slice's symmetric adjacency (SlicedAccess.adjacency): BASE_BYTES + KEY_BYTES_PER_EDGE
     per edge (int64 keys of both directions of every slice edge, their alltoallv copy and sort, beside
     the slice's edges) and PARTITION_ROW_BYTES per row of the slice; for ParMETIS on a symmetrised
@@ -53,7 +53,7 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   server's rows, and the writer's block is bounded in bytes whatever the server's size.  EAS uses the
   same terms (its scoring arrays are those of the frontier rows each rank owns, within the above at
   the sizes measured).  Measured by tracing every array alive at the phase's
-  peak (docs/bench-build-scaling.md): at 800k, P = 8, a non-writer holds 75 MiB of arrays
+  peak (docs/performance/build-scaling.md): at 800k, P = 8, a non-writer holds 75 MiB of arrays
   (its slice 57 MiB, per-vertex and per-row arrays the rest) beside 150-195 MiB of interpreter,
   libraries, MPI and heap kept from the partition phase.
 
@@ -62,7 +62,7 @@ partition terms to the 2.45M builds at P = 1, 2, 4, 8 and to the traced RSS
 inside the ParMETIS calls of 800k builds at P = 2, 4, 8; the load and halos+write terms
 to the 2.45M full builds at P = 1 and 8 and the 800k full build at P = 8, the per-vertex and per-row
 bytes counted from the dtypes of the arrays the trace found; the gathered band's bound
-to the server call's peak at 2.45M P = 8 with the gather limit) (docs/bench-build-scaling.md, where
+to the server call's peak at 2.45M P = 8 with the gather limit) (docs/performance/build-scaling.md, where
 the estimate is checked against every measured rank).
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ SYMMETRIC_ADJ_BYTES_PER_EDGE = 17  # a symmetric slice's own rows: int64 edges a
 # What is resident besides PT-Scotch's structures and ours during the call: the interpreter, libraries,
 # MPI: 100 MiB (h5py is imported only at the write, ~13 MiB; PT-Scotch's
 # freed arrays returned to the system during the call, parmetis._heap_for_call): refitted to the 2.45M
-# P = 8 partition phase (0.491 / 0.499 GiB, two runs; docs/bench-build-scaling.md).
+# P = 8 partition phase (0.491 / 0.499 GiB, two runs; docs/performance/build-scaling.md).
 SCOTCH_BASE_BYTES = 100 * MIB
 # PT-Scotch's, per vertex of the whole graph, on every rank (P >= 2): the band graph it gathers onto
 # every process (docs/design.md §8), by the band's width (preprocess/parmetis.scotch_band_width).

@@ -20,7 +20,7 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
   as int8, int32 in-degrees, three bool split masks: 9 B per vertex; while a server is built its hop
   and owner (int8) and file row (int32) of every vertex and the BFS's masks, and its rows' global ids,
   hops and owners (int64, int8, int8) with their sort: measured by tracing every live array,
-  docs/bench-build-scaling.md) besides its slice;
+  docs/performance/build-scaling.md) besides its slice;
 * the partition phase, the peak of every rank (ParMETIS on the slices), holds only what it reads: the
   slice's features, labels and masks are in a temporary file meanwhile, its edges (indices, indptr)
   too during each ParMETIS call (sliced.spilled), and the in-degrees and val/test masks are gathered

@@ -33,7 +33,7 @@ rows' in-edges (at most 8 B per edge of the slice, on the sender and again on th
 blocks of EDGES_PER_BLOCK in-edges, de-duplicated per block).  Every rank gets every count, so every
 rank ranks the options alike (no gather, no broadcast of the decision).  With co-batches the writer of
 server s also holds that server's induced subgraph (8 B per edge and row) while it samples.  Measured:
-docs/bench-hops-auto.md, docs/bench-build-scaling.md ("`preprocess plan` with EAS ...").
+docs/performance/hops-auto.md, docs/performance/build-scaling.md ("`preprocess plan` with EAS ...").
 """
 from __future__ import annotations
 

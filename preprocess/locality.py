@@ -3,7 +3,7 @@
 Why: PT-Scotch's CPU per call grows with its number of processes because it numbers the ghost ends of
 the edges that cross the ranks' `vtxdist` slices (dgraphGhst2's sorts, 40-45 % of a call), and with
 ids that carry no locality (the synthetic generators', many real datasets') 1 - 1/P of the edges
-cross (docs/bench-build-scaling.md).  Relabelled so that the vertices of one region of the graph are
+cross (docs/performance/build-scaling.md).  Relabelled so that the vertices of one region of the graph are
 consecutive, most edges stay inside a slice.
 
 The order (a function of the graph alone, the same for any P, and the same from the whole graph and

@@ -21,7 +21,7 @@ with its default parallel strategy, whose refinement at every uncoarsening level
 (the vertices within `width` = 3 of the separator) whole onto every process and runs FM on it there.
 On graphs without locality that band is most of the graph: measured, ~190 B per vertex of the whole
 graph on every rank and the largest part of ParMETIS' CPU growth with P
-(docs/bench-build-scaling.md).  So we call PT-Scotch's own API (SCOTCH_dgraphMapCompute) with the same
+(docs/performance/build-scaling.md).  So we call PT-Scotch's own API (SCOTCH_dgraphMapCompute) with the same
 default strategy but that band 1 vertex wide (SCOTCH_BAND_WIDTH; GRANNDIS_SCOTCH_BAND_WIDTH=3 with
 GRANNDIS_SCOTCH_BAND_GATHER=always gives the compatibility layer's partition exactly).  Measured at
 800k vertices, P = 8: ParMETIS CPU 68 -> 36 s,
@@ -268,7 +268,7 @@ _PARALLEL_BAND = "asc=b{width=3,bnd=(d{pass=40,dif=1"
 # the mean slice's arcs (the graph's arcs / P): above that the distributed diffusion (`d`) alone refines
 # it, so no process holds more than about two slices' worth of band.  On the local graphs this skips
 # the gather at the finest level only (800k: the band there has 4.4M-8.8M of the graph's 17.8M arcs),
-# docs/bench-build-scaling.md.
+# docs/performance/build-scaling.md.
 SCOTCH_BAND_GATHER = 2.0
 _BAND_REFINE = "|)q{strat=f{move=80,pass=-1,bal=0.01,type=b}}x{"
 _BAND_GATHER = "q{strat=f{move=80,pass=-1,bal=0.01,type=b}}"

@@ -203,7 +203,7 @@ def part_kway_with_locality(pm, group, dist: np.ndarray, graph: list, nparts: in
 
     The relabelled graph has the same slices' sizes (dist) but most of its edges inside one slice
     (the 2.45M local graph, P = 8: 21.5 % across slices instead of 87.5 %), and PT-Scotch's work on the
-    ghost ends of crossing edges is most of its growth with P (docs/bench-build-scaling.md).  One
+    ghost ends of crossing edges is most of its growth with P (docs/performance/build-scaling.md).  One
     process (P = 1: PT-Scotch is sequential, no ghosts) calls it on the graph as it is.  Costs one
     search (O((V + E) / P) per rank) and one alltoallv of the adjacency and of the weights; during the
     call only the relabelled rows, their weights and this rank's new ids (4 B per row below 2^31
@@ -409,7 +409,7 @@ def gpu_split_groups(sizes: np.ndarray, ranks: int, method: str) -> np.ndarray |
     as its block has ranks, each server's split runs over its own block of P / S ranks, all at the
     same time, instead of one after another over all P.  PT-Scotch's CPU per call grows with its number
     of processes at equal graph size (its ghost-edge numbering, 1 - 1/P of the edges crossing the
-    slices; docs/bench-build-scaling.md), so the splits cost less CPU in all and half the wall time.
+    slices; docs/performance/build-scaling.md), so the splits cost less CPU in all and half the wall time.
     A function of (inner sizes, P, method) only: both builds take the same path and slices."""
     S = int(len(sizes))
     if method != "parmetis" or S < 2 or ranks < S:

@@ -80,7 +80,7 @@ def spilled(comm, part: GraphSlice, fields):
     For the partition phase, whose peak is the partitioner's own structures (ParMETIS on the rank's
     slice): the features and labels are not read there at all and the edges only before and after the
     ParMETIS call, so holding them on disk meanwhile takes 4F + 8 B per row and 8 B per edge of the
-    slice off the build's peak (docs/bench-build-scaling.md) at the cost of writing and reading them
+    slice off the build's peak (docs/performance/build-scaling.md) at the cost of writing and reading them
     once.  A rank that cannot write or read its file fails every rank (group.errors)."""
     group = as_group(comm)
     fields = tuple(fields)

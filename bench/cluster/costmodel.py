@@ -10,7 +10,7 @@ The model follows the paper's Eq. 1 / 5: an epoch is computation plus communicat
   for every mode does not fit, because a row costs what its aggregation reads (a co-batch's rows have
   2-3x more sources than rows) plus sampling and per-step work (measured: cob's row costs 3-4x fb's).
   f is the round's load factor: the machine is shared with other jobs, and one run computed 1x to 6x
-  slower than the same run minutes earlier (docs/cluster.md, "When the model is off").  A sweep is run
+  slower than the same run minutes earlier (docs/emulated-cluster.md, "When the model is off").  A sweep is run
   as rounds, one rate per round with every mode back to back, so every run of a round sees about the
   same load.  Both are fitted by least squares on log(compute) = log k + log f (weighted by the
   run's compute share of its epoch squared: how much its compute says), and each run is

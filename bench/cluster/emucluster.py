@@ -10,7 +10,7 @@
         # namespaces gslurm-s*, hosts slurm-s*, subnet 10.214.0.0/24 (GRANNDIS_EMU_SUBNET), state in
         # /run/granndis-emu-slurm; GRANNDIS_EMU_INSTANCE=slurm does the same for every command
 
-Why each piece (measured on this kind of machine, see docs/cluster.md):
+Why each piece (measured on this kind of machine, see docs/emulated-cluster.md):
 - A server is a network namespace *and* a UTS namespace with its own hostname.  With network
   namespaces alone every rank reports the same hostname, Open MPI treats them as one node, uses shared
   memory (vader) across the namespaces and the ranks crash.  With a hostname per server each server gets

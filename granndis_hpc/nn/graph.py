@@ -24,12 +24,12 @@ import torch
 
 KINDS = ("mean", "gcn")
 
-# Aggregation backends, measured by bench/bench_aggregate.py (results in docs/bench-aggregate.md):
+# Aggregation backends, measured by bench/bench_aggregate.py (results in docs/performance/aggregate.md):
 #   "spmm"      - cached CSR adjacency A and its transpose; forward A @ h, backward A^T @ grad.
 #                 Memory O(nnz) for the matrices, no [nnz, d] message tensor; deterministic on CUDA.
 #   "index_add" - gather h[src] * w into an [nnz, d] message tensor and index_add_ it into rows.
 # "spmm" is the default: it was faster for forward+backward and needed a fraction of the peak memory
-# of "index_add" on the 200k-vertex, degree-25, width-64 benchmark (see docs/bench-aggregate.md).
+# of "index_add" on the 200k-vertex, degree-25, width-64 benchmark (see docs/performance/aggregate.md).
 BACKENDS = ("spmm", "index_add")
 DEFAULT_BACKEND = "spmm"
 

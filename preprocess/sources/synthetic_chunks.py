@@ -29,7 +29,7 @@ class centroid (from the seed) plus noise from the same kind of per-chunk stream
 community mod C; local the Voronoi patch of the cell (as before, seeds chosen from the seed), each
 patch a class by a shuffled assignment.
 
-What differs from whole-graph generators (docs/bench-preprocess.md): partners are
+What differs from whole-graph generators (docs/performance/preprocess.md): partners are
 uniform (not theta-weighted) members, hubs get their degree from their own draws, the split and the
 community/cell membership are exact position blocks instead of random draws.  The statistics the
 tests hold the generators to (heavy tails, homophily, small cuts and thin halos for `local`,

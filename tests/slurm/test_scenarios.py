@@ -9,7 +9,7 @@
 - a job that fails in every attempt: it stops.
 Every interrupted run is then finished (by Slurm's requeue or a new job on its run directory) and must
 equal the uninterrupted run.  Measurements go to $GRANNDIS_SLURM_RESULTS (default
-bench-out/slurm/results.json); docs/slurm.md reports them.  ~10 minutes on 2 busy cores."""
+bench-out/slurm/results.json); docs/slurm-scenarios.md reports them.  ~10 minutes on 2 busy cores."""
 import json
 import os
 import re

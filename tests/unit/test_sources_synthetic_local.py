@@ -17,7 +17,7 @@ from tests.unit.test_sources_bundle import assert_reproducible_from_seed, graphs
 from tests.unit.test_sources_synthetic import nearest_class_mean_accuracy
 
 SMALL = dict(generator="local", vertices=20_000, classes=4, seed=3)
-# The locality targets are stated at 200k vertices (docs/bench-locality.md); the boundary of a 2-way
+# The locality targets are stated at 200k vertices (docs/performance/locality.md); the boundary of a 2-way
 # cut shrinks relative to the graph like 1/sqrt(N), so at this size the bounds are a little looser.
 MEDIUM = 50_000
 
@@ -55,7 +55,7 @@ def medium_pair():
 
 def test_sbm_default_is_pinned():
     # Digest of the DC-SBM output of the chunk-native generators (their draws differ
-    # from whole-graph generators', docs/bench-preprocess.md); a change to it changes every synthetic dataset, say so in the docs.
+    # from whole-graph generators', docs/performance/preprocess.md); a change to it changes every synthetic dataset, say so in the docs.
     # Local-only options must not reach it.
     want = "69ca5548920fe5a335180235474e70d36908b9d2e97393fe78cf7a43d3a0c8f6"
     params = dict(vertices=3000, avg_degree=10, features=8, classes=3, seed=1)
