@@ -4,9 +4,9 @@ SHELL := /bin/bash
 PY    := .venv/bin/python
 STAMP := .stamps
 # The MPI environment (root allowed, oversubscribed, one thread per rank): its one definition is
-# bench/harness.py's MPI_ENV, which the tests and the benchmarks use too.
-$(foreach kv,$(shell python3 bench/harness.py env),$(eval export $(kv)))
-RANKS_PER_SERVER := $(shell python3 bench/harness.py ranks-per-server)
+# emucluster/mpienv.py's MPI_ENV, which the tests and the benchmarks use too.
+$(foreach kv,$(shell python3 -m emucluster.mpienv env),$(eval export $(kv)))
+RANKS_PER_SERVER := $(shell python3 -m emucluster.mpienv ranks-per-server)
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 

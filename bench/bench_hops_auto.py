@@ -24,9 +24,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_scale import MemoryGuard  # noqa: E402
-from harness import REPO, mpi_env  # noqa: E402
+from bench_scale import MemoryGuard
+from harness import REPO, mpi_env
 
 
 def _rss(field: str) -> int:
@@ -39,7 +38,6 @@ def _rss(field: str) -> int:
 
 def worker(a) -> int:
     """One job: load the slices, then the depth choice one way; rank 0 writes every rank's record."""
-    sys.path.insert(0, REPO)
     from granndis_hpc.cluster import as_group
     from preprocess.build import _reset_peak_rss
     from preprocess.plan import PlanConfig, auto_hops

@@ -1,6 +1,6 @@
 """The cost model's overlapped limit of an epoch on a measured link (standard library only).
 
-`granndis report` shows it beside each run's measured epoch; bench/cluster/costmodel.py computes it
+`granndis report` shows it beside each run's measured epoch; emucluster/costmodel.py computes it
 for a sweep with the same function (`overlap_limit`).  It models what the
 run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and what cannot overlap:
 

@@ -41,7 +41,7 @@ from .layout import plan_layer_buckets
 # the leaders' pair, a broadcast) and a blocking broadcast in finish(), so the count is bounded
 # (at most 2 * OVERLAP_BUCKETS + 1) instead of one bucket per layer of a 56-layer model.
 OVERLAP_BUCKETS = 8
-# A benchmark knob (bench/cluster runs forward GRANNDIS_* to every rank): GRANNDIS_GRAD_BUCKETS=1 is
+# A benchmark knob (emucluster/ runs forward GRANNDIS_* to every rank): GRANNDIS_GRAD_BUCKETS=1 is
 # one bucket, final only at the end of the backward.
 _knob = os.environ.get("GRANNDIS_GRAD_BUCKETS", "")
 if _knob:

@@ -53,7 +53,7 @@ PROGRESS_POLL_MAX_S = 0.004
 
 
 def _poll_from_env(text: str):
-    """GRANNDIS_PROGRESS_POLL="FIRST_S[,FACTOR,MAX_S]" (a benchmark knob: bench/cluster runs forward
+    """GRANNDIS_PROGRESS_POLL="FIRST_S[,FACTOR,MAX_S]" (a benchmark knob: emucluster/ runs forward
     GRANNDIS_* to every rank)."""
     try:
         parts = [float(v) for v in text.split(",")]

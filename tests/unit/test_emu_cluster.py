@@ -1,4 +1,4 @@
-"""The emulated cluster (bench/cluster/) and the link-rate sweep, in the parts that run without root:
+"""The emulated cluster (emucluster/) and the link-rate sweep, in the parts that run without root:
 argument handling, the rsh agent's and the launcher's command lines, refusals, the self-check's verdict,
 the cost model and the sweep page.  (Setting the cluster up needs root; `emu-cluster selfcheck` and
 `make bench-cluster` exercise that.)"""
@@ -8,9 +8,8 @@ import shutil
 
 import pytest
 
-import bench_cluster  # bench/ and bench/cluster are on pytest's pythonpath (pyproject.toml)
-import costmodel
-import emucluster as emu
+import bench_cluster  # bench/ is on pytest's pythonpath (pyproject.toml)
+from emucluster import cluster as emu, costmodel
 
 from tests.conftest import REPO
 
@@ -120,7 +119,7 @@ def test_launcher_command_line(state):
     mpi = cmd[cmd.index("mpirun"):]
     assert mpi[:5] == ["mpirun", "-n", "4", "--host", "emu-s0:2,emu-s1:2"]
     pairs = {mpi[i + 1]: mpi[i + 2] for i, a in enumerate(mpi[:-2]) if a == "--mca"}
-    assert pairs["plm_rsh_agent"] == os.path.join(REPO, "bench", "cluster", "rsh-agent")
+    assert pairs["plm_rsh_agent"] == os.path.join(REPO, "emucluster", "rsh-agent")
     assert pairs["pml"] == "ob1" and pairs["btl"] == "tcp,self,vader"
     assert pairs["btl_tcp_if_include"] == pairs["oob_tcp_if_include"] == "10.213.0.0/24"
     exported = {mpi[i + 1] for i, a in enumerate(mpi[:-1]) if a == "-x"}

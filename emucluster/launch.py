@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-from emuconfig import ENV_STATE_DIR, HERE, REPO, EmuError, host_index
+from .config import ENV_STATE_DIR, HERE, REPO, EmuError, host_index
 
 
 def enter_argv(host, argv):

@@ -1,12 +1,12 @@
 """An emulated multi-server cluster on one Linux machine: namespaces, shaped links and an mpirun launcher.
 
-    bench/cluster/emu-cluster setup --servers 2 --rate 100mbit    # build (idempotent: rebuilds)
-    bench/cluster/emu-cluster shape --rate 25mbit                  # change the link rate in place
-    bench/cluster/emu-cluster selfcheck                            # MPI ping-pong: is the shaping real?
-    bench/cluster/emu-mpirun -n 4 .venv/bin/python -m granndis_hpc.cli train ...
-    bench/cluster/emu-cluster teardown                             # idempotent
-    bench/cluster/emu-cluster session --servers 2 --rate 100mbit -- CMD ...   # setup, CMD, teardown
-    bench/cluster/emu-cluster --instance slurm setup --servers 2    # a second cluster beside the default:
+    emucluster/emu-cluster setup --servers 2 --rate 100mbit    # build (idempotent: rebuilds)
+    emucluster/emu-cluster shape --rate 25mbit                  # change the link rate in place
+    emucluster/emu-cluster selfcheck                            # MPI ping-pong: is the shaping real?
+    emucluster/emu-mpirun -n 4 .venv/bin/python -m granndis_hpc.cli train ...
+    emucluster/emu-cluster teardown                             # idempotent
+    emucluster/emu-cluster session --servers 2 --rate 100mbit -- CMD ...   # setup, CMD, teardown
+    emucluster/emu-cluster --instance slurm setup --servers 2    # a second cluster beside the default:
         # namespaces gslurm-s*, hosts slurm-s*, subnet 10.214.0.0/24 (GRANNDIS_EMU_SUBNET), state in
         # /run/granndis-emu-slurm; GRANNDIS_EMU_INSTANCE=slurm does the same for every command
 
@@ -21,13 +21,13 @@ Why each piece (measured on this kind of machine, see docs/emulated-cluster.md):
   server side and the bridge side of every port) gives each server an R-up, R-down link, like a NIC on a
   switch.  Addresses are 10.213.0.0/24 and exist only inside these namespaces.
 - mpirun runs in server 0's namespaces and starts the other servers' daemons through `plm_rsh_agent` =
-  bench/cluster/rsh-agent, which enters the target server's namespaces (nsenter) instead of ssh.
+  emucluster/rsh-agent, which enters the target server's namespaces (nsenter) instead of ssh.
 - netem (delay) is not in every kernel (it is not in this one); --delay probes it and refuses clearly.
 
 This module does the system side (namespaces, links, shaping) and the command line; the pure pieces
-live beside it and are re-exported here: emuconfig.py (names per instance, rate parsing, the layout and
-its state file), emulaunch.py (the rsh agent's and emu-mpirun's command lines, a stop-passing
-subprocess), emucheck.py (the self-check's verdict and printout).
+live beside it and are re-exported here: config.py (names per instance, rate parsing, the layout and
+its state file), launch.py (the rsh agent's and emu-mpirun's command lines, a stop-passing
+subprocess), check.py (the self-check's verdict and printout).
 
 Standard library only: the rsh agent runs under the system python3 before any virtual environment.
 """
@@ -44,15 +44,15 @@ import sys
 import time
 
 # The pieces (re-exported here: emucluster is the one module its users import).
-from emuconfig import (HERE, REPO, ENV_STATE_DIR, DEFAULT_STATE_DIR, NS_PREFIX, HUB_NS, BRIDGE, IFNAME,
+from .config import (HERE, REPO, ENV_STATE_DIR, DEFAULT_STATE_DIR, NS_PREFIX, HUB_NS, BRIDGE, IFNAME,
                        SUBNET_PREFIX, SUBNET, HOST_PREFIX, ENV_INSTANCE, ENV_SUBNET, INSTANCE_RE,
                        MAX_SERVERS, CMD_TIMEOUT_S, DEFAULT_RUN_TIMEOUT_S, TBF_LATENCY, EXIT_USAGE,
                        EXIT_REFUSED, RATE_UNITS, DELAY_UNITS, UNSHAPED, NETEM_MISSING, EmuError, parse_rate,
                        format_rate, parse_delay, tbf_burst_bytes, qdisc_commands, instance_names, state_dir,
                        layout, read_state, write_state, host_index)  # noqa: F401
-from emulaunch import (enter_argv, agent_argv, EXPORTED_ENV, split_np, launcher_argv, run_bounded,
+from .launch import (enter_argv, agent_argv, EXPORTED_ENV, split_np, launcher_argv, run_bounded,
                        default_python)  # noqa: F401
-from emucheck import check_measurement, format_selfcheck  # noqa: F401
+from .check import check_measurement, format_selfcheck  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------
 # System side

@@ -1,7 +1,7 @@
 """The emulated cluster's names, link-rate parsing and layout (pure: no system calls; standard library only).
 
 Every name the emulated cluster uses (namespaces, hosts, subnet, state directory) comes from here, per
-instance, so that two clusters can exist side by side; emucluster.py builds what this describes."""
+instance, so that two clusters can exist side by side; cluster.py builds what this describes."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import os
 import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.path.dirname(HERE)
 ENV_STATE_DIR = "GRANNDIS_EMU_STATE_DIR"
 DEFAULT_STATE_DIR = "/run/granndis-emu"
 NS_PREFIX = "gemu-s"          # network namespaces gemu-s0, gemu-s1, ... (under /run/netns)
@@ -165,9 +165,9 @@ def read_state(sdir=None):
             return json.load(f)
     except FileNotFoundError:
         raise EmuError("no emulated cluster is set up (no " + path + "); run "
-                       "`bench/cluster/emu-cluster setup --servers 2 --rate 100mbit` first", code=EXIT_USAGE) from None
+                       "`emucluster/emu-cluster setup --servers 2 --rate 100mbit` first", code=EXIT_USAGE) from None
     except (OSError, ValueError) as exc:
-        raise EmuError(f"cannot read {path}: {exc}; run `bench/cluster/emu-cluster teardown` and set up again")
+        raise EmuError(f"cannot read {path}: {exc}; run `emucluster/emu-cluster teardown` and set up again")
 
 
 def write_state(state):

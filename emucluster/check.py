@@ -2,7 +2,7 @@
 (standard library only)."""
 from __future__ import annotations
 
-from emuconfig import format_rate
+from .config import format_rate
 
 
 def check_measurement(m, servers, ranks_per_server, bps, high=1.15, low=0.5, capacity_Bps=None,
