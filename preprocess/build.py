@@ -26,8 +26,8 @@ from granndis_hpc.shards import content
 from .canonical import DataError
 from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from .owners import assign_owners
-from .partition import (PARTITIONERS, WholeGraphAccess, balance, partition_digest, partition_servers,
-                        split_servers_over_gpus)
+from .gpu_split import split_servers_over_gpus
+from .partition import PARTITIONERS, WholeGraphAccess, balance, partition_digest, partition_servers
 
 
 @dataclass

@@ -8,7 +8,7 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   LOAD_BYTES_PER_KEY per key it reads (no per-vertex array of the graph exists yet);
 * partition: only what the partitioner reads is in memory (dist_build.run_build_sliced): the slice's
   features and labels wait on disk for the whole phase and its edges during each ParMETIS call
-  (sliced.spilled), and the in-degrees and val/test masks are gathered after it.  The phase peaks at
+  (slices.spilled), and the in-degrees and val/test masks are gathered after it.  The phase peaks at
   one of two moments (measured by tracing every live array, docs/performance/build-scaling.md):
   - building the slice's symmetric adjacency (SlicedAccess.adjacency): BASE_BYTES + KEY_BYTES_PER_EDGE
     per edge (int64 keys of both directions of every slice edge, their alltoallv copy and sort, beside
@@ -30,7 +30,7 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
     P >= 4.  Before the call the relabelling (preprocess/locality.py) holds the slice's int32 and int64
     rows, their int64 keys and the whole-graph map (8 B per vertex): below the call's peak at every
     size measured, so it has no term of its own.
-  Then the GPU split: with ParMETIS on the concurrent path (partition.gpu_split_groups: 2 <= S <= P)
+  Then the GPU split: with ParMETIS on the concurrent path (gpu_split.gpu_split_groups: 2 <= S <= P)
   each server's split runs on its own block of P / S ranks, every rank holding n/P rows of one server
   (the same ParMETIS terms for n/S vertices and E/P slice edges); on the sequential path every rank
   holds 1/P of each server's inner subgraph (n/S vertices, E/(S P) slice edges); METIS

@@ -41,7 +41,7 @@ from granndis_hpc.shards.schema import DATASETS, feature_chunk_rows
 from .halo import eas_choose, unique_inverse
 from .owners import DEFAULT_TOLERANCE, rebalance
 from .build import server_stats
-from .sliced import shuffle_to_owners
+from .slices import shuffle_to_owners
 
 
 # The writer's block: at most this many bytes of feature rows (and the same rows' in-edges), received

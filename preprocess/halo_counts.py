@@ -8,7 +8,7 @@ arrays (memory_model/arrays.py HopCounts and WorldCounts); here the ranks count 
 their slices of the canonical in-edge CSR (sliced.GraphSlice), with the distributed build's own steps:
 
 * the partition: partition.partition_servers on dist_build.SlicedAccess and
-  partition.split_servers_over_gpus, as run_build_sliced partitions (the same server and GPU of every
+  gpu_split.split_servers_over_gpus, as run_build_sliced partitions (the same server and GPU of every
   vertex as the whole-graph build, tests/mpi/test_dist_build.py);
 * the halo of server s: dist_server.select_halo, the distributed BFS the sliced build expands halos
   with, run once to the deepest candidate; a k-hop preload is its truncation to hop <= k (a full BFS
@@ -50,8 +50,9 @@ from .build_memory import ServerLoad
 from .dist_build import SlicedAccess
 from .dist_server import assign_owners_sliced, order_by_hop, select_halo
 from .halo import unique_sorted
-from .partition import partition_servers, split_servers_over_gpus
-from .sliced import shuffle_to_owners
+from .gpu_split import split_servers_over_gpus
+from .partition import partition_servers
+from .slices import shuffle_to_owners
 
 
 # In-edges handled per block when making pair keys: the temporaries stay ~40 B x this (160 MiB) whatever

@@ -30,7 +30,8 @@ from granndis_hpc.cluster.group import as_group
 from .build import BuildConfig, build_server, validate_config
 from .build_memory import ServerLoad
 from .halo_counts import count_build, full_preload_rows, prepare
-from .partition import WholeGraphAccess, partition_servers, split_servers_over_gpus
+from .gpu_split import split_servers_over_gpus
+from .partition import WholeGraphAccess, partition_servers
 from .sliced import GraphSlice
 
 
