@@ -10,7 +10,7 @@ RANKS_PER_SERVER := $(shell python3 -m emucluster.mpienv ranks-per-server)
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 
-.PHONY: setup demo test test-unit test-mpi test-slurm bench bench-cluster clean
+.PHONY: setup demo test test-unit test-launch test-mpi test-slurm bench bench-cluster clean
 
 setup: $(STAMP)/apt $(STAMP)/venv $(STAMP)/slurm
 
@@ -53,7 +53,11 @@ test-unit: setup
 test-mpi: setup
 	GRANNDIS_RANKS_PER_SERVER=$(RANKS_PER_SERVER) $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/mpi
 
-test: test-unit test-mpi
+# Tests that start their own mpirun (or a Slurm job), one job at a time; tests/unit starts none.
+test-launch: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests/launch
+
+test: test-unit test-launch test-mpi
 
 # The longer real-Slurm scenarios (time limit + requeue + resume, signals during set-up, scancel,
 # scontrol requeue, a job failing every attempt): ~10 min; results in docs/slurm-scenarios.md.

@@ -319,15 +319,6 @@ def test_too_small_budget_names_what_to_build_instead(tmp_path, capsys):
     assert rc != 0 and "too small for any full preload" in err and "instead" in err
 
 
-def test_hops_auto_error_on_every_rank(tmp_path):
-    from tests.conftest import run_mpi
-
-    res = run_mpi(["-m", "preprocess", "build", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3",
-                   "--partitioner", "metis", "--out", str(tmp_path / "x"), "--hops", "auto"], n=2, timeout=120)
-    assert res.returncode != 0
-    assert "error (rank 0)" in res.stderr and "error (rank 1)" not in res.stderr and "--memory-per-gpu" in res.stderr
-
-
 @pytest.fixture(scope="module")
 def eas_shards(small_graph, tmp_path_factory):
     from mpi4py import MPI
@@ -362,22 +353,6 @@ def test_mode_auto_entry_point_over_shard_sets(small_shards, eas_shards):
         assert all(o.peak > budget for o in d.rejected)
     with pytest.raises(mm.MemoryModelError, match="cannot run k = 4"):
         mm.estimate_shard_set(str(small_shards), "sage", 16, layers=4, k=4)
-
-
-def test_plan_under_mpirun_equals_one_rank(tmp_path):
-    """The collective plan (servers split over ranks, world send lists all-reduced) gives the same
-    options as one rank; the table is printed once."""
-    from tests.conftest import run_mpi
-
-    args = ["plan", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis",
-            "--hidden", "16", "--cob-batches", "2", "--memory-per-gpu", "1GiB"]
-    res = run_mpi(["-m", "preprocess", *args, "--json", str(tmp_path / "mpi.json")], n=2, timeout=180)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.count("recommendation:") == 1
-    from preprocess.__main__ import main
-    assert main([*args, "--json", str(tmp_path / "one.json")]) == 0
-    a, b = (json.loads((tmp_path / f).read_text()) for f in ("mpi.json", "one.json"))
-    assert a["options"] == b["options"] and a["decision"] == b["decision"]
 
 
 def test_plan_reuses_a_saturated_expansion_without_changing_the_estimate(small_graph):
