@@ -29,7 +29,6 @@ import time
 import numpy as np
 import torch
 
-import harness  # noqa: F401  first: makes the checkout importable (the worker subprocesses re-run it)
 from granndis_hpc.graph.csr import csr_from_edges
 from granndis_hpc.nn import LayerGraph, aggregate
 

@@ -35,7 +35,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from harness import REPO, mpi_env  # first: makes the checkout importable
+from harness import REPO, mpi_env
 
 from granndis_hpc.cluster.group import self_group
 from preprocess.halo import full_khop

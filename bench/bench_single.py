@@ -32,7 +32,6 @@ import warnings
 import numpy as np
 import torch
 
-import harness  # noqa: F401  first: makes the checkout importable
 from granndis_hpc.nn import LayerGraph  # noqa: E402
 from granndis_hpc.nn.models import build_model  # noqa: E402
 
