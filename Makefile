@@ -4,13 +4,13 @@ SHELL := /bin/bash
 PY    := .venv/bin/python
 STAMP := .stamps
 # The MPI environment (root allowed, oversubscribed, one thread per rank): its one definition is
-# bench/harness.py's MPI_ENV, which the tests and the benchmarks use too.
-$(foreach kv,$(shell python3 bench/harness.py env),$(eval export $(kv)))
-RANKS_PER_SERVER := $(shell python3 bench/harness.py ranks-per-server)
+# emucluster/mpienv.py's MPI_ENV, which the tests and the benchmarks use too.
+$(foreach kv,$(shell python3 -m emucluster.mpienv env),$(eval export $(kv)))
+RANKS_PER_SERVER := $(shell python3 -m emucluster.mpienv ranks-per-server)
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 
-.PHONY: setup demo test test-unit test-mpi test-slurm bench bench-cluster clean
+.PHONY: setup demo test test-unit test-launch test-mpi test-slurm bench bench-cluster clean
 
 setup: $(STAMP)/apt $(STAMP)/venv $(STAMP)/slurm
 
@@ -53,29 +53,32 @@ test-unit: setup
 test-mpi: setup
 	GRANNDIS_RANKS_PER_SERVER=$(RANKS_PER_SERVER) $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/mpi
 
-test: test-unit test-mpi
+# Tests that start their own mpirun (or a Slurm job), one job at a time; tests/unit starts none.
+test-launch: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests/launch
+
+test: test-unit test-launch test-mpi
 
 # The longer real-Slurm scenarios (time limit + requeue + resume, signals during set-up, scancel,
-# scontrol requeue, a job failing every attempt): ~10 min; results in docs/slurm.md.
+# scontrol requeue, a job failing every attempt): ~10 min; results in docs/slurm-scenarios.md.
 test-slurm: setup
 	timeout --kill-after=30 1800 $(PY) -m pytest -q -p no:cacheprovider -rs tests/slurm
 
+# The communication benchmark (docs/performance/comm.md); results under bench-out/ (not tracked).
 bench: setup
-	$(MPIRUN) $(PY) bench/bench_comm.py --out docs/bench_comm.json
+	mkdir -p bench-out
+	$(MPIRUN) $(PY) bench/bench_comm.py --out bench-out/comm.json --md bench-out/comm.md
 
 # fb, flx, eas, cob on an emulated 2-server cluster (namespaces + tc tbf; needs root) at several link
-# rates: docs/bench-cluster.md (+ .json) and docs/img/speedup_vs_rate.png; ~25 min on 2 busy cores.
+# rates, and the report with its speedup-against-rate plot; ~25 min on 2 busy cores.  Everything goes
+# under bench-out/ (not tracked): docs/performance/cluster.md says what the results mean.
 # A quick look: make bench-cluster BENCH_CLUSTER_ARGS='--rates unshaped,100mbit --modes fb,flx'
 # `timeout` bounds the whole sweep; the script tears the cluster down on exit, failure or SIGTERM.
 BENCH_CLUSTER_WORK ?= bench-out/cluster
-BENCH_CLUSTER_DOCS ?= docs
 bench-cluster: setup
 	timeout --kill-after=30 2400 $(PY) bench/bench_cluster.py --work $(BENCH_CLUSTER_WORK) \
-	    --out $(BENCH_CLUSTER_DOCS)/bench-cluster.md $(BENCH_CLUSTER_ARGS)
+	    --out $(BENCH_CLUSTER_WORK)/cluster.md $(BENCH_CLUSTER_ARGS)
 	$(PY) -m granndis_hpc.cli report --sweep $(BENCH_CLUSTER_WORK)/runs --out $(BENCH_CLUSTER_WORK)/report
-	mkdir -p $(BENCH_CLUSTER_DOCS)/img
-	cp $(BENCH_CLUSTER_WORK)/sweep.json $(BENCH_CLUSTER_DOCS)/bench-cluster.json
-	cp $(BENCH_CLUSTER_WORK)/report/speedup_vs_rate.png $(BENCH_CLUSTER_DOCS)/img/speedup_vs_rate.png
 
 clean:
 	rm -rf $(STAMP) .venv build *.egg-info

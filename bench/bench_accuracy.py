@@ -1,7 +1,7 @@
 """GCN accuracy on Cora and CiteSeer, 5 seeds: fb and flx with and without Kipf & Welling's recipe, and
-PyTorch Geometric's own training loop beside them (a benchmark, not a test; writes docs/accuracy.md).
+PyTorch Geometric's own training loop beside them (a benchmark, not a test; writes docs/performance/accuracy.md).
 
-    python bench/bench_accuracy.py --seeds 5 --out docs/accuracy.md      # needs `pip install '.[bench]'`
+    python bench/bench_accuracy.py --seeds 5 --out bench-out/accuracy.md      # needs `pip install '.[bench]'`
 
 The recipe (Kipf & Welling 2017, as PyG's examples/gcn.py runs it): row-normalised features, dropout
 0.5 on the input features and between the layers, weight decay 5e-4 on the first layer only, 2 layers,

@@ -1,7 +1,7 @@
 """Benchmark the aggregation backends of granndis_hpc.nn: forward+backward time and peak memory.
 
-    .venv/bin/python bench/bench_aggregate.py                       # CPU, writes docs/bench-aggregate.md
-    python bench/bench_aggregate.py --device cuda --out /tmp/agg-cuda.md
+    .venv/bin/python bench/bench_aggregate.py                       # CPU, writes docs/performance/aggregate.md
+    python bench/bench_aggregate.py --device cuda --out bench-out/aggregate-cuda.md
 
 A random graph (default 200k vertices, average in-degree 25, i.e. 5M edges) and a width-64 feature
 matrix; for every method, out = A_hat @ h then out.backward(g), timed over --reps repetitions after one
@@ -29,7 +29,6 @@ import time
 import numpy as np
 import torch
 
-import harness  # noqa: F401  first: makes the checkout importable (the worker subprocesses re-run it)
 from granndis_hpc.graph.csr import csr_from_edges
 from granndis_hpc.nn import LayerGraph, aggregate
 
@@ -186,7 +185,7 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    p.add_argument("--out", default=None, help="write a markdown table here (e.g. docs/bench-aggregate.md)")
+    p.add_argument("--out", default=None, help="write a markdown table here (e.g. docs/performance/aggregate.md)")
     p.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -1,4 +1,4 @@
-"""Strong scaling of one preprocessing build over P ranks (issue 17; not a test).
+"""Strong scaling of one preprocessing build over P ranks (not a test).
 
 For each P (and preload) the driver runs one fresh job
 `mpirun -n P python -m preprocess build --source synthetic --generator local --vertices N ...` with
@@ -8,9 +8,9 @@ manifest's digests, and `preprocess plan`'s estimate of the peak per build rank.
 a job that drives the machine's MemAvailable under --min-available-gib (other jobs share it).
 
   python bench/bench_build_scaling.py --vertices 2450000 --ranks 1 2 4 8 --preload full eas \\
-      --json docs/bench-build-scaling.json --md docs/bench-build-scaling.md
+      --json bench-out/bench-build-scaling.json --md bench-out/build-scaling.md
 
-`--whole-graph` adds the build before issue 17 (every rank loads the whole graph) for comparison.
+`--whole-graph` adds the whole-graph build (every rank loads the whole graph) for comparison.
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def run_one(a, P, preload, whole) -> dict:
                gpu_row_balance_max=m["stats"]["gpu_row_balance_max"],
                gpu_train_balance_max=m["stats"]["gpu_train_balance_max"])
     if a.verify:
-        # /usr/bin/time: verify's own peak RSS (docs/bench-build-scaling.md: bounded, one file at a time).
+        # /usr/bin/time: verify's own peak RSS (docs/performance/build-scaling.md: bounded, one file at a time).
         timed = ["/usr/bin/time", "-f", "maxrss_kib=%M"] if os.path.exists("/usr/bin/time") else []
         v = subprocess.run(timed + [sys.executable, "-m", "preprocess", "verify", out], cwd=REPO,
                            capture_output=True, text=True)

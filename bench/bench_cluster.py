@@ -3,12 +3,12 @@
     make bench-cluster        # = python bench/bench_cluster.py (root; ~20 min on a busy 2-core machine)
 
 Builds the shard sets once (synthetic DC-SBM graph, 2 servers x 2 GPUs, METIS), sets up the emulated
-cluster (bench/cluster/: a network + UTS namespace per server, one veth, tc tbf on both egresses), then
+cluster (emucluster/: a network + UTS namespace per server, one veth, tc tbf on both egresses), then
 runs one round per rate: re-shapes the link, measures it (MPI ping-pong self-check; the run stops if
 shaping does not hold) and trains every mode back to back under emu-mpirun (4 ranks, 2 per server,
 servers found by Open MPI from the hostnames).  The rounds alternate between the fast and the slow end of
 the rates and end with the unshaped round again (`round_order`): the machine is shared, and its load
-drifts during a sweep; the cost model (bench/cluster/costmodel.py) fits each round's load from the
+drifts during a sweep; the cost model (emucluster/costmodel.py) fits each round's load from the
 round's modes.  Writes bench-out/cluster/sweep.json and the markdown page (tables, cost model, the exact
 commands), and into every run directory (bench-out/cluster/runs/RATE/MODE; the repeated unshaped round's
 under repeat/) a link.json, the link it ran on (granndis_hpc/linkmodel.py), so that
@@ -27,12 +27,11 @@ import shutil
 import sys
 import time
 
-from harness import ENV, REPO  # first: puts bench/cluster on the path
+from harness import ENV, REPO
 
 from granndis_hpc.linkmodel import LINK_FILE  # noqa: E402
 
-import costmodel  # noqa: E402
-import emucluster  # noqa: E402
+from emucluster import cluster as emucluster, costmodel  # noqa: E402
 
 # Shard sets: name -> preprocess arguments (beyond the graph and cluster shape).  Add a row per set.
 SHARD_SETS = {
@@ -52,7 +51,7 @@ MODES = {
     "cob": ("full", ["--mode", "cob", "--batches-per-epoch", "2", "--fanout", "10"], True),
     "flx-k1": ("full-k1", ["--mode", "flx"], False),
     "flx-k2": ("full-k2", ["--mode", "flx"], False),
-    # Overlap of communication with computation (issue 19, docs/bench-overlap.md): the modes above run
+    # Overlap of communication with computation (docs/performance/overlap.md): the modes above run
     # with it (the default); these rows are today's order (--no-overlap) and half-width halos.
     "fb-noovl": ("full", ["--mode", "fb", "--no-overlap"], False),
     "fb-bf16": ("full", ["--mode", "fb", "--halo-dtype", "bfloat16"], False),
@@ -124,8 +123,8 @@ def steps_per_epoch(run_dir):
 def run_config(run_dir):
     """What the cost model needs of a run's config.json and summary.json: layers, model, whether it
     overlapped and which exchange groups (summary.json's plan.overlap_halos; None before the option,
-    when every halo overlapped), and its gradient buckets' bytes (plan.gradient_buckets_bytes; None before
-    session 10: one bucket)."""
+    when every halo overlapped), and its gradient buckets' bytes (plan.gradient_buckets_bytes; None for
+    runs that recorded no buckets: one bucket)."""
     with open(os.path.join(run_dir, "config.json")) as f:
         cfg = json.load(f)
     plan = {}
@@ -199,13 +198,13 @@ def render(sweep, argv):
          f"{g['epochs']} epochs per run (median epoch time over epochs 1..{g['epochs'] - 1}; test accuracy "
          f"after epoch {g['epochs'] - 1}). 2 servers x {g.get('ranks_per_server', 2)} rank(s); each server is a network + UTS namespace, the "
          f"servers are joined by one veth shaped with `tc tbf` on both egresses, ranks inside a server use "
-         f"shared memory (see `docs/cluster.md`). One 2-core machine shared with other jobs: times are "
+         f"shared memory (see `docs/emulated-cluster.md`). One 2-core machine shared with other jobs: times are "
          f"indicative, bytes are exact ledger counts (summed over ranks, per epoch).", "",
          f"Run as rounds, one rate per round with every mode back to back, in the order "
          f"{', '.join(sweep.get('round_order', [r['label'] for r in rates]))} (fast and slow rates alternate, so "
          f"a drift of the machine's load is not read as an effect of the rate). "
          + load_line(sweep), ""]
-    L += ["## Link check (MPI ping-pong, bench/cluster/pingpong.py)", "",
+    L += ["## Link check (MPI ping-pong, emucluster/pingpong.py)", "",
           "| link rate | inter-server MB/s | x nominal | intra-server MB/s |", "|---|---:|---:|---:|"]
     for r in rounds:
         pp = r["pingpong"]
@@ -239,9 +238,9 @@ def render(sweep, argv):
           "rates), f = the round's load factor (fitted on the *other* modes of the round), B_inter = the busiest "
           "server's inter-server bytes, B_intra = the busiest rank's intra-server bytes (exact, from the ledger), "
           "bw = the round's ping-pong bandwidths (table above; inter capped at the rate's TCP payload). Every run "
-          "is predicted from the others only (leave-one-out). `bench/cluster/costmodel.py` has the reasoning.", ""]
+          "is predicted from the others only (leave-one-out). `emucluster/costmodel.py` has the reasoning.", ""]
     L += _model_table(rounds, modes, "predicted_s", "model_error",
-                      why=" (see docs/cluster.md, 'When the model is off')")
+                      why=" (see docs/emulated-cluster.md, 'When the model is off')")
     fit = sweep.get("model_fit")
     if fit:
         by_round = {r.get("round", i): (r, f) for i, (r, f) in enumerate(zip(rounds, fit["load_factor"]))}
@@ -296,7 +295,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vertices", type=int, default=20000)
     p.add_argument("--generator", choices=("sbm", "local"), default="sbm",
-                   help="synthetic generator (local: the locality of real graphs, docs/bench-locality.md)")
+                   help="synthetic generator (local: the locality of real graphs, docs/performance/locality.md)")
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--epochs", type=int, default=8, help="per run; the first is left out of the median")
@@ -375,11 +374,11 @@ def main(argv=None):
         shutil.rmtree(os.path.join(args.work, old), ignore_errors=True)
     try:
         emucluster.setup(2, None)
-        log.append("bench/cluster/emu-cluster setup --servers 2 --rate unshaped")
+        log.append("emucluster/emu-cluster setup --servers 2 --rate unshaped")
         for i, (label, bps, repeat) in enumerate(plan):
             emucluster.shape(bps)
-            log.append(f"bench/cluster/emu-cluster shape --rate {emucluster.format_rate(bps)} && "
-                       f"bench/cluster/emu-cluster selfcheck")
+            log.append(f"emucluster/emu-cluster shape --rate {emucluster.format_rate(bps)} && "
+                       f"emucluster/emu-cluster selfcheck")
             load = os.getloadavg()[0]
             pp = emucluster.selfcheck(args.ranks_per_server, python=py, capacity_Bps=capacity)
             print(emucluster.format_selfcheck(pp), flush=True)

@@ -1,7 +1,7 @@
 """Throughput of the cluster primitives for each intra-server transport (not a test).
 
     mpirun -n 4 .venv/bin/python bench/bench_comm.py --ranks-per-server 2 \
-        --out docs/bench_comm.json --md docs/bench-comm.md
+        --out bench-out/comm.json --md bench-out/comm.md
 
 For each transport (gloo, mpi) and message size: intra_exchange (every rank sends one block of the
 given size to each server peer), world_exchange (one block to every other rank) and allreduce_ of a
@@ -120,8 +120,8 @@ def main() -> int:
     parser.add_argument("--sizes-kib", type=int, nargs="+", default=[4, 256, 4096])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--transports", nargs="+", default=["gloo", "mpi"], choices=["gloo", "mpi"])
-    parser.add_argument("--out", default="docs/bench_comm.json", help="JSON results")
-    parser.add_argument("--md", default="docs/bench-comm.md", help="markdown table")
+    parser.add_argument("--out", default="bench-out/comm.json", help="JSON results")
+    parser.add_argument("--md", default="bench-out/performance/comm.md", help="markdown table")
     parser.add_argument("--render", action="store_true",
                         help="only re-render --md from an existing --out JSON (no measurement)")
     args = parser.parse_args()

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from harness import REPO  # first: makes the checkout importable
+from harness import REPO
 
 from granndis_hpc.graph.csr import Graph
 from preprocess.build import dataset_digest

@@ -1,6 +1,6 @@
 """Flexible Preloading depth sweep: fb and flx with k = 1..L preloaded hops on one graph (not a test).
 
-    python bench/bench_depth.py --vertices 200000 --layers 3 --epochs 5 --out docs/bench-depth.md
+    python bench/bench_depth.py --vertices 200000 --layers 3 --epochs 5 --out bench-out/depth.md
 
 Builds full preloads of k = 1..L hops for an L-layer model (S=2 x G=2, METIS), then trains, one after
 another under `mpirun -n 4`, fb and flx on each, and writes the trade the paper's Fig. 4 describes:
@@ -49,7 +49,7 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--generator", choices=("sbm", "local"), default="local",
-                   help="synthetic generator: local has the locality of real graphs (docs/bench-locality.md), "
+                   help="synthetic generator: local has the locality of real graphs (docs/performance/locality.md), "
                         "sbm replicates almost everything at 3 hops")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "depth"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-depth.md"))

@@ -1,14 +1,14 @@
 """Accuracy with half-width halos: --halo-dtype bfloat16 against float32 on the published GCN recipe
-(a benchmark, not a test; writes docs/accuracy-halo-dtype.md).
+(a benchmark, not a test; writes docs/performance/halo-dtype.md).
 
-    python bench/bench_halo_dtype.py --seeds 5 --out docs/accuracy-halo-dtype.md
+    python bench/bench_halo_dtype.py --seeds 5 --out bench-out/halo-dtype.md
 
 Kipf & Welling's recipe as bench/bench_accuracy.py runs it (2-layer GCN, hidden 16, row-normalised
 features, input dropout, weight decay on the first layer, 200 epochs, best-validation selection), on
 Cora and CiteSeer, 2 servers x 2 ranks, in fb (halo every layer) and flx with k = 1 < L = 2 (layer 0 on
 the preload, layer 1 with the world exchange): the layers whose halo rows (and gradients) travel at
 half width.  Layer 0's halo is the static input, exchanged once at set-up in float32, and evaluation
-always exchanges float32, so only training's layer-1 halo is rounded.  The target (issue 19): every
+always exchanges float32, so only training's layer-1 halo is rounded.  The target: every
 5-seed mean within 0.5 point of float32's.
 """
 from __future__ import annotations

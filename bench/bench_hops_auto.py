@@ -1,4 +1,4 @@
-"""Per-rank memory of `build --hops auto`'s depth choice over P ranks (issue 17; not a test).
+"""Per-rank memory of `build --hops auto`'s depth choice over P ranks (not a test).
 
 `build --hops auto --memory-per-gpu X` estimates a full preload of every depth k = 1..L before it
 builds.  It used to assemble the whole graph on every rank for that (sliced.assemble, then
@@ -11,9 +11,9 @@ estimate's model code imports, loaded first), the choice's peak RSS, CPU and wal
 decision (the same for both ways at one P; the ParMETIS partition, hence the estimate, depends on P).
 
   python bench/bench_hops_auto.py --vertices 300000 --ranks 1 2 4 --ways sliced assembled \\
-      --json docs/bench-hops-auto.json --md docs/bench-hops-auto.md
+      --json bench-out/bench-hops-auto.json --md bench-out/hops-auto.md
 
-Run it under `flock /tmp/granndis-bench.lock` on a shared machine.
+Run it alone on the machine: other jobs change the peak RSS it measures.
 """
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_scale import MemoryGuard  # noqa: E402
-from harness import REPO, mpi_env  # noqa: E402
+from bench_scale import MemoryGuard
+from harness import REPO, mpi_env
 
 
 def _rss(field: str) -> int:
@@ -39,7 +38,6 @@ def _rss(field: str) -> int:
 
 def worker(a) -> int:
     """One job: load the slices, then the depth choice one way; rank 0 writes every rank's record."""
-    sys.path.insert(0, REPO)
     from granndis_hpc.cluster import as_group
     from preprocess.build import _reset_peak_rss
     from preprocess.plan import PlanConfig, auto_hops

@@ -12,7 +12,7 @@ build --preload full --hops k` stores per server).  It reports
 * accuracy proxies for "a GNN beats an MLP": nearest class mean (fitted on train, test accuracy) on a
   vertex's own features, and on the mean over self + 1-hop, self + 2-hop neighbourhoods.
 
-  python bench/bench_locality.py --vertices 200000 --out docs/bench-locality.json
+  python bench/bench_locality.py --vertices 200000 --out bench-out/bench-locality.json
 
 Each generator is measured in a fresh process: PT-Scotch's ParMETIS keeps random state between calls in
 one process, so a second partitioning there is not the one a build (a fresh job) would get.
@@ -35,7 +35,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from harness import REPO, mpi_env  # first: makes the checkout importable
+from harness import REPO, mpi_env
 
 from granndis_hpc.cluster.group import self_group
 from preprocess.halo import full_khop

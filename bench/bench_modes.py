@@ -1,6 +1,6 @@
 """Side-by-side benchmark of the training modes on one synthetic graph (not a test).
 
-    python bench/bench_modes.py --vertices 200000 --epochs 5 --out docs/bench-modes.md
+    python bench/bench_modes.py --vertices 200000 --epochs 5 --out bench-out/modes.md
 
 Builds the shards once (full 3-hop preload and EAS h=1 f=15, S=2 x G=2, METIS), then runs, in one
 session, one after another under `mpirun -n 4`:

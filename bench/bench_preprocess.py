@@ -4,7 +4,7 @@ For each configuration the driver launches `mpirun -n RANKS python bench/bench_p
 (a fresh job per configuration, so peak RSS is that build's), parses the per-phase lines rank 0 prints,
 and appends one JSON record per configuration to --out (JSON lines) and a Markdown table to stdout.
 
-  python bench/bench_preprocess.py --vertices 100000 1000000 --out docs/bench-preprocess.jsonl
+  python bench/bench_preprocess.py --vertices 100000 1000000 --out bench-out/bench-preprocess.jsonl
 """
 from __future__ import annotations
 

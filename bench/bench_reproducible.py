@@ -10,7 +10,7 @@
    seed in options[] changes the single-threaded result.
 3. Seeds: the fixed PT-Scotch path with seeds 0..--seeds-1 in one job: how many distinct partitions.
 
-  python bench/bench_reproducible.py --out docs/bench-reproducible.md
+  python bench/bench_reproducible.py --out bench-out/reproducible.md
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def main(argv=None):
     log = []
     with tempfile.TemporaryDirectory(prefix="bench-repro-") as workdir:
         lines = ["# Reproducible builds: repeated builds of Cora", "",
-                 "Written by `bench/bench_reproducible.py`; summary in `docs/benchmarks.md` "
+                 "Written by `bench/bench_reproducible.py`; summary in `docs/performance/README.md` "
                  "(\"Reproducible partitions\").", ""]
         lines += builds(args, workdir, log) + cause(args, log) + seeds(args, log)
     write_page(args.out, lines, "bench/bench_reproducible.py", argv, log)

@@ -1,6 +1,6 @@
-"""Products-size benchmark (issue 11, "Scale"): the 2.45M-vertex build and one epoch per mode on it (not a test).
+"""Products-size benchmark: the 2.45M-vertex build and one epoch per mode on it (not a test).
 
-    python bench/bench_scale.py --work /work/scale-data --out docs/bench-scale.md
+    python bench/bench_scale.py --work bench-out/scale --out bench-out/scale.md
 
 1. build: two shard sets of the `--generator local` graph (2.45M vertices, ~54.5M directed edges) with
    ParMETIS on 2 ranks, each in a fresh `mpirun -n 2` job (bench/bench_preprocess.py's run_config):
@@ -231,7 +231,7 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=7200, help="seconds per build")
     p.add_argument("--min-available-gib", type=float, default=1.5,
                    help="stop a training run when the machine's MemAvailable falls below this")
-    p.add_argument("--work", default="/tmp/bench-scale", help="shard sets, runs and records.json (outside the repo)")
+    p.add_argument("--work", default="bench-out/scale", help="shard sets, runs and records.json (bench-out/ is not tracked)")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-scale.md"))
     p.add_argument("--clean", action="store_true", help="delete WORK's shard sets and runs at the end")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """Single-rank GraphSAGE training: this project's model against PyTorch Geometric's SAGEConv (not a test).
 
     .venv/bin/pip install torch_geometric        # or: pip install -e '.[bench]'
-    .venv/bin/python bench/bench_single.py --out docs/bench-single.md
+    .venv/bin/python bench/bench_single.py --out bench-out/single.md
 
 The same 3-layer SAGE (mean aggregation, ReLU between layers, no dropout, hidden 64) on the same
 synthetic graph (preprocess's DC-SBM, default 100,000 vertices, average degree 25, 100 features), trained
@@ -32,7 +32,6 @@ import warnings
 import numpy as np
 import torch
 
-import harness  # noqa: F401  first: makes the checkout importable
 from granndis_hpc.nn import LayerGraph  # noqa: E402
 from granndis_hpc.nn.models import build_model  # noqa: E402
 

@@ -18,7 +18,7 @@ import tempfile
 
 from mpi4py import MPI
 
-from harness import RANKS_PER_SERVER, REPO  # first: makes the checkout importable
+from harness import RANKS_PER_SERVER, REPO
 
 from granndis_hpc import memory_model as mm  # noqa: E402
 from granndis_hpc.memory_model.profile import measure_step_peak  # noqa: E402

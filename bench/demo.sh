@@ -4,9 +4,9 @@
 # the time per epoch and its parts, the traffic, and test accuracy rising over 10 epochs (fb = flx).
 #
 # Where this machine can host it (root, network + UTS namespaces, tc tbf), the two servers are an
-# emulated cluster (bench/cluster/): separate namespaces and hostnames joined by a link shaped to
+# emulated cluster (emucluster/): separate namespaces and hostnames joined by a link shaped to
 # DEMO_RATE (default 100mbit), so inter-server traffic costs what it costs between GPU servers on 10 GbE
-# (a CPU rank computes ~100x slower than a GPU; docs/cluster.md).  Elsewhere the servers are emulated by
+# (a CPU rank computes ~100x slower than a GPU; docs/emulated-cluster.md).  Elsewhere the servers are emulated by
 # --ranks-per-server 2 on one host, where "inter-server" is shared memory and flx's replicated rows make
 # it slower than fb; the demo then says why and what the shaped link would show (the cost model applied
 # to this run's exact byte counts).  DEMO_EMULATE=0 forces the single-host run.
@@ -21,7 +21,7 @@ EPOCHS=${DEMO_EPOCHS:-10}
 # training per mode.
 NOISE=${DEMO_FEATURE_NOISE:-5}
 RATE=${DEMO_RATE:-100mbit}
-EMU=bench/cluster/emu-cluster
+EMU=emucluster/emu-cluster
 mkdir -p "$OUT"
 
 emulated=0
@@ -46,7 +46,7 @@ if [ $emulated = 1 ]; then
     echo "== emulated cluster: 2 servers, inter-server link $RATE"
     $EMU setup --servers 2 --rate "$RATE"
     $EMU selfcheck
-    MPI=(bench/cluster/emu-mpirun -n 4 --emu-timeout 300)
+    MPI=(emucluster/emu-mpirun -n 4 --emu-timeout 300)
     layout=()      # Open MPI finds the two servers from their hostnames
 else
     echo "== no emulated cluster: ${why#emu-cluster: error: }"
@@ -67,8 +67,7 @@ echo "== report"
 $PY -m granndis_hpc.cli report "$OUT/runs/fb" "$OUT/runs/flx" "$OUT/runs/eas" --out "$OUT/report"
 $PY - "$OUT" "$emulated" "$RATE" "$why" <<'PYEOF'
 import json, sys
-sys.path.insert(0, "bench/cluster")
-import costmodel, emucluster
+from emucluster import cluster as emucluster, costmodel
 out, emulated, rate, why = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4]
 runs = {m: json.load(open(f"{out}/runs/{m}/summary.json")) for m in ("fb", "flx", "eas")}
 fb = runs["fb"]
@@ -92,7 +91,7 @@ for mode, s in runs.items():
           f"{b['intra_halo']:>14,} {b['inter_halo']:>14,} {b['inter_grad']:>14,} {s['accuracy']['test']:>9.4f}")
 print("(epoch = the slowest rank's median epoch; compute + comm + grad are that rank's parts of it; speedup over\n"
       " fb as it runs by default: its halo in flight while each layer aggregates the rows it holds and gradients\n"
-      " reduced during the backward (issue 19), a stronger baseline than fb waiting for every halo, --no-overlap)")
+      " reduced during the backward, a stronger baseline than fb waiting for every halo, --no-overlap)")
 # Learning: test accuracy at every evaluated epoch, and the exactness statement (fb and flx compute the
 # same full-graph model with the same dropout masks, so their accuracies are equal).
 print("\ntest accuracy by epoch (6 % is chance for 16 classes):")
@@ -115,7 +114,7 @@ print(f"fb {'=' if same else '!='} flx: test accuracy {acc['fb']:.4f} {'=' if di
 if not emulated:
     # What a shaped link would show: this run's epoch without its inter-server seconds (shared memory
     # here), plus the busiest server's exact inter-server bytes over the link's TCP payload rate
-    # (bench/cluster/costmodel.py: each server sends over its own egress at the same time).
+    # (emucluster/costmodel.py: each server sends over its own egress at the same time).
     bw = emucluster.parse_rate(rate) / 8 * costmodel.TCP_PAYLOAD_SHARE
     def predict(mode):
         recs = [json.loads(l) for l in open(f"{out}/runs/{mode}/metrics.jsonl") if l.strip()]

@@ -233,7 +233,7 @@ class TrainConfig:
     # Server-view halos move between the ranks of one server (shared memory, NVLink) in a fraction of
     # the layer's compute, so hiding them saves little, while the split own/halo products and the
     # polling cost every layer: measured 1.0-1.6x slower for eas and 1.65x for a 56-layer cob model
-    # (docs/overlap.md).  So by default only the exchanges that cross servers overlap.
+    # (docs/performance/overlap.md).  So by default only the exchanges that cross servers overlap.
     overlap_halos: str = option("world", choices=tuple(OVERLAP_HALOS), on_resume="may_change",
                                 help="which halo exchanges a layer computes behind: 'world' (default) the "
                                      "ones that cross servers (fb; flx's world layers when k < L; "

@@ -24,7 +24,7 @@ def fsync_dir(path: str) -> None:
 
 def file_mode() -> int:
     """The mode an ordinary new file gets under this process's umask.  mkstemp's files are 0600, which
-    would hide shard sets and run files from the group they are shared with (issue 21, item 5)."""
+    would hide shard sets and run files from the group they are shared with."""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:

@@ -1,7 +1,7 @@
 """The cost model's overlapped limit of an epoch on a measured link (standard library only).
 
-`granndis report` shows it beside each run's measured epoch; bench/cluster/costmodel.py and
-bench/overlap_pairs.py compute it for a sweep with the same function (`overlap_limit`).  It models what the
+`granndis report` shows it beside each run's measured epoch; emucluster/costmodel.py computes it
+for a sweep with the same function (`overlap_limit`).  It models what the
 run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and what cannot overlap:
 
     T = C + sum over the exchanges e of w_e - hidden_e + W_grad,   hidden_e = min(w_e, window_e)
@@ -16,7 +16,7 @@ run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and
   (the record's halo_rows): world-view layers carry the busiest server's inter-server halo bytes over the
   link's payload rate, every exchanging layer the busiest rank's intra-server bytes over shared memory.
 - window_e: the compute that runs while exchange e (layer l) travels, by the engine's order
-  (docs/overlap.md): zero where e does not overlap (`--no-overlap`; a server-view layer under the default
+  (docs/performance/overlap.md): zero where e does not overlap (`--no-overlap`; a server-view layer under the default
   `--overlap-halos world`), else
       c_{l-1} (1 - s_l)  +  c_l (1 - h_l) f_l
   * s_l = send rows / rows layer l - 1 computes (the record's send_rows): boundary-first, layer l - 1
@@ -32,12 +32,12 @@ run actually overlaps (summary.json's plan: overlap on/off, `overlap_halos`) and
   travels in buckets cut between layers (cluster/gradsync.py; summary.json's plan.gradient_buckets_bytes,
   in posting order), and each bucket is posted as soon as its layers' backward is done, so only the
   last bucket has no backward left to hide behind.  The limit (a lower bound) charges W_grad x last
-  bucket / all buckets.  Runs from before session 10 had one bucket, so W_grad is fully additive for
+  bucket / all buckets.  Runs that recorded no buckets had one, so W_grad is fully additive for
   them.  The model has no per-message term: each bucket's latency of a few messages is not modelled.
 Without overlap T = C + W: the additive model.  It is a *limit* (a lower bound on the epoch): it assumes
 the link's full rate while a window lasts.
 
-**Every rank's compute (session 9).**  A bulk-synchronous exchange waits for the slowest rank of its
+**Every rank's compute.**  A bulk-synchronous exchange waits for the slowest rank of its
 group at every layer, not for one rank's total: on 4 ranks sharing 2 cores the same layer took 0.2-0.86 s
 on different ranks, so C taken from one rank (the record's compute_s: the rank with the longest epoch)
 is a compute the run cannot achieve.  Where the epoch record has `layer_compute_s` (every rank's compute
@@ -199,7 +199,7 @@ def overlap_limit(run, compute_s, bandwidths, servers, groups=None, per_rank=Non
 
 
 def forward_order(counts, plain=True, groups=()):
-    """The forward's events in the engine's order (docs/overlap.md), per layer l:
+    """The forward's events in the engine's order (docs/performance/overlap.md), per layer l:
     ("compute", l, share of c_l), ("post", l), ("wait", l) for an overlapped exchange, ("block", l) for
     one that blocks.  Boundary-first (plain models, exchange l + 1 overlapped): layer l computes the
     share s = send rows / rows of l + 1's send rows first, posts, then the rest; an overlapped exchange

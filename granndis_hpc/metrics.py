@@ -117,7 +117,7 @@ def truncate_metrics(run_dir: str, epoch: int, note=None) -> List[Dict]:
     drop the rest, so a resumed run appends without duplicates.  Rewritten atomically (a crash leaves
     the old file or the new one); returns the kept records.
 
-    Damage is never dropped silently (issue 21, item 15): a last line cut short (a kill, a full disk)
+    Damage is never dropped silently: a last line cut short (a kill, a full disk)
     is repaired, saying so through `note`; a damaged line before it, or an epoch missing from the
     records the checkpoint includes, is a MetricsError naming the lines, since cutting them would lose
     records."""
@@ -168,7 +168,7 @@ def truncate_metrics(run_dir: str, epoch: int, note=None) -> List[Dict]:
 
 # What summarize reads of an epoch record.  The run keeps only these per epoch (summary_fields): whole
 # records (cob's per-rank rows accounting on rank 0 above all) grew rank 0's memory by ~6.6 KB per
-# epoch (issue 21, item 17); they are in metrics.jsonl.
+# epoch; they are in metrics.jsonl.
 SUMMARY_FIELDS = ("epoch", "time_s", "compute_s", "intra_comm_s", "inter_comm_s", "grad_sync_s", "sampling_s",
                   "bytes", "activation_memory_bytes")
 

@@ -176,7 +176,7 @@ def assign_labels(runs):
 
 
 # Options besides the shape (model, layers, servers, ranks per server) that change what an epoch costs
-# or computes: a speedup against an fb run that differs in one of them is flagged (issue 21, item 11).
+# or computes: a speedup against an fb run that differs in one of them is flagged.
 COMPARED_SETTINGS = ("hidden", "dropout", "input_dropout", "norm", "weight_decay", "checkpoint_activations",
                      "device", "intra_transport", "lr", "seed")
 

@@ -1,4 +1,4 @@
-"""An advisory lock on a run directory, held by the job that trains in it (issue 21, item 12).
+"""An advisory lock on a run directory, held by the job that trains in it.
 
 Without it, `--overwrite-run`, `--resume` or a new run started while another job still trains in the
 same directory mixed the two runs' files.  The lock is `flock` on the directory, taken by rank 0 for

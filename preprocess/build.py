@@ -26,8 +26,8 @@ from granndis_hpc.shards import content
 from .canonical import DataError
 from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from .owners import assign_owners
-from .partition import (PARTITIONERS, WholeGraphAccess, balance, partition_digest, partition_servers,
-                        split_servers_over_gpus)
+from .gpu_split import split_servers_over_gpus
+from .partition import PARTITIONERS, WholeGraphAccess, balance, partition_digest, partition_servers
 
 
 @dataclass
@@ -87,7 +87,7 @@ def validate_config(cfg: BuildConfig, num_vertices: int) -> None:
 def check_dataset(name: str, num_vertices: int, num_classes: int, num_train: int) -> None:
     """What no mode can train on, refused before anything is written (called identically on every
     rank): a class count above the vertex count (a source's or metadata.json's num_classes of 2**40
-    made training allocate an output layer that wide), and an empty train split (issue 21, item 16).
+    made training allocate an output layer that wide), and an empty train split.
     verify and training refuse the same sets (preprocess/verify.py, engine/trainer.check_split_totals)."""
     if int(num_classes) > max(int(num_vertices), 1):
         raise DataError(f"{name}: num_classes={int(num_classes)} exceeds the {int(num_vertices)} vertices (a model's "

@@ -1,4 +1,4 @@
-"""Estimated peak memory of one rank of the distributed build (`preprocess plan`, issue 17).
+"""Estimated peak memory of one rank of the distributed build (`preprocess plan`).
 
 The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P:
 
@@ -8,8 +8,8 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   LOAD_BYTES_PER_KEY per key it reads (no per-vertex array of the graph exists yet);
 * partition: only what the partitioner reads is in memory (dist_build.run_build_sliced): the slice's
   features and labels wait on disk for the whole phase and its edges during each ParMETIS call
-  (sliced.spilled), and the in-degrees and val/test masks are gathered after it.  The phase peaks at
-  one of two moments (measured with bench/trace_build_memory.py, docs/bench-build-scaling.md):
+  (slices.spilled), and the in-degrees and val/test masks are gathered after it.  The phase peaks at
+  one of two moments (measured by tracing every live array, docs/performance/build-scaling.md):
   - building the slice's symmetric adjacency (SlicedAccess.adjacency): BASE_BYTES + KEY_BYTES_PER_EDGE
     per edge (int64 keys of both directions of every slice edge, their alltoallv copy and sort, beside
     the slice's edges) and PARTITION_ROW_BYTES per row of the slice; for ParMETIS on a symmetrised
@@ -29,8 +29,8 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
     slice's (PARTITION_VERTEX_BYTES, with the GPU split's server and GPU of every vertex).  The peak at
     P >= 4.  Before the call the relabelling (preprocess/locality.py) holds the slice's int32 and int64
     rows, their int64 keys and the whole-graph map (8 B per vertex): below the call's peak at every
-    size measured (bench/trace_build_memory.py), so it has no term of its own.
-  Then the GPU split: with ParMETIS on the concurrent path (partition.gpu_split_groups: 2 <= S <= P)
+    size measured, so it has no term of its own.
+  Then the GPU split: with ParMETIS on the concurrent path (gpu_split.gpu_split_groups: 2 <= S <= P)
   each server's split runs on its own block of P / S ranks, every rank holding n/P rows of one server
   (the same ParMETIS terms for n/S vertices and E/P slice edges); on the sequential path every rank
   holds 1/P of each server's inner subgraph (n/S vertices, E/(S P) slice edges); METIS
@@ -52,17 +52,17 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   alive at a time.  No rank holds a
   server's rows, and the writer's block is bounded in bytes whatever the server's size.  EAS uses the
   same terms (its scoring arrays are those of the frontier rows each rank owns, within the above at
-  the sizes measured).  Measured with bench/trace_build_memory.py (every array alive at the phase's
-  peak, session 9, docs/bench-build-scaling.md): at 800k, P = 8, a non-writer holds 75 MiB of arrays
+  the sizes measured).  Measured by tracing every array alive at the phase's
+  peak (docs/performance/build-scaling.md): at 800k, P = 8, a non-writer holds 75 MiB of arrays
   (its slice 57 MiB, per-vertex and per-row arrays the rest) beside 150-195 MiB of interpreter,
   libraries, MPI and heap kept from the partition phase.
 
 The constants were fitted to bench/bench_build_scaling.py's per-phase peak RSS per rank (the
-partition terms to the 2.45M builds at P = 1, 2, 4, 8 and to bench/trace_build_memory.py's RSS
-inside the ParMETIS calls of 800k builds at P = 2, 4, 8; the load and halos+write terms, session 9,
+partition terms to the 2.45M builds at P = 1, 2, 4, 8 and to the traced RSS
+inside the ParMETIS calls of 800k builds at P = 2, 4, 8; the load and halos+write terms
 to the 2.45M full builds at P = 1 and 8 and the 800k full build at P = 8, the per-vertex and per-row
-bytes counted from the dtypes of the arrays the trace found; the gathered band's bound, session 10,
-to the server call's peak at 2.45M P = 8 with the gather limit) (docs/bench-build-scaling.md, where
+bytes counted from the dtypes of the arrays the trace found; the gathered band's bound
+to the server call's peak at 2.45M P = 8 with the gather limit) (docs/performance/build-scaling.md, where
 the estimate is checked against every measured rank).
 """
 from __future__ import annotations
@@ -79,9 +79,9 @@ LOAD_BYTES_PER_KEY = 16  # the int64 key and its alltoallv copy
 KEY_BYTES_PER_EDGE = 62  # building the slice's symmetric adjacency (keys, their shuffle, the edges)
 SYMMETRIC_ADJ_BYTES_PER_EDGE = 17  # a symmetric slice's own rows: int64 edges and row ids, loop mask
 # What is resident besides PT-Scotch's structures and ours during the call: the interpreter, libraries,
-# MPI.  120 MiB until session 11, 100 since (h5py imported only at the write, ~13 MiB; PT-Scotch's
+# MPI: 100 MiB (h5py is imported only at the write, ~13 MiB; PT-Scotch's
 # freed arrays returned to the system during the call, parmetis._heap_for_call): refitted to the 2.45M
-# P = 8 partition phase (0.491 / 0.499 GiB, two holds; docs/bench-build-scaling.md, session 11).
+# P = 8 partition phase (0.491 / 0.499 GiB, two runs; docs/performance/build-scaling.md).
 SCOTCH_BASE_BYTES = 100 * MIB
 # PT-Scotch's, per vertex of the whole graph, on every rank (P >= 2): the band graph it gathers onto
 # every process (docs/design.md §8), by the band's width (preprocess/parmetis.scotch_band_width).
@@ -103,7 +103,7 @@ WRITER_BYTES_PER_ROW = 8  # the writer's int64 row offsets of the subgraph (grap
 BLOCK_BYTES_PER_FEATURE = 8  # float32, two copies (received, reordered)
 # Per in-edge of a block's rows on the writer: received and reordered int64 (16 B) and what the write
 # round holds besides (MPI's and HDF5's buffers: malloc'd bytes in use that no array of ours holds,
-# bench/trace_build_memory.py), fitted to the writer's rise at 800k P = 1 (trace) and 2.45M P = 8;
+# found by tracing), fitted to the writer's rise at 800k P = 1 (trace) and 2.45M P = 8;
 # plus the relabelling of the rows the writer owns itself (sources, file rows, row ids, sorted keys),
 # 1/P of the block.
 BLOCK_BYTES_PER_EDGE = 30

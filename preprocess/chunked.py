@@ -1,6 +1,6 @@
 """The chunked input format: a dataset as many small memory-mappable `.npy` files plus `metadata.json`.
 
-Why: a build rank must be able to read its slice of a graph without touching the rest (issue 17).
+Why: a build rank must be able to read its slice of a graph without touching the rest.
 One `.npz`/HDF5 bundle, an OGB CSV or a Planetoid pickle is read whole by every rank; a directory of
 `.npy` chunks is opened with `np.load(mmap_mode="r")`, so a rank pages in only the byte ranges it
 slices, and several ranks read disjoint ranges of the same files.

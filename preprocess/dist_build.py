@@ -1,4 +1,4 @@
-"""The distributed build: every phase reads the ranks' slices of the canonical graph (issue 17).
+"""The distributed build: every phase reads the ranks' slices of the canonical graph.
 
 After `sliced.load_slice`, rank r of P holds rows vtxdist[r]..vtxdist[r+1]-1 of the in-edge CSR and
 those vertices' features, labels and masks.  No rank ever holds the whole edge list or feature matrix:
@@ -7,7 +7,7 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
   symmetric adjacency ParMETIS needs is one alltoallv of edge keys to the owner of their row (for
   METIS, to rank 0: small graphs only); the balance refinement's neighbour counts are computed by the
   owners of the candidate rows and allgathered; the edge cut is an allreduce;
-* the GPU split of server s (partition.split_servers_over_gpus, the whole-graph build's too): every
+* the GPU split of server s (gpu_split.split_servers_over_gpus, the whole-graph build's too): every
   rank sends the symmetric keys of the inner subgraph's edges among its own rows to the rank owning
   their row, for ParMETIS on server s's own block of P / S ranks, every server's at the same time
   (`--partitioner parmetis` with 2 <= S <= P: each rank of the block an S/P slice of the server's
@@ -19,11 +19,11 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
 * every rank holds O(V) small per-vertex arrays after the partition (server and GPU of every vertex
   as int8, int32 in-degrees, three bool split masks: 9 B per vertex; while a server is built its hop
   and owner (int8) and file row (int32) of every vertex and the BFS's masks, and its rows' global ids,
-  hops and owners (int64, int8, int8) with their sort: measured with bench/trace_build_memory.py,
-  docs/bench-build-scaling.md) besides its slice;
+  hops and owners (int64, int8, int8) with their sort: measured by tracing every live array,
+  docs/performance/build-scaling.md) besides its slice;
 * the partition phase, the peak of every rank (ParMETIS on the slices), holds only what it reads: the
   slice's features, labels and masks are in a temporary file meanwhile, its edges (indices, indptr)
-  too during each ParMETIS call (sliced.spilled), and the in-degrees and val/test masks are gathered
+  too during each ParMETIS call (slices.spilled), and the in-degrees and val/test masks are gathered
   after it (same bytes).
 
 The servers are built one after another, each by every rank; every collective round happens on every
@@ -42,8 +42,10 @@ from granndis_hpc.shards import discard_staged, stage_server_file
 from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
 from .dist_server import drain_datasets, server_datasets, small_int_dtype
 from .halo import unique_sorted
-from .partition import keys_to_adjacency, partition_servers, split_servers_over_gpus, symmetric_keys
-from .sliced import GraphSlice, shuffle_to_owners, spilled
+from .gpu_split import split_servers_over_gpus
+from .partition import partition_servers, symmetric_keys
+from .sliced import GraphSlice
+from .slices import keys_to_adjacency, shuffle_to_owners, spilled
 
 
 class SlicedAccess:
@@ -79,7 +81,7 @@ class SlicedAccess:
 
     def inner_keys(self, s: int, inner: np.ndarray, dist: np.ndarray) -> np.ndarray:
         """Collective: this rank's rows dist[rank]..dist[rank+1]-1 of server s's symmetric inner
-        adjacency (partition.split_servers_over_gpus; keys row*m+col, local ids), sorted and distinct.
+        adjacency (gpu_split.split_servers_over_gpus; keys row*m+col, local ids), sorted and distinct.
         Every rank makes both directions of the in-edges of its own inner rows (of its slice) and sends
         each key to the rank owning its row under dist, which drops the duplicates (an edge and its
         reverse made on two ranks)."""
@@ -98,7 +100,7 @@ class SlicedAccess:
 
     def released(self):
         """Collective context for a ParMETIS call: the slice's edges (indices and indptr) on disk
-        meanwhile (sliced.spilled; the partitioner reads only the adjacency made from them before the
+        meanwhile (slices.spilled; the partitioner reads only the adjacency made from them before the
         call)."""
         return spilled(self.group, self.part, ("indices", "indptr"))
 
@@ -138,7 +140,7 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
     prepare_build_output(group, cfg, n, part.num_edges, part.num_features)
 
     # The partition phase sets the build's peak (ParMETIS on every rank's slice): only what it reads is
-    # in memory meanwhile.  The features, labels and the slice's masks wait on disk (sliced.spilled),
+    # in memory meanwhile.  The features, labels and the slice's masks wait on disk (slices.spilled),
     # the edges too during each ParMETIS call (SlicedAccess.released), and the per-vertex arrays the
     # server files need (in-degrees, val/test masks) are gathered after it.
     access = SlicedAccess(group, part, train)

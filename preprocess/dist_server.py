@@ -1,4 +1,4 @@
-"""One server file built by every build rank together (issue 17): no rank holds a server's edges or
+"""One server file built by every build rank together: no rank holds a server's edges or
 features, the writer included.
 
 Rank r of P holds rows vtxdist[r]..vtxdist[r+1]-1 of the canonical in-edge CSR (sliced.GraphSlice).
@@ -41,13 +41,13 @@ from granndis_hpc.shards.schema import DATASETS, feature_chunk_rows
 from .halo import eas_choose, unique_inverse
 from .owners import DEFAULT_TOLERANCE, rebalance
 from .build import server_stats
-from .sliced import shuffle_to_owners
+from .slices import shuffle_to_owners
 
 
 # The writer's block: at most this many bytes of feature rows (and the same rows' in-edges), received
 # and reordered (two copies), whatever the server's size; ceil(rows / P) rows when that is less.
-# 32 MiB (was 128, session 10): at 2.45M P = 8 the writers' block was the build's largest term left
-# (writers 0.65 GiB against 0.45 on the other ranks); the same files byte for byte, more rounds.
+# 32 MiB: at 2.45M P = 8 a 128 MiB block made the writers' block the build's largest term (writers
+# 0.65 GiB against 0.45 on the other ranks); a smaller block writes the same files byte for byte, in more rounds.
 BLOCK_BYTES = 32 << 20
 
 

@@ -1,5 +1,5 @@
 """`preprocess plan` and `build --hops auto` from the build ranks' slices: every candidate set's row
-counts without the whole graph, and without a server's edges, on any rank (issue 17) -- except the
+counts without the whole graph, and without a server's edges, on any rank -- except the
 co-batch samples (`count_build`), drawn on the server's graph assembled on its writer rank.
 
 plan_sets.plan_options builds each candidate k-hop set on the whole graph (build.build_server, one
@@ -8,7 +8,7 @@ arrays (memory_model/arrays.py HopCounts and WorldCounts); here the ranks count 
 their slices of the canonical in-edge CSR (sliced.GraphSlice), with the distributed build's own steps:
 
 * the partition: partition.partition_servers on dist_build.SlicedAccess and
-  partition.split_servers_over_gpus, as run_build_sliced partitions (the same server and GPU of every
+  gpu_split.split_servers_over_gpus, as run_build_sliced partitions (the same server and GPU of every
   vertex as the whole-graph build, tests/mpi/test_dist_build.py);
 * the halo of server s: dist_server.select_halo, the distributed BFS the sliced build expands halos
   with, run once to the deepest candidate; a k-hop preload is its truncation to hop <= k (a full BFS
@@ -33,7 +33,7 @@ rows' in-edges (at most 8 B per edge of the slice, on the sender and again on th
 blocks of EDGES_PER_BLOCK in-edges, de-duplicated per block).  Every rank gets every count, so every
 rank ranks the options alike (no gather, no broadcast of the decision).  With co-batches the writer of
 server s also holds that server's induced subgraph (8 B per edge and row) while it samples.  Measured:
-docs/bench-hops-auto.md, docs/bench-build-scaling.md ("`preprocess plan` with EAS ...").
+docs/performance/hops-auto.md, docs/performance/build-scaling.md ("`preprocess plan` with EAS ...").
 """
 from __future__ import annotations
 
@@ -50,8 +50,9 @@ from .build_memory import ServerLoad
 from .dist_build import SlicedAccess
 from .dist_server import assign_owners_sliced, order_by_hop, select_halo
 from .halo import unique_sorted
-from .partition import partition_servers, split_servers_over_gpus
-from .sliced import shuffle_to_owners
+from .gpu_split import split_servers_over_gpus
+from .partition import partition_servers
+from .slices import shuffle_to_owners
 
 
 # In-edges handled per block when making pair keys: the temporaries stay ~40 B x this (160 MiB) whatever

@@ -1,9 +1,9 @@
-"""A vertex order with locality for the distributed partitioner (issue 17).
+"""A vertex order with locality for the distributed partitioner.
 
 Why: PT-Scotch's CPU per call grows with its number of processes because it numbers the ghost ends of
 the edges that cross the ranks' `vtxdist` slices (dgraphGhst2's sorts, 40-45 % of a call), and with
 ids that carry no locality (the synthetic generators', many real datasets') 1 - 1/P of the edges
-cross (docs/bench-build-scaling.md).  Relabelled so that the vertices of one region of the graph are
+cross (docs/performance/build-scaling.md).  Relabelled so that the vertices of one region of the graph are
 consecutive, most edges stay inside a slice.
 
 The order (a function of the graph alone, the same for any P, and the same from the whole graph and
@@ -21,7 +21,7 @@ import numpy as np
 
 from granndis_hpc.graph.csr import csr_rows, owner_of
 
-from .sliced import shuffle_to_owners
+from .slices import keys_to_adjacency, shuffle_to_owners
 
 REGION_VERTICES = 1 << 14  # one BFS seed per this many vertices
 RESTART_SEEDS = 1024  # new seeds per round for the components no seed reached
@@ -119,7 +119,6 @@ def renumbered_adjacency(group, dist: np.ndarray, xadj: np.ndarray, adjncy: np.n
                          n: int):
     """Collective: (xadj, adjncy) of this rank's rows dist[rank]..dist[rank+1]-1 of the same symmetric
     graph in the new ids (one alltoallv of its entries to the owners of their new rows)."""
-    from .partition import keys_to_adjacency
 
     lo = int(dist[group.rank])
     rows = np.repeat(new_of_old[lo:lo + xadj.shape[0] - 1], np.diff(xadj))

@@ -117,8 +117,8 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
                                       "k <= --layers whose estimated memory fits --memory-per-gpu (see `python -m "
                                       "preprocess plan`)")
     whole_graph: bool = option(False, group="preloading",
-                               help="load the whole graph on every rank and build from it (the build before "
-                                    "issue 17; for comparisons): by default chunked and synthetic sources are "
+                               help="load the whole graph on every rank and build from it (the simpler "
+                                    "whole-graph build, for comparisons): by default chunked and synthetic sources are "
                                     "read and built as 1/P slices per rank")
     out: str = option(None, required=True, group="output",
                       help="output directory (required; must not exist or be empty, unless --overwrite)")

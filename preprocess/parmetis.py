@@ -20,8 +20,8 @@ The band width (PT-Scotch only; docs/design.md §8): PT-Scotch's ParMETIS_V3_Par
 with its default parallel strategy, whose refinement at every uncoarsening level gathers the band graph
 (the vertices within `width` = 3 of the separator) whole onto every process and runs FM on it there.
 On graphs without locality that band is most of the graph: measured, ~190 B per vertex of the whole
-graph on every rank and the largest part of ParMETIS' CPU growth with P (issue 17,
-docs/bench-build-scaling.md).  So we call PT-Scotch's own API (SCOTCH_dgraphMapCompute) with the same
+graph on every rank and the largest part of ParMETIS' CPU growth with P
+(docs/performance/build-scaling.md).  So we call PT-Scotch's own API (SCOTCH_dgraphMapCompute) with the same
 default strategy but that band 1 vertex wide (SCOTCH_BAND_WIDTH; GRANNDIS_SCOTCH_BAND_WIDTH=3 with
 GRANNDIS_SCOTCH_BAND_GATHER=always gives the compatibility layer's partition exactly).  Measured at
 800k vertices, P = 8: ParMETIS CPU 68 -> 36 s,
@@ -151,11 +151,11 @@ def _scotch_reproducible(pm: ParMetisLib, seed: int):
             os.environ["SCOTCH_PTHREAD_NUMBER"] = old
 
 
-# glibc's malloc during a ParMETIS call (issue 17): its allocations of at least SCOTCH_MMAP_MIB MiB are
+# glibc's malloc during a ParMETIS call: its allocations of at least SCOTCH_MMAP_MIB MiB are
 # mmapped, so each is returned to the system when freed instead of leaving a hole in the heap that
 # only a smaller later allocation can fill (with glibc's dynamic threshold, raised to 32 MiB by numpy's
 # arrays, PT-Scotch's level-by-level arrays lived in the heap).  Measured at 2.45M vertices, P = 8
-# (bench/trace_build_memory.py): the server call's peak 522-536 -> 512-520 MiB, the GPU split's
+# (every live array traced): the server call's peak 522-536 -> 512-520 MiB, the GPU split's
 # 494-513 -> 467-491, the same partition.  After the call the thresholds are those the dynamic rule
 # settles at (32 MiB, trim at 64).  GRANNDIS_SCOTCH_MMAP_MIB=0 leaves malloc as it is.
 SCOTCH_MMAP_MIB = 1.0
@@ -268,7 +268,7 @@ _PARALLEL_BAND = "asc=b{width=3,bnd=(d{pass=40,dif=1"
 # the mean slice's arcs (the graph's arcs / P): above that the distributed diffusion (`d`) alone refines
 # it, so no process holds more than about two slices' worth of band.  On the local graphs this skips
 # the gather at the finest level only (800k: the band there has 4.4M-8.8M of the graph's 17.8M arcs),
-# docs/bench-build-scaling.md.
+# docs/performance/build-scaling.md.
 SCOTCH_BAND_GATHER = 2.0
 _BAND_REFINE = "|)q{strat=f{move=80,pass=-1,bal=0.01,type=b}}x{"
 _BAND_GATHER = "q{strat=f{move=80,pass=-1,bal=0.01,type=b}}"

@@ -4,7 +4,7 @@ The build's own steps -- the same partitioners (preprocess/partition.py), the sa
 owner assignment (preprocess/build.py `build_server`, with the feature columns left out) -- give each
 set's arrays; every mode then estimates its options on a set with its own `estimate` (the modes'
 registry entries, granndis_hpc/memory_model/modes.py), exactly as --mode auto does on the sets on disk,
-so the two rank the same options the same way (issue 21, item 13).
+so the two rank the same options the same way.
 
 Two questions, two sets of builds:
 - which build? (default): one full build per preloaded depth k (flx k on a k-hop build; fb on the
@@ -30,7 +30,8 @@ from granndis_hpc.cluster.group import as_group
 from .build import BuildConfig, build_server, validate_config
 from .build_memory import ServerLoad
 from .halo_counts import count_build, full_preload_rows, prepare
-from .partition import WholeGraphAccess, partition_servers, split_servers_over_gpus
+from .gpu_split import split_servers_over_gpus
+from .partition import WholeGraphAccess, partition_servers
 from .sliced import GraphSlice
 
 

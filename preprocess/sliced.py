@@ -1,5 +1,5 @@
 """Distributed loading: every build rank reads 1/P of the edges and of the vertex rows, and the ranks
-canonicalise together (issue 17).
+canonicalise together.
 
 A *sliced source* can hand a rank its share without producing the rest: the chunked directory
 (preprocess/chunked.py, memory-mapped) and the synthetic generators (each chunk drawn from (seed, i)
@@ -11,7 +11,7 @@ alone, preprocess/sources/synthetic_chunks.py).  The protocol:
                                        order (features, labels, train_mask, val_mask, test_mask)
 
 Canonicalisation (`load_slice`), the same result as canonical.canonicalize on the whole graph, rows
-lo..hi-1 of it (vtxdist = partition.vtxdist_for(N, P), the slices ParMETIS takes):
+lo..hi-1 of it (vtxdist = slices.vtxdist_for(N, P), the slices ParMETIS takes):
 1. every raw edge u->v (and v->u when symmetrising) becomes the int64 key v*N+u, checked for range
    on the rank that read it (the error names the chunk file);
 2. one local sort groups the keys by the rank owning their destination (contiguous id ranges, so key
@@ -27,10 +27,6 @@ of the same dataset gives and `--resume` across shapes keeps working.
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +36,7 @@ from granndis_hpc.graph.csr import Graph
 from granndis_hpc.shards.content import CONTENT, ContentHash
 
 from .canonical import SELF_LOOP_MODES, DataError, _dedupe_sorted, normalize_features
-from .partition import vtxdist_for
+from .slices import shuffle_to_owners, vtxdist_for
 
 NODE_FIELDS = ("features", "labels", "train_mask", "val_mask", "test_mask")
 
@@ -69,49 +65,6 @@ class GraphSlice:
     @property
     def num_features(self) -> int:
         return int(self.features.shape[1])
-
-
-@contextlib.contextmanager
-def spilled(comm, part: GraphSlice, fields):
-    """Collective: inside the block this rank's slice arrays `fields` (e.g. "features", "indices") are
-    not in memory but in a temporary .npy file of its own (tempfile's directory: $TMPDIR), and
-    `part.<field>` is None; after the block they are read back into memory, the same bytes.
-
-    For the partition phase, whose peak is the partitioner's own structures (ParMETIS on the rank's
-    slice): the features and labels are not read there at all and the edges only before and after the
-    ParMETIS call, so holding them on disk meanwhile takes 4F + 8 B per row and 8 B per edge of the
-    slice off the build's peak (docs/bench-build-scaling.md) at the cost of writing and reading them
-    once.  A rank that cannot write or read its file fails every rank (group.errors)."""
-    group = as_group(comm)
-    fields = tuple(fields)
-    with group.errors("writing this rank's slice arrays to a temporary file"):
-        tmp = tempfile.mkdtemp(prefix="granndis-spill-")
-        try:
-            for f in fields:
-                np.save(os.path.join(tmp, f + ".npy"), getattr(part, f), allow_pickle=False)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    for f in fields:
-        setattr(part, f, None)
-
-    def restore():
-        for f in fields:
-            if getattr(part, f) is None:
-                setattr(part, f, np.load(os.path.join(tmp, f + ".npy"), allow_pickle=False))
-
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(Exception):  # the block's exception is the one to report
-            restore()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    try:
-        with group.errors("reading this rank's slice arrays back from a temporary file"):
-            restore()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _edge_keys_checked(pieces, n: int, symmetrize: bool) -> np.ndarray:
@@ -143,17 +96,6 @@ def _edge_keys_checked(pieces, n: int, symmetrize: bool) -> np.ndarray:
             parts.append(s)
         del d
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def shuffle_to_owners(group, keys: np.ndarray, vtxdist: np.ndarray, n: int) -> np.ndarray:
-    """Send every key v*n+u to the rank owning v (vtxdist ranges); returns the keys received, sorted."""
-    keys.sort()
-    cuts = np.searchsorted(keys, vtxdist * n)
-    cuts[-1] = keys.shape[0]
-    got = group.alltoallv(keys, np.diff(cuts))
-    del keys
-    got.sort()
-    return got
 
 
 def _origin_of(pieces, index: int) -> str:

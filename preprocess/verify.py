@@ -18,7 +18,7 @@ verify checks, and reports every problem with the file it is in:
 Memory: one server file at a time, and of it only the per-row arrays (ids, owners, hops, row pointers,
 degrees, labels, split): the edge-sized datasets (graph/indices, world/*) are read in row-aligned blocks
 of EDGE_BLOCK edges, the features in blocks of FEATURE_BLOCK_BYTES of rows, so neither a file's features
-nor its edges are held (the 12M graph's verify peaked at 13.1 GiB holding them, docs/bench-build-scaling.md).
+nor its edges are held (the 12M graph's verify peaked at 13.1 GiB holding them, docs/performance/build-scaling.md).
 Two passes: the per-file checks and the per-vertex tables (a few int arrays of N), then the cross-file
 checks.  The content digest and the copy check read the files in blocks of global ids
 (preprocess/verify_content.py).

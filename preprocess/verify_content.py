@@ -1,4 +1,4 @@
-"""verify's content checks in bounded memory (issue 17): the dataset content digest and the check that
+"""verify's content checks in bounded memory: the dataset content digest and the check that
 preloaded rows are copies of their home rows, reading the server files in blocks of global ids.
 
 The digest (shards/content.py ContentHash, as build.dataset_digest) hashes the in-edge CSR, the features, the labels and the split in

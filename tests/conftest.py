@@ -10,12 +10,9 @@ import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(REPO / "bench") not in sys.path:  # pytest's pythonpath has it; a test's own subprocess may not
-    sys.path.append(str(REPO / "bench"))
+from emucluster.mpienv import MPI_ENV, RANKS_PER_SERVER  # noqa: F401  (the one MPI environment; tests import it from here)
 
-# bench/harness.py: the one MPI environment and the 2 x 2 shape; tests import them from here.
-from harness import MPI_ENV, RANKS_PER_SERVER  # noqa: E402,F401
+REPO = pathlib.Path(__file__).resolve().parents[1]
 DATASETS = pathlib.Path(os.environ.get("GRANNDIS_DATASETS", REPO / "tests" / "data"))
 PLANETOID = DATASETS / "planetoid"
 PLANETOID_FILES = [f"ind.{name}.{part}" for name in ("cora", "citeseer")

@@ -29,7 +29,7 @@ class PendingReduce:
     parameter's gradient hook, so during the whole backward) runs MPI_Testall, which is what moves them,
     and wait() completes them on the calling thread.  A polling thread per bucket competed with the
     backward for the 2 cores 4 ranks share and, on models whose gradients fit one bucket, was started at
-    the backward's last hook with nothing left to overlap (issue 19, session 9).  Not MPI's non-blocking
+    the backward's last hook with nothing left to overlap.  Not MPI's non-blocking
     collectives: Open MPI's (libnbc) were measured 3-15x slower than
     blocking ones here (MPI_Ireduce of 93 kB inside a server: 1.4 s against MPI_Reduce's 0.1 s).  Every
     rank posts its buckets in the same order (the caller's) and a bucket's leaders' stage starts only

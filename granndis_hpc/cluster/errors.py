@@ -157,7 +157,7 @@ def main_guard(fn, *args, **kwargs):
         rank = world_rank()
         if getattr(exc, "collective", False) is True:  # a ClusterError from agree, or raised_everywhere
             # Every rank holds the same message (agree names each failing rank and what it said), so
-            # rank 0 says it once instead of every rank repeating it (issue 21, item 10).
+            # rank 0 says it once instead of every rank repeating it.
             if rank == 0:
                 _report(exc, rank, with_traceback=False)
             try:

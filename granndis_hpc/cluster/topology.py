@@ -32,7 +32,7 @@ ENV_DIST_TIMEOUT = "GRANNDIS_DIST_TIMEOUT_S"
 DEVICES = ("auto", "cpu", "cuda")
 TRANSPORTS = ("auto", "gloo", "nccl", "mpi")
 
-# Default intra-server transport on CPU, chosen by measurement (bench/bench_comm.py -> docs/bench-comm.md;
+# Default intra-server transport on CPU, chosen by measurement (bench/bench_comm.py -> docs/performance/comm.md;
 # 4 ranks as 2 servers x 2 on this shared 2-core machine, 2026-11-29): MPI (Open MPI shared memory) was
 # 2.5-3x faster than gloo (loopback TCP) for 4 MiB blocks in the intra exchange, the world exchange and
 # the all-reduce, and 1.5x for a 256 KiB all-reduce; gloo was faster by 1-7 ms for 4-256 KiB exchange

@@ -1,6 +1,6 @@
-"""An optional event trace of the halo exchanges (issue 19's diagnosis of overlapped epochs), off by default.
+"""An optional event trace of the halo exchanges (to see where an overlapped epoch's time goes), off by default.
 
-GRANNDIS_EXCHANGE_TRACE=1 in every rank's environment (bench/cluster forwards GRANNDIS_* to the ranks):
+GRANNDIS_EXCHANGE_TRACE=1 in every rank's environment (emucluster/ forwards GRANNDIS_* to the ranks):
 each rank records, per exchange and direction, when it was posted, when the caller started waiting and
 when the wait returned, when the progress thread saw its MPI requests complete, and the blocking
 exchanges' start and end; the trainer marks each step's start, backward and end.  With --out, each rank

@@ -50,7 +50,7 @@ def epoch_record(ledger: Ledger, topo, comm, epoch: int, elapsed: float, grad_s:
     times = np.array([elapsed, intra, inter, grad_s, elapsed - intra - inter - grad_s - sampling_s,
                       sampling_s])
     # The slowest rank's own breakdown, so that its parts add up to the epoch time (the maxima of
-    # each part over ranks came from different ranks and could sum past the epoch: issue 21, item 6).
+    # each part over ranks came from different ranks and could sum past the epoch).
     # Every rank's row of a world x (6 + 2 layers) table, summed: all ranks see every rank's times and
     # per-layer compute (outside the timed region; 48 + 16 L bytes per rank).
     layers = 0 if layer_seconds is None else int(np.shape(layer_seconds)[1])

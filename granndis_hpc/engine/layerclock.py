@@ -1,4 +1,4 @@
-"""Per-layer compute seconds of one rank's training steps, forward and backward (issue 19).
+"""Per-layer compute seconds of one rank's training steps, forward and backward.
 
 A bulk-synchronous halo exchange waits for the slowest rank of its group at every layer, so the compute
 an epoch cannot avoid is not one rank's total but the critical path through every rank's per-layer

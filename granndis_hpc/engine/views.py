@@ -329,8 +329,8 @@ def build_view(rows: RowSource, group: ExchangeGroup, num_layers: int, all_activ
     num_peers, alltoall_counts, exchange = group.size, group.counts, group.exchange
     # A view built once (static_phase "setup") agrees with its peers, before each exchange, that every
     # peer planned without error and sends rows of the same width and dtype: the exchange sizes its
-    # rows from local data, so a peer with another feature width would corrupt memory or hang it
-    # (issue 21).  Per-step views of co-batched training read rows already checked against the
+    # rows from local data, so a peer with another feature width would corrupt memory or hang it.
+    # Per-step views of co-batched training read rows already checked against the
     # manifest (shards.read_server_rows) and skip the extra all-to-alls.
     agree = static_phase == "setup" and num_peers > 1
     signature = row_signature(rows.features)

@@ -115,7 +115,7 @@ def _exact(o: Option) -> bool:
 
 def drop_dominated(options: Sequence[Option]) -> Tuple[List[Option], List[str]]:
     """The exact full-graph options (fb, flx) without those another one of the same shard set beats on
-    both counts: no more memory and no more inter-server bytes, less of one (issue 21, item 13: flx
+    both counts: no more memory and no more inter-server bytes, less of one (flx
     k = 1 of a 2-layer model holds more rows than fb for the same inter-server bytes, since fb caches its
     layer-0 halo).  Returns (kept, one line per dropped option saying why)."""
     exact = [o for o in options if _exact(o)]

@@ -88,8 +88,8 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
 
 def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[int, int]]) -> Tuple[list, list]:
     """(the shard sets --mode auto may choose among, why each other one is left out).  Every set must
-    hold the same dataset (one content digest; issue 21, item 14: a list of a CiteSeer and a Cora set
-    trained Cora), else MemoryModelError; a set built for another S x G than the job's is left out (it
+    hold the same dataset (one content digest: otherwise a list of a CiteSeer and a Cora set
+    would train one of them silently), else MemoryModelError; a set built for another S x G than the job's is left out (it
     would be picked and then refused)."""
     def dataset(m):
         ds = m["dataset"]

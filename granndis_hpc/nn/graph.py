@@ -24,12 +24,12 @@ import torch
 
 KINDS = ("mean", "gcn")
 
-# Aggregation backends, measured by bench/bench_aggregate.py (results in docs/bench-aggregate.md):
+# Aggregation backends, measured by bench/bench_aggregate.py (results in docs/performance/aggregate.md):
 #   "spmm"      - cached CSR adjacency A and its transpose; forward A @ h, backward A^T @ grad.
 #                 Memory O(nnz) for the matrices, no [nnz, d] message tensor; deterministic on CUDA.
 #   "index_add" - gather h[src] * w into an [nnz, d] message tensor and index_add_ it into rows.
 # "spmm" is the default: it was faster for forward+backward and needed a fraction of the peak memory
-# of "index_add" on the 200k-vertex, degree-25, width-64 benchmark (see docs/bench-aggregate.md).
+# of "index_add" on the 200k-vertex, degree-25, width-64 benchmark (see docs/performance/aggregate.md).
 BACKENDS = ("spmm", "index_add")
 DEFAULT_BACKEND = "spmm"
 
@@ -93,7 +93,7 @@ class RowSplit:
     """A layer's ``n`` destination rows in two groups: ``first`` (sorted row indices: the rows the peers
     read in the next layer's exchange) and ``rest`` (the others, sorted).
 
-    Boundary-first pipelining (issue 19, as G3 does): a layer computes its first rows, the next layer's
+    Boundary-first pipelining (as G3 does): a layer computes its first rows, the next layer's
     exchange is posted with them, and the rest is computed while they travel.  ``merge`` puts the two
     back in row order (autograd-connected)."""
 

@@ -1,4 +1,4 @@
-"""What a rank checks of the shard rows it reads, before anything indexes with them (issue 21, items 0-1).
+"""What a rank checks of the shard rows it reads, before anything indexes with them.
 
 A server file's sha256 only says the file is the one the manifest lists; anyone who can write the file
 can also rewrite the manifest's checksum.  The engine indexes arrays and sizes MPI rows with what it

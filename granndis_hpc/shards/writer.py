@@ -111,7 +111,7 @@ def check_free_space(directory: str, needed: int, what: str) -> None:
     """Refuse to start a write that cannot fit, with the numbers (ShardError).  Checked up front
     because HDF5 handles a full disk badly: its error paths have crashed the interpreter.  A directory
     that cannot be written at all is said first: a read-only file system also reports little free
-    space, and "No space left" would name the wrong cause (issue 21, item 9)."""
+    space, and "No space left" would name the wrong cause."""
     check_writable(directory)
     free = shutil.disk_usage(directory).free
     if free < needed:

@@ -48,7 +48,7 @@ def _available_memory() -> int:
 
 
 def check_declared_sizes(path, members) -> None:
-    """Before anything is allocated or inflated (issue 21, item 8): `members` = (key, declared bytes from
+    """Before anything is allocated or inflated: `members` = (key, declared bytes from
     the array's header, bytes stored in the file, compressed?).  A stored member must hold exactly its
     declared bytes, a compressed one at most MAX_COMPRESSION_RATIO times fewer, and all together must
     fit in the memory available; else DataError with the numbers and the fix."""

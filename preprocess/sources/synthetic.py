@@ -27,7 +27,7 @@ Model (ids are random with respect to communities, as in real datasets, so parti
   Defaults 0.1 / 0.1 / 0.8 -- like ogbn-products (8 % / 2 % / 90 %) a small labelled fraction, but a
   validation set large enough for stable model selection.
 
-Generation (issue 17, synthetic_chunks.py): vertex chunk i and the edges its vertices draw come from
+Generation (synthetic_chunks.py): vertex chunk i and the edges its vertices draw come from
 (seed, i) alone, so a build rank generates only its chunks and the graph is the same for any number of
 ranks.  This changed the draws once (partners are uniform members of the community instead of
 theta-weighted, the split and communities are exact blocks of a keyed id permutation); the model's

@@ -1,6 +1,6 @@
 """Synthetic graphs generated where they are used: chunk i of `--generator sbm|local` from (seed, i) alone.
 
-Why (issue 17): a build rank must generate only its share of the graph, and the graph must be the
+Why: a build rank must generate only its share of the graph, and the graph must be the
 same for any number of ranks P (its content digest equal for P = 1, 2, 4, 8).  The earlier generators
 drew from global arrays (a permutation of all vertices, one weighted sampler over all of them), so
 every rank generated everything.  Here every per-vertex quantity is a function of the vertex id:
@@ -29,7 +29,7 @@ class centroid (from the seed) plus noise from the same kind of per-chunk stream
 community mod C; local the Voronoi patch of the cell (as before, seeds chosen from the seed), each
 patch a class by a shuffled assignment.
 
-What changed against the global generators (once, issue 17; docs/bench-preprocess.md): partners are
+What differs from whole-graph generators (docs/performance/preprocess.md): partners are
 uniform (not theta-weighted) members, hubs get their degree from their own draws, the split and the
 community/cell membership are exact position blocks instead of random draws.  The statistics the
 tests hold the generators to (heavy tails, homophily, small cuts and thin halos for `local`,

@@ -1,6 +1,6 @@
 """Synthetic graphs with the locality of real ones: a degree-corrected geometric graph on a 2-D torus.
 
-Why (issue 11): the DC-SBM of `synthetic.py` joins any two vertices of a community with the same
+Why: the DC-SBM of `synthetic.py` joins any two vertices of a community with the same
 probability, so a community of N/C vertices is an expander: a 2-way cut of it costs ~half of its
 edges and the 3-hop neighbourhood of half the graph is the whole graph.  Real graphs are local at
 every scale -- co-purchased products sit in small groups of similar items, inside sub-categories,
@@ -26,7 +26,7 @@ the structure (as with real datasets):
   torus), each patch a class by a random balanced assignment (class = shuffled patch index mod C), so
   a class is several irregular regions and neighbours mostly share it (homophily);
 * features and split exactly as the DC-SBM (class centroid + Gaussian noise; random split), so the
-  GNN-beats-MLP property comes from the graph: see docs/bench-locality.md for the measured nearest
+  GNN-beats-MLP property comes from the graph: see docs/performance/locality.md for the measured nearest
   class mean accuracy on own features against 1-hop and 2-hop means.
 
 Vertex chunk i and its vertices' edges come from (seed, i) alone (synthetic_chunks.py), so a build
@@ -40,7 +40,7 @@ from preprocess.canonical import DataError
 import preprocess.sources.synthetic as synthetic
 from preprocess.sources.synthetic import common_problems
 
-# Defaults chosen with bench/bench_locality.py (200k vertices, D=25, 2 servers): see docs/bench-locality.md.
+# Defaults chosen with bench/bench_locality.py (200k vertices, D=25, 2 servers): see docs/performance/locality.md.
 # long_range is small because every long-range edge into a server drags its endpoint's whole (k-1)-hop
 # ball into the halo: 0.001 instead of 0.0002 took the 2-hop preload from 1.28 to 1.55 rows per vertex
 # (measured, before HUB_SPREAD); cell_size 16 with local_scale 1 gives a neighbourhood of ~200 vertices.

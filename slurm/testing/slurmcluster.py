@@ -1,4 +1,4 @@
-"""A real Slurm (Debian's slurm-wlm 22.05 + munge) on the emulated cluster of bench/cluster, for tests.
+"""A real Slurm (Debian's slurm-wlm 22.05 + munge) on the emulated cluster of emucluster/, for tests.
 
     slurm/testing/slurm-cluster install                 # apt-get install (root; idempotent; no services)
     slurm/testing/slurm-cluster setup [--servers 2 --cpus 4 --cred-expire 10]
@@ -7,7 +7,7 @@
     slurm/testing/slurm-cluster session -- CMD ...       # setup, CMD (with SLURM_CLUSTER_RUN set), teardown
 
 What is where (measured on Debian 12, see slurm/README.md "Testing under a real Slurm"):
-- The cluster is its own emulated-cluster *instance* (bench/cluster/emucluster.py, instance "slurm":
+- The cluster is its own emulated-cluster *instance* (emucluster/cluster.py, instance "slurm":
   namespaces gslurm-s*, hosts slurm-s0..., subnet 10.214.0.0/24, state /run/granndis-emu-slurm), so it
   never meets the default instance a benchmark may be using.
 - One munged in the machine's own namespaces, with its own key and socket; every daemon and client
@@ -38,8 +38,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "bench", "cluster"))
-import emucluster as emu  # noqa: E402
+from emucluster import cluster as emu  # noqa: E402
 # The pieces beside this module (re-exported): slurm.conf's text, and the processes' helpers.
 from slurmconf import CLUSTER_NAME, PARTITION, slurm_conf  # noqa: E402,F401
 from slurmprocs import (CMD_TIMEOUT_S, alive, cmdline, namespace_pids, read_json, spawn, stop_pids,  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""The distributed build (issue 17) under `mpirun -n 4`, on sub-communicators of P = 1, 2, 4 ranks.
+"""The distributed build under `mpirun -n 4`, on sub-communicators of P = 1, 2, 4 ranks.
 
 For the same inputs, seed, layout, partitioner and P, the build from the ranks' slices
 (sliced.load_slice + dist_build.run_build_sliced) must give the same partition digest and
@@ -156,23 +156,23 @@ def test_a_failed_write_fails_every_rank_without_a_hang(base, cora_chunks, monke
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("S", [3, 5])
 def test_gpu_split(base, cora_chunks, S):
-    """partition.split_servers_over_gpus, both builds' GPU split, on 4 ranks.  S = 3 <= P: each server's
+    """gpu_split.split_servers_over_gpus, both builds' GPU split, on 4 ranks.  S = 3 <= P: each server's
     split on its own block of ranks, all at once (server 0 on rank 0, 1 on rank 1, 2 on ranks 2-3);
     S = 5 > P: one server after another over all 4 ranks.  Each rank's rows of a server's symmetric
     inner adjacency (from the slices and from the whole graph) equal a plain NumPy reference for the
     slices each path uses and for METIS' all-on-the-writer; the split gives every inner vertex a GPU,
     is balanced within 5 %, cuts far fewer inner edges than a random split, and is the same from both
-    accesses.  Concurrent: each server's GPUs equal one ParMETIS split (partition._parmetis_split) of
+    accesses.  Concurrent: each server's GPUs equal one ParMETIS split (gpu_split._parmetis_split) of
     the reference adjacency on that server's block alone, so the blocks' calls do not interfere."""
     import numpy as np
 
     from granndis_hpc.cluster import as_group
-    from preprocess import partition
+    from preprocess import gpu_split, slices
     from preprocess.chunked import ChunkedSource, open_chunked
     from preprocess.dist_build import SlicedAccess
     from preprocess.parmetis import load_parmetis
-    from preprocess.partition import (WholeGraphAccess, gpu_split_dist, gpu_split_groups, slices_dist,
-                                      split_servers_over_gpus)
+    from preprocess.gpu_split import gpu_split_dist, gpu_split_groups, slices_dist, split_servers_over_gpus
+    from preprocess.partition import WholeGraphAccess
     from preprocess.sliced import load_slice
     from preprocess.sources import load
     from tests.conftest import require_planetoid
@@ -232,11 +232,11 @@ def test_gpu_split(base, cora_chunks, S):
         inner = np.flatnonzero(server_of == mine)
         m = inner.shape[0]
         with group.subgroups(mine) as block:
-            dist = partition.vtxdist_for(m, block.size)
+            dist = slices.vtxdist_for(m, block.size)
             lo, hi = dist[block.rank], dist[block.rank + 1]
             keys = ref_keys[mine][(ref_keys[mine] >= lo * m) & (ref_keys[mine] < hi * m)]
-            xadj, adjncy = partition.keys_to_adjacency(keys.copy(), m, lo, hi)
-            alone = partition._parmetis_split(load_parmetis(), block, mine, server_of, whole.train_mask, dist,
+            xadj, adjncy = slices.keys_to_adjacency(keys.copy(), m, lo, hi)
+            alone = gpu_split._parmetis_split(load_parmetis(), block, mine, server_of, whole.train_mask, dist,
                                               [xadj, adjncy], G, 3, False)
         np.testing.assert_array_equal(gpu_sliced[inner], alone)
 

@@ -37,8 +37,8 @@ def test_per_rank_bytes_sum_to_the_totals(cora_shards, mode, extra):
     # Gradients cross servers in every mode; only fb exchanges halo rows between servers.
     assert all(b > 0 for b in per_server)
     assert (rec["bytes"]["inter_halo"] > 0) == (mode == "fb")
-    # The time breakdown is the slowest rank's own (issue 21, item 6: maxima of each part over ranks
-    # came from different ranks and added up to more than the epoch): its parts add up to the epoch.
+    # The time breakdown is the slowest rank's own (maxima of each part over ranks
+    # would come from different ranks and could add up to more than the epoch): its parts add up to the epoch.
     parts = sum(rec[k] for k in ("intra_comm_s", "inter_comm_s", "grad_sync_s", "compute_s", "sampling_s"))
     assert parts == pytest.approx(rec["time_s"], rel=1e-9, abs=1e-12)
     assert 0 <= rec["slowest_rank"] < WORLD.size

@@ -1,4 +1,4 @@
-"""`build --hops auto` from the build ranks' slices (issue 17) under `mpirun -n 4`, P = 1, 2, 4.
+"""`build --hops auto` from the build ranks' slices under `mpirun -n 4`, P = 1, 2, 4.
 
 preprocess/halo_counts.py counts every candidate depth's rows with the distributed BFS of the sliced
 build, no rank holding the graph.  For the same inputs and P it must give the options, the chosen k and

@@ -1,5 +1,5 @@
 """preprocess/locality.py under `mpirun -n 4`: the order with locality that every ParMETIS call with
-P >= 2 sees (issue 17).  The distributed order equals a plain sequential reference of its definition
+P >= 2 sees.  The distributed order equals a plain sequential reference of its definition
 for P = 1, 2, 4, on a graph with several components and vertices without neighbours (so the restarts
 and the last region run); part_kway_with_locality's parts are ParMETIS' parts of the relabelled
 graph mapped back."""
@@ -72,7 +72,7 @@ def _reference(xadj, adjncy, n, region_vertices, restart):
 def test_order_equals_reference_for_every_p(monkeypatch):
     from granndis_hpc.cluster import as_group
     from preprocess import locality
-    from preprocess.partition import vtxdist_for
+    from preprocess.slices import vtxdist_for
 
     monkeypatch.setattr(locality, "REGION_VERTICES", 1000)
     monkeypatch.setattr(locality, "RESTART_SEEDS", 3)
@@ -101,7 +101,8 @@ def test_part_kway_with_locality_maps_parts_back():
     from granndis_hpc.cluster import as_group
     from preprocess.locality import locality_order
     from preprocess.parmetis import load_parmetis, parmetis_part_kway
-    from preprocess.partition import _as_idx, part_kway_with_locality, symmetric_keys, keys_to_adjacency, vtxdist_for
+    from preprocess.partition import _as_idx, part_kway_with_locality, symmetric_keys
+    from preprocess.slices import keys_to_adjacency, vtxdist_for
 
     group = as_group(WORLD)
     pm = load_parmetis()

@@ -1,4 +1,4 @@
-"""`preprocess plan` with EAS and `--hops H` from the build ranks' slices (issue 17) under `mpirun -n 4`,
+"""`preprocess plan` with EAS and `--hops H` from the build ranks' slices under `mpirun -n 4`,
 P = 1, 2, 4 (sub-communicators).
 
 plan_sets.plan_options_sliced counts the EAS build and the one build of --hops H with the sliced

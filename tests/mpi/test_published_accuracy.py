@@ -7,7 +7,7 @@ the best-validation epoch must be within one point of the paper's (Cora 81.5 %, 
 fb runs seed 0 only and must select the same epoch with the same accuracies as flx: both are exact, and
 tests/mpi/test_engine_exact.py and friends check every exact mode against a dense single-process
 reference, so the other four fb seeds would repeat that check at the cost of four 200-epoch runs
-(bench/bench_accuracy.py runs every seed in both modes: docs/accuracy.md).
+(bench/bench_accuracy.py runs every seed in both modes: docs/performance/accuracy.md).
 
 The heaviest test of the suite: 6 runs of 200 epochs, each evaluated every epoch, per dataset; hence
 the slow mark and the long timeout.

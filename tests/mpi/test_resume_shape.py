@@ -1,4 +1,4 @@
-"""Resume on another cluster shape (issue 13), real Cora, dropout 0.5, inside one mpirun -n 4 job.
+"""Resume on another cluster shape, real Cora, dropout 0.5, inside one mpirun -n 4 job.
 
 A requeued job may land on other nodes: `granndis-train --resume RUN_DIR --shards OTHER_SET
 --ranks-per-server G` continues the same trajectory when OTHER_SET is the same dataset (the manifests'
@@ -182,7 +182,7 @@ def test_resume_on_another_shape_is_refused_on_every_rank(cora_shapes, refused_s
         cli.train_main(["--resume", run_dir, "--shards", other, "--ranks-per-server", "1", *extra])
     assert exit_.value.code == 1
     err = capsys.readouterr().err
-    if WORLD.rank == 0:  # said once, by rank 0, for every rank (issue 21, item 10)
+    if WORLD.rank == 0:  # said once, by rank 0, for every rank
         assert "[rank 0] ClusterError: ranks 0,1,2,3: CheckpointError" in err, err
         for text in expected:
             assert text in err, err

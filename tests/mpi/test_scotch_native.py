@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from mpi4py import MPI
 
 from preprocess.parmetis import load_parmetis, parmetis_part_kway
-from preprocess.partition import vtxdist_for
+from preprocess.slices import vtxdist_for
 from tests.mpi.test_partition import community_graph
 
 pytestmark = pytest.mark.mpi(min_size=4)

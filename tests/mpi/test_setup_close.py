@@ -1,4 +1,4 @@
-"""A Trainer whose set-up fails closes what it had opened (issue 20): before, an error raised before the
+"""A Trainer whose set-up fails closes what it had opened: before, an error raised before the
 checkpoint set-up (a shard set that cannot serve the mode, a plan error) left the topology's
 communicators, the Communicator's private duplicate and the stop handlers behind; an error after a batched
 mode's set-up left its loader thread running.  Every rank raises the error together, so every rank

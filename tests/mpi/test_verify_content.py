@@ -1,4 +1,4 @@
-"""--verify-content (issue 21, item 2): the job's ranks recompute the dataset content digest from the rows
+"""--verify-content: the job's ranks recompute the dataset content digest from the rows
 they read, combined on rank 0 in global-id order, and it must be the build's `dataset.content_sha256`
 (preprocess/build.py); a row edited on one rank (a label, or a preloaded copy's feature) must change the
 outcome on every rank.  Ranges of a few vertices make the combination cross many range boundaries."""

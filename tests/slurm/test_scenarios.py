@@ -3,13 +3,13 @@
 
 - a time-limited job: Slurm's --signal=B:USR1@60 warning, checkpoint, self-requeue, resume, as many
   times as it takes; the losses must equal the uninterrupted run's, epoch for epoch;
-- a stop signal while the ranks are still setting up (issue 22, defect 1): honoured, no requeue loop;
+- a stop signal while the ranks are still setting up: honoured, no requeue loop;
 - a time limit too short to make progress: stops with the reason instead of requeueing forever;
-- plain `scancel`, `scancel --signal=TERM --batch` (defect 2), `scontrol requeue` of a running job;
+- plain `scancel`, `scancel --signal=TERM --batch`, `scontrol requeue` of a running job;
 - a job that fails in every attempt: it stops.
 Every interrupted run is then finished (by Slurm's requeue or a new job on its run directory) and must
 equal the uninterrupted run.  Measurements go to $GRANNDIS_SLURM_RESULTS (default
-bench-out/slurm/results.json); docs/slurm.md reports them.  ~10 minutes on 2 busy cores."""
+bench-out/slurm/results.json); docs/slurm-scenarios.md reports them.  ~10 minutes on 2 busy cores."""
 import json
 import os
 import re
@@ -189,8 +189,8 @@ def _running_epochs(run_dir, job, epochs, timeout_s=240):
 
 
 def test_scancel_signal_term_batch_checkpoints(shards, reference, tmp_path):
-    """scancel --signal=TERM --batch: the batch shell passes SIGUSR1 on (defect 2: it passed SIGTERM,
-    srun killed every rank, no checkpoint, FAILED 137)."""
+    """scancel --signal=TERM --batch: the batch shell passes SIGUSR1 on (passing SIGTERM,
+    srun would kill every rank: no checkpoint, FAILED 137)."""
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
     job = train_job(shards, run_dir, log)
     _running_epochs(run_dir, job, 10)
@@ -260,7 +260,7 @@ def test_job_failing_every_attempt_stops(shards, tmp_path):
 
 
 def test_pmi2_with_debian_open_mpi_fails_with_the_reason(shards, tmp_path):
-    """Debian's Open MPI has no PMI2 support (defect 4): the job fails at once, and the log says why and
+    """Debian's Open MPI has no PMI2 support: the job fails at once, and the log says why and
     what to set instead."""
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
     job = train_job(shards, run_dir, log, GRANNDIS_SRUN_MPI="pmi2")

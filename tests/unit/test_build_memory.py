@@ -1,4 +1,4 @@
-"""Build memory in the plan (issue 17): the per-rank estimate of the distributed build, and the
+"""Build memory in the plan: the per-rank estimate of the distributed build, and the
 smallest number of build ranks that fits a budget."""
 import json
 
@@ -18,7 +18,7 @@ def test_estimate_by_hand():
     n, e, f = 1_000_000, 24_000_000, 100
     held = 8 * e + (4 * f + 24) * n
     want = {"load": bm.BASE_BYTES + held + bm.LOAD_BYTES_PER_KEY * 25_000_000,
-            # partition: features and labels on disk (sliced.spilled); with METIS the edges stay
+            # partition: features and labels on disk (slices.spilled); with METIS the edges stay
             "partition": bm.BASE_BYTES + bm.PARTITION_VERTEX_BYTES * n + bm.PARTITION_ROW_BYTES * n + 8 * e
             + bm.KEY_BYTES_PER_EDGE * e + max(bm.METIS_BYTES_PER_EDGE * e, bm.GPU_SPLIT_BYTES_PER_INNER_EDGE * e / 2),
             "halos+write": bm.BASE_BYTES + held + (bm.PER_VERTEX_BYTES + bm.HALO_BYTES_PER_VERTEX) * n

@@ -1,5 +1,5 @@
-"""Sizes declared by a bundle are checked against the file before anything is allocated or inflated
-(issue 21, item 8): a crafted .npy header declaring 1.56 TiB made the build try to allocate it, and a
+"""Sizes declared by a bundle are checked against the file before anything is allocated or inflated:
+a crafted .npy header declaring 1.56 TiB made the build try to allocate it, and a
 zip bomb was inflated for 129 s and built."""
 import io
 import zipfile

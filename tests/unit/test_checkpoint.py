@@ -3,7 +3,7 @@ damage detection and crafted files, fingerprints, the CheckpointManager, the run
 (moved beside it, tested here) cli.resume_config, metrics.truncate_metrics and signals.StopSignals.
 
 The multi-rank behaviour (kill and resume under mpirun, refusals on every rank) is in
-tests/unit/test_resume.py and tests/mpi/test_resume.py."""
+tests/launch/test_resume.py and tests/mpi/test_resume.py."""
 import dataclasses
 import json
 import os

@@ -1,4 +1,4 @@
-"""The chunked input format (issue 17): `preprocess chunk` from every source, `--source chunked`, and the
+"""The chunked input format: `preprocess chunk` from every source, `--source chunked`, and the
 strict validation of chunk files (a clear error naming the file, exit non-zero, nothing written)."""
 import json
 import os
@@ -11,7 +11,6 @@ from preprocess.build import dataset_digest
 from preprocess.canonical import DataError
 from preprocess.chunked import open_chunked
 from preprocess.sources import load
-from tests.conftest import run_mpi
 from tests.unit.test_sources_bundle import graphs_equal
 
 SYNTH = ["--source", "synthetic", "--generator", "sbm", "--vertices", "1500", "--avg-degree", "6",
@@ -136,19 +135,6 @@ def test_chunk_refuses_a_non_empty_output_and_leaves_nothing(tmp_path):
                       node_pieces=iter([{"features": np.zeros((2, 1)), "labels": np.zeros(2), "train_mask": np.ones(2),
                                          "val_mask": np.zeros(2), "test_mask": np.zeros(2)}]))
     assert sorted(os.listdir(tmp_path)) == ["taken"]
-
-
-def test_build_from_bad_chunks_fails_on_every_rank_and_writes_nothing(tmp_path, cora_dir):
-    d = _copy(cora_dir, tmp_path / "bad")
-    _truncate(d / "labels-00002.npy")
-    out = tmp_path / "shards"
-    r = run_mpi(["-m", "preprocess", "build", "--source", "chunked", "--path", d, "--servers", "2",
-                 "--gpus-per-server", "1", "--layers", "1", "--partitioner", "metis", "--out", out], n=2, timeout=120)
-    assert r.returncode != 0
-    # Said once, by rank 0, for both ranks (issue 21, item 10): every rank stops, one prints.
-    assert "preprocess build: error (rank 0):" in r.stderr and "error (rank 1)" not in r.stderr, r.stderr
-    assert "labels-00002.npy: cannot read" in r.stderr, r.stderr
-    assert not out.exists()
 
 
 def test_open_chunked_reads_headers_only(cora_dir):

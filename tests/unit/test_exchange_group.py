@@ -1,7 +1,7 @@
 """The exchange group is one object (cluster/exchange_group.py) that every view takes: its peers, its
 count exchange, its ledger links and its wire dtype.  A wire dtype is a property of the group: the same
 shard rows planned over the same peers carry their training halo in the group's dtype, while evaluation
-and the set-up exchanges stay exact (issue 20).
+and the set-up exchanges stay exact.
 
 The peer is emulated in one process by symmetry: rank 1 holds the same rows as rank 0 and asks for the
 same keys, so what rank 0 receives from it is what rank 0 sends it (a mirror transport).  The reference

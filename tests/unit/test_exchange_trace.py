@@ -1,11 +1,8 @@
-"""GRANNDIS_EXCHANGE_TRACE (granndis_hpc/cluster/trace.py) and its reader bench/exchange_trace.py: an
-overlapped exchange records post, wait start and wait end forward and backward under one id, a blocking
-one its start and end; off, nothing is recorded.  The reader's windows and waits are checked on events
-with hand-set times."""
-import pytest
+"""GRANNDIS_EXCHANGE_TRACE (granndis_hpc/cluster/trace.py): an overlapped exchange records post, wait
+start and wait end forward and backward under one id, a blocking one its start and end; off, nothing is
+recorded."""
 import torch
 
-from exchange_trace import step_figures, steps_of
 from granndis_hpc.cluster import trace
 from granndis_hpc.cluster.exchange_group import immediate_start
 from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_start
@@ -36,15 +33,3 @@ def test_off_records_nothing(monkeypatch):
     trace.mark("post_fwd", 3)
     assert trace.new_id() == -1 and trace.EVENTS is None
     trace.dump("/nonexistent/never-written.json")  # off: no file
-
-
-def test_the_reader_gives_each_exchanges_window_and_wait():
-    ev = [("step_start", 0.0, -1), ("post_fwd", 0.1, 1), ("wait_start_fwd", 0.3, 1), ("wait_end_fwd", 0.45, 1),
-          ("block_fwd_start", 0.5, -1), ("block_fwd_end", 0.6, -1), ("backward", 0.7, -1),
-          ("post_bwd", 0.8, 1), ("wait_start_bwd", 1.0, 1), ("wait_end_bwd", 1.05, 1), ("backward_end", 1.2, -1),
-          ("step_end", 1.5, -1), ("post_fwd", 2.0, 2)]  # outside a step: ignored
-    (step,) = steps_of(ev)
-    f = step_figures(step)
-    assert (f["forward_s"], f["backward_s"], f["rest_s"]) == pytest.approx((0.7, 0.5, 0.3))
-    got = [(e["dir"], round(e["window_s"], 9), round(e["wait_s"], 9)) for e in f["exchanges"]]
-    assert got == [("fwd", 0.2, 0.15), ("fwd (blocking)", 0.0, 0.1), ("bwd", 0.2, 0.05)]

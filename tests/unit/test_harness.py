@@ -1,5 +1,5 @@
-"""bench/harness.py: the one MPI environment (what the Makefile, gpu_check.sh and the tests read) and the
-results page every bench script writes."""
+"""The one MPI environment (emucluster/mpienv.py: what the Makefile, the shell scripts, the tests and
+bench/harness.py read) and the results page every bench script writes."""
 import json
 import os
 import shlex
@@ -19,19 +19,26 @@ EXPECTED = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"
 
 
 def test_the_tests_use_the_harness_environment():
-    assert MPI_ENV is harness.MPI_ENV and MPI_ENV == EXPECTED
+    from emucluster import mpienv
+
+    assert MPI_ENV is harness.MPI_ENV is mpienv.MPI_ENV and MPI_ENV == EXPECTED
     assert all(mpi_env({"X": "y"})[k] == v for k, v in {**EXPECTED, "X": "y"}.items())
 
 
-def test_printed_environment_is_the_same_for_make_and_shell():
-    words = subprocess.run([sys.executable, HARNESS, "env"], capture_output=True, text=True, check=True).stdout
+@pytest.mark.parametrize("command", [["-m", "emucluster.mpienv"], [HARNESS]], ids=["module", "bench-harness"])
+def test_printed_environment_is_the_same_for_make_and_shell(command):
+    # Run from the checkout without the package installed, as the Makefile's system python3 does.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def out(*args):
+        return subprocess.run([sys.executable, *command, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              check=True).stdout
+
+    words = out("env")
     assert dict(w.split("=", 1) for w in words.split()) == EXPECTED
-    shell = subprocess.run([sys.executable, HARNESS, "env", "--shell"], capture_output=True, text=True,
-                           check=True).stdout
-    exports = [shlex.split(line) for line in shell.splitlines()]
+    exports = [shlex.split(line) for line in out("env", "--shell").splitlines()]
     assert all(e[0] == "export" for e in exports) and dict(e[1].split("=", 1) for e in exports) == EXPECTED
-    rps = subprocess.run([sys.executable, HARNESS, "ranks-per-server"], capture_output=True, text=True, check=True)
-    assert rps.stdout.strip() == str(harness.RANKS_PER_SERVER) == "2"
+    assert out("ranks-per-server").strip() == str(harness.RANKS_PER_SERVER) == "2"
 
 
 @pytest.mark.skipif(shutil.which("make") is None or shutil.which("python3") is None, reason="needs make, python3")
@@ -61,3 +68,7 @@ def test_results_page_ends_with_the_commands_and_may_carry_json(tmp_path, capsys
     assert text == "# Title\n\n| a |\n\n## Commands\n\n```\npython bench/bench_x.py --fast\nmpirun -n 4 y\n```\n"
     assert json.loads((tmp_path / "docs" / "bench-x.json").read_text()) == {"runs": [1, 2]}
     assert "## Commands" in capsys.readouterr().out
+    # commands that name files inside the checkout are written relative to it
+    harness.write_page(str(page), ["# T"], "bench/bench_x.py", [], [f"mpirun -n 2 {REPO}/.venv/bin/python -m x"])
+    repo = str(REPO)
+    assert "mpirun -n 2 .venv/bin/python -m x" in page.read_text() and repo not in page.read_text()

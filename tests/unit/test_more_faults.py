@@ -1,4 +1,4 @@
-"""More ordinary faults answered with a traceback or a misleading message (issue 21, item 16)."""
+"""More ordinary faults answered with a traceback or a misleading message."""
 import json
 import os
 import shutil
@@ -87,7 +87,7 @@ def _bundle(path, classes=None, train=True, n=60):
     ({"train": False}, "the train split is empty"),
 ])
 def test_the_build_refuses_an_absurd_class_count_and_an_empty_train_split(tmp_path, capsys, build, case, message):
-    """Item 16: both passed `preprocess build` (verify and training refused them afterwards).  The whole-
+    """Both are refused by `preprocess build` itself, not only by verify and training afterwards.  The whole-
     graph build reads a bundle; the distributed one (preprocess/dist_build.py) the chunked format made
     from it.  Refused before anything is written, with the fix."""
     from preprocess.__main__ import main

@@ -1,4 +1,4 @@
-"""Option values a hostile or unlucky user can give (issue 21, item 3): NaN and infinity passed every
+"""Option values a hostile or unlucky user can give: NaN and infinity passed every
 range (NaN compares false with every bound), and reached torch or the loss as tracebacks or a NaN loss
 two epochs later.  Every float option refuses them at parse time: command line (usage error, exit 2),
 TOML (ConfigError naming the file and key) and code (TrainConfig.__post_init__)."""

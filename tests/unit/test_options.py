@@ -1,5 +1,5 @@
 """One options framework (granndis_hpc/options/) for every command: granndis-train, granndis report and
-every `python -m preprocess` subcommand (issue 20).  Parsing only: nothing here builds or trains."""
+every `python -m preprocess` subcommand.  Parsing only: nothing here builds or trains."""
 import dataclasses
 import pathlib
 import re

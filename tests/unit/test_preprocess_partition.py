@@ -8,7 +8,8 @@ import scipy.sparse as sp
 from granndis_hpc.graph.csr import Graph, csr_from_edges
 from preprocess.parmetis import metis_part
 from preprocess.partition import (balance, edge_cut, fill_empty_parts, induced_symmetric,
-                                  random_partition, symmetric_adjacency, vtxdist_for)
+                                  random_partition, symmetric_adjacency)
+from preprocess.slices import vtxdist_for
 
 
 def community_graph(n, communities, m, p_out, seed, directed=False):
@@ -122,7 +123,8 @@ def test_induced_symmetric_and_the_metis_gpu_split():
     from mpi4py import MPI
 
     from granndis_hpc.cluster import as_group
-    from preprocess.partition import WholeGraphAccess, split_servers_over_gpus
+    from preprocess.gpu_split import split_servers_over_gpus
+    from preprocess.partition import WholeGraphAccess
 
     group = as_group(MPI.COMM_SELF)
     server_of = np.ones(n, dtype=np.int32)
@@ -189,7 +191,7 @@ def test_gpu_split_groups_and_their_slices():
     cases: all ranks, or the writer alone)."""
     import numpy as np
 
-    from preprocess.partition import gpu_split_dist, gpu_split_groups, slices_dist, vtxdist_for
+    from preprocess.gpu_split import gpu_split_dist, gpu_split_groups, slices_dist
 
     np.testing.assert_array_equal(gpu_split_groups(np.array([500, 400]), 8, "parmetis"), [0, 4, 8])
     np.testing.assert_array_equal(gpu_split_groups(np.array([5, 4, 3]), 8, "parmetis"), [0, 2, 5, 8])

@@ -11,8 +11,8 @@ from granndis_hpc import config, registry
 
 
 def test_building_the_train_parser_imports_neither_torch_h5py_nor_mpi4py():
-    """Issue 20: config.py imported the engine to list the modes, so building the parser loaded torch,
-    h5py and mpi4py.  In a fresh interpreter: build it, check an option, list sys.modules."""
+    """config.py lists the modes from the registry, not the engine, so building the parser loads neither
+    torch, h5py nor mpi4py.  In a fresh interpreter: build it, check an option, list sys.modules."""
     code = ("import sys\n"
             "from granndis_hpc import config\n"
             "p = config.build_parser(config.TrainConfig)\n"

@@ -176,7 +176,7 @@ def test_best_validation_epoch_is_shown_beside_the_last(tmp_path):
 
 
 def test_epoch_over_overlap_limit_from_the_runs_link(tmp_path):
-    """Issue 19: measured epoch / the cost model's overlapped limit, per run, on the link of its link.json.
+    """Measured epoch / the cost model's overlapped limit, per run, on the link of its link.json.
     Worked by hand (granndis_hpc/linkmodel.py) for 2 sage layers on the world view (layer 1 exchanges,
     forward and backward), 2 servers, an unshaped link of 1 MB/s (no rate cap) and no intra-server bytes:
     compute 0.4 s -> c = 0.1 s per layer and direction; the busiest server sends 410,000 B of which one

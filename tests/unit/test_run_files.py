@@ -1,4 +1,4 @@
-"""Run-directory files under ordinary faults (issue 21, items 4, 5, 12, 15, 17), in one process on a 1x1
+"""Run-directory files under ordinary faults, in one process on a 1x1
 shard set (the world is this one process; every refusal is the collective one mpirun's ranks share)."""
 import errno
 import json
@@ -71,7 +71,7 @@ def test_a_full_disk_during_the_run_stops_every_rank_with_one_message(one_rank_s
 
 
 def test_a_full_disk_at_the_summary_is_the_collective_error(one_rank_set, tmp_path, monkeypatch):
-    import granndis_hpc.engine.rundir as rundir  # the run directory writes summary.json (issue 20)
+    import granndis_hpc.engine.rundir as rundir  # the run directory writes summary.json
 
     def no_space(run_dir, summary):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(run_dir, "summary.json"))
@@ -98,7 +98,7 @@ def test_a_failed_append_leaves_whole_lines(tmp_path, monkeypatch):
 
 
 def test_plan_json_to_a_missing_directory_is_refused_before_the_work(tmp_path, capsys):
-    """Item 4: `preprocess plan ... --json /nonexistent/x.json` printed the plan, then a traceback."""
+    """`preprocess plan ... --json /nonexistent/x.json` is refused before the plan is printed, not with a traceback."""
     from preprocess.__main__ import main
 
     rc = main(["plan", "--source", "synthetic", "--vertices", "300", "--avg-degree", "4", "--features", "4",
@@ -110,8 +110,8 @@ def test_plan_json_to_a_missing_directory_is_refused_before_the_work(tmp_path, c
 
 
 def test_a_live_run_directory_is_locked(one_rank_set, tmp_path, monkeypatch):
-    """Item 12: --overwrite-run (or --resume, or a new run) while another job trains in the directory
-    mixed the two runs' files.  Now each is refused naming the holder, and nothing is written."""
+    """--overwrite-run (or --resume, or a new run) while another job trains in the directory would mix
+    the two runs' files.  Each is refused naming the holder, and nothing is written."""
     import socket
 
     from granndis_hpc.runlock import RunLock
@@ -155,7 +155,7 @@ def _metrics(tmp_path, lines):
 
 
 def test_damaged_metrics_lines_are_refused_or_repaired_with_a_message(tmp_path):
-    """Item 15: a damaged line in the middle was dropped silently on --resume (epochs 0, 1, 3, 4...)."""
+    """A damaged line in the middle is never dropped silently on --resume (epochs 0, 1, 3, 4...)."""
     rec = [json.dumps({"epoch": e}).encode() + b"\n" for e in range(5)]
     _metrics(tmp_path, rec[:2] + [b'{"epoch": 2, "lo\n'] + rec[3:])
     with pytest.raises(metrics.MetricsError, match=r"line\(s\) 3 are not epoch records.*epoch\(s\) 2 .*missing"):
@@ -187,8 +187,7 @@ def test_resume_refuses_a_damaged_metrics_file_on_every_rank(one_rank_set, tmp_p
 
 
 def test_a_killed_writers_temporaries_are_removed_by_the_next_run(one_rank_set, tmp_path, capsys):
-    """Item 17: a SIGKILL while best-model.pt was written left .best-model.pt.*.tmp, still there after a
-    successful resume."""
+    """A SIGKILL while best-model.pt is written leaves .best-model.pt.*.tmp; the next run removes it."""
     run = tmp_path / "run"
     train(one_rank_set, run)
     (run / ".best-model.pt.abc123.tmp").write_bytes(b"half")

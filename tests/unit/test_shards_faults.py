@@ -1,4 +1,4 @@
-"""Faults of issue 12 in the shard layer and the build: a full disk, an edited or malformed manifest,
+"""Faults in the shard layer and the build: a full disk, an edited or malformed manifest,
 a set killed mid-commit, leftover temporaries, file modes under the umask, and read_server_rows."""
 import json
 import os

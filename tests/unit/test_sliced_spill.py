@@ -1,4 +1,4 @@
-"""sliced.spilled (issue 17): the partition phase holds a slice's features, labels and edges in a
+"""slices.spilled: the partition phase holds a slice's features, labels and edges in a
 temporary file instead of memory; after the block they are back, the same bytes, and a rank that
 cannot write its file gets a clear error with nothing left behind."""
 import glob
@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from preprocess.sliced import GraphSlice, spilled
+from preprocess.sliced import GraphSlice
+from preprocess.slices import spilled
 
 
 def _slice():

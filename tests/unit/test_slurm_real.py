@@ -1,54 +1,15 @@
-"""The real slurm/*.sbatch under a real Slurm (Debian's slurm-wlm 22.05, slurm/testing/slurmcluster.py):
-two emulated servers as two nodes of 4 CPUs, no GPUs.  preprocess.sbatch with its own resource defaults,
-then train.sbatch in the documented CPU form on 2 nodes x 2 tasks: the job must find its 2 servers by
-itself (hosts slurm-s0, slurm-s1, not "emulated"), finish, and train exactly what a plain `mpirun -n 4`
-of the same options trains.  The longer scenarios (time limits, requeues, signals) are `make test-slurm`
-(tests/slurm/).  Skipped with the reason where the cluster cannot exist (not root, no namespaces, Slurm
-not installed: `make setup` installs it where root)."""
-import json
-import re
-
-import pytest
-
-from tests.conftest import REPO
+"""The real-Slurm test cluster's pieces that need no Slurm: the documented CPU form of train.sbatch and
+the slurm.conf it writes (the job itself runs in tests/launch/test_slurm_real.py)."""
 from tests import slurm_real as sr
+from tests.conftest import REPO
 
-# The CPU form slurm/README.md documents (issue 22, defect 3: the script's GPU defaults made
-# `sbatch -N 2 --ntasks-per-node=2 slurm/train.sbatch` fail on a cluster without GPUs).
+# The CPU form slurm/README.md documents (with the script's GPU defaults,
+# `sbatch -N 2 --ntasks-per-node=2 slurm/train.sbatch` would fail on a cluster without GPUs).
 CPU_FORM = ["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1"]
 
 
 def test_cpu_form_is_the_documented_one():
     assert f"sbatch {' '.join(CPU_FORM)} slurm/train.sbatch" in (REPO / "slurm" / "README.md").read_text()
-
-
-@pytest.mark.timeout(400)
-def test_preprocess_then_train_on_two_nodes_equals_plain_mpirun(tmp_path):
-    with sr.slurm_cluster():
-        # Submitted from outside the checkout, by path, without GRANNDIS_HOME (defect 7); the script's own
-        # resource defaults fit a 4-CPU node (defect 3)
-        shards = sr.preprocess(tmp_path, cwd=tmp_path)
-        run_dir, log = tmp_path / "run", tmp_path / "train.out"
-        # No GRANNDIS_LAYERS: the depth comes from the shards (defect 7)
-        job = sr.submit(REPO / "slurm" / "train.sbatch", CPU_FORM,
-                        ["--epochs", "3", "--hidden", "16", "--eval-every", "0"],
-                        env=sr.job_env(GRANNDIS_SHARDS=shards, GRANNDIS_RUN_DIR=run_dir), log=log, cwd=tmp_path)
-        info = sr.wait(job, 240)
-    text = log.read_text(errors="replace")
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, text[-4000:])
-    summary = json.loads((run_dir / "summary.json").read_text())
-    # The job found its servers itself: one per node, named (defect 5)
-    assert (summary["servers"], summary["ranks_per_server"]) == (2, 2)
-    assert summary["hosts"] == ["slurm-s0", "slurm-s1"] and summary["emulated_servers"] is False
-    assert re.search(r"server +0 +host slurm-s0 +ranks 0,1", text) and re.search(r"server +1 +host slurm-s1 +ranks 2,3", text)
-    assert "(emulated)" not in text
-    train = sr.logged_train_args(text)
-    assert train.count("--epochs") == 1 and train[train.index("--layers") + 1] == "2", train  # defect 7
-    # The same options under a plain mpirun on one machine: the same losses, bit for bit
-    ref = tmp_path / "ref"
-    sr.plain_mpirun(train, ref)
-    assert len(sr.losses(run_dir)) == 3
-    assert sr.losses(run_dir) == sr.losses(ref)
 
 
 def test_slurm_conf_of_the_test_cluster(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from tests.unit.test_sources_bundle import assert_reproducible_from_seed, graphs
 from tests.unit.test_sources_synthetic import nearest_class_mean_accuracy
 
 SMALL = dict(generator="local", vertices=20_000, classes=4, seed=3)
-# The targets of issue 11 are stated at 200k vertices (docs/bench-locality.md); the boundary of a 2-way
+# The locality targets are stated at 200k vertices (docs/performance/locality.md); the boundary of a 2-way
 # cut shrinks relative to the graph like 1/sqrt(N), so at this size the bounds are a little looser.
 MEDIUM = 50_000
 
@@ -54,8 +54,8 @@ def medium_pair():
 
 
 def test_sbm_default_is_pinned():
-    # Digest of the DC-SBM output since the generators became chunk-native (issue 17: the draws changed
-    # once, docs/bench-preprocess.md); a change to it changes every synthetic dataset, say so in the docs.
+    # Digest of the DC-SBM output of the chunk-native generators (their draws differ
+    # from whole-graph generators', docs/performance/preprocess.md); a change to it changes every synthetic dataset, say so in the docs.
     # Local-only options must not reach it.
     want = "69ca5548920fe5a335180235474e70d36908b9d2e97393fe78cf7a43d3a0c8f6"
     params = dict(vertices=3000, avg_degree=10, features=8, classes=3, seed=1)
@@ -129,7 +129,7 @@ def test_partner_is_uniform_inside_its_cell():
 
 def test_partitioner_finds_small_cut_and_thin_halos(medium_pair):
     (g, p), (gs, ps) = medium_pair["local"], medium_pair["sbm"]
-    # Issue 11: a few percent cut, a 2-hop preload well under 1.5 rows per vertex at 200k vertices (measured
+    # The targets: a few percent cut, a 2-hop preload well under 1.5 rows per vertex at 200k vertices (measured
     # 1.6 %, 1.38); at 50k the boundary layer is twice as thick relative to the graph (measured 1.57).
     assert p.edge_cut_fraction < 0.04, p.edge_cut_fraction
     assert p.edge_cut_fraction < 0.4 * ps.edge_cut_fraction, (p.edge_cut_fraction, ps.edge_cut_fraction)

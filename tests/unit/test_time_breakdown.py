@@ -1,4 +1,4 @@
-"""The epoch-time breakdown adds up (issue 21, item 6): `make demo` printed "Epoch time (s) 1.3205 |
+"""The epoch-time breakdown adds up: `make demo` printed "Epoch time (s) 1.3205 |
 Comm (s/epoch) 1.4863" because per-part maxima (over ranks) and per-part medians (over epochs) were
 added.  summary.json's seconds_per_epoch are now the parts of the median epoch (the slowest rank's own,
 trainer._epoch_record; tests/mpi/test_epoch_bytes.py checks a real epoch record)."""
@@ -27,7 +27,7 @@ def test_summary_parts_add_up_to_the_epoch_time():
 
 
 def test_report_flags_a_speedup_against_unlike_settings(tmp_path):
-    """Item 11: an eas run with dropout 0.5 was compared with an fb run with dropout 0, unflagged."""
+    """An eas run with dropout 0.5 compared with an fb run with dropout 0 is flagged."""
     import json
 
     from granndis_hpc.report import render_report
@@ -53,8 +53,8 @@ def test_report_flags_a_speedup_against_unlike_settings(tmp_path):
 
 
 def test_the_run_keeps_only_what_the_summary_reads():
-    """Item 17: rank 0 kept every whole epoch record in memory (cob's per-rank rows accounting: ~6.6 KB
-    per epoch, 372 -> 391 MB over 3000 epochs); the summary reads only these fields."""
+    """Rank 0 keeps no whole epoch record in memory (with cob's per-rank rows accounting, ~6.6 KB per epoch:
+    372 -> 391 MB over 3000 epochs); the summary reads only these fields."""
     from granndis_hpc.metrics import summary_fields
 
     rec = {"epoch": 3, "time_s": 1.0, "compute_s": 0.5, "intra_comm_s": 0.2, "inter_comm_s": 0.1, "grad_sync_s": 0.1,
