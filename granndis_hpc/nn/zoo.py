@@ -45,6 +45,12 @@ class EdgeGNN(GNN):
         self.convs = nn.ModuleList(convs)
         self.norms = nn.ModuleList(nn.LayerNorm(w) for w in widths[1:-1]) if norm else None
 
+    @property
+    def edge_keyed_dropout(self) -> bool:
+        """Attention dropout keys edges by their source rows' global ids: the engine gives its training
+        graphs those ids (``graph.source_ids``, engine/views.py attach_source_ids)."""
+        return self.attn_dropout > 0
+
     def _dropout_for_pass(self, dropout: Optional[RowDropout]) -> Optional[RowDropout]:
         if self.training and self.attn_dropout > 0 and self.dropout == 0.0 and self.input_dropout == 0.0:
             return RowDropout(int(torch.randint(0, 2 ** 62, ())), 0) if dropout is None else dropout
