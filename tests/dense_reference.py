@@ -231,7 +231,7 @@ def random_in_csr(num_vertices: int, num_edges: int, rng: np.random.Generator, i
 
 def train_dense(graph, model, epochs: int, lr: float, dropout: float = 0.0, input_dropout: float = 0.0,
                 seed: int = 0, weight_decay: float = 0.0, first_layer_decay_only: bool = False,
-                dtype: Optional[torch.dtype] = None):
+                dtype: Optional[torch.dtype] = None, attention_dropout: float = 0.0):
     """Single-process full-graph training with the dense reference: Adam on CE(sum)/n_train.
     Returns a trained copy of `model` (converted to `dtype` when given); `graph` is a preprocess Graph
     (indptr, indices, features, ...).
@@ -240,10 +240,13 @@ def train_dense(graph, model, epochs: int, lr: float, dropout: float = 0.0, inpu
     (nn/dropout.keep_mask(seed, epoch, layer, ids, width, p); input dropout is layer 0).
     weight_decay: Adam's (coupled L2); first_layer_decay_only: only on the layer that reads the features
     (parameters convs.0.* for sage/gcn, encoder.* for ressage; models.py names them), as PyG's
-    examples/gcn.py decays conv1 only."""
+    examples/gcn.py decays conv1 only.
+    attention_dropout: GAT's, with the masks of the edges' (destination, source) ids
+    (keep_mask(seed, epoch, attention_key(layer), edge_ids(dst, src), heads, p))."""
     import copy
 
     from granndis_hpc.nn.dropout import keep_mask
+    from granndis_hpc.nn.edge_layers import attention_key, edge_ids
 
     model = copy.deepcopy(model)
     if dtype is not None:
@@ -266,9 +269,13 @@ def train_dense(graph, model, epochs: int, lr: float, dropout: float = 0.0, inpu
             if p == 0.0:
                 return h
             return h * keep_mask(seed, epoch, layer, ids, h.shape[1], p).to(h.dtype) / (1 - p)
+        def attention(layer, dst, src, alpha, epoch=epoch):
+            keep = keep_mask(seed, epoch, attention_key(layer), edge_ids(dst, src), alpha.shape[1], attention_dropout)
+            return alpha * keep.to(alpha.dtype) / (1 - attention_dropout)
         opt.zero_grad()
         logits = dense_logits(model.name, model, graph.indptr, graph.indices, x, degrees=deg, dropout=drop,
-                              input_dropout=input_dropout > 0)
+                              input_dropout=input_dropout > 0,
+                              attention_dropout=attention if attention_dropout > 0 else None)
         loss = torch.nn.functional.cross_entropy(logits[train], y[train], reduction="sum") / len(train)
         loss.backward()
         opt.step()
