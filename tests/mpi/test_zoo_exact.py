@@ -82,3 +82,18 @@ def test_training_with_dropout_equals_reference(cora, cora_shapes, model, mode, 
             _assert_trained_close(trainer.model, ref, f"{model} {mode} k={k} rps={rps}: ")
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize("model,mode", [("gat", "eas"), ("gat", "cob"), ("sage-max", "mb"), ("gin", "cob")])
+def test_sampled_modes_run_and_learn(cora_shards, model, mode):
+    """eas, cob and mb sample, so they are not compared with the reference: they train the models (GAT's
+    attention dropout keyed by position where a co-batch's halo rows have no global ids) and the loss falls."""
+    shards = cora_shards[("eas", 3) if mode == "eas" else ("full", 3)]
+    extra = {} if mode == "eas" else {"batches_per_epoch": 2, "fanout": 5}
+    trainer = make_trainer(shards, mode, model, LAYERS, hidden=8, lr=0.01, dropout=0.5, seed=SEED,
+                           model_option=_options(model), **extra)
+    try:
+        losses = [trainer.train_epoch()["loss"] for _ in range(12)]
+    finally:
+        trainer.close()
+    assert all(np.isfinite(losses)) and np.mean(losses[-3:]) < 0.9 * np.mean(losses[:3]), losses
