@@ -41,3 +41,18 @@ def test_per_edge_tensors_reach_the_estimate():
     assert total[8] - total[1] >= edges * 7 * (2 * 4 + 2 * 8 * 4)
     sage = mm.estimate(rows, mm.ModelSpec("sage", 16, 64, 5, 3))["total"]
     assert total[8] > sage
+
+
+def test_plan_chooses_a_smaller_option_for_gats_per_edge_tensors(tmp_path):
+    """`preprocess plan --memory-per-gpu 16MiB` (the --mode auto choice): SAGE fits the whole 3-hop preload,
+    8-head GAT's per-edge tensors do not (~24 MiB), so it gets an option with fewer rows per GPU."""
+    from tests.unit.test_memory_model import _plan
+
+    for name in ("sage", "gat"):
+        (tmp_path / name).mkdir()
+    _, sage = _plan(tmp_path / "sage", "--memory-per-gpu", "16MiB", "--model", "sage")
+    _, gat = _plan(tmp_path / "gat", "--memory-per-gpu", "16MiB", "--model", "gat", "--model-option", "heads=8")
+    assert sage["decision"]["choice"]["label"] == "flx k=3"
+    rejected = {o["label"]: o["peak_bytes"] for o in gat["decision"]["rejected"]}
+    assert rejected["flx k=3"] > 16 << 20 > gat["decision"]["choice"]["peak_bytes"]
+    assert gat["decision"]["choice"]["rows_per_gpu"] < sage["decision"]["choice"]["rows_per_gpu"]
