@@ -97,8 +97,9 @@ def split_edges(graph: LayerGraph, n_own: int, self_loops: bool):
     return cache[key]
 
 
-def _parts(h_src):
-    """(own rows, a function returning the halo rows, n_own) of a tensor or PendingRows."""
+def source_parts(h_src):
+    """(own rows, a function returning the halo rows, n_own) of a tensor or PendingRows: a conv computes
+    what the own rows allow, then calls the function (waiting for a halo in flight), as the convs here do."""
     if isinstance(h_src, PendingRows):
         return h_src.own, h_src.halo, h_src.own.shape[0]
     n = h_src.shape[0]
@@ -159,7 +160,7 @@ class SAGEMaxConv(nn.Module):
         self.lin_neigh = nn.Linear(in_features, out_features, bias=False)
 
     def forward(self, h_src, graph: LayerGraph, attention: Optional[EdgeDropout] = None) -> torch.Tensor:
-        own, halo, n_own = _parts(h_src)
+        own, halo, n_own = source_parts(h_src)
         (own_rows, own_cols), (halo_rows, halo_cols) = split_edges(graph, n_own, self_loops=False)
         out = self.lin_self(own[: graph.n_dst])
         m = _edge_max(own_rows, own_cols, own, graph.n_dst)
@@ -238,7 +239,7 @@ class GATConv(nn.Module):
 
     def forward(self, h_src, graph: LayerGraph, attention: Optional[EdgeDropout] = None) -> torch.Tensor:
         H, C, n_dst = self.heads, self.out_features, graph.n_dst
-        own, halo, n_own = _parts(h_src)
+        own, halo, n_own = source_parts(h_src)
         (own_rows, own_cols), (halo_rows, halo_cols) = split_edges(graph, n_own, self_loops=True)
         x_own = self.lin(own).view(-1, H, C)
         a_dst = (x_own[:n_dst] * self.att_dst).sum(-1)

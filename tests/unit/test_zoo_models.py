@@ -143,3 +143,49 @@ def test_gat_options_and_bad_values():
     assert model_options("gin", ["eps=0.5"]) == {"eps": 0.5}
     torch.manual_seed(0)
     assert build_model("gin", 3, 4, 2, 2, eps=0.5).convs[0].eps.item() == 0.5
+
+
+def test_bring_your_own_layer_recipe():
+    """docs/models.md "Bring your own layer": a conv of (source rows, graph) stacked by EdgeGNN and
+    registered runs on the whole graph and, with the halo in flight, on a rank's subset; both equal the
+    formula out_v = W1 h_v + W2 sum_u h_u (+ ReLU between layers) computed densely here."""
+    from torch import nn
+
+    from granndis_hpc.nn.edge_layers import source_parts
+    from granndis_hpc.nn.graph import aggregate
+    from granndis_hpc.nn.models import MODELS, register_model
+    from granndis_hpc.nn.zoo import EdgeGNN
+    from tests.dense_reference import dense_adjacency
+
+    class GraphConv(nn.Module):
+        def __init__(self, win, wout):
+            super().__init__()
+            self.lin_self, self.lin_neigh = nn.Linear(win, wout), nn.Linear(win, wout, bias=False)
+
+        def forward(self, h_src, graph, attention=None):
+            own, _, _ = source_parts(h_src)  # own rows now; aggregate waits for the halo itself
+            return self.lin_self(own[: graph.n_dst]) + self.lin_neigh(aggregate(graph, h_src, "sum"))
+
+    @register_model("recipe-graphconv")
+    def build(in_features, hidden, num_classes, layers, dropout, norm):
+        widths = [in_features] + [hidden] * (layers - 1) + [num_classes]
+        return EdgeGNN("recipe-graphconv", [GraphConv(widths[l], widths[l + 1]) for l in range(layers)], widths,
+                       dropout, norm)
+
+    try:
+        rng, indptr, indices, x = _graph(4)
+        torch.manual_seed(0)
+        model = build_model("recipe-graphconv", FEATURES, 5, CLASSES, 2).eval()
+        recorded = {}
+        whole = model(x, [LayerGraph.from_csr(indptr, indices, N)] * 2, gather=_recording(recorded))
+        a, h = dense_adjacency(indptr, indices), x.double()
+        for l, conv in enumerate(model.convs):
+            h = torch.relu(h) if l else h
+            h = h @ conv.lin_self.weight.double().T + conv.lin_self.bias.double() \
+                + (a @ h) @ conv.lin_neigh.weight.double().T
+        torch.testing.assert_close(whole.double(), h.detach(), atol=1e-5, rtol=1e-5)
+        own, halo, graph = _subset(rng, indptr, indices)
+        got = model(x[torch.from_numpy(own)], [graph] * 2, gather=_pending_gather(recorded, halo, []))
+        torch.testing.assert_close(got, whole[torch.from_numpy(own)], atol=1e-5, rtol=1e-5)
+    finally:
+        MODELS.pop("recipe-graphconv")
