@@ -110,7 +110,8 @@ class SAGEMaxEstimate(EdgeEstimate):
         b += 2 * lr.nnz * I64 + lr.nnz * win * F32 + 4 * lr.n_dst * win * F32
         # where's condition (bool); the weights.
         b += lr.n_dst * win + 2 * w
-        return b, 2 * w + 2 * lr.nnz * I64
+        # (The cached edge index lives as long as the graph but is in no other term: counted as fresh.)
+        return b, 2 * w
 
     def edge_transient(self, lr, m, layer, win, wout):
         return lr.nnz * win * F32
@@ -120,7 +121,9 @@ class GATEstimate(EdgeEstimate):
     """GAT (options heads, out_heads, concat, attn_dropout): per conv with H heads of C features and E =
     in-edges + one self loop per computed row: lin's source rows [n_src, win] and projection [n_src, H C],
     per edge the LeakyReLU input and the exponentials [E, H] (and the dropout mask), the gathered
-    projected rows [E, H, C], and the per-row weighted sum and sum of exponentials."""
+    projected rows [E, H, C], and the per-row weighted sum and sum of exponentials.  These are the bytes
+    of the one-part softmax; a layer whose halo is in flight combines two parts and keeps about two more
+    [n_dst, H C] tensors (small beside the per-edge ones: E is n_dst times the mean degree plus one)."""
 
     def _heads(self, m, layer):
         last = layer == m.layers - 1
@@ -152,7 +155,8 @@ class GATEstimate(EdgeEstimate):
             b += 2 * edges * heads * F32  # the scaled mask and the dropped weights
         b += 2 * edges * hc * F32  # the gathered projected rows and the messages (index_add keeps its source)
         b += lr.n_dst * hc * F32 + lr.n_dst * heads * F32  # the division's weighted sum and sum of exponentials
-        return b, w + 2 * hc * F32 + 2 * edges * I64
+        # (The cached edge index lives as long as the graph but is in no other term: counted as fresh.)
+        return b, w + 2 * hc * F32
 
     def edge_transient(self, lr, m, layer, win, wout):
         heads, c = self._per_head(m, layer)
