@@ -103,7 +103,8 @@ class TrainConfig:
     # None, not []: checkpoints written before the option existed hold no value for it (same fingerprint).
     model_option: Optional[List[str]] = option(None, append=True, metavar="NAME=VALUE",
                                                 help="an extra constructor option of the model, as its registry entry "
-                                           "declares them (repeat for several; the built-in models have none)")
+                                           "declares them (repeat for several), e.g. gat: heads, out_heads, concat, "
+                                           "attn_dropout, negative_slope; gin: eps (docs/models.md)")
     layers: int = option(3, ge=1, help="message-passing layers")
     hidden: int = option(64, ge=1, help="hidden width")
     epochs: int = option(200, ge=1, on_resume="may_change", help="training epochs")
