@@ -84,7 +84,7 @@ def test_training_with_dropout_equals_reference(cora, cora_shapes, model, mode, 
         trainer.close()
 
 
-@pytest.mark.parametrize("model,mode", [("gat", "eas"), ("gat", "cob"), ("sage-max", "mb"), ("gin", "cob")])
+@pytest.mark.parametrize("model,mode", [("gat", "eas"), ("gat", "cob"), ("sage-max", "mb")])
 def test_sampled_modes_run_and_learn(cora_shards, model, mode):
     """eas, cob and mb sample, so they are not compared with the reference: they train the models (GAT's
     attention dropout keyed by position where a co-batch's halo rows have no global ids) and the loss falls."""
