@@ -145,6 +145,28 @@ def boolean(text: str) -> bool:
 boolean.__name__ = "bool"
 
 
+def positive_int(text: str) -> int:
+    """A model option that counts something (heads): an integer >= 1."""
+    value = int(str(text).strip())
+    if value < 1:
+        raise ValueError(f"{value} < 1")
+    return value
+
+
+positive_int.__name__ = "int >= 1"
+
+
+def probability(text: str) -> float:
+    """A model option that is a dropout probability: a float in [0, 1)."""
+    value = float(str(text).strip())
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{value} outside [0, 1)")
+    return value
+
+
+probability.__name__ = "float in [0, 1)"
+
+
 def model_options(model: str, items: Optional[Sequence[str]] = ()) -> Dict[str, Any]:
     """The model's extra constructor options: its declared defaults, overridden by ``NAME=VALUE`` items.
     ValueError, naming the model's options, for an unknown name or a value of the wrong type."""
@@ -176,10 +198,10 @@ MODELS.declare("gcn", "granndis_hpc.nn.models:_gcn", estimator="granndis_hpc.nn.
 MODELS.declare("ressage", "granndis_hpc.nn.models:_ressage", checkpointable=True,
                estimator="granndis_hpc.nn.models:RESSAGE_ESTIMATE")
 MODELS.declare("gat", "granndis_hpc.nn.zoo:build_gat", estimator="granndis_hpc.nn.zoo_estimates:GAT_ESTIMATE", options=(
-    ModelOption("heads", int, 8, "attention heads of every hidden conv (each --hidden wide)"),
-    ModelOption("out_heads", int, 1, "attention heads of the last conv, averaged into the classes"),
+    ModelOption("heads", positive_int, 8, "attention heads of every hidden conv (each --hidden wide)"),
+    ModelOption("out_heads", positive_int, 1, "attention heads of the last conv, averaged into the classes"),
     ModelOption("concat", boolean, True, "concatenate the hidden convs' heads (false: average them)"),
-    ModelOption("attn_dropout", float, 0.0, "dropout of the normalised attention weights, keyed by edge"),
+    ModelOption("attn_dropout", probability, 0.0, "dropout of the normalised attention weights, keyed by edge"),
     ModelOption("negative_slope", float, 0.2, "LeakyReLU slope of the attention logits")))
 MODELS.declare("gin", "granndis_hpc.nn.zoo:build_gin", estimator="granndis_hpc.nn.zoo_estimates:GIN_ESTIMATE",
                options=(ModelOption("eps", float, 0.0, "initial value of the learnable eps"),))

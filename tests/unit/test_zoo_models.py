@@ -136,6 +136,10 @@ def test_gat_options_and_bad_values():
                                atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="concat must be of type bool, got 'maybe'"):
         model_options("gat", ["concat=maybe"])
+    with pytest.raises(ValueError, match=r"heads must be of type int >= 1, got '0'"):
+        model_options("gat", ["heads=0"])
+    with pytest.raises(ValueError, match=r"attn_dropout must be of type float in \[0, 1\), got '1'"):
+        model_options("gat", ["attn_dropout=1"])
     with pytest.raises(ValueError, match="heads=0: model 'gat' needs heads >= 1"):
         _model("gat", options={"heads": 0})
     with pytest.raises(ValueError, match="attn_dropout=1.0: must be in"):
