@@ -104,7 +104,8 @@ class TrainConfig:
     # None, not []: checkpoints written before the option existed hold no value for it (same fingerprint).
     model_option: Optional[List[str]] = option(None, append=True, metavar="NAME=VALUE",
                                                 help="an extra constructor option of the model, as its registry entry "
-                                           "declares them (repeat for several; the built-in models have none)")
+                                           "declares them (repeat for several), e.g. gat: heads, out_heads, concat, "
+                                           "attn_dropout, negative_slope; gin: eps (docs/models.md)")
     layers: int = option(3, ge=1, help="layers of the model: the message-passing ones, plus --linear-layers")
     # None, not 0: checkpoints written before the option existed hold no value for it (same fingerprint);
     # __post_init__ turns 0 into None.

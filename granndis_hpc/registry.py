@@ -133,6 +133,41 @@ class ModelOption:
     help: str = ""
 
 
+def boolean(text: str) -> bool:
+    """A model option's truth value from text: true/false, yes/no, on/off, 1/0."""
+    value = str(text).strip().lower()
+    if value in ("true", "yes", "on", "1"):
+        return True
+    if value in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"not a truth value: {text!r} (give true or false)")
+
+
+boolean.__name__ = "bool"
+
+
+def positive_int(text: str) -> int:
+    """A model option that counts something (heads): an integer >= 1."""
+    value = int(str(text).strip())
+    if value < 1:
+        raise ValueError(f"{value} < 1")
+    return value
+
+
+positive_int.__name__ = "int >= 1"
+
+
+def probability(text: str) -> float:
+    """A model option that is a dropout probability: a float in [0, 1)."""
+    value = float(str(text).strip())
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{value} outside [0, 1)")
+    return value
+
+
+probability.__name__ = "float in [0, 1)"
+
+
 def model_options(model: str, items: Optional[Sequence[str]] = ()) -> Dict[str, Any]:
     """The model's extra constructor options: its declared defaults, overridden by ``NAME=VALUE`` items.
     ValueError, naming the model's options, for an unknown name or a value of the wrong type."""
@@ -181,6 +216,18 @@ MODELS.declare("gcn", "granndis_hpc.nn.models:_gcn", estimator="granndis_hpc.nn.
                linear_head=True)
 MODELS.declare("ressage", "granndis_hpc.nn.models:_ressage", checkpointable=True,
                estimator="granndis_hpc.nn.models:RESSAGE_ESTIMATE", linear_head=True)
+MODELS.declare("gat", "granndis_hpc.nn.zoo:build_gat", estimator="granndis_hpc.nn.zoo_estimates:GAT_ESTIMATE", options=(
+    ModelOption("heads", positive_int, 8, "attention heads of every hidden conv (each --hidden wide)"),
+    ModelOption("out_heads", positive_int, 1, "attention heads of the last conv, averaged into the classes"),
+    ModelOption("concat", boolean, True, "concatenate the hidden convs' heads (false: average them)"),
+    ModelOption("attn_dropout", probability, 0.0, "dropout of the normalised attention weights, keyed by edge"),
+    ModelOption("negative_slope", float, 0.2, "LeakyReLU slope of the attention logits")))
+MODELS.declare("gin", "granndis_hpc.nn.zoo:build_gin", estimator="granndis_hpc.nn.zoo_estimates:GIN_ESTIMATE",
+               options=(ModelOption("eps", float, 0.0, "initial value of the learnable eps"),))
+MODELS.declare("sage-sum", "granndis_hpc.nn.zoo:build_sage_sum",
+               estimator="granndis_hpc.nn.zoo_estimates:SAGE_SUM_ESTIMATE")
+MODELS.declare("sage-max", "granndis_hpc.nn.zoo:build_sage_max",
+               estimator="granndis_hpc.nn.zoo_estimates:SAGE_MAX_ESTIMATE")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -84,13 +84,16 @@ class _Params:
 
 def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, torch.Tensor]], indptr, indices,
                  features, degrees: Optional[Union[np.ndarray, torch.Tensor]] = None,
-                 dtype: torch.dtype = torch.float64, dropout=None, input_dropout: bool = False) -> torch.Tensor:
-    """Whole-graph logits [N, classes] of model ``model_name`` ("sage" | "gcn" | "ressage"), dropout 0.
+                 dtype: torch.dtype = torch.float64, dropout=None, input_dropout: bool = False,
+                 attention_dropout=None) -> torch.Tensor:
+    """Whole-graph logits [N, classes] of model ``model_name`` ("sage" | "gcn" | "ressage" | EDGE_MODELS), dropout 0.
 
     indptr/indices: in-edge CSR of the whole graph (numpy or torch); features [N, F];
     degrees [N]: the degree to normalise with (default: the in-degree, i.e. row counts of the CSR).
     dropout(layer, h) -> h: the training-time dropout of the rows of h (all N vertices); None: none.
     input_dropout: also drop the input features, as dropout(0, x).
+    attention_dropout(layer, dst, src, alpha) -> alpha: GAT's dropout of the attention weights alpha [E, heads]
+    of the edges src -> dst (self loops included); None: none.
     Returns ``dtype`` (float64 by default); differentiable wrt the module's parameters.
     """
     x = _t(features, dtype)
@@ -148,7 +151,80 @@ def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, tor
         for j in range(J):  # residual per-vertex blocks
             h = h + p.linear(f"linears.{j}", drop(L + j, torch.relu(p.layer_norm(f"norms.{L + j - 1}", h))))
         return p.linear("head", drop(L + J, torch.relu(p.layer_norm("out_norm", h))))
+    if model_name in EDGE_MODELS:
+        return _edge_model_logits(model_name, p, a, _t(indptr, torch.int64), _t(indices, torch.int64), x, L, drop,
+                                  attention_dropout, _negative_slopes(model, L))
     raise ValueError(f"dense_logits: unknown model {model_name!r}")
+
+
+# ---- GAT, GIN, SAGE-sum, SAGE-max (granndis_hpc/nn/zoo.py) ------------------------------------------
+EDGE_MODELS = ("gat", "gin", "sage-sum", "sage-max")
+
+
+def _negative_slopes(model, layers):
+    """GAT's LeakyReLU slope per conv: the module's, else 0.2 (PyG's default)."""
+    convs = getattr(model, "convs", None) if isinstance(model, torch.nn.Module) else None
+    return [getattr(convs[l], "negative_slope", 0.2) if convs is not None else 0.2 for l in range(layers)]
+
+
+def _segment_softmax(e, dst, n):
+    """softmax of e [E, H] over the edges of each destination dst[i] (shifted by the destination's max)."""
+    top = torch.full((n, e.shape[1]), -torch.inf, dtype=e.dtype).scatter_reduce(
+        0, dst.unsqueeze(1).expand_as(e), e, "amax", include_self=True).detach()
+    w = torch.exp(e - top[dst])
+    return w / torch.zeros(n, e.shape[1], dtype=e.dtype).index_add(0, dst, w)[dst]
+
+
+def _edge_model_logits(name, p, a, indptr, indices, x, L, drop, attention_dropout, slopes):
+    n = x.shape[0]
+    dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
+    src = indices
+
+    def gat(l, h):
+        c = f"convs.{l}"
+        att_src, att_dst, bias = p[c + ".att_src"], p[c + ".att_dst"], p[c + ".bias"]
+        heads, width = att_src.shape
+        z = (h @ p[c + ".lin.weight"].T).view(n, heads, width)
+        # N(v) without stored loops, plus one self loop per vertex (PyG GATConv's add_self_loops).
+        off = src != dst
+        d = torch.cat([dst[off], torch.arange(n)])
+        s = torch.cat([src[off], torch.arange(n)])
+        logit = torch.nn.functional.leaky_relu((z * att_src).sum(-1)[s] + (z * att_dst).sum(-1)[d], slopes[l])
+        alpha = _segment_softmax(logit, d, n)
+        if attention_dropout is not None:
+            alpha = attention_dropout(l, d, s, alpha)
+        out = torch.zeros(n, heads, width, dtype=h.dtype).index_add(0, d, alpha.unsqueeze(2) * z[s])
+        out = out.reshape(n, heads * width) if bias.shape[0] == heads * width else out.mean(dim=1)
+        return out + bias
+
+    def gin(l, h):
+        c = f"convs.{l}"
+        # W((1+eps) h + A h) + b, projected first (A's product at the output width; linear, so the same).
+        hw = h @ p[c + ".lin1.weight"].T
+        z = (1.0 + p[c + ".eps"]) * hw + a @ hw + p[c + ".lin1.bias"]
+        return p.linear(c + ".lin2", torch.relu(z))
+
+    def sage_sum(l, h):
+        c = f"convs.{l}"
+        return p.linear(c + ".lin_self", h) + a @ (h @ p[c + ".lin_neigh.weight"].T)
+
+    def sage_max(l, h):
+        c = f"convs.{l}"
+        top = torch.full(h.shape, -torch.inf, dtype=h.dtype).scatter_reduce(
+            0, dst.unsqueeze(1).expand(-1, h.shape[1]), h[src], "amax", include_self=True)
+        top = torch.where(torch.isinf(top), torch.zeros((), dtype=h.dtype), top)  # no in-edge: 0
+        return p.linear(c + ".lin_self", h) + top @ p[c + ".lin_neigh.weight"].T
+
+    conv = {"gat": gat, "gin": gin, "sage-sum": sage_sum, "sage-max": sage_max}[name]
+    act = torch.nn.functional.elu if name == "gat" else torch.relu
+    h = x
+    for l in range(L):
+        if l > 0:
+            if p.has(f"norms.{l - 1}.weight"):
+                h = p.layer_norm(f"norms.{l - 1}", h)
+            h = drop(l, act(h))
+        h = conv(l, h)
+    return h
 
 
 def random_in_csr(num_vertices: int, num_edges: int, rng: np.random.Generator, isolated: int = 0):
@@ -166,7 +242,7 @@ def random_in_csr(num_vertices: int, num_edges: int, rng: np.random.Generator, i
 
 def train_dense(graph, model, epochs: int, lr: float, dropout: float = 0.0, input_dropout: float = 0.0,
                 seed: int = 0, weight_decay: float = 0.0, first_layer_decay_only: bool = False,
-                dtype: Optional[torch.dtype] = None):
+                dtype: Optional[torch.dtype] = None, attention_dropout: float = 0.0):
     """Single-process full-graph training with the dense reference: Adam on CE(sum)/n_train.
     Returns a trained copy of `model` (converted to `dtype` when given); `graph` is a preprocess Graph
     (indptr, indices, features, ...).
@@ -175,10 +251,13 @@ def train_dense(graph, model, epochs: int, lr: float, dropout: float = 0.0, inpu
     (nn/dropout.keep_mask(seed, epoch, layer, ids, width, p); input dropout is layer 0).
     weight_decay: Adam's (coupled L2); first_layer_decay_only: only on the layer that reads the features
     (parameters convs.0.* for sage/gcn, encoder.* for ressage; models.py names them), as PyG's
-    examples/gcn.py decays conv1 only."""
+    examples/gcn.py decays conv1 only.
+    attention_dropout: GAT's, with the masks of the edges' (destination, source) ids
+    (keep_mask(seed, epoch, attention_key(layer), edge_ids(dst, src), heads, p))."""
     import copy
 
     from granndis_hpc.nn.dropout import keep_mask
+    from granndis_hpc.nn.edge_layers import attention_key, edge_ids
 
     model = copy.deepcopy(model)
     if dtype is not None:
@@ -201,9 +280,13 @@ def train_dense(graph, model, epochs: int, lr: float, dropout: float = 0.0, inpu
             if p == 0.0:
                 return h
             return h * keep_mask(seed, epoch, layer, ids, h.shape[1], p).to(h.dtype) / (1 - p)
+        def attention(layer, dst, src, alpha, epoch=epoch):
+            keep = keep_mask(seed, epoch, attention_key(layer), edge_ids(dst, src), alpha.shape[1], attention_dropout)
+            return alpha * keep.to(alpha.dtype) / (1 - attention_dropout)
         opt.zero_grad()
         logits = dense_logits(model.name, model, graph.indptr, graph.indices, x, degrees=deg, dropout=drop,
-                              input_dropout=input_dropout > 0)
+                              input_dropout=input_dropout > 0,
+                              attention_dropout=attention if attention_dropout > 0 else None)
         loss = torch.nn.functional.cross_entropy(logits[train], y[train], reduction="sum") / len(train)
         loss.backward()
         opt.step()

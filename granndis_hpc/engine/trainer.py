@@ -110,6 +110,8 @@ class Trainer:
             if not cfg.no_overlap and getattr(self.model, "accepts_pending_rows", False) else frozenset()
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
+        if getattr(self.model, "edge_keyed_dropout", False) and self.train_view is not None:
+            self.train_view.attach_source_ids()  # collective: edge dropout keys edges by their sources' ids
         self.epoch = 0
         self._write_errno = 0  # rank 0: errno of a failed metrics.jsonl append (0: none)
         # Best-validation selection (run(): the evaluated epoch with the highest val accuracy, ties the

@@ -162,10 +162,26 @@ class View:
         if self.row_ids is None:
             return None
         if self._source_ids is None:
-            halo_ids = self.exchange_full(self.row_ids.unsqueeze(1), phase=self._static_phase).squeeze(1)
-            self._source_ids = torch.cat([self.row_ids[: self.plan.layers[0].n_own_in],
-                                          halo_ids.index_select(0, self._halo_rows[0])])
+            self._source_ids = self._layer_source_ids(0)
         return self._source_ids
+
+    def _layer_source_ids(self, l: int) -> torch.Tensor:
+        """Global ids of layer l's source rows (own rows, then halo rows); the halo rows' ids are
+        exchanged on the first call (collective over the view's peers), cached after."""
+        if self.__dict__.get("_halo_ids") is None:
+            self._halo_ids = self.exchange_full(self.row_ids.unsqueeze(1), phase=self._static_phase).squeeze(1)
+        return torch.cat([self.row_ids[: self.plan.layers[l].n_own_in],
+                          self._halo_ids.index_select(0, self._halo_rows[l])])
+
+    def attach_source_ids(self) -> None:
+        """Give every layer graph the global ids of its source rows (``graph.source_ids``), which key
+        edge-wise dropout (GAT's attention, nn/edge_layers.py) like rows key feature dropout.
+        Collective over the view's peers on the first call (shared with source_ids)."""
+        if self.row_ids is None:
+            return
+        for l, graph in enumerate(self.graphs):
+            if getattr(graph, "source_ids", None) is None:
+                graph.source_ids = self._layer_source_ids(l)
 
     def exchange_full(self, own: torch.Tensor, phase: str) -> torch.Tensor:
         """All halo rows (HaloTable order) of a per-row tensor of the own rows."""
@@ -292,6 +308,11 @@ class LayeredView:
     def source_ids(self) -> Optional[torch.Tensor]:
         """Layer 0's source-row ids: those of the view that runs layer 0 (View.source_ids)."""
         return self.per_layer[0].source_ids()
+
+    def attach_source_ids(self) -> None:
+        """Every view's graphs get their source rows' global ids (View.attach_source_ids); collective."""
+        for view in self.views:
+            view.attach_source_ids()
 
     @property
     def views(self):

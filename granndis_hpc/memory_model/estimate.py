@@ -232,7 +232,10 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
         input_grad = exchanged
         halo = (lr.n_send + lr.n_halo) * win * F32 if exchanged else 0
         halo_max = max(halo_max, halo)
-        fwd = prefix[l] + max(halo, 2 * lr.n_dst * wout * F32)
+        # Per-edge tensors a conv allocates at once (GAT's messages [E, heads, C]; nn/zoo_estimates.py),
+        # in the forward and again as their gradient in the backward.
+        edge = est.edge_transient(lr, m, l, win, wout) if hasattr(est, "edge_transient") else 0
+        fwd = prefix[l] + max(halo, 2 * lr.n_dst * wout * F32 + edge)
         if input_grad:
             # SAGE's source rows get two gradients (lin_self's slice and the aggregation), GCN's one:
             # the estimator's grad_paths.  The autograd engine adds the second into the first and frees it before the exchange's
@@ -244,7 +247,7 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
             grads = lr.n_dst * wout + (lr.n_src * wout if wout < win else 0)
         # + the weight gradient, computed then added into .grad (one weight at a time).
         grads += win * wout
-        bwd = prefix[l] + grads * F32 + (act["recompute"] if m.checkpoint_activations and l >= 1 else 0)
+        bwd = prefix[l] + grads * F32 + edge + (act["recompute"] if m.checkpoint_activations and l >= 1 else 0)
         for value, name in ((fwd, f"forward layer {l}"), (bwd, f"backward layer {l}")):
             if value > best:
                 best, where = int(value), name

@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse  # (imported here, not on first use: ~0.5 s that would land in a training step)
 import torch
 
-KINDS = ("mean", "gcn")
+KINDS = ("mean", "gcn", "sum")
 
 # Aggregation backends, measured by bench/bench_aggregate.py (results in docs/performance/aggregate.md):
 #   "spmm"      - cached CSR adjacency A and its transpose; forward A @ h, backward A^T @ grad.
@@ -272,6 +272,8 @@ class LayerGraph:
             # Divide by max(degree, 1): an isolated vertex (or one with no kept neighbour) aggregates 0.
             vals = (1.0 / d_dst.clamp(min=1.0))[rows]
             return rows, cols, vals
+        if kind == "sum":  # GIN, SAGE-sum: every in-edge with weight 1 (a multi-edge counts as often as it occurs)
+            return rows, cols, torch.ones(rows.shape[0], dtype=dtype, device=self.device)
         # Kipf & Welling: A_hat = (D+I)^-1/2 (A+I) (D+I)^-1/2 with A and d without self loops.  A stored
         # loop is replaced by the one of weight 1 (PyG's add_remaining_self_loops), not added to it: its
         # edge is dropped and it leaves the degree (d = degree - loops), else it would count twice.
@@ -443,6 +445,7 @@ def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Option
     kind "mean": sum_{u in N(v)} h_u / max(d_v, 1).
     kind "gcn":  h_v / d'_v + sum_{u in N(v), u != v} h_u / sqrt(d'_u d'_v), d' = degree - stored loops + 1
                  (PyG's GCNConv with add_remaining_self_loops: one loop of weight 1 per vertex).
+    kind "sum":  sum_{u in N(v)} h_u (no degree).
     """
     _check_kind(kind)
     if split is not None:

@@ -190,8 +190,8 @@ def test_bad_input_fails_on_every_rank(cora_shards, tmp_path):
     res = _train(str(bad), "fb", tmp_path / "c", "--epochs", "1", timeout=120)
     _assert_fails_everywhere(res, "server-0001.h5")
     # Unknown model / mode: a usage error on every rank.
-    res = _train(full, "fb", tmp_path / "m", "--model", "gat", timeout=120)
-    _assert_fails_everywhere(res, "gat")
+    res = _train(full, "fb", tmp_path / "m", "--model", "gatv9", timeout=120)
+    _assert_fails_everywhere(res, "gatv9")
     res = _train(full, "warp", tmp_path / "w", timeout=120)
     _assert_fails_everywhere(res, "warp")
     # A diverging run: the loss becomes NaN and every rank stops with a clear message.

@@ -135,7 +135,7 @@ def test_estimate_breakdown_and_bad_input():
     with pytest.raises(mm.MemoryModelError, match="outside 0..L"):
         mm.estimate(mm.RankRows(**{**rows.__dict__, "k": 4}), spec)
     with pytest.raises(mm.MemoryModelError, match="unknown model"):
-        mm.ModelSpec("gat", 4, 4, 2, 2)
+        mm.ModelSpec("gatv9", 4, 4, 2, 2)
     broken = rows.server.layers[1].__class__(**{**rows.server.layers[1].__dict__, "n_own_in": 1})
     bad = mm.RankRows(**{**rows.__dict__, "server": mm.ViewRows(
         "server", rows.server.n_own, rows.server.n_halo, rows.server.n_send,

@@ -13,7 +13,7 @@ from tests.dense_reference import dense_logits, random_in_csr
 
 
 
-LAYERS = {"sage": 3, "gcn": 3, "ressage": 4}
+LAYERS = {"sage": 3, "gcn": 3, "ressage": 4, "gat": 3, "gin": 3, "sage-sum": 3, "sage-max": 3}
 
 
 def _graph(seed, n=131, edges=520, isolated=7, features=11):
@@ -245,8 +245,8 @@ def test_widths_and_single_layer_models():
 
 
 def test_bad_input_is_reported_clearly():
-    with pytest.raises(ValueError, match=r"unknown model 'gat'; choose one of \('sage', 'gcn', 'ressage'\)"):
-        build_model("gat", 4, 8, 2, 2)
+    with pytest.raises(ValueError, match=r"unknown model 'gatv9'; choose one of \('sage', 'gcn', 'ressage', 'gat'"):
+        build_model("gatv9", 4, 8, 2, 2)
     with pytest.raises(ValueError, match="layers must be a positive integer"):
         build_model("sage", 4, 8, 2, 0)
     with pytest.raises(ValueError, match="dropout must be in"):
