@@ -251,9 +251,10 @@ def load_latest(topo, run_dir: str, fp: Dict) -> Optional[Loaded]:
     same one), checked against this run's fingerprint (and, on its own layout, world size); None if
     there is none.  Any problem on any rank raises the same ClusterError on every rank."""
     chosen = None
-    if topo.rank == 0:
-        info = latest_complete(run_dir)
-        chosen = None if info is None else info.path
+    with collective_errors(topo.world, "", catch=(CheckpointError, OSError)):  # a damaged marker stops all
+        if topo.rank == 0:
+            info = latest_complete(run_dir)
+            chosen = None if info is None else info.path
     chosen = topo.bcast_object(chosen, root=0)
     if chosen is None:
         return None
