@@ -1,0 +1,41 @@
+"""Resuming a run whose files were damaged: the history (metrics.jsonl) must match the checkpoint, and
+damaged run files are named for what they are (one process on a 1x1 shard set, as test_run_files)."""
+import shutil
+
+import pytest
+
+from granndis_hpc import cli, metrics
+from granndis_hpc.cluster.errors import ClusterError
+from tests.unit.test_run_files import one_rank_set, train  # noqa: F401 -- the module's shard set fixture
+
+pytest.importorskip("mpi4py")
+
+
+@pytest.fixture(scope="module")
+def trained_run(one_rank_set, tmp_path_factory):  # noqa: F811
+    """A finished 3-epoch run, checkpointed every epoch; tests resume copies of it."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train(one_rank_set, run)
+    return run
+
+
+def _copy(run, tmp_path):
+    return shutil.copytree(run, tmp_path / "run")
+
+
+def test_an_empty_history_is_refused_and_a_deleted_one_is_said(trained_run, tmp_path, capsys):
+    """An empty metrics.jsonl was accepted by --resume: the file then held epochs 3.. only."""
+    run = _copy(trained_run, tmp_path)
+    (run / "metrics.jsonl").write_bytes(b"")
+    with pytest.raises(ClusterError, match=r"metrics\.jsonl: the records of epoch\(s\) 0, 1, 2 \(before the "
+                                           r"checkpoint, after 3 epochs\) are missing: resuming would lose records"):
+        cli.run_training(["--resume", str(run), "--quiet", "--epochs", "4"])
+    assert (run / "metrics.jsonl").read_bytes() == b""  # untouched
+    # Deleting the file is the way to continue without the old records; the resume says so, once.
+    (run / "metrics.jsonl").unlink()
+    capsys.readouterr()
+    cli.run_training(["--resume", str(run), "--quiet", "--epochs", "4"])
+    err = capsys.readouterr().err
+    assert err.count("metrics.jsonl is missing: the records of the 3 epoch(s) before the checkpoint are not "
+                     "kept") == 1, err
+    assert [r["epoch"] for r in metrics.read_metrics(run)] == [3]
