@@ -72,12 +72,29 @@ _SET_FILE = re.compile(r"^(server-\d{4}\.h5|" + re.escape(MANIFEST_NAME) + r")$"
 _TEMPORARY = re.compile(r"^\.(server-\d{4}\.h5|" + re.escape(MANIFEST_NAME) + r")\..+" + re.escape(_TMP_SUFFIX) + "$")
 
 
+# The build's spill directories (preprocess/sliced.py spilled): a rank killed mid-partition leaves one.
+_SPILL_DIR = re.compile(r"^\.granndis-spill-[A-Za-z0-9_]+$")
+
+
 def leftover_temporaries(out_dir: str) -> list:
-    """Names of temporaries an interrupted build left in out_dir (sorted)."""
+    """Names of temporaries an interrupted build left in out_dir (sorted): staged files and spill
+    directories."""
     try:
-        return sorted(e for e in os.listdir(out_dir) if _TEMPORARY.match(e))
+        return sorted(e for e in os.listdir(out_dir) if _TEMPORARY.match(e) or _SPILL_DIR.match(e))
     except FileNotFoundError:
         return []
+
+
+def temporaries_bytes(out_dir: str, names) -> int:
+    """Bytes held by the named temporaries (spill directories counted with their files)."""
+    total = 0
+    for name in names:
+        path = os.path.join(out_dir, name)
+        for root, _, files in os.walk(path) if os.path.isdir(path) else [("", [], [path])]:
+            for f in files:
+                with contextlib.suppress(OSError):
+                    total += os.path.getsize(os.path.join(root, f))
+    return total
 
 
 def lower_bound_set_bytes(num_vertices: int, num_edges: int, num_features: int) -> int:
@@ -183,8 +200,9 @@ def check_free_space(directory: str, needed: int, what: str) -> None:
                          f"choose another --out (an old set there stays intact)")
 
 
-def prepare_output_dir(out_dir: str, overwrite: bool) -> None:
-    """Check (and create) the output directory before any work is done."""
+def prepare_output_dir(out_dir: str, overwrite: bool) -> list:
+    """Check (and create) the output directory before any work is done; returns the temporaries of an
+    earlier, interrupted build it removed."""
     out_dir = os.fspath(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ShardError(f"--out {out_dir!r} exists and is not a directory; choose another --out")
@@ -201,9 +219,15 @@ def prepare_output_dir(out_dir: str, overwrite: bool) -> None:
                          f"does not write: {shown}); choose another --out or empty it yourself")
     os.makedirs(out_dir, exist_ok=True)
     # Temporaries left by a killed earlier build are invisible to readers; remove them now.
-    for stale in leftover_temporaries(out_dir):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(out_dir, stale))
+    stale = leftover_temporaries(out_dir)
+    for name in stale:
+        path = os.path.join(out_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return stale
 
 
 def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays: dict, reserve=None) -> None:

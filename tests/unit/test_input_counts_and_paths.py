@@ -144,3 +144,53 @@ def test_an_unparsable_edge_file_is_quoted_short(tmp_path):
     with pytest.raises(DataError, match=r"e0\.txt: cannot parse the edge file") as err:
         load("chunked", path=str(d))
     assert "secret-tail" not in str(err.value) and len(str(err.value)) < 400, str(err.value)
+
+
+def test_spill_files_live_under_the_output_and_a_killed_builds_are_removed_and_named(tmp_path, capsys):
+    """A build rank killed during partitioning left its granndis-spill-* directory in $TMPDIR for ever."""
+    from granndis_hpc.cluster.group import self_group
+    from preprocess.__main__ import main
+    from preprocess.chunked import open_source
+    from preprocess.sliced import load_slice, spill_directory, spilled
+    from preprocess.verify import verify_shard_set
+
+    d = tmp_path / "dgl"
+    _distdgl(d)
+    out = tmp_path / "set"
+    out.mkdir()
+    part = load_slice(self_group(), open_source(str(d)))
+    with spill_directory(out), spilled(self_group(), part, ("features", "indices")):
+        inside = [n for n in os.listdir(out) if n.startswith(".granndis-spill-")]
+        assert len(inside) == 1 and sorted(os.listdir(out / inside[0])) == ["features.npy", "indices.npy"]
+        assert part.features is None
+    assert os.listdir(out) == [] and part.features.shape == (N, 4)
+    # What a killed rank leaves: listed by verify, removed and named by the next build into the set.
+    build = ["build", "--source", "chunked", "--path", str(d), "--servers", "1", "--gpus-per-server", "1",
+             "--layers", "1", "--partitioner", "random", "--out", str(out), "--overwrite"]
+    assert main(build) == 0
+    (out / ".granndis-spill-k1ll3d").mkdir()
+    (out / ".granndis-spill-k1ll3d" / "features.npy").write_bytes(b"\0" * 3000)
+    assert any("1 temporary file(s) of an interrupted build (.granndis-spill-k1ll3d; 0.0 MiB)" in p
+               for p in verify_shard_set(out)), verify_shard_set(out)
+    capsys.readouterr()
+    assert main(build) == 0
+    assert "removed 1 temporary file(s) and spill director(ies) of an interrupted build" in capsys.readouterr().err
+    assert not (out / ".granndis-spill-k1ll3d").exists() and verify_shard_set(out) == []
+
+
+def test_a_full_spill_directory_says_no_space_left_in_it(tmp_path, monkeypatch):
+    from granndis_hpc.cluster.group import self_group
+    from preprocess import sliced
+    from preprocess.chunked import open_source
+
+    d = tmp_path / "dgl"
+    _distdgl(d)
+    part = sliced.load_slice(self_group(), open_source(str(d)))
+
+    def short_write(*a, **k):  # what numpy raises when the file system is full mid-array
+        raise OSError("1200000 requested and 262112 written")
+    monkeypatch.setattr(sliced.np, "save", short_write)
+    with pytest.raises(OSError, match=rf"no space left in {tmp_path} \(No space left on device\) for this rank"):
+        with sliced.spill_directory(tmp_path), sliced.spilled(self_group(), part, ("features",)):
+            pass
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".granndis-spill-")]
