@@ -137,7 +137,12 @@ def cmd_chunk(args, argv) -> int:
 def cmd_verify(args, argv) -> int:
     from .verify import verify_shard_set
 
-    problems = verify_shard_set(args.dir)
+    try:
+        problems = verify_shard_set(args.dir)
+    except OSError as exc:  # a file verify could not read (the checks above name the usual ones)
+        print(f"preprocess verify: error: {exc.filename or args.dir}: cannot be read ({exc.strerror or exc}); "
+              f"check its permissions", file=sys.stderr)
+        return 1
     if problems:
         for p in problems:
             print(f"PROBLEM: {p}")

@@ -1,0 +1,46 @@
+"""Tracebacks and misleading messages of the third probe round (docs/reliability.md): each is now the
+project's one-line error saying what is wrong and how to fix it."""
+import builtins
+import os
+
+import pytest
+
+from preprocess.__main__ import main
+from tests.unit.test_shards import build, make_graph
+
+
+@pytest.fixture(scope="module")
+def small_set(tmp_path_factory):
+    out = tmp_path_factory.mktemp("msgset") / "set"
+    build(make_graph(n=120, m=400), out, servers=1, gpus_per_server=1)
+    return out
+
+
+def test_verify_of_an_unreadable_server_file_names_it(small_set, monkeypatch, capsys):
+    """A user who cannot read the set's server file got a PermissionError traceback from verify."""
+    real_open = builtins.open
+
+    def denied(path, *a, **k):
+        if str(path).endswith("server-0000.h5"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+    monkeypatch.setattr(builtins, "open", denied)
+    assert main(["verify", str(small_set)]) == 1
+    out = capsys.readouterr().out
+    assert "server-0000.h5: cannot be read by this user (Permission denied); fix its permissions" in out, out
+
+
+def test_a_config_file_that_never_ends_or_holds_a_huge_value_is_refused_short(tmp_path, capsys):
+    """--config /dev/zero was a MemoryError; a TOML `out` of 10 MB was echoed whole."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", "--config", "/dev/zero", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "config file '/dev/zero' is larger than 1024 KiB: not an options file" in err, err
+    cfg = tmp_path / "big.toml"
+    cfg.write_text('out = "' + "x" * 600_000 + '"\n')
+    with pytest.raises(SystemExit):
+        main(["build", "--config", str(cfg), "--source", "synthetic", "--vertices", "50"])
+    err = capsys.readouterr().err
+    assert "a value of 600000 characters (starting 'xxxxxxxxxxxxxxxxxxxxxxxx'); option values are at most 4096" in err
+    assert len(err) < 5000, len(err)
