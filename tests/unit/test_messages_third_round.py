@@ -44,3 +44,18 @@ def test_a_config_file_that_never_ends_or_holds_a_huge_value_is_refused_short(tm
     err = capsys.readouterr().err
     assert "a value of 600000 characters (starting 'xxxxxxxxxxxxxxxxxxxxxxxx'); option values are at most 4096" in err
     assert len(err) < 5000, len(err)
+
+
+def test_option_errors_warnings_and_nothing_fits_are_said_once_under_mpirun():
+    """Under `mpirun -n 2` every rank printed them (the deprecation warnings ran together on one line)."""
+    from tests.conftest import run_mpi
+
+    r = run_mpi(["-m", "preprocess", "build", "--fanout", "5", "--no-such-option"], n=2, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("warning: --fanout is deprecated") == 1, r.stderr
+    assert r.stderr.count("unrecognized arguments: --no-such-option") == 1, r.stderr
+    r = run_mpi(["-m", "preprocess", "plan", "--source", "synthetic", "--vertices", "300", "--servers", "2",
+                 "--gpus-per-server", "1", "--layers", "2", "--partitioner", "random", "--memory-per-gpu", "1KiB"],
+                n=2, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("nothing fits") == 1 and "(rank 1)" not in r.stderr, r.stderr
