@@ -59,3 +59,22 @@ def test_option_errors_warnings_and_nothing_fits_are_said_once_under_mpirun():
                 n=2, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("nothing fits") == 1 and "(rank 1)" not in r.stderr, r.stderr
+
+
+def test_auto_names_the_shard_set_of_like_options_and_suggests_co_batches_only_where_they_help():
+    from granndis_hpc.memory_model.choice import Option, choose
+
+    MiB = 1 << 20
+    # Two sets each offer "cob batches=2" (sizes differ): the reason says which set each is on.
+    opts = [Option("cob", batches=2, peak=900 * MiB, source="cora-full"),
+            Option("cob", batches=2, peak=300 * MiB, source="cora-eas"),
+            Option("fb", peak=2000 * MiB, source="cora-full")]
+    d = choose(opts, 500 * MiB)
+    assert d.choice is opts[1] and "cob batches=2 [cora-eas] is the first" in d.reason, d.reason
+    assert "cob batches=2 [cora-full] (900 MiB)" in d.reason, d.reason
+    # Nothing fits: more co-batches are suggested only while the estimates still fell with them.
+    flat = [Option("cob", batches=b, peak=400 * MiB, source="s") for b in (2, 4, 8)]
+    d = choose(flat, 100 * MiB)
+    assert d.choice is None and "co-batches" not in d.reason, d.reason
+    falling = [Option("cob", batches=b, peak=(800 // b) * MiB, source="s") for b in (2, 4, 8)]
+    assert "or more co-batches" in choose(falling, 10 * MiB).reason
