@@ -43,6 +43,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from granndis_hpc.fsutil import file_mode
+
 from .canonical import DataError
 from .chunkrange import chunk_pieces
 from .distdgl import DistDGLSource, is_distdgl
@@ -194,7 +196,12 @@ def _stage_dir(out: str) -> str:
         raise DataError(f"{out}: exists and is not an empty directory. Fix: choose a new --out or remove it")
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)
+    stage = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)
+    # mkdtemp's 0700 would hide the directory from the group it is shared with: the umask's mode, as
+    # mkdir gives (search permission wherever read permission is given).
+    mode = file_mode()
+    os.chmod(stage, mode | (mode & 0o444) >> 2)
+    return stage
 
 
 def write_chunked(out, *, name: str, num_vertices: int, num_features: int, num_classes: int | None,

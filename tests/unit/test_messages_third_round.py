@@ -78,3 +78,19 @@ def test_auto_names_the_shard_set_of_like_options_and_suggests_co_batches_only_w
     assert d.choice is None and "co-batches" not in d.reason, d.reason
     falling = [Option("cob", batches=b, peak=(800 // b) * MiB, source="s") for b in (2, 4, 8)]
     assert "or more co-batches" in choose(falling, 10 * MiB).reason
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o755), (0o027, 0o750)])
+def test_preprocess_chunk_output_follows_the_umask(tmp_path, umask, mode):
+    """The chunked directory was 0700 under umask 022: another user was told "cannot parse metadata.json"."""
+    import stat
+
+    old = os.umask(umask)
+    try:
+        assert main(["chunk", "--source", "synthetic", "--generator", "sbm", "--vertices", "40", "--avg-degree", "3",
+                     "--features", "2", "--classes", "2", "--seed", "1", "--out", str(tmp_path / "c"),
+                     "--chunks", "1"]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "c").st_mode) == mode
+    assert stat.S_IMODE(os.stat(tmp_path / "c" / "metadata.json").st_mode) == mode & 0o666
