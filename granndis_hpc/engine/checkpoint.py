@@ -236,6 +236,7 @@ def _open_checkpoint(chosen: str, run_dir: str, fp: Dict, rank: int, world_size:
     info = CheckpointInfo(int(manifest["epoch"]), chosen, manifest)
     shared = read_payload(chosen, files[SHARED_FILE])
     _check_keys(os.path.join(chosen, SHARED_FILE), shared, _SHARED_KEYS)
+    _check_finite(os.path.join(chosen, SHARED_FILE), shared["model"])
     mine = None
     if own:
         mine = read_payload(chosen, files[rank_file(rank)])
@@ -244,6 +245,15 @@ def _open_checkpoint(chosen: str, run_dir: str, fp: Dict, rank: int, world_size:
         raise not_valid(os.path.join(chosen, SHARED_FILE),
                         f"it says epoch {shared['epoch']}, {COMPLETE} says {info.epoch}")
     return Loaded(info, shared, mine)
+
+
+def _check_finite(path: str, model_state) -> None:
+    """A checkpoint whose parameters hold NaN or infinity is named as such: resumed, it failed an epoch
+    later as "loss became nan ... lower --lr", which blamed the options, not the file."""
+    for name, value in (model_state.items() if isinstance(model_state, dict) else ()):
+        if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise not_valid(path, f"its model parameter {name!r} holds NaN or infinite values; resume from an "
+                                  f"earlier checkpoint (delete {os.path.dirname(path)}) or start a new run")
 
 
 def load_latest(topo, run_dir: str, fp: Dict) -> Optional[Loaded]:

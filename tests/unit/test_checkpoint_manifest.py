@@ -61,3 +61,14 @@ def test_a_marker_that_is_not_json_is_refused_and_an_older_damaged_one_is_pruned
     _save(tmp_path, 3, model, opt)
     assert ck.latest_complete(str(tmp_path)).epoch == 3
     assert [e for e, _, _ in ck.list_checkpoints(str(tmp_path))] == [2, 3]
+
+
+def test_a_checkpoint_with_non_finite_parameters_is_named_as_such(tmp_path):
+    """NaN weights in state.pt (checksums recomputed) were resumed and blamed an epoch later on --lr."""
+    model, opt = _trained()
+    with torch.no_grad():
+        model[0].weight[1, 2] = float("nan")
+    _save(tmp_path, 1, model, opt)
+    with pytest.raises(ClusterError, match=r"state\.pt is not a valid granndis checkpoint \(its model parameter "
+                                           r"'0\.weight' holds NaN or infinite values; resume from an earlier"):
+        ck.load_latest(SELF, str(tmp_path), FP)

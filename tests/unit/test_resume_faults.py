@@ -39,3 +39,15 @@ def test_an_empty_history_is_refused_and_a_deleted_one_is_said(trained_run, tmp_
     assert err.count("metrics.jsonl is missing: the records of the 3 epoch(s) before the checkpoint are not "
                      "kept") == 1, err
     assert [r["epoch"] for r in metrics.read_metrics(run)] == [3]
+
+
+def test_a_directory_in_place_of_a_run_file_is_refused_before_training(trained_run, tmp_path):
+    """best-model.pt being a directory let the resume train 4 epochs, then blamed free space."""
+    run = _copy(trained_run, tmp_path)
+    (run / "best-model.pt").unlink()
+    (run / "best-model.pt").mkdir()
+    before = (run / "metrics.jsonl").read_bytes()
+    with pytest.raises(ClusterError, match=r"best-model\.pt is a directory, not the run's best-model\.pt: .*move "
+                                           r"the directory away and resume again"):
+        cli.run_training(["--resume", str(run), "--quiet", "--epochs", "7"])
+    assert (run / "metrics.jsonl").read_bytes() == before  # no epoch trained
