@@ -51,3 +51,17 @@ def test_a_directory_in_place_of_a_run_file_is_refused_before_training(trained_r
                                            r"the directory away and resume again"):
         cli.run_training(["--resume", str(run), "--quiet", "--epochs", "7"])
     assert (run / "metrics.jsonl").read_bytes() == before  # no epoch trained
+
+
+def test_the_resume_says_in_one_line_whether_the_content_was_checked(trained_run, tmp_path, capsys):
+    """A set whose files were edited with re-hashed checksums resumed silently: the message says the
+    content was not checked unless --verify-content was given."""
+    run = _copy(trained_run, tmp_path)
+    capsys.readouterr()
+    cli.run_training(["--resume", str(run), "--quiet", "--epochs", "4"])
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "content was not checked" in line] == [
+        f"granndis-train: continuing {run}/checkpoints/epoch-000003 after 3 epochs; the shard set's content was not "
+        "checked (its files' checksums were): add --verify-content to check it against the build's digest"], err
+    cli.run_training(["--resume", str(run), "--quiet", "--epochs", "5", "--verify-content"])
+    assert "content was not checked" not in capsys.readouterr().err
