@@ -109,7 +109,7 @@ def read_complete(path: str) -> Optional[Dict]:
     m = _EPOCH_DIR.match(os.path.basename(os.path.normpath(path)))
     try:
         with open(marker, "rb") as f:
-            raw = f.read(1 << 20)
+            raw = f.read()
         manifest = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         return None

@@ -130,7 +130,6 @@ def _fallocate_keep_size(fd: int, offset: int, length: int) -> bool:
     space is not there."""
     import ctypes
     import ctypes.util
-    import errno
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
