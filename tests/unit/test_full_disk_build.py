@@ -4,6 +4,7 @@ covers its real size.  The free-space checks before the writes are switched off 
 second writer filling the disk after them would: the space reservation before HDF5 writes is what
 must keep HDF5 from meeting a full disk (it crashed, exit 139, in its file close)."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -113,3 +114,30 @@ def test_a_build_filling_the_disk_at_any_point_exits_1_and_keeps_the_old_set(sma
     res = subprocess.run([sys.executable, "-c", SCRIPT, str(small_fs), str(small_fs / "set"), *BUILD], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip().endswith("OK"), (res.returncode, res.stdout, res.stderr[-3000:])
+
+
+def test_two_ranks_writing_at_once_onto_a_full_disk_stop_together_with_one_message(small_fs):
+    """The whole-graph build writes its server files from both ranks at once: they race for the space."""
+    from preprocess.__main__ import main
+    from preprocess.verify import verify_shard_set
+    from tests.conftest import run_mpi
+
+    out, probe = small_fs / "set", small_fs / "probe"
+    new = BUILD + ["--whole-graph"]
+    assert main(new + ["--out", str(probe)]) == 0
+    size = sum(os.path.getsize(probe / n) for n in os.listdir(probe))
+    shutil.rmtree(probe)
+    assert main([a if not (a == "2" and new[i - 1] == "--servers") else "1" for i, a in enumerate(new)]
+                + ["--out", str(out)]) == 0
+    old = {n: (out / n).read_bytes() for n in os.listdir(out)}
+    st = os.statvfs(small_fs)
+    (small_fs / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - size // 2))
+    code = ("import sys, granndis_hpc.shards.writer as w, preprocess.build as b; "
+            "w.check_free_space = b.check_free_space = lambda *a, **k: None; "
+            "from preprocess.__main__ import main; sys.exit(main(sys.argv[1:]))")
+    r = run_mpi(["-c", code, *new, "--out", out, "--overwrite"], n=2, timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stderr.count("preprocess build: error") == 1 and "No space left on device" in r.stderr, r.stderr
+    assert "not enough free space in" in r.stderr and "needs about" in r.stderr, r.stderr  # not HDF5's words
+    assert "Traceback" not in r.stderr and not [n for n in os.listdir(out) if n.startswith(".")]
+    assert {n: (out / n).read_bytes() for n in os.listdir(out)} == old and verify_shard_set(out) == []
