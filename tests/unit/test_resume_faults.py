@@ -6,16 +6,19 @@ import pytest
 
 from granndis_hpc import cli, metrics
 from granndis_hpc.cluster.errors import ClusterError
-from tests.unit.test_run_files import one_rank_set, train  # noqa: F401 -- the module's shard set fixture
+from tests.unit.test_run_files import train
+from tests.unit.test_shards import build, make_graph
 
 pytest.importorskip("mpi4py")
 
 
 @pytest.fixture(scope="module")
-def trained_run(one_rank_set, tmp_path_factory):  # noqa: F811
-    """A finished 3-epoch run, checkpointed every epoch; tests resume copies of it."""
+def trained_run(tmp_path_factory):
+    """A finished 3-epoch run on a 1x1 set, checkpointed every epoch; tests resume copies of it."""
+    shards = tmp_path_factory.mktemp("set") / "set"
+    build(make_graph(n=200, m=800), shards, servers=1, gpus_per_server=1)
     run = tmp_path_factory.mktemp("trained") / "run"
-    train(one_rank_set, run)
+    train(shards, run)
     return run
 
 
