@@ -1,6 +1,6 @@
 """Chunked and DistDGL inputs: every declared count is checked against what is read, only files under
 the dataset directory are read, pickles are never loaded, and errors name the file without echoing its
-content (docs/reliability.md, third round)."""
+content (docs/reliability.md)."""
 import json
 import os
 

@@ -1,5 +1,5 @@
-"""Tracebacks and misleading messages of the third probe round (docs/reliability.md): each is now the
-project's one-line error saying what is wrong and how to fix it."""
+"""Tracebacks and misleading messages (docs/reliability.md, "declared counts, full disks, damaged run
+files"): each is now the project's one-line error saying what is wrong and how to fix it."""
 import builtins
 import os
 
