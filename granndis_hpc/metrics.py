@@ -120,16 +120,17 @@ def truncate_metrics(run_dir: str, epoch: int, note=None) -> List[Dict]:
     Damage is never dropped silently: a last line cut short (a kill, a full disk)
     is repaired, saying so through `note`; a damaged line before it, or an epoch missing from the
     records the checkpoint includes, is a MetricsError naming the lines, since cutting them would lose
-    records."""
+    records.  An empty file is damage too (its records were lost); a file deleted on purpose (the
+    way to continue without the old records) is said in one line."""
     path = os.path.join(os.fspath(run_dir), METRICS_FILE)
     if os.path.isdir(path):
         raise MetricsError(f"{path} is a directory, not the run's metrics file; move it away and resume again")
-    lines = []
+    lines, exists = [], True
     try:
         with open(path, "rb") as f:
             lines = f.read().split(b"\n")
     except FileNotFoundError:
-        pass
+        exists = False
     except OSError as exc:
         raise MetricsError(f"{path} cannot be read: {exc}") from None
     numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
@@ -147,8 +148,8 @@ def truncate_metrics(run_dir: str, epoch: int, note=None) -> List[Dict]:
     last = numbered[-1][0] if numbered else None
     damaged = [n for n in bad if n != last]
     epochs = [rec["epoch"] for rec in kept]
-    missing = sorted(set(range(epoch)) - set(epochs)) if numbered else []
-    if damaged or (missing and numbered):
+    missing = sorted(set(range(epoch)) - set(epochs)) if exists else []
+    if damaged or missing:
         what = []
         if damaged:
             what.append(f"line(s) {', '.join(map(str, damaged[:5]))}{', ...' if len(damaged) > 5 else ''} are not "
@@ -158,6 +159,9 @@ def truncate_metrics(run_dir: str, epoch: int, note=None) -> List[Dict]:
                         f"(before the checkpoint, after {epoch} epochs) are missing")
         raise MetricsError(f"{path}: {'; '.join(what)}: resuming would lose records; restore the file (or delete "
                            f"it to continue without the old records) and resume again")
+    if not exists and epoch > 0 and note is not None:
+        note(f"{path} is missing: the records of the {epoch} epoch(s) before the checkpoint are not kept; "
+             f"the run continues from its checkpoint and the file holds the epochs from {epoch} on")
     if bad and note is not None:
         note(f"{path}: line {bad[0]}, the last, was cut short (the job was killed or the disk was full "
              f"while it was written); dropped it, the run continues from its checkpoint")

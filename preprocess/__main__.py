@@ -28,7 +28,8 @@ def cmd_build(args, argv) -> int:
     from granndis_hpc.cluster import as_group
 
     from . import sources
-    from .build import PHASES, BuildConfig, PhaseLog, run_build
+    from .build import PHASES, BuildConfig, PhaseLog
+    from .slices import spill_directory
 
     group = as_group(None)  # MPI.COMM_WORLD, through cluster/ (preprocess never calls MPI itself)
     from granndis_hpc.progress import progress
@@ -45,6 +46,14 @@ def cmd_build(args, argv) -> int:
                       partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite, command=command)
     cfg.extra.update(sources.features_record(args.normalize_features))
     printer = lambda line, **_: (bar.write(line) if not bar.disable else print(line, flush=True))  # noqa: E731
+    with spill_directory(args.out):  # spill files under the output, which the next build cleans
+        return _build(group, args, cfg, log, bar, printer)
+
+
+def _build(group, args, cfg, log, bar, printer) -> int:
+    from . import sources
+    from .build import run_build
+
     try:
         with group.errors("opening the dataset"):
             sliced = None if args.whole_graph else sources.sliced_from_args(args)
@@ -128,7 +137,12 @@ def cmd_chunk(args, argv) -> int:
 def cmd_verify(args, argv) -> int:
     from .verify import verify_shard_set
 
-    problems = verify_shard_set(args.dir)
+    try:
+        problems = verify_shard_set(args.dir)
+    except OSError as exc:  # a file verify could not read (the checks above name the usual ones)
+        print(f"preprocess verify: error: {exc.filename or args.dir}: cannot be read ({exc.strerror or exc}); "
+              f"check its permissions", file=sys.stderr)
+        return 1
     if problems:
         for p in problems:
             print(f"PROBLEM: {p}")

@@ -12,6 +12,7 @@ A failure on any rank is agreed on collectively (granndis_hpc.cluster's `collect
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -305,7 +306,11 @@ def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int) -> Non
     written)."""
     with group.errors("preparing the output directory"):
         if group.rank == 0:
-            prepare_output_dir(cfg.out, cfg.overwrite)
+            stale = prepare_output_dir(cfg.out, cfg.overwrite)
+            if stale:
+                shown = ", ".join(stale[:4]) + (", ..." if len(stale) > 4 else "")
+                print(f"[preprocess] removed {len(stale)} temporary file(s) and spill director(ies) of an "
+                      f"interrupted build in {cfg.out} ({shown})", file=sys.stderr, flush=True)
             check_free_space(cfg.out, lower_bound_set_bytes(n, e, f), "the shard set (at least)")
 
 

@@ -43,9 +43,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from granndis_hpc.fsutil import file_mode
+
 from .canonical import DataError
 from .chunkrange import chunk_pieces
 from .distdgl import DistDGLSource, is_distdgl
+from .inputfiles import file_under, load_npy
 
 FORMAT = "granndis-chunked-v1"
 NODE_FIELDS = ("features", "labels", "train_mask", "val_mask", "test_mask")
@@ -61,16 +64,8 @@ def _bad(path, problem: str, fix: str) -> DataError:
 def _open_npy(path: str, dtype: str, shape: tuple):
     """Memory-map one chunk file after checking it exists, is complete, and has the declared dtype and
     shape (only the header and the file size are read)."""
-    if not os.path.isfile(path):
-        raise _bad(path, "chunk file not found", "restore it, or write the directory again with "
-                   "`python -m preprocess chunk`")
-    try:
-        a = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise _bad(path, f"cannot read the .npy chunk ({exc}); it is truncated or not a .npy file",
-                   "write the chunk again (np.save of a plain numeric array)") from None
-    if not isinstance(a, np.ndarray):
-        raise _bad(path, "not a single .npy array", "store each chunk with np.save")
+    a = load_npy(path, "write the chunk again (np.save of a plain numeric array), or write the directory "
+                 "again with `python -m preprocess chunk`")
     if a.dtype != np.dtype(dtype):
         raise _bad(path, f"dtype {a.dtype} but metadata.json declares {dtype}",
                    f"store the chunk as {dtype} (or correct metadata.json)")
@@ -157,7 +152,7 @@ def open_chunked(path) -> ChunkedDataset:
         if not isinstance(ch, dict) or "file" not in ch or "count" not in ch:
             raise _bad(meta_path, f"edges.chunks[{i}] needs 'file' and 'count'", "correct metadata.json")
         c = _as_int(meta_path, ch["count"], f"edges.chunks[{i}].count")
-        fp = os.path.join(path, str(ch["file"]))
+        fp = file_under(path, ch["file"], meta_path)
         edge_files.append((fp, _open_npy(fp, edge_dtype, (2, c))))
         counts.append(c)
     if sum(counts) != e_total:
@@ -182,7 +177,7 @@ def open_chunked(path) -> ChunkedDataset:
                        f"but nodes.rows has {len(rows)} chunks", "list one file per node chunk")
         node_files[field] = []
         for j, (fname, r) in enumerate(zip(files, rows)):
-            fp = os.path.join(path, str(fname))
+            fp = file_under(path, fname, meta_path)
             shape = (r, f_width) if field == "features" else (r,)
             node_files[field].append((fp, _open_npy(fp, dtype, shape)))
     edge_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
@@ -201,7 +196,12 @@ def _stage_dir(out: str) -> str:
         raise DataError(f"{out}: exists and is not an empty directory. Fix: choose a new --out or remove it")
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)
+    stage = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)
+    # mkdtemp's 0700 would hide the directory from the group it is shared with: the umask's mode, as
+    # mkdir gives (search permission wherever read permission is given).
+    mode = file_mode()
+    os.chmod(stage, mode | (mode & 0o444) >> 2)
+    return stage
 
 
 def write_chunked(out, *, name: str, num_vertices: int, num_features: int, num_classes: int | None,

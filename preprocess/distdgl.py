@@ -12,16 +12,22 @@ A directory prepared for DistDGL's distributed partitioning pipeline can be buil
 Edge files: text "src dst" per line (csv with the given delimiter) or `.npy` [E_i, 2]; node data `.npy`
 chunks in id order (masks may be 0/1 integers).  Text edge files cannot be sliced without parsing, so
 rank r of P reads whole edge files r, r+P, ...; `.npy` files are memory-mapped.  Every rank checks the
-metadata and every `.npy` header (dtype, shape, row counts against num_nodes_per_type) before work.
+metadata and every `.npy` header (dtype, shape, row counts against num_nodes_per_type, the `.npy` edge
+rows against num_edges_per_type) before work; the edges read from text files are counted while they
+are read and their total checked against num_edges_per_type (sliced.load_slice, `declared_edges`), so
+a cut or missing part of an edge file is refused, never built.  Only files under the directory are
+read (preprocess/inputfiles.py).
 """
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
 from .canonical import DataError
 from .chunkrange import chunk_pieces
+from .inputfiles import file_under, load_npy, short_error
 
 FIELDS = {"features": "feat", "labels": "label", "train_mask": "train_mask", "val_mask": "val_mask",
           "test_mask": "test_mask"}
@@ -36,13 +42,7 @@ def _bad(path, problem, fix="see DistDGL's chunked graph format (homogeneous gra
 
 
 def _npy(path):
-    if not os.path.isfile(path):
-        raise _bad(path, "chunk file not found", "restore it or correct metadata.json")
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise _bad(path, f"cannot read the .npy chunk ({exc}); it is truncated or not a .npy file",
-                   "write the chunk again") from None
+    return load_npy(path, "write the chunk again (np.save of a plain numeric array)")
 
 
 class DistDGLSource:
@@ -63,10 +63,16 @@ class DistDGLSource:
             espec = meta["edges"][etype]
             self.edge_format = espec["format"]["name"]
             self.delimiter = espec["format"].get("delimiter", " ")
-            self.edge_files = [os.path.join(path, f) for f in espec["data"]]
+            edge_names = list(espec["data"])
             nspec = meta["node_data"][ntype]
         except (KeyError, TypeError, IndexError, ValueError) as exc:
             raise _bad(mp, f"missing or malformed entry {exc}") from None
+        if self.num_edges < 0 or self.num_vertices < 1:
+            raise _bad(mp, f"num_nodes_per_type {self.num_vertices} / num_edges_per_type {self.num_edges}: "
+                       "expected a vertex count >= 1 and an edge count >= 0", "correct metadata.json")
+        self.edge_files = [file_under(path, f, mp) for f in edge_names]
+        # Checked against the edges read (sliced.load_slice): every count metadata.json declares is.
+        self.declared_edges, self.declared_in = self.num_edges, f"{mp}: num_edges_per_type"
         if self.edge_format not in ("csv", "numpy"):
             raise _bad(mp, f"edge format {self.edge_format!r} is not csv or numpy", "store edges as text or .npy")
         self.name = name or str(meta.get("graph_name") or os.path.basename(os.path.normpath(path)))
@@ -75,8 +81,20 @@ class DistDGLSource:
             if key not in nspec:
                 raise _bad(mp, f"node_data.{ntype} has no {key!r} (found {sorted(nspec)})",
                            f"add the {key} chunks (features, labels and the three split masks are needed)")
-            files = [os.path.join(path, f) for f in nspec[key]["data"]]
+            try:
+                names = list(nspec[key]["data"])
+            except (KeyError, TypeError) as exc:
+                raise _bad(mp, f"node_data.{ntype}.{key} has no list 'data' ({exc})") from None
+            files = [file_under(path, f, mp) for f in names]
             arrays = [(f, _npy(f)) for f in files]
+            for f, a in arrays:
+                want = "[rows, F]" if field == "features" else "[rows] (or [rows, 1] for labels)"
+                ok = a.ndim == 2 if field == "features" else (a.ndim == 1 or (field == "labels" and a.ndim == 2
+                                                                               and a.shape[1] == 1))
+                if not ok or (field == "features" and a.shape[1] != arrays[0][1].shape[1]):
+                    raise _bad(f, f"{key} chunk has shape {tuple(a.shape)}, expected {want}"
+                               + (" with the width of the first chunk" if ok else ""),
+                               f"store one {'row of features' if field == 'features' else 'value'} per vertex")
             rows = sum(a.shape[0] for _, a in arrays)
             if rows != self.num_vertices:
                 raise _bad(mp, f"the {key} chunks hold {rows} rows but num_nodes_per_type is {self.num_vertices}",
@@ -90,10 +108,15 @@ class DistDGLSource:
         self.num_features = int(feats.shape[1])
         self.num_classes = None
         if self.edge_format == "numpy":
+            found = 0
             for f in self.edge_files:
                 a = _npy(f)
                 if a.ndim != 2 or a.shape[1] != 2:
                     raise _bad(f, f"edge chunk has shape {a.shape}, expected [E_i, 2]")
+                found += int(a.shape[0])
+            if found != self.num_edges:
+                raise _bad(mp, f"num_edges_per_type declares {self.num_edges} edges but the edge chunks hold "
+                           f"{found}", "restore the edge chunks or correct num_edges_per_type")
         else:
             for f in self.edge_files:
                 if not os.path.isfile(f):
@@ -105,11 +128,19 @@ class DistDGLSource:
                 a = np.asarray(_npy(f))
             else:
                 try:
-                    a = np.loadtxt(f, dtype=np.int64, delimiter=None if self.delimiter == " " else self.delimiter,
-                                   ndmin=2)
+                    with warnings.catch_warnings():  # an empty file is zero edges (the count check follows)
+                        warnings.simplefilter("ignore", UserWarning)
+                        a = np.loadtxt(f, dtype=np.int64, ndmin=2,
+                                       delimiter=None if self.delimiter == " " else self.delimiter)
                 except ValueError as exc:
-                    raise _bad(f, f"cannot parse the edge file ({exc})", "one 'src dst' pair of integers per line")
-                if a.size and a.shape[1] != 2:
+                    raise _bad(f, f"cannot parse the edge file ({short_error(exc)})",
+                               "one 'src dst' pair of integers per line") from None
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise _bad(f, f"cannot read the edge file ({short_error(exc)})",
+                               "one 'src dst' pair of integers per line, as text") from None
+                if a.size == 0:
+                    a = np.zeros((0, 2), dtype=np.int64)
+                if a.shape[1] != 2:
                     raise _bad(f, f"{a.shape[1]} columns per line, expected 2 (src dst)")
             yield f, a[:, 0], a[:, 1]
 

@@ -254,7 +254,8 @@ def cmd_plan(args, argv) -> int:
                       f"choose a writable path", file=sys.stderr, flush=True)
                 return 1
     if decision is not None and decision.choice is None:
-        print(f"preprocess plan: error (rank {group.rank}): {decision.reason}", file=sys.stderr, flush=True)
+        if group.rank == 0:  # every rank decided alike (the same estimates): said once
+            print(f"preprocess plan: error: {decision.reason}", file=sys.stderr, flush=True)
         return 2
     return 0
 

@@ -27,6 +27,7 @@ of the same dataset gives and `--resume` across shapes keeps working.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +99,33 @@ def _edge_keys_checked(pieces, n: int, symmetrize: bool) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
+def _counted(pieces, read: dict):
+    """The pieces unchanged, their edge counts added up per origin into `read`."""
+    for origin, src, dst in pieces:
+        read[origin] = read.get(origin, 0) + int(np.asarray(src).shape[0])
+        yield origin, src, dst
+
+
+def _check_declared_edges(group, source, read: dict) -> None:
+    """Collective: a source that declares its edge count (`declared_edges`, said where by `declared_in`)
+    but whose files could only be counted while read (text edge files) is refused when the ranks read
+    another total: a cut or truncated edge file would otherwise build a smaller graph silently."""
+    declared = getattr(source, "declared_edges", None)
+    if declared is None:
+        return
+    counts = {}
+    for part in group.allgather_object(read):
+        counts.update(part)
+    found = sum(counts.values())
+    with group.errors("checking the edge count"):
+        if found != int(declared) and group.rank == 0:  # one statement of it (every rank gets the error)
+            files = ", ".join(f"{os.path.basename(str(o))} {c}" for o, c in sorted(counts.items())[:8])
+            more = ", ..." if len(counts) > 8 else ""
+            raise DataError(f"{source.declared_in} declares {int(declared)} edges but the edge files hold "
+                            f"{found} ({files}{more}). Fix: restore the missing or cut edge files, or correct "
+                            "the declared count")
+
+
 def _origin_of(pieces, index: int) -> str:
     """The file holding local row `index` of a field given as [(origin, array), ...]."""
     ends = np.cumsum([a.shape[0] for _, a in pieces])
@@ -153,8 +181,10 @@ def load_slice(comm, source, symmetrize: bool = True, self_loops: str = "remove"
     n, P, rank = int(source.num_vertices), group.size, group.rank
     vtxdist = vtxdist_for(n, P)
     lo, hi = int(vtxdist[rank]), int(vtxdist[rank + 1])
+    read = {}  # origin -> raw edges read from it
     with group.errors("reading this rank's edges"):
-        keys = _edge_keys_checked(source.edge_pieces(rank, P), n, symmetrize)
+        keys = _edge_keys_checked(_counted(source.edge_pieces(rank, P), read), n, symmetrize)
+    _check_declared_edges(group, source, read)
     keys = shuffle_to_owners(group, keys, vtxdist, n)
     if self_loops == "add":
         loops = np.arange(lo, hi, dtype=np.int64) * (n + 1)

@@ -40,11 +40,46 @@ def keys_to_adjacency(keys: np.ndarray, m: int, lo: int, hi: int):
     return xadj, keys
 
 
+SPILL_PREFIX = ".granndis-spill-"
+_spill_root = None  # the build output directory (spill_directory); None: tempfile's directory
+
+
+@contextlib.contextmanager
+def spill_directory(path):
+    """Within the block, `spilled` writes its temporary files under `path` (the build's output
+    directory, where `prepare_output_dir` removes what a killed build left), not in $TMPDIR, where
+    a rank killed mid-partition left its spill files for ever."""
+    global _spill_root
+    before, _spill_root = _spill_root, os.fspath(path) if path is not None else None
+    try:
+        yield
+    finally:
+        _spill_root = before
+
+
+def _no_space(directory: str, exc: OSError) -> OSError:
+    """numpy reports a short write as "N requested and M written" without an errno: say what it is."""
+    import errno
+
+    if exc.errno not in (None, errno.ENOSPC, errno.EDQUOT, errno.EFBIG) and "requested and" not in str(exc):
+        return exc
+    try:
+        free = f"{shutil.disk_usage(directory).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    out = OSError(f"no space left in {directory} (No space left on device) for this rank's slice arrays "
+                  f"({free}); free space there or build into another --out")
+    out.errno = errno.ENOSPC
+    return out
+
+
 @contextlib.contextmanager
 def spilled(comm, part, fields):
     """Collective: inside the block this rank's slice arrays `fields` (attributes of `part`, a
-    sliced.GraphSlice or any object holding arrays, e.g. "features", "indices") are not in memory but in a temporary .npy file of its own (tempfile's directory: $TMPDIR), and
-    `part.<field>` is None; after the block they are read back into memory, the same bytes.
+    sliced.GraphSlice or any object holding arrays, e.g. "features", "indices") are
+    not in memory but in a temporary .npy file of its own (under the build's output directory, see
+    spill_directory; else tempfile's directory), and `part.<field>` is None; after the block they are
+    read back into memory, the same bytes.
 
     For the partition phase, whose peak is the partitioner's own structures (ParMETIS on the rank's
     slice): the features and labels are not read there at all and the edges only before and after the
@@ -54,10 +89,14 @@ def spilled(comm, part, fields):
     group = as_group(comm)
     fields = tuple(fields)
     with group.errors("writing this rank's slice arrays to a temporary file"):
-        tmp = tempfile.mkdtemp(prefix="granndis-spill-")
+        root = _spill_root if _spill_root is not None and os.path.isdir(_spill_root) else None
+        tmp = tempfile.mkdtemp(prefix=SPILL_PREFIX if root else SPILL_PREFIX[1:], dir=root)
         try:
             for f in fields:
                 np.save(os.path.join(tmp, f + ".npy"), getattr(part, f), allow_pickle=False)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise _no_space(os.path.dirname(tmp), exc) from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

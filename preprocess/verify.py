@@ -32,6 +32,7 @@ import numpy as np
 from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges
 from granndis_hpc.shards import (ShardError, leftover_temporaries, open_server, read_manifest, read_server_arrays,
                                  server_file_name, verify_checksums)
+from granndis_hpc.shards.writer import temporaries_bytes
 from granndis_hpc.shards.schema import DATASETS, FORMAT_VERSION, expected_shape
 
 from .halo import unique_sorted
@@ -236,7 +237,7 @@ def _temporaries_problem(path: str) -> list:
     names = leftover_temporaries(path)
     if not names:
         return []
-    size = sum(os.path.getsize(os.path.join(path, n)) for n in names if os.path.exists(os.path.join(path, n)))
+    size = temporaries_bytes(path, names)
     shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
     return [f"{path}: {len(names)} temporary file(s) of an interrupted build ({shown}; {size / 2**20:.1f} MiB): "
             f"delete them, or re-run the build with --overwrite, which removes them"]

@@ -236,6 +236,7 @@ def _open_checkpoint(chosen: str, run_dir: str, fp: Dict, rank: int, world_size:
     info = CheckpointInfo(int(manifest["epoch"]), chosen, manifest)
     shared = read_payload(chosen, files[SHARED_FILE])
     _check_keys(os.path.join(chosen, SHARED_FILE), shared, _SHARED_KEYS)
+    _check_finite(os.path.join(chosen, SHARED_FILE), shared["model"])
     mine = None
     if own:
         mine = read_payload(chosen, files[rank_file(rank)])
@@ -246,14 +247,24 @@ def _open_checkpoint(chosen: str, run_dir: str, fp: Dict, rank: int, world_size:
     return Loaded(info, shared, mine)
 
 
+def _check_finite(path: str, model_state) -> None:
+    """A checkpoint whose parameters hold NaN or infinity is named as such: resumed, it failed an epoch
+    later as "loss became nan ... lower --lr", which blamed the options, not the file."""
+    for name, value in (model_state.items() if isinstance(model_state, dict) else ()):
+        if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise not_valid(path, f"its model parameter {name!r} holds NaN or infinite values; resume from an "
+                                  f"earlier checkpoint (delete {os.path.dirname(path)}) or start a new run")
+
+
 def load_latest(topo, run_dir: str, fp: Dict) -> Optional[Loaded]:
     """Collective: the newest complete checkpoint of RUN_DIR (chosen by rank 0, so every rank loads the
     same one), checked against this run's fingerprint (and, on its own layout, world size); None if
     there is none.  Any problem on any rank raises the same ClusterError on every rank."""
     chosen = None
-    if topo.rank == 0:
-        info = latest_complete(run_dir)
-        chosen = None if info is None else info.path
+    with collective_errors(topo.world, "", catch=(CheckpointError, OSError)):  # a damaged marker stops all
+        if topo.rank == 0:
+            info = latest_complete(run_dir)
+            chosen = None if info is None else info.path
     chosen = topo.bcast_object(chosen, root=0)
     if chosen is None:
         return None

@@ -47,6 +47,16 @@ def run_contents(run_dir: str) -> List[str]:
     return found
 
 
+def check_run_files(run_dir: str) -> None:
+    """Before a resume trains: every run file it rewrites is a file (or absent).  A directory in a file's
+    place failed only at the first write of it, epochs later, blamed on free space."""
+    for name in RUN_OUTPUTS:
+        path = os.path.join(os.fspath(run_dir), name)
+        if name != CHECKPOINTS and os.path.isdir(path):
+            raise CheckpointError(f"{path} is a directory, not the run's {name}: the run writes {name} there; move "
+                                  f"the directory away and resume again")
+
+
 def refuse_new_run_in(run_dir: str, found: List[str]) -> CheckpointError:
     return CheckpointError(
         f"run directory {run_dir} already holds a run ({', '.join(found)}); a new run there would mix with "
@@ -122,6 +132,8 @@ class RunDirectory:
             stale = remove_temporaries(self.path, [n for n in RUN_OUTPUTS if n != CHECKPOINTS])
             if stale:
                 note(f"removed {len(stale)} temporary file(s) of a job killed while writing: {', '.join(stale)}")
+            if self.resume:
+                check_run_files(self.path)
             if not self.resume:
                 found = run_contents(self.path)
                 if found and not self.overwrite_run:

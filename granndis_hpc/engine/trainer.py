@@ -496,5 +496,11 @@ class Trainer:
         if resumed.path is None and self.topo.rank == 0:
             checkpoint.note(f"{checkpoint.checkpoints_dir(self.cfg.resume)} holds no complete checkpoint: "
                             f"starting from epoch 0")
+        elif self.topo.rank == 0 and not self.cfg.verify_content:
+            # Files edited with their checksums recomputed pass the checksum check: only the content
+            # digest catches them, and it costs a pass over the data, so it is asked for, and said.
+            checkpoint.note(f"continuing {resumed.path} after {resumed.epoch} epochs; the shard set's content was "
+                            f"not checked (its files' checksums were): add --verify-content to check it against "
+                            f"the build's digest")
         self.epoch, self.prior_elapsed_s, self.prior_records = resumed.epoch, resumed.elapsed_s, resumed.records
         self._restore_best(resumed.best)

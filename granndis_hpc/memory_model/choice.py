@@ -134,8 +134,32 @@ def drop_dominated(options: Sequence[Option]) -> Tuple[List[Option], List[str]]:
     return kept, why
 
 
+def _namer(options: Sequence[Option]):
+    """An option's name in a decision: its label, plus its shard set where another set offers an option of
+    the same label, in brackets as plan's table writes it (auto over several sets: "cob batches=2" twice,
+    with different sizes, said neither which set each was on)."""
+    sources = {}
+    for o in options:
+        sources.setdefault(o.label, set()).add(o.source)
+
+    def name(o: Option) -> str:
+        return f"{o.label} [{o.source}]" if len(sources.get(o.label, ())) > 1 and o.source else o.label
+    return name
+
+
+def _more_cobatches_help(options: Sequence[Option]) -> bool:
+    """Whether more co-batches than estimated could lower the peak: the cob estimate still fell from the
+    second-most to the most co-batches estimated (per shard set)."""
+    for source in {o.source for o in options}:
+        cob = sorted((o for o in options if o.mode == "cob" and o.source == source), key=lambda o: o.batches)
+        if len(cob) >= 2 and cob[-1].peak < cob[-2].peak:
+            return True
+    return False
+
+
 def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
     """The first option in GraNNDis' preference order whose estimated peak fits the budget."""
+    name = _namer(options)
     options, dominated = drop_dominated(options)
     dropped = ("; not considered: " + ", ".join(dominated)) if dominated else ""
     ordered = sorted(options, key=preference)
@@ -143,17 +167,18 @@ def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
         if o.peak <= budget_bytes:
             rejected = ordered[:i]
             # The order as preference() applies it (one ranking, the same in `plan` and --mode auto).
-            why = (f"{o.label} is the first of GraNNDis' order ({order_text()}) whose "
+            why = (f"{name(o)} is the first of GraNNDis' order ({order_text()}) whose "
                    f"estimated peak {format_size(o.peak)} per GPU fits {format_size(budget_bytes)}")
             if rejected:
-                why += "; rejected: " + ", ".join(f"{r.label} ({format_size(r.peak)})" for r in rejected)
+                why += "; rejected: " + ", ".join(f"{name(r)} ({format_size(r.peak)})" for r in rejected)
             return Decision(o, int(budget_bytes), rejected, why + dropped)
     if not ordered:
         return Decision(None, int(budget_bytes), [], "no option was estimated for this job, so none can be chosen")
     need = min(o.peak for o in ordered)
     # A budget the user can paste: whole MiB, rounded up (format_size rounds to 3 digits).
     paste = f"{-(-need // (1 << 20))}MiB"
+    more = ", or more co-batches" if _more_cobatches_help(ordered) else ""
     return Decision(None, int(budget_bytes), list(ordered),
                     f"nothing fits {format_size(budget_bytes)} per GPU: the smallest estimate is "
-                    f"{format_size(need)} ({min(ordered, key=lambda o: o.peak).label}); "
-                    f"use --memory-per-gpu {paste} or more, more servers/GPUs, or more co-batches" + dropped)
+                    f"{format_size(need)} ({name(min(ordered, key=lambda o: o.peak))}); "
+                    f"use --memory-per-gpu {paste} or more, or more servers/GPUs{more}" + dropped)

@@ -3,6 +3,9 @@ options (command line > --config FILE.toml > defaults)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -26,6 +29,32 @@ def _help_text(spec: _Spec, cls=None) -> str:
     else:
         default = spec.default
     return (text + " " if text else "") + f"(default: {default})".replace("%", "%%")
+
+
+# Set by the MPI launchers (Open MPI, PMIx, MPICH/Intel MPI, MVAPICH) and srun before MPI starts.
+_LAUNCH_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def launch_rank() -> int:
+    """This process's rank as its launcher set it (0 when not launched as a parallel job): options are
+    read before MPI starts, and every rank reads them alike."""
+    for name in _LAUNCH_RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+@contextlib.contextmanager
+def _said_once():
+    """Usage errors, --help and deprecation warnings from rank 0 only: every rank parses the same
+    command line and reaches the same verdict (the exit status stays every rank's), so the copies of
+    the other ranks only repeat it, interleaved on one line."""
+    if launch_rank() == 0:
+        yield
+        return
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 class _DeprecatedSpelling(argparse.Action):
@@ -174,9 +203,10 @@ def read_command(commands: Dict[str, Tuple[type, str]], argv=None, prog: Optiona
     # models) is not loaded by `verify`.
     if argv and argv[0] in commands:
         add_options(parsers[argv[0]], commands[argv[0]][0])
-    command_line = vars(parser.parse_args(argv))
-    name = command_line.pop("command")
-    return name, _finish(parsers[name], commands[name][0], command_line)
+    with _said_once():
+        command_line = vars(parser.parse_args(argv))
+        name = command_line.pop("command")
+        return name, _finish(parsers[name], commands[name][0], command_line)
 
 
 def parse_options(cls, argv=None, prog: Optional[str] = None, description: Optional[str] = None,
@@ -185,7 +215,8 @@ def parse_options(cls, argv=None, prog: Optional[str] = None, description: Optio
     validated by the class; every problem is a usage error (exit status 2), --help exits 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(cls, prog, description, epilog)
-    return _finish(parser, cls, vars(parser.parse_args(argv)))
+    with _said_once():
+        return _finish(parser, cls, vars(parser.parse_args(argv)))
 
 
 def _finish(parser: argparse.ArgumentParser, cls, command_line: Dict[str, Any]):

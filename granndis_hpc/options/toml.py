@@ -32,11 +32,21 @@ def _flag_hint(cls, key: str) -> Optional[str]:
     return None
 
 
+# An options file is a few hundred bytes; anything near this is not one (and would be echoed in errors).
+MAX_CONFIG_BYTES = 1 << 20
+# The longest string value (a path: PATH_MAX); a longer one is refused instead of echoed.
+MAX_VALUE_CHARS = 4096
+
+
 def load_config_file(path, cls) -> Dict[str, Any]:
     """Read and check a TOML file against the options dataclass `cls`; return {field: value}."""
     try:
         with open(path, "rb") as f:
-            raw = tomllib.load(f)
+            data = f.read(MAX_CONFIG_BYTES + 1)  # bounded: --config /dev/zero must not fill the memory
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {path!r} is larger than {MAX_CONFIG_BYTES >> 10} KiB: not an options "
+                              f"file (options are a few 'name = value' lines); check the --config path")
+        raw = tomllib.loads(data.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} not found (check the --config path)") from None
     except OSError as exc:
@@ -54,6 +64,9 @@ def load_config_file(path, cls) -> Dict[str, Any]:
     values, seen_as = {}, {}
     for key, value in raw.items():
         where = f"config file {path!r}, key {key!r}"
+        if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+            raise ConfigError(f"{where}: a value of {len(value)} characters (starting {value[:24]!r}); option values "
+                              f"are at most {MAX_VALUE_CHARS} characters (a path's limit)")
         if isinstance(value, dict):
             raise ConfigError(f"{where}: [sections] are not supported; write every option as a "
                               f"top-level 'name = value' line (before any [section] header)")

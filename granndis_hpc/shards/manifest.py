@@ -167,11 +167,15 @@ def verify_checksums(path, manifest: dict, servers: Iterable[int] | None = None)
         fpath = os.path.join(path, name)
         if not os.path.exists(fpath):
             raise ShardError(f"{fpath}: file missing (the set is incomplete); " + _REBUILD.format(path=path))
-        size = os.path.getsize(fpath)
+        try:
+            size = os.path.getsize(fpath)
+            digest = sha256_file(fpath) if size == int(entry["bytes"]) else None
+        except OSError as exc:
+            raise ShardError(f"{fpath}: cannot be read by this user ({exc.strerror or exc}); fix its permissions or "
+                             f"ask its owner for access") from None
         if size != int(entry["bytes"]):
             raise ShardError(f"{fpath}: {size} bytes, manifest says {entry['bytes']} (file truncated or replaced); "
                              + _REBUILD.format(path=path))
-        digest = sha256_file(fpath)
         if digest != entry["sha256"]:
             raise ShardError(f"{fpath}: sha256 {digest[:12]}... does not match the manifest "
                              f"({entry['sha256'][:12]}...): the file is corrupted or was modified after the build; "

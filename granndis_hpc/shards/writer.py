@@ -16,6 +16,7 @@ survives until the new one is complete):
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..fsutil import atomic_path, file_mode, fsync_dir
+from ..fsutil import file_mode, fsync_dir
 from .manifest import manifest_digests, sha256_file
 from .schema import (DATASETS, FORMAT_VERSION, MANIFEST_NAME, ShardError, check_server_arrays,
                      feature_chunk_rows, server_file_name)
@@ -66,17 +67,34 @@ class StagedFile:
 
 
 # What this tool writes into a shard directory: the set itself, and the temporaries of an unfinished
-# build (staged server files; atomic_path's manifest temporary).
+# build (staged server files; the staged manifest).
 _SET_FILE = re.compile(r"^(server-\d{4}\.h5|" + re.escape(MANIFEST_NAME) + r")$")
 _TEMPORARY = re.compile(r"^\.(server-\d{4}\.h5|" + re.escape(MANIFEST_NAME) + r")\..+" + re.escape(_TMP_SUFFIX) + "$")
 
 
+# The build's spill directories (preprocess/sliced.py spilled): a rank killed mid-partition leaves one.
+_SPILL_DIR = re.compile(r"^\.granndis-spill-[A-Za-z0-9_]+$")
+
+
 def leftover_temporaries(out_dir: str) -> list:
-    """Names of temporaries an interrupted build left in out_dir (sorted)."""
+    """Names of temporaries an interrupted build left in out_dir (sorted): staged files and spill
+    directories."""
     try:
-        return sorted(e for e in os.listdir(out_dir) if _TEMPORARY.match(e))
+        return sorted(e for e in os.listdir(out_dir) if _TEMPORARY.match(e) or _SPILL_DIR.match(e))
     except FileNotFoundError:
         return []
+
+
+def temporaries_bytes(out_dir: str, names) -> int:
+    """Bytes held by the named temporaries (spill directories counted with their files)."""
+    total = 0
+    for name in names:
+        path = os.path.join(out_dir, name)
+        for root, _, files in os.walk(path) if os.path.isdir(path) else [("", [], [path])]:
+            for f in files:
+                with contextlib.suppress(OSError):
+                    total += os.path.getsize(os.path.join(root, f))
+    return total
 
 
 def lower_bound_set_bytes(num_vertices: int, num_edges: int, num_features: int) -> int:
@@ -87,10 +105,71 @@ def lower_bound_set_bytes(num_vertices: int, num_edges: int, num_features: int) 
 
 
 def estimate_file_bytes(arrays: dict) -> int:
-    """Size of a server file holding `arrays`: their bytes plus HDF5's metadata (measured well under
-    64 KiB for the 18 datasets, and chunk indexes of ~1 %)."""
-    data = sum(int(a.nbytes if isinstance(a, StreamedDataset) else np.asarray(a).nbytes) for a in arrays.values())
+    """An upper bound of the size of a server file holding `arrays`: their bytes, the features rounded up
+    to whole HDF5 chunks (HDF5 allocates a chunk whole: a file of 2999 rows in chunks of 2621 stores
+    5242 rows), plus HDF5's metadata (measured well under 64 KiB for the 18 datasets, and chunk indexes
+    of ~1 %).  It is reserved on disk before HDF5 writes (reserve_space), so it must not fall short (the
+    full-disk tests check it at every file they write)."""
+    data = 0
+    for name, a in arrays.items():
+        shape = a.shape if isinstance(a, StreamedDataset) else np.shape(a)
+        nbytes = int(a.nbytes if isinstance(a, StreamedDataset) else np.asarray(a).nbytes)
+        if name == "features" and len(shape) == 2 and shape[0] > 0:
+            rows = feature_chunk_rows(shape[0], shape[1])
+            nbytes = -(-int(shape[0]) // rows) * rows * nbytes // int(shape[0])
+        data += nbytes
     return data + data // 50 + (256 << 10)
+
+
+_FALLOC_FL_KEEP_SIZE = 1
+
+
+def _fallocate_keep_size(fd: int, offset: int, length: int) -> bool:
+    """Linux fallocate(FALLOC_FL_KEEP_SIZE): allocate blocks past the end of file without changing its
+    size.  False where unsupported (not Linux, a file system without it); OSError(ENOSPC) when the
+    space is not there."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.fallocate
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if fn(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err))
+
+
+def reserve_space(path: str, nbytes: int, what: str) -> None:
+    """Reserve `nbytes` of disk for the file at `path` before HDF5 writes it, so that HDF5 itself never
+    meets a full disk: its error paths after a failed write have crashed the interpreter (segfault
+    at file close, "Can't decrement id ref count").  The reservation is atomic, so writers racing for
+    the last free space (ranks writing their server files at once, another job) fail here, cleanly.
+    Where the file system cannot reserve, the free-space check before it is all there is."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        with open(path, "rb+") as f:
+            _fallocate_keep_size(f.fileno(), 0, int(nbytes))
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            free = shutil.disk_usage(directory).free
+            raise ShardError(f"not enough free space in {directory!r}: {what} needs about {nbytes / 2**20:.1f} "
+                             f"MiB but {free / 2**20:.1f} MiB are free (No space left on device); free some "
+                             f"space or choose another --out (an old set there stays intact)") from None
+        raise
+
+
+def release_reserve(path: str) -> None:
+    """Give back the reserved blocks past the end of the written file (a shrinking truncate frees every
+    block past the new end, the reserved ones included)."""
+    size = os.path.getsize(path)
+    os.truncate(path, size + 1)
+    os.truncate(path, size)
 
 
 def check_writable(directory: str) -> None:
@@ -120,8 +199,9 @@ def check_free_space(directory: str, needed: int, what: str) -> None:
                          f"choose another --out (an old set there stays intact)")
 
 
-def prepare_output_dir(out_dir: str, overwrite: bool) -> None:
-    """Check (and create) the output directory before any work is done."""
+def prepare_output_dir(out_dir: str, overwrite: bool) -> list:
+    """Check (and create) the output directory before any work is done; returns the temporaries of an
+    earlier, interrupted build it removed."""
     out_dir = os.fspath(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ShardError(f"--out {out_dir!r} exists and is not a directory; choose another --out")
@@ -138,12 +218,18 @@ def prepare_output_dir(out_dir: str, overwrite: bool) -> None:
                          f"does not write: {shown}); choose another --out or empty it yourself")
     os.makedirs(out_dir, exist_ok=True)
     # Temporaries left by a killed earlier build are invisible to readers; remove them now.
-    for stale in leftover_temporaries(out_dir):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(out_dir, stale))
+    stale = leftover_temporaries(out_dir)
+    for name in stale:
+        path = os.path.join(out_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return stale
 
 
-def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays: dict) -> None:
+def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays: dict, reserve=None) -> None:
     # track_times=False: no object timestamps (h5py's default, made explicit), so that identical builds
     # write byte-identical files (docs/shard-format.md, "Reproducible builds").
     # rdcc_nbytes=0: no chunk cache, so every chunk is written by create_dataset and a full disk raises
@@ -152,6 +238,8 @@ def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays
     import h5py  # here, not at import (reader._open_server)
 
     with h5py.File(path, "w", rdcc_nbytes=0) as f:
+        if reserve is not None:  # after HDF5's create, whose truncation would give the blocks back
+            reserve_space(path, *reserve)
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["server"] = int(server)
         f.attrs["servers"] = int(servers)
@@ -177,11 +265,13 @@ def stage_server_file(out_dir: str, server: int, servers: int, gpus_per_server: 
     """Write one server file under a temporary name in out_dir, fsync and hash it."""
     name = server_file_name(server)
     check_server_arrays(arrays, gpus_per_server, where=name)
-    check_free_space(out_dir, estimate_file_bytes(arrays), name)
+    need = estimate_file_bytes(arrays)
+    check_free_space(out_dir, need, name)
     fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=_TMP_SUFFIX, dir=out_dir)
     os.close(fd)
     try:
-        _write_h5(tmp, server, servers, gpus_per_server, arrays)
+        _write_h5(tmp, server, servers, gpus_per_server, arrays, reserve=(need, name))
+        release_reserve(tmp)
         os.chmod(tmp, file_mode())
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
@@ -211,6 +301,23 @@ def commit_shard_set(out_dir: str, manifest: dict, staged: list) -> dict:
     manifest = json.loads(json.dumps(manifest))  # what a reader will load (tuples -> lists, int keys -> str)
     manifest["digests"] = manifest_digests(manifest)
     old_manifest = os.path.join(out_dir, MANIFEST_NAME)
+    # The new manifest is written (and fsynced) before the old set is touched: what follows only
+    # renames and deletes, which need no space, so a full disk cannot leave the old set half-replaced.
+    fd, manifest_tmp = tempfile.mkstemp(prefix="." + MANIFEST_NAME + ".", suffix=_TMP_SUFFIX, dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(manifest_tmp, file_mode())
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(manifest_tmp)
+        if isinstance(exc, OSError):
+            raise ShardError(f"cannot write {os.path.join(out_dir, MANIFEST_NAME)} ({exc.strerror or exc}); "
+                             f"nothing was replaced: an old set there stays intact; free some space or choose "
+                             f"another --out") from None
+        raise
     with contextlib.suppress(FileNotFoundError):
         os.unlink(old_manifest)
     fsync_dir(out_dir)
@@ -220,10 +327,8 @@ def commit_shard_set(out_dir: str, manifest: dict, staged: list) -> dict:
         if os.path.basename(old) not in manifest["files"]:
             os.unlink(old)
     fsync_dir(out_dir)
-    with atomic_path(old_manifest) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        os.chmod(tmp, file_mode())
+    os.replace(manifest_tmp, old_manifest)
+    fsync_dir(out_dir)
     return manifest
 
 

@@ -6,6 +6,7 @@ layer 0, an autograd halo exchange after it; here a loopback exchange: the rows 
 halo).  Row counts from shard arrays are checked against the real planner.  The engine on several
 ranks (halos from other GPUs and servers) is checked in tests/mpi/test_memory_model_mpi.py."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -479,7 +480,9 @@ def test_plan_of_a_set_and_auto_on_it_estimate_and_choose_alike(recipe_model, sm
     assert sorted(map(same, kept), key=str) == sorted(map(same, every), key=str)
     for budget in sorted({o.peak for o in every}):
         a, b = mm.choose(planned["options"], budget), mm.choose_shard_sets(sets, model, 16, 3, budget, **kw)
-        assert same(a.choice) == same(b.choice) and a.reason == b.reason
+        # The same reasons but for the names of the sets ("[--hops 3]" planned, the set's path in auto).
+        assert same(a.choice) == same(b.choice)
+        assert re.sub(r" \[[^\]]*\]", "", a.reason) == re.sub(r" \[[^\]]*\]", "", b.reason)
 
 
 def test_plan_cli_estimates_one_build_of_a_registered_model(recipe_model, tmp_path, capsys):

@@ -1,0 +1,30 @@
+"""Refusals of bad input under `mpirun -n 2` (docs/reliability.md, "declared counts, full disks, damaged run
+files"): one statement of each, by rank 0, exit non-zero, nothing written."""
+from tests.conftest import run_mpi
+from tests.unit.test_input_counts_and_paths import _distdgl
+
+
+def test_a_cut_edge_file_fails_a_two_rank_build_once_and_writes_nothing(tmp_path):
+    d = tmp_path / "dgl"
+    _distdgl(d)
+    (d / "edges/e2.txt").write_text("0 1\n")
+    out = tmp_path / "shards"
+    r = run_mpi(["-m", "preprocess", "build", "--source", "chunked", "--path", d, "--servers", "2",
+                 "--gpus-per-server", "1", "--layers", "1", "--partitioner", "metis", "--out", out], n=2, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "declares 120 edges but the edge files hold 81" in r.stderr, r.stderr
+    assert "error (rank 1)" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_option_errors_warnings_and_nothing_fits_are_said_once_under_mpirun():
+    """Under `mpirun -n 2` every rank printed them (the deprecation warnings ran together on one line)."""
+    r = run_mpi(["-m", "preprocess", "build", "--fanout", "5", "--no-such-option"], n=2, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("warning: --fanout is deprecated") == 1, r.stderr
+    assert r.stderr.count("unrecognized arguments: --no-such-option") == 1, r.stderr
+    r = run_mpi(["-m", "preprocess", "plan", "--source", "synthetic", "--vertices", "300", "--servers", "2",
+                 "--gpus-per-server", "1", "--layers", "1", "--partitioner", "random", "--memory-per-gpu", "1KiB"],
+                n=2, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("nothing fits") == 1 and "(rank 1)" not in r.stderr, r.stderr
