@@ -17,6 +17,7 @@ import torch
 
 from granndis_hpc import cli, shards
 from granndis_hpc.cluster.errors import ClusterError
+from granndis_hpc.engine.checkpoint import FORMAT_VERSION
 from granndis_hpc.engine.model_source import ModelSourceError, model_provenance, read_model_source
 from granndis_hpc.engine.predict_io import read_output
 from granndis_hpc.nn.models import build_model
@@ -121,7 +122,7 @@ def test_model_sources(toy, tmp_path):
     torch.save({"epoch": 2, "elapsed_s": 0.0, "model": obj["model"], "optimizer": {}}, ck / "state.pt")
     data = (ck / "state.pt").read_bytes()
     entry = {"name": "state.pt", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (ck / "COMPLETE.json").write_text(json.dumps({"epoch": 2, "world_size": 1, "files": {"state.pt": entry},
+    (ck / "COMPLETE.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "epoch": 2, "world_size": 1, "files": {"state.pt": entry},
                                                   "fingerprint": {"dataset": "toy", "dataset_sha256": "ab"}}))
     src = read_model_source(str(ck / "state.pt"))
     assert (src.kind, src.epoch, src.dataset_sha256, src.config["layers"]) == ("checkpoint", 2, "ab", 2)
