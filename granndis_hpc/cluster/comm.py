@@ -404,7 +404,7 @@ class Communicator:
         return t
 
     def _timed(self, link: str, phase: str, sync: bool = True):
-        """Time a communication call.  sync=False for posting a non-blocking one: synchronising the GPU
-        there would stall the host until queued kernels finish, which is what overlap avoids (NCCL and
-        the staging copies order themselves on the streams)."""
-        return TimedSync(self.ledger, link, phase, self._cuda and sync)
+        """Time a communication call: host wall time on the CPU, CUDA events on a GPU (never a device
+        synchronisation: NCCL and the staging copies order themselves on the streams).  `sync` is kept
+        for the callers' documentation of which calls wait (True) and which post (False)."""
+        return TimedSync(self.ledger, link, phase, self._cuda)

@@ -12,6 +12,7 @@ import torch
 from mpi4py import MPI
 
 from . import trace
+from .hostsync import host_numpy
 from .ledger import Ledger
 
 
@@ -124,20 +125,17 @@ class MPIProgress:
 
 
 class TimedSync:
-    """ledger.timed that synchronises CUDA first, so kernels are charged to the right call."""
+    """ledger.timed on the CPU; on a GPU the ledger's CUDA event spans (ledger.timed_events), which never
+    synchronise the device: a call's seconds are the current stream's time across it, read at the
+    epoch's end (cluster/hostsync.py)."""
 
     def __init__(self, ledger: Ledger, link: str, phase: str, cuda: bool):
-        self._inner = ledger.timed(link, phase)
-        self._cuda = cuda
+        self._inner = ledger.timed_events(link, phase) if cuda else ledger.timed(link, phase)
 
     def __enter__(self):
-        if self._cuda:
-            torch.cuda.synchronize()
         return self._inner.__enter__()
 
     def __exit__(self, *exc):
-        if self._cuda:
-            torch.cuda.synchronize()
         return self._inner.__exit__(*exc)
 
 
@@ -157,5 +155,6 @@ def typed_rows(byte_rows: torch.Tensor, dtype: torch.dtype, rest: tuple) -> torc
 
 
 def np_view(t: torch.Tensor) -> np.ndarray:
-    """NumPy view of a CPU tensor's memory (uint8 or a reducible dtype)."""
-    return t.detach().numpy()
+    """NumPy view of a CPU tensor's memory (uint8 or a reducible dtype); on a GPU only ever given host
+    staging buffers, so it is no host synchronisation (hostsync.SyncCounter does not count it)."""
+    return host_numpy(t)
