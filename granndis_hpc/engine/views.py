@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from granndis_hpc.cluster.exchange_group import ExchangeGroup
-from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_post, halo_exchange_start
+from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_post, halo_exchange_start, send_index_tensor
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import owner_of, position_lookup
 from granndis_hpc.nn.graph import LayerGraph, RowSplit
@@ -120,7 +120,7 @@ class View:
         self.plan, self.device, self.exchange_group, self._exchange = plan, device, group, group.exchange
         self.num_own = plan.num_own
         self.group = plan.group  # the group's name, as the plan records it
-        self._send = _per_layer(plan.layers, lambda lp: torch.as_tensor(lp.send_index, device=device))
+        self._send = _per_layer(plan.layers, lambda lp: send_index_tensor(lp.send_index, device))
         self._full_send = torch.as_tensor(plan.full_send_index, device=device)
         # Static halo data, exchanged once over the full plan: phase "setup" for a view built once,
         # "halo" for the per-iteration views of co-batched training (it is then per-step traffic).
@@ -163,7 +163,7 @@ class View:
         self = cls.__new__(cls)
         self.plan, self.device, self.exchange_group, self._exchange = plan, device, group, group.exchange
         self.num_own, self.group = plan.num_own, plan.group
-        self._send = [torch.as_tensor(lp.send_index, device=device) for lp in plan.layers]
+        self._send = [send_index_tensor(lp.send_index, device) for lp in plan.layers]
         self._full_send = torch.as_tensor(plan.full_send_index, device=device)
         self.features, self.halo_features = features, halo_features
         self.input_features = features[: plan.layers[0].n_own_in]
