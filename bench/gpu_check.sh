@@ -59,10 +59,12 @@ else
     tests/unit/test_hostsync.py tests/unit/test_staging.py tests/unit/test_scatter_dropout_memory.py 2>&1 | tail -3 \
     | tee "$OUT/unit.log"
   grep -q "failed\|error" "$OUT/unit.log" && status=1
+  export GRANNDIS_SHARE_GPUS=1  # the 2 emulated servers share the GPU(s) on purpose
   build cora-2x1 --source planetoid --name cora --root tests/data/planetoid --servers 2 --gpus-per-server 1 && \
     check 2 cora-2x1 --device cuda
   build syn200k-2x1 --source synthetic --vertices 200000 --servers 2 --gpus-per-server 1 && \
     check 2 syn200k-2x1 --device cuda --epochs 3 --cases fb,fb-noovl,fb-bf16,flx
+  unset GRANNDIS_SHARE_GPUS
   if [ "${GPUS:-1}" -ge 2 ]; then  # NCCL inside one server of G GPUs
     build "cora-1x$GPUS" --source planetoid --name cora --root tests/data/planetoid --servers 1 --gpus-per-server "$GPUS" && \
       check "$GPUS" "cora-1x$GPUS" --device cuda --ranks-per-server "$GPUS" --intra-transport nccl --cases fb,flx,flx-noovl,cob

@@ -18,17 +18,20 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from .devices import device_kind as device_kinds, gpu_positions, select_gpu
 from .errors import ClusterError, agree
 
 ENV_RANKS_PER_SERVER = "GRANNDIS_RANKS_PER_SERVER"
 ENV_INTRA_TRANSPORT = "GRANNDIS_INTRA_TRANSPORT"
 ENV_DIST_TIMEOUT = "GRANNDIS_DIST_TIMEOUT_S"
+ENV_SHARE_GPUS = "GRANNDIS_SHARE_GPUS"  # 1: ranks may share a GPU (emulated servers on one GPU)
 DEVICES = ("auto", "cpu", "cuda")
 TRANSPORTS = ("auto", "gloo", "nccl", "mpi")
 
@@ -175,7 +178,7 @@ def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str)
 
     node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     try:
-        node_local_rank, ranks_on_node = node_comm.Get_rank(), node_comm.Get_size()
+        ranks_on_node = node_comm.Get_size()
         if rps is None:
             server, server_comm = _servers_from_nodes(world, node_comm, hosts_of_rank)
             node_comm = None  # now owned as server_comm
@@ -208,7 +211,7 @@ def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str)
                     rank_table=rank_table, hosts=hosts, emulated=rps is not None, ranks_on_node=ranks_on_node,
                     _server_of=server_of, _local_of=local_of)
     try:
-        topo.device = _resolve_device(world, device, node_local_rank)
+        topo.device = _resolve_device(world, device)
         topo.intra_transport = _resolve_transport(world, intra_transport, topo.device)
         if topo.intra_transport == "nccl":
             _check_one_gpu_per_rank(topo)
@@ -263,27 +266,36 @@ def _servers_from_nodes(world: MPI.Comm, node_comm: MPI.Comm, hosts_of_rank):
     return int(server_of[rank]), node_comm
 
 
-def _resolve_device(world: MPI.Comm, device: str, node_local_rank: int) -> torch.device:
+def _visible_set() -> tuple:
+    """What identifies the GPUs this rank sees: their UUIDs where torch exposes them, else
+    CUDA_VISIBLE_DEVICES (ranks with the same set share it out in rank order)."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    uuids = [getattr(torch.cuda.get_device_properties(i), "uuid", None) for i in range(n)]
+    if n and all(u is not None for u in uuids):
+        return tuple(str(u) for u in uuids)
+    return (os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"), n)
+
+
+def _resolve_device(world: MPI.Comm, device: str, share_gpus: Optional[bool] = None) -> torch.device:
     agree(world, device in DEVICES, f"device must be one of {DEVICES}, got {device!r}")
     has_cuda = torch.cuda.is_available()
-    n_gpus = torch.cuda.device_count() if has_cuda else 0
-    if device == "auto":
-        all_cuda = all(world.allgather(has_cuda))
-        device = "cuda" if all_cuda else "cpu"
-    if device == "cpu":
-        return torch.device("cpu")
-    problem = ""
-    if not has_cuda:
-        problem = (f"device=cuda was requested but CUDA is not available on host "
-                   f"{MPI.Get_processor_name()} (torch {torch.__version__}, built for CUDA "
-                   f"{torch.version.cuda}); use device=cpu, or run on GPU nodes with a CUDA build of torch")
-    elif n_gpus > 1 and node_local_rank >= n_gpus:
-        problem = (f"{node_local_rank + 1}+ ranks on this host but only {n_gpus} visible GPUs; start one "
-                   f"rank per GPU")
+    hosts = world.allgather(MPI.Get_processor_name())
+    kind, problem = device_kinds(device, world.allgather(has_cuda), hosts)
     agree(world, not problem, problem)
-    # One visible GPU per rank (Slurm/CUDA_VISIBLE_DEVICES binding) -> cuda:0; otherwise one GPU per
-    # node-local rank (equal to local_rank when servers are real nodes).
-    index = 0 if n_gpus == 1 else node_local_rank
+    if kind == "cpu":
+        return torch.device("cpu")
+    if share_gpus is None:
+        share_gpus = os.environ.get(ENV_SHARE_GPUS, "") not in ("", "0")
+    # GPU training calls MPI from autograd's device thread (the exchange's backward, gradient hooks).
+    level = MPI.Query_thread()
+    thread_problem = "" if level >= MPI.THREAD_SERIALIZED else (
+        f"the MPI library gives thread level {level} (MPI_THREAD_SERIALIZED = {MPI.THREAD_SERIALIZED} is needed on "
+        f"GPUs: the backward calls MPI from autograd's device thread); use an MPI built with thread support")
+    agree(world, not thread_problem, thread_problem)
+    rank = world.Get_rank()
+    position, count = gpu_positions(hosts, world.allgather(_visible_set()))[rank]
+    index, problem = select_gpu(position, count, torch.cuda.device_count(), share_gpus, hosts[rank])
+    agree(world, not problem, problem)
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
