@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -27,6 +26,7 @@ from mpi4py import MPI
 
 from .devices import device_kind as device_kinds, gpu_positions, select_gpu
 from .errors import ClusterError, agree
+from .rendezvous import rendezvous_address
 
 ENV_RANKS_PER_SERVER = "GRANNDIS_RANKS_PER_SERVER"
 ENV_INTRA_TRANSPORT = "GRANNDIS_INTRA_TRANSPORT"
@@ -340,47 +340,46 @@ def _check_one_gpu_per_rank(topo: Topology) -> None:
           f"GPU per rank of a server: start one rank per GPU, or use intra_transport=mpi (staged through host)")
 
 
-def _master_address(single_host: bool) -> str:
-    """An address of rank 0's host that every rank can reach (env MASTER_ADDR overrides)."""
-    if os.environ.get("MASTER_ADDR"):
-        return os.environ["MASTER_ADDR"]
-    if single_host:
-        return "127.0.0.1"
-    try:  # the interface of the default route; a UDP connect sends no packet
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect(("10.255.255.255", 1))
-            return probe.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(socket.getfqdn())
-
-
 def _init_torch_distributed(topo: Topology, single_host: bool):
     world = topo.world
     if dist.is_initialized():
         raise ClusterError("torch.distributed is already initialised in this process; close the previous "
                            "Topology (topo.close()) before building a new one", collective=True)
-    timeout = datetime.timedelta(seconds=float(os.environ.get(ENV_DIST_TIMEOUT, "600")))
+    seconds = float(os.environ.get(ENV_DIST_TIMEOUT, "600"))
+    timeout = datetime.timedelta(seconds=seconds)
     store, endpoint = None, None
     if topo.rank == 0:
         try:
-            address = _master_address(single_host)
+            address, how = rendezvous_address(os.environ.get("MASTER_ADDR", ""), single_host, MPI.Get_processor_name())
             # Port 0: the OS picks a free port and the store reports it, so no probe-then-bind race.
             port = int(os.environ.get("MASTER_PORT", "0"))
             store = dist.TCPStore(address, port, topo.world_size, True, timeout=timeout,
                                   wait_for_workers=False)
-            endpoint = (address, int(store.port), "")
+            endpoint = (address, int(store.port), how, "")
         except Exception as exc:  # noqa: BLE001 -- reported to every rank below
-            endpoint = ("", 0, f"rank 0 could not open the torch.distributed store: {exc!r} "
-                               f"(set MASTER_ADDR / MASTER_PORT)")
-    address, port, problem = world.bcast(endpoint, root=0)
+            endpoint = ("", 0, None, f"rank 0 could not open the torch.distributed store: {exc!r} "
+                                     f"(set MASTER_ADDR / MASTER_PORT)")
+    address, port, how, problem = world.bcast(endpoint, root=0)
     if problem:
         raise ClusterError(problem, collective=True)
+    problem = ""
     if store is None:
-        store = dist.TCPStore(address, port, topo.world_size, False, timeout=timeout)
-    # The default group is gloo even on GPUs: it only carries store barriers, and several ranks
-    # sharing one GPU (emulated servers) would break an NCCL default group.
-    dist.init_process_group("gloo", store=store, rank=topo.rank, world_size=topo.world_size,
-                            timeout=timeout)
+        try:
+            store = dist.TCPStore(address, port, topo.world_size, False, timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 -- agreed below, so no rank waits for the others
+            problem = (f"host {MPI.Get_processor_name()} (rank {topo.rank}) could not reach the torch.distributed "
+                       f"store of rank 0 on {topo.hosts[0]} at {address}:{port} ({how}) within {seconds:g} s: "
+                       f"{type(exc).__name__}; set MASTER_ADDR to an address of {topo.hosts[0]} every node "
+                       f"reaches (e.g. its InfiniBand interface's), or {ENV_DIST_TIMEOUT} for a longer wait")
+    problems = [p for p in world.allgather(problem) if p]
+    if problems:
+        raise ClusterError(problems[0] + (f" (and {len(problems) - 1} more host(s))" if len(problems) > 1 else ""),
+                           collective=True)
+    # The default group carries nothing (every collective names a server subgroup).  On GPUs it is
+    # NCCL, which connects lazily, at a first collective that never comes; gloo (CPU) connects every pair
+    # of ranks when made, which the MPI transport (the CPU default) does not need.
+    default = "nccl" if topo.device.type == "cuda" else "gloo"
+    dist.init_process_group(default, store=store, rank=topo.rank, world_size=topo.world_size, timeout=timeout)
     backend = topo.intra_transport
     mine = None
     for s in range(topo.servers):  # every rank creates every subgroup, in the same order
