@@ -36,7 +36,8 @@ from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: imp
 from granndis_hpc.engine.rundir import RunDirectory
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError
 from granndis_hpc.graph import planner
-from granndis_hpc.metrics import METRICS_FILE, epoch_line, peak_memory_bytes, summarize, summary_fields
+from granndis_hpc.metrics import (METRICS_FILE, epoch_line, peak_memory_bytes, peak_reserved_bytes, summarize,
+                                  summary_fields)
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.progress import progress
@@ -323,6 +324,8 @@ class Trainer:
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
         summary["plan"].update(self.communication_entry())
         summary["features"] = features_entry(self.manifest)
+        if self.device.type == "cuda":  # beside peak_memory_bytes (allocated): what the GPU held
+            summary["peak_reserved_bytes"] = int(self.comm.allreduce_scalar(peak_reserved_bytes(self.device), "max"))
         if self.run_dir:
             self.run_dir.write_best_model(self.best, self.best_state)  # collective, rank 0 writes
             self.run_dir.finish(summary)
