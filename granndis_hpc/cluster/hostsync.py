@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Callable, List, Optional, Tuple
 
@@ -114,8 +115,9 @@ def _crosses_blocking(t: torch.Tensor, args, kwargs) -> bool:
 
 
 class SyncCounter:
-    """While active (`with SyncCounter() as c:`), records every call of this package's code that makes
-    the host wait for a GPU (see the module's doc): c.calls is [(name, "file:line")].  Not thread-safe
+    """While active (`with SyncCounter() as c:`), records every call of this package's code on the
+    entering thread that makes the host wait for a GPU (see the module's doc): c.calls is
+    [(name, "file:line")].  Not thread-safe
     against other code patching the same functions; meant for tests and the device check."""
 
     TENSOR_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
@@ -126,6 +128,10 @@ class SyncCounter:
         self._saved: List[Tuple[object, str, Callable]] = []
 
     def _caller(self) -> Optional[str]:
+        # Only the thread that entered: helper threads (the MPI progress thread waiting for a staging
+        # copy before it posts the sends) wait instead of the step, which computes on meanwhile.
+        if threading.get_ident() != self._thread:
+            return None
         frame = sys._getframe(2)
         path = frame.f_code.co_filename
         if not os.path.abspath(path).startswith(self.package + os.sep):
@@ -146,6 +152,7 @@ class SyncCounter:
         setattr(owner, name, counted)
 
     def __enter__(self) -> "SyncCounter":
+        self._thread = threading.get_ident()
         for name in self.TENSOR_METHODS:
             self._wrap(torch.Tensor, name)
         self._wrap(torch.Tensor, "to", lambda t, *a, **k: _crosses_blocking(t, a, k))

@@ -2,6 +2,7 @@
 GPU timers' arithmetic, with stand-in events (no GPU here): the ledger's event spans and the layer
 clock on `cuda=True` give the same seconds as their CPU timers."""
 import os
+import threading
 import time
 
 import pytest
@@ -30,9 +31,14 @@ def test_counter_records_each_syncing_call_of_the_watched_code_with_its_line():
     assert len(counter) == 8 and torch.Tensor.item is item
 
 
-def test_counter_ignores_code_outside_the_package_it_watches():
+def test_counter_ignores_code_outside_the_package_it_watches_and_other_threads():
     with SyncCounter() as counter:  # granndis_hpc's code only
         torch.arange(3.0).sum().item()
+    assert counter.calls == []
+    with SyncCounter(package=HERE) as counter:  # a helper thread's wait does not hold up the step
+        worker = threading.Thread(target=lambda: torch.arange(3.0).sum().item())
+        worker.start()
+        worker.join()
     assert counter.calls == []
 
 
