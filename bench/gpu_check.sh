@@ -1,34 +1,75 @@
 #!/usr/bin/env bash
-# Device check for granndis-hpc: CUDA models, the trainer on GPU (1 rank, and 2 servers x 1 rank with
-# MPI between them when an MPI is present), timings.  Everything it prints lands in $OUT/log.
-# The MPI environment of the tests and benchmarks (bench/harness.py); but the device's CPU threads are
-# left to torch (one GPU rank at a time here, or two on 16 cores), as before.
+# The device check: the first thing to run on a GPU machine.  Builds its own shard sets (real Cora from
+# tests/data and a 200k-vertex synthetic graph, 2 servers x 1 rank), runs the CUDA unit tests, then
+# bench/gpu_check.py under mpirun: every mode with overlap on and off and bf16 halos on the GPU against
+# the same runs on the CPU (logits), the host syncs of a steady step, peak reserved memory and epoch
+# times; with 2+ GPUs, 1 server x G ranks over NCCL too.  Exits non-zero on any mismatch or failure.
+#
+#   OUT=/tmp/gpu-check bash bench/gpu_check.sh              # on a GPU machine (about 5 minutes)
+#   OUT=/tmp/gpu-smoke bash bench/gpu_check.sh --cpu-smoke  # this script's own logic on the CPU
+#
+# Results: $OUT/results.jsonl (one line per case), logs in $OUT.
+set -u
+SMOKE=0
+[ "${1:-}" = "--cpu-smoke" ] && SMOKE=1
 eval "$(python3 bench/harness.py env --shell)"
-unset OMP_NUM_THREADS
+PY=${PY:-python3}
+OUT=${OUT:-/tmp/gpu-check}
 export PYTHONPATH=$PWD
-nvidia-smi -L
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0))"
-python3 -c "from mpi4py import MPI; print('mpi4py ok:', MPI.Get_library_version()[:40])" 2>&1 | tail -1
-which mpirun || echo "no mpirun"
-echo "== nn on CUDA (unit tests incl. CUDA cases)"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/unit/test_nn_graph.py tests/unit/test_nn_models.py 2>&1 | tail -4
-echo "== trainer, 1 rank, cuda, Cora (2-layer, full preload)"
-for m in fb flx cob; do
-  timeout 90 python3 -m granndis_hpc.cli train --shards ${GPU_SHARDS:-.gpu}/cora-1x1 --ranks-per-server 1 --device cuda --mode $m \
-     --model gcn --layers 2 --hidden 64 --epochs 100 --dropout 0.5 --weight-decay 5e-4 --eval-every 0 --quiet \
-     --batches-per-epoch 2 --fanout 10 --out $OUT/cora-$m 2>&1 | tail -3
-  python3 -c "import json;s=json.load(open('$OUT/cora-$m/summary.json'));print('$m', 'epoch_s', round(s['epoch_time_s'],5), 'test', s['accuracy']['test'], 'peak_MiB', s['peak_memory_bytes']>>20, 'act_MiB', s['activation_memory_bytes']>>20)" 2>&1 | tail -1
-done
-echo "== ressage (2 layers) with and without activation checkpointing on cuda"
-for ck in "" "--checkpoint-activations"; do
-  timeout 90 python3 -m granndis_hpc.cli train --shards ${GPU_SHARDS:-.gpu}/cora-1x1 --ranks-per-server 1 --device cuda --mode flx \
-     --model ressage --layers 2 --hidden 64 --epochs 20 --eval-every 0 --quiet $ck --out $OUT/res$ck 2>&1 | tail -2
-done
-if command -v mpirun >/dev/null; then
-  echo "== 2 servers x 1 rank on one GPU, synthetic 20k, fb vs flx (MPI between servers, CPU-staged)"
-  for m in fb flx; do
-    timeout 120 mpirun -n 2 python3 -m granndis_hpc.cli train --shards ${GPU_SHARDS:-.gpu}/syn-2x1 --ranks-per-server 1 --device cuda \
-      --mode $m --model sage --layers 3 --hidden 64 --epochs 20 --eval-every 0 --quiet --out $OUT/syn-$m 2>&1 | tail -3
-    python3 -c "import json;s=json.load(open('$OUT/syn-$m/summary.json'));print('$m', s['epoch_time_s'], s['seconds_per_epoch'], s['bytes_per_epoch'], s['accuracy'])" 2>&1 | tail -1
-  done
+mkdir -p "$OUT"
+: > "$OUT/results.jsonl"
+status=0
+start=$SECONDS
+
+build() {  # build NAME ARGS...: a shard set under $OUT/shards (kept between runs)
+  local name=$1; shift
+  [ -f "$OUT/shards/$name/manifest.json" ] && return 0
+  rm -rf "$OUT/shards/$name"
+  if ! timeout 400 "$PY" -m preprocess build "$@" --layers 3 --preload full --partitioner metis \
+       --seed 0 --out "$OUT/shards/$name" > "$OUT/build-$name.log" 2>&1; then
+    echo "FAILED: building $name (see $OUT/build-$name.log)"; tail -3 "$OUT/build-$name.log"; status=1; return 1
+  fi
+}
+
+check() {  # check RANKS SET ARGS...: bench/gpu_check.py on RANKS ranks
+  local n=$1 set=$2; shift 2
+  echo "== $set on $n rank(s): $*"
+  timeout 420 mpirun -n "$n" "$PY" bench/gpu_check.py --shards "$OUT/shards/$set" --out "$OUT/results.jsonl" "$@" \
+    > "$OUT/check-$set.log" 2>&1 || status=1
+  grep '^{' "$OUT/check-$set.log" | "$PY" -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(("ok  " if r["ok"] else "BAD ") + r["case"], {k: r.get(k) for k in ("logits_rel_err", "syncs_per_step",
+          "sync_calls", "peak_reserved_mib", "epoch_s", "error") if r.get(k) not in (None, [])})'
+  grep -q '"ok": false' "$OUT/check-$set.log" && status=1
+  grep -q '^{' "$OUT/check-$set.log" || { echo "FAILED: no result (see $OUT/check-$set.log)"; tail -5 "$OUT/check-$set.log"; status=1; }
+}
+
+if [ $SMOKE = 1 ]; then
+  build syn-2x1 --source synthetic --vertices 3000 --servers 2 --gpus-per-server 1 && \
+    check 2 syn-2x1 --device cpu --epochs 2
+else
+  unset OMP_NUM_THREADS  # the device's CPU threads are left to torch
+  nvidia-smi -L
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.device_count())"
+  GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+  echo "== nn on CUDA (unit tests with their CUDA cases)"
+  timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_nn_graph.py tests/unit/test_nn_models.py \
+    tests/unit/test_hostsync.py tests/unit/test_staging.py tests/unit/test_scatter_dropout_memory.py 2>&1 | tail -3 \
+    | tee "$OUT/unit.log"
+  grep -q "failed\|error" "$OUT/unit.log" && status=1
+  export GRANNDIS_SHARE_GPUS=1  # the 2 emulated servers share the GPU(s) on purpose
+  build cora-2x1 --source planetoid --name cora --root tests/data/planetoid --servers 2 --gpus-per-server 1 && \
+    check 2 cora-2x1 --device cuda
+  build syn200k-2x1 --source synthetic --vertices 200000 --servers 2 --gpus-per-server 1 && \
+    check 2 syn200k-2x1 --device cuda --epochs 3 --cases fb,fb-noovl,fb-bf16,flx
+  unset GRANNDIS_SHARE_GPUS
+  if [ "${GPUS:-1}" -ge 2 ]; then  # NCCL inside one server of G GPUs
+    build "cora-1x$GPUS" --source planetoid --name cora --root tests/data/planetoid --servers 1 --gpus-per-server "$GPUS" && \
+      check "$GPUS" "cora-1x$GPUS" --device cuda --ranks-per-server "$GPUS" --intra-transport nccl --cases fb,flx,flx-noovl,cob
+  fi
 fi
+echo "== $(( SECONDS - start )) s; $(grep -c '"ok": true' "$OUT/results.jsonl") case(s) ok," \
+     "$(grep -c '"ok": false' "$OUT/results.jsonl") failed; exit $status"
+exit $status

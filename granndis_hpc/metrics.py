@@ -28,6 +28,12 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
+def peak_reserved_bytes(device: torch.device) -> int:
+    """Peak memory the CUDA caching allocator reserved (what the GPU must hold: allocated bytes plus its
+    cached, fragmented blocks); 0 on the CPU."""
+    return int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else 0
+
+
 def epoch_line(rec: Dict) -> str:
     # Time is the slowest rank's epoch; Comm (halo exchange) and Reduce (gradient all-reduce) are that
     # rank's own parts of it, so they never add up to more than the epoch.

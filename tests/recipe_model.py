@@ -68,9 +68,9 @@ class MeanMLPEstimate(models.PlainEstimate):
         return sum(self.conv.parameter_count(i, o) for i, o in self.widths(m))
 
     def activations(self, rows, m, mask_bytes):
-        per_layer = []
+        per_layer, seen = [], set()
         for l, ((_, lr), (win, wout)) in enumerate(zip(rows.training_layers(), self.widths(m))):
-            parts = [models.gather_saved(lr, self.exchanged(l)),
+            parts = [models.gather_saved(lr, self.exchanged(l), seen),
                      self.conv.saved_bytes(lr.n_src, lr.n_dst, win, wout, self.exchanged(l))]
             if l >= 1:  # the previous layer's ReLU result (no norm, no dropout in this model)
                 parts.append(models.between_convs_saved(lr.n_own_in, win, False, 0.0, mask_bytes))

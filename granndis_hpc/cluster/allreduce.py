@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 from .accounting import allreduce_bytes_model, ring_chunk_sizes
 from .pending import MPIProgress, np_view
+from .staging import wait_event
 
 # Dtypes MPI can sum; the leaders' all-reduce always goes through MPI.
 REDUCIBLE = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE,
@@ -42,7 +43,10 @@ class PendingReduce:
         self.comm, self.flat, self.phase = comm, flat, phase
         self._torch = comm.intra_transport in ("gloo", "nccl")
         self._leader = int(topo.rank_table[topo.server, 0])
-        self._host = None       # host view (CPU) or copy (GPU) of the bucket for the MPI stages
+        self._host = None       # host view (CPU) or staged copy (GPU) of the bucket for the MPI stages
+        self._lease = None      # GPU: the pool buffer of the staged copy (cluster/staging.py)
+        self._ready = None      # GPU: the event of the staged copy's completion
+        self._staging = comm._staging
         self._stage1 = None     # torch Work, or MPIProgress of the Isend/Irecv to the leader
         self._received = None   # leader, MPI: the G-1 buckets of its server's other ranks
         self._stage2 = None     # (MPIProgress, the other leader's bucket) on 2 servers, a LeadersRing on
@@ -65,9 +69,20 @@ class PendingReduce:
         return REDUCIBLE[self.flat.dtype]
 
     def _host_flat(self) -> torch.Tensor:
+        """The bucket in host memory: itself on the CPU; on a GPU a copy queued now on the staging side
+        stream (complete once self._ready has completed: MPI posts of it are deferred until then)."""
         if self._host is None:
-            self._host = self.flat.cpu() if self.flat.is_cuda else self.flat
+            if self._staging.copies:
+                self._lease, self._host, self._ready = self._staging.to_host(self.flat)
+            else:
+                self._host = self.flat
         return self._host
+
+    def _send_when_ready(self, post):
+        """MPIProgress of sends of the staged bucket: posted once its copy has completed."""
+        if self._ready is None:
+            return MPIProgress(post(), progress=False)
+        return MPIProgress([], progress=False, deferred=(self._ready, post))
 
     def _post_to_leader(self):
         topo, p2p, n = self.comm.topo, self.comm._p2p, self.flat.numel()
@@ -77,14 +92,17 @@ class PendingReduce:
             self._received = torch.empty((len(mates) - 1, n), dtype=self.flat.dtype)
             requests = [p2p.Irecv([np_view(self._received[i]), n, self._mpi_type()], source=src, tag=self._REDUCE_TAG)
                         for i, src in enumerate(mates[1:])]
-        else:
-            requests = [p2p.Isend([np_view(host), n, self._mpi_type()], dest=self._leader, tag=self._REDUCE_TAG)]
-        return MPIProgress(requests, progress=False)
+            return MPIProgress(requests, progress=False)
+        return self._send_when_ready(lambda: [p2p.Isend([np_view(host), n, self._mpi_type()], dest=self._leader,
+                                                        tag=self._REDUCE_TAG)])
 
     def _stage1_done(self) -> bool:
         if self._stage1 is None:
             return True
-        return self._stage1.is_completed() if self._torch else self._stage1.test()
+        if self._torch:
+            return self._stage1.is_completed()
+        # The leader sums into its staged copy: that copy too must be complete.
+        return self._stage1.test() and (self._ready is None or self._ready.query())
 
     def poll(self) -> None:
         """Move the bucket on (MPI_Testall of the stage in flight: MPI progresses only inside MPI calls);
@@ -112,21 +130,23 @@ class PendingReduce:
         self._after = None
         with comm._timed("intra", self.phase):
             self._finish_stage1()
+        # On a GPU the leader's host copy already holds its server's sum with the MPI transport (stage 1
+        # summed there); with gloo/NCCL the sum is on the device and is staged now.
         if topo.servers == 2 and topo.is_leader:
             with comm._timed("inter", self.phase, sync=False):
-                host = self._host_flat() if not self.flat.is_cuda else self.flat.cpu()
-                self._host = host
-                other = torch.empty_like(host)
+                host = self._host_flat()
+                other = torch.empty(host.shape, dtype=host.dtype)
                 peer = int(topo.rank_table[1 - topo.server, 0])
                 p2p, n = comm._p2p, host.numel()
-                requests = [p2p.Irecv([np_view(other), n, self._mpi_type()], source=peer, tag=self._LEADERS_TAG),
-                            p2p.Isend([np_view(host), n, self._mpi_type()], dest=peer, tag=self._LEADERS_TAG)]
-                self._stage2 = (MPIProgress(requests, progress=False), other)
+                recv = p2p.Irecv([np_view(other), n, self._mpi_type()], source=peer, tag=self._LEADERS_TAG)
+                waiter = self._send_when_ready(lambda: [p2p.Isend([np_view(host), n, self._mpi_type()], dest=peer,
+                                                                  tag=self._LEADERS_TAG)])
+                waiter._requests.insert(0, recv)
+                self._stage2 = (waiter, other)
         elif topo.servers > 2 and topo.is_leader and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             with comm._timed("inter", self.phase, sync=False):
-                self._host = self._host_flat() if not self.flat.is_cuda else self.flat.cpu()
-                self._stage2 = LeadersRing(topo.leader_comm, self._host, REDUCIBLE[self.flat.dtype],
-                                           tag=comm.next_ring_tag())
+                self._stage2 = LeadersRing(topo.leader_comm, self._host_flat(), REDUCIBLE[self.flat.dtype],
+                                           tag=comm.next_ring_tag(), ready=self._ready)
         else:
             self._stage2 = False
 
@@ -139,10 +159,11 @@ class PendingReduce:
             self._stage1.wait()
             if self._received is not None:  # leader: its bucket + the others', in local-rank order
                 host = self._host_flat()
+                wait_event(self._ready)
                 for row in self._received:
                     host.add_(row)
-                if self.flat.is_cuda:
-                    self.flat.copy_(host)
+                if self._staging.copies:
+                    self._staging.to_device(host, into=self.flat)
                 self._received = None
         self._stage1 = None
 
@@ -154,15 +175,15 @@ class PendingReduce:
         if isinstance(self._stage2, LeadersRing):
             with comm._timed("inter", self.phase):
                 self._stage2.wait()
-                if self.flat.is_cuda:
-                    self.flat.copy_(self._host)
+                if self._staging.copies:
+                    self._staging.to_device(self._host, into=self.flat)
         elif self._stage2:
             with comm._timed("inter", self.phase):
                 waiter, other = self._stage2
                 waiter.wait()
                 self._host.add_(other)
-                if self.flat.is_cuda:
-                    self.flat.copy_(self._host)
+                if self._staging.copies:
+                    self._staging.to_device(self._host, into=self.flat)
         elif topo.servers > 2 and topo.is_leader:  # no MPI_THREAD_MULTIPLE: the blocking all-reduce
             with comm._timed("inter", self.phase):
                 comm._mpi_in_host(self.flat, lambda buf: topo.leader_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
@@ -174,6 +195,8 @@ class PendingReduce:
                 else:
                     comm._mpi_in_host(self.flat, lambda buf: topo.server_comm.Bcast(buf, root=0),
                                       write_back=not topo.is_leader)
+        self._staging.release(self._lease)
+        self._lease = None
         return self.flat
 
 
@@ -195,14 +218,15 @@ class LeadersRing:
     `allreduce_bytes_model`.  Blocking MPI_Sendrecv in the thread (MPI_THREAD_MULTIPLE; the caller checks):
     its messages progress while the caller computes, unlike MPI's non-blocking collectives here."""
 
-    def __init__(self, leaders: MPI.Comm, host: torch.Tensor, mpi_type: MPI.Datatype, tag: int):
-        self._buf, self._error = host, None
+    def __init__(self, leaders: MPI.Comm, host: torch.Tensor, mpi_type: MPI.Datatype, tag: int, ready=None):
+        self._buf, self._error, self._ready = host, None, ready  # ready: the staged copy's event (GPU)
         self._thread = threading.Thread(target=self._run, args=(leaders, mpi_type, tag),
                                         name="granndis-leaders-ring", daemon=True)
         self._thread.start()
 
     def _run(self, leaders, mpi_type, tag) -> None:
         try:
+            wait_event(self._ready)
             s, r = leaders.Get_size(), leaders.Get_rank()
             sizes = ring_chunk_sizes(self._buf.numel(), s)
             starts = list(itertools.accumulate([0] + sizes))

@@ -32,6 +32,7 @@ from .exchange_group import ExchangeGroup, local_group
 from .layout import block_rows, check_counts, offsets_of, plan_buckets
 from .ledger import Ledger
 from .pending import MPIProgress, PendingExchange, TimedSync, byte_rows, np_view, typed_rows
+from .staging import HostStaging, wait_event
 from .topology import Topology
 
 ENV_CHECK_COMM = "GRANNDIS_CHECK_COMM"
@@ -55,6 +56,8 @@ class Communicator:
         self.intra_transport = transport
         self.validate = (os.environ.get(ENV_CHECK_COMM, "") not in ("", "0")) if validate is None else validate
         self._cuda = topo.device.type == "cuda"
+        # Pinned, reused host buffers and side-stream copies for what MPI moves from a GPU (staging.py).
+        self._staging = HostStaging(topo.device)
         # A private duplicate of the world for point-to-point traffic: our tags cannot match
         # messages of any other library or of the caller.
         self._p2p = topo.world.Dup()
@@ -153,26 +156,49 @@ class Communicator:
         # overlap existed.  Non-blocking: Isend/Irecv of the non-empty blocks on the private p2p
         # communicator -- not MPI_Ialltoallv: Open MPI's non-blocking collectives (libnbc) were measured
         # 3-15x slower than the blocking ones and than point-to-point on the oversubscribed machine.
-        host_send = send_bytes.cpu() if send_bytes.is_cuda else send_bytes
-        host_out = torch.empty((n_out, row_bytes), dtype=torch.uint8, pin_memory=self._cuda)
+        st = self._staging
+        if st.copies:  # the send rows staged on the side stream, `ready` once copied (staging.py)
+            send_lease, host_send, ready = st.to_host(send_bytes)
+            out_lease = st.pool.acquire((n_out, row_bytes))
+            host_out = out_lease.rows
+        else:
+            send_lease, out_lease, ready = None, None, None
+            host_send, host_out = send_bytes, torch.empty((n_out, row_bytes), dtype=torch.uint8)
+
+        def to_device():
+            if not st.copies:
+                return host_out
+            out = st.to_device(host_out)
+            st.release(send_lease, out_lease)
+            return out
         rtype = self._row_type(row_bytes)
         s_off, r_off = offsets_of(sc), offsets_of(rc)
         if not progress:
+            wait_event(ready)
             self.topo.server_comm.Alltoallv([np_view(host_send), (sc.tolist(), s_off.tolist()), rtype],
                                             [np_view(host_out), (rc.tolist(), r_off.tolist()), rtype])
-            out = host_out.to(send_bytes.device, non_blocking=True) if self._cuda else host_out
+            out = to_device()
             return lambda: out
         me, mates = self.topo.local_rank, self.topo.server_ranks()
-        host_out[int(r_off[me]):int(r_off[me] + rc[me])] = host_send[int(s_off[me]):int(s_off[me] + sc[me])]
         others = np.array([j for j in range(g) if j != me], dtype=np.int64)
         to_send, to_recv = others[sc[others] > 0], others[rc[others] > 0]
-        requests = self._post_p2p(np_view(host_send), np_view(host_out), sc, rc, s_off, r_off, mates[to_send],
-                                  to_send, mates[to_recv], to_recv, rtype)
-        waiter = MPIProgress(requests, progress)  # mpi4py's requests keep their buffers alive
+        none = np.zeros(0, dtype=np.int64)
+        requests = self._post_p2p(np_view(host_send), np_view(host_out), sc, rc, s_off, r_off, none, none,
+                                  mates[to_recv], to_recv, rtype)
+
+        def post_sends():  # once the send rows are on the host
+            host_out[int(r_off[me]):int(r_off[me] + rc[me])] = host_send[int(s_off[me]):int(s_off[me] + sc[me])]
+            return self._post_p2p(np_view(host_send), np_view(host_out), sc, rc, s_off, r_off, mates[to_send],
+                                  to_send, none, none, rtype)
+        if ready is None:
+            requests, deferred = requests + post_sends(), None
+        else:
+            deferred = (ready, post_sends)
+        waiter = MPIProgress(requests, progress, deferred)  # mpi4py's requests keep their buffers alive
 
         def finish_mpi():
             waiter.wait()
-            return host_out.to(send_bytes.device, non_blocking=True) if self._cuda else host_out
+            return to_device()
         return finish_mpi
 
     def _post_p2p(self, send_buf, recv_buf, sc, rc, s_off, r_off, send_ranks, send_blocks, recv_ranks,
@@ -229,9 +255,9 @@ class Communicator:
         to_recv = others[rc[others] > 0]
 
         with self._timed("inter", phase, sync=False):
-            requests, staged_recv = self._post_inter(send_bytes, out_bytes, sc, rc, s_off, r_off,
-                                                     to_send, to_recv, row_bytes)
-            waiter = MPIProgress(requests, progress)
+            requests, deferred, staged = self._post_inter(send_bytes, out_bytes, sc, rc, s_off, r_off,
+                                                          to_send, to_recv, row_bytes)
+            waiter = MPIProgress(requests, progress, deferred)
         with self._timed("intra", phase, sync=False):
             intra_in = block_rows(s_off, sc, mates)
             finish_intra = self._intra_bytes_start(send_bytes[intra_in], sc[mates], rc[mates], progress)
@@ -243,35 +269,45 @@ class Communicator:
                 out_bytes[block_rows(r_off, rc, mates)] = finish_intra()
             with self._timed("inter", phase):
                 waiter.wait()
-                if staged_recv is not None:  # GPU: host staging -> device rows of the inter blocks
-                    host, rows = staged_recv
-                    out_bytes[rows] = host.to(out_bytes.device, non_blocking=True)
+                if staged is not None:  # GPU: host staging -> device rows of the inter blocks
+                    recv_lease, rows, send_lease = staged
+                    out_bytes[rows] = self._staging.to_device(recv_lease.rows)
+                    self._staging.release(recv_lease, send_lease)
             return out  # out_bytes is a view of out
         return PendingExchange(wait)
 
     def _post_inter(self, send_bytes, out_bytes, sc, rc, s_off, r_off, to_send, to_recv, row_bytes):
-        """Post Irecv then Isend for the inter-server blocks; returns (requests, GPU staging or None)."""
+        """Post Irecv (and Isend) for the inter-server blocks; returns (requests, deferred sends or None,
+        host staging or None).  Staged from a GPU, the sends are deferred until their copy has completed
+        (MPIProgress posts them) and the receives land in a pooled host buffer."""
         rtype = self._row_type(row_bytes)
         requests = []
-        staged_recv = None
-        if self._cuda:
+        staged, ready = None, None
+        st = self._staging
+        if st.copies:
             # Compact host buffers holding only the inter-server blocks.
             recv_rows = block_rows(r_off, rc, to_recv)
-            host_recv = torch.empty((int(rc[to_recv].sum()), row_bytes), dtype=torch.uint8, pin_memory=True)
-            host_send = send_bytes[block_rows(s_off, sc, to_send)].cpu()
-            recv_buf, recv_off = np_view(host_recv), offsets_of(rc[to_recv])
+            recv_lease = st.pool.acquire((int(rc[to_recv].sum()), row_bytes))
+            send_lease, host_send, ready = st.to_host(send_bytes[block_rows(s_off, sc, to_send)])
+            recv_buf, recv_off = np_view(recv_lease.rows), offsets_of(rc[to_recv])
             send_buf, send_off = np_view(host_send), offsets_of(sc[to_send])
-            staged_recv = (host_recv, recv_rows)
+            staged = (recv_lease, recv_rows, send_lease)
         else:
             recv_buf, recv_off = np_view(out_bytes), r_off[to_recv]
             send_buf, send_off = np_view(send_bytes), s_off[to_send]
         for src, off in zip(to_recv.tolist(), np.asarray(recv_off).tolist()):
             n = int(rc[src])
             requests.append(self._p2p.Irecv([recv_buf[off:off + n], n, rtype], source=src, tag=_P2P_TAG))
-        for dst, off in zip(to_send.tolist(), np.asarray(send_off).tolist()):
-            n = int(sc[dst])
-            requests.append(self._p2p.Isend([send_buf[off:off + n], n, rtype], dest=dst, tag=_P2P_TAG))
-        return requests, staged_recv
+
+        def post_sends():
+            sends = []
+            for dst, off in zip(to_send.tolist(), np.asarray(send_off).tolist()):
+                n = int(sc[dst])
+                sends.append(self._p2p.Isend([send_buf[off:off + n], n, rtype], dest=dst, tag=_P2P_TAG))
+            return sends
+        if ready is None:
+            return requests + post_sends(), None, staged
+        return requests, (ready, post_sends), staged
 
     # ----------------------------------------------------------------- all-reduce
     def allreduce_(self, tensors: Sequence[torch.Tensor], phase: str = "gradient", average: bool = False,
@@ -349,14 +385,18 @@ class Communicator:
         return PendingReduce(self, flat, phase, after)
 
     def _mpi_in_host(self, flat: torch.Tensor, op, write_back: bool) -> None:
-        """Run an MPI call on a host view of `flat` (a copy when it lives on a GPU)."""
-        if not flat.is_cuda:
+        """Run an MPI call on a host view of `flat` (a staged copy when it lives on a GPU: the host waits
+        for the copy out, a blocking MPI call needs the rows; the copy back is queued)."""
+        st = self._staging
+        if not st.copies:
             op(np_view(flat))
             return
-        host = flat.cpu()
+        lease, host, ready = st.to_host(flat)
+        wait_event(ready)
         op(np_view(host))
         if write_back:
-            flat.copy_(host)
+            st.to_device(host, into=flat)
+        st.release(lease)
 
     def allreduce_scalar(self, values, op: str = "sum"):
         """Reduce a float/int or a small NumPy array over MPI world (not ledgered: bookkeeping)."""
@@ -404,7 +444,7 @@ class Communicator:
         return t
 
     def _timed(self, link: str, phase: str, sync: bool = True):
-        """Time a communication call.  sync=False for posting a non-blocking one: synchronising the GPU
-        there would stall the host until queued kernels finish, which is what overlap avoids (NCCL and
-        the staging copies order themselves on the streams)."""
-        return TimedSync(self.ledger, link, phase, self._cuda and sync)
+        """Time a communication call: host wall time on the CPU, CUDA events on a GPU (never a device
+        synchronisation: NCCL and the staging copies order themselves on the streams).  `sync` is kept
+        for the callers' documentation of which calls wait (True) and which post (False)."""
+        return TimedSync(self.ledger, link, phase, self._cuda)

@@ -10,9 +10,10 @@ Conventions (the numbers are meant to be exact and machine-independent):
   Collectives are counted with an algorithmic model documented where they are issued
   (`comm.allreduce_bytes_model`): what a bandwidth-optimal algorithm must send, not what a
   particular MPI happens to do for a particular message size.
-* **Seconds** are the wall time of the communication call on this rank (the caller synchronises
-  CUDA before the clock stops when tensors are on a GPU, see `Ledger(synchronize=...)`).
-  Waiting for a slower peer is part of it, as it is part of the step time.
+* **Seconds** are the wall time of the communication call on this rank; waiting for a slower peer is
+  part of it, as it is part of the step time.  On a GPU (`timed_events`) they are the current CUDA
+  stream's time between events recorded around the call, read when the seconds are read (once per
+  epoch), so timing never synchronises the device on the step's path (cluster/hostsync.py).
 """
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ class Ledger:
         self._synchronize = synchronize
         self._bytes = np.zeros((len(LINKS), len(PHASES)), dtype=np.int64)
         self._seconds = np.zeros((len(LINKS), len(PHASES)), dtype=np.float64)
+        self._spans = None    # hostsync.EventSpans of timed_events, added to _seconds when read
+        self._span_keys = []  # (link, phase index) of every event span since reset, in order
+        self._span_s = []     # their seconds, once read
 
     def add(self, link: str, phase: str, nbytes: int, seconds: float = 0.0) -> None:
         i, j = _index(link, phase)
@@ -70,10 +74,42 @@ class Ledger:
                 self._synchronize()
             self.add(link, phase, 0, time.perf_counter() - start)
 
+    @contextlib.contextmanager
+    def timed_events(self, link: str, phase: str):
+        """`timed` on a GPU: CUDA events on the current stream around the body, no synchronisation;
+        the span's seconds are added when the ledger's seconds are next read."""
+        key = _index(link, phase)
+        from .hostsync import EventSpans, _event
+        if self._spans is None:
+            self._spans = EventSpans()
+        start = _event()
+        try:
+            yield self
+        finally:
+            self._spans.add(key, start, _event())
+            self._span_keys.append(key)
+
+    def span_cursor(self) -> int:
+        """The number of event spans recorded since reset (a LayerClock mark)."""
+        return len(self._span_keys)
+
+    def span_seconds(self, begin: int, end: int, phases=("halo", "setup")) -> float:
+        """Seconds of the event spans begin..end-1 (span_cursor marks) in the given phases."""
+        self._read_spans()
+        cols = {PHASES.index(p) for p in phases}
+        return float(sum(s for (_, j), s in zip(self._span_keys[begin:end], self._span_s[begin:end]) if j in cols))
+
+    def _read_spans(self) -> None:
+        if self._spans is not None and len(self._spans):
+            for key, seconds in self._spans.collect():
+                self._seconds[key] += seconds
+                self._span_s.append(seconds)
+
     def bytes(self, link: str, phase: str) -> int:
         return int(self._bytes[_index(link, phase)])
 
     def seconds(self, link: str, phase: str) -> float:
+        self._read_spans()
         return float(self._seconds[_index(link, phase)])
 
     def total_bytes(self, link: str | None = None, phase: str | None = None) -> int:
@@ -81,14 +117,19 @@ class Ledger:
         return int(self._select(self._bytes, link, phase).sum())
 
     def total_seconds(self, link: str | None = None, phase: str | None = None) -> float:
+        self._read_spans()
         return float(self._select(self._seconds, link, phase).sum())
 
     def reset(self) -> None:
         self._bytes[:] = 0
         self._seconds[:] = 0.0
+        if self._spans is not None:
+            self._spans.collect()  # drop spans of the previous epoch (read or not)
+        self._span_keys, self._span_s = [], []
 
     def snapshot(self) -> dict:
         """{"bytes": {link: {phase: int}}, "seconds": {link: {phase: float}}} of this rank."""
+        self._read_spans()
         return _as_dict(self._bytes, self._seconds)
 
     def reduce(self, comm, op: str = "sum") -> dict:
@@ -98,6 +139,7 @@ class Ledger:
 
         if op not in ("sum", "max"):
             raise ValueError(f"Ledger.reduce op must be 'sum' or 'max', got {op!r}")
+        self._read_spans()
         total_bytes = np.empty_like(self._bytes)
         total_seconds = np.empty_like(self._seconds)
         comm.Allreduce(self._bytes, total_bytes, op=MPI.SUM)

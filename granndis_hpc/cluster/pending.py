@@ -12,7 +12,9 @@ import torch
 from mpi4py import MPI
 
 from . import trace
+from .hostsync import host_numpy
 from .ledger import Ledger
+from .staging import wait_event
 
 
 class PendingExchange:
@@ -85,18 +87,37 @@ class MPIProgress:
     The thread needs MPI_THREAD_MULTIPLE (mpi4py's default); with a lower thread level it is not started
     and the requests complete in wait() as before.  Only one thread touches the requests at a time."""
 
-    def __init__(self, requests, progress: bool):
+    def __init__(self, requests, progress: bool, deferred=None):
         self._requests = list(requests)
+        # deferred: (event, post) -- sends of rows still being staged to the host (cluster/staging.py):
+        # post() -> requests runs once the copy's event has completed, in the thread when there is one
+        # (the caller computes on), else now.
+        self._deferred = deferred
         # polls: MPI_Testall calls that found work left.  _stop is an Event, not a flag: the poller sleeps
         # on it, so wait() wakes it at once instead of joining after the rest of its sleep (up to
         # PROGRESS_POLL_MAX_S on the caller's critical path, twice per world exchange: its inter and
         # intra pollers are joined one after the other).
         self._thread, self._stop, self.polls = None, threading.Event(), 0
-        if progress and self._requests and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+        if progress and (self._requests or deferred) and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             self._thread = threading.Thread(target=self._poll, name="granndis-mpi-progress", daemon=True)
             self._thread.start()
+        else:
+            self._post_deferred(block=False)
+
+    def _post_deferred(self, block: bool = True) -> bool:
+        """Post the deferred sends (block=False: only if their copy has completed); True once posted."""
+        if self._deferred is None:
+            return True
+        event, post = self._deferred
+        if not block and event is not None and not event.query():
+            return False
+        self._deferred = None
+        wait_event(event)
+        self._requests += post()
+        return True
 
     def _poll(self) -> None:
+        self._post_deferred()
         interval = PROGRESS_POLL_S
         while not self._stop.is_set() and not MPI.Request.Testall(self._requests):
             self.polls += 1
@@ -113,6 +134,8 @@ class MPIProgress:
                 return False
             self._thread.join()
             self._thread = None
+        if not self._post_deferred(block=False):  # (done by the thread when there was one)
+            return False
         return bool(MPI.Request.Testall(self._requests))
 
     def wait(self) -> None:
@@ -120,24 +143,22 @@ class MPIProgress:
             self._stop.set()
             self._thread.join()
             self._thread = None
+        self._post_deferred()
         MPI.Request.Waitall(self._requests)  # completed requests are MPI_REQUEST_NULL: returns at once
 
 
 class TimedSync:
-    """ledger.timed that synchronises CUDA first, so kernels are charged to the right call."""
+    """ledger.timed on the CPU; on a GPU the ledger's CUDA event spans (ledger.timed_events), which never
+    synchronise the device: a call's seconds are the current stream's time across it, read at the
+    epoch's end (cluster/hostsync.py)."""
 
     def __init__(self, ledger: Ledger, link: str, phase: str, cuda: bool):
-        self._inner = ledger.timed(link, phase)
-        self._cuda = cuda
+        self._inner = ledger.timed_events(link, phase) if cuda else ledger.timed(link, phase)
 
     def __enter__(self):
-        if self._cuda:
-            torch.cuda.synchronize()
         return self._inner.__enter__()
 
     def __exit__(self, *exc):
-        if self._cuda:
-            torch.cuda.synchronize()
         return self._inner.__exit__(*exc)
 
 
@@ -157,5 +178,6 @@ def typed_rows(byte_rows: torch.Tensor, dtype: torch.dtype, rest: tuple) -> torc
 
 
 def np_view(t: torch.Tensor) -> np.ndarray:
-    """NumPy view of a CPU tensor's memory (uint8 or a reducible dtype)."""
-    return t.detach().numpy()
+    """NumPy view of a CPU tensor's memory (uint8 or a reducible dtype); on a GPU only ever given host
+    staging buffers, so it is no host synchronisation (hostsync.SyncCounter does not count it)."""
+    return host_numpy(t)

@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from .devices import device_kind as device_kinds, gpu_positions, select_gpu
 from .errors import ClusterError, agree
+from .rendezvous import rendezvous_address
 
 ENV_RANKS_PER_SERVER = "GRANNDIS_RANKS_PER_SERVER"
 ENV_INTRA_TRANSPORT = "GRANNDIS_INTRA_TRANSPORT"
 ENV_DIST_TIMEOUT = "GRANNDIS_DIST_TIMEOUT_S"
+ENV_SHARE_GPUS = "GRANNDIS_SHARE_GPUS"  # 1: ranks may share a GPU (emulated servers on one GPU)
 DEVICES = ("auto", "cpu", "cuda")
 TRANSPORTS = ("auto", "gloo", "nccl", "mpi")
 
@@ -175,7 +178,7 @@ def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str)
 
     node_comm = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     try:
-        node_local_rank, ranks_on_node = node_comm.Get_rank(), node_comm.Get_size()
+        ranks_on_node = node_comm.Get_size()
         if rps is None:
             server, server_comm = _servers_from_nodes(world, node_comm, hosts_of_rank)
             node_comm = None  # now owned as server_comm
@@ -208,7 +211,7 @@ def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str)
                     rank_table=rank_table, hosts=hosts, emulated=rps is not None, ranks_on_node=ranks_on_node,
                     _server_of=server_of, _local_of=local_of)
     try:
-        topo.device = _resolve_device(world, device, node_local_rank)
+        topo.device = _resolve_device(world, device)
         topo.intra_transport = _resolve_transport(world, intra_transport, topo.device)
         if topo.intra_transport == "nccl":
             _check_one_gpu_per_rank(topo)
@@ -263,27 +266,36 @@ def _servers_from_nodes(world: MPI.Comm, node_comm: MPI.Comm, hosts_of_rank):
     return int(server_of[rank]), node_comm
 
 
-def _resolve_device(world: MPI.Comm, device: str, node_local_rank: int) -> torch.device:
+def _visible_set() -> tuple:
+    """What identifies the GPUs this rank sees: their UUIDs where torch exposes them, else
+    CUDA_VISIBLE_DEVICES (ranks with the same set share it out in rank order)."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    uuids = [getattr(torch.cuda.get_device_properties(i), "uuid", None) for i in range(n)]
+    if n and all(u is not None for u in uuids):
+        return tuple(str(u) for u in uuids)
+    return (os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"), n)
+
+
+def _resolve_device(world: MPI.Comm, device: str, share_gpus: Optional[bool] = None) -> torch.device:
     agree(world, device in DEVICES, f"device must be one of {DEVICES}, got {device!r}")
     has_cuda = torch.cuda.is_available()
-    n_gpus = torch.cuda.device_count() if has_cuda else 0
-    if device == "auto":
-        all_cuda = all(world.allgather(has_cuda))
-        device = "cuda" if all_cuda else "cpu"
-    if device == "cpu":
-        return torch.device("cpu")
-    problem = ""
-    if not has_cuda:
-        problem = (f"device=cuda was requested but CUDA is not available on host "
-                   f"{MPI.Get_processor_name()} (torch {torch.__version__}, built for CUDA "
-                   f"{torch.version.cuda}); use device=cpu, or run on GPU nodes with a CUDA build of torch")
-    elif n_gpus > 1 and node_local_rank >= n_gpus:
-        problem = (f"{node_local_rank + 1}+ ranks on this host but only {n_gpus} visible GPUs; start one "
-                   f"rank per GPU")
+    hosts = world.allgather(MPI.Get_processor_name())
+    kind, problem = device_kinds(device, world.allgather(has_cuda), hosts)
     agree(world, not problem, problem)
-    # One visible GPU per rank (Slurm/CUDA_VISIBLE_DEVICES binding) -> cuda:0; otherwise one GPU per
-    # node-local rank (equal to local_rank when servers are real nodes).
-    index = 0 if n_gpus == 1 else node_local_rank
+    if kind == "cpu":
+        return torch.device("cpu")
+    if share_gpus is None:
+        share_gpus = os.environ.get(ENV_SHARE_GPUS, "") not in ("", "0")
+    # GPU training calls MPI from autograd's device thread (the exchange's backward, gradient hooks).
+    level = MPI.Query_thread()
+    thread_problem = "" if level >= MPI.THREAD_SERIALIZED else (
+        f"the MPI library gives thread level {level} (MPI_THREAD_SERIALIZED = {MPI.THREAD_SERIALIZED} is needed on "
+        f"GPUs: the backward calls MPI from autograd's device thread); use an MPI built with thread support")
+    agree(world, not thread_problem, thread_problem)
+    rank = world.Get_rank()
+    position, count = gpu_positions(hosts, world.allgather(_visible_set()))[rank]
+    index, problem = select_gpu(position, count, torch.cuda.device_count(), share_gpus, hosts[rank])
+    agree(world, not problem, problem)
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
@@ -328,47 +340,46 @@ def _check_one_gpu_per_rank(topo: Topology) -> None:
           f"GPU per rank of a server: start one rank per GPU, or use intra_transport=mpi (staged through host)")
 
 
-def _master_address(single_host: bool) -> str:
-    """An address of rank 0's host that every rank can reach (env MASTER_ADDR overrides)."""
-    if os.environ.get("MASTER_ADDR"):
-        return os.environ["MASTER_ADDR"]
-    if single_host:
-        return "127.0.0.1"
-    try:  # the interface of the default route; a UDP connect sends no packet
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect(("10.255.255.255", 1))
-            return probe.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(socket.getfqdn())
-
-
 def _init_torch_distributed(topo: Topology, single_host: bool):
     world = topo.world
     if dist.is_initialized():
         raise ClusterError("torch.distributed is already initialised in this process; close the previous "
                            "Topology (topo.close()) before building a new one", collective=True)
-    timeout = datetime.timedelta(seconds=float(os.environ.get(ENV_DIST_TIMEOUT, "600")))
+    seconds = float(os.environ.get(ENV_DIST_TIMEOUT, "600"))
+    timeout = datetime.timedelta(seconds=seconds)
     store, endpoint = None, None
     if topo.rank == 0:
         try:
-            address = _master_address(single_host)
+            address, how = rendezvous_address(os.environ.get("MASTER_ADDR", ""), single_host, MPI.Get_processor_name())
             # Port 0: the OS picks a free port and the store reports it, so no probe-then-bind race.
             port = int(os.environ.get("MASTER_PORT", "0"))
             store = dist.TCPStore(address, port, topo.world_size, True, timeout=timeout,
                                   wait_for_workers=False)
-            endpoint = (address, int(store.port), "")
+            endpoint = (address, int(store.port), how, "")
         except Exception as exc:  # noqa: BLE001 -- reported to every rank below
-            endpoint = ("", 0, f"rank 0 could not open the torch.distributed store: {exc!r} "
-                               f"(set MASTER_ADDR / MASTER_PORT)")
-    address, port, problem = world.bcast(endpoint, root=0)
+            endpoint = ("", 0, None, f"rank 0 could not open the torch.distributed store: {exc!r} "
+                                     f"(set MASTER_ADDR / MASTER_PORT)")
+    address, port, how, problem = world.bcast(endpoint, root=0)
     if problem:
         raise ClusterError(problem, collective=True)
+    problem = ""
     if store is None:
-        store = dist.TCPStore(address, port, topo.world_size, False, timeout=timeout)
-    # The default group is gloo even on GPUs: it only carries store barriers, and several ranks
-    # sharing one GPU (emulated servers) would break an NCCL default group.
-    dist.init_process_group("gloo", store=store, rank=topo.rank, world_size=topo.world_size,
-                            timeout=timeout)
+        try:
+            store = dist.TCPStore(address, port, topo.world_size, False, timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 -- agreed below, so no rank waits for the others
+            problem = (f"host {MPI.Get_processor_name()} (rank {topo.rank}) could not reach the torch.distributed "
+                       f"store of rank 0 on {topo.hosts[0]} at {address}:{port} ({how}) within {seconds:g} s: "
+                       f"{type(exc).__name__}; set MASTER_ADDR to an address of {topo.hosts[0]} every node "
+                       f"reaches (e.g. its InfiniBand interface's), or {ENV_DIST_TIMEOUT} for a longer wait")
+    problems = [p for p in world.allgather(problem) if p]
+    if problems:
+        raise ClusterError(problems[0] + (f" (and {len(problems) - 1} more host(s))" if len(problems) > 1 else ""),
+                           collective=True)
+    # The default group carries nothing (every collective names a server subgroup).  On GPUs it is
+    # NCCL, which connects lazily, at a first collective that never comes; gloo (CPU) connects every pair
+    # of ranks when made, which the MPI transport (the CPU default) does not need.
+    default = "nccl" if topo.device.type == "cuda" else "gloo"
+    dist.init_process_group(default, store=store, rank=topo.rank, world_size=topo.world_size, timeout=timeout)
     backend = topo.intra_transport
     mine = None
     for s in range(topo.servers):  # every rank creates every subgroup, in the same order

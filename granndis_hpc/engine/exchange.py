@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from granndis_hpc.cluster import trace
@@ -43,6 +44,56 @@ def _to_wire(t: torch.Tensor, wire_dtype: Optional[torch.dtype]) -> torch.Tensor
 def _from_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
+
+
+def _rounds(index: torch.Tensor) -> list:
+    """Positions of `index` split into rounds without a repeated value: round r holds the r-th occurrence
+    (in position order) of every value.  Built once per send index (kept on the tensor: the plans' send
+    indices live as long as their view)."""
+    cached = getattr(index, "_granndis_rounds", None)
+    if cached is None:
+        order = torch.sort(index, stable=True).indices
+        ordered = index[order]
+        pos = torch.arange(index.numel(), device=index.device)
+        start = torch.ones_like(ordered, dtype=torch.bool)
+        start[1:] = ordered[1:] != ordered[:-1]
+        occurrence = pos - torch.cummax(torch.where(start, pos, torch.zeros_like(pos)), 0).values
+        n_rounds = int(occurrence.max()) + 1 if index.numel() else 0
+        cached = [torch.sort(order[occurrence == r]).values for r in range(n_rounds)]
+        index._granndis_rounds = cached
+    return cached
+
+
+def send_index_tensor(send_index, device) -> torch.Tensor:
+    """A plan's send index (host array) on `device`, its scatter rounds built on the host now (the
+    views' send indices: no device value is read back in the backward, cob's per-step views included)."""
+    host = np.asarray(send_index, dtype=np.int64)
+    index = torch.as_tensor(host, device=device)
+    order = np.argsort(host, kind="stable")
+    ordered = host[order]
+    pos = np.arange(host.size)
+    start = np.ones(host.size, dtype=bool)
+    start[1:] = ordered[1:] != ordered[:-1]
+    occurrence = pos - np.maximum.accumulate(np.where(start, pos, 0)) if host.size else pos
+    n_rounds = int(occurrence.max()) + 1 if host.size else 0
+    index._granndis_rounds = [torch.as_tensor(np.sort(order[occurrence == r]), device=device)
+                              for r in range(n_rounds)]
+    return index
+
+
+def scatter_add_rows(index: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """out[index[j]] += rows[j] into zeros [num_rows, ...], deterministic on every device.
+
+    A row sent to several peers appears several times in a send index, and index_add_ with repeated
+    indices sums them with atomics on CUDA, in an order that varies from run to run (so a resumed run
+    would not repeat the bits).  Here each round adds one occurrence of each row (no repeated index
+    inside an index_add_ call), rounds in position order: the same sums, in the order the CPU's
+    index_add_ makes them (positions ascending), so the CPU's bits are unchanged.  A round per peer a
+    row goes to at most, not a loop over rows."""
+    out = rows.new_zeros((num_rows,) + tuple(rows.shape[1:]))
+    for positions in _rounds(index):
+        out.index_add_(0, index[positions], rows[positions])
+    return out
 
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
@@ -65,9 +116,7 @@ class _HaloExchange(torch.autograd.Function):
         grad_send = _from_wire(ctx.exchange_fn(_to_wire(grad_recv, ctx.wire_dtype), ctx.recv_counts,
                                                ctx.send_counts), grad_recv.dtype)
         trace.mark("block_bwd_end")
-        grad_h = grad_recv.new_zeros((ctx.num_rows,) + tuple(grad_recv.shape[1:]))
-        grad_h.index_add_(0, send_index, grad_send)
-        return grad_h, None, None, None, None, None
+        return scatter_add_rows(send_index, grad_send, ctx.num_rows), None, None, None, None, None
 
 
 def halo_exchange(h: torch.Tensor, send_index: torch.Tensor, send_counts: Sequence[int],
@@ -121,9 +170,7 @@ class _Post(torch.autograd.Function):
         state = ctx.state
         grad_send = state.wait(state.backward, "bwd")
         state.backward = None
-        grad_h = grad_send.new_zeros((state.num_rows,) + tuple(grad_send.shape[1:]))
-        grad_h.index_add_(0, state.send_index, grad_send)
-        return grad_h, None
+        return scatter_add_rows(state.send_index, grad_send, state.num_rows), None
 
 
 class _Wait(torch.autograd.Function):

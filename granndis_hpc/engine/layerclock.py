@@ -16,7 +16,10 @@ compute (granndis_hpc/linkmodel.py's per-rank timeline).  This clock measures th
   epoch's compute: `epoch_record` writes every rank's compute beside these.
 
 Costs two perf_counter readings and one ledger sum per layer and direction; a recomputed block
-(--checkpoint-activations) calls gather again inside the backward, which the clock ignores.
+(--checkpoint-activations) calls gather again inside the backward, which the clock ignores.  On a GPU
+(`cuda=True`) a mark is a CUDA event on the current stream and the ledger's event-span count, and the
+seconds are read when `seconds` is first read after the marks (at the epoch's end): the clock never
+synchronises the device inside a step (cluster/hostsync.py).
 """
 from __future__ import annotations
 
@@ -29,23 +32,39 @@ from granndis_hpc.cluster.ledger import Ledger
 
 
 class LayerClock:
-    def __init__(self, ledger: Ledger, layers: int):
-        self.ledger, self.layers = ledger, int(layers)
+    def __init__(self, ledger: Ledger, layers: int, cuda: bool = False):
+        self.ledger, self.layers, self.cuda = ledger, int(layers), bool(cuda)
         self.reset()
 
     def reset(self) -> None:
         """Start an epoch: [2, layers] seconds (row 0 forward, row 1 backward) summed over its steps."""
-        self.seconds = np.zeros((2, self.layers))
+        self._seconds = np.zeros((2, self.layers))
+        self._spans = []  # GPU: (row, layer, start mark, end mark), read by `seconds`
         self._phase, self._layer, self._t = None, None, 0.0
 
-    def _now(self) -> float:
+    @property
+    def seconds(self) -> np.ndarray:
+        """[2, layers] seconds so far (on a GPU: waits for the marks' events)."""
+        spans, self._spans = self._spans, []
+        for row, layer, (ev0, c0), (ev1, c1) in spans:
+            ev1.synchronize()
+            self._seconds[row, layer] += ev0.elapsed_time(ev1) / 1e3 - self.ledger.span_seconds(c0, c1)
+        return self._seconds
+
+    def _now(self):
+        if self.cuda:
+            from granndis_hpc.cluster.hostsync import _event
+            return _event(), self.ledger.span_cursor()
         comm = self.ledger.total_seconds(phase="halo") + self.ledger.total_seconds(phase="setup")
         return time.perf_counter() - comm
 
-    def _close(self, row: int, layer) -> float:
+    def _close(self, row: int, layer):
         now = self._now()
         if layer is not None and 0 <= layer < self.layers:
-            self.seconds[row, layer] += now - self._t
+            if self.cuda:
+                self._spans.append((row, layer, self._t, now))
+            else:
+                self._seconds[row, layer] += now - self._t
         self._t = now
         return now
 

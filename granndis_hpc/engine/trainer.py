@@ -28,6 +28,7 @@ from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
 from granndis_hpc.engine import checkpoint, signals, views
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
+from granndis_hpc.cluster.hostsync import Stopwatch
 from granndis_hpc.engine.layerclock import LayerClock
 from granndis_hpc.engine.model_source import ModelSourceError, model_provenance, warm_start
 from granndis_hpc.engine.modes import make_mode
@@ -37,7 +38,8 @@ from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: imp
 from granndis_hpc.engine.rundir import RunDirectory
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError
 from granndis_hpc.graph import planner
-from granndis_hpc.metrics import METRICS_FILE, epoch_line, peak_memory_bytes, summarize, summary_fields
+from granndis_hpc.metrics import (METRICS_FILE, epoch_line, peak_memory_bytes, peak_reserved_bytes, summarize,
+                                  summary_fields)
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.progress import progress
@@ -104,7 +106,8 @@ class Trainer:
         # halo in flight while each layer aggregates its own rows (models that accept PendingRows).
         self.gradsync = GradientSync(self.comm, self.model.named_parameters()) if not cfg.no_overlap else None
         # Per-layer compute of every rank, forward and backward (the overlap limit's per-rank timeline).
-        self.layer_clock = LayerClock(self.ledger, cfg.conv_layers)
+        self.layer_clock = LayerClock(self.ledger, cfg.conv_layers, cuda=self.device.type == "cuda")
+        self._grad_clock = Stopwatch(self.device)  # CUDA events on a GPU: no device sync in the step
         # The exchange groups whose halos travel while the layer computes (--overlap-halos).
         self._overlap_halo = OVERLAP_HALOS[cfg.overlap_halos] \
             if not cfg.no_overlap and getattr(self.model, "accepts_pending_rows", False) else frozenset()
@@ -217,13 +220,12 @@ class Trainer:
         loss.backward()  # with overlap, gradient buckets are already being reduced (cluster/gradsync.py)
         self.layer_clock.end_backward()
         trace.mark("backward_end")
-        grad_start = time.perf_counter()
+        self._grad_clock.start()
         if self.gradsync is not None:
             self.gradsync.finish()  # the reduction not hidden behind the backward
         else:
             self.comm.allreduce_([p.grad for p in self.model.parameters()], phase="gradient")
-        self._sync()
-        grad_s = time.perf_counter() - grad_start
+        grad_s = self._grad_clock.stop()  # on a GPU 0.0 here: train_epoch collects the events
         self.optimizer.step()
         trace.mark("step_end")
         return float(loss.detach()), grad_s
@@ -247,6 +249,7 @@ class Trainer:
             steps += 1
         self._sync()
         elapsed = time.perf_counter() - start
+        grad_s += self._grad_clock.collect()
         self.epoch += 1
         # Each step's loss is a mean over its targets; the epoch's is the mean over its steps.
         rec = self._epoch_record(elapsed, grad_s, loss_sum / max(steps, 1), sampling_s)
@@ -348,6 +351,8 @@ class Trainer:
         summary["optimizer"] = self.optimizer.summary()
         if cfg.init_from:
             summary["init_from"] = self.init_source.provenance()
+        if self.device.type == "cuda":  # beside peak_memory_bytes (allocated): what the GPU held
+            summary["peak_reserved_bytes"] = int(self.comm.allreduce_scalar(peak_reserved_bytes(self.device), "max"))
         if self.run_dir:
             self.run_dir.write_best_model(self.best, self.best_state)  # collective, rank 0 writes
             self.run_dir.finish(summary)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from granndis_hpc.cluster.exchange_group import ExchangeGroup
-from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_post, halo_exchange_start
+from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_post, halo_exchange_start, send_index_tensor
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import owner_of, position_lookup
 from granndis_hpc.nn.graph import LayerGraph, RowSplit
@@ -98,6 +98,20 @@ def key_resolver_world(inner_gid: np.ndarray):
     return position_lookup(inner_gid)
 
 
+def _first_alike(layers, l: int) -> int:
+    """The first layer with the same LayerPlan object as layer l."""
+    return next(m for m in range(l + 1) if layers[m] is layers[l])
+
+
+def _per_layer(layers, make) -> list:
+    """make(lp) for every layer, once per distinct LayerPlan object: equal layers get the same result."""
+    out = []
+    for l, lp in enumerate(layers):
+        m = _first_alike(layers, l)
+        out.append(out[m] if m < l else make(lp))
+    return out
+
+
 class View:
     """A planned view bound to a transport: builds LayerGraphs and the model's `gather` function."""
 
@@ -106,7 +120,7 @@ class View:
         self.plan, self.device, self.exchange_group, self._exchange = plan, device, group, group.exchange
         self.num_own = plan.num_own
         self.group = plan.group  # the group's name, as the plan records it
-        self._send = [torch.as_tensor(lp.send_index, device=device) for lp in plan.layers]
+        self._send = _per_layer(plan.layers, lambda lp: send_index_tensor(lp.send_index, device))
         self._full_send = torch.as_tensor(plan.full_send_index, device=device)
         # Static halo data, exchanged once over the full plan: phase "setup" for a view built once,
         # "halo" for the per-iteration views of co-batched training (it is then per-step traffic).
@@ -120,18 +134,21 @@ class View:
         self.halo_features = self.exchange_full(self.features, phase=static_phase)
         # One tensor object: gather recognises it (by identity) as the static input of layer 0.
         self.input_features = self.features[: plan.layers[0].n_own_in]
-        self.graphs: List[LayerGraph] = []
-        for lp in plan.layers:
+
+        def layer_graph(lp):
             src_degree = torch.cat([own_degree.squeeze(1)[: lp.n_own_in],
                                     halo_degree[torch.as_tensor(lp.halo_rows, device=device)]])
-            self.graphs.append(LayerGraph(
+            return LayerGraph(
                 n_dst=lp.n_dst, n_src=lp.n_src,
                 indptr=torch.as_tensor(lp.indptr, device=device),
                 indices=torch.as_tensor(lp.indices, device=device),
                 dst_degree=own_degree.squeeze(1)[: lp.n_dst].contiguous(),
                 src_degree=src_degree.contiguous(),
-                src_loops=torch.cat([own_loops[: lp.n_own_in], own_loops.new_zeros(lp.n_src - lp.n_own_in)])))
-        self._halo_rows = [torch.as_tensor(lp.halo_rows, device=device) for lp in plan.layers]
+                src_loops=torch.cat([own_loops[: lp.n_own_in], own_loops.new_zeros(lp.n_src - lp.n_own_in)]))
+        # Layers with one LayerPlan (the world view's: every row at every layer) share one LayerGraph,
+        # so its matrices are built and cached once.
+        self.graphs: List[LayerGraph] = _per_layer(plan.layers, layer_graph)
+        self._halo_rows = _per_layer(plan.layers, lambda lp: torch.as_tensor(lp.halo_rows, device=device))
         # Global ids of the own rows (every layer's rows are a prefix): what dropout masks are keyed by.
         self.row_ids = (None if rows.global_id is None
                         else torch.as_tensor(np.asarray(rows.global_id, dtype=np.int64), device=device))
@@ -146,7 +163,7 @@ class View:
         self = cls.__new__(cls)
         self.plan, self.device, self.exchange_group, self._exchange = plan, device, group, group.exchange
         self.num_own, self.group = plan.num_own, plan.group
-        self._send = [torch.as_tensor(lp.send_index, device=device) for lp in plan.layers]
+        self._send = [send_index_tensor(lp.send_index, device) for lp in plan.layers]
         self._full_send = torch.as_tensor(plan.full_send_index, device=device)
         self.features, self.halo_features = features, halo_features
         self.input_features = features[: plan.layers[0].n_own_in]
@@ -259,6 +276,7 @@ class View:
         """(RowSplit of layer l's own rows into the rows it sends and the others, the send index as
         positions in the first group), built once per view and layer."""
         splits = self.__dict__.setdefault("_row_splits", {})
+        l = _first_alike(self.plan.layers, l)  # layers sharing a plan share the split (and its matrices)
         if l not in splits:
             first, position = torch.unique(self._send[l], sorted=True, return_inverse=True)
             splits[l] = (RowSplit(first, self.plan.layers[l].n_own_in), position)

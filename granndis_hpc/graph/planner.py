@@ -158,6 +158,11 @@ def build_plan(own_hop: np.ndarray, indptr: np.ndarray, sources: EdgeSources, ha
     plan.full_send_index = send_pos
     plan.full_send_counts = np.asarray(send_peer_counts, dtype=np.int64)
     for l in range(L):
+        if all_active and l > 0:
+            # Every layer reads and computes every row: one LayerPlan (and so one graph and one set of
+            # sparse matrices, engine/views.py) serves them all instead of L equal copies.
+            plan.layers.append(plan.layers[0])
+            continue
         in_lim, out_lim = limit(l), limit(l + 1)
         n_own_in = int(np.searchsorted(own_hop, in_lim, side="right"))
         n_dst = int(np.searchsorted(own_hop, out_lim, side="right"))

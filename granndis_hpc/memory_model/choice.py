@@ -157,6 +157,22 @@ def _more_cobatches_help(options: Sequence[Option]) -> bool:
     return False
 
 
+# What a GPU holds beside the tensors the estimate counts: the CUDA context with the cuBLAS/cuSPARSE
+# workspaces and NCCL's communicator buffers (each about 0.5 GiB on H100-class GPUs with NCCL's
+# defaults), and the caching allocator's reserved-but-unallocated blocks (fragmentation), taken as a
+# tenth of what is allocated.  The estimate is of allocated bytes; the device holds reserved bytes.
+GPU_CONTEXT_BYTES = 1 << 30
+GPU_FRAGMENTATION = 0.10
+
+
+def usable_budget(budget_bytes: int, device: str) -> int:
+    """The part of a per-GPU budget the estimated peak may fill: on a GPU the budget less the context
+    and NCCL buffers, divided by 1 + the fragmentation share; on the CPU all of it."""
+    if device != "cuda":
+        return int(budget_bytes)
+    return max(0, int((int(budget_bytes) - GPU_CONTEXT_BYTES) / (1.0 + GPU_FRAGMENTATION)))
+
+
 def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
     """The first option in GraNNDis' preference order whose estimated peak fits the budget."""
     name = _namer(options)

@@ -268,10 +268,16 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
         features += v.n_send * I64  # the full send list
     graph = 0
     for v in r.views():
+        # The world view's layers share one graph and one set of matrices (engine/views.py): counted
+        # once, with every cache any of its layers uses.
+        shared = {}
         for l, lr in enumerate(v.layers):
             trained = (v.name != "world" and l < r.k) or (v.name == "world" and l >= r.k)
             used_forward = trained or v.name == "world"  # evaluation runs every world layer
-            graph += _graph_bytes(lr, est.self_loops, used_forward, trained and est.aggregation_input_grad(m, l))
+            key = "world" if v.name == "world" else l
+            fwd, transpose = shared.get(key, (lr, False, False))[1:]
+            shared[key] = (lr, fwd or used_forward, transpose or (trained and est.aggregation_input_grad(m, l)))
+        graph += sum(_graph_bytes(lr, est.self_loops, fwd, transpose) for lr, fwd, transpose in shared.values())
     act = activation_layers(r, m, device)
     step = step_peak(r, m, act)
     P = m.parameters()

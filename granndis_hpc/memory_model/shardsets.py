@@ -10,9 +10,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from granndis_hpc import shards
+from granndis_hpc.units import format_size
 
 from .arrays import ServerArrays, gpu_arrays_from_slice, shard_rows
-from .choice import Decision, choose
+from .choice import Decision, choose, usable_budget
 from .estimate import MemoryModelError, ModelSpec, estimate
 from .modes import Sampling, SetArrays, options, row_groups
 
@@ -80,7 +81,12 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
         m = model_for(manifest, model, hidden, layers, **model_kw)
         found += options(row_groups(set_arrays(path, manifest, servers), layers, m, sampling), m,
                          int(manifest["servers"]), device)
-    decision = choose(found, budget_bytes)
+    fits_in = usable_budget(budget_bytes, device)
+    decision = choose(found, fits_in)
+    if fits_in != budget_bytes:  # a GPU: the context, NCCL's buffers and fragmentation first (choice.py)
+        decision = dataclasses.replace(decision, reason=decision.reason + (
+            f" (of {format_size(budget_bytes)} per GPU, {format_size(budget_bytes - fits_in)} is kept for the CUDA "
+            f"context, NCCL's buffers and the allocator's fragmentation)"))
     if skipped:
         decision = dataclasses.replace(decision, reason=decision.reason + "; sets not considered: " + "; ".join(skipped))
     return decision

@@ -81,7 +81,16 @@ def keep_mask(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, width: i
         raise ValueError(f"keep_mask: row_ids must be 1-D, got shape {tuple(ids.shape)}")
     row_start = _row_starts(seed, epoch, layer, ids)
     cols = torch.arange(1, width + 1, dtype=torch.int64, device=ids.device) * _signed(_GOLDEN)
-    return _keep(row_start.unsqueeze(1) + cols.unsqueeze(0), p)
+    # Blocks of rows: the int64 stream positions exist for at most MASK_BLOCK_ELEMENTS elements at a
+    # time (8 MiB) beside the bool mask, not rows x width x 8 bytes (8x the mask, 2x an f32 layer output).
+    out = torch.empty((ids.shape[0], width), dtype=torch.bool, device=ids.device)
+    step = max(1, MASK_BLOCK_ELEMENTS // max(int(width), 1))
+    for a in range(0, ids.shape[0], step):  # a few blocks per layer, not a loop over rows
+        out[a:a + step] = _keep(row_start[a:a + step].unsqueeze(1) + cols.unsqueeze(0), p)
+    return out
+
+
+MASK_BLOCK_ELEMENTS = 1 << 20
 
 
 def _row_starts(seed: int, epoch: int, layer: int, ids: torch.Tensor) -> torch.Tensor:

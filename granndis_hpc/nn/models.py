@@ -331,8 +331,14 @@ def linear_saved(rows: int, win: int, wout: int, norm: bool, dropout: float, mas
     return b, pre + win * wout * F32
 
 
-def gather_saved(layer_rows, exchanged: bool) -> Tuple[int, int]:
-    """The halo exchange saves its send index (allocated at set-up) when its input needs a gradient."""
+def gather_saved(layer_rows, exchanged: bool, seen: Optional[set] = None) -> Tuple[int, int]:
+    """The halo exchange saves its send index (allocated at set-up) when its input needs a gradient.
+    seen: the layer rows already counted in this estimate -- layers given the same rows object (the
+    world view's, which share one plan and one send index tensor: engine/views.py) save one storage."""
+    if seen is not None and exchanged:
+        if id(layer_rows) in seen:
+            return 0, 0
+        seen.add(id(layer_rows))
     n = layer_rows.n_send * I64 if exchanged else 0
     return n, n
 
@@ -410,9 +416,9 @@ class PlainEstimate(ModelEstimate):
         return n + ((m.layers + m.linear_layers - 1) * 2 * m.hidden if m.norm else 0)
 
     def activations(self, rows, m, mask_bytes):
-        per_layer, fresh = [], []
+        per_layer, fresh, seen = [], [], set()
         for l, ((_, lr), (win, wout)) in enumerate(zip(rows.training_layers(), self.widths(m))):
-            parts = [gather_saved(lr, self.exchanged(l)),
+            parts = [gather_saved(lr, self.exchanged(l), seen),
                      self.conv.saved_bytes(lr.n_src, lr.n_dst, win, wout, input_grad=self.exchanged(l))]
             if l >= 1:
                 parts.append(between_convs_saved(lr.n_own_in, win, m.norm, m.dropout, mask_bytes))
@@ -448,9 +454,9 @@ class ResSAGEEstimate(ModelEstimate):
         # encoder(x) saves x, a slice of the view's whole feature tensor, which is what its storage
         # holds (allocated at set-up).
         enc = own0 * rows.features * F32
-        per_layer, fresh, recompute = [], [], 0
+        per_layer, fresh, recompute, seen = [], [], 0, set()
         for l, (_, lr) in enumerate(rows.training_layers()):
-            parts = [gather_saved(lr, True), SAGEConv.saved_bytes(lr.n_src, lr.n_dst, H, H, input_grad=True)]
+            parts = [gather_saved(lr, True, seen), SAGEConv.saved_bytes(lr.n_src, lr.n_dst, H, H, input_grad=True)]
             if l >= 1:
                 parts.append(between_convs_saved(lr.n_own_in, H, True, m.dropout, mask_bytes))
             b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)

@@ -2,10 +2,23 @@
 backward (the gradient of the next layer's input rows), less the halo exchange's ledger seconds."""
 import time
 
+import pytest
 import torch
 
+from granndis_hpc.cluster import hostsync
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.engine.layerclock import LayerClock
+
+
+class _FakeEvent:
+    def __init__(self):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
 
 
 class _Slow(torch.autograd.Function):
@@ -23,12 +36,16 @@ class _Slow(torch.autograd.Function):
         return grad, None, None
 
 
-def test_layer_clock_charges_each_layer_its_compute_less_the_halo_exchange():
+@pytest.mark.parametrize("cuda", [False, True])
+def test_layer_clock_charges_each_layer_its_compute_less_the_halo_exchange(cuda, monkeypatch):
+    # cuda=True: the GPU's marks (events and the ledger's event spans, read at the end) with stand-in
+    # events that hold the host time they were recorded at.
+    monkeypatch.setattr(hostsync, "_event", _FakeEvent)
     ledger = Ledger()
-    clock = LayerClock(ledger, 2)
+    clock = LayerClock(ledger, 2, cuda=cuda)
 
     def gather(l, h):
-        with ledger.timed("inter", "halo"):  # the exchange: not compute
+        with (ledger.timed_events if cuda else ledger.timed)("inter", "halo"):  # the exchange: not compute
             time.sleep(0.2)
         return h
     gather.post = "kept"

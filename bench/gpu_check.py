@@ -1,0 +1,148 @@
+"""The device check's MPI program (run by bench/gpu_check.sh on every rank): every training mode with
+overlap on and off and bf16 halos on the device, against the same run on the CPU.
+
+For each case it trains a few epochs on `--device` (dropout 0, so the runs are comparable), then counts
+the host synchronisations of one steady step per mode (cluster/hostsync.SyncCounter: on a GPU every
+call it records really waits), reads the peak reserved and allocated device memory and the epoch
+times, and compares the full-graph logits with the same case trained on the CPU (float32 sums in
+another order: a relative tolerance; bf16 halos: a looser one).  Rank 0 prints one JSON line per case
+and writes them to --out; the exit status is non-zero when any case mismatches, exceeds one host sync
+per step outside cob's per-step graph builds, or fails.
+
+--device cpu (the smoke check of this script's own logic, no GPU needed): the "device" run uses the GPU
+code's host staging emulated on the CPU (GRANNDIS_HOST_STAGING=1) and is compared with the plain run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from granndis_hpc.cluster.hostsync import SyncCounter  # noqa: E402
+from granndis_hpc.cluster.staging import ENV_HOST_STAGING  # noqa: E402
+from granndis_hpc.engine.trainer import TrainConfig, Trainer  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+CASES = [  # (name, TrainConfig overrides)
+    ("fb", {"mode": "fb"}),
+    ("fb-noovl", {"mode": "fb", "no_overlap": True}),
+    ("fb-bf16", {"mode": "fb", "halo_dtype": "bfloat16"}),
+    ("flx", {"mode": "flx", "overlap_halos": "all"}),
+    ("flx-noovl", {"mode": "flx", "no_overlap": True}),
+    ("cob", {"mode": "cob", "batches_per_epoch": 2, "fanout": 5}),
+    ("cob-noovl", {"mode": "cob", "batches_per_epoch": 2, "fanout": 5, "no_overlap": True}),
+]
+
+
+def _config(args, device, overrides):
+    cfg = dict(shards=args.shards, model="sage", layers=args.layers, hidden=64, epochs=args.epochs, lr=0.01,
+               dropout=0.0, eval_every=0, ranks_per_server=args.ranks_per_server, quiet=True, device=device,
+               intra_transport=args.intra_transport if device != "cpu" else "auto")
+    cfg.update(overrides)
+    return TrainConfig(**cfg)
+
+
+def _logits_by_gid(trainer):
+    gid = trainer.slice.global_id[: trainer.slice.n_inner]
+    with torch.no_grad():
+        values = trainer.inner_logits().detach().double().cpu().numpy()
+    parts = WORLD.gather((gid, values), root=0)
+    if WORLD.rank != 0:
+        return None
+    out = np.zeros((sum(g.size for g, _ in parts), parts[0][1].shape[1]))
+    for g, v in parts:
+        out[g] = v
+    return out
+
+
+def _run(args, device, overrides, staged=False):
+    """Train; returns (logits on rank 0, facts of this rank)."""
+    if staged:
+        os.environ[ENV_HOST_STAGING] = "1"
+    try:
+        trainer = Trainer(_config(args, device, overrides))
+    finally:
+        os.environ.pop(ENV_HOST_STAGING, None)
+    cuda = trainer.device.type == "cuda"
+    try:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(trainer.device)
+        times = [trainer.train_epoch()["time_s"] for _ in range(args.epochs - 1)]
+        per_step, step = [], trainer._step
+
+        def counted(s):  # the last epoch's steps, counted
+            with SyncCounter() as counter:
+                out = step(s)
+            per_step.append([c for c in counter.calls if not (overrides["mode"] == "cob" and "nn/graph.py" in c[1])])
+            return out
+        trainer._step = counted
+        rec = trainer.train_epoch()
+        trainer._step = step
+        times.append(rec["time_s"])
+        facts = {"syncs_per_step": max(len(c) for c in per_step), "sync_calls": sorted({w for c in per_step for _, w in c}),
+                 "epoch_s": times, "loss": rec["loss"], "bytes": rec["bytes"],
+                 "peak_reserved_mib": (torch.cuda.max_memory_reserved(trainer.device) >> 20) if cuda else None,
+                 "peak_allocated_mib": (torch.cuda.max_memory_allocated(trainer.device) >> 20) if cuda else None}
+        logits = _logits_by_gid(trainer)
+    finally:
+        trainer.close()
+    return logits, facts
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shards", required=True)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--ranks-per-server", type=int, default=1)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--intra-transport", default="auto")
+    p.add_argument("--cases", default=",".join(n for n, _ in CASES))
+    p.add_argument("--tolerance", type=float, default=1e-3)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    wanted = args.cases.split(",")
+    failures = 0
+    for name, overrides in CASES:
+        if name not in wanted:
+            continue
+        result = {"case": name, "shards": os.path.basename(os.path.normpath(args.shards)), "device": args.device}
+        try:
+            start = time.perf_counter()
+            dev_logits, facts = _run(args, args.device, overrides, staged=args.device == "cpu")
+            cpu_logits, _ = _run(args, "cpu", overrides)
+            facts_all = WORLD.gather(facts, root=0)
+            if WORLD.rank == 0:
+                tol = 2e-2 if "halo_dtype" in overrides else args.tolerance
+                err = float(np.abs(dev_logits - cpu_logits).max() / max(np.abs(cpu_logits).max(), 1e-30))
+                syncs = max(f["syncs_per_step"] for f in facts_all)
+                ok = err < tol and syncs <= 1 and np.isfinite(dev_logits).all()
+                result.update(ok=bool(ok), logits_rel_err=err, tolerance=tol, syncs_per_step=syncs,
+                              sync_calls=sorted({w for f in facts_all for w in f["sync_calls"]}),
+                              epoch_s=facts_all[0]["epoch_s"], loss=facts_all[0]["loss"], bytes=facts_all[0]["bytes"],
+                              peak_reserved_mib=[f["peak_reserved_mib"] for f in facts_all],
+                              peak_allocated_mib=[f["peak_allocated_mib"] for f in facts_all],
+                              wall_s=round(time.perf_counter() - start, 1))
+        except Exception:  # noqa: BLE001 -- reported as a failed case; the other cases still run
+            result.update(ok=False, error=traceback.format_exc(limit=3))
+        oks = WORLD.allgather(result.get("ok", False) if WORLD.rank == 0 or "error" in result else True)
+        result["ok"] = all(oks)
+        failures += not result["ok"]
+        if WORLD.rank == 0:
+            print(json.dumps(result), flush=True)
+            with open(args.out, "a") as fh:
+                fh.write(json.dumps(result) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
