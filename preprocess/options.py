@@ -116,6 +116,11 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
                                  help="preloaded hops (default: --layers for full, 1 for eas); auto: the largest "
                                       "k <= --layers whose estimated memory fits --memory-per-gpu (see `python -m "
                                       "preprocess plan`)")
+    inductive: bool = reuse(TrainConfig, "inductive", group="preloading",
+                            help="also write what inductive training needs (granndis-train --inductive): every "
+                                 "row's in-degree within the train-induced graph and the split of every "
+                                 "world-view source (docs/inductive.md); the partition, preloads and world view "
+                                 "stay those of the full graph, which validation and test run on")
     whole_graph: bool = option(False, group="preloading",
                                help="load the whole graph on every rank and build from it (the build before "
                                     "issue 17; for comparisons): by default chunked and synthetic sources are "
