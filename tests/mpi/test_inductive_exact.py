@@ -191,12 +191,19 @@ def test_an_inductive_checkpoint_resumes_on_another_shape(cora, inductive_sets):
         assert err <= 5e-5 and summary["accuracy"]["val"] == pytest.approx(ref["val"][1], abs=1e-12)
 
 
-@pytest.mark.parametrize("mode", ["eas", "cob", "mb"])
+@pytest.mark.parametrize("mode", ["eas", "cob", "mb", "auto"])
 def test_sampled_training_views_hold_only_train_induced_rows_and_learn(cora, inductive_sets, mode):
     """Every row a training step computes or reads (own rows and halo rows of every layer) is a training
-    vertex, so no edge from another vertex is aggregated; and the loss falls."""
+    vertex, so no edge from another vertex is aggregated; and the loss falls.  auto (over a full and an
+    EAS set, a budget that fits flx) trains inductively too."""
     shards = inductive_sets[("cora", "eas" if mode == "eas" else 2)]
-    trainer = make_trainer(shards, mode, inductive=True, epochs=4, lr=0.02, batches_per_epoch=2)
+    extra = {"memory_per_gpu": "64GiB"} if mode == "auto" else {"batches_per_epoch": 2}
+    if mode == "auto":
+        shards = f"{shards},{inductive_sets[('cora', 'eas')]}"
+    trainer = make_trainer(shards, mode, inductive=True, epochs=4, lr=0.02, **extra)
+    if mode == "auto":
+        assert trainer.cfg.mode == "flx" and trainer.cfg.inductive
+        shards = trainer.cfg.shards
     seen, step = [], trainer._step
 
     def recording_step(s):
