@@ -137,6 +137,10 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
 @dataclass
 class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
     """`python -m preprocess plan`."""
+    inductive: bool = reuse(TrainConfig, "inductive", group="layout",
+                            help="the build is for inductive training (build --inductive): read from the build "
+                                 "presets; the estimates are those of the full graph's views, which bound the "
+                                 "train-induced training views from above")
     eas_hops: int = option(1, ge=1, group="EAS and co-batches", help="EAS hops h (the paper's 1)")
     no_eas: bool = option(False, group="EAS and co-batches", help="plan full preloads only")
     hops: Optional[int] = option(None, ge=1, metavar="H", group="layout",
