@@ -198,11 +198,13 @@ def test_sampled_training_views_hold_only_train_induced_rows_and_learn(cora, ind
     EAS set, a budget that fits flx) trains inductively too."""
     shards = inductive_sets[("cora", "eas" if mode == "eas" else 2)]
     extra = {"memory_per_gpu": "64GiB"} if mode == "auto" else {"batches_per_epoch": 2}
-    if mode == "auto":
-        shards = f"{shards},{inductive_sets[('cora', 'eas')]}"
+    if mode == "auto":  # a transductive set is left out (it would be refused)
+        shards = f"{inductive_sets[('cora', 'transductive')]},{shards},{inductive_sets[('cora', 'eas')]}"
     trainer = make_trainer(shards, mode, inductive=True, epochs=4, lr=0.02, **extra)
     if mode == "auto":
-        assert trainer.cfg.mode == "flx" and trainer.cfg.inductive
+        assert trainer.cfg.mode == "flx" and trainer.cfg.inductive and trainer.cfg.shards != inductive_sets[
+            ("cora", "transductive")]
+        assert "built without --inductive" in trainer.mode.decision["reason"]
         shards = trainer.cfg.shards
     seen, step = [], trainer._step
 
@@ -259,3 +261,26 @@ def test_both_builds_write_the_induced_degrees_and_splits(cora):
         a = shards.read_server_arrays(path, whole, s)
         assert np.array_equal(a["graph/train_in_degree"], want_degree[a["vertices/global_id"]])
         assert np.array_equal(a["world/src_split"], code[a["world/src_global_id"]])
+
+
+def test_the_memory_estimate_counts_the_induced_evaluation_views(inductive_sets):
+    """--mode auto's and plan's estimate of an inductive run adds the two induced world views: at least the
+    bytes those views' rows, halo rows and graphs take on each rank."""
+    from granndis_hpc.memory_model.shardsets import estimate_shard_set
+
+    path = inductive_sets[("cora", 2)]
+    trainer = make_trainer(path, "fb", inductive=True)
+    try:
+        actual = 0
+        for view in trainer.induced.views.values():
+            tensors = [view.features, view.halo_features] + [t for g in view.graphs for t in (
+                g.indptr, g.indices, g.dst_degree, g.src_degree)]
+            actual += sum(t.numel() * t.element_size() for t in tensors)
+        rank = trainer.topo.rank
+    finally:
+        trainer.close()
+    plain, induc = (estimate_shard_set(path, "sage", 16, 3, k=0, dropout=0.0, inductive=flag)[rank]
+                    for flag in (False, True))
+    assert "induced_views" not in plain["breakdown"]
+    assert induc["breakdown"]["induced_views"] >= actual > 0
+    assert induc["total"] - plain["total"] == induc["breakdown"]["induced_views"]
