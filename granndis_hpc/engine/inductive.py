@@ -123,21 +123,17 @@ class InducedViews:
     def __init__(self, ctx: RunContext):
         cfg, sl, topo = ctx.cfg, ctx.slice, ctx.topo
         n = int(sl.n_inner)
+        code = shards.split_code(sl.train_mask[:n], sl.val_mask[:n], sl.test_mask[:n])
         self.ctx = ctx
-        self.views, self.rows = {}, {}
-        for name, bits in (("train", TRAIN), ("val", TRAIN_VAL)):
-            rows = world_rows(sl, topo.rank, bits)
-            own = shards.split_code(sl.train_mask[:n], sl.val_mask[:n], sl.test_mask[:n])
-            kept_gid = sl.global_id[:n][(own & bits) != 0]
+        self.views, self.rows, self.labels = {}, {}, {}
+        for name, bits, measured in (("train", TRAIN, sl.train_mask[:n]), ("val", TRAIN_VAL, sl.val_mask[:n])):
+            kept = (code & bits) != 0
             self.views[name] = views.build_view(
-                rows, ctx.groups["world"], cfg.conv_layers, all_active=True,
-                resolve_keys=views.key_resolver_world(kept_gid), device=ctx.device)
+                world_rows(sl, topo.rank, bits), ctx.groups["world"], cfg.conv_layers, all_active=True,
+                resolve_keys=views.key_resolver_world(sl.global_id[:n][kept]), device=ctx.device)
             # Positions, among the induced graph's rows, of the vertices its accuracy is measured on.
-            mask = sl.train_mask[:n] if name == "train" else sl.val_mask[:n]
-            self.rows[name] = torch.as_tensor(np.flatnonzero(mask[(own & bits) != 0]), device=ctx.device)
-        self.labels = {name: torch.as_tensor(sl.labels[:n][(shards.split_code(
-            sl.train_mask[:n], sl.val_mask[:n], sl.test_mask[:n]) & bits) != 0], device=ctx.device)
-            for name, bits in (("train", TRAIN), ("val", TRAIN_VAL))}
+            self.rows[name] = torch.as_tensor(np.flatnonzero(measured[kept]), device=ctx.device)
+            self.labels[name] = torch.as_tensor(sl.labels[:n][kept], device=ctx.device)
 
     def training_context(self) -> RunContext:
         """The RunContext a mode trains on: the train-induced world view, and its rows as the targets."""

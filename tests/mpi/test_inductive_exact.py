@@ -5,9 +5,11 @@ The reference builds the three graphs from the raw Planetoid arrays: the subgrap
 training vertices (trained on, Adam on CE(sum)/n_train, dropout masks keyed by the vertices' original
 ids), the one induced by the training and validation vertices (validation accuracy) and the full graph
 (test accuracy), and runs the dense formulas of tests/dense_reference.py on them.  fb and flx (k = 3 and
-k = 1) on Cora at 2x2, 1x4 and 4x1, GCN (whose messages use the deepest preloaded rows' train-induced
-degrees) and CiteSeer at 2x2: parameters, logits of the validation and test graphs, and the three
-accuracies equal the reference's.  Then: the refusals, and the batched modes' training views."""
+k = 1) on Cora at 2x2, 1x4 and 4x1, GCN (whose messages use the deepest preloaded rows' stored
+train-induced degrees) and CiteSeer at 2x2: parameters, logits of the validation and test graphs, and
+the three accuracies equal the reference's.  Then: the refusals, checkpoints (protocol in the
+fingerprint, resume on another shape), the sampled modes' training views and auto, both builds against
+a NumPy recomputation, and the memory estimate's induced views."""
 import copy
 
 import numpy as np
