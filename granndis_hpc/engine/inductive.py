@@ -42,6 +42,29 @@ def check_shards(inductive: bool, manifest: dict, path: str) -> None:
             f"or train without --inductive")
 
 
+def check_content(sl, manifest: dict, path: str) -> None:
+    """--verify-content: the stored train-induced degrees of this rank's rows against the edges it holds
+    (no communication).  An inner row's world view holds every in-edge, so its degree is the number of
+    them from training vertices (world/src_split); a row of a full preload above its deepest hop holds
+    every in-edge in the file too.  ShardError naming the set when one differs.  (`preprocess verify`
+    also checks every source's split against its home row.)"""
+    n = int(sl.n_inner)
+    world = np.add.reduceat(np.append((sl.w_src_split & TRAIN) != 0, False).astype(np.int64),
+                            sl.w_indptr[:-1]) if n else np.zeros(0, dtype=np.int64)
+    world[np.diff(sl.w_indptr) == 0] = 0  # reduceat reads the next row's first edge for an empty row
+    bad = not np.array_equal(world, sl.train_in_degree[:n])
+    pre = manifest["preload"]
+    if not bad and pre["kind"] == "full":
+        complete = np.flatnonzero(sl.hop < int(pre["hops"]))
+        edge_row = np.repeat(np.arange(sl.hop.shape[0]), np.diff(sl.indptr))
+        stored = np.bincount(edge_row, weights=sl.server_train[sl.indices], minlength=sl.hop.shape[0])
+        bad = not np.array_equal(stored[complete].astype(np.int64), sl.train_in_degree[complete])
+    if bad:
+        raise shards.ShardError(
+            f"{path}: graph/train_in_degree of server {sl.server} GPU {sl.gpu} disagrees with the edges the file "
+            f"holds (edited after the build?); run `python -m preprocess verify {path}` and rebuild the set")
+
+
 def subset_rows(rows: views.RowSource, keep_row: np.ndarray, keep_edge: np.ndarray,
                 degree: Optional[np.ndarray] = None) -> views.RowSource:
     """The rows `keep_row` of a RowSource with their in-edges `keep_edge` (edges of dropped rows are

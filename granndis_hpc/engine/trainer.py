@@ -135,6 +135,8 @@ class Trainer:
         if cfg.verify_content:  # collective, the same refusal on every rank (shards/content.py)
             with collective_errors(self.world, "", catch=(shards.ShardError,)):
                 shards.check_job_content(self.world, sl, self.manifest, cfg.shards)
+                if cfg.inductive:
+                    inductive.check_content(sl, self.manifest, cfg.shards)
         self.slice = sl
         # A shard whose rows disagree with its peers' (a view's row width, an edge naming a row nobody
         # holds) is refused by the planner on every rank of the view (views.build_view agrees on it);

@@ -286,3 +286,35 @@ def test_the_memory_estimate_counts_the_induced_evaluation_views(inductive_sets)
     assert "induced_views" not in plain["breakdown"]
     assert induc["breakdown"]["induced_views"] >= actual > 0
     assert induc["total"] - plain["total"] == induc["breakdown"]["induced_views"]
+
+
+def test_verify_content_checks_the_train_induced_degrees(inductive_sets):
+    """--verify-content refuses a set whose train-induced degrees were edited after the build (its file
+    checksum recomputed), and passes the set as built."""
+    import hashlib
+    import json
+    import os
+    import shutil
+
+    from granndis_hpc.cluster.errors import ClusterError
+    from tests.mpi.conftest import on_rank0, shared_tmpdir
+
+    edited = os.path.join(shared_tmpdir("granndis-induc-edit-"), "set")
+
+    def edit():
+        import h5py
+
+        shutil.copytree(inductive_sets[("cora", 2)], edited)
+        name = "server-0001.h5"
+        with h5py.File(os.path.join(edited, name), "r+") as f:
+            f["graph/train_in_degree"][3] += 1
+        with open(os.path.join(edited, "manifest.json")) as f:
+            manifest = json.load(f)
+        with open(os.path.join(edited, name), "rb") as f:
+            manifest["files"][name]["sha256"] = hashlib.sha256(f.read()).hexdigest()
+        with open(os.path.join(edited, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
+    on_rank0(edit)
+    make_trainer(inductive_sets[("cora", 2)], "fb", inductive=True, verify_content=True).close()
+    with pytest.raises(ClusterError, match="graph/train_in_degree of server 1 GPU 0 disagrees"):
+        make_trainer(edited, "fb", inductive=True, verify_content=True)
