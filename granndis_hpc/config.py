@@ -114,6 +114,12 @@ class TrainConfig:
         help="the last N of --layers are per-vertex Linear layers (no aggregation; sage, gcn, ressage), so the "
              "model aggregates over --layers - N hops and trains on a set built with that many: the GraNNDis "
              "artifact's 3-layer GraphSAGE is --layers 4 --linear-layers 1 on a 3-hop set (default: none)")
+    inductive: bool = option(
+        False,
+        help="inductive training (the GraNNDis artifact's, PipeGCN's and BNS-GCN's protocol): train on the subgraph "
+             "induced by the training vertices, measure validation accuracy on the graph induced by the training "
+             "and validation vertices and test accuracy on the full graph; needs a shard set built with `python -m "
+             "preprocess build ... --inductive` (docs/inductive.md)")
     hidden: int = option(64, ge=1, help="hidden width")
     epochs: int = option(200, ge=1, on_resume="may_change", help="training epochs")
     lr: float = option(0.01, gt=0.0, help="learning rate (a schedule's peak)")

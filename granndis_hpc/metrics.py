@@ -207,6 +207,8 @@ def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_
         "mode": config["mode"], "model": config["model"], "layers": config["layers"],
         # per-vertex Linear layers among `layers` (--linear-layers; 0: none)
         "linear_layers": int(config.get("linear_layers") or 0),
+        # what the model trained and was evaluated on (--inductive: engine/inductive.py)
+        "protocol": "inductive" if config.get("inductive") else "transductive",
         "servers": topology["servers"], "ranks_per_server": topology["ranks_per_server"],
         # which machine each server was (and whether servers were emulated on one): a job's record
         "hosts": list(topology.get("hosts", ())), "emulated_servers": bool(topology.get("emulated", False)),

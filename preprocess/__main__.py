@@ -43,7 +43,8 @@ def cmd_build(args, argv) -> int:
     hops = hops_value(args.hops)
     cfg = BuildConfig(out=args.out, servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
                       preload=args.preload, hops=hops, fanout=args.eas_fanout, select=args.eas_select,
-                      partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite, command=command)
+                      partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite, command=command,
+                      inductive=args.inductive)
     cfg.extra.update(sources.features_record(args.normalize_features))
     printer = lambda line, **_: (bar.write(line) if not bar.disable else print(line, flush=True))  # noqa: E731
     with spill_directory(args.out):  # spill files under the output, which the next build cleans

@@ -24,6 +24,7 @@ from granndis_hpc.shards import (FORMAT_VERSION, check_free_space, commit_shard_
                                  lower_bound_set_bytes, prepare_output_dir, stage_server_file)
 from granndis_hpc.shards import content
 
+from . import inductive
 from .canonical import DataError
 from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from .owners import assign_owners
@@ -44,6 +45,8 @@ class BuildConfig:
     partitioner: str = "parmetis"
     seed: int = 0
     overwrite: bool = False
+    # Also write what training on the train-induced graph needs (preprocess/inductive.py).
+    inductive: bool = False
     command: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -164,6 +167,10 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
         "world/src_rank": src_rank,
         "world/src_in_degree": in_degree[w_src],
     }
+    if cfg.inductive:
+        arrays["graph/train_in_degree"] = inductive.train_in_degree(graph.indptr, graph.indices, graph.train_mask)[verts]
+        arrays["world/src_split"] = inductive.vertex_split_codes(
+            graph.train_mask, graph.val_mask, graph.test_mask)[w_src]
     stats = server_stats(server, inner.shape[0], hop, owner, graph.train_mask[verts], indices.shape[0],
                          w_src.shape[0], G, cfg.effective_hops)
     return arrays, stats
@@ -380,6 +387,8 @@ def commit_build(group, cfg: BuildConfig, dataset_entry: dict, sp, server_of, gp
                     "stats": _summary_stats(stats_flat, S, G),
                 }
                 manifest.update(cfg.extra)
+                if cfg.inductive:  # the protocol the set serves (shards.is_inductive)
+                    manifest["inductive"] = True
                 manifest = commit_shard_set(cfg.out, manifest, staged_flat)
             except BaseException:
                 discard_staged(staged_flat)
@@ -404,12 +413,13 @@ def _summary_stats(per_server: list, S: int, G: int) -> dict:
 
 def build_shards(graph, out, *, servers: int, gpus_per_server: int, layers: int, preload: str = "full",
                  hops: int | None = None, fanout: int = 15, select: str = "degree", partitioner: str = "parmetis",
-                 seed: int = 0, overwrite: bool = False, comm=None, command: str = "", verbose: bool = False) -> dict:
+                 seed: int = 0, overwrite: bool = False, comm=None, command: str = "", verbose: bool = False,
+                 inductive: bool = False) -> dict:
     """Programmatic build (tests, benchmarks): same pipeline as the CLI.  `comm` defaults to COMM_WORLD;
     pass MPI.COMM_SELF (or a one-rank cluster.Group) to build on one rank.  Returns the manifest."""
     cfg = BuildConfig(out=str(out), servers=servers, gpus_per_server=gpus_per_server, layers=layers, preload=preload,
                       hops=hops, fanout=fanout, select=select, partitioner=partitioner, seed=seed,
-                      overwrite=overwrite, command=command or f"build_shards(servers={servers}, "
+                      overwrite=overwrite, inductive=inductive, command=command or f"build_shards(servers={servers}, "
                       f"gpus_per_server={gpus_per_server}, layers={layers}, preload={preload!r})")
     log = PhaseLog(comm) if verbose else None
     return run_build(comm, graph, cfg, log)

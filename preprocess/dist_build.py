@@ -39,6 +39,7 @@ from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import discard_staged, stage_server_file
 
+from . import inductive
 from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
 from .dist_server import drain_datasets, server_datasets, small_int_dtype
 from .halo import unique_sorted
@@ -156,6 +157,11 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
     # int32 in-degrees (4 B per vertex on every rank; the files store them as int64).
     degree = group.allgatherv_rows(np.diff(part.indptr).astype(np.int32 if part.num_edges < 2**31 else np.int64), rows)
     masks = {"train_mask": train, **{f: group.allgatherv_rows(getattr(part, f), rows) for f in ("val_mask", "test_mask")}}
+    induced = None
+    if cfg.inductive:  # 9 B more per vertex on every rank (preprocess/inductive.py)
+        induced = {"train_in_degree": group.allgatherv_rows(
+                       inductive.train_in_degree(part.indptr, part.indices, train), rows),
+                   "split_code": inductive.vertex_split_codes(train, masks["val_mask"], masks["test_mask"])}
     log.done("partition", f"{sp.name}: edge cut {sp.edge_cut} ({100 * sp.edge_cut_fraction:.2f}% of edges), "
                           f"vertex balance {sp.vertex_balance:.3f}, train balance {sp.train_balance:.3f}")
 
@@ -167,7 +173,7 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
             writer = s % P
             t = time.perf_counter()
             with group.errors("building server files"):
-                arrays, st = server_datasets(group, part, s, writer, server_of, gpu_of, degree, masks, cfg)
+                arrays, st = server_datasets(group, part, s, writer, server_of, gpu_of, degree, masks, cfg, induced)
                 t_halo += time.perf_counter() - t
                 t = time.perf_counter()
                 if rank == writer:

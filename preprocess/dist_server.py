@@ -36,7 +36,7 @@ import numpy as np
 
 from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import StreamedDataset
-from granndis_hpc.shards.schema import DATASETS, feature_chunk_rows
+from granndis_hpc.shards.schema import INDUCTIVE_DATASETS, datasets_of, feature_chunk_rows
 
 from .halo import eas_choose, unique_inverse
 from .owners import DEFAULT_TOLERANCE, rebalance
@@ -286,10 +286,11 @@ def _lazy(shape, dtype, make, active: bool):
     return StreamedDataset(shape, dtype, blocks())
 
 
-def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree, masks, cfg):
+def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree, masks, cfg, induced=None):
     """Collective: (datasets of server s's file, its stats) as build.build_server makes them; the large
     datasets are StreamedDataset blocks.  On the writer the datasets are for shards.stage_server_file;
-    every other rank must drain them (`drain_datasets`) in the same order.  stats only on the writer."""
+    every other rank must drain them (`drain_datasets`) in the same order.  stats only on the writer.
+    induced: an inductive build's per-vertex train-induced in-degrees and split codes (preprocess/inductive.py)."""
     G, n = cfg.gpus_per_server, part.num_vertices
     inner = np.flatnonzero(server_of == s)
     num_inner = inner.shape[0]
@@ -353,7 +354,13 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
             (world_edges,), np.int64,
             plan.edges(inner_ids, lambda local: _map_edges(in_edges(local), lambda src: degree[src].astype(np.int64)), w_ptr)),
     }
-    assert list(arrays) == list(DATASETS), "dist_server: dataset order differs from the schema"
+    if induced is not None:
+        train_degree, codes = induced["train_in_degree"], induced["split_code"]
+        arrays["graph/train_in_degree"] = _lazy((m,), np.int64, lambda: train_degree[verts], w)
+        arrays["world/src_split"] = StreamedDataset(
+            (world_edges,), np.uint8,
+            plan.edges(inner_ids, lambda local: _map_edges(in_edges(local), lambda src: codes[src]), w_ptr))
+    assert list(arrays) == list(datasets_of(induced is not None)), "dist_server: dataset order differs from the schema"
     stats = None
     if plan.is_writer:
         stats = server_stats(s, num_inner, hop, owner, masks["train_mask"][verts], nnz, world_edges, G,
@@ -368,7 +375,7 @@ def _map_edges(rows, fn):
 
 def drain_datasets(arrays: dict) -> None:
     """Run every remaining collective round of a server's streamed datasets, in file order."""
-    for name in DATASETS:
+    for name in datasets_of(any(name in arrays for name in INDUCTIVE_DATASETS)):
         a = arrays[name]
         if isinstance(a, StreamedDataset):
             a.drain()

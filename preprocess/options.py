@@ -116,6 +116,11 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
                                  help="preloaded hops (default: --layers for full, 1 for eas); auto: the largest "
                                       "k <= --layers whose estimated memory fits --memory-per-gpu (see `python -m "
                                       "preprocess plan`)")
+    inductive: bool = reuse(TrainConfig, "inductive", group="preloading",
+                            help="also write what inductive training needs (granndis-train --inductive): every "
+                                 "row's in-degree within the train-induced graph and the split of every "
+                                 "world-view source (docs/inductive.md); the partition, preloads and world view "
+                                 "stay those of the full graph, which validation and test run on")
     whole_graph: bool = option(False, group="preloading",
                                help="load the whole graph on every rank and build from it (the simpler "
                                     "whole-graph build, for comparisons): by default chunked and synthetic sources are "
@@ -132,6 +137,10 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
 @dataclass
 class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
     """`python -m preprocess plan`."""
+    inductive: bool = reuse(TrainConfig, "inductive", group="layout",
+                            help="the build is for inductive training (build --inductive): read from the build "
+                                 "presets; the estimates are those of the full graph's views, which bound the "
+                                 "train-induced training views from above")
     eas_hops: int = option(1, ge=1, group="EAS and co-batches", help="EAS hops h (the paper's 1)")
     no_eas: bool = option(False, group="EAS and co-batches", help="plan full preloads only")
     hops: Optional[int] = option(None, ge=1, metavar="H", group="layout",

@@ -60,6 +60,7 @@ class PlanConfig:
     cob_sampler: str = "sage"
     hops: Optional[int] = None  # estimate the one full build of H hops (what --mode auto sees on it)
     model_options: Sequence[str] = ()  # the model's extra constructor options, NAME=VALUE
+    inductive: bool = False  # the build is for --inductive training (estimates add its evaluation views)
 
 
 def fail(group, command: str, exc: BaseException) -> int:
@@ -117,6 +118,8 @@ def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: st
 def describe_build(o: mm.Option, cfg: PlanConfig) -> str:
     """The build (and train) command of an option: its mode's registry entry says which preload."""
     base = f"python -m preprocess build ... --servers {cfg.servers} --gpus-per-server {cfg.gpus_per_server} --layers {cfg.layers}"
+    if cfg.inductive:
+        base += " --inductive"
     build = registry.MODES.entry(o.mode).get("build") or f"(train --mode {o.mode})"
     return f"{base} " + build.format(k=o.k, batches=o.batches, eas_hops=cfg.eas_hops, fanout=cfg.fanout,
                                      cob_fanout=cfg.cob_fanout)
@@ -182,7 +185,8 @@ def config_from_args(args, **overrides) -> PlanConfig:
                      eas=not getattr(args, "no_eas", False), cob_batches=batches,
                      cob_fanout=getattr(args, "cob_fanout", -1),
                      hops=args.hops if isinstance(getattr(args, "hops", None), int) else None,
-                     model_options=tuple(getattr(args, "model_option", None) or ()))
+                     model_options=tuple(getattr(args, "model_option", None) or ()),
+                     inductive=bool(getattr(args, "inductive", False)))
     return dataclasses.replace(cfg, **overrides)
 
 

@@ -32,11 +32,12 @@ import numpy as np
 from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges
 from granndis_hpc.shards import (ShardError, leftover_temporaries, open_server, read_manifest, read_server_arrays,
                                  server_file_name, verify_checksums)
+from granndis_hpc.shards.schema import FORMAT_VERSION, datasets_of, expected_shape, is_inductive
 from granndis_hpc.shards.writer import temporaries_bytes
-from granndis_hpc.shards.schema import DATASETS, FORMAT_VERSION, expected_shape
 
 from .halo import unique_sorted
 from .partition import partition_digest
+from .verify_inductive import inductive_problems
 from .verify_content import BLOCK_BYTES as FEATURE_BLOCK_BYTES, content_pass
 
 
@@ -111,7 +112,7 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     n = a["vertices/global_id"].shape[0]
     n_inner_w = a["world/indptr"].shape[0] - 1
     f = a["features"].shape[1] if a["features"].ndim == 2 else -1
-    for name, (dtype, rule) in DATASETS.items():
+    for name, (dtype, rule) in datasets_of(is_inductive(manifest)).items():
         want = expected_shape(rule, n, G, a["graph/indices"].shape[0], n_inner_w,
                               a["world/src_global_id"].shape[0], f)
         if a[name].shape != want or a[name].dtype != dtype:
@@ -274,7 +275,7 @@ def _set_problems(path: str) -> list:
     for s in range(S):
         fname = server_file_name(s)
         try:  # the per-row arrays whole; the features and the edge-sized datasets in blocks
-            a = read_server_arrays(path, manifest, s, headers=("features",) + _EDGE_SIZED)
+            a = read_server_arrays(path, manifest, s, headers=("features", "world/src_split") + _EDGE_SIZED)
         except ShardError as exc:
             problems.append(str(exc))
             continue
@@ -330,6 +331,8 @@ def _set_problems(path: str) -> list:
     if int(ds["num_train"]) == 0:
         problems.append("manifest.json: num_train is 0: the set has no training vertices, so no mode can train "
                         "on it; build it from a dataset whose split marks training vertices")
+    if not problems and is_inductive(manifest):  # the train-induced degrees and source splits
+        problems += inductive_problems(path, manifest, list(files))
     checked = not problems  # the arrays are consistent: compare contents
     recorded = ds.get("content_sha256")
     if checked:  # preloaded rows are copies of their home server's inner rows (flx trains on them)
@@ -363,6 +366,9 @@ def format_info(manifest: dict) -> str:
         f"vertex balance {float(part.get('vertex_balance', 1)):.3f} train balance {float(part.get('train_balance', 1)):.3f}",
         f"partition   digest {manifest.get('partition_digest', 'not recorded')} (seed {manifest.get('seed')}; "
         f"equal digests = the same server and GPU for every vertex)",
+        "protocol    " + ("inductive: train-induced degrees and source splits stored (granndis-train --inductive)"
+                          if is_inductive(manifest) else "transductive (granndis-train --inductive needs a set "
+                                                         "built with --inductive)"),
     ]
     if st:
         lines.append(f"replication {st['replication_factor']:.3f} rows per inner vertex; server inner balance "

@@ -68,9 +68,15 @@ def _shape_refusal(saved: Dict, current: Dict) -> Optional[str]:
     return None
 
 
+# Trajectory options added after checkpoints were first written, with the value such a checkpoint's run had.
+ADDED_OPTIONS = {"inductive": False}
+
+
 def check_fingerprint(saved: Dict, current: Dict, where: str) -> None:
     """Raise CheckpointError naming every difference between a checkpoint and this run (the shape keys
     only where they may not differ, see the module docstring)."""
+    saved, current = ({**fp, **{k: v for k, v in ADDED_OPTIONS.items() if fp.get(k) is None}}
+                      for fp in (saved, current))
     # A missing digest (a shard set built before the build recorded one) says nothing about the data:
     # such a checkpoint or run is held to its own shard set (a shape key) instead.
     known = saved.get("dataset_sha256") is not None and current.get("dataset_sha256") is not None

@@ -22,7 +22,7 @@ import numpy as np
 
 from granndis_hpc import memory_model, registry, shards
 from granndis_hpc.cluster.errors import collective_errors
-from granndis_hpc.engine import cobatch, views
+from granndis_hpc.engine import cobatch, inductive, views
 # The shared step types live in engine/steps.py (importable from here too, as before).
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError, rows_accounting  # noqa: F401
 from granndis_hpc.graph.sampler import CoBatchSampler, SamplerError
@@ -137,9 +137,12 @@ class StaticMode(Mode):
 def server_view(ctx: RunContext, num_layers: int, exact: bool) -> views.View:
     """The rank's rows of its server's preload, planned for `num_layers` layers, intra-server exchange."""
     sl = ctx.slice
-    return views.build_view(
-        views.server_rows(sl, exact_degrees=exact), ctx.groups["server"], num_layers, all_active=False,
-        resolve_keys=views.key_resolver_server(sl.global_id.shape[0]), device=ctx.device, exact=exact)
+    if ctx.inductive:  # the train-induced rows and edges of the preload
+        rows, resolve = inductive.server_rows(sl, exact_degrees=exact), inductive.key_resolver_server(sl)
+    else:
+        rows, resolve = views.server_rows(sl, exact_degrees=exact), views.key_resolver_server(sl.global_id.shape[0])
+    return views.build_view(rows, ctx.groups["server"], num_layers, all_active=False, resolve_keys=resolve,
+                            device=ctx.device, exact=exact)
 
 
 @register
@@ -237,6 +240,8 @@ class BatchedMode(Mode):
         with collective_errors(topo.world, "reading the server graph for co-batches",
                                catch=(shards.ShardError, SamplerError, OSError, KeyError)):
             graph = shards.read_server_graph(cfg.shards, ctx.manifest, topo.server, features=True)
+            if ctx.inductive:  # co-batches are sampled over the train-induced edges only
+                graph = inductive.train_induced_graph(graph)
             train_ids = np.flatnonzero(graph["train"] & (graph["hop"] == 0))
             self.sampler = CoBatchSampler(graph["indptr"], graph["indices"], train_ids, cfg.batches_per_epoch,
                                           cfg.conv_layers, cfg.sampler, cfg.fanout, cfg.seed, topo.server)
@@ -305,7 +310,7 @@ class Automatic(Mode):
                     fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed, dropout=cfg.dropout, norm=cfg.norm,
                     checkpoint_activations=cfg.checkpoint_activations, linear_layers=cfg.linear_layers or 0,
                     options=tuple(registry.model_options(cfg.model, cfg.model_option).items()),
-                    job=(topo.servers, topo.ranks_per_server)).to_dict()
+                    job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive).to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)

@@ -54,6 +54,9 @@ class RunContext:
     split_totals: Dict[str, int]  # global counts
     # The exchange groups by name ("world", "server"), training halo in --halo-dtype on both.
     groups: Optional[Dict[str, ExchangeGroup]] = None
+    # --inductive (engine/inductive.py): world_view, labels and split_rows are the train-induced graph's,
+    # and the preloaded views keep only its rows and edges.
+    inductive: bool = False
 
 
 @dataclass

@@ -26,7 +26,7 @@ from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
 from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
-from granndis_hpc.engine import checkpoint, signals, views
+from granndis_hpc.engine import checkpoint, inductive, signals, views
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.cluster.hostsync import Stopwatch
 from granndis_hpc.engine.layerclock import LayerClock
@@ -134,6 +134,7 @@ class Trainer:
             manifest = shards.read_manifest(cfg.shards)
             shards.check_job(manifest, topo.servers, topo.ranks_per_server, self.mode.shard_layers())
             self.mode.check(manifest)
+            inductive.check_shards(cfg.inductive, manifest, cfg.shards)
             if topo.local_rank == 0 and not cfg.skip_checksums:
                 shards.verify_checksums(cfg.shards, manifest, servers=[topo.server])
         return manifest
@@ -147,6 +148,8 @@ class Trainer:
         if cfg.verify_content:  # collective, the same refusal on every rank (shards/content.py)
             with collective_errors(self.world, "", catch=(shards.ShardError,)):
                 shards.check_job_content(self.world, sl, self.manifest, cfg.shards)
+                if cfg.inductive:
+                    inductive.check_content(sl, self.manifest, cfg.shards)
         self.slice = sl
         # A shard whose rows disagree with its peers' (a view's row width, an edge naming a row nobody
         # holds) is refused by the planner on every rank of the view (views.build_view agrees on it);
@@ -166,11 +169,16 @@ class Trainer:
         self.split_totals = dict(zip(("train", "val", "test"), self.comm.allreduce_scalar(counts, "sum")))
         with collective_errors(self.world, "", catch=(TrainingError,)):
             check_split_totals(self.split_totals, self.manifest, cfg.shards)
+        ctx = RunContext(cfg=cfg, topo=topo, comm=self.comm, device=self.device, manifest=self.manifest, slice=sl,
+                         world_view=self.world_view, labels=self.labels, split_rows=self.split_rows,
+                         split_totals=self.split_totals, groups=self.groups)
+        self.induced = None  # --inductive: the induced graphs' world views (engine/inductive.py)
+        if cfg.inductive:
+            with collective_errors(self.world, "", catch=(planner.PlanError,)):
+                self.induced = inductive.InducedViews(ctx)
+            ctx = self.induced.training_context()
         with collective_errors(self.world, "", catch=(planner.PlanError,)):
-            self.mode.setup(RunContext(cfg=cfg, topo=topo, comm=self.comm, device=self.device,
-                                       manifest=self.manifest, slice=sl, world_view=self.world_view,
-                                       labels=self.labels, split_rows=self.split_rows,
-                                       split_totals=self.split_totals, groups=self.groups))
+            self.mode.setup(ctx)
 
     @property
     def train_view(self):
@@ -274,9 +282,13 @@ class Trainer:
         return self._forward(self.world_view, "evaluation")
 
     def evaluate(self) -> Dict[str, float]:
-        pred = self.inner_logits().argmax(dim=1)
-        correct = np.array([int((pred[r] == self.labels[r]).sum()) for r in self.split_rows.values()],
-                           dtype=np.int64)
+        if self.induced is not None:  # each split on its own graph (engine/inductive.py)
+            self.model.eval()
+            correct = self.induced.correct(lambda view: self._forward(view, "evaluation"))
+        else:
+            pred = self.inner_logits().argmax(dim=1)
+            correct = np.array([int((pred[r] == self.labels[r]).sum()) for r in self.split_rows.values()],
+                               dtype=np.int64)
         correct = self.comm.allreduce_scalar(correct, "sum")
         return {name: float(c) / max(int(self.split_totals[name]), 1)
                 for name, c in zip(self.split_rows, correct)}

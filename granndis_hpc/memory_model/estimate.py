@@ -113,6 +113,10 @@ class ModelSpec:
     checkpoint_activations: bool = False  # recompute blocks (the models whose entry is checkpointable)
     options: Tuple[Tuple[str, Any], ...] = ()  # the model's extra constructor options (registry.model_options)
     linear_layers: int = 0  # per-vertex Linear layers after the `layers` convs (--linear-layers)
+    # --inductive (engine/inductive.py): evaluation also holds the world views of the train-induced and
+    # train+validation-induced graphs; training is estimated on the full graph's views, which bound the
+    # train-induced ones from above.
+    inductive: bool = False
 
     def __post_init__(self):
         if self.name not in MODELS:
@@ -278,6 +282,11 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
             fwd, transpose = shared.get(key, (lr, False, False))[1:]
             shared[key] = (lr, fwd or used_forward, transpose or (trained and est.aggregation_input_grad(m, l)))
         graph += sum(_graph_bytes(lr, est.self_loops, fwd, transpose) for lr, fwd, transpose in shared.values())
+    if m.inductive:  # two more world views, each at most the full graph's (rows, halo, forward graphs)
+        w = r.world
+        static = (w.n_own + w.n_halo) * (r.features + 1) * F32 + w.n_send * I64
+        static += sum(_graph_bytes(lr, est.self_loops, True, False) for lr in w.layers)
+        induced_views = 2 * static
     act = activation_layers(r, m, device)
     step = step_peak(r, m, act)
     P = m.parameters()
@@ -292,6 +301,8 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
         "optimizer": (2 * P * F32) if adam else 0,
         "activations": int(act["fresh"]),
     }
+    if m.inductive:
+        breakdown["induced_views"] = int(induced_views)
     # The step's transient above its activations, of which halo buffers: at most the largest
     # layer's exchange (send + receive rows at its input width).
     transient = int(max(step["peak"], after) - act["fresh"])

@@ -62,7 +62,7 @@ def estimate_shard_set(path: str, model: str, hidden: int, layers: Optional[int]
 def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int, budget_bytes: int,
                       device: str = "cpu", batches: Sequence[int] = (2, 4, 8, 16, 32, 64), fanout: int = -1,
                       sampler: str = "sage", seed: int = 0, job: Optional[Tuple[int, int]] = None,
-                      **model_kw) -> Decision:
+                      inductive: bool = False, **model_kw) -> Decision:
     """`--mode auto`: the options the shard sets offer (every mode's `estimate` on every set: full
     sets give fb and flx k <= hops, EAS sets eas, sets of L hops or EAS cob with each co-batch count
     in `batches`), estimated, and the choice for the budget.
@@ -71,14 +71,14 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     the calling process: call it on one rank and broadcast the Decision.  device="cuda" for a GPU
     run (bool dropout masks)."""
     manifests = {path: shards.read_manifest(path) for path in paths}
-    usable, skipped = fitting_sets(manifests, layers, job)
+    usable, skipped = fitting_sets(manifests, layers, job, inductive)
     if not usable:
         raise MemoryModelError("--mode auto: none of the shard sets can run this job: " + "; ".join(skipped))
     sampling = Sampling(tuple(batches), fanout, sampler, seed)
     found = []
     for path in usable:
         manifest, servers = read_shard_set(path)
-        m = model_for(manifest, model, hidden, layers, **model_kw)
+        m = model_for(manifest, model, hidden, layers, inductive=inductive, **model_kw)
         found += options(row_groups(set_arrays(path, manifest, servers), layers, m, sampling), m,
                          int(manifest["servers"]), device)
     fits_in = usable_budget(budget_bytes, device)
@@ -92,7 +92,8 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     return decision
 
 
-def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[int, int]]) -> Tuple[list, list]:
+def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[int, int]],
+                 inductive: bool = False) -> Tuple[list, list]:
     """(the shard sets --mode auto may choose among, why each other one is left out).  Every set must
     hold the same dataset (one content digest: otherwise a list of a CiteSeer and a Cora set
     would train one of them silently), else MemoryModelError; a set built for another S x G than the job's is left out (it
@@ -112,6 +113,8 @@ def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[in
         S, G = int(m["servers"]), int(m["gpus_per_server"])
         if job is not None and (S, G) != tuple(job):
             skipped.append(f"{path} is built for {S} servers x {G} GPUs, this job runs {job[0]} x {job[1]}")
+        elif inductive and not shards.is_inductive(m):
+            skipped.append(f"{path} is built without --inductive, which this job trains with")
         else:
             usable.append(path)
     return usable, skipped

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .schema import DATASETS, ShardError
+from .schema import ShardError, datasets_of, is_inductive
 
 
 def _fail(fpath: str, dataset: str, problem: str, manifest: dict) -> ShardError:
@@ -25,8 +25,9 @@ def _fail(fpath: str, dataset: str, problem: str, manifest: dict) -> ShardError:
 def check_file_layout(f, manifest: dict, fpath: str) -> None:
     """Dtypes and shapes of every dataset of an open server file, from the HDF5 headers (reads no data):
     the dtypes of schema.DATASETS, one length per row, CSR pointers one longer, features
-    [rows, manifest num_features] float32."""
-    for name, (dtype, _) in DATASETS.items():
+    [rows, manifest num_features] float32; an inductive set's datasets too."""
+    names = datasets_of(is_inductive(manifest))
+    for name, (dtype, _) in names.items():
         if name not in f:
             raise _fail(fpath, name, "is missing", manifest)
         if f[name].dtype != dtype:
@@ -38,7 +39,7 @@ def check_file_layout(f, manifest: dict, fpath: str) -> None:
             "nnz": (f["graph/indices"].shape[0],) if f["graph/indices"].ndim == 1 else None,
             "ni+1": (f["world/indptr"].shape[0],) if f["world/indptr"].ndim == 1 else None,
             "nnz_w": (f["world/src_global_id"].shape[0],) if f["world/src_global_id"].ndim == 1 else None}
-    for name, (_, rule) in DATASETS.items():
+    for name, (_, rule) in names.items():
         shape = tuple(f[name].shape)
         if shape != want[rule]:
             expected = "1-D" if want[rule] is None else str(list(want[rule]))

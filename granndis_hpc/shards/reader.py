@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from .checks import (check_file_layout, check_offsets, check_pointer, check_rank_slice,
                      check_server_graph)
-from .schema import DATASETS, FORMAT_VERSION, ShardError, server_file_name
+from .schema import FORMAT_VERSION, ShardError, datasets_of, is_inductive, server_file_name
 
 if TYPE_CHECKING:  # h5py is imported where a file is opened (_open_server)
     import h5py
@@ -43,6 +43,12 @@ class RankSlice:
     w_indptr: np.ndarray  # int64 [n_inner+1] world view of own inner rows
     w_src_global_id: np.ndarray  # int64 [nnz_w]
     w_src_rank: np.ndarray  # int32 [nnz_w]
+    # An inductive set's (schema.INDUCTIVE_DATASETS), None in others: the train-induced in-degree of the own
+    # rows, the split code of every world-view source, and the training flag of every server row (the
+    # preloaded view's edges are filtered by both endpoints).
+    train_in_degree: Optional[np.ndarray] = None  # int64 [n]
+    w_src_split: Optional[np.ndarray] = None  # uint8 [nnz_w]
+    server_train: Optional[np.ndarray] = None  # bool [n_s]
 
     @property
     def num_rows(self) -> int:
@@ -122,6 +128,10 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
             w_src_global_id=f["world/src_global_id"][we_lo:we_hi],
             w_src_rank=f["world/src_rank"][we_lo:we_hi],
         )
+        if is_inductive(manifest):  # check_file_layout checked their presence, dtypes and shapes
+            sl.train_in_degree = f["graph/train_in_degree"][lo:hi]
+            sl.w_src_split = f["world/src_split"][we_lo:we_hi]
+            sl.server_train = f["split/train"][:]
     check_rank_slice(sl, manifest, fpath, n_server)
     return sl
 
@@ -143,11 +153,12 @@ def read_server_arrays(path, manifest: dict, server: int, names=None, headers=()
     read_rank_slice); the datasets named in `headers` as a DatasetHeader only (verify reads the
     features in blocks instead of holding a server's N_s x F floats)."""
     with _open_server(os.fspath(path), manifest, server) as f:
-        missing = [name for name in DATASETS if name not in f]
+        every = datasets_of(is_inductive(manifest))
+        missing = [name for name in every if name not in f]
         if missing:
             raise ShardError(f"{f.filename}: missing datasets {missing}; rebuild the shard set")
         out = {name: (DatasetHeader(tuple(f[name].shape), f[name].dtype) if name in headers else f[name][()])
-               for name in (DATASETS if names is None else names)}
+               for name in (every if names is None else names)}
         out["attrs"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in f.attrs.items()}
         out["feature_chunks"] = f["features"].chunks
         return out
@@ -171,6 +182,8 @@ def read_server_graph(path, manifest: dict, server: int, features: bool = False)
                "global_id": f["vertices/global_id"][:]}
         if features:
             out["features"] = f["features"][:]
+        if is_inductive(manifest):
+            out["train_in_degree"] = f["graph/train_in_degree"][:]
         check_server_graph(out, manifest, f.filename)
         return out
 

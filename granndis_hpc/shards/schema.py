@@ -42,6 +42,36 @@ DATASETS: dict[str, tuple[np.dtype, str]] = {
     "world/src_in_degree": (np.dtype(np.int64), "nnz_w"),
 }
 
+# Written only by an inductive build (`--inductive`, manifest "inductive": true; docs/inductive.md): what
+# the engine cannot derive from the rows it reads to train on the train-induced graph and evaluate on the
+# train+validation-induced one.  graph/train_in_degree: every row's in-degree within the train-induced
+# graph (its in-neighbours that are training vertices; the deepest preloaded rows lack their in-edges);
+# world/src_split: the split of every world-view source (SPLIT_BITS), so a rank filters its world view.
+INDUCTIVE_DATASETS: dict[str, tuple[np.dtype, str]] = {
+    "graph/train_in_degree": (np.dtype(np.int64), "n"),
+    "world/src_split": (np.dtype(np.uint8), "nnz_w"),
+}
+SPLIT_BITS = {"train": 1, "val": 2, "test": 4}
+
+
+def datasets_of(inductive: bool) -> dict:
+    """Name -> (dtype, shape rule) of every dataset a server file of such a set holds."""
+    return {**DATASETS, **INDUCTIVE_DATASETS} if inductive else dict(DATASETS)
+
+
+def is_inductive(manifest: dict) -> bool:
+    """Whether the set was built with --inductive (it then holds INDUCTIVE_DATASETS)."""
+    return manifest.get("inductive") is True
+
+
+def split_code(train, val, test) -> np.ndarray:
+    """uint8 split code per vertex from the three masks (SPLIT_BITS)."""
+    code = np.asarray(train, dtype=np.uint8) * np.uint8(SPLIT_BITS["train"])
+    code |= np.asarray(val, dtype=np.uint8) * np.uint8(SPLIT_BITS["val"])
+    code |= np.asarray(test, dtype=np.uint8) * np.uint8(SPLIT_BITS["test"])
+    return code
+
+
 # Features are chunked by whole rows so that a rank's contiguous row slice touches few chunks.
 FEATURE_CHUNK_BYTES = 1 << 20
 
@@ -66,7 +96,8 @@ def expected_shape(rule: str, n: int, g: int, nnz: int, n_inner: int, nnz_w: int
 
 def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
     """Raise ShardError unless `arrays` has every dataset with the right dtype and consistent shapes."""
-    missing = sorted(set(DATASETS) - set(arrays))
+    names = datasets_of(any(name in arrays for name in INDUCTIVE_DATASETS))
+    missing = sorted(set(names) - set(arrays))
     if missing:
         raise ShardError(f"{where}: missing datasets {missing}")
     n = int(np.shape(arrays["vertices/global_id"])[0])
@@ -75,7 +106,7 @@ def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
     nnz_w = int(np.shape(arrays["world/src_global_id"])[0])
     feats = np.shape(arrays["features"])
     f = int(feats[1]) if len(feats) == 2 else -1
-    for name, (dtype, rule) in DATASETS.items():
+    for name, (dtype, rule) in names.items():
         a = arrays[name]
         want = expected_shape(rule, n, gpus_per_server, nnz, n_inner, nnz_w, f)
         if tuple(np.shape(a)) != want:

@@ -40,6 +40,8 @@ def test_every_preset_parses_and_the_pairs_agree():
         assert (train.model, train.layers, train.linear_layers, train.conv_layers) == ("sage", 4, 1, 3)
         assert train.norm and train.hidden == 64 and train.epochs == 1000 and train.seed == 7524
         assert build.layers == train.conv_layers and build.self_loops == "add"
+        # the artifact trains every AE dataset but papers100M inductively, on a set built for it
+        assert train.inductive == build.inductive == (name != "papers100m"), name
         # the build's memory estimate is for the preset's model
         for key in ("model", "hidden", "norm", "dropout", "linear_layers"):
             assert getattr(build, key) == getattr(train, key), (name, key)
