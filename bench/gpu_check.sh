@@ -5,8 +5,8 @@
 # the same runs on the CPU (logits), the host syncs of a steady step, peak reserved memory and epoch
 # times; with 2+ GPUs, 1 server x G ranks over NCCL too.  Exits non-zero on any mismatch or failure.
 #
-#   OUT=/tmp/gpu-check bash bench/gpu_check.sh              # on a GPU machine (about 5 minutes)
-#   OUT=/tmp/gpu-smoke bash bench/gpu_check.sh --cpu-smoke  # this script's own logic on the CPU
+#   OUT=bench-out/gpu-check bash bench/gpu_check.sh              # on a GPU machine (about 5 minutes)
+#   OUT=bench-out/gpu-smoke bash bench/gpu_check.sh --cpu-smoke  # this script's own logic on the CPU
 #
 # Results: $OUT/results.jsonl (one line per case), logs in $OUT.
 set -u
@@ -14,7 +14,7 @@ SMOKE=0
 [ "${1:-}" = "--cpu-smoke" ] && SMOKE=1
 eval "$(python3 bench/harness.py env --shell)"
 PY=${PY:-python3}
-OUT=${OUT:-/tmp/gpu-check}
+OUT=${OUT:-bench-out/gpu-check}
 export PYTHONPATH=$PWD
 mkdir -p "$OUT"
 : > "$OUT/results.jsonl"
