@@ -39,12 +39,14 @@ def _train(shards, mode, **overrides):
     ("eas", ("eas", 3), {}),
     ("cob", ("full", 3), {"batches_per_epoch": 2, "fanout": 5}),
     # recomputed blocks: the forward exchange runs again inside the backward, between overlapped ones
-    ("fb", ("full", 8), {"model": "ressage", "layers": 8, "checkpoint_activations": True}),
+    ("fb", ("full", 8), {"model": "ressage", "layers": 8, "checkpoint_activations": True, "tol": 3e-4,
+             "logits_tol": 1e-4}),
 ])
 def test_overlap_equals_no_overlap_with_the_same_bytes(cora_shards, mode, shards, extra):
     # overlap_halos="all": the server-view exchanges of flx, eas and cob overlap too (the default,
     # "world", keeps them blocking, so it would compare the blocking path with itself there).
     extra = {"overlap_halos": "all", **extra}
+    tol, logits_tol = extra.pop("tol", 1e-4), extra.pop("logits_tol", 1e-5)
     runs = {overlap: _train(cora_shards[shards], mode, no_overlap=not overlap, **extra) for overlap in (True, False)}
     (rec_on, logits_on, params_on), (rec_off, logits_off, params_off) = runs[True], runs[False]
     for a, b in zip(rec_on, rec_off):
@@ -53,13 +55,16 @@ def test_overlap_equals_no_overlap_with_the_same_bytes(cora_shards, mode, shards
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     # The exactness tests' rule (tests/dense_reference.assert_parameters_close): within 1e-4 x max(|p|, 1).
     # Elementwise rtol would not do: Adam divides by sqrt(v), so a weight whose gradient is ~0 (a feature
-    # column that is 0 on most rows) moves by a step the order of sums can flip (measured 1.4e-5, 8 layers).
+    # column that is 0 on most rows) moves by a step the order of sums can flip. Through 8 residual layers
+    # that flip compounds: 1.4e-5 on one x86 CPU, 1.5e-4 on another (the same build, other SIMD kernels),
+    # hence 3e-4 there, and the trained logits' 1e-5 becomes 1e-4 (measured 2.9e-5); the loss and the
+    # bytes are held as tightly as for the others.
     for name in params_on:
         err = (params_on[name].double() - params_off[name].double()).abs().max().item()
-        assert err <= 1e-4 * max(params_off[name].abs().max().item(), 1.0), f"{mode} {name}: {err:.3e}"
+        assert err <= tol * max(params_off[name].abs().max().item(), 1.0), f"{mode} {name}: {err:.3e}"
     if WORLD.rank == 0:
         err = np.abs(logits_on - logits_off).max() / np.abs(logits_off).max()
-        assert err < 1e-5, f"{mode}: logits differ by {err:.2e} relative"
+        assert err < logits_tol, f"{mode}: logits differ by {err:.2e} relative"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

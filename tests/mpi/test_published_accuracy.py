@@ -1,8 +1,8 @@
-"""The README's GCN recipe reaches Kipf & Welling's published accuracy (mpirun -n 4, 2 servers x 2 ranks).
+"""The documented GCN recipe reaches Kipf & Welling's published accuracy (mpirun -n 4, 2 servers x 2 ranks).
 
-The two commands of README.md's "Reproducing the published GCN accuracy" section are read from the
-README itself (so the documented recipe is the tested one), run for Cora and CiteSeer with seeds 0-4
-in the README's mode (flx), one run after another in this process group, and the mean test accuracy at
+The two commands of docs/performance/accuracy.md's "Reproducing the published GCN accuracy" section are read from the
+page itself (so the documented recipe is the tested one), run for Cora and CiteSeer with seeds 0-4
+in the page's mode (flx), one run after another in this process group, and the mean test accuracy at
 the best-validation epoch must be within one point of the paper's (Cora 81.5 %, CiteSeer 70.3 %).
 fb runs seed 0 only and must select the same epoch with the same accuracies as flx: both are exact, and
 tests/mpi/test_engine_exact.py and friends check every exact mode against a dense single-process
@@ -27,14 +27,15 @@ pytestmark = [pytest.mark.mpi(min_size=4), pytest.mark.slow]
 WORLD = MPI.COMM_WORLD
 PUBLISHED = {"cora": 0.815, "citeseer": 0.703}  # Kipf & Welling 2017, Table 2
 SEEDS = range(5)
-MODE_SEEDS = {"flx": SEEDS, "fb": range(1)}  # flx: the README's mode; fb: the exactness cross-check
+MODE_SEEDS = {"flx": SEEDS, "fb": range(1)}  # flx: the page's mode; fb: the exactness cross-check
+PAGE = "docs/performance/accuracy.md"
 SECTION = "### Reproducing the published GCN accuracy"
 
 
 def readme_commands():
-    """(build argv, train argv) of the README section's code block, continuation lines joined."""
-    text = (REPO / "README.md").read_text()
-    assert SECTION in text, f"README.md has no section {SECTION!r}"
+    """(build argv, train argv) of the accuracy page's section's code block, continuation lines joined."""
+    text = (REPO / PAGE).read_text()
+    assert SECTION in text, f"{PAGE} has no section {SECTION!r}"
     block = re.search(r"```\n(.*?)```", text[text.index(SECTION):], re.S).group(1)
     lines = [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
     build = next(words for words in lines if "preprocess" in words)
@@ -47,7 +48,7 @@ def with_values(argv, **values):
     out = list(argv)
     for name, value in values.items():
         flag = "--" + name.replace("_", "-")
-        assert flag in out, f"the README command has no {flag}"
+        assert flag in out, f"the documented command has no {flag}"
         out[out.index(flag) + 1] = str(value)
     return out
 
