@@ -30,7 +30,7 @@ $(STAMP)/apt:
 $(STAMP)/slurm:
 	@mkdir -p $(STAMP)
 	@if [ "$$(id -u)" = 0 ]; then \
-	  timeout --kill-after=10 900 python3 slurm/testing/slurmcluster.py install && touch $@; \
+	  timeout --kill-after=10 900 slurm/testing/slurm-cluster install && touch $@; \
 	else \
 	  echo "setup: not root: Slurm not installed (the real-Slurm tests will skip; see slurm/README.md)"; \
 	fi
