@@ -22,7 +22,7 @@ import statistics
 import sys
 import tempfile
 
-from harness import REPO, run, write_page
+from harness import REPO, run_workers, write_page
 
 PLANETOID = os.path.join(REPO, "tests", "data", "planetoid")
 DATASETS = ("cora", "citeseer")
@@ -231,20 +231,15 @@ def main(argv=None) -> int:
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--no-pyg", action="store_true", help="skip PyG's loop (torch_geometric not installed)")
-    p.add_argument("--out", default=os.path.join(REPO, "docs", "accuracy.md"))
+    p.add_argument("--out", default=os.path.join(REPO, "bench-out", "accuracy.md"))
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the mpirun part, results to this file
     args = p.parse_args(argv)
     if args.worker:
         _worker(args)
         return 0
-    fd, results_file = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    cmd = ["mpirun", "-n", "4", sys.executable, os.path.abspath(__file__), "--worker", results_file,
-           "--seeds", str(args.seeds), "--epochs", str(args.epochs), "--datasets", *args.datasets,
-           "--modes", *args.modes]
-    run(cmd)
-    with open(results_file) as f:
-        results = json.load(f)
+    worker_args = ["--seeds", str(args.seeds), "--epochs", str(args.epochs), "--datasets", *args.datasets,
+                   "--modes", *args.modes]
+    results = run_workers(__file__, worker_args)
     loops = list(args.modes)
     if not args.no_pyg:
         for name in args.datasets:
@@ -259,9 +254,10 @@ def main(argv=None) -> int:
              "(Cora/CiteSeer shards built with METIS); test accuracy in %, \"selected\" = the setting's own "
              "rule (plain: last epoch, recipe: best-validation epoch).", "", *table(results, args.datasets, loops),
              "", "## What the numbers say", "", *verdict(results, args.datasets, loops), *NOTES, ""]
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
         json.dump(results, f, indent=1)
-    shown = ["mpirun", "-n", "4", "python", "bench/bench_accuracy.py", "--worker", "RESULTS.json", *cmd[6:]]
+    shown = ["mpirun", "-n", "4", "python", "bench/bench_accuracy.py", "--worker", "RESULTS.json", *worker_args]
     write_page(args.out, lines, "bench/bench_accuracy.py", argv, [" ".join(shown)])
     return 0
 

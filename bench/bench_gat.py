@@ -19,7 +19,7 @@ import statistics
 import sys
 import tempfile
 
-from harness import REPO, run
+from harness import REPO, run_workers
 
 PUBLISHED = 83.0
 RECIPE = dict(model="gat", layers=2, hidden=8, epochs=200, lr=0.005, dropout=0.6, input_dropout=0.6,
@@ -67,12 +67,7 @@ def main(argv=None) -> int:
     if args.worker:
         _worker(args)
         return 0
-    fd, results_file = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    run(["mpirun", "-n", "4", sys.executable, os.path.abspath(__file__), "--worker", results_file,
-         "--seeds", str(args.seeds), "--epochs", str(args.epochs), "--mode", args.mode])
-    with open(results_file) as f:
-        results = json.load(f)
+    results = run_workers(__file__, ["--seeds", str(args.seeds), "--epochs", str(args.epochs), "--mode", args.mode])
     accs = [100 * r["best_val"] for r in results]
     mean, sd = statistics.mean(accs), (statistics.stdev(accs) if len(accs) > 1 else 0.0)
     summary = {"recipe": RECIPE, "mode": args.mode, "epochs": args.epochs, "seeds": results,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +34,21 @@ def run(cmd, log=None, *, env=None, cwd=REPO, timeout=None, capture=False, check
         log.append(" ".join(cmd))
     return subprocess.run(cmd, cwd=cwd, env=ENV if env is None else env, check=check, timeout=timeout,
                           capture_output=capture, text=True)
+
+
+def run_workers(script, worker_args, ranks=4):
+    """Run `script --worker RESULTS worker_args...` under `mpirun -n ranks` and return the JSON its rank 0
+    wrote to RESULTS (a temporary file, removed afterwards): the benchmarks whose measured part runs in
+    one MPI job while their driver only formats the results."""
+    fd, results_file = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        run(["mpirun", "-n", str(ranks), sys.executable, os.path.abspath(script), "--worker", results_file,
+             *worker_args])
+        with open(results_file) as f:
+            return json.load(f)
+    finally:
+        os.unlink(results_file)
 
 
 def build(args, out, preload_args, log, layers=None, vertices=None):

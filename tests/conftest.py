@@ -2,11 +2,13 @@
 
 The real datasets are part of the repository (tests/data/planetoid, 1.6 MB): a missing file fails the
 tests that need it instead of skipping them, so a broken checkout cannot pass quietly."""
+import contextlib
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -55,3 +57,32 @@ def run_mpi(args, n=4, timeout=240, env=None, cwd=REPO):
 def start_mpi(args, log, n=4, env=None):
     """Start `mpirun -n N python ARGS...` in the background, its output to the open file `log`."""
     return subprocess.Popen(mpi_command(args, n), cwd=REPO, env=mpi_env(env), stdout=log, stderr=subprocess.STDOUT)
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mnt: pathlib.Path, size: str):
+    """A tmpfs of `size` (e.g. "16m") mounted at `mnt` for the block, unmounted afterwards: a small, full-able
+    disk for the full-disk tests (mounting needs root, as CI runs)."""
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs for the full-disk test (run as root): {res.stderr}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+class FakeCudaEvent:
+    """A torch.cuda.Event stand-in for the timing code's tests on CPU: the host time it was created at
+    (monkeypatched in as cluster.hostsync._event)."""
+
+    def __init__(self):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3

@@ -145,19 +145,14 @@ def _edge_max(rows: torch.Tensor, cols: torch.Tensor, h: torch.Tensor, n_dst: in
     return out.scatter_reduce(0, rows.unsqueeze(1).expand(-1, h.shape[1]), h[cols], "amax", include_self=True)
 
 
-class SAGEMaxConv(nn.Module):
+class SAGEMaxConv(SAGESumConv):
     """out_v = W_self h_v + W_neigh max_{u in N(v)} h_u + b   (elementwise max; 0 without in-edges, as PyG).
 
-    The maximum does not commute with the projection, so it is taken at the input width.  With the halo
-    in flight the own edges' maximum is taken first and combined with the halo edges' (exact)."""
+    The parameters of SAGESumConv; the maximum does not commute with the projection, so it is taken at
+    the input width.  With the halo in flight the own edges' maximum is taken first and combined with
+    the halo edges' (exact)."""
 
     kind = "max"
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.lin_self = nn.Linear(in_features, out_features)
-        self.lin_neigh = nn.Linear(in_features, out_features, bias=False)
 
     def forward(self, h_src, graph: LayerGraph, attention: Optional[EdgeDropout] = None) -> torch.Tensor:
         own, halo, n_own = source_parts(h_src)
@@ -167,9 +162,6 @@ class SAGEMaxConv(nn.Module):
         m = torch.maximum(m, _edge_max(halo_rows, halo_cols, halo(), graph.n_dst))
         m = torch.where(torch.isinf(m), m.new_zeros(()), m)  # no in-edge: 0
         return out + self.lin_neigh(m)
-
-    def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, aggr={self.kind}"
 
 
 class GINConv(nn.Module):

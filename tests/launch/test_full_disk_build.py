@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, mounted_tmpfs
 
 BUILD = ["build", "--source", "synthetic", "--vertices", "3000", "--seed", "0", "--servers", "2",
          "--gpus-per-server", "1", "--layers", "1", "--partitioner", "random"]
@@ -21,15 +21,8 @@ def small_fs(tmp_path):
     """A 16 MiB tmpfs (needs root, as CI and this machine run); unmounted afterwards."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (make test runs as root in CI)")
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs for the full-disk test (run as root): {res.stderr}")
-    try:
+    with mounted_tmpfs(tmp_path / "fs", "16m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 # One interpreter for every fill level (the imports once); prints one line per outcome.

@@ -12,6 +12,7 @@ from granndis_hpc.cluster import hostsync
 from granndis_hpc.cluster.hostsync import SyncCounter, Stopwatch
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.pending import np_view
+from tests.conftest import FakeCudaEvent
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -42,21 +43,8 @@ def test_counter_ignores_code_outside_the_package_it_watches_and_other_threads()
     assert counter.calls == []
 
 
-class _FakeEvent:
-    """A CUDA event stand-in: the host time it was recorded at."""
-
-    def __init__(self):
-        self.t = time.perf_counter()
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, end):
-        return (end.t - self.t) * 1e3
-
-
 def test_gpu_timers_read_their_event_spans_once_per_epoch(monkeypatch):
-    monkeypatch.setattr(hostsync, "_event", _FakeEvent)
+    monkeypatch.setattr(hostsync, "_event", FakeCudaEvent)
     ledger = Ledger()
     with ledger.timed_events("inter", "halo"):
         time.sleep(0.05)

@@ -8,17 +8,7 @@ import torch
 from granndis_hpc.cluster import hostsync
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.engine.layerclock import LayerClock
-
-
-class _FakeEvent:
-    def __init__(self):
-        self.t = time.perf_counter()
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, end):
-        return (end.t - self.t) * 1e3
+from tests.conftest import FakeCudaEvent
 
 
 class _Slow(torch.autograd.Function):
@@ -40,7 +30,7 @@ class _Slow(torch.autograd.Function):
 def test_layer_clock_charges_each_layer_its_compute_less_the_halo_exchange(cuda, monkeypatch):
     # cuda=True: the GPU's marks (events and the ledger's event spans, read at the end) with stand-in
     # events that hold the host time they were recorded at.
-    monkeypatch.setattr(hostsync, "_event", _FakeEvent)
+    monkeypatch.setattr(hostsync, "_event", FakeCudaEvent)
     ledger = Ledger()
     clock = LayerClock(ledger, 2, cuda=cuda)
 

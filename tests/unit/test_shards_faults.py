@@ -13,7 +13,7 @@ from granndis_hpc import shards
 from granndis_hpc.shards import writer as shard_writer
 from preprocess.__main__ import main
 from preprocess.verify import verify_shard_set
-from tests.conftest import REPO
+from tests.conftest import REPO, mounted_tmpfs
 from tests.unit.test_shards import build, make_graph
 
 SYNTHETIC = ["--source", "synthetic", "--vertices", "6000", "--seed", "0", "--servers", "2", "--gpus-per-server", "2",
@@ -27,15 +27,8 @@ def _snapshot(out):
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A 2 MiB tmpfs (needs root, as CI and this machine run); unmounted afterwards."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs for the full-disk test (run as root): {res.stderr}")
-    try:
+    with mounted_tmpfs(tmp_path / "tiny", "2m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def _build_cli(out, *extra, prelude=""):
