@@ -31,7 +31,7 @@ def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dic
     command line or in --config (`given`) allowed to differ only where RESUME_OVERRIDABLE says so.
     `defaults` maps every option the trainer takes to its default (what a run whose config.json
     predates an option ran with); other keys, in either dict, are dropped."""
-    from granndis_hpc.engine.checkpoint import CheckpointError
+    from granndis_hpc.rundir.checkpoint import CheckpointError
 
     run_dir = os.fspath(run_dir)
     ran_with = {k: (d if k in RESUME_RESET else saved.get(k, d)) for k, d in defaults.items()}
@@ -63,7 +63,7 @@ def _parse_train_args(argv):
     from mpi4py import MPI
 
     from granndis_hpc.cluster.errors import ClusterError, collective_errors
-    from granndis_hpc.engine.checkpoint import CheckpointError
+    from granndis_hpc.rundir.checkpoint import CheckpointError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -20,7 +20,7 @@ from typing import Dict, Optional
 import torch
 
 from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, load_resolved_config
-from granndis_hpc.engine.checkpoint_files import COMPLETE, SHARED_FILE, CheckpointError, latest_complete, read_complete
+from granndis_hpc.rundir.checkpoint_files import COMPLETE, SHARED_FILE, CheckpointError, latest_complete, read_complete
 from granndis_hpc.metrics import BEST_MODEL
 
 # The options that decide a model's parameters' shapes and its forward (with the shard set's feature
@@ -109,7 +109,7 @@ def _checkpoint(directory: str) -> ModelSource:
     if complete is None:
         raise ModelSourceError(f"{directory}: not a complete checkpoint (no readable {COMPLETE})")
     state_path = os.path.join(directory, SHARED_FILE)
-    from granndis_hpc.engine.checkpoint import read_payload  # its size and sha256 checked first
+    from granndis_hpc.rundir.checkpoint import read_payload  # its size and sha256 checked first
     try:
         obj = read_payload(directory, complete["files"][SHARED_FILE])
     except (CheckpointError, KeyError, TypeError) as exc:

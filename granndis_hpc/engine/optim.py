@@ -25,7 +25,7 @@ from typing import Dict, Iterable, List, Optional
 
 import torch
 
-from granndis_hpc.engine.checkpoint_files import CheckpointError
+from granndis_hpc.rundir.checkpoint_files import CheckpointError
 
 # The options the saved state must agree with (not in the checkpoint fingerprint: see config.py), and
 # what a run made before they existed ran with.

@@ -26,7 +26,8 @@ from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
 from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
-from granndis_hpc.engine import checkpoint, inductive, signals, views
+from granndis_hpc.engine import inductive, signals, views
+from granndis_hpc.rundir import checkpoint
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.cluster.hostsync import Stopwatch
 from granndis_hpc.engine.layerclock import LayerClock
@@ -35,7 +36,7 @@ from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.optim import ScheduledOptimizer
 from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
     check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
-from granndis_hpc.engine.rundir import RunDirectory
+from granndis_hpc.rundir.directory import RunDirectory
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError
 from granndis_hpc.graph import planner
 from granndis_hpc.metrics import (METRICS_FILE, epoch_line, peak_memory_bytes, peak_reserved_bytes, summarize,

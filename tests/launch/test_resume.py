@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from granndis_hpc.engine import checkpoint as ck
+from granndis_hpc.rundir import checkpoint as ck
 from tests.conftest import require_planetoid, start_mpi
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from granndis_hpc.engine import checkpoint as ck
+from granndis_hpc.rundir import checkpoint as ck
 from tests.conftest import start_mpi
 from tests.slurm_real import catches_usr1
 from tests.launch.test_resume import _rank_pids, cora_shards

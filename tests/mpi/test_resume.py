@@ -16,7 +16,7 @@ import torch
 from mpi4py import MPI
 
 from granndis_hpc.cluster.errors import ClusterError
-from granndis_hpc.engine import checkpoint as ck
+from granndis_hpc.rundir import checkpoint as ck
 from granndis_hpc.metrics import read_metrics
 from tests.mpi.conftest import make_trainer, shared_tmpdir
 

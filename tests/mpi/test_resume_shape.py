@@ -28,7 +28,7 @@ import torch
 from mpi4py import MPI
 
 from granndis_hpc import cli
-from granndis_hpc.engine import checkpoint as ck
+from granndis_hpc.rundir import checkpoint as ck
 from granndis_hpc.metrics import read_metrics
 from granndis_hpc.shards.manifest import manifest_digests
 from tests.dense_reference import assert_parameters_close, train_dense

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from granndis_hpc.cluster.comm import Communicator
 from granndis_hpc.cluster.errors import ClusterError
 from granndis_hpc.cluster.topology import Topology
-from granndis_hpc.runlock import RunLock
+from granndis_hpc.rundir.lock import RunLock
 from tests.mpi.conftest import make_trainer, shared_tmpdir
 
 pytestmark = pytest.mark.mpi

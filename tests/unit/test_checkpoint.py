@@ -22,7 +22,7 @@ from mpi4py import MPI
 from granndis_hpc import cli
 from granndis_hpc.cluster.errors import ClusterError
 from granndis_hpc.config import TrainConfig
-from granndis_hpc.engine import checkpoint as ck
+from granndis_hpc.rundir import checkpoint as ck
 from granndis_hpc.engine import signals
 from granndis_hpc.metrics import truncate_metrics
 from tests.conftest import REPO
@@ -117,7 +117,7 @@ def _crash_script(run_dir, stage):
         sys.path.insert(0, {str(REPO)!r})
         from mpi4py import MPI
         from granndis_hpc import fsutil
-        from granndis_hpc.engine import checkpoint as ck
+        from granndis_hpc.rundir import checkpoint as ck
         from tests.unit.test_checkpoint import FP, _save, _trained
         model, opt = _trained()
         _save({str(run_dir)!r}, 1, model, opt)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from granndis_hpc.cluster.errors import ClusterError
-from granndis_hpc.engine import checkpoint as ck
+from granndis_hpc.rundir import checkpoint as ck
 from tests.unit.test_checkpoint import FP, SELF, _save, _trained
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from granndis_hpc.config import ConfigError, TrainConfig
-from granndis_hpc.engine.checkpoint_files import CheckpointError
+from granndis_hpc.rundir.checkpoint_files import CheckpointError
 from granndis_hpc.engine.optim import ScheduledOptimizer
 
 

@@ -71,7 +71,7 @@ def test_a_full_disk_during_the_run_stops_every_rank_with_one_message(one_rank_s
 
 
 def test_a_full_disk_at_the_summary_is_the_collective_error(one_rank_set, tmp_path, monkeypatch):
-    import granndis_hpc.engine.rundir as rundir  # the run directory writes summary.json
+    import granndis_hpc.rundir.directory as rundir  # the run directory writes summary.json
 
     def no_space(run_dir, summary):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(run_dir, "summary.json"))
@@ -114,7 +114,7 @@ def test_a_live_run_directory_is_locked(one_rank_set, tmp_path, monkeypatch):
     the two runs' files.  Each is refused naming the holder, and nothing is written."""
     import socket
 
-    from granndis_hpc.runlock import RunLock
+    from granndis_hpc.rundir.lock import RunLock
 
     run = tmp_path / "run"
     train(one_rank_set, run)
@@ -143,7 +143,7 @@ def test_a_killed_holder_leaves_no_stale_lock(one_rank_set, tmp_path):
     from tests.conftest import REPO
 
     run = tmp_path / "run"
-    code = ("import os, signal; from granndis_hpc.runlock import RunLock; "
+    code = ("import os, signal; from granndis_hpc.rundir.lock import RunLock; "
             f"lock = RunLock({str(run)!r}); lock.announce(); os.kill(os.getpid(), signal.SIGKILL)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60)
     assert res.returncode == -9 and (run / ".lock").exists()

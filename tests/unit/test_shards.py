@@ -12,7 +12,7 @@ from mpi4py import MPI
 from granndis_hpc import shards
 from granndis_hpc.graph.csr import Graph, csr_from_edges
 from granndis_hpc.shards import writer as shard_writer
-from granndis_hpc.engine.checkpoint import shard_set_id
+from granndis_hpc.rundir.checkpoint import shard_set_id
 from preprocess.build import BuildConfig, dataset_digest, run_build
 from preprocess.verify import verify_shard_set
 

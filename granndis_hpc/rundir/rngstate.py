@@ -8,7 +8,7 @@ from typing import Dict
 import numpy as np
 import torch
 
-from granndis_hpc.engine.checkpoint_files import CheckpointError
+from granndis_hpc.rundir.checkpoint_files import CheckpointError
 
 
 def rng_state(device: torch.device) -> Dict:

@@ -21,10 +21,10 @@ from typing import Dict, List, Optional
 
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, write_resolved_config
-from granndis_hpc.engine.checkpoint_files import CHECKPOINTS, CheckpointError, checkpoints_dir, note
+from granndis_hpc.rundir.checkpoint_files import CHECKPOINTS, CheckpointError, checkpoints_dir, note
 from granndis_hpc.fsutil import remove_temporaries
 from granndis_hpc.metrics import BEST_MODEL, METRICS_FILE, MetricsWriter, write_best_model, write_summary
-from granndis_hpc.runlock import RunLock, RunLockedError
+from granndis_hpc.rundir.lock import RunLock, RunLockedError
 
 SUMMARY_FILE = "summary.json"
 

@@ -64,14 +64,14 @@ from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
 from granndis_hpc.metrics import METRICS_FILE, MetricsError, truncate_metrics
 # The concerns of a checkpoint, one module each (importable from here too, as before): where the files
 # are and pruning them, what identifies a run, the RNG streams, and the run directory around them.
-from granndis_hpc.engine.checkpoint_files import (  # noqa: F401
+from granndis_hpc.rundir.checkpoint_files import (  # noqa: F401
     CHECKPOINTS, COMPLETE, FORMAT_VERSION, KEEP, SHARED_FILE, CheckpointError, CheckpointInfo, checkpoints_dir,
     epoch_dir, latest_complete, list_checkpoints, note, prune, rank_file, read_complete)
-from granndis_hpc.engine.fingerprint import (  # noqa: F401
+from granndis_hpc.rundir.fingerprint import (  # noqa: F401
     SHAPE_KEYS, check_fingerprint, dataset_digest, fingerprint, same_layout, shape_change, shard_set_id,
     trajectory_options)
-from granndis_hpc.engine.rngstate import RNGState, rng_state, set_rng_state  # noqa: F401
-from granndis_hpc.engine.rundir import (  # noqa: F401
+from granndis_hpc.rundir.rngstate import RNGState, rng_state, set_rng_state  # noqa: F401
+from granndis_hpc.rundir.directory import (  # noqa: F401
     RUN_OUTPUTS, RunDirectory, move_run_aside, refuse_new_run_in, replace_run, run_contents)
 
 # What each file must hold (checked after loading, before anything is restored).

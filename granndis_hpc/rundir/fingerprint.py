@@ -7,7 +7,7 @@ import json
 from typing import Dict, Optional
 
 from granndis_hpc.config import specs
-from granndis_hpc.engine.checkpoint_files import CheckpointError
+from granndis_hpc.rundir.checkpoint_files import CheckpointError
 
 # What may differ between a shape-free checkpoint and a shape-free run of the same dataset.
 SHAPE_KEYS = ("servers", "ranks_per_server", "shard_set", "mode", "preloaded_layers")
