@@ -18,7 +18,7 @@ TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU
 # metadata): they change nothing the trajectory depends on, or are checked otherwise (`shards`,
 # `ranks_per_server`, `mode` and `preloaded_layers` may differ because they are the checkpoint
 # fingerprint's shape: the same shard set, layout and mode, or, in the exact modes, any shard set of
-# the same dataset, engine/checkpoint.py).  `out` is the run directory itself.  "reset" options
+# the same dataset, rundir/checkpoint.py).  `out` is the run directory itself.  "reset" options
 # (overwrite_run) are not carried over from the run being resumed.
 RESUME_OVERRIDABLE = resume_rule(TrainConfig, "may_change")
 RESUME_RESET = resume_rule(TrainConfig, "reset")
@@ -31,7 +31,7 @@ def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dic
     command line or in --config (`given`) allowed to differ only where RESUME_OVERRIDABLE says so.
     `defaults` maps every option the trainer takes to its default (what a run whose config.json
     predates an option ran with); other keys, in either dict, are dropped."""
-    from granndis_hpc.rundir.checkpoint import CheckpointError
+    from granndis_hpc.rundir.checkpoint_files import CheckpointError
 
     run_dir = os.fspath(run_dir)
     ran_with = {k: (d if k in RESUME_RESET else saved.get(k, d)) for k, d in defaults.items()}
@@ -63,7 +63,7 @@ def _parse_train_args(argv):
     from mpi4py import MPI
 
     from granndis_hpc.cluster.errors import ClusterError, collective_errors
-    from granndis_hpc.rundir.checkpoint import CheckpointError
+    from granndis_hpc.rundir.checkpoint_files import CheckpointError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -91,7 +91,7 @@ class TrainConfig:
     # fingerprint holds it (it changes the trajectory); "may_change" = given again with --resume it wins
     # (nothing the numbers depend on, or checked otherwise: shards, ranks_per_server, mode and
     # preloaded_layers are the fingerprint's shape, which only the exact modes may change, see
-    # engine/checkpoint.py); "reset" = not carried over from the run being resumed.
+    # rundir/checkpoint.py); "reset" = not carried over from the run being resumed.
     shards: str = option(help="shard directory written by `python -m preprocess build` (required, except with "
                               "--resume)", on_resume="may_change", resume_shape=True)
     mode: str = option("flx", choices=_mode_names, on_resume="may_change", resume_shape=True,
@@ -185,7 +185,7 @@ class TrainConfig:
                                   help="before training, recompute the dataset content digest from the rows the "
                                        "ranks read and refuse a set whose files were edited after the build "
                                        "(dataset.content_sha256; the dataset's bytes travel to rank 0 once)")
-    # Checkpoints (engine/checkpoint.py): every N epochs (0 = only when SIGUSR1/SIGTERM asks to stop),
+    # Checkpoints (rundir/checkpoint.py): every N epochs (0 = only when SIGUSR1/SIGTERM asks to stop),
     # and the run directory to continue from (its newest complete checkpoint).
     checkpoint_every: int = option(0, ge=0, metavar="N", on_resume="may_change",
                                    help="write a checkpoint into RUN_DIR/checkpoints/ every N epochs (the newest "

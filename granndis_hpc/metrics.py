@@ -2,7 +2,6 @@
 best-model.pt (the parameters of the best-validation epoch)."""
 from __future__ import annotations
 
-import io
 import json
 import os
 import resource
@@ -14,7 +13,6 @@ import torch
 from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
 
 METRICS_FILE = "metrics.jsonl"
-BEST_MODEL = "best-model.pt"
 
 
 class MetricsError(ValueError):
@@ -229,20 +227,6 @@ def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_
         "activation_memory_bytes": int(max((r.get("activation_memory_bytes", 0) for r in records), default=0)),
         "total_time_s": float(total_time_s),
     }
-
-
-def write_best_model(run_dir: str, best: Dict, state: Dict, provenance: Optional[Dict] = None) -> str:
-    """RUN_DIR/best-model.pt, atomically: {"epoch", "train_acc", "val_acc", "test_acc", "model"} and, when
-    given, "provenance" (the run's options and dataset digest: engine/model_source.py reads it); load it
-    with torch.load(path, weights_only=True) and model.load_state_dict(obj["model"])."""
-    buf = io.BytesIO()
-    obj = {**{k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")}, "model": state}
-    if provenance is not None:
-        obj["provenance"] = provenance
-    torch.save(obj, buf)
-    path = os.path.join(run_dir, BEST_MODEL)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
 
 
 def write_summary(run_dir: str, summary: Dict) -> str:

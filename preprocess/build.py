@@ -294,7 +294,7 @@ def dataset_digest(graph) -> str:
     training job with --verify-content recomputes the same bytes from its ranks' rows).  It does not
     depend on the partition, the layout or the preload, so two shard sets of one dataset built for
     different S x G (or with another partitioner, seed or --hops) share it, and a checkpoint can
-    continue on either (engine/checkpoint.py); a change to any edge, feature value, label or split flag
+    continue on either (rundir/checkpoint.py); a change to any edge, feature value, label or split flag
     changes it.  One pass over the arrays (no copies when they already have the digest's dtypes)."""
     return content.dataset_digest(graph)
 

@@ -21,7 +21,7 @@ import torch
 
 from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, load_resolved_config
 from granndis_hpc.rundir.checkpoint_files import COMPLETE, SHARED_FILE, CheckpointError, latest_complete, read_complete
-from granndis_hpc.metrics import BEST_MODEL
+from granndis_hpc.rundir.best_model import BEST_MODEL
 
 # The options that decide a model's parameters' shapes and its forward (with the shard set's feature
 # width and class count): what a model read back is rebuilt with.

@@ -73,7 +73,7 @@ class Mode:
     # ---- what a checkpoint needs of the mode ------------------------------------------------
     def shape_dependence(self, manifest: dict) -> Optional[str]:
         """Why this mode's trajectory depends on S x G and the partition, or None when it does not (a
-        checkpoint may then continue on another layout of the same dataset: engine/checkpoint.py)."""
+        checkpoint may then continue on another layout of the same dataset: rundir/checkpoint.py)."""
         if not self.exact(manifest):
             return f"mode {self.name} is not exact here (it samples within each server's preload)"
         return None

@@ -28,6 +28,7 @@ from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
 from granndis_hpc.engine import inductive, signals, views
 from granndis_hpc.rundir import checkpoint
+from granndis_hpc.rundir.fingerprint import fingerprint
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.cluster.hostsync import Stopwatch
 from granndis_hpc.engine.layerclock import LayerClock
@@ -440,8 +441,8 @@ class Trainer:
             self._resume()
 
     def checkpoint_fingerprint(self) -> Dict:
-        return checkpoint.fingerprint(self.cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest,
-                                      shape_dependent=self.shape_dependence())
+        return fingerprint(self.cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest,
+                           shape_dependent=self.shape_dependence())
 
     def shape_dependence(self) -> Optional[str]:
         """Why this run's trajectory depends on S x G and the partition, or None when it does not (then

@@ -62,17 +62,13 @@ import torch
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
 from granndis_hpc.metrics import METRICS_FILE, MetricsError, truncate_metrics
-# The concerns of a checkpoint, one module each (importable from here too, as before): where the files
-# are and pruning them, what identifies a run, the RNG streams, and the run directory around them.
-from granndis_hpc.rundir.checkpoint_files import (  # noqa: F401
-    CHECKPOINTS, COMPLETE, FORMAT_VERSION, KEEP, SHARED_FILE, CheckpointError, CheckpointInfo, checkpoints_dir,
-    epoch_dir, latest_complete, list_checkpoints, note, prune, rank_file, read_complete)
-from granndis_hpc.rundir.fingerprint import (  # noqa: F401
-    SHAPE_KEYS, check_fingerprint, dataset_digest, fingerprint, same_layout, shape_change, shard_set_id,
-    trajectory_options)
-from granndis_hpc.rundir.rngstate import RNGState, rng_state, set_rng_state  # noqa: F401
-from granndis_hpc.rundir.directory import (  # noqa: F401
-    RUN_OUTPUTS, RunDirectory, move_run_aside, refuse_new_run_in, replace_run, run_contents)
+# The concerns of a checkpoint, one module each: where the files are and pruning them
+# (checkpoint_files), what identifies a run (fingerprint), the RNG streams (rngstate).
+from granndis_hpc.rundir.checkpoint_files import (
+    COMPLETE, FORMAT_VERSION, KEEP, SHARED_FILE, CheckpointError, CheckpointInfo, checkpoints_dir, epoch_dir,
+    latest_complete, note, prune, rank_file, read_complete)
+from granndis_hpc.rundir.fingerprint import check_fingerprint, same_layout, shape_change
+from granndis_hpc.rundir.rngstate import RNGState
 
 # What each file must hold (checked after loading, before anything is restored).
 _SHARED_KEYS = {"epoch": int, "elapsed_s": (int, float), "model": dict, "optimizer": dict}
@@ -353,10 +349,4 @@ def _checked_best(path: str, best) -> Optional[Dict]:
     return best
 
 
-__all__ = ["CHECKPOINTS", "COMPLETE", "SHARED_FILE", "KEEP", "FORMAT_VERSION", "CheckpointError",
-           "CheckpointInfo", "CheckpointManager", "Loaded", "Resumed", "RNGState", "checkpoints_dir", "epoch_dir",
-           "rank_file", "fingerprint", "trajectory_options", "shard_set_id", "dataset_digest", "check_fingerprint",
-           "same_layout", "SHAPE_KEYS", "rng_state",
-           "set_rng_state", "write_payload", "read_payload", "list_checkpoints", "read_complete",
-           "latest_complete", "prune", "save", "load_latest", "note", "RUN_OUTPUTS", "run_contents",
-           "refuse_new_run_in", "move_run_aside", "replace_run", "RunDirectory"]
+__all__ = ["CheckpointManager", "Loaded", "Resumed", "write_payload", "read_payload", "save", "load_latest"]

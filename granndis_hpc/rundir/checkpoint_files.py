@@ -1,4 +1,4 @@
-"""The on-disk layout of a run's checkpoints, and finding and pruning them (engine/checkpoint.py
+"""The on-disk layout of a run's checkpoints, and finding and pruning them (rundir/checkpoint.py
 describes the layout; this module knows where things are, not how they are written)."""
 from __future__ import annotations
 

@@ -4,8 +4,8 @@
     RUN_DIR/metrics.jsonl     one record per epoch (metrics.MetricsWriter), appended as they finish
     RUN_DIR/summary.json      the run's summary, written once it has finished
     RUN_DIR/best-model.pt     the parameters of the best-validation epoch (refreshed with checkpoints)
-    RUN_DIR/checkpoints/      engine/checkpoint.py (layout: engine/checkpoint_files.py)
-    RUN_DIR/.lock             runlock.RunLock: held by rank 0 while a job uses the directory
+    RUN_DIR/checkpoints/      rundir/checkpoint.py (layout: rundir/checkpoint_files.py)
+    RUN_DIR/.lock             lock.RunLock: held by rank 0 while a job uses the directory
 
 Every method is collective over the job's topology (rank 0 writes; a failure raises the same error on
 every rank, collective_errors).  A new run refuses a directory that holds one unless --overwrite-run,
@@ -23,7 +23,8 @@ from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, write_resolved_config
 from granndis_hpc.rundir.checkpoint_files import CHECKPOINTS, CheckpointError, checkpoints_dir, note
 from granndis_hpc.fsutil import remove_temporaries
-from granndis_hpc.metrics import BEST_MODEL, METRICS_FILE, MetricsWriter, write_best_model, write_summary
+from granndis_hpc.metrics import METRICS_FILE, MetricsWriter, write_summary
+from granndis_hpc.rundir.best_model import BEST_MODEL, write_best_model
 from granndis_hpc.rundir.lock import RunLock, RunLockedError
 
 SUMMARY_FILE = "summary.json"

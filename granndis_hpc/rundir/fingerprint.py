@@ -1,5 +1,5 @@
 """What identifies a run (the fingerprint a checkpoint carries) and which runs may continue which
-checkpoints: the rules are engine/checkpoint.py's module docstring."""
+checkpoints: the rules are rundir/checkpoint.py's module docstring."""
 from __future__ import annotations
 
 import hashlib

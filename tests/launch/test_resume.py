@@ -2,7 +2,7 @@
 
 Run A trains uninterrupted.  Run B gets SIGUSR1 on mpirun part-way (Open MPI 4.1's mpirun forwards
 SIGUSR1 to every rank; SIGTERM it turns into SIGTERM + SIGKILL one second later, too soon for a
-checkpoint, see engine/checkpoint.py), stops with a checkpoint and exit 0, and is continued with
+checkpoint, see rundir/checkpoint.py), stops with a checkpoint and exit 0, and is continued with
 `--resume RUN_DIR` alone; that continuation gets SIGTERM on ONE rank only (every rank must stop after
 the same epoch), and is resumed again to the end.  Dropout is on, so B matches A only if every rank's
 RNG state came back each time: the loss of every epoch and the final parameters and optimizer state
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from granndis_hpc.rundir import checkpoint as ck
+from granndis_hpc.rundir import checkpoint_files as cf
 from tests.conftest import require_planetoid, start_mpi
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
@@ -111,9 +112,9 @@ def _rank_pids(mpirun_pid):
 
 
 def _final_state(run_dir):
-    info = ck.latest_complete(str(run_dir))
+    info = cf.latest_complete(str(run_dir))
     assert info is not None and info.epoch == EPOCHS
-    return ck.read_payload(info.path, info.manifest["files"][ck.SHARED_FILE])
+    return ck.read_payload(info.path, info.manifest["files"][cf.SHARED_FILE])
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ def _term_rank_3(proc):
 def _check_stopped(run_dir, log, after=0):
     """A clean stop: exit 0 was checked by the caller; a complete 4-rank checkpoint at the epoch every
     rank stopped after, metrics up to it, no summary."""
-    stopped = ck.latest_complete(str(run_dir))
+    stopped = cf.latest_complete(str(run_dir))
     assert stopped is not None and after + 3 <= stopped.epoch < EPOCHS, log
     assert f"stopped after {stopped.epoch} epochs" in log and f"--resume {run_dir}" in log, log
     assert sorted(stopped.manifest["files"]) == ["rank-0000.pt", "rank-0001.pt", "rank-0002.pt", "rank-0003.pt",
@@ -178,7 +179,7 @@ def test_stop_and_resume_twice_repeats_the_uninterrupted_run(shards, uninterrupt
             assert torch.allclose(st[field], sb["optimizer"]["torch"]["state"][key][field], rtol=0, atol=1e-6)
     # Only the newest two complete checkpoints are kept (older stop and periodic ones were pruned).
     newest_two = sorted({first, second, EVERY, EPOCHS})[-2:]
-    assert [(e, c) for e, _, c in ck.list_checkpoints(str(run_b))] == [(e, True) for e in newest_two]
+    assert [(e, c) for e, _, c in cf.list_checkpoints(str(run_b))] == [(e, True) for e in newest_two]
 
 
 def _snapshot(run_dir):
@@ -216,10 +217,10 @@ def test_new_run_in_a_run_directory_is_refused_and_overwrite_replaces_it(shards,
     with open(run / "config.json") as f:
         config = json.load(f)
     assert (config["lr"], config["seed"]) == (0.05, 3)
-    assert [(e, c) for e, _, c in ck.list_checkpoints(str(run))] == [(3, True), (4, True)]  # the new run's
-    assert ck.latest_complete(str(run)).manifest["fingerprint"]["lr"] == 0.05
+    assert [(e, c) for e, _, c in cf.list_checkpoints(str(run))] == [(3, True), (4, True)]  # the new run's
+    assert cf.latest_complete(str(run)).manifest["fingerprint"]["lr"] == 0.05
     assert [r["epoch"] for r in _metrics(run)] == [0, 1, 2, 3]
-    # The old run is gone (no hidden aside directory); .lock names the run directory's holder (runlock.py).
+    # The old run is gone (no hidden aside directory); .lock names the run directory's holder (rundir/lock.py).
     assert not [n for n in os.listdir(run) if n.startswith(".") and n != ".lock"], os.listdir(run)
 
 
@@ -255,19 +256,19 @@ def test_crafted_state_file_is_refused_with_one_clear_message(shards, tmp_path):
     rc, log = _run(["--shards", shards, "--out", run, *SHORT, "--epochs", "2", "--checkpoint-every", "2"],
                    tmp_path, "first")
     assert rc == 0, log
-    info = ck.latest_complete(str(run))
+    info = cf.latest_complete(str(run))
     buf = io.BytesIO()
     torch.save({"epoch": 2, "elapsed_s": 0.0, "model": Exploit(), "optimizer": {}}, buf)
     data = buf.getvalue()
-    with open(os.path.join(info.path, ck.SHARED_FILE), "wb") as f:
+    with open(os.path.join(info.path, cf.SHARED_FILE), "wb") as f:
         f.write(data)
     manifest = dict(info.manifest)
-    manifest["files"][ck.SHARED_FILE].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
-    with open(os.path.join(info.path, ck.COMPLETE), "w") as f:
+    manifest["files"][cf.SHARED_FILE].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    with open(os.path.join(info.path, cf.COMPLETE), "w") as f:
         json.dump(manifest, f)
     rc, log = _run(["--resume", run, "--epochs", "4"], tmp_path, "crafted")
     assert rc == 1, log
-    state = os.path.join(info.path, ck.SHARED_FILE)
+    state = os.path.join(info.path, cf.SHARED_FILE)
     assert f"checkpoint file {state} is not a valid granndis checkpoint" in log, log
     assert "weights_only" not in log and "Traceback" not in log, log
     assert not (tmp_path / "pwned").exists()

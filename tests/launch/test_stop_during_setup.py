@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from granndis_hpc.rundir import checkpoint as ck
+from granndis_hpc.rundir import checkpoint_files as cf
 from tests.conftest import start_mpi
 from tests.slurm_real import catches_usr1
 from tests.launch.test_resume import _rank_pids, cora_shards
@@ -46,5 +46,5 @@ def test_stop_signal_during_set_up_stops_cleanly_before_training(shards, tmp_pat
     assert not (run_dir / "metrics.jsonl").exists() or (run_dir / "metrics.jsonl").read_text() == "", out
     assert rc == 0, out
     assert "stop requested (SIGUSR1/SIGTERM) during set-up: stopped before training, at epoch 0" in out, out
-    assert ck.latest_complete(str(run_dir)) is None and not (run_dir / "summary.json").exists()
+    assert cf.latest_complete(str(run_dir)) is None and not (run_dir / "summary.json").exists()
     assert (run_dir / "config.json").exists()  # the run exists: --resume continues it from epoch 0

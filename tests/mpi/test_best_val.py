@@ -12,7 +12,8 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from granndis_hpc.metrics import BEST_MODEL, read_metrics
+from granndis_hpc.metrics import read_metrics
+from granndis_hpc.rundir.best_model import BEST_MODEL
 from tests.mpi.conftest import make_trainer, shared_tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)

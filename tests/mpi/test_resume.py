@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from granndis_hpc.cluster.errors import ClusterError
 from granndis_hpc.rundir import checkpoint as ck
+from granndis_hpc.rundir import checkpoint_files as cf
 from granndis_hpc.metrics import read_metrics
 from tests.mpi.conftest import make_trainer, shared_tmpdir
 
@@ -67,8 +68,8 @@ def _stop_on_rank_3_then_resume(shards, run_b, mode, **options):
         trainer.train_epoch = signalled_epoch
     result, _ = _run_to_end(trainer)
     assert result is None and trainer.epoch == 3  # every rank stopped after the same epoch
-    assert trainer.stopped_checkpoint == ck.epoch_dir(run_b, 3)
-    assert ck.latest_complete(run_b).epoch == 3
+    assert trainer.stopped_checkpoint == cf.epoch_dir(run_b, 3)
+    assert cf.latest_complete(run_b).epoch == 3
 
     resumed = make_trainer(shards, mode, epochs=EPOCHS, out=run_b, resume=run_b, **options)
     assert resumed.epoch == 3
@@ -140,5 +141,5 @@ def test_write_failure_on_one_rank_fails_everywhere_and_keeps_the_previous(cora_
     finally:
         trainer.close()
     WORLD.Barrier()
-    assert ck.latest_complete(run_c).epoch == 1
-    assert not os.path.exists(os.path.join(ck.epoch_dir(run_c, 2), ck.COMPLETE))
+    assert cf.latest_complete(run_c).epoch == 1
+    assert not os.path.exists(os.path.join(cf.epoch_dir(run_c, 2), cf.COMPLETE))

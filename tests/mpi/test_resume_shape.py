@@ -2,7 +2,7 @@
 
 A requeued job may land on other nodes: `granndis-train --resume RUN_DIR --shards OTHER_SET
 --ranks-per-server G` continues the same trajectory when OTHER_SET is the same dataset (the manifests'
-dataset.content_sha256) built for another S x G, in the exact modes fb and flx (engine/checkpoint.py).
+dataset.content_sha256) built for another S x G, in the exact modes fb and flx (rundir/checkpoint.py).
 The other shapes are emulated inside the 4-rank world with --ranks-per-server 1 and 4, as
 tests/mpi/test_dropout_exact.py does.
 
@@ -28,7 +28,7 @@ import torch
 from mpi4py import MPI
 
 from granndis_hpc import cli
-from granndis_hpc.rundir import checkpoint as ck
+from granndis_hpc.rundir import checkpoint_files as cf
 from granndis_hpc.metrics import read_metrics
 from granndis_hpc.shards.manifest import manifest_digests
 from tests.dense_reference import assert_parameters_close, train_dense
@@ -99,8 +99,8 @@ def test_exact_run_continues_on_4x1_then_1x4_as_one_single_process_run(cora, cor
     if WORLD.rank == 0:
         assert "written on 2 x 2 (flx), on 4 x 1 (fb)" in capsys.readouterr().err
     WORLD.Barrier()
-    info = ck.latest_complete(run)
-    assert info.epoch == 6 and sorted(info.manifest["files"]) == [ck.rank_file(r) for r in range(4)] + [ck.SHARED_FILE]
+    info = cf.latest_complete(run)
+    assert info.epoch == 6 and sorted(info.manifest["files"]) == [cf.rank_file(r) for r in range(4)] + [cf.SHARED_FILE]
     assert (info.manifest["fingerprint"]["servers"], info.manifest["fingerprint"]["ranks_per_server"]) == (4, 1)
 
     # 1 x 4, flx with 2 of its 3 preloaded hops: up to epoch 9.

@@ -1,4 +1,4 @@
-"""engine/checkpoint.py on one process (MPI.COMM_SELF): layout, atomicity under crashes, pruning,
+"""rundir/checkpoint.py on one process (MPI.COMM_SELF): layout, atomicity under crashes, pruning,
 damage detection and crafted files, fingerprints, the CheckpointManager, the run-directory helpers, and
 (moved beside it, tested here) cli.resume_config, metrics.truncate_metrics and signals.StopSignals.
 
@@ -23,6 +23,10 @@ from granndis_hpc import cli
 from granndis_hpc.cluster.errors import ClusterError
 from granndis_hpc.config import TrainConfig
 from granndis_hpc.rundir import checkpoint as ck
+from granndis_hpc.rundir import checkpoint_files as cf
+from granndis_hpc.rundir import fingerprint as fpr
+from granndis_hpc.rundir import rngstate as rng
+from granndis_hpc.rundir import directory as rd
 from granndis_hpc.engine import signals
 from granndis_hpc.metrics import truncate_metrics
 from tests.conftest import REPO
@@ -61,7 +65,7 @@ def _trained(seed=0):
 
 def _save(run_dir, epoch, model, opt, fp=FP):
     shared = {"epoch": epoch, "elapsed_s": 1.5, "model": model.state_dict(), "optimizer": opt.state_dict()}
-    mine = {"rng": ck.rng_state(torch.device("cpu")), "sampler": {"seed": 3, "key": np.arange(4, dtype=np.uint32)}}
+    mine = {"rng": rng.rng_state(torch.device("cpu")), "sampler": {"seed": 3, "key": np.arange(4, dtype=np.uint32)}}
     return ck.save(SELF, str(run_dir), epoch, fp, shared, mine)
 
 
@@ -89,10 +93,10 @@ def test_layout_and_round_trip(tmp_path):
 
 
 def test_rng_state_restores_every_stream():
-    state = ck.rng_state(torch.device("cpu"))
+    state = rng.rng_state(torch.device("cpu"))
     expected = (torch.rand(5), np.random.random(5), [random.random() for _ in range(5)])
     torch.rand(3), np.random.random(3), random.random()  # move the streams on
-    ck.set_rng_state(state, torch.device("cpu"))
+    rng.set_rng_state(state, torch.device("cpu"))
     again = (torch.rand(5), np.random.random(5), [random.random() for _ in range(5)])
     assert torch.equal(expected[0], again[0])
     assert np.array_equal(expected[1], again[1])
@@ -101,12 +105,12 @@ def test_rng_state_restores_every_stream():
 
 def test_prune_keeps_the_newest_two_complete(tmp_path):
     model, opt = _trained()
-    os.makedirs(ck.epoch_dir(tmp_path, 1))  # an interrupted write from long ago: incomplete
+    os.makedirs(cf.epoch_dir(tmp_path, 1))  # an interrupted write from long ago: incomplete
     for epoch in (2, 4, 6, 8):
         _save(tmp_path, epoch, model, opt)
-    assert [e for e, _, c in ck.list_checkpoints(str(tmp_path)) if c] == [6, 8]
-    assert [e for e, _, _ in ck.list_checkpoints(str(tmp_path))] == [6, 8]
-    assert ck.latest_complete(str(tmp_path)).epoch == 8
+    assert [e for e, _, c in cf.list_checkpoints(str(tmp_path)) if c] == [6, 8]
+    assert [e for e, _, _ in cf.list_checkpoints(str(tmp_path))] == [6, 8]
+    assert cf.latest_complete(str(tmp_path)).epoch == 8
 
 
 def _crash_script(run_dir, stage):
@@ -142,21 +146,21 @@ def test_crash_while_writing_leaves_the_previous_checkpoint_newest(tmp_path, sta
     res = subprocess.run([sys.executable, "-c", _crash_script(tmp_path, stage)], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 9, res.stdout + res.stderr
-    names = sorted(os.listdir(ck.epoch_dir(tmp_path, 2)))
+    names = sorted(os.listdir(cf.epoch_dir(tmp_path, 2)))
     assert "COMPLETE.json" not in names
     if stage == "mid-file":  # only the temporary file exists: no half file under the final name
         assert len(names) == 1 and names[0].startswith(".rank-0000.pt.") and names[0].endswith(".tmp")
     else:
         assert names == ["rank-0000.pt", "state.pt"]
-    info = ck.latest_complete(str(tmp_path))
+    info = cf.latest_complete(str(tmp_path))
     assert info.epoch == 1
     loaded = ck.load_latest(SELF, str(tmp_path), FP)
     assert loaded.shared["epoch"] == 1
     # The next successful checkpoint replaces the leftovers and keeps epoch 1 as the second newest.
     model, opt = _trained()
     _save(tmp_path, 2, model, opt)
-    assert [(e, c) for e, _, c in ck.list_checkpoints(str(tmp_path))] == [(1, True), (2, True)]
-    assert not [n for n in os.listdir(ck.epoch_dir(tmp_path, 2)) if n.endswith(".tmp")]
+    assert [(e, c) for e, _, c in cf.list_checkpoints(str(tmp_path))] == [(1, True), (2, True)]
+    assert not [n for n in os.listdir(cf.epoch_dir(tmp_path, 2)) if n.endswith(".tmp")]
 
 
 def test_failed_write_raises_and_writes_no_marker(tmp_path, monkeypatch):
@@ -168,8 +172,8 @@ def test_failed_write_raises_and_writes_no_marker(tmp_path, monkeypatch):
     monkeypatch.setattr(ck, "atomic_write_bytes", full_disk)
     with pytest.raises(ClusterError, match="writing checkpoint .*epoch-000002 failed: OSError.*No space left"):
         _save(tmp_path, 2, model, opt)
-    assert not os.path.exists(os.path.join(ck.epoch_dir(tmp_path, 2), "COMPLETE.json"))
-    assert ck.latest_complete(str(tmp_path)).epoch == 1
+    assert not os.path.exists(os.path.join(cf.epoch_dir(tmp_path, 2), "COMPLETE.json"))
+    assert cf.latest_complete(str(tmp_path)).epoch == 1
 
 
 def test_damaged_files_are_detected(tmp_path):
@@ -179,9 +183,9 @@ def test_damaged_files_are_detected(tmp_path):
     # Truncated file: the size check in COMPLETE.json makes the checkpoint not complete.
     with open(os.path.join(path2, "state.pt"), "r+b") as f:
         f.truncate(100)
-    assert ck.latest_complete(str(tmp_path)).epoch == 1
+    assert cf.latest_complete(str(tmp_path)).epoch == 1
     # Same size, different bytes: found as complete, refused on load with the way out.
-    path1 = ck.epoch_dir(tmp_path, 1)
+    path1 = cf.epoch_dir(tmp_path, 1)
     with open(os.path.join(path1, "rank-0000.pt"), "r+b") as f:
         f.seek(200)
         byte = f.read(1)
@@ -193,10 +197,10 @@ def test_damaged_files_are_detected(tmp_path):
 
 
 def test_no_checkpoint_gives_none(tmp_path):
-    assert ck.latest_complete(str(tmp_path)) is None
-    os.makedirs(ck.epoch_dir(tmp_path, 3))
+    assert cf.latest_complete(str(tmp_path)) is None
+    os.makedirs(cf.epoch_dir(tmp_path, 3))
     assert ck.load_latest(SELF, str(tmp_path), FP) is None
-    assert ck.prune(str(tmp_path)) == []  # nothing complete: nothing is deleted
+    assert cf.prune(str(tmp_path)) == []  # nothing complete: nothing is deleted
 
 
 @pytest.mark.parametrize("key,value", [("model", "gcn"), ("hidden", 32), ("layers", 3), ("dataset", "citeseer")])
@@ -226,40 +230,40 @@ def test_a_shape_dependent_checkpoint_continues_only_on_its_own_shape(tmp_path, 
 def test_an_exact_checkpoint_continues_on_another_shape_of_the_same_dataset():
     """fb and flx follow one trajectory whatever the layout, shard set, mode or preloaded depth."""
     moved = dict(FP, servers=4, ranks_per_server=1, shard_set="other", mode="fb", preloaded_layers=2)
-    ck.check_fingerprint(FP, moved, "checkpoint X")
-    ck.check_fingerprint(moved, FP, "checkpoint X")
+    fpr.check_fingerprint(FP, moved, "checkpoint X")
+    fpr.check_fingerprint(moved, FP, "checkpoint X")
     # ... but not onto a run that is held to its shape, or with any trajectory option changed.
-    with pytest.raises(ck.CheckpointError, match="and this run depends on it: mode cob samples"):
-        ck.check_fingerprint(FP, dict(COB, servers=4), "checkpoint X")
-    with pytest.raises(ck.CheckpointError, match=r"written by another run \(lr: checkpoint 0.01, this run 0.1\)"):
-        ck.check_fingerprint(dict(FP, lr=0.01), dict(moved, lr=0.1), "checkpoint X")
+    with pytest.raises(cf.CheckpointError, match="and this run depends on it: mode cob samples"):
+        fpr.check_fingerprint(FP, dict(COB, servers=4), "checkpoint X")
+    with pytest.raises(cf.CheckpointError, match=r"written by another run \(lr: checkpoint 0.01, this run 0.1\)"):
+        fpr.check_fingerprint(dict(FP, lr=0.01), dict(moved, lr=0.1), "checkpoint X")
 
 
 def test_another_dataset_is_refused_naming_the_differences():
     other = dict(FP, servers=4, shard_set="other", dataset_sha256="d2")
-    with pytest.raises(ck.CheckpointError) as err:
-        ck.check_fingerprint(FP, other, "checkpoint X")
+    with pytest.raises(cf.CheckpointError) as err:
+        fpr.check_fingerprint(FP, other, "checkpoint X")
     text = str(err.value)
     # Only the data is named: the layout and shard set may differ in an exact mode.
     assert "written by another run (dataset_sha256: checkpoint 'd1', this run 'd2'); " in text
     assert "the shard sets hold different data (the graph, features, labels or split differ" in text
     # Even on the same layout and mode (the shard set is then a shape key that may not differ either).
-    with pytest.raises(ck.CheckpointError, match="dataset_sha256: checkpoint 'd1', this run 'd2'"):
-        ck.check_fingerprint(FP, dict(FP, dataset_sha256="d2", shard_set="other"), "checkpoint X")
+    with pytest.raises(cf.CheckpointError, match="dataset_sha256: checkpoint 'd1', this run 'd2'"):
+        fpr.check_fingerprint(FP, dict(FP, dataset_sha256="d2", shard_set="other"), "checkpoint X")
 
 
 def test_a_shard_set_without_content_digest_holds_the_run_to_its_shard_set():
     """Shard sets built before the build recorded dataset.content_sha256: nothing shows that another
     set holds the same data, so the shard set and layout may not change; the same set is fine."""
     old = dict(FP, dataset_sha256=None)
-    ck.check_fingerprint(old, dict(old), "checkpoint X")  # the same files: the same data
-    ck.check_fingerprint(old, dict(old, mode="fb", preloaded_layers=1), "checkpoint X")  # ... in another exact mode
-    with pytest.raises(ck.CheckpointError) as err:
-        ck.check_fingerprint(old, dict(FP, servers=4, shard_set="other"), "checkpoint X")
+    fpr.check_fingerprint(old, dict(old), "checkpoint X")  # the same files: the same data
+    fpr.check_fingerprint(old, dict(old, mode="fb", preloaded_layers=1), "checkpoint X")  # ... in another exact mode
+    with pytest.raises(cf.CheckpointError) as err:
+        fpr.check_fingerprint(old, dict(FP, servers=4, shard_set="other"), "checkpoint X")
     assert "cannot continue on this run's shape (servers: checkpoint 1, this run 4; shard_set: " in str(err.value)
     assert "written on a shard set without a dataset content digest" in str(err.value)
-    with pytest.raises(ck.CheckpointError) as err:
-        ck.check_fingerprint(FP, dict(old, servers=4, shard_set="other"), "checkpoint X")
+    with pytest.raises(cf.CheckpointError) as err:
+        fpr.check_fingerprint(FP, dict(old, servers=4, shard_set="other"), "checkpoint X")
     assert "this run's shard set (--shards) has no dataset content digest" in str(err.value)
     assert "rebuild it with this version (`python -m preprocess build ... --overwrite`)" in str(err.value)
     assert "dataset_sha256" not in str(err.value)  # unknown is not "different"
@@ -271,26 +275,26 @@ def test_on_another_layout_the_rank_files_are_not_restored(tmp_path):
     model, opt = _trained()
     saved = dict(FP, servers=2, ranks_per_server=2)
     ck.save(SELF, str(tmp_path), 3, saved, {"epoch": 3, "elapsed_s": 1.0, "model": model.state_dict(),
-                                             "optimizer": opt.state_dict()}, {"rng": ck.rng_state(torch.device("cpu"))})
+                                             "optimizer": opt.state_dict()}, {"rng": rng.rng_state(torch.device("cpu"))})
     torch.manual_seed(11)
     fresh, fresh_opt = _trained(seed=1)
-    before = ck.rng_state(torch.device("cpu"))
+    before = rng.rng_state(torch.device("cpu"))
     resumed = ck.CheckpointManager(SELF, str(tmp_path), dict(FP, servers=4, ranks_per_server=1), fresh, fresh_opt,
                                    torch.device("cpu")).load(max_epoch=5)
     assert resumed.epoch == 3
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
-    assert torch.equal(ck.rng_state(torch.device("cpu"))["torch"], before["torch"])
+    assert torch.equal(rng.rng_state(torch.device("cpu"))["torch"], before["torch"])
     # The rank file is not even read: a missing one is no obstacle on another layout.
-    os.unlink(os.path.join(ck.epoch_dir(tmp_path, 3), ck.rank_file(0)))
+    os.unlink(os.path.join(cf.epoch_dir(tmp_path, 3), cf.rank_file(0)))
     ck.load_latest(SELF, str(tmp_path), dict(FP, servers=1, ranks_per_server=4))
 
 
 def test_a_checkpoint_of_an_older_format_is_refused_with_the_fix(tmp_path):
     model, opt = _trained()
     path = _save(tmp_path, 1, model, opt)
-    manifest = json.loads(open(os.path.join(path, ck.COMPLETE)).read())
+    manifest = json.loads(open(os.path.join(path, cf.COMPLETE)).read())
     manifest["format_version"] = 2
-    with open(os.path.join(path, ck.COMPLETE), "w") as f:
+    with open(os.path.join(path, cf.COMPLETE), "w") as f:
         json.dump(manifest, f)
     with pytest.raises(ClusterError, match="has checkpoint format 2, this program reads 3: finish the run with"):
         ck.load_latest(SELF, str(tmp_path), FP)
@@ -300,15 +304,15 @@ def test_fingerprint_names_the_shard_set():
     Cfg = TrainConfig(shards="s", model="sage", mode="flx", layers=2, hidden=16, norm=False)
     manifest = {"dataset": {"name": "cora", "content_sha256": "d1"},
                 "files": {"server-0000.h5": {"sha256": "aa"}, "server-0001.h5": {"sha256": "bb"}}}
-    fp = ck.fingerprint(Cfg, 2, 2, manifest, shape_dependent=None)
+    fp = fpr.fingerprint(Cfg, 2, 2, manifest, shape_dependent=None)
     assert fp["dataset"] == "cora" and fp["servers"] == 2 and fp["ranks_per_server"] == 2
     assert fp["dataset_sha256"] == "d1" and fp["mode"] == "flx" and fp["shape_dependent"] is None
-    assert ck.fingerprint(Cfg, 2, 2, {"dataset": {"name": "cora"}}, shape_dependent=None)["dataset_sha256"] is None
+    assert fpr.fingerprint(Cfg, 2, 2, {"dataset": {"name": "cora"}}, shape_dependent=None)["dataset_sha256"] is None
     changed = {"dataset": {"name": "cora"}, "files": {"server-0000.h5": {"sha256": "aa"},
                                                       "server-0001.h5": {"sha256": "cc"}}}
-    assert ck.shard_set_id(changed) != fp["shard_set"]
+    assert fpr.shard_set_id(changed) != fp["shard_set"]
     reordered = {"dataset": {"name": "cora"}, "files": dict(reversed(list(manifest["files"].items())))}
-    assert ck.shard_set_id(reordered) == fp["shard_set"]
+    assert fpr.shard_set_id(reordered) == fp["shard_set"]
 
 
 DEFAULTS = {"shards": None, "mode": "flx", "model": "sage", "hidden": 64, "lr": 0.01, "epochs": 200,
@@ -331,7 +335,7 @@ def test_resume_config_takes_the_saved_options(tmp_path):
     merged = cli.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
     assert merged["epochs"] == 50 and merged["eval_every"] == 0 and merged["shards"] == "/moved/s"
     # The shape may be given again: the checkpoint's fingerprint decides (another shard set, layout or
-    # exact mode of the same dataset: engine/checkpoint.py).
+    # exact mode of the same dataset: rundir/checkpoint.py).
     given = {"resume": str(tmp_path), "shards": "/other/4x1", "ranks_per_server": 1, "mode": "fb",
              "preloaded_layers": 2}
     merged = cli.resume_config(SAVED, given, str(tmp_path), dict(DEFAULTS, ranks_per_server=None,
@@ -341,12 +345,12 @@ def test_resume_config_takes_the_saved_options(tmp_path):
 
 def test_resume_config_refuses_other_settings(tmp_path):
     given = {"resume": str(tmp_path), "lr": 0.1, "hidden": 32, "batches_per_epoch": 4}
-    with pytest.raises(ck.CheckpointError) as err:
+    with pytest.raises(cf.CheckpointError) as err:
         cli.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
     text = str(err.value)
     assert "lr=0.1 (the run has 0.01)" in text and "hidden=32 (the run has 16)" in text
     assert "batches_per_epoch=4 (the run has 1)" in text and "epochs" in text and "another --out" in text
-    with pytest.raises(ck.CheckpointError, match="out='/elsewhere' .*writes into the run directory"):
+    with pytest.raises(cf.CheckpointError, match="out='/elsewhere' .*writes into the run directory"):
         cli.resume_config(SAVED, {"out": "/elsewhere"}, str(tmp_path), DEFAULTS)
 
 
@@ -426,17 +430,17 @@ def test_crafted_file_is_not_a_valid_checkpoint(tmp_path, name, data, why):
 def test_fingerprint_covers_every_trajectory_option():
     base = TrainConfig(shards="s", out="/r")
     manifest = {"dataset": {"name": "cora"}, "files": {}}
-    fp = ck.fingerprint(base, 2, 2, manifest, shape_dependent=None)
+    fp = fpr.fingerprint(base, 2, 2, manifest, shape_dependent=None)
     for change in ({"seed": 1}, {"lr": 0.02}, {"weight_decay": 5e-4}, {"dropout": 0.1}, {"norm": True},
                    {"hidden": 32}, {"layers": 4}, {"model": "gcn"}, {"mode": "fb"}, {"device": "cpu"},
                    {"preloaded_layers": 2}):
-        other = ck.fingerprint(dataclasses.replace(base, **change), 2, 2, manifest, shape_dependent=None)
+        other = fpr.fingerprint(dataclasses.replace(base, **change), 2, 2, manifest, shape_dependent=None)
         (key,) = change
         assert other[key] != fp[key], change
     # ... and not the options that may change on resume (nor the sampler's, which its state checks).
     for change in ({"epochs": 5}, {"eval_every": 0}, {"checkpoint_every": 3}, {"quiet": True}, {"shards": "t"},
                    {"out": "/elsewhere"}, {"progress": True}, {"overwrite_run": True}, {"batches_per_epoch": 2}):
-        assert ck.fingerprint(dataclasses.replace(base, **change), 2, 2, manifest, shape_dependent=None) == fp, change
+        assert fpr.fingerprint(dataclasses.replace(base, **change), 2, 2, manifest, shape_dependent=None) == fp, change
 
 
 def test_checkpoint_of_another_lr_or_seed_is_refused(tmp_path):
@@ -445,9 +449,9 @@ def test_checkpoint_of_another_lr_or_seed_is_refused(tmp_path):
     manifest = {"dataset": {"name": "cora"}, "files": {}}
     cfg = TrainConfig(shards="s", out=str(tmp_path))
     model, opt = _trained()
-    _save(tmp_path, 1, model, opt, fp=ck.fingerprint(cfg, 1, 1, manifest, shape_dependent=None))
+    _save(tmp_path, 1, model, opt, fp=fpr.fingerprint(cfg, 1, 1, manifest, shape_dependent=None))
     for change, expected in (({"lr": 0.5}, "lr: checkpoint 0.01, this run 0.5"), ({"seed": 7}, "seed: checkpoint 0")):
-        other = ck.fingerprint(dataclasses.replace(cfg, **change), 1, 1, manifest, shape_dependent=None)
+        other = fpr.fingerprint(dataclasses.replace(cfg, **change), 1, 1, manifest, shape_dependent=None)
         with pytest.raises(ClusterError, match=re.escape(expected)):
             ck.load_latest(SELF, str(tmp_path), other)
 
@@ -469,12 +473,12 @@ def test_manager_restores_model_optimizer_sampler_rng_and_metrics(tmp_path):
     manager = ck.CheckpointManager(SELF, str(tmp_path), FP, model, opt, torch.device("cpu"), sampler=_Sampler(3))
     with open(tmp_path / "metrics.jsonl", "w") as f:
         f.writelines(json.dumps({"epoch": e, "loss": 1.0}) + "\n" for e in range(6))
-    assert manager.save(4, elapsed_s=2.5) == ck.epoch_dir(tmp_path, 4)
+    assert manager.save(4, elapsed_s=2.5) == cf.epoch_dir(tmp_path, 4)
     expected = torch.rand(3)  # the stream right after the checkpoint
     fresh, fresh_opt = _trained(seed=1)
     resumed = ck.CheckpointManager(SELF, str(tmp_path), FP, fresh, fresh_opt, torch.device("cpu"),
                                    sampler=_Sampler(3)).load(max_epoch=10)
-    assert (resumed.epoch, resumed.elapsed_s, resumed.path) == (4, 2.5, ck.epoch_dir(tmp_path, 4))
+    assert (resumed.epoch, resumed.elapsed_s, resumed.path) == (4, 2.5, cf.epoch_dir(tmp_path, 4))
     assert [r["epoch"] for r in resumed.records] == [0, 1, 2, 3]  # the metrics cursor
     assert [json.loads(line)["epoch"] for line in open(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
     assert torch.equal(torch.rand(3), expected)
@@ -494,19 +498,19 @@ def test_manager_restores_model_optimizer_sampler_rng_and_metrics(tmp_path):
 
 
 def test_run_contents_and_move_aside(tmp_path):
-    assert ck.run_contents(str(tmp_path)) == []
+    assert rd.run_contents(str(tmp_path)) == []
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "notes.txt").write_text("the user's own file")
-    assert ck.run_contents(str(tmp_path)) == []  # an empty checkpoints/ holds nothing
+    assert rd.run_contents(str(tmp_path)) == []  # an empty checkpoints/ holds nothing
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "metrics.jsonl").write_text("")
     (tmp_path / "checkpoints" / "epoch-000001").mkdir()
-    assert ck.run_contents(str(tmp_path)) == ["config.json", "metrics.jsonl", "checkpoints/"]
-    aside = ck.move_run_aside(str(tmp_path))
+    assert rd.run_contents(str(tmp_path)) == ["config.json", "metrics.jsonl", "checkpoints/"]
+    aside = rd.move_run_aside(str(tmp_path))
     assert os.path.dirname(aside) == str(tmp_path) and os.path.basename(aside).startswith(".")
     assert sorted(os.listdir(aside)) == ["checkpoints", "config.json", "metrics.jsonl"]
-    assert ck.run_contents(str(tmp_path)) == [] and (tmp_path / "notes.txt").exists()
-    assert ck.move_run_aside(str(tmp_path / "checkpoints")) is None
+    assert rd.run_contents(str(tmp_path)) == [] and (tmp_path / "notes.txt").exists()
+    assert rd.move_run_aside(str(tmp_path / "checkpoints")) is None
 
 
 def test_replace_run_deletes_the_old_run_only_after_the_new_config(tmp_path):
@@ -519,15 +523,15 @@ def test_replace_run_deletes_the_old_run_only_after_the_new_config(tmp_path):
     seen = {}
 
     def failing_write():
-        seen["during"] = ck.run_contents(str(tmp_path))  # the old run is aside while the config is written
+        seen["during"] = rd.run_contents(str(tmp_path))  # the old run is aside while the config is written
         raise OSError(28, "No space left on device")
     with pytest.raises(OSError, match="No space left"):
-        ck.replace_run(str(tmp_path), failing_write)
+        rd.replace_run(str(tmp_path), failing_write)
     assert seen["during"] == []
     assert (tmp_path / "config.json").read_text() == '{"lr": 0.01}'  # moved back, whole
-    assert ck.run_contents(str(tmp_path)) == ["config.json", "metrics.jsonl", "checkpoints/"]
+    assert rd.run_contents(str(tmp_path)) == ["config.json", "metrics.jsonl", "checkpoints/"]
     assert sorted(os.listdir(tmp_path)) == ["checkpoints", "config.json", "metrics.jsonl"]
 
-    assert ck.replace_run(str(tmp_path), lambda: (tmp_path / "config.json").write_text('{"lr": 0.5}'))
+    assert rd.replace_run(str(tmp_path), lambda: (tmp_path / "config.json").write_text('{"lr": 0.5}'))
     assert sorted(os.listdir(tmp_path)) == ["config.json"] and "0.5" in (tmp_path / "config.json").read_text()
-    assert not ck.replace_run(str(tmp_path / "checkpoints"), lambda: None)  # nothing to replace
+    assert not rd.replace_run(str(tmp_path / "checkpoints"), lambda: None)  # nothing to replace

@@ -9,11 +9,12 @@ import torch
 
 from granndis_hpc.cluster.errors import ClusterError
 from granndis_hpc.rundir import checkpoint as ck
+from granndis_hpc.rundir import checkpoint_files as cf
 from tests.unit.test_checkpoint import FP, SELF, _save, _trained
 
 
 def _edit(path, edit):
-    marker = os.path.join(path, ck.COMPLETE)
+    marker = os.path.join(path, cf.COMPLETE)
     manifest = json.loads(open(marker).read())
     edit(manifest)
     with open(marker, "w") as f:
@@ -52,15 +53,15 @@ def test_a_damaged_complete_json_is_refused_not_skipped(tmp_path, case):
 def test_a_marker_that_is_not_json_is_refused_and_an_older_damaged_one_is_pruned(tmp_path):
     model, opt = _trained()
     path = _save(tmp_path, 1, model, opt)
-    with open(os.path.join(path, ck.COMPLETE), "w") as f:
+    with open(os.path.join(path, cf.COMPLETE), "w") as f:
         f.write("{\"epoch\": 1, ")
-    with pytest.raises(ck.CheckpointError, match=r"is damaged \(not readable JSON"):
-        ck.latest_complete(str(tmp_path))
+    with pytest.raises(cf.CheckpointError, match=r"is damaged \(not readable JSON"):
+        cf.latest_complete(str(tmp_path))
     # A newer intact checkpoint is used, and the damaged older one goes with the next pruning.
     _save(tmp_path, 2, model, opt)
     _save(tmp_path, 3, model, opt)
-    assert ck.latest_complete(str(tmp_path)).epoch == 3
-    assert [e for e, _, _ in ck.list_checkpoints(str(tmp_path))] == [2, 3]
+    assert cf.latest_complete(str(tmp_path)).epoch == 3
+    assert [e for e, _, _ in cf.list_checkpoints(str(tmp_path))] == [2, 3]
 
 
 def test_a_checkpoint_with_non_finite_parameters_is_named_as_such(tmp_path):

@@ -17,7 +17,7 @@ import torch
 
 from granndis_hpc import cli, shards
 from granndis_hpc.cluster.errors import ClusterError
-from granndis_hpc.rundir.checkpoint import FORMAT_VERSION
+from granndis_hpc.rundir.checkpoint_files import FORMAT_VERSION
 from granndis_hpc.engine.model_source import ModelSourceError, model_provenance, read_model_source
 from granndis_hpc.engine.predict_io import read_output
 from granndis_hpc.nn.models import build_model

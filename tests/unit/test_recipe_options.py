@@ -8,7 +8,8 @@ import torch
 from granndis_hpc import shards
 from granndis_hpc.config import ConfigError, TrainConfig
 from granndis_hpc.engine.trainer import optimizer_groups
-from granndis_hpc.metrics import summarize, write_best_model
+from granndis_hpc.metrics import summarize
+from granndis_hpc.rundir.best_model import write_best_model
 from granndis_hpc.nn import build_model
 from granndis_hpc.nn.dropout import RowDropout, apply_mask, drop_sparse_rows, keep_elements, keep_mask
 from preprocess.__main__ import main as preprocess_main

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from granndis_hpc import shards
 from granndis_hpc.graph.csr import Graph, csr_from_edges
 from granndis_hpc.shards import writer as shard_writer
-from granndis_hpc.rundir.checkpoint import shard_set_id
+from granndis_hpc.rundir.fingerprint import shard_set_id
 from preprocess.build import BuildConfig, dataset_digest, run_build
 from preprocess.verify import verify_shard_set
 
@@ -108,7 +108,7 @@ def check_round_trip(g, tmp_path, S, G, k):
 
 
 def test_dataset_digest_names_the_data_not_the_partition(tmp_path):
-    """dataset.content_sha256 (what lets a checkpoint continue on another shard set, engine/checkpoint.py):
+    """dataset.content_sha256 (what lets a checkpoint continue on another shard set, rundir/checkpoint.py):
     the same for every layout, partitioner and preload of one graph; different after any change to an
     edge, a feature value, a label, a split flag or the class count; independent of the arrays' dtypes."""
     import dataclasses
