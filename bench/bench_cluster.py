@@ -29,7 +29,7 @@ import time
 
 from harness import ENV, REPO
 
-from granndis_hpc.linkmodel import LINK_FILE  # noqa: E402
+from granndis_hpc.report.linkmodel import LINK_FILE  # noqa: E402
 
 from emucluster import cluster as emucluster, costmodel  # noqa: E402
 

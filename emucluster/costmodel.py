@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from granndis_hpc.linkmodel import (TCP_PAYLOAD_SHARE, busiest_bytes, layer_counts,  # noqa: F401 (re-exported)
+from granndis_hpc.report.linkmodel import (TCP_PAYLOAD_SHARE, busiest_bytes, layer_counts,  # noqa: F401 (re-exported)
                                     link_bandwidth, overlap_limit, positive as _positive, wire_s)
 
 PHASES = ("compute", "intra_comm", "inter_comm", "grad_sync", "sampling")

@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     if cmd == "predict":
         return predict_main(rest)
     if cmd == "report":
-        from granndis_hpc.report import main as report_main
+        from granndis_hpc.report.command import main as report_main
         return report_main(rest)
     print(f"granndis: unknown command {cmd!r}; choose train, predict or report", file=sys.stderr)
     return 2

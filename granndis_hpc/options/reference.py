@@ -17,7 +17,7 @@ from .parser import _group_title
 # (command, its options class, what the command does)
 COMMANDS = [
     ("granndis-train", "granndis_hpc.config:TrainConfig", "train on a shard set (one rank per GPU, under mpirun or srun)"),
-    ("granndis report", "granndis_hpc.report:ReportOptions", "tables and plots of finished runs"),
+    ("granndis report", "granndis_hpc.report.command:ReportOptions", "tables and plots of finished runs"),
     ("python -m preprocess build", "preprocess.options:BuildOptions", "write a shard set"),
     ("python -m preprocess plan", "preprocess.options:PlanOptions",
      "partition and expand the halos without writing; estimate memory and bytes per option"),

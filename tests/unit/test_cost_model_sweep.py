@@ -198,7 +198,7 @@ def write_sweep(root, modes=("fb", "flx", "eas")):
 
 
 def test_report_sweep_plots_speedup_against_rate(tmp_path, capsys):
-    from granndis_hpc.report import main as report_main
+    from granndis_hpc.report.command import main as report_main
     path = write_sweep(tmp_path / "runs")
     out = tmp_path / "rep"
     assert report_main(["--sweep", str(path), "--out", str(out)]) == 0
@@ -214,7 +214,7 @@ def test_report_sweep_plots_speedup_against_rate(tmp_path, capsys):
 
 
 def test_report_sweep_errors(tmp_path, capsys):
-    from granndis_hpc.report import main as report_main
+    from granndis_hpc.report.command import main as report_main
     assert report_main(["--sweep", str(write_sweep(tmp_path / "a", modes=("flx", "eas")))]) == 2
     assert "no run named 'fb'" in capsys.readouterr().err
     assert report_main(["--sweep", str(tmp_path / "missing")]) == 2
@@ -261,7 +261,7 @@ def test_the_sweep_model_uses_the_product_overlap_limit():
 def test_one_rank_per_server_needs_no_intra_link():
     """2 servers x 1 rank (bench_cluster.py --ranks-per-server 1): no intra-server bytes, no intra
     bandwidth measured; the wire and the overlap limit are the inter-server terms alone."""
-    from granndis_hpc.linkmodel import wire_s
+    from granndis_hpc.report.linkmodel import wire_s
     run = _counted(model_run(2.0, 1000, inter_max=10**7 + 500, intra_max=0))
     run["bytes"]["inter_grad"], run["bytes"]["intra_grad"] = 1000, 0
     assert wire_s(run, 1e7, None) == pytest.approx((10**7 + 500) / 1e7)

@@ -173,7 +173,7 @@ def test_summary_records_the_head():
 
 def test_report_measures_a_head_run_against_a_head_fb_run():
     """`granndis report`: a run's speedup is over an fb run of the same model, its head included."""
-    from granndis_hpc.report_data import RunData, find_baselines
+    from granndis_hpc.report.data import RunData, find_baselines
 
     def run(mode, head):
         summary = {"mode": mode, "model": "sage", "layers": 4, "linear_layers": head, "servers": 2,

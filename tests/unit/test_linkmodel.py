@@ -3,8 +3,8 @@ overlap, overlap_halos) and what cannot overlap (boundary rows before the post, 
 wait), from the per-layer counts of the epoch record.  Every number below is worked by hand."""
 import pytest
 
-from granndis_hpc import linkmodel
-from granndis_hpc.linkmodel import layer_counts, overlap_limit, run_limit
+from granndis_hpc.report import linkmodel
+from granndis_hpc.report.linkmodel import layer_counts, overlap_limit, run_limit
 
 BW = (1e7, 1e9)  # inter, intra bytes/s
 GRAD = 500 / 1e7  # one leader's 500 gradient bytes between servers

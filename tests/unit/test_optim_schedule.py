@@ -68,7 +68,7 @@ def test_report_plots_the_learning_rate_of_runs_that_record_it(tmp_path):
     import json
     import os
 
-    from granndis_hpc.report import render_report
+    from granndis_hpc.report.command import render_report
     from tests.unit.test_report import check_png, write_run
 
     plain, _ = write_run(tmp_path, "plain", "fb", seed=1)

@@ -140,7 +140,7 @@ def test_options_built_in_code_are_checked():
 
 
 def test_report_options_are_the_framework(capsys):
-    from granndis_hpc.report import ReportOptions
+    from granndis_hpc.report.command import ReportOptions
     assert options.parse_options(ReportOptions, ["a", "b"]).run_dirs == ["a", "b"]
     with pytest.raises(SystemExit) as exit_info:
         options.parse_options(ReportOptions, ["a", "--sweep", "s.json"])

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from granndis_hpc.report import ReportError, main, render_report
+from granndis_hpc.report.command import ReportError, main, render_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -146,7 +146,7 @@ def test_missing_or_corrupt_files_name_run_and_file(tmp_path, capsys, breakage, 
 def test_time_to_accuracy_sums_epoch_times(tmp_path):
     """Validation accuracy against the training time up to each evaluated epoch: the running sum of
     metrics.jsonl's time_s, recomputed here from the file; a run evaluated more often has more points."""
-    from granndis_hpc.report_data import accuracy_over_time, load_run
+    from granndis_hpc.report.data import accuracy_over_time, load_run
 
     fb, _ = write_run(tmp_path, "fb-t", "fb", seed=14, eval_every=4)
     flx, _ = write_run(tmp_path, "flx-t", "flx", seed=15, eval_every=3)

@@ -30,7 +30,7 @@ def test_report_flags_a_speedup_against_unlike_settings(tmp_path):
     """An eas run with dropout 0.5 compared with an fb run with dropout 0 is flagged."""
     import json
 
-    from granndis_hpc.report import render_report
+    from granndis_hpc.report.command import render_report
     from tests.unit.test_report import table_rows, write_run
 
     fb, _ = write_run(tmp_path, "fb", "fb", seed=1)

@@ -13,8 +13,8 @@ import os
 
 from granndis_hpc.fsutil import atomic_write_bytes
 from granndis_hpc.registry import baseline_mode
-from granndis_hpc.report_data import ReportError, load_run, overlap_limit_s
-from granndis_hpc.report_plots import plot_sweep, sweep_x
+from granndis_hpc.report.data import ReportError, load_run, overlap_limit_s
+from granndis_hpc.report.plots import plot_sweep, sweep_x
 
 
 def _run_dirs(root):

@@ -48,10 +48,10 @@ from typing import List, Optional
 from granndis_hpc import options
 from granndis_hpc.fsutil import atomic_write_bytes
 from granndis_hpc.options import ConfigError, Options, option
-from granndis_hpc.report_data import (ReportError, RunData, assign_labels, baseline_notes, find_baselines, load_run,
+from granndis_hpc.report.data import (ReportError, RunData, assign_labels, baseline_notes, find_baselines, load_run,
                                       overlap_limit_s, setting_differences)
-from granndis_hpc.report_links import load_sweep, render_sweep
-from granndis_hpc.report_plots import (plot_accuracy, plot_bytes, plot_learning_rate, plot_time_breakdown,
+from granndis_hpc.report.links import load_sweep, render_sweep
+from granndis_hpc.report.plots import (plot_accuracy, plot_bytes, plot_learning_rate, plot_time_breakdown,
                                        plot_time_to_accuracy)
 
 __all__ = ["ReportError", "RunData", "load_run", "render_report", "format_table", "load_sweep",

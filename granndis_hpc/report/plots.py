@@ -4,7 +4,7 @@ display."""
 from __future__ import annotations
 
 from granndis_hpc.fsutil import atomic_path
-from granndis_hpc.report_data import BYTE_CLASSES, TIME_PHASES, accuracy_over_time
+from granndis_hpc.report.data import BYTE_CLASSES, TIME_PHASES, accuracy_over_time
 
 MINUTES_AFTER_S = 600.0  # time-to-accuracy axis in minutes beyond this many seconds of training
 LOG_SCALE_RATIO = 1e3  # bytes plot switches to log scale when the largest/smallest nonzero value exceed this

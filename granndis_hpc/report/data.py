@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from granndis_hpc import linkmodel
+from granndis_hpc.report import linkmodel
 from granndis_hpc.registry import baseline_mode
 from granndis_hpc.fsutil import read_json_object
 from granndis_hpc.metrics import MetricsError, read_metrics_lines
