@@ -11,7 +11,7 @@ the rates and end with the unshaped round again (`round_order`): the machine is 
 drifts during a sweep; the cost model (emucluster/costmodel.py) fits each round's load from the
 round's modes.  Writes bench-out/cluster/sweep.json and the markdown page (tables, cost model, the exact
 commands), and into every run directory (bench-out/cluster/runs/RATE/MODE; the repeated unshaped round's
-under repeat/) a link.json, the link it ran on (granndis_hpc/linkmodel.py), so that
+under repeat/) a link.json, the link it ran on (granndis_hpc/report/linkmodel.py), so that
 `granndis report --sweep bench-out/cluster/runs` draws speedup against link rate from the runs themselves.
 
 Epoch time = median over the epochs after the first; evaluation runs on the last epoch only (not timed
@@ -256,7 +256,7 @@ def render(sweep, argv):
         L += [f"| {m} | {rounds[0]['runs'][m]['rows']:,} | {fit['cost_per_row_s'][m] * 1e6:.2f} |" for m in modes]
     if all("overlap_limit_s" in x for r in rounds for x in r["runs"].values()):
         L += ["", "Overlap limit (compute + the halo wire each exchange's window of compute cannot hide + gradient "
-              "wire, for the exchanges the run overlapped; granndis_hpc/linkmodel.py): measured epoch / limit per "
+              "wire, for the exchanges the run overlapped; granndis_hpc/report/linkmodel.py): measured epoch / limit per "
               "run, marked * where the run overlapped. "
               "A run that overlaps is at or above its limit; one that does not is near the additive model.", "",
               "| link rate | " + " | ".join(f"{m} meas / limit" for m in modes) + " |", "|---|" + "---:|" * len(modes)]

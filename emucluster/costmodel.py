@@ -27,7 +27,7 @@ The model follows the paper's Eq. 1 / 5: an epoch is computation plus communicat
 - B_intra / bw_intra: the busiest rank's intra-server bytes over the round's shared-memory ping-pong
   bandwidth (small: a few hundredths of a second).
 
-Overlap (`overlap_limit`, beside the additive form): granndis_hpc/linkmodel.py holds that model (the
+Overlap (`overlap_limit`, beside the additive form): granndis_hpc/report/linkmodel.py holds that model (the
 product's `granndis report` shows it too): each exchange the run overlaps hides its wire time behind the
 compute its order lets run meanwhile (the window), the rest is additive.  A run's
 "compute" for the fit is its epoch less its wire time without overlap; with overlap the wire time is

@@ -1,14 +1,13 @@
-"""Run-directory outputs: the per-epoch line users of PipeGCN/GraNNDis know, metrics.jsonl, summary.json,
-best-model.pt (the parameters of the best-validation epoch)."""
+"""Run-directory outputs: the per-epoch line users of PipeGCN/GraNNDis know, metrics.jsonl, summary.json.
+
+Imports no torch, so that `granndis report` reads runs without it (best-model.pt: rundir/best_model.py;
+peak memory: engine/peakmem.py)."""
 from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 from typing import Dict, List, Optional, Tuple
-
-import torch
 
 from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
 
@@ -17,19 +16,6 @@ METRICS_FILE = "metrics.jsonl"
 
 class MetricsError(ValueError):
     """metrics.jsonl is missing, unreadable or holds a line that is not a JSON object."""
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """Peak memory of this process: max allocated on CUDA, peak RSS on CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
-def peak_reserved_bytes(device: torch.device) -> int:
-    """Peak memory the CUDA caching allocator reserved (what the GPU must hold: allocated bytes plus its
-    cached, fragmented blocks); 0 on the CPU."""
-    return int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else 0
 
 
 def epoch_line(rec: Dict) -> str:

@@ -16,7 +16,7 @@ servers, for the leaders' pair (each leader sends its whole bucket), so on 2 ser
 gradient bytes are those of one bucket, per rank and in total (tests/mpi/test_overlap.py,
 test_gradsync.py).  On more servers the job's total is too (the ring sends 2 (S-1) B in all), but a
 leader's own share moves by the rounding of each bucket's ring chunks (a few elements per bucket).
-The ledger has no per-message term; the time model (linkmodel.py) none either: each bucket's few
+The ledger has no per-message term; the time model (report/linkmodel.py) none either: each bucket's few
 messages' latency is not modelled.
 
 Knows nothing about graphs; only about parameters and the Communicator.

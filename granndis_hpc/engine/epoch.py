@@ -42,7 +42,7 @@ def epoch_record(ledger: Ledger, topo, comm, epoch: int, elapsed: float, grad_s:
     """Collective: the record of epoch `epoch` (0-based) from this rank's ledger and times: the slowest
     rank's time breakdown, the loss, and the exact bytes per link class.  layer_seconds: this rank's
     [2, layers] forward / backward compute seconds per layer (engine/layerclock.py); with it the record
-    holds every rank's (`layer_compute_s`), the overlap limit's per-rank timeline (linkmodel.py)."""
+    holds every rank's (`layer_compute_s`), the overlap limit's per-rank timeline (report/linkmodel.py)."""
     led = ledger
     # Set-up traffic inside an epoch is per-step planning of co-batched training: count it as halo.
     intra = led.seconds("intra", "halo") + led.seconds("intra", "setup")

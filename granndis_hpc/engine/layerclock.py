@@ -2,7 +2,7 @@
 
 A bulk-synchronous halo exchange waits for the slowest rank of its group at every layer, so the compute
 an epoch cannot avoid is not one rank's total but the critical path through every rank's per-layer
-compute (granndis_hpc/linkmodel.py's per-rank timeline).  This clock measures those pieces:
+compute (granndis_hpc/report/linkmodel.py's per-rank timeline).  This clock measures those pieces:
 
 - forward, layer l: from the model's gather(l, .) call to gather(l + 1, .) (the last layer: to the
   model's return).  Boundary-first pipelining computes layer l + 1's send rows inside layer l: they

@@ -80,7 +80,7 @@ def rows_accounting(topo, view: PlanView) -> Dict:
     """Collective: the rows every rank holds (layer sources) and computes per layer, on rank 0."""
     record = {"rank": topo.rank, "rows_held": [int(g.n_src) for g in view.graphs],
               "rows_computed": [int(g.n_dst) for g in view.graphs]}
-    if hasattr(view, "layer_counts"):  # the overlap cost model's inputs (granndis_hpc/linkmodel.py)
+    if hasattr(view, "layer_counts"):  # the overlap cost model's inputs (granndis_hpc/report/linkmodel.py)
         counts = view.layer_counts()
         record.update({key: [c[key] for c in counts] for key in LAYER_COUNT_KEYS})
     per_rank = topo.gather_object(record)

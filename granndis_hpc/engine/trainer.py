@@ -40,8 +40,8 @@ from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: imp
 from granndis_hpc.rundir.directory import RunDirectory
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError
 from granndis_hpc.graph import planner
-from granndis_hpc.metrics import (METRICS_FILE, epoch_line, peak_memory_bytes, peak_reserved_bytes, summarize,
-                                  summary_fields)
+from granndis_hpc.engine.peakmem import peak_memory_bytes, peak_reserved_bytes
+from granndis_hpc.metrics import METRICS_FILE, epoch_line, summarize, summary_fields
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.progress import progress

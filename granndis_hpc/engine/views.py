@@ -260,7 +260,7 @@ class View:
         return gather
 
     def layer_counts(self) -> List[dict]:
-        """Per layer, what the overlap cost model (granndis_hpc/linkmodel.py) reads of this rank's plan:
+        """Per layer, what the overlap cost model (granndis_hpc/report/linkmodel.py) reads of this rank's plan:
         the view's exchange group, the distinct own rows the layer's exchange sends (the boundary rows a
         boundary-first layer below computes before posting), the halo rows it receives, and the layer's
         edges and those whose source is a halo row (the product that must wait for the halo).  Built once."""

@@ -28,14 +28,14 @@ different models or cluster shapes would not mean anything), preferring one with
 below the table; else "n/a".
 
 "Epoch / overlap limit" = the measured epoch over the overlapped cost-model limit of the run on its link
-(granndis_hpc/linkmodel.py), for a run directory that holds a link.json (the link it ran on); else "n/a".
+(granndis_hpc/report/linkmodel.py), for a run directory that holds a link.json (the link it ran on); else "n/a".
 
 `granndis report --sweep DIR [--out DIR]` reads the run directories below DIR, each with its link.json
-(granndis_hpc/report_links.py), and writes ``speedup_vs_rate.png`` (speedup over fb against the
+(granndis_hpc/report/links.py), and writes ``speedup_vs_rate.png`` (speedup over fb against the
 inter-server link rate, log scale; an unshaped link is drawn at its measured ping-pong bandwidth) and
 ``speedup_vs_rate.md`` (the same numbers as a table, and each run's measured epoch / limit), and prints them.
 
-Loading and checking: granndis_hpc/report_data.py; plots: granndis_hpc/report_plots.py.
+Loading and checking: granndis_hpc/report/data.py; plots: granndis_hpc/report/plots.py.
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def _markdown(runs, baselines, table, pngs, out_dir):
              "Speedup = FB epoch time / epoch time, against the FB run with the same model, layers and "
              "cluster shape (and, where one was given, the same settings).",
              "Epoch / overlap limit: the measured epoch over the cost model's limit with every layer's wire time "
-             "hidden behind its compute (granndis_hpc/linkmodel.py), on the link of the run's link.json; n/a "
+             "hidden behind its compute (granndis_hpc/report/linkmodel.py), on the link of the run's link.json; n/a "
              "without one.", *baseline_notes(runs, baselines)]
     used = sorted(set(baselines.values()))
     if used:

@@ -1,6 +1,6 @@
 """Reading and checking the run directories `granndis report` draws from, and matching each run with its
 fb baseline.  A run directory holds config.json, summary.json and metrics.jsonl (the trainer writes them)
-and, optionally, link.json (granndis_hpc/linkmodel.py: the link the run ran on, for the overlap limit
+and, optionally, link.json (granndis_hpc/report/linkmodel.py: the link the run ran on, for the overlap limit
 and the speedup-against-link-rate page)."""
 from __future__ import annotations
 

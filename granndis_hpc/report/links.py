@@ -1,7 +1,7 @@
 """`granndis report --sweep DIR`: speedup over fb against the inter-server link rate, from run directories.
 
 DIR holds run directories (DIR/NAME or DIR/LABEL/NAME), each with its own link.json (the link it ran on,
-granndis_hpc/linkmodel.py).  Runs are grouped by link.json's label; within a group a run is named by its
+granndis_hpc/report/linkmodel.py).  Runs are grouped by link.json's label; within a group a run is named by its
 directory (a configuration: fb, flx, flx-k1, fb-noovl, ...), and every group must hold the same names,
 one of them `fb`, the baseline.  Epoch time is each run's summary.json epoch_time_s.  Beside the speedup
 the page gives every run's measured epoch over its overlapped cost-model limit on its link.
@@ -35,7 +35,7 @@ def load_sweep(root) -> dict:
         run = load_run(run_dir)
         if run.link is None:
             raise ReportError(f"run {run_dir}: no link.json, so its link rate is not known (see "
-                              f"granndis_hpc/linkmodel.py for the format; bench/bench_cluster.py writes it)")
+                              f"granndis_hpc/report/linkmodel.py for the format; bench/bench_cluster.py writes it)")
         s = run.summary
         if shape is None:
             shape = (s["servers"], s["ranks_per_server"])
@@ -105,7 +105,7 @@ def render_sweep(root, out_dir) -> dict:
     md = os.path.join(out_dir, "speedup_vs_rate.md")
     atomic_write_bytes(md, ("# Speedup over fb against link rate\n\n" + table + "\n\n"
                             "## Measured epoch / overlapped cost-model limit\n\n" + limits + "\n\n"
-                            "The limit (granndis_hpc/linkmodel.py) hides each layer's wire time behind its compute "
+                            "The limit (granndis_hpc/report/linkmodel.py) hides each layer's wire time behind its compute "
                             "(the run's own measured compute, on its link.json's measured bandwidth); a measured "
                             "epoch is at or above it.\n\nFrom the runs under `" + os.fspath(root)
                             + "`.\n\n![speedup vs link rate](speedup_vs_rate.png)\n").encode())

@@ -83,7 +83,7 @@ def plot_accuracy(runs, path):
 
 
 def plot_time_to_accuracy(runs, path):
-    """Validation accuracy against training time, one line per run (report_data.accuracy_over_time);
+    """Validation accuracy against training time, one line per run (data.accuracy_over_time);
     in minutes, as the paper's figure, once a run trains for more than MINUTES_AFTER_S seconds."""
     fig = _new_figure()
     ax = fig.add_subplot()

@@ -238,7 +238,7 @@ def test_report_sweep_errors(tmp_path, capsys):
 
 def _counted(run):
     """3 sage layers on the world view (fb), 1000 rows each, 100 send rows, 1,000 of 10,000 edges from
-    halo rows (the overlap limit's per-layer counts, granndis_hpc/linkmodel.py)."""
+    halo rows (the overlap limit's per-layer counts, granndis_hpc/report/linkmodel.py)."""
     run["layers"], run["model"], run["overlap"], run["overlap_halos"] = 3, "sage", True, ["world"]
     run["layer_counts"] = [{"group": "world", "rows_computed": 1000, "rows_held": 1200, "send_rows": 100,
                             "halo_rows": 200, "edges": 10_000, "halo_edges": 1_000}] * 3

@@ -1,4 +1,4 @@
-"""granndis_hpc/linkmodel.py: the overlap limit models what the run overlaps (summary.json's plan:
+"""granndis_hpc/report/linkmodel.py: the overlap limit models what the run overlaps (summary.json's plan:
 overlap, overlap_halos) and what cannot overlap (boundary rows before the post, halo edges after the
 wait), from the per-layer counts of the epoch record.  Every number below is worked by hand."""
 import pytest

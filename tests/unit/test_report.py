@@ -2,6 +2,8 @@
 import json
 import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -177,7 +179,7 @@ def test_best_validation_epoch_is_shown_beside_the_last(tmp_path):
 
 def test_epoch_over_overlap_limit_from_the_runs_link(tmp_path):
     """Measured epoch / the cost model's overlapped limit, per run, on the link of its link.json.
-    Worked by hand (granndis_hpc/linkmodel.py) for 2 sage layers on the world view (layer 1 exchanges,
+    Worked by hand (granndis_hpc/report/linkmodel.py) for 2 sage layers on the world view (layer 1 exchanges,
     forward and backward), 2 servers, an unshaped link of 1 MB/s (no rate cap) and no intra-server bytes:
     compute 0.4 s -> c = 0.1 s per layer and direction; the busiest server sends 410,000 B of which one
     leader's gradient share is 20,000 / 2 = 10,000 B (0.01 s, additive), so the halo is 0.4 s on the
@@ -211,3 +213,19 @@ def test_epoch_over_overlap_limit_from_the_runs_link(tmp_path):
     (run / "link.json").write_text(json.dumps({"label": "x", "rate_bps": None, "bw_Bps": -1, "intra_Bps": 1e9}))
     with pytest.raises(ReportError, match="link.json: 'bw_Bps' must be a positive number"):
         render_report([run], tmp_path / "out3")
+
+
+def test_report_imports_no_torch(tmp_path):
+    """`granndis report` runs where torch is not installed: the command, from the CLI's entry point to the
+    plots, imports no torch (a fresh interpreter: this one has imported it already)."""
+    fb, _ = write_run(tmp_path, "fb-101", "fb", seed=1)
+    flx, _ = write_run(tmp_path, "flx-102", "flx", seed=2)
+    out = tmp_path / "r"
+    code = ("import sys; from granndis_hpc.cli import main; "
+            f"rc = main(['report', {str(fb)!r}, {str(flx)!r}, '--out', {str(out)!r}]); "
+            "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "no torch"
+    check_png(out / "time_breakdown.png")
+    assert (out / "report.md").is_file()
