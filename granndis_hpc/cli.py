@@ -105,6 +105,7 @@ def run_training(argv=None, ignore_late_warnings: bool = False) -> dict:
     from granndis_hpc.engine.trainer import Trainer
 
     ns = _parse_train_args(argv)
+    _log_as_this_rank(ns)
     trainer = Trainer(_config_from_args(ns))
     try:
         summary = trainer.run()  # writes the resolved config (every option) to RUN_DIR/config.json
@@ -120,6 +121,15 @@ def run_training(argv=None, ignore_late_warnings: bool = False) -> dict:
         print(f"[{summary['mode']}] done: {summary['epochs']} epochs, median epoch {summary['epoch_time_s']:.4f} s, "
               f"test acc {acc.get('test', float('nan')):.4f}{at_best}", flush=True)
     return summary
+
+
+def _log_as_this_rank(opts) -> None:
+    """Log lines of this rank at --log-level (rank 0, or every rank with --log-all-ranks): progress.py."""
+    from mpi4py import MPI
+
+    from granndis_hpc.progress import setup_logging
+
+    setup_logging(MPI.COMM_WORLD.Get_rank(), all_ranks=opts.log_all_ranks, level=opts.log_level)
 
 
 def train_main(argv=None) -> int:
@@ -148,6 +158,7 @@ def run_predict(argv=None) -> dict:
     from granndis_hpc.predict_options import PREDICT_DESCRIPTION, PREDICT_EPILOG, PREDICT_PROG, PredictOptions
 
     opts = parse_options(PredictOptions, argv, PREDICT_PROG, PREDICT_DESCRIPTION, PREDICT_EPILOG)
+    _log_as_this_rank(opts)
     return predict(opts)
 
 

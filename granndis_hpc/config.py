@@ -33,6 +33,7 @@ CONFIG_FILE_NAME = "config.json"
 # reads this module on machines without MPI.
 DEVICE_NAMES = ("auto", "cpu", "cuda")
 TRANSPORT_NAMES = ("auto", "gloo", "nccl", "mpi")
+LOG_LEVELS = ("debug", "info", "warning", "error")  # granndis_hpc/progress.py: setup_logging
 # --weight-decay-on: every parameter, or the first layer's only (nn/models.py GNN.first_layer_prefix).
 WEIGHT_DECAY_ON = ("all", "first")
 # --halo-dtype: the wire format of training halo rows (engine/exchange.py); float32 is exact.
@@ -180,6 +181,13 @@ class TrainConfig:
     intra_transport: str = option("auto", choices=TRANSPORT_NAMES, on_resume="may_change",
                                   help="intra-server transport (auto: NCCL on GPU, measured default on CPU)")
     quiet: bool = option(False, on_resume="may_change", help="no per-epoch lines on stdout and no progress bar")
+    log_level: str = option("info", choices=LOG_LEVELS, on_resume="may_change",
+                            help="the least severe log lines written to stderr (info: notices such as a resumed "
+                                 "checkpoint or removed temporary files; --quiet does not hide them); rank 0 only "
+                                 "unless --log-all-ranks: the other ranks log warnings and errors")
+    log_all_ranks: bool = option(False, on_resume="may_change",
+                                 help="every rank logs at --log-level, each line labelled [rank R] (default: ranks "
+                                      "other than 0 log only warnings and errors)")
     skip_checksums: bool = option(False, on_resume="may_change", help="do not verify shard sha256 at start-up")
     verify_content: bool = option(False, on_resume="may_change",
                                   help="before training, recompute the dataset content digest from the rows the "

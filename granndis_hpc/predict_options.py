@@ -46,6 +46,8 @@ class PredictOptions(Options):
                                  help="before predicting, recompute the dataset content digest from the rows the "
                                       "ranks read and refuse a set whose files were edited after the build")
     quiet: bool = option(False, help="print nothing but errors")
+    log_level: str = reuse(TrainConfig, "log_level")
+    log_all_ranks: bool = reuse(TrainConfig, "log_all_ranks")
 
     def __post_init__(self):
         super().__post_init__()

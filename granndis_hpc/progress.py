@@ -6,13 +6,14 @@
   write one code path.
 - Log lines carry the rank: ``[rank 3] message`` (``[rank 3] WARNING: message`` above INFO).  By
   default rank 0 logs INFO and the other ranks only WARNING and above, so a 64-rank job prints each
-  routine line once but every rank's problems still reach the user, labelled.
+  routine line once but every rank's problems still reach the user, labelled.  The commands set this
+  up from their options --log-level and --log-all-ranks (`setup_logging`); library code logs through
+  ``logging.getLogger(__name__)`` and prints nothing itself.
 - Log lines go through ``tqdm.write`` so that they do not tear a progress bar in the same terminal.
 """
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 from tqdm import tqdm
@@ -66,7 +67,15 @@ class RankFormatter(logging.Formatter):
 class TqdmHandler(logging.StreamHandler):
     """Writes through tqdm.write so an active bar is cleared and redrawn around the line."""
 
+    def __init__(self, stream=None):
+        super().__init__(stream)
+        # No stream given: write to whatever sys.stderr is when a line is logged (a test's capture, or
+        # the real one again after it), not to the object it was when logging was set up.
+        self.follow_stderr = stream is None
+
     def emit(self, record: logging.LogRecord) -> None:
+        if self.follow_stderr:
+            self.stream = sys.stderr
         try:
             tqdm.write(self.format(record), file=self.stream)
             self.flush()
@@ -77,22 +86,25 @@ class TqdmHandler(logging.StreamHandler):
 _HANDLER_TAG = "_granndis_rank_handler"
 
 
-def setup_logging(rank: int, quiet: bool = False, *, all_ranks: bool | None = None,
-                  level: int | None = None, stream=None) -> logging.Logger:
+def setup_logging(rank: int, quiet: bool = False, *, all_ranks: bool = False,
+                  level: int | str | None = None, stream=None) -> logging.Logger:
     """Configure the root logger for this rank; safe to call again (replaces only its own handler).
 
-    Levels: `level` if given; else WARNING when `quiet`; else INFO on rank 0 (and on every rank when
-    `all_ranks`, or env GRANNDIS_LOG_ALL_RANKS=1) and WARNING elsewhere.  Python warnings are routed
-    into logging too, so they also carry the rank.  Returns the "granndis_hpc" logger.
+    `level` (a logging level or its name, as --log-level gives it; default INFO, WARNING when `quiet`)
+    applies on rank 0, and on every rank when `all_ranks` (--log-all-ranks); the other ranks log
+    WARNING and above, never less than `level`.  Python warnings are routed into logging too, so they also
+    carry the rank.  Returns the "granndis_hpc" logger.
     """
-    if all_ranks is None:
-        all_ranks = os.environ.get("GRANNDIS_LOG_ALL_RANKS", "0") not in ("", "0", "false", "no")
+    if isinstance(level, str):
+        level = logging.getLevelName(level.upper())
     if level is None:
-        level = logging.WARNING if quiet or (rank != 0 and not all_ranks) else logging.INFO
+        level = logging.WARNING if quiet else logging.INFO
+    if rank != 0 and not all_ranks:
+        level = max(level, logging.WARNING)
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, _HANDLER_TAG, False)]:
         root.removeHandler(old)
-    handler = TqdmHandler(sys.stderr if stream is None else stream)
+    handler = TqdmHandler(stream)
     setattr(handler, _HANDLER_TAG, True)
     handler.setFormatter(RankFormatter(rank))
     root.addHandler(handler)

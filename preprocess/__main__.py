@@ -32,7 +32,9 @@ def cmd_build(args, argv) -> int:
     from .slices import spill_directory
 
     group = as_group(None)  # MPI.COMM_WORLD, through cluster/ (preprocess never calls MPI itself)
-    from granndis_hpc.progress import progress
+    from granndis_hpc.progress import progress, setup_logging
+
+    setup_logging(group.rank, all_ranks=args.log_all_ranks, level=args.log_level)
 
     bar = progress(total=len(PHASES), desc="preprocess", rank=group.rank, unit="phase",
                    enabled=True if args.progress else None)

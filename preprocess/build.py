@@ -12,7 +12,7 @@ A failure on any rank is agreed on collectively (granndis_hpc.cluster's `collect
 """
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -30,6 +30,8 @@ from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from .owners import assign_owners
 from .gpu_split import split_servers_over_gpus
 from .partition import PARTITIONERS, WholeGraphAccess, balance, partition_digest, partition_servers
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -316,8 +318,8 @@ def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int) -> Non
             stale = prepare_output_dir(cfg.out, cfg.overwrite)
             if stale:
                 shown = ", ".join(stale[:4]) + (", ..." if len(stale) > 4 else "")
-                print(f"[preprocess] removed {len(stale)} temporary file(s) and spill director(ies) of an "
-                      f"interrupted build in {cfg.out} ({shown})", file=sys.stderr, flush=True)
+                log.info(f"[preprocess] removed {len(stale)} temporary file(s) and spill director(ies) of an "
+                         f"interrupted build in {cfg.out} ({shown})")
             check_free_space(cfg.out, lower_bound_set_bytes(n, e, f), "the shard set (at least)")
 
 

@@ -132,6 +132,10 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
     progress: bool = reuse(TrainConfig, "progress", group="output",
                            help="draw rank 0's progress bar over the phases even when stderr is not a terminal "
                                 "(mpirun pipes the ranks' output)")
+    log_level: str = reuse(TrainConfig, "log_level", group="output",
+                           help="the least severe log lines written to stderr (info: notices such as removed "
+                                "temporaries of an interrupted build); rank 0 only unless --log-all-ranks")
+    log_all_ranks: bool = reuse(TrainConfig, "log_all_ranks", group="output")
 
 
 @dataclass

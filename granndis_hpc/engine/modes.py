@@ -16,6 +16,7 @@ module of its own registered here) and nothing in the loop.  docs/architecture.m
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Dict, Iterator, Optional
 
 import numpy as np
@@ -27,6 +28,8 @@ from granndis_hpc.engine import cobatch, inductive, views
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError, rows_accounting  # noqa: F401
 from granndis_hpc.graph.sampler import CoBatchSampler, SamplerError
 from granndis_hpc.units import format_size
+
+log = logging.getLogger(__name__)
 
 
 class Mode:
@@ -320,10 +323,9 @@ class Automatic(Mode):
                                        **{"preloaded_layers": None, **choice["train_options"]})
         mode = make_mode(resolved)
         mode.decision = decision
-        if topo.rank == 0 and not cfg.quiet:
-            print(f"[auto] {choice['label']} on {choice['source']}: estimated peak "
-                  f"{format_size(choice['peak_bytes'])} per GPU within {format_size(decision['budget_bytes'])}",
-                  flush=True)
+        if not cfg.quiet:
+            log.info(f"[auto] {choice['label']} on {choice['source']}: estimated peak "
+                     f"{format_size(choice['peak_bytes'])} per GPU within {format_size(decision['budget_bytes'])}")
             for o in decision["rejected"]:
-                print(f"[auto]   rejected {o['label']} on {o['source']}: {format_size(o['peak_bytes'])}", flush=True)
+                log.info(f"[auto]   rejected {o['label']} on {o['source']}: {format_size(o['peak_bytes'])}")
         return mode

@@ -9,6 +9,7 @@ its own vertices' rows and one block of the output.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Dict, Optional
 
@@ -28,6 +29,8 @@ from granndis_hpc.engine.preflight import share_cpu_threads
 from granndis_hpc.graph import planner
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.registry import model_options
+
+log = logging.getLogger(__name__)
 
 SPLIT_MASKS = {"train": "train_mask", "val": "val_mask", "test": "test_mask"}
 
@@ -160,9 +163,9 @@ def run_predict(opts) -> Dict:
         write_rows(topo, opts.out, fmt, first, total, rows, shapes, provenance, opts.overwrite)
         result = {"out": opts.out, "format": fmt, "rows": total, "arrays": sorted(shapes),
                   "seconds": time.perf_counter() - start_s}
-        if topo.rank == 0 and not opts.quiet:
-            print(f"[predict] wrote {total} rows ({', '.join(sorted(shapes))}) of {fw.source.path} "
-                  f"(epoch {fw.source.epoch}) to {opts.out} in {result['seconds']:.2f} s", flush=True)
+        if not opts.quiet:
+            log.info(f"[predict] wrote {total} rows ({', '.join(sorted(shapes))}) of {fw.source.path} "
+                     f"(epoch {fw.source.epoch}) to {opts.out} in {result['seconds']:.2f} s")
         return result
     finally:
         fw.close()

@@ -49,10 +49,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import os
 import pickle
 import re
-import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -69,6 +69,9 @@ from granndis_hpc.rundir.checkpoint_files import (
     latest_complete, note, prune, rank_file, read_complete)
 from granndis_hpc.rundir.fingerprint import check_fingerprint, same_layout, shape_change
 from granndis_hpc.rundir.rngstate import RNGState
+
+log = logging.getLogger(__name__)
+
 
 # What each file must hold (checked after loading, before anything is restored).
 _SHARED_KEYS = {"epoch": int, "elapsed_s": (int, float), "model": dict, "optimizer": dict}
@@ -197,8 +200,7 @@ def save(topo, run_dir: str, epoch: int, fp: Dict, shared: Optional[Dict], mine:
         try:
             prune(run_dir, keep)
         except OSError as exc:  # the new checkpoint is complete; old ones are only disk space
-            print(f"warning: could not delete old checkpoints in {checkpoints_dir(run_dir)}: {exc}",
-                  file=sys.stderr, flush=True)
+            log.warning(f"could not delete old checkpoints in {checkpoints_dir(run_dir)}: {exc}")
     return path
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
-import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE.json"
@@ -168,5 +170,6 @@ def prune(run_dir: str, keep: int = KEEP) -> List[str]:
 
 
 def note(message: str) -> None:
-    """A line for the job log (stderr, flushed: the job may be killed soon after)."""
-    print(f"granndis-train: {message}", file=sys.stderr, flush=True)
+    """A notice for the job log (INFO: rank 0's, or every rank's with --log-all-ranks); the handler
+    flushes each line, since the job may be killed soon after."""
+    log.info(message)

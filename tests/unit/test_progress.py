@@ -63,8 +63,7 @@ def test_closed_or_plain_streams_count_as_not_a_terminal():
     assert progress_enabled(0, False, None, object()) is False
 
 
-def test_log_lines_carry_rank_and_level(restore_root_logger, monkeypatch):
-    monkeypatch.delenv("GRANNDIS_LOG_ALL_RANKS", raising=False)
+def test_log_lines_carry_rank_and_level(restore_root_logger):
     out = io.StringIO()
     log = setup_logging(3, stream=out)
     log.info("routine")                       # rank 3: not shown by default
@@ -85,16 +84,15 @@ def test_log_lines_carry_rank_and_level(restore_root_logger, monkeypatch):
     assert out.getvalue() == "[rank 3] WARNING: slow link\n"  # old handler is gone
 
 
-def test_quiet_all_ranks_and_python_warnings(restore_root_logger, monkeypatch):
+def test_quiet_all_ranks_and_python_warnings(restore_root_logger):
     out = io.StringIO()
     log = setup_logging(0, quiet=True, stream=out)
     log.info("hidden")
     log.warning("shown")
     assert out.getvalue() == "[rank 0] WARNING: shown\n"
 
-    monkeypatch.setenv("GRANNDIS_LOG_ALL_RANKS", "1")
     out = io.StringIO()
-    log = setup_logging(2, stream=out)
+    log = setup_logging(2, all_ranks=True, stream=out)
     log.info("every rank talks")
     with warnings.catch_warnings():
         warnings.simplefilter("always")

@@ -64,7 +64,7 @@ def test_the_resume_says_in_one_line_whether_the_content_was_checked(trained_run
     cli.run_training(["--resume", str(run), "--quiet", "--epochs", "4"])
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if "content was not checked" in line] == [
-        f"granndis-train: continuing {run}/checkpoints/epoch-000003 after 3 epochs; the shard set's content was not "
+        f"[rank 0] continuing {run}/checkpoints/epoch-000003 after 3 epochs; the shard set's content was not "
         "checked (its files' checksums were): add --verify-content to check it against the build's digest"], err
     cli.run_training(["--resume", str(run), "--quiet", "--epochs", "5", "--verify-content"])
     assert "content was not checked" not in capsys.readouterr().err

@@ -1,0 +1,69 @@
+"""The product logs through `logging`, per rank (--log-level, --log-all-ranks); only the commands print."""
+import ast
+import io
+import logging
+import pathlib
+
+import pytest
+
+from granndis_hpc.config import LOG_LEVELS, TrainConfig
+from granndis_hpc.options import specs
+from granndis_hpc.predict_options import PredictOptions
+from granndis_hpc.progress import setup_logging
+from preprocess.options import BuildOptions
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+# The modules whose print() is a command's own output (tables, `info`, `plan`, usage, the per-epoch
+# lines and the run's layout on stdout, argparse-time messages before logging is set up).
+COMMAND_OUTPUT = {
+    "granndis_hpc/cli.py", "granndis_hpc/report/command.py", "granndis_hpc/options/reference.py",
+    "granndis_hpc/options/parser.py", "granndis_hpc/cluster/selfcheck.py", "granndis_hpc/engine/trainer.py",
+    "preprocess/__main__.py", "preprocess/plan.py",
+}
+
+
+def _prints(path: pathlib.Path):
+    tree = ast.parse(path.read_text(), str(path))
+    return [n.lineno for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print"]
+
+
+def test_library_code_logs_instead_of_printing():
+    found = {}
+    for package in ("granndis_hpc", "preprocess"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            name = path.relative_to(REPO).as_posix()
+            if name not in COMMAND_OUTPUT and _prints(path):
+                found[name] = _prints(path)
+    assert not found, f"print() in library code (log through logging.getLogger(__name__)): {found}"
+
+
+@pytest.fixture
+def restore_root_logger():
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    yield
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+
+
+def test_log_level_and_all_ranks(restore_root_logger):
+    lib = logging.getLogger("granndis_hpc.rundir.checkpoint_files")
+    for rank, all_ranks, level, shown in [(0, False, "info", ["i", "w"]), (0, False, "warning", ["w"]),
+                                          (2, False, "debug", ["w"]), (2, True, "debug", ["d", "i", "w"]),
+                                          (1, True, "error", [])]:
+        out = io.StringIO()
+        setup_logging(rank, all_ranks=all_ranks, level=level, stream=out)
+        lib.debug("d")
+        lib.info("i")
+        lib.warning("w")
+        want = [f"[rank {rank}] " + ("WARNING: " if m == "w" else "") + m for m in shown]
+        assert out.getvalue().splitlines() == want, (rank, all_ranks, level)
+
+
+def test_every_command_that_logs_takes_the_same_options():
+    for cls in (TrainConfig, PredictOptions, BuildOptions):
+        by_name = {s.name: s for s in specs(cls)}
+        assert by_name["log_level"].default == "info" and tuple(by_name["log_level"].meta["choices"]) == LOG_LEVELS
+        assert by_name["log_all_ranks"].default is False
