@@ -23,7 +23,6 @@ Knows nothing about graphs; only about parameters and the Communicator.
 """
 from __future__ import annotations
 
-import os
 from typing import Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -41,13 +40,6 @@ from .layout import plan_layer_buckets
 # the leaders' pair, a broadcast) and a blocking broadcast in finish(), so the count is bounded
 # (at most 2 * OVERLAP_BUCKETS + 1) instead of one bucket per layer of a 56-layer model.
 OVERLAP_BUCKETS = 8
-# A benchmark knob (emucluster/ runs forward GRANNDIS_* to every rank): GRANNDIS_GRAD_BUCKETS=1 is
-# one bucket, final only at the end of the backward.
-_knob = os.environ.get("GRANNDIS_GRAD_BUCKETS", "")
-if _knob:
-    if not _knob.isdigit() or int(_knob) < 1:  # every rank reads the same value: all fail alike
-        raise ClusterError(f"GRANNDIS_GRAD_BUCKETS must be a positive integer (1 = one bucket), got {_knob!r}")
-    OVERLAP_BUCKETS = int(_knob)
 
 
 def layer_of(name: str) -> str:

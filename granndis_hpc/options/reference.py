@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import List, Optional
 
+from . import environment
 from .declare import _Spec, allowed_choices, specs
 from .parser import _group_title
 
@@ -110,6 +111,8 @@ def page(commands: Optional[list] = None) -> str:
         cls = _load(path)
         lines += [f"## `{command}`", "", what[0].upper() + what[1:] + ".", ""]
         lines += render_class(cls, resume_column=(path.endswith(":TrainConfig")))
+    if commands is None:
+        lines += environment.render()
     return "\n".join(lines).rstrip() + "\n"
 
 
