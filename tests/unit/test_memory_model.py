@@ -1,4 +1,5 @@
-"""The per-GPU memory model (granndis_hpc/memory_model.py), `preprocess plan` and `build --hops auto`.
+"""The per-GPU memory model (granndis_hpc/memory_model/) and `--mode auto` over shard sets (the commands
+`preprocess plan` and `build --hops auto`: tests/unit/test_memory_model_cli.py).
 
 The activation formula is checked byte for byte against what autograd saves (SavedBytes), running the
 real models with a gather that does what engine/views.View.gather_fn does (static halo features at
@@ -226,100 +227,6 @@ def test_world_rows_and_inter_server_bytes(small_shards):
     assert flx["halo"] == 0 and flx["gradient"] == fb["gradient"]
 
 
-# ---------------------------------------------------------------------------------------------------
-SYN = ["--source", "synthetic", "--vertices", "1500", "--avg-degree", "8", "--features", "12", "--classes", "4",
-       "--seed", "1"]
-
-
-def _plan(tmp_path, *extra):
-    from preprocess.__main__ import main
-
-    out = tmp_path / "plan.json"
-    rc = main(["plan", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis",
-               "--hidden", "16", "--json", str(out), "--cob-batches", "2,4", *extra])
-    return rc, (json.loads(out.read_text()) if out.exists() else None)
-
-
-def test_plan_cli_prints_every_option_and_recommends(tmp_path, capsys):
-    rc, res = _plan(tmp_path, "--memory-per-gpu", "1GiB")
-    text = capsys.readouterr().out
-    labels = [o["label"] for o in res["options"]]
-    assert rc == 0 and set(labels) == {"fb", "flx k=1", "flx k=2", "flx k=3", "eas", "cob batches=2", "cob batches=4"}
-    assert res["decision"]["choice"]["label"] == "flx k=3" and "recommendation: flx k=3" in text
-    assert not list(tmp_path.glob("*.h5"))  # no shard written
-    by = {o["label"]: o for o in res["options"]}
-    # The trade: inter-server halo bytes fall as k grows, rows held grow past fb.
-    assert by["fb"]["inter_server_bytes"]["halo"] >= by["flx k=2"]["inter_server_bytes"]["halo"] > 0
-    assert by["flx k=3"]["inter_server_bytes"]["halo"] == 0
-    assert by["flx k=3"]["rows_per_gpu"] > by["fb"]["rows_per_gpu"]
-    # cob all-reduces the gradients once per co-batch.
-    grad = by["flx k=3"]["inter_server_bytes"]["gradient"]
-    assert by["cob batches=4"]["inter_server_bytes"]["gradient"] == 4 * grad == 2 * by["cob batches=2"][
-        "inter_server_bytes"]["gradient"]
-    # A budget between k=2's and k=3's estimate picks k=2 (the largest that fits).
-    mid = (by["flx k=2"]["peak_bytes"] + by["flx k=3"]["peak_bytes"]) // 2
-    assert by["flx k=2"]["peak_bytes"] < mid < by["flx k=3"]["peak_bytes"]
-    rc, res = _plan(tmp_path, "--memory-per-gpu", str(mid))
-    assert rc == 0 and res["decision"]["choice"]["label"] == "flx k=2"
-    rc, res = _plan(tmp_path, "--memory-per-gpu", "1KiB")
-    assert rc != 0 and res["decision"]["choice"] is None
-    assert "nothing fits" in capsys.readouterr().err
-
-
-def _build(tmp_path, *extra):
-    from preprocess.__main__ import main
-
-    out = tmp_path / "set"
-    rc = main(["build", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis",
-               "--hidden", "16", "--out", str(out), *extra])
-    return rc, out
-
-
-def test_build_hops_auto_picks_the_largest_k_that_fits(tmp_path, capsys):
-    _, res = _plan(tmp_path, "--no-eas")
-    by = {o["label"]: o["peak_bytes"] for o in res["options"]}
-    budget = by["flx k=2"] + 1  # k = 2 fits, and k = 3 needs more
-    assert by["flx k=3"] > budget
-    rc, out = _build(tmp_path, "--hops", "auto", "--memory-per-gpu", str(budget))
-    text = capsys.readouterr().out
-    from granndis_hpc import shards
-    manifest = shards.read_manifest(out)
-    assert rc == 0 and manifest["preload"]["hops"] == 2
-    assert "--hops auto: k = 2" in text
-    # The manifest keeps the decision: budget, the estimate of k = 2 and the rejected k = 3.
-    auto = manifest["hops_auto"]
-    assert auto["budget_bytes"] == budget and auto["choice"]["peak_bytes"] == by["flx k=2"]
-    assert [o["label"] for o in auto["rejected"]] == ["flx k=3"]
-    from preprocess.__main__ import main
-    assert main(["verify", str(out)]) == 0
-
-
-@pytest.mark.parametrize("extra,message", [
-    (("--hops", "auto"), "add --memory-per-gpu"),
-    (("--hops", "4"), "--hops 4 > --layers 3"),
-    (("--hops", "auto", "--memory-per-gpu", "1KiB"), "too small for any full preload"),
-    (("--hops", "2", "--memory-per-gpu", "1GiB"), "add --hops auto"),
-    (("--hops", "banana"), "number of hops or 'auto'"),
-])
-def test_build_hops_bad_input(tmp_path, capsys, extra, message):
-    try:
-        rc, out = _build(tmp_path, *extra)
-    except SystemExit as exc:  # argparse rejects a malformed --hops
-        rc, out = exc.code, tmp_path / "set"
-    err = capsys.readouterr().err
-    assert rc != 0 and message in err
-    assert not (out / "manifest.json").exists()
-
-
-def test_too_small_budget_names_what_to_build_instead(tmp_path, capsys):
-    _, res = _plan(tmp_path)
-    by = {o["label"]: o["peak_bytes"] for o in res["options"]}
-    budget = min(by["flx k=1"], by["fb"]) - 1
-    rc, _ = _build(tmp_path, "--hops", "auto", "--memory-per-gpu", str(budget))
-    err = capsys.readouterr().err
-    assert rc != 0 and "too small for any full preload" in err and "instead" in err
-
-
 @pytest.fixture(scope="module")
 def eas_shards(small_graph, tmp_path_factory):
     from mpi4py import MPI
@@ -387,13 +294,6 @@ def test_plan_counts_equal_the_written_shards(small_graph, small_shards, tmp_pat
         ests = mm.estimate_shard_set(str(path), "sage", 16, 3, k=k)
         worst = max(ests, key=lambda e: e["total"])
         assert got[label].peak == worst["total"] and got[label].breakdown == worst["breakdown"], label
-
-
-def test_build_hops_auto_with_a_one_byte_budget_says_what_is_needed(tmp_path, capsys):
-    """`--hops auto --memory-per-gpu 1` says what is needed, not "the smallest estimate is 0 B"."""
-    rc, _ = _build(tmp_path, "--hops", "auto", "--memory-per-gpu", "1")
-    err = capsys.readouterr().err
-    assert rc != 0 and "too small for any full preload" in err and " 0 B" not in err, err
 
 
 def test_a_dominated_option_is_not_chosen_and_the_order_is_stated_as_applied():
@@ -483,19 +383,3 @@ def test_plan_of_a_set_and_auto_on_it_estimate_and_choose_alike(recipe_model, sm
         # The same reasons but for the names of the sets ("[--hops 3]" planned, the set's path in auto).
         assert same(a.choice) == same(b.choice)
         assert re.sub(r" \[[^\]]*\]", "", a.reason) == re.sub(r" \[[^\]]*\]", "", b.reason)
-
-
-def test_plan_cli_estimates_one_build_of_a_registered_model(recipe_model, tmp_path, capsys):
-    """`plan --hops 3 --model recipe-meanmlp --model-option widen=2`: the 3-hop build's options (fb,
-    flx k <= 3, cob), sized by the registered model's own estimate and option."""
-    rc, res = _plan(tmp_path, "--hops", "3", "--no-eas", "--model", recipe_model.NAME, "--model-option", "widen=2",
-                    "--memory-per-gpu", "1GiB")
-    assert rc == 0 and "recommendation: flx k=3" in capsys.readouterr().out
-    assert {(o["label"], o["source"]) for o in res["options"]} == {
-        (label, "--hops 3") for label in ("fb", "flx k=1", "flx k=2", "flx k=3", "cob batches=2", "cob batches=4")}
-    assert res["decision"]["choice"]["train_options"] == {"preloaded_layers": 3}
-    _, narrow = _plan(tmp_path, "--hops", "3", "--no-eas", "--model", recipe_model.NAME, "--memory-per-gpu", "1GiB")
-    peaks = {o["label"]: o["peak_bytes"] for o in narrow["options"]}
-    assert all(o["peak_bytes"] > peaks[o["label"]] for o in res["options"])  # widen=2: wider hidden layers
-    rc, _ = _plan(tmp_path, "--hops", "3", "--no-eas", "--model", recipe_model.NAME, "--model-option", "heads=2")
-    assert rc != 0 and "the options widen (int, default 1)" in capsys.readouterr().err

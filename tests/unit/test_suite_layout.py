@@ -1,9 +1,19 @@
 """tests/unit is serial: none of its tests starts mpirun or a Slurm job (those live in tests/launch, which
-`make test` runs one job at a time, and tests/mpi, which runs under mpirun itself)."""
+`make test` runs one job at a time, and tests/mpi, which runs under mpirun itself); and no tracked source
+or page is longer than MAX_LINES (one concern per module, test file or page)."""
 import re
+import subprocess
 from pathlib import Path
 
 UNIT = Path(__file__).resolve().parent
+REPO = UNIT.parents[1]
+MAX_LINES = 450
+# Longer today, each to be split by concern; this list is expected to become empty.
+LONGER_FOR_NOW = {
+    "granndis_hpc/engine/trainer.py",  # the training loop with its set-up, evaluation and checkpoints
+    "granndis_hpc/nn/graph.py",        # LayerGraph and its aggregation backends
+    "granndis_hpc/nn/models.py",       # the sage, gcn and ressage models
+}
 LAUNCHES = re.compile(r"\b(?:run_mpi|start_mpi|mpi_command)\(|\bsr\.(?:submit|slurm_cluster)\(")
 
 
@@ -20,3 +30,29 @@ def test_no_unit_test_starts_mpirun():
 def test_the_check_sees_a_launch():
     assert launches("    res = run_mpi(['-m', 'x'], n=2)\n") and launches("    with sr.slurm_cluster():\n")
     assert not launches("    # run_mpi(...) in tests/launch\n    assert cmd[:2] == ['mpirun', '-n']\n")
+
+
+def too_long(root: Path = REPO) -> dict:
+    out = subprocess.run(["git", "ls-files", "-z", "*.py", "*.md"], cwd=root, capture_output=True, check=True).stdout
+    lengths = {}
+    for name in out.decode().split("\0"):
+        path = root / name
+        if name and path.is_file():
+            lengths[name] = path.read_bytes().count(b"\n")
+    return {name: n for name, n in lengths.items() if n > MAX_LINES}
+
+
+def test_no_tracked_file_is_longer_than_the_limit():
+    long = too_long()
+    assert not {k: v for k, v in long.items() if k not in LONGER_FOR_NOW}, \
+        f"split these by concern (at most {MAX_LINES} lines each): {long}"
+    assert set(long) == LONGER_FOR_NOW, f"no longer over {MAX_LINES} lines: remove from LONGER_FOR_NOW: " \
+                                        f"{sorted(LONGER_FOR_NOW - set(long))}"
+
+
+def test_the_length_check_sees_a_long_file(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "short.md").write_text("line\n" * MAX_LINES)
+    subprocess.run(["git", "add", "long.py", "short.md"], cwd=tmp_path, check=True)
+    assert too_long(tmp_path) == {"long.py": MAX_LINES + 1}
