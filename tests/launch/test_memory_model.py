@@ -1,7 +1,7 @@
 """The tests of tests/unit/test_memory_model.py that start their own mpirun (run one at a time by `make test`)."""
 import json
 
-from tests.unit.test_memory_model import SYN  # noqa: F401
+from tests.unit.test_memory_model_cli import SYN  # noqa: F401
 
 
 def test_hops_auto_error_on_every_rank(tmp_path):

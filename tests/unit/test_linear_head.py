@@ -134,7 +134,7 @@ def test_options_refuse_a_head_without_an_aggregating_layer_or_model(recipe_mode
 def test_plan_estimates_the_head(tmp_path, capsys):
     """`preprocess plan --layers 2 --linear-layers 1`: the 2-hop set's options, the head's memory and
     parameters (gradient bytes) counted."""
-    from tests.unit.test_memory_model import SYN, _plan
+    from tests.unit.test_memory_model_cli import SYN, _plan
 
     res = {}
     for extra in ((), ("--linear-layers", "1")):

@@ -5,7 +5,7 @@ line for line and field for field.  tests/mpi/test_hops_auto_sliced.py and test_
 P = 1, 2, 4 (and an independent count of the full preloads)."""
 import json
 
-from tests.unit.test_memory_model import SYN
+from tests.unit.test_memory_model_cli import SYN
 
 LAYOUT = ["--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis", "--hidden", "16",
           "--seed", "1"]

@@ -46,7 +46,7 @@ def test_per_edge_tensors_reach_the_estimate():
 def test_plan_chooses_a_smaller_option_for_gats_per_edge_tensors(tmp_path):
     """`preprocess plan --memory-per-gpu 16MiB` (the --mode auto choice): SAGE fits the whole 3-hop preload,
     8-head GAT's per-edge tensors do not (~24 MiB), so it gets an option with fewer rows per GPU."""
-    from tests.unit.test_memory_model import _plan
+    from tests.unit.test_memory_model_cli import _plan
 
     for name in ("sage", "gat"):
         (tmp_path / name).mkdir()
