@@ -84,6 +84,7 @@ class TqdmHandler(logging.StreamHandler):
 
 
 _HANDLER_TAG = "_granndis_rank_handler"
+PRODUCT_LOGGERS = ("granndis_hpc", "preprocess")
 
 
 def setup_logging(rank: int, quiet: bool = False, *, all_ranks: bool = False,
@@ -108,6 +109,10 @@ def setup_logging(rank: int, quiet: bool = False, *, all_ranks: bool = False,
     setattr(handler, _HANDLER_TAG, True)
     handler.setFormatter(RankFormatter(rank))
     root.addHandler(handler)
-    root.setLevel(level)
+    # The product's loggers log at `level`; other libraries' (matplotlib, torch, ...) only from WARNING
+    # up, so --log-level debug shows this program's debug lines, not theirs.
+    root.setLevel(max(level, logging.WARNING))
+    for name in PRODUCT_LOGGERS:
+        logging.getLogger(name).setLevel(level)
     logging.captureWarnings(True)
     return logging.getLogger("granndis_hpc")

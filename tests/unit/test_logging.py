@@ -9,7 +9,7 @@ import pytest
 from granndis_hpc.config import LOG_LEVELS, TrainConfig
 from granndis_hpc.options import specs
 from granndis_hpc.predict_options import PredictOptions
-from granndis_hpc.progress import setup_logging
+from granndis_hpc.progress import PRODUCT_LOGGERS, setup_logging
 from preprocess.options import BuildOptions
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -42,10 +42,12 @@ def test_library_code_logs_instead_of_printing():
 @pytest.fixture
 def restore_root_logger():
     root = logging.getLogger()
-    saved = (root.level, list(root.handlers))
+    saved = (root.level, list(root.handlers), {n: logging.getLogger(n).level for n in PRODUCT_LOGGERS})
     yield
     root.setLevel(saved[0])
     root.handlers[:] = saved[1]
+    for name, level in saved[2].items():
+        logging.getLogger(name).setLevel(level)
 
 
 def test_log_level_and_all_ranks(restore_root_logger):
@@ -67,3 +69,13 @@ def test_every_command_that_logs_takes_the_same_options():
         by_name = {s.name: s for s in specs(cls)}
         assert by_name["log_level"].default == "info" and tuple(by_name["log_level"].meta["choices"]) == LOG_LEVELS
         assert by_name["log_all_ranks"].default is False
+
+
+def test_other_libraries_log_only_warnings(restore_root_logger):
+    out = io.StringIO()
+    setup_logging(0, level="debug", stream=out)
+    logging.getLogger("preprocess.build").debug("ours")
+    logging.getLogger("matplotlib.font_manager").debug("theirs")
+    logging.getLogger("matplotlib.font_manager").info("theirs too")
+    logging.getLogger("matplotlib.font_manager").warning("their warning")
+    assert out.getvalue().splitlines() == ["[rank 0] ours", "[rank 0] WARNING: their warning"]
