@@ -157,7 +157,8 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
         "graph/indices": indices.astype(np.int64, copy=False),
         "graph/in_degree": in_degree[verts],
         "features": np.ascontiguousarray(graph.features[verts], dtype=np.float32),
-        "labels": graph.labels[verts].astype(np.int64, copy=False),
+        # int64 class ids, or a multi-label set's uint8 [rows, C] (shards/schema.py)
+        "labels": graph.labels[verts].astype(np.uint8 if graph.labels.ndim == 2 else np.int64, copy=False),
         "split/train": graph.train_mask[verts].astype(bool, copy=False),
         "split/val": graph.val_mask[verts].astype(bool, copy=False),
         "split/test": graph.test_mask[verts].astype(bool, copy=False),
@@ -304,7 +305,9 @@ def _dataset_entry(graph, content_digest: str | None = None) -> dict:
             "num_features": graph.num_features, "num_classes": int(graph.num_classes),
             "num_train": int(graph.train_mask.sum()), "num_val": int(graph.val_mask.sum()),
             "num_test": int(graph.test_mask.sum()),
-            "content_sha256": content_digest or dataset_digest(graph)}
+            "content_sha256": content_digest or dataset_digest(graph),
+            # only in a multi-label set, so a single-label manifest is what it always was
+            **({"multilabel": True} if graph.labels.ndim == 2 else {})}
 
 
 def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int) -> None:

@@ -228,6 +228,10 @@ def write_chunked(out, *, name: str, num_vertices: int, num_features: int, num_c
         dtypes = {"features": "float32", "labels": "int64", "train_mask": "bool", "val_mask": "bool",
                   "test_mask": "bool"}
         for j, piece in enumerate(node_pieces):
+            if np.ndim(piece["labels"]) == 2 and np.shape(piece["labels"])[1] > 1:
+                raise DataError(f"{out}: {name} has multi-label targets [N, {np.shape(piece['labels'])[1]}], which "
+                                "the chunked layout (and so the distributed build) does not hold. Fix: build it "
+                                "with the whole-graph build (`python -m preprocess build` without --distributed)")
             r = int(np.asarray(piece["labels"]).shape[0])
             for f in NODE_FIELDS:
                 a = np.ascontiguousarray(piece[f], dtype=dtypes[f])
