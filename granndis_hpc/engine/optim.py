@@ -133,7 +133,9 @@ class ScheduledOptimizer:
 
     # ---- checkpoints ----
     def _options(self) -> Dict:
-        return {k: getattr(self.cfg, k) for k in SCHEDULE_OPTIONS}
+        # --metric None: not resolved for a set (the trainer resolves it before it builds this), the default
+        return {k: SCHEDULE_OPTIONS[k] if getattr(self.cfg, k) is None else getattr(self.cfg, k)
+                for k in SCHEDULE_OPTIONS}
 
     def state_dict(self) -> Dict:
         return {"torch": self.torch.state_dict(), "options": self._options(),
