@@ -139,6 +139,12 @@ def test_multilabel_training_metrics_and_predict_equal_reference(cora, multilabe
         clear = np.abs(logits) > 1e-4
         assert got["prediction"].dtype == np.uint8 and got["prediction"].shape == logits.shape
         np.testing.assert_array_equal(got["prediction"][clear], (logits > 0)[clear])
+        # the report shows the run's metric: its table columns, from summary.json
+        from granndis_hpc.report import render_report
+        table = render_report([run_dir], os.path.join(base, "report"))["table"]
+        header, row = ([c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[::2])
+        assert header[-2:] == ["Test rocauc", "Test rocauc at best val (epoch)"]
+        assert row[-1] == f"{summary['best_val']['test']:.4f} ({summary['best_val']['epoch']})"
     on_rank0(against_reference)
 
     summary_f1, params_f1, final_f1 = train(shards, os.path.join(base, "run-f1"), None)  # micro-f1: the default
