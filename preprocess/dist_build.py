@@ -197,7 +197,7 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
     entry = {"name": part.name, "num_vertices": n, "num_edges": part.num_edges, "num_features": part.num_features,
              "num_classes": int(part.num_classes), "num_train": int(masks["train_mask"].sum()),
              "num_val": int(masks["val_mask"].sum()), "num_test": int(masks["test_mask"].sum()),
-             "content_sha256": content_digest}
+             "content_sha256": content_digest, **({"multilabel": True} if part.labels.ndim == 2 else {})}
     manifest = commit_build(group, cfg, entry, sp, server_of, gpu_of, staged, stats)
     log.done("commit", f"{cfg.out}: {S} server files + manifest.json")
     return manifest

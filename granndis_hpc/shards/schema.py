@@ -110,7 +110,8 @@ def expected_shape(rule: str, n: int, g: int, nnz: int, n_inner: int, nnz_w: int
 
 def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
     """Raise ShardError unless `arrays` has every dataset with the right dtype and consistent shapes."""
-    multilabel = "labels" in arrays and np.ndim(arrays["labels"]) == 2
+    labels = arrays.get("labels")  # an array, or a writer's StreamedDataset (which has a shape too)
+    multilabel = labels is not None and len(getattr(labels, "shape", np.shape(labels))) == 2
     names = datasets_of(any(name in arrays for name in INDUCTIVE_DATASETS), multilabel)
     missing = sorted(set(names) - set(arrays))
     if missing:
@@ -121,7 +122,7 @@ def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
     nnz_w = int(np.shape(arrays["world/src_global_id"])[0])
     feats = np.shape(arrays["features"])
     f = int(feats[1]) if len(feats) == 2 else -1
-    c = int(np.shape(arrays["labels"])[1]) if multilabel else -1
+    c = int(getattr(labels, "shape", np.shape(labels))[1]) if multilabel else -1
     for name, (dtype, rule) in names.items():
         a = arrays[name]
         want = expected_shape(rule, n, gpus_per_server, nnz, n_inner, nnz_w, f, c)

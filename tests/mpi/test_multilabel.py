@@ -168,3 +168,38 @@ def test_multilabel_refusals(multilabel_set, cora_shards):
         make_trainer(shards, "fb", metric="accuracy")
     with pytest.raises(ClusterError, match="--metric rocauc: .* one class id per vertex"):
         make_trainer(cora_shards[("full", 3)], "fb", metric="rocauc")
+
+
+def test_distributed_build_of_multilabel_targets_equals_whole_graph_build(multilabel_set):
+    """The fixture written as chunks (`preprocess chunk`'s layout, uint8 [N_j, 8] labels) and built from
+    the 4 ranks' slices: the same content digest and byte-identical server files as the whole-graph
+    build of the same graph."""
+    import filecmp
+    from preprocess.build import BuildConfig, build_shards, dataset_digest
+    from preprocess.chunked import ChunkedSource, graph_pieces, open_chunked, write_chunked
+    from preprocess.dist_build import run_build_sliced
+    from preprocess.sliced import load_slice, slice_digest
+    from preprocess.sources import load
+
+    base, bundle, _ = multilabel_set
+    chunks, out = os.path.join(base, "chunks"), os.path.join(base, "dist")
+
+    def write():
+        g = load("bundle", path=bundle)
+        e, n = graph_pieces(g, 3)
+        meta = write_chunked(chunks, name=g.name, num_vertices=g.num_vertices, num_features=g.num_features,
+                             num_classes=None, edge_pieces=e, node_pieces=n)
+        assert meta["multilabel"] is True and meta["num_classes"] == TASKS
+    on_rank0(write)
+    whole = load("bundle", path=bundle)
+    part = load_slice(WORLD, ChunkedSource(open_chunked(chunks)))
+    assert part.labels.dtype == np.uint8 and part.labels.shape[1:] == (TASKS,)
+    assert slice_digest(WORLD, part) == dataset_digest(whole)
+    opts = dict(servers=2, gpus_per_server=2, seed=3, preload="full", layers=2, partitioner="metis")
+    ref = build_shards(whole, out + "-whole", comm=WORLD, **opts)
+    got = run_build_sliced(WORLD, part, BuildConfig(out=out + "-sliced", command=ref["command"], **opts))
+    assert got["dataset"] == ref["dataset"] and ref["dataset"]["multilabel"] is True
+    assert got["files"] == ref["files"]
+    on_rank0(lambda: all(filecmp.cmp(os.path.join(out + "-whole", f"server-{s:04d}.h5"),
+                                     os.path.join(out + "-sliced", f"server-{s:04d}.h5"), shallow=False)
+                         for s in range(2)) or pytest.fail("the server files differ"))
