@@ -89,9 +89,9 @@ def multilabel_set(cora):
     return base, bundle, dirs["ml"]
 
 
-def train(shards, out, metric):
+def train(shards, out, metric, **extra):
     """The run's summary, its final parameters and (rank 0) its final logits in global-id order."""
-    trainer = make_trainer(shards, "fb", out=out, metric=metric, **OPTS)
+    trainer = make_trainer(shards, "fb", out=out, metric=metric, **OPTS, **extra)
     try:
         summary = trainer.run()
         logits = gather_by_global_id(trainer, trainer.inner_logits())
@@ -147,7 +147,8 @@ def test_multilabel_training_metrics_and_predict_equal_reference(cora, multilabe
         assert row[-1] == f"{summary['best_val']['test']:.4f} ({summary['best_val']['epoch']})"
     on_rank0(against_reference)
 
-    summary_f1, params_f1, final_f1 = train(shards, os.path.join(base, "run-f1"), None)  # micro-f1: the default
+    # micro-f1, the default; --verify-content recomputes the digest from the ranks' rows, uint8 targets too
+    summary_f1, params_f1, final_f1 = train(shards, os.path.join(base, "run-f1"), None, verify_content=True)
     assert summary_f1["metric"] == "micro-f1"
     for a, b in zip(params, params_f1):  # the metric chooses the best model, not the trajectory
         assert torch.equal(a, b)
