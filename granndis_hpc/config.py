@@ -176,7 +176,7 @@ class TrainConfig:
                                         "accuracy, micro-f1 (sklearn's micro-averaged F1 of logits > 0) or rocauc "
                                         "(OGB's ROC-AUC averaged over the tasks with both classes; multi-label "
                                         "sets only); default: accuracy, and micro-f1 for a multi-label set "
-                                        "(docs/datasets.md)")
+                                        "(docs/after-training.md)")
     out: Optional[str] = option(None, on_resume="may_change",
                                 help="run directory (config.json, metrics.jsonl, summary.json, checkpoints); "
                                      "one that already holds a run is refused: continue it with --resume, "
