@@ -310,7 +310,7 @@ def _dataset_entry(graph, content_digest: str | None = None) -> dict:
             **({"multilabel": True} if graph.labels.ndim == 2 else {})}
 
 
-def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int) -> None:
+def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int, label_bytes: int = 8) -> None:
     """Collective: rank 0 prepares cfg.out and, before hours of partitioning, refuses a disk that cannot
     hold even the inner rows (each server file is checked against its own size again before it is
     written)."""
@@ -321,7 +321,7 @@ def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int) -> Non
                 shown = ", ".join(stale[:4]) + (", ..." if len(stale) > 4 else "")
                 print(f"[preprocess] removed {len(stale)} temporary file(s) and spill director(ies) of an "
                       f"interrupted build in {cfg.out} ({shown})", file=sys.stderr, flush=True)
-            check_free_space(cfg.out, lower_bound_set_bytes(n, e, f), "the shard set (at least)")
+            check_free_space(cfg.out, lower_bound_set_bytes(n, e, f, label_bytes), "the shard set (at least)")
 
 
 def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, content_digest: str | None = None) -> dict:
@@ -335,7 +335,8 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
         validate_config(cfg, graph.num_vertices)
         check_dataset(graph.name, graph.num_vertices, graph.num_classes, int(np.count_nonzero(graph.train_mask)))
     S, G, P, rank = cfg.servers, cfg.gpus_per_server, group.size, group.rank
-    prepare_build_output(group, cfg, graph.num_vertices, graph.num_edges, graph.num_features)
+    prepare_build_output(group, cfg, graph.num_vertices, graph.num_edges, graph.num_features,
+                         graph.num_classes if graph.labels.ndim == 2 else 8)  # multi-label: C uint8 a row
 
     sp = partition_servers(group, graph, S, cfg.partitioner, cfg.seed)
     server_of = sp.parts

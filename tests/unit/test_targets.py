@@ -116,3 +116,16 @@ def test_ogb_proteins_layout(tmp_path):
     from preprocess.canonical import DataError
     with pytest.raises(DataError, match="neither node-feat.csv.gz nor edge-feat.csv.gz"):
         load_ogb(str(tmp_path), "ogbn-proteins")
+
+
+def test_memory_model_counts_what_the_multilabel_loss_saves():
+    """The estimate of the loss's saved tensors (memory_model/estimate.py) equals SavedBytes' count."""
+    from granndis_hpc.engine.epoch import SavedBytes
+    from granndis_hpc.memory_model.estimate import _loss_saved
+    logits = torch.randn(40, 6, requires_grad=True)
+    rows = torch.arange(0, 40, 3)
+    y = (torch.rand(40, 6) > 0.5).to(torch.uint8)
+    saved = SavedBytes()
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        targets.loss(logits[rows], y[rows], rows.numel())
+    assert saved.total == _loss_saved(rows.numel(), 6, multilabel=True)[0]
