@@ -129,3 +129,33 @@ def test_memory_model_counts_what_the_multilabel_loss_saves():
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
         targets.loss(logits[rows], y[rows], rows.numel())
     assert saved.total == _loss_saved(rows.numel(), 6, multilabel=True)[0]
+
+
+def test_checkpoint_best_record_of_another_metric():
+    """A checkpoint's best-validation record holds the run's metric's keys (a resumed rocauc run)."""
+    from granndis_hpc.engine.checkpoint import CheckpointError, _checked_best
+    best = {"epoch": 3, "model": {}, "train_rocauc": 0.9, "val_rocauc": 0.8, "test_rocauc": 0.7}
+    assert _checked_best("ckpt", best) is best
+    with pytest.raises(CheckpointError):
+        _checked_best("ckpt", {"epoch": 3, "model": {}, "val_rocauc": 0.8})
+
+
+def test_resume_refuses_another_metric():
+    """--metric drives best-model selection and early stopping: the checkpoint's optimizer state holds
+    it, so a resume with another metric is refused (and one from before the option is accuracy's)."""
+    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.engine.checkpoint_files import CheckpointError
+    from granndis_hpc.engine.optim import ScheduledOptimizer
+
+    def opt(metric):
+        model = torch.nn.Linear(2, 1)
+        return ScheduledOptimizer(TrainConfig(shards="x", metric=metric),
+                                  [{"params": list(model.parameters()), "weight_decay": 0.0}], model.parameters())
+    saved = opt("rocauc").state_dict()
+    opt("rocauc").load_state_dict(saved)
+    with pytest.raises(CheckpointError, match="metric: checkpoint 'rocauc', this run 'micro-f1'"):
+        opt("micro-f1").load_state_dict(saved)
+    del saved["options"]["metric"]  # written before --metric existed: accuracy
+    opt("accuracy").load_state_dict(saved)
+    with pytest.raises(CheckpointError, match="metric"):
+        opt("rocauc").load_state_dict(saved)
