@@ -200,6 +200,8 @@ def test_distributed_build_of_multilabel_targets_equals_whole_graph_build(multil
     ref = build_shards(whole, out + "-whole", comm=WORLD, **opts)
     got = run_build_sliced(WORLD, part, BuildConfig(out=out + "-sliced", command=ref["command"], **opts))
     assert got["dataset"] == ref["dataset"] and ref["dataset"]["multilabel"] is True
+    from preprocess.verify import format_info
+    assert f"{TASKS} binary tasks (multi-label)" in format_info(ref)
     assert got["files"] == ref["files"]
     on_rank0(lambda: all(filecmp.cmp(os.path.join(out + "-whole", f"server-{s:04d}.h5"),
                                      os.path.join(out + "-sliced", f"server-{s:04d}.h5"), shallow=False)

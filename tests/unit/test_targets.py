@@ -116,6 +116,12 @@ def test_ogb_proteins_layout(tmp_path):
     from preprocess.canonical import DataError
     with pytest.raises(DataError, match="neither node-feat.csv.gz nor edge-feat.csv.gz"):
         load_ogb(str(tmp_path), "ogbn-proteins")
+    # the data.npz layout: edge_feat in place of node_feat, the same graph
+    np.savez(base / "raw" / "data.npz", edge_index=np.array(edges).T, edge_feat=np.array(efeat, np.float32),
+             num_nodes_list=np.array([4]))
+    np.savez(base / "raw" / "node-label.npz", node_label=np.array(labels, np.float32))
+    from_npz = load_ogb(str(tmp_path), "ogbn-proteins")
+    assert dataset_digest(from_npz) == dataset_digest(g)
 
 
 def test_memory_model_counts_what_the_multilabel_loss_saves():
