@@ -9,6 +9,7 @@ from typing import Dict
 
 from granndis_hpc.config import TrainConfig, load_resolved_config
 from granndis_hpc.options import ConfigError, defaults, missing_required, read_options, resume_rule, specs
+from granndis_hpc.metric_names import summary_key
 
 TRAIN_PROG = "granndis-train"
 TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU "
@@ -116,10 +117,11 @@ def run_training(argv=None, ignore_late_warnings: bool = False) -> dict:
     if summary is None:  # stopped by SIGUSR1/SIGTERM with a checkpoint written: exit 0 so the job requeues
         return None
     if trainer.topo.rank == 0 and not ns.quiet:
-        acc, best = summary["accuracy"], summary.get("best_val")
+        metric = summary.get("metric", "accuracy")
+        acc, best = summary[summary_key(metric)], summary.get("best_val")
         at_best = "" if best is None else f" (best val {best['val']:.4f} at epoch {best['epoch']}: test {best['test']:.4f})"
         print(f"[{summary['mode']}] done: {summary['epochs']} epochs, median epoch {summary['epoch_time_s']:.4f} s, "
-              f"test acc {acc.get('test', float('nan')):.4f}{at_best}", flush=True)
+              f"test {'acc' if metric == 'accuracy' else metric} {acc.get('test', float('nan')):.4f}{at_best}", flush=True)
     return summary
 
 

@@ -19,6 +19,7 @@ from granndis_hpc.options import (ConfigError, HelpFormatter, add_options, allow
                                   build_parser, defaults, load_config_file, missing_required, option,
                                   parse_args_with_config, read_options, resume_rule, specs, validate)
 from granndis_hpc.graph.sampler import SAMPLERS
+from granndis_hpc.metric_names import METRICS
 from granndis_hpc.schedule_options import LR_SCHEDULES, OPTIMIZER_NAMES, SCHEDULE_GROUP, schedule_problem
 from granndis_hpc.units import parse_size
 
@@ -169,6 +170,14 @@ class TrainConfig:
     eval_every: int = option(10, ge=0, on_resume="may_change",
                              help="exact full-graph evaluation every N epochs (and always at the end); "
                                   "0 = only at the end")
+    # Not in the checkpoint fingerprint (checkpoints written before the option existed evaluated accuracy):
+    # the optimizer's saved state holds it, with the early-stopping state it drives (engine/optim.py).
+    metric: Optional[str] = option(None, choices=METRICS, fingerprint=False,
+                                   help="the evaluation metric (best-model selection, --patience, the report): "
+                                        "accuracy, micro-f1 (sklearn's micro-averaged F1 of logits > 0) or rocauc "
+                                        "(OGB's ROC-AUC averaged over the tasks with both classes; multi-label "
+                                        "sets only); default: accuracy, and micro-f1 for a multi-label set "
+                                        "(docs/after-training.md)")
     out: Optional[str] = option(None, on_resume="may_change",
                                 help="run directory (config.json, metrics.jsonl, summary.json, checkpoints); "
                                      "one that already holds a run is refused: continue it with --resume, "

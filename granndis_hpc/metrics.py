@@ -10,6 +10,7 @@ import statistics
 from typing import Dict, List, Optional, Tuple
 
 from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
+from granndis_hpc.metric_names import metric_of_record, shown, split_keys, summary_key
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -24,8 +25,10 @@ def epoch_line(rec: Dict) -> str:
     line = (f"Epoch {rec['epoch']:05d} | Time(s) {rec['time_s']:.4f} | "
             f"Comm(s) {rec['intra_comm_s'] + rec['inter_comm_s']:.4f} | Reduce(s) {rec['grad_sync_s']:.4f} | "
             f"Loss {rec['loss']:.4f}")
-    if "val_acc" in rec:
-        line += f" | Train Acc {rec['train_acc']:.4f} | Val Acc {rec['val_acc']:.4f} | Test Acc {rec['test_acc']:.4f}"
+    metric = metric_of_record(rec)  # evaluated epochs hold the --metric's values
+    if metric is not None:
+        keys, name = split_keys(metric), shown(metric)
+        line += "".join(f" | {split.capitalize()} {name} {rec[keys[split]]:.4f}" for split in ("train", "val", "test"))
     return line
 
 
@@ -172,10 +175,12 @@ def summary_fields(rec: Dict) -> Dict:
 
 
 def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_memory: int,
-              topology: Dict, total_time_s: float, best: Optional[Dict] = None) -> Dict:
+              topology: Dict, total_time_s: float, best: Optional[Dict] = None, metric: str = "accuracy") -> Dict:
     """summary.json: medians over epochs (epoch time is already the slowest rank's).  `accuracy` is the
-    last epoch's; `best` the best-validation epoch's (epoch, train/val/test accuracy; None: none was
-    evaluated), the test accuracy published results report (Kipf & Welling, PyG's examples)."""
+    last evaluation's values of `metric` (--metric; under "accuracy", "micro_f1" or "rocauc"); `best`
+    the best-validation epoch's record (None: none was evaluated), whose test value is what published
+    results report (Kipf & Welling, PyG's examples)."""
+    keys = split_keys(metric)
     # The per-phase seconds are those of the median epoch (the lower one of an even count), whose parts
     # add up to its time: medians taken part by part need not add up to anything.
     typical = sorted(records, key=lambda r: r["time_s"])[(len(records) - 1) // 2] if records else None
@@ -206,9 +211,11 @@ def summarize(records: List[Dict], config: Dict, accuracy: Optional[Dict], peak_
                               "inter_comm": part("inter_comm_s"), "grad_sync": part("grad_sync_s"),
                               "sampling": part("sampling_s")},
         "bytes_per_epoch": {k: med_bytes(k) for k in ("intra_halo", "inter_halo", "intra_grad", "inter_grad")},
-        "accuracy": accuracy or {},
-        "best_val": None if best is None else {"epoch": int(best["epoch"]), "train": float(best["train_acc"]),
-                                               "val": float(best["val_acc"]), "test": float(best["test_acc"])},
+        "metric": metric,
+        summary_key(metric): accuracy or {},
+        # the chosen metric's values at the best-validation epoch
+        "best_val": None if best is None else {"epoch": int(best["epoch"]),
+                                               **{split: float(best[key]) for split, key in keys.items()}},
         "peak_memory_bytes": int(peak_memory),
         "activation_memory_bytes": int(max((r.get("activation_memory_bytes", 0) for r in records), default=0)),
         "total_time_s": float(total_time_s),

@@ -31,7 +31,9 @@ class PredictOptions(Options):
     out: str = option(help="output: FILE.h5 / FILE.hdf5 (HDF5), or a directory of .npy files (see --format)")
     format: str = option("auto", choices=FORMATS, help="auto: HDF5 when --out ends in .h5 or .hdf5, else a "
                                                        "directory of .npy files")
-    probabilities: bool = option(False, help="write softmax probabilities instead of the logits")
+    probabilities: bool = option(False, help="write softmax probabilities instead of the logits (a multi-label "
+                                             "set: each task's sigmoid; its prediction is then the 0/1 matrix "
+                                             "logit > 0)")
     layer: Optional[int] = option(None, ge=0, metavar="K",
                                   help="also write layer K's embeddings: the rows message-passing layer K reads "
                                        "(0 = the input features, 1 .. L-1 = the output of the first K layers)")

@@ -159,7 +159,8 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
         "graph/indices": indices.astype(np.int64, copy=False),
         "graph/in_degree": in_degree[verts],
         "features": np.ascontiguousarray(graph.features[verts], dtype=np.float32),
-        "labels": graph.labels[verts].astype(np.int64, copy=False),
+        # int64 class ids, or a multi-label set's uint8 [rows, C] (shards/schema.py)
+        "labels": graph.labels[verts].astype(np.uint8 if graph.labels.ndim == 2 else np.int64, copy=False),
         "split/train": graph.train_mask[verts].astype(bool, copy=False),
         "split/val": graph.val_mask[verts].astype(bool, copy=False),
         "split/test": graph.test_mask[verts].astype(bool, copy=False),
@@ -306,10 +307,12 @@ def _dataset_entry(graph, content_digest: str | None = None) -> dict:
             "num_features": graph.num_features, "num_classes": int(graph.num_classes),
             "num_train": int(graph.train_mask.sum()), "num_val": int(graph.val_mask.sum()),
             "num_test": int(graph.test_mask.sum()),
-            "content_sha256": content_digest or dataset_digest(graph)}
+            "content_sha256": content_digest or dataset_digest(graph),
+            # only in a multi-label set, so a single-label manifest is what it always was
+            **({"multilabel": True} if graph.labels.ndim == 2 else {})}
 
 
-def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int) -> None:
+def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int, label_bytes: int = 8) -> None:
     """Collective: rank 0 prepares cfg.out and, before hours of partitioning, refuses a disk that cannot
     hold even the inner rows (each server file is checked against its own size again before it is
     written)."""
@@ -320,7 +323,7 @@ def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int) -> Non
                 shown = ", ".join(stale[:4]) + (", ..." if len(stale) > 4 else "")
                 log.info(f"[preprocess] removed {len(stale)} temporary file(s) and spill director(ies) of an "
                          f"interrupted build in {cfg.out} ({shown})")
-            check_free_space(cfg.out, lower_bound_set_bytes(n, e, f), "the shard set (at least)")
+            check_free_space(cfg.out, lower_bound_set_bytes(n, e, f, label_bytes), "the shard set (at least)")
 
 
 def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, content_digest: str | None = None) -> dict:
@@ -334,7 +337,8 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
         validate_config(cfg, graph.num_vertices)
         check_dataset(graph.name, graph.num_vertices, graph.num_classes, int(np.count_nonzero(graph.train_mask)))
     S, G, P, rank = cfg.servers, cfg.gpus_per_server, group.size, group.rank
-    prepare_build_output(group, cfg, graph.num_vertices, graph.num_edges, graph.num_features)
+    prepare_build_output(group, cfg, graph.num_vertices, graph.num_edges, graph.num_features,
+                         graph.num_classes if graph.labels.ndim == 2 else 8)  # multi-label: C uint8 a row
 
     sp = partition_servers(group, graph, S, cfg.partitioner, cfg.seed)
     server_of = sp.parts

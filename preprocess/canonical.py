@@ -158,13 +158,31 @@ def _check_features(features, n: int, origin: str) -> np.ndarray:
     return features
 
 
+def _check_multilabel(labels: np.ndarray, n: int, origin: str) -> np.ndarray:
+    """Multi-label targets [n, C] (C >= 2 binary tasks): every entry 0 or 1 (a bool, integer or float
+    array), stored as uint8 (shards/schema.py).  No entry may be missing: every vertex has all C."""
+    if labels.shape[0] != n:
+        raise _fail(origin, f"multi-label targets must have shape [num_vertices={n}, C], got {labels.shape}",
+                    "store one row of C 0/1 entries per vertex")
+    if labels.dtype != np.bool_ and not (np.issubdtype(labels.dtype, np.integer)
+                                         or np.issubdtype(labels.dtype, np.floating)):
+        raise _fail(origin, f"multi-label targets have dtype {labels.dtype}", "store 0/1 (or bool) entries")
+    if labels.size and labels.dtype != np.bool_ and not np.all((labels == 0) | (labels == 1)):
+        raise _fail(origin, f"multi-label targets [{n}, {labels.shape[1]}] hold values other than 0 and 1",
+                    "store one 0/1 entry per vertex and task (a class id per vertex is a 1-D array)")
+    return np.ascontiguousarray(labels, dtype=np.uint8)
+
+
 def _check_labels(labels, n: int, origin: str) -> np.ndarray:
+    """int64 [n] class ids (-1 = unlabelled), or uint8 [n, C] multi-label targets when C >= 2."""
     labels = np.asarray(labels)
     if labels.ndim == 2 and labels.shape[1] == 1:
         labels = labels[:, 0]  # OGB stores labels as [N, 1]
+    if labels.ndim == 2 and labels.shape[1] >= 2:
+        return _check_multilabel(labels, n, origin)
     if labels.ndim != 1 or labels.shape[0] != n:
-        raise _fail(origin, f"labels must have shape [num_vertices={n}], got {labels.shape}",
-                    "store one class id per vertex (multi-label targets are not supported)")
+        raise _fail(origin, f"labels must have shape [num_vertices={n}] (class ids) or [{n}, C] (multi-label), "
+                    f"got {labels.shape}", "store one class id per vertex, or one row of C 0/1 entries")
     if np.issubdtype(labels.dtype, np.floating):
         # Float labels occur in OGB (papers100M stores NaN for unlabelled vertices): NaN -> -1.
         unlabelled = np.isnan(labels)
@@ -225,15 +243,22 @@ def canonicalize(name, num_vertices, src, dst, features, labels, train_mask, val
                     f"(first: vertex {int(np.flatnonzero(overlap)[0])})",
                     "make the splits disjoint (overlap leaks evaluation data into training)")
 
+    if labels.ndim == 2:  # multi-label: the class count is the number of tasks
+        if num_classes is not None and int(num_classes) != labels.shape[1]:
+            raise _fail(where["labels"], f"num_classes={int(num_classes)} but the multi-label targets have "
+                        f"{labels.shape[1]} columns", "leave num_classes out, or give the column count")
+        num_classes = labels.shape[1]
     if num_classes is None:
         num_classes = int(labels.max()) + 1 if labels.size else 0
         num_classes = max(num_classes, 1)
     num_classes = int(num_classes)
-    if labels.size and (labels.min() < -1 or labels.max() >= num_classes):
+    if labels.ndim == 2:
+        pass  # 0/1 checked above; every vertex has all its targets
+    elif labels.size and (labels.min() < -1 or labels.max() >= num_classes):
         raise _fail(where["labels"], f"labels span [{labels.min()}, {labels.max()}] but num_classes={num_classes} "
                     "(valid: 0..num_classes-1, or -1 for unlabelled)",
                     "fix the labels or pass the correct num_classes")
-    unlabelled_in_split = (labels < 0) & (masks[0] | masks[1] | masks[2])
+    unlabelled_in_split = (labels < 0) & (masks[0] | masks[1] | masks[2]) if labels.ndim == 1 else np.zeros(1, bool)
     if unlabelled_in_split.any():
         raise _fail(where["labels"], f"{int(unlabelled_in_split.sum())} unlabelled vertices (label -1/NaN) are in "
                     f"a train/val/test split (first: vertex {int(np.flatnonzero(unlabelled_in_split)[0])})",

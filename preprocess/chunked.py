@@ -11,6 +11,7 @@ Layout (docs/shard-format.md, "Chunked input"):
     DIR/edges-00000.npy ...          int64 (or int32) [2, E_i]: row 0 sources, row 1 destinations
     DIR/features-00000.npy ...       float32 [N_j, F]       node chunk j holds vertices
     DIR/labels-00000.npy ...         int64 [N_j]            row_offsets[j] .. row_offsets[j+1]-1
+                                     (multi-label, "multilabel": true: uint8 [N_j, C] of 0/1)
     DIR/train_mask-00000.npy ...     bool [N_j]   (also val_mask, test_mask)
 
     metadata.json = {"format": "granndis-chunked-v1", "name": ..., "num_vertices": N,
@@ -52,7 +53,7 @@ from .inputfiles import file_under, load_npy
 
 FORMAT = "granndis-chunked-v1"
 NODE_FIELDS = ("features", "labels", "train_mask", "val_mask", "test_mask")
-NODE_DTYPES = {"features": ("float32",), "labels": ("int64", "int32"), "train_mask": ("bool",),
+NODE_DTYPES = {"features": ("float32",), "labels": ("int64", "int32", "uint8"), "train_mask": ("bool",),
                "val_mask": ("bool",), "test_mask": ("bool",)}
 EDGE_DTYPES = ("int64", "int32")
 
@@ -91,6 +92,7 @@ class ChunkedDataset:
     num_edges: int
     num_features: int
     num_classes: int | None
+    multilabel: bool  # labels are uint8 [rows, num_classes] of 0/1
     edge_files: list  # [(path, memmap [2, E_i])]
     edge_offsets: np.ndarray  # int64 [chunks + 1]
     row_offsets: np.ndarray  # int64 [node chunks + 1]
@@ -140,6 +142,7 @@ def open_chunked(path) -> ChunkedDataset:
         edge_dtype = edges["dtype"]
         edge_chunks = edges["chunks"]
         rows = nodes["rows"]
+        multilabel = meta.get("multilabel") is True
     except (KeyError, TypeError) as exc:
         raise _bad(meta_path, f"missing or malformed entry {exc}", "see docs/shard-format.md (Chunked input)") from None
     if edge_dtype not in EDGE_DTYPES:
@@ -162,6 +165,9 @@ def open_chunked(path) -> ChunkedDataset:
     if sum(rows) != n:
         raise _bad(meta_path, f"the node chunks hold {sum(rows)} rows but num_vertices is {n}",
                    "correct num_vertices or nodes.rows")
+    if multilabel and (classes is None or nodes["labels"].get("dtype") != "uint8"):
+        raise _bad(meta_path, "a multi-label set (\"multilabel\": true) needs num_classes and uint8 labels",
+                   "write the directory with `python -m preprocess chunk`")
     node_files = {}
     for field in NODE_FIELDS:
         try:
@@ -178,7 +184,7 @@ def open_chunked(path) -> ChunkedDataset:
         node_files[field] = []
         for j, (fname, r) in enumerate(zip(files, rows)):
             fp = file_under(path, fname, meta_path)
-            shape = (r, f_width) if field == "features" else (r,)
+            shape = (r, f_width) if field == "features" else (r, classes) if field == "labels" and multilabel else (r,)
             node_files[field].append((fp, _open_npy(fp, dtype, shape)))
     edge_offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=edge_offsets[1:])
@@ -186,6 +192,7 @@ def open_chunked(path) -> ChunkedDataset:
     np.cumsum(rows, out=row_offsets[1:])
     return ChunkedDataset(path=path, name=str(meta.get("name") or os.path.basename(os.path.normpath(path))),
                           num_vertices=n, num_edges=e_total, num_features=f_width, num_classes=classes,
+                          multilabel=multilabel,
                           edge_files=edge_files, edge_offsets=edge_offsets, row_offsets=row_offsets,
                           nodes=node_files, canonical=meta.get("canonical"))
 
@@ -227,7 +234,11 @@ def write_chunked(out, *, name: str, num_vertices: int, num_features: int, num_c
         files = {f: [] for f in NODE_FIELDS}
         dtypes = {"features": "float32", "labels": "int64", "train_mask": "bool", "val_mask": "bool",
                   "test_mask": "bool"}
+        multilabel = False
         for j, piece in enumerate(node_pieces):
+            if np.ndim(piece["labels"]) == 2 and np.shape(piece["labels"])[1] > 1:  # multi-label: 0/1
+                multilabel, dtypes["labels"] = True, "uint8"
+                num_classes = int(np.shape(piece["labels"])[1])
             r = int(np.asarray(piece["labels"]).shape[0])
             for f in NODE_FIELDS:
                 a = np.ascontiguousarray(piece[f], dtype=dtypes[f])
@@ -246,7 +257,7 @@ def write_chunked(out, *, name: str, num_vertices: int, num_features: int, num_c
                 "num_classes": None if num_classes is None else int(num_classes),
                 "edges": {"dtype": "int64", "chunks": chunks},
                 "nodes": {"rows": rows, **{f: {"dtype": dtypes[f], "files": files[f]} for f in NODE_FIELDS}},
-                "canonical": canonical}
+                "canonical": canonical, **({"multilabel": True} if multilabel else {})}
         with open(os.path.join(stage, "metadata.json"), "w") as fh:  # last: a directory without it is refused
             json.dump(meta, fh, indent=1)
         out = os.path.abspath(out)
@@ -295,6 +306,7 @@ class ChunkedSource:
         self.name = name or ds.name
         self.num_vertices, self.num_features, self.num_classes = ds.num_vertices, ds.num_features, ds.num_classes
         self.num_edges, self.canonical = ds.num_edges, ds.canonical
+        self.multilabel = ds.multilabel
 
     def edge_pieces(self, rank: int, size: int):
         b = split_ranges(self.ds.num_edges, size)

@@ -121,7 +121,8 @@ def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=N
 
     ``graph``: a PyG ``Data`` or a DGL graph (see from_pyg / from_dgl), or None for the arrays alone;
     keywords given explicitly replace what the object holds.  Splits are boolean masks [N] or id
-    arrays, one kind for all three.  ``num_classes`` defaults to the largest label + 1."""
+    arrays, one kind for all three.  ``num_classes`` defaults to the largest label + 1.  ``labels`` of
+    shape [N, C] (C >= 2, entries 0/1) are multi-label targets: the set trains with binary cross-entropy."""
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".npz", ".h5", ".hdf5"):
@@ -170,7 +171,7 @@ def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=N
     canonicalize(os.path.basename(path), n, src, dst, x, y, *split_masks, num_classes=num_classes,
                  symmetrize=False, self_loops="keep", origin="save_bundle")
     out = {"edge_index": np.stack([np.asarray(src, np.int64), np.asarray(dst, np.int64)]),
-           "features": x.astype(np.float32, copy=False), "labels": y.reshape(n)}
+           "features": x.astype(np.float32, copy=False), "labels": y.reshape(n, -1) if y.ndim == 2 and y.shape[1] > 1 else y.reshape(n)}
     out.update({f"{s}_mask": np.asarray(m, dtype=bool) for s, m in zip(SPLITS, split_masks)})
     if num_classes is not None:
         out["num_classes"] = np.int64(num_classes)

@@ -138,7 +138,8 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
     S, G, P, rank = cfg.servers, cfg.gpus_per_server, group.size, group.rank
     rows = np.diff(part.vtxdist)
     train = group.allgatherv_rows(part.train_mask, rows)
-    prepare_build_output(group, cfg, n, part.num_edges, part.num_features)
+    prepare_build_output(group, cfg, n, part.num_edges, part.num_features,
+                         part.num_classes if part.labels.ndim == 2 else 8)  # multi-label: C uint8 a row
 
     # The partition phase sets the build's peak (ParMETIS on every rank's slice): only what it reads is
     # in memory meanwhile.  The features, labels and the slice's masks wait on disk (slices.spilled),
@@ -197,7 +198,7 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
     entry = {"name": part.name, "num_vertices": n, "num_edges": part.num_edges, "num_features": part.num_features,
              "num_classes": int(part.num_classes), "num_train": int(masks["train_mask"].sum()),
              "num_val": int(masks["val_mask"].sum()), "num_test": int(masks["test_mask"].sum()),
-             "content_sha256": content_digest}
+             "content_sha256": content_digest, **({"multilabel": True} if part.labels.ndim == 2 else {})}
     manifest = commit_build(group, cfg, entry, sp, server_of, gpu_of, staged, stats)
     log.done("commit", f"{cfg.out}: {S} server files + manifest.json")
     return manifest

@@ -132,9 +132,10 @@ def _origin_of(pieces, index: int) -> str:
     return pieces[min(int(np.searchsorted(ends, index, side="right")), len(pieces) - 1)][0]
 
 
-def _check_nodes(nodes: dict, lo: int, hi: int, width: int) -> dict:
+def _check_nodes(nodes: dict, lo: int, hi: int, width: int, classes: int | None = None) -> dict:
     """Validate one rank's vertex rows, given per field as [(origin, array), ...] pieces in vertex order;
-    messages name the chunk file holding the first bad row and its global vertex id."""
+    messages name the chunk file holding the first bad row and its global vertex id.  `classes`: a
+    multi-label source's task count (its labels are 0/1 rows of that width), else None."""
     out, origins = {}, {}
     m = hi - lo
     for field in NODE_FIELDS:
@@ -145,6 +146,10 @@ def _check_nodes(nodes: dict, lo: int, hi: int, width: int) -> dict:
                                 "Fix: one row of num_features values per vertex")
             if field == "labels" and not np.issubdtype(a.dtype, np.integer):
                 raise DataError(f"{origin}: labels have dtype {a.dtype}. Fix: store integer class ids (-1 = unlabelled)")
+            if field == "labels" and classes is not None and (a.shape[1:] != (classes,) or np.any(a > 1) or np.any(a < 0)):
+                raise DataError(f"{origin}: multi-label targets must be 0/1 rows of {classes} entries, got shape "
+                                f"{a.shape}, values in [{a.min() if a.size else 0}, {a.max() if a.size else 0}]. "
+                                "Fix: store one 0/1 entry per vertex and task")
             if field.endswith("_mask") and a.dtype != np.bool_:
                 raise DataError(f"{origin}: {field} has dtype {a.dtype}. Fix: store a boolean mask")
         arr = pieces[0][1] if len(pieces) == 1 else np.concatenate([a for _, a in pieces])
@@ -166,7 +171,8 @@ def _check_nodes(nodes: dict, lo: int, hi: int, width: int) -> dict:
         raise DataError(f"{_origin_of(origins['train_mask'], first)}: {int(overlap.sum())} vertices are in more "
                         f"than one of train/val/test (first: vertex {lo + first}). Fix: make the splits disjoint "
                         "(overlap leaks evaluation data into training)")
-    return {"features": x, "labels": out["labels"].astype(np.int64, copy=False), "train_mask": masks[0],
+    labels = out["labels"].astype(np.int64 if classes is None else np.uint8, copy=False)
+    return {"features": x, "labels": labels, "train_mask": masks[0],
             "val_mask": masks[1], "test_mask": masks[2], "label_pieces": origins["labels"]}
 
 
@@ -194,33 +200,41 @@ def load_slice(comm, source, symmetrize: bool = True, self_loops: str = "remove"
     indptr = np.searchsorted(keys, np.arange(lo, hi + 1, dtype=np.int64) * n).astype(np.int64)
     np.remainder(keys, n, out=keys)
     with group.errors("reading this rank's vertex rows"):
-        nodes = _check_nodes(source.nodes(lo, hi), lo, hi, int(source.num_features))
+        multilabel = bool(getattr(source, "multilabel", False))  # labels [rows, C] of 0/1 (chunked.py)
+        nodes = _check_nodes(source.nodes(lo, hi), lo, hi, int(source.num_features),
+                             int(source.num_classes) if multilabel else None)
     labels = nodes["labels"]
     classes = source.num_classes
     if classes is None:
         top = group.allreduce_max(np.array([labels.max() if labels.size else -1], dtype=np.int64))[0]
         classes = max(int(top) + 1, 1)
     with group.errors("checking the labels"):
-        split = nodes["train_mask"] | nodes["val_mask"] | nodes["test_mask"]
-        out_of_range = (labels < -1) | (labels >= classes)
-        if out_of_range.any():
-            first = int(np.flatnonzero(out_of_range)[0])
-            raise DataError(f"{_origin_of(nodes['label_pieces'], first)}: labels span [{labels.min()}, "
-                            f"{labels.max()}] but num_classes={classes} (valid: 0..num_classes-1, or -1 for "
-                            f"unlabelled; first bad: vertex {lo + first}). Fix: fix the labels or the num_classes "
-                            "in metadata.json")
-        bad = (labels < 0) & split
-        if bad.any():
-            first = int(np.flatnonzero(bad)[0])
-            raise DataError(f"{_origin_of(nodes['label_pieces'], first)}: {int(bad.sum())} unlabelled vertices "
-                            f"(label -1) are in a train/val/test split (first: vertex {lo + first}). Fix: remove "
-                            "them from the splits or give them labels")
+        if not multilabel:  # multi-label entries were checked 0/1 (_check_nodes); none is unlabelled
+            _check_class_ids(nodes, labels, classes, lo)
         features = normalize_features(nodes["features"], normalize, origin=f"{source.name}: features")
     counts = group.allgather_object(int(keys.shape[0]))
     return GraphSlice(name=str(source.name), num_vertices=n, num_edges=int(sum(counts)), num_classes=int(classes),
                       vtxdist=vtxdist, lo=lo, hi=hi, edge_offset=int(sum(counts[:rank])), indptr=indptr,
                       indices=keys, features=features, labels=labels, train_mask=nodes["train_mask"],
                       val_mask=nodes["val_mask"], test_mask=nodes["test_mask"], symmetric=bool(symmetrize))
+
+
+def _check_class_ids(nodes: dict, labels: np.ndarray, classes: int, lo: int) -> None:
+    """A single-label slice's class ids: inside the class count, none unlabelled in a split."""
+    split = nodes["train_mask"] | nodes["val_mask"] | nodes["test_mask"]
+    out_of_range = (labels < -1) | (labels >= classes)
+    if out_of_range.any():
+        first = int(np.flatnonzero(out_of_range)[0])
+        raise DataError(f"{_origin_of(nodes['label_pieces'], first)}: labels span [{labels.min()}, "
+                        f"{labels.max()}] but num_classes={classes} (valid: 0..num_classes-1, or -1 for "
+                        f"unlabelled; first bad: vertex {lo + first}). Fix: fix the labels or the num_classes "
+                        "in metadata.json")
+    bad = (labels < 0) & split
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{_origin_of(nodes['label_pieces'], first)}: {int(bad.sum())} unlabelled vertices "
+                        f"(label -1) are in a train/val/test split (first: vertex {lo + first}). Fix: remove "
+                        "them from the splits or give them labels")
 
 
 def assemble(comm, part: GraphSlice) -> Graph:
@@ -242,11 +256,14 @@ def slice_digest(comm, part: GraphSlice) -> str:
     """build.dataset_digest of the whole canonical graph, from the slices (every rank gets it), fed to
     the one digest definition (granndis_hpc/shards/content.py ContentHash), so the two cannot drift."""
     group = as_group(comm)
-    h = ContentHash(part.num_classes) if group.rank == 0 else None
+    multilabel = part.labels.ndim == 2  # uint8 [rows, C] (ContentHash's multi-label form)
+    h = ContentHash(part.num_classes, multilabel) if group.rank == 0 else None
     last = group.rank == group.size - 1
     n, e = part.num_vertices, part.num_edges
-    shapes = {"indptr": [n + 1], "indices": [e], "features": [n, part.num_features]}
+    shapes = {"indptr": [n + 1], "indices": [e], "features": [n, part.num_features],
+              "labels": [n, part.num_classes] if multilabel else [n]}
     for name, dtype in CONTENT:
+        dtype = "|u1" if name == "labels" and multilabel else dtype
         if name == "indptr":
             local = part.indptr[:None if last else -1] + part.edge_offset
         else:

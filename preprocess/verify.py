@@ -32,7 +32,7 @@ import numpy as np
 from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges
 from granndis_hpc.shards import (ShardError, leftover_temporaries, open_server, read_manifest, read_server_arrays,
                                  server_file_name, verify_checksums)
-from granndis_hpc.shards.schema import FORMAT_VERSION, datasets_of, expected_shape, is_inductive
+from granndis_hpc.shards.schema import FORMAT_VERSION, datasets_of, expected_shape, is_inductive, is_multilabel
 from granndis_hpc.shards.writer import temporaries_bytes
 
 from .halo import unique_sorted
@@ -112,9 +112,9 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     n = a["vertices/global_id"].shape[0]
     n_inner_w = a["world/indptr"].shape[0] - 1
     f = a["features"].shape[1] if a["features"].ndim == 2 else -1
-    for name, (dtype, rule) in datasets_of(is_inductive(manifest)).items():
+    for name, (dtype, rule) in datasets_of(is_inductive(manifest), is_multilabel(manifest)).items():
         want = expected_shape(rule, n, G, a["graph/indices"].shape[0], n_inner_w,
-                              a["world/src_global_id"].shape[0], f)
+                              a["world/src_global_id"].shape[0], f, int(ds["num_classes"]))
         if a[name].shape != want or a[name].dtype != dtype:
             out.append(f"{fname}: {name} has {a[name].dtype}{list(a[name].shape)}, expected {dtype}{list(want)}")
     if out:
@@ -148,8 +148,9 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     if f != ds["num_features"]:
         out.append(f"{fname}: {f} features, manifest says {ds['num_features']}")
     labels = a["labels"]
-    if labels.size and (labels.min() < 0 or labels.max() >= ds["num_classes"]):
-        out.append(f"{fname}: labels outside [0, {ds['num_classes']})")
+    top = 2 if labels.ndim == 2 else ds["num_classes"]  # multi-label: 0/1 per class
+    if labels.size and (labels.min() < 0 or labels.max() >= top):
+        out.append(f"{fname}: labels outside [0, {top})")
     bad, first = a["nonfinite_rows"]()
     if bad:  # the build refuses such input; training would stop with a NaN loss
         out.append(f"{fname}: features are not finite (NaN or infinity) in {bad} rows "
@@ -352,7 +353,8 @@ def format_info(manifest: dict) -> str:
     st = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}
     lines = [
         f"dataset     {ds['name']}: {ds['num_vertices']} vertices, {ds['num_edges']} edges, "
-        f"{ds['num_features']} features, {ds['num_classes']} classes, train/val/test "
+        f"{ds['num_features']} features, {ds['num_classes']} "
+        f"{'binary tasks (multi-label)' if ds.get('multilabel') is True else 'classes'}, train/val/test "
         f"{ds['num_train']}/{ds['num_val']}/{ds['num_test']}",
         f"content     digest {ds.get('content_sha256', 'not recorded')} (equal digests = the same graph, features, "
         f"labels and split: a checkpoint of fb/flx may continue on either set)",

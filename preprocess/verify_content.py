@@ -59,7 +59,8 @@ def content_pass(path: str, manifest: dict, files, degree: np.ndarray, digest: b
     runs = {s: _Runs(path, manifest, s) for s in files}
     indptr = np.zeros(N + 1, dtype=dtypes["indptr"])
     np.cumsum(degree, out=indptr[1:])
-    labels = np.zeros(N, dtype=dtypes["labels"])
+    multilabel = ds.get("multilabel") is True  # labels uint8 [N, C] (shards/schema.py)
+    labels = np.zeros((N, int(ds["num_classes"])) if multilabel else N, dtype="|u1" if multilabel else dtypes["labels"])
     masks = {k: np.zeros(N, dtype=bool) for k in _SPLITS}
     for r in runs.values():
         gid = r.gid[r.is_inner]
@@ -75,7 +76,7 @@ def content_pass(path: str, manifest: dict, files, degree: np.ndarray, digest: b
                       if not np.array_equal(mine, home)]
     avg_degree = -(-int(indptr[-1]) // max(N, 1))
     block = max(1, BLOCK_BYTES // (4 * F + 8 * avg_degree + 8))
-    h = ContentHash(ds["num_classes"]) if digest else None
+    h = ContentHash(ds["num_classes"], multilabel) if digest else None
     with contextlib.ExitStack() as stack:
         handles = {s: stack.enter_context(open_server(path, manifest, s)) for s in files}
         if h is not None:

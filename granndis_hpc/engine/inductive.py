@@ -166,16 +166,15 @@ class InducedViews:
                                    inductive=True)
 
     @torch.no_grad()
-    def correct(self, forward) -> np.ndarray:
-        """This rank's correct predictions of [train, val, test]: training vertices on the train-induced
-        graph, validation vertices on the train+validation-induced graph, test vertices on the full
-        graph.  forward(view) -> logits of the view's rows (eval mode)."""
-        out = []
+    def split_outputs(self, forward) -> dict:
+        """split -> (logits, labels) of this rank's vertices of the split: training vertices on the
+        train-induced graph, validation vertices on the train+validation-induced graph, test vertices on
+        the full graph (what the metric is measured on: engine/targets.py).  forward(view) -> logits of
+        the view's rows (eval mode)."""
+        out = {}
         for name, view in (("train", self.views["train"]), ("val", self.views["val"])):
-            pred = forward(view).argmax(dim=1)
             r = self.rows[name]
-            out.append(int((pred[r] == self.labels[name][r]).sum()))
-        pred = forward(self.ctx.world_view).argmax(dim=1)
+            out[name] = (forward(view)[r], self.labels[name][r])
         r = self.ctx.split_rows["test"]
-        out.append(int((pred[r] == self.ctx.labels[r]).sum()))
-        return np.array(out, dtype=np.int64)
+        out["test"] = (forward(self.ctx.world_view)[r], self.ctx.labels[r])
+        return out

@@ -101,7 +101,8 @@ def _best_model(path: str) -> ModelSource:
         config = _config_beside(os.path.dirname(os.path.abspath(path)), path)
         dataset, digest = None, _digest_of_shards(config)
     return ModelSource(path, "best-model", obj["model"], config, epoch=obj.get("epoch"), dataset=dataset,
-                       dataset_sha256=digest, extra={k: obj.get(k) for k in ("train_acc", "val_acc", "test_acc")})
+                       dataset_sha256=digest,  # the metric's values at that epoch (rundir/best_model.py)
+                       extra={k: v for k, v in obj.items() if k not in ("model", "provenance", "epoch")})
 
 
 def _checkpoint(directory: str) -> ModelSource:

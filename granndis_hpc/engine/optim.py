@@ -31,7 +31,7 @@ from granndis_hpc.rundir.checkpoint_files import CheckpointError
 # what a run made before they existed ran with.
 SCHEDULE_OPTIONS = {"optimizer": "adam", "momentum": 0.0, "nesterov": False, "lr_schedule": "constant",
                     "warmup_epochs": 0, "step_size": 30, "gamma": 0.1, "min_lr": 0.0, "lr_decay_epochs": 0,
-                    "plateau_patience": 10, "clip_grad_norm": 0.0}
+                    "plateau_patience": 10, "clip_grad_norm": 0.0, "metric": "accuracy"}
 
 
 def make_torch_optimizer(cfg, groups: List[Dict]) -> torch.optim.Optimizer:
@@ -133,7 +133,9 @@ class ScheduledOptimizer:
 
     # ---- checkpoints ----
     def _options(self) -> Dict:
-        return {k: getattr(self.cfg, k) for k in SCHEDULE_OPTIONS}
+        # --metric None: not resolved for a set (the trainer resolves it before it builds this), the default
+        return {k: SCHEDULE_OPTIONS[k] if getattr(self.cfg, k) is None else getattr(self.cfg, k)
+                for k in SCHEDULE_OPTIONS}
 
     def state_dict(self) -> Dict:
         return {"torch": self.torch.state_dict(), "options": self._options(),
@@ -145,6 +147,7 @@ class ScheduledOptimizer:
         """A checkpoint's state; one written before the schedule was saved holds the torch optimizer's
         state alone (a constant learning rate, nothing else to restore)."""
         saved = state.get("options", SCHEDULE_OPTIONS) if "torch" in state else SCHEDULE_OPTIONS
+        saved = {**SCHEDULE_OPTIONS, **saved}  # an option the checkpoint predates: what such runs ran with
         differ = [f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}" for k, v in self._options().items()
                   if saved.get(k) != v]
         if differ:

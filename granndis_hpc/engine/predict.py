@@ -21,7 +21,7 @@ from granndis_hpc.cluster.comm import Communicator
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
-from granndis_hpc.engine import views
+from granndis_hpc.engine import targets, views
 from granndis_hpc.engine.model_source import ModelSource, ModelSourceError, dataset_refusal, load_parameters, \
     read_model_source
 from granndis_hpc.engine.predict_io import OutputError, block_bounds, check_output, to_blocks, write_rows
@@ -132,9 +132,11 @@ def run_predict(opts) -> Dict:
                 check_output(opts.out, opts.overwrite)  # before the forward: refuse early
         logits, emb = fw.forward(opts.layer)
         out_name = "probabilities" if opts.probabilities else "logits"
-        scores = torch.softmax(logits, dim=1) if opts.probabilities else logits
+        # multi-label: each task's sigmoid and the 0/1 predictions logit > 0 (engine/targets.py)
+        multilabel = shards.is_multilabel(fw.manifest)
+        scores = targets.probabilities(logits, multilabel) if opts.probabilities else logits
         gid = sl.global_id[:n_inner].astype(np.int64)
-        arrays = {out_name: scores.float(), "prediction": logits.argmax(dim=1)}
+        arrays = {out_name: scores.float(), "prediction": targets.prediction(logits, multilabel)}
         if emb is not None:
             arrays["embeddings"] = emb.float()
         n = int(fw.manifest["dataset"]["num_vertices"])

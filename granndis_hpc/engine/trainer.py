@@ -7,6 +7,7 @@ full-graph inference over the world view in every mode.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import inspect
 import os
@@ -26,7 +27,7 @@ from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
 from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
-from granndis_hpc.engine import inductive, signals, views
+from granndis_hpc.engine import inductive, signals, targets, views
 from granndis_hpc.rundir import checkpoint
 from granndis_hpc.rundir.fingerprint import fingerprint
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
@@ -41,6 +42,7 @@ from granndis_hpc.rundir.directory import RunDirectory
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError
 from granndis_hpc.graph import planner
 from granndis_hpc.engine.peakmem import peak_memory_bytes, peak_reserved_bytes
+from granndis_hpc.metric_names import split_keys
 from granndis_hpc.metrics import METRICS_FILE, epoch_line, summarize, summary_fields
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import build_model
@@ -86,6 +88,11 @@ class Trainer:
         wire = None if cfg.halo_dtype == "float32" else getattr(torch, cfg.halo_dtype)
         self.groups = {name: self.comm.group(name, wire) for name in ("world", "server")}
         self.manifest = self._open_shards()
+        self.multilabel = shards.is_multilabel(self.manifest)
+        with collective_errors(self.world, "", catch=(TrainingError,)):  # --metric for these targets
+            self.cfg = cfg = dataclasses.replace(cfg, metric=targets.resolve_metric(
+                cfg.metric, self.multilabel, cfg.shards))
+        self.keys = split_keys(cfg.metric)  # the metric's keys in the epoch records and the best record
         self._set_up_mode()
         torch.manual_seed(cfg.seed)  # same parameters on every rank
         ds = self.manifest["dataset"]
@@ -171,6 +178,7 @@ class Trainer:
         self.split_totals = dict(zip(("train", "val", "test"), self.comm.allreduce_scalar(counts, "sum")))
         with collective_errors(self.world, "", catch=(TrainingError,)):
             check_split_totals(self.split_totals, self.manifest, cfg.shards)
+        self.scorer = targets.Scorer(self.comm, self.world, cfg.metric, self.multilabel, self.split_totals)
         ctx = RunContext(cfg=cfg, topo=topo, comm=self.comm, device=self.device, manifest=self.manifest, slice=sl,
                          world_view=self.world_view, labels=self.labels, split_rows=self.split_rows,
                          split_totals=self.split_totals, groups=self.groups)
@@ -222,8 +230,7 @@ class Trainer:
             self.layer_clock.start_forward()
             logits = self._forward(step.view, "halo", self.layer_clock)
             self.layer_clock.end_forward()
-            loss = torch.nn.functional.cross_entropy(logits[step.rows], step.labels, reduction="sum") \
-                / float(step.num_targets)
+            loss = targets.loss(logits[step.rows], step.labels, step.num_targets)
         self.activation_bytes = max(self.activation_bytes, saved.total)
         trace.mark("backward")
         self.layer_clock.start_backward()
@@ -284,16 +291,14 @@ class Trainer:
         return self._forward(self.world_view, "evaluation")
 
     def evaluate(self) -> Dict[str, float]:
+        """Collective: the --metric of every split (engine/targets.py), the same on every rank."""
         if self.induced is not None:  # each split on its own graph (engine/inductive.py)
             self.model.eval()
-            correct = self.induced.correct(lambda view: self._forward(view, "evaluation"))
+            parts = self.induced.split_outputs(lambda view: self._forward(view, "evaluation"))
         else:
-            pred = self.inner_logits().argmax(dim=1)
-            correct = np.array([int((pred[r] == self.labels[r]).sum()) for r in self.split_rows.values()],
-                               dtype=np.int64)
-        correct = self.comm.allreduce_scalar(correct, "sum")
-        return {name: float(c) / max(int(self.split_totals[name]), 1)
-                for name, c in zip(self.split_rows, correct)}
+            logits = self.inner_logits()
+            parts = {name: (logits[r], self.labels[r]) for name, r in self.split_rows.items()}
+        return self.scorer.scores(parts)
 
     # ---- the whole run ------------------------------------------------------------------------
     def run(self) -> Dict:
@@ -321,9 +326,9 @@ class Trainer:
             last = self.epoch == cfg.epochs
             if last or (cfg.eval_every > 0 and self.epoch % cfg.eval_every == 0):
                 accuracy = self.evaluate()
-                rec.update(train_acc=accuracy["train"], val_acc=accuracy["val"], test_acc=accuracy["test"])
+                rec.update({self.keys[split]: value for split, value in accuracy.items()})
                 self._track_best(rec)
-                stop_early = self.optimizer.observe(rec["val_acc"], self.epoch, final=last)
+                stop_early = self.optimizer.observe(rec[self.keys["val"]], self.epoch, final=last)
             rec["peak_memory_bytes"] = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
             records.append(summary_fields(rec))  # the whole record goes to metrics.jsonl, not to memory
             if rank0:
@@ -358,7 +363,7 @@ class Trainer:
         summary = summarize(records, asdict(cfg), accuracy, peak,
                             {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server,
                              "hosts": self.topo.hosts, "emulated": self.topo.emulated},
-                            time.perf_counter() - start, best=self.best)
+                            time.perf_counter() - start, best=self.best, metric=cfg.metric)
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
         summary["plan"].update(self.communication_entry())
         summary["features"] = features_entry(self.manifest)
@@ -376,13 +381,13 @@ class Trainer:
 
     # ---- best-validation selection --------------------------------------------------------------
     def _track_best(self, rec: Dict) -> None:
-        """Keep the evaluated epoch with the highest validation accuracy (a tie keeps the earlier one,
-        as PyG's examples/gcn.py does).  Accuracies are all-reduced, so every rank decides alike; rank 0
-        keeps a CPU copy of the parameters (identical on every rank) for best-model.pt and checkpoints."""
-        if self.best is not None and not rec["val_acc"] > self.best["val_acc"]:
+        """Keep the evaluated epoch with the highest validation metric (a tie keeps the earlier one,
+        as PyG's examples/gcn.py does).  The metrics are exact reductions, so every rank decides alike;
+        rank 0 keeps a CPU copy of the parameters (identical on every rank) for best-model.pt and checkpoints."""
+        val = self.keys["val"]
+        if self.best is not None and not rec[val] > self.best[val]:
             return
-        self.best = {"epoch": int(rec["epoch"]), "train_acc": rec["train_acc"], "val_acc": rec["val_acc"],
-                     "test_acc": rec["test_acc"]}
+        self.best = {"epoch": int(rec["epoch"]), **{k: rec[k] for k in self.keys.values()}}
         if self.topo.rank == 0:
             self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
@@ -391,7 +396,7 @@ class Trainer:
         if best is None:
             self.best, self.best_state = None, None
             return
-        self.best = {k: best[k] for k in ("epoch", "train_acc", "val_acc", "test_acc")}
+        self.best = {k: best[k] for k in ("epoch", *self.keys.values())}
         self.best_state = best.get("model") if self.topo.rank == 0 else None
 
     def communication_entry(self) -> Dict:

@@ -19,7 +19,7 @@ class Graph:
     indptr: np.ndarray  # int64 [N+1], in-edge CSR
     indices: np.ndarray  # int64 [E], source ids
     features: np.ndarray  # float32 [N, F]
-    labels: np.ndarray  # int64 [N], in [0, num_classes)
+    labels: np.ndarray  # int64 [N], in [0, num_classes); multi-label: uint8 [N, num_classes] of 0/1
     train_mask: np.ndarray  # bool [N]
     val_mask: np.ndarray  # bool [N]
     test_mask: np.ndarray  # bool [N]
@@ -36,6 +36,11 @@ class Graph:
     @property
     def num_features(self) -> int:
         return int(self.features.shape[1])
+
+    @property
+    def multilabel(self) -> bool:
+        """Whether the targets are multi-label (a 0/1 matrix) rather than one class id per vertex."""
+        return self.labels.ndim == 2
 
     def in_degree(self) -> np.ndarray:
         return np.diff(self.indptr).astype(np.int64)

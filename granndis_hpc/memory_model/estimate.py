@@ -117,6 +117,7 @@ class ModelSpec:
     # train+validation-induced graphs; training is estimated on the full graph's views, which bound the
     # train-induced ones from above.
     inductive: bool = False
+    multilabel: bool = False  # multi-label targets: binary cross-entropy (its saved tensors differ)
 
     def __post_init__(self):
         if self.name not in MODELS:
@@ -167,9 +168,12 @@ class ModelSpec:
 
 # ---------------------------------------------------------------------------------------------------
 # What autograd saves
-def _loss_saved(n_train: int, classes: int) -> Tuple[int, int]:
+def _loss_saved(n_train: int, classes: int, multilabel: bool = False) -> Tuple[int, int]:
     """logits[rows]: the row index (the trainer's, allocated at set-up); cross entropy: log-softmax
-    result, the target, total_weight."""
+    result, the target, total_weight; multi-label (binary cross-entropy with logits): the logits' rows
+    and the float32 0/1 target."""
+    if multilabel:
+        return n_train * I64 + 2 * n_train * classes * F32, n_train * I64
     return n_train * I64 + n_train * classes * F32 + n_train * I64 + F32, n_train * I64
 
 
@@ -183,7 +187,7 @@ def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[st
     recomputes it (0 without)}.  The model's layers are its estimator's; the loss is the trainer's."""
     mask_bytes = 1 if device == "cuda" else F32  # dropout masks: bool on CUDA, float on CPU
     a = m.estimator.activations(r, m, mask_bytes)
-    loss, loss_pre = _loss_saved(r.n_train, m.num_classes)
+    loss, loss_pre = _loss_saved(r.n_train, m.num_classes, m.multilabel)
     saved = sum(a["per_layer"]) + a["head"] + loss
     return {"per_layer": list(a["per_layer"]), "fresh_per_layer": list(a["fresh_per_layer"]), "head": a["head"],
             "loss": loss, "saved": saved, "fresh": sum(a["fresh_per_layer"]) + a["head_fresh"] + loss - loss_pre,

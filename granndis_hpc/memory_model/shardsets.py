@@ -33,6 +33,7 @@ def read_shard_set(path: str) -> Tuple[dict, List[ServerArrays]]:
 
 def model_for(manifest: dict, name: str, hidden: int, layers: int, **kw) -> ModelSpec:
     ds = manifest["dataset"]
+    kw.setdefault("multilabel", ds.get("multilabel") is True)
     return ModelSpec(name, int(ds["num_features"]), int(hidden), int(ds["num_classes"]), int(layers), **kw)
 
 

@@ -20,7 +20,8 @@ epoch (a median over epochs), "Total time (s)" the measured wall time of the who
 "Comm (s/epoch)" counts every communication phase (intra-server, inter-server and gradient sync; the artifact left gradient sync out)
 of the same rank and epoch as the epoch time (the slowest rank of the median epoch), so it is a part of it.
 "Test acc" is the last epoch's; "Test acc at best val (epoch)" the test accuracy of the evaluated epoch
-with the best validation accuracy (summary.json's best_val, what published GCN figures report).
+with the best validation accuracy (summary.json's best_val, what published GCN figures report).  Runs
+evaluated with another --metric (micro-f1, rocauc) show it instead, in these columns and in the plots.
 Speedup = epoch time of the matching FB run / epoch time of this run, where the matching FB run is the
 first `fb` run given with the same model, layers, servers and ranks per server (a speedup across
 different models or cluster shapes would not mean anything), preferring one with the same settings
@@ -49,7 +50,8 @@ from granndis_hpc import options
 from granndis_hpc.fsutil import atomic_write_bytes
 from granndis_hpc.options import ConfigError, Options, option
 from granndis_hpc.report.data import (ReportError, RunData, assign_labels, baseline_notes, find_baselines, load_run,
-                                      overlap_limit_s, setting_differences)
+                                      metric_label, overlap_limit_s, setting_differences)
+from granndis_hpc.metric_names import summary_key
 from granndis_hpc.report.links import load_sweep, render_sweep
 from granndis_hpc.report.plots import (plot_accuracy, plot_bytes, plot_learning_rate, plot_time_breakdown,
                                        plot_time_to_accuracy)
@@ -75,18 +77,26 @@ def format_table(runs, baselines) -> str:
             speedup = f"{runs[baselines[i]].summary['epoch_time_s'] / s['epoch_time_s']:.2f}x"
             if setting_differences(run, runs[baselines[i]]):
                 speedup += "*"  # see baseline_notes
-        test, best, limit = s["accuracy"].get("test"), s.get("best_val"), overlap_limit_s(run)
+        test, best, limit = s[summary_key(s["metric"])].get("test"), s.get("best_val"), overlap_limit_s(run)
         rows.append((run.label, f"{s['servers']}x{s['ranks_per_server']}", str(s["epochs"]),
                      f"{s['epoch_time_s']:.4f}", f"{run.comm_s:.4f}", f"{s['total_time_s']:.2f}", speedup,
                      "n/a" if limit is None else f"{s['epoch_time_s'] / limit:.2f} ({limit:.4f} s)",
                      "n/a" if test is None else f"{test:.4f}",
                      "n/a" if best is None else f"{best['test']:.4f} ({best['epoch']})"))
-    widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(TABLE_HEADER)]
+    header = table_header(metric_label(runs))
+    widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(header)]
 
     def line(cells):
         return "| " + " | ".join(cell.ljust(w) for cell, w in zip(cells, widths)) + " |"
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(TABLE_HEADER), sep, *(line(r) for r in rows)])
+    return "\n".join([line(header), sep, *(line(r) for r in rows)])
+
+
+def table_header(metric: str) -> tuple:
+    """TABLE_HEADER with the runs' metric in its last two columns ("Test acc" for accuracy)."""
+    if metric == "accuracy":
+        return TABLE_HEADER
+    return TABLE_HEADER[:-2] + (f"Test {metric}", f"Test {metric} at best val (epoch)")
 
 
 # ---------------------------------------------------------------------------------------------

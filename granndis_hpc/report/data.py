@@ -12,6 +12,7 @@ from typing import Optional
 from granndis_hpc.report import linkmodel
 from granndis_hpc.registry import baseline_mode
 from granndis_hpc.fsutil import read_json_object
+from granndis_hpc.metric_names import METRICS, split_keys, summary_key
 from granndis_hpc.metrics import MetricsError, read_metrics_lines
 
 TIME_PHASES = (("compute", "compute"), ("intra_comm", "intra-server comm"), ("inter_comm", "inter-server comm"),
@@ -97,10 +98,16 @@ def _check_summary(summary, where):
     byte_counts = check(summary, "bytes_per_epoch", ["dict"], where)
     for key, _ in BYTE_CLASSES:
         check(byte_counts, key, ["number"], where + " bytes_per_epoch")
-    accuracy = check(summary, "accuracy", ["dict"], where, optional=True) or {}
+    # --metric (accuracy where the summary names none): its last values under summary_key(metric), kept
+    # for the table as summary["accuracy"] when the metric is accuracy, else as summary[its key]
+    metric = summary.get("metric", "accuracy")
+    if metric not in METRICS:
+        raise ReportError(f"{where}: 'metric' is {metric!r}, not one of {', '.join(METRICS)}")
+    summary["metric"] = metric
+    accuracy = check(summary, summary_key(metric), ["dict"], where, optional=True) or {}
     for key in ("train", "val", "test"):
-        check(accuracy, key, ["number"], where + " accuracy", optional=True)
-    summary["accuracy"] = accuracy
+        check(accuracy, key, ["number"], where + " " + summary_key(metric), optional=True)
+    summary[summary_key(metric)] = accuracy
     best = check(summary, "best_val", ["dict"], where, optional=True)
     if best is not None:
         check(best, "epoch", ["int"], where + " best_val")
@@ -120,8 +127,9 @@ def _read_metrics(run_dir):
         check(record, "epoch", ["int"], where)
         for key in ("time_s", "loss"):
             check(record, key, ["number"], where)
-        for key in ("val_acc", "test_acc", "train_acc"):
-            check(record, key, ["number"], where, optional=True)
+        for metric in METRICS:
+            for key in split_keys(metric).values():
+                check(record, key, ["number"], where, optional=True)
         records.append(record)
     if not records:
         raise ReportError(f"run {run_dir}: metrics.jsonl has no epoch records")
@@ -215,13 +223,19 @@ def baseline_notes(runs, baselines) -> list:
 
 
 def accuracy_over_time(run) -> list:
-    """(training seconds, validation accuracy) at every evaluated epoch of a run: the seconds are the sum
+    """(training seconds, validation metric) at every evaluated epoch of a run: the seconds are the sum
     of the epoch times (metrics.jsonl's time_s, the slowest rank's) up to the end of that epoch, so
     evaluation and set-up are left out and runs evaluated at different intervals compare alike (the
     time-to-accuracy view of the GraNNDis paper's Figure 9)."""
-    seconds, points = 0.0, []
+    seconds, points, key = 0.0, [], split_keys(run.summary.get("metric", "accuracy"))["val"]
     for record in sorted(run.metrics, key=lambda r: r["epoch"]):
         seconds += record["time_s"]
-        if record.get("val_acc") is not None:
-            points.append((seconds, record["val_acc"]))
+        if record.get(key) is not None:
+            points.append((seconds, record[key]))
     return points
+
+
+def metric_label(runs) -> str:
+    """The runs' metric as the report names it: "accuracy", "micro-f1", "rocauc", or "metric" for a mix."""
+    metrics = {run.summary.get("metric", "accuracy") for run in runs}
+    return metrics.pop() if len(metrics) == 1 else "metric"

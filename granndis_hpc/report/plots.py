@@ -4,7 +4,8 @@ display."""
 from __future__ import annotations
 
 from granndis_hpc.fsutil import atomic_path
-from granndis_hpc.report.data import BYTE_CLASSES, TIME_PHASES, accuracy_over_time
+from granndis_hpc.metric_names import split_keys
+from granndis_hpc.report.data import BYTE_CLASSES, TIME_PHASES, accuracy_over_time, metric_label
 
 MINUTES_AFTER_S = 600.0  # time-to-accuracy axis in minutes beyond this many seconds of training
 LOG_SCALE_RATIO = 1e3  # bytes plot switches to log scale when the largest/smallest nonzero value exceed this
@@ -63,7 +64,8 @@ def plot_accuracy(runs, path):
     colors = [f"C{i % 10}" for i in range(len(runs))]
     drawn = False
     for run, color in zip(runs, colors):
-        for key, style, name in (("val_acc", "-", "val"), ("test_acc", "--", "test")):
+        keys = split_keys(run.summary.get("metric", "accuracy"))  # --metric's values (accuracy by default)
+        for key, style, name in ((keys["val"], "-", "val"), (keys["test"], "--", "test")):
             points = [(m["epoch"], m[key]) for m in run.metrics if m.get(key) is not None]
             if points:
                 epochs, acc = zip(*points)
@@ -76,8 +78,9 @@ def plot_accuracy(runs, path):
         ax.text(0.5, 0.5, "no evaluated epochs in these runs", ha="center", va="center",
                 transform=ax.transAxes)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("accuracy")
-    ax.set_title("Validation (solid) and test (dashed) accuracy")
+    metric = metric_label(runs)
+    ax.set_ylabel(metric)
+    ax.set_title(f"Validation (solid) and test (dashed) {metric}")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -100,7 +103,7 @@ def plot_time_to_accuracy(runs, path):
     else:
         ax.text(0.5, 0.5, "no evaluated epochs in these runs", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel(f"training time ({unit}): sum of epoch times, evaluation excluded")
-    ax.set_ylabel("validation accuracy")
+    ax.set_ylabel(f"validation {metric_label(runs)}")
     ax.set_title("Time to accuracy")
     ax.grid(alpha=0.3)
     return _save(fig, path)

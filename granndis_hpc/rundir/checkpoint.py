@@ -62,6 +62,7 @@ import torch
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.fsutil import atomic_write_bytes, atomic_write_json
 from granndis_hpc.metrics import METRICS_FILE, MetricsError, truncate_metrics
+from granndis_hpc.metric_names import metric_of_record, split_keys
 # The concerns of a checkpoint, one module each: where the files are and pruning them
 # (checkpoint_files), what identifies a run (fingerprint), the RNG streams (rngstate).
 from granndis_hpc.rundir.checkpoint_files import (
@@ -345,8 +346,8 @@ def _checked_best(path: str, best) -> Optional[Dict]:
     """The shared payload's best-validation entry, checked (None: no epoch evaluated yet)."""
     if best is None:
         return None
-    keys = {"epoch": int, "train_acc": (int, float), "val_acc": (int, float), "test_acc": (int, float),
-            "model": dict}
+    metric = metric_of_record(best) if isinstance(best, dict) else None
+    keys = {"epoch": int, "model": dict, **{k: (int, float) for k in split_keys(metric or "accuracy").values()}}
     _check_keys(os.path.join(path, SHARED_FILE) + " (best)", best, keys)
     return best
 

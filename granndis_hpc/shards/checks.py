@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .schema import ShardError, datasets_of, is_inductive
+from .schema import ShardError, datasets_of, is_inductive, is_multilabel
 
 
 def _fail(fpath: str, dataset: str, problem: str, manifest: dict) -> ShardError:
@@ -26,7 +26,7 @@ def check_file_layout(f, manifest: dict, fpath: str) -> None:
     """Dtypes and shapes of every dataset of an open server file, from the HDF5 headers (reads no data):
     the dtypes of schema.DATASETS, one length per row, CSR pointers one longer, features
     [rows, manifest num_features] float32; an inductive set's datasets too."""
-    names = datasets_of(is_inductive(manifest))
+    names = datasets_of(is_inductive(manifest), is_multilabel(manifest))
     for name, (dtype, _) in names.items():
         if name not in f:
             raise _fail(fpath, name, "is missing", manifest)
@@ -35,7 +35,8 @@ def check_file_layout(f, manifest: dict, fpath: str) -> None:
     n = f["vertices/global_id"].shape[0] if f["vertices/global_id"].ndim == 1 else -1
     G = int(manifest["gpus_per_server"])
     F = int(manifest["dataset"]["num_features"])
-    want = {"n": (n,), "n+1": (n + 1,), "G+1": (G + 1,), "G": (G,), "n,F": (n, F),
+    C = int(manifest["dataset"]["num_classes"])
+    want = {"n": (n,), "n+1": (n + 1,), "G+1": (G + 1,), "G": (G,), "n,F": (n, F), "n,C": (n, C),
             "nnz": (f["graph/indices"].shape[0],) if f["graph/indices"].ndim == 1 else None,
             "ni+1": (f["world/indptr"].shape[0],) if f["world/indptr"].ndim == 1 else None,
             "nnz_w": (f["world/src_global_id"].shape[0],) if f["world/src_global_id"].ndim == 1 else None}
@@ -43,7 +44,7 @@ def check_file_layout(f, manifest: dict, fpath: str) -> None:
         shape = tuple(f[name].shape)
         if shape != want[rule]:
             expected = "1-D" if want[rule] is None else str(list(want[rule]))
-            what = f" ({F} features in the manifest)" if rule == "n,F" else ""
+            what = {"n,F": f" ({F} features in the manifest)", "n,C": f" ({C} classes in the manifest)"}.get(rule, "")
             raise _fail(fpath, name, f"has shape {list(shape)}, expected {expected}{what}", manifest)
 
 
@@ -93,8 +94,11 @@ def check_rank_slice(sl, manifest: dict, fpath: str, n_server: int) -> None:
     if np.any(sl.in_degree[:ni] != np.diff(sl.w_indptr)) or np.any(sl.in_degree < np.diff(sl.indptr)):
         raise _fail(fpath, "graph/in_degree", "disagrees with the rows' stored in-edges", manifest)
     in_split = sl.train_mask | sl.val_mask | sl.test_mask
-    _in_range(sl.labels[in_split], 0, C, "labels", manifest, fpath + f" (rows in a split, {C} classes)")
-    _in_range(sl.labels, -1, C, "labels", manifest, fpath + " (-1 marks an unlabelled row)")
+    if sl.labels.ndim == 2:  # multi-label: a 0/1 entry per class (check_file_layout checked the shape)
+        _in_range(sl.labels, 0, 2, "labels", manifest, fpath + " (multi-label targets are 0 or 1)")
+    else:
+        _in_range(sl.labels[in_split], 0, C, "labels", manifest, fpath + f" (rows in a split, {C} classes)")
+        _in_range(sl.labels, -1, C, "labels", manifest, fpath + " (-1 marks an unlabelled row)")
     if int(np.count_nonzero(sl.train_mask & sl.val_mask) + np.count_nonzero(sl.train_mask & sl.test_mask)
            + np.count_nonzero(sl.val_mask & sl.test_mask)):
         raise _fail(fpath, "split/*", "marks a row in more than one of train, val and test", manifest)

@@ -41,13 +41,19 @@ class ContentHash:
     bytes as hashing every array whole (what `preprocess build` does), so pieces streamed from the
     ranks give the build's digest."""
 
-    def __init__(self, num_classes: int):
-        self._h = hashlib.sha256(f"granndis-dataset-v1 classes={int(num_classes)}".encode())
+    def __init__(self, num_classes: int, multilabel: bool = False):
+        # A multi-label set's 0/1 labels are hashed as uint8 [N, C] and say so in the header; a
+        # single-label set's header and bytes are unchanged (its digest is what it always was).
+        head = f"granndis-dataset-v1 classes={int(num_classes)}" + (" multilabel" if multilabel else "")
+        self._h = hashlib.sha256(head.encode())
+        self._multilabel = bool(multilabel)
         self._next = 0
 
     def begin(self, name: str, shape) -> str:
         """Start array `name` (the next of CONTENT) of the given whole shape; returns its dtype."""
         expected, dtype = CONTENT[self._next]
+        if name == "labels" and self._multilabel:
+            dtype = "|u1"
         if name != expected:
             raise ValueError(f"content digest: array {name!r} given where {expected!r} comes next")
         self._next += 1
@@ -66,7 +72,7 @@ class ContentHash:
 
 def dataset_digest(graph) -> str:
     """The digest of a whole graph held in memory (arrays named as in CONTENT, plus num_classes)."""
-    h = ContentHash(graph.num_classes)
+    h = ContentHash(graph.num_classes, np.ndim(graph.labels) == 2)
     for name, _ in CONTENT:
         a = getattr(graph, name)
         h.update(a, h.begin(name, np.shape(a)))
@@ -133,7 +139,7 @@ def job_digest(world, sl, manifest: dict, chunk_bytes: int = CHUNK_BYTES) -> tup
     r = _Ranges(sl)
     step = max(1, int(chunk_bytes) // max(1, 4 * f))
     bounds = [(lo, min(n, lo + step)) for lo in range(0, n, step)] or [(0, 0)]
-    h = ContentHash(int(ds["num_classes"])) if root else None
+    h = ContentHash(int(ds["num_classes"]), ds.get("multilabel") is True) if root else None
     problems: list = []  # rows that cannot be put in order: no digest
     copies: list = []  # preloaded copies that differ from their home rows (the digest still holds)
     deg = np.asarray(sl.in_degree[: sl.n_inner], dtype=np.int64)

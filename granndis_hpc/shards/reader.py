@@ -13,7 +13,7 @@ import numpy as np
 
 from .checks import (check_file_layout, check_offsets, check_pointer, check_rank_slice,
                      check_server_graph)
-from .schema import FORMAT_VERSION, ShardError, datasets_of, is_inductive, server_file_name
+from .schema import FORMAT_VERSION, ShardError, datasets_of, is_inductive, is_multilabel, server_file_name
 
 if TYPE_CHECKING:  # h5py is imported where a file is opened (_open_server)
     import h5py
@@ -30,7 +30,7 @@ class RankSlice:
     global_id: np.ndarray  # int64 [n]   own rows, sorted by (hop, global id)
     hop: np.ndarray  # int32 [n]
     features: np.ndarray  # float32 [n, F]
-    labels: np.ndarray  # int64 [n]
+    labels: np.ndarray  # int64 [n] class ids, or uint8 [n, C] 0/1 in a multi-label set
     train_mask: np.ndarray  # bool [n]
     val_mask: np.ndarray
     test_mask: np.ndarray
@@ -153,7 +153,7 @@ def read_server_arrays(path, manifest: dict, server: int, names=None, headers=()
     read_rank_slice); the datasets named in `headers` as a DatasetHeader only (verify reads the
     features in blocks instead of holding a server's N_s x F floats)."""
     with _open_server(os.fspath(path), manifest, server) as f:
-        every = datasets_of(is_inductive(manifest))
+        every = datasets_of(is_inductive(manifest), is_multilabel(manifest))
         missing = [name for name in every if name not in f]
         if missing:
             raise ShardError(f"{f.filename}: missing datasets {missing}; rebuild the shard set")

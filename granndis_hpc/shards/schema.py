@@ -53,15 +53,28 @@ INDUCTIVE_DATASETS: dict[str, tuple[np.dtype, str]] = {
 }
 SPLIT_BITS = {"train": 1, "val": 2, "test": 4}
 
+# A multi-label set (manifest dataset.multilabel: true; docs/datasets.md) stores its targets as a 0/1
+# matrix [rows, num_classes] of uint8 (one byte per entry: ogbn-proteins' 112 tasks take 112 B a row,
+# where int64 class ids would take 8 B per entry) in place of the int64 class ids.
+MULTILABEL_LABELS = (np.dtype(np.uint8), "n,C")
 
-def datasets_of(inductive: bool) -> dict:
+
+def datasets_of(inductive: bool, multilabel: bool = False) -> dict:
     """Name -> (dtype, shape rule) of every dataset a server file of such a set holds."""
-    return {**DATASETS, **INDUCTIVE_DATASETS} if inductive else dict(DATASETS)
+    out = {**DATASETS, **INDUCTIVE_DATASETS} if inductive else dict(DATASETS)
+    if multilabel:
+        out["labels"] = MULTILABEL_LABELS
+    return out
 
 
 def is_inductive(manifest: dict) -> bool:
     """Whether the set was built with --inductive (it then holds INDUCTIVE_DATASETS)."""
     return manifest.get("inductive") is True
+
+
+def is_multilabel(manifest: dict) -> bool:
+    """Whether the set holds multi-label targets (labels [rows, num_classes] of 0/1)."""
+    return manifest.get("dataset", {}).get("multilabel") is True
 
 
 def split_code(train, val, test) -> np.ndarray:
@@ -81,8 +94,9 @@ def feature_chunk_rows(num_rows: int, num_features: int) -> int:
     return int(max(1, min(max(num_rows, 1), FEATURE_CHUNK_BYTES // row_bytes)))
 
 
-def expected_shape(rule: str, n: int, g: int, nnz: int, n_inner: int, nnz_w: int, f: int) -> tuple:
+def expected_shape(rule: str, n: int, g: int, nnz: int, n_inner: int, nnz_w: int, f: int, c: int = -1) -> tuple:
     return {
+        "n,C": (n, c),
         "n": (n,),
         "n+1": (n + 1,),
         "G+1": (g + 1,),
@@ -96,7 +110,9 @@ def expected_shape(rule: str, n: int, g: int, nnz: int, n_inner: int, nnz_w: int
 
 def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
     """Raise ShardError unless `arrays` has every dataset with the right dtype and consistent shapes."""
-    names = datasets_of(any(name in arrays for name in INDUCTIVE_DATASETS))
+    labels = arrays.get("labels")  # an array, or a writer's StreamedDataset (which has a shape too)
+    multilabel = labels is not None and len(getattr(labels, "shape", np.shape(labels))) == 2
+    names = datasets_of(any(name in arrays for name in INDUCTIVE_DATASETS), multilabel)
     missing = sorted(set(names) - set(arrays))
     if missing:
         raise ShardError(f"{where}: missing datasets {missing}")
@@ -106,9 +122,10 @@ def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
     nnz_w = int(np.shape(arrays["world/src_global_id"])[0])
     feats = np.shape(arrays["features"])
     f = int(feats[1]) if len(feats) == 2 else -1
+    c = int(getattr(labels, "shape", np.shape(labels))[1]) if multilabel else -1
     for name, (dtype, rule) in names.items():
         a = arrays[name]
-        want = expected_shape(rule, n, gpus_per_server, nnz, n_inner, nnz_w, f)
+        want = expected_shape(rule, n, gpus_per_server, nnz, n_inner, nnz_w, f, c)
         if tuple(np.shape(a)) != want:
             raise ShardError(f"{where}: dataset {name} has shape {tuple(np.shape(a))}, expected {want}")
         got = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype

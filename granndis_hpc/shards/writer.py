@@ -97,11 +97,12 @@ def temporaries_bytes(out_dir: str, names) -> int:
     return total
 
 
-def lower_bound_set_bytes(num_vertices: int, num_edges: int, num_features: int) -> int:
+def lower_bound_set_bytes(num_vertices: int, num_edges: int, num_features: int, label_bytes: int = 8) -> int:
     """Bytes every shard set of a graph needs at least, whatever its layout: each vertex is an inner
     row once (features, label, global id) and each edge is in the world view once (source id, rank,
-    in-degree).  Preloaded copies and the stored subgraph come on top."""
-    return int(num_vertices) * (4 * int(num_features) + 8 + 8) + int(num_edges) * (8 + 4 + 8)
+    in-degree).  Preloaded copies and the stored subgraph come on top.  `label_bytes`: a row's labels
+    (8: an int64 class id; a multi-label set's C uint8 entries: C)."""
+    return int(num_vertices) * (4 * int(num_features) + int(label_bytes) + 8) + int(num_edges) * (8 + 4 + 8)
 
 
 def estimate_file_bytes(arrays: dict) -> int:

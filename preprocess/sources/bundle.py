@@ -5,7 +5,8 @@ Keys (HDF5: datasets at the file root):
     edges     edge_index [2, E] (row 0 = source, row 1 = destination)
               or indptr [N+1] + indices [E], an in-edge CSR (indices = sources of each row's edges)
     features  [N, F] numbers
-    labels    [N] integer class ids (-1 = unlabelled, allowed only outside the splits)
+    labels    [N] integer class ids (-1 = unlabelled, allowed only outside the splits),
+              or [N, C] 0/1 multi-label targets (C >= 2 binary tasks, every entry given)
     splits    train_mask, val_mask, test_mask (bool [N])  or  train_idx, val_idx, test_idx (ids)
     optional  num_classes (scalar)
 

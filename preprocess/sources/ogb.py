@@ -8,9 +8,15 @@ DIR (``--root``; either the dataset directory itself, e.g. ``.../ogbn_arxiv``, o
     raw/node-label.csv.gz    one label per line (nan = unlabelled) | or raw/node-label.npz: node_label
     split/<scheme>/{train,valid,test}.csv.gz   one vertex id per line
 
-<scheme> is "time" (arxiv, papers100M) or "sales_ranking" (products); the single subdirectory of
-split/ is used unless ``split_scheme`` names one.  OGB's directed edges (arxiv, papers100M) become
-undirected through the usual symmetrisation in `canonicalize`.
+<scheme> is "time" (arxiv, papers100M), "sales_ranking" (products) or "species" (proteins); the single
+subdirectory of split/ is used unless ``split_scheme`` names one.  OGB's directed edges (arxiv,
+papers100M) become undirected through the usual symmetrisation in `canonicalize`.
+
+ogbn-proteins is multi-label (node-label.csv.gz: 112 0/1 columns, one binary task each) and has no node
+features, only raw/edge-feat.csv.gz (8 columns per edge; data.npz: edge_feat).  Each vertex's features
+are then the mean of its edges' features (every edge counted at both ends: the graph is undirected),
+as PyG's ogbn-proteins examples derive them (``adj_t.mean(dim=1)`` over the edge attributes) and DGL's
+average them; a dataset with neither node nor edge features is refused.
 """
 from __future__ import annotations
 
@@ -69,6 +75,33 @@ def _read_ids(split_dir, part):
     return path, read_csv(path, dtype=np.int64, expected_cols=1)[:, 0]
 
 
+def features_from_edges(n: int, src: np.ndarray, dst: np.ndarray, edge_feat: np.ndarray, path: str) -> np.ndarray:
+    """float32 [n, F]: every vertex's mean over the features [E, F] of the edges it is an end of (both
+    ends count each edge once; a vertex without edges gets zeros).  Summed in float64, column by column."""
+    edge_feat = np.asarray(edge_feat)
+    if edge_feat.ndim != 2 or edge_feat.shape[0] != np.asarray(src).shape[0]:
+        raise DataError(f"{path}: edge features must have shape [E={np.asarray(src).shape[0]}, F], got "
+                        f"{edge_feat.shape}. Fix: re-download the dataset")
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
+        raise DataError(f"{path}: edge endpoints outside 0..{n - 1}. Fix: re-download the dataset")
+    degree = np.bincount(src, minlength=n) + np.bincount(dst, minlength=n)
+    out = np.empty((n, edge_feat.shape[1]), dtype=np.float32)
+    for j in range(edge_feat.shape[1]):  # a few columns (proteins: 8); each a vectorised sum over the edges
+        col = edge_feat[:, j].astype(np.float64)
+        out[:, j] = (np.bincount(src, weights=col, minlength=n) + np.bincount(dst, weights=col, minlength=n)) \
+            / np.maximum(degree, 1)
+    return out
+
+
+def _edge_feature_path(raw: str, base: str) -> str:
+    path = os.path.join(raw, "edge-feat.csv.gz")
+    if not os.path.exists(path):
+        raise DataError(f"{raw}: neither node-feat.csv.gz nor edge-feat.csv.gz found ({base} has no node features "
+                        "and no edge features to derive them from). Fix: copy raw/ of the download completely")
+    return path
+
+
 def load_ogb(root, name=None, split_scheme=None, symmetrize=True, self_loops="remove"):
     """Load an OGB node-property dataset from its raw files and canonicalise it."""
     base = find_dataset_dir(root, name)
@@ -76,9 +109,11 @@ def load_ogb(root, name=None, split_scheme=None, symmetrize=True, self_loops="re
     name = name or os.path.basename(os.path.normpath(base)).replace("_", "-")
     npz = os.path.join(raw, "data.npz")
     if os.path.exists(npz):
-        arrays = read_npz(npz, required=("edge_index", "node_feat", "num_nodes_list"))
+        arrays = read_npz(npz, required=("edge_index", "num_nodes_list"), optional=("node_feat", "edge_feat"))
         n_list = np.asarray(arrays["num_nodes_list"]).reshape(-1)
-        edge_index, features, origin = arrays["edge_index"], arrays["node_feat"], npz
+        edge_index, features, origin = arrays["edge_index"], arrays.get("node_feat"), npz
+        if features is None and arrays.get("edge_feat") is None:
+            raise DataError(f"{npz}: holds neither node_feat nor edge_feat. Fix: re-download the dataset")
         if edge_index.ndim != 2 or edge_index.shape[0] != 2:
             raise DataError(f"{npz}: edge_index must have shape [2, E], got {edge_index.shape}. "
                             "Fix: re-download the dataset")
@@ -96,16 +131,19 @@ def load_ogb(root, name=None, split_scheme=None, symmetrize=True, self_loops="re
     n = int(n_list[0])
     if not os.path.exists(npz):
         feat_path = os.path.join(raw, "node-feat.csv.gz")
-        features = read_csv(feat_path, dtype=np.float32, expected_rows=n)
+        if os.path.exists(feat_path):
+            features = read_csv(feat_path, dtype=np.float32, expected_rows=n)
+        else:  # ogbn-proteins: from the edge features (module docstring)
+            feat_path = _edge_feature_path(raw, base)
+            features = features_from_edges(n, src, dst, read_csv(feat_path, dtype=np.float32), feat_path)
+    elif features is None:
+        features = features_from_edges(n, src, dst, arrays["edge_feat"], npz)
     label_path = os.path.join(raw, "node-label.npz")
     if os.path.exists(label_path):
         labels = read_npz(label_path, required=("node_label",))["node_label"]
     else:
         label_path = os.path.join(raw, "node-label.csv.gz")
         labels = read_csv(label_path, dtype=np.float64, expected_rows=n)
-    if labels.ndim == 2 and labels.shape[1] != 1:
-        raise DataError(f"{label_path}: labels have {labels.shape[1]} columns (multi-label/multi-task). "
-                        "Fix: only single-label classification datasets are supported")
     split_dir = _split_dir(base, split_scheme)
     masks = []
     for part in SPLIT_FILES:
