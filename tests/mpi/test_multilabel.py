@@ -140,7 +140,7 @@ def test_multilabel_training_metrics_and_predict_equal_reference(cora, multilabe
         assert got["prediction"].dtype == np.uint8 and got["prediction"].shape == logits.shape
         np.testing.assert_array_equal(got["prediction"][clear], (logits > 0)[clear])
         # the report shows the run's metric: its table columns, from summary.json
-        from granndis_hpc.report import render_report
+        from granndis_hpc.report.command import render_report
         table = render_report([run_dir], os.path.join(base, "report"))["table"]
         header, row = ([c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[::2])
         assert header[-2:] == ["Test rocauc", "Test rocauc at best val (epoch)"]
