@@ -228,6 +228,10 @@ MODELS.declare("sage-sum", "granndis_hpc.nn.zoo:build_sage_sum",
                estimator="granndis_hpc.memory_model.zoo_stacks:SAGE_SUM_ESTIMATE", linear_head=True)
 MODELS.declare("sage-max", "granndis_hpc.nn.zoo:build_sage_max",
                estimator="granndis_hpc.memory_model.zoo_stacks:SAGE_MAX_ESTIMATE", linear_head=True)
+MODELS.declare("pyg", "granndis_hpc.nn.pyg:build_pyg", estimator="granndis_hpc.memory_model.pyg_stacks:PYG_ESTIMATE",
+               linear_head=True, options=(
+    ModelOption("module", str, "", "importable module whose factory returns the torch_geometric convolutions"),
+    ModelOption("factory", str, "build", "function of module: (in_features, hidden, out_features, layers) -> convs")))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ class EdgeGNN(GNN):
         self.attn_dropout, self.activation, self.use_norm = float(attn_dropout), activation, norm
         self.conv_in_widths = widths[: len(convs)]
         self.convs = nn.ModuleList(convs)
+        self.widths = list(widths)
         self.norms = nn.ModuleList(nn.LayerNorm(w) for w in widths[1:-1]) if norm else None
         # Created last: without linear layers the parameters are drawn exactly as before they existed.
         self.linears = nn.ModuleList(nn.Linear(widths[i], widths[i + 1]) for i in range(len(convs), len(widths) - 1))

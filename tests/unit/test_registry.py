@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from granndis_hpc import config, registry
+from tests.pyg_stacks import PYG_OPTIONS
 
 
 def test_building_the_train_parser_imports_neither_torch_h5py_nor_mpi4py():
@@ -36,7 +37,9 @@ def test_lazy_declarations_name_what_they_stand_for():
         if entry.get("estimate") is not None:
             assert callable(entry.resolve("estimate"))
     for entry in registry.MODELS.entries():
-        model = models.build_model(entry.name, 6, 4, 3, 2)
+        if entry.name == "pyg" and not PYG_OPTIONS:
+            continue  # (torch_geometric absent)
+        model = models.build_model(entry.name, 6, 4, 3, 2, **(PYG_OPTIONS if entry.name == "pyg" else {}))
         assert model.name == entry.name and isinstance(entry.resolve("estimator"), stacks.ModelEstimate)
     # auto's order, as the entries rank themselves (memory_model.choice.preference reads them).
     assert [e.name for e in registry.auto_modes()] == ["flx", "eas", "cob", "fb"]
