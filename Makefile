@@ -40,7 +40,7 @@ $(STAMP)/venv: pyproject.toml
 	@[ -x $(PY) ] || python3 -m venv .venv
 	@# Pin the CPU wheel first: a looser requirement would pull a multi-GB CUDA build.
 	@$(PY) -c "import torch" 2>/dev/null || .venv/bin/pip install -q torch==2.13.0
-	.venv/bin/pip install -q -e '.[test]'
+	.venv/bin/pip install -q -e '.[test,pyg]'
 	@touch $@
 
 demo: setup

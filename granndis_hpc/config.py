@@ -113,7 +113,7 @@ class TrainConfig:
     # __post_init__ turns 0 into None.
     linear_layers: Optional[int] = option(
         None, ge=0, metavar="N",
-        help="the last N of --layers are per-vertex Linear layers (no aggregation; sage, gcn, ressage), so the "
+        help="the last N of --layers are per-vertex Linear layers (no aggregation; every built-in model), so the "
              "model aggregates over --layers - N hops and trains on a set built with that many: the GraNNDis "
              "artifact's 3-layer GraphSAGE is --layers 4 --linear-layers 1 on a 3-hop set (default: none)")
     inductive: bool = option(

@@ -12,7 +12,7 @@ the mode class, ``MODELS.entry(name)`` the entry with its capabilities.
 
 What an entry carries (docs/architecture.md, the recipes):
 - a model: ``checkpointable`` (--checkpoint-activations recomputes its blocks), ``estimator`` (its
-  memory, for --mode auto and `preprocess plan`: nn/models.py ModelEstimate), ``options`` (extra
+  memory, for --mode auto and `preprocess plan`: memory_model/stacks.py ModelEstimate), ``options`` (extra
   constructor options, ``--model-option KEY=VALUE``, as ``ModelOption``s), ``linear_head`` (its builder
   takes ``linear_layers``: --linear-layers);
 - a mode: its place in auto's preference (``rank``; ``knob``: "k" prefers the largest preloaded depth,
@@ -210,24 +210,28 @@ def linear_head_problem(model: str, layers: int, linear_layers: Optional[int]) -
 
 
 MODELS = Registry("model")
-MODELS.declare("sage", "granndis_hpc.nn.models:_sage", estimator="granndis_hpc.nn.models:SAGE_ESTIMATE",
+MODELS.declare("sage", "granndis_hpc.nn.models:_sage", estimator="granndis_hpc.memory_model.stacks:SAGE_ESTIMATE",
                linear_head=True)
-MODELS.declare("gcn", "granndis_hpc.nn.models:_gcn", estimator="granndis_hpc.nn.models:GCN_ESTIMATE",
+MODELS.declare("gcn", "granndis_hpc.nn.models:_gcn", estimator="granndis_hpc.memory_model.stacks:GCN_ESTIMATE",
                linear_head=True)
 MODELS.declare("ressage", "granndis_hpc.nn.models:_ressage", checkpointable=True,
-               estimator="granndis_hpc.nn.models:RESSAGE_ESTIMATE", linear_head=True)
-MODELS.declare("gat", "granndis_hpc.nn.zoo:build_gat", estimator="granndis_hpc.nn.zoo_estimates:GAT_ESTIMATE", options=(
+               estimator="granndis_hpc.memory_model.stacks:RESSAGE_ESTIMATE", linear_head=True)
+MODELS.declare("gat", "granndis_hpc.nn.zoo:build_gat", estimator="granndis_hpc.memory_model.zoo_stacks:GAT_ESTIMATE", options=(
     ModelOption("heads", positive_int, 8, "attention heads of every hidden conv (each --hidden wide)"),
     ModelOption("out_heads", positive_int, 1, "attention heads of the last conv, averaged into the classes"),
     ModelOption("concat", boolean, True, "concatenate the hidden convs' heads (false: average them)"),
     ModelOption("attn_dropout", probability, 0.0, "dropout of the normalised attention weights, keyed by edge"),
-    ModelOption("negative_slope", float, 0.2, "LeakyReLU slope of the attention logits")))
-MODELS.declare("gin", "granndis_hpc.nn.zoo:build_gin", estimator="granndis_hpc.nn.zoo_estimates:GIN_ESTIMATE",
-               options=(ModelOption("eps", float, 0.0, "initial value of the learnable eps"),))
+    ModelOption("negative_slope", float, 0.2, "LeakyReLU slope of the attention logits")), linear_head=True)
+MODELS.declare("gin", "granndis_hpc.nn.zoo:build_gin", estimator="granndis_hpc.memory_model.zoo_stacks:GIN_ESTIMATE",
+               options=(ModelOption("eps", float, 0.0, "initial value of the learnable eps"),), linear_head=True)
 MODELS.declare("sage-sum", "granndis_hpc.nn.zoo:build_sage_sum",
-               estimator="granndis_hpc.nn.zoo_estimates:SAGE_SUM_ESTIMATE")
+               estimator="granndis_hpc.memory_model.zoo_stacks:SAGE_SUM_ESTIMATE", linear_head=True)
 MODELS.declare("sage-max", "granndis_hpc.nn.zoo:build_sage_max",
-               estimator="granndis_hpc.nn.zoo_estimates:SAGE_MAX_ESTIMATE")
+               estimator="granndis_hpc.memory_model.zoo_stacks:SAGE_MAX_ESTIMATE", linear_head=True)
+MODELS.declare("pyg", "granndis_hpc.nn.pyg:build_pyg", estimator="granndis_hpc.memory_model.pyg_stacks:PYG_ESTIMATE",
+               linear_head=True, options=(
+    ModelOption("module", str, "", "importable module whose factory returns the torch_geometric convolutions"),
+    ModelOption("factory", str, "build", "function of module: (in_features, hidden, out_features, layers) -> convs")))
 
 
 # ---------------------------------------------------------------------------------------------------

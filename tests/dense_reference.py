@@ -153,7 +153,7 @@ def dense_logits(model_name: str, model: Union[torch.nn.Module, Mapping[str, tor
         return p.linear("head", drop(L + J, torch.relu(p.layer_norm("out_norm", h))))
     if model_name in EDGE_MODELS:
         return _edge_model_logits(model_name, p, a, _t(indptr, torch.int64), _t(indices, torch.int64), x, L, drop,
-                                  attention_dropout, _negative_slopes(model, L))
+                                  attention_dropout, _negative_slopes(model, L), J)
     raise ValueError(f"dense_logits: unknown model {model_name!r}")
 
 
@@ -175,7 +175,7 @@ def _segment_softmax(e, dst, n):
     return w / torch.zeros(n, e.shape[1], dtype=e.dtype).index_add(0, dst, w)[dst]
 
 
-def _edge_model_logits(name, p, a, indptr, indices, x, L, drop, attention_dropout, slopes):
+def _edge_model_logits(name, p, a, indptr, indices, x, L, drop, attention_dropout, slopes, J=0):
     n = x.shape[0]
     dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
     src = indices
@@ -224,6 +224,10 @@ def _edge_model_logits(name, p, a, indptr, indices, x, L, drop, attention_dropou
                 h = p.layer_norm(f"norms.{l - 1}", h)
             h = drop(l, act(h))
         h = conv(l, h)
+    for j in range(J):  # the per-vertex head: Linear layers L + j, no aggregation
+        if p.has(f"norms.{L + j - 1}.weight"):
+            h = p.layer_norm(f"norms.{L + j - 1}", h)
+        h = p.linear(f"linears.{j}", drop(L + j, act(h)))
     return h
 
 

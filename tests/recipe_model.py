@@ -4,10 +4,11 @@ against the bytes autograd saves, --mode auto and `preprocess plan` on it) and t
 
 A mean-aggregation MLP with a constructor option of its own (`widen`: hidden width = hidden x widen):
 h_{l+1} = W_l (h_v + mean_{u in N(v)} h_u) + b_l, ReLU between layers, no dropout."""
-import torch
 from torch import nn
 
+from granndis_hpc.memory_model import stacks
 from granndis_hpc.nn import models
+from granndis_hpc.nn.contract import Layer
 from granndis_hpc.nn.graph import aggregate
 from granndis_hpc.registry import ModelOption
 from granndis_hpc.units import FLOAT32_BYTES as F32
@@ -15,23 +16,30 @@ from granndis_hpc.units import FLOAT32_BYTES as F32
 NAME = "recipe-meanmlp"
 
 
+class MeanLayer(Layer):
+    """out_v = W (h_v + mean_{u in N(v)} h_u) + b, in the parts of the layer contract (nn/contract.py)."""
+
+    def __init__(self, win, wout):
+        super().__init__()
+        self.lin = nn.Linear(win, wout)
+
+    def aggregate_part(self, part, m, call):
+        return aggregate(part, m, "mean")  # sums over any part of the edges: the parts add up
+
+    def update(self, h_dst, aggregated, call):
+        return self.lin(h_dst + aggregated)
+
+
 class MeanMLP(models.GNN):
+    """A stack of MeanLayer with ReLU between layers (the runner's default activation), no norm."""
+
     def __init__(self, in_features, hidden, num_classes, layers, dropout, norm, widen=1):
         super().__init__()
         self.name, self.num_layers = NAME, layers
         widths = [in_features] + [hidden * widen] * (layers - 1) + [num_classes]
         self.conv_in_widths = widths[:-1]
-        self.lins = nn.ModuleList(nn.Linear(widths[i], widths[i + 1]) for i in range(layers))
-
-    def forward(self, x, graphs, gather=None):
-        self._check_graphs(graphs)
-        h = x
-        for layer, (lin, graph) in enumerate(zip(self.lins, graphs)):
-            h_src = self._gather(gather, layer, h, graph)
-            h = lin(h_src[: graph.n_dst] + aggregate(graph, h_src, "mean"))
-            if layer < self.num_layers - 1:
-                h = torch.relu(h)
-        return h
+        self.convs = nn.ModuleList(MeanLayer(widths[i], widths[i + 1]) for i in range(layers))
+        self.norms, self.linears = None, nn.ModuleList()
 
 
 class MeanLayerBytes:
@@ -51,7 +59,7 @@ class MeanLayerBytes:
         return n_dst * win * F32 + weight, weight
 
 
-class MeanMLPEstimate(models.PlainEstimate):
+class MeanMLPEstimate(stacks.PlainEstimate):
     """Layer 0 reads the static halo (as PlainGNN); the widths follow the `widen` option."""
 
     def __init__(self):
@@ -70,10 +78,10 @@ class MeanMLPEstimate(models.PlainEstimate):
     def activations(self, rows, m, mask_bytes):
         per_layer, seen = [], set()
         for l, ((_, lr), (win, wout)) in enumerate(zip(rows.training_layers(), self.widths(m))):
-            parts = [models.gather_saved(lr, self.exchanged(l), seen),
+            parts = [stacks.gather_saved(lr, self.exchanged(l), seen),
                      self.conv.saved_bytes(lr.n_src, lr.n_dst, win, wout, self.exchanged(l))]
             if l >= 1:  # the previous layer's ReLU result (no norm, no dropout in this model)
-                parts.append(models.between_convs_saved(lr.n_own_in, win, False, 0.0, mask_bytes))
+                parts.append(stacks.between_convs_saved(lr.n_own_in, win, False, 0.0, mask_bytes))
             per_layer.append((sum(p[0] for p in parts), sum(p[1] for p in parts)))
         return {"per_layer": [b for b, _ in per_layer], "fresh_per_layer": [b - pre for b, pre in per_layer],
                 "head": 0, "head_fresh": 0, "recompute": 0}

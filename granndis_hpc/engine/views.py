@@ -27,9 +27,10 @@ import torch
 
 from granndis_hpc.cluster.exchange_group import ExchangeGroup
 from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_post, halo_exchange_start, send_index_tensor
+from granndis_hpc.engine.rows import RowSplit
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import owner_of, position_lookup
-from granndis_hpc.nn.graph import LayerGraph, RowSplit
+from granndis_hpc.nn.graph import LayerGraph
 
 @dataclass
 class RowSource:
@@ -218,7 +219,7 @@ class View:
         Layer 0 reading the raw input features uses the halo features exchanged at set-up (they are
         static) instead of exchanging them every epoch.  overlap: the exchange group names whose halos
         overlap (config.OVERLAP_HALOS, --overlap-halos); when this view's group is one of them, return
-        nn.graph.PendingRows (the exchange posted, the halo in flight) for the model's convs to
+        engine/rows.PendingRows (the exchange posted, the halo in flight) for the model's convs to
         aggregate the own rows' edges first (engine/exchange.py).  Halo rows travel in the group's wire
         dtype in the training phase ("halo", --halo-dtype); evaluation and set-up exchanges are exact.
         """

@@ -3,7 +3,7 @@
 No HDF5, no sampling, no torch: `estimate(rows, model, device)` from a `RankRows` (row counts per
 layer, built by hand or by memory_model/arrays.py from shard arrays).  What is model-specific (conv
 widths, parameters, what autograd saves per layer, which layers read the static halo) is the model's
-own estimate, found through its registry entry (granndis_hpc/registry.py `estimator`; nn/models.py
+own estimate, found through its registry entry (granndis_hpc/registry.py `estimator`; memory_model/stacks.py
 ModelEstimate): this module names no model.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def check_rank_rows(r: RankRows) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Models: the estimate registered with each (nn/models.py; test_memory_model checks it against the models)
+# Models: the estimate registered with each (memory_model/stacks.py; test_memory_model checks it against the models)
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -125,7 +125,7 @@ class ModelSpec:
         if MODELS.entry(self.name).get("estimator") is None:
             raise MemoryModelError(
                 f"model {self.name!r} has no memory estimate, which --mode auto and `preprocess plan` need: "
-                f"register it with register_model({self.name!r}, estimator=...) (a nn.models.ModelEstimate), "
+                f"register it with register_model({self.name!r}, estimator=...) (a memory_model.stacks.ModelEstimate), "
                 f"or choose a mode")
         for k in ("features", "hidden", "num_classes", "layers"):
             if int(getattr(self, k)) < 1:
@@ -240,7 +240,7 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
         input_grad = exchanged
         halo = (lr.n_send + lr.n_halo) * win * F32 if exchanged else 0
         halo_max = max(halo_max, halo)
-        # Per-edge tensors a conv allocates at once (GAT's messages [E, heads, C]; nn/zoo_estimates.py),
+        # Per-edge tensors a conv allocates at once (GAT's messages [E, heads, C]; memory_model/zoo_stacks.py),
         # in the forward and again as their gradient in the backward.
         edge = est.edge_transient(lr, m, l, win, wout) if hasattr(est, "edge_transient") else 0
         fwd = prefix[l] + max(halo, 2 * lr.n_dst * wout * F32 + edge)

@@ -1,14 +1,11 @@
 """Convolutions beyond one normalised sparse matrix: GAT (attention), GIN (sum + MLP), SAGE-sum, SAGE-max.
 
-Same contract as nn/layers.py: ``forward(h_src, graph, attention=None)`` takes the source rows ``h_src``
-[n_src, in] (or PendingRows: the halo still in flight) and returns the destination rows [n_dst, out];
-the destination rows are the first n_dst source rows.
-
-With PendingRows each conv computes what the own rows allow first and waits for the halo only before the
-halo edges (the engine's overlap).  Sums are linear, so they split into own + halo products.  A softmax
-over a destination's in-edges (GAT) and a maximum (SAGE-max) are combined exactly from the two parts:
-the maximum of the part maxima, and the softmax from each part's running maximum, sum of exponentials
-and weighted sum, rescaled to the common maximum (only the order of the sums changes).
+The layer contract of nn/contract.py: source rows [n_src, in] -> destination rows [n_dst, out], in
+parts the engine's runner can overlap with the halo exchange (own-source edges first, halo-source edges
+on arrival).  Sums are linear, so their parts add up.  A softmax over a destination's in-edges (GAT) and
+a maximum (SAGE-max) are combined exactly from the parts: the maximum of the part maxima, and the
+softmax from each part's running maximum, sum of exponentials and weighted sum, rescaled to the common
+maximum (only the order of the sums changes).
 
 Attention dropout drops an edge's normalised attention weight per head with a mask that is a function of
 (seed, epoch, layer, destination id, source id, head) only (``edge_ids`` into nn/dropout.keep_mask), so
@@ -17,15 +14,15 @@ every cluster shape and a single process on the whole graph draw the same masks,
 from __future__ import annotations
 
 import math
-import weakref
-from typing import Optional
+from typing import List
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .dropout import RowDropout, keep_mask
-from .graph import LayerGraph, PendingRows, aggregate
+from .contract import Layer, LayerCall
+from .graph import GraphPart, LayerGraph, aggregate
 
 # Odd 64-bit multipliers (as int64) combining a destination and a source id into one edge id that
 # keep_mask hashes; distinct (dst, src) pairs of realistic ids never collide.
@@ -72,56 +69,16 @@ class EdgeDropout:
                          edge_ids(dst[rows], src[cols]), heads, self.p)
 
 
-# Per graph: its edges split into own and halo parts (cached: the engine reuses a layer's graph every
-# epoch).  Weak keys: the cache goes with the graph.
-_EDGES: "weakref.WeakKeyDictionary[LayerGraph, dict]" = weakref.WeakKeyDictionary()
+def _edge_max(rows: torch.Tensor, cols: torch.Tensor, h: torch.Tensor, n_dst: int) -> torch.Tensor:
+    """Per destination row the elementwise maximum of h[cols] over its edges; -inf where it has none."""
+    out = h.new_full((n_dst, h.shape[1]), -math.inf)
+    return out.scatter_reduce(0, rows.unsqueeze(1).expand(-1, h.shape[1]), h[cols], "amax", include_self=True)
 
 
-def split_edges(graph: LayerGraph, n_own: int, self_loops: bool):
-    """((rows, cols) of the edges from own source rows (cols < n_own), (rows, cols - n_own) of the halo
-    edges).  self_loops: drop stored loops v -> v and give every destination row one loop, in the own
-    part (a destination row is an own row), as PyG's GATConv does (add_self_loops)."""
-    cache = _EDGES.setdefault(graph, {})
-    key = (int(n_own), bool(self_loops))
-    if key not in cache:
-        rows, cols = graph.edge_rows(), graph.indices
-        if self_loops:
-            off = cols != rows
-            rows, cols = rows[off], cols[off]
-        own = cols < n_own
-        own_rows, own_cols = rows[own], cols[own]
-        if self_loops:
-            diag = torch.arange(graph.n_dst, device=graph.device)
-            own_rows, own_cols = torch.cat([own_rows, diag]), torch.cat([own_cols, diag])
-        cache[key] = ((own_rows, own_cols), (rows[~own], cols[~own] - n_own))
-    return cache[key]
+class SAGESumConv(Layer):
+    """out_v = W_self h_v + W_neigh sum_{u in N(v)} h_u + b   (GraphSAGE with sum aggregation).
 
-
-def source_parts(h_src):
-    """(own rows, a function returning the halo rows, n_own) of a tensor or PendingRows: a conv computes
-    what the own rows allow, then calls the function (waiting for a halo in flight), as the convs here do."""
-    if isinstance(h_src, PendingRows):
-        return h_src.own, h_src.halo, h_src.own.shape[0]
-    n = h_src.shape[0]
-    return h_src, (lambda: h_src[n:]), n
-
-
-def _project_aggregate(graph: LayerGraph, h_src, weight: torch.Tensor, kind: str) -> torch.Tensor:
-    """aggregate(h_src) @ weight^T in the order that moves fewer numbers through the sparse product
-    (a sum is linear: projecting first is exact up to rounding)."""
-    if weight.shape[0] < weight.shape[1]:
-        project = (lambda t: F.linear(t, weight))
-        projected = h_src.map(project) if isinstance(h_src, PendingRows) else project(h_src)
-        return aggregate(graph, projected, kind)
-    return F.linear(aggregate(graph, h_src, kind), weight)
-
-
-def _own_dst(h_src, n_dst: int) -> torch.Tensor:
-    return (h_src.own if isinstance(h_src, PendingRows) else h_src)[:n_dst]
-
-
-class SAGESumConv(nn.Module):
-    """out_v = W_self h_v + W_neigh sum_{u in N(v)} h_u + b   (GraphSAGE with sum aggregation)."""
+    W_neigh is applied before the sum where that is narrower (the sum is linear)."""
 
     kind = "sum"
 
@@ -131,40 +88,57 @@ class SAGESumConv(nn.Module):
         self.lin_self = nn.Linear(in_features, out_features)
         self.lin_neigh = nn.Linear(in_features, out_features, bias=False)
 
-    def forward(self, h_src, graph: LayerGraph, attention: Optional[EdgeDropout] = None) -> torch.Tensor:
-        own = self.lin_self(_own_dst(h_src, graph.n_dst))  # before the aggregation waits for the halo
-        return own + _project_aggregate(graph, h_src, self.lin_neigh.weight, self.kind)
+    def _projects(self) -> bool:
+        return self.out_features < self.in_features
+
+    def message(self, h, call: LayerCall):
+        return F.linear(h, self.lin_neigh.weight) if self._projects() else h
+
+    def aggregate_part(self, part: GraphPart, m, call: LayerCall):
+        return aggregate(part, m, "sum")
+
+    def update(self, h_dst, aggregated, call: LayerCall):
+        neigh = aggregated if self._projects() else F.linear(aggregated, self.lin_neigh.weight)
+        return self.lin_self(h_dst) + neigh
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, aggr={self.kind}"
-
-
-def _edge_max(rows: torch.Tensor, cols: torch.Tensor, h: torch.Tensor, n_dst: int) -> torch.Tensor:
-    """Per destination row the elementwise maximum of h[cols] over its edges; -inf where it has none."""
-    out = h.new_full((n_dst, h.shape[1]), -math.inf)
-    return out.scatter_reduce(0, rows.unsqueeze(1).expand(-1, h.shape[1]), h[cols], "amax", include_self=True)
 
 
 class SAGEMaxConv(SAGESumConv):
     """out_v = W_self h_v + W_neigh max_{u in N(v)} h_u + b   (elementwise max; 0 without in-edges, as PyG).
 
     The parameters of SAGESumConv; the maximum does not commute with the projection, so it is taken at
-    the input width.  With the halo in flight the own edges' maximum is taken first and combined with
-    the halo edges' (exact)."""
+    the input width.  The parts' maxima combine into the maximum (exact); on the whole graph too the
+    edges come as an own part (all of them) and an empty halo part, one code path for both."""
 
     kind = "max"
 
-    def forward(self, h_src, graph: LayerGraph, attention: Optional[EdgeDropout] = None) -> torch.Tensor:
-        own, halo, n_own = source_parts(h_src)
-        (own_rows, own_cols), (halo_rows, halo_cols) = split_edges(graph, n_own, self_loops=False)
-        out = self.lin_self(own[: graph.n_dst])
-        m = _edge_max(own_rows, own_cols, own, graph.n_dst)
-        m = torch.maximum(m, _edge_max(halo_rows, halo_cols, halo(), graph.n_dst))
-        m = torch.where(torch.isinf(m), m.new_zeros(()), m)  # no in-edge: 0
-        return out + self.lin_neigh(m)
+    def message(self, h, call: LayerCall):
+        return h
+
+    def aggregate_part(self, part: GraphPart, m, call: LayerCall):
+        rows, cols = part.edges()
+        return _edge_max(rows, cols, m, part.n_dst)
+
+    def combine(self, partials: List[torch.Tensor], call: LayerCall):
+        m = partials[0]
+        for p in partials[1:]:
+            m = torch.maximum(m, p)
+        return torch.where(torch.isinf(m), m.new_zeros(()), m)  # no in-edge: 0
+
+    def update(self, h_dst, aggregated, call: LayerCall):
+        return self.lin_self(h_dst) + self.lin_neigh(aggregated)
+
+    def forward(self, h_src, graph: LayerGraph, attention=None) -> torch.Tensor:
+        call = LayerCall(graph, attention, n_own=graph.n_src)
+        n = graph.n_src
+        parts = [self.aggregate_part(GraphPart(graph, "own", n), h_src, call),
+                 self.aggregate_part(GraphPart(graph, "halo", n), h_src[n:], call)]
+        return self.update(h_src[: graph.n_dst], self.combine(parts, call), call)
 
 
-class GINConv(nn.Module):
+class GINConv(Layer):
     """out_v = MLP((1 + eps) h_v + sum_{u in N(v)} h_u), MLP = Linear -> ReLU -> Linear, eps learnable
     (Xu et al. 2019, GIN-eps).  The first Linear is applied before the sum where that is narrower
     (its weight without the bias is linear, so W((1+eps)h_v + sum h_u) = (1+eps)Wh_v + sum Wh_u)."""
@@ -176,26 +150,35 @@ class GINConv(nn.Module):
         self.lin1 = nn.Linear(in_features, out_features)
         self.lin2 = nn.Linear(out_features, out_features)
 
-    def forward(self, h_src, graph: LayerGraph, attention: Optional[EdgeDropout] = None) -> torch.Tensor:
+    def _projects(self) -> bool:
+        return self.out_features < self.in_features
+
+    def message(self, h, call: LayerCall):
+        return F.linear(h, self.lin1.weight) if self._projects() else h
+
+    def aggregate_part(self, part: GraphPart, m, call: LayerCall):
+        return aggregate(part, m, "sum")
+
+    def update(self, h_dst, aggregated, call: LayerCall):
         w = self.lin1.weight
-        own = F.linear(_own_dst(h_src, graph.n_dst), w) * (1.0 + self.eps)
-        z = own + _project_aggregate(graph, h_src, w, "sum") + self.lin1.bias
-        return self.lin2(F.relu(z))
+        own = F.linear(h_dst, w) * (1.0 + self.eps)
+        neigh = aggregated if self._projects() else F.linear(aggregated, w)
+        return self.lin2(F.relu(own + neigh + self.lin1.bias))
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}"
 
 
-class GATConv(nn.Module):
+class GATConv(Layer):
     """Graph attention (Velickovic et al. 2018, as PyG's GATConv with add_self_loops):
 
         x_u = W h_u  [heads, C];  e_vu = LeakyReLU(a_src . x_u + a_dst . x_v)  over u in N(v) + {v};
         alpha_vu = softmax_u(e_vu);  out_v = concat_or_mean_heads(sum_u dropout(alpha_vu) x_u) + b
 
     The softmax is taken per destination and head with its maximum subtracted (detached: the softmax
-    does not depend on it).  With the halo in flight, the own part (own edges and the self loops) gives
-    a running maximum m1, sum s1 and weighted sum n1, the halo part m2, s2, n2; then with m = max(m1, m2)
-    out = (n1 e^(m1-m) + n2 e^(m2-m)) / (s1 e^(m1-m) + s2 e^(m2-m)), the same value as one pass."""
+    does not depend on it).  Each part of the edges (own edges with the self loops, halo edges) gives a
+    running maximum m_i, sum s_i and weighted sum n_i; with m = max_i m_i,
+    out = sum_i n_i e^(m_i-m) / sum_i s_i e^(m_i-m), the same value as one pass."""
 
     def __init__(self, in_features: int, out_features: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, attn_dropout: float = 0.0):
@@ -216,38 +199,41 @@ class GATConv(nn.Module):
     def out_width(self) -> int:
         return self.heads * self.out_features if self.concat else self.out_features
 
-    def _part(self, rows, cols, x, a_src, a_dst, n_dst, attention, col_offset):
-        """(running max [n_dst, H], sum of exp [n_dst, H], weighted sum [n_dst, H, C]) of one edge part."""
-        H = self.heads
-        e = F.leaky_relu(a_src[cols] + a_dst[rows], self.negative_slope)  # [E, H]
-        m = e.new_full((n_dst, H), -math.inf).scatter_reduce(
-            0, rows.unsqueeze(1).expand(-1, H), e.detach(), "amax", include_self=True)
-        w = torch.exp(e - m[rows])
-        s = w.new_zeros((n_dst, H)).index_add(0, rows, w)
-        if attention is not None:  # the denominator sums the undropped weights
-            w = w * (attention.keep(rows, cols + col_offset, H).to(w.dtype) * (1.0 / (1.0 - attention.p)))
-        n = x.new_zeros((n_dst, H, x.shape[2])).index_add(0, rows, w.unsqueeze(2) * x[cols])
-        return m, s, n
+    def message(self, h, call: LayerCall):
+        """(projected rows [n, H, C], their source attention term [n, H])."""
+        x = self.lin(h).view(-1, self.heads, self.out_features)
+        if call.own_messages is None:  # the own rows come first: the destination term from their rows
+            call.state["a_dst"] = (x[: call.graph.n_dst] * self.att_dst).sum(-1)
+        return x, (x * self.att_src).sum(-1)
 
-    def forward(self, h_src, graph: LayerGraph, attention: Optional[EdgeDropout] = None) -> torch.Tensor:
-        H, C, n_dst = self.heads, self.out_features, graph.n_dst
-        own, halo, n_own = source_parts(h_src)
-        (own_rows, own_cols), (halo_rows, halo_cols) = split_edges(graph, n_own, self_loops=True)
-        x_own = self.lin(own).view(-1, H, C)
-        a_dst = (x_own[:n_dst] * self.att_dst).sum(-1)
-        m1, s1, n1 = self._part(own_rows, own_cols, x_own, (x_own * self.att_src).sum(-1), a_dst, n_dst,
-                                attention, 0)
-        if halo_rows.numel() or isinstance(h_src, PendingRows):
-            # (Pending rows: the halo is used even without halo edges, so its backward runs on every rank.)
-            x_halo = self.lin(halo()).view(-1, H, C)
-            m2, s2, n2 = self._part(halo_rows, halo_cols, x_halo, (x_halo * self.att_src).sum(-1), a_dst, n_dst,
-                                    attention, n_own)
-            m = torch.maximum(m1, m2)  # finite: every row has its self loop in the own part
-            c1, c2 = torch.exp(m1 - m), torch.exp(m2 - m)  # e^-inf = 0: a part without edges
-            out = (n1 * c1.unsqueeze(2) + n2 * c2.unsqueeze(2)) / (s1 * c1 + s2 * c2).unsqueeze(2)
-        else:
-            out = n1 / s1.unsqueeze(2)
-        out = out.reshape(n_dst, H * C) if self.concat else out.mean(dim=1)
+    def aggregate_part(self, part: GraphPart, m, call: LayerCall):
+        """(running max [n_dst, H], sum of exp [n_dst, H], weighted sum [n_dst, H, C]) of the part."""
+        x, a_src = m
+        H, n_dst = self.heads, part.n_dst
+        rows, cols = part.edges(self_loops=True)
+        e = F.leaky_relu(a_src[cols] + call.state["a_dst"][rows], self.negative_slope)  # [E, H]
+        mx = e.new_full((n_dst, H), -math.inf).scatter_reduce(
+            0, rows.unsqueeze(1).expand(-1, H), e.detach(), "amax", include_self=True)
+        w = torch.exp(e - mx[rows])
+        s = w.new_zeros((n_dst, H)).index_add(0, rows, w)
+        attention = call.attention
+        if attention is not None:  # the denominator sums the undropped weights
+            offset = part.n_own if part.sources == "halo" else 0
+            w = w * (attention.keep(rows, cols + offset, H).to(w.dtype) * (1.0 / (1.0 - attention.p)))
+        n = x.new_zeros((n_dst, H, x.shape[2])).index_add(0, rows, w.unsqueeze(2) * x[cols])
+        return mx, s, n
+
+    def combine(self, partials, call: LayerCall):
+        if len(partials) == 1:
+            m1, s1, n1 = partials[0]
+            return n1 / s1.unsqueeze(2)
+        (m1, s1, n1), (m2, s2, n2) = partials
+        m = torch.maximum(m1, m2)  # finite: every row has its self loop in the own part
+        c1, c2 = torch.exp(m1 - m), torch.exp(m2 - m)  # e^-inf = 0: a part without edges
+        return (n1 * c1.unsqueeze(2) + n2 * c2.unsqueeze(2)) / (s1 * c1 + s2 * c2).unsqueeze(2)
+
+    def update(self, h_dst, aggregated, call: LayerCall):
+        out = aggregated.reshape(aggregated.shape[0], -1) if self.concat else aggregated.mean(dim=1)
         return out + self.bias
 
     def extra_repr(self) -> str:

@@ -14,13 +14,14 @@ No MPI and no files here: this module is pure torch and device-agnostic (CPU and
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
+import weakref
 from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
-import scipy.sparse  # (imported here, not on first use: ~0.5 s that would land in a training step)
 import torch
+
+from .sparse import coo_to_csr as _coo_to_csr
 
 KINDS = ("mean", "gcn", "sum")
 
@@ -40,100 +41,6 @@ def _as_tensor(a, dtype: torch.dtype, name: str) -> torch.Tensor:
     if isinstance(a, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
     raise TypeError(f"LayerGraph: {name} must be a numpy array or torch tensor, got {type(a).__name__}")
-
-
-def _csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape: Tuple[int, int]) -> torch.Tensor:
-    """A sparse CSR tensor without torch's 'beta' and 'invariant checks' warnings on every call."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        try:
-            return torch.sparse_csr_tensor(crow, col, val, size=shape, check_invariants=False)
-        except TypeError:  # torch < 2.0 has no check_invariants argument
-            return torch.sparse_csr_tensor(crow, col, val, size=shape)
-
-
-class PendingRows:
-    """A layer's source rows while its halo is still in flight: the own rows now, the halo on demand.
-
-    ``own`` [n_own, d] are the first source rows; ``halo()`` waits for the other ``n_halo`` rows (once,
-    then cached) and returns them, autograd-connected.  ``aggregate`` multiplies the edges whose sources
-    are own rows first and waits only before the halo edges, so the transfer overlaps that work.  The
-    model contract's cat(own, halo) is ``materialize()``.  No MPI here: the waiting is the caller's.
-    """
-
-    __slots__ = ("own", "_wait", "n_halo", "_halo")
-
-    def __init__(self, own: torch.Tensor, wait_halo, n_halo: int):
-        self.own, self._wait, self.n_halo, self._halo = own, wait_halo, int(n_halo), None
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.own.shape[0] + self.n_halo,) + tuple(self.own.shape[1:]))
-
-    def halo(self) -> torch.Tensor:
-        if self._wait is not None:
-            wait, self._wait = self._wait, None
-            self._halo = wait()
-        return self._halo
-
-    def map(self, fn) -> "PendingRows":
-        """A row-wise ``fn`` (a Linear) applied to the own rows now and to the halo rows on arrival."""
-        return PendingRows(fn(self.own), lambda: fn(self.halo()), self.n_halo)
-
-    def materialize(self) -> torch.Tensor:
-        return torch.cat([self.own, self.halo()], dim=0)
-
-
-def materialize(h_src) -> torch.Tensor:
-    """``h_src`` as one tensor (waiting for a pending halo)."""
-    return h_src.materialize() if isinstance(h_src, PendingRows) else h_src
-
-
-class RowSplit:
-    """A layer's ``n`` destination rows in two groups: ``first`` (sorted row indices: the rows the peers
-    read in the next layer's exchange) and ``rest`` (the others, sorted).
-
-    Boundary-first pipelining (as G3 does): a layer computes its first rows, the next layer's
-    exchange is posted with them, and the rest is computed while they travel.  ``merge`` puts the two
-    back in row order (autograd-connected)."""
-
-    __slots__ = ("first", "rest", "n", "__weakref__")
-
-    def __init__(self, first: torch.Tensor, n: int):
-        first = first.to(torch.int64)
-        if first.dim() != 1 or (first.numel() and (int(first.min()) < 0 or int(first.max()) >= n)):
-            raise ValueError(f"RowSplit: first rows must be a 1-D index into {n} rows")
-        if first.numel() > 1 and not bool((first[1:] > first[:-1]).all()):
-            raise ValueError("RowSplit: first rows must be sorted and unique")
-        others = torch.ones(n, dtype=torch.bool, device=first.device)
-        others[first] = False
-        self.first, self.rest, self.n = first, torch.nonzero(others).squeeze(1), int(n)
-
-    def merge(self, first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
-        out = first.new_empty((self.n,) + tuple(first.shape[1:]))
-        out.index_copy_(0, self.first, first)
-        return out.index_copy_(0, self.rest, rest)
-
-
-class SplitRows:
-    """A layer's output over a RowSplit: the first rows now, the rest on demand (computed once)."""
-
-    __slots__ = ("split", "first", "_rest")
-
-    def __init__(self, split: RowSplit, first: torch.Tensor, rest):
-        self.split, self.first, self._rest = split, first, rest
-
-    def rest(self) -> torch.Tensor:
-        if callable(self._rest):
-            self._rest = self._rest()
-        return self._rest
-
-    def map(self, fn) -> "SplitRows":
-        """A row-wise ``fn`` applied to the first rows now and to the rest when they are asked for."""
-        return SplitRows(self.split, fn(self.first), lambda: fn(self.rest()))
-
-    def merge(self) -> torch.Tensor:
-        return self.split.merge(self.first, self.rest())
 
 
 @dataclass(eq=False)
@@ -361,48 +268,6 @@ class LayerGraph:
         return _coo_to_csr(rows_, cols, vals, shape)
 
 
-def _coo_to_csr(rows, cols, vals, shape) -> torch.Tensor:
-    """CSR from COO entries, duplicates summed (a multi-edge counts as often as it occurs)."""
-    if rows.device.type == "cpu" and vals.dtype in _SCIPY_DTYPES:
-        return _coo_to_csr_scipy(rows, cols, vals, shape)
-    return _coo_to_csr_torch(rows, cols, vals, shape)
-
-
-def _coo_to_csr_torch(rows, cols, vals, shape) -> torch.Tensor:
-    n_rows, n_cols = shape
-    # Sort by (row, col) with one key; int64 does not overflow for any realistic graph.
-    key = rows * max(n_cols, 1) + cols
-    # Canonical CSR input (sorted, no multi-edges) is already in order: skip the O(nnz log nnz) sort.
-    if key.numel() > 1 and not bool((key[1:] > key[:-1]).all()):
-        key, order = torch.sort(key)
-        vals = vals[order]
-    if key.numel():
-        unique, inverse = torch.unique_consecutive(key, return_inverse=True)
-        if unique.numel() != key.numel():
-            vals = torch.zeros(unique.numel(), dtype=vals.dtype, device=vals.device).index_add_(0, inverse, vals)
-            key = unique
-    r, c = key // max(n_cols, 1), key % max(n_cols, 1)
-    crow = torch.zeros(n_rows + 1, dtype=torch.int64, device=rows.device)
-    crow[1:] = torch.cumsum(torch.bincount(r, minlength=n_rows), 0)
-    return _csr(crow, c, vals, shape)
-
-
-# On the CPU scipy's COO -> CSR conversion (a counting pass by row, then a sort inside each row) gives
-# the same matrix as the torch path above (columns sorted in every row, duplicates summed: a normalised
-# adjacency's duplicate entries hold equal values, so the order of their sum does not matter) about 5x
-# faster than its global torch.sort (200k graph, 0.7M entries: 0.011 s against 0.064 s): a co-batch
-# loader builds ~10 of these per co-batch (engine/cobatch.py).  scipy has no bfloat16.
-_SCIPY_DTYPES = (torch.float32, torch.float64)
-
-
-def _coo_to_csr_scipy(rows, cols, vals, shape) -> torch.Tensor:
-    m = scipy.sparse.csr_matrix((vals.detach().numpy(), (rows.numpy(), cols.numpy())), shape=shape)
-    m.sum_duplicates()  # (sorts the columns of every row too)
-    crow = torch.from_numpy(m.indptr.astype(np.int64, copy=False))
-    col = torch.from_numpy(m.indices.astype(np.int64, copy=False))
-    return _csr(crow, col, torch.from_numpy(m.data), shape)
-
-
 class _SparseMatmul(torch.autograd.Function):
     """y = A @ h with backward grad_h = A^T @ grad_y, both from the graph's cached CSR matrices.
 
@@ -436,11 +301,11 @@ def _check_kind(kind: str):
         raise ValueError(f"unknown aggregation kind {kind!r}; choose one of {KINDS}")
 
 
-def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Optional[str] = None,
-              split: Optional[RowSplit] = None):
+def aggregate(graph, h_src: torch.Tensor, kind: str, backend: Optional[str] = None) -> torch.Tensor:
     """Normalised neighbourhood aggregation [n_dst, d] of source rows h_src [n_src, d]; autograd-aware.
 
-    split: return SplitRows over it instead (see aggregate_split).
+    graph: a LayerGraph, or a GraphPart of one (then h_src holds the part's source rows and the result
+    its destination rows; parts always use the cached part matrices, whatever the backend).
 
     kind "mean": sum_{u in N(v)} h_u / max(d_v, 1).
     kind "gcn":  h_v / d'_v + sum_{u in N(v), u != v} h_u / sqrt(d'_u d'_v), d' = degree - stored loops + 1
@@ -448,11 +313,10 @@ def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Option
     kind "sum":  sum_{u in N(v)} h_u (no degree).
     """
     _check_kind(kind)
-    if split is not None:
-        return aggregate_split(graph, h_src, kind, split, backend)
+    if isinstance(graph, GraphPart):
+        graph.check_sources(h_src)
+        return _SparseMatmul.apply(h_src.contiguous(), graph.graph, kind, graph.source_key, graph.rows)
     _check_sources(graph, h_src)
-    if isinstance(h_src, PendingRows):
-        return _aggregate_pending(graph, h_src, kind, backend)
     backend = backend or DEFAULT_BACKEND
     if backend == "spmm":
         return _SparseMatmul.apply(h_src.contiguous(), graph, kind)
@@ -462,14 +326,7 @@ def aggregate(graph: LayerGraph, h_src: torch.Tensor, kind: str, backend: Option
 
 
 def _check_sources(graph: LayerGraph, h_src) -> None:
-    """h_src fits the graph: [n_src, d] rows on its device, or PendingRows of at least n_dst own rows."""
-    if isinstance(h_src, PendingRows):
-        own = h_src.own
-        n_own = own.shape[0]
-        if own.dim() != 2 or n_own + h_src.n_halo != graph.n_src or n_own < graph.n_dst:
-            raise ValueError(f"aggregate: pending rows of shape {tuple(h_src.shape)} (own {n_own}) do not fit "
-                             f"the graph's n_src={graph.n_src}, n_dst={graph.n_dst}")
-        return
+    """h_src fits the graph: [n_src, d] rows on its device."""
     if h_src.dim() != 2 or h_src.shape[0] != graph.n_src:
         raise ValueError(f"aggregate: h_src must have shape [n_src={graph.n_src}, d], got {tuple(h_src.shape)}")
     if h_src.device != graph.device:
@@ -477,47 +334,77 @@ def _check_sources(graph: LayerGraph, h_src) -> None:
                          "move the graph with graph.to(device)")
 
 
-def _aggregate_pending(graph: LayerGraph, h_src: PendingRows, kind: str, backend: Optional[str]) -> torch.Tensor:
-    """aggregate over own rows now + halo rows on arrival: A[:, own] @ own + A[:, halo] @ halo.
-
-    The same entries as aggregate(graph, cat(own, halo)); only the order of the sums differs.  The
-    index_add backend has no split form: it waits first."""
-    if (backend or DEFAULT_BACKEND) != "spmm":
-        return aggregate(graph, h_src.materialize(), kind, backend)
-    return _pending_product(graph, h_src, kind, None)
+# Per graph: its edges split into own and halo parts (cached: the engine reuses a layer's graph every
+# epoch).  Weak keys: the cache goes with the graph.
+_EDGES: "weakref.WeakKeyDictionary[LayerGraph, dict]" = weakref.WeakKeyDictionary()
 
 
-def _pending_product(graph: LayerGraph, h_src: PendingRows, kind: str, rows) -> torch.Tensor:
-    """A[rows, own] @ own, then (after waiting for the halo) + A[rows, halo] @ halo; rows as _matrix's."""
-    n_own = h_src.own.shape[0]
-    out = _SparseMatmul.apply(h_src.own.contiguous(), graph, kind, ("own", n_own), rows)
-    halo = h_src.halo()  # the wait (once per PendingRows): everything above overlapped the transfer
-    # Even without halo rows the halo product stays in the graph: its backward posts the reverse
-    # exchange, which the peers wait for (every rank must run the same collectives).
-    return out + _SparseMatmul.apply(halo.contiguous(), graph, kind, ("halo", n_own), rows)
+def split_edges(graph: LayerGraph, n_own: int, self_loops: bool):
+    """((rows, cols) of the edges from own source rows (cols < n_own), (rows, cols - n_own) of the halo
+    edges).  self_loops: drop stored loops v -> v and give every destination row one loop, in the own
+    part (a destination row is an own row), as PyG's GATConv does (add_self_loops)."""
+    cache = _EDGES.setdefault(graph, {})
+    key = (int(n_own), bool(self_loops))
+    if key not in cache:
+        rows, cols = graph.edge_rows(), graph.indices
+        if self_loops:
+            off = cols != rows
+            rows, cols = rows[off], cols[off]
+        own = cols < n_own
+        own_rows, own_cols = rows[own], cols[own]
+        if self_loops:
+            diag = torch.arange(graph.n_dst, device=graph.device)
+            own_rows, own_cols = torch.cat([own_rows, diag]), torch.cat([own_cols, diag])
+        cache[key] = ((own_rows, own_cols), (rows[~own], cols[~own] - n_own))
+    return cache[key]
 
 
-def aggregate_split(graph: LayerGraph, h_src, kind: str, split: RowSplit, backend: Optional[str] = None) -> SplitRows:
-    """aggregate(graph, h_src, kind) as SplitRows: the first rows' edges now, the rest's on demand.
+class GraphPart:
+    """A subset of a layer graph's edges that a layer aggregates on its own (nn/contract.py).
 
-    The first rows are what the next exchange sends, so they are computed first (waiting for a pending
-    halo only for their halo edges); everything of the other rows is left to ``rest()``, which the
-    model calls after posting that exchange, so it runs while the first rows travel (boundary-first
-    pipelining).  Each row sums the same entries as in ``aggregate``; only the order of sums can differ
-    (own columns, then halo columns).  The index_add backend has no row form: it aggregates every row
-    at once and splits the result."""
-    _check_kind(kind)
-    if split.n != graph.n_dst:
-        raise ValueError(f"aggregate: a RowSplit of {split.n} rows for a graph of n_dst={graph.n_dst}")
-    if (backend or DEFAULT_BACKEND) != "spmm":
-        out = aggregate(graph, h_src, kind, backend)
-        return SplitRows(split, out.index_select(0, split.first), lambda: out.index_select(0, split.rest))
-    _check_sources(graph, h_src)
+    sources: None (every source row), "own" (the first n_own source rows: the rows the rank holds) or
+    "halo" (the others, renumbered from 0).  rows: None (every destination row) or ("first" | "rest",
+    split) with split a row split (``first``/``rest`` sorted row indices, ``n``): only those
+    destination rows, renumbered from 0.  The engine's layer runner makes the parts; a layer reads them
+    through ``aggregate(part, ...)`` (sparse products from the graph's cached part matrices) or
+    ``edges(self_loops)`` (the part's edge list).
+    """
 
-    def product(which: str) -> torch.Tensor:
-        # Pending sources: the first rows wait for the halo only for their halo edges.
-        if isinstance(h_src, PendingRows):
-            return _pending_product(graph, h_src, kind, (which, split))
-        return _SparseMatmul.apply(h_src.contiguous(), graph, kind, None, (which, split))
+    __slots__ = ("graph", "sources", "n_own", "rows")
 
-    return SplitRows(split, product("first"), lambda: product("rest"))
+    def __init__(self, graph: LayerGraph, sources: Optional[str] = None, n_own: Optional[int] = None, rows=None):
+        if sources not in (None, "own", "halo"):
+            raise ValueError(f"GraphPart: sources must be None, 'own' or 'halo', got {sources!r}")
+        self.graph, self.sources, self.rows = graph, sources, rows
+        self.n_own = graph.n_src if n_own is None else int(n_own)
+
+    @property
+    def source_key(self):
+        """The part key of LayerGraph._matrix."""
+        return None if self.sources is None else (self.sources, self.n_own)
+
+    @property
+    def n_dst(self) -> int:
+        if self.rows is None:
+            return self.graph.n_dst
+        which, split = self.rows
+        return int((split.first if which == "first" else split.rest).numel())
+
+    @property
+    def n_src(self) -> int:
+        if self.sources is None:
+            return self.graph.n_src
+        return self.n_own if self.sources == "own" else self.graph.n_src - self.n_own
+
+    def check_sources(self, h_src: torch.Tensor) -> None:
+        if h_src.dim() != 2 or h_src.shape[0] != self.n_src:
+            raise ValueError(f"aggregate: a {self.sources or 'whole'} part's source rows must have shape "
+                             f"[{self.n_src}, d], got {tuple(h_src.shape)}")
+
+    def edges(self, self_loops: bool = False):
+        """(destination rows, source rows) of the part's edges, as indices into its own rows and sources.
+        self_loops: stored loops dropped, one loop per destination row added (in the own part)."""
+        if self.rows is not None:
+            raise ValueError("GraphPart.edges: edge lists are given for whole destination rows only")
+        own, halo = split_edges(self.graph, self.n_own, self_loops)
+        return halo if self.sources == "halo" else own

@@ -1,12 +1,14 @@
 """GNN models over per-layer one-hop graphs: GraphSAGE, GCN and ResSAGE+ (DeeperGCN "res+" blocks).
 
-Contract with the engine (docs/design.md §6):
-- ``forward(x, graphs, gather)``: ``x`` holds the rank's own rows of layer 0; ``graphs[l]`` is layer l's
-  ``LayerGraph``; layer l's n_dst equals layer l+1's number of own rows.
-- Before conv l the model calls ``gather(l, h)`` with h = the own rows [n_own, width]; gather returns
-  ``cat(h, halo)`` with n_src rows (``gather=None``: identity, single process).  Dropout is applied to h
-  *before* gather, so a halo row carries its owner's dropout mask as in single-process training.
-- ``forward(..., dropout=RowDropout(seed, epoch, row_ids))`` (nn/dropout.py): the masks are a function of
+Contract with the engine (docs/design.md §6): a model is a stack of layers (nn/contract.py) that
+the engine's layer runner runs (engine/runner.py run_stack); it declares its layers and what goes
+between them, and ``forward(x, graphs, gather, dropout)`` hands them to the runner:
+- ``x`` holds the rank's own rows of layer 0; ``graphs[l]`` is layer l's ``LayerGraph``; layer l's
+  n_dst equals layer l+1's number of own rows.
+- ``gather(l, h)`` (the engine's; ``None``: identity, single process) turns the own rows [n_own, width]
+  into the layer's source rows; the runner drops h *before* gather, so a halo row carries its owner's
+  dropout mask as in single-process training.
+- ``dropout=RowDropout(seed, epoch, row_ids)`` (nn/dropout.py): the masks are a function of
   (seed, epoch, layer, global row id, column), so every cluster shape draws the masks a single process
   draws on the whole graph (row_ids None: rows are vertices 0..n-1).  Layer l's key is the index of the
   conv the dropped rows feed (ResSAGE's head: L); input dropout is key 0, drawn for layer 0's source rows
@@ -31,19 +33,16 @@ h = h + Linear(dropout(relu(LayerNorm(h)))), before its out_norm and head.
 from __future__ import annotations
 
 import numbers
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import nn
 
 from granndis_hpc import registry
-from granndis_hpc.units import FLOAT32_BYTES as F32
-from granndis_hpc.units import INT64_BYTES as I64
 
 from .dropout import RowDropout
-from .graph import LayerGraph, materialize
+from .graph import LayerGraph
 from .layers import GCNConv, SAGEConv
 
 # name -> builder(in_features, hidden, num_classes, layers, dropout, norm, **options) -> GNN: the
@@ -56,11 +55,17 @@ Gather = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 class GNN(nn.Module):
-    """Base class: the gather/shape bookkeeping shared by every model."""
+    """Base class: a stack of layers the engine's runner runs (engine/runner.py describes the stacks)."""
 
     name: str
     num_layers: int  # message-passing layers = hops a full preload needs
     conv_in_widths: List[int]  # width of h handed to gather(l, h)
+    # The stack (submodules, set by the subclass): `convs` (the message-passing layers), `norms`
+    # (before layer l >= 1: norms[l - 1], or None), `activation`, the per-vertex `linears` after the
+    # convs; `residual`: ResSAGE+'s pre-norm blocks with `encoder`, `out_norm` and `head`.
+    residual: bool = False
+    activation = staticmethod(F.relu)
+    attn_dropout: float = 0.0
     # Dropout applies between layers; `input_dropout` (set after building, like checkpoint_activations)
     # also drops the raw input features.  Layer 0's halo is the static features exchanged once at set-up,
     # so input dropout is drawn *after* gather, on own and halo rows alike, keyed by their global ids
@@ -77,52 +82,18 @@ class GNN(nn.Module):
     input_dropout_rows: Optional[str] = None
     # Parameter-name prefix of the layer that reads the input features (--weight-decay-on first).
     first_layer_prefix: str = "convs.0."
-    # gather may return PendingRows (the halo still in flight) instead of cat(own, halo): the model hands
-    # them to its convs, which aggregate the own rows' edges before waiting (the engine's overlap).  A
-    # model that indexes or transforms the gathered rows itself leaves this False and gets tensors.
-    accepts_pending_rows: bool = False
+    @property
+    def accepts_pending_rows(self) -> bool:
+        """gather may return PendingRows (the halo still in flight): the runner overlaps it with the
+        layers' own-source parts (layers that cannot split their sources wait for it).  A model with a
+        forward of its own gets tensors."""
+        return type(self).forward is GNN.forward
 
-    def _dropout_for_pass(self, dropout: Optional[RowDropout]) -> Optional[RowDropout]:
-        """The pass's RowDropout; None where nothing is dropped (eval, p = 0: no generator is touched)."""
-        if not self.training or (self.dropout == 0.0 and self.input_dropout == 0.0):
-            return None
-        if dropout is None:  # single-process use without a key: a fresh key per pass
-            dropout = RowDropout(int(torch.randint(0, 2 ** 62, ())), 0)
-        return dropout
-
-    def _drop(self, dropout: Optional[RowDropout], layer: int, h: torch.Tensor) -> torch.Tensor:
-        return h if dropout is None else dropout(layer, h, self.dropout)
-
-    def _drop_input(self, dropout: Optional[RowDropout], x: torch.Tensor) -> torch.Tensor:
-        """Input dropout of raw feature rows: layer 0's gathered source rows, or the own rows."""
-        if dropout is None:
-            return x
-        x = materialize(x)  # drawn per source row: needs the halo rows
-        if self.input_dropout_rows == "sources":
-            return dropout.sources(x, self.input_dropout)
-        return dropout(RowDropout.INPUT_LAYER, x, self.input_dropout)
-
-    def _maybe_checkpoint(self, fn, *args):
-        if self.checkpoint_activations and self.training and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
-        return fn(*args)
-
-    def _gather(self, gather: Optional[Gather], layer: int, h: torch.Tensor, graph: LayerGraph) -> torch.Tensor:
-        if h.shape[0] < graph.n_dst:
-            raise ValueError(f"{self.name} layer {layer}: {h.shape[0]} own rows but the layer graph has "
-                             f"n_dst={graph.n_dst}; destination rows must be a prefix of the own rows")
-        h_src = h if gather is None else gather(layer, h)
-        if h_src.shape[0] != graph.n_src:
-            how = ("without gather the own rows must be all source rows" if gather is None
-                   else "gather must return cat(own rows, halo rows)")
-            raise ValueError(f"{self.name} layer {layer}: got {h_src.shape[0]} source rows, the layer graph "
-                             f"has n_src={graph.n_src} ({how})")
-        return h_src
-
-    def _check_graphs(self, graphs: Sequence[LayerGraph]):
-        if len(graphs) != self.num_layers:
-            raise ValueError(f"{self.name} has {self.num_layers} message-passing layers but got "
-                             f"{len(graphs)} layer graphs; pass one LayerGraph per layer")
+    def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None,
+                dropout: Optional[RowDropout] = None) -> torch.Tensor:
+        # (Imported here: the runner imports this package's layers, whose __init__ imports this module.)
+        from granndis_hpc.engine.runner import run_stack
+        return run_stack(self, x, graphs, gather, dropout)
 
 
 class PlainGNN(GNN):
@@ -130,7 +101,6 @@ class PlainGNN(GNN):
     input dropout on layer 0's gathered source rows."""
 
     input_dropout_rows = "sources"
-    accepts_pending_rows = True
 
     def __init__(self, name: str, in_features: int, hidden: int, num_classes: int, layers: int,
                  dropout: float, norm: bool, linear_layers: int = 0):
@@ -144,47 +114,6 @@ class PlainGNN(GNN):
         self.norms = nn.ModuleList(nn.LayerNorm(hidden) for _ in range(layers - 1)) if norm else None
         # Created last: without a head the parameters are drawn exactly as before the head existed.
         self.linears = nn.ModuleList(nn.Linear(widths[i], widths[i + 1]) for i in range(convs, layers))
-
-    def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None,
-                dropout: Optional[RowDropout] = None) -> torch.Tensor:
-        self._check_graphs(graphs)
-        dropout = self._dropout_for_pass(dropout)
-        # Boundary-first pipelining (gather.boundary, engine/views.py): where the next layer's exchange
-        # is overlapped, conv l computes the rows that exchange sends first; they are activated and
-        # posted (gather.post), and the other rows are computed while they travel.
-        boundary = getattr(gather, "boundary", None)
-        h, activated = x, True
-        for layer, (conv, graph) in enumerate(zip(self.convs, graphs)):
-            if not activated:
-                h = self._between(dropout, layer, h)
-            # One name for the gathered rows: a second one would keep layer l's gathered tensor alive
-            # through layer l + 1's gather (measured: +24 % step peak for GCN, tests/mpi/test_memory_model_mpi).
-            h = self._gather(gather, layer, h, graph)
-            if layer == 0:
-                h = self._drop_input(dropout, h)
-            split = boundary(layer + 1) if boundary is not None and layer + 1 < self.num_layers else None
-            if split is None:
-                h, activated = conv(h, graph), False
-                continue
-            out = conv(h, graph, split=split)
-            first = self._between(dropout, layer + 1, out.first, split.first)
-            gather.post(layer + 1, first)
-            h = split.merge(first, self._between(dropout, layer + 1, out.rest(), split.rest))
-            del out, first
-            activated = True
-        for j, linear in enumerate(self.linears):  # the per-vertex head: the last conv's rows only
-            h = linear(self._between(dropout, self.num_layers + j, h))
-        return h
-
-    def _between(self, dropout, layer: int, h: torch.Tensor, rows=None) -> torch.Tensor:
-        """[LayerNorm] -> ReLU -> dropout before conv `layer`, of its own rows or of the rows `rows`
-        of them (all three are row-wise, so rows can be done apart)."""
-        if self.norms is not None:
-            h = self.norms[layer - 1](h)
-        h = F.relu(h)
-        if rows is None or dropout is None:
-            return self._drop(dropout, layer, h)
-        return dropout.at(layer, h, self.dropout, rows)
 
 
 class ResSAGE(GNN):
@@ -204,7 +133,7 @@ class ResSAGE(GNN):
 
     input_dropout_rows = "own"
     first_layer_prefix = "encoder."
-    accepts_pending_rows = True
+    residual = True
 
     def __init__(self, in_features: int, hidden: int, num_classes: int, layers: int, dropout: float,
                  linear_layers: int = 0):
@@ -221,28 +150,6 @@ class ResSAGE(GNN):
         # Created last: without linear blocks the parameters are drawn exactly as before they existed.
         self.linears = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(convs, layers))
 
-    def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None,
-                dropout: Optional[RowDropout] = None) -> torch.Tensor:
-        self._check_graphs(graphs)
-        dropout = self._dropout_for_pass(dropout)
-        h = self.encoder(self._drop_input(dropout, x))
-        h = self.convs[0](self._gather(gather, 0, h, graphs[0]), graphs[0])
-        for layer in range(1, self.num_layers):
-            graph = graphs[layer]
-
-            def block(h, layer=layer, graph=graph):
-                z = self._drop(dropout, layer, F.relu(self.norms[layer - 1](h)))
-                return h[: graph.n_dst] + self.convs[layer](self._gather(gather, layer, z, graph), graph)
-            h = self._maybe_checkpoint(block, h)
-        for j, linear in enumerate(self.linears):
-            layer = self.num_layers + j
-
-            def linear_block(h, layer=layer, linear=linear):
-                return h + linear(self._drop(dropout, layer, F.relu(self.norms[layer - 1](h))))
-            h = self._maybe_checkpoint(linear_block, h)
-        h = self._drop(dropout, self.total_layers, F.relu(self.out_norm(h)))
-        return self.head(h)
-
 
 def _conv_count(layers: int, linear_layers: int) -> int:
     """Message-passing layers of a model of `layers` layers whose last `linear_layers` are Linear."""
@@ -252,10 +159,10 @@ def _conv_count(layers: int, linear_layers: int) -> int:
     return int(layers) - int(linear_layers)
 
 
-def register_model(name: str, *, estimator: Optional["ModelEstimate"] = None, checkpointable: bool = False,
+def register_model(name: str, *, estimator=None, checkpointable: bool = False,
                    options: Sequence[registry.ModelOption] = (), linear_head: bool = False):
     """Decorator: make `builder(in_features, hidden, num_classes, layers, dropout, norm, **options)`
-    buildable by name.  `estimator` (a ModelEstimate) lets --mode auto and `preprocess plan` estimate
+    buildable by name.  `estimator` (a memory_model.stacks.ModelEstimate) lets --mode auto and `preprocess plan` estimate
     its memory; `checkpointable`: --checkpoint-activations recomputes its blocks; `options`: its extra
     constructor options (--model-option NAME=VALUE, passed to the builder as keywords); `linear_head`:
     the builder takes `linear_layers=N` (--linear-layers, the last N layers per-vertex Linear ones)."""
@@ -302,189 +209,3 @@ def build_model(name: str, in_features: int, hidden: int, num_classes: int, laye
         options = dict(options, linear_layers=int(linear_layers))
     return MODELS[name](int(in_features), int(hidden), int(num_classes), int(layers), float(dropout), bool(norm),
                         **options)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Memory estimates (granndis_hpc/memory_model reads them through the registry entry's `estimator`).
-# `rows` is a memory_model.RankRows, `m` a memory_model.ModelSpec; the byte counts mirror the forward
-# passes above and are checked byte for byte against what autograd saves (tests/unit/test_memory_model).
-def between_convs_saved(rows: int, width: int, norm: bool, dropout: float, mask_bytes: int) -> Tuple[int, int]:
-    """[LayerNorm] -> ReLU -> dropout between convs: LN saves input, mean, rstd, weight, bias; ReLU its
-    result; dropout its mask (a float mask on CPU (input * bernoulli noise), a bool mask on CUDA).
-    Returns (saved, of which allocated before the step: LN's weight and bias)."""
-    b = pre = 0
-    if norm:
-        b += rows * width * F32 + 2 * rows * F32 + 2 * width * F32
-        pre += 2 * width * F32
-    b += rows * width * F32
-    if dropout > 0:
-        b += rows * width * mask_bytes
-    return b, pre
-
-
-def linear_saved(rows: int, win: int, wout: int, norm: bool, dropout: float, mask_bytes: int) -> Tuple[int, int]:
-    """A per-vertex Linear layer after [LayerNorm] -> ReLU -> dropout: what those save, plus the Linear's
-    input (the dropout's output, a new storage when p > 0; else ReLU's result, counted already) and its
-    weight (a parameter, allocated before the step).  Returns (saved, of which allocated before)."""
-    b, pre = between_convs_saved(rows, win, norm, dropout, mask_bytes)
-    b += (rows * win * F32 if dropout > 0 else 0) + win * wout * F32
-    return b, pre + win * wout * F32
-
-
-def gather_saved(layer_rows, exchanged: bool, seen: Optional[set] = None) -> Tuple[int, int]:
-    """The halo exchange saves its send index (allocated at set-up) when its input needs a gradient.
-    seen: the layer rows already counted in this estimate -- layers given the same rows object (the
-    world view's, which share one plan and one send index tensor: engine/views.py) save one storage."""
-    if seen is not None and exchanged:
-        if id(layer_rows) in seen:
-            return 0, 0
-        seen.add(id(layer_rows))
-    n = layer_rows.n_send * I64 if exchanged else 0
-    return n, n
-
-
-class ModelEstimate:
-    """What the memory model needs of a model: conv widths, parameter count, the bytes autograd saves
-    per layer, and how its layers use the exchange.  Subclass per model (or reuse one whose forward is
-    the same) and pass it as `register_model(..., estimator=...)`."""
-
-    conv = SAGEConv  # the conv class: its source_grad_paths, self_loops and byte counts
-
-    @property
-    def grad_paths(self) -> int:
-        """Gradients the backward allocates for a layer's source rows (SAGE: self and aggregation)."""
-        return self.conv.source_grad_paths
-
-    @property
-    def self_loops(self) -> bool:
-        """The cached adjacency holds n_dst self-loop entries (GCN)."""
-        return self.conv.self_loops
-
-    def exchanged(self, layer: int) -> bool:
-        """Layer `layer`'s source rows come through the autograd exchange (False: the static halo
-        features exchanged once at set-up; then no gradient and no per-epoch halo bytes)."""
-        return True
-
-    def aggregation_input_grad(self, m, layer: int) -> bool:
-        """Does the aggregation's input need a gradient (then the backward builds the transpose)?"""
-        win, wout = self.widths(m)[layer]
-        return self.exchanged(layer) or wout < win  # projected first: lin(h_src) has a gradient
-
-    def widths(self, m) -> List[Tuple[int, int]]:
-        raise NotImplementedError
-
-    def linear_widths(self, m) -> List[Tuple[int, int]]:
-        """(in, out) widths of the per-vertex Linear layers after the convs (--linear-layers)."""
-        return []
-
-    def linear_rows(self, rows) -> int:
-        """The rows the per-vertex layers compute: those of the last conv."""
-        return rows.training_layers()[-1][1].n_dst
-
-    def parameters(self, m) -> int:
-        raise NotImplementedError
-
-    def activations(self, rows, m, mask_bytes: int) -> Dict[str, object]:
-        """{"per_layer", "fresh_per_layer" (without what exists before the step), "head", "head_fresh",
-        "recompute" (checkpointing: the largest block's activations, held again in the backward)}."""
-        raise NotImplementedError
-
-
-class PlainEstimate(ModelEstimate):
-    """PlainGNN: L convs F -> H ... -> C; layer 0 reads the static halo features (no input gradient)."""
-
-    def __init__(self, conv):
-        self.conv = conv
-
-    def exchanged(self, layer):
-        return layer > 0
-
-    def _all_widths(self, m):
-        T = m.layers + m.linear_layers
-        w = [m.features] + [m.hidden] * (T - 1) + [m.num_classes]
-        return [(w[i], w[i + 1]) for i in range(T)]
-
-    def widths(self, m):
-        return self._all_widths(m)[: m.layers]
-
-    def linear_widths(self, m):
-        return self._all_widths(m)[m.layers:]
-
-    def parameters(self, m):
-        n = sum(self.conv.parameter_count(i, o) for i, o in self.widths(m))
-        n += sum(i * o + o for i, o in self.linear_widths(m))
-        return n + ((m.layers + m.linear_layers - 1) * 2 * m.hidden if m.norm else 0)
-
-    def activations(self, rows, m, mask_bytes):
-        per_layer, fresh, seen = [], [], set()
-        for l, ((_, lr), (win, wout)) in enumerate(zip(rows.training_layers(), self.widths(m))):
-            parts = [gather_saved(lr, self.exchanged(l), seen),
-                     self.conv.saved_bytes(lr.n_src, lr.n_dst, win, wout, input_grad=self.exchanged(l))]
-            if l >= 1:
-                parts.append(between_convs_saved(lr.n_own_in, win, m.norm, m.dropout, mask_bytes))
-            b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)
-            per_layer.append(b)
-            fresh.append(b - pre)
-        head = head_pre = 0
-        for win, wout in self.linear_widths(m):
-            b, pre = linear_saved(self.linear_rows(rows), win, wout, m.norm, m.dropout, mask_bytes)
-            head, head_pre = head + b, head_pre + pre
-        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": head, "head_fresh": head - head_pre,
-                "recompute": 0}
-
-
-class ResSAGEEstimate(ModelEstimate):
-    """ResSAGE+: encoder F -> H, L SAGE convs H -> H (every one exchanged: the encoder's output has a
-    gradient), pre-norm residual blocks, head H -> C."""
-
-    def widths(self, m):
-        return [(m.hidden, m.hidden)] * m.layers
-
-    def linear_widths(self, m):
-        return [(m.hidden, m.hidden)] * m.linear_layers
-
-    def parameters(self, m):
-        L, H, F_, C, N = m.layers, m.hidden, m.features, m.num_classes, m.linear_layers
-        return ((F_ * H + H) + L * SAGEConv.parameter_count(H, H) + (L + N - 1) * 2 * H + 2 * H + (H * C + C)
-                + N * (H * H + H))
-
-    def activations(self, rows, m, mask_bytes):
-        H = m.hidden
-        own0 = rows.server.n_own if rows.k > 0 else rows.world.n_own
-        # encoder(x) saves x, a slice of the view's whole feature tensor, which is what its storage
-        # holds (allocated at set-up).
-        enc = own0 * rows.features * F32
-        per_layer, fresh, recompute, seen = [], [], 0, set()
-        for l, (_, lr) in enumerate(rows.training_layers()):
-            parts = [gather_saved(lr, True, seen), SAGEConv.saved_bytes(lr.n_src, lr.n_dst, H, H, input_grad=True)]
-            if l >= 1:
-                parts.append(between_convs_saved(lr.n_own_in, H, True, m.dropout, mask_bytes))
-            b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)
-            if l >= 1 and m.checkpoint_activations:
-                # A recomputed block saves only its input (the outer hooks see it; measured), and
-                # the backward re-runs the block, holding its activations again one block at a time.
-                recompute = max(recompute, b - pre)
-                b, pre = lr.n_own_in * H * F32, 0
-            per_layer.append(b)
-            fresh.append(b - pre)
-        per_layer[0] += enc
-        # The residual per-vertex blocks (--linear-layers): h + Linear(dropout(relu(LayerNorm(h)))),
-        # recomputed like the conv blocks under checkpointing.
-        blocks = blocks_pre = 0
-        for _ in range(m.linear_layers):
-            b, pre = linear_saved(self.linear_rows(rows), H, H, True, m.dropout, mask_bytes)
-            if m.checkpoint_activations:
-                recompute = max(recompute, b - pre)
-                b, pre = self.linear_rows(rows) * H * F32, 0
-            blocks, blocks_pre = blocks + b, blocks_pre + pre
-        head, pre = between_convs_saved(rows.n_inner, H, True, m.dropout, mask_bytes)
-        # head saves its input (the dropout output, a new storage when p > 0; else ReLU's result,
-        # counted above) and its weight.
-        head += (rows.n_inner * H * F32 if m.dropout > 0 else 0) + H * m.num_classes * F32
-        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": head + blocks,
-                "head_fresh": head - pre - H * m.num_classes * F32 + blocks - blocks_pre, "recompute": recompute}
-
-
-SAGE_ESTIMATE = PlainEstimate(SAGEConv)
-GCN_ESTIMATE = PlainEstimate(GCNConv)
-RESSAGE_ESTIMATE = ResSAGEEstimate()

@@ -43,9 +43,9 @@ def mean_mlp_dense(model, cora):
     a = dense_adjacency(cora.indptr, cora.indices)
     a_mean = a / torch.clamp(torch.from_numpy(cora.in_degree()).double(), min=1).unsqueeze(1)
     h = torch.from_numpy(cora.features).double()
-    for layer, lin in enumerate(model.lins):
+    for layer, lin in enumerate(conv.lin for conv in model.convs):
         h = (h + a_mean @ h) @ lin.weight.detach().double().T + lin.bias.detach().double()
-        if layer < len(model.lins) - 1:
+        if layer < len(model.convs) - 1:
             h = torch.relu(h)
     return h.numpy()
 
@@ -93,7 +93,7 @@ def test_added_model_runs_in_every_mode(registered, cora, cora_shards, mode):
     shards, extra = (f"{full},{cora_shards[('eas', 3)]}", dict(memory_per_gpu="1TiB")) if mode == "auto" else (full, {})
     trainer = make_trainer(shards, mode, recipe_model.NAME, 3, model_option=["widen=2"], **extra)
     try:
-        assert trainer.model.lins[0].out_features == 32  # its own constructor option reached it
+        assert trainer.model.convs[0].lin.out_features == 32  # its own constructor option reached it
         if mode == "auto":
             assert trainer.mode.name == "flx" and trainer.mode.decision["choice"]["label"] == "flx k=3"
         got = _logits_by_global_id(trainer)

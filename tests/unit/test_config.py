@@ -289,8 +289,11 @@ def test_checkpointable_models_really_recompute():
     """The checkpointable models (their registry entries) must be exactly those that call torch.utils.checkpoint."""
     import torch
     from granndis_hpc.nn.models import MODELS, build_model
+    from tests.pyg_stacks import PYG_OPTIONS
     for name in MODELS:
-        model = build_model(name, 4, 8, 3, 2, dropout=0.0, norm=False)
+        if name == "pyg" and not PYG_OPTIONS:
+            continue  # (torch_geometric absent)
+        model = build_model(name, 4, 8, 3, 2, dropout=0.0, norm=False, **(PYG_OPTIONS if name == "pyg" else {}))
         model.checkpoint_activations = True
         calls = []
         original = torch.utils.checkpoint.checkpoint

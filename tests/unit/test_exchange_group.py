@@ -79,7 +79,7 @@ def test_a_view_overlaps_when_its_group_is_named_in_overlap_halos(name):
     """--overlap-halos: given the set of group names that overlap (config.OVERLAP_HALOS), a view posts
     its halo and hands back PendingRows only when its own group is in it; the rows are the same."""
     from granndis_hpc.config import OVERLAP_HALOS
-    from granndis_hpc.nn.graph import PendingRows
+    from granndis_hpc.engine.rows import PendingRows
 
     view = views.build_view(_rows(), _mirror_group(None, [], name), 2, all_active=True,
                             resolve_keys=views.key_resolver_server(N), device=torch.device("cpu"))

@@ -37,7 +37,8 @@ def small_shards(tmp_path_factory):
     return out
 
 
-HEADS = [("sage", 4, 1, True), ("sage", 3, 2, False), ("gcn", 3, 1, True), ("ressage", 4, 2, False)]
+HEADS = [("sage", 4, 1, True), ("sage", 3, 2, False), ("gcn", 3, 1, True), ("ressage", 4, 2, False),
+         ("gat", 3, 1, True), ("gin", 3, 2, False)]
 
 
 def _head_model(name, layers, linear, norm, dropout=0.0, seed=0):
@@ -94,7 +95,7 @@ def test_no_head_draws_the_parameters_it_drew_before():
 
 @pytest.mark.parametrize("name,norm,dropout,ckpt", [
     ("sage", True, 0.5, False), ("gcn", False, 0.0, False), ("ressage", False, 0.5, False),
-    ("ressage", False, 0.5, True)])
+    ("ressage", False, 0.5, True), ("gin", True, 0.5, False), ("sage-max", False, 0.0, False)])
 def test_head_estimate_equals_saved_tensor_bytes_and_parameters(name, norm, dropout, ckpt):
     rng = np.random.default_rng(11)
     convs, linear = 3, 2

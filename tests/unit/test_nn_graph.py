@@ -114,7 +114,8 @@ def test_own_and_halo_parts_and_the_build_hook(halo_rows):
 def test_cpu_csr_conversion_matches_the_torch_path(n_rows, n_cols, nnz):
     """The CPU (scipy) COO -> CSR conversion builds the torch path's matrix exactly: sorted columns,
     multi-edges summed (with the equal values a normalised adjacency gives them)."""
-    from granndis_hpc.nn.graph import _coo_to_csr, _coo_to_csr_torch
+    from granndis_hpc.nn.sparse import _coo_to_csr_torch
+    from granndis_hpc.nn.sparse import coo_to_csr as _coo_to_csr
 
     g = torch.Generator().manual_seed(nnz)
     rows = torch.randint(0, max(n_rows, 1), (nnz,), generator=g)

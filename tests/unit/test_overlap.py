@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_post, halo_exchange_start
-from granndis_hpc.nn.graph import LayerGraph, PendingRows, RowSplit, SplitRows, aggregate
+from granndis_hpc.engine.rows import PendingRows, RowSplit, SplitRows
+from granndis_hpc.engine.runner import call_layer
+from granndis_hpc.nn.contract import Layer
+from granndis_hpc.nn.graph import LayerGraph, aggregate
 from granndis_hpc.nn.layers import GCNConv, SAGEConv
 from tests.dense_reference import random_in_csr
 
@@ -66,7 +69,7 @@ def test_pending_rows_equal_blocking_exchange_forward_and_backward(conv_cls, wid
             assert isinstance(h_src, PendingRows) and h_src.shape[0] == graph.n_src
         else:
             h_src = torch.cat([h, halo_exchange(h, send_index, counts, counts, transport)])
-        out = conv(h_src, graph)
+        out = call_layer(conv, h_src, graph)
         weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
         (out * weight).sum().backward()
         grads[overlap] = (out.detach(), h.grad.clone(), [p.grad.clone() for p in conv.parameters()])
@@ -85,10 +88,21 @@ def test_backward_posts_the_halo_gradients_before_the_own_branch_and_waits_after
     h = h0.clone().requires_grad_(True)
     counts = [send_index.numel()]
     lin = torch.nn.Linear(h.shape[1], 3).double()
-    pending = halo_exchange_start(h, send_index, counts, counts, transport.start).map(lin)
-    pending.own.register_hook(lambda g: events.append("own-branch-backward"))
-    events.append("own-aggregation")  # aggregate() multiplies the own edges before it waits
-    out = aggregate(graph, pending, "mean")
+
+    class MeanOfProjection(Layer):
+        def message(self, rows, call):
+            m = lin(rows)
+            if call.own_messages is None:  # the own rows' messages: their part runs before the wait
+                m.register_hook(lambda g: events.append("own-branch-backward"))
+                events.append("own-aggregation")
+            return m
+
+        def aggregate_part(self, part, m, call):
+            return aggregate(part, m, "mean")
+
+        def update(self, h_dst, aggregated, call):
+            return aggregated
+    out = call_layer(MeanOfProjection(), halo_exchange_start(h, send_index, counts, counts, transport.start), graph)
     assert events == ["post-fwd", "own-aggregation", "wait-fwd"]
     out.sum().backward()
     assert events[3:] == ["post-bwd", "own-branch-backward", "wait-bwd"], events
@@ -127,7 +141,7 @@ def _split_of(send_index, n):
 @pytest.mark.parametrize("conv_cls,width_out", [(SAGEConv, 4), (SAGEConv, 9), (GCNConv, 4), (GCNConv, 9)])
 @pytest.mark.parametrize("pending", [True, False])
 def test_split_rows_equal_the_whole_conv_forward_and_backward(conv_cls, width_out, pending):
-    """conv(h_src, graph, split) row for row equals conv(h_src, graph), gradients included; the first
+    """The runner's row-split call of a conv row for row equals its whole call, gradients included; the first
     rows are computed before rest() is asked for."""
     graph, h0, send_index = _problem(5)
     torch.manual_seed(0)
@@ -143,11 +157,11 @@ def test_split_rows_equal_the_whole_conv_forward_and_backward(conv_cls, width_ou
         else:
             h_src = torch.cat([h, halo_exchange(h, send_index, counts, counts, FakeTransport([]))])
         if use_split:
-            parts = conv(h_src, graph, split=split)
+            parts = call_layer(conv, h_src, graph, split=split)
             assert isinstance(parts, SplitRows) and parts.first.shape[0] == 11 and callable(parts._rest)
             out = parts.merge()
         else:
-            out = conv(h_src, graph)
+            out = call_layer(conv, h_src, graph)
         weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
         (out * weight).sum().backward()
         results.append((out.detach(), h.grad.clone(), [p.grad.clone() for p in conv.parameters()]))

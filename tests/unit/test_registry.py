@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from granndis_hpc import config, registry
+from tests.pyg_stacks import PYG_OPTIONS
 
 
 def test_building_the_train_parser_imports_neither_torch_h5py_nor_mpi4py():
@@ -27,6 +28,7 @@ def test_building_the_train_parser_imports_neither_torch_h5py_nor_mpi4py():
 
 def test_lazy_declarations_name_what_they_stand_for():
     from granndis_hpc.engine import modes
+    from granndis_hpc.memory_model import stacks
     from granndis_hpc.nn import models
 
     assert modes.MODES is registry.MODES and models.MODELS is registry.MODELS
@@ -35,8 +37,10 @@ def test_lazy_declarations_name_what_they_stand_for():
         if entry.get("estimate") is not None:
             assert callable(entry.resolve("estimate"))
     for entry in registry.MODELS.entries():
-        model = models.build_model(entry.name, 6, 4, 3, 2)
-        assert model.name == entry.name and isinstance(entry.resolve("estimator"), models.ModelEstimate)
+        if entry.name == "pyg" and not PYG_OPTIONS:
+            continue  # (torch_geometric absent)
+        model = models.build_model(entry.name, 6, 4, 3, 2, **(PYG_OPTIONS if entry.name == "pyg" else {}))
+        assert model.name == entry.name and isinstance(entry.resolve("estimator"), stacks.ModelEstimate)
     # auto's order, as the entries rank themselves (memory_model.choice.preference reads them).
     assert [e.name for e in registry.auto_modes()] == ["flx", "eas", "cob", "fb"]
 

@@ -1,4 +1,4 @@
-"""The memory estimates of GAT, GIN, SAGE-sum and SAGE-max (nn/zoo_estimates.py) against what autograd saves
+"""The memory estimates of GAT, GIN, SAGE-sum and SAGE-max (memory_model/zoo_stacks.py) against what autograd saves
 (SavedBytes, with the engine's gather structure: tests/unit/test_memory_model.py's random plans), and the
 per-edge tensors reaching the step peak that --mode auto and `preprocess plan` compare with the budget."""
 import numpy as np

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from granndis_hpc.graph.csr import csr_rows
-from granndis_hpc.nn import LayerGraph, PendingRows, RowDropout, build_model, keep_mask
+from granndis_hpc.engine.rows import PendingRows
+from granndis_hpc.nn import LayerGraph, RowDropout, build_model, keep_mask
 from granndis_hpc.nn.edge_layers import attention_key, edge_ids
 from granndis_hpc.registry import model_options
 from tests.dense_reference import EDGE_MODELS, dense_logits, random_in_csr
@@ -150,31 +151,33 @@ def test_gat_options_and_bad_values():
 
 
 def test_bring_your_own_layer_recipe():
-    """docs/models.md "Bring your own layer": a conv of (source rows, graph) stacked by EdgeGNN and
-    registered runs on the whole graph and, with the halo in flight, on a rank's subset; both equal the
-    formula out_v = W1 h_v + W2 sum_u h_u (+ ReLU between layers) computed densely here."""
+    """docs/models.md "Bring your own layer": a layer of the contract (nn/contract.py) stacked by EdgeGNN
+    and registered runs on the whole graph and, with the halo in flight, on a rank's subset; both equal
+    the formula out_v = W1 h_v + W2 sum_u h_u (+ ReLU between layers) computed densely here."""
     from torch import nn
 
-    from granndis_hpc.nn.edge_layers import source_parts
+    from granndis_hpc.nn.contract import Layer
     from granndis_hpc.nn.graph import aggregate
     from granndis_hpc.nn.models import MODELS, register_model
     from granndis_hpc.nn.zoo import EdgeGNN
     from tests.dense_reference import dense_adjacency
 
-    class GraphConv(nn.Module):
+    class GraphConv(Layer):
         def __init__(self, win, wout):
             super().__init__()
             self.lin_self, self.lin_neigh = nn.Linear(win, wout), nn.Linear(win, wout, bias=False)
 
-        def forward(self, h_src, graph, attention=None):
-            own, _, _ = source_parts(h_src)  # own rows now; aggregate waits for the halo itself
-            return self.lin_self(own[: graph.n_dst]) + self.lin_neigh(aggregate(graph, h_src, "sum"))
+        def aggregate_part(self, part, m, call):  # any part of the edges: own, halo or all
+            return aggregate(part, m, "sum")
 
-    @register_model("recipe-graphconv")
-    def build(in_features, hidden, num_classes, layers, dropout, norm):
+        def update(self, h_dst, aggregated, call):  # combine: the parts' sum (the default)
+            return self.lin_self(h_dst) + self.lin_neigh(aggregated)
+
+    @register_model("recipe-graphconv", linear_head=True)
+    def build(in_features, hidden, num_classes, layers, dropout, norm, linear_layers=0):
         widths = [in_features] + [hidden] * (layers - 1) + [num_classes]
-        return EdgeGNN("recipe-graphconv", [GraphConv(widths[l], widths[l + 1]) for l in range(layers)], widths,
-                       dropout, norm)
+        return EdgeGNN("recipe-graphconv", [GraphConv(widths[l], widths[l + 1]) for l in range(layers - linear_layers)],
+                       widths, dropout, norm)
 
     try:
         rng, indptr, indices, x = _graph(4)

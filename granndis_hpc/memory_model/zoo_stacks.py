@@ -1,6 +1,6 @@
 """Memory estimates of the nn/zoo.py models (registered as their `estimator`, read by granndis_hpc/memory_model).
 
-Besides the per-row tensors of nn/models.py's estimates, these models keep per-edge tensors for the
+Besides the per-row tensors of memory_model/stacks.py's estimates, these models keep per-edge tensors for the
 backward pass: GAT the attention logits, their exponentials and (with attention dropout) the masks, one
 per edge and head, and the gathered source rows of every edge [E, heads, C]; SAGE-max the gathered rows of
 every edge [E, width].  E counts one self loop per computed row for GAT.  The byte counts mirror the
@@ -14,29 +14,37 @@ from typing import Tuple
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
-from .models import ModelEstimate, between_convs_saved, gather_saved
-from .layers import SAGEConv
+from .stacks import SAGE_BYTES, ModelEstimate, between_convs_saved, gather_saved, linear_saved
 
 
 class _ConvBytes:
-    """What the memory model reads of a conv class (nn/models.py ModelEstimate.conv)."""
+    """What the memory model reads of a conv class (ModelEstimate.conv)."""
 
     source_grad_paths = 2
     self_loops = False
 
 
 class EdgeEstimate(ModelEstimate):
-    """L convs F -> H ... -> C with [LayerNorm] -> act -> dropout between them (nn/zoo.py EdgeGNN); layer 0
-    reads the static halo features (no input gradient)."""
+    """L convs F -> H ... -> C with [LayerNorm] -> act -> dropout between them (nn/zoo.py EdgeGNN), then
+    the per-vertex Linear layers (--linear-layers); layer 0 reads the static halo features (no input
+    gradient)."""
 
     conv = _ConvBytes
 
     def exchanged(self, layer):
         return layer > 0
 
+    def all_widths(self, m):
+        """(in, out) of every layer, convs then Linear layers."""
+        T = m.layers + m.linear_layers
+        w = [m.features] + [m.hidden] * (T - 1) + [m.num_classes]
+        return [(w[i], w[i + 1]) for i in range(T)]
+
     def widths(self, m):
-        w = [m.features] + [m.hidden] * (m.layers - 1) + [m.num_classes]
-        return [(w[i], w[i + 1]) for i in range(m.layers)]
+        return self.all_widths(m)[: m.layers]
+
+    def linear_widths(self, m):
+        return self.all_widths(m)[m.layers:]
 
     def conv_parameters(self, m, layer, win, wout) -> int:
         raise NotImplementedError
@@ -51,7 +59,8 @@ class EdgeEstimate(ModelEstimate):
 
     def parameters(self, m):
         n = sum(self.conv_parameters(m, l, i, o) for l, (i, o) in enumerate(self.widths(m)))
-        return n + (sum(2 * i for i, _ in self.widths(m)[1:]) if m.norm else 0)
+        n += sum(i * o + o for i, o in self.linear_widths(m))
+        return n + (sum(2 * i for i, _ in self.all_widths(m)[1:]) if m.norm else 0)
 
     def activations(self, rows, m, mask_bytes):
         per_layer, fresh = [], []
@@ -63,17 +72,22 @@ class EdgeEstimate(ModelEstimate):
             b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)
             per_layer.append(b)
             fresh.append(b - pre)
-        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": 0, "head_fresh": 0, "recompute": 0}
+        head = head_pre = 0
+        for win, wout in self.linear_widths(m):
+            b, pre = linear_saved(self.linear_rows(rows), win, wout, m.norm, m.dropout, mask_bytes)
+            head, head_pre = head + b, head_pre + pre
+        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": head, "head_fresh": head - head_pre,
+                "recompute": 0}
 
 
 class SAGESumEstimate(EdgeEstimate):
     """SAGE with sum aggregation: SAGEConv's tensors (the sum is the same sparse product)."""
 
     def conv_parameters(self, m, layer, win, wout):
-        return SAGEConv.parameter_count(win, wout)
+        return SAGE_BYTES.parameter_count(win, wout)
 
     def conv_saved(self, lr, m, layer, win, wout, input_grad, mask_bytes):
-        return SAGEConv.saved_bytes(lr.n_src, lr.n_dst, win, wout, input_grad)
+        return SAGE_BYTES.saved_bytes(lr.n_src, lr.n_dst, win, wout, input_grad)
 
 
 class GINEstimate(EdgeEstimate):
@@ -98,7 +112,7 @@ class SAGEMaxEstimate(EdgeEstimate):
     then combined) and lin_neigh's input, besides lin_self's source rows."""
 
     def conv_parameters(self, m, layer, win, wout):
-        return SAGEConv.parameter_count(win, wout)
+        return SAGE_BYTES.parameter_count(win, wout)
 
     def conv_saved(self, lr, m, layer, win, wout, input_grad, mask_bytes):
         b = lr.n_src * win * F32 + lr.n_dst * win * F32  # lin_self's source rows, lin_neigh's input
@@ -126,13 +140,14 @@ class GATEstimate(EdgeEstimate):
     [n_dst, H C] tensors (small beside the per-edge ones: E is n_dst times the mean degree plus one)."""
 
     def _heads(self, m, layer):
-        last = layer == m.layers - 1
+        last = layer == m.layers - 1 and not m.linear_layers  # (else the Linear layers give the classes)
         return (m.option("out_heads") if last else m.option("heads")), last
 
-    def widths(self, m):
+    def all_widths(self, m):
         hidden = m.hidden * m.option("heads") if m.option("concat") else m.hidden
-        w = [m.features] + [hidden] * (m.layers - 1) + [m.num_classes]
-        return [(w[i], w[i + 1]) for i in range(m.layers)]
+        T = m.layers + m.linear_layers
+        w = [m.features] + [hidden] * (T - 1) + [m.num_classes]
+        return [(w[i], w[i + 1]) for i in range(T)]
 
     def _per_head(self, m, layer):
         heads, last = self._heads(m, layer)

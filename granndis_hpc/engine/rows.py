@@ -1,0 +1,92 @@
+"""A layer's rows while the engine's layer runner overlaps communication with computation.
+
+``PendingRows``: a layer's source rows while its halo is in flight (the exchange posted); the runner
+hands the own rows to the layer's own-edge part now and the halo rows to its halo-edge part on arrival
+(engine/runner.py).  ``RowSplit`` / ``SplitRows``: a layer's destination rows in two groups, the rows
+the next exchange sends first (boundary-first pipelining).  No MPI here: the waiting is the caller's.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class PendingRows:
+    """A layer's source rows while its halo is still in flight: the own rows now, the halo on demand.
+
+    ``own`` [n_own, d] are the first source rows; ``halo()`` waits for the other ``n_halo`` rows (once,
+    then cached) and returns them, autograd-connected.  ``materialize()`` is cat(own, halo).
+    """
+
+    __slots__ = ("own", "_wait", "n_halo", "_halo")
+
+    def __init__(self, own: torch.Tensor, wait_halo, n_halo: int):
+        self.own, self._wait, self.n_halo, self._halo = own, wait_halo, int(n_halo), None
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.own.shape[0] + self.n_halo,) + tuple(self.own.shape[1:]))
+
+    def halo(self) -> torch.Tensor:
+        if self._wait is not None:
+            wait, self._wait = self._wait, None
+            self._halo = wait()
+        return self._halo
+
+    def map(self, fn) -> "PendingRows":
+        """A row-wise ``fn`` (a Linear) applied to the own rows now and to the halo rows on arrival."""
+        return PendingRows(fn(self.own), lambda: fn(self.halo()), self.n_halo)
+
+    def materialize(self) -> torch.Tensor:
+        return torch.cat([self.own, self.halo()], dim=0)
+
+
+def materialize(h_src) -> torch.Tensor:
+    """``h_src`` as one tensor (waiting for a pending halo)."""
+    return h_src.materialize() if isinstance(h_src, PendingRows) else h_src
+
+
+class RowSplit:
+    """A layer's ``n`` destination rows in two groups: ``first`` (sorted row indices: the rows the peers
+    read in the next layer's exchange) and ``rest`` (the others, sorted).
+
+    Boundary-first pipelining (as G3 does): a layer computes its first rows, the next layer's
+    exchange is posted with them, and the rest is computed while they travel.  ``merge`` puts the two
+    back in row order (autograd-connected)."""
+
+    __slots__ = ("first", "rest", "n", "__weakref__")
+
+    def __init__(self, first: torch.Tensor, n: int):
+        first = first.to(torch.int64)
+        if first.dim() != 1 or (first.numel() and (int(first.min()) < 0 or int(first.max()) >= n)):
+            raise ValueError(f"RowSplit: first rows must be a 1-D index into {n} rows")
+        if first.numel() > 1 and not bool((first[1:] > first[:-1]).all()):
+            raise ValueError("RowSplit: first rows must be sorted and unique")
+        others = torch.ones(n, dtype=torch.bool, device=first.device)
+        others[first] = False
+        self.first, self.rest, self.n = first, torch.nonzero(others).squeeze(1), int(n)
+
+    def merge(self, first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+        out = first.new_empty((self.n,) + tuple(first.shape[1:]))
+        out.index_copy_(0, self.first, first)
+        return out.index_copy_(0, self.rest, rest)
+
+
+class SplitRows:
+    """A layer's output over a RowSplit: the first rows now, the rest on demand (computed once)."""
+
+    __slots__ = ("split", "first", "_rest")
+
+    def __init__(self, split: RowSplit, first: torch.Tensor, rest):
+        self.split, self.first, self._rest = split, first, rest
+
+    def rest(self) -> torch.Tensor:
+        if callable(self._rest):
+            self._rest = self._rest()
+        return self._rest
+
+    def map(self, fn) -> "SplitRows":
+        """A row-wise ``fn`` applied to the first rows now and to the rest when they are asked for."""
+        return SplitRows(self.split, fn(self.first), lambda: fn(self.rest()))
+
+    def merge(self) -> torch.Tensor:
+        return self.split.merge(self.first, self.rest())

@@ -1,0 +1,200 @@
+"""The layer runner: runs a model's stack of layers (nn/contract.py) over the per-layer one-hop graphs.
+
+It owns, for every layer alike, what a layer itself knows nothing of:
+- the halo exchange: ``gather(l, h)`` (engine/views.py) turns layer l's own rows into its source rows,
+  a tensor cat(own, halo) or ``PendingRows`` (the exchange posted, the halo in flight);
+- the overlap: with the halo in flight, a layer that splits its sources computes its own-source part,
+  then waits and computes its halo-source part, and combines them; a layer that does not is called on
+  cat(own, halo) after the wait;
+- boundary-first pipelining: where ``gather.boundary(l + 1)`` names the rows the next exchange sends, a
+  layer that splits its destination rows computes those first; they are activated, dropped and posted
+  (``gather.post``), and the other rows are computed while they travel;
+- dropout keyed by vertex id (nn/dropout.py RowDropout; attention dropout keyed by edge, EdgeDropout),
+  applied to a layer's own rows before the exchange, so a halo row carries its owner's mask, and input
+  dropout on layer 0's gathered source rows (or on the own rows, per the stack);
+- activation checkpointing of residual blocks (``model.checkpoint_activations``).
+
+A stack (nn/models.py GNN) declares ``convs``, ``norms`` (before layer l >= 1: ``norms[l - 1]``),
+``activation``, the per-vertex ``linears`` after the convs (--linear-layers), and ``residual``: False,
+conv -> [norm] -> act -> dropout -> conv ...; True, ResSAGE+'s encoder -> conv_0, then pre-norm residual
+blocks h = h + conv(dropout(act(norm(h)))) and ``out_norm`` -> act -> dropout -> ``head``.
+Without ``gather`` (a single process on the whole graph) every layer's own rows are its source rows.
+No MPI here: the exchange is ``gather``'s.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.utils.checkpoint
+
+from granndis_hpc.nn.contract import LayerCall
+from granndis_hpc.nn.dropout import RowDropout
+from granndis_hpc.nn.edge_layers import EdgeDropout
+from granndis_hpc.nn.graph import GraphPart, LayerGraph
+
+from .rows import PendingRows, SplitRows, materialize
+
+
+def call_layer(layer, h_src, graph: LayerGraph, attention=None, split=None):
+    """layer over h_src (a tensor or PendingRows) -> its destination rows; SplitRows over `split` (a
+    RowSplit of the destination rows: the first rows now, the rest on demand) when given."""
+    pending = isinstance(h_src, PendingRows)
+    if pending and not getattr(layer, "splits_sources", False):
+        h_src, pending = h_src.materialize(), False  # the wait, then the whole block
+    if split is not None and not getattr(layer, "splits_rows", False):
+        out = call_layer(layer, h_src, graph, attention)
+        return SplitRows(split, out.index_select(0, split.first), lambda: out.index_select(0, split.rest))
+    if not pending and split is None:
+        return layer(h_src, graph, attention)
+    if pending:
+        call = LayerCall(graph, attention, n_own=h_src.own.shape[0])
+        messages = h_src.map(lambda rows: layer.message(rows, call))  # the halo's on arrival, once
+        call.own_messages, own = messages.own, h_src.own
+    else:
+        call = LayerCall(graph, attention)
+        messages = call.own_messages = layer.message(h_src, call)
+        own = h_src
+    n_own = own.shape[0]
+
+    def rows_out(rows):
+        if pending:
+            partials = [layer.aggregate_part(GraphPart(graph, "own", n_own, rows), messages.own, call)]
+            # The wait (once): everything above overlapped the transfer.  Even without halo rows the
+            # halo part stays in the graph: its backward posts the reverse exchange the peers wait for.
+            partials.append(layer.aggregate_part(GraphPart(graph, "halo", n_own, rows), messages.halo(), call))
+        else:
+            partials = [layer.aggregate_part(GraphPart(graph, None, None, rows), messages, call)]
+        h_dst = own[: graph.n_dst]
+        if rows is not None:
+            h_dst = h_dst.index_select(0, rows[1].first if rows[0] == "first" else rows[1].rest)
+        return layer.update(h_dst, layer.combine(partials, call), call)
+
+    if split is None:
+        return rows_out(None)
+    return SplitRows(split, rows_out(("first", split)), lambda: rows_out(("rest", split)))
+
+
+def pass_dropout(model, dropout: Optional[RowDropout]) -> Optional[RowDropout]:
+    """The pass's RowDropout; None where nothing is dropped (eval, p = 0: no generator is touched)."""
+    if not model.training or (model.dropout == 0.0 and model.input_dropout == 0.0
+                              and getattr(model, "attn_dropout", 0.0) == 0.0):
+        return None
+    if dropout is None:  # single-process use without a key: a fresh key per pass
+        dropout = RowDropout(int(torch.randint(0, 2 ** 62, ())), 0)
+    return dropout
+
+
+def _drop(model, dropout, layer: int, h: torch.Tensor) -> torch.Tensor:
+    return h if dropout is None else dropout(layer, h, model.dropout)
+
+
+def _drop_input(model, dropout, x):
+    """Input dropout of raw feature rows: layer 0's gathered source rows, or the own rows."""
+    if dropout is None:
+        return x
+    x = materialize(x)  # drawn per source row: needs the halo rows
+    if model.input_dropout_rows == "sources":
+        return dropout.sources(x, model.input_dropout)
+    return dropout(RowDropout.INPUT_LAYER, x, model.input_dropout)
+
+
+def _between(model, dropout, layer: int, h: torch.Tensor, rows=None) -> torch.Tensor:
+    """[norm] -> activation -> dropout before layer `layer`, of its own rows or of the rows `rows` of
+    them (all three are row-wise, so rows can be done apart)."""
+    if model.norms is not None:
+        h = model.norms[layer - 1](h)
+    h = model.activation(h)
+    if rows is None or dropout is None:
+        return _drop(model, dropout, layer, h)
+    return dropout.at(layer, h, model.dropout, rows)
+
+
+def _gather(model, gather, layer: int, h: torch.Tensor, graph: LayerGraph):
+    if h.shape[0] < graph.n_dst:
+        raise ValueError(f"{model.name} layer {layer}: {h.shape[0]} own rows but the layer graph has "
+                         f"n_dst={graph.n_dst}; destination rows must be a prefix of the own rows")
+    h_src = h if gather is None else gather(layer, h)
+    if h_src.shape[0] != graph.n_src:
+        how = ("without gather the own rows must be all source rows" if gather is None
+               else "gather must return cat(own rows, halo rows)")
+        raise ValueError(f"{model.name} layer {layer}: got {h_src.shape[0]} source rows, the layer graph "
+                         f"has n_src={graph.n_src} ({how})")
+    return h_src
+
+
+def _attention(model, dropout, layer: int, graph: LayerGraph):
+    p = getattr(model, "attn_dropout", 0.0)
+    return EdgeDropout(dropout, layer, p, graph) if dropout is not None and p > 0 else None
+
+
+def _maybe_checkpoint(model, fn, *args):
+    if model.checkpoint_activations and model.training and torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
+def run_stack(model, x: torch.Tensor, graphs: Sequence[LayerGraph], gather=None,
+              dropout: Optional[RowDropout] = None) -> torch.Tensor:
+    """The model's logits for the rows the last layer computes (nn/models.py GNN.forward)."""
+    if len(graphs) != model.num_layers:
+        raise ValueError(f"{model.name} has {model.num_layers} message-passing layers but got "
+                         f"{len(graphs)} layer graphs; pass one LayerGraph per layer")
+    dropout = pass_dropout(model, dropout)
+    if model.residual:
+        return _run_residual(model, x, graphs, gather, dropout)
+    return _run_plain(model, x, graphs, gather, dropout)
+
+
+def _run_plain(model, x, graphs, gather, dropout):
+    # Boundary-first pipelining (gather.boundary, engine/views.py): where the next layer's exchange
+    # is overlapped, layer l computes the rows that exchange sends first; they are activated and
+    # posted (gather.post), and the other rows are computed while they travel.
+    boundary = getattr(gather, "boundary", None)
+    h, activated = x, True
+    for layer, (conv, graph) in enumerate(zip(model.convs, graphs)):
+        if not activated:
+            h = _between(model, dropout, layer, h)
+        # One name for the gathered rows: a second one would keep layer l's gathered tensor alive
+        # through layer l + 1's gather (measured: +24 % step peak for GCN, tests/mpi/test_memory_model_mpi).
+        h = _gather(model, gather, layer, h, graph)
+        if layer == 0:
+            h = _drop_input(model, dropout, h)
+        attention = _attention(model, dropout, layer, graph)
+        split = None
+        if boundary is not None and layer + 1 < model.num_layers and getattr(conv, "splits_rows", False):
+            split = boundary(layer + 1)
+        if split is None:
+            h, activated = call_layer(conv, h, graph, attention), False
+            continue
+        out = call_layer(conv, h, graph, attention, split)
+        first = _between(model, dropout, layer + 1, out.first, split.first)
+        gather.post(layer + 1, first)
+        h = split.merge(first, _between(model, dropout, layer + 1, out.rest(), split.rest))
+        del out, first
+        activated = True
+    for j, linear in enumerate(model.linears):  # the per-vertex head: the last conv's rows only
+        h = linear(_between(model, dropout, model.num_layers + j, h))
+    return h
+
+
+def _run_residual(model, x, graphs, gather, dropout):
+    h = model.encoder(_drop_input(model, dropout, x))
+    h = call_layer(model.convs[0], _gather(model, gather, 0, h, graphs[0]), graphs[0],
+                   _attention(model, dropout, 0, graphs[0]))
+    for layer in range(1, model.num_layers):
+        graph = graphs[layer]
+
+        def block(h, layer=layer, graph=graph):
+            z = _drop(model, dropout, layer, model.activation(model.norms[layer - 1](h)))
+            return h[: graph.n_dst] + call_layer(model.convs[layer], _gather(model, gather, layer, z, graph), graph,
+                                                 _attention(model, dropout, layer, graph))
+        h = _maybe_checkpoint(model, block, h)
+    for j, linear in enumerate(model.linears):
+        layer = model.num_layers + j
+
+        def linear_block(h, layer=layer, linear=linear):
+            return h + linear(_drop(model, dropout, layer, model.activation(model.norms[layer - 1](h))))
+        h = _maybe_checkpoint(model, linear_block, h)
+    h = _drop(model, dropout, model.total_layers, model.activation(model.out_norm(h)))
+    return model.head(h)

@@ -1,0 +1,54 @@
+"""The memory estimate of the `pyg` model family (nn/pyg.py): a generous one, not measured per op.
+
+A PyG convolution's internals are its own, so this estimate does not mirror its forward pass byte for
+byte (as memory_model/stacks.py does for the built-in layers).  It builds the user's stack once (without
+touching torch's random generator) for its widths and parameter count, and assumes per layer what a
+message-passing convolution typically keeps for the backward, generously: the source rows, three
+tensors of the output width per source row (projections, attention terms), and per edge (self loops
+included) its two indices and three tensors of the output width (gathered messages, weighted messages,
+attention values); plus the per-edge messages at once in the step's peak.
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from granndis_hpc.units import FLOAT32_BYTES as F32
+from granndis_hpc.units import INT64_BYTES as I64
+
+from .zoo_stacks import EdgeEstimate
+
+_BUILT: Dict[tuple, Tuple[list, int]] = {}
+
+
+class PyGEstimate(EdgeEstimate):
+
+    def _stack(self, m) -> Tuple[list, int]:
+        """(widths of every layer and the output, parameter count) of the user's stack."""
+        key = (m.option("module"), m.option("factory"), m.features, m.hidden, m.num_classes, m.layers,
+               m.linear_layers, m.norm)
+        if key not in _BUILT:
+            import torch
+
+            from granndis_hpc.nn.pyg import build_pyg
+            with torch.random.fork_rng(devices=[]):  # the run's parameters are drawn as without the estimate
+                model = build_pyg(m.features, m.hidden, m.num_classes, m.layers + m.linear_layers, 0.0, m.norm,
+                                  m.option("module"), m.option("factory"), m.linear_layers)
+            _BUILT[key] = (model.widths, sum(p.numel() for p in model.parameters()))
+        return _BUILT[key]
+
+    def all_widths(self, m):
+        w = self._stack(m)[0]
+        return [(w[i], w[i + 1]) for i in range(len(w) - 1)]
+
+    def parameters(self, m):
+        return self._stack(m)[1]
+
+    def conv_saved(self, lr, m, layer, win, wout, input_grad, mask_bytes):
+        edges = lr.nnz + lr.n_src
+        return lr.n_src * (win + 3 * wout) * F32 + edges * (2 * I64 + 3 * wout * F32), 0
+
+    def edge_transient(self, lr, m, layer, win, wout):
+        return (lr.nnz + lr.n_src) * wout * F32
+
+
+PYG_ESTIMATE = PyGEstimate()

@@ -1,0 +1,162 @@
+"""The `pyg` model family: a user's stack of PyTorch Geometric convolutions, run by the engine's runner.
+
+``--model pyg --model-option module=MODULE --model-option factory=NAME``: ``MODULE.NAME(in_features,
+hidden, out_features, layers)`` returns the stack's convolutions, one per message-passing layer (the
+last one giving ``out_features``: the classes, or --hidden when --linear-layers Linear layers follow).
+Between them the stack has [LayerNorm (--norm)] -> ReLU -> dropout (--dropout), keyed by vertex id as for
+every model.  ``pyg_stack`` builds the same from a list of convs for a registered model of one's own.
+
+A PyG convolution is not split into parts (nn/contract.py): the runner waits for the halo, then calls it
+on the layer's whole bipartite block.  ``PyGLayer`` hands it the block as PyG expects: source rows and
+destination rows (the first n_dst source rows) as a pair with ``edge_index`` [2, E] (row 0 the source,
+row 1 the destination) where the conv takes bipartite input, else the source rows alone (the output's
+first n_dst rows are the destination rows: their in-edges are the block's).  What a conv needs beyond
+the neighbourhood is supplied: ``GCNConv(normalize=False)`` gets ``edge_weight`` from the global degrees
+(the normalisation of the ``gcn`` model, with PyG's add_remaining_self_loops).  Convs that cannot run
+partitioned exactly are refused with the reason (``refusal``).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import weakref
+from typing import List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .graph import LayerGraph
+from .zoo import EdgeGNN
+
+# Convs whose output at a vertex depends on more than its in-edges in the layer's block, with the reason.
+_MULTI_HOP = ("ChebConv", "SGConv", "SSGConv", "TAGConv", "APPNP", "ARMAConv", "MixHopConv", "DNAConv")
+_LOCAL_DEGREES = ("LGConv", "ClusterGCNConv", "FAConv", "GCN2Conv", "LEConv")
+
+
+def refusal(conv: nn.Module) -> Optional[str]:
+    """Why `conv` cannot run partitioned exactly (None: it can)."""
+    name = type(conv).__name__
+    try:
+        from torch_geometric.nn.conv import MessagePassing
+    except ImportError:  # (pyg_stack checks the import first)
+        MessagePassing = nn.Module
+    if not isinstance(conv, MessagePassing):
+        return f"{name} is not a torch_geometric message-passing convolution (torch_geometric.nn.MessagePassing)"
+    if name == "GCNConv" and getattr(conv, "normalize", False):
+        return ("GCNConv(normalize=True) computes the degrees from the edges of the block it is given, which "
+                "on a partition lack the halo rows' other edges; use GCNConv(normalize=False): the runner then "
+                "supplies edge_weight from the global degrees")
+    if getattr(conv, "cached", False):
+        return f"{name}(cached=True) keeps the first block's normalisation for every block; use cached=False"
+    if name in _MULTI_HOP:
+        return f"{name} propagates over several hops inside one layer; a layer here sees one hop (use one conv per hop)"
+    if name in _LOCAL_DEGREES:
+        return f"{name} normalises with degrees or inputs it computes from its own block, which a partition truncates"
+    return None
+
+
+def _takes_pair(conv: nn.Module) -> bool:
+    """The conv accepts (source rows, destination rows): its forward's x is annotated with a pair."""
+    try:
+        x = inspect.signature(type(conv).forward).parameters.get("x")
+    except (TypeError, ValueError):
+        return False
+    return x is not None and any(word in str(x.annotation) for word in ("Pair", "Tuple", "tuple"))
+
+
+# Per graph: its edge_index (and GCN's (edge_index, edge_weight)), built once: the engine reuses a
+# layer's graph every epoch.  Weak keys: the cache goes with the graph.
+_EDGE_INDEX: "weakref.WeakKeyDictionary[LayerGraph, dict]" = weakref.WeakKeyDictionary()
+
+
+def edge_index(graph: LayerGraph, gcn: bool = False, dtype: torch.dtype = torch.float32):
+    """(edge_index [2, E] as PyG orders it: sources in row 0, destinations in row 1, edge_weight or None).
+    gcn: the entries of the gcn adjacency (global degrees, one self loop of weight 1 per destination),
+    the weights in `dtype`."""
+    cache = _EDGE_INDEX.setdefault(graph, {})
+    key = (gcn, dtype if gcn else None)
+    if key not in cache:
+        if gcn:
+            rows, cols, vals = graph.coo("gcn", dtype)
+            cache[key] = (torch.stack([cols, rows]), vals)
+        else:
+            cache[key] = (torch.stack([graph.indices, graph.edge_rows()]), None)
+    return cache[key]
+
+
+class PyGLayer(nn.Module):
+    """One PyG convolution as a layer that is not split (nn/contract.py): called on the whole block."""
+
+    splits_sources = False
+    splits_rows = False
+
+    def __init__(self, conv: nn.Module):
+        super().__init__()
+        problem = refusal(conv)
+        if problem:
+            raise ValueError(f"--model pyg: {problem}")
+        self.conv = conv
+        self.gcn = type(conv).__name__ == "GCNConv"
+        self.pair = _takes_pair(conv) and not self.gcn
+
+    def forward(self, h_src: torch.Tensor, graph: LayerGraph, attention=None) -> torch.Tensor:
+        index, weight = edge_index(graph, gcn=self.gcn, dtype=h_src.dtype)
+        if self.gcn:
+            return self.conv(h_src, index, weight)[: graph.n_dst]
+        if self.pair:
+            return self.conv((h_src, h_src[: graph.n_dst]), index)
+        return self.conv(h_src, index)[: graph.n_dst]
+
+
+def _out_width(layer: PyGLayer, width: int) -> int:
+    """The conv's output width for `width` input features, from one call on a two-vertex graph (in eval
+    mode and without gradients: no parameter and no random generator is touched)."""
+    graph = LayerGraph.from_csr(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), 2)
+    was_training = layer.training
+    layer.eval()
+    try:
+        with torch.no_grad():
+            return int(layer(torch.zeros(2, width), graph).shape[-1])
+    finally:
+        layer.train(was_training)
+
+
+def pyg_stack(name: str, convs: Sequence[nn.Module], in_features: int, hidden: int, num_classes: int,
+              dropout: float, norm: bool, linear_layers: int = 0):
+    """A model (nn/zoo.py EdgeGNN) of the PyG convs, then `linear_layers` per-vertex Linear layers."""
+    layers = [PyGLayer(c) for c in convs]
+    if not layers:
+        raise ValueError(f"--model {name}: the factory returned no convolution")
+    widths = [int(in_features)]
+    for layer in layers:
+        widths.append(_out_width(layer, widths[-1]))
+    widths += [hidden] * (linear_layers - 1) + [num_classes] if linear_layers else []
+    if widths[-1] != num_classes:
+        raise ValueError(f"--model {name}: the last layer gives {widths[-1]} features, the dataset has "
+                         f"{num_classes} classes")
+    return EdgeGNN(name, layers, widths, dropout, norm)
+
+
+def build_pyg(in_features, hidden, num_classes, layers, dropout, norm, module="", factory="build",
+              linear_layers=0):
+    """The `pyg` model: MODULE.FACTORY(in_features, hidden, out_features, convs) -> the convolutions."""
+    try:
+        import torch_geometric  # noqa: F401
+    except ImportError:
+        raise ValueError("--model pyg needs torch_geometric: pip install '.[pyg]' (or pip install torch_geometric)") \
+            from None
+    if not module:
+        raise ValueError("--model pyg needs --model-option module=MODULE (an importable module whose FACTORY, "
+                         "--model-option factory=NAME, returns the convolutions)")
+    try:
+        fn = getattr(importlib.import_module(module), factory)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--model pyg: cannot load {module}.{factory} ({e}); give --model-option module=... "
+                         "naming an importable module and factory=... a function in it") from None
+    convs_n = layers - linear_layers
+    out = hidden if linear_layers else num_classes
+    convs: List[nn.Module] = list(fn(in_features, hidden, out, convs_n))
+    if len(convs) != convs_n:
+        raise ValueError(f"--model pyg: {module}.{factory} returned {len(convs)} convolutions for {convs_n} "
+                         "message-passing layers (--layers minus --linear-layers)")
+    return pyg_stack("pyg", convs, in_features, hidden, num_classes, dropout, norm, linear_layers)

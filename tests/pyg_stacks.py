@@ -1,0 +1,62 @@
+"""Stacks of torch_geometric convolutions for the `pyg` model family's tests (--model pyg
+--model-option module=tests.pyg_stacks --model-option factory=NAME), and the plain PyG forward pass
+over a whole graph that the tests compare the runner with."""
+import importlib.util
+
+import torch
+from torch import nn
+
+# Options of a `pyg` model for tests that build every registered model; empty without torch_geometric.
+PYG_OPTIONS = {"module": "tests.pyg_stacks", "factory": "gatv2"} if importlib.util.find_spec("torch_geometric") else {}
+
+
+def attention(in_features, hidden, out_features, layers):
+    """SAGEConv -> GATConv (2 heads, concatenated) -> TransformerConv (the output)."""
+    from torch_geometric.nn import GATConv, SAGEConv, TransformerConv
+    assert layers == 3
+    return [SAGEConv(in_features, hidden), GATConv(hidden, hidden // 2, heads=2),
+            TransformerConv(hidden, out_features)]
+
+
+def sums(in_features, hidden, out_features, layers):
+    """GCNConv(normalize=False: the runner gives the global degrees' edge weights) -> GINConv (an MLP)
+    -> GraphConv (the output)."""
+    from torch_geometric.nn import GCNConv, GINConv, GraphConv
+    assert layers == 3
+    mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+    return [GCNConv(in_features, hidden, normalize=False), GINConv(mlp, train_eps=True),
+            GraphConv(hidden, out_features)]
+
+
+def gatv2(in_features, hidden, out_features, layers):
+    """GATv2Conv layers (2 heads averaged into each output)."""
+    from torch_geometric.nn import GATv2Conv
+    widths = [in_features] + [hidden] * (layers - 1) + [out_features]
+    return [GATv2Conv(widths[l], widths[l + 1], heads=2, concat=False) for l in range(layers)]
+
+
+def normalized_gcn(in_features, hidden, out_features, layers):
+    """GCNConv with its default normalize=True: refused (it would take degrees from each rank's block)."""
+    from torch_geometric.nn import GCNConv
+    widths = [in_features] + [hidden] * (layers - 1) + [out_features]
+    return [GCNConv(widths[l], widths[l + 1]) for l in range(layers)]
+
+
+def plain_pyg_logits(model, x, edge_index):
+    """The model's convs as a user runs them with PyG on the whole graph: conv -> ReLU -> conv ...,
+    GCNConv(normalize=False) as PyG's normalize=True GCNConv (global degrees, add_remaining_self_loops)."""
+    from torch_geometric.nn import GCNConv
+    h = x
+    for l, layer in enumerate(model.convs):
+        conv = layer.conv
+        if l:
+            h = torch.relu(h)
+        if isinstance(conv, GCNConv):
+            conv.normalize = conv.add_self_loops = True
+            try:
+                h = conv(h, edge_index)
+            finally:
+                conv.normalize = conv.add_self_loops = False
+        else:
+            h = conv(h, edge_index)
+    return h
