@@ -41,7 +41,7 @@ import json, sys
 for line in sys.stdin:
     r = json.loads(line)
     print(("ok  " if r["ok"] else "BAD ") + r["case"], {k: r.get(k) for k in ("logits_rel_err", "syncs_per_step",
-          "sync_calls", "peak_reserved_mib", "epoch_s", "error") if r.get(k) not in (None, [])})'
+          "sync_calls", "peak_reserved_mib", "epoch_s", "gpu_before_mpi", "thread_level", "error") if r.get(k) not in (None, [])})'
   grep -q '"ok": false' "$OUT/check-$set.log" && status=1
   grep -q '^{' "$OUT/check-$set.log" || { echo "FAILED: no result (see $OUT/check-$set.log)"; tail -5 "$OUT/check-$set.log"; status=1; }
 }
@@ -59,12 +59,11 @@ else
     tests/unit/test_hostsync.py tests/unit/test_staging.py tests/unit/test_scatter_dropout_memory.py 2>&1 | tail -3 \
     | tee "$OUT/unit.log"
   grep -q "failed\|error" "$OUT/unit.log" && status=1
-  export GRANNDIS_SHARE_GPUS=1  # the 2 emulated servers share the GPU(s) on purpose
+  # --share-gpus: the 2 emulated servers share the GPU(s) on purpose
   build cora-2x1 --source planetoid --name cora --root tests/data/planetoid --servers 2 --gpus-per-server 1 && \
-    check 2 cora-2x1 --device cuda
+    check 2 cora-2x1 --device cuda --share-gpus
   build syn200k-2x1 --source synthetic --vertices 200000 --servers 2 --gpus-per-server 1 && \
-    check 2 syn200k-2x1 --device cuda --epochs 3 --cases fb,fb-noovl,fb-bf16,flx
-  unset GRANNDIS_SHARE_GPUS
+    check 2 syn200k-2x1 --device cuda --share-gpus --epochs 3 --cases fb,fb-noovl,fb-bf16,flx
   if [ "${GPUS:-1}" -ge 2 ]; then  # NCCL inside one server of G GPUs
     build "cora-1x$GPUS" --source planetoid --name cora --root tests/data/planetoid --servers 1 --gpus-per-server "$GPUS" && \
       check "$GPUS" "cora-1x$GPUS" --device cuda --ranks-per-server "$GPUS" --intra-transport nccl --cases fb,flx,flx-noovl,cob
