@@ -91,6 +91,7 @@ def _run(args, device, overrides, staged=False):
         trainer._step = step
         times.append(rec["time_s"])
         facts = {"syncs_per_step": max(len(c) for c in per_step),
+                 "loader_stream": _loader_facts(trainer),
                  # the topology's agreed GPU is the one set before MPI started (block placement)
                  "same_gpu_as_before_mpi": (not cuda) or trainer.device.index == STARTED["gpu"], "sync_calls": sorted({w for c in per_step for _, w in c}),
                  "epoch_s": times, "loss": rec["loss"], "bytes": rec["bytes"],
@@ -100,6 +101,17 @@ def _run(args, device, overrides, staged=False):
     finally:
         trainer.close()
     return logits, facts
+
+
+def _loader_facts(trainer):
+    """cob/mb: the co-batch loader's stream (engine/cobstream.py) made every co-batch's tensors in the
+    loader thread and each step waited for its event; None in the other modes."""
+    batches = getattr(trainer.mode, "batches", None)
+    if batches is None:
+        return None
+    loader = batches.loader
+    return {"active": loader.active, "puts": loader.puts, "waits": loader.waits, "held": loader.collect(),
+            "in_loader": all(n.startswith("cobatch-loader") for n in loader.put_threads)}
 
 
 class _Done(Exception):
@@ -153,8 +165,11 @@ def main(argv=None) -> int:
                 err = float(np.abs(dev_logits - cpu_logits).max() / max(np.abs(cpu_logits).max(), 1e-30))
                 syncs = max(f["syncs_per_step"] for f in facts_all)
                 same_gpu = all(f["same_gpu_as_before_mpi"] for f in facts_all)
-                ok = err < tol and syncs <= 1 and np.isfinite(dev_logits).all() and same_gpu
-                result.update(ok=bool(ok), same_gpu_as_before_mpi=same_gpu, logits_rel_err=err, tolerance=tol, syncs_per_step=syncs,
+                loader = [f["loader_stream"] for f in facts_all if f["loader_stream"] is not None]
+                loader_ok = all(f["active"] and f["waits"] > 0 and f["in_loader"] for f in loader)
+                ok = err < tol and syncs <= 1 and np.isfinite(dev_logits).all() and same_gpu and loader_ok
+                result.update(ok=bool(ok), same_gpu_as_before_mpi=same_gpu, loader_stream=loader[:1] or None,
+                              logits_rel_err=err, tolerance=tol, syncs_per_step=syncs,
                               sync_calls=sorted({w for f in facts_all for w in f["sync_calls"]}),
                               epoch_s=facts_all[0]["epoch_s"], loss=facts_all[0]["loss"], bytes=facts_all[0]["bytes"],
                               peak_reserved_mib=[f["peak_reserved_mib"] for f in facts_all],

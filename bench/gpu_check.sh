@@ -41,7 +41,7 @@ import json, sys
 for line in sys.stdin:
     r = json.loads(line)
     print(("ok  " if r["ok"] else "BAD ") + r["case"], {k: r.get(k) for k in ("logits_rel_err", "syncs_per_step",
-          "sync_calls", "peak_reserved_mib", "epoch_s", "gpu_before_mpi", "thread_level", "error") if r.get(k) not in (None, [])})'
+          "sync_calls", "peak_reserved_mib", "epoch_s", "gpu_before_mpi", "thread_level", "loader_stream", "error") if r.get(k) not in (None, [])})'
   grep -q '"ok": false' "$OUT/check-$set.log" && status=1
   grep -q '^{' "$OUT/check-$set.log" || { echo "FAILED: no result (see $OUT/check-$set.log)"; tail -5 "$OUT/check-$set.log"; status=1; }
 }

@@ -46,9 +46,10 @@ def share_gpus_option():
 
 def host_staging_option():
     return option(False, on_resume="may_change", group=STARTUP_GROUP,
-                  help="on the CPU, run the GPU path's host staging of MPI messages (pooled buffers, copies out "
-                       "before the sends and back after the receives) with plain copies: the same results, for "
-                       "checking that logic without a GPU (on a GPU staging is always on)")
+                  help="on the CPU, run the GPU path's host-side logic with plain copies: the staging of MPI "
+                       "messages (pooled buffers, copies out before the sends and back after the receives) and "
+                       "cob/mb's loader stream (co-batch tensors put by the loader, waited for by the step); the "
+                       "same results, for checking that logic without a GPU (on a GPU both are always on)")
 
 
 def topology_args(opts) -> Dict:
