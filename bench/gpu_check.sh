@@ -3,7 +3,8 @@
 # tests/data and a 200k-vertex synthetic graph, 2 servers x 1 rank), runs the CUDA unit tests, then
 # bench/gpu_check.py under mpirun: every mode with overlap on and off and bf16 halos on the GPU against
 # the same runs on the CPU (logits), the host syncs of a steady step, peak reserved memory and epoch
-# times; with 2+ GPUs, 1 server x G ranks over NCCL too.  Exits non-zero on any mismatch or failure.
+# times, the GPU set before MPI started and the thread level, cob's loader stream; with 2+ GPUs, 1 server
+# x G ranks over NCCL too.  Exits non-zero on any mismatch or failure.
 #
 #   OUT=bench-out/gpu-check bash bench/gpu_check.sh              # on a GPU machine (about 5 minutes)
 #   OUT=bench-out/gpu-smoke bash bench/gpu_check.sh --cpu-smoke  # this script's own logic on the CPU
@@ -56,7 +57,8 @@ else
   GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
   echo "== nn on CUDA (unit tests with their CUDA cases)"
   timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_nn_graph.py tests/unit/test_nn_models.py \
-    tests/unit/test_hostsync.py tests/unit/test_staging.py tests/unit/test_scatter_dropout_memory.py 2>&1 | tail -3 \
+    tests/unit/test_hostsync.py tests/unit/test_staging.py tests/unit/test_scatter_dropout_memory.py \
+    tests/unit/test_mpistart.py tests/unit/test_cobstream.py 2>&1 | tail -3 \
     | tee "$OUT/unit.log"
   grep -q "failed\|error" "$OUT/unit.log" && status=1
   # --share-gpus: the 2 emulated servers share the GPU(s) on purpose
