@@ -72,6 +72,12 @@ class SAGEConv(nn.Module):
         saved = n_src * win * F32 + weight + (weight if wout < win else n_dst * win * F32 + weight)
         return saved, 2 * weight
 
+    @staticmethod
+    def split_saved(n_dst: int, win: int, wout: int) -> int:
+        """Boundary-first (split): lin_self reads the own rows by index_select, first and rest, and
+        saves those [n_dst, win] copies instead of a slice of the source rows' storage."""
+        return n_dst * win * F32
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features

@@ -365,6 +365,12 @@ class ModelEstimate:
         features exchanged once at set-up; then no gradient and no per-epoch halo bytes)."""
         return True
 
+    def split_saved(self, layer_rows, win: int, wout: int) -> int:
+        """Bytes a boundary-first layer (nn/graph.RowSplit) saves beyond the plain order: its conv's
+        `split_saved`, 0 for a conv that declares none."""
+        extra = getattr(self.conv, "split_saved", None)
+        return int(extra(layer_rows.n_dst, win, wout)) if extra is not None else 0
+
     def aggregation_input_grad(self, m, layer: int) -> bool:
         """Does the aggregation's input need a gradient (then the backward builds the transpose)?"""
         win, wout = self.widths(m)[layer]
