@@ -350,6 +350,7 @@ def _init_torch_distributed(topo: Topology, single_host: bool, seconds: float, m
     timeout = datetime.timedelta(seconds=seconds)
     store, endpoint = None, None
     if topo.rank == 0:
+        address, how = "", "not chosen"
         try:
             override, source = startup_master_addr(master_addr)
             address, how = rendezvous_address(override, single_host, MPI.Get_processor_name(), source=source)
@@ -359,8 +360,12 @@ def _init_torch_distributed(topo: Topology, single_host: bool, seconds: float, m
                                   wait_for_workers=False)
             endpoint = (address, int(store.port), how, "")
         except Exception as exc:  # noqa: BLE001 -- reported to every rank below
-            endpoint = ("", 0, None, f"rank 0 could not open the torch.distributed store: {exc!r} "
-                                     f"(give --master-addr, or set MASTER_ADDR / MASTER_PORT)")
+            # The store's own client connects to `address` too: an address no node answers at times out here.
+            endpoint = ("", 0, None, f"host {MPI.Get_processor_name()} (rank 0) could not open the torch.distributed "
+                                     f"store at {address or '?'} ({how}) within {seconds:g} s: {exc!r}; give "
+                                     f"--master-addr with an address of {topo.hosts[0]} every node reaches (e.g. its "
+                                     f"InfiniBand interface's), MASTER_PORT for a fixed port, or --dist-timeout for a "
+                                     f"longer wait")
     address, port, how, problem = world.bcast(endpoint, root=0)
     if problem:
         raise ClusterError(problem, collective=True)
