@@ -130,7 +130,8 @@ def test_granndis_train_sets_the_gpu_before_mpi_initialises():
         atexit.register(lambda: print("EVENTS " + json.dumps(events + [["mpi", mpi_up(), mpistart.started]])))
         cli.train_main(["--device", "cuda"])  # no --shards: refused by the collective parse, status 2
     """)
-    env = dict(os.environ, MPI_LOCALRANKID="1", PYTHONPATH=ROOT)
+    env = {k: v for k, v in os.environ.items() if k not in mpistart.LOCAL_RANK_VARS}
+    env.update(MPI_LOCALRANKID="1", PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-c", child], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2, proc.stderr
