@@ -33,6 +33,8 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--models", nargs="+", default=["sage", "gcn", "ressage"])
+    p.add_argument("--no-overlap", action="store_true", help="train and estimate the --no-overlap order "
+                   "(default: the overlapped order of --overlap-halos world)")
     p.add_argument("--cora-root", default=os.environ.get("GRANNDIS_DATASETS", os.path.join(REPO, "tests", "data")) + "/planetoid")
     args = p.parse_args(argv)
     from preprocess.build import build_shards
@@ -56,7 +58,7 @@ def main(argv=None):
             for model in args.models:
                 t = Trainer(TrainConfig(shards=out, mode="fb" if k == 0 else "flx", model=model, layers=args.layers,
                                         hidden=args.hidden, dropout=0.5, eval_every=0, ranks_per_server=rps,
-                                        quiet=True))
+                                        quiet=True, no_overlap=args.no_overlap))
                 try:
                     t.train_epoch()
                     t.train_epoch()
@@ -70,7 +72,8 @@ def main(argv=None):
                     rows = mm.shard_rows(mm.read_shard_set(out)[1], args.layers, k,
                                          int(t.manifest["dataset"]["num_features"]),
                                          int(t.manifest["dataset"]["num_classes"]))
-                    spec = mm.model_for(t.manifest, model, args.hidden, args.layers, dropout=0.5)
+                    spec = mm.model_for(t.manifest, model, args.hidden, args.layers, dropout=0.5,
+                                        overlap=() if args.no_overlap else ("world",))
                     est = {r.rank: mm.estimate(r, spec, device="cpu") for r in rows}
                     inter = mm.inter_server_bytes(rows, spec, W.size // rps)
                     a_err = max(abs(est[r]["activation_saved"] - s) / s for r, s, _ in got)

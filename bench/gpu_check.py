@@ -10,7 +10,7 @@ and writes them to --out; the exit status is non-zero when any case mismatches, 
 per step outside cob's per-step graph builds, or fails.
 
 --device cpu (the smoke check of this script's own logic, no GPU needed): the "device" run uses the GPU
-code's host staging emulated on the CPU (GRANNDIS_HOST_STAGING=1) and is compared with the plain run.
+code's host staging emulated on the CPU (--host-staging) and is compared with the plain run.
 """
 from __future__ import annotations
 
@@ -23,12 +23,19 @@ import traceback
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from granndis_hpc.mpistart import init_mpi, thread_level_name  # noqa: E402
+
+# As granndis-train does: this rank's GPU is set from its local rank before MPI starts (mpistart.py).
+_early = argparse.ArgumentParser(add_help=False)
+_early.add_argument("--device", default="cuda")
+STARTED = init_mpi(_early.parse_known_args()[0].device)
+
+from mpi4py import MPI  # noqa: E402
+
 from granndis_hpc.cluster.hostsync import SyncCounter  # noqa: E402
-from granndis_hpc.cluster.staging import ENV_HOST_STAGING  # noqa: E402
 from granndis_hpc.engine.trainer import TrainConfig, Trainer  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
@@ -43,8 +50,8 @@ CASES = [  # (name, TrainConfig overrides)
 ]
 
 
-def _config(args, device, overrides):
-    cfg = dict(shards=args.shards, model="sage", layers=args.layers, hidden=64, epochs=args.epochs, lr=0.01,
+def _config(args, device, overrides, staged=False):
+    cfg = dict(host_staging=staged, share_gpus=args.share_gpus, shards=args.shards, model="sage", layers=args.layers, hidden=64, epochs=args.epochs, lr=0.01,
                dropout=0.0, eval_every=0, ranks_per_server=args.ranks_per_server, quiet=True, device=device,
                intra_transport=args.intra_transport if device != "cpu" else "auto")
     cfg.update(overrides)
@@ -66,12 +73,7 @@ def _logits_by_gid(trainer):
 
 def _run(args, device, overrides, staged=False):
     """Train; returns (logits on rank 0, facts of this rank)."""
-    if staged:
-        os.environ[ENV_HOST_STAGING] = "1"
-    try:
-        trainer = Trainer(_config(args, device, overrides))
-    finally:
-        os.environ.pop(ENV_HOST_STAGING, None)
+    trainer = Trainer(_config(args, device, overrides, staged))
     cuda = trainer.device.type == "cuda"
     try:
         if cuda:
@@ -88,7 +90,10 @@ def _run(args, device, overrides, staged=False):
         rec = trainer.train_epoch()
         trainer._step = step
         times.append(rec["time_s"])
-        facts = {"syncs_per_step": max(len(c) for c in per_step), "sync_calls": sorted({w for c in per_step for _, w in c}),
+        facts = {"syncs_per_step": max(len(c) for c in per_step),
+                 "loader_stream": _loader_facts(trainer),
+                 # the topology's agreed GPU is the one set before MPI started (block placement)
+                 "same_gpu_as_before_mpi": (not cuda) or trainer.device.index == STARTED["gpu"], "sync_calls": sorted({w for c in per_step for _, w in c}),
                  "epoch_s": times, "loss": rec["loss"], "bytes": rec["bytes"],
                  "peak_reserved_mib": (torch.cuda.max_memory_reserved(trainer.device) >> 20) if cuda else None,
                  "peak_allocated_mib": (torch.cuda.max_memory_allocated(trainer.device) >> 20) if cuda else None}
@@ -96,6 +101,36 @@ def _run(args, device, overrides, staged=False):
     finally:
         trainer.close()
     return logits, facts
+
+
+def _loader_facts(trainer):
+    """cob/mb: the co-batch loader's stream (engine/cobstream.py) made every co-batch's tensors in the
+    loader thread and each step waited for its event; None in the other modes."""
+    batches = getattr(trainer.mode, "batches", None)
+    if batches is None:
+        return None
+    loader = batches.loader
+    return {"active": loader.active, "puts": loader.puts, "waits": loader.waits, "held": loader.collect(),
+            "in_loader": all(n.startswith("cobatch-loader") for n in loader.put_threads)}
+
+
+class _Done(Exception):
+    """A case whose result is complete."""
+
+
+def _startup_facts(args):
+    """Rank 0: whether every rank set its GPU before MPI started (and still uses it) and MPI gives the
+    thread level GPU training needs; None elsewhere."""
+    cuda = args.device == "cuda"
+    mine = dict(STARTED, current=torch.cuda.current_device() if cuda else None)
+    everyone = WORLD.gather(mine, root=0)
+    if WORLD.rank != 0:
+        return None
+    ok = all(not f["already"] and (not cuda or (f["gpu"] is not None and f["current"] == f["gpu"]
+                                                and f["thread_level"] >= MPI.THREAD_SERIALIZED)) for f in everyone)
+    return {"ok": bool(ok), "gpu_before_mpi": [f["gpu"] for f in everyone],
+            "local_rank_from": sorted({f["source"] or "(none)" for f in everyone}),
+            "thread_level": sorted({thread_level_name(f["thread_level"]) for f in everyone})}
 
 
 def main(argv=None) -> int:
@@ -106,17 +141,21 @@ def main(argv=None) -> int:
     p.add_argument("--ranks-per-server", type=int, default=1)
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--intra-transport", default="auto")
+    p.add_argument("--share-gpus", action="store_true", help="the ranks may share the GPU(s) (emulated servers)")
     p.add_argument("--cases", default=",".join(n for n, _ in CASES))
     p.add_argument("--tolerance", type=float, default=1e-3)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     wanted = args.cases.split(",")
     failures = 0
-    for name, overrides in CASES:
-        if name not in wanted:
+    for name, overrides in [("startup", None)] + CASES:
+        if name not in wanted and name != "startup":
             continue
         result = {"case": name, "shards": os.path.basename(os.path.normpath(args.shards)), "device": args.device}
         try:
+            if overrides is None:
+                result.update(_startup_facts(args) or {})
+                raise _Done
             start = time.perf_counter()
             dev_logits, facts = _run(args, args.device, overrides, staged=args.device == "cpu")
             cpu_logits, _ = _run(args, "cpu", overrides)
@@ -125,13 +164,19 @@ def main(argv=None) -> int:
                 tol = 2e-2 if "halo_dtype" in overrides else args.tolerance
                 err = float(np.abs(dev_logits - cpu_logits).max() / max(np.abs(cpu_logits).max(), 1e-30))
                 syncs = max(f["syncs_per_step"] for f in facts_all)
-                ok = err < tol and syncs <= 1 and np.isfinite(dev_logits).all()
-                result.update(ok=bool(ok), logits_rel_err=err, tolerance=tol, syncs_per_step=syncs,
+                same_gpu = all(f["same_gpu_as_before_mpi"] for f in facts_all)
+                loader = [f["loader_stream"] for f in facts_all if f["loader_stream"] is not None]
+                loader_ok = all(f["active"] and f["waits"] > 0 and f["in_loader"] for f in loader)
+                ok = err < tol and syncs <= 1 and np.isfinite(dev_logits).all() and same_gpu and loader_ok
+                result.update(ok=bool(ok), same_gpu_as_before_mpi=same_gpu, loader_stream=loader[:1] or None,
+                              logits_rel_err=err, tolerance=tol, syncs_per_step=syncs,
                               sync_calls=sorted({w for f in facts_all for w in f["sync_calls"]}),
                               epoch_s=facts_all[0]["epoch_s"], loss=facts_all[0]["loss"], bytes=facts_all[0]["bytes"],
                               peak_reserved_mib=[f["peak_reserved_mib"] for f in facts_all],
                               peak_allocated_mib=[f["peak_allocated_mib"] for f in facts_all],
                               wall_s=round(time.perf_counter() - start, 1))
+        except _Done:
+            pass
         except Exception:  # noqa: BLE001 -- reported as a failed case; the other cases still run
             result.update(ok=False, error=traceback.format_exc(limit=3))
         oks = WORLD.allgather(result.get("ok", False) if WORLD.rank == 0 or "error" in result else True)

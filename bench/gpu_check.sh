@@ -3,7 +3,8 @@
 # tests/data and a 200k-vertex synthetic graph, 2 servers x 1 rank), runs the CUDA unit tests, then
 # bench/gpu_check.py under mpirun: every mode with overlap on and off and bf16 halos on the GPU against
 # the same runs on the CPU (logits), the host syncs of a steady step, peak reserved memory and epoch
-# times; with 2+ GPUs, 1 server x G ranks over NCCL too.  Exits non-zero on any mismatch or failure.
+# times, the GPU set before MPI started and the thread level, cob's loader stream; with 2+ GPUs, 1 server
+# x G ranks over NCCL too.  Exits non-zero on any mismatch or failure.
 #
 #   OUT=bench-out/gpu-check bash bench/gpu_check.sh              # on a GPU machine (about 5 minutes)
 #   OUT=bench-out/gpu-smoke bash bench/gpu_check.sh --cpu-smoke  # this script's own logic on the CPU
@@ -41,7 +42,7 @@ import json, sys
 for line in sys.stdin:
     r = json.loads(line)
     print(("ok  " if r["ok"] else "BAD ") + r["case"], {k: r.get(k) for k in ("logits_rel_err", "syncs_per_step",
-          "sync_calls", "peak_reserved_mib", "epoch_s", "error") if r.get(k) not in (None, [])})'
+          "sync_calls", "peak_reserved_mib", "epoch_s", "gpu_before_mpi", "thread_level", "loader_stream", "error") if r.get(k) not in (None, [])})'
   grep -q '"ok": false' "$OUT/check-$set.log" && status=1
   grep -q '^{' "$OUT/check-$set.log" || { echo "FAILED: no result (see $OUT/check-$set.log)"; tail -5 "$OUT/check-$set.log"; status=1; }
 }
@@ -56,15 +57,15 @@ else
   GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
   echo "== nn on CUDA (unit tests with their CUDA cases)"
   timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_nn_graph.py tests/unit/test_nn_models.py \
-    tests/unit/test_hostsync.py tests/unit/test_staging.py tests/unit/test_scatter_dropout_memory.py 2>&1 | tail -3 \
+    tests/unit/test_hostsync.py tests/unit/test_staging.py tests/unit/test_scatter_dropout_memory.py \
+    tests/unit/test_mpistart.py tests/unit/test_cobstream.py 2>&1 | tail -3 \
     | tee "$OUT/unit.log"
   grep -q "failed\|error" "$OUT/unit.log" && status=1
-  export GRANNDIS_SHARE_GPUS=1  # the 2 emulated servers share the GPU(s) on purpose
+  # --share-gpus: the 2 emulated servers share the GPU(s) on purpose
   build cora-2x1 --source planetoid --name cora --root tests/data/planetoid --servers 2 --gpus-per-server 1 && \
-    check 2 cora-2x1 --device cuda
+    check 2 cora-2x1 --device cuda --share-gpus
   build syn200k-2x1 --source synthetic --vertices 200000 --servers 2 --gpus-per-server 1 && \
-    check 2 syn200k-2x1 --device cuda --epochs 3 --cases fb,fb-noovl,fb-bf16,flx
-  unset GRANNDIS_SHARE_GPUS
+    check 2 syn200k-2x1 --device cuda --share-gpus --epochs 3 --cases fb,fb-noovl,fb-bf16,flx
   if [ "${GPUS:-1}" -ge 2 ]; then  # NCCL inside one server of G GPUs
     build "cora-1x$GPUS" --source planetoid --name cora --root tests/data/planetoid --servers 1 --gpus-per-server "$GPUS" && \
       check "$GPUS" "cora-1x$GPUS" --device cuda --ranks-per-server "$GPUS" --intra-transport nccl --cases fb,flx,flx-noovl,cob

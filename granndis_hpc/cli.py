@@ -139,6 +139,9 @@ def train_main(argv=None) -> int:
     # warning, preemption) arriving meanwhile must be recorded, not kill the rank (engine/signals.py).
     from granndis_hpc.engine.signals import install_early
     install_early()
+    # Then this rank's GPU, and MPI after it (nothing before this line imports mpi4py.MPI).
+    from granndis_hpc.mpistart import requested_device, init_mpi
+    init_mpi(requested_device(sys.argv[1:] if argv is None else argv))
     from granndis_hpc.cluster.errors import main_guard
 
     main_guard(run_training, argv, ignore_late_warnings=True)
@@ -147,6 +150,10 @@ def train_main(argv=None) -> int:
 
 def predict_main(argv=None) -> int:
     """`granndis predict` (under mpirun/srun like training): engine/predict.py."""
+    from granndis_hpc.mpistart import requested_device, init_mpi
+    from granndis_hpc.predict_options import PredictOptions
+
+    init_mpi(requested_device(sys.argv[1:] if argv is None else argv, PredictOptions))  # the GPU before MPI
     from granndis_hpc.cluster.errors import main_guard
 
     main_guard(run_predict, argv)

@@ -20,6 +20,8 @@ from granndis_hpc.options import (ConfigError, HelpFormatter, add_options, allow
                                   parse_args_with_config, read_options, resume_rule, specs, validate)
 from granndis_hpc.graph.sampler import SAMPLERS
 from granndis_hpc.metric_names import METRICS
+from granndis_hpc.startup_options import (dist_timeout_option, host_staging_option, master_addr_option,
+                                          share_gpus_option)
 from granndis_hpc.schedule_options import LR_SCHEDULES, OPTIMIZER_NAMES, SCHEDULE_GROUP, schedule_problem
 from granndis_hpc.units import parse_size
 
@@ -189,6 +191,10 @@ class TrainConfig:
     device: str = option("auto", choices=DEVICE_NAMES, help="auto = cuda:local_rank when CUDA is available")
     intra_transport: str = option("auto", choices=TRANSPORT_NAMES, on_resume="may_change",
                                   help="intra-server transport (auto: NCCL on GPU, measured default on CPU)")
+    master_addr: Optional[str] = master_addr_option()
+    dist_timeout: float = dist_timeout_option()
+    share_gpus: bool = share_gpus_option()
+    host_staging: bool = host_staging_option()
     quiet: bool = option(False, on_resume="may_change", help="no per-epoch lines on stdout and no progress bar")
     log_level: str = option("info", choices=LOG_LEVELS, on_resume="may_change",
                             help="the least severe log lines written to stderr (info: notices such as a resumed "

@@ -43,6 +43,10 @@ class PredictOptions(Options):
     ranks_per_server: Optional[int] = reuse(TrainConfig, "ranks_per_server")
     device: str = reuse(TrainConfig, "device")
     intra_transport: str = reuse(TrainConfig, "intra_transport")
+    master_addr: Optional[str] = reuse(TrainConfig, "master_addr")
+    dist_timeout: float = reuse(TrainConfig, "dist_timeout")
+    share_gpus: bool = reuse(TrainConfig, "share_gpus")
+    host_staging: bool = reuse(TrainConfig, "host_staging")
     skip_checksums: bool = reuse(TrainConfig, "skip_checksums")
     verify_content: bool = reuse(TrainConfig, "verify_content",
                                  help="before predicting, recompute the dataset content digest from the rows the "

@@ -44,7 +44,7 @@ class Communicator:
     """Owns the transports of one process; one per process (per Topology)."""
 
     def __init__(self, topo: Topology, ledger: Ledger, intra_transport: str = "auto",
-                 validate: bool | None = None):
+                 validate: bool | None = None, host_staging: bool = False):
         transport = topo.intra_transport if intra_transport == "auto" else intra_transport
         if transport not in ("gloo", "nccl", "mpi"):
             raise ClusterError(f"intra_transport must be auto, gloo, nccl or mpi, got {intra_transport!r}")
@@ -56,10 +56,10 @@ class Communicator:
         self.intra_transport = transport
         self.validate = (os.environ.get(ENV_CHECK_COMM, "") not in ("", "0")) if validate is None else validate
         self._cuda = topo.device.type == "cuda"
-        # Pinned, reused host buffers and side-stream copies for what MPI moves from a GPU (staging.py).
-        self._staging = HostStaging(topo.device)
-        # A private duplicate of the world for point-to-point traffic: our tags cannot match
-        # messages of any other library or of the caller.
+        # Pinned, reused host buffers and side-stream copies for what MPI moves from a GPU (staging.py);
+        # host_staging (--host-staging) runs the same logic on the CPU.
+        self._staging = HostStaging(topo.device, emulate=host_staging)
+        # A private duplicate of the world for point-to-point traffic: no other library's messages match.
         self._p2p = topo.world.Dup()
         self._row_types: dict[int, MPI.Datatype] = {}
         self._ring_tags = 0  # leaders' rings started (allreduce.LeadersRing): the next one's tag

@@ -6,7 +6,7 @@ A rank sees the GPUs its launcher left visible (CUDA_VISIBLE_DEVICES, set by Slu
 order: with one GPU per rank (--gpus-per-task=1, --gpu-bind=single:1) every rank takes its only one;
 with the node's G GPUs visible to every rank (--gpus-per-node=G) rank i of the host takes GPU i; with
 --gpu-bind=closest (a socket's GPUs visible to the ranks of that socket) rank i of the socket takes its
-i-th GPU.  More ranks than GPUs in a set is an error unless sharing is asked for (share=True: two
+i-th GPU.  More ranks than GPUs in a set is an error unless sharing is asked for (share=True, --share-gpus: two
 emulated servers on one GPU), and `auto` never runs the job on the CPU because some ranks see no GPU.
 """
 from __future__ import annotations
@@ -51,5 +51,5 @@ def select_gpu(position: int, count: int, visible: int, share: bool, host: str =
     if count > visible and not share:
         return None, (f"{count} ranks on {host or 'one host'} see the same {visible} GPU(s): start one rank per "
                       f"GPU (srun --gpus-per-task=1, or --ntasks-per-node equal to --gpus-per-node), or set "
-                      f"GRANNDIS_SHARE_GPUS=1 to share them on purpose (emulated servers on one GPU)")
+                      f"--share-gpus to share them on purpose (emulated servers on one GPU)")
     return position % visible, ""

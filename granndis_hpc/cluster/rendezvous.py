@@ -16,17 +16,19 @@ def default_route_address() -> str:
 
 def rendezvous_address(override: str, single_host: bool, host: str,
                        resolve: Callable[[str], str] = socket.gethostbyname,
-                       default_route: Callable[[], str] = default_route_address) -> Tuple[str, str]:
+                       default_route: Callable[[], str] = default_route_address,
+                       source: str = "MASTER_ADDR") -> Tuple[str, str]:
     """(address, how it was chosen) of rank 0's host.
 
-    override: MASTER_ADDR (an address every node reaches, e.g. the InfiniBand interface's), used as is.
+    override: --master-addr or MASTER_ADDR (`source`: which; an address every node reaches, e.g. the
+    InfiniBand interface's), used as is.
     Otherwise one host: loopback.  Several: rank 0's host name as MPI reports it (MPI_Get_processor_name),
     resolved by the cluster's name service -- the name the other nodes know the host by, where the
     default route (often a management Ethernet on a multi-homed node) may not be reachable from them;
     a name that resolves to loopback (Debian's 127.0.1.1 entry) or not at all falls back to the default
     route's address."""
     if override:
-        return override, "MASTER_ADDR"
+        return override, source
     if single_host:
         return "127.0.0.1", "one host: loopback"
     try:

@@ -113,11 +113,15 @@ def main(argv=None) -> int:
                              "or env GRANNDIS_RANKS_PER_SERVER)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--intra-transport", choices=("auto", "gloo", "nccl", "mpi"), default="auto")
+    parser.add_argument("--master-addr", default=None, help="where the ranks meet for torch.distributed "
+                        "(granndis-train's --master-addr)")
+    parser.add_argument("--dist-timeout", type=float, default=600.0, help="seconds a rank waits for that store")
     parser.add_argument("--fail-rank", type=int, default=None, help="rank that raises before the first collective")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    topo = init_topology(args.ranks_per_server, args.device, args.intra_transport)
+    topo = init_topology(args.ranks_per_server, args.device, args.intra_transport, master_addr=args.master_addr,
+                         dist_timeout_s=args.dist_timeout)
     if topo.rank == 0:
         print(topo.describe(), flush=True)
     if args.fail_rank is not None:

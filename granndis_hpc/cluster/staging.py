@@ -20,19 +20,17 @@ the host until every kernel queued before it has run; here instead:
   steps and epochs: the pool holds about the largest exchange in flight at once.
 
 On the CPU there is nothing to stage (MPI reads the tensors' own memory) and the callers skip this
-module, unless `emulate=True` (env GRANNDIS_HOST_STAGING=1), which runs the same staging logic with
+module, unless `emulate=True` (the --host-staging option), which runs the same staging logic with
 plain host buffers and synchronous copies: tests exercise the GPU code's buffer handling and order on
 the CPU, with the same results.
 """
 from __future__ import annotations
 
 import math
-import os
 from typing import List, Optional, Tuple
 
 import torch
 
-ENV_HOST_STAGING = "GRANNDIS_HOST_STAGING"
 MIN_BUFFER_BYTES = 1 << 12
 
 
@@ -88,9 +86,7 @@ class PinnedPool:
 class HostStaging:
     """The staging of one Communicator: its pool and, on a GPU, its side stream (see the module doc)."""
 
-    def __init__(self, device: torch.device, emulate: Optional[bool] = None):
-        if emulate is None:
-            emulate = os.environ.get(ENV_HOST_STAGING, "") not in ("", "0")
+    def __init__(self, device: torch.device, emulate: bool = False):
         self.cuda = device.type == "cuda"
         self.copies = self.cuda or bool(emulate)  # False: MPI reads the tensors themselves
         self.device = device

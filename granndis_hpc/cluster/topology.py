@@ -27,11 +27,12 @@ from mpi4py import MPI
 from .devices import device_kind as device_kinds, gpu_positions, select_gpu
 from .errors import ClusterError, agree
 from .rendezvous import rendezvous_address
+from granndis_hpc.mpistart import thread_level_problem
+from granndis_hpc.startup_options import master_addr as startup_master_addr
 
 ENV_RANKS_PER_SERVER = "GRANNDIS_RANKS_PER_SERVER"
 ENV_INTRA_TRANSPORT = "GRANNDIS_INTRA_TRANSPORT"
-ENV_DIST_TIMEOUT = "GRANNDIS_DIST_TIMEOUT_S"
-ENV_SHARE_GPUS = "GRANNDIS_SHARE_GPUS"  # 1: ranks may share a GPU (emulated servers on one GPU)
+DEFAULT_DIST_TIMEOUT_S = 600.0
 DEVICES = ("auto", "cpu", "cuda")
 TRANSPORTS = ("auto", "gloo", "nccl", "mpi")
 
@@ -144,8 +145,9 @@ class Topology:
                 comm.Free()
 
 
-def init_topology(ranks_per_server: int | None = None, device: str = "auto",
-                  intra_transport: str = "auto") -> Topology:
+def init_topology(ranks_per_server: int | None = None, device: str = "auto", intra_transport: str = "auto", *,
+                  share_gpus: bool = False, dist_timeout_s: float = DEFAULT_DIST_TIMEOUT_S,
+                  master_addr: Optional[str] = None) -> Topology:
     """Build the topology of this job.  Collective over MPI.COMM_WORLD.
 
     ranks_per_server: None = one server per shared-memory node (or env GRANNDIS_RANKS_PER_SERVER);
@@ -153,18 +155,22 @@ def init_topology(ranks_per_server: int | None = None, device: str = "auto",
     device: "auto" (CUDA when every rank has it, else CPU), "cpu" or "cuda".
     intra_transport: "auto" (env GRANNDIS_INTRA_TRANSPORT, else NCCL on CUDA and the measured CPU
         default), "gloo", "nccl" or "mpi".
+    share_gpus: several ranks may use one GPU (--share-gpus); otherwise more ranks than GPUs is an error.
+    dist_timeout_s: how long a rank waits for torch.distributed's store and collectives (--dist-timeout).
+    master_addr: the store's address (--master-addr); None: MASTER_ADDR, else rank 0's host (rendezvous.py).
     Any configuration problem raises the same ClusterError on every rank.
     """
     world = MPI.COMM_WORLD.Dup()
     try:
-        return _build(world, ranks_per_server, device, intra_transport)
+        return _build(world, ranks_per_server, device, intra_transport,
+                      dict(share_gpus=share_gpus, dist_timeout_s=dist_timeout_s, master_addr=master_addr))
     except BaseException:
         if world != MPI.COMM_NULL:  # not yet freed by Topology.close()
             world.Free()
         raise
 
 
-def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str) -> Topology:
+def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str, start: dict) -> Topology:
     rank, size = world.Get_rank(), world.Get_size()
     host = MPI.Get_processor_name()
     hosts_of_rank = world.allgather(host)
@@ -211,12 +217,13 @@ def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str)
                     rank_table=rank_table, hosts=hosts, emulated=rps is not None, ranks_on_node=ranks_on_node,
                     _server_of=server_of, _local_of=local_of)
     try:
-        topo.device = _resolve_device(world, device)
+        topo.device = _resolve_device(world, device, start["share_gpus"])
         topo.intra_transport = _resolve_transport(world, intra_transport, topo.device)
         if topo.intra_transport == "nccl":
             _check_one_gpu_per_rank(topo)
         if topo.intra_transport in ("gloo", "nccl"):
-            topo.intra_group = _init_torch_distributed(topo, len(set(hosts_of_rank)) == 1)
+            topo.intra_group = _init_torch_distributed(topo, len(set(hosts_of_rank)) == 1, start["dist_timeout_s"],
+                                                       start["master_addr"])
             topo._owns_dist = True
     except BaseException:
         topo.close()
@@ -276,7 +283,7 @@ def _visible_set() -> tuple:
     return (os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"), n)
 
 
-def _resolve_device(world: MPI.Comm, device: str, share_gpus: Optional[bool] = None) -> torch.device:
+def _resolve_device(world: MPI.Comm, device: str, share_gpus: bool = False) -> torch.device:
     agree(world, device in DEVICES, f"device must be one of {DEVICES}, got {device!r}")
     has_cuda = torch.cuda.is_available()
     hosts = world.allgather(MPI.Get_processor_name())
@@ -284,13 +291,8 @@ def _resolve_device(world: MPI.Comm, device: str, share_gpus: Optional[bool] = N
     agree(world, not problem, problem)
     if kind == "cpu":
         return torch.device("cpu")
-    if share_gpus is None:
-        share_gpus = os.environ.get(ENV_SHARE_GPUS, "") not in ("", "0")
     # GPU training calls MPI from autograd's device thread (the exchange's backward, gradient hooks).
-    level = MPI.Query_thread()
-    thread_problem = "" if level >= MPI.THREAD_SERIALIZED else (
-        f"the MPI library gives thread level {level} (MPI_THREAD_SERIALIZED = {MPI.THREAD_SERIALIZED} is needed on "
-        f"GPUs: the backward calls MPI from autograd's device thread); use an MPI built with thread support")
+    thread_problem = thread_level_problem(MPI.Query_thread(), MPI.THREAD_SERIALIZED, MPI.Get_library_version())
     agree(world, not thread_problem, thread_problem)
     rank = world.Get_rank()
     position, count = gpu_positions(hosts, world.allgather(_visible_set()))[rank]
@@ -340,25 +342,30 @@ def _check_one_gpu_per_rank(topo: Topology) -> None:
           f"GPU per rank of a server: start one rank per GPU, or use intra_transport=mpi (staged through host)")
 
 
-def _init_torch_distributed(topo: Topology, single_host: bool):
+def _init_torch_distributed(topo: Topology, single_host: bool, seconds: float, master_addr: Optional[str]):
     world = topo.world
     if dist.is_initialized():
         raise ClusterError("torch.distributed is already initialised in this process; close the previous "
                            "Topology (topo.close()) before building a new one", collective=True)
-    seconds = float(os.environ.get(ENV_DIST_TIMEOUT, "600"))
     timeout = datetime.timedelta(seconds=seconds)
     store, endpoint = None, None
     if topo.rank == 0:
+        address, how = "", "not chosen"
         try:
-            address, how = rendezvous_address(os.environ.get("MASTER_ADDR", ""), single_host, MPI.Get_processor_name())
+            override, source = startup_master_addr(master_addr)
+            address, how = rendezvous_address(override, single_host, MPI.Get_processor_name(), source=source)
             # Port 0: the OS picks a free port and the store reports it, so no probe-then-bind race.
             port = int(os.environ.get("MASTER_PORT", "0"))
             store = dist.TCPStore(address, port, topo.world_size, True, timeout=timeout,
                                   wait_for_workers=False)
             endpoint = (address, int(store.port), how, "")
         except Exception as exc:  # noqa: BLE001 -- reported to every rank below
-            endpoint = ("", 0, None, f"rank 0 could not open the torch.distributed store: {exc!r} "
-                                     f"(set MASTER_ADDR / MASTER_PORT)")
+            # The store's own client connects to `address` too: an address no node answers at times out here.
+            endpoint = ("", 0, None, f"host {MPI.Get_processor_name()} (rank 0) could not open the torch.distributed "
+                                     f"store at {address or '?'} ({how}) within {seconds:g} s: {exc!r}; give "
+                                     f"--master-addr with an address of {topo.hosts[0]} every node reaches (e.g. its "
+                                     f"InfiniBand interface's), MASTER_PORT for a fixed port, or --dist-timeout for a "
+                                     f"longer wait")
     address, port, how, problem = world.bcast(endpoint, root=0)
     if problem:
         raise ClusterError(problem, collective=True)
@@ -369,8 +376,8 @@ def _init_torch_distributed(topo: Topology, single_host: bool):
         except Exception as exc:  # noqa: BLE001 -- agreed below, so no rank waits for the others
             problem = (f"host {MPI.Get_processor_name()} (rank {topo.rank}) could not reach the torch.distributed "
                        f"store of rank 0 on {topo.hosts[0]} at {address}:{port} ({how}) within {seconds:g} s: "
-                       f"{type(exc).__name__}; set MASTER_ADDR to an address of {topo.hosts[0]} every node "
-                       f"reaches (e.g. its InfiniBand interface's), or {ENV_DIST_TIMEOUT} for a longer wait")
+                       f"{type(exc).__name__}; give --master-addr with an address of {topo.hosts[0]} every node "
+                       f"reaches (e.g. its InfiniBand interface's), or --dist-timeout for a longer wait")
     problems = [p for p in world.allgather(problem) if p]
     if problems:
         raise ClusterError(problems[0] + (f" (and {len(problems) - 1} more host(s))" if len(problems) > 1 else ""),

@@ -11,8 +11,9 @@ between these per-GPU graphs.
 
 Both plan every co-batch as index arrays over one fixed per-rank structure (engine/cobplan.py, One-Hop
 Graph Masking) from the server's graph and features in host memory, with no communication, so the
-whole host side of co-batch i+1 (sample, split, plan, tensors, aggregation matrices) is built in a
-background thread while step i computes.
+whole of co-batch i+1 (sample, split, plan, device tensors, aggregation matrices) is built in a
+background thread while step i computes; on a GPU its tensors are made on the loader's own CUDA stream,
+which the step's stream waits for by an event (engine/cobstream.py).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import torch
 
 from granndis_hpc.cluster.exchange_group import local_group
 from granndis_hpc.engine import cobplan, views
+from granndis_hpc.engine.cobstream import LoaderStream
 from granndis_hpc.engine.steps import Step, rows_accounting
 from granndis_hpc.graph.csr import owner_of
 from granndis_hpc.graph.sampler import CoBatchSampler
@@ -43,6 +45,7 @@ class Built:
     host: cobplan.HostPlan
     timings: Dict[str, float]
     view: Optional[views.View] = None  # once on the device
+    ready: object = None  # the loader stream's event after the device tensors (engine/cobstream.py)
     rows: torch.Tensor = None
     labels: torch.Tensor = None
     computed: List[np.ndarray] = field(default_factory=list)  # ids computed per layer (redundancy)
@@ -129,9 +132,10 @@ class BatchedSteps:
         self._ahead = None  # (epoch, future) of an epoch's first co-batch built ahead
         self._last: Optional[Built] = None  # the latest co-batch built (reused when its draw repeats)
         self.keys = MatrixKeys()  # aggregation matrices the model builds (learnt during the first step)
-        # On a GPU the loader thread does host work only; tensors and matrices go to the device on the
-        # main thread, in stream order (no cross-stream lifetime to manage).
-        self._host_only = ctx.device.type != "cpu"
+        # The device tensors are made in the loader too, on its own stream on a GPU (--host-staging: that
+        # logic emulated on the CPU); the step's stream waits for them (engine/cobstream.py).
+        self.loader = LoaderStream(ctx.device, emulate=getattr(ctx.cfg, "host_staging", False))
+        self._in_use: Optional[Built] = None  # the co-batch of the step last handed out
 
     def start(self, epoch: int) -> None:
         """Start building `epoch`'s first co-batch now (set-up: the first epoch's; a resumed run that
@@ -183,25 +187,27 @@ class BatchedSteps:
         last = self._last
         if self.sampler.deterministic and last is not None and np.array_equal(last.targets, targets):
             return Built(targets=targets, host=last.host, timings={p: 0.0 for p in PHASES}, view=last.view,
-                         rows=last.rows, labels=last.labels, computed=last.computed)
+                         rows=last.rows, labels=last.labels, computed=last.computed, ready=last.ready)
         timings = {p: 0.0 for p in PHASES}
         start = cobplan.clock()
         draw = self.sampler.draw(self.split.targets(targets), epoch, iteration)
         timings["sample"] = cobplan.clock() - start
         built = Built(targets=targets, host=self.split.plan(draw, timings), timings=timings)
-        if not self._host_only:
+        with self.loader.building():
             self._to_device(built)
+            built.ready = self.loader.ready()  # after every copy and kernel of the co-batch
         self._last = built
         return built
 
     def _to_device(self, built: Built) -> None:
-        ctx, hp = self.ctx, built.host
+        ctx, hp, put = self.ctx, built.host, (self.loader.put if self.loader.active else None)
         start = cobplan.clock()
-        graphs = cobplan.layer_graphs(hp, ctx.device)
-        built.view = cobplan.assemble_view(hp, graphs, self.split.group, ctx.device)
+        graphs = cobplan.layer_graphs(hp, ctx.device, put)
+        built.view = cobplan.assemble_view(hp, graphs, self.split.group, ctx.device, put)
         n_targets = int((hp.own_hop == 0).sum())
         built.rows = torch.arange(n_targets, device=ctx.device)
-        built.labels = torch.as_tensor(ctx.slice.labels[hp.ids[:n_targets] - ctx.slice.row_offset], device=ctx.device)
+        labels = ctx.slice.labels[hp.ids[:n_targets] - ctx.slice.row_offset]
+        built.labels = put(labels) if put else torch.as_tensor(labels, device=ctx.device)
         built.computed = [hp.ids[: lp.n_dst] for lp in hp.plan.layers]
         built.timings["to_torch"] += cobplan.clock() - start
         self._prepare(built)
@@ -219,8 +225,12 @@ class BatchedSteps:
         built.timings["matrices"] += cobplan.clock() - start
 
     def _ready(self, built: Built) -> Built:
-        if built.view is None:  # a GPU: the device part on the main thread
-            self._to_device(built)
+        """Main thread: the step's stream waits for the co-batch's tensors; the previous co-batch is
+        retired (freed once the work queued on it so far has run)."""
+        self.loader.wait(built.ready)
+        if self._in_use is not None and self._in_use.view is not built.view:
+            self.loader.retire(self._in_use)
+        self._in_use = built
         return built
 
     def _watch(self, built: Built) -> None:

@@ -215,10 +215,14 @@ def _finish(index, draw, ids, edges, indptr, sources, table, send_pos, send_coun
                     row_ids=row_ids, halo_row_ids=halo_row_ids)
 
 
-def layer_graphs(hp: HostPlan, device) -> List[LayerGraph]:
+def _put(device, put):
+    """put(array) -> a tensor on `device` (cob's loader stream, engine/cobstream.py), default torch.as_tensor."""
+    return put or (lambda a, dtype=None: torch.as_tensor(a, dtype=dtype, device=device))
+
+
+def layer_graphs(hp: HostPlan, device, put=None) -> List[LayerGraph]:
     """The plan's LayerGraphs on `device`, with the degrees and loops views.View would give them."""
-    def t(a, dtype=None):
-        return torch.as_tensor(a, dtype=dtype, device=device)
+    t = _put(device, put)
 
     own_degree, own_loops, halo_degree = t(hp.degree), t(hp.loops), t(hp.halo_degree)
     graphs = []
@@ -232,15 +236,14 @@ def layer_graphs(hp: HostPlan, device) -> List[LayerGraph]:
     return graphs
 
 
-def assemble_view(hp: HostPlan, graphs, group, device) -> views.View:
+def assemble_view(hp: HostPlan, graphs, group, device, put=None) -> views.View:
     """A views.View of the plan whose static data (features, degrees, ids of halo rows) is already at hand."""
-    halo_rows0 = torch.as_tensor(hp.plan.layers[0].halo_rows, device=device)
-    row_ids = torch.as_tensor(hp.row_ids, device=device)
-    source_ids = torch.cat([row_ids[: hp.plan.layers[0].n_own_in],
-                            torch.as_tensor(hp.halo_row_ids, device=device).index_select(0, halo_rows0)])
-    return views.View.assembled(hp.plan, group, device, features=torch.as_tensor(hp.features, device=device),
-                                halo_features=torch.as_tensor(hp.halo_features, device=device), graphs=graphs,
-                                row_ids=row_ids, source_ids=source_ids)
+    t = _put(device, put)
+    halo_rows0 = t(hp.plan.layers[0].halo_rows)
+    row_ids = t(hp.row_ids)
+    source_ids = torch.cat([row_ids[: hp.plan.layers[0].n_own_in], t(hp.halo_row_ids).index_select(0, halo_rows0)])
+    return views.View.assembled(hp.plan, group, device, features=t(hp.features), halo_features=t(hp.halo_features),
+                                graphs=graphs, row_ids=row_ids, source_ids=source_ids, put=put)
 
 
 def prepare_matrices(graphs, keys) -> None:

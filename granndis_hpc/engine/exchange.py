@@ -64,11 +64,13 @@ def _rounds(index: torch.Tensor) -> list:
     return cached
 
 
-def send_index_tensor(send_index, device) -> torch.Tensor:
+def send_index_tensor(send_index, device, put=None) -> torch.Tensor:
     """A plan's send index (host array) on `device`, its scatter rounds built on the host now (the
-    views' send indices: no device value is read back in the backward, cob's per-step views included)."""
+    views' send indices: no device value is read back in the backward, cob's per-step views included).
+    put(array): how a host array goes to the device (cob's loader stream), default torch.as_tensor."""
+    put = put or (lambda a: torch.as_tensor(a, device=device))
     host = np.asarray(send_index, dtype=np.int64)
-    index = torch.as_tensor(host, device=device)
+    index = put(host)
     order = np.argsort(host, kind="stable")
     ordered = host[order]
     pos = np.arange(host.size)
@@ -76,8 +78,7 @@ def send_index_tensor(send_index, device) -> torch.Tensor:
     start[1:] = ordered[1:] != ordered[:-1]
     occurrence = pos - np.maximum.accumulate(np.where(start, pos, 0)) if host.size else pos
     n_rounds = int(occurrence.max()) + 1 if host.size else 0
-    index._granndis_rounds = [torch.as_tensor(np.sort(order[occurrence == r]), device=device)
-                              for r in range(n_rounds)]
+    index._granndis_rounds = [put(np.sort(order[occurrence == r])) for r in range(n_rounds)]
     return index
 
 

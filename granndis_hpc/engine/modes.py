@@ -22,6 +22,7 @@ from typing import Dict, Iterator, Optional
 import numpy as np
 
 from granndis_hpc import memory_model, registry, shards
+from granndis_hpc.config import OVERLAP_HALOS
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.engine import cobatch, inductive, views
 # The shared step types live in engine/steps.py (importable from here too, as before).
@@ -313,6 +314,8 @@ class Automatic(Mode):
                     fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed, dropout=cfg.dropout, norm=cfg.norm,
                     checkpoint_activations=cfg.checkpoint_activations, linear_layers=cfg.linear_layers or 0,
                     options=tuple(registry.model_options(cfg.model, cfg.model_option).items()),
+                    # the order the run computes in, whose peak is estimated (overlapped by default)
+                    overlap=() if cfg.no_overlap else tuple(sorted(OVERLAP_HALOS[cfg.overlap_halos])),
                     job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive).to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])

@@ -29,6 +29,7 @@ from granndis_hpc.engine.preflight import share_cpu_threads
 from granndis_hpc.graph import planner
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.registry import model_options
+from granndis_hpc.startup_options import topology_args
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,13 @@ class WorldForward:
     world view, the model with the source's parameters.  close() releases it."""
 
     def __init__(self, shards_dir: str, source_path: str, ranks_per_server: Optional[int], device: str,
-                 intra_transport: str, skip_checksums: bool = False, verify_content: bool = False):
-        self.topo = topo = init_topology(ranks_per_server, device, intra_transport)
+                 intra_transport: str, skip_checksums: bool = False, verify_content: bool = False,
+                 start: Optional[Dict] = None, host_staging: bool = False):
+        # start: init_topology's start-up arguments (startup_options.topology_args of the options)
+        self.topo = topo = init_topology(ranks_per_server, device, intra_transport, **(start or {}))
         try:
             share_cpu_threads(topo)
-            self.comm = Communicator(topo, Ledger(), intra_transport)
+            self.comm = Communicator(topo, Ledger(), intra_transport, host_staging=host_staging)
             self.group = self.comm.group("world", None)
             world = topo.world
             with collective_errors(world, "", catch=(ModelSourceError, shards.ShardError, OSError, KeyError,
@@ -121,7 +124,7 @@ def run_predict(opts) -> Dict:
     fmt = opts.resolved_format()
     start_s = time.perf_counter()
     fw = WorldForward(opts.shards, opts.model, opts.ranks_per_server, opts.device, opts.intra_transport,
-                      opts.skip_checksums, opts.verify_content)
+                      opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging)
     try:
         topo, sl, n_inner = fw.topo, fw.slice, fw.n_inner
         with collective_errors(topo.world, "", catch=(PredictError, OutputError)):

@@ -48,6 +48,7 @@ from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.progress import progress
 from granndis_hpc.registry import model_options
+from granndis_hpc.startup_options import topology_args
 
 
 class Trainer:
@@ -74,11 +75,11 @@ class Trainer:
             self.stop_signals.uninstall_and_redeliver()
 
     def _set_up(self, cfg: TrainConfig) -> None:
-        self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport)
+        self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport, **topology_args(cfg))
         share_cpu_threads(self.topo)
         self.world = self.topo.world
         self.ledger = Ledger()
-        self.comm = Communicator(self.topo, self.ledger, cfg.intra_transport)
+        self.comm = Communicator(self.topo, self.ledger, cfg.intra_transport, host_staging=cfg.host_staging)
         self.device = self.topo.device
         # The model and mode names were checked where the options are (TrainConfig: choices read from the
         # registries), the one place; every rank holds the same config, so this cannot differ by rank.

@@ -158,18 +158,20 @@ class View:
     @classmethod
     def assembled(cls, plan: planner.Plan, group: ExchangeGroup, device: torch.device, features: torch.Tensor,
                   halo_features: torch.Tensor, graphs: List[LayerGraph], row_ids: Optional[torch.Tensor],
-                  source_ids: Optional[torch.Tensor], static_phase: str = "halo") -> "View":
+                  source_ids: Optional[torch.Tensor], static_phase: str = "halo", put=None) -> "View":
         """A view whose static per-row data is already at hand (engine/cobplan.py: a co-batch planned from
-        host memory), so nothing is exchanged to build it: the same object __init__ makes, given its parts."""
+        host memory), so nothing is exchanged to build it: the same object __init__ makes, given its parts.
+        put(array): how the plan's host arrays go to the device (cob's loader stream)."""
+        put = put or (lambda a: torch.as_tensor(a, device=device))
         self = cls.__new__(cls)
         self.plan, self.device, self.exchange_group, self._exchange = plan, device, group, group.exchange
         self.num_own, self.group = plan.num_own, plan.group
-        self._send = [send_index_tensor(lp.send_index, device) for lp in plan.layers]
-        self._full_send = torch.as_tensor(plan.full_send_index, device=device)
+        self._send = [send_index_tensor(lp.send_index, device, put) for lp in plan.layers]
+        self._full_send = put(plan.full_send_index)
         self.features, self.halo_features = features, halo_features
         self.input_features = features[: plan.layers[0].n_own_in]
         self.graphs = list(graphs)
-        self._halo_rows = [torch.as_tensor(lp.halo_rows, device=device) for lp in plan.layers]
+        self._halo_rows = [put(lp.halo_rows) for lp in plan.layers]
         self.row_ids, self._static_phase, self._source_ids = row_ids, static_phase, source_ids
         return self
 

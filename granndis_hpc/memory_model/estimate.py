@@ -118,6 +118,9 @@ class ModelSpec:
     # train-induced ones from above.
     inductive: bool = False
     multilabel: bool = False  # multi-label targets: binary cross-entropy (its saved tensors differ)
+    # The exchange groups whose halos a layer computes behind (--overlap-halos: ("world",) by default,
+    # ("server", "world") for all; () is --no-overlap): the order whose memory is estimated.
+    overlap: Tuple[str, ...] = ("world",)
 
     def __post_init__(self):
         if self.name not in MODELS:
@@ -177,6 +180,15 @@ def _loss_saved(n_train: int, classes: int, multilabel: bool = False) -> Tuple[i
     return n_train * I64 + n_train * classes * F32 + n_train * I64 + F32, n_train * I64
 
 
+def overlapped_layers(r: RankRows, m: ModelSpec) -> Tuple[List[bool], List[bool]]:
+    """(pending, split) per training layer in the order m.overlap describes.  pending[l]: layer l's
+    halo is in flight while its conv aggregates the own rows' edges (its view's group overlaps and the
+    layer exchanges; nn/graph.PendingRows).  split[l]: layer l computes the rows layer l + 1 sends
+    first (boundary-first pipelining, nn/graph.RowSplit), which it does when layer l + 1 is pending."""
+    pending = [name in m.overlap and m.estimator.exchanged(l) for l, (name, _) in enumerate(r.training_layers())]
+    return pending, [l + 1 < len(pending) and pending[l + 1] for l in range(len(pending))]
+
+
 def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[str, object]:
     """Bytes autograd keeps for the backward pass, per layer (as SavedBytes counts: each storage once).
 
@@ -187,6 +199,15 @@ def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[st
     recomputes it (0 without)}.  The model's layers are its estimator's; the loss is the trainer's."""
     mask_bytes = 1 if device == "cuda" else F32  # dropout masks: bool on CUDA, float on CPU
     a = m.estimator.activations(r, m, mask_bytes)
+    # Boundary-first layers save what their split adds (SAGE: lin_self's copies of the own rows it reads
+    # by RowSplit, instead of a slice of the gathered rows); a model that declares nothing adds nothing.
+    split_saved = getattr(m.estimator, "split_saved", None)
+    if split_saved is not None:
+        widths = m.widths()
+        for l, ((_, lr), split) in enumerate(zip(r.training_layers(), overlapped_layers(r, m)[1])):
+            extra = int(split_saved(lr, *widths[l])) if split else 0
+            a["per_layer"][l] += extra
+            a["fresh_per_layer"][l] += extra
     loss, loss_pre = _loss_saved(r.n_train, m.num_classes, m.multilabel)
     saved = sum(a["per_layer"]) + a["head"] + loss
     return {"per_layer": list(a["per_layer"]), "fresh_per_layer": list(a["fresh_per_layer"]), "head": a["head"],
@@ -206,6 +227,19 @@ def _graph_bytes(lr: LayerRows, self_loops: bool, forward_cache: bool, transpose
         b += (lr.n_dst + 1) * I64 + entries * (I64 + F32)
     if transpose_cache:
         b += (lr.n_src + 1) * I64 + entries * (I64 + F32)
+    return b
+
+
+def _split_graph_bytes(lr: LayerRows, self_loops: bool, split: bool, transposed: bool) -> int:
+    """The matrices an overlapped layer adds to its graph (nn/graph.LayerGraph._matrix): its adjacency
+    split into own-source and halo-source columns (the same entries again, two row pointers), each split
+    again by destination rows first/rest when the layer is boundary-first (four row pointers), and
+    their transposes for the backward."""
+    entries = (lr.nnz + (lr.n_dst if self_loops else 0)) * (I64 + F32)
+    parts = 2 if split else 1
+    b = entries + parts * (lr.n_dst + 2) * I64
+    if transposed:
+        b += entries + parts * (lr.n_own_in + lr.n_halo + 2) * I64
     return b
 
 
@@ -234,6 +268,7 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
         if value > best:
             best, where = value, f"backward layer {m.layers + j}"
     halo_max = 0
+    pending = overlapped_layers(r, m)[0]
     for l, (_, lr) in enumerate(tl):
         win, wout = widths[l]
         exchanged = est.exchanged(l)  # else the layer reads the static halo features
@@ -243,7 +278,10 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
         # Per-edge tensors a conv allocates at once (GAT's messages [E, heads, C]; memory_model/zoo_stacks.py),
         # in the forward and again as their gradient in the backward.
         edge = est.edge_transient(lr, m, l, win, wout) if hasattr(est, "edge_transient") else 0
-        fwd = prefix[l] + max(halo, 2 * lr.n_dst * wout * F32 + edge)
+        # Overlapped, the exchange's buffers are alive while the conv computes its own and halo partial
+        # products and their sum; without overlap the exchange is done before the conv starts.
+        conv = max(2 * lr.n_dst * wout, 3 * lr.n_dst * min(win, wout)) * F32 + edge
+        fwd = prefix[l] + (halo + conv if pending[l] else max(halo, 2 * lr.n_dst * wout * F32 + edge))
         if input_grad:
             # SAGE's source rows get two gradients (lin_self's slice and the aggregation), GCN's one:
             # the estimator's grad_paths.  The autograd engine adds the second into the first and frees it before the exchange's
@@ -286,6 +324,17 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
             fwd, transpose = shared.get(key, (lr, False, False))[1:]
             shared[key] = (lr, fwd or used_forward, transpose or (trained and est.aggregation_input_grad(m, l)))
         graph += sum(_graph_bytes(lr, est.self_loops, fwd, transpose) for lr, fwd, transpose in shared.values())
+    # Overlapped layers also hold their split matrices: training's (with transposes) and evaluation's
+    # (the world view's layers, forward only, when its exchanges overlap); counted per layer.
+    pending, split = overlapped_layers(r, m)
+    for l, (_, lr) in enumerate(tl):
+        if pending[l]:
+            graph += _split_graph_bytes(lr, est.self_loops, split[l], est.aggregation_input_grad(m, l))
+    if "world" in m.overlap:
+        for l, lr in enumerate(r.world.layers):
+            trained_here = l >= r.k and pending[l]
+            if est.exchanged(l) and not trained_here:
+                graph += _split_graph_bytes(lr, est.self_loops, l + 1 < r.layers, False)
     if m.inductive:  # two more world views, each at most the full graph's (rows, halo, forward graphs)
         w = r.world
         static = (w.n_own + w.n_halo) * (r.features + 1) * F32 + w.n_send * I64

@@ -37,6 +37,12 @@ class SAGE_BYTES:
         saved = n_src * win * F32 + weight + (weight if wout < win else n_dst * win * F32 + weight)
         return saved, 2 * weight
 
+    @staticmethod
+    def split_saved(n_dst: int, win: int, wout: int) -> int:
+        """Boundary-first (split rows): lin_self reads the own rows by index_select, first and rest, and
+        saves those [n_dst, win] copies instead of a slice of the source rows' storage."""
+        return n_dst * win * F32
+
 
 class GCN_BYTES:
     """GCNConv: one Linear (the source rows get one gradient); the cached adjacency holds the n_dst
@@ -113,6 +119,12 @@ class ModelEstimate:
         """Layer `layer`'s source rows come through the autograd exchange (False: the static halo
         features exchanged once at set-up; then no gradient and no per-epoch halo bytes)."""
         return True
+
+    def split_saved(self, layer_rows, win: int, wout: int) -> int:
+        """Bytes a boundary-first layer (split rows) saves beyond the plain order: its declared
+        `split_saved`, 0 for a layer that declares none."""
+        extra = getattr(self.conv, "split_saved", None)
+        return int(extra(layer_rows.n_dst, win, wout)) if extra is not None else 0
 
     def aggregation_input_grad(self, m, layer: int) -> bool:
         """Does the aggregation's input need a gradient (then the backward builds the transpose)?"""

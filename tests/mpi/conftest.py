@@ -8,6 +8,9 @@ from mpi4py import MPI
 from tests.conftest import RANKS_PER_SERVER, require_planetoid
 
 WORLD = MPI.COMM_WORLD
+# GRANNDIS_TEST_HOST_STAGING=1 runs the cluster primitives' tests with the GPU path's host staging
+# emulated on the CPU (the trainer's --host-staging).
+TEST_HOST_STAGING = os.environ.get("GRANNDIS_TEST_HOST_STAGING", "") not in ("", "0")
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +31,7 @@ def cluster_fixture(shapes):
         group, transport = request.param
         topo = init_topology(ranks_per_server=group, device="cpu", intra_transport=transport)
         ledger = Ledger()
-        comm = Communicator(topo, ledger)
+        comm = Communicator(topo, ledger, host_staging=TEST_HOST_STAGING)
         yield topo, comm, ledger
         comm.close()
         topo.close()

@@ -209,7 +209,7 @@ def test_reduce_flat_start_sums_while_the_caller_computes_with_the_same_bits_eve
             p.poll()
         time.sleep(0.005)
     progressed = all(p.leaders_done() for p in pendings)
-    # (staged, GRANNDIS_HOST_STAGING=1: the leaders sum their host copy; the bucket is written in wait())
+    # (staged, GRANNDIS_TEST_HOST_STAGING=1: the leaders sum their host copy; the bucket is written in wait())
     before_wait = [(f if p._host is None else p._host).numpy().copy() for p, f in zip(pendings, flats)]
     sums = [p.wait().numpy().copy() for p in pendings]
     overlapped = ledger.snapshot()["bytes"]

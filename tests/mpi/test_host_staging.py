@@ -1,5 +1,5 @@
 """Host staging of MPI messages (cluster/staging.py), run on the CPU with the GPU's staging logic
-(GRANNDIS_HOST_STAGING=1: pooled host buffers, copies out before the sends are posted, copies back
+(--host-staging: pooled host buffers, copies out before the sends are posted, copies back
 after the receives), 2 servers x 2 ranks on real Cora with the MPI transport.
 
 Staging only copies, so training must give the same bits as without it -- losses, parameters and every
@@ -7,13 +7,11 @@ ledger byte -- with the halo exchange and the gradient buckets overlapped (sends
 copy is complete, cluster/pending.MPIProgress) and blocking (--no-overlap: Alltoallv, the blocking
 all-reduce).  The pool lends every buffer back by the end of a step and reuses them: the second epoch
 allocates no new host memory."""
-import os
 
 import pytest
 import torch
 from mpi4py import MPI
 
-from granndis_hpc.cluster.staging import ENV_HOST_STAGING
 from tests.mpi.conftest import make_trainer, on_every_rank
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -21,11 +19,7 @@ WORLD = MPI.COMM_WORLD
 
 
 def _train(shards, staged, **extra):
-    os.environ[ENV_HOST_STAGING] = "1" if staged else "0"
-    try:
-        trainer = make_trainer(shards, "fb", epochs=2, intra_transport="mpi", **extra)
-    finally:
-        del os.environ[ENV_HOST_STAGING]
+    trainer = make_trainer(shards, "fb", epochs=2, intra_transport="mpi", host_staging=staged, **extra)
     try:
         pool = trainer.comm._staging.pool
         assert trainer.comm._staging.copies == staged

@@ -215,7 +215,8 @@ OUT_OF_RANGE = [("epochs", "0", ">= 1"), ("epochs", "-5", ">= 1"), ("layers", "0
                 ("momentum", "1", "< 1.0"), ("warmup_epochs", "-1", ">= 0"),
                 ("step_size", "0", ">= 1"), ("gamma", "1", "< 1.0"), ("min_lr", "-1", ">= 0.0"),
                 ("lr_decay_epochs", "-1", ">= 0"), ("plateau_patience", "0", ">= 1"),
-                ("clip_grad_norm", "-1", ">= 0.0"), ("patience", "-1", ">= 0")]
+                ("clip_grad_norm", "-1", ">= 0.0"), ("patience", "-1", ">= 0"),
+                ("dist_timeout", "0", "> 0.0")]
 
 
 def test_every_numeric_option_has_a_range():

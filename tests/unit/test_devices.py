@@ -30,7 +30,7 @@ def test_closest_binding_two_gpus_per_socket_ranks_take_the_socket_gpus_in_order
 def test_more_ranks_than_gpus_is_an_error_unless_sharing_is_asked_for():
     hosts, sets = ["n1", "n1"], [("g0",), ("g0",)]
     (idx, problem), _ = _choose(hosts, sets, 1)
-    assert idx is None and "2 ranks on n1 see the same 1 GPU(s)" in problem and "GRANNDIS_SHARE_GPUS" in problem
+    assert idx is None and "2 ranks on n1 see the same 1 GPU(s)" in problem and "--share-gpus" in problem
     assert _choose(hosts, sets, 1, share=True) == [(0, ""), (0, "")]
     assert select_gpu(0, 1, 0, False, "n3") == (None, "no GPU is visible to this rank on n3")
 

@@ -1,0 +1,66 @@
+"""The start-up and GPU options shared by `granndis-train` and `granndis predict`: where the ranks meet,
+how long they wait for each other, whether ranks may share a GPU, and the host staging of the GPU path
+emulated on the CPU.  TrainConfig and PredictOptions declare them with these rules; the topology
+(cluster/topology.py) and the Communicator (cluster/comm.py) take them as arguments.
+
+None of them changes a number a run computes, so a resumed run may give them again with other values
+(the cluster or its network may differ).  Standard library only, like the options framework."""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional, Tuple
+
+from granndis_hpc.options import option
+
+STARTUP_GROUP = "start-up and GPUs"
+DEFAULT_DIST_TIMEOUT_S = 600.0
+# torch.distributed's convention for the store's address; --master-addr, when given, wins over it.
+ENV_MASTER_ADDR = "MASTER_ADDR"
+
+
+def _address_problem(value: Optional[str]) -> Optional[str]:
+    if value is None or (value.strip() and not any(c.isspace() for c in value)):
+        return None
+    return f"must be a host name or IP address of rank 0's node, got {value!r}"
+
+
+def master_addr_option():
+    return option(None, metavar="ADDR", check=_address_problem, on_resume="may_change", group=STARTUP_GROUP,
+                  help="the address of rank 0's node where the ranks meet to set up torch.distributed (gloo/NCCL "
+                       "inside servers), e.g. its InfiniBand interface's; wins over the MASTER_ADDR environment "
+                       "variable (torch's convention, also honoured); default: rank 0's host name as MPI reports "
+                       "it, resolved by the cluster's name service (loopback on one host)")
+
+
+def dist_timeout_option():
+    return option(DEFAULT_DIST_TIMEOUT_S, gt=0.0, metavar="SECONDS", on_resume="may_change", group=STARTUP_GROUP,
+                  help="how long a rank waits to reach rank 0's torch.distributed store (and torch.distributed's "
+                       "collectives wait) before every rank stops with an error naming the host that did not answer")
+
+
+def share_gpus_option():
+    return option(False, on_resume="may_change", group=STARTUP_GROUP,
+                  help="let several ranks use one GPU when a host has more ranks than GPUs (e.g. emulated servers "
+                       "on one GPU, with --intra-transport mpi); without it that is an error on every rank")
+
+
+def host_staging_option():
+    return option(False, on_resume="may_change", group=STARTUP_GROUP,
+                  help="on the CPU, run the GPU path's host-side logic with plain copies: the staging of MPI "
+                       "messages (pooled buffers, copies out before the sends and back after the receives) and "
+                       "cob/mb's loader stream (co-batch tensors put by the loader, waited for by the step); the "
+                       "same results, for checking that logic without a GPU (on a GPU both are always on)")
+
+
+def topology_args(opts) -> Dict:
+    """The keyword arguments of cluster.topology.init_topology from a command's options."""
+    return {"share_gpus": bool(opts.share_gpus), "dist_timeout_s": float(opts.dist_timeout),
+            "master_addr": opts.master_addr}
+
+
+def master_addr(option_value: Optional[str], environ=os.environ) -> Tuple[str, str]:
+    """The rendezvous override and where it came from: --master-addr, else MASTER_ADDR, else ("", "")."""
+    if option_value:
+        return option_value.strip(), "--master-addr"
+    env = environ.get(ENV_MASTER_ADDR, "").strip()
+    return (env, ENV_MASTER_ADDR) if env else ("", "")
