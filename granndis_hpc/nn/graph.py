@@ -403,6 +403,17 @@ def _coo_to_csr_scipy(rows, cols, vals, shape) -> torch.Tensor:
     return _csr(crow, col, torch.from_numpy(m.data), shape)
 
 
+def _spmm(matrix, h: torch.Tensor) -> torch.Tensor:
+    """matrix(dtype) @ h.  Half-width rows (--precision bf16) are multiplied in float32, outside autocast,
+    and the result rounded back to their dtype: the CPU has no bfloat16 sparse matmul (MKL's CSR kernel
+    is float/double only), autocast would cast a float32 product back to bfloat16, and summing a
+    vertex's neighbours in float32 rounds once instead of once per addition."""
+    if h.dtype in (torch.float32, torch.float64):
+        return matrix(h.dtype) @ h
+    with torch.autocast(h.device.type, enabled=False):
+        return (matrix(torch.float32) @ h.float()).to(h.dtype)
+
+
 class _SparseMatmul(torch.autograd.Function):
     """y = A @ h with backward grad_h = A^T @ grad_y, both from the graph's cached CSR matrices.
 
@@ -413,18 +424,23 @@ class _SparseMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, graph: LayerGraph, kind: str, part=None, rows=None):
         ctx.graph, ctx.kind, ctx.part, ctx.rows = graph, kind, part, rows
-        return graph._matrix(kind, h.dtype, transposed=False, part=part, rows=rows) @ h
+        return _spmm(lambda dtype: graph._matrix(kind, dtype, transposed=False, part=part, rows=rows), h)
 
     @staticmethod
     def backward(ctx, grad_out):
         grad_h = None
         if ctx.needs_input_grad[0]:
-            grad_h = ctx.graph._matrix(ctx.kind, grad_out.dtype, transposed=True, part=ctx.part,
-                                       rows=ctx.rows) @ grad_out.contiguous()
+            grad_h = _spmm(lambda dtype: ctx.graph._matrix(ctx.kind, dtype, transposed=True, part=ctx.part,
+                                                           rows=ctx.rows), grad_out.contiguous())
         return grad_h, None, None, None, None
 
 
 def _aggregate_index_add(graph: LayerGraph, h_src: torch.Tensor, kind: str) -> torch.Tensor:
+    if h_src.dtype not in (torch.float32, torch.float64):
+        # Half-width rows (--precision bf16): summed in float32 like _spmm (a bfloat16 index_add would
+        # round after every addition), then rounded once.
+        with torch.autocast(h_src.device.type, enabled=False):
+            return _aggregate_index_add(graph, h_src.float(), kind).to(h_src.dtype)
     rows, cols, vals = graph.coo(kind, h_src.dtype)
     messages = h_src[cols] * vals.unsqueeze(1)
     out = torch.zeros(graph.n_dst, h_src.shape[1], dtype=h_src.dtype, device=h_src.device)
