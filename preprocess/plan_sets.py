@@ -58,7 +58,7 @@ def model_spec(graph, cfg) -> mm.ModelSpec:
     options = registry.model_options(cfg.model, cfg.model_options)
     return mm.ModelSpec(cfg.model, graph.num_features, cfg.hidden, int(graph.num_classes), cfg.layers,
                         cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()),
-                        linear_layers=cfg.linear_layers or 0, inductive=cfg.inductive)
+                        linear_layers=cfg.linear_layers or 0, inductive=cfg.inductive, precision=cfg.precision)
 
 
 def _checked(group, graph, cfg):

@@ -310,7 +310,8 @@ class Automatic(Mode):
                     fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed, dropout=cfg.dropout, norm=cfg.norm,
                     checkpoint_activations=cfg.checkpoint_activations, linear_layers=cfg.linear_layers or 0,
                     options=tuple(registry.model_options(cfg.model, cfg.model_option).items()),
-                    job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive).to_dict()
+                    job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive,
+                    precision=cfg.precision).to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)

@@ -6,9 +6,12 @@ bf16 is mixed precision as torch.autocast defines it, with the engine owning the
   gradient flows back through the cast into the float32 parameter;
 - the model's forward runs inside `autocast()` (the run's device type: "cpu", or "cuda"), in training
   and in evaluation alike, so the evaluated model is the one that was trained;
-- every conv's output is rounded to bfloat16 (`round_conv_outputs`): autocast runs an addition with a
-  float32 operand in float32, so a bias added after the aggregation (GCN) or any float32 parameter would
-  otherwise widen every activation after it back to float32;
+- every conv's source rows and output rows are rounded to bfloat16 (`round_conv_rows`): autocast runs
+  an addition with a float32 operand in float32, so a bias added after the aggregation (GCN) or any
+  float32 parameter would otherwise widen every activation after it back to float32; and layer 0's
+  float32 input features, rounded once, are one bfloat16 tensor that the conv's Linear layers share
+  (autocast would make each its own copy), so every layer saves what it saves in float32 at half width
+  (the memory model's rule, memory_model/estimate.py);
 - the loss is computed outside autocast on the logits widened to float32 (`loss`), and the backward
   starts there;
 - training halo rows travel in bfloat16 (the exchange group's wire dtype, as --halo-dtype bfloat16), so
@@ -27,7 +30,7 @@ from typing import Dict, Optional
 
 import torch
 
-from granndis_hpc.nn.graph import SplitRows
+from granndis_hpc.nn.graph import PendingRows, SplitRows
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -68,10 +71,11 @@ class Precision:
             picked = logits[rows].float()
             return torch.nn.functional.cross_entropy(picked, labels, reduction="sum") / float(count)
 
-    def round_conv_outputs(self, model: torch.nn.Module) -> None:
-        """Forward hooks on the model's convs (`model.convs`, when it has them) that round their output
-        rows to the compute dtype (tensors, and SplitRows of the boundary-first pipeline, whose rows are
-        rounded when they are computed).  Nothing for fp32."""
+    def round_conv_rows(self, model: torch.nn.Module) -> None:
+        """Hooks on the model's convs (`model.convs`, when it has them) that round their source rows
+        (a tensor, or PendingRows: the halo when it arrives) and their output rows (a tensor, or
+        SplitRows of the boundary-first pipeline: each part when it is computed) to the compute dtype.
+        Rows already in it pass as they are.  Nothing for fp32."""
         if not self.reduced:
             return
         dtype = self.dtype
@@ -79,13 +83,18 @@ class Precision:
         def rounded(t):
             return t.to(dtype) if torch.is_tensor(t) and t.is_floating_point() else t
 
-        def hook(_module, _inputs, out):
-            if isinstance(out, SplitRows):
-                return out.map(rounded)
-            return rounded(out)
+        def rows(h):
+            return h.map(rounded) if isinstance(h, (PendingRows, SplitRows)) else rounded(h)
+
+        def before(_module, inputs):
+            return (rows(inputs[0]),) + tuple(inputs[1:])
+
+        def after(_module, _inputs, out):
+            return rows(out)
 
         for conv in getattr(model, "convs", ()):
-            conv.register_forward_hook(hook)
+            conv.register_forward_pre_hook(before)
+            conv.register_forward_hook(after)
 
     def entry(self) -> Dict:
         """summary.json's plan entry: the precision, and why the run is inexact under bf16."""

@@ -99,7 +99,7 @@ class Trainer:
             with collective_errors(self.world, "", catch=(ModelSourceError,)):
                 self.init_source = warm_start(self.model, cfg)
         self.model.checkpoint_activations = cfg.checkpoint_activations
-        self.precision.round_conv_outputs(self.model)
+        self.precision.round_conv_rows(self.model)
         self.model.input_dropout = cfg.input_dropout
         self._keyed_dropout = "dropout" in inspect.signature(self.model.forward).parameters
         with collective_errors(self.world, "", catch=(TrainingError,)):

@@ -404,13 +404,13 @@ def _coo_to_csr_scipy(rows, cols, vals, shape) -> torch.Tensor:
 
 
 def _spmm(matrix, h: torch.Tensor) -> torch.Tensor:
-    """matrix(dtype) @ h.  Half-width rows (--precision bf16) are multiplied in float32, outside autocast,
-    and the result rounded back to their dtype: the CPU has no bfloat16 sparse matmul (MKL's CSR kernel
-    is float/double only), autocast would cast a float32 product back to bfloat16, and summing a
-    vertex's neighbours in float32 rounds once instead of once per addition."""
-    if h.dtype in (torch.float32, torch.float64):
-        return matrix(h.dtype) @ h
+    """matrix(dtype) @ h, outside autocast (--precision bf16), which would cast it to bfloat16: the CPU
+    has no bfloat16 sparse matmul (MKL's CSR kernel is float/double only).  Half-width rows are
+    multiplied in float32 and the result rounded back to their dtype: a vertex's neighbours are summed
+    in float32, rounding once instead of once per addition."""
     with torch.autocast(h.device.type, enabled=False):
+        if h.dtype in (torch.float32, torch.float64):
+            return matrix(h.dtype) @ h
         return (matrix(torch.float32) @ h.float()).to(h.dtype)
 
 
