@@ -226,7 +226,9 @@ class GATConv(nn.Module):
         s = w.new_zeros((n_dst, H)).index_add(0, rows, w)
         if attention is not None:  # the denominator sums the undropped weights
             w = w * (attention.keep(rows, cols + col_offset, H).to(w.dtype) * (1.0 / (1.0 - attention.p)))
-        n = x.new_zeros((n_dst, H, x.shape[2])).index_add(0, rows, w.unsqueeze(2) * x[cols])
+        # In the weights' dtype: under --precision bf16 the softmax is float32 (the attention logits read
+        # the float32 att_src/att_dst), so the weighted rows are float32 and are summed in float32.
+        n = w.new_zeros((n_dst, H, x.shape[2])).index_add(0, rows, w.unsqueeze(2) * x[cols])
         return m, s, n
 
     def forward(self, h_src, graph: LayerGraph, attention: Optional[EdgeDropout] = None) -> torch.Tensor:

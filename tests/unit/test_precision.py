@@ -14,6 +14,7 @@ from granndis_hpc.config import ConfigError, TrainConfig
 from granndis_hpc.engine.exchange import halo_exchange
 from granndis_hpc.engine.epoch import SavedBytes
 from granndis_hpc.engine.precision import Precision
+from granndis_hpc.memory_model.estimate import HALF_WIDTH_MODELS
 from granndis_hpc.nn.graph import LayerGraph, PendingRows, aggregate
 from granndis_hpc.nn.models import build_model
 from tests.unit.test_memory_model import _loopback, _random_plan
@@ -89,7 +90,8 @@ def _saved_bytes(model, rows, graphs, send_idx, rng, precision):
 
 
 @pytest.mark.parametrize("name,norm,dropout", [("sage", False, 0.5), ("gcn", False, 0.5), ("gcn", True, 0.0),
-                                               ("ressage", False, 0.5)])
+                                               ("ressage", False, 0.5), ("sage-sum", False, 0.5),
+                                               ("gat", False, 0.5), ("gin", False, 0.5), ("sage-max", False, 0.5)])
 @pytest.mark.parametrize("features", [24, 8])  # projected first (F > hidden) and aggregated first
 def test_bf16_activation_estimate_against_saved_tensor_bytes(name, norm, dropout, features):
     rng = np.random.default_rng(features + len(name))
@@ -100,6 +102,9 @@ def test_bf16_activation_estimate_against_saved_tensor_bytes(name, norm, dropout
     spec = mm.ModelSpec(name, features, 16, rows.num_classes, 4, dropout, norm, precision="bf16")
     fp32 = mm.activation_layers(rows, mm.ModelSpec(name, features, 16, rows.num_classes, 4, dropout, norm))
     estimate = mm.activation_layers(rows, spec, device="cpu")["saved"]
+    if name not in HALF_WIDTH_MODELS:  # float32 parts under autocast: float32 widths, a bound
+        assert measured < estimate == fp32["saved"]
+        return
     if not norm and name != "ressage":
         assert estimate == measured  # byte for byte
     else:
