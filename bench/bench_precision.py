@@ -133,8 +133,8 @@ def page(results, args, machine):
         lines.append(f"| {name} | {t['fp32'] * 1e3:.1f} / {t['bf16'] * 1e3:.1f} | {t['bf16'] / t['fp32']:.2f} | "
                      f"{pair('activation_bytes')} | {pair('step_peak_bytes')} | {pair('halo_bytes', 1)} |")
     inexact = sorted({r["exact"] for r in results if r["precision"] == "bf16"})
-    lines += ["", f"Every bf16 run's summary.json says plan.exact = {inexact} (float32 runs: exact).", "",
-              f"Machine: {machine}.", ""]
+    lines += ["", f"Every bf16 run's summary.json says plan.exact = {inexact} (float32 runs: exact).  Every run's "
+              f"record: `{os.path.relpath(os.path.abspath(args.results), REPO)}`.", "", f"Machine: {machine}.", ""]
     return lines
 
 
