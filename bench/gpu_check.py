@@ -43,6 +43,7 @@ CASES = [  # (name, TrainConfig overrides)
     ("fb", {"mode": "fb"}),
     ("fb-noovl", {"mode": "fb", "no_overlap": True}),
     ("fb-bf16", {"mode": "fb", "halo_dtype": "bfloat16"}),
+    ("fb-precision-bf16", {"mode": "fb", "precision": "bf16"}),  # autocast on the device and on the CPU
     ("flx", {"mode": "flx", "overlap_halos": "all"}),
     ("flx-noovl", {"mode": "flx", "no_overlap": True}),
     ("cob", {"mode": "cob", "batches_per_epoch": 2, "fanout": 5}),
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
             cpu_logits, _ = _run(args, "cpu", overrides)
             facts_all = WORLD.gather(facts, root=0)
             if WORLD.rank == 0:
-                tol = 2e-2 if "halo_dtype" in overrides else args.tolerance
+                tol = 2e-2 if "halo_dtype" in overrides or "precision" in overrides else args.tolerance
                 err = float(np.abs(dev_logits - cpu_logits).max() / max(np.abs(cpu_logits).max(), 1e-30))
                 syncs = max(f["syncs_per_step"] for f in facts_all)
                 same_gpu = all(f["same_gpu_as_before_mpi"] for f in facts_all)

@@ -41,6 +41,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")  # granndis_hpc/progress.py: 
 WEIGHT_DECAY_ON = ("all", "first")
 # --halo-dtype: the wire format of training halo rows (engine/exchange.py); float32 is exact.
 HALO_DTYPES = ("float32", "bfloat16", "float16")
+# --precision: the dtype the layers compute in (engine/precision.py); fp32 is exact.
+PRECISIONS = ("fp32", "bf16")
 # Which halo exchanges a layer computes behind (exchange group names, cluster/exchange_group.py).
 OVERLAP_HALOS = {"world": frozenset({"world"}), "all": frozenset({"world", "server"})}
 
@@ -274,6 +276,13 @@ class TrainConfig:
                                   "halve the halo bytes and are widened on arrival, but the run is then not "
                                   "exact (summary.json says so; its checkpoints resume only on the same "
                                   "shape); evaluation always exchanges float32")
+    # Kept on resume: a checkpoint's trajectory and its summary's exactness are those of one precision.
+    precision: str = option("fp32", choices=PRECISIONS,
+                            help="the dtype the layers compute in: fp32, or bf16 (torch.autocast on the run's "
+                                 "device: activations and halo rows at half width, parameters, gradients and "
+                                 "optimizer state in float32, the loss in float32); a bf16 run is not exact "
+                                 "(summary.json says so; its checkpoints resume only on the same shape), and "
+                                 "evaluation computes in bf16 too")
     # Force the rank-0 bar on (mpirun pipes output, so no terminal is seen).
     progress: bool = option(False, on_resume="may_change",
                             help="draw rank 0's progress bar (epochs, loss, ETA) even when stderr is not a "
@@ -310,6 +319,10 @@ class TrainConfig:
         problem = schedule_problem(self)
         if problem:
             raise ConfigError(problem)
+        if self.precision == "bf16" and self.halo_dtype == "float16":
+            raise ConfigError("--precision bf16 computes the halo rows in bfloat16, and --halo-dtype float16 would "
+                              "round them again to float16 (another format, with a narrower range): leave "
+                              "--halo-dtype out (bf16 halos already travel at half width)")
         if self.eval_only and not self.init_from:
             raise ConfigError("--eval-only evaluates a saved model: give it with --init-from RUN_OR_FILE")
         if self.eval_only and self.resume:

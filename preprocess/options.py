@@ -95,6 +95,9 @@ class EstimateOptions(Options):
                                               "(granndis-train's --linear-layers; they need no hop of the set)")
     checkpoint_activations: bool = reuse(TrainConfig, "checkpoint_activations",
                                          help="ressage: recompute residual blocks in the backward pass")
+    precision: str = reuse(TrainConfig, "precision",
+                           help="the dtype training computes in (granndis-train's --precision): bf16 estimates "
+                                "activations, halo buffers and row gradients at 2 bytes a number")
     memory_per_gpu: Optional[str] = reuse(TrainConfig, "memory_per_gpu",
                                           help="GPU memory budget per rank, e.g. 40GiB: plan recommends the "
                                                "build that fits; build --hops auto preloads as deep as fits")

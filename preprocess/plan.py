@@ -45,6 +45,7 @@ class PlanConfig:
     dropout: float = 0.5
     norm: bool = False
     checkpoint_activations: bool = False
+    precision: str = "fp32"  # --precision: bf16 activations are 2 bytes a number
     linear_layers: Optional[int] = None  # per-vertex Linear layers after the `layers` convs
     budget: Optional[int] = None  # bytes per GPU
     device: str = "cuda"  # dropout masks are bool on CUDA, float on CPU
@@ -178,7 +179,7 @@ def config_from_args(args, **overrides) -> PlanConfig:
     batches = [int(b) for b in str(getattr(args, "cob_batches", "2,4,8,16")).split(",") if b.strip()]
     cfg = PlanConfig(servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
                      model=args.model, hidden=args.hidden, dropout=args.dropout, norm=args.norm,
-                     checkpoint_activations=args.checkpoint_activations,
+                     checkpoint_activations=args.checkpoint_activations, precision=args.precision,
                      linear_layers=getattr(args, "linear_layers", None), budget=_budget(args.memory_per_gpu),
                      device=args.estimate_device, partitioner=args.partitioner, seed=args.seed,
                      eas_hops=getattr(args, "eas_hops", 1), fanout=args.eas_fanout, eas_select=args.eas_select,

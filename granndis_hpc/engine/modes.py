@@ -316,7 +316,8 @@ class Automatic(Mode):
                     options=tuple(registry.model_options(cfg.model, cfg.model_option).items()),
                     # the order the run computes in, whose peak is estimated (overlapped by default)
                     overlap=() if cfg.no_overlap else tuple(sorted(OVERLAP_HALOS[cfg.overlap_halos])),
-                    job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive).to_dict()
+                    job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive,
+                    precision=cfg.precision).to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)

@@ -38,12 +38,27 @@ from .rows import PendingRows, SplitRows, materialize
 
 def call_layer(layer, h_src, graph: LayerGraph, attention=None, split=None):
     """layer over h_src (a tensor or PendingRows) -> its destination rows; SplitRows over `split` (a
-    RowSplit of the destination rows: the first rows now, the rest on demand) when given."""
+    RowSplit of the destination rows: the first rows now, the rest on demand) when given.
+    A layer given a ``row_dtype`` (--precision bf16: engine/precision.py) reads and returns its rows
+    rounded to it, each part when it is there (the halo on arrival, the rest rows when asked for)."""
+    dtype = getattr(layer, "row_dtype", None)
+    if dtype is None:
+        return _call_layer(layer, h_src, graph, attention, split)
+    return _rounded(_call_layer(layer, _rounded(h_src, dtype), graph, attention, split), dtype)
+
+
+def _rounded(h, dtype):
+    def rounded(t):
+        return t.to(dtype) if torch.is_tensor(t) and t.is_floating_point() else t
+    return h.map(rounded) if isinstance(h, (PendingRows, SplitRows)) else rounded(h)
+
+
+def _call_layer(layer, h_src, graph: LayerGraph, attention=None, split=None):
     pending = isinstance(h_src, PendingRows)
     if pending and not getattr(layer, "splits_sources", False):
         h_src, pending = h_src.materialize(), False  # the wait, then the whole block
     if split is not None and not getattr(layer, "splits_rows", False):
-        out = call_layer(layer, h_src, graph, attention)
+        out = _call_layer(layer, h_src, graph, attention)
         return SplitRows(split, out.index_select(0, split.first), lambda: out.index_select(0, split.rest))
     if not pending and split is None:
         return layer(h_src, graph, attention)

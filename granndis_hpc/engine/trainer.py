@@ -36,6 +36,7 @@ from granndis_hpc.engine.layerclock import LayerClock
 from granndis_hpc.engine.model_source import ModelSourceError, model_provenance, warm_start
 from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.optim import ScheduledOptimizer
+from granndis_hpc.engine.precision import Precision, PrecisionError
 from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
     check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
 from granndis_hpc.rundir.directory import RunDirectory
@@ -85,8 +86,12 @@ class Trainer:
         # registries), the one place; every rank holds the same config, so this cannot differ by rank.
         self.mode = make_mode(cfg).resolve(self.topo)  # `auto` picks the mode (and shard set) that fits
         self.cfg = cfg = self.mode.cfg
-        # The exchange groups every view uses; training halo rows travel in --halo-dtype on both.
+        with collective_errors(self.world, "", catch=(PrecisionError,)):
+            self.precision = Precision(cfg.precision, self.device)  # --precision (engine/precision.py)
+        # The exchange groups every view uses; training halo rows travel in --halo-dtype on both (under
+        # --precision bf16 in bfloat16: the rows are computed in it).
         wire = None if cfg.halo_dtype == "float32" else getattr(torch, cfg.halo_dtype)
+        wire = wire or self.precision.wire_dtype()
         self.groups = {name: self.comm.group(name, wire) for name in ("world", "server")}
         self.manifest = self._open_shards()
         self.multilabel = shards.is_multilabel(self.manifest)
@@ -104,6 +109,7 @@ class Trainer:
             with collective_errors(self.world, "", catch=(ModelSourceError,)):
                 self.init_source = warm_start(self.model, cfg)
         self.model.checkpoint_activations = cfg.checkpoint_activations
+        self.precision.round_conv_rows(self.model)
         self.model.input_dropout = cfg.input_dropout
         self._keyed_dropout = "dropout" in inspect.signature(self.model.forward).parameters
         with collective_errors(self.world, "", catch=(TrainingError,)):
@@ -208,11 +214,13 @@ class Trainer:
         if clock is not None:
             gather = clock.wrap(gather)
         if not self._keyed_dropout:
-            return self.model(view.input_features, view.graphs, gather)
+            with self.precision.autocast():
+                return self.model(view.input_features, view.graphs, gather)
         # Input dropout reads the ids of layer 0's halo rows too (exchanged once per view, cached).
         sources = view.source_ids() if self.model.training and self._input_dropout_sources() else None
         drop = RowDropout(self.cfg.seed, self.epoch, view.layer_row_ids, source_ids=sources)
-        return self.model(view.input_features, view.graphs, gather, dropout=drop)
+        with self.precision.autocast():  # --precision bf16: the layers compute in bfloat16
+            return self.model(view.input_features, view.graphs, gather, dropout=drop)
 
     def _input_dropout_sources(self) -> bool:
         return self.cfg.input_dropout > 0 and getattr(self.model, "input_dropout_rows", None) == "sources"
@@ -231,7 +239,7 @@ class Trainer:
             self.layer_clock.start_forward()
             logits = self._forward(step.view, "halo", self.layer_clock)
             self.layer_clock.end_forward()
-            loss = targets.loss(logits[step.rows], step.labels, step.num_targets)
+            loss = self.precision.loss(logits[step.rows], step.labels, step.num_targets)  # in float32
         self.activation_bytes = max(self.activation_bytes, saved.total)
         trace.mark("backward")
         self.layer_clock.start_backward()
@@ -404,10 +412,10 @@ class Trainer:
         """How training communicated (summary.json's plan): overlap, and the halo wire dtype, which makes
         an otherwise exact mode inexact when it is narrower than float32."""
         entry = {"overlap": not self.cfg.no_overlap, "overlap_halos": sorted(self._overlap_halo),
-                 "halo_dtype": self.cfg.halo_dtype}
+                 "halo_dtype": self.cfg.halo_dtype, **self.precision.entry()}
         if self.gradsync is not None:  # the gradient buckets' bytes, in posting order (the first final first)
             entry["gradient_buckets_bytes"] = self.gradsync.bucket_bytes()
-        if not self.groups["world"].exact:
+        if not self.groups["world"].exact and self.precision.exact:
             entry["exact"] = False
             entry["inexact_because"] = f"--halo-dtype {self.cfg.halo_dtype}: halo rows are rounded on the wire"
         return entry
@@ -456,6 +464,9 @@ class Trainer:
         The mode says its own (Mode.shape_dependence); the wire and the model add theirs."""
         cfg = self.cfg
         reason = self.mode.shape_dependence(self.manifest)
+        if reason is None and not self.precision.exact:
+            reason = (f"--precision {cfg.precision} rounds what the layers compute, and which sums a rank "
+                      f"computes follows the partition")
         if reason is None and not self.groups["world"].exact:
             reason = (f"--halo-dtype {cfg.halo_dtype} rounds the halo rows, and which rows are halo rows "
                       f"follows the partition")

@@ -99,6 +99,15 @@ def check_rank_rows(r: RankRows) -> None:
         raise MemoryModelError(f"the last layer computes {tl[-1][1].n_dst} rows, not the {r.n_inner} inner rows")
 
 
+# Bytes of an activation number under each --precision.
+ACTIVATION_BYTES = {"fp32": F32, "bf16": 2}
+# The models whose layers save under bf16 what they save in float32 at half width (measured:
+# tests/unit/test_precision.py).  Others keep float32 parts under autocast (GAT's softmax and GIN's eps
+# read float32 parameters; SAGE-max's maximum): their activations are estimated at float32 width, an
+# upper bound (measured 1.3-1.9x what bf16 saves).
+HALF_WIDTH_MODELS = ("sage", "gcn", "ressage", "sage-sum")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Models: the estimate registered with each (memory_model/stacks.py; test_memory_model checks it against the models)
 @dataclass(frozen=True)
@@ -121,8 +130,12 @@ class ModelSpec:
     # The exchange groups whose halos a layer computes behind (--overlap-halos: ("world",) by default,
     # ("server", "world") for all; () is --no-overlap): the order whose memory is estimated.
     overlap: Tuple[str, ...] = ("world",)
+    # --precision (engine/precision.py): bf16 computes and saves activations at 2 bytes a number.
+    precision: str = "fp32"
 
     def __post_init__(self):
+        if self.precision not in ACTIVATION_BYTES:
+            raise MemoryModelError(f"unknown precision {self.precision!r}; choose one of {', '.join(ACTIVATION_BYTES)}")
         if self.name not in MODELS:
             raise MemoryModelError(f"unknown model {self.name!r}; choose one of {', '.join(MODELS)}")
         if MODELS.entry(self.name).get("estimator") is None:
@@ -145,6 +158,11 @@ class ModelSpec:
         if unknown:
             raise MemoryModelError(f"model {self.name!r} has no option {unknown[0]!r}")
         object.__setattr__(self, "options", tuple(sorted(declared.items())))
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one activation number (rows, their halo, their gradients): 4, or 2 under bf16."""
+        return ACTIVATION_BYTES[self.precision]
 
     @property
     def estimator(self):
@@ -198,14 +216,18 @@ def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[st
     "recompute": with checkpointing, the largest block's activations, held again while the backward
     recomputes it (0 without)}.  The model's layers are its estimator's; the loss is the trainer's."""
     mask_bytes = 1 if device == "cuda" else F32  # dropout masks: bool on CUDA, float on CPU
+    if m.activation_bytes != F32 and m.name in HALF_WIDTH_MODELS:  # a float mask is in the rows' dtype,
+        mask_bytes *= 2 if device == "cuda" else 1  # halved below with them
     a = m.estimator.activations(r, m, mask_bytes)
+    if m.activation_bytes != F32 and m.name in HALF_WIDTH_MODELS:
+        a = _half_width(a, r, m)
     # Boundary-first layers save what their split adds (SAGE: lin_self's copies of the own rows it reads
     # by RowSplit, instead of a slice of the gathered rows); a model that declares nothing adds nothing.
     split_saved = getattr(m.estimator, "split_saved", None)
     if split_saved is not None:
-        widths = m.widths()
+        widths, width_ratio = m.widths(), (m.activation_bytes / F32 if m.name in HALF_WIDTH_MODELS else 1)
         for l, ((_, lr), split) in enumerate(zip(r.training_layers(), overlapped_layers(r, m)[1])):
-            extra = int(split_saved(lr, *widths[l])) if split else 0
+            extra = int(split_saved(lr, *widths[l]) * width_ratio) if split else 0
             a["per_layer"][l] += extra
             a["fresh_per_layer"][l] += extra
     loss, loss_pre = _loss_saved(r.n_train, m.num_classes, m.multilabel)
@@ -213,6 +235,27 @@ def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[st
     return {"per_layer": list(a["per_layer"]), "fresh_per_layer": list(a["fresh_per_layer"]), "head": a["head"],
             "loss": loss, "saved": saved, "fresh": sum(a["fresh_per_layer"]) + a["head_fresh"] + loss - loss_pre,
             "recompute": a["recompute"]}
+
+
+def _half_width(a: Dict[str, object], r: RankRows, m: ModelSpec) -> Dict[str, object]:
+    """The model's float32 activation bytes as --precision bf16 saves them (engine/precision.py): every
+    float tensor a layer saves at half width -- its rows, dropout masks, and the bfloat16 copies of the
+    weights autocast makes (allocated by the step, not before it) -- and the exchanges' send indices
+    (int64) as they are.  The loss is float32 (activation_layers adds it unchanged).  Exact for models
+    without LayerNorm; a LayerNorm keeps its statistics (two float32 numbers a row) and parameters in
+    float32, which this counts at half width (tests/unit/test_precision_memory.py measures the gap)."""
+    est, seen, out, fresh = m.estimator, set(), [], []
+    for l, (b, (_, lr)) in enumerate(zip(a["per_layer"], r.training_layers())):
+        recomputed = m.checkpoint_activations and l >= 1  # a recomputed block saves only its input rows
+        # The exchange saves its send index (int64) once per rows object (the world view's layers share one).
+        index = 0
+        if not recomputed and est.exchanged(l) and id(lr) not in seen:
+            seen.add(id(lr))
+            index = lr.n_send * I64
+        out.append((b - index) // 2 + index)
+        fresh.append(out[-1] - index)
+    return {"per_layer": out, "fresh_per_layer": fresh, "head": a["head"] // 2, "head_fresh": a["head"] // 2,
+            "recompute": a["recompute"] // 2}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -256,6 +299,7 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
     tl = r.training_layers()
     widths = m.widths()
     est = m.estimator
+    A = m.activation_bytes  # rows, halo buffers and row gradients; weight gradients are float32
     # Only what the step allocates: saved inputs, weights and index tensors exist before it.
     prefix = np.cumsum(act["fresh_per_layer"]).tolist()
     best, where = int(act["fresh"]) + r.n_inner * m.num_classes * F32, "loss"
@@ -263,7 +307,7 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
     for j, (win, wout) in enumerate(est.linear_widths(m)):
         # the gradients of its output, input and weight
         n = est.linear_rows(r)
-        value = int(act["fresh"]) + (n * (win + wout) + win * wout) * F32 \
+        value = int(act["fresh"]) + n * (win + wout) * A + win * wout * F32 \
             + (act["recompute"] if m.checkpoint_activations else 0)
         if value > best:
             best, where = value, f"backward layer {m.layers + j}"
@@ -273,15 +317,15 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
         win, wout = widths[l]
         exchanged = est.exchanged(l)  # else the layer reads the static halo features
         input_grad = exchanged
-        halo = (lr.n_send + lr.n_halo) * win * F32 if exchanged else 0
+        halo = (lr.n_send + lr.n_halo) * win * A if exchanged else 0
         halo_max = max(halo_max, halo)
         # Per-edge tensors a conv allocates at once (GAT's messages [E, heads, C]; memory_model/zoo_stacks.py),
         # in the forward and again as their gradient in the backward.
         edge = est.edge_transient(lr, m, l, win, wout) if hasattr(est, "edge_transient") else 0
         # Overlapped, the exchange's buffers are alive while the conv computes its own and halo partial
         # products and their sum; without overlap the exchange is done before the conv starts.
-        conv = max(2 * lr.n_dst * wout, 3 * lr.n_dst * min(win, wout)) * F32 + edge
-        fwd = prefix[l] + (halo + conv if pending[l] else max(halo, 2 * lr.n_dst * wout * F32 + edge))
+        conv = max(2 * lr.n_dst * wout, 3 * lr.n_dst * min(win, wout)) * A + edge
+        fwd = prefix[l] + (halo + conv if pending[l] else max(halo, 2 * lr.n_dst * wout * A + edge))
         if input_grad:
             # SAGE's source rows get two gradients (lin_self's slice and the aggregation), GCN's one:
             # the estimator's grad_paths.  The autograd engine adds the second into the first and frees it before the exchange's
@@ -292,8 +336,7 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
         else:
             grads = lr.n_dst * wout + (lr.n_src * wout if wout < win else 0)
         # + the weight gradient, computed then added into .grad (one weight at a time).
-        grads += win * wout
-        bwd = prefix[l] + grads * F32 + edge + (act["recompute"] if m.checkpoint_activations and l >= 1 else 0)
+        bwd = prefix[l] + grads * A + win * wout * F32 + edge + (act["recompute"] if m.checkpoint_activations and l >= 1 else 0)
         for value, name in ((fwd, f"forward layer {l}"), (bwd, f"backward layer {l}")):
             if value > best:
                 best, where = int(value), name
@@ -372,7 +415,7 @@ def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int, st
     """Inter-server bytes per epoch, summed over ranks, as the ledger counts them.
 
     Halo: every world-exchange layer l >= k sends, forward, the inter-server halo rows at the layer's
-    input width and returns their gradients backward (x2); layer 0 of plain models reads the static
+    input width (m.activation_bytes a number) and returns their gradients backward (x2); layer 0 of plain models reads the static
     features exchanged at set-up (the estimator's `exchanged`), so in fb it costs nothing per epoch.  Gradients: the leaders' ring
     all-reduce moves 2 (S-1) x params x 4 bytes in all (cluster/accounting.py), once per optimizer
     step (`steps` per epoch: the co-batches of cob)."""
@@ -382,6 +425,6 @@ def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int, st
         for l in range(r.k, r.layers):
             if not m.estimator.exchanged(l):
                 continue
-            halo += 2 * r.world.layers[l].inter_halo * widths[l][0] * F32
+            halo += 2 * r.world.layers[l].inter_halo * widths[l][0] * m.activation_bytes
     grad = 2 * (int(servers) - 1) * m.parameters() * F32 * int(steps)
     return {"halo": int(halo), "gradient": int(grad), "total": int(halo + grad)}

@@ -220,7 +220,9 @@ class GATConv(Layer):
         if attention is not None:  # the denominator sums the undropped weights
             offset = part.n_own if part.sources == "halo" else 0
             w = w * (attention.keep(rows, cols + offset, H).to(w.dtype) * (1.0 / (1.0 - attention.p)))
-        n = x.new_zeros((n_dst, H, x.shape[2])).index_add(0, rows, w.unsqueeze(2) * x[cols])
+        # In the weights' dtype: under --precision bf16 the softmax is float32 (the attention logits read
+        # the float32 att_src/att_dst), so the weighted rows are float32 and are summed in float32.
+        n = w.new_zeros((n_dst, H, x.shape[2])).index_add(0, rows, w.unsqueeze(2) * x[cols])
         return mx, s, n
 
     def combine(self, partials, call: LayerCall):

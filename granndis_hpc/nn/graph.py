@@ -268,6 +268,17 @@ class LayerGraph:
         return _coo_to_csr(rows_, cols, vals, shape)
 
 
+def _spmm(matrix, h: torch.Tensor) -> torch.Tensor:
+    """matrix(dtype) @ h, outside autocast (--precision bf16), which would cast it to bfloat16: the CPU
+    has no bfloat16 sparse matmul (MKL's CSR kernel is float/double only).  Half-width rows are
+    multiplied in float32 and the result rounded back to their dtype: a vertex's neighbours are summed
+    in float32, rounding once instead of once per addition."""
+    with torch.autocast(h.device.type, enabled=False):
+        if h.dtype in (torch.float32, torch.float64):
+            return matrix(h.dtype) @ h
+        return (matrix(torch.float32) @ h.float()).to(h.dtype)
+
+
 class _SparseMatmul(torch.autograd.Function):
     """y = A @ h with backward grad_h = A^T @ grad_y, both from the graph's cached CSR matrices.
 
@@ -278,18 +289,23 @@ class _SparseMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, graph: LayerGraph, kind: str, part=None, rows=None):
         ctx.graph, ctx.kind, ctx.part, ctx.rows = graph, kind, part, rows
-        return graph._matrix(kind, h.dtype, transposed=False, part=part, rows=rows) @ h
+        return _spmm(lambda dtype: graph._matrix(kind, dtype, transposed=False, part=part, rows=rows), h)
 
     @staticmethod
     def backward(ctx, grad_out):
         grad_h = None
         if ctx.needs_input_grad[0]:
-            grad_h = ctx.graph._matrix(ctx.kind, grad_out.dtype, transposed=True, part=ctx.part,
-                                       rows=ctx.rows) @ grad_out.contiguous()
+            grad_h = _spmm(lambda dtype: ctx.graph._matrix(ctx.kind, dtype, transposed=True, part=ctx.part,
+                                                           rows=ctx.rows), grad_out.contiguous())
         return grad_h, None, None, None, None
 
 
 def _aggregate_index_add(graph: LayerGraph, h_src: torch.Tensor, kind: str) -> torch.Tensor:
+    if h_src.dtype not in (torch.float32, torch.float64):
+        # Half-width rows (--precision bf16): summed in float32 like _spmm (a bfloat16 index_add would
+        # round after every addition), then rounded once.
+        with torch.autocast(h_src.device.type, enabled=False):
+            return _aggregate_index_add(graph, h_src.float(), kind).to(h_src.dtype)
     rows, cols, vals = graph.coo(kind, h_src.dtype)
     messages = h_src[cols] * vals.unsqueeze(1)
     out = torch.zeros(graph.n_dst, h_src.shape[1], dtype=h_src.dtype, device=h_src.device)
