@@ -5,7 +5,8 @@
   torch.optim.AdamW, torch.nn.utils.clip_grad_norm_, the schedule's formula, early stopping on the
   dense validation accuracy): the same learning rates, the same stopping epoch, the same parameters.
   The same run stopped by a stop request after epoch 5 (past the warm-up, inside the decay) and resumed
-  equals it exactly: learning rates, losses, the stopping epoch and the parameters.
+  equals it exactly: learning rates, losses, the stopping epoch and the parameters; so does a 200-epoch
+  run (with keyed dropout) stopped after epoch 100 and resumed.
 * SGD with Nesterov momentum and the plateau schedule: equals the dense loop with torch's own
   ReduceLROnPlateau (patience - 1: torch decays after `patience` bad epochs have passed, this option on
   the patience-th).
@@ -150,3 +151,27 @@ def test_sgd_nesterov_plateau_equals_reference(cora, cora_shards):
         for got, ref in zip(params, want):
             np.testing.assert_allclose(got.double().numpy(), ref.detach().numpy(), rtol=0, atol=2e-5)
     on_rank0(against_reference)
+
+
+LONG = dict(COSINE, epochs=200, lr=0.01, warmup_epochs=10, patience=25, eval_every=4, dropout=0.5)
+
+
+def test_200_epochs_resumed_at_100_equal_the_uninterrupted_run(cora_shards):
+    """The whole schedule (warm-up, cosine decay, clipping, early stopping's counter, the keyed dropout
+    and Adam's moments) continues exactly across a stop after epoch 100 of 200."""
+    shards, base = cora_shards[("full", 3)], shared_tmpdir("granndis-schedule-long-")
+    summary, params, _ = run(shards, os.path.join(base, "a"), **LONG)
+    stopped = summary["optimizer"]["stopped_early_after_epoch"]
+    assert stopped is None or stopped > 100, stopped  # early stopping ends it after the stop, if at all
+    rec_a = metrics(os.path.join(base, "a"))
+    run_b = os.path.join(base, "b")
+    first, _, trainer = run(shards, run_b, stop_after=100, **LONG)
+    assert first is None and trainer.epoch == 100
+    summary_b, params_b, _ = run(shards, run_b, resume=run_b, **LONG)
+    assert summary_b["epochs"] == summary["epochs"]
+    assert summary_b["optimizer"]["stopped_early_after_epoch"] == stopped
+    rec_b = metrics(run_b)
+    assert [r["lr"] for r in rec_b] == [r["lr"] for r in rec_a]
+    assert np.allclose([r["loss"] for r in rec_b], [r["loss"] for r in rec_a], rtol=0, atol=1e-6)
+    for pa, pb in zip(params, params_b):
+        assert torch.allclose(pa, pb, rtol=0, atol=1e-6)
