@@ -37,22 +37,24 @@ SETTINGS = {
 
 
 # ---- the engine (under mpirun -n 4) ----------------------------------------------------------
-def build_sets(base: str, datasets) -> dict:
-    """Rank 0 builds one 2x2 shard set per (dataset, normalisation), as `preprocess build` would."""
+def build_sets(base: str, datasets, normalisations=("none", "row"), servers: int = 2, ranks_per_server: int = 2,
+               command: str = "bench_accuracy") -> dict:
+    """Rank 0 builds one servers x ranks_per_server shard set per (dataset, feature normalisation), as
+    `preprocess build` would: {(dataset, normalisation): directory}."""
     from mpi4py import MPI
 
     from preprocess.build import BuildConfig, run_build
     from preprocess.sources import features_record, load
 
     world = MPI.COMM_WORLD
-    dirs = {(d, n): os.path.join(base, f"{d}-{n}") for d in datasets for n in ("none", "row")}
+    dirs = {(d, n): os.path.join(base, f"{d}-{n}") for d in datasets for n in normalisations}
     error = None
     if world.rank == 0:
         try:
             for (name, how), out in dirs.items():
                 graph = load("planetoid", name=name, root=PLANETOID, normalize_features=how)
-                cfg = BuildConfig(out=out, servers=2, gpus_per_server=2, layers=COMMON["layers"],
-                                  partitioner="metis", command=f"bench_accuracy {name} --normalize-features {how}",
+                cfg = BuildConfig(out=out, servers=servers, gpus_per_server=ranks_per_server, layers=COMMON["layers"],
+                                  partitioner="metis", command=f"{command} {name} --normalize-features {how}",
                                   extra=features_record(how))
                 run_build(MPI.COMM_SELF, graph, cfg)
         except Exception as exc:  # noqa: BLE001 - reported on every rank instead of hanging them

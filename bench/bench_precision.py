@@ -23,7 +23,7 @@ import statistics
 import sys
 import tempfile
 
-from bench_accuracy import COMMON, DATASETS, PLANETOID, SETTINGS
+from bench_accuracy import COMMON, DATASETS, SETTINGS, build_sets as build_planetoid_sets
 from harness import REPO, run_workers, write_page
 
 PRECISIONS = ("fp32", "bf16")
@@ -55,28 +55,9 @@ def engine_run(shards, seed, precision, epochs, measure_peak):
 
 
 def build_sets(base, datasets):
-    """Rank 0 builds one shard set per dataset (row-normalised features) for SERVERS x RANKS_PER_SERVER,
-    as bench_accuracy.build_sets does for 2 x 2."""
-    from mpi4py import MPI
-
-    from preprocess.build import BuildConfig, run_build
-    from preprocess.sources import features_record, load
-
-    world, dirs, error = MPI.COMM_WORLD, {d: os.path.join(base, d) for d in datasets}, None
-    if world.rank == 0:
-        try:
-            for name, out in dirs.items():
-                graph = load("planetoid", name=name, root=PLANETOID, normalize_features="row")
-                cfg = BuildConfig(out=out, servers=SERVERS, gpus_per_server=RANKS_PER_SERVER, layers=COMMON["layers"],
-                                  partitioner="metis", command=f"bench_precision {name} --normalize-features row",
-                                  extra=features_record("row"))
-                run_build(MPI.COMM_SELF, graph, cfg)
-        except Exception as exc:  # noqa: BLE001 - reported on every rank instead of hanging them
-            error = repr(exc)
-    error = world.bcast(error)
-    if error:
-        raise RuntimeError(error)
-    return dirs
+    """One shard set per dataset (row-normalised features) for SERVERS x RANKS_PER_SERVER."""
+    built = build_planetoid_sets(base, datasets, ("row",), SERVERS, RANKS_PER_SERVER, "bench_precision")
+    return {name: out for (name, _), out in built.items()}
 
 
 def _worker(args):

@@ -101,6 +101,14 @@ def initial_model(cora, **o):
     return build_model("sage", cora.features.shape[1], o["hidden"], 7, 3, dropout=o["dropout"], norm=False)
 
 
+def assert_same_run(rec_a, rec_b, params_a, params_b):
+    """Resumed equals uninterrupted: learning rates exactly, losses and parameters to float32 noise."""
+    assert [r["lr"] for r in rec_b] == [r["lr"] for r in rec_a]
+    assert np.allclose([r["loss"] for r in rec_b], [r["loss"] for r in rec_a], rtol=0, atol=1e-6)
+    for pa, pb in zip(params_a, params_b):
+        assert torch.allclose(pa, pb, rtol=0, atol=1e-6)
+
+
 def metrics(run_dir):
     WORLD.Barrier()
     return read_metrics(run_dir)
@@ -128,11 +136,7 @@ def test_cosine_warmup_clipping_early_stopping_resumed_equals_uninterrupted_and_
     assert first is None and trainer.epoch == 5
     summary_b, params_b, _ = run(shards, run_b, resume=run_b, **COSINE)
     assert summary_b["optimizer"]["stopped_early_after_epoch"] == stopped
-    rec_b = metrics(run_b)
-    assert [r["lr"] for r in rec_b] == [r["lr"] for r in rec_a]
-    assert np.allclose([r["loss"] for r in rec_b], [r["loss"] for r in rec_a], rtol=0, atol=1e-6)
-    for pa, pb in zip(params, params_b):
-        assert torch.allclose(pa, pb, rtol=0, atol=1e-6)
+    assert_same_run(rec_a, metrics(run_b), params, params_b)
     assert os.path.isfile(os.path.join(run_b, "best-model.pt"))
     assert os.path.isdir(os.path.join(run_b, "checkpoints", f"epoch-{stopped:06d}"))
 
@@ -170,8 +174,4 @@ def test_200_epochs_resumed_at_100_equal_the_uninterrupted_run(cora_shards):
     summary_b, params_b, _ = run(shards, run_b, resume=run_b, **LONG)
     assert summary_b["epochs"] == summary["epochs"]
     assert summary_b["optimizer"]["stopped_early_after_epoch"] == stopped
-    rec_b = metrics(run_b)
-    assert [r["lr"] for r in rec_b] == [r["lr"] for r in rec_a]
-    assert np.allclose([r["loss"] for r in rec_b], [r["loss"] for r in rec_a], rtol=0, atol=1e-6)
-    for pa, pb in zip(params, params_b):
-        assert torch.allclose(pa, pb, rtol=0, atol=1e-6)
+    assert_same_run(rec_a, metrics(run_b), params, params_b)
