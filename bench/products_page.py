@@ -133,3 +133,20 @@ def render(records, argv):
     L += ["## Commands", "", "```", f"python bench/bench_products.py {' '.join(argv)}".rstrip(),
           *records.get("log", []), "```", ""]
     return "\n".join(L)
+
+
+BEGIN, END = "<!-- reading: begin -->", "<!-- reading: end -->"
+
+
+def keep_reading(page: str, path: str) -> str:
+    """`page` with the hand-written reading of the numbers (between BEGIN and END in the page at `path`,
+    if there is one) put back after its first paragraph block, so a rerun does not drop it."""
+    if not os.path.exists(path):
+        return page
+    with open(path) as f:
+        old = f.read()
+    if BEGIN not in old or END not in old:
+        return page
+    reading = old[old.index(BEGIN): old.index(END) + len(END)]
+    head, sep, rest = page.partition("\n## ")
+    return f"{head}\n{reading}\n{sep}{rest}" if sep else f"{page}\n{reading}\n"
