@@ -15,11 +15,14 @@ WORK/records.json so stages can run apart):
 2. build: the two shard sets (kept and reused with --reuse-shards).
 3. train: the AE setting (configs/products.toml: inductive, 3 SAGE + 1 Linear, LayerNorm, hidden 64)
    in fb, flx, eas and cob (one co-batch per epoch, fanout 25, the artifact's) on the emulated cluster
-   (emucluster/, an instance of its own), one round per link rate, every mode back to back, the
-   order reversed in alternate rounds.  Per run: median epoch time over the epochs after the first
-   and its breakdown (metrics.jsonl), exact ledger bytes, every rank's peak RSS (VmHWM, polled).
-   After the first round: one timed evaluation pass over the full graph (bench/products_ref.py
-   evaluate) with fb's trained model.
+   (emucluster/, an instance of its own), one run per mode, back to back: every link is checked first
+   (MPI ping-pong), then each run trains --epochs epochs at each rate in turn, the link re-shaped
+   between them (a products-size run spends minutes reading its shards and in its final evaluation;
+   one run per rate would repeat both).  Per rate: median epoch time over its epochs but the first,
+   and its breakdown (metrics.jsonl), exact ledger bytes; per run: every rank's peak RSS (VmHWM,
+   polled) and the final evaluation's time (the train-, train+validation-induced and full graph).
+   With the evaluate stage: one timed evaluation pass over the full graph (bench/products_ref.py
+   evaluate) with fb's trained model, at the first rate.
 4. reference: the training graph in one process, plain torch CSR SAGE (bench/products_ref.py).
 """
 from __future__ import annotations
@@ -154,48 +157,97 @@ def fits(args, records, mode):
     return (est is None or 4 * est <= args.memory_budget * 2**30), est
 
 
-def train_one(args, records, rnd, mode, log):
+class Reshaper:
+    """Watches a run's metrics.jsonl and re-shapes the link to the next rate after every `per_rate`
+    epochs, so one run measures every rate (a products-size run's start-up and final evaluation take
+    minutes; one run per rate would repeat them).  `seen`: when each epoch's line appeared (wall clock)."""
+
+    def __init__(self, metrics, rates, per_rate):
+        self.metrics, self.rates, self.per_rate, self.seen = metrics, rates, per_rate, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        emucluster.shape(emucluster.parse_rate(self.rates[0]))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self):
+        while not self._stop.wait(0.1):
+            try:
+                with open(self.metrics) as f:
+                    n = sum(1 for line in f if line.strip())
+            except OSError:
+                continue
+            while len(self.seen) < n:
+                self.seen.append(time.time())
+                k = len(self.seen) // self.per_rate
+                if len(self.seen) % self.per_rate == 0 and k < len(self.rates):
+                    emucluster.shape(emucluster.parse_rate(self.rates[k]))
+
+
+def train_one(args, records, mode, log):
+    """One run of `mode` over every rate (Reshaper): {rate label: that rate's record}.  The first epoch
+    at each rate is left out of its median (the first of the run pays one-off costs, a later one may
+    have started before the link changed)."""
     name, extra, _ = MODES[mode]
-    run_dir = os.path.join(args.work, "runs", rnd["label"], mode)
+    run_dir = os.path.join(args.work, "runs", mode)
     shutil.rmtree(run_dir, ignore_errors=True)
     ok, est = fits(args, records, mode)
     over = None if ok else (f"plan estimates {est / 2**30:.2f} GiB per rank, 4 ranks > --memory-budget "
                             f"{args.memory_budget} GiB")
     if over and not args.over_estimate:
-        return {"error": f"not run: {over}"}
+        return {label: {"error": f"not run: {over}"} for label in args.rates}
     t, load = time.perf_counter(), os.getloadavg()[0]
-    with MemoryGuard(args.min_available_gib) as guard, RankPeaks(run_dir) as peaks:
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    out = {}
+    with MemoryGuard(args.min_available_gib) as guard, RankPeaks(run_dir) as peaks, \
+            Reshaper(metrics, args.rates, args.epochs) as reshaper:
         try:
             run([EMU_MPIRUN, "-n", "4", "--emu-timeout", args.run_timeout, sys.executable, "-m", "granndis_hpc.cli",
                  "train", "--config", "configs/products.toml", "--shards", shard_dir(args, name), *extra,
-                 "--epochs", args.epochs, "--eval-every", "0", "--quiet", "--out", run_dir], log, args.run_timeout + 60)
-            with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+                 "--epochs", args.epochs * len(args.rates), "--eval-every", "0", "--quiet", "--out", run_dir],
+                log, args.run_timeout + 60)
+            with open(metrics) as f:
                 recs = [json.loads(line) for line in f if line.strip()]
             with open(os.path.join(run_dir, "summary.json")) as f:
                 summary = json.load(f)
-            rec = costmodel.summarize_run(recs)
-            rec.update(first_epoch_s=recs[0]["time_s"], peak_rss_max=summary["peak_memory_bytes"],
-                       accuracy=summary.get("accuracy"), protocol=summary.get("protocol"))
+            # The last epoch's line is written after the final evaluation (three passes: the train-,
+            # the train+validation-induced and the full graph): its delay over the epoch is that evaluation.
+            seen = reshaper.seen
+            final_eval = seen[-1] - seen[-2] - recs[-1]["time_s"] if len(seen) >= 2 else None
+            for k, label in enumerate(args.rates):
+                part = recs[k * args.epochs:(k + 1) * args.epochs]
+                out[label] = dict(costmodel.summarize_run(part), first_epoch_s=part[0]["time_s"],
+                                  accuracy=summary.get("accuracy"), protocol=summary.get("protocol"),
+                                  peak_rss_max=summary["peak_memory_bytes"], final_evaluation_s=final_eval)
         except RuntimeError as exc:  # recorded; the next run goes on
-            rec = {"error": str(exc).splitlines()[0][:300]}
-    if guard.fired is not None:
-        rec["error"] = f"stopped by the memory guard: MemAvailable {guard.fired:.2f} GiB < {args.min_available_gib} GiB"
-    if over:
-        rec["over_estimate"] = over + " (run under the memory guard, --over-estimate)"
-    rec.update(peak_rss=[peaks.peaks.get(r, 0) for r in range(4)], estimate=est, run_wall_s=time.perf_counter() - t,
-               loadavg_start=load, run_dir=run_dir)
-    return rec
+            out = {label: {"error": str(exc).splitlines()[0][:300]} for label in args.rates}
+    for label in args.rates:
+        rec = out.setdefault(label, {"error": "no record"})
+        if guard.fired is not None:
+            rec["error"] = (f"stopped by the memory guard: MemAvailable {guard.fired:.2f} GiB < "
+                            f"{args.min_available_gib} GiB")
+        if over:
+            rec["over_estimate"] = over + " (run under the memory guard, --over-estimate)"
+        rec.update(peak_rss=[peaks.peaks.get(r, 0) for r in range(4)], estimate=est,
+                   run_wall_s=time.perf_counter() - t, loadavg_start=load, run_dir=run_dir)
+    return out
 
 
-def stage_evaluate(args, records, path, log):
-    model = os.path.join(args.work, "runs", records["train"][0]["label"], "fb")
+def stage_evaluate(args, records, path, log, label):
+    model = os.path.join(args.work, "runs", "fb")
     out = os.path.join(args.work, "evaluate.json")
     with RankPeaks("products_ref.py") as peaks:
         run([EMU_MPIRUN, "-n", "4", "--emu-timeout", args.run_timeout, sys.executable,
              os.path.join(REPO, "bench", "products_ref.py"), "evaluate", "--shards", shard_dir(args, "full"),
              "--model", model, "--out", out], log, args.run_timeout + 60)
     with open(out) as f:
-        records["evaluate"] = dict(json.load(f), rate=records["train"][0]["label"],
+        records["evaluate"] = dict(json.load(f), rate=label,
                                    polled_peak_rss=[peaks.peaks.get(r, 0) for r in range(4)])
     save_records(path, records)
 
@@ -204,11 +256,12 @@ def stage_train(args, records, path, log):
     emucluster.preflight()
     os.environ.update(ENV)  # the self-check's mpirun reads os.environ (root needs OMPI_ALLOW_RUN_AS_ROOT)
     emucluster.install_signal_teardown()
-    records["train"], records["graph"] = [], graph_record(args)
+    records["graph"] = graph_record(args)
+    rounds = []
     try:
         emucluster.setup(2, None, quiet=True)
         log.append("emucluster/emu-cluster --instance prod setup --servers 2")
-        for i, label in enumerate(args.rates):
+        for label in args.rates:  # every link checked before the runs
             bps = emucluster.parse_rate(label)
             emucluster.shape(bps)
             log.append(f"emucluster/emu-cluster --instance prod shape --rate {label} && "
@@ -218,16 +271,21 @@ def stage_train(args, records, path, log):
             if pp["fatal"]:
                 raise RuntimeError(f"{label}: the emulated link is not what it should be: {'; '.join(pp['problems'])}")
             # A link slower than its rate on a busy machine (CPU-starved TCP) is kept, and said on the page.
-            rnd = {"label": label, "rate_bps": bps, "bw_Bps": pp["inter_Bps"]["1"], "loadavg": os.getloadavg()[0],
-                   "link_problems": pp["problems"], "runs": {}}
-            records["train"].append(rnd)
-            for mode in (args.modes if i % 2 == 0 else args.modes[::-1]):
-                rnd["runs"][mode] = train_one(args, records, rnd, mode, log)
-                print(label, mode, json.dumps({k: v for k, v in rnd["runs"][mode].items()
-                                                if k not in ("layer_compute", "layer_counts")}), flush=True)
-                save_records(path, records)
-            if i == 0 and "evaluate" in args.stages and "error" not in rnd["runs"].get("fb", {"error": 1}):
-                stage_evaluate(args, records, path, log)
+            rounds.append({"label": label, "rate_bps": bps, "bw_Bps": pp["inter_Bps"]["1"],
+                           "loadavg": os.getloadavg()[0], "link_problems": pp["problems"], "runs": {}})
+        records["train"] = rounds
+        log.append(f"(each run re-shapes the link to the next of {', '.join(args.rates)} after every "
+                   f"{args.epochs} epochs)")
+        for mode in args.modes:
+            per_rate = train_one(args, records, mode, log)
+            for rnd in rounds:
+                rnd["runs"][mode] = per_rate[rnd["label"]]
+            print(mode, json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("layer_compute", "layer_counts")}
+                                    for k, v in per_rate.items()}), flush=True)
+            save_records(path, records)
+        if "evaluate" in args.stages and "error" not in rounds[0]["runs"].get("fb", {"error": 1}):
+            emucluster.shape(rounds[0]["rate_bps"])
+            stage_evaluate(args, records, path, log, rounds[0]["label"])
     finally:
         emucluster.teardown(quiet=True)
 
@@ -246,8 +304,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vertices", type=int, default=PRODUCTS["vertices"],
                    help="graph size (the other statistics scale with it; smaller where the full size does not fit)")
-    p.add_argument("--epochs", type=int, default=4, help="per run; the first is the warm-up, left out of the median")
-    p.add_argument("--rates", default="1gbit,100mbit", help="link rates, one round each, in this order")
+    p.add_argument("--epochs", type=int, default=3,
+                   help="per rate (a run has this many for each of --rates); the first at each rate is left out")
+    p.add_argument("--rates", default="1gbit,100mbit", help="link rates, in this order within every run")
     p.add_argument("--modes", default="fb,flx,eas,cob", help=f"from {', '.join(MODES)}; fb first (the baseline)")
     p.add_argument("--stages", nargs="*", default=["plan", "build", "train", "evaluate", "reference"],
                    choices=("plan", "build", "train", "evaluate", "reference"),

@@ -57,11 +57,13 @@ def _breakdown_table(rounds, modes):
 
 
 def _memory_table(records, modes):
-    L = ["| mode | plan estimate, largest rank (GiB) | peak RSS rank 0 / 1 / 2 / 3 (GiB), per round | "
+    L = ["| mode | plan estimate, largest rank (GiB) | peak RSS rank 0 / 1 / 2 / 3 (GiB) | "
          "largest / estimate | within 25 % |", "|---|---:|---|---:|---|"]
     for m in modes:
         est = records.get("plan", {}).get(m, {}).get("peak_bytes")
-        runs = [r["runs"][m] for r in records.get("train", []) if m in r["runs"] and any(r["runs"][m].get("peak_rss", []))]
+        runs = {r["runs"][m].get("run_dir"): r["runs"][m] for r in records.get("train", [])
+                if m in r["runs"] and any(r["runs"][m].get("peak_rss", []))}  # a run covers every rate
+        runs = list(runs.values())
         if not runs:
             continue
         rss = "; ".join(" / ".join(gib(b) for b in x["peak_rss"]) for x in runs)
@@ -89,17 +91,19 @@ def render(records, argv):
     L += [f"Machine: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
           f"no GPU, Python {platform.python_version()}, loaded by parallel work of other jobs throughout (load "
           "average per round below): times are this machine's under that load; bytes are exact ledger counts, "
-          "peak RSS does not depend on the load. Each run: "
-          f"{records.get('epochs', '?')} epochs, the median epoch time over all but the first; the last epoch "
-          "evaluates (not in the epoch time).", ""]
+          "peak RSS does not depend on the load. One run per mode trains "
+          f"{records.get('epochs', '?')} epochs at each link rate in turn (the link re-shaped between them); "
+          "the epoch time at a rate is the median over its epochs but the first. The last epoch evaluates "
+          "(not in the epoch time).", ""]
     if train:
         L += ["## Epoch time and speedup over fb", "",
               "Beside each speedup, in brackets, the artifact's on ogbn-products (AE1: 2 servers x 4 A6000, 10 GbE). "
               "fb's inter-server share: its inter-server halo time over its epoch time.", ""]
         L += _epoch_table(train, modes)
         L += [f"\nLink check of {r['label']}: {'; '.join(r['link_problems'])}." for r in train if r.get("link_problems")]
-        L += ["", "Load average (1 min) at the start of each round: "
-              + ", ".join(f"{r['label']} {r['loadavg']:.1f}" for r in train) + ".", ""]
+        L += ["", "Load average (1 min) at each link check: "
+              + ", ".join(f"{r['label']} {r['loadavg']:.1f}" for r in train) + "; at the end: "
+              + f"{records.get('loadavg_end', [0])[0]:.1f}.", ""]
         L += ["## Breakdown per epoch (s) and bytes per epoch (exact ledger counts, summed over ranks)", "",
               "compute / comm as the engine's per-epoch metrics give them (the slowest rank's parts); "
               "*first epoch* is the first epoch's time (it builds the cached adjacencies).", ""]
@@ -109,6 +113,14 @@ def render(records, argv):
               "included); the estimate is `preprocess plan --device cpu`'s for the same graph, model and mode "
               "(its largest rank). The target is within 25 %.", ""]
         L += _memory_table(records, modes) + [""]
+    final = {m: x["runs"][m]["final_evaluation_s"] for m in modes for x in train[:1]
+             if x["runs"].get(m, {}).get("final_evaluation_s")}
+    if final:
+        L += ["## Evaluation", "",
+              "The final evaluation of each run (after its last epoch: one exact pass over each of the "
+              "train-induced, the train+validation-induced and the full graph, the full graph's the largest; "
+              "docs/inductive.md), timed as the delay of the last epoch's metrics line after the epoch: "
+              + ", ".join(f"{m} {s:.0f} s" for m, s in final.items()) + ".", ""]
     ev = records.get("evaluate")
     if ev:
         L += ["## One evaluation pass on the full graph", "",
