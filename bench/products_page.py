@@ -137,7 +137,10 @@ def render(records, argv):
               f"The same training graph (the subgraph induced by the {ref['train_vertices']:,} training vertices, "
               f"{ref['train_edges']:,} edges) in one process with {ref['kind']} ({ref['threads']} threads): "
               f"epoch {med:.3f} s (median of {len(ref['epoch_s'])} after a warm-up of {ref['warmup_s']:.2f} s), "
-              f"peak RSS {gib(ref['peak_rss_bytes'])} GiB."]
+              f"peak RSS {gib(ref['peak_rss_bytes'])} GiB. The graph it generated in-process is the shard set's: "
+              + ("the same vertex and edge counts." if (ref["full_graph"]["vertices"], ref["full_graph"]["edges"])
+                 == (g.get("num_vertices"), g.get("num_edges")) else
+                 f"NOT the same counts ({ref['full_graph']} against the manifest's).")]
         for r in train:
             cells = [f"{m} {r['runs'][m]['epoch_s']:.3f} s" for m in modes if "epoch_s" in r["runs"].get(m, {})]
             L.append(f"Distributed at {r['label']}: {', '.join(cells)}.")
