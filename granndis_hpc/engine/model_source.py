@@ -25,7 +25,7 @@ from granndis_hpc.rundir.best_model import BEST_MODEL
 
 # The options that decide a model's parameters' shapes and its forward (with the shard set's feature
 # width and class count): what a model read back is rebuilt with.
-ARCHITECTURE = ("model", "hidden", "layers", "norm", "dropout", "input_dropout", "model_option")
+ARCHITECTURE = ("model", "hidden", "layers", "linear_layers", "norm", "dropout", "input_dropout", "model_option")
 
 
 class ModelSourceError(ValueError):

@@ -46,6 +46,7 @@ def build_from_source(source: ModelSource, manifest: Dict, device) -> torch.nn.M
     torch.manual_seed(0)  # the parameters are replaced below; this keeps building deterministic
     model = build_model(arch["model"], int(ds["num_features"]), int(arch["hidden"]), int(ds["num_classes"]),
                         int(arch["layers"]), dropout=float(arch.get("dropout") or 0.0), norm=bool(arch.get("norm")),
+                        linear_layers=int(arch.get("linear_layers") or 0),  # absent before the option: none
                         **model_options(arch["model"], arch.get("model_option")))
     load_parameters(model, source)
     model.input_dropout = float(arch.get("input_dropout") or 0.0)

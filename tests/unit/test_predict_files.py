@@ -136,3 +136,21 @@ def test_eval_only_needs_a_model_and_no_resume(tmp_path):
         TrainConfig(shards="x", eval_only=True)
     with pytest.raises(ConfigError, match="nothing to --resume"):
         TrainConfig(shards="x", eval_only=True, init_from="m", resume=str(tmp_path), out=str(tmp_path))
+
+
+def test_a_model_with_a_linear_head_is_rebuilt_with_it():
+    """A run with --linear-layers saves a model whose last layers are Linear: predict and --eval-only
+    rebuild it with them (its parameters load, the message-passing depth is the aggregating layers)."""
+    from granndis_hpc.engine.model_source import ModelSource
+    from granndis_hpc.engine.predict import build_from_source
+    from granndis_hpc.nn.models import build_model
+
+    torch.manual_seed(1)
+    trained = build_model("sage", 10, 8, 3, 4, dropout=0.0, norm=True, linear_layers=1)
+    config = {"model": "sage", "hidden": 8, "layers": 4, "linear_layers": 1, "norm": True, "dropout": 0.0,
+              "input_dropout": 0.0, "model_option": None}
+    source = ModelSource("best-model.pt", "best-model", trained.state_dict(), config)
+    rebuilt = build_from_source(source, {"dataset": {"num_features": 10, "num_classes": 3}}, "cpu")
+    assert rebuilt.num_layers == 3
+    for (name, a), (_, b) in zip(trained.state_dict().items(), rebuilt.state_dict().items()):
+        assert torch.equal(a, b), name
