@@ -101,9 +101,11 @@ def reference(vertices: int, epochs: int, hidden: int = 64, dropout: float = 0.3
     load_s = time.perf_counter() - t0
     torch.manual_seed(0)
     conv, norms, head, kind = _sage_layers(torch, x.shape[1], hidden, PRODUCTS["classes"], 3)
-    if kind.startswith("torch_geometric"):  # PyG takes the graph as a transposed sparse adjacency
-        from torch_sparse import SparseTensor  # noqa: F401  (installed with torch_geometric's sparse ops)
-        graph = SparseTensor(rowptr=torch.from_numpy(indptr), col=torch.from_numpy(indices), sparse_sizes=(n, n))
+    if kind.startswith("torch_geometric"):
+        # PyG takes the graph as a transposed sparse adjacency (a row per destination) of ones and
+        # reduces it by its aggregation (mean): a torch.sparse CSR tensor needs no torch_sparse.
+        graph = torch.sparse_csr_tensor(torch.from_numpy(indptr), torch.from_numpy(indices),
+                                        torch.ones(indices.shape[0]), (n, n))
     else:
         graph = adj
     params_ = [*conv.parameters(), *norms.parameters(), *head.parameters()]
