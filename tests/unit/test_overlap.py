@@ -190,6 +190,24 @@ def test_split_rows_copy_the_destination_rows_only_for_a_layer_that_reads_them(c
         assert torch.equal(seen[0], h_src[split.first]) and torch.equal(seen[1], h_src[split.rest])
 
 
+def test_merge_puts_rows_in_order_and_saves_no_tensor_for_the_backward():
+    """RowSplit.merge: row order and each group's gradient rows, with nothing kept for the backward
+    (index_copy_ would keep both groups: a second copy of every merged row)."""
+    split = RowSplit(torch.tensor([1, 4, 5]), 7)
+    first = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    rest = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = split.merge(first, rest)
+    assert saved == []
+    torch.testing.assert_close(out[split.first], first, rtol=0, atol=0)
+    torch.testing.assert_close(out[split.rest], rest, rtol=0, atol=0)
+    weight = torch.arange(14, dtype=torch.float64).view(7, 2)
+    (out * weight).sum().backward()
+    torch.testing.assert_close(first.grad, weight[split.first], rtol=0, atol=0)
+    torch.testing.assert_close(rest.grad, weight[split.rest], rtol=0, atol=0)
+
+
 class _LoopbackGather:
     """A one-process gather over L layers of N own rows: layer l's halo is the rows send[l] of its own
     rows, reversed (a deterministic 'peer'); layer 0's halo is static.  boundary=True adds the
