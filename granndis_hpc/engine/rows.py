@@ -66,9 +66,25 @@ class RowSplit:
         self.first, self.rest, self.n = first, torch.nonzero(others).squeeze(1), int(n)
 
     def merge(self, first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
-        out = first.new_empty((self.n,) + tuple(first.shape[1:]))
-        out.index_copy_(0, self.first, first)
-        return out.index_copy_(0, self.rest, rest)
+        return _Merge.apply(first, rest, self)
+
+
+class _Merge(torch.autograd.Function):
+    """RowSplit.merge: the two groups' rows in row order; the gradient is each group's rows of the
+    output's.  Its own function because autograd's index_copy_ saves its source rows (measured: both
+    groups, a second copy of every merged row kept to the backward); this keeps only the split."""
+
+    @staticmethod
+    def forward(ctx, first, rest, split):
+        ctx.split = split
+        out = first.new_empty((split.n,) + tuple(first.shape[1:]))
+        out.index_copy_(0, split.first, first)
+        return out.index_copy_(0, split.rest, rest)
+
+    @staticmethod
+    def backward(ctx, grad):
+        split = ctx.split
+        return grad.index_select(0, split.first), grad.index_select(0, split.rest), None
 
 
 class SplitRows:

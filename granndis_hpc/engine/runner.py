@@ -80,9 +80,11 @@ def _call_layer(layer, h_src, graph: LayerGraph, attention=None, split=None):
             partials.append(layer.aggregate_part(GraphPart(graph, "halo", n_own, rows), messages.halo(), call))
         else:
             partials = [layer.aggregate_part(GraphPart(graph, None, None, rows), messages, call)]
-        h_dst = own[: graph.n_dst]
-        if rows is not None:
-            h_dst = h_dst.index_select(0, rows[1].first if rows[0] == "first" else rows[1].rest)
+        h_dst = None  # a layer that does not read them (reads_dst False) gets no copy of them
+        if getattr(layer, "reads_dst", True):
+            h_dst = own[: graph.n_dst]
+            if rows is not None:  # a copy of those rows: [rows, in] at the layer's input width
+                h_dst = h_dst.index_select(0, rows[1].first if rows[0] == "first" else rows[1].rest)
         return layer.update(h_dst, layer.combine(partials, call), call)
 
     if split is None:

@@ -290,7 +290,8 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
     """Peak bytes a training step allocates above what it starts with (activations and transients).
 
     Forward at layer l: the activations saved so far (layers <= l) plus the larger of the exchange's
-    buffers (send + receive rows at the input width) and the conv's two output terms.  Backward at
+    buffers (send + receive rows at the input width) and the conv's two output terms (a layer reading
+    the static halo features: their gather's two copies, the halo rows and the cat).  Backward at
     layer l: the activations of layers <= l (later ones are freed as the backward passes them) plus
     the gradient of the output and, where the input needs a gradient, the gradients of the source
     rows (SAGE: two paths, self and aggregation; GCN: one), of the rows sent back to their owners and of the own
@@ -326,6 +327,11 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
         # products and their sum; without overlap the exchange is done before the conv starts.
         conv = max(2 * lr.n_dst * wout, 3 * lr.n_dst * min(win, wout)) * A + edge
         fwd = prefix[l] + (halo + conv if pending[l] else max(halo, 2 * lr.n_dst * wout * A + edge))
+        if not exchanged:
+            # The static halo's gather (engine/views.py): the halo rows selected from the view's feature
+            # tensor and their cat with the own rows, float32, alive together (on Cora's 1433-wide input
+            # the forward's peak: measured).
+            fwd = max(fwd, prefix[l] - act["fresh_per_layer"][l] + (lr.n_src + lr.n_halo) * win * F32)
         if input_grad:
             # SAGE's source rows get two gradients (lin_self's slice and the aggregation), GCN's one:
             # the estimator's grad_paths.  The autograd engine adds the second into the first and frees it before the exchange's

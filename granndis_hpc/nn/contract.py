@@ -25,6 +25,10 @@ attention dropout of the pass, and a scratch dict.
 A layer that cannot be split sets ``splits_sources = False`` and implements ``forward`` only: the
 runner waits for the halo and calls it on the whole block.  ``splits_rows``: its parts may also be
 restricted to a subset of destination rows (row-restricted sparse products: SAGE, GCN).
+``reads_dst``: ``update`` reads the destination rows; a layer whose update does not (GCN: a vertex's own
+row enters through the aggregation's self-loop) sets it False and gets ``h_dst = None``, so the runner
+does not copy a row split's destination rows out of the source rows for it (at layer 0 of Cora, rows
+1433 wide: the largest transient of GCN's overlapped step).
 
 A layer holds no memory-model code: its sizes (parameters, the bytes autograd saves per row and per
 edge) are declared beside the model's estimate (granndis_hpc/memory_model/stacks.py and zoo_stacks.py).
@@ -60,6 +64,7 @@ class Layer(nn.Module):
 
     splits_sources = True
     splits_rows = False
+    reads_dst = True
 
     def message(self, h: torch.Tensor, call: LayerCall):
         return h
@@ -73,11 +78,11 @@ class Layer(nn.Module):
             out = out + p
         return out
 
-    def update(self, h_dst: torch.Tensor, aggregated, call: LayerCall) -> torch.Tensor:
+    def update(self, h_dst: Optional[torch.Tensor], aggregated, call: LayerCall) -> torch.Tensor:
         raise NotImplementedError
 
     def forward(self, h_src: torch.Tensor, graph: LayerGraph, attention=None) -> torch.Tensor:
         call = LayerCall(graph, attention)
         m = call.own_messages = self.message(h_src, call)
         aggregated = self.combine([self.aggregate_part(GraphPart(graph), m, call)], call)
-        return self.update(h_src[: graph.n_dst], aggregated, call)
+        return self.update(h_src[: graph.n_dst] if self.reads_dst else None, aggregated, call)

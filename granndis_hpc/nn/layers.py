@@ -60,6 +60,7 @@ class GCNConv(Layer):
     """out_v = W (h_v/(d_v+1) + sum_{u in N(v)} h_u / sqrt((d_u+1)(d_v+1))) + b   (Kipf & Welling)."""
 
     splits_rows = True
+    reads_dst = False  # the own row is the aggregation's self-loop: update reads only the aggregate
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()

@@ -173,6 +173,41 @@ def test_split_rows_equal_the_whole_conv_forward_and_backward(conv_cls, width_ou
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("conv_cls", [SAGEConv, GCNConv])
+def test_split_rows_copy_the_destination_rows_only_for_a_layer_that_reads_them(conv_cls, monkeypatch):
+    """SAGE's update reads each group's destination rows (copies of them, row for row); GCN's reads
+    none (reads_dst False) and gets None: no [rows, in] copy of its input (at layer 0 of Cora 1433 wide)."""
+    graph, h0, _ = _problem(5)
+    conv = conv_cls(h0.shape[1], 4).double()
+    split = RowSplit(torch.arange(0, graph.n_dst, 3), graph.n_dst)
+    seen, update = [], conv.update
+    monkeypatch.setattr(conv, "update", lambda h_dst, agg, call: seen.append(h_dst) or update(h_dst, agg, call))
+    h_src = torch.cat([h0, h0[: graph.n_src - h0.shape[0]]])
+    call_layer(conv, h_src, graph, split=split).merge()
+    if conv_cls is GCNConv:
+        assert not conv.reads_dst and seen == [None, None]
+    else:
+        assert torch.equal(seen[0], h_src[split.first]) and torch.equal(seen[1], h_src[split.rest])
+
+
+def test_merge_puts_rows_in_order_and_saves_no_tensor_for_the_backward():
+    """RowSplit.merge: row order and each group's gradient rows, with nothing kept for the backward
+    (index_copy_ would keep both groups: a second copy of every merged row)."""
+    split = RowSplit(torch.tensor([1, 4, 5]), 7)
+    first = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    rest = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = split.merge(first, rest)
+    assert saved == []
+    torch.testing.assert_close(out[split.first], first, rtol=0, atol=0)
+    torch.testing.assert_close(out[split.rest], rest, rtol=0, atol=0)
+    weight = torch.arange(14, dtype=torch.float64).view(7, 2)
+    (out * weight).sum().backward()
+    torch.testing.assert_close(first.grad, weight[split.first], rtol=0, atol=0)
+    torch.testing.assert_close(rest.grad, weight[split.rest], rtol=0, atol=0)
+
+
 class _LoopbackGather:
     """A one-process gather over L layers of N own rows: layer l's halo is the rows send[l] of its own
     rows, reversed (a deterministic 'peer'); layer 0's halo is static.  boundary=True adds the
