@@ -160,16 +160,21 @@ class PlainEstimate(ModelEstimate):
     def exchanged(self, layer):
         return layer > 0
 
-    def _all_widths(self, m):
+    def all_widths(self, m):
+        """(in, out) of every layer, convs then Linear layers."""
         T = m.layers + m.linear_layers
         w = [m.features] + [m.hidden] * (T - 1) + [m.num_classes]
         return [(w[i], w[i + 1]) for i in range(T)]
 
     def widths(self, m):
-        return self._all_widths(m)[: m.layers]
+        return self.all_widths(m)[: m.layers]
 
     def linear_widths(self, m):
-        return self._all_widths(m)[m.layers:]
+        return self.all_widths(m)[m.layers:]
+
+    def conv_saved(self, lr, m, layer, win, wout, input_grad, mask_bytes) -> Tuple[int, int]:
+        """(bytes conv `layer` saves, of which allocated before the step): the conv's declared sizes."""
+        return self.conv.saved_bytes(lr.n_src, lr.n_dst, win, wout, input_grad=input_grad)
 
     def parameters(self, m):
         n = sum(self.conv.parameter_count(i, o) for i, o in self.widths(m))
@@ -180,7 +185,7 @@ class PlainEstimate(ModelEstimate):
         per_layer, fresh, seen = [], [], set()
         for l, ((_, lr), (win, wout)) in enumerate(zip(rows.training_layers(), self.widths(m))):
             parts = [gather_saved(lr, self.exchanged(l), seen),
-                     self.conv.saved_bytes(lr.n_src, lr.n_dst, win, wout, input_grad=self.exchanged(l))]
+                     self.conv_saved(lr, m, l, win, wout, self.exchanged(l), mask_bytes)]
             if l >= 1:
                 parts.append(between_convs_saved(lr.n_own_in, win, m.norm, m.dropout, mask_bytes))
             b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)

@@ -14,7 +14,7 @@ from typing import Tuple
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
-from .stacks import SAGE_BYTES, ModelEstimate, between_convs_saved, gather_saved, linear_saved
+from .stacks import SAGE_BYTES, PlainEstimate
 
 
 class _ConvBytes:
@@ -24,33 +24,19 @@ class _ConvBytes:
     self_loops = False
 
 
-class EdgeEstimate(ModelEstimate):
+class EdgeEstimate(PlainEstimate):
     """L convs F -> H ... -> C with [LayerNorm] -> act -> dropout between them (nn/zoo.py EdgeGNN), then
     the per-vertex Linear layers (--linear-layers); layer 0 reads the static halo features (no input
-    gradient)."""
+    gradient).  A subclass gives its conv's parameters and saved bytes (conv_parameters, conv_saved) and
+    the per-edge tensors it allocates at once (edge_transient)."""
 
-    conv = _ConvBytes
-
-    def exchanged(self, layer):
-        return layer > 0
-
-    def all_widths(self, m):
-        """(in, out) of every layer, convs then Linear layers."""
-        T = m.layers + m.linear_layers
-        w = [m.features] + [m.hidden] * (T - 1) + [m.num_classes]
-        return [(w[i], w[i + 1]) for i in range(T)]
-
-    def widths(self, m):
-        return self.all_widths(m)[: m.layers]
-
-    def linear_widths(self, m):
-        return self.all_widths(m)[m.layers:]
+    def __init__(self):
+        super().__init__(_ConvBytes)
 
     def conv_parameters(self, m, layer, win, wout) -> int:
         raise NotImplementedError
 
     def conv_saved(self, lr, m, layer, win, wout, input_grad, mask_bytes) -> Tuple[int, int]:
-        """(bytes conv `layer` saves, of which allocated before the step)."""
         raise NotImplementedError
 
     def edge_transient(self, lr, m, layer, win, wout) -> int:
@@ -61,23 +47,6 @@ class EdgeEstimate(ModelEstimate):
         n = sum(self.conv_parameters(m, l, i, o) for l, (i, o) in enumerate(self.widths(m)))
         n += sum(i * o + o for i, o in self.linear_widths(m))
         return n + (sum(2 * i for i, _ in self.all_widths(m)[1:]) if m.norm else 0)
-
-    def activations(self, rows, m, mask_bytes):
-        per_layer, fresh = [], []
-        for l, ((_, lr), (win, wout)) in enumerate(zip(rows.training_layers(), self.widths(m))):
-            parts = [gather_saved(lr, self.exchanged(l)),
-                     self.conv_saved(lr, m, l, win, wout, self.exchanged(l), mask_bytes)]
-            if l >= 1:
-                parts.append(between_convs_saved(lr.n_own_in, win, m.norm, m.dropout, mask_bytes))
-            b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)
-            per_layer.append(b)
-            fresh.append(b - pre)
-        head = head_pre = 0
-        for win, wout in self.linear_widths(m):
-            b, pre = linear_saved(self.linear_rows(rows), win, wout, m.norm, m.dropout, mask_bytes)
-            head, head_pre = head + b, head_pre + pre
-        return {"per_layer": per_layer, "fresh_per_layer": fresh, "head": head, "head_fresh": head - head_pre,
-                "recompute": 0}
 
 
 class SAGESumEstimate(EdgeEstimate):
