@@ -33,16 +33,14 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 
 # The emulated cluster of this benchmark is an instance of its own, so that it never touches a cluster
 # another job has set up (emucluster/config.py instance_names).
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # emucluster/, beside bench/
 os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "prod")
 os.environ.setdefault("GRANNDIS_EMU_SUBNET", "10.215.0")
 
-from harness import ENV, REPO  # noqa: E402
+from harness import ENV, REPO, Watcher  # noqa: E402
 from bench_scale import MemoryGuard, load_records, save_records  # noqa: E402
 from products_ref import PRODUCTS, graph_args  # noqa: E402
 import products_page  # noqa: E402
@@ -71,24 +69,15 @@ def run(cmd, log, timeout, capture=False):
     return p
 
 
-class RankPeaks:
+class RankPeaks(Watcher):
     """Every rank's peak RSS (VmHWM of /proc/PID/status) of the processes whose command line holds
     `marker`, polled every second while a job runs; the rank is the process's OMPI_COMM_WORLD_RANK."""
 
     def __init__(self, marker: str):
+        super().__init__()
         self.marker, self.peaks = marker, {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _poll(self):
+    def poll(self) -> bool:
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -104,10 +93,7 @@ class RankPeaks:
                 continue
             rank = int(env[b"OMPI_COMM_WORLD_RANK"])
             self.peaks[rank] = max(self.peaks.get(rank, 0), hwm)
-
-    def _watch(self):
-        while not self._stop.wait(1.0):
-            self._poll()
+        return False
 
 
 def stage_plan(args, records, path, log):
@@ -157,37 +143,33 @@ def fits(args, records, mode):
     return (est is None or 4 * est <= args.memory_budget * 2**30), est
 
 
-class Reshaper:
+class Reshaper(Watcher):
     """Watches a run's metrics.jsonl and re-shapes the link to the next rate after every `per_rate`
     epochs, so one run measures every rate (a products-size run's start-up and final evaluation take
     minutes; one run per rate would repeat them).  `seen`: when each epoch's line appeared (wall clock)."""
 
+    interval = 0.1
+
     def __init__(self, metrics, rates, per_rate):
+        super().__init__()
         self.metrics, self.rates, self.per_rate, self.seen = metrics, rates, per_rate, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def __enter__(self):
         emucluster.shape(emucluster.parse_rate(self.rates[0]))
-        self._thread.start()
-        return self
+        return super().__enter__()
 
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self):
-        while not self._stop.wait(0.1):
-            try:
-                with open(self.metrics) as f:
-                    n = sum(1 for line in f if line.strip())
-            except OSError:
-                continue
-            while len(self.seen) < n:
-                self.seen.append(time.time())
-                k = len(self.seen) // self.per_rate
-                if len(self.seen) % self.per_rate == 0 and k < len(self.rates):
-                    emucluster.shape(emucluster.parse_rate(self.rates[k]))
+    def poll(self) -> bool:
+        try:
+            with open(self.metrics) as f:
+                n = sum(1 for line in f if line.strip())
+        except OSError:
+            return False
+        while len(self.seen) < n:
+            self.seen.append(time.time())
+            k = len(self.seen) // self.per_rate
+            if len(self.seen) % self.per_rate == 0 and k < len(self.rates):
+                emucluster.shape(emucluster.parse_rate(self.rates[k]))
+        return False
 
 
 def train_one(args, records, mode, log):

@@ -26,11 +26,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 from bench_preprocess import run_config
-from harness import ENV, REPO, mib, train, write_page
+from harness import ENV, REPO, Watcher, mib, train, write_page
 
 # (name, shard set, mode, extra train arguments)
 RUNS = (("fb", "full", "fb", []),
@@ -82,34 +81,25 @@ def stage_verify(args, records, path):
         print(kind, json.dumps(rec), flush=True)
 
 
-class MemoryGuard:
+class MemoryGuard(Watcher):
     """Stops this driver's training job (its child `mpirun`, which stops its ranks) when the machine's
     MemAvailable falls under `min_gib`, before the kernel's OOM killer picks a process of another job
     on a shared machine.  `fired`: the MemAvailable (GiB) that triggered it, else None."""
 
     def __init__(self, min_gib: float):
+        super().__init__()
         self.min_gib, self.fired = float(min_gib), None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self):
-        while not self._stop.wait(1.0):
-            with open("/proc/meminfo") as f:
-                avail = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 2**20
-            if avail < self.min_gib:
-                self.fired = avail
-                with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
-                    for pid in f.read().split():
-                        os.kill(int(pid), signal.SIGTERM)
-                return
+    def poll(self) -> bool:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) / 2**20
+        if avail >= self.min_gib:
+            return False
+        self.fired = avail
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+            for pid in f.read().split():
+                os.kill(int(pid), signal.SIGTERM)
+        return True
 
 
 def stage_train(args, records, path):

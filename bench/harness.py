@@ -13,6 +13,7 @@ import os
 import subprocess
 import tempfile
 import sys
+import threading
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,3 +96,30 @@ def write_page(path, lines, script, argv, log, data=None):
 
 def mib(n):
     return f"{n / 2**20:,.0f}"
+
+
+class Watcher:
+    """A daemon thread that calls `poll()` every `interval` seconds while its `with` block runs (a
+    memory guard, a peak-RSS poll, a link re-shaper); `poll` returns True to stop watching."""
+
+    interval = 1.0
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self):
+        while not self._stop.wait(self.interval):
+            if self.poll():
+                return
+
+    def poll(self) -> bool:
+        raise NotImplementedError
