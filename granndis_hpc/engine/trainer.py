@@ -27,7 +27,7 @@ from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
 from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
-from granndis_hpc.engine import inductive, signals, targets, views
+from granndis_hpc.engine import hostmem, inductive, signals, targets, views
 from granndis_hpc.rundir import checkpoint
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.cluster.hostsync import Stopwatch
@@ -84,6 +84,8 @@ class Trainer(TrainerCheckpoints):
         self.ledger = Ledger()
         self.comm = Communicator(self.topo, self.ledger, cfg.intra_transport, host_staging=cfg.host_staging)
         self.device = self.topo.device
+        if self.device.type == "cpu":  # reuse freed host memory every epoch (engine/hostmem.py)
+            hostmem.keep_freed_host_memory()
         # The model and mode names were checked where the options are (TrainConfig: choices read from the
         # registries), the one place; every rank holds the same config, so this cannot differ by rank.
         self.mode = make_mode(cfg).resolve(self.topo)  # `auto` picks the mode (and shard set) that fits
