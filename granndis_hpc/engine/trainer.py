@@ -84,8 +84,6 @@ class Trainer(TrainerCheckpoints):
         self.ledger = Ledger()
         self.comm = Communicator(self.topo, self.ledger, cfg.intra_transport, host_staging=cfg.host_staging)
         self.device = self.topo.device
-        if self.device.type == "cpu":  # reuse freed host memory every epoch (engine/hostmem.py)
-            hostmem.keep_freed_host_memory()
         # The model and mode names were checked where the options are (TrainConfig: choices read from the
         # registries), the one place; every rank holds the same config, so this cannot differ by rank.
         self.mode = make_mode(cfg).resolve(self.topo)  # `auto` picks the mode (and shard set) that fits
@@ -145,6 +143,8 @@ class Trainer(TrainerCheckpoints):
         self._saved_epoch: Optional[int] = None  # the epoch of the newest checkpoint this attempt wrote
         self.checkpoints: Optional[checkpoint.CheckpointManager] = None  # with --out only
         self._set_up_checkpoints()
+        if self.device.type == "cpu":  # epochs reuse freed host memory (engine/hostmem.py)
+            hostmem.keep_freed_host_memory()
 
     # ---- set-up -------------------------------------------------------------------------------
     def _open_shards(self) -> Dict:
