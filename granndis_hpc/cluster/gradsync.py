@@ -82,7 +82,10 @@ class GradientSync:
         self._learned = False          # buckets re-planned from the first backward's order
         # torch < 2.1 has no post-accumulate hook: every bucket is then posted in finish(), after the
         # backward, which is today's order (still bucketed, still hierarchical).
-        self.overlaps = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+        # One rank: the world's sum is this rank's own gradient, so there is nothing to post, hook,
+        # flatten or copy back; finish() only gives unused parameters their zero gradient, as a bucket would.
+        self.alone = comm.topo.world_size == 1
+        self.overlaps = not self.alone and hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
         if self.overlaps:
             self._handles = [p.register_post_accumulate_grad_hook(self._on_final) for _, p in self._named]
         self._reset()
@@ -145,6 +148,11 @@ class GradientSync:
 
     def finish(self) -> None:
         """After backward: post what is left (in order), wait for every bucket, write the sums back."""
+        if self.alone:
+            for _, p in self._named:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            return
         while len(self._posted) < len(self.buckets):
             self._post(len(self._posted), after_backward=True)
         with torch.no_grad():

@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 import torch
 import torch.utils.checkpoint
 
-from granndis_hpc.nn.contract import LayerCall
+from granndis_hpc.nn.contract import LayerCall, dst_rows
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.edge_layers import EdgeDropout
 from granndis_hpc.nn.graph import GraphPart, LayerGraph
@@ -82,7 +82,7 @@ def _call_layer(layer, h_src, graph: LayerGraph, attention=None, split=None):
             partials = [layer.aggregate_part(GraphPart(graph, None, None, rows), messages, call)]
         h_dst = None  # a layer that does not read them (reads_dst False) gets no copy of them
         if getattr(layer, "reads_dst", True):
-            h_dst = own[: graph.n_dst]
+            h_dst = dst_rows(own, graph.n_dst)
             if rows is not None:  # a copy of those rows: [rows, in] at the layer's input width
                 h_dst = h_dst.index_select(0, rows[1].first if rows[0] == "first" else rows[1].rest)
         return layer.update(h_dst, layer.combine(partials, call), call)

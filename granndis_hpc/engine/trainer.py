@@ -27,7 +27,7 @@ from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.topology import init_topology
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
 from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
-from granndis_hpc.engine import inductive, signals, targets, views
+from granndis_hpc.engine import hostmem, inductive, signals, targets, views
 from granndis_hpc.rundir import checkpoint
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.cluster.hostsync import Stopwatch
@@ -143,6 +143,8 @@ class Trainer(TrainerCheckpoints):
         self._saved_epoch: Optional[int] = None  # the epoch of the newest checkpoint this attempt wrote
         self.checkpoints: Optional[checkpoint.CheckpointManager] = None  # with --out only
         self._set_up_checkpoints()
+        if self.device.type == "cpu":  # epochs reuse freed host memory (engine/hostmem.py)
+            hostmem.keep_freed_host_memory()
 
     # ---- set-up -------------------------------------------------------------------------------
     def _open_shards(self) -> Dict:

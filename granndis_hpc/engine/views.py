@@ -225,7 +225,10 @@ class View:
         aggregate the own rows' edges first (engine/exchange.py).  Halo rows travel in the group's wire
         dtype in the training phase ("halo", --halo-dtype); evaluation and set-up exchanges are exact.
         """
-        overlap = self.exchange_group.name in overlap
+        # A view of one peer (one rank; one rank per server for "server" views) has no halo: its layers
+        # read their own rows as they are, with no exchange, no cat copy of h and no autograd node.
+        alone = self.exchange_group.size == 1 and all(lp.n_src == lp.n_own_in for lp in self.plan.layers)
+        overlap = self.exchange_group.name in overlap and not alone
         wire_dtype = self.exchange_group.halo_wire(phase)
         exchange = functools.partial(self._exchange, phase=phase)
         start = functools.partial(self.exchange_group.start, phase=phase)
@@ -233,6 +236,8 @@ class View:
         posted = {}  # layer -> PostedHalo, posted from the layer's send rows before its other rows exist
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
+            if alone:
+                return h
             lp = self.plan.layers[l]
             if l in posted:
                 if h.shape[0] != lp.n_own_in:

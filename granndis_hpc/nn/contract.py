@@ -85,4 +85,10 @@ class Layer(nn.Module):
         call = LayerCall(graph, attention)
         m = call.own_messages = self.message(h_src, call)
         aggregated = self.combine([self.aggregate_part(GraphPart(graph), m, call)], call)
-        return self.update(h_src[: graph.n_dst] if self.reads_dst else None, aggregated, call)
+        return self.update(dst_rows(h_src, graph.n_dst) if self.reads_dst else None, aggregated, call)
+
+
+def dst_rows(h_src: torch.Tensor, n_dst: int) -> torch.Tensor:
+    """h_src[:n_dst], or h_src itself when it has no more rows (one rank, no halo): a slice's backward
+    would allocate a zero gradient of h_src's size and copy into it."""
+    return h_src if h_src.shape[0] == n_dst else h_src[:n_dst]

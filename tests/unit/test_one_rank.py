@@ -1,0 +1,81 @@
+"""One rank (a 1x1 shard set, the world is this process): no halo, so the default (overlapped) path runs
+no exchange, no cat copy and no gradient hooks, and its epochs equal --no-overlap's and a plain-torch
+GraphSAGE written here, epoch by epoch (loss and final parameters)."""
+import numpy as np
+import pytest
+import torch
+
+from granndis_hpc.config import TrainConfig
+from granndis_hpc.engine.trainer import Trainer
+from tests.unit.test_shards import build, make_graph
+
+pytest.importorskip("mpi4py")
+
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    graph = make_graph(n=240, m=900, seed=3)
+    out = tmp_path_factory.mktemp("one_rank") / "set"
+    build(graph, out, servers=1, gpus_per_server=1, layers=2)
+    return graph, out
+
+
+def _trainer(shards, no_overlap):
+    return Trainer(TrainConfig(shards=str(shards), mode="flx", model="sage", layers=2, hidden=8, dropout=0.0,
+                               no_overlap=no_overlap, ranks_per_server=1, skip_checksums=True))
+
+
+def _reference(graph, params):
+    """Plain-torch SAGE-mean over the whole graph (vertex order of the input), Adam, the same epochs."""
+    n = graph.num_vertices
+    dst = np.repeat(np.arange(n), np.diff(graph.indptr))
+    a = torch.zeros(n, n)
+    a[torch.from_numpy(dst), torch.from_numpy(graph.indices.astype(np.int64))] = 1.0
+    a = a / a.sum(1, keepdim=True).clamp(min=1.0)  # mean over in-neighbours
+    x, y = torch.from_numpy(graph.features), torch.from_numpy(np.asarray(graph.labels, dtype=np.int64))
+    train = torch.from_numpy(np.flatnonzero(graph.train_mask))
+    w = [p.detach().clone().requires_grad_(True) for p in params]
+    opt = torch.optim.Adam(w, lr=0.01)
+    losses = []
+    for _ in range(EPOCHS):
+        opt.zero_grad()
+        h = x
+        for i in range(2):
+            ws, b, wn = w[3 * i:3 * i + 3]
+            h = h @ ws.T + b + (a @ h) @ wn.T
+            if i == 0:
+                h = torch.relu(h)
+        loss = torch.nn.functional.cross_entropy(h[train], y[train])
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses, w
+
+
+def test_one_rank_default_path_is_plain_and_exact(one_rank):
+    graph, shards = one_rank
+    runs = {}
+    for no_overlap in (False, True):
+        t = _trainer(shards, no_overlap)
+        try:
+            if not no_overlap:
+                # Nothing to exchange or reduce: the gather hands the rows through, no hooks are registered.
+                assert t.gradsync.alone and t.gradsync._handles == []
+                h = torch.zeros(t.world_view.plan.layers[1].n_own_in, 8)
+                assert t.world_view.gather_fn("halo", overlap={"world", "server"})(1, h) is h
+            names = [f"convs.{i}.{k}" for i in range(2) for k in ("lin_self.weight", "lin_self.bias", "lin_neigh.weight")]
+            start = dict(t.model.named_parameters())
+            initial = [start[k].detach().clone() for k in names]
+            losses = [t.train_epoch()["loss"] for _ in range(EPOCHS)]
+            final = [dict(t.model.named_parameters())[k].detach().clone() for k in names]
+            runs[no_overlap] = (losses, initial, final)
+        finally:
+            t.close()
+    (l_ov, init, fin_ov), (l_no, _, fin_no) = runs[False], runs[True]
+    assert l_ov == l_no and all(torch.equal(a, b) for a, b in zip(fin_ov, fin_no))
+    ref_losses, ref_final = _reference(graph, init)
+    np.testing.assert_allclose(l_ov, ref_losses, rtol=1e-5)
+    for ours, ref in zip(fin_ov, ref_final):
+        torch.testing.assert_close(ours, ref.detach(), rtol=1e-4, atol=1e-5)
