@@ -374,16 +374,24 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
             shared[key] = (lr, fwd or used_forward, transpose or (trained and est.aggregation_input_grad(m, l)))
         graph += sum(_graph_bytes(lr, est.self_loops, fwd, transpose) for lr, fwd, transpose in shared.values())
     # Overlapped layers also hold their split matrices: training's (with transposes) and evaluation's
-    # (the world view's layers, forward only, when its exchanges overlap); counted per layer.
+    # (the world view's layers, forward only, when its exchanges overlap).  A graph caches each split
+    # once, so layers sharing one graph (the world view's) count each (rows object, row split) once,
+    # with its transposes when any of them trains through it.
     pending, split = overlapped_layers(r, m)
+    splits = {}
+
+    def count(lr, row_split: bool, transposed: bool):
+        key = (id(lr), row_split)
+        splits[key] = (lr, row_split, transposed or (key in splits and splits[key][2]))
     for l, (_, lr) in enumerate(tl):
         if pending[l]:
-            graph += _split_graph_bytes(lr, est.self_loops, split[l], est.aggregation_input_grad(m, l))
+            count(lr, split[l], est.aggregation_input_grad(m, l))
     if "world" in m.overlap:
         for l, lr in enumerate(r.world.layers):
             trained_here = l >= r.k and pending[l]
             if est.exchanged(l) and not trained_here:
-                graph += _split_graph_bytes(lr, est.self_loops, l + 1 < r.layers, False)
+                count(lr, l + 1 < r.layers, False)
+    graph += sum(_split_graph_bytes(lr, est.self_loops, s, t) for lr, s, t in splits.values())
     if m.inductive:  # two more world views, each at most the full graph's (rows, halo, forward graphs)
         w = r.world
         static = (w.n_own + w.n_halo) * (r.features + 1) * F32 + w.n_send * I64

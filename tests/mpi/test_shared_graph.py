@@ -44,9 +44,11 @@ def test_world_view_layers_share_one_graph_and_the_model_counts_it_once(cora_sha
         _, servers = mm.read_shard_set(path)
         manifest = trainer.manifest
         graph = {}
-        for layers in (2, 3):
+        # From 3 layers on the split matrices of the overlapped order are fixed too (one boundary-first
+        # split, one last layer's), so the estimate does not grow with depth.
+        for layers in (3, 4):
             rows = mm.shard_rows(servers, layers, 0, int(manifest["dataset"]["num_features"]),
                                  int(manifest["dataset"]["num_classes"]))
             spec = mm.model_for(manifest, "sage", 16, layers)
             graph[layers] = [mm.estimate(r, spec)["breakdown"]["graph"] for r in rows]
-        assert graph[2] == graph[3]  # fb: one world graph whatever the depth
+        assert graph[3] == graph[4]  # fb: one world graph whatever the depth
