@@ -174,6 +174,8 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
         arrays["graph/train_in_degree"] = inductive.train_in_degree(graph.indptr, graph.indices, graph.train_mask)[verts]
         arrays["world/src_split"] = inductive.vertex_split_codes(
             graph.train_mask, graph.val_mask, graph.test_mask)[w_src]
+        arrays["graph/train_hop"] = inductive.train_hops(indptr, indices, hop, arrays["split/train"],
+                                                        cfg.effective_hops)
     stats = server_stats(server, inner.shape[0], hop, owner, graph.train_mask[verts], indices.shape[0],
                          w_src.shape[0], G, cfg.effective_hops)
     return arrays, stats
@@ -395,6 +397,7 @@ def commit_build(group, cfg: BuildConfig, dataset_entry: dict, sp, server_of, gp
                 manifest.update(cfg.extra)
                 if cfg.inductive:  # the protocol the set serves (shards.is_inductive)
                     manifest["inductive"] = True
+                    manifest["train_hop"] = True  # graph/train_hop stored (shards.has_train_hop)
                 manifest = commit_shard_set(cfg.out, manifest, staged_flat)
             except BaseException:
                 discard_staged(staged_flat)

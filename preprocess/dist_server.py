@@ -36,8 +36,9 @@ import numpy as np
 
 from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import StreamedDataset
-from granndis_hpc.shards.schema import INDUCTIVE_DATASETS, datasets_of, feature_chunk_rows
+from granndis_hpc.shards.schema import datasets_in, datasets_of, feature_chunk_rows
 
+from . import inductive
 from .halo import eas_choose, unique_inverse
 from .owners import DEFAULT_TOLERANCE, rebalance
 from .build import server_stats
@@ -361,7 +362,12 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
         arrays["world/src_split"] = StreamedDataset(
             (world_edges,), np.uint8,
             plan.edges(inner_ids, lambda local: _map_edges(in_edges(local), lambda src: codes[src]), w_ptr))
-    assert list(arrays) == list(datasets_of(induced is not None)), "dist_server: dataset order differs from the schema"
+        # Collective (every rank, whatever it writes): 1 B per row, kept until the writer reaches it.
+        train_hop = inductive.train_hops_sliced(group, part, file_row, verts, hop, masks["train_mask"],
+                                                cfg.effective_hops)
+        arrays["graph/train_hop"] = _lazy((m,), np.uint8, lambda: train_hop, w)
+    assert list(arrays) == list(datasets_of(induced is not None, train_hop=induced is not None)), \
+        "dist_server: dataset order differs from the schema"
     stats = None
     if plan.is_writer:
         stats = server_stats(s, num_inner, hop, owner, masks["train_mask"][verts], nnz, world_edges, G,
@@ -376,7 +382,7 @@ def _map_edges(rows, fn):
 
 def drain_datasets(arrays: dict) -> None:
     """Run every remaining collective round of a server's streamed datasets, in file order."""
-    for name in datasets_of(any(name in arrays for name in INDUCTIVE_DATASETS)):
+    for name in datasets_in(arrays):
         a = arrays[name]
         if isinstance(a, StreamedDataset):
             a.drain()

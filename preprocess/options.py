@@ -121,7 +121,7 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
                                       "preprocess plan`)")
     inductive: bool = reuse(TrainConfig, "inductive", group="preloading",
                             help="also write what inductive training needs (granndis-train --inductive): every "
-                                 "row's in-degree within the train-induced graph and the split of every "
+                                 "row's in-degree and hop within the train-induced graph and the split of every "
                                  "world-view source (docs/inductive.md); the partition, preloads and world view "
                                  "stay those of the full graph, which validation and test run on")
     whole_graph: bool = option(False, group="preloading",

@@ -32,7 +32,8 @@ import numpy as np
 from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges
 from granndis_hpc.shards import (ShardError, leftover_temporaries, open_server, read_manifest, read_server_arrays,
                                  server_file_name, verify_checksums)
-from granndis_hpc.shards.schema import FORMAT_VERSION, datasets_of, expected_shape, is_inductive, is_multilabel
+from granndis_hpc.shards.schema import (FORMAT_VERSION, datasets_of, expected_shape, has_train_hop, is_inductive,
+                                        is_multilabel)
 from granndis_hpc.shards.writer import temporaries_bytes
 
 from .halo import unique_sorted
@@ -112,7 +113,8 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     n = a["vertices/global_id"].shape[0]
     n_inner_w = a["world/indptr"].shape[0] - 1
     f = a["features"].shape[1] if a["features"].ndim == 2 else -1
-    for name, (dtype, rule) in datasets_of(is_inductive(manifest), is_multilabel(manifest)).items():
+    for name, (dtype, rule) in datasets_of(is_inductive(manifest), is_multilabel(manifest),
+                                           has_train_hop(manifest)).items():
         want = expected_shape(rule, n, G, a["graph/indices"].shape[0], n_inner_w,
                               a["world/src_global_id"].shape[0], f, int(ds["num_classes"]))
         if a[name].shape != want or a[name].dtype != dtype:
@@ -368,7 +370,9 @@ def format_info(manifest: dict) -> str:
         f"vertex balance {float(part.get('vertex_balance', 1)):.3f} train balance {float(part.get('train_balance', 1)):.3f}",
         f"partition   digest {manifest.get('partition_digest', 'not recorded')} (seed {manifest.get('seed')}; "
         f"equal digests = the same server and GPU for every vertex)",
-        "protocol    " + ("inductive: train-induced degrees and source splits stored (granndis-train --inductive)"
+        "protocol    " + (("inductive: train-induced degrees, source splits and " + (
+            "hops stored (granndis-train --inductive)" if has_train_hop(manifest) else
+            "no train-induced hops stored (built by an earlier version: --inductive flx and eas need a rebuild)"))
                           if is_inductive(manifest) else "transductive (granndis-train --inductive needs a set "
                                                          "built with --inductive)"),
     ]

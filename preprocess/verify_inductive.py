@@ -3,12 +3,16 @@
 Per vertex, from its home server's inner row: its split code and its train-induced in-degree, which
 must equal the number of its world-view in-edges whose source is a training vertex (the world view
 holds every in-edge).  Then every row's stored train-induced degree and every world-view source's split
-code must equal its home values.  One server file at a time; N + 8N bytes per vertex meanwhile."""
+code must equal its home values; and (a set that stores them) every row's train-induced hop must equal the BFS
+recomputed over the file's own edges (inductive.train_hops).  One server file at a time; N + 8N bytes per
+vertex meanwhile, and one file's edges for the hops."""
 from __future__ import annotations
 
 import numpy as np
 
-from granndis_hpc.shards import SPLIT_BITS, open_server, server_file_name, split_code
+from granndis_hpc.shards import SPLIT_BITS, has_train_hop, open_server, server_file_name, split_code
+
+from .inductive import train_hops
 
 EDGE_BLOCK = 1 << 22
 
@@ -44,4 +48,11 @@ def inductive_problems(path, manifest: dict, servers) -> list:
             if any(not np.array_equal(split_ds[lo:lo + EDGE_BLOCK], code[src_ds[lo:lo + EDGE_BLOCK]])
                    for lo in range(0, src_ds.shape[0], EDGE_BLOCK)):
                 problems.append(f"{fname}: world/src_split disagrees with the split of the sources' home rows")
+            if has_train_hop(manifest):
+                want = train_hops(f["graph/indptr"][:], f["graph/indices"][:], f["vertices/hop"][:],
+                                  f["split/train"][:], int(manifest["preload"]["hops"]))
+                bad = np.flatnonzero(f["graph/train_hop"][:] != want)
+                if bad.size:
+                    problems.append(f"{fname}: graph/train_hop of {bad.size} rows (first row {int(bad[0])}) differs from "
+                                    f"the BFS from the inner training rows over the file's edges between training rows")
     return problems

@@ -11,7 +11,8 @@ induced graph with the original ids.
 
 - `InducedViews`: the train-induced and train+validation-induced world views (fb training and the
   world layers of flx; exact evaluation on the two induced graphs);
-- `server_rows`: the train-induced rows of the preloaded server view (flx, eas);
+- `server_rows`: the rows of the train-induced graph's own preload within the server's preload (flx, eas),
+  selected and scheduled by their stored hop within the train-induced graph (graph/train_hop);
 - `train_induced_graph`: a server graph whose edges are the train-induced ones (cob, mb sample it);
 - `evaluate`: the accuracies of the three graphs.
 """
@@ -25,6 +26,7 @@ import torch
 
 from granndis_hpc import shards
 from granndis_hpc.engine import views
+from granndis_hpc.graph.csr import csr_row_positions, row_of_edges
 from granndis_hpc.engine.steps import RunContext, TrainingError
 
 TRAIN = shards.SPLIT_BITS["train"]
@@ -40,6 +42,16 @@ def check_shards(inductive: bool, manifest: dict, path: str) -> None:
             f"--inductive needs a shard set built with --inductive, but {path} was built without it (it holds no "
             f"train-induced degrees or source splits); rebuild it with `python -m preprocess build ... --inductive`, "
             f"or train without --inductive")
+
+
+def check_train_hops(inductive: bool, manifest: dict, mode: str) -> None:
+    """TrainingError when --inductive flx or eas meets an inductive set built before graph/train_hop existed
+    (they train on the rows it selects; fb, cob and mb do not read it)."""
+    if inductive and not shards.has_train_hop(manifest):
+        raise TrainingError(
+            f"--inductive --mode {mode} needs the train-induced hops of an inductive set built by this version "
+            f"(graph/train_hop), which this set lacks; rebuild it with `{manifest.get('command') or 'python -m preprocess build ... --inductive'}"
+            f" --overwrite`, or use --mode fb")
 
 
 def check_content(sl, manifest: dict, path: str) -> None:
@@ -63,30 +75,61 @@ def check_content(sl, manifest: dict, path: str) -> None:
         raise shards.ShardError(
             f"{path}: graph/train_in_degree of server {sl.server} GPU {sl.gpu} disagrees with the edges the file "
             f"holds (edited after the build?); run `python -m preprocess verify {path}` and rebuild the set")
+    if sl.server_train_hop is not None and not _train_hops_consistent(sl, int(pre["hops"])):
+        raise shards.ShardError(
+            f"{path}: graph/train_hop of server {sl.server} GPU {sl.gpu} is no BFS distance over the edges the file "
+            f"holds (edited after the build?); run `python -m preprocess verify {path}` and rebuild the set")
+
+
+def _train_hops_consistent(sl, depth: int) -> bool:
+    """What this rank can check of the stored train-induced hops without communication: its inner training
+    rows at hop 0, its other training rows at hops 1..depth or unreached, the rest unreached, and no edge
+    between training rows skips a hop (a source lies at most one hop beyond the row it feeds, for the rows
+    that hold their in-edges).  `preprocess verify` recomputes the BFS itself."""
+    own = sl.server_train_hop[sl.row_offset:sl.row_offset + sl.num_rows].astype(np.int64)
+    train, n = np.asarray(sl.train_mask, dtype=bool), int(sl.n_inner)
+    inner = np.arange(own.shape[0]) < n
+    ok = np.all(own[inner & train] == 0) and np.all(own[~train] == shards.TRAIN_HOP_UNREACHED)
+    ok = ok and np.all((own[~inner & train] >= 1) & ((own[~inner & train] <= depth)
+                                                    | (own[~inner & train] == shards.TRAIN_HOP_UNREACHED)))
+    edge_row = np.repeat(np.arange(own.shape[0]), np.diff(sl.indptr))
+    src_hop = sl.server_train_hop[sl.indices].astype(np.int64)
+    feeds = (own[edge_row] < depth) & sl.server_train[sl.indices]
+    return bool(ok and np.all(src_hop[feeds] <= own[edge_row][feeds] + 1))
 
 
 def subset_rows(rows: views.RowSource, keep_row: np.ndarray, keep_edge: np.ndarray,
                 degree: Optional[np.ndarray] = None) -> views.RowSource:
-    """The rows `keep_row` of a RowSource with their in-edges `keep_edge` (edges of dropped rows are
-    dropped too).  Own-edge positions are renumbered to the kept rows; keys stay what the sources' owners
-    resolve (their resolver maps them onto their kept rows).  degree: of the kept rows (default: their
-    kept in-edges, the in-degree within the induced graph when the rows hold all their in-edges)."""
-    n = rows.hop.shape[0]
-    keep_row = np.asarray(keep_row, dtype=bool)
-    edge_row = np.repeat(np.arange(n, dtype=np.int64), np.diff(rows.indptr))
-    keep_edge = np.asarray(keep_edge, dtype=bool) & keep_row[edge_row]
-    new_index = np.cumsum(keep_row) - 1
-    lens = np.bincount(edge_row[keep_edge], minlength=n)[keep_row]
-    indptr = np.zeros(lens.shape[0] + 1, dtype=np.int64)
+    """The rows `keep_row` (a mask, order kept) of a RowSource with their in-edges `keep_edge`: take_rows."""
+    return take_rows(rows, np.flatnonzero(np.asarray(keep_row, dtype=bool)), keep_edge, degree)
+
+
+def take_rows(rows: views.RowSource, take: np.ndarray, keep_edge: np.ndarray, degree: Optional[np.ndarray] = None,
+              hop: Optional[np.ndarray] = None, src_hop: Optional[np.ndarray] = None) -> views.RowSource:
+    """The rows `take` (indices, in their new order) of a RowSource with their in-edges `keep_edge` (a mask
+    over all edges).  Own-edge positions are renumbered to the taken rows (a kept edge's own source must
+    be taken); keys stay what the sources' owners resolve (their resolver maps them onto their taken rows).
+    degree: of the taken rows (default: their kept in-edges, the in-degree within the induced graph when the
+    rows hold all their in-edges).  hop (of the taken rows) and src_hop (per edge of `rows`): the hops the
+    planner schedules by, in place of the rows' own (hop must be non-decreasing in `take` order)."""
+    take = np.asarray(take, dtype=np.int64)
+    sub_indptr, pos = csr_row_positions(rows.indptr, take)  # the taken rows' edges, in their new order
+    kept = np.asarray(keep_edge, dtype=bool)[pos]
+    pos = pos[kept]
+    lens = np.bincount(row_of_edges(sub_indptr)[kept], minlength=take.shape[0])
+    indptr = np.zeros(take.shape[0] + 1, dtype=np.int64)
     np.cumsum(lens, out=indptr[1:])
-    is_own = rows.is_own[keep_edge]
-    own_pos = np.where(is_own, new_index[np.where(is_own, rows.own_pos[keep_edge], 0)], 0)
+    new_index = np.full(rows.hop.shape[0], -1, dtype=np.int64)
+    new_index[take] = np.arange(take.shape[0], dtype=np.int64)
+    is_own = rows.is_own[pos]
+    own_pos = np.where(is_own, new_index[np.where(is_own, rows.own_pos[pos], 0)], 0)
     return views.RowSource(
-        hop=rows.hop[keep_row], indptr=indptr, is_own=is_own, own_pos=own_pos, peer=rows.peer[keep_edge],
-        key=rows.key[keep_edge], src_hop=rows.src_hop[keep_edge],
+        hop=(rows.hop[take] if hop is None else np.asarray(hop, dtype=np.int64)), indptr=indptr, is_own=is_own,
+        own_pos=own_pos, peer=rows.peer[pos], key=rows.key[pos],
+        src_hop=(rows.src_hop if src_hop is None else np.asarray(src_hop, dtype=np.int64))[pos],
         degree=(lens if degree is None else np.asarray(degree)).astype(np.float32),
-        features=rows.features[keep_row],
-        global_id=None if rows.global_id is None else np.asarray(rows.global_id)[keep_row])
+        features=rows.features[take],
+        global_id=None if rows.global_id is None else np.asarray(rows.global_id)[take])
 
 
 def world_rows(sl, my_rank: int, split_bits: int) -> views.RowSource:
@@ -98,23 +141,36 @@ def world_rows(sl, my_rank: int, split_bits: int) -> views.RowSource:
     return subset_rows(views.world_rows(sl, my_rank), (own & split_bits) != 0, (sl.w_src_split & split_bits) != 0)
 
 
-def server_rows(sl, exact_degrees: bool) -> views.RowSource:
-    """The train-induced rows of the preloaded server view: this GPU's training rows and their edges from
-    training rows.  Degrees: the stored train-induced in-degrees (exact: the rows a layer computes hold
-    all their in-edges, and the deepest rows, which lack theirs, are sources only), or the kept edges (EAS,
-    whose graphs are closed)."""
+def server_rows(sl, exact_degrees: bool, depth: int) -> views.RowSource:
+    """The rows of the train-induced graph's own `depth`-hop preload within the server's preload: this GPU's
+    rows whose hop within the train-induced graph (graph/train_hop) is at most `depth`, ordered and
+    scheduled by that hop, and their edges from such rows.  A training row the full graph's hops preload
+    but the train-induced graph reaches only farther, or never, is not held.  Degrees: the stored
+    train-induced in-degrees (exact: a row at a train-induced hop below `depth` holds all its in-edges,
+    and the deepest rows, which may lack theirs, are sources only), or the kept edges (EAS, whose graphs
+    are closed)."""
     rows = views.server_rows(sl, exact_degrees=exact_degrees)
-    keep = np.asarray(sl.train_mask, dtype=bool)
-    src = sl.indices.astype(np.int64)
-    return subset_rows(rows, keep, sl.server_train[src],
-                       degree=sl.train_in_degree[keep] if exact_degrees else None)
+    own_hop, take = _taken(sl, depth)
+    src_hop = sl.server_train_hop[sl.indices].astype(np.int64)  # TRAIN_HOP_UNREACHED > depth: not a row
+    return take_rows(rows, take, src_hop <= depth,
+                     degree=sl.train_in_degree[take] if exact_degrees else None, hop=own_hop[take], src_hop=src_hop)
 
 
-def key_resolver_server(sl):
-    """A server view's keys (positions in this GPU's rows of the file) -> positions among its training
-    rows (-1 for other rows, which no peer asks for)."""
-    keep = np.asarray(sl.train_mask, dtype=bool)
-    new_index = np.where(keep, np.cumsum(keep) - 1, -1)
+def _taken(sl, depth: int):
+    """(this GPU's rows' train-induced hops, the rows within `depth` of them, ordered by that hop)."""
+    lo = sl.row_offset
+    own_hop = sl.server_train_hop[lo:lo + sl.num_rows].astype(np.int64)
+    kept = np.flatnonzero(own_hop <= depth)
+    return own_hop, kept[np.argsort(own_hop[kept], kind="stable")]
+
+
+def key_resolver_server(sl, depth: int):
+    """A server view's keys (positions in this GPU's rows of the file) -> positions among the rows
+    server_rows(sl, ..., depth) holds (-1 for other rows: no peer asks for them, as every edge it keeps
+    comes from a row within `depth`)."""
+    take = _taken(sl, depth)[1]
+    new_index = np.full(sl.num_rows, -1, dtype=np.int64)
+    new_index[take] = np.arange(take.shape[0], dtype=np.int64)
 
     def resolve(keys):
         keys = np.asarray(keys, dtype=np.int64)

@@ -141,8 +141,9 @@ class StaticMode(Mode):
 def server_view(ctx: RunContext, num_layers: int, exact: bool) -> views.View:
     """The rank's rows of its server's preload, planned for `num_layers` layers, intra-server exchange."""
     sl = ctx.slice
-    if ctx.inductive:  # the train-induced rows and edges of the preload
-        rows, resolve = inductive.server_rows(sl, exact_degrees=exact), inductive.key_resolver_server(sl)
+    if ctx.inductive:  # the rows and edges of the train-induced graph's own num_layers-hop preload
+        rows = inductive.server_rows(sl, exact_degrees=exact, depth=num_layers)
+        resolve = inductive.key_resolver_server(sl, depth=num_layers)
     else:
         rows, resolve = views.server_rows(sl, exact_degrees=exact), views.key_resolver_server(sl.global_id.shape[0])
     return views.build_view(rows, ctx.groups["server"], num_layers, all_active=False, resolve_keys=resolve,
@@ -183,6 +184,7 @@ class FlexiblePreload(StaticMode):
                 f"--preloaded-layers {k} needs a preload of {k} hops and a model of at least {k} layers; the "
                 f"shards preload {pre['hops']} hop(s) and the model has {self.cfg.conv_layers} layers: use "
                 f"--preloaded-layers {min(int(pre['hops']), self.cfg.conv_layers)} or fewer, or rebuild with --hops {k}")
+        inductive.check_train_hops(self.cfg.inductive, manifest, self.name)
 
     def exact(self, manifest):
         return True
@@ -212,6 +214,7 @@ class ExpansionAware(StaticMode):
         if kind != "eas":
             raise TrainingError(f"mode eas needs shards built with --preload eas, these hold a {kind} "
                                 f"preload; rebuild with `python -m preprocess build ... --preload eas`")
+        inductive.check_train_hops(self.cfg.inductive, manifest, self.name)
 
     def exact(self, manifest):
         return False  # the boundary expansion is sampled; degrees are the kept neighbours'

@@ -7,15 +7,17 @@ from .content import check_job_content
 from .manifest import check_job, manifest_digests, read_manifest, sha256_file, verify_checksums
 from .reader import (RankSlice, open_server, read_rank_slice, read_server_arrays, read_server_graph, read_server_rows,
                      server_file)
-from .schema import (DATASETS, FORMAT_VERSION, INDUCTIVE_DATASETS, MANIFEST_NAME, SPLIT_BITS, ShardError, datasets_of,
-                     is_inductive, is_multilabel, server_file_name, split_code)
+from .schema import (DATASETS, FORMAT_VERSION, INDUCTIVE_DATASETS, MANIFEST_NAME, SPLIT_BITS, TRAIN_HOP_DATASETS,
+                     TRAIN_HOP_UNREACHED, ShardError, datasets_of, has_train_hop, is_inductive, is_multilabel,
+                     server_file_name, split_code)
 from .writer import (StagedFile, StreamedDataset, check_free_space, commit_shard_set, discard_staged, estimate_file_bytes,
                      leftover_temporaries, lower_bound_set_bytes, prepare_output_dir, stage_server_file,
                      write_shards)
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "DATASETS", "INDUCTIVE_DATASETS", "SPLIT_BITS", "ShardError", "server_file_name",
-    "datasets_of", "is_inductive", "is_multilabel", "split_code",
+    "TRAIN_HOP_DATASETS", "TRAIN_HOP_UNREACHED", "datasets_of", "has_train_hop", "is_inductive", "is_multilabel",
+    "split_code",
     "read_manifest", "check_job", "check_job_content", "verify_checksums", "sha256_file",
     "RankSlice", "open_server", "read_rank_slice", "read_server_arrays", "read_server_graph", "read_server_rows", "server_file",
     "StagedFile", "StreamedDataset", "check_free_space", "estimate_file_bytes", "leftover_temporaries", "lower_bound_set_bytes",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .schema import ShardError, datasets_of, is_inductive, is_multilabel
+from .schema import ShardError, datasets_of, has_train_hop, is_inductive, is_multilabel
 
 
 def _fail(fpath: str, dataset: str, problem: str, manifest: dict) -> ShardError:
@@ -26,7 +26,7 @@ def check_file_layout(f, manifest: dict, fpath: str) -> None:
     """Dtypes and shapes of every dataset of an open server file, from the HDF5 headers (reads no data):
     the dtypes of schema.DATASETS, one length per row, CSR pointers one longer, features
     [rows, manifest num_features] float32; an inductive set's datasets too."""
-    names = datasets_of(is_inductive(manifest), is_multilabel(manifest))
+    names = datasets_of(is_inductive(manifest), is_multilabel(manifest), has_train_hop(manifest))
     for name, (dtype, _) in names.items():
         if name not in f:
             raise _fail(fpath, name, "is missing", manifest)

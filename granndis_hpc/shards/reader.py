@@ -13,7 +13,8 @@ import numpy as np
 
 from .checks import (check_file_layout, check_offsets, check_pointer, check_rank_slice,
                      check_server_graph)
-from .schema import FORMAT_VERSION, ShardError, datasets_of, is_inductive, is_multilabel, server_file_name
+from .schema import (FORMAT_VERSION, ShardError, datasets_of, has_train_hop, is_inductive, is_multilabel,
+                     server_file_name)
 
 if TYPE_CHECKING:  # h5py is imported where a file is opened (_open_server)
     import h5py
@@ -49,6 +50,9 @@ class RankSlice:
     train_in_degree: Optional[np.ndarray] = None  # int64 [n]
     w_src_split: Optional[np.ndarray] = None  # uint8 [nnz_w]
     server_train: Optional[np.ndarray] = None  # bool [n_s]
+    # An inductive set's graph/train_hop (schema.TRAIN_HOP_DATASETS) of every server row, None without it: the
+    # hop of every row within the train-induced graph (the preloaded view's rows and sources are scheduled by it).
+    server_train_hop: Optional[np.ndarray] = None  # uint8 [n_s]
 
     @property
     def num_rows(self) -> int:
@@ -132,6 +136,8 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
             sl.train_in_degree = f["graph/train_in_degree"][lo:hi]
             sl.w_src_split = f["world/src_split"][we_lo:we_hi]
             sl.server_train = f["split/train"][:]
+            if has_train_hop(manifest):
+                sl.server_train_hop = f["graph/train_hop"][:]
     check_rank_slice(sl, manifest, fpath, n_server)
     return sl
 
@@ -153,7 +159,7 @@ def read_server_arrays(path, manifest: dict, server: int, names=None, headers=()
     read_rank_slice); the datasets named in `headers` as a DatasetHeader only (verify reads the
     features in blocks instead of holding a server's N_s x F floats)."""
     with _open_server(os.fspath(path), manifest, server) as f:
-        every = datasets_of(is_inductive(manifest), is_multilabel(manifest))
+        every = datasets_of(is_inductive(manifest), is_multilabel(manifest), has_train_hop(manifest))
         missing = [name for name in every if name not in f]
         if missing:
             raise ShardError(f"{f.filename}: missing datasets {missing}; rebuild the shard set")

@@ -53,15 +53,26 @@ INDUCTIVE_DATASETS: dict[str, tuple[np.dtype, str]] = {
 }
 SPLIT_BITS = {"train": 1, "val": 2, "test": 4}
 
+# Written by an inductive build beside INDUCTIVE_DATASETS (manifest "train_hop": true; a set built before it
+# has none, and trains inductively only in fb, cob and mb): graph/train_hop, every row's hop within the
+# train-induced graph, i.e. its BFS distance from the server's inner training rows over the file's edges
+# between training rows (TRAIN_HOP_UNREACHED: not a training row, or not reached within the preload's hops).
+# flx and eas train on the rows it reaches (engine/inductive.py), not on every training row of the preload.
+TRAIN_HOP_DATASETS: dict[str, tuple[np.dtype, str]] = {"graph/train_hop": (np.dtype(np.uint8), "n")}
+TRAIN_HOP_UNREACHED = 255
+
 # A multi-label set (manifest dataset.multilabel: true; docs/datasets.md) stores its targets as a 0/1
 # matrix [rows, num_classes] of uint8 (one byte per entry: ogbn-proteins' 112 tasks take 112 B a row,
 # where int64 class ids would take 8 B per entry) in place of the int64 class ids.
 MULTILABEL_LABELS = (np.dtype(np.uint8), "n,C")
 
 
-def datasets_of(inductive: bool, multilabel: bool = False) -> dict:
-    """Name -> (dtype, shape rule) of every dataset a server file of such a set holds."""
+def datasets_of(inductive: bool, multilabel: bool = False, train_hop: bool = False) -> dict:
+    """Name -> (dtype, shape rule) of every dataset a server file of such a set holds (train_hop: an
+    inductive set that holds TRAIN_HOP_DATASETS too)."""
     out = {**DATASETS, **INDUCTIVE_DATASETS} if inductive else dict(DATASETS)
+    if inductive and train_hop:
+        out.update(TRAIN_HOP_DATASETS)
     if multilabel:
         out["labels"] = MULTILABEL_LABELS
     return out
@@ -70,6 +81,18 @@ def datasets_of(inductive: bool, multilabel: bool = False) -> dict:
 def is_inductive(manifest: dict) -> bool:
     """Whether the set was built with --inductive (it then holds INDUCTIVE_DATASETS)."""
     return manifest.get("inductive") is True
+
+
+def datasets_in(arrays) -> dict:
+    """datasets_of the set whose server file holds `arrays` (names -> data): which optional datasets it
+    holds (labels' dtype aside), told by their presence."""
+    return datasets_of(any(name in arrays for name in INDUCTIVE_DATASETS), False,
+                       any(name in arrays for name in TRAIN_HOP_DATASETS))
+
+
+def has_train_hop(manifest: dict) -> bool:
+    """Whether an inductive set holds TRAIN_HOP_DATASETS (built with --inductive since they were added)."""
+    return is_inductive(manifest) and manifest.get("train_hop") is True
 
 
 def is_multilabel(manifest: dict) -> bool:
@@ -112,7 +135,9 @@ def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
     """Raise ShardError unless `arrays` has every dataset with the right dtype and consistent shapes."""
     labels = arrays.get("labels")  # an array, or a writer's StreamedDataset (which has a shape too)
     multilabel = labels is not None and len(getattr(labels, "shape", np.shape(labels))) == 2
-    names = datasets_of(any(name in arrays for name in INDUCTIVE_DATASETS), multilabel)
+    names = datasets_in(arrays)
+    if multilabel:
+        names["labels"] = MULTILABEL_LABELS
     missing = sorted(set(names) - set(arrays))
     if missing:
         raise ShardError(f"{where}: missing datasets {missing}")

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..fsutil import file_mode, fsync_dir
 from .manifest import manifest_digests, sha256_file
-from .schema import (FORMAT_VERSION, INDUCTIVE_DATASETS, MANIFEST_NAME, ShardError, check_server_arrays, datasets_of,
+from .schema import (FORMAT_VERSION, MANIFEST_NAME, ShardError, check_server_arrays, datasets_in,
                      feature_chunk_rows, server_file_name)
 
 _TMP_SUFFIX = ".tmp"
@@ -245,7 +245,7 @@ def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays
         f.attrs["server"] = int(server)
         f.attrs["servers"] = int(servers)
         f.attrs["gpus_per_server"] = int(gpus_per_server)
-        for name in datasets_of(any(name in arrays for name in INDUCTIVE_DATASETS)):
+        for name in datasets_in(arrays):
             data = arrays[name]
             if not isinstance(data, StreamedDataset):
                 data = np.ascontiguousarray(data)
