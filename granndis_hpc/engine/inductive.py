@@ -44,14 +44,15 @@ def check_shards(inductive: bool, manifest: dict, path: str) -> None:
             f"or train without --inductive")
 
 
-def check_train_hops(inductive: bool, manifest: dict, mode: str) -> None:
+def check_train_hops(inductive: bool, manifest: dict, mode: str, path: str) -> None:
     """TrainingError when --inductive flx or eas meets an inductive set built before graph/train_hop existed
     (they train on the rows it selects; fb, cob and mb do not read it)."""
     if inductive and not shards.has_train_hop(manifest):
         raise TrainingError(
-            f"--inductive --mode {mode} needs the train-induced hops of an inductive set built by this version "
-            f"(graph/train_hop), which this set lacks; rebuild it with `{manifest.get('command') or 'python -m preprocess build ... --inductive'}"
-            f" --overwrite`, or use --mode fb")
+            f"--inductive --mode {mode} needs the train-induced hops (graph/train_hop) that `python -m preprocess "
+            f"build --inductive` now stores, and {path} was built without them; rebuild it with `python -m preprocess "
+            f"build ... --inductive --out {path} --overwrite` (it was built by: {manifest.get('command', 'unknown')}), "
+            f"or use --mode fb")
 
 
 def check_content(sl, manifest: dict, path: str) -> None:

@@ -184,7 +184,7 @@ class FlexiblePreload(StaticMode):
                 f"--preloaded-layers {k} needs a preload of {k} hops and a model of at least {k} layers; the "
                 f"shards preload {pre['hops']} hop(s) and the model has {self.cfg.conv_layers} layers: use "
                 f"--preloaded-layers {min(int(pre['hops']), self.cfg.conv_layers)} or fewer, or rebuild with --hops {k}")
-        inductive.check_train_hops(self.cfg.inductive, manifest, self.name)
+        inductive.check_train_hops(self.cfg.inductive, manifest, self.name, self.cfg.shards)
 
     def exact(self, manifest):
         return True
@@ -214,7 +214,7 @@ class ExpansionAware(StaticMode):
         if kind != "eas":
             raise TrainingError(f"mode eas needs shards built with --preload eas, these hold a {kind} "
                                 f"preload; rebuild with `python -m preprocess build ... --preload eas`")
-        inductive.check_train_hops(self.cfg.inductive, manifest, self.name)
+        inductive.check_train_hops(self.cfg.inductive, manifest, self.name, self.cfg.shards)
 
     def exact(self, manifest):
         return False  # the boundary expansion is sampled; degrees are the kept neighbours'

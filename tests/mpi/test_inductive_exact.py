@@ -229,6 +229,50 @@ def test_a_transductive_set_is_refused_and_a_transductive_checkpoint_does_not_re
         make_trainer(inductive_sets[("cora", 2)], "fb", out=run, resume=run, epochs=2, inductive=True)
 
 
+def test_a_set_built_before_the_train_induced_hops_serves_fb_and_is_refused_by_flx(inductive_sets):
+    """An inductive set without graph/train_hop (as built before it existed) verifies, trains inductively in
+    fb, and is refused by --inductive flx (eas checks alike) with the command that rebuilds it; info says so."""
+    import hashlib
+    import json
+    import os
+    import shutil
+
+    from granndis_hpc.cluster.errors import ClusterError
+    from granndis_hpc.shards import manifest_digests
+    from preprocess.verify import format_info, verify_shard_set
+    from tests.mpi.conftest import on_rank0, shared_tmpdir
+
+    old = os.path.join(shared_tmpdir("granndis-induc-old-"), "set")
+
+    def strip():
+        import h5py
+
+        shutil.copytree(inductive_sets[("cora", 2)], old)
+        with open(os.path.join(old, "manifest.json")) as f:
+            manifest = json.load(f)
+        del manifest["train_hop"]  # and its digest: the manifest such a build wrote
+        manifest["digests"] = manifest_digests(manifest)
+        for name in manifest["files"]:
+            with h5py.File(os.path.join(old, name), "r+") as f:
+                del f["graph/train_hop"]
+            with open(os.path.join(old, name), "rb") as f:
+                manifest["files"][name] = {"sha256": hashlib.sha256(f.read()).hexdigest(),
+                                           "bytes": os.path.getsize(os.path.join(old, name))}
+        with open(os.path.join(old, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
+        assert verify_shard_set(old) == []
+        assert "no train-induced hops stored" in format_info(manifest)
+    on_rank0(strip)
+    trainer = make_trainer(old, "fb", inductive=True, epochs=1)
+    try:
+        assert trainer.run()["protocol"] == "inductive"
+    finally:
+        trainer.close()
+    with pytest.raises(ClusterError, match=f"--inductive --mode flx needs the train-induced hops.*rebuild it with "
+                                           f"`python -m preprocess build ... --inductive --out {old} --overwrite`"):
+        make_trainer(old, "flx", inductive=True)
+
+
 def test_an_inductive_checkpoint_resumes_on_another_shape(cora, inductive_sets):
     from tests.mpi.conftest import shared_tmpdir
 
