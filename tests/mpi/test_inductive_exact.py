@@ -6,8 +6,10 @@ training vertices (trained on, Adam on CE(sum)/n_train, dropout masks keyed by t
 ids), the one induced by the training and validation vertices (validation accuracy) and the full graph
 (test accuracy), and runs the dense formulas of tests/dense_reference.py on them.  fb and flx (k = 3 and
 k = 1) on Cora at 2x2, 1x4 and 4x1, GCN (whose messages use the deepest preloaded rows' stored
-train-induced degrees) and CiteSeer at 2x2: parameters, logits of the validation and test graphs, and
-the three accuracies equal the reference's.  Then: the refusals, checkpoints (protocol in the
+train-induced degrees) and CiteSeer at 2x2, and flx on Cora with a wide training split (whose train-induced
+preloads reach past the inner rows): parameters, logits of the validation and test graphs, and the three
+accuracies equal the reference's.  The rows each preloaded layer holds are those a plain BFS over the
+train-induced graph gives.  Then: the refusals, checkpoints (protocol in the
 fingerprint, resume on another shape), the sampled modes' training views and auto, both builds against
 a NumPy recomputation, --verify-content, cob against flx, and the memory estimate's induced views."""
 import copy
@@ -145,13 +147,16 @@ def _run(shards, mode, model, rps, **extra):
 # parameter.
 CASES = [("cora", "sage", "flx", {}, (2, 4, 1)), ("cora", "sage", "fb", {}, (2, 1)),
          ("cora", "sage", "flx", {"preloaded_layers": 1}, (4,)), ("cora", "gcn", "flx", {"norm": False}, (2, 4)),
-         ("citeseer", "sage", "flx", {}, (2,)), ("citeseer", "gcn", "fb", {"norm": False}, (2,))]
+         ("citeseer", "sage", "flx", {}, (2,)), ("citeseer", "gcn", "fb", {"norm": False}, (2,)),
+         # Cora with a wide training split: its train-induced preloads reach beyond the inner rows.
+         ("wide", "sage", "flx", {}, (2,)), ("wide", "gcn", "flx", {"norm": False, "preloaded_layers": 2}, (2,))]
 
 
 @pytest.mark.parametrize("dataset,model,mode,extra,shapes", CASES)
 def test_inductive_training_equals_the_reference(request, inductive_sets, dataset, model, mode, extra, shapes):
     graph = request.getfixturevalue(dataset)
-    results = {rps: _run(inductive_sets[(dataset, rps)], mode, model, rps, **extra) for rps in shapes}
+    sets = {("wide", 2): request.getfixturevalue("wide_sets")["full"]} if dataset == "wide" else inductive_sets
+    results = {rps: _run(sets[(dataset, rps)], mode, model, rps, **extra) for rps in shapes}
     if WORLD.rank != 0:
         return
     ref_model, ref = reference(graph, results[shapes[0]][0], model)
