@@ -6,12 +6,11 @@ training vertices (trained on, Adam on CE(sum)/n_train, dropout masks keyed by t
 ids), the one induced by the training and validation vertices (validation accuracy) and the full graph
 (test accuracy), and runs the dense formulas of tests/dense_reference.py on them.  fb and flx (k = 3 and
 k = 1) on Cora at 2x2, 1x4 and 4x1, GCN (whose messages use the deepest preloaded rows' stored
-train-induced degrees) and CiteSeer at 2x2, and flx on Cora with a wide training split (whose train-induced
-preloads reach past the inner rows): parameters, logits of the validation and test graphs, and the three
-accuracies equal the reference's.  The rows each preloaded layer holds are those a plain BFS over the
-train-induced graph gives.  Then: the refusals, checkpoints (protocol in the
-fingerprint, resume on another shape), the sampled modes' training views and auto, both builds against
-a NumPy recomputation, --verify-content, cob against flx, and the memory estimate's induced views."""
+train-induced degrees) and CiteSeer at 2x2: parameters, logits of the validation and test graphs, and
+the three accuracies equal the reference's (tests/mpi/test_inductive_hops.py: the same on Cora with a wide
+training split, and the rows flx and eas hold).  Then: the refusals, checkpoints (protocol in the
+fingerprint, resume on another shape), the sampled modes' training views and auto, --verify-content,
+cob against flx, and the memory estimate's induced views."""
 import copy
 
 import numpy as np
@@ -48,25 +47,6 @@ def inductive_sets(cora, citeseer):
     out = {k: dirs[f"cora-{k[1]}"] for k in specs}
     out[("citeseer", 2)] = build_sets_on_rank0(citeseer, {"citeseer": spec(2)}, prefix="granndis-induc-")["citeseer"]
     return out
-
-
-@pytest.fixture(scope="module")
-def wide(cora):
-    """Cora with 40 % of its vertices training ones (its own split's 140 hardly touch each other across
-    servers, so its train-induced preload is the inner rows alone)."""
-    import dataclasses
-
-    draw = np.random.default_rng(5).random(cora.num_vertices)
-    return dataclasses.replace(cora, train_mask=draw < 0.4, val_mask=(draw >= 0.4) & (draw < 0.6),
-                               test_mask=draw >= 0.6)
-
-
-@pytest.fixture(scope="module")
-def wide_sets(wide):
-    """Inductive 2x2 sets of `wide`: a 3-hop full preload ("full") and a 2-hop EAS one ("eas")."""
-    spec = {"servers": WORLD.size // 2, "gpus_per_server": 2, "layers": 3, "inductive": True}
-    return build_sets_on_rank0(wide, {"full": spec, "eas": {**spec, "preload": "eas", "hops": 2, "fanout": 4}},
-                               prefix="granndis-induc-wide-")
 
 
 # ---- the independent reference ------------------------------------------------------------------
@@ -147,16 +127,13 @@ def _run(shards, mode, model, rps, **extra):
 # parameter.
 CASES = [("cora", "sage", "flx", {}, (2, 4, 1)), ("cora", "sage", "fb", {}, (2, 1)),
          ("cora", "sage", "flx", {"preloaded_layers": 1}, (4,)), ("cora", "gcn", "flx", {"norm": False}, (2, 4)),
-         ("citeseer", "sage", "flx", {}, (2,)), ("citeseer", "gcn", "fb", {"norm": False}, (2,)),
-         # Cora with a wide training split: its train-induced preloads reach beyond the inner rows.
-         ("wide", "sage", "flx", {}, (2,)), ("wide", "gcn", "flx", {"norm": False, "preloaded_layers": 2}, (2,))]
+         ("citeseer", "sage", "flx", {}, (2,)), ("citeseer", "gcn", "fb", {"norm": False}, (2,))]
 
 
 @pytest.mark.parametrize("dataset,model,mode,extra,shapes", CASES)
 def test_inductive_training_equals_the_reference(request, inductive_sets, dataset, model, mode, extra, shapes):
     graph = request.getfixturevalue(dataset)
-    sets = {("wide", 2): request.getfixturevalue("wide_sets")["full"]} if dataset == "wide" else inductive_sets
-    results = {rps: _run(sets[(dataset, rps)], mode, model, rps, **extra) for rps in shapes}
+    results = {rps: _run(inductive_sets[(dataset, rps)], mode, model, rps, **extra) for rps in shapes}
     if WORLD.rank != 0:
         return
     ref_model, ref = reference(graph, results[shapes[0]][0], model)
@@ -177,46 +154,6 @@ def test_inductive_training_equals_the_reference(request, inductive_sets, datase
         assert summary["protocol"] == "inductive"
 
 
-@pytest.mark.parametrize("mode,k", [("flx", 1), ("flx", 2), ("flx", 3), ("eas", 3)])
-def test_the_preloaded_layers_hold_the_train_induced_graphs_own_preload(wide, wide_sets, mode, k):
-    """Per server, the rows each preloaded layer l < k computes and reads are those within k-1-l and k-l
-    hops of the server's inner training vertices in the train-induced graph (a plain BFS here: over the
-    graph for flx, over the EAS file's own edges for eas); the rows held, within k."""
-    from granndis_hpc import shards as sets
-
-    path = wide_sets[mode if mode == "eas" else "full"]
-    trainer = make_trainer(path, mode, inductive=True, **({"preloaded_layers": k} if mode == "flx" else {}))
-    try:
-        view, server, sl = trainer.mode.static_view.per_layer[0], trainer.topo.server, trainer.slice
-        ids = view.row_ids.numpy()
-        layers = [(view.plan.layers[l].n_dst, view.plan.layers[l].n_own_in, view._layer_source_ids(l).numpy())
-                  for l in range(k)]
-        manifest = trainer.manifest
-    finally:
-        trainer.close()
-    parts = WORLD.gather((server, ids, layers), root=0)
-    if WORLD.rank != 0:
-        return
-    for s in range(2):
-        a = sets.read_server_arrays(path, manifest, s)
-        gid, train, inner = a["vertices/global_id"], a["split/train"], a["vertices/hop"] == 0
-        if mode == "flx":
-            hop = induced_hops(wide.indptr, wide.indices, wide.train_mask, gid[inner & train], k)
-        else:  # the EAS file's hops (2) deep: its rows are all a layer reads
-            hop = np.full(wide.num_vertices, -1)
-            hop[gid] = induced_hops(a["graph/indptr"], a["graph/indices"], train, np.flatnonzero(inner & train),
-                                    int(manifest["preload"]["hops"]))
-        within = [set(np.flatnonzero((hop >= 0) & (hop <= d)).tolist()) for d in range(k + 1)]
-        mine = [p for p in parts if p[0] == s]
-        assert set(np.concatenate([p[1] for p in mine]).tolist()) == within[k]
-        for l in range(k):
-            assert set(np.concatenate([p[1][:p[2][l][0]] for p in mine]).tolist()) == within[k - 1 - l], l
-            assert set(np.concatenate([p[1][:p[2][l][1]] for p in mine]).tolist()) == within[k - l], l
-            assert set(np.concatenate([p[2][l][2] for p in mine]).tolist()) <= within[k - l], l
-        preloaded_train = np.count_nonzero(train & ~inner)
-        assert len(within[k]) - np.count_nonzero(inner & train) < preloaded_train  # rows left out
-
-
 # ---- refusals, checkpoints, batched modes, the builds ---------------------------------------------
 def test_a_transductive_set_is_refused_and_a_transductive_checkpoint_does_not_resume(inductive_sets):
     from granndis_hpc.cluster.errors import ClusterError
@@ -232,50 +169,6 @@ def test_a_transductive_set_is_refused_and_a_transductive_checkpoint_does_not_re
         trainer.close()
     with pytest.raises(ClusterError, match="inductive: checkpoint False, this run True"):
         make_trainer(inductive_sets[("cora", 2)], "fb", out=run, resume=run, epochs=2, inductive=True)
-
-
-def test_a_set_built_before_the_train_induced_hops_serves_fb_and_is_refused_by_flx(inductive_sets):
-    """An inductive set without graph/train_hop (as built before it existed) verifies, trains inductively in
-    fb, and is refused by --inductive flx (eas checks alike) with the command that rebuilds it; info says so."""
-    import hashlib
-    import json
-    import os
-    import shutil
-
-    from granndis_hpc.cluster.errors import ClusterError
-    from granndis_hpc.shards import manifest_digests
-    from preprocess.verify import format_info, verify_shard_set
-    from tests.mpi.conftest import on_rank0, shared_tmpdir
-
-    old = os.path.join(shared_tmpdir("granndis-induc-old-"), "set")
-
-    def strip():
-        import h5py
-
-        shutil.copytree(inductive_sets[("cora", 2)], old)
-        with open(os.path.join(old, "manifest.json")) as f:
-            manifest = json.load(f)
-        del manifest["train_hop"]  # and its digest: the manifest such a build wrote
-        manifest["digests"] = manifest_digests(manifest)
-        for name in manifest["files"]:
-            with h5py.File(os.path.join(old, name), "r+") as f:
-                del f["graph/train_hop"]
-            with open(os.path.join(old, name), "rb") as f:
-                manifest["files"][name] = {"sha256": hashlib.sha256(f.read()).hexdigest(),
-                                           "bytes": os.path.getsize(os.path.join(old, name))}
-        with open(os.path.join(old, "manifest.json"), "w") as f:
-            json.dump(manifest, f)
-        assert verify_shard_set(old) == []
-        assert "no train-induced hops stored" in format_info(manifest)
-    on_rank0(strip)
-    trainer = make_trainer(old, "fb", inductive=True, epochs=1)
-    try:
-        assert trainer.run()["protocol"] == "inductive"
-    finally:
-        trainer.close()
-    with pytest.raises(ClusterError, match=f"--inductive --mode flx needs the train-induced hops.*rebuild it with "
-                                           f"`python -m preprocess build ... --inductive --out {old} --overwrite`"):
-        make_trainer(old, "flx", inductive=True)
 
 
 def test_an_inductive_checkpoint_resumes_on_another_shape(cora, inductive_sets):
@@ -334,88 +227,6 @@ def test_sampled_training_views_hold_only_train_induced_rows_and_learn(cora, ind
                                       names=("vertices/global_id",))["vertices/global_id"][ids]
     assert ids.size and cora.train_mask[ids].all()
     assert losses[-1] < losses[0]
-
-
-def induced_hops(indptr, indices, train, sources, depth):
-    """Plain BFS along in-edges between training vertices: every vertex's hop from `sources` (-1 beyond
-    `depth`)."""
-    hop = np.full(train.shape[0], -1)
-    hop[sources] = 0
-    dst = np.repeat(np.arange(train.shape[0]), np.diff(indptr))
-    for t in range(1, depth + 1):
-        step = (hop[dst] == t - 1) & train[indices] & (hop[indices] < 0)
-        hop[indices[step]] = t
-    return hop
-
-
-def test_both_builds_write_the_induced_degrees_splits_and_hops(wide):
-    """The whole-graph and the distributed build (from chunks, 4 ranks) write byte-identical inductive sets
-    (full and EAS preloads) whose datasets equal a NumPy recomputation from the raw arrays (of Cora with a wide training split) (the hops of a
-    full preload from the whole graph, of an EAS one from the file's edges); verify finds a changed hop."""
-    import hashlib
-    import json
-    import os
-    import shutil
-
-    import h5py
-
-    from preprocess.build import BuildConfig, build_shards
-    from preprocess.chunked import ChunkedSource, graph_pieces, open_chunked, write_chunked
-    from preprocess.dist_build import run_build_sliced
-    from preprocess.sliced import load_slice
-    from preprocess.verify import verify_shard_set
-    from granndis_hpc import shards
-    from tests.mpi.conftest import on_rank0, shared_tmpdir
-
-    base = shared_tmpdir("granndis-induc-build-")
-    chunks = os.path.join(base, "chunks")
-    on_rank0(lambda: write_chunked(chunks, name=wide.name, num_vertices=wide.num_vertices,
-                                   num_features=wide.num_features, num_classes=wide.num_classes,
-                                   edge_pieces=graph_pieces(wide, 3)[0], node_pieces=graph_pieces(wide, 3)[1]))
-    part = load_slice(WORLD, ChunkedSource(open_chunked(chunks)))
-    code = shards.split_code(wide.train_mask, wide.val_mask, wide.test_mask)
-    edge_dst = np.repeat(np.arange(wide.num_vertices), np.diff(wide.indptr))
-    want_degree = np.bincount(edge_dst[wide.train_mask[wide.indices]], minlength=wide.num_vertices)
-    for preload, extra in (("full", {}), ("eas", {"hops": 2, "fanout": 3})):
-        opts = dict(servers=2, gpus_per_server=2, layers=2, preload=preload, partitioner="metis", seed=1,
-                    inductive=True, **extra)
-        path = os.path.join(base, f"whole-{preload}")
-        whole = build_shards(wide, path, comm=WORLD, **opts)
-        sliced = run_build_sliced(WORLD, part, BuildConfig(out=os.path.join(base, f"sliced-{preload}"),
-                                                           command=whole["command"], **opts))
-        assert sliced["files"] == whole["files"] and sliced["inductive"] is True and sliced["train_hop"] is True
-        if WORLD.rank != 0:
-            continue
-        assert verify_shard_set(path) == []
-        reached, left_out = np.zeros(2, dtype=np.int64), 0
-        for s in range(2):
-            a = shards.read_server_arrays(path, whole, s)
-            gid, train = a["vertices/global_id"], a["split/train"]
-            assert np.array_equal(a["graph/train_in_degree"], want_degree[gid])
-            assert np.array_equal(a["world/src_split"], code[a["world/src_global_id"]])
-            if preload == "full":  # the whole train-induced graph, from the server's inner training vertices
-                hop = induced_hops(wide.indptr, wide.indices, wide.train_mask,
-                                   gid[(a["vertices/hop"] == 0) & train], 2)[gid]
-            else:  # the file's own rows and edges
-                hop = induced_hops(a["graph/indptr"], a["graph/indices"], train,
-                                   np.flatnonzero((a["vertices/hop"] == 0) & train), 2)
-            assert np.array_equal(a["graph/train_hop"], np.where(hop >= 0, hop, shards.TRAIN_HOP_UNREACHED))
-            reached += np.bincount(hop[hop > 0], minlength=3)[1:]
-            left_out += np.count_nonzero(train & (a["vertices/hop"] > 0)) - np.count_nonzero(hop > 0)
-        assert reached.all() and left_out > 0, (preload, reached, left_out)
-    if WORLD.rank != 0:
-        return
-    edited = os.path.join(base, "edited")
-    shutil.copytree(os.path.join(base, "whole-full"), edited)
-    with h5py.File(os.path.join(edited, "server-0001.h5"), "r+") as f:
-        f["graph/train_hop"][int(np.flatnonzero(f["graph/train_hop"][:] == 1)[0])] = 2
-    with open(os.path.join(edited, "manifest.json")) as f:
-        manifest = json.load(f)
-    with open(os.path.join(edited, "server-0001.h5"), "rb") as f:
-        manifest["files"]["server-0001.h5"]["sha256"] = hashlib.sha256(f.read()).hexdigest()
-    with open(os.path.join(edited, "manifest.json"), "w") as f:
-        json.dump(manifest, f)
-    assert any("server-0001.h5: graph/train_hop of 1 rows" in p for p in verify_shard_set(edited))
 
 
 def test_the_memory_estimate_counts_the_induced_evaluation_views(inductive_sets):
