@@ -370,9 +370,10 @@ def format_info(manifest: dict) -> str:
         f"vertex balance {float(part.get('vertex_balance', 1)):.3f} train balance {float(part.get('train_balance', 1)):.3f}",
         f"partition   digest {manifest.get('partition_digest', 'not recorded')} (seed {manifest.get('seed')}; "
         f"equal digests = the same server and GPU for every vertex)",
-        "protocol    " + (("inductive: train-induced degrees, source splits and " + (
-            "hops stored (granndis-train --inductive)" if has_train_hop(manifest) else
-            "no train-induced hops stored (built by an earlier version: --inductive flx and eas need a rebuild)"))
+        "protocol    " + (("inductive: train-induced degrees, source splits and hops stored (granndis-train "
+                           "--inductive)" if has_train_hop(manifest) else
+                           "inductive: train-induced degrees and source splits stored, no train-induced hops (built "
+                           "by an earlier version: --inductive flx and eas need a rebuild)")
                           if is_inductive(manifest) else "transductive (granndis-train --inductive needs a set "
                                                          "built with --inductive)"),
     ]

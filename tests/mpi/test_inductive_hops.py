@@ -207,7 +207,7 @@ def test_a_set_built_before_the_train_induced_hops_serves_fb_and_is_refused_by_f
         with open(os.path.join(old, "manifest.json"), "w") as f:
             json.dump(manifest, f)
         assert verify_shard_set(old) == []
-        assert "no train-induced hops stored" in format_info(manifest)
+        assert "no train-induced hops (built by an earlier version" in format_info(manifest)
     on_rank0(strip)
     trainer = make_trainer(old, "fb", inductive=True, epochs=1)
     try:
