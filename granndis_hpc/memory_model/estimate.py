@@ -68,6 +68,11 @@ class RankRows:
     k: int
     world: ViewRows
     server: Optional[ViewRows] = None
+    # --inductive, counted on the induced graphs (memory_model/induced.py): world and server are the
+    # train-induced graph's views; evaluation also holds these (the full and the train+validation-induced
+    # world views), and on a CPU device the shard slice (host_bytes) shares the memory.
+    evaluation: Tuple[ViewRows, ...] = ()
+    host_bytes: int = 0
 
     def training_layers(self) -> List[Tuple[str, LayerRows]]:
         out = []
@@ -122,9 +127,8 @@ class ModelSpec:
     checkpoint_activations: bool = False  # recompute blocks (the models whose entry is checkpointable)
     options: Tuple[Tuple[str, Any], ...] = ()  # the model's extra constructor options (registry.model_options)
     linear_layers: int = 0  # per-vertex Linear layers after the `layers` convs (--linear-layers)
-    # --inductive (engine/inductive.py): evaluation also holds the world views of the train-induced and
-    # train+validation-induced graphs; training is estimated on the full graph's views, which bound the
-    # train-induced ones from above.
+    # --inductive (engine/inductive.py): evaluation also holds the world views of the full and the
+    # train+validation-induced graphs (memory_model/induced.py).
     inductive: bool = False
     multilabel: bool = False  # multi-label targets: binary cross-entropy (its saved tensors differ)
     # The exchange groups whose halos a layer computes behind (--overlap-halos: ("world",) by default,
@@ -392,11 +396,6 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
             if est.exchanged(l) and not trained_here:
                 count(lr, l + 1 < r.layers, False)
     graph += sum(_split_graph_bytes(lr, est.self_loops, s, t) for lr, s, t in splits.values())
-    if m.inductive:  # two more world views, each at most the full graph's (rows, halo, forward graphs)
-        w = r.world
-        static = (w.n_own + w.n_halo) * (r.features + 1) * F32 + w.n_send * I64
-        static += sum(_graph_bytes(lr, est.self_loops, True, False) for lr in w.layers)
-        induced_views = 2 * static
     act = activation_layers(r, m, device)
     step = step_peak(r, m, act)
     P = m.parameters()
@@ -411,13 +410,14 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
         "optimizer": (2 * P * F32) if adam else 0,
         "activations": int(act["fresh"]),
     }
-    if m.inductive:
-        breakdown["induced_views"] = int(induced_views)
     # The step's transient above its activations, of which halo buffers: at most the largest
     # layer's exchange (send + receive rows at its input width).
     transient = int(max(step["peak"], after) - act["fresh"])
     breakdown["halo_buffers"] = min(transient, int(step["halo"]))
     breakdown["step_transient"] = transient - breakdown["halo_buffers"]
+    if m.inductive:  # evaluation's views, its forward and the shard slice (memory_model/induced.py)
+        from .induced import inductive_parts
+        breakdown.update(inductive_parts(r, m, device, int(act["fresh"]) + transient))
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),
             "activation_saved": int(act["saved"]), "activation_per_layer": act["per_layer"],
