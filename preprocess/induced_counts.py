@@ -23,7 +23,8 @@ import numpy as np
 
 from granndis_hpc import memory_model as mm
 from granndis_hpc.graph.csr import csr_rows, row_of_edges
-from granndis_hpc.memory_model.induced import inductive_rank_rows, slice_bytes
+from granndis_hpc.memory_model.arrays import inductive_rank_rows
+from granndis_hpc.memory_model.induced import slice_bytes
 
 from .dist_server import _my_rows, _union, order_by_hop
 from .halo_counts import server_hop_counts_sliced, world_view_counts

@@ -17,6 +17,9 @@ from granndis_hpc.registry import MODELS, linear_head_problem, model_options
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
+from .graph_bytes import _graph_bytes, _split_graph_bytes
+from .induced import inductive_parts
+
 
 class MemoryModelError(ValueError):
     """Inputs the model cannot estimate (unknown model, k outside 0..L, inconsistent counts)."""
@@ -264,32 +267,6 @@ def _half_width(a: Dict[str, object], r: RankRows, m: ModelSpec) -> Dict[str, ob
 
 # ---------------------------------------------------------------------------------------------------
 # Static memory
-def _graph_bytes(lr: LayerRows, self_loops: bool, forward_cache: bool, transpose_cache: bool) -> int:
-    """A LayerGraph: indptr, indices, degrees, its exchange indices (send, halo rows) and the cached CSR
-    adjacency (crow, col, values; self_loops adds the n_dst self-loop entries) and its transpose."""
-    b = (lr.n_dst + 1) * I64 + lr.nnz * I64 + lr.n_dst * F32 + lr.n_src * F32
-    b += lr.n_send * I64 + lr.n_halo * I64
-    entries = lr.nnz + (lr.n_dst if self_loops else 0)
-    if forward_cache:
-        b += (lr.n_dst + 1) * I64 + entries * (I64 + F32)
-    if transpose_cache:
-        b += (lr.n_src + 1) * I64 + entries * (I64 + F32)
-    return b
-
-
-def _split_graph_bytes(lr: LayerRows, self_loops: bool, split: bool, transposed: bool) -> int:
-    """The matrices an overlapped layer adds to its graph (nn/graph.LayerGraph._matrix): its adjacency
-    split into own-source and halo-source columns (the same entries again, two row pointers), each split
-    again by destination rows first/rest when the layer is boundary-first (four row pointers), and
-    their transposes for the backward."""
-    entries = (lr.nnz + (lr.n_dst if self_loops else 0)) * (I64 + F32)
-    parts = 2 if split else 1
-    b = entries + parts * (lr.n_dst + 2) * I64
-    if transposed:
-        b += entries + parts * (lr.n_own_in + lr.n_halo + 2) * I64
-    return b
-
-
 def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, object]:
     """Peak bytes a training step allocates above what it starts with (activations and transients).
 
@@ -416,7 +393,6 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
     breakdown["halo_buffers"] = min(transient, int(step["halo"]))
     breakdown["step_transient"] = transient - breakdown["halo_buffers"]
     if m.inductive:  # evaluation's views, its forward and the shard slice (memory_model/induced.py)
-        from .induced import inductive_parts
         breakdown.update(inductive_parts(r, m, device, int(act["fresh"]) + transient))
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),

@@ -25,6 +25,8 @@ from typing import Dict
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
+from .graph_bytes import _graph_bytes, _split_graph_bytes
+
 # Bytes the shard reader keeps per row, per edge and per server row (granndis_hpc/shards/schema.py dtypes,
 # shards.read_rank_slice): global_id, hop, labels, the three masks, indptr, in_degree, train_in_degree;
 # graph/indices; world/indptr per inner row, src_global_id + src_rank + src_split per world edge;
@@ -49,8 +51,6 @@ def slice_bytes(rows: int, edges: int, inner: int, world_edges: int, server_rows
 def _view_static(v, r, m) -> int:
     """An evaluation view's rows (features, degrees), send list, one shared forward graph and the split
     matrices its overlapped forward caches (one per row split)."""
-    from .estimate import _graph_bytes, _split_graph_bytes
-
     est = m.estimator
     b = (v.n_own + v.n_halo) * (r.features + 1) * F32 + v.n_send * I64
     lr = v.layers[0]  # every layer of a world view is the same rows object (arrays.rank_rows)
@@ -103,25 +103,9 @@ def inductive_parts(r, m, device: str, step_transient: int) -> Dict[str, int]:
 def induced_bound(r, m) -> int:
     """Two more world views, each at most the full graph's (rows, halo, forward graphs): the estimate of
     an inductive run whose rows were counted on the full graph."""
-    from .estimate import _graph_bytes
-
     w = r.world
     static = (w.n_own + w.n_halo) * (r.features + 1) * F32 + w.n_send * I64
     static += sum(_graph_bytes(lr, m.estimator.self_loops, True, False) for lr in w.layers)
     return int(2 * static)
 
 
-
-def inductive_rank_rows(rank: int, worlds, server, layers: int, k: int, features: int, num_classes: int,
-                        host_bytes: int = 0):
-    """RankRows of one rank of an inductive run from its counts.  worlds: (WorldCounts, send-list length)
-    of the train-induced, the full and the train+validation-induced world views; server: HopCounts of
-    the train-induced server view (k > 0).  Every row of the train-induced world view is a target."""
-    from dataclasses import replace
-
-    from .arrays import rank_rows
-
-    (train, train_sent), *evaluation = worlds
-    r = rank_rows(rank, train.n_inner, train, train_sent, server, layers, k, features, num_classes)
-    views = tuple(rank_rows(rank, 0, w, sent, None, layers, 0, features, num_classes).world for w, sent in evaluation)
-    return replace(r, evaluation=views, host_bytes=int(host_bytes))
