@@ -105,23 +105,25 @@ class InducedCounter:
                                               owned=(v, h, owner_of[v]))
         return out
 
-    def host_bytes(self, rank: int, file_counts: Optional[List[mm.HopCounts]], features: int) -> int:
-        """The rank's shard slice of a set whose file rows are counted by `file_counts` (every rank's full
-        HopCounts; None: the inner rows only)."""
-        full = self.prep.world[rank]
+    def file_rows(self, rank: int, file_counts: Optional[List[mm.HopCounts]]):
+        """((rows, edges) of the rank's slice, (rows, edges) of its server's file) of a set whose file rows
+        are counted by `file_counts` (every rank's full HopCounts; None: the inner rows only)."""
         G = self.prep.gpus
         if file_counts is None:
-            rows, edges, server_rows = full.n_inner, full.nnz, sum(self.prep.world[rank // G * G + g].n_inner
-                                                                   for g in range(G))
+            each = [(w.n_inner, w.nnz) for w in self.prep.world[rank // G * G:(rank // G + 1) * G]]
         else:
-            c = file_counts[rank]
-            rows, edges = int(np.sum(c.own)), int(np.sum(c.nnz))
-            server_rows = sum(int(np.sum(file_counts[rank // G * G + g].own)) for g in range(G))
+            each = [(int(np.sum(c.own)), int(np.sum(c.nnz))) for c in file_counts[rank // G * G:(rank // G + 1) * G]]
+        return each[rank % G], tuple(int(x) for x in np.sum(each, axis=0))
+
+    def host_bytes(self, rank: int, file_counts: Optional[List[mm.HopCounts]], features: int) -> int:
+        """The rank's shard slice (shards.read_rank_slice) of the set."""
+        full = self.prep.world[rank]
+        (rows, edges), (server_rows, _) = self.file_rows(rank, file_counts)
         return slice_bytes(rows, edges, full.n_inner, full.nnz, server_rows, features, self.multilabel_classes)
 
     def rows(self, server: Optional[List[mm.HopCounts]], file_counts: Optional[List[mm.HopCounts]], layers: int,
              k: int, features: int, num_classes: int) -> List[mm.RankRows]:
         """RankRows of every rank (rank order) with k layers on the train-induced server views `server`."""
         return [inductive_rank_rows(r, self.worlds[r], server[r] if k > 0 else None, layers, k, features, num_classes,
-                                    self.host_bytes(r, file_counts, features))
+                                    self.host_bytes(r, file_counts, features), self.file_rows(r, file_counts)[1])
                 for r in range(len(self.worlds))]  # loop over ranks

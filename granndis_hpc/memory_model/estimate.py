@@ -76,6 +76,7 @@ class RankRows:
     # world views), and on a CPU device the shard slice (host_bytes) shares the memory.
     evaluation: Tuple[ViewRows, ...] = ()
     host_bytes: int = 0
+    server_file: Tuple[int, int] = (0, 0)  # rows and edges of the server's file (what co-batches sample)
 
     def training_layers(self) -> List[Tuple[str, LayerRows]]:
         out = []

@@ -5,15 +5,18 @@ train-induced graph's own k-hop preload, or a co-batch of it), which `estimate` 
 Evaluation also holds the full graph's world view and the train+validation-induced world view
 (RankRows.evaluation), forward only, and runs one no_grad forward over each of the three in turn; on a
 CPU device the shard slice as read from the file shares the same memory (RankRows.host_bytes).  This
-module counts those three things:
+module counts them:
 - evaluation_views: the evaluation views' static rows (features, degrees, send list) and their one
   forward graph each (the world view's layers share one graph), with the overlapped order's split
   matrices, forward only;
 - evaluation_transient: how far the largest no_grad forward (the input gather, the exchange buffers,
-  a layer's input, output and two partial products; the per-vertex head) exceeds the training step's
+  a layer's input, aggregation and outputs; the per-vertex head) exceeds the training step's
   own transient, which it follows (training's activations are freed by then);
-- shard_slice (CPU only): the slice's arrays (shards.read_rank_slice).  The full world view's own
-  feature rows are the slice's on a CPU device (no copy), so they are not counted twice.
+- on a CPU device, where the estimate is compared with a rank's peak resident memory: shard_slice, the
+  slice's arrays (shards.read_rank_slice; the full world view's own feature rows are the slice's, not
+  counted twice), setup_rows, what the full world view's set-up leaves resident, runtime, the
+  process before it reads its shard, and for co-batches sampler_graph, the server graph they are drawn
+  from.
 
 Rows not counted for an inductive run (no RankRows.evaluation: --mode auto on shard sets) keep the bound
 `induced_bound`: each induced evaluation view counted as the full graph's world view.
@@ -36,6 +39,19 @@ SLICE_EDGE_BYTES = 8
 SLICE_INNER_BYTES = 8
 SLICE_WORLD_EDGE_BYTES = 8 + 4 + 1
 SLICE_SERVER_ROW_BYTES = 4 + 1
+# What the full world view's set-up leaves resident per in-edge: its row source (engine/views.RowSource:
+# is_own, own_pos, peer, key, src_hop), the planner's arrays and their transients, which the heap keeps
+# for reuse.  Measured on a 500,000-vertex products-like graph: a rank grows by 81 B per world edge over
+# the set-up (254 MiB for 3.14 M edges), of which the view's own tensors (evaluation_views) are ~9.
+SETUP_EDGE_BYTES = 72
+# read_server_graph per row: indptr, in_degree, hop (int32), global_id, train_in_degree, train; per
+# edge: indices, and the filter's edge row (int64) and mask.
+SAMPLER_ROW_BYTES = 8 + 8 + 4 + 8 + 8 + 1
+SAMPLER_EDGE_BYTES = 8 + 8 + 1
+# A rank's resident memory before it reads its shard: the interpreter, torch, MPI, h5py and this package
+# (measured: 248-265 MiB on CPU).  Counted on a CPU device only, where the estimate is compared with
+# the process's peak resident memory; a GPU's budget leaves the host alone.
+RUNTIME_BYTES = 256 << 20
 
 
 def slice_bytes(rows: int, edges: int, inner: int, world_edges: int, server_rows: int, features: int,
@@ -62,17 +78,19 @@ def _view_static(v, r, m) -> int:
 
 
 def forward_peak(v, r, m) -> int:
-    """Peak bytes one no_grad forward over view `v` allocates (eval mode: no dropout).  Layer l holds
-    its input rows, the exchange's send and receive buffers, the cat of own and halo rows and two
-    output-sized terms (the self and the neighbour projections, summed) beside the aggregation (of the
-    source rows' projections, or of the inputs at the narrower input width); a layer reading the static
-    halo gathers the halo rows and cats them with the own rows at the input width, float32.  The
-    per-vertex head holds its input and output."""
+    """Peak bytes one no_grad forward over view `v` allocates (eval mode: no dropout, nothing saved).
+    Layer l holds its input rows, the exchange's send and receive buffers, the cat of own and halo rows,
+    the aggregation (of the source rows' projections when the layer narrows, else of the inputs) and
+    four output-sized terms (the self and neighbour projections, their sum, and the merge of the
+    boundary-first rows with the rest); a layer reading the static halo gathers the halo rows and cats
+    them with the own rows at the input width, float32.  The per-vertex head holds its input and output.
+    (Measured on a 500,000-vertex products-like graph: 0.86-0.94 of torch's allocation peak of the
+    evaluation pass over the full graph.)"""
     est, widths, A = m.estimator, m.widths(), m.activation_bytes
     best = 0
     for l, lr in enumerate(v.layers):
         win, wout = widths[l]
-        out = (2 * lr.n_dst * wout + (lr.n_src * wout if win > wout else lr.n_dst * win)) * A
+        out = (4 * lr.n_dst * wout + (lr.n_src * wout if win > wout else lr.n_dst * win)) * A
         if est.exchanged(l):
             held = (lr.n_own_in + lr.n_send + lr.n_halo + lr.n_src) * win * A + out
         else:
@@ -90,14 +108,21 @@ def inductive_parts(r, m, device: str, step_transient: int) -> Dict[str, int]:
     if not r.evaluation:
         return {"induced_views": induced_bound(r, m)}
     views = sum(_view_static(v, r, m) for v in r.evaluation)
-    host = 0
-    if device == "cpu" and r.host_bytes:
-        host = int(r.host_bytes)
-        full = max(r.evaluation, key=lambda v: v.n_own)  # the full graph's world view: the slice's rows
-        views -= full.n_own * r.features * F32
     peak = max(forward_peak(v, r, m) for v in (r.world, *r.evaluation))
-    return {"evaluation_views": int(views), "evaluation_transient": int(max(0, peak - step_transient)),
-            "shard_slice": host}
+    out = {"evaluation_views": int(views), "evaluation_transient": int(max(0, peak - step_transient))}
+    if device == "cpu" and r.host_bytes:
+        full = max(r.evaluation, key=lambda v: v.n_own)  # the full graph's world view: the slice's rows
+        out["evaluation_views"] -= full.n_own * r.features * F32
+        out["shard_slice"] = int(r.host_bytes)
+        # What the full world view's set-up leaves (SETUP_EDGE_BYTES), and the process itself.
+        out["setup_rows"] = full.layers[0].nnz * SETUP_EDGE_BYTES
+        out["runtime"] = RUNTIME_BYTES
+        if r.server is not None and r.server.name == "cobatch":
+            # The server graph the sampler draws from (shards.read_server_graph, features included),
+            # and the edge row and mask of its train-induced filter (engine/inductive.py).
+            rows, edges = r.server_file
+            out["sampler_graph"] = rows * (r.features * F32 + SAMPLER_ROW_BYTES) + edges * SAMPLER_EDGE_BYTES
+    return out
 
 
 def induced_bound(r, m) -> int:
