@@ -50,7 +50,8 @@ def planned(datasets, name):
                               eas_hops=1, fanout=15, cob_batches=(2,), cob_fanout=-1, inductive=True)
         res = plan.plan_options(WORLD, graph, cfg)
         groups = {(g.mode, g.k if g.mode != "cob" else g.batches, g.source): g.rows for g in res["groups"]}
-        _CACHE[name] = (graph, {"full": dirs[f"{name}-full"], "eas": dirs[f"{name}-eas"]}, groups, res["model"])
+        _CACHE[name] = (graph, {"full": dirs[f"{name}-full"], "eas": dirs[f"{name}-eas"]}, groups, res["model"],
+                        [o.to_dict() for o in res["options"]], cfg)
     return _CACHE[name]
 
 
@@ -75,7 +76,7 @@ def agreed(problems):
 
 @pytest.mark.parametrize("name", ["cora", "citeseer"])
 def test_plan_counts_the_views_an_inductive_run_builds(datasets, name):
-    graph, dirs, groups, _ = planned(datasets, name)
+    graph, dirs, groups, *_ = planned(datasets, name)
     source = f"--hops {L}"
     problems = []
     for mode, extra in (("fb", {}), ("cob", {"batches_per_epoch": 2, "fanout": -1})):
@@ -144,7 +145,7 @@ def reference_layers(graph, hop, owner_of, g, depth):
 def test_flx_and_eas_rows_are_the_train_induced_preload(datasets, name):
     from granndis_hpc import shards
 
-    graph, dirs, groups, _ = planned(datasets, name)
+    graph, dirs, groups, *_ = planned(datasets, name)
     problems = []
     if WORLD.rank == 0:
         for set_name, options in (("full", [("flx", k, f"--hops {L}") for k in (1, 2, 3)]),
@@ -169,6 +170,16 @@ def test_flx_and_eas_rows_are_the_train_induced_preload(datasets, name):
     agreed(problems)
 
 
+def test_one_process_plans_what_the_four_ranks_plan(datasets):
+    """The serial plan (one process holding the graph) and the distributed one give the same options."""
+    from preprocess import plan
+
+    *_, options, cfg = planned(datasets, "cora")
+    serial = [o.to_dict() for o in plan.plan_options(MPI.COMM_SELF, datasets["cora"], cfg)["options"]] \
+        if WORLD.rank == 0 else options
+    agreed([] if serial == options else ["the serial plan differs from the 4-rank plan"])
+
+
 def test_the_inductive_estimate_is_within_20_percent_of_measurement(datasets):
     """fb on Cora: saved activations and the step's peak against the plan's estimate of that rank (as the
     transductive estimate is checked), and evaluation's peak (three no_grad forwards) against the largest
@@ -176,7 +187,7 @@ def test_the_inductive_estimate_is_within_20_percent_of_measurement(datasets):
     from granndis_hpc.memory_model.induced import forward_peak
     from granndis_hpc.memory_model.profile import measure_step_peak
 
-    graph, dirs, groups, _ = planned(datasets, "cora")
+    graph, dirs, groups, *_ = planned(datasets, "cora")
     t = make_trainer(dirs["full"], "fb", inductive=True, dropout=0.5, no_overlap=True)
     try:
         t.train_epoch()
