@@ -98,15 +98,18 @@ class RankPeaks(Watcher):
 
 def stage_plan(args, records, path, log):
     out = os.path.join(args.work, "plan.json")
+    # --hops 3 (configs/products.build.toml's layers): the estimates of the two sets the runs read, the
+    # full 3-hop set (fb, flx, cob) and the EAS set (eas).
     run(["mpirun", "-n", "2", sys.executable, "-m", "preprocess", "plan", "--config", "configs/products.build.toml",
-         *graph_args(args.vertices), "--servers", "2", "--gpus-per-server", "2", "--device", "cpu",
+         *graph_args(args.vertices), "--servers", "2", "--gpus-per-server", "2", "--device", "cpu", "--hops", "3",
          "--cob-batches", "1", "--cob-fanout", "25", "--json", out], log, args.timeout)
     with open(out) as f:
         plan = json.load(f)
-    by_label = {o["label"]: o for o in plan["options"]}
-    records["plan"] = {m: {"label": lab, "peak_bytes": by_label[lab]["peak_bytes"], "peak_rank": by_label[lab]["peak_rank"],
-                           "breakdown": by_label[lab]["breakdown"], "inter_server_bytes": by_label[lab]["inter_server_bytes"]}
-                       for m, (_, _, lab) in MODES.items() if lab in by_label}
+    by_label = {(o["label"], o["source"]): o for o in plan["options"]}
+    sources = {"full": "--hops 3", "eas": "--preload eas"}
+    records["plan"] = {m: {"label": lab, "peak_bytes": o["peak_bytes"], "peak_rank": o["peak_rank"],
+                           "breakdown": o["breakdown"], "inter_server_bytes": o["inter_server_bytes"]}
+                       for m, (name, _, lab) in MODES.items() for o in [by_label.get((lab, sources[name]))] if o}
     records["plan_partition"] = plan.get("partition")
     save_records(path, records)
 
@@ -297,8 +300,8 @@ def main(argv=None):
                    help="GiB the 4 ranks of one run may use by plan's estimate; a mode above it is not run")
     p.add_argument("--over-estimate", action="store_true",
                    help="run a mode over --memory-budget by plan's estimate anyway, stopped by the memory guard "
-                        "if the machine runs short (plan's inductive estimate bounds the training views by the "
-                        "full graph's: an upper bound)")
+                        "if the machine runs short (plan's estimate is not a bound: measured within 25 % of the "
+                        "peak resident memory per rank, docs/performance/products.md)")
     p.add_argument("--min-available-gib", type=float, default=1.5,
                    help="stop a training run when the machine's MemAvailable falls below this")
     p.add_argument("--reuse-shards", action="store_true", help="keep shard sets already built in --work")

@@ -88,20 +88,25 @@ def _distinct_on_owner(group, part, keys: np.ndarray, width: int) -> np.ndarray:
 
 
 def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S: int, G: int,
-                      degree: np.ndarray, train: np.ndarray):
+                      degree: np.ndarray, train: np.ndarray, keep: np.ndarray = None):
     """Collective: (WorldCounts of every rank r = s*G + g, world_sent[r], n_train[r]) for all servers.
 
     A rank's world view holds its inner rows and their in-edges; its halo is the distinct sources owned
-    by another rank (shard_rows' (owner rank, global id) pairs: the owner is a function of the id)."""
+    by another rank (shard_rows' (owner rank, global id) pairs: the owner is a function of the id).
+    keep: the world view of the graph induced by these vertices (every vertex when None); `degree` is
+    then every vertex's in-degree within it."""
     W = S * G
     rank_of = server_of.astype(np.int64) * G + gpu_of
 
     def remote(block, row, src):
         reader = rank_of[block + part.lo][row]
         other = rank_of[src] != reader
+        if keep is not None:
+            other &= keep[src]
         return src[other], reader[other]
 
-    keys = _pair_keys(part, np.arange(part.hi - part.lo, dtype=np.int64), remote, W)
+    rows = np.arange(part.hi - part.lo, dtype=np.int64)
+    keys = _pair_keys(part, rows if keep is None else rows[keep[part.lo:part.hi]], remote, W)
     got = _distinct_on_owner(group, part, keys, W)
     del keys
     u, r = got // W, got % W
@@ -111,6 +116,8 @@ def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S:
     sent = np.bincount(rank_of[u], minlength=W)
     del u, r
     halo, inter, sent = np.split(group.allreduce_sum(np.concatenate([halo, inter, sent]).astype(np.int64)), 3)
+    if keep is not None:
+        rank_of, degree, train = rank_of[keep], degree[keep], train[keep]
     n_inner = np.bincount(rank_of, minlength=W)
     nnz = np.bincount(rank_of, weights=degree, minlength=W).astype(np.int64)
     n_train = np.bincount(rank_of[train], minlength=W)
@@ -218,12 +225,16 @@ class Counted:
     loads: Dict[int, List[ServerLoad]]  # k >= 1 -> each server's rows and their in-edges (build_memory)
     partition: object  # partition.partition_servers' result
     gpu_of: np.ndarray  # the GPU of every vertex in its server
+    counts: Dict[int, List[mm.HopCounts]] = None  # k >= 1 -> the server view of every rank (the k-hop file)
+    induced: Dict[int, List[mm.HopCounts]] = None  # k >= 1 -> `induced`'s server views of every rank
 
 
 def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Sequence[int], partitioner: str,
-                      seed: int, features: int, num_classes: int, prep: Prepared = None) -> Counted:
+                      seed: int, features: int, num_classes: int, prep: Prepared = None, induced=None) -> Counted:
     """Collective: the Counted full preloads of the depths `ks` (k = 0: fb's world view), one build per
-    depth; the same on every rank.  prep: `prepare`'s result, if made already."""
+    depth; the same on every rank.  prep: `prepare`'s result, if made already.  induced(file hop_of,
+    owned_rows of it, [k]) -> {k: HopCounts of the server's GPUs}: views derived from each k-hop file
+    (preprocess/induced_counts.py), kept in Counted.induced."""
     from .build import BuildConfig
 
     group = as_group(group)
@@ -233,6 +244,7 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
     deepest = max([int(k) for k in ks] + [0])
     counts: Dict[int, List[mm.HopCounts]] = {k: [] for k in ks if k > 0}
     loads: Dict[int, List[ServerLoad]] = {k: [] for k in counts}
+    derived: Dict[int, List[mm.HopCounts]] = {k: [] for k in counts}
     for s in range(S) if counts else ():  # (fb alone reads the world view only)
         inner = np.flatnonzero(server_of == s).astype(np.int64)
         hop_of = select_halo(group, part, inner, BuildConfig(out="", servers=S, gpus_per_server=G, layers=layers,
@@ -244,15 +256,18 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
                 truncated = np.where(hop_of <= k, hop_of, -1).astype(hop_of.dtype)
                 rows_in = truncated >= 0
                 load = ServerLoad(server=s, rows=int(np.count_nonzero(rows_in)), fetched_edges=int(degree[rows_in].sum()))
-                last, last_k = server_hop_counts_sliced(group, part, truncated, gpu_of, G), k
-                del truncated, rows_in
+                owned = owned_rows(group, part, truncated, gpu_of, G)
+                last, last_k = server_hop_counts_sliced(group, part, truncated, gpu_of, G, owned=owned), k
+                del rows_in
             counts[k].extend(last)
             loads[k].append(load)
+            if induced is not None:  # (an induced preload may grow past the depth the full one saturates at)
+                derived[k].extend(induced(truncated, owned, [k])[k])
         del hop_of
     out = {k: prep.rows(counts.get(k), layers, k, features, num_classes) for k in ks}
     order = server_order(group, S)
     return Counted(rows=out, loads={k: [v[x] for x in order] for k, v in loads.items()}, partition=prep.partition,
-                   gpu_of=gpu_of)
+                   gpu_of=gpu_of, counts=counts, induced=derived if induced is not None else None)
 
 
 @dataclass
@@ -262,10 +277,12 @@ class CountedBuild:
     counts: List[mm.HopCounts]  # the server view of every rank r = s*G + g
     loads: List[ServerLoad]  # every server's rows and their in-edges, in server_order
     cobatches: Dict[int, Dict[int, tuple]]  # b -> memory_model.cobatch_counts of the first co-batch
+    induced: Dict[int, List[mm.HopCounts]] = None  # k -> `induced`'s server views of every rank
 
 
 def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequence[int] = (),
-                sampling: mm.Sampling = None) -> CountedBuild:
+                sampling: mm.Sampling = None, induced=None, induced_ks: Sequence[int] = (),
+                sampled_graph=None) -> CountedBuild:
     """Collective: the build `bcfg` (preload full or eas, its hops) counted server by server with the
     sliced build's own steps: the halo (dist_server.select_halo: the k-hop BFS, or the EAS selection),
     the owners (dist_server.assign_owners_sliced), the server view's counts (server_hop_counts_sliced).
@@ -273,7 +290,9 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
     For each co-batch count in `batches`, the first co-batch is sampled as the run samples it
     (memory_model.cobatch_server_arrays): the sampler draws from the server's whole subgraph, so that
     graph (no features, no world view) is assembled on the server's writer rank s % P
-    (dist_server.server_graph) and only the sample's counts leave it."""
+    (dist_server.server_graph) and only the sample's counts leave it; sampled_graph(graph) -> the graph
+    sampled (an inductive run's: its train-induced edges).  induced, induced_ks: as full_preload_rows'
+    hook, for each depth in induced_ks (CountedBuild.induced)."""
     from .dist_server import file_order, server_graph
 
     group = as_group(group)
@@ -281,6 +300,7 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
     counts: List[mm.HopCounts] = []
     loads: Dict[int, ServerLoad] = {}
     mine: Dict[int, Dict[int, tuple]] = {int(b): {} for b in batches}
+    derived: Dict[int, List[mm.HopCounts]] = {}
     for s in range(S):
         inner = np.flatnonzero(prep.server_of == s).astype(np.int64)
         hop_of = select_halo(group, part, inner, bcfg)
@@ -290,6 +310,9 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
         del rows_in
         owned = owned_rows(group, part, hop_of, prep.gpu_of, G)
         counts.extend(server_hop_counts_sliced(group, part, hop_of, prep.gpu_of, G, owned=owned))
+        if induced is not None:
+            for k, per_gpu in induced(hop_of, owned, induced_ks).items():
+                derived.setdefault(k, []).extend(per_gpu)
         del hop_of
         if batches:
             verts, hop, owner = file_order(*owned)
@@ -297,6 +320,8 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
             graph = server_graph(group, part, s % group.size, verts, hop, owner, prep.train, G)
             del verts, hop, owner
             with group.errors("sampling co-batches"):
+                if graph is not None and sampled_graph is not None:
+                    graph = sampled_graph(graph)
                 if graph is not None:  # the writer: the sample's counts, one co-batch count at a time
                     for b in mine:
                         cob = mm.cobatch_server_arrays(graph, s, layers, b, sampling.fanout, sampling.sampler,
@@ -308,4 +333,5 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
     for part_counts in (group.allgather_object(mine) if mine else ()):
         for b, by_rank in part_counts.items():
             cobatches[b].update(by_rank)
-    return CountedBuild(counts=counts, loads=[loads[x] for x in server_order(group, S)], cobatches=cobatches)
+    return CountedBuild(counts=counts, loads=[loads[x] for x in server_order(group, S)], cobatches=cobatches,
+                        induced=derived if induced is not None else None)

@@ -32,7 +32,9 @@ from .build_memory import ServerLoad
 from .halo_counts import count_build, full_preload_rows, prepare
 from .gpu_split import split_servers_over_gpus
 from .partition import WholeGraphAccess, partition_servers
+from .induced_counts import InducedCounter, train_induced_edges
 from .sliced import GraphSlice
+from .slices import vtxdist_for
 
 
 def _counting_graph(graph):
@@ -82,6 +84,19 @@ def _checked(group, graph, cfg):
     return bcfg, m, ks
 
 
+def whole_graph_slice(group, graph) -> GraphSlice:
+    """This rank's GraphSlice of a graph every rank holds whole (contiguous, balanced rows)."""
+    vtxdist = vtxdist_for(graph.num_vertices, group.size)
+    lo, hi = int(vtxdist[group.rank]), int(vtxdist[group.rank + 1])
+    e_lo, e_hi = int(graph.indptr[lo]), int(graph.indptr[hi])
+    return GraphSlice(name=str(getattr(graph, "name", "")), num_vertices=int(graph.num_vertices),
+                      num_edges=int(graph.indices.shape[0]), num_classes=int(graph.num_classes), vtxdist=vtxdist,
+                      lo=lo, hi=hi, edge_offset=e_lo, indptr=np.asarray(graph.indptr[lo:hi + 1], np.int64) - e_lo,
+                      indices=np.asarray(graph.indices[e_lo:e_hi], np.int64), features=graph.features[lo:hi],
+                      labels=graph.labels[lo:hi], train_mask=graph.train_mask[lo:hi], val_mask=graph.val_mask[lo:hi],
+                      test_mask=graph.test_mask[lo:hi])
+
+
 @dataclasses.dataclass
 class CountedSet(mm.SetArrays):
     """A set known by its ranks' row counts only (preprocess/halo_counts.py): the modes' estimates read
@@ -111,36 +126,49 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
     min_train = prep.min_train()
     batches = [b for b in sampling.batches if b <= min_train]  # the counts cob estimates (modes.py)
     features, classes = m.features, m.num_classes
+    # --inductive: every view counted on its induced graph (preprocess/induced_counts.py).
+    ind = (InducedCounter.count(group, part, prep, classes if m.multilabel else 0) if cfg.inductive else None)
+    hook = dict(induced=ind.server_counts) if ind else {}
+
+    def rows_of(counts, derived, k):
+        if ind is None:
+            return prep.rows(counts, L, k, features, classes)
+        return ind.rows(derived.get(k) if derived else None, counts, L, k, features, classes)
 
     def counted_set(build, kind, hops, source, depths, **kw):
-        rows = {k: prep.rows(build.counts, L, k, features, classes) for k in depths}
+        rows = {k: rows_of(build.counts, build.induced, k) for k in depths}
         return CountedSet([], kind, hops, L, source=source, min_train=min_train, counted=rows, cob=build.cobatches,
                           **kw)
 
     counted, sets, loads = None, [], {}
+    sampled = dict(sampled_graph=train_induced_edges) if ind else {}
     if cfg.hops is None:
         counted = full_preload_rows(group, part, cfg.servers, cfg.gpus_per_server, L, ks, cfg.partitioner, cfg.seed,
-                                    features, classes, prep=prep)
+                                    features, classes, prep=prep, **hook)
+        if ind is not None:  # fb's slice: of the 1-hop set plan recommends for it, else of the shallowest
+            shallowest = counted.counts[min(counted.counts)] if counted.counts else None
+            counted.rows = {k: rows_of(counted.counts.get(k, shallowest), counted.induced, k) for k in ks}
         sets = ([CountedSet([], "full", 1, L, ks=[0], sample_cobatches=False, counted=counted.rows)] if 0 in ks else []) + [
             CountedSet([], "full", k, L, ks=[k], sample_cobatches=False, counted=counted.rows) for k in ks if k > 0]
         loads = {f"flx k={k}": (False, lst) for k, lst in counted.loads.items()}
     else:
         H = cfg.hops
         full = count_build(group, part, prep, dataclasses.replace(bcfg, preload="full", hops=H), L,
-                           batches if H >= L else (), sampling)
+                           batches if H >= L else (), sampling, induced_ks=range(1, min(H, L) + 1), **hook, **sampled)
         sets.append(counted_set(full, "full", H, f"--hops {H}", range(0, min(H, L) + 1), ks=ks))
         loads[f"flx k={H}"] = (False, full.loads)
     if cfg.eas:
         eas = count_build(group, part, prep, dataclasses.replace(bcfg, preload="eas", hops=cfg.eas_hops), L,
-                          batches, sampling)
+                          batches, sampling, induced_ks=(L,), **hook, **sampled)
         sets.append(counted_set(eas, "eas", cfg.eas_hops, "--preload eas" if cfg.hops else "", (0, L)))
         loads["eas"] = (True, eas.loads)
     with group.errors("counting rows"):
         groups = [g for s in sets for g in mm.row_groups(s, L, m, sampling)]
         options = mm.options(groups, m, cfg.servers, cfg.device)
-    # "counted" (rows, server and GPU of every vertex) for tests/mpi/test_hops_auto_sliced.py.
+    # "counted" (rows, server and GPU of every vertex) for tests/mpi/test_hops_auto_sliced.py; "groups":
+    # every option's rows of every rank.
     return {"options": options, "model": m, "partition": prep.partition.manifest_entry(), "server_loads": loads,
-            "counted": counted, "prepared": prep}
+            "counted": counted, "prepared": prep, "groups": groups}
 
 
 def plan_options(group, graph, cfg) -> Dict[str, object]:
@@ -150,6 +178,8 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
     group = as_group(group)
     if isinstance(graph, GraphSlice):
         return plan_options_sliced(group, graph, cfg)
+    if cfg.inductive:  # the induced graphs' views are counted from slices (preprocess/induced_counts.py)
+        return plan_options_sliced(group, whole_graph_slice(group, graph), cfg)
     bcfg, m, ks = _checked(group, graph, cfg)
     L = cfg.layers
     sp, mine, gpu_of = _partition(group, graph, cfg)

@@ -216,3 +216,14 @@ def with_cobatch(world_rows: Sequence[RankRows], cob) -> List[RankRows]:
         out.append(replace(r, k=r.layers, server=replace(view, name="cobatch"), n_train=n_train,
                            n_inner=n_train))
     return out
+
+
+def inductive_rank_rows(rank: int, worlds, server, layers: int, k: int, features: int, num_classes: int,
+                        host_bytes: int = 0, server_file: Tuple[int, int] = (0, 0)):
+    """RankRows of one rank of an inductive run from its counts.  worlds: (WorldCounts, send-list length)
+    of the train-induced, the full and the train+validation-induced world views; server: HopCounts of
+    the train-induced server view (k > 0).  Every row of the train-induced world view is a target."""
+    (train, train_sent), *evaluation = worlds
+    r = rank_rows(rank, train.n_inner, train, train_sent, server, layers, k, features, num_classes)
+    views = tuple(rank_rows(rank, 0, w, sent, None, layers, 0, features, num_classes).world for w, sent in evaluation)
+    return replace(r, evaluation=views, host_bytes=int(host_bytes), server_file=tuple(int(x) for x in server_file))

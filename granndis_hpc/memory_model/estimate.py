@@ -17,6 +17,9 @@ from granndis_hpc.registry import MODELS, linear_head_problem, model_options
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
+from .graph_bytes import _graph_bytes, _split_graph_bytes
+from .induced import inductive_parts
+
 
 class MemoryModelError(ValueError):
     """Inputs the model cannot estimate (unknown model, k outside 0..L, inconsistent counts)."""
@@ -68,6 +71,12 @@ class RankRows:
     k: int
     world: ViewRows
     server: Optional[ViewRows] = None
+    # --inductive, counted on the induced graphs (memory_model/induced.py): world and server are the
+    # train-induced graph's views; evaluation also holds these (the full and the train+validation-induced
+    # world views), and on a CPU device the shard slice (host_bytes) shares the memory.
+    evaluation: Tuple[ViewRows, ...] = ()
+    host_bytes: int = 0
+    server_file: Tuple[int, int] = (0, 0)  # rows and edges of the server's file (what co-batches sample)
 
     def training_layers(self) -> List[Tuple[str, LayerRows]]:
         out = []
@@ -122,9 +131,8 @@ class ModelSpec:
     checkpoint_activations: bool = False  # recompute blocks (the models whose entry is checkpointable)
     options: Tuple[Tuple[str, Any], ...] = ()  # the model's extra constructor options (registry.model_options)
     linear_layers: int = 0  # per-vertex Linear layers after the `layers` convs (--linear-layers)
-    # --inductive (engine/inductive.py): evaluation also holds the world views of the train-induced and
-    # train+validation-induced graphs; training is estimated on the full graph's views, which bound the
-    # train-induced ones from above.
+    # --inductive (engine/inductive.py): evaluation also holds the world views of the full and the
+    # train+validation-induced graphs (memory_model/induced.py).
     inductive: bool = False
     multilabel: bool = False  # multi-label targets: binary cross-entropy (its saved tensors differ)
     # The exchange groups whose halos a layer computes behind (--overlap-halos: ("world",) by default,
@@ -260,32 +268,6 @@ def _half_width(a: Dict[str, object], r: RankRows, m: ModelSpec) -> Dict[str, ob
 
 # ---------------------------------------------------------------------------------------------------
 # Static memory
-def _graph_bytes(lr: LayerRows, self_loops: bool, forward_cache: bool, transpose_cache: bool) -> int:
-    """A LayerGraph: indptr, indices, degrees, its exchange indices (send, halo rows) and the cached CSR
-    adjacency (crow, col, values; self_loops adds the n_dst self-loop entries) and its transpose."""
-    b = (lr.n_dst + 1) * I64 + lr.nnz * I64 + lr.n_dst * F32 + lr.n_src * F32
-    b += lr.n_send * I64 + lr.n_halo * I64
-    entries = lr.nnz + (lr.n_dst if self_loops else 0)
-    if forward_cache:
-        b += (lr.n_dst + 1) * I64 + entries * (I64 + F32)
-    if transpose_cache:
-        b += (lr.n_src + 1) * I64 + entries * (I64 + F32)
-    return b
-
-
-def _split_graph_bytes(lr: LayerRows, self_loops: bool, split: bool, transposed: bool) -> int:
-    """The matrices an overlapped layer adds to its graph (nn/graph.LayerGraph._matrix): its adjacency
-    split into own-source and halo-source columns (the same entries again, two row pointers), each split
-    again by destination rows first/rest when the layer is boundary-first (four row pointers), and
-    their transposes for the backward."""
-    entries = (lr.nnz + (lr.n_dst if self_loops else 0)) * (I64 + F32)
-    parts = 2 if split else 1
-    b = entries + parts * (lr.n_dst + 2) * I64
-    if transposed:
-        b += entries + parts * (lr.n_own_in + lr.n_halo + 2) * I64
-    return b
-
-
 def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, object]:
     """Peak bytes a training step allocates above what it starts with (activations and transients).
 
@@ -392,11 +374,6 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
             if est.exchanged(l) and not trained_here:
                 count(lr, l + 1 < r.layers, False)
     graph += sum(_split_graph_bytes(lr, est.self_loops, s, t) for lr, s, t in splits.values())
-    if m.inductive:  # two more world views, each at most the full graph's (rows, halo, forward graphs)
-        w = r.world
-        static = (w.n_own + w.n_halo) * (r.features + 1) * F32 + w.n_send * I64
-        static += sum(_graph_bytes(lr, est.self_loops, True, False) for lr in w.layers)
-        induced_views = 2 * static
     act = activation_layers(r, m, device)
     step = step_peak(r, m, act)
     P = m.parameters()
@@ -411,13 +388,13 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
         "optimizer": (2 * P * F32) if adam else 0,
         "activations": int(act["fresh"]),
     }
-    if m.inductive:
-        breakdown["induced_views"] = int(induced_views)
     # The step's transient above its activations, of which halo buffers: at most the largest
     # layer's exchange (send + receive rows at its input width).
     transient = int(max(step["peak"], after) - act["fresh"])
     breakdown["halo_buffers"] = min(transient, int(step["halo"]))
     breakdown["step_transient"] = transient - breakdown["halo_buffers"]
+    if m.inductive:  # evaluation's views, its forward and the shard slice (memory_model/induced.py)
+        breakdown.update(inductive_parts(r, m, device, int(act["fresh"]) + transient))
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),
             "activation_saved": int(act["saved"]), "activation_per_layer": act["per_layer"],
