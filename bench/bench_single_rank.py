@@ -14,10 +14,10 @@ world is this process), the same SAGE (hidden --hidden, dropout --dropout, Adam,
 --epochs rounds, every implementation one epoch per round in a rotated order (a change of the machine's
 load hits all of them alike); per-epoch time, median, min-max and the largest deviation from the median
 after the second epoch.  Then one default epoch under torch.profiler (self time by op), its per-layer
-forward and backward compute (the engine's layer clock), and a roofline: per layer and op the bytes the
-op must move at least (CSR arrays read once, dense operands read and results written once; a gather of
-a row read more than once is not counted), divided by the better bandwidth of STREAM-like copy and add
-kernels here (measured by this script), next to the op's measured time alone on the same shapes.
+forward and backward compute (the engine's layer clock), and a roofline (bench/single_rank_roofline.py):
+per layer and op the bytes it must move and the flops it must do, bounded by max(bytes / bandwidth,
+flops / peak) with the STREAM-like bandwidth and a large GEMM's FLOP/s measured in the same run, next
+to the op's measured time alone on the same shapes.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import single_rank_roofline as rl  # noqa: E402
 
 
 def build_set(args, log):
@@ -96,68 +97,6 @@ class Pyg(torch.nn.Module):
         return time.perf_counter() - start
 
 
-def stream_gbs(mib=256, reps=7):
-    """Bandwidth of STREAM's copy (c = a) and add (c = a + b) kernels as torch runs them with --threads
-    threads: bytes read + written per second, the better of the two (best of `reps` each)."""
-    a, b = torch.ones(mib * 2 ** 18), torch.ones(mib * 2 ** 18)
-    c = torch.zeros_like(a)  # touched: no page faults inside the timing
-    best = {"copy": float("inf"), "add": float("inf")}
-    for _ in range(reps):
-        for name, fn in (("copy", lambda: c.copy_(a)), ("add", lambda: torch.add(a, b, out=c))):
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    nbytes = a.numel() * 4
-    return {"copy": 2 * nbytes / best["copy"] / 1e9, "add": 3 * nbytes / best["add"] / 1e9}
-
-
-def timed(fn, reps=5):
-    fn()
-    ts = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - start)
-    return statistics.median(ts)
-
-
-def roofline(trainer, gbs):
-    """Per layer, the ops of one SAGE layer in the order granndis computes them: (layer, op, bytes, s)."""
-    from granndis_hpc.nn.dropout import apply_mask, keep_mask
-
-    graphs, model = trainer.train_view.graphs, trainer.model
-    rows, f32 = [], 4
-    h = trainer.train_view.input_features
-    for l, (g, conv) in enumerate(zip(graphs, model.convs)):
-        n, e = int(g.n_dst), int(g.indices.shape[0])
-        din, dout = conv.lin_self.in_features, conv.lin_self.out_features
-        w = dout if dout < din else din  # the aggregated width (nn/layers.project_first on one rank)
-        a, at = g._matrix("mean", torch.float32, transposed=False), g._matrix("mean", torch.float32, transposed=True)
-        csr = (n + 1) * a.crow_indices().element_size() + e * (a.col_indices().element_size() + f32)
-        x = torch.randn(int(g.n_src), din) if l else h
-        agg_in = torch.randn(int(g.n_src), w)
-        gy, gz = torch.randn(n, dout), torch.randn(n, dout)
-        lin = torch.nn.Linear(din, dout)
-        ops = [("spmm fwd A@H", csr + (int(g.n_src) + n) * w * f32, lambda: a @ agg_in),
-               ("spmm bwd A^T@G", csr + (int(g.n_src) + n) * w * f32, lambda: at @ agg_in[:n]),
-               ("2 linear fwd X@W", 2 * (n * din + n * dout) * f32, lambda: (lin(x), lin(x))),
-               ("2 linear bwd dX", 2 * (n * dout + n * din) * f32, lambda: (gy @ lin.weight, gy @ lin.weight)),
-               ("2 linear bwd dW", 2 * (n * dout + n * din) * f32, lambda: (gy.T @ x, gy.T @ x)),
-               ("add self + neigh", 3 * n * dout * f32, lambda: gy + gz)]
-        if l < len(graphs) - 1:
-            ids = torch.arange(n)
-            # relu: read h, write out; backward read grad and out, write.  Dropout (keyed masks, the
-            # engine's own functions): the mask written (1 byte an element), h read and the result
-            # written; backward the same with the gradient.
-            ops += [("relu fwd + bwd", 5 * n * dout * f32, lambda: (torch.relu(gy), gy * (gz > 0))),
-                    ("dropout fwd + bwd", (4 * f32 + 2) * n * dout, lambda: (
-                        lambda keep: (apply_mask(gy, keep, 0.5), apply_mask(gz, keep, 0.5)))(
-                        keep_mask(0, 0, l, ids, dout, 0.5)))]
-        for name, nbytes, fn in ops:
-            rows.append((l, name, nbytes, timed(fn)))
-    return rows
-
-
 def spread(ts, skip=2):
     """(median, min, max, largest |t - median| / median over epochs after the first `skip`)."""
     med = statistics.median(ts)
@@ -210,9 +149,8 @@ def main(argv=None):
     default = impls[0].records[1:]  # the layer clock of every default epoch after the first
     fwd = np.median([r["layer_compute_s"]["forward"][0] for r in default], axis=0)
     bwd = np.median([r["layer_compute_s"]["backward"][0] for r in default], axis=0)
-    stream = stream_gbs()
-    gbs = max(stream.values())
-    roof = roofline(impls[0].trainer, gbs)
+    stream, gflops = rl.stream_gbs(), rl.peak_gflops()
+    roof = rl.roofline(impls[0].trainer)
     n_edges = int(impls[0].trainer.world_view.graphs[0].indices.shape[0])
     for impl in impls[:2]:
         impl.trainer.close()
@@ -242,20 +180,9 @@ def main(argv=None):
               f"median {d:.4f} s.", "", f"## Profile of one default epoch (torch.profiler, self time, "
               f"{prof_total:.3f} s profiled)", "", "| op | calls | self (s) | share |", "|---|---:|---:|---:|"]
     lines += [f"| `{k}` | {c} | {s:.4f} | {100 * f:.1f} % |" for k, c, s, f in prof]
-    bound = sum(r[2] for r in roof) / (gbs * 1e9)
-    lines += ["", f"## Roofline ({gbs:.1f} GB/s: STREAM-like copy {stream['copy']:.1f}, add {stream['add']:.1f} GB/s, "
-              "bytes read + written)", "",
-              "Bytes each op must move at least, their time at that bandwidth, and the op's measured time "
-              "alone on the same shapes (median of 5).", "",
-              "| layer | op | MB | bound (ms) | measured (ms) | measured / bound |", "|---:|---|---:|---:|---:|---:|"]
-    for l, name, nbytes, s in roof:
-        b = nbytes / (gbs * 1e9)
-        lines.append(f"| {l} | {name} | {nbytes / 1e6:.1f} | {1e3 * b:.2f} | {1e3 * s:.2f} | {s / b:.1f}x |")
-    measured = sum(r[3] for r in roof)
-    lines += ["", f"Sum of the bounds {1e3 * bound:.1f} ms; of the ops measured alone {1e3 * measured:.1f} ms; "
-              f"the default epoch's median {1e3 * d:.1f} ms = {d / bound:.1f}x the bound.", ""]
+    lines += rl.page_lines(roof, stream, gflops, d)
     harness.write_page(args.out, lines, "bench/bench_single_rank.py", argv, log,
-                       data={"times": times, "roofline": roof, "stream_gbs": stream})
+                       data={"times": times, "roofline": roof, "stream_gbs": stream, "peak_gflops": gflops})
     return 0
 
 
