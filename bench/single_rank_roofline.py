@@ -69,10 +69,16 @@ def bound_s(row, gbs, gflops):
     return (mem, "memory") if mem >= comp else (comp, "compute")
 
 
-def sage_ops(l, g, conv, x, last):
-    """The ops of SAGE layer l in the order granndis computes them: [(name, bytes, flops, fn)]."""
+def dropout_fwd_bwd(layer, n, width, p=0.5):
+    """One keyed dropout of [n, width] rows, forward and backward through autograd (as in training)."""
     from granndis_hpc.nn.dropout import apply_mask, keep_mask
 
+    x, g, ids = torch.randn(n, width, requires_grad=True), torch.randn(n, width), torch.arange(n)
+    return lambda: torch.autograd.grad(apply_mask(x, keep_mask(0, 0, layer, ids, width, p), p), x, g)
+
+
+def sage_ops(l, g, conv, x, last):
+    """The ops of SAGE layer l in the order granndis computes them: [(name, bytes, flops, fn)]."""
     n, n_src, e = int(g.n_dst), int(g.n_src), int(g.indices.shape[0])
     din, dout = conv.lin_self.in_features, conv.lin_self.out_features
     w = dout if dout < din else din  # the aggregated width (nn/layers.project_first on one rank)
@@ -89,14 +95,11 @@ def sage_ops(l, g, conv, x, last):
            ("2 linear bwd dW", 2 * (n * dout + n * din) * F32, 2 * mm, lambda: (gy.T @ x, gy.T @ x)),
            ("add self + neigh", 3 * n * dout * F32, n * dout, lambda: gy + gz)]
     if not last:
-        ids = torch.arange(n)
-        # relu: read h, write out; backward read grad and out, write.  Dropout (keyed masks, the
-        # engine's own functions): the mask written (1 byte an element), h read and the result
-        # written; backward the same with the gradient.
+        # relu: read h, write out; backward read grad and out, write.  Dropout as the engine runs it
+        # (nn/dropout.py): the keyed mask written (1 byte an element) and read, h read and the result
+        # written; backward the gradient read and written (times the saved mask).
         ops += [("relu fwd + bwd", 5 * n * dout * F32, 2 * n * dout, lambda: (torch.relu(gy), gy * (gz > 0))),
-                ("dropout fwd + bwd", (4 * F32 + 2) * n * dout, 2 * n * dout, lambda: (
-                    lambda keep: (apply_mask(gy, keep, 0.5), apply_mask(gz, keep, 0.5)))(
-                    keep_mask(0, 0, l, ids, dout, 0.5)))]
+                ("dropout fwd + bwd", (4 * F32 + 2) * n * dout, 2 * n * dout, dropout_fwd_bwd(l, n, dout))]
     return ops
 
 
