@@ -5,11 +5,13 @@ roofline (not a test).
 
 Builds the 1 x 1 shard set of the synthetic graph (`preprocess build --source synthetic --vertices N
 --layers L --preload full --servers 1 --gpus-per-server 1`) and trains, in this one process (the MPI
-world is this process), the same SAGE (hidden --hidden, dropout --dropout, Adam, --threads threads):
+world is this process), the same model (--model sage, gcn or ressage: ResSAGE+, 28 layers by default,
+with activation checkpointing; hidden --hidden, dropout --dropout, Adam, --threads threads):
 
   default     granndis_hpc's Trainer, --mode flx with its defaults (overlap on)
   no-overlap  the same with --no-overlap
-  pyg-csr     torch_geometric.nn.SAGEConv over a torch.sparse CSR adj_t of the same graph, rows and labels
+  pyg-csr     PyG's SAGEConv / GCNConv(normalize=False) stack (bench/single_rank_pyg.py) over a torch.sparse
+              CSR adj_t of the same graph, rows and labels, from the same initial weights
 
 --epochs rounds, every implementation one epoch per round in a rotated order (a change of the machine's
 load hits all of them alike); per-epoch time, median, min-max and the largest deviation from the median
@@ -26,13 +28,13 @@ import os
 import statistics
 import sys
 import time
-import warnings
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import single_rank_pyg  # noqa: E402
 import single_rank_roofline as rl  # noqa: E402
 
 
@@ -45,13 +47,16 @@ def build_set(args, log):
     return out
 
 
+MODEL_NAMES = {"sage": "SAGE", "gcn": "GCN", "ressage": "ResSAGE+ (activation checkpointing)"}
+
+
 def make_trainer(shards, args, no_overlap):
     from granndis_hpc.config import TrainConfig
     from granndis_hpc.engine.trainer import Trainer
 
-    return Trainer(TrainConfig(shards=shards, mode="flx", model="sage", layers=args.layers, hidden=args.hidden,
+    return Trainer(TrainConfig(shards=shards, mode="flx", model=args.model, layers=args.layers, hidden=args.hidden,
                                dropout=args.dropout, no_overlap=no_overlap, ranks_per_server=1,
-                               skip_checksums=True))
+                               checkpoint_activations=args.model == "ressage", skip_checksums=True))
 
 
 class Granndis:
@@ -61,39 +66,6 @@ class Granndis:
     def epoch(self):
         start = time.perf_counter()
         self.records.append(self.trainer.train_epoch())
-        return time.perf_counter() - start
-
-
-class Pyg(torch.nn.Module):
-    """The same SAGE from SAGEConv (mean), ReLU and dropout between layers, over the trainer's own rows."""
-
-    def __init__(self, trainer, args):
-        from torch_geometric.nn import SAGEConv
-
-        super().__init__()
-        view = trainer.world_view
-        g = view.graphs[0]
-        n = int(g.n_dst)
-        with warnings.catch_warnings():  # torch's "beta" note on sparse CSR tensors
-            warnings.simplefilter("ignore", UserWarning)
-            self.adj = torch.sparse_csr_tensor(g.indptr, g.indices, torch.ones(g.indices.shape[0]), size=(n, n))
-        self.x, self.labels, self.train = view.input_features, trainer.labels, trainer.split_rows["train"]
-        ds = trainer.manifest["dataset"]
-        widths = [int(ds["num_features"])] + [args.hidden] * (args.layers - 1) + [int(ds["num_classes"])]
-        self.convs = torch.nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(widths[:-1], widths[1:]))
-        self.p, self.name = args.dropout, "pyg-csr"
-        self.opt = torch.optim.Adam(self.parameters(), lr=0.01)
-
-    def epoch(self):
-        start = time.perf_counter()
-        self.opt.zero_grad(set_to_none=True)
-        h = self.x
-        for i, conv in enumerate(self.convs):
-            if i > 0:
-                h = torch.nn.functional.dropout(torch.relu(h), self.p, self.training)
-            h = conv(h, self.adj)
-        torch.nn.functional.cross_entropy(h[self.train], self.labels[self.train]).backward()
-        self.opt.step()
         return time.perf_counter() - start
 
 
@@ -118,7 +90,9 @@ def profile_epoch(impl, rows=14):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vertices", type=int, default=100_000)
-    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--model", choices=("sage", "gcn", "ressage"), default="sage",
+                   help="sage, gcn or ressage (ResSAGE+, with activation checkpointing on both sides)")
+    p.add_argument("--layers", type=int, default=None, help="layers (default: 3; ressage 28)")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--epochs", type=int, default=30, help="timed rounds (every implementation one epoch each)")
@@ -126,6 +100,8 @@ def main(argv=None):
     p.add_argument("--work", default="bench-out/single-rank", help="where the shard set is built (reused)")
     p.add_argument("--out", default="bench-out/single-rank/single-rank.md", help="the results page")
     args = p.parse_args(argv)
+    if args.layers is None:
+        args.layers = 28 if args.model == "ressage" else 3
     if args.epochs < 3 or args.threads < 1 or args.layers < 2:
         p.error("--epochs must be at least 3, --threads at least 1, --layers at least 2")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the engine keeps the thread count it finds set
@@ -135,7 +111,7 @@ def main(argv=None):
     impls = [Granndis("default", make_trainer(shards, args, False)),
              Granndis("no-overlap", make_trainer(shards, args, True))]
     try:
-        impls.append(Pyg(impls[0].trainer, args))
+        impls.append(single_rank_pyg.PygEpoch(impls[0].trainer, args))
     except ImportError:
         print("torch_geometric is not installed (`.venv/bin/pip install torch_geometric`): PyG not measured")
     times = {i.name: [] for i in impls}
@@ -158,7 +134,8 @@ def main(argv=None):
     ref = statistics.median(times["pyg-csr"]) if "pyg-csr" in times else None
     lines = ["# One rank's epoch: granndis against PyG, profile and roofline", "",
              f"1 x 1 shard set of the synthetic graph ({args.vertices:,} vertices, {n_edges:,} edges, "
-             f"`--preload full`), {args.layers}-layer SAGE, hidden {args.hidden}, dropout {args.dropout}, Adam; "
+             f"`--preload full`), {args.layers}-layer {MODEL_NAMES[args.model]}, hidden {args.hidden}, "
+             f"dropout {args.dropout}, Adam; "
              f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} cores. Load average (1 min) "
              f"{load_before[0]:.1f} before, {load_after[0]:.1f} after the timed rounds.", "",
              "## Epoch time", "",

@@ -69,50 +69,135 @@ def bound_s(row, gbs, gflops):
     return (mem, "memory") if mem >= comp else (comp, "compute")
 
 
-def dropout_fwd_bwd(layer, n, width, p=0.5):
-    """One keyed dropout of [n, width] rows, forward and backward through autograd (as in training)."""
-    from granndis_hpc.nn.dropout import apply_mask, keep_mask
+def _backward(f, x, params=()):
+    """Time-able backward alone of y = f(x): the graph is built once and kept (retain_graph)."""
+    x = x.detach().requires_grad_()
+    y = f(x)
+    g = torch.randn_like(y)
+    return lambda: torch.autograd.grad(y, [x, *params], g, retain_graph=True)
 
-    x, g, ids = torch.randn(n, width, requires_grad=True), torch.randn(n, width), torch.arange(n)
-    return lambda: torch.autograd.grad(apply_mask(x, keep_mask(0, 0, layer, ids, width, p), p), x, g)
+
+def spmm_ops(g, kind, w):
+    """A layer's sparse product at width w, forward and backward (the cached transposed matrix)."""
+    n, n_src = int(g.n_dst), int(g.n_src)
+    a, at = g._matrix(kind, torch.float32, transposed=False), g._matrix(kind, torch.float32, transposed=True)
+    nnz = int(a.col_indices().shape[0])
+    csr = (n + 1) * a.crow_indices().element_size() + nnz * (a.col_indices().element_size() + F32)
+    h, gy = torch.randn(n_src, w), torch.randn(n, w)
+    nbytes, flops = csr + (n_src + n) * w * F32, 2 * nnz * w
+    return [("spmm fwd A@H", nbytes, flops, lambda: a @ h, True),
+            ("spmm bwd A^T@G", nbytes, flops, lambda: at @ gy, False)]
 
 
-def sage_ops(l, g, conv, x, last):
-    """The ops of SAGE layer l in the order granndis computes them: [(name, bytes, flops, fn)]."""
-    n, n_src, e = int(g.n_dst), int(g.n_src), int(g.indices.shape[0])
-    din, dout = conv.lin_self.in_features, conv.lin_self.out_features
-    w = dout if dout < din else din  # the aggregated width (nn/layers.project_first on one rank)
-    a, at = g._matrix("mean", torch.float32, transposed=False), g._matrix("mean", torch.float32, transposed=True)
-    csr = (n + 1) * a.crow_indices().element_size() + e * (a.col_indices().element_size() + F32)
-    agg_in = torch.randn(n_src, w)
-    gy, gz = torch.randn(n, dout), torch.randn(n, dout)
-    lin = torch.nn.Linear(din, dout)
-    mm = 2 * n * din * dout  # one projection's multiply-adds, x2
-    ops = [("spmm fwd A@H", csr + (n_src + n) * w * F32, 2 * e * w, lambda: a @ agg_in),
-           ("spmm bwd A^T@G", csr + (n_src + n) * w * F32, 2 * e * w, lambda: at @ agg_in[:n]),
-           ("2 linear fwd X@W", 2 * (n * din + n * dout) * F32, 2 * mm, lambda: (lin(x), lin(x))),
-           ("2 linear bwd dX", 2 * (n * dout + n * din) * F32, 2 * mm, lambda: (gy @ lin.weight, gy @ lin.weight)),
-           ("2 linear bwd dW", 2 * (n * dout + n * din) * F32, 2 * mm, lambda: (gy.T @ x, gy.T @ x)),
-           ("add self + neigh", 3 * n * dout * F32, n * dout, lambda: gy + gz)]
-    if not last:
-        # relu: read h, write out; backward read grad and out, write.  Dropout as the engine runs it
-        # (nn/dropout.py): the keyed mask written (1 byte an element) and read, h read and the result
-        # written; backward the gradient read and written (times the saved mask).
-        ops += [("relu fwd + bwd", 5 * n * dout * F32, 2 * n * dout, lambda: (torch.relu(gy), gy * (gz > 0))),
-                ("dropout fwd + bwd", (4 * F32 + 2) * n * dout, 2 * n * dout, dropout_fwd_bwd(l, n, dout))]
+def linear_ops(k, n, din, dout, x=None, dx=True):
+    """k projections [n, din] -> [n, dout] (their weights' bytes are negligible): forward, the input's
+    gradient (dx: unless x is the input features) and the weight's gradient."""
+    x = torch.randn(n, din) if x is None else x
+    lin, gy = torch.nn.Linear(din, dout), torch.randn(n, dout)
+    nbytes, flops, tag = k * (n * din + n * dout) * F32, k * 2 * n * din * dout, f"{k} linear" if k > 1 else "linear"
+    ops = [(f"{tag} fwd X@W", nbytes, flops, lambda: [lin(x) for _ in range(k)], True)]
+    if dx:
+        ops.append((f"{tag} bwd dX", nbytes, flops, lambda: [gy @ lin.weight for _ in range(k)], False))
+    ops.append((f"{tag} bwd dW", nbytes, flops, lambda: [gy.T @ x for _ in range(k)], False))
     return ops
 
 
+def between_ops(layer, n, d, norm=False, p=0.5):
+    """[LayerNorm] -> ReLU -> keyed dropout of [n, d] rows, each forward and backward (autograd's).
+    Bytes: LayerNorm reads h and writes its result, its backward reads the gradient and h and writes;
+    relu the same; dropout writes (forward) and reads (backward) a one-byte mask besides."""
+    from granndis_hpc.nn.dropout import apply_mask, keep_mask
+
+    nd, ops, ids = n * d, [], torch.arange(n)
+    h = torch.randn(n, d)
+    if norm:
+        ln = torch.nn.LayerNorm(d)
+        with torch.no_grad():
+            ops.append(("layernorm fwd", 2 * nd * F32, 8 * nd, lambda: ln(h), True))
+        ops.append(("layernorm bwd", 3 * nd * F32, 10 * nd, _backward(ln, h, list(ln.parameters())), False))
+    ops += [("relu fwd", 2 * nd * F32, nd, lambda: torch.relu(h), True),
+            ("relu bwd", 3 * nd * F32, nd, _backward(torch.relu, h), False),
+            ("dropout fwd", 2 * nd * F32 + nd, nd, lambda: apply_mask(h, keep_mask(0, 0, layer, ids, d, p), p), True),
+            ("dropout bwd", 2 * nd * F32 + nd, nd,
+             _backward(lambda t: apply_mask(t, keep_mask(0, 0, layer, ids, d, p), p), h), False)]
+    return ops
+
+
+def add_ops(name, n, d):
+    """A sum of two [n, d] operands forward; backward hands the gradient to both (no copy)."""
+    a, b = torch.randn(n, d), torch.randn(n, d)
+    return [(name, 3 * n * d * F32, n * d, lambda: a + b, True)]
+
+
+def conv_ops(g, conv, x=None):
+    """The ops of one conv (nn/layers.py SAGEConv or GCNConv) on one rank, in the order granndis runs them."""
+    n, din, dout = int(g.n_dst), conv.in_features, conv.out_features
+    w = dout if dout < din else din  # the aggregated width (nn/layers.project_first on one rank)
+    # On the input features (x given: no gradient) aggregated before projecting, no backward product.
+    spmm = spmm_ops(g, "mean" if hasattr(conv, "lin_self") else "gcn", w)[:1 if x is not None and w == din else 2]
+    if hasattr(conv, "lin_self"):  # SAGE: the vertex's and the neighbours' projections, summed
+        return spmm + linear_ops(2, n, din, dout, x, dx=x is None) + add_ops("add self + neigh", n, dout)
+    bias = torch.randn(dout)
+    y = torch.randn(n, dout)
+    return spmm + linear_ops(1, n, din, dout, x, dx=x is None) + [
+        ("bias fwd", 2 * n * dout * F32, n * dout, lambda: y + bias, True),
+        ("bias bwd", n * dout * F32, n * dout, lambda: y.sum(0), False)]
+
+
+def model_ops(trainer):
+    """Yields (layer label, recomputed, ops) of the trainer's model (sage, gcn or ressage) on one rank:
+    the layers in order, ResSAGE+'s encoder and head as their own entries; `recomputed`: the layer's
+    forward runs twice (a checkpointed residual block).  One layer at a time: its operands are
+    allocated when it is reached and freed after."""
+    model, graphs = trainer.model, trainer.train_view.graphs
+    x = trainer.train_view.input_features
+    if not model.residual:
+        for l, (g, conv) in enumerate(zip(graphs, model.convs)):
+            ops = conv_ops(g, conv, x if l == 0 else None)
+            if l < len(graphs) - 1:
+                ops += between_ops(l + 1, int(g.n_dst), conv.out_features, norm=model.norms is not None,
+                                   p=model.dropout)
+            yield str(l), False, ops
+        return
+    hidden, n0 = model.encoder.out_features, int(graphs[0].n_src)
+    yield "encoder", False, linear_ops(1, n0, model.encoder.in_features, hidden, x, dx=False)
+    yield "0", False, conv_ops(graphs[0], model.convs[0])
+    for l in range(1, model.num_layers):
+        n = int(graphs[l].n_dst)
+        ops = (between_ops(l, int(graphs[l].n_src), hidden, norm=True, p=model.dropout)
+               + conv_ops(graphs[l], model.convs[l]) + add_ops("residual add", n, hidden))
+        yield str(l), bool(model.checkpoint_activations), ops
+    n = int(graphs[-1].n_dst)
+    yield "head", False, (between_ops(model.total_layers, n, hidden, norm=True, p=model.dropout)
+                          + linear_ops(1, n, hidden, model.head.out_features))
+
+
 def roofline(trainer):
-    """Per layer, the ops of the trainer's SAGE model, each timed alone: [{layer, op, bytes, flops, s}]."""
-    graphs, model = trainer.train_view.graphs, trainer.model
-    rows = []
-    for l, (g, conv) in enumerate(zip(graphs, model.convs)):
-        din = conv.lin_self.in_features
-        x = torch.randn(int(g.n_src), din) if l else trainer.train_view.input_features
-        for name, nbytes, flops, fn in sage_ops(l, g, conv, x, l == len(graphs) - 1):
-            rows.append({"layer": l, "op": name, "bytes": nbytes, "flops": flops, "s": timed(fn)})
-    return rows
+    """Per layer and op of the trainer's model, each timed alone (ops of the same shape once):
+    [{layer, op, bytes, flops, s, times}], `times` the op's runs per epoch (2: a recomputed forward).
+    Consecutive layers with the same ops (ResSAGE+'s blocks) are one row group, layer "a-b", their
+    times summed."""
+    measured, groups = {}, []
+    for label, recomputed, ops in model_ops(trainer):
+        rows = []
+        for name, nbytes, flops, fn, forward in ops:
+            key = (name, nbytes, flops)
+            if key not in measured:
+                measured[key] = timed(fn)
+            times = 2 if recomputed and forward else 1
+            rows.append({"op": name + (" (x2: recomputed)" if times == 2 else ""), "bytes": nbytes, "flops": flops,
+                         "s": measured[key], "times": times})
+        shape = [(r["op"], r["bytes"], r["flops"]) for r in rows]
+        if groups and groups[-1][2] == shape and label.isdigit() and groups[-1][0][-1].isdigit():
+            groups[-1][0][1] = label
+            groups[-1][3] += 1
+        else:
+            groups.append([[label, label], rows, shape, 1])
+    out = []
+    for (first, last), rows, _, count in groups:
+        for r in rows:
+            out.append(dict(r, layer=first if first == last else f"{first}-{last}", times=r["times"] * count))
+    return out
 
 
 def page_lines(rows, stream, gflops, epoch_s):
@@ -122,17 +207,19 @@ def page_lines(rows, stream, gflops, epoch_s):
              f"GB/s, bytes read + written; compute {gflops:.1f} GFLOP/s: a {GEMM_N}^3 float32 GEMM)", "",
              "Per op the bytes it must move at least and the flops it must do; its bound is the larger of "
              "bytes / bandwidth and flops / peak (the roof that binds), next to the op's measured time alone "
-             "on the same shapes (median of 5).", "",
-             "| layer | op | MB | MFLOP | roof | bound (ms) | measured (ms) | measured / bound |",
-             "|---:|---|---:|---:|---|---:|---:|---:|"]
+             "on the same shapes (median of 5); runs: the op's runs per epoch (a group of identical layers, "
+             "a recomputed forward), which MB, MFLOP, bound and measured count.", "",
+             "| layer | op | runs | MB | MFLOP | roof | bound (ms) | measured (ms) | measured / bound |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|"]
     total = {"memory": 0.0, "compute": 0.0}
     for r in rows:
         b, roof = bound_s(r, gbs, gflops)
-        total[roof] += b
-        lines.append(f"| {r['layer']} | {r['op']} | {r['bytes'] / 1e6:.1f} | {r['flops'] / 1e6:.0f} | {roof} | "
-                     f"{1e3 * b:.2f} | {1e3 * r['s']:.2f} | {r['s'] / b:.1f}x |")
+        k = r["times"]
+        total[roof] += k * b
+        lines.append(f"| {r['layer']} | {r['op']} | {k} | {k * r['bytes'] / 1e6:.1f} | {k * r['flops'] / 1e6:.0f} | "
+                     f"{roof} | {1e3 * k * b:.2f} | {1e3 * k * r['s']:.2f} | {r['s'] / b:.1f}x |")
     bound = sum(total.values())
-    measured = sum(r["s"] for r in rows)
+    measured = sum(r["times"] * r["s"] for r in rows)
     lines += ["", f"Sum of the bounds {1e3 * bound:.1f} ms ({1e3 * total['memory']:.1f} ms memory-bound ops, "
               f"{1e3 * total['compute']:.1f} ms compute-bound ops); of the ops measured alone {1e3 * measured:.1f} ms; "
               f"the default epoch's median {1e3 * epoch_s:.1f} ms = {epoch_s / bound:.1f}x the bound.", ""]
