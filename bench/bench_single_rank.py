@@ -20,10 +20,14 @@ forward and backward compute (the engine's layer clock), and a roofline (bench/s
 per layer and op the bytes it must move and the flops it must do, bounded by max(bytes / bandwidth,
 flops / peak) with the STREAM-like bandwidth and a large GEMM's FLOP/s measured in the same run, next
 to the op's measured time alone on the same shapes.
+
+--ranks R > 1 measures one server of R ranks instead: a 1 x R shard set, default against --no-overlap
+alternating under `mpirun -n R` (no PyG, profile or roofline).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -39,10 +43,10 @@ import single_rank_roofline as rl  # noqa: E402
 
 
 def build_set(args, log):
-    out = os.path.join(args.work, f"synthetic-{args.vertices}-L{args.layers}")
+    out = os.path.join(args.work, f"synthetic-{args.vertices}-L{args.layers}" + (f"-G{args.ranks}" if args.ranks > 1 else ""))
     if not os.path.exists(os.path.join(out, "manifest.json")):
         harness.run([sys.executable, "-m", "preprocess", "build", "--source", "synthetic", "--vertices",
-                     args.vertices, "--seed", "0", "--servers", "1", "--gpus-per-server", "1", "--layers",
+                     args.vertices, "--seed", "0", "--servers", "1", "--gpus-per-server", args.ranks, "--layers",
                      args.layers, "--preload", "full", "--out", out, "--overwrite"], log, env=dict(os.environ))
     return out
 
@@ -55,7 +59,7 @@ def make_trainer(shards, args, no_overlap):
     from granndis_hpc.engine.trainer import Trainer
 
     return Trainer(TrainConfig(shards=shards, mode="flx", model=args.model, layers=args.layers, hidden=args.hidden,
-                               dropout=args.dropout, no_overlap=no_overlap, ranks_per_server=1,
+                               dropout=args.dropout, no_overlap=no_overlap, ranks_per_server=args.ranks,
                                checkpoint_activations=args.model == "ressage", skip_checksums=True))
 
 
@@ -67,6 +71,66 @@ class Granndis:
         start = time.perf_counter()
         self.records.append(self.trainer.train_epoch())
         return time.perf_counter() - start
+
+
+def alternate(impls, rounds):
+    """{name: [epoch seconds]}: every implementation one epoch per round, in a rotated order."""
+    times = {i.name: [] for i in impls}
+    for r in range(rounds):
+        k = r % len(impls)
+        for impl in impls[k:] + impls[:k]:
+            times[impl.name].append(impl.epoch())
+        print(f"round {r}: " + ", ".join(f"{n} {t[-1]:.3f} s" for n, t in times.items()), flush=True)
+    return times
+
+
+def epoch_lines(times, rounds):
+    """The epoch-time table and the default / no-overlap ratio."""
+    ref = statistics.median(times["pyg-csr"]) if "pyg-csr" in times else None
+    lines = ["## Epoch time", "", f"{rounds} rounds, every implementation one epoch per round in a rotated order.", "",
+             "| implementation | median (s) | min-max (s) | largest deviation after epoch 2 | median / PyG |",
+             "|---|---:|---:|---:|---:|"]
+    for name, ts in times.items():
+        med, lo, hi, dev = spread(ts)
+        lines.append(f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {100 * dev:.0f} % | " + (f"{med / ref:.2f}x |" if ref else "|"))
+    d, n = statistics.median(times["default"]), statistics.median(times["no-overlap"])
+    return lines + ["", f"Default / no-overlap: {d / n:.3f}x by median; per round median "
+                    f"{statistics.median(a / b for a, b in zip(times['default'], times['no-overlap'])):.3f}x.", ""]
+
+
+def server_worker(args):
+    """The mpirun part of --ranks R > 1: default and --no-overlap alternating on the 1 x R set; rank 0
+    writes the times to args.worker."""
+    shards = os.path.join(args.work, f"synthetic-{args.vertices}-L{args.layers}-G{args.ranks}")
+    impls = [Granndis("default", make_trainer(shards, args, False)),
+             Granndis("no-overlap", make_trainer(shards, args, True))]
+    times = alternate(impls, args.epochs)
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        with open(args.worker, "w") as f:
+            json.dump({"times": times}, f)
+    for impl in impls:
+        impl.trainer.close()
+    return 0
+
+
+def server_page(args, argv, log):
+    """--ranks R > 1: one server of R ranks (mpirun -n R), default against --no-overlap only."""
+    build_set(args, log)
+    load_before = os.getloadavg()
+    worker_args = [f"--{k}={getattr(args, k)}" for k in ("vertices", "model", "layers", "hidden", "dropout", "epochs",
+                                                           "threads", "work", "ranks")]
+    times = harness.run_workers(__file__, worker_args, ranks=args.ranks)["times"]
+    log.append(f"mpirun -n {args.ranks} python bench/bench_single_rank.py --worker RESULTS.json {' '.join(worker_args)}")
+    lines = ["# One server's epoch: default against --no-overlap", "",
+             f"1 x {args.ranks} shard set of the synthetic graph ({args.vertices:,} vertices, `--preload full`), "
+             f"{args.ranks} ranks on one server (mpirun -n {args.ranks}), {args.layers}-layer {MODEL_NAMES[args.model]}, "
+             f"hidden {args.hidden}, dropout {args.dropout}, Adam; {args.threads} thread(s) a rank, {os.cpu_count()} cores. "
+             f"Load average (1 min) {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after.", ""]
+    harness.write_page(args.out, lines + epoch_lines(times, args.epochs), "bench/bench_single_rank.py", argv, log,
+                       data={"times": times})
+    return 0
 
 
 def spread(ts, skip=2):
@@ -99,14 +163,22 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch threads (OMP_NUM_THREADS for the engine)")
     p.add_argument("--work", default="bench-out/single-rank", help="where the shard set is built (reused)")
     p.add_argument("--out", default="bench-out/single-rank/single-rank.md", help="the results page")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="ranks on the one server: more than 1 times only default against --no-overlap, alternating, "
+                        "on a 1 x RANKS shard set under mpirun -n RANKS")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the mpirun part of --ranks, results to this file
     args = p.parse_args(argv)
     if args.layers is None:
         args.layers = 28 if args.model == "ressage" else 3
-    if args.epochs < 3 or args.threads < 1 or args.layers < 2:
-        p.error("--epochs must be at least 3, --threads at least 1, --layers at least 2")
+    if args.epochs < 3 or args.threads < 1 or args.layers < 2 or args.ranks < 1:
+        p.error("--epochs must be at least 3, --threads at least 1, --layers at least 2, --ranks at least 1")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the engine keeps the thread count it finds set
     torch.set_num_threads(args.threads)
+    if args.worker:
+        return server_worker(args)
     log, load_before = [], os.getloadavg()
+    if args.ranks > 1:
+        return server_page(args, argv, log)
     shards = build_set(args, log)
     impls = [Granndis("default", make_trainer(shards, args, False)),
              Granndis("no-overlap", make_trainer(shards, args, True))]
@@ -114,12 +186,7 @@ def main(argv=None):
         impls.append(single_rank_pyg.PygEpoch(impls[0].trainer, args))
     except ImportError:
         print("torch_geometric is not installed (`.venv/bin/pip install torch_geometric`): PyG not measured")
-    times = {i.name: [] for i in impls}
-    for r in range(args.epochs):
-        k = r % len(impls)
-        for impl in impls[k:] + impls[:k]:
-            times[impl.name].append(impl.epoch())
-        print(f"round {r}: " + ", ".join(f"{n} {t[-1]:.3f} s" for n, t in times.items()), flush=True)
+    times = alternate(impls, args.epochs)
     load_after = os.getloadavg()
     prof, prof_total = profile_epoch(impls[0])
     default = impls[0].records[1:]  # the layer clock of every default epoch after the first
@@ -131,25 +198,15 @@ def main(argv=None):
     for impl in impls[:2]:
         impl.trainer.close()
 
-    ref = statistics.median(times["pyg-csr"]) if "pyg-csr" in times else None
     lines = ["# One rank's epoch: granndis against PyG, profile and roofline", "",
              f"1 x 1 shard set of the synthetic graph ({args.vertices:,} vertices, {n_edges:,} edges, "
              f"`--preload full`), {args.layers}-layer {MODEL_NAMES[args.model]}, hidden {args.hidden}, "
              f"dropout {args.dropout}, Adam; "
              f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} cores. Load average (1 min) "
-             f"{load_before[0]:.1f} before, {load_after[0]:.1f} after the timed rounds.", "",
-             "## Epoch time", "",
-             f"{args.epochs} rounds, every implementation one epoch per round in a rotated order.", "",
-             "| implementation | median (s) | min-max (s) | largest deviation after epoch 2 | median / PyG |",
-             "|---|---:|---:|---:|---:|"]
-    for name, ts in times.items():
-        med, lo, hi, dev = spread(ts)
-        lines.append(f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {100 * dev:.0f} % | "
-                     f"{med / ref:.2f}x |" if ref else f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {100 * dev:.0f} % | |")
-    d, n = statistics.median(times["default"]), statistics.median(times["no-overlap"])
-    lines += ["", f"Default / no-overlap: {d / n:.3f}x by median; per round median "
-              f"{statistics.median(a / b for a, b in zip(times['default'], times['no-overlap'])):.3f}x.", "",
-              "## Per layer (default, the engine's layer clock, median over epochs)", "",
+             f"{load_before[0]:.1f} before, {load_after[0]:.1f} after the timed rounds.", ""]
+    lines += epoch_lines(times, args.epochs)
+    d = statistics.median(times["default"])
+    lines += ["## Per layer (default, the engine's layer clock, median over epochs)", "",
               "| layer | forward (s) | backward (s) |", "|---:|---:|---:|"]
     lines += [f"| {l} | {f:.4f} | {b:.4f} |" for l, (f, b) in enumerate(zip(fwd, bwd))]
     lines += [f"| all | {fwd.sum():.4f} | {bwd.sum():.4f} |", "",
