@@ -5,52 +5,62 @@ roofline (not a test).
 
 Builds the 1 x 1 shard set of the synthetic graph (`preprocess build --source synthetic --vertices N
 --layers L --preload full --servers 1 --gpus-per-server 1`) and trains, in this one process (the MPI
-world is this process), the same SAGE (hidden --hidden, dropout --dropout, Adam, --threads threads):
+world is this process), the same model (--model sage, gcn or ressage: ResSAGE+, 28 layers by default,
+with activation checkpointing; hidden --hidden, dropout --dropout, Adam, --threads threads):
 
   default     granndis_hpc's Trainer, --mode flx with its defaults (overlap on)
   no-overlap  the same with --no-overlap
-  pyg-csr     torch_geometric.nn.SAGEConv over a torch.sparse CSR adj_t of the same graph, rows and labels
+  pyg-csr     PyG's SAGEConv / GCNConv(normalize=False) stack (bench/single_rank_pyg.py) over a torch.sparse
+              CSR adj_t of the same graph, rows and labels, from the same initial weights
 
 --epochs rounds, every implementation one epoch per round in a rotated order (a change of the machine's
 load hits all of them alike); per-epoch time, median, min-max and the largest deviation from the median
 after the second epoch.  Then one default epoch under torch.profiler (self time by op), its per-layer
-forward and backward compute (the engine's layer clock), and a roofline: per layer and op the bytes the
-op must move at least (CSR arrays read once, dense operands read and results written once; a gather of
-a row read more than once is not counted), divided by the better bandwidth of STREAM-like copy and add
-kernels here (measured by this script), next to the op's measured time alone on the same shapes.
+forward and backward compute (the engine's layer clock), and a roofline (bench/single_rank_roofline.py):
+per layer and op the bytes it must move and the flops it must do, bounded by max(bytes / bandwidth,
+flops / peak) with the STREAM-like bandwidth and a large GEMM's FLOP/s measured in the same run, next
+to the op's measured time alone on the same shapes.
+
+--ranks R > 1 measures one server of R ranks instead: a 1 x R shard set, default against --no-overlap
+alternating under `mpirun -n R` (no PyG, profile or roofline).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import time
-import warnings
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import single_rank_pyg  # noqa: E402
+import single_rank_roofline as rl  # noqa: E402
 
 
 def build_set(args, log):
-    out = os.path.join(args.work, f"synthetic-{args.vertices}-L{args.layers}")
+    out = os.path.join(args.work, f"synthetic-{args.vertices}-L{args.layers}" + (f"-G{args.ranks}" if args.ranks > 1 else ""))
     if not os.path.exists(os.path.join(out, "manifest.json")):
         harness.run([sys.executable, "-m", "preprocess", "build", "--source", "synthetic", "--vertices",
-                     args.vertices, "--seed", "0", "--servers", "1", "--gpus-per-server", "1", "--layers",
+                     args.vertices, "--seed", "0", "--servers", "1", "--gpus-per-server", args.ranks, "--layers",
                      args.layers, "--preload", "full", "--out", out, "--overwrite"], log, env=dict(os.environ))
     return out
+
+
+MODEL_NAMES = {"sage": "SAGE", "gcn": "GCN", "ressage": "ResSAGE+ (activation checkpointing)"}
 
 
 def make_trainer(shards, args, no_overlap):
     from granndis_hpc.config import TrainConfig
     from granndis_hpc.engine.trainer import Trainer
 
-    return Trainer(TrainConfig(shards=shards, mode="flx", model="sage", layers=args.layers, hidden=args.hidden,
-                               dropout=args.dropout, no_overlap=no_overlap, ranks_per_server=1,
-                               skip_checksums=True))
+    return Trainer(TrainConfig(shards=shards, mode="flx", model=args.model, layers=args.layers, hidden=args.hidden,
+                               dropout=args.dropout, no_overlap=no_overlap, ranks_per_server=args.ranks,
+                               checkpoint_activations=args.model == "ressage", skip_checksums=True))
 
 
 class Granndis:
@@ -63,99 +73,64 @@ class Granndis:
         return time.perf_counter() - start
 
 
-class Pyg(torch.nn.Module):
-    """The same SAGE from SAGEConv (mean), ReLU and dropout between layers, over the trainer's own rows."""
-
-    def __init__(self, trainer, args):
-        from torch_geometric.nn import SAGEConv
-
-        super().__init__()
-        view = trainer.world_view
-        g = view.graphs[0]
-        n = int(g.n_dst)
-        with warnings.catch_warnings():  # torch's "beta" note on sparse CSR tensors
-            warnings.simplefilter("ignore", UserWarning)
-            self.adj = torch.sparse_csr_tensor(g.indptr, g.indices, torch.ones(g.indices.shape[0]), size=(n, n))
-        self.x, self.labels, self.train = view.input_features, trainer.labels, trainer.split_rows["train"]
-        ds = trainer.manifest["dataset"]
-        widths = [int(ds["num_features"])] + [args.hidden] * (args.layers - 1) + [int(ds["num_classes"])]
-        self.convs = torch.nn.ModuleList(SAGEConv(a, b, aggr="mean") for a, b in zip(widths[:-1], widths[1:]))
-        self.p, self.name = args.dropout, "pyg-csr"
-        self.opt = torch.optim.Adam(self.parameters(), lr=0.01)
-
-    def epoch(self):
-        start = time.perf_counter()
-        self.opt.zero_grad(set_to_none=True)
-        h = self.x
-        for i, conv in enumerate(self.convs):
-            if i > 0:
-                h = torch.nn.functional.dropout(torch.relu(h), self.p, self.training)
-            h = conv(h, self.adj)
-        torch.nn.functional.cross_entropy(h[self.train], self.labels[self.train]).backward()
-        self.opt.step()
-        return time.perf_counter() - start
+def alternate(impls, rounds):
+    """{name: [epoch seconds]}: every implementation one epoch per round, in a rotated order."""
+    times = {i.name: [] for i in impls}
+    for r in range(rounds):
+        k = r % len(impls)
+        for impl in impls[k:] + impls[:k]:
+            times[impl.name].append(impl.epoch())
+        print(f"round {r}: " + ", ".join(f"{n} {t[-1]:.3f} s" for n, t in times.items()), flush=True)
+    return times
 
 
-def stream_gbs(mib=256, reps=7):
-    """Bandwidth of STREAM's copy (c = a) and add (c = a + b) kernels as torch runs them with --threads
-    threads: bytes read + written per second, the better of the two (best of `reps` each)."""
-    a, b = torch.ones(mib * 2 ** 18), torch.ones(mib * 2 ** 18)
-    c = torch.zeros_like(a)  # touched: no page faults inside the timing
-    best = {"copy": float("inf"), "add": float("inf")}
-    for _ in range(reps):
-        for name, fn in (("copy", lambda: c.copy_(a)), ("add", lambda: torch.add(a, b, out=c))):
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    nbytes = a.numel() * 4
-    return {"copy": 2 * nbytes / best["copy"] / 1e9, "add": 3 * nbytes / best["add"] / 1e9}
+def epoch_lines(times, rounds):
+    """The epoch-time table and the default / no-overlap ratio."""
+    ref = statistics.median(times["pyg-csr"]) if "pyg-csr" in times else None
+    lines = ["## Epoch time", "", f"{rounds} rounds, every implementation one epoch per round in a rotated order.", "",
+             "| implementation | median (s) | min-max (s) | largest deviation after epoch 2 | median / PyG |",
+             "|---|---:|---:|---:|---:|"]
+    for name, ts in times.items():
+        med, lo, hi, dev = spread(ts)
+        lines.append(f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {100 * dev:.0f} % | " + (f"{med / ref:.2f}x |" if ref else "|"))
+    d, n = statistics.median(times["default"]), statistics.median(times["no-overlap"])
+    return lines + ["", f"Default / no-overlap: {d / n:.3f}x by median; per round median "
+                    f"{statistics.median(a / b for a, b in zip(times['default'], times['no-overlap'])):.3f}x.", ""]
 
 
-def timed(fn, reps=5):
-    fn()
-    ts = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - start)
-    return statistics.median(ts)
+def server_worker(args):
+    """The mpirun part of --ranks R > 1: default and --no-overlap alternating on the 1 x R set; rank 0
+    writes the times to args.worker."""
+    shards = os.path.join(args.work, f"synthetic-{args.vertices}-L{args.layers}-G{args.ranks}")
+    impls = [Granndis("default", make_trainer(shards, args, False)),
+             Granndis("no-overlap", make_trainer(shards, args, True))]
+    times = alternate(impls, args.epochs)
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        with open(args.worker, "w") as f:
+            json.dump({"times": times}, f)
+    for impl in impls:
+        impl.trainer.close()
+    return 0
 
 
-def roofline(trainer, gbs):
-    """Per layer, the ops of one SAGE layer in the order granndis computes them: (layer, op, bytes, s)."""
-    from granndis_hpc.nn.dropout import apply_mask, keep_mask
-
-    graphs, model = trainer.train_view.graphs, trainer.model
-    rows, f32 = [], 4
-    h = trainer.train_view.input_features
-    for l, (g, conv) in enumerate(zip(graphs, model.convs)):
-        n, e = int(g.n_dst), int(g.indices.shape[0])
-        din, dout = conv.lin_self.in_features, conv.lin_self.out_features
-        w = dout if dout < din else din  # the aggregated width (nn/layers.project_first on one rank)
-        a, at = g._matrix("mean", torch.float32, transposed=False), g._matrix("mean", torch.float32, transposed=True)
-        csr = (n + 1) * a.crow_indices().element_size() + e * (a.col_indices().element_size() + f32)
-        x = torch.randn(int(g.n_src), din) if l else h
-        agg_in = torch.randn(int(g.n_src), w)
-        gy, gz = torch.randn(n, dout), torch.randn(n, dout)
-        lin = torch.nn.Linear(din, dout)
-        ops = [("spmm fwd A@H", csr + (int(g.n_src) + n) * w * f32, lambda: a @ agg_in),
-               ("spmm bwd A^T@G", csr + (int(g.n_src) + n) * w * f32, lambda: at @ agg_in[:n]),
-               ("2 linear fwd X@W", 2 * (n * din + n * dout) * f32, lambda: (lin(x), lin(x))),
-               ("2 linear bwd dX", 2 * (n * dout + n * din) * f32, lambda: (gy @ lin.weight, gy @ lin.weight)),
-               ("2 linear bwd dW", 2 * (n * dout + n * din) * f32, lambda: (gy.T @ x, gy.T @ x)),
-               ("add self + neigh", 3 * n * dout * f32, lambda: gy + gz)]
-        if l < len(graphs) - 1:
-            ids = torch.arange(n)
-            # relu: read h, write out; backward read grad and out, write.  Dropout (keyed masks, the
-            # engine's own functions): the mask written (1 byte an element), h read and the result
-            # written; backward the same with the gradient.
-            ops += [("relu fwd + bwd", 5 * n * dout * f32, lambda: (torch.relu(gy), gy * (gz > 0))),
-                    ("dropout fwd + bwd", (4 * f32 + 2) * n * dout, lambda: (
-                        lambda keep: (apply_mask(gy, keep, 0.5), apply_mask(gz, keep, 0.5)))(
-                        keep_mask(0, 0, l, ids, dout, 0.5)))]
-        for name, nbytes, fn in ops:
-            rows.append((l, name, nbytes, timed(fn)))
-    return rows
+def server_page(args, argv, log):
+    """--ranks R > 1: one server of R ranks (mpirun -n R), default against --no-overlap only."""
+    build_set(args, log)
+    load_before = os.getloadavg()
+    worker_args = [f"--{k}={getattr(args, k)}" for k in ("vertices", "model", "layers", "hidden", "dropout", "epochs",
+                                                           "threads", "work", "ranks")]
+    times = harness.run_workers(__file__, worker_args, ranks=args.ranks)["times"]
+    log.append(f"mpirun -n {args.ranks} python bench/bench_single_rank.py --worker RESULTS.json {' '.join(worker_args)}")
+    lines = ["# One server's epoch: default against --no-overlap", "",
+             f"1 x {args.ranks} shard set of the synthetic graph ({args.vertices:,} vertices, `--preload full`), "
+             f"{args.ranks} ranks on one server (mpirun -n {args.ranks}), {args.layers}-layer {MODEL_NAMES[args.model]}, "
+             f"hidden {args.hidden}, dropout {args.dropout}, Adam; {args.threads} thread(s) a rank, {os.cpu_count()} cores. "
+             f"Load average (1 min) {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after.", ""]
+    harness.write_page(args.out, lines + epoch_lines(times, args.epochs), "bench/bench_single_rank.py", argv, log,
+                       data={"times": times})
+    return 0
 
 
 def spread(ts, skip=2):
@@ -179,62 +154,59 @@ def profile_epoch(impl, rows=14):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vertices", type=int, default=100_000)
-    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--model", choices=("sage", "gcn", "ressage"), default="sage",
+                   help="sage, gcn or ressage (ResSAGE+, with activation checkpointing on both sides)")
+    p.add_argument("--layers", type=int, default=None, help="layers (default: 3; ressage 28)")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--epochs", type=int, default=30, help="timed rounds (every implementation one epoch each)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (OMP_NUM_THREADS for the engine)")
     p.add_argument("--work", default="bench-out/single-rank", help="where the shard set is built (reused)")
     p.add_argument("--out", default="bench-out/single-rank/single-rank.md", help="the results page")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="ranks on the one server: more than 1 times only default against --no-overlap, alternating, "
+                        "on a 1 x RANKS shard set under mpirun -n RANKS")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the mpirun part of --ranks, results to this file
     args = p.parse_args(argv)
-    if args.epochs < 3 or args.threads < 1 or args.layers < 2:
-        p.error("--epochs must be at least 3, --threads at least 1, --layers at least 2")
+    if args.layers is None:
+        args.layers = 28 if args.model == "ressage" else 3
+    if args.epochs < 3 or args.threads < 1 or args.layers < 2 or args.ranks < 1:
+        p.error("--epochs must be at least 3, --threads at least 1, --layers at least 2, --ranks at least 1")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the engine keeps the thread count it finds set
     torch.set_num_threads(args.threads)
+    if args.worker:
+        return server_worker(args)
     log, load_before = [], os.getloadavg()
+    if args.ranks > 1:
+        return server_page(args, argv, log)
     shards = build_set(args, log)
     impls = [Granndis("default", make_trainer(shards, args, False)),
              Granndis("no-overlap", make_trainer(shards, args, True))]
     try:
-        impls.append(Pyg(impls[0].trainer, args))
+        impls.append(single_rank_pyg.PygEpoch(impls[0].trainer, args))
     except ImportError:
         print("torch_geometric is not installed (`.venv/bin/pip install torch_geometric`): PyG not measured")
-    times = {i.name: [] for i in impls}
-    for r in range(args.epochs):
-        k = r % len(impls)
-        for impl in impls[k:] + impls[:k]:
-            times[impl.name].append(impl.epoch())
-        print(f"round {r}: " + ", ".join(f"{n} {t[-1]:.3f} s" for n, t in times.items()), flush=True)
+    times = alternate(impls, args.epochs)
     load_after = os.getloadavg()
     prof, prof_total = profile_epoch(impls[0])
     default = impls[0].records[1:]  # the layer clock of every default epoch after the first
     fwd = np.median([r["layer_compute_s"]["forward"][0] for r in default], axis=0)
     bwd = np.median([r["layer_compute_s"]["backward"][0] for r in default], axis=0)
-    stream = stream_gbs()
-    gbs = max(stream.values())
-    roof = roofline(impls[0].trainer, gbs)
+    stream, gflops = rl.stream_gbs(), rl.peak_gflops()
+    roof = rl.roofline(impls[0].trainer)
     n_edges = int(impls[0].trainer.world_view.graphs[0].indices.shape[0])
     for impl in impls[:2]:
         impl.trainer.close()
 
-    ref = statistics.median(times["pyg-csr"]) if "pyg-csr" in times else None
     lines = ["# One rank's epoch: granndis against PyG, profile and roofline", "",
              f"1 x 1 shard set of the synthetic graph ({args.vertices:,} vertices, {n_edges:,} edges, "
-             f"`--preload full`), {args.layers}-layer SAGE, hidden {args.hidden}, dropout {args.dropout}, Adam; "
+             f"`--preload full`), {args.layers}-layer {MODEL_NAMES[args.model]}, hidden {args.hidden}, "
+             f"dropout {args.dropout}, Adam; "
              f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} cores. Load average (1 min) "
-             f"{load_before[0]:.1f} before, {load_after[0]:.1f} after the timed rounds.", "",
-             "## Epoch time", "",
-             f"{args.epochs} rounds, every implementation one epoch per round in a rotated order.", "",
-             "| implementation | median (s) | min-max (s) | largest deviation after epoch 2 | median / PyG |",
-             "|---|---:|---:|---:|---:|"]
-    for name, ts in times.items():
-        med, lo, hi, dev = spread(ts)
-        lines.append(f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {100 * dev:.0f} % | "
-                     f"{med / ref:.2f}x |" if ref else f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {100 * dev:.0f} % | |")
-    d, n = statistics.median(times["default"]), statistics.median(times["no-overlap"])
-    lines += ["", f"Default / no-overlap: {d / n:.3f}x by median; per round median "
-              f"{statistics.median(a / b for a, b in zip(times['default'], times['no-overlap'])):.3f}x.", "",
-              "## Per layer (default, the engine's layer clock, median over epochs)", "",
+             f"{load_before[0]:.1f} before, {load_after[0]:.1f} after the timed rounds.", ""]
+    lines += epoch_lines(times, args.epochs)
+    d = statistics.median(times["default"])
+    lines += ["## Per layer (default, the engine's layer clock, median over epochs)", "",
               "| layer | forward (s) | backward (s) |", "|---:|---:|---:|"]
     lines += [f"| {l} | {f:.4f} | {b:.4f} |" for l, (f, b) in enumerate(zip(fwd, bwd))]
     lines += [f"| all | {fwd.sum():.4f} | {bwd.sum():.4f} |", "",
@@ -242,20 +214,9 @@ def main(argv=None):
               f"median {d:.4f} s.", "", f"## Profile of one default epoch (torch.profiler, self time, "
               f"{prof_total:.3f} s profiled)", "", "| op | calls | self (s) | share |", "|---|---:|---:|---:|"]
     lines += [f"| `{k}` | {c} | {s:.4f} | {100 * f:.1f} % |" for k, c, s, f in prof]
-    bound = sum(r[2] for r in roof) / (gbs * 1e9)
-    lines += ["", f"## Roofline ({gbs:.1f} GB/s: STREAM-like copy {stream['copy']:.1f}, add {stream['add']:.1f} GB/s, "
-              "bytes read + written)", "",
-              "Bytes each op must move at least, their time at that bandwidth, and the op's measured time "
-              "alone on the same shapes (median of 5).", "",
-              "| layer | op | MB | bound (ms) | measured (ms) | measured / bound |", "|---:|---|---:|---:|---:|---:|"]
-    for l, name, nbytes, s in roof:
-        b = nbytes / (gbs * 1e9)
-        lines.append(f"| {l} | {name} | {nbytes / 1e6:.1f} | {1e3 * b:.2f} | {1e3 * s:.2f} | {s / b:.1f}x |")
-    measured = sum(r[3] for r in roof)
-    lines += ["", f"Sum of the bounds {1e3 * bound:.1f} ms; of the ops measured alone {1e3 * measured:.1f} ms; "
-              f"the default epoch's median {1e3 * d:.1f} ms = {d / bound:.1f}x the bound.", ""]
+    lines += rl.page_lines(roof, stream, gflops, d)
     harness.write_page(args.out, lines, "bench/bench_single_rank.py", argv, log,
-                       data={"times": times, "roofline": roof, "stream_gbs": stream})
+                       data={"times": times, "roofline": roof, "stream_gbs": stream, "peak_gflops": gflops})
     return 0
 
 

@@ -4,7 +4,7 @@ docs/design.md §6: results must not depend on S x G where the method is exact, 
 generator draws a rank's masks from a stream whose position depends on how many rows the rank holds,
 so fb, flx and the same run on another cluster shape follow different trajectories.  Here a mask
 element is a hash of its counters instead (splitmix64's finaliser over a Weyl sequence, in torch int64
-ops so it runs vectorised on any device): any rank draws the owner's mask for a row it holds, a
+ops so it runs vectorised on any device; each 64-bit hash decides four elements by its 16-bit lanes): any rank draws the owner's mask for a row it holds, a
 single process on the whole graph draws the same masks, and activation checkpointing recomputes the
 same masks by construction.
 
@@ -69,45 +69,60 @@ def keep_mask(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, width: i
     """Bool [len(row_ids), width]: element (i, c) is kept with probability 1 - p, as a function of
     (seed, epoch, layer, row_ids[i], c) only.
 
-    Each row gets a hashed start (row id and key), each column is a step of a splitmix64 stream from
-    it: one full hash of the [n] row counters, then per element the finaliser's two multiply rounds and
-    a signed comparison (10 elementwise ops).  The finaliser's last xor-shift is left out: it only
-    changes the low 33 bits, and the comparison reads the high ones (it decides only on a tie of the
-    top 31 bits, probability 2^-31)."""
+    Each row gets a hashed start (row id and key); its 64-bit word j is step j + 1 of a splitmix64
+    stream from that start (the full finaliser), and its four 16-bit lanes decide columns 4j..4j+3:
+    column c is kept iff lane c % 4 of word c // 4, read as a signed int16, is at least
+    round(p * 2^16) - 2^15.  So one hash serves four elements (about three int64 passes an element
+    instead of ten), the comparison is one int16 pass into the bool mask, and the keep rate is 1 - p
+    rounded to a multiple of 2^-16.  The lanes are the int16 view of the words (little-endian, as on
+    every platform torch runs on): lane k is bits 16k..16k+15."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"keep_mask: p must be in [0, 1), got {p!r}")
     ids = row_ids.to(torch.int64)
     if ids.dim() != 1:
         raise ValueError(f"keep_mask: row_ids must be 1-D, got shape {tuple(ids.shape)}")
-    row_start = _row_starts(seed, epoch, layer, ids)
-    cols = torch.arange(1, width + 1, dtype=torch.int64, device=ids.device) * _signed(_GOLDEN)
-    # Blocks of rows: the int64 stream positions exist for at most MASK_BLOCK_ELEMENTS elements at a
-    # time (512 KiB) beside the bool mask, not rows x width x 8 bytes (8x the mask, 2x an f32 layer
-    # output); a block that fits a core's L2 cache keeps the hash's ten passes out of main memory.
     out = torch.empty((ids.shape[0], width), dtype=torch.bool, device=ids.device)
-    step = max(1, MASK_BLOCK_ELEMENTS // max(int(width), 1))
+    threshold = _threshold(p)
+    if threshold > _I16_MAX:  # p within 2^-17 of 1: no lane reaches the threshold
+        return out.fill_(False)
+    row_start = _row_starts(seed, epoch, layer, ids)
+    words = -(-int(width) // LANES)
+    steps = torch.arange(1, words + 1, dtype=torch.int64, device=ids.device) * _signed(_GOLDEN)
+    # Blocks of rows: the int64 words exist for at most MASK_BLOCK_ELEMENTS mask elements at a time
+    # (128 KiB) beside the bool mask, not rows x width x 2 bytes; a block that fits a core's L2 cache
+    # keeps the hash's passes out of main memory.
+    step = max(1, MASK_BLOCK_ELEMENTS // (words * LANES))
     for a in range(0, ids.shape[0], step):  # a few blocks per layer, not a loop over rows
-        out[a:a + step] = _keep(row_start[a:a + step].unsqueeze(1) + cols.unsqueeze(0), p)
+        z = _mix_(row_start[a:a + step].unsqueeze(1) + steps.unsqueeze(0))
+        torch.ge(z.view(torch.int16)[:, :width], threshold, out=out[a:a + step])
     return out
 
 
-# 2^16: a 100 k x 64 mask in 46-52 ms against 68 ms with 2^20 (8 MiB) blocks, one thread; 2^15 is
-# slower again (more calls).
+# 2^16 elements (2^14 words, 128 KiB): a 100 k x 64 mask in 12-18 ms on one thread, against 43-47 ms
+# for the former one-hash-per-element mask; smaller blocks cost more calls (28 ms at 2^14 elements),
+# larger ones leave the L2 cache (17 ms at 2^18).
 MASK_BLOCK_ELEMENTS = 1 << 16
+LANES = 4  # keep decisions per 64-bit hash: 16 bits each
+_I16_MAX = (1 << 15) - 1
+
+
+def _threshold(p: float) -> int:
+    """The signed 16-bit lane value from which an element is kept: P(lane >= t) = 1 - round(p 2^16) / 2^16."""
+    return int(round(p * 65536.0)) - (1 << 15)
 
 
 def _row_starts(seed: int, epoch: int, layer: int, ids: torch.Tensor) -> torch.Tensor:
     return _mix(ids * _signed(_GOLDEN) + stream_key(seed, epoch, layer))
 
 
-def _keep(z: torch.Tensor, p: float) -> torch.Tensor:
-    """The keep decision of stream positions z (row start + column step), in place on z."""
+def _mix_(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser in place on z (every bit of the result is used: four 16-bit lanes)."""
     z ^= _srl(z, 30)
     z *= _signed(_MUL1)
     z ^= _srl(z, 27)
     z *= _signed(_MUL2)
-    # z is uniform on the int64 range [-2^63, 2^63): keep iff z >= -2^63 + p * 2^64, P(keep) = 1 - p.
-    return z >= min(int(round(p * 2.0 ** 64)) - (1 << 63), (1 << 63) - 1)
+    z ^= _srl(z, 31)
+    return z
 
 
 def keep_elements(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, rows: torch.Tensor,
@@ -117,7 +132,11 @@ def keep_elements(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, rows
     if not 0.0 <= p < 1.0:
         raise ValueError(f"keep_elements: p must be in [0, 1), got {p!r}")
     row_start = _row_starts(seed, epoch, layer, row_ids.to(torch.int64))
-    return _keep(row_start[rows] + (cols.to(torch.int64) + 1) * _signed(_GOLDEN), p)
+    cols = cols.to(torch.int64)
+    z = _mix_(row_start[rows] + (cols // LANES + 1) * _signed(_GOLDEN))
+    # The lane's 16 bits with the sign bit flipped: unsigned order of that is the signed int16 order.
+    lane = ((z >> (16 * (cols % LANES))) & 0xFFFF) ^ 0x8000
+    return lane >= _threshold(p) + (1 << 15)
 
 
 def apply_mask(h: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
@@ -126,7 +145,8 @@ def apply_mask(h: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
     scale = 1.0 / (1.0 - p)
     if h.device.type == "cuda":
         return torch.where(keep, h * scale, h.new_zeros(()))
-    return h * (keep.to(h.dtype) * scale)
+    # uint8 -> float converts vectorised (bool -> float does not: 4x slower), scaled in place.
+    return h * keep.view(torch.uint8).to(h.dtype).mul_(scale)
 
 
 # Below this fraction of nonzeros, input dropout hashes only the nonzero elements (a dropped zero is

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from granndis_hpc.nn import LayerGraph, RowDropout, build_model, keep_mask
+from granndis_hpc.nn.dropout import keep_elements
 from tests.dense_reference import random_in_csr
 
 
@@ -99,3 +100,59 @@ def test_checkpointed_ressage_recomputes_the_same_masks():
         grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
     for k in grads[0]:
         torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-6, atol=1e-7)
+
+
+def _reference_mask(seed, epoch, layer, ids, width, p):
+    """keep_mask recomputed in NumPy uint64 arithmetic from its definition: splitmix64 keys and row
+    starts, word j of a row = finaliser(start + (j + 1) * golden), column c = 16-bit lane c % 4 of word
+    c // 4 (bits 16(c % 4)..+15) read as a signed int16, kept iff >= round(p 2^16) - 2^15."""
+    golden = np.uint64(0x9E3779B97F4A7C15)
+
+    def fin(z):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+    with np.errstate(over="ignore"):
+        key = fin(np.uint64(seed) * golden + np.uint64(1))
+        key = fin(key ^ (np.uint64(epoch) * golden + np.uint64(2)))
+        key = fin(key ^ (np.uint64(layer % 2 ** 64) * golden + np.uint64(3)))
+        start = fin(ids.numpy().astype(np.int64).view(np.uint64) * golden + key)
+        cols = np.arange(width)
+        words = fin(start[:, None] + (cols // 4 + 1).astype(np.uint64) * golden)
+    lanes = ((words >> (np.uint64(16) * (cols % 4).astype(np.uint64))) & np.uint64(0xFFFF)).astype(np.int64)
+    signed = np.where(lanes >= 2 ** 15, lanes - 2 ** 16, lanes)
+    return torch.from_numpy(signed >= round(p * 65536) - 2 ** 15)
+
+
+@pytest.mark.parametrize("width,p", [(1, 0.5), (7, 0.1), (64, 0.37)])
+def test_mask_equals_its_definition_in_numpy(width, p):
+    """Row ids of every sign and size (edge dropout keys edges by products of ids: negative int64s)
+    and a layer key below 0 (attention dropout's), widths that do and do not fill their last word."""
+    ids = torch.cat([torch.arange(300), torch.randint(-2 ** 62, 2 ** 62, (200,),
+                                                      generator=torch.Generator().manual_seed(4))])
+    for layer in (2, -3):
+        expected = _reference_mask(11, 5, layer, ids, width, p)
+        assert torch.equal(keep_mask(11, 5, layer, ids, width, p), expected)
+        rows, cols = torch.nonzero(torch.ones(ids.shape[0], width), as_tuple=True)
+        assert torch.equal(keep_elements(11, 5, layer, ids, rows, cols, p), expected[rows, cols])
+
+
+def test_lanes_of_one_hash_and_successive_epochs_are_independent():
+    """Four columns share a 64-bit hash: every pair of them (lags 1-3) and the same element in
+    consecutive epochs (the training steps) agree as often as independent masks do."""
+    keep = keep_mask(0, 0, 1, torch.arange(20000), 64, 0.5).double()
+    for lag in (1, 2, 3, 4):
+        corr = np.corrcoef(keep[:, :-lag].reshape(-1).numpy(), keep[:, lag:].reshape(-1).numpy())[0, 1]
+        assert abs(corr) < 0.01, (lag, corr)
+    steps = torch.stack([keep_mask(0, epoch, 1, torch.arange(2000), 64, 0.5) for epoch in range(8)]).double()
+    corr = np.corrcoef(steps[:-1].reshape(-1).numpy(), steps[1:].reshape(-1).numpy())[0, 1]
+    assert abs(corr) < 0.01, corr
+
+
+def test_keep_rate_is_one_minus_p_rounded_to_2_pow_minus_16():
+    """p within 2^-17 of 1 keeps nothing (no lane reaches the threshold); p = 0 keeps everything."""
+    ids = torch.arange(1000)
+    assert not keep_mask(0, 0, 1, ids, 8, 1 - 2 ** -18).any()
+    assert keep_mask(0, 0, 1, ids, 8, 0.0).all()
+    assert not keep_elements(0, 0, 1, ids, ids, ids % 8, 1 - 2 ** -18).any()
