@@ -10,8 +10,8 @@ the train+validation-induced graphs, all under the full graph's partition:
   within k hops (L for eas) of the server's inner training vertices over the file's edges between
   training vertices (`induced_hops`, the BFS the build's preload hop follows, restricted to training
   vertices and the file's rows), each scheduled by that hop and owned by the GPU the file gives it;
-- co-batches (cob): sampled on the server graph's train-induced edges (`train_induced_edges`), as the
-  run samples them.
+- co-batches (cob): sampled on the server graph's train-induced edges
+  (memory_model.induced_sets.train_induced_edges), as the run samples them.
 Every count is over dense per-vertex arrays and the slices' edges, vectorised; collective like the rest.
 """
 from __future__ import annotations
@@ -45,18 +45,6 @@ def induced_hops(group, part, file_hop: np.ndarray, train: np.ndarray, depth: in
         new = src[usable[src] & ~selected[src]]
         hop[_union(group, n, new) & ~selected] = t
     return hop
-
-
-def train_induced_edges(graph: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    """A server graph (dist_server.server_graph's dict) with only the edges between training vertices:
-    what an inductive co-batch is sampled from (engine/inductive.train_induced_graph)."""
-    indptr = np.asarray(graph["indptr"], dtype=np.int64)
-    train = np.asarray(graph["train"], dtype=bool)
-    edge_row = row_of_edges(indptr)
-    keep = train[edge_row] & train[graph["indices"]]
-    new_indptr = np.zeros_like(indptr)
-    np.cumsum(np.bincount(edge_row[keep], minlength=indptr.shape[0] - 1), out=new_indptr[1:])
-    return {**graph, "indptr": new_indptr, "indices": np.asarray(graph["indices"])[keep]}
 
 
 @dataclass

@@ -26,13 +26,14 @@ import numpy as np
 from granndis_hpc import memory_model as mm
 from granndis_hpc import registry
 from granndis_hpc.cluster.group import as_group
+from granndis_hpc.memory_model.induced_sets import train_induced_edges
 
 from .build import BuildConfig, build_server, validate_config
 from .build_memory import ServerLoad
 from .halo_counts import count_build, full_preload_rows, prepare
 from .gpu_split import split_servers_over_gpus
 from .partition import WholeGraphAccess, partition_servers
-from .induced_counts import InducedCounter, train_induced_edges
+from .induced_counts import InducedCounter
 from .sliced import GraphSlice
 from .slices import vtxdist_for
 

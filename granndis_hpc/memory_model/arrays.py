@@ -28,6 +28,11 @@ class GpuArrays:
     w_src_rank: np.ndarray
     w_src_global_id: np.ndarray
     n_train: int  # inner training rows
+    # An inductive set's (memory_model/induced_sets.py): the split code of the inner rows, of every world
+    # source (world/src_split), and the slice's rows and in-edges (what a CPU rank holds of it).
+    own_split: Optional[np.ndarray] = None
+    w_src_split: Optional[np.ndarray] = None
+    slice_size: Tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -39,6 +44,7 @@ class ServerArrays:
     # The server's whole graph as shards.read_server_graph returns it (what the co-batch sampler
     # draws from); kept by server_arrays_from_build only.
     graph: Optional[Dict[str, np.ndarray]] = None
+    train_hop: Optional[np.ndarray] = None  # an inductive set's graph/train_hop of every server-local id
 
 
 def server_arrays_from_build(arrays: Dict[str, np.ndarray], server: int) -> ServerArrays:
@@ -63,12 +69,12 @@ def server_arrays_from_build(arrays: Dict[str, np.ndarray], server: int) -> Serv
     return ServerArrays(server=server, hop=hop, offsets=offsets, gpus=gpus, graph=graph)
 
 
-def gpu_arrays_from_slice(sl) -> GpuArrays:
-    """From a shards.RankSlice."""
+def gpu_arrays_from_slice(sl, **induced) -> GpuArrays:
+    """From a shards.RankSlice.  induced: an inductive set's extra fields (memory_model/shardsets.py)."""
     n = int(sl.n_inner)
     return GpuArrays(rank=int(sl.server) * int(sl.gpus_per_server) + int(sl.gpu), gpu=int(sl.gpu),
                      indptr=sl.indptr, indices=sl.indices, w_indptr=sl.w_indptr, w_src_rank=sl.w_src_rank,
-                     w_src_global_id=sl.w_src_global_id, n_train=int(np.count_nonzero(sl.train_mask[:n])))
+                     w_src_global_id=sl.w_src_global_id, n_train=int(np.count_nonzero(sl.train_mask[:n])), **induced)
 
 
 def _world_halo_pairs(g: GpuArrays) -> np.ndarray:

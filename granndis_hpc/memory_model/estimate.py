@@ -394,6 +394,9 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
     breakdown["halo_buffers"] = min(transient, int(step["halo"]))
     breakdown["step_transient"] = transient - breakdown["halo_buffers"]
     if m.inductive:  # evaluation's views, its forward and the shard slice (memory_model/induced.py)
+        if not r.evaluation:
+            raise MemoryModelError(f"rank {r.rank}: an inductive estimate needs the evaluation views' rows "
+                                   f"(RankRows.evaluation: memory_model/induced_sets.py, preprocess/induced_counts.py)")
         breakdown.update(inductive_parts(r, m, device, int(act["fresh"]) + transient))
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),

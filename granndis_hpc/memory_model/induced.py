@@ -18,8 +18,8 @@ module counts them:
   process before it reads its shard, and for co-batches sampler_graph, the server graph they are drawn
   from.
 
-Rows not counted for an inductive run (no RankRows.evaluation: --mode auto on shard sets) keep the bound
-`induced_bound`: each induced evaluation view counted as the full graph's world view.
+Both `preprocess plan --inductive` (preprocess/induced_counts.py) and --mode auto
+(memory_model/induced_sets.py) count every rank's RankRows.evaluation.
 """
 from __future__ import annotations
 
@@ -105,8 +105,6 @@ def inductive_parts(r, m, device: str, step_transient: int) -> Dict[str, int]:
     """The breakdown entries an inductive run adds to its training views' (module docstring);
     step_transient: the training step's bytes above the static ones (activations, halo buffers and the
     rest), which evaluation's forward follows."""
-    if not r.evaluation:
-        return {"induced_views": induced_bound(r, m)}
     views = sum(_view_static(v, r, m) for v in r.evaluation)
     peak = max(forward_peak(v, r, m) for v in (r.world, *r.evaluation))
     out = {"evaluation_views": int(views), "evaluation_transient": int(max(0, peak - step_transient))}
@@ -123,14 +121,4 @@ def inductive_parts(r, m, device: str, step_transient: int) -> Dict[str, int]:
             rows, edges = r.server_file
             out["sampler_graph"] = rows * (r.features * F32 + SAMPLER_ROW_BYTES) + edges * SAMPLER_EDGE_BYTES
     return out
-
-
-def induced_bound(r, m) -> int:
-    """Two more world views, each at most the full graph's (rows, halo, forward graphs): the estimate of
-    an inductive run whose rows were counted on the full graph."""
-    w = r.world
-    static = (w.n_own + w.n_halo) * (r.features + 1) * F32 + w.n_send * I64
-    static += sum(_graph_bytes(lr, m.estimator.self_loops, True, False) for lr in w.layers)
-    return int(2 * static)
-
 

@@ -48,6 +48,7 @@ class SetArrays:
     sample_cobatches: bool = True  # whether cob is estimated on this set
     min_train: Optional[int] = None  # the smallest server's training vertices (None: from `servers`)
     server_graph: Optional[Callable[[ServerArrays], Dict[str, np.ndarray]]] = None  # for sampling (cob)
+    modes: Optional[Sequence[str]] = None  # the modes the set may serve (None: every one its kind serves)
 
     def rows(self, layers: int, k: int, m: ModelSpec) -> List[RankRows]:
         return shard_rows(self.servers, layers, k, m.features, m.num_classes, self.world_sent)
@@ -118,10 +119,12 @@ def cooperative_batching(s: SetArrays, layers: int, m: ModelSpec, sampling: Samp
 def row_groups(s: SetArrays, layers: int, m: ModelSpec, sampling: Sampling) -> List[RowGroup]:
     """Every option the set offers an L-layer model, mode by mode in the registry's order (each mode's
     `estimate`); a set built for another depth serves only the modes that run on any depth
-    (`any_depth`: fb's world view)."""
+    (`any_depth`: fb's world view), and a set that names its `modes` only those."""
     out = []
     for entry in MODES.entries():
         if entry.get("estimate") is None or (int(s.layers) != int(layers) and not entry.get("any_depth")):
+            continue
+        if s.modes is not None and entry.name not in s.modes:
             continue
         out += entry.resolve("estimate")(s, layers, m, sampling)
     return out

@@ -12,23 +12,35 @@ import numpy as np
 from granndis_hpc import shards
 from granndis_hpc.units import format_size
 
-from .arrays import ServerArrays, gpu_arrays_from_slice, shard_rows
+from .arrays import ServerArrays, gpu_arrays_from_slice
 from .choice import Decision, choose, usable_budget
 from .estimate import MemoryModelError, ModelSpec, estimate
+from .induced_sets import InductiveSetArrays
 from .modes import Sampling, SetArrays, options, row_groups
 
 
 def read_shard_set(path: str) -> Tuple[dict, List[ServerArrays]]:
-    """The manifest and every server's ServerArrays of a shard set (reads each rank's slice)."""
+    """The manifest and every server's ServerArrays of a shard set (reads each rank's slice); an
+    inductive set's with the split codes and train-induced hops its induced views are counted from."""
     manifest = shards.read_manifest(path)
     out = []
     for s in range(int(manifest["servers"])):
         gpus, sl = [], None
         for g in range(int(manifest["gpus_per_server"])):
             sl = shards.read_rank_slice(path, manifest, s, g)
-            gpus.append(gpu_arrays_from_slice(sl))
-        out.append(ServerArrays(s, sl.server_hop.astype(np.int64), sl.server_offsets.astype(np.int64), gpus))
+            gpus.append(gpu_arrays_from_slice(sl, **_induced_fields(sl)))
+        out.append(ServerArrays(s, sl.server_hop.astype(np.int64), sl.server_offsets.astype(np.int64), gpus,
+                                train_hop=sl.server_train_hop))
     return manifest, out
+
+
+def _induced_fields(sl) -> dict:
+    """An inductive set's slice: the split code of its inner rows and of its world sources, and its size."""
+    if sl.w_src_split is None:
+        return {}
+    n = int(sl.n_inner)
+    return dict(own_split=shards.split_code(sl.train_mask[:n], sl.val_mask[:n], sl.test_mask[:n]),
+                w_src_split=sl.w_src_split, slice_size=(int(sl.num_rows), int(np.asarray(sl.indices).shape[0])))
 
 
 def model_for(manifest: dict, name: str, hidden: int, layers: int, **kw) -> ModelSpec:
@@ -37,11 +49,20 @@ def model_for(manifest: dict, name: str, hidden: int, layers: int, **kw) -> Mode
     return ModelSpec(name, int(ds["num_features"]), int(hidden), int(ds["num_classes"]), int(layers), **kw)
 
 
-def set_arrays(path: str, manifest: dict, servers: List[ServerArrays]) -> SetArrays:
-    """A shard set on disk as the modes' estimates read it (co-batches sample its server graphs)."""
+def set_arrays(path: str, manifest: dict, servers: List[ServerArrays], inductive: bool = False) -> SetArrays:
+    """A shard set on disk as the modes' estimates read it (co-batches sample its server graphs); for an
+    --inductive run, its induced graphs' views (memory_model/induced_sets.py), and without the
+    train-induced hops only fb and cob (flx and eas refuse such a set)."""
     pre = manifest["preload"]
-    return SetArrays(servers, pre["kind"], int(pre["hops"]), int(manifest["layers"]), source=path,
-                     server_graph=lambda a: shards.read_server_graph(path, manifest, a.server))
+    args = (servers, pre["kind"], int(pre["hops"]), int(manifest["layers"]))
+    kw = dict(source=path, server_graph=lambda a: shards.read_server_graph(path, manifest, a.server))
+    if not inductive:
+        return SetArrays(*args, **kw)
+    if not shards.is_inductive(manifest):
+        raise MemoryModelError(f"{path} is built without --inductive, which an --inductive run needs")
+    ds = manifest["dataset"]
+    return InductiveSetArrays(*args, **kw, modes=None if shards.has_train_hop(manifest) else ("fb", "cob"),
+                              multilabel_classes=int(ds["num_classes"]) if ds.get("multilabel") is True else 0)
 
 
 def estimate_shard_set(path: str, model: str, hidden: int, layers: Optional[int] = None, k: Optional[int] = None,
@@ -55,8 +76,10 @@ def estimate_shard_set(path: str, model: str, hidden: int, layers: Optional[int]
         k = L if pre["kind"] == "eas" else min(int(pre["hops"]), L)
     if pre["kind"] == "full" and k > int(pre["hops"]):
         raise MemoryModelError(f"{path} preloads {pre['hops']} hop(s), which cannot run k = {k} preloaded layers")
+    if not 0 <= int(k) <= L:
+        raise MemoryModelError(f"k = {k} preloaded layers is outside 0..L = 0..{L}")
     m = model_for(manifest, model, hidden, L, **model_kw)
-    rows = shard_rows(servers, L, k, m.features, m.num_classes)
+    rows = set_arrays(path, manifest, servers, m.inductive).rows(L, int(k), m)
     return [estimate(r, m, device) for r in rows]
 
 
@@ -66,7 +89,9 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
                       inductive: bool = False, **model_kw) -> Decision:
     """`--mode auto`: the options the shard sets offer (every mode's `estimate` on every set: full
     sets give fb and flx k <= hops, EAS sets eas, sets of L hops or EAS cob with each co-batch count
-    in `batches`), estimated, and the choice for the budget.
+    in `batches`), estimated, and the choice for the budget.  inductive: the induced graphs' views of
+    each inductive set (memory_model/induced_sets.py); a set without train-induced hops offers fb and
+    cob only, named in the reason.
 
     Reads every rank's slice of every set (features included) and samples the first co-batch on
     the calling process: call it on one rank and broadcast the Decision.  device="cuda" for a GPU
@@ -76,18 +101,25 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     if not usable:
         raise MemoryModelError("--mode auto: none of the shard sets can run this job: " + "; ".join(skipped))
     sampling = Sampling(tuple(batches), fanout, sampler, seed)
-    found = []
+    found, left_out = [], []
     for path in usable:
         manifest, servers = read_shard_set(path)
         m = model_for(manifest, model, hidden, layers, inductive=inductive, **model_kw)
-        found += options(row_groups(set_arrays(path, manifest, servers), layers, m, sampling), m,
-                         int(manifest["servers"]), device)
+        s = set_arrays(path, manifest, servers, inductive)
+        found += options(row_groups(s, layers, m, sampling), m, int(manifest["servers"]), device)
+        if s.modes is not None:  # an inductive set built before graph/train_hop existed
+            left_out.append(f"flx and eas on {path}, which holds no train-induced hops (graph/train_hop: built by an "
+                            f"earlier version); rebuild it with `python -m preprocess build ... --inductive --out "
+                            f"{path} --overwrite` to offer them")
     fits_in = usable_budget(budget_bytes, device)
     decision = choose(found, fits_in)
     if fits_in != budget_bytes:  # a GPU: the context, NCCL's buffers and fragmentation first (choice.py)
         decision = dataclasses.replace(decision, reason=decision.reason + (
             f" (of {format_size(budget_bytes)} per GPU, {format_size(budget_bytes - fits_in)} is kept for the CUDA "
             f"context, NCCL's buffers and the allocator's fragmentation)"))
+    if left_out:
+        decision = dataclasses.replace(decision, reason=decision.reason + "; options not considered: "
+                                       + "; ".join(left_out))
     if skipped:
         decision = dataclasses.replace(decision, reason=decision.reason + "; sets not considered: " + "; ".join(skipped))
     return decision

@@ -230,26 +230,27 @@ def test_sampled_training_views_hold_only_train_induced_rows_and_learn(cora, ind
 
 
 def test_the_memory_estimate_counts_the_induced_evaluation_views(inductive_sets):
-    """--mode auto's and plan's estimate of an inductive run adds the two induced world views: at least the
-    bytes those views' rows, halo rows and graphs take on each rank."""
+    """--mode auto's estimate of an inductive run (estimate_shard_set: the set's own arrays) counts the two
+    evaluation views, the full and the train+validation-induced world views: at least the bytes those views'
+    rows, halo rows and graphs take on each rank and within 10 % of them, with no bound in their place."""
     from granndis_hpc.memory_model.shardsets import estimate_shard_set
 
     path = inductive_sets[("cora", 2)]
     trainer = make_trainer(path, "fb", inductive=True)
     try:
         actual = 0
-        for view in trainer.induced.views.values():
+        for view in (trainer.world_view, trainer.induced.views["val"]):
             tensors = [view.features, view.halo_features] + [t for g in view.graphs for t in (
                 g.indptr, g.indices, g.dst_degree, g.src_degree)]
             actual += sum(t.numel() * t.element_size() for t in tensors)
         rank = trainer.topo.rank
     finally:
         trainer.close()
-    plain, induc = (estimate_shard_set(path, "sage", 16, 3, k=0, dropout=0.0, inductive=flag)[rank]
+    plain, induc = (estimate_shard_set(path, "sage", 16, 3, k=0, dropout=0.0, inductive=flag, device="cuda")[rank]
                     for flag in (False, True))
-    assert "induced_views" not in plain["breakdown"]
-    assert induc["breakdown"]["induced_views"] >= actual > 0
-    assert induc["total"] - plain["total"] == induc["breakdown"]["induced_views"]
+    assert "evaluation_views" not in plain["breakdown"] and "induced_views" not in induc["breakdown"]
+    # (measured: 1.01x; the views' split matrices and send lists are the rest)
+    assert actual <= induc["breakdown"]["evaluation_views"] <= 1.1 * actual
 
 
 @pytest.mark.parametrize("dataset,what", [("graph/train_in_degree", "disagrees"), ("graph/train_hop", "is no BFS")])

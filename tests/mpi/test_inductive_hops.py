@@ -117,11 +117,18 @@ def test_both_builds_write_the_induced_degrees_splits_and_hops(wide):
     assert any("server-0001.h5: graph/train_hop of 1 rows" in p for p in verify_shard_set(edited))
 
 
+def _layer_counts(lp):
+    """(own source rows, halo rows, computed rows, edges, rows sent) of a planner LayerPlan."""
+    return (int(lp.n_own_in), int(lp.recv_counts.sum()), int(lp.n_dst), int(lp.indptr[-1]), int(lp.send_counts.sum()))
+
+
 @pytest.mark.parametrize("mode,k", [("flx", 1), ("flx", 2), ("flx", 3), ("eas", 3)])
 def test_the_preloaded_layers_hold_the_train_induced_graphs_own_preload(wide, wide_sets, mode, k):
     """Per server, the rows each preloaded layer l < k computes and reads are those within k-1-l and k-l
     hops of the server's inner training vertices in the train-induced graph (a plain BFS here: over the
-    graph for flx, over the EAS file's own edges for eas); the rows held, within k."""
+    graph for flx, over the EAS file's own edges for eas); the rows held, within k.  --mode auto counts
+    every layer's rows (own, halo, computed, edges, sent) of every rank as the run builds them."""
+    from granndis_hpc import memory_model as mm
     from granndis_hpc import shards as sets
 
     path = wide_sets[mode if mode == "eas" else "full"]
@@ -131,12 +138,21 @@ def test_the_preloaded_layers_hold_the_train_induced_graphs_own_preload(wide, wi
         ids = view.row_ids.numpy()
         layers = [(view.plan.layers[l].n_dst, view.plan.layers[l].n_own_in, view._layer_source_ids(l).numpy())
                   for l in range(k)]
-        manifest = trainer.manifest
+        built = [_layer_counts(trainer.mode.static_view.per_layer[l].plan.layers[l]) for l in range(3)]
+        manifest, rank = trainer.manifest, trainer.topo.rank
     finally:
         trainer.close()
     parts = WORLD.gather((server, ids, layers), root=0)
+    every = WORLD.gather((rank, built), root=0)
     if WORLD.rank != 0:
         return
+    m = mm.model_for(manifest, "sage", 16, 3, inductive=True)
+    groups = mm.row_groups(mm.set_arrays(path, manifest, mm.read_shard_set(path)[1], inductive=True), 3, m,
+                           mm.Sampling(batches=()))
+    counted = next(g.rows for g in groups if (g.mode, g.k) == (mode, k))
+    for r, want in every:
+        lrs = counted[r].training_layers()
+        assert [(lr.n_own_in, lr.n_halo, lr.n_dst, lr.nnz, lr.n_send) for _, lr in lrs] == want, r
     for s in range(2):
         a = sets.read_server_arrays(path, manifest, s)
         gid, train, inner = a["vertices/global_id"], a["split/train"], a["vertices/hop"] == 0
@@ -179,15 +195,14 @@ def test_flx_on_the_train_induced_preload_equals_the_reference(wide, wide_sets, 
         assert summary["accuracy"][split] == pytest.approx(ref[split][1], abs=1e-12), split
 
 
-def test_a_set_built_before_the_train_induced_hops_serves_fb_and_is_refused_by_flx(wide_sets):
-    """An inductive set without graph/train_hop (as built before it existed) verifies, trains inductively in
-    fb, and is refused by --inductive flx (eas checks alike) with the command that rebuilds it; info says so."""
+@pytest.fixture(scope="module")
+def old_set(wide_sets):
+    """The 3-hop set without graph/train_hop (and its manifest entry), as built before it existed."""
     import hashlib
     import json
     import os
     import shutil
 
-    from granndis_hpc.cluster.errors import ClusterError
     from granndis_hpc.shards import manifest_digests
     from preprocess.verify import format_info, verify_shard_set
     from tests.mpi.conftest import on_rank0, shared_tmpdir
@@ -213,6 +228,15 @@ def test_a_set_built_before_the_train_induced_hops_serves_fb_and_is_refused_by_f
         assert verify_shard_set(old) == []
         assert "no train-induced hops (built by an earlier version" in format_info(manifest)
     on_rank0(strip)
+    return old
+
+
+def test_a_set_built_before_the_train_induced_hops_serves_fb_and_is_refused_by_flx(old_set):
+    """An inductive set without graph/train_hop (as built before it existed) verifies, trains inductively in
+    fb, and is refused by --inductive flx (eas checks alike) with the command that rebuilds it; info says so."""
+    from granndis_hpc.cluster.errors import ClusterError
+
+    old = old_set
     trainer = make_trainer(old, "fb", inductive=True, epochs=1)
     try:
         assert trainer.run()["protocol"] == "inductive"
@@ -221,3 +245,22 @@ def test_a_set_built_before_the_train_induced_hops_serves_fb_and_is_refused_by_f
     with pytest.raises(ClusterError, match=f"--inductive --mode flx needs the train-induced hops.*rebuild it with "
                                            f"`python -m preprocess build ... --inductive --out {old} --overwrite`"):
         make_trainer(old, "flx", inductive=True)
+
+
+def test_mode_auto_offers_fb_and_cob_on_a_set_without_the_hops(old_set):
+    """--inductive --mode auto on that set offers fb and cob only (flx and eas would refuse it), says why and
+    how to rebuild it, and picks fb when no co-batch count is asked for."""
+    from granndis_hpc import memory_model as mm
+    from tests.mpi.conftest import on_rank0
+
+    def check():
+        kw = dict(inductive=True, job=(2, 2))
+        every = mm.choose_shard_sets([old_set], "sage", 16, 3, 1, batches=(2,), **kw)  # nothing fits: all listed
+        assert {o.mode for o in every.rejected} == {"fb", "cob"}
+        plain = mm.choose_shard_sets([old_set], "sage", 16, 3, 1 << 40, batches=(), **kw)
+        assert plain.choice.mode == "fb"
+        assert (f"options not considered: flx and eas on {old_set}, which holds no train-induced hops "
+                f"(graph/train_hop") in plain.reason and f"--inductive --out {old_set} --overwrite" in plain.reason
+        with pytest.raises(mm.MemoryModelError, match="needs the train-induced hops"):
+            mm.estimate_shard_set(old_set, "sage", 16, 3, k=1, inductive=True)
+    on_rank0(check)

@@ -208,3 +208,44 @@ def test_the_inductive_estimate_is_within_20_percent_of_measurement(datasets):
         if abs(got - want) > TOLERANCE * want:
             problems.append(f"rank {rank}: {what} estimated {got}, measured {want}")
     agreed(problems)
+
+
+def test_mode_auto_counts_the_inductive_views_plan_counts(datasets):
+    """--mode auto on the two inductive sets on disk counts every rank's views from the sets' own arrays
+    (memory_model/induced_sets.py) as `plan --hops 3` counts them from the build ranks' slices: the same
+    RankRows (training views, the two evaluation views, the shard slice and server file sizes) for fb,
+    flx k = 1..3 and cob (sampled on the train-induced edges), and the eas rows a real run builds; so the
+    same estimates, each with its evaluation views counted."""
+    graph, dirs, groups, m, options, _ = planned(datasets, "cora")
+    t = make_trainer(dirs["eas"], "eas", inductive=True)
+    try:
+        run_eas = [counts(view_layer(t.train_view, l)) for l in range(L)]
+        rank = t.topo.rank
+    finally:
+        t.close()
+    every_eas = WORLD.gather((rank, run_eas))
+    problems = []
+    if WORLD.rank == 0:
+        sampling = mm.Sampling((2,), -1, "sage", 0)
+        auto = {}
+        for name, source in (("full", f"--hops {L}"), ("eas", "--preload eas")):
+            manifest, servers = mm.read_shard_set(dirs[name])
+            for g in mm.row_groups(mm.set_arrays(dirs[name], manifest, servers, inductive=True), L, m, sampling):
+                auto[(g.mode, g.k if g.mode != "cob" else g.batches, source)] = g.rows
+        for key in [("fb", 0, f"--hops {L}"), *[("flx", k, f"--hops {L}") for k in (1, 2, 3)], ("cob", 2, f"--hops {L}")]:
+            if auto.get(key) != groups[key]:
+                problems.append(f"auto's {key} rows differ from plan's")
+        print("EASCMP", auto[("eas", L, "--preload eas")] == groups[("eas", L, "--preload eas")])
+        for r, want in every_eas:
+            got = [rows_of(lr) for _, lr in auto[("eas", L, "--preload eas")][r].training_layers()]
+            if got != want:
+                problems.append(f"eas rank {r}: auto {got}, run {want}")
+        decision = mm.choose_shard_sets([dirs["full"], dirs["eas"]], "sage", HIDDEN, L, 1, batches=(2,),
+                                        dropout=0.5, inductive=True, job=(2, RANKS_PER_SERVER))
+        if not all("evaluation_views" in o.breakdown for o in decision.rejected):
+            problems.append("an option of auto lacks its evaluation views")
+        planned_full = {o["label"]: o["peak_bytes"] for o in options if o["source"] == f"--hops {L}"}
+        auto_full = {o.label: o.peak for o in decision.rejected if o.source == dirs["full"]}
+        if not auto_full or any(planned_full.get(label) != peak for label, peak in auto_full.items()):
+            problems.append(f"estimates differ: plan {planned_full}, auto {auto_full}")
+    agreed(problems)
