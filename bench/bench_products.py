@@ -332,8 +332,10 @@ def main(argv=None):
     save_records(path, records)
     page = products_page.render(records, argv)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write(products_page.keep_reading(page, args.out))
+    text = products_page.keep_reading(page, args.out)  # read before the page is rewritten
+    with open(args.out + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(args.out + ".tmp", args.out)
     if args.results:
         shutil.copy(path, args.results)
     print(page)

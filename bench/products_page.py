@@ -135,7 +135,7 @@ def render(records, argv):
         med = statistics.median(ref["epoch_s"])
         L += ["## One-machine reference", "",
               f"The same training graph (the subgraph induced by the {ref['train_vertices']:,} training vertices, "
-              f"{ref['train_edges']:,} edges) in one process with {ref['kind']} ({ref['threads']} threads): "
+              f"{ref['train_edges']:,} edges) in one process with {ref['kind']} ({ref['threads']} thread{'s' if ref['threads'] != 1 else ''}): "
               f"epoch {med:.3f} s (median of {len(ref['epoch_s'])} after a warm-up of {ref['warmup_s']:.2f} s), "
               f"peak RSS {gib(ref['peak_rss_bytes'])} GiB. The graph it generated in-process is the shard set's: "
               + ("the same vertex and edge counts." if (ref["full_graph"]["vertices"], ref["full_graph"]["edges"])
