@@ -49,6 +49,15 @@ ENVIRONMENT: Tuple[EnvVar, ...] = (
     EnvVar("GRANNDIS_STOP_FILE", "PATH", "none", "granndis_hpc/engine/signals.py",
            "a file whose existence asks the run to stop with a checkpoint, as SIGUSR1 does: slurm/lib.sh sets "
            "it and creates the file on the time-limit warning, which srun drops before the tasks start"),
+    EnvVar("GRANNDIS_CSR_KERNEL", "auto | native | torch", "auto", "granndis_hpc/nn/csr_kernel.py",
+           "the CPU's sparse product of the aggregations: native, the C kernel nn/csr_spmm.c (compiled on "
+           "first use with $CC or cc; the same products as torch's, 2-3x faster on one thread: "
+           "docs/performance/aggregate.md); torch, torch's CSR product; auto, the C kernel where it "
+           "compiles, else torch's with a warning.  A run's summary.json names the one used (compute)"),
+    EnvVar("GRANNDIS_KERNEL_CACHE", "DIR", "$XDG_CACHE_HOME/granndis_hpc, else ~/.cache/granndis_hpc",
+           "granndis_hpc/nn/csr_kernel.py",
+           "where the C kernel is built, one file per source, flags, compiler and CPU kind (a home shared by "
+           "nodes of different CPUs holds one build for each)"),
     # Preprocessing.
     EnvVar("GRANNDIS_BUILD_PROFILE", "PATH", "none", "preprocess/__main__.py",
            "write every rank's wall and CPU seconds and peak RSS per build phase as JSON to PATH "
