@@ -11,8 +11,8 @@ Each method runs in its own subprocess, so that its peak memory is its own:
        graph and h exist; CUDA: torch.cuda.max_memory_allocated minus the allocation before the method.
 Methods:
   spmm          granndis_hpc.nn default: cached CSR A and A^T, custom autograd (A @ h, A^T @ grad); on
-                the CPU the products are nn/csr_kernel.py's C kernel
-  spmm_torch    the same with torch's CSR product (GRANNDIS_CSR_KERNEL=torch)
+                the CPU the products are nn/cpu_kernels.py's C kernel
+  spmm_torch    the same with torch's CSR product (GRANNDIS_CPU_KERNELS=torch)
   index_add     gather h[src] * w into an [nnz, d] message tensor, index_add into the rows
   csr_autograd  cached CSR A, torch's own autograd through A @ h
   coo_autograd  cached coalesced COO A, torch.sparse.mm with torch's own autograd
@@ -130,7 +130,7 @@ def run_all(args):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", method, "--device", args.device,
                "--vertices", str(args.vertices), "--degree", str(args.degree), "--width", str(args.width),
                "--reps", str(args.reps), "--kind", args.kind, "--seed", str(args.seed)]
-        env = dict(os.environ, GRANNDIS_CSR_KERNEL="torch") if method == "spmm_torch" else None
+        env = dict(os.environ, GRANNDIS_CPU_KERNELS="torch") if method == "spmm_torch" else None
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from granndis_hpc.nn.csr_kernel import csr_matmul
+from granndis_hpc.nn.cpu_kernels import csr_matmul
 
 F32 = 4
 
@@ -81,7 +81,7 @@ def _backward(f, x, params=()):
 
 def spmm_ops(g, kind, w):
     """A layer's sparse product at width w, forward and backward (the cached transposed matrix), by the
-    product the aggregations use (nn/csr_kernel.py)."""
+    product the aggregations use (nn/cpu_kernels.py)."""
     n, n_src = int(g.n_dst), int(g.n_src)
     a, at = g._matrix(kind, torch.float32, transposed=False), g._matrix(kind, torch.float32, transposed=True)
     nnz = int(a.col_indices().shape[0])

@@ -1,17 +1,19 @@
-"""The CPU sparse product ``A @ H`` (CSR A, dense H) of the aggregations: a small C kernel, csr_spmm.c.
+"""The C kernels of the CPU path (cpu_kernels.c): the aggregations' sparse product ``A @ H`` and the
+keyed dropout's forward.
 
-torch's CPU CSR product ran 5-15x the time its bytes take on one thread (docs/performance/single-rank.md);
-csr_spmm.c keeps each output row's columns in vector registers.  It needs no torch headers: it is compiled
-on first use with the system C compiler (``$CC``, else ``cc``) for the machine it runs on
-(``-march=native``), into a cache directory shared by the ranks (``$GRANNDIS_KERNEL_CACHE``, else
-``$XDG_CACHE_HOME/granndis_hpc`` or ``~/.cache/granndis_hpc``), named by a hash of the source, the flags,
-the compiler and the CPU's features, so nodes of different CPU kinds on one shared home each build their
-own.  The library is written under a temporary name and renamed into place: ranks that build it at the
-same time all end up loading a complete file.
+torch's CPU CSR product ran 5-15x the time its bytes take on one thread, and the keyed mask several
+int64 passes an element (docs/performance/single-rank.md); cpu_kernels.c keeps each output row's
+columns in vector registers and hashes and applies a mask in one pass, with the same results bit for
+bit.  It needs no torch headers: it is compiled on first use with the system C compiler (``$CC``, else
+``cc``) for the machine it runs on (``-march=native``), into a cache directory shared by the ranks
+(``$GRANNDIS_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/granndis_hpc`` or ``~/.cache/granndis_hpc``), named
+by a hash of the source, the flags, the compiler and the CPU's features, so nodes of different CPU
+kinds on one shared home each build their own.  The library is written under a temporary name and
+renamed into place: ranks that build it at the same time all end up loading a complete file.
 
-``$GRANNDIS_CSR_KERNEL`` chooses: ``auto`` (default: the C kernel where it builds, else torch's product,
-with one warning saying why), ``native`` (the C kernel or an error) or ``torch`` (torch's product).
-CUDA tensors, half-width dtypes and anything but a 2-D row-major H always use torch's product.
+``$GRANNDIS_CPU_KERNELS`` chooses: ``auto`` (default: the C kernels where they build, else torch's ops,
+with one warning saying why), ``native`` (the C kernels or an error) or ``torch`` (torch's ops).
+CUDA tensors, half-width dtypes and non-contiguous operands always use torch's ops.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from typing import Optional
 
 import torch
 
-SOURCE = Path(__file__).with_name("csr_spmm.c")
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
 CHOICES = ("auto", "native", "torch")
 _FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99"]
 _NATIVE_FLAGS = ["-march=native"]
@@ -37,20 +39,20 @@ _NATIVE_FLAGS = ["-march=native"]
 
 
 class KernelError(RuntimeError):
-    """GRANNDIS_CSR_KERNEL=native where the C kernel cannot be built (or an unknown choice)."""
+    """GRANNDIS_CPU_KERNELS=native where the C kernels cannot be built (or an unknown choice)."""
 
 
 _lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None
-_failure: Optional[str] = None  # why the C kernel is not available (set once tried)
+_failure: Optional[str] = None  # why the C kernels are not available (set once tried)
 _tried = False
 _warned = False
 
 
 def choice() -> str:
-    value = os.environ.get("GRANNDIS_CSR_KERNEL", "auto").strip().lower() or "auto"
+    value = os.environ.get("GRANNDIS_CPU_KERNELS", "auto").strip().lower() or "auto"
     if value not in CHOICES:
-        raise KernelError(f"GRANNDIS_CSR_KERNEL={value!r}: choose one of {', '.join(CHOICES)}")
+        raise KernelError(f"GRANNDIS_CPU_KERNELS={value!r}: choose one of {', '.join(CHOICES)}")
     return value
 
 
@@ -105,7 +107,7 @@ def _build() -> ctypes.CDLL:
                      platform.machine().encode()):
             digest.update(part)
             digest.update(b"\0")
-        path = cache_dir() / f"csr_spmm-{digest.hexdigest()[:16]}.so"
+        path = cache_dir() / f"cpu_kernels-{digest.hexdigest()[:16]}.so"
         if not path.exists():
             error = _compile(compiler, flags, path)
             if error is not None:
@@ -116,12 +118,17 @@ def _build() -> ctypes.CDLL:
             fn = getattr(library, name)
             fn.restype = None
             fn.argtypes = [ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
+        for name, scale in (("dropout_float", ctypes.c_float), ("dropout_double", ctypes.c_double)):
+            fn = getattr(library, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, scale] + \
+                [ctypes.c_void_p] * 3 + [ctypes.c_int]
         return library
-    raise RuntimeError("could not compile nn/csr_spmm.c: " + " | ".join(errors))
+    raise RuntimeError("could not compile nn/cpu_kernels.c: " + " | ".join(errors))
 
 
 def library() -> Optional[ctypes.CDLL]:
-    """The loaded C kernel, building it on first call; None where it cannot be built (``auto``) or is off."""
+    """The loaded C kernels, built on first call; None where they cannot be built (``auto``) or are off."""
     global _library, _failure, _tried, _warned
     mode = choice()
     if mode == "torch":
@@ -135,17 +142,17 @@ def library() -> Optional[ctypes.CDLL]:
                 _failure = str(exc)
         if _library is None:
             if mode == "native":
-                raise KernelError(f"GRANNDIS_CSR_KERNEL=native: {_failure}; install a C compiler, or set "
-                                   "GRANNDIS_CSR_KERNEL=auto to fall back to torch's sparse product")
+                raise KernelError(f"GRANNDIS_CPU_KERNELS=native: {_failure}; install a C compiler, or set "
+                                  "GRANNDIS_CPU_KERNELS=auto to fall back to torch's ops")
             if not _warned:
                 _warned = True
-                warnings.warn(f"the C sparse product is not available ({_failure}); using torch's "
-                              "(slower on the CPU; set GRANNDIS_CSR_KERNEL=torch to silence this)")
+                warnings.warn(f"the C kernels are not available ({_failure}); using torch's ops "
+                              "(slower on the CPU; set GRANNDIS_CPU_KERNELS=torch to silence this)")
         return _library
 
 
 def kernel_name() -> str:
-    """Which product aggregations use on the CPU: 'native' (the C kernel) or 'torch'."""
+    """What the CPU path uses: 'native' (the C kernels) or 'torch'."""
     return "native" if library() is not None else "torch"
 
 
@@ -173,3 +180,22 @@ def csr_matmul(a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     fn(n_rows, h.shape[1], crow.data_ptr(), col.data_ptr(), val.data_ptr(), h.data_ptr(), out.data_ptr(),
        torch.get_num_threads())
     return out
+
+
+def dropout_applies(h: torch.Tensor) -> bool:
+    """Whether dropout() takes h: contiguous float32/float64 rows on the CPU, the C kernels built."""
+    return (h.device.type == "cpu" and h.dtype in (torch.float32, torch.float64) and h.dim() == 2
+            and h.is_contiguous() and library() is not None)
+
+
+def dropout(h: torch.Tensor, row_start: torch.Tensor, threshold: int, scale: float):
+    """(y, m) for h that dropout_applies to: m = keep * scale for nn/dropout.py's keep mask of rows whose
+    hashed starts are ``row_start`` (int64 [n]) and the lane threshold, y = h * m."""
+    if row_start.shape != (h.shape[0],):
+        raise ValueError(f"dropout: {h.shape[0]} rows but row_start of shape {tuple(row_start.shape)}")
+    row_start = row_start.to(torch.int64).contiguous()
+    y, m = torch.empty_like(h), torch.empty_like(h)
+    fn = library().dropout_float if h.dtype == torch.float32 else library().dropout_double
+    fn(h.shape[0], h.shape[1], row_start.data_ptr(), int(threshold), scale, h.data_ptr(), y.data_ptr(),
+       m.data_ptr(), torch.get_num_threads())
+    return y, m
