@@ -10,7 +10,9 @@ Each method runs in its own subprocess, so that its peak memory is its own:
   CPU: peak resident set (VmHWM, reset through /proc/self/clear_refs) minus the resident set after the
        graph and h exist; CUDA: torch.cuda.max_memory_allocated minus the allocation before the method.
 Methods:
-  spmm          granndis_hpc.nn default: cached CSR A and A^T, custom autograd (A @ h, A^T @ grad)
+  spmm          granndis_hpc.nn default: cached CSR A and A^T, custom autograd (A @ h, A^T @ grad); on
+                the CPU the products are nn/cpu_kernels.py's C kernel
+  spmm_torch    the same with torch's CSR product (GRANNDIS_CPU_KERNELS=torch)
   index_add     gather h[src] * w into an [nnz, d] message tensor, index_add into the rows
   csr_autograd  cached CSR A, torch's own autograd through A @ h
   coo_autograd  cached coalesced COO A, torch.sparse.mm with torch's own autograd
@@ -32,7 +34,7 @@ import torch
 from granndis_hpc.graph.csr import csr_from_edges
 from granndis_hpc.nn import LayerGraph, aggregate
 
-METHODS = ("spmm", "index_add", "csr_autograd", "coo_autograd")
+METHODS = ("spmm", "spmm_torch", "index_add", "csr_autograd", "coo_autograd")
 NOTES_MARKER = "<!-- notes: kept when the table above is regenerated -->"
 
 
@@ -63,8 +65,9 @@ def _peak(device):
 
 
 def _method_fn(method, graph, kind):
-    if method in ("spmm", "index_add"):
-        return lambda h: aggregate(graph, h, kind, backend=method)
+    if method in ("spmm", "spmm_torch", "index_add"):  # (spmm_torch: the spmm backend, product chosen by env)
+        backend = "spmm" if method == "spmm_torch" else method
+        return lambda h: aggregate(graph, h, kind, backend=backend)
     if method == "csr_autograd":
         return lambda h: graph.adjacency(kind, h.dtype) @ h
     if method == "coo_autograd":
@@ -127,7 +130,8 @@ def run_all(args):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", method, "--device", args.device,
                "--vertices", str(args.vertices), "--degree", str(args.degree), "--width", str(args.width),
                "--reps", str(args.reps), "--kind", args.kind, "--seed", str(args.seed)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        env = dict(os.environ, GRANNDIS_CPU_KERNELS="torch") if method == "spmm_torch" else None
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
             sys.exit(f"bench_aggregate: method {method} failed (exit {proc.returncode})")

@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from granndis_hpc.nn.cpu_kernels import csr_matmul
+
 F32 = 4
 
 
@@ -78,15 +80,16 @@ def _backward(f, x, params=()):
 
 
 def spmm_ops(g, kind, w):
-    """A layer's sparse product at width w, forward and backward (the cached transposed matrix)."""
+    """A layer's sparse product at width w, forward and backward (the cached transposed matrix), by the
+    product the aggregations use (nn/cpu_kernels.py)."""
     n, n_src = int(g.n_dst), int(g.n_src)
     a, at = g._matrix(kind, torch.float32, transposed=False), g._matrix(kind, torch.float32, transposed=True)
     nnz = int(a.col_indices().shape[0])
     csr = (n + 1) * a.crow_indices().element_size() + nnz * (a.col_indices().element_size() + F32)
     h, gy = torch.randn(n_src, w), torch.randn(n, w)
     nbytes, flops = csr + (n_src + n) * w * F32, 2 * nnz * w
-    return [("spmm fwd A@H", nbytes, flops, lambda: a @ h, True),
-            ("spmm bwd A^T@G", nbytes, flops, lambda: at @ gy, False)]
+    return [("spmm fwd A@H", nbytes, flops, lambda: csr_matmul(a, h), True),
+            ("spmm bwd A^T@G", nbytes, flops, lambda: csr_matmul(at, gy), False)]
 
 
 def linear_ops(k, n, din, dout, x=None, dx=True):

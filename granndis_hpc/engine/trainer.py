@@ -44,6 +44,7 @@ from granndis_hpc.graph import planner
 from granndis_hpc.engine.peakmem import peak_memory_bytes, peak_reserved_bytes
 from granndis_hpc.metric_names import split_keys
 from granndis_hpc.metrics import epoch_line, summarize, summary_fields
+from granndis_hpc.nn import cpu_kernels
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.progress import progress
@@ -90,6 +91,9 @@ class Trainer(TrainerCheckpoints):
         self.cfg = cfg = self.mode.cfg
         with collective_errors(self.world, "", catch=(PrecisionError,)):
             self.precision = Precision(cfg.precision, self.device)  # --precision (engine/precision.py)
+        if self.device.type == "cpu":  # the C kernels (nn/cpu_kernels.py), built now, not in the first epoch
+            with collective_errors(self.world, "", catch=(cpu_kernels.KernelError,)):
+                cpu_kernels.library()
         # The exchange groups every view uses; training halo rows travel in --halo-dtype on both (under
         # --precision bf16 in bfloat16: the rows are computed in it).
         wire = None if cfg.halo_dtype == "float32" else getattr(torch, cfg.halo_dtype)
@@ -381,6 +385,8 @@ class Trainer(TrainerCheckpoints):
         summary["plan"].update(self.communication_entry())
         summary["features"] = features_entry(self.manifest)
         summary["optimizer"] = self.optimizer.summary()
+        summary["compute"] = {"device": self.device.type, "threads_per_rank": torch.get_num_threads(),
+                              "kernels": cpu_kernels.kernel_name() if self.device.type == "cpu" else "torch"}
         if cfg.init_from:
             summary["init_from"] = self.init_source.provenance()
         if self.device.type == "cuda":  # beside peak_memory_bytes (allocated): what the GPU held

@@ -25,6 +25,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from . import cpu_kernels
+
 _M64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / phi: splitmix64's increment
 _MUL1 = 0xBF58476D1CE4E5B9
@@ -149,6 +151,32 @@ def apply_mask(h: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
     return h * keep.view(torch.uint8).to(h.dtype).mul_(scale)
 
 
+class _KeyedDropoutCPU(torch.autograd.Function):
+    """apply_mask(h, keep_mask(...), p) by the C kernel (nn/cpu_kernels.c): the mask hashed and applied
+    in one pass; the same float mask saved for the backward, the same values."""
+
+    @staticmethod
+    def forward(ctx, h, row_start, p):
+        y, m = cpu_kernels.dropout(h, row_start, _threshold(p), 1.0 / (1.0 - p))
+        ctx.save_for_backward(m)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (m,) = ctx.saved_tensors
+        return grad_y * m, None, None
+
+
+def drop_rows(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, h: torch.Tensor, p: float) -> torch.Tensor:
+    """apply_mask(h, keep_mask(seed, epoch, layer, row_ids, h.shape[1], p), p): on the CPU by the C kernel."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1), got {p!r}")
+    ids = row_ids.to(torch.int64)
+    if ids.dim() == 1 and ids.shape[0] == h.shape[0] and cpu_kernels.dropout_applies(h):
+        return _KeyedDropoutCPU.apply(h, _row_starts(seed, epoch, layer, ids), p)
+    return apply_mask(h, keep_mask(seed, epoch, layer, ids, h.shape[1], p), p)
+
+
 # Below this fraction of nonzeros, input dropout hashes only the nonzero elements (a dropped zero is
 # zero): Cora's bag-of-words rows are 1.3 % nonzero, and hashing all 1433 columns of every layer-0
 # source row cost 20x the first layer's matmul (measured, 1500 x 1433 rows).  Above it, the index
@@ -165,7 +193,7 @@ def drop_sparse_rows(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, h
     # would be 16 bytes per element, built every step only to be dropped for the dense mask (measured:
     # the largest single op of an inductive flx step, whose layer 0 reads 2x fb's source rows).
     if int(torch.count_nonzero(h)) > SPARSE_INPUT_DENSITY * h.numel():
-        return apply_mask(h, keep_mask(seed, epoch, layer, row_ids[:n], width, p), p)
+        return drop_rows(seed, epoch, layer, row_ids[:n], h, p)
     rows, cols = torch.nonzero(h, as_tuple=True)
     keep = keep_elements(seed, epoch, layer, row_ids[:n], rows, cols, p)
     return h.index_put((rows, cols), h[rows, cols] * (keep.to(h.dtype) * (1.0 / (1.0 - p))))
@@ -208,8 +236,7 @@ class RowDropout:
     def __call__(self, layer: int, h: torch.Tensor, p: float) -> torch.Tensor:
         if p == 0.0:
             return h
-        keep = keep_mask(self.seed, self.epoch, layer, self.ids(layer, h.shape[0], h.device), h.shape[1], p)
-        return apply_mask(h, keep, p)
+        return drop_rows(self.seed, self.epoch, layer, self.ids(layer, h.shape[0], h.device), h, p)
 
     def at(self, layer: int, h: torch.Tensor, p: float, rows: torch.Tensor) -> torch.Tensor:
         """Dropout of h, whose rows are the rows ``rows`` (indices into the layer's rows) of what
@@ -219,7 +246,7 @@ class RowDropout:
             return h
         ids = self.layer_ids[min(layer, len(self.layer_ids) - 1)]
         ids = rows.to(h.device) if ids is None else ids.to(h.device).index_select(0, rows.to(ids.device))
-        return apply_mask(h, keep_mask(self.seed, self.epoch, layer, ids, h.shape[1], p), p)
+        return drop_rows(self.seed, self.epoch, layer, ids, h, p)
 
     def sources(self, h_src: torch.Tensor, p: float) -> torch.Tensor:
         """Input dropout of layer 0's source rows h_src (own rows, then halo rows), key layer 0."""

@@ -21,6 +21,7 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from .cpu_kernels import csr_matmul
 from .sparse import coo_to_csr as _coo_to_csr
 
 KINDS = ("mean", "gcn", "sum")
@@ -272,11 +273,11 @@ def _spmm(matrix, h: torch.Tensor) -> torch.Tensor:
     """matrix(dtype) @ h, outside autocast (--precision bf16), which would cast it to bfloat16: the CPU
     has no bfloat16 sparse matmul (MKL's CSR kernel is float/double only).  Half-width rows are
     multiplied in float32 and the result rounded back to their dtype: a vertex's neighbours are summed
-    in float32, rounding once instead of once per addition."""
+    in float32, rounding once instead of once per addition.  On the CPU the product is cpu_kernels's."""
     with torch.autocast(h.device.type, enabled=False):
         if h.dtype in (torch.float32, torch.float64):
-            return matrix(h.dtype) @ h
-        return (matrix(torch.float32) @ h.float()).to(h.dtype)
+            return csr_matmul(matrix(h.dtype), h)
+        return csr_matmul(matrix(torch.float32), h.float()).to(h.dtype)
 
 
 class _SparseMatmul(torch.autograd.Function):

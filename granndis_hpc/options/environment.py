@@ -49,6 +49,15 @@ ENVIRONMENT: Tuple[EnvVar, ...] = (
     EnvVar("GRANNDIS_STOP_FILE", "PATH", "none", "granndis_hpc/engine/signals.py",
            "a file whose existence asks the run to stop with a checkpoint, as SIGUSR1 does: slurm/lib.sh sets "
            "it and creates the file on the time-limit warning, which srun drops before the tasks start"),
+    EnvVar("GRANNDIS_CPU_KERNELS", "auto | native | torch", "auto", "granndis_hpc/nn/cpu_kernels.py",
+           "the CPU path's sparse product and keyed dropout: native, the C kernels of nn/cpu_kernels.c "
+           "(compiled on first use with $CC or cc; the same results as torch's ops, bit for bit, and faster: "
+           "docs/performance/single-rank.md); torch, torch's ops; auto, the C kernels where they compile, "
+           "else torch's ops with a warning.  A run's summary.json names what it used (compute)"),
+    EnvVar("GRANNDIS_KERNEL_CACHE", "DIR", "$XDG_CACHE_HOME/granndis_hpc, else ~/.cache/granndis_hpc",
+           "granndis_hpc/nn/cpu_kernels.py",
+           "where the C kernels are built, one file per source, flags, compiler and CPU kind (a home shared by "
+           "nodes of different CPUs holds one build for each)"),
     # Preprocessing.
     EnvVar("GRANNDIS_BUILD_PROFILE", "PATH", "none", "preprocess/__main__.py",
            "write every rank's wall and CPU seconds and peak RSS per build phase as JSON to PATH "

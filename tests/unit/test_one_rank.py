@@ -79,3 +79,24 @@ def test_one_rank_default_path_is_plain_and_exact(one_rank):
     np.testing.assert_allclose(l_ov, ref_losses, rtol=1e-5)
     for ours, ref in zip(fin_ov, ref_final):
         torch.testing.assert_close(ours, ref.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_c_kernels_train_as_torch_s_ops(one_rank, monkeypatch):
+    """GRANNDIS_CPU_KERNELS=native (nn/cpu_kernels.c) and torch's ops train the same parameters (sparse
+    products and keyed dropout), and the run's summary names what it used."""
+    _, shards = one_rank
+    params, used = {}, {}
+    for kernel in ("native", "torch"):
+        monkeypatch.setenv("GRANNDIS_CPU_KERNELS", kernel)
+        t = Trainer(TrainConfig(shards=str(shards), mode="flx", model="sage", layers=2, hidden=8, dropout=0.5,
+                                epochs=EPOCHS, eval_every=EPOCHS, ranks_per_server=1, skip_checksums=True,
+                                quiet=True))
+        try:
+            summary = t.run()
+            params[kernel] = [p.detach().clone() for p in t.model.parameters()]
+        finally:
+            t.close()
+        used[kernel] = summary["compute"]["kernels"]
+    assert used == {"native": "native", "torch": "torch"}
+    for native, torch_s in zip(params["native"], params["torch"]):
+        torch.testing.assert_close(native, torch_s, rtol=1e-6, atol=1e-7)
