@@ -10,6 +10,8 @@ with activation checkpointing; hidden --hidden, dropout --dropout, Adam, --threa
 
   default     granndis_hpc's Trainer, --mode flx with its defaults (overlap on)
   no-overlap  the same with --no-overlap
+  torch-ops   the default with torch's sparse product and dropout (GRANNDIS_CPU_KERNELS=torch) instead of
+              the C kernels of nn/cpu_kernels.c
   pyg-csr     PyG's SAGEConv / GCNConv(normalize=False) stack (bench/single_rank_pyg.py) over a torch.sparse
               CSR adj_t of the same graph, rows and labels, from the same initial weights
 
@@ -64,13 +66,24 @@ def make_trainer(shards, args, no_overlap):
 
 
 class Granndis:
-    def __init__(self, name, trainer):
-        self.name, self.trainer, self.records = name, trainer, []
+    """One implementation: a trainer, and GRANNDIS_CPU_KERNELS while it runs (None: as it is set)."""
+
+    def __init__(self, name, trainer, kernels=None):
+        self.name, self.trainer, self.kernels, self.records = name, trainer, kernels, []
 
     def epoch(self):
-        start = time.perf_counter()
-        self.records.append(self.trainer.train_epoch())
-        return time.perf_counter() - start
+        saved = os.environ.get("GRANNDIS_CPU_KERNELS")
+        if self.kernels:  # read on every call (nn/cpu_kernels.py): this epoch's products and dropouts
+            os.environ["GRANNDIS_CPU_KERNELS"] = self.kernels
+        try:
+            start = time.perf_counter()
+            self.records.append(self.trainer.train_epoch())
+            return time.perf_counter() - start
+        finally:
+            if saved is None:
+                os.environ.pop("GRANNDIS_CPU_KERNELS", None)
+            else:
+                os.environ["GRANNDIS_CPU_KERNELS"] = saved
 
 
 def alternate(impls, rounds):
@@ -93,9 +106,13 @@ def epoch_lines(times, rounds):
     for name, ts in times.items():
         med, lo, hi, dev = spread(ts)
         lines.append(f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {100 * dev:.0f} % | " + (f"{med / ref:.2f}x |" if ref else "|"))
-    d, n = statistics.median(times["default"]), statistics.median(times["no-overlap"])
-    return lines + ["", f"Default / no-overlap: {d / n:.3f}x by median; per round median "
-                    f"{statistics.median(a / b for a, b in zip(times['default'], times['no-overlap'])):.3f}x.", ""]
+    lines.append("")
+    for other in ("no-overlap", "torch-ops"):
+        if other in times:
+            d, n = statistics.median(times["default"]), statistics.median(times[other])
+            lines.append(f"Default / {other}: {d / n:.3f}x by median; per round median "
+                         f"{statistics.median(a / b for a, b in zip(times['default'], times[other])):.3f}x.")
+    return lines + [""]
 
 
 def server_worker(args):
@@ -181,7 +198,8 @@ def main(argv=None):
         return server_page(args, argv, log)
     shards = build_set(args, log)
     impls = [Granndis("default", make_trainer(shards, args, False)),
-             Granndis("no-overlap", make_trainer(shards, args, True))]
+             Granndis("no-overlap", make_trainer(shards, args, True)),
+             Granndis("torch-ops", make_trainer(shards, args, False), kernels="torch")]
     try:
         impls.append(single_rank_pyg.PygEpoch(impls[0].trainer, args))
     except ImportError:
@@ -195,7 +213,7 @@ def main(argv=None):
     stream, gflops = rl.stream_gbs(), rl.peak_gflops()
     roof = rl.roofline(impls[0].trainer)
     n_edges = int(impls[0].trainer.world_view.graphs[0].indices.shape[0])
-    for impl in impls[:2]:
+    for impl in impls[:3]:
         impl.trainer.close()
 
     lines = ["# One rank's epoch: granndis against PyG, profile and roofline", "",

@@ -109,7 +109,7 @@ def between_ops(layer, n, d, norm=False, p=0.5):
     """[LayerNorm] -> ReLU -> keyed dropout of [n, d] rows, each forward and backward (autograd's).
     Bytes: LayerNorm reads h and writes its result, its backward reads the gradient and h and writes;
     relu the same; dropout writes (forward) and reads (backward) a one-byte mask besides."""
-    from granndis_hpc.nn.dropout import apply_mask, keep_mask
+    from granndis_hpc.nn.dropout import drop_rows
 
     nd, ops, ids = n * d, [], torch.arange(n)
     h = torch.randn(n, d)
@@ -120,9 +120,8 @@ def between_ops(layer, n, d, norm=False, p=0.5):
         ops.append(("layernorm bwd", 3 * nd * F32, 10 * nd, _backward(ln, h, list(ln.parameters())), False))
     ops += [("relu fwd", 2 * nd * F32, nd, lambda: torch.relu(h), True),
             ("relu bwd", 3 * nd * F32, nd, _backward(torch.relu, h), False),
-            ("dropout fwd", 2 * nd * F32 + nd, nd, lambda: apply_mask(h, keep_mask(0, 0, layer, ids, d, p), p), True),
-            ("dropout bwd", 2 * nd * F32 + nd, nd,
-             _backward(lambda t: apply_mask(t, keep_mask(0, 0, layer, ids, d, p), p), h), False)]
+            ("dropout fwd", 2 * nd * F32 + nd, nd, lambda: drop_rows(0, 0, layer, ids, h, p), True),
+            ("dropout bwd", 2 * nd * F32 + nd, nd, _backward(lambda t: drop_rows(0, 0, layer, ids, t, p), h), False)]
     return ops
 
 
