@@ -231,11 +231,16 @@ def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[st
         a = _half_width(a, r, m)
     # Boundary-first layers save what their split adds (SAGE: lin_self's copies of the own rows it reads
     # by RowSplit, instead of a slice of the gathered rows); a model that declares nothing adds nothing.
+    # Overlapped layers save what their conv declares for split sources (SAGE at equal widths: no aggregate).
     split_saved = getattr(m.estimator, "split_saved", None)
+    pending_saved = getattr(m.estimator, "pending_saved", None)
     if split_saved is not None:
         widths, width_ratio = m.widths(), (m.activation_bytes / F32 if m.name in HALF_WIDTH_MODELS else 1)
-        for l, ((_, lr), split) in enumerate(zip(r.training_layers(), overlapped_layers(r, m)[1])):
-            extra = int(split_saved(lr, *widths[l]) * width_ratio) if split else 0
+        for l, ((_, lr), pending, split) in enumerate(zip(r.training_layers(), *overlapped_layers(r, m))):
+            extra = split_saved(lr, *widths[l]) if split else 0
+            if pending and pending_saved is not None and not (m.checkpoint_activations and l >= 1):
+                extra += pending_saved(lr, *widths[l])
+            extra = int(extra * width_ratio)
             a["per_layer"][l] += extra
             a["fresh_per_layer"][l] += extra
     loss, loss_pre = _loss_saved(r.n_train, m.num_classes, m.multilabel)

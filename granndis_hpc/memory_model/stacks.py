@@ -43,6 +43,13 @@ class SAGE_BYTES:
         saves those [n_dst, win] copies instead of a slice of the source rows' storage."""
         return n_dst * win * F32
 
+    @staticmethod
+    def pending_saved(n_dst: int, n_own_in: int, win: int, wout: int) -> int:
+        """Overlapped (the halo in flight): at equal widths with no more own source rows than destination
+        rows the conv projects first (nn/layers.project_first), so lin_neigh saves the own rows and the
+        halo buffer (as many rows as the gathered ones it saved otherwise), not the [n_dst, win] aggregate."""
+        return -n_dst * win * F32 if win == wout and n_own_in <= n_dst else 0
+
 
 class GCN_BYTES:
     """GCNConv: one Linear (the source rows get one gradient); the cached adjacency holds the n_dst
@@ -126,6 +133,12 @@ class ModelEstimate:
         extra = getattr(self.conv, "split_saved", None)
         return int(extra(layer_rows.n_dst, win, wout)) if extra is not None else 0
 
+    def pending_saved(self, layer_rows, win: int, wout: int) -> int:
+        """Bytes an overlapped layer (its halo in flight) saves beyond the plain order, at most 0: its
+        declared `pending_saved`, 0 for a layer that declares none."""
+        extra = getattr(self.conv, "pending_saved", None)
+        return int(extra(layer_rows.n_dst, layer_rows.n_own_in, win, wout)) if extra is not None else 0
+
     def aggregation_input_grad(self, m, layer: int) -> bool:
         """Does the aggregation's input need a gradient (then the backward builds the transpose)?"""
         win, wout = self.widths(m)[layer]
@@ -208,6 +221,10 @@ class ResSAGEEstimate(ModelEstimate):
 
     def linear_widths(self, m):
         return [(m.hidden, m.hidden)] * m.linear_layers
+
+    def split_saved(self, layer_rows, win: int, wout: int) -> int:
+        """Its blocks do not split rows (engine/runner.py's residual forward has no boundary-first)."""
+        return 0
 
     def parameters(self, m):
         L, H, F_, C, N = m.layers, m.hidden, m.features, m.num_classes, m.linear_layers
