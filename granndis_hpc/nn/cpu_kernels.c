@@ -70,16 +70,26 @@ typedef float hf32 __attribute__((vector_size(16)));
 typedef double hf64 __attribute__((vector_size(16)));
 
 /* One column block of NV vectors for rows [r0, r1): the accumulators stay in registers (NV <= 8 of the
- * 16 vector registers), the output row segment is written once. */
+ * 16 vector registers), the output row segment is written once.  The H rows an entry reads are at
+ * random addresses the hardware cannot predict, so each entry prefetches the segment of the entry AHEAD
+ * on (about 4 KiB ahead: 16 entries of 256 bytes; measured on the 100k graph, 64 columns: 104-113 ms
+ * without, 68 ms with; 16 columns: 22-32 ms against 10-11 ms). */
 #define BLOCK(NAME, T, V, I, NV)                                                                   \
     static void NAME(int64_t r0, int64_t r1, const I *crow, const I *col, const T *val,              \
                      const T *h, int64_t d, int64_t c0, T *out) {                                    \
-        enum { L = (int)(sizeof(V) / sizeof(T)) };                                                   \
+        enum { L = (int)(sizeof(V) / sizeof(T)), BYTES = NV * (int)sizeof(V),                        \
+               AHEAD = 4096 / BYTES < 8 ? 8 : 4096 / BYTES > 64 ? 64 : 4096 / BYTES };                \
+        const int64_t last = (int64_t)crow[r1];                                                      \
         for (int64_t i = r0; i < r1; ++i) {                                                          \
             V acc[NV];                                                                               \
             _Pragma("GCC unroll 8") for (int k = 0; k < NV; ++k) acc[k] = (V){0};                    \
             const int64_t end = (int64_t)crow[i + 1];                                                \
             for (int64_t j = (int64_t)crow[i]; j < end; ++j) {                                       \
+                if (j + AHEAD < last) { /* the row segment AHEAD entries on, every cache line of it */ \
+                    const char *p = (const char *)(h + (int64_t)col[j + AHEAD] * d + c0);            \
+                    _Pragma("GCC unroll 8") for (int q = 0; q < BYTES; q += 64) __builtin_prefetch(p + q, 0, 3); \
+                    __builtin_prefetch(p + BYTES - 1, 0, 3);                                         \
+                }                                                                                    \
                 const T *hr = h + (int64_t)col[j] * d + c0;                                          \
                 const V v = (V){0} + val[j];                                                         \
                 _Pragma("GCC unroll 8") for (int k = 0; k < NV; ++k) {                               \
