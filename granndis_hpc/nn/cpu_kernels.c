@@ -5,9 +5,9 @@
  *   dropout_<T>        y = h * m with m = keep / (1 - p) and the keyed mask of nn/dropout.py's keep_mask:
  *                      the dropout forward, m kept for the backward.
  *
- * Why not torch's ops: on one CPU thread its CSR product ran 5-15x the time its bytes take at this
- * machine's memory bandwidth, and the keyed mask several int64 passes an element
- * (docs/performance/single-rank.md).  Here the product keeps an output row's columns in vector registers
+ * Why not torch's ops: on one CPU thread its CSR product adds every entry into the output row in
+ * memory, and the keyed mask takes several int64 passes an element (docs/performance/single-rank.md:
+ * an epoch on torch's ops takes 2.5-3x as long).  Here the product keeps an output row's columns in vector registers
  * (blocks of up to 8 vectors), so an entry costs one load of its H row segment and a multiply and an add
  * per vector and the output row is written once; the mask is hashed and applied in one pass.
  *
@@ -72,8 +72,8 @@ typedef double hf64 __attribute__((vector_size(16)));
 /* One column block of NV vectors for rows [r0, r1): the accumulators stay in registers (NV <= 8 of the
  * 16 vector registers), the output row segment is written once.  The H rows an entry reads are at
  * random addresses the hardware cannot predict, so each entry prefetches the segment of the entry AHEAD
- * on (about 4 KiB ahead: 16 entries of 256 bytes; measured on the 100k graph, 64 columns: 104-113 ms
- * without, 68 ms with; 16 columns: 22-32 ms against 10-11 ms). */
+ * on (about 4 KiB ahead: 16 entries of 256 bytes, 64 of 64 bytes; nearer or farther was slower on the
+ * 100k synthetic graph at 64 and 16 columns). */
 #define BLOCK(NAME, T, V, I, NV)                                                                   \
     static void NAME(int64_t r0, int64_t r1, const I *crow, const I *col, const T *val,              \
                      const T *h, int64_t d, int64_t c0, T *out) {                                    \

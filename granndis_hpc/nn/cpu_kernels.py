@@ -1,7 +1,7 @@
 """The C kernels of the CPU path (cpu_kernels.c): the aggregations' sparse product ``A @ H`` and the
 keyed dropout's forward.
 
-torch's CPU CSR product ran 5-15x the time its bytes take on one thread, and the keyed mask several
+torch's CPU CSR product adds every entry into the output row in memory, and the keyed mask takes several
 int64 passes an element (docs/performance/single-rank.md); cpu_kernels.c keeps each output row's
 columns in vector registers and hashes and applies a mask in one pass, with the same results bit for
 bit.  It needs no torch headers: it is compiled on first use with the system C compiler (``$CC``, else
@@ -35,7 +35,6 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 CHOICES = ("auto", "native", "torch")
 _FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99"]
 _NATIVE_FLAGS = ["-march=native"]
-
 
 
 class KernelError(RuntimeError):
@@ -100,11 +99,10 @@ def _build() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
         raise RuntimeError(f"no C compiler {compiler!r} on PATH (set CC to one)")
-    errors = []
+    errors, source, cpu = [], SOURCE.read_bytes(), _cpu_features().encode()
     for flags in (_FLAGS + _NATIVE_FLAGS, _FLAGS):  # a compiler without -march=native gets the portable build
         digest = hashlib.sha256()
-        for part in (SOURCE.read_bytes(), " ".join(flags).encode(), compiler.encode(), _cpu_features().encode(),
-                     platform.machine().encode()):
+        for part in (source, " ".join(flags).encode(), compiler.encode(), cpu, platform.machine().encode()):
             digest.update(part)
             digest.update(b"\0")
         path = cache_dir() / f"cpu_kernels-{digest.hexdigest()[:16]}.so"
@@ -195,7 +193,8 @@ def dropout(h: torch.Tensor, row_start: torch.Tensor, threshold: int, scale: flo
         raise ValueError(f"dropout: {h.shape[0]} rows but row_start of shape {tuple(row_start.shape)}")
     row_start = row_start.to(torch.int64).contiguous()
     y, m = torch.empty_like(h), torch.empty_like(h)
-    fn = library().dropout_float if h.dtype == torch.float32 else library().dropout_double
+    lib = library()
+    fn = lib.dropout_float if h.dtype == torch.float32 else lib.dropout_double
     fn(h.shape[0], h.shape[1], row_start.data_ptr(), int(threshold), scale, h.data_ptr(), y.data_ptr(),
        m.data_ptr(), torch.get_num_threads())
     return y, m
