@@ -3,17 +3,21 @@ roofline (not a test).
 
     .venv/bin/python bench/bench_single_rank.py --out bench-out/single-rank/single-rank.md
 
-Builds the 1 x 1 shard set of the synthetic graph (`preprocess build --source synthetic --vertices N
---layers L --preload full --servers 1 --gpus-per-server 1`) and trains, in this one process (the MPI
-world is this process), the same model (--model sage, gcn or ressage: ResSAGE+, 28 layers by default,
-with activation checkpointing; hidden --hidden, dropout --dropout, Adam, --threads threads):
+Builds two 1 x 1 shard sets of the synthetic graph (`preprocess build --source synthetic --vertices N
+--layers L --preload full --servers 1 --gpus-per-server 1`): with the build's default locality blocks
+(--row-block-rows) and with the rows in the generator's id order (--row-block-rows 0).  Then it trains,
+in this one process (the MPI world is this process), the same model (--model sage, gcn or ressage:
+ResSAGE+, 28 layers by default, with activation checkpointing; hidden --hidden, dropout --dropout, Adam,
+--threads threads):
 
   default     granndis_hpc's Trainer, --mode flx with its defaults (overlap on)
   no-overlap  the same with --no-overlap
   torch-ops   the default with torch's sparse product and dropout (GRANNDIS_CPU_KERNELS=torch) instead of
               the C kernels of nn/cpu_kernels.c
+  id-order    the default on the set in id order (what the row order alone gains)
   pyg-csr     PyG's SAGEConv / GCNConv(normalize=False) stack (bench/single_rank_pyg.py) over a torch.sparse
-              CSR adj_t of the same graph, rows and labels, from the same initial weights
+              CSR adj_t of the id-order set's graph, rows and labels (the dataset's own vertex order, as
+              PyG trains on it), from the same initial weights
 
 --epochs rounds, every implementation one epoch per round in a rotated order (a change of the machine's
 load hits all of them alike); per-epoch time, median, min-max and the largest deviation from the median
@@ -43,13 +47,21 @@ import harness  # noqa: E402
 import single_rank_pyg  # noqa: E402
 import single_rank_roofline as rl  # noqa: E402
 
+from preprocess.row_blocks import DEFAULT_BLOCK_ROWS  # noqa: E402
 
-def build_set(args, log):
-    out = os.path.join(args.work, f"synthetic-{args.vertices}-L{args.layers}" + (f"-G{args.ranks}" if args.ranks > 1 else ""))
+
+def set_path(args, row_block_rows):
+    return os.path.join(args.work, f"synthetic-{args.vertices}-L{args.layers}"
+                        + (f"-G{args.ranks}" if args.ranks > 1 else "") + f"-rb{row_block_rows}")
+
+
+def build_set(args, log, row_block_rows):
+    out = set_path(args, row_block_rows)
     if not os.path.exists(os.path.join(out, "manifest.json")):
         harness.run([sys.executable, "-m", "preprocess", "build", "--source", "synthetic", "--vertices",
                      args.vertices, "--seed", "0", "--servers", "1", "--gpus-per-server", args.ranks, "--layers",
-                     args.layers, "--preload", "full", "--out", out, "--overwrite"], log, env=dict(os.environ))
+                     args.layers, "--preload", "full", "--row-block-rows", row_block_rows, "--out", out,
+                     "--overwrite"], log, env=dict(os.environ))
     return out
 
 
@@ -107,7 +119,7 @@ def epoch_lines(times, rounds):
         med, lo, hi, dev = spread(ts)
         lines.append(f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {100 * dev:.0f} % | " + (f"{med / ref:.2f}x |" if ref else "|"))
     lines.append("")
-    for other in ("no-overlap", "torch-ops"):
+    for other in ("no-overlap", "torch-ops", "id-order"):
         if other in times:
             d, n = statistics.median(times["default"]), statistics.median(times[other])
             lines.append(f"Default / {other}: {d / n:.3f}x by median; per round median "
@@ -118,7 +130,7 @@ def epoch_lines(times, rounds):
 def server_worker(args):
     """The mpirun part of --ranks R > 1: default and --no-overlap alternating on the 1 x R set; rank 0
     writes the times to args.worker."""
-    shards = os.path.join(args.work, f"synthetic-{args.vertices}-L{args.layers}-G{args.ranks}")
+    shards = set_path(args, args.row_block_rows)
     impls = [Granndis("default", make_trainer(shards, args, False)),
              Granndis("no-overlap", make_trainer(shards, args, True))]
     times = alternate(impls, args.epochs)
@@ -134,10 +146,10 @@ def server_worker(args):
 
 def server_page(args, argv, log):
     """--ranks R > 1: one server of R ranks (mpirun -n R), default against --no-overlap only."""
-    build_set(args, log)
+    build_set(args, log, args.row_block_rows)
     load_before = os.getloadavg()
-    worker_args = [f"--{k}={getattr(args, k)}" for k in ("vertices", "model", "layers", "hidden", "dropout", "epochs",
-                                                           "threads", "work", "ranks")]
+    worker_args = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("vertices", "model", "layers", "hidden", "dropout", "epochs",
+                                                           "threads", "work", "ranks", "row_block_rows")]
     times = harness.run_workers(__file__, worker_args, ranks=args.ranks)["times"]
     log.append(f"mpirun -n {args.ranks} python bench/bench_single_rank.py --worker RESULTS.json {' '.join(worker_args)}")
     lines = ["# One server's epoch: default against --no-overlap", "",
@@ -178,7 +190,9 @@ def main(argv=None):
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--epochs", type=int, default=30, help="timed rounds (every implementation one epoch each)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (OMP_NUM_THREADS for the engine)")
-    p.add_argument("--work", default="bench-out/single-rank", help="where the shard set is built (reused)")
+    p.add_argument("--work", default="bench-out/single-rank", help="where the shard sets are built (reused)")
+    p.add_argument("--row-block-rows", type=int, default=DEFAULT_BLOCK_ROWS,
+                   help="the build's locality blocks for the default's set (preprocess build --row-block-rows)")
     p.add_argument("--out", default="bench-out/single-rank/single-rank.md", help="the results page")
     p.add_argument("--ranks", type=int, default=1,
                    help="ranks on the one server: more than 1 times only default against --no-overlap, alternating, "
@@ -196,12 +210,13 @@ def main(argv=None):
     log, load_before = [], os.getloadavg()
     if args.ranks > 1:
         return server_page(args, argv, log)
-    shards = build_set(args, log)
+    shards, id_order = build_set(args, log, args.row_block_rows), build_set(args, log, 0)
     impls = [Granndis("default", make_trainer(shards, args, False)),
              Granndis("no-overlap", make_trainer(shards, args, True)),
-             Granndis("torch-ops", make_trainer(shards, args, False), kernels="torch")]
+             Granndis("torch-ops", make_trainer(shards, args, False), kernels="torch"),
+             Granndis("id-order", make_trainer(id_order, args, False))]
     try:
-        impls.append(single_rank_pyg.PygEpoch(impls[0].trainer, args))
+        impls.append(single_rank_pyg.PygEpoch(impls[3].trainer, args))
     except ImportError:
         print("torch_geometric is not installed (`.venv/bin/pip install torch_geometric`): PyG not measured")
     times = alternate(impls, args.epochs)
@@ -213,12 +228,13 @@ def main(argv=None):
     stream, gflops = rl.stream_gbs(), rl.peak_gflops()
     roof = rl.roofline(impls[0].trainer)
     n_edges = int(impls[0].trainer.world_view.graphs[0].indices.shape[0])
-    for impl in impls[:3]:
+    for impl in impls[:4]:
         impl.trainer.close()
 
     lines = ["# One rank's epoch: granndis against PyG, profile and roofline", "",
              f"1 x 1 shard set of the synthetic graph ({args.vertices:,} vertices, {n_edges:,} edges, "
-             f"`--preload full`), {args.layers}-layer {MODEL_NAMES[args.model]}, hidden {args.hidden}, "
+             f"`--preload full`, rows in locality blocks of {args.row_block_rows}; id-order and PyG: the generator's "
+             f"vertex order), {args.layers}-layer {MODEL_NAMES[args.model]}, hidden {args.hidden}, "
              f"dropout {args.dropout}, Adam; "
              f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} cores. Load average (1 min) "
              f"{load_before[0]:.1f} before, {load_after[0]:.1f} after the timed rounds.", ""]

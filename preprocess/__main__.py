@@ -46,7 +46,7 @@ def cmd_build(args, argv) -> int:
     cfg = BuildConfig(out=args.out, servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
                       preload=args.preload, hops=hops, fanout=args.eas_fanout, select=args.eas_select,
                       partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite, command=command,
-                      inductive=args.inductive)
+                      inductive=args.inductive, row_block_rows=args.row_block_rows)
     cfg.extra.update(sources.features_record(args.normalize_features))
     printer = lambda line, **_: (bar.write(line) if not bar.disable else print(line, flush=True))  # noqa: E731
     with spill_directory(args.out):  # spill files under the output, which the next build cleans

@@ -29,6 +29,7 @@ from .canonical import DataError
 from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from .owners import assign_owners
 from .gpu_split import split_servers_over_gpus
+from .row_blocks import DEFAULT_BLOCK_ROWS, file_order, part_of, row_blocks
 from .partition import PARTITIONERS, WholeGraphAccess, balance, partition_digest, partition_servers
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class BuildConfig:
     overwrite: bool = False
     # Also write what training on the train-induced graph needs (preprocess/inductive.py).
     inductive: bool = False
+    # Rows per locality block of each GPU's inner rows (preprocess/row_blocks.py); 0: global-id order.
+    row_block_rows: int = DEFAULT_BLOCK_ROWS
     command: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -115,10 +118,12 @@ def _permute_csr(indptr: np.ndarray, indices: np.ndarray, perm: np.ndarray):
     return csr_from_edges(src, row_of_edges(sub_indptr), perm.shape[0])
 
 
-def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, cfg: BuildConfig):
+def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, block: np.ndarray,
+                 cfg: BuildConfig):
     """All datasets of one server file (docs/design.md §5) and its statistics.
 
-    server_of / gpu_of: server and GPU of every global vertex as an INNER vertex.
+    server_of / gpu_of / block: server, GPU and locality block (row_blocks; None: rows in global-id
+    order) of every global vertex as an INNER vertex.
     """
     G = cfg.gpus_per_server
     inner = np.flatnonzero(server_of == server).astype(np.int64)
@@ -128,7 +133,7 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
         verts, hop = eas(graph.indptr, graph.indices, inner, cfg.effective_hops, cfg.fanout, cfg.select, cfg.seed)
     sub_indptr, sub_indices = induced_subgraph(graph.indptr, graph.indices, verts)
     owner = assign_owners(sub_indptr, sub_indices, hop, gpu_of[verts].astype(np.int32), G)
-    perm = np.lexsort((verts, hop, owner))  # rows ordered by (owner GPU, hop, global id)
+    perm = file_order(verts, hop, owner, server_of, gpu_of, block)
     verts, hop, owner = verts[perm], hop[perm], owner[perm]
     indptr, indices = _permute_csr(sub_indptr, sub_indices, perm)
     # The unpermuted CSR is as large as the permuted one: free it before the datasets are gathered
@@ -206,13 +211,13 @@ def server_stats(server: int, inner: int, hop: np.ndarray, owner: np.ndarray, tr
     }
 
 
-def build_and_stage(graph, s: int, server_of, gpu_of, cfg: BuildConfig, gpu_constraints, staged: list,
+def build_and_stage(graph, s: int, server_of, gpu_of, block, cfg: BuildConfig, gpu_constraints, staged: list,
                     stats: list, release=None):
     """Build server s's arrays and stage its file (appending to `staged` and `stats`); returns the
     seconds spent (building, writing).  `release()`, when given, runs between the two: the distributed
     build frees the rows it fetched for this server there, before the file is written."""
     t = time.perf_counter()
-    arrays, st = build_server(graph, s, server_of, gpu_of, cfg)
+    arrays, st = build_server(graph, s, server_of, gpu_of, block, cfg)
     st["gpu_constraints"] = gpu_constraints
     t_build = time.perf_counter() - t
     del graph  # the last reference when the caller passed a temporary view
@@ -346,8 +351,10 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
     server_of = sp.parts
     mine = list(range(rank, S, P))
     # The distributed build's GPU split (one function; ParMETIS over all ranks for parmetis).
-    gpu_of, gpu_constraints = split_servers_over_gpus(group, WholeGraphAccess(group, graph), server_of,
-                                                      graph.train_mask, G, cfg.partitioner, cfg.seed)
+    access = WholeGraphAccess(group, graph)
+    gpu_of, gpu_constraints = split_servers_over_gpus(group, access, server_of, graph.train_mask, G, cfg.partitioner,
+                                                      cfg.seed)
+    block = row_blocks(group, access, part_of(server_of, gpu_of, G), S * G, cfg.row_block_rows)
     log.done("partition", f"{sp.name}: edge cut {sp.edge_cut} ({100 * sp.edge_cut_fraction:.2f}% of edges), "
                           f"vertex balance {sp.vertex_balance:.3f}, train balance {sp.train_balance:.3f}")
 
@@ -356,7 +363,7 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
     try:
         with group.errors("building server files"):
             for s in mine:
-                dh, dw = build_and_stage(graph, s, server_of, gpu_of, cfg, gpu_constraints[s], staged, stats)
+                dh, dw = build_and_stage(graph, s, server_of, gpu_of, block, cfg, gpu_constraints[s], staged, stats)
                 t_halo, t_write = t_halo + dh, t_write + dw
     except BaseException:
         discard_staged(staged)
@@ -394,6 +401,8 @@ def commit_build(group, cfg: BuildConfig, dataset_entry: dict, sp, server_of, gp
                     "files": {},
                     "stats": _summary_stats(stats_flat, S, G),
                 }
+                if cfg.row_block_rows > 0:  # rows inside a (GPU, hop) class by locality block (shards.row_block_rows)
+                    manifest["row_block_rows"] = int(cfg.row_block_rows)
                 manifest.update(cfg.extra)
                 if cfg.inductive:  # the protocol the set serves (shards.is_inductive)
                     manifest["inductive"] = True
@@ -423,12 +432,12 @@ def _summary_stats(per_server: list, S: int, G: int) -> dict:
 def build_shards(graph, out, *, servers: int, gpus_per_server: int, layers: int, preload: str = "full",
                  hops: int | None = None, fanout: int = 15, select: str = "degree", partitioner: str = "parmetis",
                  seed: int = 0, overwrite: bool = False, comm=None, command: str = "", verbose: bool = False,
-                 inductive: bool = False) -> dict:
+                 inductive: bool = False, row_block_rows: int = DEFAULT_BLOCK_ROWS) -> dict:
     """Programmatic build (tests, benchmarks): same pipeline as the CLI.  `comm` defaults to COMM_WORLD;
     pass MPI.COMM_SELF (or a one-rank cluster.Group) to build on one rank.  Returns the manifest."""
     cfg = BuildConfig(out=str(out), servers=servers, gpus_per_server=gpus_per_server, layers=layers, preload=preload,
                       hops=hops, fanout=fanout, select=select, partitioner=partitioner, seed=seed,
-                      overwrite=overwrite, inductive=inductive, command=command or f"build_shards(servers={servers}, "
+                      overwrite=overwrite, inductive=inductive, row_block_rows=row_block_rows, command=command or f"build_shards(servers={servers}, "
                       f"gpus_per_server={gpus_per_server}, layers={layers}, preload={preload!r})")
     log = PhaseLog(comm) if verbose else None
     return run_build(comm, graph, cfg, log)

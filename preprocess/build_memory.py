@@ -36,7 +36,9 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   holds 1/P of each server's inner subgraph (n/S vertices, E/(S P) slice edges); METIS
   instead gathers the whole adjacency on rank 0 (METIS_BYTES_PER_EDGE per edge of the graph there,
   the slice's edges staying in memory, 8 B each) and the writer rank splits its server alone
-  (GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S);
+  (GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S).  Then the locality blocks (row_blocks.py): METIS
+  on one rank per GPU, rank j of each round of P GPUs, on the GPU's inner subgraph (the same code as
+  the METIS GPU split: GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/(S G)), the slice's edges in memory;
 * halos+write (preprocess/dist_server.py): every rank keeps PER_VERTEX_BYTES per vertex of the graph
   from the partition on (int8 server and GPU of every vertex, int32 in-degree, three bool split
   masks: 9 B) and takes part in every server's halo selection, owner votes and file, on its own rows:
@@ -153,11 +155,12 @@ class BuildMemory:
 
 def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_features: int,
                           servers: List[ServerLoad], ranks: int, partitioner: str = "parmetis",
-                          eas: bool = False, symmetric: bool = True) -> BuildMemory:
+                          eas: bool = False, symmetric: bool = True, row_block_parts: int = 0) -> BuildMemory:
     """Peak bytes per rank of a P-rank sliced build (module docstring).  raw_keys: int64 edge keys the
     load makes (raw edges, twice when symmetrising).  `eas` is recorded by the plan but changes no term
     (the EAS servers' own rows and in-edges come in `servers`); `symmetric`: the graph was symmetrised
-    (the ParMETIS adjacency is then the slice's own rows)."""
+    (the ParMETIS adjacency is then the slice's own rows); row_block_parts: the GPUs (S G) whose rows
+    are ordered by locality blocks (0: --row-block-rows 0)."""
     from .dist_server import block_rows
 
     P, n, e, F = int(ranks), int(num_vertices), int(num_edges), int(num_features)
@@ -186,6 +189,8 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
             gpu_split = GPU_SPLIT_BYTES_PER_INNER_EDGE * e / max(len(servers), 1) if mine else 0
             part = keys + 8 * edges + max(METIS_BYTES_PER_EDGE * e if partitioner == "metis" and r == 0 else 0,
                                           gpu_split)
+        if r < row_block_parts:  # the locality blocks' METIS on one GPU's inner subgraph
+            part = max(part, BASE_BYTES + ours + 8 * edges + GPU_SPLIT_BYTES_PER_INNER_EDGE * e / row_block_parts)
         ph = {"load": BASE_BYTES + held + LOAD_BYTES_PER_KEY * raw_keys / P, "partition": part}
         block = max((WRITER_BYTES_PER_ROW * s.rows + block_rows(s.rows, F, P)
                      * max(BLOCK_BYTES_PER_FEATURE * F, (BLOCK_BYTES_PER_EDGE + BLOCK_PRODUCE_BYTES_PER_EDGE / P)

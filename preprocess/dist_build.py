@@ -45,6 +45,7 @@ from .dist_server import drain_datasets, server_datasets, small_int_dtype
 from .halo import unique_sorted
 from .gpu_split import split_servers_over_gpus
 from .partition import partition_servers, symmetric_keys
+from .row_blocks import part_of, row_blocks
 from .sliced import GraphSlice
 from .slices import keys_to_adjacency, shuffle_to_owners, spilled
 
@@ -80,13 +81,14 @@ class SlicedAccess:
         keys = unique_sorted(shuffle_to_owners(self.group, keys, np.asarray(dist, dtype=np.int64), n), in_place=True)
         return keys_to_adjacency(keys, n, int(dist[self.group.rank]), int(dist[self.group.rank + 1]))
 
-    def inner_keys(self, s: int, inner: np.ndarray, dist: np.ndarray) -> np.ndarray:
+    def inner_keys(self, s: int, inner: np.ndarray, dist: np.ndarray, labels: np.ndarray | None = None) -> np.ndarray:
         """Collective: this rank's rows dist[rank]..dist[rank+1]-1 of server s's symmetric inner
-        adjacency (gpu_split.split_servers_over_gpus; keys row*m+col, local ids), sorted and distinct.
+        adjacency (gpu_split.split_servers_over_gpus; keys row*m+col, local ids), sorted and distinct;
+        with `labels` (a label of every vertex: row_blocks' parts) of the vertices labelled s.
         Every rank makes both directions of the in-edges of its own inner rows (of its slice) and sends
         each key to the rank owning its row under dist, which drops the duplicates (an edge and its
         reverse made on two ranks)."""
-        p, server_of = self.part, self.server_of
+        p, server_of = self.part, self.server_of if labels is None else labels
         m = inner.shape[0]
         mine = np.flatnonzero(server_of[p.lo:p.hi] == s)
         sub_indptr, src = csr_rows(p.indptr, p.indices, mine)
@@ -154,7 +156,8 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
         server_of = sp.parts = access.server_of = sp.parts.astype(small_int_dtype(S))
         gpu_of, gpu_constraints = split_servers_over_gpus(group, access, server_of, train, G,
                                                           cfg.partitioner, cfg.seed)
-    gpu_of = gpu_of.astype(small_int_dtype(G))
+        gpu_of = gpu_of.astype(small_int_dtype(G))
+        block = row_blocks(group, access, part_of(server_of, gpu_of, G), S * G, cfg.row_block_rows)
     # int32 in-degrees (4 B per vertex on every rank; the files store them as int64).
     degree = group.allgatherv_rows(np.diff(part.indptr).astype(np.int32 if part.num_edges < 2**31 else np.int64), rows)
     masks = {"train_mask": train, **{f: group.allgatherv_rows(getattr(part, f), rows) for f in ("val_mask", "test_mask")}}
@@ -174,7 +177,7 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
             writer = s % P
             t = time.perf_counter()
             with group.errors("building server files"):
-                arrays, st = server_datasets(group, part, s, writer, server_of, gpu_of, degree, masks, cfg, induced)
+                arrays, st = server_datasets(group, part, s, writer, server_of, gpu_of, block, degree, masks, cfg, induced)
                 t_halo += time.perf_counter() - t
                 t = time.perf_counter()
                 if rank == writer:

@@ -14,7 +14,7 @@ graph, with the same result:
   where the voting edges are (in-edges u -> w of the hop t-1 rows w), sent to the owner of u, summed and
   decided there; the owners of the hop's vertices are allgathered (a dense int8 array); the
   rebalancing runs on every rank on the server's (hop, owner) rows.
-* the file: rows ordered by (owner GPU, hop, global id) as build_server orders them; the writer rank
+* the file: rows in row_blocks.file_order, as build_server orders them; the writer rank
   (s % P) writes the datasets in order, the large ones (the subgraph's sources, features, labels, the
   world view) as shards.StreamedDataset blocks (`block_rows`: whole feature chunks, at most ceil(rows /
   P) rows and at most BLOCK_BYTES of features) that the rows' owners compute (relabelled and sorted
@@ -42,6 +42,7 @@ from . import inductive
 from .halo import eas_choose, unique_inverse
 from .owners import DEFAULT_TOLERANCE, rebalance
 from .build import server_stats
+from .row_blocks import file_order
 from .slices import shuffle_to_owners
 
 
@@ -153,9 +154,9 @@ def assign_owners_sliced(group, part, hop_of: np.ndarray, verts: np.ndarray, hop
     return rebalance(owner_of[verts].astype(np.int32), hops, gpus, tolerance)
 
 
-def file_order(verts: np.ndarray, hop: np.ndarray, owner: np.ndarray):
-    """(global id, hop, owner) of the server's rows in its file's order: by (owner GPU, hop, global id)."""
-    perm = np.lexsort((verts, hop, owner))
+def in_file_order(verts: np.ndarray, hop: np.ndarray, owner: np.ndarray, server_of, gpu_of, block):
+    """(global id, hop, owner) of the server's rows in its file's order (row_blocks.file_order)."""
+    perm = file_order(verts, hop, owner, server_of, gpu_of, block)
     return verts[perm], hop[perm], owner[perm]
 
 
@@ -185,7 +186,7 @@ def server_graph(group, part, writer: int, verts: np.ndarray, hop: np.ndarray, o
     shards.read_server_graph reads for the co-batch sampler (indptr, indices, hop, train, offsets) --
     assembled on `writer` from the rows' owners in blocks of ceil(rows / P) rows, the same arrays as
     the file's (graph/indptr, graph/indices: `server_datasets` makes them with the same code); None
-    elsewhere.  (verts, hop, owner): the server's rows in file order (`file_order`); train: the train
+    elsewhere.  (verts, hop, owner): the server's rows in file order (`in_file_order`); train: the train
     mask of every vertex of the graph.  The writer holds the server's induced subgraph (8 B per edge);
     the others one block of their rows at a time."""
     m = verts.shape[0]
@@ -287,8 +288,9 @@ def _lazy(shape, dtype, make, active: bool):
     return StreamedDataset(shape, dtype, blocks())
 
 
-def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree, masks, cfg, induced=None):
-    """Collective: (datasets of server s's file, its stats) as build.build_server makes them; the large
+def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, block, degree, masks, cfg, induced=None):
+    """Collective: (datasets of server s's file, its stats) as build.build_server makes them (block:
+    row_blocks' locality blocks, or None); the large
     datasets are StreamedDataset blocks.  On the writer the datasets are for shards.stage_server_file;
     every other rank must drain them (`drain_datasets`) in the same order.  stats only on the writer.
     induced: an inductive build's per-vertex train-induced in-degrees and split codes (preprocess/inductive.py)."""
@@ -302,7 +304,7 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, degree,
     del hop_of
     # The per-row arrays in 1 B hops and owners (the file stores them as int32, converted when written).
     hop = hop.astype(small_int_dtype(cfg.effective_hops + 1))
-    verts, hop, owner = file_order(verts, hop, owner)
+    verts, hop, owner = in_file_order(verts, hop, owner, server_of, gpu_of, block)
     m = verts.shape[0]
     file_row = _file_rows(n, verts)
 

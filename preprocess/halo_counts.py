@@ -52,6 +52,7 @@ from .dist_server import assign_owners_sliced, order_by_hop, select_halo
 from .halo import unique_sorted
 from .gpu_split import split_servers_over_gpus
 from .partition import partition_servers
+from .row_blocks import part_of, row_blocks
 from .slices import shuffle_to_owners
 
 
@@ -183,6 +184,7 @@ class Prepared:
     n_train: np.ndarray  # inner training vertices of every rank
     servers: int
     gpus: int
+    block: np.ndarray | None = None  # the locality block of every vertex (row_blocks; None: id order)
 
     def min_train(self) -> int:
         """The smallest server's inner training vertices (modes.SetArrays.min_train)."""
@@ -195,9 +197,10 @@ class Prepared:
                 for r in range(self.servers * self.gpus)]  # loop over ranks
 
 
-def prepare(group, part, servers: int, gpus: int, partitioner: str, seed: int) -> Prepared:
+def prepare(group, part, servers: int, gpus: int, partitioner: str, seed: int, row_block_rows: int = 0) -> Prepared:
     """Collective: the build's two-level partition from the slices (as dist_build.run_build_sliced
-    partitions) and the world view's counts; the same on every rank."""
+    partitions), its locality blocks (the files' row order, which the co-batch sampler draws in) and the
+    world view's counts; the same on every rank."""
     group = as_group(group)
     S, G = int(servers), int(gpus)
     rows = np.diff(part.vtxdist)
@@ -207,9 +210,10 @@ def prepare(group, part, servers: int, gpus: int, partitioner: str, seed: int) -
     sp = partition_servers(group, access, S, partitioner, seed)
     server_of = access.server_of = sp.parts
     gpu_of, _ = split_servers_over_gpus(group, access, server_of, masks["train_mask"], G, partitioner, seed)
+    block = row_blocks(group, access, part_of(server_of, gpu_of, G), S * G, row_block_rows)
     world, world_sent, n_train = world_view_counts(group, part, server_of, gpu_of, S, G, degree, masks["train_mask"])
     return Prepared(degree=degree, train=masks["train_mask"], partition=sp, server_of=server_of, gpu_of=gpu_of,
-                    world=world, world_sent=world_sent, n_train=n_train, servers=S, gpus=G)
+                    world=world, world_sent=world_sent, n_train=n_train, servers=S, gpus=G, block=block)
 
 
 def server_order(group, S: int) -> List[int]:
@@ -293,7 +297,7 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
     (dist_server.server_graph) and only the sample's counts leave it; sampled_graph(graph) -> the graph
     sampled (an inductive run's: its train-induced edges).  induced, induced_ks: as full_preload_rows'
     hook, for each depth in induced_ks (CountedBuild.induced)."""
-    from .dist_server import file_order, server_graph
+    from .dist_server import in_file_order, server_graph
 
     group = as_group(group)
     S, G = prep.servers, prep.gpus
@@ -315,7 +319,7 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
                 derived.setdefault(k, []).extend(per_gpu)
         del hop_of
         if batches:
-            verts, hop, owner = file_order(*owned)
+            verts, hop, owner = in_file_order(*owned, prep.server_of, prep.gpu_of, prep.block)
             del owned
             graph = server_graph(group, part, s % group.size, verts, hop, owner, prep.train, G)
             del verts, hop, owner

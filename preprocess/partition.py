@@ -261,9 +261,10 @@ class WholeGraphAccess:
             return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return symmetric_adjacency(self.graph.indptr, self.graph.indices, lo, hi)
 
-    def inner_keys(self, s: int, inner: np.ndarray, dist: np.ndarray) -> np.ndarray:
+    def inner_keys(self, s: int, inner: np.ndarray, dist: np.ndarray, labels: np.ndarray | None = None) -> np.ndarray:
         """This rank's rows dist[rank]..dist[rank+1]-1 of server s's symmetric inner adjacency (sorted
-        distinct keys row*m+col, local ids; split_servers_over_gpus), cut from the whole subgraph's."""
+        distinct keys row*m+col, local ids; split_servers_over_gpus), cut from the whole subgraph's.
+        `inner` (the vertices labelled s: of server s, or of part s for row_blocks) says it all here."""
         lo, hi = int(dist[self.group.rank]), int(dist[self.group.rank + 1])
         if hi <= lo:
             return np.zeros(0, dtype=np.int64)

@@ -26,6 +26,7 @@ from .build import check_dataset
 from .build_memory import estimate_build_memory, smallest_fitting_ranks
 from .options import hops_value
 from .plan_sets import plan_options
+from .row_blocks import DEFAULT_BLOCK_ROWS
 from .sliced import GraphSlice
 
 __all__ = ["PlanConfig", "PlanError", "plan_options", "auto_hops", "format_table", "describe_build", "cmd_plan"]
@@ -51,6 +52,7 @@ class PlanConfig:
     device: str = "cuda"  # dropout masks are bool on CUDA, float on CPU
     partitioner: str = "parmetis"
     seed: int = 0
+    row_block_rows: int = DEFAULT_BLOCK_ROWS  # the build's locality blocks: co-batches are drawn in file order
     ks: Optional[Sequence[int]] = None  # default 0..L
     eas_hops: int = 1
     fanout: int = 15
@@ -91,11 +93,13 @@ def _everywhere(group, exc: BaseException):
 
 
 def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: str, budget: Optional[int],
-                       symmetric: bool = True):
-    """Rank 0's lines on the distributed build's memory (and its JSON record)."""
+                       symmetric: bool = True, row_block_parts: int = 0):
+    """Rank 0's lines on the distributed build's memory (and its JSON record).  row_block_parts: the GPUs
+    whose rows get locality blocks (S G, or 0 with --row-block-rows 0)."""
     lines, record = [], {}
     common = dict(num_vertices=graph.num_vertices, num_edges=graph.num_edges, raw_keys=int(raw_keys),
-                  num_features=graph.num_features, partitioner=partitioner, symmetric=bool(symmetric))
+                  num_features=graph.num_features, partitioner=partitioner, symmetric=bool(symmetric),
+                  row_block_parts=int(row_block_parts))
     for label, loads in (result.get("server_loads") or {}).items():
         eas, loads = loads
         est = estimate_build_memory(servers=loads, ranks=ranks, eas=eas, **common)
@@ -182,7 +186,7 @@ def config_from_args(args, **overrides) -> PlanConfig:
                      checkpoint_activations=args.checkpoint_activations, precision=args.precision,
                      linear_layers=getattr(args, "linear_layers", None), budget=_budget(args.memory_per_gpu),
                      device=args.estimate_device, partitioner=args.partitioner, seed=args.seed,
-                     eas_hops=getattr(args, "eas_hops", 1), fanout=args.eas_fanout, eas_select=args.eas_select,
+                     row_block_rows=args.row_block_rows, eas_hops=getattr(args, "eas_hops", 1), fanout=args.eas_fanout, eas_select=args.eas_select,
                      eas=not getattr(args, "no_eas", False), cob_batches=batches,
                      cob_fanout=getattr(args, "cob_fanout", -1),
                      hops=args.hops if isinstance(getattr(args, "hops", None), int) else None,
@@ -244,7 +248,9 @@ def cmd_plan(args, argv) -> int:
         print(format_table(result["options"], cfg, decision), flush=True)
         lines, build_record = build_memory_lines(graph, result, _raw_keys(args, graph), args.build_ranks or group.size,
                                                  cfg.partitioner, _budget(args.memory_per_rank),
-                                                 symmetric=getattr(args, "symmetrize", True))
+                                                 symmetric=getattr(args, "symmetrize", True),
+                                                 row_block_parts=(cfg.servers * cfg.gpus_per_server
+                                                                  if cfg.row_block_rows else 0))
         for line in lines:
             print(line, flush=True)
         if args.json:

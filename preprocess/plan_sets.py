@@ -33,6 +33,7 @@ from .build_memory import ServerLoad
 from .halo_counts import count_build, full_preload_rows, prepare
 from .gpu_split import split_servers_over_gpus
 from .partition import WholeGraphAccess, partition_servers
+from .row_blocks import part_of, row_blocks
 from .induced_counts import InducedCounter
 from .sliced import GraphSlice
 from .slices import vtxdist_for
@@ -44,12 +45,15 @@ def _counting_graph(graph):
 
 
 def _partition(group, graph, cfg):
-    """The build's two-level partition (run_build's first half): server and GPU of every vertex."""
+    """The build's two-level partition (run_build's first half): server, GPU and locality block (the
+    files' row order, which the co-batch sampler draws in) of every vertex."""
     sp = partition_servers(group, graph, cfg.servers, cfg.partitioner, cfg.seed)
     mine = list(range(group.rank, cfg.servers, group.size))
-    gpu_of, _ = split_servers_over_gpus(group, WholeGraphAccess(group, graph), sp.parts, graph.train_mask,
-                                        cfg.gpus_per_server, cfg.partitioner, cfg.seed)
-    return sp, mine, gpu_of
+    access = WholeGraphAccess(group, graph)
+    G = cfg.gpus_per_server
+    gpu_of, _ = split_servers_over_gpus(group, access, sp.parts, graph.train_mask, G, cfg.partitioner, cfg.seed)
+    block = row_blocks(group, access, part_of(sp.parts, gpu_of, G), cfg.servers * G, cfg.row_block_rows)
+    return sp, mine, gpu_of, block
 
 
 def _load(a: mm.ServerArrays) -> ServerLoad:
@@ -68,7 +72,8 @@ def model_spec(graph, cfg) -> mm.ModelSpec:
 def _checked(group, graph, cfg):
     """(the build's config, the model, the candidate depths) of a plan, checked on every rank alike."""
     bcfg = BuildConfig(out="", servers=cfg.servers, gpus_per_server=cfg.gpus_per_server, layers=cfg.layers,
-                       partitioner=cfg.partitioner, seed=cfg.seed, fanout=cfg.fanout, select=cfg.eas_select)
+                       partitioner=cfg.partitioner, seed=cfg.seed, fanout=cfg.fanout, select=cfg.eas_select,
+                       row_block_rows=cfg.row_block_rows)
     L = cfg.layers
     with group.errors("checking the plan options", catch=(ValueError, mm.MemoryModelError)):
         validate_config(bcfg, graph.num_vertices)
@@ -123,7 +128,7 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
     L = cfg.layers
     sampling = mm.Sampling(tuple(int(b) for b in cfg.cob_batches), cfg.cob_fanout, cfg.cob_sampler, cfg.seed)
     # Collective all through (no errors block around it: a rank's local failure ends the job, fail()).
-    prep = prepare(group, part, cfg.servers, cfg.gpus_per_server, cfg.partitioner, cfg.seed)
+    prep = prepare(group, part, cfg.servers, cfg.gpus_per_server, cfg.partitioner, cfg.seed, cfg.row_block_rows)
     min_train = prep.min_train()
     batches = [b for b in sampling.batches if b <= min_train]  # the counts cob estimates (modes.py)
     features, classes = m.features, m.num_classes
@@ -183,7 +188,7 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
         return plan_options_sliced(group, whole_graph_slice(group, graph), cfg)
     bcfg, m, ks = _checked(group, graph, cfg)
     L = cfg.layers
-    sp, mine, gpu_of = _partition(group, graph, cfg)
+    sp, mine, gpu_of, block = _partition(group, graph, cfg)
     counting = _counting_graph(graph)
     with group.errors("expanding the halos"):
         # One build per preloaded depth (owners and GPU row balance depend on the preload), or the one
@@ -198,13 +203,13 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
                 # deeper preload is the same build: deep models do not pay L full expansions.
                 if arrays is None or int(arrays.hop.max(initial=0)) >= depth:
                     arrays = mm.server_arrays_from_build(build_server(
-                        counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="full", hops=k))[0], s)
+                        counting, s, sp.parts, gpu_of, block, dataclasses.replace(bcfg, preload="full", hops=k))[0], s)
                 last[s] = (k, arrays)
                 full[k].append(arrays)
         any_arrays = next(iter(full.values())) if full else [mm.server_arrays_from_build(build_server(
-            counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="full", hops=1))[0], s) for s in mine]
+            counting, s, sp.parts, gpu_of, block, dataclasses.replace(bcfg, preload="full", hops=1))[0], s) for s in mine]
         eas = ([mm.server_arrays_from_build(build_server(
-            counting, s, sp.parts, gpu_of, dataclasses.replace(bcfg, preload="eas", hops=cfg.eas_hops))[0], s)
+            counting, s, sp.parts, gpu_of, block, dataclasses.replace(bcfg, preload="eas", hops=cfg.eas_hops))[0], s)
             for s in mine] if cfg.eas else [])
         reads = mm.world_reads(any_arrays, cfg.servers * cfg.gpus_per_server)
     sent = group.allreduce_sum(reads)  # every rank's world send list: what all readers ask of it

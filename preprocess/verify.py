@@ -2,7 +2,7 @@
 
 verify checks, and reports every problem with the file it is in:
 - the manifest (version, keys) and each server file's sha256 and size;
-- per file: attrs, dataset dtypes/shapes, offsets, owners and the (owner, hop, global id) row order;
+- per file: attrs, dataset dtypes/shapes, offsets, owners and the row order (by hop; by (hop, global id) without blocks);
 - CSR bounds, sortedness and no duplicate edges, for the stored subgraph and the world view;
 - hops: full preload = BFS distance from the inner rows over the stored subgraph; EAS: hop <= h,
   every hop-t row feeds a hop t-1 row, and at most fanout x |hop t-1| rows at hop t;
@@ -33,7 +33,7 @@ from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges
 from granndis_hpc.shards import (ShardError, leftover_temporaries, open_server, read_manifest, read_server_arrays,
                                  server_file_name, verify_checksums)
 from granndis_hpc.shards.schema import (FORMAT_VERSION, datasets_of, expected_shape, has_train_hop, is_inductive,
-                                        is_multilabel)
+                                        is_multilabel, row_block_rows)
 from granndis_hpc.shards.writer import temporaries_bytes
 
 from .halo import unique_sorted
@@ -131,9 +131,12 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
         out.append(f"{fname}: vertices/owner disagrees with vertices/offsets (rows of a GPU must be contiguous)")
     if n > 1:
         same = row_gpu[1:] == row_gpu[:-1]
-        order_ok = (hop[1:] > hop[:-1]) | ((hop[1:] == hop[:-1]) & (gid[1:] > gid[:-1]))
+        if row_block_rows(manifest):  # by hop, then by locality block: the blocks are not stored
+            order_ok, order = hop[1:] >= hop[:-1], "hop"
+        else:
+            order_ok, order = (hop[1:] > hop[:-1]) | ((hop[1:] == hop[:-1]) & (gid[1:] > gid[:-1])), "(hop, global id)"
         if np.any(same & ~order_ok):
-            out.append(f"{fname}: rows of a GPU are not sorted by (hop, global id)")
+            out.append(f"{fname}: rows of a GPU are not sorted by {order}")
     if np.any(hop < 0):
         out.append(f"{fname}: negative hops")
     if not np.array_equal(np.bincount(owner[hop == 0], minlength=G), inner_counts):

@@ -2,9 +2,11 @@
 preloaded rows are copies of their home rows, reading the server files in blocks of global ids.
 
 The digest (shards/content.py ContentHash, as build.dataset_digest) hashes the in-edge CSR, the features, the labels and the split in
-global-id order.  A server file's rows are ordered by (owner GPU, hop, global id), so the rows of one
-(GPU, hop) pair form a run sorted by global id, and the rows of a block of global ids a..b-1 are one
-contiguous row range of each run: each block is assembled from one h5py range read per run (inner
+global-id order.  A server file's rows are ordered by (owner GPU, hop, global id), or with locality
+blocks by (owner GPU, hop, home part, block, global id) (preprocess/row_blocks.py): either way a file
+is a sequence of runs sorted by global id (found where the id decreases or the GPU or hop changes; one
+run per class of rows), and the rows of a block of global ids a..b-1 are one contiguous row range of
+each run: each block is assembled from one h5py range read per run (inner
 runs: the home rows, their world-view edges; preloaded runs: the copies to compare), hashed, and
 dropped.  Held: a few int64 arrays of N and of each file's rows (ids, world row pointer, labels and
 masks) and one block (BLOCK_BYTES of features and of edges); never the N x F features or the E edges.
@@ -25,7 +27,7 @@ _SMALL = ("vertices/global_id", "vertices/owner", "vertices/hop", "vertices/offs
 
 
 class _Runs:
-    """One server file's (GPU, hop) runs and its small per-row arrays."""
+    """One server file's runs sorted by global id (module docstring) and its small per-row arrays."""
 
     def __init__(self, path: str, manifest: dict, s: int):
         a = read_server_arrays(path, manifest, s, names=_SMALL)
@@ -33,14 +35,15 @@ class _Runs:
         self.offsets, self.w_offsets, self.w_indptr = a["vertices/offsets"], a["world/offsets"], a["world/indptr"]
         self.labels, self.masks = a["labels"], {k: a[f"split/{k}"] for k in _SPLITS}
         self.is_inner = hop == 0
-        change = np.flatnonzero((self.owner[1:] != self.owner[:-1]) | (hop[1:] != hop[:-1])) + 1
+        change = np.flatnonzero((self.owner[1:] != self.owner[:-1]) | (hop[1:] != hop[:-1])
+                                | (self.gid[1:] < self.gid[:-1])) + 1
         self.starts = np.concatenate([[0], change]).astype(np.int64)
         self.ends = np.concatenate([change, [self.gid.shape[0]]]).astype(np.int64)
         self.run_inner = hop[self.starts] == 0 if self.gid.size else np.zeros(0, dtype=bool)
 
     def ranges(self, a: int, b: int, inner: bool):
         """(GPU, first row, end row) of the rows with global id in a..b-1, one per inner (or preloaded)
-        run (a loop over runs: GPUs x hops, not vertices)."""
+        run (a loop over runs: GPUs x hops x locality blocks, not vertices)."""
         for lo, hi, is_inner in zip(self.starts, self.ends, self.run_inner):
             if bool(is_inner) != inner:
                 continue

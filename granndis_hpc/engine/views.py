@@ -71,8 +71,8 @@ def world_rows(sl, my_rank: int) -> RowSource:
     gid = sl.w_src_global_id.astype(np.int64)
     owner = sl.w_src_rank.astype(np.int64)
     is_own = owner == my_rank
-    pos = np.minimum(np.searchsorted(inner_gid, gid), max(n - 1, 0))
-    if n and np.any(is_own & (inner_gid[pos] != gid)):
+    pos = position_lookup(inner_gid)(gid)  # inner rows by locality block, not by id (preprocess/row_blocks.py)
+    if np.any(is_own & (pos < 0)):
         raise planner.PlanError("world view names this rank as owner of a vertex it does not hold; "
                                 "the shard is inconsistent: run `python -m preprocess verify`")
     return RowSource(

@@ -9,7 +9,7 @@ from .reader import (RankSlice, open_server, read_rank_slice, read_server_arrays
                      server_file)
 from .schema import (DATASETS, FORMAT_VERSION, INDUCTIVE_DATASETS, MANIFEST_NAME, SPLIT_BITS, TRAIN_HOP_DATASETS,
                      TRAIN_HOP_UNREACHED, ShardError, datasets_of, has_train_hop, is_inductive, is_multilabel,
-                     server_file_name, split_code)
+                     row_block_rows, server_file_name, split_code)
 from .writer import (StagedFile, StreamedDataset, check_free_space, commit_shard_set, discard_staged, estimate_file_bytes,
                      leftover_temporaries, lower_bound_set_bytes, prepare_output_dir, stage_server_file,
                      write_shards)
@@ -17,7 +17,7 @@ from .writer import (StagedFile, StreamedDataset, check_free_space, commit_shard
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "DATASETS", "INDUCTIVE_DATASETS", "SPLIT_BITS", "ShardError", "server_file_name",
     "TRAIN_HOP_DATASETS", "TRAIN_HOP_UNREACHED", "datasets_of", "has_train_hop", "is_inductive", "is_multilabel",
-    "split_code",
+    "row_block_rows", "split_code",
     "read_manifest", "check_job", "check_job_content", "verify_checksums", "sha256_file",
     "RankSlice", "open_server", "read_rank_slice", "read_server_arrays", "read_server_graph", "read_server_rows", "server_file",
     "StagedFile", "StreamedDataset", "check_free_space", "estimate_file_bytes", "leftover_temporaries", "lower_bound_set_bytes",

@@ -28,7 +28,7 @@ class RankSlice:
     gpu: int
     servers: int
     gpus_per_server: int
-    global_id: np.ndarray  # int64 [n]   own rows, sorted by (hop, global id)
+    global_id: np.ndarray  # int64 [n]   own rows, sorted by hop (then locality block, global id)
     hop: np.ndarray  # int32 [n]
     features: np.ndarray  # float32 [n, F]
     labels: np.ndarray  # int64 [n] class ids, or uint8 [n, C] 0/1 in a multi-label set

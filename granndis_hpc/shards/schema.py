@@ -95,6 +95,12 @@ def has_train_hop(manifest: dict) -> bool:
     return is_inductive(manifest) and manifest.get("train_hop") is True
 
 
+def row_block_rows(manifest: dict) -> int:
+    """Rows per locality block the set's rows are ordered by inside a (GPU, hop) class
+    (preprocess/row_blocks.py); 0: by global id (sets built without blocks, or before them)."""
+    return int(manifest.get("row_block_rows", 0))
+
+
 def is_multilabel(manifest: dict) -> bool:
     """Whether the set holds multi-label targets (labels [rows, num_classes] of 0/1)."""
     return manifest.get("dataset", {}).get("multilabel") is True

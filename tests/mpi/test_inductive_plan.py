@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from granndis_hpc import memory_model as mm
 from tests.conftest import require_planetoid
-from tests.mpi.conftest import RANKS_PER_SERVER, build_sets_on_rank0, make_trainer
+from tests.mpi.conftest import RANKS_PER_SERVER, TEST_ROW_BLOCK_ROWS, build_sets_on_rank0, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -47,7 +47,8 @@ def planned(datasets, name):
             prefix="granndis-indplan-")
         cfg = plan.PlanConfig(servers=WORLD.size // RANKS_PER_SERVER, gpus_per_server=RANKS_PER_SERVER, layers=L,
                               hidden=HIDDEN, dropout=0.5, partitioner="metis", seed=0, device="cpu", hops=L,
-                              eas_hops=1, fanout=15, cob_batches=(2,), cob_fanout=-1, inductive=True)
+                              eas_hops=1, fanout=15, cob_batches=(2,), cob_fanout=-1, inductive=True,
+                              row_block_rows=TEST_ROW_BLOCK_ROWS)
         res = plan.plan_options(WORLD, graph, cfg)
         groups = {(g.mode, g.k if g.mode != "cob" else g.batches, g.source): g.rows for g in res["groups"]}
         _CACHE[name] = (graph, {"full": dirs[f"{name}-full"], "eas": dirs[f"{name}-eas"]}, groups, res["model"],

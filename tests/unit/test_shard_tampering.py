@@ -19,7 +19,9 @@ from tests.unit.test_shards import build, make_graph
 @pytest.fixture(scope="module")
 def shard_set(tmp_path_factory):
     out = tmp_path_factory.mktemp("tamper") / "set"
-    build(make_graph(), out)  # 2 servers x 2 GPUs, 2 layers, full preload
+    # 2 servers x 2 GPUs, 2 layers, full preload; locality blocks of 16 rows, so verify's content pass
+    # reads runs of several blocks per (GPU, hop)
+    build(make_graph(), out, row_block_rows=16)
     return out
 
 
