@@ -373,6 +373,8 @@ def format_info(manifest: dict) -> str:
         f"vertex balance {float(part.get('vertex_balance', 1)):.3f} train balance {float(part.get('train_balance', 1)):.3f}",
         f"partition   digest {manifest.get('partition_digest', 'not recorded')} (seed {manifest.get('seed')}; "
         f"equal digests = the same server and GPU for every vertex)",
+        "row order   " + (f"by hop, then METIS locality blocks of about {row_block_rows(manifest)} rows"
+                          if row_block_rows(manifest) else "by hop, then global id (built with --row-block-rows 0)"),
         "protocol    " + (("inductive: train-induced degrees, source splits and hops stored (granndis-train "
                            "--inductive)" if has_train_hop(manifest) else
                            "inductive: train-induced degrees and source splits stored, no train-induced hops (built "

@@ -94,6 +94,7 @@ def test_files_are_in_block_order(cora, tmp_path):
     from preprocess.build import build_shards
     from preprocess.partition import WholeGraphAccess
     from preprocess.row_blocks import part_of, row_blocks
+    from preprocess.verify import format_info
 
     S, G = 2, 2
     group, server_of, gpu_of = _parts(cora, S, G)
@@ -102,6 +103,8 @@ def test_files_are_in_block_order(cora, tmp_path):
         m = build_shards(cora, tmp_path / f"r{rows}", servers=S, gpus_per_server=G, layers=2, partitioner="metis",
                          comm=MPI.COMM_SELF, row_block_rows=rows)
         assert m.get("row_block_rows", 0) == rows
+        info = format_info(m)
+        assert ("locality blocks of about 64 rows" in info) if rows else ("--row-block-rows 0" in info)
         for s in range(S):
             with h5py.File(tmp_path / f"r{rows}" / f"server-{s:04d}.h5") as f:
                 gid, hop, owner = (f[k][:] for k in ("vertices/global_id", "vertices/hop", "vertices/owner"))

@@ -265,7 +265,7 @@ def _swap_last_two(a):
 @pytest.mark.parametrize("edge_block", [None, 2])  # verify's default block, and blocks of about a row
 @pytest.mark.parametrize("name,fn,expect", [
     ("vertices/hop", lambda h: np.concatenate([h[:-1], h[-1:] + 1]), "BFS"),  # still sorted, wrong hop
-    ("vertices/hop", lambda h: np.where(h == 2, 1, h), "sorted by (hop"),
+    ("vertices/hop", lambda h: np.where(h == 2, 0, h), "not sorted by hop"),  # hop-0 rows after hop-1 rows
     ("world/src_rank", lambda r: (r + 1) % 4, "src_rank"),
     ("world/src_in_degree", lambda d: np.concatenate([d[:-1], d[-1:] + 1]), "src_in_degree"),  # the last block
     ("graph/in_degree", lambda d: d + 1, "in_degree"),
