@@ -10,7 +10,8 @@ kernel; with --product torch, torch's CSR product).  Every order is timed once p
 a rotated order, --rounds rounds; the table gives the median and its ratio to the generator's order.
 
 Orders: the generator's; a random permutation; degree, descending; reverse Cuthill-McKee (scipy); METIS
-blocks (pymetis, --blocks of them) with degree order inside a block.
+blocks (pymetis, --blocks of them) with degree order inside a block; the build's (preprocess/row_blocks.py
+on the one GPU of a 1 x 1 set: METIS blocks of --row-block-rows rows, id order inside a block).
 """
 from __future__ import annotations
 
@@ -31,16 +32,33 @@ import harness  # noqa: E402
 from granndis_hpc.engine.hostmem import keep_freed_host_memory  # noqa: E402
 from granndis_hpc.nn.cpu_kernels import csr_matmul  # noqa: E402
 from granndis_hpc.nn.sparse import _csr  # noqa: E402
+from preprocess.row_blocks import DEFAULT_BLOCK_ROWS  # noqa: E402
 
 
-def mean_adjacency(vertices: int, seed: int) -> scipy.sparse.csr_matrix:
+def load_graph(vertices: int, seed: int):
     from preprocess.sources.synthetic_chunks import load_synthetic
 
-    g = load_synthetic(vertices=vertices, seed=seed)
+    return load_synthetic(vertices=vertices, seed=seed)
+
+
+def mean_adjacency(g) -> scipy.sparse.csr_matrix:
     indptr, indices = np.asarray(g.indptr, np.int64), np.asarray(g.indices, np.int64)
     degree = np.diff(indptr)
     values = np.repeat(1.0 / np.maximum(degree, 1), degree).astype(np.float32)
     return scipy.sparse.csr_matrix((values, indices, indptr), shape=(g.num_vertices, g.num_vertices))
+
+
+def build_order(g, block_rows: int) -> np.ndarray:
+    """The rows of a 1 x 1 set in the build's order (preprocess/row_blocks.py, one part)."""
+    from mpi4py import MPI
+
+    from granndis_hpc.cluster import as_group
+    from preprocess.partition import WholeGraphAccess
+    from preprocess.row_blocks import row_blocks
+
+    group = as_group(MPI.COMM_SELF)
+    block = row_blocks(group, WholeGraphAccess(group, g), np.zeros(g.num_vertices, dtype=np.int32), 1, block_rows)
+    return np.lexsort((np.arange(g.num_vertices), block))
 
 
 def orders(a: scipy.sparse.csr_matrix, blocks, seed: int):
@@ -54,7 +72,7 @@ def orders(a: scipy.sparse.csr_matrix, blocks, seed: int):
            "degree, descending": np.argsort(-degree, kind="stable"),
            "reverse Cuthill-McKee": scipy.sparse.csgraph.reverse_cuthill_mckee(sym, symmetric_mode=True)}
     for k in blocks:
-        _, parts = pymetis.part_graph(k, xadj=sym.indptr, adjncy=sym.indices)
+        _, parts = pymetis.part_graph(k, adjacency=pymetis.CSRAdjacency(sym.indptr, sym.indices))
         out[f"METIS {k} blocks, degree order inside"] = np.lexsort((-degree, np.asarray(parts)))
     return out
 
@@ -72,6 +90,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--widths", type=int, nargs="+", default=[64, 16])
     ap.add_argument("--blocks", type=int, nargs="*", default=[64, 256], help="METIS block counts")
+    ap.add_argument("--row-block-rows", type=int, default=DEFAULT_BLOCK_ROWS,
+                    help="the build's locality blocks (preprocess build --row-block-rows)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--product", choices=("native", "torch"), default="native",
                     help="the C kernel (GRANNDIS_CPU_KERNELS=native) or torch's CSR product")
@@ -80,8 +100,11 @@ def main(argv=None):
     os.environ["GRANNDIS_CPU_KERNELS"] = args.product
     torch.set_num_threads(1)
     keep_freed_host_memory()  # as the trainer does: no page faults on every product's output
-    a = mean_adjacency(args.vertices, args.seed)
-    mats = {name: permuted(a, perm) for name, perm in orders(a, args.blocks, args.seed).items()}
+    g = load_graph(args.vertices, args.seed)
+    a = mean_adjacency(g)
+    perms = orders(a, args.blocks, args.seed)
+    perms[f"the build's: METIS blocks of {args.row_block_rows} rows, id order inside"] = build_order(g, args.row_block_rows)
+    mats = {name: permuted(a, perm) for name, perm in perms.items()}
     load_before = os.getloadavg()[0]
     times = {w: {name: [] for name in mats} for w in args.widths}
     names = list(mats)

@@ -71,8 +71,8 @@ class LayoutOptions(Options):
     partitioner: str = option("parmetis", choices=PARTITIONERS, help="server-level partitioner")
     row_block_rows: int = option(DEFAULT_BLOCK_ROWS, ge=0, metavar="ROWS",
                                  help="order each GPU's rows (inside a hop) by METIS blocks of about ROWS rows of its "
-                                      "subgraph, so that sparse products read nearby rows (1.4-1.7x faster on CPU "
-                                      "ranks, docs/performance/single-rank.md); 0: by global id. A plan takes the "
+                                      "subgraph, so that sparse products read nearby rows (faster epochs on CPU ranks: "
+                                      "docs/performance/single-rank.md); 0: by global id. A plan takes the "
                                       "build's: co-batches are drawn in the files' row order")
 
 
