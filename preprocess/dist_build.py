@@ -40,7 +40,8 @@ from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import discard_staged, stage_server_file
 
 from . import inductive
-from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
+from .build import (PhaseLog, check_dataset, commit_build, partition_message, prepare_build_output,
+                    validate_config)
 from .dist_server import drain_datasets, server_datasets, small_int_dtype
 from .halo import unique_sorted
 from .gpu_split import split_servers_over_gpus
@@ -157,7 +158,9 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
         gpu_of, gpu_constraints = split_servers_over_gpus(group, access, server_of, train, G,
                                                           cfg.partitioner, cfg.seed)
         gpu_of = gpu_of.astype(small_int_dtype(G))
+        t_blocks = time.perf_counter()
         block = row_blocks(group, access, part_of(server_of, gpu_of, G), S * G, cfg.row_block_rows)
+        t_blocks = time.perf_counter() - t_blocks
     # int32 in-degrees (4 B per vertex on every rank; the files store them as int64).
     degree = group.allgatherv_rows(np.diff(part.indptr).astype(np.int32 if part.num_edges < 2**31 else np.int64), rows)
     masks = {"train_mask": train, **{f: group.allgatherv_rows(getattr(part, f), rows) for f in ("val_mask", "test_mask")}}
@@ -166,8 +169,7 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
         induced = {"train_in_degree": group.allgatherv_rows(
                        inductive.train_in_degree(part.indptr, part.indices, train), rows),
                    "split_code": inductive.vertex_split_codes(train, masks["val_mask"], masks["test_mask"])}
-    log.done("partition", f"{sp.name}: edge cut {sp.edge_cut} ({100 * sp.edge_cut_fraction:.2f}% of edges), "
-                          f"vertex balance {sp.vertex_balance:.3f}, train balance {sp.train_balance:.3f}")
+    log.done("partition", partition_message(sp, cfg.row_block_rows, t_blocks))
 
     staged, stats = [], []
     t_halo = t_write = 0.0
