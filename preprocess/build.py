@@ -125,7 +125,7 @@ def partition_message(sp, row_block_rows: int, blocks_s: float) -> str:
             + (f"; locality blocks of {row_block_rows} rows {blocks_s:.2f} s" if row_block_rows else ""))
 
 
-def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, block: np.ndarray,
+def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, block: np.ndarray | None,
                  cfg: BuildConfig):
     """All datasets of one server file (docs/design.md §5) and its statistics.
 
@@ -445,7 +445,8 @@ def build_shards(graph, out, *, servers: int, gpus_per_server: int, layers: int,
     pass MPI.COMM_SELF (or a one-rank cluster.Group) to build on one rank.  Returns the manifest."""
     cfg = BuildConfig(out=str(out), servers=servers, gpus_per_server=gpus_per_server, layers=layers, preload=preload,
                       hops=hops, fanout=fanout, select=select, partitioner=partitioner, seed=seed,
-                      overwrite=overwrite, inductive=inductive, row_block_rows=row_block_rows, command=command or f"build_shards(servers={servers}, "
-                      f"gpus_per_server={gpus_per_server}, layers={layers}, preload={preload!r})")
+                      overwrite=overwrite, inductive=inductive, row_block_rows=row_block_rows,
+                      command=command or f"build_shards(servers={servers}, gpus_per_server={gpus_per_server}, "
+                      f"layers={layers}, preload={preload!r})")
     log = PhaseLog(comm) if verbose else None
     return run_build(comm, graph, cfg, log)
