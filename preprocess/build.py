@@ -118,13 +118,6 @@ def _permute_csr(indptr: np.ndarray, indices: np.ndarray, perm: np.ndarray):
     return csr_from_edges(src, row_of_edges(sub_indptr), perm.shape[0])
 
 
-def partition_message(sp, row_block_rows: int, blocks_s: float) -> str:
-    """The partition phase's log line: the server partition's quality and the locality blocks' time."""
-    return (f"{sp.name}: edge cut {sp.edge_cut} ({100 * sp.edge_cut_fraction:.2f}% of edges), vertex balance "
-            f"{sp.vertex_balance:.3f}, train balance {sp.train_balance:.3f}"
-            + (f"; locality blocks of {row_block_rows} rows {blocks_s:.2f} s" if row_block_rows else ""))
-
-
 def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, block: np.ndarray | None,
                  cfg: BuildConfig):
     """All datasets of one server file (docs/design.md §5) and its statistics.
@@ -364,7 +357,7 @@ def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, conten
     t_blocks = time.perf_counter()
     block = row_blocks(group, access, part_of(server_of, gpu_of, G), S * G, cfg.row_block_rows)
     t_blocks = time.perf_counter() - t_blocks
-    log.done("partition", partition_message(sp, cfg.row_block_rows, t_blocks))
+    log.done("partition", sp.log_line(cfg.row_block_rows, t_blocks))
 
     staged, stats = [], []
     t_halo = t_write = 0.0

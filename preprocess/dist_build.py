@@ -40,8 +40,7 @@ from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import discard_staged, stage_server_file
 
 from . import inductive
-from .build import (PhaseLog, check_dataset, commit_build, partition_message, prepare_build_output,
-                    validate_config)
+from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
 from .dist_server import drain_datasets, server_datasets, small_int_dtype
 from .halo import unique_sorted
 from .gpu_split import split_servers_over_gpus
@@ -169,7 +168,7 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
         induced = {"train_in_degree": group.allgatherv_rows(
                        inductive.train_in_degree(part.indptr, part.indices, train), rows),
                    "split_code": inductive.vertex_split_codes(train, masks["val_mask"], masks["test_mask"])}
-    log.done("partition", partition_message(sp, cfg.row_block_rows, t_blocks))
+    log.done("partition", sp.log_line(cfg.row_block_rows, t_blocks))
 
     staged, stats = [], []
     t_halo = t_write = 0.0

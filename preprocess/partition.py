@@ -44,6 +44,12 @@ class ServerPartition:
                 "vertex_balance": float(self.vertex_balance), "train_balance": float(self.train_balance),
                 "rebalanced_vertices": int(self.rebalanced_vertices)}
 
+    def log_line(self, row_block_rows: int, blocks_s: float) -> str:
+        """The build's partition phase line: this partition's quality and the locality blocks' time."""
+        return (f"{self.name}: edge cut {self.edge_cut} ({100 * self.edge_cut_fraction:.2f}% of edges), vertex "
+                f"balance {self.vertex_balance:.3f}, train balance {self.train_balance:.3f}"
+                + (f"; locality blocks of {row_block_rows} rows {blocks_s:.2f} s" if row_block_rows else ""))
+
 
 def symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray, lo: int, hi: int):
     """(xadj, adjncy) of rows lo..hi-1 of the symmetrised graph without self loops; global column ids.
