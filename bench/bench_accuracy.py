@@ -43,8 +43,8 @@ def build_sets(base: str, datasets, normalisations=("none", "row"), servers: int
     `preprocess build` would: {(dataset, normalisation): directory}."""
     from mpi4py import MPI
 
-    from preprocess.build import BuildConfig, run_build
-    from preprocess.sources import features_record, load
+    from granndis_hpc.preprocess.build.pipeline import BuildConfig, run_build
+    from granndis_hpc.preprocess.sources import features_record, load
 
     world = MPI.COMM_WORLD
     dirs = {(d, n): os.path.join(base, f"{d}-{n}") for d in datasets for n in normalisations}
@@ -185,7 +185,7 @@ INTRO = [
     "Kipf & Welling (ICLR 2017) report GCN test accuracy 81.5 % on Cora and 70.3 % on CiteSeer (public "
     "Planetoid split).  Their recipe differs from plain training in three ways, each an option here:",
     "",
-    "- `python -m preprocess build ... --normalize-features row`: every feature row divided by its sum "
+    "- `granndis preprocess build ... --normalize-features row`: every feature row divided by its sum "
     "(recorded in the manifest; `info` and the run's summary.json say which features were used);",
     "- `--input-dropout 0.5`: dropout on the input features too, keyed by vertex id like `--dropout` "
     "(nn/dropout.py), so the cached layer-0 halo needs no exchange and fb/flx stay exact;",

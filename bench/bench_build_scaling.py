@@ -1,9 +1,9 @@
 """Strong scaling of one preprocessing build over P ranks (not a test).
 
 For each P (and preload) the driver runs one fresh job
-`mpirun -n P python -m preprocess build --source synthetic --generator local --vertices N ...` with
+`mpirun -n P granndis preprocess build --source synthetic --generator local --vertices N ...` with
 $GRANNDIS_BUILD_PROFILE set, so every rank writes its CPU seconds and peak RSS per phase (the peak is
-reset at each phase end: preprocess/build.py PhaseLog), and records the wall time of the job, the
+reset at each phase end: preprocess/build/pipeline.py PhaseLog), and records the wall time of the job, the
 manifest's digests, and `preprocess plan`'s estimate of the peak per build rank.  A memory guard stops
 a job that drives the machine's MemAvailable under --min-available-gib (other jobs share it).
 
@@ -44,7 +44,7 @@ def run_one(a, P, preload, whole) -> dict:
     out = os.path.join(a.work, tag)
     prof = os.path.join(a.work, tag + ".profile.json")
     shutil.rmtree(out, ignore_errors=True)
-    cmd = ["mpirun", "-n", str(P), sys.executable, "-m", "preprocess", "build", *graph_args(a),
+    cmd = ["mpirun", "-n", str(P), sys.executable, "-m", "granndis_hpc.preprocess", "build", *graph_args(a),
            *layout_args(a, preload), "--out", out] + (["--whole-graph"] if whole else [])
     env = mpi_env(GRANNDIS_BUILD_PROFILE=prof)
     load0 = os.getloadavg()[0]
@@ -72,7 +72,7 @@ def run_one(a, P, preload, whole) -> dict:
     if a.verify:
         # /usr/bin/time: verify's own peak RSS (docs/performance/build-scaling.md: bounded, one file at a time).
         timed = ["/usr/bin/time", "-f", "maxrss_kib=%M"] if os.path.exists("/usr/bin/time") else []
-        v = subprocess.run(timed + [sys.executable, "-m", "preprocess", "verify", out], cwd=REPO,
+        v = subprocess.run(timed + [sys.executable, "-m", "granndis_hpc.preprocess", "verify", out], cwd=REPO,
                            capture_output=True, text=True)
         rec["verify"] = v.stdout.strip().splitlines()[-1] if v.stdout.strip() else v.stderr[-300:]
         rss = [l for l in v.stderr.splitlines() if l.startswith("maxrss_kib=")]
@@ -89,7 +89,7 @@ def plan_inputs(a) -> dict:
     if a.plan_json and os.path.exists(path):  # an earlier run's plan of the same graph
         with open(path) as f:
             return json.load(f)["build_memory"]
-    cmd = [sys.executable, "-m", "preprocess", "plan", *graph_args(a), "--servers", "2", "--gpus-per-server", "2",
+    cmd = [sys.executable, "-m", "granndis_hpc.preprocess", "plan", *graph_args(a), "--servers", "2", "--gpus-per-server", "2",
            "--layers", str(a.layers), "--partitioner", a.partitioner, "--model", "sage", "--hidden", "64",
            "--cob-batches", "2", "--eas-hops", "1", "--eas-fanout", "15", "--json", path]
     r = subprocess.run(cmd, cwd=REPO, env=mpi_env(), capture_output=True, text=True)
@@ -100,8 +100,8 @@ def plan_inputs(a) -> dict:
 
 
 def add_estimates(a, records) -> None:
-    """The estimated peak per rank (preprocess/build_memory.py) beside every sliced build's measurement."""
-    from preprocess.build_memory import ServerLoad, estimate_build_memory
+    """The estimated peak per rank (preprocess/plan/build_memory.py) beside every sliced build's measurement."""
+    from granndis_hpc.preprocess.plan.build_memory import ServerLoad, estimate_build_memory
 
     plan = plan_inputs(a)
     for r in records:

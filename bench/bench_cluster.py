@@ -354,7 +354,7 @@ def main(argv=None):
             if args.reuse_shards and os.path.exists(os.path.join(shards[name], "manifest.json")):
                 log.append(f"(reused {shards[name]})")
                 continue
-            run(["mpirun", "-n", "2", py, "-m", "preprocess", "build", "--source", "synthetic", "--vertices",
+            run(["mpirun", "-n", "2", py, "-m", "granndis_hpc.preprocess", "build", "--source", "synthetic", "--vertices",
                  str(args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", str(args.ranks_per_server), "--layers",
                  str(args.layers), "--partitioner", "metis", "--out", shards[name], "--overwrite",
                  "--generator", args.generator, *SHARD_SETS[name]], log, timeout=600)

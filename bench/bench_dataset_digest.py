@@ -1,4 +1,4 @@
-"""Cost of the dataset content digest every build records (preprocess/build.py dataset_digest, the
+"""Cost of the dataset content digest every build records (preprocess/build/pipeline.py dataset_digest, the
 identity that lets a checkpoint continue on another shard set of the same data).
 
     .venv/bin/python bench/bench_dataset_digest.py                 # Cora, and a synthetic 2M x 100 graph
@@ -17,7 +17,7 @@ import numpy as np
 from harness import REPO
 
 from granndis_hpc.graph.csr import Graph
-from preprocess.build import dataset_digest
+from granndis_hpc.preprocess.build.pipeline import dataset_digest
 
 
 def synthetic(n: int, features: int, degree: int, seed: int = 0) -> Graph:
@@ -46,7 +46,7 @@ def main() -> None:
     p.add_argument("--degree", type=int, default=25)
     p.add_argument("--cora-root", default=os.path.join(REPO, "tests", "data", "planetoid"))
     args = p.parse_args()
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
 
     graphs = [load("planetoid", name="cora", root=args.cora_root),
               synthetic(args.vertices, args.features, args.degree)]

@@ -2,7 +2,7 @@
 
 `build --hops auto --memory-per-gpu X` estimates a full preload of every depth k = 1..L before it
 builds.  It used to assemble the whole graph on every rank for that (sliced.assemble, then
-plan_sets.plan_options on the Graph); it now counts from the ranks' slices (preprocess/halo_counts.py).
+plan_sets.plan_options on the Graph); it now counts from the ranks' slices (preprocess/plan/halo_counts.py).
 For each P and each way, the driver runs one fresh job of this script's worker,
 `mpirun -n P python bench/bench_hops_auto.py --worker ...`, which loads the ranks' slices of the
 `--generator local` graph (sliced.load_slice, as `build` does), resets every rank's peak RSS (VmHWM),
@@ -39,10 +39,10 @@ def _rss(field: str) -> int:
 def worker(a) -> int:
     """One job: load the slices, then the depth choice one way; rank 0 writes every rank's record."""
     from granndis_hpc.cluster import as_group
-    from preprocess.build import _reset_peak_rss
-    from preprocess.plan import PlanConfig, auto_hops
-    from preprocess.sliced import assemble, load_slice
-    from preprocess.sources.synthetic_chunks import SyntheticSource
+    from granndis_hpc.preprocess.build.pipeline import _reset_peak_rss
+    from granndis_hpc.preprocess.plan.command import PlanConfig, auto_hops
+    from granndis_hpc.preprocess.build.sliced import assemble, load_slice
+    from granndis_hpc.preprocess.sources.synthetic_chunks import SyntheticSource
     from granndis_hpc.units import parse_size
 
     from granndis_hpc import registry

@@ -1,9 +1,9 @@
 """Locality of the synthetic generators: edge cut and k-hop preload size per generator (not a test).
 
 For each generator (``--generator sbm`` and ``local``) on the same size, this builds the canonical graph
-with `preprocess.sources.load`, partitions it over the servers with the build's own server partitioner
-(`preprocess.partition.partition_servers`: METIS, or ParMETIS on this one rank), and for k = 1..L takes
-each server's full k-hop preload with `preprocess.halo.full_khop` (exactly what `python -m preprocess
+with `granndis_hpc.preprocess.sources.load`, partitions it over the servers with the build's own server partitioner
+(`granndis_hpc.preprocess.partition.twolevel.partition_servers`: METIS, or ParMETIS on this one rank), and for k = 1..L takes
+each server's full k-hop preload with `granndis_hpc.preprocess.build.halo.full_khop` (exactly what `granndis preprocess
 build --preload full --hops k` stores per server).  It reports
 
 * the edge cut (directed edges between servers / all edges),
@@ -17,7 +17,7 @@ build --preload full --hops k` stores per server).  It reports
 Each generator is measured in a fresh process: PT-Scotch's ParMETIS keeps random state between calls in
 one process, so a second partitioning there is not the one a build (a fresh job) would get.
 
-``--check-build`` also runs one `mpirun -n BUILD_RANKS python -m preprocess build ... --preload full
+``--check-build`` also runs one `mpirun -n BUILD_RANKS granndis preprocess build ... --preload full
 --hops 2` for the local generator and reports the rows its manifest records next to the ones computed
 here (equal for METIS; ParMETIS on several ranks partitions differently from one rank).
 """
@@ -38,9 +38,9 @@ import scipy.sparse as sp
 from harness import REPO, mpi_env
 
 from granndis_hpc.cluster.group import self_group
-from preprocess.halo import full_khop
-from preprocess.partition import partition_servers
-from preprocess.sources import load
+from granndis_hpc.preprocess.build.halo import full_khop
+from granndis_hpc.preprocess.partition.twolevel import partition_servers
+from granndis_hpc.preprocess.sources import load
 
 
 def nearest_class_mean_accuracy(g, x) -> float:
@@ -98,7 +98,7 @@ def check_build(args, rec) -> dict:
     servers / inner vertices) must equal rows_per_vertex[2] computed here."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "shards")
-        cmd = ["mpirun", "-n", str(args.build_ranks), sys.executable, "-m", "preprocess", "build",
+        cmd = ["mpirun", "-n", str(args.build_ranks), sys.executable, "-m", "granndis_hpc.preprocess", "build",
                "--source", "synthetic", "--generator", "local",
                "--vertices", str(args.vertices), "--avg-degree", str(args.avg_degree), "--seed", str(args.seed),
                "--servers", str(args.servers), "--gpus-per-server", "1", "--layers", str(args.layers),
@@ -110,7 +110,7 @@ def check_build(args, rec) -> dict:
             manifest = json.load(f)
     stats = manifest["stats"]
     built = float(stats["replication_factor"])
-    return {"command": f"mpirun -n {args.build_ranks} python -m preprocess " + " ".join(cmd[6:-1]) + " DIR",
+    return {"command": f"mpirun -n {args.build_ranks} granndis preprocess " + " ".join(cmd[6:-1]) + " DIR",
             "build_s": round(wall, 1), "edge_cut_fraction": manifest["partitioner"]["edge_cut_fraction"],
             "manifest_rows_per_server": [s["rows"] for s in stats["servers"]],
             "manifest_replication_factor": built, "computed_rows_per_vertex_k2": rec["rows_per_vertex"][2],

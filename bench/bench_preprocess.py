@@ -1,4 +1,4 @@
-"""Benchmark of `python -m preprocess build`: wall time and peak RSS per rank (not a test).
+"""Benchmark of `granndis preprocess build`: wall time and peak RSS per rank (not a test).
 
 For each configuration the driver launches `mpirun -n RANKS python bench/bench_preprocess.py --worker ...`
 (a fresh job per configuration, so peak RSS is that build's), parses the per-phase lines rank 0 prints,
@@ -28,7 +28,7 @@ def worker(argv) -> int:
     """Run one build in this MPI job; rank 0 prints every rank's peak RSS as one JSON line."""
     from mpi4py import MPI
 
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     t0 = time.perf_counter()
     rc = main(argv)
@@ -61,7 +61,7 @@ def run_config(vertices, preload, partitioner, ranks, workdir, timeout, generato
     record = {"vertices": vertices, "generator": generator, "preload": preload, "partitioner": partitioner,
               "ranks": ranks, "servers": 2, "gpus_per_server": 2, "wall_s": round(wall, 2),
               "loadavg_start": load_start, "loadavg_end": os.getloadavg()[0], "out": out,
-              "command": f"mpirun -n {ranks} python -m preprocess " + " ".join(args),
+              "command": f"mpirun -n {ranks} granndis preprocess " + " ".join(args),
               "phase_log": [line for line in res.stdout.splitlines() if line.startswith("[preprocess]")]}
     for line in res.stdout.splitlines():
         m = PHASE.search(line)

@@ -1,7 +1,7 @@
 """Are builds reproducible?  Repeated builds of Cora with every partitioner path (not a test).
 
 1. Builds: each partitioner and rank count is built --repeats times with the same seed, each build its
-   own `mpirun ... python -m preprocess build`; the page counts the distinct partition digests and the
+   own `mpirun ... granndis preprocess build`; the page counts the distinct partition digests and the
    distinct sets of server-file sha256 (1 = reproducible).
 2. Cause: PT-Scotch's ParMETIS_V3_PartKway called with the fix turned off (no one-thread scope, no
    seeding of Scotch's generator), with Scotch's default thread count, 1 thread and 2 threads; each job
@@ -32,9 +32,9 @@ def worker(raw: bool, calls: int, nparts: int, seeds: list) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from preprocess import parmetis
-    from preprocess.partition import partition_servers
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.partition import parmetis
+    from granndis_hpc.preprocess.partition.twolevel import partition_servers
+    from granndis_hpc.preprocess.sources import load
 
     if raw:  # the behaviour before the fix: the library as it comes
         parmetis._scotch_reproducible = lambda pm, seed: contextlib.nullcontext()
@@ -64,7 +64,7 @@ def builds(args, workdir, log):
         digests, file_sets, inner = [], [], None
         for r in range(args.repeats):
             out = os.path.join(workdir, f"{partitioner}-{ranks}-{r}")
-            run(["mpirun", "-n", str(ranks), sys.executable, "-m", "preprocess", "build", *CORA, "--servers", "2",
+            run(["mpirun", "-n", str(ranks), sys.executable, "-m", "granndis_hpc.preprocess", "build", *CORA, "--servers", "2",
                  "--gpus-per-server", "2", "--layers", "2", "--partitioner", partitioner, "--seed", "0",
                  "--out", out], log)
             with open(os.path.join(out, "manifest.json")) as f:

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_row_order.py --out bench-out/row-order.md
 
-The synthetic graph's layer-0 mean adjacency (`preprocess.sources.synthetic_chunks.load_synthetic`, the
+The synthetic graph's layer-0 mean adjacency (`granndis_hpc.preprocess.sources.synthetic_chunks.load_synthetic`, the
 generator the shard sets of docs/performance/single-rank.md are built from, in its own vertex order),
 symmetrically permuted (rows and columns, the operand's rows alike) by each order, multiplied with a
 random operand of --widths columns on one thread by the CPU path's product (nn/cpu_kernels.py: the C
@@ -10,7 +10,7 @@ kernel; with --product torch, torch's CSR product).  Every order is timed once p
 a rotated order, --rounds rounds; the table gives the median and its ratio to the generator's order.
 
 Orders: the generator's; a random permutation; degree, descending; reverse Cuthill-McKee (scipy); METIS
-blocks (pymetis, --blocks of them) with degree order inside a block; the build's (preprocess/row_blocks.py
+blocks (pymetis, --blocks of them) with degree order inside a block; the build's (preprocess/partition/row_blocks.py
 on the one GPU of a 1 x 1 set: METIS blocks of --row-block-rows rows, id order inside a block).
 """
 from __future__ import annotations
@@ -32,11 +32,11 @@ import harness  # noqa: E402
 from granndis_hpc.engine.hostmem import keep_freed_host_memory  # noqa: E402
 from granndis_hpc.nn.cpu_kernels import csr_matmul  # noqa: E402
 from granndis_hpc.nn.sparse import _csr  # noqa: E402
-from preprocess.row_blocks import DEFAULT_BLOCK_ROWS  # noqa: E402
+from granndis_hpc.preprocess.partition.row_blocks import DEFAULT_BLOCK_ROWS  # noqa: E402
 
 
 def load_graph(vertices: int, seed: int):
-    from preprocess.sources.synthetic_chunks import load_synthetic
+    from granndis_hpc.preprocess.sources.synthetic_chunks import load_synthetic
 
     return load_synthetic(vertices=vertices, seed=seed)
 
@@ -49,12 +49,12 @@ def mean_adjacency(g) -> scipy.sparse.csr_matrix:
 
 
 def build_blocks(g, block_rows: int) -> np.ndarray:
-    """The block of every vertex of a 1 x 1 set (preprocess/row_blocks.py, one part)."""
+    """The block of every vertex of a 1 x 1 set (preprocess/partition/row_blocks.py, one part)."""
     from mpi4py import MPI
 
     from granndis_hpc.cluster import as_group
-    from preprocess.partition import WholeGraphAccess
-    from preprocess.row_blocks import row_blocks
+    from granndis_hpc.preprocess.partition.twolevel import WholeGraphAccess
+    from granndis_hpc.preprocess.partition.row_blocks import row_blocks
 
     group = as_group(MPI.COMM_SELF)
     return row_blocks(group, WholeGraphAccess(group, g), np.zeros(g.num_vertices, dtype=np.int32), 1, block_rows)

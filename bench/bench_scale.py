@@ -6,7 +6,7 @@
    ParMETIS on 2 ranks, each in a fresh `mpirun -n 2` job (bench/bench_preprocess.py's run_config):
    full 3-hop preload (fb, flx) and EAS h=1 f=15 (eas).  Per build: wall time, the phase log, peak RSS
    and CPU seconds of each rank (getrusage), load average at start and end.
-2. verify: `python -m preprocess verify` on each set (wall, peak RSS).
+2. verify: `granndis preprocess verify` on each set (wall, peak RSS).
 3. train: fb, flx k=3 (= L), flx k=2 and k=1 (`--preloaded-layers`, k < L on the 3-hop set) and eas,
    3-layer SAGE, hidden 64, 2 emulated servers x 2 ranks (`mpirun -n 4`, one machine), --epochs 2;
    the table reports the LAST epoch's record of metrics.jsonl (the first one pays one-off costs).
@@ -37,7 +37,7 @@ RUNS = (("fb", "full", "fb", []),
         ("flx k=2", "full", "flx", ["--preloaded-layers", "2"]),
         ("flx k=1", "full", "flx", ["--preloaded-layers", "1"]),
         ("eas", "eas", "eas", []))
-VERIFY = ("import json, resource, sys, time; from preprocess.__main__ import main; t = time.perf_counter(); "
+VERIFY = ("import json, resource, sys, time; from granndis_hpc.preprocess.__main__ import main; t = time.perf_counter(); "
           "rc = main(['verify', sys.argv[1]]); ru = resource.getrusage(resource.RUSAGE_SELF); "
           "print('BENCH ' + json.dumps({'rc': rc, 'wall_s': time.perf_counter() - t, 'peak_rss_mib': "
           "ru.ru_maxrss / 1024, 'cpu_s': ru.ru_utime + ru.ru_stime}))")
@@ -152,7 +152,7 @@ def page(args, records):
         for kind, r in b.items():
             lines += [f"{kind}: `{r['command']}`", "", "```", *r.get("phase_log", []), "```", ""]
     if records["verify"]:
-        lines += ["### Verify (`python -m preprocess verify`, one process)", "",
+        lines += ["### Verify (`granndis preprocess verify`, one process)", "",
                   "| shard set | result | wall (s) | CPU s | peak RSS (MiB) |", "|---|---|---:|---:|---:|"]
         for kind, r in records["verify"].items():
             ok = "OK" if r.get("rc") == 0 else f"FAILED (rc {r.get('rc')})"

@@ -85,7 +85,7 @@ class PygSage(torch.nn.Module):
 
 
 def build_graph(args):
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
 
     return load("synthetic", vertices=args.vertices, avg_degree=args.degree, features=args.features, seed=0)
 

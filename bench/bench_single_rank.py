@@ -47,7 +47,7 @@ import harness  # noqa: E402
 import single_rank_pyg  # noqa: E402
 import single_rank_roofline as rl  # noqa: E402
 
-from preprocess.row_blocks import DEFAULT_BLOCK_ROWS  # noqa: E402
+from granndis_hpc.preprocess.partition.row_blocks import DEFAULT_BLOCK_ROWS  # noqa: E402
 
 
 def set_path(args, row_block_rows):
@@ -58,7 +58,7 @@ def set_path(args, row_block_rows):
 def build_set(args, log, row_block_rows):
     out = set_path(args, row_block_rows)
     if not os.path.exists(os.path.join(out, "manifest.json")):
-        harness.run([sys.executable, "-m", "preprocess", "build", "--source", "synthetic", "--vertices",
+        harness.run([sys.executable, "-m", "granndis_hpc.preprocess", "build", "--source", "synthetic", "--vertices",
                      args.vertices, "--seed", "0", "--servers", "1", "--gpus-per-server", args.ranks, "--layers",
                      args.layers, "--preload", "full", "--row-block-rows", row_block_rows, "--out", out,
                      "--overwrite"], log, env=dict(os.environ))

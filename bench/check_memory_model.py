@@ -37,8 +37,8 @@ def main(argv=None):
                    "(default: the overlapped order of --overlap-halos world)")
     p.add_argument("--cora-root", default=os.environ.get("GRANNDIS_DATASETS", os.path.join(REPO, "tests", "data")) + "/planetoid")
     args = p.parse_args(argv)
-    from preprocess.build import build_shards
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.build.pipeline import build_shards
+    from granndis_hpc.preprocess.sources import load
 
     rps = int(os.environ.get("GRANNDIS_RANKS_PER_SERVER", RANKS_PER_SERVER))
     graphs = {"cora": lambda: load("planetoid", name="cora", root=args.cora_root),

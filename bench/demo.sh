@@ -33,9 +33,9 @@ elif why=$($EMU probe 2>&1); then
 fi
 
 echo "== preprocessing: synthetic graph, $VERTICES vertices, 2 servers x 2 GPUs"
-mpirun -n 2 $PY -m preprocess build --source synthetic --vertices "$VERTICES" --seed 0 --feature-noise "$NOISE" \
+mpirun -n 2 $PY -m granndis_hpc.preprocess build --source synthetic --vertices "$VERTICES" --seed 0 --feature-noise "$NOISE" \
     --servers 2 --gpus-per-server 2 --layers 3 --preload full --out "$OUT/shards-full" --overwrite
-mpirun -n 2 $PY -m preprocess build --source synthetic --vertices "$VERTICES" --seed 0 --feature-noise "$NOISE" \
+mpirun -n 2 $PY -m granndis_hpc.preprocess build --source synthetic --vertices "$VERTICES" --seed 0 --feature-noise "$NOISE" \
     --servers 2 --gpus-per-server 2 --layers 3 --preload eas --hops 1 --eas-fanout 15 --out "$OUT/shards-eas" --overwrite
 
 common=(--model sage --layers 3 --hidden 64 --epochs "$EPOCHS" --lr 0.01 --dropout 0.5 --eval-every 2)

@@ -26,7 +26,7 @@ build() {  # build NAME ARGS...: a shard set under $OUT/shards (kept between run
   local name=$1; shift
   [ -f "$OUT/shards/$name/manifest.json" ] && return 0
   rm -rf "$OUT/shards/$name"
-  if ! timeout 400 "$PY" -m preprocess build "$@" --layers 3 --preload full --partitioner metis \
+  if ! timeout 400 "$PY" -m granndis_hpc.preprocess build "$@" --layers 3 --preload full --partitioner metis \
        --seed 0 --out "$OUT/shards/$name" > "$OUT/build-$name.log" 2>&1; then
     echo "FAILED: building $name (see $OUT/build-$name.log)"; tail -3 "$OUT/build-$name.log"; status=1; return 1
   fi

@@ -55,7 +55,7 @@ def run_workers(script, worker_args, ranks=4):
 def build(args, out, preload_args, log, layers=None, vertices=None):
     """`preprocess build` of the synthetic graph for 2 servers x 2 GPUs with METIS (args: vertices, layers,
     and optionally generator)."""
-    run(["mpirun", "-n", "2", sys.executable, "-m", "preprocess", "build", "--source", "synthetic",
+    run(["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.preprocess", "build", "--source", "synthetic",
          "--vertices", str(vertices or args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", "2",
          "--layers", str(layers or args.layers), "--partitioner", "metis", "--out", out, "--overwrite",
          "--generator", getattr(args, "generator", "sbm"), *preload_args], log)

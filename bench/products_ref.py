@@ -84,7 +84,7 @@ def reference(vertices: int, epochs: int, hidden: int = 64, dropout: float = 0.3
     warm-up, and the graph's sizes (checked against the shard set's manifest by the driver)."""
     import torch
     import torch.nn.functional as F
-    from preprocess.sources.synthetic_chunks import load_synthetic
+    from granndis_hpc.preprocess.sources.synthetic_chunks import load_synthetic
 
     t0 = time.perf_counter()
     params = graph_params(vertices)

@@ -1,4 +1,5 @@
-"""Command-line entry points: `granndis-train` (under mpirun/srun) and `granndis {train,predict,report}`."""
+"""Command-line entry points: `granndis {preprocess,train,predict,report}` and `granndis-train` (under
+mpirun/srun, the same as `granndis train`)."""
 from __future__ import annotations
 
 import argparse
@@ -171,14 +172,22 @@ def run_predict(argv=None) -> dict:
     return predict(opts)
 
 
+USAGE = """usage: granndis {preprocess,train,predict,report} ...
+  preprocess  build, plan, verify, inspect or chunk a shard set (granndis preprocess -h)
+  train       train on a shard set under mpirun/srun (also installed as granndis-train)
+  predict     write a trained model's predictions and embeddings (under mpirun, like train)
+  report      plots and a table for run directories"""
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: granndis {train,predict,report} ...\n  train    same as granndis-train\n"
-              "  predict  write a trained model's predictions and embeddings (under mpirun, like train)\n"
-              "  report   plots and a table for run directories")
+        print(USAGE)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    if cmd == "preprocess":
+        from granndis_hpc.preprocess.__main__ import main as preprocess_main
+        return preprocess_main(rest)
     if cmd == "train":
         return train_main(rest)
     if cmd == "predict":
@@ -186,7 +195,7 @@ def main(argv=None) -> int:
     if cmd == "report":
         from granndis_hpc.report.command import main as report_main
         return report_main(rest)
-    print(f"granndis: unknown command {cmd!r}; choose train, predict or report", file=sys.stderr)
+    print(f"granndis: unknown command {cmd!r}; choose preprocess, train, predict or report", file=sys.stderr)
     return 2
 
 

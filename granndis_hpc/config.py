@@ -98,7 +98,7 @@ class TrainConfig:
     # (nothing the numbers depend on, or checked otherwise: shards, ranks_per_server, mode and
     # preloaded_layers are the fingerprint's shape, which only the exact modes may change, see
     # rundir/checkpoint.py); "reset" = not carried over from the run being resumed.
-    shards: str = option(help="shard directory written by `python -m preprocess build` (required, except with "
+    shards: str = option(help="shard directory written by `granndis preprocess build` (required, except with "
                               "--resume)", on_resume="may_change", resume_shape=True)
     mode: str = option("flx", choices=_mode_names, on_resume="may_change", resume_shape=True,
                        help="fb: full-batch baseline (1-hop halo every layer, world-wide); flx: flexible "

@@ -84,7 +84,7 @@ class TqdmHandler(logging.StreamHandler):
 
 
 _HANDLER_TAG = "_granndis_rank_handler"
-PRODUCT_LOGGERS = ("granndis_hpc", "preprocess")
+PRODUCT_LOGGERS = ("granndis_hpc",)
 
 
 def setup_logging(rank: int, quiet: bool = False, *, all_ranks: bool = False,

@@ -1,11 +1,11 @@
-"""`python -m preprocess {build,plan,chunk,verify,info}` (also installed as `granndis-preprocess`).
+"""`granndis preprocess {build,plan,chunk,verify,info}` (also `python -m granndis_hpc.preprocess`).
 
-  mpirun -n 2 python -m preprocess build --source planetoid --name cora --root DIR \\
+  mpirun -n 2 granndis preprocess build --source planetoid --name cora --root DIR \\
       --servers 2 --gpus-per-server 2 --layers 3 --preload full --partitioner parmetis --out shards/cora-full
-  mpirun -n 2 python -m preprocess plan --source planetoid --name cora --root DIR \\
+  mpirun -n 2 granndis preprocess plan --source planetoid --name cora --root DIR \\
       --servers 2 --gpus-per-server 2 --layers 3 --model sage --hidden 64 --memory-per-gpu 40GiB
-  python -m preprocess verify shards/cora-full
-  python -m preprocess info shards/cora-full
+  granndis preprocess verify shards/cora-full
+  granndis preprocess info shards/cora-full
 """
 from __future__ import annotations
 
@@ -17,19 +17,19 @@ import numpy as np
 
 from granndis_hpc.options import read_command
 
-from .options import BuildOptions, ChunkOptions, PlanOptions, ShardSetOptions, hops_value
-from .plan import cmd_plan, fail, resolve_build_hops
+from granndis_hpc.preprocess.options import BuildOptions, ChunkOptions, PlanOptions, ShardSetOptions, hops_value
+from granndis_hpc.preprocess.plan.command import cmd_plan, fail, resolve_build_hops
 
-PROG = "python -m preprocess"
+PROG = "granndis preprocess"
 DESCRIPTION = "GraNNDis offline preprocessing"
 
 
 def cmd_build(args, argv) -> int:
     from granndis_hpc.cluster import as_group
 
-    from . import sources
-    from .build import PHASES, BuildConfig, PhaseLog
-    from .slices import spill_directory
+    from granndis_hpc.preprocess import sources
+    from granndis_hpc.preprocess.build.pipeline import PHASES, BuildConfig, PhaseLog
+    from granndis_hpc.preprocess.build.slices import spill_directory
 
     group = as_group(None)  # MPI.COMM_WORLD, through cluster/ (preprocess never calls MPI itself)
     from granndis_hpc.progress import progress, setup_logging
@@ -39,7 +39,7 @@ def cmd_build(args, argv) -> int:
     bar = progress(total=len(PHASES), desc="preprocess", rank=group.rank, unit="phase",
                    enabled=True if args.progress else None)
     log = PhaseLog(group, bar=bar)
-    command = "python -m preprocess " + shlex.join(argv)
+    command = "granndis preprocess " + shlex.join(argv)
     if group.size > 1:
         command = f"mpirun -n {group.size} " + command
     hops = hops_value(args.hops)
@@ -54,18 +54,18 @@ def cmd_build(args, argv) -> int:
 
 
 def _build(group, args, cfg, log, bar, printer) -> int:
-    from . import sources
-    from .build import run_build
+    from granndis_hpc.preprocess import sources
+    from granndis_hpc.preprocess.build.pipeline import run_build
 
     try:
         with group.errors("opening the dataset"):
             sliced = None if args.whole_graph else sources.sliced_from_args(args)
         if sliced is not None:
             # Every rank reads 1/P of the edges and rows, the ranks canonicalise together
-            # (preprocess/sliced.py) and every later phase works on the slices (preprocess/dist_build.py),
-            # --hops auto's counts included (preprocess/halo_counts.py).
-            from .dist_build import run_build_sliced
-            from .sliced import load_slice, slice_digest
+            # (preprocess/build/sliced.py) and every later phase works on the slices (preprocess/build/distributed.py),
+            # --hops auto's counts included (preprocess/plan/halo_counts.py).
+            from granndis_hpc.preprocess.build.distributed import run_build_sliced
+            from granndis_hpc.preprocess.build.sliced import load_slice, slice_digest
 
             part = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
                               normalize=args.normalize_features)
@@ -83,20 +83,20 @@ def _build(group, args, cfg, log, bar, printer) -> int:
             run_build(group, graph, cfg, log)
     except Exception as exc:  # noqa: BLE001
         return fail(group, "build", exc)
-    from .build import write_profile
+    from granndis_hpc.preprocess.build.pipeline import write_profile
 
     write_profile(log, os.environ.get("GRANNDIS_BUILD_PROFILE"))  # bench/bench_build_scaling.py
     bar.close()
     if group.rank == 0:
-        print(f"[preprocess] wrote {cfg.out}; check it with `python -m preprocess verify {cfg.out}`", flush=True)
+        print(f"[preprocess] wrote {cfg.out}; check it with `granndis preprocess verify {cfg.out}`", flush=True)
     return 0
 
 
 def cmd_chunk(args, argv) -> int:
     """Write the chunked input format from any source, one chunk in memory at a time where the source
     is sliced (synthetic, chunked), else from the loaded canonical graph."""
-    from . import sources
-    from .chunked import graph_pieces, split_ranges, write_chunked
+    from granndis_hpc.preprocess import sources
+    from granndis_hpc.preprocess.formats.chunked import graph_pieces, split_ranges, write_chunked
 
     try:
         sliced = sources.sliced_from_args(args)
@@ -138,7 +138,7 @@ def cmd_chunk(args, argv) -> int:
 
 
 def cmd_verify(args, argv) -> int:
-    from .verify import verify_shard_set
+    from granndis_hpc.preprocess.verify.command import verify_shard_set
 
     try:
         problems = verify_shard_set(args.dir)
@@ -158,7 +158,7 @@ def cmd_verify(args, argv) -> int:
 def cmd_info(args, argv) -> int:
     from granndis_hpc.shards import ShardError, read_manifest
 
-    from .verify import format_info
+    from granndis_hpc.preprocess.verify.command import format_info
 
     try:
         print(format_info(read_manifest(args.dir)))
@@ -167,7 +167,7 @@ def cmd_info(args, argv) -> int:
         return 1
     except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a field of an unexpected type
         print(f"preprocess info: error: {args.dir}/manifest.json: a field has an unexpected value "
-              f"({type(exc).__name__}: {exc}); run `python -m preprocess verify {args.dir}`, or rebuild the set",
+              f"({type(exc).__name__}: {exc}); run `granndis preprocess verify {args.dir}`, or rebuild the set",
               file=sys.stderr)
         return 1
     return 0

@@ -1,4 +1,4 @@
-"""The options of every `python -m preprocess` command, declared once (granndis_hpc/options/ derives
+"""The options of every `granndis preprocess` command, declared once (granndis_hpc/options/ derives
 their parsers, ``--config FILE.toml`` and ``--help``).
 
 A command's options class is composed of the groups it takes, by inheritance: build = source + layout
@@ -19,10 +19,10 @@ from typing import List, Optional
 from granndis_hpc.config import TrainConfig
 from granndis_hpc.options import Options, option, reuse
 
-from .halo import EAS_SELECT_RULES
-from .partition import PARTITIONERS
-from .row_blocks import DEFAULT_BLOCK_ROWS
-from .sources import SourceOptions
+from granndis_hpc.preprocess.build.halo import EAS_SELECT_RULES
+from granndis_hpc.preprocess.partition.twolevel import PARTITIONERS
+from granndis_hpc.preprocess.partition.row_blocks import DEFAULT_BLOCK_ROWS
+from granndis_hpc.preprocess.sources import SourceOptions
 
 PRELOADS = ("full", "eas")
 # The release in which the old spelling of a renamed option stops being accepted.
@@ -118,7 +118,7 @@ class EstimateOptions(Options):
 
 @dataclass
 class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
-    """`python -m preprocess build`."""
+    """`granndis preprocess build`."""
     preload: str = option("full", choices=PRELOADS, group="preloading",
                           help="full: k-hop preloading (FLX); eas: Expansion-aware Sampling")
     hops: Optional[str] = option(None, parse=hops_text, metavar="K|auto", group="preloading",
@@ -149,7 +149,7 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
 
 @dataclass
 class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
-    """`python -m preprocess plan`."""
+    """`granndis preprocess plan`."""
     inductive: bool = reuse(TrainConfig, "inductive", group="layout",
                             help="the build is for inductive training (build --inductive): read from the build "
                                  "presets; the estimates are those of the full graph's views, which bound the "
@@ -177,14 +177,14 @@ class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
 
 @dataclass
 class ChunkOptions(SourceOptions):
-    """`python -m preprocess chunk`."""
+    """`granndis preprocess chunk`."""
     out: str = option(None, required=True, group="output", help="output directory (required; must not exist, or be empty)")
     chunks: int = option(8, ge=1, group="output", help="number of edge chunks and of node chunks")
 
 
 @dataclass
 class ShardSetOptions(Options):
-    """`python -m preprocess verify|info`."""
+    """`granndis preprocess verify|info`."""
     dir: str = option(None, required=True, positional=True, help="the shard set's directory")
 
 

@@ -166,7 +166,7 @@ class Group:
     def subgroups(self, color: int):
         """Collective: the Group of the ranks that pass the same `color` (ranks in this group's order),
         for work that disjoint sets of ranks do at the same time (each server's GPU split,
-        preprocess/partition.py).  Its communicator is freed when the block ends (collective over the
+        preprocess/partition/twolevel.py).  Its communicator is freed when the block ends (collective over the
         subgroup: every rank of it must leave the block)."""
         sub = self.mpi_comm.Split(int(color), self.rank)
         try:

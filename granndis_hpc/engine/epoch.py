@@ -68,7 +68,7 @@ def epoch_record(ledger: Ledger, topo, comm, epoch: int, elapsed: float, grad_s:
         # Every rank holds the same all-reduced loss, so every rank raises this together.
         raise raised_everywhere(TrainingError(
             f"loss became {loss} at epoch {epoch + 1}; lower --lr or check the features for extreme "
-            f"values (`python -m preprocess verify` checks that they are finite)"))
+            f"values (`granndis preprocess verify` checks that they are finite)"))
     # Bytes per rank (exact): their sum is the traffic per link class; the busiest rank and the
     # busiest server's inter-server egress are what a slow link waits for.
     per_rank = Ledger.record_classes(led.gather_bytes(topo.world))

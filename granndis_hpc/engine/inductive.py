@@ -4,7 +4,7 @@ vertices, validate on the graph induced by the training and validation vertices,
 
 An inductive shard set holds the full graph's partition, preloads and world view, plus every row's
 in-degree within the train-induced graph and the split code of every world-view source
-(preprocess/inductive.py).  Each induced graph is derived here by filtering a view's rows and edges: a
+(preprocess/build/inductive.py).  Each induced graph is derived here by filtering a view's rows and edges: a
 vertex outside the graph is no row, an edge from one is no edge, and degrees are counted within the
 graph.  Vertices keep their global ids, so dropout masks are those a single process draws on the
 induced graph with the original ids.
@@ -40,7 +40,7 @@ def check_shards(inductive: bool, manifest: dict, path: str) -> None:
     if inductive and not shards.is_inductive(manifest):
         raise TrainingError(
             f"--inductive needs a shard set built with --inductive, but {path} was built without it (it holds no "
-            f"train-induced degrees or source splits); rebuild it with `python -m preprocess build ... --inductive`, "
+            f"train-induced degrees or source splits); rebuild it with `granndis preprocess build ... --inductive`, "
             f"or train without --inductive")
 
 
@@ -49,8 +49,8 @@ def check_train_hops(inductive: bool, manifest: dict, mode: str, path: str) -> N
     (they train on the rows it selects; fb, cob and mb do not read it)."""
     if inductive and not shards.has_train_hop(manifest):
         raise TrainingError(
-            f"--inductive --mode {mode} needs the train-induced hops (graph/train_hop) that `python -m preprocess "
-            f"build --inductive` now stores, and {path} was built without them; rebuild it with `python -m preprocess "
+            f"--inductive --mode {mode} needs the train-induced hops (graph/train_hop) that `granndis preprocess "
+            f"build --inductive` now stores, and {path} was built without them; rebuild it with `granndis preprocess "
             f"build ... --inductive --out {path} --overwrite` (it was built by: {manifest.get('command', 'unknown')}), "
             f"or use --mode fb")
 
@@ -75,11 +75,11 @@ def check_content(sl, manifest: dict, path: str) -> None:
     if bad:
         raise shards.ShardError(
             f"{path}: graph/train_in_degree of server {sl.server} GPU {sl.gpu} disagrees with the edges the file "
-            f"holds (edited after the build?); run `python -m preprocess verify {path}` and rebuild the set")
+            f"holds (edited after the build?); run `granndis preprocess verify {path}` and rebuild the set")
     if sl.server_train_hop is not None and not _train_hops_consistent(sl, int(pre["hops"])):
         raise shards.ShardError(
             f"{path}: graph/train_hop of server {sl.server} GPU {sl.gpu} is no BFS distance over the edges the file "
-            f"holds (edited after the build?); run `python -m preprocess verify {path}` and rebuild the set")
+            f"holds (edited after the build?); run `granndis preprocess verify {path}` and rebuild the set")
 
 
 def _train_hops_consistent(sl, depth: int) -> bool:

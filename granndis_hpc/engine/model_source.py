@@ -159,7 +159,7 @@ def dataset_refusal(source: ModelSource, manifest: Dict, shards: str) -> Optiona
                 f"set its run names is not readable), so it cannot be checked against {shards}")
     if digest is None:
         return (f"{shards} has no dataset content digest (built by an older granndis-hpc): rebuild it with "
-                f"`python -m preprocess build ... --overwrite`")
+                f"`granndis preprocess build ... --overwrite`")
     if digest != source.dataset_sha256:
         return (f"{source.path} was trained on another dataset than {shards} holds (dataset "
                 f"{source.dataset!r} content {source.dataset_sha256[:12]}..., the shard set: {name!r} content "

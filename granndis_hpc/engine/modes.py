@@ -176,7 +176,7 @@ class FlexiblePreload(StaticMode):
         if pre["kind"] != "full" or int(pre["hops"]) < 1:
             raise TrainingError(
                 f"mode flx needs a full preload of 1 to {self.cfg.conv_layers} hops, but the shards hold a "
-                f"{pre['kind']} preload of {pre['hops']} hop(s); rebuild them with `python -m preprocess "
+                f"{pre['kind']} preload of {pre['hops']} hop(s); rebuild them with `granndis preprocess "
                 f"build ... --preload full --hops K` (1 <= K <= {self.cfg.conv_layers}), or use --mode fb")
         k = self.cfg.preloaded_layers
         if k is not None and (k > int(pre["hops"]) or k > self.cfg.conv_layers):
@@ -213,7 +213,7 @@ class ExpansionAware(StaticMode):
         kind = manifest["preload"]["kind"]
         if kind != "eas":
             raise TrainingError(f"mode eas needs shards built with --preload eas, these hold a {kind} "
-                                f"preload; rebuild with `python -m preprocess build ... --preload eas`")
+                                f"preload; rebuild with `granndis preprocess build ... --preload eas`")
         inductive.check_train_hops(self.cfg.inductive, manifest, self.name, self.cfg.shards)
 
     def exact(self, manifest):

@@ -154,7 +154,7 @@ def run_predict(opts) -> Dict:
         with collective_errors(topo.world, "", catch=(PredictError,)):
             if not np.array_equal(block_ids, np.arange(lo, hi)):  # every vertex has exactly one owner
                 raise PredictError(f"{opts.shards}: the ranks' inner vertices do not cover global ids {lo}..{hi - 1} "
-                                   f"exactly once; run `python -m preprocess verify {opts.shards}`")
+                                   f"exactly once; run `granndis preprocess verify {opts.shards}`")
         sel = block.pop("selected").astype(bool)
         rows = {name: a[sel] for name, a in block.items()}
         rows["global_id"] = block_ids[sel]

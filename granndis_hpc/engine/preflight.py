@@ -48,8 +48,8 @@ def check_split_totals(totals: Dict, manifest: Dict, path: str) -> None:
              if int(totals[k]) != int(ds[f"num_{k}"])]
     if wrong:
         raise TrainingError(f"{path}: the server files flag {', '.join(wrong)} inner vertices: their split/* flags "
-                            f"were edited after the build; run `python -m preprocess verify {path}` and rebuild the "
-                            f"set with `python -m preprocess build ... --overwrite`")
+                            f"were edited after the build; run `granndis preprocess verify {path}` and rebuild the "
+                            f"set with `granndis preprocess build ... --overwrite`")
     if int(ds["num_classes"]) > max(int(ds["num_vertices"]), 1):
         raise TrainingError(f"{path}: manifest num_classes {ds['num_classes']} exceeds its {ds['num_vertices']} "
                             f"vertices: the output layer would be that wide; rebuild the set from its source")

@@ -71,10 +71,10 @@ def world_rows(sl, my_rank: int) -> RowSource:
     gid = sl.w_src_global_id.astype(np.int64)
     owner = sl.w_src_rank.astype(np.int64)
     is_own = owner == my_rank
-    pos = position_lookup(inner_gid)(gid)  # inner rows by locality block, not by id (preprocess/row_blocks.py)
+    pos = position_lookup(inner_gid)(gid)  # inner rows by locality block, not by id (preprocess/partition/row_blocks.py)
     if np.any(is_own & (pos < 0)):
         raise planner.PlanError("world view names this rank as owner of a vertex it does not hold; "
-                                "the shard is inconsistent: run `python -m preprocess verify`")
+                                "the shard is inconsistent: run `granndis preprocess verify`")
     return RowSource(
         hop=np.zeros(n, dtype=np.int64), indptr=sl.w_indptr.astype(np.int64), is_own=is_own,
         own_pos=pos, peer=owner, key=gid, src_hop=np.zeros_like(gid),
@@ -322,7 +322,7 @@ class LayeredView:
                     and not torch.equal(before.row_ids[:n], after.row_ids[:n])):
                 raise planner.PlanError(
                     f"layer {l + 1} switches from the {before.group} view to the {after.group} view, but the "
-                    f"two order the rank's inner vertices differently; run `python -m preprocess verify`")
+                    f"two order the rank's inner vertices differently; run `granndis preprocess verify`")
         # Layer l's own rows (dropout's row ids): a prefix of its view's rows.
         ids = [view.row_ids for view in self.per_layer]
         self.layer_row_ids = tuple(ids)
@@ -429,11 +429,11 @@ def agree_with_peers(alltoall_counts, num_peers: int, signature: int, problem, f
     failed = np.flatnonzero(theirs == -1)
     if failed.size:
         raise planner.PlanError(f"peer(s) {failed.tolist()} of this view could not plan their rows (their "
-                                f"shard is inconsistent: see their message); run `python -m preprocess verify`")
+                                f"shard is inconsistent: see their message); run `granndis preprocess verify`")
     other = np.flatnonzero(theirs != signature)
     if other.size:
         shape = tuple(np.shape(features))
         raise planner.PlanError(
             f"this rank's rows are {shape[1:] or shape} of {getattr(features, 'dtype', '?')} but peer(s) "
             f"{other.tolist()} of the view hold rows of another width or dtype: the exchange cannot agree on a "
-            f"row size; the shard set's server files disagree: run `python -m preprocess verify` and rebuild it")
+            f"row size; the shard set's server files disagree: run `granndis preprocess verify` and rebuild it")

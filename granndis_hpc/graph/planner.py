@@ -117,7 +117,7 @@ def resolve_requests(requested_keys: np.ndarray, key_to_pos) -> np.ndarray:
     pos = key_to_pos(np.asarray(requested_keys, dtype=np.int64))
     if pos.size and (pos.min() < 0):
         raise PlanError("a peer asked for a row this rank does not own: shard views disagree; "
-                        "re-run `python -m preprocess verify` on the shard directory")
+                        "re-run `granndis preprocess verify` on the shard directory")
     return pos
 
 

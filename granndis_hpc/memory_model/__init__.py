@@ -6,7 +6,7 @@ No MPI, nothing from the engine, so `preprocess` can use it offline.  The parts:
   `RankRows`); no I/O, no sampling, no torch; the model's share is its registered estimator;
 - choice.py: `Option`s, the one ranking (`preference`, the modes' registry entries) and `choose`;
 - arrays.py: row counts from shard arrays (`shard_rows`), NumPy only, through counts by hop
-  (`HopCounts`, `WorldCounts`, `rank_rows`) that preprocess/halo_counts.py counts from build slices;
+  (`HopCounts`, `WorldCounts`, `rank_rows`) that preprocess/plan/halo_counts.py counts from build slices;
 - modes.py: each mode's `estimate` of a set (what its options train on; cob samples its co-batch);
 - induced.py, induced_sets.py: an inductive run's evaluation views and slice, and the induced graphs'
   views counted from an inductive set's own arrays (--mode auto; plan counts them from build slices);

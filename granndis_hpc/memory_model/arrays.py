@@ -2,7 +2,7 @@
 by the same rules as engine/views.py and graph/planner.py, as memory_model/estimate.py's RankRows.
 
 NumPy over arrays in memory: no file is read here (memory_model/shardsets.py reads shard sets,
-preprocess/plan.py hands over the arrays of the builds it runs without writing them).
+preprocess/plan/command.py hands over the arrays of the builds it runs without writing them).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class ServerArrays:
 
 
 def server_arrays_from_build(arrays: Dict[str, np.ndarray], server: int) -> ServerArrays:
-    """From the datasets of one server file (preprocess.build.build_server names) without features."""
+    """From the datasets of one server file (granndis_hpc.preprocess.build.pipeline.build_server names) without features."""
     offsets = np.asarray(arrays["vertices/offsets"], dtype=np.int64)
     w_off = np.asarray(arrays["world/offsets"], dtype=np.int64)
     ip, ix = np.asarray(arrays["graph/indptr"], np.int64), arrays["graph/indices"]
@@ -101,7 +101,7 @@ def world_reads(servers: Sequence[ServerArrays], world_size: int) -> np.ndarray:
 class HopCounts:
     """One GPU's server view as counts by hop (index h = hop h): everything server_view_rows reads of
     the arrays.  Counted here from a set's arrays, or over the build ranks' slices without the server's
-    edges on any rank (preprocess/halo_counts.py): one definition of the rows makes both agree."""
+    edges on any rank (preprocess/plan/halo_counts.py): one definition of the rows makes both agree."""
 
     own: np.ndarray  # this GPU's rows at each hop
     nnz: np.ndarray  # in-edges (in the server subgraph) of those rows, by the row's hop
@@ -206,7 +206,7 @@ def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: i
 
 def cobatch_counts(cob: Sequence[ServerArrays]) -> Dict[int, Tuple[HopCounts, int]]:
     """rank -> (HopCounts of its share of a co-batch's sample, the co-batch targets on it): all that
-    with_cobatch reads of the sampled arrays (preprocess/halo_counts.py sends these, not the arrays)."""
+    with_cobatch reads of the sampled arrays (preprocess/plan/halo_counts.py sends these, not the arrays)."""
     return {g.rank: (server_hop_counts(s, g.gpu), int(g.n_train)) for s in cob for g in s.gpus}
 
 

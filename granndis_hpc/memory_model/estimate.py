@@ -401,7 +401,7 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
     if m.inductive:  # evaluation's views, its forward and the shard slice (memory_model/induced.py)
         if not r.evaluation:
             raise MemoryModelError(f"rank {r.rank}: an inductive estimate needs the evaluation views' rows "
-                                   f"(RankRows.evaluation: memory_model/induced_sets.py, preprocess/induced_counts.py)")
+                                   f"(RankRows.evaluation: memory_model/induced_sets.py, preprocess/plan/induced_counts.py)")
         breakdown.update(inductive_parts(r, m, device, int(act["fresh"]) + transient))
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),

@@ -18,7 +18,7 @@ module counts them:
   process before it reads its shard, and for co-batches sampler_graph, the server graph they are drawn
   from.
 
-Both `preprocess plan --inductive` (preprocess/induced_counts.py) and --mode auto
+Both `preprocess plan --inductive` (preprocess/plan/induced_counts.py) and --mode auto
 (memory_model/induced_sets.py) count every rank's RankRows.evaluation.
 """
 from __future__ import annotations

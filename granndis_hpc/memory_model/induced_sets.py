@@ -112,7 +112,7 @@ class InductiveSetArrays(SetArrays):
         if k > 0 and any(s.train_hop is None for s in self.servers):
             raise MemoryModelError(f"{self.source}: --inductive with {k} preloaded layers needs the train-induced "
                                    f"hops (graph/train_hop), which this set was built without; rebuild it with "
-                                   f"`python -m preprocess build ... --inductive --overwrite`")
+                                   f"`granndis preprocess build ... --inductive --overwrite`")
         worlds, out = self.worlds(), []
         for s in self.servers:
             view = induced_server(s, k) if k > 0 else None

@@ -109,7 +109,7 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
         found += options(row_groups(s, layers, m, sampling), m, int(manifest["servers"]), device)
         if s.modes is not None:  # an inductive set built before graph/train_hop existed
             left_out.append(f"flx and eas on {path}, which holds no train-induced hops (graph/train_hop: built by an "
-                            f"earlier version); rebuild it with `python -m preprocess build ... --inductive --out "
+                            f"earlier version); rebuild it with `granndis preprocess build ... --inductive --out "
                             f"{path} --overwrite` to offer them")
     fits_in = usable_budget(budget_bytes, device)
     decision = choose(found, fits_in)

@@ -1,5 +1,5 @@
 """granndis_hpc.options: one options framework for every command (`granndis-train`, `granndis report`, every
-`python -m preprocess` subcommand): an options dataclass whose fields carry help, choices, defaults and
+`granndis preprocess` subcommand): an options dataclass whose fields carry help, choices, defaults and
 ranges, from which the command-line parser, the TOML reader and ``--help`` are derived.  Only the
 standard library: building a parser loads no torch, h5py or MPI, and preprocess uses it as train does.
 

@@ -63,18 +63,18 @@ ENVIRONMENT: Tuple[EnvVar, ...] = (
            "write every rank's wall and CPU seconds and peak RSS per build phase as JSON to PATH "
            "(bench/bench_build_scaling.py reads it)"),
     EnvVar("GRANNDIS_PARMETIS_LIB", "PATH", "libparmetis.so on the library path",
-           "preprocess/parmetis.py", "the ParMETIS shared library (--partitioner parmetis; docs/preparing-data.md)"),
-    EnvVar("GRANNDIS_PARMETIS_IDXTYPEWIDTH", "32 | 64", "32", "preprocess/parmetis.py",
+           "preprocess/partition/parmetis.py", "the ParMETIS shared library (--partitioner parmetis; docs/preparing-data.md)"),
+    EnvVar("GRANNDIS_PARMETIS_IDXTYPEWIDTH", "32 | 64", "32", "preprocess/partition/parmetis.py",
            "the width of idx_t the ParMETIS library was built with"),
-    EnvVar("GRANNDIS_PARMETIS_REALTYPEWIDTH", "32 | 64", "32", "preprocess/parmetis.py",
+    EnvVar("GRANNDIS_PARMETIS_REALTYPEWIDTH", "32 | 64", "32", "preprocess/partition/parmetis.py",
            "the width of real_t the ParMETIS library was built with"),
-    EnvVar("GRANNDIS_SCOTCH_BAND_WIDTH", "N (>= 1)", "1", "preprocess/parmetis.py",
+    EnvVar("GRANNDIS_SCOTCH_BAND_WIDTH", "N (>= 1)", "1", "preprocess/partition/parmetis.py",
            "the width of PT-Scotch's refinement band (3 with GRANNDIS_SCOTCH_BAND_GATHER=always: the ParMETIS "
            "compatibility layer's partition exactly)"),
-    EnvVar("GRANNDIS_SCOTCH_BAND_GATHER", "F (> 0) | always", "2", "preprocess/parmetis.py",
+    EnvVar("GRANNDIS_SCOTCH_BAND_GATHER", "F (> 0) | always", "2", "preprocess/partition/parmetis.py",
            "a band is gathered onto every process only while it holds fewer than F slices' worth of arcs "
            "(always: every band, PT-Scotch's own strategy)"),
-    EnvVar("GRANNDIS_SCOTCH_MMAP_MIB", "MiB (>= 0)", "1", "preprocess/parmetis.py",
+    EnvVar("GRANNDIS_SCOTCH_MMAP_MIB", "MiB (>= 0)", "1", "preprocess/partition/parmetis.py",
            "during a ParMETIS call, malloc maps allocations of at least this size, so freed ones return to "
            "the system (0: malloc as it is)"),
 )

@@ -186,7 +186,7 @@ def parse_args_with_config(cls, argv=None, prog: Optional[str] = None, descripti
 
 def read_command(commands: Dict[str, Tuple[type, str]], argv=None, prog: Optional[str] = None,
                  description: Optional[str] = None, epilog: Optional[str] = None) -> Tuple[str, Any]:
-    """A command with subcommands (`python -m preprocess build|plan|...`): `commands` maps each name to
+    """A command with subcommands (`granndis preprocess build|plan|...`): `commands` maps each name to
     (its options class, a line of help).  Returns (the name, its options object after precedence,
     command line > --config FILE.toml > defaults, validated by the class).  Every problem is the
     subcommand's usage error (exit status 2) naming the option; --help exits 0."""

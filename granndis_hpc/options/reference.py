@@ -19,11 +19,11 @@ from .parser import _group_title
 COMMANDS = [
     ("granndis-train", "granndis_hpc.config:TrainConfig", "train on a shard set (one rank per GPU, under mpirun or srun)"),
     ("granndis report", "granndis_hpc.report.command:ReportOptions", "tables and plots of finished runs"),
-    ("python -m preprocess build", "preprocess.options:BuildOptions", "write a shard set"),
-    ("python -m preprocess plan", "preprocess.options:PlanOptions",
+    ("granndis preprocess build", "granndis_hpc.preprocess.options:BuildOptions", "write a shard set"),
+    ("granndis preprocess plan", "granndis_hpc.preprocess.options:PlanOptions",
      "partition and expand the halos without writing; estimate memory and bytes per option"),
-    ("python -m preprocess chunk", "preprocess.options:ChunkOptions", "write a dataset in the chunked input format"),
-    ("python -m preprocess verify | info", "preprocess.options:ShardSetOptions", "check or describe a shard set"),
+    ("granndis preprocess chunk", "granndis_hpc.preprocess.options:ChunkOptions", "write a dataset in the chunked input format"),
+    ("granndis preprocess verify | info", "granndis_hpc.preprocess.options:ShardSetOptions", "check or describe a shard set"),
 ]
 
 

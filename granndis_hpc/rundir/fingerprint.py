@@ -21,7 +21,7 @@ def shard_set_id(manifest: Dict) -> str:
 
 
 def dataset_digest(manifest: Dict) -> Optional[str]:
-    """The shard set's dataset.content_sha256 (preprocess/build.py dataset_digest); None for a set built
+    """The shard set's dataset.content_sha256 (preprocess/build/pipeline.py dataset_digest); None for a set built
     before the build recorded one."""
     value = manifest.get("dataset", {}).get("content_sha256")
     return value if isinstance(value, str) else None
@@ -63,7 +63,7 @@ def _shape_refusal(saved: Dict, current: Dict) -> Optional[str]:
                 "shard set and layout it was written with")
     if current.get("dataset_sha256") is None:
         return ("this run's shard set (--shards) has no dataset content digest (built by an older granndis-hpc): "
-                "rebuild it with this version (`python -m preprocess build ... --overwrite`), whose manifest "
+                "rebuild it with this version (`granndis preprocess build ... --overwrite`), whose manifest "
                 "records dataset.content_sha256")
     return None
 

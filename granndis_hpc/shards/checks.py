@@ -5,7 +5,7 @@ can also rewrite the manifest's checksum.  The engine indexes arrays and sizes M
 reads, so a wrong feature width or dtype, an index out of range or a decreasing CSR pointer would
 corrupt memory in a compiled kernel, hang an exchange or silently change results.  These checks are
 the bounds and invariants that indexing relies on, vectorised and proportional to what the rank reads
-(`python -m preprocess verify` checks the whole set, including what is not cheap: BFS hops,
+(`granndis preprocess verify` checks the whole set, including what is not cheap: BFS hops,
 cross-server consistency).  Every failure is a ShardError naming the file, the HDF5 dataset and the fix.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .schema import ShardError, datasets_of, has_train_hop, is_inductive, is_mul
 def _fail(fpath: str, dataset: str, problem: str, manifest: dict) -> ShardError:
     name = manifest.get("dataset", {}).get("name", "?") if isinstance(manifest.get("dataset"), dict) else "?"
     return ShardError(f"{fpath}: dataset {dataset!r} {problem} (shard set of {name!r}: damaged, or edited after the "
-                      f"build); run `python -m preprocess verify` on the set and rebuild it with `python -m "
+                      f"build); run `granndis preprocess verify` on the set and rebuild it with `python -m "
                       f"preprocess build ... --overwrite`")
 
 

@@ -229,11 +229,11 @@ def check_job_content(world, sl, manifest: dict, path: str, chunk_bytes: int = C
     recorded = manifest["dataset"].get("content_sha256")
     if recorded is None:
         raise ShardError(f"{path}: --verify-content: the manifest records no dataset.content_sha256 (built by an "
-                         f"older granndis-hpc); rebuild the set with `python -m preprocess build ... --overwrite`")
+                         f"older granndis-hpc); rebuild the set with `granndis preprocess build ... --overwrite`")
     digest, problems = job_digest(world, sl, manifest, chunk_bytes)
     fix = (f"the server files were edited after the build (their checksums recomputed): run "
-           f"`python -m preprocess verify {path}` and rebuild the set from its source with "
-           f"`python -m preprocess build ... --overwrite`")
+           f"`granndis preprocess verify {path}` and rebuild the set from its source with "
+           f"`granndis preprocess build ... --overwrite`")
     if digest is not None and digest != recorded:
         problems.insert(0, f"manifest.json dataset.content_sha256 is {recorded[:16]}... but the server files' graph, "
                            f"features, labels and split hash to {digest[:16]}...")

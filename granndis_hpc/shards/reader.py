@@ -70,7 +70,7 @@ def _open_server(path: str, manifest: dict, server: int) -> h5py.File:
         raise ShardError(f"server {server} out of range: the shard set {path!r} has {servers} servers")
     fpath = os.path.join(os.fspath(path), server_file_name(server))
     if not os.path.exists(fpath):
-        raise ShardError(f"{fpath}: missing; the shard set is incomplete, rebuild it with `python -m preprocess build`")
+        raise ShardError(f"{fpath}: missing; the shard set is incomplete, rebuild it with `granndis preprocess build`")
     import h5py  # here, not at import: a build rank's partition phase, its peak, does not hold HDF5's ~13 MiB
 
     try:

@@ -97,7 +97,7 @@ def has_train_hop(manifest: dict) -> bool:
 
 def row_block_rows(manifest: dict) -> int:
     """Rows per locality block the set's rows are ordered by inside a (GPU, hop) class
-    (preprocess/row_blocks.py); 0: by global id (sets built without blocks, or before them)."""
+    (preprocess/partition/row_blocks.py); 0: by global id (sets built without blocks, or before them)."""
     return int(manifest.get("row_block_rows", 0))
 
 

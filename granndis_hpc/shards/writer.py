@@ -36,7 +36,7 @@ _TMP_SUFFIX = ".tmp"
 
 
 class StreamedDataset:
-    """A dataset written in blocks instead of held whole (the distributed build, preprocess/dist_server.py):
+    """A dataset written in blocks instead of held whole (the distributed build, preprocess/build/dist_server.py):
     its shape and dtype up front, then `blocks`, an iterable of (first row, rows) in row order.  The file
     is byte-identical to one written from the whole array (the same dataset, created and filled before
     the next one, chunked alike).  `drain()` runs the rest of the blocks without writing them: the
@@ -72,7 +72,7 @@ _SET_FILE = re.compile(r"^(server-\d{4}\.h5|" + re.escape(MANIFEST_NAME) + r")$"
 _TEMPORARY = re.compile(r"^\.(server-\d{4}\.h5|" + re.escape(MANIFEST_NAME) + r")\..+" + re.escape(_TMP_SUFFIX) + "$")
 
 
-# The build's spill directories (preprocess/sliced.py spilled): a rank killed mid-partition leaves one.
+# The build's spill directories (preprocess/build/sliced.py spilled): a rank killed mid-partition leaves one.
 _SPILL_DIR = re.compile(r"^\.granndis-spill-[A-Za-z0-9_]+$")
 
 

@@ -6,8 +6,8 @@
     igb        IGB's homogeneous paper graph (processed/paper*/ .npy files, memory-mapped; IGB's 60/20/20 split);
                a build rank reads only its slice
     bundle     one .npz / .h5 file with edge_index or CSR, features, labels, splits
-    chunked    a directory of memory-mappable .npy chunks + metadata.json (preprocess/chunked.py;
-               `python -m preprocess chunk` writes one from any source); a build rank reads only its slice
+    chunked    a directory of memory-mappable .npy chunks + metadata.json (preprocess/formats/chunked.py;
+               `granndis preprocess chunk` writes one from any source); a build rank reads only its slice
     synthetic  degree-corrected SBM at any scale (default; `make demo` uses it), or with
                ``--generator local`` a geometric graph with the locality of real graphs
 
@@ -27,30 +27,30 @@ from typing import Optional
 from granndis_hpc.graph.csr import Graph
 from granndis_hpc.options import Options, add_options, option
 from granndis_hpc.registry import Registry
-from preprocess.canonical import (FEATURE_NORMALIZATIONS, SELF_LOOP_MODES, DataError,  # noqa: F401 (re-exported)
+from granndis_hpc.preprocess.sources.canonical import (FEATURE_NORMALIZATIONS, SELF_LOOP_MODES, DataError,  # noqa: F401 (re-exported)
                                   canonicalize, normalize_features)
-from preprocess.sources.synthetic import DEFAULTS as _SYNTHETIC_DEFAULTS
-from preprocess.sources.synthetic import GENERATORS as _GENERATORS
-from preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
+from granndis_hpc.preprocess.sources.synthetic import DEFAULTS as _SYNTHETIC_DEFAULTS
+from granndis_hpc.preprocess.sources.synthetic import GENERATORS as _GENERATORS
+from granndis_hpc.preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
 
 # The sources: one line each.  An entry names its loader ("module:function", imported when used: the
 # loaders' own dependencies load only for the source asked for), the options it reads (`uses`; the
 # others are accepted and ignored, so one parser serves all) and, for a source a build rank reads a
-# slice of (preprocess/sliced.py), its `sliced` opener.  Every loader takes its `uses` and the
+# slice of (preprocess/build/sliced.py), its `sliced` opener.  Every loader takes its `uses` and the
 # canonicalisation options as keywords and returns a canonical Graph.  docs/architecture.md, "add a
 # dataset source".
 SOURCES = Registry("source")
-SOURCES.declare("planetoid", "preprocess.sources.planetoid:load_planetoid", uses=("name", "root"))
-SOURCES.declare("ogb", "preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme"))
-SOURCES.declare("reddit", "preprocess.sources.reddit:load_reddit", uses=("name", "root"))
-SOURCES.declare("igb", "preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
-                sliced="preprocess.sources.igb:IgbSource")
-SOURCES.declare("bundle", "preprocess.sources.bundle:load_bundle", uses=("name", "path"))
-SOURCES.declare("synthetic", "preprocess.sources.synthetic_chunks:load_synthetic",
+SOURCES.declare("planetoid", "granndis_hpc.preprocess.sources.planetoid:load_planetoid", uses=("name", "root"))
+SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme"))
+SOURCES.declare("reddit", "granndis_hpc.preprocess.sources.reddit:load_reddit", uses=("name", "root"))
+SOURCES.declare("igb", "granndis_hpc.preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
+                sliced="granndis_hpc.preprocess.sources.igb:IgbSource")
+SOURCES.declare("bundle", "granndis_hpc.preprocess.sources.bundle:load_bundle", uses=("name", "path"))
+SOURCES.declare("synthetic", "granndis_hpc.preprocess.sources.synthetic_chunks:load_synthetic",
                 uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
-                sliced="preprocess.sources.synthetic_chunks:SyntheticSource")
-SOURCES.declare("chunked", "preprocess.chunked:load_chunked", uses=("name", "path"),
-                sliced="preprocess.chunked:open_source")
+                sliced="granndis_hpc.preprocess.sources.synthetic_chunks:SyntheticSource")
+SOURCES.declare("chunked", "granndis_hpc.preprocess.formats.chunked:load_chunked", uses=("name", "path"),
+                sliced="granndis_hpc.preprocess.formats.chunked:open_source")
 
 # Every option load() accepts, with its default (the same defaults argparse uses).
 OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, num_classes=19, symmetrize=True,
@@ -68,7 +68,7 @@ _SOURCE, _SYNTHETIC, _CANON = ("dataset source", "synthetic source (degree-corre
 
 @dataclass
 class SourceOptions(Options):
-    """The dataset-source and canonicalisation options of every `python -m preprocess` command that reads
+    """The dataset-source and canonicalisation options of every `granndis preprocess` command that reads
     a dataset (granndis_hpc/options/ derives their parser); the defaults are OPTION_DEFAULTS'."""
     source: str = option("synthetic", choices=_source_names, group=_SOURCE, help="where the graph comes from")
     name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv; "
@@ -165,7 +165,7 @@ def load_from_args(args: argparse.Namespace) -> Graph:
 
 
 def sliced_from_args(args: argparse.Namespace):
-    """The sliced source (preprocess/sliced.py protocol) the namespace describes, or None when its source
+    """The sliced source (preprocess/build/sliced.py protocol) the namespace describes, or None when its source
     is loaded whole by every rank."""
     options = {k: getattr(args, k) for k in OPTION_DEFAULTS if hasattr(args, k)}
     return sliced_source(args.source, **options)

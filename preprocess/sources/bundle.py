@@ -19,7 +19,7 @@ import zipfile
 
 import numpy as np
 
-from preprocess.canonical import DataError, canonicalize, index_to_mask
+from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize, index_to_mask
 from granndis_hpc.graph.csr import row_of_edges
 
 EXPECTED_KEYS = ("edge_index | (indptr, indices)", "features", "labels",

@@ -15,7 +15,7 @@ import zlib
 
 import numpy as np
 
-from preprocess.canonical import DataError
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 BLOCK_BYTES = 16 << 20
 

@@ -10,7 +10,7 @@ root holding ``<--name>/processed`` (``--name tiny|small|medium|large|full``):
     processed/paper__cites__paper/edge_index.npy     [E, 2] integer pairs: column 0 cites column 1
 
 The files are memory-mapped (only the pages a pass touches are read), and `IgbSource` hands each build
-rank its share of them for the distributed build (preprocess/sliced.py).  The large and full downloads store
+rank its share of them for the distributed build (preprocess/build/sliced.py).  The large and full downloads store
 node_feat.npy and the label files as raw float32 without a .npy header (IGB's own loader maps them with
 np.memmap); a file without the .npy magic is read that way, its row count from its size.
 
@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from preprocess.canonical import DataError, _check_labels, canonicalize
+from granndis_hpc.preprocess.sources.canonical import DataError, _check_labels, canonicalize
 
 LABEL_FILES = {19: "node_label_19.npy", 2983: "node_label_2K.npy"}
 FEATURE_WIDTH = 1024  # of the headerless feature files (IGB's loader assumes it too)
@@ -131,7 +131,7 @@ class IgbFiles:
 
 
 class IgbSource:
-    """IGB's files as a sliced source (preprocess/sliced.py) for the distributed build: build rank r of
+    """IGB's files as a sliced source (preprocess/build/sliced.py) for the distributed build: build rank r of
     P reads rows split_ranges(E, P)[r:r+2] of edge_index.npy and the vertex rows it is given, straight
     from the memory maps; nothing else of the files is touched on that rank."""
 
@@ -142,7 +142,7 @@ class IgbSource:
         self.canonical = None  # raw edges: the build canonicalises them
 
     def edge_pieces(self, rank: int, size: int):
-        from preprocess.chunked import split_ranges
+        from granndis_hpc.preprocess.formats.chunked import split_ranges
 
         b = split_ranges(self.files.edges.shape[0], size)
         block = self.files.edges[int(b[rank]):int(b[rank + 1])]

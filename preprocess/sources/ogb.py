@@ -24,9 +24,9 @@ import os
 
 import numpy as np
 
-from preprocess.canonical import DataError, canonicalize, index_to_mask
-from preprocess.sources.bundle import read_npz
-from preprocess.sources.csvgz import read_csv
+from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize, index_to_mask
+from granndis_hpc.preprocess.sources.bundle import read_npz
+from granndis_hpc.preprocess.sources.csvgz import read_csv
 
 SPLIT_FILES = ("train", "valid", "test")
 

@@ -20,8 +20,8 @@ import os
 
 import numpy as np
 
-from preprocess.canonical import DataError, canonicalize, index_to_mask
-from preprocess.sources import safe_pickle  # a submodule: importing it runs the package first, no cycle
+from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize, index_to_mask
+from granndis_hpc.preprocess.sources import safe_pickle  # a submodule: importing it runs the package first, no cycle
 
 NAMES = ("cora", "citeseer", "pubmed")
 _PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph")

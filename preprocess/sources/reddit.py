@@ -19,8 +19,8 @@ import os
 import numpy as np
 
 from granndis_hpc.graph.csr import row_of_edges
-from preprocess.canonical import DataError, canonicalize
-from preprocess.sources.bundle import read_npz
+from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize
+from granndis_hpc.preprocess.sources.bundle import read_npz
 
 DATA_FILE = "reddit_data.npz"
 GRAPH_FILES = ("reddit_graph.npz", "reddit_self_loop_graph.npz")

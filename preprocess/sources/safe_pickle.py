@@ -22,7 +22,7 @@ import pickle
 import numpy as np
 import scipy.sparse as sp
 
-from preprocess.canonical import DataError
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 # numpy moved numpy.core -> numpy._core; take the function from ndarray's own reduce protocol.
 _NUMPY_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[0]

@@ -35,7 +35,7 @@ statistics, which the tests check, did not.
 """
 from __future__ import annotations
 
-from preprocess.canonical import DataError
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 DEGREE_EXPONENT = 2.5  # density exponent gamma of theta; tail P(theta > t) ~ t^-(gamma-1)
 THETA_CAP = 1000.0

@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from preprocess.canonical import DataError, canonicalize
-from preprocess.halo import _mix64  # the one splitmix64 finaliser (EAS tie-breaks use it too)
-import preprocess.sources.synthetic as synthetic
-import preprocess.sources.synthetic_local as synthetic_local
-from preprocess.sources.synthetic import DEGREE_EXPONENT, THETA_CAP
+from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize
+from granndis_hpc.preprocess.build.halo import _mix64  # the one splitmix64 finaliser (EAS tie-breaks use it too)
+import granndis_hpc.preprocess.sources.synthetic as synthetic
+import granndis_hpc.preprocess.sources.synthetic_local as synthetic_local
+from granndis_hpc.preprocess.sources.synthetic import DEGREE_EXPONENT, THETA_CAP
 
 VERTEX_CHUNK = 1 << 14  # vertices per generator chunk: part of the model (changing it changes the graph)
 _SBM, _LOCAL = 0x73626D, 0x6C6F63
@@ -111,7 +111,7 @@ def block_start(block: np.ndarray, n: int, blocks: int) -> np.ndarray:
 
 
 class SyntheticSource:
-    """One synthetic graph as a sliced source (preprocess/sliced.py protocol); see the module docstring."""
+    """One synthetic graph as a sliced source (preprocess/build/sliced.py protocol); see the module docstring."""
 
     def __init__(self, generator: str = "sbm", name: str = "synthetic", **params):
         if generator not in synthetic.GENERATORS:
@@ -280,7 +280,7 @@ def generate_any(generator="sbm", **params) -> dict:
 
 def load_synthetic(symmetrize=True, self_loops="remove", name="synthetic", **params):
     """Generate every chunk in this process (SyntheticSource) and canonicalise: the whole-graph
-    reference of what the build ranks produce from their own chunks (preprocess/sliced.py)."""
+    reference of what the build ranks produce from their own chunks (preprocess/build/sliced.py)."""
     raw = generate_any(**params)
     for key in ("community", "cell", "side"):
         raw.pop(key, None)

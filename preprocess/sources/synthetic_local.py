@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from preprocess.canonical import DataError
-import preprocess.sources.synthetic as synthetic
-from preprocess.sources.synthetic import common_problems
+from granndis_hpc.preprocess.sources.canonical import DataError
+import granndis_hpc.preprocess.sources.synthetic as synthetic
+from granndis_hpc.preprocess.sources.synthetic import common_problems
 
 # Defaults chosen with bench/bench_locality.py (200k vertices, D=25, 2 servers): see docs/performance/locality.md.
 # long_range is small because every long-range edge into a server drags its endpoint's whole (k-1)-hop

@@ -7,7 +7,7 @@ def test_build_from_bad_chunks_fails_on_every_rank_and_writes_nothing(tmp_path, 
     d = _copy(cora_dir, tmp_path / "bad")
     _truncate(d / "labels-00002.npy")
     out = tmp_path / "shards"
-    r = run_mpi(["-m", "preprocess", "build", "--source", "chunked", "--path", d, "--servers", "2",
+    r = run_mpi(["-m", "granndis_hpc.preprocess", "build", "--source", "chunked", "--path", d, "--servers", "2",
                  "--gpus-per-server", "1", "--layers", "1", "--partitioner", "metis", "--out", out], n=2, timeout=120)
     assert r.returncode != 0
     # Said once, by rank 0, for both ranks: every rank stops, one prints.

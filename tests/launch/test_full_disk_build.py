@@ -29,10 +29,10 @@ def small_fs(tmp_path):
 SCRIPT = r"""
 import errno, json, os, sys, contextlib, io
 import granndis_hpc.shards.writer as w
-import preprocess.build as b
-import preprocess.dist_build as d
-from preprocess.__main__ import main
-from preprocess.verify import verify_shard_set
+import granndis_hpc.preprocess.build.pipeline as b
+import granndis_hpc.preprocess.build.distributed as d
+from granndis_hpc.preprocess.__main__ import main
+from granndis_hpc.preprocess.verify.command import verify_shard_set
 
 mnt, out, build = sys.argv[1], sys.argv[2], sys.argv[3:]
 old_build = [a if not (a == "2" and build[i - 1] == "--servers") else "1" for i, a in enumerate(build)]
@@ -114,8 +114,8 @@ def test_a_build_filling_the_disk_at_any_point_exits_1_and_keeps_the_old_set(sma
 
 def test_two_ranks_writing_at_once_onto_a_full_disk_stop_together_with_one_message(small_fs):
     """The whole-graph build writes its server files from both ranks at once: they race for the space."""
-    from preprocess.__main__ import main
-    from preprocess.verify import verify_shard_set
+    from granndis_hpc.preprocess.__main__ import main
+    from granndis_hpc.preprocess.verify.command import verify_shard_set
     from tests.conftest import run_mpi
 
     out, probe = small_fs / "set", small_fs / "probe"
@@ -128,9 +128,9 @@ def test_two_ranks_writing_at_once_onto_a_full_disk_stop_together_with_one_messa
     old = {n: (out / n).read_bytes() for n in os.listdir(out)}
     st = os.statvfs(small_fs)
     (small_fs / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - size // 2))
-    code = ("import sys, granndis_hpc.shards.writer as w, preprocess.build as b; "
+    code = ("import sys, granndis_hpc.shards.writer as w, granndis_hpc.preprocess.build.pipeline as b; "
             "w.check_free_space = b.check_free_space = lambda *a, **k: None; "
-            "from preprocess.__main__ import main; sys.exit(main(sys.argv[1:]))")
+            "from granndis_hpc.preprocess.__main__ import main; sys.exit(main(sys.argv[1:]))")
     r = run_mpi(["-c", code, *new, "--out", out, "--overwrite"], n=2, timeout=120)
     assert r.returncode == 1, r.stderr[-3000:]
     assert r.stderr.count("preprocess build: error") == 1 and "No space left on device" in r.stderr, r.stderr

@@ -7,7 +7,7 @@ from tests.unit.test_memory_model_cli import SYN  # noqa: F401
 def test_hops_auto_error_on_every_rank(tmp_path):
     from tests.conftest import run_mpi
 
-    res = run_mpi(["-m", "preprocess", "build", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3",
+    res = run_mpi(["-m", "granndis_hpc.preprocess", "build", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3",
                    "--partitioner", "metis", "--out", str(tmp_path / "x"), "--hops", "auto"], n=2, timeout=120)
     assert res.returncode != 0
     assert "error (rank 0)" in res.stderr and "error (rank 1)" not in res.stderr and "--memory-per-gpu" in res.stderr
@@ -20,10 +20,10 @@ def test_plan_under_mpirun_equals_one_rank(tmp_path):
 
     args = ["plan", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis",
             "--hidden", "16", "--cob-batches", "2", "--memory-per-gpu", "1GiB"]
-    res = run_mpi(["-m", "preprocess", *args, "--json", str(tmp_path / "mpi.json")], n=2, timeout=180)
+    res = run_mpi(["-m", "granndis_hpc.preprocess", *args, "--json", str(tmp_path / "mpi.json")], n=2, timeout=180)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("recommendation:") == 1
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
     assert main([*args, "--json", str(tmp_path / "one.json")]) == 0
     a, b = (json.loads((tmp_path / f).read_text()) for f in ("mpi.json", "one.json"))
     assert a["options"] == b["options"] and a["decision"] == b["decision"]

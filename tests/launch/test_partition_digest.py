@@ -2,7 +2,7 @@
 import pytest
 
 from granndis_hpc import shards
-from preprocess.__main__ import main
+from granndis_hpc.preprocess.__main__ import main
 from tests.conftest import run_mpi
 from tests.unit.test_partition_digest import file_hashes, owners_from_files, reference_digest  # noqa: F401
 
@@ -13,7 +13,7 @@ def test_parmetis_cli_builds_in_separate_processes_are_identical(tmp_path, plane
     # gave different partitions (PT-Scotch's threads).  Each build is its own mpirun.
     outs = [tmp_path / f"pm-{i}" for i in range(2)]
     for out in outs:
-        res = run_mpi(["-m", "preprocess", "build", "--source", "planetoid", "--name", "cora", "--root",
+        res = run_mpi(["-m", "granndis_hpc.preprocess", "build", "--source", "planetoid", "--name", "cora", "--root",
                        str(planetoid_root), "--servers", "2", "--gpus-per-server", "2", "--layers", "2",
                        "--partitioner", "parmetis", "--seed", "3", "--out", str(out)], n=2, timeout=200)
         assert res.returncode == 0, res.stderr

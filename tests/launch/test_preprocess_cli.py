@@ -1,16 +1,16 @@
-"""`python -m preprocess build/verify/info` end to end, under mpirun (subprocess) and in-process."""
+"""`granndis preprocess build/verify/info` end to end, under mpirun (subprocess) and in-process."""
 import os
 
 import numpy as np
 import pytest
 
 from granndis_hpc import shards
-from preprocess.__main__ import main
+from granndis_hpc.preprocess.__main__ import main
 from tests.conftest import run_mpi
 
 
 def _build_args(out, *extra, source=("--source", "synthetic", "--vertices", "1500", "--seed", "0")):
-    return ["-m", "preprocess", "build", *source, "--servers", "2", "--gpus-per-server", "2",
+    return ["-m", "granndis_hpc.preprocess", "build", *source, "--servers", "2", "--gpus-per-server", "2",
             "--layers", "2", "--out", str(out), *extra]
 
 
@@ -26,7 +26,7 @@ def test_cora_build_under_mpirun_then_verify_and_info(tmp_path, planetoid_root, 
     text = capsys.readouterr().out
     assert f"OK: {out}" in text and "cora: 2708 vertices" in text and "edge cut" in text
     m = shards.read_manifest(out)
-    assert m["command"].startswith("mpirun -n 2 python -m preprocess build --source planetoid")
+    assert m["command"].startswith("mpirun -n 2 granndis preprocess build --source planetoid")
     assert m["partitioner"]["name"] == "parmetis" and m["partitioner"]["edge_cut_fraction"] < 0.2
     sl = shards.read_rank_slice(out, m, 1, 1)
     assert sl.n_inner > 0 and sl.features.shape[1] == 1433
@@ -92,7 +92,7 @@ def test_verify_cli_reports_corrupted_file(tmp_path, capsys):
 
 
 def test_features_match_the_loaded_graph(tmp_path):
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
 
     out = tmp_path / "set"
     assert main(_build_args(out, "--partitioner", "metis")[2:]) == 0

@@ -9,7 +9,7 @@ def test_a_cut_edge_file_fails_a_two_rank_build_once_and_writes_nothing(tmp_path
     _distdgl(d)
     (d / "edges/e2.txt").write_text("0 1\n")
     out = tmp_path / "shards"
-    r = run_mpi(["-m", "preprocess", "build", "--source", "chunked", "--path", d, "--servers", "2",
+    r = run_mpi(["-m", "granndis_hpc.preprocess", "build", "--source", "chunked", "--path", d, "--servers", "2",
                  "--gpus-per-server", "1", "--layers", "1", "--partitioner", "metis", "--out", out], n=2, timeout=120)
     assert r.returncode == 1, r.stderr
     assert "declares 120 edges but the edge files hold 81" in r.stderr, r.stderr
@@ -19,11 +19,11 @@ def test_a_cut_edge_file_fails_a_two_rank_build_once_and_writes_nothing(tmp_path
 
 def test_option_errors_warnings_and_nothing_fits_are_said_once_under_mpirun():
     """Under `mpirun -n 2` every rank printed them (the deprecation warnings ran together on one line)."""
-    r = run_mpi(["-m", "preprocess", "build", "--fanout", "5", "--no-such-option"], n=2, timeout=120)
+    r = run_mpi(["-m", "granndis_hpc.preprocess", "build", "--fanout", "5", "--no-such-option"], n=2, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("warning: --fanout is deprecated") == 1, r.stderr
     assert r.stderr.count("unrecognized arguments: --no-such-option") == 1, r.stderr
-    r = run_mpi(["-m", "preprocess", "plan", "--source", "synthetic", "--vertices", "300", "--servers", "2",
+    r = run_mpi(["-m", "granndis_hpc.preprocess", "plan", "--source", "synthetic", "--vertices", "300", "--servers", "2",
                  "--gpus-per-server", "1", "--layers", "1", "--partitioner", "random", "--memory-per-gpu", "1KiB"],
                 n=2, timeout=120)
     assert r.returncode == 2, r.stderr

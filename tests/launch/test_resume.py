@@ -30,8 +30,8 @@ TRAIN = ["--ranks-per-server", "2", "--layers", "2", "--hidden", "16", "--dropou
 def cora_shards(out, servers, gpus_per_server):
     """Real Cora, 2-layer full preload, METIS on this process: the shard set these CLI tests train on."""
     from mpi4py import MPI
-    from preprocess.build import build_shards
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.build.pipeline import build_shards
+    from granndis_hpc.preprocess.sources import load
 
     graph = load("planetoid", name="cora", root=str(require_planetoid()))
     build_shards(graph, out, servers=servers, gpus_per_server=gpus_per_server, layers=2, preload="full",

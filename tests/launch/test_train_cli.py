@@ -1,4 +1,4 @@
-"""End-to-end: `python -m preprocess build` then `granndis train` under `mpirun -n 4` (2 servers x 2 ranks).
+"""End-to-end: `granndis preprocess build` then `granndis train` under `mpirun -n 4` (2 servers x 2 ranks).
 
 Accuracy on real Cora (standard split), the run-directory outputs, the ledger's byte counts against
 volumes computed independently from the shard files, and bad input failing on every rank, fast."""
@@ -19,7 +19,7 @@ LAYERS = 2
 
 
 def _build(out, *extra):
-    cmd = [sys.executable, "-m", "preprocess", "build", "--source", "planetoid", "--name", "cora",
+    cmd = [sys.executable, "-m", "granndis_hpc.preprocess", "build", "--source", "planetoid", "--name", "cora",
            "--root", str(require_planetoid()), "--servers", "2", "--gpus-per-server", "2", "--layers", str(LAYERS),
            "--partitioner", "metis", "--out", str(out), *extra]
     res = subprocess.run(cmd, cwd=REPO, env=mpi_env(), capture_output=True, text=True,

@@ -18,7 +18,7 @@ TEST_HOST_STAGING = os.environ.get("GRANNDIS_TEST_HOST_STAGING", "") not in ("",
 
 @pytest.fixture(scope="session")
 def cora():
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
     return load("planetoid", name="cora", root=str(require_planetoid()))
 
 
@@ -82,7 +82,7 @@ def build_sets_on_rank0(graph_or_loader, specs, prefix="granndis-test-"):
     2 servers x RANKS_PER_SERVER; returns {name: directory} on every rank.  `graph_or_loader` is a Graph,
     or a callable returning one (so only rank 0 generates it).  A failure is raised on every rank instead
     of leaving the others waiting."""
-    from preprocess.build import build_shards
+    from granndis_hpc.preprocess.build.pipeline import build_shards
 
     base = shared_tmpdir(prefix)
     dirs = {name: os.path.join(base, str(name)) for name in specs}

@@ -21,7 +21,7 @@ def shard_sets():
     """A full 3-hop set and an EAS set (h=1, f=1) of one graph whose features (512 wide, hidden 16)
     dominate memory: there the sampled EAS halo is cheaper than even the full 1-hop preload, as the
     paper's chain assumes (on narrow features flx k=1 is the cheaper of the two, and auto picks it)."""
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
 
     def graph():
         return load("synthetic", vertices=6000, avg_degree=20.0, features=512, classes=4, seed=1)

@@ -31,7 +31,7 @@ def base():
 @pytest.fixture(scope="module")
 def cora_chunks(base, cora):
     """Cora written as 3 edge and 3 node chunks (on rank 0)."""
-    from preprocess.chunked import graph_pieces, write_chunked
+    from granndis_hpc.preprocess.formats.chunked import graph_pieces, write_chunked
 
     out = os.path.join(base, "cora-chunks")
 
@@ -57,12 +57,12 @@ def _compare(comm, a, b, S):
 
 
 def _run_case(P, base, case, cora_chunks, tag=""):
-    from preprocess.build import BuildConfig, build_shards, dataset_digest
-    from preprocess.chunked import ChunkedSource, open_chunked
-    from preprocess.dist_build import run_build_sliced
-    from preprocess.sliced import load_slice, slice_digest
-    from preprocess.sources import load
-    from preprocess.sources.synthetic_chunks import SyntheticSource
+    from granndis_hpc.preprocess.build.pipeline import BuildConfig, build_shards, dataset_digest
+    from granndis_hpc.preprocess.formats.chunked import ChunkedSource, open_chunked
+    from granndis_hpc.preprocess.build.distributed import run_build_sliced
+    from granndis_hpc.preprocess.build.sliced import load_slice, slice_digest
+    from granndis_hpc.preprocess.sources import load
+    from granndis_hpc.preprocess.sources.synthetic_chunks import SyntheticSource
     from tests.conftest import require_planetoid
 
     comm = _sub(P)
@@ -107,7 +107,7 @@ def test_sliced_build_equals_whole_graph_build(case, base, cora_chunks):
 def test_bad_chunk_fails_on_every_rank(base, cora_chunks):
     """A truncated chunk: every rank raises the same error naming the file; nothing is written."""
     from granndis_hpc.cluster import as_group
-    from preprocess.chunked import open_chunked
+    from granndis_hpc.preprocess.formats.chunked import open_chunked
 
     bad = os.path.join(base, "bad-chunks")
     if WORLD.rank == 0:
@@ -129,10 +129,10 @@ def test_a_failed_write_fails_every_rank_without_a_hang(base, cora_chunks, monke
     the block rounds: the writer drains the remaining rounds, every rank raises the writer's error,
     and nothing is left in the output directory (no temporary, no manifest)."""
     from granndis_hpc.shards import StreamedDataset
-    from preprocess.build import BuildConfig
-    from preprocess.chunked import ChunkedSource, open_chunked
-    from preprocess.dist_build import run_build_sliced
-    from preprocess.sliced import load_slice
+    from granndis_hpc.preprocess.build.pipeline import BuildConfig
+    from granndis_hpc.preprocess.formats.chunked import ChunkedSource, open_chunked
+    from granndis_hpc.preprocess.build.distributed import run_build_sliced
+    from granndis_hpc.preprocess.build.sliced import load_slice
 
     original = StreamedDataset.blocks
 
@@ -168,14 +168,15 @@ def test_gpu_split(base, cora_chunks, S):
     import numpy as np
 
     from granndis_hpc.cluster import as_group
-    from preprocess import gpu_split, slices
-    from preprocess.chunked import ChunkedSource, open_chunked
-    from preprocess.dist_build import SlicedAccess
-    from preprocess.parmetis import load_parmetis
-    from preprocess.gpu_split import gpu_split_dist, gpu_split_groups, slices_dist, split_servers_over_gpus
-    from preprocess.partition import WholeGraphAccess
-    from preprocess.sliced import load_slice
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.partition import gpu_split
+    from granndis_hpc.preprocess.build import slices
+    from granndis_hpc.preprocess.formats.chunked import ChunkedSource, open_chunked
+    from granndis_hpc.preprocess.build.distributed import SlicedAccess
+    from granndis_hpc.preprocess.partition.parmetis import load_parmetis
+    from granndis_hpc.preprocess.partition.gpu_split import gpu_split_dist, gpu_split_groups, slices_dist, split_servers_over_gpus
+    from granndis_hpc.preprocess.partition.twolevel import WholeGraphAccess
+    from granndis_hpc.preprocess.build.sliced import load_slice
+    from granndis_hpc.preprocess.sources import load
     from tests.conftest import require_planetoid
 
     group = as_group(WORLD)
@@ -246,7 +247,7 @@ def test_gpu_split(base, cora_chunks, S):
 def test_byte_bounded_blocks_write_the_same_files(base, cora_chunks, monkeypatch):
     """A writer's block bounded by bytes (dist_server.BLOCK_BYTES, here one feature chunk of Cora's
     1433 features, 182 rows, against ceil(rows / P) ~ 1000 rows) changes the rounds, not the file."""
-    import preprocess.dist_server as dist_server
+    import granndis_hpc.preprocess.build.dist_server as dist_server
 
     monkeypatch.setattr(dist_server, "BLOCK_BYTES", 1)
     assert dist_server.block_rows(2000, 1433, 2) == 182

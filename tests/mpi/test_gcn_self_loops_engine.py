@@ -20,7 +20,7 @@ LAYERS = 3
 
 @pytest.fixture(scope="module")
 def looped():
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
 
     graph = load("planetoid", name="cora", root=str(require_planetoid()), self_loops="add")
     out = build_sets_on_rank0(graph, {"cora-loops": {"layers": LAYERS, "preload": "full"}},

@@ -1,6 +1,6 @@
 """`build --hops auto` from the build ranks' slices under `mpirun -n 4`, P = 1, 2, 4.
 
-preprocess/halo_counts.py counts every candidate depth's rows with the distributed BFS of the sliced
+preprocess/plan/halo_counts.py counts every candidate depth's rows with the distributed BFS of the sliced
 build, no rank holding the graph.  For the same inputs and P it must give the options, the chosen k and
 the printed reasons of the whole-graph plan (plan_sets.plan_options on the assembled graph), and its
 row counts must equal an independent single-process count written here with scipy (a k-hop ball by
@@ -25,8 +25,8 @@ S, G, L = 2, 2, 3
 @pytest.fixture(scope="module")
 def chunk_dirs(cora):
     """Cora and the synthetic graph written as 3 edge and 3 node chunks (on rank 0)."""
-    from preprocess.chunked import graph_pieces, write_chunked
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.formats.chunked import graph_pieces, write_chunked
+    from granndis_hpc.preprocess.sources import load
 
     base = shared_tmpdir("granndis-hops-auto-")
     graphs = {"cora": cora, "synthetic": load("synthetic", **SYNTH)}
@@ -44,7 +44,7 @@ def chunk_dirs(cora):
 
 
 def _config(partitioner, budget=None):
-    from preprocess.plan import PlanConfig
+    from granndis_hpc.preprocess.plan.command import PlanConfig
 
     return PlanConfig(servers=S, gpus_per_server=G, layers=L, hidden=16, device="cpu", partitioner=partitioner,
                       seed=1, ks=[0, 1, 2, 3], eas=False, budget=budget)
@@ -54,7 +54,7 @@ def _reference_rows(graph, server_of, gpu_of, k):
     """Independent count: (world rows, server-view rows by layer) of every rank r = s*G + g for a k-hop
     full preload, from the whole graph with scipy.  Owners of the preloaded rows follow the build's rule
     (owners.assign_owners, tested on its own in tests/unit), applied to the induced subgraph made here."""
-    from preprocess.owners import assign_owners
+    from granndis_hpc.preprocess.partition.owners import assign_owners
 
     n = graph.num_vertices
     A = sps.csr_matrix((np.ones(graph.indices.shape[0], dtype=np.int8), graph.indices, graph.indptr), shape=(n, n))
@@ -126,7 +126,7 @@ def on_slices(case, chunk_dirs, monkeypatch, check):
     the case's chunked directory (load_slice), whole the graph in one piece; a failure on any rank
     fails every rank.  The synthetic case counts in several blocks of pair keys per rank (a few
     thousand edges each)."""
-    import preprocess.halo_counts as hc
+    import granndis_hpc.preprocess.plan.halo_counts as hc
 
     if case == "synthetic":
         monkeypatch.setattr(hc, "EDGES_PER_BLOCK", 1000)
@@ -135,8 +135,8 @@ def on_slices(case, chunk_dirs, monkeypatch, check):
 
 
 def _on_slice(P, path, whole, check):
-    from preprocess.chunked import ChunkedSource, open_chunked
-    from preprocess.sliced import load_slice
+    from granndis_hpc.preprocess.formats.chunked import ChunkedSource, open_chunked
+    from granndis_hpc.preprocess.build.sliced import load_slice
 
     comm = WORLD.Split(0 if WORLD.rank < P else MPI.UNDEFINED, WORLD.rank)
     if comm == MPI.COMM_NULL:
@@ -152,7 +152,7 @@ def _on_slice(P, path, whole, check):
 def _check_auto(case):
     def check(comm, part, whole):
         from granndis_hpc import memory_model as mm
-        from preprocess.plan_sets import plan_options
+        from granndis_hpc.preprocess.plan.sets import plan_options
 
         cfg = _config("parmetis" if case == "cora" else "metis")
         result, whole_result = plan_options(comm, part, cfg), plan_options(comm, whole, cfg)
@@ -182,16 +182,16 @@ def test_hops_auto_from_slices_equals_whole_graph(case, chunk_dirs, monkeypatch)
 
 @pytest.mark.timeout(240)
 def test_build_hops_auto_cli_on_slices(chunk_dirs, capfd):
-    """`mpirun -n 4 python -m preprocess build --source chunked ... --hops auto` (in process, on the
+    """`mpirun -n 4 granndis preprocess build --source chunked ... --hops auto` (in process, on the
     4-rank world): the sliced build prints and records the decision the whole-graph path
     makes (auto_hops on the whole graph: the same record, the same reason); a budget too small for any
     depth fails every rank with exit status 1, the message printed once (rank 0), nothing written."""
     import dataclasses
     import json
 
-    from preprocess.__main__ import main
-    from preprocess.plan import PlanConfig, auto_hops
-    from preprocess.plan_sets import plan_options
+    from granndis_hpc.preprocess.__main__ import main
+    from granndis_hpc.preprocess.plan.command import PlanConfig, auto_hops
+    from granndis_hpc.preprocess.plan.sets import plan_options
 
     path, whole = chunk_dirs["cora"]
     base = os.path.dirname(path)

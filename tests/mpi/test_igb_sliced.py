@@ -29,9 +29,9 @@ def igb_root():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("P", [4, 3])
 def test_igb_slices_make_the_whole_graph(igb_root, P):
-    from preprocess.build import dataset_digest
-    from preprocess.sliced import assemble, load_slice, slice_digest
-    from preprocess.sources import load, sliced_source
+    from granndis_hpc.preprocess.build.pipeline import dataset_digest
+    from granndis_hpc.preprocess.build.sliced import assemble, load_slice, slice_digest
+    from granndis_hpc.preprocess.sources import load, sliced_source
     from tests.unit.test_sources_bundle import graphs_equal
 
     comm = WORLD.Split(0 if WORLD.rank < P else MPI.UNDEFINED, WORLD.rank)
@@ -55,8 +55,8 @@ def test_igb_slices_make_the_whole_graph(igb_root, P):
 @pytest.mark.timeout(120)
 def test_bad_igb_file_fails_every_rank(igb_root):
     from granndis_hpc.cluster import as_group
-    from preprocess.sliced import load_slice
-    from preprocess.sources import sliced_source
+    from granndis_hpc.preprocess.build.sliced import load_slice
+    from granndis_hpc.preprocess.sources import sliced_source
 
     bad = igb_root + "-bad"
     edges = Path(bad) / "small" / "processed" / "paper__cites__paper" / "edge_index.npy"

@@ -30,7 +30,7 @@ RUN = dict(dropout=P, seed=SEED, lr=LR, norm=True, epochs=EPOCHS, inductive=True
 
 @pytest.fixture(scope="module")
 def citeseer():
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
     return load("planetoid", name="citeseer", root=str(require_planetoid()))
 
 

@@ -58,11 +58,11 @@ def test_both_builds_write_the_induced_degrees_splits_and_hops(wide):
 
     import h5py
 
-    from preprocess.build import BuildConfig, build_shards
-    from preprocess.chunked import ChunkedSource, graph_pieces, open_chunked, write_chunked
-    from preprocess.dist_build import run_build_sliced
-    from preprocess.sliced import load_slice
-    from preprocess.verify import verify_shard_set
+    from granndis_hpc.preprocess.build.pipeline import BuildConfig, build_shards
+    from granndis_hpc.preprocess.formats.chunked import ChunkedSource, graph_pieces, open_chunked, write_chunked
+    from granndis_hpc.preprocess.build.distributed import run_build_sliced
+    from granndis_hpc.preprocess.build.sliced import load_slice
+    from granndis_hpc.preprocess.verify.command import verify_shard_set
     from granndis_hpc import shards
     from tests.mpi.conftest import on_rank0, shared_tmpdir
 
@@ -204,7 +204,7 @@ def old_set(wide_sets):
     import shutil
 
     from granndis_hpc.shards import manifest_digests
-    from preprocess.verify import format_info, verify_shard_set
+    from granndis_hpc.preprocess.verify.command import format_info, verify_shard_set
     from tests.mpi.conftest import on_rank0, shared_tmpdir
 
     old = os.path.join(shared_tmpdir("granndis-induc-old-"), "set")
@@ -243,7 +243,7 @@ def test_a_set_built_before_the_train_induced_hops_serves_fb_and_is_refused_by_f
     finally:
         trainer.close()
     with pytest.raises(ClusterError, match=f"--inductive --mode flx needs the train-induced hops.*rebuild it with "
-                                           f"`python -m preprocess build ... --inductive --out {old} --overwrite`"):
+                                           f"`granndis preprocess build ... --inductive --out {old} --overwrite`"):
         make_trainer(old, "flx", inductive=True)
 
 

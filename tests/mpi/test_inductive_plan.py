@@ -27,7 +27,7 @@ L, HIDDEN, TOLERANCE = 3, 16, 0.20
 
 @pytest.fixture(scope="module")
 def datasets(cora):
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
     return {"cora": cora, "citeseer": load("planetoid", name="citeseer", root=str(require_planetoid()))}
 
 
@@ -38,7 +38,7 @@ def planned(datasets, name):
     """(graph, {full, eas}: set dirs, {(mode, knob): every rank's RankRows}) of one dataset, built and
     planned once: the 3-hop set (fb, flx k <= 3, cob) and the EAS set (eas), as plan --hops 3 sees them."""
     if name not in _CACHE:
-        from preprocess import plan
+        from granndis_hpc.preprocess.plan import command as plan
 
         graph = datasets[name]
         dirs = build_sets_on_rank0(graph, {
@@ -173,7 +173,7 @@ def test_flx_and_eas_rows_are_the_train_induced_preload(datasets, name):
 
 def test_one_process_plans_what_the_four_ranks_plan(datasets):
     """The serial plan (one process holding the graph) and the distributed one give the same options."""
-    from preprocess import plan
+    from granndis_hpc.preprocess.plan import command as plan
 
     *_, options, cfg = planned(datasets, "cora")
     serial = [o.to_dict() for o in plan.plan_options(MPI.COMM_SELF, datasets["cora"], cfg)["options"]] \

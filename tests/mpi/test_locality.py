@@ -1,4 +1,4 @@
-"""preprocess/locality.py under `mpirun -n 4`: the order with locality that every ParMETIS call with
+"""preprocess/partition/locality.py under `mpirun -n 4`: the order with locality that every ParMETIS call with
 P >= 2 sees.  The distributed order equals a plain sequential reference of its definition
 for P = 1, 2, 4, on a graph with several components and vertices without neighbours (so the restarts
 and the last region run); part_kway_with_locality's parts are ParMETIS' parts of the relabelled
@@ -14,8 +14,8 @@ WORLD = MPI.COMM_WORLD
 def _graph():
     """Two copies of a 3000-vertex local graph side by side, a few isolated vertices, ids shuffled:
     (indptr, indices) of the symmetric graph without self loops."""
-    from preprocess.partition import symmetric_adjacency
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.partition.twolevel import symmetric_adjacency
+    from granndis_hpc.preprocess.sources import load
 
     g = load("synthetic", generator="local", vertices=3000, features=1, avg_degree=8, seed=2)
     m = g.num_vertices
@@ -71,8 +71,8 @@ def _reference(xadj, adjncy, n, region_vertices, restart):
 @pytest.mark.timeout(120)
 def test_order_equals_reference_for_every_p(monkeypatch):
     from granndis_hpc.cluster import as_group
-    from preprocess import locality
-    from preprocess.slices import vtxdist_for
+    from granndis_hpc.preprocess.partition import locality
+    from granndis_hpc.preprocess.build.slices import vtxdist_for
 
     monkeypatch.setattr(locality, "REGION_VERTICES", 1000)
     monkeypatch.setattr(locality, "RESTART_SEEDS", 3)
@@ -99,10 +99,10 @@ def test_order_equals_reference_for_every_p(monkeypatch):
 @pytest.mark.timeout(120)
 def test_part_kway_with_locality_maps_parts_back():
     from granndis_hpc.cluster import as_group
-    from preprocess.locality import locality_order
-    from preprocess.parmetis import load_parmetis, parmetis_part_kway
-    from preprocess.partition import _as_idx, part_kway_with_locality, symmetric_keys
-    from preprocess.slices import keys_to_adjacency, vtxdist_for
+    from granndis_hpc.preprocess.partition.locality import locality_order
+    from granndis_hpc.preprocess.partition.parmetis import load_parmetis, parmetis_part_kway
+    from granndis_hpc.preprocess.partition.twolevel import _as_idx, part_kway_with_locality, symmetric_keys
+    from granndis_hpc.preprocess.build.slices import keys_to_adjacency, vtxdist_for
 
     group = as_group(WORLD)
     pm = load_parmetis()

@@ -36,7 +36,7 @@ def _graph(request, name):
     if name == "cora":
         return request.getfixturevalue("cora")
     if "g" not in _SYNTHETIC:
-        from preprocess.sources import load
+        from granndis_hpc.preprocess.sources import load
         _SYNTHETIC["g"] = load("synthetic", vertices=3000, avg_degree=10.0, features=8, classes=5, seed=2)
     return _SYNTHETIC["g"]
 

@@ -2,7 +2,7 @@
 
 The fixture: Cora's graph with 32 derived features (its bag of words times a fixed random matrix) and
 8 derived 0/1 tasks (signs of further random projections), written as a bundle with [N, 8] labels
-(preprocess.convert.save_bundle) and built from it.  Training with binary cross-entropy equals a dense
+(granndis_hpc.preprocess.sources.convert.save_bundle) and built from it.  Training with binary cross-entropy equals a dense
 float64 loop written here (plain torch: the loss as torch.nn.BCEWithLogitsLoss's mean over the
 training entries, Adam): the same parameters after training.  The micro-F1 and ROC-AUC the run
 reports for every split and epoch equal the metrics computed here (micro-F1 from the counts of
@@ -32,8 +32,8 @@ OPTS = dict(epochs=6, eval_every=1, hidden=16, lr=0.02, dropout=0.0, seed=3)
 
 def multilabel_cora(cora, path):
     """The fixture's graph (module docstring), through a bundle file as a user writes one."""
-    from preprocess.convert import save_bundle
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources.convert import save_bundle
+    from granndis_hpc.preprocess.sources import load
 
     rng = np.random.default_rng(7)
     x = (cora.features @ rng.standard_normal((cora.num_features, FEATURES))).astype(np.float32)
@@ -112,7 +112,7 @@ def test_multilabel_training_metrics_and_predict_equal_reference(cora, multilabe
                      "--probabilities", "--ranks-per-server", "2", "--quiet"])
 
     def against_reference():
-        from preprocess.sources import load
+        from granndis_hpc.preprocess.sources import load
         g = load("bundle", path=bundle)
         assert g.labels.dtype == np.uint8 and g.labels.shape == (cora.num_vertices, TASKS)
         torch.manual_seed(OPTS["seed"])  # the trainer's parameters: seeded, then built
@@ -154,7 +154,7 @@ def test_multilabel_training_metrics_and_predict_equal_reference(cora, multilabe
         assert torch.equal(a, b)
 
     def f1_against_reference():
-        from preprocess.sources import load
+        from granndis_hpc.preprocess.sources import load
         g = load("bundle", path=bundle)
         for split, mask in (("train", g.train_mask), ("val", g.val_mask), ("test", g.test_mask)):
             assert summary_f1["micro_f1"][split] == pytest.approx(ref_micro_f1(final_f1[mask], g.labels[mask]),
@@ -176,11 +176,11 @@ def test_distributed_build_of_multilabel_targets_equals_whole_graph_build(multil
     the 4 ranks' slices: the same content digest and byte-identical server files as the whole-graph
     build of the same graph."""
     import filecmp
-    from preprocess.build import BuildConfig, build_shards, dataset_digest
-    from preprocess.chunked import ChunkedSource, graph_pieces, open_chunked, write_chunked
-    from preprocess.dist_build import run_build_sliced
-    from preprocess.sliced import load_slice, slice_digest
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.build.pipeline import BuildConfig, build_shards, dataset_digest
+    from granndis_hpc.preprocess.formats.chunked import ChunkedSource, graph_pieces, open_chunked, write_chunked
+    from granndis_hpc.preprocess.build.distributed import run_build_sliced
+    from granndis_hpc.preprocess.build.sliced import load_slice, slice_digest
+    from granndis_hpc.preprocess.sources import load
 
     base, bundle, _ = multilabel_set
     chunks, out = os.path.join(base, "chunks"), os.path.join(base, "dist")
@@ -200,7 +200,7 @@ def test_distributed_build_of_multilabel_targets_equals_whole_graph_build(multil
     ref = build_shards(whole, out + "-whole", comm=WORLD, **opts)
     got = run_build_sliced(WORLD, part, BuildConfig(out=out + "-sliced", command=ref["command"], **opts))
     assert got["dataset"] == ref["dataset"] and ref["dataset"]["multilabel"] is True
-    from preprocess.verify import format_info
+    from granndis_hpc.preprocess.verify.command import format_info
     assert f"{TASKS} binary tasks (multi-label)" in format_info(ref)
     assert got["files"] == ref["files"]
     on_rank0(lambda: all(filecmp.cmp(os.path.join(out + "-whole", f"server-{s:04d}.h5"),

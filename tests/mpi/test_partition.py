@@ -13,9 +13,9 @@ from mpi4py import MPI
 
 from granndis_hpc import shards
 from granndis_hpc.graph.csr import Graph, csr_from_edges
-from preprocess.build import build_shards
-from preprocess.partition import partition_servers
-from preprocess.verify import verify_shard_set
+from granndis_hpc.preprocess.build.pipeline import build_shards
+from granndis_hpc.preprocess.partition.twolevel import partition_servers
+from granndis_hpc.preprocess.verify.command import verify_shard_set
 from tests.conftest import require_planetoid
 from tests.mpi.conftest import on_rank0, shared_tmpdir
 
@@ -63,7 +63,7 @@ def graph():
 
 @pytest.fixture(scope="module")
 def cora():
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
     return load("planetoid", name="cora", root=str(require_planetoid()))
 
 

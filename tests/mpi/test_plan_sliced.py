@@ -31,7 +31,7 @@ CASES = {"default": {}, "hops2": dict(hops=2, eas_hops=2, fanout=3),
 
 
 def _config(partitioner, **kw):
-    from preprocess.plan import PlanConfig
+    from granndis_hpc.preprocess.plan.command import PlanConfig
 
     return PlanConfig(servers=S, gpus_per_server=G, layers=L, hidden=16, device="cpu", partitioner=partitioner,
                       seed=1, **kw)
@@ -40,7 +40,7 @@ def _config(partitioner, **kw):
 def _printed(graph, result, cfg, P):
     """What `preprocess plan` prints of a result (rank 0's table and build-memory lines)."""
     from granndis_hpc import memory_model as mm
-    from preprocess.plan import build_memory_lines, format_table
+    from granndis_hpc.preprocess.plan.command import build_memory_lines, format_table
 
     decision = mm.choose(result["options"], cfg.budget)
     lines, record = build_memory_lines(graph, result, graph.num_edges, P, cfg.partitioner, 1 << 30)
@@ -49,7 +49,7 @@ def _printed(graph, result, cfg, P):
 
 def _check_plan(case):
     def check(comm, part, whole):
-        from preprocess.plan_sets import plan_options
+        from granndis_hpc.preprocess.plan.sets import plan_options
 
         P = comm.size
         for name, kw in CASES.items():

@@ -57,7 +57,7 @@ def with_values(argv, **values):
 @pytest.mark.parametrize("dataset", ["cora", "citeseer"])
 def test_readme_recipe_reaches_the_published_gcn_accuracy(dataset):
     from granndis_hpc.cli import run_training
-    from preprocess.__main__ import main as preprocess_main
+    from granndis_hpc.preprocess.__main__ import main as preprocess_main
 
     build, train = readme_commands()
     base = shared_tmpdir(f"granndis-published-{dataset}-")

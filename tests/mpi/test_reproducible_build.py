@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from preprocess.build import build_shards
-from preprocess.partition import partition_servers
+from granndis_hpc.preprocess.build.pipeline import build_shards
+from granndis_hpc.preprocess.partition.twolevel import partition_servers
 from tests.mpi.conftest import shared_tmpdir
 
 pytestmark = pytest.mark.mpi(min_size=4)

@@ -49,7 +49,7 @@ def base():
 def refused_sets(cora, cora_shapes, base):
     """4 x 1 shard sets the checkpoints must not continue on: Cora with one training flag flipped, and
     Cora's 4 x 1 set as a build before dataset.content_sha256 wrote it (the field and its digest gone)."""
-    from preprocess.build import build_shards
+    from granndis_hpc.preprocess.build.pipeline import build_shards
 
     def build():
         dirs = {"resplit": os.path.join(base, "resplit-4x1"), "old": os.path.join(base, "old-4x1")}

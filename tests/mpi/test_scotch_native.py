@@ -12,8 +12,8 @@ import pytest
 import scipy.sparse as sp
 from mpi4py import MPI
 
-from preprocess.parmetis import load_parmetis, parmetis_part_kway
-from preprocess.slices import vtxdist_for
+from granndis_hpc.preprocess.partition.parmetis import load_parmetis, parmetis_part_kway
+from granndis_hpc.preprocess.build.slices import vtxdist_for
 from tests.mpi.test_partition import community_graph
 
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -95,7 +95,7 @@ def test_heap_thresholds_leave_the_partition(monkeypatch):
 
 
 def test_band_gather_must_be_positive_or_always(monkeypatch):
-    from preprocess.parmetis import PartitionerError, scotch_band_gather
+    from granndis_hpc.preprocess.partition.parmetis import PartitionerError, scotch_band_gather
     for bad in ("0", "-1", "x"):
         monkeypatch.setenv("GRANNDIS_SCOTCH_BAND_GATHER", bad)
         with pytest.raises(PartitionerError, match="GRANNDIS_SCOTCH_BAND_GATHER must be"):
@@ -108,6 +108,6 @@ def test_band_gather_must_be_positive_or_always(monkeypatch):
 
 def test_band_width_must_be_positive(monkeypatch):
     monkeypatch.setenv("GRANNDIS_SCOTCH_BAND_WIDTH", "0")
-    from preprocess.parmetis import PartitionerError, scotch_band_width
+    from granndis_hpc.preprocess.partition.parmetis import PartitionerError, scotch_band_width
     with pytest.raises(PartitionerError, match="GRANNDIS_SCOTCH_BAND_WIDTH must be a positive integer"):
         scotch_band_width()

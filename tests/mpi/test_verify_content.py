@@ -1,6 +1,6 @@
 """--verify-content: the job's ranks recompute the dataset content digest from the rows
 they read, combined on rank 0 in global-id order, and it must be the build's `dataset.content_sha256`
-(preprocess/build.py); a row edited on one rank (a label, or a preloaded copy's feature) must change the
+(preprocess/build/pipeline.py); a row edited on one rank (a label, or a preloaded copy's feature) must change the
 outcome on every rank.  Ranges of a few vertices make the combination cross many range boundaries."""
 import copy
 import dataclasses

@@ -5,7 +5,7 @@ import scipy.sparse as sp
 
 import products_page  # noqa: E402  (bench/ is on pytest's pythonpath: pyproject.toml)
 import products_ref
-from preprocess.sources.synthetic_chunks import load_synthetic
+from granndis_hpc.preprocess.sources.synthetic_chunks import load_synthetic
 
 
 def _graph(n):

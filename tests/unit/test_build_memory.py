@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from preprocess import build_memory as bm
-from preprocess.build_memory import ServerLoad, estimate_build_memory, smallest_fitting_ranks
-from preprocess.dist_server import BLOCK_BYTES, block_rows
+from granndis_hpc.preprocess.plan import build_memory as bm
+from granndis_hpc.preprocess.plan.build_memory import ServerLoad, estimate_build_memory, smallest_fitting_ranks
+from granndis_hpc.preprocess.build.dist_server import BLOCK_BYTES, block_rows
 
 GRAPH = dict(num_vertices=1_000_000, num_edges=24_000_000, raw_keys=25_000_000, num_features=100)
 SERVERS = [ServerLoad(0, 800_000, 19_000_000), ServerLoad(1, 700_000, 17_000_000)]
@@ -97,7 +97,7 @@ def test_band_term_bounded_by_the_gather_limit(monkeypatch):
     """Every band gathered (GRANNDIS_SCOTCH_BAND_GATHER=always): the whole graph's per-vertex term on
     every rank; the default gathers below SCOTCH_BAND_GATHER x the slice's arcs, whose term replaces it
     where smaller; P = 1 (sequential PT-Scotch) keeps the per-vertex term."""
-    from preprocess.parmetis import SCOTCH_BAND_GATHER
+    from granndis_hpc.preprocess.partition.parmetis import SCOTCH_BAND_GATHER
     n, e = GRAPH["num_vertices"], GRAPH["num_edges"]
     default = {P: estimate_build_memory(servers=SERVERS, ranks=P, **GRAPH).phases[0]["partition"] for P in (1, 8)}
     monkeypatch.setenv("GRANNDIS_SCOTCH_BAND_GATHER", "always")
@@ -133,7 +133,7 @@ def test_smallest_fitting_ranks():
 
 
 def test_plan_prints_the_build_memory(tmp_path, capsys):
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     out = tmp_path / "plan.json"
     rc = main(["plan", "--source", "synthetic", "--vertices", "3000", "--features", "8", "--avg-degree", "6",
@@ -152,7 +152,7 @@ def test_plan_prints_the_build_memory(tmp_path, capsys):
 
 
 def test_plan_refuses_bad_build_options(capsys):
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     args = ["plan", "--vertices", "500", "--features", "4", "--servers", "2", "--gpus-per-server", "1", "--layers", "1"]
     assert main(args + ["--build-ranks", "0"]) == 1
@@ -167,7 +167,7 @@ def test_block_rows_and_small_ids():
     import numpy as np
 
     from granndis_hpc.shards.schema import feature_chunk_rows
-    from preprocess.dist_server import small_int_dtype
+    from granndis_hpc.preprocess.build.dist_server import small_int_dtype
 
     chunk = feature_chunk_rows(8_000_000, 128)
     assert chunk == 2048

@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from preprocess.canonical import DataError
-from preprocess.sources import load
-from preprocess.sources.bundle import MAX_COMPRESSION_RATIO, check_declared_sizes
+from granndis_hpc.preprocess.sources.canonical import DataError
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.bundle import MAX_COMPRESSION_RATIO, check_declared_sizes
 
 
 def _npy(shape, dtype=np.float32, data=b""):
@@ -41,7 +41,7 @@ def test_a_decompression_bomb_is_refused_before_it_is_inflated(tmp_path):
 
 
 def check_declared_sizes_of(path, memory):
-    from preprocess.sources import bundle
+    from granndis_hpc.preprocess.sources import bundle
 
     real = bundle._available_memory
     bundle._available_memory = lambda: memory

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from preprocess.canonical import MAX_VERTICES, DataError, canonicalize, index_to_mask
+from granndis_hpc.preprocess.sources.canonical import MAX_VERTICES, DataError, canonicalize, index_to_mask
 
 
 def dense_reference(n, src, dst, symmetrize, self_loops):

@@ -81,7 +81,7 @@ def test_a_shard_set_without_content_digest_holds_the_run_to_its_shard_set():
     with pytest.raises(cf.CheckpointError) as err:
         fpr.check_fingerprint(FP, dict(old, servers=4, shard_set="other"), "checkpoint X")
     assert "this run's shard set (--shards) has no dataset content digest" in str(err.value)
-    assert "rebuild it with this version (`python -m preprocess build ... --overwrite`)" in str(err.value)
+    assert "rebuild it with this version (`granndis preprocess build ... --overwrite`)" in str(err.value)
     assert "dataset_sha256" not in str(err.value)  # unknown is not "different"
 
 

@@ -6,11 +6,11 @@ import os
 import numpy as np
 import pytest
 
-from preprocess.__main__ import main
-from preprocess.build import dataset_digest
-from preprocess.canonical import DataError
-from preprocess.chunked import open_chunked
-from preprocess.sources import load
+from granndis_hpc.preprocess.__main__ import main
+from granndis_hpc.preprocess.build.pipeline import dataset_digest
+from granndis_hpc.preprocess.sources.canonical import DataError
+from granndis_hpc.preprocess.formats.chunked import open_chunked
+from granndis_hpc.preprocess.sources import load
 from tests.unit.test_sources_bundle import graphs_equal
 
 SYNTH = ["--source", "synthetic", "--generator", "sbm", "--vertices", "1500", "--avg-degree", "6",
@@ -127,7 +127,7 @@ def test_chunk_refuses_a_non_empty_output_and_leaves_nothing(tmp_path):
     assert main(["chunk", *SYNTH, "--out", str(out)]) == 1
     assert os.listdir(out) == ["x"]
     # A failure while writing (vertices not covered) leaves neither the output nor a staging directory.
-    from preprocess.chunked import write_chunked
+    from granndis_hpc.preprocess.formats.chunked import write_chunked
 
     with pytest.raises(DataError, match="node chunks hold 2 rows, expected 3"):
         write_chunked(tmp_path / "new", name="t", num_vertices=3, num_features=1, num_classes=1,

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from preprocess.__main__ import main
+from granndis_hpc.preprocess.__main__ import main
 from tests.unit.test_shards import build, make_graph
 
 

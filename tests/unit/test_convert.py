@@ -7,9 +7,9 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from preprocess.canonical import DataError
-from preprocess.convert import from_dgl, save_bundle
-from preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
+from granndis_hpc.preprocess.sources.convert import from_dgl, save_bundle
+from granndis_hpc.preprocess.sources import load
 from tests.unit.test_sources_bundle import graphs_equal
 from tests.unit.test_sources_ogb import check_against_reference, make_raw
 

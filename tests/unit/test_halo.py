@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from granndis_hpc.graph.csr import csr_from_edges
-from preprocess.halo import edge_keys, eas, full_khop, induced_subgraph
+from granndis_hpc.preprocess.build.halo import edge_keys, eas, full_khop, induced_subgraph
 
 
 def random_graph(n, m, seed, symmetric):
@@ -185,6 +185,6 @@ def test_induced_subgraph_brute_force():
 
 @pytest.fixture(scope="module")
 def cora():
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
     from tests.conftest import require_planetoid
     return load("planetoid", name="cora", root=str(require_planetoid()))

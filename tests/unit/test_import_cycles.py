@@ -1,4 +1,5 @@
-"""No import cycle among the modules of granndis_hpc/, preprocess/, emucluster/ and bench/.
+"""No import cycle among the modules of granndis_hpc/, preprocess/ (granndis_hpc.preprocess), emucluster/ and
+bench/.
 
 The graph is built statically with ast from every import statement, function-level imports included
 (an import inside a function only postpones a cycle; it still ties the two modules together).  An
@@ -8,16 +9,17 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("granndis_hpc", "preprocess", "emucluster")
+# folder -> the dotted name it is imported as (preprocess/ is installed as granndis_hpc.preprocess)
+PACKAGES = {"granndis_hpc": "granndis_hpc", "preprocess": "granndis_hpc.preprocess", "emucluster": "emucluster"}
 SCRIPT_DIRS = ("bench",)  # scripts importing their neighbours by bare name
 
 
 def module_files(root: Path = REPO) -> dict:
     """{dotted module name: path} of the packages and the script folders."""
     mods = {}
-    for pkg in PACKAGES:
-        for path in sorted((root / pkg).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
+    for folder, dotted in PACKAGES.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = [dotted] + list(path.relative_to(root / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             mods[".".join(parts)] = path
@@ -92,13 +94,13 @@ def test_no_import_cycles():
 
 
 def test_a_function_level_import_closing_a_cycle_is_found(tmp_path):
-    pkg = tmp_path / "preprocess"
+    pkg = tmp_path / "emucluster"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from .b import f\n")
     (pkg / "b.py").write_text("def f():\n    from . import c\n")
-    (pkg / "c.py").write_text("import preprocess.a\n")
-    (pkg / "d.py").write_text("from preprocess import a, b\n")
-    graph = import_graph({k: v for k, v in module_files(tmp_path).items() if k.startswith("preprocess")})
-    assert graph["preprocess.d"] == {"preprocess.a", "preprocess.b"}
-    assert cycles(graph) == [["preprocess.a", "preprocess.b", "preprocess.c"]]
+    (pkg / "c.py").write_text("import emucluster.a\n")
+    (pkg / "d.py").write_text("from emucluster import a, b\n")
+    graph = import_graph({k: v for k, v in module_files(tmp_path).items() if k.startswith("emucluster")})
+    assert graph["emucluster.d"] == {"emucluster.a", "emucluster.b"}
+    assert cycles(graph) == [["emucluster.a", "emucluster.b", "emucluster.c"]]

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from preprocess.canonical import DataError
-from preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
+from granndis_hpc.preprocess.sources import load
 
 N, E = 40, 120
 
@@ -99,7 +99,7 @@ def test_files_outside_the_directory_are_never_read(tmp_path, how):
 
 
 def test_chunked_format_refuses_outside_paths_and_pickles(tmp_path):
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     d = tmp_path / "c"
     assert main(["chunk", "--source", "synthetic", "--generator", "sbm", "--vertices", "60", "--avg-degree", "4",
@@ -135,11 +135,11 @@ def test_an_unparsable_edge_file_is_quoted_short(tmp_path):
 def test_spill_files_live_under_the_output_and_a_killed_builds_are_removed_and_named(tmp_path, capsys):
     """A build rank killed during partitioning left its granndis-spill-* directory in $TMPDIR for ever."""
     from granndis_hpc.cluster.group import self_group
-    from preprocess.__main__ import main
-    from preprocess.chunked import open_source
-    from preprocess.sliced import load_slice
-    from preprocess.slices import spill_directory, spilled
-    from preprocess.verify import verify_shard_set
+    from granndis_hpc.preprocess.__main__ import main
+    from granndis_hpc.preprocess.formats.chunked import open_source
+    from granndis_hpc.preprocess.build.sliced import load_slice
+    from granndis_hpc.preprocess.build.slices import spill_directory, spilled
+    from granndis_hpc.preprocess.verify.command import verify_shard_set
 
     d = tmp_path / "dgl"
     _distdgl(d)
@@ -167,8 +167,9 @@ def test_spill_files_live_under_the_output_and_a_killed_builds_are_removed_and_n
 
 def test_a_full_spill_directory_says_no_space_left_in_it(tmp_path, monkeypatch):
     from granndis_hpc.cluster.group import self_group
-    from preprocess import sliced, slices
-    from preprocess.chunked import open_source
+    from granndis_hpc.preprocess.build import sliced
+    from granndis_hpc.preprocess.build import slices
+    from granndis_hpc.preprocess.formats.chunked import open_source
 
     d = tmp_path / "dgl"
     _distdgl(d)

@@ -28,8 +28,8 @@ def small_shards(tmp_path_factory):
     """The memory model tests' synthetic 1500-vertex graph, a full 3-hop set for 2 x 2."""
     from mpi4py import MPI
 
-    from preprocess.build import build_shards
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.build.pipeline import build_shards
+    from granndis_hpc.preprocess.sources import load
 
     graph = load("synthetic", vertices=1500, avg_degree=8.0, features=12, classes=4, seed=1)
     out = tmp_path_factory.mktemp("head") / "full3"

@@ -10,7 +10,7 @@ from granndis_hpc.config import LOG_LEVELS, TrainConfig
 from granndis_hpc.options import specs
 from granndis_hpc.predict_options import PredictOptions
 from granndis_hpc.progress import PRODUCT_LOGGERS, setup_logging
-from preprocess.options import BuildOptions
+from granndis_hpc.preprocess.options import BuildOptions
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 COMMAND_OUTPUT = {
     "granndis_hpc/cli.py", "granndis_hpc/report/command.py", "granndis_hpc/options/reference.py",
     "granndis_hpc/options/parser.py", "granndis_hpc/cluster/selfcheck.py", "granndis_hpc/engine/trainer.py",
-    "preprocess/__main__.py", "preprocess/plan.py",
+    "preprocess/__main__.py", "preprocess/plan/command.py",
 }
 
 
@@ -74,7 +74,7 @@ def test_every_command_that_logs_takes_the_same_options():
 def test_other_libraries_log_only_warnings(restore_root_logger):
     out = io.StringIO()
     setup_logging(0, level="debug", stream=out)
-    logging.getLogger("preprocess.build").debug("ours")
+    logging.getLogger("granndis_hpc.preprocess.build.pipeline").debug("ours")
     logging.getLogger("matplotlib.font_manager").debug("theirs")
     logging.getLogger("matplotlib.font_manager").info("theirs too")
     logging.getLogger("matplotlib.font_manager").warning("their warning")

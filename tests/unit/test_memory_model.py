@@ -169,7 +169,7 @@ def test_choose_follows_granndis_order():
 # ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_graph():
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
 
     return load("synthetic", vertices=1500, avg_degree=8.0, features=12, classes=4, seed=1)
 
@@ -178,7 +178,7 @@ def small_graph():
 def small_shards(small_graph, tmp_path_factory):
     from mpi4py import MPI
 
-    from preprocess.build import build_shards
+    from granndis_hpc.preprocess.build.pipeline import build_shards
 
     out = tmp_path_factory.mktemp("mm") / "full3"
     build_shards(small_graph, out, servers=2, gpus_per_server=2, layers=3, partitioner="metis", comm=MPI.COMM_SELF)
@@ -231,7 +231,7 @@ def test_world_rows_and_inter_server_bytes(small_shards):
 def eas_shards(small_graph, tmp_path_factory):
     from mpi4py import MPI
 
-    from preprocess.build import build_shards
+    from granndis_hpc.preprocess.build.pipeline import build_shards
 
     out = tmp_path_factory.mktemp("mm") / "eas"
     build_shards(small_graph, out, servers=2, gpus_per_server=2, layers=3, preload="eas", hops=1, fanout=2,
@@ -268,7 +268,7 @@ def test_plan_reuses_a_saturated_expansion_without_changing_the_estimate(small_g
     k = 8 must be the one a fresh 8-hop build gives."""
     from mpi4py import MPI
 
-    from preprocess import plan
+    from granndis_hpc.preprocess.plan import command as plan
 
     cfg = plan.PlanConfig(servers=2, gpus_per_server=2, layers=8, hidden=16, partitioner="metis", eas=False)
     many = plan.plan_options(MPI.COMM_SELF, small_graph, plan.dataclasses.replace(cfg, ks=[5, 6, 7, 8]))["options"]
@@ -281,8 +281,8 @@ def test_plan_counts_equal_the_written_shards(small_graph, small_shards, tmp_pat
     estimate: same partition, same rows, same world view."""
     from mpi4py import MPI
 
-    from preprocess import plan
-    from preprocess.build import build_shards
+    from granndis_hpc.preprocess.plan import command as plan
+    from granndis_hpc.preprocess.build.pipeline import build_shards
 
     two = tmp_path / "full2"
     build_shards(small_graph, two, servers=2, gpus_per_server=2, layers=3, hops=2, partitioner="metis",
@@ -314,7 +314,7 @@ def test_mode_auto_considers_only_sets_of_one_dataset_that_fit_the_job(small_gra
     of a 2x2 job's choice instead of being picked, then refused."""
     from mpi4py import MPI
 
-    from preprocess.build import build_shards
+    from granndis_hpc.preprocess.build.pipeline import build_shards
     from tests.unit.test_shards import build, make_graph
 
     other = tmp_path / "4x1"
@@ -362,7 +362,7 @@ def test_plan_of_a_set_and_auto_on_it_estimate_and_choose_alike(recipe_model, sm
     from mpi4py import MPI
 
     from granndis_hpc.registry import model_options
-    from preprocess import plan
+    from granndis_hpc.preprocess.plan import command as plan
 
     cfg = plan.PlanConfig(servers=2, gpus_per_server=2, layers=3, model=model, hidden=16, partitioner="metis",
                           device="cpu", hops=3, eas_hops=1, fanout=2, cob_batches=(2, 4), model_options=options)

@@ -1,4 +1,4 @@
-"""`python -m preprocess plan` (every option's estimate, the recommendation) and `build --hops auto` (the
+"""`granndis preprocess plan` (every option's estimate, the recommendation) and `build --hops auto` (the
 largest k whose estimate fits --memory-per-gpu, or a refusal that says what to build instead)."""
 import json
 
@@ -11,7 +11,7 @@ SYN = ["--source", "synthetic", "--vertices", "1500", "--avg-degree", "8", "--fe
 
 
 def _plan(tmp_path, *extra):
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     out = tmp_path / "plan.json"
     rc = main(["plan", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis",
@@ -46,7 +46,7 @@ def test_plan_cli_prints_every_option_and_recommends(tmp_path, capsys):
 
 
 def _build(tmp_path, *extra):
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     out = tmp_path / "set"
     rc = main(["build", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partitioner", "metis",
@@ -69,7 +69,7 @@ def test_build_hops_auto_picks_the_largest_k_that_fits(tmp_path, capsys):
     auto = manifest["hops_auto"]
     assert auto["budget_bytes"] == budget and auto["choice"]["peak_bytes"] == by["flx k=2"]
     assert [o["label"] for o in auto["rejected"]] == ["flx k=3"]
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
     assert main(["verify", str(out)]) == 0
 
 

@@ -38,7 +38,7 @@ def _edited(src, dst, edit):
 
 
 def test_info_on_a_null_partitioner_is_one_line(shard_set, tmp_path, capsys):
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     bad = _edited(shard_set, tmp_path / "null", lambda m: m.update(partitioner=None, stats="x"))
     assert main(["info", str(bad)]) == 0  # what it can show, without an AttributeError
@@ -49,7 +49,7 @@ def test_info_on_a_null_partitioner_is_one_line(shard_set, tmp_path, capsys):
 
 
 def test_an_absurd_class_count_is_refused_by_verify(shard_set, tmp_path):
-    from preprocess.verify import verify_shard_set
+    from granndis_hpc.preprocess.verify.command import verify_shard_set
 
     bad = _edited(shard_set, tmp_path / "classes", lambda m: m["dataset"].update(num_classes=2 ** 40))
     assert any("num_classes 1099511627776 exceeds the 523 vertices" in p for p in verify_shard_set(bad))
@@ -88,9 +88,9 @@ def _bundle(path, classes=None, train=True, n=60):
 ])
 def test_the_build_refuses_an_absurd_class_count_and_an_empty_train_split(tmp_path, capsys, build, case, message):
     """Both are refused by `preprocess build` itself, not only by verify and training afterwards.  The whole-
-    graph build reads a bundle; the distributed one (preprocess/dist_build.py) the chunked format made
+    graph build reads a bundle; the distributed one (preprocess/build/distributed.py) the chunked format made
     from it.  Refused before anything is written, with the fix."""
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     source = ["--source", "bundle", "--path", str(_bundle(tmp_path / "g.npz", **case))]
     if build == "distributed":

@@ -1,5 +1,5 @@
 """One options framework (granndis_hpc/options/) for every command: granndis-train, granndis report and
-every `python -m preprocess` subcommand.  Parsing only: nothing here builds or trains."""
+every `granndis preprocess` subcommand.  Parsing only: nothing here builds or trains."""
 import dataclasses
 import pathlib
 import re
@@ -9,15 +9,15 @@ import pytest
 from granndis_hpc import options
 from granndis_hpc.config import TrainConfig
 from granndis_hpc.options import ConfigError, Options, option, read_command, specs
-from preprocess import options as popts
-from preprocess.__main__ import COMMANDS
+from granndis_hpc.preprocess import options as popts
+from granndis_hpc.preprocess.__main__ import COMMANDS
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LAYOUT = ["--servers", "2", "--gpus-per-server", "2", "--layers", "3"]
 
 
 def parse(argv):
-    return read_command({k: (cls, text) for k, (cls, text, _) in COMMANDS.items()}, argv, "python -m preprocess")
+    return read_command({k: (cls, text) for k, (cls, text, _) in COMMANDS.items()}, argv, "granndis preprocess")
 
 
 def _resume_help(cls, capsys, monkeypatch):
@@ -73,7 +73,7 @@ def test_estimate_options_are_granndis_trains_declarations(cls):
 
 
 def test_plan_device_auto_estimates_for_cuda():
-    from preprocess.plan import config_from_args
+    from granndis_hpc.preprocess.plan.command import config_from_args
     _, args = parse(["plan", *LAYOUT])
     assert args.device == "auto" and config_from_args(args).device == "cuda"
     _, args = parse(["plan", *LAYOUT, "--device", "cpu"])

@@ -12,15 +12,15 @@ import pytest
 from mpi4py import MPI
 
 from granndis_hpc import shards
-from preprocess.__main__ import main
-from preprocess.build import build_shards
-from preprocess.partition import partition_digest
-from preprocess.verify import verify_shard_set
+from granndis_hpc.preprocess.__main__ import main
+from granndis_hpc.preprocess.build.pipeline import build_shards
+from granndis_hpc.preprocess.partition.twolevel import partition_digest
+from granndis_hpc.preprocess.verify.command import verify_shard_set
 
 
 @pytest.fixture(scope="module")
 def cora():
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
     from tests.conftest import require_planetoid
 
     return load("planetoid", name="cora", root=str(require_planetoid()))

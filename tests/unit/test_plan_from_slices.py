@@ -1,5 +1,5 @@
 """`preprocess plan` (--no-eas, the default EAS set, --hops H) and `build --hops auto` on a sliced source
-count their sets from the build ranks' slices (preprocess/halo_counts.py); here, in one process, their
+count their sets from the build ranks' slices (preprocess/plan/halo_counts.py); here, in one process, their
 output must equal the whole-graph path's (sources.load_from_args, plan_sets.plan_options on the Graph)
 line for line and field for field.  tests/mpi/test_hops_auto_sliced.py and test_plan_sliced.py check
 P = 1, 2, 4 (and an independent count of the full preloads)."""
@@ -13,13 +13,13 @@ LAYOUT = ["--servers", "2", "--gpus-per-server", "2", "--layers", "3", "--partit
 
 def _whole(monkeypatch):
     """Make every command load the whole graph (the path before the sliced counts)."""
-    from preprocess import sources
+    from granndis_hpc.preprocess import sources
 
     monkeypatch.setattr(sources, "sliced_from_args", lambda args: None)
 
 
 def _plan(tmp_path, name, *extra):
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     out = tmp_path / f"{name}.json"
     rc = main(["plan", *SYN, *LAYOUT, "--no-eas", "--json", str(out), *extra])
@@ -27,7 +27,7 @@ def _plan(tmp_path, name, *extra):
 
 
 def test_plan_no_eas_from_slices_equals_whole_graph(tmp_path, capsys, monkeypatch):
-    import preprocess.plan_sets as plan_sets
+    import granndis_hpc.preprocess.plan.sets as plan_sets
 
     called = []
     monkeypatch.setattr(plan_sets, "plan_options_sliced",
@@ -46,7 +46,7 @@ def test_plan_no_eas_from_slices_equals_whole_graph(tmp_path, capsys, monkeypatc
 
 def test_build_hops_auto_from_slices_equals_whole_graph(tmp_path, capsys, monkeypatch):
     from granndis_hpc import shards
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     _, res = _plan(tmp_path, "plan")
     by = {o["label"]: o["peak_bytes"] for o in res["options"]}
@@ -64,9 +64,9 @@ def test_build_hops_auto_from_slices_equals_whole_graph(tmp_path, capsys, monkey
 
 def _plan_both(tmp_path, capsys, monkeypatch, name, *extra):
     """(sliced JSON, whole-graph JSON, sliced text, whole text) of one plan command."""
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
-    import preprocess.plan_sets as plan_sets
+    import granndis_hpc.preprocess.plan.sets as plan_sets
 
     called = []
     monkeypatch.setattr(plan_sets, "plan_options_sliced",

@@ -2,8 +2,8 @@
 import numpy as np
 
 from granndis_hpc.graph.csr import csr_from_edges
-from preprocess.halo import full_khop, induced_subgraph
-from preprocess.owners import assign_owners, rebalance
+from granndis_hpc.preprocess.build.halo import full_khop, induced_subgraph
+from granndis_hpc.preprocess.partition.owners import assign_owners, rebalance
 
 
 def server_subgraph(seed, n=600, m=3000, inner_n=150, hops=2):

@@ -6,10 +6,10 @@ import pytest
 import scipy.sparse as sp
 
 from granndis_hpc.graph.csr import Graph, csr_from_edges
-from preprocess.parmetis import metis_part
-from preprocess.partition import (balance, edge_cut, fill_empty_parts, induced_symmetric,
+from granndis_hpc.preprocess.partition.parmetis import metis_part
+from granndis_hpc.preprocess.partition.twolevel import (balance, edge_cut, fill_empty_parts, induced_symmetric,
                                   random_partition, symmetric_adjacency)
-from preprocess.slices import vtxdist_for
+from granndis_hpc.preprocess.build.slices import vtxdist_for
 
 
 def community_graph(n, communities, m, p_out, seed, directed=False):
@@ -123,8 +123,8 @@ def test_induced_symmetric_and_the_metis_gpu_split():
     from mpi4py import MPI
 
     from granndis_hpc.cluster import as_group
-    from preprocess.gpu_split import split_servers_over_gpus
-    from preprocess.partition import WholeGraphAccess
+    from granndis_hpc.preprocess.partition.gpu_split import split_servers_over_gpus
+    from granndis_hpc.preprocess.partition.twolevel import WholeGraphAccess
 
     group = as_group(MPI.COMM_SELF)
     server_of = np.ones(n, dtype=np.int32)
@@ -138,7 +138,7 @@ def test_induced_symmetric_and_the_metis_gpu_split():
 
 
 def test_refine_balance_caps_parts_and_prefers_cheap_moves():
-    from preprocess.partition import refine_balance
+    from granndis_hpc.preprocess.partition.twolevel import refine_balance
 
     n = 3000
     indptr, indices, comm = community_graph(n, 4, 15000, 0.02, seed=8)
@@ -168,7 +168,7 @@ def test_refine_balance_moves_the_boundary_not_islands():
     """A path 0-1-...-99 split at 60: part 0 is 9 vertices over the cap.  Moving the 9 vertices next to
     the cut keeps the cut at one edge; moving far vertices (no neighbour in part 1) would make islands
     whose preloaded halos the other server must hold."""
-    from preprocess.partition import refine_balance
+    from granndis_hpc.preprocess.partition.twolevel import refine_balance
 
     n = 100
     src = np.concatenate([np.arange(n - 1), np.arange(1, n)])
@@ -191,7 +191,7 @@ def test_gpu_split_groups_and_their_slices():
     cases: all ranks, or the writer alone)."""
     import numpy as np
 
-    from preprocess.gpu_split import gpu_split_dist, gpu_split_groups, slices_dist
+    from granndis_hpc.preprocess.partition.gpu_split import gpu_split_dist, gpu_split_groups, slices_dist
 
     np.testing.assert_array_equal(gpu_split_groups(np.array([500, 400]), 8, "parmetis"), [0, 4, 8])
     np.testing.assert_array_equal(gpu_split_groups(np.array([5, 4, 3]), 8, "parmetis"), [0, 2, 5, 8])
@@ -219,7 +219,7 @@ def test_heap_thresholds_during_a_parmetis_call():
     code = r"""
 import ctypes, os, sys
 import numpy as np
-from preprocess.parmetis import PartitionerError, _heap_for_call, libc_malloc_info
+from granndis_hpc.preprocess.partition.parmetis import PartitionerError, _heap_for_call, libc_malloc_info
 
 libc = libc_malloc_info()
 if libc is None:

@@ -9,7 +9,7 @@ import pytest
 
 from granndis_hpc.config import TrainConfig
 from granndis_hpc.options import defaults, load_config_file
-from preprocess.options import BuildOptions, PlanOptions
+from granndis_hpc.preprocess.options import BuildOptions, PlanOptions
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 DATASETS = ("arxiv", "products", "reddit", "papers100m")
@@ -50,7 +50,7 @@ def test_every_preset_parses_and_the_pairs_agree():
 def test_a_preset_builds_and_trains_on_cora(tmp_path, planetoid_root):
     pytest.importorskip("mpi4py")
     from granndis_hpc import cli
-    from preprocess.__main__ import main as preprocess_main
+    from granndis_hpc.preprocess.__main__ import main as preprocess_main
 
     shards = tmp_path / "set"
     assert preprocess_main(["build", "--config", str(CONFIGS / "arxiv.build.toml"), "--source", "planetoid",

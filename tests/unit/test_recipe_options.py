@@ -12,9 +12,9 @@ from granndis_hpc.metrics import summarize
 from granndis_hpc.rundir.best_model import write_best_model
 from granndis_hpc.nn import build_model
 from granndis_hpc.nn.dropout import RowDropout, apply_mask, drop_sparse_rows, keep_elements, keep_mask
-from preprocess.__main__ import main as preprocess_main
-from preprocess.canonical import normalize_features
-from preprocess.sources import DataError, load
+from granndis_hpc.preprocess.__main__ import main as preprocess_main
+from granndis_hpc.preprocess.sources.canonical import normalize_features
+from granndis_hpc.preprocess.sources import DataError, load
 
 
 def test_row_normalisation_divides_by_row_sums_and_keeps_zero_rows():

@@ -1,4 +1,4 @@
-"""preprocess/row_blocks.py: the locality blocks of every GPU's rows and the file order they give.
+"""preprocess/partition/row_blocks.py: the locality blocks of every GPU's rows and the file order they give.
 
 The blocks are checked against METIS called here on each part's symmetric inner subgraph made with
 scipy from the raw edges; the files' order against its definition.  Training on block-ordered sets is
@@ -14,14 +14,14 @@ from tests.conftest import require_planetoid
 
 @pytest.fixture(scope="module")
 def cora():
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
 
     return load("planetoid", name="cora", root=str(require_planetoid()))
 
 
 def _parts(graph, S, G):
-    from preprocess.gpu_split import split_servers_over_gpus
-    from preprocess.partition import WholeGraphAccess, partition_servers
+    from granndis_hpc.preprocess.partition.gpu_split import split_servers_over_gpus
+    from granndis_hpc.preprocess.partition.twolevel import WholeGraphAccess, partition_servers
     from granndis_hpc.cluster import as_group
 
     group = as_group(MPI.COMM_SELF)
@@ -33,7 +33,7 @@ def _parts(graph, S, G):
 
 def _reference_blocks(graph, part_of, parts, block_rows):
     """METIS on each part's symmetric inner subgraph without loops, built with scipy."""
-    from preprocess.parmetis import metis_part
+    from granndis_hpc.preprocess.partition.parmetis import metis_part
 
     n = graph.num_vertices
     a = scipy.sparse.csr_matrix((np.ones(graph.indices.shape[0]), graph.indices, graph.indptr), shape=(n, n))
@@ -55,8 +55,8 @@ def _reference_blocks(graph, part_of, parts, block_rows):
 
 @pytest.mark.parametrize("block_rows", [64, 300, 5000])
 def test_blocks_are_metis_on_each_parts_inner_subgraph(cora, block_rows):
-    from preprocess.partition import WholeGraphAccess
-    from preprocess.row_blocks import part_of, row_blocks
+    from granndis_hpc.preprocess.partition.twolevel import WholeGraphAccess
+    from granndis_hpc.preprocess.partition.row_blocks import part_of, row_blocks
 
     S, G = 2, 2
     group, server_of, gpu_of = _parts(cora, S, G)
@@ -72,8 +72,8 @@ def test_blocks_are_metis_on_each_parts_inner_subgraph(cora, block_rows):
 def test_blocks_keep_most_edges_inside_a_block(cora):
     """What the order is for: most edges of a part's inner subgraph join rows of one block (a window of
     as many consecutive ids holds few)."""
-    from preprocess.partition import WholeGraphAccess
-    from preprocess.row_blocks import part_of, row_blocks
+    from granndis_hpc.preprocess.partition.twolevel import WholeGraphAccess
+    from granndis_hpc.preprocess.partition.row_blocks import part_of, row_blocks
 
     group, server_of, gpu_of = _parts(cora, 1, 1)
     parts = part_of(server_of, gpu_of, 1)
@@ -91,10 +91,10 @@ def test_files_are_in_block_order(cora, tmp_path):
     without blocks by (hop, global id), and the manifest says which."""
     import h5py
 
-    from preprocess.build import build_shards
-    from preprocess.partition import WholeGraphAccess
-    from preprocess.row_blocks import part_of, row_blocks
-    from preprocess.verify import format_info
+    from granndis_hpc.preprocess.build.pipeline import build_shards
+    from granndis_hpc.preprocess.partition.twolevel import WholeGraphAccess
+    from granndis_hpc.preprocess.partition.row_blocks import part_of, row_blocks
+    from granndis_hpc.preprocess.verify.command import format_info
 
     S, G = 2, 2
     group, server_of, gpu_of = _parts(cora, S, G)
@@ -120,8 +120,8 @@ def test_files_are_in_block_order(cora, tmp_path):
 
 def test_verify_accepts_block_order_and_refuses_rows_out_of_hop_order(cora, tmp_path):
     from granndis_hpc.shards import open_server, read_manifest, read_server_arrays
-    from preprocess.build import build_shards
-    from preprocess.verify import _EDGE_SIZED, _file_problems, _nonfinite_rows
+    from granndis_hpc.preprocess.build.pipeline import build_shards
+    from granndis_hpc.preprocess.verify.command import _EDGE_SIZED, _file_problems, _nonfinite_rows
 
     out = tmp_path / "set"
     build_shards(cora, out, servers=2, gpus_per_server=1, layers=2, partitioner="metis", comm=MPI.COMM_SELF,

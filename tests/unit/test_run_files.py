@@ -99,7 +99,7 @@ def test_a_failed_append_leaves_whole_lines(tmp_path, monkeypatch):
 
 def test_plan_json_to_a_missing_directory_is_refused_before_the_work(tmp_path, capsys):
     """`preprocess plan ... --json /nonexistent/x.json` is refused before the plan is printed, not with a traceback."""
-    from preprocess.__main__ import main
+    from granndis_hpc.preprocess.__main__ import main
 
     rc = main(["plan", "--source", "synthetic", "--vertices", "300", "--avg-degree", "4", "--features", "4",
                "--classes", "3", "--servers", "1", "--gpus-per-server", "2", "--layers", "2",

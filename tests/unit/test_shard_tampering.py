@@ -106,7 +106,7 @@ def test_read_server_graph_and_rows_check_the_file(shard_set, tmp_path):
 
 
 def test_verify_reports_non_finite_features(shard_set, tmp_path):
-    from preprocess.verify import verify_shard_set
+    from granndis_hpc.preprocess.verify.command import verify_shard_set
 
     assert verify_shard_set(shard_set) == []
     bad = tamper(shard_set, tmp_path / "nan", 1, "features", lambda a: _set(a, (slice(None), 0), np.inf))
@@ -117,7 +117,7 @@ def test_verify_reports_non_finite_features(shard_set, tmp_path):
 def test_verify_reads_features_in_blocks_and_counts_every_non_finite_row(shard_set, tmp_path, monkeypatch):
     """verify never holds a server's features whole: the finite check reads blocks of rows (here 3 rows
     a block), and still counts every bad row and names the first, in whichever block they fall."""
-    import preprocess.verify as verify
+    import granndis_hpc.preprocess.verify.command as verify
 
     monkeypatch.setattr(verify, "FEATURE_BLOCK_BYTES", 3 * 7 * 4)  # 7 features of float32
     m = shards.read_manifest(shard_set)
@@ -164,11 +164,11 @@ def test_peers_agree_on_the_row_width_before_exchanging():
 def test_verify_recomputes_the_content_digest(shard_set, tmp_path, monkeypatch, block_bytes):
     """One training label changed (in range, file checksum recomputed, content_sha256 left as built)
     would pass a checksum-only `verify` and --resume's "the same dataset".  block_bytes=4096: the
-    streamed content pass (preprocess/verify_content.py) in blocks of a few dozen vertices, whose
+    streamed content pass (preprocess/verify/content.py) in blocks of a few dozen vertices, whose
     digest must still equal the build's (and dataset_digest of the graph, checked here directly)."""
-    from preprocess import verify_content
-    from preprocess.build import dataset_digest
-    from preprocess.verify import verify_shard_set
+    from granndis_hpc.preprocess.verify import content as verify_content
+    from granndis_hpc.preprocess.build.pipeline import dataset_digest
+    from granndis_hpc.preprocess.verify.command import verify_shard_set
 
     if block_bytes is not None:
         monkeypatch.setattr(verify_content, "BLOCK_BYTES", block_bytes)

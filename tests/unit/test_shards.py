@@ -13,8 +13,8 @@ from granndis_hpc import shards
 from granndis_hpc.graph.csr import Graph, csr_from_edges
 from granndis_hpc.shards import writer as shard_writer
 from granndis_hpc.rundir.fingerprint import shard_set_id
-from preprocess.build import BuildConfig, dataset_digest, run_build
-from preprocess.verify import verify_shard_set
+from granndis_hpc.preprocess.build.pipeline import BuildConfig, dataset_digest, run_build
+from granndis_hpc.preprocess.verify.command import verify_shard_set
 
 COMM = MPI.COMM_SELF
 
@@ -56,7 +56,7 @@ def test_rank_slices_equal_arrays_from_graph(tmp_path, directed, S, G, k):
 
 
 def test_rank_slices_equal_arrays_from_cora(tmp_path, planetoid_root):
-    from preprocess.sources import load
+    from granndis_hpc.preprocess.sources import load
 
     check_round_trip(load("planetoid", name="cora", root=str(planetoid_root)), tmp_path, 2, 2, 2)
 
@@ -115,7 +115,7 @@ def test_dataset_digest_names_the_data_not_the_partition(tmp_path):
 
     import hashlib
 
-    from preprocess.verify import format_info
+    from granndis_hpc.preprocess.verify.command import format_info
 
     g = make_graph(n=300, m=900)
     digest = dataset_digest(g)
@@ -275,9 +275,9 @@ def _swap_last_two(a):
     ("world/src_global_id", _swap_last_two, "world: indices not strictly increasing"),
 ])
 def test_verify_checks_invariants_not_only_checksums(tmp_path, monkeypatch, edge_block, name, fn, expect):
-    """verify reads the edge-sized datasets in row-aligned blocks (preprocess/verify.py EDGE_BLOCK): a
+    """verify reads the edge-sized datasets in row-aligned blocks (preprocess/verify/command.py EDGE_BLOCK): a
     fault in the last block is found as one in the first, with blocks of a row or two as at the default."""
-    import preprocess.verify as verify
+    import granndis_hpc.preprocess.verify.command as verify
     if edge_block is not None:
         monkeypatch.setattr(verify, "EDGE_BLOCK", edge_block)
     out = tmp_path / "set"
@@ -291,7 +291,7 @@ def test_verify_checks_invariants_not_only_checksums(tmp_path, monkeypatch, edge
 def test_verify_streamed_blocks_accept_valid_eas_and_full_sets(tmp_path, monkeypatch):
     """Blocks of 3 edges (a row split from the next at every block end) and the default agree on valid
     sets: EAS's feeds check and full preloading's BFS and world-view comparison, block by block."""
-    import preprocess.verify as verify
+    import granndis_hpc.preprocess.verify.command as verify
     g = make_graph()
     sets = [(tmp_path / "full", {}), (tmp_path / "eas", {"preload": "eas", "hops": 2, "fanout": 3})]
     for out, kw in sets:

@@ -11,8 +11,8 @@ import pytest
 
 from granndis_hpc import shards
 from granndis_hpc.shards import writer as shard_writer
-from preprocess.__main__ import main
-from preprocess.verify import verify_shard_set
+from granndis_hpc.preprocess.__main__ import main
+from granndis_hpc.preprocess.verify.command import verify_shard_set
 from tests.conftest import REPO, mounted_tmpfs
 from tests.unit.test_shards import build, make_graph
 
@@ -32,7 +32,7 @@ def tiny_fs(tmp_path):
 
 
 def _build_cli(out, *extra, prelude=""):
-    code = prelude + "import sys; from preprocess.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    code = prelude + "import sys; from granndis_hpc.preprocess.__main__ import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, "build", *SYNTHETIC, "--out", str(out), *extra],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
@@ -45,7 +45,7 @@ def test_full_disk_is_a_clear_error_with_exit_1_and_the_old_set_kept(tiny_fs):
     assert "Traceback" not in small.stderr
     assert not [e for e in os.listdir(tiny_fs) if e != "set"] and not os.listdir(out)
     # An old (small) set survives a failed --overwrite, and no temporaries are left behind.
-    old = subprocess.run([sys.executable, "-m", "preprocess", "build", "--source", "synthetic", "--vertices", "200",
+    old = subprocess.run([sys.executable, "-m", "granndis_hpc.preprocess", "build", "--source", "synthetic", "--vertices", "200",
                           "--seed", "0", "--servers", "1", "--gpus-per-server", "1", "--layers", "1",
                           "--partitioner", "random", "--out", str(out), "--overwrite"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -59,7 +59,7 @@ def test_full_disk_is_a_clear_error_with_exit_1_and_the_old_set_kept(tiny_fs):
 def test_a_disk_that_fills_during_the_write_exits_1_not_a_segfault(tiny_fs):
     # Defeat the free-space check, as another process filling the disk after it would: HDF5 itself
     # then meets ENOSPC (it crashed with exit 139 in H5Idec_ref when the chunk cache held the data).
-    prelude = ("import granndis_hpc.shards.writer as w; import preprocess.build as b; "
+    prelude = ("import granndis_hpc.shards.writer as w; import granndis_hpc.preprocess.build.pipeline as b; "
                "w.check_free_space = b.check_free_space = lambda *a, **k: None; ")
     res = _build_cli(tiny_fs / "set", prelude=prelude)
     assert res.returncode == 1, (res.returncode, res.stderr[-3000:])

@@ -4,9 +4,9 @@ rows without their loops, no keys and no shuffle, equal to the whole graph's sym
 import numpy as np
 import pytest
 
-from preprocess.dist_build import SlicedAccess
-from preprocess.partition import symmetric_adjacency
-from preprocess.sliced import GraphSlice
+from granndis_hpc.preprocess.build.distributed import SlicedAccess
+from granndis_hpc.preprocess.partition.twolevel import symmetric_adjacency
+from granndis_hpc.preprocess.build.sliced import GraphSlice
 
 
 def _graph(n, loops, seed=0):

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from preprocess.sliced import GraphSlice
-from preprocess.slices import spilled
+from granndis_hpc.preprocess.build.sliced import GraphSlice
+from granndis_hpc.preprocess.build.slices import spilled
 
 
 def _slice():

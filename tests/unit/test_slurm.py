@@ -376,15 +376,15 @@ def test_spool_copy_finds_lib_next_to_the_submitted_script(job):
 
 def test_preprocess_command(job):
     res = run_script(job, "preprocess.sbatch", "--source", "planetoid", "--name", "cora", "--root", "/data/pl",
-                     SLURM_JOB_ID="777", SLURM_JOB_NAME="granndis-preprocess", SLURM_NNODES="1",
+                     SLURM_JOB_ID="777", SLURM_JOB_NAME="granndis preprocess", SLURM_NNODES="1",
                      SLURM_NTASKS_PER_NODE="4", SLURM_NTASKS="4", GRANNDIS_SHARDS=None,
                      GRANNDIS_SERVERS="2", GRANNDIS_GPUS_PER_SERVER="4", GRANNDIS_PYTHON="/opt/venv/bin/python")
     assert res.returncode == 0, res.stderr
     launcher, build = split_at(recorded(job, "srun"), "/opt/venv/bin/python")
     assert launcher[:4] == ["--mpi=pmix", "--nodes=1", "--ntasks=4", "--ntasks-per-node=4"]
-    assert build[:3] == ["-m", "preprocess", "build"]
+    assert build[:3] == ["-m", "granndis_hpc.preprocess", "build"]
     assert options(build[3:]) == {"--servers": "2", "--gpus-per-server": "4", "--layers": "3", "--preload": "full",
-                                  "--out": "shards/granndis-preprocess-777", "--source": "planetoid",
+                                  "--out": "shards/granndis preprocess-777", "--source": "planetoid",
                                   "--name": "cora", "--root": "/data/pl"}
 
     res = run_script(job, "preprocess.sbatch", "--source", "synthetic", GRANNDIS_LAUNCHER="mpirun",

@@ -4,7 +4,7 @@ import argparse
 import numpy as np
 import pytest
 
-from preprocess.sources import SOURCES, DataError, add_source_arguments, load, load_from_args
+from granndis_hpc.preprocess.sources import SOURCES, DataError, add_source_arguments, load, load_from_args
 
 from tests.unit.test_sources_bundle import graphs_equal
 from tests.unit.test_sources_planetoid import write_miniature
@@ -63,7 +63,7 @@ def test_errors():
 
 def _load_ring(name=None, symmetrize=True, self_loops="remove"):
     """The recipe's source: a 12-vertex directed ring, vertex v's features (v, 1), class v % 3."""
-    from preprocess.canonical import canonicalize
+    from granndis_hpc.preprocess.sources.canonical import canonicalize
 
     n = 12
     ids = np.arange(n)
@@ -76,7 +76,7 @@ def test_a_dataset_source_is_one_loader_and_one_registry_line():
     """docs/architecture.md "add a dataset source": the loader above plus the one line below, and the
     source is a choice of --source, loads with the shared canonicalisation options, and is loaded whole
     (it declares no sliced opener)."""
-    from preprocess import sources
+    from granndis_hpc.preprocess import sources
 
     sources.SOURCES.register("ring", _load_ring, uses=("name",))
     try:

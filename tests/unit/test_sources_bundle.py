@@ -5,7 +5,7 @@ import h5py
 import numpy as np
 import pytest
 
-from preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import DataError, load
 
 from tests.unit.test_sources_ogb import check_against_reference, make_raw, write_ogb
 

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from preprocess.sources import DataError, load
-from preprocess.sources import csvgz
+from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import csvgz
 
 
 def make_raw(seed=0, n=157, e=611, f=5, c=6):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from preprocess.sources import DataError, load
-from preprocess.sources import safe_pickle
-from preprocess.sources.planetoid import load_planetoid
+from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import safe_pickle
+from granndis_hpc.preprocess.sources.planetoid import load_planetoid
 
 PARTS = ("x", "tx", "allx", "y", "ty", "ally", "graph")
 

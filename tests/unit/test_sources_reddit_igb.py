@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from preprocess.__main__ import main
-from preprocess.sources import DataError, load
+from granndis_hpc.preprocess.__main__ import main
+from granndis_hpc.preprocess.sources import DataError, load
 from tests.unit.test_sources_bundle import graphs_equal
 from tests.unit.test_sources_ogb import check_against_reference, make_raw
 
@@ -141,7 +141,7 @@ def test_igb_split_of_the_full_graph(tmp_path, monkeypatch):
     """On the full graph IGB's fractions apply to the labelled prefix only; the tail is in no split and
     its label values (whatever the file holds there) are ignored.  Checked on a miniature standing in for
     the full graph (its vertex count and labelled prefix patched)."""
-    from preprocess.sources import igb
+    from granndis_hpc.preprocess.sources import igb
 
     assert igb.labelled_prefix(igb.IGB_FULL_VERTICES, 19) == 227_130_858
     assert igb.labelled_prefix(igb.IGB_FULL_VERTICES, 2983) == 157_675_969
@@ -163,9 +163,9 @@ def test_igb_sliced_source_reads_each_rank_its_share(tmp_path):
     edge_index.npy and exactly the rows it asks for of every vertex field; the one-rank load through
     the distributed code (sliced.load_slice + assemble) equals the whole-graph loader."""
     from granndis_hpc.cluster.group import self_group
-    from preprocess.sliced import assemble, load_slice
-    from preprocess.sources import sliced_source
-    from preprocess.sources.igb import IgbSource
+    from granndis_hpc.preprocess.build.sliced import assemble, load_slice
+    from granndis_hpc.preprocess.sources import sliced_source
+    from granndis_hpc.preprocess.sources.igb import IgbSource
 
     raw = igb_raw(seed=13)
     raw["c"] = 19
@@ -217,8 +217,8 @@ def test_igb_bad_input_names_the_file(tmp_path, damage, file, message):
     assert file in str(err.value), str(err.value)
     # the distributed build's reading of the same files names the file too
     from granndis_hpc.cluster.group import self_group
-    from preprocess.sliced import load_slice
-    from preprocess.sources import sliced_source
+    from granndis_hpc.preprocess.build.sliced import load_slice
+    from granndis_hpc.preprocess.sources import sliced_source
 
     with pytest.raises(DataError) as err:
         load_slice(self_group(), sliced_source("igb", root=str(proc)))

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from preprocess.sources import DataError, load
-from preprocess.sources import synthetic, synthetic_chunks
+from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import synthetic, synthetic_chunks
 
 from tests.unit.test_sources_bundle import assert_reproducible_from_seed, graphs_equal
 
@@ -77,7 +77,7 @@ def test_neighbours_carry_the_class_signal(small):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 1000, 4097, 65_537])
 def test_feistel_is_a_bijection_and_inverts(n):
-    from preprocess.sources.synthetic_chunks import Feistel
+    from granndis_hpc.preprocess.sources.synthetic_chunks import Feistel
 
     f = Feistel(n, 7, 1)
     ids = np.arange(n)
@@ -93,7 +93,7 @@ def test_feistel_is_a_bijection_and_inverts(n):
 def test_chunks_do_not_depend_on_the_rank_count(monkeypatch, generator):
     """A rank's share of the draws is a set of whole chunks, each from (seed, chunk) alone: the union over
     the ranks, and any slice of the vertex rows, is the same whatever the number of ranks."""
-    from preprocess.sources import synthetic_chunks
+    from granndis_hpc.preprocess.sources import synthetic_chunks
 
     monkeypatch.setattr(synthetic_chunks, "VERTEX_CHUNK", 700)
     src = synthetic_chunks.SyntheticSource(generator, vertices=3000, avg_degree=10, features=8, classes=3, seed=1)

@@ -8,10 +8,10 @@ import pytest
 
 from granndis_hpc.cluster.group import self_group
 
-from preprocess.halo import full_khop
-from preprocess.partition import edge_cut, partition_servers
-from preprocess.sources import DataError, add_source_arguments, load, load_from_args
-from preprocess.sources import synthetic, synthetic_chunks, synthetic_local
+from granndis_hpc.preprocess.build.halo import full_khop
+from granndis_hpc.preprocess.partition.twolevel import edge_cut, partition_servers
+from granndis_hpc.preprocess.sources import DataError, add_source_arguments, load, load_from_args
+from granndis_hpc.preprocess.sources import synthetic, synthetic_chunks, synthetic_local
 
 from tests.unit.test_sources_bundle import assert_reproducible_from_seed, graphs_equal
 from tests.unit.test_sources_synthetic import nearest_class_mean_accuracy
@@ -73,7 +73,7 @@ def test_reproducible_from_seed(small):
 
 
 def test_chunked_generation_is_deterministic_and_local(monkeypatch):
-    from preprocess.sources import synthetic_chunks
+    from granndis_hpc.preprocess.sources import synthetic_chunks
 
     monkeypatch.setattr(synthetic_chunks, "VERTEX_CHUNK", 700)
     monkeypatch.setattr(synthetic, "ROW_CHUNK", 333)

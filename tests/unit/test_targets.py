@@ -68,7 +68,7 @@ def test_metric_choice_and_keys():
 
 
 def test_canonical_multilabel_labels():
-    from preprocess.canonical import DataError, canonicalize
+    from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize
     n = 4
     src, dst = np.array([0, 1, 2]), np.array([1, 2, 3])
     x = np.ones((n, 2), np.float32)
@@ -90,8 +90,8 @@ def _csv_gz(path, rows):
 
 def test_ogb_proteins_layout(tmp_path):
     """raw/ without node features: each vertex's features are the mean of its edges' features."""
-    from preprocess.build import dataset_digest
-    from preprocess.sources.ogb import load_ogb
+    from granndis_hpc.preprocess.build.pipeline import dataset_digest
+    from granndis_hpc.preprocess.sources.ogb import load_ogb
     base = tmp_path / "ogbn_proteins"
     edges = [(0, 1), (1, 2), (0, 2), (3, 0)]
     efeat = [[0.2, 1.0], [0.4, 0.0], [0.6, 0.5], [1.0, 0.25]]
@@ -113,7 +113,7 @@ def test_ogb_proteins_layout(tmp_path):
     other.labels[1, 0] = 1
     assert dataset_digest(g) != dataset_digest(other)
     os.remove(base / "raw" / "edge-feat.csv.gz")
-    from preprocess.canonical import DataError
+    from granndis_hpc.preprocess.sources.canonical import DataError
     with pytest.raises(DataError, match="neither node-feat.csv.gz nor edge-feat.csv.gz"):
         load_ogb(str(tmp_path), "ogbn-proteins")
     # the data.npz layout: edge_feat in place of node_feat, the same graph

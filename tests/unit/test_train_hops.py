@@ -1,10 +1,10 @@
-"""graph/train_hop (preprocess/inductive.py train_hops): the hop of every row of a server file within the
+"""graph/train_hop (preprocess/build/inductive.py train_hops): the hop of every row of a server file within the
 train-induced graph, on small hand-made graphs whose hops are written out here."""
 import numpy as np
 import pytest
 
 from granndis_hpc.shards import TRAIN_HOP_UNREACHED as NO
-from preprocess.inductive import train_hops
+from granndis_hpc.preprocess.build.inductive import train_hops
 
 
 def csr(n, edges):

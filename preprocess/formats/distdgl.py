@@ -16,7 +16,7 @@ metadata and every `.npy` header (dtype, shape, row counts against num_nodes_per
 rows against num_edges_per_type) before work; the edges read from text files are counted while they
 are read and their total checked against num_edges_per_type (sliced.load_slice, `declared_edges`), so
 a cut or missing part of an edge file is refused, never built.  Only files under the directory are
-read (preprocess/inputfiles.py).
+read (preprocess/formats/inputfiles.py).
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import warnings
 
 import numpy as np
 
-from .canonical import DataError
-from .chunkrange import chunk_pieces
-from .inputfiles import file_under, load_npy, short_error
+from granndis_hpc.preprocess.sources.canonical import DataError
+from granndis_hpc.preprocess.formats.chunkrange import chunk_pieces
+from granndis_hpc.preprocess.formats.inputfiles import file_under, load_npy, short_error
 
 FIELDS = {"features": "feat", "labels": "label", "train_mask": "train_mask", "val_mask": "val_mask",
           "test_mask": "test_mask"}
@@ -46,7 +46,7 @@ def _npy(path):
 
 
 class DistDGLSource:
-    """The sliced-source protocol (preprocess/sliced.py) over a DistDGL chunked directory."""
+    """The sliced-source protocol (preprocess/build/sliced.py) over a DistDGL chunked directory."""
 
     canonical = None
 

@@ -3,7 +3,7 @@ preloaded rows are copies of their home rows, reading the server files in blocks
 
 The digest (shards/content.py ContentHash, as build.dataset_digest) hashes the in-edge CSR, the features, the labels and the split in
 global-id order.  A server file's rows are ordered by (owner GPU, hop, global id), or with locality
-blocks by (owner GPU, hop, home part, block, global id) (preprocess/row_blocks.py): either way a file
+blocks by (owner GPU, hop, home part, block, global id) (preprocess/partition/row_blocks.py): either way a file
 is a sequence of runs sorted by global id (found where the id decreases or the GPU or hop changes; one
 run per class of rows), and the rows of a block of global ids a..b-1 are one contiguous row range of
 each run: each block is assembled from one h5py range read per run (inner

@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from .canonical import DataError
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 NPY_MAGIC = b"\x93NUMPY"
 EXCERPT_CHARS = 24

@@ -1,6 +1,6 @@
 """Hand a graph held in Python over to the build: write it as a bundle (`--source bundle --path FILE`).
 
-    from preprocess.convert import save_bundle
+    from granndis_hpc.preprocess.sources.convert import save_bundle
     save_bundle("products.npz", data)                         # a PyG Data object
     save_bundle("reddit.npz", g)                              # a DGL graph (ndata feat/label/*_mask)
     save_bundle("mine.npz", edge_index=ei, features=x, labels=y,
@@ -26,7 +26,7 @@ import os
 import numpy as np
 
 from granndis_hpc.fsutil import atomic_path
-from preprocess.canonical import DataError, canonicalize, index_to_mask
+from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize, index_to_mask
 
 SPLITS = ("train", "val", "test")
 DGL_KEYS = {"features": "feat", "labels": "label"}  # DGL's built-in datasets' ndata names

@@ -14,7 +14,7 @@ those vertices' features, labels and masks.  No rank ever holds the whole edge l
   inner rows; otherwise over all ranks, one server after another) or METIS on rank s % P (`metis`,
   `random`) (`SlicedAccess.inner_keys`);
 * the halo (full k-hop or EAS), the owner GPUs and the file of server s are built by all ranks
-  together and written by rank s % P in blocks (preprocess/dist_server.py), so no rank holds a
+  together and written by rank s % P in blocks (preprocess/build/dist_server.py), so no rank holds a
   server's edges or features, the writer included;
 * every rank holds O(V) small per-vertex arrays after the partition (server and GPU of every vertex
   as int8, int32 in-degrees, three bool split masks: 9 B per vertex; while a server is built its hop
@@ -39,15 +39,15 @@ from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import discard_staged, stage_server_file
 
-from . import inductive
-from .build import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
-from .dist_server import drain_datasets, server_datasets, small_int_dtype
-from .halo import unique_sorted
-from .gpu_split import split_servers_over_gpus
-from .partition import partition_servers, symmetric_keys
-from .row_blocks import part_of, row_blocks
-from .sliced import GraphSlice
-from .slices import keys_to_adjacency, shuffle_to_owners, spilled
+from granndis_hpc.preprocess.build import inductive
+from granndis_hpc.preprocess.build.pipeline import PhaseLog, check_dataset, commit_build, prepare_build_output, validate_config
+from granndis_hpc.preprocess.build.dist_server import drain_datasets, server_datasets, small_int_dtype
+from granndis_hpc.preprocess.build.halo import unique_sorted
+from granndis_hpc.preprocess.partition.gpu_split import split_servers_over_gpus
+from granndis_hpc.preprocess.partition.twolevel import partition_servers, symmetric_keys
+from granndis_hpc.preprocess.partition.row_blocks import part_of, row_blocks
+from granndis_hpc.preprocess.build.sliced import GraphSlice
+from granndis_hpc.preprocess.build.slices import keys_to_adjacency, shuffle_to_owners, spilled
 
 
 class SlicedAccess:
@@ -130,7 +130,7 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
     log = log or PhaseLog(group, printer=lambda *a, **k: None)
     n = part.num_vertices
     if content_digest is None:
-        from .sliced import slice_digest
+        from granndis_hpc.preprocess.build.sliced import slice_digest
 
         content_digest = slice_digest(group, part)
     num_train = int(group.allreduce_sum(np.array([np.count_nonzero(part.train_mask)], dtype=np.int64))[0])
@@ -164,7 +164,7 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
     degree = group.allgatherv_rows(np.diff(part.indptr).astype(np.int32 if part.num_edges < 2**31 else np.int64), rows)
     masks = {"train_mask": train, **{f: group.allgatherv_rows(getattr(part, f), rows) for f in ("val_mask", "test_mask")}}
     induced = None
-    if cfg.inductive:  # 9 B more per vertex on every rank (preprocess/inductive.py)
+    if cfg.inductive:  # 9 B more per vertex on every rank (preprocess/build/inductive.py)
         induced = {"train_in_degree": group.allgatherv_rows(
                        inductive.train_in_degree(part.indptr, part.indices, train), rows),
                    "split_code": inductive.vertex_split_codes(train, masks["val_mask"], masks["test_mask"])}

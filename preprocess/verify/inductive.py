@@ -1,4 +1,4 @@
-"""`verify` of an inductive set's datasets (preprocess/inductive.py), recomputed from the set itself.
+"""`verify` of an inductive set's datasets (preprocess/build/inductive.py), recomputed from the set itself.
 
 Per vertex, from its home server's inner row: its split code and its train-induced in-degree, which
 must equal the number of its world-view in-edges whose source is a training vertex (the world view
@@ -12,7 +12,7 @@ import numpy as np
 
 from granndis_hpc.shards import SPLIT_BITS, has_train_hop, open_server, server_file_name, split_code
 
-from .inductive import train_hops
+from granndis_hpc.preprocess.build.inductive import train_hops
 
 EDGE_BLOCK = 1 << 22
 

@@ -1,5 +1,5 @@
-"""Which chunk files hold a global row range: shared by our chunked format (preprocess/chunked.py) and
-DistDGL's (preprocess/distdgl.py), which both list a field as consecutive chunks with row offsets."""
+"""Which chunk files hold a global row range: shared by our chunked format (preprocess/formats/chunked.py) and
+DistDGL's (preprocess/formats/distdgl.py), which both list a field as consecutive chunks with row offsets."""
 from __future__ import annotations
 
 import numpy as np

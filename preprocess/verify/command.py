@@ -1,4 +1,4 @@
-"""`python -m preprocess verify DIR` and `info DIR`.
+"""`granndis preprocess verify DIR` and `info DIR`.
 
 verify checks, and reports every problem with the file it is in:
 - the manifest (version, keys) and each server file's sha256 and size;
@@ -21,7 +21,7 @@ of EDGE_BLOCK edges, the features in blocks of FEATURE_BLOCK_BYTES of rows, so n
 nor its edges are held (the 12M graph's verify peaked at 13.1 GiB holding them, docs/performance/build-scaling.md).
 Two passes: the per-file checks and the per-vertex tables (a few int arrays of N), then the cross-file
 checks.  The content digest and the copy check read the files in blocks of global ids
-(preprocess/verify_content.py).
+(preprocess/verify/content.py).
 """
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ from granndis_hpc.shards.schema import (FORMAT_VERSION, datasets_of, expected_sh
                                         is_multilabel, row_block_rows)
 from granndis_hpc.shards.writer import temporaries_bytes
 
-from .halo import unique_sorted
-from .partition import partition_digest
-from .verify_inductive import inductive_problems
-from .verify_content import BLOCK_BYTES as FEATURE_BLOCK_BYTES, content_pass
+from granndis_hpc.preprocess.build.halo import unique_sorted
+from granndis_hpc.preprocess.partition.twolevel import partition_digest
+from granndis_hpc.preprocess.verify.inductive import inductive_problems
+from granndis_hpc.preprocess.verify.content import BLOCK_BYTES as FEATURE_BLOCK_BYTES, content_pass
 
 
 # Edges per block where verify reads an edge-sized dataset (graph/indices, world/*): 32 MiB of int64.

@@ -38,12 +38,12 @@ from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import StreamedDataset
 from granndis_hpc.shards.schema import datasets_in, datasets_of, feature_chunk_rows
 
-from . import inductive
-from .halo import eas_choose, unique_inverse
-from .owners import DEFAULT_TOLERANCE, rebalance
-from .build import server_stats
-from .row_blocks import file_order
-from .slices import shuffle_to_owners
+from granndis_hpc.preprocess.build import inductive
+from granndis_hpc.preprocess.build.halo import eas_choose, unique_inverse
+from granndis_hpc.preprocess.partition.owners import DEFAULT_TOLERANCE, rebalance
+from granndis_hpc.preprocess.build.pipeline import server_stats
+from granndis_hpc.preprocess.partition.row_blocks import file_order
+from granndis_hpc.preprocess.build.slices import shuffle_to_owners
 
 
 # The writer's block: at most this many bytes of feature rows (and the same rows' in-edges), received
@@ -293,7 +293,7 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, block, 
     row_blocks' locality blocks, or None); the large
     datasets are StreamedDataset blocks.  On the writer the datasets are for shards.stage_server_file;
     every other rank must drain them (`drain_datasets`) in the same order.  stats only on the writer.
-    induced: an inductive build's per-vertex train-induced in-degrees and split codes (preprocess/inductive.py)."""
+    induced: an inductive build's per-vertex train-induced in-degrees and split codes (preprocess/build/inductive.py)."""
     G, n = cfg.gpus_per_server, part.num_vertices
     inner = np.flatnonzero(server_of == s)
     num_inner = inner.shape[0]

@@ -1,5 +1,5 @@
 """`preprocess plan --inductive` (and `build --hops auto` of an inductive set): the rows an inductive run
-builds, counted from the build ranks' slices (preprocess/halo_counts.py's steps, on the induced graphs).
+builds, counted from the build ranks' slices (preprocess/plan/halo_counts.py's steps, on the induced graphs).
 
 An inductive run (engine/inductive.py) trains on the train-induced graph and evaluates on the full and
 the train+validation-induced graphs, all under the full graph's partition:
@@ -26,8 +26,8 @@ from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.memory_model.arrays import inductive_rank_rows
 from granndis_hpc.memory_model.induced import slice_bytes
 
-from .dist_server import _my_rows, _union, order_by_hop
-from .halo_counts import server_hop_counts_sliced, world_view_counts
+from granndis_hpc.preprocess.build.dist_server import _my_rows, _union, order_by_hop
+from granndis_hpc.preprocess.plan.halo_counts import server_hop_counts_sliced, world_view_counts
 
 
 def induced_hops(group, part, file_hop: np.ndarray, train: np.ndarray, depth: int) -> np.ndarray:

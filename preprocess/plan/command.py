@@ -1,10 +1,10 @@
-"""`python -m preprocess plan`: what each build would cost per GPU, without writing a shard.
+"""`granndis preprocess plan`: what each build would cost per GPU, without writing a shard.
 
-preprocess/plan_sets.py runs the build's own steps for a full preload of every k = 1..L (or, with
+preprocess/plan/sets.py runs the build's own steps for a full preload of every k = 1..L (or, with
 `--hops H`, the one build of H hops) and for EAS, without writing them, and every mode estimates its
 options on those sets as it does for --mode auto (granndis_hpc.memory_model); `choose` ranks them
 (one ranking for plan and auto).  From a sliced source (chunked, chunk-native synthetic) every set is
-counted from the build ranks' slices (preprocess/halo_counts.py), no rank loading the graph; other
+counted from the build ranks' slices (preprocess/plan/halo_counts.py), no rank loading the graph; other
 sources are loaded whole on every rank.  This module prints the table and the recommendation.
 
 `auto_hops` is what `build --hops auto --memory-per-gpu X` calls: the largest k whose estimate fits.
@@ -22,12 +22,12 @@ from granndis_hpc import registry
 from granndis_hpc.cluster.group import as_group
 from granndis_hpc.units import format_size, parse_size
 
-from .build import check_dataset
-from .build_memory import estimate_build_memory, smallest_fitting_ranks
-from .options import hops_value
-from .plan_sets import plan_options
-from .row_blocks import DEFAULT_BLOCK_ROWS
-from .sliced import GraphSlice
+from granndis_hpc.preprocess.build.pipeline import check_dataset
+from granndis_hpc.preprocess.plan.build_memory import estimate_build_memory, smallest_fitting_ranks
+from granndis_hpc.preprocess.options import hops_value
+from granndis_hpc.preprocess.plan.sets import plan_options
+from granndis_hpc.preprocess.partition.row_blocks import DEFAULT_BLOCK_ROWS
+from granndis_hpc.preprocess.build.sliced import GraphSlice
 
 __all__ = ["PlanConfig", "PlanError", "plan_options", "auto_hops", "format_table", "describe_build", "cmd_plan"]
 
@@ -122,7 +122,7 @@ def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: st
 
 def describe_build(o: mm.Option, cfg: PlanConfig) -> str:
     """The build (and train) command of an option: its mode's registry entry says which preload."""
-    base = f"python -m preprocess build ... --servers {cfg.servers} --gpus-per-server {cfg.gpus_per_server} --layers {cfg.layers}"
+    base = f"granndis preprocess build ... --servers {cfg.servers} --gpus-per-server {cfg.gpus_per_server} --layers {cfg.layers}"
     if cfg.inductive:
         base += " --inductive"
     build = registry.MODES.entry(o.mode).get("build") or f"(train --mode {o.mode})"
@@ -168,7 +168,7 @@ def auto_hops(group, graph, cfg: PlanConfig) -> mm.Decision:
             f"--memory-per-gpu {format_size(cfg.budget)} is too small for any full preload: k = 1 needs an "
             f"estimated {format_size(smallest.peak)} per GPU; instead give --memory-per-gpu "
             f"{-(-smallest.peak // (1 << 20))}MiB or more, more servers/GPUs, or a smaller model; "
-            f"`python -m preprocess plan` prints every option (EAS and co-batches too)"))
+            f"`granndis preprocess plan` prints every option (EAS and co-batches too)"))
     return decision
 
 
@@ -212,7 +212,7 @@ def cmd_plan(args, argv) -> int:
     import json
     import sys
 
-    from . import sources
+    from granndis_hpc.preprocess import sources
 
     group = as_group(None)  # MPI.COMM_WORLD, through cluster/
     try:
@@ -224,11 +224,11 @@ def cmd_plan(args, argv) -> int:
             if args.json:
                 check_writable(args.json)  # before the work, not after printing the table
         with group.errors("opening the dataset"):
-            # A sliced source is counted from the ranks' slices (preprocess/halo_counts.py): no rank loads
+            # A sliced source is counted from the ranks' slices (preprocess/plan/halo_counts.py): no rank loads
             # the graph; the others are loaded whole on every rank.
             sliced = sources.sliced_from_args(args)
         if sliced is not None:
-            from .sliced import load_slice
+            from granndis_hpc.preprocess.build.sliced import load_slice
 
             graph = load_slice(group, sliced, symmetrize=args.symmetrize, self_loops=args.self_loops,
                                normalize=args.normalize_features)
@@ -277,7 +277,7 @@ def _raw_keys(args, graph) -> int:
     if args.source == "synthetic":
         raw = int(round(args.vertices * args.avg_degree / 2))
     elif args.source == "chunked":
-        from .chunked import open_source
+        from granndis_hpc.preprocess.formats.chunked import open_source
 
         raw = open_source(args.path).num_edges
     else:

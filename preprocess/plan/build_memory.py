@@ -1,6 +1,6 @@
 """Estimated peak memory of one rank of the distributed build (`preprocess plan`).
 
-The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P:
+The build (preprocess/build/sliced.py, preprocess/build/distributed.py) holds, on rank r of P:
 
 * always: the interpreter with numpy/scipy/h5py/mpi4py (BASE_BYTES);
 * its slice: the in-edges of N/P rows (8 B each), their features (4F B per row) and labels/masks;
@@ -27,7 +27,7 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
     the slice's arcs) by default, whichever is less.  The band term is PT-Scotch's, not ours: every
     array of ours alive at the call is ~1 B per vertex of the graph (the training mask) plus the
     slice's (PARTITION_VERTEX_BYTES, with the GPU split's server and GPU of every vertex).  The peak at
-    P >= 4.  Before the call the relabelling (preprocess/locality.py) holds the slice's int32 and int64
+    P >= 4.  Before the call the relabelling (preprocess/partition/locality.py) holds the slice's int32 and int64
     rows, their int64 keys and the whole-graph map (8 B per vertex): below the call's peak at every
     size measured, so it has no term of its own.
   Then the GPU split: with ParMETIS on the concurrent path (gpu_split.gpu_split_groups: 2 <= S <= P)
@@ -39,7 +39,7 @@ The build (preprocess/sliced.py, preprocess/dist_build.py) holds, on rank r of P
   (GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/S).  Then the locality blocks (row_blocks.py): METIS
   on one rank per GPU, rank j of each round of P GPUs, on the GPU's inner subgraph (the same code as
   the METIS GPU split: GPU_SPLIT_BYTES_PER_INNER_EDGE per edge of E/(S G)), the slice's edges in memory;
-* halos+write (preprocess/dist_server.py): every rank keeps PER_VERTEX_BYTES per vertex of the graph
+* halos+write (preprocess/build/dist_server.py): every rank keeps PER_VERTEX_BYTES per vertex of the graph
   from the partition on (int8 server and GPU of every vertex, int32 in-degree, three bool split
   masks: 9 B) and takes part in every server's halo selection, owner votes and file, on its own rows:
   a few per-vertex arrays while a server is built (HALO_BYTES_PER_VERTEX: the int8 hop and owner of
@@ -114,7 +114,7 @@ BLOCK_PRODUCE_BYTES_PER_EDGE = 31
 
 def scotch_vertex_bytes() -> int:
     """PT-Scotch's bytes per vertex of the whole graph on every rank, for the band width the build uses."""
-    from .parmetis import scotch_band_width
+    from granndis_hpc.preprocess.partition.parmetis import scotch_band_width
     return SCOTCH_VERTEX_BYTES_NARROW_BAND if scotch_band_width() == 1 else SCOTCH_VERTEX_BYTES
 
 
@@ -122,7 +122,7 @@ def scotch_band_bytes(vertices: float, slice_edges: float, ranks: int) -> float:
     """PT-Scotch's band graph on every rank of a call on `vertices` vertices with `slice_edges` edges
     per rank: the whole graph's per-vertex term, bounded by the gather limit (module docstring); at
     one rank the limit is the whole graph (PT-Scotch is sequential there, no band is gathered)."""
-    from .parmetis import scotch_band_gather
+    from granndis_hpc.preprocess.partition.parmetis import scotch_band_gather
     full = scotch_vertex_bytes() * vertices
     gather = scotch_band_gather()
     if gather is None or ranks < 2:
@@ -161,7 +161,7 @@ def estimate_build_memory(num_vertices: int, num_edges: int, raw_keys: int, num_
     (the EAS servers' own rows and in-edges come in `servers`); `symmetric`: the graph was symmetrised
     (the ParMETIS adjacency is then the slice's own rows); row_block_parts: the GPUs (S G) whose rows
     are ordered by locality blocks (0: --row-block-rows 0)."""
-    from .dist_server import block_rows
+    from granndis_hpc.preprocess.build.dist_server import block_rows
 
     P, n, e, F = int(ranks), int(num_vertices), int(num_edges), int(num_features)
     per_rank, phases = [], []

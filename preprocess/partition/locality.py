@@ -21,7 +21,7 @@ import numpy as np
 
 from granndis_hpc.graph.csr import csr_rows, owner_of
 
-from .slices import keys_to_adjacency, shuffle_to_owners
+from granndis_hpc.preprocess.build.slices import keys_to_adjacency, shuffle_to_owners
 
 REGION_VERTICES = 1 << 14  # one BFS seed per this many vertices
 RESTART_SEEDS = 1024  # new seeds per round for the components no seed reached

@@ -37,7 +37,7 @@ class DataError(ValueError):
     """Bad input data.  The message names the file (or source), the problem, and how to fix it.
 
     Defined here (the lowest layer of the preprocessing stage) and re-exported as
-    ``preprocess.sources.DataError`` so that canonicalisation and every source raise the same type.
+    ``granndis_hpc.preprocess.sources.DataError`` so that canonicalisation and every source raise the same type.
     """
 
 

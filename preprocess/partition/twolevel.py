@@ -1,7 +1,7 @@
 """Two-level partitioning: S servers (ParMETIS, METIS or random), then G GPUs per server (ParMETIS
 on each server's own block of P / S ranks, all servers at once, or over all ranks one server after
 another; or METIS on one rank).  Every ParMETIS call with P >= 2 sees the graph relabelled in an
-order with locality (preprocess/locality.py, part_kway_with_locality), mapped back after it.
+order with locality (preprocess/partition/locality.py, part_kway_with_locality), mapped back after it.
 
 Partitioners see the symmetric version of the graph without self loops (u~v if u->v or v->u), which is
 what (Par)METIS requires.  The edge cut is computed here on the canonical graph: the number of directed
@@ -18,10 +18,10 @@ import numpy as np
 from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_rows, owner_of, row_of_edges, segment_rank
 
-from .halo import induced_edges, unique_sorted
-from .locality import locality_order, renumbered_adjacency
-from .parmetis import load_parmetis, metis_part, parmetis_part_kway
-from .slices import keys_to_adjacency, spilled, vtxdist_for
+from granndis_hpc.preprocess.build.halo import induced_edges, unique_sorted
+from granndis_hpc.preprocess.partition.locality import locality_order, renumbered_adjacency
+from granndis_hpc.preprocess.partition.parmetis import load_parmetis, metis_part, parmetis_part_kway
+from granndis_hpc.preprocess.build.slices import keys_to_adjacency, spilled, vtxdist_for
 
 PARTITIONERS = ("parmetis", "metis", "random")
 

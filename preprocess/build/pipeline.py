@@ -24,13 +24,13 @@ from granndis_hpc.shards import (FORMAT_VERSION, check_free_space, commit_shard_
                                  lower_bound_set_bytes, prepare_output_dir, stage_server_file)
 from granndis_hpc.shards import content
 
-from . import inductive
-from .canonical import DataError
-from .halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
-from .owners import assign_owners
-from .gpu_split import split_servers_over_gpus
-from .row_blocks import DEFAULT_BLOCK_ROWS, file_order, part_of, row_blocks
-from .partition import PARTITIONERS, WholeGraphAccess, balance, partition_digest, partition_servers
+from granndis_hpc.preprocess.build import inductive
+from granndis_hpc.preprocess.sources.canonical import DataError
+from granndis_hpc.preprocess.build.halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
+from granndis_hpc.preprocess.partition.owners import assign_owners
+from granndis_hpc.preprocess.partition.gpu_split import split_servers_over_gpus
+from granndis_hpc.preprocess.partition.row_blocks import DEFAULT_BLOCK_ROWS, file_order, part_of, row_blocks
+from granndis_hpc.preprocess.partition.twolevel import PARTITIONERS, WholeGraphAccess, balance, partition_digest, partition_servers
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,9 @@ class BuildConfig:
     partitioner: str = "parmetis"
     seed: int = 0
     overwrite: bool = False
-    # Also write what training on the train-induced graph needs (preprocess/inductive.py).
+    # Also write what training on the train-induced graph needs (preprocess/build/inductive.py).
     inductive: bool = False
-    # Rows per locality block of each GPU's inner rows (preprocess/row_blocks.py); 0: global-id order.
+    # Rows per locality block of each GPU's inner rows (preprocess/partition/row_blocks.py); 0: global-id order.
     row_block_rows: int = DEFAULT_BLOCK_ROWS
     command: str = ""
     extra: dict = field(default_factory=dict)
@@ -97,7 +97,7 @@ def check_dataset(name: str, num_vertices: int, num_classes: int, num_train: int
     """What no mode can train on, refused before anything is written (called identically on every
     rank): a class count above the vertex count (a source's or metadata.json's num_classes of 2**40
     made training allocate an output layer that wide), and an empty train split.
-    verify and training refuse the same sets (preprocess/verify.py, engine/trainer.check_split_totals)."""
+    verify and training refuse the same sets (preprocess/verify/command.py, engine/trainer.check_split_totals)."""
     if int(num_classes) > max(int(num_vertices), 1):
         raise DataError(f"{name}: num_classes={int(num_classes)} exceeds the {int(num_vertices)} vertices (a model's "
                         f"output layer would be that wide). Fix: give the dataset's true class count (the source's "

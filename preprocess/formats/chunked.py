@@ -46,10 +46,10 @@ import numpy as np
 
 from granndis_hpc.fsutil import file_mode
 
-from .canonical import DataError
-from .chunkrange import chunk_pieces
-from .distdgl import DistDGLSource, is_distdgl
-from .inputfiles import file_under, load_npy
+from granndis_hpc.preprocess.sources.canonical import DataError
+from granndis_hpc.preprocess.formats.chunkrange import chunk_pieces
+from granndis_hpc.preprocess.formats.distdgl import DistDGLSource, is_distdgl
+from granndis_hpc.preprocess.formats.inputfiles import file_under, load_npy
 
 FORMAT = "granndis-chunked-v1"
 NODE_FIELDS = ("features", "labels", "train_mask", "val_mask", "test_mask")
@@ -66,7 +66,7 @@ def _open_npy(path: str, dtype: str, shape: tuple):
     """Memory-map one chunk file after checking it exists, is complete, and has the declared dtype and
     shape (only the header and the file size are read)."""
     a = load_npy(path, "write the chunk again (np.save of a plain numeric array), or write the directory "
-                 "again with `python -m preprocess chunk`")
+                 "again with `granndis preprocess chunk`")
     if a.dtype != np.dtype(dtype):
         raise _bad(path, f"dtype {a.dtype} but metadata.json declares {dtype}",
                    f"store the chunk as {dtype} (or correct metadata.json)")
@@ -115,22 +115,22 @@ def open_chunked(path) -> ChunkedDataset:
     """Open and validate a chunked directory (see the module docstring); DataError naming the file."""
     if path is None:
         raise DataError("chunked: no --path given. Fix: pass --path DIR (a directory written by "
-                        "`python -m preprocess chunk`)")
+                        "`granndis preprocess chunk`)")
     path = os.fspath(path)
     meta_path = os.path.join(path, "metadata.json")
     if not os.path.isdir(path):
-        raise _bad(path, "not a directory", "pass the directory written by `python -m preprocess chunk`")
+        raise _bad(path, "not a directory", "pass the directory written by `granndis preprocess chunk`")
     try:
         with open(meta_path) as f:
             meta = json.load(f)
     except FileNotFoundError:
         raise _bad(meta_path, "file not found", "a chunked dataset needs metadata.json (write it with "
-                   "`python -m preprocess chunk`)") from None
+                   "`granndis preprocess chunk`)") from None
     except (OSError, ValueError) as exc:
         raise _bad(meta_path, f"cannot parse ({exc})", "write metadata.json again") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise _bad(meta_path, f"format {meta.get('format') if isinstance(meta, dict) else None!r} is not {FORMAT!r}",
-                   "write the directory with `python -m preprocess chunk`")
+                   "write the directory with `granndis preprocess chunk`")
     try:
         n = _as_int(meta_path, meta["num_vertices"], "num_vertices", 1)
         e_total = _as_int(meta_path, meta["num_edges"], "num_edges")
@@ -167,7 +167,7 @@ def open_chunked(path) -> ChunkedDataset:
                    "correct num_vertices or nodes.rows")
     if multilabel and (classes is None or nodes["labels"].get("dtype") != "uint8"):
         raise _bad(meta_path, "a multi-label set (\"multilabel\": true) needs num_classes and uint8 labels",
-                   "write the directory with `python -m preprocess chunk`")
+                   "write the directory with `granndis preprocess chunk`")
     node_files = {}
     for field in NODE_FIELDS:
         try:
@@ -298,7 +298,7 @@ def graph_pieces(graph, chunks: int):
 
 
 class ChunkedSource:
-    """A chunked directory as a sliced source (preprocess/sliced.py): rank r of P reads edge positions
+    """A chunked directory as a sliced source (preprocess/build/sliced.py): rank r of P reads edge positions
     split_ranges(E, P)[r:r+2] of the chunk concatenation and the vertex rows it is given."""
 
     def __init__(self, ds: ChunkedDataset, name: str | None = None):
@@ -325,7 +325,7 @@ class ChunkedSource:
 
 def open_source(path, name=None):
     """The sliced source of a chunked directory: ours (FORMAT), or DistDGL's homogeneous chunked graph
-    format (preprocess/distdgl.py), told apart by metadata.json."""
+    format (preprocess/formats/distdgl.py), told apart by metadata.json."""
     meta_path = os.path.join(os.fspath(path), "metadata.json") if path is not None else None
     if meta_path and os.path.isfile(meta_path):
         try:
@@ -343,7 +343,7 @@ def load_chunked(path, name=None, symmetrize=True, self_loops="remove"):
     distributed load: the same code, so the two cannot disagree)."""
     from granndis_hpc.cluster.group import self_group
 
-    from .sliced import assemble, load_slice
+    from granndis_hpc.preprocess.build.sliced import assemble, load_slice
 
     group = self_group()
     part = load_slice(group, open_source(path, name), symmetrize, self_loops)

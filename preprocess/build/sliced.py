@@ -2,7 +2,7 @@
 canonicalise together.
 
 A *sliced source* can hand a rank its share without producing the rest: the chunked directory
-(preprocess/chunked.py, memory-mapped) and the synthetic generators (each chunk drawn from (seed, i)
+(preprocess/formats/chunked.py, memory-mapped) and the synthetic generators (each chunk drawn from (seed, i)
 alone, preprocess/sources/synthetic_chunks.py).  The protocol:
 
     source.name, source.num_vertices, source.num_features, source.num_classes (None: from the labels)
@@ -36,8 +36,8 @@ from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import Graph
 from granndis_hpc.shards.content import CONTENT, ContentHash
 
-from .canonical import SELF_LOOP_MODES, DataError, _dedupe_sorted, normalize_features
-from .slices import shuffle_to_owners, vtxdist_for
+from granndis_hpc.preprocess.sources.canonical import SELF_LOOP_MODES, DataError, _dedupe_sorted, normalize_features
+from granndis_hpc.preprocess.build.slices import shuffle_to_owners, vtxdist_for
 
 NODE_FIELDS = ("features", "labels", "train_mask", "val_mask", "test_mask")
 

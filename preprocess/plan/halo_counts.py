@@ -46,14 +46,14 @@ from granndis_hpc import memory_model as mm
 from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_rows, row_of_edges
 
-from .build_memory import ServerLoad
-from .dist_build import SlicedAccess
-from .dist_server import assign_owners_sliced, order_by_hop, select_halo
-from .halo import unique_sorted
-from .gpu_split import split_servers_over_gpus
-from .partition import partition_servers
-from .row_blocks import part_of, row_blocks
-from .slices import shuffle_to_owners
+from granndis_hpc.preprocess.plan.build_memory import ServerLoad
+from granndis_hpc.preprocess.build.distributed import SlicedAccess
+from granndis_hpc.preprocess.build.dist_server import assign_owners_sliced, order_by_hop, select_halo
+from granndis_hpc.preprocess.build.halo import unique_sorted
+from granndis_hpc.preprocess.partition.gpu_split import split_servers_over_gpus
+from granndis_hpc.preprocess.partition.twolevel import partition_servers
+from granndis_hpc.preprocess.partition.row_blocks import part_of, row_blocks
+from granndis_hpc.preprocess.build.slices import shuffle_to_owners
 
 
 # In-edges handled per block when making pair keys: the temporaries stay ~40 B x this (160 MiB) whatever
@@ -238,8 +238,8 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
     """Collective: the Counted full preloads of the depths `ks` (k = 0: fb's world view), one build per
     depth; the same on every rank.  prep: `prepare`'s result, if made already.  induced(file hop_of,
     owned_rows of it, [k]) -> {k: HopCounts of the server's GPUs}: views derived from each k-hop file
-    (preprocess/induced_counts.py), kept in Counted.induced."""
-    from .build import BuildConfig
+    (preprocess/plan/induced_counts.py), kept in Counted.induced."""
+    from granndis_hpc.preprocess.build.pipeline import BuildConfig
 
     group = as_group(group)
     S, G = int(servers), int(gpus)
@@ -297,7 +297,7 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
     (dist_server.server_graph) and only the sample's counts leave it; sampled_graph(graph) -> the graph
     sampled (an inductive run's: its train-induced edges).  induced, induced_ks: as full_preload_rows'
     hook, for each depth in induced_ks (CountedBuild.induced)."""
-    from .dist_server import in_file_order, server_graph
+    from granndis_hpc.preprocess.build.dist_server import in_file_order, server_graph
 
     group = as_group(group)
     S, G = prep.servers, prep.gpus

@@ -1,7 +1,7 @@
 """The shard sets `preprocess plan` would build, counted without being written, and their options.
 
-The build's own steps -- the same partitioners (preprocess/partition.py), the same halo expansion and
-owner assignment (preprocess/build.py `build_server`, with the feature columns left out) -- give each
+The build's own steps -- the same partitioners (preprocess/partition/twolevel.py), the same halo expansion and
+owner assignment (preprocess/build/pipeline.py `build_server`, with the feature columns left out) -- give each
 set's arrays; every mode then estimates its options on a set with its own `estimate` (the modes'
 registry entries, granndis_hpc/memory_model/modes.py), exactly as --mode auto does on the sets on disk,
 so the two rank the same options the same way.
@@ -14,7 +14,7 @@ Two questions, two sets of builds:
 Collective over the communicator like the build (server s is handled by rank s % P).
 
 On a sliced.GraphSlice (a sliced source: no rank holds the graph) `plan_options_sliced` counts the
-same sets with the distributed build's steps instead (preprocess/halo_counts.py): the same options.
+same sets with the distributed build's steps instead (preprocess/plan/halo_counts.py): the same options.
 """
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ from granndis_hpc import registry
 from granndis_hpc.cluster.group import as_group
 from granndis_hpc.memory_model.induced_sets import train_induced_edges
 
-from .build import BuildConfig, build_server, validate_config
-from .build_memory import ServerLoad
-from .halo_counts import count_build, full_preload_rows, prepare
-from .gpu_split import split_servers_over_gpus
-from .partition import WholeGraphAccess, partition_servers
-from .row_blocks import part_of, row_blocks
-from .induced_counts import InducedCounter
-from .sliced import GraphSlice
-from .slices import vtxdist_for
+from granndis_hpc.preprocess.build.pipeline import BuildConfig, build_server, validate_config
+from granndis_hpc.preprocess.plan.build_memory import ServerLoad
+from granndis_hpc.preprocess.plan.halo_counts import count_build, full_preload_rows, prepare
+from granndis_hpc.preprocess.partition.gpu_split import split_servers_over_gpus
+from granndis_hpc.preprocess.partition.twolevel import WholeGraphAccess, partition_servers
+from granndis_hpc.preprocess.partition.row_blocks import part_of, row_blocks
+from granndis_hpc.preprocess.plan.induced_counts import InducedCounter
+from granndis_hpc.preprocess.build.sliced import GraphSlice
+from granndis_hpc.preprocess.build.slices import vtxdist_for
 
 
 def _counting_graph(graph):
@@ -105,7 +105,7 @@ def whole_graph_slice(group, graph) -> GraphSlice:
 
 @dataclasses.dataclass
 class CountedSet(mm.SetArrays):
-    """A set known by its ranks' row counts only (preprocess/halo_counts.py): the modes' estimates read
+    """A set known by its ranks' row counts only (preprocess/plan/halo_counts.py): the modes' estimates read
     it through `rows` and `cobatches`, as they read a SetArrays."""
 
     counted: Optional[Dict[int, List[mm.RankRows]]] = None  # k -> every rank's rows
@@ -132,7 +132,7 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
     min_train = prep.min_train()
     batches = [b for b in sampling.batches if b <= min_train]  # the counts cob estimates (modes.py)
     features, classes = m.features, m.num_classes
-    # --inductive: every view counted on its induced graph (preprocess/induced_counts.py).
+    # --inductive: every view counted on its induced graph (preprocess/plan/induced_counts.py).
     ind = (InducedCounter.count(group, part, prep, classes if m.multilabel else 0) if cfg.inductive else None)
     hook = dict(induced=ind.server_counts) if ind else {}
 
@@ -180,11 +180,11 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
 def plan_options(group, graph, cfg) -> Dict[str, object]:
     """Collective: every option's estimate.  Returns (on every rank) {"options": [Option], "model":
     ModelSpec, "partition": manifest entry, "server_loads"}.  `group`: a cluster Group or an mpi4py
-    communicator; `cfg`: a preprocess.plan.PlanConfig."""
+    communicator; `cfg`: a granndis_hpc.preprocess.plan.command.PlanConfig."""
     group = as_group(group)
     if isinstance(graph, GraphSlice):
         return plan_options_sliced(group, graph, cfg)
-    if cfg.inductive:  # the induced graphs' views are counted from slices (preprocess/induced_counts.py)
+    if cfg.inductive:  # the induced graphs' views are counted from slices (preprocess/plan/induced_counts.py)
         return plan_options_sliced(group, whole_graph_slice(group, graph), cfg)
     bcfg, m, ks = _checked(group, graph, cfg)
     L = cfg.layers
@@ -229,7 +229,7 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
     sampling = mm.Sampling(tuple(int(b) for b in cfg.cob_batches), cfg.cob_fanout, cfg.cob_sampler, cfg.seed)
     with group.errors("counting rows"):
         groups = [g for s in sets for g in mm.row_groups(s, L, m, sampling)]
-    # What each server's writer would fetch in the distributed build (preprocess/build_memory.py): the
+    # What each server's writer would fetch in the distributed build (preprocess/plan/build_memory.py): the
     # in-edges of its rows.  EAS fetches the rows of every candidate it scores: the full h-hop ball.
     # label -> (an EAS build, its servers' loads)
     loads = {f"flx k={k}": (False, [_load(a) for a in arrays]) for k, arrays in full.items()}

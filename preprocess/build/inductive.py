@@ -63,7 +63,7 @@ def train_hops(indptr: np.ndarray, indices: np.ndarray, hop: np.ndarray, train: 
 
 def train_hops_sliced(group, part, file_row: np.ndarray, verts: np.ndarray, hop: np.ndarray, train: np.ndarray,
                       depth: int) -> np.ndarray:
-    """Collective (the distributed build, preprocess/dist_server.py): train_hops of the server whose rows are
+    """Collective (the distributed build, preprocess/build/dist_server.py): train_hops of the server whose rows are
     the global ids `verts` (file order; `hop` theirs, file_row: every vertex's row, -1 outside), from the
     rank slices of the graph.  The file's edges are the graph's between its rows, so each rank expands the
     frontier rows it holds and one max-allreduce of an N-byte mask per hop joins the new rows: the same hops
