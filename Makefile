@@ -35,7 +35,8 @@ $(STAMP)/slurm:
 	  echo "setup: not root: Slurm not installed (the real-Slurm tests will skip; see slurm/README.md)"; \
 	fi
 
-$(STAMP)/venv: pyproject.toml
+# Rebuilt when the build's inputs change: the editable install compiles the C kernels in place.
+$(STAMP)/venv: pyproject.toml setup.py granndis_hpc/nn/cpu_kernels.c granndis_hpc/nn/cpu_kernels_module.c
 	@mkdir -p $(STAMP)
 	@[ -x $(PY) ] || python3 -m venv .venv
 	@# Pin the CPU wheel first: a looser requirement would pull a multi-GB CUDA build.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import inspect
+import logging
 import os
 import time
 from dataclasses import asdict
@@ -51,6 +52,8 @@ from granndis_hpc.progress import progress
 from granndis_hpc.registry import model_options
 from granndis_hpc.startup_options import topology_args
 
+log = logging.getLogger(__name__)
+
 
 class Trainer(TrainerCheckpoints):
     """One training run on this rank (every rank builds one): set-up, epochs, evaluation and outputs;
@@ -91,9 +94,11 @@ class Trainer(TrainerCheckpoints):
         self.cfg = cfg = self.mode.cfg
         with collective_errors(self.world, "", catch=(PrecisionError,)):
             self.precision = Precision(cfg.precision, self.device)  # --precision (engine/precision.py)
-        if self.device.type == "cpu":  # the C kernels (nn/cpu_kernels.py), built now, not in the first epoch
+        if self.device.type == "cpu":  # the C kernels (nn/cpu_kernels.py), loaded now, not in the first epoch
             with collective_errors(self.world, "", catch=(cpu_kernels.KernelError,)):
-                cpu_kernels.library()
+                fallback = cpu_kernels.fallback_reason()
+            if fallback and self.topo.rank == 0:  # the same on every rank: said once
+                log.warning(fallback)
         # The exchange groups every view uses; training halo rows travel in --halo-dtype on both (under
         # --precision bf16 in bfloat16: the rows are computed in it).
         wire = None if cfg.halo_dtype == "float32" else getattr(torch, cfg.halo_dtype)
@@ -386,7 +391,8 @@ class Trainer(TrainerCheckpoints):
         summary["features"] = features_entry(self.manifest)
         summary["optimizer"] = self.optimizer.summary()
         summary["compute"] = {"device": self.device.type, "threads_per_rank": torch.get_num_threads(),
-                              "kernels": cpu_kernels.kernel_name() if self.device.type == "cpu" else "torch"}
+                              "kernels": cpu_kernels.kernel_name() if self.device.type == "cpu" else "torch",
+                              "kernel_dispatch": cpu_kernels.dispatch() if self.device.type == "cpu" else None}
         if cfg.init_from:
             summary["init_from"] = self.init_source.provenance()
         if self.device.type == "cuda":  # beside peak_memory_bytes (allocated): what the GPU held

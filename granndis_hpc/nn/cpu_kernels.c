@@ -1,4 +1,5 @@
-/* The C kernels of the CPU path, built on first use and called through ctypes by nn/cpu_kernels.py:
+/* The C kernels of the CPU path, built with the package (setup.py: the extension module
+ * granndis_hpc.nn._cpu_kernels) and called through ctypes by nn/cpu_kernels.py:
  *
  *   csr_spmm_<T>_<I>   out = A @ H for a CSR matrix A [n_rows, n_cols] (values T, indices I) and a dense
  *                      row-major H [n_cols, d]: the aggregations' sparse product;
@@ -19,6 +20,32 @@
 #include <string.h>
 
 #define MAX_THREADS 256
+
+/* One library for x86-64 CPUs of several generations: the row loops below are compiled for AVX-512
+ * (x86-64-v4), AVX2 (x86-64-v3) and the baseline, and the dynamic loader picks the best the CPU runs
+ * (GCC's and Clang's target_clones, an ifunc).  The code they inline (the blocks, the hash) is compiled
+ * inside each clone.  Elsewhere (ARM, other compilers) the loops are compiled once for the build's target. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && \
+    ((!defined(__clang__) && __GNUC__ >= 12) || (defined(__clang__) && __clang_major__ >= 14))
+#define CLONED __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define DISPATCH_KNOWN 1
+#else
+#define CLONED
+#define DISPATCH_KNOWN 0
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+/* Which clone the loader takes on this CPU (reported in summary.json's compute). */
+const char *cpu_kernels_dispatch(void) {
+#if DISPATCH_KNOWN
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
+    if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3";
+    return "x86-64";
+#else
+    return "build target";
+#endif
+}
 
 /* ---- threads: contiguous row spans ---------------------------------------------------------------- */
 
@@ -75,7 +102,7 @@ typedef double hf64 __attribute__((vector_size(16)));
  * on (about 4 KiB ahead: 16 entries of 256 bytes, 64 of 64 bytes; nearer or farther was slower on the
  * 100k synthetic graph at 64 and 16 columns). */
 #define BLOCK(NAME, T, V, I, NV)                                                                   \
-    static void NAME(int64_t r0, int64_t r1, const I *crow, const I *col, const T *val,              \
+    INLINE void NAME(int64_t r0, int64_t r1, const I *crow, const I *col, const T *val,              \
                      const T *h, int64_t d, int64_t c0, T *out) {                                    \
         enum { L = (int)(sizeof(V) / sizeof(T)), BYTES = NV * (int)sizeof(V),                        \
                AHEAD = 4096 / BYTES < 8 ? 8 : 4096 / BYTES > 64 ? 64 : 4096 / BYTES };                \
@@ -105,7 +132,7 @@ typedef double hf64 __attribute__((vector_size(16)));
 
 /* The last columns of a row (fewer than a half vector): a scalar loop over the output row. */
 #define TAIL(NAME, T, I)                                                                             \
-    static void NAME(int64_t r0, int64_t r1, const I *crow, const I *col, const T *val,              \
+    INLINE void NAME(int64_t r0, int64_t r1, const I *crow, const I *col, const T *val,              \
                      const T *h, int64_t d, int64_t c0, T *out) {                                    \
         const int64_t w = d - c0;                                                                    \
         for (int64_t i = r0; i < r1; ++i) {                                                          \
@@ -135,7 +162,7 @@ typedef double hf64 __attribute__((vector_size(16)));
         int64_t d;                                                                                   \
         T *out;                                                                                      \
     } spmm_##SFX##_t;                                                                                \
-    static void spmm_rows_##SFX(int64_t r0, int64_t r1, void *ctx) {                                 \
+    CLONED static void spmm_rows_##SFX(int64_t r0, int64_t r1, void *ctx) {                          \
         const spmm_##SFX##_t *a = (const spmm_##SFX##_t *)ctx;                                       \
         const I *crow = a->crow, *col = a->col;                                                      \
         const T *val = a->val, *h = a->h;                                                            \
@@ -180,7 +207,7 @@ SPMM(f64_i64, double, vf64, hf64, int64_t)
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 
 /* splitmix64's finaliser (nn/dropout.py _mix). */
-static inline uint64_t mix(uint64_t z) {
+INLINE uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
@@ -202,7 +229,7 @@ static inline uint64_t mix(uint64_t z) {
         const T *h;                                                                                  \
         T *y, *m;                                                                                    \
     } dropout_##T##_t;                                                                               \
-    static void dropout_rows_##T(int64_t r0, int64_t r1, void *ctx) {                                \
+    CLONED static void dropout_rows_##T(int64_t r0, int64_t r1, void *ctx) {                         \
         const dropout_##T##_t *a = (const dropout_##T##_t *)ctx;                                     \
         const int64_t width = a->width;                                                              \
         const int16_t threshold = a->threshold;                                                      \

@@ -4,48 +4,41 @@ keyed dropout's forward.
 torch's CPU CSR product adds every entry into the output row in memory, and the keyed mask takes several
 int64 passes an element (docs/performance/single-rank.md); cpu_kernels.c keeps each output row's
 columns in vector registers and hashes and applies a mask in one pass, with the same results bit for
-bit.  It needs no torch headers: it is compiled on first use with the system C compiler (``$CC``, else
-``cc``) for the machine it runs on (``-march=native``), into a cache directory shared by the ranks
-(``$GRANNDIS_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/granndis_hpc`` or ``~/.cache/granndis_hpc``), named
-by a hash of the source, the flags, the compiler and the CPU's features, so nodes of different CPU
-kinds on one shared home each build their own.  The library is written under a temporary name and
-renamed into place: ranks that build it at the same time all end up loading a complete file.
+bit.  It is built with the package (setup.py), as the extension module ``granndis_hpc.nn._cpu_kernels``,
+and loaded only from there: importing the module finds the library inside the installed package, and its
+functions are then called through ctypes on that same file.  Nothing is compiled at run time, and no
+library is read from a cache or any other directory.
 
-``$GRANNDIS_CPU_KERNELS`` chooses: ``auto`` (default: the C kernels where they build, else torch's ops,
-with one warning saying why), ``native`` (the C kernels or an error) or ``torch`` (torch's ops).
-CUDA tensors, half-width dtypes and non-contiguous operands always use torch's ops.
+``$GRANNDIS_CPU_KERNELS`` chooses: ``auto`` (default: the C kernels where the package was installed with
+them, else torch's ops; the trainer says so once at start-up), ``native`` (the C kernels or an error) or
+``torch`` (torch's ops).  CUDA tensors, half-width dtypes and non-contiguous operands always use torch's
+ops.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
+import importlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
-import warnings
-from pathlib import Path
 from typing import Optional
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
 CHOICES = ("auto", "native", "torch")
-_FLAGS = ["-O3", "-fPIC", "-shared", "-std=c99"]
-_NATIVE_FLAGS = ["-march=native"]
+EXTENSION = "granndis_hpc.nn._cpu_kernels"
+REINSTALL = ("reinstall granndis-hpc where a C compiler is available at install time "
+             "(pip install --force-reinstall --no-deps granndis-hpc, or `make setup` in a checkout)")
 
 
 class KernelError(RuntimeError):
-    """GRANNDIS_CPU_KERNELS=native where the C kernels cannot be built (or an unknown choice)."""
+    """GRANNDIS_CPU_KERNELS=native where the C kernels are not installed (or an unknown choice)."""
 
 
 _lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None
 _failure: Optional[str] = None  # why the C kernels are not available (set once tried)
+_dispatch: Optional[str] = None  # the instruction set the loaded library runs on this CPU
 _tried = False
-_warned = False
 
 
 def choice() -> str:
@@ -55,79 +48,43 @@ def choice() -> str:
     return value
 
 
-def cache_dir() -> Path:
-    if os.environ.get("GRANNDIS_KERNEL_CACHE"):
-        return Path(os.environ["GRANNDIS_KERNEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "granndis_hpc"
+_SPMM = ("csr_spmm_f32_i32", "csr_spmm_f32_i64", "csr_spmm_f64_i32", "csr_spmm_f64_i64")
+_DROPOUT = (("dropout_float", ctypes.c_float), ("dropout_double", ctypes.c_double))
 
 
-def _cpu_features() -> str:
-    """The CPU's feature flags (what -march=native compiles for), so a shared cache keeps one build per kind."""
+def _declare(library: ctypes.CDLL) -> None:
+    """Set the kernels' signatures; AttributeError where the library lacks one of them."""
+    for name in _SPMM:
+        fn = getattr(library, name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
+    for name, scale in _DROPOUT:
+        fn = getattr(library, name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, scale] + \
+            [ctypes.c_void_p] * 3 + [ctypes.c_int]
+
+
+def _load():
+    """(the library, its dispatch) from the installed extension module; RuntimeError saying why not."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compile(compiler: str, flags, out: Path) -> Optional[str]:
-    """Compile SOURCE into `out` (via a temporary file and a rename); None, or the compiler's complaint."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.stem + ".", suffix=".so.tmp", dir=out.parent)
-    os.close(fd)
+        module = importlib.import_module(EXTENSION)
+    except ImportError as exc:
+        raise RuntimeError(f"the extension {EXTENSION} is not installed ({exc})") from None
+    path = getattr(module, "__file__", None)
+    if not path:
+        raise RuntimeError(f"the extension {EXTENSION} has no file")
     try:
-        proc = subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE), "-lpthread"],
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            lines = (proc.stderr or proc.stdout).strip().splitlines()
-            errors = [line for line in lines if "error" in line]
-            return (errors or lines or [f"exit status {proc.returncode}"])[0]
-        os.replace(tmp, out)
-        return None
-    except (OSError, subprocess.SubprocessError) as exc:
-        return str(exc)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _build() -> ctypes.CDLL:
-    compiler = os.environ.get("CC") or "cc"
-    if shutil.which(compiler) is None:
-        raise RuntimeError(f"no C compiler {compiler!r} on PATH (set CC to one)")
-    errors, source, cpu = [], SOURCE.read_bytes(), _cpu_features().encode()
-    for flags in (_FLAGS + _NATIVE_FLAGS, _FLAGS):  # a compiler without -march=native gets the portable build
-        digest = hashlib.sha256()
-        for part in (source, " ".join(flags).encode(), compiler.encode(), cpu, platform.machine().encode()):
-            digest.update(part)
-            digest.update(b"\0")
-        path = cache_dir() / f"cpu_kernels-{digest.hexdigest()[:16]}.so"
-        if not path.exists():
-            error = _compile(compiler, flags, path)
-            if error is not None:
-                errors.append(f"{compiler} {' '.join(flags)}: {error}")
-                continue
-        library = ctypes.CDLL(str(path))
-        for name in ("csr_spmm_f32_i32", "csr_spmm_f32_i64", "csr_spmm_f64_i32", "csr_spmm_f64_i64"):
-            fn = getattr(library, name)
-            fn.restype = None
-            fn.argtypes = [ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
-        for name, scale in (("dropout_float", ctypes.c_float), ("dropout_double", ctypes.c_double)):
-            fn = getattr(library, name)
-            fn.restype = None
-            fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, scale] + \
-                [ctypes.c_void_p] * 3 + [ctypes.c_int]
-        return library
-    raise RuntimeError("could not compile nn/cpu_kernels.c: " + " | ".join(errors))
+        library = ctypes.CDLL(path)  # the file the import loaded: dlopen hands back the same library
+        _declare(library)
+    except (OSError, AttributeError) as exc:
+        raise RuntimeError(f"{path} is not a complete build of the C kernels ({exc})") from None
+    return library, str(getattr(module, "dispatch", "unknown"))
 
 
 def library() -> Optional[ctypes.CDLL]:
-    """The loaded C kernels, built on first call; None where they cannot be built (``auto``) or are off."""
-    global _library, _failure, _tried, _warned
+    """The loaded C kernels; None where they are not installed (``auto``) or are off (``torch``)."""
+    global _library, _failure, _dispatch, _tried
     mode = choice()
     if mode == "torch":
         return None
@@ -135,18 +92,27 @@ def library() -> Optional[ctypes.CDLL]:
         if not _tried:
             _tried = True
             try:
-                _library = _build()
-            except (RuntimeError, OSError) as exc:
+                _library, _dispatch = _load()
+            except RuntimeError as exc:
                 _failure = str(exc)
-        if _library is None:
-            if mode == "native":
-                raise KernelError(f"GRANNDIS_CPU_KERNELS=native: {_failure}; install a C compiler, or set "
-                                  "GRANNDIS_CPU_KERNELS=auto to fall back to torch's ops")
-            if not _warned:
-                _warned = True
-                warnings.warn(f"the C kernels are not available ({_failure}); using torch's ops "
-                              "(slower on the CPU; set GRANNDIS_CPU_KERNELS=torch to silence this)")
+        if _library is None and mode == "native":
+            raise KernelError(f"GRANNDIS_CPU_KERNELS=native: {_failure}; {REINSTALL}, or set "
+                              "GRANNDIS_CPU_KERNELS=auto to fall back to torch's ops")
         return _library
+
+
+def fallback_reason() -> Optional[str]:
+    """Why the CPU path uses torch's ops although the C kernels were asked for (``auto``), else None: what
+    the trainer prints once at start-up."""
+    if choice() == "torch" or library() is not None:
+        return None
+    return (f"the C kernels are not available ({_failure}); using torch's ops (slower on the CPU): {REINSTALL}, "
+            "or set GRANNDIS_CPU_KERNELS=torch to silence this")
+
+
+def dispatch() -> Optional[str]:
+    """The instruction set the C kernels run with on this CPU (x86-64-v4, x86-64-v3, ...), None without them."""
+    return _dispatch if library() is not None else None
 
 
 def kernel_name() -> str:

@@ -51,13 +51,10 @@ ENVIRONMENT: Tuple[EnvVar, ...] = (
            "it and creates the file on the time-limit warning, which srun drops before the tasks start"),
     EnvVar("GRANNDIS_CPU_KERNELS", "auto | native | torch", "auto", "granndis_hpc/nn/cpu_kernels.py",
            "the CPU path's sparse product and keyed dropout: native, the C kernels of nn/cpu_kernels.c "
-           "(compiled on first use with $CC or cc; the same results as torch's ops, bit for bit, and faster: "
-           "docs/performance/single-rank.md); torch, torch's ops; auto, the C kernels where they compile, "
-           "else torch's ops with a warning.  A run's summary.json names what it used (compute)"),
-    EnvVar("GRANNDIS_KERNEL_CACHE", "DIR", "$XDG_CACHE_HOME/granndis_hpc, else ~/.cache/granndis_hpc",
-           "granndis_hpc/nn/cpu_kernels.py",
-           "where the C kernels are built, one file per source, flags, compiler and CPU kind (a home shared by "
-           "nodes of different CPUs holds one build for each)"),
+           "(built with the package, the extension granndis_hpc.nn._cpu_kernels; the same results as torch's "
+           "ops, bit for bit, and faster: docs/performance/single-rank.md); torch, torch's ops; auto, the C "
+           "kernels where the package was installed with them, else torch's ops with one warning.  A run's "
+           "summary.json names what it used (compute)"),
     # Preprocessing.
     EnvVar("GRANNDIS_BUILD_PROFILE", "PATH", "none", "preprocess/__main__.py",
            "write every rank's wall and CPU seconds and peak RSS per build phase as JSON to PATH "

@@ -1,10 +1,12 @@
 """The C kernels (nn/cpu_kernels.c through nn/cpu_kernels.py): the sparse product against a NumPy
-reference and torch's product, the keyed dropout against nn/dropout.py's torch definition; building,
-caching and falling back."""
-import warnings
-
+reference and torch's product, the keyed dropout against nn/dropout.py's torch definition; loading only
+from the installed package, and falling back where the extension is missing."""
 import os
 import shutil
+import subprocess
+import sys
+import sysconfig
+import warnings
 
 import numpy as np
 import pytest
@@ -15,8 +17,7 @@ from granndis_hpc.nn import cpu_kernels
 from granndis_hpc.nn.dropout import apply_mask, drop_rows, keep_mask
 from granndis_hpc.nn.sparse import _csr
 
-pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC") or "cc") is None,
-                                reason="no C compiler: the C kernels cannot be built here (torch's ops are used)")
+from tests.conftest import REPO
 
 
 def _matrix(n_rows, n_cols, density, dtype, index_dtype, seed):
@@ -97,37 +98,86 @@ def test_torch_choice_and_bad_value(monkeypatch):
         cpu_kernels.library()
 
 
-def _untried(monkeypatch, tmp_path):
+def _untried(monkeypatch, extension=cpu_kernels.EXTENSION):
     monkeypatch.setattr(cpu_kernels, "_tried", False)
     monkeypatch.setattr(cpu_kernels, "_library", None)
-    monkeypatch.setattr(cpu_kernels, "_warned", False)
-    monkeypatch.setenv("GRANNDIS_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels, "EXTENSION", extension)
 
 
-def test_without_a_compiler(monkeypatch, tmp_path):
-    _untried(monkeypatch, tmp_path)
-    monkeypatch.setenv("CC", "no-such-compiler")
+def test_loaded_from_the_installed_package(native):
+    from granndis_hpc.nn import _cpu_kernels
+
+    package = os.path.dirname(os.path.abspath(cpu_kernels.__file__))
+    assert os.path.dirname(os.path.abspath(native._name)) == package
+    assert os.path.samefile(native._name, _cpu_kernels.__file__)
+    assert cpu_kernels.dispatch() == _cpu_kernels.dispatch and cpu_kernels.dispatch() != "unknown"
+
+
+@pytest.mark.parametrize("extension, why", [("granndis_hpc.nn._no_such_kernels", "is not installed"),
+                                            ("_ctypes", "not a complete build of the C kernels")])
+def test_missing_or_foreign_extension(monkeypatch, extension, why):
+    """A missing extension, or a library without the kernels' symbols: an error naming it with `native`,
+    torch's ops and one reason (no warning from every call) with `auto`."""
+    _untried(monkeypatch, extension)
     monkeypatch.setenv("GRANNDIS_CPU_KERNELS", "native")
-    with pytest.raises(cpu_kernels.KernelError, match="no C compiler 'no-such-compiler'.*GRANNDIS_CPU_KERNELS=auto"):
+    with pytest.raises(cpu_kernels.KernelError, match=f"{why}.*reinstall granndis-hpc.*GRANNDIS_CPU_KERNELS=auto"):
         cpu_kernels.library()
     monkeypatch.setenv("GRANNDIS_CPU_KERNELS", "auto")
     a, dense = _matrix(20, 10, 0.3, torch.float32, torch.int32, seed=4)
     h = torch.randn(10, 4)
-    with pytest.warns(UserWarning, match="C kernels are not available"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         out = cpu_kernels.csr_matmul(a, h)
     np.testing.assert_allclose(out.numpy(), dense @ h.numpy(), rtol=1e-5, atol=1e-5)
+    assert cpu_kernels.kernel_name() == "torch" and cpu_kernels.dispatch() is None
+    reason = cpu_kernels.fallback_reason()
+    assert why in reason and "\n" not in reason and "GRANNDIS_CPU_KERNELS=torch" in reason
+    monkeypatch.setenv("GRANNDIS_CPU_KERNELS", "torch")
+    assert cpu_kernels.fallback_reason() is None
 
 
-def test_builds_into_the_cache_once(monkeypatch, tmp_path):
-    _untried(monkeypatch, tmp_path)
-    monkeypatch.setenv("GRANNDIS_CPU_KERNELS", "native")
-    assert cpu_kernels.library() is not None
-    built = sorted(p.name for p in tmp_path.iterdir())
-    assert len(built) == 1 and built[0].startswith("cpu_kernels-") and built[0].endswith(".so")
-    monkeypatch.setattr(cpu_kernels, "_tried", False)
-    monkeypatch.setattr(cpu_kernels, "_library", None)
-    assert cpu_kernels.library() is not None
-    assert sorted(p.name for p in tmp_path.iterdir()) == built  # loaded, not rebuilt
+PLANTED = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(getenv("PLANTED_MARKER"), "w");
+    if (f) fclose(f);
+}
+void csr_spmm_f32_i32(void) {}
+"""
+
+
+def test_a_planted_library_is_never_loaded(tmp_path):
+    """Libraries another user could place where a run looks (the cache directories a run-time build would
+    use, the working directory, the library path) under every name the kernels could have: none is loaded;
+    the kernels load with no compiler and write nothing."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the planted library with")
+    planted = tmp_path / "planted.so"
+    (tmp_path / "planted.c").write_text(PLANTED)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(planted), str(tmp_path / "planted.c")], check=True)
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    folders = [tmp_path / "cache" / "granndis_hpc", tmp_path / "kernel-cache", tmp_path / "work",
+               tmp_path / "work" / "granndis_hpc" / "nn", tmp_path / "lib"]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        for name in ("_cpu_kernels" + suffix, "_cpu_kernels.so", "cpu_kernels.so", "libcpu_kernels.so",
+                     "cpu_kernels-0123456789abcdef.so"):
+            shutil.copy(planted, folder / name)
+    before = {p for p in tmp_path.rglob("*")}
+    env = dict(os.environ, GRANNDIS_CPU_KERNELS="native", GRANNDIS_KERNEL_CACHE=str(tmp_path / "kernel-cache"),
+               XDG_CACHE_HOME=str(tmp_path / "cache"), HOME=str(tmp_path), LD_LIBRARY_PATH=str(tmp_path / "lib"),
+               PATH="/nonexistent", CC="no-such-compiler", PLANTED_MARKER=str(tmp_path / "ran"),
+               PYTHONPATH=str(REPO))
+    code = ("from granndis_hpc.nn import cpu_kernels\n"
+            "print(cpu_kernels.kernel_name(), cpu_kernels.library()._name)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "work", env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    name, path = res.stdout.split()
+    assert name == "native" and os.path.dirname(path) == os.path.dirname(cpu_kernels.__file__)
+    assert not (tmp_path / "ran").exists(), "a planted library was loaded"
+    assert {p for p in tmp_path.rglob("*")} == before, "loading the kernels wrote files"
 
 
 @pytest.mark.parametrize("width", [1, 3, 4, 5, 64, 100])
