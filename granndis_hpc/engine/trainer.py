@@ -39,6 +39,7 @@ from granndis_hpc.engine.optim import ScheduledOptimizer
 from granndis_hpc.engine.precision import Precision, PrecisionError
 from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
     check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
+from granndis_hpc.engine.startup_clock import PHASES as STARTUP_PHASES, StartupClock
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError
 from granndis_hpc.engine.trainer_checkpoints import TrainerCheckpoints
 from granndis_hpc.graph import planner
@@ -61,6 +62,8 @@ class Trainer(TrainerCheckpoints):
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        self.startup = StartupClock()
+        self.startup.mark("launch")
         # Installed before set-up (granndis-train installs them before its imports: install_early), so a
         # stop signal during set-up is recorded, not fatal; run() honours it before the first epoch.
         self.stop_signals = signals.take_early()
@@ -83,6 +86,7 @@ class Trainer(TrainerCheckpoints):
 
     def _set_up(self, cfg: TrainConfig) -> None:
         self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport, **topology_args(cfg))
+        self.startup.mark("world")
         share_cpu_threads(self.topo)
         self.world = self.topo.world
         self.ledger = Ledger()
@@ -105,12 +109,14 @@ class Trainer(TrainerCheckpoints):
         wire = wire or self.precision.wire_dtype()
         self.groups = {name: self.comm.group(name, wire) for name in ("world", "server")}
         self.manifest = self._open_shards()
+        self.startup.mark("shards")
         self.multilabel = shards.is_multilabel(self.manifest)
         with collective_errors(self.world, "", catch=(TrainingError,)):  # --metric for these targets
             self.cfg = cfg = dataclasses.replace(cfg, metric=targets.resolve_metric(
                 cfg.metric, self.multilabel, cfg.shards))
         self.keys = split_keys(cfg.metric)  # the metric's keys in the epoch records and the best record
         self._set_up_mode()
+        self.startup.mark("views")
         torch.manual_seed(cfg.seed)  # same parameters on every rank
         ds = self.manifest["dataset"]
         self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
@@ -154,6 +160,7 @@ class Trainer(TrainerCheckpoints):
         self._set_up_checkpoints()
         if self.device.type == "cpu":  # epochs reuse freed host memory (engine/hostmem.py)
             hostmem.keep_freed_host_memory()
+        self.startup.mark("model")
 
     # ---- set-up -------------------------------------------------------------------------------
     def _open_shards(self) -> Dict:
@@ -338,6 +345,7 @@ class Trainer(TrainerCheckpoints):
         bar = progress(total=cfg.epochs, initial=self.epoch, desc=f"{cfg.mode} epochs", rank=self.topo.rank,
                        quiet=cfg.quiet, unit="epoch", enabled=True if cfg.progress else None)
         stop_early = False
+        started_s = self.startup.elapsed()  # this rank's start-up: process creation to the first epoch
         # An early-stopped run (resumed) trains no further; --eval-only trains nothing.
         while self.epoch < cfg.epochs and self.optimizer.stopped_at is None and not cfg.eval_only:
             lr = self.optimizer.start_epoch(self.epoch)
@@ -386,6 +394,12 @@ class Trainer(TrainerCheckpoints):
                             {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server,
                              "hosts": self.topo.hosts, "emulated": self.topo.emulated},
                             time.perf_counter() - start, best=self.best, metric=cfg.metric)
+        # Start-up, the slowest rank's per phase and in all, and the run's wall time from process creation.
+        slowest = self.comm.allreduce_scalar(np.array(self.startup.vector() + [started_s, self.startup.elapsed()]),
+                                             "max")
+        summary["startup_s"] = {**{p: round(float(v), 4) for p, v in zip(STARTUP_PHASES, slowest)},
+                                "total": round(float(slowest[-2]), 4)}
+        summary["wall_s"] = round(float(slowest[-1]), 4)
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
         summary["plan"].update(self.communication_entry())
         summary["features"] = features_entry(self.manifest)

@@ -1,15 +1,17 @@
 """`granndis report RUN_DIR [RUN_DIR ...] [--out DIR]`: plots and an AE1-style table from run directories.
 
 Each run directory holds ``config.json`` (resolved options), ``metrics.jsonl`` (one record per epoch) and
-``summary.json`` (per-epoch figures and totals), written by the trainer.  The report makes four PNGs and
+``summary.json`` (per-epoch figures and totals), written by the trainer.  A run that is still running, or
+stopped or failed before writing summary.json, is reported from the epochs its metrics.jsonl holds,
+marked "unfinished".  The report makes four PNGs and
 ``report.md``:
 
 - time_breakdown.png: seconds per epoch from summary.json (the trainer writes medians over epochs),
   stacked by phase (compute, intra-server comm, inter-server comm, gradient sync, sampling when used,
   and "other" = epoch time not in any timed phase);
 - accuracy.png: validation and test accuracy over the evaluated epochs of every run;
-- time_to_accuracy.png: validation accuracy against training time (the sum of the epoch times so far,
-  evaluation excluded), one line per run;
+- time_to_accuracy.png: validation accuracy against the seconds since launch (the run's start-up, then
+  the sum of the epoch times so far, evaluation excluded), one line per run;
 - bytes.png: bytes per epoch for each link class (halo and gradient, intra- and inter-server);
 - learning_rate.png: the learning rate of every epoch (runs whose metrics.jsonl records it);
 - report.md: the table below plus the plots.
@@ -78,7 +80,8 @@ def format_table(runs, baselines) -> str:
             if setting_differences(run, runs[baselines[i]]):
                 speedup += "*"  # see baseline_notes
         test, best, limit = s[summary_key(s["metric"])].get("test"), s.get("best_val"), overlap_limit_s(run)
-        rows.append((run.label, f"{s['servers']}x{s['ranks_per_server']}", str(s["epochs"]),
+        epochs = str(s["epochs"]) + (" (unfinished)" if s.get("status") else "")
+        rows.append((run.label, f"{s['servers']}x{s['ranks_per_server']}", epochs,
                      f"{s['epoch_time_s']:.4f}", f"{run.comm_s:.4f}", f"{s['total_time_s']:.2f}", speedup,
                      "n/a" if limit is None else f"{s['epoch_time_s'] / limit:.2f} ({limit:.4f} s)",
                      "n/a" if test is None else f"{test:.4f}",
@@ -118,7 +121,8 @@ def _markdown(runs, baselines, table, pngs, out_dir):
     else:
         lines.append("No matching `fb` run was given, so there is no speedup.")
     lines += ["", "Runs:", ""]
-    lines += [f"- {r.label}: `{r.run_dir}`" for r in runs]
+    lines += [f"- {r.label}: `{r.run_dir}`" + (f" ({r.summary['status']})" if r.summary.get("status") else "")
+              for r in runs]
     lines.append("")
     for png in pngs:
         rel = os.path.relpath(png, out_dir)

@@ -4,6 +4,7 @@ and, optionally, link.json (granndis_hpc/report/linkmodel.py: the link the run r
 and the speedup-against-link-rate page)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from granndis_hpc.report import linkmodel
 from granndis_hpc.registry import baseline_mode
 from granndis_hpc.fsutil import read_json_object
 from granndis_hpc.metric_names import METRICS, split_keys, summary_key
-from granndis_hpc.metrics import MetricsError, read_metrics_lines
+from granndis_hpc.metrics import MetricsError, read_metrics_lines, summarize, summary_fields
 
 TIME_PHASES = (("compute", "compute"), ("intra_comm", "intra-server comm"), ("inter_comm", "inter-server comm"),
                ("grad_sync", "gradient sync"), ("sampling", "sampling"))
@@ -145,7 +146,10 @@ def load_run(run_dir) -> RunData:
     for key in ("mode", "model", "layers"):
         if key not in config:
             raise ReportError(f"run {run_dir}: config.json has no {key!r}")
-    summary = read_run_json(run_dir, "summary.json")
+    if os.path.exists(os.path.join(run_dir, "summary.json")):
+        summary = read_run_json(run_dir, "summary.json")
+    else:  # running, stopped or failed: what its epochs so far say
+        summary = unfinished_summary(run_dir, config)
     _check_summary(summary, f"run {run_dir}: summary.json")
     for key in ("mode", "model", "layers"):
         if config[key] != summary[key]:
@@ -156,6 +160,43 @@ def load_run(run_dir) -> RunData:
         link = linkmodel.check_link(read_run_json(run_dir, linkmodel.LINK_FILE), f"run {run_dir}: {linkmodel.LINK_FILE}",
                                     ReportError)
     return RunData(run_dir, config, summary, _read_metrics(run_dir), link=link)
+
+
+def _job_shape(run_dir, config, records) -> tuple:
+    """(servers, ranks per server) of a run without summary.json: from its shard set's manifest, else its
+    records' per-server byte counts and --ranks-per-server."""
+    manifest = {}
+    try:
+        with open(os.path.join(str(config.get("shards") or ""), "manifest.json")) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        pass
+    per_server = next((r["inter_bytes_per_server"] for r in records if isinstance(r.get("inter_bytes_per_server"),
+                                                                                      list)), None)
+    servers = manifest.get("servers") or (len(per_server) if per_server else None)
+    ranks = config.get("ranks_per_server") or manifest.get("gpus_per_server")
+    if not isinstance(servers, int) or not isinstance(ranks, int):
+        raise ReportError(f"run {run_dir}: no summary.json, and neither its shard set nor its records say how many "
+                          f"servers and ranks per server it ran on; report it when it has finished")
+    return servers, ranks
+
+
+def unfinished_summary(run_dir, config) -> dict:
+    """summary.json's figures for a run that has not written one (running, stopped or failed), from the
+    epochs metrics.jsonl holds so far; `status` says so and the table marks it."""
+    records = _read_metrics(run_dir)
+    servers, ranks = _job_shape(run_dir, config, records)
+    metric = config.get("metric") if config.get("metric") in METRICS else "accuracy"
+    keys = split_keys(metric)
+    evaluated = [r for r in records if r.get(keys["val"]) is not None]
+    accuracy = {split: evaluated[-1][key] for split, key in keys.items() if key in evaluated[-1]} if evaluated else {}
+    best = max(evaluated, key=lambda r: r[keys["val"]], default=None)  # the earliest of equal values
+    summary = summarize([summary_fields(r) for r in records], config, accuracy,
+                        max((int(r.get("peak_memory_bytes", 0)) for r in records), default=0),
+                        {"servers": servers, "ranks_per_server": ranks},
+                        sum(float(r["time_s"]) for r in records), best=best, metric=metric)
+    summary["status"] = f"unfinished: {len(records)} of {config.get('epochs', '?')} epochs (no summary.json)"
+    return summary
 
 
 def median_record(run) -> dict:
@@ -223,15 +264,27 @@ def baseline_notes(runs, baselines) -> list:
 
 
 def accuracy_over_time(run) -> list:
-    """(training seconds, validation metric) at every evaluated epoch of a run: the seconds are the sum
-    of the epoch times (metrics.jsonl's time_s, the slowest rank's) up to the end of that epoch, so
-    evaluation and set-up are left out and runs evaluated at different intervals compare alike (the
-    time-to-accuracy view of the GraNNDis paper's Figure 9)."""
-    seconds, points, key = 0.0, [], split_keys(run.summary.get("metric", "accuracy"))["val"]
+    """(seconds since launch, validation metric) at every evaluated epoch of a run: the run's start-up
+    (summary.json's startup_s.total: process creation to the first epoch on the slowest rank; 0 where
+    the run did not record it) plus the sum of the epoch times (metrics.jsonl's time_s, the slowest
+    rank's) up to the end of that epoch.  Evaluation is left out, so runs evaluated at different
+    intervals compare alike (the time-to-accuracy view of the GraNNDis paper's Figure 9); start-up is
+    in, since a user waits for it too and it is most of a short run's wall time."""
+    startup = (run.summary.get("startup_s") or {}).get("total") or 0.0
+    seconds, points, key = float(startup), [], split_keys(run.summary.get("metric", "accuracy"))["val"]
     for record in sorted(run.metrics, key=lambda r: r["epoch"]):
         seconds += record["time_s"]
         if record.get(key) is not None:
             points.append((seconds, record[key]))
+    return points
+
+
+def loss_over_time(run) -> list:
+    """(seconds since launch, training loss) at every epoch, on accuracy_over_time's clock."""
+    seconds, points = float((run.summary.get("startup_s") or {}).get("total") or 0.0), []
+    for record in sorted(run.metrics, key=lambda r: r["epoch"]):
+        seconds += record["time_s"]
+        points.append((seconds, record["loss"]))
     return points
 
 

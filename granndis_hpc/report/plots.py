@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from granndis_hpc.fsutil import atomic_path
 from granndis_hpc.metric_names import split_keys
-from granndis_hpc.report.data import BYTE_CLASSES, TIME_PHASES, accuracy_over_time, metric_label
+from granndis_hpc.report.data import BYTE_CLASSES, TIME_PHASES, accuracy_over_time, loss_over_time, metric_label
 
+# Runs whose lines coincide (fb and flx are exact: the same losses and accuracies) stay visible: each run
+# gets its own line style and marker shape, markers spaced so that at most MARKERS_PER_LINE show.
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKER_SHAPES = ("o", "s", "^", "v", "D", "x", "+", "*")
+MARKERS_PER_LINE = 12
 MINUTES_AFTER_S = 600.0  # time-to-accuracy axis in minutes beyond this many seconds of training
 LOG_SCALE_RATIO = 1e3  # bytes plot switches to log scale when the largest/smallest nonzero value exceed this
 
@@ -23,6 +28,13 @@ def _save(fig, path):
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", bbox_inches="tight")
     return path
+
+
+def run_style(i: int, n_points: int) -> dict:
+    """matplotlib keywords of run i's line: a colour, a line style and a marker shape of its own."""
+    return {"color": f"C{i % 10}", "linestyle": LINE_STYLES[i % len(LINE_STYLES)],
+            "marker": MARKER_SHAPES[i % len(MARKER_SHAPES)], "markersize": 4, "fillstyle": "none",
+            "markevery": max(1, n_points // MARKERS_PER_LINE)}
 
 
 def human_bytes(n: float) -> str:
@@ -61,16 +73,16 @@ def plot_time_breakdown(runs, path):
 def plot_accuracy(runs, path):
     fig = _new_figure()
     ax = fig.add_subplot()
-    colors = [f"C{i % 10}" for i in range(len(runs))]
     drawn = False
-    for run, color in zip(runs, colors):
+    for i, run in enumerate(runs):
         keys = split_keys(run.summary.get("metric", "accuracy"))  # --metric's values (accuracy by default)
         for key, style, name in ((keys["val"], "-", "val"), (keys["test"], "--", "test")):
             points = [(m["epoch"], m[key]) for m in run.metrics if m.get(key) is not None]
             if points:
                 epochs, acc = zip(*points)
-                ax.plot(epochs, acc, style, color=color, marker="." if len(points) < 30 else None,
-                        label=f"{run.label} {name}")
+                look = run_style(i, len(points))
+                look["linestyle"] = style
+                ax.plot(epochs, acc, label=f"{run.label} {name}", **look)
                 drawn = True
     if drawn:
         ax.legend(fontsize="small")
@@ -86,39 +98,59 @@ def plot_accuracy(runs, path):
 
 
 def plot_time_to_accuracy(runs, path):
-    """Validation accuracy against training time, one line per run (data.accuracy_over_time);
-    in minutes, as the paper's figure, once a run trains for more than MINUTES_AFTER_S seconds."""
-    fig = _new_figure()
-    ax = fig.add_subplot()
-    curves = [(i, run, accuracy_over_time(run)) for i, run in enumerate(runs)]
-    longest = max((points[-1][0] for _, _, points in curves if points), default=0.0)
+    """Validation metric (left) and training loss (right) against the seconds since launch, one line per
+    run (data.accuracy_over_time, data.loss_over_time): the loss has a point every epoch, so a run
+    evaluated rarely still shows its course.  In minutes, as the paper's figure, once a run lasts more
+    than MINUTES_AFTER_S seconds."""
+    fig = _new_figure(11.0, 4.5)
+    ax, ax_loss = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    curves = [(i, run, accuracy_over_time(run), loss_over_time(run)) for i, run in enumerate(runs)]
+    longest = max((points[-1][0] for *_, points in curves if points), default=0.0)
     unit, scale = ("min", 60.0) if longest > MINUTES_AFTER_S else ("s", 1.0)
-    for i, run, points in curves:
-        if points:
-            seconds, acc = zip(*points)
-            ax.plot([s / scale for s in seconds], acc, "-", color=f"C{i % 10}",
-                    marker="." if len(points) < 30 else None, label=run.label)
-    if any(points for _, _, points in curves):
+    for i, run, acc_points, loss_points in curves:
+        for axis, points in ((ax, acc_points), (ax_loss, loss_points)):
+            if points:
+                seconds, values = zip(*points)
+                axis.plot([t / scale for t in seconds], values, label=run.label, **run_style(i, len(points)))
+    if any(points for _, _, points, _ in curves):
         ax.legend(fontsize="small")
     else:
         ax.text(0.5, 0.5, "no evaluated epochs in these runs", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel(f"training time ({unit}): sum of epoch times, evaluation excluded")
+    sparse = [run.label for _, run, points, _ in curves if 0 < len(points) < 3]
+    if sparse:
+        ax.text(0.02, 0.02, "evaluated at fewer than 3 epochs: " + ", ".join(sparse) + "\n(--eval-every N for more points)",
+                fontsize=7, transform=ax.transAxes, va="bottom")
+    for axis in (ax, ax_loss):
+        axis.set_xlabel(f"time since launch ({unit}): start-up + epochs")
+        axis.grid(alpha=0.3)
     ax.set_ylabel(f"validation {metric_label(runs)}")
     ax.set_title("Time to accuracy")
-    ax.grid(alpha=0.3)
+    ax_loss.set_ylabel("training loss")
+    ax_loss.set_title("Training loss over time")
     return _save(fig, path)
 
 
 def plot_learning_rate(runs, path):
-    """The learning rate of every epoch (metrics.jsonl's lr: --lr-schedule with its warm-up and decays)."""
+    """The learning rate of every epoch (metrics.jsonl's lr: --lr-schedule with its warm-up and decays),
+    on an axis from 0; where every run kept one constant rate, the plot says so instead of drawing flat
+    lines on an axis zoomed onto rounding."""
     fig = _new_figure()
     ax = fig.add_subplot()
-    for i, run in enumerate(runs):
-        points = [(m["epoch"], m["lr"]) for m in run.metrics if m.get("lr") is not None]
-        if points:
-            epochs, lr = zip(*points)
-            ax.plot(epochs, lr, color=f"C{i % 10}", label=run.label)
-    ax.legend(fontsize="small")
+    series = [(i, run, [(m["epoch"], m["lr"]) for m in run.metrics if m.get("lr") is not None])
+              for i, run in enumerate(runs)]
+    rates = {lr for _, _, points in series for _, lr in points}
+    if len(rates) == 1:
+        ax.text(0.5, 0.5, f"constant learning rate {rates.pop():g} in every run", ha="center", va="center",
+                transform=ax.transAxes)
+    elif not rates:
+        ax.text(0.5, 0.5, "no learning rate recorded in these runs", ha="center", va="center", transform=ax.transAxes)
+    else:
+        for i, run, points in series:
+            if points:
+                epochs, lr = zip(*points)
+                ax.plot(epochs, lr, label=run.label, **run_style(i, len(points)))
+        ax.set_ylim(bottom=0.0, top=max(rates) * 1.1)
+        ax.legend(fontsize="small")
     ax.set_xlabel("epoch")
     ax.set_ylabel("learning rate")
     ax.set_title("Learning rate per epoch")

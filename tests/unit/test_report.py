@@ -7,7 +7,10 @@ import sys
 
 import pytest
 
+from granndis_hpc.report import plots
 from granndis_hpc.report.command import ReportError, main, render_report
+from granndis_hpc.report.data import accuracy_over_time, load_run, loss_over_time
+from granndis_hpc.report.plots import plot_learning_rate, run_style
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -121,7 +124,7 @@ def test_main_prints_table_and_paths(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("breakage, message", [
-    (lambda run: os.remove(run / "summary.json"), "summary.json not found"),
+    (lambda run: os.remove(run / "summary.json"), "no summary.json, and neither its shard set nor its records"),
     (lambda run: os.remove(run / "metrics.jsonl"), "metrics.jsonl not found"),
     (lambda run: os.remove(run / "config.json"), "config.json not found"),
     (lambda run: (run / "summary.json").write_text('{"mode": "fb", '), "summary.json is not readable JSON"),
@@ -145,11 +148,65 @@ def test_missing_or_corrupt_files_name_run_and_file(tmp_path, capsys, breakage, 
     assert message in capsys.readouterr().err
 
 
+def test_an_unfinished_run_is_reported_from_its_epochs(tmp_path):
+    """A run still running (or stopped) has no summary.json: its epochs so far are reported, marked."""
+    fb, _ = write_run(tmp_path, "fb-1", "fb", seed=21)
+    flx, _ = write_run(tmp_path, "flx-1", "flx", seed=22, epochs=12)
+    os.remove(flx / "summary.json")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "manifest.json").write_text(json.dumps({"servers": 2, "gpus_per_server": 2}))
+    config = json.loads((flx / "config.json").read_text())
+    (flx / "config.json").write_text(json.dumps({**config, "shards": str(shards), "epochs": 40}))
+    result = render_report([fb, flx], tmp_path / "out")
+    rows = table_rows(result["table"])
+    assert rows[1]["Epochs"] == "12 (unfinished)" and rows[1]["Servers x GPUs"] == "2x2"
+    records = [json.loads(line) for line in (flx / "metrics.jsonl").read_text().splitlines()]
+    times = sorted(r["time_s"] for r in records)
+    assert float(rows[1]["Epoch time (s)"]) == pytest.approx(times[(len(times) - 1) // 2], abs=1e-4)
+    last = [r for r in records if "test_acc" in r][-1]
+    assert float(rows[1]["Test acc"]) == pytest.approx(last["test_acc"], abs=1e-4)
+    assert "unfinished: 12 of 40 epochs" in (tmp_path / "out" / "report.md").read_text()
+    for png in result["pngs"]:
+        check_png(png)
+
+
+def test_time_to_accuracy_counts_start_up(tmp_path):
+    run, summary = write_run(tmp_path, "fb-1", "fb", seed=23)
+    summary["startup_s"] = {"total": 30.0}
+    (run / "summary.json").write_text(json.dumps(summary))
+    loaded = load_run(run)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    first = accuracy_over_time(loaded)[0]
+    evaluated = next(i for i, r in enumerate(records) if "val_acc" in r)
+    assert first[0] == pytest.approx(30.0 + sum(r["time_s"] for r in records[:evaluated + 1]))
+    assert loss_over_time(loaded)[0][0] == pytest.approx(30.0 + records[0]["time_s"])
+    assert len(loss_over_time(loaded)) == len(records)
+
+
+def test_a_constant_learning_rate_is_said_not_drawn(tmp_path, monkeypatch):
+    runs = []
+    for i in range(2):
+        run, _ = write_run(tmp_path, f"fb-{i}", "fb", seed=30 + i)
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "lr": 0.01}) + "\n" for r in records))
+        runs.append(load_run(run))
+    check_png(plot_learning_rate(runs, str(tmp_path / "lr.png")))
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    plot_learning_rate(runs, str(tmp_path / "again.png"))
+    axes = figures[0].axes[0]
+    assert [t.get_text() for t in axes.texts] == ["constant learning rate 0.01 in every run"] and not axes.lines
+
+
+def test_coinciding_runs_get_distinct_styles():
+    styles = {(run_style(i, 100)["linestyle"], run_style(i, 100)["marker"]) for i in range(4)}
+    assert len(styles) == 4 and run_style(0, 100)["markevery"] == 100 // 12
+
+
 def test_time_to_accuracy_sums_epoch_times(tmp_path):
     """Validation accuracy against the training time up to each evaluated epoch: the running sum of
     metrics.jsonl's time_s, recomputed here from the file; a run evaluated more often has more points."""
-    from granndis_hpc.report.data import accuracy_over_time, load_run
-
     fb, _ = write_run(tmp_path, "fb-t", "fb", seed=14, eval_every=4)
     flx, _ = write_run(tmp_path, "flx-t", "flx", seed=15, eval_every=3)
     for run, evaluated in ((fb, [3, 7, 11]), (flx, [2, 5, 8, 11])):
