@@ -117,7 +117,7 @@ def run_training(argv=None, ignore_late_warnings: bool = False) -> dict:
         trainer.close()
     if summary is None:  # stopped by SIGUSR1/SIGTERM with a checkpoint written: exit 0 so the job requeues
         return None
-    if trainer.topo.rank == 0 and not ns.quiet:
+    if trainer.topo.rank == 0:  # the result line, --quiet included
         metric = summary.get("metric", "accuracy")
         acc, best = summary[summary_key(metric)], summary.get("best_val")
         at_best = "" if best is None else f" (best val {best['val']:.4f} at epoch {best['epoch']}: test {best['test']:.4f})"

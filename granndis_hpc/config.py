@@ -197,7 +197,8 @@ class TrainConfig:
     dist_timeout: float = dist_timeout_option()
     share_gpus: bool = share_gpus_option()
     host_staging: bool = host_staging_option()
-    quiet: bool = option(False, on_resume="may_change", help="no per-epoch lines on stdout and no progress bar")
+    quiet: bool = option(False, on_resume="may_change",
+                         help="no banner, per-epoch lines or progress bar on stdout (the final result line stays)")
     log_level: str = option("info", choices=LOG_LEVELS, on_resume="may_change",
                             help="the least severe log lines written to stderr (info: notices such as a resumed "
                                  "checkpoint or removed temporary files; --quiet does not hide them); rank 0 only "

@@ -19,7 +19,15 @@ class MetricsError(ValueError):
     """metrics.jsonl is missing, unreadable or holds a line that is not a JSON object."""
 
 
-def epoch_line(rec: Dict) -> str:
+def clock(seconds: float) -> str:
+    """Seconds as H:MM:SS (an ETA)."""
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def epoch_line(rec: Dict, eta_s: Optional[float] = None) -> str:
+    """The per-epoch line: PipeGCN's and the GraNNDis artifact's fields, then the learning rate the epoch
+    trained with and, where given, the time the remaining epochs are expected to take."""
     # Time is the slowest rank's epoch; Comm (halo exchange) and Reduce (gradient all-reduce) are that
     # rank's own parts of it, so they never add up to more than the epoch.
     line = (f"Epoch {rec['epoch']:05d} | Time(s) {rec['time_s']:.4f} | "
@@ -29,6 +37,10 @@ def epoch_line(rec: Dict) -> str:
     if metric is not None:
         keys, name = split_keys(metric), shown(metric)
         line += "".join(f" | {split.capitalize()} {name} {rec[keys[split]]:.4f}" for split in ("train", "val", "test"))
+    if rec.get("lr") is not None:
+        line += f" | LR {rec['lr']:.3g}"
+    if eta_s is not None:
+        line += f" | ETA {clock(eta_s)}"
     return line
 
 

@@ -330,6 +330,18 @@ class Trainer(TrainerCheckpoints):
         return self.scorer.scores(parts)
 
     # ---- the whole run ------------------------------------------------------------------------
+    def banner(self) -> str:
+        """What this run trains, in one line: mode (auto's choice), model, protocol, shape, device, epochs."""
+        cfg, topo = self.cfg, self.topo
+        decision = getattr(self.mode, "decision", None)
+        mode = cfg.mode + (" (chosen by --mode auto)" if decision else "")
+        exact = "exact full-graph" if self.mode.exact(self.manifest) else "sampled"
+        head = f", {cfg.linear_layers} Linear" if cfg.linear_layers else ""
+        return (f"granndis train: mode {mode}, {exact} | model {cfg.model} ({cfg.layers} layers{head}, hidden "
+                f"{cfg.hidden}) | {'inductive' if cfg.inductive else 'transductive'} | dataset "
+                f"{self.manifest['dataset'].get('name')} | {topo.servers} server(s) x {topo.ranks_per_server} "
+                f"rank(s) on {self.device.type} | {cfg.epochs} epochs")
+
     def run(self) -> Dict:
         cfg, rank0 = self.cfg, self.topo.rank == 0
         # Rank 0 with --out: config.json written, metrics.jsonl open (closed by close() after an error).
@@ -337,7 +349,8 @@ class Trainer(TrainerCheckpoints):
         records, accuracy = [summary_fields(r) for r in self.prior_records], None
         start = time.perf_counter() - self.prior_elapsed_s
         # Rank 0, on a terminal and not --quiet only; epoch lines go through the bar so it stays whole.
-        if rank0 and not cfg.quiet:  # the job's layout first: which host each server is
+        if rank0 and not cfg.quiet:  # what runs, then the job's layout: which host each server is
+            print(self.banner(), flush=True)
             print(self.topo.describe(), flush=True)
         if self._stopped_during_set_up():
             self.run_dir.close_metrics()
@@ -346,6 +359,7 @@ class Trainer(TrainerCheckpoints):
                        quiet=cfg.quiet, unit="epoch", enabled=True if cfg.progress else None)
         stop_early = False
         started_s = self.startup.elapsed()  # this rank's start-up: process creation to the first epoch
+        first_epoch, loop_start = self.epoch, time.perf_counter()
         # An early-stopped run (resumed) trains no further; --eval-only trains nothing.
         while self.epoch < cfg.epochs and self.optimizer.stopped_at is None and not cfg.eval_only:
             lr = self.optimizer.start_epoch(self.epoch)
@@ -368,11 +382,13 @@ class Trainer(TrainerCheckpoints):
                     except OSError as exc:  # agreed after the epoch (_checkpoint_after_epoch): all stop
                         self._write_errno = exc.errno or errno.EIO
                 if not cfg.quiet:
-                    line = epoch_line(rec)
+                    # ETA: the epochs left at this attempt's mean epoch so far, evaluations included.
+                    per_epoch = (time.perf_counter() - loop_start) / max(1, self.epoch - first_epoch)
+                    line = epoch_line(rec, eta_s=per_epoch * (cfg.epochs - self.epoch))
                     if bar.disable:
                         print(line, flush=True)
-                    else:
-                        bar.write(line)
+                    else:  # on the bar's own stream, which it clears and redraws: the two never interleave
+                        bar.write(line, file=bar.fp)
             bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
             bar.update(1)
             if self._checkpoint_after_epoch(last or stop_early, time.perf_counter() - start):

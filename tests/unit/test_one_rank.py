@@ -101,3 +101,33 @@ def test_the_c_kernels_train_as_torch_s_ops(one_rank, monkeypatch):
     assert used == {"native": "native", "torch": "torch"}
     for native, torch_s in zip(params["native"], params["torch"]):
         torch.testing.assert_close(native, torch_s, rtol=1e-6, atol=1e-7)
+
+
+def test_banner_epoch_lines_and_quiet(one_rank, tmp_path, capsys):
+    """What a person reads: the banner names mode, model, protocol and shape; each epoch line its learning
+    rate and ETA; --quiet keeps only the final result line; summary.json says where start-up went."""
+    import json
+
+    from granndis_hpc import cli
+
+    _, shards = one_rank
+    args = ["--shards", str(shards), "--mode", "fb", "--model", "sage", "--layers", "2", "--hidden", "8",
+            "--epochs", "3", "--ranks-per-server", "1", "--skip-checksums", "--lr", "0.02"]
+    summary = cli.run_training(args + ["--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out.splitlines()
+    banner = next(line for line in out if line.startswith("granndis train:"))
+    for part in ("mode fb, exact full-graph", "model sage (2 layers, hidden 8)", "transductive",
+                 "1 server(s) x 1 rank(s) on cpu", "3 epochs"):
+        assert part in banner, banner
+    epochs = [line for line in out if line.startswith("Epoch ")]
+    assert len(epochs) == 3 and all(" | LR 0.02 | ETA 0:00:" in line for line in epochs), epochs
+    assert epochs[-1].endswith("ETA 0:00:00")
+    assert out[-1].startswith("[fb] done: 3 epochs")
+    startup = json.loads((tmp_path / "run" / "summary.json").read_text())["startup_s"]
+    assert set(startup) == {"launch", "world", "shards", "views", "model", "total"}
+    assert all(v >= 0 for v in startup.values()) and startup["total"] >= startup["launch"] + startup["views"]
+    assert summary["wall_s"] >= startup["total"] + summary["total_time_s"] * 0.99
+
+    cli.run_training(args + ["--quiet"])
+    quiet = capsys.readouterr().out.splitlines()
+    assert len(quiet) == 1 and quiet[0].startswith("[fb] done: 3 epochs"), quiet
