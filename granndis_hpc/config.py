@@ -124,7 +124,7 @@ class TrainConfig:
         False,
         help="inductive training (the GraNNDis artifact's, PipeGCN's and BNS-GCN's protocol): train on the subgraph "
              "induced by the training vertices, measure validation accuracy on the graph induced by the training "
-             "and validation vertices and test accuracy on the full graph; needs a shard set built with `python -m "
+             "and validation vertices and test accuracy on the full graph; needs a shard set built with `granndis "
              "preprocess build ... --inductive` (docs/inductive.md)")
     hidden: int = option(64, ge=1, help="hidden width")
     epochs: int = option(200, ge=1, on_resume="may_change", help="training epochs")

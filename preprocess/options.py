@@ -123,7 +123,7 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
                           help="full: k-hop preloading (FLX); eas: Expansion-aware Sampling")
     hops: Optional[str] = option(None, parse=hops_text, metavar="K|auto", group="preloading",
                                  help="preloaded hops (default: --layers for full, 1 for eas); auto: the largest "
-                                      "k <= --layers whose estimated memory fits --memory-per-gpu (see `python -m "
+                                      "k <= --layers whose estimated memory fits --memory-per-gpu (see `granndis "
                                       "preprocess plan`)")
     inductive: bool = reuse(TrainConfig, "inductive", group="preloading",
                             help="also write what inductive training needs (granndis-train --inductive): every "
