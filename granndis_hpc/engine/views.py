@@ -314,7 +314,7 @@ class LayeredView:
                 raise planner.PlanError(
                     f"layer {l + 1} switches from the {before.group} view to the {after.group} view, but "
                     f"the first computes {self.graphs[l - 1].n_dst} rows and the second reads "
-                    f"{after.plan.layers[l].n_own_in}: the shard's views disagree; run `python -m "
+                    f"{after.plan.layers[l].n_own_in}: the shard's views disagree; run `granndis "
                     f"preprocess verify`")
             # Dropout keys rows by global id: the rows must also be the same vertices, not just as many.
             n = self.graphs[l - 1].n_dst

@@ -18,7 +18,7 @@ from .schema import ShardError, datasets_of, has_train_hop, is_inductive, is_mul
 def _fail(fpath: str, dataset: str, problem: str, manifest: dict) -> ShardError:
     name = manifest.get("dataset", {}).get("name", "?") if isinstance(manifest.get("dataset"), dict) else "?"
     return ShardError(f"{fpath}: dataset {dataset!r} {problem} (shard set of {name!r}: damaged, or edited after the "
-                      f"build); run `granndis preprocess verify` on the set and rebuild it with `python -m "
+                      f"build); run `granndis preprocess verify` on the set and rebuild it with `granndis "
                       f"preprocess build ... --overwrite`")
 
 
