@@ -104,3 +104,20 @@ def test_the_build_refuses_an_absurd_class_count_and_an_empty_train_split(tmp_pa
     assert rc == 1 and message in err and "Fix:" in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_info_into_a_closed_pipe_ends_quietly(shard_set):
+    """`granndis preprocess info SET | head -1`: the reader has closed the pipe; no BrokenPipe traceback,
+    the status a shell gives a tool stopped by a closed pipe."""
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe fails: the reader is gone
+    try:
+        proc = subprocess.run([sys.executable, "-m", "granndis_hpc.cli", "preprocess", "info", str(shard_set)],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode == 141
