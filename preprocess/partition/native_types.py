@@ -69,7 +69,8 @@ def metis_idx_bits(lib, path: str) -> int:
     """The width of METIS' idx_t: the bytes METIS_SetDefaultOptions writes (40 idx_t of -1)."""
     buf = np.zeros(4 * METIS_NOPTIONS * 8, dtype=np.uint8)  # room for 40 entries of up to 256 bits
     lib.METIS_SetDefaultOptions(c_pointer(buf))
-    written = int(np.argmin(buf == 0xFF)) if not np.all(buf == 0xFF) else buf.size
+    unset = np.flatnonzero(buf != 0xFF)
+    written = int(unset[0]) if unset.size else buf.size
     if written == 0 or written % METIS_NOPTIONS or buf[written:].any():
         raise PartitionerError(f"{path}: METIS_SetDefaultOptions did not write {METIS_NOPTIONS} options of -1, "
                                "so its idx_t width is unknown; use a METIS 5 library")

@@ -199,7 +199,6 @@ def _heap_for_call():
         libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_AFTER)
 
 
-
 def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndarray, adjncy: np.ndarray,
                        nparts: int, vwgt: np.ndarray | None, seed: int, imbalance: float = 1.03) -> np.ndarray:
     """Collective over `comm` (an MPI communicator or a cluster.Group): part (int64) of this rank's
@@ -237,9 +236,9 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     comm_ptr = ctypes.c_void_p(as_group(comm).c_handle_address())  # the MPI_Comm * it takes
     with _scotch_reproducible(pm, seed), _heap_for_call():
         rc = pm.lib.ParMETIS_V3_PartKway(
-            c_pointer(vtxdist_c), c_pointer(xadj_c), c_pointer(adjncy_c), c_pointer(vwgt_c), None, c_pointer(wgtflag), c_pointer(numflag),
-            c_pointer(ncon_c), c_pointer(nparts_c), c_pointer(tpwgts), c_pointer(ubvec), c_pointer(options), c_pointer(edgecut), c_pointer(part),
-            comm_ptr)
+            c_pointer(vtxdist_c), c_pointer(xadj_c), c_pointer(adjncy_c), c_pointer(vwgt_c), None,
+            c_pointer(wgtflag), c_pointer(numflag), c_pointer(ncon_c), c_pointer(nparts_c), c_pointer(tpwgts),
+            c_pointer(ubvec), c_pointer(options), c_pointer(edgecut), c_pointer(part), comm_ptr)
     if rc != METIS_OK:
         raise PartitionerError(f"ParMETIS_V3_PartKway ({pm.path}) returned {rc}")
     return part[:n_local].astype(np.int64)
@@ -345,8 +344,9 @@ def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -
     lib.SCOTCH_stratInit(strat)
     lib.SCOTCH_archInit(arch)
     try:
-        check(lib.SCOTCH_dgraphBuild(graf, num(0), num(n_local), num(n_local), c_pointer(xadj), c_pointer(xadj[1:]),
-                                     c_pointer(vwgt), None, num(edges), num(edges), c_pointer(adjncy), None, None),
+        check(lib.SCOTCH_dgraphBuild(graf, num(0), num(n_local), num(n_local), c_pointer(xadj),
+                                     c_pointer(xadj[1:]), c_pointer(vwgt), None, num(edges), num(edges),
+                                     c_pointer(adjncy), None, None),
               "SCOTCH_dgraphBuild")
         # The default SCOTCH_dgraphMapCompute would build (library_dgraph_map.c): flags 0, imbalance 0.05.
         check(lib.SCOTCH_stratDgraphMapBuild(strat, num(0), num(group.size), num(nparts), ctypes.c_double(0.05)),
@@ -384,4 +384,3 @@ def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -
             lib.SCOTCH_memFree.argtypes = [V]
             for handle in (graf, strat, arch, mapp):
                 lib.SCOTCH_memFree(handle)
-
