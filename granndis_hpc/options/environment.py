@@ -61,10 +61,6 @@ ENVIRONMENT: Tuple[EnvVar, ...] = (
            "(bench/bench_build_scaling.py reads it)"),
     EnvVar("GRANNDIS_PARMETIS_LIB", "PATH", "libparmetis.so on the library path",
            "preprocess/partition/parmetis.py", "the ParMETIS shared library (--partitioner parmetis; docs/preparing-data.md)"),
-    EnvVar("GRANNDIS_PARMETIS_IDXTYPEWIDTH", "32 | 64", "32", "preprocess/partition/parmetis.py",
-           "the width of idx_t the ParMETIS library was built with"),
-    EnvVar("GRANNDIS_PARMETIS_REALTYPEWIDTH", "32 | 64", "32", "preprocess/partition/parmetis.py",
-           "the width of real_t the ParMETIS library was built with"),
     EnvVar("GRANNDIS_SCOTCH_BAND_WIDTH", "N (>= 1)", "1", "preprocess/partition/parmetis.py",
            "the width of PT-Scotch's refinement band (3 with GRANNDIS_SCOTCH_BAND_GATHER=always: the ParMETIS "
            "compatibility layer's partition exactly)"),

@@ -11,7 +11,8 @@ import numpy as np
 from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_rows, row_of_edges
 
-from granndis_hpc.preprocess.partition.parmetis import load_parmetis, metis_part
+from granndis_hpc.preprocess.partition.metis import metis_part
+from granndis_hpc.preprocess.partition.parmetis import load_parmetis
 from granndis_hpc.preprocess.partition.twolevel import _as_idx, _weights, fill_empty_parts, part_kway_with_locality, refine_balance_with
 from granndis_hpc.preprocess.build.slices import keys_to_adjacency, vtxdist_for
 

@@ -1,14 +1,16 @@
-"""ParMETIS_V3_PartKway and METIS (multi-constraint) through ctypes.
+"""ParMETIS_V3_PartKway, and PT-Scotch through its own API, through ctypes (METIS, on one rank: metis.py).
 
-ParMETIS: the library is found from $GRANNDIS_PARMETIS_LIB, else libparmetis.so, else
+The library is found from $GRANNDIS_PARMETIS_LIB, else libparmetis.so, else
 libptscotchparmetisv3.so.  Two implementations share the ParMETIS v3 API:
 
-- PT-Scotch's compatibility layer (Debian `libscotchparmetis-dev`): it exports SCOTCH_* symbols and
-  tells its index width through SCOTCH_numSizeof().  It accepts ncon=2 but does not honour the second
-  constraint (measured, docs/design.md §8), so callers use one constraint there.  Its reported edge cut is 0.
-- Karypis' ParMETIS: idx_t width is a build option with no run-time query; it is read from
-  $GRANNDIS_PARMETIS_IDXTYPEWIDTH (default 32, ParMETIS' default build) and real_t from
-  $GRANNDIS_PARMETIS_REALTYPEWIDTH (default 32).
+- PT-Scotch's compatibility layer (Debian `libscotchparmetis-dev`): it exports SCOTCH_* symbols.  It
+  accepts ncon=2 but does not honour the second constraint (measured, docs/design.md §8), so callers use
+  one constraint there.  Its reported edge cut is 0.
+- Karypis' ParMETIS, which balances both constraints.
+
+Either way idx_t's width (and real_t's, which only Karypis' ParMETIS takes from us) is read from the
+loaded library (native_types: SCOTCH_numSizeof, or what the METIS under ParMETIS writes), never from
+the environment.
 
 Reproducibility (measured on Debian's PT-Scotch 7.0.3, Cora): PT-Scotch's threads make its result vary
 from run to run (and its random state carries over between calls in one process), whatever the seed in
@@ -33,11 +35,6 @@ SCOTCH_BAND_GATHER slices' worth of arcs, the distributed diffusion refining lar
 (GRANNDIS_SCOTCH_BAND_GATHER; `always` with width 3 is the compatibility layer's strategy exactly).
 Measured at P = 8: the server call's peak 272 -> 221 MiB (800k) and 607 -> 536 MiB (2.45M), 1-hop
 halos +0.3 % / +0.05 %.
-
-METIS: pymetis 2025.2 silently uses ncon=1 whatever vweights holds (measured: the training constraint was
-ignored), so we call METIS_PartGraphRecursive / METIS_PartGraphKway from the METIS that pymetis bundles
-(its extension exports them; idx_t width from pymetis._internal._idx_type_width()).  NULL tpwgts/ubvec
-select METIS' defaults, so real_t's width does not matter.
 """
 from __future__ import annotations
 
@@ -52,12 +49,10 @@ import numpy as np
 
 from granndis_hpc.cluster import as_group
 
-METIS_OK = 1
+from granndis_hpc.preprocess.partition.native_types import (METIS_OK, PartitionerError, c_index, c_pointer,
+                                                            parmetis_type_bits)
+
 PARMETIS_NAMES = ("libparmetis.so", "libptscotchparmetisv3.so")
-
-
-class PartitionerError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -90,6 +85,15 @@ class ParMetisLib:
 
 
 def load_parmetis() -> ParMetisLib:
+    """The ParMETIS library (module docstring), with its idx_t and real_t widths read from it."""
+    lib, path = _open_parmetis()
+    is_scotch = hasattr(lib, "SCOTCH_ParMETIS_V3_PartKway")
+    idx_bits, real_bits = parmetis_type_bits(lib, path, is_scotch)
+    return ParMetisLib(lib=lib, path=path, idx_dtype=np.dtype(f"int{idx_bits}"),
+                       real_dtype=np.dtype(f"float{real_bits}"), is_scotch=is_scotch)
+
+
+def _open_parmetis() -> tuple[ctypes.CDLL, str]:
     env = os.environ.get("GRANNDIS_PARMETIS_LIB")
     candidates = [env] if env else list(PARMETIS_NAMES)
     errors = []
@@ -106,19 +110,7 @@ def load_parmetis() -> ParMetisLib:
             "or use --partitioner metis")
     if not hasattr(lib, "ParMETIS_V3_PartKway"):
         raise PartitionerError(f"{cand} does not export ParMETIS_V3_PartKway; set GRANNDIS_PARMETIS_LIB to a ParMETIS library")
-    is_scotch = hasattr(lib, "SCOTCH_ParMETIS_V3_PartKway")
-    if is_scotch and hasattr(lib, "SCOTCH_numSizeof"):
-        lib.SCOTCH_numSizeof.restype = ctypes.c_int
-        width = 8 * int(lib.SCOTCH_numSizeof())
-        real_width = 32  # PT-Scotch's parmetis.h declares tpwgts/ubvec as float
-    else:
-        width = int(os.environ.get("GRANNDIS_PARMETIS_IDXTYPEWIDTH", "32"))
-        real_width = int(os.environ.get("GRANNDIS_PARMETIS_REALTYPEWIDTH", "32"))
-    if width not in (32, 64) or real_width not in (32, 64):
-        raise PartitionerError(f"unsupported ParMETIS idx/real width {width}/{real_width}; set "
-                               "GRANNDIS_PARMETIS_IDXTYPEWIDTH and GRANNDIS_PARMETIS_REALTYPEWIDTH to 32 or 64")
-    return ParMetisLib(lib=lib, path=str(cand), idx_dtype=np.dtype(f"int{width}"),
-                       real_dtype=np.dtype(f"float{real_width}"), is_scotch=is_scotch)
+    return lib, str(cand)
 
 
 @contextlib.contextmanager
@@ -134,7 +126,7 @@ def _scotch_reproducible(pm: ParMetisLib, seed: int):
     if not pm.is_scotch:
         yield
         return
-    num = ctypes.c_int64 if pm.idx_dtype == np.int64 else ctypes.c_int32
+    num = c_index(pm.idx_dtype)
     old = os.environ.get("SCOTCH_PTHREAD_NUMBER")
     os.environ["SCOTCH_PTHREAD_NUMBER"] = "1"
     try:
@@ -207,10 +199,6 @@ def _heap_for_call():
         libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MMAP_THRESHOLD_AFTER)
 
 
-def _ptr(a: np.ndarray):
-    return a.ctypes.data_as(ctypes.c_void_p) if a is not None else None
-
-
 def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndarray, adjncy: np.ndarray,
                        nparts: int, vwgt: np.ndarray | None, seed: int, imbalance: float = 1.03) -> np.ndarray:
     """Collective over `comm` (an MPI communicator or a cluster.Group): part (int64) of this rank's
@@ -248,9 +236,9 @@ def parmetis_part_kway(pm: ParMetisLib, comm, vtxdist: np.ndarray, xadj: np.ndar
     comm_ptr = ctypes.c_void_p(as_group(comm).c_handle_address())  # the MPI_Comm * it takes
     with _scotch_reproducible(pm, seed), _heap_for_call():
         rc = pm.lib.ParMETIS_V3_PartKway(
-            _ptr(vtxdist_c), _ptr(xadj_c), _ptr(adjncy_c), _ptr(vwgt_c), None, _ptr(wgtflag), _ptr(numflag),
-            _ptr(ncon_c), _ptr(nparts_c), _ptr(tpwgts), _ptr(ubvec), _ptr(options), _ptr(edgecut), _ptr(part),
-            comm_ptr)
+            c_pointer(vtxdist_c), c_pointer(xadj_c), c_pointer(adjncy_c), c_pointer(vwgt_c), None,
+            c_pointer(wgtflag), c_pointer(numflag), c_pointer(ncon_c), c_pointer(nparts_c), c_pointer(tpwgts),
+            c_pointer(ubvec), c_pointer(options), c_pointer(edgecut), c_pointer(part), comm_ptr)
     if rc != METIS_OK:
         raise PartitionerError(f"ParMETIS_V3_PartKway ({pm.path}) returned {rc}")
     return part[:n_local].astype(np.int64)
@@ -328,7 +316,7 @@ def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -
     compatibility layer reads it (the first n_local values of the flattened weights; callers pass one
     constraint)."""
     lib, V = pm.lib, ctypes.c_void_p
-    num = ctypes.c_int64 if pm.idx_dtype == np.int64 else ctypes.c_int32
+    num = c_index(pm.idx_dtype)
     for fn in ("SCOTCH_dgraphAlloc", "SCOTCH_stratAlloc", "SCOTCH_archAlloc", "SCOTCH_dmapAlloc"):
         getattr(lib, fn).restype = V
     lib.SCOTCH_dgraphInit.argtypes = [V, V]
@@ -356,8 +344,9 @@ def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -
     lib.SCOTCH_stratInit(strat)
     lib.SCOTCH_archInit(arch)
     try:
-        check(lib.SCOTCH_dgraphBuild(graf, num(0), num(n_local), num(n_local), _ptr(xadj), _ptr(xadj[1:]),
-                                     _ptr(vwgt), None, num(edges), num(edges), _ptr(adjncy), None, None),
+        check(lib.SCOTCH_dgraphBuild(graf, num(0), num(n_local), num(n_local), c_pointer(xadj),
+                                     c_pointer(xadj[1:]), c_pointer(vwgt), None, num(edges), num(edges),
+                                     c_pointer(adjncy), None, None),
               "SCOTCH_dgraphBuild")
         # The default SCOTCH_dgraphMapCompute would build (library_dgraph_map.c): flags 0, imbalance 0.05.
         check(lib.SCOTCH_stratDgraphMapBuild(strat, num(0), num(group.size), num(nparts), ctypes.c_double(0.05)),
@@ -380,8 +369,8 @@ def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -
                     _BAND_GATHER, f"/(edge<{limit})?{_BAND_GATHER};"))
             check(lib.SCOTCH_stratDgraphMap(strat, edited.encode()), "SCOTCH_stratDgraphMap")
         equal = np.ones(nparts, dtype=pm.idx_dtype)  # the compat layer's target weights for equal tpwgts
-        check(lib.SCOTCH_archCmpltw(arch, num(nparts), _ptr(equal)), "SCOTCH_archCmpltw")
-        check(lib.SCOTCH_dgraphMapInit(graf, mapp, arch, _ptr(part)), "SCOTCH_dgraphMapInit")
+        check(lib.SCOTCH_archCmpltw(arch, num(nparts), c_pointer(equal)), "SCOTCH_archCmpltw")
+        check(lib.SCOTCH_dgraphMapInit(graf, mapp, arch, c_pointer(part)), "SCOTCH_dgraphMapInit")
         try:
             check(lib.SCOTCH_dgraphMapCompute(graf, mapp, strat), "SCOTCH_dgraphMapCompute")
         finally:
@@ -395,46 +384,3 @@ def _scotch_map(pm: ParMetisLib, group, xadj, adjncy, vwgt, nparts: int, part) -
             lib.SCOTCH_memFree.argtypes = [V]
             for handle in (graf, strat, arch, mapp):
                 lib.SCOTCH_memFree(handle)
-
-
-def _metis_lib():
-    try:
-        import pymetis._internal as internal
-    except ImportError as exc:  # pragma: no cover - pymetis is a hard dependency
-        raise PartitionerError("pymetis is not installed; `pip install pymetis`") from exc
-    lib = ctypes.CDLL(internal.__file__)
-    if not hasattr(lib, "METIS_PartGraphKway"):
-        return None, None
-    width = int(internal._idx_type_width()) if hasattr(internal, "_idx_type_width") else 64
-    return lib, np.dtype(f"int{width}")
-
-
-def metis_part(xadj: np.ndarray, adjncy: np.ndarray, nparts: int, vwgt: np.ndarray | None):
-    """METIS partition of a symmetric graph (no self loops) with vwgt int [n, ncon] constraints.
-
-    Returns (part int64 [n], number of constraints METIS actually balanced).
-    """
-    n = xadj.shape[0] - 1
-    if nparts == 1 or n == 0:
-        return np.zeros(n, dtype=np.int64), (1 if vwgt is None else vwgt.shape[1])
-    lib, idx = _metis_lib()
-    if lib is None:  # a pymetis build without exported symbols: single constraint through its API
-        import pymetis
-        part = pymetis.part_graph(nparts, adjacency=pymetis.CSRAdjacency(xadj, adjncy))[1]
-        return np.asarray(part, dtype=np.int64), 1
-    ncon = 1 if vwgt is None else int(vwgt.shape[1])
-    xadj_c = np.ascontiguousarray(xadj, dtype=idx)
-    adjncy_c = np.ascontiguousarray(adjncy if adjncy.size else np.zeros(1), dtype=idx)
-    vwgt_c = None if vwgt is None else np.ascontiguousarray(vwgt, dtype=idx).reshape(-1)
-    options = np.zeros(40, dtype=idx)  # METIS_NOPTIONS
-    lib.METIS_SetDefaultOptions(_ptr(options))
-    ctype = ctypes.c_int64 if idx == np.int64 else ctypes.c_int32
-    nv, nc, npart, obj = ctype(n), ctype(ncon), ctype(nparts), ctype(0)
-    part = np.zeros(n, dtype=idx)
-    # Recursive bisection balances better for few parts (pymetis' own default: recursive up to 8 parts).
-    fn = lib.METIS_PartGraphRecursive if nparts <= 8 else lib.METIS_PartGraphKway
-    rc = fn(ctypes.byref(nv), ctypes.byref(nc), _ptr(xadj_c), _ptr(adjncy_c), _ptr(vwgt_c), None, None,
-            ctypes.byref(npart), None, None, _ptr(options), ctypes.byref(obj), _ptr(part))
-    if rc != METIS_OK:
-        raise PartitionerError(f"METIS returned {rc} (n={n}, nparts={nparts}, ncon={ncon})")
-    return part.astype(np.int64), ncon

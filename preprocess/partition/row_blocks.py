@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from granndis_hpc.preprocess.partition.gpu_split import slices_dist
-from granndis_hpc.preprocess.partition.parmetis import metis_part
+from granndis_hpc.preprocess.partition.metis import metis_part
 from granndis_hpc.preprocess.build.slices import keys_to_adjacency
 
 DEFAULT_BLOCK_ROWS = 2048  # a block's operand rows at 64 float32 columns: 512 KiB, within a core's L2

@@ -20,7 +20,8 @@ from granndis_hpc.graph.csr import csr_rows, owner_of, row_of_edges, segment_ran
 
 from granndis_hpc.preprocess.build.halo import induced_edges, unique_sorted
 from granndis_hpc.preprocess.partition.locality import locality_order, renumbered_adjacency
-from granndis_hpc.preprocess.partition.parmetis import load_parmetis, metis_part, parmetis_part_kway
+from granndis_hpc.preprocess.partition.metis import metis_part
+from granndis_hpc.preprocess.partition.parmetis import load_parmetis, parmetis_part_kway
 from granndis_hpc.preprocess.build.slices import keys_to_adjacency, spilled, vtxdist_for
 
 PARTITIONERS = ("parmetis", "metis", "random")

@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse as sp
 
 from granndis_hpc.graph.csr import Graph, csr_from_edges
-from granndis_hpc.preprocess.partition.parmetis import metis_part
+from granndis_hpc.preprocess.partition.metis import metis_part
 from granndis_hpc.preprocess.partition.twolevel import (balance, edge_cut, fill_empty_parts, induced_symmetric,
                                   random_partition, symmetric_adjacency)
 from granndis_hpc.preprocess.build.slices import vtxdist_for

@@ -33,7 +33,7 @@ def _parts(graph, S, G):
 
 def _reference_blocks(graph, part_of, parts, block_rows):
     """METIS on each part's symmetric inner subgraph without loops, built with scipy."""
-    from granndis_hpc.preprocess.partition.parmetis import metis_part
+    from granndis_hpc.preprocess.partition.metis import metis_part
 
     n = graph.num_vertices
     a = scipy.sparse.csr_matrix((np.ones(graph.indices.shape[0]), graph.indices, graph.indptr), shape=(n, n))
