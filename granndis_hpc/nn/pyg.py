@@ -203,8 +203,8 @@ def _conv_list(result, where: str) -> List[nn.Module]:
                              "torch_geometric convolutions")
     for index, conv in enumerate(result):
         if not isinstance(conv, nn.Module):
-            raise ModelCodeError(f"--model pyg: {where} returned a list whose item {index} is a "
-                                 f"{type(conv).__name__}, not a torch_geometric convolution")
+            raise ModelCodeError(f"--model pyg: {where} returned a list holding a {type(conv).__name__} at "
+                                 f"position {index}, not a torch_geometric convolution")
     return list(result)
 
 

@@ -1,6 +1,6 @@
-"""`--model pyg` code that calls sys.exit(0) while it is imported, under `mpirun -n 2`: it ended the job with
-status 0 and an empty run directory.  It is the one-line error, said once by rank 0, exit status 1 on
-every rank, no traceback (tests/unit/test_pyg_load_errors.py has every other failure, in one process)."""
+"""`--model pyg` code that calls sys.exit(0) while it is imported, under `mpirun -n 2`: uncaught, it would
+end the job with status 0 and an empty run directory.  It is the one-line error, said once by rank 0, exit
+status 1 on every rank, no traceback (tests/unit/test_pyg_load_errors.py has every other failure, in one process)."""
 import pytest
 
 from tests.conftest import run_mpi

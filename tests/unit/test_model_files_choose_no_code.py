@@ -147,7 +147,7 @@ def test_predict_init_from_and_resume_with_the_code_named_again(toy, tmp_path):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_non_finite_parameters_are_refused(toy, tmp_path, value):
-    """An all-NaN (or infinite) best-model.pt predicted NaN logits and class 0 everywhere with exit 0."""
+    """An all-NaN (or infinite) best-model.pt would predict NaN logits and class 0 everywhere with exit 0."""
     model = sage()
     with torch.no_grad():
         for p in model.parameters():

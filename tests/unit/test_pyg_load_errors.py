@@ -2,7 +2,8 @@
 together (the collective error main_guard prints once, without a traceback, exiting non-zero): a module
 that cannot be found or raises (SystemExit included) at import, a name that is not a module path, a
 factory that is missing, raises, exits or returns no convolutions, a convolution of the wrong width.
-Before, each was a traceback on every rank and MPI_ABORT, and SystemExit(0) ended the job with status 0.
+Uncaught, each would be a traceback on every rank and MPI_ABORT, and SystemExit(0) would end the job
+with status 0.
 
 granndis-train in this process on a 1x1 set (tests/launch/test_model_code_under_mpirun.py runs one
 under mpirun)."""
@@ -33,7 +34,7 @@ CASES = {  # name: (the module's source or None, the factory, what the error say
     "factory exits": ("import sys\ndef build(*a):\n    sys.exit(3)\n", "build", r"{m}\.build\(7, 8, 5, 2\) raised SystemExit: 3"),
     "factory returns a string": ("def build(*a):\n    return 'conv'\n", "build", r"returned a str, not a list of"),
     "factory returns numbers": ("def build(*a):\n    return [1, 2]\n", "build",
-                                r"returned a list whose item 0 is a int, not a torch_geometric convolution"),
+                                r"returned a list holding a int at position 0, not a torch_geometric convolution"),
     "conv of the wrong width": (WIDE, "build", r"convolution 0 \(SAGEConv\) on 7 input features raised RuntimeError"),
 }
 
