@@ -37,8 +37,10 @@ def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dic
 
     run_dir = os.fspath(run_dir)
     ran_with = {k: (d if k in RESUME_RESET else saved.get(k, d)) for k, d in defaults.items()}
+    # model_option is compared by value, not as text, once the options are checked (resumed_model_options)
     refused = [f"{k}={given[k]!r} (the run has {ran_with[k]!r})" for k in sorted(given)
-               if k in defaults and k not in RESUME_OVERRIDABLE | RESUME_RESET and given[k] != ran_with[k]]
+               if k in defaults and k not in RESUME_OVERRIDABLE | RESUME_RESET | {"model_option"}
+               and given[k] != ran_with[k]]
     out = given.get("out")
     if out is not None and os.path.realpath(out) != os.path.realpath(run_dir):
         refused.append(f"out={out!r} (a resumed run writes into the run directory {run_dir!r})")
@@ -50,9 +52,22 @@ def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dic
             f"({', '.join(RESUME_SHAPE[:-1])} and {RESUME_SHAPE[-1]} as far as the checkpoint allows); start a new run "
             f"(another --out) to change anything else")
     merged = dict(ran_with)
-    merged.update({k: v for k, v in given.items() if k in defaults})
+    merged.update({k: v for k, v in given.items() if k in defaults and k != "model_option"})
     merged["out"], merged["resume"] = run_dir, run_dir
     return merged
+
+
+def resumed_model_options(cfg: TrainConfig, given: Dict) -> None:
+    """--resume: the code the run's model imports is named again by the user (command line or --config),
+    equal to what RUN_DIR/config.json records, which never chooses it; other model options given again
+    must equal the run's.  ConfigError otherwise."""
+    from granndis_hpc.model_code import rebuild_options
+
+    try:
+        rebuild_options(cfg.model, cfg.model_option, given.get("model_option"),
+                        os.path.join(cfg.resume, "config.json"))
+    except ValueError as exc:
+        raise ConfigError(f"--resume {cfg.resume}: {exc}") from None
 
 
 def _parse_train_args(argv):
@@ -91,6 +106,8 @@ def _agreed_train_args(argv, MPI, collective_errors, CheckpointError):
             values = resume_config(load_resolved_config(given["resume"]), given, given["resume"],
                                    defaults(TrainConfig))
         cfg = TrainConfig(**values)
+        if cfg.resume:
+            resumed_model_options(cfg, given)
     return argparse.Namespace(**asdict(cfg))
 
 

@@ -79,7 +79,9 @@ def _resume_help(cls) -> str:
     free = [s.flag for s in rules.values() if not s.meta.get("resume_shape")]
     shape = [s.flag for s in rules.values() if s.meta.get("resume_shape")]
     return ("continue RUN_DIR from its newest complete checkpoint (from epoch 0 when it has none yet) with the "
-            f"options in RUN_DIR/config.json (nothing else is needed); options given again may differ only for "
+            f"options in RUN_DIR/config.json (nothing else is needed, but for a model that imports code, as pyg does, "
+            f"its module=... and factory=... model options as config.json records them: a file never chooses the "
+            f"code that runs); options given again may differ only for "
             f"{', '.join(free)}, and {' / '.join(shape)} when they name the same shard set and layout, or, in the "
             f"exact modes fb and flx, the same dataset built for another layout")
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 from granndis_hpc.config import TrainConfig
 from granndis_hpc.options import ConfigError, Options, option, reuse
@@ -29,6 +29,11 @@ class PredictOptions(Options):
     shards: str = reuse(TrainConfig, "shards", help="shard directory of the same dataset (any servers x ranks, "
                                                     "any preload): its content digest must match the model's")
     out: str = option(help="output: FILE.h5 / FILE.hdf5 (HDF5), or a directory of .npy files (see --format)")
+    model_option: Optional[List[str]] = reuse(
+        TrainConfig, "model_option",
+        help="the model's code, named again: a model file records --model pyg's module and factory but never chooses "
+             "the code that runs, so give them as it records them (module=M, factory=F); any other option given "
+             "must equal the recorded one")
     format: str = option("auto", choices=FORMATS, help="auto: HDF5 when --out ends in .h5 or .hdf5, else a "
                                                        "directory of .npy files")
     probabilities: bool = option(False, help="write softmax probabilities instead of the logits (a multi-label "

@@ -26,6 +26,7 @@ What an entry carries (docs/architecture.md, the recipes):
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Mapping, MutableMapping, Optional, Sequence, Tuple
 
@@ -131,6 +132,9 @@ class ModelOption:
     type: type
     default: Any
     help: str = ""
+    # The value names code to import (a module, a function in it): only the user gives it, never a file
+    # that records a model's options (model_code.py).
+    names_code: bool = False
 
 
 def boolean(text: str) -> bool:
@@ -166,6 +170,39 @@ def probability(text: str) -> float:
 
 
 probability.__name__ = "float in [0, 1)"
+
+
+# Python names as the user writes them: absolute dotted module paths and plain identifiers, at most a
+# path's length (a value read from a file is echoed in errors).
+_PYTHON_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MAX_NAME_CHARS = 255
+
+
+def module_name(text: str) -> str:
+    """A model option that names a module: an absolute dotted path (pkg.mod), no relative import."""
+    value = str(text).strip()
+    if len(value) > _MAX_NAME_CHARS or not all(_PYTHON_NAME.fullmatch(part) for part in value.split(".")):
+        raise ValueError(f"not an absolute module name like pkg.module: {value[:40]!r}")
+    return value
+
+
+module_name.__name__ = "module name"
+
+
+def python_name(text: str) -> str:
+    """A model option that names a function of a module: a Python identifier."""
+    value = str(text).strip()
+    if len(value) > _MAX_NAME_CHARS or not _PYTHON_NAME.fullmatch(value):
+        raise ValueError(f"not a Python identifier: {value[:40]!r}")
+    return value
+
+
+python_name.__name__ = "Python identifier"
+
+
+def code_options(model: str) -> Tuple[str, ...]:
+    """The names of the model's options that name code to import (``names_code``)."""
+    return tuple(o.name for o in (MODELS.entry(model).get("options") or ()) if o.names_code)
 
 
 def model_options(model: str, items: Optional[Sequence[str]] = ()) -> Dict[str, Any]:
@@ -230,8 +267,10 @@ MODELS.declare("sage-max", "granndis_hpc.nn.zoo:build_sage_max",
                estimator="granndis_hpc.memory_model.zoo_stacks:SAGE_MAX_ESTIMATE", linear_head=True)
 MODELS.declare("pyg", "granndis_hpc.nn.pyg:build_pyg", estimator="granndis_hpc.memory_model.pyg_stacks:PYG_ESTIMATE",
                linear_head=True, options=(
-    ModelOption("module", str, "", "importable module whose factory returns the torch_geometric convolutions"),
-    ModelOption("factory", str, "build", "function of module: (in_features, hidden, out_features, layers) -> convs")))
+    ModelOption("module", module_name, "", "importable module whose factory returns the torch_geometric convolutions",
+                names_code=True),
+    ModelOption("factory", python_name, "build", "function of module: (in_features, hidden, out_features, layers) -> "
+                                                 "convs", names_code=True)))
 
 
 # ---------------------------------------------------------------------------------------------------

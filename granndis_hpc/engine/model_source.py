@@ -9,23 +9,31 @@ Three places hold one (`granndis predict --model`, `--init-from`, `--eval-only`)
 best-model.pt carries its provenance (the run's resolved options, the dataset's name and content digest)
 since the trainer writes it; a file without it (written before) takes them from the config.json beside
 it and the dataset digest from the checkpoint's fingerprint or the shard set config.json names.  Files
-are read with torch.load(weights_only=True): no pickled code runs.
+are read with torch.load(weights_only=True): no pickled code runs.  What a file records is data: its
+architecture options are checked (types, ranges, known models and options) and its parameters must be
+finite tensors before anything is built from them, and the options that name code to import (`--model
+pyg`'s module and factory) are never taken from it: the user names them again (model_code.py).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
-from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, load_resolved_config
+from granndis_hpc import registry
+from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, TrainConfig, load_resolved_config
+from granndis_hpc.model_code import code_refusal
+from granndis_hpc.options import check_recorded
 from granndis_hpc.rundir.checkpoint_files import COMPLETE, SHARED_FILE, CheckpointError, latest_complete, read_complete
 from granndis_hpc.rundir.best_model import BEST_MODEL
 
 # The options that decide a model's parameters' shapes and its forward (with the shard set's feature
 # width and class count): what a model read back is rebuilt with.
 ARCHITECTURE = ("model", "hidden", "layers", "linear_layers", "norm", "dropout", "input_dropout", "model_option")
+# Options a file may lack (written before they existed): their absence means their default.
+_MAY_LACK = ("linear_layers", "norm", "dropout", "input_dropout", "model_option")
 
 
 class ModelSourceError(ValueError):
@@ -44,7 +52,8 @@ class ModelSource:
     extra: Dict = field(default_factory=dict)
 
     def architecture(self) -> Dict:
-        return {k: self.config.get(k) for k in ARCHITECTURE}
+        """The architecture options the source records, checked as data (ModelSourceError otherwise)."""
+        return checked_architecture(self.config, self.path)
 
     def provenance(self) -> Dict:
         """What an output made from this model records about it."""
@@ -60,6 +69,52 @@ def model_provenance(cfg, manifest: Dict) -> Dict:
     digest = ds.get("content_sha256")
     return {"config": resolved_config(cfg), "dataset": ds.get("name"),
             "dataset_sha256": digest if isinstance(digest, str) else None}
+
+
+def _recorded(config: Dict, key: str, path: str):
+    value = config.get(key)
+    if value is None:
+        if key in _MAY_LACK:
+            return None
+        raise ModelSourceError(f"{path}: records no {key!r} option: it is not a model file of granndis-train")
+    try:
+        return check_recorded(TrainConfig, key, value, f"{path}: its recorded option {key!r}")
+    except ConfigError as exc:
+        raise ModelSourceError(f"{exc}: the file is damaged or was edited") from None
+
+
+def checked_architecture(config, path: str) -> Dict:
+    """The architecture options a model file records, checked as data before anything is built from them:
+    each as a TOML value of the option is (type, range, a known model), then the model's options and
+    linear head as the registry declares them.  ModelSourceError naming the file and the option."""
+    if not isinstance(config, dict):
+        raise ModelSourceError(f"{path}: its recorded options are a {type(config).__name__}, not a mapping: "
+                               f"the file is damaged or was edited")
+    arch = {key: _recorded(config, key, path) for key in ARCHITECTURE}
+    try:
+        registry.model_options(arch["model"], arch["model_option"])
+    except ValueError as exc:
+        raise ModelSourceError(f"{path}: its recorded {exc}") from None
+    problem = registry.linear_head_problem(arch["model"], arch["layers"], arch["linear_layers"])
+    if problem:
+        raise ModelSourceError(f"{path}: its recorded options cannot be built: {problem}")
+    return arch
+
+
+def check_parameters(state: Dict, path: str) -> None:
+    """The model entries are named tensors, all finite: NaN or infinite parameters would predict NaN logits
+    (and class 0 for every vertex) with exit status 0, as --resume refuses them."""
+    for name, value in state.items():
+        if not isinstance(name, str) or not torch.is_tensor(value):
+            raise ModelSourceError(f"{path}: its model entry {str(name)[:40]!r} is a {type(value).__name__}, not a "
+                                   f"named tensor: the file is damaged or was edited")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ModelSourceError(f"{path}: its model parameter {name!r} holds NaN or infinite values, so it cannot "
+                                   f"be used: take an earlier checkpoint (RUN_DIR/checkpoints/epoch-E) or train again")
+
+
+def _text(value) -> Optional[str]:
+    return value if isinstance(value, str) else None
 
 
 def _load(path: str):
@@ -100,8 +155,9 @@ def _best_model(path: str) -> ModelSource:
     else:
         config = _config_beside(os.path.dirname(os.path.abspath(path)), path)
         dataset, digest = None, _digest_of_shards(config)
-    return ModelSource(path, "best-model", obj["model"], config, epoch=obj.get("epoch"), dataset=dataset,
-                       dataset_sha256=digest,  # the metric's values at that epoch (rundir/best_model.py)
+    epoch = obj.get("epoch") if isinstance(obj.get("epoch"), int) else None
+    return ModelSource(path, "best-model", obj["model"], config, epoch=epoch, dataset=_text(dataset),
+                       dataset_sha256=_text(digest),  # the metric's values at that epoch (rundir/best_model.py)
                        extra={k: v for k, v in obj.items() if k not in ("model", "provenance", "epoch")})
 
 
@@ -121,13 +177,20 @@ def _checkpoint(directory: str) -> ModelSource:
     fp = complete.get("fingerprint") or {}
     config = _config_beside(run_dir, directory)
     return ModelSource(state_path, "checkpoint", obj["model"], config, epoch=int(complete.get("epoch", 0)),
-                       dataset=fp.get("dataset"), dataset_sha256=fp.get("dataset_sha256"))
+                       dataset=_text(fp.get("dataset")), dataset_sha256=_text(fp.get("dataset_sha256")))
 
 
 def read_model_source(path: str) -> ModelSource:
     """The trained model at `path` (a run directory, a best-model.pt, a checkpoint directory or its
-    state.pt); ModelSourceError saying what is missing otherwise."""
-    path = os.fspath(path)
+    state.pt), its options and parameters checked as data; ModelSourceError saying what is wrong
+    otherwise."""
+    source = _find_source(os.fspath(path))
+    source.architecture()
+    check_parameters(source.state, source.path)
+    return source
+
+
+def _find_source(path: str) -> ModelSource:
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, COMPLETE)):
             return _checkpoint(path)
@@ -184,15 +247,31 @@ def load_parameters(model: torch.nn.Module, source: ModelSource) -> None:
     model.load_state_dict(source.state)
 
 
-def warm_start(model: torch.nn.Module, cfg) -> ModelSource:
-    """--init-from: copy a trained model's parameters into the run's model (built from the run's own
-    options, which must describe the same architecture); returns the source (for summary.json)."""
+def _run_differs(cfg, arch: Dict) -> List[str]:
+    """The run's architecture options that are not the saved model's."""
+    differ = [f"--{k.replace('_', '-')} {getattr(cfg, k)!r} (the model: {arch[k]!r})"
+              for k in ("model", "hidden", "layers") if arch[k] != getattr(cfg, k)]
+    if bool(arch["norm"]) != cfg.norm:
+        differ.append(f"--norm {cfg.norm!r} (the model: {bool(arch['norm'])!r})")
+    if not differ and registry.model_options(cfg.model, cfg.model_option) != \
+            registry.model_options(arch["model"], arch["model_option"]):
+        differ.append(f"--model-option {cfg.model_option!r} (the model: {arch['model_option']!r})")
+    return differ
+
+
+def init_source(cfg) -> ModelSource:
+    """--init-from: the trained model, checked against the run's own options, which must describe the same
+    architecture and name the same code (a file never chooses it); returns the source, whose parameters
+    load_parameters copies into the run's model (and summary.json names)."""
     source = read_model_source(cfg.init_from)
     arch = source.architecture()
-    differ = [f"--{k.replace('_', '-')} {getattr(cfg, k)!r} (the model: {arch[k]!r})"
-              for k in ("model", "hidden", "layers", "norm", "model_option") if arch.get(k) != getattr(cfg, k)]
+    if arch["model"] == cfg.model:
+        problem = code_refusal(cfg.model, registry.model_options(cfg.model, arch["model_option"]), cfg.model_option,
+                               source.path)
+        if problem:
+            raise ModelSourceError(f"--init-from {cfg.init_from}: {problem}")
+    differ = _run_differs(cfg, arch)
     if differ:
         raise ModelSourceError(f"--init-from {cfg.init_from}: the run builds another model than the saved one: "
                                f"{', '.join(differ)}; give the saved model's options")
-    load_parameters(model, source)
     return source

@@ -28,7 +28,7 @@ from granndis_hpc.engine.predict_io import OutputError, block_bounds, check_outp
 from granndis_hpc.engine.preflight import share_cpu_threads
 from granndis_hpc.graph import planner
 from granndis_hpc.nn.models import build_model
-from granndis_hpc.registry import model_options
+from granndis_hpc.model_code import rebuild_options
 from granndis_hpc.startup_options import topology_args
 
 log = logging.getLogger(__name__)
@@ -40,16 +40,22 @@ class PredictError(ValueError):
     """The options cannot be served by this model and shard set."""
 
 
-def build_from_source(source: ModelSource, manifest: Dict, device) -> torch.nn.Module:
-    """The model the source's architecture describes, for this shard set's widths, with its parameters."""
+def build_from_source(source: ModelSource, manifest: Dict, device, model_option=None) -> torch.nn.Module:
+    """The model the source's architecture describes, for this shard set's widths, with its parameters.
+    `model_option`: the user's --model-option items; the code a model imports comes from them only
+    (model_code.rebuild_options), never from the file."""
     arch, ds = source.architecture(), manifest["dataset"]
+    try:
+        options = rebuild_options(arch["model"], arch["model_option"], model_option, source.path)
+    except ValueError as exc:
+        raise ModelSourceError(str(exc)) from None
     torch.manual_seed(0)  # the parameters are replaced below; this keeps building deterministic
     model = build_model(arch["model"], int(ds["num_features"]), int(arch["hidden"]), int(ds["num_classes"]),
-                        int(arch["layers"]), dropout=float(arch.get("dropout") or 0.0), norm=bool(arch.get("norm")),
-                        linear_layers=int(arch.get("linear_layers") or 0),  # absent before the option: none
-                        **model_options(arch["model"], arch.get("model_option")))
+                        int(arch["layers"]), dropout=float(arch["dropout"] or 0.0), norm=bool(arch["norm"]),
+                        linear_layers=int(arch["linear_layers"] or 0),  # absent before the option: none
+                        **options)
     load_parameters(model, source)
-    model.input_dropout = float(arch.get("input_dropout") or 0.0)
+    model.input_dropout = float(arch["input_dropout"] or 0.0)
     return model.to(device)
 
 
@@ -59,8 +65,9 @@ class WorldForward:
 
     def __init__(self, shards_dir: str, source_path: str, ranks_per_server: Optional[int], device: str,
                  intra_transport: str, skip_checksums: bool = False, verify_content: bool = False,
-                 start: Optional[Dict] = None, host_staging: bool = False):
-        # start: init_topology's start-up arguments (startup_options.topology_args of the options)
+                 start: Optional[Dict] = None, host_staging: bool = False, model_option=None):
+        # start: init_topology's start-up arguments (startup_options.topology_args of the options);
+        # model_option: the user's --model-option items (build_from_source)
         self.topo = topo = init_topology(ranks_per_server, device, intra_transport, **(start or {}))
         try:
             share_cpu_threads(topo)
@@ -78,7 +85,7 @@ class WorldForward:
                 if topo.local_rank == 0 and not skip_checksums:
                     shards.verify_checksums(shards_dir, self.manifest, servers=[topo.server])
                 self.slice = sl = shards.read_rank_slice(shards_dir, self.manifest, topo.server, topo.local_rank)
-                self.model = build_from_source(self.source, self.manifest, topo.device).eval()
+                self.model = build_from_source(self.source, self.manifest, topo.device, model_option).eval()
             if verify_content:
                 with collective_errors(world, "", catch=(shards.ShardError,)):
                     shards.check_job_content(world, sl, self.manifest, shards_dir)
@@ -125,7 +132,8 @@ def run_predict(opts) -> Dict:
     fmt = opts.resolved_format()
     start_s = time.perf_counter()
     fw = WorldForward(opts.shards, opts.model, opts.ranks_per_server, opts.device, opts.intra_transport,
-                      opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging)
+                      opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging,
+                      opts.model_option)
     try:
         topo, sl, n_inner = fw.topo, fw.slice, fw.n_inner
         with collective_errors(topo.world, "", catch=(PredictError, OutputError)):

@@ -33,7 +33,7 @@ from granndis_hpc.rundir import checkpoint
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.cluster.hostsync import Stopwatch
 from granndis_hpc.engine.layerclock import LayerClock
-from granndis_hpc.engine.model_source import ModelSourceError, warm_start
+from granndis_hpc.engine.model_source import init_source, load_parameters
 from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.optim import ScheduledOptimizer
 from granndis_hpc.engine.precision import Precision, PrecisionError
@@ -119,12 +119,17 @@ class Trainer(TrainerCheckpoints):
         self.startup.mark("views")
         torch.manual_seed(cfg.seed)  # same parameters on every rank
         ds = self.manifest["dataset"]
-        self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
-                                 cfg.layers, dropout=cfg.dropout, norm=cfg.norm, linear_layers=cfg.linear_layers or 0,
-                                 **model_options(cfg.model, cfg.model_option)).to(self.device)
-        if cfg.init_from:  # --init-from: the parameters of a trained model (a resume replaces them below)
-            with collective_errors(self.world, "", catch=(ModelSourceError,)):
-                self.init_source = warm_start(self.model, cfg)
+        # The model's code (a pyg module) and --init-from's file are the user's: what fails in them (an
+        # import, a factory, a file that does not fit) is the one-line error on every rank together.
+        with collective_errors(self.world, "", catch=(ValueError,)):
+            if cfg.init_from:  # --init-from: checked against the run's options before the model is built
+                self.init_source = init_source(cfg)
+            self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
+                                     cfg.layers, dropout=cfg.dropout, norm=cfg.norm,
+                                     linear_layers=cfg.linear_layers or 0,
+                                     **model_options(cfg.model, cfg.model_option)).to(self.device)
+            if cfg.init_from:  # its parameters (a resume replaces them below)
+                load_parameters(self.model, self.init_source)
         self.model.checkpoint_activations = cfg.checkpoint_activations
         self.precision.round_conv_rows(self.model)
         self.model.input_dropout = cfg.input_dropout

@@ -25,6 +25,8 @@ from typing import List, Optional, Sequence
 import torch
 from torch import nn
 
+from granndis_hpc import registry
+
 from .graph import LayerGraph
 from .zoo import EdgeGNN
 
@@ -108,7 +110,31 @@ class PyGLayer(nn.Module):
         return self.conv(h_src, index)[: graph.n_dst]
 
 
-def _out_width(layer: PyGLayer, width: int) -> int:
+class ModelCodeError(ValueError):
+    """The user's model code cannot be imported or called, or does not give usable convolutions."""
+
+
+def _said(exc: BaseException) -> str:
+    """An exception as one short line: its type and its text with the line breaks folded."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def _code_error(what: str, exc: BaseException) -> ModelCodeError:
+    return ModelCodeError(f"--model pyg: {what} raised {_said(exc)}; fix it or name other code with "
+                          f"--model-option module=... factory=...")
+
+
+def _run_user_code(what: str, fn, *args):
+    """fn(*args), whatever it raises as ModelCodeError naming `what`.  SystemExit too: user code that
+    calls sys.exit would otherwise end the job with that status and nothing said."""
+    try:
+        return fn(*args)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's code may raise anything
+        raise _code_error(what, exc) from exc
+
+
+def _out_width(layer: PyGLayer, width: int, index: int = 0) -> int:
     """The conv's output width for `width` input features, from one call on a two-vertex graph (in eval
     mode and without gradients: no parameter and no random generator is touched)."""
     graph = LayerGraph.from_csr(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), 2)
@@ -116,9 +142,14 @@ def _out_width(layer: PyGLayer, width: int) -> int:
     layer.eval()
     try:
         with torch.no_grad():
-            return int(layer(torch.zeros(2, width), graph).shape[-1])
+            out = _run_user_code(f"convolution {index} ({type(layer.conv).__name__}) on {width} input features",
+                                 layer, torch.zeros(2, width), graph)
     finally:
         layer.train(was_training)
+    if not torch.is_tensor(out) or out.dim() != 2:
+        raise ModelCodeError(f"--model pyg: convolution {index} ({type(layer.conv).__name__}) returned "
+                             f"{type(out).__name__}, not a [rows, features] tensor")
+    return int(out.shape[-1])
 
 
 def pyg_stack(name: str, convs: Sequence[nn.Module], in_features: int, hidden: int, num_classes: int,
@@ -128,8 +159,8 @@ def pyg_stack(name: str, convs: Sequence[nn.Module], in_features: int, hidden: i
     if not layers:
         raise ValueError(f"--model {name}: the factory returned no convolution")
     widths = [int(in_features)]
-    for layer in layers:
-        widths.append(_out_width(layer, widths[-1]))
+    for index, layer in enumerate(layers):
+        widths.append(_out_width(layer, widths[-1], index))
     widths += [hidden] * (linear_layers - 1) + [num_classes] if linear_layers else []
     if widths[-1] != num_classes:
         raise ValueError(f"--model {name}: the last layer gives {widths[-1]} features, the dataset has "
@@ -137,26 +168,64 @@ def pyg_stack(name: str, convs: Sequence[nn.Module], in_features: int, hidden: i
     return EdgeGNN(name, layers, widths, dropout, norm)
 
 
+def _import(module: str):
+    """The user's module, imported; ModelCodeError saying why it cannot be."""
+    try:
+        registry.module_name(module)
+    except ValueError as exc:
+        raise ModelCodeError(f"--model pyg: --model-option module={module[:40]}: {exc}") from None
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
+            raise ModelCodeError(f"--model pyg: no module named {module!r} can be imported; give --model-option "
+                                 f"module=NAME of an installed module or one in a directory on PYTHONPATH") from None
+        raise _code_error(f"importing {module}", exc) from exc  # a module it imports is missing
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the module's own code may raise anything
+        raise _code_error(f"importing {module}", exc) from exc
+
+
+def _factory(module: str, factory: str):
+    obj = getattr(_import(module), factory, None)
+    if not callable(obj):
+        raise ModelCodeError(f"--model pyg: module {module!r} has no function {factory!r}"
+                             + ("" if obj is None else f" (it is a {type(obj).__name__})")
+                             + "; give --model-option factory=NAME of a function in it")
+    return obj
+
+
+def _conv_list(result, where: str) -> List[nn.Module]:
+    """The factory's convolutions: a list (or tuple, or nn.ModuleList) of modules."""
+    if isinstance(result, nn.ModuleList):
+        result = list(result)
+    if not isinstance(result, (list, tuple)):
+        raise ModelCodeError(f"--model pyg: {where} returned a {type(result).__name__}, not a list of "
+                             "torch_geometric convolutions")
+    for index, conv in enumerate(result):
+        if not isinstance(conv, nn.Module):
+            raise ModelCodeError(f"--model pyg: {where} returned a list holding a {type(conv).__name__} at "
+                                 f"position {index}, not a torch_geometric convolution")
+    return list(result)
+
+
 def build_pyg(in_features, hidden, num_classes, layers, dropout, norm, module="", factory="build",
               linear_layers=0):
-    """The `pyg` model: MODULE.FACTORY(in_features, hidden, out_features, convs) -> the convolutions."""
+    """The `pyg` model: MODULE.FACTORY(in_features, hidden, out_features, convs) -> the convolutions.
+    Whatever fails in the user's code is a ModelCodeError of one line (collective_errors reports it)."""
     try:
         import torch_geometric  # noqa: F401
     except ImportError:
         raise ValueError("--model pyg needs torch_geometric: pip install '.[pyg]' (or pip install torch_geometric)") \
             from None
     if not module:
-        raise ValueError("--model pyg needs --model-option module=MODULE (an importable module whose FACTORY, "
-                         "--model-option factory=NAME, returns the convolutions)")
-    try:
-        fn = getattr(importlib.import_module(module), factory)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--model pyg: cannot load {module}.{factory} ({e}); give --model-option module=... "
-                         "naming an importable module and factory=... a function in it") from None
+        raise ModelCodeError("--model pyg needs --model-option module=MODULE (an importable module whose FACTORY, "
+                             "--model-option factory=NAME, returns the convolutions)")
+    fn = _factory(module, factory)
     convs_n = layers - linear_layers
     out = hidden if linear_layers else num_classes
-    convs: List[nn.Module] = list(fn(in_features, hidden, out, convs_n))
+    where = f"{module}.{factory}({in_features}, {hidden}, {out}, {convs_n})"
+    convs = _conv_list(_run_user_code(where, fn, in_features, hidden, out, convs_n), where)
     if len(convs) != convs_n:
-        raise ValueError(f"--model pyg: {module}.{factory} returned {len(convs)} convolutions for {convs_n} "
-                         "message-passing layers (--layers minus --linear-layers)")
+        raise ModelCodeError(f"--model pyg: {where} returned {len(convs)} convolutions for {convs_n} "
+                             "message-passing layers (--layers minus --linear-layers)")
     return pyg_stack("pyg", convs, in_features, hidden, num_classes, dropout, norm, linear_layers)

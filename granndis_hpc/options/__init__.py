@@ -43,12 +43,12 @@ can be reproduced and ``granndis report`` can label it.
 """
 # declare.py: option(), specs, reuse, validate and the value rules; parser.py: argparse and reading a
 # command's options; toml.py: --config FILE.toml.
-from .declare import (ConfigError, HelpFormatter, Options, allowed_choices, defaults, option, resume_rule, reuse,
-                      specs, validate)
+from .declare import (ConfigError, HelpFormatter, Options, allowed_choices, check_recorded, defaults, option,
+                      resume_rule, reuse, specs, validate)
 from .parser import (add_options, build_parser, missing_required, parse_args_with_config, parse_options,
                      read_command, read_options)
 from .toml import load_config_file
 
-__all__ = ["ConfigError", "HelpFormatter", "Options", "add_options", "allowed_choices", "build_parser", "defaults",
-           "load_config_file", "missing_required", "option", "parse_args_with_config", "parse_options", "read_command",
-           "read_options", "resume_rule", "reuse", "specs", "validate"]
+__all__ = ["ConfigError", "HelpFormatter", "Options", "add_options", "allowed_choices", "build_parser", "check_recorded",
+           "defaults", "load_config_file", "missing_required", "option", "parse_args_with_config", "parse_options",
+           "read_command", "read_options", "resume_rule", "reuse", "specs", "validate"]

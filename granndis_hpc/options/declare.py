@@ -217,6 +217,21 @@ def _from_file(spec: _Spec, value, where: str):
     return [_scalar_from_file(spec, v, f"{where}[{i}]") for i, v in enumerate(value)]
 
 
+# The longest string a value read from a file may be (a path: PATH_MAX); a longer one is refused, not echoed.
+MAX_VALUE_CHARS = 4096
+
+
+def check_recorded(cls, name: str, value, where: str):
+    """A value of option `name` of `cls` that a file records (a model file's options): checked as data,
+    the way a TOML value is (type, choices, range, parse, lists); ConfigError naming `where` otherwise."""
+    spec = {s.name: s for s in specs(cls)}[name]
+    for item in (value if isinstance(value, list) else [value]):
+        if isinstance(item, str) and len(item) > MAX_VALUE_CHARS:
+            raise ConfigError(f"{where}: a value of {len(item)} characters (starting {item[:24]!r}); option values "
+                              f"are at most {MAX_VALUE_CHARS} characters")
+    return _from_file(spec, value, where)
+
+
 def validate(obj) -> None:
     """Check every field of an options dataclass instance against its rules (for __post_init__);
     ConfigError naming the option (as its flag) and the problem."""

@@ -5,7 +5,7 @@ import difflib
 import sys
 from typing import Any, Dict, Optional
 
-from .declare import ConfigError, _from_file, _Spec, specs
+from .declare import MAX_VALUE_CHARS, ConfigError, _from_file, _Spec, specs
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,8 +34,6 @@ def _flag_hint(cls, key: str) -> Optional[str]:
 
 # An options file is a few hundred bytes; anything near this is not one (and would be echoed in errors).
 MAX_CONFIG_BYTES = 1 << 20
-# The longest string value (a path: PATH_MAX); a longer one is refused instead of echoed.
-MAX_VALUE_CHARS = 4096
 
 
 def load_config_file(path, cls) -> Dict[str, Any]:

@@ -14,6 +14,8 @@ pytest.importorskip("torch_geometric")
 pytestmark = pytest.mark.mpi(min_size=4)
 from mpi4py import MPI  # noqa: E402
 
+from granndis_hpc.cluster.errors import ClusterError  # noqa: E402
+
 from tests.mpi.test_zoo_exact import _assert_trained_close  # noqa: E402
 from tests.pyg_stacks import plain_pyg_logits  # noqa: E402
 
@@ -84,9 +86,11 @@ def test_pyg_stack_equals_plain_pyg_on_the_whole_graph(cora, cora_shards, factor
 
 
 def test_a_conv_that_cannot_run_partitioned_is_refused_with_the_reason(cora_shards):
-    with pytest.raises(ValueError, match=r"GCNConv\(normalize=True\) computes the degrees.*normalize=False"):
+    """On every rank together: the one-line error main_guard prints once."""
+    with pytest.raises(ClusterError, match=r"GCNConv\(normalize=True\) computes the degrees.*normalize=False") as info:
         make_trainer(cora_shards[("full", 3)], "fb", "pyg", 3, hidden=8,
                      model_option=["module=tests.pyg_stacks", "factory=normalized_gcn"])
+    assert info.value.collective
 
 
 def test_pyg_stack_runs_in_flx_exactly_and_learns_in_the_sampled_modes(cora, cora_shards):
