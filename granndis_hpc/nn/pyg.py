@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import weakref
 from typing import List, Optional, Sequence
 
@@ -168,6 +169,17 @@ def pyg_stack(name: str, convs: Sequence[nn.Module], in_features: int, hidden: i
     return EdgeGNN(name, layers, widths, dropout, norm)
 
 
+def _beside(module: str) -> str:
+    """Where the module's file is, if it lies in the working directory: the `granndis` command (unlike
+    `python script.py`) does not search there, so say how to put it on the path of every rank."""
+    top = module.split(".")[0]
+    if os.path.isfile(top + ".py") or os.path.isfile(os.path.join(top, "__init__.py")):
+        return (f" ({os.path.abspath(top)}{'.py' if os.path.isfile(top + '.py') else '/'} is in the working "
+                f"directory, which the ranks do not search: run with PYTHONPATH=$PWD, and under mpirun add "
+                f"-x PYTHONPATH, under srun --export=ALL)")
+    return ""
+
+
 def _import(module: str):
     """The user's module, imported; ModelCodeError saying why it cannot be."""
     try:
@@ -178,8 +190,9 @@ def _import(module: str):
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
-            raise ModelCodeError(f"--model pyg: no module named {module!r} can be imported; give --model-option "
-                                 f"module=NAME of an installed module or one in a directory on PYTHONPATH") from None
+            raise ModelCodeError(f"--model pyg: no module named {module!r} can be imported{_beside(module)}; give "
+                                 f"--model-option module=NAME of an installed module or one in a directory on "
+                                 f"PYTHONPATH") from None
         raise _code_error(f"importing {module}", exc) from exc  # a module it imports is missing
     except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the module's own code may raise anything
         raise _code_error(f"importing {module}", exc) from exc

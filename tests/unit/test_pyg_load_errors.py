@@ -78,3 +78,19 @@ def test_a_module_name_that_is_no_module_path_is_an_option_error(one_rank_set, t
         with pytest.raises(ClusterError) as info:
             train(one_rank_set, tmp_path / "run", "--model-option", option)
         assert info.value.exit_code == 2 and f"must be of type {kind}, got" in str(info.value)
+
+
+def test_a_module_in_the_working_directory_says_how_to_reach_it(tmp_path, monkeypatch):
+    """The documented `--model pyg` example with its module beside the job: the ranks do not search the
+    working directory, and the error says how to put it on their path."""
+    from granndis_hpc.nn.pyg import ModelCodeError, _import
+
+    (tmp_path / "mystack_beside.py").write_text("def build(*a):\n    return []\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    with pytest.raises(ModelCodeError, match=r"mystack_beside\.py is in the working directory, which the ranks do "
+                                             r"not search: run with PYTHONPATH=\$PWD, and under mpirun add -x PYTHONPATH"):
+        _import("mystack_beside")
+    with pytest.raises(ModelCodeError) as elsewhere:
+        _import("mystack_nowhere")
+    assert "working directory" not in str(elsewhere.value)
