@@ -97,6 +97,12 @@ def _agreed_train_args(argv, MPI, collective_errors, CheckpointError):
         if "resume" in file_values:
             raise ConfigError("resume cannot be set in a --config file; give --resume RUN_DIR")
         given = {**file_values, **command_line}
+        if given.get("resume") is None and given.get("init_from"):  # the saved model's options, unless given
+            from granndis_hpc.engine.model_source import ModelSourceError, saved_model_options
+            try:
+                given.update(saved_model_options(given["init_from"], given))
+            except ModelSourceError as exc:
+                raise ConfigError(f"--init-from {given['init_from']}: {exc}") from None
         if given.get("resume") is None:
             missing = missing_required(TrainConfig, given)
             if missing:

@@ -225,7 +225,8 @@ class TrainConfig:
     init_from: Optional[str] = option(None, metavar="RUN_OR_FILE",
                                       help="start from a trained model's parameters (a run directory, its "
                                            "best-model.pt or a checkpoint directory) with a fresh optimizer, in a new "
-                                           "run (--out), on any shape and mode; the model options must match its")
+                                           "run (--out), on any shape and mode; the model options not given are the saved model's, and "
+                                           "those given must match it")
     eval_only: bool = option(False, fingerprint=False, help="train nothing: evaluate the --init-from model on --shards and write "
                                          "summary.json (with --out) and the accuracies")
     overwrite_run: bool = option(False, on_resume="reset",

@@ -24,7 +24,7 @@ import torch
 
 from granndis_hpc import registry
 from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, TrainConfig, load_resolved_config
-from granndis_hpc.model_code import code_refusal
+from granndis_hpc.model_code import code_refusal, given_names
 from granndis_hpc.options import check_recorded
 from granndis_hpc.rundir.checkpoint_files import COMPLETE, SHARED_FILE, CheckpointError, latest_complete, read_complete
 from granndis_hpc.rundir.best_model import BEST_MODEL
@@ -257,6 +257,24 @@ def _run_differs(cfg, arch: Dict) -> List[str]:
             registry.model_options(arch["model"], arch["model_option"]):
         differ.append(f"--model-option {cfg.model_option!r} (the model: {arch['model_option']!r})")
     return differ
+
+
+def saved_model_options(path: str, given: Dict) -> Dict:
+    """--init-from / --eval-only: the architecture options of the model at `path` that the user did not
+    give (`given`: the command line's and --config's values), so that a run starts from a saved model
+    without retyping them.  Model options (--model-option) merge: the recorded items the user did not
+    name, then the user's.  Items that name code (--model pyg's module and factory) are never taken from
+    the file: the user names them (model_code.py), or the run is refused with what to add."""
+    arch = read_model_source(path).architecture()
+    taken = {k: arch[k] for k in ARCHITECTURE if k != "model_option" and k not in given and arch.get(k) is not None}
+    model = given.get("model", arch.get("model"))
+    if model == arch.get("model") and arch.get("model_option"):
+        mine = list(given.get("model_option") or ())
+        skip = given_names(mine) | set(registry.code_options(model))
+        kept = [item for item in arch["model_option"] if given_names([item]).isdisjoint(skip)]
+        if kept:
+            taken["model_option"] = kept + mine
+    return taken
 
 
 def init_source(cfg) -> ModelSource:

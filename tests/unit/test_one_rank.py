@@ -131,3 +131,29 @@ def test_banner_epoch_lines_and_quiet(one_rank, tmp_path, capsys):
     cli.run_training(args + ["--quiet"])
     quiet = capsys.readouterr().out.splitlines()
     assert len(quiet) == 1 and quiet[0].startswith("[fb] done: 3 epochs"), quiet
+
+
+def test_init_from_and_eval_only_take_the_saved_models_options(one_rank, tmp_path):
+    """--init-from / --eval-only without the model's options: the saved model's are used; an option given
+    is the user's (and must still fit the saved parameters)."""
+    import json
+
+    from granndis_hpc import cli
+    from granndis_hpc.cluster.errors import ClusterError
+
+    _, shards = one_rank
+    base = ["--shards", str(shards), "--ranks-per-server", "1", "--skip-checksums", "--quiet", "--mode", "fb"]
+    cli.run_training(base + ["--model", "gat", "--layers", "2", "--hidden", "6", "--norm", "--dropout", "0.3",
+                             "--model-option", "heads=2", "--epochs", "2", "--out", str(tmp_path / "saved")])
+    summary = cli.run_training(base + ["--init-from", str(tmp_path / "saved"), "--eval-only",
+                                       "--out", str(tmp_path / "eval")])
+    config = json.loads((tmp_path / "eval" / "config.json").read_text())
+    assert (config["model"], config["layers"], config["hidden"], config["norm"], config["dropout"]) == \
+        ("gat", 2, 6, True, 0.3)
+    assert config["model_option"] == ["heads=2"] and summary["epochs"] == 0
+    tuned = cli.run_training(base + ["--init-from", str(tmp_path / "saved"), "--dropout", "0", "--epochs", "1",
+                                     "--out", str(tmp_path / "tuned")])
+    assert tuned["epochs"] == 1
+    assert json.loads((tmp_path / "tuned" / "config.json").read_text())["dropout"] == 0.0
+    with pytest.raises(ClusterError, match=r"--hidden 12 \(the model: 6\)"):
+        cli.run_training(base + ["--init-from", str(tmp_path / "saved"), "--hidden", "12", "--epochs", "1"])
