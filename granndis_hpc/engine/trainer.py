@@ -404,8 +404,10 @@ class Trainer(TrainerCheckpoints):
                 if self.run_dir and self._saved_epoch != self.epoch:  # not written after this epoch already
                     self.save_checkpoint(time.perf_counter() - start)
                 if rank0 and not cfg.quiet:
+                    # Epochs numbered as the epoch lines and metrics.jsonl number them (from 0).
                     print(f"early stopping: no better validation metric in the last {cfg.patience} evaluations; "
-                          f"stopped after epoch {self.epoch} (best: epoch {self.best['epoch']})", flush=True)
+                          f"stopped after epoch {rec['epoch']} ({self.epoch} epochs trained; best: epoch "
+                          f"{self.best['epoch']})", flush=True)
                 break
         bar.close()
         if accuracy is None:  # resumed after the last epoch: evaluate the parameters it ended with
