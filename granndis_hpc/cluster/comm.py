@@ -27,11 +27,11 @@ from mpi4py import MPI
 
 from .accounting import allreduce_bytes_model
 from .allreduce import REDUCIBLE, PendingReduce
-from .errors import ClusterError, agree
+from .errors import ClusterError, agree, collective_errors
 from .exchange_group import ExchangeGroup, local_group
 from .layout import block_rows, check_counts, offsets_of, plan_buckets
 from .ledger import Ledger
-from .pending import MPIProgress, PendingExchange, TimedSync, byte_rows, np_view, typed_rows
+from .pending import MPIProgress, PendingExchange, TimedSync, byte_rows, check_poll_setting, np_view, typed_rows
 from .staging import HostStaging, wait_event
 from .topology import Topology
 
@@ -51,6 +51,8 @@ class Communicator:
         if transport in ("gloo", "nccl") and transport != topo.intra_transport:
             raise ClusterError(f"intra_transport={transport} but the topology was built with "
                                f"{topo.intra_transport}; pass intra_transport={transport!r} to init_topology")
+        with collective_errors(topo.world, "", catch=(ValueError,)):
+            check_poll_setting()
         self.topo = topo
         self.ledger = ledger
         self.intra_transport = transport
