@@ -74,12 +74,9 @@ def contents(path: str, kind: OutputKind) -> List[str]:
     return [e for e in os.listdir(path) if not kind.ignored(e)]
 
 
-def check_output_place(path, kind: OutputKind, overwrite: bool, reads: Iterable[Tuple[Optional[str], str]] = (),
-                       error=OutputRefused) -> bool:
-    """Refuse (raise `error`, one line saying what is there) a place `kind`'s command may not write; return
-    whether it holds an earlier output of the command that will be replaced (overwrite given).  `reads`:
-    (path, option) of what the command reads, never replaced (None: not given)."""
-    path = os.fspath(path)
+def check_place_type(path: str, kind: OutputKind, error=OutputRefused) -> bool:
+    """The first half of check_output_place, which looks at nothing inside the place: refuse a link, a device
+    (or a file where a directory is written); return whether the place exists."""
     where = f"{kind.option} {path}"
     if os.path.islink(path):
         raise error(f"{where} is a symbolic link (to {os.readlink(path)}); {kind.tool} writes only where "
@@ -90,6 +87,21 @@ def check_output_place(path, kind: OutputKind, overwrite: bool, reads: Iterable[
     if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
         raise error(f"{where} is a {_kind_of_file(mode)}, not a file or directory {kind.tool} can write; "
                     f"choose another {kind.option}")
+    if kind.members and not stat.S_ISDIR(mode):
+        raise error(f"{where} is a file, not a directory: {kind.tool} writes a directory there; choose another "
+                    f"{kind.option}")
+    return True
+
+
+def check_output_place(path, kind: OutputKind, overwrite: bool, reads: Iterable[Tuple[Optional[str], str]] = (),
+                       error=OutputRefused) -> bool:
+    """Refuse (raise `error`, one line saying what is there) a place `kind`'s command may not write; return
+    whether it holds an earlier output of the command that will be replaced (overwrite given).  `reads`:
+    (path, option) of what the command reads, never replaced (None: not given)."""
+    path = os.fspath(path)
+    where = f"{kind.option} {path}"
+    if not check_place_type(path, kind, error):
+        return False
     present = contents(path, kind)
     if not present:
         return False
@@ -113,14 +125,19 @@ def check_output_place(path, kind: OutputKind, overwrite: bool, reads: Iterable[
 def _existing(path: str, kind: OutputKind, present: List[str]) -> str:
     if kind.existing is not None:
         return kind.existing(path, present)
+    if not kind.overwrite:
+        return (f"{kind.option} {path} {_held(path, present)}: {kind.tool} writes only to a new path or an empty "
+                f"directory; choose another {kind.option}, or delete it first")
     if not kind.recognise(path):
         return _foreign(path, kind, present)
-    fix = f"give {kind.overwrite} to replace it" if kind.overwrite else "delete it first"
-    return f"{kind.option} {path} already holds {kind.what} ({_shown(present)}); {fix}, or choose another {kind.option}"
+    return (f"{kind.option} {path} already holds {kind.what} ({_shown(present)}); give {kind.overwrite} to replace "
+            f"it, or choose another {kind.option}")
+
+
+def _held(path: str, names: List[str]) -> str:
+    return "is a file" if not os.path.isdir(path) else f"holds {_shown(names)}"
 
 
 def _foreign(path: str, kind: OutputKind, names: List[str]) -> str:
-    held = "is a file" if not os.path.isdir(path) else f"holds {_shown(names)}"
-    replace = f"{kind.overwrite} replaces" if kind.overwrite else f"{kind.tool} writes into"
-    return (f"refusing {kind.option} {path}: it {held}, not {kind.what} written by {kind.tool} ({replace} only "
-            f"that); choose another {kind.option}, or move those files away yourself")
+    return (f"refusing {kind.option} {path}: it {_held(path, names)}, not {kind.what} written by {kind.tool}, the "
+            f"only thing {kind.tool} replaces; choose another {kind.option}, or move that away yourself")
