@@ -130,8 +130,8 @@ def _existing(path: str, kind: OutputKind, present: List[str]) -> str:
                 f"directory; choose another {kind.option}, or delete it first")
     if not kind.recognise(path):
         return _foreign(path, kind, present)
-    return (f"{kind.option} {path} already holds {kind.what} ({_shown(present)}); give {kind.overwrite} to replace "
-            f"it, or choose another {kind.option}")
+    return (f"{kind.option} {path} already exists and holds {kind.what} ({_shown(present)}); give {kind.overwrite} to "
+            f"replace it, or choose another {kind.option}")
 
 
 def _held(path: str, names: List[str]) -> str:

@@ -78,7 +78,7 @@ def test_predict_overwrite_replaces_its_own_output_in_either_format(toy):  # noq
     out = base / "preds"
     predict(base, "--out", out, "--split", "test")
     first = read_output(str(out))[1]["created_unix_s"]
-    with pytest.raises(ClusterError, match=re.escape(f"--out {out} already holds predictions (")):
+    with pytest.raises(ClusterError, match=re.escape(f"--out {out} already exists and holds predictions (")):
         predict(base, "--out", out)
     predict(base, "--out", out, "--overwrite", "--split", "val")
     got, prov = read_output(str(out))
