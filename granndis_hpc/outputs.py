@@ -102,24 +102,43 @@ def check_output_place(path, kind: OutputKind, overwrite: bool, reads: Iterable[
     where = f"{kind.option} {path}"
     if not check_place_type(path, kind, error):
         return False
-    present = contents(path, kind)
+    try:
+        present = contents(path, kind)
+    except OSError as exc:
+        raise error(f"{where} cannot be read ({exc.strerror or exc}), so what it holds is unknown; fix its "
+                    f"permissions or choose another {kind.option}") from None
     if not present:
         return False
     if not overwrite:
         raise error(_existing(path, kind, present))
-    replaced = [os.path.join(path, m) for m in present] if kind.members else [path]
     for read, option in reads:
-        if read and (_within(read, path) if not kind.members else
-                     os.path.realpath(read) == os.path.realpath(path) or any(_within(read, r) for r in replaced)):
+        if read and _replaces(path, kind, present, read):
             raise error(f"{where} holds what {option} {read} reads: {kind.overwrite} never replaces what the "
                         f"command reads; choose another {kind.option}")
-    if kind.overwrite and _within(os.getcwd(), path):
+    cwd = _current_directory()
+    if kind.overwrite and cwd and _within(cwd, path):
         raise error(f"{where} is the current directory (or holds it): {kind.overwrite} never replaces the "
                     f"directory a command runs in; run it from another directory, or choose another {kind.option}")
     foreign = [] if kind.members or not os.path.isdir(path) else [e for e in present if not kind.own(e)]
     if foreign or not kind.recognise(path):
         raise error(_foreign(path, kind, foreign or present))
     return True
+
+
+def _replaces(path: str, kind: OutputKind, present: List[str], read: str) -> bool:
+    """Whether replacing the place would replace `read`: it lies in the place (a whole output), or it is the
+    directory or lies in one of the members present (a members output, whose other files stay)."""
+    if not kind.members:
+        return _within(read, path)
+    return (os.path.realpath(read) == os.path.realpath(path)
+            or any(_within(read, os.path.join(path, m)) for m in present))
+
+
+def _current_directory() -> str:
+    try:
+        return os.getcwd()
+    except OSError:  # removed since the command started: nothing to protect
+        return ""
 
 
 def _existing(path: str, kind: OutputKind, present: List[str]) -> str:

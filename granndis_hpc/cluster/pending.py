@@ -12,6 +12,7 @@ import torch
 from mpi4py import MPI
 
 from . import trace
+from .errors import collective_errors
 from .hostsync import host_numpy
 from .ledger import Ledger
 from .staging import wait_event
@@ -80,11 +81,12 @@ if os.environ.get("GRANNDIS_PROGRESS_POLL"):
         _POLL_ERROR = str(exc)
 
 
-def check_poll_setting() -> None:
-    """ValueError when GRANNDIS_PROGRESS_POLL, read at import, holds a bad value (the defaults are used
-    meanwhile)."""
-    if _POLL_ERROR:
-        raise ValueError(_POLL_ERROR)
+def check_poll_setting(comm) -> None:
+    """Collective over `comm`: the same one-line error on every rank when GRANNDIS_PROGRESS_POLL, read at
+    import, holds a bad value (the defaults are used meanwhile)."""
+    with collective_errors(comm, "", catch=(ValueError,)):
+        if _POLL_ERROR:
+            raise ValueError(_POLL_ERROR)
 
 
 class MPIProgress:
