@@ -145,8 +145,8 @@ def _existing(path: str, kind: OutputKind, present: List[str]) -> str:
     if kind.existing is not None:
         return kind.existing(path, present)
     if not kind.overwrite:
-        return (f"{kind.option} {path} {_held(path, present)}: {kind.tool} writes only to a new path or an empty "
-                f"directory; choose another {kind.option}, or delete it first")
+        return (f"{kind.option} {path} {_held(path, present)}: {kind.tool} writes only to a path that does not exist "
+                f"or an empty directory; choose another {kind.option}, or delete it first")
     if not kind.recognise(path):
         return _foreign(path, kind, present)
     return (f"{kind.option} {path} already exists and holds {kind.what} ({_shown(present)}); give {kind.overwrite} to "

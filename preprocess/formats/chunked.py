@@ -198,7 +198,7 @@ def open_chunked(path) -> ChunkedDataset:
                           nodes=node_files, canonical=meta.get("canonical"))
 
 
-# chunk has no overwrite option and replaces nothing: --out must be new or an empty directory
+# chunk has no overwrite option and replaces nothing: --out must not exist or be an empty directory
 # (granndis_hpc/outputs.py refuses anything else, saying what is there).
 CHUNKED = OutputKind(tool="granndis preprocess chunk", what="a chunked dataset", overwrite="",
                      recognise=lambda path: False)

@@ -148,7 +148,7 @@ def test_build_overwrite_refuses_what_build_did_not_write(tmp_path, mine, monkey
 def test_chunk_refuses_anything_but_a_new_path_or_an_empty_directory(tmp_path, mine, capsys, case):
     out, says, kept = places(tmp_path, mine)[case]
     if case == "foreign":
-        says = "holds notes.txt: granndis preprocess chunk writes only to a new path or an empty directory"
+        says = "holds notes.txt: granndis preprocess chunk writes only to a path that does not exist or an empty"
     before = snapshot(kept)
     assert preprocess(["chunk", "--source", "synthetic", "--vertices", "40", "--features", "2", "--classes", "2",
                        "--out", out, "--chunks", "1"]) == 1
