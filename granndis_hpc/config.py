@@ -230,8 +230,8 @@ class TrainConfig:
     eval_only: bool = option(False, fingerprint=False, help="train nothing: evaluate the --init-from model on --shards and write "
                                          "summary.json (with --out) and the accuracies")
     overwrite_run: bool = option(False, on_resume="reset",
-                                 help="replace the run that --out already holds (it is deleted only after the new "
-                                      "run has written its config.json)")
+                                 help="replace the granndis-train run that --out already holds (its files only; it is "
+                                      "deleted only after the new run has written its config.json)")
     # Cooperative batching (cob) and the per-GPU mini-batch baseline (mb).  Not in the checkpoint
     # fingerprint: the sampler's saved state holds them and its load_state_dict refuses other values,
     # in the modes where they change anything (the others never read them).

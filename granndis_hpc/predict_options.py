@@ -44,7 +44,8 @@ class PredictOptions(Options):
                                        "(0 = the input features, 1 .. L-1 = the output of the first K layers)")
     split: str = option("all", choices=SPLITS, help="the vertices written: all, or one split's (their global ids "
                                                     "are written beside them)")
-    overwrite: bool = option(False, help="replace --out when it exists (otherwise refused)")
+    overwrite: bool = option(False, help="replace an earlier output of predict at --out (anything else there is "
+                                           "refused, as are links, devices and the current directory)")
     ranks_per_server: Optional[int] = reuse(TrainConfig, "ranks_per_server")
     device: str = reuse(TrainConfig, "device")
     intra_transport: str = reuse(TrainConfig, "intra_transport")

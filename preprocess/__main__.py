@@ -56,8 +56,12 @@ def cmd_build(args, argv) -> int:
 def _build(group, args, cfg, log, bar, printer) -> int:
     from granndis_hpc.preprocess import sources
     from granndis_hpc.preprocess.build.pipeline import run_build
+    from granndis_hpc.preprocess.build.profile import check_profile_path, write_profile
 
+    profile = os.environ.get("GRANNDIS_BUILD_PROFILE")  # bench/bench_build_scaling.py
     try:
+        with group.errors("checking the build profile's path"):
+            check_profile_path("GRANNDIS_BUILD_PROFILE", profile if group.rank == 0 else None)  # rank 0 writes it
         with group.errors("opening the dataset"):
             sliced = None if args.whole_graph else sources.sliced_from_args(args)
         if sliced is not None:
@@ -83,9 +87,7 @@ def _build(group, args, cfg, log, bar, printer) -> int:
             run_build(group, graph, cfg, log)
     except Exception as exc:  # noqa: BLE001
         return fail(group, "build", exc)
-    from granndis_hpc.preprocess.build.pipeline import write_profile
-
-    write_profile(log, os.environ.get("GRANNDIS_BUILD_PROFILE"))  # bench/bench_build_scaling.py
+    write_profile(log, profile)
     bar.close()
     if group.rank == 0:
         print(f"[preprocess] wrote {cfg.out}; check it with `granndis preprocess verify {cfg.out}`", flush=True)

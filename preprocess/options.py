@@ -137,7 +137,8 @@ class BuildOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
     out: str = option(None, required=True, group="output",
                       help="output directory (required; must not exist or be empty, unless --overwrite)")
     overwrite: bool = option(False, group="output",
-                             help="replace an existing shard set; the old set is kept until the new one is complete")
+                             help="replace the shard set --out holds (nothing else: any other file there is refused); "
+                                  "the old set is kept until the new one is complete")
     progress: bool = reuse(TrainConfig, "progress", group="output",
                            help="draw rank 0's progress bar over the phases even when stderr is not a terminal "
                                 "(mpirun pipes the ranks' output)")

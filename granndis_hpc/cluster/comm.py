@@ -31,7 +31,7 @@ from .errors import ClusterError, agree
 from .exchange_group import ExchangeGroup, local_group
 from .layout import block_rows, check_counts, offsets_of, plan_buckets
 from .ledger import Ledger
-from .pending import MPIProgress, PendingExchange, TimedSync, byte_rows, np_view, typed_rows
+from .pending import MPIProgress, PendingExchange, TimedSync, byte_rows, check_poll_setting, np_view, typed_rows
 from .staging import HostStaging, wait_event
 from .topology import Topology
 
@@ -51,8 +51,8 @@ class Communicator:
         if transport in ("gloo", "nccl") and transport != topo.intra_transport:
             raise ClusterError(f"intra_transport={transport} but the topology was built with "
                                f"{topo.intra_transport}; pass intra_transport={transport!r} to init_topology")
-        self.topo = topo
-        self.ledger = ledger
+        check_poll_setting(topo.world)
+        self.topo, self.ledger = topo, ledger
         self.intra_transport = transport
         self.validate = (os.environ.get(ENV_CHECK_COMM, "") not in ("", "0")) if validate is None else validate
         self._cuda = topo.device.type == "cuda"

@@ -12,6 +12,7 @@ import torch
 from mpi4py import MPI
 
 from . import trace
+from .errors import collective_errors
 from .hostsync import host_numpy
 from .ledger import Ledger
 from .staging import wait_event
@@ -70,8 +71,22 @@ def _poll_from_env(text: str):
     return first, factor, longest
 
 
+# Read at import; a bad value is kept and raised by check_poll_setting(), which every rank's Communicator
+# calls together: raised here it would be an import error, a traceback on every rank and an abort.
+_POLL_ERROR = ""
 if os.environ.get("GRANNDIS_PROGRESS_POLL"):
-    PROGRESS_POLL_S, PROGRESS_BACKOFF, PROGRESS_POLL_MAX_S = _poll_from_env(os.environ["GRANNDIS_PROGRESS_POLL"])
+    try:
+        PROGRESS_POLL_S, PROGRESS_BACKOFF, PROGRESS_POLL_MAX_S = _poll_from_env(os.environ["GRANNDIS_PROGRESS_POLL"])
+    except ValueError as exc:
+        _POLL_ERROR = str(exc)
+
+
+def check_poll_setting(comm) -> None:
+    """Collective over `comm`: the same one-line error on every rank when GRANNDIS_PROGRESS_POLL, read at
+    import, holds a bad value (the defaults are used meanwhile)."""
+    with collective_errors(comm, "", catch=(ValueError,)):
+        if _POLL_ERROR:
+            raise ValueError(_POLL_ERROR)
 
 
 class MPIProgress:

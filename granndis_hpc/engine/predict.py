@@ -24,7 +24,8 @@ from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.engine import targets, views
 from granndis_hpc.engine.model_source import ModelSource, ModelSourceError, dataset_refusal, load_parameters, \
     read_model_source
-from granndis_hpc.engine.predict_io import OutputError, block_bounds, check_output, to_blocks, write_rows
+from granndis_hpc.engine.predict_io import (PREDICT_TOOL, OutputError, block_bounds, check_output, to_blocks,
+                                            write_rows)
 from granndis_hpc.engine.preflight import share_cpu_threads
 from granndis_hpc.graph import planner
 from granndis_hpc.nn.models import build_model
@@ -127,6 +128,11 @@ class WorldForward:
                 part.close()
 
 
+def reads(opts) -> tuple:
+    """What the job reads, which --overwrite never replaces: (path, option)."""
+    return (opts.model, "--model"), (opts.shards, "--shards")
+
+
 def run_predict(opts) -> Dict:
     """Collective: `granndis predict` (opts: PredictOptions).  Returns what was written (every rank)."""
     fmt = opts.resolved_format()
@@ -141,7 +147,7 @@ def run_predict(opts) -> Dict:
                 raise PredictError(f"--layer {opts.layer}: the model has {fw.layers} message-passing layers, so "
                                    f"K must be 0 .. {fw.layers - 1} (the logits are written anyway)")
             if topo.rank == 0:
-                check_output(opts.out, opts.overwrite)  # before the forward: refuse early
+                check_output(opts.out, opts.overwrite, reads(opts))  # before the forward: refuse early
         logits, emb = fw.forward(opts.layer)
         out_name = "probabilities" if opts.probabilities else "logits"
         # multi-label: each task's sigmoid and the 0/1 predictions logit > 0 (engine/targets.py)
@@ -169,12 +175,12 @@ def run_predict(opts) -> Dict:
         counts = np.asarray(topo.allgather_object(int(sel.sum())), dtype=np.int64)
         first, total = int(counts[: topo.rank].sum()), int(counts.sum())
         shapes = {name: (a.dtype.str, a.shape[1:]) for name, a in rows.items()}
-        provenance = {"kind": "granndis predict", "output": out_name, "split": opts.split, "layer": opts.layer,
+        provenance = {"kind": PREDICT_TOOL, "output": out_name, "split": opts.split, "layer": opts.layer,
                       "rows": total, "shards": opts.shards, "dataset": fw.manifest["dataset"].get("name"),
                       "dataset_sha256": fw.manifest["dataset"].get("content_sha256"),
                       "servers": topo.servers, "ranks_per_server": topo.ranks_per_server,
                       "model": fw.source.provenance(), "created_unix_s": time.time()}
-        write_rows(topo, opts.out, fmt, first, total, rows, shapes, provenance, opts.overwrite)
+        write_rows(topo, opts.out, fmt, first, total, rows, shapes, provenance, opts.overwrite, reads(opts))
         result = {"out": opts.out, "format": fmt, "rows": total, "arrays": sorted(shapes),
                   "seconds": time.perf_counter() - start_s}
         if not opts.quiet:

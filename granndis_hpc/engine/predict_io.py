@@ -13,6 +13,7 @@ rank writes one contiguous slab.  Then:
 Everything is written under a temporary name beside --out (``.NAME.partial-<pid>``); only after every
 rank has written its part does rank 0 record the provenance ("complete": true), fsync and rename it to
 --out.  A job killed part-way leaves only the hidden partial name, never a file that looks complete.
+--overwrite replaces only an earlier output of predict, recognised by its provenance (check_output).
 """
 from __future__ import annotations
 
@@ -27,13 +28,40 @@ import torch
 
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.fsutil import fsync_dir
+from granndis_hpc.outputs import OutputKind, check_output_place
 
 PROVENANCE_FILE = "provenance.json"
 CHUNK_BYTES = 1 << 20  # HDF5 chunks of about 1 MiB of rows
 
 
+PREDICT_TOOL = "granndis predict"  # the provenance's "kind": what recognises an output as predict's
+
+
 class OutputError(ValueError):
-    """--out cannot be written (exists without --overwrite, or its directory is missing)."""
+    """--out cannot be written (it holds something, its directory is missing, ...)."""
+
+
+def is_predictions(path: str) -> bool:
+    """Whether `path` holds predict's output: its provenance (a directory's provenance.json, an HDF5 file's
+    attribute) says it was written by predict."""
+    try:
+        if os.path.isdir(path):
+            with open(os.path.join(path, PROVENANCE_FILE), encoding="utf-8") as fh:
+                prov = json.load(fh)
+        else:
+            import h5py
+            if not h5py.is_hdf5(path):
+                return False
+            with h5py.File(path, "r") as f:
+                prov = json.loads(f.attrs["provenance"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(prov, dict) and prov.get("kind") == PREDICT_TOOL
+
+
+# What --overwrite may replace (granndis_hpc/outputs.py): an earlier output of predict, file or directory.
+PREDICTIONS = OutputKind(tool=PREDICT_TOOL, what="predictions", recognise=is_predictions,
+                         own=lambda name: name == PROVENANCE_FILE or name.endswith(".npy"))
 
 
 def block_bounds(n: int, parts: int) -> np.ndarray:
@@ -67,11 +95,12 @@ def partial_name(final: str, pid: int) -> str:
     return os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.partial-{pid}")
 
 
-def check_output(path: str, overwrite: bool) -> None:
-    """Refuse an --out that exists (without --overwrite) or whose directory does not."""
+def check_output(path: str, overwrite: bool, reads: Sequence = ()) -> None:
+    """Refuse an --out that may not be written (granndis_hpc/outputs.py: anything but an earlier output of
+    predict, and that only with --overwrite; `reads`: (path, option) of what the job reads) or whose
+    directory does not exist."""
+    check_output_place(path.rstrip("/") or "/", PREDICTIONS, overwrite, reads, error=OutputError)
     final = os.path.abspath(path.rstrip("/"))
-    if os.path.lexists(final) and not overwrite:
-        raise OutputError(f"--out {path} exists; give another --out, or --overwrite to replace it")
     parent = os.path.dirname(final)
     if not os.path.isdir(parent):
         raise OutputError(f"--out {path}: directory {parent} does not exist; create it first")
@@ -80,7 +109,8 @@ def check_output(path: str, overwrite: bool) -> None:
 
 
 def _replace(tmp: str, final: str) -> None:
-    """Rename tmp to final; an old final (--overwrite) is moved aside first and deleted after."""
+    """Rename tmp to final; an old final (--overwrite: predict's own earlier output, check_output) is moved
+    aside first and deleted after."""
     old = None
     if os.path.lexists(final):
         old = tmp + ".old"
@@ -96,15 +126,16 @@ def _chunk_rows(n: int, row_bytes: int) -> int:
 
 
 def write_rows(topo, path: str, fmt: str, start: int, total: int, arrays: Dict[str, np.ndarray],
-               shapes: Dict[str, tuple], provenance: Dict, overwrite: bool) -> None:
+               shapes: Dict[str, tuple], provenance: Dict, overwrite: bool, reads: Sequence = ()) -> None:
     """Collective: write this rank's rows [start, start + len) of every array of `shapes` ({name: (dtype,
-    row shape)}) into --out `path` (`fmt` "hdf5" or "npy"), atomically (module docstring)."""
+    row shape)}) into --out `path` (`fmt` "hdf5" or "npy"), atomically (module docstring); `overwrite` and
+    `reads` as check_output's."""
     world = topo.world
     tmp = partial_name(path, topo.bcast_object(os.getpid() if topo.rank == 0 else None))
     final = os.path.abspath(path.rstrip("/"))
     with collective_errors(world, f"creating {tmp}", catch=(OSError, OutputError)):
         if topo.rank == 0:
-            check_output(path, overwrite)
+            check_output(path, overwrite, reads)
             (_create_h5 if fmt == "hdf5" else _create_npy)(tmp, total, shapes)
     try:
         if fmt == "hdf5":

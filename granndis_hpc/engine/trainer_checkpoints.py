@@ -46,7 +46,8 @@ class TrainerCheckpoints:
         complete checkpoint.  (Option rules that need no files, e.g. --checkpoint-every without --out,
         are TrainConfig.__post_init__'s.)"""
         cfg = self.cfg
-        self.run_dir = RunDirectory(self.topo, cfg.out, cfg.resume, cfg.overwrite_run) if cfg.out else None
+        reads = ((cfg.init_from, "--init-from"), (cfg.shards, "--shards"))
+        self.run_dir = RunDirectory(self.topo, cfg.out, cfg.resume, cfg.overwrite_run, reads) if cfg.out else None
         if self.run_dir is None:
             return
         self.run_dir.claim()

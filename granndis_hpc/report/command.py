@@ -55,6 +55,7 @@ from granndis_hpc.report.data import (ReportError, RunData, assign_labels, basel
                                       metric_label, overlap_limit_s, setting_differences)
 from granndis_hpc.metric_names import summary_key
 from granndis_hpc.report.links import load_sweep, render_sweep
+from granndis_hpc.report.outdir import REPORT_HEADING, prepare_report_dir
 from granndis_hpc.report.plots import (plot_accuracy, plot_bytes, plot_learning_rate, plot_time_breakdown,
                                        plot_time_to_accuracy)
 
@@ -107,7 +108,7 @@ def table_header(metric: str) -> tuple:
 
 
 def _markdown(runs, baselines, table, pngs, out_dir):
-    lines = ["# granndis report", "", table, "",
+    lines = [REPORT_HEADING, "", table, "",
              "Epoch time is the median over epochs of the slowest rank's epoch; Comm = intra-server + "
              "inter-server + gradient sync of that same rank in the median epoch (a part of the epoch time).",
              "Speedup = FB epoch time / epoch time, against the FB run with the same model, layers and "
@@ -137,8 +138,7 @@ def render_report(run_dirs, out_dir) -> dict:
     runs = [load_run(d) for d in run_dirs]
     assign_labels(runs)
     baselines = find_baselines(runs)
-    out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = prepare_report_dir(out_dir)
     pngs = [plot_time_breakdown(runs, os.path.join(out_dir, "time_breakdown.png")),
             plot_accuracy(runs, os.path.join(out_dir, "accuracy.png")),
             plot_time_to_accuracy(runs, os.path.join(out_dir, "time_to_accuracy.png")),

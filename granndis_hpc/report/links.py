@@ -14,6 +14,7 @@ import os
 from granndis_hpc.fsutil import atomic_write_bytes
 from granndis_hpc.registry import baseline_mode
 from granndis_hpc.report.data import ReportError, load_run, overlap_limit_s
+from granndis_hpc.report.outdir import SWEEP_HEADING, prepare_report_dir
 from granndis_hpc.report.plots import plot_sweep, sweep_x
 
 
@@ -98,12 +99,11 @@ def limit_table(sweep) -> str:
 
 def render_sweep(root, out_dir) -> dict:
     sweep = load_sweep(root)
-    out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = prepare_report_dir(out_dir)
     png = plot_sweep(sweep, os.path.join(out_dir, "speedup_vs_rate.png"))
     table, limits = sweep_table(sweep), limit_table(sweep)
     md = os.path.join(out_dir, "speedup_vs_rate.md")
-    atomic_write_bytes(md, ("# Speedup over fb against link rate\n\n" + table + "\n\n"
+    atomic_write_bytes(md, (SWEEP_HEADING + "\n\n" + table + "\n\n"
                             "## Measured epoch / overlapped cost-model limit\n\n" + limits + "\n\n"
                             "The limit (granndis_hpc/report/linkmodel.py) hides each layer's wire time behind its compute "
                             "(the run's own measured compute, on its link.json's measured bandwidth); a measured "

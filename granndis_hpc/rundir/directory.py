@@ -9,7 +9,10 @@
 
 Every method is collective over the job's topology (rank 0 writes; a failure raises the same error on
 every rank, collective_errors).  A new run refuses a directory that holds one unless --overwrite-run,
-which moves the old run aside and deletes it only once the new config.json is written.
+which moves the old run aside and deletes it only once the new config.json is written.  --overwrite-run
+replaces only a run of granndis-train (recognised by its config.json), and only the files above: other
+files in the directory stay; links, devices, the current directory and the run --init-from reads are
+refused (granndis_hpc/outputs.py).
 """
 from __future__ import annotations
 
@@ -17,13 +20,14 @@ import contextlib
 import os
 import shutil
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from granndis_hpc.cluster.errors import collective_errors
-from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, write_resolved_config
+from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, load_resolved_config, write_resolved_config
 from granndis_hpc.rundir.checkpoint_files import CHECKPOINTS, CheckpointError, checkpoints_dir, note
 from granndis_hpc.fsutil import remove_temporaries
 from granndis_hpc.metrics import METRICS_FILE, MetricsWriter, write_summary
+from granndis_hpc.outputs import OutputKind, check_output_place, check_place_type
 from granndis_hpc.rundir.best_model import BEST_MODEL, write_best_model
 from granndis_hpc.rundir.lock import RunLock, RunLockedError
 
@@ -63,6 +67,20 @@ def refuse_new_run_in(run_dir: str, found: List[str]) -> CheckpointError:
         f"run directory {run_dir} already holds a run ({', '.join(found)}); a new run there would mix with "
         f"or destroy it: continue it with --resume {run_dir}, start a new run in another --out, or replace "
         f"it with --overwrite-run")
+
+
+def is_run(run_dir: str) -> bool:
+    """Whether RUN_DIR's config.json holds a training run's resolved options (write_resolved_config)."""
+    try:
+        saved = load_resolved_config(run_dir)
+    except ConfigError:
+        return False
+    return {"shards", "mode", "epochs"} <= set(saved)
+
+
+# What --overwrite-run may replace (granndis_hpc/outputs.py): the trainer's own outputs of an earlier run.
+RUN = OutputKind(tool="granndis train", what="a training run", recognise=is_run, overwrite="--overwrite-run",
+                 members=RUN_OUTPUTS, existing=lambda path, _: str(refuse_new_run_in(path, run_contents(path))))
 
 
 def move_run_aside(run_dir: str) -> Optional[str]:
@@ -108,9 +126,10 @@ class RunDirectory:
     """One run's directory: claimed (locked, checked) at set-up, opened before the first epoch, written
     by rank 0, released by close().  `path` is --out (or --resume's directory, the same)."""
 
-    def __init__(self, topo, path: str, resume: bool, overwrite_run: bool):
+    def __init__(self, topo, path: str, resume: bool, overwrite_run: bool, reads: Sequence = ()):
         self.topo, self.path = topo, os.fspath(path)
         self.resume, self.overwrite_run = bool(resume), bool(overwrite_run)
+        self.reads = tuple(reads)  # (path, option) of what the job reads: never replaced
         self._lock: Optional[RunLock] = None
         self.writer: Optional[MetricsWriter] = None
         # Written into best-model.pt: the run's options and its dataset's digest (set by the trainer).
@@ -127,6 +146,8 @@ class RunDirectory:
         with collective_errors(self.topo.world, "", catch=(CheckpointError, OSError, RunLockedError)):
             if self.topo.rank != 0:
                 return
+            if not self.resume:  # before the lock, which creates the directory
+                check_place_type(self.path, RUN, error=CheckpointError)
             self._lock = RunLock(self.path, "resume it" if self.resume else
                                  "replace its run (--overwrite-run)" if self.overwrite_run else "start a run in it")
             # With the lock held no one else writes here: temporaries are a killed writer's leftovers.
@@ -135,10 +156,8 @@ class RunDirectory:
                 note(f"removed {len(stale)} temporary file(s) of a job killed while writing: {', '.join(stale)}")
             if self.resume:
                 check_run_files(self.path)
-            if not self.resume:
-                found = run_contents(self.path)
-                if found and not self.overwrite_run:
-                    raise refuse_new_run_in(self.path, found)
+            if not self.resume:  # a run there is refused unless --overwrite-run, which replaces only a run
+                check_output_place(self.path, RUN, self.overwrite_run, self.reads, error=CheckpointError)
 
     def open(self, cfg) -> Optional[MetricsWriter]:
         """Collective: rank 0 writes config.json and opens metrics.jsonl (appending on resume: the

@@ -5,8 +5,9 @@ survives until the new one is complete):
 
 1. `prepare_output_dir`: refuse a non-empty directory unless overwrite; refuse to overwrite a directory
    that holds anything but this tool's files (server files, manifest, temporaries), so a typo cannot
-   clobber unrelated files, while a set killed mid-commit (server files, no manifest) can be replaced.
-   Temporaries left by a killed earlier build are removed.
+   clobber unrelated files, while a set killed mid-commit (server files, no manifest) can be replaced
+   (granndis_hpc/outputs.py: links, devices, the current directory are refused too).  Temporaries left
+   by a killed earlier build are removed.
 2. `stage_server_file` (any rank, one call per server): check the free space, write the HDF5 file under
    a hidden temporary name in the output directory, fsync it, hash it.  Nothing visible changes yet.
 3. `commit_shard_set` (one rank, after every file is staged): remove the old manifest (from here on the
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..fsutil import file_mode, fsync_dir
+from ..outputs import OutputKind, check_output_place
 from .manifest import manifest_digests, sha256_file
 from .schema import (FORMAT_VERSION, MANIFEST_NAME, ShardError, check_server_arrays, datasets_in,
                      feature_chunk_rows, server_file_name)
@@ -158,10 +160,7 @@ def reserve_space(path: str, nbytes: int, what: str) -> None:
             _fallocate_keep_size(f.fileno(), 0, int(nbytes))
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
-            free = shutil.disk_usage(directory).free
-            raise ShardError(f"not enough free space in {directory!r}: {what} needs about {nbytes / 2**20:.1f} "
-                             f"MiB but {free / 2**20:.1f} MiB are free (No space left on device); free some "
-                             f"space or choose another --out (an old set there stays intact)") from None
+            raise no_space(directory, nbytes, what) from None
         raise
 
 
@@ -193,30 +192,67 @@ def check_free_space(directory: str, needed: int, what: str) -> None:
     that cannot be written at all is said first: a read-only file system also reports little free
     space, and "No space left" would name the wrong cause."""
     check_writable(directory)
+    if shutil.disk_usage(directory).free < needed:
+        raise no_space(directory, needed, what)
+
+
+def no_space(directory: str, needed: int, what: str) -> ShardError:
+    """The one-line error of a disk without room for `what` (`needed` bytes) in `directory`."""
     free = shutil.disk_usage(directory).free
-    if free < needed:
-        raise ShardError(f"not enough free space in {directory!r}: {what} needs about {needed / 2**20:.1f} MiB "
-                         f"but {free / 2**20:.1f} MiB are free (No space left on device); free some space or "
-                         f"choose another --out (an old set there stays intact)")
+    return ShardError(f"not enough free space in {directory!r}: {what} needs about {needed / 2**20:.1f} MiB but "
+                      f"{free / 2**20:.1f} MiB are free (No space left on device); free some space or choose "
+                      f"another --out (an old set there stays intact)")
 
 
-def prepare_output_dir(out_dir: str, overwrite: bool) -> list:
-    """Check (and create) the output directory before any work is done; returns the temporaries of an
-    earlier, interrupted build it removed."""
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def is_shard_set(path: str) -> bool:
+    """Whether the directory holds a shard set this tool wrote: its manifest.json is a shard manifest, or
+    (a build killed mid-commit, between removing the old manifest and writing the new one) its server
+    files are HDF5 files."""
+    manifest = os.path.join(path, MANIFEST_NAME)
+    if os.path.lexists(manifest):
+        try:
+            with open(manifest, encoding="utf-8") as f:
+                data = json.load(f)
+            return isinstance(data, dict) and "format_version" in data
+        except (OSError, ValueError):
+            return False
+    servers = glob.glob(os.path.join(glob.escape(path), "server-[0-9][0-9][0-9][0-9].h5"))
+    return bool(servers) and all(_starts_with(s, _HDF5_SIGNATURE) for s in servers)
+
+
+def _starts_with(path: str, signature: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(signature)) == signature
+    except OSError:
+        return False
+
+
+# What `--overwrite` may replace (granndis_hpc/outputs.py): a directory of set files and nothing else.
+# Hidden entries are not touched (the build's own temporaries, removed below, are hidden too).
+SHARD_SET = OutputKind(tool="granndis preprocess build", what="a shard set", recognise=is_shard_set,
+                       own=lambda name: bool(_SET_FILE.match(name)), ignored=lambda name: name.startswith("."))
+
+
+def _nearest_directory(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.isdir(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def prepare_output_dir(out_dir: str, overwrite: bool, needed: int = 0, what: str = "") -> list:
+    """Check the output directory before any work is done (outputs.check_output_place: a shard set there
+    is replaced only with overwrite, anything else never), and that its disk has `needed` bytes free for
+    `what`; then create it.  Returns the temporaries of an earlier, interrupted build it removed.  A
+    refusal leaves nothing behind: the directory is created only once every check has passed."""
     out_dir = os.fspath(out_dir)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ShardError(f"--out {out_dir!r} exists and is not a directory; choose another --out")
-    entries = [e for e in os.listdir(out_dir)] if os.path.isdir(out_dir) else []
-    visible = [e for e in entries if not e.startswith(".")]
-    if visible and not overwrite:
-        raise ShardError(f"output directory {out_dir!r} already exists and is not empty; pass --overwrite to "
-                         f"replace the shard set in it (the old set stays intact until the new one is complete) "
-                         f"or choose another --out")
-    foreign = [e for e in visible if not _SET_FILE.match(e)]
-    if foreign and overwrite:
-        shown = ", ".join(sorted(foreign)[:5]) + (", ..." if len(foreign) > 5 else "")
-        raise ShardError(f"refusing --overwrite of {out_dir!r}: it is not a shard set (it holds files this tool "
-                         f"does not write: {shown}); choose another --out or empty it yourself")
+    check_output_place(out_dir, SHARD_SET, overwrite, error=ShardError)
+    if needed:
+        check_free_space(_nearest_directory(out_dir), needed, what)
     os.makedirs(out_dir, exist_ok=True)
     # Temporaries left by a killed earlier build are invisible to readers; remove them now.
     stale = leftover_temporaries(out_dir)
@@ -230,15 +266,27 @@ def prepare_output_dir(out_dir: str, overwrite: bool) -> list:
     return stale
 
 
+def _create_h5(path: str, reserve):
+    """h5py.File(path, "w") without a chunk cache.  HDF5 writes the file's first bytes at the create, so a
+    disk filled since the free-space check fails there, before the reservation, with HDF5's own multi-line
+    error text: said instead as the reservation says it (the file, the space it needs, the space free)."""
+    import h5py  # here, not at import (reader._open_server)
+
+    try:
+        return h5py.File(path, "w", rdcc_nbytes=0)
+    except OSError as exc:
+        if reserve is not None and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise no_space(os.path.dirname(os.path.abspath(path)), *reserve) from None
+        raise
+
+
 def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays: dict, reserve=None) -> None:
     # track_times=False: no object timestamps (h5py's default, made explicit), so that identical builds
     # write byte-identical files (docs/shard-format.md, "Reproducible builds").
     # rdcc_nbytes=0: no chunk cache, so every chunk is written by create_dataset and a full disk raises
     # there.  With the cache, the chunks were written by close() and HDF5 crashed (segfault in
     # H5D_close) while closing a file whose flush had failed (measured, 2 MB tmpfs).
-    import h5py  # here, not at import (reader._open_server)
-
-    with h5py.File(path, "w", rdcc_nbytes=0) as f:
+    with _create_h5(path, reserve) as f:
         if reserve is not None:  # after HDF5's create, whose truncation would give the blocks back
             reserve_space(path, *reserve)
         f.attrs["format_version"] = FORMAT_VERSION

@@ -20,11 +20,12 @@ import numpy as np
 
 from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_from_edges, csr_rows, row_of_edges
-from granndis_hpc.shards import (FORMAT_VERSION, check_free_space, commit_shard_set, discard_staged,
-                                 lower_bound_set_bytes, prepare_output_dir, stage_server_file)
+from granndis_hpc.shards import (FORMAT_VERSION, commit_shard_set, discard_staged, lower_bound_set_bytes,
+                                 prepare_output_dir, stage_server_file)
 from granndis_hpc.shards import content
 
 from granndis_hpc.preprocess.build import inductive
+from granndis_hpc.preprocess.build.profile import _peak_rss, _reset_peak_rss
 from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.build.halo import EAS_SELECT_RULES, eas, full_khop, induced_subgraph
 from granndis_hpc.preprocess.partition.owners import assign_owners
@@ -232,37 +233,6 @@ def build_and_stage(graph, s: int, server_of, gpu_of, block, cfg: BuildConfig, g
 PHASES = ("load", "partition", "halos+write", "commit")
 
 
-def _peak_rss() -> int | None:
-    """This process's peak resident set since the last reset, in bytes (Linux VmHWM; None elsewhere)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak_rss() -> None:
-    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs); no-op elsewhere."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def write_profile(log: "PhaseLog", path: str | None) -> None:
-    """Collective: rank 0 writes every rank's per-phase profile as JSON to `path` (None: nothing)."""
-    import json
-
-    profiles = log.group.gather_object(log.profile)
-    if path and log.rank == 0:
-        with open(path, "w") as f:
-            json.dump({"ranks": profiles}, f, indent=1)
-
-
 class PhaseLog:
     """Rank 0 prints one line per phase with its elapsed time, and advances a progress bar over the
     phases when one is given (granndis_hpc.progress: rank 0, on a terminal or forced, never --quiet)."""
@@ -322,15 +292,15 @@ def _dataset_entry(graph, content_digest: str | None = None) -> dict:
 def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int, label_bytes: int = 8) -> None:
     """Collective: rank 0 prepares cfg.out and, before hours of partitioning, refuses a disk that cannot
     hold even the inner rows (each server file is checked against its own size again before it is
-    written)."""
+    written); a refused build has created nothing."""
     with group.errors("preparing the output directory"):
         if group.rank == 0:
-            stale = prepare_output_dir(cfg.out, cfg.overwrite)
+            stale = prepare_output_dir(cfg.out, cfg.overwrite, lower_bound_set_bytes(n, e, f, label_bytes),
+                                       "the shard set (at least)")
             if stale:
                 shown = ", ".join(stale[:4]) + (", ..." if len(stale) > 4 else "")
                 log.info(f"[preprocess] removed {len(stale)} temporary file(s) and spill director(ies) of an "
                          f"interrupted build in {cfg.out} ({shown})")
-            check_free_space(cfg.out, lower_bound_set_bytes(n, e, f, label_bytes), "the shard set (at least)")
 
 
 def run_build(comm, graph, cfg: BuildConfig, log: PhaseLog | None = None, content_digest: str | None = None) -> dict:

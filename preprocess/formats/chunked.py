@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from granndis_hpc.fsutil import file_mode
+from granndis_hpc.outputs import OutputKind, check_output_place
 
 from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.formats.chunkrange import chunk_pieces
@@ -197,10 +198,15 @@ def open_chunked(path) -> ChunkedDataset:
                           nodes=node_files, canonical=meta.get("canonical"))
 
 
+# chunk has no overwrite option and replaces nothing: --out must not exist or be an empty directory
+# (granndis_hpc/outputs.py refuses anything else, saying what is there).
+CHUNKED = OutputKind(tool="granndis preprocess chunk", what="a chunked dataset", overwrite="",
+                     recognise=lambda path: False)
+
+
 def _stage_dir(out: str) -> str:
+    check_output_place(out, CHUNKED, overwrite=False, error=DataError)
     out = os.path.abspath(out)
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise DataError(f"{out}: exists and is not an empty directory. Fix: choose a new --out or remove it")
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     stage = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.partial-", dir=parent)

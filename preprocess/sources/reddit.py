@@ -82,6 +82,18 @@ def read_sparse_npz(path):
     return src, dst, shape
 
 
+def check_node_types(path: str, node_types: np.ndarray) -> None:
+    """Every vertex of the published split is in one of its three parts: a code outside 1-3 would leave
+    the vertex in no split, silently."""
+    bad = ~np.isin(node_types, SPLIT_CODES)
+    if bad.any():
+        where = np.flatnonzero(bad)
+        shown = ", ".join(f"vertex {int(v)}: {int(node_types[v])}" for v in where[:5])
+        raise DataError(f"{path}: {where.size} of {node_types.size} 'node_types' values are not 1 (train), 2 "
+                        f"(validation) or 3 (test), e.g. {shown}; such a vertex would be in no split. Fix: use the "
+                        f"file from reddit.zip")
+
+
 def load_reddit(root, name=None, symmetrize=True, self_loops="remove"):
     """Load Reddit from its downloaded .npz files and canonicalise it."""
     base = find_reddit_dir(root)
@@ -103,6 +115,7 @@ def load_reddit(root, name=None, symmetrize=True, self_loops="remove"):
     if shape != (n, n):
         raise DataError(f"{graph_path}: the adjacency is {shape[0]} x {shape[1]} but {data_path} has {n} vertices. "
                         "Fix: use the two files of one download")
+    check_node_types(data_path, node_types)
     masks = [node_types == code for code in SPLIT_CODES]
     origins = {"*": data_path, "edges": graph_path}
     return canonicalize(name or "reddit", n, src, dst, features, data["label"], *masks,

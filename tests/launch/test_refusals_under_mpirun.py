@@ -28,3 +28,32 @@ def test_option_errors_warnings_and_nothing_fits_are_said_once_under_mpirun():
                 n=2, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("nothing fits") == 1 and "(rank 1)" not in r.stderr, r.stderr
+
+
+def test_predict_overwrite_of_a_foreign_directory_fails_every_rank_and_keeps_it(tmp_path):
+    """`predict --out DIR --overwrite` deleted DIR, whatever it held, and exited 0 (granndis_hpc/outputs.py)."""
+    import os
+    import shutil
+
+    import torch
+
+    from granndis_hpc import shards
+    from granndis_hpc.engine.model_source import model_provenance
+    from granndis_hpc.nn.models import build_model
+    from tests.unit.test_predict_files import ARCH
+    from tests.unit.test_shards import build, make_graph
+
+    build(make_graph(n=200, m=800), tmp_path / "shards", servers=1, gpus_per_server=2)
+    manifest = shards.read_manifest(str(tmp_path / "shards"))
+    (tmp_path / "run").mkdir()
+    torch.save({"epoch": 1, "model": build_model("sage", 7, 8, 5, 2, dropout=0.0, norm=False).state_dict(),
+                "provenance": model_provenance(dict(ARCH, shards=str(tmp_path / "shards")), manifest)},
+               tmp_path / "run" / "best-model.pt")
+    mine = tmp_path / "mine"
+    shutil.copytree(tmp_path / "run", mine)  # a directory of the user's: here, a copy of the model
+    r = run_mpi(["-m", "granndis_hpc.cli", "predict", "--model", tmp_path / "run", "--shards", tmp_path / "shards",
+                 "--ranks-per-server", "2", "--out", mine, "--overwrite"], n=2, timeout=180)
+    assert r.returncode == 1, r.stderr
+    assert f"refusing --out {mine}: it holds best-model.pt, not predictions written by granndis predict" in r.stderr
+    assert r.stderr.count("refusing --out") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert os.listdir(mine) == ["best-model.pt"]

@@ -71,7 +71,7 @@ def test_predict_equals_single_process_forward_on_two_shapes(cora, cora_shapes, 
         return os.path.getmtime(h5)
 
     mtime = on_rank0(check)
-    with pytest.raises(ClusterError, match="exists; give another --out, or --overwrite"):
+    with pytest.raises(ClusterError, match="already exists and holds predictions .*; give --overwrite to replace it"):
         cli.run_predict(["--model", run, "--shards", cora_shapes[1], "--out", h5, "--ranks-per-server", "1"])
     on_rank0(lambda: os.path.getmtime(h5) == mtime or pytest.fail("the existing output was touched"))
     with pytest.raises(ClusterError, match="--layer 3: the model has 3 message-passing layers"):

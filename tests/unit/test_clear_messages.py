@@ -79,3 +79,32 @@ def test_preprocess_chunk_output_follows_the_umask(tmp_path, umask, mode):
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "c").st_mode) == mode
     assert stat.S_IMODE(os.stat(tmp_path / "c" / "metadata.json").st_mode) == mode & 0o666
+
+
+SMALL_BUILD = ["build", "--source", "synthetic", "--vertices", "200", "--seed", "0", "--servers", "1",
+               "--gpus-per-server", "1", "--layers", "1", "--partitioner", "random"]
+
+
+def test_a_build_profile_in_a_missing_directory_is_refused_before_the_build(tmp_path, monkeypatch, capsys):
+    """GRANNDIS_BUILD_PROFILE naming a missing directory failed a complete, verified build with status 1."""
+    monkeypatch.setenv("GRANNDIS_BUILD_PROFILE", str(tmp_path / "missing" / "profile.json"))
+    assert main([*SMALL_BUILD, "--out", str(tmp_path / "set")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"GRANNDIS_BUILD_PROFILE={tmp_path / 'missing' / 'profile.json'}: directory "
+                        f"{tmp_path / 'missing'} does not exist, so the build's profile could not be written; give "
+                        f"a writable file path, or unset GRANNDIS_BUILD_PROFILE") and len(err.splitlines()) == 1, err
+    assert sorted(os.listdir(tmp_path)) == []  # refused before anything was written
+    monkeypatch.setenv("GRANNDIS_BUILD_PROFILE", str(tmp_path / "profile.json"))
+    assert main([*SMALL_BUILD, "--out", str(tmp_path / "set")]) == 0
+    assert "load" in (tmp_path / "profile.json").read_text()
+
+
+def test_a_profile_that_cannot_be_written_after_the_build_is_a_warning(tmp_path, caplog):
+    """The set is complete by then: a profile whose directory went away meanwhile does not fail the build."""
+    from types import SimpleNamespace
+
+    from granndis_hpc.preprocess.build.profile import write_profile
+
+    phase_log = SimpleNamespace(rank=0, profile={"load": {}}, group=SimpleNamespace(gather_object=lambda p: [p]))
+    write_profile(phase_log, str(tmp_path / "gone" / "profile.json"))
+    assert "the shard set is complete, but its build profile could not be written to" in caplog.text

@@ -1,4 +1,6 @@
 """The progress thread's polling knob (cluster/pending.py, GRANNDIS_PROGRESS_POLL): parsed or refused."""
+import os
+
 import pytest
 
 from granndis_hpc.cluster.pending import _poll_from_env
@@ -49,3 +51,20 @@ def test_wait_wakes_a_sleeping_poller_at_once(monkeypatch):
         assert not any(t.name == "granndis-mpi-progress" for t in threading.enumerate())
     finally:
         comm.Free()
+
+
+def test_a_bad_poll_setting_is_the_one_line_error_of_the_job_not_an_import_traceback(tmp_path):
+    """GRANNDIS_PROGRESS_POLL=abc raised at import: a traceback on every rank before the message."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.unit.test_shards import build, make_graph
+
+    build(make_graph(n=120, m=400), tmp_path / "set", servers=1, gpus_per_server=1)
+    env = dict(os.environ, GRANNDIS_PROGRESS_POLL="abc")
+    res = subprocess.run([sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", str(tmp_path / "set"),
+                          "--epochs", "1", "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, (res.returncode, res.stderr[-3000:])
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr[-3000:]
+    assert "GRANNDIS_PROGRESS_POLL='abc': give FIRST_S or FIRST_S,FACTOR,MAX_S" in res.stderr, res.stderr

@@ -43,7 +43,7 @@ def test_full_disk_is_a_clear_error_with_exit_1_and_the_old_set_kept(tiny_fs):
     assert small.returncode == 1, small.stderr[-2000:]
     assert "not enough free space" in small.stderr and "No space left" in small.stderr
     assert "Traceback" not in small.stderr
-    assert not [e for e in os.listdir(tiny_fs) if e != "set"] and not os.listdir(out)
+    assert os.listdir(tiny_fs) == []  # a refused build leaves nothing it created, its --out included
     # An old (small) set survives a failed --overwrite, and no temporaries are left behind.
     old = subprocess.run([sys.executable, "-m", "granndis_hpc.preprocess", "build", "--source", "synthetic", "--vertices", "200",
                           "--seed", "0", "--servers", "1", "--gpus-per-server", "1", "--layers", "1",
@@ -67,11 +67,35 @@ def test_a_disk_that_fills_during_the_write_exits_1_not_a_segfault(tiny_fs):
     assert not [e for e in os.listdir(tiny_fs / "set") if e.endswith(".tmp")]
 
 
+def test_a_disk_filled_before_the_reservation_is_one_line_naming_the_file(tiny_fs, monkeypatch, capsys):
+    """HDF5 writes a file's first bytes when it creates it: a disk filled after the free-space check (by
+    another writer) failed there, before the space reservation, with HDF5's own multi-line text."""
+    def filled_after_the_check(directory, needed, what):
+        if what.startswith("server-"):
+            fd = os.open(tiny_fs / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                while os.write(fd, b"\0" * 65536):
+                    pass
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    monkeypatch.setattr(shard_writer, "check_free_space", filled_after_the_check)
+    small = ["--source", "synthetic", "--vertices", "200", "--seed", "0", "--servers", "1", "--gpus-per-server", "1",
+             "--layers", "1", "--partitioner", "random"]
+    assert main(["build", *small, "--out", str(tiny_fs / "set")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"not enough free space in '{tiny_fs / 'set'}': server-0000.h5 needs about" in err, err
+    assert "MiB but 0.0 MiB are free (No space left on device)" in err, err
+    assert os.listdir(tiny_fs / "set") == []  # the staged file is removed
+
+
 def test_free_space_is_checked_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr(shard_writer.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 1000))
     with pytest.raises(shards.ShardError, match=r"the shard set \(at least\) needs about .* MiB but 0.0 MiB are free"):
         build(make_graph(), tmp_path / "set")
-    assert os.listdir(tmp_path / "set") == []
+    assert os.listdir(tmp_path) == []  # the output directory is created only once the space is there
 
 
 @pytest.mark.parametrize("field,value", [

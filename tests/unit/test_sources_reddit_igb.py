@@ -15,8 +15,18 @@ from tests.unit.test_sources_ogb import check_against_reference, make_raw
 # Reddit
 
 
+def reddit_raw(**kw):
+    """make_raw's graph as reddit.zip has it: every vertex labelled and in one split (node types 1-3), the
+    vertices make_raw leaves out of the splits in the test split."""
+    raw = make_raw(**kw)
+    rest = np.setdiff1d(np.arange(raw["n"]), np.concatenate([raw["train"], raw["valid"], raw["test"]]))
+    raw["labels"][rest] = 0
+    raw["test"] = np.concatenate([raw["test"], rest])
+    return raw
+
+
 def write_reddit(base, raw, fmt="coo"):
-    """reddit_data.npz + reddit_graph.npz as in reddit.zip; vertices in no split get node type 0, label -1."""
+    """reddit_data.npz + reddit_graph.npz as in reddit.zip (node types 1 train, 2 validation, 3 test)."""
     base.mkdir(parents=True, exist_ok=True)
     n = raw["n"]
     node_types = np.zeros(n, np.int64)
@@ -33,7 +43,7 @@ def write_reddit(base, raw, fmt="coo"):
 def test_reddit_miniature_matches_reference(tmp_path, fmt, sub):
     """Entry (i, j) of the adjacency is the edge i -> j; --root is the files' directory, PyG's root (raw/)
     or DGL's download directory (reddit/)."""
-    raw = make_raw(seed=5)
+    raw = reddit_raw(seed=5)
     write_reddit(tmp_path / sub if sub else tmp_path, raw, fmt)
     g = load("reddit", root=tmp_path)
     check_against_reference(g, raw)
@@ -63,12 +73,26 @@ def _rewrite_graph(base, **arrays):
      "reddit_data.npz", r"missing keys \['node_types'\]"),
 ])
 def test_reddit_bad_input_names_the_file(tmp_path, damage, file, message):
-    raw = make_raw(seed=6, n=40, e=100)
+    raw = reddit_raw(seed=6, n=40, e=100)
     base = write_reddit(tmp_path, raw)
     damage(base, raw["n"])
     with pytest.raises(DataError, match=message) as err:
         load("reddit", root=tmp_path)
     assert file in str(err.value), str(err.value)
+
+
+def test_reddit_node_types_outside_the_split_codes_are_refused(tmp_path):
+    """A node type outside 1-3 left its vertex in no split, without a word."""
+    raw = reddit_raw(seed=7, n=40, e=100)
+    base = write_reddit(tmp_path, raw)
+    with np.load(base / "reddit_data.npz") as data:
+        arrays = dict(data)
+    arrays["node_types"][[3, 17, 30]] = [0, 4, -1]
+    np.savez(base / "reddit_data.npz", **arrays)
+    with pytest.raises(DataError) as err:
+        load("reddit", root=tmp_path)
+    assert str(err.value).startswith(f"{base / 'reddit_data.npz'}: 3 of 40 'node_types' values are not 1 (train), 2 "
+                                     "(validation) or 3 (test), e.g. vertex 3: 0, vertex 17: 4, vertex 30: -1"), err.value
 
 
 def test_reddit_missing_root(tmp_path):
@@ -237,7 +261,7 @@ def test_igb_missing_directory(tmp_path):
 @pytest.mark.parametrize("source", ["reddit", "igb"])
 def test_chunk_from_reddit_and_igb(tmp_path, source):
     if source == "reddit":
-        write_reddit(tmp_path / "in", make_raw(seed=10))
+        write_reddit(tmp_path / "in", reddit_raw(seed=10))
         args = ["--root", str(tmp_path / "in")]
     else:
         write_igb(tmp_path / "in", igb_raw(seed=11))
