@@ -157,3 +157,24 @@ def test_init_from_and_eval_only_take_the_saved_models_options(one_rank, tmp_pat
     assert json.loads((tmp_path / "tuned" / "config.json").read_text())["dropout"] == 0.0
     with pytest.raises(ClusterError, match=r"--hidden 12 \(the model: 6\)"):
         cli.run_training(base + ["--init-from", str(tmp_path / "saved"), "--hidden", "12", "--epochs", "1"])
+
+
+def test_the_kernels_fall_back_with_one_warning(one_rank, tmp_path, monkeypatch, caplog):
+    """An install without the C kernels trains on torch's ops; rank 0 says so once, in one line, at start-up
+    (not every rank, not at every call)."""
+    import logging
+
+    from granndis_hpc import cli
+    from granndis_hpc.nn import cpu_kernels
+
+    _, shards = one_rank
+    monkeypatch.setattr(cpu_kernels, "EXTENSION", "granndis_hpc.nn._no_such_kernels")
+    monkeypatch.setattr(cpu_kernels, "_tried", False)
+    monkeypatch.setattr(cpu_kernels, "_library", None)
+    monkeypatch.setenv("GRANNDIS_CPU_KERNELS", "auto")
+    with caplog.at_level(logging.WARNING):
+        summary = cli.run_training(["--shards", str(shards), "--ranks-per-server", "1", "--skip-checksums",
+                                    "--quiet", "--layers", "2", "--hidden", "8", "--epochs", "2"])
+    said = [r.getMessage() for r in caplog.records if "C kernels are not available" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0] and "reinstall granndis-hpc" in said[0], said
+    assert summary["compute"]["kernels"] == "torch" and summary["compute"]["kernel_dispatch"] is None
