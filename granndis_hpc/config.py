@@ -260,6 +260,10 @@ class TrainConfig:
         help="GPU memory budget per rank, e.g. 40GiB; --mode auto picks the largest preload that fits")
     # Communication hidden behind computation (engine/exchange.py, cluster/gradsync.py): only the order of
     # floating-point sums changes, so a resumed run may switch it.
+    no_link_check: bool = option(False, on_resume="may_change",
+                                 help="skip the start-up ping-pong that measures the inter- and intra-server links "
+                                      "(a few MiB, under a second on a fast network; summary.json's links and the "
+                                      "start-up line say whether GraNNDis' modes can pay on them)")
     no_overlap: bool = option(False, on_resume="may_change",
                               help="wait for each layer's whole halo before computing and reduce the gradients "
                                    "after the whole backward (the order before overlap existed, for "

@@ -19,12 +19,13 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from granndis_hpc import shards
+from granndis_hpc import link_classes, shards
 from granndis_hpc.cluster import trace
 from granndis_hpc.cluster.comm import Communicator
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.cluster.gradsync import GradientSync
 from granndis_hpc.cluster.ledger import Ledger
+from granndis_hpc.cluster.linkcheck import measure_links
 from granndis_hpc.cluster.topology import init_topology
 # TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
 from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
@@ -39,7 +40,8 @@ from granndis_hpc.engine.optim import ScheduledOptimizer
 from granndis_hpc.engine.precision import Precision, PrecisionError
 from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
     check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
-from granndis_hpc.engine.startup_clock import PHASES as STARTUP_PHASES, StartupClock
+from granndis_hpc.engine import run_report
+from granndis_hpc.engine.startup_clock import StartupClock
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError
 from granndis_hpc.engine.trainer_checkpoints import TrainerCheckpoints
 from granndis_hpc.graph import planner
@@ -87,6 +89,8 @@ class Trainer(TrainerCheckpoints):
     def _set_up(self, cfg: TrainConfig) -> None:
         self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport, **topology_args(cfg))
         self.startup.mark("world")
+        # The link classes, measured while the network is quiet (cluster/linkcheck.py; collective).
+        self.links = None if cfg.no_link_check else measure_links(self.topo)
         share_cpu_threads(self.topo)
         self.world = self.topo.world
         self.ledger = Ledger()
@@ -335,18 +339,6 @@ class Trainer(TrainerCheckpoints):
         return self.scorer.scores(parts)
 
     # ---- the whole run ------------------------------------------------------------------------
-    def banner(self) -> str:
-        """What this run trains, in one line: mode (auto's choice), model, protocol, shape, device, epochs."""
-        cfg, topo = self.cfg, self.topo
-        decision = getattr(self.mode, "decision", None)
-        mode = cfg.mode + (" (chosen by --mode auto)" if decision else "")
-        exact = "exact full-graph" if self.mode.exact(self.manifest) else "sampled"
-        head = f", {cfg.linear_layers} Linear" if cfg.linear_layers else ""
-        return (f"granndis train: mode {mode}, {exact} | model {cfg.model} ({cfg.layers} layers{head}, hidden "
-                f"{cfg.hidden}) | {'inductive' if cfg.inductive else 'transductive'} | dataset "
-                f"{self.manifest['dataset'].get('name')} | {topo.servers} server(s) x {topo.ranks_per_server} "
-                f"rank(s) on {self.device.type} | {cfg.epochs} epochs")
-
     def run(self) -> Dict:
         cfg, rank0 = self.cfg, self.topo.rank == 0
         # Rank 0 with --out: config.json written, metrics.jsonl open (closed by close() after an error).
@@ -355,8 +347,10 @@ class Trainer(TrainerCheckpoints):
         start = time.perf_counter() - self.prior_elapsed_s
         # Rank 0, on a terminal and not --quiet only; epoch lines go through the bar so it stays whole.
         if rank0 and not cfg.quiet:  # what runs, then the job's layout: which host each server is
-            print(self.banner(), flush=True)
+            print(run_report.banner(cfg, self.mode, self.manifest, self.topo), flush=True)
             print(self.topo.describe(), flush=True)
+            if self.links is not None:
+                print(link_classes.verdict(self.links), flush=True)
         if self._stopped_during_set_up():
             self.run_dir.close_metrics()
             return None
@@ -389,11 +383,7 @@ class Trainer(TrainerCheckpoints):
                 if not cfg.quiet:
                     # ETA: the epochs left at this attempt's mean epoch so far, evaluations included.
                     per_epoch = (time.perf_counter() - loop_start) / max(1, self.epoch - first_epoch)
-                    line = epoch_line(rec, eta_s=per_epoch * (cfg.epochs - self.epoch))
-                    if bar.disable:
-                        print(line, flush=True)
-                    else:  # on the bar's own stream, which it clears and redraws: the two never interleave
-                        bar.write(line, file=bar.fp)
+                    run_report.say(epoch_line(rec, eta_s=per_epoch * (cfg.epochs - self.epoch)), bar)
             bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
             bar.update(1)
             if self._checkpoint_after_epoch(last or stop_early, time.perf_counter() - start):
@@ -404,10 +394,7 @@ class Trainer(TrainerCheckpoints):
                 if self.run_dir and self._saved_epoch != self.epoch:  # not written after this epoch already
                     self.save_checkpoint(time.perf_counter() - start)
                 if rank0 and not cfg.quiet:
-                    # Epochs numbered as the epoch lines and metrics.jsonl number them (from 0).
-                    print(f"early stopping: no better validation metric in the last {cfg.patience} evaluations; "
-                          f"stopped after epoch {rec['epoch']} ({self.epoch} epochs trained; best: epoch "
-                          f"{self.best['epoch']})", flush=True)
+                    print(run_report.early_stop_line(cfg.patience, rec["epoch"], self.epoch, self.best), flush=True)
                 break
         bar.close()
         if accuracy is None:  # resumed after the last epoch: evaluate the parameters it ended with
@@ -417,19 +404,13 @@ class Trainer(TrainerCheckpoints):
                             {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server,
                              "hosts": self.topo.hosts, "emulated": self.topo.emulated},
                             time.perf_counter() - start, best=self.best, metric=cfg.metric)
-        # Start-up, the slowest rank's per phase and in all, and the run's wall time from process creation.
-        slowest = self.comm.allreduce_scalar(np.array(self.startup.vector() + [started_s, self.startup.elapsed()]),
-                                             "max")
-        summary["startup_s"] = {**{p: round(float(v), 4) for p, v in zip(STARTUP_PHASES, slowest)},
-                                "total": round(float(slowest[-2]), 4)}
-        summary["wall_s"] = round(float(slowest[-1]), 4)
+        summary.update(run_report.startup_entries(self.comm, self.startup, started_s))
+        summary["links"] = run_report.links_entry(self.links)
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
         summary["plan"].update(self.communication_entry())
         summary["features"] = features_entry(self.manifest)
         summary["optimizer"] = self.optimizer.summary()
-        summary["compute"] = {"device": self.device.type, "threads_per_rank": torch.get_num_threads(),
-                              "kernels": cpu_kernels.kernel_name() if self.device.type == "cpu" else "torch",
-                              "kernel_dispatch": cpu_kernels.dispatch() if self.device.type == "cpu" else None}
+        summary["compute"] = run_report.compute_entry(self.device)
         if cfg.init_from:
             summary["init_from"] = self.init_source.provenance()
         if self.device.type == "cuda":  # beside peak_memory_bytes (allocated): what the GPU held
@@ -442,16 +423,9 @@ class Trainer(TrainerCheckpoints):
         return summary
 
     def communication_entry(self) -> Dict:
-        """How training communicated (summary.json's plan): overlap, and the halo wire dtype, which makes
-        an otherwise exact mode inexact when it is narrower than float32."""
-        entry = {"overlap": not self.cfg.no_overlap, "overlap_halos": sorted(self._overlap_halo),
-                 "halo_dtype": self.cfg.halo_dtype, **self.precision.entry()}
-        if self.gradsync is not None:  # the gradient buckets' bytes, in posting order (the first final first)
-            entry["gradient_buckets_bytes"] = self.gradsync.bucket_bytes()
-        if not self.groups["world"].exact and self.precision.exact:
-            entry["exact"] = False
-            entry["inexact_because"] = f"--halo-dtype {self.cfg.halo_dtype}: halo rows are rounded on the wire"
-        return entry
+        """How training communicated (summary.json's plan): run_report.communication_entry."""
+        return run_report.communication_entry(self.cfg, self._overlap_halo, self.gradsync, self.precision,
+                                              self.groups["world"].exact)
 
     def close(self, collective: bool = True) -> None:
         """Release what the trainer holds; safe after a set-up that failed part-way (what was not opened
@@ -468,20 +442,3 @@ class Trainer(TrainerCheckpoints):
             part = getattr(self, name, None)
             if part is not None:
                 part.close()
-
-    def shape_dependence(self) -> Optional[str]:
-        """Why this run's trajectory depends on S x G and the partition, or None when it does not (then
-        a checkpoint may continue on another layout or shard set of the same dataset, in fb or flx).
-        The mode says its own (Mode.shape_dependence); the wire and the model add theirs."""
-        cfg = self.cfg
-        reason = self.mode.shape_dependence(self.manifest)
-        if reason is None and not self.precision.exact:
-            reason = (f"--precision {cfg.precision} rounds what the layers compute, and which sums a rank "
-                      f"computes follows the partition")
-        if reason is None and not self.groups["world"].exact:
-            reason = (f"--halo-dtype {cfg.halo_dtype} rounds the halo rows, and which rows are halo rows "
-                      f"follows the partition")
-        if reason is None and cfg.dropout > 0 and not self._keyed_dropout:
-            reason = (f"model {cfg.model} draws its dropout masks from each rank's own generator (its forward "
-                      f"takes no `dropout`), so they follow the layout")
-        return reason

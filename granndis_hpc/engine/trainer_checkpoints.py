@@ -127,3 +127,20 @@ class TrainerCheckpoints:
                             f"the build's digest")
         self.epoch, self.prior_elapsed_s, self.prior_records = resumed.epoch, resumed.elapsed_s, resumed.records
         self._restore_best(resumed.best)
+
+    def shape_dependence(self) -> Optional[str]:
+        """Why this run's trajectory depends on S x G and the partition, or None when it does not (then
+        a checkpoint may continue on another layout or shard set of the same dataset, in fb or flx).
+        The mode says its own (Mode.shape_dependence); the wire and the model add theirs."""
+        cfg = self.cfg
+        reason = self.mode.shape_dependence(self.manifest)
+        if reason is None and not self.precision.exact:
+            reason = (f"--precision {cfg.precision} rounds what the layers compute, and which sums a rank "
+                      f"computes follows the partition")
+        if reason is None and not self.groups["world"].exact:
+            reason = (f"--halo-dtype {cfg.halo_dtype} rounds the halo rows, and which rows are halo rows "
+                      f"follows the partition")
+        if reason is None and cfg.dropout > 0 and not self._keyed_dropout:
+            reason = (f"model {cfg.model} draws its dropout masks from each rank's own generator (its forward "
+                      f"takes no `dropout`), so they follow the layout")
+        return reason

@@ -51,6 +51,7 @@ from typing import List, Optional
 from granndis_hpc import options
 from granndis_hpc.fsutil import atomic_write_bytes
 from granndis_hpc.options import ConfigError, Options, option
+from granndis_hpc import link_classes
 from granndis_hpc.report.data import (ReportError, RunData, assign_labels, baseline_notes, find_baselines, load_run,
                                       metric_label, overlap_limit_s, setting_differences)
 from granndis_hpc.metric_names import summary_key
@@ -122,8 +123,10 @@ def _markdown(runs, baselines, table, pngs, out_dir):
     else:
         lines.append("No matching `fb` run was given, so there is no speedup.")
     lines += ["", "Runs:", ""]
-    lines += [f"- {r.label}: `{r.run_dir}`" + (f" ({r.summary['status']})" if r.summary.get("status") else "")
-              for r in runs]
+    for r in runs:
+        lines.append(f"- {r.label}: `{r.run_dir}`" + (f" ({r.summary['status']})" if r.summary.get("status") else ""))
+        if isinstance(r.summary.get("links"), dict):  # measured at the run's start-up
+            lines.append(f"  - {link_classes.verdict(r.summary['links'])}")
     lines.append("")
     for png in pngs:
         rel = os.path.relpath(png, out_dir)

@@ -127,6 +127,7 @@ def test_banner_epoch_lines_and_quiet(one_rank, tmp_path, capsys):
     assert set(startup) == {"launch", "world", "shards", "views", "model", "total"}
     assert all(v >= 0 for v in startup.values()) and startup["total"] >= startup["launch"] + startup["views"]
     assert summary["wall_s"] >= startup["total"] + summary["total_time_s"] * 0.99
+    assert summary["links"]["inter_Bps"] is None and summary["links"]["verdict"] in out
 
     cli.run_training(args + ["--quiet"])
     quiet = capsys.readouterr().out.splitlines()

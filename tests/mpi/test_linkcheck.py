@@ -1,0 +1,25 @@
+"""The start-up link check (cluster/linkcheck.py) on 2 x 2, 1 x 4 and 4 x 1: every rank gets the same
+measurement, positive where the job has that link class and None where it has none; its verdict
+(link_classes.py) names the rates."""
+import pytest
+
+from tests.mpi.conftest import WORLD, cluster_fixture
+
+pytestmark = pytest.mark.mpi
+
+cluster = cluster_fixture([(2, "mpi"), (4, "mpi"), (1, "mpi")])
+
+
+def test_every_rank_gets_the_same_link_classes(cluster):
+    from granndis_hpc import link_classes
+    from granndis_hpc.cluster.linkcheck import measure_links
+
+    topo, _, _ = cluster
+    links = measure_links(topo)
+    assert WORLD.allgather(links) == [links] * WORLD.Get_size()
+    assert (links["inter_Bps"] is None) == (topo.servers == 1)
+    assert (links["intra_Bps"] is None) == (topo.ranks_per_server == 1)
+    for key in ("inter_Bps", "intra_Bps"):
+        assert links[key] is None or links[key] > 1e6  # at least 8 Mbit/s: MPI on one machine is far above
+    text = link_classes.verdict(links)
+    assert text.startswith("links: ") and ("one server" in text) == (topo.servers == 1)

@@ -1,0 +1,23 @@
+"""The words for a job's measured link classes (granndis_hpc/link_classes.py)."""
+from granndis_hpc.link_classes import SLOW_LINK_RATIO, ratio, verdict
+
+
+def test_a_fast_inter_server_link_says_fb_is_the_expected_winner():
+    same_machine = {"inter_Bps": 2.0e9, "intra_Bps": 2.5e9}
+    assert ratio(same_machine) == 1.25 < SLOW_LINK_RATIO
+    text = verdict(same_machine)
+    assert "inter-server 16.00 Gbit/s, intra-server 20.00 Gbit/s (1.2x the inter-server)" in text
+    assert "fb is the expected winner" in text
+
+
+def test_a_slow_inter_server_link_is_the_regime_graNNDis_is_for():
+    ten_gbe = {"inter_Bps": 1.15e9, "intra_Bps": 32e9}  # the paper's testbed: about 28x
+    text = verdict(ten_gbe)
+    assert "(27.8x the inter-server)" in text and "expected winner" not in text
+    assert "Mbit/s" in verdict({"inter_Bps": 11.5e6, "intra_Bps": 2e9})
+
+
+def test_one_server_or_one_rank_per_server():
+    assert "one server" in verdict({"inter_Bps": None, "intra_Bps": 3e9})
+    assert ratio({"inter_Bps": 1e9, "intra_Bps": None}) is None
+    assert verdict({"inter_Bps": 1e9, "intra_Bps": None}) == "links: inter-server 8.00 Gbit/s"
