@@ -71,6 +71,7 @@ def train_config(config, options: Mapping[str, Any]) -> TrainConfig:
     checked as granndis-train checks its command line.  With resume=RUN_DIR the run's own config.json
     gives the rest, and options given again may differ only where --resume allows."""
     from granndis_hpc.resume_options import resume_config
+    from granndis_hpc.rundir.checkpoint_files import CheckpointError
 
     check_names(options, train_option_names(), "train()")
     given = {**_config_values(config), **{k: v for k, v in options.items()}}
@@ -86,12 +87,10 @@ def train_config(config, options: Mapping[str, Any]) -> TrainConfig:
             run_dir = os.fspath(given["resume"])
             values = resume_config(load_resolved_config(run_dir), given, run_dir, defaults(TrainConfig))
         return TrainConfig(**values)
-    except (ConfigError, TypeError) as exc:
-        raise OptionError(" ".join(str(exc).split())) from None
     except OptionError:
         raise
-    except ValueError as exc:  # CheckpointError (resume_config): the run refuses those options
-        raise OptionError(" ".join(str(exc).split())) from None
+    except (ConfigError, TypeError, ValueError, CheckpointError) as exc:  # resume_config: CheckpointError
+        raise OptionError(f"train(): {' '.join(str(exc).split())}") from None
 
 
 def build_option_names() -> tuple:
