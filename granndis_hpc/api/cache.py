@@ -41,7 +41,9 @@ def entry_name(name: str, servers: int, gpus_per_server: int, preload: str, key:
 
 
 def check_cache_dir(path: str) -> None:
-    """Refuse a cache directory every user may write to (ValueError saying why)."""
+    """Refuse a cache directory every user may write to (OptionError saying why)."""
+    from granndis_hpc.api.errors import OptionError
+
     probe = os.path.abspath(path)
     while not os.path.exists(probe):  # the nearest existing directory decides who may create it
         parent = os.path.dirname(probe)
@@ -50,7 +52,7 @@ def check_cache_dir(path: str) -> None:
         probe = parent
     mode = os.stat(probe).st_mode
     if mode & stat.S_IWOTH:
-        raise ValueError(f"cache_dir {path!r}: {probe} is writable by every user, so anyone could leave a shard set "
+        raise OptionError(f"cache_dir {path!r}: {probe} is writable by every user, so anyone could leave a shard set "
                          f"there for this job to train on; give a directory of your own (e.g. under the run "
                          f"directory or your home)")
 

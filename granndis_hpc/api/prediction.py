@@ -65,6 +65,9 @@ def predict(model: Any, graph_or_shards: Any, *, out=None, gather: str = "all", 
         check_names(options, names, "predict()")
         if gather not in GATHERS:
             raise OptionError(f"predict(gather={gather!r}): choose one of {', '.join(map(repr, GATHERS))}")
+        if not isinstance(model, TrainResult) and not os.path.exists(os.fspath(model)):
+            raise OptionError(f"predict(): the model {os.fspath(model)!r} does not exist (give a TrainResult, a run "
+                              f"directory, a best-model.pt or a checkpoint directory)")
         run_dir = _run_dir_of(model)
         if from_graph and cache_dir is None and run_dir is None:
             raise OptionError("predict(): the model is not in a run directory, so give cache_dir= for the shard set "
