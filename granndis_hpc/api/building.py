@@ -86,11 +86,12 @@ def build_for_shape(graph: Any, servers: int, gpus_per_server: int, *, out=None,
 def _run_build(group, graph, opts, key: str, digest: str, printer) -> dict:
     """Collective: the pipeline of `granndis preprocess build` on the canonical graph."""
     from granndis_hpc.preprocess import sources
-    from granndis_hpc.preprocess.build.pipeline import BuildConfig, PhaseLog, run_build
+    from granndis_hpc.preprocess.build.pipeline import PhaseLog, run_build
     from granndis_hpc.preprocess.build.slices import spill_directory
+    from granndis_hpc.preprocess.options import build_config
     from granndis_hpc.preprocess.plan.command import resolve_build_hops
 
-    cfg = BuildConfig.from_options(opts, command=f"granndis_hpc.build() on {group.size} rank(s)")
+    cfg = build_config(opts, command=f"granndis_hpc.build() on {group.size} rank(s)")
     cfg.extra.update(sources.features_record(opts.normalize_features))
     cfg.extra[cache.KEY_FIELD] = key
     log = PhaseLog(group, printer=printer)

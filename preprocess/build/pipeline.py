@@ -55,16 +55,6 @@ class BuildConfig:
     command: str = ""
     extra: dict = field(default_factory=dict)
 
-    @classmethod
-    def from_options(cls, args, command: str) -> "BuildConfig":
-        """The build that BuildOptions `args` describe (`granndis preprocess build` and the Python API)."""
-        from granndis_hpc.preprocess.options import hops_value
-
-        return cls(out=args.out, servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
-                   preload=args.preload, hops=hops_value(args.hops), fanout=args.eas_fanout, select=args.eas_select,
-                   partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite, command=command,
-                   inductive=args.inductive, row_block_rows=args.row_block_rows)
-
     @property
     def effective_hops(self) -> int:
         if self.hops is not None:
