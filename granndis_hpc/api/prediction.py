@@ -123,11 +123,12 @@ def _predict(opts, out, gather: str) -> Predictions:
                       opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging)
     try:
         topo = fw.topo
-        with collective_errors(topo.world, "", catch=(OptionError, OutputError)):
+        with collective_errors(topo.world, "", catch=(OptionError, OutputError, OSError)):
             if opts.layer is not None and opts.layer >= fw.layers:
                 raise OptionError(f"layer={opts.layer}: the model has {fw.layers} message-passing layers, so layer "
                                   f"must be 0 .. {fw.layers - 1}")
             if out is not None and topo.rank == 0:
+                os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
                 check_output(opts.out, opts.overwrite)  # before the forward: refuse early
         rows, first, total, provenance = _block_rows(fw, opts)
         if out is not None:

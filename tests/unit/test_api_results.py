@@ -114,3 +114,15 @@ def test_predictions_from_arrays_and_their_checks():
 def test_a_stopped_run_has_no_metrics(tmp_path):
     stopped = gd.TrainResult(run_dir=str(tmp_path), summary=None, config=gd.TrainConfig(shards="s"), shards=None)
     assert not stopped.completed and stopped.metrics == {} and stopped.best is None and stopped.best_model is None
+
+
+def test_resume_continues_a_run_with_its_own_options(tmp_path):
+    run = tmp_path / "run"
+    first = gd.train(tiny_graph(), out=run, **dict(TRAIN, checkpoint_every=1))
+    resumed = gd.train(tiny_graph(), out=run, resume=run, epochs=3, quiet=True)
+    assert resumed.shards.reused and resumed.shards.path == first.shards.path
+    assert (resumed.summary["epochs"], len(resumed.history()), resumed.config.hidden) == (3, 3, 4)
+    with pytest.raises(gd.OptionError, match=r"these options differ: hidden=8 \(the run has 4\)"):
+        gd.train(tiny_graph(), out=run, resume=run, hidden=8)
+    written = gd.predict(resumed, tiny_graph(), out=tmp_path / "new" / "dir" / "preds.h5", quiet=True)
+    assert gd.read_predictions(written.out).provenance["rows"] == len(written) == 60  # its directory made
