@@ -60,9 +60,11 @@ def build_for_shape(graph: Any, servers: int, gpus_per_server: int, *, out=None,
     graph, digest = agreed_graph(graph, opts.name, **{k: getattr(opts, k) for k in CANONICAL_OPTIONS})
     key = cache.cache_key(digest, servers, gpus_per_server, recorded)
     cached = out is None
-    target = (os.path.join(os.fspath(cache_dir), cache.entry_name(opts.name, servers, gpus_per_server, opts.preload,
-                                                                   key))
-              if cached else os.fspath(out))
+    if cached:
+        target = os.path.join(os.fspath(cache_dir), cache.entry_name(opts.name, servers, gpus_per_server,
+                                                                     opts.preload, key))
+    else:
+        target = os.fspath(out)
     opts = dataclasses.replace(opts, out=target, overwrite=bool(overwrite or cached))
     found, why = None, ""
     with agreed(what):
@@ -74,8 +76,9 @@ def build_for_shape(graph: Any, servers: int, gpus_per_server: int, *, out=None,
     if found is not None:
         return ShardSet.from_manifest(target, found, reused=True, build_options=recorded)
     printer = (lambda *a, **k: None) if quiet else print
-    if group.rank == 0 and not quiet and cached and why != "not built yet":
-        print(f"[build] {target}: {why}; building it again", flush=True)
+    if group.rank == 0 and not quiet and why != "not built yet":
+        print(f"[build] {target}: {why}; building it {'again' if cached else 'there (with overwrite=True)'}",
+              flush=True)
     try:
         manifest = _run_build(group, graph, opts, key, digest, printer)
     except Exception as exc:  # noqa: BLE001 -- agreed by the pipeline on every rank, or one rank's own

@@ -62,14 +62,17 @@ def _message(reports: list, size: int) -> tuple:
 def agreed(what: str = ""):
     """Collective over MPI.COMM_WORLD: run the block on every rank, then raise the same GranndisError
     (OptionError when a rank's error was one) on every rank if the block raised on any.  `what` prefixes
-    the message ("building the shard set: ...")."""
+    the message of any other exception ("build(): ValueError: ..."); a GranndisError's message says
+    where it came from already."""
     error, cause = None, None
     try:
         yield
     except Exception as exc:  # noqa: BLE001 -- shared with the other ranks below
         cause = exc
-        text = one_line(exc)  # a GranndisError's message says where it came from already
-        error = (text if isinstance(exc, GranndisError) or not what else f"{what}: {text}", isinstance(exc, OptionError))
+        text = one_line(exc)
+        if what and not isinstance(exc, GranndisError):
+            text = f"{what}: {text}"
+        error = (text, isinstance(exc, OptionError))
     group = _group()
     reports = group.allgather_object((None, False) if error is None else error)
     if all(msg is None for msg, _ in reports):
@@ -89,7 +92,7 @@ def passed_on(exc: BaseException, what: str = "") -> BaseException:
     group = _group()
     if collective or group.size == 1:
         text = " ".join(str(exc).split()) if collective else one_line(exc)
-        return (OptionError if isinstance(exc, OptionError) else GranndisError)(f"{what}: {text}" if what else text)
+        return GranndisError(f"{what}: {text}" if what else text)
     sys.stderr.write(f"[rank {group.rank}] {one_line(exc)} (raised on this rank only: ending the job, since the "
                      f"other ranks would wait for it)\n")
     sys.stderr.flush()

@@ -23,6 +23,7 @@ from granndis_hpc.api.world import start, world
 
 GATHERS = ("all", "root", "block")
 _IN_MEMORY = "<in memory>"
+_PLACEHOLDER_SHARDS = "<the set predict() builds>"
 # PredictOptions' fields that predict() takes as its own arguments.
 _ARGUMENTS = ("model", "shards", "out")
 # The set predict() builds from a graph when the model's own is not at hand: any preload serves the
@@ -31,12 +32,15 @@ _PREDICT_BUILD = {"layers": 1, "preload": "full", "hops": 1}
 
 
 def _run_dir_of(model) -> Optional[str]:
-    """The run directory a model source belongs to (a run directory, its best-model.pt), or None."""
+    """The run directory a model source belongs to (a run directory, its best-model.pt, one of its
+    checkpoint directories RUN_DIR/checkpoints/epoch-E), or None."""
     if isinstance(model, TrainResult):
         return model.run_dir
-    path = os.fspath(model)
-    candidate = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    return candidate if os.path.exists(os.path.join(candidate, "config.json")) else None
+    path = os.path.abspath(os.fspath(model))
+    for candidate in (path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+        if os.path.isfile(os.path.join(candidate, "config.json")):
+            return candidate
+    return None
 
 
 def predict(model: Any, graph_or_shards: Any, *, out=None, gather: str = "all", cache_dir=None,
@@ -63,6 +67,9 @@ def predict(model: Any, graph_or_shards: Any, *, out=None, gather: str = "all", 
 
         names = [f.name for f in dataclasses.fields(PredictOptions) if f.name not in _ARGUMENTS]
         check_names(options, names, "predict()")
+        if build is not None and not (from_graph and isinstance(build, Mapping)):
+            raise OptionError("predict(build=...): a dict of build options, for the set predict() builds when it is "
+                              "given a graph")
         if gather not in GATHERS:
             raise OptionError(f"predict(gather={gather!r}): choose one of {', '.join(map(repr, GATHERS))}")
         if not isinstance(model, TrainResult) and not os.path.exists(os.fspath(model)):
@@ -85,8 +92,6 @@ def predict(model: Any, graph_or_shards: Any, *, out=None, gather: str = "all", 
     except Exception as exc:  # noqa: BLE001 -- agreed by the forward on every rank, or one rank's own
         raise passed_on(exc, "predict()") from exc
 
-
-_PLACEHOLDER_SHARDS = "<the set predict() builds>"
 
 
 def _options(cls, source: str, shards: str, out, options: Mapping):

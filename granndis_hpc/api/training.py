@@ -101,10 +101,9 @@ def train(graph_or_shards: Any = None, *, out, config=None, cache_dir=None, buil
         from granndis_hpc.api.building import build_for_shape
 
         shape = world(cfg.ranks_per_server)
-        shard_set = build_for_shape(graph_or_shards, shape.servers, shape.ranks_per_server,
-                                    cache_dir=cache_dir if cache_dir is not None else os.path.join(cfg.out, DEFAULT_SUBDIR),
-                                    quiet=cfg.quiet, options={**default_build(cfg), **(build or {})},
-                                    what="train()")
+        cache_dir = os.path.join(cfg.out, DEFAULT_SUBDIR) if cache_dir is None else cache_dir
+        shard_set = build_for_shape(graph_or_shards, shape.servers, shape.ranks_per_server, cache_dir=cache_dir,
+                                    quiet=cfg.quiet, options={**default_build(cfg), **(build or {})}, what="train()")
         cfg = dataclasses.replace(cfg, shards=shard_set.path)
     _log_as_this_rank(cfg)
     try:

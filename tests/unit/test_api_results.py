@@ -31,7 +31,7 @@ def test_the_cache_reuses_a_verified_set_and_rebuilds_an_edited_one(tmp_path, ca
 
     server_file = next(p for p in (tmp_path / first.path).iterdir() if p.suffix == ".h5")
     data = bytearray(server_file.read_bytes())
-    data[-100] ^= 0xFF  # one byte of the set edited: its checksum no longer matches
+    data[-100] ^= 0xFF  # one byte of the set edited: its checksum and the manifest disagree
     server_file.write_bytes(bytes(data))
     capsys.readouterr()
     rebuilt = gd.build(tiny_graph(), cache_dir=tmp_path, layers=2)
@@ -90,7 +90,8 @@ def test_predict_every_vertex_and_one_split(trained, tmp_path):
     np.testing.assert_array_equal(test.prediction, everything.prediction[ids])
 
     back = gd.read_predictions(tmp_path / "test.h5")
-    assert (back.provenance["split"], back.provenance["output"], back.provenance["layer"]) == ("test", "probabilities", 1)
+    prov = back.provenance
+    assert (prov["split"], prov["output"], prov["layer"]) == ("test", "probabilities", 1)
     for name in ("global_id", "prediction", "probabilities", "embeddings"):
         np.testing.assert_array_equal(getattr(back, name), getattr(test, name))
     with pytest.raises(gd.GranndisError, match=r"exists; give another --out, or --overwrite"):
