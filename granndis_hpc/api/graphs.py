@@ -23,6 +23,18 @@ def is_graph(obj: Any) -> bool:
     return isinstance(obj, Mapping) or is_pyg(obj) or is_dgl(obj) or _is_canonical(obj)
 
 
+def shards_path(obj: Any, what: str) -> str:
+    """The shard directory `obj` names (a ShardSet or a path); OptionError for anything else."""
+    import os
+
+    from granndis_hpc.api.errors import OptionError
+
+    if isinstance(obj, (str, os.PathLike)):
+        return os.fspath(obj)
+    raise OptionError(f"{what}: expected a graph (a PyG Data, a DGL graph, a dict of arrays), a ShardSet or a shard "
+                      f"directory, got {type(obj).__name__}")
+
+
 def _is_canonical(obj) -> bool:
     from granndis_hpc.graph.csr import Graph
 

@@ -56,7 +56,7 @@ def predict(model: Any, graph_or_shards: Any, *, out=None, gather: str = "all", 
     (FILE.h5 or a directory of .npy files; refused when it exists, unless overwrite=True).  `gather`:
     which rank gets which rows (module docstring).  Anything wrong raises the same GranndisError
     (OptionError for an option) on every rank."""
-    from granndis_hpc.api.graphs import is_graph
+    from granndis_hpc.api.graphs import is_graph, shards_path
     from granndis_hpc.api.options import check_names
 
     start(options.get("device") if options.get("device") in ("auto", "cpu", "cuda") else "auto")
@@ -80,7 +80,7 @@ def predict(model: Any, graph_or_shards: Any, *, out=None, gather: str = "all", 
             raise OptionError("predict(): the model is not in a run directory, so give cache_dir= for the shard set "
                               "built from the graph")
         source = model.run_dir if isinstance(model, TrainResult) else os.fspath(model)
-        shards = _PLACEHOLDER_SHARDS if from_graph else os.fspath(graph_or_shards)
+        shards = _PLACEHOLDER_SHARDS if from_graph else shards_path(graph_or_shards, "predict()")
         opts = _options(PredictOptions, source, shards, out, options)
     if from_graph:
         shards_used = _build_for(model, graph_or_shards, opts, cache_dir or os.path.join(run_dir, DEFAULT_SUBDIR),

@@ -77,7 +77,7 @@ def train(graph_or_shards: Any = None, *, out, config=None, cache_dir=None, buil
     field name (TrainConfig: mode, model, layers, hidden, epochs, lr, ...), over those of `config` (a
     TrainConfig, a dict of its fields, or a --config TOML file's path).  Anything wrong raises the same
     GranndisError (OptionError for an option) on every rank."""
-    from granndis_hpc.api.graphs import is_graph
+    from granndis_hpc.api.graphs import is_graph, shards_path
     from granndis_hpc.api.options import train_config
 
     start(_device(config, options))
@@ -92,7 +92,7 @@ def train(graph_or_shards: Any = None, *, out, config=None, cache_dir=None, buil
         if from_graph:
             given["shards"] = _PLACEHOLDER
         elif graph_or_shards is not None:
-            given["shards"] = os.fspath(graph_or_shards)
+            given["shards"] = shards_path(graph_or_shards, "train()")
         cfg = train_config(config, given)
         if not cfg.out:
             raise OptionError("train(): out= is required (the run directory: config, metrics, summary, best model)")

@@ -61,6 +61,9 @@ def test_train_reads_a_config_file_and_refuses_its_unknown_keys(tmp_path):
 
 
 def test_train_needs_a_run_directory_and_build_options_only_with_a_graph(tmp_path):
+    with pytest.raises(gd.OptionError, match=r"train\(\): expected a graph .* a ShardSet or a shard directory, got "
+                                             r"int"):
+        gd.train(42, out=tmp_path / "run")
     with pytest.raises(gd.OptionError, match=r"out= is required"):
         gd.train(tiny_graph(), out=None)
     with pytest.raises(gd.OptionError, match=r"build options apply when train\(\) is given a graph"):
