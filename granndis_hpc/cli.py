@@ -6,68 +6,16 @@ import argparse
 import os
 import sys
 from dataclasses import asdict
-from typing import Dict
 
-from granndis_hpc.config import TrainConfig, load_resolved_config
-from granndis_hpc.options import ConfigError, defaults, missing_required, read_options, resume_rule, specs
+from granndis_hpc.config import TrainConfig
+from granndis_hpc.options import ConfigError, read_options
 from granndis_hpc.metric_names import summary_key
+from granndis_hpc.resume_options import (  # noqa: F401 (importable from here too)
+    RESUME_OVERRIDABLE, RESUME_RESET, RESUME_SHAPE, resume_config, resumed_model_options, train_config)
 
 TRAIN_PROG = "granndis-train"
 TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU "
                      "(mpirun -n S*G granndis-train --shards DIR --ranks-per-server G ...).")
-
-# Options that may be given again with another value together with --resume (TrainConfig's on_resume
-# metadata): they change nothing the trajectory depends on, or are checked otherwise (`shards`,
-# `ranks_per_server`, `mode` and `preloaded_layers` may differ because they are the checkpoint
-# fingerprint's shape: the same shard set, layout and mode, or, in the exact modes, any shard set of
-# the same dataset, rundir/checkpoint.py).  `out` is the run directory itself.  "reset" options
-# (overwrite_run) are not carried over from the run being resumed.
-RESUME_OVERRIDABLE = resume_rule(TrainConfig, "may_change")
-RESUME_RESET = resume_rule(TrainConfig, "reset")
-# The overridable options that are the checkpoint's shape (may change only as far as it allows).
-RESUME_SHAPE = sorted(s.name for s in specs(TrainConfig) if s.meta.get("resume_shape"))
-
-
-def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dict:
-    """The options of a resumed run: RUN_DIR/config.json (`saved`), with options given again on the
-    command line or in --config (`given`) allowed to differ only where RESUME_OVERRIDABLE says so.
-    `defaults` maps every option the trainer takes to its default (what a run whose config.json
-    predates an option ran with); other keys, in either dict, are dropped."""
-    from granndis_hpc.rundir.checkpoint_files import CheckpointError
-
-    run_dir = os.fspath(run_dir)
-    ran_with = {k: (d if k in RESUME_RESET else saved.get(k, d)) for k, d in defaults.items()}
-    # model_option is compared by value, not as text, once the options are checked (resumed_model_options)
-    refused = [f"{k}={given[k]!r} (the run has {ran_with[k]!r})" for k in sorted(given)
-               if k in defaults and k not in RESUME_OVERRIDABLE | RESUME_RESET | {"model_option"}
-               and given[k] != ran_with[k]]
-    out = given.get("out")
-    if out is not None and os.path.realpath(out) != os.path.realpath(run_dir):
-        refused.append(f"out={out!r} (a resumed run writes into the run directory {run_dir!r})")
-    if refused:
-        raise CheckpointError(
-            f"--resume {run_dir} continues that run with its own settings ({os.path.join(run_dir, 'config.json')}); "
-            f"these options differ: {', '.join(refused)}.  Only "
-            f"{', '.join(sorted(RESUME_OVERRIDABLE - {'resume', 'out'}))} may change on resume "
-            f"({', '.join(RESUME_SHAPE[:-1])} and {RESUME_SHAPE[-1]} as far as the checkpoint allows); start a new run "
-            f"(another --out) to change anything else")
-    merged = dict(ran_with)
-    merged.update({k: v for k, v in given.items() if k in defaults and k != "model_option"})
-    merged["out"], merged["resume"] = run_dir, run_dir
-    return merged
-
-
-def resumed_model_options(cfg: TrainConfig, given: Dict) -> None:
-    """--resume: the code the run's model imports is named again by the user (command line or --config),
-    equal to what RUN_DIR/config.json records, which never chooses it; other model options given again
-    must equal the run's.  ConfigError otherwise."""
-    from granndis_hpc.model_code import rebuild_options
-
-    try:
-        rebuild_options(cfg.model, cfg.model_option, given.get("model_option"),
-                        os.path.join(cfg.resume, "config.json"))
-    except ValueError as exc:
-        raise ConfigError(f"--resume {cfg.resume}: {exc}") from None
 
 
 def _parse_train_args(argv):
@@ -96,24 +44,7 @@ def _agreed_train_args(argv, MPI, collective_errors, CheckpointError):
         command_line, file_values, _ = read_options(TrainConfig, argv, TRAIN_PROG, TRAIN_DESCRIPTION)
         if "resume" in file_values:
             raise ConfigError("resume cannot be set in a --config file; give --resume RUN_DIR")
-        given = {**file_values, **command_line}
-        if given.get("resume") is None and given.get("init_from"):  # the saved model's options, unless given
-            from granndis_hpc.engine.model_source import ModelSourceError, saved_model_options
-            try:
-                given.update(saved_model_options(given["init_from"], given))
-            except ModelSourceError as exc:
-                raise ConfigError(f"--init-from {given['init_from']}: {exc}") from None
-        if given.get("resume") is None:
-            missing = missing_required(TrainConfig, given)
-            if missing:
-                raise ConfigError(f"the following arguments are required: {', '.join(missing)}")
-            values = {**defaults(TrainConfig), **given}
-        else:
-            values = resume_config(load_resolved_config(given["resume"]), given, given["resume"],
-                                   defaults(TrainConfig))
-        cfg = TrainConfig(**values)
-        if cfg.resume:
-            resumed_model_options(cfg, given)
+        cfg = train_config({**file_values, **command_line})
     return argparse.Namespace(**asdict(cfg))
 
 
@@ -127,20 +58,14 @@ def run_training(argv=None, ignore_late_warnings: bool = False) -> dict:
     ignore_late_warnings (the CLI's process only): leave SIGUSR1 ignored after the run, for the rank's
     way out.  Not for in-process callers: children they start later would inherit SIG_IGN, and a shell
     cannot trap a signal ignored at its entry (the stand-in srun tests failed after such a caller)."""
-    from granndis_hpc.engine.trainer import Trainer
+    from granndis_hpc.api.training import run_trainer
 
     ns = _parse_train_args(argv)
     _log_as_this_rank(ns)
-    trainer = Trainer(_config_from_args(ns))
-    try:
-        summary = trainer.run()  # writes the resolved config (every option) to RUN_DIR/config.json
-        if ignore_late_warnings:  # a late SIGUSR1 must not kill the ranks on their way out
-            trainer.stop_signals.ignore_warnings_after()
-    finally:
-        trainer.close()
+    summary, _, rank = run_trainer(_config_from_args(ns), ignore_late_warnings)  # the Python API's train() too
     if summary is None:  # stopped by SIGUSR1/SIGTERM with a checkpoint written: exit 0 so the job requeues
         return None
-    if trainer.topo.rank == 0:  # the result line, --quiet included
+    if rank == 0:  # the result line, --quiet included
         metric = summary.get("metric", "accuracy")
         acc, best = summary[summary_key(metric)], summary.get("best_val")
         at_best = "" if best is None else f" (best val {best['val']:.4f} at epoch {best['epoch']}: test {best['test']:.4f})"

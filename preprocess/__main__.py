@@ -17,7 +17,7 @@ import numpy as np
 
 from granndis_hpc.options import read_command
 
-from granndis_hpc.preprocess.options import BuildOptions, ChunkOptions, PlanOptions, ShardSetOptions, hops_value
+from granndis_hpc.preprocess.options import BuildOptions, ChunkOptions, PlanOptions, ShardSetOptions, build_config
 from granndis_hpc.preprocess.plan.command import cmd_plan, fail, resolve_build_hops
 
 PROG = "granndis preprocess"
@@ -28,7 +28,7 @@ def cmd_build(args, argv) -> int:
     from granndis_hpc.cluster import as_group
 
     from granndis_hpc.preprocess import sources
-    from granndis_hpc.preprocess.build.pipeline import PHASES, BuildConfig, PhaseLog
+    from granndis_hpc.preprocess.build.pipeline import PHASES, PhaseLog
     from granndis_hpc.preprocess.build.slices import spill_directory
 
     group = as_group(None)  # MPI.COMM_WORLD, through cluster/ (preprocess never calls MPI itself)
@@ -42,11 +42,7 @@ def cmd_build(args, argv) -> int:
     command = "granndis preprocess " + shlex.join(argv)
     if group.size > 1:
         command = f"mpirun -n {group.size} " + command
-    hops = hops_value(args.hops)
-    cfg = BuildConfig(out=args.out, servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
-                      preload=args.preload, hops=hops, fanout=args.eas_fanout, select=args.eas_select,
-                      partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite, command=command,
-                      inductive=args.inductive, row_block_rows=args.row_block_rows)
+    cfg = build_config(args, command)
     cfg.extra.update(sources.features_record(args.normalize_features))
     printer = lambda line, **_: (bar.write(line) if not bar.disable else print(line, flush=True))  # noqa: E731
     with spill_directory(args.out):  # spill files under the output, which the next build cleans

@@ -49,6 +49,16 @@ def hops_value(text: Optional[str]):
     return text if text in (None, "auto") else int(hops_text(text))
 
 
+def build_config(args, command: str):
+    """The BuildConfig that BuildOptions `args` describe (`granndis preprocess build` and the Python API)."""
+    from granndis_hpc.preprocess.build.pipeline import BuildConfig
+
+    return BuildConfig(out=args.out, servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
+                       preload=args.preload, hops=hops_value(args.hops), fanout=args.eas_fanout,
+                       select=args.eas_select, partitioner=args.partitioner, seed=args.seed, overwrite=args.overwrite,
+                       command=command, inductive=args.inductive, row_block_rows=args.row_block_rows)
+
+
 def _positive_counts(text: str) -> Optional[str]:
     """--cob-batches: comma-separated positive counts."""
     try:
@@ -189,5 +199,5 @@ class ShardSetOptions(Options):
     dir: str = option(None, required=True, positional=True, help="the shard set's directory")
 
 
-__all__ = ["BuildOptions", "ChunkOptions", "EasOptions", "EstimateOptions", "LayoutOptions", "PlanOptions",
+__all__ = ["BuildOptions", "build_config", "ChunkOptions", "EasOptions", "EstimateOptions", "LayoutOptions", "PlanOptions",
            "ShardSetOptions", "SourceOptions", "hops_text", "hops_value"]

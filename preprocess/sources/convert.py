@@ -14,6 +14,8 @@ PyG and DGL are never imported: a PyG ``Data`` is recognised by its ``edge_index
 and a DGL graph by ``edges()`` and ``ndata``, so nothing here depends on either library.  Tensors
 become NumPy arrays through ``.detach().cpu().numpy()``.
 
+`graph_arrays` gathers the same arrays without writing them (granndis_hpc.api builds from them in memory).
+
 Everything is validated before a byte is written (the same checks the build's loader makes: shapes,
 ids in range, finite features, labels against the classes, disjoint splits); bad input raises
 `DataError` saying what is wrong, and an existing file of that name is left untouched.  The file is
@@ -114,6 +116,56 @@ def _edges_of(edge_index, adjacency):
     return ei[0], ei[1], None
 
 
+def graph_arrays(graph=None, *, edge_index=None, adjacency=None, features=None, labels=None, train_mask=None,
+                 val_mask=None, test_mask=None, train_idx=None, val_idx=None, test_idx=None, num_classes=None,
+                 origin="save_bundle") -> dict:
+    """The arrays of a graph held in Python, as `canonicalize` takes them: {num_vertices, src, dst,
+    features, labels, train_mask, val_mask, test_mask, num_classes}.  The arguments are save_bundle's;
+    shapes and the split's completeness are checked here, the rest by `canonicalize`.  `origin` names
+    the caller in error messages."""
+    given = {"edge_index": edge_index, "features": features, "labels": labels, "train_mask": train_mask,
+             "val_mask": val_mask, "test_mask": test_mask}
+    arrays = {}
+    if graph is not None:
+        if is_pyg(graph):
+            arrays = from_pyg(graph)
+        elif is_dgl(graph):
+            arrays = from_dgl(graph)
+        else:
+            raise DataError(f"{origin}: {type(graph).__name__} is neither a PyG Data nor a DGL graph. Fix: pass "
+                            "the arrays as keywords (edge_index=, features=, labels=, train_mask=, ...)")
+        if adjacency is not None:
+            arrays.pop("edge_index")
+    arrays.update({k: v for k, v in given.items() if v is not None})
+    ids = {f"{s}_idx": v for s, v in zip(SPLITS, (train_idx, val_idx, test_idx)) if v is not None}
+    if ids:  # id arrays replace the object's masks
+        for split in SPLITS:
+            arrays.pop(f"{split}_mask", None)
+    src, dst, adj_n = _edges_of(arrays.get("edge_index"), adjacency)
+    for key in ("features", "labels"):
+        if arrays.get(key) is None:
+            raise DataError(f"{origin}: no {key}. Fix: pass {key}= (or a graph object that holds them)")
+    x = _numpy(arrays["features"], "features")
+    y = _numpy(arrays["labels"], "labels")
+    if x.ndim != 2:
+        raise DataError(f"{origin}: features must have shape [N, F], got {x.shape}. Fix: one row per vertex")
+    n = x.shape[0]
+    if adj_n is not None and adj_n != n:
+        raise DataError(f"{origin}: the adjacency is {adj_n} x {adj_n} but features have {n} rows. Fix: pass "
+                        "the arrays of one graph")
+    split = ids or {k: arrays[k] for k in ("train_mask", "val_mask", "test_mask") if arrays.get(k) is not None}
+    if len(split) != 3:
+        raise DataError(f"{origin}: no complete train/val/test split (given: {', '.join(sorted(split)) or 'none'}). "
+                        "Fix: pass all three as _mask or all three as _idx (e.g. train_idx=split['train'], ... from "
+                        "OGB's get_idx_split())")
+    if ids:
+        masks = [index_to_mask(_numpy(ids[f"{s}_idx"], f"{s}_idx"), n, f"{s}_idx", origin) for s in SPLITS]
+    else:
+        masks = [_numpy(split[f"{s}_mask"], f"{s}_mask") for s in SPLITS]
+    return {"num_vertices": n, "src": src, "dst": dst, "features": x, "labels": y, "num_classes": num_classes,
+            **{f"{s}_mask": m for s, m in zip(SPLITS, masks)}}
+
+
 def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=None, labels=None,
                 train_mask=None, val_mask=None, test_mask=None, train_idx=None, val_idx=None, test_idx=None,
                 num_classes=None) -> str:
@@ -128,49 +180,15 @@ def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=N
     if ext not in (".npz", ".h5", ".hdf5"):
         raise DataError(f"{path}: a bundle is .npz or .h5/.hdf5, got {ext or 'no extension'!r}. Fix: name the "
                         "file FILE.npz or FILE.h5")
-    given = {"edge_index": edge_index, "features": features, "labels": labels, "train_mask": train_mask,
-             "val_mask": val_mask, "test_mask": test_mask}
-    arrays = {}
-    if graph is not None:
-        if is_pyg(graph):
-            arrays = from_pyg(graph)
-        elif is_dgl(graph):
-            arrays = from_dgl(graph)
-        else:
-            raise DataError(f"save_bundle: {type(graph).__name__} is neither a PyG Data nor a DGL graph. Fix: pass "
-                            "the arrays as keywords (edge_index=, features=, labels=, train_mask=, ...)")
-        if adjacency is not None:
-            arrays.pop("edge_index")
-    arrays.update({k: v for k, v in given.items() if v is not None})
-    ids = {f"{s}_idx": v for s, v in zip(SPLITS, (train_idx, val_idx, test_idx)) if v is not None}
-    if ids:  # id arrays replace the object's masks
-        for split in SPLITS:
-            arrays.pop(f"{split}_mask", None)
-    src, dst, adj_n = _edges_of(arrays.get("edge_index"), adjacency)
-    for key in ("features", "labels"):
-        if arrays.get(key) is None:
-            raise DataError(f"save_bundle: no {key}. Fix: pass {key}= (or a graph object that holds them)")
-    x = _numpy(arrays["features"], "features")
-    y = _numpy(arrays["labels"], "labels")
-    if x.ndim != 2:
-        raise DataError(f"save_bundle: features must have shape [N, F], got {x.shape}. Fix: one row per vertex")
-    n = x.shape[0]
-    if adj_n is not None and adj_n != n:
-        raise DataError(f"save_bundle: the adjacency is {adj_n} x {adj_n} but features have {n} rows. Fix: pass "
-                        "the arrays of one graph")
-    split = ids or {k: arrays[k] for k in ("train_mask", "val_mask", "test_mask") if arrays.get(k) is not None}
-    if len(split) != 3:
-        raise DataError(f"save_bundle: no complete train/val/test split (given: {', '.join(sorted(split)) or 'none'}). "
-                        "Fix: pass all three as _mask or all three as _idx (e.g. train_idx=split['train'], ... from "
-                        "OGB's get_idx_split())")
-    if ids:
-        split_masks = [index_to_mask(_numpy(ids[f"{s}_idx"], f"{s}_idx"), n, f"{s}_idx", "save_bundle") for s in SPLITS]
-    else:
-        split_masks = [_numpy(split[f"{s}_mask"], f"{s}_mask") for s in SPLITS]
+    a = graph_arrays(graph, edge_index=edge_index, adjacency=adjacency, features=features, labels=labels,
+                     train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, train_idx=train_idx,
+                     val_idx=val_idx, test_idx=test_idx, num_classes=num_classes)
+    n, x, y = a["num_vertices"], a["features"], a["labels"]
+    split_masks = [a[f"{s}_mask"] for s in SPLITS]
     # The loader's own checks, before anything is written (the canonical graph itself is not kept).
-    canonicalize(os.path.basename(path), n, src, dst, x, y, *split_masks, num_classes=num_classes,
+    canonicalize(os.path.basename(path), n, a["src"], a["dst"], x, y, *split_masks, num_classes=num_classes,
                  symmetrize=False, self_loops="keep", origin="save_bundle")
-    out = {"edge_index": np.stack([np.asarray(src, np.int64), np.asarray(dst, np.int64)]),
+    out = {"edge_index": np.stack([np.asarray(a["src"], np.int64), np.asarray(a["dst"], np.int64)]),
            "features": x.astype(np.float32, copy=False), "labels": y.reshape(n, -1) if y.ndim == 2 and y.shape[1] > 1 else y.reshape(n)}
     out.update({f"{s}_mask": np.asarray(m, dtype=bool) for s, m in zip(SPLITS, split_masks)})
     if num_classes is not None:
