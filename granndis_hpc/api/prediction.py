@@ -119,13 +119,14 @@ def _build_for(model, graph, opts, cache_dir, build: Optional[Mapping]) -> Shard
 def _predict(opts, out, gather: str) -> Predictions:
     """Collective: the forward, the rows in blocks of global ids, written when `out`, then gathered."""
     from granndis_hpc.cluster.errors import collective_errors
-    from granndis_hpc.engine.predict import WorldForward
+    from granndis_hpc.engine.predict import WorldForward, output_rows, reads
     from granndis_hpc.engine.predict_io import OutputError, check_output, write_rows
     from granndis_hpc.startup_options import topology_args
 
     start_s = time.perf_counter()
     fw = WorldForward(opts.shards, opts.model, opts.ranks_per_server, opts.device, opts.intra_transport,
-                      opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging)
+                      opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging,
+                      opts.model_option)
     try:
         topo = fw.topo
         with collective_errors(topo.world, "", catch=(OptionError, OutputError, OSError)):
@@ -134,11 +135,12 @@ def _predict(opts, out, gather: str) -> Predictions:
                                   f"must be 0 .. {fw.layers - 1}")
             if out is not None and topo.rank == 0:
                 os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
-                check_output(opts.out, opts.overwrite)  # before the forward: refuse early
-        rows, first, total, provenance = _block_rows(fw, opts)
+                check_output(opts.out, opts.overwrite, reads(opts))  # before the forward: refuse early
+        rows, first, total, provenance = output_rows(fw, opts)
         if out is not None:
             shapes = {name: (a.dtype.str, a.shape[1:]) for name, a in rows.items()}
-            write_rows(topo, opts.out, opts.resolved_format(), first, total, rows, shapes, provenance, opts.overwrite)
+            write_rows(topo, opts.out, opts.resolved_format(), first, total, rows, shapes, provenance, opts.overwrite,
+                       reads(opts))
         arrays = _gathered(topo, rows, gather)
         if not opts.quiet and topo.rank == 0:
             print(f"[predict] {total} rows of {fw.source.path} (epoch {fw.source.epoch}) in "
@@ -148,47 +150,6 @@ def _predict(opts, out, gather: str) -> Predictions:
                                        out=None if out is None else opts.out)
     finally:
         fw.close()
-
-
-def _block_rows(fw, opts) -> tuple:
-    """Collective: this rank's block of output rows ({name: array}, with global_id), its first row in the
-    output, the total rows, and the provenance (what `granndis predict` records)."""
-    import torch
-
-    from granndis_hpc import shards
-    from granndis_hpc.cluster.errors import collective_errors
-    from granndis_hpc.engine import targets
-    from granndis_hpc.engine.predict import SPLIT_MASKS
-    from granndis_hpc.engine.predict_io import block_bounds, to_blocks
-
-    topo, sl, n_inner = fw.topo, fw.slice, fw.n_inner
-    logits, emb = fw.forward(opts.layer)
-    out_name = "probabilities" if opts.probabilities else "logits"
-    multilabel = shards.is_multilabel(fw.manifest)  # each task's sigmoid, and 0/1 predictions logit > 0
-    scores = targets.probabilities(logits, multilabel) if opts.probabilities else logits
-    arrays = {out_name: scores.float(), "prediction": targets.prediction(logits, multilabel)}
-    if emb is not None:
-        arrays["embeddings"] = emb.float()
-    n = int(fw.manifest["dataset"]["num_vertices"])
-    keep = (np.ones(n_inner, dtype=bool) if opts.split == "all"
-            else np.asarray(getattr(sl, SPLIT_MASKS[opts.split])[:n_inner], dtype=bool))
-    arrays["selected"] = torch.as_tensor(keep, device=topo.device)
-    block_ids, block = to_blocks(fw.comm, topo, sl.global_id[:n_inner].astype(np.int64), arrays, n)
-    lo, hi = block_bounds(n, topo.world_size)[topo.rank: topo.rank + 2]
-    with collective_errors(topo.world, "", catch=(ValueError,)):
-        if not np.array_equal(block_ids, np.arange(lo, hi)):  # every vertex has exactly one owner
-            raise ValueError(f"{opts.shards}: the ranks' inner vertices do not cover global ids {lo}..{hi - 1} "
-                             f"exactly once; run `granndis preprocess verify {opts.shards}`")
-    sel = block.pop("selected").astype(bool)
-    rows: Dict[str, np.ndarray] = {name: a[sel] for name, a in block.items()}
-    rows["global_id"] = block_ids[sel]
-    counts = np.asarray(topo.allgather_object(int(sel.sum())), dtype=np.int64)
-    provenance = {"kind": "granndis_hpc.predict", "output": out_name, "split": opts.split, "layer": opts.layer,
-                  "rows": int(counts.sum()), "shards": opts.shards, "dataset": fw.manifest["dataset"].get("name"),
-                  "dataset_sha256": fw.manifest["dataset"].get("content_sha256"), "servers": topo.servers,
-                  "ranks_per_server": topo.ranks_per_server, "model": fw.source.provenance(),
-                  "created_unix_s": time.time()}
-    return rows, int(counts[: topo.rank].sum()), int(counts.sum()), provenance
 
 
 def _gathered(topo, rows: Dict[str, np.ndarray], gather: str) -> Dict[str, np.ndarray]:

@@ -133,6 +133,43 @@ def reads(opts) -> tuple:
     return (opts.model, "--model"), (opts.shards, "--shards")
 
 
+def output_rows(fw: WorldForward, opts) -> tuple:
+    """Collective: this rank's block of output rows ({name: array}, with global_id: the scores, the
+    predicted classes and any --layer embeddings of the vertices of --split, by global id), its first row
+    in the output, the total rows, and the provenance the output records (its "kind" is what recognises
+    it as predict's: --overwrite replaces nothing else)."""
+    topo, sl, n_inner = fw.topo, fw.slice, fw.n_inner
+    logits, emb = fw.forward(opts.layer)
+    out_name = "probabilities" if opts.probabilities else "logits"
+    # multi-label: each task's sigmoid and the 0/1 predictions logit > 0 (engine/targets.py)
+    multilabel = shards.is_multilabel(fw.manifest)
+    scores = targets.probabilities(logits, multilabel) if opts.probabilities else logits
+    arrays = {out_name: scores.float(), "prediction": targets.prediction(logits, multilabel)}
+    if emb is not None:
+        arrays["embeddings"] = emb.float()
+    n = int(fw.manifest["dataset"]["num_vertices"])
+    keep = (np.ones(n_inner, dtype=bool) if opts.split == "all"
+            else np.asarray(getattr(sl, SPLIT_MASKS[opts.split])[:n_inner], dtype=bool))
+    arrays["selected"] = torch.as_tensor(keep, device=topo.device)
+    block_ids, block = to_blocks(fw.comm, topo, sl.global_id[:n_inner].astype(np.int64), arrays, n)
+    lo, hi = block_bounds(n, topo.world_size)[topo.rank: topo.rank + 2]
+    with collective_errors(topo.world, "", catch=(PredictError,)):
+        if not np.array_equal(block_ids, np.arange(lo, hi)):  # every vertex has exactly one owner
+            raise PredictError(f"{opts.shards}: the ranks' inner vertices do not cover global ids {lo}..{hi - 1} "
+                               f"exactly once; run `granndis preprocess verify {opts.shards}`")
+    sel = block.pop("selected").astype(bool)
+    rows = {name: a[sel] for name, a in block.items()}
+    rows["global_id"] = block_ids[sel]
+    counts = np.asarray(topo.allgather_object(int(sel.sum())), dtype=np.int64)
+    first, total = int(counts[: topo.rank].sum()), int(counts.sum())
+    provenance = {"kind": PREDICT_TOOL, "output": out_name, "split": opts.split, "layer": opts.layer,
+                  "rows": total, "shards": opts.shards, "dataset": fw.manifest["dataset"].get("name"),
+                  "dataset_sha256": fw.manifest["dataset"].get("content_sha256"),
+                  "servers": topo.servers, "ranks_per_server": topo.ranks_per_server,
+                  "model": fw.source.provenance(), "created_unix_s": time.time()}
+    return rows, first, total, provenance
+
+
 def run_predict(opts) -> Dict:
     """Collective: `granndis predict` (opts: PredictOptions).  Returns what was written (every rank)."""
     fmt = opts.resolved_format()
@@ -141,45 +178,15 @@ def run_predict(opts) -> Dict:
                       opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging,
                       opts.model_option)
     try:
-        topo, sl, n_inner = fw.topo, fw.slice, fw.n_inner
+        topo = fw.topo
         with collective_errors(topo.world, "", catch=(PredictError, OutputError)):
             if opts.layer is not None and opts.layer >= fw.layers:
                 raise PredictError(f"--layer {opts.layer}: the model has {fw.layers} message-passing layers, so "
                                    f"K must be 0 .. {fw.layers - 1} (the logits are written anyway)")
             if topo.rank == 0:
                 check_output(opts.out, opts.overwrite, reads(opts))  # before the forward: refuse early
-        logits, emb = fw.forward(opts.layer)
-        out_name = "probabilities" if opts.probabilities else "logits"
-        # multi-label: each task's sigmoid and the 0/1 predictions logit > 0 (engine/targets.py)
-        multilabel = shards.is_multilabel(fw.manifest)
-        scores = targets.probabilities(logits, multilabel) if opts.probabilities else logits
-        gid = sl.global_id[:n_inner].astype(np.int64)
-        arrays = {out_name: scores.float(), "prediction": targets.prediction(logits, multilabel)}
-        if emb is not None:
-            arrays["embeddings"] = emb.float()
-        n = int(fw.manifest["dataset"]["num_vertices"])
-        if opts.split == "all":
-            keep = np.ones(n_inner, dtype=bool)
-        else:
-            keep = np.asarray(getattr(sl, SPLIT_MASKS[opts.split])[:n_inner], dtype=bool)
-        arrays["selected"] = torch.as_tensor(keep, device=topo.device)
-        block_ids, block = to_blocks(fw.comm, topo, gid, arrays, n)
-        lo, hi = block_bounds(n, topo.world_size)[topo.rank: topo.rank + 2]
-        with collective_errors(topo.world, "", catch=(PredictError,)):
-            if not np.array_equal(block_ids, np.arange(lo, hi)):  # every vertex has exactly one owner
-                raise PredictError(f"{opts.shards}: the ranks' inner vertices do not cover global ids {lo}..{hi - 1} "
-                                   f"exactly once; run `granndis preprocess verify {opts.shards}`")
-        sel = block.pop("selected").astype(bool)
-        rows = {name: a[sel] for name, a in block.items()}
-        rows["global_id"] = block_ids[sel]
-        counts = np.asarray(topo.allgather_object(int(sel.sum())), dtype=np.int64)
-        first, total = int(counts[: topo.rank].sum()), int(counts.sum())
+        rows, first, total, provenance = output_rows(fw, opts)
         shapes = {name: (a.dtype.str, a.shape[1:]) for name, a in rows.items()}
-        provenance = {"kind": PREDICT_TOOL, "output": out_name, "split": opts.split, "layer": opts.layer,
-                      "rows": total, "shards": opts.shards, "dataset": fw.manifest["dataset"].get("name"),
-                      "dataset_sha256": fw.manifest["dataset"].get("content_sha256"),
-                      "servers": topo.servers, "ranks_per_server": topo.ranks_per_server,
-                      "model": fw.source.provenance(), "created_unix_s": time.time()}
         write_rows(topo, opts.out, fmt, first, total, rows, shapes, provenance, opts.overwrite, reads(opts))
         result = {"out": opts.out, "format": fmt, "rows": total, "arrays": sorted(shapes),
                   "seconds": time.perf_counter() - start_s}

@@ -19,6 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 COMMAND_OUTPUT = {
     "granndis_hpc/cli.py", "granndis_hpc/report/command.py", "granndis_hpc/options/reference.py",
     "granndis_hpc/options/parser.py", "granndis_hpc/cluster/selfcheck.py", "granndis_hpc/engine/trainer.py",
+    "granndis_hpc/engine/run_report.py", "granndis_hpc/api/building.py", "granndis_hpc/api/prediction.py",
     "preprocess/__main__.py", "preprocess/plan/command.py",
 }
 
