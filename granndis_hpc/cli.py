@@ -22,7 +22,8 @@ def _parse_train_args(argv):
     """Options of a run, validated (TrainConfig.__post_init__).  With --resume RUN_DIR they come from
     RUN_DIR/config.json, and options given again (command line or --config) may change only what
     resume_config allows.  A bad flag is argparse's usage error (status 2) on every rank; any other
-    refusal is raised on every rank together (collective_errors)."""
+    refusal is raised on every rank together (collective_errors); then what the set-up would refuse, before
+    it starts (_checked_before_start)."""
     # The one direct MPI use left here: options are parsed before the Topology exists (it is built
     # from them), so the collective refusal runs on COMM_WORLD.
     from mpi4py import MPI
@@ -32,10 +33,11 @@ def _parse_train_args(argv):
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _agreed_train_args(argv, MPI, collective_errors, CheckpointError)
+        ns = _agreed_train_args(argv, MPI, collective_errors, CheckpointError)
     except ClusterError as exc:
         exc.exit_code = 2  # an option error: exit status 2 on every rank, as argparse's usage errors
         raise
+    return _checked_before_start(ns, MPI, collective_errors)
 
 
 def _agreed_train_args(argv, MPI, collective_errors, CheckpointError):
@@ -46,6 +48,19 @@ def _agreed_train_args(argv, MPI, collective_errors, CheckpointError):
             raise ConfigError("resume cannot be set in a --config file; give --resume RUN_DIR")
         cfg = train_config({**file_values, **command_line})
     return argparse.Namespace(**asdict(cfg))
+
+
+def _checked_before_start(ns, MPI, collective_errors):
+    """The refusals the run's set-up would give after seconds of start-up on every rank (the model's code,
+    the shard set's shape and layers: engine/preflight.check_before_start), given before the world starts,
+    with the exit status of those refusals (1).  ConfigError, ShardError, MemoryModelError and nn/pyg.py's
+    ModelCodeError are ValueErrors."""
+    from granndis_hpc.engine.preflight import check_before_start
+    from granndis_hpc.engine.steps import TrainingError
+
+    with collective_errors(MPI.COMM_WORLD, "", catch=(ValueError, TrainingError)):
+        check_before_start(_config_from_args(ns), MPI.COMM_WORLD.Get_size())
+    return ns
 
 
 def _config_from_args(ns) -> TrainConfig:
@@ -116,8 +131,25 @@ def run_predict(argv=None) -> dict:
     from granndis_hpc.predict_options import PREDICT_DESCRIPTION, PREDICT_EPILOG, PREDICT_PROG, PredictOptions
 
     opts = parse_options(PredictOptions, argv, PREDICT_PROG, PREDICT_DESCRIPTION, PREDICT_EPILOG)
+    _check_predict_before_start(opts)
     _log_as_this_rank(opts)
     return predict(opts)
+
+
+def _check_predict_before_start(opts) -> None:
+    """Before the world starts (seconds on every rank): the shard set's manifest, and on rank 0 the output's
+    place (its directory created when missing, as train's --out is); one refusal on every rank together."""
+    from mpi4py import MPI
+
+    from granndis_hpc.cluster.errors import collective_errors
+    from granndis_hpc.engine.predict import reads
+    from granndis_hpc.engine.predict_io import OutputError, check_output
+    from granndis_hpc.shards import ShardError, read_manifest
+
+    with collective_errors(MPI.COMM_WORLD, "", catch=(OutputError, ShardError)):
+        read_manifest(opts.shards)
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            check_output(opts.out, opts.overwrite, reads(opts))
 
 
 USAGE = """usage: granndis {preprocess,train,predict,report} ...

@@ -134,7 +134,6 @@ def _predict(opts, out, gather: str) -> Predictions:
                 raise OptionError(f"layer={opts.layer}: the model has {fw.layers} message-passing layers, so layer "
                                   f"must be 0 .. {fw.layers - 1}")
             if out is not None and topo.rank == 0:
-                os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
                 check_output(opts.out, opts.overwrite, reads(opts))  # before the forward: refuse early
         rows, first, total, provenance = output_rows(fw, opts)
         if out is not None:

@@ -98,12 +98,15 @@ def partial_name(final: str, pid: int) -> str:
 def check_output(path: str, overwrite: bool, reads: Sequence = ()) -> None:
     """Refuse an --out that may not be written (granndis_hpc/outputs.py: anything but an earlier output of
     predict, and that only with --overwrite; `reads`: (path, option) of what the job reads) or whose
-    directory does not exist."""
+    directory cannot be written; a missing directory is created (as train's --out is), once the place passes."""
     check_output_place(path.rstrip("/") or "/", PREDICTIONS, overwrite, reads, error=OutputError)
     final = os.path.abspath(path.rstrip("/"))
     parent = os.path.dirname(final)
-    if not os.path.isdir(parent):
-        raise OutputError(f"--out {path}: directory {parent} does not exist; create it first")
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"--out {path}: directory {parent} cannot be created ({exc.strerror or exc}); create it "
+                          f"or choose another --out") from None
     if not os.access(parent, os.W_OK):
         raise OutputError(f"--out {path}: directory {parent} is not writable")
 

@@ -64,3 +64,60 @@ def share_cpu_threads(topo) -> None:
     if os.environ.get("OMP_NUM_THREADS"):
         return
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // topo.ranks_on_node))
+
+
+# ---- before start-up: what the options and the shard set's manifest alone show -----------------------
+def check_before_start(cfg, world_size: int) -> None:
+    """What a run would refuse after its start-up (the world, the link check, the shards read), found from
+    the options and the shard sets' manifests alone, so that a launch fails in seconds: the importability of
+    the model's code, a shard set built for another job shape or layer count, a set the mode cannot use.
+    Raises ConfigError, ModelCodeError, ShardError, TrainingError or MemoryModelError; the caller raises it on
+    every rank together.  The trainer checks all of this again (the Python API does not come through here)."""
+    from granndis_hpc import shards
+
+    check_model_code(cfg)
+    rps = _ranks_per_server(cfg.ranks_per_server, world_size)
+    job = None if rps is None else (world_size // rps, rps)
+    if cfg.mode == "auto":  # a comma-separated list: auto leaves out a set of another shape, refuses if all are
+        from granndis_hpc.memory_model import MemoryModelError
+        from granndis_hpc.memory_model.shardsets import fitting_sets
+        paths = [p for p in str(cfg.shards).split(",") if p]
+        usable, skipped = fitting_sets({p: shards.read_manifest(p) for p in paths}, cfg.conv_layers, job,
+                                       cfg.inductive)
+        if not usable:  # choose_shard_sets' refusal, which it gives after the world is up
+            raise MemoryModelError("--mode auto: none of the shard sets can run this job: " + "; ".join(skipped))
+        return
+    from granndis_hpc.engine import inductive
+    from granndis_hpc.engine.modes import make_mode
+
+    manifest = shards.read_manifest(cfg.shards)
+    mode = make_mode(cfg)
+    built = (int(manifest["servers"]), int(manifest["gpus_per_server"]))
+    if job is None and built[0] * built[1] != world_size:  # servers from the nodes: only the total is known
+        raise shards.ShardError(
+            f"shard set {cfg.shards} was built for {built[0]} servers x {built[1]} GPUs per server "
+            f"({built[0] * built[1]} ranks) but this job runs {world_size} ranks; launch {built[0] * built[1]} "
+            f"ranks, or re-run preprocess with --servers and --gpus-per-server of this job")
+    shards.check_job(manifest, *(job or built), mode.shard_layers())
+    mode.check(manifest)
+    inductive.check_shards(cfg.inductive, manifest, cfg.shards)
+
+
+def check_model_code(cfg) -> None:
+    """The code a model names (`--model pyg`'s module and factory) imports on this rank and holds the
+    factory: nn/pyg.py's ModelCodeError otherwise.  Nothing of the user's code runs but its import."""
+    from granndis_hpc import registry
+
+    if cfg.model != "pyg":
+        return
+    from granndis_hpc.nn.pyg import model_factory
+    options = registry.model_options(cfg.model, cfg.model_option)
+    model_factory(options.get("module", ""), options.get("factory", "build"))
+
+
+def _ranks_per_server(given, world_size: int):
+    """--ranks-per-server (or its environment variable) when it fits the job; None when the servers are the
+    nodes, found by the topology, or when the value is wrong, which the topology refuses with its reason."""
+    from granndis_hpc.cluster.topology import _resolve_ranks_per_server
+
+    return _resolve_ranks_per_server(given, world_size)[0]

@@ -221,10 +221,8 @@ def _conv_list(result, where: str) -> List[nn.Module]:
     return list(result)
 
 
-def build_pyg(in_features, hidden, num_classes, layers, dropout, norm, module="", factory="build",
-              linear_layers=0):
-    """The `pyg` model: MODULE.FACTORY(in_features, hidden, out_features, convs) -> the convolutions.
-    Whatever fails in the user's code is a ModelCodeError of one line (collective_errors reports it)."""
+def model_factory(module: str, factory: str):
+    """MODULE.FACTORY, imported (torch_geometric too), not called: ValueError or ModelCodeError saying why not."""
     try:
         import torch_geometric  # noqa: F401
     except ImportError:
@@ -233,7 +231,14 @@ def build_pyg(in_features, hidden, num_classes, layers, dropout, norm, module=""
     if not module:
         raise ModelCodeError("--model pyg needs --model-option module=MODULE (an importable module whose FACTORY, "
                              "--model-option factory=NAME, returns the convolutions)")
-    fn = _factory(module, factory)
+    return _factory(module, factory)
+
+
+def build_pyg(in_features, hidden, num_classes, layers, dropout, norm, module="", factory="build",
+              linear_layers=0):
+    """The `pyg` model: MODULE.FACTORY(in_features, hidden, out_features, convs) -> the convolutions.
+    Whatever fails in the user's code is a ModelCodeError of one line (collective_errors reports it)."""
+    fn = model_factory(module, factory)
     convs_n = layers - linear_layers
     out = hidden if linear_layers else num_classes
     where = f"{module}.{factory}({in_features}, {hidden}, {out}, {convs_n})"
