@@ -94,6 +94,12 @@ def render_class(cls, resume_column: bool = False) -> List[str]:
     return lines
 
 
+# The preamble's example file (tests/unit/test_presets.py reads it as a train config).
+TOML_EXAMPLE = """model = "gat"
+layers = 3
+model-option = ["heads=4", "concat=true"]   # --model-option heads=4 --model-option concat=true"""
+
+
 def page(commands: Optional[list] = None) -> str:
     lines = [
         "# Configuration reference",
@@ -102,9 +108,13 @@ def page(commands: Optional[list] = None) -> str:
         "docs/configuration.md`; do not edit by hand (a unit test fails when this page is stale).",
         "",
         "Every option can also be given in a flat TOML file, `--config FILE.toml`, with the option's name as",
-        "the key (`batches-per-epoch = 4`); the command line overrides the file and the file the default.",
-        "Values are checked the same way from either. A run's resolved options are saved in",
-        "`RUN_DIR/config.json`.",
+        "the key (`batches-per-epoch = 4`; the spelling with underscores, `batches_per_epoch`, is read too);",
+        "the command line overrides the file and the file the default. Values are checked the same way from",
+        "either. An option that may be given more than once on the command line is a list in the file:",
+        "",
+    ] + [f"    {line}" for line in TOML_EXAMPLE.splitlines()] + [
+        "",
+        "A run's resolved options are saved in `RUN_DIR/config.json`.",
         "",
     ]
     for command, path, what in commands or COMMANDS:

@@ -63,3 +63,22 @@ def test_a_preset_builds_and_trains_on_cora(tmp_path, planetoid_root):
     config = json.loads((run / "config.json").read_text())
     assert (config["lr"], config["linear_layers"], config["norm"], config["input_dropout"]) == (0.01, 1, True, 0.5)
     assert 0.0 < summary["accuracy"]["val"] <= 1.0
+
+
+def test_preset_keys_are_option_names_and_the_documented_example_reads(tmp_path):
+    """docs/configuration.md: a key is the option's name (`linear-layers`), a repeated option a list."""
+    import tomllib
+
+    from granndis_hpc.options.reference import TOML_EXAMPLE
+
+    for path in CONFIGS.glob("*.toml"):
+        keys = tomllib.loads(path.read_text())
+        assert not [k for k in keys if "_" in k], (path.name, sorted(keys))
+    example = CONFIGS.parent / "docs" / "configuration.md"
+    assert "\n".join(f"    {line}" for line in TOML_EXAMPLE.splitlines()) in example.read_text()
+    given = tomllib.loads(TOML_EXAMPLE)
+    assert given["model-option"] == ["heads=4", "concat=true"]
+    written = tmp_path / "example.toml"
+    written.write_text(TOML_EXAMPLE)
+    values = load_config_file(str(written), TrainConfig)
+    assert TrainConfig(**{**values, "shards": "SET"}).model_option == ["heads=4", "concat=true"]
