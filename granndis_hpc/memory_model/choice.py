@@ -106,7 +106,7 @@ def order_text() -> str:
 
 
 def _inter_total(o: Option) -> int:
-    return int(sum(o.inter_server_bytes.values()))
+    return int(o.inter_server_bytes.get("total", 0))  # what plan's table shows; halo + gradient
 
 
 def _exact(o: Option) -> bool:
