@@ -33,7 +33,7 @@ from .zoo import EdgeGNN
 
 # Convs whose output at a vertex depends on more than its in-edges in the layer's block, with the reason.
 _MULTI_HOP = ("ChebConv", "SGConv", "SSGConv", "TAGConv", "APPNP", "ARMAConv", "MixHopConv", "DNAConv")
-_LOCAL_DEGREES = ("LGConv", "ClusterGCNConv", "FAConv", "GCN2Conv", "LEConv")
+_LOCAL_DEGREES = ("LGConv", "ClusterGCNConv", "FAConv", "GCN2Conv")
 
 
 def refusal(conv: nn.Module) -> Optional[str]:

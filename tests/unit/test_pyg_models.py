@@ -40,10 +40,10 @@ def _convs():
     torch.manual_seed(0)
     return [pyg.SAGEConv(6, 4), pyg.GATConv(6, 3, heads=2), pyg.GATv2Conv(6, 3, heads=2),
             pyg.GINConv(torch.nn.Linear(6, 4), train_eps=True), pyg.GraphConv(6, 4), pyg.TransformerConv(6, 3, heads=2),
-            pyg.GCNConv(6, 4, normalize=False)]
+            pyg.GCNConv(6, 4, normalize=False), pyg.LEConv(6, 4)]  # LEConv: differences over in-edges, no degrees
 
 
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(8))
 def test_conv_on_a_block_with_the_halo_in_flight_equals_plain_pyg(index):
     from granndis_hpc.nn.pyg import PyGLayer
     indptr, indices, edge_index, dst = _graph()
