@@ -22,8 +22,7 @@ def _parse_train_args(argv):
     """Options of a run, validated (TrainConfig.__post_init__).  With --resume RUN_DIR they come from
     RUN_DIR/config.json, and options given again (command line or --config) may change only what
     resume_config allows.  A bad flag is argparse's usage error (status 2) on every rank; any other
-    refusal is raised on every rank together (collective_errors); then what the set-up would refuse, before
-    it starts (_checked_before_start)."""
+    refusal is raised on every rank together (collective_errors)."""
     # The one direct MPI use left here: options are parsed before the Topology exists (it is built
     # from them), so the collective refusal runs on COMM_WORLD.
     from mpi4py import MPI
@@ -37,7 +36,7 @@ def _parse_train_args(argv):
     except ClusterError as exc:
         exc.exit_code = 2  # an option error: exit status 2 on every rank, as argparse's usage errors
         raise
-    return _checked_before_start(ns, MPI, collective_errors)
+    return ns
 
 
 def _agreed_train_args(argv, MPI, collective_errors, CheckpointError):
@@ -50,11 +49,14 @@ def _agreed_train_args(argv, MPI, collective_errors, CheckpointError):
     return argparse.Namespace(**asdict(cfg))
 
 
-def _checked_before_start(ns, MPI, collective_errors):
+def checked_before_start(ns):
     """The refusals the run's set-up would give after seconds of start-up on every rank (the model's code,
     the shard set's shape and layers: engine/preflight.check_before_start), given before the world starts,
     with the exit status of those refusals (1).  ConfigError, ShardError, MemoryModelError and nn/pyg.py's
     ModelCodeError are ValueErrors."""
+    from mpi4py import MPI
+
+    from granndis_hpc.cluster.errors import collective_errors
     from granndis_hpc.engine.preflight import check_before_start
     from granndis_hpc.engine.steps import TrainingError
 
@@ -75,7 +77,7 @@ def run_training(argv=None, ignore_late_warnings: bool = False) -> dict:
     cannot trap a signal ignored at its entry (the stand-in srun tests failed after such a caller)."""
     from granndis_hpc.api.training import run_trainer
 
-    ns = _parse_train_args(argv)
+    ns = checked_before_start(_parse_train_args(argv))
     _log_as_this_rank(ns)
     summary, _, rank = run_trainer(_config_from_args(ns), ignore_late_warnings)  # the Python API's train() too
     if summary is None:  # stopped by SIGUSR1/SIGTERM with a checkpoint written: exit 0 so the job requeues

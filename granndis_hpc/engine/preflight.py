@@ -112,7 +112,8 @@ def check_model_code(cfg) -> None:
         return
     from granndis_hpc.nn.pyg import model_factory
     options = registry.model_options(cfg.model, cfg.model_option)
-    model_factory(options.get("module", ""), options.get("factory", "build"))
+    if options.get("module"):  # none named: the trainer says what to add (from the model file, where one is read)
+        model_factory(options["module"], options.get("factory", "build"))
 
 
 def _ranks_per_server(given, world_size: int):

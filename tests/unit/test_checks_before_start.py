@@ -1,5 +1,5 @@
-"""What a run's set-up would refuse after the world is up is refused while the options are parsed
-(cli._parse_train_args), before the topology exists and before any shard is read: `--model pyg` code that
+"""What a run's set-up would refuse after the world is up is refused right after the options are parsed
+(cli.checked_before_start), before the topology exists and before any shard is read: `--model pyg` code that
 cannot be imported, a shard set built for another job shape or layer count, a set the mode cannot use,
 --mode auto's list without a set for this job.  One line, the refusal's exit status (1)."""
 import pytest
@@ -38,7 +38,7 @@ def _refused(argv, match):
     from granndis_hpc.cluster.errors import ClusterError
 
     with pytest.raises(ClusterError, match=match) as info:
-        cli._parse_train_args(argv)
+        cli.checked_before_start(cli._parse_train_args(argv))
     assert "\n" not in str(info.value) and getattr(info.value, "exit_code", 1) == 1
     return str(info.value)
 
@@ -83,7 +83,8 @@ def test_a_resumed_run_is_checked_with_the_run_s_options(sets, tmp_path, no_star
 def test_a_job_that_fits_passes(sets, no_start_up):
     from granndis_hpc import cli
 
-    ns = cli._parse_train_args(["--shards", str(sets / "1x1"), "--mode", "flx", "--layers", "2"])
+    ns = cli.checked_before_start(cli._parse_train_args(["--shards", str(sets / "1x1"), "--mode", "flx",
+                                                          "--layers", "2"]))
     assert ns.layers == 2
 
 

@@ -61,7 +61,7 @@ def test_a_bad_poll_setting_is_the_one_line_error_of_the_job_not_an_import_trace
     from tests.conftest import REPO
     from tests.unit.test_shards import build, make_graph
 
-    build(make_graph(n=120, m=400), tmp_path / "set", servers=1, gpus_per_server=1)
+    build(make_graph(n=120, m=400), tmp_path / "set", servers=1, gpus_per_server=1, layers=3)
     env = dict(os.environ, GRANNDIS_PROGRESS_POLL="abc")
     res = subprocess.run([sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", str(tmp_path / "set"),
                           "--epochs", "1", "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
