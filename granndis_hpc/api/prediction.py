@@ -119,14 +119,11 @@ def _build_for(model, graph, opts, cache_dir, build: Optional[Mapping]) -> Shard
 def _predict(opts, out, gather: str) -> Predictions:
     """Collective: the forward, the rows in blocks of global ids, written when `out`, then gathered."""
     from granndis_hpc.cluster.errors import collective_errors
-    from granndis_hpc.engine.predict import WorldForward, output_rows, reads
+    from granndis_hpc.engine.predict import forward_of, output_rows, reads
     from granndis_hpc.engine.predict_io import OutputError, check_output, write_rows
-    from granndis_hpc.startup_options import topology_args
 
     start_s = time.perf_counter()
-    fw = WorldForward(opts.shards, opts.model, opts.ranks_per_server, opts.device, opts.intra_transport,
-                      opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging,
-                      opts.model_option)
+    fw = forward_of(opts)
     try:
         topo = fw.topo
         with collective_errors(topo.world, "", catch=(OptionError, OutputError, OSError)):

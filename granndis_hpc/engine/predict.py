@@ -128,6 +128,13 @@ class WorldForward:
                 part.close()
 
 
+def forward_of(opts) -> WorldForward:
+    """Collective: the world forward of predict's options (PredictOptions: the set, the model, the job)."""
+    return WorldForward(opts.shards, opts.model, opts.ranks_per_server, opts.device, opts.intra_transport,
+                        opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging,
+                        opts.model_option)
+
+
 def reads(opts) -> tuple:
     """What the job reads, which --overwrite never replaces: (path, option)."""
     return (opts.model, "--model"), (opts.shards, "--shards")
@@ -174,9 +181,7 @@ def run_predict(opts) -> Dict:
     """Collective: `granndis predict` (opts: PredictOptions).  Returns what was written (every rank)."""
     fmt = opts.resolved_format()
     start_s = time.perf_counter()
-    fw = WorldForward(opts.shards, opts.model, opts.ranks_per_server, opts.device, opts.intra_transport,
-                      opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging,
-                      opts.model_option)
+    fw = forward_of(opts)
     try:
         topo = fw.topo
         with collective_errors(topo.world, "", catch=(PredictError, OutputError)):
