@@ -10,6 +10,7 @@ No MPI, nothing from the engine, so `preprocess` can use it offline.  The parts:
 - modes.py: each mode's `estimate` of a set (what its options train on; cob samples its co-batch);
 - induced.py, induced_sets.py: an inductive run's evaluation views and slice, and the induced graphs'
   views counted from an inductive set's own arrays (--mode auto; plan counts them from build slices);
+- epoch_time.py: an option's predicted epoch time (`Rates`, `predict`) from its exact rows and bytes;
 - shardsets.py: reading shard sets on disk (`estimate_shard_set`, `choose_shard_sets` for --mode auto);
 - profile.py: measuring a step's peak with torch's profiler (tests and bench only; not imported here).
 

@@ -418,12 +418,20 @@ def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int, st
     features exchanged at set-up (the estimator's `exchanged`), so in fb it costs nothing per epoch.  Gradients: the leaders' ring
     all-reduce moves 2 (S-1) x params x 4 bytes in all (cluster/accounting.py), once per optimizer
     step (`steps` per epoch: the co-batches of cob)."""
-    widths = m.widths()
-    halo = 0
-    for r in ranks:
-        for l in range(r.k, r.layers):
-            if not m.estimator.exchanged(l):
-                continue
-            halo += 2 * r.world.layers[l].inter_halo * widths[l][0] * m.activation_bytes
+    halo = sum(rank_halo_bytes(r, m)[0] for r in ranks)
     grad = 2 * (int(servers) - 1) * m.parameters() * F32 * int(steps)
     return {"halo": int(halo), "gradient": int(grad), "total": int(halo + grad)}
+
+
+def rank_halo_bytes(r: RankRows, m: ModelSpec) -> Tuple[int, int]:
+    """(inter-server, intra-server) halo bytes of one rank per step: each exchanging layer's halo rows at
+    its input width, received forward and their gradients returned backward (x2).  Server-side layers
+    (l < k) exchange inside the server only; world layers split by their inter_halo rows."""
+    widths = m.widths()
+    inter = intra = 0
+    for l, (view, lr) in enumerate(r.training_layers()):
+        if m.estimator.exchanged(l):
+            crossing = lr.inter_halo if view == "world" else 0
+            inter += 2 * crossing * widths[l][0] * m.activation_bytes
+            intra += 2 * (lr.n_halo - crossing) * widths[l][0] * m.activation_bytes
+    return int(inter), int(intra)
