@@ -257,7 +257,15 @@ class TrainConfig:
              "with the world exchange (default: the shard set's --hops, at most --layers)")
     memory_per_gpu: Optional[str] = option(
         None, parse=_size_text, metavar="SIZE",
-        help="GPU memory budget per rank, e.g. 40GiB; --mode auto picks the largest preload that fits")
+        help="GPU memory budget per rank, e.g. 40GiB; --mode auto picks among the options that fit")
+    auto_rule: str = option(
+        "time", choices=("time", "memory"), fingerprint=False,
+        help="--mode auto: time = the option of the shortest predicted epoch (the links and the compute rate "
+             "measured at start-up); memory = GraNNDis' order (paper §5.1): the deepest preload that fits, then "
+             "the sampled preload, then the fewest co-batches")
+    auto_modes: str = option(
+        "any", choices=("any", "exact"), fingerprint=False,
+        help="--mode auto: any = the sampled modes (eas, cob) too; exact = only the exact full-graph modes (fb, flx)")
     # Communication hidden behind computation (engine/exchange.py, cluster/gradsync.py): only the order of
     # floating-point sums changes, so a resumed run may switch it.
     no_link_check: bool = option(False, on_resume="may_change",

@@ -24,7 +24,8 @@ import numpy as np
 from granndis_hpc import memory_model, registry, shards
 from granndis_hpc.config import OVERLAP_HALOS
 from granndis_hpc.cluster.errors import collective_errors
-from granndis_hpc.engine import cobatch, inductive, views
+from granndis_hpc.cluster.linkcheck import measure_links
+from granndis_hpc.engine import cobatch, compute_rate, inductive, views
 # The shared step types live in engine/steps.py (importable from here too, as before).
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError, rows_accounting  # noqa: F401
 from granndis_hpc.graph.sampler import CoBatchSampler, SamplerError
@@ -51,8 +52,9 @@ class Mode:
         default what its registry entry declares it `needs`."""
         return registry.mode_problem(cls.name, cfg)
 
-    def resolve(self, topo) -> "Mode":
-        """The mode that will run (collective): itself, except for `auto`, which picks one."""
+    def resolve(self, topo, links: Optional[dict] = None) -> "Mode":
+        """The mode that will run (collective): itself, except for `auto`, which picks one (with the
+        links measured at start-up, cluster/linkcheck.py, where the trainer measured them)."""
         return self
 
     def shard_layers(self) -> Optional[int]:
@@ -297,17 +299,26 @@ class PerGpuMiniBatch(BatchedMode):
 @register
 class Automatic(Mode):
     """--mode auto --memory-per-gpu X --shards A[,B,...]: estimate every way the shard sets can be
-    trained (granndis_hpc.memory_model) and run the first that fits in GraNNDis' order: full-batch FLX
-    with the largest k, then FLX on an EAS set, then cooperative batching with the fewest co-batches.
-    Nothing fitting is refused with the budget that would be needed."""
+    trained (granndis_hpc.memory_model) and run, among those that fit, the one of the shortest
+    predicted epoch (--auto-rule time: the links and the compute rate measured here), or the first in
+    GraNNDis' order (--auto-rule memory): full-batch FLX with the largest k, then FLX on an EAS set,
+    then cooperative batching with the fewest co-batches.  --auto-modes exact leaves out the sampled
+    modes.  Nothing fitting is refused with the budget that would be needed."""
 
     name = "auto"
-    help = "GraNNDis' choice for --memory-per-gpu: largest k that fits, then EAS, then co-batches"
+    help = "the fastest predicted option that fits --memory-per-gpu (--auto-rule memory: GraNNDis' order)"
 
-    def resolve(self, topo):
+    def resolve(self, topo, links: Optional[dict] = None):
         cfg = self.cfg
         paths = [p for p in str(cfg.shards).split(",") if p]
         decision = None
+        rates_for = None
+        if cfg.auto_rule == "time":
+            links = links or measure_links(topo)  # collective; the trainer's, unless --no-link-check
+
+            def rates_for(m, degree):
+                row_s, edge_s = compute_rate.measure(m.widths(), degree, topo.device)
+                return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], row_s, edge_s)
         # Rank 0 reads the shard sets and estimates; every rank gets the same decision or error.
         with collective_errors(topo.world, "--mode auto", catch=(TrainingError, memory_model.MemoryModelError,
                                                                  shards.ShardError, OSError, KeyError, ValueError)):
@@ -320,7 +331,7 @@ class Automatic(Mode):
                     # the order the run computes in, whose peak is estimated (overlapped by default)
                     overlap=() if cfg.no_overlap else tuple(sorted(OVERLAP_HALOS[cfg.overlap_halos])),
                     job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive,
-                    precision=cfg.precision).to_dict()
+                    precision=cfg.precision, rates_for=rates_for, exact_only=cfg.auto_modes == "exact").to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)
@@ -333,6 +344,7 @@ class Automatic(Mode):
         if not cfg.quiet:
             log.info(f"[auto] {choice['label']} on {choice['source']}: estimated peak "
                      f"{format_size(choice['peak_bytes'])} per GPU within {format_size(decision['budget_bytes'])}")
-            for o in decision["rejected"]:
-                log.info(f"[auto]   rejected {o['label']} on {o['source']}: {format_size(o['peak_bytes'])}")
+            for line in memory_model.decision_table(decision):
+                log.info(f"[auto]   {line}")
+            log.info(f"[auto] {decision['reason']}")
         return mode

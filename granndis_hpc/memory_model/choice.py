@@ -7,12 +7,13 @@ the same entries, so it states the order exactly as it is applied.  No mode is n
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from granndis_hpc.registry import MODES, auto_modes
 from granndis_hpc.units import format_size
 
+from .epoch_time import Rates, Work, seconds, work
 from .estimate import ModelSpec, RankRows, estimate, inter_server_bytes
 
 # Which Option attribute a mode's knob is, and how auto prefers it: the largest k, the fewest co-batches.
@@ -40,6 +41,9 @@ class Option:
     rows_per_gpu: int = 0  # max over ranks of the rows a GPU holds (own + halo, training views)
     inter_server_bytes: Dict[str, int] = field(default_factory=dict)
     source: str = ""  # the shard set (or build) it reads
+    # its epoch's rows, edges and bytes (memory_model/epoch_time.py)
+    work: Optional[Work] = field(default=None, compare=False, repr=False)
+    predicted: Dict[str, float] = field(default_factory=dict)  # epoch seconds, once priced with Rates
 
     @property
     def knob(self) -> Optional[str]:
@@ -59,7 +63,7 @@ class Option:
         return {"mode": self.mode, "k": self.k, "batches": self.batches, "label": self.label, "peak_bytes": self.peak,
                 "peak_rank": self.peak_rank, "breakdown": dict(self.breakdown), "rows_per_gpu": self.rows_per_gpu,
                 "inter_server_bytes": dict(self.inter_server_bytes), "source": self.source,
-                "train_options": self.train_options()}
+                "train_options": self.train_options(), "exact": exact(self), "predicted_s": dict(self.predicted)}
 
 
 def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int, device: str = "cpu",
@@ -72,7 +76,8 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
                   peak=int(ests[worst]["total"]), peak_rank=int(rows[worst].rank), breakdown=ests[worst]["breakdown"],
                   rows_per_gpu=int(held), source=source,
                   # one optimizer step per co-batch (batches is 1 for the full-graph modes)
-                  inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches))
+                  inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches),
+                  work=work(rows, m, servers, batches))
 
 
 @dataclass
@@ -83,10 +88,14 @@ class Decision:
     budget: int
     rejected: List[Option]
     reason: str
+    options: List[Option] = field(default_factory=list)  # every option considered (the table)
+    rule: str = "memory"
+    rates: Dict[str, Optional[float]] = field(default_factory=dict)  # what the time rule priced with
 
     def to_dict(self) -> dict:
         return {"choice": None if self.choice is None else self.choice.to_dict(), "budget_bytes": self.budget,
-                "reason": self.reason, "rejected": [o.to_dict() for o in self.rejected]}
+                "reason": self.reason, "rejected": [o.to_dict() for o in self.rejected], "rule": self.rule,
+                "rates": dict(self.rates), "options": [o.to_dict() for o in self.options]}
 
 
 def preference(o: Option) -> tuple:
@@ -109,7 +118,8 @@ def _inter_total(o: Option) -> int:
     return int(o.inter_server_bytes.get("total", 0))  # what plan's table shows; halo + gradient
 
 
-def _exact(o: Option) -> bool:
+def exact(o: Option) -> bool:
+    """Whether the option trains on the full graph exactly (fb, flx), not on a sample (eas, cob)."""
     return bool(MODES.entry(o.mode).get("exact_full_graph"))
 
 
@@ -118,10 +128,10 @@ def drop_dominated(options: Sequence[Option]) -> Tuple[List[Option], List[str]]:
     both counts: no more memory and no more inter-server bytes, less of one (flx
     k = 1 of a 2-layer model holds more rows than fb for the same inter-server bytes, since fb caches its
     layer-0 halo).  Returns (kept, one line per dropped option saying why)."""
-    exact = [o for o in options if _exact(o)]
+    exacts = [o for o in options if exact(o)]
     kept, why = [], []
     for o in options:
-        better = next((b for b in exact if _exact(o) and b is not o and b.source == o.source
+        better = next((b for b in exacts if exact(o) and b is not o and b.source == o.source
                        and o.inter_server_bytes and b.inter_server_bytes  # known for both
                        and b.peak <= o.peak and _inter_total(b) <= _inter_total(o)
                        and (b.peak < o.peak or _inter_total(b) < _inter_total(o))), None)
@@ -187,9 +197,15 @@ def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
                    f"estimated peak {format_size(o.peak)} per GPU fits {format_size(budget_bytes)}")
             if rejected:
                 why += "; rejected: " + ", ".join(f"{name(r)} ({format_size(r.peak)})" for r in rejected)
-            return Decision(o, int(budget_bytes), rejected, why + dropped)
+            return Decision(o, int(budget_bytes), rejected, why + dropped, options=ordered)
+    return _refusal(ordered, budget_bytes, name, dropped)
+
+
+def _refusal(ordered: List[Option], budget_bytes: int, name, dropped: str = "", rule: str = "memory") -> Decision:
+    """The Decision when no option fits: the budget the smallest estimate needs."""
     if not ordered:
-        return Decision(None, int(budget_bytes), [], "no option was estimated for this job, so none can be chosen")
+        return Decision(None, int(budget_bytes), [], "no option was estimated for this job, so none can be chosen",
+                        rule=rule)
     need = min(o.peak for o in ordered)
     # A budget the user can paste: whole MiB, rounded up (format_size rounds to 3 digits).
     paste = f"{-(-need // (1 << 20))}MiB"
@@ -197,4 +213,45 @@ def choose(options: Sequence[Option], budget_bytes: int) -> Decision:
     return Decision(None, int(budget_bytes), list(ordered),
                     f"nothing fits {format_size(budget_bytes)} per GPU: the smallest estimate is "
                     f"{format_size(need)} ({name(min(ordered, key=lambda o: o.peak))}); "
-                    f"use --memory-per-gpu {paste} or more, or more servers/GPUs{more}" + dropped)
+                    f"use --memory-per-gpu {paste} or more, or more servers/GPUs{more}" + dropped,
+                    options=list(ordered), rule=rule)
+
+
+def choose_by_time(options: Sequence[Option], budget_bytes: int, rates: Rates, exact_only: bool = False) -> Decision:
+    """Among the options whose estimated peak fits the budget (only the exact ones with `exact_only`),
+    the one of the shortest predicted epoch (memory_model/epoch_time.py: the additive model, an upper
+    bound); equal predictions go by GraNNDis' order (`preference`).  Every option is priced, for the table."""
+    name = _namer(options)
+    for o in options:
+        o.predicted = seconds(o.work, rates)
+    considered = [o for o in options if exact(o) or not exact_only]
+    ordered = sorted(considered, key=lambda o: (o.predicted["total_s"], preference(o)))
+    fits = [o for o in ordered if o.peak <= budget_bytes]
+    if not fits:
+        return _refusal(sorted(considered, key=preference), budget_bytes, name, rule="time")
+    best = fits[0]
+    p = best.predicted
+    why = (f"{name(best)} has the shortest predicted epoch of the options that fit {format_size(budget_bytes)} "
+           f"per GPU: {p['total_s']:.3g} s (compute {p['compute_s']:.3g}, inter-server {p['inter_s']:.3g}, "
+           f"intra-server {p['intra_s']:.3g}; the additive model, which overlap only lowers)")
+    if len(fits) > 1:
+        why += f"; runner-up {name(fits[1])}: {fits[1].predicted['total_s']:.3g} s"
+    rejected = [o for o in ordered if o.peak > budget_bytes]
+    if rejected:
+        why += "; over the budget: " + ", ".join(f"{name(r)} ({format_size(r.peak)})" for r in rejected)
+    if len(considered) < len(options):
+        why += "; the sampled modes left out (exact options only)"
+    return Decision(best, int(budget_bytes), rejected, why, options=ordered, rule="time", rates=asdict(rates))
+
+
+def decision_table(decision: dict) -> List[str]:
+    """The options of a Decision's `to_dict`, one line each: label, predicted epoch seconds (with the
+    time rule), estimated peak per GPU, exact or sampled, and which one was chosen."""
+    chosen = (decision.get("choice") or {}).get("label"), (decision.get("choice") or {}).get("source")
+    rows = [("option", "predicted s", "peak/GPU", "exact", "")]
+    for o in decision.get("options", []):
+        p = o.get("predicted_s") or {}
+        rows.append((o["label"], f"{p['total_s']:.3g}" if p else "-", format_size(o["peak_bytes"]),
+                     "yes" if o.get("exact") else "no", "<- chosen" if (o["label"], o["source"]) == chosen else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + ("  " + r[4] if r[4] else "") for r in rows]

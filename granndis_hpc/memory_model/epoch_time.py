@@ -39,7 +39,7 @@ class Rates:
     edge_s: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Work:
     """What one epoch of an option does, exactly: per rank its row and edge units and intra-server halo
     bytes, per server its inter-server bytes (halo and gradient)."""

@@ -5,7 +5,7 @@ choice over the sets it is given (`choose_shard_sets`), estimated by the modes' 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -13,7 +13,8 @@ from granndis_hpc import shards
 from granndis_hpc.units import format_size
 
 from .arrays import ServerArrays, gpu_arrays_from_slice
-from .choice import Decision, choose, usable_budget
+from .choice import Decision, choose, choose_by_time, exact, usable_budget
+from .epoch_time import Rates
 from .estimate import MemoryModelError, ModelSpec, estimate
 from .induced_sets import InductiveSetArrays
 from .modes import Sampling, SetArrays, options, row_groups
@@ -86,12 +87,17 @@ def estimate_shard_set(path: str, model: str, hidden: int, layers: Optional[int]
 def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int, budget_bytes: int,
                       device: str = "cpu", batches: Sequence[int] = (2, 4, 8, 16, 32, 64), fanout: int = -1,
                       sampler: str = "sage", seed: int = 0, job: Optional[Tuple[int, int]] = None,
-                      inductive: bool = False, **model_kw) -> Decision:
+                      inductive: bool = False, rates_for: Optional[Callable[[ModelSpec, float], Rates]] = None,
+                      exact_only: bool = False, **model_kw) -> Decision:
     """`--mode auto`: the options the shard sets offer (every mode's `estimate` on every set: full
     sets give fb and flx k <= hops, EAS sets eas, sets of L hops or EAS cob with each co-batch count
     in `batches`), estimated, and the choice for the budget.  inductive: the induced graphs' views of
     each inductive set (memory_model/induced_sets.py); a set without train-induced hops offers fb and
     cob only, named in the reason.
+
+    rates_for: the time rule (`choose_by_time`): called once with the model and the graph's average
+    in-degree, it returns the measured Rates; None is the memory rule (GraNNDis' order, `choose`).
+    exact_only: only the exact full-graph options (fb, flx) are considered.
 
     Reads every rank's slice of every set (features included) and samples the first co-batch on
     the calling process: call it on one rank and broadcast the Decision.  device="cuda" for a GPU
@@ -101,10 +107,12 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     if not usable:
         raise MemoryModelError("--mode auto: none of the shard sets can run this job: " + "; ".join(skipped))
     sampling = Sampling(tuple(batches), fanout, sampler, seed)
-    found, left_out = [], []
+    found, left_out, degree = [], [], 1.0
     for path in usable:
         manifest, servers = read_shard_set(path)
         m = model_for(manifest, model, hidden, layers, inductive=inductive, **model_kw)
+        ds = manifest["dataset"]
+        degree = int(ds.get("num_edges") or 0) / max(1, int(ds.get("num_vertices") or 1))
         s = set_arrays(path, manifest, servers, inductive)
         found += options(row_groups(s, layers, m, sampling), m, int(manifest["servers"]), device)
         if s.modes is not None:  # an inductive set built before graph/train_hop existed
@@ -112,7 +120,13 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
                             f"earlier version); rebuild it with `granndis preprocess build ... --inductive --out "
                             f"{path} --overwrite` to offer them")
     fits_in = usable_budget(budget_bytes, device)
-    decision = choose(found, fits_in)
+    if rates_for is not None:
+        decision = choose_by_time(found, fits_in, rates_for(m, degree), exact_only)
+    else:
+        decision = choose([o for o in found if exact(o) or not exact_only], fits_in)
+        if exact_only and not all(exact(o) for o in found):
+            decision = dataclasses.replace(decision, reason=decision.reason
+                                           + "; the sampled modes left out (exact options only)")
     if fits_in != budget_bytes:  # a GPU: the context, NCCL's buffers and fragmentation first (choice.py)
         decision = dataclasses.replace(decision, reason=decision.reason + (
             f" (of {format_size(budget_bytes)} per GPU, {format_size(budget_bytes - fits_in)} is kept for the CUDA "

@@ -59,7 +59,7 @@ def test_three_budgets_three_choices(shard_sets, estimates, expected):
 
     def train():
         trainer = make_trainer(f"{shard_sets['full']},{shard_sets['eas']}", "auto", "sage", LAYERS, hidden=HIDDEN,
-                               dropout=0.5, memory_per_gpu=str(budget), epochs=2)
+                               dropout=0.5, memory_per_gpu=str(budget), epochs=2, auto_rule="memory")
         try:
             holder["records"] = [trainer.train_epoch() for _ in range(2)]
             holder["mode"], holder["decision"], holder["cfg"] = trainer.mode.name, trainer.mode.decision, trainer.cfg
@@ -84,6 +84,25 @@ def test_three_budgets_three_choices(shard_sets, estimates, expected):
     if WORLD.rank == 0:
         print(f"[auto {expected}] budget {budget} measured torch peak {max(peaks)}")
         assert max(peaks) <= budget, f"measured peaks {peaks} exceed the budget {budget}"
+
+
+def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, estimates):
+    """The default rule: every option priced with the links and compute rate measured at start-up, the
+    choice the smallest predicted epoch among those that fit; --auto-modes exact leaves out eas and cob."""
+    budget = _budgets(estimates)["flx"]  # every option fits
+    for modes in ("any", "exact"):
+        trainer = make_trainer(f"{shard_sets['full']},{shard_sets['eas']}", "auto", "sage", LAYERS, hidden=HIDDEN,
+                               dropout=0.5, memory_per_gpu=str(budget), auto_modes=modes)
+        try:
+            decision = trainer.mode.decision
+        finally:
+            trainer.close()
+        assert decision["rule"] == "time" and decision["rates"]["row_s"] > 0
+        totals = [o["predicted_s"]["total_s"] for o in decision["options"] if o["peak_bytes"] <= budget]
+        assert decision["choice"]["predicted_s"]["total_s"] == min(totals)
+        assert "shortest predicted epoch" in decision["reason"]
+        if modes == "exact":
+            assert all(o["exact"] for o in decision["options"]) and decision["choice"]["mode"] in ("fb", "flx")
 
 
 def test_nothing_fits_is_refused_with_the_budget_needed(shard_sets):

@@ -200,7 +200,7 @@ def test_sampled_training_views_hold_only_train_induced_rows_and_learn(cora, ind
     vertex, so no edge from another vertex is aggregated; and the loss falls.  auto (over a transductive,
     a full and an EAS set, a budget that fits every option) trains inductively too."""
     shards = inductive_sets[("cora", "eas" if mode == "eas" else 2)]
-    extra = {"memory_per_gpu": "64GiB"} if mode == "auto" else {"batches_per_epoch": 2}
+    extra = {"memory_per_gpu": "64GiB", "auto_rule": "memory"} if mode == "auto" else {"batches_per_epoch": 2}
     if mode == "auto":  # a transductive set is left out (it would be refused)
         shards = f"{inductive_sets[('cora', 'transductive')]},{shards},{inductive_sets[('cora', 'eas')]}"
     trainer = make_trainer(shards, mode, inductive=True, epochs=4, lr=0.02, **extra)

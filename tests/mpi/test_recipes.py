@@ -90,7 +90,8 @@ def test_added_mode_trains_exactly(registered, cora, cora_shards):
 def test_added_model_runs_in_every_mode(registered, cora, cora_shards, mode):
     full = cora_shards[("full", 3)]
     # auto: its registered estimate sizes it (1 TiB: the largest k of the full set, flx k = 3).
-    shards, extra = (f"{full},{cora_shards[('eas', 3)]}", dict(memory_per_gpu="1TiB")) if mode == "auto" else (full, {})
+    auto = dict(memory_per_gpu="1TiB", auto_rule="memory")
+    shards, extra = (f"{full},{cora_shards[('eas', 3)]}", auto) if mode == "auto" else (full, {})
     trainer = make_trainer(shards, mode, recipe_model.NAME, 3, model_option=["widen=2"], **extra)
     try:
         assert trainer.model.convs[0].lin.out_features == 32  # its own constructor option reached it
