@@ -44,3 +44,21 @@ def format_size(nbytes: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
         value /= 1024
     return f"{value:.3g} TiB"
+
+
+# Link rates in bits per second, with tc's decimal units (emucluster's --rate writes them the same way).
+_RATE_UNITS = {"bit": 1, "kbit": 10 ** 3, "mbit": 10 ** 6, "gbit": 10 ** 9, "tbit": 10 ** 12}
+
+
+def parse_rate(text) -> float:
+    """Bytes per second of a link written in bits per second ('10Gbit', '100mbit'); a clear ValueError
+    for anything else, bytes-or-bits units ('100MB', '1G') included."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _RATE_UNITS:
+        raise ValueError(f"link rate {text!r} not understood; write bits per second with a unit, e.g. 100mbit, "
+                         f"10gbit (units: {', '.join(_RATE_UNITS)})")
+    bps = float(m.group(1)) * _RATE_UNITS[unit]
+    if not math.isfinite(bps) or bps <= 0:
+        raise ValueError(f"a link rate must be positive and finite, got {text!r}")
+    return bps / 8

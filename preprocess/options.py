@@ -18,6 +18,7 @@ from typing import List, Optional
 
 from granndis_hpc.config import TrainConfig
 from granndis_hpc.options import Options, option, reuse
+from granndis_hpc.units import parse_rate
 
 from granndis_hpc.preprocess.build.halo import EAS_SELECT_RULES
 from granndis_hpc.preprocess.partition.twolevel import PARTITIONERS
@@ -42,6 +43,15 @@ def hops_text(text: str) -> str:
 
 
 hops_text.__name__ = "number of hops or 'auto'"
+
+
+def rate_text(text: str) -> str:
+    """A link rate as written ('10gbit'), checked with units.parse_rate and kept as written."""
+    parse_rate(text)
+    return text
+
+
+rate_text.__name__ = "rate"
 
 
 def hops_value(text: Optional[str]):
@@ -176,6 +186,12 @@ class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
     cob_fanout: int = reuse(TrainConfig, "fanout", group="EAS and co-batches",
                             help="co-batch sampler fanout the estimate is for (granndis-train's --fanout; "
                                  "-1 = all in-neighbours)")
+    inter_rate: Optional[str] = option(None, parse=rate_text, metavar="RATE", group="predicted epoch time",
+                                       help="the link between servers in bits/s, e.g. 10gbit: adds each option's "
+                                            "predicted epoch seconds (the compute rate measured on this machine) and "
+                                            "recommends the fastest that fits, as --mode auto's --auto-rule time does")
+    intra_rate: Optional[str] = option(None, parse=rate_text, metavar="RATE", group="predicted epoch time",
+                                       help="the links inside a server in bits/s, e.g. 100gbit (default: --inter-rate)")
     json: Optional[str] = option(None, metavar="PATH", help="also write the options and the decision as JSON")
     build_ranks: Optional[int] = option(None, metavar="P", group="build memory (the distributed `preprocess build`)",
                                         help="ranks of the build the memory estimate is for (default: this plan's "

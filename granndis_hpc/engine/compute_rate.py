@@ -2,11 +2,11 @@
 
 A layer's work is a projection of every computed row (w_in x w_out multiply-adds) and an aggregation
 over every edge (w_in numbers).  Both are timed here on the machine that trains, forward and backward,
-at the model's widths: a Linear on a few thousand rows, and the sparse product the convs use
+at the model's widths: a Linear on thousands of rows, and the sparse product the convs use
 (nn/cpu_kernels.csr_matmul on the CPU, torch's on CUDA) on a random graph of the set's average degree,
-with its transpose for the backward.  Each is sized to a few tens of millions of multiply-adds, so the
-whole measurement takes a fraction of a second; the best of a few trials is kept (a shared machine only
-ever slows a trial down).
+with its transpose for the backward.  A trial is some millions of multiply-adds, so the whole
+measurement takes a fraction of a second on an idle machine; the best of a few trials is kept (a shared
+machine only ever slows a trial down, though a busy one can slow them all).
 """
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ import torch
 from granndis_hpc.nn.cpu_kernels import csr_matmul
 from granndis_hpc.nn.sparse import coo_to_csr
 
-ROW_UNITS = 1 << 25  # multiply-adds of one projection trial
-EDGE_UNITS = 1 << 23  # edge x feature products of one aggregation trial
-TRIALS = 3
+ROW_UNITS = 1 << 24  # multiply-adds of one projection trial
+EDGE_UNITS = 1 << 22  # edge x feature products of one aggregation trial
+TRIALS = 5
 
 
 def _rows(units: int, per_row: int) -> int:
-    return int(min(4096, max(256, units // max(1, per_row))))
+    # Narrow layers get more rows: a trial of microseconds would measure the scheduler, not the layer.
+    return int(min(1 << 14, max(256, units // max(1, per_row))))
 
 
 def _best(step, device: torch.device) -> float:
@@ -79,6 +80,9 @@ def measure(widths: Sequence[Tuple[int, int]], degree: float, device: torch.devi
     """(row_s, edge_s) of a model whose convs have `widths` ((in, out) each) on a graph of `degree`
     average in-edges: each the model's layers' seconds over their units, so wide layers weigh most."""
     distinct = sorted({(int(i), int(o)) for i, o in widths})
+    # Untimed: the first product loads the C kernels and starts the thread pools (several times a trial).
+    row_seconds(*distinct[0], device)
+    edge_seconds(distinct[0][0], degree, device)
     row = sum(row_seconds(i, o, device) * i * o for i, o in distinct) / sum(i * o for i, o in distinct)
     ins = sorted({i for i, _ in distinct})
     edge = sum(edge_seconds(i, degree, device) * i for i in ins) / sum(ins)

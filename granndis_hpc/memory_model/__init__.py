@@ -34,7 +34,7 @@ from .arrays import (GpuArrays, HopCounts, ServerArrays, WorldCounts, cobatch_co
                      server_arrays_from_build, server_hop_counts, server_view_rows, shard_rows, view_rows_from_counts,
                      with_cobatch, world_counts, world_reads)
 from .choice import (Decision, Option, choose, choose_by_time, decision_table, drop_dominated, make_option, order_text,
-                     preference, rows_held)
+                     preference, price, rows_held)
 from .epoch_time import Rates, predict
 from .estimate import (LayerRows, MemoryModelError, ModelSpec, RankRows, ViewRows, activation_layers,
                        check_rank_rows, estimate, inter_server_bytes, step_peak)
@@ -44,7 +44,7 @@ from .shardsets import choose_shard_sets, estimate_shard_set, fitting_sets, mode
 __all__ = ["GpuArrays", "HopCounts", "ServerArrays", "WorldCounts", "cobatch_counts", "gpu_arrays_from_slice", "rank_rows",
            "server_arrays_from_build", "server_hop_counts", "server_view_rows", "shard_rows", "view_rows_from_counts",
            "with_cobatch", "world_counts", "world_reads", "Decision", "Option", "choose", "choose_by_time",
-           "decision_table", "Rates", "predict", "drop_dominated",
+           "decision_table", "Rates", "predict", "price", "drop_dominated",
            "make_option", "order_text", "preference", "rows_held", "LayerRows", "MemoryModelError", "ModelSpec",
            "RankRows", "ViewRows", "activation_layers", "check_rank_rows", "estimate", "inter_server_bytes",
            "step_peak", "RowGroup", "Sampling", "SetArrays", "cobatch_server_arrays", "options", "row_groups",

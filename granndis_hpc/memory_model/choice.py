@@ -217,18 +217,27 @@ def _refusal(ordered: List[Option], budget_bytes: int, name, dropped: str = "", 
                     options=list(ordered), rule=rule)
 
 
+def price(options: Sequence[Option], rates: Rates) -> None:
+    """Set every option's predicted epoch seconds (`predicted`) for the measured rates."""
+    for o in options:
+        o.predicted = seconds(o.work, rates)
+
+
 def choose_by_time(options: Sequence[Option], budget_bytes: int, rates: Rates, exact_only: bool = False) -> Decision:
     """Among the options whose estimated peak fits the budget (only the exact ones with `exact_only`),
     the one of the shortest predicted epoch (memory_model/epoch_time.py: the additive model, an upper
-    bound); equal predictions go by GraNNDis' order (`preference`).  Every option is priced, for the table."""
+    bound); equal predictions go by GraNNDis' order (`preference`).  Every option is priced, for the table;
+    a dominated one (`drop_dominated`: no less memory, no fewer inter-server bytes, and as many rows) is
+    not considered."""
     name = _namer(options)
-    for o in options:
-        o.predicted = seconds(o.work, rates)
-    considered = [o for o in options if exact(o) or not exact_only]
+    price(options, rates)
+    kept, dominated = drop_dominated(options)
+    dropped = ("; not considered: " + ", ".join(dominated)) if dominated else ""
+    considered = [o for o in kept if exact(o) or not exact_only]
     ordered = sorted(considered, key=lambda o: (o.predicted["total_s"], preference(o)))
     fits = [o for o in ordered if o.peak <= budget_bytes]
     if not fits:
-        return _refusal(sorted(considered, key=preference), budget_bytes, name, rule="time")
+        return _refusal(sorted(considered, key=preference), budget_bytes, name, dropped, rule="time")
     best = fits[0]
     p = best.predicted
     why = (f"{name(best)} has the shortest predicted epoch of the options that fit {format_size(budget_bytes)} "
@@ -239,9 +248,9 @@ def choose_by_time(options: Sequence[Option], budget_bytes: int, rates: Rates, e
     rejected = [o for o in ordered if o.peak > budget_bytes]
     if rejected:
         why += "; over the budget: " + ", ".join(f"{name(r)} ({format_size(r.peak)})" for r in rejected)
-    if len(considered) < len(options):
+    if len(considered) < len(kept):
         why += "; the sampled modes left out (exact options only)"
-    return Decision(best, int(budget_bytes), rejected, why, options=ordered, rule="time", rates=asdict(rates))
+    return Decision(best, int(budget_bytes), rejected, why + dropped, options=ordered, rule="time", rates=asdict(rates))
 
 
 def decision_table(decision: dict) -> List[str]:

@@ -20,7 +20,7 @@ import numpy as np
 from granndis_hpc import memory_model as mm
 from granndis_hpc import registry
 from granndis_hpc.cluster.group import as_group
-from granndis_hpc.units import format_size, parse_size
+from granndis_hpc.units import format_size, parse_rate, parse_size
 
 from granndis_hpc.preprocess.build.pipeline import check_dataset
 from granndis_hpc.preprocess.plan.build_memory import estimate_build_memory, smallest_fitting_ranks
@@ -131,14 +131,16 @@ def describe_build(o: mm.Option, cfg: PlanConfig) -> str:
 
 
 def format_table(options: Sequence[mm.Option], cfg: PlanConfig, decision: Optional[mm.Decision]) -> str:
+    timed = any(o.predicted for o in options)  # --inter-rate: each option's predicted epoch seconds
     lines = [f"{'option':<16} {'rows held':>10} {'peak/GPU':>11} {'inter-server B/epoch':>21} "
-             f"{'(halo + grad)':>24}  fits"]
+             f"{'(halo + grad)':>24}" + (f" {'epoch s':>9}" if timed else "") + "  fits"]
     for o in sorted(options, key=mm.preference):
         fits = "-" if cfg.budget is None else ("yes" if o.peak <= cfg.budget else "no")
         ib = o.inter_server_bytes
         label = f"{o.label} [{o.source}]" if o.source else o.label  # --hops H: which of the two sets
+        epoch = f" {o.predicted['total_s']:>9.3g}" if timed else ""
         lines.append(f"{label:<16} {o.rows_per_gpu:>10,} {format_size(o.peak):>11} {ib['total']:>21,} "
-                     f"{ib['halo']:>12,} + {ib['gradient']:>9,}  {fits}")
+                     f"{ib['halo']:>12,} + {ib['gradient']:>9,}{epoch}  {fits}")
     if decision is not None:
         if decision.choice is None:
             lines.append(f"recommendation: none -- {decision.reason}")
@@ -208,6 +210,23 @@ def check_writable(path: str) -> None:
         raise PlanError(f"--json {path}: not writable (permission denied or read-only); choose another path")
 
 
+def planned_rates(group, args, m: mm.ModelSpec, graph) -> Optional[mm.Rates]:
+    """--inter-rate (and --intra-rate): the links given, with the compute rate measured on this machine's
+    first GPU, else its CPU (rank 0's, shared); None without --inter-rate."""
+    if args.inter_rate is None:
+        return None
+    rates = None
+    if group.rank == 0:
+        import torch
+
+        from granndis_hpc.engine import compute_rate
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        row_s, edge_s = compute_rate.measure(m.widths(), graph.num_edges / max(1, graph.num_vertices), device)
+        rates = mm.Rates(parse_rate(args.inter_rate), parse_rate(args.intra_rate or args.inter_rate), row_s, edge_s)
+    return group.bcast_object(rates)
+
+
 def cmd_plan(args, argv) -> int:
     import json
     import sys
@@ -236,7 +255,15 @@ def cmd_plan(args, argv) -> int:
             with group.errors("loading the dataset"):
                 graph = sources.load_from_args(args)
         result = plan_options(group, graph, cfg)
-        decision = mm.choose(result["options"], cfg.budget) if cfg.budget is not None else None
+        rates = planned_rates(group, args, result["model"], graph)
+        if rates is not None:
+            mm.price(result["options"], rates)
+        if cfg.budget is None:
+            decision = None
+        elif rates is not None:
+            decision = mm.choose_by_time(result["options"], cfg.budget, rates)
+        else:
+            decision = mm.choose(result["options"], cfg.budget)
     except Exception as exc:  # noqa: BLE001
         return fail(group, "plan", exc)
     if group.rank == 0:

@@ -120,3 +120,31 @@ def test_plan_cli_estimates_one_build_of_a_registered_model(recipe_model, tmp_pa
     assert all(o["peak_bytes"] > peaks[o["label"]] for o in res["options"])  # widen=2: wider hidden layers
     rc, _ = _plan(tmp_path, "--hops", "3", "--no-eas", "--model", recipe_model.NAME, "--model-option", "heads=2")
     assert rc != 0 and "the options widen (int, default 1)" in capsys.readouterr().err
+
+
+def test_plan_with_link_rates_predicts_each_epoch_and_recommends_the_fastest(tmp_path, capsys):
+    """--inter-rate / --intra-rate: every option priced (the compute rate measured here), the time rule's
+    recommendation; a slow link between servers favours the deepest preload, which sends no halo rows."""
+    rc, res = _plan(tmp_path, "--memory-per-gpu", "1GiB", "--inter-rate", "1mbit", "--intra-rate", "100gbit",
+                    "--no-eas")
+    text = capsys.readouterr().out
+    assert rc == 0 and "epoch s" in text
+    d = res["decision"]
+    assert d["rule"] == "time" and d["rates"]["inter_Bps"] == 1e6 / 8 and d["rates"]["intra_Bps"] == 1e11 / 8
+    totals = {o["label"]: o["predicted_s"]["total_s"] for o in res["options"]}
+    assert d["choice"]["predicted_s"]["total_s"] == min(totals.values())
+    assert d["choice"]["label"] in ("flx k=3", "cob batches=2", "cob batches=4")  # no halo over the slow link
+    assert totals["fb"] > totals["flx k=3"]
+
+
+@pytest.mark.parametrize("text,bytes_per_s", [("10gbit", 1.25e9), ("100Mbit", 12.5e6), ("1.5kbit", 187.5)])
+def test_rates_are_bits_per_second(text, bytes_per_s):
+    from granndis_hpc.units import parse_rate
+    assert parse_rate(text) == bytes_per_s
+
+
+@pytest.mark.parametrize("text", ["100MB", "1G", "fast", "0gbit"])
+def test_unclear_rates_are_refused(text):
+    from granndis_hpc.units import parse_rate
+    with pytest.raises(ValueError, match="link rate|positive"):
+        parse_rate(text)
