@@ -10,7 +10,7 @@ RANKS_PER_SERVER := $(shell python3 -m emucluster.mpienv ranks-per-server)
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 
-.PHONY: setup demo test test-unit test-launch test-mpi test-slurm bench bench-cluster clean
+.PHONY: setup demo test lint test-unit test-launch test-mpi test-slurm bench bench-cluster clean
 
 setup: $(STAMP)/apt $(STAMP)/venv $(STAMP)/slurm
 
@@ -47,6 +47,10 @@ $(STAMP)/venv: pyproject.toml setup.py granndis_hpc/nn/cpu_kernels.c granndis_hp
 demo: setup
 	bash bench/demo.sh
 
+# Undefined names, unused imports and variables, syntax errors (pyproject.toml [tool.ruff]): seconds.
+lint: setup
+	$(PY) -m ruff check .
+
 test-unit: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
@@ -58,7 +62,7 @@ test-mpi: setup
 test-launch: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/launch
 
-test: test-unit test-launch test-mpi
+test: lint test-unit test-launch test-mpi
 
 # The longer real-Slurm scenarios (time limit + requeue + resume, signals during set-up, scancel,
 # scontrol requeue, a job failing every attempt): ~10 min; results in docs/slurm-scenarios.md.

@@ -134,7 +134,7 @@ def test_the_preloaded_layers_hold_the_train_induced_graphs_own_preload(wide, wi
     path = wide_sets[mode if mode == "eas" else "full"]
     trainer = make_trainer(path, mode, inductive=True, **({"preloaded_layers": k} if mode == "flx" else {}))
     try:
-        view, server, sl = trainer.mode.static_view.per_layer[0], trainer.topo.server, trainer.slice
+        view, server = trainer.mode.static_view.per_layer[0], trainer.topo.server
         ids = view.row_ids.numpy()
         layers = [(view.plan.layers[l].n_dst, view.plan.layers[l].n_own_in, view._layer_source_ids(l).numpy())
                   for l in range(k)]

@@ -6,7 +6,7 @@ import scipy.sparse as sp
 from granndis_hpc.preprocess.sources import DataError, load
 from granndis_hpc.preprocess.sources import synthetic, synthetic_chunks
 
-from tests.unit.test_sources_bundle import assert_reproducible_from_seed, graphs_equal
+from tests.unit.test_sources_bundle import assert_reproducible_from_seed
 
 SMALL = dict(vertices=20_000, seed=3)
 
