@@ -36,12 +36,15 @@ $(STAMP)/slurm:
 	fi
 
 # Rebuilt when the build's inputs change: the editable install compiles the C kernels in place.
-$(STAMP)/venv: pyproject.toml setup.py granndis_hpc/nn/cpu_kernels.c granndis_hpc/nn/cpu_kernels_module.c
+$(STAMP)/venv: pyproject.toml setup.py granndis_hpc/nn/cpu_kernels.c granndis_hpc/nn/cpu_kernels_module.c \
+               emucluster/pyproject.toml
 	@mkdir -p $(STAMP)
 	@[ -x $(PY) ] || python3 -m venv .venv
 	@# Pin the CPU wheel first: a looser requirement would pull a multi-GB CUDA build.
 	@$(PY) -c "import torch" 2>/dev/null || .venv/bin/pip install -q torch==2.13.0
 	.venv/bin/pip install -q -e '.[test,pyg]'
+	@# The emulated cluster, a development tool the tests and benchmarks import (not in the wheel).
+	.venv/bin/pip install -q -e ./emucluster
 	@touch $@
 
 demo: setup

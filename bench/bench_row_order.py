@@ -26,13 +26,12 @@ import scipy.sparse
 import scipy.sparse.csgraph
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
+import harness  # (a script's own folder is on sys.path)
 
-from granndis_hpc.engine.hostmem import keep_freed_host_memory  # noqa: E402
-from granndis_hpc.nn.cpu_kernels import csr_matmul  # noqa: E402
-from granndis_hpc.nn.sparse import _csr  # noqa: E402
-from granndis_hpc.preprocess.partition.row_blocks import DEFAULT_BLOCK_ROWS  # noqa: E402
+from granndis_hpc.engine.hostmem import keep_freed_host_memory
+from granndis_hpc.nn.cpu_kernels import csr_matmul
+from granndis_hpc.nn.sparse import _csr
+from granndis_hpc.preprocess.partition.row_blocks import DEFAULT_BLOCK_ROWS
 
 
 def load_graph(vertices: int, seed: int):

@@ -42,12 +42,11 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
-import single_rank_pyg  # noqa: E402
-import single_rank_roofline as rl  # noqa: E402
+import harness  # (a script's own folder is on sys.path)
+import single_rank_pyg
+import single_rank_roofline as rl
 
-from granndis_hpc.preprocess.partition.row_blocks import DEFAULT_BLOCK_ROWS  # noqa: E402
+from granndis_hpc.preprocess.partition.row_blocks import DEFAULT_BLOCK_ROWS
 
 
 def set_path(args, row_block_rows):

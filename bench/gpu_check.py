@@ -24,9 +24,7 @@ import traceback
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from granndis_hpc.mpistart import init_mpi, thread_level_name  # noqa: E402
+from granndis_hpc.mpistart import init_mpi, thread_level_name
 
 # As granndis-train does: this rank's GPU is set from its local rank before MPI starts (mpistart.py).
 _early = argparse.ArgumentParser(add_help=False)
@@ -35,8 +33,8 @@ STARTED = init_mpi(_early.parse_known_args()[0].device)
 
 from mpi4py import MPI  # noqa: E402
 
-from granndis_hpc.cluster.hostsync import SyncCounter  # noqa: E402
-from granndis_hpc.engine.trainer import TrainConfig, Trainer  # noqa: E402
+from granndis_hpc.cluster.hostsync import SyncCounter
+from granndis_hpc.engine.trainer import TrainConfig, Trainer
 
 WORLD = MPI.COMM_WORLD
 CASES = [  # (name, TrainConfig overrides)

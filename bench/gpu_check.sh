@@ -14,9 +14,12 @@ set -u
 SMOKE=0
 [ "${1:-}" = "--cpu-smoke" ] && SMOKE=1
 eval "$(python3 bench/harness.py env --shell)"
-PY=${PY:-python3}
+# The interpreter of an environment with granndis-hpc installed (make setup's .venv by default).
+PY=${PY:-.venv/bin/python}
+"$PY" -c "import granndis_hpc.preprocess" 2>/dev/null || {
+  echo "gpu_check: $PY cannot import granndis_hpc: install the package (make setup, or pip install .) and give PY=" >&2
+  exit 2; }
 OUT=${OUT:-bench-out/gpu-check}
-export PYTHONPATH=$PWD
 mkdir -p "$OUT"
 : > "$OUT/results.jsonl"
 status=0
