@@ -7,8 +7,11 @@ features v aggregates.  Ids are int64.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
+
+from .hetero import GraphTypes
 
 
 @dataclass
@@ -24,6 +27,8 @@ class Graph:
     val_mask: np.ndarray  # bool [N]
     test_mask: np.ndarray  # bool [N]
     num_classes: int
+    # Vertex types and relations of a heterogeneous graph (graph/hetero.py); None: one type.
+    types: Optional[GraphTypes] = None
 
     @property
     def num_vertices(self) -> int:
