@@ -30,6 +30,7 @@ import torch
 from granndis_hpc.cluster.exchange_group import local_group
 from granndis_hpc.engine import cobplan, views
 from granndis_hpc.engine.cobstream import LoaderStream
+from granndis_hpc.engine.source_ids import typed_model
 from granndis_hpc.engine.steps import Step, rows_accounting
 from granndis_hpc.graph.csr import owner_of
 from granndis_hpc.graph.sampler import CoBatchSampler
@@ -203,7 +204,8 @@ class BatchedSteps:
         ctx, hp, put = self.ctx, built.host, (self.loader.put if self.loader.active else None)
         start = cobplan.clock()
         graphs = cobplan.layer_graphs(hp, ctx.device, put)
-        built.view = cobplan.assemble_view(hp, graphs, self.split.group, ctx.device, put)
+        built.view = cobplan.assemble_view(hp, graphs, self.split.group, ctx.device, put,
+                                           source_ids_on_graphs=typed_model(ctx.cfg.model))
         n_targets = int((hp.own_hop == 0).sum())
         built.rows = torch.arange(n_targets, device=ctx.device)
         labels = ctx.slice.labels[hp.ids[:n_targets] - ctx.slice.row_offset]

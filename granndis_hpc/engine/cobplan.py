@@ -120,6 +120,8 @@ class HostPlan:
     halo_features: np.ndarray  # float32 [H, F]
     row_ids: np.ndarray  # int64 [n_own]: dropout keys
     halo_row_ids: np.ndarray  # int64 [H]
+    global_ids: np.ndarray  # int64 [n_own]: the rows' global vertex ids (a typed model's vertex types)
+    halo_global_ids: np.ndarray  # int64 [H]
 
 
 def _rows_and_edges(index: ServerIndex, draw: Draw, sorted_v, start, pos, block: int, edges: np.ndarray):
@@ -212,7 +214,8 @@ def _finish(index, draw, ids, edges, indptr, sources, table, send_pos, send_coun
     return HostPlan(plan=plan, ids=ids, halo_ids=halo_ids, own_hop=own_hop, degree=degree, loops=loops,
                     halo_degree=halo_degree, features=np.take(index.features, ids, axis=0),
                     halo_features=np.take(index.features, halo_ids, axis=0),
-                    row_ids=row_ids, halo_row_ids=halo_row_ids)
+                    row_ids=row_ids, halo_row_ids=halo_row_ids, global_ids=index.global_id[ids],
+                    halo_global_ids=index.global_id[halo_ids])
 
 
 def _put(device, put):
@@ -236,9 +239,14 @@ def layer_graphs(hp: HostPlan, device, put=None) -> List[LayerGraph]:
     return graphs
 
 
-def assemble_view(hp: HostPlan, graphs, group, device, put=None) -> views.View:
-    """A views.View of the plan whose static data (features, degrees, ids of halo rows) is already at hand."""
+def assemble_view(hp: HostPlan, graphs, group, device, put=None, source_ids_on_graphs: bool = False) -> views.View:
+    """A views.View of the plan whose static data (features, degrees, ids of halo rows) is already at hand.
+    source_ids_on_graphs: every layer graph gets its source rows' global ids (engine/source_ids.py)."""
     t = _put(device, put)
+    if source_ids_on_graphs:
+        own, halo = t(hp.global_ids), t(hp.halo_global_ids)
+        for lp, graph in zip(hp.plan.layers, graphs):
+            graph.source_ids = torch.cat([own[: lp.n_own_in], halo.index_select(0, t(lp.halo_rows))])
     halo_rows0 = t(hp.plan.layers[0].halo_rows)
     row_ids = t(hp.row_ids)
     source_ids = torch.cat([row_ids[: hp.plan.layers[0].n_own_in], t(hp.halo_row_ids).index_select(0, halo_rows0)])

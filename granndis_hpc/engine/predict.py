@@ -27,7 +27,9 @@ from granndis_hpc.engine.model_source import ModelSource, ModelSourceError, data
 from granndis_hpc.engine.predict_io import (PREDICT_TOOL, OutputError, block_bounds, check_output, to_blocks,
                                             write_rows)
 from granndis_hpc.engine.preflight import share_cpu_threads
+from granndis_hpc.engine.source_ids import give_source_ids
 from granndis_hpc.graph import planner
+from granndis_hpc.graph.hetero import types_of
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.model_code import rebuild_options
 from granndis_hpc.startup_options import topology_args
@@ -54,7 +56,7 @@ def build_from_source(source: ModelSource, manifest: Dict, device, model_option=
     model = build_model(arch["model"], int(ds["num_features"]), int(arch["hidden"]), int(ds["num_classes"]),
                         int(arch["layers"]), dropout=float(arch["dropout"] or 0.0), norm=bool(arch["norm"]),
                         linear_layers=int(arch["linear_layers"] or 0),  # absent before the option: none
-                        **options)
+                        types=types_of(ds), **options)
     load_parameters(model, source)
     model.input_dropout = float(arch["input_dropout"] or 0.0)
     return model.to(device)
@@ -97,6 +99,7 @@ class WorldForward:
                 self.view = views.build_view(rows, self.group, self.layers, all_active=True,
                                              resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]),
                                              device=topo.device)
+            give_source_ids(self.model, None, [self.view])  # collective: a typed model's vertex types
         except BaseException:
             self.close()
             raise

@@ -35,6 +35,7 @@ from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.cluster.hostsync import Stopwatch
 from granndis_hpc.engine.layerclock import LayerClock
 from granndis_hpc.engine.model_source import init_source, load_parameters
+from granndis_hpc.engine.source_ids import give_source_ids
 from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.optim import ScheduledOptimizer
 from granndis_hpc.engine.precision import Precision, PrecisionError
@@ -50,6 +51,7 @@ from granndis_hpc.metric_names import split_keys
 from granndis_hpc.metrics import epoch_line, summarize, summary_fields
 from granndis_hpc.nn import cpu_kernels
 from granndis_hpc.nn.dropout import RowDropout
+from granndis_hpc.graph.hetero import types_of
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.progress import progress
 from granndis_hpc.registry import model_options
@@ -130,7 +132,7 @@ class Trainer(TrainerCheckpoints):
                 self.init_source = init_source(cfg)
             self.model = build_model(cfg.model, int(ds["num_features"]), cfg.hidden, int(ds["num_classes"]),
                                      cfg.layers, dropout=cfg.dropout, norm=cfg.norm,
-                                     linear_layers=cfg.linear_layers or 0,
+                                     linear_layers=cfg.linear_layers or 0, types=types_of(ds),
                                      **model_options(cfg.model, cfg.model_option)).to(self.device)
             if cfg.init_from:  # its parameters (a resume replaces them below)
                 load_parameters(self.model, self.init_source)
@@ -155,8 +157,9 @@ class Trainer(TrainerCheckpoints):
             if not cfg.no_overlap and getattr(self.model, "accepts_pending_rows", False) else frozenset()
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
-        if getattr(self.model, "edge_keyed_dropout", False) and self.train_view is not None:
-            self.train_view.attach_source_ids()  # collective: edge dropout keys edges by their sources' ids
+        # Collective: graphs whose edges the model keys (attention dropout) or types (a typed model) by ids.
+        give_source_ids(self.model, self.train_view,
+                        [self.world_view, *(self.induced.views.values() if self.induced else ())])
         self.epoch = 0
         self._write_errno = 0  # rank 0: errno of a failed metrics.jsonl append (0: none)
         # Best-validation selection (run(): the evaluated epoch with the highest val accuracy, ties the

@@ -21,6 +21,7 @@ This module knows no MPI: it is handed an mpi4py-like communicator (gather, Gath
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Optional
 
 import numpy as np
@@ -41,10 +42,14 @@ class ContentHash:
     bytes as hashing every array whole (what `preprocess build` does), so pieces streamed from the
     ranks give the build's digest."""
 
-    def __init__(self, num_classes: int, multilabel: bool = False):
+    def __init__(self, num_classes: int, multilabel: bool = False, types: Optional[dict] = None):
         # A multi-label set's 0/1 labels are hashed as uint8 [N, C] and say so in the header; a
-        # single-label set's header and bytes are unchanged (its digest is what it always was).
+        # single-label set's header and bytes are unchanged (its digest is what it always was).  A
+        # heterogeneous set's types record (graph/hetero.py: which ids are which type, which relations
+        # the edges form) changes what its edges mean, so its header carries the record too.
         head = f"granndis-dataset-v1 classes={int(num_classes)}" + (" multilabel" if multilabel else "")
+        if types is not None:
+            head += " types=" + json.dumps(types, sort_keys=True, separators=(",", ":"))
         self._h = hashlib.sha256(head.encode())
         self._multilabel = bool(multilabel)
         self._next = 0
@@ -72,7 +77,8 @@ class ContentHash:
 
 def dataset_digest(graph) -> str:
     """The digest of a whole graph held in memory (arrays named as in CONTENT, plus num_classes)."""
-    h = ContentHash(graph.num_classes, np.ndim(graph.labels) == 2)
+    types = getattr(graph, "types", None)
+    h = ContentHash(graph.num_classes, np.ndim(graph.labels) == 2, None if types is None else types.to_record())
     for name, _ in CONTENT:
         a = getattr(graph, name)
         h.update(a, h.begin(name, np.shape(a)))
@@ -139,7 +145,7 @@ def job_digest(world, sl, manifest: dict, chunk_bytes: int = CHUNK_BYTES) -> tup
     r = _Ranges(sl)
     step = max(1, int(chunk_bytes) // max(1, 4 * f))
     bounds = [(lo, min(n, lo + step)) for lo in range(0, n, step)] or [(0, 0)]
-    h = ContentHash(int(ds["num_classes"]), ds.get("multilabel") is True) if root else None
+    h = ContentHash(int(ds["num_classes"]), ds.get("multilabel") is True, ds.get("types")) if root else None
     problems: list = []  # rows that cannot be put in order: no digest
     copies: list = []  # preloaded copies that differ from their home rows (the digest still holds)
     deg = np.asarray(sl.in_degree[: sl.n_inner], dtype=np.int64)

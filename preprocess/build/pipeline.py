@@ -286,7 +286,9 @@ def _dataset_entry(graph, content_digest: str | None = None) -> dict:
             "num_test": int(graph.test_mask.sum()),
             "content_sha256": content_digest or dataset_digest(graph),
             # only in a multi-label set, so a single-label manifest is what it always was
-            **({"multilabel": True} if graph.labels.ndim == 2 else {})}
+            **({"multilabel": True} if graph.labels.ndim == 2 else {}),
+            # only in a heterogeneous set (granndis_hpc/graph/hetero.py)
+            **({"types": graph.types.to_record()} if getattr(graph, "types", None) is not None else {})}
 
 
 def prepare_build_output(group, cfg: BuildConfig, n: int, e: int, f: int, label_bytes: int = 8) -> None:

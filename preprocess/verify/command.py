@@ -30,6 +30,7 @@ import os
 import numpy as np
 
 from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges
+from granndis_hpc.graph.hetero import GraphTypes, TypesError
 from granndis_hpc.shards import (ShardError, leftover_temporaries, open_server, read_manifest, read_server_arrays,
                                  server_file_name, verify_checksums)
 from granndis_hpc.shards.schema import (FORMAT_VERSION, datasets_of, expected_shape, has_train_hop, is_inductive,
@@ -154,8 +155,14 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
         out.append(f"{fname}: {f} features, manifest says {ds['num_features']}")
     labels = a["labels"]
     top = 2 if labels.ndim == 2 else ds["num_classes"]  # multi-label: 0/1 per class
-    if labels.size and (labels.min() < 0 or labels.max() >= top):
-        out.append(f"{fname}: labels outside [0, {top})")
+    # -1 marks an unlabelled vertex (canonical.py allows it outside the splits: a heterogeneous graph's
+    # other types, a partly labelled dataset); a vertex in a split needs a class.
+    in_split = a["split/train"] | a["split/val"] | a["split/test"]
+    if labels.size and (labels.min() < (0 if labels.ndim == 2 else -1) or labels.max() >= top):
+        out.append(f"{fname}: labels outside [{0 if labels.ndim == 2 else -1}, {top})")
+    elif labels.ndim == 1 and np.any(labels[in_split] < 0):
+        out.append(f"{fname}: {int(np.count_nonzero(labels[in_split] < 0))} vertices of a train/val/test split "
+                   f"have no label (-1)")
     bad, first = a["nonfinite_rows"]()
     if bad:  # the build refuses such input; training would stop with a NaN loss
         out.append(f"{fname}: features are not finite (NaN or infinity) in {bad} rows "
@@ -334,6 +341,14 @@ def _set_problems(path: str) -> list:
     if int(ds["num_classes"]) > max(N, 1):
         problems.append(f"manifest.json: num_classes {ds['num_classes']} exceeds the {N} vertices (a model would "
                         f"allocate an output layer that large); rebuild the set from its source")
+    if "types" in ds:  # a heterogeneous set's types record (granndis_hpc/graph/hetero.py)
+        try:
+            types = GraphTypes.from_record(ds["types"])
+            if types.num_vertices != N:
+                problems.append(f"manifest.json: the types record covers {types.num_vertices} vertices, the set "
+                                f"has {N}; rebuild the set from its source")
+        except TypesError as exc:
+            problems.append(f"manifest.json: {exc}")
     if int(ds["num_train"]) == 0:
         problems.append("manifest.json: num_train is 0: the set has no training vertices, so no mode can train "
                         "on it; build it from a dataset whose split marks training vertices")
@@ -349,6 +364,15 @@ def _set_problems(path: str) -> list:
                             f"graph, features, labels and split hash to {actual[:16]}...: the files were edited "
                             f"after the build (their checksums recomputed); rebuild the set from its source")
     return problems
+
+
+def types_line(record: dict) -> str:
+    """A heterogeneous set's vertex types (count, feature origin) and relations, for `info`."""
+    types = GraphTypes.from_record(record)
+    kinds = ", ".join(f"{name} {types.count(name)}" + (" (target)" if name == types.target else "")
+                      + ("" if origin == "stored" else f" [features {origin}]")
+                      for name, origin in zip(types.names, types.feature_origin))
+    return f"types       {kinds}; relations {', '.join(str(r) for r in types.relations)}"
 
 
 def format_info(manifest: dict) -> str:
@@ -382,6 +406,8 @@ def format_info(manifest: dict) -> str:
                           if is_inductive(manifest) else "transductive (granndis-train --inductive needs a set "
                                                          "built with --inductive)"),
     ]
+    if "types" in ds:
+        lines.insert(1, types_line(ds["types"]))
     if st:
         lines.append(f"replication {st['replication_factor']:.3f} rows per inner vertex; server inner balance "
                      f"{st['server_inner_balance']:.3f}, rows balance {st['server_rows_balance']:.3f}, train balance "

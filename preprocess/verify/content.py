@@ -79,7 +79,7 @@ def content_pass(path: str, manifest: dict, files, degree: np.ndarray, digest: b
                       if not np.array_equal(mine, home)]
     avg_degree = -(-int(indptr[-1]) // max(N, 1))
     block = max(1, BLOCK_BYTES // (4 * F + 8 * avg_degree + 8))
-    h = ContentHash(ds["num_classes"], multilabel) if digest else None
+    h = ContentHash(ds["num_classes"], multilabel, ds.get("types")) if digest else None
     with contextlib.ExitStack() as stack:
         handles = {s: stack.enter_context(open_server(path, manifest, s)) for s in files}
         if h is not None:

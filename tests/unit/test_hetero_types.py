@@ -1,0 +1,71 @@
+"""A heterogeneous graph's types record (granndis_hpc/graph/hetero.py) and its way through the build:
+the manifest carries it, the content digest covers it, verify checks it and info prints it."""
+import dataclasses
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from granndis_hpc.graph.hetero import GraphTypes, Relation, TypesError, types_of
+from granndis_hpc.shards.content import dataset_digest
+from tests.hetero_graphs import RELATIONS, typed_graph
+
+
+def test_vertex_and_edge_types_follow_the_ids():
+    types = typed_graph().types
+    assert types.vertex_type([0, 159, 160, 249, 250, 261]).tolist() == [0, 0, 1, 1, 2, 2]
+    # author -> paper is "writes", paper -> field "has_topic", field -> author no relation
+    assert types.edge_type([160, 0, 250], [0, 250, 160]).tolist() == [1, 3, -1]
+    assert [len(r) for r in types.destination_relations()] == [3, 1, 1]
+    assert GraphTypes.from_record(types.to_record()) == types
+
+
+def test_every_edge_of_the_generated_graph_has_its_relation():
+    g = typed_graph()
+    dst = np.repeat(np.arange(g.num_vertices), np.diff(g.indptr))
+    kinds = g.types.edge_type(g.indices, dst)
+    assert kinds.min() >= 0 and set(kinds.tolist()) == set(range(len(RELATIONS)))
+
+
+@pytest.mark.parametrize("record_change,message", [
+    (lambda t: dict(t, relations=t["relations"] + [["author", "reviews", "paper"]]), "each ordered pair"),
+    (lambda t: dict(t, target="venue"), "target type 'venue'"),
+    (lambda t: dict(t, relations=[["paper", "in", "venue"]]), "names vertex type 'venue'"),
+])
+def test_records_that_cannot_describe_a_graph_are_refused(record_change, message):
+    with pytest.raises(TypesError, match=message):
+        GraphTypes.from_record(record_change(typed_graph().types.to_record()))
+
+
+def test_labels_and_splits_outside_the_target_type_are_refused():
+    g = typed_graph()
+    train = g.train_mask.copy()
+    train[200] = True  # an author
+    with pytest.raises(TypesError, match="train vertices outside the target type 'paper'"):
+        g.types.check_graph(g.indptr, g.indices, g.labels, (train, g.val_mask, g.test_mask), "test")
+    with pytest.raises(TypesError, match="a pair no relation covers"):
+        GraphTypes(g.types.names, g.types.offsets, [r for r in RELATIONS if r.name != "writes"], "paper") \
+            .check_graph(g.indptr, g.indices, g.labels, (g.train_mask, g.val_mask, g.test_mask), "test")
+
+
+def test_the_digest_covers_the_types():
+    g = typed_graph()
+    plain = dataclasses.replace(g, types=None)
+    other = dataclasses.replace(g, types=dataclasses.replace(g.types, relations=(
+        Relation("paper", "cites", "paper"), Relation("author", "authors", "paper"),
+        *RELATIONS[2:])))
+    assert len({dataset_digest(g), dataset_digest(plain), dataset_digest(other)}) == 3
+
+
+def test_a_typed_build_records_its_types_and_verifies(tmp_path):
+    from granndis_hpc.preprocess.build.pipeline import build_shards
+    from granndis_hpc.preprocess.verify.command import format_info, verify_shard_set
+
+    g = typed_graph()
+    manifest = build_shards(g, tmp_path / "set", servers=2, gpus_per_server=2, layers=2, partitioner="metis",
+                            comm=MPI.COMM_SELF)
+    assert types_of(manifest["dataset"]) == g.types
+    assert manifest["dataset"]["content_sha256"] == dataset_digest(g)
+    assert verify_shard_set(str(tmp_path / "set")) == []
+    info = format_info(manifest)
+    assert "types       paper 160 (target), author 90, field 12; relations paper__cites__paper" in info
