@@ -44,6 +44,10 @@ class PredictOptions(Options):
                                        "(0 = the input features, 1 .. L-1 = the output of the first K layers)")
     split: str = option("all", choices=SPLITS, help="the vertices written: all, or one split's (their global ids "
                                                     "are written beside them)")
+    vertex_type: Optional[str] = option(None, metavar="TYPE",
+                                        help="a heterogeneous set: the vertices of this type only, with their "
+                                             "per-type ids (type_id) beside the global ids (default: the target "
+                                             "type, whose classes the model predicts)")
     overwrite: bool = option(False, help="replace an earlier output of predict at --out (anything else there is "
                                            "refused, as are links, devices and the current directory)")
     ranks_per_server: Optional[int] = reuse(TrainConfig, "ranks_per_server")

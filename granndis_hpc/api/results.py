@@ -104,6 +104,7 @@ class Predictions:
     logits: Optional[np.ndarray] = None
     probabilities: Optional[np.ndarray] = None
     embeddings: Optional[np.ndarray] = None
+    type_id: Optional[np.ndarray] = None  # a heterogeneous set: per-type ids of provenance["vertex_type"]
     provenance: Mapping[str, Any] = field(default_factory=dict)
     rank: int = 0                # this process's rank in the job
     out: Optional[str] = None    # the file written (predict(out=...)), or None
@@ -119,13 +120,13 @@ class Predictions:
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], provenance: Mapping, rank: int = 0,
                     out: Optional[str] = None) -> "Predictions":
-        known = {"global_id", "prediction", "logits", "probabilities", "embeddings"}
+        known = {"global_id", "prediction", "logits", "probabilities", "embeddings", "type_id"}
         extra = sorted(set(arrays) - known)
         if extra:
             raise ValueError(f"unexpected arrays {extra} in predictions (expected {sorted(known)})")
         return cls(global_id=np.asarray(arrays["global_id"]), prediction=np.asarray(arrays["prediction"]),
                    logits=arrays.get("logits"), probabilities=arrays.get("probabilities"),
-                   embeddings=arrays.get("embeddings"), provenance=dict(provenance), rank=rank, out=out)
+                   embeddings=arrays.get("embeddings"), type_id=arrays.get("type_id"), provenance=dict(provenance), rank=rank, out=out)
 
 
 def read_predictions(path) -> Predictions:

@@ -160,6 +160,12 @@ def output_rows(fw: WorldForward, opts) -> tuple:
     n = int(fw.manifest["dataset"]["num_vertices"])
     keep = (np.ones(n_inner, dtype=bool) if opts.split == "all"
             else np.asarray(getattr(sl, SPLIT_MASKS[opts.split])[:n_inner], dtype=bool))
+    types = types_of(fw.manifest["dataset"])
+    with collective_errors(topo.world, "", catch=(PredictError,)):
+        vertex_type = vertex_type_of(fw.manifest, getattr(opts, "vertex_type", None))
+    if types is not None:  # one vertex type's rows, by their per-type ids too
+        lo_t, _ = types.id_range(vertex_type)
+        keep &= types.vertex_type(sl.global_id[:n_inner]) == types.index(vertex_type)
     arrays["selected"] = torch.as_tensor(keep, device=topo.device)
     block_ids, block = to_blocks(fw.comm, topo, sl.global_id[:n_inner].astype(np.int64), arrays, n)
     lo, hi = block_bounds(n, topo.world_size)[topo.rank: topo.rank + 2]
@@ -170,14 +176,29 @@ def output_rows(fw: WorldForward, opts) -> tuple:
     sel = block.pop("selected").astype(bool)
     rows = {name: a[sel] for name, a in block.items()}
     rows["global_id"] = block_ids[sel]
+    if types is not None:
+        rows["type_id"] = rows["global_id"] - lo_t
     counts = np.asarray(topo.allgather_object(int(sel.sum())), dtype=np.int64)
     first, total = int(counts[: topo.rank].sum()), int(counts.sum())
     provenance = {"kind": PREDICT_TOOL, "output": out_name, "split": opts.split, "layer": opts.layer,
                   "rows": total, "shards": opts.shards, "dataset": fw.manifest["dataset"].get("name"),
+                  **({"vertex_type": vertex_type} if types is not None else {}),
                   "dataset_sha256": fw.manifest["dataset"].get("content_sha256"),
                   "servers": topo.servers, "ranks_per_server": topo.ranks_per_server,
                   "model": fw.source.provenance(), "created_unix_s": time.time()}
     return rows, first, total, provenance
+
+
+def vertex_type_of(manifest: dict, asked: Optional[str]) -> Optional[str]:
+    """The vertex type predict writes: --vertex-type, else a heterogeneous set's target type (None: one type)."""
+    types = types_of(manifest["dataset"])
+    if types is None:
+        if asked is not None:
+            raise PredictError(f"--vertex-type {asked}: the set has one vertex type; leave the option out")
+        return None
+    if asked is not None and asked not in types.names:
+        raise PredictError(f"--vertex-type {asked}: the set's vertex types are {', '.join(types.names)}")
+    return asked or types.target
 
 
 def run_predict(opts) -> Dict:
@@ -188,6 +209,7 @@ def run_predict(opts) -> Dict:
     try:
         topo = fw.topo
         with collective_errors(topo.world, "", catch=(PredictError, OutputError)):
+            vertex_type_of(fw.manifest, opts.vertex_type)  # refused before the forward
             if opts.layer is not None and opts.layer >= fw.layers:
                 raise PredictError(f"--layer {opts.layer}: the model has {fw.layers} message-passing layers, so "
                                    f"K must be 0 .. {fw.layers - 1} (the logits are written anyway)")

@@ -13,7 +13,8 @@ from granndis_hpc.graph.csr import csr_rows, row_of_edges
 
 from granndis_hpc.preprocess.partition.metis import metis_part
 from granndis_hpc.preprocess.partition.parmetis import load_parmetis
-from granndis_hpc.preprocess.partition.twolevel import _as_idx, _weights, fill_empty_parts, part_kway_with_locality, refine_balance_with
+from granndis_hpc.preprocess.partition.twolevel import (_as_idx, _weights, constraint_names, fill_empty_parts,
+                                                       part_kway_with_locality, refine_balance_with)
 from granndis_hpc.preprocess.build.slices import keys_to_adjacency, vtxdist_for
 
 def gpu_split_is_parallel(m: int, ranks: int, method: str) -> bool:
@@ -77,6 +78,8 @@ def split_servers_over_gpus(comm, access, server_of: np.ndarray, train: np.ndarr
     group = as_group(comm)
     P, rank, n = group.size, group.rank, server_of.shape[0]
     S = int(server_of.max()) + 1 if n else 0
+    # A heterogeneous graph balances each vertex type over the GPUs too (twolevel._weights).
+    kinds = _Kinds(getattr(access, "vertex_type", None), getattr(access, "vertex_names", ["vertices"]))
     if gpus == 1:
         return np.zeros(n, dtype=np.int32), {s: ["vertices"] for s in range(rank, S, P)}
     # Every rank holds this per-vertex array through every ParMETIS call below: one byte per vertex
@@ -88,10 +91,27 @@ def split_servers_over_gpus(comm, access, server_of: np.ndarray, train: np.ndarr
             pm = load_parmetis()
     bounds = gpu_split_groups(np.bincount(server_of, minlength=S), P, method)
     if bounds is not None:
-        constraints = _split_concurrently(group, access, server_of, train, gpus, seed, pm, bounds, gpu_local)
+        constraints = _split_concurrently(group, access, server_of, train, gpus, seed, pm, bounds, gpu_local, kinds)
     else:
-        constraints = _split_in_turn(group, access, server_of, train, S, gpus, method, seed, pm, gpu_local)
+        constraints = _split_in_turn(group, access, server_of, train, S, gpus, method, seed, pm, gpu_local, kinds)
     return group.allreduce_max(gpu_local).astype(np.int32), constraints
+
+
+class _Kinds:
+    """The vertex types a split balances (twolevel.typed_rows): their weights and constraint names."""
+
+    def __init__(self, vertex_type, names):
+        self.vertex_type, self.names = vertex_type, list(names)
+
+    def weights(self, train: np.ndarray, rows: np.ndarray, two: bool, scotch: bool = False) -> np.ndarray:
+        """_weights of the vertices `rows` (global ids) with training mask `train` (theirs)."""
+        if self.vertex_type is None or scotch:  # PT-Scotch balances one constraint
+            return _weights(train, two)
+        return _weights(train, two, self.vertex_type[rows], len(self.names))
+
+    def constraints(self, two: bool, scotch: bool = False) -> list:
+        names = ["vertices"] if self.vertex_type is None or scotch else self.names
+        return constraint_names(len(names) + bool(two), names)
 
 
 def _split_constraints(pm, train_inner: np.ndarray, gpus: int) -> bool:
@@ -100,14 +120,15 @@ def _split_constraints(pm, train_inner: np.ndarray, gpus: int) -> bool:
 
 
 def _parmetis_split(pm, group, s: int, server_of, train, dist, adjacency: list, gpus: int, seed: int,
-                    two: bool) -> np.ndarray:
+                    two: bool, kinds: _Kinds) -> np.ndarray:
     """Collective over `group` (the ranks dist slices server s's m inner rows over, in its ranks'
     numbering): ParMETIS on this rank's rows dist[rank]..dist[rank+1]-1 (adjacency: a list [xadj,
     adjncy] in ParMETIS' idx_t (_as_idx), local row ids, local column ids, emptied here: the rows wait on disk during the call,
     part_kway_with_locality's `keep`), empty parts filled, then the balance refinement over the same
     slices.  Returns the GPU of each of the m inner vertices (on every rank of `group`)."""
     lo, hi = int(dist[group.rank]), int(dist[group.rank + 1])
-    graph = [*adjacency, _weights(train[np.flatnonzero(server_of == s)[lo:hi]], two)]
+    rows = np.flatnonzero(server_of == s)[lo:hi]
+    graph = [*adjacency, kinds.weights(train[rows], rows, two, pm.is_scotch)]
     adjacency.clear()
     with group.errors("ParMETIS_V3_PartKway (GPU split)"):
         local = part_kway_with_locality(pm, group, dist, graph, gpus, seed, keep=True)
@@ -126,7 +147,8 @@ def _parmetis_split(pm, group, s: int, server_of, train, dist, adjacency: list, 
     return parts
 
 
-def _split_concurrently(group, access, server_of, train, gpus: int, seed: int, pm, bounds, gpu_local) -> dict:
+def _split_concurrently(group, access, server_of, train, gpus: int, seed: int, pm, bounds, gpu_local,
+                        kinds: _Kinds) -> dict:
     """Every server's ParMETIS split at the same time, server s on ranks bounds[s]..bounds[s+1]-1
     (gpu_split_groups).  The inner keys of every server are first shuffled (collectively, over all
     ranks) to that server's block only, so a rank holds one server's rows: n/P of them, as in the
@@ -154,16 +176,16 @@ def _split_concurrently(group, access, server_of, train, gpus: int, seed: int, p
         try:
             with group.subgroups(mine) as block, block.errors(f"the GPU split of server {mine}"):
                 gpu_local[server_of == mine] = _parmetis_split(pm, block, mine, server_of, train, dist,
-                                                               adjacency, gpus, seed, two[mine])
+                                                               adjacency, gpus, seed, two[mine], kinds)
         finally:
             # A block that finishes first waits here asleep, failed or not, before the collectives that
             # follow (Open MPI's blocking collectives spin, and that CPU would count).
             group.idle_barrier()
-    return {s: ["vertices", "train"] if two[s] else ["vertices"] for s in range(rank, S, P)}
+    return {s: kinds.constraints(two[s], pm.is_scotch) for s in range(rank, S, P)}
 
 
 def _split_in_turn(group, access, server_of, train, S: int, gpus: int, method: str, seed: int, pm,
-                   gpu_local) -> dict:
+                   gpu_local, kinds: _Kinds) -> dict:
     """The servers one after another, each ParMETIS split over all P ranks (gpu_split_dist's balanced
     slices), or METIS on the writer for metis/random and for a server with fewer inner vertices than
     ranks; rounds of P servers, whose METIS splits run together (one per writer)."""
@@ -188,19 +210,20 @@ def _split_in_turn(group, access, server_of, train, S: int, gpus: int, method: s
             del xadj, adjncy
             two = _split_constraints(pm, train[server_of == s], gpus)
             with access.released():
-                parts = _parmetis_split(pm, group, s, server_of, train, dist, adjacency, gpus, seed, two)
+                parts = _parmetis_split(pm, group, s, server_of, train, dist, adjacency, gpus, seed, two, kinds)
             gpu_local[server_of == s] = parts
             if rank == writer:
-                constraints[s] = ["vertices", "train"] if two else ["vertices"]
+                constraints[s] = kinds.constraints(two, pm.is_scotch)
         with group.errors("partitioning servers over GPUs"):
             for s, (inner, xadj, adjncy) in pending.items():
-                gpu_local[inner], constraints[s] = split_gpus(xadj, adjncy, train[inner], gpus)
+                gpu_local[inner], constraints[s] = split_gpus(xadj, adjncy, train[inner], gpus, kinds, inner)
         del pending
         group.idle_barrier()  # the ranks without a METIS split here wait, asleep, for those that have one
     return constraints
 
 
-def split_gpus(xadj: np.ndarray, adjncy: np.ndarray, train: np.ndarray, gpus: int) -> tuple[np.ndarray, list]:
+def split_gpus(xadj: np.ndarray, adjncy: np.ndarray, train: np.ndarray, gpus: int, kinds: _Kinds | None = None,
+               inner: np.ndarray | None = None) -> tuple[np.ndarray, list]:
     """METIS split of one server's inner vertices into `gpus` parts, from its symmetric inner adjacency
     (xadj, adjncy) and training mask: balanced on vertices and, when the server has at least one
     training vertex per GPU, on training vertices too.  Returns (gpu of each inner vertex as int32,
@@ -208,6 +231,7 @@ def split_gpus(xadj: np.ndarray, adjncy: np.ndarray, train: np.ndarray, gpus: in
     if gpus == 1:
         return np.zeros(train.shape[0], dtype=np.int32), ["vertices"]
     two = int(train.sum()) >= gpus
-    parts, ncon = metis_part(xadj, adjncy, gpus, _weights(train, two))
+    kinds = kinds or _Kinds(None, ["vertices"])
+    parts, ncon = metis_part(xadj, adjncy, gpus, kinds.weights(train, inner, two))
     parts = fill_empty_parts(parts, gpus)
-    return parts.astype(np.int32), ["vertices", "train"][:ncon]
+    return parts.astype(np.int32), constraint_names(ncon, kinds.constraints(False))

@@ -181,10 +181,34 @@ def refine_balance_with(counts_of, parts: np.ndarray, nparts: int, max_ratio: fl
     return parts, moved_total
 
 
-def _weights(train_mask: np.ndarray, two_constraints: bool) -> np.ndarray:
+def _weights(train_mask: np.ndarray, two_constraints: bool, vertex_type: np.ndarray | None = None,
+             num_types: int = 1) -> np.ndarray:
+    """ParMETIS/METIS vertex weights [n, ncon]: one column of ones (every vertex counts), or, for a
+    heterogeneous graph (`vertex_type`: each row's type index of `num_types`), one 0/1 column per vertex
+    type, so that each type is balanced on its own; then the training vertices' column when
+    `two_constraints`."""
+    n = train_mask.shape[0]
+    if vertex_type is None:
+        cols = np.ones((n, 1), dtype=np.int64)
+    else:
+        cols = (np.asarray(vertex_type)[:, None] == np.arange(int(num_types))[None, :]).astype(np.int64)
     if not two_constraints:
-        return np.ones((train_mask.shape[0], 1), dtype=np.int64)
-    return np.stack([np.ones(train_mask.shape[0], dtype=np.int64), train_mask.astype(np.int64)], axis=1)
+        return cols
+    return np.concatenate([cols, train_mask.astype(np.int64)[:, None]], axis=1)
+
+
+def typed_rows(graph) -> tuple:
+    """(each vertex's type index, the vertex constraints' names) of a heterogeneous Graph, or
+    (None, ["vertices"]) of a homogeneous one."""
+    types = getattr(graph, "types", None)
+    if types is None or types.num_types < 2:
+        return None, ["vertices"]
+    return types.vertex_type(np.arange(graph.num_vertices)).astype(np.int16), [f"vertices:{t}" for t in types.names]
+
+
+def constraint_names(ncon: int, vertex_names: list) -> list:
+    """The names of the first `ncon` constraints: the vertex columns, then train."""
+    return (list(vertex_names) + ["train"])[:ncon]
 
 
 def _as_idx(pm, xadj: np.ndarray, adjncy: np.ndarray):
@@ -260,6 +284,7 @@ class WholeGraphAccess:
     def __init__(self, group, graph):
         self.group, self.graph = group, graph
         self.num_vertices, self.num_edges, self.train = graph.num_vertices, graph.num_edges, graph.train_mask
+        self.vertex_type, self.vertex_names = typed_rows(graph)
 
     def adjacency(self, dist: np.ndarray):
         """(xadj, adjncy) of this rank's rows dist[rank]..dist[rank+1]-1 of the symmetric graph."""
@@ -300,6 +325,8 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
     access = graph if hasattr(graph, "part_counts") else WholeGraphAccess(group, graph)
     n = access.num_vertices
     train = access.train
+    # A heterogeneous graph balances each vertex type (WholeGraphAccess; a sliced graph has one type).
+    vtype, vnames = getattr(access, "vertex_type", None), getattr(access, "vertex_names", ["vertices"])
     if method not in PARTITIONERS:
         raise ValueError(f"unknown partitioner {method!r}; use one of {PARTITIONERS}")
     if nparts == 1:
@@ -313,11 +340,11 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
         with group.errors("METIS partitioning on rank 0"):  # the other ranks would wait in the bcast
             if group.rank == 0:
                 use_train = int(train.sum()) >= nparts
-                result = metis_part(xadj, adjncy, nparts, _weights(train, use_train))
+                result = metis_part(xadj, adjncy, nparts, _weights(train, use_train, vtype, len(vnames)))
         del xadj, adjncy
         parts, ncon = group.bcast_object(result)
         library = "metis (pymetis)"
-        constraints = ["vertices", "train"][:ncon]
+        constraints = constraint_names(ncon, vnames)
     else:
         vtxdist = vtxdist_for(n, group.size)
         with group.errors("ParMETIS partitioning"):  # a rank without the library must not hang the others
@@ -326,14 +353,17 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
             # PT-Scotch ignores a second constraint (docs/design.md §8): balance vertices only there.
             two = (not pm.is_scotch) and int(train.sum()) >= nparts
         # Emptied by the call (its docstring): not held here through it.
-        graph = [*_as_idx(pm, *access.adjacency(vtxdist)), _weights(train[lo:hi], two)]
+        if pm.is_scotch:
+            vtype, vnames = None, ["vertices"]
+        graph = [*_as_idx(pm, *access.adjacency(vtxdist)),
+                 _weights(train[lo:hi], two, None if vtype is None else vtype[lo:hi], len(vnames))]
         # Collective inside the library: every rank reaches it (or none, after the check above); a
         # non-OK return code is agreed on before the allgather below.
         with access.released(), group.errors("ParMETIS_V3_PartKway"):
             local = part_kway_with_locality(pm, group, vtxdist, graph, nparts, seed)
         parts = group.allgatherv(local, np.diff(vtxdist))
         library = pm.describe()
-        constraints = ["vertices", "train"] if two else ["vertices"]
+        constraints = constraint_names(len(vnames) + two, vnames)
     parts = fill_empty_parts(np.asarray(parts, dtype=np.int64), nparts)
     parts, moved = refine_balance_with(lambda cand, p: access.part_counts(cand, p, nparts), parts, nparts)
     cut = access.edge_cut(parts)
