@@ -6,6 +6,8 @@ the server partition gave, and takes its rows through an `access` object (partit
 dist_build.SlicedAccess), so both builds hand the partitioner the same slices and get the same split."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from granndis_hpc.cluster import as_group
@@ -120,7 +122,7 @@ def _split_constraints(pm, train_inner: np.ndarray, gpus: int) -> bool:
 
 
 def _parmetis_split(pm, group, s: int, server_of, train, dist, adjacency: list, gpus: int, seed: int,
-                    two: bool, kinds: _Kinds) -> np.ndarray:
+                    two: bool, kinds: Optional[_Kinds] = None) -> np.ndarray:
     """Collective over `group` (the ranks dist slices server s's m inner rows over, in its ranks'
     numbering): ParMETIS on this rank's rows dist[rank]..dist[rank+1]-1 (adjacency: a list [xadj,
     adjncy] in ParMETIS' idx_t (_as_idx), local row ids, local column ids, emptied here: the rows wait on disk during the call,
@@ -128,6 +130,7 @@ def _parmetis_split(pm, group, s: int, server_of, train, dist, adjacency: list, 
     slices.  Returns the GPU of each of the m inner vertices (on every rank of `group`)."""
     lo, hi = int(dist[group.rank]), int(dist[group.rank + 1])
     rows = np.flatnonzero(server_of == s)[lo:hi]
+    kinds = kinds or _Kinds(None, ["vertices"])
     graph = [*adjacency, kinds.weights(train[rows], rows, two, pm.is_scotch)]
     adjacency.clear()
     with group.errors("ParMETIS_V3_PartKway (GPU split)"):
