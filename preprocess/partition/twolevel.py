@@ -197,13 +197,26 @@ def _weights(train_mask: np.ndarray, two_constraints: bool, vertex_type: np.ndar
     return np.concatenate([cols, train_mask.astype(np.int64)[:, None]], axis=1)
 
 
-def typed_rows(graph) -> tuple:
-    """(each vertex's type index, the vertex constraints' names) of a heterogeneous Graph, or
-    (None, ["vertices"]) of a homogeneous one."""
-    types = getattr(graph, "types", None)
+class VertexTypeOfIds:
+    """Each vertex's type index, computed from its global id when indexed (types own id ranges:
+    granndis_hpc/graph/hetero.py), so that no per-vertex array is held: ``kinds[lo:hi]`` or
+    ``kinds[ids]``."""
+
+    def __init__(self, types):
+        self.types = types
+
+    def __getitem__(self, index) -> np.ndarray:
+        if isinstance(index, slice):
+            index = np.arange(*index.indices(self.types.num_vertices), dtype=np.int64)
+        return self.types.vertex_type(index)
+
+
+def typed_rows(types) -> tuple:
+    """(each vertex's type index, a VertexTypeOfIds, and the vertex constraints' names) of a graph with
+    `types` (GraphTypes), or (None, ["vertices"]) of a homogeneous one."""
     if types is None or types.num_types < 2:
         return None, ["vertices"]
-    return types.vertex_type(np.arange(graph.num_vertices)).astype(np.int16), [f"vertices:{t}" for t in types.names]
+    return VertexTypeOfIds(types), [f"vertices:{t}" for t in types.names]
 
 
 def constraint_names(ncon: int, vertex_names: list) -> list:
@@ -284,7 +297,7 @@ class WholeGraphAccess:
     def __init__(self, group, graph):
         self.group, self.graph = group, graph
         self.num_vertices, self.num_edges, self.train = graph.num_vertices, graph.num_edges, graph.train_mask
-        self.vertex_type, self.vertex_names = typed_rows(graph)
+        self.vertex_type, self.vertex_names = typed_rows(getattr(graph, "types", None))
 
     def adjacency(self, dist: np.ndarray):
         """(xadj, adjncy) of this rank's rows dist[rank]..dist[rank+1]-1 of the symmetric graph."""
