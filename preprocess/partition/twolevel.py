@@ -353,7 +353,8 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
         with group.errors("METIS partitioning on rank 0"):  # the other ranks would wait in the bcast
             if group.rank == 0:
                 use_train = int(train.sum()) >= nparts
-                result = metis_part(xadj, adjncy, nparts, _weights(train, use_train, None if vtype is None else vtype[0:n], len(vnames)))
+                kinds = None if vtype is None else vtype[0:n]
+                result = metis_part(xadj, adjncy, nparts, _weights(train, use_train, kinds, len(vnames)))
         del xadj, adjncy
         parts, ncon = group.bcast_object(result)
         library = "metis (pymetis)"
