@@ -101,6 +101,17 @@ def check_before_start(cfg, world_size: int) -> None:
     shards.check_job(manifest, *(job or built), mode.shard_layers())
     mode.check(manifest)
     inductive.check_shards(cfg.inductive, manifest, cfg.shards)
+    check_typed_model(cfg.model, manifest, cfg.shards)
+
+
+def check_typed_model(model: str, manifest: dict, path: str) -> None:
+    """A typed model (R-GCN, R-GAT: registry capability ``typed``) needs a set with vertex and edge types."""
+    from granndis_hpc.engine.source_ids import typed_model
+
+    if typed_model(model) and "types" not in manifest["dataset"]:
+        raise TrainingError(f"--model {model} needs a heterogeneous shard set (vertex and edge types), and "
+                            f"{path} has one vertex type; build the set from a heterogeneous source "
+                            f"(docs/heterogeneous.md), or choose a model for homogeneous graphs")
 
 
 def check_model_code(cfg) -> None:
