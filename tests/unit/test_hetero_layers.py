@@ -205,3 +205,39 @@ def test_memory_estimate_counts_the_parameters(name, options):
     spec = mm.ModelSpec(name, IN, 8, 4, 2, norm=True, options=options, linear_layers=1,
                         relations=types.num_relations)
     assert spec.parameters() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name,options", [("rgcn", {"num_bases": 2}), ("rgat", {"heads": 2, "attn_dropout": 0.5})])
+def test_model_on_a_rank_subset_with_dropout_equals_the_whole_graph(name, options):
+    """A rank's rows (unsorted) and halo, the halo in flight at layer 1, feature and attention dropout keyed
+    by global ids (source_ids): the rank's logits are the whole graph's."""
+    from granndis_hpc.nn import RowDropout
+
+    types, indptr, indices, x = _problem(7)
+    n = types.num_vertices
+    torch.manual_seed(0)
+    model = build_model(name, IN, 3, 4, 2, dropout=0.3, types=types, **options).double().train()
+    recorded = {}
+    whole = model(x, [LayerGraph.from_csr(indptr, indices, n)] * 2,
+                  gather=lambda l, h: recorded.setdefault(l, h.detach()), dropout=RowDropout(11, 3))
+    own = np.random.default_rng(8).permutation(n)[: n // 2]
+    graph, halo = _rank(indptr, indices, own, np.diff(indptr).astype(np.float32))
+
+    def gather(l, h):
+        rows = recorded[l][torch.from_numpy(halo)]
+        return torch.cat([h, rows]) if l == 0 else PendingRows(h, lambda: rows, rows.shape[0])
+    got = model(x[torch.from_numpy(own)], [graph] * 2, gather=gather, dropout=RowDropout(11, 3, torch.from_numpy(own)))
+    torch.testing.assert_close(got, whole[torch.from_numpy(own)])
+    assert not torch.allclose(whole, model(x, [LayerGraph.from_csr(indptr, indices, n)] * 2, dropout=RowDropout(11, 4)))
+
+
+@pytest.mark.parametrize("name,options", [("rgcn", {"num_bases": 2}), ("rgat", {"heads": 2})])
+def test_memory_estimate_grows_with_the_relations(name, options):
+    from granndis_hpc import memory_model as mm
+    from tests.unit.test_memory_model import _random_plan
+
+    rows, _, _ = _random_plan(np.random.default_rng(5), 3, features=16)
+    total = {r: mm.estimate(rows, mm.ModelSpec(name, 16, 8, 5, 3, options=options, relations=r))["total"]
+             for r in (2, 6)}
+    assert 0 < total[2] < total[6]
+    assert mm.estimate(rows, mm.ModelSpec(name, 16, 8, 5, 3, options=options))["total"] > total[6]  # 8 assumed
