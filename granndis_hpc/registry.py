@@ -14,7 +14,9 @@ What an entry carries (docs/architecture.md, the recipes):
 - a model: ``checkpointable`` (--checkpoint-activations recomputes its blocks), ``estimator`` (its
   memory, for --mode auto and `preprocess plan`: memory_model/stacks.py ModelEstimate), ``options`` (extra
   constructor options, ``--model-option KEY=VALUE``, as ``ModelOption``s), ``linear_head`` (its builder
-  takes ``linear_layers``: --linear-layers);
+  takes ``linear_layers``: --linear-layers), ``typed`` (a model of heterogeneous graphs: its builder
+  takes the keyword ``types``, the graph's graph/hetero.py GraphTypes, and it runs only on a shard set
+  built from a heterogeneous source);
 - a mode: its place in auto's preference (``rank``; ``knob``: "k" prefers the largest preloaded depth,
   "batches" the fewest co-batches), ``phrase`` (how the "why" text names it), ``estimate`` (the row
   counts of its options on a shard set: memory_model/modes.py), ``exact_full_graph`` (an exact
@@ -225,6 +227,22 @@ def model_options(model: str, items: Optional[Sequence[str]] = ()) -> Dict[str, 
     return out
 
 
+def non_negative_int(text: str) -> int:
+    """A model option that counts something and may be 0 (0: none, e.g. no basis decomposition)."""
+    value = int(str(text).strip())
+    if value < 0:
+        raise ValueError(f"{value} < 0")
+    return value
+
+
+non_negative_int.__name__ = "int >= 0"
+
+
+def typed(model: str) -> bool:
+    """Whether the model needs the graph's vertex and edge types (a heterogeneous shard set)."""
+    return bool(MODELS.entry(model).get("typed", False))
+
+
 def checkpointable(model: str) -> bool:
     """Whether --checkpoint-activations recomputes anything in this model."""
     return bool(MODELS.entry(model).get("checkpointable", False))
@@ -265,6 +283,14 @@ MODELS.declare("sage-sum", "granndis_hpc.nn.zoo:build_sage_sum",
                estimator="granndis_hpc.memory_model.zoo_stacks:SAGE_SUM_ESTIMATE", linear_head=True)
 MODELS.declare("sage-max", "granndis_hpc.nn.zoo:build_sage_max",
                estimator="granndis_hpc.memory_model.zoo_stacks:SAGE_MAX_ESTIMATE", linear_head=True)
+MODELS.declare("rgcn", "granndis_hpc.nn.hetero_models:build_rgcn", typed=True, linear_head=True,
+               estimator="granndis_hpc.memory_model.hetero_stacks:RGCN_ESTIMATE", options=(
+    ModelOption("num_bases", non_negative_int, 0, "basis decomposition of the relation weights (0: one per relation)"),))
+MODELS.declare("rgat", "granndis_hpc.nn.hetero_models:build_rgat", typed=True, linear_head=True,
+               estimator="granndis_hpc.memory_model.hetero_stacks:RGAT_ESTIMATE", options=(
+    ModelOption("heads", positive_int, 4, "attention heads of every hidden conv (each --hidden wide), per relation"),
+    ModelOption("out_heads", positive_int, 1, "attention heads of the last conv, averaged into the classes"),
+    ModelOption("attn_dropout", probability, 0.0, "dropout of the normalised attention weights, keyed by edge")))
 MODELS.declare("pyg", "granndis_hpc.nn.pyg:build_pyg", estimator="granndis_hpc.memory_model.pyg_stacks:PYG_ESTIMATE",
                linear_head=True, options=(
     ModelOption("module", module_name, "", "importable module whose factory returns the torch_geometric convolutions",

@@ -140,6 +140,9 @@ class ModelSpec:
     overlap: Tuple[str, ...] = ("world",)
     # --precision (engine/precision.py): bf16 computes and saves activations at 2 bytes a number.
     precision: str = "fp32"
+    # The graph's relations, for the models of heterogeneous graphs (registry ``typed``: their per-relation
+    # tensors); None: memory_model/hetero_stacks.py assumes DEFAULT_RELATIONS.
+    relations: Optional[int] = None
 
     def __post_init__(self):
         if self.precision not in ACTIVATION_BYTES:

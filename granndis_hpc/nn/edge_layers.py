@@ -178,12 +178,16 @@ class GATConv(Layer):
     The softmax is taken per destination and head with its maximum subtracted (detached: the softmax
     does not depend on it).  Each part of the edges (own edges with the self loops, halo edges) gives a
     running maximum m_i, sum s_i and weighted sum n_i; with m = max_i m_i,
-    out = sum_i n_i e^(m_i-m) / sum_i s_i e^(m_i-m), the same value as one pass."""
+    out = sum_i n_i e^(m_i-m) / sum_i s_i e^(m_i-m), the same value as one pass.
+
+    add_self_loops=False (PyG's option, as relational GAT uses it per relation): only the stored edges;
+    a row without in-edges aggregates 0 and its output is the bias."""
 
     def __init__(self, in_features: int, out_features: int, heads: int = 1, concat: bool = True,
-                 negative_slope: float = 0.2, attn_dropout: float = 0.0):
+                 negative_slope: float = 0.2, attn_dropout: float = 0.0, add_self_loops: bool = True):
         super().__init__()
         self.in_features, self.out_features, self.heads, self.concat = in_features, out_features, heads, concat
+        self.add_self_loops = bool(add_self_loops)
         self.negative_slope, self.attn_dropout = float(negative_slope), float(attn_dropout)
         self.lin = nn.Linear(in_features, heads * out_features, bias=False)
         self.att_src = nn.Parameter(torch.empty(heads, out_features))
@@ -210,7 +214,7 @@ class GATConv(Layer):
         """(running max [n_dst, H], sum of exp [n_dst, H], weighted sum [n_dst, H, C]) of the part."""
         x, a_src = m
         H, n_dst = self.heads, part.n_dst
-        rows, cols = part.edges(self_loops=True)
+        rows, cols = part.edges(self_loops=self.add_self_loops)
         e = F.leaky_relu(a_src[cols] + call.state["a_dst"][rows], self.negative_slope)  # [E, H]
         mx = e.new_full((n_dst, H), -math.inf).scatter_reduce(
             0, rows.unsqueeze(1).expand(-1, H), e.detach(), "amax", include_self=True)
@@ -228,11 +232,17 @@ class GATConv(Layer):
     def combine(self, partials, call: LayerCall):
         if len(partials) == 1:
             m1, s1, n1 = partials[0]
-            return n1 / s1.unsqueeze(2)
+            return n1 / self._denominator(s1).unsqueeze(2)
         (m1, s1, n1), (m2, s2, n2) = partials
-        m = torch.maximum(m1, m2)  # finite: every row has its self loop in the own part
+        m = torch.maximum(m1, m2)  # finite with self loops: every row has its loop in the own part
+        if not self.add_self_loops:  # a row without in-edges in both parts: any finite m (its sums are 0)
+            m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
         c1, c2 = torch.exp(m1 - m), torch.exp(m2 - m)  # e^-inf = 0: a part without edges
-        return (n1 * c1.unsqueeze(2) + n2 * c2.unsqueeze(2)) / (s1 * c1 + s2 * c2).unsqueeze(2)
+        return (n1 * c1.unsqueeze(2) + n2 * c2.unsqueeze(2)) / self._denominator(s1 * c1 + s2 * c2).unsqueeze(2)
+
+    def _denominator(self, s):
+        """Without self loops a row may have no in-edge (sum 0): it aggregates 0, as PyG's softmax gives."""
+        return s if self.add_self_loops else torch.where(s > 0, s, torch.ones_like(s))
 
     def update(self, h_dst, aggregated, call: LayerCall):
         out = aggregated.reshape(aggregated.shape[0], -1) if self.concat else aggregated.mean(dim=1)
@@ -240,4 +250,4 @@ class GATConv(Layer):
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, heads={self.heads}, concat={self.concat}, "
-                f"attn_dropout={self.attn_dropout}")
+                f"attn_dropout={self.attn_dropout}" + ("" if self.add_self_loops else ", add_self_loops=False"))

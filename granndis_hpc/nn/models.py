@@ -160,15 +160,16 @@ def _conv_count(layers: int, linear_layers: int) -> int:
 
 
 def register_model(name: str, *, estimator=None, checkpointable: bool = False,
-                   options: Sequence[registry.ModelOption] = (), linear_head: bool = False):
+                   options: Sequence[registry.ModelOption] = (), linear_head: bool = False, typed: bool = False):
     """Decorator: make `builder(in_features, hidden, num_classes, layers, dropout, norm, **options)`
     buildable by name.  `estimator` (a memory_model.stacks.ModelEstimate) lets --mode auto and `preprocess plan` estimate
     its memory; `checkpointable`: --checkpoint-activations recomputes its blocks; `options`: its extra
     constructor options (--model-option NAME=VALUE, passed to the builder as keywords); `linear_head`:
-    the builder takes `linear_layers=N` (--linear-layers, the last N layers per-vertex Linear ones)."""
+    the builder takes `linear_layers=N` (--linear-layers, the last N layers per-vertex Linear ones);
+    `typed`: the builder takes `types=GraphTypes` (a model of heterogeneous graphs, registry.py)."""
     def register(builder):
         MODELS.register(name, builder, estimator=estimator, checkpointable=bool(checkpointable),
-                        options=tuple(options), linear_head=bool(linear_head))
+                        options=tuple(options), linear_head=bool(linear_head), typed=bool(typed))
         return builder
     return register
 
@@ -189,10 +190,12 @@ def _ressage(in_features, hidden, num_classes, layers, dropout, norm, linear_lay
 
 
 def build_model(name: str, in_features: int, hidden: int, num_classes: int, layers: int,
-                dropout: float = 0.5, norm: bool = False, linear_layers: int = 0, **options) -> GNN:
+                dropout: float = 0.5, norm: bool = False, linear_layers: int = 0, types=None, **options) -> GNN:
     """Build one of MODELS.  ``norm`` adds LayerNorm between sage/gcn convs; ressage always has LayerNorm.
     ``layers`` counts every layer; the last ``linear_layers`` are per-vertex Linear layers (models whose
     entry has ``linear_head``), so the model aggregates over ``layers - linear_layers`` hops.
+    ``types``: the graph's GraphTypes (graph/hetero.py), passed to the models whose entry is ``typed``
+    (ValueError for those without it) and not to the others.
     ``options``: the model's extra constructor options (registry.model_options parses them)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {tuple(MODELS)}")
@@ -207,5 +210,10 @@ def build_model(name: str, in_features: int, hidden: int, num_classes: int, laye
         if problem:
             raise ValueError(f"build_model: {problem}")
         options = dict(options, linear_layers=int(linear_layers))
+    if registry.typed(name):
+        if types is None:
+            raise ValueError(f"model {name!r} needs a heterogeneous shard set (vertex and edge types); build one "
+                             f"from a heterogeneous source (docs/heterogeneous.md)")
+        options = dict(options, types=types)
     return MODELS[name](int(in_features), int(hidden), int(num_classes), int(layers), float(dropout), bool(norm),
                         **options)

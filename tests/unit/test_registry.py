@@ -30,6 +30,7 @@ def test_lazy_declarations_name_what_they_stand_for():
     from granndis_hpc.engine import modes
     from granndis_hpc.memory_model import stacks
     from granndis_hpc.nn import models
+    from tests.hetero_reference import random_typed_graph
 
     assert modes.MODES is registry.MODES and models.MODELS is registry.MODELS
     for entry in registry.MODES.entries():
@@ -39,7 +40,8 @@ def test_lazy_declarations_name_what_they_stand_for():
     for entry in registry.MODELS.entries():
         if entry.name == "pyg" and not PYG_OPTIONS:
             continue  # (torch_geometric absent)
-        model = models.build_model(entry.name, 6, 4, 3, 2, **(PYG_OPTIONS if entry.name == "pyg" else {}))
+        kw = PYG_OPTIONS if entry.name == "pyg" else {"types": random_typed_graph(0)[0]} if entry.get("typed") else {}
+        model = models.build_model(entry.name, 6, 4, 3, 2, **kw)
         assert model.name == entry.name and isinstance(entry.resolve("estimator"), stacks.ModelEstimate)
     # auto's order, as the entries rank themselves (memory_model.choice.preference reads them).
     assert [e.name for e in registry.auto_modes()] == ["flx", "eas", "cob", "fb"]

@@ -1,0 +1,80 @@
+"""Memory estimates of the relational models of nn/hetero_models.py (rgcn, rgat).
+
+Their per-relation tensors scale with the graph's relation count R, which the row counts do not hold:
+ModelSpec's ``relations`` gives it (the engine and `preprocess plan` pass the shard set's), and without
+it DEFAULT_RELATIONS is assumed (the field's benchmark graphs with their reverse relations: ogbn-mag 7,
+IGBH 7 to 9).  The relations partition the edges, so per-edge tensors count every edge once.
+The byte counts mirror the forward passes of nn/hetero_layers.py.  No torch here.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+from granndis_hpc.units import FLOAT32_BYTES as F32
+from granndis_hpc.units import INT64_BYTES as I64
+
+from .zoo_stacks import EdgeEstimate, GATEstimate
+
+DEFAULT_RELATIONS = 8
+
+
+def relations(m) -> int:
+    """The relation count of the estimate: ModelSpec's ``relations``, or DEFAULT_RELATIONS."""
+    return int(getattr(m, "relations", None) or DEFAULT_RELATIONS)
+
+
+class RGCNEstimate(EdgeEstimate):
+    """R-GCN (option num_bases): the root's input (a slice of the source rows' storage), each relation's
+    mean [n_dst, win] (its projection's input) and, with bases, the combined weights [R, win, wout]."""
+
+    def conv_parameters(self, m, layer, win, wout):
+        R, B = relations(m), m.option("num_bases")
+        return (B or R) * win * wout + (R * B if B else 0) + win * wout + wout
+
+    def conv_saved(self, lr, m, layer, win, wout, input_grad, mask_bytes) -> Tuple[int, int]:
+        R, B = relations(m), m.option("num_bases")
+        weights = R * win * wout * F32 if input_grad else 0  # each relation's weight, saved by its product
+        root = win * wout * F32 if input_grad else 0
+        b = lr.n_src * win * F32 + root + R * lr.n_dst * win * F32 + weights
+        pre = root + (0 if B else weights)  # with bases the combined weights are made in the step
+        if B:
+            b += R * B * F32 + B * win * wout * F32  # the combination's factors (parameters)
+            pre += R * B * F32 + B * win * wout * F32
+        return b, pre
+
+
+class RGATEstimate(GATEstimate):
+    """R-GAT (options heads, out_heads, attn_dropout): GAT's tensors per relation, without self loops:
+    every relation projects the source rows [n_src, H C] and keeps its per-row sums, and the per-edge
+    tensors count each edge once (its relation's)."""
+
+    def all_widths(self, m):
+        T = m.layers + m.linear_layers
+        w = [m.features] + [m.hidden * m.option("heads")] * (T - 1) + [m.num_classes]
+        return [(w[i], w[i + 1]) for i in range(T)]
+
+    def conv_parameters(self, m, layer, win, wout):
+        heads, c = self._per_head(m, layer)
+        return relations(m) * (win * heads * c + 2 * heads * c + wout)
+
+    def conv_saved(self, lr, m, layer, win, wout, input_grad, mask_bytes):
+        R = relations(m)
+        heads, c = self._per_head(m, layer)
+        hc, edges = heads * c, lr.nnz
+        w = R * (win * hc * F32 if input_grad else 0)
+        b = lr.n_src * win * F32 + w  # the lins' input (one storage) and their weights
+        b += R * (lr.n_src * hc * F32 + 2 * hc * F32)  # each relation's projection; a_src, a_dst
+        b += 2 * edges * I64 + 2 * edges * heads * F32  # edge index; LeakyReLU's input, exp's result
+        if m.option("attn_dropout") > 0:
+            b += 2 * edges * heads * F32
+        b += 2 * edges * hc * F32  # the gathered projected rows and the messages
+        b += R * (lr.n_dst * hc * F32 + lr.n_dst * heads * F32)  # per relation: weighted sum, sum of exp
+        return b, w + R * 2 * hc * F32
+
+    def edge_transient(self, lr, m, layer, win, wout):
+        heads, c = self._per_head(m, layer)
+        return lr.nnz * heads * c * F32
+
+
+RGCN_ESTIMATE = RGCNEstimate()
+RGAT_ESTIMATE = RGATEstimate()

@@ -1,0 +1,292 @@
+"""Relational convolutions over a heterogeneous graph (graph/hetero.py): R-GCN and R-GAT.
+
+A heterogeneous graph is one graph whose vertex types are id ranges and whose edge's relation is the
+pair of its endpoints' types (graph/hetero.py GraphTypes).  A layer reads a relation per edge from the
+global ids of its rows: ``graph.source_ids`` (int64 [n_src], set by the engine for a model that
+declares ``needs_source_ids``; destination rows are the first n_dst source rows) or, where it is None
+(a single process over the whole graph), source row i is vertex i.  ``relation_views`` splits a
+LayerGraph into one LayerGraph per relation (built once per graph and cached with it), so every
+relation aggregates with the machinery of nn/graph.py: own and halo parts for the overlapped halo
+exchange, row-restricted parts for boundary-first pipelining, the same on every cluster shape.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from granndis_hpc.graph.hetero import GraphTypes
+
+from .contract import Layer, LayerCall
+from .edge_layers import GATConv
+from .graph import GraphPart, LayerGraph, aggregate
+
+
+class TypeTables:
+    """A GraphTypes as the tensors the layers read: the types' upper id bounds [T], the relation table
+    [T, T] (-1: no relation) and each relation's destination type [R], made once per device."""
+
+    def __init__(self, types: GraphTypes):
+        self.types = types
+        self.num_types, self.num_relations = types.num_types, types.num_relations
+        table = types.relation_table()
+        self.key = (types.offsets, tuple(table.ravel().tolist()))
+        self._arrays = (np.asarray(types.offsets[1:], dtype=np.int64), table,
+                        np.asarray([types.index(rel.dst) for rel in types.relations], dtype=np.int64))
+        self._on = {}
+
+    def on(self, device):
+        """(upper bounds, relation table, destination type of each relation) on `device`."""
+        device = torch.device(device)
+        if device not in self._on:
+            self._on[device] = tuple(torch.from_numpy(a).to(device) for a in self._arrays)
+        return self._on[device]
+
+    def vertex_type(self, ids: torch.Tensor) -> torch.Tensor:
+        """int64 type index of each global id."""
+        upper = self.on(ids.device)[0]
+        return torch.searchsorted(upper, ids.to(torch.int64), right=True)
+
+
+@dataclass(eq=False)
+class RelationViews:
+    """A LayerGraph seen per relation: ``graphs[r]`` holds only relation r's edges (same rows, n_own and
+    source_ids), ``dst_type`` [n_dst] the destination rows' types, ``edge_relation`` [nnz] each edge's
+    relation in the graph's CSR order."""
+
+    graphs: List[LayerGraph]
+    dst_type: torch.Tensor
+    edge_relation: torch.Tensor
+
+
+# Per graph and types: its relation views (the engine reuses a layer's graph every epoch).  Weak keys:
+# the views go with the graph.
+_VIEWS: "weakref.WeakKeyDictionary[LayerGraph, dict]" = weakref.WeakKeyDictionary()
+
+
+def source_ids(graph: LayerGraph) -> torch.Tensor:
+    """The global vertex id of each source row: ``graph.source_ids``, or 0..n_src-1 without them."""
+    ids = getattr(graph, "source_ids", None)
+    if ids is None:
+        return torch.arange(graph.n_src, device=graph.device)
+    return torch.as_tensor(ids, dtype=torch.int64).to(graph.device)
+
+
+def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
+    """The graph's RelationViews under `tables` (cached: set ``graph.source_ids`` before the first call).
+
+    A relation view's dst_degree is the destination row's in-edge count of that relation in the block:
+    the global count in exact modes (a computed row has all its in-edges) and the kept count in sampled
+    modes.  Its src_degree is the source row's out-edge count of that relation in the block; the views
+    serve the "mean" and "sum" kinds, which do not read it."""
+    cache = _VIEWS.setdefault(graph, {})
+    if tables.key in cache:
+        return cache[tables.key]
+    _, table, _ = tables.on(graph.device)
+    ids = source_ids(graph)
+    if ids.shape != (graph.n_src,):
+        raise ValueError(f"relation_views: source_ids must have shape ({graph.n_src},), got {tuple(ids.shape)}")
+    src_type = tables.vertex_type(ids)
+    if graph.n_src and int(src_type.max()) >= tables.num_types:
+        raise ValueError(f"relation_views: vertex id {int(ids.max())} lies beyond the types' "
+                         f"{tables.types.num_vertices} vertices")
+    dst_type = src_type[: graph.n_dst]
+    rows, cols = graph.edge_rows(), graph.indices
+    relation = table[src_type[cols], dst_type[rows]]
+    if bool((relation < 0).any()):
+        e = int(torch.nonzero(relation < 0)[0])
+        names = tables.types.names
+        raise ValueError(f"relation_views: edge {int(ids[cols[e]])} -> {int(ids[rows[e]])} leads from "
+                         f"{names[int(src_type[cols[e]])]!r} to {names[int(dst_type[rows[e]])]!r}, a pair no "
+                         f"relation covers")
+    graphs = []
+    for r in range(tables.num_relations):
+        keep = relation == r  # a mask keeps the CSR order: each relation's rows stay sorted
+        rows_r, cols_r = rows[keep], cols[keep]
+        counts = torch.bincount(rows_r, minlength=graph.n_dst)
+        indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        src_degree = torch.bincount(cols_r, minlength=graph.n_src).to(torch.float32)
+        view = LayerGraph(graph.n_dst, graph.n_src, indptr, cols_r, counts.to(torch.float32), src_degree,
+                          n_own=graph.n_own)
+        view.source_ids = getattr(graph, "source_ids", None)
+        graphs.append(view)
+    cache[tables.key] = views = RelationViews(graphs, dst_type, relation)
+    return views
+
+
+def _tables(types) -> TypeTables:
+    if isinstance(types, TypeTables):
+        return types
+    if not isinstance(types, GraphTypes):
+        raise TypeError(f"types must be a GraphTypes (graph/hetero.py), got {type(types).__name__}")
+    return TypeTables(types)
+
+
+def _glorot(t: torch.Tensor) -> None:
+    """PyG's glorot: uniform in +-sqrt(6 / (fan_in + fan_out)) over the last two dimensions."""
+    bound = math.sqrt(6.0 / (t.shape[-2] + t.shape[-1]))
+    nn.init.uniform_(t, -bound, bound)
+
+
+class RGCNConv(Layer):
+    r"""Relational graph convolution (Schlichtkrull et al. 2018), as PyG's ``RGCNConv(aggr="mean")``:
+
+        out_v = x_v W_root + sum_r mean_{u in N_r(v)} x_u W_r + b,   W_r = sum_b comp[r, b] V_b (bases)
+
+    N_r(v): v's in-neighbours over relation r; a row without any aggregates 0 for that relation.  The
+    mean of each relation is taken at the input width (sparse products of the relation views, so the
+    own and halo parts add up and rows may be restricted), then projected by W_r.
+
+    Args:
+        in_features: input width.
+        out_features: output width.
+        num_relations: R, the relations of ``types``.
+        num_bases: B, basis decomposition of the R weights (None: one weight per relation).
+        bias: learn an additive bias.
+        types: the graph's GraphTypes (which relation an edge has).
+
+    Parameters (PyG's names and shapes, so a PyG RGCNConv's state_dict loads): weight [R or B, in, out],
+    comp [R, B] (with bases), root [in, out], bias [out].
+
+    Shapes: source rows [n_src, in] (destination rows their first n_dst) -> [n_dst, out].
+    """
+
+    splits_rows = True
+
+    def __init__(self, in_features: int, out_features: int, num_relations: int, num_bases: Optional[int] = None,
+                 bias: bool = True, *, types):
+        super().__init__()
+        self.tables = _tables(types)
+        if num_relations != self.tables.num_relations:
+            raise ValueError(f"RGCNConv: num_relations={num_relations} but the types have "
+                             f"{self.tables.num_relations} relations")
+        if num_bases is not None and num_bases < 1:
+            raise ValueError(f"RGCNConv: num_bases must be >= 1 or None, got {num_bases}")
+        self.in_features, self.out_features = in_features, out_features
+        self.num_relations, self.num_bases = num_relations, num_bases
+        self.weight = nn.Parameter(torch.empty(num_bases or num_relations, in_features, out_features))
+        self.comp = nn.Parameter(torch.empty(num_relations, num_bases)) if num_bases else None
+        self.root = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        for p in (self.weight, self.comp, self.root):  # PyG's order and initialisation
+            if p is not None:
+                _glorot(p.data)
+
+    def relation_weights(self) -> torch.Tensor:
+        """[R, in, out]: the weights, or their basis combination."""
+        if self.comp is None:
+            return self.weight
+        return (self.comp @ self.weight.view(self.num_bases, -1)).view(self.num_relations, self.in_features,
+                                                                       self.out_features)
+
+    def aggregate_part(self, part: GraphPart, m, call: LayerCall):
+        """[R] means of the part's edges of each relation [part rows, in]."""
+        views = relation_views(call.graph, self.tables)
+        n_own = None if part.sources is None else part.n_own
+        return [aggregate(GraphPart(g, part.sources, n_own, part.rows), m, "mean") for g in views.graphs]
+
+    def combine(self, partials, call: LayerCall):
+        return [sum(p[r] for p in partials) if len(partials) > 1 else partials[0][r]
+                for r in range(self.num_relations)]
+
+    def update(self, h_dst, aggregated, call: LayerCall):
+        weights = self.relation_weights()
+        out = h_dst @ self.root
+        for r, agg in enumerate(aggregated):
+            out = out + agg @ weights[r]
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features}, {self.out_features}, num_relations={self.num_relations}, "
+                f"num_bases={self.num_bases}")
+
+
+class RGATConv(Layer):
+    r"""Relational graph attention: a GATConv (nn/edge_layers.py, exact split softmax, no self loops)
+    per relation, summed into each destination type, as PyG's
+    ``HeteroConv({rel: GATConv(in, out, heads, add_self_loops=False)}, aggr="sum")`` computes it:
+
+        out_v = sum_{r into type(v)} (GAT_r(v) + b_r)
+
+    GAT_r(v) attends over v's in-neighbours of relation r only (0 without any); a relation's output,
+    its bias included, goes only to vertices of its destination type (a type no relation leads into
+    gets 0).  The sum over relations is the aggregation of MLPerf's R-GAT reference (PyG HeteroConv's
+    default) and of IGB's (DGL HeteroGraphConv's default): a vertex with more kinds of neighbours gets
+    more terms, as there.
+
+    Args:
+        in_features: input width.
+        out_features: features per head.
+        num_relations: R, the relations of ``types``.
+        heads, concat, negative_slope, attn_dropout: as GATConv, for every relation.
+        types: the graph's GraphTypes.
+
+    Parameters: rel.{r}.(lin.weight [H C, in], att_src [H, C], att_dst [H, C], bias [H C or C]); PyG's
+    GATConv has att_src and att_dst as [1, H, C].
+
+    Shapes: source rows [n_src, in] -> [n_dst, H C] (concat) or [n_dst, C].
+    """
+
+    reads_dst = False
+
+    def __init__(self, in_features: int, out_features: int, num_relations: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, attn_dropout: float = 0.0, *, types):
+        super().__init__()
+        self.tables = _tables(types)
+        if num_relations != self.tables.num_relations:
+            raise ValueError(f"RGATConv: num_relations={num_relations} but the types have "
+                             f"{self.tables.num_relations} relations")
+        self.in_features, self.out_features, self.heads, self.concat = in_features, out_features, heads, concat
+        self.num_relations, self.attn_dropout = num_relations, float(attn_dropout)
+        self.rel = nn.ModuleList(GATConv(in_features, out_features, heads, concat, negative_slope, attn_dropout,
+                                         add_self_loops=False) for _ in range(num_relations))
+
+    @property
+    def out_width(self) -> int:
+        return self.heads * self.out_features if self.concat else self.out_features
+
+    def message(self, h, call: LayerCall):
+        """Each relation's projected rows and source attention terms (every row: the relation's edges
+        pick theirs)."""
+        first = call.own_messages is None
+        if first:  # each relation's GATConv keeps its own call state (its destination attention term)
+            views = relation_views(call.graph, self.tables)
+            call.state["calls"] = [LayerCall(g, call.attention, call.n_own) for g in views.graphs]
+        messages = []
+        for conv, sub in zip(self.rel, call.state["calls"]):
+            m = conv.message(h, sub)
+            if first:
+                sub.own_messages = m
+            messages.append(m)
+        return messages
+
+    def aggregate_part(self, part: GraphPart, m, call: LayerCall):
+        views = relation_views(call.graph, self.tables)
+        n_own = None if part.sources is None else part.n_own
+        return [conv.aggregate_part(GraphPart(g, part.sources, n_own, part.rows), m_r, sub)
+                for conv, g, m_r, sub in zip(self.rel, views.graphs, m, call.state["calls"])]
+
+    def combine(self, partials, call: LayerCall):
+        return [conv.combine([p[r] for p in partials], sub)
+                for r, (conv, sub) in enumerate(zip(self.rel, call.state["calls"]))]
+
+    def update(self, h_dst, aggregated, call: LayerCall):
+        views = relation_views(call.graph, self.tables)
+        out = None
+        for agg in aggregated:
+            flat = agg.reshape(agg.shape[0], -1) if self.concat else agg.mean(dim=1)
+            out = flat if out is None else out + flat
+        # Each type's rows get the biases of the relations into it.
+        rel_dst = self.tables.on(out.device)[2]
+        biases = torch.stack([conv.bias for conv in self.rel])
+        by_type = biases.new_zeros((self.tables.num_types, biases.shape[1])).index_add(0, rel_dst, biases)
+        return out + by_type[views.dst_type]
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features}, {self.out_features}, num_relations={self.num_relations}, heads={self.heads}, "
+                f"concat={self.concat}, attn_dropout={self.attn_dropout}")

@@ -1,0 +1,87 @@
+"""The relational models over nn/hetero_layers.py: R-GCN and R-GAT (registered in granndis_hpc/registry.py
+with ``typed=True``: their builders take the graph's ``types``, a GraphTypes).
+
+Stacks of nn/zoo.py's EdgeGNN kind, run by the engine's runner (engine/runner.py), every conv split into
+own and halo parts so the halo exchange overlaps:
+
+    h = input_dropout(x);  for l: h = conv_l(gather(l, h));  between convs: [LayerNorm] -> act -> dropout
+    then the per-vertex Linear layers (--linear-layers), after the same [LayerNorm] -> act -> dropout
+
+rgcn: RGCNConv (mean per relation, a root weight, optional bases: option ``num_bases``, 0 = none), act
+ReLU, as PyG's R-GCN example.  rgat: RGATConv (a GATConv per relation without self loops, summed into
+each destination type), act LeakyReLU (slope 0.01), as MLPerf's R-GAT reference; its hidden convs have
+``heads`` heads of --hidden features each, concatenated, and its last conv ``out_heads`` heads averaged
+into the classes.  MLPerf's reference (hidden 512, 4 heads of 128, then a Linear classifier) is
+``--hidden 128 --model-option heads=4 --linear-layers 1``.  Attention dropout (``attn_dropout``) is keyed
+by the edge's global ids, as gat's.
+
+Both read each edge's relation from the global ids of their rows, so they declare
+``needs_source_ids``: the engine attaches ``graph.source_ids`` to every layer graph it hands them.
+
+Parameter names (tests/hetero_reference.py reads them):
+  rgcn: convs.{l}.(weight [R or B, in, out], comp [R, B] with bases, root [in, out], bias [out])
+  rgat: convs.{l}.rel.{r}.(lin.weight, att_src, att_dst, bias)
+  norms.{l}.(weight, bias) for l < L-1 when norm=True, linears.{j}.(weight, bias)
+"""
+from __future__ import annotations
+
+import functools
+from typing import List
+
+import torch.nn.functional as F
+from torch import nn
+
+from granndis_hpc.graph.hetero import GraphTypes
+
+from .hetero_layers import RGATConv, RGCNConv, TypeTables
+from .models import _conv_count
+from .zoo import EdgeGNN, _check_positive, _widths, gat_widths
+
+
+class HeteroGNN(EdgeGNN):
+    """EdgeGNN over relational convs; ``types`` is the graph's GraphTypes."""
+
+    needs_source_ids = True
+
+    def __init__(self, name: str, convs: List[nn.Module], widths: List[int], dropout: float, norm: bool,
+                 types: GraphTypes, activation=F.relu, attn_dropout: float = 0.0):
+        super().__init__(name, convs, widths, dropout, norm, activation, attn_dropout)
+        self.types = types
+
+
+def _check_types(model: str, types) -> TypeTables:
+    if not isinstance(types, GraphTypes):
+        raise ValueError(f"model {model!r} needs the graph's types (a GraphTypes), got {type(types).__name__}")
+    return TypeTables(types)
+
+
+def build_rgcn(in_features, hidden, num_classes, layers, dropout, norm, num_bases=0, linear_layers=0, *,
+               types: GraphTypes):
+    if num_bases < 0:
+        raise ValueError(f"--model-option num_bases={num_bases}: must be >= 0 (0: a weight per relation)")
+    tables = _check_types("rgcn", types)
+    widths = _widths(in_features, hidden, num_classes, layers)
+    R = tables.num_relations
+    convs = [RGCNConv(widths[l], widths[l + 1], R, num_bases or None, types=tables)
+             for l in range(_conv_count(layers, linear_layers))]
+    return HeteroGNN("rgcn", convs, widths, dropout, norm, types)
+
+
+def build_rgat(in_features, hidden, num_classes, layers, dropout, norm, heads=4, out_heads=1, attn_dropout=0.0,
+               linear_layers=0, *, types: GraphTypes):
+    """The last conv averages `out_heads` heads into the classes; with linear layers every conv is a
+    hidden one and the last Linear gives the classes (as MLPerf's reference)."""
+    _check_positive("rgat", heads=heads, out_heads=out_heads)
+    if not 0.0 <= attn_dropout < 1.0:
+        raise ValueError(f"--model-option attn_dropout={attn_dropout}: must be in [0, 1)")
+    tables = _check_types("rgat", types)
+    R = tables.num_relations
+    convs_n = _conv_count(layers, linear_layers)
+    widths = gat_widths(in_features, hidden, num_classes, layers, heads, True)
+    hidden_convs = convs_n - 1 if convs_n == layers else convs_n
+    conv = functools.partial(RGATConv, num_relations=R, attn_dropout=attn_dropout, types=tables)
+    convs = [conv(widths[l], hidden, heads=heads, concat=True) for l in range(hidden_convs)]
+    if convs_n == layers:
+        convs.append(conv(widths[-2], num_classes, heads=out_heads, concat=False))
+    return HeteroGNN("rgat", convs, widths, dropout, norm, types, functools.partial(F.leaky_relu, negative_slope=0.01),
+                     attn_dropout)
