@@ -84,14 +84,23 @@ def reference_logits(model_state, types: GraphTypes, indptr, indices, features, 
     """Eval-mode logits [n, classes] of an `model` ("rgcn" or "rgat") with `layers` layers, the last
     `linear_layers` of them per-vertex Linear ones, from its state_dict, over the whole graph."""
     p = {k: v.detach().double() for k, v in model_state.items()}
+    return reference_forward(p, types, indptr, indices, features, layers, model, linear_layers, norm)
+
+
+def reference_forward(p: Dict[str, torch.Tensor], types: GraphTypes, indptr, indices, features, layers: int,
+                      model: str = "rgcn", linear_layers: int = 0, norm: bool = False, drop=None) -> torch.Tensor:
+    """The logits from the parameters `p` (by the model's names; differentiable), with `drop(l, h)`
+    applied to the rows entering layer l >= 1 after the activation (the models' feature dropout)."""
     dst, src, rel = edge_relations(types, indptr, indices)
     act = F.relu if model == "rgcn" else (lambda t: F.leaky_relu(t, 0.01))
-    h, convs = torch.as_tensor(features).double(), layers - linear_layers
+    h, convs = torch.as_tensor(features).to(next(iter(p.values())).dtype), layers - linear_layers
     for l in range(layers):
         if l:
             if norm:
                 h = F.layer_norm(h, h.shape[1:], p[f"norms.{l - 1}.weight"], p[f"norms.{l - 1}.bias"])
             h = act(h)
+            if drop is not None:
+                h = drop(l, h)
         if l >= convs:
             j = l - convs
             h = h @ p[f"linears.{j}.weight"].T + p[f"linears.{j}.bias"]
@@ -102,3 +111,27 @@ def reference_logits(model_state, types: GraphTypes, indptr, indices, features, 
         else:  # the last conv of a model without linear layers averages its heads into the classes
             h = _rgat(conv, h, dst, src, rel, types, concat=not (l == layers - 1))
     return h
+
+
+def train_reference(model, graph, layers: int, epochs: int, lr: float, dropout: float, seed: int,
+                    linear_layers: int = 0, norm: bool = False) -> Dict[str, torch.Tensor]:
+    """Single-process full-graph training of `model`'s parameters in float64 with reference_forward:
+    Adam on CE(sum)/n_train over the target type's training vertices, feature dropout with the masks of
+    vertices 0..N-1 (nn/dropout.keep_mask).  Returns the trained parameters by name."""
+    from granndis_hpc.nn.dropout import keep_mask
+
+    p = {k: v.detach().double().clone().requires_grad_(True) for k, v in model.named_parameters()}
+    opt = torch.optim.Adam(list(p.values()), lr=lr)
+    y = torch.from_numpy(graph.labels)
+    train = torch.from_numpy(np.flatnonzero(graph.train_mask))
+    ids = torch.arange(graph.num_vertices)
+    for epoch in range(epochs):
+        def drop(layer, h, epoch=epoch):
+            return h * keep_mask(seed, epoch, layer, ids, h.shape[1], dropout).to(h.dtype) / (1 - dropout)
+        opt.zero_grad()
+        logits = reference_forward(p, graph.types, graph.indptr, graph.indices, graph.features, layers, model.name,
+                                   linear_layers, norm, drop if dropout > 0 else None)
+        loss = F.cross_entropy(logits[train], y[train], reduction="sum") / len(train)
+        loss.backward()
+        opt.step()
+    return {k: v.detach() for k, v in p.items()}

@@ -47,6 +47,8 @@ def _induced_fields(sl) -> dict:
 def model_for(manifest: dict, name: str, hidden: int, layers: int, **kw) -> ModelSpec:
     ds = manifest["dataset"]
     kw.setdefault("multilabel", ds.get("multilabel") is True)
+    if "types" in ds:  # a heterogeneous set: the relational models' memory grows with the relations
+        kw.setdefault("relations", len(ds["types"]["relations"]))
     return ModelSpec(name, int(ds["num_features"]), int(hidden), int(ds["num_classes"]), int(layers), **kw)
 
 

@@ -66,7 +66,8 @@ def model_spec(graph, cfg) -> mm.ModelSpec:
     return mm.ModelSpec(cfg.model, graph.num_features, cfg.hidden, int(graph.num_classes), cfg.layers,
                         cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()),
                         linear_layers=cfg.linear_layers or 0, inductive=cfg.inductive,
-                        multilabel=np.ndim(graph.labels) == 2, precision=cfg.precision)
+                        multilabel=np.ndim(graph.labels) == 2, precision=cfg.precision,
+                        **({"relations": graph.types.num_relations} if getattr(graph, "types", None) else {}))
 
 
 def _checked(group, graph, cfg):
