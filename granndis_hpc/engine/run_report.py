@@ -21,8 +21,17 @@ def banner(cfg, mode, manifest: Dict, topo) -> str:
     head = f", {cfg.linear_layers} Linear" if cfg.linear_layers else ""
     return (f"granndis train: mode {cfg.mode}{chosen}, {exact} | model {cfg.model} ({cfg.layers} layers{head}, "
             f"hidden {cfg.hidden}) | {'inductive' if cfg.inductive else 'transductive'} | dataset "
-            f"{manifest['dataset'].get('name')} | {topo.servers} server(s) x {topo.ranks_per_server} rank(s) on "
+            f"{manifest['dataset'].get('name')}{_types_phrase(manifest['dataset'])} | {topo.servers} server(s) x {topo.ranks_per_server} rank(s) on "
             f"{topo.device.type} | {cfg.epochs} epochs")
+
+
+def _types_phrase(dataset: Dict) -> str:
+    """A heterogeneous dataset's types in the banner: " (3 vertex types, 4 relations; target author)"."""
+    types = dataset.get("types")
+    if not types:
+        return ""
+    return (f" ({len(types['vertex_types'])} vertex types, {len(types['relations'])} relations; target "
+            f"{types['target']})")
 
 
 def startup_entries(comm, clock: StartupClock, started_s: float) -> Dict:
