@@ -5,7 +5,8 @@
     reddit     Reddit as DGL and PyG download it (reddit_data.npz + reddit_graph.npz, the published split)
     igb        IGB's homogeneous paper graph (processed/paper*/ .npy files, memory-mapped; IGB's 60/20/20 split);
                a build rank reads only its slice
-    bundle     one .npz / .h5 file with edge_index or CSR, features, labels, splits
+    bundle     one .npz / .h5 file with edge_index or CSR, features, labels, splits; or a heterogeneous
+               graph's arrays per vertex type and relation (preprocess/sources/bundle_hetero.py)
     chunked    a directory of memory-mappable .npy chunks + metadata.json (preprocess/formats/chunked.py;
                `granndis preprocess chunk` writes one from any source); a build rank reads only its slice
     synthetic  degree-corrected SBM at any scale (default; `make demo` uses it), or with
@@ -45,7 +46,7 @@ SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("na
 SOURCES.declare("reddit", "granndis_hpc.preprocess.sources.reddit:load_reddit", uses=("name", "root"))
 SOURCES.declare("igb", "granndis_hpc.preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
                 sliced="granndis_hpc.preprocess.sources.igb:IgbSource")
-SOURCES.declare("bundle", "granndis_hpc.preprocess.sources.bundle:load_bundle", uses=("name", "path"))
+SOURCES.declare("bundle", "granndis_hpc.preprocess.sources.bundle:load_bundle", uses=("name", "path", "target_type"))
 SOURCES.declare("synthetic", "granndis_hpc.preprocess.sources.synthetic_chunks:load_synthetic",
                 uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
                 sliced="granndis_hpc.preprocess.sources.synthetic_chunks:SyntheticSource")
@@ -53,7 +54,7 @@ SOURCES.declare("chunked", "granndis_hpc.preprocess.formats.chunked:load_chunked
                 sliced="granndis_hpc.preprocess.formats.chunked:open_source")
 
 # Every option load() accepts, with its default (the same defaults argparse uses).
-OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, num_classes=19, symmetrize=True,
+OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, target_type=None, num_classes=19, symmetrize=True,
                        self_loops="remove", normalize_features="none", **_SYNTHETIC_DEFAULTS, generator="sbm", **_LOCAL_DEFAULTS)
 
 
@@ -84,6 +85,9 @@ class SourceOptions(Options):
                                  help="bundle: the .npz or .h5 file; chunked: the directory holding metadata.json")
     split_scheme: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
                                          help="ogb: subdirectory of split/ (default: the only one present)")
+    target_type: Optional[str] = option(None, group=_SOURCE, metavar="TYPE",
+                                        help="bundle with several labelled vertex types (y_<type>): the one to "
+                                             "learn (default: the only labelled type); docs/heterogeneous.md")
     num_classes: int = option(_d["num_classes"], choices=(19, 2983), group=_SOURCE,
                               help="igb: the label set, 19 (node_label_19.npy) or 2983 (node_label_2K.npy)")
     generator: str = option(_d["generator"], choices=_GENERATORS, group=_SYNTHETIC,
