@@ -1,7 +1,7 @@
 """Dataset sources for the offline preprocessing stage: load raw data and canonicalise it into a `Graph`.
 
     planetoid  Cora / CiteSeer / PubMed raw `ind.*` files, standard (Kipf/PyG public) split
-    ogb        OGB node-property datasets in their downloaded raw/ + split/ layout
+    ogb        OGB node-property datasets in their downloaded raw/ + split/ layout (ogbn-mag with its types)
     reddit     Reddit as DGL and PyG download it (reddit_data.npz + reddit_graph.npz, the published split)
     igb        IGB's homogeneous paper graph (processed/paper*/ .npy files, memory-mapped; IGB's 60/20/20 split);
                a build rank reads only its slice
@@ -42,7 +42,7 @@ from granndis_hpc.preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _L
 # dataset source".
 SOURCES = Registry("source")
 SOURCES.declare("planetoid", "granndis_hpc.preprocess.sources.planetoid:load_planetoid", uses=("name", "root"))
-SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme"))
+SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme", "target_type"))
 SOURCES.declare("reddit", "granndis_hpc.preprocess.sources.reddit:load_reddit", uses=("name", "root"))
 SOURCES.declare("igb", "granndis_hpc.preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
                 sliced="granndis_hpc.preprocess.sources.igb:IgbSource")
@@ -72,7 +72,7 @@ class SourceOptions(Options):
     """The dataset-source and canonicalisation options of every `granndis preprocess` command that reads
     a dataset (granndis_hpc/options/ derives their parser); the defaults are OPTION_DEFAULTS'."""
     source: str = option("synthetic", choices=_source_names, group=_SOURCE, help="where the graph comes from")
-    name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv; "
+    name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv, ogbn-mag; "
                                                            "igb: the size directory under --root (tiny, small, "
                                                            "medium, ...); bundle, reddit: dataset name (default: "
                                                            "file name, reddit)")
@@ -86,8 +86,9 @@ class SourceOptions(Options):
     split_scheme: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
                                          help="ogb: subdirectory of split/ (default: the only one present)")
     target_type: Optional[str] = option(None, group=_SOURCE, metavar="TYPE",
-                                        help="bundle with several labelled vertex types (y_<type>): the one to "
-                                             "learn (default: the only labelled type); docs/heterogeneous.md")
+                                        help="bundle, ogb: in a heterogeneous graph with several labelled vertex "
+                                             "types, the one to learn (default: the only labelled type); "
+                                             "docs/heterogeneous.md")
     num_classes: int = option(_d["num_classes"], choices=(19, 2983), group=_SOURCE,
                               help="igb: the label set, 19 (node_label_19.npy) or 2983 (node_label_2K.npy)")
     generator: str = option(_d["generator"], choices=_GENERATORS, group=_SYNTHETIC,
