@@ -5,6 +5,8 @@
     reddit     Reddit as DGL and PyG download it (reddit_data.npz + reddit_graph.npz, the published split)
     igb        IGB's homogeneous paper graph (processed/paper*/ .npy files, memory-mapped; IGB's 60/20/20 split);
                a build rank reads only its slice
+    igbh       IGBH, the heterogeneous IGB (processed/<type>/node_feat.npy, processed/<src>__<rel>__<dst>/
+               edge_index.npy, memory-mapped; IGB's fractions as contiguous splits of the papers)
     bundle     one .npz / .h5 file with edge_index or CSR, features, labels, splits; or a heterogeneous
                graph's arrays per vertex type and relation (preprocess/sources/bundle_hetero.py)
     chunked    a directory of memory-mappable .npy chunks + metadata.json (preprocess/formats/chunked.py;
@@ -46,6 +48,7 @@ SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("na
 SOURCES.declare("reddit", "granndis_hpc.preprocess.sources.reddit:load_reddit", uses=("name", "root"))
 SOURCES.declare("igb", "granndis_hpc.preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
                 sliced="granndis_hpc.preprocess.sources.igb:IgbSource")
+SOURCES.declare("igbh", "granndis_hpc.preprocess.sources.igbh:load_igbh", uses=("name", "root", "num_classes"))
 SOURCES.declare("bundle", "granndis_hpc.preprocess.sources.bundle:load_bundle", uses=("name", "path", "target_type"))
 SOURCES.declare("synthetic", "granndis_hpc.preprocess.sources.synthetic_chunks:load_synthetic",
                 uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
@@ -73,13 +76,13 @@ class SourceOptions(Options):
     a dataset (granndis_hpc/options/ derives their parser); the defaults are OPTION_DEFAULTS'."""
     source: str = option("synthetic", choices=_source_names, group=_SOURCE, help="where the graph comes from")
     name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv, ogbn-mag; "
-                                                           "igb: the size directory under --root (tiny, small, "
+                                                           "igb, igbh: the size directory under --root (tiny, small, "
                                                            "medium, ...); bundle, reddit: dataset name (default: "
                                                            "file name, reddit)")
     root: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
                                  help="planetoid: directory with ind.NAME.* files; ogb: dataset directory (holding "
                                       "raw/ and split/) or its parent; reddit: directory with reddit_data.npz and "
-                                      "reddit_graph.npz (or PyG's root, holding raw/); igb: the processed/ "
+                                      "reddit_graph.npz (or PyG's root, holding raw/); igb, igbh: the processed/ "
                                       "directory, its parent, or IGB's root with --name")
     path: Optional[str] = option(None, group=_SOURCE, metavar="FILE",
                                  help="bundle: the .npz or .h5 file; chunked: the directory holding metadata.json")
@@ -90,7 +93,7 @@ class SourceOptions(Options):
                                              "types, the one to learn (default: the only labelled type); "
                                              "docs/heterogeneous.md")
     num_classes: int = option(_d["num_classes"], choices=(19, 2983), group=_SOURCE,
-                              help="igb: the label set, 19 (node_label_19.npy) or 2983 (node_label_2K.npy)")
+                              help="igb, igbh: the label set, 19 (node_label_19.npy) or 2983 (node_label_2K.npy)")
     generator: str = option(_d["generator"], choices=_GENERATORS, group=_SYNTHETIC,
                             help="sbm: degree-corrected SBM, communities are expanders; local: geometric graph on a "
                                  "torus with the locality of real graphs (small cuts and k-hop halos)")
