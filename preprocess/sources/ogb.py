@@ -30,6 +30,7 @@ import numpy as np
 from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize, index_to_mask
 from granndis_hpc.preprocess.sources.bundle import read_npz
 from granndis_hpc.preprocess.sources.csvgz import read_csv
+from granndis_hpc.preprocess.sources.ogb_mag import is_hetero_dir, load_ogb_hetero
 
 SPLIT_FILES = ("train", "valid", "test")
 
@@ -107,13 +108,12 @@ def _edge_feature_path(raw: str, base: str) -> str:
 
 def load_ogb(root, name=None, split_scheme=None, target_type=None, symmetrize=True, self_loops="remove"):
     """Load an OGB node-property dataset from its raw files and canonicalise it."""
-    from granndis_hpc.preprocess.sources.ogb_mag import is_hetero_dir, load_ogb_hetero
-
     base = find_dataset_dir(root, name)
     raw = os.path.join(base, "raw")
     name = name or os.path.basename(os.path.normpath(base)).replace("_", "-")
     if is_hetero_dir(base):
-        return load_ogb_hetero(base, name, split_scheme, target_type, symmetrize=symmetrize, self_loops=self_loops)
+        return load_ogb_hetero(base, name, _split_dir(base, split_scheme), target_type, symmetrize=symmetrize,
+                               self_loops=self_loops)
     if target_type is not None:
         raise DataError(f"{base}: --target-type {target_type} given, but the dataset has one vertex type. Fix: "
                         "leave --target-type out")

@@ -118,10 +118,15 @@ def _target(raw, counts, target_type) -> str:
     return labelled[0]
 
 
-def load_ogb_hetero(base, name, split_scheme=None, target_type=None, symmetrize=True, self_loops="remove"):
-    """Load a heterogeneous OGB dataset directory (module docstring) and canonicalise it."""
-    from granndis_hpc.preprocess.sources.ogb import _read_ids, _split_dir
+def _split_ids(split_dir, file) -> np.ndarray:
+    gz, plain = (os.path.join(split_dir, f"{file}{ext}") for ext in (".csv.gz", ".csv"))
+    path = plain if os.path.exists(plain) and not os.path.exists(gz) else gz
+    return read_csv(path, dtype=np.int64, expected_cols=1)[:, 0]
 
+
+def load_ogb_hetero(base, name, split_root, target_type=None, symmetrize=True, self_loops="remove"):
+    """Load a heterogeneous OGB dataset directory (module docstring) and canonicalise it; ``split_root``
+    is its split/<scheme> directory."""
     raw = os.path.join(base, "raw")
     counts = _counts(raw)
     relations = _relations(raw, counts)
@@ -136,8 +141,8 @@ def load_ogb_hetero(base, name, split_scheme=None, target_type=None, symmetrize=
     target = _target(raw, counts, target_type)
     label_path = os.path.join(raw, "node-label", target, "node-label.csv.gz")
     labels = read_csv(label_path, dtype=np.float64, expected_rows=counts[target])
-    split_dir = os.path.join(_split_dir(base, split_scheme), target)
-    splits = {part: _read_ids(split_dir, file)[1] for part, file in SPLIT_FILES}
+    split_dir = os.path.join(split_root, target)
+    splits = {part: _split_ids(split_dir, file) for part, file in SPLIT_FILES}
     origin.update(labels=label_path, splits=split_dir, features=os.path.join(raw, "node-feat"))
     return canonicalize_hetero(name, counts, features, relations, labels, splits, target, symmetrize=symmetrize,
                                self_loops=self_loops, origin=origin)
