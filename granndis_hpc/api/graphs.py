@@ -18,9 +18,9 @@ CANONICAL_OPTIONS = ("symmetrize", "self_loops", "normalize_features")
 
 def is_graph(obj: Any) -> bool:
     """Whether `obj` is a graph held in Python (rather than a shard set or its path)."""
-    from granndis_hpc.preprocess.sources.convert import is_dgl, is_pyg
+    from granndis_hpc.preprocess.sources.convert import is_dgl, is_pyg, is_pyg_hetero
 
-    return isinstance(obj, Mapping) or is_pyg(obj) or is_dgl(obj) or _is_canonical(obj)
+    return isinstance(obj, Mapping) or is_pyg(obj) or is_pyg_hetero(obj) or is_dgl(obj) or _is_canonical(obj)
 
 
 def shards_path(obj: Any, what: str) -> str:
@@ -53,14 +53,18 @@ def canonical(obj: Any, name: str, symmetrize: bool = True, self_loops: str = "r
     source's loader's) is taken as it is, its features normalised as asked."""
     from granndis_hpc.preprocess.sources.canonical import canonicalize, normalize_features as normalize
     from granndis_hpc.preprocess.sources.convert import graph_arrays
+    from granndis_hpc.preprocess.sources.hetero import canonicalize_hetero
 
     if _is_canonical(obj):
         graph = dataclasses.replace(obj, name=name)
     else:
         a = graph_arrays(None, **obj) if isinstance(obj, Mapping) else graph_arrays(obj)
-        graph = canonicalize(name, a["num_vertices"], a["src"], a["dst"], a["features"], a["labels"],
-                             a["train_mask"], a["val_mask"], a["test_mask"], num_classes=a["num_classes"],
-                             symmetrize=symmetrize, self_loops=self_loops, origin=name)
+        if "counts" in a:  # a HeteroData: canonicalize_hetero's arguments, its types ride with the graph
+            graph = canonicalize_hetero(name, **a, symmetrize=symmetrize, self_loops=self_loops, origin=name)
+        else:
+            graph = canonicalize(name, a["num_vertices"], a["src"], a["dst"], a["features"], a["labels"],
+                                 a["train_mask"], a["val_mask"], a["test_mask"], num_classes=a["num_classes"],
+                                 symmetrize=symmetrize, self_loops=self_loops, origin=name)
     if normalize_features != "none":
         graph = dataclasses.replace(graph, features=normalize(graph.features, normalize_features,
                                                               origin=f"{name}: features"))

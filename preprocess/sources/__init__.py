@@ -1,11 +1,14 @@
 """Dataset sources for the offline preprocessing stage: load raw data and canonicalise it into a `Graph`.
 
     planetoid  Cora / CiteSeer / PubMed raw `ind.*` files, standard (Kipf/PyG public) split
-    ogb        OGB node-property datasets in their downloaded raw/ + split/ layout
+    ogb        OGB node-property datasets in their downloaded raw/ + split/ layout (ogbn-mag with its types)
     reddit     Reddit as DGL and PyG download it (reddit_data.npz + reddit_graph.npz, the published split)
     igb        IGB's homogeneous paper graph (processed/paper*/ .npy files, memory-mapped; IGB's 60/20/20 split);
                a build rank reads only its slice
-    bundle     one .npz / .h5 file with edge_index or CSR, features, labels, splits
+    igbh       IGBH, the heterogeneous IGB (processed/<type>/node_feat.npy, processed/<src>__<rel>__<dst>/
+               edge_index.npy, memory-mapped; IGB's fractions as contiguous splits of the papers)
+    bundle     one .npz / .h5 file with edge_index or CSR, features, labels, splits; or a heterogeneous
+               graph's arrays per vertex type and relation (preprocess/sources/bundle_hetero.py)
     chunked    a directory of memory-mappable .npy chunks + metadata.json (preprocess/formats/chunked.py;
                `granndis preprocess chunk` writes one from any source); a build rank reads only its slice
     synthetic  degree-corrected SBM at any scale (default; `make demo` uses it), or with
@@ -41,11 +44,12 @@ from granndis_hpc.preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _L
 # dataset source".
 SOURCES = Registry("source")
 SOURCES.declare("planetoid", "granndis_hpc.preprocess.sources.planetoid:load_planetoid", uses=("name", "root"))
-SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme"))
+SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme", "target_type"))
 SOURCES.declare("reddit", "granndis_hpc.preprocess.sources.reddit:load_reddit", uses=("name", "root"))
 SOURCES.declare("igb", "granndis_hpc.preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
                 sliced="granndis_hpc.preprocess.sources.igb:IgbSource")
-SOURCES.declare("bundle", "granndis_hpc.preprocess.sources.bundle:load_bundle", uses=("name", "path"))
+SOURCES.declare("igbh", "granndis_hpc.preprocess.sources.igbh:load_igbh", uses=("name", "root", "num_classes"))
+SOURCES.declare("bundle", "granndis_hpc.preprocess.sources.bundle:load_bundle", uses=("name", "path", "target_type"))
 SOURCES.declare("synthetic", "granndis_hpc.preprocess.sources.synthetic_chunks:load_synthetic",
                 uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
                 sliced="granndis_hpc.preprocess.sources.synthetic_chunks:SyntheticSource")
@@ -53,7 +57,7 @@ SOURCES.declare("chunked", "granndis_hpc.preprocess.formats.chunked:load_chunked
                 sliced="granndis_hpc.preprocess.formats.chunked:open_source")
 
 # Every option load() accepts, with its default (the same defaults argparse uses).
-OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, num_classes=19, symmetrize=True,
+OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, target_type=None, num_classes=19, symmetrize=True,
                        self_loops="remove", normalize_features="none", **_SYNTHETIC_DEFAULTS, generator="sbm", **_LOCAL_DEFAULTS)
 
 
@@ -71,21 +75,25 @@ class SourceOptions(Options):
     """The dataset-source and canonicalisation options of every `granndis preprocess` command that reads
     a dataset (granndis_hpc/options/ derives their parser); the defaults are OPTION_DEFAULTS'."""
     source: str = option("synthetic", choices=_source_names, group=_SOURCE, help="where the graph comes from")
-    name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv; "
-                                                           "igb: the size directory under --root (tiny, small, "
+    name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv, ogbn-mag; "
+                                                           "igb, igbh: the size directory under --root (tiny, small, "
                                                            "medium, ...); bundle, reddit: dataset name (default: "
                                                            "file name, reddit)")
     root: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
                                  help="planetoid: directory with ind.NAME.* files; ogb: dataset directory (holding "
                                       "raw/ and split/) or its parent; reddit: directory with reddit_data.npz and "
-                                      "reddit_graph.npz (or PyG's root, holding raw/); igb: the processed/ "
+                                      "reddit_graph.npz (or PyG's root, holding raw/); igb, igbh: the processed/ "
                                       "directory, its parent, or IGB's root with --name")
     path: Optional[str] = option(None, group=_SOURCE, metavar="FILE",
                                  help="bundle: the .npz or .h5 file; chunked: the directory holding metadata.json")
     split_scheme: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
                                          help="ogb: subdirectory of split/ (default: the only one present)")
+    target_type: Optional[str] = option(None, group=_SOURCE, metavar="TYPE",
+                                        help="bundle, ogb: in a heterogeneous graph with several labelled vertex "
+                                             "types, the one to learn (default: the only labelled type); "
+                                             "docs/heterogeneous.md")
     num_classes: int = option(_d["num_classes"], choices=(19, 2983), group=_SOURCE,
-                              help="igb: the label set, 19 (node_label_19.npy) or 2983 (node_label_2K.npy)")
+                              help="igb, igbh: the label set, 19 (node_label_19.npy) or 2983 (node_label_2K.npy)")
     generator: str = option(_d["generator"], choices=_GENERATORS, group=_SYNTHETIC,
                             help="sbm: degree-corrected SBM, communities are expanders; local: geometric graph on a "
                                  "torus with the locality of real graphs (small cuts and k-hop halos)")

@@ -10,6 +10,9 @@ Keys (HDF5: datasets at the file root):
     splits    train_mask, val_mask, test_mask (bool [N])  or  train_idx, val_idx, test_idx (ids)
     optional  num_classes (scalar)
 
+A heterogeneous graph (typed vertices and relations: x_<type>, edge_index_<src>__<rel>__<dst>, y_<target>,
+train_/val_/test_<target>) is recognised by its keys and loaded by preprocess/sources/bundle_hetero.py.
+
 .npz files are read with ``allow_pickle=False``: a bundle can never execute code.
 """
 from __future__ import annotations
@@ -156,18 +159,27 @@ def _splits(arrays, n, path):
     raise _missing(path, f"no complete split: need train/val/test _mask or _idx (found {sorted(arrays)})")
 
 
-def load_bundle(path, name=None, symmetrize=True, self_loops="remove"):
-    """Load a .npz or .h5 bundle (keys above) and canonicalise it."""
+def load_bundle(path, name=None, target_type=None, symmetrize=True, self_loops="remove"):
+    """Load a .npz or .h5 bundle (keys above, or the heterogeneous layout) and canonicalise it."""
+    from granndis_hpc.preprocess.sources.bundle_hetero import bundle_keys, is_hetero_layout, load_hetero_bundle
+
     if path is None:
         raise DataError("bundle: no --path given. Fix: pass --path FILE.npz or FILE.h5")
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
-    if ext == ".npz":
-        arrays = read_npz(path, optional=_ALL_KEYS)
-    elif ext in (".h5", ".hdf5"):
-        arrays = read_h5(path, _ALL_KEYS)
-    else:
+    if ext not in (".npz", ".h5", ".hdf5"):
         raise DataError(f"{path}: unknown bundle extension {ext!r}. Fix: use .npz or .h5/.hdf5")
+    keys = bundle_keys(path)
+    hetero = is_hetero_layout(keys)
+    wanted = keys if hetero else _ALL_KEYS
+    arrays = read_npz(path, optional=wanted) if ext == ".npz" else read_h5(path, wanted)
+    name = name or os.path.splitext(os.path.basename(path))[0]
+    if hetero:
+        return load_hetero_bundle(path, keys, arrays, name, target_type, symmetrize=symmetrize,
+                                  self_loops=self_loops)
+    if target_type is not None:
+        raise DataError(f"{path}: --target-type {target_type} given, but the bundle has one vertex type (no "
+                        "x_<type> or edge_index_<src>__<rel>__<dst> arrays). Fix: leave --target-type out")
     for key in ("features", "labels"):
         if key not in arrays:
             raise _missing(path, f"missing key '{key}' (found {sorted(arrays)})")
@@ -184,6 +196,5 @@ def load_bundle(path, name=None, symmetrize=True, self_loops="remove"):
         if num_classes.size != 1 or not np.issubdtype(num_classes.dtype, np.integer):
             raise _missing(path, f"num_classes must be one integer, got {num_classes!r}")
         num_classes = int(num_classes.reshape(-1)[0])
-    name = name or os.path.splitext(os.path.basename(path))[0]
     return canonicalize(name, n, src, dst, features, arrays["labels"], *masks, num_classes=num_classes,
                         symmetrize=symmetrize, self_loops=self_loops, origin=path)

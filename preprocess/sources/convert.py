@@ -16,6 +16,9 @@ become NumPy arrays through ``.detach().cpu().numpy()``.
 
 `graph_arrays` gathers the same arrays without writing them (granndis_hpc.api builds from them in memory).
 
+A PyG ``HeteroData`` is written in the heterogeneous bundle layout (preprocess/sources/convert_hetero.py,
+docs/heterogeneous.md); ``target_type`` names the type to learn when several have ``y``.
+
 Everything is validated before a byte is written (the same checks the build's loader makes: shapes,
 ids in range, finite features, labels against the classes, disjoint splits); bad input raises
 `DataError` saying what is wrong, and an existing file of that name is left untouched.  The file is
@@ -29,6 +32,7 @@ import numpy as np
 
 from granndis_hpc.fsutil import atomic_path
 from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize, index_to_mask
+from granndis_hpc.preprocess.sources.convert_hetero import from_pyg_hetero, is_pyg_hetero
 
 SPLITS = ("train", "val", "test")
 DGL_KEYS = {"features": "feat", "labels": "label"}  # DGL's built-in datasets' ndata names
@@ -55,8 +59,12 @@ def is_dgl(obj) -> bool:
     return hasattr(obj, "ndata") and callable(getattr(obj, "edges", None))
 
 
-def from_pyg(data) -> dict:
-    """The bundle arrays of a homogeneous PyG ``Data``: edge_index, x, y and train/val/test_mask."""
+def from_pyg(data, target_type=None) -> dict:
+    """The bundle arrays of a homogeneous PyG ``Data``: edge_index, x, y and train/val/test_mask; of a
+    ``HeteroData``: the heterogeneous layout's x_<type>, edge_index_<src>__<rel>__<dst>, y_/train_/val_/
+    test_<target>."""
+    if is_pyg_hetero(data):
+        return from_pyg_hetero(data, target_type)
     if getattr(data, "edge_index", None) is None or getattr(data, "x", None) is None:
         raise DataError("save_bundle: the PyG object has no edge_index or no x (a HeteroData, or a graph without "
                         "features). Fix: pass a homogeneous Data with x, or the arrays as keywords")
@@ -118,11 +126,14 @@ def _edges_of(edge_index, adjacency):
 
 def graph_arrays(graph=None, *, edge_index=None, adjacency=None, features=None, labels=None, train_mask=None,
                  val_mask=None, test_mask=None, train_idx=None, val_idx=None, test_idx=None, num_classes=None,
-                 origin="save_bundle") -> dict:
+                 target_type=None, origin="save_bundle") -> dict:
     """The arrays of a graph held in Python, as `canonicalize` takes them: {num_vertices, src, dst,
     features, labels, train_mask, val_mask, test_mask, num_classes}.  The arguments are save_bundle's;
     shapes and the split's completeness are checked here, the rest by `canonicalize`.  `origin` names
-    the caller in error messages."""
+    the caller in error messages.  A HeteroData gives `canonicalize_hetero`'s arguments instead: {counts,
+    features, relations, labels, splits, target, num_classes}."""
+    if is_pyg_hetero(graph):
+        return hetero_arguments(graph, target_type, train_idx, val_idx, test_idx, num_classes, origin)
     given = {"edge_index": edge_index, "features": features, "labels": labels, "train_mask": train_mask,
              "val_mask": val_mask, "test_mask": test_mask}
     arrays = {}
@@ -166,9 +177,31 @@ def graph_arrays(graph=None, *, edge_index=None, adjacency=None, features=None, 
             **{f"{s}_mask": m for s, m in zip(SPLITS, masks)}}
 
 
+def hetero_arguments(data, target_type=None, train_idx=None, val_idx=None, test_idx=None, num_classes=None,
+                     origin="save_bundle") -> dict:
+    """`canonicalize_hetero`'s arguments (but name) from a HeteroData, through the bundle layout's arrays."""
+    from granndis_hpc.preprocess.sources.bundle_hetero import hetero_parts
+
+    layout = from_pyg_hetero(data, target_type, train_idx, val_idx, test_idx, origin)
+    parts = hetero_parts(layout, list(layout), origin, target_type)
+    return {**parts, "num_classes": num_classes}
+
+
+def _save_hetero(path, data, target_type, train_idx, val_idx, test_idx, num_classes) -> dict:
+    """The heterogeneous layout's arrays of a HeteroData, checked as the build's loader checks them."""
+    from granndis_hpc.preprocess.sources.hetero import canonicalize_hetero
+
+    out = from_pyg_hetero(data, target_type, train_idx, val_idx, test_idx)
+    a = hetero_arguments(data, target_type, train_idx, val_idx, test_idx, num_classes)
+    canonicalize_hetero(os.path.basename(path), **a, symmetrize=False, self_loops="keep", origin="save_bundle")
+    if num_classes is not None:
+        out["num_classes"] = np.int64(num_classes)
+    return out
+
+
 def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=None, labels=None,
                 train_mask=None, val_mask=None, test_mask=None, train_idx=None, val_idx=None, test_idx=None,
-                num_classes=None) -> str:
+                num_classes=None, target_type=None) -> str:
     """Write a graph as a bundle (.npz, or .h5/.hdf5) that ``--source bundle --path PATH`` reads; return PATH.
 
     ``graph``: a PyG ``Data`` or a DGL graph (see from_pyg / from_dgl), or None for the arrays alone;
@@ -180,6 +213,9 @@ def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=N
     if ext not in (".npz", ".h5", ".hdf5"):
         raise DataError(f"{path}: a bundle is .npz or .h5/.hdf5, got {ext or 'no extension'!r}. Fix: name the "
                         "file FILE.npz or FILE.h5")
+    if is_pyg_hetero(graph):
+        _write(path, ext, _save_hetero(path, graph, target_type, train_idx, val_idx, test_idx, num_classes))
+        return path
     a = graph_arrays(graph, edge_index=edge_index, adjacency=adjacency, features=features, labels=labels,
                      train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, train_idx=train_idx,
                      val_idx=val_idx, test_idx=test_idx, num_classes=num_classes)
@@ -193,6 +229,12 @@ def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=N
     out.update({f"{s}_mask": np.asarray(m, dtype=bool) for s, m in zip(SPLITS, split_masks)})
     if num_classes is not None:
         out["num_classes"] = np.int64(num_classes)
+    _write(path, ext, out)
+    return path
+
+
+def _write(path, ext, out: dict) -> None:
+    """The arrays to `path` (.npz or HDF5) under a temporary name, renamed into place."""
     with atomic_path(path) as tmp:
         if ext == ".npz":
             with open(tmp, "wb") as f:
@@ -202,4 +244,3 @@ def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=N
             with h5py.File(tmp, "w") as f:
                 for key, value in out.items():
                     f[key] = value
-    return path

@@ -17,6 +17,9 @@ features, only raw/edge-feat.csv.gz (8 columns per edge; data.npz: edge_feat).  
 are then the mean of its edges' features (every edge counted at both ends: the graph is undirected),
 as PyG's ogbn-proteins examples derive them (``adj_t.mean(dim=1)`` over the edge attributes) and DGL's
 average them; a dataset with neither node nor edge features is refused.
+
+A heterogeneous dataset (ogbn-mag: raw/num-node-dict.csv.gz, raw/relations/...) is recognised by its
+files and loaded by preprocess/sources/ogb_mag.py with its vertex types and relations.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import numpy as np
 from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize, index_to_mask
 from granndis_hpc.preprocess.sources.bundle import read_npz
 from granndis_hpc.preprocess.sources.csvgz import read_csv
+from granndis_hpc.preprocess.sources.ogb_mag import is_hetero_dir, load_ogb_hetero
 
 SPLIT_FILES = ("train", "valid", "test")
 
@@ -102,11 +106,17 @@ def _edge_feature_path(raw: str, base: str) -> str:
     return path
 
 
-def load_ogb(root, name=None, split_scheme=None, symmetrize=True, self_loops="remove"):
+def load_ogb(root, name=None, split_scheme=None, target_type=None, symmetrize=True, self_loops="remove"):
     """Load an OGB node-property dataset from its raw files and canonicalise it."""
     base = find_dataset_dir(root, name)
     raw = os.path.join(base, "raw")
     name = name or os.path.basename(os.path.normpath(base)).replace("_", "-")
+    if is_hetero_dir(base):
+        return load_ogb_hetero(base, name, _split_dir(base, split_scheme), target_type, symmetrize=symmetrize,
+                               self_loops=self_loops)
+    if target_type is not None:
+        raise DataError(f"{base}: --target-type {target_type} given, but the dataset has one vertex type. Fix: "
+                        "leave --target-type out")
     npz = os.path.join(raw, "data.npz")
     if os.path.exists(npz):
         arrays = read_npz(npz, required=("edge_index", "num_nodes_list"), optional=("node_feat", "edge_feat"))

@@ -18,7 +18,7 @@ def parse(argv):
 
 def test_defaults():
     args = parse([])
-    assert tuple(SOURCES) == ("planetoid", "ogb", "reddit", "igb", "bundle", "synthetic", "chunked")
+    assert tuple(SOURCES) == ("planetoid", "ogb", "reddit", "igb", "igbh", "bundle", "synthetic", "chunked")
     assert args.source == "synthetic"
     assert (args.vertices, args.avg_degree, args.features, args.classes, args.seed) == (100_000, 25.0, 100, 16, 0)
     assert args.communities is None and args.symmetrize is True and args.self_loops == "remove"
