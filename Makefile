@@ -10,7 +10,7 @@ RANKS_PER_SERVER := $(shell python3 -m emucluster.mpienv ranks-per-server)
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 
-.PHONY: setup demo test lint test-unit test-launch test-mpi test-slurm bench bench-cluster clean
+.PHONY: setup demo test test-fast lint test-unit test-launch test-mpi test-slurm bench bench-cluster clean
 
 setup: $(STAMP)/apt $(STAMP)/venv $(STAMP)/slurm
 
@@ -66,6 +66,14 @@ test-launch: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/launch
 
 test: lint test-unit test-launch test-mpi
+
+# The edit loop's lane (a few minutes): lint, the serial tests but the slow ones, and the exact-logits
+# tests of the distributed engine on 2 emulated servers x 2 ranks (homogeneous and heterogeneous).
+FAST_MPI_TESTS ?= tests/mpi/test_engine_exact.py tests/mpi/test_hetero_exact.py
+test-fast: lint
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests/unit
+	GRANNDIS_RANKS_PER_SERVER=$(RANKS_PER_SERVER) $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi \
+	    -k logits $(FAST_MPI_TESTS)
 
 # The longer real-Slurm scenarios (time limit + requeue + resume, signals during set-up, scancel,
 # scontrol requeue, a job failing every attempt): ~10 min; results in docs/slurm-scenarios.md.
