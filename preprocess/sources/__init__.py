@@ -47,9 +47,9 @@ SOURCES.declare("reddit", "granndis_hpc.preprocess.sources.reddit:load_reddit", 
 SOURCES.declare("igb", "granndis_hpc.preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
                 sliced="granndis_hpc.preprocess.sources.igb:IgbSource")
 SOURCES.declare("bundle", "granndis_hpc.preprocess.sources.bundle:load_bundle", uses=("name", "path"))
-SOURCES.declare("synthetic", "granndis_hpc.preprocess.sources.synthetic_chunks:load_synthetic",
+SOURCES.declare("synthetic", "granndis_hpc.preprocess.sources.synthetic_any:load_synthetic",
                 uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
-                sliced="granndis_hpc.preprocess.sources.synthetic_chunks:open_synthetic")
+                sliced="granndis_hpc.preprocess.sources.synthetic_any:open_synthetic")
 SOURCES.declare("chunked", "granndis_hpc.preprocess.formats.chunked:load_chunked", uses=("name", "path"),
                 sliced="granndis_hpc.preprocess.formats.chunked:open_source")
 

@@ -278,22 +278,9 @@ def generate_any(generator="sbm", **params) -> dict:
     return SyntheticSource(generator, **params).raw()
 
 
-def open_synthetic(generator: str = "sbm", **params):
-    """The sliced source of `--generator`: SyntheticSource, or for mag the typed MagSource."""
-    if generator == "mag":
-        from granndis_hpc.preprocess.sources.synthetic_mag import MagSource
-
-        return MagSource(**params)
-    return SyntheticSource(generator, **params)
-
-
 def load_synthetic(symmetrize=True, self_loops="remove", name="synthetic", **params):
     """Generate every chunk in this process (SyntheticSource) and canonicalise: the whole-graph
     reference of what the build ranks produce from their own chunks (preprocess/build/sliced.py)."""
-    if params.get("generator") == "mag":
-        from granndis_hpc.preprocess.sources.synthetic_mag import load_mag
-
-        return load_mag(symmetrize, self_loops, None if name == "synthetic" else name, **params)
     raw = generate_any(**params)
     for key in ("community", "cell", "side"):
         raw.pop(key, None)
