@@ -43,3 +43,23 @@ def typed_graph(seed: int = 0, width: int = 16, classes: int = 4):
     graph.types.check_graph(graph.indptr, graph.indices, graph.labels,
                             (graph.train_mask, graph.val_mask, graph.test_mask), "typed-test")
     return graph
+
+
+class SlicedGraph:
+    """A whole Graph handed out as a sliced source (preprocess/build/sliced.py protocol, `types`
+    included): rank r of P gets the r-th of P contiguous runs of its edges."""
+
+    def __init__(self, graph):
+        self.graph, self.name, self.types = graph, graph.name, graph.types
+        self.num_vertices, self.num_features = graph.num_vertices, graph.num_features
+        self.num_classes = graph.num_classes
+
+    def edge_pieces(self, rank: int, size: int):
+        g = self.graph
+        dst = np.repeat(np.arange(g.num_vertices, dtype=np.int64), np.diff(g.indptr))
+        a, b = rank * g.num_edges // size, (rank + 1) * g.num_edges // size
+        yield f"edges {a}..{b}", g.indices[a:b], dst[a:b]
+
+    def nodes(self, lo: int, hi: int) -> dict:
+        return {f: [("nodes", getattr(self.graph, f)[lo:hi])]
+                for f in ("features", "labels", "train_mask", "val_mask", "test_mask")}

@@ -145,16 +145,23 @@ class GraphTypes:
         n = int(indptr.shape[0]) - 1
         if n != self.num_vertices:
             raise TypesError(f"{origin}: the types cover {self.num_vertices} vertices, the graph has {n}")
-        dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+        self.check_rows(0, indptr, indices, labels, masks, origin)
+
+    def check_rows(self, lo: int, indptr: np.ndarray, indices: np.ndarray, labels: np.ndarray,
+                   masks: Sequence[np.ndarray], origin: str) -> None:
+        """check_graph on rows lo..lo+len(indptr)-2 of the in-edge CSR alone (indptr from 0, sources and
+        the rows' labels and masks): what a build rank holding one slice of the graph checks."""
+        m = int(indptr.shape[0]) - 1
+        dst = np.repeat(np.arange(lo, lo + m, dtype=np.int64), np.diff(indptr))
         kinds = self.edge_type(indices, dst)
         if kinds.size and int(kinds.min()) < 0:
             e = int(np.flatnonzero(kinds < 0)[0])
             s_t, d_t = self.names[self.vertex_type(indices[e])], self.names[self.vertex_type(dst[e])]
             raise TypesError(f"{origin}: edge {int(indices[e])} -> {int(dst[e])} leads from {s_t!r} to {d_t!r}, "
                              f"a pair no relation covers; add the relation or drop those edges")
-        lo, hi = self.id_range(self.target)
-        outside = np.ones(n, dtype=bool)
-        outside[lo:hi] = False
+        t_lo, t_hi = self.id_range(self.target)
+        outside = np.ones(m, dtype=bool)
+        outside[min(max(t_lo - lo, 0), m):min(max(t_hi - lo, 0), m)] = False
         for what, mask in zip(("train", "val", "test"), masks):
             if np.any(np.asarray(mask)[outside]):
                 raise TypesError(f"{origin}: {what} vertices outside the target type {self.target!r}; "

@@ -44,7 +44,7 @@ from granndis_hpc.preprocess.build.pipeline import PhaseLog, check_dataset, comm
 from granndis_hpc.preprocess.build.dist_server import drain_datasets, server_datasets, small_int_dtype
 from granndis_hpc.preprocess.build.halo import unique_sorted
 from granndis_hpc.preprocess.partition.gpu_split import split_servers_over_gpus
-from granndis_hpc.preprocess.partition.twolevel import partition_servers, symmetric_keys
+from granndis_hpc.preprocess.partition.twolevel import partition_servers, symmetric_keys, typed_rows
 from granndis_hpc.preprocess.partition.row_blocks import part_of, row_blocks
 from granndis_hpc.preprocess.build.sliced import GraphSlice
 from granndis_hpc.preprocess.build.slices import keys_to_adjacency, shuffle_to_owners, spilled
@@ -57,6 +57,8 @@ class SlicedAccess:
         self.group, self.part, self.train = group, part, train
         self.server_of = None  # the server partition, once made (inner_keys)
         self.num_vertices, self.num_edges = part.num_vertices, part.num_edges
+        # A heterogeneous graph balances each vertex type, read from the ids (no per-vertex array).
+        self.vertex_type, self.vertex_names = typed_rows(part.types)
 
     def adjacency(self, dist: np.ndarray):
         """Rows dist[rank]..dist[rank+1]-1 of the symmetric graph without loops: every edge u -> v of
@@ -202,7 +204,8 @@ def run_build_sliced(comm, part: GraphSlice, cfg, log: PhaseLog | None = None,
     entry = {"name": part.name, "num_vertices": n, "num_edges": part.num_edges, "num_features": part.num_features,
              "num_classes": int(part.num_classes), "num_train": int(masks["train_mask"].sum()),
              "num_val": int(masks["val_mask"].sum()), "num_test": int(masks["test_mask"].sum()),
-             "content_sha256": content_digest, **({"multilabel": True} if part.labels.ndim == 2 else {})}
+             "content_sha256": content_digest, **({"multilabel": True} if part.labels.ndim == 2 else {}),
+             **({"types": part.types.to_record()} if part.types is not None else {})}
     manifest = commit_build(group, cfg, entry, sp, server_of, gpu_of, staged, stats)
     log.done("commit", f"{cfg.out}: {S} server files + manifest.json")
     return manifest

@@ -9,6 +9,8 @@ alone, preprocess/sources/synthetic_chunks.py).  The protocol:
     source.edge_pieces(rank, size)  -> iterable of (origin, src, dst), this rank's 1/size of the raw edges
     source.nodes(lo, hi)            -> {field: [(origin, array), ...]}: vertices lo..hi-1 in pieces, in
                                        order (features, labels, train_mask, val_mask, test_mask)
+    source.types (optional)         -> GraphTypes of a heterogeneous graph (granndis_hpc/graph/hetero.py),
+                                       checked on every rank's rows and carried by the slices
 
 Canonicalisation (`load_slice`), the same result as canonical.canonicalize on the whole graph, rows
 lo..hi-1 of it (vtxdist = slices.vtxdist_for(N, P), the slices ParMETIS takes):
@@ -29,11 +31,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import Graph
+from granndis_hpc.graph.hetero import GraphTypes, TypesError
 from granndis_hpc.shards.content import CONTENT, ContentHash
 
 from granndis_hpc.preprocess.sources.canonical import SELF_LOOP_MODES, DataError, _dedupe_sorted, normalize_features
@@ -62,6 +66,7 @@ class GraphSlice:
     val_mask: np.ndarray
     test_mask: np.ndarray
     symmetric: bool = False  # every edge u -> v has v -> u (load_slice with symmetrize)
+    types: Optional[GraphTypes] = None  # a heterogeneous graph's types (the source's `types`)
 
     @property
     def num_features(self) -> int:
@@ -212,11 +217,29 @@ def load_slice(comm, source, symmetrize: bool = True, self_loops: str = "remove"
         if not multilabel:  # multi-label entries were checked 0/1 (_check_nodes); none is unlabelled
             _check_class_ids(nodes, labels, classes, lo)
         features = normalize_features(nodes["features"], normalize, origin=f"{source.name}: features")
+    types = getattr(source, "types", None)
+    with group.errors("checking the vertex types"):
+        _check_types(source, types, n, lo, indptr, keys, nodes)
     counts = group.allgather_object(int(keys.shape[0]))
     return GraphSlice(name=str(source.name), num_vertices=n, num_edges=int(sum(counts)), num_classes=int(classes),
                       vtxdist=vtxdist, lo=lo, hi=hi, edge_offset=int(sum(counts[:rank])), indptr=indptr,
                       indices=keys, features=features, labels=labels, train_mask=nodes["train_mask"],
-                      val_mask=nodes["val_mask"], test_mask=nodes["test_mask"], symmetric=bool(symmetrize))
+                      val_mask=nodes["val_mask"], test_mask=nodes["test_mask"], symmetric=bool(symmetrize),
+                      types=types)
+
+
+def _check_types(source, types, n: int, lo: int, indptr, indices, nodes: dict) -> None:
+    """A typed source's rows: its types cover the graph, every edge has a relation, labels and splits
+    lie on the target type (GraphTypes.check_rows; DataError naming the source otherwise)."""
+    if types is None:
+        return
+    try:
+        if types.num_vertices != n:
+            raise TypesError(f"{source.name}: the types cover {types.num_vertices} vertices, the graph has {n}")
+        types.check_rows(lo, indptr, indices, nodes["labels"],
+                         [nodes[f] for f in ("train_mask", "val_mask", "test_mask")], str(source.name))
+    except TypesError as err:
+        raise DataError(str(err)) from None
 
 
 def _check_class_ids(nodes: dict, labels: np.ndarray, classes: int, lo: int) -> None:
@@ -249,7 +272,8 @@ def assemble(comm, part: GraphSlice) -> Graph:
     counts = group.allgather_object(int(part.indices.shape[0]))
     indices = group.allgatherv_rows(part.indices, counts)
     fields = {f: group.allgatherv_rows(getattr(part, f), rows) for f in NODE_FIELDS}
-    return Graph(name=part.name, indptr=indptr, indices=indices, num_classes=part.num_classes, **fields)
+    return Graph(name=part.name, indptr=indptr, indices=indices, num_classes=part.num_classes, types=part.types,
+                 **fields)
 
 
 def slice_digest(comm, part: GraphSlice) -> str:
@@ -257,7 +281,8 @@ def slice_digest(comm, part: GraphSlice) -> str:
     the one digest definition (granndis_hpc/shards/content.py ContentHash), so the two cannot drift."""
     group = as_group(comm)
     multilabel = part.labels.ndim == 2  # uint8 [rows, C] (ContentHash's multi-label form)
-    h = ContentHash(part.num_classes, multilabel) if group.rank == 0 else None
+    record = None if part.types is None else part.types.to_record()  # as content.dataset_digest folds it in
+    h = ContentHash(part.num_classes, multilabel, record) if group.rank == 0 else None
     last = group.rank == group.size - 1
     n, e = part.num_vertices, part.num_edges
     shapes = {"indptr": [n + 1], "indices": [e], "features": [n, part.num_features],

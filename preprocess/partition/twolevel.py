@@ -338,7 +338,7 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
     access = graph if hasattr(graph, "part_counts") else WholeGraphAccess(group, graph)
     n = access.num_vertices
     train = access.train
-    # A heterogeneous graph balances each vertex type (WholeGraphAccess; a sliced graph has one type).
+    # A heterogeneous graph balances each vertex type (one constraint column each, from the access).
     vtype, vnames = getattr(access, "vertex_type", None), getattr(access, "vertex_names", ["vertices"])
     if method not in PARTITIONERS:
         raise ValueError(f"unknown partitioner {method!r}; use one of {PARTITIONERS}")

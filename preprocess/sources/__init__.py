@@ -12,7 +12,8 @@
     chunked    a directory of memory-mappable .npy chunks + metadata.json (preprocess/formats/chunked.py;
                `granndis preprocess chunk` writes one from any source); a build rank reads only its slice
     synthetic  degree-corrected SBM at any scale (default; `make demo` uses it), or with
-               ``--generator local`` a geometric graph with the locality of real graphs
+               ``--generator local`` a geometric graph with the locality of real graphs, or with
+               ``--generator mag`` a typed graph with ogbn-mag's statistics
 
 Command line: `SourceOptions` declares the options (`add_source_arguments(parser)` adds them to a
 plain parser), `load_from_args(args)` loads.
@@ -50,9 +51,9 @@ SOURCES.declare("igb", "granndis_hpc.preprocess.sources.igb:load_igb", uses=("na
                 sliced="granndis_hpc.preprocess.sources.igb:IgbSource")
 SOURCES.declare("igbh", "granndis_hpc.preprocess.sources.igbh:load_igbh", uses=("name", "root", "num_classes"))
 SOURCES.declare("bundle", "granndis_hpc.preprocess.sources.bundle:load_bundle", uses=("name", "path", "target_type"))
-SOURCES.declare("synthetic", "granndis_hpc.preprocess.sources.synthetic_chunks:load_synthetic",
+SOURCES.declare("synthetic", "granndis_hpc.preprocess.sources.synthetic_any:load_synthetic",
                 uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
-                sliced="granndis_hpc.preprocess.sources.synthetic_chunks:SyntheticSource")
+                sliced="granndis_hpc.preprocess.sources.synthetic_any:open_synthetic")
 SOURCES.declare("chunked", "granndis_hpc.preprocess.formats.chunked:load_chunked", uses=("name", "path"),
                 sliced="granndis_hpc.preprocess.formats.chunked:open_source")
 
@@ -96,7 +97,9 @@ class SourceOptions(Options):
                               help="igb, igbh: the label set, 19 (node_label_19.npy) or 2983 (node_label_2K.npy)")
     generator: str = option(_d["generator"], choices=_GENERATORS, group=_SYNTHETIC,
                             help="sbm: degree-corrected SBM, communities are expanders; local: geometric graph on a "
-                                 "torus with the locality of real graphs (small cuts and k-hop halos)")
+                                 "torus with the locality of real graphs (small cuts and k-hop halos); mag: "
+                                 "typed graph with ogbn-mag's types, relations and split (reads --vertices, "
+                                 "--seed, --homophily, --feature-noise)")
     vertices: int = option(_d["vertices"], group=_SYNTHETIC, metavar="N")
     avg_degree: float = option(_d["avg_degree"], group=_SYNTHETIC, metavar="D",
                                help="average directed in-degree before duplicate removal")

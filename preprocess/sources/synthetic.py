@@ -77,7 +77,7 @@ def _check(vertices, avg_degree, features, classes, communities, train_frac, val
         raise DataError(f"{where}: invalid parameters: {'; '.join(problems)}. Fix: change those options")
 
 
-# The two generators: the DC-SBM here (default), and the geometric graph with the locality of
-# real graphs in synthetic_local.py.  Options of one generator are ignored by the other, as options of
-# other sources are (one parser serves all).
-GENERATORS = ("sbm", "local")
+# The generators: the DC-SBM here (default), the geometric graph with the locality of real graphs in
+# synthetic_local.py, and the typed graph with ogbn-mag's statistics in synthetic_mag.py.  Options of
+# one generator are ignored by the others, as options of other sources are (one parser serves all).
+GENERATORS = ("sbm", "local", "mag")
