@@ -25,7 +25,6 @@ Writes WORK/records.json, a copy under bench/results/ (--results) and the page -
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -179,6 +178,19 @@ def stage_train(args, records, path, log):
     on_cluster(runs)
 
 
+def machine() -> str:
+    """The CPU model, its cores and memory, for the page."""
+    model = "unknown CPU"
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo", encoding="utf-8") as f:
+        mem_kib = int(f.readline().split()[1])
+    return f"{model}, {os.cpu_count()} cores, {mem_kib / 2**20:.0f} GiB, torch CPU"
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -216,7 +228,7 @@ def main(argv=None):
     log = records.setdefault("log", [])  # every command run, saved with the records after each stage
     for stage in args.stages:
         {"plan": stage_plan, "build": stage_build, "train": stage_train}[stage](args, records, path, log)
-    records.update(date=str(datetime.date.today()), vertices=args.vertices, epochs=args.epochs, layers=args.layers,
+    records.update(machine=machine(), vertices=args.vertices, epochs=args.epochs, layers=args.layers,
                    hidden=args.hidden, models=args.models, modes=args.modes, rates=args.rates)
     save_records(path, records)
     page = hetero_page.render(records, argv)
