@@ -60,3 +60,45 @@ def plain_pyg_logits(model, x, edge_index):
         else:
             h = conv(h, edge_index)
     return h
+
+
+def _widths(in_features, hidden, out_features, layers):
+    return [in_features] + [hidden] * (layers - 1) + [out_features]
+
+
+def hetero_sage(in_features, hidden, out_features, layers):
+    """SAGEConv layers (--model pyg-hetero: one copy per relation)."""
+    from torch_geometric.nn import SAGEConv
+    w = _widths(in_features, hidden, out_features, layers)
+    return [SAGEConv(w[l], w[l + 1]) for l in range(layers)]
+
+
+def hetero_gat(in_features, hidden, out_features, layers):
+    """GATConv layers without self loops (2 heads: concatenated, the last averaged), as PyG's
+    heterogeneous examples write them."""
+    from torch_geometric.nn import GATConv
+    w = _widths(in_features, hidden, out_features, layers)
+    return [GATConv(w[l], w[l + 1] // (1 if l == layers - 1 else 2), heads=2, concat=l < layers - 1,
+                    add_self_loops=False) for l in range(layers)]
+
+
+def hetero_graph(in_features, hidden, out_features, layers):
+    """GraphConv layers (a sum over in-edges and a root weight)."""
+    from torch_geometric.nn import GraphConv
+    w = _widths(in_features, hidden, out_features, layers)
+    return [GraphConv(w[l], w[l + 1]) for l in range(layers)]
+
+
+def hetero_mixed(in_features, hidden, out_features, layers):
+    """SAGEConv -> GraphConv -> GATConv(add_self_loops=False): a different conv in every layer."""
+    from torch_geometric.nn import GATConv, GraphConv, SAGEConv
+    assert layers == 3
+    return [SAGEConv(in_features, hidden), GraphConv(hidden, hidden),
+            GATConv(hidden, out_features, heads=2, concat=False, add_self_loops=False)]
+
+
+def hetero_cheb(in_features, hidden, out_features, layers):
+    """ChebConv (K=2): refused, it propagates over two hops in one layer."""
+    from torch_geometric.nn import ChebConv
+    w = _widths(in_features, hidden, out_features, layers)
+    return [ChebConv(w[l], w[l + 1], K=2) for l in range(layers)]
