@@ -14,6 +14,7 @@ from granndis_hpc.engine.rows import PendingRows
 from granndis_hpc.engine.runner import call_layer
 from granndis_hpc.nn import LayerGraph, build_model
 from tests import pyg_stacks
+from tests.pyg_stacks import heteroconv_logits as _heteroconv_logits
 from tests.hetero_reference import random_typed_graph
 from tests.unit.test_hetero_layers import _rank
 
@@ -26,36 +27,6 @@ def _model(types, factory, layers=3, seed=0, norm=False, **kw):
     torch.manual_seed(seed)
     return build_model("pyg-hetero", IN, HIDDEN, CLASSES, layers, dropout=0.0, norm=norm, types=types,
                        module="tests.pyg_stacks", factory=factory, **kw).double().eval()
-
-
-def _pyg_inputs(types, indptr, indices, x):
-    """x_dict and edge_index_dict as a PyG user holds them: per type its rows, per relation its edges with
-    each end's id local to its type; each edge's relation read from the type id ranges."""
-    offsets = np.asarray(types.offsets)
-    dst = np.repeat(np.arange(types.num_vertices), np.diff(indptr))
-    src_t = np.searchsorted(offsets, indices, side="right") - 1
-    dst_t = np.searchsorted(offsets, dst, side="right") - 1
-    x_dict = {name: x[offsets[t]: offsets[t + 1]] for t, name in enumerate(types.names)}
-    edges = {}
-    for rel in types.relations:
-        s, d = types.names.index(rel.src), types.names.index(rel.dst)
-        e = (src_t == s) & (dst_t == d)
-        edges[rel.key] = torch.from_numpy(np.stack([indices[e] - offsets[s], dst[e] - offsets[d]]))
-    return x_dict, edges
-
-
-def _heteroconv_logits(model, types, indptr, indices, x, upto=None):
-    """The model's convs as PyG's HeteroConv runs them (ReLU between layers), rows in global-id order; a
-    type HeteroConv gives no output gets zeros."""
-    h, edges = _pyg_inputs(types, indptr, indices, x)
-    for l, layer in enumerate(model.convs[:upto]):
-        if l:
-            h = {k: torch.relu(v) for k, v in h.items()}
-        hetero = pyg.HeteroConv({rel.key: layer.rel[r].conv for r, rel in enumerate(types.relations)}, aggr="sum")
-        out = hetero(h, edges)
-        width = next(iter(out.values())).shape[1]
-        h = {name: out.get(name, x.new_zeros(types.count(name), width)) for name in types.names}
-    return torch.cat([h[name] for name in types.names])
 
 
 @pytest.mark.parametrize("factory", FACTORIES)
