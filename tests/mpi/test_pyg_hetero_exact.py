@@ -1,7 +1,7 @@
 """`--model pyg-hetero` on a heterogeneous graph (tests/hetero_graphs.py: papers, authors, fields; five
 relations), mpirun -n 4 on 2x2: in fb and flx (k = L and k < L) the logits, gathered by global id, equal
 PyG's own HeteroConv of the model's per-relation convs run on rank 0 over the whole graph
-(tests/pyg_stacks.py heteroconv_logits); a conv that cannot serve a relation is refused on every rank."""
+(tests/pyg_stacks.py heteroconv_logits); a conv that cannot serve a relation is refused on every rank; cob trains."""
 import copy
 
 import numpy as np
@@ -62,3 +62,16 @@ def test_a_conv_that_cannot_serve_a_relation_is_refused_on_every_rank(typed_set)
         make_trainer(typed_set, "fb", "pyg-hetero", LAYERS, hidden=8, ranks_per_server=2,
                      model_option=["module=tests.pyg_stacks", "factory=gatv2"])
     assert info.value.collective
+
+
+@pytest.mark.parametrize("mode", ["cob"])
+def test_sampled_modes_train(typed_set, mode):
+    """cob samples, so they are not compared with the reference: the model trains and the loss falls."""
+    trainer = make_trainer(typed_set, mode, "pyg-hetero", LAYERS, hidden=8, lr=0.02, ranks_per_server=2,
+                           batches_per_epoch=2, fanout=4, dropout=0.3, norm=True,
+                           model_option=["module=tests.pyg_stacks", "factory=hetero_mixed"])
+    try:
+        losses = [trainer.train_epoch()["loss"] for _ in range(10)]
+    finally:
+        trainer.close()
+    assert all(np.isfinite(losses)) and np.mean(losses[-3:]) < 0.9 * np.mean(losses[:3]), losses
