@@ -132,7 +132,10 @@ def test_options_estimate_and_norm_linear_layers():
     from granndis_hpc import memory_model as mm
     from granndis_hpc import registry
     types, indptr, indices = random_typed_graph(0)
+    from granndis_hpc.model_code import code_refusal
     assert registry.code_options("pyg-hetero") == ("module", "factory") and registry.typed("pyg-hetero")
+    recorded = registry.model_options("pyg-hetero", ["module=tests.pyg_stacks", "factory=hetero_sage"])
+    assert "a file never chooses the code that runs" in code_refusal("pyg-hetero", recorded, [], "RUN/best-model.pt")
     model = _model(types, "hetero_mixed", layers=4, linear_layers=1, norm=True)
     assert [type(layer.rel[0].conv).__name__ for layer in model.convs] == ["SAGEConv", "GraphConv", "GATConv"]
     assert len(model.linears) == 1 and len(model.norms) == 3 and model.needs_source_ids
