@@ -49,7 +49,8 @@ SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("na
 SOURCES.declare("reddit", "granndis_hpc.preprocess.sources.reddit:load_reddit", uses=("name", "root"))
 SOURCES.declare("igb", "granndis_hpc.preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
                 sliced="granndis_hpc.preprocess.sources.igb:IgbSource")
-SOURCES.declare("igbh", "granndis_hpc.preprocess.sources.igbh:load_igbh", uses=("name", "root", "num_classes"))
+SOURCES.declare("igbh", "granndis_hpc.preprocess.sources.igbh:load_igbh", uses=("name", "root", "num_classes"),
+                sliced="granndis_hpc.preprocess.sources.igbh:IgbhSource")
 SOURCES.declare("bundle", "granndis_hpc.preprocess.sources.bundle:load_bundle", uses=("name", "path", "target_type"))
 SOURCES.declare("synthetic", "granndis_hpc.preprocess.sources.synthetic_any:load_synthetic",
                 uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
