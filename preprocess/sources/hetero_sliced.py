@@ -60,13 +60,16 @@ class TypedSource:
                 if end not in self.counts:
                     raise DataError(f"{origin}: relation {rel} names vertex type {end!r}, which has no vertices "
                                     f"(types: {list(self.counts)}). Fix: add the type or drop the relation")
-        self.types_for(False)  # one relation per type pair: refused here, before any work
+        self._record(self.given, ())  # one relation per type pair: refused here, before any work
 
     def types_for(self, symmetrize: bool) -> GraphTypes:
         """The types record of the graph built with or without symmetrisation (its relations differ)."""
         rels = symmetrized_relations(self.given)[0] if symmetrize else list(self.given)
         plan = dict(derive_plan(list(self.counts), self.stored, rels, origin=f"{self.origin}: features"))
-        how = tuple("stored" if t in self.stored else f"mean:{plan[t].name}" for t in self.counts)
+        return self._record(rels, tuple("stored" if t in self.stored else f"mean:{plan[t].name}"
+                                        for t in self.counts))
+
+    def _record(self, rels, how) -> GraphTypes:
         try:
             return GraphTypes(tuple(self.counts), self.offsets, tuple(rels), self.target, how)
         except TypesError as err:
