@@ -32,6 +32,8 @@ def typed_sets(typed):
                               "preload": "full"} for rps in (1, 2, 4)}
     specs["typed-eas"] = {"servers": 2, "gpus_per_server": 2, "layers": LAYERS, "preload": "eas", "hops": 1,
                           "fanout": 4}
+    specs["typed-inductive"] = {"servers": 2, "gpus_per_server": 2, "layers": LAYERS, "preload": "full",
+                                "inductive": True}
     return build_sets_on_rank0(typed, specs, prefix="granndis-typed-")
 
 
@@ -91,11 +93,14 @@ def test_training_with_dropout_equals_reference(typed, typed_sets, model, mode, 
         trainer.close()
 
 
-@pytest.mark.parametrize("model,mode", [("rgcn", "eas"), ("rgat", "cob"), ("rgcn", "mb")])
-def test_sampled_modes_train(typed_sets, model, mode):
-    """eas, cob and mb sample, so they are not compared with the reference: they train and the loss falls."""
-    shards = typed_sets["typed-eas" if mode == "eas" else "typed-2"]
-    extra = {} if mode == "eas" else {"batches_per_epoch": 2, "fanout": 4}
+@pytest.mark.parametrize("model,mode,option", [("rgcn", "eas", None), ("rgat", "cob", None), ("rgcn", "mb", None),
+                                               ("rgcn", "flx", "inductive"), ("rgat", "fb", "bf16")])
+def test_sampled_modes_and_options_train(typed_sets, model, mode, option):
+    """eas, cob and mb sample, so they are not compared with the reference, nor are --inductive (its own
+    graphs) and --precision bf16 (rounded rows): they train and the loss falls."""
+    shards = typed_sets["typed-eas" if mode == "eas" else "typed-inductive" if option == "inductive" else "typed-2"]
+    extra = {"batches_per_epoch": 2, "fanout": 4} if mode in ("cob", "mb") else {}
+    extra.update({"inductive": {"inductive": True}, "bf16": {"precision": "bf16"}}.get(option, {}))
     trainer = make_trainer(shards, mode, model, LAYERS, hidden=8, lr=0.02, seed=SEED, model_option=OPTIONS[model],
                            **extra)
     try:
