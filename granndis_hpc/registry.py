@@ -283,14 +283,19 @@ MODELS.declare("sage-sum", "granndis_hpc.nn.zoo:build_sage_sum",
                estimator="granndis_hpc.memory_model.zoo_stacks:SAGE_SUM_ESTIMATE", linear_head=True)
 MODELS.declare("sage-max", "granndis_hpc.nn.zoo:build_sage_max",
                estimator="granndis_hpc.memory_model.zoo_stacks:SAGE_MAX_ESTIMATE", linear_head=True)
+# The relational models' learnable input of featureless vertex types (nn/hetero_models.py).
+EMBED_OPTION = ModelOption("embed", str, "", "vertex types whose input is a learnable embedding per vertex instead "
+                           "of their features, comma-separated (e.g. author,institution)")
 MODELS.declare("rgcn", "granndis_hpc.nn.hetero_models:build_rgcn", typed=True, linear_head=True,
                estimator="granndis_hpc.memory_model.hetero_stacks:RGCN_ESTIMATE", options=(
-    ModelOption("num_bases", non_negative_int, 0, "basis decomposition of the relation weights (0: one per relation)"),))
+    ModelOption("num_bases", non_negative_int, 0, "basis decomposition of the relation weights (0: one per relation)"),
+    EMBED_OPTION))
 MODELS.declare("rgat", "granndis_hpc.nn.hetero_models:build_rgat", typed=True, linear_head=True,
                estimator="granndis_hpc.memory_model.hetero_stacks:RGAT_ESTIMATE", options=(
     ModelOption("heads", positive_int, 4, "attention heads of every hidden conv (each --hidden wide), per relation"),
     ModelOption("out_heads", positive_int, 1, "attention heads of the last conv, averaged into the classes"),
-    ModelOption("attn_dropout", probability, 0.0, "dropout of the normalised attention weights, keyed by edge")))
+    ModelOption("attn_dropout", probability, 0.0, "dropout of the normalised attention weights, keyed by edge"),
+    EMBED_OPTION))
 MODELS.declare("pyg", "granndis_hpc.nn.pyg:build_pyg", estimator="granndis_hpc.memory_model.pyg_stacks:PYG_ESTIMATE",
                linear_head=True, options=(
     ModelOption("module", module_name, "", "importable module whose factory returns the torch_geometric convolutions",

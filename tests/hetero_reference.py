@@ -94,6 +94,10 @@ def reference_forward(p: Dict[str, torch.Tensor], types: GraphTypes, indptr, ind
     dst, src, rel = edge_relations(types, indptr, indices)
     act = F.relu if model == "rgcn" else (lambda t: F.leaky_relu(t, 0.01))
     h, convs = torch.as_tensor(features).to(next(iter(p.values())).dtype), layers - linear_layers
+    for name in types.names:  # option embed: the type's input rows are its embedding table
+        if f"embeddings.{name}" in p:
+            lo, hi = types.id_range(name)
+            h = torch.cat([h[:lo], p[f"embeddings.{name}"], h[hi:]])
     for l in range(layers):
         if l:
             if norm:

@@ -21,32 +21,68 @@ Both read each edge's relation from the global ids of their rows, so they declar
 Parameter names (tests/hetero_reference.py reads them):
   rgcn: convs.{l}.(weight [R or B, in, out], comp [R, B] with bases, root [in, out], bias [out])
   rgat: convs.{l}.rel.{r}.(lin.weight, att_src, att_dst, bias)
-  norms.{l}.(weight, bias) for l < L-1 when norm=True, linears.{j}.(weight, bias)
+  norms.{l}.(weight, bias) for l < L-1 when norm=True, linears.{j}.(weight, bias),
+  embeddings.{type} [count, in_features] for each type of option ``embed``
 """
 from __future__ import annotations
 
 import functools
 from typing import List
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 
 from granndis_hpc.graph.hetero import GraphTypes
 
-from .hetero_layers import RGATConv, RGCNConv, TypeTables
+from .hetero_layers import RGATConv, RGCNConv, TypeTables, source_ids
 from .models import _conv_count
 from .zoo import EdgeGNN, _check_positive, _widths, gat_widths
 
 
 class HeteroGNN(EdgeGNN):
-    """EdgeGNN over relational convs; ``types`` is the graph's GraphTypes."""
+    """EdgeGNN over relational convs; ``types`` is the graph's GraphTypes.
+
+    ``embed``: vertex types whose input rows are learnable, one row per vertex (``embeddings.<type>``
+    [count, in_features], N(0, 1) as torch's nn.Embedding), in place of their stored or derived features.
+    The rows are looked up for the own rows of layer 0 by their global ids, before the exchange, so a
+    halo row is its owner's row (exchanged every step, as any layer's rows: exact in fb and flx) and a
+    preloaded row is looked up where it is held; the tables are parameters like the others (replicated,
+    their gradients all-reduced)."""
 
     needs_source_ids = True
 
     def __init__(self, name: str, convs: List[nn.Module], widths: List[int], dropout: float, norm: bool,
-                 types: GraphTypes, activation=F.relu, attn_dropout: float = 0.0):
+                 types: GraphTypes, activation=F.relu, attn_dropout: float = 0.0, embed: str = ""):
         super().__init__(name, convs, widths, dropout, norm, activation, attn_dropout)
-        self.types = types
+        self.types, self.tables = types, TypeTables(types)
+        embedded = [t.strip() for t in str(embed).split(",") if t.strip()]
+        for t in embedded:
+            if t not in types.names:
+                raise ValueError(f"--model-option embed={embed}: {t!r} is not a vertex type of the graph "
+                                 f"({', '.join(types.names)})")
+        # Created last: without embeddings the parameters are drawn exactly as before they existed.
+        self.embeddings = nn.ParameterDict({t: nn.Parameter(torch.randn(types.count(t), widths[0]))
+                                            for t in embedded})
+
+    @property
+    def accepts_pending_rows(self) -> bool:
+        return True  # forward below hands the stack to the runner as GNN.forward does
+
+    def forward(self, x, graphs, gather=None, dropout=None):
+        if len(self.embeddings):
+            x = self.embedded(x, graphs[0])
+        return super().forward(x, graphs, gather, dropout)
+
+    def embedded(self, x: torch.Tensor, graph) -> torch.Tensor:
+        """Layer 0's own rows with the embedded types' rows replaced by their embeddings."""
+        ids = source_ids(graph)[: x.shape[0]]
+        kind = self.tables.vertex_type(ids)
+        for name, table in self.embeddings.items():
+            rows = torch.nonzero(kind == self.types.index(name)).squeeze(1)
+            lo, _ = self.types.id_range(name)
+            x = x.index_put((rows,), table.index_select(0, ids.index_select(0, rows) - lo).to(x.dtype))
+        return x
 
 
 def _check_types(model: str, types) -> TypeTables:
@@ -55,7 +91,7 @@ def _check_types(model: str, types) -> TypeTables:
     return TypeTables(types)
 
 
-def build_rgcn(in_features, hidden, num_classes, layers, dropout, norm, num_bases=0, linear_layers=0, *,
+def build_rgcn(in_features, hidden, num_classes, layers, dropout, norm, num_bases=0, linear_layers=0, embed="", *,
                types: GraphTypes):
     if num_bases < 0:
         raise ValueError(f"--model-option num_bases={num_bases}: must be >= 0 (0: a weight per relation)")
@@ -64,11 +100,11 @@ def build_rgcn(in_features, hidden, num_classes, layers, dropout, norm, num_base
     R = tables.num_relations
     convs = [RGCNConv(widths[l], widths[l + 1], R, num_bases or None, types=tables)
              for l in range(_conv_count(layers, linear_layers))]
-    return HeteroGNN("rgcn", convs, widths, dropout, norm, types)
+    return HeteroGNN("rgcn", convs, widths, dropout, norm, types, embed=embed)
 
 
 def build_rgat(in_features, hidden, num_classes, layers, dropout, norm, heads=4, out_heads=1, attn_dropout=0.0,
-               linear_layers=0, *, types: GraphTypes):
+               linear_layers=0, embed="", *, types: GraphTypes):
     """The last conv averages `out_heads` heads into the classes; with linear layers every conv is a
     hidden one and the last Linear gives the classes (as MLPerf's reference)."""
     _check_positive("rgat", heads=heads, out_heads=out_heads)
@@ -84,4 +120,4 @@ def build_rgat(in_features, hidden, num_classes, layers, dropout, norm, heads=4,
     if convs_n == layers:
         convs.append(conv(widths[-2], num_classes, heads=out_heads, concat=False))
     return HeteroGNN("rgat", convs, widths, dropout, norm, types, functools.partial(F.leaky_relu, negative_slope=0.01),
-                     attn_dropout)
+                     attn_dropout, embed=embed)

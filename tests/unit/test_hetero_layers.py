@@ -186,8 +186,9 @@ def test_typed_models_need_types_and_parse_their_options():
     types, *_ = _problem()
     torch.manual_seed(0)
     assert build_model("sage", IN, 3, 4, 2, types=types).name == "sage"  # an untyped model ignores them
-    assert model_options("rgcn", ["num_bases=3"]) == {"num_bases": 3}
-    assert model_options("rgat", ["heads=2", "attn_dropout=0.3"]) == {"heads": 2, "out_heads": 1, "attn_dropout": 0.3}
+    assert model_options("rgcn", ["num_bases=3"]) == {"num_bases": 3, "embed": ""}
+    assert model_options("rgat", ["heads=2", "attn_dropout=0.3"]) == {"heads": 2, "out_heads": 1, "attn_dropout": 0.3,
+                                                                  "embed": ""}
     with pytest.raises(ValueError, match=r"num_bases must be of type int >= 0"):
         model_options("rgcn", ["num_bases=-1"])
     with pytest.raises(ValueError, match="num_relations=2 but the types have 6"):
@@ -241,3 +242,27 @@ def test_memory_estimate_grows_with_the_relations(name, options):
              for r in (2, 6)}
     assert 0 < total[2] < total[6]
     assert mm.estimate(rows, mm.ModelSpec(name, 16, 8, 5, 3, options=options))["total"] > total[6]  # 8 assumed
+
+
+def test_embedded_types_replace_their_input_rows():
+    """Option embed: the embedded types' rows are their tables' rows (the plain-torch reference agrees), on
+    rows in any order (looked up by their global ids), and an unknown type is refused."""
+    from tests.hetero_graphs import typed_graph
+    from tests.hetero_reference import reference_logits
+
+    g = typed_graph()
+    torch.manual_seed(0)
+    model = build_model("rgcn", g.num_features, 8, g.num_classes, 2, dropout=0.0, types=g.types,
+                        embed="author, field").eval()
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items() if k.startswith("embeddings.")} == \
+        {"embeddings.author": (90, 16), "embeddings.field": (12, 16)}
+    graph = LayerGraph.from_csr(g.indptr, g.indices, g.num_vertices)
+    x = torch.from_numpy(g.features)
+    want = reference_logits(model.state_dict(), g.types, g.indptr, g.indices, g.features, 2)
+    assert torch.allclose(model(x, [graph, graph]).double(), want, atol=1e-5)
+    ids = torch.randperm(g.num_vertices)
+    graph.source_ids = ids  # the rows in another order: each row's embedding follows its id
+    assert torch.equal(model.embedded(x[ids], graph)[ids.argsort()], model.embedded(x, LayerGraph.from_csr(
+        g.indptr, g.indices, g.num_vertices)))
+    with pytest.raises(ValueError, match="'venue' is not a vertex type"):
+        build_model("rgcn", g.num_features, 8, g.num_classes, 2, types=g.types, embed="venue")
