@@ -33,8 +33,8 @@ from torch import nn
 
 from granndis_hpc.graph.hetero import GraphTypes
 
-from .hetero_layers import RGATConv, RGCNConv, TypeTables
-from .models import _conv_count
+from .hetero_layers import RGATConv, RGCNConv, TypeTables, _glorot
+from .models import _conv_count, reset_modules
 from .zoo import EdgeGNN, _check_positive, _widths, gat_widths
 
 
@@ -47,6 +47,21 @@ class HeteroGNN(EdgeGNN):
                  types: GraphTypes, activation=F.relu, attn_dropout: float = 0.0):
         super().__init__(name, convs, widths, dropout, norm, activation, attn_dropout)
         self.types = types
+
+    def reset_parameters(self) -> None:
+        """GNN.reset_parameters; an RGCNConv without a reset_parameters of its own is redrawn as its
+        constructor draws it."""
+        reset_modules(self, {RGCNConv: _reset_rgcn})
+
+
+def _reset_rgcn(conv: RGCNConv) -> None:
+    """RGCNConv's initialisation, in its constructor's order: Glorot for weight, comp (with bases) and
+    root, zeros for the bias."""
+    for p in (conv.weight, conv.comp, conv.root):
+        if p is not None:
+            _glorot(p.data)
+    if conv.bias is not None:
+        nn.init.zeros_(conv.bias)
 
 
 def _check_types(model: str, types) -> TypeTables:
