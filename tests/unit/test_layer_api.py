@@ -1,9 +1,11 @@
-"""reset_parameters of the layers and models: it draws what construction draws under the same seed.
+"""The layers' API as PyG documents its convolutions: a docstring with the formula, ``Args:`` (every
+constructor argument) and ``Shapes:``, and reset_parameters, which draws what construction draws.
 
 A model's parameters depend only on torch.manual_seed (nn/models.py), and runs, checkpoints and the
 recorded results rest on that, so the layers' draws are pinned twice: against a reference build from
 nn.Linear and torch.nn.init in each layer's documented order, and reset_parameters against
 construction, parameter by parameter and in what the generator draws next."""
+import inspect
 import math
 
 import pytest
@@ -77,6 +79,15 @@ def _assert_same(got, want, what):
     assert got.keys() == want.keys(), f"{what}: parameters {sorted(got)} != {sorted(want)}"
     for name in want:
         assert torch.equal(got[name], want[name].detach()), f"{what}: {name} differs"
+
+
+@pytest.mark.parametrize("cls", [SAGEConv, GCNConv, SAGESumConv, SAGEMaxConv, GINConv, GATConv])
+def test_a_layer_documents_its_arguments_and_shapes(cls):
+    doc = inspect.getdoc(cls)
+    assert "Args:" in doc and "Shapes:" in doc, f"{cls.__name__}: no Args: or Shapes: section"
+    args = doc.split("Args:")[1].split("\n\n")[0]
+    for name in list(inspect.signature(cls.__init__).parameters)[1:]:
+        assert f"{name}:" in args, f"{cls.__name__}: argument {name} is not under Args:"
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
