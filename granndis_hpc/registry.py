@@ -297,6 +297,9 @@ MODELS.declare("pyg", "granndis_hpc.nn.pyg:build_pyg", estimator="granndis_hpc.m
                 names_code=True),
     ModelOption("factory", python_name, "build", "function of module: (in_features, hidden, out_features, layers) -> "
                                                  "convs", names_code=True)))
+MODELS.declare("pyg-hetero", "granndis_hpc.nn.pyg_hetero:build_pyg_hetero", typed=True, linear_head=True,
+               estimator="granndis_hpc.memory_model.pyg_stacks:PYG_HETERO_ESTIMATE",
+               options=MODELS.entry("pyg").get("options"))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -115,11 +115,12 @@ def check_typed_model(model: str, manifest: dict, path: str) -> None:
 
 
 def check_model_code(cfg) -> None:
-    """The code a model names (`--model pyg`'s module and factory) imports on this rank and holds the
-    factory: nn/pyg.py's ModelCodeError otherwise.  Nothing of the user's code runs but its import."""
+    """The code a model names (`--model pyg` and `pyg-hetero`'s module and factory: the options that name
+    code) imports on this rank and holds the factory: nn/pyg.py's ModelCodeError otherwise.  Nothing of the
+    user's code runs but its import."""
     from granndis_hpc import registry
 
-    if cfg.model != "pyg":
+    if cfg.model not in registry.MODELS or "module" not in registry.code_options(cfg.model):
         return
     from granndis_hpc.nn.pyg import model_factory
     options = registry.model_options(cfg.model, cfg.model_option)

@@ -93,11 +93,11 @@ class PyGLayer(nn.Module):
     splits_sources = False
     splits_rows = False
 
-    def __init__(self, conv: nn.Module):
+    def __init__(self, conv: nn.Module, model: str = "pyg"):
         super().__init__()
         problem = refusal(conv)
         if problem:
-            raise ValueError(f"--model pyg: {problem}")
+            raise ValueError(f"--model {model}: {problem}")
         self.conv = conv
         self.gcn = type(conv).__name__ == "GCNConv"
         self.pair = _takes_pair(conv) and not self.gcn
@@ -121,21 +121,21 @@ def _said(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
-def _code_error(what: str, exc: BaseException) -> ModelCodeError:
-    return ModelCodeError(f"--model pyg: {what} raised {_said(exc)}; fix it or name other code with "
+def _code_error(what: str, exc: BaseException, model: str = "pyg") -> ModelCodeError:
+    return ModelCodeError(f"--model {model}: {what} raised {_said(exc)}; fix it or name other code with "
                           f"--model-option module=... factory=...")
 
 
-def _run_user_code(what: str, fn, *args):
+def _run_user_code(what: str, fn, *args, model: str = "pyg"):
     """fn(*args), whatever it raises as ModelCodeError naming `what`.  SystemExit too: user code that
     calls sys.exit would otherwise end the job with that status and nothing said."""
     try:
         return fn(*args)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's code may raise anything
-        raise _code_error(what, exc) from exc
+        raise _code_error(what, exc, model) from exc
 
 
-def _out_width(layer: PyGLayer, width: int, index: int = 0) -> int:
+def _out_width(layer: PyGLayer, width: int, index: int = 0, model: str = "pyg") -> int:
     """The conv's output width for `width` input features, from one call on a two-vertex graph (in eval
     mode and without gradients: no parameter and no random generator is touched)."""
     graph = LayerGraph.from_csr(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), 2)
@@ -144,28 +144,36 @@ def _out_width(layer: PyGLayer, width: int, index: int = 0) -> int:
     try:
         with torch.no_grad():
             out = _run_user_code(f"convolution {index} ({type(layer.conv).__name__}) on {width} input features",
-                                 layer, torch.zeros(2, width), graph)
+                                 layer, torch.zeros(2, width), graph, model=model)
     finally:
         layer.train(was_training)
     if not torch.is_tensor(out) or out.dim() != 2:
-        raise ModelCodeError(f"--model pyg: convolution {index} ({type(layer.conv).__name__}) returned "
+        raise ModelCodeError(f"--model {model}: convolution {index} ({type(layer.conv).__name__}) returned "
                              f"{type(out).__name__}, not a [rows, features] tensor")
     return int(out.shape[-1])
+
+
+def stack_widths(name: str, layers: Sequence[nn.Module], in_features: int, hidden: int, num_classes: int,
+                 linear_layers: int = 0) -> List[int]:
+    """The input width of every layer (the PyGLayers `layers`, then the Linear ones) and the output width,
+    from one call of each conv; ValueError where the last does not give the classes."""
+    if not layers:
+        raise ValueError(f"--model {name}: the factory returned no convolution")
+    widths = [int(in_features)]
+    for index, layer in enumerate(layers):
+        widths.append(_out_width(layer, widths[-1], index, name))
+    widths += [hidden] * (linear_layers - 1) + [num_classes] if linear_layers else []
+    if widths[-1] != num_classes:
+        raise ValueError(f"--model {name}: the last layer gives {widths[-1]} features, the dataset has "
+                         f"{num_classes} classes")
+    return widths
 
 
 def pyg_stack(name: str, convs: Sequence[nn.Module], in_features: int, hidden: int, num_classes: int,
               dropout: float, norm: bool, linear_layers: int = 0):
     """A model (nn/zoo.py EdgeGNN) of the PyG convs, then `linear_layers` per-vertex Linear layers."""
-    layers = [PyGLayer(c) for c in convs]
-    if not layers:
-        raise ValueError(f"--model {name}: the factory returned no convolution")
-    widths = [int(in_features)]
-    for index, layer in enumerate(layers):
-        widths.append(_out_width(layer, widths[-1], index))
-    widths += [hidden] * (linear_layers - 1) + [num_classes] if linear_layers else []
-    if widths[-1] != num_classes:
-        raise ValueError(f"--model {name}: the last layer gives {widths[-1]} features, the dataset has "
-                         f"{num_classes} classes")
+    layers = [PyGLayer(c, name) for c in convs]
+    widths = stack_widths(name, layers, in_features, hidden, num_classes, linear_layers)
     return EdgeGNN(name, layers, widths, dropout, norm)
 
 
@@ -180,70 +188,77 @@ def _beside(module: str) -> str:
     return ""
 
 
-def _import(module: str):
+def _import(module: str, model: str = "pyg"):
     """The user's module, imported; ModelCodeError saying why it cannot be."""
     try:
         registry.module_name(module)
     except ValueError as exc:
-        raise ModelCodeError(f"--model pyg: --model-option module={module[:40]}: {exc}") from None
+        raise ModelCodeError(f"--model {model}: --model-option module={module[:40]}: {exc}") from None
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name and (module == exc.name or module.startswith(exc.name + ".")):
-            raise ModelCodeError(f"--model pyg: no module named {module!r} can be imported{_beside(module)}; give "
+            raise ModelCodeError(f"--model {model}: no module named {module!r} can be imported{_beside(module)}; give "
                                  f"--model-option module=NAME of an installed module or one in a directory on "
                                  f"PYTHONPATH") from None
-        raise _code_error(f"importing {module}", exc) from exc  # a module it imports is missing
+        raise _code_error(f"importing {module}", exc, model) from exc  # a module it imports is missing
     except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the module's own code may raise anything
-        raise _code_error(f"importing {module}", exc) from exc
+        raise _code_error(f"importing {module}", exc, model) from exc
 
 
-def _factory(module: str, factory: str):
-    obj = getattr(_import(module), factory, None)
+def _factory(module: str, factory: str, model: str = "pyg"):
+    obj = getattr(_import(module, model), factory, None)
     if not callable(obj):
-        raise ModelCodeError(f"--model pyg: module {module!r} has no function {factory!r}"
+        raise ModelCodeError(f"--model {model}: module {module!r} has no function {factory!r}"
                              + ("" if obj is None else f" (it is a {type(obj).__name__})")
                              + "; give --model-option factory=NAME of a function in it")
     return obj
 
 
-def _conv_list(result, where: str) -> List[nn.Module]:
+def _conv_list(result, where: str, model: str = "pyg") -> List[nn.Module]:
     """The factory's convolutions: a list (or tuple, or nn.ModuleList) of modules."""
     if isinstance(result, nn.ModuleList):
         result = list(result)
     if not isinstance(result, (list, tuple)):
-        raise ModelCodeError(f"--model pyg: {where} returned a {type(result).__name__}, not a list of "
+        raise ModelCodeError(f"--model {model}: {where} returned a {type(result).__name__}, not a list of "
                              "torch_geometric convolutions")
     for index, conv in enumerate(result):
         if not isinstance(conv, nn.Module):
-            raise ModelCodeError(f"--model pyg: {where} returned a list holding a {type(conv).__name__} at "
+            raise ModelCodeError(f"--model {model}: {where} returned a list holding a {type(conv).__name__} at "
                                  f"position {index}, not a torch_geometric convolution")
     return list(result)
 
 
-def model_factory(module: str, factory: str):
+def model_factory(module: str, factory: str, model: str = "pyg"):
     """MODULE.FACTORY, imported (torch_geometric too), not called: ValueError or ModelCodeError saying why not."""
     try:
         import torch_geometric  # noqa: F401
     except ImportError:
-        raise ValueError("--model pyg needs torch_geometric: pip install '.[pyg]' (or pip install torch_geometric)") \
+        raise ValueError(f"--model {model} needs torch_geometric: pip install '.[pyg]' (or pip install torch_geometric)") \
             from None
     if not module:
-        raise ModelCodeError("--model pyg needs --model-option module=MODULE (an importable module whose FACTORY, "
+        raise ModelCodeError(f"--model {model} needs --model-option module=MODULE (an importable module whose FACTORY, "
                              "--model-option factory=NAME, returns the convolutions)")
-    return _factory(module, factory)
+    return _factory(module, factory, model)
+
+
+def user_convs(model: str, in_features, hidden, num_classes, layers, module, factory, linear_layers) -> List[nn.Module]:
+    """MODULE.FACTORY(in_features, hidden, out_features, convs) -> the convolutions, one per message-passing
+    layer (`layers` minus `linear_layers`).  Whatever fails in the user's code is a ModelCodeError of one
+    line naming `model` (collective_errors reports it)."""
+    fn = model_factory(module, factory, model)
+    convs_n = layers - linear_layers
+    out = hidden if linear_layers else num_classes
+    where = f"{module}.{factory}({in_features}, {hidden}, {out}, {convs_n})"
+    convs = _conv_list(_run_user_code(where, fn, in_features, hidden, out, convs_n, model=model), where, model)
+    if len(convs) != convs_n:
+        raise ModelCodeError(f"--model {model}: {where} returned {len(convs)} convolutions for {convs_n} "
+                             "message-passing layers (--layers minus --linear-layers)")
+    return convs
 
 
 def build_pyg(in_features, hidden, num_classes, layers, dropout, norm, module="", factory="build",
               linear_layers=0):
-    """The `pyg` model: MODULE.FACTORY(in_features, hidden, out_features, convs) -> the convolutions.
-    Whatever fails in the user's code is a ModelCodeError of one line (collective_errors reports it)."""
-    fn = model_factory(module, factory)
-    convs_n = layers - linear_layers
-    out = hidden if linear_layers else num_classes
-    where = f"{module}.{factory}({in_features}, {hidden}, {out}, {convs_n})"
-    convs = _conv_list(_run_user_code(where, fn, in_features, hidden, out, convs_n), where)
-    if len(convs) != convs_n:
-        raise ModelCodeError(f"--model pyg: {where} returned {len(convs)} convolutions for {convs_n} "
-                             "message-passing layers (--layers minus --linear-layers)")
+    """The `pyg` model: MODULE.FACTORY(in_features, hidden, out_features, convs) -> the convolutions."""
+    convs = user_convs("pyg", in_features, hidden, num_classes, layers, module, factory, linear_layers)
     return pyg_stack("pyg", convs, in_features, hidden, num_classes, dropout, norm, linear_layers)

@@ -125,9 +125,11 @@ def add_options(p: argparse.ArgumentParser, cls, with_defaults: bool = False,
         else:
             target.add_argument(*flags, dest=spec.name, **kwargs)
     if config and "config" not in names:
-        p.add_argument("--config", metavar="FILE.toml", dest="config",
-                       help="TOML file with option values (keys = option names, '-' or '_'); options given "
-                            "on the command line override it (default: None)")
+        p.add_argument("--config", metavar="FILE.toml|PRESET", dest="config",
+                       help="TOML file with option values (keys = option names, '-' or '_'), or the name of an "
+                            "installed preset (arxiv, products, reddit, papers100m and their .build: "
+                            "docs/paper-experiments.md); options given on the command line override it "
+                            "(default: None)")
     return p
 
 

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import difflib
+import os
+import re
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from .declare import MAX_VALUE_CHARS, ConfigError, _from_file, _Spec, specs
 
@@ -36,8 +38,36 @@ def _flag_hint(cls, key: str) -> Optional[str]:
 MAX_CONFIG_BYTES = 1 << 20
 
 
+_PRESET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def presets() -> List[str]:
+    """The names of the installed presets (granndis_hpc/configs: NAME.toml for --config NAME)."""
+    from importlib import resources
+
+    return sorted(f.name[: -len(".toml")] for f in resources.files("granndis_hpc.configs").iterdir()
+                  if f.name.endswith(".toml"))
+
+
+def resolve_config(path) -> str:
+    """The file --config names: PATH itself, or, for a bare NAME that is no file here, the installed
+    preset NAME.toml (``--config products``); ConfigError naming the presets when neither exists."""
+    path = os.fspath(path)
+    if os.path.exists(path) or not _PRESET_NAME.fullmatch(path) or path.endswith(".toml"):
+        return path
+    from importlib import resources
+
+    preset = resources.files("granndis_hpc.configs") / f"{path}.toml"
+    if preset.is_file():
+        return str(preset)
+    raise ConfigError(f"--config {path}: no such file, and no preset of that name; give a path to a TOML file, "
+                      f"or one of the presets: {', '.join(presets())}")
+
+
 def load_config_file(path, cls) -> Dict[str, Any]:
-    """Read and check a TOML file against the options dataclass `cls`; return {field: value}."""
+    """Read and check a TOML file (or an installed preset, resolve_config) against the options dataclass
+    `cls`; return {field: value}."""
+    path = resolve_config(path)
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)  # bounded: --config /dev/zero must not fill the memory

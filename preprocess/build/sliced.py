@@ -10,7 +10,10 @@ alone, preprocess/sources/synthetic_chunks.py).  The protocol:
     source.nodes(lo, hi)            -> {field: [(origin, array), ...]}: vertices lo..hi-1 in pieces, in
                                        order (features, labels, train_mask, val_mask, test_mask)
     source.types (optional)         -> GraphTypes of a heterogeneous graph (granndis_hpc/graph/hetero.py),
-                                       checked on every rank's rows and carried by the slices
+                                       checked on every rank's rows and carried by the slices; or
+    source.types_for(symmetrize)       the same, when the relations depend on the symmetrisation, and
+    source.derive_features(...)        collective, fills the rows of types without stored features
+                                       (preprocess/sources/hetero_sliced.py)
 
 Canonicalisation (`load_slice`), the same result as canonical.canonicalize on the whole graph, rows
 lo..hi-1 of it (vtxdist = slices.vtxdist_for(N, P), the slices ParMETIS takes):
@@ -189,6 +192,11 @@ def load_slice(comm, source, symmetrize: bool = True, self_loops: str = "remove"
     if self_loops not in SELF_LOOP_MODES:
         raise DataError(f"{source.name}: self_loops={self_loops!r} is not one of {SELF_LOOP_MODES}. "
                         "Fix: choose remove, keep or add")
+    # A typed source's relations depend on the symmetrisation (hetero_sliced.TypedSource.types_for).
+    types = source.types_for(symmetrize) if hasattr(source, "types_for") else getattr(source, "types", None)
+    if types is not None and self_loops == "add":
+        raise DataError(f"{source.name}: self_loops='add' for a heterogeneous graph. Fix: use remove or keep: a "
+                        "loop per vertex would need a relation from every type to itself")
     n, P, rank = int(source.num_vertices), group.size, group.rank
     vtxdist = vtxdist_for(n, P)
     lo, hi = int(vtxdist[rank]), int(vtxdist[rank + 1])
@@ -208,6 +216,9 @@ def load_slice(comm, source, symmetrize: bool = True, self_loops: str = "remove"
         multilabel = bool(getattr(source, "multilabel", False))  # labels [rows, C] of 0/1 (chunked.py)
         nodes = _check_nodes(source.nodes(lo, hi), lo, hi, int(source.num_features),
                              int(source.num_classes) if multilabel else None)
+    derive = getattr(source, "derive_features", None)  # a typed source's types without stored features
+    if derive is not None:
+        nodes["features"] = derive(group, types, vtxdist, lo, indptr, keys, nodes["features"])
     labels = nodes["labels"]
     classes = source.num_classes
     if classes is None:
@@ -217,7 +228,6 @@ def load_slice(comm, source, symmetrize: bool = True, self_loops: str = "remove"
         if not multilabel:  # multi-label entries were checked 0/1 (_check_nodes); none is unlabelled
             _check_class_ids(nodes, labels, classes, lo)
         features = normalize_features(nodes["features"], normalize, origin=f"{source.name}: features")
-    types = getattr(source, "types", None)
     with group.errors("checking the vertex types"):
         _check_types(source, types, n, lo, indptr, keys, nodes)
     counts = group.allgather_object(int(keys.shape[0]))

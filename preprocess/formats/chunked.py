@@ -329,9 +329,10 @@ class ChunkedSource:
         return out
 
 
-def open_source(path, name=None):
-    """The sliced source of a chunked directory: ours (FORMAT), or DistDGL's homogeneous chunked graph
-    format (preprocess/formats/distdgl.py), told apart by metadata.json."""
+def open_source(path, name=None, target_type=None):
+    """The sliced source of a chunked directory: ours (FORMAT), or DistDGL's chunked graph format,
+    homogeneous (preprocess/formats/distdgl.py) or with several node or edge types
+    (preprocess/formats/distdgl_hetero.py), told apart by metadata.json."""
     meta_path = os.path.join(os.fspath(path), "metadata.json") if path is not None else None
     if meta_path and os.path.isfile(meta_path):
         try:
@@ -340,11 +341,16 @@ def open_source(path, name=None):
         except (OSError, ValueError):
             meta = None  # open_chunked reports it
         if is_distdgl(meta):
+            if meta.get("node_type") and meta.get("edge_type") and (len(meta["node_type"]) > 1
+                                                                     or len(meta["edge_type"]) > 1):
+                from granndis_hpc.preprocess.formats.distdgl_hetero import DistDGLTypedSource
+
+                return DistDGLTypedSource(os.fspath(path), meta, name, target_type)
             return DistDGLSource(os.fspath(path), meta, name)
     return ChunkedSource(open_chunked(path), name)
 
 
-def load_chunked(path, name=None, symmetrize=True, self_loops="remove"):
+def load_chunked(path, name=None, target_type=None, symmetrize=True, self_loops="remove"):
     """The whole canonical Graph of a chunked directory in this process (the one-rank case of the
     distributed load: the same code, so the two cannot disagree)."""
     from granndis_hpc.cluster.group import self_group
@@ -352,5 +358,5 @@ def load_chunked(path, name=None, symmetrize=True, self_loops="remove"):
     from granndis_hpc.preprocess.build.sliced import assemble, load_slice
 
     group = self_group()
-    part = load_slice(group, open_source(path, name), symmetrize, self_loops)
+    part = load_slice(group, open_source(path, name, target_type), symmetrize, self_loops)
     return assemble(group, part)

@@ -1,4 +1,5 @@
-"""DistDGL's chunked graph format, homogeneous graphs only, as a sliced source (`--source chunked`).
+"""DistDGL's chunked graph format, homogeneous graphs, as a sliced source (`--source chunked`); graphs with
+several node or edge types are read by preprocess/formats/distdgl_hetero.py.
 
 A directory prepared for DistDGL's distributed partitioning pipeline can be built as it is:
 
@@ -34,7 +35,8 @@ FIELDS = {"features": "feat", "labels": "label", "train_mask": "train_mask", "va
 
 
 def is_distdgl(meta: dict) -> bool:
-    return isinstance(meta, dict) and "num_nodes_per_type" in meta and "edges" in meta
+    return isinstance(meta, dict) and "edges" in meta and ("num_nodes_per_type" in meta
+                                                            or "num_nodes_per_chunk" in meta)
 
 
 def _bad(path, problem, fix="see DistDGL's chunked graph format (homogeneous graphs only)") -> DataError:
@@ -43,6 +45,44 @@ def _bad(path, problem, fix="see DistDGL's chunked graph format (homogeneous gra
 
 def _npy(path):
     return load_npy(path, "write the chunk again (np.save of a plain numeric array)")
+
+
+def read_edge_file(f: str, fmt: str, delimiter: str = " "):
+    """(src, dst) of one edge file: `.npy` [E_i, 2] or text "src dst" per line (csv with `delimiter`)."""
+    if fmt == "numpy":
+        a = np.asarray(_npy(f))
+        if a.ndim != 2 or a.shape[1] != 2:
+            raise _bad(f, f"edge chunk has shape {a.shape}, expected [E_i, 2]")
+        return a[:, 0], a[:, 1]
+    try:
+        with warnings.catch_warnings():  # an empty file is zero edges (the count check follows)
+            warnings.simplefilter("ignore", UserWarning)
+            a = np.loadtxt(f, dtype=np.int64, ndmin=2, delimiter=None if delimiter == " " else delimiter)
+    except ValueError as exc:
+        raise _bad(f, f"cannot parse the edge file ({short_error(exc)})",
+                   "one 'src dst' pair of integers per line") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _bad(f, f"cannot read the edge file ({short_error(exc)})",
+                   "one 'src dst' pair of integers per line, as text") from None
+    if a.size == 0:
+        a = np.zeros((0, 2), dtype=np.int64)
+    if a.shape[1] != 2:
+        raise _bad(f, f"{a.shape[1]} columns per line, expected 2 (src dst)")
+    return a[:, 0], a[:, 1]
+
+
+def type_counts(meta: dict, what: str, mp: str) -> list:
+    """The per-type vertex or edge counts (`what`: nodes or edges) of metadata.json: DGL's documented
+    `num_<what>_per_type`, or the per-chunk lists `num_<what>_per_chunk` that DGL's chunk_graph.py
+    writes, summed per type."""
+    per_type, per_chunk = meta.get(f"num_{what}_per_type"), meta.get(f"num_{what}_per_chunk")
+    try:
+        if per_type is not None:
+            return [int(c) for c in per_type]
+        return [int(sum(int(c) for c in chunks)) for chunks in per_chunk]
+    except (TypeError, ValueError) as exc:
+        raise _bad(mp, f"num_{what}_per_type / num_{what}_per_chunk is malformed ({exc})",
+                   f"give num_{what}_per_type as one count per type") from None
 
 
 class DistDGLSource:
@@ -58,8 +98,8 @@ class DistDGLSource:
                        "type, one edge type) are read", "convert the graph to a homogeneous one")
         ntype, etype = types[0], etypes[0]
         try:
-            self.num_vertices = int(meta["num_nodes_per_type"][0])
-            self.num_edges = int(meta["num_edges_per_type"][0])
+            self.num_vertices = type_counts(meta, "nodes", mp)[0]
+            self.num_edges = type_counts(meta, "edges", mp)[0]
             espec = meta["edges"][etype]
             self.edge_format = espec["format"]["name"]
             self.delimiter = espec["format"].get("delimiter", " ")
@@ -124,25 +164,8 @@ class DistDGLSource:
 
     def edge_pieces(self, rank: int, size: int):
         for f in self.edge_files[rank::size]:
-            if self.edge_format == "numpy":
-                a = np.asarray(_npy(f))
-            else:
-                try:
-                    with warnings.catch_warnings():  # an empty file is zero edges (the count check follows)
-                        warnings.simplefilter("ignore", UserWarning)
-                        a = np.loadtxt(f, dtype=np.int64, ndmin=2,
-                                       delimiter=None if self.delimiter == " " else self.delimiter)
-                except ValueError as exc:
-                    raise _bad(f, f"cannot parse the edge file ({short_error(exc)})",
-                               "one 'src dst' pair of integers per line") from None
-                except (OSError, UnicodeDecodeError) as exc:
-                    raise _bad(f, f"cannot read the edge file ({short_error(exc)})",
-                               "one 'src dst' pair of integers per line, as text") from None
-                if a.size == 0:
-                    a = np.zeros((0, 2), dtype=np.int64)
-                if a.shape[1] != 2:
-                    raise _bad(f, f"{a.shape[1]} columns per line, expected 2 (src dst)")
-            yield f, a[:, 0], a[:, 1]
+            src, dst = read_edge_file(f, self.edge_format, self.delimiter)
+            yield f, src, dst
 
     def nodes(self, lo: int, hi: int) -> dict:
         """{field: [(file, rows)]} for vertices lo..hi-1; 0/1 integer masks become booleans."""

@@ -306,7 +306,7 @@ def _raw_keys(args, graph) -> int:
     elif args.source == "chunked":
         from granndis_hpc.preprocess.formats.chunked import open_source
 
-        raw = open_source(args.path).num_edges
+        raw = open_source(args.path, target_type=getattr(args, "target_type", None)).num_edges
     else:
         raw = graph.num_edges
     return raw * (2 if getattr(args, "symmetrize", True) else 1)

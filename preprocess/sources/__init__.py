@@ -49,12 +49,13 @@ SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("na
 SOURCES.declare("reddit", "granndis_hpc.preprocess.sources.reddit:load_reddit", uses=("name", "root"))
 SOURCES.declare("igb", "granndis_hpc.preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
                 sliced="granndis_hpc.preprocess.sources.igb:IgbSource")
-SOURCES.declare("igbh", "granndis_hpc.preprocess.sources.igbh:load_igbh", uses=("name", "root", "num_classes"))
+SOURCES.declare("igbh", "granndis_hpc.preprocess.sources.igbh:load_igbh", uses=("name", "root", "num_classes"),
+                sliced="granndis_hpc.preprocess.sources.igbh:IgbhSource")
 SOURCES.declare("bundle", "granndis_hpc.preprocess.sources.bundle:load_bundle", uses=("name", "path", "target_type"))
 SOURCES.declare("synthetic", "granndis_hpc.preprocess.sources.synthetic_any:load_synthetic",
                 uses=tuple(_SYNTHETIC_DEFAULTS) + ("generator",) + tuple(_LOCAL_DEFAULTS),
                 sliced="granndis_hpc.preprocess.sources.synthetic_any:open_synthetic")
-SOURCES.declare("chunked", "granndis_hpc.preprocess.formats.chunked:load_chunked", uses=("name", "path"),
+SOURCES.declare("chunked", "granndis_hpc.preprocess.formats.chunked:load_chunked", uses=("name", "path", "target_type"),
                 sliced="granndis_hpc.preprocess.formats.chunked:open_source")
 
 # Every option load() accepts, with its default (the same defaults argparse uses).
@@ -90,8 +91,8 @@ class SourceOptions(Options):
     split_scheme: Optional[str] = option(None, group=_SOURCE, metavar="DIR",
                                          help="ogb: subdirectory of split/ (default: the only one present)")
     target_type: Optional[str] = option(None, group=_SOURCE, metavar="TYPE",
-                                        help="bundle, ogb: in a heterogeneous graph with several labelled vertex "
-                                             "types, the one to learn (default: the only labelled type); "
+                                        help="bundle, ogb, chunked: in a heterogeneous graph with several labelled "
+                                             "vertex types, the one to learn (default: the only labelled type); "
                                              "docs/heterogeneous.md")
     num_classes: int = option(_d["num_classes"], choices=(19, 2983), group=_SOURCE,
                               help="igb, igbh: the label set, 19 (node_label_19.npy) or 2983 (node_label_2K.npy)")

@@ -98,18 +98,28 @@ def _relations(counts, relations, symmetrize: bool, origin) -> Tuple[List[Relati
                     "(an edge's relation is the pair of its endpoint types)") from None
     if not symmetrize:
         return given, edges
-    by_pair = {(rel.src, rel.dst): rel for rel in given}
-    out = list(given)
+    out, back_of = symmetrized_relations(given)
     for rel in given:
         src, dst = edges[rel][0]
+        edges.setdefault(back_of[rel], []).append((dst, src))
+    return out, edges
+
+
+def symmetrized_relations(given) -> Tuple[List[Relation], Dict[Relation, Relation]]:
+    """The relations after symmetrisation, in order (the given ones, then the new ``rev_<name>`` ones),
+    and the relation each given one sends its reversed edges into: itself inside one type, the
+    relation of the opposite direction when given, else its new ``rev_<name>``.  Shared by
+    `canonicalize_hetero` and the typed sliced sources, so both name and order the relations alike."""
+    by_pair = {(rel.src, rel.dst): rel for rel in given}
+    out, back_of = list(given), {}
+    for rel in given:
         back = by_pair.get((rel.dst, rel.src))
         if back is None:  # a relation of its own for the reversed edges
             back = Relation(rel.dst, f"rev_{rel.name}", rel.src)
             by_pair[(rel.dst, rel.src)] = back
             out.append(back)
-            edges[back] = []
-        edges[back].append((dst, src))
-    return out, edges
+        back_of[rel] = back
+    return out, back_of
 
 
 def _merged(pieces):
@@ -162,7 +172,21 @@ def _features(counts, features, rels, edges, derive, origin) -> Tuple[Dict[str, 
             into = [str(r) for r in rels if r.dst == t]
             raise _fail(_where(origin, "features"), f"derive asks for type {t!r} the relation {rel_name!r}, "
                         f"which does not lead into it (relations into it: {into})", "name one of those relations")
-    pending = [t for t in counts if t not in how]
+    for t, rel in derive_plan(list(counts), set(how), rels, derive, _where(origin, "features")):
+        src, dst = _merged(edges[rel])
+        out[t] = neighbour_mean(src, dst, counts[t], out[rel.src])
+        how[t] = f"mean:{rel.name}"
+    return out, how
+
+
+def derive_plan(types, stored, rels, derive=None, origin="input") -> List[Tuple[str, Relation]]:
+    """(type, relation) for every type without stored features, in the order their features are
+    derived (a type's source type comes first): the relation ``derive`` names, else the first one
+    into it from a type with stored features, else one from a type with derived ones.  Shared by
+    `canonicalize_hetero` and the typed sliced sources, so both derive alike."""
+    derive = dict(derive or {})
+    how = {t: "stored" for t in types if t in stored}
+    plan, pending = [], [t for t in types if t not in how]
     while pending:
         progress = False
         for t in list(pending):
@@ -171,16 +195,15 @@ def _features(counts, features, rels, edges, derive, origin) -> Tuple[Dict[str, 
             if not into:
                 continue
             rel = next((r for r in into if how[r.src] == "stored"), into[0])
-            src, dst = _merged(edges[rel])
-            out[t] = neighbour_mean(src, dst, counts[t], out[rel.src])
+            plan.append((t, rel))
             how[t] = f"mean:{rel.name}"
             pending.remove(t)
             progress = True
         if not progress:
-            raise _fail(_where(origin, "features"), f"vertex types {pending} have no features and no relation "
+            raise _fail(origin, f"vertex types {pending} have no features and no relation "
                         "leads into them from a type with features", "give their features, or a relation into "
                         "them from a type with features (with symmetrisation on, one out of them serves too)")
-    return out, how
+    return plan
 
 
 def _target_arrays(counts, target, labels, splits, origin):

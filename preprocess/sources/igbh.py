@@ -22,6 +22,10 @@ the large and full downloads' headerless paper and author features and labels ar
 homogeneous ``igb`` source does, so that every build of a download has the same split (IGB's own
 heterogeneous loader draws the same fractions with an unseeded permutation).  Reverse relations are
 added by the usual symmetrisation (``rev_written_by`` and so on, IGB's own names for them).
+
+`IgbhSource` is the sliced opener of the distributed build (preprocess/sources/hetero_sliced.py): each
+build rank reads 1/P of the edge rows and its vertices' rows; the graph and its digest are the
+whole-graph load's.
 """
 from __future__ import annotations
 
@@ -29,8 +33,10 @@ import os
 
 import numpy as np
 
+from granndis_hpc.graph.hetero import Relation
 from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.sources.hetero import canonicalize_hetero, split_relation_key
+from granndis_hpc.preprocess.sources.hetero_sliced import TypedSource
 from granndis_hpc.preprocess.sources.igb import (FEATURE_WIDTH, LABEL_FILES, find_processed_dir, igb_split,
                                                  labelled_prefix, open_array)
 
@@ -57,41 +63,95 @@ def _layout(base):
     return types, relations
 
 
+class IgbhFiles:
+    """An IGBH download's files opened as read-only memory maps, their shapes checked against each other."""
+
+    def __init__(self, root, name=None, num_classes=19):
+        if num_classes not in LABEL_FILES:
+            raise DataError(f"igbh: --num-classes {num_classes} is not an IGB label set. Fix: use 19 or 2983")
+        base = find_processed_dir(root, name)
+        types, relation_paths = _layout(base)
+        self.features, self.counts, self.origin = {}, {}, {"*": base}
+        for t in types:
+            path = os.path.join(base, t, "node_feat.npy")
+            x = open_array(path, raw_width=FEATURE_WIDTH)
+            if x.ndim != 2:
+                raise DataError(f"{path}: features must have shape [count, F], got {x.shape}. Fix: download it again")
+            self.features[t], self.counts[t], self.origin[f"features:{t}"] = x, int(x.shape[0]), path
+        self.edges = {}
+        for key, path in relation_paths.items():
+            edges = open_array(path)
+            if edges.ndim != 2 or edges.shape[1] != 2:
+                raise DataError(f"{path}: edge_index must have shape [E, 2] (IGB's layout), got {edges.shape}. "
+                                "Fix: download the file again")
+            self.edges[key] = edges
+            self.origin[f"edges:{'__'.join(key)}"] = path
+        self.label_path = os.path.join(base, TARGET, LABEL_FILES[num_classes])
+        labels = open_array(self.label_path)
+        n = self.counts[TARGET]
+        if labels.shape not in ((n,), (n, 1)):
+            raise DataError(f"{self.label_path}: shape {labels.shape} for the {n} papers of "
+                            f"{self.origin['features:paper']}. Fix: use the files of one IGBH size")
+        self.labels, self.labelled = labels.reshape(n), labelled_prefix(n, num_classes)
+        self.origin.update(labels=self.label_path, splits=base)
+        self.base, self.num_classes = base, num_classes
+        parent = os.path.basename(os.path.dirname(os.path.normpath(base)))
+        self.name = f"igbh-{name or parent or 'igbh'}"
+        widths = {t: int(x.shape[1]) for t, x in self.features.items()}
+        if len(set(widths.values())) > 1:
+            raise DataError(f"{base}: the vertex types' features have different widths {widths}. Fix: use the "
+                            "files of one IGBH download")
+        self.num_features = widths[TARGET]
+
+    def labels_of(self, lo: int, hi: int) -> np.ndarray:
+        """Papers lo..hi-1's labels; the full graph's unlabelled papers (past the labelled prefix, in no
+        split) are NaN, whatever the file holds there."""
+        labels = self.labels[lo:hi]
+        if hi <= self.labelled:
+            return labels
+        labels = np.array(labels, dtype=np.float64)
+        labels[max(self.labelled - lo, 0):] = np.nan
+        return labels
+
+
+class IgbhSource(TypedSource):
+    """IGBH as a sliced source for the distributed build: build rank r of P reads the r-th of P contiguous
+    runs of the relations' edge_index.npy rows (one after another) and the feature and label rows of the
+    vertices it is given, straight from the memory maps."""
+
+    def __init__(self, root, name=None, num_classes=19):
+        self.files = f = IgbhFiles(root, name, num_classes)
+        super().__init__(f.name, f.counts, list(f.edges), set(f.counts), TARGET, f.num_features, num_classes,
+                         origin=f.base)
+
+    def relation_pieces(self, rank: int, size: int):
+        from granndis_hpc.preprocess.formats.chunked import split_ranges
+
+        sizes = [int(e.shape[0]) for e in self.files.edges.values()]
+        ends = np.cumsum([0, *sizes])
+        b = split_ranges(int(ends[-1]), size)
+        lo, hi = int(b[rank]), int(b[rank + 1])
+        for i, (key, edges) in enumerate(self.files.edges.items()):
+            s, e = max(lo - int(ends[i]), 0), min(hi - int(ends[i]), sizes[i])
+            if s < e:
+                block = np.asarray(edges[s:e])
+                yield self.files.origin[f"edges:{'__'.join(key)}"], Relation(*key), block[:, 0], block[:, 1]
+
+    def stored_rows(self, t: str, lo: int, hi: int):
+        return [(self.files.origin[f"features:{t}"], self.files.features[t][lo:hi])]
+
+    def target_rows(self, lo: int, hi: int) -> dict:
+        f = self.files
+        masks = igb_split(f.counts[TARGET], f.labelled, lo, hi)
+        return {"labels": [(f.label_path, f.labels_of(lo, hi))],
+                **{m: [(f.base, x)] for m, x in zip(("train_mask", "val_mask", "test_mask"), masks)}}
+
+
 def load_igbh(root, name=None, num_classes=19, symmetrize=True, self_loops="remove"):
     """Load an IGBH download (memory-mapped) and canonicalise it with its vertex types and relations."""
-    if num_classes not in LABEL_FILES:
-        raise DataError(f"igbh: --num-classes {num_classes} is not an IGB label set. Fix: use 19 or 2983")
-    base = find_processed_dir(root, name)
-    types, relation_paths = _layout(base)
-    features, counts, origin = {}, {}, {"*": base}
-    for t in types:
-        path = os.path.join(base, t, "node_feat.npy")
-        x = open_array(path, raw_width=FEATURE_WIDTH)
-        if x.ndim != 2:
-            raise DataError(f"{path}: features must have shape [count, F], got {x.shape}. Fix: download it again")
-        features[t], counts[t], origin[f"features:{t}"] = x, int(x.shape[0]), path
-    relations = {}
-    for key, path in relation_paths.items():
-        edges = open_array(path)
-        if edges.ndim != 2 or edges.shape[1] != 2:
-            raise DataError(f"{path}: edge_index must have shape [E, 2] (IGB's layout), got {edges.shape}. Fix: "
-                            "download the file again")
-        relations[key] = (edges[:, 0], edges[:, 1])
-        origin[f"edges:{'__'.join(key)}"] = path
-    label_path = os.path.join(base, TARGET, LABEL_FILES[num_classes])
-    labels = open_array(label_path)
-    n = counts[TARGET]
-    if labels.shape not in ((n,), (n, 1)):
-        raise DataError(f"{label_path}: shape {labels.shape} for the {n} papers of "
-                        f"{origin['features:paper']}. Fix: use the files of one IGBH size")
-    labels = labels.reshape(n)
-    labelled = labelled_prefix(n, num_classes)
-    if labelled < n:  # the full graph's unlabelled papers: in no split, whatever the file holds there
-        labels = np.array(labels, dtype=np.float64)
-        labels[labelled:] = np.nan
-    masks = igb_split(n, labelled)
-    origin.update(labels=label_path, splits=base)
-    parent = os.path.basename(os.path.dirname(os.path.normpath(base)))
-    return canonicalize_hetero(f"igbh-{name or parent or 'igbh'}", counts, features, relations, labels,
+    f = IgbhFiles(root, name, num_classes)
+    relations = {key: (e[:, 0], e[:, 1]) for key, e in f.edges.items()}
+    masks = igb_split(f.counts[TARGET], f.labelled)
+    return canonicalize_hetero(f.name, f.counts, f.features, relations, f.labels_of(0, f.counts[TARGET]),
                                dict(zip(("train", "val", "test"), masks)), TARGET, num_classes=num_classes,
-                               symmetrize=symmetrize, self_loops=self_loops, origin=origin)
+                               symmetrize=symmetrize, self_loops=self_loops, origin=f.origin)

@@ -64,6 +64,7 @@ def test_the_wheel_holds_one_package_with_its_kernels(wheel):
     assert top == {"granndis_hpc"}, top
     assert any(n.startswith("granndis_hpc/nn/_cpu_kernels") and n.endswith(".so") for n in names)
     assert "granndis_hpc/preprocess/build/pipeline.py" in names
+    assert "granndis_hpc/configs/products.toml" in names  # the presets: --config products anywhere
     assert not any(n.endswith((".c", ".h")) for n in names), "sources belong in the sdist, not the wheel"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     scripts = [line.split("=")[0].strip() for line in zipfile.ZipFile(wheel).read(entry).decode().splitlines()

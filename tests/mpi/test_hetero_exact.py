@@ -32,6 +32,8 @@ def typed_sets(typed):
                               "preload": "full"} for rps in (1, 2, 4)}
     specs["typed-eas"] = {"servers": 2, "gpus_per_server": 2, "layers": LAYERS, "preload": "eas", "hops": 1,
                           "fanout": 4}
+    specs["typed-inductive"] = {"servers": 2, "gpus_per_server": 2, "layers": LAYERS, "preload": "full",
+                                "inductive": True}
     return build_sets_on_rank0(typed, specs, prefix="granndis-typed-")
 
 
@@ -91,11 +93,14 @@ def test_training_with_dropout_equals_reference(typed, typed_sets, model, mode, 
         trainer.close()
 
 
-@pytest.mark.parametrize("model,mode", [("rgcn", "eas"), ("rgat", "cob"), ("rgcn", "mb")])
-def test_sampled_modes_train(typed_sets, model, mode):
-    """eas, cob and mb sample, so they are not compared with the reference: they train and the loss falls."""
-    shards = typed_sets["typed-eas" if mode == "eas" else "typed-2"]
-    extra = {} if mode == "eas" else {"batches_per_epoch": 2, "fanout": 4}
+@pytest.mark.parametrize("model,mode,option", [("rgcn", "eas", None), ("rgat", "cob", None), ("rgcn", "mb", None),
+                                               ("rgcn", "flx", "inductive"), ("rgat", "fb", "bf16")])
+def test_sampled_modes_and_options_train(typed_sets, model, mode, option):
+    """eas, cob and mb sample, so they are not compared with the reference, nor are --inductive (its own
+    graphs) and --precision bf16 (rounded rows): they train and the loss falls."""
+    shards = typed_sets["typed-eas" if mode == "eas" else "typed-inductive" if option == "inductive" else "typed-2"]
+    extra = {"batches_per_epoch": 2, "fanout": 4} if mode in ("cob", "mb") else {}
+    extra.update({"inductive": {"inductive": True}, "bf16": {"precision": "bf16"}}.get(option, {}))
     trainer = make_trainer(shards, mode, model, LAYERS, hidden=8, lr=0.02, seed=SEED, model_option=OPTIONS[model],
                            **extra)
     try:
@@ -103,3 +108,43 @@ def test_sampled_modes_train(typed_sets, model, mode):
     finally:
         trainer.close()
     assert all(np.isfinite(losses)) and np.mean(losses[-3:]) < 0.9 * np.mean(losses[:3]), losses
+
+
+def test_predict_writes_a_vertex_type_by_its_per_type_ids(typed, typed_sets):
+    """`granndis predict` on a typed set: the target type's rows by default (per-type ids beside the global
+    ids, the reference's logits), another type's embeddings with --vertex-type, an unknown type refused."""
+    import os
+
+    from granndis_hpc import cli
+    from granndis_hpc.cluster.errors import ClusterError
+    from granndis_hpc.engine.predict_io import read_output
+    from tests.mpi.conftest import shared_tmpdir
+
+    base = shared_tmpdir("granndis-typed-predict-")
+    run = os.path.join(base, "run")
+    trainer = make_trainer(typed_sets["typed-2"], "fb", "rgcn", LAYERS, hidden=8, epochs=2, eval_every=1, out=run)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    papers, authors = os.path.join(base, "papers"), os.path.join(base, "authors")
+    cli.run_predict(["--model", run, "--shards", typed_sets["typed-1"], "--out", papers, "--ranks-per-server", "1",
+                     "--quiet"])
+    cli.run_predict(["--model", run, "--shards", typed_sets["typed-2"], "--out", authors, "--vertex-type", "author",
+                     "--layer", "1", "--quiet"])
+    with pytest.raises(ClusterError, match="--vertex-type venue: the set's vertex types are paper, author, field"):
+        cli.run_predict(["--model", run, "--shards", typed_sets["typed-2"], "--out", os.path.join(base, "x"),
+                         "--vertex-type", "venue", "--quiet"])
+    if WORLD.rank == 0:
+        state = torch.load(os.path.join(run, "best-model.pt"), weights_only=True)["model"]
+        want = reference_logits(state, typed.types, typed.indptr, typed.indices, typed.features, LAYERS).numpy()
+        got, prov = read_output(papers)
+        lo, hi = typed.types.id_range("paper")
+        assert prov["vertex_type"] == "paper" and prov["rows"] == hi - lo
+        np.testing.assert_array_equal(got["global_id"], np.arange(lo, hi))
+        np.testing.assert_array_equal(got["type_id"], np.arange(hi - lo))
+        np.testing.assert_allclose(got["logits"], want[lo:hi], rtol=1e-4, atol=2e-5)
+        got, prov = read_output(authors)
+        lo, hi = typed.types.id_range("author")
+        assert prov["vertex_type"] == "author" and got["embeddings"].shape == (hi - lo, 8)
+        np.testing.assert_array_equal(got["type_id"], np.arange(hi - lo))

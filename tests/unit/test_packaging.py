@@ -10,7 +10,7 @@ else:
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]
-FOLDERS = {"granndis_hpc": "granndis_hpc", "preprocess": "granndis_hpc.preprocess"}
+FOLDERS = {"granndis_hpc": "granndis_hpc", "preprocess": "granndis_hpc.preprocess", "configs": "granndis_hpc.configs"}
 
 
 def _setuptools():
@@ -26,7 +26,7 @@ def test_every_package_folder_is_installed_under_one_name():
     listed = set(_setuptools()["packages"])
     assert listed == found, f"pyproject.toml's packages: missing {sorted(found - listed)}, extra {sorted(listed - found)}"
     assert {p.split(".")[0] for p in listed} == {"granndis_hpc"}
-    assert _setuptools()["package-dir"] == {"granndis_hpc.preprocess": "preprocess"}
+    assert _setuptools()["package-dir"] == {"granndis_hpc.preprocess": "preprocess", "granndis_hpc.configs": "configs"}
 
 
 def test_one_command_and_the_train_alias():

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from granndis_hpc import config, registry
-from tests.pyg_stacks import PYG_OPTIONS
+from tests.pyg_stacks import PYG_HETERO_OPTIONS, PYG_OPTIONS
 
 
 def test_building_the_train_parser_imports_neither_torch_h5py_nor_mpi4py():
@@ -38,9 +38,10 @@ def test_lazy_declarations_name_what_they_stand_for():
         if entry.get("estimate") is not None:
             assert callable(entry.resolve("estimate"))
     for entry in registry.MODELS.entries():
-        if entry.name == "pyg" and not PYG_OPTIONS:
+        if entry.name.startswith("pyg") and not PYG_OPTIONS:
             continue  # (torch_geometric absent)
-        kw = PYG_OPTIONS if entry.name == "pyg" else {"types": random_typed_graph(0)[0]} if entry.get("typed") else {}
+        kw = dict({"pyg": PYG_OPTIONS, "pyg-hetero": PYG_HETERO_OPTIONS}.get(entry.name, {}))
+        kw.update({"types": random_typed_graph(0)[0]} if entry.get("typed") else {})
         model = models.build_model(entry.name, 6, 4, 3, 2, **kw)
         assert model.name == entry.name and isinstance(entry.resolve("estimator"), stacks.ModelEstimate)
     # auto's order, as the entries rank themselves (memory_model.choice.preference reads them).

@@ -78,3 +78,20 @@ def test_the_homogeneous_layout_is_not_igbh(tmp_path):
     np.save(base / "node_feat.npy", np.ones((2, 4), np.float32))
     with pytest.raises(DataError, match="--source igb for IGB's homogeneous"):
         load("igbh", root=str(tmp_path))
+
+
+@pytest.mark.parametrize("symmetrize", [True, False])
+def test_igbh_sliced_opener_gives_the_whole_graph_and_its_digest(tmp_path, symmetrize):
+    from granndis_hpc.cluster.group import self_group
+    from granndis_hpc.preprocess.build.pipeline import dataset_digest
+    from granndis_hpc.preprocess.build.sliced import assemble, load_slice, slice_digest
+    from granndis_hpc.preprocess.sources import sliced_source
+
+    write_igbh(tmp_path, ("author",))
+    whole = load("igbh", root=str(tmp_path), name="tiny", symmetrize=symmetrize)
+    group = self_group()
+    part = load_slice(group, sliced_source("igbh", root=str(tmp_path), name="tiny"), symmetrize=symmetrize)
+    assert part.types == whole.types and slice_digest(group, part) == dataset_digest(whole)
+    got = assemble(group, part)
+    for field in ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(whole, field))

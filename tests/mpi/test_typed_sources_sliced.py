@@ -1,0 +1,88 @@
+"""Typed sliced sources under `mpirun -n 4` (P = 1, 2, 4 sub-communicators): DistDGL's chunked format
+with several node and edge types (derived features included) and IGBH give the whole-graph load's
+content digest and types record for any number of build ranks, and the DistDGL directory's 2x2
+distributed build verifies."""
+import os
+import pathlib
+import shutil
+
+import pytest
+from mpi4py import MPI
+from tests.mpi.conftest import on_every_rank, shared_tmpdir
+
+pytestmark = pytest.mark.mpi(min_size=4)
+WORLD = MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module")
+def base():
+    path = shared_tmpdir("granndis-typed-")
+    yield pathlib.Path(path)
+    WORLD.barrier()
+    if WORLD.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _on_sub(P, fn):
+    comm = WORLD.Split(0 if WORLD.rank < P else MPI.UNDEFINED, WORLD.rank)
+    if comm == MPI.COMM_NULL:
+        return None
+    try:
+        return fn(comm)
+    finally:
+        comm.Free()
+
+
+def _digests(source, options, expected_types):
+    from granndis_hpc.preprocess.build.sliced import load_slice, slice_digest
+    from granndis_hpc.preprocess.sources import sliced_source
+
+    def run(comm):
+        part = load_slice(comm, sliced_source(source, **options))
+        assert part.types == expected_types
+        return slice_digest(comm, part)
+    return {WORLD.bcast(on_every_rank(lambda: _on_sub(P, run), f"P={P} ")) for P in (1, 2, 4)}
+
+
+@pytest.mark.timeout(240)
+def test_distdgl_typed_directory_any_ranks_and_its_2x2_build(base):
+    from granndis_hpc.preprocess.build.distributed import run_build_sliced
+    from granndis_hpc.preprocess.build.pipeline import BuildConfig, dataset_digest
+    from granndis_hpc.preprocess.build.sliced import load_slice
+    from granndis_hpc.preprocess.sources import sliced_source
+    from granndis_hpc.preprocess.verify.command import verify_shard_set
+    from tests.distdgl_hetero_files import reference, write_distdgl_hetero
+
+    d = base / "distdgl"
+    if WORLD.rank == 0:
+        g = write_distdgl_hetero(d)
+    g = WORLD.bcast(g if WORLD.rank == 0 else None)
+    whole = reference(g)
+    assert _digests("chunked", dict(path=str(d)), whole.types) == {dataset_digest(whole)}
+
+    def build():
+        out = str(base / "distdgl-2x2")
+        part = load_slice(WORLD, sliced_source("chunked", path=str(d)))
+        cfg = BuildConfig(out=out, servers=2, gpus_per_server=2, layers=2, preload="full", partitioner="parmetis",
+                          seed=1, command="test")
+        manifest = run_build_sliced(WORLD, part, cfg)
+        assert manifest["dataset"]["content_sha256"] == dataset_digest(whole)
+        assert manifest["dataset"]["types"] == whole.types.to_record()
+        if WORLD.rank == 0:
+            assert verify_shard_set(out) == []
+    on_every_rank(build)
+
+
+@pytest.mark.timeout(240)
+def test_igbh_sliced_any_ranks_equals_the_whole_graph_load(base):
+    from granndis_hpc.preprocess.build.pipeline import dataset_digest
+    from granndis_hpc.preprocess.sources import load
+    from tests.unit.test_sources_igbh import write_igbh
+
+    if WORLD.rank == 0:
+        write_igbh(base / "igbh", ("paper",))
+    WORLD.barrier()
+    options = dict(root=str(base / "igbh"), name="tiny")
+    whole = load("igbh", **options)
+    assert _digests("igbh", options, whole.types) == {dataset_digest(whole)}
+    assert os.path.isdir(base / "igbh" / "tiny" / "processed")
