@@ -15,7 +15,7 @@ from torch import nn
 from granndis_hpc.nn import build_model
 from granndis_hpc.nn.edge_layers import GATConv, GINConv, SAGEMaxConv, SAGESumConv
 from granndis_hpc.nn.layers import GCNConv, SAGEConv
-from granndis_hpc.registry import MODELS
+from granndis_hpc.registry import MODELS, code_options
 from tests.hetero_reference import random_typed_graph
 
 SEED = 3
@@ -119,7 +119,7 @@ def test_a_layers_reset_parameters_draws_what_its_constructor_draws(name):
 def _models():
     out = []
     for name in MODELS:
-        if name == "pyg":  # its convs are the user's PyG code, with PyG's own reset_parameters
+        if code_options(name):  # pyg, pyg-hetero: the convs are the user's code, with PyG's reset_parameters
             continue
         for norm, linear_layers in ((False, 0), (True, 1)):
             out.append((name, norm, linear_layers))
