@@ -144,7 +144,8 @@ def main() -> int:
             "ranks": size, "ranks_per_server": args.ranks_per_server,
             "servers": size // args.ranks_per_server, "reps": args.reps, "sizes_kib": args.sizes_kib,
             "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores visible",
-            "torch": torch.__version__, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            # Open MPI's version string ends with a NUL byte: the page would read as binary.
+            "torch": torch.__version__, "mpi": MPI.Get_library_version().replace("\0", "").splitlines()[0].strip(),
         }
         meta["conclusion"] = conclusion(results)
         with open(args.out, "w") as f:

@@ -228,7 +228,7 @@ def main(argv=None):
     log = records.setdefault("log", [])  # every command run, saved with the records after each stage
     for stage in args.stages:
         {"plan": stage_plan, "build": stage_build, "train": stage_train}[stage](args, records, path, log)
-    records.update(machine=machine(), vertices=args.vertices, epochs=args.epochs, layers=args.layers,
+    records.update(machine=machine(), work=os.path.abspath(args.work), vertices=args.vertices, epochs=args.epochs, layers=args.layers,
                    hidden=args.hidden, models=args.models, modes=args.modes, rates=args.rates)
     save_records(path, records)
     page = hetero_page.render(records, argv)
@@ -238,7 +238,10 @@ def main(argv=None):
     os.replace(args.out + ".tmp", args.out)
     if args.results:
         os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
-        shutil.copy(path, args.results)
+        with open(path, encoding="utf-8") as f:  # the copy names the work directory $WORK, as the page does
+            text = f.read().replace(os.path.abspath(args.work), "$WORK")
+        with open(args.results, "w", encoding="utf-8") as f:
+            f.write(text)
     print(page)
     return 0
 

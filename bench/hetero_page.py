@@ -96,6 +96,12 @@ def render(records, argv):
         L += ["### Breakdown per epoch (s) and bytes per link class", ""] + _breakdown_table(rounds, model, modes)
         L += ["### Peak memory per rank against `preprocess plan`'s estimate", ""]
         L += _memory_table(rounds, model, modes, plan)
-    L += ["## Commands", "", "```", f"python bench/bench_hetero.py {' '.join(argv)}".rstrip(),
-          *records.get("log", []), "```", ""]
+    # The work directory (--work) is written $WORK: the commands hold no path of the machine they ran on.
+    work = records.get("work")
+
+    def portable(line: str) -> str:
+        return line.replace(work, "$WORK") if work else line
+
+    L += ["## Commands", "", "```", portable(f"python bench/bench_hetero.py {' '.join(argv)}".rstrip()),
+          *map(portable, records.get("log", [])), "```", ""]
     return "\n".join(L)

@@ -25,7 +25,8 @@ from granndis_hpc import memory_model, registry, shards
 from granndis_hpc.config import OVERLAP_HALOS
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.cluster.linkcheck import measure_links
-from granndis_hpc.engine import cobatch, compute_rate, inductive, views
+from granndis_hpc.engine import cobatch, inductive, views
+from granndis_hpc.memory_model import compute_rate
 # The shared step types live in engine/steps.py (importable from here too, as before).
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError, rows_accounting  # noqa: F401
 from granndis_hpc.graph.sampler import CoBatchSampler, SamplerError

@@ -7,7 +7,7 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
 
 - compute: the busiest rank's sum over layers of  n_dst x row_s x w_in x w_out + nnz x edge_s x w_in
   (a layer's projection per computed row and its aggregation per edge, forward and backward, as
-  engine/compute_rate.py measures them);
+  memory_model/compute_rate.py measures them);
 - inter-server: the busiest server's halo bytes (its ranks' inter-server halo rows at each exchanging
   layer's input width, forward and their gradients backward) plus its share of the gradient all-reduce
   (2 (S-1) x params x 4 bytes per step over S leaders), over inter_Bps;

@@ -23,6 +23,7 @@ from torch import nn
 from .dropout import RowDropout, keep_mask
 from .contract import Layer, LayerCall
 from .graph import GraphPart, LayerGraph, aggregate
+from .layers import undrawn_linear
 
 # Odd 64-bit multipliers (as int64) combining a destination and a source id into one edge id that
 # keep_mask hashes; distinct (dst, src) pairs of realistic ids never collide.
@@ -76,17 +77,40 @@ def _edge_max(rows: torch.Tensor, cols: torch.Tensor, h: torch.Tensor, n_dst: in
 
 
 class SAGESumConv(Layer):
-    """out_v = W_self h_v + W_neigh sum_{u in N(v)} h_u + b   (GraphSAGE with sum aggregation).
+    r"""GraphSAGE with sum aggregation, as PyG's ``SAGEConv(aggr="sum")``:
 
-    W_neigh is applied before the sum where that is narrower (the sum is linear)."""
+        out_v = W_self h_v + b + W_neigh sum_{u in N(v)} h_u
+
+    N(v): v's in-neighbours; a row without any aggregates 0.  W_neigh is applied before the sum where
+    that is narrower (the sum is linear).
+
+    Args:
+        in_features: input width.
+        out_features: output width.
+
+    The bias is always learnt, and PyG's ``root_weight`` and ``normalize`` are not offered: the
+    parameter names (tests/dense_reference.py reads them) and the sizes the memory model declares
+    (memory_model/zoo_stacks.py) are those of this one form.
+
+    Parameters: lin_self.(weight [out, in], bias [out]), lin_neigh.weight [out, in] (PyG's lin_r and
+    lin_l), drawn by nn.Linear's initialisation in that order.
+
+    Shapes: source rows [n_src, in] (destination rows their first n_dst) -> [n_dst, out].
+    """
 
     kind = "sum"
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.lin_self = nn.Linear(in_features, out_features)
-        self.lin_neigh = nn.Linear(in_features, out_features, bias=False)
+        self.lin_self = undrawn_linear(in_features, out_features)
+        self.lin_neigh = undrawn_linear(in_features, out_features, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Redraw the parameters as the constructor draws them (nn.Linear's initialisation)."""
+        self.lin_self.reset_parameters()
+        self.lin_neigh.reset_parameters()
 
     def _projects(self) -> bool:
         return self.out_features < self.in_features
@@ -106,11 +130,23 @@ class SAGESumConv(Layer):
 
 
 class SAGEMaxConv(SAGESumConv):
-    """out_v = W_self h_v + W_neigh max_{u in N(v)} h_u + b   (elementwise max; 0 without in-edges, as PyG).
+    r"""GraphSAGE with max aggregation, as PyG's ``SAGEConv(aggr="max")``:
 
-    The parameters of SAGESumConv; the maximum does not commute with the projection, so it is taken at
-    the input width.  The parts' maxima combine into the maximum (exact); on the whole graph too the
-    edges come as an own part (all of them) and an empty halo part, one code path for both."""
+        out_v = W_self h_v + b + W_neigh max_{u in N(v)} h_u
+
+    The maximum is elementwise over v's in-neighbours; a row without any aggregates 0, as PyG's.  It
+    does not commute with the projection, so it is taken at the input width.  The parts' maxima combine
+    into the maximum (exact); on the whole graph too the edges come as an own part (all of them) and an
+    empty halo part, one code path for both.
+
+    Args:
+        in_features: input width.
+        out_features: output width.
+
+    Parameters, their initialisation and ``reset_parameters``: SAGESumConv's.
+
+    Shapes: source rows [n_src, in] (destination rows their first n_dst) -> [n_dst, out].
+    """
 
     kind = "max"
 
@@ -139,16 +175,44 @@ class SAGEMaxConv(SAGESumConv):
 
 
 class GINConv(Layer):
-    """out_v = MLP((1 + eps) h_v + sum_{u in N(v)} h_u), MLP = Linear -> ReLU -> Linear, eps learnable
-    (Xu et al. 2019, GIN-eps).  The first Linear is applied before the sum where that is narrower
-    (its weight without the bias is linear, so W((1+eps)h_v + sum h_u) = (1+eps)Wh_v + sum Wh_u)."""
+    r"""Graph isomorphism network with a learnt eps (Xu et al. 2019, GIN-eps), as PyG's
+    ``GINConv(Sequential(Linear(in, out), ReLU(), Linear(out, out)), eps, train_eps=True)``:
+
+        out_v = MLP((1 + eps) h_v + sum_{u in N(v)} h_u),   MLP = Linear -> ReLU -> Linear
+
+    The first Linear is applied before the sum where that is narrower (its weight without the bias is
+    linear, so W((1+eps)h_v + sum h_u) = (1+eps)Wh_v + sum Wh_u).
+
+    Args:
+        in_features: input width.
+        out_features: output width (of both Linears).
+        eps: the initial eps (learnt).
+
+    The MLP is this fixed one, not a module of the user's as PyG's ``nn`` argument: the projection
+    before the sum and the memory model's declared sizes (memory_model/zoo_stacks.py) need its form.
+
+    Parameters: eps [1] (the initial eps), lin1.(weight [out, in], bias [out]), lin2.(weight [out, out],
+    bias [out]), the Linears drawn by nn.Linear's initialisation in that order.
+
+    Shapes: source rows [n_src, in] (destination rows their first n_dst) -> [n_dst, out].
+    """
 
     def __init__(self, in_features: int, out_features: int, eps: float = 0.0):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.eps = nn.Parameter(torch.tensor([float(eps)]))
-        self.lin1 = nn.Linear(in_features, out_features)
-        self.lin2 = nn.Linear(out_features, out_features)
+        self.initial_eps = float(eps)
+        self.eps = nn.Parameter(torch.empty(1))
+        self.lin1 = undrawn_linear(in_features, out_features)
+        self.lin2 = undrawn_linear(out_features, out_features)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Redraw the parameters as the constructor draws them: eps back to its initial value, then the
+        Linears (nn.Linear's initialisation)."""
+        with torch.no_grad():
+            self.eps.fill_(self.initial_eps)
+        self.lin1.reset_parameters()
+        self.lin2.reset_parameters()
 
     def _projects(self) -> bool:
         return self.out_features < self.in_features
@@ -170,7 +234,7 @@ class GINConv(Layer):
 
 
 class GATConv(Layer):
-    """Graph attention (Velickovic et al. 2018, as PyG's GATConv with add_self_loops):
+    r"""Graph attention (Velickovic et al. 2018), as PyG's ``GATConv`` (with or without self loops):
 
         x_u = W h_u  [heads, C];  e_vu = LeakyReLU(a_src . x_u + a_dst . x_v)  over u in N(v) + {v};
         alpha_vu = softmax_u(e_vu);  out_v = concat_or_mean_heads(sum_u dropout(alpha_vu) x_u) + b
@@ -180,8 +244,23 @@ class GATConv(Layer):
     running maximum m_i, sum s_i and weighted sum n_i; with m = max_i m_i,
     out = sum_i n_i e^(m_i-m) / sum_i s_i e^(m_i-m), the same value as one pass.
 
-    add_self_loops=False (PyG's option, as relational GAT uses it per relation): only the stored edges;
-    a row without in-edges aggregates 0 and its output is the bias."""
+    Args:
+        in_features: input width.
+        out_features: C, the features per head.
+        heads: H, the attention heads.
+        concat: concatenate the heads' outputs ([n_dst, H C]); False: average them ([n_dst, C]).
+        negative_slope: the LeakyReLU's slope for negative inputs.
+        attn_dropout: the probability of dropping an edge's normalised attention weight in training
+            (PyG's ``dropout``), per head, by the mask EdgeDropout draws.
+        add_self_loops: a loop per vertex, as PyG's default.  False (as relational GAT uses it per
+            relation): only the stored edges; a row without in-edges aggregates 0 and outputs the bias.
+
+    Parameters: lin.weight [H C, in], att_src [H, C], att_dst [H, C] (Glorot, as PyG's; PyG's are
+    [1, H, C]), bias [H C] with concat, else [C] (zeros).
+
+    Shapes: source rows [n_src, in] (destination rows their first n_dst) -> [n_dst, H C] (concat) or
+    [n_dst, C].
+    """
 
     def __init__(self, in_features: int, out_features: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, attn_dropout: float = 0.0, add_self_loops: bool = True):
@@ -189,15 +268,24 @@ class GATConv(Layer):
         self.in_features, self.out_features, self.heads, self.concat = in_features, out_features, heads, concat
         self.add_self_loops = bool(add_self_loops)
         self.negative_slope, self.attn_dropout = float(negative_slope), float(attn_dropout)
-        self.lin = nn.Linear(in_features, heads * out_features, bias=False)
+        self.lin = undrawn_linear(in_features, heads * out_features, bias=False)
         self.att_src = nn.Parameter(torch.empty(heads, out_features))
         self.att_dst = nn.Parameter(torch.empty(heads, out_features))
-        self.bias = nn.Parameter(torch.zeros(heads * out_features if concat else out_features))
-        # Glorot, as PyG initialises lin and the attention vectors.
+        self.bias = nn.Parameter(torch.empty(heads * out_features if concat else out_features))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Redraw the parameters as the constructor draws them: Glorot for lin and the attention vectors
+        (as PyG initialises them), zeros for the bias."""
+        # nn.Linear's own draw comes first, though Glorot's overwrites it: the generator advances past
+        # it, so a given seed gives the parameters (and later draws) that models and their recorded
+        # results are built from (nn/models.py: parameters depend only on torch.manual_seed).
+        self.lin.reset_parameters()
         nn.init.xavier_uniform_(self.lin.weight)
-        bound = math.sqrt(6.0 / (heads + out_features))
+        bound = math.sqrt(6.0 / (self.heads + self.out_features))
         nn.init.uniform_(self.att_src, -bound, bound)
         nn.init.uniform_(self.att_dst, -bound, bound)
+        nn.init.zeros_(self.bias)
 
     @property
     def out_width(self) -> int:

@@ -172,10 +172,16 @@ class RGCNConv(Layer):
         self.weight = nn.Parameter(torch.empty(num_bases or num_relations, in_features, out_features))
         self.comp = nn.Parameter(torch.empty(num_relations, num_bases)) if num_bases else None
         self.root = nn.Parameter(torch.empty(in_features, out_features))
-        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
-        for p in (self.weight, self.comp, self.root):  # PyG's order and initialisation
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyG's initialisation, in its order: Glorot for weight, comp (with bases) and root; zero bias."""
+        for p in (self.weight, self.comp, self.root):
             if p is not None:
                 _glorot(p.data)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
 
     def relation_weights(self) -> torch.Tensor:
         """[R, in, out]: the weights, or their basis combination."""

@@ -36,7 +36,7 @@ from torch import nn
 from granndis_hpc.graph.hetero import GraphTypes
 
 from .hetero_layers import RGATConv, RGCNConv, TypeTables, source_ids
-from .models import _conv_count
+from .models import _conv_count, reset_modules
 from .zoo import EdgeGNN, _check_positive, _widths, gat_widths
 
 
@@ -83,6 +83,15 @@ class HeteroGNN(EdgeGNN):
             lo, _ = self.types.id_range(name)
             x = x.index_put((rows,), table.index_select(0, ids.index_select(0, rows) - lo).to(x.dtype))
         return x
+
+    def reset_parameters(self) -> None:
+        """GNN.reset_parameters, the embedding tables (option embed) redrawn from N(0, 1) last, as built."""
+        reset_modules(self, {nn.ParameterDict: _reset_tables})
+
+
+def _reset_tables(tables: nn.ParameterDict) -> None:
+    for table in tables.values():
+        nn.init.normal_(table)
 
 
 def _check_types(model: str, types) -> TypeTables:

@@ -95,6 +95,30 @@ class GNN(nn.Module):
         from granndis_hpc.engine.runner import run_stack
         return run_stack(self, x, graphs, gather, dropout)
 
+    def reset_parameters(self) -> None:
+        """Redraw every parameter with its module's own initialisation (each conv's, norm's and Linear's
+        ``reset_parameters``), module by module in construction order, so that after
+        ``torch.manual_seed(s)`` the model holds the parameters it is built with under seed s."""
+        reset_modules(self)
+
+
+def reset_modules(module: nn.Module, resetters=None) -> None:
+    """Call ``reset_parameters`` of each submodule of `module` in registration order (a model registers
+    its modules as it builds them); a submodule without one gets ``resetters[type]`` when given, else
+    its own submodules are reset (a ModuleList, a wrapper).  TypeError for one that holds parameters
+    itself and has no way to redraw them: a partial reset would pass unnoticed."""
+    for name, child in module.named_children():
+        reset = getattr(child, "reset_parameters", None)
+        if callable(reset):
+            reset()
+        elif resetters and type(child) in resetters:
+            resetters[type(child)](child)
+        elif next(child.parameters(recurse=False), None) is not None:
+            raise TypeError(f"reset_parameters: {name} ({type(child).__name__}) holds parameters and has no "
+                            f"reset_parameters")
+        else:
+            reset_modules(child, resetters)
+
 
 class PlainGNN(GNN):
     """L convs, widths in -> hidden ... -> classes; [LayerNorm] -> ReLU -> dropout between convs;

@@ -219,7 +219,7 @@ def planned_rates(group, args, m: mm.ModelSpec, graph) -> Optional[mm.Rates]:
     if group.rank == 0:
         import torch
 
-        from granndis_hpc.engine import compute_rate
+        from granndis_hpc.memory_model import compute_rate
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         row_s, edge_s = compute_rate.measure(m.widths(), graph.num_edges / max(1, graph.num_vertices), device)

@@ -1,9 +1,9 @@
-"""The compute rates --mode auto measures (engine/compute_rate.py)."""
+"""The compute rates --mode auto measures (memory_model/compute_rate.py)."""
 import math
 
 import torch
 
-from granndis_hpc.engine import compute_rate
+from granndis_hpc.memory_model import compute_rate
 
 
 def test_rates_are_positive_and_finite():

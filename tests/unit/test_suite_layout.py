@@ -41,6 +41,13 @@ def test_no_tracked_file_is_longer_than_the_limit():
     assert not long, f"split these by concern (at most {MAX_LINES} lines each): {long}"
 
 
+def test_no_tracked_source_or_page_holds_a_nul_byte():
+    # A NUL (an MPI library's version string ends with one) makes grep and git treat a page as binary.
+    out = subprocess.run(["git", "ls-files", "-z", "*.py", "*.md"], cwd=REPO, capture_output=True, check=True).stdout
+    found = [n for n in out.decode().split("\0") if n and (REPO / n).is_file() and b"\0" in (REPO / n).read_bytes()]
+    assert not found, f"NUL bytes in {found}"
+
+
 def test_the_length_check_sees_a_long_file(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
