@@ -132,6 +132,13 @@ class GraphTypes:
         """int64 relation index of each edge src -> dst (-1: its type pair has no relation)."""
         return self.relation_table()[self.vertex_type(src_ids), self.vertex_type(dst_ids)]
 
+    def relations_per_vertex(self) -> float:
+        """The mean number of relations leading into a vertex's type, over the vertices: how many per-relation
+        rows a layer holds per destination row when each relation keeps only its own type's rows."""
+        into = self.destination_relations()
+        n = max(self.num_vertices, 1)
+        return sum(self.count(name) * len(into[t]) for t, name in enumerate(self.names)) / n
+
     def destination_relations(self) -> List[List[int]]:
         """For each vertex type, the relations that lead into it."""
         into: List[List[int]] = [[] for _ in self.names]

@@ -143,6 +143,7 @@ class ModelSpec:
     # The graph's relations, for the models of heterogeneous graphs (registry ``typed``: their per-relation
     # tensors); None: memory_model/hetero_stacks.py assumes DEFAULT_RELATIONS.
     relations: Optional[int] = None
+    relation_rows: Optional[float] = None  # relations into a destination row's type, averaged (None: all)
 
     def __post_init__(self):
         if self.precision not in ACTIVATION_BYTES:

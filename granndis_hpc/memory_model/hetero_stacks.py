@@ -23,9 +23,16 @@ def relations(m) -> int:
     return int(getattr(m, "relations", None) or DEFAULT_RELATIONS)
 
 
+def relation_rows(m) -> float:
+    """Per destination row, the relations whose aggregate it holds (those into its type: ModelSpec's
+    ``relation_rows``, from the set's types), or every relation when unknown."""
+    return float(getattr(m, "relation_rows", None) or relations(m))
+
+
 class RGCNEstimate(EdgeEstimate):
     """R-GCN (option num_bases): the root's input (a slice of the source rows' storage), each relation's
-    mean [n_dst, win] (its projection's input) and, with bases, the combined weights [R, win, wout]."""
+    mean over its destination type's rows [rows, win] (its projection's input; relation_rows of them per
+    destination row) and, with bases, the combined weights [R, win, wout]."""
 
     def conv_parameters(self, m, layer, win, wout):
         R, B = relations(m), m.option("num_bases")
@@ -35,7 +42,7 @@ class RGCNEstimate(EdgeEstimate):
         R, B = relations(m), m.option("num_bases")
         weights = R * win * wout * F32 if input_grad else 0  # each relation's weight, saved by its product
         root = win * wout * F32 if input_grad else 0
-        b = lr.n_src * win * F32 + root + R * lr.n_dst * win * F32 + weights
+        b = lr.n_src * win * F32 + root + int(relation_rows(m) * lr.n_dst) * win * F32 + weights
         pre = root + (0 if B else weights)  # with bases the combined weights are made in the step
         if B:
             b += R * B * F32 + B * win * wout * F32  # the combination's factors (parameters)

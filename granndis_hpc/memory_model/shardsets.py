@@ -10,6 +10,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from granndis_hpc import shards
+from granndis_hpc.graph.hetero import GraphTypes
 from granndis_hpc.units import format_size
 
 from .arrays import ServerArrays, gpu_arrays_from_slice
@@ -48,7 +49,9 @@ def model_for(manifest: dict, name: str, hidden: int, layers: int, **kw) -> Mode
     ds = manifest["dataset"]
     kw.setdefault("multilabel", ds.get("multilabel") is True)
     if "types" in ds:  # a heterogeneous set: the relational models' memory grows with the relations
-        kw.setdefault("relations", len(ds["types"]["relations"]))
+        types = GraphTypes.from_record(ds["types"])
+        kw.setdefault("relations", types.num_relations)
+        kw.setdefault("relation_rows", types.relations_per_vertex())
     return ModelSpec(name, int(ds["num_features"]), int(hidden), int(ds["num_classes"]), int(layers), **kw)
 
 

@@ -57,11 +57,16 @@ class TypeTables:
 class RelationViews:
     """A LayerGraph seen per relation: ``graphs[r]`` holds only relation r's edges (same rows, n_own and
     source_ids), ``dst_type`` [n_dst] the destination rows' types, ``edge_relation`` [nnz] each edge's
-    relation in the graph's CSR order."""
+    relation in the graph's CSR order.  ``dst_rows[r]``: the destination rows of relation r's destination
+    type (sorted), and ``compact[r]`` relation r's edges over those rows only (its destination row i is
+    row dst_rows[r][i]; the same sources): a relation's aggregate is held for its own type's rows, not for
+    every row (R-GCN's means: a fraction of R times the rows)."""
 
     graphs: List[LayerGraph]
     dst_type: torch.Tensor
     edge_relation: torch.Tensor
+    dst_rows: List[torch.Tensor]
+    compact: List[LayerGraph]
 
 
 # Per graph and types: its relation views (the engine reuses a layer's graph every epoch).  Weak keys:
@@ -104,7 +109,8 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
         raise ValueError(f"relation_views: edge {int(ids[cols[e]])} -> {int(ids[rows[e]])} leads from "
                          f"{names[int(src_type[cols[e]])]!r} to {names[int(dst_type[rows[e]])]!r}, a pair no "
                          f"relation covers")
-    graphs = []
+    graphs, dst_rows, compact = [], [], []
+    into = tables.on(graph.device)[2]
     for r in range(tables.num_relations):
         keep = relation == r  # a mask keeps the CSR order: each relation's rows stay sorted
         rows_r, cols_r = rows[keep], cols[keep]
@@ -115,7 +121,14 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
                           n_own=graph.n_own)
         view.source_ids = getattr(graph, "source_ids", None)
         graphs.append(view)
-    cache[tables.key] = views = RelationViews(graphs, dst_type, relation)
+        # The same edges over the rows of the relation's destination type (every edge's row is one).
+        type_rows = torch.nonzero(dst_type == into[r]).squeeze(1)
+        counts_c = counts.index_select(0, type_rows)
+        compact.append(LayerGraph(type_rows.shape[0], graph.n_src,
+                                  torch.cat([counts_c.new_zeros(1), torch.cumsum(counts_c, 0)]), cols_r,
+                                  counts_c.to(torch.float32), src_degree, n_own=graph.n_own))
+        dst_rows.append(type_rows)
+    cache[tables.key] = views = RelationViews(graphs, dst_type, relation, dst_rows, compact)
     return views
 
 
@@ -139,8 +152,9 @@ class RGCNConv(Layer):
         out_v = x_v W_root + sum_r mean_{u in N_r(v)} x_u W_r + b,   W_r = sum_b comp[r, b] V_b (bases)
 
     N_r(v): v's in-neighbours over relation r; a row without any aggregates 0 for that relation.  The
-    mean of each relation is taken at the input width (sparse products of the relation views, so the
-    own and halo parts add up and rows may be restricted), then projected by W_r.
+    mean of each relation is taken at the input width for the rows of its destination type only (sparse
+    products of the relation views' compact graphs, so the own and halo parts add up), then projected by
+    W_r and added to those rows.
 
     Args:
         in_features: input width.
@@ -155,8 +169,6 @@ class RGCNConv(Layer):
 
     Shapes: source rows [n_src, in] (destination rows their first n_dst) -> [n_dst, out].
     """
-
-    splits_rows = True
 
     def __init__(self, in_features: int, out_features: int, num_relations: int, num_bases: Optional[int] = None,
                  bias: bool = True, *, types):
@@ -191,10 +203,10 @@ class RGCNConv(Layer):
                                                                        self.out_features)
 
     def aggregate_part(self, part: GraphPart, m, call: LayerCall):
-        """[R] means of the part's edges of each relation [part rows, in]."""
+        """[R] means of the part's edges of each relation [rows of its destination type, in]."""
         views = relation_views(call.graph, self.tables)
         n_own = None if part.sources is None else part.n_own
-        return [aggregate(GraphPart(g, part.sources, n_own, part.rows), m, "mean") for g in views.graphs]
+        return [aggregate(GraphPart(g, part.sources, n_own), m, "mean") for g in views.compact]
 
     def combine(self, partials, call: LayerCall):
         return [sum(p[r] for p in partials) if len(partials) > 1 else partials[0][r]
@@ -203,8 +215,9 @@ class RGCNConv(Layer):
     def update(self, h_dst, aggregated, call: LayerCall):
         weights = self.relation_weights()
         out = h_dst @ self.root
+        rows = relation_views(call.graph, self.tables).dst_rows
         for r, agg in enumerate(aggregated):
-            out = out + agg @ weights[r]
+            out = out.index_add(0, rows[r], agg @ weights[r])
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
