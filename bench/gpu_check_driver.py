@@ -130,6 +130,8 @@ class Check:
             status, facts = fn(budget)
         except Exception as exc:  # noqa: BLE001 -- the stage fails with its reason; the others still run
             status, facts = "failed", {"reason": f"{type(exc).__name__}: {exc}"}
+        if status == "timed out" and budget < timeout:  # the overall deadline stopped it, not its own timeout
+            status, facts = "not reached", dict(facts, reason=f"deadline: stopped after {int(budget)} s")
         entry.update(status=status, wall_s=round(time.monotonic() - started, 1), **facts)
         if status == "passed":
             entry.pop("reason", None)
@@ -164,7 +166,10 @@ def markdown(report):
                 err = c.get("logits_rel_err")
                 lines.append(f"| {c['case']} | {c.get('ok')} | {'' if err is None else f'{err:.2e}'} | "
                              f"{c.get('syncs_per_step', '')} ({c.get('sync_rule', '')}) | "
-                             f"{fmt_times(c.get('epoch_s'))} | {c.get('peak_reserved_mib') or ''} |")
+                             f"{fmt_times(c.get('epoch_s'))} | {c.get('peak_reserved_mib') or ''} |"
+                             if c["case"] != "startup" else
+                             f"| startup | {c.get('ok')} | GPU set before MPI: {c.get('gpu_before_mpi')}, "
+                             f"{', '.join(c.get('thread_level') or [])} | | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -173,9 +178,10 @@ def fmt_times(ts):
 
 
 def summary(s):
-    keys = ("reason", "note", "torch", "torch_cuda_build", "gpus", "nccl", "mpi_library", "c_kernels", "counts",
-            "cases_ok", "params_rel_err", "logits_rel_err", "syncs", "granndis_median_s", "pyg_median_s",
-            "granndis_over_pyg", "vertices", "peak_reserved_mib", "missing")
+    keys = ("reason", "note", "interpreter", "venv", "python", "torch", "torch_cuda_build", "cuda_available", "gpus",
+            "nccl", "mpi4py", "mpi_library", "c_kernels", "torch_geometric", "built", "counts", "transport",
+            "cases_ok", "max_logits_rel_err", "params_rel_err", "syncs", "vertices", "edges", "granndis_median_s",
+            "pyg_median_s", "granndis_over_pyg", "peak_reserved_mib", "missing")
     parts = [f"{k}: {s[k]}" for k in keys if s.get(k) not in (None, "", [])]
     return "; ".join(parts).replace("|", "/")[:900]
 
@@ -265,8 +271,10 @@ def build(check, name, options, timeout, log="shards.log"):
     out = os.path.join(check.out, "shards", name)
     if os.path.exists(os.path.join(out, "manifest.json")):
         return 0
-    return check.run([check.py, "-m", "granndis_hpc.preprocess", "build", *options, "--layers", "3",
-                      "--partitioner", "metis", "--seed", "0", "--out", out, "--overwrite"], log, timeout)[0]
+    if "--partitioner" not in options:
+        options = [*options, "--partitioner", "metis"]
+    return check.run([check.py, "-m", "granndis_hpc.preprocess", "build", *options, "--layers", "3", "--seed", "0",
+                      "--out", out, "--overwrite"], log, timeout)[0]
 
 
 def stage_shards(check, budget):
@@ -324,7 +332,12 @@ def mode_stage(check, budget, name, ranks, cases, extra=()):
     wanted = ["startup"] + cases.split(",")
     missing = [c for c in wanted if c not in {g["case"] for g in got}]
     bad = [g["case"] for g in got if not g.get("ok")]
-    facts = {"cases": got, "cases_ok": f"{len(got) - len(bad)} of {len(wanted)}"}
+    errs = [g["logits_rel_err"] for g in got if g.get("logits_rel_err") is not None]
+    facts = {"cases": got, "cases_ok": f"{len(got) - len(bad)} of {len(wanted)}",
+             "max_logits_rel_err": max(errs) if errs else None,
+             "params_rel_err": next((g["params_rel_err"] for g in got if "params_rel_err" in g), None),
+             "transport": ("gloo standing in for NCCL; the GPU code's host staging on the CPU" if check.fake else
+                           "NCCL inside each server") + (", MPI between the 2 servers" if ranks > 1 else "")}
     if rc == "timed out":
         return "timed out", dict(facts, reason=f"timed out; no result for {', '.join(missing) or '-'}")
     if missing or bad or rc != 0:
@@ -353,7 +366,7 @@ def epoch_stage(check, budget, name, vertices, pyg):
     end = time.monotonic() + budget
     set_name = f"syn{vertices}-1x1"
     options = ["--source", "synthetic", "--vertices", str(vertices), "--servers", "1", "--gpus-per-server", "1",
-               "--preload", "full"]
+               "--preload", "full", "--partitioner", "random"]  # one server: nothing to partition
     rc = build(check, set_name, options, end - time.monotonic() - 20, log=f"{name}.log")
     if rc != 0:
         return ("timed out" if rc == "timed out" else "failed"), {"reason": f"building {set_name}: {rc}"}
