@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,7 +180,7 @@ def fmt_times(ts):
 
 def summary(s):
     keys = ("reason", "note", "interpreter", "venv", "python", "torch", "torch_cuda_build", "cuda_available", "gpus",
-            "nccl", "mpi4py", "mpi_library", "c_kernels", "torch_geometric", "built", "counts", "transport",
+            "nccl", "mpi4py", "mpi_library", "mpirun", "c_kernels", "torch_geometric", "built", "counts", "transport",
             "cases_ok", "max_logits_rel_err", "params_rel_err", "syncs", "vertices", "edges", "granndis_median_s",
             "pyg_median_s", "granndis_over_pyg", "peak_reserved_mib", "missing")
     parts = [f"{k}: {s[k]}" for k in keys if s.get(k) not in (None, "", [])]
@@ -203,6 +204,7 @@ def stage_env(check, budget):
     env_cmd = [py, "bench/gpu_check_env.py"] + ([] if check.fake else ["--need-cuda"])
     rc, _ = check.run(env_cmd, log, budget)
     found = last_json(os.path.join(check.out, log)) or {}
+    facts["mpirun"] = shutil.which("mpirun") or "missing: the mode and epoch stages need it"
     facts.update(interpreter=py, **{k: found.get(k) for k in (
         "python", "torch", "torch_cuda_build", "cuda_available", "gpus", "nccl", "gloo", "mpi4py", "mpi_library",
         "c_kernels", "c_kernels_note", "torch_geometric", "nvidia_smi", "missing")})
@@ -243,7 +245,12 @@ def fresh_venv(check, budget, log):
     else:  # the image's packages or nothing: what is missing is reported by the env stage
         rc, _ = check.run(pip + ["--no-deps", "-e", "."], log, budget / 2)
     how = f"fresh venv {venv} over {base}'s torch" + (f", wheels from {house}" if os.path.isdir(house) else "")
-    return (py, how) if rc == 0 else (None, f"{how}: pip install failed ({rc}; see env.log)")
+    if rc == 0:
+        return py, how
+    # No build tools or setuptools: the package from the source tree (its C kernels then fall back to torch's
+    # operators, which the env stage reports)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
+    return py, f"{how}: pip install failed ({rc}; see env.log), so the package runs from {REPO} (PYTHONPATH)"
 
 
 def last_json(path):
