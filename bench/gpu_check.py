@@ -1,16 +1,20 @@
-"""The device check's MPI program (run by bench/gpu_check.sh on every rank): every training mode with
-overlap on and off and bf16 halos on the device, against the same run on the CPU.
+"""The device check's MPI program (run by bench/gpu_check_driver.py on every rank): every training mode
+with overlap on and off and bf16 halos on the device, against the same run on the CPU.
 
-For each case it trains a few epochs on `--device` (dropout 0, so the runs are comparable), then counts
+For each case it trains a few epochs on `--device` (dropout 0, so the runs are comparable; the `exact`
+case trains with dropout 0.5, whose keyed masks are the same on both, and compares the parameters too), then counts
 the host synchronisations of one steady step per mode (cluster/hostsync.SyncCounter: on a GPU every
 call it records really waits), reads the peak reserved and allocated device memory and the epoch
 times, and compares the full-graph logits with the same case trained on the CPU (float32 sums in
 another order: a relative tolerance; bf16 halos: a looser one).  Rank 0 prints one JSON line per case
-and writes them to --out; the exit status is non-zero when any case mismatches, exceeds one host sync
-per step outside cob's per-step graph builds, or fails.
+and writes them to --out; the exit status is non-zero when any case mismatches, breaks its host-sync rule
+or fails.  The rule: one host sync per step (the loss), cob's and mb's per-step graph builds aside; the
+`--no-overlap` order waits for each staged exchange's copy on purpose (cluster/staging.wait_event), so its
+cases may add those waits and nothing else.
 
 --device cpu (the smoke check of this script's own logic, no GPU needed): the "device" run uses the GPU
-code's host staging emulated on the CPU (--host-staging) and is compared with the plain run.
+code's host staging emulated on the CPU (--host-staging) and is compared with the plain run;
+--intra-transport gloo stands in for NCCL there.
 """
 from __future__ import annotations
 
@@ -46,13 +50,19 @@ CASES = [  # (name, TrainConfig overrides)
     ("flx-noovl", {"mode": "flx", "no_overlap": True}),
     ("cob", {"mode": "cob", "batches_per_epoch": 2, "fanout": 5}),
     ("cob-noovl", {"mode": "cob", "batches_per_epoch": 2, "fanout": 5, "no_overlap": True}),
+    ("eas", {"mode": "eas"}),  # on --eas-shards
+    ("mb", {"mode": "mb", "batches_per_epoch": 2, "fanout": 5}),
+    ("exact", {"mode": "fb", "dropout": 0.5}),  # logits and parameters, keyed dropout masks
 ]
+BATCHED = ("cob", "mb")  # a co-batch's graphs are new each step: their matrices are built in it
+STAGING_WAIT = "granndis_hpc/cluster/staging.py"
 
 
 def _config(args, device, overrides, staged=False):
-    cfg = dict(host_staging=staged, share_gpus=args.share_gpus, shards=args.shards, model="sage", layers=args.layers, hidden=64, epochs=args.epochs, lr=0.01,
+    shards = args.eas_shards if overrides["mode"] == "eas" else args.shards
+    cfg = dict(host_staging=staged, share_gpus=args.share_gpus, shards=shards, model="sage", layers=args.layers, hidden=64, epochs=args.epochs, lr=0.01,
                dropout=0.0, eval_every=0, ranks_per_server=args.ranks_per_server, quiet=True, device=device,
-               intra_transport=args.intra_transport if device != "cpu" else "auto")
+               intra_transport=args.intra_transport if device != "cpu" or staged else "auto")
     cfg.update(overrides)
     return TrainConfig(**cfg)
 
@@ -83,13 +93,14 @@ def _run(args, device, overrides, staged=False):
         def counted(s):  # the last epoch's steps, counted
             with SyncCounter() as counter:
                 out = step(s)
-            per_step.append([c for c in counter.calls if not (overrides["mode"] == "cob" and "nn/graph.py" in c[1])])
+            per_step.append([c for c in counter.calls if not (overrides["mode"] in BATCHED and "nn/graph.py" in c[1])])
             return out
         trainer._step = counted
         rec = trainer.train_epoch()
         trainer._step = step
         times.append(rec["time_s"])
         facts = {"syncs_per_step": max(len(c) for c in per_step),
+                 "other_syncs": sorted({w for c in per_step for n, w in c if n != "__float__" and STAGING_WAIT not in w}),
                  "loader_stream": _loader_facts(trainer),
                  # the topology's agreed GPU is the one set before MPI started (block placement)
                  "same_gpu_as_before_mpi": (not cuda) or trainer.device.index == STARTED["gpu"], "sync_calls": sorted({w for c in per_step for _, w in c}),
@@ -97,6 +108,7 @@ def _run(args, device, overrides, staged=False):
                  "peak_reserved_mib": (torch.cuda.max_memory_reserved(trainer.device) >> 20) if cuda else None,
                  "peak_allocated_mib": (torch.cuda.max_memory_allocated(trainer.device) >> 20) if cuda else None}
         logits = _logits_by_gid(trainer)
+        facts["params"] = {k: v.detach().double().cpu().numpy() for k, v in trainer.model.state_dict().items()}
     finally:
         trainer.close()
     return logits, facts
@@ -132,9 +144,43 @@ def _startup_facts(args):
             "thread_level": sorted({thread_level_name(f["thread_level"]) for f in everyone})}
 
 
+def _rel(a, b) -> float:
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _verdict(name, overrides, args, facts_all, dev_logits, cpu_logits, params):
+    """Rank 0: the case's result from every rank's facts."""
+    tol = 2e-2 if "halo_dtype" in overrides or "precision" in overrides else args.tolerance
+    err = _rel(dev_logits, cpu_logits)
+    syncs = max(f["syncs_per_step"] for f in facts_all)
+    other = sorted({w for f in facts_all for w in f["other_syncs"]})
+    noovl = bool(overrides.get("no_overlap"))
+    # no overlap: the loss plus the staging waits that order makes on purpose, nothing else
+    sync_ok = not other if noovl else syncs <= 1
+    same_gpu = all(f["same_gpu_as_before_mpi"] for f in facts_all)
+    loader = [f["loader_stream"] for f in facts_all if f["loader_stream"] is not None]
+    loader_ok = all(f["active"] and f["waits"] > 0 and f["in_loader"] for f in loader)
+    ok = err < tol and sync_ok and np.isfinite(dev_logits).all() and same_gpu and loader_ok
+    out = dict(same_gpu_as_before_mpi=same_gpu, loader_stream=loader[:1] or None, logits_rel_err=err, tolerance=tol,
+               syncs_per_step=syncs, sync_rule="loss + staging waits (no overlap)" if noovl else "one (the loss)",
+               sync_ok=bool(sync_ok), unexpected_syncs=other if noovl else None,
+               sync_calls=sorted({w for f in facts_all for w in f["sync_calls"]}),
+               epoch_s=facts_all[0]["epoch_s"], loss=facts_all[0]["loss"], bytes=facts_all[0]["bytes"],
+               peak_reserved_mib=[f["peak_reserved_mib"] for f in facts_all],
+               peak_allocated_mib=[f["peak_allocated_mib"] for f in facts_all])
+    if params is not None:
+        dev, cpu = params
+        out["params_rel_err"] = max(_rel(dev[k], cpu[k]) for k in cpu)
+        out["params"] = len(cpu)
+        ok = ok and out["params_rel_err"] < tol and set(dev) == set(cpu)
+    out["ok"] = bool(ok)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shards", required=True)
+    p.add_argument("--eas-shards", help="the same graph and shape built with --preload eas (case eas)")
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--ranks-per-server", type=int, default=1)
@@ -150,30 +196,21 @@ def main(argv=None) -> int:
     for name, overrides in [("startup", None)] + CASES:
         if name not in wanted and name != "startup":
             continue
-        result = {"case": name, "shards": os.path.basename(os.path.normpath(args.shards)), "device": args.device}
+        shards = args.eas_shards if name == "eas" else args.shards
+        result = {"case": name, "shards": os.path.basename(os.path.normpath(shards or "")), "device": args.device}
         try:
             if overrides is None:
                 result.update(_startup_facts(args) or {})
                 raise _Done
             start = time.perf_counter()
             dev_logits, facts = _run(args, args.device, overrides, staged=args.device == "cpu")
-            cpu_logits, _ = _run(args, "cpu", overrides)
+            cpu_logits, cpu_facts = _run(args, "cpu", overrides)
+            dev_params, cpu_params = facts.pop("params"), cpu_facts.pop("params")  # replicated: rank 0's
             facts_all = WORLD.gather(facts, root=0)
             if WORLD.rank == 0:
-                tol = 2e-2 if "halo_dtype" in overrides or "precision" in overrides else args.tolerance
-                err = float(np.abs(dev_logits - cpu_logits).max() / max(np.abs(cpu_logits).max(), 1e-30))
-                syncs = max(f["syncs_per_step"] for f in facts_all)
-                same_gpu = all(f["same_gpu_as_before_mpi"] for f in facts_all)
-                loader = [f["loader_stream"] for f in facts_all if f["loader_stream"] is not None]
-                loader_ok = all(f["active"] and f["waits"] > 0 and f["in_loader"] for f in loader)
-                ok = err < tol and syncs <= 1 and np.isfinite(dev_logits).all() and same_gpu and loader_ok
-                result.update(ok=bool(ok), same_gpu_as_before_mpi=same_gpu, loader_stream=loader[:1] or None,
-                              logits_rel_err=err, tolerance=tol, syncs_per_step=syncs,
-                              sync_calls=sorted({w for f in facts_all for w in f["sync_calls"]}),
-                              epoch_s=facts_all[0]["epoch_s"], loss=facts_all[0]["loss"], bytes=facts_all[0]["bytes"],
-                              peak_reserved_mib=[f["peak_reserved_mib"] for f in facts_all],
-                              peak_allocated_mib=[f["peak_allocated_mib"] for f in facts_all],
-                              wall_s=round(time.perf_counter() - start, 1))
+                result.update(_verdict(name, overrides, args, facts_all, dev_logits, cpu_logits,
+                                       (dev_params, cpu_params) if name == "exact" else None))
+                result["wall_s"] = round(time.perf_counter() - start, 1)
         except _Done:
             pass
         except Exception:  # noqa: BLE001 -- reported as a failed case; the other cases still run

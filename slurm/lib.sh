@@ -75,6 +75,22 @@ granndis_job_shape() {
     GRANNDIS_TASKS_PER_NODE=$per_node
 }
 
+# Whether the job was given GPUs: Slurm's GPU variables (counts: zero is none; index lists: any entry) or
+# CUDA_VISIBLE_DEVICES (NoDevFiles and -1 hide every GPU).  The batch shell sees the job's allocation.
+granndis_job_has_gpus() {
+    local var value
+    for var in SLURM_GPUS_ON_NODE SLURM_GPUS_PER_NODE SLURM_GPUS_PER_TASK SLURM_GPUS; do
+        value="${!var:-}"
+        # "a100:4" or "4" (several types: "a100:2,v100:2"); any count above zero
+        if [[ "$value" =~ (^|[:,])0*[1-9][0-9]*($|,) ]]; then return 0; fi
+    done
+    for var in SLURM_JOB_GPUS SLURM_STEP_GPUS CUDA_VISIBLE_DEVICES; do
+        value="${!var:-}"
+        case "${value,,}" in ""|-1|none|nodevfiles|void) ;; *) return 0 ;; esac
+    done
+    return 1
+}
+
 # Fill the array LAUNCH with the parallel launcher for GRANNDIS_NTASKS ranks, GRANNDIS_TASKS_PER_NODE
 # per node, in block order (ranks 0..n-1 on the first node, ...), which is what ranks-per-server means.
 #   GRANNDIS_LAUNCHER=srun (default) | mpirun ; GRANNDIS_SRUN_MPI=pmix (srun's --mpi plugin)

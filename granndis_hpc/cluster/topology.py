@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .devices import device_kind as device_kinds, gpu_positions, select_gpu
+from .devices import device_kind as device_kinds, gpu_positions, scheduler_gpus, select_gpu
 from .errors import ClusterError, agree
 from .rendezvous import rendezvous_address
 from granndis_hpc.mpistart import thread_level_problem
@@ -287,7 +287,8 @@ def _resolve_device(world: MPI.Comm, device: str, share_gpus: bool = False) -> t
     agree(world, device in DEVICES, f"device must be one of {DEVICES}, got {device!r}")
     has_cuda = torch.cuda.is_available()
     hosts = world.allgather(MPI.Get_processor_name())
-    kind, problem = device_kinds(device, world.allgather(has_cuda), hosts)
+    allocated = world.allgather(scheduler_gpus(os.environ) if device == "auto" and not has_cuda else "")
+    kind, problem = device_kinds(device, world.allgather(has_cuda), hosts, allocated, _torch_build())
     agree(world, not problem, problem)
     if kind == "cpu":
         return torch.device("cpu")
@@ -300,6 +301,12 @@ def _resolve_device(world: MPI.Comm, device: str, share_gpus: bool = False) -> t
     agree(world, not problem, problem)
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def _torch_build() -> str:
+    """torch's version and its CUDA build, for the refusal of a CPU wheel on a GPU node."""
+    cuda = torch.version.cuda
+    return f"torch {torch.__version__} ({f'built for CUDA {cuda}, no usable GPU found' if cuda else 'a CPU-only build'})"
 
 
 def _resolve_transport(world: MPI.Comm, requested: str, device: torch.device) -> str:

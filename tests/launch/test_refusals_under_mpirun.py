@@ -57,3 +57,22 @@ def test_predict_overwrite_of_a_foreign_directory_fails_every_rank_and_keeps_it(
     assert f"refusing --out {mine}: it holds best-model.pt, not predictions written by granndis predict" in r.stderr
     assert r.stderr.count("refusing --out") == 1 and "Traceback" not in r.stderr, r.stderr
     assert os.listdir(mine) == ["best-model.pt"]
+
+
+def test_device_auto_refuses_the_cpu_when_the_scheduler_gave_gpus_torch_cannot_see(tmp_path):
+    """A CPU wheel of torch on a GPU node: `--device auto` trained on the CPU without a word."""
+    import torch
+
+    from tests.unit.test_shards import build, make_graph
+
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip("this torch sees CUDA: the refusal is for one that does not")
+    build(make_graph(n=200, m=800), tmp_path / "shards", servers=2, gpus_per_server=1)
+    r = run_mpi(["-m", "granndis_hpc.cli", "train", "--shards", tmp_path / "shards", "--epochs", "1", "--layers", "2",
+                 "--device", "auto", "--out", tmp_path / "run"], n=2, timeout=180,
+                env={"SLURM_JOB_GPUS": "0"})
+    assert r.returncode != 0, r.stderr
+    assert r.stderr.count("the scheduler gave rank 0 on") == 1, r.stderr
+    assert "(SLURM_JOB_GPUS=0; 2 of 2 ranks have GPUs)" in r.stderr and "--device cpu" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr

@@ -2,7 +2,7 @@
 offers (one GPU per task, all of a node's GPUs per task, a socket's GPUs per task), without GPUs."""
 import pytest
 
-from granndis_hpc.cluster.devices import device_kind, gpu_positions, select_gpu
+from granndis_hpc.cluster.devices import device_kind, gpu_positions, scheduler_gpus, select_gpu
 
 
 def _choose(hosts, visible_sets, visible, share=False):
@@ -43,3 +43,28 @@ def test_auto_never_falls_back_to_the_cpu_when_some_ranks_see_no_gpu(requested):
     assert device_kind("cpu", [True, False], ["a", "b"]) == ("cpu", "")
     assert device_kind("auto", [False, False], ["a", "b"]) == ("cpu", "")
     assert device_kind("cuda", [False, False], ["a", "b"])[1]
+
+
+@pytest.mark.parametrize("environ, given", [
+    ({"CUDA_VISIBLE_DEVICES": "0"}, "CUDA_VISIBLE_DEVICES=0"),
+    ({"SLURM_JOB_GPUS": "0,1"}, "SLURM_JOB_GPUS=0,1"),
+    ({"SLURM_GPUS_ON_NODE": "4"}, "SLURM_GPUS_ON_NODE=4"),
+    ({"SLURM_GPUS_PER_NODE": "a100:2"}, "SLURM_GPUS_PER_NODE=a100:2"),
+    ({}, ""),
+    ({"CUDA_VISIBLE_DEVICES": ""}, ""),
+    ({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, ""),
+    ({"CUDA_VISIBLE_DEVICES": "-1", "SLURM_GPUS_PER_NODE": "0", "SLURM_GPUS_ON_NODE": "0"}, ""),
+])
+def test_the_gpus_the_scheduler_gave_are_read_from_its_variables(environ, given):
+    assert scheduler_gpus(environ) == given
+
+
+def test_auto_refuses_the_cpu_when_the_scheduler_gave_gpus_that_torch_cannot_see():
+    kind, problem = device_kind("auto", [False, False], ["n1", "n1"], ["", "CUDA_VISIBLE_DEVICES=0"],
+                                "torch 2.13.0+cpu (a CPU-only build)")
+    assert problem.startswith("--device auto: the scheduler gave rank 1 on n1 GPUs (CUDA_VISIBLE_DEVICES=0; 1 of 2")
+    assert "torch 2.13.0+cpu (a CPU-only build) sees no CUDA" in problem
+    assert "install a CUDA build of torch" in problem and "--device cpu" in problem
+    # no GPUs given: the CPU, as before; --device cpu: the CPU deliberately, whatever the scheduler gave
+    assert device_kind("auto", [False, False], ["n1", "n1"], ["", ""]) == ("cpu", "")
+    assert device_kind("cpu", [False], ["n1"], ["CUDA_VISIBLE_DEVICES=0"]) == ("cpu", "")

@@ -124,7 +124,7 @@ def test_train_srun_command(job, nodes, per_node, give_per_node):
                         "--cpus-per-task=3"]
     assert options(train) == {"--shards": "shards/cora", "--mode": "flx", "--model": "sage", "--layers": "3",
                               "--hidden": "64", "--epochs": "200", "--out": "runs/granndis-train-4242",
-                              "--lr": "0.005"}
+                              "--device": "auto", "--lr": "0.005"}
     assert train[-2:] == ["--lr", "0.005"]  # extra flags last, so they override the script's
     env = recorded_env(job, "srun")
     # Real nodes: the ranks find the servers themselves (not forced, which would report them "emulated")
@@ -133,18 +133,33 @@ def test_train_srun_command(job, nodes, per_node, give_per_node):
     assert "granndis-train --shards shards/cora" in res.stderr  # the command is shown in the job log
 
 
+@pytest.mark.parametrize("env, args, device", [
+    ({"SLURM_JOB_GPUS": "0,1"}, [], "cuda"),  # a GPU job: a rank without a usable GPU stops it
+    ({"SLURM_GPUS_PER_NODE": "a100:2"}, [], "cuda"),
+    ({"SLURM_GPUS_PER_NODE": "0", "CUDA_VISIBLE_DEVICES": "NoDevFiles"}, [], "auto"),
+    ({"SLURM_GPUS_ON_NODE": "2", "GRANNDIS_DEVICE": "cpu"}, [], "cpu"),  # the CPU deliberately
+    ({"SLURM_GPUS_ON_NODE": "2"}, ["--device", "cpu"], "cpu"),
+])
+def test_train_device_follows_the_jobs_gpus(job, env, args, device):
+    res = run_script(job, "train.sbatch", *args, **env)
+    assert res.returncode == 0, res.stderr
+    train = split_at(recorded(job, "srun"), "granndis-train")[1]
+    assert options(train)["--device"] == device and train.count("--device") == 1
+
+
 def test_train_settings_from_environment(job):
     (job["work"] / "run.toml").write_text("lr = 0.01\n")
     res = run_script(job, "train.sbatch", GRANNDIS_MODE="eas", GRANNDIS_MODEL="gcn", GRANNDIS_LAYERS="5",
                      GRANNDIS_HIDDEN="128", GRANNDIS_EPOCHS="7", GRANNDIS_CONFIG="run.toml",
                      GRANNDIS_RUN_DIR="runs/mine", GRANNDIS_SRUN_MPI="pmi2", GRANNDIS_GPU_BIND="closest",
-                     GRANNDIS_LAUNCHER_ARGS="--exclusive --label")
+                     GRANNDIS_LAUNCHER_ARGS="--exclusive --label", SLURM_GPUS_ON_NODE="4")
     assert res.returncode == 0, res.stderr
     launcher, train = split_at(recorded(job, "srun"), "granndis-train")
     assert launcher[0] == "--mpi=pmi2" and "--gpu-bind=closest" in launcher and launcher[-2:] == ["--exclusive",
                                                                                                   "--label"]
     assert options(train) == {"--shards": "shards/cora", "--mode": "eas", "--model": "gcn", "--layers": "5",
-                              "--hidden": "128", "--epochs": "7", "--out": "runs/mine", "--config": "run.toml"}
+                              "--hidden": "128", "--epochs": "7", "--out": "runs/mine", "--device": "cuda",
+                              "--config": "run.toml"}
     res = run_script(job, "train.sbatch", GRANNDIS_CONFIG="missing.toml")
     assert res.returncode == 2 and "GRANNDIS_CONFIG=missing.toml" in res.stderr
 
