@@ -24,7 +24,7 @@ from typing import Dict, List
 import numpy as np
 
 from granndis_hpc.preprocess.sources.canonical import DataError
-from granndis_hpc.preprocess.sources.hetero import SPLIT_NAMES, canonicalize_hetero, split_relation_key
+from granndis_hpc.preprocess.sources.hetero import SPLIT_NAMES, canonicalize_hetero, choose_target, split_relation_key
 
 EDGE_PREFIX = "edge_index_"
 
@@ -97,14 +97,7 @@ def hetero_parts(arrays: Dict[str, np.ndarray], keys: List[str], path, target_ty
             raise DataError(f"{path}: vertex type {t!r} has neither x_{t} nor num_nodes_{t}. Fix: store its "
                             f"features, or its vertex count as num_nodes_{t}")
     labelled = [t for t in order if f"y_{t}" in arrays]
-    if target_type is None:
-        if len(labelled) != 1:
-            raise DataError(f"{path}: {'no type has' if not labelled else f'the types {labelled} all have'} labels "
-                            f"(y_<type>). Fix: {'store y_<target type>' if not labelled else 'pick one with --target-type'}")
-        target_type = labelled[0]
-    elif target_type not in labelled:
-        raise DataError(f"{path}: --target-type {target_type} has no y_{target_type} (labelled types: {labelled}). "
-                        "Fix: name a type with labels")
+    target_type = choose_target(labelled, target_type, path, no_labels_fix="store y_<target type>")
     missing = [f"{s}_{target_type}" for s in SPLIT_NAMES if f"{s}_{target_type}" not in arrays]
     if missing:
         raise DataError(f"{path}: missing {missing}. Fix: store the target type's split as train_/val_/test_"

@@ -16,7 +16,7 @@ import numpy as np
 
 from granndis_hpc.preprocess.sources.bundle_hetero import EDGE_PREFIX
 from granndis_hpc.preprocess.sources.canonical import DataError
-from granndis_hpc.preprocess.sources.hetero import SPLIT_NAMES
+from granndis_hpc.preprocess.sources.hetero import SPLIT_NAMES, choose_target
 
 
 def is_pyg_hetero(obj) -> bool:
@@ -82,14 +82,8 @@ def from_pyg_hetero(data, target_type=None, train_idx=None, val_idx=None, test_i
         out[f"{EDGE_PREFIX}{s}__{r}__{d}"] = ei.astype(np.int64, copy=False)
     labelled = [t for t in data.node_types
                 if (data[t].get("y") if hasattr(data[t], "get") else getattr(data[t], "y", None)) is not None]
-    if target_type is None:
-        if len(labelled) != 1:
-            raise DataError(f"{origin}: {'no node type has' if not labelled else f'the node types {labelled} have'} "
-                            f"y. Fix: {'set y on the target type' if not labelled else 'pass target_type='}")
-        target_type = labelled[0]
-    if target_type not in labelled:
-        raise DataError(f"{origin}: target_type {target_type!r} has no y (node types with y: {labelled}). Fix: "
-                        "name a type with labels")
+    target_type = choose_target(labelled, target_type, origin, option="target_type=",
+                                no_labels_fix="set y on the target type")
     store = data[target_type]
     y = _array(store.y, f"data[{target_type!r}].y", origin)
     out[f"y_{target_type}"] = y

@@ -228,6 +228,21 @@ def _target_arrays(counts, target, labels, splits, origin):
     return labels, masks
 
 
+def choose_target(labelled: List[str], asked: Optional[str], origin: str, option: str = "--target-type",
+                   no_labels_fix: str = "store the target type's labels") -> str:
+    """The target type: `asked` (`option`, which must be one of the `labelled` types), else the one labelled
+    type; DataError saying which types have labels and what to do otherwise."""
+    if asked is not None:
+        if asked not in labelled:
+            raise DataError(f"{origin}: {option} {asked} has no labels (labelled types: {labelled}). Fix: name a "
+                            f"type with labels")
+        return asked
+    if len(labelled) != 1:
+        raise DataError(f"{origin}: {'no vertex type has' if not labelled else f'the types {labelled} all have'} "
+                        f"labels. Fix: {no_labels_fix if not labelled else f'pick one with {option}'}")
+    return labelled[0]
+
+
 def canonicalize_hetero(name, counts, features, relations, labels, splits, target, num_classes=None,
                         symmetrize=True, derive=None, origin=None, self_loops="remove") -> Graph:
     """A canonical `Graph` with ``types`` set, from a heterogeneous graph given per type (module docstring).

@@ -29,7 +29,7 @@ import numpy as np
 
 from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.sources.csvgz import read_csv
-from granndis_hpc.preprocess.sources.hetero import canonicalize_hetero
+from granndis_hpc.preprocess.sources.hetero import canonicalize_hetero, choose_target
 
 SPLIT_FILES = (("train", "train"), ("val", "valid"), ("test", "test"))
 MAX_TEXT_BYTES = 1 << 20  # the small text tables (type names, triplets); anything larger is not one
@@ -107,15 +107,7 @@ def _target(raw, counts, target_type) -> str:
         labelled = [t for t, v in _header_table(path).items() if v.lower() == "true"]
     else:
         labelled = sorted(t for t in counts if os.path.isdir(os.path.join(raw, "node-label", t)))
-    if target_type is not None:
-        if target_type not in labelled:
-            raise DataError(f"{raw}: --target-type {target_type} has no labels (labelled types: {labelled}). Fix: "
-                            "name a labelled type")
-        return target_type
-    if len(labelled) != 1:
-        raise DataError(f"{raw}: {'no vertex type has' if not labelled else f'the types {labelled} have'} labels. "
-                        f"Fix: {'copy raw/node-label/ of the download' if not labelled else 'pick one with --target-type'}")
-    return labelled[0]
+    return choose_target(labelled, target_type, raw, no_labels_fix="copy raw/node-label/ of the download")
 
 
 def _split_ids(split_dir, file) -> np.ndarray:

@@ -47,6 +47,28 @@ def shared_tmpdir(prefix="granndis-test-"):
     return WORLD.bcast(tempfile.mkdtemp(prefix=prefix) if WORLD.rank == 0 else None)
 
 
+def scratch(prefix):
+    """Generator of a module fixture: shared_tmpdir(prefix), removed by rank 0 once every rank is done."""
+    import shutil
+
+    path = shared_tmpdir(prefix)
+    yield path
+    WORLD.barrier()
+    if WORLD.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def on_first_ranks(P, fn):
+    """fn(comm) on a communicator of world ranks 0..P-1 (its result there; None on the other ranks)."""
+    comm = WORLD.Split(0 if WORLD.rank < P else MPI.UNDEFINED, WORLD.rank)
+    if comm == MPI.COMM_NULL:
+        return None
+    try:
+        return fn(comm)
+    finally:
+        comm.Free()
+
+
 def on_every_rank(fn, label=""):
     """Run fn() on every rank and return its result.  An exception on any rank (a failed assertion
     included) fails the test on every rank, each saying which ranks failed, instead of leaving the

@@ -6,11 +6,10 @@ graph with ogbn-mag's statistics (`--generator mag`) is the same graph for any n
 its 2x2 distributed build verifies."""
 import dataclasses
 import os
-import shutil
 
 import pytest
 from mpi4py import MPI
-from tests.mpi.conftest import on_every_rank, shared_tmpdir
+from tests.mpi.conftest import on_every_rank, on_first_ranks, scratch
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -19,21 +18,7 @@ MAG = dict(generator="mag", vertices=5000, seed=2)
 
 @pytest.fixture(scope="module")
 def base():
-    path = shared_tmpdir("granndis-hetero-")
-    yield path
-    WORLD.barrier()
-    if WORLD.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _on_sub(P, fn):
-    comm = WORLD.Split(0 if WORLD.rank < P else MPI.UNDEFINED, WORLD.rank)
-    if comm == MPI.COMM_NULL:
-        return None
-    try:
-        return fn(comm)
-    finally:
-        comm.Free()
+    yield from scratch("granndis-hetero-")
 
 
 def _typed_case(base, P, partitioner):
@@ -62,7 +47,7 @@ def _typed_case(base, P, partitioner):
         if comm.rank == 0:
             assert verify_shard_set(out + "-sliced") == []
         return got["dataset"]["content_sha256"]
-    return _on_sub(P, run)
+    return on_first_ranks(P, run)
 
 
 @pytest.mark.timeout(240)
@@ -94,7 +79,7 @@ def test_typed_plan_and_hops_auto_from_slices_equal_the_whole_graph():
         b = auto_hops(comm, whole, dataclasses.replace(cfg, budget=budget))
         assert a.to_dict() == b.to_dict()
     for P in (2, 4):
-        on_every_rank(lambda: _on_sub(P, run), f"P={P} ")
+        on_every_rank(lambda: on_first_ranks(P, run), f"P={P} ")
 
 
 @pytest.mark.timeout(240)
@@ -111,7 +96,7 @@ def test_mag_graph_is_the_same_for_any_ranks_and_its_2x2_build_verifies(base):
     def digest(comm):
         return slice_digest(comm, load_slice(comm, sliced_source("synthetic", **MAG)))
     for P in (1, 4):
-        assert WORLD.bcast(on_every_rank(lambda: _on_sub(P, digest), f"P={P} ")) == expected
+        assert WORLD.bcast(on_every_rank(lambda: on_first_ranks(P, digest), f"P={P} ")) == expected
 
     def build():
         out = os.path.join(base, "mag-2x2")

@@ -4,11 +4,10 @@ content digest and types record for any number of build ranks, and the DistDGL d
 distributed build verifies."""
 import os
 import pathlib
-import shutil
 
 import pytest
 from mpi4py import MPI
-from tests.mpi.conftest import on_every_rank, shared_tmpdir
+from tests.mpi.conftest import on_every_rank, on_first_ranks, scratch
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -16,21 +15,8 @@ WORLD = MPI.COMM_WORLD
 
 @pytest.fixture(scope="module")
 def base():
-    path = shared_tmpdir("granndis-typed-")
-    yield pathlib.Path(path)
-    WORLD.barrier()
-    if WORLD.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _on_sub(P, fn):
-    comm = WORLD.Split(0 if WORLD.rank < P else MPI.UNDEFINED, WORLD.rank)
-    if comm == MPI.COMM_NULL:
-        return None
-    try:
-        return fn(comm)
-    finally:
-        comm.Free()
+    for path in scratch("granndis-typed-"):
+        yield pathlib.Path(path)
 
 
 def _digests(source, options, expected_types):
@@ -41,7 +27,7 @@ def _digests(source, options, expected_types):
         part = load_slice(comm, sliced_source(source, **options))
         assert part.types == expected_types
         return slice_digest(comm, part)
-    return {WORLD.bcast(on_every_rank(lambda: _on_sub(P, run), f"P={P} ")) for P in (1, 2, 4)}
+    return {WORLD.bcast(on_every_rank(lambda: on_first_ranks(P, run), f"P={P} ")) for P in (1, 2, 4)}
 
 
 @pytest.mark.timeout(240)

@@ -66,7 +66,7 @@ def test_featureless_type_count_and_target_choice(tmp_path):
     with pytest.raises(DataError, match="--target-type"):
         load("bundle", path=str(path))
     assert load("bundle", path=str(path), target_type="user").types.target == "user"
-    with pytest.raises(DataError, match="has no y_nobody"):
+    with pytest.raises(DataError, match="--target-type nobody has no labels"):
         load("bundle", path=str(path), target_type="nobody")
 
 
