@@ -132,6 +132,27 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
     return views
 
 
+class _AddRows(torch.autograd.Function):
+    """out.index_add(0, index, rows), keeping only the index for the backward: torch's index_add keeps
+    `rows` too, which for R-GCN's projections ([rows of a type, out] per relation, the classes wide at the
+    last layer) was the largest tensor a layer saved."""
+
+    @staticmethod
+    def forward(ctx, out, index, rows):
+        ctx.save_for_backward(index)
+        return out.index_add(0, index, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return grad, None, grad.index_select(0, index)
+
+
+def add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """out with rows[i] added to row index[i] (a new tensor; autograd keeps only the index)."""
+    return _AddRows.apply(out, index, rows)
+
+
 def _tables(types) -> TypeTables:
     if isinstance(types, TypeTables):
         return types
@@ -217,7 +238,7 @@ class RGCNConv(Layer):
         out = h_dst @ self.root
         rows = relation_views(call.graph, self.tables).dst_rows
         for r, agg in enumerate(aggregated):
-            out = out.index_add(0, rows[r], agg @ weights[r])
+            out = add_rows(out, rows[r], agg @ weights[r])
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
