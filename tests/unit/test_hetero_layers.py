@@ -266,3 +266,33 @@ def test_embedded_types_replace_their_input_rows():
         g.indptr, g.indices, g.num_vertices)))
     with pytest.raises(ValueError, match="'venue' is not a vertex type"):
         build_model("rgcn", g.num_features, 8, g.num_classes, 2, types=g.types, embed="venue")
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_rgcn_estimate_is_close_to_the_bytes_autograd_saves(dropout):
+    """The memory model's R-GCN count (each relation's mean over its destination type's rows,
+    relations_per_vertex of them per row) against the tensors a step saves, whole graph in one process:
+    within 20 % (the per-relation rows are counted from the type shares, not per row)."""
+    from granndis_hpc import memory_model as mm
+    from granndis_hpc.engine.trainer import SavedBytes
+    from tests.hetero_graphs import typed_graph
+
+    g, layers = typed_graph(), 3
+    n = g.num_vertices
+    graph = LayerGraph.from_csr(g.indptr, g.indices, n)
+    lr = mm.LayerRows(n_own_in=n, n_halo=0, n_dst=n, nnz=g.num_edges, n_send=0)
+    view = mm.ViewRows("server", n, 0, 0, (lr,) * layers)
+    rows = mm.RankRows(rank=0, features=g.num_features, num_classes=g.num_classes, n_inner=n, n_train=n // 2,
+                       layers=layers, k=layers, world=mm.ViewRows("world", n, 0, 0, (lr,) * layers), server=view)
+    torch.manual_seed(0)
+    model = build_model("rgcn", g.num_features, 16, g.num_classes, layers, dropout=dropout, types=g.types)
+    saved = SavedBytes()
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        logits = model(torch.from_numpy(g.features), [graph] * layers)
+        labels = torch.from_numpy(np.maximum(g.labels, 0))
+        loss = torch.nn.functional.cross_entropy(logits[: n // 2], labels[: n // 2], reduction="sum") / 7.0
+    loss.backward()
+    spec = mm.ModelSpec("rgcn", g.num_features, 16, g.num_classes, layers, dropout, relations=g.types.num_relations,
+                        relation_rows=g.types.relations_per_vertex())
+    estimate = mm.activation_layers(rows, spec, device="cpu")["saved"]
+    assert 0.8 < estimate / saved.total < 1.2, (estimate, saved.total)
