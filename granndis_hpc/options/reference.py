@@ -114,6 +114,8 @@ def page(commands: Optional[list] = None) -> str:
         "",
     ] + [f"    {line}" for line in TOML_EXAMPLE.splitlines()] + [
         "",
+        "`--config NAME` with the name of an installed preset (`products`, `products.build`, ...: the GraNNDis",
+        "artifact's settings, docs/paper-experiments.md) reads that preset from any directory.",
         "A run's resolved options are saved in `RUN_DIR/config.json`.",
         "",
     ]
