@@ -36,7 +36,7 @@ os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "hetero")
 os.environ.setdefault("GRANNDIS_EMU_SUBNET", "10.216.0")
 
 from harness import ENV, REPO  # noqa: E402
-from bench_scale import MemoryGuard, load_records, save_records  # noqa: E402
+from bench_scale import MemoryGuard, save_records, sweep_records  # noqa: E402
 from bench_products import EMU_MPIRUN, RankPeaks, Reshaper, run  # noqa: E402
 import hetero_page  # noqa: E402
 
@@ -215,17 +215,8 @@ def main(argv=None):
     p.add_argument("--results", default=os.path.join(REPO, "bench", "results", "hetero.json"),
                    help="a copy of the records (JSON); '' for none")
     args = p.parse_args(argv)
-    args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if args.modes[:1] != ["fb"] or any(m not in MODES for m in args.modes):
-        p.error(f"--modes: start with fb (the baseline), then any of {', '.join(MODES)}")
-    if args.epochs < 2:
-        p.error("--epochs must be at least 2 (the first is left out)")
-    os.makedirs(args.work, exist_ok=True)
-    path = os.path.join(args.work, "records.json")
-    records = load_records(path)
-    log = records.setdefault("log", [])  # every command run, saved with the records after each stage
+    path, records, log = sweep_records(p, args, MODES)
     for stage in args.stages:
         {"plan": stage_plan, "build": stage_build, "train": stage_train}[stage](args, records, path, log)
     records.update(machine=machine(), work=os.path.abspath(args.work), vertices=args.vertices, epochs=args.epochs, layers=args.layers,

@@ -41,7 +41,7 @@ os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "prod")
 os.environ.setdefault("GRANNDIS_EMU_SUBNET", "10.215.0")
 
 from harness import ENV, REPO, Watcher  # noqa: E402
-from bench_scale import MemoryGuard, load_records, save_records  # noqa: E402
+from bench_scale import MemoryGuard, save_records, sweep_records  # noqa: E402
 from products_ref import PRODUCTS, graph_args  # noqa: E402
 import products_page  # noqa: E402
 
@@ -300,7 +300,7 @@ def main(argv=None):
                    help="GiB the 4 ranks of one run may use by plan's estimate; a mode above it is not run")
     p.add_argument("--over-estimate", action="store_true",
                    help="run a mode over --memory-budget by plan's estimate anyway, stopped by the memory guard "
-                        "if the machine runs short (plan's estimate is not a bound: measured within 25 % of the "
+                        "if the machine runs short (plan's estimate is not a bound: measured within 25 %% of the "
                         "peak resident memory per rank, docs/performance/products.md)")
     p.add_argument("--min-available-gib", type=float, default=1.5,
                    help="stop a training run when the machine's MemAvailable falls below this")
@@ -311,16 +311,7 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(REPO, "bench-out", "products", "products.md"))
     p.add_argument("--results", default=None, help="also copy the records (JSON) here, e.g. bench/results/products.json")
     args = p.parse_args(argv)
-    args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if args.modes[:1] != ["fb"] or any(m not in MODES for m in args.modes):
-        p.error(f"--modes: start with fb (the baseline), then any of {', '.join(MODES)}")
-    if args.epochs < 2:
-        p.error("--epochs must be at least 2 (the first is left out)")
-    os.makedirs(args.work, exist_ok=True)
-    path = os.path.join(args.work, "records.json")
-    records = load_records(path)
-    log = records.setdefault("log", [])  # every command run, saved with the records after each stage
+    path, records, log = sweep_records(p, args, MODES)
     started = time.monotonic()
     for stage in args.stages:
         if stage != "evaluate":  # evaluate runs inside train, on its first round's link

@@ -50,6 +50,21 @@ def load_records(path):
     return {"builds": {}, "verify": {}, "train": {}}
 
 
+def sweep_records(parser, args, modes):
+    """A link-rate sweep's arguments checked (fb first, at least 2 epochs: the first is left out; --rates
+    and --modes as lists) and its records in --work: (path, records, log of every command run)."""
+    args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if args.modes[:1] != ["fb"] or any(m not in modes for m in args.modes):
+        parser.error(f"--modes: start with fb (the baseline), then any of {', '.join(modes)}")
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2 (the first is left out)")
+    os.makedirs(args.work, exist_ok=True)
+    path = os.path.join(args.work, "records.json")
+    records = load_records(path)
+    return path, records, records.setdefault("log", [])  # saved with the records after each stage
+
+
 def save_records(path, records):
     with open(path + ".tmp", "w") as f:
         json.dump(records, f, indent=1)

@@ -77,6 +77,17 @@ def open_array(path, raw_width=None):
                         "Fix: download the file again") from None
 
 
+def labelled_rows(labels, labelled: int, lo: int, hi: int) -> np.ndarray:
+    """labels[lo:hi], those past the labelled prefix (the full graph's unlabelled tail, in no split) NaN
+    whatever the file holds there."""
+    rows = labels[lo:hi]
+    if hi <= labelled:
+        return rows
+    rows = np.array(rows, dtype=np.float64)
+    rows[max(labelled - lo, 0):] = np.nan
+    return rows
+
+
 def labelled_prefix(n: int, num_classes: int) -> int:
     """How many leading vertices IGB's split covers: all n, or the full graph's labelled prefix."""
     return IGB_FULL_LABELLED[num_classes] if n == IGB_FULL_VERTICES else n
@@ -120,14 +131,8 @@ class IgbFiles:
         self.name = f"igb-{name or parent or 'igb'}"
 
     def labels_of(self, lo: int, hi: int) -> np.ndarray:
-        """Labels of vertices lo..hi-1 for canonicalisation: those past the labelled prefix (the full
-        graph's unlabelled tail, in no split) are NaN, whatever the file holds there."""
-        labels = self.labels[lo:hi]
-        if hi <= self.labelled:
-            return labels
-        labels = np.array(labels, dtype=np.float64)
-        labels[max(self.labelled - lo, 0):] = np.nan
-        return labels
+        """Labels of vertices lo..hi-1 for canonicalisation (labelled_rows)."""
+        return labelled_rows(self.labels, self.labelled, lo, hi)
 
 
 class IgbSource:

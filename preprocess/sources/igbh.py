@@ -38,7 +38,7 @@ from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.sources.hetero import canonicalize_hetero, split_relation_key
 from granndis_hpc.preprocess.sources.hetero_sliced import TypedSource
 from granndis_hpc.preprocess.sources.igb import (FEATURE_WIDTH, LABEL_FILES, find_processed_dir, igb_split,
-                                                 labelled_prefix, open_array)
+                                                 labelled_prefix, labelled_rows, open_array)
 
 TYPE_ORDER = ("paper", "author", "institute", "fos", "journal", "conference")
 TARGET = "paper"
@@ -104,14 +104,8 @@ class IgbhFiles:
         self.num_features = widths[TARGET]
 
     def labels_of(self, lo: int, hi: int) -> np.ndarray:
-        """Papers lo..hi-1's labels; the full graph's unlabelled papers (past the labelled prefix, in no
-        split) are NaN, whatever the file holds there."""
-        labels = self.labels[lo:hi]
-        if hi <= self.labelled:
-            return labels
-        labels = np.array(labels, dtype=np.float64)
-        labels[max(self.labelled - lo, 0):] = np.nan
-        return labels
+        """Papers lo..hi-1's labels (igb.labelled_rows: the unlabelled tail NaN)."""
+        return labelled_rows(self.labels, self.labelled, lo, hi)
 
 
 class IgbhSource(TypedSource):
