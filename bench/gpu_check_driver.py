@@ -47,6 +47,16 @@ NOT_GPU_TESTS = re.compile(r"test_(slurm|options)")
 MIN_STAGE_S = 15  # a stage that would get less is not started
 
 
+# What an MPI process passes to its children: an mpirun given them exits 1 without a word (MCA settings stay).
+_INHERITED_MPI = ("PMIX_", "ORTE_", "OMPI_APP_CTX_", "OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess",
+                  "OMPI_MCA_pmix")
+
+
+def launch_environment() -> dict:
+    """os.environ without what an enclosing MPI job put there (_INHERITED_MPI)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(_INHERITED_MPI)}
+
+
 class Check:
     def __init__(self, args):
         self.args, self.fake = args, args.fake_device
@@ -85,7 +95,7 @@ class Check:
             fh.write("$ " + " ".join(map(str, cmd)) + "\n")
             fh.flush()
             proc = subprocess.Popen(list(map(str, cmd)), cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
-                                    env=dict(os.environ, **(env or {})), start_new_session=True)
+                                    env=dict(launch_environment(), **(env or {})), start_new_session=True)
             try:
                 rc = proc.wait(timeout=max(1.0, timeout))
             except subprocess.TimeoutExpired:
