@@ -112,10 +112,10 @@ class Check:
                 rc = "timed out"
         return rc, round(time.monotonic() - started, 1)
 
-    def mpi_env(self):
-        sys.path.insert(0, REPO)
-        from emucluster.mpienv import MPI_ENV
-        env = dict(MPI_ENV)
+    def mpi_env(self):  # the emulated cluster's MPI environment, as the Makefile reads it
+        words = subprocess.run([sys.executable, "-m", "emucluster.mpienv", "env"], cwd=REPO, capture_output=True,
+                               text=True, check=True, timeout=60).stdout.split()
+        env = dict(word.split("=", 1) for word in words)
         if not self.fake:
             env.pop("OMP_NUM_THREADS", None)  # the device's CPU threads are left to torch
         return env

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -18,8 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from granndis_hpc.mpistart import init_mpi  # noqa: E402
+from granndis_hpc.mpistart import init_mpi
 
 _early = argparse.ArgumentParser(add_help=False)
 _early.add_argument("--device", default="cuda")
@@ -33,7 +31,7 @@ def _sync(device):
 
 def _pyg_epochs(trainer, args, device):
     """PyG's SAGE epochs (Adam, the trainer's dropout) on the device: (per-epoch seconds, last loss)."""
-    import single_rank_pyg as pyg
+    import single_rank_pyg as pyg  # beside this script, whose folder Python puts first on sys.path
 
     view, ds = trainer.world_view, trainer.manifest["dataset"]
     net = pyg.PygNet("sage", int(ds["num_features"]), args.hidden, int(ds["num_classes"]), args.layers,
