@@ -152,15 +152,20 @@ def boolean(text: str) -> bool:
 boolean.__name__ = "bool"
 
 
-def positive_int(text: str) -> int:
-    """A model option that counts something (heads): an integer >= 1."""
-    value = int(str(text).strip())
-    if value < 1:
-        raise ValueError(f"{value} < 1")
-    return value
+def _int_at_least(low: int, doc: str):
+    """A model option's parser: an integer >= low (its name, as option errors show it, says so)."""
+    def parse(text: str) -> int:
+        value = int(str(text).strip())
+        if value < low:
+            raise ValueError(f"{value} < {low}")
+        return value
+    parse.__name__, parse.__doc__ = f"int >= {low}", doc
+    return parse
 
 
-positive_int.__name__ = "int >= 1"
+positive_int = _int_at_least(1, "A model option that counts something (heads): an integer >= 1.")
+non_negative_int = _int_at_least(0, "A model option that counts something and may be 0 (0: none, e.g. no basis "
+                                    "decomposition).")
 
 
 def probability(text: str) -> float:
@@ -227,20 +232,10 @@ def model_options(model: str, items: Optional[Sequence[str]] = ()) -> Dict[str, 
     return out
 
 
-def non_negative_int(text: str) -> int:
-    """A model option that counts something and may be 0 (0: none, e.g. no basis decomposition)."""
-    value = int(str(text).strip())
-    if value < 0:
-        raise ValueError(f"{value} < 0")
-    return value
-
-
-non_negative_int.__name__ = "int >= 0"
-
-
 def typed(model: str) -> bool:
-    """Whether the model needs the graph's vertex and edge types (a heterogeneous shard set)."""
-    return bool(MODELS.entry(model).get("typed", False))
+    """Whether the model needs the graph's vertex and edge types (a heterogeneous shard set); False for a
+    name no model is registered under."""
+    return model in MODELS and bool(MODELS.entry(model).get("typed", False))
 
 
 def checkpointable(model: str) -> bool:

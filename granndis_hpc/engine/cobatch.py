@@ -27,10 +27,10 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from granndis_hpc import registry
 from granndis_hpc.cluster.exchange_group import local_group
 from granndis_hpc.engine import cobplan, views
 from granndis_hpc.engine.cobstream import LoaderStream
-from granndis_hpc.engine.source_ids import typed_model
 from granndis_hpc.engine.steps import Step, rows_accounting
 from granndis_hpc.graph.csr import owner_of
 from granndis_hpc.graph.sampler import CoBatchSampler
@@ -205,7 +205,7 @@ class BatchedSteps:
         start = cobplan.clock()
         graphs = cobplan.layer_graphs(hp, ctx.device, put)
         built.view = cobplan.assemble_view(hp, graphs, self.split.group, ctx.device, put,
-                                           source_ids_on_graphs=typed_model(ctx.cfg.model))
+                                           source_ids_on_graphs=registry.typed(ctx.cfg.model))
         n_targets = int((hp.own_hop == 0).sum())
         built.rows = torch.arange(n_targets, device=ctx.device)
         labels = ctx.slice.labels[hp.ids[:n_targets] - ctx.slice.row_offset]

@@ -106,9 +106,9 @@ def check_before_start(cfg, world_size: int) -> None:
 
 def check_typed_model(model: str, manifest: dict, path: str) -> None:
     """A typed model (R-GCN, R-GAT: registry capability ``typed``) needs a set with vertex and edge types."""
-    from granndis_hpc.engine.source_ids import typed_model
+    from granndis_hpc import registry
 
-    if typed_model(model) and "types" not in manifest["dataset"]:
+    if registry.typed(model) and "types" not in manifest["dataset"]:
         raise TrainingError(f"--model {model} needs a heterogeneous shard set (vertex and edge types), and "
                             f"{path} has one vertex type; build the set from a heterogeneous source "
                             f"(docs/heterogeneous.md), or choose a model for homogeneous graphs")

@@ -3,7 +3,7 @@
 Two kinds of model read them:
 - a model whose attention dropout keys edges by their endpoints' ids (GAT with attn_dropout > 0:
   ``edge_keyed_dropout``) needs them on its training graphs only;
-- a typed model (a heterogeneous graph's R-GCN or R-GAT: registry capability ``typed``) tells each
+- a typed model (a heterogeneous graph's R-GCN or R-GAT: registry capability ``typed``, registry.typed) tells each
   source row's vertex type, and so each edge's relation, from its global id (granndis_hpc/graph/hetero.py),
   and needs them on every graph it runs on: training, evaluation, prediction and each co-batch.
 
@@ -11,13 +11,6 @@ Giving them is collective over a view's peers (the halo rows' ids are exchanged 
 cached), so every rank calls these functions at the same point of its set-up.
 """
 from __future__ import annotations
-
-from granndis_hpc import registry
-
-
-def typed_model(name: str) -> bool:
-    """Whether the registered model `name` reads vertex types (and so needs every graph's source ids)."""
-    return name in registry.MODELS and bool(registry.MODELS.entry(name).get("typed", False))
 
 
 def give_source_ids(model, train_view, other_views=()) -> None:

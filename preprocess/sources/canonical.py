@@ -41,6 +41,18 @@ class DataError(ValueError):
     """
 
 
+def as_array(value, what: str, origin: str) -> np.ndarray:
+    """A tensor or array-like handed to a source as a NumPy array (no copy where possible); DataError
+    naming `what` and `origin` for anything else."""
+    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
+        value = value.detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{origin}: {what} is not an array ({type(value).__name__}: {exc}). Fix: pass a NumPy "
+                        "array or a tensor") from None
+
+
 def _fail(origin: str, problem: str, fix: str) -> DataError:
     return DataError(f"{origin}: {problem}. Fix: {fix}")
 

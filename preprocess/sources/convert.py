@@ -31,7 +31,7 @@ import os
 import numpy as np
 
 from granndis_hpc.fsutil import atomic_path
-from granndis_hpc.preprocess.sources.canonical import DataError, canonicalize, index_to_mask
+from granndis_hpc.preprocess.sources.canonical import DataError, as_array, canonicalize, index_to_mask
 from granndis_hpc.preprocess.sources.convert_hetero import from_pyg_hetero, is_pyg_hetero
 
 SPLITS = ("train", "val", "test")
@@ -40,15 +40,7 @@ DGL_KEYS = {"features": "feat", "labels": "label"}  # DGL's built-in datasets' n
 
 def _numpy(value, what):
     """A tensor or array-like as a NumPy array (no copy where possible)."""
-    if value is None:
-        return None
-    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
-        value = value.detach().cpu().numpy()
-    try:
-        return np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        raise DataError(f"save_bundle: {what} is not an array ({type(value).__name__}: {exc}). Fix: pass a "
-                        "NumPy array or a tensor") from None
+    return None if value is None else as_array(value, what, "save_bundle")
 
 
 def is_pyg(obj) -> bool:

@@ -15,22 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from granndis_hpc.preprocess.sources.bundle_hetero import EDGE_PREFIX
-from granndis_hpc.preprocess.sources.canonical import DataError
+from granndis_hpc.preprocess.sources.canonical import DataError, as_array
 from granndis_hpc.preprocess.sources.hetero import SPLIT_NAMES, choose_target
 
 
 def is_pyg_hetero(obj) -> bool:
     return callable(getattr(obj, "metadata", None)) and hasattr(obj, "node_types") and hasattr(obj, "edge_types")
-
-
-def _array(value, what, origin):
-    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
-        value = value.detach().cpu().numpy()
-    try:
-        return np.asarray(value)
-    except (TypeError, ValueError) as exc:
-        raise DataError(f"{origin}: {what} is not an array ({type(value).__name__}: {exc}). Fix: store a "
-                        "tensor") from None
 
 
 def _name(name, what, origin) -> str:
@@ -42,12 +32,12 @@ def _name(name, what, origin) -> str:
 
 def _split_ids(store, split: str, n: int, target: str, given, origin) -> np.ndarray:
     if given is not None:
-        return _array(given, f"{split}_idx", origin).astype(np.int64, copy=False)
+        return as_array(given, f"{split}_idx", origin).astype(np.int64, copy=False)
     mask = store.get(f"{split}_mask") if hasattr(store, "get") else getattr(store, f"{split}_mask", None)
     if mask is None:
         raise DataError(f"{origin}: the target type {target!r} has no {split}_mask. Fix: set data[{target!r}]."
                         f"{split}_mask (boolean, one per vertex), or pass train_idx=, val_idx=, test_idx=")
-    mask = _array(mask, f"data[{target!r}].{split}_mask", origin)
+    mask = as_array(mask, f"data[{target!r}].{split}_mask", origin)
     if mask.dtype != np.bool_ or mask.shape != (n,):
         raise DataError(f"{origin}: data[{target!r}].{split}_mask has dtype {mask.dtype} and shape {mask.shape}, "
                         f"not a boolean mask over its {n} vertices. Fix: store one boolean per vertex")
@@ -63,7 +53,7 @@ def from_pyg_hetero(data, target_type=None, train_idx=None, val_idx=None, test_i
         store = data[t]
         x = store.get("x") if hasattr(store, "get") else getattr(store, "x", None)
         if x is not None:
-            x = _array(x, f"data[{t!r}].x", origin)
+            x = as_array(x, f"data[{t!r}].x", origin)
             if x.ndim != 2:
                 raise DataError(f"{origin}: data[{t!r}].x has shape {x.shape}. Fix: one feature row per vertex")
             out[f"x_{t}"] = x.astype(np.float32, copy=False)
@@ -76,7 +66,7 @@ def from_pyg_hetero(data, target_type=None, train_idx=None, val_idx=None, test_i
     for s, r, d in data.edge_types:
         for part, what in ((s, "node type"), (r, "relation"), (d, "node type")):
             _name(part, what, origin)
-        ei = _array(data[s, r, d].edge_index, f"data[{(s, r, d)!r}].edge_index", origin)
+        ei = as_array(data[s, r, d].edge_index, f"data[{(s, r, d)!r}].edge_index", origin)
         if ei.ndim != 2 or ei.shape[0] != 2:
             raise DataError(f"{origin}: data[{(s, r, d)!r}].edge_index has shape {ei.shape}. Fix: store [2, E]")
         out[f"{EDGE_PREFIX}{s}__{r}__{d}"] = ei.astype(np.int64, copy=False)
@@ -85,7 +75,7 @@ def from_pyg_hetero(data, target_type=None, train_idx=None, val_idx=None, test_i
     target_type = choose_target(labelled, target_type, origin, option="target_type=",
                                 no_labels_fix="set y on the target type")
     store = data[target_type]
-    y = _array(store.y, f"data[{target_type!r}].y", origin)
+    y = as_array(store.y, f"data[{target_type!r}].y", origin)
     out[f"y_{target_type}"] = y
     given = dict(zip(SPLIT_NAMES, (train_idx, val_idx, test_idx)))
     if any(v is not None for v in given.values()) and any(v is None for v in given.values()):

@@ -148,6 +148,24 @@ def make_trainer(shards, mode, model="sage", layers=3, **overrides):
     return Trainer(TrainConfig(**cfg))
 
 
+def view_logits(trainer):
+    """Rank 0: the eval-mode logits of every inner vertex by global id, from the training view and from the
+    evaluation (world) view, (training, evaluation); (None, None) elsewhere.  Collective."""
+    import torch
+
+    trainer.model.eval()
+    with torch.no_grad():
+        return tuple(gather_by_global_id(trainer, trainer._forward(view, phase))
+                     for view, phase in ((trainer.train_view, "halo"), (trainer.world_view, "evaluation")))
+
+
+def assert_views_close(views, want, label, tolerance=1e-5):
+    """Both of view_logits' arrays within `tolerance` of `want`, relative to its largest magnitude."""
+    for name, rows in zip(("training view", "evaluation"), views):
+        err = abs(rows - want).max() / abs(want).max()
+        assert err < tolerance, f"{label} {name}: max relative error {err:.3e}"
+
+
 def gather_by_global_id(trainer, values):
     """Rank 0 gets the rows of every rank's inner vertices (e.g. logits), placed by global id; None elsewhere."""
     import numpy as np

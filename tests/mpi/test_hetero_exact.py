@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from tests.hetero_graphs import typed_graph
 from tests.hetero_reference import reference_logits, train_reference
-from tests.mpi.conftest import build_sets_on_rank0, gather_by_global_id, make_trainer
+from tests.mpi.conftest import assert_views_close, build_sets_on_rank0, make_trainer, view_logits
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -44,16 +44,11 @@ def test_logits_equal_reference(typed, typed_sets, model, mode, k):
     trainer = make_trainer(typed_sets["typed-2"], mode, model, LAYERS, hidden=8, model_option=OPTIONS[model],
                            **extra)
     try:
-        trainer.model.eval()
-        with torch.no_grad():
-            got = gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
-            evaluated = gather_by_global_id(trainer, trainer._forward(trainer.world_view, "evaluation"))
+        views = view_logits(trainer)
         if WORLD.rank == 0:
             want = reference_logits(trainer.model.state_dict(), typed.types, typed.indptr, typed.indices,
                                     typed.features, LAYERS, model).numpy()
-            for label, rows in (("training view", got), ("evaluation", evaluated)):
-                err = np.abs(rows - want).max() / np.abs(want).max()
-                assert err < 1e-5, f"{model} {mode} k={k} {label}: max relative error {err:.3e}"
+            assert_views_close(views, want, f"{model} {mode} k={k}")
     finally:
         trainer.close()
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.hetero_graphs import typed_graph
-from tests.mpi.conftest import build_sets_on_rank0, gather_by_global_id, make_trainer
+from tests.mpi.conftest import assert_views_close, build_sets_on_rank0, make_trainer, view_logits
 
 pytest.importorskip("torch_geometric")
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -41,18 +41,13 @@ def test_logits_equal_pyg_heteroconv(typed, typed_set, factory, mode, k):
     trainer = make_trainer(typed_set, mode, "pyg-hetero", LAYERS, hidden=8, ranks_per_server=2,
                            model_option=["module=tests.pyg_stacks", f"factory={factory}"], **extra)
     try:
-        trainer.model.eval()
-        with torch.no_grad():
-            got = gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
-            evaluated = gather_by_global_id(trainer, trainer._forward(trainer.world_view, "evaluation"))
+        views = view_logits(trainer)
         if WORLD.rank == 0:
             model = copy.deepcopy(trainer.model).double()
             with torch.no_grad():
                 want = heteroconv_logits(model, typed.types, typed.indptr, typed.indices,
                                          torch.from_numpy(typed.features).double()).numpy()
-            for label, rows in (("training view", got), ("evaluation", evaluated)):
-                err = np.abs(rows - want).max() / np.abs(want).max()
-                assert err < 1e-5, f"{factory} {mode} k={k} {label}: max relative error {err:.3e}"
+            assert_views_close(views, want, f"{factory} {mode} k={k}")
     finally:
         trainer.close()
 

@@ -74,7 +74,8 @@ def test_a_typed_build_records_its_types_and_verifies(tmp_path):
 @pytest.mark.parametrize("partitioner", ["metis", "parmetis"])
 def test_partitioning_balances_each_vertex_type(tmp_path, partitioner):
     """Multi-constraint weights, one column per vertex type: the 12 fields spread over the 4 GPUs like
-    the 160 papers do (one vertex-count constraint gave 19-27 of the 90 authors, 2-4 fields per GPU)."""
+    the 160 papers do (with seed 0, one vertex-count constraint gave 19-27 of the 90 authors and 2-4 of
+    the 12 fields per GPU)."""
     from granndis_hpc.preprocess.build.pipeline import build_shards
     from granndis_hpc.shards import read_manifest, read_server_arrays
 
