@@ -36,7 +36,7 @@ os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "hetero")
 os.environ.setdefault("GRANNDIS_EMU_SUBNET", "10.216.0")
 
 from harness import ENV, REPO  # noqa: E402
-from bench_scale import MemoryGuard, save_records, sweep_records  # noqa: E402
+from bench_scale import MemoryGuard, add_run_arguments, save_records, sweep_records  # noqa: E402
 from bench_products import EMU_MPIRUN, RankPeaks, Reshaper, run  # noqa: E402
 import hetero_page  # noqa: E402
 
@@ -205,11 +205,7 @@ def main(argv=None):
     p.add_argument("--stages", nargs="*", default=["plan", "build", "train"], choices=("plan", "build", "train"),
                    help="what to run; none: rewrite --out from the records")
     p.add_argument("--memory-budget", type=float, default=100.0, help="GiB the 4 ranks of one run may use by plan's estimate")
-    p.add_argument("--min-available-gib", type=float, default=1.5,
-                   help="stop a training run when the machine's MemAvailable falls below this")
-    p.add_argument("--reuse-shards", action="store_true", help="keep shard sets already built in --work")
-    p.add_argument("--timeout", type=int, default=3600, help="seconds per build or plan")
-    p.add_argument("--run-timeout", type=int, default=3600, help="seconds per training run")
+    add_run_arguments(p, 3600, 3600, "seconds per build or plan")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "hetero"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "performance", "hetero.md"))
     p.add_argument("--results", default=os.path.join(REPO, "bench", "results", "hetero.json"),

@@ -41,7 +41,7 @@ os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "prod")
 os.environ.setdefault("GRANNDIS_EMU_SUBNET", "10.215.0")
 
 from harness import ENV, REPO, Watcher  # noqa: E402
-from bench_scale import MemoryGuard, save_records, sweep_records  # noqa: E402
+from bench_scale import MemoryGuard, add_run_arguments, save_records, sweep_records  # noqa: E402
 from products_ref import PRODUCTS, graph_args  # noqa: E402
 import products_page  # noqa: E402
 
@@ -302,11 +302,7 @@ def main(argv=None):
                    help="run a mode over --memory-budget by plan's estimate anyway, stopped by the memory guard "
                         "if the machine runs short (plan's estimate is not a bound: measured within 25 %% of the "
                         "peak resident memory per rank, docs/performance/products.md)")
-    p.add_argument("--min-available-gib", type=float, default=1.5,
-                   help="stop a training run when the machine's MemAvailable falls below this")
-    p.add_argument("--reuse-shards", action="store_true", help="keep shard sets already built in --work")
-    p.add_argument("--timeout", type=int, default=1800, help="seconds per build, plan or reference")
-    p.add_argument("--run-timeout", type=int, default=900, help="seconds per training run")
+    add_run_arguments(p, 1800, 900, "seconds per build, plan or reference")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "products"))
     p.add_argument("--out", default=os.path.join(REPO, "bench-out", "products", "products.md"))
     p.add_argument("--results", default=None, help="also copy the records (JSON) here, e.g. bench/results/products.json")

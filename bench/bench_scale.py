@@ -50,6 +50,15 @@ def load_records(path):
     return {"builds": {}, "verify": {}, "train": {}}
 
 
+def add_run_arguments(parser, timeout: int, run_timeout: int, timeout_help: str) -> None:
+    """The options every link-rate sweep takes for its runs: the memory guard, reused shard sets, timeouts."""
+    parser.add_argument("--min-available-gib", type=float, default=1.5,
+                        help="stop a training run when the machine's MemAvailable falls below this")
+    parser.add_argument("--reuse-shards", action="store_true", help="keep shard sets already built in --work")
+    parser.add_argument("--timeout", type=int, default=timeout, help=timeout_help)
+    parser.add_argument("--run-timeout", type=int, default=run_timeout, help="seconds per training run")
+
+
 def sweep_records(parser, args, modes):
     """A link-rate sweep's arguments checked (fb first, at least 2 epochs: the first is left out; --rates
     and --modes as lists) and its records in --work: (path, records, log of every command run)."""
