@@ -5,7 +5,8 @@
   stream (cluster/staging.py), their sends deferred until the copy's event has completed
   (cluster/pending.MPIProgress, cluster/allreduce.PendingReduce), the received rows copied back with
   the step's stream waiting for them;
-- cob: the same, and every co-batch made on the loader's stream (engine/cobstream.py) and waited for.
+- fb with --no-overlap: the blocking order's staged copies, each waited for before its MPI call;
+- cob: the same as fb, and every co-batch made on the loader's stream (engine/cobstream.py) and waited for.
 
 Every copy is delayed and poisons its destination first, and every torch operation of the main thread
 that touches rows a copy is still writing raises, so a missing wait fails the run.  The runs must give
@@ -31,7 +32,7 @@ class _Calls:
     """The exchanges and buckets a rank starts, counted at the Communicator's entry points."""
 
     def __init__(self, monkeypatch):
-        self.world = self.intra = self.buckets = 0
+        self.world = self.intra = self.buckets = self.blocking = 0
         spy = self
 
         def counted(name, attr):
@@ -50,9 +51,12 @@ class _Calls:
             spy.buckets += 1
             return original(self, flat, *args, **kwargs)
         monkeypatch.setattr(Communicator, "reduce_flat_start", bucket)
+        blocking = Communicator._reduce_flat
 
-    def reset(self):
-        self.world = self.intra = self.buckets = 0
+        def flat(self, *args, **kwargs):
+            spy.blocking += 1
+            return blocking(self, *args, **kwargs)
+        monkeypatch.setattr(Communicator, "_reduce_flat", flat)
 
 
 def _train(shards, mode, transport, device=None, calls=None, **extra):
@@ -71,15 +75,20 @@ def _train(shards, mode, transport, device=None, calls=None, **extra):
 
 
 def _expected_copies(calls, transport, leader):
-    if transport == "gloo":
-        return 2 * calls.world + (2 * calls.buckets if leader else 0)
-    return 4 * calls.world + 2 * calls.intra + (4 if leader else 3) * calls.buckets
+    if transport == "gloo":  # a blocking bucket: out for the leaders' sum and back, on leaders
+        return 2 * calls.world + (2 * (calls.buckets + calls.blocking) if leader else 0)
+    # A blocking bucket over MPI: the reduce's out (and back on the leader), the leaders' sum out and back,
+    # the broadcast's out (and back where it is received).
+    return 4 * calls.world + 2 * calls.intra + (4 if leader else 3) * calls.buckets + \
+        (5 if leader else 3) * calls.blocking
 
 
-@pytest.mark.parametrize("transport", ["gloo", "mpi"])
-@pytest.mark.parametrize("mode,extra", [
-    ("fb", {}),
-    ("cob", {"batches_per_epoch": 2, "fanout": 5, "overlap_halos": "all"}),
+@pytest.mark.parametrize("mode,transport,extra", [
+    ("fb", "gloo", {}),
+    ("fb", "mpi", {}),
+    ("fb", "mpi", {"no_overlap": True}),  # the blocking order: Alltoallv and the blocking all-reduce, staged
+    ("cob", "gloo", {"batches_per_epoch": 2, "fanout": 5, "overlap_halos": "all"}),
+    ("cob", "mpi", {"batches_per_epoch": 2, "fanout": 5, "overlap_halos": "all"}),
 ])
 def test_gpu_branches_through_the_double_give_the_plain_bits(cora_shards, monkeypatch, transport, mode, extra):
     shards = cora_shards[("full", 3)]
@@ -93,15 +102,16 @@ def test_gpu_branches_through_the_double_give_the_plain_bits(cora_shards, monkey
         assert not plain["staged"] and facts["staged"]
         assert losses == plain_losses
         assert all(torch.equal(a, b) for a, b in zip(params, plain_params))
-        assert calls.world + calls.intra > 0 and calls.buckets > 0
+        assert calls.world + calls.intra > 0 and calls.buckets + calls.blocking > 0
         staged = _expected_copies(calls, transport, facts["leader"])
         uploads = facts.get("puts", 0)
         assert counts["copies"] == staged + uploads, (sorted(counts.items()), vars(calls), staged, uploads)
         assert counts["uploads"] == uploads
         # Every staging copy waits on the side stream for the rows it reads, and records its tensor there.
         assert counts["record_stream"] == staged and counts["side_wait_event"] == staged
-        # Some send found its copy still running and was deferred (the copies take `delay`).
-        assert counts["query_pending"] > 0
+        # Some send found its copy still running and was deferred (the copies take `delay`); blocking
+        # calls wait for their copies instead.
+        assert counts["query_pending"] > 0 or extra.get("no_overlap")
         if mode == "cob":
             steps = EPOCHS * extra["batches_per_epoch"]
             assert facts["loader_streams"] and uploads > 0 and facts["waits"] == steps
