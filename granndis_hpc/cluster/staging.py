@@ -22,7 +22,8 @@ the host until every kernel queued before it has run; here instead:
 On the CPU there is nothing to stage (MPI reads the tensors' own memory) and the callers skip this
 module, unless `emulate=True` (the --host-staging option), which runs the same staging logic with
 plain host buffers and synchronous copies: tests exercise the GPU code's buffer handling and order on
-the CPU, with the same results.
+the CPU, with the same results.  The streams, events and copies of the GPU branch come from
+cluster/deviceops.py, where tests install a CUDA double that runs that branch itself on the CPU.
 """
 from __future__ import annotations
 

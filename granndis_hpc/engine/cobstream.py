@@ -18,7 +18,8 @@ thread while the current step computes, and the step waits for them on the devic
 On the CPU there is nothing to order and the loader makes host tensors directly, unless `emulate=True`
 (--host-staging), which runs this same logic with plain copies and stand-in events, so the tests check
 on the CPU that every co-batch is made in the loader, waited for before its step and kept until
-retired, with the same results.
+retired, with the same results.  The GPU branch's streams, events and copies come from
+cluster/deviceops.py, where tests install a CUDA double that runs that branch itself on the CPU.
 """
 from __future__ import annotations
 

@@ -98,3 +98,17 @@ def test_the_block_is_chosen_by_the_device():
     assert mask_block_elements("cuda") == dropout.DEVICE_MASK_BLOCK_ELEMENTS
     # A tensor larger than the device's block is hashed in blocks of it: memory bounded, few operations.
     assert DEVICE_MASK_BLOCK_ELEMENTS >= 100_000 * 256
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_masks_are_the_reference_in_a_constant_number_of_operations():
+    ids = torch.randint(0, 1 << 40, (3001,), generator=torch.Generator().manual_seed(5))
+    for p in (0.1, 0.5):
+        got = keep_mask(12345, 7, 3, ids.cuda(), 257, p)
+        assert torch.equal(got.cpu(), reference_mask(12345, 7, 3, ids, 257, p))
+    counts = []
+    for rows in (100, 100_000):
+        with _Dispatched() as count:
+            keep_mask(3, 1, 2, torch.arange(rows, device="cuda"), 256, 0.5)
+        counts.append(count.ops)
+    assert counts[0] == counts[1]
