@@ -82,6 +82,8 @@ class DoubleStream:
     def __init__(self, device: "CudaDouble", name: str, host: bool = False):
         self._device, self.name, self.host = device, name, host
         self._queue: queue.Queue = queue.Queue()
+        self._queued = 0  # submitted and not yet run
+        self._count_lock = threading.Lock()
         if not host:
             self._thread = threading.Thread(target=self._run, name=f"cuda-double-{name}", daemon=True)
             self._thread.start()
@@ -95,11 +97,16 @@ class DoubleStream:
                 work()
             except BaseException as exc:  # reported by the next host wait and by close()
                 self._device.errors.append(exc)
+            finally:
+                with self._count_lock:
+                    self._queued -= 1
 
     def submit(self, work) -> None:
         if self.host:
             work()
         else:
+            with self._count_lock:
+                self._queued += 1
             self._queue.put(work)
 
     def stop(self) -> None:
@@ -126,7 +133,9 @@ class DoubleStream:
         self.wait_event(other.record_event())
 
     def query(self) -> bool:
-        return self.record_event().query()
+        """True when everything queued on the stream has run."""
+        with self._count_lock:
+            return self._queued == 0
 
     def synchronize(self) -> None:
         self._device.count("stream_synchronize")

@@ -29,7 +29,7 @@ def test_the_production_seam_is_torch_cuda():
 
 
 def test_an_event_completes_only_after_the_copies_queued_before_it():
-    double = CudaDouble(delay=0.2)
+    double = CudaDouble(delay=0.5)
     with double.installed():
         side = double.new_stream(CPU)
         src, dst = torch.arange(6.0), torch.zeros(6)
@@ -45,15 +45,18 @@ def test_an_event_completes_only_after_the_copies_queued_before_it():
 
 
 def test_a_racing_read_sees_poison_and_a_late_source_change_is_copied():
-    double = CudaDouble(delay=0.2)
+    double = CudaDouble(delay=1.0)
     with double.installed(check=False):
         side = double.new_stream(CPU)
         src, dst = torch.ones(4), torch.zeros(4)
         with double.use_stream(side):
             double.copy_(dst, src)
             done = side.record_event()
-        threading.Event().wait(0.05)  # the copy has started: the destination is poisoned
-        assert torch.isnan(dst).all()
+        for _ in range(1000):  # the copy starts by poisoning the destination
+            if torch.isnan(dst).all():
+                break
+            threading.Event().wait(0.005)
+        assert torch.isnan(dst).all() and not done.query()
         src.fill_(7.0)  # changed before the copy read it: the copy takes the new values
         done.synchronize()
         assert torch.equal(dst, torch.full((4,), 7.0))
@@ -76,7 +79,7 @@ def test_work_on_a_worker_stream_is_ordered_after_its_copies():
 
 
 def test_staging_copies_on_the_side_stream_and_waits_for_them():
-    double = CudaDouble(delay=0.1)
+    double = CudaDouble(delay=0.3)
     with double.installed():
         staging = HostStaging(CPU)
         assert staging.cuda and staging.copies and not staging.pool.pin
@@ -93,7 +96,7 @@ def test_staging_copies_on_the_side_stream_and_waits_for_them():
 
 
 def test_deferred_sends_are_posted_after_their_copy_and_see_its_rows():
-    double = CudaDouble(delay=0.1)
+    double = CudaDouble(delay=0.3)
     with double.installed():
         staging = HostStaging(CPU)
         src = torch.arange(8, dtype=torch.float64)
@@ -107,7 +110,7 @@ def test_deferred_sends_are_posted_after_their_copy_and_see_its_rows():
 
 
 def test_the_loader_stream_through_the_double():
-    double = CudaDouble(delay=0.2)
+    double = CudaDouble(delay=0.5)
     with double.installed():
         loader = LoaderStream(CPU)
         assert loader.cuda and loader.active
@@ -127,3 +130,20 @@ def test_the_loader_stream_through_the_double():
         loader.retire(made)
         assert loader.collect() == 0  # the host stream's event: complete once recorded
         assert double.counts["uploads"] == 1 and double.counts["host_wait_event"] == 1
+
+
+def test_events_and_stream_waits_follow_the_queue():
+    double = CudaDouble(delay=0.3)
+    with double.installed():
+        first, second = double.new_stream(CPU), double.new_stream(CPU)
+        dst = torch.zeros(3)
+        with double.use_stream(first):
+            double.copy_(dst, torch.ones(3))
+        second.wait_stream(first)  # second's later work waits for first's copy
+        mark = second.record_event()
+        assert not mark.query() and not first.query()
+        mark.synchronize()
+        assert first.query() and torch.equal(dst, torch.ones(3))
+        event = double.current_stream(CPU).record_event()
+        assert event.query()  # the host stream: complete once recorded
+        assert double.counts["side_wait_event"] == 1 and double.counts["event_synchronize"] == 1
