@@ -41,6 +41,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")  # granndis_hpc/progress.py: 
 WEIGHT_DECAY_ON = ("all", "first")
 # --halo-dtype: the wire format of training halo rows (engine/exchange.py); float32 is exact.
 HALO_DTYPES = ("float32", "bfloat16", "float16")
+# --halo-route: how the world group's halo rows cross servers (engine/halo_route.py HALO_ROUTES).
+HALO_ROUTES = ("per-server", "direct")
 # --precision: the dtype the layers compute in (engine/precision.py); fp32 is exact.
 PRECISIONS = ("fp32", "bf16")
 # Which halo exchanges a layer computes behind (exchange group names, cluster/exchange_group.py).
@@ -292,6 +294,13 @@ class TrainConfig:
                                   "halve the halo bytes and are widened on arrival, but the run is then not "
                                   "exact (summary.json says so; its checkpoints resume only on the same "
                                   "shape); evaluation always exchanges float32")
+    halo_route: str = option("per-server", choices=HALO_ROUTES, on_resume="may_change",
+                             help="how halo rows cross between servers (fb, flx's world layers when k < L, "
+                                  "evaluation): 'per-server' (default) sends each row a server reads once "
+                                  "across the inter-server link, to one of its ranks that reads it, which "
+                                  "shares it with the others over the intra-server link (gradients summed "
+                                  "there and sent back once); 'direct' sends it once to every rank that "
+                                  "reads it; both are exact")
     # Kept on resume: a checkpoint's trajectory and its summary's exactness are those of one precision.
     precision: str = option("fp32", choices=PRECISIONS,
                             help="the dtype the layers compute in: fp32, or bf16 (torch.autocast on the run's "

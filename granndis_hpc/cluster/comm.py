@@ -59,8 +59,7 @@ class Communicator:
         # Pinned, reused host buffers and side-stream copies for what MPI moves from a GPU (staging.py);
         # host_staging (--host-staging) runs the same logic on the CPU.
         self._staging = HostStaging(topo.device, emulate=host_staging)
-        # A private duplicate of the world for point-to-point traffic: no other library's messages match.
-        self._p2p = topo.world.Dup()
+        self._p2p = topo.world.Dup()  # private point-to-point traffic: no other library's messages match
         self._row_types: dict[int, MPI.Datatype] = {}
         self._ring_tags = 0  # leaders' rings started (allreduce.LeadersRing): the next one's tag
 
@@ -78,13 +77,14 @@ class Communicator:
             self._p2p.Free()
             self._p2p = None
 
-    def group(self, name: str, wire_dtype: Optional[torch.dtype] = None) -> ExchangeGroup:
+    def group(self, name: str, wire_dtype: Optional[torch.dtype] = None, route: str = "direct") -> ExchangeGroup:
         """The exchange group `name` ("world", "server" or "none") over this communicator's transports,
-        its training halo travelling in `wire_dtype` (cluster/exchange_group.py)."""
+        its training halo travelling in `wire_dtype`, the world's on `route` (cluster/exchange_group.py)."""
         topo = self.topo
         if name == "world":
             group = ExchangeGroup("world", topo.world_size, self.world_exchange, self.world_exchange_start,
                                   lambda counts: topo.exchange_counts(counts, group="world"), ("intra", "inter"))
+            group = group.with_route(route, self.group("server"), topo._server_of, topo._local_of, topo.rank)
         elif name == "server":
             group = ExchangeGroup("server", topo.ranks_per_server, self.intra_exchange, self.intra_exchange_start,
                                   lambda counts: topo.exchange_counts(counts, group="server"), ("intra",))

@@ -16,6 +16,10 @@ Groups:
 gradients) are cast to before they are sent and widened from on arrival (engine/exchange.py).  None:
 rows travel as they are, exactly.  Static rows exchanged once (features, degrees, ids) and evaluation
 never use it, so evaluation stays exact whatever the wire.
+
+`route` (--halo-route, world group only): "direct" sends each row once per (sending rank, receiving
+rank); "per-server" once per receiving server, shared there over `relay` (the server group) by the
+ranks that read it (engine/halo_route.py).  `peer_server` / `peer_local` / `me` locate every peer.
 """
 from __future__ import annotations
 
@@ -37,10 +41,29 @@ class ExchangeGroup:
     counts: Callable[[List[int]], List[int]]  # all-to-all of one integer per peer
     links: Tuple[str, ...]  # ledger link classes its bytes are charged to
     wire_dtype: Optional[torch.dtype] = None  # dtype of the training halo on the wire (None: exact)
+    route: str = "direct"  # "direct" or "per-server" (world group across servers)
+    relay: Optional["ExchangeGroup"] = None  # the server group a per-server route shares rows over
+    peer_server: Tuple[int, ...] = ()  # server of each peer (per-server route)
+    peer_local: Tuple[int, ...] = ()  # local rank of each peer on its server (per-server route)
+    me: int = 0  # this rank's peer number
+
+    @property
+    def per_server(self) -> bool:
+        """Whether halo rows between servers travel once per receiving server (and there is more than
+        one server and a server of more than one rank, where it differs from the direct route)."""
+        return (self.route == "per-server" and self.relay is not None and self.relay.size > 1
+                and len(set(self.peer_server)) > 1)
 
     def __post_init__(self):
         if self.name not in GROUP_NAMES:
             raise ValueError(f"exchange group must be one of {GROUP_NAMES}, got {self.name!r}")
+
+    def with_route(self, route: str, relay: "ExchangeGroup", peer_server, peer_local, me: int) -> "ExchangeGroup":
+        """The same peers with halo rows between servers on `route` ("direct" or "per-server")."""
+        if route not in ("direct", "per-server"):
+            raise ValueError(f"halo route must be direct or per-server, got {route!r}")
+        return dataclasses.replace(self, route=route, relay=relay, peer_server=tuple(int(s) for s in peer_server),
+                                   peer_local=tuple(int(r) for r in peer_local), me=int(me))
 
     def with_wire(self, wire_dtype: Optional[torch.dtype]) -> "ExchangeGroup":
         """The same peers with halo rows travelling in `wire_dtype` (float32 and None: exact)."""

@@ -18,6 +18,10 @@ pipelining: engine/runner.py computes those rows first); `halo_exchange_start` i
 
 `wire_dtype` (--halo-dtype): halo rows and their gradients travel in that dtype (bfloat16/float16:
 half the bytes) and are widened to the rows' dtype on arrival.  None: as they are (exact).
+
+Each form takes a route (`routed_exchange`, `routed_post`): `DirectRoute`, one exchange over the group,
+or the world group's per-server route (engine/halo_route.py, --halo-route), which sends each row
+across servers once per receiving server and shares it there.
 """
 from __future__ import annotations
 
@@ -43,7 +47,6 @@ def _to_wire(t: torch.Tensor, wire_dtype: Optional[torch.dtype]) -> torch.Tensor
 
 def _from_wire(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
-
 
 
 def _rounds(index: torch.Tensor) -> list:
@@ -96,28 +99,58 @@ def scatter_add_rows(index: torch.Tensor, rows: torch.Tensor, num_rows: int) -> 
         out.index_add_(0, index[positions], rows[positions])
     return out
 
+class DirectRoute:
+    """The direct route of an exchange group: each peer's block goes straight to it, one exchange each
+    way (`exchange_fn` blocking, `start_fn` posted).  The per-server route of the world group
+    (engine/halo_route.py) has the same four methods; the autograd nodes below run either."""
+
+    __slots__ = ("send_counts", "recv_counts", "exchange_fn", "start_fn", "n_halo")
+
+    def __init__(self, send_counts, recv_counts, exchange_fn: Optional[ExchangeFn] = None,
+                 start_fn: Optional[StartFn] = None):
+        self.send_counts, self.recv_counts = list(send_counts), list(recv_counts)
+        self.exchange_fn, self.start_fn = exchange_fn, start_fn
+        self.n_halo = int(sum(self.recv_counts))
+
+    def forward(self, rows):
+        return self.exchange_fn(rows, self.send_counts, self.recv_counts)
+
+    def backward(self, grad):  # the reverse exchange: what we received, we send back
+        return self.exchange_fn(grad, self.recv_counts, self.send_counts)
+
+    def start(self, rows):
+        return self.start_fn(rows, self.send_counts, self.recv_counts)
+
+    def start_backward(self, grad):
+        return self.start_fn(grad, self.recv_counts, self.send_counts)
+
+
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, send_index, send_counts, recv_counts, exchange_fn, wire_dtype):
-        ctx.exchange_fn, ctx.wire_dtype = exchange_fn, wire_dtype
-        ctx.send_counts, ctx.recv_counts = send_counts, recv_counts
+    def forward(ctx, h, send_index, route, wire_dtype):
+        ctx.route, ctx.wire_dtype = route, wire_dtype
         ctx.save_for_backward(send_index)
         ctx.num_rows = h.shape[0]
         trace.mark("block_fwd_start")
-        rows = _from_wire(exchange_fn(_to_wire(h.index_select(0, send_index), wire_dtype), send_counts,
-                                      recv_counts), h.dtype)
+        rows = _from_wire(route.forward(_to_wire(h.index_select(0, send_index), wire_dtype)), h.dtype)
         trace.mark("block_fwd_end")
         return rows
 
     @staticmethod
     def backward(ctx, grad_recv):
         (send_index,) = ctx.saved_tensors
-        # The reverse exchange: what we received, we send back; what we sent, we receive.
         trace.mark("block_bwd_start")
-        grad_send = _from_wire(ctx.exchange_fn(_to_wire(grad_recv, ctx.wire_dtype), ctx.recv_counts,
-                                               ctx.send_counts), grad_recv.dtype)
+        grad_send = _from_wire(ctx.route.backward(_to_wire(grad_recv, ctx.wire_dtype)), grad_recv.dtype)
         trace.mark("block_bwd_end")
-        return scatter_add_rows(send_index, grad_send, ctx.num_rows), None, None, None, None, None
+        return scatter_add_rows(send_index, grad_send, ctx.num_rows), None, None, None
+
+
+def routed_exchange(h: torch.Tensor, send_index: torch.Tensor, route, wire_dtype: Optional[torch.dtype] = None):
+    """Rows of `h` at `send_index` travel by `route` (DirectRoute, or halo_route.ServerRoute); returns the
+    halo rows the route delivers.  Differentiable wrt `h`."""
+    if h.requires_grad:
+        return _HaloExchange.apply(h, send_index, route, wire_dtype)
+    return _from_wire(route.forward(_to_wire(h.index_select(0, send_index), wire_dtype)), h.dtype)
 
 
 def halo_exchange(h: torch.Tensor, send_index: torch.Tensor, send_counts: Sequence[int],
@@ -125,26 +158,22 @@ def halo_exchange(h: torch.Tensor, send_index: torch.Tensor, send_counts: Sequen
                   wire_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Rows of `h` at `send_index` go to the peers (grouped by peer, `send_counts` each); returns the
     rows received (grouped by source peer, `recv_counts` each).  Differentiable wrt `h`."""
-    if h.requires_grad:
-        return _HaloExchange.apply(h, send_index, list(send_counts), list(recv_counts), exchange_fn, wire_dtype)
-    return _from_wire(exchange_fn(_to_wire(h.index_select(0, send_index), wire_dtype), list(send_counts),
-                                  list(recv_counts)), h.dtype)
+    return routed_exchange(h, send_index, DirectRoute(send_counts, recv_counts, exchange_fn), wire_dtype)
 
 
 class _InFlight:
-    """What the two nodes of one overlapped exchange share: the plan and the two pending exchanges."""
+    """What the two nodes of one overlapped exchange share: the route and the two pending exchanges."""
 
-    __slots__ = ("send_index", "send_counts", "recv_counts", "start", "wire_dtype", "dtype", "num_rows",
-                 "forward", "backward", "trace_id")
+    __slots__ = ("send_index", "route", "wire_dtype", "dtype", "num_rows", "forward", "backward", "trace_id")
 
-    def __init__(self, h, send_index, send_counts, recv_counts, start, wire_dtype):
-        self.send_index, self.send_counts, self.recv_counts = send_index, send_counts, recv_counts
-        self.start, self.wire_dtype, self.dtype, self.num_rows = start, wire_dtype, h.dtype, h.shape[0]
+    def __init__(self, h, send_index, route, wire_dtype):
+        self.send_index, self.route = send_index, route
+        self.wire_dtype, self.dtype, self.num_rows = wire_dtype, h.dtype, h.shape[0]
         self.forward = self.backward = None
         self.trace_id = trace.new_id()  # GRANNDIS_EXCHANGE_TRACE (cluster/trace.py); -1 when off
 
-    def post(self, rows, send_counts, recv_counts, direction):
-        pending = self.start(rows, send_counts, recv_counts)
+    def post(self, rows, direction):
+        pending = self.route.start(rows) if direction == "fwd" else self.route.start_backward(rows)
         trace.mark("post_" + direction, self.trace_id)
         return pending
 
@@ -162,8 +191,7 @@ class _Post(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, state: _InFlight):
         ctx.state = state
-        state.forward = state.post(_to_wire(h.index_select(0, state.send_index), state.wire_dtype),
-                                   state.send_counts, state.recv_counts, "fwd")
+        state.forward = state.post(_to_wire(h.index_select(0, state.send_index), state.wire_dtype), "fwd")
         return h.new_empty(0)
 
     @staticmethod
@@ -187,7 +215,7 @@ class _Wait(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_halo):
         state = ctx.state
-        state.backward = state.post(_to_wire(grad_halo, state.wire_dtype), state.recv_counts, state.send_counts, "bwd")
+        state.backward = state.post(_to_wire(grad_halo, state.wire_dtype), "bwd")
         return grad_halo.new_zeros(0), None
 
 
@@ -198,7 +226,7 @@ class PostedHalo:
     __slots__ = ("_state", "_token", "n_halo")
 
     def __init__(self, state: _InFlight, token):
-        self._state, self._token, self.n_halo = state, token, int(sum(state.recv_counts))
+        self._state, self._token, self.n_halo = state, token, int(state.route.n_halo)
 
     def rows(self, h: torch.Tensor) -> PendingRows:
         state, token = self._state, self._token
@@ -207,20 +235,25 @@ class PostedHalo:
         return PendingRows(h, lambda: state.wait(state.forward, "fwd"), self.n_halo)
 
 
-def halo_exchange_post(rows: torch.Tensor, send_index: torch.Tensor, send_counts: Sequence[int],
-                       recv_counts: Sequence[int], start_fn: StartFn,
-                       wire_dtype: Optional[torch.dtype] = None) -> PostedHalo:
-    """Post the exchange of the rows `rows[send_index]` (grouped by peer, `send_counts` each).
+def routed_post(rows: torch.Tensor, send_index: torch.Tensor, route,
+                wire_dtype: Optional[torch.dtype] = None) -> PostedHalo:
+    """Post the exchange of the rows `rows[send_index]` by `route` (DirectRoute or halo_route.ServerRoute).
 
     `rows` may be all of a layer's own rows or only those it sends (boundary-first pipelining: the
     model computes them first, posts, then computes the others); the backward adds the returned
     gradients to `rows`."""
-    state = _InFlight(rows, send_index, list(send_counts), list(recv_counts), start_fn, wire_dtype)
+    state = _InFlight(rows, send_index, route, wire_dtype)
     if rows.requires_grad:
         return PostedHalo(state, _Post.apply(rows, state))
-    state.forward = state.post(_to_wire(rows.index_select(0, send_index), wire_dtype), state.send_counts,
-                               state.recv_counts, "fwd")
+    state.forward = state.post(_to_wire(rows.index_select(0, send_index), wire_dtype), "fwd")
     return PostedHalo(state, None)
+
+
+def halo_exchange_post(rows: torch.Tensor, send_index: torch.Tensor, send_counts: Sequence[int],
+                       recv_counts: Sequence[int], start_fn: StartFn,
+                       wire_dtype: Optional[torch.dtype] = None) -> PostedHalo:
+    """routed_post over the direct route: the rows go to the peers grouped by peer, `send_counts` each."""
+    return routed_post(rows, send_index, DirectRoute(send_counts, recv_counts, start_fn=start_fn), wire_dtype)
 
 
 def halo_exchange_start(h: torch.Tensor, send_index: torch.Tensor, send_counts: Sequence[int],

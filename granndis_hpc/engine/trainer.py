@@ -113,7 +113,7 @@ class Trainer(TrainerCheckpoints):
         # --precision bf16 in bfloat16: the rows are computed in it).
         wire = None if cfg.halo_dtype == "float32" else getattr(torch, cfg.halo_dtype)
         wire = wire or self.precision.wire_dtype()
-        self.groups = {name: self.comm.group(name, wire) for name in ("world", "server")}
+        self.groups = {name: self.comm.group(name, wire, route=cfg.halo_route) for name in ("world", "server")}
         self.manifest = self._open_shards()
         self.startup.mark("shards")
         self.multilabel = shards.is_multilabel(self.manifest)

@@ -26,8 +26,11 @@ import numpy as np
 import torch
 
 from granndis_hpc.cluster.exchange_group import ExchangeGroup
-from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_post, halo_exchange_start, send_index_tensor
+from granndis_hpc.engine.exchange import (halo_exchange, halo_exchange_post, halo_exchange_start, routed_exchange,
+                                          routed_post, send_index_tensor)
+from granndis_hpc.engine.halo_route import route_view
 from granndis_hpc.engine.rows import RowSplit
+from granndis_hpc.engine.view_agree import agree_with_peers, row_signature
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import owner_of, position_lookup
 from granndis_hpc.nn.graph import LayerGraph
@@ -123,6 +126,9 @@ class View:
         self.group = plan.group  # the group's name, as the plan records it
         self._send = _per_layer(plan.layers, lambda lp: send_index_tensor(lp.send_index, device))
         self._full_send = torch.as_tensor(plan.full_send_index, device=device)
+        # --halo-route per-server: the world's rows cross servers once per server (engine/halo_route.py;
+        # planned here, collective over the world); None: the direct route.
+        self._routes, self._full_route = route_view(plan, group, device)
         # Static halo data, exchanged once over the full plan: phase "setup" for a view built once,
         # "halo" for the per-iteration views of co-batched training (it is then per-step traffic).
         own_degree = torch.as_tensor(rows.degree, dtype=torch.float32, device=device).unsqueeze(1)
@@ -168,6 +174,7 @@ class View:
         self.num_own, self.group = plan.num_own, plan.group
         self._send = [send_index_tensor(lp.send_index, device, put) for lp in plan.layers]
         self._full_send = put(plan.full_send_index)
+        self._routes = self._full_route = None  # a co-batch's views exchange on the direct route
         self.features, self.halo_features = features, halo_features
         self.input_features = features[: plan.layers[0].n_own_in]
         self.graphs = list(graphs)
@@ -205,6 +212,9 @@ class View:
 
     def exchange_full(self, own: torch.Tensor, phase: str) -> torch.Tensor:
         """All halo rows (HaloTable order) of a per-row tensor of the own rows."""
+        if self._full_route is not None:
+            route = self._full_route.bind(phase)
+            return route.forward(own.index_select(0, route.send_index).contiguous())
         return self._exchange(own.index_select(0, self._full_send).contiguous(),
                               self.plan.full_send_counts.tolist(), self.plan.halo.counts().tolist(),
                               phase=phase)
@@ -233,6 +243,7 @@ class View:
         exchange = functools.partial(self._exchange, phase=phase)
         start = functools.partial(self.exchange_group.start, phase=phase)
         x0 = self.input_features
+        routes = None if self._routes is None else [route.bind(phase) for route in self._routes]
         posted = {}  # layer -> PostedHalo, posted from the layer's send rows before its other rows exist
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
@@ -245,6 +256,10 @@ class View:
                 return posted.pop(l).rows(h)
             if l == 0 and h is x0:
                 halo = self.halo_features.index_select(0, self._halo_rows[0])
+            elif routes is not None:  # the per-server route (blocking or overlapped)
+                if overlap:
+                    return routed_post(h, routes[l].send_index, routes[l], wire_dtype).rows(h)
+                halo = routed_exchange(h, routes[l].send_index, routes[l], wire_dtype)
             elif overlap:
                 return halo_exchange_start(h, self._send[l], lp.send_counts.tolist(), lp.recv_counts.tolist(),
                                            start, wire_dtype)
@@ -260,6 +275,9 @@ class View:
                 if rows.shape[0] != split.first.shape[0] or l in posted:
                     raise ValueError(f"gather.post layer {l}: {rows.shape[0]} rows for {split.first.shape[0]} "
                                      f"send rows{' (posted twice)' if l in posted else ''}")
+                if routes is not None:  # the route's send rows, as positions among the boundary rows
+                    posted[l] = routed_post(rows, self._route_position(l, split), routes[l], wire_dtype)
+                    return
                 posted[l] = halo_exchange_post(rows, position, lp.send_counts.tolist(), lp.recv_counts.tolist(),
                                                start, wire_dtype)
 
@@ -279,6 +297,13 @@ class View:
                  "halo_edges": int((g.indices >= lp.n_own_in).sum())}
                 for lp, g in zip(self.plan.layers, self.graphs)]
         return self._layer_counts
+
+    def _route_position(self, l: int, split: RowSplit) -> torch.Tensor:
+        """The per-server route's send rows of layer l as positions in its boundary rows (built once)."""
+        cached = self.__dict__.setdefault("_route_positions", {})
+        if l not in cached:
+            cached[l] = torch.searchsorted(split.first, self._routes[l].send_index)
+        return cached[l]
 
     def _row_split(self, l: int):
         """(RowSplit of layer l's own rows into the rows it sends and the others, the send index as
@@ -406,34 +431,3 @@ def build_view(rows: RowSource, group: ExchangeGroup, num_layers: int, all_activ
                                              num_layers, all_active=all_active,
                                              complete_degree=rows.degree if exact else None, group=group.name))
     return View(rows, plan, group, device, static_phase=static_phase)
-
-
-_DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.float16): 3}
-
-
-def row_signature(features) -> int:
-    """One integer for the width and dtype of a view's static rows (what its exchanges send)."""
-    a = np.asarray(features) if not isinstance(features, torch.Tensor) else features
-    dtype = np.dtype(str(a.dtype).replace("torch.", ""))
-    width = int(a.shape[1]) if len(a.shape) == 2 else -1
-    return width * 16 + _DTYPE_CODES.get(dtype, 15)
-
-
-def agree_with_peers(alltoall_counts, num_peers: int, signature: int, problem, features) -> None:
-    """Collective over the view's peers (one all-to-all of one integer): raise PlanError on every peer
-    when any peer failed to plan (`problem`) or holds rows of another width or dtype."""
-    mine = -1 if problem is not None else signature
-    theirs = np.asarray(alltoall_counts([mine] * num_peers), dtype=np.int64)
-    if problem is not None:
-        raise problem
-    failed = np.flatnonzero(theirs == -1)
-    if failed.size:
-        raise planner.PlanError(f"peer(s) {failed.tolist()} of this view could not plan their rows (their "
-                                f"shard is inconsistent: see their message); run `granndis preprocess verify`")
-    other = np.flatnonzero(theirs != signature)
-    if other.size:
-        shape = tuple(np.shape(features))
-        raise planner.PlanError(
-            f"this rank's rows are {shape[1:] or shape} of {getattr(features, 'dtype', '?')} but peer(s) "
-            f"{other.tolist()} of the view hold rows of another width or dtype: the exchange cannot agree on a "
-            f"row size; the shard set's server files disagree: run `granndis preprocess verify` and rebuild it")
