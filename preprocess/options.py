@@ -124,6 +124,9 @@ class EstimateOptions(Options):
     precision: str = reuse(TrainConfig, "precision",
                            help="the dtype training computes in (granndis-train's --precision): bf16 estimates "
                                 "activations, halo buffers and row gradients at 2 bytes a number")
+    halo_route: str = reuse(TrainConfig, "halo_route",
+                            help="how training's world halo crosses servers (granndis-train's --halo-route): "
+                                 "the inter- and intra-server bytes the epoch-time model prices")
     memory_per_gpu: Optional[str] = reuse(TrainConfig, "memory_per_gpu",
                                           help="GPU memory budget per rank, e.g. 40GiB: plan recommends the "
                                                "build that fits; build --hops auto preloads as deep as fits")

@@ -57,10 +57,12 @@ class ServerRoutePlan:
         return int(self.recv_counts.sum())
 
 
-def choose_relays(send_index, send_counts, peer_server, my_server):
+def choose_relays(send_index, send_counts, peer_server, my_server, row_ids):
     """Stage 1 of the sender: for each position of the direct send index (rows grouped by destination
     rank), the relay rank its row goes to, or -1 for a destination on this server (sent directly).
-    The readers of one row on one server take turns by the row's rank among that server's rows."""
+    A row's readers on one server, by rank, take turns by its global id: the reader number
+    id mod (readers) relays it -- a rule of the row alone, which the memory model counts from the
+    partition (memory_model/arrays.py server_inter_once) without planning."""
     dest = np.repeat(np.arange(len(send_counts)), send_counts)
     relay = np.full(dest.size, -1, dtype=np.int64)
     rpos = np.flatnonzero(peer_server[dest] != my_server)
@@ -73,25 +75,23 @@ def choose_relays(send_index, send_counts, peer_server, my_server):
     new[1:] = (rs[1:] != rs[:-1]) | (rv[1:] != rv[:-1])
     start = np.flatnonzero(new)
     size = np.diff(np.append(start, rs.size))
-    first_of_server = np.ones(start.size, dtype=bool)
-    first_of_server[1:] = rs[start[1:]] != rs[start[:-1]]
-    ordinal = np.arange(start.size) - np.maximum.accumulate(np.where(first_of_server, np.arange(start.size), 0))
-    group_relay = rd[start + ordinal % size]
+    group_relay = rd[start + np.asarray(row_ids, dtype=np.int64)[rv[start]] % size]
     relay[rpos[order]] = group_relay[np.cumsum(new) - 1]
     return relay
 
 
-def plan_server_route(send_index, send_counts, recv_counts, peer_server, peer_local, me: int,
+def plan_server_route(send_index, send_counts, recv_counts, peer_server, peer_local, me: int, row_ids,
                       world_counts: Callable, world_exchange: Callable, relay_counts: Callable,
                       relay_exchange: Callable, device) -> ServerRoutePlan:
     """Plan this rank's part of the per-server route of a direct plan (send_index/send_counts/recv_counts
     over the world's ranks).  Collective over the world: every rank calls it for the same plans in the
-    same order.  peer_server/peer_local: server and local rank of every world rank."""
+    same order.  peer_server/peer_local: server and local rank of every world rank; row_ids: the global
+    ids of the own rows (choose_relays)."""
     send_index = np.asarray(send_index, dtype=np.int64)
     send_counts, recv_counts = np.asarray(send_counts, np.int64), np.asarray(recv_counts, np.int64)
     peer_server, peer_local = np.asarray(peer_server, np.int64), np.asarray(peer_local, np.int64)
     P, my_server = send_counts.size, int(peer_server[me])
-    relay = choose_relays(send_index, send_counts, peer_server, my_server)
+    relay = choose_relays(send_index, send_counts, peer_server, my_server, row_ids)
     remote = relay >= 0
     # Stage-1 blocks: the direct ones as they are; one entry per (relay, row), ordered by row.
     dest = np.repeat(np.arange(P), send_counts)
@@ -214,15 +214,17 @@ class ServerRoute:
         return self.world.start(self._gather_back(grad), self.r1, self.s1, phase=self._phase)
 
 
-def route_view(plan, group, device):
+def route_view(plan, group, device, row_ids):
     """(per-layer ServerRoutes, the full plan's ServerRoute) of a view's plan on `group`, or (None, None)
-    where the group's route is direct.  Collective over the group: every rank plans the same views."""
+    where the group's route is direct.  Collective over the group: every rank plans the same views.
+    row_ids: global ids of the view's own rows (the relays' turns; positions where there are none)."""
     if not group.per_server:
         return None, None
+    row_ids = np.arange(plan.num_own, dtype=np.int64) if row_ids is None else np.asarray(row_ids, np.int64)
 
     def make(send_index, send_counts, recv_counts):
         return ServerRoute(plan_server_route(send_index, send_counts, recv_counts, group.peer_server,
-                                             group.peer_local, group.me, group.counts, group.exchange,
+                                             group.peer_local, group.me, row_ids, group.counts, group.exchange,
                                              group.relay.counts, group.relay.exchange, device),
                            device, group, group.relay)
     made, layers = {}, []  # layers sharing one LayerPlan share one route

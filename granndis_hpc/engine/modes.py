@@ -332,7 +332,7 @@ class Automatic(Mode):
                     # the order the run computes in, whose peak is estimated (overlapped by default)
                     overlap=() if cfg.no_overlap else tuple(sorted(OVERLAP_HALOS[cfg.overlap_halos])),
                     job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive,
-                    precision=cfg.precision, rates_for=rates_for, exact_only=cfg.auto_modes == "exact").to_dict()
+                    precision=cfg.precision, halo_route=cfg.halo_route, rates_for=rates_for, exact_only=cfg.auto_modes == "exact").to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)

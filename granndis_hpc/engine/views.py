@@ -128,7 +128,7 @@ class View:
         self._full_send = torch.as_tensor(plan.full_send_index, device=device)
         # --halo-route per-server: the world's rows cross servers once per server (engine/halo_route.py;
         # planned here, collective over the world); None: the direct route.
-        self._routes, self._full_route = route_view(plan, group, device)
+        self._routes, self._full_route = route_view(plan, group, device, rows.global_id)
         # Static halo data, exchanged once over the full plan: phase "setup" for a view built once,
         # "halo" for the per-iteration views of co-batched training (it is then per-step traffic).
         own_degree = torch.as_tensor(rows.degree, dtype=torch.float32, device=device).unsqueeze(1)

@@ -32,7 +32,7 @@ The estimate of a rank is the sum of these; an option's is the largest rank's.
 
 from .arrays import (GpuArrays, HopCounts, ServerArrays, WorldCounts, cobatch_counts, gpu_arrays_from_slice, rank_rows,
                      server_arrays_from_build, server_hop_counts, server_view_rows, shard_rows, view_rows_from_counts,
-                     with_cobatch, world_counts, world_reads)
+                     with_cobatch, world_counts, world_reads, relayed_by, server_inter_once)
 from .choice import (Decision, Option, choose, choose_by_time, decision_table, drop_dominated, make_option, order_text,
                      preference, price, rows_held)
 from .epoch_time import Rates, predict
@@ -43,7 +43,7 @@ from .shardsets import choose_shard_sets, estimate_shard_set, fitting_sets, mode
 
 __all__ = ["GpuArrays", "HopCounts", "ServerArrays", "WorldCounts", "cobatch_counts", "gpu_arrays_from_slice", "rank_rows",
            "server_arrays_from_build", "server_hop_counts", "server_view_rows", "shard_rows", "view_rows_from_counts",
-           "with_cobatch", "world_counts", "world_reads", "Decision", "Option", "choose", "choose_by_time",
+           "with_cobatch", "world_counts", "world_reads", "relayed_by", "server_inter_once", "Decision", "Option", "choose", "choose_by_time",
            "decision_table", "Rates", "predict", "price", "drop_dominated",
            "make_option", "order_text", "preference", "rows_held", "LayerRows", "MemoryModelError", "ModelSpec",
            "RankRows", "ViewRows", "activation_layers", "check_rank_rows", "estimate", "inter_server_bytes",

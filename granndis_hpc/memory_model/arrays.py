@@ -117,6 +117,7 @@ class WorldCounts:
     nnz: int  # in-edges of the inner rows
     n_halo: int  # distinct (owner rank, global id) of the in-neighbours other ranks own
     inter_halo: int  # of n_halo: owned by other servers
+    inter_once: Optional[int] = None  # of inter_halo: those it relays on the per-server route (server_inter_once)
 
 
 def _upto(a: np.ndarray, lim: int) -> int:
@@ -165,10 +166,39 @@ def server_view_rows(s: ServerArrays, gpu: int, depth: int) -> ViewRows:
     return view_rows_from_counts(server_hop_counts(s, gpu), depth)
 
 
-def world_counts(g: GpuArrays, server: int, gpus: int) -> WorldCounts:
+def world_counts(g: GpuArrays, server: int, gpus: int, inter_once: Optional[int] = None) -> WorldCounts:
     pairs = _world_halo_pairs(g)
     return WorldCounts(n_inner=int(np.asarray(g.w_indptr).shape[0] - 1), nnz=int(np.asarray(g.w_indptr)[-1]),
-                       n_halo=int(pairs.shape[0]), inter_halo=int(np.count_nonzero(pairs[:, 0] // gpus != server)))
+                       n_halo=int(pairs.shape[0]), inter_halo=int(np.count_nonzero(pairs[:, 0] // gpus != server)),
+                       inter_once=inter_once)
+
+
+def relayed_by(key: np.ndarray, gid: np.ndarray) -> np.ndarray:
+    """Of distinct (reading rank, global id) pairs of rows read across servers, sorted by (key, reader)
+    where key is one per (row, reading server): which pairs' reader relays the row on the per-server
+    route (a row's readers on a server, by rank, take turns by its id: reader number gid mod readers,
+    engine/halo_route.py choose_relays)."""
+    new = np.ones(gid.size, dtype=bool)
+    new[1:] = key[1:] != key[:-1]
+    start = np.flatnonzero(new)
+    group = np.cumsum(new) - 1
+    size = np.diff(np.append(start, gid.size))
+    return np.arange(gid.size) - start[group] == gid % size[group]
+
+
+def server_inter_once(s: ServerArrays) -> Dict[int, int]:
+    """rank -> rows it receives across servers on the per-server route (the rows it relays)."""
+    G, readers, gids = len(s.gpus), [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for g in s.gpus:  # loop over the server's GPUs, not over vertices
+        pairs = _world_halo_pairs(g)
+        pairs = pairs[pairs[:, 0] // G != s.server]
+        readers.append(np.full(pairs.shape[0], g.rank, dtype=np.int64))
+        gids.append(pairs[:, 1])
+    reader, gid = np.concatenate(readers), np.concatenate(gids)
+    order = np.lexsort((reader, gid))
+    chosen = relayed_by(gid[order], gid[order])  # one server's readers: the row is the key
+    counts = np.bincount(reader[order][chosen], minlength=max([g.rank for g in s.gpus], default=0) + 1)
+    return {g.rank: int(counts[g.rank]) for g in s.gpus}
 
 
 def rank_rows(rank: int, n_train: int, world: WorldCounts, n_sent: int, server: Optional[HopCounts], layers: int,
@@ -176,9 +206,9 @@ def rank_rows(rank: int, n_train: int, world: WorldCounts, n_sent: int, server: 
     """RankRows of one rank from its counts: the world view (every layer alike) and, for k > 0, the
     server view planned for k layers."""
     wl = LayerRows(n_own_in=world.n_inner, n_halo=world.n_halo, n_dst=world.n_inner, nnz=world.nnz,
-                   n_send=int(n_sent), inter_halo=world.inter_halo)
+                   n_send=int(n_sent), inter_halo=world.inter_halo, inter_once=world.inter_once)
     view = ViewRows("world", world.n_inner, world.n_halo, int(n_sent), tuple([wl] * int(layers)),
-                    inter_halo=world.inter_halo)
+                    inter_halo=world.inter_halo, inter_once=world.inter_once)
     return RankRows(rank=int(rank), features=int(features), num_classes=int(num_classes), n_inner=world.n_inner,
                     n_train=int(n_train), layers=int(layers), k=int(k), world=view,
                     server=view_rows_from_counts(server, int(k)) if k > 0 else None)
@@ -197,9 +227,9 @@ def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: i
         world_sent = world_reads(servers, sum(len(s.gpus) for s in servers))
     out = []
     for s in servers:
-        G = len(s.gpus)
+        G, once = len(s.gpus), server_inter_once(s)
         for g in s.gpus:
-            out.append(rank_rows(g.rank, g.n_train, world_counts(g, s.server, G), int(world_sent[g.rank]),
+            out.append(rank_rows(g.rank, g.n_train, world_counts(g, s.server, G, once[g.rank]), int(world_sent[g.rank]),
                                  server_hop_counts(s, g.gpu) if k > 0 else None, layers, k, features, num_classes))
     return out
 

@@ -37,6 +37,7 @@ class LayerRows:
     nnz: int  # in-edges of the computed rows
     n_send: int = 0  # own rows sent to peers at this layer
     inter_halo: int = 0  # of n_halo: rows received from other servers (world view only)
+    inter_once: Optional[int] = None  # of inter_halo: those it relays on --halo-route per-server (None: all)
 
     @property
     def n_src(self) -> int:
@@ -53,6 +54,7 @@ class ViewRows:
     n_send: int  # rows of the full send list (the static exchange)
     layers: Tuple[LayerRows, ...]
     inter_halo: int = 0  # of n_halo: rows owned by other servers
+    inter_once: Optional[int] = None  # of inter_halo: those it relays on the per-server route (None: all)
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ class ModelSpec:
     overlap: Tuple[str, ...] = ("world",)
     # --precision (engine/precision.py): bf16 computes and saves activations at 2 bytes a number.
     precision: str = "fp32"
+    halo_route: str = "per-server"  # --halo-route (engine/halo_route.py): how world halo rows cross servers
     # The graph's relations, for the models of heterogeneous graphs (registry ``typed``: their per-relation
     # tensors); None: memory_model/hetero_stacks.py assumes DEFAULT_RELATIONS.
     relations: Optional[int] = None
@@ -430,12 +433,14 @@ def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int, st
 def rank_halo_bytes(r: RankRows, m: ModelSpec) -> Tuple[int, int]:
     """(inter-server, intra-server) halo bytes of one rank per step: each exchanging layer's halo rows at
     its input width, received forward and their gradients returned backward (x2).  Server-side layers
-    (l < k) exchange inside the server only; world layers split by their inter_halo rows."""
+    (l < k) exchange inside the server only; world layers split by their inter_halo rows, or on the
+    per-server route by the rows this rank relays (inter_once; the others arrive from a relay of its server)."""
     widths = m.widths()
     inter = intra = 0
+    once = m.halo_route == "per-server"
     for l, (view, lr) in enumerate(r.training_layers()):
         if m.estimator.exchanged(l):
-            crossing = lr.inter_halo if view == "world" else 0
+            crossing = 0 if view != "world" else lr.inter_once if once and lr.inter_once is not None else lr.inter_halo
             inter += 2 * crossing * widths[l][0] * m.activation_bytes
             intra += 2 * (lr.n_halo - crossing) * widths[l][0] * m.activation_bytes
     return int(inter), int(intra)

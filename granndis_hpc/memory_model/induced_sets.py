@@ -22,7 +22,8 @@ import numpy as np
 from granndis_hpc.graph.csr import row_of_edges
 from granndis_hpc.shards import SPLIT_BITS
 
-from .arrays import GpuArrays, ServerArrays, inductive_rank_rows, server_hop_counts, world_counts, world_reads
+from .arrays import (GpuArrays, ServerArrays, inductive_rank_rows, server_hop_counts, server_inter_once, world_counts,
+                     world_reads)
 from .estimate import MemoryModelError, ModelSpec, RankRows
 from .induced import slice_bytes
 from .modes import SetArrays
@@ -103,7 +104,8 @@ class InductiveSetArrays(SetArrays):
                 servers = self.servers if bits is None else [
                     dataclasses.replace(s, gpus=[induced_world(g, bits) for g in s.gpus]) for s in self.servers]
                 sent = world_reads(servers, W)
-                per_graph.append({g.rank: (world_counts(g, s.server, len(s.gpus)), int(sent[g.rank]))
+                once = {r: n for s in servers for r, n in server_inter_once(s).items()}
+                per_graph.append({g.rank: (world_counts(g, s.server, len(s.gpus), once[g.rank]), int(sent[g.rank]))
                                   for s in servers for g in s.gpus})
             self._worlds = {r: tuple(p[r] for p in per_graph) for r in per_graph[0]}
         return self._worlds

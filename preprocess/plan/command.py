@@ -47,6 +47,7 @@ class PlanConfig:
     norm: bool = False
     checkpoint_activations: bool = False
     precision: str = "fp32"  # --precision: bf16 activations are 2 bytes a number
+    halo_route: str = "per-server"  # --halo-route: the world halo's bytes between and within servers
     linear_layers: Optional[int] = None  # per-vertex Linear layers after the `layers` convs
     budget: Optional[int] = None  # bytes per GPU
     device: str = "cuda"  # dropout masks are bool on CUDA, float on CPU
@@ -186,6 +187,7 @@ def config_from_args(args, **overrides) -> PlanConfig:
     cfg = PlanConfig(servers=args.servers, gpus_per_server=args.gpus_per_server, layers=args.layers,
                      model=args.model, hidden=args.hidden, dropout=args.dropout, norm=args.norm,
                      checkpoint_activations=args.checkpoint_activations, precision=args.precision,
+                     halo_route=getattr(args, "halo_route", "per-server"),
                      linear_layers=getattr(args, "linear_layers", None), budget=_budget(args.memory_per_gpu),
                      device=args.estimate_device, partitioner=args.partitioner, seed=args.seed,
                      row_block_rows=args.row_block_rows, eas_hops=getattr(args, "eas_hops", 1), fanout=args.eas_fanout, eas_select=args.eas_select,

@@ -113,17 +113,22 @@ def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S:
     u, r = got // W, got % W
     del got
     halo = np.bincount(r, minlength=W)
-    inter = np.bincount(r[server_of[u] != r // G], minlength=W)
+    across = server_of[u] != r // G
+    inter = np.bincount(r[across], minlength=W)
+    # The per-server route: of each row's readers on another server, the one that relays it (keys sorted
+    # by row, then reader: a row's readers on one server are consecutive).
+    u_x, r_x = u[across], r[across]
+    once = np.bincount(r_x[mm.relayed_by(u_x * S + r_x // G, u_x)], minlength=W)
     sent = np.bincount(rank_of[u], minlength=W)
-    del u, r
-    halo, inter, sent = np.split(group.allreduce_sum(np.concatenate([halo, inter, sent]).astype(np.int64)), 3)
+    del u, r, u_x, r_x
+    halo, inter, once, sent = np.split(group.allreduce_sum(np.concatenate([halo, inter, once, sent]).astype(np.int64)), 4)
     if keep is not None:
         rank_of, degree, train = rank_of[keep], degree[keep], train[keep]
     n_inner = np.bincount(rank_of, minlength=W)
     nnz = np.bincount(rank_of, weights=degree, minlength=W).astype(np.int64)
     n_train = np.bincount(rank_of[train], minlength=W)
     world = [mm.WorldCounts(n_inner=int(n_inner[x]), nnz=int(nnz[x]), n_halo=int(halo[x]),
-                            inter_halo=int(inter[x])) for x in range(W)]  # loop over ranks
+                            inter_halo=int(inter[x]), inter_once=int(once[x])) for x in range(W)]  # loop over ranks
     return world, sent, n_train
 
 

@@ -66,7 +66,7 @@ def model_spec(graph, cfg) -> mm.ModelSpec:
     return mm.ModelSpec(cfg.model, graph.num_features, cfg.hidden, int(graph.num_classes), cfg.layers,
                         cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()),
                         linear_layers=cfg.linear_layers or 0, inductive=cfg.inductive,
-                        multilabel=np.ndim(graph.labels) == 2, precision=cfg.precision,
+                        multilabel=np.ndim(graph.labels) == 2, precision=cfg.precision, halo_route=cfg.halo_route,
                         **({"relations": graph.types.num_relations, "relation_rows": graph.types.relations_per_vertex()}
                            if getattr(graph, "types", None) else {}))
 

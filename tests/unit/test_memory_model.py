@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from granndis_hpc import memory_model as mm
+from granndis_hpc.memory_model.estimate import rank_halo_bytes
 from granndis_hpc.engine.exchange import halo_exchange
 from granndis_hpc.engine.trainer import SavedBytes
 from granndis_hpc.nn.graph import LayerGraph
@@ -218,10 +219,21 @@ def test_world_rows_and_inter_server_bytes(small_shards):
     assert sum(r.n_inner for r in rows) == 1500
     # Every halo row some rank reads is sent by its owner: send and receive totals agree.
     assert sum(r.world.n_send for r in rows) == sum(r.world.n_halo for r in rows)
-    m = mm.ModelSpec("sage", 12, 16, 4, 3)
+    m = mm.ModelSpec("sage", 12, 16, 4, 3, halo_route="direct")
     fb = mm.inter_server_bytes(rows, m, 2)
     inter = sum(r.world.inter_halo for r in rows)
     assert inter > 0 and fb["halo"] == 2 * inter * 16 * 4 * 2  # layers 1 and 2, forward + backward
+    # --halo-route per-server: a row crosses once per server that reads it (the union of its ranks' reads).
+    once = 0
+    for s in servers:
+        reads = [np.asarray(g.w_src_global_id)[np.asarray(g.w_src_rank) // 2 != s.server] for g in s.gpus]
+        once += np.unique(np.concatenate(reads)).size
+    routed = mm.ModelSpec("sage", 12, 16, 4, 3)
+    assert routed.halo_route == "per-server" and 0 < once < inter
+    assert mm.inter_server_bytes(rows, routed, 2)["halo"] == 2 * once * 16 * 4 * 2
+    # What a rank does not relay itself reaches it from a relay of its server: the intra bytes grow by that.
+    direct, per_server = (np.array([rank_halo_bytes(r, spec) for r in rows]) for spec in (m, routed))
+    assert per_server[:, 1].sum() - direct[:, 1].sum() == 2 * (inter - once) * 16 * 4 * 2
     assert fb["gradient"] == 2 * 1 * m.parameters() * 4
     flx = mm.inter_server_bytes(mm.shard_rows(servers, 3, 3, 12, 4), m, 2)
     assert flx["halo"] == 0 and flx["gradient"] == fb["gradient"]
