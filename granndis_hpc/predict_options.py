@@ -57,6 +57,9 @@ class PredictOptions(Options):
     dist_timeout: float = reuse(TrainConfig, "dist_timeout")
     share_gpus: bool = reuse(TrainConfig, "share_gpus")
     host_staging: bool = reuse(TrainConfig, "host_staging")
+    halo_route: str = reuse(TrainConfig, "halo_route",
+                            help="how halo rows cross between servers: 'per-server' (default) once per server "
+                                 "that reads them, 'direct' once per rank; the same predictions either way")
     skip_checksums: bool = reuse(TrainConfig, "skip_checksums")
     verify_content: bool = reuse(TrainConfig, "verify_content",
                                  help="before predicting, recompute the dataset content digest from the rows the "

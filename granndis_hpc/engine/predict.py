@@ -68,14 +68,15 @@ class WorldForward:
 
     def __init__(self, shards_dir: str, source_path: str, ranks_per_server: Optional[int], device: str,
                  intra_transport: str, skip_checksums: bool = False, verify_content: bool = False,
-                 start: Optional[Dict] = None, host_staging: bool = False, model_option=None):
+                 start: Optional[Dict] = None, host_staging: bool = False, model_option=None,
+                 halo_route: str = "per-server"):
         # start: init_topology's start-up arguments (startup_options.topology_args of the options);
         # model_option: the user's --model-option items (build_from_source)
         self.topo = topo = init_topology(ranks_per_server, device, intra_transport, **(start or {}))
         try:
             share_cpu_threads(topo)
             self.comm = Communicator(topo, Ledger(), intra_transport, host_staging=host_staging)
-            self.group = self.comm.group("world", None)
+            self.group = self.comm.group("world", None, route=halo_route)  # --halo-route
             world = topo.world
             with collective_errors(world, "", catch=(ModelSourceError, shards.ShardError, OSError, KeyError,
                                                      ValueError)):
@@ -135,7 +136,7 @@ def forward_of(opts) -> WorldForward:
     """Collective: the world forward of predict's options (PredictOptions: the set, the model, the job)."""
     return WorldForward(opts.shards, opts.model, opts.ranks_per_server, opts.device, opts.intra_transport,
                         opts.skip_checksums, opts.verify_content, topology_args(opts), opts.host_staging,
-                        opts.model_option)
+                        opts.model_option, opts.halo_route)
 
 
 def reads(opts) -> tuple:

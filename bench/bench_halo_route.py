@@ -1,0 +1,131 @@
+"""fb's inter-server halo bytes on the direct and the per-server route (--halo-route), from the ledger
+(a benchmark, not a test; writes docs/performance/halo-route.md).
+
+    python bench/bench_halo_route.py          # a few minutes on a busy 2-core machine
+
+Three graphs on 2 servers x 2 ranks (METIS): the demo's (synthetic DC-SBM, 20,000 vertices), a
+products-like one (bench/products_ref.py's statistics, `--generator local`, 100,000 vertices) and Cora
+(tests/data).  Each trains fb (3-layer SAGE, hidden 64) for a few epochs on each route under one
+mpirun with 2 ranks per server (servers emulated by rank numbers, no link shaping); the page reports
+the ledger's inter- and intra-server halo bytes of one epoch summed over ranks, the memory model's
+inter-server halo bytes (memory_model.inter_server_bytes, which `--mode auto --auto-rule time` and
+`preprocess plan` price), and the median epoch time on this machine (no slow link: the route's extra
+intra-server hop shows, its saving does not; docs/performance/cluster.md's `fb-direct` row is the
+emulated cluster at a shaped rate).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+from harness import REPO, mib, run, run_workers, write_page
+from products_ref import graph_args
+
+ROUTES = ("direct", "per-server")
+LAYERS, HIDDEN = 3, 64
+GRAPHS = {
+    "demo (synthetic SBM, 20k)": ["--source", "synthetic", "--vertices", "20000", "--seed", "0", "--feature-noise", "5"],
+    "products-like (local, 100k)": ["--source", "synthetic", *graph_args(100_000)],
+    "Cora": ["--source", "planetoid", "--name", "cora", "--root", os.path.join(REPO, "tests", "data", "planetoid")],
+}
+
+
+def build_sets(base, log):
+    dirs = {}
+    for i, (name, source) in enumerate(GRAPHS.items()):
+        dirs[name] = os.path.join(base, f"set{i}")
+        run(["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.preprocess", "build", *source, "--servers", "2",
+             "--gpus-per-server", "2", "--layers", str(LAYERS), "--preload", "full", "--hops", "1",
+             "--partitioner", "metis", "--out", dirs[name], "--overwrite"], log)
+    return dirs
+
+
+def _worker(args):
+    from mpi4py import MPI
+
+    from granndis_hpc import memory_model as mm
+    from granndis_hpc.engine.trainer import TrainConfig, Trainer
+
+    world, out = MPI.COMM_WORLD, {}
+    for name, shards in zip(GRAPHS, args.sets):
+        for route in ROUTES:
+            trainer = Trainer(TrainConfig(shards=shards, mode="fb", model="sage", layers=LAYERS, hidden=HIDDEN,
+                                          epochs=args.epochs, eval_every=0, ranks_per_server=2, quiet=True,
+                                          halo_route=route, no_link_check=True))
+            try:
+                records = [trainer.train_epoch() for _ in range(args.epochs)]
+                own = [trainer.ledger.bytes(link, "halo") for link in ("inter", "intra")]
+                inter, intra = (int(x) for x in world.allreduce(own_array(own), op=MPI.SUM))
+            finally:
+                trainer.close()
+            if world.rank == 0:
+                manifest, servers = mm.read_shard_set(shards)
+                ds = manifest["dataset"]
+                rows = mm.shard_rows(servers, LAYERS, 0, int(ds["num_features"]), int(ds["num_classes"]))
+                m = mm.model_for(manifest, "sage", HIDDEN, LAYERS, halo_route=route)
+                out.setdefault(name, {"vertices": int(ds["num_vertices"]), "edges": int(ds["num_edges"])})[route] = {
+                    "inter_halo": inter, "intra_halo": intra, "model_inter_halo": mm.inter_server_bytes(rows, m, 2)["halo"],
+                    "epoch_s": statistics.median(r["time_s"] for r in records[1:])}
+                print(f"[halo-route] {name} {route}: inter {inter:,} B, intra {intra:,} B", flush=True)
+    if world.rank == 0:
+        import json
+        with open(args.worker, "w") as f:
+            json.dump(out, f)
+
+
+def own_array(values):
+    import numpy as np
+    return np.asarray(values, dtype=np.int64)
+
+
+def page(results, epochs):
+    lines = ["# The per-server halo route: fb's inter-server halo bytes", "", __doc__.split("\n\n")[2].replace("\n", " "), "",
+             f"Bytes of one training epoch (the ledger's halo phase: forward rows and backward gradients of layers 1 "
+             f"and 2; layer 0's input features cross once at set-up), summed over the 4 ranks; epoch time: median "
+             f"of epochs 2..{epochs}, no shaping.", "",
+             "| graph | vertices | edges | inter MiB direct | inter MiB per-server | saved | intra MiB direct | "
+             "intra MiB per-server | model = ledger | epoch s direct | epoch s per-server |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for name, r in results.items():
+        d, s = r["direct"], r["per-server"]
+        same = all(x["model_inter_halo"] == x["inter_halo"] for x in (d, s))
+        lines.append(f"| {name} | {r['vertices']:,} | {r['edges']:,} | {mib(d['inter_halo'])} | {mib(s['inter_halo'])} | "
+                     f"{1 - s['inter_halo'] / d['inter_halo']:.1%} | {mib(d['intra_halo'])} | {mib(s['intra_halo'])} | "
+                     f"{'yes' if same else 'NO'} | {d['epoch_s']:.3f} | {s['epoch_s']:.3f} |")
+    lines += ["", "Every row a server reads from another crosses once per server instead of once per reading rank: "
+              "the saving is the share of remote rows that more than one rank of a server reads. The rows that "
+              "no longer cross are forwarded inside the server instead (the intra column grows by as much).", ""]
+    return lines
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--out", default=os.path.join(REPO, "docs", "performance", "halo-route.md"))
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--sets", nargs="*", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker(args)
+        return 0
+    log = []
+    base = tempfile.mkdtemp(prefix="granndis-halo-route-")
+    try:
+        dirs = build_sets(base, log)
+        worker_args = ["--epochs", str(args.epochs), "--sets", *[dirs[n] for n in GRAPHS]]
+        results = run_workers(__file__, worker_args)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)  # the shard sets this run built
+    log.append(" ".join(["mpirun", "-n", "4", "python", "bench/bench_halo_route.py", "--worker", "RESULTS.json",
+                         *worker_args]))
+    log = [line.replace(base, "SETS") for line in log]
+    write_page(args.out, page(results, args.epochs), "bench/bench_halo_route.py", argv, log, data=results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
