@@ -54,6 +54,9 @@ MODES = {
     # Overlap of communication with computation (docs/performance/overlap.md): the modes above run
     # with it (the default); these rows are today's order (--no-overlap) and half-width halos.
     "fb-noovl": ("full", ["--mode", "fb", "--no-overlap"], False),
+    # fb's halo on the direct route (every reading rank gets its own copy across servers; the default
+    # per-server route sends a row once per server: docs/performance/halo-route.md).
+    "fb-direct": ("full", ["--mode", "fb", "--halo-route", "direct"], False),
     "fb-bf16": ("full", ["--mode", "fb", "--halo-dtype", "bfloat16"], False),
     "flx-noovl": ("full", ["--mode", "flx", "--no-overlap"], False),
     "flx-k1-noovl": ("full-k1", ["--mode", "flx", "--no-overlap"], False),
@@ -397,7 +400,7 @@ def main(argv=None):
             for m in (modes if (i + args.reverse_modes) % 2 == 0 else modes[::-1]):
                 shard_set, extra, _ = MODES[m]
                 run_dir = os.path.join(args.work, "repeat" if repeat else "runs", label, m)
-                run([os.path.join(REPO, "bench", "cluster", "emu-mpirun"), "-n", str(2 * args.ranks_per_server), "--emu-timeout",
+                run([os.path.join(REPO, "emucluster", "emu-mpirun"), "-n", str(2 * args.ranks_per_server), "--emu-timeout",
                      str(args.run_timeout), py, "-m", "granndis_hpc.cli", "train", "--shards", shards[shard_set],
                      *extra, *common, "--out", run_dir], log, timeout=args.run_timeout + 60)
                 with open(os.path.join(run_dir, LINK_FILE), "w") as f:  # the run's own record of its link

@@ -16,13 +16,14 @@ emulated cluster at a shaped rate).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 
-from harness import REPO, mib, run, run_workers, write_page
+from harness import REPO, run, run_workers, write_page
 from products_ref import graph_args
 
 ROUTES = ("direct", "per-server")
@@ -72,7 +73,6 @@ def _worker(args):
                     "epoch_s": statistics.median(r["time_s"] for r in records[1:])}
                 print(f"[halo-route] {name} {route}: inter {inter:,} B, intra {intra:,} B", flush=True)
     if world.rank == 0:
-        import json
         with open(args.worker, "w") as f:
             json.dump(out, f)
 
@@ -82,30 +82,67 @@ def own_array(values):
     return np.asarray(values, dtype=np.int64)
 
 
-def page(results, epochs):
+def page(results, epochs, cluster=None):
     lines = ["# The per-server halo route: fb's inter-server halo bytes", "", __doc__.split("\n\n")[2].replace("\n", " "), "",
              f"Bytes of one training epoch (the ledger's halo phase: forward rows and backward gradients of layers 1 "
              f"and 2; layer 0's input features cross once at set-up), summed over the 4 ranks; epoch time: median "
              f"of epochs 2..{epochs}, no shaping.", "",
-             "| graph | vertices | edges | inter MiB direct | inter MiB per-server | saved | intra MiB direct | "
-             "intra MiB per-server | model = ledger | epoch s direct | epoch s per-server |",
+             "| graph | vertices | edges | inter-server B, direct | inter-server B, per-server | saved | intra-server B, "
+             "direct | intra-server B, per-server | model = ledger | epoch s direct | epoch s per-server |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for name, r in results.items():
         d, s = r["direct"], r["per-server"]
         same = all(x["model_inter_halo"] == x["inter_halo"] for x in (d, s))
-        lines.append(f"| {name} | {r['vertices']:,} | {r['edges']:,} | {mib(d['inter_halo'])} | {mib(s['inter_halo'])} | "
-                     f"{1 - s['inter_halo'] / d['inter_halo']:.1%} | {mib(d['intra_halo'])} | {mib(s['intra_halo'])} | "
+        lines.append(f"| {name} | {r['vertices']:,} | {r['edges']:,} | {d['inter_halo']:,} | {s['inter_halo']:,} | "
+                     f"{1 - s['inter_halo'] / d['inter_halo']:.1%} | {d['intra_halo']:,} | {s['intra_halo']:,} | "
                      f"{'yes' if same else 'NO'} | {d['epoch_s']:.3f} | {s['epoch_s']:.3f} |")
     lines += ["", "Every row a server reads from another crosses once per server instead of once per reading rank: "
-              "the saving is the share of remote rows that more than one rank of a server reads. The rows that "
-              "no longer cross are forwarded inside the server instead (the intra column grows by as much).", ""]
+              "the saving is the share of remote rows that more than one rank of a server reads (high on the "
+              "SBM graph, whose communities are spread over both ranks of a server; low on the `local` "
+              "generator's graph, whose METIS parts share few remote neighbours). The rows that no longer cross "
+              "are forwarded inside the server instead: the intra-server column grows by exactly as much.", ""]
+    if cluster:
+        lines += ["## On the emulated cluster", "",
+                  f"`bench/bench_cluster.py --modes fb,fb-direct` on the demo's graph ({cluster['vertices']:,} "
+                  f"vertices, 3-layer SAGE, hidden 64, 2 x 2, docs/emulated-cluster.md): median epoch time "
+                  f"(epochs 2..{cluster['epochs']}) and the ledger's inter-server halo bytes of the run.", "",
+                  "| link | fb per-server: epoch s | fb direct: epoch s | direct / per-server | inter-server halo B "
+                  "per-server | direct |", "|---|---:|---:|---:|---:|---:|"]
+        for row in cluster["rows"]:
+            lines.append(f"| {row['label']} | {row['fb']:.3f} | {row['fb-direct']:.3f} | "
+                         f"{row['fb-direct'] / row['fb']:.2f}x | {row['inter_fb']:,} | {row['inter_fb-direct']:,} |")
+        lines.append("")
     return lines
+
+
+def cluster_rows(path):
+    """The fb and fb-direct runs of a bench_cluster.py sweep.json: per rate, epoch seconds and bytes."""
+    import json
+    with open(path) as f:
+        sweep = json.load(f)
+    rows = []
+    for rnd in sweep["rates"]:
+        runs = rnd["runs"]
+        if not all(m in runs for m in ("fb", "fb-direct")):
+            continue
+        row = {"label": rnd["label"]}
+        for m in ("fb", "fb-direct"):
+            row[m] = runs[m]["epoch_s"]
+            row["inter_" + m] = runs[m]["inter_halo_bytes"]
+        rows.append(row)
+    return {"vertices": sweep["graph"]["vertices"], "epochs": sweep["graph"]["epochs"], "rows": rows,
+            "command": " ".join(["python", "bench/bench_cluster.py", *(a for a in sweep.get("argv") or [])])}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--out", default=os.path.join(REPO, "docs", "performance", "halo-route.md"))
+    p.add_argument("--results", default=os.path.join(REPO, "bench", "results", "halo-route.json"),
+                   help="where the measured numbers are written (and read with --from-results)")
+    p.add_argument("--from-results", action="store_true", help="no runs: render the page from --results")
+    p.add_argument("--cluster-sweep", metavar="SWEEP_JSON",
+                   help="a bench_cluster.py sweep.json with the modes fb and fb-direct: adds its epoch times")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--sets", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -113,17 +150,28 @@ def main(argv=None):
         _worker(args)
         return 0
     log = []
-    base = tempfile.mkdtemp(prefix="granndis-halo-route-")
-    try:
-        dirs = build_sets(base, log)
-        worker_args = ["--epochs", str(args.epochs), "--sets", *[dirs[n] for n in GRAPHS]]
-        results = run_workers(__file__, worker_args)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)  # the shard sets this run built
-    log.append(" ".join(["mpirun", "-n", "4", "python", "bench/bench_halo_route.py", "--worker", "RESULTS.json",
-                         *worker_args]))
-    log = [line.replace(base, "SETS") for line in log]
-    write_page(args.out, page(results, args.epochs), "bench/bench_halo_route.py", argv, log, data=results)
+    if args.from_results:
+        with open(args.results) as f:
+            data = json.load(f)
+    else:
+        base = tempfile.mkdtemp(prefix="granndis-halo-route-")
+        try:
+            dirs = build_sets(base, log)
+            worker_args = ["--epochs", str(args.epochs), "--sets", *[dirs[n] for n in GRAPHS]]
+            data = {"epochs": args.epochs, "graphs": run_workers(__file__, worker_args)}
+        finally:
+            shutil.rmtree(base, ignore_errors=True)  # the shard sets this run built
+        log.append(" ".join(["mpirun", "-n", "4", "python", "bench/bench_halo_route.py", "--worker", "RESULTS.json",
+                             *worker_args]))
+        log = [line.replace(base, "SETS") for line in log]
+        data["commands"] = log
+    if args.cluster_sweep:
+        data["cluster"] = cluster_rows(args.cluster_sweep)
+    with open(args.results, "w") as f:
+        json.dump(data, f, indent=1)
+    commands = data.get("commands", []) + ([data["cluster"]["command"]] if data.get("cluster") else [])
+    write_page(args.out, page(data["graphs"], data["epochs"], data.get("cluster")), "bench/bench_halo_route.py", argv,
+               commands)
     return 0
 
 

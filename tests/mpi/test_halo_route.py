@@ -74,6 +74,9 @@ def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes):
             got = WORLD.allgather((trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo")))
             owner_parts = WORLD.allgather(trainer.slice.global_id[: trainer.slice.n_inner])
             server_of_rank = np.array([trainer.topo.server_of(r) for r in range(WORLD.size)])
+            if route == "per-server":  # the rows each rank relays: the engine's plan against the memory model's
+                plan = trainer.world_view._routes[1].plan
+                relayed = WORLD.allgather(int(plan.recv_counts[server_of_rank != trainer.topo.server].sum()))
         finally:
             trainer.close()
         measured[route] = tuple(sum(g[i] for g in got) for i in (0, 1))
@@ -86,6 +89,10 @@ def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes):
     per_row = 2 * 2 * HIDDEN * 4
     for route in ("direct", "per-server"):
         assert measured[route] == (rows[route][0] * per_row, rows[route][1] * per_row), route
+    # The memory model counts, per rank, the rows it relays by the route's rule (memory_model/arrays.py).
+    from granndis_hpc import memory_model as mm
+    _, servers = mm.read_shard_set(cora_shapes[2])
+    assert [r.world.inter_once for r in mm.shard_rows(servers, 3, 0, 1433, 7)] == relayed
     # Cora's 2x2 partition has vertices read by both ranks of the other server: the route sends fewer bytes.
     assert rows["per-server"][0] < rows["direct"][0]
     assert measured["per-server"][0] < measured["direct"][0]
