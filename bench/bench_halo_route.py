@@ -10,8 +10,8 @@ mpirun with 2 ranks per server (servers emulated by rank numbers, no link shapin
 the ledger's inter- and intra-server halo bytes of one epoch summed over ranks, the memory model's
 inter-server halo bytes (memory_model.inter_server_bytes, which `--mode auto --auto-rule time` and
 `preprocess plan` price), and the median epoch time on this machine (no slow link: the route's extra
-intra-server hop shows, its saving does not; docs/performance/cluster.md's `fb-direct` row is the
-emulated cluster at a shaped rate).
+intra-server hop shows, its saving does not; the last section is the emulated cluster at a shaped rate,
+from bench/bench_cluster.py's `fb` and `fb-direct` modes).
 """
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ def page(results, epochs, cluster=None):
     lines = ["# The per-server halo route: fb's inter-server halo bytes", "", __doc__.split("\n\n")[2].replace("\n", " "), "",
              f"Bytes of one training epoch (the ledger's halo phase: forward rows and backward gradients of layers 1 "
              f"and 2; layer 0's input features cross once at set-up), summed over the 4 ranks; epoch time: median "
-             f"of epochs 2..{epochs}, no shaping.", "",
+             f"of epochs 2..{epochs}, no shaping, on the shared 2-core machine (docs/performance/README.md) under "
+             f"a load average of 10-20 from other jobs: the times are indicative, the bytes exact.", "",
              "| graph | vertices | edges | inter-server B, direct | inter-server B, per-server | saved | intra-server B, "
              "direct | intra-server B, per-server | model = ledger | epoch s direct | epoch s per-server |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
@@ -128,10 +129,18 @@ def cluster_rows(path):
         row = {"label": rnd["label"]}
         for m in ("fb", "fb-direct"):
             row[m] = runs[m]["epoch_s"]
-            row["inter_" + m] = runs[m]["inter_halo_bytes"]
+            row["inter_" + m] = runs[m]["bytes"]["inter_halo"]
+            row["comm_" + m] = (runs[m]["inter_comm"], runs[m]["intra_comm"])
         rows.append(row)
+    argv, shown = list(sweep.get("argv") or []), []
+    while argv:  # the sweep's options without where it wrote (a local path)
+        a = argv.pop(0)
+        if a in ("--work", "--out"):
+            argv.pop(0)
+        elif a != "--reuse-shards":
+            shown.append(a)
     return {"vertices": sweep["graph"]["vertices"], "epochs": sweep["graph"]["epochs"], "rows": rows,
-            "command": " ".join(["python", "bench/bench_cluster.py", *(a for a in sweep.get("argv") or [])])}
+            "command": " ".join(["python", "bench/bench_cluster.py", *shown, "--work", "BENCH_CLUSTER_WORK"])}
 
 
 def main(argv=None):
@@ -169,8 +178,12 @@ def main(argv=None):
         data["cluster"] = cluster_rows(args.cluster_sweep)
     with open(args.results, "w") as f:
         json.dump(data, f, indent=1)
-    commands = data.get("commands", []) + ([data["cluster"]["command"]] if data.get("cluster") else [])
-    write_page(args.out, page(data["graphs"], data["epochs"], data.get("cluster")), "bench/bench_halo_route.py", argv,
+    commands = data.get("commands", [])
+    if data.get("cluster"):  # the sweep, then this page rendered with it
+        commands += [data["cluster"]["command"],
+                     "python bench/bench_halo_route.py --from-results --cluster-sweep BENCH_CLUSTER_WORK/sweep.json"]
+    shown = ["--epochs", str(data["epochs"])] if data["epochs"] != 4 else []  # the measuring run's options
+    write_page(args.out, page(data["graphs"], data["epochs"], data.get("cluster")), "bench/bench_halo_route.py", shown,
                commands)
     return 0
 

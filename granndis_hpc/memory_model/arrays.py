@@ -87,13 +87,19 @@ def _world_halo_pairs(g: GpuArrays) -> np.ndarray:
     return np.unique(np.stack([wr[other], wg[other]], axis=1), axis=0)
 
 
-def world_reads(servers: Sequence[ServerArrays], world_size: int) -> np.ndarray:
+def world_reads(servers: Sequence[ServerArrays], world_size: int, once: bool = False) -> np.ndarray:
     """For every rank, how many of its inner rows the given servers' ranks read: summed over all
-    servers (an all-reduce under MPI), it is every rank's world send-list length."""
+    servers (an all-reduce under MPI), it is every rank's world send-list length.  once: on the
+    per-server route, where a row read by several ranks of another server is sent to it once."""
     out = np.zeros(int(world_size), dtype=np.int64)
     for s in servers:
-        for g in s.gpus:  # loop over ranks, not vertices
-            out += np.bincount(_world_halo_pairs(g)[:, 0], minlength=int(world_size))
+        pairs = [_world_halo_pairs(g) for g in s.gpus]  # loop over ranks, not vertices
+        if once:
+            pairs = np.concatenate(pairs + [np.zeros((0, 2), np.int64)])
+            across = pairs[:, 0] // len(s.gpus) != s.server
+            pairs = [pairs[~across], np.unique(pairs[across], axis=0)]
+        for p in pairs:
+            out += np.bincount(p[:, 0], minlength=int(world_size))
     return out
 
 
@@ -118,6 +124,7 @@ class WorldCounts:
     n_halo: int  # distinct (owner rank, global id) of the in-neighbours other ranks own
     inter_halo: int  # of n_halo: owned by other servers
     inter_once: Optional[int] = None  # of inter_halo: those it relays on the per-server route (server_inter_once)
+    sent_once: Optional[int] = None  # its world send-list length on the per-server route (world_reads once=True)
 
 
 def _upto(a: np.ndarray, lim: int) -> int:
@@ -166,11 +173,12 @@ def server_view_rows(s: ServerArrays, gpu: int, depth: int) -> ViewRows:
     return view_rows_from_counts(server_hop_counts(s, gpu), depth)
 
 
-def world_counts(g: GpuArrays, server: int, gpus: int, inter_once: Optional[int] = None) -> WorldCounts:
+def world_counts(g: GpuArrays, server: int, gpus: int, inter_once: Optional[int] = None,
+                 sent_once: Optional[int] = None) -> WorldCounts:
     pairs = _world_halo_pairs(g)
     return WorldCounts(n_inner=int(np.asarray(g.w_indptr).shape[0] - 1), nnz=int(np.asarray(g.w_indptr)[-1]),
                        n_halo=int(pairs.shape[0]), inter_halo=int(np.count_nonzero(pairs[:, 0] // gpus != server)),
-                       inter_once=inter_once)
+                       inter_once=inter_once, sent_once=sent_once)
 
 
 def relayed_by(key: np.ndarray, gid: np.ndarray) -> np.ndarray:
@@ -206,7 +214,8 @@ def rank_rows(rank: int, n_train: int, world: WorldCounts, n_sent: int, server: 
     """RankRows of one rank from its counts: the world view (every layer alike) and, for k > 0, the
     server view planned for k layers."""
     wl = LayerRows(n_own_in=world.n_inner, n_halo=world.n_halo, n_dst=world.n_inner, nnz=world.nnz,
-                   n_send=int(n_sent), inter_halo=world.inter_halo, inter_once=world.inter_once)
+                   n_send=int(n_sent), inter_halo=world.inter_halo, inter_once=world.inter_once,
+                   n_send_once=world.sent_once)
     view = ViewRows("world", world.n_inner, world.n_halo, int(n_sent), tuple([wl] * int(layers)),
                     inter_halo=world.inter_halo, inter_once=world.inter_once)
     return RankRows(rank=int(rank), features=int(features), num_classes=int(num_classes), n_inner=world.n_inner,
@@ -215,7 +224,7 @@ def rank_rows(rank: int, n_train: int, world: WorldCounts, n_sent: int, server: 
 
 
 def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: int, num_classes: int,
-               world_sent: Optional[np.ndarray] = None) -> List[RankRows]:
+               world_sent: Optional[np.ndarray] = None, world_sent_once: Optional[np.ndarray] = None) -> List[RankRows]:
     """RankRows of every rank of the given servers for an L-layer model with k preloaded layers.
 
     The server arrays must hold a preload of at least k hops (k = 0 reads only the world view).
@@ -225,11 +234,14 @@ def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: i
         raise MemoryModelError(f"k = {k} preloaded layers is outside 0..L = 0..{layers}")
     if world_sent is None:
         world_sent = world_reads(servers, sum(len(s.gpus) for s in servers))
+        world_sent_once = world_reads(servers, sum(len(s.gpus) for s in servers), once=True)
     out = []
     for s in servers:
         G, once = len(s.gpus), server_inter_once(s)
         for g in s.gpus:
-            out.append(rank_rows(g.rank, g.n_train, world_counts(g, s.server, G, once[g.rank]), int(world_sent[g.rank]),
+            sent_once = None if world_sent_once is None else int(world_sent_once[g.rank])
+            out.append(rank_rows(g.rank, g.n_train, world_counts(g, s.server, G, once[g.rank], sent_once),
+                                 int(world_sent[g.rank]),
                                  server_hop_counts(s, g.gpu) if k > 0 else None, layers, k, features, num_classes))
     return out
 

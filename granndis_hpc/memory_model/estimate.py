@@ -19,6 +19,7 @@ from granndis_hpc.units import INT64_BYTES as I64
 
 from .graph_bytes import _graph_bytes, _split_graph_bytes
 from .induced import inductive_parts
+from .stacks import send_rows
 
 
 class MemoryModelError(ValueError):
@@ -36,6 +37,7 @@ class LayerRows:
     n_dst: int  # rows computed
     nnz: int  # in-edges of the computed rows
     n_send: int = 0  # own rows sent to peers at this layer
+    n_send_once: Optional[int] = None  # of those, on the per-server route (once per other server)
     inter_halo: int = 0  # of n_halo: rows received from other servers (world view only)
     inter_once: Optional[int] = None  # of inter_halo: those it relays on --halo-route per-server (None: all)
 
@@ -271,7 +273,7 @@ def _half_width(a: Dict[str, object], r: RankRows, m: ModelSpec) -> Dict[str, ob
         index = 0
         if not recomputed and est.exchanged(l) and id(lr) not in seen:
             seen.add(id(lr))
-            index = lr.n_send * I64
+            index = send_rows(lr, m.halo_route) * I64
         out.append((b - index) // 2 + index)
         fresh.append(out[-1] - index)
     return {"per_layer": out, "fresh_per_layer": fresh, "head": a["head"] // 2, "head_fresh": a["head"] // 2,

@@ -103,9 +103,10 @@ class InductiveSetArrays(SetArrays):
             for bits in (TRAIN, None, TRAIN_VAL):
                 servers = self.servers if bits is None else [
                     dataclasses.replace(s, gpus=[induced_world(g, bits) for g in s.gpus]) for s in self.servers]
-                sent = world_reads(servers, W)
+                sent, sent_once = world_reads(servers, W), world_reads(servers, W, once=True)
                 once = {r: n for s in servers for r, n in server_inter_once(s).items()}
-                per_graph.append({g.rank: (world_counts(g, s.server, len(s.gpus), once[g.rank]), int(sent[g.rank]))
+                per_graph.append({g.rank: (world_counts(g, s.server, len(s.gpus), once[g.rank], int(sent_once[g.rank])),
+                                           int(sent[g.rank]))
                                   for s in servers for g in s.gpus})
             self._worlds = {r: tuple(p[r] for p in per_graph) for r in per_graph[0]}
         return self._worlds

@@ -44,6 +44,7 @@ class SetArrays:
     layers: int  # the model depth the set is built for
     source: str = ""
     world_sent: Optional[np.ndarray] = None  # every rank's world send-list length (None: from `servers`)
+    world_sent_once: Optional[np.ndarray] = None  # the same on the per-server route (world_reads once=True)
     ks: Optional[Sequence[int]] = None  # preloaded depths to estimate (None: every one the set serves)
     sample_cobatches: bool = True  # whether cob is estimated on this set
     min_train: Optional[int] = None  # the smallest server's training vertices (None: from `servers`)
@@ -51,7 +52,7 @@ class SetArrays:
     modes: Optional[Sequence[str]] = None  # the modes the set may serve (None: every one its kind serves)
 
     def rows(self, layers: int, k: int, m: ModelSpec) -> List[RankRows]:
-        return shard_rows(self.servers, layers, k, m.features, m.num_classes, self.world_sent)
+        return shard_rows(self.servers, layers, k, m.features, m.num_classes, self.world_sent, self.world_sent_once)
 
     def wants(self, k: int) -> bool:
         return self.ks is None or k in self.ks

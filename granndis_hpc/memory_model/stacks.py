@@ -93,7 +93,14 @@ def linear_saved(rows: int, win: int, wout: int, norm: bool, dropout: float, mas
     return b, pre + win * wout * F32
 
 
-def gather_saved(layer_rows, exchanged: bool, seen: Optional[set] = None) -> Tuple[int, int]:
+def send_rows(layer_rows, halo_route: str) -> int:
+    """The length of a layer's send index on `halo_route`: the per-server route sends a row to each
+    other server once (n_send_once, where counted), the direct route to each reading rank."""
+    once = getattr(layer_rows, "n_send_once", None)
+    return int(once if halo_route == "per-server" and once is not None else layer_rows.n_send)
+
+
+def gather_saved(layer_rows, exchanged: bool, seen: Optional[set] = None, halo_route: str = "direct") -> Tuple[int, int]:
     """The halo exchange saves its send index (allocated at set-up) when its input needs a gradient.
     seen: the layer rows already counted in this estimate -- layers given the same rows object (the
     world view's, which share one plan and one send index tensor: engine/views.py) save one storage."""
@@ -101,7 +108,7 @@ def gather_saved(layer_rows, exchanged: bool, seen: Optional[set] = None) -> Tup
         if id(layer_rows) in seen:
             return 0, 0
         seen.add(id(layer_rows))
-    n = layer_rows.n_send * I64 if exchanged else 0
+    n = send_rows(layer_rows, halo_route) * I64 if exchanged else 0
     return n, n
 
 
@@ -197,7 +204,7 @@ class PlainEstimate(ModelEstimate):
     def activations(self, rows, m, mask_bytes):
         per_layer, fresh, seen = [], [], set()
         for l, ((_, lr), (win, wout)) in enumerate(zip(rows.training_layers(), self.widths(m))):
-            parts = [gather_saved(lr, self.exchanged(l), seen),
+            parts = [gather_saved(lr, self.exchanged(l), seen, m.halo_route),
                      self.conv_saved(lr, m, l, win, wout, self.exchanged(l), mask_bytes)]
             if l >= 1:
                 parts.append(between_convs_saved(lr.n_own_in, win, m.norm, m.dropout, mask_bytes))
@@ -239,7 +246,7 @@ class ResSAGEEstimate(ModelEstimate):
         enc = own0 * rows.features * F32
         per_layer, fresh, recompute, seen = [], [], 0, set()
         for l, (_, lr) in enumerate(rows.training_layers()):
-            parts = [gather_saved(lr, True, seen), SAGE_BYTES.saved_bytes(lr.n_src, lr.n_dst, H, H, input_grad=True)]
+            parts = [gather_saved(lr, True, seen, m.halo_route), SAGE_BYTES.saved_bytes(lr.n_src, lr.n_dst, H, H, input_grad=True)]
             if l >= 1:
                 parts.append(between_convs_saved(lr.n_own_in, H, True, m.dropout, mask_bytes))
             b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)

@@ -117,18 +117,23 @@ def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S:
     inter = np.bincount(r[across], minlength=W)
     # The per-server route: of each row's readers on another server, the one that relays it (keys sorted
     # by row, then reader: a row's readers on one server are consecutive).
-    u_x, r_x = u[across], r[across]
-    once = np.bincount(r_x[mm.relayed_by(u_x * S + r_x // G, u_x)], minlength=W)
+    u_x, key = u[across], u[across] * S + r[across] // G
+    once = np.bincount(r[across][mm.relayed_by(key, u_x)], minlength=W)
     sent = np.bincount(rank_of[u], minlength=W)
-    del u, r, u_x, r_x
-    halo, inter, once, sent = np.split(group.allreduce_sum(np.concatenate([halo, inter, once, sent]).astype(np.int64)), 4)
+    first = np.ones(key.size, dtype=bool)  # and its send list on that route: a row once per reading server
+    first[1:] = key[1:] != key[:-1]
+    sent_once = np.bincount(rank_of[u[~across]], minlength=W) + np.bincount(rank_of[u_x[first]], minlength=W)
+    del u, r, u_x, key
+    halo, inter, once, sent, sent_once = np.split(group.allreduce_sum(
+        np.concatenate([halo, inter, once, sent, sent_once]).astype(np.int64)), 5)
     if keep is not None:
         rank_of, degree, train = rank_of[keep], degree[keep], train[keep]
     n_inner = np.bincount(rank_of, minlength=W)
     nnz = np.bincount(rank_of, weights=degree, minlength=W).astype(np.int64)
     n_train = np.bincount(rank_of[train], minlength=W)
     world = [mm.WorldCounts(n_inner=int(n_inner[x]), nnz=int(nnz[x]), n_halo=int(halo[x]),
-                            inter_halo=int(inter[x]), inter_once=int(once[x])) for x in range(W)]  # loop over ranks
+                            inter_halo=int(inter[x]), inter_once=int(once[x]), sent_once=int(sent_once[x]))
+             for x in range(W)]  # loop over ranks
     return world, sent, n_train
 
 

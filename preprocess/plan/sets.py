@@ -214,7 +214,9 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
             counting, s, sp.parts, gpu_of, block, dataclasses.replace(bcfg, preload="eas", hops=cfg.eas_hops))[0], s)
             for s in mine] if cfg.eas else [])
         reads = mm.world_reads(any_arrays, cfg.servers * cfg.gpus_per_server)
+        reads_once = mm.world_reads(any_arrays, cfg.servers * cfg.gpus_per_server, once=True)
     sent = group.allreduce_sum(reads)  # every rank's world send list: what all readers ask of it
+    sent_once = group.allreduce_sum(reads_once)  # and on the per-server route
     if cfg.hops:
         sets = [mm.SetArrays(full[cfg.hops], "full", cfg.hops, L, source=f"--hops {cfg.hops}", ks=ks)]
     else:
@@ -223,7 +225,7 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
     if cfg.eas:
         sets.append(mm.SetArrays(eas, "eas", cfg.eas_hops, L, source="--preload eas" if cfg.hops else ""))
     for s in sets:
-        s.world_sent = sent
+        s.world_sent, s.world_sent_once = sent, sent_once
         # A server cannot make more co-batches than it has training vertices (the sampler refuses):
         # every rank must skip the same counts, so take the smallest server's over all ranks.
         mine_train = [int(np.count_nonzero(a.graph["train"] & (a.hop == 0))) for a in s.servers]

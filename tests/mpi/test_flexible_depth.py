@@ -79,10 +79,12 @@ def test_ledger_shows_the_trade(depth_shards):
                 sum(int(g.n_dst) for g in trainer.train_view.graphs), "sum"))
             if name == "fb":
                 # Bytes of one world layer's halo at the hidden width, forward and backward, summed
-                # over the ranks: rows this rank receives from other servers, counted by the sender.
+                # over the ranks: rows this rank receives from other servers, counted by the sender
+                # (on the default per-server route, those its route's plan receives across servers).
                 wv = trainer.world_view
                 other = np.flatnonzero(trainer.topo._server_of != trainer.topo.server)
-                rows_in = int(wv.plan.layers[1].recv_counts[other].sum())
+                plan = wv.plan.layers[1] if wv._routes is None else wv._routes[1].plan
+                rows_in = int(plan.recv_counts[other].sum())
                 per_layer = int(trainer.comm.allreduce_scalar(rows_in, "sum")) * 16 * 4 * 2
         finally:
             trainer.close()
