@@ -87,7 +87,8 @@ def page(results, epochs, cluster=None):
              f"Bytes of one training epoch (the ledger's halo phase: forward rows and backward gradients of layers 1 "
              f"and 2; layer 0's input features cross once at set-up), summed over the 4 ranks; epoch time: median "
              f"of epochs 2..{epochs}, no shaping, on the shared 2-core machine (docs/performance/README.md) under "
-             f"a load average of 10-20 from other jobs: the times are indicative, the bytes exact.", "",
+             f"a load average of 10-20 from other jobs: the times are indicative, the bytes exact. Raw results: "
+             f"bench/results/halo-route.json.", "",
              "| graph | vertices | edges | inter-server B, direct | inter-server B, per-server | saved | intra-server B, "
              "direct | intra-server B, per-server | model = ledger | epoch s direct | epoch s per-server |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
@@ -112,7 +113,11 @@ def page(results, epochs, cluster=None):
         for row in cluster["rows"]:
             lines.append(f"| {row['label']} | {row['fb']:.3f} | {row['fb-direct']:.3f} | "
                          f"{row['fb-direct'] / row['fb']:.2f}x | {row['inter_fb']:,} | {row['inter_fb-direct']:,} |")
-        lines.append("")
+        lines += ["", "The route trades inter-server bytes for an intra-server hop: a relay forwards only after its "
+                  "own rows have arrived, and the forwarding is an exchange among the server's ranks, so each "
+                  "layer waits for the slowest rank of the server (in the backward too). On this oversubscribed "
+                  "machine that wait is inflated by the other jobs' load (single epochs vary 2-3x); where the "
+                  "inter-server link is the bottleneck the bytes saved are time saved.", ""]
     return lines
 
 
@@ -183,8 +188,8 @@ def main(argv=None):
         commands += [data["cluster"]["command"],
                      "python bench/bench_halo_route.py --from-results --cluster-sweep BENCH_CLUSTER_WORK/sweep.json"]
     shown = ["--epochs", str(data["epochs"])] if data["epochs"] != 4 else []  # the measuring run's options
-    write_page(args.out, page(data["graphs"], data["epochs"], data.get("cluster")), "bench/bench_halo_route.py", shown,
-               commands)
+    write_page(args.out, page(data["graphs"], data["epochs"], data.get("cluster")), "bench/bench_halo_route.py",
+               shown or [""], commands)
     return 0
 
 
