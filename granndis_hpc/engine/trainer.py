@@ -357,6 +357,7 @@ class Trainer(TrainerCheckpoints):
         if self._stopped_during_set_up():
             self.run_dir.close_metrics()
             return None
+        self._checkpoint_initial()
         bar = progress(total=cfg.epochs, initial=self.epoch, desc=f"{cfg.mode} epochs", rank=self.topo.rank,
                        quiet=cfg.quiet, unit="epoch", enabled=True if cfg.progress else None)
         stop_early = False
