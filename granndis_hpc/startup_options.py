@@ -34,8 +34,9 @@ def master_addr_option():
 
 def dist_timeout_option():
     return option(DEFAULT_DIST_TIMEOUT_S, gt=0.0, metavar="SECONDS", on_resume="may_change", group=STARTUP_GROUP,
-                  help="how long a rank waits to reach rank 0's torch.distributed store (and torch.distributed's "
-                       "collectives wait) before every rank stops with an error naming the host that did not answer")
+                  help="how long torch.distributed's rendezvous and collectives wait before every rank stops with "
+                       "an error naming the host that did not answer (connecting to rank 0's store takes at most "
+                       "10 s, or this if shorter: a wrong address is said at once)")
 
 
 def share_gpus_option():
