@@ -20,8 +20,8 @@ from granndis_hpc.options import (ConfigError, HelpFormatter, add_options, allow
                                   parse_args_with_config, read_options, resume_rule, specs, validate)
 from granndis_hpc.graph.sampler import SAMPLERS
 from granndis_hpc.metric_names import METRICS
-from granndis_hpc.startup_options import (dist_timeout_option, host_staging_option, master_addr_option,
-                                          share_gpus_option)
+from granndis_hpc.startup_options import (deterministic_option, dist_timeout_option, host_staging_option,
+                                          master_addr_option, share_gpus_option)
 from granndis_hpc.schedule_options import LR_SCHEDULES, OPTIMIZER_NAMES, SCHEDULE_GROUP, schedule_problem
 from granndis_hpc.units import parse_size
 
@@ -197,6 +197,7 @@ class TrainConfig:
                                   help="intra-server transport (auto: NCCL on GPU, measured default on CPU)")
     master_addr: Optional[str] = master_addr_option()
     dist_timeout: float = dist_timeout_option()
+    deterministic: bool = deterministic_option()
     share_gpus: bool = share_gpus_option()
     host_staging: bool = host_staging_option()
     quiet: bool = option(False, on_resume="may_change",

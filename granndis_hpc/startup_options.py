@@ -53,6 +53,14 @@ def host_staging_option():
                        "same results, for checking that logic without a GPU (on a GPU both are always on)")
 
 
+def deterministic_option():
+    return option(False, on_resume="may_change", group=STARTUP_GROUP,
+                  help="deterministic kernels (torch.use_deterministic_algorithms): on a GPU the additions that "
+                       "use atomics (GAT, the index_add aggregation, scatter_add) take their deterministic form, "
+                       "so two runs give the same bits; an operation without one stops the run with torch's "
+                       "error. Slower on a GPU; the CPU's kernels are deterministic already")
+
+
 def topology_args(opts) -> Dict:
     """The keyword arguments of cluster.topology.init_topology from a command's options."""
     return {"share_gpus": bool(opts.share_gpus), "dist_timeout_s": float(opts.dist_timeout),
