@@ -57,6 +57,7 @@ class PredictOptions(Options):
     dist_timeout: float = reuse(TrainConfig, "dist_timeout")
     share_gpus: bool = reuse(TrainConfig, "share_gpus")
     host_staging: bool = reuse(TrainConfig, "host_staging")
+    deterministic: bool = reuse(TrainConfig, "deterministic")
     skip_checksums: bool = reuse(TrainConfig, "skip_checksums")
     verify_content: bool = reuse(TrainConfig, "verify_content",
                                  help="before predicting, recompute the dataset content digest from the rows the "

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from granndis_hpc import cli
+from granndis_hpc.engine.predict_io import read_output
 from granndis_hpc.engine.targets import class_loss_by_gather
 from granndis_hpc.rundir import checkpoint as ck
 from granndis_hpc.rundir import checkpoint_files as cf
@@ -43,6 +44,13 @@ def test_two_deterministic_runs_give_the_same_bits_and_the_setting_is_restored(s
     assert sorted(first) == sorted(second)
     for name, tensor in first.items():
         assert torch.equal(tensor, second[name]), name
+    # predict takes the flag too, and restores the setting after its forward.
+    outs = []
+    for name in ("p1.h5", "p2.h5"):
+        cli.run_predict(["--model", str(tmp_path / "a"), "--shards", str(shard_set), "--ranks-per-server", "1",
+                         "--deterministic", "--out", str(tmp_path / name), "--quiet"])
+        outs.append(read_output(str(tmp_path / name))[0]["logits"])
+    assert np.array_equal(outs[0], outs[1]) and not torch.are_deterministic_algorithms_enabled()
     metrics = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert len({round(r["loss"], 6) for r in metrics}) == EPOCHS  # training moved
 
