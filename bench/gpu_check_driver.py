@@ -389,7 +389,7 @@ def epoch_stage(check, budget, name, vertices, pyg):
         return ("timed out" if rc == "timed out" else "failed"), {"reason": f"building {set_name}: {rc}"}
     cmd = ["mpirun", "-n", "1", check.py, "bench/gpu_check_epoch.py", "--shards",
            os.path.join(check.out, "shards", set_name), "--device", "cpu" if check.fake else "cuda",
-           "--epochs", "4" if pyg else "3", *(["--pyg"] if pyg else [])]
+           "--epochs", "4" if pyg else "3", "--dropout", "0.5", *(["--pyg"] if pyg else [])]
     rc, _ = check.run(cmd, f"{name}.log", end - time.monotonic(), env=check.mpi_env())
     found = last_json(os.path.join(check.out, f"{name}.log")) or {}
     facts = {k: found.get(k) for k in ("vertices", "edges", "granndis_median_s", "pyg_median_s", "granndis_over_pyg",

@@ -22,7 +22,8 @@ the host until every kernel queued before it has run; here instead:
 On the CPU there is nothing to stage (MPI reads the tensors' own memory) and the callers skip this
 module, unless `emulate=True` (the --host-staging option), which runs the same staging logic with
 plain host buffers and synchronous copies: tests exercise the GPU code's buffer handling and order on
-the CPU, with the same results.
+the CPU, with the same results.  The streams, events and copies of the GPU branch come from
+cluster/deviceops.py, where tests install a CUDA double that runs that branch itself on the CPU.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ import math
 from typing import List, Optional, Tuple
 
 import torch
+
+from . import deviceops
 
 MIN_BUFFER_BYTES = 1 << 12
 
@@ -87,11 +90,13 @@ class HostStaging:
     """The staging of one Communicator: its pool and, on a GPU, its side stream (see the module doc)."""
 
     def __init__(self, device: torch.device, emulate: bool = False):
-        self.cuda = device.type == "cuda"
+        # Streams, events and copies from the one place a test can swap (cluster/deviceops.py).
+        self._ops = deviceops.current()
+        self.cuda = self._ops.streams_on(device)
         self.copies = self.cuda or bool(emulate)  # False: MPI reads the tensors themselves
         self.device = device
-        self.pool = PinnedPool(pin=self.cuda)
-        self._stream = torch.cuda.Stream(device) if self.cuda else None
+        self.pool = PinnedPool(pin=device.type == "cuda")
+        self._stream = self._ops.new_stream(device) if self.cuda else None
         # The side stream's last event: every copy queued so far completes no later (one stream, in
         # order), so a buffer released with it is never overwritten while a copy reads or writes it.
         self._last = None
@@ -103,12 +108,13 @@ class HostStaging:
         if not self.cuda:
             lease.rows.copy_(src)
             return lease, lease.rows, None
-        produced = torch.cuda.current_stream(self.device).record_event()
-        with torch.cuda.stream(self._stream):
+        ops = self._ops
+        produced = ops.current_stream(self.device).record_event()
+        with ops.use_stream(self._stream):
             self._stream.wait_event(produced)
-            lease.rows.copy_(src, non_blocking=True)
+            ops.copy_(lease.rows, src)
             self._last = self._stream.record_event()
-        src.record_stream(self._stream)
+        ops.record_stream(src, self._stream)
         return lease, lease.rows, self._last
 
     def to_device(self, host: torch.Tensor, into: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -116,15 +122,16 @@ class HostStaging:
         the host does not wait."""
         if not self.cuda:
             return host.clone() if into is None else into.copy_(host)
-        current = torch.cuda.current_stream(self.device)
+        ops = self._ops
+        current = ops.current_stream(self.device)
         out = torch.empty(host.shape, dtype=host.dtype, device=self.device) if into is None else into
         after = current.record_event()  # `into` may be read or written by queued kernels
-        with torch.cuda.stream(self._stream):
+        with ops.use_stream(self._stream):
             self._stream.wait_event(after)
-            out.copy_(host, non_blocking=True)
+            ops.copy_(out, host)
             self._last = self._stream.record_event()
         current.wait_event(self._last)
-        out.record_stream(self._stream)
+        ops.record_stream(out, self._stream)
         return out
 
     def release(self, *leases: Optional[Lease]) -> None:

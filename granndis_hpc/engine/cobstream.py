@@ -18,7 +18,8 @@ thread while the current step computes, and the step waits for them on the devic
 On the CPU there is nothing to order and the loader makes host tensors directly, unless `emulate=True`
 (--host-staging), which runs this same logic with plain copies and stand-in events, so the tests check
 on the CPU that every co-batch is made in the loader, waited for before its step and kept until
-retired, with the same results.
+retired, with the same results.  The GPU branch's streams, events and copies come from
+cluster/deviceops.py, where tests install a CUDA double that runs that branch itself on the CPU.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from typing import List, Tuple
 
 import numpy as np
 import torch
+
+from ..cluster import deviceops
 
 
 class HostEvent:
@@ -45,9 +48,10 @@ class LoaderStream:
 
     def __init__(self, device: torch.device, emulate: bool = False):
         self.device = device
-        self.cuda = device.type == "cuda"
+        self._ops = deviceops.current()  # streams and events from the one place tests swap
+        self.cuda = self._ops.streams_on(device)
         self.active = self.cuda or bool(emulate)  # False: plain host tensors (the CPU)
-        self._stream = torch.cuda.Stream(device) if self.cuda else None
+        self._stream = self._ops.new_stream(device) if self.cuda else None
         self._retired: List[Tuple[object, object]] = []  # (event on the main stream, co-batch)
         # Counters for the tests: arrays put, threads that put them, events waited for, co-batches retired.
         self.puts, self.put_threads, self.waits, self.retired = 0, set(), 0, 0
@@ -57,8 +61,8 @@ class LoaderStream:
         if not self.cuda:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()  # a new thread's current device is GPU 0 until it sets its own
-        stack.enter_context(torch.cuda.device(self.device))
-        stack.enter_context(torch.cuda.stream(self._stream))
+        stack.enter_context(self._ops.use_device(self.device))
+        stack.enter_context(self._ops.use_stream(self._stream))
         return stack
 
     def put(self, array, dtype=None) -> torch.Tensor:
@@ -69,7 +73,7 @@ class LoaderStream:
             self.put_threads.add(threading.current_thread().name)
         if not self.cuda:
             return host if host.device == self.device else host.to(self.device)
-        return host.pin_memory().to(self.device, non_blocking=True)
+        return self._ops.upload(host, self.device)
 
     def ready(self):
         """The event marking the co-batch's tensors complete (None when inactive)."""
@@ -85,14 +89,14 @@ class LoaderStream:
             raise RuntimeError("a co-batch reached its step without the loader's ready event")
         self.waits += 1
         if self.cuda:
-            torch.cuda.current_stream(self.device).wait_event(event)
+            self._ops.current_stream(self.device).wait_event(event)
 
     def retire(self, item) -> None:
         """Main thread: `item` (a co-batch) is no longer used by new work; free it once the main stream's
         work queued so far has run."""
         if not self.active or item is None:
             return
-        event = torch.cuda.current_stream(self.device).record_event() if self.cuda else HostEvent()
+        event = self._ops.current_stream(self.device).record_event() if self.cuda else HostEvent()
         self._retired.append((event, item))
         self.retired += 1
         self.collect()

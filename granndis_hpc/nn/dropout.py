@@ -48,8 +48,9 @@ def _mix_int(z: int) -> int:
 
 
 def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic: mask off the copied sign bits)."""
-    return (z >> s) & ((1 << (64 - s)) - 1)
+    """Logical right shift of int64 (torch's >> is arithmetic: mask off the copied sign bits; in place on
+    the shift's result, so one temporary the size of z)."""
+    return (z >> s).bitwise_and_((1 << (64 - s)) - 1)
 
 
 def _mix(z: torch.Tensor) -> torch.Tensor:
@@ -67,7 +68,8 @@ def stream_key(seed: int, epoch: int, layer: int) -> int:
     return _signed(k)
 
 
-def keep_mask(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, width: int, p: float) -> torch.Tensor:
+def keep_mask(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, width: int, p: float,
+              block_elements: Optional[int] = None) -> torch.Tensor:
     """Bool [len(row_ids), width]: element (i, c) is kept with probability 1 - p, as a function of
     (seed, epoch, layer, row_ids[i], c) only.
 
@@ -77,7 +79,8 @@ def keep_mask(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, width: i
     round(p * 2^16) - 2^15.  So one hash serves four elements (about three int64 passes an element
     instead of ten), the comparison is one int16 pass into the bool mask, and the keep rate is 1 - p
     rounded to a multiple of 2^-16.  The lanes are the int16 view of the words (little-endian, as on
-    every platform torch runs on): lane k is bits 16k..16k+15."""
+    every platform torch runs on): lane k is bits 16k..16k+15.  block_elements: the elements hashed
+    at a time (default mask_block_elements(device)); the mask does not depend on it."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"keep_mask: p must be in [0, 1), got {p!r}")
     ids = row_ids.to(torch.int64)
@@ -90,22 +93,34 @@ def keep_mask(seed: int, epoch: int, layer: int, row_ids: torch.Tensor, width: i
     row_start = _row_starts(seed, epoch, layer, ids)
     words = -(-int(width) // LANES)
     steps = torch.arange(1, words + 1, dtype=torch.int64, device=ids.device) * _signed(_GOLDEN)
-    # Blocks of rows: the int64 words exist for at most MASK_BLOCK_ELEMENTS mask elements at a time
-    # (128 KiB) beside the bool mask, not rows x width x 2 bytes; a block that fits a core's L2 cache
-    # keeps the hash's passes out of main memory.
-    step = max(1, MASK_BLOCK_ELEMENTS // (words * LANES))
+    # Blocks of rows, so that the int64 words (2 bytes a mask element, and as much again for the shift's
+    # temporary) exist for at most mask_block_elements(device) elements at a time beside the bool mask.
+    # Each block is the same 16 tensor operations, so the operations a call launches grow with the
+    # number of blocks only: one block up to DEVICE_MASK_BLOCK_ELEMENTS on a GPU.
+    block = mask_block_elements(ids.device) if block_elements is None else int(block_elements)
+    step = max(1, block // (words * LANES))
     for a in range(0, ids.shape[0], step):  # a few blocks per layer, not a loop over rows
         z = _mix_(row_start[a:a + step].unsqueeze(1) + steps.unsqueeze(0))
         torch.ge(z.view(torch.int16)[:, :width], threshold, out=out[a:a + step])
     return out
 
 
-# 2^16 elements (2^14 words, 128 KiB): a 100 k x 64 mask in 12-18 ms on one thread, against 43-47 ms
-# for the former one-hash-per-element mask; smaller blocks cost more calls (28 ms at 2^14 elements),
-# larger ones leave the L2 cache (17 ms at 2^18).
+# On the CPU, 2^16 elements (2^14 words, 128 KiB): a 100 k x 64 mask in 12-18 ms on one thread, against
+# 43-47 ms for the former one-hash-per-element mask; smaller blocks cost more calls (28 ms at 2^14
+# elements), larger ones leave the L2 cache (17 ms at 2^18).  (The CPU trainer hashes in the C kernel,
+# nn/cpu_kernels.c; this is its torch-ops path.)
 MASK_BLOCK_ELEMENTS = 1 << 16
+# On a GPU every operation is a kernel launch (~5-10 us each) and the cache argument does not hold: one
+# block up to 2^25 elements (a 100 k x 256 activation in 16 launches, not 7,800), at most 128 MiB of
+# transient int64 words and shift temporaries; a larger tensor in blocks of that size.
+DEVICE_MASK_BLOCK_ELEMENTS = 1 << 25
 LANES = 4  # keep decisions per 64-bit hash: 16 bits each
 _I16_MAX = (1 << 15) - 1
+
+
+def mask_block_elements(device) -> int:
+    """The mask elements keep_mask hashes in one block on `device` (see MASK_BLOCK_ELEMENTS)."""
+    return MASK_BLOCK_ELEMENTS if torch.device(device).type == "cpu" else DEVICE_MASK_BLOCK_ELEMENTS
 
 
 def _threshold(p: float) -> int:
