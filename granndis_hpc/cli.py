@@ -105,21 +105,34 @@ def train_main(argv=None) -> int:
     # warning, preemption) arriving meanwhile must be recorded, not kill the rank (engine/signals.py).
     from granndis_hpc.engine.signals import install_early
     install_early()
+    argv = sys.argv[1:] if argv is None else argv
+    if _asks_for_help(argv):  # the help needs neither MPI nor torch: printed (by the launch's rank 0), exit 0
+        read_options(TrainConfig, argv, TRAIN_PROG, TRAIN_DESCRIPTION)
     # Then this rank's GPU, and MPI after it (nothing before this line imports mpi4py.MPI).
     from granndis_hpc.mpistart import requested_device, init_mpi
-    init_mpi(requested_device(sys.argv[1:] if argv is None else argv))
+    init_mpi(requested_device(argv))
     from granndis_hpc.cluster.errors import main_guard
 
     main_guard(run_training, argv, ignore_late_warnings=True)
     return 0
 
 
+def _asks_for_help(argv) -> bool:
+    """-h/--help before any "--" (argparse prints the help wherever it stands)."""
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    return any(a in ("-h", "--help") for a in head)
+
+
 def predict_main(argv=None) -> int:
     """`granndis predict` (under mpirun/srun like training): engine/predict.py."""
     from granndis_hpc.mpistart import requested_device, init_mpi
-    from granndis_hpc.predict_options import PredictOptions
+    from granndis_hpc.predict_options import PREDICT_DESCRIPTION, PREDICT_EPILOG, PREDICT_PROG, PredictOptions
 
-    init_mpi(requested_device(sys.argv[1:] if argv is None else argv, PredictOptions))  # the GPU before MPI
+    argv = sys.argv[1:] if argv is None else argv
+    if _asks_for_help(argv):  # as train's: no MPI, no torch
+        from granndis_hpc.options import parse_options
+        parse_options(PredictOptions, argv, PREDICT_PROG, PREDICT_DESCRIPTION, PREDICT_EPILOG)
+    init_mpi(requested_device(argv, PredictOptions))  # the GPU before MPI
     from granndis_hpc.cluster.errors import main_guard
 
     main_guard(run_predict, argv)
@@ -128,11 +141,12 @@ def predict_main(argv=None) -> int:
 
 def run_predict(argv=None) -> dict:
     """Parse (a usage error exits 2 on every rank alike: every rank parses the same argv), predict."""
-    from granndis_hpc.engine.predict import run_predict as predict
     from granndis_hpc.options import parse_options
     from granndis_hpc.predict_options import PREDICT_DESCRIPTION, PREDICT_EPILOG, PREDICT_PROG, PredictOptions
 
     opts = parse_options(PredictOptions, argv, PREDICT_PROG, PREDICT_DESCRIPTION, PREDICT_EPILOG)
+    from granndis_hpc.engine.predict import run_predict as predict  # torch: after the options are read
+
     _check_predict_before_start(opts)
     _log_as_this_rank(opts)
     return predict(opts)

@@ -20,8 +20,8 @@ from granndis_hpc.options import (ConfigError, HelpFormatter, add_options, allow
                                   parse_args_with_config, read_options, resume_rule, specs, validate)
 from granndis_hpc.graph.sampler import SAMPLERS
 from granndis_hpc.metric_names import METRICS
-from granndis_hpc.startup_options import (dist_timeout_option, host_staging_option, master_addr_option,
-                                          share_gpus_option)
+from granndis_hpc.startup_options import (deterministic_option, dist_timeout_option, host_staging_option,
+                                          master_addr_option, share_gpus_option)
 from granndis_hpc.schedule_options import LR_SCHEDULES, OPTIMIZER_NAMES, SCHEDULE_GROUP, schedule_problem
 from granndis_hpc.units import parse_size
 
@@ -199,6 +199,7 @@ class TrainConfig:
                                   help="intra-server transport (auto: NCCL on GPU, measured default on CPU)")
     master_addr: Optional[str] = master_addr_option()
     dist_timeout: float = dist_timeout_option()
+    deterministic: bool = deterministic_option()
     share_gpus: bool = share_gpus_option()
     host_staging: bool = host_staging_option()
     quiet: bool = option(False, on_resume="may_change",
@@ -222,6 +223,10 @@ class TrainConfig:
                                         "2 complete ones are kept); 0 = only when SIGUSR1 or SIGTERM asks the run "
                                         "to stop, which it does after the current epoch, with a checkpoint, "
                                         "exiting 0")
+    checkpoint_initial: bool = option(False, on_resume="may_change",
+                                      help="also write the initial parameters, before the first step, as the "
+                                           "checkpoint of epoch 0 (RUN_DIR/checkpoints/epoch-000000, never pruned): "
+                                           "--init-from, --resume and granndis predict take it as any checkpoint")
     resume: Optional[str] = option(None, metavar="RUN_DIR", on_resume="may_change", help=_resume_help)
     # Warm start (engine/model_source.py reads the model): parameters only, so the run is a new one.
     init_from: Optional[str] = option(None, metavar="RUN_OR_FILE",
@@ -352,8 +357,9 @@ class TrainConfig:
             raise ConfigError("--eval-only evaluates a saved model: give it with --init-from RUN_OR_FILE")
         if self.eval_only and self.resume:
             raise ConfigError("--eval-only trains nothing, so there is nothing to --resume: leave one of them out")
-        if self.checkpoint_every > 0 and not self.out:
-            raise ConfigError("--checkpoint-every needs a run directory to write checkpoints into: add --out RUN_DIR")
+        for flag, given in (("--checkpoint-every", self.checkpoint_every > 0), ("--checkpoint-initial", self.checkpoint_initial)):
+            if given and not self.out:
+                raise ConfigError(f"{flag} needs a run directory to write checkpoints into: add --out RUN_DIR")
         if self.resume and (not self.out or os.path.realpath(self.out) != os.path.realpath(self.resume)):
             raise ConfigError(f"--resume {self.resume} continues in that run directory, but --out is {self.out!r}; "
                               f"leave --out out or set it to {self.resume}")

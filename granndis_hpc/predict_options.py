@@ -60,6 +60,7 @@ class PredictOptions(Options):
     halo_route: str = reuse(TrainConfig, "halo_route",
                             help="how halo rows cross between servers: 'per-server' (default) once per server "
                                  "that reads them, 'direct' once per rank; the same predictions either way")
+    deterministic: bool = reuse(TrainConfig, "deterministic")
     skip_checksums: bool = reuse(TrainConfig, "skip_checksums")
     verify_content: bool = reuse(TrainConfig, "verify_content",
                                  help="before predicting, recompute the dataset content digest from the rows the "

@@ -34,8 +34,9 @@ def master_addr_option():
 
 def dist_timeout_option():
     return option(DEFAULT_DIST_TIMEOUT_S, gt=0.0, metavar="SECONDS", on_resume="may_change", group=STARTUP_GROUP,
-                  help="how long a rank waits to reach rank 0's torch.distributed store (and torch.distributed's "
-                       "collectives wait) before every rank stops with an error naming the host that did not answer")
+                  help="how long torch.distributed's rendezvous and collectives wait before every rank stops with "
+                       "an error naming the host that did not answer (connecting to rank 0's store takes at most "
+                       "10 s, or this if shorter: a wrong address is said at once)")
 
 
 def share_gpus_option():
@@ -50,6 +51,14 @@ def host_staging_option():
                        "messages (pooled buffers, copies out before the sends and back after the receives) and "
                        "cob/mb's loader stream (co-batch tensors put by the loader, waited for by the step); the "
                        "same results, for checking that logic without a GPU (on a GPU both are always on)")
+
+
+def deterministic_option():
+    return option(False, on_resume="may_change", group=STARTUP_GROUP,
+                  help="deterministic kernels (torch.use_deterministic_algorithms): on a GPU the additions that "
+                       "use atomics (GAT, the index_add aggregation, scatter_add) take their deterministic form, "
+                       "so two runs give the same bits; an operation without one stops the run with torch's "
+                       "error. Slower on a GPU; the CPU's kernels are deterministic already")
 
 
 def topology_args(opts) -> Dict:

@@ -21,7 +21,6 @@ import sys
 import traceback
 from contextlib import contextmanager
 
-from mpi4py import MPI
 
 
 class ClusterError(RuntimeError):
@@ -45,14 +44,36 @@ def raised_everywhere(exc: BaseException) -> BaseException:
     return exc
 
 
+def mpi():
+    """mpi4py.MPI, imported on first use: importing it starts MPI (MPI_Init, a second or more on a busy
+    node), which commands that never communicate (`granndis --help`, `preprocess info`, `verify`) skip."""
+    from mpi4py import MPI
+    return MPI
+
+
+def _started():
+    """mpi4py.MPI when MPI runs in this process (started and not finalised), else None; starts nothing."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    return MPI if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() else None
+
+
 def world_rank() -> int:
-    return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() and not MPI.Is_finalized() else 0
+    MPI = _started()
+    return MPI.COMM_WORLD.Get_rank() if MPI is not None else 0
+
+
+def _abort(code: int) -> None:
+    """End every rank with `code` (MPI_Abort); a process that never started MPI just exits."""
+    MPI = _started()
+    if MPI is None:
+        sys.exit(code)
+    MPI.COMM_WORLD.Abort(code)
 
 
 def _mpi_comm(comm):
     """The mpi4py communicator behind `comm`: an mpi4py communicator itself, a Topology (its world)
     or a cluster.Group (anything with `mpi_comm`)."""
-    if isinstance(comm, MPI.Comm):
+    if isinstance(comm, mpi().Comm):
         return comm
     inner = getattr(comm, "mpi_comm", None)
     if inner is None:
@@ -82,7 +103,7 @@ def agree(comm, ok: bool, message: str = "") -> None:
         parts.append(f"{who}: {msg or 'reported a problem'}")
     # "collective" lets main_guard exit without an abort; that is only safe when every rank of the
     # job raised it, i.e. when `comm` spans the whole world.
-    spans_world = comm.Get_size() == MPI.COMM_WORLD.Get_size()
+    spans_world = comm.Get_size() == mpi().COMM_WORLD.Get_size()
     raise ClusterError("; ".join(parts), collective=spans_world)
 
 
@@ -152,7 +173,7 @@ def main_guard(fn, *args, **kwargs):
             sys.stderr.write(f"[rank {rank}] error: {exc.code}\n")
         sys.stderr.write(f"[rank {rank}] exiting with status {code}; aborting all ranks\n")
         sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(code)
+        _abort(code)
     except BaseException as exc:  # noqa: BLE001 -- anything uncaught must not leave peers hanging
         rank = world_rank()
         if getattr(exc, "collective", False) is True:  # a ClusterError from agree, or raised_everywhere
@@ -161,8 +182,9 @@ def main_guard(fn, *args, **kwargs):
             if rank == 0:
                 _report(exc, rank, with_traceback=False)
             try:
-                MPI.COMM_WORLD.Barrier()
+                if _started() is not None:
+                    _started().COMM_WORLD.Barrier()
             finally:
                 sys.exit(int(getattr(exc, "exit_code", 1) or 1))
         _report(exc, rank, with_traceback=True)
-        MPI.COMM_WORLD.Abort(1)
+        _abort(1)

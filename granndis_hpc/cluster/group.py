@@ -18,9 +18,7 @@ import contextlib
 import time
 
 import numpy as np
-from mpi4py import MPI
-
-from .errors import collective_errors
+from .errors import collective_errors, mpi
 
 
 _PIECE = 1 << 30
@@ -30,7 +28,7 @@ class Group:
     """One MPI communicator (not owned: the caller's communicator is neither duplicated nor freed)."""
 
     def __init__(self, comm=None):
-        self.mpi_comm = MPI.COMM_WORLD if comm is None else comm
+        self.mpi_comm = mpi().COMM_WORLD if comm is None else comm
         self.rank = self.mpi_comm.Get_rank()
         self.size = self.mpi_comm.Get_size()
 
@@ -67,15 +65,15 @@ class Group:
 
     def allreduce_max(self, local: np.ndarray) -> np.ndarray:
         """Element-wise maximum of a numeric array over the ranks (a new array; same shape everywhere)."""
-        return self._allreduce(local, MPI.MAX)
+        return self._allreduce(local, mpi().MAX)
 
     def allreduce_sum(self, local: np.ndarray) -> np.ndarray:
         """Element-wise sum of a numeric array over the ranks."""
-        return self._allreduce(local, MPI.SUM)
+        return self._allreduce(local, mpi().SUM)
 
     def allreduce_min(self, local: np.ndarray) -> np.ndarray:
         """Element-wise minimum of a numeric array over the ranks."""
-        return self._allreduce(local, MPI.MIN)
+        return self._allreduce(local, mpi().MIN)
 
     def _allreduce(self, local, op) -> np.ndarray:
         local = np.ascontiguousarray(local)
@@ -90,13 +88,13 @@ class Group:
         displs = np.zeros_like(counts)
         np.cumsum(counts[:-1], out=displs[1:])
         out = np.empty(int(counts.sum()), dtype=np.int64)
-        self.mpi_comm.Allgatherv(local, [out, counts, displs, MPI.INT64_T])
+        self.mpi_comm.Allgatherv(local, [out, counts, displs, mpi().INT64_T])
         return out
 
     def _row_type(self, a: np.ndarray):
         """An MPI datatype of one row of `a` (contiguous bytes), so counts stay in rows (int32 safe)."""
         row = int(a.itemsize * (int(np.prod(a.shape[1:])) if a.ndim > 1 else 1))
-        t = MPI.BYTE.Create_contiguous(max(row, 1))
+        t = mpi().BYTE.Create_contiguous(max(row, 1))
         t.Commit()
         return t
 
@@ -153,13 +151,13 @@ class Group:
                 self.mpi_comm.send((local.dtype.str, local.shape), dest=root, tag=7)
                 raw = np.ascontiguousarray(local).reshape(-1).view(np.uint8)
                 for lo in range(0, raw.shape[0], _PIECE):  # int32 counts: messages of at most 1 GiB
-                    self.mpi_comm.Send([raw[lo:lo + _PIECE], MPI.BYTE], dest=root, tag=8)
+                    self.mpi_comm.Send([raw[lo:lo + _PIECE], mpi().BYTE], dest=root, tag=8)
             elif self.rank == root:
                 dtype, shape = self.mpi_comm.recv(source=r, tag=7)
                 buf = np.empty(shape, dtype=np.dtype(dtype))
                 raw = buf.reshape(-1).view(np.uint8)
                 for lo in range(0, raw.shape[0], _PIECE):
-                    self.mpi_comm.Recv([raw[lo:lo + _PIECE], MPI.BYTE], source=r, tag=8)
+                    self.mpi_comm.Recv([raw[lo:lo + _PIECE], mpi().BYTE], source=r, tag=8)
                 consume(buf)
 
     @contextlib.contextmanager
@@ -177,7 +175,7 @@ class Group:
     def c_handle_address(self) -> int:
         """Address of the C `MPI_Comm` handle, for libraries called through ctypes that take an
         `MPI_Comm *` (ParMETIS_V3_PartKway's last argument)."""
-        return MPI._addressof(self.mpi_comm)
+        return mpi()._addressof(self.mpi_comm)
 
     def abort(self, code: int = 1) -> None:
         """Terminate every rank of the job (for an error only this rank saw; peers may be blocked)."""
@@ -190,5 +188,5 @@ def as_group(comm=None) -> Group:
 
 
 def self_group() -> Group:
-    """This process alone (MPI.COMM_SELF): serial tools and tests that call collective preprocess code."""
-    return Group(MPI.COMM_SELF)
+    """This process alone (mpi().COMM_SELF): serial tools and tests that call collective preprocess code."""
+    return Group(mpi().COMM_SELF)

@@ -6,8 +6,9 @@ servers are the shared-memory nodes MPI sees (`Split_type(COMM_TYPE_SHARED)`).  
 Every server must have the same number of ranks.
 
 `init_topology` is collective over MPI.COMM_WORLD.  It also initialises `torch.distributed` (when the
-intra-server transport is gloo or NCCL): rank 0 opens a TCPStore on a free port and broadcasts its
-address and port over MPI, the default group uses gloo, and one subgroup per server is created on
+intra-server transport is gloo or NCCL and servers have several ranks): rank 0 opens a TCPStore on a free
+port and broadcasts its address and port over MPI (rendezvous.py: a wrong address fails in seconds), the
+default group carries nothing (NCCL on GPUs, gloo on CPU), and one subgroup per server is created on
 every rank in server order (torch requires every rank to take part in every `new_group`).
 `Topology.close()` destroys the process group, so several topologies can be built one after the
 other in one process (the MPI tests build 2x2, 1x4 and 4x1 in one `mpirun -n 4`).
@@ -26,7 +27,7 @@ from mpi4py import MPI
 
 from .devices import device_kind as device_kinds, gpu_positions, scheduler_gpus, select_gpu
 from .errors import ClusterError, agree
-from .rendezvous import rendezvous_address
+from .rendezvous import connect_seconds, open_store, rendezvous_address
 from granndis_hpc.mpistart import thread_level_problem
 from granndis_hpc.startup_options import master_addr as startup_master_addr
 
@@ -221,7 +222,9 @@ def _build(world: MPI.Comm, ranks_per_server, device: str, intra_transport: str,
         topo.intra_transport = _resolve_transport(world, intra_transport, topo.device)
         if topo.intra_transport == "nccl":
             _check_one_gpu_per_rank(topo)
-        if topo.intra_transport in ("gloo", "nccl"):
+        # torch.distributed only for servers of several ranks: a server of one rank (one GPU per node)
+        # exchanges and reduces nothing inside itself (cluster/comm.py), so no store, no group, no rendezvous.
+        if topo.intra_transport in ("gloo", "nccl") and topo.ranks_per_server > 1:
             topo.intra_group = _init_torch_distributed(topo, len(set(hosts_of_rank)) == 1, start["dist_timeout_s"],
                                                        start["master_addr"])
             topo._owns_dist = True
@@ -339,6 +342,22 @@ def _gpu_identity(device: torch.device) -> str:
     return f"{MPI.Get_processor_name()}:{os.environ.get('CUDA_VISIBLE_DEVICES', '')}:{device.index}"
 
 
+def device_memory(topo, mem_get_info=None, identity=None) -> Optional[tuple]:
+    """Collective: (free, total) bytes of the GPU with the least free memory per rank, as the devices
+    report them now (torch.cuda.mem_get_info: what the CUDA context, NCCL's buffers, the allocator and
+    other processes hold is already gone from free); ranks sharing one GPU (--share-gpus) split its
+    free memory.  None on the CPU.  mem_get_info and identity (device -> GPU identity) stand in for
+    torch.cuda's in tests."""
+    if topo.device.type != "cuda":
+        return None
+    free, total = (mem_get_info or torch.cuda.mem_get_info)(topo.device)
+    reports = topo.world.allgather(((identity or _gpu_identity)(topo.device), int(free), int(total)))
+    sharing = {}
+    for gpu, _, _ in reports:
+        sharing[gpu] = sharing.get(gpu, 0) + 1
+    return min((f // sharing[gpu], t) for gpu, f, t in reports)
+
+
 def _check_one_gpu_per_rank(topo: Topology) -> None:
     """NCCL refuses two ranks of one communicator on one GPU, but only at the first collective and
     with a cryptic message; say it up front."""
@@ -355,6 +374,7 @@ def _init_torch_distributed(topo: Topology, single_host: bool, seconds: float, m
         raise ClusterError("torch.distributed is already initialised in this process; close the previous "
                            "Topology (topo.close()) before building a new one", collective=True)
     timeout = datetime.timedelta(seconds=seconds)
+    connect_s = connect_seconds(seconds)  # the store is listening before anyone connects: a failure is an address
     store, endpoint = None, None
     if topo.rank == 0:
         address, how = "", "not chosen"
@@ -363,28 +383,27 @@ def _init_torch_distributed(topo: Topology, single_host: bool, seconds: float, m
             address, how = rendezvous_address(override, single_host, MPI.Get_processor_name(), source=source)
             # Port 0: the OS picks a free port and the store reports it, so no probe-then-bind race.
             port = int(os.environ.get("MASTER_PORT", "0"))
-            store = dist.TCPStore(address, port, topo.world_size, True, timeout=timeout,
-                                  wait_for_workers=False)
+            store = open_store(address, port, topo.world_size, True, connect_s, seconds)
             endpoint = (address, int(store.port), how, "")
         except Exception as exc:  # noqa: BLE001 -- reported to every rank below
-            # The store's own client connects to `address` too: an address no node answers at times out here.
+            # An address that is not rank 0's host's fails here at once (open_store), where torch's own
+            # client would have retried it for the whole --dist-timeout.
             endpoint = ("", 0, None, f"host {MPI.Get_processor_name()} (rank 0) could not open the torch.distributed "
-                                     f"store at {address or '?'} ({how}) within {seconds:g} s: {exc!r}; give "
-                                     f"--master-addr with an address of {topo.hosts[0]} every node reaches (e.g. its "
-                                     f"InfiniBand interface's), MASTER_PORT for a fixed port, or --dist-timeout for a "
-                                     f"longer wait")
+                                     f"store at {address or '?'} ({how}): {exc}; give --master-addr with an address "
+                                     f"of {topo.hosts[0]} every node reaches (e.g. its InfiniBand interface's), or "
+                                     f"MASTER_PORT for a fixed port")
     address, port, how, problem = world.bcast(endpoint, root=0)
     if problem:
         raise ClusterError(problem, collective=True)
     problem = ""
     if store is None:
         try:
-            store = dist.TCPStore(address, port, topo.world_size, False, timeout=timeout)
+            store = open_store(address, port, topo.world_size, False, connect_s, seconds)
         except Exception as exc:  # noqa: BLE001 -- agreed below, so no rank waits for the others
             problem = (f"host {MPI.Get_processor_name()} (rank {topo.rank}) could not reach the torch.distributed "
-                       f"store of rank 0 on {topo.hosts[0]} at {address}:{port} ({how}) within {seconds:g} s: "
-                       f"{type(exc).__name__}; give --master-addr with an address of {topo.hosts[0]} every node "
-                       f"reaches (e.g. its InfiniBand interface's), or --dist-timeout for a longer wait")
+                       f"store of rank 0 on {topo.hosts[0]} ({how}) within {connect_s:g} s: {exc}; give "
+                       f"--master-addr with an address of {topo.hosts[0]} every node reaches (e.g. its InfiniBand "
+                       f"interface's)")
     problems = [p for p in world.allgather(problem) if p]
     if problems:
         raise ClusterError(problems[0] + (f" (and {len(problems) - 1} more host(s))" if len(problems) > 1 else ""),

@@ -25,6 +25,7 @@ from granndis_hpc import memory_model, registry, shards
 from granndis_hpc.config import OVERLAP_HALOS
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.cluster.linkcheck import measure_links
+from granndis_hpc.cluster.topology import device_memory
 from granndis_hpc.engine import cobatch, inductive, views
 from granndis_hpc.memory_model import compute_rate
 # The shared step types live in engine/steps.py (importable from here too, as before).
@@ -320,6 +321,7 @@ class Automatic(Mode):
             def rates_for(m, degree):
                 row_s, edge_s = compute_rate.measure(m.widths(), degree, topo.device)
                 return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], row_s, edge_s)
+        memory = device_memory(topo)  # collective: what the GPUs have free now (None on the CPU)
         # Rank 0 reads the shard sets and estimates; every rank gets the same decision or error.
         with collective_errors(topo.world, "--mode auto", catch=(TrainingError, memory_model.MemoryModelError,
                                                                  shards.ShardError, OSError, KeyError, ValueError)):
@@ -332,7 +334,8 @@ class Automatic(Mode):
                     # the order the run computes in, whose peak is estimated (overlapped by default)
                     overlap=() if cfg.no_overlap else tuple(sorted(OVERLAP_HALOS[cfg.overlap_halos])),
                     job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive,
-                    precision=cfg.precision, halo_route=cfg.halo_route, rates_for=rates_for, exact_only=cfg.auto_modes == "exact").to_dict()
+                    precision=cfg.precision, halo_route=cfg.halo_route, rates_for=rates_for, exact_only=cfg.auto_modes == "exact",
+                    device_memory=memory).to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)

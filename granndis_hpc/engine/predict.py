@@ -26,7 +26,7 @@ from granndis_hpc.engine.model_source import ModelSource, ModelSourceError, data
     read_model_source
 from granndis_hpc.engine.predict_io import (PREDICT_TOOL, OutputError, block_bounds, check_output, to_blocks,
                                             write_rows)
-from granndis_hpc.engine.preflight import share_cpu_threads
+from granndis_hpc.engine.preflight import DeterministicKernels, share_cpu_threads
 from granndis_hpc.engine.source_ids import give_source_ids
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.hetero import types_of
@@ -206,7 +206,12 @@ def run_predict(opts) -> Dict:
     """Collective: `granndis predict` (opts: PredictOptions).  Returns what was written (every rank)."""
     fmt = opts.resolved_format()
     start_s = time.perf_counter()
-    fw = forward_of(opts)
+    kernels = DeterministicKernels(opts.deterministic)  # before any GPU work
+    try:
+        fw = forward_of(opts)
+    except BaseException:
+        kernels.close()
+        raise
     try:
         topo = fw.topo
         with collective_errors(topo.world, "", catch=(PredictError, OutputError)):
@@ -227,3 +232,4 @@ def run_predict(opts) -> Dict:
         return result
     finally:
         fw.close()
+        kernels.close()

@@ -66,6 +66,29 @@ def share_cpu_threads(topo) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // topo.ranks_on_node))
 
 
+class DeterministicKernels:
+    """--deterministic: torch's deterministic algorithms for the run (torch.use_deterministic_algorithms),
+    restored by close() (the Python API runs several trainers in one process).  On a GPU that makes the
+    kernels that add with atomics take their deterministic form: index_add (GAT's softmax sums and
+    messages, the index_add aggregation), scatter_add and index_put with accumulation; cuBLAS gets a
+    fixed workspace (CUBLAS_WORKSPACE_CONFIG, read when its handle is made, so set before any GPU work);
+    the loss avoids NLLLoss, which has no deterministic CUDA kernel (targets.loss).  What has no
+    deterministic form raises instead of running.  On the CPU these kernels are deterministic already."""
+
+    def __init__(self, enabled: bool):
+        self.restore = None
+        if enabled:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            self.restore = (torch.are_deterministic_algorithms_enabled(),
+                            torch.is_deterministic_algorithms_warn_only_enabled())
+            torch.use_deterministic_algorithms(True)
+
+    def close(self) -> None:
+        if self.restore is not None:
+            torch.use_deterministic_algorithms(self.restore[0], warn_only=self.restore[1])
+            self.restore = None
+
+
 # ---- before start-up: what the options and the shard set's manifest alone show -----------------------
 def check_before_start(cfg, world_size: int) -> None:
     """What a run would refuse after its start-up (the world, the link check, the shards read), found from

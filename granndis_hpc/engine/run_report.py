@@ -55,7 +55,8 @@ def compute_entry(device: torch.device) -> Dict:
     cpu = device.type == "cpu"
     return {"device": device.type, "threads_per_rank": torch.get_num_threads(),
             "kernels": cpu_kernels.kernel_name() if cpu else "torch",
-            "kernel_dispatch": cpu_kernels.dispatch() if cpu else None}
+            "kernel_dispatch": cpu_kernels.dispatch() if cpu else None,
+            "deterministic": torch.are_deterministic_algorithms_enabled()}
 
 
 def say(line: str, bar) -> None:

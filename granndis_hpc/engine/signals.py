@@ -2,9 +2,11 @@
 
 The trainer reduces that flag (max over ranks) after every epoch, so a signal that reaches only some
 ranks, or reaches them at different times, still stops every rank after the same epoch; they write a
-checkpoint and exit 0.  Measured with Open MPI 4.1.4: mpirun forwards SIGUSR1 to every rank, but on
-SIGTERM it tears the job down (the ranks get SIGTERM and are killed about a second later,
-odls_base_sigkill_timeout=1), too soon for a checkpoint, so under mpirun send SIGUSR1.  Under Slurm,
+checkpoint and exit 0.  Measured with Open MPI 4.1.4: mpirun forwards SIGUSR1 to every rank, but
+SIGTERM or SIGINT to mpirun aborts the job: the ranks get SIGCONT, odls_base_sigkill_timeout seconds
+(default 1) later SIGTERM, as long again later SIGKILL, and mpirun exits 1 whatever they did.  The
+ranks checkpoint if that fits in the wait; under mpirun send SIGUSR1 for a stop with exit status 0
+(docs/checkpoints.md, tests/launch/test_mpirun_signals.py).  Under Slurm,
 scancel and preemption send SIGTERM to every task and SIGKILL after KillWait / GraceTime (Slurm's
 documentation; not measured here).
 

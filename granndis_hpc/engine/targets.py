@@ -49,7 +49,15 @@ def loss(logits: torch.Tensor, labels: torch.Tensor, num_targets: int) -> torch.
     if labels.dim() == 2:  # multi-label
         return torch.nn.functional.binary_cross_entropy_with_logits(
             logits, labels.to(logits.dtype), reduction="sum") / float(num_targets * labels.shape[1])
+    if logits.is_cuda and torch.are_deterministic_algorithms_enabled():  # --deterministic on a GPU
+        return class_loss_by_gather(logits, labels) / float(num_targets)
     return torch.nn.functional.cross_entropy(logits, labels, reduction="sum") / float(num_targets)
+
+
+def class_loss_by_gather(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The summed cross-entropy as -log_softmax gathered at the labels: torch's NLLLoss has no deterministic
+    CUDA kernel (use_deterministic_algorithms refuses it), gather's backward has one."""
+    return -logits.log_softmax(1).gather(1, labels.long().unsqueeze(1)).sum()
 
 
 def prediction(logits: torch.Tensor, multilabel: bool) -> torch.Tensor:

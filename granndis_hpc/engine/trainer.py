@@ -40,7 +40,7 @@ from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.optim import ScheduledOptimizer
 from granndis_hpc.engine.precision import Precision, PrecisionError
 from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
-    check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
+    DeterministicKernels, check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
 from granndis_hpc.engine import run_report
 from granndis_hpc.engine.startup_clock import StartupClock
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError
@@ -89,6 +89,7 @@ class Trainer(TrainerCheckpoints):
             self.stop_signals.uninstall_and_redeliver()
 
     def _set_up(self, cfg: TrainConfig) -> None:
+        self.kernels = DeterministicKernels(cfg.deterministic)  # before any GPU work (cuBLAS's workspace)
         self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport, **topology_args(cfg))
         self.startup.mark("world")
         # The link classes, measured while the network is quiet (cluster/linkcheck.py; collective).
@@ -357,6 +358,7 @@ class Trainer(TrainerCheckpoints):
         if self._stopped_during_set_up():
             self.run_dir.close_metrics()
             return None
+        self._checkpoint_initial()
         bar = progress(total=cfg.epochs, initial=self.epoch, desc=f"{cfg.mode} epochs", rank=self.topo.rank,
                        quiet=cfg.quiet, unit="epoch", enabled=True if cfg.progress else None)
         stop_early = False
@@ -434,7 +436,7 @@ class Trainer(TrainerCheckpoints):
         """Release what the trainer holds; safe after a set-up that failed part-way (what was not opened
         is not closed).  collective=False: only this rank's own resources, no collective call (after an
         error only this rank raised, the others are not there to take part)."""
-        for name in ("run_dir", "gradsync", "mode"):
+        for name in ("run_dir", "gradsync", "mode", "kernels"):
             part = getattr(self, name, None)
             if part is not None:
                 part.close()

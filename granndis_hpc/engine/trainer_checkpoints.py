@@ -98,6 +98,15 @@ class TrainerCheckpoints:
                             f"with a checkpoint in {path}; continue with --resume {cfg.out}")
         return True
 
+    def _checkpoint_initial(self) -> None:
+        """--checkpoint-initial: collective, before the first step of a new run (not a resumed one, nor
+        --eval-only): the parameters as built (or read by --init-from), the optimizer's initial state and
+        every rank's RNG state, as the checkpoint of epoch 0, which pruning keeps."""
+        if self.run_dir and self.cfg.checkpoint_initial and self.epoch == 0 and not self.cfg.eval_only:
+            path = self.save_checkpoint(0.0)
+            if self.topo.rank == 0:
+                checkpoint.note(f"the initial parameters (epoch 0) are in {path}")
+
     def _stopped_during_set_up(self) -> bool:
         """Collective: was any rank asked to stop before the first epoch of this attempt?  Then stop at
         once: nothing was trained, so there is nothing new to checkpoint (the newest checkpoint, if

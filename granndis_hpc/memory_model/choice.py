@@ -168,19 +168,40 @@ def _more_cobatches_help(options: Sequence[Option]) -> bool:
 
 
 # What a GPU holds beside the tensors the estimate counts: the CUDA context with the cuBLAS/cuSPARSE
-# workspaces and NCCL's communicator buffers (each about 0.5 GiB on H100-class GPUs with NCCL's
-# defaults), and the caching allocator's reserved-but-unallocated blocks (fragmentation), taken as a
-# tenth of what is allocated.  The estimate is of allocated bytes; the device holds reserved bytes.
+# workspaces and NCCL's communicator buffers, and the caching allocator's reserved-but-unallocated blocks
+# (fragmentation), taken as a tenth of what is allocated.  Where the device is there (--mode auto on a
+# GPU), what it already holds is measured at start-up (torch.cuda.mem_get_info: total less free, which
+# also counts other processes on the GPU) and the budget is clipped to what is free; GPU_CONTEXT_BYTES is
+# the stand-in where nothing was measured (`preprocess plan`, which runs without the GPUs).  The
+# fragmentation cannot be measured before the run's own tensors exist, so it stays an estimate.
 GPU_CONTEXT_BYTES = 1 << 30
 GPU_FRAGMENTATION = 0.10
 
 
-def usable_budget(budget_bytes: int, device: str) -> int:
-    """The part of a per-GPU budget the estimated peak may fill: on a GPU the budget less the context
-    and NCCL buffers, divided by 1 + the fragmentation share; on the CPU all of it."""
+def usable_budget(budget_bytes: int, device: str, memory: Optional[Tuple[int, int]] = None) -> int:
+    """The part of a per-GPU budget the estimated peak may fill.  On the CPU all of it.  On a GPU: the
+    budget less what the device holds already, at most what it has free, divided by 1 + the
+    fragmentation share.  memory: (free, total) bytes the device reported at start-up; None: the
+    context is taken as GPU_CONTEXT_BYTES and nothing clips the budget."""
     if device != "cuda":
         return int(budget_bytes)
-    return max(0, int((int(budget_bytes) - GPU_CONTEXT_BYTES) / (1.0 + GPU_FRAGMENTATION)))
+    if memory is None:
+        held, free = GPU_CONTEXT_BYTES, int(budget_bytes)
+    else:
+        free, held = int(memory[0]), int(memory[1]) - int(memory[0])
+    return max(0, int(min(int(budget_bytes) - held, free) / (1.0 + GPU_FRAGMENTATION)))
+
+
+def headroom_note(budget_bytes: int, fits_in: int, memory: Optional[Tuple[int, int]] = None) -> str:
+    """What the decision's reason says about the GPU's headroom (usable_budget's arithmetic)."""
+    if memory is None:
+        return (f" (of {format_size(budget_bytes)} per GPU, {format_size(budget_bytes - fits_in)} is kept for the "
+                f"CUDA context, NCCL's buffers and the allocator's fragmentation)")
+    free, total = int(memory[0]), int(memory[1])
+    return (f" (the GPU reported {format_size(free)} free of {format_size(total)} at start-up: "
+            f"{format_size(total - free)} held by the CUDA context, NCCL and other processes; of "
+            f"{format_size(min(budget_bytes - (total - free), free))} left of the {format_size(budget_bytes)} budget, "
+            f"{GPU_FRAGMENTATION:.0%} is kept for the allocator's fragmentation)")
 
 
 def choose(options: Sequence[Option], budget_bytes: int) -> Decision:

@@ -11,10 +11,9 @@ import numpy as np
 
 from granndis_hpc import shards
 from granndis_hpc.graph.hetero import GraphTypes
-from granndis_hpc.units import format_size
 
 from .arrays import ServerArrays, gpu_arrays_from_slice
-from .choice import Decision, choose, choose_by_time, exact, usable_budget
+from .choice import Decision, choose, choose_by_time, exact, headroom_note, usable_budget
 from .epoch_time import Rates
 from .estimate import MemoryModelError, ModelSpec, estimate
 from .induced_sets import InductiveSetArrays
@@ -93,7 +92,8 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
                       device: str = "cpu", batches: Sequence[int] = (2, 4, 8, 16, 32, 64), fanout: int = -1,
                       sampler: str = "sage", seed: int = 0, job: Optional[Tuple[int, int]] = None,
                       inductive: bool = False, rates_for: Optional[Callable[[ModelSpec, float], Rates]] = None,
-                      exact_only: bool = False, **model_kw) -> Decision:
+                      exact_only: bool = False, device_memory: Optional[Tuple[int, int]] = None,
+                      **model_kw) -> Decision:
     """`--mode auto`: the options the shard sets offer (every mode's `estimate` on every set: full
     sets give fb and flx k <= hops, EAS sets eas, sets of L hops or EAS cob with each co-batch count
     in `batches`), estimated, and the choice for the budget.  inductive: the induced graphs' views of
@@ -103,6 +103,7 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     rates_for: the time rule (`choose_by_time`): called once with the model and the graph's average
     in-degree, it returns the measured Rates; None is the memory rule (GraNNDis' order, `choose`).
     exact_only: only the exact full-graph options (fb, flx) are considered.
+    device_memory: (free, total) bytes of the GPU measured at start-up (usable_budget); None: not measured.
 
     Reads every rank's slice of every set (features included) and samples the first co-batch on
     the calling process: call it on one rank and broadcast the Decision.  device="cuda" for a GPU
@@ -124,7 +125,7 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
             left_out.append(f"flx and eas on {path}, which holds no train-induced hops (graph/train_hop: built by an "
                             f"earlier version); rebuild it with `granndis preprocess build ... --inductive --out "
                             f"{path} --overwrite` to offer them")
-    fits_in = usable_budget(budget_bytes, device)
+    fits_in = usable_budget(budget_bytes, device, device_memory)
     if rates_for is not None:
         decision = choose_by_time(found, fits_in, rates_for(m, degree), exact_only)
     else:
@@ -132,10 +133,9 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
         if exact_only and not all(exact(o) for o in found):
             decision = dataclasses.replace(decision, reason=decision.reason
                                            + "; the sampled modes left out (exact options only)")
-    if fits_in != budget_bytes:  # a GPU: the context, NCCL's buffers and fragmentation first (choice.py)
-        decision = dataclasses.replace(decision, reason=decision.reason + (
-            f" (of {format_size(budget_bytes)} per GPU, {format_size(budget_bytes - fits_in)} is kept for the CUDA "
-            f"context, NCCL's buffers and the allocator's fragmentation)"))
+    if device == "cuda":  # the context, NCCL's buffers and fragmentation first (choice.py)
+        decision = dataclasses.replace(decision, reason=decision.reason + headroom_note(budget_bytes, fits_in,
+                                                                                        device_memory))
     if left_out:
         decision = dataclasses.replace(decision, reason=decision.reason + "; options not considered: "
                                        + "; ".join(left_out))

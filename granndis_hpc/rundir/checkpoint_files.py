@@ -152,12 +152,13 @@ def _readable_complete(path: str) -> bool:
 
 def prune(run_dir: str, keep: int = KEEP) -> List[str]:
     """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than the
-    newest complete one (leftovers of interrupted writes).  Returns the deleted paths."""
+    newest complete one (leftovers of interrupted writes).  A complete checkpoint of epoch 0 (only
+    --checkpoint-initial writes one: the run's initial parameters) is kept too.  Returns the deleted paths."""
     entries = list_checkpoints(run_dir)
     complete = [(e, p) for e, p, c in entries if c and _readable_complete(p)]
     if not complete:
         return []  # nothing is complete: keep everything, it may be all there is
-    kept = {p for _, p in complete[-keep:]}
+    kept = {p for _, p in complete[-keep:]} | {p for e, p in complete if e == 0}
     newest = complete[-1][0]
     doomed = [p for e, p, _ in entries if p not in kept and e <= newest]
     for path in doomed:

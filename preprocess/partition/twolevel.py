@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_rows, owner_of, row_of_edges, segment_rank
 
 from granndis_hpc.preprocess.build.halo import induced_edges, unique_sorted
@@ -334,6 +333,8 @@ def partition_servers(comm, graph, nparts: int, method: str, seed: int) -> Serve
     """Collective over `comm` (an MPI communicator or a cluster.Group): the server of every vertex,
     identical on every rank.  `graph`: a Graph, or an access object (WholeGraphAccess's methods; the
     distributed build passes dist_build.SlicedAccess, which reads the ranks' slices, same result)."""
+    from granndis_hpc.cluster import as_group  # on use: `preprocess --help`, info and verify start no MPI
+
     group = as_group(comm)
     access = graph if hasattr(graph, "part_counts") else WholeGraphAccess(group, graph)
     n = access.num_vertices

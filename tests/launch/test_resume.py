@@ -1,8 +1,8 @@
 """Kill and resume through the command line, under `mpirun -n 4` (2 servers x 2 ranks), real Cora.
 
 Run A trains uninterrupted.  Run B gets SIGUSR1 on mpirun part-way (Open MPI 4.1's mpirun forwards
-SIGUSR1 to every rank; SIGTERM it turns into SIGTERM + SIGKILL one second later, too soon for a
-checkpoint, see rundir/checkpoint.py), stops with a checkpoint and exit 0, and is continued with
+SIGUSR1 to every rank; SIGTERM aborts the job with exit status 1: test_mpirun_signals.py), stops with a
+checkpoint and exit 0, and is continued with
 `--resume RUN_DIR` alone; that continuation gets SIGTERM on ONE rank only (every rank must stop after
 the same epoch), and is resumed again to the end.  Dropout is on, so B matches A only if every rank's
 RNG state came back each time: the loss of every epoch and the final parameters and optimizer state

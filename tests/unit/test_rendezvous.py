@@ -1,5 +1,10 @@
 """cluster/rendezvous.py: the address the ranks reach rank 0's torch.distributed store at."""
-from granndis_hpc.cluster.rendezvous import rendezvous_address
+import socket
+import time
+
+import pytest
+
+from granndis_hpc.cluster.rendezvous import CONNECT_S, connect_seconds, rendezvous_address
 
 
 def _no_route():
@@ -29,3 +34,52 @@ def test_the_master_addr_option_wins_over_the_environment_variable():
     assert master_addr(None, {}) == ("", "")
     override, source = master_addr("ib0-n1", env)
     assert rendezvous_address(override, True, "n1", _no_route, _no_route, source=source) == ("ib0-n1", "--master-addr")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_wrong_store_address_on_loopback_fails_at_once_naming_it():
+    """Nothing listens at the address (a refused connection), which torch's client would retry for the
+    whole --dist-timeout (600 s by default): one attempt, the address in the error."""
+    from granndis_hpc.cluster.rendezvous import open_store
+
+    port = _free_port()
+    started = time.monotonic()
+    with pytest.raises(OSError, match=rf"connecting to 127\.0\.0\.1:{port}: Connection refused"):
+        open_store("127.0.0.1", port, 2, False, connect_s=5.0, timeout_s=600.0)
+    assert time.monotonic() - started < 2
+    assert connect_seconds(600.0) == CONNECT_S and connect_seconds(3.0) == 3.0
+
+
+def test_an_address_that_answers_nothing_fails_within_the_connect_deadline():
+    from granndis_hpc.cluster.rendezvous import open_store
+
+    started = time.monotonic()
+    with pytest.raises(OSError, match=r"connecting to 192\.0\.2\.1:\d+: "):  # TEST-NET-1: nobody there
+        open_store("192.0.2.1", 29500, 2, False, connect_s=1.0, timeout_s=600.0)
+    assert time.monotonic() - started < 3
+
+
+def test_rank_0_refuses_an_address_that_is_not_its_hosts():
+    from granndis_hpc.cluster.rendezvous import open_store
+
+    started = time.monotonic()
+    with pytest.raises(OSError, match=r"192\.0\.2\.1 is not an address of this host"):
+        open_store("192.0.2.1", 0, 2, True, connect_s=5.0, timeout_s=600.0)
+    assert time.monotonic() - started < 2
+
+
+def test_a_right_address_connects_and_keeps_the_full_timeout_for_later_waits():
+    import datetime
+
+    from granndis_hpc.cluster.rendezvous import open_store
+
+    master = open_store("127.0.0.1", 0, 2, True, connect_s=1.0, timeout_s=600.0)
+    client = open_store("127.0.0.1", master.port, 2, False, connect_s=1.0, timeout_s=600.0)
+    client.set("k", "v")
+    assert master.get("k") == b"v"
+    assert client.timeout == master.timeout == datetime.timedelta(seconds=600)

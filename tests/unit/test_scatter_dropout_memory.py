@@ -38,12 +38,3 @@ def test_keep_mask_in_blocks_is_the_whole_mask(monkeypatch):
     assert torch.equal(dropout.keep_elements(3, 1, 2, ids, rows.reshape(-1), cols.reshape(-1), 0.4),
                        whole.reshape(-1))
 
-
-def test_a_gpu_budget_keeps_headroom_for_the_context_nccl_and_fragmentation():
-    from granndis_hpc.memory_model.choice import GPU_CONTEXT_BYTES, GPU_FRAGMENTATION, usable_budget
-    budget = 80 << 30
-    assert usable_budget(budget, "cpu") == budget
-    fits = usable_budget(budget, "cuda")
-    assert fits < budget - GPU_CONTEXT_BYTES
-    assert abs(fits * (1 + GPU_FRAGMENTATION) + GPU_CONTEXT_BYTES - budget) < 2
-    assert usable_budget(GPU_CONTEXT_BYTES // 2, "cuda") == 0
