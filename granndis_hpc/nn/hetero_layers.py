@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from granndis_hpc.graph.hetero import GraphTypes
 
 from .contract import Layer, LayerCall
 from .edge_layers import GATConv
+from .edge_sparse import EdgeCSR
 from .graph import GraphPart, LayerGraph, aggregate
 
 
@@ -138,15 +139,15 @@ class TypedRows:
     """A LayerGraph's source rows by vertex type, its sources split into own rows (the first n_own) and
     halo rows: ``own[t]`` the own rows of type t (ascending, so the type's destination rows are its first
     ``n_dst[t]``), ``halo[t]`` the halo rows of type t (indices from n_own), and ``edges[r]`` relation r's
-    edges as (destination index among its destination type's destination rows, source index among its
-    source type's own rows) and the same among its source type's halo rows: each relation a bipartite
+    edges (EdgeCSR: destination index among its destination type's destination rows, source index among
+    its source type's own rows) and the same among its source type's halo rows: each relation a bipartite
     graph from its source type's rows to its destination type's rows, split as the engine splits the
     sources (n_own = n_src: every edge in the own part)."""
 
     own: List[torch.Tensor]
     halo: List[torch.Tensor]
     n_dst: List[int]
-    edges: List[tuple]
+    edges: List[Tuple[EdgeCSR, EdgeCSR]]
 
 
 def typed_rows(graph: LayerGraph, tables: TypeTables, n_own: int) -> TypedRows:
@@ -156,7 +157,8 @@ def typed_rows(graph: LayerGraph, tables: TypeTables, n_own: int) -> TypedRows:
     if key in cache:
         return cache[key]
     views = relation_views(graph, tables)
-    src_type = views.src_type
+    src_type, types = views.src_type, tables.types
+    ends = [(types.index(rel.src), types.index(rel.dst)) for rel in types.relations]
     own, halo, n_dst = [], [], []
     pos = torch.empty(graph.n_src, dtype=torch.int64, device=graph.device)  # a row's index among its type's
     for t in range(tables.num_types):
@@ -166,10 +168,11 @@ def typed_rows(graph: LayerGraph, tables: TypeTables, n_own: int) -> TypedRows:
         pos[n_own + halo[t]] = torch.arange(halo[t].shape[0], device=graph.device)
         n_dst.append(int((views.dst_type == t).sum()))
     edges = []
-    for g in views.compact:
+    for (s, d), g in zip(ends, views.compact):
         rows, cols = g.edge_rows(), g.indices
         mine = cols < n_own
-        edges.append(((rows[mine], pos[cols[mine]]), (rows[~mine], pos[cols[~mine]])))
+        edges.append((EdgeCSR(rows[mine], pos[cols[mine]], n_dst[d], own[s].shape[0]),
+                      EdgeCSR(rows[~mine], pos[cols[~mine]], n_dst[d], halo[s].shape[0])))
     cache[key] = typed = TypedRows(own, halo, n_dst, edges)
     return typed
 
@@ -370,13 +373,14 @@ class RGATConv(Layer):
         dst_rows = relation_views(call.graph, self.tables).dst_rows if call.attention is not None else None
         out = []
         for r, (conv, (s, d), (x, a_src)) in enumerate(zip(self.rel, self.ends, m)):
-            rows, cols = typed.edges[r][1 if halo else 0]
+            csr = typed.edges[r][1 if halo else 0]
+            rows, cols = csr.rows, csr.cols
             keep = None
             if call.attention is not None:  # the mask of each edge by its rows in the whole graph
                 keep = _edge_keep(call.attention, dst_rows[r][rows],
                                   part.n_own + typed.halo[s][cols] if halo else typed.own[s][cols], self.heads)
             out.append(conv.attend(x, a_src, call.state["a_dst"][r], rows, cols, typed.n_dst[d], keep,
-                                   call.attention))
+                                   call.attention, csr))
         return out
 
     def combine(self, partials, call: LayerCall):
