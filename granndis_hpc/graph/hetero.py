@@ -105,6 +105,11 @@ class GraphTypes:
         t = self.index(name)
         return self.offsets[t + 1] - self.offsets[t]
 
+    def feature_bytes(self, num_features: int) -> List[int]:
+        """Bytes of each type's feature rows in a shard set: float32 at the set's one width, stored or
+        derived alike (the shards hold a derived type's rows as they hold a stored type's)."""
+        return [self.count(name) * int(num_features) * 4 for name in self.names]
+
     def index(self, name: str) -> int:
         try:
             return self.names.index(name)

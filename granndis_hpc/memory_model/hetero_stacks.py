@@ -51,9 +51,13 @@ class RGCNEstimate(EdgeEstimate):
 
 
 class RGATEstimate(GATEstimate):
-    """R-GAT (options heads, out_heads, attn_dropout): GAT's tensors per relation, without self loops:
-    every relation projects the source rows [n_src, H C] and keeps its per-row sums, and the per-edge
-    tensors count each edge once (its relation's)."""
+    """R-GAT (options heads, out_heads, attn_dropout): a bipartite GAT per relation without self loops.
+    The source rows gathered by type (one copy of the [n_src, win] rows, the lins' input); each relation's
+    projection of its source type's rows [rows, H C]: relation_rows of them per source row (a symmetrised
+    graph has as many relations out of a type as into it); per edge (each counted once, its relation's)
+    the edge index, the LeakyReLU input and the exponentials [E, H] (and the dropout mask), no gathered
+    rows (the weighted sum is a sparse product per head, nn/edge_sparse.py); per relation, its
+    destination type's rows' weighted sum and sum of exponentials."""
 
     def all_widths(self, m):
         T = m.layers + m.linear_layers
@@ -65,22 +69,21 @@ class RGATEstimate(GATEstimate):
         return relations(m) * (win * heads * c + 2 * heads * c + wout)
 
     def conv_saved(self, lr, m, layer, win, wout, input_grad, mask_bytes):
-        R = relations(m)
+        R, per_row = relations(m), relation_rows(m)
         heads, c = self._per_head(m, layer)
         hc, edges = heads * c, lr.nnz
         w = R * (win * hc * F32 if input_grad else 0)
-        b = lr.n_src * win * F32 + w  # the lins' input (one storage) and their weights
-        b += R * (lr.n_src * hc * F32 + 2 * hc * F32)  # each relation's projection; a_src, a_dst
+        b = lr.n_src * win * F32 + w  # the source rows by type (the lins' input) and the lins' weights
+        b += int(per_row * lr.n_src) * hc * F32 + R * 2 * hc * F32  # the relations' projections; a_src, a_dst
         b += 2 * edges * I64 + 2 * edges * heads * F32  # edge index; LeakyReLU's input, exp's result
         if m.option("attn_dropout") > 0:
             b += 2 * edges * heads * F32
-        b += 2 * edges * hc * F32  # the gathered projected rows and the messages
-        b += R * (lr.n_dst * hc * F32 + lr.n_dst * heads * F32)  # per relation: weighted sum, sum of exp
+        b += int(per_row * lr.n_dst) * (hc + heads) * F32  # per relation: weighted sum, sum of exp
         return b, w + R * 2 * hc * F32
 
     def edge_transient(self, lr, m, layer, win, wout):
         heads, c = self._per_head(m, layer)
-        return lr.nnz * heads * c * F32
+        return 2 * lr.nnz * c * F32  # the backward's per-head gathers at the edges
 
 
 RGCN_ESTIMATE = RGCNEstimate()

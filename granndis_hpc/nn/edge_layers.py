@@ -22,6 +22,7 @@ from torch import nn
 
 from .dropout import RowDropout, keep_mask
 from .contract import Layer, LayerCall
+from .edge_sparse import weighted_sum
 from .graph import GraphPart, LayerGraph, aggregate
 from .layers import undrawn_linear
 
@@ -301,19 +302,30 @@ class GATConv(Layer):
     def aggregate_part(self, part: GraphPart, m, call: LayerCall):
         """(running max [n_dst, H], sum of exp [n_dst, H], weighted sum [n_dst, H, C]) of the part."""
         x, a_src = m
-        H, n_dst = self.heads, part.n_dst
         rows, cols = part.edges(self_loops=self.add_self_loops)
-        e = F.leaky_relu(a_src[cols] + call.state["a_dst"][rows], self.negative_slope)  # [E, H]
+        keep = None
+        if call.attention is not None:
+            offset = part.n_own if part.sources == "halo" else 0
+            keep = lambda: call.attention.keep(rows, cols + offset, self.heads)  # noqa: E731
+        return self.attend(x, a_src, call.state["a_dst"], rows, cols, part.n_dst, keep, call.attention)
+
+    def attend(self, x, a_src, a_dst, rows, cols, n_dst: int, keep=None, attention=None, csr=None):
+        """(running max, sum of exp, weighted sum) of the edges rows[i] <- cols[i]: x [n_src, H, C] and
+        a_src [n_src, H] by source row, a_dst [n_dst, H] by destination row; keep() the edges' attention
+        dropout mask [E, H] (attention's p) where attention is given.  csr: the same edges as an EdgeCSR
+        (nn/edge_sparse.py), whose sparse products then make the weighted sum."""
+        H = self.heads
+        e = F.leaky_relu(a_src[cols] + a_dst[rows], self.negative_slope)  # [E, H]
         mx = e.new_full((n_dst, H), -math.inf).scatter_reduce(
             0, rows.unsqueeze(1).expand(-1, H), e.detach(), "amax", include_self=True)
         w = torch.exp(e - mx[rows])
         s = w.new_zeros((n_dst, H)).index_add(0, rows, w)
-        attention = call.attention
         if attention is not None:  # the denominator sums the undropped weights
-            offset = part.n_own if part.sources == "halo" else 0
-            w = w * (attention.keep(rows, cols + offset, H).to(w.dtype) * (1.0 / (1.0 - attention.p)))
+            w = w * (keep().to(w.dtype) * (1.0 / (1.0 - attention.p)))
         # In the weights' dtype: under --precision bf16 the softmax is float32 (the attention logits read
         # the float32 att_src/att_dst), so the weighted rows are float32 and are summed in float32.
+        if csr is not None:
+            return mx, s, weighted_sum(w, x, csr)
         n = w.new_zeros((n_dst, H, x.shape[2])).index_add(0, rows, w.unsqueeze(2) * x[cols])
         return mx, s, n
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from granndis_hpc.graph.hetero import GraphTypes
 
 from .contract import Layer, LayerCall
 from .edge_layers import GATConv
+from .edge_sparse import EdgeCSR
 from .graph import GraphPart, LayerGraph, aggregate
 
 
@@ -56,13 +57,14 @@ class TypeTables:
 @dataclass(eq=False)
 class RelationViews:
     """A LayerGraph seen per relation: ``graphs[r]`` holds only relation r's edges (same rows, n_own and
-    source_ids), ``dst_type`` [n_dst] the destination rows' types, ``edge_relation`` [nnz] each edge's
+    source_ids), ``src_type`` [n_src] the source rows' types, ``dst_type`` [n_dst] the destination rows', ``edge_relation`` [nnz] each edge's
     relation in the graph's CSR order.  ``dst_rows[r]``: the destination rows of relation r's destination
     type (sorted), and ``compact[r]`` relation r's edges over those rows only (its destination row i is
     row dst_rows[r][i]; the same sources): a relation's aggregate is held for its own type's rows, not for
     every row (R-GCN's means: a fraction of R times the rows)."""
 
     graphs: List[LayerGraph]
+    src_type: torch.Tensor
     dst_type: torch.Tensor
     edge_relation: torch.Tensor
     dst_rows: List[torch.Tensor]
@@ -128,8 +130,51 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
                                   torch.cat([counts_c.new_zeros(1), torch.cumsum(counts_c, 0)]), cols_r,
                                   counts_c.to(torch.float32), src_degree, n_own=graph.n_own))
         dst_rows.append(type_rows)
-    cache[tables.key] = views = RelationViews(graphs, dst_type, relation, dst_rows, compact)
+    cache[tables.key] = views = RelationViews(graphs, src_type, dst_type, relation, dst_rows, compact)
     return views
+
+
+@dataclass(eq=False)
+class TypedRows:
+    """A LayerGraph's source rows by vertex type, its sources split into own rows (the first n_own) and
+    halo rows: ``own[t]`` the own rows of type t (ascending, so the type's destination rows are its first
+    ``n_dst[t]``), ``halo[t]`` the halo rows of type t (indices from n_own), and ``edges[r]`` relation r's
+    edges (EdgeCSR: destination index among its destination type's destination rows, source index among
+    its source type's own rows) and the same among its source type's halo rows: each relation a bipartite
+    graph from its source type's rows to its destination type's rows, split as the engine splits the
+    sources (n_own = n_src: every edge in the own part)."""
+
+    own: List[torch.Tensor]
+    halo: List[torch.Tensor]
+    n_dst: List[int]
+    edges: List[Tuple[EdgeCSR, EdgeCSR]]
+
+
+def typed_rows(graph: LayerGraph, tables: TypeTables, n_own: int) -> TypedRows:
+    """The graph's TypedRows for the own/halo split at n_own (cached with the graph, as relation_views)."""
+    cache = _VIEWS.setdefault(graph, {})
+    key = (tables.key, "typed", int(n_own))
+    if key in cache:
+        return cache[key]
+    views = relation_views(graph, tables)
+    src_type, types = views.src_type, tables.types
+    ends = [(types.index(rel.src), types.index(rel.dst)) for rel in types.relations]
+    own, halo, n_dst = [], [], []
+    pos = torch.empty(graph.n_src, dtype=torch.int64, device=graph.device)  # a row's index among its type's
+    for t in range(tables.num_types):
+        own.append(torch.nonzero(src_type[:n_own] == t).squeeze(1))
+        halo.append(torch.nonzero(src_type[n_own:] == t).squeeze(1))
+        pos[own[t]] = torch.arange(own[t].shape[0], device=graph.device)
+        pos[n_own + halo[t]] = torch.arange(halo[t].shape[0], device=graph.device)
+        n_dst.append(int((views.dst_type == t).sum()))
+    edges = []
+    for (s, d), g in zip(ends, views.compact):
+        rows, cols = g.edge_rows(), g.indices
+        mine = cols < n_own
+        edges.append((EdgeCSR(rows[mine], pos[cols[mine]], n_dst[d], own[s].shape[0]),
+                      EdgeCSR(rows[~mine], pos[cols[~mine]], n_dst[d], halo[s].shape[0])))
+    cache[key] = typed = TypedRows(own, halo, n_dst, edges)
+    return typed
 
 
 class _AddRows(torch.autograd.Function):
@@ -247,9 +292,10 @@ class RGCNConv(Layer):
 
 
 class RGATConv(Layer):
-    r"""Relational graph attention: a GATConv (nn/edge_layers.py, exact split softmax, no self loops)
-    per relation, summed into each destination type, as PyG's
-    ``HeteroConv({rel: GATConv(in, out, heads, add_self_loops=False)}, aggr="sum")`` computes it:
+    r"""Relational graph attention: a bipartite GATConv (nn/edge_layers.py, exact split softmax, no self
+    loops) per relation, from its source type's rows to its destination type's rows, summed into each
+    destination type, as PyG's ``HeteroConv({rel: GATConv(in, out, heads, add_self_loops=False)},
+    aggr="sum")`` computes it (each GATConv given the tuple (x_src, x_dst) of the two types' rows):
 
         out_v = sum_{r into type(v)} (GAT_r(v) + b_r)
 
@@ -258,6 +304,11 @@ class RGATConv(Layer):
     gets 0).  The sum over relations is the aggregation of MLPerf's R-GAT reference (PyG HeteroConv's
     default) and of IGB's (DGL HeteroGraphConv's default): a vertex with more kinds of neighbours gets
     more terms, as there.
+
+    A relation projects only its source type's rows (gathered once per type and part, by the graph's
+    TypedRows) and keeps its attention sums for its destination type's rows only.  Its destination
+    term a_dst . (W h_v) is read from its own projection where source and destination type agree, and
+    else as h_v (W^T a_dst), without projecting the destination rows.
 
     Args:
         in_features: input width.
@@ -285,48 +336,71 @@ class RGATConv(Layer):
         self.num_relations, self.attn_dropout = num_relations, float(attn_dropout)
         self.rel = nn.ModuleList(GATConv(in_features, out_features, heads, concat, negative_slope, attn_dropout,
                                          add_self_loops=False) for _ in range(num_relations))
+        names = self.tables.types
+        self.ends = [(names.index(rel.src), names.index(rel.dst)) for rel in names.relations]
 
     @property
     def out_width(self) -> int:
         return self.heads * self.out_features if self.concat else self.out_features
 
     def message(self, h, call: LayerCall):
-        """Each relation's projected rows and source attention terms (every row: the relation's edges
-        pick theirs)."""
+        """Each relation's projected rows of its source type and their source attention terms (the own
+        rows, or all, first; then the halo rows); with the first, each relation's destination terms."""
         first = call.own_messages is None
-        if first:  # each relation's GATConv keeps its own call state (its destination attention term)
-            views = relation_views(call.graph, self.tables)
-            call.state["calls"] = [LayerCall(g, call.attention, call.n_own) for g in views.graphs]
-        messages = []
-        for conv, sub in zip(self.rel, call.state["calls"]):
-            m = conv.message(h, sub)
-            if first:
-                sub.own_messages = m
-            messages.append(m)
+        typed = typed_rows(call.graph, self.tables, call.graph.n_src if call.n_own is None else call.n_own)
+        index = typed.own if first else typed.halo
+        by_type = {s: h.index_select(0, index[s]) for s in sorted({s for s, _ in self.ends})}
+        H, C = self.heads, self.out_features
+        messages, a_dst = [], []
+        for conv, (s, d) in zip(self.rel, self.ends):
+            x = conv.lin(by_type[s]).view(-1, H, C)
+            messages.append((x, (x * conv.att_src).sum(-1)))
+            if not first:
+                continue
+            n = typed.n_dst[d]
+            if s == d:  # the destination rows are the type's first own rows
+                a_dst.append((x[:n] * conv.att_dst).sum(-1))
+            else:
+                h_dst = by_type[d][:n] if d in by_type else h.index_select(0, typed.own[d][:n])
+                a_dst.append(h_dst @ (conv.lin.weight.view(H, C, -1) * conv.att_dst.unsqueeze(2)).sum(1).t())
+        if first:
+            call.state["a_dst"] = a_dst
         return messages
 
     def aggregate_part(self, part: GraphPart, m, call: LayerCall):
-        views = relation_views(call.graph, self.tables)
-        n_own = None if part.sources is None else part.n_own
-        return [conv.aggregate_part(GraphPart(g, part.sources, n_own, part.rows), m_r, sub)
-                for conv, g, m_r, sub in zip(self.rel, views.graphs, m, call.state["calls"])]
+        typed = typed_rows(call.graph, self.tables, part.n_own)
+        halo = part.sources == "halo"
+        dst_rows = relation_views(call.graph, self.tables).dst_rows if call.attention is not None else None
+        out = []
+        for r, (conv, (s, d), (x, a_src)) in enumerate(zip(self.rel, self.ends, m)):
+            csr = typed.edges[r][1 if halo else 0]
+            rows, cols = csr.rows, csr.cols
+            keep = None
+            if call.attention is not None:  # the mask of each edge by its rows in the whole graph
+                keep = _edge_keep(call.attention, dst_rows[r][rows],
+                                  part.n_own + typed.halo[s][cols] if halo else typed.own[s][cols], self.heads)
+            out.append(conv.attend(x, a_src, call.state["a_dst"][r], rows, cols, typed.n_dst[d], keep,
+                                   call.attention, csr))
+        return out
 
     def combine(self, partials, call: LayerCall):
-        return [conv.combine([p[r] for p in partials], sub)
-                for r, (conv, sub) in enumerate(zip(self.rel, call.state["calls"]))]
+        return [conv.combine([p[r] for p in partials], call) for r, conv in enumerate(self.rel)]
 
     def update(self, h_dst, aggregated, call: LayerCall):
-        views = relation_views(call.graph, self.tables)
+        dst_rows = relation_views(call.graph, self.tables).dst_rows
         out = None
-        for agg in aggregated:
-            flat = agg.reshape(agg.shape[0], -1) if self.concat else agg.mean(dim=1)
-            out = flat if out is None else out + flat
-        # Each type's rows get the biases of the relations into it.
-        rel_dst = self.tables.on(out.device)[2]
-        biases = torch.stack([conv.bias for conv in self.rel])
-        by_type = biases.new_zeros((self.tables.num_types, biases.shape[1])).index_add(0, rel_dst, biases)
-        return out + by_type[views.dst_type]
+        for conv, rows, agg in zip(self.rel, dst_rows, aggregated):
+            flat = (agg.reshape(agg.shape[0], -1) if self.concat else agg.mean(dim=1)) + conv.bias
+            if out is None:
+                out = flat.new_zeros((call.graph.n_dst, flat.shape[1]))
+            out = add_rows(out, rows, flat.to(out.dtype))
+        return out
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, num_relations={self.num_relations}, heads={self.heads}, "
                 f"concat={self.concat}, attn_dropout={self.attn_dropout}")
+
+
+def _edge_keep(attention, rows: torch.Tensor, cols: torch.Tensor, heads: int):
+    """The attention dropout mask of edges given by their rows in the whole layer graph, when asked for."""
+    return lambda: attention.keep(rows, cols, heads)

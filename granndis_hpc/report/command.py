@@ -14,7 +14,8 @@ marked "unfinished".  The report makes four PNGs and
   the sum of the epoch times so far, evaluation excluded), one line per run;
 - bytes.png: bytes per epoch for each link class (halo and gradient, intra- and inter-server);
 - learning_rate.png: the learning rate of every epoch (runs whose metrics.jsonl records it);
-- report.md: the table below plus the plots.
+- report.md: the table below plus the plots, and for a run on a heterogeneous shard set its per-type
+  table (vertices, feature bytes, the target type's split: granndis_hpc/report/types.py).
 
 Table columns follow the GraNNDis artifact's AE1 table, with honest units: the artifact printed mean
 milliseconds per epoch under "Total Time (sec)"; here "Epoch time (s)" is summary.json's seconds per
@@ -57,6 +58,7 @@ from granndis_hpc.report.data import (ReportError, RunData, assign_labels, basel
 from granndis_hpc.metric_names import summary_key
 from granndis_hpc.report.links import load_sweep, render_sweep
 from granndis_hpc.report.outdir import REPORT_HEADING, prepare_report_dir
+from granndis_hpc.report.types import types_table
 from granndis_hpc.report.plots import (plot_accuracy, plot_bytes, plot_learning_rate, plot_time_breakdown,
                                        plot_time_to_accuracy)
 
@@ -128,6 +130,8 @@ def _markdown(runs, baselines, table, pngs, out_dir):
         if isinstance(r.summary.get("links"), dict):  # measured at the run's start-up
             lines.append(f"  - {link_classes.verdict(r.summary['links'])}")
     lines.append("")
+    for r in runs:
+        lines += types_table(r)
     for png in pngs:
         rel = os.path.relpath(png, out_dir)
         lines += [f"![{os.path.splitext(os.path.basename(png))[0]}]({rel})", ""]

@@ -132,6 +132,15 @@ def _check_declared_edges(group, source, read: dict) -> None:
             raise DataError(f"{source.declared_in} declares {int(declared)} edges but the edge files hold "
                             f"{found} ({files}{more}). Fix: restore the missing or cut edge files, or correct "
                             "the declared count")
+        # A typed source declares a count per relation: a file moved from one relation's list to another's
+        # keeps the total but puts its edges in the wrong relation.
+        for relation, (want, files) in (getattr(source, "declared_per_relation", None) or {}).items():
+            got = {f: counts.get(f, 0) for f in files}
+            if sum(got.values()) != int(want) and group.rank == 0:
+                held = ", ".join(f"{os.path.basename(str(f))} {c}" for f, c in got.items()) or "no files"
+                raise DataError(f"{source.declared_in} declares {int(want)} edges of relation {relation!r} but its "
+                                f"edge files hold {sum(got.values())} ({held}). Fix: restore the relation's missing "
+                                "or cut edge files, list them under its own entry, or correct its declared count")
 
 
 def _origin_of(pieces, index: int) -> str:

@@ -18,8 +18,9 @@ may be 0/1 integers).  The graph is the one `canonicalize_hetero` makes of the s
 node_type, relations in the order of edge_type, reverse relations by symmetrisation, the target type is
 the one node type with a "label" (or --target-type), types without "feat" derive their features from
 their in-neighbours (preprocess/sources/hetero_sliced.py).  Rank r of P reads the edge files r, r+P, ...
-(all relations' files in one list) and the node data rows of its vertices; the edge total is checked
-against the declared counts as in the homogeneous reader (preprocess/formats/distdgl.py).  Only files
+(all relations' files in one list) and the node data rows of its vertices; the edge total and each
+relation's count are checked against the declared counts as in the homogeneous reader
+(preprocess/formats/distdgl.py).  Only files
 under the directory are read (preprocess/formats/inputfiles.py).
 """
 from __future__ import annotations
@@ -108,6 +109,9 @@ class DistDGLTypedSource(TypedSource):
                 if fmt == "numpy" and (_npy(f).ndim != 2 or _npy(f).shape[1] != 2):
                     raise _bad(f, f"edge chunk has shape {_npy(f).shape}, expected [E_i, 2]", FIX)
                 self.edge_files.append((Relation(*et.split(":")), f, fmt, delim))
+        # Each relation's declared count, checked against its own files (build/sliced.py).
+        self.declared_per_relation = {et: (e, [f for rel, f, _, _ in self.edge_files if rel.key == tuple(et.split(":"))])
+                                      for et, e in zip(etypes, ecounts)}
         self.num_edges = self.declared_edges = sum(ecounts)
         self.declared_in = f"{mp}: num_edges_per_type"
         data = meta.get("node_data") or {}

@@ -31,6 +31,7 @@ import numpy as np
 
 from granndis_hpc.graph.csr import bfs_hops, csr_rows, row_of_edges
 from granndis_hpc.graph.hetero import GraphTypes, TypesError
+from granndis_hpc.units import format_size
 from granndis_hpc.shards import (ShardError, leftover_temporaries, open_server, read_manifest, read_server_arrays,
                                  server_file_name, verify_checksums)
 from granndis_hpc.shards.schema import (FORMAT_VERSION, datasets_of, expected_shape, has_train_hop, is_inductive,
@@ -366,12 +367,14 @@ def _set_problems(path: str) -> list:
     return problems
 
 
-def types_line(record: dict) -> str:
-    """A heterogeneous set's vertex types (count, feature origin) and relations, for `info`."""
+def types_line(record: dict, num_features: int) -> str:
+    """A heterogeneous set's vertex types (count, feature bytes, feature origin) and relations, for `info`."""
     types = GraphTypes.from_record(record)
-    kinds = ", ".join(f"{name} {types.count(name)}" + (" (target)" if name == types.target else "")
+    kinds = ", ".join(f"{name} {types.count(name)} ({format_size(nbytes)} features"
+                      + (", target)" if name == types.target else ")")
                       + ("" if origin == "stored" else f" [features {origin}]")
-                      for name, origin in zip(types.names, types.feature_origin))
+                      for name, origin, nbytes in zip(types.names, types.feature_origin,
+                                                      types.feature_bytes(num_features)))
     return f"types       {kinds}; relations {', '.join(str(r) for r in types.relations)}"
 
 
@@ -407,7 +410,7 @@ def format_info(manifest: dict) -> str:
                                                          "built with --inductive)"),
     ]
     if "types" in ds:
-        lines.insert(1, types_line(ds["types"]))
+        lines.insert(1, types_line(ds["types"], int(ds["num_features"])))
     if st:
         lines.append(f"replication {st['replication_factor']:.3f} rows per inner vertex; server inner balance "
                      f"{st['server_inner_balance']:.3f}, rows balance {st['server_rows_balance']:.3f}, train balance "

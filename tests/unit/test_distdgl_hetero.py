@@ -90,6 +90,19 @@ def test_defects_are_named(tmp_path):
         load("chunked", path=str(d))
 
 
+def test_a_relation_whose_files_hold_another_count_is_refused_naming_it_and_its_files(tmp_path):
+    """A cut edge file of one relation, and another relation's count lowered by as much: the total
+    agrees, the relations do not."""
+    write_distdgl_hetero(tmp_path)
+    cut = tmp_path / "edges" / "writes-1.txt"
+    lines = cut.read_text().splitlines()
+    cut.write_text("\n".join(lines[:-1]) + "\n")
+    _edit(tmp_path, lambda m: m["num_edges_per_type"].__setitem__(2, m["num_edges_per_type"][2] - 1))
+    with pytest.raises(DataError, match=r"declares 70 edges of relation 'author:writes:paper' but its edge files "
+                                        r"hold 69 \(writes-0.txt 35, writes-1.txt 34\)"):
+        load("chunked", path=str(tmp_path))
+
+
 def test_two_relations_of_one_type_pair_and_feature_widths_are_refused(tmp_path):
     write_distdgl_hetero(tmp_path)
 

@@ -268,11 +268,13 @@ def test_embedded_types_replace_their_input_rows():
         build_model("rgcn", g.num_features, 8, g.num_classes, 2, types=g.types, embed="venue")
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.5])
-def test_rgcn_estimate_is_close_to_the_bytes_autograd_saves(dropout):
-    """The memory model's R-GCN count (each relation's mean over its destination type's rows,
-    relations_per_vertex of them per row) against the tensors a step saves, whole graph in one process:
-    within 20 % (the per-relation rows are counted from the type shares, not per row)."""
+@pytest.mark.parametrize("name,dropout,options", [("rgcn", 0.0, {}), ("rgcn", 0.5, {}), ("rgat", 0.0, {"heads": 2}),
+                                                  ("rgat", 0.5, {"heads": 2, "attn_dropout": 0.3})])
+def test_rgcn_and_rgat_estimates_are_close_to_the_bytes_autograd_saves(name, dropout, options):
+    """The memory model's R-GCN and R-GAT counts (each relation's mean, or projection and attention sums,
+    over its own type's rows, relations_per_vertex of them per row) against the tensors a step saves,
+    whole graph in one process: within 20 % (the per-relation rows are counted from the type shares,
+    not per row)."""
     from granndis_hpc import memory_model as mm
     from granndis_hpc.engine.trainer import SavedBytes
     from tests.hetero_graphs import typed_graph
@@ -285,14 +287,15 @@ def test_rgcn_estimate_is_close_to_the_bytes_autograd_saves(dropout):
     rows = mm.RankRows(rank=0, features=g.num_features, num_classes=g.num_classes, n_inner=n, n_train=n // 2,
                        layers=layers, k=layers, world=mm.ViewRows("world", n, 0, 0, (lr,) * layers), server=view)
     torch.manual_seed(0)
-    model = build_model("rgcn", g.num_features, 16, g.num_classes, layers, dropout=dropout, types=g.types)
+    options = model_options(name, [f"{k}={v}" for k, v in options.items()])
+    model = build_model(name, g.num_features, 16, g.num_classes, layers, dropout=dropout, types=g.types, **options)
     saved = SavedBytes()
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
         logits = model(torch.from_numpy(g.features), [graph] * layers)
         labels = torch.from_numpy(np.maximum(g.labels, 0))
         loss = torch.nn.functional.cross_entropy(logits[: n // 2], labels[: n // 2], reduction="sum") / 7.0
     loss.backward()
-    spec = mm.ModelSpec("rgcn", g.num_features, 16, g.num_classes, layers, dropout, relations=g.types.num_relations,
-                        relation_rows=g.types.relations_per_vertex())
+    spec = mm.ModelSpec(name, g.num_features, 16, g.num_classes, layers, dropout, relations=g.types.num_relations,
+                        relation_rows=g.types.relations_per_vertex(), options=options)
     estimate = mm.activation_layers(rows, spec, device="cpu")["saved"]
     assert 0.8 < estimate / saved.total < 1.2, (estimate, saved.total)

@@ -60,6 +60,7 @@ def test_the_digest_covers_the_types():
 def test_a_typed_build_records_its_types_and_verifies(tmp_path):
     from granndis_hpc.preprocess.build.pipeline import build_shards
     from granndis_hpc.preprocess.verify.command import format_info, verify_shard_set
+    from granndis_hpc.units import format_size
 
     g = typed_graph()
     manifest = build_shards(g, tmp_path / "set", servers=2, gpus_per_server=2, layers=2, partitioner="metis",
@@ -68,7 +69,22 @@ def test_a_typed_build_records_its_types_and_verifies(tmp_path):
     assert manifest["dataset"]["content_sha256"] == dataset_digest(g)
     assert verify_shard_set(str(tmp_path / "set")) == []
     info = format_info(manifest)
-    assert "types       paper 160 (target), author 90, field 12; relations paper__cites__paper" in info
+    size = [format_size(n * g.num_features * 4) for n in (160, 90, 12)]  # float32 rows at the one width
+    assert size == ["10 KiB", "5.62 KiB", "768 B"]
+    assert (f"types       paper 160 ({size[0]} features, target), author 90 ({size[1]} features), field 12 "
+            f"({size[2]} features); relations paper__cites__paper") in info
+
+    # `granndis report`'s per-type table of a run on the set, counted here from the graph itself.
+    from types import SimpleNamespace
+    from granndis_hpc.report.types import types_table
+    table = types_table(SimpleNamespace(config={"shards": str(tmp_path / "set")}, label="a run"))
+    counts = np.bincount(g.types.vertex_type(np.arange(g.num_vertices)))
+    split = [f"{int(m.sum()):,}" for m in (g.train_mask, g.val_mask, g.test_mask)]
+    want = [f"| {name}{' (target)' if name == 'paper' else ''} | {counts[t]:,} | "
+            f"{format_size(counts[t] * g.features.shape[1] * g.features.itemsize)} | stored | "
+            + " | ".join(split if name == "paper" else ["-"] * 3) + " |" for t, name in enumerate(g.types.names)]
+    assert table[4:4 + len(want)] == want and len(want) == 3
+    assert types_table(SimpleNamespace(config={"shards": str(tmp_path / "moved")}, label="a run")) == []
 
 
 @pytest.mark.parametrize("partitioner", ["metis", "parmetis"])
