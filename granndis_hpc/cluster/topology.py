@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -355,7 +355,8 @@ def _init_torch_distributed(topo: Topology, single_host: bool, seconds: float, m
         raise ClusterError("torch.distributed is already initialised in this process; close the previous "
                            "Topology (topo.close()) before building a new one", collective=True)
     timeout = datetime.timedelta(seconds=seconds)
-    store, endpoint = None, None
+    store = None
+    endpoint: Optional[Tuple[str, int, Optional[str], str]] = None  # (address, port, how, error) on rank 0
     if topo.rank == 0:
         address, how = "", "not chosen"
         try:

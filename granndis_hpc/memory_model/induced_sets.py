@@ -91,10 +91,10 @@ class InductiveSetArrays(SetArrays):
     induced graphs' views (arrays.inductive_rank_rows), co-batches sampled on the train-induced edges."""
 
     multilabel_classes: int = 0  # the slice's labels are uint8 [rows, C] (induced.slice_bytes)
-    _worlds: Optional[list] = dataclasses.field(default=None, init=False, repr=False)
+    _worlds: Optional[Dict[int, tuple]] = dataclasses.field(default=None, init=False, repr=False)
 
-    def worlds(self) -> list:
-        """Per rank: (WorldCounts, send-list length) of the train-induced, the full and the
+    def worlds(self) -> Dict[int, tuple]:
+        """Per rank (by rank): (WorldCounts, send-list length) of the train-induced, the full and the
         train+validation-induced world views (counted once: every k shares them)."""
         if self._worlds is None:
             W = sum(len(s.gpus) for s in self.servers)

@@ -2,9 +2,9 @@
 
 A heterogeneous graph is one graph whose vertex types are id ranges and whose edge's relation is the
 pair of its endpoints' types (graph/hetero.py GraphTypes).  A layer reads a relation per edge from the
-global ids of its rows: ``graph.source_ids`` (int64 [n_src], set by the engine for a model that
-declares ``needs_source_ids``; destination rows are the first n_dst source rows) or, where it is None
-(a single process over the whole graph), source row i is vertex i.  ``relation_views`` splits a
+global ids of its rows: ``graph.source_ids`` (int64 [n_src], set by the engine for a model whose
+contract declares ``source_ids="all"``, nn/contract.py; destination rows are the first n_dst source
+rows) or, where it is None (a single process over the whole graph), source row i is vertex i.  ``relation_views`` splits a
 LayerGraph into one LayerGraph per relation (built once per graph and cached with it), so every
 relation aggregates with the machinery of nn/graph.py: own and halo parts for the overlapped halo
 exchange, row-restricted parts for boundary-first pipelining, the same on every cluster shape.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ class TypeTables:
         self.key = (types.offsets, tuple(table.ravel().tolist()))
         self._arrays = (np.asarray(types.offsets[1:], dtype=np.int64), table,
                         np.asarray([types.index(rel.dst) for rel in types.relations], dtype=np.int64))
-        self._on = {}
+        self._on: Dict[Any, tuple] = {}
 
     def on(self, device):
         """(upper bounds, relation table, destination type of each relation) on `device`."""
@@ -76,7 +76,7 @@ _VIEWS: "weakref.WeakKeyDictionary[LayerGraph, dict]" = weakref.WeakKeyDictionar
 
 def source_ids(graph: LayerGraph) -> torch.Tensor:
     """The global vertex id of each source row: ``graph.source_ids``, or 0..n_src-1 without them."""
-    ids = getattr(graph, "source_ids", None)
+    ids = graph.source_ids
     if ids is None:
         return torch.arange(graph.n_src, device=graph.device)
     return torch.as_tensor(ids, dtype=torch.int64).to(graph.device)
@@ -119,7 +119,7 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
         src_degree = torch.bincount(cols_r, minlength=graph.n_src).to(torch.float32)
         view = LayerGraph(graph.n_dst, graph.n_src, indptr, cols_r, counts.to(torch.float32), src_degree,
                           n_own=graph.n_own)
-        view.source_ids = getattr(graph, "source_ids", None)
+        view.source_ids = graph.source_ids
         graphs.append(view)
         # The same edges over the rows of the relation's destination type (every edge's row is one).
         type_rows = torch.nonzero(dst_type == into[r]).squeeze(1)
@@ -317,10 +317,10 @@ class RGATConv(Layer):
 
     def update(self, h_dst, aggregated, call: LayerCall):
         views = relation_views(call.graph, self.tables)
-        out = None
-        for agg in aggregated:
-            flat = agg.reshape(agg.shape[0], -1) if self.concat else agg.mean(dim=1)
-            out = flat if out is None else out + flat
+        flats = [agg.reshape(agg.shape[0], -1) if self.concat else agg.mean(dim=1) for agg in aggregated]
+        out = flats[0]
+        for flat in flats[1:]:
+            out = out + flat
         # Each type's rows get the biases of the relations into it.
         rel_dst = self.tables.on(out.device)[2]
         biases = torch.stack([conv.bias for conv in self.rel])

@@ -40,6 +40,7 @@ from torch import nn
 
 from granndis_hpc.graph.hetero import GraphTypes, Relation
 
+from .contract import Layer
 from .graph import LayerGraph
 from .hetero_layers import TypeTables, relation_views
 from .hetero_models import HeteroGNN, _check_types
@@ -94,7 +95,7 @@ def type_rows(view: LayerGraph, dst_type: torch.Tensor, t: int):
     return _TYPE_ROWS[view]
 
 
-class PyGHeteroLayer(nn.Module):
+class PyGHeteroLayer(Layer):
     """One layer of a user's conv over every relation, summed into each destination type (not split:
     called on the whole block, nn/contract.py)."""
 

@@ -31,8 +31,8 @@ from typing import Optional
 from granndis_hpc.graph.csr import Graph
 from granndis_hpc.options import Options, add_options, option
 from granndis_hpc.registry import Registry
-from granndis_hpc.preprocess.sources.canonical import (FEATURE_NORMALIZATIONS, SELF_LOOP_MODES, DataError,  # noqa: F401 (re-exported)
-                                  canonicalize, normalize_features)
+from granndis_hpc.preprocess.sources.canonical import (FEATURE_NORMALIZATIONS, SELF_LOOP_MODES, DataError,
+                                                       normalize_features)
 from granndis_hpc.preprocess.sources.synthetic import DEFAULTS as _SYNTHETIC_DEFAULTS
 from granndis_hpc.preprocess.sources.synthetic import GENERATORS as _GENERATORS
 from granndis_hpc.preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _LOCAL_DEFAULTS

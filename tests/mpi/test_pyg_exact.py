@@ -60,7 +60,7 @@ def test_pyg_stack_equals_plain_pyg_on_the_whole_graph(cora, cora_shards, factor
         edge_index = _edge_index(cora)
         trainer.model.eval()
         with torch.no_grad():
-            got = gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
+            got = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
         initial = copy.deepcopy(trainer.model)
         trainer.model.train()
         trainer.run()
@@ -102,7 +102,7 @@ def test_pyg_stack_runs_in_flx_exactly_and_learns_in_the_sampled_modes(cora, cor
     try:
         trainer.model.eval()
         with torch.no_grad():
-            got = gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
+            got = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
         if WORLD.rank == 0:
             with torch.no_grad():
                 want = plain_pyg_logits(trainer.model, torch.from_numpy(cora.features), _edge_index(cora)).numpy()

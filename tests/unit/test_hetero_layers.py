@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from granndis_hpc.engine.rows import PendingRows, RowSplit
-from granndis_hpc.engine.runner import call_layer
+from granndis_hpc.nn.rows import PendingRows, RowSplit
+from granndis_hpc.nn.runner import call_layer
 from granndis_hpc.graph.csr import csr_rows
 from granndis_hpc.nn import LayerGraph, build_model
 from granndis_hpc.nn.hetero_layers import RGATConv, RGCNConv, TypeTables, relation_views
@@ -172,7 +172,7 @@ def test_model_equals_the_plain_torch_reference(name, options, linear_layers, no
     torch.manual_seed(0)
     model = build_model(name, IN, 3, 4, 3, dropout=0.5, norm=norm, linear_layers=linear_layers, types=types,
                         **options).double().eval()
-    assert model.needs_source_ids and model.num_layers == 3 - linear_layers
+    assert model.contract.source_ids == "all" and model.num_layers == 3 - linear_layers
     graphs = [LayerGraph.from_csr(indptr, indices, types.num_vertices)] * model.num_layers
     got = model(x, graphs)
     want = reference_logits(model.state_dict(), types, indptr, indices, x, 3, name, linear_layers, norm)
@@ -274,7 +274,7 @@ def test_rgcn_estimate_is_close_to_the_bytes_autograd_saves(dropout):
     relations_per_vertex of them per row) against the tensors a step saves, whole graph in one process:
     within 20 % (the per-relation rows are counted from the type shares, not per row)."""
     from granndis_hpc import memory_model as mm
-    from granndis_hpc.engine.trainer import SavedBytes
+    from granndis_hpc.engine.epoch import SavedBytes
     from tests.hetero_graphs import typed_graph
 
     g, layers = typed_graph(), 3

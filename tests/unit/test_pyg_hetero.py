@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from granndis_hpc.engine.rows import PendingRows
-from granndis_hpc.engine.runner import call_layer
+from granndis_hpc.nn.rows import PendingRows
+from granndis_hpc.nn.runner import call_layer
 from granndis_hpc.nn import LayerGraph, build_model
 from tests import pyg_stacks
 from tests.pyg_stacks import heteroconv_logits as _heteroconv_logits
@@ -138,7 +138,7 @@ def test_options_estimate_and_norm_linear_layers():
     assert "a file never chooses the code that runs" in code_refusal("pyg-hetero", recorded, [], "RUN/best-model.pt")
     model = _model(types, "hetero_mixed", layers=4, linear_layers=1, norm=True)
     assert [type(layer.rel[0].conv).__name__ for layer in model.convs] == ["SAGEConv", "GraphConv", "GATConv"]
-    assert len(model.linears) == 1 and len(model.norms) == 3 and model.needs_source_ids
+    assert len(model.linears) == 1 and len(model.norms) == 3 and model.contract.source_ids == "all"
     n = types.num_vertices
     assert model(torch.randn(n, IN).double(), [LayerGraph.from_csr(indptr, indices, n)] * 3).shape == (n, CLASSES)
     options = {"module": "tests.pyg_stacks", "factory": "hetero_gat"}

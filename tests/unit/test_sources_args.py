@@ -4,7 +4,8 @@ import argparse
 import numpy as np
 import pytest
 
-from granndis_hpc.preprocess.sources import SOURCES, DataError, add_source_arguments, load, load_from_args
+from granndis_hpc.preprocess.sources import SOURCES, add_source_arguments, load, load_from_args
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 from tests.unit.test_sources_bundle import graphs_equal
 from tests.unit.test_sources_planetoid import write_miniature
