@@ -25,7 +25,7 @@ from granndis_hpc.shards import SPLIT_BITS
 from .arrays import GpuArrays, ServerArrays, inductive_rank_rows, server_hop_counts, world_counts, world_reads
 from .estimate import MemoryModelError, ModelSpec, RankRows
 from .induced import slice_bytes
-from .modes import SetArrays
+from .mode_estimates import SetArrays
 
 TRAIN = SPLIT_BITS["train"]
 TRAIN_VAL = SPLIT_BITS["train"] | SPLIT_BITS["val"]

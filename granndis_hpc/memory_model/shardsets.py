@@ -1,6 +1,6 @@
 """The memory model's inputs from shard sets on disk: reading each rank's slice, and --mode auto's
 choice over the sets it is given (`choose_shard_sets`), estimated by the modes' own `estimate`
-(memory_model/modes.py) and ranked by `choose` (memory_model/choice.py), as `preprocess plan` does.
+(memory_model/mode_estimates.py) and ranked by `choose` (memory_model/choice.py), as `preprocess plan` does.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .choice import Decision, choose, choose_by_time, exact, usable_budget
 from .epoch_time import Rates
 from .estimate import MemoryModelError, ModelSpec, estimate
 from .induced_sets import InductiveSetArrays
-from .modes import Sampling, SetArrays, options, row_groups
+from .mode_estimates import Sampling, SetArrays, options, row_groups
 
 
 def read_shard_set(path: str) -> Tuple[dict, List[ServerArrays]]:

@@ -4,7 +4,7 @@ A heterogeneous graph is one graph whose vertex types are id ranges and whose ed
 pair of its endpoints' types (graph/hetero.py GraphTypes).  A layer reads a relation per edge from the
 global ids of its rows: ``graph.source_ids`` (int64 [n_src], set by the engine for a model whose
 contract declares ``source_ids="all"``, nn/contract.py; destination rows are the first n_dst source
-rows) or, where it is None (a single process over the whole graph), source row i is vertex i.  ``relation_views`` splits a
+rows) or, where it is None (a single process over the whole graph), source row i is vertex i.  ``relation_graphs`` splits a
 LayerGraph into one LayerGraph per relation (built once per graph and cached with it), so every
 relation aggregates with the machinery of nn/graph.py: own and halo parts for the overlapped halo
 exchange, row-restricted parts for boundary-first pipelining, the same on every cluster shape.
@@ -54,7 +54,7 @@ class TypeTables:
 
 
 @dataclass(eq=False)
-class RelationViews:
+class RelationGraphs:
     """A LayerGraph seen per relation: ``graphs[r]`` holds only relation r's edges (same rows, n_own and
     source_ids), ``dst_type`` [n_dst] the destination rows' types, ``edge_relation`` [nnz] each edge's
     relation in the graph's CSR order.  ``dst_rows[r]``: the destination rows of relation r's destination
@@ -69,9 +69,9 @@ class RelationViews:
     compact: List[LayerGraph]
 
 
-# Per graph and types: its relation views (the engine reuses a layer's graph every epoch).  Weak keys:
-# the views go with the graph.
-_VIEWS: "weakref.WeakKeyDictionary[LayerGraph, dict]" = weakref.WeakKeyDictionary()
+# Per graph and types: its relation graphs (the engine reuses a layer's graph every epoch).  Weak keys:
+# they go with the graph.
+_RELATION_GRAPHS: "weakref.WeakKeyDictionary[LayerGraph, dict]" = weakref.WeakKeyDictionary()
 
 
 def source_ids(graph: LayerGraph) -> torch.Tensor:
@@ -82,23 +82,23 @@ def source_ids(graph: LayerGraph) -> torch.Tensor:
     return torch.as_tensor(ids, dtype=torch.int64).to(graph.device)
 
 
-def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
-    """The graph's RelationViews under `tables` (cached: set ``graph.source_ids`` before the first call).
+def relation_graphs(graph: LayerGraph, tables: TypeTables) -> RelationGraphs:
+    """The graph's RelationGraphs under `tables` (cached: set ``graph.source_ids`` before the first call).
 
-    A relation view's dst_degree is the destination row's in-edge count of that relation in the block:
+    A relation graph's dst_degree is the destination row's in-edge count of that relation in the block:
     the global count in exact modes (a computed row has all its in-edges) and the kept count in sampled
-    modes.  Its src_degree is the source row's out-edge count of that relation in the block; the views
+    modes.  Its src_degree is the source row's out-edge count of that relation in the block; the relation graphs
     serve the "mean" and "sum" kinds, which do not read it."""
-    cache = _VIEWS.setdefault(graph, {})
+    cache = _RELATION_GRAPHS.setdefault(graph, {})
     if tables.key in cache:
         return cache[tables.key]
     _, table, _ = tables.on(graph.device)
     ids = source_ids(graph)
     if ids.shape != (graph.n_src,):
-        raise ValueError(f"relation_views: source_ids must have shape ({graph.n_src},), got {tuple(ids.shape)}")
+        raise ValueError(f"relation_graphs: source_ids must have shape ({graph.n_src},), got {tuple(ids.shape)}")
     src_type = tables.vertex_type(ids)
     if graph.n_src and int(src_type.max()) >= tables.num_types:
-        raise ValueError(f"relation_views: vertex id {int(ids.max())} lies beyond the types' "
+        raise ValueError(f"relation_graphs: vertex id {int(ids.max())} lies beyond the types' "
                          f"{tables.types.num_vertices} vertices")
     dst_type = src_type[: graph.n_dst]
     rows, cols = graph.edge_rows(), graph.indices
@@ -106,7 +106,7 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
     if bool((relation < 0).any()):
         e = int(torch.nonzero(relation < 0)[0])
         names = tables.types.names
-        raise ValueError(f"relation_views: edge {int(ids[cols[e]])} -> {int(ids[rows[e]])} leads from "
+        raise ValueError(f"relation_graphs: edge {int(ids[cols[e]])} -> {int(ids[rows[e]])} leads from "
                          f"{names[int(src_type[cols[e]])]!r} to {names[int(dst_type[rows[e]])]!r}, a pair no "
                          f"relation covers")
     graphs, dst_rows, compact = [], [], []
@@ -117,10 +117,10 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
         counts = torch.bincount(rows_r, minlength=graph.n_dst)
         indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
         src_degree = torch.bincount(cols_r, minlength=graph.n_src).to(torch.float32)
-        view = LayerGraph(graph.n_dst, graph.n_src, indptr, cols_r, counts.to(torch.float32), src_degree,
+        rel_graph = LayerGraph(graph.n_dst, graph.n_src, indptr, cols_r, counts.to(torch.float32), src_degree,
                           n_own=graph.n_own)
-        view.source_ids = graph.source_ids
-        graphs.append(view)
+        rel_graph.source_ids = graph.source_ids
+        graphs.append(rel_graph)
         # The same edges over the rows of the relation's destination type (every edge's row is one).
         type_rows = torch.nonzero(dst_type == into[r]).squeeze(1)
         counts_c = counts.index_select(0, type_rows)
@@ -128,8 +128,8 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
                                   torch.cat([counts_c.new_zeros(1), torch.cumsum(counts_c, 0)]), cols_r,
                                   counts_c.to(torch.float32), src_degree, n_own=graph.n_own))
         dst_rows.append(type_rows)
-    cache[tables.key] = views = RelationViews(graphs, dst_type, relation, dst_rows, compact)
-    return views
+    cache[tables.key] = per_relation = RelationGraphs(graphs, dst_type, relation, dst_rows, compact)
+    return per_relation
 
 
 class _AddRows(torch.autograd.Function):
@@ -174,7 +174,7 @@ class RGCNConv(Layer):
 
     N_r(v): v's in-neighbours over relation r; a row without any aggregates 0 for that relation.  The
     mean of each relation is taken at the input width for the rows of its destination type only (sparse
-    products of the relation views' compact graphs, so the own and halo parts add up), then projected by
+    products of the relation graphs' compact graphs, so the own and halo parts add up), then projected by
     W_r and added to those rows.
 
     Args:
@@ -225,9 +225,9 @@ class RGCNConv(Layer):
 
     def aggregate_part(self, part: GraphPart, m, call: LayerCall):
         """[R] means of the part's edges of each relation [rows of its destination type, in]."""
-        views = relation_views(call.graph, self.tables)
+        per_relation = relation_graphs(call.graph, self.tables)
         n_own = None if part.sources is None else part.n_own
-        return [aggregate(GraphPart(g, part.sources, n_own), m, "mean") for g in views.compact]
+        return [aggregate(GraphPart(g, part.sources, n_own), m, "mean") for g in per_relation.compact]
 
     def combine(self, partials, call: LayerCall):
         return [sum(p[r] for p in partials) if len(partials) > 1 else partials[0][r]
@@ -236,7 +236,7 @@ class RGCNConv(Layer):
     def update(self, h_dst, aggregated, call: LayerCall):
         weights = self.relation_weights()
         out = h_dst @ self.root
-        rows = relation_views(call.graph, self.tables).dst_rows
+        rows = relation_graphs(call.graph, self.tables).dst_rows
         for r, agg in enumerate(aggregated):
             out = add_rows(out, rows[r], agg @ weights[r])
         return out if self.bias is None else out + self.bias
@@ -295,8 +295,8 @@ class RGATConv(Layer):
         pick theirs)."""
         first = call.own_messages is None
         if first:  # each relation's GATConv keeps its own call state (its destination attention term)
-            views = relation_views(call.graph, self.tables)
-            call.state["calls"] = [LayerCall(g, call.attention, call.n_own) for g in views.graphs]
+            per_relation = relation_graphs(call.graph, self.tables)
+            call.state["calls"] = [LayerCall(g, call.attention, call.n_own) for g in per_relation.graphs]
         messages = []
         for conv, sub in zip(self.rel, call.state["calls"]):
             m = conv.message(h, sub)
@@ -306,17 +306,17 @@ class RGATConv(Layer):
         return messages
 
     def aggregate_part(self, part: GraphPart, m, call: LayerCall):
-        views = relation_views(call.graph, self.tables)
+        per_relation = relation_graphs(call.graph, self.tables)
         n_own = None if part.sources is None else part.n_own
         return [conv.aggregate_part(GraphPart(g, part.sources, n_own, part.rows), m_r, sub)
-                for conv, g, m_r, sub in zip(self.rel, views.graphs, m, call.state["calls"])]
+                for conv, g, m_r, sub in zip(self.rel, per_relation.graphs, m, call.state["calls"])]
 
     def combine(self, partials, call: LayerCall):
         return [conv.combine([p[r] for p in partials], sub)
                 for r, (conv, sub) in enumerate(zip(self.rel, call.state["calls"]))]
 
     def update(self, h_dst, aggregated, call: LayerCall):
-        views = relation_views(call.graph, self.tables)
+        per_relation = relation_graphs(call.graph, self.tables)
         flats = [agg.reshape(agg.shape[0], -1) if self.concat else agg.mean(dim=1) for agg in aggregated]
         out = flats[0]
         for flat in flats[1:]:
@@ -325,7 +325,7 @@ class RGATConv(Layer):
         rel_dst = self.tables.on(out.device)[2]
         biases = torch.stack([conv.bias for conv in self.rel])
         by_type = biases.new_zeros((self.tables.num_types, biases.shape[1])).index_add(0, rel_dst, biases)
-        return out + by_type[views.dst_type]
+        return out + by_type[per_relation.dst_type]
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, num_relations={self.num_relations}, heads={self.heads}, "

@@ -3,7 +3,7 @@
 The build's own steps -- the same partitioners (preprocess/partition/twolevel.py), the same halo expansion and
 owner assignment (preprocess/build/pipeline.py `build_server`, with the feature columns left out) -- give each
 set's arrays; every mode then estimates its options on a set with its own `estimate` (the modes'
-registry entries, granndis_hpc/memory_model/modes.py), exactly as --mode auto does on the sets on disk,
+registry entries, granndis_hpc/memory_model/mode_estimates.py), exactly as --mode auto does on the sets on disk,
 so the two rank the same options the same way.
 
 Two questions, two sets of builds:

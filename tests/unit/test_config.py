@@ -291,7 +291,7 @@ def test_checkpointable_models_really_recompute():
     """The checkpointable models (their registry entries) must be exactly those that call torch.utils.checkpoint."""
     import torch
     from granndis_hpc.nn.models import MODELS, build_model
-    from tests.pyg_stacks import PYG_OPTIONS
+    from tests.pyg_factories import PYG_OPTIONS
     for name in MODELS:
         if name == "pyg" and not PYG_OPTIONS:
             continue  # (torch_geometric absent)

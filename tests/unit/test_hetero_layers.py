@@ -11,7 +11,7 @@ from granndis_hpc.nn.rows import PendingRows, RowSplit
 from granndis_hpc.nn.runner import call_layer
 from granndis_hpc.graph.csr import csr_rows
 from granndis_hpc.nn import LayerGraph, build_model
-from granndis_hpc.nn.hetero_layers import RGATConv, RGCNConv, TypeTables, relation_views
+from granndis_hpc.nn.hetero_layers import RGATConv, RGCNConv, TypeTables, relation_graphs
 from granndis_hpc.registry import model_options
 from tests.hetero_reference import edge_relations, random_typed_graph, reference_logits
 
@@ -148,12 +148,12 @@ def test_split_sources_and_permuted_rows_equal_the_whole_graph(kind, kw):
         torch.testing.assert_close(call_layer(conv, pending, graph, split=split).merge(), whole[torch.from_numpy(own)])
 
 
-def test_relation_views_split_the_edges_and_count_in_degrees_per_relation():
+def test_relation_graphs_split_the_edges_and_count_in_degrees_per_relation():
     types, indptr, indices, _ = _problem(5)
     graph = LayerGraph.from_csr(indptr, indices, types.num_vertices)
     tables = TypeTables(types)
-    views = relation_views(graph, tables)
-    assert relation_views(graph, TypeTables(types)) is views  # cached with the graph
+    views = relation_graphs(graph, tables)
+    assert relation_graphs(graph, TypeTables(types)) is views  # cached with the graph
     dst, src, rel = edge_relations(types, indptr, indices)
     assert torch.equal(views.edge_relation, rel)
     assert sum(g.nnz for g in views.graphs) == graph.nnz

@@ -17,7 +17,7 @@ from granndis_hpc.nn.contract import Layer, ModelContract, PassSettings
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.nn.graph import LayerGraph
 from granndis_hpc.nn.models import GNN, MODELS, PlainGNN, build_model, check_model
-from tests.pyg_stacks import PYG_HETERO_OPTIONS, PYG_OPTIONS
+from tests.pyg_factories import PYG_HETERO_OPTIONS, PYG_OPTIONS
 from tests.unit.test_exchange_group import N, _mirror_group, _rows
 from tests.unit.test_hetero_layers import _problem
 

@@ -107,7 +107,7 @@ def test_registered_pyg_stack_recipe_trains_and_estimates():
         assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3]), losses
     finally:
         MODELS.pop("recipe-pyg")
-    options = {"module": "tests.pyg_stacks", "factory": "gatv2"}
+    options = {"module": "tests.pyg_factories", "factory": "gatv2"}
     state = torch.get_rng_state()
     spec = mm.ModelSpec("pyg", 6, 8, 3, 3, options=options)
     torch.manual_seed(0)
