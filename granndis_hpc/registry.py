@@ -10,7 +10,7 @@ reads the capabilities it is not given from the object's attributes.  A registry
 name to object: ``tuple(MODELS)`` lists the names, ``MODELS[name]`` is the builder, ``MODES[name]``
 the mode class, ``MODELS.entry(name)`` the entry with its capabilities.
 
-What an entry carries (docs/architecture.md, the recipes):
+What an entry carries (docs/extending.md, the recipes):
 - a model: ``checkpointable`` (--checkpoint-activations recomputes its blocks), ``estimator`` (its
   memory, for --mode auto and `preprocess plan`: memory_model/stacks.py ModelEstimate), ``options`` (extra
   constructor options, ``--model-option KEY=VALUE``, as ``ModelOption``s), ``linear_head`` (its builder

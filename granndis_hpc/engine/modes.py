@@ -3,7 +3,7 @@
 A mode says what shard set it needs (and how to build one when the given set is wrong), whether its
 result is exact (equal to single-process full-graph training), and yields the steps of an epoch.  The
 training loop (engine/trainer.py) only calls these methods: adding a mode touches this file (or a
-module of its own registered here) and nothing in the loop.  docs/architecture.md has the recipe.
+module of its own registered here) and nothing in the loop.  docs/extending.md has the recipe.
 
     fb    full-batch baseline: every layer on the world view (1-hop halo from every owner)
     flx   Flexible Preloading: the first k layers on the server's k-hop preload (intra-server

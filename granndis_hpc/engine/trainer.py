@@ -240,8 +240,8 @@ class Trainer(TrainerCheckpoints):
         logits of the rows the last layer computes (inner rows, or a step's targets).
 
         Dropout masks are keyed by (seed, epoch, layer, global row id) (nn/dropout.py), so every shape
-        draws the single-process masks.  A registered model whose forward takes no `dropout` keeps the
-        documented forward(x, graphs, gather) contract and draws its own."""
+        draws the single-process masks.  A model whose contract is not ``keyed`` is called as
+        forward(x, graphs, gather) and draws its own."""
         # Training halos travel in the exchange group's wire dtype; evaluation stays exact.
         gather = view.gather_fn(phase, overlap=self._overlap_halo)
         if clock is not None:

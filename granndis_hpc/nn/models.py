@@ -54,7 +54,7 @@ from .runner import run_stack
 # name -> builder(in_features, hidden, num_classes, layers, dropout, norm, **options) -> GNN: the
 # dependency-free registry (granndis_hpc/registry.py declares the built-in models by name, so that
 # the train parser lists them without importing torch); `register_model` below adds one
-# (docs/architecture.md: adding a model is one builder registered here).
+# (docs/extending.md: adding a model is one builder registered here).
 MODELS: registry.Registry = registry.MODELS
 
 Gather = Callable[[int, torch.Tensor], torch.Tensor]

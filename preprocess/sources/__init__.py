@@ -41,7 +41,7 @@ from granndis_hpc.preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _L
 # loaders' own dependencies load only for the source asked for), the options it reads (`uses`; the
 # others are accepted and ignored, so one parser serves all) and, for a source a build rank reads a
 # slice of (preprocess/build/sliced.py), its `sliced` opener.  Every loader takes its `uses` and the
-# canonicalisation options as keywords and returns a canonical Graph.  docs/architecture.md, "add a
+# canonicalisation options as keywords and returns a canonical Graph.  docs/extending.md, "add a
 # dataset source".
 SOURCES = Registry("source")
 SOURCES.declare("planetoid", "granndis_hpc.preprocess.sources.planetoid:load_planetoid", uses=("name", "root"))

@@ -1,4 +1,4 @@
-"""The recipes of docs/architecture.md, proven on real Cora with 2 servers x 2 ranks (mpirun -n 4).
+"""The recipes of docs/extending.md, proven on real Cora with 2 servers x 2 ranks (mpirun -n 4).
 
 - Add a mode: subclass StaticMode, say which view runs each layer, register it; the training loop is
   untouched.  Here: half the layers on the server's preload, the rest with the world exchange.

@@ -74,7 +74,7 @@ def _load_ring(name=None, symmetrize=True, self_loops="remove"):
 
 
 def test_a_dataset_source_is_one_loader_and_one_registry_line():
-    """docs/architecture.md "add a dataset source": the loader above plus the one line below, and the
+    """docs/extending.md "add a dataset source": the loader above plus the one line below, and the
     source is a choice of --source, loads with the shared canonicalisation options, and is loaded whole
     (it declares no sliced opener)."""
     from granndis_hpc.preprocess import sources
