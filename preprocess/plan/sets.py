@@ -132,7 +132,7 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
     # Collective all through (no errors block around it: a rank's local failure ends the job, fail()).
     prep = prepare(group, part, cfg.servers, cfg.gpus_per_server, cfg.partitioner, cfg.seed, cfg.row_block_rows)
     min_train = prep.min_train()
-    batches = [b for b in sampling.batches if b <= min_train]  # the counts cob estimates (modes.py)
+    batches = [b for b in sampling.batches if b <= min_train]  # the counts cob estimates (memory_model/mode_estimates.py)
     features, classes = m.features, m.num_classes
     # --inductive: every view counted on its induced graph (preprocess/plan/induced_counts.py).
     ind = (InducedCounter.count(group, part, prep, classes if m.multilabel else 0) if cfg.inductive else None)
