@@ -10,7 +10,7 @@ RANKS_PER_SERVER := $(shell python3 -m emucluster.mpienv ranks-per-server)
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 
-.PHONY: setup demo test test-fast lint test-unit test-launch test-mpi test-slurm bench bench-cluster clean
+.PHONY: setup demo test test-fast lint typecheck test-unit test-launch test-mpi test-slurm bench bench-cluster clean
 
 setup: $(STAMP)/apt $(STAMP)/venv $(STAMP)/slurm
 
@@ -54,6 +54,11 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check .
 
+# Types of the core packages (pyproject.toml [tool.mypy]: nn, cluster, memory_model, engine, and the
+# modules left out with the reason): under a minute cold, seconds with its cache (.mypy_cache).
+typecheck: setup
+	$(PY) -m mypy
+
 test-unit: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
@@ -65,12 +70,12 @@ test-mpi: setup
 test-launch: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/launch
 
-test: lint test-unit test-launch test-mpi
+test: lint typecheck test-unit test-launch test-mpi
 
-# The edit loop's lane (a few minutes): lint, the serial tests but the slow ones, and the exact-logits
+# The edit loop's lane (a few minutes): lint, types, the serial tests but the slow ones, and the exact-logits
 # tests of the distributed engine on 2 emulated servers x 2 ranks (homogeneous and heterogeneous).
 FAST_MPI_TESTS ?= tests/mpi/test_engine_exact.py tests/mpi/test_hetero_exact.py
-test-fast: lint
+test-fast: lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests/unit
 	GRANNDIS_RANKS_PER_SERVER=$(RANKS_PER_SERVER) $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi \
 	    -k logits $(FAST_MPI_TESTS)

@@ -31,7 +31,8 @@ def _worker(args) -> None:
     from mpi4py import MPI
 
     from bench_accuracy import build_sets
-    from granndis_hpc.engine.trainer import TrainConfig, Trainer
+    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.engine.trainer import Trainer
 
     world = MPI.COMM_WORLD
     base = world.bcast(tempfile.mkdtemp(prefix="granndis-gat-") if world.rank == 0 else None)

@@ -29,7 +29,8 @@ TARGET_POINTS = 0.5
 
 
 def engine_run(shards, loop, seed, halo_dtype, epochs):
-    from granndis_hpc.engine.trainer import TrainConfig, Trainer
+    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.engine.trainer import Trainer
 
     opts = {**COMMON, **SETTINGS["recipe"]["train"], **LOOPS[loop], "epochs": epochs, "halo_dtype": halo_dtype}
     trainer = Trainer(TrainConfig(shards=shards, seed=seed, ranks_per_server=2, quiet=True, **opts))

@@ -35,7 +35,8 @@ def engine_run(shards, seed, precision, epochs, measure_peak):
     """One training run (collective): best-validation test accuracy, the run's timing and memory."""
     from mpi4py import MPI
 
-    from granndis_hpc.engine.trainer import TrainConfig, Trainer
+    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.engine.trainer import Trainer
     from granndis_hpc.memory_model.profile import measure_step_peak
 
     opts = {**COMMON, **SETTINGS["recipe"]["train"], "epochs": epochs}

@@ -38,7 +38,8 @@ STARTED = init_mpi(_early.parse_known_args()[0].device)
 from mpi4py import MPI  # noqa: E402
 
 from granndis_hpc.cluster.hostsync import SyncCounter
-from granndis_hpc.engine.trainer import TrainConfig, Trainer
+from granndis_hpc.config import TrainConfig
+from granndis_hpc.engine.trainer import Trainer
 
 WORLD = MPI.COMM_WORLD
 CASES = [  # (name, TrainConfig overrides)
@@ -88,16 +89,16 @@ def _run(args, device, overrides, staged=False):
         if cuda:
             torch.cuda.reset_peak_memory_stats(trainer.device)
         times = [trainer.train_epoch()["time_s"] for _ in range(args.epochs - 1)]
-        per_step, step = [], trainer._step
+        per_step, step = [], trainer.train_step
 
         def counted(s):  # the last epoch's steps, counted
             with SyncCounter() as counter:
                 out = step(s)
             per_step.append([c for c in counter.calls if not (overrides["mode"] in BATCHED and "nn/graph.py" in c[1])])
             return out
-        trainer._step = counted
+        trainer.train_step = counted
         rec = trainer.train_epoch()
-        trainer._step = step
+        trainer.train_step = step
         times.append(rec["time_s"])
         facts = {"syncs_per_step": max(len(c) for c in per_step),
                  "other_syncs": sorted({w for c in per_step for n, w in c if n != "__float__" and STAGING_WAIT not in w}),

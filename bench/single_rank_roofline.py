@@ -168,7 +168,7 @@ def model_ops(trainer):
         n = int(graphs[l].n_dst)
         ops = (between_ops(l, int(graphs[l].n_src), hidden, norm=True, p=model.dropout)
                + conv_ops(graphs[l], model.convs[l]) + add_ops("residual add", n, hidden))
-        yield str(l), bool(model.checkpoint_activations), ops
+        yield str(l), bool(trainer.pass_settings.checkpoint_activations), ops
     n = int(graphs[-1].n_dst)
     yield "head", False, (between_ops(model.total_layers, n, hidden, norm=True, p=model.dropout)
                           + linear_ops(1, n, hidden, model.head.out_features))

@@ -10,8 +10,7 @@ from dataclasses import asdict
 from granndis_hpc.config import TrainConfig
 from granndis_hpc.options import ConfigError, read_options
 from granndis_hpc.metric_names import summary_key
-from granndis_hpc.resume_options import (  # noqa: F401 (importable from here too)
-    RESUME_OVERRIDABLE, RESUME_RESET, RESUME_SHAPE, resume_config, resumed_model_options, train_config)
+from granndis_hpc.resume_options import train_config
 
 TRAIN_PROG = "granndis-train"
 TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU "

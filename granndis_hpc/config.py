@@ -3,8 +3,7 @@
 a run (``RUN_DIR/config.json``, so a run can be reproduced and ``granndis report`` can label it).
 
 The framework (``option()``, specs, defaults, validate, build_parser, read_options, the TOML rules) lives
-in granndis_hpc/options/, which every command shares; its names are re-exported here for the callers
-that read them from this module.
+in granndis_hpc/options/, which every command shares; import its names from there.
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from typing import List, Optional
 
 from granndis_hpc import registry
 from granndis_hpc.fsutil import atomic_write_json, read_json_object
-from granndis_hpc.options import (ConfigError, HelpFormatter, add_options, allowed_choices,  # noqa: F401 (re-exported)
+from granndis_hpc.options import (ConfigError, HelpFormatter, add_options, allowed_choices,
                                   build_parser, defaults, load_config_file, missing_required, option,
                                   parse_args_with_config, read_options, resume_rule, specs, validate)
 from granndis_hpc.graph.sampler import SAMPLERS
@@ -37,7 +36,7 @@ CONFIG_FILE_NAME = "config.json"
 DEVICE_NAMES = ("auto", "cpu", "cuda")
 TRANSPORT_NAMES = ("auto", "gloo", "nccl", "mpi")
 LOG_LEVELS = ("debug", "info", "warning", "error")  # granndis_hpc/progress.py: setup_logging
-# --weight-decay-on: every parameter, or the first layer's only (nn/models.py GNN.first_layer_prefix).
+# --weight-decay-on: every parameter, or the first layer's only (the model contract's first_layer_prefix, nn/contract.py).
 WEIGHT_DECAY_ON = ("all", "first")
 # --halo-dtype: the wire format of training halo rows (engine/exchange.py); float32 is exact.
 HALO_DTYPES = ("float32", "bfloat16", "float16")

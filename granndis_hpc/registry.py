@@ -10,7 +10,7 @@ reads the capabilities it is not given from the object's attributes.  A registry
 name to object: ``tuple(MODELS)`` lists the names, ``MODELS[name]`` is the builder, ``MODES[name]``
 the mode class, ``MODELS.entry(name)`` the entry with its capabilities.
 
-What an entry carries (docs/architecture.md, the recipes):
+What an entry carries (docs/extending.md, the recipes):
 - a model: ``checkpointable`` (--checkpoint-activations recomputes its blocks), ``estimator`` (its
   memory, for --mode auto and `preprocess plan`: memory_model/stacks.py ModelEstimate), ``options`` (extra
   constructor options, ``--model-option KEY=VALUE``, as ``ModelOption``s), ``linear_head`` (its builder
@@ -19,7 +19,7 @@ What an entry carries (docs/architecture.md, the recipes):
   built from a heterogeneous source);
 - a mode: its place in auto's preference (``rank``; ``knob``: "k" prefers the largest preloaded depth,
   "batches" the fewest co-batches), ``phrase`` (how the "why" text names it), ``estimate`` (the row
-  counts of its options on a shard set: memory_model/modes.py), ``exact_full_graph`` (an exact
+  counts of its options on a shard set: memory_model/mode_estimates.py), ``exact_full_graph`` (an exact
   full-graph mode: dominated options of these are dropped), ``any_depth`` (serves a set built for
   another depth), ``build`` (the `preprocess build` arguments that make its set, for `plan`), and
   ``needs`` (options it requires: config refuses a run without them), ``baseline`` (the mode every
@@ -305,7 +305,7 @@ MODELS.declare("pyg-hetero", "granndis_hpc.nn.pyg_hetero:build_pyg_hetero", type
 # ---------------------------------------------------------------------------------------------------
 # Modes
 MODES = Registry("mode")
-_ESTIMATES = "granndis_hpc.memory_model.modes"
+_ESTIMATES = "granndis_hpc.memory_model.mode_estimates"
 MODES.declare("fb", "granndis_hpc.engine.modes:FullBatch", rank=3, phrase="fb", exact_full_graph=True, baseline=True,
               any_depth=True, estimate=f"{_ESTIMATES}:full_batch",
               build="--preload full --hops 1   (train --mode fb: the world view only)")

@@ -31,7 +31,7 @@ def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dic
 
     run_dir = os.fspath(run_dir)
     ran_with = {k: (d if k in RESUME_RESET else saved.get(k, d)) for k, d in defaults.items()}
-    # model_option is compared by value, not as text, once the options are checked (cli.resumed_model_options)
+    # model_option is compared by value, not as text, once the options are checked (resume_options.resumed_model_options)
     refused = [f"{k}={given[k]!r} (the run has {ran_with[k]!r})" for k in sorted(given)
                if k in defaults and k not in RESUME_OVERRIDABLE | RESUME_RESET | {"model_option"}
                and given[k] != ran_with[k]]

@@ -1,4 +1,4 @@
-"""The model of docs/architecture.md's recipe "add a model", shared by the unit tests (its estimate
+"""The model of docs/extending.md's recipe "add a model", shared by the unit tests (its estimate
 against the bytes autograd saves, --mode auto and `preprocess plan` on it) and tests/mpi/test_recipes.py
 (every mode, auto included, against a dense reference).
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -43,15 +44,15 @@ class PendingReduce:
         self.comm, self.flat, self.phase = comm, flat, phase
         self._torch = comm.intra_transport in ("gloo", "nccl")
         self._leader = int(topo.rank_table[topo.server, 0])
-        self._host = None       # host view (CPU) or staged copy (GPU) of the bucket for the MPI stages
+        self._host: Any = None  # host view (CPU) or staged copy (GPU) of the bucket for the MPI stages
         self._lease = None      # GPU: the pool buffer of the staged copy (cluster/staging.py)
         self._ready = None      # GPU: the event of the staged copy's completion
         self._staging = comm._staging
         self._stage1 = None     # torch Work, or MPIProgress of the Isend/Irecv to the leader
         self._received = None   # leader, MPI: the G-1 buckets of its server's other ranks
-        self._stage2 = None     # (MPIProgress, the other leader's bucket) on 2 servers, a LeadersRing on
+        self._stage2: Any = None  # (MPIProgress, the other leader's bucket) on 2 servers, a LeadersRing on
         #                         more (leaders, with MPI_THREAD_MULTIPLE), else False (nothing, or blocking)
-        self._after = after     # the bucket posted before this one: its leaders' stage starts first
+        self._after: Optional[PendingReduce] = after  # the bucket posted before this one: its leaders' stage starts first
         model = allreduce_bytes_model(flat.numel(), flat.element_size(), topo.servers, topo.ranks_per_server,
                                       topo.server, topo.local_rank)
         comm.ledger.add("intra", phase, model["intra"])
@@ -219,7 +220,8 @@ class LeadersRing:
     its messages progress while the caller computes, unlike MPI's non-blocking collectives here."""
 
     def __init__(self, leaders: MPI.Comm, host: torch.Tensor, mpi_type: MPI.Datatype, tag: int, ready=None):
-        self._buf, self._error, self._ready = host, None, ready  # ready: the staged copy's event (GPU)
+        self._error: Optional[BaseException] = None
+        self._buf, self._ready = host, ready  # ready: the staged copy's event (GPU)
         self._thread = threading.Thread(target=self._run, args=(leaders, mpi_type, tag),
                                         name="granndis-leaders-ring", daemon=True)
         self._thread.start()

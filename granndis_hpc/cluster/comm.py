@@ -361,9 +361,10 @@ class Communicator:
                     self._mpi_in_host(flat, lambda buf: topo.server_comm.Reduce(
                         MPI.IN_PLACE if topo.is_leader else buf, buf if topo.is_leader else None,
                         op=MPI.SUM, root=0), write_back=topo.is_leader)
-        if topo.servers > 1 and topo.is_leader:
+        leaders = topo.leader_comm  # a communicator on the leaders (None elsewhere)
+        if topo.servers > 1 and leaders is not None:
             with self._timed("inter", phase):
-                self._mpi_in_host(flat, lambda buf: topo.leader_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+                self._mpi_in_host(flat, lambda buf: leaders.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
                                   write_back=True)
         if topo.ranks_per_server > 1:
             with self._timed("intra", phase):

@@ -40,7 +40,7 @@ def raised_everywhere(exc: BaseException) -> BaseException:
     """Mark `exc` as raised by every rank of the world at the same point (e.g. from a value every rank
     all-reduced, such as the loss), so main_guard ends the job with its one-line message on every rank
     and a synchronised exit instead of a traceback and MPI_ABORT.  Returns `exc` (raise it)."""
-    exc.collective = True
+    setattr(exc, "collective", True)  # an attribute any exception may carry (read by main_guard)
     return exc
 
 

@@ -5,7 +5,7 @@ counts[p] rows and starts at offsets[p] = counts[0] + ... + counts[p-1].
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Dict, Sequence
 
 import numpy as np
 
@@ -96,7 +96,7 @@ def plan_layer_buckets(nbytes: Sequence[int], dtypes: Sequence, units: Sequence,
     if not len(nbytes) == len(dtypes) == len(units):
         raise ClusterError(f"plan_layer_buckets: {len(nbytes)} sizes, {len(dtypes)} dtypes, {len(units)} units")
     # The bytes of each run of one unit that starts at i (what the unit would add to the open bucket).
-    unit_bytes = {}
+    unit_bytes: Dict[int, int] = {}
     for i in range(len(nbytes) - 1, -1, -1):
         same = i + 1 < len(nbytes) and units[i + 1] == units[i] and dtypes[i + 1] == dtypes[i]
         unit_bytes[i] = int(nbytes[i]) + (unit_bytes[i + 1] if same else 0)

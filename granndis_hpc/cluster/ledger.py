@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .hostsync import EventSpans
 
 LINKS = ("intra", "inter")
 PHASES = ("halo", "gradient", "evaluation", "setup")
@@ -48,9 +51,9 @@ class Ledger:
         self._synchronize = synchronize
         self._bytes = np.zeros((len(LINKS), len(PHASES)), dtype=np.int64)
         self._seconds = np.zeros((len(LINKS), len(PHASES)), dtype=np.float64)
-        self._spans = None    # hostsync.EventSpans of timed_events, added to _seconds when read
-        self._span_keys = []  # (link, phase index) of every event span since reset, in order
-        self._span_s = []     # their seconds, once read
+        self._spans: Optional[EventSpans] = None  # timed_events' spans, added to _seconds when read
+        self._span_keys: List[Tuple[int, int]] = []  # (link, phase index) of every event span since reset
+        self._span_s: List[float] = []  # their seconds, once read
 
     def add(self, link: str, phase: str, nbytes: int, seconds: float = 0.0) -> None:
         i, j = _index(link, phase)
@@ -82,11 +85,12 @@ class Ledger:
         from .hostsync import EventSpans, _event
         if self._spans is None:
             self._spans = EventSpans()
+        spans = self._spans
         start = _event()
         try:
             yield self
         finally:
-            self._spans.add(key, start, _event())
+            spans.add(key, start, _event())
             self._span_keys.append(key)
 
     def span_cursor(self) -> int:

@@ -28,7 +28,7 @@ cluster/deviceops.py, where tests install a CUDA double that runs that branch it
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -57,7 +57,7 @@ class PinnedPool:
 
     def __init__(self, pin: bool):
         self.pin = pin
-        self._free: List[Tuple[torch.Tensor, object]] = []  # (buffer, event still reading it or None)
+        self._free: List[Tuple[torch.Tensor, Any]] = []  # (buffer, event still reading it or None)
         self.allocated_bytes = 0  # every buffer made (reused ones once): the pool's host memory
         self.lent = 0             # buffers currently lent
 
@@ -96,7 +96,7 @@ class HostStaging:
         self.copies = self.cuda or bool(emulate)  # False: MPI reads the tensors themselves
         self.device = device
         self.pool = PinnedPool(pin=device.type == "cuda")
-        self._stream = self._ops.new_stream(device) if self.cuda else None
+        self._stream: Any = self._ops.new_stream(device) if self.cuda else None
         # The side stream's last event: every copy queued so far completes no later (one stream, in
         # order), so a buffer released with it is never overwritten while a copy reads or writes it.
         self._last = None

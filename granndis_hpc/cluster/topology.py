@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -352,7 +352,7 @@ def device_memory(topo, mem_get_info=None, identity=None) -> Optional[tuple]:
         return None
     free, total = (mem_get_info or torch.cuda.mem_get_info)(topo.device)
     reports = topo.world.allgather(((identity or _gpu_identity)(topo.device), int(free), int(total)))
-    sharing = {}
+    sharing: Dict[object, int] = {}
     for gpu, _, _ in reports:
         sharing[gpu] = sharing.get(gpu, 0) + 1
     return min((f // sharing[gpu], t) for gpu, f, t in reports)
@@ -375,7 +375,8 @@ def _init_torch_distributed(topo: Topology, single_host: bool, seconds: float, m
                            "Topology (topo.close()) before building a new one", collective=True)
     timeout = datetime.timedelta(seconds=seconds)
     connect_s = connect_seconds(seconds)  # the store is listening before anyone connects: a failure is an address
-    store, endpoint = None, None
+    store = None
+    endpoint: Optional[Tuple[str, int, Optional[str], str]] = None  # (address, port, how, error) on rank 0
     if topo.rank == 0:
         address, how = "", "not chosen"
         try:

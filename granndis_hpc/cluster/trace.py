@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import List, Optional, Tuple
 
 ENV = "GRANNDIS_EXCHANGE_TRACE"
 # [(event, seconds, exchange id)] while tracing, else None.
-EVENTS = [] if os.environ.get(ENV, "") not in ("", "0") else None
+EVENTS: Optional[List[Tuple[str, float, int]]] = [] if os.environ.get(ENV, "") not in ("", "0") else None
 _next_id = [0]
 
 

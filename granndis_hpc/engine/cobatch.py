@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -38,6 +38,13 @@ from granndis_hpc.graph.sampler import CoBatchSampler
 PHASES = ("sample", "split", "plan", "to_torch", "matrices")
 
 
+def _on_device(built: "Built") -> views.View:
+    """A co-batch's view, which exists once its device tensors are made (CoBatchLoader._ready)."""
+    if built.view is None:
+        raise RuntimeError("a co-batch was used before its device tensors were made")
+    return built.view
+
+
 @dataclass
 class Built:
     """One co-batch, ready for its step on this rank (host work done, or the host plan on a GPU)."""
@@ -47,8 +54,8 @@ class Built:
     timings: Dict[str, float]
     view: Optional[views.View] = None  # once on the device
     ready: object = None  # the loader stream's event after the device tensors (engine/cobstream.py)
-    rows: torch.Tensor = None
-    labels: torch.Tensor = None
+    rows: Optional[torch.Tensor] = None
+    labels: Optional[torch.Tensor] = None
     computed: List[np.ndarray] = field(default_factory=list)  # ids computed per layer (redundancy)
 
 
@@ -130,7 +137,7 @@ class BatchedSteps:
     def __init__(self, ctx, sampler: CoBatchSampler, split, prefetch: bool = True):
         self.ctx, self.sampler, self.split, self.prefetch = ctx, sampler, split, prefetch
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cobatch-loader") if prefetch else None
-        self._ahead = None  # (epoch, future) of an epoch's first co-batch built ahead
+        self._ahead: Optional[Tuple[int, Future]] = None  # (epoch, future) of an epoch's first co-batch built ahead
         self._last: Optional[Built] = None  # the latest co-batch built (reused when its draw repeats)
         self.keys = MatrixKeys()  # aggregation matrices the model builds (learnt during the first step)
         # The device tensors are made in the loader too, on its own stream on a GPU (--host-staging: that
@@ -143,7 +150,7 @@ class BatchedSteps:
         starts at another epoch drops it)."""
         if self.prefetch and self._ahead is None:
             first = self.sampler.epoch_targets(epoch)[0]
-            self._ahead = (epoch, self._pool.submit(self._build, first, epoch, 0))
+            self._ahead = (epoch, self._submit(first, epoch, 0))
 
     def steps(self, epoch: int):
         batches = self.sampler.epoch_targets(epoch)
@@ -163,19 +170,24 @@ class BatchedSteps:
                 self._ahead[1].cancel()  # (a resumed run: built for epoch 0; done or not, unused)
         self._ahead = None
         if pending is None:
-            pending = self._pool.submit(self._build, batches[0], epoch, 0)
+            pending = self._submit(batches[0], epoch, 0)
         for iteration in range(len(batches)):
             waited = time.perf_counter()
             built = self._ready(pending.result())
             waited = time.perf_counter() - waited  # the host work left on the critical path
             self._watch(built)  # before the next co-batch is started: it follows the keys
             if iteration + 1 < len(batches):
-                pending = self._pool.submit(self._build, batches[iteration + 1], epoch, iteration + 1)
+                pending = self._submit(batches[iteration + 1], epoch, iteration + 1)
             elif epoch + 1 < self.ctx.cfg.epochs:
                 nxt = self.sampler.epoch_targets(epoch + 1)[0]
-                self._ahead = (epoch + 1, self._pool.submit(self._build, nxt, epoch + 1, 0))
+                self._ahead = (epoch + 1, self._submit(nxt, epoch + 1, 0))
             yield self._step(built, waited)
             self._learnt()
+
+    def _submit(self, targets, epoch: int, iteration: int) -> Future:
+        """Build a co-batch in the loader thread (prefetch only)."""
+        assert self._pool is not None  # (prefetch: made in __init__)
+        return self._pool.submit(self._build, targets, epoch, iteration)
 
     def close(self) -> None:
         self.keys.finish()  # a loader following the keys of a step that will not end returns
@@ -219,7 +231,7 @@ class BatchedSteps:
         the first step runs (the keys being learnt), each one as soon as that step has built it; before
         the first step (the first co-batch) none: that step builds them."""
         start = cobplan.clock()
-        graphs = built.view.graphs
+        graphs = _on_device(built).graphs
         if self.keys.known:
             cobplan.prepare_matrices(graphs, self.keys.keys())
         elif self.keys.watching:
@@ -238,7 +250,7 @@ class BatchedSteps:
     def _watch(self, built: Built) -> None:
         """Before the run's first step: learn the matrix keys from its graphs while it runs."""
         if not self.keys.known and not self.keys.watching:
-            self.keys.watch(built.view.graphs)
+            self.keys.watch(_on_device(built).graphs)
 
     def _learnt(self) -> None:
         if not self.keys.known:
@@ -246,10 +258,12 @@ class BatchedSteps:
 
     # ---- main thread ---------------------------------------------------------------------------
     def _step(self, built: Built, waited: float) -> Step:
+        view = _on_device(built)
+        assert built.rows is not None and built.labels is not None  # (set with the view)
         n_targets = int(built.rows.shape[0])
-        return Step(view=built.view, rows=built.rows, labels=built.labels,
+        return Step(view=view, rows=built.rows, labels=built.labels,
                     num_targets=int(self.ctx.comm.allreduce_scalar(n_targets, "sum")), sampling_s=waited,
-                    host_s=dict(built.timings), accounting=lambda: self._accounting(built.view, built.computed))
+                    host_s=dict(built.timings), accounting=lambda: self._accounting(view, built.computed))
 
     def _accounting(self, view, computed_ids) -> Dict:
         """Collective: rows held / computed per layer per rank and the server's redundancy factor."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import List, Tuple
+from typing import Any, List, Set, Tuple
 
 import numpy as np
 import torch
@@ -52,9 +52,10 @@ class LoaderStream:
         self.cuda = self._ops.streams_on(device)
         self.active = self.cuda or bool(emulate)  # False: plain host tensors (the CPU)
         self._stream = self._ops.new_stream(device) if self.cuda else None
-        self._retired: List[Tuple[object, object]] = []  # (event on the main stream, co-batch)
+        self._retired: List[Tuple[Any, object]] = []  # (event on the main stream, co-batch)
         # Counters for the tests: arrays put, threads that put them, events waited for, co-batches retired.
-        self.puts, self.put_threads, self.waits, self.retired = 0, set(), 0, 0
+        self.put_threads: Set[str] = set()  # their names
+        self.puts, self.waits, self.retired = 0, 0, 0
 
     def building(self):
         """The loader thread's context for making one co-batch's tensors."""

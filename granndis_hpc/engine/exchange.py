@@ -7,14 +7,14 @@ inside line up on all ranks (a rank with nothing to send still takes part with e
 Two forms:
 - `halo_exchange`: blocking (the rows are there when it returns; backward likewise) -- `--no-overlap`;
 - `halo_exchange_start`: posts the exchange and returns the own rows with the halo still in flight
-  (engine/rows.PendingRows); the layer runner aggregates the edges whose sources it holds, then waits and adds
+  (nn/rows.PendingRows); the layer runner aggregates the edges whose sources it holds, then waits and adds
   the halo edges.  Its backward runs in reverse: the halo's gradients are posted back as soon as they
   are known, the own rows' gradients are computed while they travel, and the owner waits only when
   it must add them (two autograd nodes, _Post and _Wait; the autograd engine runs the later-created
   node first among those ready, so the local branch's backward falls between them).
 
 `halo_exchange_post` posts from the rows a layer sends before its other rows exist (boundary-first
-pipelining: engine/runner.py computes those rows first); `halo_exchange_start` is it with all own rows.
+pipelining: nn/runner.py computes those rows first); `halo_exchange_start` is it with all own rows.
 
 `wire_dtype` (--halo-dtype): halo rows and their gradients travel in that dtype (bfloat16/float16:
 half the bytes) and are widened to the rows' dtype on arrival.  None: as they are (exact).
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from granndis_hpc.cluster import trace
-from granndis_hpc.engine.rows import PendingRows
+from granndis_hpc.nn.rows import PendingRows
 
 # exchange_fn(send_rows, send_counts, recv_counts) -> received rows; a Communicator method bound to
 # the right peers (intra-server or world) and ledger phase.

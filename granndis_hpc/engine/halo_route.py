@@ -26,7 +26,7 @@ within a server and stage 2 to "intra" (`route_bytes` computes the same from the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -181,7 +181,7 @@ class ServerRoute:
         self.s1, self.r1 = plan.send_counts.tolist(), plan.recv_counts.tolist()
         self.fs, self.fr = plan.fwd_send_counts.tolist(), plan.fwd_recv_counts.tolist()
         self.n1, self.n_halo = plan.n_stage1, int(plan.assemble.size)
-        self._phase = None
+        self._phase: Optional[str] = None
 
     def bind(self, phase: str) -> "ServerRoute":
         """The same route whose exchanges are ledgered under `phase`."""

@@ -24,11 +24,13 @@ synchronises the device inside a step (cluster/hostsync.py).
 from __future__ import annotations
 
 import time
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
 
 from granndis_hpc.cluster.ledger import Ledger
+from granndis_hpc.nn.rows import HaloGather
 
 
 class LayerClock:
@@ -39,8 +41,10 @@ class LayerClock:
     def reset(self) -> None:
         """Start an epoch: [2, layers] seconds (row 0 forward, row 1 backward) summed over its steps."""
         self._seconds = np.zeros((2, self.layers))
-        self._spans = []  # GPU: (row, layer, start mark, end mark), read by `seconds`
-        self._phase, self._layer, self._t = None, None, 0.0
+        self._spans: List[tuple] = []  # GPU: (row, layer, start mark, end mark), read by `seconds`
+        self._phase: Optional[str] = None
+        self._layer: Optional[int] = None
+        self._t = 0.0
 
     @property
     def seconds(self) -> np.ndarray:
@@ -68,9 +72,9 @@ class LayerClock:
         self._t = now
         return now
 
-    def wrap(self, gather):
+    def wrap(self, gather: Callable) -> HaloGather:
         """The model's gather(l, h) with the forward's layer marks and the backward's hooks; keeps the
-        boundary-first attributes (gather.boundary / gather.post) of the gather it wraps."""
+        boundary-first hooks (gather.boundary / gather.post) of the gather it wraps."""
         def timed(l: int, h: torch.Tensor):
             if self._phase == "forward":
                 self._close(0, self._layer)
@@ -79,10 +83,8 @@ class LayerClock:
                     h.register_hook(lambda grad, l=l: self._backward_mark(l))
             return gather(l, h)
 
-        for name in ("boundary", "post"):
-            if hasattr(gather, name):
-                setattr(timed, name, getattr(gather, name))
-        return timed
+        # (a plain gather function has no hooks)
+        return HaloGather(timed, getattr(gather, "boundary", None), getattr(gather, "post", None))
 
     def start_forward(self) -> None:
         self._phase, self._layer = "forward", None

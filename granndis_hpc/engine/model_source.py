@@ -23,7 +23,8 @@ from typing import Dict, List, Optional
 import torch
 
 from granndis_hpc import registry
-from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, TrainConfig, load_resolved_config
+from granndis_hpc.config import CONFIG_FILE_NAME, TrainConfig, load_resolved_config
+from granndis_hpc.options import ConfigError
 from granndis_hpc.model_code import code_refusal, given_names
 from granndis_hpc.options import check_recorded
 from granndis_hpc.rundir.checkpoint_files import COMPLETE, SHARED_FILE, CheckpointError, latest_complete, read_complete
@@ -268,7 +269,7 @@ def saved_model_options(path: str, given: Dict) -> Dict:
     arch = read_model_source(path).architecture()
     taken = {k: arch[k] for k in ARCHITECTURE if k != "model_option" and k not in given and arch.get(k) is not None}
     model = given.get("model", arch.get("model"))
-    if model == arch.get("model") and arch.get("model_option"):
+    if model is not None and model == arch.get("model") and arch.get("model_option"):
         mine = list(given.get("model_option") or ())
         skip = given_names(mine) | set(registry.code_options(model))
         kept = [item for item in arch["model_option"] if given_names([item]).isdisjoint(skip)]

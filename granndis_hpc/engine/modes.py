@@ -3,7 +3,7 @@
 A mode says what shard set it needs (and how to build one when the given set is wrong), whether its
 result is exact (equal to single-process full-graph training), and yields the steps of an epoch.  The
 training loop (engine/trainer.py) only calls these methods: adding a mode touches this file (or a
-module of its own registered here) and nothing in the loop.  docs/architecture.md has the recipe.
+module of its own registered here) and nothing in the loop.  docs/extending.md has the recipe.
 
     fb    full-batch baseline: every layer on the world view (1-hop halo from every owner)
     flx   Flexible Preloading: the first k layers on the server's k-hop preload (intra-server
@@ -28,8 +28,7 @@ from granndis_hpc.cluster.linkcheck import measure_links
 from granndis_hpc.cluster.topology import device_memory
 from granndis_hpc.engine import cobatch, inductive, views
 from granndis_hpc.memory_model import compute_rate
-# The shared step types live in engine/steps.py (importable from here too, as before).
-from granndis_hpc.engine.steps import RunContext, Step, TrainingError, rows_accounting  # noqa: F401
+from granndis_hpc.engine.steps import RunContext, Step, TrainingError, rows_accounting
 from granndis_hpc.graph.sampler import CoBatchSampler, SamplerError
 from granndis_hpc.units import format_size
 
@@ -42,7 +41,7 @@ class Mode:
     name: str = ""
     help: str = ""
     sampler = None  # a stateful sampler (state_dict/load_state_dict) when the mode has one
-    static_view = None  # full-graph modes: the one plan every epoch runs over (set by setup)
+    static_view: Optional[views.LayeredView] = None  # full-graph modes: the one plan every epoch runs over (set by setup)
     decision: Optional[Dict] = None  # what `auto` chose and rejected, when this mode was chosen by it
 
     def __init__(self, cfg):
@@ -137,6 +136,7 @@ class StaticMode(Mode):
 
     def steps(self, epoch: int) -> Iterator[Step]:
         rows, view = self.ctx.split_rows["train"], self.static_view
+        assert view is not None  # (setup made it)
         yield Step(view=view, rows=rows, labels=self.ctx.labels[rows],
                    num_targets=int(self.ctx.split_totals["train"]),
                    accounting=lambda: rows_accounting(self.ctx.topo, view))

@@ -6,7 +6,8 @@ bf16 is mixed precision as torch.autocast defines it, with the engine owning the
   gradient flows back through the cast into the float32 parameter;
 - the model's forward runs inside `autocast()` (the run's device type: "cpu", or "cuda"), in training
   and in evaluation alike, so the evaluated model is the one that was trained;
-- every conv's source rows and output rows are rounded to bfloat16 (`round_conv_rows`): autocast runs
+- every conv's source rows and output rows are rounded to bfloat16 (`row_dtype`, the pass settings'
+  row dtype the layer runner rounds to: nn/contract.py PassSettings): autocast runs
   an addition with a float32 operand in float32, so a bias added after the aggregation (GCN) or any
   float32 parameter would otherwise widen every activation after it back to float32; and layer 0's
   float32 input features, rounded once, are one bfloat16 tensor that the conv's Linear layers share
@@ -26,7 +27,7 @@ depends on which sums a rank computes, so its checkpoints resume only on the sam
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -70,20 +71,17 @@ class Precision:
         with torch.autocast(self.device_type, enabled=False) if self.reduced else contextlib.nullcontext():
             return targets.loss(logits.float(), labels, count)
 
-    def round_conv_rows(self, model: torch.nn.Module) -> None:
-        """Gives the model's layers (`model.convs`, when it has them) the compute dtype as ``row_dtype``:
-        the layer runner (engine/runner.call_layer) rounds their source rows (the halo when it arrives)
-        and their output rows (each part of a boundary-first split when it is computed) to it.  Without
-        it a float32 parameter (GCN's bias) would widen every later activation back to float32.
-        Nothing for fp32."""
-        if not self.reduced:
-            return
-        for conv in getattr(model, "convs", ()):
-            conv.row_dtype = self.dtype
+    @property
+    def row_dtype(self) -> Optional[torch.dtype]:
+        """The dtype the layer runner (nn/runner.call_layer) rounds every layer's source rows (the halo
+        when it arrives) and output rows (each part of a boundary-first split when it is computed) to:
+        the pass settings' ``row_dtype``.  Without it a float32 parameter (GCN's bias) would widen every
+        later activation back to float32.  None for fp32."""
+        return self.dtype if self.reduced else None
 
     def entry(self) -> Dict:
         """summary.json's plan entry: the precision, and why the run is inexact under bf16."""
-        out = {"precision": self.name}
+        out: Dict[str, Any] = {"precision": self.name}
         if self.reduced:
             out["exact"] = False
             out["inexact_because"] = (f"--precision {self.name}: the layers compute in {str(self.dtype)[6:]} "

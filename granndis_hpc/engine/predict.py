@@ -58,7 +58,6 @@ def build_from_source(source: ModelSource, manifest: Dict, device, model_option=
                         linear_layers=int(arch["linear_layers"] or 0),  # absent before the option: none
                         types=types_of(ds), **options)
     load_parameters(model, source)
-    model.input_dropout = float(arch["input_dropout"] or 0.0)
     return model.to(device)
 
 
@@ -100,7 +99,7 @@ class WorldForward:
                 self.view = views.build_view(rows, self.group, self.layers, all_active=True,
                                              resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]),
                                              device=topo.device)
-            give_source_ids(self.model, None, [self.view])  # collective: a typed model's vertex types
+            give_source_ids(self.model.contract, None, [self.view])  # collective: a typed model's vertex types
         except BaseException:
             self.close()
             raise
@@ -164,7 +163,7 @@ def output_rows(fw: WorldForward, opts) -> tuple:
     types = types_of(fw.manifest["dataset"])
     with collective_errors(topo.world, "", catch=(PredictError,)):
         vertex_type = vertex_type_of(fw.manifest, getattr(opts, "vertex_type", None))
-    if types is not None:  # one vertex type's rows, by their per-type ids too
+    if types is not None and vertex_type is not None:  # one vertex type's rows (vertex_type_of: a type)
         lo_t, _ = types.id_range(vertex_type)
         keep &= types.vertex_type(sl.global_id[:n_inner]) == types.index(vertex_type)
     arrays["selected"] = torch.as_tensor(keep, device=topo.device)

@@ -9,27 +9,29 @@ from typing import Dict
 import torch
 
 from granndis_hpc.engine.steps import TrainingError
+from granndis_hpc.nn.contract import ModelContract
 
 
-def check_input_dropout(cfg, model, keyed: bool) -> None:
-    """--input-dropout needs a model that applies it with keyed masks (nn/models.py input_dropout_rows)."""
-    if cfg.input_dropout > 0 and (not keyed or getattr(model, "input_dropout_rows", None) is None):
+def check_input_dropout(cfg, contract: ModelContract) -> None:
+    """--input-dropout needs a model that applies it with keyed masks (its contract's input_dropout_rows)."""
+    if cfg.input_dropout > 0 and (not contract.keyed or contract.input_dropout_rows is None):
         raise TrainingError(f"--input-dropout {cfg.input_dropout}: model {cfg.model!r} does not apply input "
-                            f"dropout (its class sets no input_dropout_rows, or its forward takes no keyed "
+                            f"dropout (its contract names no input_dropout_rows, or its forward takes no keyed "
                             f"`dropout`); leave --input-dropout out or use --model sage, gcn or ressage")
 
 
-def optimizer_groups(model, cfg):
-    """Adam's parameter groups: --weight-decay on every parameter, or (--weight-decay-on first) only on
-    the layer reading the input features, as Kipf & Welling's GCN and PyG's examples/gcn.py do."""
+def optimizer_groups(model, cfg, contract: ModelContract):
+    """The optimizer's parameter groups: --weight-decay on every parameter, or (--weight-decay-on first)
+    only on the layer reading the input features (the contract's first_layer_prefix), as Kipf & Welling's
+    GCN and PyG's examples/gcn.py do."""
     if cfg.weight_decay_on == "all":
         return [{"params": list(model.parameters()), "weight_decay": cfg.weight_decay}]
-    prefix = getattr(model, "first_layer_prefix", "convs.0.")
+    prefix = contract.first_layer_prefix
     first = [p for name, p in model.named_parameters() if name.startswith(prefix)]
     rest = [p for name, p in model.named_parameters() if not name.startswith(prefix)]
     if not first:
         raise TrainingError(f"--weight-decay-on first: model {cfg.model!r} has no parameters named {prefix}*; "
-                            f"set first_layer_prefix on the model class or use --weight-decay-on all")
+                            f"declare first_layer_prefix in the model's contract or use --weight-decay-on all")
     return [{"params": first, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
@@ -121,7 +123,8 @@ def check_before_start(cfg, world_size: int) -> None:
             f"shard set {cfg.shards} was built for {built[0]} servers x {built[1]} GPUs per server "
             f"({built[0] * built[1]} ranks) but this job runs {world_size} ranks; launch {built[0] * built[1]} "
             f"ranks, or re-run preprocess with --servers and --gpus-per-server of this job")
-    shards.check_job(manifest, *(job or built), mode.shard_layers())
+    servers, gpus = job or built
+    shards.check_job(manifest, servers, gpus, mode.shard_layers())
     mode.check(manifest)
     inductive.check_shards(cfg.inductive, manifest, cfg.shards)
     check_typed_model(cfg.model, manifest, cfg.shards)

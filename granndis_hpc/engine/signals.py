@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 # A file whose existence asks for a stop as a signal does (slurm/lib.sh creates it when the batch shell
@@ -36,7 +36,7 @@ class StopSignals:
 
     def __init__(self, stop_file: Optional[str] = None):
         self.received: Optional[int] = None
-        self._previous: Dict[int, object] = {}
+        self._previous: Dict[int, Any] = {}  # signal.getsignal's: a handler, SIG_DFL/SIG_IGN or None
         self.stop_file = stop_file if stop_file is not None else os.environ.get(ENV_STOP_FILE) or None
 
     def install(self) -> bool:

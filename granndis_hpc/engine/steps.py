@@ -8,12 +8,14 @@ imports only this.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Dict, List, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from granndis_hpc import shards
 from granndis_hpc.cluster.exchange_group import ExchangeGroup
+from granndis_hpc.nn.graph import LayerGraph
+from granndis_hpc.nn.rows import HaloGather
 
 if TYPE_CHECKING:  # names for the annotations only (the loop imports these modules anyway)
     from granndis_hpc.cluster.comm import Communicator
@@ -25,17 +27,35 @@ class TrainingError(RuntimeError):
     """A problem every rank detects identically (configuration, shard/mode mismatch, NaN loss)."""
 
 
+@runtime_checkable
 class PlanView(Protocol):
-    """What a step runs the model over: engine/views.View (one view) or LayeredView (one per layer)."""
+    """What a step runs the model over: engine/views.View (one view) or LayeredView (one per layer).
+    Both are checked against it (tests/unit/test_model_contract.py: isinstance, and the type checker)."""
 
-    input_features: torch.Tensor  # layer 0's own input rows
-    graphs: Sequence  # nn.graph.LayerGraph per layer
-    # Dropout's row ids per layer (nn/dropout.py RowIds): a tuple, or None (rows are 0..n-1).
-    layer_row_ids: Optional[tuple]
+    @property
+    def input_features(self) -> torch.Tensor:
+        """Layer 0's own input rows."""
 
-    def gather_fn(self, phase: str, overlap: bool = False) -> Callable: ...
+    @property
+    def graphs(self) -> Sequence[LayerGraph]:
+        """One LayerGraph per layer."""
 
-    def source_ids(self) -> Optional[torch.Tensor]: ...
+    @property
+    def layer_row_ids(self) -> Optional[tuple]:
+        """Dropout's row ids per layer (nn/dropout.py RowIds): a tuple, or None (rows are 0..n-1)."""
+
+    def gather_fn(self, phase: str, overlap: Collection[str] = ()) -> HaloGather:
+        """The model's gather(l, h) for a phase ("halo": training, "evaluation"); overlap: the exchange
+        group names whose halos travel while the layers compute (--overlap-halos)."""
+
+    def source_ids(self) -> Optional[torch.Tensor]:
+        """Layer 0's source rows' global ids (exchanged once, cached)."""
+
+    def attach_source_ids(self) -> None:
+        """Collective: every layer graph gets its source rows' global ids (``graph.source_ids``)."""
+
+    def layer_counts(self) -> List[dict]:
+        """Per layer, what the overlap cost model reads (View.layer_counts)."""
 
 
 @dataclass
@@ -53,7 +73,7 @@ class RunContext:
     split_rows: Dict[str, torch.Tensor]  # inner-row positions of train/val/test
     split_totals: Dict[str, int]  # global counts
     # The exchange groups by name ("world", "server"), training halo in --halo-dtype on both.
-    groups: Optional[Dict[str, ExchangeGroup]] = None
+    groups: Dict[str, ExchangeGroup]
     # --inductive (engine/inductive.py): world_view, labels and split_rows are the train-induced graph's,
     # and the preloaded views keep only its rows and edges.
     inductive: bool = False
@@ -80,8 +100,7 @@ def rows_accounting(topo, view: PlanView) -> Dict:
     """Collective: the rows every rank holds (layer sources) and computes per layer, on rank 0."""
     record = {"rank": topo.rank, "rows_held": [int(g.n_src) for g in view.graphs],
               "rows_computed": [int(g.n_dst) for g in view.graphs]}
-    if hasattr(view, "layer_counts"):  # the overlap cost model's inputs (granndis_hpc/report/linkmodel.py)
-        counts = view.layer_counts()
-        record.update({key: [c[key] for c in counts] for key in LAYER_COUNT_KEYS})
+    counts = view.layer_counts()  # the overlap cost model's inputs (granndis_hpc/report/linkmodel.py)
+    record.update({key: [c[key] for c in counts] for key in LAYER_COUNT_KEYS})
     per_rank = topo.gather_object(record)
     return {"rows_per_layer": per_rank} if topo.rank == 0 else {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import inspect
 import logging
 import os
 import time
@@ -27,8 +26,7 @@ from granndis_hpc.cluster.gradsync import GradientSync
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.linkcheck import measure_links
 from granndis_hpc.cluster.topology import init_topology
-# TrainConfig is declared in config.py (the one declaration of the options); importable from here too.
-from granndis_hpc.config import OVERLAP_HALOS, TrainConfig  # noqa: F401
+from granndis_hpc.config import OVERLAP_HALOS, TrainConfig
 from granndis_hpc.engine import hostmem, inductive, signals, targets, views
 from granndis_hpc.rundir import checkpoint
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
@@ -39,7 +37,7 @@ from granndis_hpc.engine.source_ids import give_source_ids
 from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.optim import ScheduledOptimizer
 from granndis_hpc.engine.precision import Precision, PrecisionError
-from granndis_hpc.engine.preflight import (  # noqa: F401 (optimizer_groups: importable from here too)
+from granndis_hpc.engine.preflight import (
     DeterministicKernels, check_input_dropout, check_split_totals, features_entry, optimizer_groups, share_cpu_threads)
 from granndis_hpc.engine import run_report
 from granndis_hpc.engine.startup_clock import StartupClock
@@ -50,6 +48,7 @@ from granndis_hpc.engine.peakmem import peak_memory_bytes, peak_reserved_bytes
 from granndis_hpc.metric_names import split_keys
 from granndis_hpc.metrics import epoch_line, summarize, summary_fields
 from granndis_hpc.nn import cpu_kernels
+from granndis_hpc.nn.contract import PassSettings
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.graph.hetero import types_of
 from granndis_hpc.nn.models import build_model
@@ -137,13 +136,14 @@ class Trainer(TrainerCheckpoints):
                                      **model_options(cfg.model, cfg.model_option)).to(self.device)
             if cfg.init_from:  # its parameters (a resume replaces them below)
                 load_parameters(self.model, self.init_source)
-        self.model.checkpoint_activations = cfg.checkpoint_activations
-        self.precision.round_conv_rows(self.model)
-        self.model.input_dropout = cfg.input_dropout
-        self._keyed_dropout = "dropout" in inspect.signature(self.model.forward).parameters
+        # What the engine may ask of the model (nn/contract.py; checked by build_model), read here only,
+        # and what this run asks of each of its passes.
+        self.contract = self.model.contract
+        self.pass_settings = PassSettings(input_dropout=cfg.input_dropout, row_dtype=self.precision.row_dtype,
+                                          checkpoint_activations=cfg.checkpoint_activations)
         with collective_errors(self.world, "", catch=(TrainingError,)):
-            check_input_dropout(cfg, self.model, self._keyed_dropout)
-            groups = optimizer_groups(self.model, cfg)
+            check_input_dropout(cfg, self.contract)
+            groups = optimizer_groups(self.model, cfg, self.contract)
         # --optimizer with its schedule, clipping and early stopping (engine/optim.py); its state_dict
         # holds the schedule's state too, so checkpoints carry it.
         self.optimizer = ScheduledOptimizer(cfg, groups, self.model.parameters())
@@ -155,11 +155,11 @@ class Trainer(TrainerCheckpoints):
         self._grad_clock = Stopwatch(self.device)  # CUDA events on a GPU: no device sync in the step
         # The exchange groups whose halos travel while the layer computes (--overlap-halos).
         self._overlap_halo = OVERLAP_HALOS[cfg.overlap_halos] \
-            if not cfg.no_overlap and getattr(self.model, "accepts_pending_rows", False) else frozenset()
+            if not cfg.no_overlap and self.contract.pending_rows else frozenset()
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
         # Collective: graphs whose edges the model keys (attention dropout) or types (a typed model) by ids.
-        give_source_ids(self.model, self.train_view,
+        give_source_ids(self.contract, self.train_view,
                         [self.world_view, *(self.induced.views.values() if self.induced else ())])
         self.epoch = 0
         self._write_errno = 0  # rank 0: errno of a failed metrics.jsonl append (0: none)
@@ -236,33 +236,34 @@ class Trainer(TrainerCheckpoints):
         return self.mode.static_view
 
     # ---- one epoch ----------------------------------------------------------------------------
-    def _forward(self, view, phase: str, clock: Optional[LayerClock] = None) -> torch.Tensor:
-        """The model over a plan: the rows the last layer computes (inner rows, or a step's targets).
+    def logits(self, view, phase: str, clock: Optional[LayerClock] = None) -> torch.Tensor:
+        """The model over a plan view (phase "halo": training's exchanges, "evaluation": exact): the
+        logits of the rows the last layer computes (inner rows, or a step's targets).
 
         Dropout masks are keyed by (seed, epoch, layer, global row id) (nn/dropout.py), so every shape
-        draws the single-process masks.  A registered model whose forward takes no `dropout` keeps the
-        documented forward(x, graphs, gather) contract and draws its own."""
+        draws the single-process masks.  A model whose contract is not ``keyed`` is called as
+        forward(x, graphs, gather) and draws its own."""
         # Training halos travel in the exchange group's wire dtype; evaluation stays exact.
         gather = view.gather_fn(phase, overlap=self._overlap_halo)
         if clock is not None:
             gather = clock.wrap(gather)
-        if not self._keyed_dropout:
+        if not self.contract.keyed:
             with self.precision.autocast():
                 return self.model(view.input_features, view.graphs, gather)
         # Input dropout reads the ids of layer 0's halo rows too (exchanged once per view, cached).
         sources = view.source_ids() if self.model.training and self._input_dropout_sources() else None
         drop = RowDropout(self.cfg.seed, self.epoch, view.layer_row_ids, source_ids=sources)
         with self.precision.autocast():  # --precision bf16: the layers compute in bfloat16
-            return self.model(view.input_features, view.graphs, gather, dropout=drop)
+            return self.model(view.input_features, view.graphs, gather, dropout=drop, settings=self.pass_settings)
 
     def _input_dropout_sources(self) -> bool:
-        return self.cfg.input_dropout > 0 and getattr(self.model, "input_dropout_rows", None) == "sources"
+        return self.cfg.input_dropout > 0 and self.contract.input_dropout_rows == "sources"
 
     def _sync(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _step(self, step: Step) -> tuple:
+    def train_step(self, step: Step) -> tuple:
         """Forward, loss over the step's target rows / their global count, backward, gradient sync,
         optimizer step.  Returns (local loss, gradient-sync seconds)."""
         trace.mark("step_start")
@@ -270,7 +271,7 @@ class Trainer(TrainerCheckpoints):
         saved = SavedBytes()
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             self.layer_clock.start_forward()
-            logits = self._forward(step.view, "halo", self.layer_clock)
+            logits = self.logits(step.view, "halo", self.layer_clock)
             self.layer_clock.end_forward()
             loss = self.precision.loss(logits[step.rows], step.labels, step.num_targets)  # in float32
         self.activation_bytes = max(self.activation_bytes, saved.total)
@@ -299,7 +300,7 @@ class Trainer(TrainerCheckpoints):
         start = time.perf_counter()
         loss_sum, grad_s, sampling_s, extra, steps, host = 0.0, 0.0, 0.0, {}, 0, {}
         for step in self.mode.steps(self.epoch):
-            loss, g = self._step(step)
+            loss, g = self.train_step(step)
             loss_sum, grad_s, sampling_s = loss_sum + loss, grad_s + g, sampling_s + step.sampling_s
             for phase, seconds in (step.host_s or {}).items():
                 host[phase] = host.get(phase, 0.0) + seconds
@@ -330,13 +331,13 @@ class Trainer(TrainerCheckpoints):
     def inner_logits(self) -> torch.Tensor:
         """Exact full-graph logits of this rank's inner vertices (world view, eval mode)."""
         self.model.eval()
-        return self._forward(self.world_view, "evaluation")
+        return self.logits(self.world_view, "evaluation")
 
     def evaluate(self) -> Dict[str, float]:
         """Collective: the --metric of every split (engine/targets.py), the same on every rank."""
         if self.induced is not None:  # each split on its own graph (engine/inductive.py)
             self.model.eval()
-            parts = self.induced.split_outputs(lambda view: self._forward(view, "evaluation"))
+            parts = self.induced.split_outputs(lambda view: self.logits(view, "evaluation"))
         else:
             logits = self.inner_logits()
             parts = {name: (logits[r], self.labels[r]) for name, r in self.split_rows.items()}

@@ -149,7 +149,7 @@ class TrainerCheckpoints:
         if reason is None and not self.groups["world"].exact:
             reason = (f"--halo-dtype {cfg.halo_dtype} rounds the halo rows, and which rows are halo rows "
                       f"follows the partition")
-        if reason is None and cfg.dropout > 0 and not self._keyed_dropout:
+        if reason is None and cfg.dropout > 0 and not self.contract.keyed:
             reason = (f"model {cfg.model} draws its dropout masks from each rank's own generator (its forward "
                       f"takes no `dropout`), so they follow the layout")
         return reason

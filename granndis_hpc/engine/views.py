@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Collection, List, Optional
+from typing import Any, Collection, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -29,8 +29,8 @@ from granndis_hpc.cluster.exchange_group import ExchangeGroup
 from granndis_hpc.engine.exchange import (halo_exchange, halo_exchange_post, halo_exchange_start, routed_exchange,
                                           routed_post, send_index_tensor)
 from granndis_hpc.engine.halo_route import route_view
-from granndis_hpc.engine.rows import RowSplit
 from granndis_hpc.engine.view_agree import agree_with_peers, row_signature
+from granndis_hpc.nn.rows import HaloGather, RowSplit
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import owner_of, position_lookup
 from granndis_hpc.nn.graph import LayerGraph
@@ -109,7 +109,7 @@ def _first_alike(layers, l: int) -> int:
 
 def _per_layer(layers, make) -> list:
     """make(lp) for every layer, once per distinct LayerPlan object: equal layers get the same result."""
-    out = []
+    out: list = []
     for l, lp in enumerate(layers):
         m = _first_alike(layers, l)
         out.append(out[m] if m < l else make(lp))
@@ -195,6 +195,8 @@ class View:
     def _layer_source_ids(self, l: int) -> torch.Tensor:
         """Global ids of layer l's source rows (own rows, then halo rows); the halo rows' ids are
         exchanged on the first call (collective over the view's peers), cached after."""
+        if self.row_ids is None:
+            raise ValueError("source ids: this view's rows have no global ids")
         if self.__dict__.get("_halo_ids") is None:
             self._halo_ids = self.exchange_full(self.row_ids.unsqueeze(1), phase=self._static_phase).squeeze(1)
         return torch.cat([self.row_ids[: self.plan.layers[l].n_own_in],
@@ -207,7 +209,7 @@ class View:
         if self.row_ids is None:
             return
         for l, graph in enumerate(self.graphs):
-            if getattr(graph, "source_ids", None) is None:
+            if graph.source_ids is None:
                 graph.source_ids = self._layer_source_ids(l)
 
     def exchange_full(self, own: torch.Tensor, phase: str) -> torch.Tensor:
@@ -225,26 +227,26 @@ class View:
         layer's own rows are a prefix of the view's rows; None without global ids."""
         return None if self.row_ids is None else (self.row_ids,)
 
-    def gather_fn(self, phase: str, overlap: Collection[str] = ()):
+    def gather_fn(self, phase: str, overlap: Collection[str] = ()) -> HaloGather:
         """The model's gather(l, h): own rows h -> [h | halo rows of layer l].
 
         Layer 0 reading the raw input features uses the halo features exchanged at set-up (they are
         static) instead of exchanging them every epoch.  overlap: the exchange group names whose halos
         overlap (config.OVERLAP_HALOS, --overlap-halos); when this view's group is one of them, return
-        engine/rows.PendingRows (the exchange posted, the halo in flight) for the model's convs to
+        nn/rows.PendingRows (the exchange posted, the halo in flight) for the model's convs to
         aggregate the own rows' edges first (engine/exchange.py).  Halo rows travel in the group's wire
         dtype in the training phase ("halo", --halo-dtype); evaluation and set-up exchanges are exact.
         """
         # A view of one peer (one rank; one rank per server for "server" views) has no halo: its layers
         # read their own rows as they are, with no exchange, no cat copy of h and no autograd node.
         alone = self.exchange_group.size == 1 and all(lp.n_src == lp.n_own_in for lp in self.plan.layers)
-        overlap = self.exchange_group.name in overlap and not alone
+        overlapped = self.exchange_group.name in overlap and not alone
         wire_dtype = self.exchange_group.halo_wire(phase)
         exchange = functools.partial(self._exchange, phase=phase)
         start = functools.partial(self.exchange_group.start, phase=phase)
         x0 = self.input_features
         routes = None if self._routes is None else [route.bind(phase) for route in self._routes]
-        posted = {}  # layer -> PostedHalo, posted from the layer's send rows before its other rows exist
+        posted: Dict[int, Any] = {}  # layer -> PostedHalo, posted from the layer's send rows before its other rows exist
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
             if alone:
@@ -257,10 +259,10 @@ class View:
             if l == 0 and h is x0:
                 halo = self.halo_features.index_select(0, self._halo_rows[0])
             elif routes is not None:  # the per-server route (blocking or overlapped)
-                if overlap:
+                if overlapped:
                     return routed_post(h, routes[l].send_index, routes[l], wire_dtype).rows(h)
                 halo = routed_exchange(h, routes[l].send_index, routes[l], wire_dtype)
-            elif overlap:
+            elif overlapped:
                 return halo_exchange_start(h, self._send[l], lp.send_counts.tolist(), lp.recv_counts.tolist(),
                                            start, wire_dtype)
             else:
@@ -268,7 +270,7 @@ class View:
                                      exchange, wire_dtype)
             return torch.cat([h, halo], dim=0)
 
-        if overlap:
+        if overlapped:
             def post(l: int, rows: torch.Tensor) -> None:
                 """Post layer l's exchange from rows = the own rows boundary(l).first (in that order)."""
                 lp, (split, position) = self.plan.layers[l], self._row_split(l)
@@ -281,9 +283,8 @@ class View:
                 posted[l] = halo_exchange_post(rows, position, lp.send_counts.tolist(), lp.recv_counts.tolist(),
                                                start, wire_dtype)
 
-            gather.boundary = lambda l: self._row_split(l)[0]
-            gather.post = post
-        return gather
+            return HaloGather(gather, lambda l: self._row_split(l)[0], post)
+        return HaloGather(gather)
 
     def layer_counts(self) -> List[dict]:
         """Per layer, what the overlap cost model (granndis_hpc/report/linkmodel.py) reads of this rank's plan:
@@ -374,8 +375,8 @@ class LayeredView:
                 out.append(view)
         return out
 
-    def gather_fn(self, phase: str, **options):
-        by_view = {id(view): view.gather_fn(phase, **options) for view in self.views}
+    def gather_fn(self, phase: str, overlap: Collection[str] = ()) -> HaloGather:
+        by_view = {id(view): view.gather_fn(phase, overlap) for view in self.views}
         per_layer = [by_view[id(view)] for view in self.per_layer]
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
@@ -384,10 +385,18 @@ class LayeredView:
         # Boundary-first pipelining wherever layer l's view overlaps its exchange: under the default
         # --overlap-halos world, flx k < L's world layers do while its server layers do not, and the
         # model computes layer l - 1's send rows first for the layers whose boundary is not None.
-        if any(hasattr(g, "boundary") for g in per_layer):
-            gather.boundary = lambda l: per_layer[l].boundary(l) if hasattr(per_layer[l], "boundary") else None
-            gather.post = lambda l, rows: per_layer[l].post(l, rows)
-        return gather
+        if not any(g.boundary is not None for g in per_layer):
+            return HaloGather(gather)
+
+        def boundary(l: int):
+            at = per_layer[l].boundary
+            return None if at is None else at(l)
+
+        def post(l: int, rows: torch.Tensor) -> None:
+            at = per_layer[l].post
+            assert at is not None  # (the runner posts only a layer whose boundary it was given)
+            at(l, rows)
+        return HaloGather(gather, boundary, post)
 
 
 def build_view(rows: RowSource, group: ExchangeGroup, num_layers: int, all_active: bool, resolve_keys,

@@ -7,7 +7,7 @@ No MPI, nothing from the engine, so `preprocess` can use it offline.  The parts:
 - choice.py: `Option`s, the one ranking (`preference`, the modes' registry entries) and `choose`;
 - arrays.py: row counts from shard arrays (`shard_rows`), NumPy only, through counts by hop
   (`HopCounts`, `WorldCounts`, `rank_rows`) that preprocess/plan/halo_counts.py counts from build slices;
-- modes.py: each mode's `estimate` of a set (what its options train on; cob samples its co-batch);
+- mode_estimates.py: each mode's `estimate` of a set (what its options train on; cob samples its co-batch);
 - induced.py, induced_sets.py: an inductive run's evaluation views and slice, and the induced graphs'
   views counted from an inductive set's own arrays (--mode auto; plan counts them from build slices);
 - epoch_time.py: an option's predicted epoch time (`Rates`, `predict`) from its exact rows and bytes;
@@ -38,7 +38,7 @@ from .choice import (Decision, Option, choose, choose_by_time, decision_table, d
 from .epoch_time import Rates, predict
 from .estimate import (LayerRows, MemoryModelError, ModelSpec, RankRows, ViewRows, activation_layers,
                        check_rank_rows, estimate, inter_server_bytes, step_peak)
-from .modes import RowGroup, Sampling, SetArrays, cobatch_server_arrays, options, row_groups
+from .mode_estimates import RowGroup, Sampling, SetArrays, cobatch_server_arrays, options, row_groups
 from .shardsets import choose_shard_sets, estimate_shard_set, fitting_sets, model_for, read_shard_set, set_arrays
 
 __all__ = ["GpuArrays", "HopCounts", "ServerArrays", "WorldCounts", "cobatch_counts", "gpu_arrays_from_slice", "rank_rows",

@@ -220,7 +220,7 @@ def rank_rows(rank: int, n_train: int, world: WorldCounts, n_sent: int, server: 
                     inter_halo=world.inter_halo, inter_once=world.inter_once)
     return RankRows(rank=int(rank), features=int(features), num_classes=int(num_classes), n_inner=world.n_inner,
                     n_train=int(n_train), layers=int(layers), k=int(k), world=view,
-                    server=view_rows_from_counts(server, int(k)) if k > 0 else None)
+                    server=view_rows_from_counts(server, int(k)) if k > 0 and server is not None else None)
 
 
 def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: int, num_classes: int,
@@ -274,4 +274,4 @@ def inductive_rank_rows(rank: int, worlds, server, layers: int, k: int, features
     (train, train_sent), *evaluation = worlds
     r = rank_rows(rank, train.n_inner, train, train_sent, server, layers, k, features, num_classes)
     views = tuple(rank_rows(rank, 0, w, sent, None, layers, 0, features, num_classes).world for w, sent in evaluation)
-    return replace(r, evaluation=views, host_bytes=int(host_bytes), server_file=tuple(int(x) for x in server_file))
+    return replace(r, evaluation=views, host_bytes=int(host_bytes), server_file=(int(server_file[0]), int(server_file[1])))

@@ -24,7 +24,7 @@ def rows_held(r: RankRows) -> int:
     """Rows the views a GPU trains on hold: the server view's own and halo rows (k >= 1), plus the
     world view's halo rows when a layer runs on it (its own rows are the inner rows, already counted).
     The two views keep separate tensors, so a row in both halos counts twice, as its memory does."""
-    n = (r.server.n_own + r.server.n_halo) if r.k > 0 else r.world.n_own
+    n = (r.server.n_own + r.server.n_halo) if r.k > 0 and r.server is not None else r.world.n_own
     return int(n + (r.world.n_halo if r.k < r.layers else 0))
 
 
@@ -148,7 +148,7 @@ def _namer(options: Sequence[Option]):
     """An option's name in a decision: its label, plus its shard set where another set offers an option of
     the same label, in brackets as plan's table writes it (auto over several sets: "cob batches=2" twice,
     with different sizes, said neither which set each was on)."""
-    sources = {}
+    sources: Dict[str, set] = {}
     for o in options:
         sources.setdefault(o.label, set()).add(o.source)
 
@@ -241,7 +241,8 @@ def _refusal(ordered: List[Option], budget_bytes: int, name, dropped: str = "", 
 def price(options: Sequence[Option], rates: Rates) -> None:
     """Set every option's predicted epoch seconds (`predicted`) for the measured rates."""
     for o in options:
-        o.predicted = seconds(o.work, rates)
+        if o.work is not None:  # (every option make_option makes has one)
+            o.predicted = seconds(o.work, rates)
 
 
 def choose_by_time(options: Sequence[Option], budget_bytes: int, rates: Rates, exact_only: bool = False) -> Decision:

@@ -83,9 +83,10 @@ class RankRows:
     server_file: Tuple[int, int] = (0, 0)  # rows and edges of the server's file (what co-batches sample)
 
     def training_layers(self) -> List[Tuple[str, LayerRows]]:
-        out = []
+        out: List[Tuple[str, LayerRows]] = []
         for l in range(self.layers):
             if l < self.k:
+                assert self.server is not None  # k > 0: the server view (the class docstring)
                 out.append(("server", self.server.layers[l]))
             else:
                 out.append(("world", self.world.layers[l]))
@@ -224,7 +225,7 @@ def overlapped_layers(r: RankRows, m: ModelSpec) -> Tuple[List[bool], List[bool]
     return pending, [l + 1 < len(pending) and pending[l + 1] for l in range(len(pending))]
 
 
-def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[str, object]:
+def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[str, Any]:
     """Bytes autograd keeps for the backward pass, per layer (as SavedBytes counts: each storage once).
 
     Returns {"per_layer": [...], "head": bytes, "loss": bytes, "saved": the total SavedBytes counts,
@@ -259,7 +260,7 @@ def activation_layers(r: RankRows, m: ModelSpec, device: str = "cpu") -> Dict[st
             "recompute": a["recompute"]}
 
 
-def _half_width(a: Dict[str, object], r: RankRows, m: ModelSpec) -> Dict[str, object]:
+def _half_width(a: Dict[str, Any], r: RankRows, m: ModelSpec) -> Dict[str, Any]:
     """The model's float32 activation bytes as --precision bf16 saves them (engine/precision.py): every
     float tensor a layer saves at half width -- its rows, dropout masks, and the bfloat16 copies of the
     weights autocast makes (allocated by the step, not before it) -- and the exchanges' send indices
@@ -282,7 +283,7 @@ def _half_width(a: Dict[str, object], r: RankRows, m: ModelSpec) -> Dict[str, ob
 
 # ---------------------------------------------------------------------------------------------------
 # Static memory
-def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, object]:
+def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, Any]) -> Dict[str, Any]:
     """Peak bytes a training step allocates above what it starts with (activations and transients).
 
     Forward at layer l: the activations saved so far (layers <= l) plus the larger of the exchange's
@@ -345,7 +346,7 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, object]) -> Dict[str, ob
     return {"peak": int(best), "where": where, "halo": int(halo_max)}
 
 
-def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) -> Dict[str, object]:
+def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) -> Dict[str, Any]:
     """Memory of one rank: {"breakdown": {component: bytes}, "total": peak bytes, ...}."""
     check_rank_rows(r)
     if m.layers != r.layers:
@@ -361,7 +362,7 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
     for v in r.views():
         # The world view's layers share one graph and one set of matrices (engine/views.py): counted
         # once, with every cache any of its layers uses.
-        shared = {}
+        shared: Dict[Any, Tuple[LayerRows, bool, bool]] = {}
         for l, lr in enumerate(v.layers):
             trained = (v.name != "world" and l < r.k) or (v.name == "world" and l >= r.k)
             used_forward = trained or v.name == "world"  # evaluation runs every world layer
@@ -374,7 +375,7 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
     # once, so layers sharing one graph (the world view's) count each (rows object, row split) once,
     # with its transposes when any of them trains through it.
     pending, split = overlapped_layers(r, m)
-    splits = {}
+    splits: Dict[Tuple[int, bool], Any] = {}
 
     def count(lr, row_split: bool, transposed: bool):
         key = (id(lr), row_split)

@@ -26,7 +26,7 @@ from .arrays import (GpuArrays, ServerArrays, inductive_rank_rows, server_hop_co
                      world_reads)
 from .estimate import MemoryModelError, ModelSpec, RankRows
 from .induced import slice_bytes
-from .modes import SetArrays
+from .mode_estimates import SetArrays
 
 TRAIN = SPLIT_BITS["train"]
 TRAIN_VAL = SPLIT_BITS["train"] | SPLIT_BITS["val"]
@@ -92,10 +92,10 @@ class InductiveSetArrays(SetArrays):
     induced graphs' views (arrays.inductive_rank_rows), co-batches sampled on the train-induced edges."""
 
     multilabel_classes: int = 0  # the slice's labels are uint8 [rows, C] (induced.slice_bytes)
-    _worlds: Optional[list] = dataclasses.field(default=None, init=False, repr=False)
+    _worlds: Optional[Dict[int, tuple]] = dataclasses.field(default=None, init=False, repr=False)
 
-    def worlds(self) -> list:
-        """Per rank: (WorldCounts, send-list length) of the train-induced, the full and the
+    def worlds(self) -> Dict[int, tuple]:
+        """Per rank (by rank): (WorldCounts, send-list length) of the train-induced, the full and the
         train+validation-induced world views (counted once: every k shares them)."""
         if self._worlds is None:
             W = sum(len(s.gpus) for s in self.servers)

@@ -1,11 +1,11 @@
 """The memory model's inputs from shard sets on disk: reading each rank's slice, and --mode auto's
 choice over the sets it is given (`choose_shard_sets`), estimated by the modes' own `estimate`
-(memory_model/modes.py) and ranked by `choose` (memory_model/choice.py), as `preprocess plan` does.
+(memory_model/mode_estimates.py) and ranked by `choose` (memory_model/choice.py), as `preprocess plan` does.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from .choice import Decision, choose, choose_by_time, exact, headroom_note, usab
 from .epoch_time import Rates
 from .estimate import MemoryModelError, ModelSpec, estimate
 from .induced_sets import InductiveSetArrays
-from .modes import Sampling, SetArrays, options, row_groups
+from .mode_estimates import Sampling, SetArrays, options, row_groups
 
 
 def read_shard_set(path: str) -> Tuple[dict, List[ServerArrays]]:
@@ -30,6 +30,7 @@ def read_shard_set(path: str) -> Tuple[dict, List[ServerArrays]]:
         for g in range(int(manifest["gpus_per_server"])):
             sl = shards.read_rank_slice(path, manifest, s, g)
             gpus.append(gpu_arrays_from_slice(sl, **_induced_fields(sl)))
+        assert sl is not None  # (a server has at least one GPU: the manifest's checks)
         out.append(ServerArrays(s, sl.server_hop.astype(np.int64), sl.server_offsets.astype(np.int64), gpus,
                                 train_hop=sl.server_train_hop))
     return manifest, out
@@ -60,7 +61,7 @@ def set_arrays(path: str, manifest: dict, servers: List[ServerArrays], inductive
     train-induced hops only fb and cob (flx and eas refuse such a set)."""
     pre = manifest["preload"]
     args = (servers, pre["kind"], int(pre["hops"]), int(manifest["layers"]))
-    kw = dict(source=path, server_graph=lambda a: shards.read_server_graph(path, manifest, a.server))
+    kw: Dict[str, Any] = dict(source=path, server_graph=lambda a: shards.read_server_graph(path, manifest, a.server))
     if not inductive:
         return SetArrays(*args, **kw)
     if not shards.is_inductive(manifest):
@@ -153,7 +154,7 @@ def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[in
     def dataset(m):
         ds = m["dataset"]
         return ds.get("content_sha256") or f"name {ds.get('name')!r}"
-    kinds = {}
+    kinds: Dict[str, Any] = {}
     for path, m in manifests.items():
         kinds.setdefault(dataset(m), []).append(f"{path} ({m['dataset'].get('name')})")
     if len(kinds) > 1:

@@ -4,13 +4,13 @@
 bytes class (``SAGE_BYTES``, ``GCN_BYTES`` below; a registered model's own, tests/recipe_model.py): the
 gradients its source rows get (``source_grad_paths``), whether its adjacency holds self-loop entries
 (``self_loops``), ``parameter_count(win, wout)`` and ``saved_bytes(n_src, n_dst, win, wout,
-input_grad)`` (what autograd saves).  The stack estimates add what the engine's runner keeps between
-layers.  The byte counts mirror the forward passes of nn/layers.py and engine/runner.py and are checked
+input_grad)`` (what autograd saves).  The stack estimates add what the layer runner keeps between
+layers.  The byte counts mirror the forward passes of nn/layers.py and nn/runner.py and are checked
 byte for byte against what autograd saves (tests/unit/test_memory_model).  No torch here.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
@@ -165,7 +165,7 @@ class ModelEstimate:
     def parameters(self, m) -> int:
         raise NotImplementedError
 
-    def activations(self, rows, m, mask_bytes: int) -> Dict[str, object]:
+    def activations(self, rows, m, mask_bytes: int) -> Dict[str, Any]:
         """{"per_layer", "fresh_per_layer" (without what exists before the step), "head", "head_fresh",
         "recompute" (checkpointing: the largest block's activations, held again in the backward)}."""
         raise NotImplementedError
@@ -230,7 +230,7 @@ class ResSAGEEstimate(ModelEstimate):
         return [(m.hidden, m.hidden)] * m.linear_layers
 
     def split_saved(self, layer_rows, win: int, wout: int) -> int:
-        """Its blocks do not split rows (engine/runner.py's residual forward has no boundary-first)."""
+        """Its blocks do not split rows (nn/runner.py's residual forward has no boundary-first)."""
         return 0
 
     def parameters(self, m):

@@ -3,8 +3,8 @@
 Like PyG's bipartite convolutions, a layer maps the source rows ``h_src`` [n_src, in] of its
 ``LayerGraph`` to the destination rows [n_dst, out]; the destination rows are the first n_dst source
 rows, so ``h_dst = h_src[:n_dst]``.  A layer knows nothing of the exchange, the overlap, dropout masks or
-checkpointing: the engine's layer runner (engine/runner.py) owns them, for every layer alike.  So that
-the runner can overlap the halo exchange, a layer comes in four parts:
+checkpointing: the layer runner (nn/runner.py) owns them, for every layer alike.  So that
+the runner (nn/runner.py) can overlap the halo exchange, a layer comes in four parts:
 
     message(h, call)                    row-wise transform of source rows (a projection), applied to
                                         each group of source rows once (own rows now, halo on arrival)
@@ -30,12 +30,19 @@ row enters through the aggregation's self-loop) sets it False and gets ``h_dst =
 does not copy a row split's destination rows out of the source rows for it (at layer 0 of Cora, rows
 1433 wide: the largest transient of GCN's overlapped step).
 
+The model contract (``ModelContract``): what the engine may ask of a model, declared by its class as
+``contract`` and checked when the model is built (nn/models.py check_model); the engine reads it once
+(engine/trainer.py, engine/predict.py) and writes nothing onto a model.  What one run asks of every pass
+(--input-dropout, --checkpoint-activations, --precision's row dtype) is a ``PassSettings`` the engine
+hands to ``forward``.
+
 A layer holds no memory-model code: its sizes (parameters, the bytes autograd saves per row and per
 edge) are declared beside the model's estimate (granndis_hpc/memory_model/stacks.py and zoo_stacks.py).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -59,12 +66,66 @@ class LayerCall:
         return self.n_own is not None
 
 
+# The rows input dropout applies to (ModelContract.input_dropout_rows), and the graphs a model reads
+# graph.source_ids from (ModelContract.source_ids).
+INPUT_DROPOUT_ROWS = ("sources", "own")
+SOURCE_IDS = ("none", "training", "all")
+
+
+@dataclass(frozen=True)
+class ModelContract:
+    """What the engine may ask of a model (a class attribute ``contract``, or set by its constructor).
+
+    keyed: ``forward(x, graphs, gather, dropout=RowDropout, settings=PassSettings)``: dropout masks keyed
+        by (seed, epoch, layer, global row id), the same on every cluster shape; False: ``forward(x,
+        graphs, gather)`` draws its own (refused with --input-dropout, and resumes only on the same shape).
+    pending_rows: ``gather`` may return ``PendingRows`` (the halo in flight), which the layer runner
+        overlaps with the layers' own-source parts; False: it gets tensors.
+    input_dropout_rows: the rows --input-dropout drops: "sources" (layer 0's gathered source rows, halo
+        rows included, by their global ids), "own" (the own rows), None (refused with --input-dropout).
+    first_layer_prefix: the parameter-name prefix of the layer that reads the input features
+        (--weight-decay-on first).
+    source_ids: the graphs whose ``graph.source_ids`` (the source rows' global ids) the model reads:
+        "training" (attention dropout keyed by edge), "all" (a typed model: vertex types from ids), "none".
+    """
+
+    keyed: bool = True
+    pending_rows: bool = True
+    input_dropout_rows: Optional[str] = None
+    first_layer_prefix: str = "convs.0."
+    source_ids: str = "none"
+
+    def problem(self) -> Optional[str]:
+        """What is wrong with the declared values (None: nothing)."""
+        if self.input_dropout_rows not in (None,) + INPUT_DROPOUT_ROWS:
+            return f"input_dropout_rows must be one of {INPUT_DROPOUT_ROWS} or None, got {self.input_dropout_rows!r}"
+        if self.source_ids not in SOURCE_IDS:
+            return f"source_ids must be one of {SOURCE_IDS}, got {self.source_ids!r}"
+        if not isinstance(self.first_layer_prefix, str) or not self.first_layer_prefix:
+            return f"first_layer_prefix must be a non-empty string, got {self.first_layer_prefix!r}"
+        return None
+
+
+@dataclass(frozen=True)
+class PassSettings:
+    """What a run asks of every pass of a keyed model (ModelContract.keyed), from its options.
+
+    input_dropout: --input-dropout, on the rows ModelContract.input_dropout_rows names.
+    checkpoint_activations: --checkpoint-activations: residual blocks recomputed in the backward.
+    row_dtype: --precision bf16: every layer's source rows and output rows rounded to it
+        (engine/precision.py); None: as computed."""
+
+    input_dropout: float = 0.0
+    checkpoint_activations: bool = False
+    row_dtype: Optional[torch.dtype] = None
+
+
 class Layer(nn.Module):
     """Base class of the layers of nn/layers.py and nn/edge_layers.py (the contract above)."""
 
-    splits_sources = True
-    splits_rows = False
-    reads_dst = True
+    splits_sources: ClassVar[bool] = True
+    splits_rows: ClassVar[bool] = False
+    reads_dst: ClassVar[bool] = True
 
     def message(self, h: torch.Tensor, call: LayerCall):
         return h

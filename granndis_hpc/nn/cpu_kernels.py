@@ -160,6 +160,8 @@ def dropout(h: torch.Tensor, row_start: torch.Tensor, threshold: int, scale: flo
     row_start = row_start.to(torch.int64).contiguous()
     y, m = torch.empty_like(h), torch.empty_like(h)
     lib = library()
+    if lib is None:
+        raise KernelError("dropout: the C kernels are not loaded (call it only where dropout_applies)")
     fn = lib.dropout_float if h.dtype == torch.float32 else lib.dropout_double
     fn(h.shape[0], h.shape[1], row_start.data_ptr(), int(threshold), scale, h.data_ptr(), y.data_ptr(),
        m.data_ptr(), torch.get_num_threads())

@@ -1,7 +1,7 @@
 """Convolutions beyond one normalised sparse matrix: GAT (attention), GIN (sum + MLP), SAGE-sum, SAGE-max.
 
 The layer contract of nn/contract.py: source rows [n_src, in] -> destination rows [n_dst, out], in
-parts the engine's runner can overlap with the halo exchange (own-source edges first, halo-source edges
+parts the layer runner can overlap with the halo exchange (own-source edges first, halo-source edges
 on arrival).  Sums are linear, so their parts add up.  A softmax over a destination's in-edges (GAT) and
 a maximum (SAGE-max) are combined exactly from the parts: the maximum of the part maxima, and the
 softmax from each part's running maximum, sum of exponentials and weighted sum, rescaled to the common
@@ -50,7 +50,7 @@ class EdgeDropout:
         self.dropout, self.layer, self.p, self.graph = dropout, int(layer), float(p), graph
 
     def _source_ids(self, n_src: int, device) -> torch.Tensor:
-        ids = getattr(self.graph, "source_ids", None)
+        ids = self.graph.source_ids
         if ids is not None:
             return ids.to(device)
         n_dst = self.graph.n_dst

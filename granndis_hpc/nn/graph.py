@@ -71,6 +71,9 @@ class LayerGraph:
     # (kind, dtype, transposed, part, which, split) -> CSR of the rows split.first / split.rest
     # (boundary-first pipelining); apart from _cache, whose keys a co-batch loader replays on other graphs.
     _rows_cache: Dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
+    # int64 [n_src]: the source rows' global ids, given by the engine to the graphs of a model whose
+    # contract asks for them (nn/contract.py ModelContract.source_ids); None: source row i is vertex i.
+    source_ids: Optional[torch.Tensor] = field(default=None, repr=False)
 
     def __post_init__(self):
         self.n_dst, self.n_src = int(self.n_dst), int(self.n_src)
@@ -154,8 +157,8 @@ class LayerGraph:
         """A copy on ``device`` (the adjacency cache is rebuilt there lazily)."""
         device = torch.device(device)
         return LayerGraph(self.n_dst, self.n_src, self.indptr.to(device), self.indices.to(device),
-                          self.dst_degree.to(device), self.src_degree.to(device), self.src_loops.to(device),
-                          n_own=self.n_own)
+                          self.dst_degree.to(device), self.src_degree.to(device),
+                          None if self.src_loops is None else self.src_loops.to(device), n_own=self.n_own)
 
     def edge_rows(self) -> torch.Tensor:
         """Destination row of every edge (COO row array), device-agnostic."""
@@ -185,6 +188,7 @@ class LayerGraph:
         # Kipf & Welling: A_hat = (D+I)^-1/2 (A+I) (D+I)^-1/2 with A and d without self loops.  A stored
         # loop is replaced by the one of weight 1 (PyG's add_remaining_self_loops), not added to it: its
         # edge is dropped and it leaves the degree (d = degree - loops), else it would count twice.
+        assert self.src_loops is not None  # (__post_init__ sets it)
         loops = self.src_loops.to(dtype)
         # The clamp only guards a degree given below the row's loops (inconsistent input): d' >= 1.
         d_hat_dst = (d_dst - loops[: self.n_dst]).clamp(min=0.0) + 1.0
@@ -230,10 +234,10 @@ class LayerGraph:
         Built once per graph -- the engine keeps a plan's graphs for every step -- by masks over the
         COO entries."""
         if rows is not None:
-            key = (kind, dtype, transposed, part, rows[0], rows[1])
-            if key not in self._rows_cache:
-                self._rows_cache[key] = self._build_matrix(kind, dtype, transposed, part, rows)
-            return self._rows_cache[key]
+            split_key = (kind, dtype, transposed, part, rows[0], rows[1])
+            if split_key not in self._rows_cache:
+                self._rows_cache[split_key] = self._build_matrix(kind, dtype, transposed, part, rows)
+            return self._rows_cache[split_key]
         key = (kind, dtype, transposed, part)
         if key not in self._cache:
             self._cache[key] = self._build_matrix(kind, dtype, transposed, part, None)
@@ -382,7 +386,7 @@ class GraphPart:
     sources: None (every source row), "own" (the first n_own source rows: the rows the rank holds) or
     "halo" (the others, renumbered from 0).  rows: None (every destination row) or ("first" | "rest",
     split) with split a row split (``first``/``rest`` sorted row indices, ``n``): only those
-    destination rows, renumbered from 0.  The engine's layer runner makes the parts; a layer reads them
+    destination rows, renumbered from 0.  The layer runner makes the parts; a layer reads them
     through ``aggregate(part, ...)`` (sparse products from the graph's cached part matrices) or
     ``edges(self_loops)`` (the part's edge list).
     """

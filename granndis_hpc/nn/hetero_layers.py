@@ -2,9 +2,9 @@
 
 A heterogeneous graph is one graph whose vertex types are id ranges and whose edge's relation is the
 pair of its endpoints' types (graph/hetero.py GraphTypes).  A layer reads a relation per edge from the
-global ids of its rows: ``graph.source_ids`` (int64 [n_src], set by the engine for a model that
-declares ``needs_source_ids``; destination rows are the first n_dst source rows) or, where it is None
-(a single process over the whole graph), source row i is vertex i.  ``relation_views`` splits a
+global ids of its rows: ``graph.source_ids`` (int64 [n_src], set by the engine for a model whose
+contract declares ``source_ids="all"``, nn/contract.py; destination rows are the first n_dst source
+rows) or, where it is None (a single process over the whole graph), source row i is vertex i.  ``relation_graphs`` splits a
 LayerGraph into one LayerGraph per relation (built once per graph and cached with it), so every
 relation aggregates with the machinery of nn/graph.py: own and halo parts for the overlapped halo
 exchange, row-restricted parts for boundary-first pipelining, the same on every cluster shape.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ class TypeTables:
         self.key = (types.offsets, tuple(table.ravel().tolist()))
         self._arrays = (np.asarray(types.offsets[1:], dtype=np.int64), table,
                         np.asarray([types.index(rel.dst) for rel in types.relations], dtype=np.int64))
-        self._on = {}
+        self._on: Dict[Any, tuple] = {}
 
     def on(self, device):
         """(upper bounds, relation table, destination type of each relation) on `device`."""
@@ -55,7 +55,7 @@ class TypeTables:
 
 
 @dataclass(eq=False)
-class RelationViews:
+class RelationGraphs:
     """A LayerGraph seen per relation: ``graphs[r]`` holds only relation r's edges (same rows, n_own and
     source_ids), ``src_type`` [n_src] the source rows' types, ``dst_type`` [n_dst] the destination rows', ``edge_relation`` [nnz] each edge's
     relation in the graph's CSR order.  ``dst_rows[r]``: the destination rows of relation r's destination
@@ -73,34 +73,34 @@ class RelationViews:
 
 # Per graph and types: its relation views (the engine reuses a layer's graph every epoch).  Weak keys:
 # the views go with the graph.
-_VIEWS: "weakref.WeakKeyDictionary[LayerGraph, dict]" = weakref.WeakKeyDictionary()
+_RELATION_GRAPHS: "weakref.WeakKeyDictionary[LayerGraph, dict]" = weakref.WeakKeyDictionary()
 
 
 def source_ids(graph: LayerGraph) -> torch.Tensor:
     """The global vertex id of each source row: ``graph.source_ids``, or 0..n_src-1 without them."""
-    ids = getattr(graph, "source_ids", None)
+    ids = graph.source_ids
     if ids is None:
         return torch.arange(graph.n_src, device=graph.device)
     return torch.as_tensor(ids, dtype=torch.int64).to(graph.device)
 
 
-def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
-    """The graph's RelationViews under `tables` (cached: set ``graph.source_ids`` before the first call).
+def relation_graphs(graph: LayerGraph, tables: TypeTables) -> RelationGraphs:
+    """The graph's RelationGraphs under `tables` (cached: set ``graph.source_ids`` before the first call).
 
     A relation view's dst_degree is the destination row's in-edge count of that relation in the block:
     the global count in exact modes (a computed row has all its in-edges) and the kept count in sampled
     modes.  Its src_degree is the source row's out-edge count of that relation in the block; the views
     serve the "mean" and "sum" kinds, which do not read it."""
-    cache = _VIEWS.setdefault(graph, {})
+    cache = _RELATION_GRAPHS.setdefault(graph, {})
     if tables.key in cache:
         return cache[tables.key]
     _, table, _ = tables.on(graph.device)
     ids = source_ids(graph)
     if ids.shape != (graph.n_src,):
-        raise ValueError(f"relation_views: source_ids must have shape ({graph.n_src},), got {tuple(ids.shape)}")
+        raise ValueError(f"relation_graphs: source_ids must have shape ({graph.n_src},), got {tuple(ids.shape)}")
     src_type = tables.vertex_type(ids)
     if graph.n_src and int(src_type.max()) >= tables.num_types:
-        raise ValueError(f"relation_views: vertex id {int(ids.max())} lies beyond the types' "
+        raise ValueError(f"relation_graphs: vertex id {int(ids.max())} lies beyond the types' "
                          f"{tables.types.num_vertices} vertices")
     dst_type = src_type[: graph.n_dst]
     rows, cols = graph.edge_rows(), graph.indices
@@ -108,7 +108,7 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
     if bool((relation < 0).any()):
         e = int(torch.nonzero(relation < 0)[0])
         names = tables.types.names
-        raise ValueError(f"relation_views: edge {int(ids[cols[e]])} -> {int(ids[rows[e]])} leads from "
+        raise ValueError(f"relation_graphs: edge {int(ids[cols[e]])} -> {int(ids[rows[e]])} leads from "
                          f"{names[int(src_type[cols[e]])]!r} to {names[int(dst_type[rows[e]])]!r}, a pair no "
                          f"relation covers")
     graphs, dst_rows, compact = [], [], []
@@ -121,7 +121,7 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
         src_degree = torch.bincount(cols_r, minlength=graph.n_src).to(torch.float32)
         view = LayerGraph(graph.n_dst, graph.n_src, indptr, cols_r, counts.to(torch.float32), src_degree,
                           n_own=graph.n_own)
-        view.source_ids = getattr(graph, "source_ids", None)
+        view.source_ids = graph.source_ids
         graphs.append(view)
         # The same edges over the rows of the relation's destination type (every edge's row is one).
         type_rows = torch.nonzero(dst_type == into[r]).squeeze(1)
@@ -130,7 +130,7 @@ def relation_views(graph: LayerGraph, tables: TypeTables) -> RelationViews:
                                   torch.cat([counts_c.new_zeros(1), torch.cumsum(counts_c, 0)]), cols_r,
                                   counts_c.to(torch.float32), src_degree, n_own=graph.n_own))
         dst_rows.append(type_rows)
-    cache[tables.key] = views = RelationViews(graphs, src_type, dst_type, relation, dst_rows, compact)
+    cache[tables.key] = views = RelationGraphs(graphs, src_type, dst_type, relation, dst_rows, compact)
     return views
 
 
@@ -151,12 +151,12 @@ class TypedRows:
 
 
 def typed_rows(graph: LayerGraph, tables: TypeTables, n_own: int) -> TypedRows:
-    """The graph's TypedRows for the own/halo split at n_own (cached with the graph, as relation_views)."""
-    cache = _VIEWS.setdefault(graph, {})
+    """The graph's TypedRows for the own/halo split at n_own (cached with the graph, as relation_graphs)."""
+    cache = _RELATION_GRAPHS.setdefault(graph, {})
     key = (tables.key, "typed", int(n_own))
     if key in cache:
         return cache[key]
-    views = relation_views(graph, tables)
+    views = relation_graphs(graph, tables)
     src_type, types = views.src_type, tables.types
     ends = [(types.index(rel.src), types.index(rel.dst)) for rel in types.relations]
     own, halo, n_dst = [], [], []
@@ -270,7 +270,7 @@ class RGCNConv(Layer):
 
     def aggregate_part(self, part: GraphPart, m, call: LayerCall):
         """[R] means of the part's edges of each relation [rows of its destination type, in]."""
-        views = relation_views(call.graph, self.tables)
+        views = relation_graphs(call.graph, self.tables)
         n_own = None if part.sources is None else part.n_own
         return [aggregate(GraphPart(g, part.sources, n_own), m, "mean") for g in views.compact]
 
@@ -281,7 +281,7 @@ class RGCNConv(Layer):
     def update(self, h_dst, aggregated, call: LayerCall):
         weights = self.relation_weights()
         out = h_dst @ self.root
-        rows = relation_views(call.graph, self.tables).dst_rows
+        rows = relation_graphs(call.graph, self.tables).dst_rows
         for r, agg in enumerate(aggregated):
             out = add_rows(out, rows[r], agg @ weights[r])
         return out if self.bias is None else out + self.bias
@@ -370,7 +370,7 @@ class RGATConv(Layer):
     def aggregate_part(self, part: GraphPart, m, call: LayerCall):
         typed = typed_rows(call.graph, self.tables, part.n_own)
         halo = part.sources == "halo"
-        dst_rows = relation_views(call.graph, self.tables).dst_rows if call.attention is not None else None
+        dst_rows = relation_graphs(call.graph, self.tables).dst_rows
         out = []
         for r, (conv, (s, d), (x, a_src)) in enumerate(zip(self.rel, self.ends, m)):
             csr = typed.edges[r][1 if halo else 0]
@@ -387,7 +387,7 @@ class RGATConv(Layer):
         return [conv.combine([p[r] for p in partials], call) for r, conv in enumerate(self.rel)]
 
     def update(self, h_dst, aggregated, call: LayerCall):
-        dst_rows = relation_views(call.graph, self.tables).dst_rows
+        dst_rows = relation_graphs(call.graph, self.tables).dst_rows
         out = None
         for conv, rows, agg in zip(self.rel, dst_rows, aggregated):
             flat = (agg.reshape(agg.shape[0], -1) if self.concat else agg.mean(dim=1)) + conv.bias

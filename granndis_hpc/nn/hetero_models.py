@@ -1,7 +1,7 @@
 """The relational models over nn/hetero_layers.py: R-GCN and R-GAT (registered in granndis_hpc/registry.py
 with ``typed=True``: their builders take the graph's ``types``, a GraphTypes).
 
-Stacks of nn/zoo.py's EdgeGNN kind, run by the engine's runner (engine/runner.py), every conv split into
+Stacks of nn/zoo.py's EdgeGNN kind, run by the layer runner (nn/runner.py), every conv split into
 own and halo parts so the halo exchange overlaps:
 
     h = input_dropout(x);  for l: h = conv_l(gather(l, h));  between convs: [LayerNorm] -> act -> dropout
@@ -15,8 +15,8 @@ into the classes.  MLPerf's reference (hidden 512, 4 heads of 128, then a Linear
 ``--hidden 128 --model-option heads=4 --linear-layers 1``.  Attention dropout (``attn_dropout``) is keyed
 by the edge's global ids, as gat's.
 
-Both read each edge's relation from the global ids of their rows, so they declare
-``needs_source_ids``: the engine attaches ``graph.source_ids`` to every layer graph it hands them.
+Both read each edge's relation from the global ids of their rows, so their contract declares
+``source_ids="all"``: the engine attaches ``graph.source_ids`` to every layer graph it hands them.
 
 Parameter names (tests/hetero_reference.py reads them):
   rgcn: convs.{l}.(weight [R or B, in, out], comp [R, B] with bases, root [in, out], bias [out])
@@ -35,6 +35,7 @@ from torch import nn
 
 from granndis_hpc.graph.hetero import GraphTypes
 
+from .contract import ModelContract
 from .hetero_layers import RGATConv, RGCNConv, TypeTables, source_ids
 from .models import _conv_count, reset_modules
 from .zoo import EdgeGNN, _check_positive, _widths, gat_widths
@@ -50,7 +51,8 @@ class HeteroGNN(EdgeGNN):
     preloaded row is looked up where it is held; the tables are parameters like the others (replicated,
     their gradients all-reduced)."""
 
-    needs_source_ids = True
+    # forward below hands the stack to the runner as GNN.forward does (keyed, PendingRows accepted).
+    contract = ModelContract(input_dropout_rows="sources", source_ids="all")
 
     def __init__(self, name: str, convs: List[nn.Module], widths: List[int], dropout: float, norm: bool,
                  types: GraphTypes, activation=F.relu, attn_dropout: float = 0.0, embed: str = ""):
@@ -65,14 +67,10 @@ class HeteroGNN(EdgeGNN):
         self.embeddings = nn.ParameterDict({t: nn.Parameter(torch.randn(types.count(t), widths[0]))
                                             for t in embedded})
 
-    @property
-    def accepts_pending_rows(self) -> bool:
-        return True  # forward below hands the stack to the runner as GNN.forward does
-
-    def forward(self, x, graphs, gather=None, dropout=None):
+    def forward(self, x, graphs, gather=None, dropout=None, settings=None):
         if len(self.embeddings):
             x = self.embedded(x, graphs[0])
-        return super().forward(x, graphs, gather, dropout)
+        return super().forward(x, graphs, gather, dropout, settings)
 
     def embedded(self, x: torch.Tensor, graph) -> torch.Tensor:
         """Layer 0's own rows with the embedded types' rows replaced by their embeddings."""

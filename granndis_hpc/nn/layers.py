@@ -33,7 +33,7 @@ def project_first(lin: nn.Linear, call: LayerCall) -> bool:
     more own source rows (a preload's expansion) projecting them would add work."""
     if lin.out_features < lin.in_features:
         return True
-    return (call.split_sources and lin.out_features == lin.in_features
+    return (call.n_own is not None and lin.out_features == lin.in_features  # the sources split
             and call.n_own <= call.graph.n_dst)
 
 

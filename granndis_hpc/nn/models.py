@@ -1,8 +1,10 @@
 """GNN models over per-layer one-hop graphs: GraphSAGE, GCN and ResSAGE+ (DeeperGCN "res+" blocks).
 
 Contract with the engine (docs/design.md §6): a model is a stack of layers (nn/contract.py) that
-the engine's layer runner runs (engine/runner.py run_stack); it declares its layers and what goes
-between them, and ``forward(x, graphs, gather, dropout)`` hands them to the runner:
+the layer runner runs (nn/runner.py run_stack); it declares its layers and what goes between them, and
+what the engine may ask of it (``contract``, an nn.contract.ModelContract, checked by ``check_model``
+when ``build_model`` builds it), and ``forward(x, graphs, gather, dropout, settings)`` hands them to the
+runner:
 - ``x`` holds the rank's own rows of layer 0; ``graphs[l]`` is layer l's ``LayerGraph``; layer l's
   n_dst equals layer l+1's number of own rows.
 - ``gather(l, h)`` (the engine's; ``None``: identity, single process) turns the own rows [n_own, width]
@@ -14,6 +16,8 @@ between them, and ``forward(x, graphs, gather, dropout)`` hands them to the runn
   conv the dropped rows feed (ResSAGE's head: L); input dropout is key 0, drawn for layer 0's source rows
   by their global ids (RowDropout(..., source_ids=...)).  ``dropout=None`` in training draws a fresh seed from
   torch's generator for the pass (reproducible under torch.manual_seed, not across shapes).
+- ``settings`` (nn/contract.py PassSettings): the run's input dropout, activation checkpointing and row
+  dtype (None: none of them).
 - ``conv_in_widths[l]`` is the width of the h passed to ``gather(l, h)`` (for halo buffers).
 - Parameters depend only on ``torch.manual_seed`` (modules are created in a fixed order).
 
@@ -41,21 +45,23 @@ from torch import nn
 
 from granndis_hpc import registry
 
+from .contract import Layer, ModelContract, PassSettings  # noqa: F401 (ModelContract: for a model's class)
 from .dropout import RowDropout
 from .graph import LayerGraph
 from .layers import GCNConv, SAGEConv
+from .runner import run_stack
 
 # name -> builder(in_features, hidden, num_classes, layers, dropout, norm, **options) -> GNN: the
 # dependency-free registry (granndis_hpc/registry.py declares the built-in models by name, so that
 # the train parser lists them without importing torch); `register_model` below adds one
-# (docs/architecture.md: adding a model is one builder registered here).
+# (docs/extending.md: adding a model is one builder registered here).
 MODELS: registry.Registry = registry.MODELS
 
 Gather = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 class GNN(nn.Module):
-    """Base class: a stack of layers the engine's runner runs (engine/runner.py describes the stacks)."""
+    """Base class: a stack of layers the layer runner runs (nn/runner.py describes the stacks)."""
 
     name: str
     num_layers: int  # message-passing layers = hops a full preload needs
@@ -66,40 +72,60 @@ class GNN(nn.Module):
     residual: bool = False
     activation = staticmethod(F.relu)
     attn_dropout: float = 0.0
-    # Dropout applies between layers; `input_dropout` (set after building, like checkpoint_activations)
-    # also drops the raw input features.  Layer 0's halo is the static features exchanged once at set-up,
-    # so input dropout is drawn *after* gather, on own and halo rows alike, keyed by their global ids
-    # (RowDropout.sources): every rank draws the owner's mask itself and the cached halo stays valid.
-    # A model that applies it says to which rows (the trainer refuses --input-dropout otherwise):
-    # "sources" = layer 0's gathered source rows (the trainer passes their ids), "own" = the own rows.
-    # Recompute each residual block (gather included) in the backward pass instead of keeping its
-    # activations.  Every rank recomputes the same blocks in the same order, so the exchanges inside
-    # line up; the dropout masks are hashes of their counters (nn/dropout.py), so the recomputed masks
-    # are the same by construction.
-    checkpoint_activations: bool = False
     dropout: float = 0.0
-    input_dropout: float = 0.0
-    input_dropout_rows: Optional[str] = None
-    # Parameter-name prefix of the layer that reads the input features (--weight-decay-on first).
-    first_layer_prefix: str = "convs.0."
-    @property
-    def accepts_pending_rows(self) -> bool:
-        """gather may return PendingRows (the halo still in flight): the runner overlaps it with the
-        layers' own-source parts (layers that cannot split their sources wait for it).  A model with a
-        forward of its own gets tensors."""
-        return type(self).forward is GNN.forward
+    # What the engine may ask of the model (nn/contract.py ModelContract; a subclass declares its own).
+    # Dropout applies between layers; --input-dropout (PassSettings.input_dropout) also drops the raw
+    # input features.  Layer 0's halo is the static features exchanged once at set-up, so input dropout is
+    # drawn *after* gather, on own and halo rows alike, keyed by their global ids (RowDropout.sources):
+    # every rank draws the owner's mask itself and the cached halo stays valid.  A model that applies it
+    # says to which rows (contract.input_dropout_rows; the trainer refuses --input-dropout otherwise).
+    # --checkpoint-activations (PassSettings.checkpoint_activations) recomputes each residual block
+    # (gather included) in the backward pass instead of keeping its activations.  Every rank recomputes
+    # the same blocks in the same order, so the exchanges inside line up; the dropout masks are hashes of
+    # their counters (nn/dropout.py), so the recomputed masks are the same by construction.
+    contract: ModelContract = ModelContract()
 
     def forward(self, x: torch.Tensor, graphs: Sequence[LayerGraph], gather: Optional[Gather] = None,
-                dropout: Optional[RowDropout] = None) -> torch.Tensor:
-        # (Imported here: the runner imports this package's layers, whose __init__ imports this module.)
-        from granndis_hpc.engine.runner import run_stack
-        return run_stack(self, x, graphs, gather, dropout)
+                dropout: Optional[RowDropout] = None, settings: Optional[PassSettings] = None) -> torch.Tensor:
+        return run_stack(self, x, graphs, gather, dropout, settings)
 
     def reset_parameters(self) -> None:
         """Redraw every parameter with its module's own initialisation (each conv's, norm's and Linear's
         ``reset_parameters``), module by module in construction order, so that after
         ``torch.manual_seed(s)`` the model holds the parameters it is built with under seed s."""
         reset_modules(self)
+
+
+def check_model(model, name: str) -> ModelContract:
+    """The contract of a model a builder returned, checked: ValueError naming what the builder must fix.
+    A GNN whose class has a forward of its own declares its contract in that class (or a subclass of it):
+    the one it inherits describes the stack's forward, not its own."""
+    where = f"model {name!r}"
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{where}: its builder returned {type(model).__name__}, not a torch.nn.Module")
+    contract = getattr(model, "contract", None)
+    if not isinstance(contract, ModelContract):
+        raise ValueError(f"{where}: {type(model).__name__} declares no `contract` (an nn.contract.ModelContract "
+                         f"saying what the engine may ask of it); subclass nn.GNN or set one")
+    problem = contract.problem()
+    if problem:
+        raise ValueError(f"{where}: its contract is wrong: {problem}")
+    if not isinstance(model, GNN):
+        return contract
+    cls = type(model)
+    forward_by = next(c for c in cls.__mro__ if "forward" in vars(c))
+    declared_by = next((c for c in cls.__mro__ if "contract" in vars(c)), GNN)
+    if forward_by is not GNN and "contract" not in vars(model) and not issubclass(declared_by, forward_by):
+        raise ValueError(f"{where}: {forward_by.__name__} has a forward of its own; declare its `contract` "
+                         f"(nn.contract.ModelContract: keyed, pending_rows, ...) in that class")
+    if len(model.convs) != model.num_layers or len(model.conv_in_widths) != model.num_layers:
+        raise ValueError(f"{where}: num_layers {model.num_layers}, {len(model.convs)} convs and "
+                         f"{len(model.conv_in_widths)} conv_in_widths must agree")
+    for l, conv in enumerate(model.convs):
+        if not isinstance(conv, Layer):
+            raise ValueError(f"{where}: convs[{l}] is a {type(conv).__name__}, not a layer of the layer contract "
+                             f"(nn.contract.Layer)")
+    return contract
 
 
 def reset_modules(module: nn.Module, resetters=None) -> None:
@@ -124,7 +150,7 @@ class PlainGNN(GNN):
     """L convs, widths in -> hidden ... -> classes; [LayerNorm] -> ReLU -> dropout between convs;
     input dropout on layer 0's gathered source rows."""
 
-    input_dropout_rows = "sources"
+    contract = ModelContract(input_dropout_rows="sources")
 
     def __init__(self, name: str, in_features: int, hidden: int, num_classes: int, layers: int,
                  dropout: float, norm: bool, linear_layers: int = 0):
@@ -155,8 +181,7 @@ class ResSAGE(GNN):
     The encoder runs on the own rows before gather, so input dropout drops only own rows here.
     """
 
-    input_dropout_rows = "own"
-    first_layer_prefix = "encoder."
+    contract = ModelContract(input_dropout_rows="own", first_layer_prefix="encoder.")
     residual = True
 
     def __init__(self, in_features: int, hidden: int, num_classes: int, layers: int, dropout: float,
@@ -239,5 +264,7 @@ def build_model(name: str, in_features: int, hidden: int, num_classes: int, laye
             raise ValueError(f"model {name!r} needs a heterogeneous shard set (vertex and edge types); build one "
                              f"from a heterogeneous source (docs/heterogeneous.md)")
         options = dict(options, types=types)
-    return MODELS[name](int(in_features), int(hidden), int(num_classes), int(layers), float(dropout), bool(norm),
-                        **options)
+    model = MODELS[name](int(in_features), int(hidden), int(num_classes), int(layers), float(dropout), bool(norm),
+                         **options)
+    check_model(model, name)
+    return model

@@ -1,4 +1,4 @@
-"""The `pyg` model family: a user's stack of PyTorch Geometric convolutions, run by the engine's runner.
+"""The `pyg` model family: a user's stack of PyTorch Geometric convolutions, run by the layer runner.
 
 ``--model pyg --model-option module=MODULE --model-option factory=NAME``: ``MODULE.NAME(in_features,
 hidden, out_features, layers)`` returns the stack's convolutions, one per message-passing layer (the
@@ -28,6 +28,7 @@ from torch import nn
 
 from granndis_hpc import registry
 
+from .contract import Layer
 from .graph import LayerGraph
 from .zoo import EdgeGNN
 
@@ -87,7 +88,7 @@ def edge_index(graph: LayerGraph, gcn: bool = False, dtype: torch.dtype = torch.
     return cache[key]
 
 
-class PyGLayer(nn.Module):
+class PyGLayer(Layer):
     """One PyG convolution as a layer that is not split (nn/contract.py): called on the whole block."""
 
     splits_sources = False

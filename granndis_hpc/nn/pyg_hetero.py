@@ -15,7 +15,7 @@ A vertex type that no relation leads into gets 0 (no bias): PyG's HeteroConv lea
 its output, so a following layer there has no rows for it; here its rows are zeros.  Between layers the
 stack is pyg's: [LayerNorm (--norm)] -> ReLU -> dropout (--dropout), then --linear-layers Linear layers.
 
-Each relation's conv sees the layer's block through ``relation_views`` (nn/hetero_layers.py), called on
+Each relation's conv sees the layer's block through ``relation_graphs`` (nn/hetero_layers.py), called on
 the whole block as a PyGLayer (nn/pyg.py; the runner waits for the halo first).  A conv that takes a
 (source rows, destination rows) pair gets the source rows and only its destination type's rows, with
 the relation's edges re-indexed to them, as HeteroConv hands it ``(x_dict[src], x_dict[dst])``.  A conv
@@ -40,8 +40,9 @@ from torch import nn
 
 from granndis_hpc.graph.hetero import GraphTypes, Relation
 
+from .contract import Layer
 from .graph import LayerGraph
-from .hetero_layers import TypeTables, relation_views
+from .hetero_layers import TypeTables, relation_graphs
 from .hetero_models import HeteroGNN, _check_types
 from .pyg import PyGLayer, refusal, stack_widths, user_convs
 
@@ -78,23 +79,23 @@ def relation_copy(conv: nn.Module) -> nn.Module:
     return mine
 
 
-# Per relation view: its destination type's rows and its edges re-indexed to them, built once (the engine
-# reuses a layer's graph every epoch, and relation_views caches the views with it).  Weak keys.
+# Per relation graph: its destination type's rows and its edges re-indexed to them, built once (the engine
+# reuses a layer's graph every epoch, and relation_graphs caches them with it).  Weak keys.
 _TYPE_ROWS: "weakref.WeakKeyDictionary[LayerGraph, tuple]" = weakref.WeakKeyDictionary()
 
 
-def type_rows(view: LayerGraph, dst_type: torch.Tensor, t: int):
+def type_rows(rel_graph: LayerGraph, dst_type: torch.Tensor, t: int):
     """(rows [k]: the destination rows of type t, edge_index [2, E_r] with destinations as positions in
-    rows) of a relation view into type t."""
-    if view not in _TYPE_ROWS:
+    rows) of a relation graph into type t."""
+    if rel_graph not in _TYPE_ROWS:
         rows = torch.nonzero(dst_type == t).squeeze(1)
-        position = torch.full((view.n_dst,), -1, dtype=torch.int64, device=rows.device)
+        position = torch.full((rel_graph.n_dst,), -1, dtype=torch.int64, device=rows.device)
         position[rows] = torch.arange(rows.numel(), device=rows.device)
-        _TYPE_ROWS[view] = (rows, torch.stack([view.indices, position[view.edge_rows()]]))
-    return _TYPE_ROWS[view]
+        _TYPE_ROWS[rel_graph] = (rows, torch.stack([rel_graph.indices, position[rel_graph.edge_rows()]]))
+    return _TYPE_ROWS[rel_graph]
 
 
-class PyGHeteroLayer(nn.Module):
+class PyGHeteroLayer(Layer):
     """One layer of a user's conv over every relation, summed into each destination type (not split:
     called on the whole block, nn/contract.py)."""
 
@@ -115,14 +116,14 @@ class PyGHeteroLayer(nn.Module):
         self.restricted = [layer.pair and not getattr(layer.conv, "add_self_loops", False) for layer in self.rel]
 
     def forward(self, h_src: torch.Tensor, graph: LayerGraph, attention=None) -> torch.Tensor:
-        views = relation_views(graph, self.tables)
+        per_relation = relation_graphs(graph, self.tables)
         out = None
-        for layer, view, t, restricted in zip(self.rel, views.graphs, self.dst_types, self.restricted):
-            rows, index = type_rows(view, views.dst_type, t)
+        for layer, rel_graph, t, restricted in zip(self.rel, per_relation.graphs, self.dst_types, self.restricted):
+            rows, index = type_rows(rel_graph, per_relation.dst_type, t)
             if restricted:
                 y = layer.conv((h_src, h_src[rows]), index)
             else:
-                y = layer(h_src, view)[rows]
+                y = layer(h_src, rel_graph)[rows]
             out = y.new_zeros((graph.n_dst, y.shape[1])) if out is None else out
             out = out.index_add(0, rows, y)
         return out

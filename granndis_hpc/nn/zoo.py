@@ -1,6 +1,6 @@
 """The models over nn/edge_layers.py: GAT, GIN, SAGE-sum and SAGE-max (registered in granndis_hpc/registry.py).
 
-Stacks of nn/models.py's kind, run by the engine's runner (engine/runner.py): dropout before gather,
+Stacks of nn/models.py's kind, run by the layer runner (nn/runner.py): dropout before gather,
 input dropout on layer 0's gathered source rows, the halo overlapped with the own-source parts:
 
     h = input_dropout(x);  for l: h = conv_l(gather(l, h));  between convs: [LayerNorm] -> act -> dropout
@@ -19,11 +19,13 @@ Parameter names (tests/dense_reference.py reads them):
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import List
 
 import torch.nn.functional as F
 from torch import nn
 
+from .contract import ModelContract
 from .edge_layers import GATConv, GINConv, SAGEMaxConv, SAGESumConv
 from .models import GNN, _conv_count
 
@@ -32,7 +34,7 @@ class EdgeGNN(GNN):
     """Convs (nn/contract.py layers) with [LayerNorm] -> act -> dropout between them, then the per-vertex
     Linear layers.  widths: the input width of every layer (convs, then linears) and the output width."""
 
-    input_dropout_rows = "sources"
+    contract = ModelContract(input_dropout_rows="sources")
 
     def __init__(self, name: str, convs: List[nn.Module], widths: List[int], dropout: float, norm: bool,
                  activation=F.relu, attn_dropout: float = 0.0):
@@ -45,12 +47,10 @@ class EdgeGNN(GNN):
         self.norms = nn.ModuleList(nn.LayerNorm(w) for w in widths[1:-1]) if norm else None
         # Created last: without linear layers the parameters are drawn exactly as before they existed.
         self.linears = nn.ModuleList(nn.Linear(widths[i], widths[i + 1]) for i in range(len(convs), len(widths) - 1))
-
-    @property
-    def edge_keyed_dropout(self) -> bool:
-        """Attention dropout keys edges by their source rows' global ids: the engine gives its training
-        graphs those ids (``graph.source_ids``, engine/views.py attach_source_ids)."""
-        return self.attn_dropout > 0
+        if self.attn_dropout > 0 and self.contract.source_ids == "none":
+            # Attention dropout keys edges by their source rows' global ids: the engine gives the training
+            # graphs those ids (``graph.source_ids``, engine/views.py attach_source_ids).
+            self.contract = dataclasses.replace(self.contract, source_ids="training")
 
 
 def _widths(in_features, hidden, num_classes, layers):

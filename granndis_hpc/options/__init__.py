@@ -11,7 +11,7 @@ Declaring an option (see granndis_hpc.config.TrainConfig, preprocess/options.py)
 ``choices``, ``ge``/``gt``/``le``/``lt`` (ranges), ``check`` (a callable returning a problem or None),
 ``parse`` (a converter from text, e.g. a size parser), ``flag`` (a flag name other than ``--name``,
 e.g. ``--no-eval`` for a bool that defaults to True), ``nargs="+"`` or ``append=True`` for lists,
-``metavar``, ``on_resume`` ("keep", "may_change" or "reset", read by cli.resume_config and the checkpoint
+``metavar``, ``on_resume`` ("keep", "may_change" or "reset", read by resume_options.resume_config and the checkpoint
 fingerprint), ``resume_shape`` (a "may_change" option that may change only as far as the checkpoint's
 shape allows), ``fingerprint=False`` (a "keep" option that a checkpoint checks otherwise),
 ``required=True`` (no usable default: a command-line or file value is needed, while the dataclass

@@ -23,7 +23,8 @@ import tempfile
 from typing import Dict, List, Optional, Sequence
 
 from granndis_hpc.cluster.errors import collective_errors
-from granndis_hpc.config import CONFIG_FILE_NAME, ConfigError, load_resolved_config, write_resolved_config
+from granndis_hpc.config import CONFIG_FILE_NAME, load_resolved_config, write_resolved_config
+from granndis_hpc.options import ConfigError
 from granndis_hpc.rundir.checkpoint_files import CHECKPOINTS, CheckpointError, checkpoints_dir, note
 from granndis_hpc.fsutil import remove_temporaries
 from granndis_hpc.metrics import METRICS_FILE, MetricsWriter, write_summary

@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Dict, Optional
 
-from granndis_hpc.config import specs
+from granndis_hpc.options import specs
 from granndis_hpc.rundir.checkpoint_files import CheckpointError
 
 # What may differ between a shape-free checkpoint and a shape-free run of the same dataset.

@@ -3,7 +3,7 @@
 The build's own steps -- the same partitioners (preprocess/partition/twolevel.py), the same halo expansion and
 owner assignment (preprocess/build/pipeline.py `build_server`, with the feature columns left out) -- give each
 set's arrays; every mode then estimates its options on a set with its own `estimate` (the modes'
-registry entries, granndis_hpc/memory_model/modes.py), exactly as --mode auto does on the sets on disk,
+registry entries, granndis_hpc/memory_model/mode_estimates.py), exactly as --mode auto does on the sets on disk,
 so the two rank the same options the same way.
 
 Two questions, two sets of builds:
@@ -132,7 +132,7 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
     # Collective all through (no errors block around it: a rank's local failure ends the job, fail()).
     prep = prepare(group, part, cfg.servers, cfg.gpus_per_server, cfg.partitioner, cfg.seed, cfg.row_block_rows)
     min_train = prep.min_train()
-    batches = [b for b in sampling.batches if b <= min_train]  # the counts cob estimates (modes.py)
+    batches = [b for b in sampling.batches if b <= min_train]  # the counts cob estimates (memory_model/mode_estimates.py)
     features, classes = m.features, m.num_classes
     # --inductive: every view counted on its induced graph (preprocess/plan/induced_counts.py).
     ind = (InducedCounter.count(group, part, prep, classes if m.multilabel else 0) if cfg.inductive else None)

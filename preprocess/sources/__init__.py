@@ -31,8 +31,8 @@ from typing import Optional
 from granndis_hpc.graph.csr import Graph
 from granndis_hpc.options import Options, add_options, option
 from granndis_hpc.registry import Registry
-from granndis_hpc.preprocess.sources.canonical import (FEATURE_NORMALIZATIONS, SELF_LOOP_MODES, DataError,  # noqa: F401 (re-exported)
-                                  canonicalize, normalize_features)
+from granndis_hpc.preprocess.sources.canonical import (FEATURE_NORMALIZATIONS, SELF_LOOP_MODES, DataError,
+                                                       normalize_features)
 from granndis_hpc.preprocess.sources.synthetic import DEFAULTS as _SYNTHETIC_DEFAULTS
 from granndis_hpc.preprocess.sources.synthetic import GENERATORS as _GENERATORS
 from granndis_hpc.preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _LOCAL_DEFAULTS
@@ -41,7 +41,7 @@ from granndis_hpc.preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _L
 # loaders' own dependencies load only for the source asked for), the options it reads (`uses`; the
 # others are accepted and ignored, so one parser serves all) and, for a source a build rank reads a
 # slice of (preprocess/build/sliced.py), its `sliced` opener.  Every loader takes its `uses` and the
-# canonicalisation options as keywords and returns a canonical Graph.  docs/architecture.md, "add a
+# canonicalisation options as keywords and returns a canonical Graph.  docs/extending.md, "add a
 # dataset source".
 SOURCES = Registry("source")
 SOURCES.declare("planetoid", "granndis_hpc.preprocess.sources.planetoid:load_planetoid", uses=("name", "root"))

@@ -141,7 +141,8 @@ def cora_shapes(cora, cora_shards):
 
 
 def make_trainer(shards, mode, model="sage", layers=3, **overrides):
-    from granndis_hpc.engine.trainer import TrainConfig, Trainer
+    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.engine.trainer import Trainer
     cfg = dict(shards=shards, mode=mode, model=model, layers=layers, hidden=16, epochs=1, lr=0.01,
                dropout=0.0, eval_every=0, ranks_per_server=RANKS_PER_SERVER, quiet=True)
     cfg.update(overrides)
@@ -155,7 +156,7 @@ def view_logits(trainer):
 
     trainer.model.eval()
     with torch.no_grad():
-        return tuple(gather_by_global_id(trainer, trainer._forward(view, phase))
+        return tuple(gather_by_global_id(trainer, trainer.logits(view, phase))
                      for view, phase in ((trainer.train_view, "halo"), (trainer.world_view, "evaluation")))
 
 

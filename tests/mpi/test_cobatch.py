@@ -6,7 +6,7 @@ import torch
 from mpi4py import MPI
 
 from granndis_hpc.cluster.errors import ClusterError
-from granndis_hpc.config import ConfigError
+from granndis_hpc.options import ConfigError
 from tests.mpi.conftest import make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)

@@ -39,7 +39,7 @@ def test_logits_equal_dense_reference(cora, cora_shards, model, layers):
         try:
             trainer.model.eval()
             with torch.no_grad():
-                train_view_logits = trainer._forward(trainer.train_view, "halo")
+                train_view_logits = trainer.logits(trainer.train_view, "halo")
                 world_logits = trainer.inner_logits()
             got_train = gather_by_global_id(trainer, train_view_logits)
             got_world = gather_by_global_id(trainer, world_logits)

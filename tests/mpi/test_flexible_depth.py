@@ -41,7 +41,7 @@ def test_logits_equal_dense_reference(cora, depth_shards, model, k):
         assert trainer.train_view.groups == ["server"] * k + ["world"] * (LAYERS - k)
         trainer.model.eval()
         with torch.no_grad():
-            got = gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
+            got = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
         if WORLD.rank == 0:
             want = dense_logits(model, trainer.model, cora.indptr, cora.indices, torch.from_numpy(cora.features),
                                 degrees=torch.from_numpy(cora.in_degree())).detach().numpy()

@@ -38,7 +38,7 @@ def test_gcn_with_stored_loops_equals_pyg_semantics(looped, mode):
     try:
         trainer.model.eval()
         with torch.no_grad():
-            got = [gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo")),
+            got = [gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo")),
                    gather_by_global_id(trainer, trainer.inner_logits())]
         if WORLD.rank == 0:
             op = _pyg_gcn_operator(graph.indptr, graph.indices, n)

@@ -24,18 +24,18 @@ WORLD = MPI.COMM_WORLD
 
 def _counted_steps(trainer):
     """Each step of one epoch under a SyncCounter: the list of its calls."""
-    per_step, step = [], trainer._step
+    per_step, step = [], trainer.train_step
 
     def counted(s):
         with SyncCounter() as counter:
             out = step(s)
         per_step.append(counter.calls)
         return out
-    trainer._step = counted
+    trainer.train_step = counted
     try:
         trainer.train_epoch()
     finally:
-        trainer._step = step
+        trainer.train_step = step
     return per_step
 
 

@@ -113,7 +113,7 @@ def _run(shards, mode, model, rps, **extra):
         n = int(trainer.manifest["dataset"]["num_vertices"])
         with torch.no_grad():
             val_view = trainer.induced.views["val"]
-            logits = {"val": _gather(val_view, trainer._forward(val_view, "evaluation"), n),
+            logits = {"val": _gather(val_view, trainer.logits(val_view, "evaluation"), n),
                       "test": _gather(trainer.world_view, trainer.inner_logits(), n)}
         params = {k: v.detach().double().clone() for k, v in trainer.model.named_parameters()}
         return initial, params, logits, summary
@@ -213,13 +213,13 @@ def test_sampled_training_views_hold_only_train_induced_rows_and_learn(cora, ind
         assert trainer.cfg.shards == inductive_sets[("cora", "eas")]
         assert "flx k=1 (dominated by fb" in reason and "built without --inductive" in reason
         shards = trainer.cfg.shards
-    seen, step = [], trainer._step
+    seen, step = [], trainer.train_step
 
     def recording_step(s):
         for view in getattr(s.view, "views", [s.view]):
             seen.append(torch.cat([view.row_ids, view.source_ids()]).numpy())
         return step(s)
-    trainer._step = recording_step
+    trainer.train_step = recording_step
     try:
         losses = [trainer.train_epoch()["loss"] for _ in range(4)]
     finally:

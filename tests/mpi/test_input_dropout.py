@@ -76,7 +76,7 @@ def test_input_dropout_refused_for_a_model_that_ignores_it(shard_sets):
     from granndis_hpc.nn import models
 
     class Plain(models.PlainGNN):
-        input_dropout_rows = None
+        contract = models.ModelContract()  # input_dropout_rows None
 
     models.MODELS["plain-no-input-dropout"] = lambda f, h, c, l, d, n: Plain("sage", f, h, c, l, d, n)
     try:

@@ -17,7 +17,7 @@ from mpi4py import MPI  # noqa: E402
 from granndis_hpc.cluster.errors import ClusterError  # noqa: E402
 
 from tests.mpi.test_zoo_exact import _assert_trained_close  # noqa: E402
-from tests.pyg_stacks import plain_pyg_logits  # noqa: E402
+from tests.pyg_factories import plain_pyg_logits  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 EPOCHS, LR = 3, 0.01
@@ -53,14 +53,14 @@ def _without(model, names):
 
 @pytest.mark.parametrize("factory", ["attention", "sums"])
 def test_pyg_stack_equals_plain_pyg_on_the_whole_graph(cora, cora_shards, factory):
-    options = ["module=tests.pyg_stacks", f"factory={factory}"]
+    options = ["module=tests.pyg_factories", f"factory={factory}"]
     trainer = make_trainer(cora_shards[("full", 3)], "fb", "pyg", 3, hidden=8, epochs=EPOCHS, lr=LR,
                            model_option=options)
     try:
         edge_index = _edge_index(cora)
         trainer.model.eval()
         with torch.no_grad():
-            got = gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
+            got = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
         initial = copy.deepcopy(trainer.model)
         trainer.model.train()
         trainer.run()
@@ -89,20 +89,20 @@ def test_a_conv_that_cannot_run_partitioned_is_refused_with_the_reason(cora_shar
     """On every rank together: the one-line error main_guard prints once."""
     with pytest.raises(ClusterError, match=r"GCNConv\(normalize=True\) computes the degrees.*normalize=False") as info:
         make_trainer(cora_shards[("full", 3)], "fb", "pyg", 3, hidden=8,
-                     model_option=["module=tests.pyg_stacks", "factory=normalized_gcn"])
+                     model_option=["module=tests.pyg_factories", "factory=normalized_gcn"])
     assert info.value.collective
 
 
 def test_pyg_stack_runs_in_flx_exactly_and_learns_in_the_sampled_modes(cora, cora_shards):
     """flx with one preloaded layer gives the plain PyG logits; eas, cob and mb sample (not compared with
     the reference): the stack trains there and the loss falls."""
-    options = ["module=tests.pyg_stacks", "factory=sums"]
+    options = ["module=tests.pyg_factories", "factory=sums"]
     trainer = make_trainer(cora_shards[("full", 3)], "flx", "pyg", 3, hidden=8, model_option=options,
                            preloaded_layers=1)
     try:
         trainer.model.eval()
         with torch.no_grad():
-            got = gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
+            got = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
         if WORLD.rank == 0:
             with torch.no_grad():
                 want = plain_pyg_logits(trainer.model, torch.from_numpy(cora.features), _edge_index(cora)).numpy()

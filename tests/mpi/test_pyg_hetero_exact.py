@@ -1,7 +1,7 @@
 """`--model pyg-hetero` on a heterogeneous graph (tests/hetero_graphs.py: papers, authors, fields; five
 relations), mpirun -n 4 on 2x2: in fb and flx (k = L and k < L) the logits, gathered by global id, equal
 PyG's own HeteroConv of the model's per-relation convs run on rank 0 over the whole graph
-(tests/pyg_stacks.py heteroconv_logits); a conv that cannot serve a relation is refused on every rank; cob trains."""
+(tests/pyg_factories.py heteroconv_logits); a conv that cannot serve a relation is refused on every rank; cob trains."""
 import copy
 
 import numpy as np
@@ -17,7 +17,7 @@ from mpi4py import MPI  # noqa: E402
 
 from granndis_hpc.cluster.errors import ClusterError  # noqa: E402
 
-from tests.pyg_stacks import heteroconv_logits  # noqa: E402
+from tests.pyg_factories import heteroconv_logits  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 LAYERS = 3
@@ -39,7 +39,7 @@ def typed_set(typed):
 def test_logits_equal_pyg_heteroconv(typed, typed_set, factory, mode, k):
     extra = {"preloaded_layers": k} if k is not None else {}
     trainer = make_trainer(typed_set, mode, "pyg-hetero", LAYERS, hidden=8, ranks_per_server=2,
-                           model_option=["module=tests.pyg_stacks", f"factory={factory}"], **extra)
+                           model_option=["module=tests.pyg_factories", f"factory={factory}"], **extra)
     try:
         views = view_logits(trainer)
         if WORLD.rank == 0:
@@ -55,7 +55,7 @@ def test_logits_equal_pyg_heteroconv(typed, typed_set, factory, mode, k):
 def test_a_conv_that_cannot_serve_a_relation_is_refused_on_every_rank(typed_set):
     with pytest.raises(ClusterError, match=r"--model pyg-hetero: GATv2Conv\(add_self_loops=True\) would join") as info:
         make_trainer(typed_set, "fb", "pyg-hetero", LAYERS, hidden=8, ranks_per_server=2,
-                     model_option=["module=tests.pyg_stacks", "factory=gatv2"])
+                     model_option=["module=tests.pyg_factories", "factory=gatv2"])
     assert info.value.collective
 
 
@@ -64,7 +64,7 @@ def test_sampled_modes_train(typed_set, mode):
     """cob samples, so they are not compared with the reference: the model trains and the loss falls."""
     trainer = make_trainer(typed_set, mode, "pyg-hetero", LAYERS, hidden=8, lr=0.02, ranks_per_server=2,
                            batches_per_epoch=2, fanout=4, dropout=0.3, norm=True,
-                           model_option=["module=tests.pyg_stacks", "factory=hetero_mixed"])
+                           model_option=["module=tests.pyg_factories", "factory=hetero_mixed"])
     try:
         losses = [trainer.train_epoch()["loss"] for _ in range(10)]
     finally:

@@ -1,4 +1,4 @@
-"""The recipes of docs/architecture.md, proven on real Cora with 2 servers x 2 ranks (mpirun -n 4).
+"""The recipes of docs/extending.md, proven on real Cora with 2 servers x 2 ranks (mpirun -n 4).
 
 - Add a mode: subclass StaticMode, say which view runs each layer, register it; the training loop is
   untouched.  Here: half the layers on the server's preload, the rest with the world exchange.
@@ -12,6 +12,7 @@ import torch
 from mpi4py import MPI
 
 from granndis_hpc.engine import modes
+from granndis_hpc.engine.steps import TrainingError
 from tests import recipe_model
 from tests.dense_reference import dense_adjacency, dense_logits
 from tests.mpi.conftest import gather_by_global_id, make_trainer
@@ -27,7 +28,7 @@ class HalfPreload(modes.StaticMode):
 
     def check(self, manifest):
         if manifest["preload"]["kind"] != "full" or int(manifest["preload"]["hops"]) < self.cfg.layers // 2:
-            raise modes.TrainingError(f"{self.name} needs a full preload of at least {self.cfg.layers // 2} hops")
+            raise TrainingError(f"{self.name} needs a full preload of at least {self.cfg.layers // 2} hops")
 
     def exact(self, manifest):
         return True
@@ -62,7 +63,7 @@ def registered():
 def _logits_by_global_id(trainer):
     trainer.model.eval()
     with torch.no_grad():
-        return gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
+        return gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
 
 
 def _check(got, want):

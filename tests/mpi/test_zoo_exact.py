@@ -30,7 +30,7 @@ def test_logits_equal_dense_reference(cora, cora_shards, model):
         try:
             trainer.model.eval()
             with torch.no_grad():
-                got = gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
+                got = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
             if WORLD.rank == 0:
                 want = dense_logits(model, trainer.model, cora.indptr, cora.indices,
                                     torch.from_numpy(cora.features)).detach().numpy()
@@ -70,7 +70,7 @@ def test_training_with_dropout_equals_reference(cora, cora_shapes, model, mode, 
                            seed=SEED, ranks_per_server=rps, model_option=_options(model), **extra)
     try:
         # fb's world layers overlap their halo (PendingRows): the part-wise softmax and maximum are tested
-        assert bool(trainer._overlap_halo) and trainer.model.accepts_pending_rows
+        assert bool(trainer._overlap_halo) and trainer.contract.pending_rows
         initial = copy.deepcopy(trainer.model)
         trainer.run()
         if WORLD.rank == 0:

@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("torch_geometric")
 import single_rank_pyg  # noqa: E402  (bench/ is on pytest's pythonpath: pyproject.toml)
 
-from granndis_hpc.nn import LayerGraph, build_model  # noqa: E402
+from granndis_hpc.nn import LayerGraph, PassSettings, build_model  # noqa: E402
 from tests.dense_reference import random_in_csr  # noqa: E402
 
 
@@ -23,14 +23,13 @@ def test_pyg_stack_equals_the_model_from_the_same_weights(name, layers):
     graph, x = _graph()
     torch.manual_seed(0)
     ours = build_model(name, 7, 16, 4, layers, dropout=0.0).train()
-    ours.checkpoint_activations = name == "ressage"
     pyg = single_rank_pyg.PygNet(name, 7, 16, 4, layers, 0.0, checkpoint=name == "ressage").train()
     adj = single_rank_pyg.adjacency(graph, "gcn" if name == "gcn" else "mean")
     torch.manual_seed(1)
     other = single_rank_pyg.PygNet(name, 7, 16, 4, layers, 0.0).train()  # its own weights: not the same
     assert not torch.allclose(other(x, adj), ours(x, [graph] * layers), atol=1e-3)
     pyg.copy_from(ours)
-    a, b = ours(x, [graph] * layers), pyg(x, adj)
+    a, b = ours(x, [graph] * layers, settings=PassSettings(checkpoint_activations=name == "ressage")), pyg(x, adj)
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     a.square().sum().backward()
     b.square().sum().backward()

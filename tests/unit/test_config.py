@@ -8,8 +8,8 @@ from typing import List, Optional
 
 import pytest
 
-from granndis_hpc.config import (ConfigError, load_resolved_config, option, parse_args_with_config,
-                                 resolved_config, write_resolved_config)
+from granndis_hpc.config import load_resolved_config, resolved_config, write_resolved_config
+from granndis_hpc.options import ConfigError, option, parse_args_with_config
 
 
 def positive_int(text):
@@ -201,9 +201,10 @@ def test_resolved_config_round_trip(tmp_path):
 import dataclasses  # noqa: E402
 
 from granndis_hpc import cli  # noqa: E402
+from granndis_hpc.nn import PassSettings  # noqa: E402
 from granndis_hpc.registry import checkpointable  # noqa: E402
-from granndis_hpc.config import (DEVICE_NAMES, TRANSPORT_NAMES, allowed_choices,  # noqa: E402
-                                 TrainConfig, specs)
+from granndis_hpc.config import DEVICE_NAMES, TRANSPORT_NAMES, TrainConfig
+from granndis_hpc.options import allowed_choices, specs
 
 OUT_OF_RANGE = [("epochs", "0", ">= 1"), ("epochs", "-5", ">= 1"), ("layers", "0", ">= 1"), ("hidden", "0", ">= 1"),
                 ("lr", "0", "> 0.0"), ("lr", "-0.1", "> 0.0"), ("weight_decay", "-1e-4", ">= 0.0"),
@@ -290,21 +291,20 @@ def test_checkpointable_models_really_recompute():
     """The checkpointable models (their registry entries) must be exactly those that call torch.utils.checkpoint."""
     import torch
     from granndis_hpc.nn.models import MODELS, build_model
-    from tests.pyg_stacks import PYG_OPTIONS
+    from tests.pyg_factories import PYG_OPTIONS
     for name in MODELS:
         if name == "pyg" and not PYG_OPTIONS:
             continue  # (torch_geometric absent)
         if MODELS.entry(name).get("typed"):
             continue  # (they need a typed graph: tests/unit/test_hetero_layers.py; none recomputes)
         model = build_model(name, 4, 8, 3, 2, dropout=0.0, norm=False, **(PYG_OPTIONS if name == "pyg" else {}))
-        model.checkpoint_activations = True
         calls = []
         original = torch.utils.checkpoint.checkpoint
         torch.utils.checkpoint.checkpoint = lambda fn, *a, **k: calls.append(name) or original(fn, *a, **k)
         try:
             model.train()
             x = torch.randn(5, 4, requires_grad=True)
-            model(x, [_full_graph(5)] * 2).sum().backward()
+            model(x, [_full_graph(5)] * 2, settings=PassSettings(checkpoint_activations=True)).sum().backward()
         finally:
             torch.utils.checkpoint.checkpoint = original
         assert bool(calls) == checkpointable(name), name

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.sources.convert import from_pyg, graph_arrays, save_bundle
 from granndis_hpc.preprocess.sources.hetero import canonicalize_hetero
 from tests.unit.test_sources_bundle import graphs_equal

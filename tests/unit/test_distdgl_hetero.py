@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 from tests.distdgl_hetero_files import graph_arrays, reference, write_distdgl_hetero
 
 FIELDS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from granndis_hpc.nn import LayerGraph, RowDropout, build_model, keep_mask
+from granndis_hpc.nn import LayerGraph, PassSettings, RowDropout, build_model, keep_mask
 from granndis_hpc.nn.dropout import keep_elements
 from tests.dense_reference import random_in_csr
 
@@ -94,9 +94,9 @@ def test_checkpointed_ressage_recomputes_the_same_masks():
     model = build_model("ressage", 6, 16, 3, 4, dropout=0.5).train()
     grads = []
     for ckpt in (False, True):
-        model.checkpoint_activations = ckpt
         model.zero_grad()
-        model(x, [graph] * 4, dropout=RowDropout(1, 7)).square().sum().backward()
+        model(x, [graph] * 4, dropout=RowDropout(1, 7),
+              settings=PassSettings(checkpoint_activations=ckpt)).square().sum().backward()
         grads.append({k: p.grad.clone() for k, p in model.named_parameters()})
     for k in grads[0]:
         torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-6, atol=1e-7)

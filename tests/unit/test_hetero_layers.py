@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from granndis_hpc.engine.rows import PendingRows, RowSplit
-from granndis_hpc.engine.runner import call_layer
+from granndis_hpc.nn.rows import PendingRows, RowSplit
+from granndis_hpc.nn.runner import call_layer
 from granndis_hpc.graph.csr import csr_rows
 from granndis_hpc.nn import LayerGraph, build_model
-from granndis_hpc.nn.hetero_layers import RGATConv, RGCNConv, TypeTables, relation_views
+from granndis_hpc.nn.hetero_layers import RGATConv, RGCNConv, TypeTables, relation_graphs
 from granndis_hpc.registry import model_options
 from tests.hetero_reference import edge_relations, random_typed_graph, reference_logits
 
@@ -148,12 +148,12 @@ def test_split_sources_and_permuted_rows_equal_the_whole_graph(kind, kw):
         torch.testing.assert_close(call_layer(conv, pending, graph, split=split).merge(), whole[torch.from_numpy(own)])
 
 
-def test_relation_views_split_the_edges_and_count_in_degrees_per_relation():
+def test_relation_graphs_split_the_edges_and_count_in_degrees_per_relation():
     types, indptr, indices, _ = _problem(5)
     graph = LayerGraph.from_csr(indptr, indices, types.num_vertices)
     tables = TypeTables(types)
-    views = relation_views(graph, tables)
-    assert relation_views(graph, TypeTables(types)) is views  # cached with the graph
+    views = relation_graphs(graph, tables)
+    assert relation_graphs(graph, TypeTables(types)) is views  # cached with the graph
     dst, src, rel = edge_relations(types, indptr, indices)
     assert torch.equal(views.edge_relation, rel)
     assert sum(g.nnz for g in views.graphs) == graph.nnz
@@ -172,7 +172,7 @@ def test_model_equals_the_plain_torch_reference(name, options, linear_layers, no
     torch.manual_seed(0)
     model = build_model(name, IN, 3, 4, 3, dropout=0.5, norm=norm, linear_layers=linear_layers, types=types,
                         **options).double().eval()
-    assert model.needs_source_ids and model.num_layers == 3 - linear_layers
+    assert model.contract.source_ids == "all" and model.num_layers == 3 - linear_layers
     graphs = [LayerGraph.from_csr(indptr, indices, types.num_vertices)] * model.num_layers
     got = model(x, graphs)
     want = reference_logits(model.state_dict(), types, indptr, indices, x, 3, name, linear_layers, norm)
@@ -276,7 +276,7 @@ def test_rgcn_and_rgat_estimates_are_close_to_the_bytes_autograd_saves(name, dro
     whole graph in one process: within 20 % (the per-relation rows are counted from the type shares,
     not per row)."""
     from granndis_hpc import memory_model as mm
-    from granndis_hpc.engine.trainer import SavedBytes
+    from granndis_hpc.engine.epoch import SavedBytes
     from tests.hetero_graphs import typed_graph
 
     g, layers = typed_graph(), 3

@@ -7,6 +7,7 @@ import torch
 
 from granndis_hpc.cluster import hostsync
 from granndis_hpc.cluster.ledger import Ledger
+from granndis_hpc.nn.rows import HaloGather
 from granndis_hpc.engine.layerclock import LayerClock
 from tests.conftest import FakeCudaEvent
 
@@ -38,9 +39,9 @@ def test_layer_clock_charges_each_layer_its_compute_less_the_halo_exchange(cuda,
         with (ledger.timed_events if cuda else ledger.timed)("inter", "halo"):  # the exchange: not compute
             time.sleep(0.2)
         return h
-    gather.post = "kept"
-    g = clock.wrap(gather)
-    assert g.post == "kept" and not hasattr(g, "boundary")
+    post = object()
+    g = clock.wrap(HaloGather(gather, post=post))  # the boundary-first hooks are kept
+    assert g.post is post and g.boundary is None
     w = torch.ones(3, requires_grad=True)
     for _ in range(2):  # two steps of one epoch add up
         clock.start_forward()

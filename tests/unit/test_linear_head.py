@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from granndis_hpc import memory_model as mm
-from granndis_hpc.config import ConfigError, TrainConfig
-from granndis_hpc.nn import build_model
+from granndis_hpc.config import TrainConfig
+from granndis_hpc.options import ConfigError
+from granndis_hpc.nn import PassSettings, build_model
 from granndis_hpc.nn.dropout import RowDropout, keep_mask
 from tests.dense_reference import dense_logits
 from tests.unit.test_memory_model import _measured_saved_bytes, _random_plan
@@ -103,8 +104,7 @@ def test_head_estimate_equals_saved_tensor_bytes_and_parameters(name, norm, drop
     torch.manual_seed(0)
     model = build_model(name, 24, 16, rows.num_classes, convs + linear, dropout=dropout, norm=norm,
                         linear_layers=linear)
-    model.checkpoint_activations = ckpt
-    measured = _measured_saved_bytes(model, rows, graphs, send_idx, rng)
+    measured = _measured_saved_bytes(model, rows, graphs, send_idx, rng, PassSettings(checkpoint_activations=ckpt))
     spec = mm.ModelSpec(name, 24, 16, rows.num_classes, convs, dropout, norm, ckpt, linear_layers=linear)
     assert spec.parameters() == sum(p.numel() for p in model.parameters())
     assert [tuple(w) for w in spec.widths()] == [(c.in_features, c.out_features) for c in model.convs]

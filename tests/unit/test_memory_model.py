@@ -16,7 +16,8 @@ import torch
 from granndis_hpc import memory_model as mm
 from granndis_hpc.memory_model.estimate import rank_halo_bytes
 from granndis_hpc.engine.exchange import halo_exchange
-from granndis_hpc.engine.trainer import SavedBytes
+from granndis_hpc.engine.epoch import SavedBytes
+from granndis_hpc.nn import PassSettings
 from granndis_hpc.nn.graph import LayerGraph
 from granndis_hpc.nn.models import build_model
 
@@ -67,7 +68,7 @@ def _random_plan(rng, layers, n_own=120, features=24, hidden=16, classes=5):
     return rows, graphs, send_idx
 
 
-def _measured_saved_bytes(model, rows, graphs, send_idx, rng):
+def _measured_saved_bytes(model, rows, graphs, send_idx, rng, settings=None):
     """What the trainer's step saves, with View.gather_fn's structure."""
     feats = torch.as_tensor(rng.standard_normal((rows.server.n_own, rows.features)).astype(np.float32))
     x0 = feats[: graphs[0].n_src - rows.server.layers[0].n_halo]
@@ -87,7 +88,7 @@ def _measured_saved_bytes(model, rows, graphs, send_idx, rng):
     saved = SavedBytes()
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-        logits = model(x0, graphs, gather)[: rows.n_inner]
+        logits = model(x0, graphs, gather, settings=settings)[: rows.n_inner]
         loss = torch.nn.functional.cross_entropy(logits[train_rows], target, reduction="sum") / 7.0
     loss.backward()
     return saved.total
@@ -104,8 +105,7 @@ def test_activation_formula_equals_saved_tensor_bytes(name, norm, dropout, ckpt,
     rows, graphs, send_idx = _random_plan(rng, layers, features=features)
     torch.manual_seed(0)
     model = build_model(name, features, 16, rows.num_classes, layers, dropout=dropout, norm=norm)
-    model.checkpoint_activations = ckpt
-    measured = _measured_saved_bytes(model, rows, graphs, send_idx, rng)
+    measured = _measured_saved_bytes(model, rows, graphs, send_idx, rng, PassSettings(checkpoint_activations=ckpt))
     spec = mm.ModelSpec(name, features, 16, rows.num_classes, layers, dropout, norm, ckpt)
     assert mm.activation_layers(rows, spec, device="cpu")["saved"] == measured
 

@@ -22,7 +22,7 @@ pytest.importorskip("mpi4py")
 
 ARCH = {"model": "sage", "hidden": 8, "layers": 2, "norm": False, "dropout": 0.0, "input_dropout": 0.0,
         "model_option": None}
-PYG = ["module=tests.pyg_stacks", "factory=gatv2"]
+PYG = ["module=tests.pyg_factories", "factory=gatv2"]
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_predict_init_from_and_resume_with_the_code_named_again(toy, tmp_path):
     pytest.importorskip("torch_geometric")
     base, graph, _ = toy
     torch.manual_seed(2)
-    model = build_model("pyg", 7, 8, 5, 2, dropout=0.0, norm=False, module="tests.pyg_stacks", factory="gatv2").eval()
+    model = build_model("pyg", 7, 8, 5, 2, dropout=0.0, norm=False, module="tests.pyg_factories", factory="gatv2").eval()
     run = save_model(toy, tmp_path / "pyg", model, model="pyg", model_option=PYG)
     predict(toy, run, tmp_path / "p.h5", "--model-option", PYG[1], "--model-option", PYG[0])
     got, _ = read_output(str(tmp_path / "p.h5"))
@@ -125,11 +125,11 @@ def test_predict_init_from_and_resume_with_the_code_named_again(toy, tmp_path):
     with torch.no_grad():
         want = model(torch.from_numpy(graph.features), [whole, whole])
     torch.testing.assert_close(torch.from_numpy(got["logits"]), want, rtol=1e-4, atol=1e-5)
-    other = "--model-option module=tests.pyg_stacks --model-option factory=attention"
+    other = "--model-option module=tests.pyg_factories --model-option factory=attention"
     with pytest.raises(ClusterError) as info:
         predict(toy, run, tmp_path / "q.h5", *other.split())
     assert f"the code you name ({other}) is not the code {run}/best-model.pt records " \
-           f"(--model-option module=tests.pyg_stacks --model-option factory=gatv2)" in one_line(info)
+           f"(--model-option module=tests.pyg_factories --model-option factory=gatv2)" in one_line(info)
     summary = train(toy, tmp_path / "eval", "--model", "pyg", "--model-option", PYG[1], "--model-option", PYG[0],
                     "--init-from", run, "--eval-only")
     assert summary["epochs"] == 0 and summary["init_from"]["model_path"] == str(run / "best-model.pt")

@@ -214,9 +214,7 @@ def test_deep_ressage_trains_at_112_layers():
 
 
 def test_cora_matches_dense_reference(planetoid_root):
-    sources = pytest.importorskip("granndis_hpc.preprocess.sources")
-    if not hasattr(sources, "load"):
-        pytest.skip("granndis_hpc.preprocess.sources.load is not available yet")
+    from granndis_hpc.preprocess import sources
     cora = sources.load("planetoid", name="cora", root=planetoid_root)
     x = torch.from_numpy(np.asarray(cora.features, dtype=np.float32))
     for name in MODELS:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from granndis_hpc.engine.exchange import halo_exchange, halo_exchange_post, halo_exchange_start
-from granndis_hpc.engine.rows import PendingRows, RowSplit, SplitRows
-from granndis_hpc.engine.runner import call_layer
+from granndis_hpc.nn.rows import PendingRows, RowSplit, SplitRows
+from granndis_hpc.nn.runner import call_layer
 from granndis_hpc.nn.contract import Layer
 from granndis_hpc.nn.graph import LayerGraph, aggregate
 from granndis_hpc.nn.layers import GCNConv, SAGEConv

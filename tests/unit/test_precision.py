@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from granndis_hpc import memory_model as mm
-from granndis_hpc.config import ConfigError, TrainConfig
+from granndis_hpc.config import TrainConfig
+from granndis_hpc.options import ConfigError
 from granndis_hpc.engine.exchange import halo_exchange
 from granndis_hpc.engine.epoch import SavedBytes
 from granndis_hpc.engine.precision import Precision
 from granndis_hpc.memory_model.estimate import HALF_WIDTH_MODELS
+from granndis_hpc.nn.contract import PassSettings
 from granndis_hpc.nn.graph import GraphPart, LayerGraph, aggregate
 from granndis_hpc.nn.models import build_model
 from tests.unit.test_memory_model import _loopback, _random_plan
@@ -65,7 +67,6 @@ def test_aggregation_under_autocast_sums_in_float32(backend, dtype):
 
 def _saved_bytes(model, rows, graphs, send_idx, rng, precision):
     """What a training step saves (tests/unit/test_memory_model.py's gather), under `precision`."""
-    precision.round_conv_rows(model)
     feats = torch.as_tensor(rng.standard_normal((rows.server.n_own, rows.features)).astype(np.float32))
     x0 = feats[: graphs[0].n_src - rows.server.layers[0].n_halo]
     static_halo = feats.clone()
@@ -84,7 +85,7 @@ def _saved_bytes(model, rows, graphs, send_idx, rng, precision):
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
         with precision.autocast():
-            logits = model(x0, graphs, gather)[: rows.n_inner]
+            logits = model(x0, graphs, gather, settings=PassSettings(row_dtype=precision.row_dtype))[: rows.n_inner]
         loss = precision.loss(logits[train_rows], labels[train_rows], 7)
     loss.backward()
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())

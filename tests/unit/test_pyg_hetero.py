@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from granndis_hpc.engine.rows import PendingRows
-from granndis_hpc.engine.runner import call_layer
+from granndis_hpc.nn.rows import PendingRows
+from granndis_hpc.nn.runner import call_layer
 from granndis_hpc.nn import LayerGraph, build_model
-from tests import pyg_stacks
-from tests.pyg_stacks import heteroconv_logits as _heteroconv_logits
+from tests import pyg_factories
+from tests.pyg_factories import heteroconv_logits as _heteroconv_logits
 from tests.hetero_reference import random_typed_graph
 from tests.unit.test_hetero_layers import _rank
 
@@ -26,7 +26,7 @@ FACTORIES = ["hetero_sage", "hetero_gat", "hetero_graph", "hetero_mixed"]
 def _model(types, factory, layers=3, seed=0, norm=False, **kw):
     torch.manual_seed(seed)
     return build_model("pyg-hetero", IN, HIDDEN, CLASSES, layers, dropout=0.0, norm=norm, types=types,
-                       module="tests.pyg_stacks", factory=factory, **kw).double().eval()
+                       module="tests.pyg_factories", factory=factory, **kw).double().eval()
 
 
 @pytest.mark.parametrize("factory", FACTORIES)
@@ -74,7 +74,7 @@ def test_every_relation_draws_its_own_copy_as_to_hetero():
     types, _, _ = random_typed_graph(0)
     model = _model(types, "hetero_sage", seed=7)
     torch.manual_seed(7)
-    convs = pyg_stacks.hetero_sage(IN, HIDDEN, CLASSES, 3)
+    convs = pyg_factories.hetero_sage(IN, HIDDEN, CLASSES, 3)
     for l, conv in enumerate(convs):
         for r in range(types.num_relations):
             mine = copy.deepcopy(conv)
@@ -134,14 +134,14 @@ def test_options_estimate_and_norm_linear_layers():
     types, indptr, indices = random_typed_graph(0)
     from granndis_hpc.model_code import code_refusal
     assert registry.code_options("pyg-hetero") == ("module", "factory") and registry.typed("pyg-hetero")
-    recorded = registry.model_options("pyg-hetero", ["module=tests.pyg_stacks", "factory=hetero_sage"])
+    recorded = registry.model_options("pyg-hetero", ["module=tests.pyg_factories", "factory=hetero_sage"])
     assert "a file never chooses the code that runs" in code_refusal("pyg-hetero", recorded, [], "RUN/best-model.pt")
     model = _model(types, "hetero_mixed", layers=4, linear_layers=1, norm=True)
     assert [type(layer.rel[0].conv).__name__ for layer in model.convs] == ["SAGEConv", "GraphConv", "GATConv"]
-    assert len(model.linears) == 1 and len(model.norms) == 3 and model.needs_source_ids
+    assert len(model.linears) == 1 and len(model.norms) == 3 and model.contract.source_ids == "all"
     n = types.num_vertices
     assert model(torch.randn(n, IN).double(), [LayerGraph.from_csr(indptr, indices, n)] * 3).shape == (n, CLASSES)
-    options = {"module": "tests.pyg_stacks", "factory": "hetero_gat"}
+    options = {"module": "tests.pyg_factories", "factory": "hetero_gat"}
     state = torch.get_rng_state()
     spec = mm.ModelSpec("pyg-hetero", IN, HIDDEN, CLASSES, 3, options=options, relations=types.num_relations)
     assert spec.parameters() == sum(p.numel() for p in _model(types, "hetero_gat").parameters())

@@ -1,4 +1,4 @@
-"""The `pyg` model family without MPI: each torch_geometric convolution, run by the engine's runner on a
+"""The `pyg` model family without MPI: each torch_geometric convolution, run by the layer runner on a
 rank's block with the halo in flight, gives the rows plain PyG computes on the whole graph; the refused
 convolutions name the reason; a PyG stack registered as a model of one's own (docs/models.md) trains;
 the memory estimate counts the stack's parameters without drawing from torch's generator."""
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from granndis_hpc.engine.rows import PendingRows
-from granndis_hpc.engine.runner import call_layer
+from granndis_hpc.nn.rows import PendingRows
+from granndis_hpc.nn.runner import call_layer
 from granndis_hpc.nn.graph import LayerGraph
 from tests.dense_reference import random_in_csr
 
@@ -107,7 +107,7 @@ def test_registered_pyg_stack_recipe_trains_and_estimates():
         assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3]), losses
     finally:
         MODELS.pop("recipe-pyg")
-    options = {"module": "tests.pyg_stacks", "factory": "gatv2"}
+    options = {"module": "tests.pyg_factories", "factory": "gatv2"}
     state = torch.get_rng_state()
     spec = mm.ModelSpec("pyg", 6, 8, 3, 3, options=options)
     torch.manual_seed(0)

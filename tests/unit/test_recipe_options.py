@@ -6,15 +6,17 @@ import pytest
 import torch
 
 from granndis_hpc import shards
-from granndis_hpc.config import ConfigError, TrainConfig
-from granndis_hpc.engine.trainer import optimizer_groups
+from granndis_hpc.config import TrainConfig
+from granndis_hpc.options import ConfigError
+from granndis_hpc.engine.preflight import optimizer_groups
 from granndis_hpc.metrics import summarize
 from granndis_hpc.rundir.best_model import write_best_model
 from granndis_hpc.nn import build_model
 from granndis_hpc.nn.dropout import RowDropout, apply_mask, drop_sparse_rows, keep_elements, keep_mask
 from granndis_hpc.preprocess.__main__ import main as preprocess_main
 from granndis_hpc.preprocess.sources.canonical import normalize_features
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 
 def test_row_normalisation_divides_by_row_sums_and_keeps_zero_rows():
@@ -75,13 +77,13 @@ def test_weight_decay_on_first_decays_only_the_layer_reading_the_features():
     for name, prefix in (("gcn", "convs.0."), ("sage", "convs.0."), ("ressage", "encoder.")):
         model = build_model(name, 20, 8, 3, 2)
         cfg = TrainConfig(shards="x", model=name, weight_decay=5e-4, weight_decay_on="first")
-        decayed, free = optimizer_groups(model, cfg)
+        decayed, free = optimizer_groups(model, cfg, model.contract)
         names = {id(p): n for n, p in model.named_parameters()}
         assert decayed["weight_decay"] == 5e-4 and free["weight_decay"] == 0.0
         assert decayed["params"] and all(names[id(p)].startswith(prefix) for p in decayed["params"])
         assert free["params"] and not any(names[id(p)].startswith(prefix) for p in free["params"])
         assert len(decayed["params"]) + len(free["params"]) == len(list(model.parameters()))
-    (everything,) = optimizer_groups(model, TrainConfig(shards="x", weight_decay=1e-3))
+    (everything,) = optimizer_groups(model, TrainConfig(shards="x", weight_decay=1e-3), model.contract)
     assert len(everything["params"]) == len(list(model.parameters()))
     with pytest.raises(ConfigError, match="--weight-decay is 0"):
         TrainConfig(shards="x", weight_decay_on="first")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from granndis_hpc import config, registry
-from tests.pyg_stacks import PYG_HETERO_OPTIONS, PYG_OPTIONS
+from tests.pyg_factories import PYG_HETERO_OPTIONS, PYG_OPTIONS
 
 
 def test_building_the_train_parser_imports_neither_torch_h5py_nor_mpi4py():

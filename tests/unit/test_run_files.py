@@ -9,7 +9,7 @@ import pytest
 
 from granndis_hpc import cli, metrics
 from granndis_hpc.cluster.errors import ClusterError
-from granndis_hpc.engine.modes import TrainingError
+from granndis_hpc.engine.steps import TrainingError
 from tests.unit.test_shards import build, make_graph
 
 pytest.importorskip("mpi4py")

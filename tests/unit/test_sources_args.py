@@ -4,7 +4,8 @@ import argparse
 import numpy as np
 import pytest
 
-from granndis_hpc.preprocess.sources import SOURCES, DataError, add_source_arguments, load, load_from_args
+from granndis_hpc.preprocess.sources import SOURCES, add_source_arguments, load, load_from_args
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 from tests.unit.test_sources_bundle import graphs_equal
 from tests.unit.test_sources_planetoid import write_miniature
@@ -73,7 +74,7 @@ def _load_ring(name=None, symmetrize=True, self_loops="remove"):
 
 
 def test_a_dataset_source_is_one_loader_and_one_registry_line():
-    """docs/architecture.md "add a dataset source": the loader above plus the one line below, and the
+    """docs/extending.md "add a dataset source": the loader above plus the one line below, and the
     source is a choice of --source, loads with the shared canonicalisation options, and is loaded whole
     (it declares no sliced opener)."""
     from granndis_hpc.preprocess import sources

@@ -5,7 +5,8 @@ import h5py
 import numpy as np
 import pytest
 
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 from tests.unit.test_sources_ogb import check_against_reference, make_raw, write_ogb
 

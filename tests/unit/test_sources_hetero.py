@@ -3,7 +3,7 @@ features, labels and splits on the target type, and the refusals (each a DataErr
 import numpy as np
 import pytest
 
-from granndis_hpc.preprocess.sources import DataError
+from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.sources.hetero import canonicalize_hetero, neighbour_mean
 
 

@@ -6,7 +6,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 DBLP = pathlib.Path(__file__).resolve().parents[1] / "data" / "dblp-hetero" / "dblp.npz"
 DBLP_SHA256 = "8eded621778198cbe4a8085f3ed354b91487e30391af6a9270e9f6f69c0b57b3"

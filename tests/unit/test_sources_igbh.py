@@ -4,7 +4,8 @@ relations with IGB's reverse names, labels and IGB's split fractions on the pape
 import numpy as np
 import pytest
 
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 COUNTS = {"paper": 10, "author": 5, "institute": 2, "fos": 3}
 EDGES = {"paper__cites__paper": [(1, 0), (2, 0), (3, 1), (9, 8)],

@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.sources import csvgz
 
 

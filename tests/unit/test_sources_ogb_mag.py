@@ -6,7 +6,8 @@ import gzip
 import numpy as np
 import pytest
 
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 
 COUNTS = {"paper": 6, "author": 4, "institution": 2, "field_of_study": 3}
 RELATIONS = {("author", "affiliated_with", "institution"): [(0, 0), (1, 0), (2, 1)],

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.sources import safe_pickle
 from granndis_hpc.preprocess.sources.planetoid import load_planetoid
 

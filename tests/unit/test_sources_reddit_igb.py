@@ -6,7 +6,8 @@ import pytest
 import scipy.sparse as sp
 
 from granndis_hpc.preprocess.__main__ import main
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 from tests.unit.test_sources_bundle import graphs_equal
 from tests.unit.test_sources_ogb import check_against_reference, make_raw
 

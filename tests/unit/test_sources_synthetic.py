@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from granndis_hpc.preprocess.sources import DataError, load
+from granndis_hpc.preprocess.sources import load
+from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.sources import synthetic, synthetic_chunks
 
 from tests.unit.test_sources_bundle import assert_reproducible_from_seed

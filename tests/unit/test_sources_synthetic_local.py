@@ -10,7 +10,8 @@ from granndis_hpc.cluster.group import self_group
 
 from granndis_hpc.preprocess.build.halo import full_khop
 from granndis_hpc.preprocess.partition.twolevel import edge_cut, partition_servers
-from granndis_hpc.preprocess.sources import DataError, add_source_arguments, load, load_from_args
+from granndis_hpc.preprocess.sources import add_source_arguments, load, load_from_args
+from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.sources import synthetic, synthetic_chunks, synthetic_local
 
 from tests.unit.test_sources_bundle import assert_reproducible_from_seed, graphs_equal

@@ -1,13 +1,15 @@
 """tests/unit is serial: none of its tests starts mpirun or a Slurm job (those live in tests/launch, which
 `make test` runs one job at a time, and tests/mpi, which runs under mpirun itself); and no tracked source
-or page is longer than MAX_LINES (one concern per module, test file or page)."""
+or page is longer than MAX_LINES.  The guide is one concern per module, test file or page, which keeps
+them near 400 lines (docs/architecture.md, "Conventions"); MAX_LINES is the ceiling past which a file
+has certainly grown a second concern, not a length to fill."""
 import re
 import subprocess
 from pathlib import Path
 
 UNIT = Path(__file__).resolve().parent
 REPO = UNIT.parents[1]
-MAX_LINES = 450
+MAX_LINES = 500
 LAUNCHES = re.compile(r"\b(?:run_mpi|start_mpi|mpi_command)\(|\bsr\.(?:submit|slurm_cluster)\(")
 
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from granndis_hpc.preprocess.sources import DataError, load, sliced_source
+from granndis_hpc.preprocess.sources import load, sliced_source
+from granndis_hpc.preprocess.sources.canonical import DataError
 from granndis_hpc.preprocess.sources.synthetic_mag import MAG_RELATIONS, MAG_SPLIT, MAG_TYPES, MAG_VERTICES, MagSource
 
 N = 6000

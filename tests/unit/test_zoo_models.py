@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from granndis_hpc.graph.csr import csr_rows
-from granndis_hpc.engine.rows import PendingRows
+from granndis_hpc.nn.rows import PendingRows
 from granndis_hpc.nn import LayerGraph, RowDropout, build_model, keep_mask
 from granndis_hpc.nn.edge_layers import attention_key, edge_ids
 from granndis_hpc.registry import model_options
@@ -106,7 +106,7 @@ def _reference_dropouts(seed, epoch, n, p_feat, p_attn):
 def test_attention_dropout_is_keyed_by_edge_and_equals_the_reference_on_any_subset():
     rng, indptr, indices, x = _graph(2)
     model = _model("gat", 2, dropout=0.3, options={"attn_dropout": 0.5}).train()
-    assert model.edge_keyed_dropout
+    assert model.contract.source_ids == "training"
     whole_graphs = [LayerGraph.from_csr(indptr, indices, N)] * 2
     recorded = {}
     whole = model(x, whole_graphs, gather=lambda l, h: recorded.setdefault(l, h.detach()),

@@ -1,11 +1,15 @@
-"""A layer's rows while the engine's layer runner overlaps communication with computation.
+"""A layer's rows while the layer runner overlaps communication with computation.
 
 ``PendingRows``: a layer's source rows while its halo is in flight (the exchange posted); the runner
 hands the own rows to the layer's own-edge part now and the halo rows to its halo-edge part on arrival
-(engine/runner.py).  ``RowSplit`` / ``SplitRows``: a layer's destination rows in two groups, the rows
-the next exchange sends first (boundary-first pipelining).  No MPI here: the waiting is the caller's.
+(nn/runner.py).  ``RowSplit`` / ``SplitRows``: a layer's destination rows in two groups, the rows
+the next exchange sends first (boundary-first pipelining).  ``HaloGather``: the engine's ``gather(l, h)``
+with, where its exchanges are posted early, ``boundary(l)`` and ``post(l, rows)``.  No MPI here: the waiting is the caller's.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -106,3 +110,18 @@ class SplitRows:
 
     def merge(self) -> torch.Tensor:
         return self.split.merge(self.first, self.rest())
+
+
+@dataclass
+class HaloGather:
+    """The engine's ``gather(l, h)`` (engine/views.py), and where a view overlaps its exchanges the
+    boundary-first hooks: ``boundary(l)``, the RowSplit of layer l's own rows into the rows its exchange
+    sends and the others (None: not this layer), and ``post(l, rows)``, the exchange posted from those
+    rows.  The runner calls any ``gather(l, h)``; it pipelines only where ``boundary`` is given."""
+
+    fn: Callable[[int, torch.Tensor], Any]
+    boundary: Optional[Callable[[int], Optional[RowSplit]]] = None
+    post: Optional[Callable[[int, torch.Tensor], None]] = None
+
+    def __call__(self, l: int, h: torch.Tensor):
+        return self.fn(l, h)

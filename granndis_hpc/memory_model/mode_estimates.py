@@ -59,7 +59,12 @@ class SetArrays:
 
     def graphs(self) -> List[Dict[str, np.ndarray]]:
         """Every server's graph (what the co-batch sampler draws from)."""
-        return [self.server_graph(a) if self.server_graph is not None else a.graph for a in self.servers]
+        out = [self.server_graph(a) if self.server_graph is not None else a.graph for a in self.servers]
+        missing = [a.server for a, g in zip(self.servers, out) if g is None]
+        if missing:
+            raise ValueError(f"the co-batch estimate needs the server graphs; servers {missing} have none (give "
+                             f"server_graph, or ServerArrays with their graph)")
+        return [g for g in out if g is not None]
 
     def train_floor(self) -> int:
         """The smallest server's inner training vertices: the most co-batches every server can make."""

@@ -12,14 +12,16 @@ It owns, for every layer alike, what a layer itself knows nothing of:
 - dropout keyed by vertex id (nn/dropout.py RowDropout; attention dropout keyed by edge, EdgeDropout),
   applied to a layer's own rows before the exchange, so a halo row carries its owner's mask, and input
   dropout on layer 0's gathered source rows (or on the own rows, per the stack);
-- activation checkpointing of residual blocks (``model.checkpoint_activations``).
+- activation checkpointing of residual blocks, and the rounding of every layer's rows to the pass's
+  row dtype (the pass's ``PassSettings``, nn/contract.py, as --checkpoint-activations and --precision).
 
 A stack (nn/models.py GNN) declares ``convs``, ``norms`` (before layer l >= 1: ``norms[l - 1]``),
 ``activation``, the per-vertex ``linears`` after the convs (--linear-layers), and ``residual``: False,
 conv -> [norm] -> act -> dropout -> conv ...; True, ResSAGE+'s encoder -> conv_0, then pre-norm residual
 blocks h = h + conv(dropout(act(norm(h)))) and ``out_norm`` -> act -> dropout -> ``head``.
 Without ``gather`` (a single process on the whole graph) every layer's own rows are its source rows.
-No MPI here: the exchange is ``gather``'s.
+No MPI here: the exchange is ``gather``'s.  It sits beside the layers (``GNN.forward`` calls it); the
+engine gives it ``gather``, the keyed ``RowDropout`` and the ``PassSettings``.
 """
 from __future__ import annotations
 
@@ -28,20 +30,22 @@ from typing import Optional, Sequence
 import torch
 import torch.utils.checkpoint
 
-from granndis_hpc.nn.contract import LayerCall, dst_rows
-from granndis_hpc.nn.dropout import RowDropout
-from granndis_hpc.nn.edge_layers import EdgeDropout
-from granndis_hpc.nn.graph import GraphPart, LayerGraph
-
+from .contract import Layer, LayerCall, PassSettings, dst_rows
+from .dropout import RowDropout
+from .edge_layers import EdgeDropout
+from .graph import GraphPart, LayerGraph
 from .rows import PendingRows, SplitRows, materialize
 
+DEFAULT_SETTINGS = PassSettings()
 
-def call_layer(layer, h_src, graph: LayerGraph, attention=None, split=None):
+
+def call_layer(layer: Layer, h_src, graph: LayerGraph, attention=None, split=None,
+               dtype: Optional[torch.dtype] = None):
     """layer over h_src (a tensor or PendingRows) -> its destination rows; SplitRows over `split` (a
     RowSplit of the destination rows: the first rows now, the rest on demand) when given.
-    A layer given a ``row_dtype`` (--precision bf16: engine/precision.py) reads and returns its rows
-    rounded to it, each part when it is there (the halo on arrival, the rest rows when asked for)."""
-    dtype = getattr(layer, "row_dtype", None)
+    With a ``dtype`` (the pass's row dtype: --precision bf16, engine/precision.py) the layer reads and
+    returns its rows rounded to it, each part when it is there (the halo on arrival, the rest rows when
+    asked for)."""
     if dtype is None:
         return _call_layer(layer, h_src, graph, attention, split)
     return _rounded(_call_layer(layer, _rounded(h_src, dtype), graph, attention, split), dtype)
@@ -53,11 +57,11 @@ def _rounded(h, dtype):
     return h.map(rounded) if isinstance(h, (PendingRows, SplitRows)) else rounded(h)
 
 
-def _call_layer(layer, h_src, graph: LayerGraph, attention=None, split=None):
+def _call_layer(layer: Layer, h_src, graph: LayerGraph, attention=None, split=None):
     pending = isinstance(h_src, PendingRows)
-    if pending and not getattr(layer, "splits_sources", False):
+    if pending and not layer.splits_sources:
         h_src, pending = h_src.materialize(), False  # the wait, then the whole block
-    if split is not None and not getattr(layer, "splits_rows", False):
+    if split is not None and not layer.splits_rows:
         out = _call_layer(layer, h_src, graph, attention)
         return SplitRows(split, out.index_select(0, split.first), lambda: out.index_select(0, split.rest))
     if not pending and split is None:
@@ -81,7 +85,7 @@ def _call_layer(layer, h_src, graph: LayerGraph, attention=None, split=None):
         else:
             partials = [layer.aggregate_part(GraphPart(graph, None, None, rows), messages, call)]
         h_dst = None  # a layer that does not read them (reads_dst False) gets no copy of them
-        if getattr(layer, "reads_dst", True):
+        if layer.reads_dst:
             h_dst = dst_rows(own, graph.n_dst)
             if rows is not None:  # a copy of those rows: [rows, in] at the layer's input width
                 h_dst = h_dst.index_select(0, rows[1].first if rows[0] == "first" else rows[1].rest)
@@ -92,10 +96,9 @@ def _call_layer(layer, h_src, graph: LayerGraph, attention=None, split=None):
     return SplitRows(split, rows_out(("first", split)), lambda: rows_out(("rest", split)))
 
 
-def pass_dropout(model, dropout: Optional[RowDropout]) -> Optional[RowDropout]:
+def pass_dropout(model, dropout: Optional[RowDropout], settings: PassSettings) -> Optional[RowDropout]:
     """The pass's RowDropout; None where nothing is dropped (eval, p = 0: no generator is touched)."""
-    if not model.training or (model.dropout == 0.0 and model.input_dropout == 0.0
-                              and getattr(model, "attn_dropout", 0.0) == 0.0):
+    if not model.training or (model.dropout == 0.0 and settings.input_dropout == 0.0 and model.attn_dropout == 0.0):
         return None
     if dropout is None:  # single-process use without a key: a fresh key per pass
         dropout = RowDropout(int(torch.randint(0, 2 ** 62, ())), 0)
@@ -106,14 +109,14 @@ def _drop(model, dropout, layer: int, h: torch.Tensor) -> torch.Tensor:
     return h if dropout is None else dropout(layer, h, model.dropout)
 
 
-def _drop_input(model, dropout, x):
+def _drop_input(model, dropout, x, settings: PassSettings):
     """Input dropout of raw feature rows: layer 0's gathered source rows, or the own rows."""
     if dropout is None:
         return x
     x = materialize(x)  # drawn per source row: needs the halo rows
-    if model.input_dropout_rows == "sources":
-        return dropout.sources(x, model.input_dropout)
-    return dropout(RowDropout.INPUT_LAYER, x, model.input_dropout)
+    if model.contract.input_dropout_rows == "sources":
+        return dropout.sources(x, settings.input_dropout)
+    return dropout(RowDropout.INPUT_LAYER, x, settings.input_dropout)
 
 
 def _between(model, dropout, layer: int, h: torch.Tensor, rows=None) -> torch.Tensor:
@@ -141,32 +144,34 @@ def _gather(model, gather, layer: int, h: torch.Tensor, graph: LayerGraph):
 
 
 def _attention(model, dropout, layer: int, graph: LayerGraph):
-    p = getattr(model, "attn_dropout", 0.0)
+    p = model.attn_dropout
     return EdgeDropout(dropout, layer, p, graph) if dropout is not None and p > 0 else None
 
 
-def _maybe_checkpoint(model, fn, *args):
-    if model.checkpoint_activations and model.training and torch.is_grad_enabled():
+def _maybe_checkpoint(model, settings: PassSettings, fn, *args):
+    if settings.checkpoint_activations and model.training and torch.is_grad_enabled():
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
     return fn(*args)
 
 
 def run_stack(model, x: torch.Tensor, graphs: Sequence[LayerGraph], gather=None,
-              dropout: Optional[RowDropout] = None) -> torch.Tensor:
+              dropout: Optional[RowDropout] = None, settings: Optional[PassSettings] = None) -> torch.Tensor:
     """The model's logits for the rows the last layer computes (nn/models.py GNN.forward)."""
+    settings = settings or DEFAULT_SETTINGS
     if len(graphs) != model.num_layers:
         raise ValueError(f"{model.name} has {model.num_layers} message-passing layers but got "
                          f"{len(graphs)} layer graphs; pass one LayerGraph per layer")
-    dropout = pass_dropout(model, dropout)
+    dropout = pass_dropout(model, dropout, settings)
     if model.residual:
-        return _run_residual(model, x, graphs, gather, dropout)
-    return _run_plain(model, x, graphs, gather, dropout)
+        return _run_residual(model, x, graphs, gather, dropout, settings)
+    return _run_plain(model, x, graphs, gather, dropout, settings)
 
 
-def _run_plain(model, x, graphs, gather, dropout):
-    # Boundary-first pipelining (gather.boundary, engine/views.py): where the next layer's exchange
+def _run_plain(model, x, graphs, gather, dropout, settings: PassSettings):
+    # Boundary-first pipelining (gather.boundary, nn/rows.py HaloGather): where the next layer's exchange
     # is overlapped, layer l computes the rows that exchange sends first; they are activated and
-    # posted (gather.post), and the other rows are computed while they travel.
+    # posted (gather.post), and the other rows are computed while they travel.  Any gather with those
+    # two hooks pipelines (a plain gather function, a single process's, has none).
     boundary = getattr(gather, "boundary", None)
     h, activated = x, True
     for layer, (conv, graph) in enumerate(zip(model.convs, graphs)):
@@ -176,15 +181,15 @@ def _run_plain(model, x, graphs, gather, dropout):
         # through layer l + 1's gather (measured: +24 % step peak for GCN, tests/mpi/test_memory_model_mpi).
         h = _gather(model, gather, layer, h, graph)
         if layer == 0:
-            h = _drop_input(model, dropout, h)
+            h = _drop_input(model, dropout, h, settings)
         attention = _attention(model, dropout, layer, graph)
         split = None
-        if boundary is not None and layer + 1 < model.num_layers and getattr(conv, "splits_rows", False):
+        if boundary is not None and layer + 1 < model.num_layers and conv.splits_rows:
             split = boundary(layer + 1)
         if split is None:
-            h, activated = call_layer(conv, h, graph, attention), False
+            h, activated = call_layer(conv, h, graph, attention, dtype=settings.row_dtype), False
             continue
-        out = call_layer(conv, h, graph, attention, split)
+        out = call_layer(conv, h, graph, attention, split, settings.row_dtype)
         first = _between(model, dropout, layer + 1, out.first, split.first)
         gather.post(layer + 1, first)
         h = split.merge(first, _between(model, dropout, layer + 1, out.rest(), split.rest))
@@ -195,23 +200,23 @@ def _run_plain(model, x, graphs, gather, dropout):
     return h
 
 
-def _run_residual(model, x, graphs, gather, dropout):
-    h = model.encoder(_drop_input(model, dropout, x))
+def _run_residual(model, x, graphs, gather, dropout, settings: PassSettings):
+    h = model.encoder(_drop_input(model, dropout, x, settings))
     h = call_layer(model.convs[0], _gather(model, gather, 0, h, graphs[0]), graphs[0],
-                   _attention(model, dropout, 0, graphs[0]))
+                   _attention(model, dropout, 0, graphs[0]), dtype=settings.row_dtype)
     for layer in range(1, model.num_layers):
         graph = graphs[layer]
 
         def block(h, layer=layer, graph=graph):
             z = _drop(model, dropout, layer, model.activation(model.norms[layer - 1](h)))
             return h[: graph.n_dst] + call_layer(model.convs[layer], _gather(model, gather, layer, z, graph), graph,
-                                                 _attention(model, dropout, layer, graph))
-        h = _maybe_checkpoint(model, block, h)
+                                                 _attention(model, dropout, layer, graph), dtype=settings.row_dtype)
+        h = _maybe_checkpoint(model, settings, block, h)
     for j, linear in enumerate(model.linears):
         layer = model.num_layers + j
 
         def linear_block(h, layer=layer, linear=linear):
             return h + linear(_drop(model, dropout, layer, model.activation(model.norms[layer - 1](h))))
-        h = _maybe_checkpoint(model, linear_block, h)
+        h = _maybe_checkpoint(model, settings, linear_block, h)
     h = _drop(model, dropout, model.total_layers, model.activation(model.out_norm(h)))
     return model.head(h)

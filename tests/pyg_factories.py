@@ -1,5 +1,5 @@
 """Stacks of torch_geometric convolutions for the `pyg` and `pyg-hetero` models' tests (--model pyg
---model-option module=tests.pyg_stacks --model-option factory=NAME), and the plain PyG forward passes
+--model-option module=tests.pyg_factories --model-option factory=NAME), and the plain PyG forward passes
 over a whole graph that the tests compare the runner with (HeteroConv for pyg-hetero)."""
 import importlib.util
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 # Options of a `pyg` model for tests that build every registered model; empty without torch_geometric.
-PYG_OPTIONS = {"module": "tests.pyg_stacks", "factory": "gatv2"} if importlib.util.find_spec("torch_geometric") else {}
+PYG_OPTIONS = {"module": "tests.pyg_factories", "factory": "gatv2"} if importlib.util.find_spec("torch_geometric") else {}
 PYG_HETERO_OPTIONS = dict(PYG_OPTIONS, factory="hetero_sage") if PYG_OPTIONS else {}
 
 
