@@ -23,7 +23,7 @@ from tests.launch.test_resume import cora_shards
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 TRAIN = ["--ranks-per-server", "1", "--layers", "2", "--hidden", "16", "--epochs", "1000", "--eval-every", "0"]
 # Seconds between mpirun's SIGCONT, SIGTERM and SIGKILL: room for an epoch and a checkpoint on a busy machine.
-KILL_WAIT = {"OMPI_MCA_odls_base_sigkill_timeout": "2"}
+KILL_WAIT = {"OMPI_MCA_odls_base_sigkill_timeout": "5"}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def _signal_mpirun(args, run_dir, log_path, signum, after):
     with open(log_path, "w+") as log:
         proc = start_mpi(["-m", "granndis_hpc.cli", "train", *args], log, n=2, env=KILL_WAIT)
         try:
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + 240
             while len(_epochs(run_dir)) <= after:
                 assert proc.poll() is None and time.monotonic() < deadline, "no epoch before the signal"
                 time.sleep(0.02)

@@ -61,7 +61,7 @@ def _metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
-def _wait_for_epochs(proc, run_dir, epochs, timeout=90):
+def _wait_for_epochs(proc, run_dir, epochs, timeout=240):
     path = os.path.join(run_dir, "metrics.jsonl")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
