@@ -25,6 +25,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TENSOR_NUMPY = torch.Tensor.numpy  # the unwrapped method: SyncCounter does not count host_numpy
@@ -118,19 +119,41 @@ class SyncCounter:
     """While active (`with SyncCounter() as c:`), records every call of this package's code on the
     entering thread that makes the host wait for a GPU (see the module's doc): c.calls is
     [(name, "file:line")].  Not thread-safe
-    against other code patching the same functions; meant for tests and the device check."""
+    against other code patching the same functions; meant for tests and the device check.
+
+    With `ops=True` it also records the operators that synchronise inside torch's C++ code
+    (cluster/syncops.py: `nonzero`, a boolean mask index, `unique`, an index made from a list or NumPy
+    array, a value read as a number, ...) as ("aten.<op>", "file:line"), and counts in every thread that
+    carries the step's thread-local state -- the entering thread and the threads autograd runs its
+    backward in -- instead of the entering thread only.  A Python-level call is recorded once (by its
+    name), not again as the operator it dispatches; indexing a tensor with a list or a NumPy array is
+    recorded as `aten.lift_fresh` (the index's copy to the device)."""
 
     TENSOR_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 
-    def __init__(self, package: str = _PACKAGE):
+    def __init__(self, package: str = _PACKAGE, ops: bool = False):
         self.package = package
         self.calls: List[Tuple[str, str]] = []
         self._saved: List[Tuple[object, str, Callable]] = []
+        self._mode = None
+        self._inside = threading.local()  # depth of counted calls running on this thread
+        if ops:
+            from granndis_hpc.cluster.syncops import SyncingOps
+            self._mode = SyncingOps(package, os.path.dirname(package), self._add,
+                                    lambda: getattr(self._inside, "depth", 0) > 0)
+
+    def _add(self, name: str, where: str) -> None:
+        self.calls.append((name, where))
+
+    def _in_step(self) -> bool:
+        if self._mode is None:
+            # Only the thread that entered: helper threads (the MPI progress thread waiting for a staging
+            # copy before it posts the sends) wait instead of the step, which computes on meanwhile.
+            return threading.get_ident() == self._thread
+        return any(m is self._mode for m in _get_current_dispatch_mode_stack())
 
     def _caller(self) -> Optional[str]:
-        # Only the thread that entered: helper threads (the MPI progress thread waiting for a staging
-        # copy before it posts the sends) wait instead of the step, which computes on meanwhile.
-        if threading.get_ident() != self._thread:
+        if not self._in_step():
             return None
         frame = sys._getframe(2)
         path = frame.f_code.co_filename
@@ -146,7 +169,12 @@ class SyncCounter:
             where = counter._caller()
             if where is not None and (when is None or when(*args, **kwargs)):
                 counter.calls.append((name, where))
-            return original(*args, **kwargs)
+            inside = counter._inside
+            inside.depth = getattr(inside, "depth", 0) + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                inside.depth -= 1
 
         self._saved.append((owner, name, original))
         setattr(owner, name, counted)
@@ -161,12 +189,21 @@ class SyncCounter:
         self._wrap(torch.cuda, "synchronize")
         self._wrap(torch.cuda.Event, "synchronize")
         self._wrap(torch.cuda.Stream, "synchronize")
+        if self._mode is not None:
+            self._mode.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
         for owner, name, original in reversed(self._saved):
             setattr(owner, name, original)
         self._saved.clear()
 
     def __len__(self) -> int:
         return len(self.calls)
+
+    @property
+    def backward_ops(self) -> int:
+        """With ops=True: how many operators ran inside a backward node while active (any, syncing or not)."""
+        return 0 if self._mode is None else self._mode.backward_ops
