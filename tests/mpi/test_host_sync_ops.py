@@ -17,6 +17,7 @@ pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
 BATCHED = {"batches_per_epoch": 2, "fanout": 5}
 
+# --halo-route per-server and --overlap-halos world are the defaults (the cases without the option).
 CASES = {
     "fb": ("full", "fb", {}),
     "flx": ("full", "flx", {"preloaded_layers": 1, "dropout": 0.5}),
