@@ -64,7 +64,7 @@ def verdict(measured, choice):
 def run(cmd, log, timeout):
     cmd = [str(c) for c in cmd]
     print("+", " ".join(cmd), flush=True)
-    log.append(" ".join(cmd))
+    log.append(" ".join(cmd).replace(REPO + os.sep, ""))  # the page and the JSON are read on other machines
     p = emucluster.run_bounded(["timeout", "--kill-after=15", str(int(timeout)), *cmd], env=dict(os.environ), cwd=REPO)
     if p.returncode != 0:
         raise RuntimeError(f"exit status {p.returncode}: {' '.join(cmd)}")
@@ -175,6 +175,8 @@ def render(data):
          + ", ".join(f"{g}" + (f" ({cfg['vertices']:,} vertices)" if g == "synthetic" else "") for g in cfg["graphs"])
          + f". Rounds run (rate: graphs): {'; '.join(r['rate'] + ': ' + ', '.join(r['graphs']) for r in data['rates'])}. Whole sweep {data.get('wall_s', 0) / 60:.1f} min.",
          ""]
+    if data.get("findings"):  # the reading of these numbers, kept with them in the JSON (--from-json)
+        L += ["## What it found", "", *[f"- {f}" for f in data["findings"]], ""]
     L += ["## Summary", "", "| graph | rate | auto chose | fastest measured | chosen / fastest | within 10 % | "
           "not slower than fb | auto's own run / fastest |", "|---|---|---|---|---:|---|---|---:|"]
     for r in data["rates"]:
