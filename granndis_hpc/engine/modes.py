@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
 
@@ -313,32 +313,37 @@ class Automatic(Mode):
     def resolve(self, topo, links: Optional[dict] = None):
         cfg = self.cfg
         paths = [p for p in str(cfg.shards).split(",") if p]
-        decision = None
-        rates_for = None
-        if cfg.auto_rule == "time":
+        decision = measured = rates_for = None
+        errors: Dict[str, Any] = dict(catch=(TrainingError, memory_model.MemoryModelError, shards.ShardError, OSError, KeyError,
+                             ValueError))
+        model_kw = dict(dropout=cfg.dropout, norm=cfg.norm, checkpoint_activations=cfg.checkpoint_activations,
+                        linear_layers=cfg.linear_layers or 0,
+                        options=tuple(registry.model_options(cfg.model, cfg.model_option).items()),
+                        # the order the run computes in, whose peak is estimated (overlapped by default)
+                        overlap=() if cfg.no_overlap else tuple(sorted(OVERLAP_HALOS[cfg.overlap_halos])),
+                        precision=cfg.precision)
+        if cfg.auto_rule == "time" and paths:
             links = links or measure_links(topo)  # collective; the trainer's, unless --no-link-check
+            measured = self._compute_rate(topo, paths[0], model_kw, errors)
 
             def rates_for(m, degree):
-                row_s, edge_s = compute_rate.measure(m.widths(), degree, topo.device)
-                return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], row_s, edge_s)
+                return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], measured["row_s"], measured["edge_s"])
         memory = device_memory(topo)  # collective: what the GPUs have free now (None on the CPU)
         # Rank 0 reads the shard sets and estimates; every rank gets the same decision or error.
-        with collective_errors(topo.world, "--mode auto", catch=(TrainingError, memory_model.MemoryModelError,
-                                                                 shards.ShardError, OSError, KeyError, ValueError)):
+        with collective_errors(topo.world, "--mode auto", **errors):
             if topo.rank == 0:
                 decision = memory_model.choose_shard_sets(
                     paths, cfg.model, cfg.hidden, cfg.conv_layers, cfg.memory_per_gpu_bytes, device=topo.device.type,
-                    fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed, dropout=cfg.dropout, norm=cfg.norm,
-                    checkpoint_activations=cfg.checkpoint_activations, linear_layers=cfg.linear_layers or 0,
-                    options=tuple(registry.model_options(cfg.model, cfg.model_option).items()),
-                    # the order the run computes in, whose peak is estimated (overlapped by default)
-                    overlap=() if cfg.no_overlap else tuple(sorted(OVERLAP_HALOS[cfg.overlap_halos])),
+                    fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed,
                     job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive,
-                    precision=cfg.precision, halo_route=cfg.halo_route, rates_for=rates_for, exact_only=cfg.auto_modes == "exact",
-                    device_memory=memory).to_dict()
+                    halo_route=cfg.halo_route, rates_for=rates_for, exact_only=cfg.auto_modes == "exact",
+                    device_memory=memory, **model_kw).to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)
+        if measured is not None:  # how the compute rate was measured, beside the rates it gave
+            decision["compute_rate"] = measured
+            decision["reason"] += f"; {measured['method']}"
         choice = decision["choice"]
         # The chosen mode's own knob (flx: preloaded_layers = k; cob: batches_per_epoch), from its entry.
         resolved = dataclasses.replace(cfg, mode=choice["mode"], shards=choice["source"],
@@ -352,3 +357,18 @@ class Automatic(Mode):
                 log.info(f"[auto]   {line}")
             log.info(f"[auto] {decision['reason']}")
         return mode
+
+    def _compute_rate(self, topo, path: str, model_kw: dict, errors: dict) -> dict:
+        """Collective: the compute rate measured on every rank (memory_model/compute_rate.measure_job) at
+        the model's widths and the graph's average degree, read from the first shard set on rank 0 (every
+        set of --shards holds one dataset: choose_shard_sets refuses a mix, so the first one's serve)."""
+        cfg, shape = self.cfg, None
+        with collective_errors(topo.world, "--mode auto", **errors):
+            if topo.rank == 0:
+                manifest = shards.read_manifest(path)
+                m = memory_model.model_for(manifest, cfg.model, cfg.hidden, cfg.conv_layers, inductive=cfg.inductive,
+                                           **model_kw)
+                ds = manifest["dataset"]
+                shape = (m.widths(), int(ds.get("num_edges") or 0) / max(1, int(ds.get("num_vertices") or 1)))
+        widths, degree = topo.bcast_object(shape)
+        return compute_rate.measure_job(widths, degree, topo.device, topo.allgather_object)

@@ -98,6 +98,11 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
         finally:
             trainer.close()
         assert decision["rule"] == "time" and decision["rates"]["row_s"] > 0
+        # measured on every rank, the slowest rank's median kept, and said so in the reason
+        per_rank = decision["compute_rate"]["per_rank"]
+        assert len(per_rank) == MPI.COMM_WORLD.Get_size()
+        assert (decision["rates"]["row_s"], decision["rates"]["edge_s"]) == tuple(max(c) for c in zip(*per_rank))
+        assert decision["compute_rate"]["method"] in decision["reason"]
         totals = [o["predicted_s"]["total_s"] for o in decision["options"] if o["peak_bytes"] <= budget]
         assert decision["choice"]["predicted_s"]["total_s"] == min(totals)
         assert "shortest predicted epoch" in decision["reason"]

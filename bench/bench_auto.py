@@ -1,0 +1,297 @@
+"""--mode auto's choice against every option it chooses among, on an emulated 2-server cluster (not a test).
+
+    python bench/bench_auto.py     # root; ~15 min on a busy 2-core machine with the defaults
+
+For each graph (Cora from tests/data; the demo's synthetic graph at --vertices) it builds two shard sets
+(full 3-hop preload, and EAS h=1 f=15; 2 servers x 2 GPUs, METIS), sets up the emulated cluster
+(emucluster/, its own instance: docs/emulated-cluster.md), and at every link rate of --rates runs, under
+emu-mpirun (4 ranks, 2 per server), each option auto's table lists (fb; flx k=1..L on the full set; eas;
+cob with the fewest co-batches) and before them `--mode auto --shards FULL,EAS` (the time rule, the default).
+Recorded per run: the measured epoch time (median of the epochs after the first); from auto's run:
+its choice, its predicted epoch per option, the rates it measured, and its own measured epoch.  The
+verdict per (graph, rate): auto's choice is "within 10 %" when the measured epoch of the option it
+chose is at most 1.1x the fastest measured option, and "not slower than fb" when it is at most fb's.
+
+Writes --json (bench/results/auto.json) after every run, and the page --out (docs/performance/auto.md);
+--from-json rewrites the page from a saved one.  The cluster is torn down on exit, failure or SIGTERM.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+from bench_scale import add_run_arguments, save_records
+from harness import ENV, REPO, write_page
+
+from emucluster import cluster as emucluster, costmodel  # noqa: E402
+
+# Its own emulated cluster, so that a benchmark on the default instance can run beside it.
+os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "auto")
+os.environ.setdefault("GRANNDIS_EMU_SUBNET", "10.219.0")
+
+GRAPHS = {
+    "cora": ["--source", "planetoid", "--name", "cora", "--root", os.path.join(REPO, "tests", "data", "planetoid")],
+    "synthetic": ["--source", "synthetic", "--seed", "0", "--feature-noise", "5"],  # the demo's; + --vertices
+}
+SETS = {"full": ["--preload", "full"], "eas": ["--preload", "eas", "--hops", "1", "--eas-fanout", "15"]}
+LAYERS = 3
+
+
+def options(layers):
+    """(name = auto's option label, shard set, train arguments): what auto's table lists, one each."""
+    out = [("fb", "full", ["--mode", "fb"])]
+    out += [(f"flx k={k}", "full", ["--mode", "flx", "--preloaded-layers", str(k)]) for k in range(1, layers + 1)]
+    out += [("eas", "eas", ["--mode", "eas"]), ("cob batches=2", "full", ["--mode", "cob", "--batches-per-epoch", "2"])]
+    return out
+
+
+def verdict(measured, choice):
+    """(fastest option, auto's choice's epoch / fastest's, within 10 %, not slower than fb) from the
+    options' measured epochs; None where auto's choice was not among the options run."""
+    if choice not in measured:
+        return None
+    fastest = min(measured, key=measured.get)
+    ratio = measured[choice] / measured[fastest]
+    return {"fastest": fastest, "ratio": ratio, "within_10pct": ratio <= 1.10,
+            "not_slower_than_fb": measured[choice] <= measured.get("fb", float("inf"))}
+
+
+def run(cmd, log, timeout):
+    cmd = [str(c) for c in cmd]
+    print("+", " ".join(cmd), flush=True)
+    log.append(" ".join(cmd).replace(REPO + os.sep, ""))  # the page and the JSON are read on other machines
+    p = emucluster.run_bounded(["timeout", "--kill-after=15", str(int(timeout)), *cmd], env=dict(os.environ), cwd=REPO)
+    if p.returncode != 0:
+        raise RuntimeError(f"exit status {p.returncode}: {' '.join(cmd)}")
+
+
+def read_run(run_dir):
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return summary, records
+
+
+def find_decision(obj):
+    """summary.json's auto decision (the mode's description holds it under "auto")."""
+    if isinstance(obj, dict):
+        if isinstance(obj.get("auto"), dict) and "options" in obj["auto"]:
+            return obj["auto"]
+        for v in obj.values():
+            found = find_decision(v)
+            if found is not None:
+                return found
+    return None
+
+
+def train(args, shards, extra, run_dir, log):
+    common = ["--model", "sage", "--layers", str(LAYERS), "--hidden", str(args.hidden), "--epochs", str(args.epochs),
+              "--eval-every", "0", "--lr", "0.01", "--dropout", "0.5", "--quiet"]
+    run([os.path.join(REPO, "emucluster", "emu-mpirun"), "-n", "4", "--emu-timeout", str(args.run_timeout),
+         sys.executable, "-m", "granndis_hpc.cli", "train", "--shards", shards, *extra, *common, "--out", run_dir,
+         "--overwrite-run"], log, args.run_timeout + 60)
+    summary, records = read_run(run_dir)
+    return summary, costmodel.summarize_run(records)["epoch_s"], [float(r["time_s"]) for r in records]
+
+
+def sweep(args, data, path):
+    log = data["log"]
+    shards = {}
+    for graph in args.graphs:
+        for kind, extra in SETS.items():
+            out = os.path.join(args.work, f"shards-{graph}-{kind}")
+            shards[graph, kind] = out
+            if args.reuse_shards and os.path.exists(os.path.join(out, "manifest.json")):
+                continue
+            src = GRAPHS[graph] + (["--vertices", str(args.vertices)] if graph == "synthetic" else [])
+            run(["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.preprocess", "build", *src, "--servers", "2",
+                 "--gpus-per-server", "2", "--layers", str(LAYERS), "--partitioner", "metis", "--out", out,
+                 "--overwrite", *extra], log, args.timeout)
+    emucluster.install_signal_teardown()
+    try:
+        emucluster.setup(2, None)
+        log.append("emucluster/emu-cluster setup --servers 2 --rate unshaped")
+        for label in args.rates:
+            bps = emucluster.parse_rate(label)
+            emucluster.shape(bps)
+            pp = emucluster.selfcheck(2, python=sys.executable)
+            log.append(f"emucluster/emu-cluster shape --rate {label} && emucluster/emu-cluster selfcheck")
+            print(emucluster.format_selfcheck(pp), flush=True)
+            entry = {"rate": label, "rate_bps": bps, "inter_Bps": pp["inter_Bps"]["1"], "intra_Bps": pp["intra_Bps"],
+                     "problems": pp["problems"], "graphs": {}}
+            data["rates"].append(entry)
+            for graph in args.graphs:
+                g = entry["graphs"][graph] = {"loadavg_start": os.getloadavg()[0], "measured": {}, "epochs": {}}
+                # auto first: a sweep stopped part-way has its choice beside the options measured so far
+                run_dir = os.path.join(args.work, "runs", label, graph, "auto")
+                try:
+                    summary, g["auto_epoch_s"], g["epochs"]["auto"] = train(
+                        args, f"{shards[graph, 'full']},{shards[graph, 'eas']}",
+                        ["--mode", "auto", "--memory-per-gpu", args.memory_per_gpu], run_dir, log)
+                    d = find_decision(summary)
+                    kinds = {v: k for (gr, k), v in shards.items() if gr == graph}
+                    g["choice"] = d["choice"]["label"] if kinds.get(d["choice"]["source"]) != "eas" or \
+                        d["choice"]["mode"] == "eas" else f"{d['choice']['label']} (eas set)"
+                    g["predicted"] = {o["label"] + ("" if kinds.get(o["source"]) != "eas" or o["mode"] == "eas"
+                                                    else " (eas set)"): o["predicted_s"] for o in d["options"]}
+                    g["rates"], g["compute_rate"], g["reason"] = d["rates"], d.get("compute_rate"), d["reason"]
+                except (RuntimeError, OSError, ValueError, KeyError, TypeError) as exc:
+                    g.setdefault("errors", {})["auto"] = f"{type(exc).__name__}: {exc}"
+                for name, kind, extra in options(LAYERS):
+                    run_dir = os.path.join(args.work, "runs", label, graph, name.replace(" ", "").replace("=", ""))
+                    try:
+                        _, g["measured"][name], g["epochs"][name] = train(args, shards[graph, kind], extra, run_dir, log)
+                    except (RuntimeError, OSError, ValueError) as exc:  # recorded; the sweep goes on
+                        g.setdefault("errors", {})[name] = str(exc)
+                    save_records(path, data)
+                if "choice" in g:
+                    g["verdict"] = verdict(g["measured"], g["choice"])
+                g["loadavg_end"] = os.getloadavg()[0]
+                save_records(path, data)
+    finally:
+        emucluster.teardown()
+
+
+def fmt(x, digits=3):
+    return "-" if x is None else f"{x:.{digits}g}"
+
+
+def render(data):
+    names = [n for n, _, _ in options(LAYERS)]
+    cfg = data["config"]
+    L = ["# Does --mode auto pick the fastest option? (emulated 2 x 2 cluster)", "",
+         f"Written by `bench/bench_auto.py` ({data['date']}); raw results: `bench/results/auto.json`.", "",
+         f"Machine: {cfg['cores']} cores, {cfg['mem_gib']:.0f} GiB, no GPU, Python {cfg['python']}, shared with other "
+         f"jobs: load average {data['loadavg_start'][0]:.1f} at the start, {(data.get('loadavg_end') or [0])[0]:.1f} at the end "
+         f"(per run below). 3-layer SAGE, hidden {cfg['hidden']}, {cfg['epochs']} epochs per run (the epoch time is "
+         f"the median of the epochs after the first), 2 emulated servers x 2 ranks (docs/emulated-cluster.md); "
+         f"auto with `--memory-per-gpu {cfg['memory_per_gpu']}` (every option fits). Graphs: "
+         + ", ".join(f"{g}" + (f" ({cfg['vertices']:,} vertices)" if g == "synthetic" else "") for g in cfg["graphs"])
+         + f". Rounds run (rate: graphs): {'; '.join(r['rate'] + ': ' + ', '.join(r['graphs']) for r in data['rates'])}. Whole sweep {data.get('wall_s', 0) / 60:.1f} min.",
+         ""]
+    if data.get("findings"):  # the reading of these numbers, kept with them in the JSON (--from-json)
+        L += ["## What it found", "", *[f"- {f}" for f in data["findings"]], ""]
+    L += ["## Summary", "", "| graph | rate | auto chose | fastest measured | chosen / fastest | within 10 % | "
+          "not slower than fb | auto's own run / fastest |", "|---|---|---|---|---:|---|---|---:|"]
+    for r in data["rates"]:
+        for graph, g in r["graphs"].items():
+            v, best = g.get("verdict"), min(g["measured"].values()) if g["measured"] else None
+            if v is None and "choice" in g:  # a sweep stopped part-way: among the options measured so far
+                v = verdict(g["measured"], g["choice"])
+            own = g.get("auto_epoch_s") / best if best and g.get("auto_epoch_s") else None
+            part = "" if len(g["measured"]) == len(options(LAYERS)) else \
+                f" (stopped: {len(g['measured'])} of {len(options(LAYERS))} options run)"
+            L.append(f"| {graph} | {r['rate']}{part} | {g.get('choice', 'failed')} | "
+                     + (f"{v['fastest']} | {v['ratio']:.2f} | {'yes' if v['within_10pct'] else 'no'} | "
+                        f"{'yes' if v['not_slower_than_fb'] else 'no'} |" if v else "- | - | - | - |")
+                     + f" {fmt(own)} |")
+    L.append("")
+    for r in data["rates"]:
+        for graph, g in r["graphs"].items():
+            L += [f"## {graph}, {r['rate']} (ping-pong {r['inter_Bps'] / 1e6:.3g} MB/s between servers; "
+                  f"load {g['loadavg_start']:.1f} -> {g.get('loadavg_end', 0):.1f})", "",
+                  "| option | measured epoch (s) | auto's prediction (s) | predicted / measured | "
+                  "predicted compute / inter / intra (s) |", "|---|---:|---:|---:|---|"]
+            pred = g.get("predicted", {})
+            for n in names + sorted(set(pred) - set(names), key=lambda n: pred[n].get("total_s", 0)):
+                p = pred.get(n) or {}
+                if n not in g["measured"] and not p:
+                    continue
+                mark = " **(auto)**" if n == g.get("choice") else ""
+                meas = g["measured"].get(n)
+                ratio = p["total_s"] / meas if meas and p.get("total_s") else None
+                L.append(f"| {n}{mark} | {fmt(meas)} | {fmt(p.get('total_s'))} | {fmt(ratio, 2)} | "
+                         f"{fmt(p.get('compute_s'))} / {fmt(p.get('inter_s'))} / {fmt(p.get('intra_s'))} |")
+            v = g.get("verdict") or (verdict(g["measured"], g["choice"]) if "choice" in g else None)
+            L.append("")
+            if "choice" in g:
+                L.append(f"auto chose **{g['choice']}**; its own run's epoch: {fmt(g.get('auto_epoch_s'))} s. " + (
+                    f"Fastest measured: {v['fastest']}; auto's choice / fastest = {v['ratio']:.2f} "
+                    f"({'within' if v['within_10pct'] else 'NOT within'} 10 %), "
+                    f"{'not slower' if v['not_slower_than_fb'] else 'SLOWER'} than fb." if v else
+                    "Its choice is not among the options run, so no verdict."))
+                cr = g.get("compute_rate") or {}
+                L.append(f"Rates auto priced with: inter {fmt((g['rates'].get('inter_Bps') or 0) / 1e6)} MB/s, "
+                         f"intra {fmt((g['rates'].get('intra_Bps') or 0) / 1e6)} MB/s, row_s {fmt(g['rates'].get('row_s'))}, "
+                         f"edge_s {fmt(g['rates'].get('edge_s'))}" + (f" ({cr['method']})" if cr else "") + ".")
+            for n, e in g.get("errors", {}).items():
+                L.append(f"{n}: failed ({e}).")
+            L.append("")
+    return L
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--graphs", default="cora,synthetic", help=f"comma-separated, from: {', '.join(GRAPHS)}")
+    p.add_argument("--vertices", type=int, default=5000, help="the synthetic graph's vertices")
+    p.add_argument("--rates", default="unshaped,1gbit,100mbit,10mbit", help="comma-separated, tc's units")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=4, help="per run; the first is left out of the median")
+    p.add_argument("--memory-per-gpu", default="16GiB")
+    p.add_argument("--work", default=os.path.join(REPO, "bench-out", "auto"))
+    p.add_argument("--json", default=os.path.join(REPO, "bench", "results", "auto.json"))
+    p.add_argument("--out", default=os.path.join(REPO, "docs", "performance", "auto.md"))
+    p.add_argument("--from-json", action="store_true", help="no runs: rewrite the page from --json")
+    p.add_argument("--append", action="store_true", help="add this sweep's rounds to those already in --json")
+    add_run_arguments(p, timeout=600, run_timeout=300, timeout_help="seconds per shard-set build")
+    args = p.parse_args(argv)
+    if args.from_json:
+        with open(args.json) as f:
+            data = json.load(f)
+        write_page(args.out, render(data), "bench/bench_auto.py", command_args(data), data["log"])
+        return 0
+    args.graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
+    args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    if any(g not in GRAPHS for g in args.graphs):
+        p.error(f"--graphs: any of {', '.join(GRAPHS)}")
+    if args.epochs < 2:
+        p.error("--epochs must be at least 2 (the first is left out)")
+    try:
+        for r in args.rates:
+            emucluster.parse_rate(r)
+        emucluster.preflight()
+    except ValueError as exc:
+        p.error(str(exc))
+    except emucluster.EmuError as exc:
+        print(f"bench_auto: cannot run here: {exc}", file=sys.stderr)
+        return exc.code
+    os.environ.update(ENV)  # the self-check's mpirun reads os.environ (root needs OMPI_ALLOW_RUN_AS_ROOT)
+    os.makedirs(args.work, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    data = {"date": str(datetime.date.today()), "argv": argv, "log": [], "rates": [],
+            "loadavg_start": list(os.getloadavg()),
+            "config": {"graphs": args.graphs, "vertices": args.vertices, "hidden": args.hidden, "epochs": args.epochs,
+                       "memory_per_gpu": args.memory_per_gpu, "cores": os.cpu_count(), "python": platform.python_version(),
+                       "mem_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30}}
+    if args.append and os.path.exists(args.json):  # a later sweep's rounds beside an earlier one's
+        with open(args.json) as f:
+            old = json.load(f)
+        old["config"]["graphs"] = list(dict.fromkeys(old["config"]["graphs"] + args.graphs))
+        old["config"]["vertices"] = args.vertices
+        old["argv"] = [old["argv"], argv] if old["argv"] and isinstance(old["argv"][0], str) else old["argv"] + [argv]
+        data = dict(old, loadavg_end=None, wall_s=old.get("wall_s", 0))
+    started = time.monotonic() - data.get("wall_s", 0)
+    try:
+        sweep(args, data, args.json)
+    finally:
+        data["loadavg_end"], data["wall_s"] = list(os.getloadavg()), time.monotonic() - started
+        save_records(args.json, data)
+    write_page(args.out, render(data), "bench/bench_auto.py", command_args(data), data["log"])
+    return 0
+
+
+def command_args(data):
+    """The page's command line: the sweep's arguments (several sweeps of one --json: joined by `&&`)."""
+    runs = data["argv"] if data["argv"] and not isinstance(data["argv"][0], str) else [data["argv"]]
+    return [" && python bench/bench_auto.py ".join(" ".join(a) for a in runs)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
