@@ -26,7 +26,7 @@ import sys
 import time
 
 from bench_scale import add_run_arguments, save_records
-from harness import ENV, REPO, write_page
+from harness import ENV, REPO, read_run, write_page
 
 from emucluster import cluster as emucluster, costmodel  # noqa: E402
 
@@ -68,14 +68,6 @@ def run(cmd, log, timeout):
     p = emucluster.run_bounded(["timeout", "--kill-after=15", str(int(timeout)), *cmd], env=dict(os.environ), cwd=REPO)
     if p.returncode != 0:
         raise RuntimeError(f"exit status {p.returncode}: {' '.join(cmd)}")
-
-
-def read_run(run_dir):
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return summary, records
 
 
 def find_decision(obj):
