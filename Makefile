@@ -10,7 +10,7 @@ RANKS_PER_SERVER := $(shell python3 -m emucluster.mpienv ranks-per-server)
 MPIRUN := mpirun -n 4
 APT_PKGS := openmpi-bin libopenmpi-dev libscotchparmetis-dev
 
-.PHONY: setup demo test test-fast lint typecheck test-unit test-launch test-mpi test-unit-then-mpi test-slurm bench bench-cluster clean
+.PHONY: setup demo test test-fast lint typecheck test-unit test-launch test-mpi test-slurm bench bench-cluster clean
 
 setup: $(STAMP)/apt $(STAMP)/venv $(STAMP)/slurm
 
@@ -66,19 +66,16 @@ test-unit: setup
 test-mpi: setup
 	GRANNDIS_RANKS_PER_SERVER=$(RANKS_PER_SERVER) $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/mpi
 
-# Tests that start their own mpirun (or a Slurm job), one job at a time (beside the other lane in `make test`);
+# Tests that start their own mpirun (or a Slurm job), one job at a time (beside the other lanes in `make test`);
 # tests/unit starts none.
 test-launch: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/launch
 
-# The launch lane runs beside the serial-then-MPI lane: a launch test spends much of its time starting and
-# stopping its own mpirun, so the two lanes together keep both of this machine's cores busy.  Each lane's
-# output is printed whole when the lane ends; the status is non-zero if either fails.
+# The three lanes run side by side: a launch test spends much of its time starting and stopping its own
+# mpirun and the MPI ranks wait on each other, so one lane alone leaves the cores idle.  Each lane's output
+# is printed whole when the lane ends; the status is non-zero if any fails.
 test: lint typecheck
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-launch test-unit-then-mpi
-
-test-unit-then-mpi: test-unit
-	@$(MAKE) --no-print-directory test-mpi
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-unit test-launch test-mpi
 
 # The edit loop's lane (a few minutes): lint, types, the serial tests but the slow ones, and the exact-logits
 # tests of the distributed engine on 2 emulated servers x 2 ranks (homogeneous and heterogeneous).

@@ -23,7 +23,7 @@ from tests.launch.test_resume import cora_shards
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 TRAIN = ["--ranks-per-server", "1", "--layers", "2", "--hidden", "16", "--epochs", "1000", "--eval-every", "0"]
 # Seconds between mpirun's SIGCONT, SIGTERM and SIGKILL: room for an epoch and a checkpoint on a busy machine.
-KILL_WAIT = {"OMPI_MCA_odls_base_sigkill_timeout": "5"}
+KILL_WAIT = {"OMPI_MCA_odls_base_sigkill_timeout": "2"}
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,8 @@ def test_sigterm_then_sigint_to_mpirun_exit_1_with_a_complete_resumable_checkpoi
                                      signal.SIGTERM, after=0)
     assert rc == 1, log  # mpirun's own abort status, not the ranks'
     first = _check_clean(run_dir, log, after=0)
-    assert waited >= 2 * float(KILL_WAIT["OMPI_MCA_odls_base_sigkill_timeout"]) - 0.5, waited  # SIGCONT, SIGTERM, SIGKILL
+    # SIGCONT, the whole wait, SIGTERM; the wait before SIGKILL ends early once every rank has exited.
+    assert waited >= float(KILL_WAIT["OMPI_MCA_odls_base_sigkill_timeout"]) - 0.5, waited
     # Ctrl-C on the continued run: the same abort, and the run continues from where the first stop left it.
     rc, log, _ = _signal_mpirun(["--resume", run_dir], run_dir, tmp_path / "int.log", signal.SIGINT, after=first)
     assert rc == 1, log

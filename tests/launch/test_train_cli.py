@@ -129,8 +129,10 @@ def _expected_halo_bytes(shards, hidden, classes_unused, num_features):
 @pytest.mark.timeout(600)
 def test_ledger_bytes_match_shard_volumes(cora_shards, tmp_path):
     hidden = 16
+    # The shard volumes are per (sending, receiving) rank pair: the direct route's bytes (the per-server
+    # route's are counted independently in tests/mpi/test_halo_route.py).
     res = _train(cora_shards["full"], "fb", tmp_path / "fb", "--model", "sage", "--hidden", str(hidden),
-                 "--epochs", "2", "--eval-every", "0", "--quiet")
+                 "--epochs", "2", "--eval-every", "0", "--quiet", "--halo-route", "direct")
     assert res.returncode == 0, res.stdout + res.stderr
     fb = _summary(tmp_path / "fb")["bytes_per_epoch"]
     intra, inter = _expected_halo_bytes(cora_shards["full"], hidden, None, None)

@@ -24,7 +24,7 @@ def _run(shards, route, rps, mode="fb", **extra):
     try:
         trainer.model.eval()
         with torch.no_grad():
-            logits = gather_by_global_id(trainer, trainer._forward(trainer.train_view, "halo"))
+            logits = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
         trainer.model.train()
         trainer.run()
         scores = trainer.evaluate()
