@@ -149,6 +149,25 @@ def make_trainer(shards, mode, model="sage", layers=3, **overrides):
     return Trainer(TrainConfig(**cfg))
 
 
+def counted_steps(trainer, **counter_options):
+    """Each step of one more epoch under its own SyncCounter(**counter_options): the counters, in step order."""
+    from granndis_hpc.cluster.hostsync import SyncCounter
+
+    counters, step = [], trainer.train_step
+
+    def counted(s):
+        with SyncCounter(**counter_options) as counter:
+            out = step(s)
+        counters.append(counter)
+        return out
+    trainer.train_step = counted
+    try:
+        trainer.train_epoch()
+    finally:
+        trainer.train_step = step
+    return counters
+
+
 def view_logits(trainer):
     """Rank 0: the eval-mode logits of every inner vertex by global id, from the training view and from the
     evaluation (world) view, (training, evaluation); (None, None) elsewhere.  Collective."""

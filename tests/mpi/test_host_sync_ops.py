@@ -9,9 +9,8 @@ from collections import Counter
 import pytest
 from mpi4py import MPI
 
-from granndis_hpc.cluster.hostsync import SyncCounter
 from granndis_hpc.nn import sparse
-from tests.mpi.conftest import make_trainer, on_every_rank
+from tests.mpi.conftest import counted_steps, make_trainer, on_every_rank
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -69,23 +68,6 @@ BY_DATA = [("__bool__", "granndis_hpc/nn/sparse.py"), ("aten.unique_consecutive"
 CONVERSION = ("aten.bincount", "granndis_hpc/nn/sparse.py")
 
 
-def _counted_steps(trainer):
-    """Each step of one epoch under SyncCounter(ops=True): (its calls, the operators its backward ran)."""
-    per_step, step = [], trainer.train_step
-
-    def counted(s):
-        with SyncCounter(ops=True) as counter:
-            out = step(s)
-        per_step.append((counter.calls, counter.backward_ops))
-        return out
-    trainer.train_step = counted
-    try:
-        trainer.train_epoch()
-    finally:
-        trainer.train_step = step
-    return per_step
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_step_makes_exactly_its_listed_host_syncs(cora_shards, cora_shapes, monkeypatch, case):
     # The CPU's CSR conversion goes through scipy; the GPU's is torch's: count the GPU's branch.
@@ -95,7 +77,7 @@ def test_a_step_makes_exactly_its_listed_host_syncs(cora_shards, cora_shapes, mo
     trainer = make_trainer(shards, mode, epochs=2, **extra)
     try:
         trainer.train_epoch()
-        per_step = _counted_steps(trainer)
+        per_step = [(counter.calls, counter.backward_ops) for counter in counted_steps(trainer, ops=True)]
     finally:
         trainer.close()
 

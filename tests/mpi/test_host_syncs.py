@@ -15,28 +15,10 @@ from collections import Counter
 import pytest
 from mpi4py import MPI
 
-from granndis_hpc.cluster.hostsync import SyncCounter
-from tests.mpi.conftest import make_trainer, on_every_rank
+from tests.mpi.conftest import counted_steps, make_trainer, on_every_rank
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
-
-
-def _counted_steps(trainer):
-    """Each step of one epoch under a SyncCounter: the list of its calls."""
-    per_step, step = [], trainer.train_step
-
-    def counted(s):
-        with SyncCounter() as counter:
-            out = step(s)
-        per_step.append(counter.calls)
-        return out
-    trainer.train_step = counted
-    try:
-        trainer.train_epoch()
-    finally:
-        trainer.train_step = step
-    return per_step
 
 
 @pytest.mark.parametrize("mode,extra", [
@@ -48,7 +30,7 @@ def test_a_training_step_syncs_the_host_once_for_its_loss(cora_shards, mode, ext
     trainer = make_trainer(cora_shards[("full", 3)], mode, epochs=2, **extra)
     try:
         trainer.train_epoch()
-        per_step = _counted_steps(trainer)
+        per_step = [counter.calls for counter in counted_steps(trainer)]
     finally:
         trainer.close()
 
