@@ -51,7 +51,8 @@ def run_one(a, P, preload, whole) -> dict:
     t0 = time.perf_counter()
     with MemoryGuard(a.min_available_gib) as guard:
         r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=a.timeout)
-    rec = {"P": P, "preload": preload, "whole_graph": whole, "command": " ".join(cmd[:1] + cmd[1:3] + ["python"] + cmd[4:]),
+    rec = {"P": P, "preload": preload, "whole_graph": whole,
+           "command": " ".join(cmd[:1] + cmd[1:3] + ["python"] + cmd[4:]),
            "wall_s": time.perf_counter() - t0, "rc": r.returncode, "loadavg_start": load0,
            "loadavg_end": os.getloadavg()[0], "log": [l for l in r.stdout.splitlines() if l.startswith("[preprocess]")]}
     if guard.fired is not None:
@@ -89,7 +90,8 @@ def plan_inputs(a) -> dict:
     if a.plan_json and os.path.exists(path):  # an earlier run's plan of the same graph
         with open(path) as f:
             return json.load(f)["build_memory"]
-    cmd = [sys.executable, "-m", "granndis_hpc.preprocess", "plan", *graph_args(a), "--servers", "2", "--gpus-per-server", "2",
+    cmd = [sys.executable, "-m", "granndis_hpc.preprocess", "plan", *graph_args(a), "--servers", "2",
+           "--gpus-per-server", "2",
            "--layers", str(a.layers), "--partitioner", a.partitioner, "--model", "sage", "--hidden", "64",
            "--cob-batches", "2", "--eas-hops", "1", "--eas-fanout", "15", "--json", path]
     r = subprocess.run(cmd, cwd=REPO, env=mpi_env(), capture_output=True, text=True)
@@ -193,7 +195,8 @@ def main(argv=None) -> int:
         for r in records:
             per = r["estimate"]["per_rank"]
             print(f"{a.vertices} vertices, {a.estimate_only} edges, {r['preload']}, P = {r['P']}: peak per rank "
-                  f"{max(per) / 2 ** 30:.2f} GiB (min {min(per) / 2 ** 30:.2f}), all ranks {sum(per) / 2 ** 30:.1f} GiB")
+                  f"{max(per) / 2 ** 30:.2f} GiB (min {min(per) / 2 ** 30:.2f}), "
+                  f"all ranks {sum(per) / 2 ** 30:.1f} GiB")
         return 0
     for path in a.from_json or []:
         with open(path) as f:

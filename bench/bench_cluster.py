@@ -197,9 +197,11 @@ def render(sweep, argv):
     g, rates, modes = sweep["graph"], sweep["rates"], sweep["modes"]
     rounds = all_rounds(sweep)  # the rates fastest first, then the repeated unshaped round
     L = [f"# Speedup on an emulated 2-server cluster ({sweep['date']})", "",
-         f"Synthetic graph (`--generator {g.get('generator', 'sbm')}`), {g['vertices']:,} vertices, {g['layers']}-layer SAGE, hidden {g['hidden']}, "
+         f"Synthetic graph (`--generator {g.get('generator', 'sbm')}`), {g['vertices']:,} vertices, "
+         f"{g['layers']}-layer SAGE, hidden {g['hidden']}, "
          f"{g['epochs']} epochs per run (median epoch time over epochs 1..{g['epochs'] - 1}; test accuracy "
-         f"after epoch {g['epochs'] - 1}). 2 servers x {g.get('ranks_per_server', 2)} rank(s); each server is a network + UTS namespace, the "
+         f"after epoch {g['epochs'] - 1}). 2 servers x {g.get('ranks_per_server', 2)} rank(s); each server is a "
+         "network + UTS namespace, the "
          f"servers are joined by one veth shaped with `tc tbf` on both egresses, ranks inside a server use "
          f"shared memory (see `docs/emulated-cluster.md`). One 2-core machine shared with other jobs: times are "
          f"indicative, bytes are exact ledger counts (summed over ranks, per epoch).", "",
@@ -259,7 +261,8 @@ def render(sweep, argv):
         L += [f"| {m} | {rounds[0]['runs'][m]['rows']:,} | {fit['cost_per_row_s'][m] * 1e6:.2f} |" for m in modes]
     if all("overlap_limit_s" in x for r in rounds for x in r["runs"].values()):
         L += ["", "Overlap limit (compute + the halo wire each exchange's window of compute cannot hide + gradient "
-              "wire, for the exchanges the run overlapped; granndis_hpc/report/linkmodel.py): measured epoch / limit per "
+              "wire, for the exchanges the run overlapped; granndis_hpc/report/linkmodel.py): measured epoch / limit "
+              "per "
               "run, marked * where the run overlapped. "
               "A run that overlaps is at or above its limit; one that does not is near the additive model.", "",
               "| link rate | " + " | ".join(f"{m} meas / limit" for m in modes) + " |", "|---|" + "---:|" * len(modes)]
@@ -289,7 +292,8 @@ def render(sweep, argv):
         L += ["## Rates left out", "", "The self-check could not verify these links (after 3 ping-pong jobs), so "
               "no training numbers were taken there:", ""]
         L += [f"- {s['label']}: {'; '.join(s['problems'])}" for s in sweep["skipped"]] + [""]
-    L += ["## Commands", "", "```", f"python bench/bench_cluster.py {' '.join(argv)}".rstrip(), *sweep["log"], "```", ""]
+    L += ["## Commands", "", "```", f"python bench/bench_cluster.py {' '.join(argv)}".rstrip(), *sweep["log"], "```",
+          ""]
     return "\n".join(L)
 
 
@@ -357,9 +361,10 @@ def main(argv=None):
             if args.reuse_shards and os.path.exists(os.path.join(shards[name], "manifest.json")):
                 log.append(f"(reused {shards[name]})")
                 continue
-            run(["mpirun", "-n", "2", py, "-m", "granndis_hpc.preprocess", "build", "--source", "synthetic", "--vertices",
-                 str(args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", str(args.ranks_per_server), "--layers",
-                 str(args.layers), "--partitioner", "metis", "--out", shards[name], "--overwrite",
+            run(["mpirun", "-n", "2", py, "-m", "granndis_hpc.preprocess", "build", "--source", "synthetic",
+                 "--vertices",
+                 str(args.vertices), "--seed", "0", "--servers", "2", "--gpus-per-server", str(args.ranks_per_server),
+                 "--layers", str(args.layers), "--partitioner", "metis", "--out", shards[name], "--overwrite",
                  "--generator", args.generator, *SHARD_SETS[name]], log, timeout=600)
     common = ["--model", "sage", "--layers", str(args.layers), "--hidden", str(args.hidden), "--epochs",
               str(args.epochs), "--eval-every", str(args.epochs), "--lr", "0.01", "--dropout", "0.5", "--quiet"]
@@ -368,7 +373,8 @@ def main(argv=None):
              "skipped": [], "loadavg_start": list(os.getloadavg()),
              # the progress thread's polling (cluster/pending.py), where a benchmark sets it
              "progress_poll": os.environ.get("GRANNDIS_PROGRESS_POLL", ""),
-             "graph": {"vertices": args.vertices, "generator": args.generator, "layers": args.layers, "hidden": args.hidden,
+             "graph": {"vertices": args.vertices, "generator": args.generator, "layers": args.layers,
+                       "hidden": args.hidden,
                        "epochs": args.epochs, "servers": 2, "ranks_per_server": args.ranks_per_server}}
     capacity = None  # unshaped inter-server bandwidth: the most this machine can drive
     plan = round_order(rates, repeat=not args.no_repeat)
@@ -400,7 +406,8 @@ def main(argv=None):
             for m in (modes if (i + args.reverse_modes) % 2 == 0 else modes[::-1]):
                 shard_set, extra, _ = MODES[m]
                 run_dir = os.path.join(args.work, "repeat" if repeat else "runs", label, m)
-                run([os.path.join(REPO, "emucluster", "emu-mpirun"), "-n", str(2 * args.ranks_per_server), "--emu-timeout",
+                run([os.path.join(REPO, "emucluster", "emu-mpirun"), "-n", str(2 * args.ranks_per_server),
+                     "--emu-timeout",
                      str(args.run_timeout), py, "-m", "granndis_hpc.cli", "train", "--shards", shards[shard_set],
                      *extra, *common, "--out", run_dir], log, timeout=args.run_timeout + 60)
                 with open(os.path.join(run_dir, LINK_FILE), "w") as f:  # the run's own record of its link

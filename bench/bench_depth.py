@@ -74,7 +74,8 @@ def main(argv=None):
     os.makedirs(os.path.dirname(img), exist_ok=True)
     plot(rows, img)
     lines = [f"# Flexible Preloading depth sweep ({datetime.date.today()})", "",
-             f"Synthetic graph (`--generator {args.generator}`), {args.vertices:,} vertices, {L}-layer SAGE (hidden 64), 2 emulated servers "
+             f"Synthetic graph (`--generator {args.generator}`), {args.vertices:,} vertices, {L}-layer SAGE (hidden "
+             "64), 2 emulated servers "
              f"x 2 ranks on one 2-core machine. k = 0 is fb; flx with k preloaded hops runs its first k layers on "
              f"the server's preload (intra-server exchange only) and the remaining {L}-k with the world exchange. "
              f"Bytes are exact ledger counts per epoch summed over ranks; rows are exact plan counts per epoch "

@@ -63,13 +63,15 @@ def _worker(args):
 def page(results, args):
     lines = ["# Half-width halos (`--halo-dtype bfloat16`): accuracy against float32", "", __doc__.split("\n\n")[2]
              .replace("\n", " "), "",
-             f"{len({r['seed'] for r in results})} seeds, {args.epochs} epochs; test accuracy (%) of the best-validation epoch, mean ± std.", "",
+             f"{len({r['seed'] for r in results})} seeds, {args.epochs} epochs; test accuracy (%) of the "
+             "best-validation epoch, mean ± std.", "",
              "| dataset | loop | float32 | bfloat16 | difference (points) | within 0.5 |", "|---|---|---|---|---:|---|"]
     for name in args.datasets:
         for loop in args.loops:
             stats = {}
             for dtype in DTYPES:
-                v = [100 * r["best_val"] for r in results if (r["dataset"], r["loop"], r["halo_dtype"]) == (name, loop, dtype)]
+                v = [100 * r["best_val"] for r in results if (r["dataset"], r["loop"], r["halo_dtype"]) == (name, loop,
+                                                                                                            dtype)]
                 stats[dtype] = (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
             diff = stats["bfloat16"][0] - stats["float32"][0]
             lines.append(f"| {name} | {loop} | {stats['float32'][0]:.2f} ± {stats['float32'][1]:.2f} | "
@@ -99,7 +101,8 @@ def main(argv=None):
         return 0
     results_file = os.path.abspath(args.results)
     cmd = ["mpirun", "-n", "4", sys.executable, os.path.abspath(__file__), "--worker", results_file, "--seeds",
-           str(args.seeds), "--first-seed", str(args.first_seed), "--epochs", str(args.epochs), "--datasets", *args.datasets, "--loops", *args.loops]
+           str(args.seeds), "--first-seed", str(args.first_seed), "--epochs", str(args.epochs), "--datasets",
+           *args.datasets, "--loops", *args.loops]
     if not args.from_results:
         os.makedirs(os.path.dirname(results_file), exist_ok=True)
         if args.first_seed == 0:

@@ -98,7 +98,8 @@ def stage_build(args, records, path, log):
         log.append(f"emucluster/emu-cluster --instance {os.environ['GRANNDIS_EMU_INSTANCE']} setup --servers 2")
         for name, extra in SETS.items():
             out = shard_dir(args, name)
-            cmd = [EMU_MPIRUN, "-n", "4", "--emu-timeout", args.timeout, sys.executable, "-m", "granndis_hpc.preprocess",
+            cmd = [EMU_MPIRUN, "-n", "4", "--emu-timeout", args.timeout, sys.executable, "-m",
+                   "granndis_hpc.preprocess",
                    "build", *graph_args(args), *shape_args(args), *extra, "--out", out, "--overwrite"]
             if args.reuse_shards and os.path.exists(os.path.join(out, "manifest.json")):
                 log.append(f"{' '.join(map(str, cmd))}   # reused: already built".replace(REPO + os.sep, ""))
@@ -122,7 +123,8 @@ def train_one(args, records, model, mode, log):
     shutil.rmtree(run_dir, ignore_errors=True)
     est = records.get("plan", {}).get(model, {}).get(mode, {}).get("peak_bytes")
     if est is not None and 4 * est > args.memory_budget * 2**30:
-        why = f"not run: plan estimates {est / 2**30:.2f} GiB per rank, 4 ranks > --memory-budget {args.memory_budget} GiB"
+        why = (f"not run: plan estimates {est / 2**30:.2f} GiB per rank, 4 ranks > --memory-budget "
+               f"{args.memory_budget} GiB")
         return {label: {"error": why, "estimate": est} for label in args.rates}
     t = time.perf_counter()
     metrics = os.path.join(run_dir, "metrics.jsonl")
@@ -147,7 +149,8 @@ def train_one(args, records, model, mode, log):
     for label in args.rates:
         rec = out.setdefault(label, {"error": "no record"})
         if guard.fired is not None:
-            rec["error"] = f"stopped by the memory guard: MemAvailable {guard.fired:.2f} GiB < {args.min_available_gib} GiB"
+            rec["error"] = (f"stopped by the memory guard: MemAvailable {guard.fired:.2f} GiB < "
+                            f"{args.min_available_gib} GiB")
         for key in ("layer_compute", "layer_counts"):
             rec.pop(key, None)
         rec.update(peak_rss=[peaks.peaks.get(r, 0) for r in range(4)], estimate=est,
@@ -168,7 +171,8 @@ def stage_train(args, records, path, log):
             rounds.append({"label": label, "rate_bps": bps, "bw_Bps": pp["inter_Bps"]["1"],
                            "loadavg": os.getloadavg()[0], "link_problems": pp["problems"], "runs": {}})
         records["train"] = rounds
-        log.append(f"(each run re-shapes the link to the next of {', '.join(args.rates)} after every {args.epochs} epochs)")
+        log.append(f"(each run re-shapes the link to the next of {', '.join(args.rates)} after every {args.epochs} "
+                   "epochs)")
         for model in args.models:
             for mode in args.modes:
                 per_rate = train_one(args, records, model, mode, log)
@@ -204,7 +208,8 @@ def main(argv=None):
     p.add_argument("--rates", default="1gbit,100mbit", help="link rates, in this order within every run")
     p.add_argument("--stages", nargs="*", default=["plan", "build", "train"], choices=("plan", "build", "train"),
                    help="what to run; none: rewrite --out from the records")
-    p.add_argument("--memory-budget", type=float, default=100.0, help="GiB the 4 ranks of one run may use by plan's estimate")
+    p.add_argument("--memory-budget", type=float, default=100.0,
+                   help="GiB the 4 ranks of one run may use by plan's estimate")
     add_run_arguments(p, 3600, 3600, "seconds per build or plan")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "hetero"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "performance", "hetero.md"))
@@ -215,8 +220,8 @@ def main(argv=None):
     path, records, log = sweep_records(p, args, MODES)
     for stage in args.stages:
         {"plan": stage_plan, "build": stage_build, "train": stage_train}[stage](args, records, path, log)
-    records.update(machine=machine(), work=os.path.abspath(args.work), vertices=args.vertices, epochs=args.epochs, layers=args.layers,
-                   hidden=args.hidden, models=args.models, modes=args.modes, rates=args.rates)
+    records.update(machine=machine(), work=os.path.abspath(args.work), vertices=args.vertices, epochs=args.epochs,
+                   layers=args.layers, hidden=args.hidden, models=args.models, modes=args.modes, rates=args.rates)
     save_records(path, records)
     page = hetero_page.render(records, argv)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -2,7 +2,8 @@
 on authors): granndis-hpc's accuracy beside PyG's own training of the same model (not a test).
 
     python bench/bench_hetero_accuracy.py                       # 5 seeds, one process each side
-    GRANNDIS_RANKS_PER_SERVER=2 mpirun -n 4 python bench/bench_hetero_accuracy.py --out bench/results/hetero_accuracy.json
+    GRANNDIS_RANKS_PER_SERVER=2 mpirun -n 4 python bench/bench_hetero_accuracy.py \\
+        --out bench/results/hetero_accuracy.json
 
 Both sides train the same model on the same graph, read by the same loader (tests/data/dblp-hetero/dblp.npz,
 the bundle source: every relation with its reverse, duplicates dropped): 2-layer R-GCN (mean per relation,

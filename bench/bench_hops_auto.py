@@ -110,7 +110,8 @@ def run_one(a, P, way) -> dict:
 def table(records) -> str:
     gib = 2.0 ** 30
     lines = ["| P | way | peak RSS during the choice, max over ranks (GiB) | RSS before it: the rank's slice + "
-             "Python (GiB) | peak minus RSS before, max over ranks (GiB) | peak / P = 1 | CPU s (max rank) | wall s | k "
+             "Python (GiB) | peak minus RSS before, max over ranks (GiB) | peak / P = 1 | CPU s (max rank) | wall s | "
+             "k "
              "| load avg (start, end) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     base = {}
@@ -122,8 +123,10 @@ def table(records) -> str:
         base.setdefault(r["way"], peak if r["P"] == 1 else None)
         ratio = f"{peak / base[r['way']]:.2f}" if base.get(r["way"]) else "-"
         added = max(x["peak_rss"] - x["rss_before"] for x in r["ranks"])
-        lines.append(f"| {r['P']} | {r['way']} | {peak / gib:.2f} | {max(x['rss_before'] for x in r['ranks']) / gib:.2f} | "
-                     f"{added / gib:.2f} | {ratio} | {max(x['cpu_s'] for x in r['ranks']):.1f} | {max(x['wall_s'] for x in r['ranks']):.1f} | "
+        lines.append(f"| {r['P']} | {r['way']} | {peak / gib:.2f} | "
+                     f"{max(x['rss_before'] for x in r['ranks']) / gib:.2f} | "
+                     f"{added / gib:.2f} | {ratio} | {max(x['cpu_s'] for x in r['ranks']):.1f} | "
+                     f"{max(x['wall_s'] for x in r['ranks']):.1f} | "
                      f"{r['k']} | {r['loadavg_start']:.1f}, {r['loadavg_end']:.1f} |")
     return "\n".join(lines)
 

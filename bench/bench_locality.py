@@ -2,7 +2,8 @@
 
 For each generator (``--generator sbm`` and ``local``) on the same size, this builds the canonical graph
 with `granndis_hpc.preprocess.sources.load`, partitions it over the servers with the build's own server partitioner
-(`granndis_hpc.preprocess.partition.twolevel.partition_servers`: METIS, or ParMETIS on this one rank), and for k = 1..L takes
+(`granndis_hpc.preprocess.partition.twolevel.partition_servers`: METIS, or ParMETIS on this one rank), and for
+k = 1..L takes
 each server's full k-hop preload with `granndis_hpc.preprocess.build.halo.full_khop` (exactly what `granndis preprocess
 build --preload full --hops k` stores per server).  It reports
 
@@ -151,7 +152,8 @@ def main(argv=None) -> int:
         check = check_build(args, next(r for r in records if r["generator"] == "local"))
         print(json.dumps(check), flush=True)
     ks = range(1, args.layers + 1)
-    print(f"\n| generator | edges (mean degree) | cut ({args.servers}-way) | " + " | ".join(f"rows/vertex k={k}" for k in ks)
+    print(f"\n| generator | edges (mean degree) | cut ({args.servers}-way) | "
+          + " | ".join(f"rows/vertex k={k}" for k in ks)
           + " | NCM own / 1-hop / 2-hop | homophily | max deg |")
     print("|---" * (6 + args.layers) + "|")
     for r in records:

@@ -56,7 +56,8 @@ def main(argv=None):
                for m in ("fb", "flx", "eas")}
         lines += [f"## Full-graph modes: {args.layers}-layer SAGE, hidden 64", "",
                   "| mode | epoch (s) | compute (s) | intra comm (s) | inter comm (s) | grad sync (s) | "
-                  "intra halo (B) | inter halo (B) | intra grad (B) | inter grad (B) | test acc | peak mem/rank (MiB) |",
+                  "intra halo (B) | inter halo (B) | intra grad (B) | inter grad (B) | test acc | "
+                  "peak mem/rank (MiB) |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for m, s in res.items():
             t, b = s["seconds_per_epoch"], s["bytes_per_epoch"]
@@ -73,7 +74,8 @@ def main(argv=None):
         lines += [f"## Cooperative batching vs per-GPU mini-batches: {args.batches_per_epoch} co-batches "
                   f"per epoch, fanout {args.fanout}, same targets", "",
                   "| mode | epoch (s) | sampling (s) | intra halo (B) | rows computed / rank (layer 1) | "
-                  "redundancy | activation mem/rank (MiB) | peak RSS/rank (MiB) |", "|---|---:|---:|---:|---|---:|---:|---:|"]
+                  "redundancy | activation mem/rank (MiB) | peak RSS/rank (MiB) |",
+                  "|---|---:|---:|---:|---|---:|---:|---:|"]
         for m in ("cob", "mb"):
             s, recs = train(full, m, os.path.join(runs, m), batch, log)
             rows = [r["rows_computed"][0] for r in recs[-1].get("rows_per_layer", [])]
@@ -89,10 +91,13 @@ def main(argv=None):
                   f"in a background thread (default) or after the step (`--sequential-sampling`); sampling (s) is "
                   f"the sampling left on the critical path. cob with one co-batch and all neighbours computes "
                   f"exactly what flx computes (tests/mpi/test_cobatch.py).", "",
-                  "| run | epoch (s) | sampling on the critical path (s) | compute (s) | intra halo (B) | loss after last epoch |",
+                  "| run | epoch (s) | sampling on the critical path (s) | compute (s) | intra halo (B) | loss after "
+                  "last epoch |",
                   "|---|---:|---:|---:|---:|---:|"]
-        for name, mode, extra in (("cob, prefetched", "cob", batch), ("cob, sequential", "cob", batch + ["--sequential-sampling"]),
-                                  ("cob, 1 co-batch, fanout -1", "cob", common + ["--batches-per-epoch", "1", "--fanout", "-1"]),
+        for name, mode, extra in (("cob, prefetched", "cob", batch), ("cob, sequential", "cob",
+                                                                      batch + ["--sequential-sampling"]),
+                                  ("cob, 1 co-batch, fanout -1", "cob", common + ["--batches-per-epoch", "1",
+                                                                                  "--fanout", "-1"]),
                                   ("flx", "flx", common)):
             s_, recs = train(full, mode, os.path.join(runs, name.replace(" ", "").replace(",", "-")), extra, log)
             lines.append(f"| {name} | {s_['epoch_time_s']:.3f} | {s_['seconds_per_epoch']['sampling']:.3f} | "

@@ -104,7 +104,8 @@ def page(results, args, machine):
                      f"{acc['bf16'][1]:.2f} | {diff:+.2f} | {'yes' if abs(diff) <= TARGET_POINTS else 'NO'} |")
     lines += ["", "Time and memory per rank, float32 / bf16 (epoch time: mean over the seeds of each run's median "
               "epoch; memory: seed 0):", "",
-              "| dataset | epoch time (ms) | bf16 / fp32 | activations saved (KiB) | step peak (KiB) | halo bytes per epoch |",
+              "| dataset | epoch time (ms) | bf16 / fp32 | activations saved (KiB) | step peak (KiB) | halo bytes per "
+              "epoch |",
               "|---|---|---:|---|---|---|"]
     for name in args.datasets:
         t = {p: statistics.mean(r["epoch_time_s"] for r in cells[name, p]) for p in PRECISIONS}

@@ -110,7 +110,8 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the shard sets in --workdir")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--timeout", type=int, default=3600, help="seconds per configuration")
-    p.add_argument("--workdir", default=None, help="where shard sets are written (deleted after each run unless --keep)")
+    p.add_argument("--workdir", default=None,
+                   help="where shard sets are written (deleted after each run unless --keep)")
     p.add_argument("--out", default=None, help="append JSON records here")
     args = p.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench-preprocess-")

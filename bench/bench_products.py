@@ -100,7 +100,8 @@ def stage_plan(args, records, path, log):
     out = os.path.join(args.work, "plan.json")
     # --hops 3 (configs/products.build.toml's layers): the estimates of the two sets the runs read, the
     # full 3-hop set (fb, flx, cob) and the EAS set (eas).
-    run(["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.preprocess", "plan", "--config", "configs/products.build.toml",
+    run(["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.preprocess", "plan", "--config",
+         "configs/products.build.toml",
          *graph_args(args.vertices), "--servers", "2", "--gpus-per-server", "2", "--device", "cpu", "--hops", "3",
          "--cob-batches", "1", "--cob-fanout", "25", "--json", out], log, args.timeout)
     with open(out) as f:
@@ -121,8 +122,10 @@ def shard_dir(args, name):
 def stage_build(args, records, path, log):
     for name, extra in SETS.items():
         out = shard_dir(args, name)
-        cmd = ["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.preprocess", "build", "--config", "configs/products.build.toml",
-               *graph_args(args.vertices), "--servers", "2", "--gpus-per-server", "2", *extra, "--out", out, "--overwrite"]
+        cmd = ["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.preprocess", "build", "--config",
+               "configs/products.build.toml",
+               *graph_args(args.vertices), "--servers", "2", "--gpus-per-server", "2", *extra, "--out", out,
+               "--overwrite"]
         if args.reuse_shards and os.path.exists(os.path.join(out, "manifest.json")):  # the caller's word: same graph
             log.append(f"{' '.join(map(str, cmd))}   # reused: already built".replace(REPO + os.sep, ""))
             continue
@@ -305,7 +308,8 @@ def main(argv=None):
     add_run_arguments(p, 1800, 900, "seconds per build, plan or reference")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "products"))
     p.add_argument("--out", default=os.path.join(REPO, "bench-out", "products", "products.md"))
-    p.add_argument("--results", default=None, help="also copy the records (JSON) here, e.g. bench/results/products.json")
+    p.add_argument("--results", default=None,
+                   help="also copy the records (JSON) here, e.g. bench/results/products.json")
     args = p.parse_args(argv)
     path, records, log = sweep_records(p, args, MODES)
     started = time.monotonic()

@@ -64,7 +64,8 @@ def builds(args, workdir, log):
         digests, file_sets, inner = [], [], None
         for r in range(args.repeats):
             out = os.path.join(workdir, f"{partitioner}-{ranks}-{r}")
-            run(["mpirun", "-n", str(ranks), sys.executable, "-m", "granndis_hpc.preprocess", "build", *CORA, "--servers", "2",
+            run(["mpirun", "-n", str(ranks), sys.executable, "-m", "granndis_hpc.preprocess", "build", *CORA,
+                 "--servers", "2",
                  "--gpus-per-server", "2", "--layers", "2", "--partitioner", partitioner, "--seed", "0",
                  "--out", out], log)
             with open(os.path.join(out, "manifest.json")) as f:

@@ -126,8 +126,8 @@ def main(argv=None):
     lines = ["# The sparse product under row orders", "",
              f"{a.shape[0]:,} x {a.shape[0]:,} mean adjacency, {a.nnz:,} entries (int32 CSR), one thread, "
              f"{'the C kernel' if args.product == 'native' else 'torch' + chr(39) + 's CSR product'}; median of "
-             f"{args.rounds} rounds (load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after).", "",
-             "| rows and columns | " + " | ".join(f"A@H, {w} columns (ms)" for w in args.widths) + " |",
+             f"{args.rounds} rounds (load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after).",
+             "", "| rows and columns | " + " | ".join(f"A@H, {w} columns (ms)" for w in args.widths) + " |",
              "|---|" + "---:|" * len(args.widths)]
     base = {w: statistics.median(times[w][names[0]]) for w in args.widths}
     for name in names:

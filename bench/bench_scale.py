@@ -37,7 +37,8 @@ RUNS = (("fb", "full", "fb", []),
         ("flx k=2", "full", "flx", ["--preloaded-layers", "2"]),
         ("flx k=1", "full", "flx", ["--preloaded-layers", "1"]),
         ("eas", "eas", "eas", []))
-VERIFY = ("import json, resource, sys, time; from granndis_hpc.preprocess.__main__ import main; t = time.perf_counter(); "
+VERIFY = ("import json, resource, sys, time; from granndis_hpc.preprocess.__main__ import main; t = "
+          "time.perf_counter(); "
           "rc = main(['verify', sys.argv[1]]); ru = resource.getrusage(resource.RUSAGE_SELF); "
           "print('BENCH ' + json.dumps({'rc': rc, 'wall_s': time.perf_counter() - t, 'peak_rss_mib': "
           "ru.ru_maxrss / 1024, 'cpu_s': ru.ru_utime + ru.ru_stime}))")
@@ -153,14 +154,16 @@ def stage_train(args, records, path):
 def page(args, records):
     b, lines = records["builds"], []
     lines += [f"## Results ({datetime.date.today()}, written by bench/bench_scale.py)", "",
-              f"Machine: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} "
+              f"Machine: {os.cpu_count()} cores, "
+              f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} "
               f"GiB, no GPU, Python {platform.python_version()}, shared with other jobs (load averages below). "
               "Wall times are this machine's under that load; CPU seconds per rank say what an idle core per rank "
               "would take. Peak RSS does not depend on the load.", ""]
     if b:
         lines += ["### Build: ParMETIS on 2 ranks (`mpirun -n 2`), 2 servers x 2 GPUs, 3 layers", "",
                   "| shard set | vertices | directed edges | wall (s) | load | partition | halos+write | commit | "
-                  "CPU s / rank | peak RSS / rank (MiB) | load avg start / end | edge cut | rows/vertex | shards (MiB) |",
+                  "CPU s / rank | peak RSS / rank (MiB) | load avg start / end | edge cut | rows/vertex | shards "
+                  "(MiB) |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|"]
         for kind, r in b.items():
             if "error" in r:
@@ -169,7 +172,8 @@ def page(args, records):
             lines.append(
                 f"| {kind} | {r['vertices']:,} | {r['edges']:,} | {r['wall_s']:.0f} | {r.get('load_s', 0):.0f} | "
                 f"{r.get('partition_s', 0):.0f} | {r.get('halos+write_s', 0):.0f} | {r.get('commit_s', 0):.1f} | "
-                f"{' / '.join(f'{c:.0f}' for c in r['cpu_s'])} | {' / '.join(f'{p:,.0f}' for p in r['peak_rss_mib'])} | "
+                f"{' / '.join(f'{c:.0f}' for c in r['cpu_s'])} | {' / '.join(f'{p:,.0f}' for p in r['peak_rss_mib'])} "
+                "| "
                 f"{r['loadavg_start']:.1f} / {r['loadavg_end']:.1f} | {100 * r['edge_cut_fraction']:.2f} % | "
                 f"{r['replication']:.3f} | {r['shard_mib']:,.0f} |")
         lines += ["", "Phase logs (rank 0):", ""]
@@ -192,9 +196,12 @@ def page(args, records):
                   "ledger counts), peak RSS of the largest rank (includes the test-accuracy evaluation after the "
                   "last epoch). *run wall* is the whole `mpirun` (start-up, reading the shards, both epochs, "
                   "evaluation).", "",
-                  "| run | epoch | epoch (s) | epoch 1 (s) | compute (s) | intra comm (s) | inter comm (s) | grad sync (s) | intra halo (B) | "
-                  "inter halo (B) | intra grad (B) | inter grad (B) | peak RSS / rank (MiB) | test acc | run wall (s) | "
-                  "load avg start / end |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| run | epoch | epoch (s) | epoch 1 (s) | compute (s) | intra comm (s) | inter comm (s) | grad "
+                  "sync (s) | intra halo (B) | "
+                  "inter halo (B) | intra grad (B) | inter grad (B) | peak RSS / rank (MiB) | test acc | run wall (s) "
+                  "| "
+                  "load avg start / end |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for name, r in records["train"].items():
             if "error" in r:
                 lines.append(f"| {name} | {r['error']} | | | | | | | | | | | | | {r['wall_s']:.0f} | |")
@@ -203,7 +210,8 @@ def page(args, records):
             by = e["bytes"]
             first = f"{r['first_epoch']['time_s']:.1f}" if "first_epoch" in r else ""
             lines.append(
-                f"| {name} | {e['epoch'] + 1} of {r['epochs']} | {e['time_s']:.1f} | {first} | {e['compute_s']:.1f} | {e['intra_comm_s']:.1f} | "
+                f"| {name} | {e['epoch'] + 1} of {r['epochs']} | {e['time_s']:.1f} | {first} | {e['compute_s']:.1f} | "
+                f"{e['intra_comm_s']:.1f} | "
                 f"{e['inter_comm_s']:.1f} | {e['grad_sync_s']:.1f} | {by['intra_halo']:,} | {by['inter_halo']:,} | "
                 f"{by['intra_grad']:,} | {by['inter_grad']:,} | {mib(s['peak_memory_bytes'])} | "
                 f"{s['accuracy'].get('test', float('nan')):.3f} | {r['wall_s']:.0f} | "
@@ -245,7 +253,8 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=7200, help="seconds per build")
     p.add_argument("--min-available-gib", type=float, default=1.5,
                    help="stop a training run when the machine's MemAvailable falls below this")
-    p.add_argument("--work", default="bench-out/scale", help="shard sets, runs and records.json (bench-out/ is not tracked)")
+    p.add_argument("--work", default="bench-out/scale", help="shard sets, runs and records.json (bench-out/ is not "
+                                                             "tracked)")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "bench-scale.md"))
     p.add_argument("--clean", action="store_true", help="delete WORK's shard sets and runs at the end")
     args = p.parse_args(argv)

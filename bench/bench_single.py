@@ -194,8 +194,10 @@ def main(argv=None):
                                     f"torch {torch.__version__}, torch_geometric {torch_geometric.__version__}")
         # PyG's compiled extensions change its speed; say which it had (PyPI has wheels of none of them).
         ext = {name: getattr(pyg_typing, flag, False) for name, flag in
-               (("pyg-lib", "WITH_PYG_LIB"), ("torch-scatter", "WITH_TORCH_SCATTER"), ("torch-sparse", "WITH_TORCH_SPARSE"))}
-        lines += ["PyG's optional compiled extensions: " + ", ".join(f"{n} {'yes' if on else 'no'}" for n, on in ext.items())
+               (("pyg-lib", "WITH_PYG_LIB"), ("torch-scatter", "WITH_TORCH_SCATTER"), ("torch-sparse",
+                                                                                       "WITH_TORCH_SPARSE"))}
+        lines += ["PyG's optional compiled extensions: " + ", ".join(f"{n} {'yes' if on else 'no'}" for n,
+                                                                     on in ext.items())
                   + " (without them PyG aggregates with torch's own scatter / sparse kernels). granndis "
                   "aggregates after the linear map in a layer whose output is narrower than its input (here "
                   f"the first, {graph.num_features} -> {args.hidden}, and the last, {args.hidden} -> "

@@ -116,7 +116,8 @@ def epoch_lines(times, rounds):
              "|---|---:|---:|---:|---:|"]
     for name, ts in times.items():
         med, lo, hi, dev = spread(ts)
-        lines.append(f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {100 * dev:.0f} % | " + (f"{med / ref:.2f}x |" if ref else "|"))
+        lines.append(f"| {name} | {med:.3f} | {lo:.3f}-{hi:.3f} | {100 * dev:.0f} % | "
+                     + (f"{med / ref:.2f}x |" if ref else "|"))
     lines.append("")
     for other in ("no-overlap", "torch-ops", "id-order"):
         if other in times:
@@ -147,14 +148,18 @@ def server_page(args, argv, log):
     """--ranks R > 1: one server of R ranks (mpirun -n R), default against --no-overlap only."""
     build_set(args, log, args.row_block_rows)
     load_before = os.getloadavg()
-    worker_args = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("vertices", "model", "layers", "hidden", "dropout", "epochs",
+    worker_args = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("vertices", "model", "layers", "hidden",
+                                                                           "dropout", "epochs",
                                                            "threads", "work", "ranks", "row_block_rows")]
     times = harness.run_workers(__file__, worker_args, ranks=args.ranks)["times"]
-    log.append(f"mpirun -n {args.ranks} python bench/bench_single_rank.py --worker RESULTS.json {' '.join(worker_args)}")
+    log.append(f"mpirun -n {args.ranks} python bench/bench_single_rank.py --worker RESULTS.json "
+               f"{' '.join(worker_args)}")
     lines = ["# One server's epoch: default against --no-overlap", "",
              f"1 x {args.ranks} shard set of the synthetic graph ({args.vertices:,} vertices, `--preload full`), "
-             f"{args.ranks} ranks on one server (mpirun -n {args.ranks}), {args.layers}-layer {MODEL_NAMES[args.model]}, "
-             f"hidden {args.hidden}, dropout {args.dropout}, Adam; {args.threads} thread(s) a rank, {os.cpu_count()} cores. "
+             f"{args.ranks} ranks on one server (mpirun -n {args.ranks}), {args.layers}-layer "
+             f"{MODEL_NAMES[args.model]}, "
+             f"hidden {args.hidden}, dropout {args.dropout}, Adam; {args.threads} thread(s) a rank, {os.cpu_count()} "
+             "cores. "
              f"Load average (1 min) {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after.", ""]
     harness.write_page(args.out, lines + epoch_lines(times, args.epochs), "bench/bench_single_rank.py", argv, log,
                        data={"times": times})

@@ -36,7 +36,8 @@ def main(argv=None):
     p.add_argument("--models", nargs="+", default=["sage", "gcn", "ressage"])
     p.add_argument("--no-overlap", action="store_true", help="train and estimate the --no-overlap order "
                    "(default: the overlapped order of --overlap-halos world)")
-    p.add_argument("--cora-root", default=os.environ.get("GRANNDIS_DATASETS", os.path.join(REPO, "tests", "data")) + "/planetoid")
+    p.add_argument("--cora-root", default=os.environ.get("GRANNDIS_DATASETS", os.path.join(REPO, "tests",
+                                                                                           "data")) + "/planetoid")
     args = p.parse_args(argv)
     from granndis_hpc.preprocess.build.pipeline import build_shards
     from granndis_hpc.preprocess.sources import load
@@ -46,7 +47,8 @@ def main(argv=None):
               "synthetic": lambda: load("synthetic", vertices=3000, avg_degree=10.0, features=8, classes=5, seed=2)}
     base = W.bcast(tempfile.mkdtemp(prefix="granndis-mmcheck-") if W.rank == 0 else None)
     lines = ["| graph | model | k | activation est / measured (B) | err | step peak est / measured (B) | err | "
-             "inter-server halo est / ledger (B) | total estimate / GPU |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "inter-server halo est / ledger (B) | total estimate / GPU |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for gname, make in graphs.items():
         graph = make() if W.rank == 0 else None
         for k in args.ks:

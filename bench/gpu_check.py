@@ -61,7 +61,8 @@ STAGING_WAIT = "granndis_hpc/cluster/staging.py"
 
 def _config(args, device, overrides, staged=False):
     shards = args.eas_shards if overrides["mode"] == "eas" else args.shards
-    cfg = dict(host_staging=staged, share_gpus=args.share_gpus, shards=shards, model="sage", layers=args.layers, hidden=64, epochs=args.epochs, lr=0.01,
+    cfg = dict(host_staging=staged, share_gpus=args.share_gpus, shards=shards, model="sage", layers=args.layers,
+               hidden=64, epochs=args.epochs, lr=0.01,
                dropout=0.0, eval_every=0, ranks_per_server=args.ranks_per_server, quiet=True, device=device,
                intra_transport=args.intra_transport if device != "cpu" or staged else "auto")
     cfg.update(overrides)
@@ -101,10 +102,12 @@ def _run(args, device, overrides, staged=False):
         trainer.train_step = step
         times.append(rec["time_s"])
         facts = {"syncs_per_step": max(len(c) for c in per_step),
-                 "other_syncs": sorted({w for c in per_step for n, w in c if n != "__float__" and STAGING_WAIT not in w}),
+                 "other_syncs": sorted({w for c in per_step for n,
+                                        w in c if n != "__float__" and STAGING_WAIT not in w}),
                  "loader_stream": _loader_facts(trainer),
                  # the topology's agreed GPU is the one set before MPI started (block placement)
-                 "same_gpu_as_before_mpi": (not cuda) or trainer.device.index == STARTED["gpu"], "sync_calls": sorted({w for c in per_step for _, w in c}),
+                 "same_gpu_as_before_mpi": (not cuda) or trainer.device.index == STARTED["gpu"],
+                 "sync_calls": sorted({w for c in per_step for _, w in c}),
                  "epoch_s": times, "loss": rec["loss"], "bytes": rec["bytes"],
                  "peak_reserved_mib": (torch.cuda.max_memory_reserved(trainer.device) >> 20) if cuda else None,
                  "peak_allocated_mib": (torch.cuda.max_memory_allocated(trainer.device) >> 20) if cuda else None}

@@ -403,7 +403,8 @@ def epoch_stage(check, budget, name, vertices, pyg):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--fake-device", "--cpu-smoke", dest="fake_device", action="store_true", default=os.environ.get("GPU_CHECK_FAKE") == "1",
+    p.add_argument("--fake-device", "--cpu-smoke", dest="fake_device", action="store_true",
+                   default=os.environ.get("GPU_CHECK_FAKE") == "1",
                    help="the CPU stands in for the GPU (also GPU_CHECK_FAKE=1)")
     p.add_argument("--deadline", type=float, default=float(os.environ.get("GPU_CHECK_DEADLINE_S", 480)),
                    help="seconds for the whole check (GPU_CHECK_DEADLINE_S; default 480)")

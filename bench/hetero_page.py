@@ -22,7 +22,8 @@ def _graph_lines(records):
     types = g.get("types")
     if types:
         L += ["| vertex type | vertices | first id | features |", "|---|---:|---:|---|"]
-        L += [f"| {t['name']}{' (target)' if t['name'] == types['target'] else ''} | {t['count']:,} | {t['offset']:,} | "
+        L += [f"| {t['name']}{' (target)' if t['name'] == types['target'] else ''} | {t['count']:,} | {t['offset']:,} "
+              "| "
               f"{t['features']} |" for t in types["vertex_types"]]
         L += ["", "Relations: " + ", ".join(f"{s}-{n}-{d}" for s, n, d in types["relations"]) + ".", ""]
     builds = records.get("builds", {})
@@ -84,7 +85,8 @@ def render(records, argv):
          f"and trained on the emulated 2-server cluster (2 ranks per server, `tc tbf` on the link between them; "
          f"docs/emulated-cluster.md). {records.get('layers', 3)} layers, hidden {records.get('hidden', 64)}, "
          f"{records.get('epochs', 0)} epochs per rate (median over all but the first). Machine: "
-         f"{records.get('machine', 'not recorded')}; times are indicative (one shared machine); bytes are exact ledger counts, summed over ranks, per epoch.", "",
+         f"{records.get('machine', 'not recorded')}; times are indicative (one shared machine); bytes are exact "
+         "ledger counts, summed over ranks, per epoch.", "",
          "## Graph and build", ""]
     L += _graph_lines(records)
     rounds = records.get("train") or []

@@ -32,7 +32,8 @@ def _epoch_table(rounds, modes):
                   for m in modes if m != "fb"]
         fb = runs.get("fb", {})
         share = f"{fb['inter_comm'] / fb['epoch_s'] * 100:.0f} %" if fb.get("epoch_s") else "-"
-        L.append(f"| {rnd['label']} ({rnd['bw_Bps'] * 8 / 1e6:,.0f} Mbit/s measured) | " + " | ".join(cells) + f" | {share} |")
+        L.append(f"| {rnd['label']} ({rnd['bw_Bps'] * 8 / 1e6:,.0f} Mbit/s measured) | " + " | ".join(cells)
+                 + f" | {share} |")
     return L
 
 
@@ -87,8 +88,10 @@ def render(records, argv):
         L += [f"Graph: {g['num_vertices']:,} vertices, {g['num_edges']:,} directed edges (a self loop per vertex "
               f"included, as the build preset adds them), {g['num_features']} features, {g['num_classes']} classes, "
               "the products split sizes (8.0 % train, 1.6 % validation, the rest test), `--generator local` "
-              "(power-law degrees, locality). ogbn-products: 2,449,029 vertices, 61,859,140 edges without self loops.", ""]
-    L += [f"Machine: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
+              "(power-law degrees, locality). ogbn-products: 2,449,029 vertices, 61,859,140 edges without self loops.",
+              ""]
+    L += [f"Machine: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} "
+          "GiB, "
           f"no GPU, Python {platform.python_version()}, loaded by parallel work of other jobs throughout (load "
           "average per round below): times are this machine's under that load; bytes are exact ledger counts, "
           "peak RSS does not depend on the load. One run per mode trains "
@@ -100,7 +103,8 @@ def render(records, argv):
               "Beside each speedup, in brackets, the artifact's on ogbn-products (AE1: 2 servers x 4 A6000, 10 GbE). "
               "fb's inter-server share: its inter-server halo time over its epoch time.", ""]
         L += _epoch_table(train, modes)
-        L += [f"\nLink check of {r['label']}: {'; '.join(r['link_problems'])}." for r in train if r.get("link_problems")]
+        L += [f"\nLink check of {r['label']}: {'; '.join(r['link_problems'])}."
+              for r in train if r.get("link_problems")]
         L += ["", "Load average (1 min) at each link check: "
               + ", ".join(f"{r['label']} {r['loadavg']:.1f}" for r in train) + "; at the end: "
               + f"{records.get('loadavg_end', [0])[0]:.1f}.", ""]
@@ -135,7 +139,8 @@ def render(records, argv):
         med = statistics.median(ref["epoch_s"])
         L += ["## One-machine reference", "",
               f"The same training graph (the subgraph induced by the {ref['train_vertices']:,} training vertices, "
-              f"{ref['train_edges']:,} edges) in one process with {ref['kind']} ({ref['threads']} thread{'s' if ref['threads'] != 1 else ''}): "
+              f"{ref['train_edges']:,} edges) in one process with {ref['kind']} ({ref['threads']} "
+              f"thread{'s' if ref['threads'] != 1 else ''}): "
               f"epoch {med:.3f} s (median of {len(ref['epoch_s'])} after a warm-up of {ref['warmup_s']:.2f} s), "
               f"peak RSS {gib(ref['peak_rss_bytes'])} GiB. The graph it generated in-process is the shard set's: "
               + ("the same vertex and edge counts." if (ref["full_graph"]["vertices"], ref["full_graph"]["edges"])

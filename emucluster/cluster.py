@@ -301,7 +301,8 @@ def selfcheck(ranks_per_server=2, high=1.15, low=0.5, python=None, timeout_s=120
 def build_parser():
     p = argparse.ArgumentParser(prog="emu-cluster", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                usage="emu-cluster [--instance NAME] {setup,shape,teardown,status,probe,selfcheck,session} ...")
+                                usage="emu-cluster [--instance NAME] "
+                                      "{setup,shape,teardown,status,probe,selfcheck,session} ...")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("setup", help="build the cluster (removes an old one first)")
     s.add_argument("--servers", type=int, default=2)

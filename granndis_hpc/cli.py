@@ -84,9 +84,11 @@ def run_training(argv=None, ignore_late_warnings: bool = False) -> dict:
     if rank == 0:  # the result line, --quiet included
         metric = summary.get("metric", "accuracy")
         acc, best = summary[summary_key(metric)], summary.get("best_val")
-        at_best = "" if best is None else f" (best val {best['val']:.4f} at epoch {best['epoch']}: test {best['test']:.4f})"
+        at_best = "" if best is None else (f" (best val {best['val']:.4f} at epoch {best['epoch']}: test "
+                                           f"{best['test']:.4f})")
         print(f"[{summary['mode']}] done: {summary['epochs']} epochs, median epoch {summary['epoch_time_s']:.4f} s, "
-              f"test {'acc' if metric == 'accuracy' else metric} {acc.get('test', float('nan')):.4f}{at_best}", flush=True)
+              f"test {'acc' if metric == 'accuracy' else metric} {acc.get('test', float('nan')):.4f}{at_best}",
+              flush=True)
     return summary
 
 

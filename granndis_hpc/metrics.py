@@ -160,7 +160,8 @@ def truncate_metrics(run_dir: str, epoch: int, note=None) -> List[Dict]:
             what.append(f"line(s) {', '.join(map(str, damaged[:5]))}{', ...' if len(damaged) > 5 else ''} are not "
                         f"epoch records")
         if missing:
-            what.append(f"the records of epoch(s) {', '.join(map(str, missing[:5]))}{', ...' if len(missing) > 5 else ''} "
+            what.append("the records of epoch(s) "
+                        f"{', '.join(map(str, missing[:5]))}{', ...' if len(missing) > 5 else ''} "
                         f"(before the checkpoint, after {epoch} epochs) are missing")
         raise MetricsError(f"{path}: {'; '.join(what)}: resuming would lose records; restore the file (or delete "
                            f"it to continue without the old records) and resume again")

@@ -266,7 +266,8 @@ MODELS.declare("gcn", "granndis_hpc.nn.models:_gcn", estimator="granndis_hpc.mem
                linear_head=True)
 MODELS.declare("ressage", "granndis_hpc.nn.models:_ressage", checkpointable=True,
                estimator="granndis_hpc.memory_model.stacks:RESSAGE_ESTIMATE", linear_head=True)
-MODELS.declare("gat", "granndis_hpc.nn.zoo:build_gat", estimator="granndis_hpc.memory_model.zoo_stacks:GAT_ESTIMATE", options=(
+MODELS.declare("gat", "granndis_hpc.nn.zoo:build_gat", estimator="granndis_hpc.memory_model.zoo_stacks:GAT_ESTIMATE",
+               options=(
     ModelOption("heads", positive_int, 8, "attention heads of every hidden conv (each --hidden wide)"),
     ModelOption("out_heads", positive_int, 1, "attention heads of the last conv, averaged into the classes"),
     ModelOption("concat", boolean, True, "concatenate the hidden convs' heads (false: average them)"),

@@ -208,7 +208,8 @@ class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
 @dataclass
 class ChunkOptions(SourceOptions):
     """`granndis preprocess chunk`."""
-    out: str = option(None, required=True, group="output", help="output directory (required; must not exist, or be empty)")
+    out: str = option(None, required=True, group="output", help="output directory (required; must not exist, or be "
+                                                                "empty)")
     chunks: int = option(8, ge=1, group="output", help="number of edge chunks and of node chunks")
 
 
@@ -218,5 +219,5 @@ class ShardSetOptions(Options):
     dir: str = option(None, required=True, positional=True, help="the shard set's directory")
 
 
-__all__ = ["BuildOptions", "build_config", "ChunkOptions", "EasOptions", "EstimateOptions", "LayoutOptions", "PlanOptions",
-           "ShardSetOptions", "SourceOptions", "hops_text", "hops_value"]
+__all__ = ["BuildOptions", "build_config", "ChunkOptions", "EasOptions", "EstimateOptions", "LayoutOptions",
+           "PlanOptions", "ShardSetOptions", "SourceOptions", "hops_text", "hops_value"]

@@ -32,7 +32,8 @@ def typed_graph(seed: int = 0, width: int = 16, classes: int = 4):
     labels = np.full(n, -1, dtype=np.int64)
     labels[paper] = topic[1] % classes
     features = rng.normal(size=(n, width)).astype(np.float32)
-    features[paper, :classes] += 2.0 * np.eye(classes, dtype=np.float32)[labels[paper]] * (rng.random((n_paper, 1)) < 0.5)
+    features[paper, :classes] += 2.0 * np.eye(classes, dtype=np.float32)[labels[paper]] * (rng.random((n_paper,
+                                                                                                       1)) < 0.5)
     split = rng.permutation(n_paper)
     masks = [np.zeros(n, dtype=bool) for _ in range(3)]
     for mask, part in zip(masks, np.split(split, [n_paper // 2, 3 * n_paper // 4])):

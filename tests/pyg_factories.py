@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 # Options of a `pyg` model for tests that build every registered model; empty without torch_geometric.
-PYG_OPTIONS = {"module": "tests.pyg_factories", "factory": "gatv2"} if importlib.util.find_spec("torch_geometric") else {}
+PYG_OPTIONS = {"module": "tests.pyg_factories",
+               "factory": "gatv2"} if importlib.util.find_spec("torch_geometric") else {}
 PYG_HETERO_OPTIONS = dict(PYG_OPTIONS, factory="hetero_sage") if PYG_OPTIONS else {}
 
 

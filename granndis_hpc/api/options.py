@@ -17,8 +17,8 @@ from granndis_hpc.options import ConfigError, load_config_file
 
 # BuildOptions' fields that say where a dataset comes from (the API is handed the graph itself) or
 # how the command prints; every other field of BuildOptions is a build option of the API.
-_SOURCE_ONLY = ("source", "root", "path", "split_scheme", "target_type", "num_classes", "generator", "vertices", "avg_degree",
-                "features", "classes", "communities", "train_frac", "val_frac", "homophily", "cell_size",
+_SOURCE_ONLY = ("source", "root", "path", "split_scheme", "target_type", "num_classes", "generator", "vertices",
+                "avg_degree", "features", "classes", "communities", "train_frac", "val_frac", "homophily", "cell_size",
                 "local_scale", "long_range", "feature_noise", "whole_graph", "out", "progress", "log_level",
                 "log_all_ranks")
 # The shape of the set: by default the running job's (servers x ranks per server).

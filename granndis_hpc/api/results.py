@@ -126,7 +126,8 @@ class Predictions:
             raise ValueError(f"unexpected arrays {extra} in predictions (expected {sorted(known)})")
         return cls(global_id=np.asarray(arrays["global_id"]), prediction=np.asarray(arrays["prediction"]),
                    logits=arrays.get("logits"), probabilities=arrays.get("probabilities"),
-                   embeddings=arrays.get("embeddings"), type_id=arrays.get("type_id"), provenance=dict(provenance), rank=rank, out=out)
+                   embeddings=arrays.get("embeddings"), type_id=arrays.get("type_id"), provenance=dict(provenance),
+                   rank=rank, out=out)
 
 
 def read_predictions(path) -> Predictions:

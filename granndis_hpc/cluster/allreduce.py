@@ -52,7 +52,8 @@ class PendingReduce:
         self._received = None   # leader, MPI: the G-1 buckets of its server's other ranks
         self._stage2: Any = None  # (MPIProgress, the other leader's bucket) on 2 servers, a LeadersRing on
         #                         more (leaders, with MPI_THREAD_MULTIPLE), else False (nothing, or blocking)
-        self._after: Optional[PendingReduce] = after  # the bucket posted before this one: its leaders' stage starts first
+        # The bucket posted before this one: its leaders' stage starts first.
+        self._after: Optional[PendingReduce] = after
         model = allreduce_bytes_model(flat.numel(), flat.element_size(), topo.servers, topo.ranks_per_server,
                                       topo.server, topo.local_rank)
         comm.ledger.add("intra", phase, model["intra"])

@@ -231,7 +231,8 @@ class Communicator:
         and the intra-server all-to-all are in flight when this returns; wait() completes both.
 
         progress=True: a helper thread polls the MPI requests (MPI_Testall, sleeping 1 ms backing off to
-        4 ms in between, cluster/pending.py) so that the messages move while the caller computes -- Open MPI's TCP transport moves a
+        4 ms in between, cluster/pending.py) so that the messages move while the caller computes -- Open MPI's TCP
+        transport moves a
         large message only inside MPI calls (measured: a 300 MB Isend posted before 2 s of compute still
         needed 0.9 s in Wait; polled, 0 s, and the compute ran as fast as without it).
         """

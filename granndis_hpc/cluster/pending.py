@@ -45,7 +45,8 @@ class PendingExchange:
 PROGRESS_POLL_S = 0.001
 # Back-off: each later sleep is PROGRESS_BACKOFF times the last, up to PROGRESS_POLL_MAX_S (1.0: a fixed
 # interval).  A fixed 1 ms poller cost 5 % of the compute beside it and 12 % CPU on 4 ranks over 2 cores
-# (measured beside a fixed compute loop), and fb's overlapped epochs on 2 x 2 took 0.90x (100 Mbit/s) and 1.13x (unshaped)
+# (measured beside a fixed compute loop), and fb's overlapped epochs on 2 x 2 took 0.90x (100 Mbit/s) and 1.13x
+# (unshaped)
 # of --no-overlap against 0.70x and 0.80x with a back-off to 16 ms (docs/performance/overlap.md).  Capped
 # at 4 ms: at 100 Mbit/s a peer's progress thread asleep for up to 16 ms stalled the transfer
 # (fb's overlapped epoch on the 200k graph 1.38-1.41 s with the 4 ms cap against 1.54-1.64 s with 16 ms

@@ -45,7 +45,8 @@ def rendezvous_address(override: str, single_host: bool, host: str,
             return address, f"rank 0's host name {host} (MPI_Get_processor_name), resolved"
     except OSError:
         pass
-    return default_route(), f"the default route's interface on {host} (its name did not resolve to a non-loopback address)"
+    return default_route(), (f"the default route's interface on {host} (its name did not resolve to a non-loopback "
+                             "address)")
 
 
 def connect_seconds(dist_timeout_s: float) -> float:

@@ -107,7 +107,8 @@ def check_allreduce(comm: Communicator, seed: int) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m granndis_hpc.cluster.selfcheck", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m granndis_hpc.cluster.selfcheck",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks-per-server", type=int, default=None,
                         help="emulate servers of N consecutive ranks (default: one server per node, "
                              "or env GRANNDIS_RANKS_PER_SERVER)")

@@ -129,7 +129,8 @@ class Topology:
                  f"intra-server transport {self.intra_transport}, inter-server MPI"]
         for s in range(self.servers):
             ranks = ",".join(map(str, self.rank_table[s]))
-            lines.append(f"  server {s:3d}  host {self.hosts[s]:<20s} ranks {ranks:<16s} leader {self.rank_table[s, 0]}")
+            lines.append(f"  server {s:3d}  host {self.hosts[s]:<20s} ranks {ranks:<16s} "
+                         f"leader {self.rank_table[s, 0]}")
         return "\n".join(lines)
 
     def close(self) -> None:
@@ -309,7 +310,8 @@ def _resolve_device(world: MPI.Comm, device: str, share_gpus: bool = False) -> t
 def _torch_build() -> str:
     """torch's version and its CUDA build, for the refusal of a CPU wheel on a GPU node."""
     cuda = torch.version.cuda
-    return f"torch {torch.__version__} ({f'built for CUDA {cuda}, no usable GPU found' if cuda else 'a CPU-only build'})"
+    return (f"torch {torch.__version__} "
+            f"({f'built for CUDA {cuda}, no usable GPU found' if cuda else 'a CPU-only build'})")
 
 
 def _resolve_transport(world: MPI.Comm, requested: str, device: torch.device) -> str:

@@ -41,7 +41,8 @@ class Mode:
     name: str = ""
     help: str = ""
     sampler = None  # a stateful sampler (state_dict/load_state_dict) when the mode has one
-    static_view: Optional[views.LayeredView] = None  # full-graph modes: the one plan every epoch runs over (set by setup)
+    # Full-graph modes: the one plan every epoch runs over (set by setup)
+    static_view: Optional[views.LayeredView] = None
     decision: Optional[Dict] = None  # what `auto` chose and rejected, when this mode was chosen by it
 
     def __init__(self, cfg):
@@ -187,7 +188,8 @@ class FlexiblePreload(StaticMode):
             raise TrainingError(
                 f"--preloaded-layers {k} needs a preload of {k} hops and a model of at least {k} layers; the "
                 f"shards preload {pre['hops']} hop(s) and the model has {self.cfg.conv_layers} layers: use "
-                f"--preloaded-layers {min(int(pre['hops']), self.cfg.conv_layers)} or fewer, or rebuild with --hops {k}")
+                f"--preloaded-layers {min(int(pre['hops']), self.cfg.conv_layers)} or fewer, or rebuild with "
+                f"--hops {k}")
         inductive.check_train_hops(self.cfg.inductive, manifest, self.name, self.cfg.shards)
 
     def exact(self, manifest):
@@ -314,7 +316,8 @@ class Automatic(Mode):
         cfg = self.cfg
         paths = [p for p in str(cfg.shards).split(",") if p]
         decision = measured = rates_for = None
-        errors: Dict[str, Any] = dict(catch=(TrainingError, memory_model.MemoryModelError, shards.ShardError, OSError, KeyError,
+        errors: Dict[str, Any] = dict(catch=(TrainingError, memory_model.MemoryModelError, shards.ShardError, OSError,
+                                             KeyError,
                              ValueError))
         model_kw = dict(dropout=cfg.dropout, norm=cfg.norm, checkpoint_activations=cfg.checkpoint_activations,
                         linear_layers=cfg.linear_layers or 0,

@@ -21,7 +21,8 @@ def banner(cfg, mode, manifest: Dict, topo) -> str:
     head = f", {cfg.linear_layers} Linear" if cfg.linear_layers else ""
     return (f"granndis train: mode {cfg.mode}{chosen}, {exact} | model {cfg.model} ({cfg.layers} layers{head}, "
             f"hidden {cfg.hidden}) | {'inductive' if cfg.inductive else 'transductive'} | dataset "
-            f"{manifest['dataset'].get('name')}{_types_phrase(manifest['dataset'])} | {topo.servers} server(s) x {topo.ranks_per_server} rank(s) on "
+            f"{manifest['dataset'].get('name')}{_types_phrase(manifest['dataset'])} | {topo.servers} server(s) x "
+            f"{topo.ranks_per_server} rank(s) on "
             f"{topo.device.type} | {cfg.epochs} epochs")
 
 

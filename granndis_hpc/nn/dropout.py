@@ -4,7 +4,8 @@ docs/design.md §6: results must not depend on S x G where the method is exact, 
 generator draws a rank's masks from a stream whose position depends on how many rows the rank holds,
 so fb, flx and the same run on another cluster shape follow different trajectories.  Here a mask
 element is a hash of its counters instead (splitmix64's finaliser over a Weyl sequence, in torch int64
-ops so it runs vectorised on any device; each 64-bit hash decides four elements by its 16-bit lanes): any rank draws the owner's mask for a row it holds, a
+ops so it runs vectorised on any device; each 64-bit hash decides four elements by its 16-bit lanes): any rank draws
+the owner's mask for a row it holds, a
 single process on the whole graph draws the same masks, and activation checkpointing recomputes the
 same masks by construction.
 

@@ -28,7 +28,8 @@ class EdgeCSR:
         # The products' indices, int32 where they fit (as nn/sparse.py's matrices: no copy per product).
         narrow = torch.int32 if max(self.n_dst, self.n_src, rows.numel()) <= INT32_INDEX_LIMIT else torch.int64
         self.indptr, self.cols_csr = _pointer(rows, self.n_dst).to(narrow), cols.to(narrow)
-        self.indptr_t, self.rows_t = _pointer(cols, self.n_src).to(narrow), rows.index_select(0, self.by_source).to(narrow)
+        self.indptr_t, self.rows_t = _pointer(cols, self.n_src).to(narrow), rows.index_select(0,
+                                                                                              self.by_source).to(narrow)
 
 
 def _pointer(index: torch.Tensor, n: int) -> torch.Tensor:

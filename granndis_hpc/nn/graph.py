@@ -92,7 +92,8 @@ class LayerGraph:
         if not given_loops:
             self.src_loops = torch.cat([block_loops, torch.zeros(self.n_src - self.n_dst, device=self.device)])
         elif self.src_loops.shape != (self.n_src,):
-            raise ValueError(f"LayerGraph: src_loops must have shape ({self.n_src},), got {tuple(self.src_loops.shape)}")
+            raise ValueError(f"LayerGraph: src_loops must have shape ({self.n_src},), "
+                             f"got {tuple(self.src_loops.shape)}")
         elif not torch.equal(self.src_loops[: self.n_dst], block_loops):
             raise ValueError("LayerGraph: src_loops of the destination rows must equal their self-loop edges "
                              "(i -> i) in the block")

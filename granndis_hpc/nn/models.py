@@ -211,7 +211,8 @@ def _conv_count(layers: int, linear_layers: int) -> int:
 def register_model(name: str, *, estimator=None, checkpointable: bool = False,
                    options: Sequence[registry.ModelOption] = (), linear_head: bool = False, typed: bool = False):
     """Decorator: make `builder(in_features, hidden, num_classes, layers, dropout, norm, **options)`
-    buildable by name.  `estimator` (a memory_model.stacks.ModelEstimate) lets --mode auto and `preprocess plan` estimate
+    buildable by name.  `estimator` (a memory_model.stacks.ModelEstimate) lets --mode auto and `preprocess plan`
+    estimate
     its memory; `checkpointable`: --checkpoint-activations recomputes its blocks; `options`: its extra
     constructor options (--model-option NAME=VALUE, passed to the builder as keywords); `linear_head`:
     the builder takes `linear_layers=N` (--linear-layers, the last N layers per-vertex Linear ones);

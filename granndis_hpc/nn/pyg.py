@@ -235,7 +235,8 @@ def model_factory(module: str, factory: str, model: str = "pyg"):
     try:
         import torch_geometric  # noqa: F401
     except ImportError:
-        raise ValueError(f"--model {model} needs torch_geometric: pip install '.[pyg]' (or pip install torch_geometric)") \
+        raise ValueError(f"--model {model} needs torch_geometric: pip install '.[pyg]' "
+                         "(or pip install torch_geometric)") \
             from None
     if not module:
         raise ModelCodeError(f"--model {model} needs --model-option module=MODULE (an importable module whose FACTORY, "

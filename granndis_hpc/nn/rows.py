@@ -4,7 +4,8 @@
 hands the own rows to the layer's own-edge part now and the halo rows to its halo-edge part on arrival
 (nn/runner.py).  ``RowSplit`` / ``SplitRows``: a layer's destination rows in two groups, the rows
 the next exchange sends first (boundary-first pipelining).  ``HaloGather``: the engine's ``gather(l, h)``
-with, where its exchanges are posted early, ``boundary(l)`` and ``post(l, rows)``.  No MPI here: the waiting is the caller's.
+with, where its exchanges are posted early, ``boundary(l)`` and ``post(l, rows)``.  No MPI here: the waiting is the
+caller's.
 """
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ marked "unfinished".  The report makes four PNGs and
 Table columns follow the GraNNDis artifact's AE1 table, with honest units: the artifact printed mean
 milliseconds per epoch under "Total Time (sec)"; here "Epoch time (s)" is summary.json's seconds per
 epoch (a median over epochs), "Total time (s)" the measured wall time of the whole run, and
-"Comm (s/epoch)" counts every communication phase (intra-server, inter-server and gradient sync; the artifact left gradient sync out)
+"Comm (s/epoch)" counts every communication phase (intra-server, inter-server and gradient sync; the artifact left
+gradient sync out)
 of the same rank and epoch as the epoch time (the slowest rank of the median epoch), so it is a part of it.
 "Test acc" is the last epoch's; "Test acc at best val (epoch)" the test accuracy of the evaluated epoch
 with the best validation accuracy (summary.json's best_val, what published GCN figures report).  Runs

@@ -157,8 +157,8 @@ def load_run(run_dir) -> RunData:
                               f"{summary[key]!r}; the files come from different runs")
     link = None
     if os.path.exists(linkmodel.link_path(run_dir)):
-        link = linkmodel.check_link(read_run_json(run_dir, linkmodel.LINK_FILE), f"run {run_dir}: {linkmodel.LINK_FILE}",
-                                    ReportError)
+        link = linkmodel.check_link(read_run_json(run_dir, linkmodel.LINK_FILE),
+                                    f"run {run_dir}: {linkmodel.LINK_FILE}", ReportError)
     return RunData(run_dir, config, summary, _read_metrics(run_dir), link=link)
 
 

@@ -84,7 +84,8 @@ def sweep_table(sweep) -> str:
         t = rate["runs"][base]["epoch_s"]
         rows.append([_rate_label(rate), f"{sweep_x(rate):,.0f}", f"{t:.3f}"]
                     + [f"{t / rate['runs'][m]['epoch_s']:.2f}x" for m in others])
-    return _markdown_table(["Link rate", "Mbit/s", f"{base.upper()} epoch (s)"] + [f"{m.upper()} speedup" for m in others],
+    return _markdown_table(["Link rate", "Mbit/s",
+                            f"{base.upper()} epoch (s)"] + [f"{m.upper()} speedup" for m in others],
                            rows)
 
 
@@ -105,7 +106,8 @@ def render_sweep(root, out_dir) -> dict:
     md = os.path.join(out_dir, "speedup_vs_rate.md")
     atomic_write_bytes(md, (SWEEP_HEADING + "\n\n" + table + "\n\n"
                             "## Measured epoch / overlapped cost-model limit\n\n" + limits + "\n\n"
-                            "The limit (granndis_hpc/report/linkmodel.py) hides each layer's wire time behind its compute "
+                            "The limit (granndis_hpc/report/linkmodel.py) hides each layer's wire time behind its "
+                            "compute "
                             "(the run's own measured compute, on its link.json's measured bandwidth); a measured "
                             "epoch is at or above it.\n\nFrom the runs under `" + os.fspath(root)
                             + "`.\n\n![speedup vs link rate](speedup_vs_rate.png)\n").encode())

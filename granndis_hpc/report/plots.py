@@ -118,7 +118,8 @@ def plot_time_to_accuracy(runs, path):
         ax.text(0.5, 0.5, "no evaluated epochs in these runs", ha="center", va="center", transform=ax.transAxes)
     sparse = [run.label for _, run, points, _ in curves if 0 < len(points) < 3]
     if sparse:
-        ax.text(0.02, 0.02, "evaluated at fewer than 3 epochs: " + ", ".join(sparse) + "\n(--eval-every N for more points)",
+        ax.text(0.02, 0.02, "evaluated at fewer than 3 epochs: " + ", ".join(sparse) + "\n(--eval-every N for more "
+                                                                                       "points)",
                 fontsize=7, transform=ax.transAxes, va="bottom")
     for axis in (ax, ax_loss):
         axis.set_xlabel(f"time since launch ({unit}): start-up + epochs")

@@ -26,7 +26,8 @@ def read_manifest(path) -> dict:
     """Load DIR/manifest.json and check that it is a complete shard set of a version we read."""
     path = os.fspath(path)
     if not os.path.isdir(path):
-        raise ShardError(f"shard directory {path!r} does not exist; build it with `granndis preprocess build --out {path}`")
+        raise ShardError(f"shard directory {path!r} does not exist; build it with `granndis preprocess build --out "
+                         f"{path}`")
     mpath = os.path.join(path, MANIFEST_NAME)
     if not os.access(path, os.R_OK | os.X_OK):  # else "no manifest.json ... rebuild" would name the wrong cause
         raise ShardError(f"shard directory {path!r} cannot be read by this user (Permission denied); fix its "

@@ -125,7 +125,8 @@ def _parmetis_split(pm, group, s: int, server_of, train, dist, adjacency: list, 
                     two: bool, kinds: Optional[_Kinds] = None) -> np.ndarray:
     """Collective over `group` (the ranks dist slices server s's m inner rows over, in its ranks'
     numbering): ParMETIS on this rank's rows dist[rank]..dist[rank+1]-1 (adjacency: a list [xadj,
-    adjncy] in ParMETIS' idx_t (_as_idx), local row ids, local column ids, emptied here: the rows wait on disk during the call,
+    adjncy] in ParMETIS' idx_t (_as_idx), local row ids, local column ids, emptied here: the rows wait on disk during
+    the call,
     part_kway_with_locality's `keep`), empty parts filled, then the balance refinement over the same
     slices.  Returns the GPU of each of the m inner vertices (on every rank of `group`)."""
     lo, hi = int(dist[group.rank]), int(dist[group.rank + 1])

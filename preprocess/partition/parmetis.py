@@ -109,7 +109,8 @@ def _open_parmetis() -> tuple[ctypes.CDLL, str]:
             "(`make setup`), load your site's parmetis module, set GRANNDIS_PARMETIS_LIB=/path/to/libparmetis.so, "
             "or use --partitioner metis")
     if not hasattr(lib, "ParMETIS_V3_PartKway"):
-        raise PartitionerError(f"{cand} does not export ParMETIS_V3_PartKway; set GRANNDIS_PARMETIS_LIB to a ParMETIS library")
+        raise PartitionerError(f"{cand} does not export ParMETIS_V3_PartKway; set GRANNDIS_PARMETIS_LIB to a ParMETIS "
+                               "library")
     return lib, str(cand)
 
 

@@ -123,7 +123,8 @@ def build_memory_lines(graph, result, raw_keys: int, ranks: int, partitioner: st
 
 def describe_build(o: mm.Option, cfg: PlanConfig) -> str:
     """The build (and train) command of an option: its mode's registry entry says which preload."""
-    base = f"granndis preprocess build ... --servers {cfg.servers} --gpus-per-server {cfg.gpus_per_server} --layers {cfg.layers}"
+    base = (f"granndis preprocess build ... --servers {cfg.servers} --gpus-per-server {cfg.gpus_per_server} --layers "
+            f"{cfg.layers}")
     if cfg.inductive:
         base += " --inductive"
     build = registry.MODES.entry(o.mode).get("build") or f"(train --mode {o.mode})"
@@ -155,7 +156,8 @@ def auto_hops(group, graph, cfg: PlanConfig) -> mm.Decision:
     """`build --hops auto`: the largest k in 1..L whose estimate fits cfg.budget (collective).  `graph`:
     the whole Graph, or this rank's sliced.GraphSlice (counted without assembling it, halo_counts.py).
 
-    Raises PlanError (the same on every rank, as a collective ClusterError under mpirun) when there is no budget or when not even k = 1
+    Raises PlanError (the same on every rank, as a collective ClusterError under mpirun) when there is no budget or
+    when not even k = 1
     fits, saying what budget would (`preprocess plan` prints the EAS and co-batch options too)."""
     group = as_group(group)
     if cfg.budget is None:
@@ -190,8 +192,8 @@ def config_from_args(args, **overrides) -> PlanConfig:
                      halo_route=getattr(args, "halo_route", "per-server"),
                      linear_layers=getattr(args, "linear_layers", None), budget=_budget(args.memory_per_gpu),
                      device=args.estimate_device, partitioner=args.partitioner, seed=args.seed,
-                     row_block_rows=args.row_block_rows, eas_hops=getattr(args, "eas_hops", 1), fanout=args.eas_fanout, eas_select=args.eas_select,
-                     eas=not getattr(args, "no_eas", False), cob_batches=batches,
+                     row_block_rows=args.row_block_rows, eas_hops=getattr(args, "eas_hops", 1), fanout=args.eas_fanout,
+                     eas_select=args.eas_select, eas=not getattr(args, "no_eas", False), cob_batches=batches,
                      cob_fanout=getattr(args, "cob_fanout", -1),
                      hops=args.hops if isinstance(getattr(args, "hops", None), int) else None,
                      model_options=tuple(getattr(args, "model_option", None) or ()),

@@ -269,7 +269,8 @@ def full_preload_rows(group, part, servers: int, gpus: int, layers: int, ks: Seq
             if last is None or min(k, reached) != min(last_k, reached):
                 truncated = np.where(hop_of <= k, hop_of, -1).astype(hop_of.dtype)
                 rows_in = truncated >= 0
-                load = ServerLoad(server=s, rows=int(np.count_nonzero(rows_in)), fetched_edges=int(degree[rows_in].sum()))
+                load = ServerLoad(server=s, rows=int(np.count_nonzero(rows_in)),
+                                  fetched_edges=int(degree[rows_in].sum()))
                 owned = owned_rows(group, part, truncated, gpu_of, G)
                 last, last_k = server_hop_counts_sliced(group, part, truncated, gpu_of, G, owned=owned), k
                 del rows_in

@@ -132,7 +132,8 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
     # Collective all through (no errors block around it: a rank's local failure ends the job, fail()).
     prep = prepare(group, part, cfg.servers, cfg.gpus_per_server, cfg.partitioner, cfg.seed, cfg.row_block_rows)
     min_train = prep.min_train()
-    batches = [b for b in sampling.batches if b <= min_train]  # the counts cob estimates (memory_model/mode_estimates.py)
+    # The counts cob estimates (memory_model/mode_estimates.py)
+    batches = [b for b in sampling.batches if b <= min_train]
     features, classes = m.features, m.num_classes
     # --inductive: every view counted on its induced graph (preprocess/plan/induced_counts.py).
     ind = (InducedCounter.count(group, part, prep, classes if m.multilabel else 0) if cfg.inductive else None)
@@ -156,7 +157,8 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
         if ind is not None:  # fb's slice: of the 1-hop set plan recommends for it, else of the shallowest
             shallowest = counted.counts[min(counted.counts)] if counted.counts else None
             counted.rows = {k: rows_of(counted.counts.get(k, shallowest), counted.induced, k) for k in ks}
-        sets = ([CountedSet([], "full", 1, L, ks=[0], sample_cobatches=False, counted=counted.rows)] if 0 in ks else []) + [
+        sets = ([CountedSet([], "full", 1, L, ks=[0], sample_cobatches=False,
+                            counted=counted.rows)] if 0 in ks else []) + [
             CountedSet([], "full", k, L, ks=[k], sample_cobatches=False, counted=counted.rows) for k in ks if k > 0]
         loads = {f"flx k={k}": (False, lst) for k, lst in counted.loads.items()}
     else:
@@ -209,7 +211,8 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
                 last[s] = (k, arrays)
                 full[k].append(arrays)
         any_arrays = next(iter(full.values())) if full else [mm.server_arrays_from_build(build_server(
-            counting, s, sp.parts, gpu_of, block, dataclasses.replace(bcfg, preload="full", hops=1))[0], s) for s in mine]
+            counting, s, sp.parts, gpu_of, block, dataclasses.replace(bcfg, preload="full", hops=1))[0],
+                                                                                         s) for s in mine]
         eas = ([mm.server_arrays_from_build(build_server(
             counting, s, sp.parts, gpu_of, block, dataclasses.replace(bcfg, preload="eas", hops=cfg.eas_hops))[0], s)
             for s in mine] if cfg.eas else [])

@@ -2,7 +2,8 @@
 
 verify checks, and reports every problem with the file it is in:
 - the manifest (version, keys) and each server file's sha256 and size;
-- per file: attrs, dataset dtypes/shapes, offsets, owners and the row order (by hop; by (hop, global id) without blocks);
+- per file: attrs, dataset dtypes/shapes, offsets, owners and the row order (by hop; by (hop, global id) without
+blocks);
 - CSR bounds, sortedness and no duplicate edges, for the stored subgraph and the world view;
 - hops: full preload = BFS distance from the inner rows over the stored subgraph; EAS: hop <= h,
   every hop-t row feeds a hop t-1 row, and at most fanout x |hop t-1| rows at hop t;
@@ -397,7 +398,8 @@ def format_info(manifest: dict) -> str:
                                                          if pre["kind"] == "eas" else ""),
         f"partitioner {part.get('name')} [{part.get('library')}] constraints={part.get('constraints')} "
         f"edge cut {part.get('edge_cut')} ({100 * float(part.get('edge_cut_fraction', 0)):.2f}% of edges) "
-        f"vertex balance {float(part.get('vertex_balance', 1)):.3f} train balance {float(part.get('train_balance', 1)):.3f}",
+        f"vertex balance {float(part.get('vertex_balance', 1)):.3f} train balance "
+        f"{float(part.get('train_balance', 1)):.3f}",
         f"partition   digest {manifest.get('partition_digest', 'not recorded')} (seed {manifest.get('seed')}; "
         f"equal digests = the same server and GPU for every vertex)",
         "row order   " + (f"by hop, then METIS locality blocks of about {row_block_rows(manifest)} rows"
@@ -423,5 +425,6 @@ def format_info(manifest: dict) -> str:
                          f"{s['train']:>7} {s['edges']:>10} {str(s['rows_per_gpu']):<28} {str(s['train_per_gpu']):<24}")
     files = manifest.get("files", {})
     total = sum(int(v["bytes"]) for v in files.values())
-    lines.append(f"files       {len(files)} server files, {total / 2**20:.1f} MiB; command: {manifest.get('command', '')}")
+    lines.append(f"files       {len(files)} server files, {total / 2**20:.1f} MiB; command: "
+                 f"{manifest.get('command', '')}")
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """verify's content checks in bounded memory: the dataset content digest and the check that
 preloaded rows are copies of their home rows, reading the server files in blocks of global ids.
 
-The digest (shards/content.py ContentHash, as build.dataset_digest) hashes the in-edge CSR, the features, the labels and the split in
+The digest (shards/content.py ContentHash, as build.dataset_digest) hashes the in-edge CSR, the features, the labels
+and the split in
 global-id order.  A server file's rows are ordered by (owner GPU, hop, global id), or with locality
 blocks by (owner GPU, hop, home part, block, global id) (preprocess/partition/row_blocks.py): either way a file
 is a sequence of runs sorted by global id (found where the id decreases or the GPU or hop changes; one

@@ -53,6 +53,7 @@ def inductive_problems(path, manifest: dict, servers) -> list:
                                   f["split/train"][:], int(manifest["preload"]["hops"]))
                 bad = np.flatnonzero(f["graph/train_hop"][:] != want)
                 if bad.size:
-                    problems.append(f"{fname}: graph/train_hop of {bad.size} rows (first row {int(bad[0])}) differs from "
+                    problems.append(f"{fname}: graph/train_hop of {bad.size} rows (first row {int(bad[0])}) differs "
+                                    "from "
                                     f"the BFS from the inner training rows over the file's edges between training rows")
     return problems

@@ -260,7 +260,8 @@ def setup(servers=2, cpus=4, cred_expire=10, kill_wait=15, timeout_s=60, quiet=F
             return ok, st or (p.stderr.strip() or p.stdout.strip())
 
         _wait(f"{servers} idle nodes", nodes_idle, timeout_s,
-              logs + [os.path.join(sdir, f"slurmd-{h['hostname']}.{e}") for h in state["hosts"] for e in ("out", "log")])
+              logs + [os.path.join(sdir, f"slurmd-{h['hostname']}.{e}") for h in state["hosts"] for e in ("out",
+                                                                                                          "log")])
         info["setup_s"] = round(time.monotonic() - t0, 2)
         write_json(os.path.join(sdir, "cluster.json"), info)
     except BaseException:

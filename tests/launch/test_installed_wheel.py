@@ -46,7 +46,8 @@ def _path_without_compilers(tmp_path: Path) -> str:
 def wheel(tmp_path_factory):
     """The wheel of a copy of the checkout (a build writes build/ and *.egg-info beside its sources)."""
     out = tmp_path_factory.mktemp("wheel")
-    tracked = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], timeout=60, cwd=REPO).stdout.split("\0")
+    tracked = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], timeout=60,
+                   cwd=REPO).stdout.split("\0")
     source = out / "source"
     for name in filter(None, tracked):
         if (REPO / name).is_file():

@@ -7,7 +7,8 @@ from tests.unit.test_memory_model_cli import SYN  # noqa: F401
 def test_hops_auto_error_on_every_rank(tmp_path):
     from tests.conftest import run_mpi
 
-    res = run_mpi(["-m", "granndis_hpc.preprocess", "build", *SYN, "--servers", "2", "--gpus-per-server", "2", "--layers", "3",
+    res = run_mpi(["-m", "granndis_hpc.preprocess", "build", *SYN, "--servers", "2", "--gpus-per-server", "2",
+                   "--layers", "3",
                    "--partitioner", "metis", "--out", str(tmp_path / "x"), "--hops", "auto"], n=2, timeout=120)
     assert res.returncode != 0
     assert "error (rank 0)" in res.stderr and "error (rank 1)" not in res.stderr and "--memory-per-gpu" in res.stderr

@@ -34,7 +34,8 @@ def test_cora_build_under_mpirun_then_verify_and_info(tmp_path, planetoid_root, 
 
 def test_eas_build_single_rank_in_process(tmp_path, capsys):
     out = tmp_path / "syn-eas"
-    assert main(_build_args(out, "--preload", "eas", "--hops", "2", "--eas-fanout", "3", "--partitioner", "metis")[2:]) == 0
+    assert main(_build_args(out, "--preload", "eas", "--hops", "2", "--eas-fanout", "3", "--partitioner",
+                            "metis")[2:]) == 0
     m = shards.read_manifest(out)
     assert m["preload"] == {"kind": "eas", "hops": 2, "fanout": 3, "select": "degree"}
     assert main(["verify", str(out)]) == 0

@@ -23,8 +23,8 @@ def test_option_errors_warnings_and_nothing_fits_are_said_once_under_mpirun():
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("warning: --fanout is deprecated") == 1, r.stderr
     assert r.stderr.count("unrecognized arguments: --no-such-option") == 1, r.stderr
-    r = run_mpi(["-m", "granndis_hpc.preprocess", "plan", "--source", "synthetic", "--vertices", "300", "--servers", "2",
-                 "--gpus-per-server", "1", "--layers", "1", "--partitioner", "random", "--memory-per-gpu", "1KiB"],
+    r = run_mpi(["-m", "granndis_hpc.preprocess", "plan", "--source", "synthetic", "--vertices", "300", "--servers",
+                 "2", "--gpus-per-server", "1", "--layers", "1", "--partitioner", "random", "--memory-per-gpu", "1KiB"],
                 n=2, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("nothing fits") == 1 and "(rank 1)" not in r.stderr, r.stderr

@@ -33,10 +33,12 @@ def test_preprocess_then_train_on_two_nodes_equals_plain_mpirun(tmp_path):
     # The job found its servers itself: one per node, named
     assert (summary["servers"], summary["ranks_per_server"]) == (2, 2)
     assert summary["hosts"] == ["slurm-s0", "slurm-s1"] and summary["emulated_servers"] is False
-    assert re.search(r"server +0 +host slurm-s0 +ranks 0,1", text) and re.search(r"server +1 +host slurm-s1 +ranks 2,3", text)
+    assert re.search(r"server +0 +host slurm-s0 +ranks 0,1", text) and re.search(r"server +1 +host slurm-s1 +ranks 2,3",
+                                                                                 text)
     assert "(emulated)" not in text
     train = sr.logged_train_args(text)
-    assert train.count("--epochs") == 1 and train[train.index("--layers") + 1] == "2", train  # the depth from the shards
+    # The depth from the shards.
+    assert train.count("--epochs") == 1 and train[train.index("--layers") + 1] == "2", train
     # The same options under a plain mpirun on one machine: the same losses, bit for bit
     ref = tmp_path / "ref"
     sr.plain_mpirun(train, ref)

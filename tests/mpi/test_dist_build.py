@@ -173,7 +173,8 @@ def test_gpu_split(base, cora_chunks, S):
     from granndis_hpc.preprocess.formats.chunked import ChunkedSource, open_chunked
     from granndis_hpc.preprocess.build.distributed import SlicedAccess
     from granndis_hpc.preprocess.partition.parmetis import load_parmetis
-    from granndis_hpc.preprocess.partition.gpu_split import gpu_split_dist, gpu_split_groups, slices_dist, split_servers_over_gpus
+    from granndis_hpc.preprocess.partition.gpu_split import (gpu_split_dist, gpu_split_groups, slices_dist,
+                                                            split_servers_over_gpus)
     from granndis_hpc.preprocess.partition.twolevel import WholeGraphAccess
     from granndis_hpc.preprocess.build.sliced import load_slice
     from granndis_hpc.preprocess.sources import load

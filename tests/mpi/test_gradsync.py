@@ -81,7 +81,8 @@ def test_bucketed_gradients_during_backward_equal_the_plain_torch_sum(cluster):
                 expected[n] += p.grad.double().numpy()
         results.append((got, expected, overlapped, blocking, list(sync.posted_at), names))
     everyone = topo.world.allgather([{n: g.tobytes() for n, g in got.items()} for got, *_ in results])
-    inter = np.sum(topo.world.allgather([(o["inter"]["gradient"], b["inter"]["gradient"]) for _, _, o, b, _, _ in results]),
+    inter = np.sum(topo.world.allgather([(o["inter"]["gradient"], b["inter"]["gradient"]) for _, _, o, b, _,
+                                         _ in results]),
                    axis=0)  # [step, (bucketed, one bucket)]: the job's inter-server gradient bytes
     sync.close()
 

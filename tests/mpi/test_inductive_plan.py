@@ -233,7 +233,8 @@ def test_mode_auto_counts_the_inductive_views_plan_counts(datasets):
             manifest, servers = mm.read_shard_set(dirs[name])
             for g in mm.row_groups(mm.set_arrays(dirs[name], manifest, servers, inductive=True), L, m, sampling):
                 auto[(g.mode, g.k if g.mode != "cob" else g.batches, source)] = g.rows
-        for key in [("fb", 0, f"--hops {L}"), *[("flx", k, f"--hops {L}") for k in (1, 2, 3)], ("cob", 2, f"--hops {L}")]:
+        for key in [("fb", 0, f"--hops {L}"), *[("flx", k, f"--hops {L}") for k in (1, 2, 3)], ("cob", 2,
+                                                                                                f"--hops {L}")]:
             if auto.get(key) != groups[key]:
                 problems.append(f"auto's {key} rows differ from plan's")
         print("EASCMP", auto[("eas", L, "--preload eas")] == groups[("eas", L, "--preload eas")])

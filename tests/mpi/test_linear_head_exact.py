@@ -2,7 +2,8 @@
 
 A 4-layer model whose last layer is Linear aggregates over 3 hops, so it trains on the 3-hop shard
 sets (the GraNNDis artifact's "3-layer GraphSAGE": --layers 4 --linear-layers 1).  fb and flx on
-2x2, 1x4 and 4x1 (gcn and ressage with checkpointing on 2x2) follow single-process full-graph training with plain dense torch
+2x2, 1x4 and 4x1 (gcn and ressage with checkpointing on 2x2) follow single-process full-graph training with plain dense
+torch
 (tests/dense_reference.py, the same keyed dropout masks over vertex ids 0..N-1): parameters and
 logits equal.  cob with one co-batch and every neighbour computes what flx computes; eas trains."""
 import copy

@@ -2,7 +2,8 @@
 
 The fixture: Cora's graph with 32 derived features (its bag of words times a fixed random matrix) and
 8 derived 0/1 tasks (signs of further random projections), written as a bundle with [N, 8] labels
-(granndis_hpc.preprocess.sources.convert.save_bundle) and built from it.  Training with binary cross-entropy equals a dense
+(granndis_hpc.preprocess.sources.convert.save_bundle) and built from it.  Training with binary cross-entropy equals a
+dense
 float64 loop written here (plain torch: the loss as torch.nn.BCEWithLogitsLoss's mean over the
 training entries, Adam): the same parameters after training.  The micro-F1 and ROC-AUC the run
 reports for every split and epoch equal the metrics computed here (micro-F1 from the counts of

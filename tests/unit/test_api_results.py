@@ -44,7 +44,8 @@ def test_build_into_out_reuses_only_the_same_set(tmp_path):
     out = tmp_path / "set"
     assert not gd.build(tiny_graph(), out, layers=2, quiet=True).reused
     assert gd.build(tiny_graph(), out, layers=2, quiet=True).reused
-    with pytest.raises(gd.GranndisError, match=r"already exists and holds a shard set .*give --overwrite to replace it"):
+    with pytest.raises(gd.GranndisError,
+                       match=r"already exists and holds a shard set .*give --overwrite to replace it"):
         gd.build(tiny_graph(), out, layers=1, quiet=True)
     assert not gd.build(tiny_graph(), out, layers=1, overwrite=True, quiet=True).reused
 
@@ -94,7 +95,8 @@ def test_predict_every_vertex_and_one_split(trained, tmp_path):
     assert (prov["split"], prov["output"], prov["layer"]) == ("test", "probabilities", 1)
     for name in ("global_id", "prediction", "probabilities", "embeddings"):
         np.testing.assert_array_equal(getattr(back, name), getattr(test, name))
-    with pytest.raises(gd.GranndisError, match=r"already exists and holds predictions .*give --overwrite to replace it"):
+    with pytest.raises(gd.GranndisError,
+                       match=r"already exists and holds predictions .*give --overwrite to replace it"):
         gd.predict(trained, trained.shards, out=tmp_path / "test.h5", quiet=True)
 
 

@@ -15,7 +15,8 @@ from tests.dense_reference import random_in_csr  # noqa: E402
 def _graph(n=150, features=7):
     rng = np.random.default_rng(5)
     indptr, indices = random_in_csr(n, 900, rng, isolated=5)
-    return LayerGraph.from_csr(indptr, indices, n), torch.from_numpy(rng.standard_normal((n, features)).astype(np.float32))
+    return LayerGraph.from_csr(indptr, indices, n), torch.from_numpy(rng.standard_normal((n,
+                                                                                          features)).astype(np.float32))
 
 
 @pytest.mark.parametrize("name,layers", [("sage", 3), ("gcn", 3), ("ressage", 5)])

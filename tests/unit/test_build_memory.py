@@ -80,7 +80,8 @@ def test_parmetis_partition_terms():
     # the graph bounds every rank from below whatever P.
     unsym = dict(GRAPH, symmetric=False)
     assert estimate_build_memory(servers=SERVERS, ranks=1, **unsym).phases[0]["partition"] > int(calls[1])
-    assert estimate_build_memory(servers=SERVERS, ranks=8, **unsym).phases[0]["partition"] == int(max(keyss[8], calls[8]))
+    assert estimate_build_memory(servers=SERVERS, ranks=8, **unsym).phases[0]["partition"] == int(max(keyss[8],
+                                                                                                      calls[8]))
     # A symmetrised graph (the default): the slice's own rows are the adjacency, no keys; PT-Scotch's
     # call sets the phase's peak at every P here.
     for P in (1, 8):

@@ -91,7 +91,8 @@ def test_on_another_layout_the_rank_files_are_not_restored(tmp_path):
     model, opt = _trained()
     saved = dict(FP, servers=2, ranks_per_server=2)
     ck.save(SELF, str(tmp_path), 3, saved, {"epoch": 3, "elapsed_s": 1.0, "model": model.state_dict(),
-                                             "optimizer": opt.state_dict()}, {"rng": rng.rng_state(torch.device("cpu"))})
+                                             "optimizer": opt.state_dict()},
+            {"rng": rng.rng_state(torch.device("cpu"))})
     torch.manual_seed(11)
     fresh, fresh_opt = _trained(seed=1)
     before = rng.rng_state(torch.device("cpu"))

@@ -30,7 +30,8 @@ EDITS = {
     "world_size 0": (lambda m: m.update(world_size=0), "world_size is 0, not a rank count >= 1"),
     "epoch of another directory": (lambda m: m.update(epoch=1), "epoch is 1 in the directory of epoch 2"),
     "no checksum": (lambda m: m["files"]["state.pt"].pop("sha256"), "entry for 'state.pt' is not"),
-    "a path as file name": (lambda m: m["files"].update({"../x.pt": {"name": "../x.pt", "bytes": 1, "sha256": "0" * 64}}),
+    "a path as file name": (lambda m: m["files"].update({"../x.pt": {"name": "../x.pt", "bytes": 1,
+                                                                     "sha256": "0" * 64}}),
                             "entry for '../x.pt' is not"),
 }
 

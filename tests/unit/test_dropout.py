@@ -66,7 +66,8 @@ def test_row_dropout_scales_kept_values_and_uses_prefix_ids():
 def _graph(n=120, features=6):
     rng = np.random.default_rng(3)
     indptr, indices = random_in_csr(n, 500, rng, isolated=4)
-    return LayerGraph.from_csr(indptr, indices, n), torch.from_numpy(rng.standard_normal((n, features)).astype(np.float32))
+    return LayerGraph.from_csr(indptr, indices, n), torch.from_numpy(rng.standard_normal((n,
+                                                                                          features)).astype(np.float32))
 
 
 @pytest.mark.parametrize("name", ["sage", "gcn", "ressage"])

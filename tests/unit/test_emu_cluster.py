@@ -1,6 +1,7 @@
 """The emulated cluster (emucluster/) and the link-rate sweep, in the parts that run without root:
 argument handling, the rsh agent's and the launcher's command lines, refusals, the self-check's verdict,
-the instances.  The cost model and the sweep: test_cost_model_sweep.py.  (Setting the cluster up needs root; `emu-cluster selfcheck` and
+the instances.  The cost model and the sweep: test_cost_model_sweep.py.  (Setting the cluster up needs root;
+`emu-cluster selfcheck` and
 `make bench-cluster` exercise that.)"""
 import os
 

@@ -54,7 +54,8 @@ def test_bfs_hops_equals_a_plain_bfs(seed):
     indptr, indices = csr_from_edges(src, dst, n)
     sources = rng.choice(n, 7, replace=False)
     for k in (0, 1, 2, 5):
-        np.testing.assert_array_equal(bfs_hops(indptr, indices, sources, k), _reference_bfs(indptr, indices, sources, k))
+        np.testing.assert_array_equal(bfs_hops(indptr, indices, sources, k), _reference_bfs(indptr, indices, sources,
+                                                                                            k))
 
 
 def test_bfs_hops_follows_the_expand_rule_and_ignores_reached_vertices():

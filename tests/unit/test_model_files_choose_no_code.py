@@ -117,7 +117,8 @@ def test_predict_init_from_and_resume_with_the_code_named_again(toy, tmp_path):
     pytest.importorskip("torch_geometric")
     base, graph, _ = toy
     torch.manual_seed(2)
-    model = build_model("pyg", 7, 8, 5, 2, dropout=0.0, norm=False, module="tests.pyg_factories", factory="gatv2").eval()
+    model = build_model("pyg", 7, 8, 5, 2, dropout=0.0, norm=False, module="tests.pyg_factories",
+                        factory="gatv2").eval()
     run = save_model(toy, tmp_path / "pyg", model, model="pyg", model_option=PYG)
     predict(toy, run, tmp_path / "p.h5", "--model-option", PYG[1], "--model-option", PYG[0])
     got, _ = read_output(str(tmp_path / "p.h5"))

@@ -81,7 +81,8 @@ def test_adjacency_is_cached_and_matches_coo():
     a = graph.adjacency("gcn")
     assert a is graph.adjacency("gcn") and a.layout == torch.sparse_csr and a.shape == (graph.n_dst, graph.n_src)
     eye = torch.eye(graph.n_src, dtype=torch.float64)
-    torch.testing.assert_close(a.to_dense().double(), _expected("gcn", graph, indptr, indices, eye), atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(a.to_dense().double(), _expected("gcn", graph, indptr, indices, eye), atol=1e-7,
+                               rtol=1e-6)
     # A float64 request gets its own matrix; moving the graph drops the cache.
     assert graph.adjacency("gcn", torch.float64).dtype == torch.float64
     assert not graph.to("cpu")._cache

@@ -66,7 +66,8 @@ def test_one_rank_default_path_is_plain_and_exact(one_rank):
                 assert t.gradsync.alone and t.gradsync._handles == []
                 h = torch.zeros(t.world_view.plan.layers[1].n_own_in, 8)
                 assert t.world_view.gather_fn("halo", overlap={"world", "server"})(1, h) is h
-            names = [f"convs.{i}.{k}" for i in range(2) for k in ("lin_self.weight", "lin_self.bias", "lin_neigh.weight")]
+            names = [f"convs.{i}.{k}" for i in range(2) for k in ("lin_self.weight", "lin_self.bias",
+                                                                  "lin_neigh.weight")]
             start = dict(t.model.named_parameters())
             initial = [start[k].detach().clone() for k in names]
             losses = [t.train_epoch()["loss"] for _ in range(EPOCHS)]

@@ -73,7 +73,8 @@ def test_report_plots_the_learning_rate_of_runs_that_record_it(tmp_path):
     from tests.unit.test_report import check_png, write_run
 
     plain, _ = write_run(tmp_path, "plain", "fb", seed=1)
-    assert "learning_rate.png" not in [os.path.basename(p) for p in render_report([str(plain)], str(tmp_path / "r1"))["pngs"]]
+    assert "learning_rate.png" not in [os.path.basename(p) for p in render_report([str(plain)],
+                                                                                  str(tmp_path / "r1"))["pngs"]]
     run, _ = write_run(tmp_path, "cosine", "fb", seed=2)
     lrs = rates(cfg(lr=0.1, lr_schedule="cosine", warmup_epochs=2, epochs=12), 12)
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -24,7 +24,8 @@ def test_every_package_folder_is_installed_under_one_name():
             parts = init.parent.relative_to(REPO / folder).parts
             found.add(".".join((dotted,) + parts))
     listed = set(_setuptools()["packages"])
-    assert listed == found, f"pyproject.toml's packages: missing {sorted(found - listed)}, extra {sorted(listed - found)}"
+    assert listed == found, (f"pyproject.toml's packages: missing {sorted(found - listed)}, extra "
+                             f"{sorted(listed - found)}")
     assert {p.split(".")[0] for p in listed} == {"granndis_hpc"}
     assert _setuptools()["package-dir"] == {"granndis_hpc.preprocess": "preprocess", "granndis_hpc.configs": "configs"}
 

@@ -99,7 +99,8 @@ def test_other_dataset_and_other_model_refused(toy, tmp_path):
                          "--ranks-per-server", "1"])
     wide = dict(obj["provenance"], config=dict(obj["provenance"]["config"], hidden=16))
     torch.save(dict(obj, provenance=wide), other / "best-model.pt")
-    with pytest.raises(ClusterError, match=r"do not fit the model built here.*convs.0.lin_self.weight \(8, 7\) \(here \(16, 7\)\)"):
+    with pytest.raises(ClusterError, match=r"do not fit the model built here.*convs.0.lin_self.weight \(8, 7\) \(here "
+                                           r"\(16, 7\)\)"):
         cli.run_predict(["--model", str(other), "--shards", str(base / "shards"), "--out", str(tmp_path / "a.h5"),
                          "--ranks-per-server", "1"])
     assert os.listdir(tmp_path) == ["other"]
@@ -122,7 +123,8 @@ def test_model_sources(toy, tmp_path):
     torch.save({"epoch": 2, "elapsed_s": 0.0, "model": obj["model"], "optimizer": {}}, ck / "state.pt")
     data = (ck / "state.pt").read_bytes()
     entry = {"name": "state.pt", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (ck / "COMPLETE.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "epoch": 2, "world_size": 1, "files": {"state.pt": entry},
+    (ck / "COMPLETE.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "epoch": 2, "world_size": 1,
+                                                  "files": {"state.pt": entry},
                                                   "fingerprint": {"dataset": "toy", "dataset_sha256": "ab"}}))
     src = read_model_source(str(ck / "state.pt"))
     assert (src.kind, src.epoch, src.dataset_sha256, src.config["layers"]) == ("checkpoint", 2, "ab", 2)

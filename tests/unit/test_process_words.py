@@ -19,7 +19,8 @@ TEXT_RULES = [
     ("checkout name", r"\bworktrees?\b"),
     ("colleagues", r"\bother engineers?\b"),
     ("lock talk", r"\bexclusive holds?\b"),
-    ("period-named file", r"(?-i:[\w.-]*(?:-(?:s|v|run|quiet)\d+|-sweep[A-Z]|issue\d+)[\w.-]*\.(?:md|jsonl?|txt|png))\b"),
+    ("period-named file",
+     r"(?-i:[\w.-]*(?:-(?:s|v|run|quiet)\d+|-sweep[A-Z]|issue\d+)[\w.-]*\.(?:md|jsonl?|txt|png))\b"),
     ("machine-local path", r"(?<![\w.$}])/(?:work|home|Users|root)/\w"),
     ("machine-local path", r"(?<![\w.$}])/tmp/\w"),
 ]

@@ -31,7 +31,8 @@ CASES = {  # name: (the module's source or None, the factory, what the error say
     "factory not callable": ("build = 1\n", "build", r"module '{m}' has no function 'build' \(it is a int\)"),
     "factory raises": ("def build(*a):\n    raise ValueError('bad widths')\n", "build",
                        r"{m}\.build\(7, 8, 5, 2\) raised ValueError: bad widths"),
-    "factory exits": ("import sys\ndef build(*a):\n    sys.exit(3)\n", "build", r"{m}\.build\(7, 8, 5, 2\) raised SystemExit: 3"),
+    "factory exits": ("import sys\ndef build(*a):\n    sys.exit(3)\n", "build", r"{m}\.build\(7, 8, 5, 2\) raised "
+                                                                                r"SystemExit: 3"),
     "factory returns a string": ("def build(*a):\n    return 'conv'\n", "build", r"returned a str, not a list of"),
     "factory returns numbers": ("def build(*a):\n    return [1, 2]\n", "build",
                                 r"returned a list holding a int at position 0, not a torch_geometric convolution"),
@@ -89,7 +90,8 @@ def test_a_module_in_the_working_directory_says_how_to_reach_it(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
     with pytest.raises(ModelCodeError, match=r"mystack_beside\.py is in the working directory, which the ranks do "
-                                             r"not search: run with PYTHONPATH=\$PWD, and under mpirun add -x PYTHONPATH"):
+                                             r"not search: run with PYTHONPATH=\$PWD, and under mpirun add -x "
+                                             r"PYTHONPATH"):
         _import("mystack_beside")
     with pytest.raises(ModelCodeError) as elsewhere:
         _import("mystack_nowhere")

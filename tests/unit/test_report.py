@@ -252,7 +252,8 @@ def test_epoch_over_overlap_limit_from_the_runs_link(tmp_path):
                                     {"rank": 0, "rows_computed": [1000, 1000], "rows_held": [1000, 1300],
                                      "send_rows": [0, 500], "halo_rows": [0, 300], "edges": [8000, 10_000],
                                      "halo_edges": [0, 5000], "group": ["world", "world"]}]}) + "\n")
-    summary.update(epoch_time_s=1.22, seconds_per_epoch={**summary["seconds_per_epoch"], "compute": 0.4, "sampling": 0.0},
+    summary.update(epoch_time_s=1.22, seconds_per_epoch={**summary["seconds_per_epoch"], "compute": 0.4,
+                                                         "sampling": 0.0},
                    bytes_per_epoch={**summary["bytes_per_epoch"], "inter_grad": 20_000, "intra_grad": 0},
                    plan={"overlap": True, "overlap_halos": ["world"]})
     (run / "summary.json").write_text(json.dumps(summary))

@@ -45,7 +45,8 @@ def test_full_disk_is_a_clear_error_with_exit_1_and_the_old_set_kept(tiny_fs):
     assert "Traceback" not in small.stderr
     assert os.listdir(tiny_fs) == []  # a refused build leaves nothing it created, its --out included
     # An old (small) set survives a failed --overwrite, and no temporaries are left behind.
-    old = subprocess.run([sys.executable, "-m", "granndis_hpc.preprocess", "build", "--source", "synthetic", "--vertices", "200",
+    old = subprocess.run([sys.executable, "-m", "granndis_hpc.preprocess", "build", "--source", "synthetic",
+                          "--vertices", "200",
                           "--seed", "0", "--servers", "1", "--gpus-per-server", "1", "--layers", "1",
                           "--partitioner", "random", "--out", str(out), "--overwrite"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)

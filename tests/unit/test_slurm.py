@@ -21,7 +21,8 @@ FAKE_LAUNCHER = r"""#!/bin/bash
 name="$(basename "$0")"
 log="$FAKE_LOG/$name"
 if [ "$name" = srun ] && [ "${1:-}" = --mpi=list ]; then
-    printf 'MPI plugin types are...\n\tpmix\n\tnone\n\tcray_shasta\n\tpmi2\nspecific pmix plugin versions available: pmix_v4\n'
+    printf 'MPI plugin types are...\n\tpmix\n\tnone\n\tcray_shasta\n\tpmi2\n'
+    printf 'specific pmix plugin versions available: pmix_v4\n'
     exit 0
 fi
 if [ "$name" = scontrol ] && [ "${1:-}" = show ]; then

@@ -95,7 +95,8 @@ def test_split_scheme_discovery(tmp_path):
     raw = make_raw(seed=2)
     base = write_ogb(tmp_path / "d", raw, scheme="sales_ranking")
     (base / "split" / "time").mkdir()
-    with pytest.raises(DataError, match=r"split: several split schemes found \['sales_ranking', 'time'\].*--split-scheme"):
+    with pytest.raises(DataError, match=r"split: several split schemes found \['sales_ranking', "
+                                        r"'time'\].*--split-scheme"):
         load("ogb", root=base)
     check_against_reference(load("ogb", root=base, split_scheme="sales_ranking"), raw)
     with pytest.raises(DataError, match=r"split/nope: split scheme not found"):

@@ -165,7 +165,8 @@ class _EvalCall:
         return (eval, (f"open({str(self.marker)!r}, 'w').write('pwned')",))
 
 
-@pytest.mark.parametrize("payload,refused", [(_SystemCall, r"(posix|os|nt)\.system"), (_EvalCall, r"(__builtin__|builtins)\.eval")])
+@pytest.mark.parametrize("payload,refused", [(_SystemCall, r"(posix|os|nt)\.system"), (_EvalCall,
+                                                                                       r"(__builtin__|builtins)\.eval")])
 def test_crafted_pickle_refused_and_not_executed(tmp_path, payload, refused):
     write_miniature(tmp_path, name="cora")
     marker = tmp_path / "marker-created-by-pickle"

@@ -92,8 +92,9 @@ def test_reddit_node_types_outside_the_split_codes_are_refused(tmp_path):
     np.savez(base / "reddit_data.npz", **arrays)
     with pytest.raises(DataError) as err:
         load("reddit", root=tmp_path)
-    assert str(err.value).startswith(f"{base / 'reddit_data.npz'}: 3 of 40 'node_types' values are not 1 (train), 2 "
-                                     "(validation) or 3 (test), e.g. vertex 3: 0, vertex 17: 4, vertex 30: -1"), err.value
+    expected = (f"{base / 'reddit_data.npz'}: 3 of 40 'node_types' values are not 1 (train), 2 "
+                "(validation) or 3 (test), e.g. vertex 3: 0, vertex 17: 4, vertex 30: -1")
+    assert str(err.value).startswith(expected), err.value
 
 
 def test_reddit_missing_root(tmp_path):

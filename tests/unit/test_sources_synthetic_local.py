@@ -56,7 +56,8 @@ def medium_pair():
 
 def test_sbm_default_is_pinned():
     # Digest of the DC-SBM output of the chunk-native generators (their draws differ
-    # from whole-graph generators', docs/performance/preprocess.md); a change to it changes every synthetic dataset, say so in the docs.
+    # from whole-graph generators', docs/performance/preprocess.md); a change to it changes every synthetic dataset,
+    # say so in the docs.
     # Local-only options must not reach it.
     want = "69ca5548920fe5a335180235474e70d36908b9d2e97393fe78cf7a43d3a0c8f6"
     params = dict(vertices=3000, avg_degree=10, features=8, classes=3, seed=1)
@@ -208,7 +209,8 @@ def test_command_line_options_reach_the_generator():
 
 
 @pytest.mark.parametrize("params,pattern", [
-    (dict(generator="ring"), r"synthetic: invalid parameters: --generator 'ring' \(unknown\)\. (?=Fix: use one of sbm, local)"),
+    (dict(generator="ring"), r"synthetic: invalid parameters: --generator 'ring' \(unknown\)\. (?=Fix: use one of "
+                             r"sbm, local)"),
     (dict(cell_size=0.5), r"--cell-size 0.5 \(need >= 1"),
     (dict(vertices=3, cell_size=1), r"--cell-size 1.0 gives 4 cells for --vertices 3"),
     (dict(local_scale=-1.0), r"--local-scale -1.0"),

@@ -5,7 +5,8 @@ import tests.conftest as conftest
 
 
 def test_the_planetoid_files_are_in_the_repository():
-    assert conftest.PLANETOID == conftest.REPO / "tests" / "data" / "planetoid" or "GRANNDIS_DATASETS" in __import__("os").environ
+    in_repo = conftest.PLANETOID == conftest.REPO / "tests" / "data" / "planetoid"
+    assert in_repo or "GRANNDIS_DATASETS" in __import__("os").environ
     assert conftest.require_planetoid() == conftest.PLANETOID
 
 

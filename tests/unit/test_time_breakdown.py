@@ -13,15 +13,17 @@ def test_summary_parts_add_up_to_the_epoch_time():
     # Epochs whose slow part alternates: part-wise medians would sum to 1.5 s against 1.0 s epochs.
     recs = []
     for e, (comm, compute) in enumerate([(0.9, 0.1), (0.1, 0.9), (0.9, 0.1), (0.1, 0.9), (0.5, 0.5)]):
-        recs.append({"epoch": e, "time_s": 1.0 + 0.01 * e, "intra_comm_s": 0.0, "inter_comm_s": comm, "grad_sync_s": 0.0,
-                     "compute_s": compute + 0.01 * e, "sampling_s": 0.0, "bytes": {k: 0 for k in
+        recs.append({"epoch": e, "time_s": 1.0 + 0.01 * e, "intra_comm_s": 0.0, "inter_comm_s": comm,
+                     "grad_sync_s": 0.0, "compute_s": compute + 0.01 * e, "sampling_s": 0.0, "bytes": {k: 0 for k in
                      ("intra_halo", "inter_halo", "intra_grad", "inter_grad")}})
-    s = summarize(recs, {"mode": "fb", "model": "sage", "layers": 2}, None, 0, {"servers": 2, "ranks_per_server": 2}, 5.0)
+    s = summarize(recs, {"mode": "fb", "model": "sage", "layers": 2}, None, 0, {"servers": 2, "ranks_per_server": 2},
+                  5.0)
     total = sum(s["seconds_per_epoch"][k] for k in PARTS)
     assert total == pytest.approx(s["epoch_time_s"]) == pytest.approx(1.02)
     assert s["seconds_per_epoch"]["inter_comm"] == pytest.approx(0.9)  # epoch 2, the median one
     # An even count (`make demo` trains 10 epochs): the lower median epoch, not the mean of the middle two.
-    s = summarize(recs[:4], {"mode": "fb", "model": "sage", "layers": 2}, None, 0, {"servers": 2, "ranks_per_server": 2},
+    s = summarize(recs[:4], {"mode": "fb", "model": "sage", "layers": 2}, None, 0, {"servers": 2,
+                                                                                    "ranks_per_server": 2},
                   5.0)
     assert sum(s["seconds_per_epoch"][k] for k in PARTS) == pytest.approx(s["epoch_time_s"]) == pytest.approx(1.01)
 
