@@ -196,12 +196,27 @@ def _snapshot(run_dir):
 SHORT = ["--ranks-per-server", "2", "--layers", "2", "--hidden", "16", "--epochs", "4", "--eval-every", "0", "--quiet"]
 
 
-def test_new_run_in_a_run_directory_is_refused_and_overwrite_replaces_it(shards, tmp_path):
+@pytest.fixture(scope="module")
+def short_run(shards, tmp_path_factory):
+    """A finished 4-epoch run with checkpoints at epochs 2 and 4 (and a learning rate that is not the
+    default, so a resume that read no options would differ); each test works on its own copy."""
+    base = tmp_path_factory.mktemp("short")
+    run = base / "run"
+    rc, log = _run(["--shards", shards, "--out", run, *SHORT, "--lr", "0.02", "--checkpoint-every", "2"], base,
+                   "first")
+    assert rc == 0, log
+    return run
+
+
+def _copy(run, tmp_path, name):
+    shutil.copytree(run, tmp_path / name)
+    return tmp_path / name
+
+
+def test_new_run_in_a_run_directory_is_refused_and_overwrite_replaces_it(shards, short_run, tmp_path):
     """Defect: a second run with the same --out overwrote config.json and metrics.jsonl, kept the old
     checkpoints, and pruning then deleted the new run's."""
-    run = tmp_path / "a"
-    rc, log = _run(["--shards", shards, "--out", run, *SHORT, "--checkpoint-every", "2"], tmp_path, "first")
-    assert rc == 0, log
+    run = _copy(short_run, tmp_path, "a")
     before = _snapshot(run)
     assert "checkpoints/epoch-000004/COMPLETE.json" in before and "summary.json" in before
 
@@ -224,13 +239,13 @@ def test_new_run_in_a_run_directory_is_refused_and_overwrite_replaces_it(shards,
     assert not [n for n in os.listdir(run) if n.startswith(".") and n != ".lock"], os.listdir(run)
 
 
-def test_resume_of_a_run_without_checkpoint_restarts_it(shards, tmp_path):
+def test_resume_of_a_run_without_checkpoint_restarts_it(short_run, tmp_path):
     """What a Slurm job requeued before its first checkpoint does (slurm/train.sbatch adds --resume):
     its own unfinished run starts again from epoch 0 with the run's options."""
-    run = tmp_path / "r"
-    rc, log = _run(["--shards", shards, "--out", run, *SHORT, "--lr", "0.02"], tmp_path, "first")
-    assert rc == 0, log
-    os.unlink(run / "summary.json")  # as if killed after 2 epochs, before any checkpoint
+    run = _copy(short_run, tmp_path, "r")
+    # As if killed after 2 epochs, before any checkpoint.
+    shutil.rmtree(run / "checkpoints")
+    os.unlink(run / "summary.json")
     with open(run / "metrics.jsonl") as f:
         lines = f.readlines()
     with open(run / "metrics.jsonl", "w") as f:
@@ -242,7 +257,7 @@ def test_resume_of_a_run_without_checkpoint_restarts_it(shards, tmp_path):
     assert [r["loss"] for r in _metrics(run)] == [json.loads(line)["loss"] for line in lines]  # same run again
 
 
-def test_crafted_state_file_is_refused_with_one_clear_message(shards, tmp_path):
+def test_crafted_state_file_is_refused_with_one_clear_message(short_run, tmp_path):
     """Defect: a crafted state.pt (its COMPLETE.json entry updated to match) was refused with a traceback
     and PyTorch's text advising weights_only=False, the unsafe option."""
     import hashlib
@@ -252,13 +267,10 @@ def test_crafted_state_file_is_refused_with_one_clear_message(shards, tmp_path):
         def __reduce__(self):
             return (os.system, (f"touch {tmp_path / 'pwned'}",))
 
-    run = tmp_path / "c"
-    rc, log = _run(["--shards", shards, "--out", run, *SHORT, "--epochs", "2", "--checkpoint-every", "2"],
-                   tmp_path, "first")
-    assert rc == 0, log
+    run = _copy(short_run, tmp_path, "c")
     info = cf.latest_complete(str(run))
     buf = io.BytesIO()
-    torch.save({"epoch": 2, "elapsed_s": 0.0, "model": Exploit(), "optimizer": {}}, buf)
+    torch.save({"epoch": 4, "elapsed_s": 0.0, "model": Exploit(), "optimizer": {}}, buf)
     data = buf.getvalue()
     with open(os.path.join(info.path, cf.SHARED_FILE), "wb") as f:
         f.write(data)
@@ -266,7 +278,7 @@ def test_crafted_state_file_is_refused_with_one_clear_message(shards, tmp_path):
     manifest["files"][cf.SHARED_FILE].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     with open(os.path.join(info.path, cf.COMPLETE), "w") as f:
         json.dump(manifest, f)
-    rc, log = _run(["--resume", run, "--epochs", "4"], tmp_path, "crafted")
+    rc, log = _run(["--resume", run, "--epochs", "6"], tmp_path, "crafted")
     assert rc == 1, log
     state = os.path.join(info.path, cf.SHARED_FILE)
     assert f"checkpoint file {state} is not a valid granndis checkpoint" in log, log
