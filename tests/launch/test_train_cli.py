@@ -53,11 +53,12 @@ ACCURACY_ARGS = ["--hidden", "64", "--lr", "0.01", "--dropout", "0", "--weight-d
 # SAGE only: GCN's fb/flx accuracy on Cora (and CiteSeer) is tests/mpi/test_published_accuracy.py's.
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("model", ["sage"])
-def test_cora_accuracy_fb_equals_flx(cora_shards, tmp_path, model):
-    """200 epochs; dropout 0 so that fb and flx compute the same thing and must agree exactly."""
+def test_cora_accuracy_of_flx_and_eas(cora_shards, tmp_path, model):
+    """200 epochs through the command line.  fb is not run here: it computes exactly what flx computes
+    (logits and parameters equal on real Cora: tests/mpi/test_engine_exact.py)."""
     args = ["--model", model, "--epochs", "200", *ACCURACY_ARGS]
     acc = {}
-    for mode in ("fb", "flx", "eas"):
+    for mode in ("flx", "eas"):
         shards = cora_shards["eas" if mode == "eas" else "full"]
         res = _train(shards, mode, tmp_path / mode, *args)
         assert res.returncode == 0, res.stdout + res.stderr
@@ -68,8 +69,7 @@ def test_cora_accuracy_fb_equals_flx(cora_shards, tmp_path, model):
         assert records[-1]["loss"] < records[0]["loss"]
     print(f"\nCora {model} test accuracy: {acc}")
     FLX_ACCURACY[model] = acc["flx"]
-    assert acc["fb"] == pytest.approx(acc["flx"], abs=1e-9)
-    assert acc["fb"] >= 0.78
+    assert acc["flx"] >= 0.78
     assert acc["eas"] >= 0.70
 
 
