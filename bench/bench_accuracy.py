@@ -67,7 +67,7 @@ def build_sets(base: str, datasets, normalisations=("none", "row"), servers: int
 
 def engine_run(shards: str, mode: str, seed: int, setting: str, epochs: int) -> dict:
     """One training run (collective); returns the last epoch's and the best-validation epoch's accuracy."""
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
     from granndis_hpc.engine.trainer import Trainer
 
     opts = {**COMMON, **SETTINGS[setting]["train"], "epochs": epochs}

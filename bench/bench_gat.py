@@ -31,7 +31,7 @@ def _worker(args) -> None:
     from mpi4py import MPI
 
     from bench_accuracy import build_sets
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
     from granndis_hpc.engine.trainer import Trainer
 
     world = MPI.COMM_WORLD

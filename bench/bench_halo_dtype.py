@@ -29,7 +29,7 @@ TARGET_POINTS = 0.5
 
 
 def engine_run(shards, loop, seed, halo_dtype, epochs):
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
     from granndis_hpc.engine.trainer import Trainer
 
     opts = {**COMMON, **SETTINGS["recipe"]["train"], **LOOPS[loop], "epochs": epochs, "halo_dtype": halo_dtype}

@@ -35,7 +35,7 @@ def engine_run(shards, seed, precision, epochs, measure_peak):
     """One training run (collective): best-validation test accuracy, the run's timing and memory."""
     from mpi4py import MPI
 
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
     from granndis_hpc.engine.trainer import Trainer
     from granndis_hpc.memory_model.profile import measure_step_peak
 

@@ -68,7 +68,7 @@ MODEL_NAMES = {"sage": "SAGE", "gcn": "GCN", "ressage": "ResSAGE+ (activation ch
 
 
 def make_trainer(shards, args, no_overlap):
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
     from granndis_hpc.engine.trainer import Trainer
 
     return Trainer(TrainConfig(shards=shards, mode="flx", model=args.model, layers=args.layers, hidden=args.hidden,

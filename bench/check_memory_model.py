@@ -22,7 +22,7 @@ from harness import RANKS_PER_SERVER, REPO
 
 from granndis_hpc import memory_model as mm  # noqa: E402
 from granndis_hpc.memory_model.profile import measure_step_peak  # noqa: E402
-from granndis_hpc.config import TrainConfig  # noqa: E402
+from granndis_hpc.options.train import TrainConfig  # noqa: E402
 from granndis_hpc.engine.trainer import Trainer  # noqa: E402
 
 W = MPI.COMM_WORLD

@@ -38,7 +38,7 @@ STARTED = init_mpi(_early.parse_known_args()[0].device)
 from mpi4py import MPI  # noqa: E402
 
 from granndis_hpc.cluster.hostsync import SyncCounter
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.engine.trainer import Trainer
 
 WORLD = MPI.COMM_WORLD

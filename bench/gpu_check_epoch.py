@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     p.add_argument("--pyg", action="store_true", help="also PyG's SAGEConv stack on the same device")
     args = p.parse_args(argv)
 
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
     from granndis_hpc.engine.trainer import Trainer
 
     trainer = Trainer(TrainConfig(shards=args.shards, mode="flx", model="sage", layers=args.layers,

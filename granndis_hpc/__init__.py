@@ -18,7 +18,7 @@ def __getattr__(name):
 
         value = getattr(api, name)
     elif name == "TrainConfig":
-        from granndis_hpc.config import TrainConfig as value
+        from granndis_hpc.options.train import TrainConfig as value
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

@@ -7,10 +7,10 @@ import os
 import sys
 from dataclasses import asdict
 
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import ConfigError, read_options
 from granndis_hpc.metric_names import summary_key
-from granndis_hpc.resume_options import train_config
+from granndis_hpc.options.resume import train_config
 
 TRAIN_PROG = "granndis-train"
 TRAIN_DESCRIPTION = ("Train a GNN on a shard directory with one MPI rank per GPU "
@@ -127,7 +127,7 @@ def _asks_for_help(argv) -> bool:
 def predict_main(argv=None) -> int:
     """`granndis predict` (under mpirun/srun like training): engine/predict.py."""
     from granndis_hpc.mpistart import requested_device, init_mpi
-    from granndis_hpc.predict_options import PREDICT_DESCRIPTION, PREDICT_EPILOG, PREDICT_PROG, PredictOptions
+    from granndis_hpc.options.predict import PREDICT_DESCRIPTION, PREDICT_EPILOG, PREDICT_PROG, PredictOptions
 
     argv = sys.argv[1:] if argv is None else argv
     if _asks_for_help(argv):  # as train's: no MPI, no torch
@@ -143,7 +143,7 @@ def predict_main(argv=None) -> int:
 def run_predict(argv=None) -> dict:
     """Parse (a usage error exits 2 on every rank alike: every rank parses the same argv), predict."""
     from granndis_hpc.options import parse_options
-    from granndis_hpc.predict_options import PREDICT_DESCRIPTION, PREDICT_EPILOG, PREDICT_PROG, PredictOptions
+    from granndis_hpc.options.predict import PREDICT_DESCRIPTION, PREDICT_EPILOG, PREDICT_PROG, PredictOptions
 
     opts = parse_options(PredictOptions, argv, PREDICT_PROG, PREDICT_DESCRIPTION, PREDICT_EPILOG)
     from granndis_hpc.engine.predict import run_predict as predict  # torch: after the options are read

@@ -5,7 +5,7 @@ A model file (best-model.pt, a checkpoint) and a run's config.json record a mode
 record is data: it is checked (types, known names) and compared with what the user gives, and a
 model whose code the user does not name is refused with the exact options to add.  A file someone sends
 you can therefore not make a command import a module of its choosing (docs/reliability.md, "Trust
-boundary").  Torch-free: the option parser (resume_options.resumed_model_options) uses it as the engine does."""
+boundary").  Torch-free: the option parser (options.resume.resumed_model_options) uses it as the engine does."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence

@@ -105,7 +105,8 @@ def requested_device(argv, options_class=None) -> str:
     if "-h" in argv or "--help" in argv:
         return "cpu"  # only the help is printed
     try:
-        from granndis_hpc.config import TrainConfig, load_resolved_config
+        from granndis_hpc.options.train import TrainConfig
+        from granndis_hpc.rundir.config_file import load_resolved_config
         from granndis_hpc.options import read_options
 
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):

@@ -1,5 +1,5 @@
 """The registries of models and modes: names, capabilities and lazy references, importable without
-torch, h5py or mpi4py (config.py builds the train parser from them; preprocess reads a mode's rules
+torch, h5py or mpi4py (options/train_groups.py builds the train parser from them; preprocess reads a mode's rules
 for `plan` without importing the engine).
 
 An entry is declared by name with the object it stands for written as ``"module:attribute"``; the

@@ -16,7 +16,7 @@ import argparse
 from dataclasses import dataclass
 from typing import List, Optional
 
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import Options, option, reuse
 from granndis_hpc.units import parse_rate
 

@@ -1,7 +1,7 @@
 """The API's options: TrainConfig's fields for training, BuildOptions' for a build, checked by their one
 declaration (the command line's rules); a name that is not an option is refused with the close matches.
 
-No torch, mpi4py or h5py here: the names and rules come from granndis_hpc/options/, config.py and
+No torch, mpi4py or h5py here: the names and rules come from granndis_hpc/options/ (train.py) and
 preprocess/options.py, which import none of them.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 from typing import Any, Dict, Iterable, Mapping, Optional
 
 from granndis_hpc.api.errors import OptionError
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import ConfigError, load_config_file
 
 # BuildOptions' fields that say where a dataset comes from (the API is handed the graph itself) or
@@ -70,7 +70,7 @@ def train_config(config, options: Mapping[str, Any]) -> TrainConfig:
     """The TrainConfig of `config` (see _config_values) with `options` (TrainConfig's field names) on top,
     checked as granndis-train checks its command line.  With resume=RUN_DIR the run's own config.json
     gives the rest, and options given again may differ only where --resume allows."""
-    from granndis_hpc.resume_options import train_config as resolved
+    from granndis_hpc.options.resume import train_config as resolved
     from granndis_hpc.rundir.checkpoint_files import CheckpointError
 
     check_names(options, train_option_names(), "train()")

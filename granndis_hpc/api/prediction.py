@@ -63,7 +63,7 @@ def predict(model: Any, graph_or_shards: Any, *, out=None, gather: str = "all", 
     from_graph = is_graph(graph_or_shards)
     opts = run_dir = None
     with agreed("predict()"):
-        from granndis_hpc.predict_options import PredictOptions
+        from granndis_hpc.options.predict import PredictOptions
 
         names = [f.name for f in dataclasses.fields(PredictOptions) if f.name not in _ARGUMENTS]
         check_names(options, names, "predict()")

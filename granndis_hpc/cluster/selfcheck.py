@@ -10,7 +10,6 @@ collective, to show that the job then fails on every rank instead of hanging.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
@@ -22,6 +21,8 @@ from .errors import agree, main_guard
 from .layout import plan_buckets
 from .ledger import Ledger
 from .topology import init_topology
+from granndis_hpc.options.parser import parse_options
+from granndis_hpc.options.selfcheck import SELFCHECK_PROG, SelfcheckOptions
 
 
 def _counts_matrix(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -107,19 +108,10 @@ def check_allreduce(comm: Communicator, seed: int) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m granndis_hpc.cluster.selfcheck",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks-per-server", type=int, default=None,
-                        help="emulate servers of N consecutive ranks (default: one server per node, "
-                             "or env GRANNDIS_RANKS_PER_SERVER)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--intra-transport", choices=("auto", "gloo", "nccl", "mpi"), default="auto")
-    parser.add_argument("--master-addr", default=None, help="where the ranks meet for torch.distributed "
-                        "(granndis-train's --master-addr)")
-    parser.add_argument("--dist-timeout", type=float, default=600.0, help="seconds a rank waits for that store")
-    parser.add_argument("--fail-rank", type=int, default=None, help="rank that raises before the first collective")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    # The options are declared with every other command's (granndis_hpc/options/selfcheck.py, standard
+    # library only): the one import of the options package that the cluster layer makes besides
+    # topology.py's (docs/design.md §3).
+    args = parse_options(SelfcheckOptions, argv, SELFCHECK_PROG, __doc__.split("\n\n")[0], config=False)
 
     topo = init_topology(args.ranks_per_server, args.device, args.intra_transport, master_addr=args.master_addr,
                          dist_timeout_s=args.dist_timeout)

@@ -29,7 +29,7 @@ from .devices import device_kind as device_kinds, gpu_positions, scheduler_gpus,
 from .errors import ClusterError, agree
 from .rendezvous import connect_seconds, open_store, rendezvous_address
 from granndis_hpc.mpistart import thread_level_problem
-from granndis_hpc.startup_options import master_addr as startup_master_addr
+from granndis_hpc.options.startup import master_addr as startup_master_addr
 
 ENV_RANKS_PER_SERVER = "GRANNDIS_RANKS_PER_SERVER"
 ENV_INTRA_TRANSPORT = "GRANNDIS_INTRA_TRANSPORT"

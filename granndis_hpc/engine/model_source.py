@@ -23,7 +23,8 @@ from typing import Dict, List, Optional
 import torch
 
 from granndis_hpc import registry
-from granndis_hpc.config import CONFIG_FILE_NAME, TrainConfig, load_resolved_config
+from granndis_hpc.options.train import TrainConfig
+from granndis_hpc.rundir.config_file import CONFIG_FILE_NAME, load_resolved_config
 from granndis_hpc.options import ConfigError
 from granndis_hpc.model_code import code_refusal, given_names
 from granndis_hpc.options import check_recorded
@@ -65,7 +66,7 @@ class ModelSource:
 def model_provenance(cfg, manifest: Dict) -> Dict:
     """What best-model.pt records so that the file alone can be used: the run's resolved options and its
     dataset (name and content digest, dataset.content_sha256 of the shard set's manifest)."""
-    from granndis_hpc.config import resolved_config
+    from granndis_hpc.rundir.config_file import resolved_config
     ds = manifest.get("dataset", {})
     digest = ds.get("content_sha256")
     return {"config": resolved_config(cfg), "dataset": ds.get("name"),

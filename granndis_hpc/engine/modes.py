@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, Optional
 import numpy as np
 
 from granndis_hpc import memory_model, registry, shards
-from granndis_hpc.config import OVERLAP_HALOS
+from granndis_hpc.options.train_groups import OVERLAP_HALOS
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.cluster.linkcheck import measure_links
 from granndis_hpc.cluster.topology import device_memory

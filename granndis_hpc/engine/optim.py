@@ -27,7 +27,7 @@ import torch
 
 from granndis_hpc.rundir.checkpoint_files import CheckpointError
 
-# The options the saved state must agree with (not in the checkpoint fingerprint: see config.py), and
+# The options the saved state must agree with (not in the checkpoint fingerprint: see options/train_groups.py), and
 # what a run made before they existed ran with.
 SCHEDULE_OPTIONS = {"optimizer": "adam", "momentum": 0.0, "nesterov": False, "lr_schedule": "constant",
                     "warmup_epochs": 0, "step_size": 30, "gamma": 0.1, "min_lr": 0.0, "lr_decay_epochs": 0,

@@ -32,7 +32,7 @@ from granndis_hpc.graph import planner
 from granndis_hpc.graph.hetero import types_of
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.model_code import rebuild_options
-from granndis_hpc.startup_options import topology_args
+from granndis_hpc.options.startup import topology_args
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class WorldForward:
                  intra_transport: str, skip_checksums: bool = False, verify_content: bool = False,
                  start: Optional[Dict] = None, host_staging: bool = False, model_option=None,
                  halo_route: str = "per-server"):
-        # start: init_topology's start-up arguments (startup_options.topology_args of the options);
+        # start: init_topology's start-up arguments (options.startup.topology_args of the options);
         # model_option: the user's --model-option items (build_from_source)
         self.topo = topo = init_topology(ranks_per_server, device, intra_transport, **(start or {}))
         try:

@@ -20,7 +20,7 @@ from granndis_hpc.nn.rows import HaloGather
 if TYPE_CHECKING:  # names for the annotations only (the loop imports these modules anyway)
     from granndis_hpc.cluster.comm import Communicator
     from granndis_hpc.cluster.topology import Topology
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
 
 
 class TrainingError(RuntimeError):

@@ -26,7 +26,8 @@ from granndis_hpc.cluster.gradsync import GradientSync
 from granndis_hpc.cluster.ledger import Ledger
 from granndis_hpc.cluster.linkcheck import measure_links
 from granndis_hpc.cluster.topology import init_topology
-from granndis_hpc.config import OVERLAP_HALOS, TrainConfig
+from granndis_hpc.options.train import TrainConfig
+from granndis_hpc.options.train_groups import OVERLAP_HALOS
 from granndis_hpc.engine import hostmem, inductive, signals, targets, views
 from granndis_hpc.rundir import checkpoint
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
@@ -54,7 +55,7 @@ from granndis_hpc.graph.hetero import types_of
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.progress import progress
 from granndis_hpc.registry import model_options
-from granndis_hpc.startup_options import topology_args
+from granndis_hpc.options.startup import topology_args
 
 log = logging.getLogger(__name__)
 

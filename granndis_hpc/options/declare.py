@@ -93,6 +93,18 @@ def specs(cls) -> List[_Spec]:
     return out
 
 
+def group_title(cls, spec: _Spec) -> Optional[str]:
+    """The group of an option (its --help section, its section of the configuration reference and of a
+    TOML file): its ``group`` rule, else the OPTIONS_GROUP of the class that declares the field (option
+    classes compose by inheritance, each base one group)."""
+    if spec.meta.get("group"):
+        return spec.meta["group"]
+    for klass in cls.__mro__:
+        if spec.name in klass.__dict__.get("__annotations__", {}):
+            return klass.__dict__.get("OPTIONS_GROUP")
+    return None
+
+
 def defaults(cls) -> Dict[str, Any]:
     """{field: default} of an options dataclass (None for a required field)."""
     return {s.name: (None if s.required else s.default) for s in specs(cls)}

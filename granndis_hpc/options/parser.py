@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from .declare import ConfigError, _scalar_from_text, _Spec, allowed_choices, defaults, specs
+from .declare import ConfigError, _scalar_from_text, _Spec, allowed_choices, defaults, group_title, specs
 from .toml import load_config_file
 
 
@@ -72,17 +72,6 @@ class _DeprecatedSpelling(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _group_title(cls, spec: _Spec) -> Optional[str]:
-    """The --help section of an option: its ``group`` rule, else the OPTIONS_GROUP of the class that
-    declares the field (option classes compose by inheritance, each base one section)."""
-    if spec.meta.get("group"):
-        return spec.meta["group"]
-    for klass in cls.__mro__:
-        if spec.name in klass.__dict__.get("__annotations__", {}):
-            return klass.__dict__.get("OPTIONS_GROUP")
-    return None
-
-
 def add_options(p: argparse.ArgumentParser, cls, with_defaults: bool = False,
                 config: bool = True) -> argparse.ArgumentParser:
     """Add the options of the dataclass `cls` to the parser `p` (a parser or a subcommand's parser made
@@ -116,7 +105,7 @@ def add_options(p: argparse.ArgumentParser, cls, with_defaults: bool = False,
                 raise TypeError(f"option {spec.name!r}: deprecated spellings are supported for single values only")
             flags += list(spec.meta["deprecated"])
             kwargs.update(action=_DeprecatedSpelling, deprecated=spec.meta["deprecated"])
-        title = _group_title(cls, spec)
+        title = group_title(cls, spec)
         if title is not None and title not in groups:
             groups[title] = p.add_argument_group(title)
         target = groups[title] if title is not None else p
@@ -134,14 +123,14 @@ def add_options(p: argparse.ArgumentParser, cls, with_defaults: bool = False,
 
 
 def build_parser(cls, prog: Optional[str] = None, description: Optional[str] = None,
-                 epilog: Optional[str] = None) -> argparse.ArgumentParser:
-    """The command-line parser of an options dataclass (see :func:`add_options`).  Every option's
-    default is argparse.SUPPRESS, so the namespace holds only what the command line gave (precedence
-    is applied by :func:`read_options`)."""
+                 epilog: Optional[str] = None, config: bool = True) -> argparse.ArgumentParser:
+    """The command-line parser of an options dataclass (see :func:`add_options`; `config`: whether it
+    takes --config).  Every option's default is argparse.SUPPRESS, so the namespace holds only what the
+    command line gave (precedence is applied by :func:`read_options`)."""
     p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 argument_default=argparse.SUPPRESS)
-    return add_options(p, cls)
+    return add_options(p, cls, config=config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,11 +201,12 @@ def read_command(commands: Dict[str, Tuple[type, str]], argv=None, prog: Optiona
 
 
 def parse_options(cls, argv=None, prog: Optional[str] = None, description: Optional[str] = None,
-                  epilog: Optional[str] = None):
+                  epilog: Optional[str] = None, config: bool = True):
     """The options object of a command without subcommands (`granndis report`), after precedence and
-    validated by the class; every problem is a usage error (exit status 2), --help exits 0."""
+    validated by the class; every problem is a usage error (exit status 2), --help exits 0.  `config`:
+    whether the command takes --config FILE.toml."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(cls, prog, description, epilog)
+    parser = build_parser(cls, prog, description, epilog, config=config)
     with _said_once():
         return _finish(parser, cls, vars(parser.parse_args(argv)))
 

@@ -12,13 +12,12 @@ import importlib
 from typing import List, Optional
 
 from . import environment
-from .declare import _Spec, allowed_choices, specs
-from .parser import _group_title
+from .declare import _Spec, allowed_choices, group_title, specs
 
 # (command, its options class, what the command does)
 COMMANDS = [
-    ("granndis-train", "granndis_hpc.config:TrainConfig", "train on a shard set (one rank per GPU, under mpirun or srun)"),
-    ("granndis report", "granndis_hpc.report.command:ReportOptions", "tables and plots of finished runs"),
+    ("granndis-train", "granndis_hpc.options.train:TrainConfig", "train on a shard set (one rank per GPU, under mpirun or srun)"),
+    ("granndis report", "granndis_hpc.options.report:ReportOptions", "tables and plots of finished runs"),
     ("granndis preprocess build", "granndis_hpc.preprocess.options:BuildOptions", "write a shard set"),
     ("granndis preprocess plan", "granndis_hpc.preprocess.options:PlanOptions",
      "partition and expand the halos without writing; estimate memory and bytes per option"),
@@ -74,14 +73,16 @@ def _name(spec: _Spec) -> str:
     return f"`{spec.flag}`"
 
 
-def render_class(cls, resume_column: bool = False) -> List[str]:
-    """Markdown tables of one options class, one per --help section, in declaration order."""
+def render_class(cls, resume_column: bool = False, toml_sections: bool = False) -> List[str]:
+    """Markdown tables of one options class, one per group (its --help section), in declaration order;
+    `toml_sections`: name each group's section of a TOML file too."""
     sections: dict = {}
     for spec in specs(cls):
-        sections.setdefault(_group_title(cls, spec) or "options", []).append(spec)
+        sections.setdefault(group_title(cls, spec) or "options", []).append(spec)
     lines: List[str] = []
     for title, group in sections.items():
-        lines += [f"**{title}**", ""]
+        section = f" (TOML section `[{title.replace(' ', '-')}]`)" if toml_sections else ""
+        lines += [f"**{title}**{section}", ""]
         head = "| option | values | default | " + ("on `--resume` | " if resume_column else "") + "what it does |"
         lines += [head, "|---" * (5 if resume_column else 4) + "|"]
         for spec in group:
@@ -100,6 +101,18 @@ layers = 3
 model-option = ["heads=4", "concat=true"]   # --model-option heads=4 --model-option concat=true"""
 
 
+# The same file with sections (tests/unit/test_options_toml_sections.py reads it as a train config).
+TOML_SECTIONS_EXAMPLE = """epochs = 50
+
+[model]
+model = "gat"
+layers = 3
+model-option = ["heads=4", "concat=true"]
+
+[run-directory]
+out = "runs/gat\""""
+
+
 def page(commands: Optional[list] = None) -> str:
     lines = [
         "# Configuration reference",
@@ -114,6 +127,12 @@ def page(commands: Optional[list] = None) -> str:
         "",
     ] + [f"    {line}" for line in TOML_EXAMPLE.splitlines()] + [
         "",
+        "For `granndis-train`, whose options come in groups (the sections below), the file may also put an",
+        "option under its group's section, named as the group with `-` for spaces; the two forms mix, and an",
+        "option given in both is an error:",
+        "",
+    ] + [f"    {line}" if line else "" for line in TOML_SECTIONS_EXAMPLE.splitlines()] + [
+        "",
         "`--config NAME` with the name of an installed preset (`products`, `products.build`, ...: the GraNNDis",
         "artifact's settings, docs/paper-experiments.md) reads that preset from any directory.",
         "A run's resolved options are saved in `RUN_DIR/config.json`.",
@@ -122,7 +141,8 @@ def page(commands: Optional[list] = None) -> str:
     for command, path, what in commands or COMMANDS:
         cls = _load(path)
         lines += [f"## `{command}`", "", what[0].upper() + what[1:] + ".", ""]
-        lines += render_class(cls, resume_column=(path.endswith(":TrainConfig")))
+        train = path.endswith(":TrainConfig")
+        lines += render_class(cls, resume_column=train, toml_sections=train)
     if commands is None:
         lines += environment.render()
     return "\n".join(lines).rstrip() + "\n"

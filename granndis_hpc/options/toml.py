@@ -7,7 +7,7 @@ import re
 import sys
 from typing import Any, Dict, List, Optional
 
-from .declare import MAX_VALUE_CHARS, ConfigError, _from_file, _Spec, specs
+from .declare import MAX_VALUE_CHARS, ConfigError, _from_file, _Spec, group_title, specs
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -88,34 +88,77 @@ def load_config_file(path, cls) -> Dict[str, Any]:
         raise ConfigError(f"config file {path!r} is not valid TOML for options: its values nest too deeply "
                           f"(options are flat 'name = value' lines)") from None
 
-    keys = _keys(cls)
-    values, seen_as = {}, {}
+    keys, sections = _keys(cls), _sections(cls)
+    values: Dict[str, Any] = {}
+    seen_as: Dict[str, str] = {}
     for key, value in raw.items():
         where = f"config file {path!r}, key {key!r}"
-        if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
-            raise ConfigError(f"{where}: a value of {len(value)} characters (starting {value[:24]!r}); option values "
-                              f"are at most {MAX_VALUE_CHARS} characters (a path's limit)")
-        if isinstance(value, dict):
-            raise ConfigError(f"{where}: [sections] are not supported; write every option as a "
-                              f"top-level 'name = value' line (before any [section] header)")
-        if key.replace("-", "_") == "config":
-            raise ConfigError(f"{where}: a config file cannot name another config file")
-        spec = keys.get(key)
-        if spec is None:
-            flag_hint = _flag_hint(cls, key)
-            if flag_hint:
-                raise ConfigError(f"{where}: not an option name.{flag_hint}")
-            close, named = [], set()
-            for name in difflib.get_close_matches(key, sorted(keys), n=6, cutoff=0.6):
-                if keys[name].name not in named:  # one spelling per option, the closest one
-                    named.add(keys[name].name)
-                    close.append(name)
-            close = close[:3]
-            hint = (" Did you mean " + " or ".join(repr(c) for c in close) + "?") if close else \
-                " Run with --help for the list of options."
-            raise ConfigError(f"{where}: unknown option.{hint}")
-        if spec.name in seen_as:
-            raise ConfigError(f"{where}: the same option is also given as {seen_as[spec.name]!r}; keep one of them")
-        seen_as[spec.name] = key
-        values[spec.name] = _from_file(spec, value, where)
+        if not isinstance(value, dict):
+            _read(cls, keys, key, value, where, values, seen_as)
+            continue
+        section = sections.get(key)
+        if section is None:
+            raise ConfigError(f"{where}: {_section_problem(key, sections)}")
+        for inner, item in value.items():
+            where = f"config file {path!r}, key {inner!r} in [{key}]"
+            spec = keys.get(inner)
+            if spec is not None and group_title(cls, spec) != section:
+                raise ConfigError(f"{where}: {inner!r} is an option of [{_section_name(group_title(cls, spec))}], "
+                                  f"not of [{key}]: move it there, or above the first [section] header")
+            _read(cls, keys, inner, item, where, values, seen_as, f"[{key}] {inner}")
     return values
+
+
+def _section_name(title: Optional[str]) -> str:
+    return (title or "").replace(" ", "-")
+
+
+def _sections(cls) -> Dict[str, str]:
+    """Every accepted spelling of a group's TOML section (its title, spaces written '-' or '_') -> the
+    group's title."""
+    out = {}
+    for spec in specs(cls):
+        title = group_title(cls, spec)
+        if title is not None:
+            out[_section_name(title)] = out[_section_name(title).replace("-", "_")] = title
+    return out
+
+
+def _section_problem(key: str, sections: Dict[str, str]) -> str:
+    if not sections:
+        return ("[sections] are not supported; write every option as a top-level 'name = value' line (before any "
+                "[section] header)")
+    names = sorted({_section_name(t) for t in sections.values()})
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    hint = f" Did you mean [{close[0]}]?" if close else ""
+    return (f"[{key}] is not a group of these options.{hint} The sections are "
+            f"{', '.join(f'[{n}]' for n in names)}, each holding its own options; or write the options as "
+            f"top-level 'name = value' lines")
+
+
+def _read(cls, keys: Dict[str, _Spec], key: str, value, where: str, values: Dict[str, Any],
+          seen_as: Dict[str, str], spelled: Optional[str] = None) -> None:
+    """Check one 'key = value' of the file and store it in `values` under the field's name."""
+    if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+        raise ConfigError(f"{where}: a value of {len(value)} characters (starting {value[:24]!r}); option values "
+                          f"are at most {MAX_VALUE_CHARS} characters (a path's limit)")
+    if key.replace("-", "_") == "config":
+        raise ConfigError(f"{where}: a config file cannot name another config file")
+    spec = keys.get(key)
+    if spec is None:
+        flag_hint = _flag_hint(cls, key)
+        if flag_hint:
+            raise ConfigError(f"{where}: not an option name.{flag_hint}")
+        close, named = [], set()
+        for name in difflib.get_close_matches(key, sorted(keys), n=6, cutoff=0.6):
+            if keys[name].name not in named:  # one spelling per option, the closest one
+                named.add(keys[name].name)
+                close.append(name)
+        close = close[:3]
+        hint = (" Did you mean " + " or ".join(repr(c) for c in close) + "?") if close else \
+            " Run with --help for the list of options."
+        raise ConfigError(f"{where}: unknown option.{hint}")
+    if spec.name in seen_as:
+        raise ConfigError(f"{where}: the same option is also given as {seen_as[spec.name]!r}; keep one of them")
+    seen_as[spec.name] = spelled or key
+    values[spec.name] = _from_file(spec, value, where)

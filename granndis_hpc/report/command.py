@@ -47,12 +47,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
-from typing import List, Optional
 
 from granndis_hpc import options
 from granndis_hpc.fsutil import atomic_write_bytes
-from granndis_hpc.options import ConfigError, Options, option
+from granndis_hpc.options.report import REPORT_DESCRIPTION, REPORT_EPILOG, REPORT_PROG, ReportOptions
 from granndis_hpc import link_classes
 from granndis_hpc.report.data import (ReportError, RunData, assign_labels, baseline_notes, find_baselines, load_run,
                                       metric_label, overlap_limit_s, setting_differences)
@@ -157,31 +155,6 @@ def render_report(run_dirs, out_dir) -> dict:
     md_path = os.path.join(out_dir, "report.md")
     atomic_write_bytes(md_path, _markdown(runs, baselines, table, pngs, out_dir).encode())
     return {"table": table, "pngs": pngs, "markdown": md_path, "notes": baseline_notes(runs, baselines)}
-
-
-@dataclass
-class ReportOptions(Options):
-    """`granndis report`'s options (granndis_hpc/options/ derives the parser and --config)."""
-    run_dirs: List[str] = option([], positional=True, nargs="*", metavar="RUN_DIR",
-                                 help="run directories written by granndis-train")
-    sweep: Optional[str] = option(None, metavar="DIR",
-                                  help="run directories below DIR, each with its link.json (the link it ran on): "
-                                       "plot speedup over fb against link rate")
-    out: Optional[str] = option(None, help="output directory (default: the run directory when there is one run, "
-                                           "else ./report)")
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.sweep is not None and self.run_dirs:
-            raise ConfigError("give either run directories or --sweep, not both")
-        if self.sweep is None and not self.run_dirs:
-            raise ConfigError("give one or more run directories (or --sweep DIR)")
-
-
-REPORT_PROG = "granndis report"
-REPORT_DESCRIPTION = "Plots and a comparison table for one or more granndis-train run directories."
-REPORT_EPILOG = ("examples:\n  granndis report runs/fb-123 runs/flx-124 --out reports/cora\n"
-                 "  granndis report --sweep bench-out/cluster/runs --out reports/cluster")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,7 +42,7 @@ one whose contents are not what this program writes, is "not a valid granndis ch
 
 Collectives go through the job's Topology (its object gather/broadcast and cluster.collective_errors),
 so this module needs no MPI of its own: a failure on any rank raises the same ClusterError on every
-rank.  Signals are engine/signals.py; the --resume option rules are resume_options.resume_config.
+rank.  Signals are engine/signals.py; the --resume option rules are options/resume.py (resume_config).
 """
 from __future__ import annotations
 

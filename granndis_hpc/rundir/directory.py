@@ -23,7 +23,7 @@ import tempfile
 from typing import Dict, List, Optional, Sequence
 
 from granndis_hpc.cluster.errors import collective_errors
-from granndis_hpc.config import CONFIG_FILE_NAME, load_resolved_config, write_resolved_config
+from granndis_hpc.rundir.config_file import CONFIG_FILE_NAME, load_resolved_config, write_resolved_config
 from granndis_hpc.options import ConfigError
 from granndis_hpc.rundir.checkpoint_files import CHECKPOINTS, CheckpointError, checkpoints_dir, note
 from granndis_hpc.fsutil import remove_temporaries

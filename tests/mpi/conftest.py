@@ -141,7 +141,7 @@ def cora_shapes(cora, cora_shards):
 
 
 def make_trainer(shards, mode, model="sage", layers=3, **overrides):
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
     from granndis_hpc.engine.trainer import Trainer
     cfg = dict(shards=shards, mode=mode, model=model, layers=layers, hidden=16, epochs=1, lr=0.01,
                dropout=0.0, eval_every=0, ranks_per_server=RANKS_PER_SERVER, quiet=True)

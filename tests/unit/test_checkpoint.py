@@ -1,6 +1,6 @@
 """rundir/checkpoint.py on one process (MPI.COMM_SELF): layout, atomicity under crashes, pruning,
 damage detection and crafted files, the CheckpointManager, the run-directory helpers, and
-(moved beside it, tested here) resume_options.resume_config, metrics.truncate_metrics and signals.StopSignals.
+(moved beside it, tested here) options/resume.py resume_config, metrics.truncate_metrics and signals.StopSignals.
 
 The multi-rank behaviour (kill and resume under mpirun, refusals on every rank) is in
 tests/launch/test_resume.py and tests/mpi/test_resume.py; which runs may continue which checkpoints
@@ -18,7 +18,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from granndis_hpc import resume_options
+from granndis_hpc.options import resume as options_resume
 from granndis_hpc.cluster.errors import ClusterError
 from granndis_hpc.rundir import checkpoint as ck
 from granndis_hpc.rundir import checkpoint_files as cf
@@ -218,7 +218,7 @@ SAVED = {"shards": "/s", "mode": "flx", "model": "sage", "hidden": 16, "lr": 0.0
 
 
 def test_resume_config_takes_the_saved_options(tmp_path):
-    merged = resume_options.resume_config(SAVED, {"resume": str(tmp_path)}, str(tmp_path), DEFAULTS)
+    merged = options_resume.resume_config(SAVED, {"resume": str(tmp_path)}, str(tmp_path), DEFAULTS)
     assert merged["hidden"] == 16 and merged["checkpoint_every"] == 5 and merged["quiet"] is True
     assert merged["out"] == merged["resume"] == str(tmp_path)
     assert merged["batches_per_epoch"] == 1  # missing from an older config.json: the default it ran with
@@ -226,13 +226,13 @@ def test_resume_config_takes_the_saved_options(tmp_path):
     # Safe options change; options repeated with the same value (as slurm/train.sbatch does) are fine.
     given = {"resume": str(tmp_path), "epochs": 50, "eval_every": 0, "hidden": 16, "mode": "flx",
              "out": str(tmp_path) + "/", "shards": "/moved/s"}
-    merged = resume_options.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
+    merged = options_resume.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
     assert merged["epochs"] == 50 and merged["eval_every"] == 0 and merged["shards"] == "/moved/s"
     # The shape may be given again: the checkpoint's fingerprint decides (another shard set, layout or
     # exact mode of the same dataset: rundir/checkpoint.py).
     given = {"resume": str(tmp_path), "shards": "/other/4x1", "ranks_per_server": 1, "mode": "fb",
              "preloaded_layers": 2}
-    merged = resume_options.resume_config(SAVED, given, str(tmp_path), dict(DEFAULTS, ranks_per_server=None,
+    merged = options_resume.resume_config(SAVED, given, str(tmp_path), dict(DEFAULTS, ranks_per_server=None,
                                                                  preloaded_layers=None))
     assert {k: merged[k] for k in given if k != "resume"} == {k: v for k, v in given.items() if k != "resume"}
 
@@ -240,12 +240,12 @@ def test_resume_config_takes_the_saved_options(tmp_path):
 def test_resume_config_refuses_other_settings(tmp_path):
     given = {"resume": str(tmp_path), "lr": 0.1, "hidden": 32, "batches_per_epoch": 4}
     with pytest.raises(cf.CheckpointError) as err:
-        resume_options.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
+        options_resume.resume_config(SAVED, given, str(tmp_path), DEFAULTS)
     text = str(err.value)
     assert "lr=0.1 (the run has 0.01)" in text and "hidden=32 (the run has 16)" in text
     assert "batches_per_epoch=4 (the run has 1)" in text and "epochs" in text and "another --out" in text
     with pytest.raises(cf.CheckpointError, match="out='/elsewhere' .*writes into the run directory"):
-        resume_options.resume_config(SAVED, {"out": "/elsewhere"}, str(tmp_path), DEFAULTS)
+        options_resume.resume_config(SAVED, {"out": "/elsewhere"}, str(tmp_path), DEFAULTS)
 
 
 def test_truncate_metrics_drops_epochs_after_the_checkpoint(tmp_path):

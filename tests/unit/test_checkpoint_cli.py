@@ -1,7 +1,7 @@
 """`granndis-train --resume RUN_DIR` option handling (granndis_hpc.cli), in one process.
 
 The options come from RUN_DIR/config.json, written the way Trainer.run() writes it; options given again
-may change only what resume_options.RESUME_OVERRIDABLE allows.  Refusals go through `collective_errors`, so under
+may change only what options.resume.RESUME_OVERRIDABLE allows.  Refusals go through `collective_errors`, so under
 mpirun every rank raises the same collective error (here the world is this one process)."""
 import json
 import os

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from granndis_hpc.cluster.errors import ClusterError
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.rundir import checkpoint as ck
 from granndis_hpc.rundir import checkpoint_files as cf
 from granndis_hpc.rundir import fingerprint as fpr

@@ -71,7 +71,7 @@ def test_auto_without_a_set_for_this_job(sets, no_start_up):
 def test_a_resumed_run_is_checked_with_the_run_s_options(sets, tmp_path, no_start_up):
     import json
 
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
 
     run = tmp_path / "run"
     run.mkdir()

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import pytest
 
-from granndis_hpc.config import load_resolved_config, resolved_config, write_resolved_config
+from granndis_hpc.rundir.config_file import load_resolved_config, resolved_config, write_resolved_config
 from granndis_hpc.options import ConfigError, option, parse_args_with_config
 
 
@@ -203,7 +203,8 @@ import dataclasses  # noqa: E402
 from granndis_hpc import cli  # noqa: E402
 from granndis_hpc.nn import PassSettings  # noqa: E402
 from granndis_hpc.registry import checkpointable  # noqa: E402
-from granndis_hpc.config import DEVICE_NAMES, TRANSPORT_NAMES, TrainConfig
+from granndis_hpc.options.startup import DEVICE_NAMES, TRANSPORT_NAMES
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import allowed_choices, specs
 
 OUT_OF_RANGE = [("epochs", "0", ">= 1"), ("epochs", "-5", ">= 1"), ("layers", "0", ">= 1"), ("hidden", "0", ">= 1"),
@@ -340,6 +341,6 @@ def test_train_help_lists_every_option(capsys, monkeypatch):
 
 def test_no_private_argparse_api():
     import pathlib
-    for module in ("config.py", "cli.py"):
+    for module in ("options/train.py", "options/train_groups.py", "options/parser.py", "cli.py"):
         source = (pathlib.Path(cli.__file__).parent / module).read_text()
         assert "._actions" not in source and "argparse._" not in source, module

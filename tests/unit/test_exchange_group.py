@@ -78,7 +78,7 @@ def test_the_wire_dtype_is_the_groups(overlap):
 def test_a_view_overlaps_when_its_group_is_named_in_overlap_halos(name):
     """--overlap-halos: given the set of group names that overlap (config.OVERLAP_HALOS), a view posts
     its halo and hands back PendingRows only when its own group is in it; the rows are the same."""
-    from granndis_hpc.config import OVERLAP_HALOS
+    from granndis_hpc.options.train_groups import OVERLAP_HALOS
     from granndis_hpc.nn.rows import PendingRows
 
     view = views.build_view(_rows(), _mirror_group(None, [], name), 2, all_active=True,

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from granndis_hpc import memory_model as mm
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import ConfigError
 from granndis_hpc.nn import PassSettings, build_model
 from granndis_hpc.nn.dropout import RowDropout, keep_mask

@@ -6,9 +6,10 @@ import pathlib
 
 import pytest
 
-from granndis_hpc.config import LOG_LEVELS, TrainConfig
+from granndis_hpc.options.train import TrainConfig
+from granndis_hpc.options.train_groups import LOG_LEVELS
 from granndis_hpc.options import specs
-from granndis_hpc.predict_options import PredictOptions
+from granndis_hpc.options.predict import PredictOptions
 from granndis_hpc.progress import PRODUCT_LOGGERS, setup_logging
 from granndis_hpc.preprocess.options import BuildOptions
 

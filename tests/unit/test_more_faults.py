@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from granndis_hpc import shards
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import ConfigError, load_config_file
 from granndis_hpc.shards.manifest import manifest_digests
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.engine.trainer import Trainer
 from tests.unit.test_shards import build, make_graph
 

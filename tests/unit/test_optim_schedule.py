@@ -4,7 +4,7 @@ against single-process references, resume included: tests/mpi/test_schedule.py.)
 import pytest
 import torch
 
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import ConfigError
 from granndis_hpc.rundir.checkpoint_files import CheckpointError
 from granndis_hpc.engine.optim import ScheduledOptimizer

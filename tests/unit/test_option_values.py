@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import ConfigError, build_parser, load_config_file, specs
 from granndis_hpc.units import parse_size
 from tests.conftest import REPO

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from granndis_hpc import options
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import ConfigError, Options, option, read_command, specs
 from granndis_hpc.preprocess import options as popts
 from granndis_hpc.preprocess.__main__ import COMMANDS

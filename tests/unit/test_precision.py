@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from granndis_hpc import memory_model as mm
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import ConfigError
 from granndis_hpc.engine.exchange import halo_exchange
 from granndis_hpc.engine.epoch import SavedBytes

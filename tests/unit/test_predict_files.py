@@ -133,7 +133,7 @@ def test_model_sources(toy, tmp_path):
 
 
 def test_eval_only_needs_a_model_and_no_resume(tmp_path):
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
     from granndis_hpc.options import ConfigError
     with pytest.raises(ConfigError, match="--eval-only evaluates a saved model: give it with --init-from"):
         TrainConfig(shards="x", eval_only=True)

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import ConfigError
 from granndis_hpc.options.toml import load_config_file, presets, resolve_config
 from granndis_hpc.preprocess.options import BuildOptions

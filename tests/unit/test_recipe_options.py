@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from granndis_hpc import shards
-from granndis_hpc.config import TrainConfig
+from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options import ConfigError
 from granndis_hpc.engine.preflight import optimizer_groups
 from granndis_hpc.metrics import summarize

@@ -7,19 +7,22 @@ import sys
 
 import pytest
 
-from granndis_hpc import config, registry
+from granndis_hpc import registry
+from granndis_hpc.options import ConfigError
+from granndis_hpc.options.train import TrainConfig
 from tests.pyg_factories import PYG_HETERO_OPTIONS, PYG_OPTIONS
 
 
 def test_building_the_train_parser_imports_neither_torch_h5py_nor_mpi4py():
-    """config.py lists the modes from the registry, not the engine, so building the parser loads neither
+    """options/train_groups.py lists the modes from the registry, not the engine, so building the parser loads neither
     torch, h5py nor mpi4py.  In a fresh interpreter: build it, check an option, list sys.modules."""
     code = ("import sys\n"
-            "from granndis_hpc import config\n"
-            "p = config.build_parser(config.TrainConfig)\n"
+            "from granndis_hpc.options import build_parser\n"
+            "from granndis_hpc.options.train import TrainConfig\n"
+            "p = build_parser(TrainConfig)\n"
             "ns = p.parse_args(['--shards', 'x', '--mode', 'auto', '--memory-per-gpu', '1GiB', '--model', 'ressage',"
             " '--checkpoint-activations'])\n"
-            "config.TrainConfig(**{k: v for k, v in vars(ns).items() if k != 'config'})\n"
+            "TrainConfig(**{k: v for k, v in vars(ns).items() if k != 'config'})\n"
             "print(sorted(m for m in ('torch', 'h5py', 'mpi4py', 'granndis_hpc.engine') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -51,21 +54,21 @@ def test_lazy_declarations_name_what_they_stand_for():
 def test_model_options_and_mode_needs_are_checked_at_parse_time():
     from tests import recipe_model
 
-    with pytest.raises(config.ConfigError, match="no extra constructor options"):
-        config.TrainConfig(shards="x", model="sage", model_option=["heads=4"])
-    with pytest.raises(config.ConfigError, match="--memory-per-gpu SIZE"):
-        config.TrainConfig(shards="x", mode="auto")
-    with pytest.raises(config.ConfigError, match="only ressage has"):
-        config.TrainConfig(shards="x", model="gcn", checkpoint_activations=True)
+    with pytest.raises(ConfigError, match="no extra constructor options"):
+        TrainConfig(shards="x", model="sage", model_option=["heads=4"])
+    with pytest.raises(ConfigError, match="--memory-per-gpu SIZE"):
+        TrainConfig(shards="x", mode="auto")
+    with pytest.raises(ConfigError, match="only ressage has"):
+        TrainConfig(shards="x", model="gcn", checkpoint_activations=True)
     recipe_model.register()
     try:
-        assert config.TrainConfig(shards="x", model=recipe_model.NAME, model_option=["widen=2"]).model_option
+        assert TrainConfig(shards="x", model=recipe_model.NAME, model_option=["widen=2"]).model_option
         assert registry.model_options(recipe_model.NAME, ["widen=2"]) == {"widen": 2}
         assert registry.model_options(recipe_model.NAME) == {"widen": 1}
-        with pytest.raises(config.ConfigError, match="widen must be of type int"):
-            config.TrainConfig(shards="x", model=recipe_model.NAME, model_option=["widen=wide"])
-        with pytest.raises(config.ConfigError, match=r"the options widen \(int, default 1\)"):
-            config.TrainConfig(shards="x", model=recipe_model.NAME, model_option=["heads=2"])
+        with pytest.raises(ConfigError, match="widen must be of type int"):
+            TrainConfig(shards="x", model=recipe_model.NAME, model_option=["widen=wide"])
+        with pytest.raises(ConfigError, match=r"the options widen \(int, default 1\)"):
+            TrainConfig(shards="x", model=recipe_model.NAME, model_option=["heads=2"])
         assert not registry.checkpointable(recipe_model.NAME)
     finally:
         recipe_model.unregister()

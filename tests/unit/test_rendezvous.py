@@ -26,7 +26,7 @@ def test_a_loopback_or_unresolvable_name_falls_back_to_the_default_route():
 
 
 def test_the_master_addr_option_wins_over_the_environment_variable():
-    from granndis_hpc.startup_options import master_addr
+    from granndis_hpc.options.startup import master_addr
 
     env = {"MASTER_ADDR": "10.9.9.9"}
     assert master_addr("ib0-n1", env) == ("ib0-n1", "--master-addr")

@@ -150,7 +150,7 @@ def test_checkpoint_best_record_of_another_metric():
 def test_resume_refuses_another_metric():
     """--metric drives best-model selection and early stopping: the checkpoint's optimizer state holds
     it, so a resume with another metric is refused (and one from before the option is accuracy's)."""
-    from granndis_hpc.config import TrainConfig
+    from granndis_hpc.options.train import TrainConfig
     from granndis_hpc.rundir.checkpoint_files import CheckpointError
     from granndis_hpc.engine.optim import ScheduledOptimizer
 

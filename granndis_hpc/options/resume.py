@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 from typing import Dict
 
-from granndis_hpc.config import TrainConfig, load_resolved_config
-from granndis_hpc.options import ConfigError, defaults, missing_required, resume_rule, specs
+from granndis_hpc.rundir.config_file import load_resolved_config
+
+from .declare import ConfigError, defaults, resume_rule, specs
+from .parser import missing_required
+from .train import TrainConfig
 
 # Options that may be given again with another value together with --resume (TrainConfig's on_resume
 # metadata): they change nothing the trajectory depends on, or are checked otherwise (`shards`,
@@ -31,7 +34,7 @@ def resume_config(saved: Dict, given: Dict, run_dir: str, defaults: Dict) -> Dic
 
     run_dir = os.fspath(run_dir)
     ran_with = {k: (d if k in RESUME_RESET else saved.get(k, d)) for k, d in defaults.items()}
-    # model_option is compared by value, not as text, once the options are checked (resume_options.resumed_model_options)
+    # model_option is compared by value, not as text, once the options are checked (resumed_model_options)
     refused = [f"{k}={given[k]!r} (the run has {ran_with[k]!r})" for k in sorted(given)
                if k in defaults and k not in RESUME_OVERRIDABLE | RESUME_RESET | {"model_option"}
                and given[k] != ran_with[k]]

@@ -1,11 +1,14 @@
-"""`granndis predict`'s options (the one options framework; no torch, h5py or MPI imported here)."""
+"""`granndis predict`'s options: its own, the cluster group it shares with `granndis-train`
+(startup.py), and train's declarations of the options that mean the same in both (:func:`reuse`).  No
+torch, h5py or MPI imported here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional
 
-from granndis_hpc.config import TrainConfig
-from granndis_hpc.options import ConfigError, Options, option, reuse
+from .declare import ConfigError, option, reuse
+from .startup import ClusterOptions
+from .train import TrainConfig
 
 PREDICT_PROG = "granndis predict"
 PREDICT_DESCRIPTION = (
@@ -22,13 +25,14 @@ FORMATS = ("auto", "hdf5", "npy")
 
 
 @dataclass
-class PredictOptions(Options):
-    model: str = option(help="the trained model: a run directory (its best-model.pt, else its newest complete "
+class PredictOptions(ClusterOptions):
+    # required=True, not a missing default: the cluster group's fields, with defaults, come first.
+    model: str = option(None, required=True, help="the trained model: a run directory (its best-model.pt, else its newest complete "
                              "checkpoint), a best-model.pt, or a checkpoint directory RUN_DIR/checkpoints/epoch-E",
                         metavar="RUN_OR_FILE")
     shards: str = reuse(TrainConfig, "shards", help="shard directory of the same dataset (any servers x ranks, "
                                                     "any preload): its content digest must match the model's")
-    out: str = option(help="output: FILE.h5 / FILE.hdf5 (HDF5), or a directory of .npy files (see --format)")
+    out: str = option(None, required=True, help="output: FILE.h5 / FILE.hdf5 (HDF5), or a directory of .npy files (see --format)")
     model_option: Optional[List[str]] = reuse(
         TrainConfig, "model_option",
         help="the model's code, named again: a model file records --model pyg's module and factory but never chooses "
@@ -50,17 +54,9 @@ class PredictOptions(Options):
                                              "type, whose classes the model predicts)")
     overwrite: bool = option(False, help="replace an earlier output of predict at --out (anything else there is "
                                            "refused, as are links, devices and the current directory)")
-    ranks_per_server: Optional[int] = reuse(TrainConfig, "ranks_per_server")
-    device: str = reuse(TrainConfig, "device")
-    intra_transport: str = reuse(TrainConfig, "intra_transport")
-    master_addr: Optional[str] = reuse(TrainConfig, "master_addr")
-    dist_timeout: float = reuse(TrainConfig, "dist_timeout")
-    share_gpus: bool = reuse(TrainConfig, "share_gpus")
-    host_staging: bool = reuse(TrainConfig, "host_staging")
     halo_route: str = reuse(TrainConfig, "halo_route",
                             help="how halo rows cross between servers: 'per-server' (default) once per server "
                                  "that reads them, 'direct' once per rank; the same predictions either way")
-    deterministic: bool = reuse(TrainConfig, "deterministic")
     skip_checksums: bool = reuse(TrainConfig, "skip_checksums")
     verify_content: bool = reuse(TrainConfig, "verify_content",
                                  help="before predicting, recompute the dataset content digest from the rows the "
