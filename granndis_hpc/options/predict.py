@@ -27,12 +27,13 @@ FORMATS = ("auto", "hdf5", "npy")
 @dataclass
 class PredictOptions(ClusterOptions):
     # required=True, not a missing default: the cluster group's fields, with defaults, come first.
-    model: str = option(None, required=True, help="the trained model: a run directory (its best-model.pt, else its newest complete "
-                             "checkpoint), a best-model.pt, or a checkpoint directory RUN_DIR/checkpoints/epoch-E",
-                        metavar="RUN_OR_FILE")
+    model: str = option(None, required=True, metavar="RUN_OR_FILE",
+                        help="the trained model: a run directory (its best-model.pt, else its newest complete "
+                             "checkpoint), a best-model.pt, or a checkpoint directory RUN_DIR/checkpoints/epoch-E")
     shards: str = reuse(TrainConfig, "shards", help="shard directory of the same dataset (any servers x ranks, "
                                                     "any preload): its content digest must match the model's")
-    out: str = option(None, required=True, help="output: FILE.h5 / FILE.hdf5 (HDF5), or a directory of .npy files (see --format)")
+    out: str = option(None, required=True,
+                      help="output: FILE.h5 / FILE.hdf5 (HDF5), or a directory of .npy files (see --format)")
     model_option: Optional[List[str]] = reuse(
         TrainConfig, "model_option",
         help="the model's code, named again: a model file records --model pyg's module and factory but never chooses "

@@ -16,7 +16,8 @@ from .declare import _Spec, allowed_choices, group_title, specs
 
 # (command, its options class, what the command does)
 COMMANDS = [
-    ("granndis-train", "granndis_hpc.options.train:TrainConfig", "train on a shard set (one rank per GPU, under mpirun or srun)"),
+    ("granndis-train", "granndis_hpc.options.train:TrainConfig",
+     "train on a shard set (one rank per GPU, under mpirun or srun)"),
     ("granndis report", "granndis_hpc.options.report:ReportOptions", "tables and plots of finished runs"),
     ("granndis preprocess build", "granndis_hpc.preprocess.options:BuildOptions", "write a shard set"),
     ("granndis preprocess plan", "granndis_hpc.preprocess.options:PlanOptions",

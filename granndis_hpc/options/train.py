@@ -81,7 +81,8 @@ class TrainConfig(LoggingOptions, ClusterOptions, RunDirOptions, ExchangeOptions
             raise ConfigError("--eval-only evaluates a saved model: give it with --init-from RUN_OR_FILE")
         if self.eval_only and self.resume:
             raise ConfigError("--eval-only trains nothing, so there is nothing to --resume: leave one of them out")
-        for flag, given in (("--checkpoint-every", self.checkpoint_every > 0), ("--checkpoint-initial", self.checkpoint_initial)):
+        for flag, given in (("--checkpoint-every", self.checkpoint_every > 0),
+                            ("--checkpoint-initial", self.checkpoint_initial)):
             if given and not self.out:
                 raise ConfigError(f"{flag} needs a run directory to write checkpoints into: add --out RUN_DIR")
         if self.resume and (not self.out or os.path.realpath(self.out) != os.path.realpath(self.resume)):

@@ -124,10 +124,10 @@ class ModelOptions(Options):
     OPTIONS_GROUP = "model"
     model: str = option("sage", choices=_model_names, help="GNN architecture")
     # None, not []: checkpoints written before the option existed hold no value for it (same fingerprint).
-    model_option: Optional[List[str]] = option(None, append=True, metavar="NAME=VALUE",
-                                                help="an extra constructor option of the model, as its registry entry "
-                                           "declares them (repeat for several), e.g. gat: heads, out_heads, concat, "
-                                           "attn_dropout, negative_slope; gin: eps (docs/models.md)")
+    model_option: Optional[List[str]] = option(
+        None, append=True, metavar="NAME=VALUE",
+        help="an extra constructor option of the model, as its registry entry declares them (repeat for several), "
+             "e.g. gat: heads, out_heads, concat, attn_dropout, negative_slope; gin: eps (docs/models.md)")
     layers: int = option(3, ge=1, help="layers of the model: the message-passing ones, plus --linear-layers")
     # None, not 0: checkpoints written before the option existed hold no value for it (same fingerprint);
     # __post_init__ turns 0 into None.
@@ -292,13 +292,14 @@ class RunDirOptions(Options):
                                      "or give --overwrite-run")
     resume: Optional[str] = option(None, metavar="RUN_DIR", on_resume="may_change", help=_resume_help)
     # Warm start (engine/model_source.py reads the model): parameters only, so the run is a new one.
-    init_from: Optional[str] = option(None, metavar="RUN_OR_FILE",
-                                      help="start from a trained model's parameters (a run directory, its "
-                                           "best-model.pt or a checkpoint directory) with a fresh optimizer, in a new "
-                                           "run (--out), on any shape and mode; the model options not given are the saved model's, and "
-                                           "those given must match it")
-    eval_only: bool = option(False, fingerprint=False, help="train nothing: evaluate the --init-from model on --shards and write "
-                                         "summary.json (with --out) and the accuracies")
+    init_from: Optional[str] = option(
+        None, metavar="RUN_OR_FILE",
+        help="start from a trained model's parameters (a run directory, its best-model.pt or a checkpoint directory) "
+             "with a fresh optimizer, in a new run (--out), on any shape and mode; the model options not given are "
+             "the saved model's, and those given must match it")
+    eval_only: bool = option(False, fingerprint=False,
+                             help="train nothing: evaluate the --init-from model on --shards and write summary.json "
+                                  "(with --out) and the accuracies")
     overwrite_run: bool = option(False, on_resume="reset",
                                  help="replace the granndis-train run that --out already holds (its files only; it is "
                                       "deleted only after the new run has written its config.json)")

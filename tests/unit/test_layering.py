@@ -93,6 +93,11 @@ PREPROCESS = Rule("preprocess never imports the engine (docs/design.md §3)",
 OFFLINE = Rule("nothing in granndis_hpc imports preprocess but cli.py and api/ (docs/design.md §3)",
                ("granndis_hpc",), ("granndis_hpc.preprocess",),
                exempt=("granndis_hpc.preprocess", "granndis_hpc.cli", "granndis_hpc.api"))
+# What cluster/topology.py and cluster/selfcheck.py read of the options package, with the package and the
+# framework modules importing it runs: the standard library and one another only (tomli: Python < 3.11's
+# TOML reader, pyproject.toml).
+CLUSTER_OPTIONS = ("granndis_hpc.options", "granndis_hpc.options.declare", "granndis_hpc.options.parser",
+                   "granndis_hpc.options.toml", "granndis_hpc.options.startup", "granndis_hpc.options.selfcheck")
 REGISTRY = "registry.py imports the standard library only (docs/design.md §3: building the parser loads no torch)"
 
 EXCEPTIONS = (
@@ -137,6 +142,18 @@ def test_registry_imports_the_standard_library_only(found):
     breaches = [f"{i.where} ({i.importer}) imports {i.imported}: {REGISTRY}" for i in found
                 if i.importer == "granndis_hpc.registry" and i.imported.split(".")[0] not in sys.stdlib_module_names]
     assert not breaches, "layering broken:\n" + "\n".join(breaches)
+
+
+def test_the_options_cluster_reads_import_the_standard_library_only(found):
+    rule = "the option modules the cluster layer reads import the standard library only (docs/design.md §3)"
+    breaches = [f"{i.where} ({i.importer}) imports {i.imported}: {rule}" for i in found
+                if i.importer in CLUSTER_OPTIONS and i.imported not in CLUSTER_OPTIONS
+                and i.imported.split(".")[0] not in (*sys.stdlib_module_names, "tomli")]
+    assert not breaches, "layering broken:\n" + "\n".join(breaches)
+    assert {i.imported for i in found if i.importer.startswith("granndis_hpc.cluster.")
+            and within(i.imported, "granndis_hpc.options")} == {"granndis_hpc.options.startup",
+                                                                "granndis_hpc.options.selfcheck",
+                                                                "granndis_hpc.options.parser"}
 
 
 def test_preprocess_never_imports_the_engine(found):
