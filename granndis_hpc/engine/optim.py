@@ -25,6 +25,7 @@ from typing import Dict, Iterable, List, Optional
 
 import torch
 
+from granndis_hpc.options.train_groups import OptimOptions
 from granndis_hpc.rundir.checkpoint_files import CheckpointError
 
 # The options the saved state must agree with (not in the checkpoint fingerprint: see options/train_groups.py), and
@@ -34,7 +35,7 @@ SCHEDULE_OPTIONS = {"optimizer": "adam", "momentum": 0.0, "nesterov": False, "lr
                     "plateau_patience": 10, "clip_grad_norm": 0.0, "metric": "accuracy"}
 
 
-def make_torch_optimizer(cfg, groups: List[Dict]) -> torch.optim.Optimizer:
+def make_torch_optimizer(cfg: OptimOptions, groups: List[Dict]) -> torch.optim.Optimizer:
     """--optimizer over the parameter groups (engine/preflight.optimizer_groups: their weight decay)."""
     name = cfg.optimizer
     if name == "adam":

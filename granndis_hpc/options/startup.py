@@ -70,7 +70,7 @@ class ClusterOptions(Options):
              "checking that logic without a GPU (on a GPU both are always on)")
 
 
-def topology_args(opts) -> Dict:
+def topology_args(opts: ClusterOptions) -> Dict:
     """The keyword arguments of cluster.topology.init_topology from a command's options."""
     return {"share_gpus": bool(opts.share_gpus), "dist_timeout_s": float(opts.dist_timeout),
             "master_addr": opts.master_addr}
