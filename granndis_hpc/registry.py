@@ -282,16 +282,20 @@ MODELS.declare("sage-max", "granndis_hpc.nn.zoo:build_sage_max",
 # The relational models' learnable input of featureless vertex types (nn/hetero_models.py).
 EMBED_OPTION = ModelOption("embed", str, "", "vertex types whose input is a learnable embedding per vertex instead "
                            "of their features, comma-separated (e.g. author,institution)")
+# Their per-type input projection (nn/hetero_models.py): needed where the vertex types' widths differ.
+PROJECT_OPTION = ModelOption("project", non_negative_int, 0, "a Linear per vertex type from its feature width to "
+                             "this width before layer 0 (0: --hidden where the types' widths differ, none where "
+                             "they do not)")
 MODELS.declare("rgcn", "granndis_hpc.nn.hetero_models:build_rgcn", typed=True, linear_head=True,
                estimator="granndis_hpc.memory_model.hetero_stacks:RGCN_ESTIMATE", options=(
     ModelOption("num_bases", non_negative_int, 0, "basis decomposition of the relation weights (0: one per relation)"),
-    EMBED_OPTION))
+    EMBED_OPTION, PROJECT_OPTION))
 MODELS.declare("rgat", "granndis_hpc.nn.hetero_models:build_rgat", typed=True, linear_head=True,
                estimator="granndis_hpc.memory_model.hetero_stacks:RGAT_ESTIMATE", options=(
     ModelOption("heads", positive_int, 4, "attention heads of every hidden conv (each --hidden wide), per relation"),
     ModelOption("out_heads", positive_int, 1, "attention heads of the last conv, averaged into the classes"),
     ModelOption("attn_dropout", probability, 0.0, "dropout of the normalised attention weights, keyed by edge"),
-    EMBED_OPTION))
+    EMBED_OPTION, PROJECT_OPTION))
 MODELS.declare("pyg", "granndis_hpc.nn.pyg:build_pyg", estimator="granndis_hpc.memory_model.pyg_stacks:PYG_ESTIMATE",
                linear_head=True, options=(
     ModelOption("module", module_name, "", "importable module whose factory returns the torch_geometric convolutions",
@@ -300,7 +304,7 @@ MODELS.declare("pyg", "granndis_hpc.nn.pyg:build_pyg", estimator="granndis_hpc.m
                                                  "convs", names_code=True)))
 MODELS.declare("pyg-hetero", "granndis_hpc.nn.pyg_hetero:build_pyg_hetero", typed=True, linear_head=True,
                estimator="granndis_hpc.memory_model.pyg_stacks:PYG_HETERO_ESTIMATE",
-               options=MODELS.entry("pyg").get("options"))
+               options=tuple(MODELS.entry("pyg").get("options")) + (PROJECT_OPTION,))
 
 
 # ---------------------------------------------------------------------------------------------------

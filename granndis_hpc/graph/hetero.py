@@ -57,6 +57,9 @@ class GraphTypes:
     # How each type got its features: "stored" (the source's own), or "mean:<relation>" (the mean of
     # its in-neighbours' features over that relation, derived at build time for types without any).
     feature_origin: Tuple[str, ...] = ()
+    # Each type's feature width where the types' widths differ (a derived type has its source type's);
+    # () where every type has the set's one width (the manifest's num_features).
+    widths: Tuple[int, ...] = ()
 
     def __post_init__(self):
         names, offsets = tuple(self.names), tuple(int(o) for o in self.offsets)
@@ -64,6 +67,9 @@ class GraphTypes:
         object.__setattr__(self, "offsets", offsets)
         object.__setattr__(self, "relations", tuple(self.relations))
         object.__setattr__(self, "feature_origin", tuple(self.feature_origin) or ("stored",) * len(names))
+        object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
+        if self.widths and (len(self.widths) != len(names) or min(self.widths) < 1):
+            raise TypesError(f"widths need one positive width per type ({len(names)}), got {list(self.widths)}")
         if not names or len(set(names)) != len(names):
             raise TypesError(f"vertex type names must be distinct and at least one, got {list(names)}")
         if len(offsets) != len(names) + 1 or offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
@@ -105,10 +111,23 @@ class GraphTypes:
         t = self.index(name)
         return self.offsets[t + 1] - self.offsets[t]
 
+    @property
+    def typed_widths(self) -> bool:
+        """Whether the types' feature widths differ (each type's rows are stored at its own width)."""
+        return bool(self.widths)
+
+    def width_of(self, num_features: int) -> List[int]:
+        """Each type's feature width: its own where the widths differ, else the set's one width."""
+        return list(self.widths) if self.widths else [int(num_features)] * self.num_types
+
     def feature_bytes(self, num_features: int) -> List[int]:
-        """Bytes of each type's feature rows in a shard set: float32 at the set's one width, stored or
+        """Bytes of each type's feature rows in a shard set: float32 at the type's width, stored or
         derived alike (the shards hold a derived type's rows as they hold a stored type's)."""
-        return [self.count(name) * int(num_features) * 4 for name in self.names]
+        return [self.count(name) * w * 4 for name, w in zip(self.names, self.width_of(num_features))]
+
+    def row_widths(self, ids) -> np.ndarray:
+        """int64 feature width of each global id's row (only where the widths differ)."""
+        return np.asarray(self.widths, dtype=np.int64)[self.vertex_type(ids)]
 
     def index(self, name: str) -> int:
         try:
@@ -185,7 +204,9 @@ class GraphTypes:
     # ---- the manifest's record --------------------------------------------------------------------
     def to_record(self) -> dict:
         return {"vertex_types": [{"name": name, "count": self.offsets[t + 1] - self.offsets[t],
-                                  "offset": self.offsets[t], "features": self.feature_origin[t]}
+                                  "offset": self.offsets[t], "features": self.feature_origin[t],
+                                  # only where the widths differ: a set of one width keeps its record
+                                  **({"width": self.widths[t]} if self.widths else {})}
                                  for t, name in enumerate(self.names)],
                 "relations": [list(rel.key) for rel in self.relations],
                 "target": self.target}
@@ -197,8 +218,9 @@ class GraphTypes:
             names = [t["name"] for t in types]
             offsets = [int(t["offset"]) for t in types] + [int(types[-1]["offset"]) + int(types[-1]["count"])]
             relations = [Relation(*rel) for rel in record["relations"]]
+            widths = tuple(int(t["width"]) for t in types) if any("width" in t for t in types) else ()
             return cls(tuple(names), tuple(offsets), tuple(relations), record["target"],
-                       tuple(t.get("features", "stored") for t in types))
+                       tuple(t.get("features", "stored") for t in types), widths)
         except (KeyError, TypeError, IndexError, ValueError) as err:
             if isinstance(err, TypesError):
                 raise

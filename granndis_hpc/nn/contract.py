@@ -87,6 +87,12 @@ class ModelContract:
         (--weight-decay-on first).
     source_ids: the graphs whose ``graph.source_ids`` (the source rows' global ids) the model reads:
         "training" (attention dropout keyed by edge), "all" (a typed model: vertex types from ids), "none".
+    input_projection: the model maps the input features through learnable per-row Linears before layer 0
+        (nn/hetero_models.py: one per vertex type, each from its type's width), so layer 0's source rows
+        are its projected rows, and so are the first rows the engine exchanges: layer 0's halo rows travel
+        every step like any layer's (gather(0, h) takes the halo's features exchanged at set-up only
+        when h is the input features themselves, engine/views.py), and input dropout, attention and
+        the layer-0 exchange's bytes are those of the projected rows' width.
     """
 
     keyed: bool = True
@@ -94,6 +100,7 @@ class ModelContract:
     input_dropout_rows: Optional[str] = None
     first_layer_prefix: str = "convs.0."
     source_ids: str = "none"
+    input_projection: bool = False
 
     def problem(self) -> Optional[str]:
         """What is wrong with the declared values (None: nothing)."""

@@ -22,12 +22,21 @@ Parameter names (tests/hetero_reference.py reads them):
   rgcn: convs.{l}.(weight [R or B, in, out], comp [R, B] with bases, root [in, out], bias [out])
   rgat: convs.{l}.rel.{r}.(lin.weight, att_src, att_dst, bias)
   norms.{l}.(weight, bias) for l < L-1 when norm=True, linears.{j}.(weight, bias),
-  embeddings.{type} [count, in_features] for each type of option ``embed``
+  embeddings.{type} [count, in_features] for each type of option ``embed``,
+  inputs.{type}.(weight [project, type width], bias [project]) with the input projection (option ``project``)
+
+The input projection: where the vertex types' feature widths differ (graph/hetero.py ``widths``; the
+rows arrive zero-padded to the widest), each type gets a Linear from its own width to a common one (option
+``project``, default --hidden), applied to each row's own columns before layer 0, as GraphStorm's input
+encoders; option ``project`` > 0 adds it where the widths are one too.  Layer 0's rows are then the
+projected ones, so the model's contract declares ``input_projection``: its layer-0 halo rows are exchanged
+every step (they change with the Linears), not taken from the features exchanged once at set-up.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import List
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -55,9 +64,16 @@ class HeteroGNN(EdgeGNN):
     contract = ModelContract(input_dropout_rows="sources", source_ids="all")
 
     def __init__(self, name: str, convs: List[nn.Module], widths: List[int], dropout: float, norm: bool,
-                 types: GraphTypes, activation=F.relu, attn_dropout: float = 0.0, embed: str = ""):
+                 types: GraphTypes, activation=F.relu, attn_dropout: float = 0.0, embed: str = "",
+                 input_widths: Optional[Sequence[int]] = None):
         super().__init__(name, convs, widths, dropout, norm, activation, attn_dropout)
         self.types, self.tables = types, TypeTables(types)
+        # The per-type input projection (module docstring), drawn after the stack: without it the
+        # parameters are drawn exactly as before it existed.
+        self.inputs = nn.ModuleDict({t: nn.Linear(int(w), widths[0])
+                                     for t, w in zip(types.names, input_widths or ())})
+        if len(self.inputs):
+            self.contract = dataclasses.replace(self.contract, input_projection=True, first_layer_prefix="inputs.")
         embedded = [t.strip() for t in str(embed).split(",") if t.strip()]
         for t in embedded:
             if t not in types.names:
@@ -68,9 +84,21 @@ class HeteroGNN(EdgeGNN):
                                             for t in embedded})
 
     def forward(self, x, graphs, gather=None, dropout=None, settings=None):
+        if len(self.inputs):
+            x = self.projected(x, graphs[0])
         if len(self.embeddings):
             x = self.embedded(x, graphs[0])
         return super().forward(x, graphs, gather, dropout, settings)
+
+    def projected(self, x: torch.Tensor, graph) -> torch.Tensor:
+        """Layer 0's own rows through their type's input Linear, each from its type's own columns."""
+        ids = source_ids(graph)[: x.shape[0]]
+        kind = self.tables.vertex_type(ids)
+        out = x.new_zeros((x.shape[0], self.widths[0]), dtype=torch.float32)
+        for t, linear in enumerate(self.inputs.values()):
+            rows = torch.nonzero(kind == t).squeeze(1)
+            out = out.index_put((rows,), linear(x.index_select(0, rows)[:, : linear.in_features]).to(out.dtype))
+        return out
 
     def embedded(self, x: torch.Tensor, graph) -> torch.Tensor:
         """Layer 0's own rows with the embedded types' rows replaced by their embeddings."""
@@ -92,32 +120,45 @@ def _reset_tables(tables: nn.ParameterDict) -> None:
         nn.init.normal_(table)
 
 
+def input_widths(model: str, in_features: int, hidden: int, project: int,
+                 types: GraphTypes) -> Tuple[int, Optional[List[int]]]:
+    """(layer 0's input width, each type's feature width the projection reads; None: no projection)."""
+    if project < 0:
+        raise ValueError(f"--model-option project={project}: must be >= 0 (0: --hidden where the types' "
+                         f"widths differ)")
+    if not project and not types.typed_widths:
+        return in_features, None
+    return int(project or hidden), types.width_of(in_features)
+
+
 def _check_types(model: str, types) -> TypeTables:
     if not isinstance(types, GraphTypes):
         raise ValueError(f"model {model!r} needs the graph's types (a GraphTypes), got {type(types).__name__}")
     return TypeTables(types)
 
 
-def build_rgcn(in_features, hidden, num_classes, layers, dropout, norm, num_bases=0, linear_layers=0, embed="", *,
-               types: GraphTypes):
+def build_rgcn(in_features, hidden, num_classes, layers, dropout, norm, num_bases=0, linear_layers=0, embed="",
+               project=0, *, types: GraphTypes):
     if num_bases < 0:
         raise ValueError(f"--model-option num_bases={num_bases}: must be >= 0 (0: a weight per relation)")
     tables = _check_types("rgcn", types)
+    in_features, read = input_widths("rgcn", in_features, hidden, project, types)
     widths = _widths(in_features, hidden, num_classes, layers)
     R = tables.num_relations
     convs = [RGCNConv(widths[l], widths[l + 1], R, num_bases or None, types=tables)
              for l in range(_conv_count(layers, linear_layers))]
-    return HeteroGNN("rgcn", convs, widths, dropout, norm, types, embed=embed)
+    return HeteroGNN("rgcn", convs, widths, dropout, norm, types, embed=embed, input_widths=read)
 
 
 def build_rgat(in_features, hidden, num_classes, layers, dropout, norm, heads=4, out_heads=1, attn_dropout=0.0,
-               linear_layers=0, embed="", *, types: GraphTypes):
+               linear_layers=0, embed="", project=0, *, types: GraphTypes):
     """The last conv averages `out_heads` heads into the classes; with linear layers every conv is a
     hidden one and the last Linear gives the classes (as MLPerf's reference)."""
     _check_positive("rgat", heads=heads, out_heads=out_heads)
     if not 0.0 <= attn_dropout < 1.0:
         raise ValueError(f"--model-option attn_dropout={attn_dropout}: must be in [0, 1)")
     tables = _check_types("rgat", types)
+    in_features, read = input_widths("rgat", in_features, hidden, project, types)
     R = tables.num_relations
     convs_n = _conv_count(layers, linear_layers)
     widths = gat_widths(in_features, hidden, num_classes, layers, heads, True)
@@ -127,4 +168,4 @@ def build_rgat(in_features, hidden, num_classes, layers, dropout, norm, heads=4,
     if convs_n == layers:
         convs.append(conv(widths[-2], num_classes, heads=out_heads, concat=False))
     return HeteroGNN("rgat", convs, widths, dropout, norm, types, functools.partial(F.leaky_relu, negative_slope=0.01),
-                     attn_dropout, embed=embed)
+                     attn_dropout, embed=embed, input_widths=read)

@@ -43,7 +43,7 @@ from granndis_hpc.graph.hetero import GraphTypes, Relation
 from .contract import Layer
 from .graph import LayerGraph
 from .hetero_layers import TypeTables, relation_graphs
-from .hetero_models import HeteroGNN, _check_types
+from .hetero_models import HeteroGNN, _check_types, input_widths
 from .pyg import PyGLayer, refusal, stack_widths, user_convs
 
 NAME = "pyg-hetero"
@@ -133,12 +133,15 @@ class PyGHeteroLayer(Layer):
 
 
 def build_pyg_hetero(in_features, hidden, num_classes, layers, dropout, norm, module="", factory="build",
-                     linear_layers=0, *, types: GraphTypes):
-    """The `pyg-hetero` model: MODULE.FACTORY's convs, one copy per relation of `types` in every layer."""
+                     linear_layers=0, project=0, *, types: GraphTypes):
+    """The `pyg-hetero` model: MODULE.FACTORY's convs, one copy per relation of `types` in every layer (the
+    factory gets the projection's width as its input width where there is one, nn/hetero_models.py)."""
     tables = _check_types(NAME, types)
+    in_features, read = input_widths(NAME, in_features, hidden, project, types)
     convs: List[nn.Module] = user_convs(NAME, in_features, hidden, num_classes, layers, module, factory,
                                         linear_layers)
     # Widths from the factory's own convs (a lazy conv is materialised there), before the copies are made.
     widths = stack_widths(NAME, [PyGLayer(c, NAME) for c in convs], in_features, hidden, num_classes,
                           linear_layers)
-    return HeteroGNN(NAME, [PyGHeteroLayer(c, tables) for c in convs], widths, dropout, norm, types)
+    return HeteroGNN(NAME, [PyGHeteroLayer(c, tables) for c in convs], widths, dropout, norm, types,
+                     input_widths=read)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .schema import ShardError, datasets_of, has_train_hop, is_inductive, is_multilabel
+from .schema import ShardError, manifest_datasets
+from .typed_rows import flat_length, widths_of
 
 
 def _fail(fpath: str, dataset: str, problem: str, manifest: dict) -> ShardError:
@@ -26,7 +27,7 @@ def check_file_layout(f, manifest: dict, fpath: str) -> None:
     """Dtypes and shapes of every dataset of an open server file, from the HDF5 headers (reads no data):
     the dtypes of schema.DATASETS, one length per row, CSR pointers one longer, features
     [rows, manifest num_features] float32; an inductive set's datasets too."""
-    names = datasets_of(is_inductive(manifest), is_multilabel(manifest), has_train_hop(manifest))
+    names = manifest_datasets(manifest)
     for name, (dtype, _) in names.items():
         if name not in f:
             raise _fail(fpath, name, "is missing", manifest)
@@ -36,7 +37,9 @@ def check_file_layout(f, manifest: dict, fpath: str) -> None:
     G = int(manifest["gpus_per_server"])
     F = int(manifest["dataset"]["num_features"])
     C = int(manifest["dataset"]["num_classes"])
-    want = {"n": (n,), "n+1": (n + 1,), "G+1": (G + 1,), "G": (G,), "n,F": (n, F), "n,C": (n, C),
+    types = widths_of(manifest)
+    flat = (flat_length(types, f["vertices/global_id"][:]),) if types is not None and n >= 0 else None
+    want = {"n": (n,), "n+1": (n + 1,), "G+1": (G + 1,), "G": (G,), "n,F": (n, F), "n,C": (n, C), "flat": flat,
             "nnz": (f["graph/indices"].shape[0],) if f["graph/indices"].ndim == 1 else None,
             "ni+1": (f["world/indptr"].shape[0],) if f["world/indptr"].ndim == 1 else None,
             "nnz_w": (f["world/src_global_id"].shape[0],) if f["world/src_global_id"].ndim == 1 else None}
@@ -44,7 +47,8 @@ def check_file_layout(f, manifest: dict, fpath: str) -> None:
         shape = tuple(f[name].shape)
         if shape != want[rule]:
             expected = "1-D" if want[rule] is None else str(list(want[rule]))
-            what = {"n,F": f" ({F} features in the manifest)", "n,C": f" ({C} classes in the manifest)"}.get(rule, "")
+            what = {"n,F": f" ({F} features in the manifest)", "n,C": f" ({C} classes in the manifest)",
+                    "flat": " (the sum of its rows' type widths in the manifest)"}.get(rule, "")
             raise _fail(fpath, name, f"has shape {list(shape)}, expected {expected}{what}", manifest)
 
 

@@ -13,8 +13,8 @@ import numpy as np
 
 from .checks import (check_file_layout, check_offsets, check_pointer, check_rank_slice,
                      check_server_graph)
-from .schema import (FORMAT_VERSION, ShardError, datasets_of, has_train_hop, is_inductive, is_multilabel,
-                     server_file_name)
+from .schema import FORMAT_VERSION, ShardError, has_train_hop, is_inductive, manifest_datasets, server_file_name
+from .typed_rows import read_rows, read_scattered, widths_of
 
 if TYPE_CHECKING:  # h5py is imported where a file is opened (_open_server)
     import h5py
@@ -30,7 +30,7 @@ class RankSlice:
     gpus_per_server: int
     global_id: np.ndarray  # int64 [n]   own rows, sorted by hop (then locality block, global id)
     hop: np.ndarray  # int32 [n]
-    features: np.ndarray  # float32 [n, F]
+    features: np.ndarray  # float32 [n, F] (types of different widths: zero-padded, shards/typed_rows.py)
     labels: np.ndarray  # int64 [n] class ids, or uint8 [n, C] 0/1 in a multi-label set
     train_mask: np.ndarray  # bool [n]
     val_mask: np.ndarray
@@ -106,6 +106,7 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
         w_offsets = f["world/offsets"][:]
         check_offsets(offsets, inner_counts, w_offsets, n_server, manifest, fpath)
         lo, hi = int(offsets[gpu]), int(offsets[gpu + 1])
+        global_id = f["vertices/global_id"][lo:hi]
         indptr = f["graph/indptr"][lo:hi + 1]
         check_pointer(indptr, f["graph/indices"].shape[0], "graph/indptr", manifest, fpath)
         e_lo, e_hi = int(indptr[0]), int(indptr[-1])
@@ -115,9 +116,9 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
         we_lo, we_hi = int(w_indptr[0]), int(w_indptr[-1])
         sl = RankSlice(
             server=server, gpu=gpu, servers=int(manifest["servers"]), gpus_per_server=G,
-            global_id=f["vertices/global_id"][lo:hi],
+            global_id=global_id,
             hop=f["vertices/hop"][lo:hi],
-            features=f["features"][lo:hi],
+            features=_feature_rows(f, manifest, lo, hi, global_id),
             labels=f["labels"][lo:hi],
             train_mask=f["split/train"][lo:hi],
             val_mask=f["split/val"][lo:hi],
@@ -142,6 +143,15 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
     return sl
 
 
+def _feature_rows(f, manifest: dict, lo: int, hi: int, global_id: np.ndarray) -> np.ndarray:
+    """float32 [hi - lo, F]: the file rows lo..hi-1's features (flat ones unpacked, zero-padded)."""
+    types = widths_of(manifest)
+    if types is None:
+        return f["features"][lo:hi]
+    return read_rows(f["features"], types, global_id, f["vertices/global_id"][:lo],
+                     int(manifest["dataset"]["num_features"]))
+
+
 @dataclass(frozen=True)
 class DatasetHeader:
     """A dataset's shape and dtype without its data (what read_server_arrays gives for `headers`)."""
@@ -159,7 +169,7 @@ def read_server_arrays(path, manifest: dict, server: int, names=None, headers=()
     read_rank_slice); the datasets named in `headers` as a DatasetHeader only (verify reads the
     features in blocks instead of holding a server's N_s x F floats)."""
     with _open_server(os.fspath(path), manifest, server) as f:
-        every = datasets_of(is_inductive(manifest), is_multilabel(manifest), has_train_hop(manifest))
+        every = manifest_datasets(manifest)
         missing = [name for name in every if name not in f]
         if missing:
             raise ShardError(f"{f.filename}: missing datasets {missing}; rebuild the shard set")
@@ -187,7 +197,7 @@ def read_server_graph(path, manifest: dict, server: int, features: bool = False)
                "train": f["split/train"][:], "offsets": f["vertices/offsets"][:],
                "global_id": f["vertices/global_id"][:]}
         if features:
-            out["features"] = f["features"][:]
+            out["features"] = _feature_rows(f, manifest, 0, out["global_id"].shape[0], out["global_id"])
         if is_inductive(manifest):
             out["train_in_degree"] = f["graph/train_in_degree"][:]
         check_server_graph(out, manifest, f.filename)
@@ -208,7 +218,18 @@ def read_server_rows(path, manifest: dict, server: int, ids) -> np.ndarray:
         raise ShardError("read_server_rows: ids must be unique (h5py reads each row once)")
     with _open_server(os.fspath(path), manifest, server) as f:
         dset = f["features"]
-        if dset.dtype != np.float32 or dset.ndim != 2 or dset.shape[1] != int(manifest["dataset"]["num_features"]):
+        types = widths_of(manifest)
+        F = int(manifest["dataset"]["num_features"])
+        if types is not None:
+            check_file_layout(f, manifest, f.filename)
+            gid = f["vertices/global_id"][:]
+            if sorted_ids.size and (sorted_ids[0] < 0 or sorted_ids[-1] >= gid.shape[0]):
+                raise ShardError(f"{f.filename}: row ids must lie in [0, {gid.shape[0]}), got "
+                                 f"[{int(sorted_ids[0])}, {int(sorted_ids[-1])}]")
+            out = np.empty((ids.size, F), dtype=np.float32)
+            out[order] = read_scattered(dset, types, gid, sorted_ids, F)
+            return out
+        if dset.dtype != np.float32 or dset.ndim != 2 or dset.shape[1] != F:
             check_file_layout(f, manifest, f.filename)  # names the dataset, the shapes and the fix
         if sorted_ids.size and (sorted_ids[0] < 0 or sorted_ids[-1] >= dset.shape[0]):
             raise ShardError(f"{f.filename}: row ids must lie in [0, {dset.shape[0]}), got "

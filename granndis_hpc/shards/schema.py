@@ -20,7 +20,8 @@ def server_file_name(server: int) -> str:
 
 # Dataset name -> (dtype, shape rule).  Shape rules: "n" = one entry per row of the server file,
 # "n+1" = CSR pointer over the rows, "G+1"/"G" = per GPU, "nnz" = per stored edge,
-# "ni+1" = CSR pointer over the inner rows, "nnz_w" = per world-view edge, "n,F" = feature matrix.
+# "ni+1" = CSR pointer over the inner rows, "nnz_w" = per world-view edge, "n,F" = feature matrix,
+# "flat" = every row's features at its own type's width, one after the other (FLAT_FEATURES).
 DATASETS: dict[str, tuple[np.dtype, str]] = {
     "vertices/global_id": (np.dtype(np.int64), "n"),
     "vertices/owner": (np.dtype(np.int32), "n"),
@@ -66,16 +67,33 @@ TRAIN_HOP_UNREACHED = 255
 # where int64 class ids would take 8 B per entry) in place of the int64 class ids.
 MULTILABEL_LABELS = (np.dtype(np.uint8), "n,C")
 
+# A heterogeneous set whose vertex types have different feature widths (the manifest's types record
+# gives each type's "width"; shards/typed_rows.py) stores its features flat, each row at its own width.
+FLAT_FEATURES = (np.dtype(np.float32), "flat")
 
-def datasets_of(inductive: bool, multilabel: bool = False, train_hop: bool = False) -> dict:
+
+def datasets_of(inductive: bool, multilabel: bool = False, train_hop: bool = False, flat: bool = False) -> dict:
     """Name -> (dtype, shape rule) of every dataset a server file of such a set holds (train_hop: an
-    inductive set that holds TRAIN_HOP_DATASETS too)."""
+    inductive set that holds TRAIN_HOP_DATASETS too; flat: FLAT_FEATURES)."""
     out = {**DATASETS, **INDUCTIVE_DATASETS} if inductive else dict(DATASETS)
     if inductive and train_hop:
         out.update(TRAIN_HOP_DATASETS)
     if multilabel:
         out["labels"] = MULTILABEL_LABELS
+    if flat:
+        out["features"] = FLAT_FEATURES
     return out
+
+
+def is_flat(manifest: dict) -> bool:
+    """Whether the set stores its features flat (FLAT_FEATURES: its vertex types' widths differ)."""
+    types = manifest.get("dataset", {}).get("types")
+    return isinstance(types, dict) and any("width" in t for t in types.get("vertex_types", ()) if isinstance(t, dict))
+
+
+def manifest_datasets(manifest: dict) -> dict:
+    """datasets_of the set the manifest describes."""
+    return datasets_of(is_inductive(manifest), is_multilabel(manifest), has_train_hop(manifest), is_flat(manifest))
 
 
 def is_inductive(manifest: dict) -> bool:
@@ -86,8 +104,10 @@ def is_inductive(manifest: dict) -> bool:
 def datasets_in(arrays) -> dict:
     """datasets_of the set whose server file holds `arrays` (names -> data): which optional datasets it
     holds (labels' dtype aside), told by their presence."""
+    features = arrays.get("features")
     return datasets_of(any(name in arrays for name in INDUCTIVE_DATASETS), False,
-                       any(name in arrays for name in TRAIN_HOP_DATASETS))
+                       any(name in arrays for name in TRAIN_HOP_DATASETS),
+                       features is not None and len(getattr(features, "shape", np.shape(features))) == 1)
 
 
 def has_train_hop(manifest: dict) -> bool:
@@ -123,8 +143,10 @@ def feature_chunk_rows(num_rows: int, num_features: int) -> int:
     return int(max(1, min(max(num_rows, 1), FEATURE_CHUNK_BYTES // row_bytes)))
 
 
-def expected_shape(rule: str, n: int, g: int, nnz: int, n_inner: int, nnz_w: int, f: int, c: int = -1) -> tuple:
+def expected_shape(rule: str, n: int, g: int, nnz: int, n_inner: int, nnz_w: int, f: int, c: int = -1,
+                   flat: int = -1) -> tuple:
     return {
+        "flat": (flat,),
         "n,C": (n, c),
         "n": (n,),
         "n+1": (n + 1,),
@@ -138,7 +160,8 @@ def expected_shape(rule: str, n: int, g: int, nnz: int, n_inner: int, nnz_w: int
 
 
 def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
-    """Raise ShardError unless `arrays` has every dataset with the right dtype and consistent shapes."""
+    """Raise ShardError unless `arrays` has every dataset with the right dtype and consistent shapes (flat
+    features: their length is the rows' widths', which the builder packs them to; verify checks it)."""
     labels = arrays.get("labels")  # an array, or a writer's StreamedDataset (which has a shape too)
     multilabel = labels is not None and len(getattr(labels, "shape", np.shape(labels))) == 2
     names = datasets_in(arrays)
@@ -156,7 +179,7 @@ def check_server_arrays(arrays: dict, gpus_per_server: int, where: str) -> None:
     c = int(getattr(labels, "shape", np.shape(labels))[1]) if multilabel else -1
     for name, (dtype, rule) in names.items():
         a = arrays[name]
-        want = expected_shape(rule, n, gpus_per_server, nnz, n_inner, nnz_w, f, c)
+        want = expected_shape(rule, n, gpus_per_server, nnz, n_inner, nnz_w, f, c, int(feats[0]))
         if tuple(np.shape(a)) != want:
             raise ShardError(f"{where}: dataset {name} has shape {tuple(np.shape(a))}, expected {want}")
         got = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype

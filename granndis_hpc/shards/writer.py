@@ -31,6 +31,7 @@ import numpy as np
 from ..fsutil import file_mode, fsync_dir
 from ..outputs import OutputKind, check_output_place
 from .manifest import manifest_digests, sha256_file
+from .typed_rows import FLAT_CHUNK_ENTRIES
 from .schema import (FORMAT_VERSION, MANIFEST_NAME, ShardError, check_server_arrays, datasets_in,
                      feature_chunk_rows, server_file_name)
 
@@ -117,8 +118,8 @@ def estimate_file_bytes(arrays: dict) -> int:
     for name, a in arrays.items():
         shape = a.shape if isinstance(a, StreamedDataset) else np.shape(a)
         nbytes = int(a.nbytes if isinstance(a, StreamedDataset) else np.asarray(a).nbytes)
-        if name == "features" and len(shape) == 2 and shape[0] > 0:
-            rows = feature_chunk_rows(shape[0], shape[1])
+        if name == "features" and shape[0] > 0:
+            rows = feature_chunk_rows(shape[0], shape[1]) if len(shape) == 2 else min(shape[0], FLAT_CHUNK_ENTRIES)
             nbytes = -(-int(shape[0]) // rows) * rows * nbytes // int(shape[0])
         data += nbytes
     return data + data // 50 + (256 << 10)
@@ -299,7 +300,8 @@ def _write_h5(path: str, server: int, servers: int, gpus_per_server: int, arrays
                 data = np.ascontiguousarray(data)
             chunks = None
             if name == "features" and data.shape[0] > 0:
-                chunks = (feature_chunk_rows(data.shape[0], data.shape[1]), max(1, data.shape[1]))
+                chunks = ((feature_chunk_rows(data.shape[0], data.shape[1]), max(1, data.shape[1]))
+                          if len(data.shape) == 2 else (min(data.shape[0], FLAT_CHUNK_ENTRIES),))
             if isinstance(data, StreamedDataset):
                 dset = f.create_dataset(name, shape=data.shape, dtype=data.dtype, chunks=chunks, track_times=False)
                 for start, rows in data.blocks():

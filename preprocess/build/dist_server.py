@@ -36,6 +36,7 @@ import numpy as np
 
 from granndis_hpc.graph.csr import csr_rows, row_of_edges
 from granndis_hpc.shards import StreamedDataset
+from granndis_hpc.shards import typed_rows
 from granndis_hpc.shards.schema import datasets_in, datasets_of, feature_chunk_rows
 
 from granndis_hpc.preprocess.build import inductive
@@ -329,7 +330,6 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, block, 
 
     ptr = plan.lengths(verts, lambda local: sub_rows(local)[0])
     nnz = int(ptr[-1]) if plan.is_writer else 0
-    F = part.num_features
     world_edges = int(w_ptr[-1])
     arrays = {
         "vertices/global_id": verts,
@@ -340,8 +340,7 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, block, 
         "graph/indptr": ptr,
         "graph/indices": StreamedDataset((nnz,), np.int64, plan.edges(verts, sub_rows, ptr)),
         "graph/in_degree": _lazy((m,), np.int64, lambda: degree[verts], w),
-        "features": StreamedDataset((m, F), np.float32,
-                                    plan.rows(verts, lambda local: (None, part.features[local]))),
+        "features": _features(part, verts, plan.rows(verts, lambda local: (None, part.features[local]))),
         "labels": StreamedDataset((m, *part.labels.shape[1:]), part.labels.dtype,  # multi-label: uint8 [m, C]
                                   plan.rows(verts, lambda local: (None, part.labels[local]))),
         "split/train": _lazy((m,), bool, lambda: masks["train_mask"][verts], w),
@@ -375,6 +374,18 @@ def server_datasets(group, part, s: int, writer: int, server_of, gpu_of, block, 
         stats = server_stats(s, num_inner, hop, owner, masks["train_mask"][verts], nnz, world_edges, G,
                              cfg.effective_hops)
     return arrays, stats
+
+
+def _features(part, verts: np.ndarray, blocks) -> StreamedDataset:
+    """The server's features dataset: [m, F], or flat at each row's type width where the types' widths
+    differ (granndis_hpc/shards/typed_rows.py), each block of rows packed where it is written."""
+    types = getattr(part, "types", None)
+    if types is None or not types.typed_widths:
+        return StreamedDataset((verts.shape[0], part.num_features), np.float32, blocks)
+    widths = typed_rows.row_widths(types, verts)
+    starts = typed_rows.flat_offsets(widths)
+    packed = ((int(starts[a]), typed_rows.pack(rows, widths[a:a + rows.shape[0]])) for a, rows in blocks)
+    return StreamedDataset((int(starts[-1]),), np.float32, packed)
 
 
 def _map_edges(rows, fn):

@@ -22,7 +22,7 @@ from granndis_hpc.cluster import as_group
 from granndis_hpc.graph.csr import csr_from_edges, csr_rows, row_of_edges
 from granndis_hpc.shards import (FORMAT_VERSION, commit_shard_set, discard_staged, lower_bound_set_bytes,
                                  prepare_output_dir, stage_server_file)
-from granndis_hpc.shards import content
+from granndis_hpc.shards import content, typed_rows
 
 from granndis_hpc.preprocess.build import inductive
 from granndis_hpc.preprocess.build.profile import _peak_rss, _reset_peak_rss
@@ -164,7 +164,7 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
         "graph/indptr": indptr.astype(np.int64, copy=False),
         "graph/indices": indices.astype(np.int64, copy=False),
         "graph/in_degree": in_degree[verts],
-        "features": np.ascontiguousarray(graph.features[verts], dtype=np.float32),
+        "features": _stored_features(graph, verts),
         # int64 class ids, or a multi-label set's uint8 [rows, C] (shards/schema.py)
         "labels": graph.labels[verts].astype(np.uint8 if graph.labels.ndim == 2 else np.int64, copy=False),
         "split/train": graph.train_mask[verts].astype(bool, copy=False),
@@ -185,6 +185,16 @@ def build_server(graph, server: int, server_of: np.ndarray, gpu_of: np.ndarray, 
     stats = server_stats(server, inner.shape[0], hop, owner, graph.train_mask[verts], indices.shape[0],
                          w_src.shape[0], G, cfg.effective_hops)
     return arrays, stats
+
+
+def _stored_features(graph, verts: np.ndarray) -> np.ndarray:
+    """The rows' features as the server file stores them: [rows, F], or flat at each row's type width
+    where the types' widths differ (granndis_hpc/shards/typed_rows.py)."""
+    rows = np.ascontiguousarray(graph.features[verts], dtype=np.float32)
+    types = getattr(graph, "types", None)
+    if types is None or not types.typed_widths:
+        return rows
+    return typed_rows.pack(rows, typed_rows.row_widths(types, verts))
 
 
 def server_stats(server: int, inner: int, hop: np.ndarray, owner: np.ndarray, train: np.ndarray, edges: int,

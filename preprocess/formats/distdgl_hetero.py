@@ -136,16 +136,12 @@ class DistDGLTypedSource(TypedSource):
         if not self.feats:
             raise _bad(mp, "no node type has a 'feat'", "give the features of at least one type (the others are "
                        "derived from them)")
-        widths = {t: c.width for t, c in self.feats.items()}
-        if len(set(widths.values())) > 1:
-            raise _bad(mp, f"the node types' features have different widths {widths}",
-                       "bring them to one width (e.g. project each type to a common size), or leave a type's "
-                       "feat out so it derives its features from its neighbours")
+        widths = {t: c.width for t, c in self.feats.items()}  # types of different widths: each its own
         self.target_data = {k: _Chunks(path, tdata[k], mp, f"node_data.{target}.{k}", counts[target], False)
                             for k in ("label", *MASKS)}
         name = name or str(meta.get("graph_name") or os.path.basename(os.path.normpath(path)))
         super().__init__(name, counts, [Relation(*et.split(":")) for et in etypes], set(self.feats), target,
-                         next(iter(widths.values())), None, origin=mp)
+                         widths, None, origin=mp)
 
     def relation_pieces(self, rank: int, size: int):
         for rel, f, fmt, delim in self.edge_files[rank::size]:

@@ -10,11 +10,13 @@ per-type ids; `canonicalize_hetero` turns it into the canonical graph with ``gra
 * symmetrisation: a relation inside one type is made symmetric in place; a relation between two types
   sends its reversed edges into the relation of the opposite direction when the source has one (DBLP's
   writes / written_by), else into a new relation ``rev_<name>`` (PyG's ``ToUndirected`` naming);
-* every type ends up with one common feature width.  A type without features gets the mean of its
+* every type keeps its own feature width (types of different widths are recorded in ``widths``, and
+  the graph holds their rows zero-padded to the widest in memory).  A type without features gets the mean of its
   in-neighbours' features over one relation into it (the usual ogbn-mag baseline features): the one
   ``derive`` names, else the first relation whose source type has stored features, else one whose
   source type has derived ones (institutions from authors from papers).  Vertices without such a
-  neighbour get zeros.  The record says which: ``feature_origin`` "mean:<relation>";
+  neighbour get zeros.  Its width is that source type's.  The record says which: ``feature_origin``
+  "mean:<relation>";
 * labels and splits cover the target type only; the other vertices get label -1 and are in no split.
 
 The edges then go through `canonicalize` (duplicates and self loops removed, in-edge CSR) without its
@@ -144,7 +146,8 @@ def neighbour_mean(src, dst, n_dst: int, source_features: np.ndarray) -> np.ndar
 
 
 def _features(counts, features, rels, edges, derive, origin) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
-    """Every type's float32 features of one common width, and how each got them."""
+    """Every type's float32 features at its own width (a derived type's is its source type's), and how
+    each got them."""
     features = dict(features or {})
     derive = dict(derive or {})
     unknown = sorted(set(features) - set(counts)) + sorted(set(derive) - set(counts))
@@ -159,11 +162,6 @@ def _features(counts, features, rels, edges, derive, origin) -> Tuple[Dict[str, 
     if not out:
         raise _fail(_where(origin, "features"), "no vertex type has features",
                     "give the features of at least one type (the others are derived from them)")
-    widths = {t: int(f.shape[1]) for t, f in out.items()}
-    if len(set(widths.values())) > 1:
-        raise _fail(_where(origin, "features"), f"the vertex types' features have different widths {widths}",
-                    "bring them to one width before preprocessing (e.g. project each type to a common size), "
-                    "or leave a type's features out so it derives them from its neighbours")
     for t, rel_name in derive.items():
         if t in how:
             raise _fail(_where(origin, "features"), f"derive names type {t!r}, which has stored features",
@@ -177,6 +175,22 @@ def _features(counts, features, rels, edges, derive, origin) -> Tuple[Dict[str, 
         out[t] = neighbour_mean(src, dst, counts[t], out[rel.src])
         how[t] = f"mean:{rel.name}"
     return out, how
+
+
+def padded_rows(per_type: List[np.ndarray]) -> Tuple[np.ndarray, Tuple[int, ...]]:
+    """The types' feature rows one after the other as the graph holds them in memory, and the widths
+    record: one width: the rows as they are and (); widths that differ: each row's features first, zeros
+    up to the widest type (the shards store each row at its own width, granndis_hpc/shards/typed_rows.py)
+    and each type's width."""
+    widths = tuple(int(f.shape[1]) for f in per_type)
+    if len(set(widths)) <= 1:
+        return np.concatenate(per_type), ()
+    x = np.zeros((sum(int(f.shape[0]) for f in per_type), max(widths)), dtype=np.float32)
+    row = 0
+    for f, w in zip(per_type, widths):
+        x[row:row + f.shape[0], :w] = f
+        row += f.shape[0]
+    return x, widths
 
 
 def derive_plan(types, stored, rels, derive=None, origin="input") -> List[Tuple[str, Relation]]:
@@ -285,12 +299,12 @@ def canonicalize_hetero(name, counts, features, relations, labels, splits, targe
         full = np.zeros(n, dtype=bool)
         full[lo:hi] = m
         full_masks.append(full)
-    x = np.concatenate([feats[t] for t in counts])
+    x, widths = padded_rows([feats[t] for t in counts])
     graph = canonicalize(name, n, src, dst, x, full_labels, *full_masks, num_classes=num_classes,
                          symmetrize=False, self_loops=self_loops, origin=dict(origin))
     try:
         types = GraphTypes(tuple(counts), tuple(offsets.tolist()), tuple(rels), target,
-                           tuple(how[t] for t in counts))
+                           tuple(how[t] for t in counts), widths)
         types.check_graph(graph.indptr, graph.indices, graph.labels,
                           (graph.train_mask, graph.val_mask, graph.test_mask), base)
     except TypesError as err:

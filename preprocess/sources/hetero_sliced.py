@@ -18,7 +18,7 @@ same order, so the float32 sums are bit for bit those of the whole-graph load.
 A format supplies, in per-type ids:
 
     relation_pieces(rank, size) -> (origin, Relation, src, dst): this rank's share of the given edges
-    stored_rows(type, lo, hi)   -> [(origin, [hi - lo, F] array)] of a type with stored features
+    stored_rows(type, lo, hi)   -> [(origin, [hi - lo, F_type] array)] of a type with stored features
     target_rows(lo, hi)         -> {labels | train_mask | val_mask | test_mask: [(origin, array)]} of
                                    the target type (labels int, NaN or -1 unlabelled; masks boolean)
 """
@@ -42,8 +42,13 @@ class TypedSource:
     multilabel = False
     canonical = None  # raw edges: the build canonicalises them
 
-    def __init__(self, name: str, counts: dict, relations, stored, target: str, num_features: int,
+    def __init__(self, name: str, counts: dict, relations, stored, target: str, num_features,
                  num_classes=None, origin: str = "input"):
+        """num_features: the stored types' one width, or a dict type -> width where they differ (the rows
+        are then handed over zero-padded to the widest, as canonicalize_hetero holds them)."""
+        widths = dict(num_features) if isinstance(num_features, dict) else {t: int(num_features) for t in stored}
+        self.widths = {t: int(w) for t, w in widths.items()}
+        num_features = max(self.widths.values())
         self.name, self.origin, self.target = str(name), str(origin), target
         self.counts = {t: int(c) for t, c in counts.items()}
         self.given = [r if isinstance(r, Relation) else Relation(*r) for r in relations]
@@ -67,11 +72,20 @@ class TypedSource:
         rels = symmetrized_relations(self.given)[0] if symmetrize else list(self.given)
         plan = dict(derive_plan(list(self.counts), self.stored, rels, origin=f"{self.origin}: features"))
         return self._record(rels, tuple("stored" if t in self.stored else f"mean:{plan[t].name}"
-                                        for t in self.counts))
+                                        for t in self.counts), self.type_widths(rels))
 
-    def _record(self, rels, how) -> GraphTypes:
+    def type_widths(self, rels) -> tuple:
+        """Every type's width where the stored types' differ (a derived type's is its source type's), else ()."""
+        if len(set(self.widths.values())) <= 1:
+            return ()
+        width = dict(self.widths)
+        for t, rel in derive_plan(list(self.counts), self.stored, rels, origin=f"{self.origin}: features"):
+            width[t] = width[rel.src]
+        return tuple(width[t] for t in self.counts)
+
+    def _record(self, rels, how, widths=()) -> GraphTypes:
         try:
-            return GraphTypes(tuple(self.counts), self.offsets, tuple(rels), self.target, how)
+            return GraphTypes(tuple(self.counts), self.offsets, tuple(rels), self.target, how, widths)
         except TypesError as err:
             raise DataError(f"{self.origin}: {str(err).split('; ')[0]}. Fix: merge the relations of one type "
                             "pair into one relation, or keep one of them (an edge's relation is the pair of "
@@ -91,7 +105,7 @@ class TypedSource:
             if a >= b:
                 continue
             if t in self.stored:
-                out["features"] += self.stored_rows(t, a, b)
+                out["features"] += [(o, self._padded(t, x, o)) for o, x in self.stored_rows(t, a, b)]
             else:  # filled in by derive_features once the edges are canonical
                 out["features"].append((f"{self.origin}: {t} (derived)",
                                         np.zeros((b - a, self.num_features), dtype=np.float32)))
@@ -106,6 +120,20 @@ class TypedSource:
                     out[m].append((self.origin, np.zeros(b - a, dtype=bool)))
         empty = {"features": np.zeros((0, self.num_features), np.float32), "labels": np.zeros(0, np.int64)}
         return {f: p or [(self.origin, empty.get(f, np.zeros(0, bool)))] for f, p in out.items()}
+
+    def _padded(self, t: str, rows, origin: str) -> np.ndarray:
+        """A stored type's rows at the graph's width: as they are with one width, else zero-padded after
+        the type's own width (DataError for rows of another width than the type's first)."""
+        rows = np.asarray(rows)
+        if rows.ndim != 2 or rows.shape[1] != self.widths[t]:
+            raise DataError(f"{origin}: {t}'s features have shape {list(rows.shape)}, expected [rows, "
+                            f"{self.widths[t]}] (the type's width). Fix: one row of {self.widths[t]} values per "
+                            f"vertex in every file of the type")
+        if rows.shape[1] == self.num_features:
+            return rows
+        out = np.zeros((rows.shape[0], self.num_features), dtype=np.float32)
+        out[:, : rows.shape[1]] = rows
+        return out
 
     def derive_features(self, group, types: GraphTypes, vtxdist, lo: int, indptr, indices, features):
         """Collective: this rank's rows' features with the derived types' filled in (module docstring)."""

@@ -35,8 +35,9 @@ from granndis_hpc.graph.hetero import GraphTypes, TypesError
 from granndis_hpc.units import format_size
 from granndis_hpc.shards import (ShardError, leftover_temporaries, open_server, read_manifest, read_server_arrays,
                                  server_file_name, verify_checksums)
-from granndis_hpc.shards.schema import (FORMAT_VERSION, datasets_of, expected_shape, has_train_hop, is_inductive,
-                                        is_multilabel, row_block_rows)
+from granndis_hpc.shards.schema import (FORMAT_VERSION, expected_shape, has_train_hop, is_inductive,
+                                        manifest_datasets, row_block_rows)
+from granndis_hpc.shards.typed_rows import feature_rows, flat_length, widths_of
 from granndis_hpc.shards.writer import temporaries_bytes
 
 from granndis_hpc.preprocess.build.halo import unique_sorted
@@ -116,10 +117,13 @@ def _file_problems(fname: str, a: dict, server: int, manifest: dict) -> list:
     n = a["vertices/global_id"].shape[0]
     n_inner_w = a["world/indptr"].shape[0] - 1
     f = a["features"].shape[1] if a["features"].ndim == 2 else -1
-    for name, (dtype, rule) in datasets_of(is_inductive(manifest), is_multilabel(manifest),
-                                           has_train_hop(manifest)).items():
+    types = widths_of(manifest)  # flat features: every row at its type's width (shards/typed_rows.py)
+    flat = flat_length(types, a["vertices/global_id"]) if types is not None else -1
+    if types is not None and a["features"].shape == (flat,):
+        f = int(ds["num_features"])
+    for name, (dtype, rule) in manifest_datasets(manifest).items():
         want = expected_shape(rule, n, G, a["graph/indices"].shape[0], n_inner_w,
-                              a["world/src_global_id"].shape[0], f, int(ds["num_classes"]))
+                              a["world/src_global_id"].shape[0], f, int(ds["num_classes"]), flat)
         if a[name].shape != want or a[name].dtype != dtype:
             out.append(f"{fname}: {name} has {a[name].dtype}{list(a[name].shape)}, expected {dtype}{list(want)}")
     if out:
@@ -296,7 +300,7 @@ def _set_problems(path: str) -> list:
             continue
         with open_server(path, manifest, s) as f:
             a.update({name: f[name] for name in _EDGE_SIZED})  # h5py datasets: shape, dtype, slices
-            a["nonfinite_rows"] = lambda: _nonfinite_rows(f["features"])  # after the shape checks
+            a["nonfinite_rows"] = lambda: _nonfinite_rows(feature_rows(f, manifest))  # after the shape checks
             file_problems = _file_problems(fname, a, s, manifest)
         problems += file_problems
         if file_problems:
@@ -371,12 +375,19 @@ def _set_problems(path: str) -> list:
 def types_line(record: dict, num_features: int) -> str:
     """A heterogeneous set's vertex types (count, feature bytes, feature origin) and relations, for `info`."""
     types = GraphTypes.from_record(record)
-    kinds = ", ".join(f"{name} {types.count(name)} ({format_size(nbytes)} features"
+    wide = types.width_of(num_features) if types.typed_widths else [None] * types.num_types
+    kinds = ", ".join(f"{name} {types.count(name)} ({'' if w is None else f'{w} wide, '}{format_size(nbytes)} features"
                       + (", target)" if name == types.target else ")")
                       + ("" if origin == "stored" else f" [features {origin}]")
-                      for name, origin, nbytes in zip(types.names, types.feature_origin,
-                                                      types.feature_bytes(num_features)))
+                      for name, origin, nbytes, w in zip(types.names, types.feature_origin,
+                                                         types.feature_bytes(num_features), wide))
     return f"types       {kinds}; relations {', '.join(str(r) for r in types.relations)}"
+
+
+def _widest(ds: dict) -> str:
+    """" (the widest type's)" where the vertex types' widths differ (the types line gives each)."""
+    types = ds.get("types")
+    return " (the widest type's)" if isinstance(types, dict) and widths_of({"dataset": ds}) is not None else ""
 
 
 def format_info(manifest: dict) -> str:
@@ -386,7 +397,7 @@ def format_info(manifest: dict) -> str:
     st = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}
     lines = [
         f"dataset     {ds['name']}: {ds['num_vertices']} vertices, {ds['num_edges']} edges, "
-        f"{ds['num_features']} features, {ds['num_classes']} "
+        f"{ds['num_features']} features{_widest(ds)}, {ds['num_classes']} "
         f"{'binary tasks (multi-label)' if ds.get('multilabel') is True else 'classes'}, train/val/test "
         f"{ds['num_train']}/{ds['num_val']}/{ds['num_test']}",
         f"content     digest {ds.get('content_sha256', 'not recorded')} (equal digests = the same graph, features, "

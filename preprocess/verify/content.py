@@ -19,6 +19,7 @@ import contextlib
 import numpy as np
 
 from granndis_hpc.shards import open_server, read_server_arrays, server_file_name
+from granndis_hpc.shards.typed_rows import feature_rows
 from granndis_hpc.shards.content import CONTENT, ContentHash
 
 BLOCK_BYTES = 32 << 20
@@ -83,6 +84,7 @@ def content_pass(path: str, manifest: dict, files, degree: np.ndarray, digest: b
     h = ContentHash(ds["num_classes"], multilabel, ds.get("types")) if digest else None
     with contextlib.ExitStack() as stack:
         handles = {s: stack.enter_context(open_server(path, manifest, s)) for s in files}
+        features = {s: feature_rows(f, manifest) for s, f in handles.items()}  # flat ones as rows
         if h is not None:
             h.update(indptr, h.begin("indptr", indptr.shape))
             dtype = h.begin("indices", [int(indptr[-1])])
@@ -95,14 +97,14 @@ def content_pass(path: str, manifest: dict, files, degree: np.ndarray, digest: b
             home = np.zeros((b - a, F), dtype=dtypes["features"])
             for s, r in runs.items():
                 for _, r0, r1 in r.ranges(a, b, inner=True):
-                    home[r.gid[r0:r1] - a] = handles[s]["features"][r0:r1]
+                    home[r.gid[r0:r1] - a] = features[s][r0:r1]
             if h is not None:
                 h.update(home, dtypes["features"])
             for s, r in runs.items():
                 if s in features_differ:
                     continue
                 for _, r0, r1 in r.ranges(a, b, inner=False):
-                    if not np.array_equal(handles[s]["features"][r0:r1], home[r.gid[r0:r1] - a]):
+                    if not np.array_equal(features[s][r0:r1], home[r.gid[r0:r1] - a]):
                         features_differ.add(s)
                         break
     for s in features_differ:

@@ -104,7 +104,7 @@ def test_a_relation_whose_files_hold_another_count_is_refused_naming_it_and_its_
         load("chunked", path=str(tmp_path))
 
 
-def test_two_relations_of_one_type_pair_and_feature_widths_are_refused(tmp_path):
+def test_two_relations_of_one_type_pair_are_refused_and_types_of_different_widths_load(tmp_path):
     write_distdgl_hetero(tmp_path)
 
     def second(m):
@@ -117,8 +117,10 @@ def test_two_relations_of_one_type_pair_and_feature_widths_are_refused(tmp_path)
     _edit(tmp_path, lambda m: (m["edge_type"].pop(), m["num_edges_per_type"].pop()))
     np.save(tmp_path / "node_data" / "field-feat-0.npy", np.ones((3, 4), np.float32))
     np.save(tmp_path / "node_data" / "field-feat-1.npy", np.ones((3, 4), np.float32))
-    with pytest.raises(DataError, match=r"different widths \{'paper': 8, 'field': 4\}"):
-        load("chunked", path=str(tmp_path))
+    got = load("chunked", path=str(tmp_path))  # each type at its own width; derived: its source's
+    assert got.types.widths == (8, 8, 4, 8) and got.num_features == 8
+    lo, hi = got.types.id_range("field")
+    assert (got.features[lo:hi, :4] == 1).all() and not got.features[lo:hi, 4:].any()
 
 
 def test_arrays_are_what_the_files_hold():

@@ -88,7 +88,6 @@ def test_neighbour_mean_counts_a_repeated_edge_once_and_gives_zeros_to_the_isola
 @pytest.mark.parametrize("change, message", [
     (dict(relations={("paper", "a", "author"): ([0], [0]), ("paper", "b", "author"): ([1], [1])}),
      "both lead from 'paper' to 'author'.*Fix: merge"),
-    (dict(features={"paper": np.ones((3, 4)), "author": np.ones((2, 5))}), "different widths.*Fix"),
     (dict(features={"venue": np.ones((1, 4))}, relations={("paper", "cites", "paper"): ([0], [1])}),
      "no features and no relation"),
     (dict(target="nobody"), "target type 'nobody'"),

@@ -75,7 +75,6 @@ def test_featureless_type_count_and_target_choice(tmp_path):
     (dict(num_nodes_user=None), "neither x_user nor num_nodes_user"),
     (dict(edge_index_user__buys__item=np.array([0, 1])), r"shape \[2, E\]"),
     (dict(train_item=None), "missing.*train_item"),
-    (dict(x_user=np.ones((2, 4))), "different widths"),
 ])
 def test_layout_refusals(tmp_path, change, message):
     arrays = {k: v for k, v in tiny_hetero(**change).items() if v is not None}
@@ -92,3 +91,13 @@ def test_target_type_on_a_homogeneous_bundle_is_refused(tmp_path):
     assert load("bundle", path=str(path)).types is None
     with pytest.raises(DataError, match="leave --target-type out"):
         load("bundle", path=str(path), target_type="paper")
+
+
+def test_types_of_different_widths_load_each_at_its_width(tmp_path):
+    arrays = {k: v for k, v in tiny_hetero(x_user=np.full((2, 4), 3.0), num_nodes_user=None).items() if v is not None}
+    np.savez(tmp_path / "widths.npz", **arrays)
+    g = load("bundle", path=str(tmp_path / "widths.npz"))
+    user = g.types.index("user")
+    assert g.types.widths[user] == 4 and g.num_features == max(g.types.widths)
+    lo, hi = g.types.id_range("user")
+    assert (g.features[lo:hi, :4] == 3.0).all() and not g.features[lo:hi, 4:].any()
