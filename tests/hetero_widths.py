@@ -29,8 +29,10 @@ def arrays(seed: int = 0) -> dict:
     def rel(s, d, e):
         return rng.integers(0, COUNTS[s], e), rng.integers(0, COUNTS[d], e)
 
+    # 120 `about` edges: each c has several d in-neighbours, so R-GAT's attention over d -> c has a gradient
+    # (a destination with one in-edge gives att_dst none, and Adam would turn rounding noise into steps).
     relations = {("a", "cites", "a"): rel("a", "a", 150), ("b", "writes", "a"): rel("b", "a", 120),
-                 ("a", "in", "c"): rel("a", "c", 80), ("c", "about", "d"): rel("c", "d", 40)}
+                 ("a", "in", "c"): rel("a", "c", 80), ("c", "about", "d"): rel("c", "d", 120)}
     order = rng.permutation(COUNTS["a"])
     splits = {"train": order[:30], "val": order[30:45], "test": order[45:]}
     return {"counts": dict(COUNTS), "features": features, "relations": relations, "labels": labels,

@@ -150,6 +150,9 @@ class ModelSpec:
     # tensors); None: memory_model/hetero_stacks.py assumes DEFAULT_RELATIONS.
     relations: Optional[int] = None
     relation_rows: Optional[float] = None  # relations into a destination row's type, averaged (None: all)
+    # Each vertex type's feature width (a heterogeneous set's; None: unknown or one type): the relational
+    # models' per-type input projection (memory_model/hetero_stacks.py ProjectedInput) reads them.
+    type_widths: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
         if self.precision not in ACTIVATION_BYTES:

@@ -5,6 +5,12 @@ ModelSpec's ``relations`` gives it (the engine and `preprocess plan` pass the sh
 it DEFAULT_RELATIONS is assumed (the field's benchmark graphs with their reverse relations: ogbn-mag 7,
 IGBH 7 to 9).  The relations partition the edges, so per-edge tensors count every edge once.
 The byte counts mirror the forward passes of nn/hetero_layers.py.  No torch here.
+
+The per-type input projection (nn/hetero_models.py, where the set's types' widths differ or option
+``project`` asks for it; ModelSpec's ``type_widths``): layer 0 reads the projection's width, its Linears'
+parameters count, and it saves the own rows it reads ([rows, F], the widest type's width, as the rows
+are held) and its output [rows, P].  Layer 0's halo is then exchanged every step; its bytes are those
+of any exchanged layer of that width, counted here as the static features' were.
 """
 from __future__ import annotations
 
@@ -23,13 +29,47 @@ def relations(m) -> int:
     return int(getattr(m, "relations", None) or DEFAULT_RELATIONS)
 
 
+def projection(m) -> int:
+    """The input projection's width (nn/hetero_models.py input_widths): option ``project``, else --hidden
+    where the set's types' widths differ; 0: none."""
+    project = int(dict(m.options).get("project", 0) or 0)
+    widths = getattr(m, "type_widths", None) or ()
+    return project or (int(m.hidden) if len(set(widths)) > 1 else 0)
+
+
+class ProjectedInput:
+    """Mixin of the relational models' estimates: the per-type input projection (module docstring)."""
+
+    def all_widths(self, m):
+        out = super().all_widths(m)
+        P = projection(m)
+        if P:
+            out[0] = (P, out[0][1])
+        return out
+
+    def parameters(self, m):
+        P = projection(m)
+        widths = getattr(m, "type_widths", None) or (m.features,)
+        return super().parameters(m) + (sum((int(w) + 1) * P for w in widths) if P else 0)
+
+    def activations(self, rows, m, mask_bytes):
+        out = super().activations(rows, m, mask_bytes)
+        P = projection(m)
+        if P:
+            own0 = rows.server.n_own if rows.k > 0 else rows.world.n_own
+            saved = own0 * (rows.features + P) * F32
+            out["per_layer"][0] += saved
+            out["fresh_per_layer"][0] += saved
+        return out
+
+
 def relation_rows(m) -> float:
     """Per destination row, the relations whose aggregate it holds (those into its type: ModelSpec's
     ``relation_rows``, from the set's types), or every relation when unknown."""
     return float(getattr(m, "relation_rows", None) or relations(m))
 
 
-class RGCNEstimate(EdgeEstimate):
+class RGCNEstimate(ProjectedInput, EdgeEstimate):
     """R-GCN (option num_bases): the root's input (a slice of the source rows' storage), each relation's
     mean over its destination type's rows [rows, win] (its projection's input; relation_rows of them per
     destination row) and, with bases, the combined weights [R, win, wout]."""
@@ -50,7 +90,7 @@ class RGCNEstimate(EdgeEstimate):
         return b, pre
 
 
-class RGATEstimate(GATEstimate):
+class RGATEstimate(ProjectedInput, GATEstimate):
     """R-GAT (options heads, out_heads, attn_dropout): a bipartite GAT per relation without self loops.
     The source rows gathered by type (one copy of the [n_src, win] rows, the lins' input); each relation's
     projection of its source type's rows [rows, H C]: relation_rows of them per source row (a symmetrised
@@ -61,7 +101,7 @@ class RGATEstimate(GATEstimate):
 
     def all_widths(self, m):
         T = m.layers + m.linear_layers
-        w = [m.features] + [m.hidden * m.option("heads")] * (T - 1) + [m.num_classes]
+        w = [projection(m) or m.features] + [m.hidden * m.option("heads")] * (T - 1) + [m.num_classes]
         return [(w[i], w[i + 1]) for i in range(T)]
 
     def conv_parameters(self, m, layer, win, wout):

@@ -19,7 +19,7 @@ from typing import Dict, Tuple
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
-from .hetero_stacks import relations
+from .hetero_stacks import ProjectedInput, projection, relations
 from .zoo_stacks import EdgeEstimate
 
 _BUILT: Dict[tuple, Tuple[list, int, int]] = {}
@@ -32,7 +32,8 @@ class PyGEstimate(EdgeEstimate):
     def _stack(self, m) -> Tuple[list, int, int]:
         """(widths of every layer and the output, parameter count, the convs' parameter count) of the
         user's stack."""
-        key = (self.name, m.option("module"), m.option("factory"), m.features, m.hidden, m.num_classes, m.layers,
+        features = (projection(m) if self.name == "pyg-hetero" else 0) or m.features  # its input projection's
+        key = (self.name, m.option("module"), m.option("factory"), features, m.hidden, m.num_classes, m.layers,
                m.linear_layers, m.norm)
         if key not in _BUILT:
             import torch
@@ -40,9 +41,9 @@ class PyGEstimate(EdgeEstimate):
             from granndis_hpc.nn.pyg import pyg_stack, user_convs
             layers = m.layers + m.linear_layers
             with torch.random.fork_rng(devices=[]):  # the run's parameters are drawn as without the estimate
-                convs = user_convs(self.name, m.features, m.hidden, m.num_classes, layers, m.option("module"),
+                convs = user_convs(self.name, features, m.hidden, m.num_classes, layers, m.option("module"),
                                    m.option("factory"), m.linear_layers)
-                model = pyg_stack(self.name, convs, m.features, m.hidden, m.num_classes, 0.0, m.norm,
+                model = pyg_stack(self.name, convs, features, m.hidden, m.num_classes, 0.0, m.norm,
                                   m.linear_layers)
             _BUILT[key] = (model.widths, sum(p.numel() for p in model.parameters()),
                            sum(p.numel() for p in model.convs.parameters()))
@@ -63,8 +64,8 @@ class PyGEstimate(EdgeEstimate):
         return (lr.nnz + lr.n_src) * wout * F32
 
 
-class PyGHeteroEstimate(PyGEstimate):
-    """pyg-hetero: each conv once per relation."""
+class PyGHeteroEstimate(ProjectedInput, PyGEstimate):
+    """pyg-hetero: each conv once per relation (after the per-type input projection, where it has one)."""
 
     name = "pyg-hetero"
 

@@ -52,6 +52,7 @@ def model_for(manifest: dict, name: str, hidden: int, layers: int, **kw) -> Mode
         types = GraphTypes.from_record(ds["types"])
         kw.setdefault("relations", types.num_relations)
         kw.setdefault("relation_rows", types.relations_per_vertex())
+        kw.setdefault("type_widths", tuple(types.width_of(int(ds["num_features"]))))
     return ModelSpec(name, int(ds["num_features"]), int(hidden), int(ds["num_classes"]), int(layers), **kw)
 
 

@@ -390,7 +390,8 @@ class RGATConv(Layer):
         dst_rows = relation_graphs(call.graph, self.tables).dst_rows
         out = None
         for conv, rows, agg in zip(self.rel, dst_rows, aggregated):
-            flat = (agg.reshape(agg.shape[0], -1) if self.concat else agg.mean(dim=1)) + conv.bias
+            # flatten, not reshape(n, -1): a block may hold no row of the relation's destination type
+            flat = (agg.flatten(1) if self.concat else agg.mean(dim=1)) + conv.bias
             if out is None:
                 out = flat.new_zeros((call.graph.n_dst, flat.shape[1]))
             out = add_rows(out, rows, flat.to(out.dtype))

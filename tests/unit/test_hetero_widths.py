@@ -142,3 +142,18 @@ def test_project_option_on_one_width_and_refusals(typed):
     assert len(plain.inputs) == 0 and not plain.contract.input_projection
     projected = build_model("rgcn", 4, 8, 3, 2, types=same.types, project=6)
     assert projected.convs[0].root.shape[0] == 6 and projected.inputs["a"].weight.shape == (6, 4)
+
+
+@pytest.mark.parametrize("model,options", [("rgcn", {"num_bases": 2}), ("rgat", {"heads": 2}),
+                                           ("rgcn", {"project": 6})])
+def test_memory_model_counts_the_projection(typed, model, options):
+    """The estimate's parameter count is the built model's, the projection's Linears included (per-type
+    widths from the set's types), and the model's per-type feature bytes are the types' own widths'."""
+    from granndis_hpc.memory_model.estimate import ModelSpec
+    graph, _ = typed
+    types = graph.types
+    spec = ModelSpec(model, graph.num_features, 8, 3, 2, options=tuple(options.items()),
+                     relations=types.num_relations, type_widths=tuple(types.width_of(graph.num_features)))
+    net = build_model(model, graph.num_features, 8, 3, 2, types=types, **options)
+    assert spec.estimator.parameters(spec) == sum(p.numel() for p in net.parameters())
+    assert spec.estimator.all_widths(spec)[0][0] == options.get("project", 8)
