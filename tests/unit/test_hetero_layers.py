@@ -187,9 +187,9 @@ def test_typed_models_need_types_and_parse_their_options():
     types, *_ = _problem()
     torch.manual_seed(0)
     assert build_model("sage", IN, 3, 4, 2, types=types).name == "sage"  # an untyped model ignores them
-    assert model_options("rgcn", ["num_bases=3"]) == {"num_bases": 3, "embed": ""}
+    assert model_options("rgcn", ["num_bases=3"]) == {"num_bases": 3, "embed": "", "project": 0}
     assert model_options("rgat", ["heads=2", "attn_dropout=0.3"]) == {"heads": 2, "out_heads": 1, "attn_dropout": 0.3,
-                                                                  "embed": ""}
+                                                                  "embed": "", "project": 0}
     with pytest.raises(ValueError, match=r"num_bases must be of type int >= 0"):
         model_options("rgcn", ["num_bases=-1"])
     with pytest.raises(ValueError, match="num_relations=2 but the types have 6"):
