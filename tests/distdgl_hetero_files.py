@@ -9,9 +9,10 @@ COUNTS = {"paper": 40, "author": 25, "field": 6, "institution": 4}
 WIDTH, CLASSES = 8, 3
 
 
-def graph_arrays(seed: int = 0) -> dict:
-    """canonicalize_hetero's arguments: papers carry features, labels and splits, fields features;
-    authors and institutions none (authors derive them from papers, institutions from authors)."""
+def graph_arrays(seed: int = 0, field_width: int = WIDTH) -> dict:
+    """canonicalize_hetero's arguments: papers carry features, labels and splits, fields features
+    (`field_width` wide: another width than the papers' makes types of different widths); authors and
+    institutions none (authors derive them from papers, institutions from authors)."""
     rng = np.random.default_rng(seed)
     n = COUNTS
     cites = rng.integers(0, n["paper"], (2, 90))
@@ -27,7 +28,7 @@ def graph_arrays(seed: int = 0) -> dict:
     for m, part in zip(masks, np.split(order, [20, 28])):
         m[part] = True
     features = {"paper": rng.normal(size=(n["paper"], WIDTH)).astype(np.float32),
-                "field": rng.normal(size=(n["field"], WIDTH)).astype(np.float32)}
+                "field": rng.normal(size=(n["field"], field_width)).astype(np.float32)}
     return dict(counts=dict(n), features=features, relations=relations, labels=labels,
                 splits=dict(zip(("train", "val", "test"), masks)), target="paper")
 
@@ -36,10 +37,10 @@ def _chunks(rows: int, parts: int) -> list:
     return [rows * (i + 1) // parts - rows * i // parts for i in range(parts)]
 
 
-def write_distdgl_hetero(root, per_chunk: bool = False, seed: int = 0) -> dict:
+def write_distdgl_hetero(root, per_chunk: bool = False, seed: int = 0, field_width: int = WIDTH) -> dict:
     """The graph of `graph_arrays(seed)` under root in DistDGL's layout; returns those arrays.
     `per_chunk`: counts as DGL's chunk_graph.py writes them (num_nodes_per_chunk / num_edges_per_chunk)."""
-    g = graph_arrays(seed)
+    g = graph_arrays(seed, field_width)
     (root / "edges").mkdir(parents=True)
     (root / "node_data").mkdir()
     meta = {"graph_name": "tiny-hetero", "node_type": list(g["counts"]), "edge_type": [], "edges": {},

@@ -31,7 +31,8 @@ def _digests(source, options, expected_types):
 
 
 @pytest.mark.timeout(240)
-def test_distdgl_typed_directory_any_ranks_and_its_2x2_build(base):
+@pytest.mark.parametrize("field_width", [8, 5])  # 5: types of different widths (flat features)
+def test_distdgl_typed_directory_any_ranks_and_its_2x2_build(base, field_width):
     from granndis_hpc.preprocess.build.distributed import run_build_sliced
     from granndis_hpc.preprocess.build.pipeline import BuildConfig, dataset_digest
     from granndis_hpc.preprocess.build.sliced import load_slice
@@ -39,15 +40,15 @@ def test_distdgl_typed_directory_any_ranks_and_its_2x2_build(base):
     from granndis_hpc.preprocess.verify.command import verify_shard_set
     from tests.distdgl_hetero_files import reference, write_distdgl_hetero
 
-    d = base / "distdgl"
+    d = base / f"distdgl-{field_width}"
     if WORLD.rank == 0:
-        g = write_distdgl_hetero(d)
+        g = write_distdgl_hetero(d, field_width=field_width)
     g = WORLD.bcast(g if WORLD.rank == 0 else None)
     whole = reference(g)
     assert _digests("chunked", dict(path=str(d)), whole.types) == {dataset_digest(whole)}
 
     def build():
-        out = str(base / "distdgl-2x2")
+        out = str(base / f"distdgl-{field_width}-2x2")
         part = load_slice(WORLD, sliced_source("chunked", path=str(d)))
         cfg = BuildConfig(out=out, servers=2, gpus_per_server=2, layers=2, preload="full", partitioner="parmetis",
                           seed=1, command="test")
@@ -56,6 +57,14 @@ def test_distdgl_typed_directory_any_ranks_and_its_2x2_build(base):
         assert manifest["dataset"]["types"] == whole.types.to_record()
         if WORLD.rank == 0:
             assert verify_shard_set(out) == []
+            if field_width != 8:  # each row at its own width, the rank slices the whole graph's rows
+                from granndis_hpc.shards import read_manifest, read_rank_slice
+                assert whole.types.widths == (8, 8, 5, 8)
+                manifest = read_manifest(out)
+                for s in range(2):
+                    for gpu in range(2):
+                        sl = read_rank_slice(out, manifest, s, gpu)
+                        assert (sl.features == whole.features[sl.global_id]).all()
     on_every_rank(build)
 
 

@@ -14,11 +14,11 @@ from tests.distdgl_hetero_files import graph_arrays, reference, write_distdgl_he
 FIELDS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")
 
 
-@pytest.mark.parametrize("per_chunk", [False, True])
-def test_typed_distdgl_directory_is_canonicalize_hetero_of_its_arrays(tmp_path, per_chunk):
+@pytest.mark.parametrize("per_chunk,field_width", [(False, 8), (True, 8), (False, 5)])
+def test_typed_distdgl_directory_is_canonicalize_hetero_of_its_arrays(tmp_path, per_chunk, field_width):
     from granndis_hpc.preprocess.build.pipeline import dataset_digest
 
-    g = write_distdgl_hetero(tmp_path, per_chunk)
+    g = write_distdgl_hetero(tmp_path, per_chunk, field_width=field_width)
     got, ref = load("chunked", path=str(tmp_path)), reference(g)
     assert got.types == ref.types and got.num_classes == ref.num_classes
     assert got.types.names == ("paper", "author", "field", "institution")
