@@ -14,7 +14,7 @@ from tests.unit.test_sources_bundle import graphs_equal
 pyg_data = pytest.importorskip("torch_geometric.data")
 
 
-def hetero_data(seed=0):
+def hetero_data(seed=0, paper_width=5):
     rng = np.random.default_rng(seed)
     data = pyg_data.HeteroData()
     data["author"].x = torch.tensor(rng.random((6, 5)), dtype=torch.float32)
@@ -23,7 +23,7 @@ def hetero_data(seed=0):
         mask = torch.zeros(6, dtype=torch.bool)
         mask[ids] = True
         data["author"][f"{split}_mask"] = mask
-    data["paper"].x = torch.tensor(rng.random((8, 5)), dtype=torch.float32)
+    data["paper"].x = torch.tensor(rng.random((8, paper_width)), dtype=torch.float32)
     data["term"].num_nodes = 4
     data["author", "writes", "paper"].edge_index = torch.tensor(np.stack([rng.integers(0, 6, 12),
                                                                           rng.integers(0, 8, 12)]))
@@ -33,8 +33,9 @@ def hetero_data(seed=0):
     return data
 
 
-def test_round_trip_through_the_heterogeneous_bundle(tmp_path):
-    data = hetero_data()
+@pytest.mark.parametrize("paper_width", [5, 9])  # 9: types of different widths, each kept
+def test_round_trip_through_the_heterogeneous_bundle(tmp_path, paper_width):
+    data = hetero_data(paper_width=paper_width)
     arrays = from_pyg(data)
     assert list(arrays)[:3] == ["x_author", "x_paper", "num_nodes_term"]
     assert "edge_index_author__writes__paper" in arrays and arrays["train_author"].tolist() == [0, 1, 2]
@@ -51,6 +52,9 @@ def test_round_trip_through_the_heterogeneous_bundle(tmp_path):
             graphs_equal(g, expected)
         assert set(g.types.names) == {"author", "paper", "term"} and g.types.target == "author"
         assert dict(zip(g.types.names, g.types.feature_origin))["term"] == "mean:has"
+        widths = dict(zip(g.types.names, g.types.width_of(g.num_features)))
+        assert widths == {"author": 5, "paper": paper_width, "term": paper_width}
+        assert g.types.typed_widths == (paper_width != 5)
     a = graph_arrays(data)
     assert a["target"] == "author" and a["counts"] == {"author": 6, "paper": 8, "term": 4}
 
