@@ -210,7 +210,8 @@ class InducedViews:
             kept = (code & bits) != 0
             self.views[name] = views.build_view(
                 world_rows(sl, topo.rank, bits), ctx.groups["world"], cfg.conv_layers, all_active=True,
-                resolve_keys=views.key_resolver_world(sl.global_id[:n][kept]), device=ctx.device)
+                resolve_keys=views.key_resolver_world(sl.global_id[:n][kept]), device=ctx.device,
+                static_features=ctx.static_features)
             # Positions, among the induced graph's rows, of the vertices its accuracy is measured on.
             self.rows[name] = torch.as_tensor(np.flatnonzero(measured[kept]), device=ctx.device)
             self.labels[name] = torch.as_tensor(sl.labels[:n][kept], device=ctx.device)

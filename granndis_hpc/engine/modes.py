@@ -152,7 +152,7 @@ def server_view(ctx: RunContext, num_layers: int, exact: bool) -> views.View:
     else:
         rows, resolve = views.server_rows(sl, exact_degrees=exact), views.key_resolver_server(sl.global_id.shape[0])
     return views.build_view(rows, ctx.groups["server"], num_layers, all_active=False, resolve_keys=resolve,
-                            device=ctx.device, exact=exact)
+                            device=ctx.device, exact=exact, static_features=ctx.static_features)
 
 
 @register

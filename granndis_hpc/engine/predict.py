@@ -98,7 +98,8 @@ class WorldForward:
             with collective_errors(world, "", catch=(planner.PlanError,)):
                 self.view = views.build_view(rows, self.group, self.layers, all_active=True,
                                              resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]),
-                                             device=topo.device)
+                                             device=topo.device,
+                                             static_features=not self.model.contract.input_projection)
             give_source_ids(self.model.contract, None, [self.view])  # collective: a typed model's vertex types
         except BaseException:
             self.close()

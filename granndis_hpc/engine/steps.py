@@ -77,6 +77,9 @@ class RunContext:
     # --inductive (engine/inductive.py): world_view, labels and split_rows are the train-induced graph's,
     # and the preloaded views keep only its rows and edges.
     inductive: bool = False
+    # Whether views exchange the halo's input features at set-up: not for a model that projects them
+    # first (nn/contract.py ModelContract.input_projection).
+    static_features: bool = True
 
 
 @dataclass

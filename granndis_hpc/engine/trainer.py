@@ -52,6 +52,7 @@ from granndis_hpc.nn import cpu_kernels
 from granndis_hpc.nn.contract import PassSettings
 from granndis_hpc.nn.dropout import RowDropout
 from granndis_hpc.graph.hetero import types_of
+from granndis_hpc.nn.hetero_models import projects_input
 from granndis_hpc.nn.models import build_model
 from granndis_hpc.progress import progress
 from granndis_hpc.registry import model_options
@@ -140,6 +141,11 @@ class Trainer(TrainerCheckpoints):
         # What the engine may ask of the model (nn/contract.py; checked by build_model), read here only,
         # and what this run asks of each of its passes.
         self.contract = self.model.contract
+        with collective_errors(self.world, "", catch=(ValueError,)):
+            if not self.static_features and not self.contract.input_projection:
+                raise ValueError(f"model {cfg.model!r} takes option project but its contract does not declare "
+                                 f"input_projection: declare it where the model projects its input "
+                                 f"(nn/contract.py ModelContract)")
         self.pass_settings = PassSettings(input_dropout=cfg.input_dropout, row_dtype=self.precision.row_dtype,
                                           checkpoint_activations=cfg.checkpoint_activations)
         with collective_errors(self.world, "", catch=(TrainingError,)):
@@ -195,6 +201,10 @@ class Trainer(TrainerCheckpoints):
         cfg, topo = self.cfg, self.topo
         with collective_errors(self.world, "", catch=(shards.ShardError, OSError, KeyError, ValueError)):
             sl = shards.read_rank_slice(cfg.shards, self.manifest, topo.server, topo.local_rank)
+            # A model that projects its input first (its contract's input_projection, checked once it is
+            # built) exchanges the projected rows at layer 0: the views hold no halo feature rows.
+            self.static_features = not projects_input(cfg.model, model_options(cfg.model, cfg.model_option),
+                                                      types_of(self.manifest["dataset"]))
         if cfg.verify_content:  # collective, the same refusal on every rank (shards/content.py)
             with collective_errors(self.world, "", catch=(shards.ShardError,)):
                 shards.check_job_content(self.world, sl, self.manifest, cfg.shards)
@@ -209,7 +219,8 @@ class Trainer(TrainerCheckpoints):
         with collective_errors(self.world, "", catch=(planner.PlanError,)):
             self.world_view = views.build_view(
                 world_rows, self.groups["world"], cfg.conv_layers, all_active=True,
-                resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]), device=self.device)
+                resolve_keys=views.key_resolver_world(sl.global_id[: sl.n_inner]), device=self.device,
+                static_features=self.static_features)
         n_inner = int(sl.n_inner)
         self.labels = torch.as_tensor(sl.labels[:n_inner], device=self.device)
         self.split_rows = {name: torch.as_tensor(np.flatnonzero(mask[:n_inner]), device=self.device)
@@ -222,7 +233,8 @@ class Trainer(TrainerCheckpoints):
         self.scorer = targets.Scorer(self.comm, self.world, cfg.metric, self.multilabel, self.split_totals)
         ctx = RunContext(cfg=cfg, topo=topo, comm=self.comm, device=self.device, manifest=self.manifest, slice=sl,
                          world_view=self.world_view, labels=self.labels, split_rows=self.split_rows,
-                         split_totals=self.split_totals, groups=self.groups)
+                         split_totals=self.split_totals, groups=self.groups,
+                         static_features=self.static_features)
         self.induced = None  # --inductive: the induced graphs' world views (engine/inductive.py)
         if cfg.inductive:
             with collective_errors(self.world, "", catch=(planner.PlanError,)):

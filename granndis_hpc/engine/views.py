@@ -120,7 +120,7 @@ class View:
     """A planned view bound to a transport: builds LayerGraphs and the model's `gather` function."""
 
     def __init__(self, rows: RowSource, plan: planner.Plan, group: ExchangeGroup, device: torch.device,
-                 static_phase: str = "setup"):
+                 static_phase: str = "setup", static_features: bool = True):
         self.plan, self.device, self.exchange_group, self._exchange = plan, device, group, group.exchange
         self.num_own = plan.num_own
         self.group = plan.group  # the group's name, as the plan records it
@@ -138,7 +138,9 @@ class View:
         # exchange stays one column (and is unchanged on graphs without loops).
         halo_degree = self.exchange_full(own_degree - own_loops.unsqueeze(1), phase=static_phase).squeeze(1)
         self.features = torch.as_tensor(np.ascontiguousarray(rows.features), device=device)
-        self.halo_features = self.exchange_full(self.features, phase=static_phase)
+        # static_features False: the model reads its own projection of the features at layer 0
+        # (ModelContract.input_projection), so the halo's feature rows are never read: not exchanged or held.
+        self.halo_features = self.exchange_full(self.features, phase=static_phase) if static_features else None
         # One tensor object: gather recognises it (by identity) as the static input of layer 0.
         self.input_features = self.features[: plan.layers[0].n_own_in]
 
@@ -257,6 +259,9 @@ class View:
                     raise ValueError(f"gather layer {l}: {h.shape[0]} own rows, the plan has {lp.n_own_in}")
                 return posted.pop(l).rows(h)
             if l == 0 and h is x0:
+                if self.halo_features is None:
+                    raise ValueError("gather layer 0: the view holds no halo feature rows (built for a model whose "
+                                     "contract declares input_projection), but the model gathered its features")
                 halo = self.halo_features.index_select(0, self._halo_rows[0])
             elif routes is not None:  # the per-server route (blocking or overlapped)
                 if overlapped:
@@ -400,12 +405,14 @@ class LayeredView:
 
 
 def build_view(rows: RowSource, group: ExchangeGroup, num_layers: int, all_active: bool, resolve_keys,
-               device, exact: bool = True, static_phase: str = "setup") -> View:
+               device, exact: bool = True, static_phase: str = "setup", static_features: bool = True) -> View:
     """Plan one view.  The one communication step: tell every owner which of its rows we need.
 
     group: the view's peers (cluster/exchange_group.py): its exchange moves rows between them, its count
     exchange sizes it, and the plan records its name.
     exact: rows.degree are global degrees and every computed row must have all its in-edges.
+    static_features: exchange the halo rows' input features once (False: the model projects them first,
+    ModelContract.input_projection, and exchanges the projected rows).
     """
     num_peers, alltoall_counts, exchange = group.size, group.counts, group.exchange
     # A view built once (static_phase "setup") agrees with its peers, before each exchange, that every
@@ -439,4 +446,4 @@ def build_view(rows: RowSource, group: ExchangeGroup, num_layers: int, all_activ
                                              planner.resolve_requests(asked, resolve_keys), send_counts,
                                              num_layers, all_active=all_active,
                                              complete_degree=rows.degree if exact else None, group=group.name))
-    return View(rows, plan, group, device, static_phase=static_phase)
+    return View(rows, plan, group, device, static_phase=static_phase, static_features=static_features)

@@ -358,8 +358,11 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
     tl = r.training_layers()
 
     features = 0
+    # A model that projects its input first (memory_model/hetero_stacks.py projection) holds no halo
+    # feature rows (engine/views.py static_features).
+    halo_features = 0 if getattr(est, "projects", lambda _: False)(m) else 1
     for v in r.views():
-        features += (v.n_own + v.n_halo) * r.features * F32 + (v.n_own + v.n_halo) * F32  # + degrees
+        features += (v.n_own + v.n_halo * halo_features) * r.features * F32 + (v.n_own + v.n_halo) * F32
         features += v.n_send * I64  # the full send list
     graph = 0
     for v in r.views():

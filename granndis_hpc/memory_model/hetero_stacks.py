@@ -9,8 +9,9 @@ The byte counts mirror the forward passes of nn/hetero_layers.py.  No torch here
 The per-type input projection (nn/hetero_models.py, where the set's types' widths differ or option
 ``project`` asks for it; ModelSpec's ``type_widths``): layer 0 reads the projection's width, its Linears'
 parameters count, and it saves the own rows it reads ([rows, F], the widest type's width, as the rows
-are held) and its output [rows, P].  Layer 0's halo is then exchanged every step; its bytes are those
-of any exchanged layer of that width, counted here as the static features' were.
+are held) and its output [rows, P].  Layer 0's halo is then exchanged every step (its bytes are those
+of any exchanged layer of that width, counted here as the static features' were), and no view holds
+its halo's feature rows (estimate.py).
 """
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ def projection(m) -> int:
 
 class ProjectedInput:
     """Mixin of the relational models' estimates: the per-type input projection (module docstring)."""
+
+    def projects(self, m) -> bool:
+        """Whether the model projects its input (then no view holds its halo's feature rows)."""
+        return bool(projection(m))
 
     def all_widths(self, m):
         out = super().all_widths(m)

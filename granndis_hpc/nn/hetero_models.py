@@ -131,6 +131,17 @@ def input_widths(model: str, in_features: int, hidden: int, project: int,
     return int(project or hidden), types.width_of(in_features)
 
 
+def projects_input(name: str, options: dict, types: Optional[GraphTypes]) -> bool:
+    """Whether model `name` with these constructor options projects its input on a set of these types (a
+    model that takes option ``project``: where it is > 0 or the types' widths differ), as its contract
+    will say (``input_projection``): what the engine plans its views by before it builds the model."""
+    from granndis_hpc import registry
+
+    if types is None or name not in registry.MODELS or "project" not in registry.model_options(name):
+        return False
+    return bool(int(options.get("project", 0) or 0)) or types.typed_widths
+
+
 def _check_types(model: str, types) -> TypeTables:
     if not isinstance(types, GraphTypes):
         raise ValueError(f"model {model!r} needs the graph's types (a GraphTypes), got {type(types).__name__}")

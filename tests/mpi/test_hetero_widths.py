@@ -41,6 +41,7 @@ def test_logits_equal_reference(typed, sets, model, mode, k):
     trainer = make_trainer(sets["w-2"], mode, model, LAYERS, hidden=8, model_option=OPTIONS[model], **extra)
     try:
         assert trainer.model.contract.input_projection
+        assert trainer.world_view.halo_features is None  # the features of halo rows are never exchanged
         views = view_logits(trainer)
         if WORLD.rank == 0:
             want = reference_logits(trainer.model.state_dict(), graph, rows, LAYERS, model).numpy()

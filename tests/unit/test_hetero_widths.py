@@ -140,6 +140,9 @@ def test_project_option_on_one_width_and_refusals(typed):
     same = canonicalize_hetero("same", a["counts"], feats, a["relations"], a["labels"], a["splits"], "a")
     plain = build_model("rgcn", 4, 8, 3, 2, types=same.types)
     assert len(plain.inputs) == 0 and not plain.contract.input_projection
+    from granndis_hpc.nn.hetero_models import projects_input
+    assert projects_input("rgcn", {}, graph.types) and projects_input("rgat", {"project": 3}, same.types)
+    assert not projects_input("rgcn", {"project": 0}, same.types) and not projects_input("sage", {}, graph.types)
     projected = build_model("rgcn", 4, 8, 3, 2, types=same.types, project=6)
     assert projected.convs[0].root.shape[0] == 6 and projected.inputs["a"].weight.shape == (6, 4)
 
