@@ -38,6 +38,13 @@ def projection(m) -> int:
     return project or (int(m.hidden) if len(set(widths)) > 1 else 0)
 
 
+def projection_parameters(m) -> int:
+    """The input projection's parameters: a Linear per type from its width (0 without it)."""
+    P = projection(m)
+    widths = getattr(m, "type_widths", None) or (m.features,)
+    return sum((int(w) + 1) * P for w in widths) if P else 0
+
+
 class ProjectedInput:
     """Mixin of the relational models' estimates: the per-type input projection (module docstring)."""
 
@@ -53,9 +60,7 @@ class ProjectedInput:
         return out
 
     def parameters(self, m):
-        P = projection(m)
-        widths = getattr(m, "type_widths", None) or (m.features,)
-        return super().parameters(m) + (sum((int(w) + 1) * P for w in widths) if P else 0)
+        return super().parameters(m) + projection_parameters(m)
 
     def activations(self, rows, m, mask_bytes):
         out = super().activations(rows, m, mask_bytes)

@@ -19,7 +19,7 @@ from typing import Dict, Tuple
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
-from .hetero_stacks import ProjectedInput, projection, relations
+from .hetero_stacks import ProjectedInput, projection, projection_parameters, relations
 from .zoo_stacks import EdgeEstimate
 
 _BUILT: Dict[tuple, Tuple[list, int, int]] = {}
@@ -71,7 +71,7 @@ class PyGHeteroEstimate(ProjectedInput, PyGEstimate):
 
     def parameters(self, m):
         _, total, convs = self._stack(m)
-        return total + (relations(m) - 1) * convs
+        return total + (relations(m) - 1) * convs + projection_parameters(m)
 
     def conv_saved(self, lr, m, layer, win, wout, input_grad, mask_bytes):
         R = relations(m)

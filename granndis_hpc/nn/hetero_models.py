@@ -94,7 +94,8 @@ class HeteroGNN(EdgeGNN):
         """Layer 0's own rows through their type's input Linear, each from its type's own columns."""
         ids = source_ids(graph)[: x.shape[0]]
         kind = self.tables.vertex_type(ids)
-        out = x.new_zeros((x.shape[0], self.widths[0]), dtype=torch.float32)
+        # The parameters' dtype (float32; a bf16 run's autocast output is widened back, as the runner rounds)
+        out = x.new_zeros((x.shape[0], self.widths[0]), dtype=next(iter(self.inputs.values())).weight.dtype)
         for t, linear in enumerate(self.inputs.values()):
             rows = torch.nonzero(kind == t).squeeze(1)
             out = out.index_put((rows,), linear(x.index_select(0, rows)[:, : linear.in_features]).to(out.dtype))

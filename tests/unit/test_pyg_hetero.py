@@ -148,3 +148,32 @@ def test_options_estimate_and_norm_linear_layers():
     torch.set_rng_state(state)
     spec.parameters()
     assert torch.equal(torch.get_rng_state(), state)  # the estimate draws nothing
+
+
+@pytest.mark.parametrize("factory", ["hetero_sage", "hetero_gat"])
+def test_projected_input_equals_heteroconv_of_the_projected_rows(factory):
+    """Types of different widths (zero-padded rows): each type's own columns through its Linear, then the
+    stack, equals PyG's HeteroConv of the rows projected by hand; the estimate counts its parameters."""
+    import dataclasses
+
+    from granndis_hpc import memory_model as mm
+    types, indptr, indices = random_typed_graph(2)
+    widths = (5, 3, 4)
+    types = dataclasses.replace(types, widths=widths)
+    n, rng = types.num_vertices, np.random.default_rng(2)
+    x = torch.zeros(n, max(widths), dtype=torch.float64)
+    for t, w in enumerate(widths):
+        lo, hi = types.offsets[t], types.offsets[t + 1]
+        x[lo:hi, :w] = torch.from_numpy(rng.standard_normal((hi - lo, w)))
+    model = _model(types, factory)
+    assert [model.inputs[t].in_features for t in types.names] == list(widths)
+    graph = LayerGraph.from_csr(indptr, indices, n)
+    h0 = torch.cat([x[types.offsets[t]:types.offsets[t + 1], :w] @ model.inputs[name].weight.T
+                    + model.inputs[name].bias for t, (name, w) in enumerate(zip(types.names, widths))])
+    with torch.no_grad():
+        got = model(x, [graph] * 3)
+        want = _heteroconv_logits(model, types, indptr, indices, h0)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    spec = mm.ModelSpec("pyg-hetero", max(widths), HIDDEN, CLASSES, 3, relations=types.num_relations,
+                        type_widths=widths, options=(("module", "tests.pyg_factories"), ("factory", factory)))
+    assert spec.estimator.parameters(spec) == sum(p.numel() for p in model.parameters())
