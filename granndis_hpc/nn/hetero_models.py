@@ -125,8 +125,8 @@ def input_widths(model: str, in_features: int, hidden: int, project: int,
                  types: GraphTypes) -> Tuple[int, Optional[List[int]]]:
     """(layer 0's input width, each type's feature width the projection reads; None: no projection)."""
     if project < 0:
-        raise ValueError(f"--model-option project={project}: must be >= 0 (0: --hidden where the types' "
-                         f"widths differ)")
+        raise ValueError(f"model {model!r}: --model-option project={project} must be >= 0 (0: --hidden where the "
+                         f"types' widths differ)")
     if not project and not types.typed_widths:
         return in_features, None
     return int(project or hidden), types.width_of(in_features)

@@ -88,3 +88,33 @@ def test_sampled_modes_train(sets, model, mode):
     finally:
         trainer.close()
     assert all(np.isfinite(losses)) and np.mean(losses[-3:]) < 0.9 * np.mean(losses[:3]), losses
+
+
+def test_predict_on_another_shape_gives_the_reference_logits(typed, sets):
+    """`granndis predict` of a run trained on 2x2, on the 4x1 set: the target type's logits are the
+    reference's of the saved parameters (the projection included, its halo rows exchanged)."""
+    import os
+
+    import torch
+
+    from granndis_hpc import cli
+    from granndis_hpc.engine.predict_io import read_output
+    from tests.mpi.conftest import shared_tmpdir
+
+    graph, rows = typed
+    base = shared_tmpdir("granndis-widths-predict-")
+    run, out = os.path.join(base, "run"), os.path.join(base, "pred")
+    trainer = make_trainer(sets["w-2"], "fb", "rgcn", LAYERS, hidden=8, epochs=2, eval_every=1, out=run,
+                           model_option=OPTIONS["rgcn"])
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    cli.run_predict(["--model", run, "--shards", sets["w-1"], "--out", out, "--ranks-per-server", "1", "--quiet"])
+    if WORLD.rank == 0:
+        state = torch.load(os.path.join(run, "best-model.pt"), weights_only=True)["model"]
+        want = reference_logits(state, graph, rows, LAYERS, "rgcn").numpy()
+        got, prov = read_output(out)
+        lo, hi = graph.types.id_range("a")
+        assert prov["vertex_type"] == "a"
+        np.testing.assert_allclose(got["logits"], want[lo:hi], rtol=1e-4, atol=2e-5)
