@@ -224,7 +224,7 @@ def overlapped_layers(r: RankRows, m: ModelSpec) -> Tuple[List[bool], List[bool]
     halo is in flight while its conv aggregates the own rows' edges (its view's group overlaps and the
     layer exchanges; nn/graph.PendingRows).  split[l]: layer l computes the rows layer l + 1 sends
     first (boundary-first pipelining, nn/graph.RowSplit), which it does when layer l + 1 is pending."""
-    pending = [name in m.overlap and m.estimator.exchanged(l) for l, (name, _) in enumerate(r.training_layers())]
+    pending = [name in m.overlap and m.estimator.exchanged(l, m) for l, (name, _) in enumerate(r.training_layers())]
     return pending, [l + 1 < len(pending) and pending[l + 1] for l in range(len(pending))]
 
 
@@ -275,7 +275,7 @@ def _half_width(a: Dict[str, Any], r: RankRows, m: ModelSpec) -> Dict[str, Any]:
         recomputed = m.checkpoint_activations and l >= 1  # a recomputed block saves only its input rows
         # The exchange saves its send index (int64) once per rows object (the world view's layers share one).
         index = 0
-        if not recomputed and est.exchanged(l) and id(lr) not in seen:
+        if not recomputed and est.exchanged(l, m) and id(lr) not in seen:
             seen.add(id(lr))
             index = send_rows(lr, m.halo_route) * I64
         out.append((b - index) // 2 + index)
@@ -316,7 +316,7 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, Any]) -> Dict[str, Any]:
     pending = overlapped_layers(r, m)[0]
     for l, (_, lr) in enumerate(tl):
         win, wout = widths[l]
-        exchanged = est.exchanged(l)  # else the layer reads the static halo features
+        exchanged = est.exchanged(l, m)  # else the layer reads the static halo features
         input_grad = exchanged
         halo = (lr.n_send + lr.n_halo) * win * A if exchanged else 0
         halo_max = max(halo_max, halo)
@@ -392,7 +392,7 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
     if "world" in m.overlap:
         for l, lr in enumerate(r.world.layers):
             trained_here = l >= r.k and pending[l]
-            if est.exchanged(l) and not trained_here:
+            if est.exchanged(l, m) and not trained_here:
                 count(lr, l + 1 < r.layers, False)
     graph += sum(_split_graph_bytes(lr, est.self_loops, s, t) for lr, s, t in splits.values())
     act = activation_layers(r, m, device)
@@ -448,7 +448,7 @@ def rank_halo_bytes(r: RankRows, m: ModelSpec) -> Tuple[int, int]:
     inter = intra = 0
     once = m.halo_route == "per-server"
     for l, (view, lr) in enumerate(r.training_layers()):
-        if m.estimator.exchanged(l):
+        if m.estimator.exchanged(l, m):
             crossing = 0 if view != "world" else lr.inter_once if once and lr.inter_once is not None else lr.inter_halo
             inter += 2 * crossing * widths[l][0] * m.activation_bytes
             intra += 2 * (lr.n_halo - crossing) * widths[l][0] * m.activation_bytes

@@ -9,9 +9,8 @@ The byte counts mirror the forward passes of nn/hetero_layers.py.  No torch here
 The per-type input projection (nn/hetero_models.py, where the set's types' widths differ or option
 ``project`` asks for it; ModelSpec's ``type_widths``): layer 0 reads the projection's width, its Linears'
 parameters count, and it saves the own rows it reads ([rows, F], the widest type's width, as the rows
-are held) and its output [rows, P].  Layer 0's halo is then exchanged every step (its bytes are those
-of any exchanged layer of that width, counted here as the static features' were), and no view holds
-its halo's feature rows (estimate.py).
+are held) and its output [rows, P].  Layer 0's halo is then exchanged every step, with a gradient, as
+any exchanged layer's (``exchanged``), and no view holds its halo's feature rows (estimate.py).
 """
 from __future__ import annotations
 
@@ -47,6 +46,10 @@ def projection_parameters(m) -> int:
 
 class ProjectedInput:
     """Mixin of the relational models' estimates: the per-type input projection (module docstring)."""
+
+    def exchanged(self, layer, m=None):
+        """Layer 0 reads the projected rows, exchanged every step (with a gradient), where it projects."""
+        return super().exchanged(layer, m) or bool(m is not None and projection(m))
 
     def projects(self, m) -> bool:
         """Whether the model projects its input (then no view holds its halo's feature rows)."""

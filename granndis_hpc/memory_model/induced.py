@@ -72,7 +72,7 @@ def _view_static(v, r, m) -> int:
     lr = v.layers[0]  # every layer of a world view is the same rows object (arrays.rank_rows)
     b += _graph_bytes(lr, est.self_loops, True, False)
     if "world" in m.overlap:
-        splits = {l + 1 < len(v.layers) for l in range(len(v.layers)) if est.exchanged(l)}
+        splits = {l + 1 < len(v.layers) for l in range(len(v.layers)) if est.exchanged(l, m)}
         b += sum(_split_graph_bytes(lr, est.self_loops, s, False) for s in splits)
     return int(b)
 
@@ -91,7 +91,7 @@ def forward_peak(v, r, m) -> int:
     for l, lr in enumerate(v.layers):
         win, wout = widths[l]
         out = (4 * lr.n_dst * wout + (lr.n_src * wout if win > wout else lr.n_dst * win)) * A
-        if est.exchanged(l):
+        if est.exchanged(l, m):
             held = (lr.n_own_in + lr.n_send + lr.n_halo + lr.n_src) * win * A + out
         else:
             held = (lr.n_src + lr.n_halo) * win * F32 + out

@@ -129,9 +129,10 @@ class ModelEstimate:
         """The cached adjacency holds n_dst self-loop entries (GCN)."""
         return self.conv.self_loops
 
-    def exchanged(self, layer: int) -> bool:
+    def exchanged(self, layer: int, m=None) -> bool:
         """Layer `layer`'s source rows come through the autograd exchange (False: the static halo
-        features exchanged once at set-up; then no gradient and no per-epoch halo bytes)."""
+        features exchanged once at set-up; then no gradient and no per-epoch halo bytes).  `m`: the
+        ModelSpec, where the answer depends on its options (an input projection)."""
         return True
 
     def split_saved(self, layer_rows, win: int, wout: int) -> int:
@@ -149,7 +150,7 @@ class ModelEstimate:
     def aggregation_input_grad(self, m, layer: int) -> bool:
         """Does the aggregation's input need a gradient (then the backward builds the transpose)?"""
         win, wout = self.widths(m)[layer]
-        return self.exchanged(layer) or wout < win  # projected first: lin(h_src) has a gradient
+        return self.exchanged(layer, m) or wout < win  # projected first: lin(h_src) has a gradient
 
     def widths(self, m) -> List[Tuple[int, int]]:
         raise NotImplementedError
@@ -177,7 +178,7 @@ class PlainEstimate(ModelEstimate):
     def __init__(self, conv):
         self.conv = conv
 
-    def exchanged(self, layer):
+    def exchanged(self, layer, m=None):
         return layer > 0
 
     def all_widths(self, m):
@@ -204,8 +205,8 @@ class PlainEstimate(ModelEstimate):
     def activations(self, rows, m, mask_bytes):
         per_layer, fresh, seen = [], [], set()
         for l, ((_, lr), (win, wout)) in enumerate(zip(rows.training_layers(), self.widths(m))):
-            parts = [gather_saved(lr, self.exchanged(l), seen, m.halo_route),
-                     self.conv_saved(lr, m, l, win, wout, self.exchanged(l), mask_bytes)]
+            parts = [gather_saved(lr, self.exchanged(l, m), seen, m.halo_route),
+                     self.conv_saved(lr, m, l, win, wout, self.exchanged(l, m), mask_bytes)]
             if l >= 1:
                 parts.append(between_convs_saved(lr.n_own_in, win, m.norm, m.dropout, mask_bytes))
             b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)
