@@ -118,3 +118,29 @@ def test_predict_on_another_shape_gives_the_reference_logits(typed, sets):
         lo, hi = graph.types.id_range("a")
         assert prov["vertex_type"] == "a"
         np.testing.assert_allclose(got["logits"], want[lo:hi], rtol=1e-4, atol=2e-5)
+
+
+def test_fb_halo_bytes_are_the_projected_rows_every_layer(typed, sets):
+    """fb with the projection (direct route): every layer, layer 0 included, exchanges each rank's halo rows
+    at the projection's (= hidden) width forward and their gradients backward; counted independently from
+    the graph and the ranks' inner vertices, against the ledger's halo bytes of one epoch."""
+    graph, _ = typed
+    hidden = 8
+    trainer = make_trainer(sets["w-2"], "fb", "rgcn", LAYERS, hidden=hidden, model_option=OPTIONS["rgcn"],
+                           halo_route="direct")
+    try:
+        trainer.train_epoch()
+        got = sum(trainer.ledger.bytes(c, "halo") for c in ("intra", "inter"))
+        inner = trainer.slice.global_id[: trainer.slice.n_inner]
+    finally:
+        trainer.close()
+    got, inners = WORLD.gather(got, root=0), WORLD.gather(inner, root=0)
+    if WORLD.rank == 0:
+        owner = np.empty(graph.num_vertices, dtype=np.int64)
+        for r, ids in enumerate(inners):
+            owner[ids] = r
+        dst = np.repeat(np.arange(graph.num_vertices), np.diff(graph.indptr))
+        pairs = np.unique(np.stack([graph.indices, owner[dst]], 1), axis=0)  # (source, rank that reads it)
+        halo_rows = int(np.count_nonzero(owner[pairs[:, 0]] != pairs[:, 1]))
+        # forward rows and backward gradients, at the hidden width, in each of the LAYERS layers
+        assert sum(got) == 2 * LAYERS * halo_rows * hidden * 4, (sum(got), halo_rows)
