@@ -4,7 +4,8 @@ A heterogeneous graph is one graph whose vertex types are id ranges and whose ed
 pair of its endpoints' types (graph/hetero.py GraphTypes).  A layer reads a relation per edge from the
 global ids of its rows: ``graph.source_ids`` (int64 [n_src], set by the engine for a model whose
 contract declares ``source_ids="all"``, nn/contract.py; destination rows are the first n_dst source
-rows) or, where it is None (a single process over the whole graph), source row i is vertex i.  ``relation_graphs`` splits a
+rows) or, where it is None (a single process over the whole graph), source row i is vertex i.  ``relation_graphs``
+splits a
 LayerGraph into one LayerGraph per relation (built once per graph and cached with it), so every
 relation aggregates with the machinery of nn/graph.py: own and halo parts for the overlapped halo
 exchange, row-restricted parts for boundary-first pipelining, the same on every cluster shape.
@@ -57,7 +58,8 @@ class TypeTables:
 @dataclass(eq=False)
 class RelationGraphs:
     """A LayerGraph seen per relation: ``graphs[r]`` holds only relation r's edges (same rows, n_own and
-    source_ids), ``src_type`` [n_src] the source rows' types, ``dst_type`` [n_dst] the destination rows', ``edge_relation`` [nnz] each edge's
+    source_ids), ``src_type`` [n_src] the source rows' types, ``dst_type`` [n_dst] the destination rows',
+    ``edge_relation`` [nnz] each edge's
     relation in the graph's CSR order.  ``dst_rows[r]``: the destination rows of relation r's destination
     type (sorted), and ``compact[r]`` relation r's edges over those rows only (its destination row i is
     row dst_rows[r][i]; the same sources): a relation's aggregate is held for its own type's rows, not for

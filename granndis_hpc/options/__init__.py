@@ -59,6 +59,7 @@ from .parser import (add_options, build_parser, missing_required, parse_args_wit
                      read_command, read_options)
 from .toml import load_config_file
 
-__all__ = ["ConfigError", "HelpFormatter", "Options", "add_options", "allowed_choices", "build_parser", "check_recorded",
+__all__ = ["ConfigError", "HelpFormatter", "Options", "add_options", "allowed_choices", "build_parser",
+           "check_recorded",
            "defaults", "load_config_file", "missing_required", "option", "parse_args_with_config", "parse_options",
            "read_command", "read_options", "resume_rule", "reuse", "specs", "validate"]

@@ -60,7 +60,8 @@ ENVIRONMENT: Tuple[EnvVar, ...] = (
            "write every rank's wall and CPU seconds and peak RSS per build phase as JSON to PATH "
            "(bench/bench_build_scaling.py reads it)"),
     EnvVar("GRANNDIS_PARMETIS_LIB", "PATH", "libparmetis.so on the library path",
-           "preprocess/partition/parmetis.py", "the ParMETIS shared library (--partitioner parmetis; docs/preparing-data.md)"),
+           "preprocess/partition/parmetis.py", "the ParMETIS shared library (--partitioner parmetis; "
+                                               "docs/preparing-data.md)"),
     EnvVar("GRANNDIS_SCOTCH_BAND_WIDTH", "N (>= 1)", "1", "preprocess/partition/parmetis.py",
            "the width of PT-Scotch's refinement band (3 with GRANNDIS_SCOTCH_BAND_GATHER=always: the ParMETIS "
            "compatibility layer's partition exactly)"),

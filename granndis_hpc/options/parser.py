@@ -67,7 +67,8 @@ class _DeprecatedSpelling(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if option_string in self.deprecated:
-            print(f"{parser.prog}: warning: {option_string} is deprecated and goes in {self.deprecated[option_string]}; "
+            print(f"{parser.prog}: warning: {option_string} is deprecated and goes in "
+                  f"{self.deprecated[option_string]}; "
                   f"write {self.option_strings[0]}", file=sys.stderr, flush=True)
         setattr(namespace, self.dest, values)
 

@@ -22,8 +22,10 @@ COMMANDS = [
     ("granndis preprocess build", "granndis_hpc.preprocess.options:BuildOptions", "write a shard set"),
     ("granndis preprocess plan", "granndis_hpc.preprocess.options:PlanOptions",
      "partition and expand the halos without writing; estimate memory and bytes per option"),
-    ("granndis preprocess chunk", "granndis_hpc.preprocess.options:ChunkOptions", "write a dataset in the chunked input format"),
-    ("granndis preprocess verify | info", "granndis_hpc.preprocess.options:ShardSetOptions", "check or describe a shard set"),
+    ("granndis preprocess chunk", "granndis_hpc.preprocess.options:ChunkOptions", "write a dataset in the chunked "
+                                                                                  "input format"),
+    ("granndis preprocess verify | info", "granndis_hpc.preprocess.options:ShardSetOptions", "check or describe a "
+                                                                                             "shard set"),
 ]
 
 
@@ -89,7 +91,8 @@ def render_class(cls, resume_column: bool = False, toml_sections: bool = False) 
         for spec in group:
             row = [_name(spec), _values(spec), _default(spec)]
             if resume_column:
-                row.append(_RESUME[spec.meta.get("on_resume", "keep")] + (" (as the shape allows)" if spec.meta.get("resume_shape") else ""))
+                shape = " (as the shape allows)" if spec.meta.get("resume_shape") else ""
+                row.append(_RESUME[spec.meta.get("on_resume", "keep")] + shape)
             row.append(_help(spec, cls))
             lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
         lines.append("")

@@ -110,13 +110,15 @@ class DistDGLTypedSource(TypedSource):
                     raise _bad(f, f"edge chunk has shape {_npy(f).shape}, expected [E_i, 2]", FIX)
                 self.edge_files.append((Relation(*et.split(":")), f, fmt, delim))
         # Each relation's declared count, checked against its own files (build/sliced.py).
-        self.declared_per_relation = {et: (e, [f for rel, f, _, _ in self.edge_files if rel.key == tuple(et.split(":"))])
-                                      for et, e in zip(etypes, ecounts)}
+        self.declared_per_relation = {
+            et: (e, [f for rel, f, _, _ in self.edge_files if rel.key == tuple(et.split(":"))])
+            for et, e in zip(etypes, ecounts)}
         self.num_edges = self.declared_edges = sum(ecounts)
         self.declared_in = f"{mp}: num_edges_per_type"
         data = meta.get("node_data") or {}
         if not isinstance(data, dict) or set(data) - set(types):
-            raise _bad(mp, f"node_data names types {sorted(set(data) - set(types)) if isinstance(data, dict) else data} "
+            raise _bad(mp, "node_data names types "
+                           f"{sorted(set(data) - set(types)) if isinstance(data, dict) else data} "
                        f"that are not in node_type {types}", "key node_data by the node types")
         labelled = [t for t in types if "label" in (data.get(t) or {})]
         target = target_type or (labelled[0] if len(labelled) == 1 else None)

@@ -45,7 +45,8 @@ from granndis_hpc.preprocess.sources.synthetic_local import LOCAL_DEFAULTS as _L
 # dataset source".
 SOURCES = Registry("source")
 SOURCES.declare("planetoid", "granndis_hpc.preprocess.sources.planetoid:load_planetoid", uses=("name", "root"))
-SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme", "target_type"))
+SOURCES.declare("ogb", "granndis_hpc.preprocess.sources.ogb:load_ogb", uses=("name", "root", "split_scheme",
+                                                                             "target_type"))
 SOURCES.declare("reddit", "granndis_hpc.preprocess.sources.reddit:load_reddit", uses=("name", "root"))
 SOURCES.declare("igb", "granndis_hpc.preprocess.sources.igb:load_igb", uses=("name", "root", "num_classes"),
                 sliced="granndis_hpc.preprocess.sources.igb:IgbSource")
@@ -59,8 +60,10 @@ SOURCES.declare("chunked", "granndis_hpc.preprocess.formats.chunked:load_chunked
                 sliced="granndis_hpc.preprocess.formats.chunked:open_source")
 
 # Every option load() accepts, with its default (the same defaults argparse uses).
-OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, target_type=None, num_classes=19, symmetrize=True,
-                       self_loops="remove", normalize_features="none", **_SYNTHETIC_DEFAULTS, generator="sbm", **_LOCAL_DEFAULTS)
+OPTION_DEFAULTS = dict(name=None, root=None, path=None, split_scheme=None, target_type=None, num_classes=19,
+                       symmetrize=True,
+                       self_loops="remove", normalize_features="none", **_SYNTHETIC_DEFAULTS, generator="sbm",
+                       **_LOCAL_DEFAULTS)
 
 
 def _source_names():
@@ -77,7 +80,8 @@ class SourceOptions(Options):
     """The dataset-source and canonicalisation options of every `granndis preprocess` command that reads
     a dataset (granndis_hpc/options/ derives their parser); the defaults are OPTION_DEFAULTS'."""
     source: str = option("synthetic", choices=_source_names, group=_SOURCE, help="where the graph comes from")
-    name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv, ogbn-mag; "
+    name: Optional[str] = option(None, group=_SOURCE, help="planetoid: cora|citeseer|pubmed; ogb: e.g. ogbn-arxiv, "
+                                                           "ogbn-mag; "
                                                            "igb, igbh: the size directory under --root (tiny, small, "
                                                            "medium, ...); bundle, reddit: dataset name (default: "
                                                            "file name, reddit)")
@@ -114,7 +118,8 @@ class SourceOptions(Options):
     train_frac: float = option(_d["train_frac"], group=_SYNTHETIC)
     val_frac: float = option(_d["val_frac"], group=_SYNTHETIC, help="rest is test")
     homophily: float = option(_d["homophily"], group=_SYNTHETIC, help="sbm: fraction of edge draws inside a community")
-    cell_size: float = option(_d["cell_size"], group=_SYNTHETIC, metavar="M", help="local: mean vertices per torus cell")
+    cell_size: float = option(_d["cell_size"], group=_SYNTHETIC, metavar="M",
+                              help="local: mean vertices per torus cell")
     local_scale: float = option(_d["local_scale"], group=_SYNTHETIC, metavar="SIGMA",
                                 help="local: std of an edge's cell offset per axis, in cells")
     long_range: float = option(_d["long_range"], group=_SYNTHETIC, metavar="P",

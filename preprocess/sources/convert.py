@@ -216,8 +216,9 @@ def save_bundle(path, graph=None, *, edge_index=None, adjacency=None, features=N
     # The loader's own checks, before anything is written (the canonical graph itself is not kept).
     canonicalize(os.path.basename(path), n, a["src"], a["dst"], x, y, *split_masks, num_classes=num_classes,
                  symmetrize=False, self_loops="keep", origin="save_bundle")
+    labels = y.reshape(n, -1) if y.ndim == 2 and y.shape[1] > 1 else y.reshape(n)
     out = {"edge_index": np.stack([np.asarray(a["src"], np.int64), np.asarray(a["dst"], np.int64)]),
-           "features": x.astype(np.float32, copy=False), "labels": y.reshape(n, -1) if y.ndim == 2 and y.shape[1] > 1 else y.reshape(n)}
+           "features": x.astype(np.float32, copy=False), "labels": labels}
     out.update({f"{s}_mask": np.asarray(m, dtype=bool) for s, m in zip(SPLITS, split_masks)})
     if num_classes is not None:
         out["num_classes"] = np.int64(num_classes)

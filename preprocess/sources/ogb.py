@@ -62,8 +62,9 @@ def _split_dir(base, split_scheme) -> str:
         return path
     schemes = sorted(d for d in os.listdir(split_root) if os.path.isdir(os.path.join(split_root, d)))
     if len(schemes) != 1:
+        fix = "copy split/<scheme>/ from the download" if not schemes else "pick one with --split-scheme"
         raise DataError(f"{split_root}: {'no' if not schemes else 'several'} split schemes found "
-                        f"{schemes}. Fix: {'copy split/<scheme>/ from the download' if not schemes else 'pick one with --split-scheme'}")
+                        f"{schemes}. Fix: {fix}")
     return os.path.join(split_root, schemes[0])
 
 

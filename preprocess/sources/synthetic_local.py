@@ -11,7 +11,8 @@ Model (``--generator local``).  Ids are random with respect to position, so a pa
 the structure (as with real datasets):
 
 * space: a ``side x side`` torus of cells, ``side = round(sqrt(N / cell_size))``; the cells are equal
-  blocks of a keyed random permutation of the ids (synthetic_chunks.py), so each holds N/cells vertices.  The torus has no border, so no region
+  blocks of a keyed random permutation of the ids (synthetic_chunks.py), so each holds N/cells vertices.  The torus has
+  no border, so no region
   is special and locality is the same everywhere; its nested squares are the hierarchy of communities
   (cell, block of cells, region, ...).
 * degree propensity theta exactly as the DC-SBM (Pareto, tail exponent 1.5, capped);

@@ -30,7 +30,8 @@ def _resume_help(cls, capsys, monkeypatch):
 
 def test_resume_help_names_every_option_that_may_change(capsys, monkeypatch):
     text = _resume_help(TrainConfig, capsys, monkeypatch)
-    changeable = [s for s in specs(TrainConfig) if s.meta.get("on_resume") == "may_change" and s.name not in ("resume", "out")]
+    changeable = [s for s in specs(TrainConfig) if s.meta.get("on_resume") == "may_change" and s.name not in ("resume",
+                                                                                                              "out")]
     assert "sequential_sampling" in {s.name for s in changeable}  # the hand-written list had left it out
     for s in changeable:
         assert re.search(re.escape(s.flag) + r"\b", text), (s.flag, text)
