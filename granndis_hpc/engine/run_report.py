@@ -79,7 +79,7 @@ def communication_entry(cfg, overlap_halo, gradsync, precision, wire_exact: bool
     """How training communicated (summary.json's plan): overlap, the halo route, and the halo wire dtype, which makes an
     otherwise exact mode inexact when it is narrower than float32."""
     entry = {"overlap": not cfg.no_overlap, "overlap_halos": sorted(overlap_halo), "halo_dtype": cfg.halo_dtype,
-             "halo_route": cfg.halo_route, **precision.entry()}
+             "halo_route": cfg.halo_route, "halo_payload": cfg.halo_payload, **precision.entry()}
     if gradsync is not None:  # the gradient buckets' bytes, in posting order (the first final first)
         entry["gradient_buckets_bytes"] = gradsync.bucket_bytes()
     if not wire_exact and precision.exact:

@@ -28,7 +28,7 @@ from granndis_hpc.cluster.linkcheck import measure_links
 from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options.train_groups import OVERLAP_HALOS
-from granndis_hpc.engine import hostmem, inductive, signals, targets, views
+from granndis_hpc.engine import hostmem, inductive, partial, signals, targets, views
 from granndis_hpc.rundir import checkpoint
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.cluster.hostsync import Stopwatch
@@ -163,6 +163,7 @@ class Trainer(TrainerCheckpoints):
         # The exchange groups whose halos travel while the layer computes (--overlap-halos).
         self._overlap_halo = OVERLAP_HALOS[cfg.overlap_halos] \
             if not cfg.no_overlap and self.contract.pending_rows else frozenset()
+        self._plan_payload()  # --halo-payload (collective)
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
         # Collective: graphs whose edges the model keys (attention dropout) or types (a typed model) by ids.
@@ -242,6 +243,22 @@ class Trainer(TrainerCheckpoints):
             ctx = self.induced.training_context()
         with collective_errors(self.world, "", catch=(planner.PlanError,)):
             self.mode.setup(ctx)
+
+    def _plan_payload(self) -> None:
+        """--halo-payload partial / smaller: which layers and server pairs send partial aggregates
+        (engine/partial.py; collective), or the same refusal on every rank."""
+        cfg, model = self.cfg, self.model
+        if cfg.halo_payload == "rows":
+            return
+        with collective_errors(self.world, "", catch=(TrainingError,)):
+            why = partial.problem(cfg.halo_payload, cfg.mode, cfg.no_overlap, self.contract.pending_rows,
+                                  self.groups["world"].per_server, self.precision.row_dtype, cfg.input_dropout,
+                                  list(getattr(model, "convs", ())), float(getattr(model, "attn_dropout", 0.0)))
+            if why:
+                raise TrainingError(why)
+        self.world_view.payload = partial.plan_payload(
+            self.world_view, cfg.halo_payload, list(model.convs), not getattr(model, "residual", False),
+            lambda counts: self.comm.allreduce_scalar(counts, "sum"), self.device)
 
     @property
     def train_view(self):

@@ -162,6 +162,7 @@ class View:
         self.row_ids = (None if rows.global_id is None
                         else torch.as_tensor(np.asarray(rows.global_id, dtype=np.int64), device=device))
         self._static_phase, self._source_ids = static_phase, None
+        self.payload = None  # --halo-payload: engine/partial.py PartialPayload where layers send partials
 
     @classmethod
     def assembled(cls, plan: planner.Plan, group: ExchangeGroup, device: torch.device, features: torch.Tensor,
@@ -182,6 +183,7 @@ class View:
         self.graphs = list(graphs)
         self._halo_rows = [put(lp.halo_rows) for lp in plan.layers]
         self.row_ids, self._static_phase, self._source_ids = row_ids, static_phase, source_ids
+        self.payload = None
         return self
 
     def source_ids(self) -> Optional[torch.Tensor]:
@@ -249,6 +251,7 @@ class View:
         x0 = self.input_features
         routes = None if self._routes is None else [route.bind(phase) for route in self._routes]
         posted: Dict[int, Any] = {}  # layer -> PostedHalo, posted from the layer's send rows before its other rows exist
+        payload = None if overlapped else self.payload
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
             if alone:
@@ -258,6 +261,8 @@ class View:
                 if h.shape[0] != lp.n_own_in:
                     raise ValueError(f"gather layer {l}: {h.shape[0]} own rows, the plan has {lp.n_own_in}")
                 return posted.pop(l).rows(h)
+            if payload is not None and payload.at(l):  # some peers send partial aggregates (blocking)
+                return payload.sources(l, h, exchange, wire_dtype)
             if l == 0 and h is x0:
                 if self.halo_features is None:
                     raise ValueError("gather layer 0: the view holds no halo feature rows (built for a model whose "

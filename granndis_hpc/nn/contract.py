@@ -25,7 +25,8 @@ attention dropout of the pass, and a scratch dict.
 A layer that cannot be split sets ``splits_sources = False`` and implements ``forward`` only: the
 runner waits for the halo and calls it on the whole block.  ``splits_rows``: its parts may also be
 restricted to a subset of destination rows (row-restricted sparse products: SAGE, GCN).
-``reads_dst``: ``update`` reads the destination rows; a layer whose update does not (GCN: a vertex's own
+``weighted_sum``: the aggregation is a weighted sum of the messages (its kind), which lets a server
+send partial aggregates instead of rows (engine/partial.py).  ``reads_dst``: ``update`` reads the destination rows; a layer whose update does not (GCN: a vertex's own
 row enters through the aggregation's self-loop) sets it False and gets ``h_dst = None``, so the runner
 does not copy a row split's destination rows out of the source rows for it (at layer 0 of Cora, rows
 1433 wide: the largest transient of GCN's overlapped step).
@@ -133,6 +134,17 @@ class Layer(nn.Module):
     splits_sources: ClassVar[bool] = True
     splits_rows: ClassVar[bool] = False
     reads_dst: ClassVar[bool] = True
+    # The aggregation kind of nn/graph.py ("mean", "gcn", "sum") where the layer's aggregate is that
+    # weighted sum of its messages over the in-edges (aggregate_part is ``aggregate(part, m, kind)``,
+    # combine the sum) and an unsplit call's messages are ``message_width()`` wide: a server may then
+    # send a destination row the partial sum of its own rows' contributions instead of the rows
+    # (--halo-payload, engine/partial.py).  None: the aggregation is no such sum.
+    weighted_sum: ClassVar[Optional[str]] = None
+
+    def message_width(self) -> int:
+        """The width of message() on an unsplit call (weighted-sum layers: they project first when that
+        narrows, so min(in, out))."""
+        return min(int(getattr(self, "in_features")), int(getattr(self, "out_features")))
 
     def message(self, h: torch.Tensor, call: LayerCall):
         return h

@@ -100,6 +100,7 @@ class SAGESumConv(Layer):
     """
 
     kind = "sum"
+    weighted_sum = "sum"
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -150,6 +151,7 @@ class SAGEMaxConv(SAGESumConv):
     """
 
     kind = "max"
+    weighted_sum = None  # a maximum, not a sum
 
     def message(self, h, call: LayerCall):
         return h
@@ -197,6 +199,8 @@ class GINConv(Layer):
 
     Shapes: source rows [n_src, in] (destination rows their first n_dst) -> [n_dst, out].
     """
+
+    weighted_sum = "sum"
 
     def __init__(self, in_features: int, out_features: int, eps: float = 0.0):
         super().__init__()

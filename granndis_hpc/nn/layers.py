@@ -62,6 +62,7 @@ class SAGEConv(Layer):
 
     splits_rows = True
     kind = "mean"
+    weighted_sum = "mean"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
@@ -113,6 +114,7 @@ class GCNConv(Layer):
     """
 
     splits_rows = True
+    weighted_sum = "gcn"
     reads_dst = False  # the own row is the aggregation's self-loop: update reads only the aggregate
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):

@@ -4,8 +4,9 @@
 hands the own rows to the layer's own-edge part now and the halo rows to its halo-edge part on arrival
 (nn/runner.py).  ``RowSplit`` / ``SplitRows``: a layer's destination rows in two groups, the rows
 the next exchange sends first (boundary-first pipelining).  ``HaloGather``: the engine's ``gather(l, h)``
-with, where its exchanges are posted early, ``boundary(l)`` and ``post(l, rows)``.  No MPI here: the waiting is the
-caller's.
+with, where its exchanges are posted early, ``boundary(l)`` and ``post(l, rows)``.  ``PartialSources``: a
+layer's source rows where some peers send partial aggregates instead of rows (engine/partial.py).
+No MPI here: the waiting is the caller's.
 """
 from __future__ import annotations
 
@@ -126,3 +127,23 @@ class HaloGather:
 
     def __call__(self, l: int, h: torch.Tensor):
         return self.fn(l, h)
+
+
+class PartialSources:
+    """A layer's source rows where some peers send partial aggregates instead of their rows.
+
+    ``rows`` [n_own + n_halo, d]: the own rows and the halo rows that came as rows; ``graph``: the
+    layer's LayerGraph over them (the in-edges from the other peers' rows left out, degrees unchanged);
+    ``partials(m_own, kind)``: given the messages of the own rows and the layer's aggregation kind, the
+    summed partial aggregates the other peers sent for the destination rows [n_dst, w] (it sends this
+    rank's own partials to them; autograd-connected both ways).  The layer runner adds them to the
+    aggregate of ``graph`` (nn/runner.py)."""
+
+    __slots__ = ("rows", "graph", "partials")
+
+    def __init__(self, rows: torch.Tensor, graph, partials: Callable[[torch.Tensor, str], torch.Tensor]):
+        self.rows, self.graph, self.partials = rows, graph, partials
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.rows.shape

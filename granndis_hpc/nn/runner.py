@@ -34,7 +34,7 @@ from .contract import Layer, LayerCall, PassSettings, dst_rows
 from .dropout import RowDropout
 from .edge_layers import EdgeDropout
 from .graph import GraphPart, LayerGraph
-from .rows import PendingRows, SplitRows, materialize
+from .rows import PartialSources, PendingRows, SplitRows, materialize
 
 DEFAULT_SETTINGS = PassSettings()
 
@@ -58,6 +58,8 @@ def _rounded(h, dtype):
 
 
 def _call_layer(layer: Layer, h_src, graph: LayerGraph, attention=None, split=None):
+    if isinstance(h_src, PartialSources):
+        return _call_partial(layer, h_src, attention, split)
     pending = isinstance(h_src, PendingRows)
     if pending and not layer.splits_sources:
         h_src, pending = h_src.materialize(), False  # the wait, then the whole block
@@ -94,6 +96,23 @@ def _call_layer(layer: Layer, h_src, graph: LayerGraph, attention=None, split=No
     if split is None:
         return rows_out(None)
     return SplitRows(split, rows_out(("first", split)), lambda: rows_out(("rest", split)))
+
+
+def _call_partial(layer: Layer, sources: PartialSources, attention, split):
+    """A weighted-sum layer over source rows some of whose peers sent partial aggregates: the aggregate
+    of the rows at hand plus the partials (the same weighted sum in another order of addition)."""
+    kind = layer.weighted_sum
+    if kind is None or split is not None or attention is not None:
+        raise ValueError(f"{type(layer).__name__}: partial aggregates need a layer whose aggregation is a "
+                         "weighted sum (Layer.weighted_sum), unsplit and without attention dropout; use "
+                         "--halo-payload rows")
+    graph, rows = sources.graph, sources.rows
+    call = LayerCall(graph, attention)
+    m = call.own_messages = layer.message(rows, call)
+    partials = [layer.aggregate_part(GraphPart(graph), m, call),
+                sources.partials(m if m.shape[0] == graph.n_own else m[: graph.n_own], kind)]
+    h_dst = dst_rows(rows, graph.n_dst) if layer.reads_dst else None
+    return layer.update(h_dst, layer.combine(partials, call), call)
 
 
 def pass_dropout(model, dropout: Optional[RowDropout], settings: PassSettings) -> Optional[RowDropout]:
@@ -135,6 +154,8 @@ def _gather(model, gather, layer: int, h: torch.Tensor, graph: LayerGraph):
         raise ValueError(f"{model.name} layer {layer}: {h.shape[0]} own rows but the layer graph has "
                          f"n_dst={graph.n_dst}; destination rows must be a prefix of the own rows")
     h_src = h if gather is None else gather(layer, h)
+    if isinstance(h_src, PartialSources):  # its own graph: the rows' in-edges, the partials' left out
+        graph = h_src.graph
     if h_src.shape[0] != graph.n_src:
         how = ("without gather the own rows must be all source rows" if gather is None
                else "gather must return cat(own rows, halo rows)")

@@ -33,6 +33,8 @@ LR_SCHEDULES = ("constant", "step", "cosine", "plateau")
 HALO_DTYPES = ("float32", "bfloat16", "float16")
 # --halo-route: how the world group's halo rows cross servers (engine/halo_route.py HALO_ROUTES).
 HALO_ROUTES = ("per-server", "direct")
+# --halo-payload: what the world group's halo sends between servers (engine/partial.py).
+HALO_PAYLOADS = ("rows", "partial", "smaller")
 # --precision: the dtype the layers compute in (engine/precision.py); fp32 is exact.
 PRECISIONS = ("fp32", "bf16")
 # Which halo exchanges a layer computes behind (exchange group names, cluster/exchange_group.py).
@@ -273,6 +275,13 @@ class ExchangeOptions(Options):
                                   "shares it with the others over the intra-server link (gradients summed "
                                   "there and sent back once); 'direct' sends it once to every rank that "
                                   "reads it; both are exact")
+    halo_payload: str = option("rows", choices=HALO_PAYLOADS, on_resume="may_change",
+                               help="what fb sends between servers for layers whose aggregation is a weighted "
+                                    "sum (sage, gcn, gin, sage-sum): 'rows' (default) the halo rows; 'partial' "
+                                    "for each remote destination row the sum of the sending rank's rows' "
+                                    "contributions (gradients return the same way); 'smaller' whichever of the "
+                                    "two is fewer bytes, per pair of servers and layer, from exact counts; all "
+                                    "exact; 'partial' and 'smaller' need --no-overlap and --halo-route direct")
     # Kept on resume: a checkpoint's trajectory and its summary's exactness are those of one precision.
     precision: str = option("fp32", choices=PRECISIONS,
                             help="the dtype the layers compute in: fp32, or bf16 (torch.autocast on the run's "

@@ -1,0 +1,319 @@
+"""Partial aggregates instead of halo rows (--halo-payload), for layers whose aggregation is a weighted sum.
+
+A weighted-sum layer (nn/contract.py Layer.weighted_sum: GraphSAGE mean and sum, GCN, GIN) aggregates
+agg(v) = sum_u c(u, v) m(u) over v's in-edges, m the layer's messages and c the kind's normalisation
+(1/deg v; 1/sqrt(d'_u d'_v); 1).  Instead of sending the rows u of rank a that rank b reads, a can send,
+for every destination row v of b with an in-edge from a, the partial sum of its own rows'
+contributions p_a(v) = sum_{u on a} c(u, v) m(u); b adds them into agg(v).  The backward sends the
+gradient of agg(v) back to a, which scatters it to its rows (autograd through the same products).
+The sum is the same, in another order of addition (exact, float rounding aside).
+
+Which is fewer bytes depends on the pair and the layer: rows cost (distinct rows a sends b) x the
+layer's input width, partials (distinct rows of b with an in-edge from a) x its message width
+(min(in, out)).  Per ordered pair of servers (sending server, receiving server) and layer:
+    rows     every layer sends rows (the default);
+    partial  every layer whose rows are exchanged per pass sends partials between servers (layer 0 of
+             a plain stack reads the input features, whose halo rows were exchanged once at set-up, so
+             it keeps them);
+    smaller  whichever of the two the exact counts of the whole server pair make fewer bytes (ties: rows).
+Ranks of one server always exchange rows.  Scope: fb (the world view of every layer), the world
+halo exchanged blocking (--no-overlap), the direct route for the rows and the partials
+(--halo-route direct), float32 layers, no input dropout; `problem` says what else is refused and why.
+
+Set-up (`plan_payload`, collective over the world): every rank counts, per peer, the rows it receives
+and the partial rows it would receive; an all-reduce gives every rank every pair's counts, so all
+choose alike; then each receiving rank sends each sending rank the entries of its partial rows
+(partial row, position in the rows the sender sends it, the coefficient c of every kind the model
+uses), so that the sender computes exactly the coefficients fb's receiver would have used.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from granndis_hpc.options.train_groups import HALO_PAYLOADS
+from granndis_hpc.engine.exchange import halo_exchange
+from granndis_hpc.nn.cpu_kernels import csr_matmul
+from granndis_hpc.nn.graph import LayerGraph
+from granndis_hpc.nn.rows import PartialSources
+from granndis_hpc.nn.sparse import coo_to_csr
+
+__all__ = ["HALO_PAYLOADS", "PartialPayload", "plan_payload", "problem"]
+FLOAT32 = 4
+
+
+def problem(payload: str, mode: str, no_overlap: bool, pending_rows: bool, per_server: bool,
+            row_dtype, input_dropout: float, convs, attn_dropout: float) -> Optional[str]:
+    """What refuses --halo-payload `payload` in this run (None: nothing); the message says how to fix it."""
+    if payload == "rows":
+        return None
+    fix = "or use --halo-payload rows"
+    if mode != "fb":
+        return f"--halo-payload {payload} is implemented for --mode fb only (got {mode}); {fix}"
+    if not no_overlap and pending_rows:
+        return (f"--halo-payload {payload} exchanges the world halo blocking: add --no-overlap, {fix}")
+    if per_server:
+        return (f"--halo-payload {payload} sends rows and partials directly between ranks: add --halo-route "
+                f"direct (the default per-server route relays rows), {fix}")
+    if row_dtype is not None:
+        return f"--halo-payload {payload} needs float32 layers (--precision fp32), {fix}"
+    if input_dropout > 0:
+        return f"--halo-payload {payload} does not support --input-dropout (it drops halo rows), {fix}"
+    if attn_dropout > 0:
+        return f"--halo-payload {payload} does not support attention dropout, {fix}"
+    bad = sorted({type(c).__name__ for c in convs if getattr(c, "weighted_sum", None) is None})
+    if bad or not convs:
+        return (f"--halo-payload {payload} needs layers whose aggregation is a weighted sum (sage, gcn, gin, "
+                f"sage-sum); this model's {', '.join(bad)} is not; {fix}")
+    return None
+
+
+def _peer_of(cols: np.ndarray, recv_counts: np.ndarray) -> np.ndarray:
+    """The sending peer of halo columns (numbered from 0 in the received order)."""
+    return np.searchsorted(np.cumsum(recv_counts), cols, side="right")
+
+
+def receiver_counts(lp) -> Tuple[np.ndarray, np.ndarray]:
+    """Per peer a: (rows this rank receives from a, this rank's destination rows with an in-edge from a's
+    rows): what a would send as rows and as partials, from the receiving rank's layer plan."""
+    recv = np.asarray(lp.recv_counts, dtype=np.int64)
+    rows = np.repeat(np.arange(lp.n_dst, dtype=np.int64), np.diff(lp.indptr))
+    halo = lp.indices >= lp.n_own_in
+    peer = _peer_of(lp.indices[halo] - lp.n_own_in, recv)
+    pairs = np.unique(peer * (lp.n_dst + 1) + rows[halo])
+    return recv.copy(), np.bincount(pairs // (lp.n_dst + 1), minlength=recv.size).astype(np.int64)
+
+
+def choose(payload: str, rows: np.ndarray, partials: np.ndarray, peer_server: Sequence[int],
+           in_widths: Sequence[int], message_widths: Sequence[int], static: Sequence[bool]) -> List[np.ndarray]:
+    """Per layer, [sender, receiver] bool: whether that rank pair sends partials.
+
+    rows / partials [receiver, sender]: the pair's counts (receiver_counts of every rank).  A layer
+    whose rows are not exchanged per pass (`static`) sends none.  The choice is per ordered server
+    pair: the sum over its rank pairs of rows x in width against partials x message width."""
+    server = np.asarray(peer_server, dtype=np.int64)
+    n_servers = int(server.max()) + 1
+    across = server[:, None] != server[None, :]  # [sender, receiver]
+
+    def by_servers(m):  # [receiver, sender] ranks -> [sending server, receiving server]
+        out = np.zeros((n_servers, n_servers), dtype=np.int64)
+        np.add.at(out, (server[:, None], server[None, :]), np.asarray(m, dtype=np.int64).T)
+        return out
+    rows_s, partials_s = by_servers(rows), by_servers(partials)
+    out = []
+    for w_in, w_msg, fixed in zip(in_widths, message_widths, static):
+        if payload == "rows" or fixed:
+            out.append(np.zeros_like(across))
+            continue
+        if payload == "partial":
+            out.append(across.copy())
+            continue
+        smaller = partials_s * int(w_msg) < rows_s * int(w_in)
+        out.append(across & smaller[server[:, None], server[None, :]])
+    return out
+
+
+def pair_bytes(rows: np.ndarray, partials: np.ndarray, use: np.ndarray, in_width: int, message_width: int,
+               inter: np.ndarray) -> int:
+    """Bytes one layer's forward sends over the pairs `inter` [sender, receiver] (the backward the same):
+    rows x in width where the pair sends rows, partials x message width where it sends partials."""
+    rows_t, partials_t = np.asarray(rows).T, np.asarray(partials).T  # [sender, receiver]
+    sent = np.where(use, partials_t * int(message_width), rows_t * int(in_width))
+    return int(sent[inter].sum()) * FLOAT32
+
+
+class _Product(torch.autograd.Function):
+    """a @ x for a sparse CSR a (its transpose given for the backward), float32, outside autocast."""
+
+    @staticmethod
+    def forward(ctx, x, a, a_t):
+        ctx.a_t = a_t
+        with torch.autocast(x.device.type, enabled=False):
+            return csr_matmul(a, x.contiguous())
+
+    @staticmethod
+    def backward(ctx, grad):
+        with torch.autocast(grad.device.type, enabled=False):
+            return csr_matmul(ctx.a_t, grad.contiguous()), None, None
+
+
+def _csr_pair(rows, cols, vals, shape, device):
+    """(CSR of the entries, CSR of its transpose) on `device`."""
+    r, c = torch.as_tensor(rows, device=device), torch.as_tensor(cols, device=device)
+    v = torch.as_tensor(vals, dtype=torch.float32, device=device)
+    return coo_to_csr(r, c, v, shape), coo_to_csr(c, r, v, (shape[1], shape[0]))
+
+
+class _LayerPayload:
+    """One layer's exchange with partials: the rows part (peers that send rows) and the partials part."""
+
+    def __init__(self, lp, graph: LayerGraph, send_partial: np.ndarray, recv_partial: np.ndarray,
+                 received: "_Received", sent: "_Sent", device):
+        recv = np.asarray(lp.recv_counts, dtype=np.int64)
+        send = np.asarray(lp.send_counts, dtype=np.int64)
+        n_own = lp.n_own_in
+        # The rows part: the blocks of the peers that send rows, the in-edges from the others' rows dropped.
+        keep_send = np.repeat(~send_partial, send)
+        self.send_index = torch.as_tensor(np.asarray(lp.send_index, dtype=np.int64)[keep_send], device=device)
+        self.send_counts = np.where(send_partial, 0, send).tolist()
+        self.recv_counts = np.where(recv_partial, 0, recv).tolist()
+        keep_col = np.concatenate([np.ones(n_own, dtype=bool), np.repeat(~recv_partial, recv)])
+        new_col = np.cumsum(keep_col) - 1
+        rows = np.repeat(np.arange(lp.n_dst, dtype=np.int64), np.diff(lp.indptr))
+        keep_edge = keep_col[lp.indices]
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(rows[keep_edge], minlength=lp.n_dst))])
+        keep_t = torch.as_tensor(keep_col, device=device)
+        self.graph = LayerGraph(lp.n_dst, int(keep_col.sum()), torch.as_tensor(indptr, device=device),
+                                torch.as_tensor(new_col[lp.indices[keep_edge]], device=device),
+                                graph.dst_degree, graph.src_degree[keep_t], graph.src_loops[keep_t], n_own=n_own)
+        # The partials part: what this rank sends (rows of its products) and receives, per peer.
+        self.p_send_counts = np.where(send_partial, sent.counts, 0).tolist()
+        self.p_recv_counts = np.where(recv_partial, received.counts, 0).tolist()
+        self._sent, self._send_peers, self.n_own, self.device = sent, send_partial, n_own, device
+        self.receive = received.matrix(recv_partial, lp.n_dst, device)
+        self._products: Dict[str, tuple] = {}
+
+    def product(self, kind: str):
+        if kind not in self._products:
+            self._products[kind] = self._sent.matrix(self._send_peers, kind, self.n_own, self.device)
+        return self._products[kind]
+
+
+class _Received:
+    """This rank as a receiver: per sending peer, its destination rows with an in-edge from the peer."""
+
+    def __init__(self, lp):
+        recv = np.asarray(lp.recv_counts, dtype=np.int64)
+        rows = np.repeat(np.arange(lp.n_dst, dtype=np.int64), np.diff(lp.indptr))
+        halo = lp.indices >= lp.n_own_in
+        self.rows, cols = rows[halo], lp.indices[halo] - lp.n_own_in
+        self.peer = _peer_of(cols, recv)
+        self.col_in_block = cols - np.concatenate([[0], np.cumsum(recv)[:-1]])[self.peer]
+        self.halo_edge = np.flatnonzero(halo)  # positions among the layer's edges
+        pairs, self.position = np.unique(self.peer * (lp.n_dst + 1) + self.rows, return_inverse=True)
+        self.dst_of_partial = pairs % (lp.n_dst + 1)  # grouped by peer, rows ascending
+        self.partial_peer = pairs // (lp.n_dst + 1)
+        self.counts = np.bincount(self.partial_peer, minlength=recv.size).astype(np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+
+    def matrix(self, from_peers: np.ndarray, n_dst: int, device):
+        """The scatter of the partials received from `from_peers` (in peer order) into the destination rows."""
+        chosen = from_peers[self.partial_peer]
+        dst = self.dst_of_partial[chosen]
+        return _csr_pair(dst, np.arange(dst.size), np.ones(dst.size, dtype=np.float32), (n_dst, dst.size), device)
+
+
+class _Sent:
+    """This rank as a sender: per receiving peer, the entries (partial row, own row, coefficient per kind)."""
+
+    def __init__(self, counts: np.ndarray, peer: np.ndarray, partial_row: np.ndarray, own_row: np.ndarray,
+                 values: Dict[str, np.ndarray]):
+        self.counts, self.peer, self.partial_row, self.own_row, self.values = counts, peer, partial_row, own_row, values
+
+    def matrix(self, to_peers: np.ndarray, kind: str, n_own: int, device):
+        """The products of the partials this rank sends `to_peers` (rows grouped by peer) from its messages."""
+        if kind not in self.values:
+            raise ValueError(f"partial aggregates: no coefficients of the aggregation kind {kind!r} were planned")
+        chosen = to_peers[self.peer]
+        offsets = np.concatenate([[0], np.cumsum(np.where(to_peers, self.counts, 0))[:-1]])
+        rows = offsets[self.peer[chosen]] + self.partial_row[chosen]
+        n = int(np.where(to_peers, self.counts, 0).sum())
+        return _csr_pair(rows, self.own_row[chosen], self.values[kind][chosen], (n, n_own), device)
+
+
+class PartialPayload:
+    """A view's layers with partial aggregates where the plan chose them (`plan_payload`)."""
+
+    def __init__(self, layers: List[Optional[_LayerPayload]], use: List[np.ndarray], counts: Tuple[np.ndarray, ...]):
+        self.layers, self.use = layers, use
+        self.rows, self.partials = counts  # [receiver, sender] of the layer plan every layer shares
+
+    def at(self, l: int) -> bool:
+        """Whether layer l exchanges partials (on some pair: every rank takes part in its exchanges)."""
+        return self.layers[l] is not None
+
+    def sources(self, l: int, h: torch.Tensor, exchange: Callable, wire_dtype) -> PartialSources:
+        lay = self.layers[l]
+        assert lay is not None
+        halo = halo_exchange(h, lay.send_index, lay.send_counts, lay.recv_counts, exchange, wire_dtype)
+
+        def partials(m_own: torch.Tensor, kind: str) -> torch.Tensor:
+            mine = _Product.apply(m_own, *lay.product(kind))
+            index = torch.arange(mine.shape[0], device=mine.device)
+            got = halo_exchange(mine, index, lay.p_send_counts, lay.p_recv_counts, exchange, wire_dtype)
+            return _Product.apply(got, *lay.receive)
+        return PartialSources(torch.cat([h, halo], dim=0), lay.graph, partials)
+
+
+def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Callable, device) -> Optional[PartialPayload]:
+    """Collective over the view's (world) group: the partial payload of `view` for the model's `convs`
+    (None: every layer sends rows).  static_first: layer 0 reads the input features (their halo rows
+    exchanged once at set-up).  allreduce(array): the sum over the world's ranks."""
+    group, layers = view.exchange_group, view.plan.layers
+    lp = layers[0]
+    if any(other is not lp for other in layers):
+        raise ValueError("--halo-payload: every layer must share the world view's plan (fb)")
+    P, me = group.size, group.me
+    rows_me, partials_me = receiver_counts(lp)
+    rows, partials = np.zeros((P, P), np.int64), np.zeros((P, P), np.int64)
+    rows[me], partials[me] = rows_me, partials_me
+    rows, partials = np.asarray(allreduce(rows)), np.asarray(allreduce(partials))
+    static = [l == 0 and static_first for l in range(len(convs))]
+    use = choose(payload, rows, partials, group.peer_server, [c.in_features for c in convs],
+                 [c.message_width() for c in convs], static)
+    if not any(u.any() for u in use):
+        return PartialPayload([None] * len(convs), use, (rows, partials))
+    # The entries of every pair that sends partials at some layer: receiver -> sender, once.
+    any_use = np.logical_or.reduce(use)  # [sender, receiver]
+    received = _Received(lp)
+    graph = view.graphs[0]
+    kinds = sorted({c.weighted_sum for c, u in zip(convs, use) if u.any()})
+    coo_vals = []
+    for kind in kinds:
+        _, cols, vals = graph.coo(kind)
+        n_edges = lp.indices.size  # gcn appends its self loops after the edges (never halo columns)
+        coo_vals.append(_halo_values(graph, kind, cols, vals, n_edges, lp.n_own_in)[received.halo_edge])
+    ask = any_use[received.peer, me]  # entries for senders that send this rank partials
+    order = np.argsort(received.peer[ask], kind="stable")
+    ask_peer = received.peer[ask][order]
+    meta = np.stack([received.position[ask][order] - received.offsets[ask_peer],
+                     received.col_in_block[ask][order]], axis=1)
+    vals = np.stack([v[ask][order] for v in coo_vals], axis=1).astype(np.float32)
+    entry_counts = np.bincount(ask_peer, minlength=P).astype(np.int64).tolist()
+    got_counts = group.counts(entry_counts)
+    got_meta = group.exchange(torch.as_tensor(meta.reshape(-1, 2), device=device), entry_counts, got_counts,
+                              phase="setup").cpu().numpy().reshape(-1, 2)
+    got_vals = group.exchange(torch.as_tensor(vals.reshape(-1, len(kinds)), device=device), entry_counts, got_counts,
+                              phase="setup").cpu().numpy().reshape(-1, len(kinds))
+    got_peer = np.repeat(np.arange(P), got_counts)
+    send_off = np.concatenate([[0], np.cumsum(lp.send_counts)[:-1]]).astype(np.int64)
+    own_row = np.asarray(lp.send_index, dtype=np.int64)[send_off[got_peer] + got_meta[:, 1]]
+    sent = _Sent(partials[:, me].copy(), got_peer, got_meta[:, 0], own_row,
+                 {kind: got_vals[:, i] for i, kind in enumerate(kinds)})
+    made: Dict[bytes, _LayerPayload] = {}
+    out: List[Optional[_LayerPayload]] = []
+    for u in use:
+        if not u.any():
+            out.append(None)
+            continue
+        key = u.tobytes()
+        if key not in made:
+            made[key] = _LayerPayload(lp, graph, u[me, :], u[:, me], received, sent, device)
+        out.append(made[key])
+    return PartialPayload(out, use, (rows, partials))
+
+
+def _halo_values(graph: LayerGraph, kind: str, cols, vals, n_edges: int, n_own: int) -> np.ndarray:
+    """The coefficient of every edge of the layer (CSR order) for `kind`, from the graph's normalised
+    COO (what fb's aggregation multiplies by); GCN's stored self loops (never halo edges) get 0."""
+    out = np.zeros(n_edges, dtype=np.float32)
+    cols, vals = cols.cpu().numpy(), vals.cpu().numpy()
+    if kind != "gcn" or not graph.has_loops:
+        out[:] = vals[:n_edges]
+        return out
+    rows = graph.edge_rows().cpu().numpy()
+    off_diag = graph.indices.cpu().numpy() != rows
+    out[off_diag] = vals[: int(off_diag.sum())]
+    return out

@@ -1,0 +1,122 @@
+"""Partial aggregates instead of halo rows (--halo-payload, engine/partial.py) on real Cora (mpirun -n 4).
+
+Exact: fb with partial aggregates ('partial', 'smaller') gives the logits, the accuracies and, after
+training with dropout, the parameters of fb with rows, on 2x2, 1x4 and 4x1 (float32 rounding only: the
+same weighted sums in another order), for GraphSAGE (mean), GCN, GIN (sum) and ResSAGE+ (whose layer 0
+exchanges rows every pass, so it sends partials too).  Bytes: the ledger's inter- and intra-server halo
+bytes of one epoch equal counts computed here from the graph and the partition with NumPy, for each
+payload, the per-server-pair choice of 'smaller' made here independently."""
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from tests.mpi.conftest import gather_by_global_id, make_trainer
+
+pytestmark = pytest.mark.mpi(min_size=4)
+WORLD = MPI.COMM_WORLD
+EPOCHS, HIDDEN = 2, 16
+
+
+def _run(shards, payload, rps, model="sage"):
+    """Logits before training, parameters after EPOCHS with dropout and the evaluation's accuracies."""
+    trainer = make_trainer(shards, "fb", model, 3, epochs=EPOCHS, dropout=0.5, seed=3, halo_payload=payload,
+                           ranks_per_server=rps, no_overlap=True, halo_route="direct")
+    try:
+        trainer.model.eval()
+        with torch.no_grad():
+            logits = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
+        trainer.model.train()
+        trainer.run()
+        scores = trainer.evaluate()
+        params = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+        used = [bool(u.any()) for u in trainer.world_view.payload.use] if trainer.world_view.payload else []
+        return logits, params, scores, used
+    finally:
+        trainer.close()
+
+
+# GraphSAGE on every shape with both payloads; the other kinds of weighted sum on 2x2 with partials.
+CASES = [("sage", 2, ("partial", "smaller")), ("sage", 4, ("partial",)), ("sage", 1, ("partial", "smaller")),
+         ("gcn", 2, ("partial",)), ("gin", 2, ("partial",)), ("ressage", 2, ("partial",))]
+
+
+@pytest.mark.parametrize("model,rps,payloads", CASES)
+def test_partial_aggregates_equal_rows(cora_shapes, model, rps, payloads):
+    logits_r, params_r, scores_r, _ = _run(cora_shapes[rps], "rows", rps, model)
+    for payload in payloads:
+        logits_p, params_p, scores_p, used = _run(cora_shapes[rps], payload, rps, model)
+        if WORLD.rank != 0:
+            continue
+        where = f"{model}, {payload}, {rps} ranks per server"
+        if payload == "partial":  # layers 1, 2 (and ResSAGE+'s 0) send partials, where there are servers to
+            assert used == ([model == "ressage", True, True] if rps < WORLD.size else [False] * 3), where
+        assert np.abs(logits_r - logits_p).max() < 1e-5 * max(1.0, np.abs(logits_r).max()), where
+        moved = max(params_r[k].abs().max().item() for k in params_r)
+        assert moved > 0
+        # Adam divides a float32 rounding residue of a near-zero gradient by its own small scale: 1e-4
+        # relative (a wrong edge or coefficient moves the updates by up to lr = 1e-2 a step).
+        err = max((params_r[k] - params_p[k]).abs().max().item() / max(1.0, params_r[k].abs().max().item())
+                  for k in params_r)
+        assert err < 1e-4, f"{where}: parameters differ by {err:.3e}"
+        assert scores_r == scores_p, where
+
+
+def _pair_counts(cora, owner):
+    """[reader, source] rank pairs: (distinct rows the source sends the reader, distinct rows of the
+    reader with an in-edge from the source's rows)."""
+    P = int(owner.max()) + 1
+    dst = np.repeat(np.arange(owner.size), np.diff(cora.indptr))
+    src = cora.indices.astype(np.int64)
+    reader, source = owner[dst], owner[src]
+    remote = reader != source
+    rows, partials = np.zeros((P, P), np.int64), np.zeros((P, P), np.int64)
+    for counts, vertex in ((rows, src), (partials, dst)):
+        pairs = np.unique(np.stack([reader[remote], source[remote], vertex[remote]], 1), axis=0)
+        np.add.at(counts, (pairs[:, 0], pairs[:, 1]), 1)
+    return rows, partials
+
+
+def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes):
+    measured = {}
+    for payload in ("rows", "partial", "smaller"):
+        trainer = make_trainer(cora_shapes[2], "fb", "sage", 3, hidden=HIDDEN, halo_payload=payload,
+                               no_overlap=True, halo_route="direct")
+        try:
+            trainer.train_epoch()
+            got = WORLD.allgather((trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo")))
+            owner_parts = WORLD.allgather(trainer.slice.global_id[: trainer.slice.n_inner])
+            server = np.array([trainer.topo.server_of(r) for r in range(WORLD.size)])
+        finally:
+            trainer.close()
+        measured[payload] = tuple(sum(g[i] for g in got) for i in (0, 1))
+    owner = np.empty(sum(p.size for p in owner_parts), dtype=np.int64)
+    for rank, gids in enumerate(owner_parts):
+        owner[gids] = rank
+    rows, partials = _pair_counts(cora, owner)
+    across = server[:, None] != server[None, :]  # [reader, source]
+    # Layer 0 reads the input features (their halo exchanged once at set-up); layer 1 is 16 -> 16 wide
+    # (messages 16), layer 2 16 -> 7 (messages 7); forward and backward, float32.
+    widths = [(HIDDEN, HIDDEN), (HIDDEN, 7)]
+    intra = sum(int(rows[~across].sum()) * w_in for w_in, _ in widths) * 2 * 4
+    expected = {"rows": sum(int(rows[across].sum()) * w_in for w_in, _ in widths) * 2 * 4,
+                "partial": sum(int(partials[across].sum()) * w_msg for _, w_msg in widths) * 2 * 4}
+    smaller = 0
+    for w_in, w_msg in widths:
+        for s in np.unique(server):
+            for t in np.unique(server):
+                if s == t:
+                    continue
+                pair = (server[:, None] == t) & (server[None, :] == s)  # readers on t, sources on s
+                smaller += min(int(rows[pair].sum()) * w_in, int(partials[pair].sum()) * w_msg)
+    expected["smaller"] = smaller * 2 * 4
+    for payload in measured:
+        assert measured[payload] == (expected[payload], intra), payload
+    assert expected["smaller"] <= min(expected["rows"], expected["partial"])
+
+
+def test_refused_with_overlap(cora_shapes):
+    with pytest.raises(Exception, match="--no-overlap"):
+        make_trainer(cora_shapes[2], "fb", "sage", 3, halo_payload="partial", halo_route="direct")
+    with pytest.raises(Exception, match="--halo-route direct"):
+        make_trainer(cora_shapes[2], "fb", "sage", 3, halo_payload="smaller", no_overlap=True)
