@@ -165,6 +165,7 @@ class _LayerPayload:
         keep_edge = keep_col[lp.indices]
         indptr = np.concatenate([[0], np.cumsum(np.bincount(rows[keep_edge], minlength=lp.n_dst))])
         keep_t = torch.as_tensor(keep_col, device=device)
+        assert graph.src_loops is not None  # (LayerGraph sets it)
         self.graph = LayerGraph(lp.n_dst, int(keep_col.sum()), torch.as_tensor(indptr, device=device),
                                 torch.as_tensor(new_col[lp.indices[keep_edge]], device=device),
                                 graph.dst_degree, graph.src_degree[keep_t], graph.src_loops[keep_t], n_own=n_own)

@@ -14,7 +14,7 @@ every cluster shape and a single process on the whole graph draw the same masks,
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import ClassVar, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -100,7 +100,7 @@ class SAGESumConv(Layer):
     """
 
     kind = "sum"
-    weighted_sum = "sum"
+    weighted_sum: ClassVar[Optional[str]] = "sum"
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -151,7 +151,7 @@ class SAGEMaxConv(SAGESumConv):
     """
 
     kind = "max"
-    weighted_sum = None  # a maximum, not a sum
+    weighted_sum: ClassVar[Optional[str]] = None  # a maximum, not a sum
 
     def message(self, h, call: LayerCall):
         return h
