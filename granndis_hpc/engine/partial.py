@@ -16,9 +16,11 @@ layer's input width, partials (distinct rows of b with an in-edge from a) x its 
              a plain stack reads the input features, whose halo rows were exchanged once at set-up, so
              it keeps them);
     smaller  whichever of the two the exact counts of the whole server pair make fewer bytes (ties: rows).
-Ranks of one server always exchange rows.  Scope: fb (the world view of every layer), the world
-halo exchanged blocking (--no-overlap), the direct route for the rows and the partials
-(--halo-route direct), float32 layers, no input dropout; `problem` says what else is refused and why.
+Ranks of one server always exchange rows.  On --halo-route per-server the rows still cross once per
+receiving server (a route planned for the pairs that send rows) and 'smaller' counts them so; the
+partials go directly to the rank that reads them (a partial row is of one receiving rank).  Scope: fb
+(the world view of every layer), the world halo exchanged blocking (--no-overlap), float32 layers, no
+input dropout; `problem` says what else is refused and why.
 
 Set-up (`plan_payload`, collective over the world): every rank counts, per peer, the rows it receives
 and the partial rows it would receive; an all-reduce gives every rank every pair's counts, so all
@@ -34,7 +36,8 @@ import numpy as np
 import torch
 
 from granndis_hpc.options.train_groups import HALO_PAYLOADS
-from granndis_hpc.engine.exchange import halo_exchange
+from granndis_hpc.engine.exchange import halo_exchange, routed_exchange
+from granndis_hpc.engine.halo_route import ServerRoute, plan_server_route
 from granndis_hpc.nn.cpu_kernels import csr_matmul
 from granndis_hpc.nn.graph import LayerGraph
 from granndis_hpc.nn.rows import PartialSources
@@ -44,8 +47,8 @@ __all__ = ["HALO_PAYLOADS", "PartialPayload", "plan_payload", "problem"]
 FLOAT32 = 4
 
 
-def problem(payload: str, mode: str, no_overlap: bool, pending_rows: bool, per_server: bool,
-            row_dtype, input_dropout: float, convs, attn_dropout: float) -> Optional[str]:
+def problem(payload: str, mode: str, no_overlap: bool, pending_rows: bool, row_dtype, input_dropout: float, convs,
+            attn_dropout: float) -> Optional[str]:
     """What refuses --halo-payload `payload` in this run (None: nothing); the message says how to fix it."""
     if payload == "rows":
         return None
@@ -54,9 +57,6 @@ def problem(payload: str, mode: str, no_overlap: bool, pending_rows: bool, per_s
         return f"--halo-payload {payload} is implemented for --mode fb only (got {mode}); {fix}"
     if not no_overlap and pending_rows:
         return (f"--halo-payload {payload} exchanges the world halo blocking: add --no-overlap, {fix}")
-    if per_server:
-        return (f"--halo-payload {payload} sends rows and partials directly between ranks: add --halo-route "
-                f"direct (the default per-server route relays rows), {fix}")
     if row_dtype is not None:
         return f"--halo-payload {payload} needs float32 layers (--precision fp32), {fix}"
     if input_dropout > 0:
@@ -87,12 +87,15 @@ def receiver_counts(lp) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def choose(payload: str, rows: np.ndarray, partials: np.ndarray, peer_server: Sequence[int],
-           in_widths: Sequence[int], message_widths: Sequence[int], static: Sequence[bool]) -> List[np.ndarray]:
+           in_widths: Sequence[int], message_widths: Sequence[int], static: Sequence[bool],
+           rows_once: Optional[np.ndarray] = None) -> List[np.ndarray]:
     """Per layer, [sender, receiver] bool: whether that rank pair sends partials.
 
     rows / partials [receiver, sender]: the pair's counts (receiver_counts of every rank).  A layer
     whose rows are not exchanged per pass (`static`) sends none.  The choice is per ordered server
-    pair: the sum over its rank pairs of rows x in width against partials x message width."""
+    pair: the sum over its rank pairs of rows x in width against partials x message width.  rows_once
+    [sender, receiving server] (the per-server route): the rows cross once per receiving server, so a
+    server pair's rows are the sum over its senders of those instead."""
     server = np.asarray(peer_server, dtype=np.int64)
     n_servers = int(server.max()) + 1
     across = server[:, None] != server[None, :]  # [sender, receiver]
@@ -102,6 +105,10 @@ def choose(payload: str, rows: np.ndarray, partials: np.ndarray, peer_server: Se
         np.add.at(out, (server[:, None], server[None, :]), np.asarray(m, dtype=np.int64).T)
         return out
     rows_s, partials_s = by_servers(rows), by_servers(partials)
+    if rows_once is not None:
+        rows_s = np.zeros((n_servers, n_servers), dtype=np.int64)
+        np.add.at(rows_s, server, np.asarray(rows_once, dtype=np.int64))
+        rows_s[np.arange(n_servers), np.arange(n_servers)] = 0
     out = []
     for w_in, w_msg, fixed in zip(in_widths, message_widths, static):
         if payload == "rows" or fixed:
@@ -150,7 +157,7 @@ class _LayerPayload:
     """One layer's exchange with partials: the rows part (peers that send rows) and the partials part."""
 
     def __init__(self, lp, graph: LayerGraph, send_partial: np.ndarray, recv_partial: np.ndarray,
-                 received: "_Received", sent: "_Sent", device):
+                 received: "_Received", sent: "_Sent", device, route: Optional[Callable] = None):
         recv = np.asarray(lp.recv_counts, dtype=np.int64)
         send = np.asarray(lp.send_counts, dtype=np.int64)
         n_own = lp.n_own_in
@@ -159,6 +166,9 @@ class _LayerPayload:
         self.send_index = torch.as_tensor(np.asarray(lp.send_index, dtype=np.int64)[keep_send], device=device)
         self.send_counts = np.where(send_partial, 0, send).tolist()
         self.recv_counts = np.where(recv_partial, 0, recv).tolist()
+        # On the per-server route the rows part is planned as a route of its own (collective).
+        self.route = None if route is None else route(np.asarray(lp.send_index, dtype=np.int64)[keep_send],
+                                                      self.send_counts, self.recv_counts)
         keep_col = np.concatenate([np.ones(n_own, dtype=bool), np.repeat(~recv_partial, recv)])
         new_col = np.cumsum(keep_col) - 1
         rows = np.repeat(np.arange(lp.n_dst, dtype=np.int64), np.diff(lp.indptr))
@@ -235,10 +245,14 @@ class PartialPayload:
         """Whether layer l exchanges partials (on some pair: every rank takes part in its exchanges)."""
         return self.layers[l] is not None
 
-    def sources(self, l: int, h: torch.Tensor, exchange: Callable, wire_dtype) -> PartialSources:
+    def sources(self, l: int, h: torch.Tensor, phase: str, exchange: Callable, wire_dtype) -> PartialSources:
+        """Layer l's source rows with the partials (`exchange`: the world group's, bound to `phase`)."""
         lay = self.layers[l]
         assert lay is not None
-        halo = halo_exchange(h, lay.send_index, lay.send_counts, lay.recv_counts, exchange, wire_dtype)
+        if lay.route is not None:  # the rows on the per-server route, the partials direct
+            halo = routed_exchange(h, lay.route.send_index, lay.route.bind(phase), wire_dtype)
+        else:
+            halo = halo_exchange(h, lay.send_index, lay.send_counts, lay.recv_counts, exchange, wire_dtype)
 
         def partials(m_own: torch.Tensor, kind: str) -> torch.Tensor:
             mine = _Product.apply(m_own, *lay.product(kind))
@@ -262,8 +276,16 @@ def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Calla
     rows[me], partials[me] = rows_me, partials_me
     rows, partials = np.asarray(allreduce(rows)), np.asarray(allreduce(partials))
     static = [l == 0 and static_first for l in range(len(convs))]
+    rows_once = None
+    if group.per_server:  # [sender, receiving server]: distinct rows each sender sends to each other server
+        server = np.asarray(group.peer_server, dtype=np.int64)
+        dest = server[np.repeat(np.arange(P), lp.send_counts)]
+        mine = np.zeros((P, int(server.max()) + 1), np.int64)
+        pairs = np.unique(np.stack([dest, np.asarray(lp.send_index, np.int64)], 1), axis=0).reshape(-1, 2)
+        mine[me] = np.bincount(pairs[:, 0], minlength=mine.shape[1])
+        rows_once = np.asarray(allreduce(mine))
     use = choose(payload, rows, partials, group.peer_server, [c.in_features for c in convs],
-                 [c.message_width() for c in convs], static)
+                 [c.message_width() for c in convs], static, rows_once)
     if not any(u.any() for u in use):
         return PartialPayload([None] * len(convs), use, (rows, partials))
     # The entries of every pair that sends partials at some layer: receiver -> sender, once.
@@ -301,7 +323,8 @@ def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Calla
             continue
         key = u.tobytes()
         if key not in made:
-            made[key] = _LayerPayload(lp, graph, u[me, :], u[:, me], received, sent, device)
+            made[key] = _LayerPayload(lp, graph, u[me, :], u[:, me], received, sent, device,
+                                      _route_planner(view, device) if group.per_server else None)
         out.append(made[key])
     return PartialPayload(out, use, (rows, partials))
 
@@ -318,3 +341,18 @@ def _halo_values(graph: LayerGraph, kind: str, cols, vals, n_edges: int, n_own: 
     off_diag = graph.indices.cpu().numpy() != rows
     out[off_diag] = vals[: int(off_diag.sum())]
     return out
+
+
+def _route_planner(view, device) -> Callable:
+    """plan(send_index, send_counts, recv_counts) -> the per-server ServerRoute of those rows (collective
+    over the world, engine/halo_route.py); the relays take turns by the own rows' global ids."""
+    group = view.exchange_group
+    ids = (np.arange(view.num_own, dtype=np.int64) if view.row_ids is None
+           else view.row_ids.cpu().numpy().astype(np.int64))
+
+    def plan(send_index, send_counts, recv_counts):
+        return ServerRoute(plan_server_route(send_index, send_counts, recv_counts, group.peer_server,
+                                             group.peer_local, group.me, ids, group.counts, group.exchange,
+                                             group.relay.counts, group.relay.exchange, device),
+                           device, group, group.relay)
+    return plan

@@ -252,7 +252,7 @@ class Trainer(TrainerCheckpoints):
             return
         with collective_errors(self.world, "", catch=(TrainingError,)):
             why = partial.problem(cfg.halo_payload, cfg.mode, cfg.no_overlap, self.contract.pending_rows,
-                                  self.groups["world"].per_server, self.precision.row_dtype, cfg.input_dropout,
+                                  self.precision.row_dtype, cfg.input_dropout,
                                   list(getattr(model, "convs", ())), float(getattr(model, "attn_dropout", 0.0)))
             if why:
                 raise TrainingError(why)

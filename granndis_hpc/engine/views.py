@@ -262,7 +262,7 @@ class View:
                     raise ValueError(f"gather layer {l}: {h.shape[0]} own rows, the plan has {lp.n_own_in}")
                 return posted.pop(l).rows(h)
             if payload is not None and payload.at(l):  # some peers send partial aggregates (blocking)
-                return payload.sources(l, h, exchange, wire_dtype)
+                return payload.sources(l, h, phase, exchange, wire_dtype)
             if l == 0 and h is x0:
                 if self.halo_features is None:
                     raise ValueError("gather layer 0: the view holds no halo feature rows (built for a model whose "

@@ -18,10 +18,10 @@ WORLD = MPI.COMM_WORLD
 EPOCHS, HIDDEN = 2, 16
 
 
-def _run(shards, payload, rps, model="sage"):
+def _run(shards, payload, rps, model="sage", route="direct"):
     """Logits before training, parameters after EPOCHS with dropout and the evaluation's accuracies."""
     trainer = make_trainer(shards, "fb", model, 3, epochs=EPOCHS, dropout=0.5, seed=3, halo_payload=payload,
-                           ranks_per_server=rps, no_overlap=True, halo_route="direct")
+                           ranks_per_server=rps, no_overlap=True, halo_route=route)
     try:
         trainer.model.eval()
         with torch.no_grad():
@@ -36,19 +36,21 @@ def _run(shards, payload, rps, model="sage"):
         trainer.close()
 
 
-# GraphSAGE on every shape with both payloads; the other kinds of weighted sum on 2x2 with partials.
-CASES = [("sage", 2, ("partial", "smaller")), ("sage", 4, ("partial",)), ("sage", 1, ("partial", "smaller")),
-         ("gcn", 2, ("partial",)), ("gin", 2, ("partial",)), ("ressage", 2, ("partial",))]
+# GraphSAGE on every shape with both payloads, and on 2x2 on the per-server route (rows relayed, partials
+# direct); the other kinds of weighted sum on 2x2 with partials.
+CASES = [("sage", 2, ("partial", "smaller"), "direct"), ("sage", 2, ("partial", "smaller"), "per-server"),
+         ("sage", 4, ("partial",), "direct"), ("sage", 1, ("partial", "smaller"), "direct"),
+         ("gcn", 2, ("partial",), "direct"), ("gin", 2, ("partial",), "direct"), ("ressage", 2, ("partial",), "direct")]
 
 
-@pytest.mark.parametrize("model,rps,payloads", CASES)
-def test_partial_aggregates_equal_rows(cora_shapes, model, rps, payloads):
-    logits_r, params_r, scores_r, _ = _run(cora_shapes[rps], "rows", rps, model)
+@pytest.mark.parametrize("model,rps,payloads,route", CASES)
+def test_partial_aggregates_equal_rows(cora_shapes, model, rps, payloads, route):
+    logits_r, params_r, scores_r, _ = _run(cora_shapes[rps], "rows", rps, model, route)
     for payload in payloads:
-        logits_p, params_p, scores_p, used = _run(cora_shapes[rps], payload, rps, model)
+        logits_p, params_p, scores_p, used = _run(cora_shapes[rps], payload, rps, model, route)
         if WORLD.rank != 0:
             continue
-        where = f"{model}, {payload}, {rps} ranks per server"
+        where = f"{model}, {payload}, {rps} ranks per server, {route}"
         if payload == "partial":  # layers 1, 2 (and ResSAGE+'s 0) send partials, where there are servers to
             assert used == ([model == "ressage", True, True] if rps < WORLD.size else [False] * 3), where
         assert np.abs(logits_r - logits_p).max() < 1e-5 * max(1.0, np.abs(logits_r).max()), where
@@ -62,9 +64,10 @@ def test_partial_aggregates_equal_rows(cora_shapes, model, rps, payloads):
         assert scores_r == scores_p, where
 
 
-def _pair_counts(cora, owner):
+def _pair_counts(cora, owner, server):
     """[reader, source] rank pairs: (distinct rows the source sends the reader, distinct rows of the
-    reader with an in-edge from the source's rows)."""
+    reader with an in-edge from the source's rows), and [reading server, source] the distinct rows the
+    source sends a server (the per-server route)."""
     P = int(owner.max()) + 1
     dst = np.repeat(np.arange(owner.size), np.diff(cora.indptr))
     src = cora.indices.astype(np.int64)
@@ -74,14 +77,18 @@ def _pair_counts(cora, owner):
     for counts, vertex in ((rows, src), (partials, dst)):
         pairs = np.unique(np.stack([reader[remote], source[remote], vertex[remote]], 1), axis=0)
         np.add.at(counts, (pairs[:, 0], pairs[:, 1]), 1)
-    return rows, partials
+    once = np.zeros((int(server.max()) + 1, P), np.int64)
+    pairs = np.unique(np.stack([server[reader[remote]], source[remote], src[remote]], 1), axis=0)
+    np.add.at(once, (pairs[:, 0], pairs[:, 1]), 1)
+    return rows, partials, once
 
 
-def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes):
+@pytest.mark.parametrize("route", ["direct", "per-server"])
+def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes, route):
     measured = {}
     for payload in ("rows", "partial", "smaller"):
         trainer = make_trainer(cora_shapes[2], "fb", "sage", 3, hidden=HIDDEN, halo_payload=payload,
-                               no_overlap=True, halo_route="direct")
+                               no_overlap=True, halo_route=route)
         try:
             trainer.train_epoch()
             got = WORLD.allgather((trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo")))
@@ -93,30 +100,34 @@ def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes):
     owner = np.empty(sum(p.size for p in owner_parts), dtype=np.int64)
     for rank, gids in enumerate(owner_parts):
         owner[gids] = rank
-    rows, partials = _pair_counts(cora, owner)
+    rows, partials, once = _pair_counts(cora, owner, server)
     across = server[:, None] != server[None, :]  # [reader, source]
+    # Per ordered server pair (s sends, t reads): the rows that cross (once per reading rank on the direct
+    # route, once per reading server on the per-server one) and the partial rows.
+    pairs = []
+    for s in np.unique(server):
+        for t in np.unique(server):
+            if s != t:
+                reading = (server[:, None] == t) & (server[None, :] == s)
+                crossing = once[t, server == s].sum() if route == "per-server" else rows[reading].sum()
+                pairs.append((int(crossing), int(partials[reading].sum())))
     # Layer 0 reads the input features (their halo exchanged once at set-up); layer 1 is 16 -> 16 wide
     # (messages 16), layer 2 16 -> 7 (messages 7); forward and backward, float32.
     widths = [(HIDDEN, HIDDEN), (HIDDEN, 7)]
-    intra = sum(int(rows[~across].sum()) * w_in for w_in, _ in widths) * 2 * 4
-    expected = {"rows": sum(int(rows[across].sum()) * w_in for w_in, _ in widths) * 2 * 4,
-                "partial": sum(int(partials[across].sum()) * w_msg for _, w_msg in widths) * 2 * 4}
-    smaller = 0
-    for w_in, w_msg in widths:
-        for s in np.unique(server):
-            for t in np.unique(server):
-                if s == t:
-                    continue
-                pair = (server[:, None] == t) & (server[None, :] == s)  # readers on t, sources on s
-                smaller += min(int(rows[pair].sum()) * w_in, int(partials[pair].sum()) * w_msg)
-    expected["smaller"] = smaller * 2 * 4
+    expected = {payload: 2 * 4 * sum(pick(r * w_in, p * w_msg) for w_in, w_msg in widths for r, p in pairs)
+                for payload, pick in (("rows", lambda r, p: r), ("partial", lambda r, p: p), ("smaller", min))}
     for payload in measured:
-        assert measured[payload] == (expected[payload], intra), payload
+        assert measured[payload][0] == expected[payload], payload
+    intra = sum(int(rows[~across].sum()) * w_in for w_in, _ in widths) * 2 * 4  # same-server rows
+    if route == "direct":
+        assert all(measured[payload][1] == intra for payload in measured)
+    else:  # the rows that no longer cross are forwarded inside the server; with partials only, none are
+        assert measured["partial"][1] == intra < measured["rows"][1]
     assert expected["smaller"] <= min(expected["rows"], expected["partial"])
 
 
 def test_refused_with_overlap(cora_shapes):
     with pytest.raises(Exception, match="--no-overlap"):
         make_trainer(cora_shapes[2], "fb", "sage", 3, halo_payload="partial", halo_route="direct")
-    with pytest.raises(Exception, match="--halo-route direct"):
-        make_trainer(cora_shapes[2], "fb", "sage", 3, halo_payload="smaller", no_overlap=True)
+    with pytest.raises(Exception, match="--mode fb"):
+        make_trainer(cora_shapes[2], "flx", "sage", 3, halo_payload="smaller", no_overlap=True, preloaded_layers=1)

@@ -41,10 +41,16 @@ def test_choice_per_server_pair_and_layer():
     assert use[2][0, 2] and use[2][2, 0]  # 4 x 7 < 10 x 16; 5 x 7 < 3 x 16
     inter = np.array(server)[:, None] != np.array(server)[None, :]
     assert partial.pair_bytes(rows, partials, use[1], 16, 16, inter) == (4 * 16 + 3 * 16) * 4
+    # On the per-server route server 0 sends server 1 two rows (ranks 2 and 3 read the same ones), so
+    # rows (2 x 16) beat partials (4 x 16) there.
+    once = np.zeros((4, 2), np.int64)  # [sender, receiving server]
+    once[0, 1], once[2, 0] = 2, 3
+    use = partial.choose("smaller", rows, partials, server, widths_in, widths_msg, static, once)
+    assert not use[1][0, 2] and not use[1][2, 0] and use[2][2, 0]
 
 
 def _problem(payload="partial", **kw):
-    args = dict(mode="fb", no_overlap=True, pending_rows=True, per_server=False, row_dtype=None,
+    args = dict(mode="fb", no_overlap=True, pending_rows=True, row_dtype=None,
                 input_dropout=0.0, convs=[SAGEConv(4, 4), GCNConv(4, 2), GINConv(2, 2)], attn_dropout=0.0)
     args.update(kw)
     return partial.problem(payload, **args)
@@ -52,7 +58,7 @@ def _problem(payload="partial", **kw):
 
 @pytest.mark.parametrize("change,words", [
     ({"mode": "flx"}, "--mode fb"), ({"no_overlap": False}, "--no-overlap"),
-    ({"per_server": True}, "--halo-route direct"), ({"input_dropout": 0.1}, "--input-dropout"),
+    ({"row_dtype": "bf16"}, "--precision fp32"), ({"input_dropout": 0.1}, "--input-dropout"),
     ({"convs": [SAGEConv(4, 4), SAGEMaxConv(4, 4)]}, "SAGEMaxConv"), ({"convs": []}, "weighted sum")])
 def test_refusals_say_what_and_how(change, words):
     assert _problem() is None and _problem("rows", mode="flx") is None
