@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from granndis_hpc.options.train_groups import HALO_PAYLOADS
-from granndis_hpc.engine.exchange import halo_exchange, routed_exchange
+from granndis_hpc.engine.exchange import halo_exchange, routed_exchange, send_index_tensor
 from granndis_hpc.engine.halo_route import ServerRoute, plan_server_route
 from granndis_hpc.nn.cpu_kernels import csr_matmul
 from granndis_hpc.nn.graph import LayerGraph
@@ -163,7 +163,7 @@ class _LayerPayload:
         n_own = lp.n_own_in
         # The rows part: the blocks of the peers that send rows, the in-edges from the others' rows dropped.
         keep_send = np.repeat(~send_partial, send)
-        self.send_index = torch.as_tensor(np.asarray(lp.send_index, dtype=np.int64)[keep_send], device=device)
+        self.send_index = send_index_tensor(np.asarray(lp.send_index, dtype=np.int64)[keep_send], device)
         self.send_counts = np.where(send_partial, 0, send).tolist()
         self.recv_counts = np.where(recv_partial, 0, recv).tolist()
         # On the per-server route the rows part is planned as a route of its own (collective).
@@ -182,6 +182,8 @@ class _LayerPayload:
         # The partials part: what this rank sends (rows of its products) and receives, per peer.
         self.p_send_counts = np.where(send_partial, sent.counts, 0).tolist()
         self.p_recv_counts = np.where(recv_partial, received.counts, 0).tolist()
+        # Every product row is sent once, in order (scatter rounds built on the host, as the views' are).
+        self.p_index = send_index_tensor(np.arange(sum(self.p_send_counts), dtype=np.int64), device)
         self._sent, self._send_peers, self.n_own, self.device = sent, send_partial, n_own, device
         self.receive = received.matrix(recv_partial, lp.n_dst, device)
         self._products: Dict[str, tuple] = {}
@@ -237,9 +239,11 @@ class _Sent:
 class PartialPayload:
     """A view's layers with partial aggregates where the plan chose them (`plan_payload`)."""
 
-    def __init__(self, layers: List[Optional[_LayerPayload]], use: List[np.ndarray], counts: Tuple[np.ndarray, ...]):
+    def __init__(self, layers: List[Optional[_LayerPayload]], use: List[np.ndarray], counts: Tuple[np.ndarray, ...],
+                 rows_once: Optional[np.ndarray] = None):
         self.layers, self.use = layers, use
         self.rows, self.partials = counts  # [receiver, sender] of the layer plan every layer shares
+        self.rows_once = rows_once  # [sender, receiving server] on the per-server route (None: direct)
 
     def at(self, l: int) -> bool:
         """Whether layer l exchanges partials (on some pair: every rank takes part in its exchanges)."""
@@ -256,8 +260,7 @@ class PartialPayload:
 
         def partials(m_own: torch.Tensor, kind: str) -> torch.Tensor:
             mine = _Product.apply(m_own, *lay.product(kind))
-            index = torch.arange(mine.shape[0], device=mine.device)
-            got = halo_exchange(mine, index, lay.p_send_counts, lay.p_recv_counts, exchange, wire_dtype)
+            got = halo_exchange(mine, lay.p_index, lay.p_send_counts, lay.p_recv_counts, exchange, wire_dtype)
             return _Product.apply(got, *lay.receive)
         return PartialSources(torch.cat([h, halo], dim=0), lay.graph, partials)
 
@@ -287,7 +290,7 @@ def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Calla
     use = choose(payload, rows, partials, group.peer_server, [c.in_features for c in convs],
                  [c.message_width() for c in convs], static, rows_once)
     if not any(u.any() for u in use):
-        return PartialPayload([None] * len(convs), use, (rows, partials))
+        return PartialPayload([None] * len(convs), use, (rows, partials), rows_once)
     # The entries of every pair that sends partials at some layer: receiver -> sender, once.
     any_use = np.logical_or.reduce(use)  # [sender, receiver]
     received = _Received(lp)
@@ -326,7 +329,7 @@ def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Calla
             made[key] = _LayerPayload(lp, graph, u[me, :], u[:, me], received, sent, device,
                                       _route_planner(view, device) if group.per_server else None)
         out.append(made[key])
-    return PartialPayload(out, use, (rows, partials))
+    return PartialPayload(out, use, (rows, partials), rows_once)
 
 
 def _halo_values(graph: LayerGraph, kind: str, cols, vals, n_edges: int, n_own: int) -> np.ndarray:
