@@ -32,7 +32,8 @@ LAYERS, HIDDEN = 3, 64
 SHAPES = {"2x2": (2, 2), "4x1": (4, 1)}
 ROUTES = {"2x2": ("direct", "per-server"), "4x1": ("direct",)}  # (one rank per server: the same route)
 GRAPHS = {
-    "demo (synthetic SBM, 20k)": ["--source", "synthetic", "--vertices", "20000", "--seed", "0", "--feature-noise", "5"],
+    "demo (synthetic SBM, 20k)": ["--source", "synthetic", "--vertices", "20000", "--seed", "0",
+                                  "--feature-noise", "5"],
     "products-like (local, 50k)": ["--source", "synthetic", *graph_args(50_000)],
     "Cora": ["--source", "planetoid", "--name", "cora", "--root", os.path.join(REPO, "tests", "data", "planetoid")],
 }
@@ -160,7 +161,8 @@ def page(results):
               "The ledger's inter-server halo bytes of one training epoch (forward rows or partials and their "
               "gradients, layers 1 and 2), summed over the 4 ranks, with each --halo-payload; 'counts = ledger' "
               "says whether the counts above predict every payload's ledger bytes exactly.", "",
-              "| graph | shape | vertices | edges | rows B | partial B | smaller B | smaller / rows | counts = ledger |",
+              "| graph | shape | vertices | edges | rows B | partial B | smaller B | smaller / rows "
+              "| counts = ledger |",
               "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, shapes in results.items():
         for shape, r in shapes.items():

@@ -265,9 +265,10 @@ class PartialPayload:
         return PartialSources(torch.cat([h, halo], dim=0), lay.graph, partials)
 
 
-def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Callable, device) -> Optional[PartialPayload]:
+def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Callable,
+                 device) -> PartialPayload:
     """Collective over the view's (world) group: the partial payload of `view` for the model's `convs`
-    (None: every layer sends rows).  static_first: layer 0 reads the input features (their halo rows
+    (its ``at(l)`` False at every layer where every pair sends rows).  static_first: layer 0 reads the input features (their halo rows
     exchanged once at set-up).  allreduce(array): the sum over the world's ranks."""
     group, layers = view.exchange_group, view.plan.layers
     lp = layers[0]

@@ -26,7 +26,8 @@ A layer that cannot be split sets ``splits_sources = False`` and implements ``fo
 runner waits for the halo and calls it on the whole block.  ``splits_rows``: its parts may also be
 restricted to a subset of destination rows (row-restricted sparse products: SAGE, GCN).
 ``weighted_sum``: the aggregation is a weighted sum of the messages (its kind), which lets a server
-send partial aggregates instead of rows (engine/partial.py).  ``reads_dst``: ``update`` reads the destination rows; a layer whose update does not (GCN: a vertex's own
+send partial aggregates instead of rows (engine/partial.py).
+``reads_dst``: ``update`` reads the destination rows; a layer whose update does not (GCN: a vertex's own
 row enters through the aggregation's self-loop) sets it False and gets ``h_dst = None``, so the runner
 does not copy a row split's destination rows out of the source rows for it (at layer 0 of Cora, rows
 1433 wide: the largest transient of GCN's overlapped step).
