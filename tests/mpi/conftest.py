@@ -186,6 +186,20 @@ def assert_views_close(views, want, label, tolerance=1e-5):
         assert err < tolerance, f"{label} {name}: max relative error {err:.3e}"
 
 
+def logits_then_training(trainer):
+    """(logits before training gathered by global id, parameters after trainer.run(), the evaluation's
+    scores): what the exchange tests compare between two ways of running the same model."""
+    import torch
+
+    trainer.model.eval()
+    with torch.no_grad():
+        logits = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
+    trainer.model.train()
+    trainer.run()
+    scores = trainer.evaluate()
+    return logits, {k: v.detach().clone() for k, v in trainer.model.named_parameters()}, scores
+
+
 def gather_by_global_id(trainer, values):
     """Rank 0 gets the rows of every rank's inner vertices (e.g. logits), placed by global id; None elsewhere."""
     import numpy as np

@@ -8,10 +8,9 @@ bytes of one epoch equal counts computed here from the graph and the partition w
 payload, the per-server-pair choice of 'smaller' made here independently."""
 import numpy as np
 import pytest
-import torch
 from mpi4py import MPI
 
-from tests.mpi.conftest import gather_by_global_id, make_trainer
+from tests.mpi.conftest import logits_then_training, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -23,13 +22,7 @@ def _run(shards, payload, rps, model="sage", route="direct"):
     trainer = make_trainer(shards, "fb", model, 3, epochs=EPOCHS, dropout=0.5, seed=3, halo_payload=payload,
                            ranks_per_server=rps, no_overlap=True, halo_route=route)
     try:
-        trainer.model.eval()
-        with torch.no_grad():
-            logits = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
-        trainer.model.train()
-        trainer.run()
-        scores = trainer.evaluate()
-        params = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+        logits, params, scores = logits_then_training(trainer)
         used = [bool(u.any()) for u in trainer.world_view.payload.use] if trainer.world_view.payload else []
         return logits, params, scores, used
     finally:

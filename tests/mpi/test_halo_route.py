@@ -7,10 +7,9 @@ Bytes: the ledger's inter- and intra-server halo bytes of one epoch equal counts
 partition with NumPy, and the route's inter-server bytes are below the direct route's."""
 import numpy as np
 import pytest
-import torch
 from mpi4py import MPI
 
-from tests.mpi.conftest import gather_by_global_id, make_trainer
+from tests.mpi.conftest import logits_then_training, make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -22,14 +21,7 @@ def _run(shards, route, rps, mode="fb", **extra):
     trainer = make_trainer(shards, mode, "sage", 3, epochs=EPOCHS, dropout=0.5, seed=3, halo_route=route,
                            ranks_per_server=rps, eval_every=1, **extra)
     try:
-        trainer.model.eval()
-        with torch.no_grad():
-            logits = gather_by_global_id(trainer, trainer.logits(trainer.train_view, "halo"))
-        trainer.model.train()
-        trainer.run()
-        scores = trainer.evaluate()
-        params = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-        return logits, params, scores
+        return logits_then_training(trainer)
     finally:
         trainer.close()
 
