@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from dataclasses import asdict
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -29,11 +29,11 @@ from granndis_hpc.cluster.topology import init_topology
 from granndis_hpc.options.train import TrainConfig
 from granndis_hpc.options.train_groups import OVERLAP_HALOS
 from granndis_hpc.engine import hostmem, inductive, partial, signals, targets, views
-from granndis_hpc.rundir import checkpoint
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.cluster.hostsync import Stopwatch
 from granndis_hpc.engine.layerclock import LayerClock
-from granndis_hpc.engine.model_source import init_source, load_parameters
+from granndis_hpc.engine.checkpointer import BestValidation, Checkpointer, CheckpointSettings, shape_dependence
+from granndis_hpc.engine.model_source import init_source, load_parameters, model_provenance
 from granndis_hpc.engine.source_ids import give_source_ids
 from granndis_hpc.engine.modes import make_mode
 from granndis_hpc.engine.optim import ScheduledOptimizer
@@ -43,7 +43,6 @@ from granndis_hpc.engine.preflight import (
 from granndis_hpc.engine import run_report
 from granndis_hpc.engine.startup_clock import StartupClock
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError
-from granndis_hpc.engine.trainer_checkpoints import TrainerCheckpoints
 from granndis_hpc.graph import planner
 from granndis_hpc.engine.peakmem import peak_memory_bytes, peak_reserved_bytes
 from granndis_hpc.metric_names import split_keys
@@ -57,13 +56,16 @@ from granndis_hpc.nn.models import build_model
 from granndis_hpc.progress import progress
 from granndis_hpc.registry import model_options
 from granndis_hpc.options.startup import topology_args
+from granndis_hpc.rundir.directory import RunDirectory
+from granndis_hpc.rundir.fingerprint import fingerprint
 
 log = logging.getLogger(__name__)
 
 
-class Trainer(TrainerCheckpoints):
-    """One training run on this rank (every rank builds one): set-up, epochs, evaluation and outputs;
-    checkpoints, resume and the best-validation record are engine/trainer_checkpoints.py's."""
+class Trainer:
+    """One training run on this rank (every rank builds one): set-up, epochs, evaluation and outputs.
+    With --out it owns the run directory and a Checkpointer (engine/checkpointer.py: checkpoints, stop
+    requests, resume), which it calls; the best-validation record is its BestValidation."""
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -120,9 +122,9 @@ class Trainer(TrainerCheckpoints):
         self.startup.mark("shards")
         self.multilabel = shards.is_multilabel(self.manifest)
         with collective_errors(self.world, "", catch=(TrainingError,)):  # --metric for these targets
-            self.cfg = cfg = dataclasses.replace(cfg, metric=targets.resolve_metric(
-                cfg.metric, self.multilabel, cfg.shards))
-        self.keys = split_keys(cfg.metric)  # the metric's keys in the epoch records and the best record
+            self.metric = targets.resolve_metric(cfg.metric, self.multilabel, cfg.shards)
+        self.cfg = cfg = dataclasses.replace(cfg, metric=self.metric)
+        self.keys = split_keys(self.metric)  # the metric's keys in the epoch records and the best record
         self._set_up_mode()
         self.startup.mark("views")
         torch.manual_seed(cfg.seed)  # same parameters on every rank
@@ -170,20 +172,50 @@ class Trainer(TrainerCheckpoints):
         give_source_ids(self.contract, self.train_view,
                         [self.world_view, *(self.induced.views.values() if self.induced else ())])
         self.epoch = 0
+        self.activation_bytes = 0  # the most bytes one step's autograd graph saved in this epoch
         self._write_errno = 0  # rank 0: errno of a failed metrics.jsonl append (0: none)
-        # Best-validation selection (run(): the evaluated epoch with the highest val accuracy, ties the
-        # earlier): its record, and on rank 0 a CPU copy of its parameters (best-model.pt, checkpoints).
-        self.best: Optional[Dict] = None
-        self.best_state: Optional[Dict] = None
-        self.prior_records, self.prior_elapsed_s, self.stopped_checkpoint = [], 0.0, None
-        self._saved_epoch: Optional[int] = None  # the epoch of the newest checkpoint this attempt wrote
-        self.checkpoints: Optional[checkpoint.CheckpointManager] = None  # with --out only
-        self._set_up_checkpoints()
+        # Best-validation selection (run(): the evaluated epoch with the highest validation metric, ties
+        # the earlier): its record, and on rank 0 a CPU copy of its parameters (best-model.pt, checkpoints).
+        self.best_val = BestValidation(self.keys, self.model, keep_parameters=self.topo.rank == 0)
+        # Where a resumed run continues: the metrics records and seconds of the epochs already done.
+        self.prior_records: List[Dict] = []
+        self.prior_elapsed_s = 0.0
+        self._set_up_run_dir()
         if self.device.type == "cpu":  # epochs reuse freed host memory (engine/hostmem.py)
             hostmem.keep_freed_host_memory()
         self.startup.mark("model")
 
     # ---- set-up -------------------------------------------------------------------------------
+    def _set_up_run_dir(self) -> None:
+        """Collective, with --out: claim the run directory (rundir/directory.py: its lock; a new run refused
+        where one is, unless --overwrite-run), make the checkpointer, and with --resume restore the newest
+        complete checkpoint.  (Option rules that need no files, e.g. --checkpoint-every without --out, are
+        TrainConfig.__post_init__'s.)"""
+        cfg = self.cfg
+        self.run_dir: Optional[RunDirectory] = None
+        self.checkpointer: Optional[Checkpointer] = None  # with --out only
+        if not cfg.out:
+            return
+        reads = ((cfg.init_from, "--init-from"), (cfg.shards, "--shards"))
+        # provenance: what best-model.pt records besides the parameters (the options, the dataset's digest)
+        self.run_dir = RunDirectory(self.topo, cfg.out, bool(cfg.resume), cfg.overwrite_run, reads,
+                                    provenance=model_provenance(cfg, self.manifest))
+        self.run_dir.claim()
+        # Which runs may continue this run's checkpoints (rundir/fingerprint.py).
+        fp = fingerprint(cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest,
+                         shape_dependent=self.shape_dependence())
+        self.checkpointer = Checkpointer(
+            CheckpointSettings.from_config(cfg), self.run_dir, self.topo, self.comm, self.model, self.optimizer,
+            self.mode if self.mode.stateful else None, self.device, fp, self.best_val, self.stop_signals)
+        if cfg.resume:
+            resumed = self.checkpointer.resume()
+            self.epoch, self.prior_elapsed_s, self.prior_records = resumed.epoch, resumed.elapsed_s, resumed.records
+
+    def shape_dependence(self) -> Optional[str]:
+        """Why this run's trajectory depends on S x G and the partition, or None (checkpointer.shape_dependence)."""
+        return shape_dependence(self.cfg, self.mode.shape_dependence(self.manifest), self.precision.exact,
+                                self.groups["world"].exact, self.contract.keyed)
+
     def _open_shards(self) -> Dict:
         cfg, topo = self.cfg, self.topo
         with collective_errors(self.world, "", catch=(shards.ShardError, TrainingError, OSError, KeyError,
@@ -231,7 +263,7 @@ class Trainer(TrainerCheckpoints):
         self.split_totals = dict(zip(("train", "val", "test"), self.comm.allreduce_scalar(counts, "sum")))
         with collective_errors(self.world, "", catch=(TrainingError,)):
             check_split_totals(self.split_totals, self.manifest, cfg.shards)
-        self.scorer = targets.Scorer(self.comm, self.world, cfg.metric, self.multilabel, self.split_totals)
+        self.scorer = targets.Scorer(self.comm, self.world, self.metric, self.multilabel, self.split_totals)
         ctx = RunContext(cfg=cfg, topo=topo, comm=self.comm, device=self.device, manifest=self.manifest, slice=sl,
                          world_view=self.world_view, labels=self.labels, split_rows=self.split_rows,
                          split_totals=self.split_totals, groups=self.groups,
@@ -328,7 +360,8 @@ class Trainer(TrainerCheckpoints):
         self.model.train()
         self._sync()
         start = time.perf_counter()
-        loss_sum, grad_s, sampling_s, extra, steps, host = 0.0, 0.0, 0.0, {}, 0, {}
+        loss_sum, grad_s, sampling_s, extra, steps = 0.0, 0.0, 0.0, {}, 0
+        host: Dict[str, float] = {}
         for step in self.mode.steps(self.epoch):
             loss, g = self.train_step(step)
             loss_sum, grad_s, sampling_s = loss_sum + loss, grad_s + g, sampling_s + step.sampling_s
@@ -374,7 +407,9 @@ class Trainer(TrainerCheckpoints):
         return self.scorer.scores(parts)
 
     # ---- the whole run ------------------------------------------------------------------------
-    def run(self) -> Dict:
+    def run(self) -> Optional[Dict]:
+        """Collective: train (or continue) to --epochs and return the summary (summary.json's content);
+        None when a stop request ended the run with a checkpoint (or before the first epoch)."""
         cfg, rank0 = self.cfg, self.topo.rank == 0
         # Rank 0 with --out: config.json written, metrics.jsonl open (closed by close() after an error).
         writer = self.run_dir.open(cfg) if self.run_dir else None
@@ -386,10 +421,12 @@ class Trainer(TrainerCheckpoints):
             print(self.topo.describe(), flush=True)
             if self.links is not None:
                 print(link_classes.verdict(self.links), flush=True)
-        if self._stopped_during_set_up():
-            self.run_dir.close_metrics()
+        ckpt = self.checkpointer
+        if ckpt is not None and ckpt.stopped_during_set_up(self.epoch):
+            ckpt.run_dir.close_metrics()
             return None
-        self._checkpoint_initial()
+        if ckpt is not None:
+            ckpt.save_initial(self.epoch)
         bar = progress(total=cfg.epochs, initial=self.epoch, desc=f"{cfg.mode} epochs", rank=self.topo.rank,
                        quiet=cfg.quiet, unit="epoch", enabled=True if cfg.progress else None)
         stop_early = False
@@ -406,7 +443,7 @@ class Trainer(TrainerCheckpoints):
             if last or (cfg.eval_every > 0 and self.epoch % cfg.eval_every == 0):
                 accuracy = self.evaluate()
                 rec.update({self.keys[split]: value for split, value in accuracy.items()})
-                self._track_best(rec)
+                self.best_val.observe(rec)
                 stop_early = self.optimizer.observe(rec[self.keys["val"]], self.epoch, final=last)
             rec["peak_memory_bytes"] = int(self.comm.allreduce_scalar(peak_memory_bytes(self.device), "max"))
             records.append(summary_fields(rec))  # the whole record goes to metrics.jsonl, not to memory
@@ -414,7 +451,7 @@ class Trainer(TrainerCheckpoints):
                 if writer:
                     try:
                         writer.write(rec)
-                    except OSError as exc:  # agreed after the epoch (_checkpoint_after_epoch): all stop
+                    except OSError as exc:  # agreed after the epoch (Checkpointer.after_epoch): all stop
                         self._write_errno = exc.errno or errno.EIO
                 if not cfg.quiet:
                     # ETA: the epochs left at this attempt's mean epoch so far, evaluations included.
@@ -422,15 +459,18 @@ class Trainer(TrainerCheckpoints):
                     run_report.say(epoch_line(rec, eta_s=per_epoch * (cfg.epochs - self.epoch)), bar)
             bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
             bar.update(1)
-            if self._checkpoint_after_epoch(last or stop_early, time.perf_counter() - start):
+            if ckpt is not None and ckpt.after_epoch(self.epoch, last or stop_early, time.perf_counter() - start,
+                                                     self._write_errno):
                 bar.close()
-                self.run_dir.close_metrics()
+                ckpt.run_dir.close_metrics()
                 return None  # stopped on request with a checkpoint written: not finished, no summary
             if stop_early:  # --patience: end here, with a checkpoint (best-model.pt is written below)
-                if self.run_dir and self._saved_epoch != self.epoch:  # not written after this epoch already
-                    self.save_checkpoint(time.perf_counter() - start)
+                if ckpt is not None:
+                    ckpt.save_unless_saved(self.epoch, time.perf_counter() - start)
+                best = self.best_val.record
+                assert best is not None  # this epoch was evaluated: observe() kept a record
                 if rank0 and not cfg.quiet:
-                    print(run_report.early_stop_line(cfg.patience, rec["epoch"], self.epoch, self.best), flush=True)
+                    print(run_report.early_stop_line(cfg.patience, rec["epoch"], self.epoch, best), flush=True)
                 break
         bar.close()
         if accuracy is None:  # resumed after the last epoch: evaluate the parameters it ended with
@@ -439,7 +479,7 @@ class Trainer(TrainerCheckpoints):
         summary = summarize(records, asdict(cfg), accuracy, peak,
                             {"servers": self.topo.servers, "ranks_per_server": self.topo.ranks_per_server,
                              "hosts": self.topo.hosts, "emulated": self.topo.emulated},
-                            time.perf_counter() - start, best=self.best, metric=cfg.metric)
+                            time.perf_counter() - start, best=self.best_val.record, metric=self.metric)
         summary.update(run_report.startup_entries(self.comm, self.startup, started_s))
         summary["links"] = run_report.links_entry(self.links)
         summary["plan"] = self.mode.describe(self.manifest)  # exactness, preloaded layers, auto's decision
@@ -452,10 +492,10 @@ class Trainer(TrainerCheckpoints):
         if self.device.type == "cuda":  # beside peak_memory_bytes (allocated): what the GPU held
             summary["peak_reserved_bytes"] = int(self.comm.allreduce_scalar(peak_reserved_bytes(self.device), "max"))
         if self.run_dir:
-            self.run_dir.write_best_model(self.best, self.best_state)  # collective, rank 0 writes
+            self.run_dir.write_best_model(self.best_val.record, self.best_val.state)  # collective, rank 0 writes
             self.run_dir.finish(summary)
             # GRANNDIS_EXCHANGE_TRACE (cluster/trace.py): every rank's exchange events, beside the run's files
-            trace.dump(os.path.join(cfg.out, f"exchange-trace-rank{self.topo.rank}.json"))
+            trace.dump(os.path.join(self.run_dir.path, f"exchange-trace-rank{self.topo.rank}.json"))
         return summary
 
     def communication_entry(self) -> Dict:

@@ -127,14 +127,15 @@ class RunDirectory:
     """One run's directory: claimed (locked, checked) at set-up, opened before the first epoch, written
     by rank 0, released by close().  `path` is --out (or --resume's directory, the same)."""
 
-    def __init__(self, topo, path: str, resume: bool, overwrite_run: bool, reads: Sequence = ()):
+    def __init__(self, topo, path: str, resume: bool, overwrite_run: bool, reads: Sequence = (),
+                 provenance: Optional[Dict] = None):
         self.topo, self.path = topo, os.fspath(path)
         self.resume, self.overwrite_run = bool(resume), bool(overwrite_run)
         self.reads = tuple(reads)  # (path, option) of what the job reads: never replaced
         self._lock: Optional[RunLock] = None
         self.writer: Optional[MetricsWriter] = None
-        # Written into best-model.pt: the run's options and its dataset's digest (set by the trainer).
-        self.provenance: Optional[Dict] = None
+        # Written into best-model.pt: the run's options and its dataset's digest (model_source.model_provenance).
+        self.provenance = provenance
 
     @property
     def checkpoints(self) -> str:

@@ -73,10 +73,10 @@ def test_best_validation_epoch_is_selected_kept_and_survives_resume(cora_shards,
                           **RECIPE)
     try:
         # Restored from the checkpoint before any epoch runs: the best epoch up to STOP, parameters too.
-        assert second.best["epoch"] == at_stop["epoch"] < STOP
+        assert second.best_val.record["epoch"] == at_stop["epoch"] < STOP
         if WORLD.rank == 0:
             for key, value in at_stop["model"].items():
-                assert torch.equal(second.best_state[key], value), key
+                assert torch.equal(second.best_val.state[key], value), key
         summary2 = second.run()
     finally:
         second.close()

@@ -68,7 +68,7 @@ def _stop_on_rank_3_then_resume(shards, run_b, mode, **options):
         trainer.train_epoch = signalled_epoch
     result, _ = _run_to_end(trainer)
     assert result is None and trainer.epoch == 3  # every rank stopped after the same epoch
-    assert trainer.stopped_checkpoint == cf.epoch_dir(run_b, 3)
+    assert trainer.checkpointer.stopped_checkpoint == cf.epoch_dir(run_b, 3)
     assert cf.latest_complete(run_b).epoch == 3
 
     resumed = make_trainer(shards, mode, epochs=EPOCHS, out=run_b, resume=run_b, **options)
