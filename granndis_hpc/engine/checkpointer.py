@@ -93,6 +93,21 @@ def shape_dependence(cfg: TrainConfig, mode_reason: Optional[str], precision_exa
     return reason
 
 
+def open_run_directory(path: str, cfg: TrainConfig, topo: Topology, provenance: Dict[str, Any]) -> RunDirectory:
+    """Collective: claim `path`, --out (rundir/directory.py: its lock; a new run refused where one is, unless
+    --overwrite-run; the files the job reads never replaced).  `provenance`: what best-model.pt records
+    beside the parameters (model_source.model_provenance).  A refusal releases the directory and raises.
+    (Option rules that need no files, e.g. --checkpoint-every without --out, are TrainConfig's.)"""
+    reads = ((cfg.init_from, "--init-from"), (cfg.shards, "--shards"))
+    run_dir = RunDirectory(topo, path, bool(cfg.resume), cfg.overwrite_run, reads, provenance=provenance)
+    try:
+        run_dir.claim()
+    except BaseException:
+        run_dir.close()
+        raise
+    return run_dir
+
+
 @dataclass(frozen=True)
 class CheckpointSettings:
     """The options the checkpointer reads."""

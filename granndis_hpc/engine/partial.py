@@ -35,9 +35,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.options.train_groups import HALO_PAYLOADS
 from granndis_hpc.engine.exchange import halo_exchange, routed_exchange, send_index_tensor
 from granndis_hpc.engine.halo_route import ServerRoute, plan_server_route
+from granndis_hpc.engine.steps import TrainingError
 from granndis_hpc.nn.cpu_kernels import csr_matmul
 from granndis_hpc.nn.graph import LayerGraph
 from granndis_hpc.nn.rows import PartialSources
@@ -263,6 +265,20 @@ class PartialPayload:
             got = halo_exchange(mine, lay.p_index, lay.p_send_counts, lay.p_recv_counts, exchange, wire_dtype)
             return _Product.apply(got, *lay.receive)
         return PartialSources(torch.cat([h, halo], dim=0), lay.graph, partials)
+
+
+def payload_of_run(cfg, view, model, pending_rows: bool, row_dtype, comm) -> Optional[PartialPayload]:
+    """Collective: --halo-payload partial / smaller for the world `view` of `model` (None for rows), or the
+    same refusal (problem) on every rank."""
+    if cfg.halo_payload == "rows":
+        return None
+    with collective_errors(comm.topo.world, "", catch=(TrainingError,)):
+        why = problem(cfg.halo_payload, cfg.mode, cfg.no_overlap, pending_rows, row_dtype, cfg.input_dropout,
+                      list(getattr(model, "convs", ())), float(getattr(model, "attn_dropout", 0.0)))
+        if why:
+            raise TrainingError(why)
+    return plan_payload(view, cfg.halo_payload, list(model.convs), not getattr(model, "residual", False),
+                        lambda counts: comm.allreduce_scalar(counts, "sum"), view.device)
 
 
 def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Callable,

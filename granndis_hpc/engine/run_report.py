@@ -26,6 +26,15 @@ def banner(cfg, mode, manifest: Dict, topo) -> str:
             f"{topo.device.type} | {cfg.epochs} epochs")
 
 
+def header(cfg, mode, manifest: Dict, topo, links: Optional[Dict]) -> str:
+    """Rank 0's first lines: the banner, the job's layout (which host each server is) and, when the links
+    were measured, their verdict."""
+    lines = [banner(cfg, mode, manifest, topo), topo.describe()]
+    if links is not None:
+        lines.append(link_classes.verdict(links))
+    return "\n".join(lines)
+
+
 def _types_phrase(dataset: Dict) -> str:
     """A heterogeneous dataset's types in the banner: " (3 vertex types, 4 relations; target author)"."""
     types = dataset.get("types")

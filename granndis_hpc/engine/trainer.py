@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from granndis_hpc import link_classes, shards
+from granndis_hpc import shards
 from granndis_hpc.cluster import trace
 from granndis_hpc.cluster.comm import Communicator
 from granndis_hpc.cluster.errors import collective_errors
@@ -32,7 +32,8 @@ from granndis_hpc.engine import hostmem, inductive, partial, signals, targets, v
 from granndis_hpc.engine.epoch import SavedBytes, epoch_record
 from granndis_hpc.cluster.hostsync import Stopwatch
 from granndis_hpc.engine.layerclock import LayerClock
-from granndis_hpc.engine.checkpointer import BestValidation, Checkpointer, CheckpointSettings, shape_dependence
+from granndis_hpc.engine.checkpointer import (
+    BestValidation, Checkpointer, CheckpointSettings, open_run_directory, shape_dependence)
 from granndis_hpc.engine.model_source import init_source, load_parameters, model_provenance
 from granndis_hpc.engine.source_ids import give_source_ids
 from granndis_hpc.engine.modes import make_mode
@@ -165,7 +166,9 @@ class Trainer:
         # The exchange groups whose halos travel while the layer computes (--overlap-halos).
         self._overlap_halo = OVERLAP_HALOS[cfg.overlap_halos] \
             if not cfg.no_overlap and self.contract.pending_rows else frozenset()
-        self._plan_payload()  # --halo-payload (collective)
+        # --halo-payload partial / smaller: which layers and server pairs send partial aggregates (collective).
+        self.world_view.payload = partial.payload_of_run(cfg, self.world_view, self.model, self.contract.pending_rows,
+                                                         self.precision.row_dtype, self.comm)
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
         # Collective: graphs whose edges the model keys (attention dropout) or types (a typed model) by ids.
@@ -174,43 +177,28 @@ class Trainer:
         self.epoch = 0
         self.activation_bytes = 0  # the most bytes one step's autograd graph saved in this epoch
         self._write_errno = 0  # rank 0: errno of a failed metrics.jsonl append (0: none)
-        # Best-validation selection (run(): the evaluated epoch with the highest validation metric, ties
-        # the earlier): its record, and on rank 0 a CPU copy of its parameters (best-model.pt, checkpoints).
+        # The best-validation record (on rank 0 with a CPU copy of its parameters: best-model.pt, checkpoints).
         self.best_val = BestValidation(self.keys, self.model, keep_parameters=self.topo.rank == 0)
-        # Where a resumed run continues: the metrics records and seconds of the epochs already done.
-        self.prior_records: List[Dict] = []
+        self.prior_records: List[Dict] = []  # a resumed run's earlier epochs: their records and seconds
         self.prior_elapsed_s = 0.0
-        self._set_up_run_dir()
+        # --out: the run directory (claimed: locked, a new run refused where one is) and its checkpointer.
+        self.run_dir: Optional[RunDirectory] = None
+        self.checkpointer: Optional[Checkpointer] = None
+        if cfg.out:
+            self.run_dir = open_run_directory(cfg.out, cfg, self.topo, model_provenance(cfg, self.manifest))
+            fp = fingerprint(cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest,
+                             shape_dependent=self.shape_dependence())  # which runs may continue its checkpoints
+            self.checkpointer = Checkpointer(
+                CheckpointSettings.from_config(cfg), self.run_dir, self.topo, self.comm, self.model, self.optimizer,
+                self.mode if self.mode.stateful else None, self.device, fp, self.best_val, self.stop_signals)
+        if self.checkpointer is not None and cfg.resume:  # the newest complete checkpoint, restored
+            resumed = self.checkpointer.resume()
+            self.epoch, self.prior_elapsed_s, self.prior_records = resumed.epoch, resumed.elapsed_s, resumed.records
         if self.device.type == "cpu":  # epochs reuse freed host memory (engine/hostmem.py)
             hostmem.keep_freed_host_memory()
         self.startup.mark("model")
 
     # ---- set-up -------------------------------------------------------------------------------
-    def _set_up_run_dir(self) -> None:
-        """Collective, with --out: claim the run directory (rundir/directory.py: its lock; a new run refused
-        where one is, unless --overwrite-run), make the checkpointer, and with --resume restore the newest
-        complete checkpoint.  (Option rules that need no files, e.g. --checkpoint-every without --out, are
-        TrainConfig.__post_init__'s.)"""
-        cfg = self.cfg
-        self.run_dir: Optional[RunDirectory] = None
-        self.checkpointer: Optional[Checkpointer] = None  # with --out only
-        if not cfg.out:
-            return
-        reads = ((cfg.init_from, "--init-from"), (cfg.shards, "--shards"))
-        # provenance: what best-model.pt records besides the parameters (the options, the dataset's digest)
-        self.run_dir = RunDirectory(self.topo, cfg.out, bool(cfg.resume), cfg.overwrite_run, reads,
-                                    provenance=model_provenance(cfg, self.manifest))
-        self.run_dir.claim()
-        # Which runs may continue this run's checkpoints (rundir/fingerprint.py).
-        fp = fingerprint(cfg, self.topo.servers, self.topo.ranks_per_server, self.manifest,
-                         shape_dependent=self.shape_dependence())
-        self.checkpointer = Checkpointer(
-            CheckpointSettings.from_config(cfg), self.run_dir, self.topo, self.comm, self.model, self.optimizer,
-            self.mode if self.mode.stateful else None, self.device, fp, self.best_val, self.stop_signals)
-        if cfg.resume:
-            resumed = self.checkpointer.resume()
-            self.epoch, self.prior_elapsed_s, self.prior_records = resumed.epoch, resumed.elapsed_s, resumed.records
-
     def shape_dependence(self) -> Optional[str]:
         """Why this run's trajectory depends on S x G and the partition, or None (checkpointer.shape_dependence)."""
         return shape_dependence(self.cfg, self.mode.shape_dependence(self.manifest), self.precision.exact,
@@ -275,22 +263,6 @@ class Trainer:
             ctx = self.induced.training_context()
         with collective_errors(self.world, "", catch=(planner.PlanError,)):
             self.mode.setup(ctx)
-
-    def _plan_payload(self) -> None:
-        """--halo-payload partial / smaller: which layers and server pairs send partial aggregates
-        (engine/partial.py; collective), or the same refusal on every rank."""
-        cfg, model = self.cfg, self.model
-        if cfg.halo_payload == "rows":
-            return
-        with collective_errors(self.world, "", catch=(TrainingError,)):
-            why = partial.problem(cfg.halo_payload, cfg.mode, cfg.no_overlap, self.contract.pending_rows,
-                                  self.precision.row_dtype, cfg.input_dropout,
-                                  list(getattr(model, "convs", ())), float(getattr(model, "attn_dropout", 0.0)))
-            if why:
-                raise TrainingError(why)
-        self.world_view.payload = partial.plan_payload(
-            self.world_view, cfg.halo_payload, list(model.convs), not getattr(model, "residual", False),
-            lambda counts: self.comm.allreduce_scalar(counts, "sum"), self.device)
 
     @property
     def train_view(self):
@@ -417,10 +389,7 @@ class Trainer:
         start = time.perf_counter() - self.prior_elapsed_s
         # Rank 0, on a terminal and not --quiet only; epoch lines go through the bar so it stays whole.
         if rank0 and not cfg.quiet:  # what runs, then the job's layout: which host each server is
-            print(run_report.banner(cfg, self.mode, self.manifest, self.topo), flush=True)
-            print(self.topo.describe(), flush=True)
-            if self.links is not None:
-                print(link_classes.verdict(self.links), flush=True)
+            print(run_report.header(cfg, self.mode, self.manifest, self.topo, self.links), flush=True)
         ckpt = self.checkpointer
         if ckpt is not None and ckpt.stopped_during_set_up(self.epoch):
             ckpt.run_dir.close_metrics()

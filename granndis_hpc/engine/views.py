@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Collection, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Collection, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -34,6 +34,10 @@ from granndis_hpc.nn.rows import HaloGather, RowSplit
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import owner_of, position_lookup
 from granndis_hpc.nn.graph import LayerGraph
+
+if TYPE_CHECKING:
+    from granndis_hpc.engine.partial import PartialPayload
+
 
 @dataclass
 class RowSource:
@@ -162,7 +166,8 @@ class View:
         self.row_ids = (None if rows.global_id is None
                         else torch.as_tensor(np.asarray(rows.global_id, dtype=np.int64), device=device))
         self._static_phase, self._source_ids = static_phase, None
-        self.payload = None  # --halo-payload: engine/partial.py PartialPayload where layers send partials
+        # --halo-payload: where layers send partial aggregates (engine/partial.py; set by the trainer)
+        self.payload: Optional[PartialPayload] = None
 
     @classmethod
     def assembled(cls, plan: planner.Plan, group: ExchangeGroup, device: torch.device, features: torch.Tensor,
