@@ -29,7 +29,8 @@ from products_ref import graph_args
 ROUTES = ("direct", "per-server")
 LAYERS, HIDDEN = 3, 64
 GRAPHS = {
-    "demo (synthetic SBM, 20k)": ["--source", "synthetic", "--vertices", "20000", "--seed", "0", "--feature-noise", "5"],
+    "demo (synthetic SBM, 20k)": ["--source", "synthetic", "--vertices", "20000", "--seed", "0",
+                                  "--feature-noise", "5"],
     "products-like (local, 100k)": ["--source", "synthetic", *graph_args(100_000)],
     "Cora": ["--source", "planetoid", "--name", "cora", "--root", os.path.join(REPO, "tests", "data", "planetoid")],
 }
@@ -69,7 +70,8 @@ def _worker(args):
                 rows = mm.shard_rows(servers, LAYERS, 0, int(ds["num_features"]), int(ds["num_classes"]))
                 m = mm.model_for(manifest, "sage", HIDDEN, LAYERS, halo_route=route)
                 out.setdefault(name, {"vertices": int(ds["num_vertices"]), "edges": int(ds["num_edges"])})[route] = {
-                    "inter_halo": inter, "intra_halo": intra, "model_inter_halo": mm.inter_server_bytes(rows, m, 2)["halo"],
+                    "inter_halo": inter, "intra_halo": intra,
+                    "model_inter_halo": mm.inter_server_bytes(rows, m, 2)["halo"],
                     "epoch_s": statistics.median(r["time_s"] for r in records[1:])}
                 print(f"[halo-route] {name} {route}: inter {inter:,} B, intra {intra:,} B", flush=True)
     if world.rank == 0:
@@ -83,13 +85,15 @@ def own_array(values):
 
 
 def page(results, epochs, cluster=None):
-    lines = ["# The per-server halo route: fb's inter-server halo bytes", "", __doc__.split("\n\n")[2].replace("\n", " "), "",
+    lines = ["# The per-server halo route: fb's inter-server halo bytes", "",
+             __doc__.split("\n\n")[2].replace("\n", " "), "",
              f"Bytes of one training epoch (the ledger's halo phase: forward rows and backward gradients of layers 1 "
              f"and 2; layer 0's input features cross once at set-up), summed over the 4 ranks; epoch time: median "
              f"of epochs 2..{epochs}, no shaping, on the shared 2-core machine (docs/performance/README.md) under "
              f"a load average of 10-20 from other jobs: the times are indicative, the bytes exact. Raw results: "
              f"bench/results/halo-route.json.", "",
-             "| graph | vertices | edges | inter-server B, direct | inter-server B, per-server | saved | intra-server B, "
+             "| graph | vertices | edges | inter-server B, direct | inter-server B, per-server | saved | "
+             "intra-server B, "
              "direct | intra-server B, per-server | model = ledger | epoch s direct | epoch s per-server |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for name, r in results.items():

@@ -48,7 +48,8 @@ class ServerArrays:
 
 
 def server_arrays_from_build(arrays: Dict[str, np.ndarray], server: int) -> ServerArrays:
-    """From the datasets of one server file (granndis_hpc.preprocess.build.pipeline.build_server names) without features."""
+    """From the datasets of one server file (granndis_hpc.preprocess.build.pipeline.build_server names) without
+    features."""
     offsets = np.asarray(arrays["vertices/offsets"], dtype=np.int64)
     w_off = np.asarray(arrays["world/offsets"], dtype=np.int64)
     ip, ix = np.asarray(arrays["graph/indptr"], np.int64), arrays["graph/indices"]
@@ -139,8 +140,8 @@ def view_rows_from_counts(c: HopCounts, depth: int) -> ViewRows:
     layers = []
     for l in range(int(depth)):
         lim_in, lim_out = depth - l, depth - 1 - l
-        layers.append(LayerRows(n_own_in=_upto(c.own, lim_in), n_halo=_upto(c.halo, lim_in), n_dst=_upto(c.own, lim_out),
-                                nnz=_upto(c.nnz, lim_out), n_send=_upto(c.sent, lim_in)))
+        layers.append(LayerRows(n_own_in=_upto(c.own, lim_in), n_halo=_upto(c.halo, lim_in),
+                                n_dst=_upto(c.own, lim_out), nnz=_upto(c.nnz, lim_out), n_send=_upto(c.sent, lim_in)))
     return ViewRows("server", int(np.sum(c.own)), int(np.sum(c.halo)), int(np.sum(c.sent)), tuple(layers))
 
 
@@ -274,4 +275,5 @@ def inductive_rank_rows(rank: int, worlds, server, layers: int, k: int, features
     (train, train_sent), *evaluation = worlds
     r = rank_rows(rank, train.n_inner, train, train_sent, server, layers, k, features, num_classes)
     views = tuple(rank_rows(rank, 0, w, sent, None, layers, 0, features, num_classes).world for w, sent in evaluation)
-    return replace(r, evaluation=views, host_bytes=int(host_bytes), server_file=(int(server_file[0]), int(server_file[1])))
+    return replace(r, evaluation=views, host_bytes=int(host_bytes),
+                   server_file=(int(server_file[0]), int(server_file[1])))

@@ -334,15 +334,16 @@ def step_peak(r: RankRows, m: ModelSpec, act: Dict[str, Any]) -> Dict[str, Any]:
             fwd = max(fwd, prefix[l] - act["fresh_per_layer"][l] + (lr.n_src + lr.n_halo) * win * F32)
         if input_grad:
             # SAGE's source rows get two gradients (lin_self's slice and the aggregation), GCN's one:
-            # the estimator's grad_paths.  The autograd engine adds the second into the first and frees it before the exchange's
-            # backward allocates the rows sent back and the own rows they add into.
+            # the estimator's grad_paths.  The autograd engine adds the second into the first and frees it
+            # before the exchange's backward allocates the rows sent back and the own rows they add into.
             paths = est.grad_paths
             grads = lr.n_dst * wout + max(paths * lr.n_src * win,
                                           lr.n_src * win + lr.n_send * win + lr.n_own_in * win)
         else:
             grads = lr.n_dst * wout + (lr.n_src * wout if wout < win else 0)
         # + the weight gradient, computed then added into .grad (one weight at a time).
-        bwd = prefix[l] + grads * A + win * wout * F32 + edge + (act["recompute"] if m.checkpoint_activations and l >= 1 else 0)
+        recompute = act["recompute"] if m.checkpoint_activations and l >= 1 else 0
+        bwd = prefix[l] + grads * A + win * wout * F32 + edge + recompute
         for value, name in ((fwd, f"forward layer {l}"), (bwd, f"backward layer {l}")):
             if value > best:
                 best, where = int(value), name
@@ -417,7 +418,8 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
     if m.inductive:  # evaluation's views, its forward and the shard slice (memory_model/induced.py)
         if not r.evaluation:
             raise MemoryModelError(f"rank {r.rank}: an inductive estimate needs the evaluation views' rows "
-                                   f"(RankRows.evaluation: memory_model/induced_sets.py, preprocess/plan/induced_counts.py)")
+                                   "(RankRows.evaluation: memory_model/induced_sets.py, "
+                                   "preprocess/plan/induced_counts.py)")
         breakdown.update(inductive_parts(r, m, device, int(act["fresh"]) + transient))
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),
@@ -430,9 +432,9 @@ def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int, st
     """Inter-server bytes per epoch, summed over ranks, as the ledger counts them.
 
     Halo: every world-exchange layer l >= k sends, forward, the inter-server halo rows at the layer's
-    input width (m.activation_bytes a number) and returns their gradients backward (x2); layer 0 of plain models reads the static
-    features exchanged at set-up (the estimator's `exchanged`), so in fb it costs nothing per epoch.  Gradients: the leaders' ring
-    all-reduce moves 2 (S-1) x params x 4 bytes in all (cluster/accounting.py), once per optimizer
+    input width (m.activation_bytes a number) and returns their gradients backward (x2); layer 0 of plain
+    models reads the static features exchanged at set-up (the estimator's `exchanged`), so in fb it costs
+    nothing per epoch.  Gradients: the leaders' ring all-reduce moves 2 (S-1) x params x 4 bytes in all (cluster/accounting.py), once per optimizer
     step (`steps` per epoch: the co-batches of cob)."""
     halo = sum(rank_halo_bytes(r, m)[0] for r in ranks)
     grad = 2 * (int(servers) - 1) * m.parameters() * F32 * int(steps)

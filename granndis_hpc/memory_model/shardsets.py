@@ -142,7 +142,8 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
         decision = dataclasses.replace(decision, reason=decision.reason + "; options not considered: "
                                        + "; ".join(left_out))
     if skipped:
-        decision = dataclasses.replace(decision, reason=decision.reason + "; sets not considered: " + "; ".join(skipped))
+        decision = dataclasses.replace(decision,
+                                       reason=decision.reason + "; sets not considered: " + "; ".join(skipped))
     return decision
 
 
@@ -150,8 +151,8 @@ def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[in
                  inductive: bool = False) -> Tuple[list, list]:
     """(the shard sets --mode auto may choose among, why each other one is left out).  Every set must
     hold the same dataset (one content digest: otherwise a list of a CiteSeer and a Cora set
-    would train one of them silently), else MemoryModelError; a set built for another S x G than the job's is left out (it
-    would be picked and then refused)."""
+    would train one of them silently), else MemoryModelError; a set built for another S x G than the job's is
+    left out (it would be picked and then refused)."""
     def dataset(m):
         ds = m["dataset"]
         return ds.get("content_sha256") or f"name {ds.get('name')!r}"

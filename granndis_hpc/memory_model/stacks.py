@@ -100,7 +100,8 @@ def send_rows(layer_rows, halo_route: str) -> int:
     return int(once if halo_route == "per-server" and once is not None else layer_rows.n_send)
 
 
-def gather_saved(layer_rows, exchanged: bool, seen: Optional[set] = None, halo_route: str = "direct") -> Tuple[int, int]:
+def gather_saved(layer_rows, exchanged: bool, seen: Optional[set] = None,
+                 halo_route: str = "direct") -> Tuple[int, int]:
     """The halo exchange saves its send index (allocated at set-up) when its input needs a gradient.
     seen: the layer rows already counted in this estimate -- layers given the same rows object (the
     world view's, which share one plan and one send index tensor: engine/views.py) save one storage."""
@@ -247,7 +248,8 @@ class ResSAGEEstimate(ModelEstimate):
         enc = own0 * rows.features * F32
         per_layer, fresh, recompute, seen = [], [], 0, set()
         for l, (_, lr) in enumerate(rows.training_layers()):
-            parts = [gather_saved(lr, True, seen, m.halo_route), SAGE_BYTES.saved_bytes(lr.n_src, lr.n_dst, H, H, input_grad=True)]
+            parts = [gather_saved(lr, True, seen, m.halo_route),
+                     SAGE_BYTES.saved_bytes(lr.n_src, lr.n_dst, H, H, input_grad=True)]
             if l >= 1:
                 parts.append(between_convs_saved(lr.n_own_in, H, True, m.dropout, mask_bytes))
             b, pre = sum(p[0] for p in parts), sum(p[1] for p in parts)
