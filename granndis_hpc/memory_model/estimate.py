@@ -434,8 +434,8 @@ def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int, st
     Halo: every world-exchange layer l >= k sends, forward, the inter-server halo rows at the layer's
     input width (m.activation_bytes a number) and returns their gradients backward (x2); layer 0 of plain
     models reads the static features exchanged at set-up (the estimator's `exchanged`), so in fb it costs
-    nothing per epoch.  Gradients: the leaders' ring all-reduce moves 2 (S-1) x params x 4 bytes in all (cluster/accounting.py), once per optimizer
-    step (`steps` per epoch: the co-batches of cob)."""
+    nothing per epoch.  Gradients: the leaders' ring all-reduce moves 2 (S-1) x params x 4 bytes in all
+    (cluster/accounting.py), once per optimizer step (`steps` per epoch: the co-batches of cob)."""
     halo = sum(rank_halo_bytes(r, m)[0] for r in ranks)
     grad = 2 * (int(servers) - 1) * m.parameters() * F32 * int(steps)
     return {"halo": int(halo), "gradient": int(grad), "total": int(halo + grad)}
