@@ -8,31 +8,47 @@ words the verdict).
 
 Inter-server: the leaders of servers 0 and 1 (world ranks rank_table[0, 0] and rank_table[1, 0]);
 intra-server: local ranks 0 and 1 of server 0.  Bandwidth one way = 2 x bytes x round trips / seconds,
-after one untimed round trip (it opens connections), the best of the trials: on a shared machine CPU
-starvation only ever slows a trial down, while the link's limit is what is measured.  The sizes bound
-the check: 2 x 2 trials x 2 round trips of 512 KiB are 4 MiB per link class, 0.35 s at 100 Mbit/s.
+after one untimed round trip (it opens connections).  On a shared machine CPU starvation only ever
+slows a trial down, while the link's limit is what is measured, so the check keeps the best trial,
+and it runs trials until it has MIN_TRIALS and then while BUDGET_S lasts (at most MAX_TRIALS): on a
+fast link that is a dozen trials, on a slow one (2 MiB a trial: 1.7 s at 10 Mbit/s) the minimum.  The
+ranks outside the measured pair wait without spinning (a non-blocking barrier polled with a sleep):
+four ranks busy-polling MPI on two cores starved the pair and measured the unshaped link at an
+eighth of its rate.  The result states the trials' count, best and median.
+
+`measure_rounds` times what an exchange round costs beyond its bytes, as the cost model charges it
+(memory_model/epoch_time.py): the mean of ROUNDS small all-to-alls of every rank of the world and of
+each server, and of small world all-reduces (the gradient's round), the slowest rank's.
 """
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 MESSAGE_BYTES = 512 << 10
 ROUND_TRIPS = 2
-TRIALS = 2
-def _pingpong(comm, me: int, peer: int, buf: np.ndarray) -> float:
-    """Seconds for ROUND_TRIPS round trips between ranks `me`'s pair on `comm`; 0 on ranks outside it."""
-    rank = comm.Get_rank()
-    if rank not in (me, peer):
-        return 0.0
-    other = peer if rank == me else me
-    start = 0.0
-    for i in range(ROUND_TRIPS + 1):
-        if i == 1:
-            start = time.perf_counter()
-        if rank == me:
+MIN_TRIALS = 2
+MAX_TRIALS = 12
+BUDGET_S = 1.0  # per link class, once MIN_TRIALS are done
+ROUNDS = 20  # small collectives timed per group by measure_rounds
+_FLAG_TAG = 7321
+
+
+def _wait_idle(comm) -> None:
+    """A barrier that sleeps between polls: the ranks not measuring leave the cores to those that are."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.0005)
+
+
+def _pingpong(comm, me: int, peer: int, buf: np.ndarray, round_trips: int = ROUND_TRIPS) -> float:
+    """Seconds for `round_trips` round trips between ranks `me` and `peer` (called by both)."""
+    other = peer if comm.Get_rank() == me else me
+    start = time.perf_counter()
+    for _ in range(round_trips):
+        if comm.Get_rank() == me:
             comm.Send(buf, other)
             comm.Recv(buf, other)
         else:
@@ -41,26 +57,103 @@ def _pingpong(comm, me: int, peer: int, buf: np.ndarray) -> float:
     return time.perf_counter() - start
 
 
-def _bandwidth(world, pair, buf) -> Optional[float]:
-    """Best one-way bandwidth between the world ranks `pair` (None when there is no such pair); collective."""
+def _trials(world, pair, buf) -> List[float]:
+    """The pair's trial seconds (on pair[0]; empty elsewhere): after an untimed round trip, trials until
+    MIN_TRIALS are done and then while BUDGET_S lasts, at most MAX_TRIALS; pair[0] decides and tells
+    pair[1] after each."""
+    rank = world.Get_rank()
+    if rank not in pair:
+        return []
+    _pingpong(world, pair[0], pair[1], buf, 1)  # untimed: opens the connection
+    out: List[float] = []
+    start = time.perf_counter()
+    more = True
+    while more:
+        out.append(_pingpong(world, pair[0], pair[1], buf))
+        if rank == pair[0]:
+            more = len(out) < MIN_TRIALS or (len(out) < MAX_TRIALS and time.perf_counter() - start < BUDGET_S)
+            world.send(more, dest=pair[1], tag=_FLAG_TAG)
+        else:
+            more = world.recv(source=pair[0], tag=_FLAG_TAG)
+    return out if rank == pair[0] else []
+
+
+def _bandwidth(world, pair, buf) -> Tuple[Optional[float], dict]:
+    """(best one-way bandwidth between the world ranks `pair`, {trials, best_Bps, median_Bps}); (None, {})
+    where there is no such pair.  Collective."""
     if pair is None:
-        return None
-    best = None
-    for _ in range(TRIALS):
-        world.Barrier()
-        seconds = _pingpong(world, pair[0], pair[1], buf)
-        if world.Get_rank() == pair[0]:
-            best = seconds if best is None else min(best, seconds)
-    measured = world.bcast(best, root=pair[0])
-    return 2 * buf.nbytes * ROUND_TRIPS / max(measured, 1e-9)
+        return None, {}
+    trials = _trials(world, pair, buf)
+    _wait_idle(world)
+    if world.Get_rank() == pair[0]:
+        rates = 2 * buf.nbytes * ROUND_TRIPS / np.maximum(np.asarray(trials), 1e-9)
+        stats = {"trials": len(trials), "best_Bps": float(rates.max()), "median_Bps": float(np.median(rates))}
+    else:
+        stats = None
+    stats = world.bcast(stats, root=pair[0])
+    return stats["best_Bps"], stats
 
 
 def measure_links(topo) -> dict:
-    """{inter_Bps, intra_Bps, message_bytes}: the job's link classes, None where the job has no such link
-    (one server; one rank per server).  Collective over the world: every rank calls it and gets the result."""
+    """{inter_Bps, intra_Bps, message_bytes, inter, intra (each {trials, best_Bps, median_Bps}), seconds}:
+    the job's link classes, None where the job has no such link (one server; one rank per server).
+    Collective over the world: every rank calls it and gets the result."""
+    start = time.perf_counter()
     table = topo.rank_table
     inter = (int(table[0, 0]), int(table[1, 0])) if topo.servers > 1 else None
     intra = (int(table[0, 0]), int(table[0, 1])) if topo.ranks_per_server > 1 else None
     buf = np.zeros(MESSAGE_BYTES, dtype=np.uint8)
-    return {"inter_Bps": _bandwidth(topo.world, inter, buf), "intra_Bps": _bandwidth(topo.world, intra, buf),
-            "message_bytes": MESSAGE_BYTES}
+    inter_Bps, inter_stats = _bandwidth(topo.world, inter, buf)
+    intra_Bps, intra_stats = _bandwidth(topo.world, intra, buf)
+    seconds = max(topo.world.allgather(time.perf_counter() - start))
+    return {"inter_Bps": inter_Bps, "intra_Bps": intra_Bps, "message_bytes": MESSAGE_BYTES,
+            "inter": inter_stats, "intra": intra_stats, "seconds": float(seconds)}
+
+
+def _mean_seconds(call, repeats: int) -> float:
+    call()  # untimed
+    start = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    return (time.perf_counter() - start) / repeats
+
+
+def measure_rounds(topo, repeats: int = ROUNDS) -> dict:
+    """{world_round_s, server_round_s, allreduce_s, repeats}: the mean seconds of a small all-to-all of
+    the world's ranks, of each server's ranks (0 with one rank per server) and of a small world
+    all-reduce, the slowest rank's.  Collective over the world."""
+    world, server = topo.world, topo.server_comm
+    send = np.zeros(world.Get_size(), dtype=np.int64)
+    recv = np.zeros_like(send)
+    s_send = np.zeros(server.Get_size(), dtype=np.int64)
+    s_recv = np.zeros_like(s_send)
+    one, out = np.zeros(1), np.zeros(1)
+    world.Barrier()
+    mine = [_mean_seconds(lambda: world.Alltoall(send, recv), repeats),
+            _mean_seconds(lambda: server.Alltoall(s_send, s_recv), repeats) if server.Get_size() > 1 else 0.0,
+            _mean_seconds(lambda: world.Allreduce(one, out), repeats)]
+    slowest = np.max(np.asarray(world.allgather(mine), dtype=np.float64), axis=0)
+    return {"world_round_s": float(slowest[0]), "server_round_s": float(slowest[1]), "allreduce_s": float(slowest[2]),
+            "repeats": int(repeats)}
+
+
+def link_check_text(links: dict, rounds: Optional[dict] = None) -> str:
+    """What the check measured, for a decision's reason: each link's best and median and its trials,
+    and the rounds' seconds."""
+    def one(name, key):
+        stats = links.get(name) or {}
+        if links.get(key) is None:
+            return f"no {name}-server link"
+        if not stats:
+            return f"{name}-server {links[key] / 1e6:.3g} MB/s"
+        return (f"{name}-server {stats['best_Bps'] / 1e6:.3g} MB/s (best of {stats['trials']} ping-pongs of "
+                f"{ROUND_TRIPS} x {links.get('message_bytes', MESSAGE_BYTES) >> 10} KiB round trips; median "
+                f"{stats['median_Bps'] / 1e6:.3g})")
+    text = f"link check: {one('inter', 'inter_Bps')}, {one('intra', 'intra_Bps')}"
+    if links.get("seconds") is not None:
+        text += f", {links['seconds']:.2g} s"
+    if rounds:
+        text += (f"; a round (mean of {rounds['repeats']} small exchanges, the slowest rank's): world "
+                 f"{rounds['world_round_s'] * 1e3:.3g} ms, server {rounds['server_round_s'] * 1e3:.3g} ms, "
+                 f"gradient all-reduce {rounds['allreduce_s'] * 1e3:.3g} ms")
+    return text

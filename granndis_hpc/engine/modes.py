@@ -24,7 +24,7 @@ import numpy as np
 from granndis_hpc import memory_model, registry, shards
 from granndis_hpc.options.train_groups import OVERLAP_HALOS
 from granndis_hpc.cluster.errors import collective_errors
-from granndis_hpc.cluster.linkcheck import measure_links
+from granndis_hpc.cluster.linkcheck import link_check_text, measure_links, measure_rounds
 from granndis_hpc.cluster.topology import device_memory
 from granndis_hpc.engine import cobatch, inductive, views
 from granndis_hpc.memory_model import compute_rate
@@ -315,7 +315,7 @@ class Automatic(Mode):
     def resolve(self, topo, links: Optional[dict] = None):
         cfg = self.cfg
         paths = [p for p in str(cfg.shards).split(",") if p]
-        decision = measured = rates_for = None
+        decision = measured = rates_for = rounds = None
         errors: Dict[str, Any] = dict(catch=(TrainingError, memory_model.MemoryModelError, shards.ShardError, OSError,
                                              KeyError,
                              ValueError))
@@ -327,10 +327,15 @@ class Automatic(Mode):
                         precision=cfg.precision)
         if cfg.auto_rule == "time" and paths:
             links = links or measure_links(topo)  # collective; the trainer's, unless --no-link-check
+            rounds = measure_rounds(topo)  # collective: what an exchange round and a gradient round cost
             measured = self._compute_rate(topo, paths[0], model_kw, errors)
 
             def rates_for(m, degree):
-                return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], measured["row_s"], measured["edge_s"])
+                return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], measured["row_s"], measured["edge_s"],
+                                          compute_scale=measured["compute_scale"],
+                                          step_s=measured["step_s"] + rounds["allreduce_s"],
+                                          world_round_s=rounds["world_round_s"],
+                                          server_round_s=rounds["server_round_s"])
         memory = device_memory(topo)  # collective: what the GPUs have free now (None on the CPU)
         # Rank 0 reads the shard sets and estimates; every rank gets the same decision or error.
         with collective_errors(topo.world, "--mode auto", **errors):
@@ -344,9 +349,10 @@ class Automatic(Mode):
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)
-        if measured is not None:  # how the compute rate was measured, beside the rates it gave
+        if measured is not None and links is not None:  # how the links and compute were measured, beside the rates
             decision["compute_rate"] = measured
-            decision["reason"] += f"; {measured['method']}"
+            decision["link_check"] = {**links, "rounds": rounds}
+            decision["reason"] += f"; {link_check_text(links, rounds)}; {measured['method']}"
         choice = decision["choice"]
         # The chosen mode's own knob (flx: preloaded_layers = k; cob: batches_per_epoch), from its entry.
         resolved = dataclasses.replace(cfg, mode=choice["mode"], shards=choice["source"],
@@ -372,6 +378,6 @@ class Automatic(Mode):
                 m = memory_model.model_for(manifest, cfg.model, cfg.hidden, cfg.conv_layers, inductive=cfg.inductive,
                                            **model_kw)
                 ds = manifest["dataset"]
-                shape = (m.widths(), int(ds.get("num_edges") or 0) / max(1, int(ds.get("num_vertices") or 1)))
-        widths, degree = topo.bcast_object(shape)
-        return compute_rate.measure_job(widths, degree, topo.device, topo.allgather_object)
+                shape = (m.widths(), int(ds.get("num_edges") or 0) / max(1, int(ds.get("num_vertices") or 1)), m)
+        widths, degree, m = topo.bcast_object(shape)
+        return compute_rate.measure_job(widths, degree, topo.device, topo.allgather_object, spec=m)

@@ -63,7 +63,10 @@ class Option:
         return {"mode": self.mode, "k": self.k, "batches": self.batches, "label": self.label, "peak_bytes": self.peak,
                 "peak_rank": self.peak_rank, "breakdown": dict(self.breakdown), "rows_per_gpu": self.rows_per_gpu,
                 "inter_server_bytes": dict(self.inter_server_bytes), "source": self.source,
-                "train_options": self.train_options(), "exact": exact(self), "predicted_s": dict(self.predicted)}
+                "train_options": self.train_options(), "exact": exact(self), "predicted_s": dict(self.predicted),
+                "rounds": None if self.work is None else {"world": self.work.world_rounds,
+                                                          "server": self.work.server_rounds,
+                                                          "steps": self.work.steps}}
 
 
 def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int, device: str = "cpu",
@@ -245,12 +248,43 @@ def price(options: Sequence[Option], rates: Rates) -> None:
             o.predicted = seconds(o.work, rates)
 
 
-def choose_by_time(options: Sequence[Option], budget_bytes: int, rates: Rates, exact_only: bool = False) -> Decision:
+# --auto-rule time keeps fb (the registry's baseline: the simplest exact plan, nothing replicated,
+# nothing sampled) unless another option that fits is predicted faster by more than this share of fb's
+# predicted epoch: the model's terms are measured on a machine whose timings vary by more than a few
+# per cent from run to run, so a smaller predicted gain is within the prediction's own error.
+BASELINE_MARGIN = 0.10
+
+
+def _baseline(o: Option) -> bool:
+    return bool(MODES.entry(o.mode).get("baseline"))
+
+
+def _terms(p: Dict[str, float]) -> str:
+    return (f"compute {p['compute_s']:.3g}, inter-server {p['inter_s']:.3g}, intra-server {p['intra_s']:.3g}, "
+            f"fixed {p.get('fixed_s', 0.0):.3g}")
+
+
+def _margin_text(fastest: Option, base: Option, margin: float, name) -> Tuple[bool, str]:
+    """(whether `fastest` beats the baseline by more than `margin`, the sentence that says so)."""
+    t_fast, t_base = fastest.predicted["total_s"], base.predicted["total_s"]
+    gain = 1.0 - t_fast / t_base if t_base > 0 else 0.0
+    said = (f"{name(fastest)} is predicted {gain:.0%} faster than {name(base)} ({t_fast:.3g} s against "
+            f"{t_base:.3g} s)")
+    if gain > margin:
+        return True, f"{said}, more than the {margin:.0%} margin an option must beat {name(base)} by"
+    return False, f"{name(base)} is kept, the simplest exact plan: {said}, within the {margin:.0%} margin"
+
+
+def choose_by_time(options: Sequence[Option], budget_bytes: int, rates: Rates, exact_only: bool = False,
+                   margin: float = BASELINE_MARGIN) -> Decision:
     """Among the options whose estimated peak fits the budget (only the exact ones with `exact_only`),
     the one of the shortest predicted epoch (memory_model/epoch_time.py: the additive model, an upper
-    bound); equal predictions go by GraNNDis' order (`preference`).  Every option is priced, for the table;
-    a dominated one (`drop_dominated`: no less memory, no fewer inter-server bytes, and as many rows) is
-    not considered."""
+    bound); equal predictions go by GraNNDis' order (`preference`).  The baseline (fb) is kept unless
+    the fastest is predicted faster by more than `margin` (a share of fb's prediction).  Every option
+    is priced, for the table; a dominated one (`drop_dominated`: no less memory, no fewer inter-server
+    bytes, and as many rows) is not considered."""
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"the baseline margin must be in [0, 1), got {margin!r}")
     name = _namer(options)
     price(options, rates)
     kept, dominated = drop_dominated(options)
@@ -260,29 +294,43 @@ def choose_by_time(options: Sequence[Option], budget_bytes: int, rates: Rates, e
     fits = [o for o in ordered if o.peak <= budget_bytes]
     if not fits:
         return _refusal(sorted(considered, key=preference), budget_bytes, name, dropped, rule="time")
-    best = fits[0]
+    best, said = fits[0], ""
+    base = next((o for o in fits if _baseline(o)), None)
+    if base is not None and base is not best:
+        beats, said = _margin_text(best, base, margin, name)
+        best = best if beats else base
     p = best.predicted
-    why = (f"{name(best)} has the shortest predicted epoch of the options that fit {format_size(budget_bytes)} "
-           f"per GPU: {p['total_s']:.3g} s (compute {p['compute_s']:.3g}, inter-server {p['inter_s']:.3g}, "
-           f"intra-server {p['intra_s']:.3g}; the additive model, which overlap only lowers)")
-    if len(fits) > 1:
-        why += f"; runner-up {name(fits[1])}: {fits[1].predicted['total_s']:.3g} s"
+    lead = (f"{name(best)} has the shortest predicted epoch of the options that fit" if best is fits[0]
+            else f"{name(best)} is chosen among the options that fit")
+    why = (f"{lead} {format_size(budget_bytes)} per GPU: {p['total_s']:.3g} s ({_terms(p)}; the additive model, "
+           f"which overlap only lowers)")
+    if said:
+        why += "; " + said
+    runner = next((o for o in fits if o is not best), None)
+    if runner is not None:
+        why += f"; runner-up {name(runner)}: {runner.predicted['total_s']:.3g} s"
     rejected = [o for o in ordered if o.peak > budget_bytes]
     if rejected:
         why += "; over the budget: " + ", ".join(f"{name(r)} ({format_size(r.peak)})" for r in rejected)
     if len(considered) < len(kept):
         why += "; the sampled modes left out (exact options only)"
-    return Decision(best, int(budget_bytes), rejected, why + dropped, options=ordered, rule="time", rates=asdict(rates))
+    return Decision(best, int(budget_bytes), rejected, why + dropped, options=ordered, rule="time",
+                    rates={**asdict(rates), "baseline_margin": margin})
 
 
 def decision_table(decision: dict) -> List[str]:
-    """The options of a Decision's `to_dict`, one line each: label, predicted epoch seconds (with the
-    time rule), estimated peak per GPU, exact or sampled, and which one was chosen."""
+    """The options of a Decision's `to_dict`, one line each: label, predicted epoch seconds and its terms
+    (with the time rule: compute, inter- and intra-server wire, fixed: the steps' and exchange rounds'),
+    estimated peak per GPU, exact or sampled, and which one was chosen."""
     chosen = (decision.get("choice") or {}).get("label"), (decision.get("choice") or {}).get("source")
-    rows = [("option", "predicted s", "peak/GPU", "exact", "")]
+    head = ("option", "predicted s", "compute", "inter", "intra", "fixed", "peak/GPU", "exact")
+    rows = [head + ("",)]
     for o in decision.get("options", []):
         p = o.get("predicted_s") or {}
-        rows.append((o["label"], f"{p['total_s']:.3g}" if p else "-", format_size(o["peak_bytes"]),
-                     "yes" if o.get("exact") else "no", "<- chosen" if (o["label"], o["source"]) == chosen else ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + ("  " + r[4] if r[4] else "") for r in rows]
+        terms = tuple(f"{p[k]:.3g}" if k in p else "-"
+                      for k in ("total_s", "compute_s", "inter_s", "intra_s", "fixed_s"))
+        rows.append((o["label"],) + terms + (format_size(o["peak_bytes"]), "yes" if o.get("exact") else "no",
+                                             "<- chosen" if (o["label"], o["source"]) == chosen else ""))
+    n = len(head)
+    widths = [max(len(r[i]) for r in rows) for i in range(n)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r[:n], widths)) + ("  " + r[n] if r[n] else "") for r in rows]

@@ -13,6 +13,14 @@ way an epoch pays for it: after an untimed warm-up pass (the C kernels load, the
 every rank times REPEATS passes (each the best of TRIALS trials per layer width) and keeps their median,
 which one slow or lucky pass does not move; the job's rate is the largest of the ranks' medians, as an
 epoch waits for its slowest rank (`combine`, `measure_job`).
+
+The kernels are not all a training step runs: SAGE projects twice per layer (its own and its
+neighbours' rows), and the step adds the bias, activation, dropout, loss, the optimizer and Python's
+per-layer overhead.  On Cora (3-layer SAGE, hidden 64) the kernels predicted 0.5-0.7x of the measured
+compute.  So `calibrate` times the model's real training step (nn.models.build_model, forward,
+cross-entropy, backward, Adam) on a random graph of the set's degree at n and 2n rows: the growth
+from n to 2n is the per-row cost, which over the kernels' prediction for the same rows is
+`compute_scale`; what is left at n rows is the step's fixed cost (`step_s`: optimizer, launches).
 """
 from __future__ import annotations
 
@@ -129,15 +137,126 @@ def measure(widths: Sequence[Tuple[int, int]], degree: float, device: torch.devi
     return median_rates(samples(widths, degree, device, repeats))
 
 
+CALIBRATION_UNITS = 1 << 24  # projection multiply-adds of the calibration's smaller graph
+CALIBRATION_REPEATS = 5  # timed steps per size, the two sizes interleaved: the fastest of each
+CALIBRATION_BUDGET_S = 3.0  # no further repeat once the timed steps took this long
+
+
+def _calibration_graph(n: int, degree: int, device: torch.device, seed: int = 1):
+    """A random graph of n rows, `degree` in-edges each, as the model's layers read it (nn/graph.LayerGraph)."""
+    from granndis_hpc.nn.graph import LayerGraph
+
+    g = torch.Generator().manual_seed(seed)
+    indices = torch.randint(0, n, (n * degree,), generator=g)
+    return LayerGraph(n_dst=n, n_src=n, indptr=torch.arange(0, n * degree + 1, degree), indices=indices,
+                      dst_degree=torch.full((n,), float(degree)),
+                      src_degree=torch.bincount(indices, minlength=n).to(torch.float32)).to(device)
+
+
+def training_step(spec, n: int, degree: int, device: torch.device) -> Callable[[], None]:
+    """One training step of the model `spec` (a memory_model ModelSpec) on a random graph of n rows and
+    `degree` in-edges each: forward, cross-entropy, backward and an Adam step, as the trainer runs it."""
+    from granndis_hpc.nn.models import build_model
+
+    model = build_model(spec.name, spec.features, spec.hidden, spec.num_classes, spec.layers + spec.linear_layers,
+                        dropout=spec.dropout, norm=spec.norm, linear_layers=spec.linear_layers,
+                        **dict(spec.options)).to(device)
+    model.train()
+    graphs = [_calibration_graph(n, degree, device)] * model.num_layers
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(n, spec.features, generator=g).to(device)
+    labels = torch.randint(0, spec.num_classes, (n,), generator=g).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x, graphs), labels).backward()
+        opt.step()
+    return step
+
+
+def _timed(step, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def kernel_seconds_per_row(widths: Sequence[Tuple[int, int]], degree: float, row_s: float, edge_s: float) -> float:
+    """What the kernels' rates predict one row of every layer costs (one projection, `degree` edges)."""
+    return float(sum(i * o * row_s + degree * i * edge_s for i, o in widths))
+
+
+def fit_step(t_small: float, t_large: float, n: int, per_row_kernels: float) -> Tuple[float, float]:
+    """(compute_scale, step_s) from the step's seconds at n and 2n rows: the growth per row over the
+    kernels' prediction, and what is left at n rows (at least 0).  A growth that noise made no larger
+    than zero gives no slope: then the scale is the larger step's seconds over its kernels' prediction
+    and the fixed cost 0 (the scale then holds it)."""
+    if per_row_kernels <= 0:
+        return 1.0, max(0.0, t_small)
+    per_row = (t_large - t_small) / n
+    if per_row <= 0:
+        return t_large / (2 * n * per_row_kernels), 0.0
+    return per_row / per_row_kernels, max(0.0, t_small - per_row * n)
+
+
+def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: float,
+              repeats: int = CALIBRATION_REPEATS) -> dict:
+    """{compute_scale, step_s, rows, step_small_s, step_large_s}: the model's real step (`training_step`)
+    at n and 2n rows, each the fastest of `repeats` after an untimed one, interleaved (a burst of load
+    slows both sizes alike), against the kernels' rates (module docstring)."""
+    widths = spec.widths()
+    d = int(min(64, max(1, round(degree))))
+    n = int(min(1 << 14, max(512, CALIBRATION_UNITS // max(1, sum(i * o for i, o in widths)))))
+    steps = [training_step(spec, n, d, device), training_step(spec, 2 * n, d, device)]
+    for step in steps:
+        step()  # untimed: allocations, the C kernels, the optimizer's state
+    best = [float("inf"), float("inf")]
+    start = time.perf_counter()
+    for _ in range(int(repeats)):
+        best = [min(b, _timed(step, device)) for b, step in zip(best, steps)]
+        if time.perf_counter() - start > CALIBRATION_BUDGET_S:  # a loaded machine: enough for a bound
+            break
+    scale, fixed = fit_step(best[0], best[1], n, kernel_seconds_per_row(widths, d, row_s, edge_s))
+    return {"compute_scale": scale, "step_s": fixed, "rows": n, "step_small_s": best[0], "step_large_s": best[1]}
+
+
 def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.device,
-                allgather: Callable[[object], list], repeats: int = REPEATS, once: Optional[Pass] = None) -> dict:
+                allgather: Callable[[object], list], repeats: int = REPEATS, once: Optional[Pass] = None,
+                spec=None, calibration: Optional[Callable[..., dict]] = None) -> dict:
     """Collective: every rank measures (`samples`) and the ranks' medians are combined (`combine`);
-    `allgather` is the job's (every rank's object, in rank order).  Returns {row_s, edge_s, per_rank
-    (each rank's median row_s and edge_s), method (how it was measured, for the decision)}."""
+    `allgather` is the job's (every rank's object, in rank order).  With `spec` (the model's ModelSpec)
+    every rank then calibrates its real step against the job's rates (`calibrate`; a test injects
+    `calibration`) and the largest scale and fixed cost are kept.  Returns {row_s, edge_s, per_rank
+    (each rank's median row_s and edge_s), compute_scale, step_s, calibration (per rank, or why there
+    is none), method (how it was measured, for the decision)}."""
     mine = median_rates(samples(widths, degree, device, repeats, once))
     per_rank = [tuple(r) for r in allgather(mine)]
     row, edge = combine(per_rank)
     rows = [r for r, _ in per_rank]
     method = (f"compute rate on {device.type}: median of {repeats} passes after a warm-up on each of "
               f"{len(per_rank)} ranks, the slowest rank's kept (row_s over the ranks {min(rows):.3g}-{max(rows):.3g})")
-    return {"row_s": row, "edge_s": edge, "per_rank": [list(r) for r in per_rank], "method": method}
+    out: dict = {"row_s": row, "edge_s": edge, "per_rank": [list(r) for r in per_rank], "compute_scale": 1.0,
+           "step_s": 0.0, "calibration": None, "method": method}
+    if spec is None:
+        return out
+    try:
+        cal: object = (calibration or calibrate)(spec, degree, device, row, edge)
+    except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:  # a model the step cannot build here
+        cal = f"{type(exc).__name__}: {exc}"
+    cals = allgather(cal)
+    failed = [c for c in cals if not isinstance(c, dict)]
+    if failed:  # every rank takes the same branch: the gathered list is the same everywhere
+        out["calibration"] = f"not calibrated ({failed[0]}): the kernels' rates alone"
+        out["method"] += "; " + out["calibration"]
+        return out
+    scales = [float(c["compute_scale"]) for c in cals]
+    fixed = [float(c["step_s"]) for c in cals]
+    out.update(compute_scale=max(scales), step_s=max(fixed), calibration=cals)
+    out["method"] += (f"; calibrated on the model's training step at {cals[0]['rows']} and {2 * cals[0]['rows']} "
+                      f"random-graph rows: compute x{max(scales):.3g} of the kernels' prediction (ranks "
+                      f"{min(scales):.3g}-{max(scales):.3g}), {max(fixed):.3g} s fixed per step, the slowest rank's")
+    return out

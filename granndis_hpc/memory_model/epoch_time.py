@@ -5,16 +5,26 @@ eas) trades inter-server bytes for more rows computed, which pays on a slow link
 not on one machine.  `work` counts what an epoch does from the option's RankRows (every rank's), and
 `seconds` prices it with `Rates`:
 
-- compute: the busiest rank's sum over layers of  n_dst x row_s x w_in x w_out + nnz x edge_s x w_in
-  (a layer's projection per computed row and its aggregation per edge, forward and backward, as
-  memory_model/compute_rate.py measures them);
+- compute: per rank and layer  n_dst x row_s x w_in x w_out + nnz x edge_s x w_in  (a layer's projection
+  per computed row and its aggregation per edge, forward and backward, as memory_model/compute_rate.py
+  times its kernels), times compute_scale (the model's real training step on a random graph over
+  what the kernels predict for it: the step also runs SAGE's second projection, bias, activation,
+  dropout and the loss).  A world-group exchange waits for every rank, so the layers between two of
+  them form a segment whose slowest rank sets its time: compute is the sum over segments of the
+  largest rank's segment seconds (a preload whose layers all stay inside the server is one segment:
+  the slowest rank's whole step, which the gradient all-reduce then waits for);
 - inter-server: the busiest server's halo bytes (its ranks' inter-server halo rows at each exchanging
   layer's input width, forward and their gradients backward) plus its share of the gradient all-reduce
   (2 (S-1) x params x 4 bytes per step over S leaders), over inter_Bps;
 - intra-server: the busiest rank's intra-server halo bytes over intra_Bps;
-all times the co-batches per epoch (cob's rows are one co-batch's).  The total is their sum: the
-additive model, an upper bound that overlapping the exchanges with compute only lowers
-(report/linkmodel.py models the overlap of a run that has been measured).
+- fixed: what a step costs beyond rows, edges and bytes: every exchange round (an exchanging layer,
+  forward and backward: world_round_s on the world group, server_round_s inside a server, as the
+  start-up check times a small exchange of every rank) and every optimizer step (step_s: the
+  optimizer and the step's fixed compute, from the same calibration, plus a gradient all-reduce
+  round);
+all times the co-batches per epoch (cob's rows are one co-batch's, each co-batch a step with its own
+rounds).  The total is their sum: the additive model, an upper bound that overlapping the exchanges
+with compute only lowers (report/linkmodel.py models the overlap of a run that has been measured).
 """
 from __future__ import annotations
 
@@ -30,25 +40,46 @@ from .estimate import ModelSpec, RankRows, rank_halo_bytes
 
 @dataclass(frozen=True)
 class Rates:
-    """Measured rates: link payload bytes/s (None: the job has no such link) and compute seconds per
-    computed row per (w_in x w_out) and per edge per feature (w_in), forward and backward."""
+    """Measured rates: link payload bytes/s (None: the job has no such link), compute seconds per
+    computed row per (w_in x w_out) and per edge per feature (w_in), forward and backward, and the
+    fixed costs (module docstring): compute_scale, seconds per optimizer step and per exchange round.
+    The fixed costs default to none (a plan priced without them: `preprocess plan` without the cluster)."""
 
     inter_Bps: Optional[float]
     intra_Bps: Optional[float]
     row_s: float
     edge_s: float
+    compute_scale: float = 1.0
+    step_s: float = 0.0
+    world_round_s: float = 0.0
+    server_round_s: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
 class Work:
     """What one epoch of an option does, exactly: per rank its row and edge units and intra-server halo
-    bytes, per server its inter-server bytes (halo and gradient)."""
+    bytes, per server its inter-server bytes (halo and gradient), and its exchange rounds and steps.
+    segment_row_units / segment_edge_units: [segments, ranks], the units between two world-group
+    exchanges (None: one segment, the per-rank totals)."""
 
     row_units: np.ndarray  # per rank: sum over layers of n_dst x w_in x w_out
     edge_units: np.ndarray  # per rank: sum over layers of nnz x w_in
     intra_bytes: np.ndarray  # per rank
     inter_bytes: np.ndarray  # per server
     rows_computed: int  # all ranks, all layers, the epoch
+    world_rounds: int = 0  # world-group exchanges per epoch (forward and backward, every step)
+    server_rounds: int = 0  # server-group exchanges per epoch
+    steps: int = 1  # optimizer steps per epoch
+    segment_row_units: Optional[np.ndarray] = None
+    segment_edge_units: Optional[np.ndarray] = None
+
+
+def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
+    """Each training layer's segment: a world-group exchange at layer l (its sources arrive from every
+    rank, so every rank waits for the slowest) starts a new one."""
+    views = [view for view, _ in option_rows[0].training_layers()]
+    starts = [1 if l > 0 and view == "world" and m.estimator.exchanged(l) else 0 for l, view in enumerate(views)]
+    return np.cumsum(starts)
 
 
 def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: int = 1) -> Work:
@@ -58,13 +89,23 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     n_dst = np.array([[lr.n_dst for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
     nnz = np.array([[lr.nnz for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
     halo = np.array([rank_halo_bytes(r, m) for r in option_rows], dtype=np.float64).reshape(-1, 2)
-    server = np.array([r.rank for r in option_rows]) // max(1, len(option_rows) // int(servers))
+    per_server = max(1, len(option_rows) // int(servers))
+    server = np.array([r.rank for r in option_rows]) // per_server
     inter = np.bincount(server, weights=halo[:, 0], minlength=int(servers))
     grad_per_server = 2 * (int(servers) - 1) * m.parameters() * F32 / int(servers)
     b = int(batches)
-    return Work(row_units=b * n_dst @ (widths[:, 0] * widths[:, 1]), edge_units=b * nnz @ widths[:, 0],
+    row_layer = b * n_dst * (widths[:, 0] * widths[:, 1])  # [ranks, layers]
+    edge_layer = b * nnz * widths[:, 0]
+    seg = segments(option_rows, m)
+    onehot = (seg[:, None] == np.arange(int(seg.max()) + 1)[None, :]).astype(np.float64)  # [layers, segments]
+    views = [view for view, _ in option_rows[0].training_layers()]
+    exchanged = [m.estimator.exchanged(l) for l in range(len(views))]
+    world = sum(1 for v, x in zip(views, exchanged) if x and v == "world") if len(option_rows) > 1 else 0
+    inside = sum(1 for v, x in zip(views, exchanged) if x and v == "server") if per_server > 1 else 0
+    return Work(row_units=row_layer.sum(axis=1), edge_units=edge_layer.sum(axis=1),
                 intra_bytes=b * halo[:, 1], inter_bytes=b * (inter + grad_per_server),
-                rows_computed=int(b * n_dst.sum()))
+                rows_computed=int(b * n_dst.sum()), world_rounds=2 * b * world, server_rounds=2 * b * inside,
+                steps=b, segment_row_units=(row_layer @ onehot).T, segment_edge_units=(edge_layer @ onehot).T)
 
 
 def _wire(nbytes: float, rate: Optional[float], link: str) -> float:
@@ -75,17 +116,29 @@ def _wire(nbytes: float, rate: Optional[float], link: str) -> float:
     return float(nbytes / rate)
 
 
+def compute_seconds(w: Work, rates: Rates) -> float:
+    """The compute of `w` (module docstring): per segment the slowest rank, summed, times compute_scale."""
+    if w.segment_row_units is None or w.segment_edge_units is None:
+        per_segment = (w.row_units * rates.row_s + w.edge_units * rates.edge_s)[None, :]
+    else:
+        per_segment = w.segment_row_units * rates.row_s + w.segment_edge_units * rates.edge_s
+    return float(rates.compute_scale * np.max(per_segment, axis=1, initial=0.0).sum())
+
+
 def seconds(w: Work, rates: Rates) -> Dict[str, float]:
-    """{compute_s, inter_s, intra_s, total_s}: the additive model of `w`'s epoch (an upper bound)."""
-    compute = float(np.max(w.row_units * rates.row_s + w.edge_units * rates.edge_s, initial=0.0))
+    """{compute_s, inter_s, intra_s, fixed_s, total_s}: the additive model of `w`'s epoch (an upper bound)."""
+    compute = compute_seconds(w, rates)
     inter = _wire(float(np.max(w.inter_bytes, initial=0.0)), rates.inter_Bps, "inter-server")
     intra = _wire(float(np.max(w.intra_bytes, initial=0.0)), rates.intra_Bps, "intra-server")
-    return {"compute_s": compute, "inter_s": inter, "intra_s": intra, "total_s": compute + inter + intra}
+    fixed = w.steps * rates.step_s + w.world_rounds * rates.world_round_s + w.server_rounds * rates.server_round_s
+    return {"compute_s": compute, "inter_s": inter, "intra_s": intra, "fixed_s": float(fixed),
+            "total_s": compute + inter + intra + float(fixed)}
 
 
 def predict(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: int, rates: Rates) -> dict:
     """The predicted epoch seconds of an option (`seconds` of its `work`), with the busiest server's
-    inter-server and the busiest rank's intra-server bytes and the rows computed."""
+    inter-server and the busiest rank's intra-server bytes, the rows computed and the rounds and steps."""
     w = work(option_rows, m, servers, batches)
     return {**seconds(w, rates), "inter_bytes_max_server": int(np.max(w.inter_bytes, initial=0)),
-            "intra_bytes_max_rank": int(np.max(w.intra_bytes, initial=0)), "rows_computed": w.rows_computed}
+            "intra_bytes_max_rank": int(np.max(w.intra_bytes, initial=0)), "rows_computed": w.rows_computed,
+            "world_rounds": w.world_rounds, "server_rounds": w.server_rounds, "steps": w.steps}

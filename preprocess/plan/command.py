@@ -215,8 +215,9 @@ def check_writable(path: str) -> None:
 
 
 def planned_rates(group, args, m: mm.ModelSpec, graph) -> Optional[mm.Rates]:
-    """--inter-rate (and --intra-rate): the links given, with the compute rate measured on this machine's
-    first GPU, else its CPU (rank 0's, shared); None without --inter-rate."""
+    """--inter-rate (and --intra-rate): the links given, with the compute rate measured and calibrated on
+    this machine's first GPU, else its CPU (rank 0's, shared; the exchange rounds' fixed cost needs the
+    cluster and is not priced); None without --inter-rate."""
     if args.inter_rate is None:
         return None
     rates = None
@@ -226,8 +227,14 @@ def planned_rates(group, args, m: mm.ModelSpec, graph) -> Optional[mm.Rates]:
         from granndis_hpc.memory_model import compute_rate
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        row_s, edge_s = compute_rate.measure(m.widths(), graph.num_edges / max(1, graph.num_vertices), device)
-        rates = mm.Rates(parse_rate(args.inter_rate), parse_rate(args.intra_rate or args.inter_rate), row_s, edge_s)
+        degree = graph.num_edges / max(1, graph.num_vertices)
+        row_s, edge_s = compute_rate.measure(m.widths(), degree, device)
+        try:  # the model's real step (compute_rate.calibrate); the exchange rounds need the cluster: not priced
+            cal = compute_rate.calibrate(m, degree, device, row_s, edge_s)
+        except (ValueError, TypeError, RuntimeError, NotImplementedError):
+            cal = {"compute_scale": 1.0, "step_s": 0.0}
+        rates = mm.Rates(parse_rate(args.inter_rate), parse_rate(args.intra_rate or args.inter_rate), row_s, edge_s,
+                         compute_scale=cal["compute_scale"], step_s=cal["step_s"])
     return group.bcast_object(rates)
 
 

@@ -23,3 +23,25 @@ def test_every_rank_gets_the_same_link_classes(cluster):
         assert links[key] is None or links[key] > 1e6  # at least 8 Mbit/s: MPI on one machine is far above
     text = link_classes.verdict(links)
     assert text.startswith("links: ") and ("one server" in text) == (topo.servers == 1)
+
+
+def test_the_check_states_its_trials_and_the_rounds_cost(cluster):
+    from granndis_hpc.cluster import linkcheck
+
+    topo, _, _ = cluster
+    links = linkcheck.measure_links(topo)
+    for name, key in (("inter", "inter_Bps"), ("intra", "intra_Bps")):
+        stats = links[name]
+        if links[key] is None:
+            assert stats == {}
+        else:
+            assert linkcheck.MIN_TRIALS <= stats["trials"] <= linkcheck.MAX_TRIALS
+            assert stats["best_Bps"] == links[key] >= stats["median_Bps"] > 0
+    assert links["seconds"] > 0
+    rounds = linkcheck.measure_rounds(topo, repeats=5)
+    assert WORLD.allgather(rounds) == [rounds] * WORLD.Get_size()
+    assert rounds["world_round_s"] > 0 and rounds["allreduce_s"] > 0 and rounds["repeats"] == 5
+    assert (rounds["server_round_s"] > 0) == (topo.ranks_per_server > 1)
+    text = linkcheck.link_check_text(links, rounds)
+    assert text.startswith("link check: ") and "gradient all-reduce" in text
+    assert ("no inter-server link" in text) == (topo.servers == 1)

@@ -1,5 +1,6 @@
 """--auto-rule time: the option of the shortest predicted epoch among those that fit (memory_model/choice.py)."""
 import numpy as np
+import pytest
 
 import granndis_hpc.engine.modes  # noqa: F401  (registers the modes)
 import granndis_hpc.memory_model as mm
@@ -54,14 +55,57 @@ def test_over_budget_is_passed_over_and_nothing_fitting_refuses():
     assert none.choice is None and "nothing fits" in none.reason and "--memory-per-gpu 1MiB" in none.reason
 
 
-def test_equal_predictions_go_by_graNNDis_order():
+def test_equal_predictions_keep_fb():
     d = mm.choose_by_time([_option("fb", rows=100, inter=0), _option("flx", k=1, rows=100, inter=0)], MIB,
                           _rates(1e9))
-    assert d.choice.label == "flx k=1"
+    assert d.choice.label == "fb"
+    assert "fb is kept, the simplest exact plan" in d.reason and "within the 10% margin" in d.reason
+
+
+def test_fb_is_kept_unless_another_is_faster_by_more_than_the_margin():
+    # fb 0.1 s + 1 ms wire; flx computes 92 rows (0.092 s): 9 % faster, within 10 %
+    near = [_option("fb", rows=100, inter=1e6), _option("flx", k=2, rows=92, inter=0)]
+    d = mm.choose_by_time(near, MIB, _rates(1e9))
+    assert d.choice.label == "fb" and "flx k=2 is predicted 9% faster than fb (0.092 s against 0.101 s)" in d.reason
+    assert d.to_dict()["rates"]["baseline_margin"] == 0.10
+    # 80 rows: 21 % faster, past the margin; a margin of 25 % keeps fb again
+    far = [_option("fb", rows=100, inter=1e6), _option("flx", k=2, rows=80, inter=0)]
+    d = mm.choose_by_time(far, MIB, _rates(1e9))
+    assert d.choice.label == "flx k=2" and "21% faster than fb" in d.reason and "more than the 10% margin" in d.reason
+    assert mm.choose_by_time(far, MIB, _rates(1e9), margin=0.25).choice.label == "fb"
+    # without a margin the fastest wins outright; fb over the budget is no baseline
+    assert mm.choose_by_time(near, MIB, _rates(1e9), margin=0.0).choice.label == "flx k=2"
+    over = [_option("fb", rows=100, inter=1e6, peak=4 * MIB), _option("flx", k=2, rows=99, inter=0)]
+    assert mm.choose_by_time(over, MIB, _rates(1e9)).choice.label == "flx k=2"
+
+
+def test_the_margin_must_be_a_share():
+    with pytest.raises(ValueError, match="margin"):
+        mm.choose_by_time(_options(), MIB, _rates(1e9), margin=1.5)
+
+
+def test_fixed_costs_count_per_round_and_step():
+    # flx: fewer rows and bytes but 8 co-batch-like steps of world rounds; fb: 1 step, 2 rounds
+    w_fb = Work(row_units=np.array([100.0]), edge_units=np.array([0.0]), intra_bytes=np.array([0.0]),
+                inter_bytes=np.array([0.0]), rows_computed=100, world_rounds=2, steps=1)
+    w_cob = Work(row_units=np.array([60.0]), edge_units=np.array([0.0]), intra_bytes=np.array([0.0]),
+                 inter_bytes=np.array([0.0]), rows_computed=60, server_rounds=16, steps=8)
+    opts = [mm.Option(mode="fb", peak=MIB, work=w_fb, source="set"),
+            mm.Option(mode="cob", k=2, batches=8, peak=MIB, work=w_cob, source="set")]
+    rates = mm.Rates(inter_Bps=1e9, intra_Bps=1e9, row_s=1e-3, edge_s=0.0)
+    assert mm.choose_by_time(opts, MIB, rates).choice.mode == "cob"  # 0.06 s against 0.1 s without fixed costs
+    fixed = mm.Rates(inter_Bps=1e9, intra_Bps=1e9, row_s=1e-3, edge_s=0.0, step_s=0.01, world_round_s=0.002,
+                     server_round_s=0.001)
+    d = mm.choose_by_time(opts, MIB, fixed)  # fb 0.1 + 0.01 + 0.004; cob 0.06 + 0.08 + 0.016
+    assert d.choice.mode == "fb"
+    p = {o["label"]: o["predicted_s"] for o in d.to_dict()["options"]}
+    assert p["fb"]["fixed_s"] == pytest.approx(0.014) and p["cob batches=8"]["fixed_s"] == pytest.approx(0.096)
+    assert d.to_dict()["choice"]["rounds"] == {"world": 2, "server": 0, "steps": 1}
 
 
 def test_decision_table_marks_the_choice():
     d = mm.choose_by_time(_options(), 4 * MIB, _rates(1e5)).to_dict()
     lines = mm.decision_table(d)
-    assert lines[0].split()[:3] == ["option", "predicted", "s"]
+    assert lines[0].split() == ["option", "predicted", "s", "compute", "inter", "intra", "fixed", "peak/GPU",
+                                "exact"]
     assert any(line.startswith("flx k=2") and line.endswith("<- chosen") for line in lines)

@@ -59,3 +59,61 @@ def test_repeats_must_be_positive():
     once, _ = _scripted([(1.0, 1.0)])
     with pytest.raises(ValueError, match="repeats"):
         compute_rate.samples([(8, 4)], 3.0, torch.device("cpu"), repeats=0, once=once)
+
+
+def test_fit_step_separates_the_per_row_and_the_fixed_cost():
+    # 0.2 s at 1000 rows, 0.3 s at 2000: 1e-4 s a row over a kernel prediction of 5e-5 -> x2, 0.1 s fixed
+    scale, fixed = compute_rate.fit_step(0.2, 0.3, 1000, 5e-5)
+    assert scale == pytest.approx(2.0) and fixed == pytest.approx(0.1)
+    # noise made the larger step no slower: no slope, the larger step's seconds over its prediction
+    scale, fixed = compute_rate.fit_step(0.3, 0.25, 1000, 5e-5)
+    assert scale == pytest.approx(0.25 / (2000 * 5e-5)) and fixed == 0.0
+    # the fixed cost is never negative
+    assert compute_rate.fit_step(0.05, 0.2, 1000, 5e-5)[1] == 0.0
+
+
+def test_kernel_prediction_per_row():
+    # (8 x 4 x row_s + 3 x 8 x edge_s) + (4 x 2 x row_s + 3 x 4 x edge_s)
+    got = compute_rate.kernel_seconds_per_row([(8, 4), (4, 2)], 3.0, 1e-3, 1e-2)
+    assert got == pytest.approx(40e-3 + 36e-2)
+
+
+def test_calibrate_times_the_real_training_step():
+    import granndis_hpc.memory_model as mm
+
+    spec = mm.ModelSpec("sage", features=16, hidden=8, num_classes=3, layers=2)
+    out = compute_rate.calibrate(spec, 4.0, torch.device("cpu"), 1e-9, 1e-9, repeats=2)
+    assert out["rows"] >= 512 and 0 < out["step_small_s"] and 0 < out["step_large_s"]
+    assert out["compute_scale"] > 0 and math.isfinite(out["compute_scale"]) and out["step_s"] >= 0
+
+
+def test_measure_job_keeps_the_slowest_calibration():
+    once, _ = _scripted([(9.0, 9.0), (0.02, 0.01)])
+    seen = []
+
+    def calibration(spec, degree, device, row, edge):
+        seen.append((spec, degree, row, edge))
+        return {"compute_scale": 1.5, "step_s": 0.01, "rows": 512}
+    others = [{"compute_scale": 2.5, "step_s": 0.002, "rows": 512}]
+    gathered = iter([[(0.05, 0.001), None], [others[0], None]])
+
+    def allgather(mine):
+        out = next(gathered)
+        out[1] = mine
+        return out
+    out = compute_rate.measure_job([(8, 4)], 3.0, torch.device("cpu"), allgather, repeats=1, once=once,
+                                   spec="spec", calibration=calibration)
+    assert seen == [("spec", 3.0, 0.05, 0.01)]  # calibrated against the job's rates, not its own
+    assert (out["compute_scale"], out["step_s"]) == (2.5, 0.01)
+    assert "compute x2.5" in out["method"] and "0.01 s fixed per step" in out["method"]
+
+
+def test_a_model_the_step_cannot_build_is_priced_by_the_kernels():
+    once, _ = _scripted([(9.0, 9.0), (0.02, 0.01)])
+
+    def calibration(*args):
+        raise ValueError("model 'rgcn' needs a heterogeneous shard set")
+    out = compute_rate.measure_job([(8, 4)], 3.0, torch.device("cpu"), lambda mine: [mine], repeats=1, once=once,
+                                   spec="spec", calibration=calibration)
+    assert (out["compute_scale"], out["step_s"]) == (1.0, 0.0)
+    assert "not calibrated (ValueError: model 'rgcn' needs" in out["method"]

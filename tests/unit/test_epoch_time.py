@@ -55,3 +55,52 @@ def test_one_server_needs_no_inter_rate():
     with pytest.raises(ValueError, match="not measured"):
         predict([_rank(0, 3), _rank(1, 3)], SPEC, servers=2, batches=1,
                 rates=Rates(inter_Bps=None, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5))
+
+
+def test_rounds_and_steps_by_hand():
+    # 2 layers: layer 0 reads the static halo, layer 1 exchanges forward and backward
+    fb = work([_rank(r, 3) for r in range(4)], SPEC, servers=2)
+    assert (fb.world_rounds, fb.server_rounds, fb.steps) == (2, 0, 1)
+    flx = work([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=2)  # layer 1 on the server view
+    assert (flx.world_rounds, flx.server_rounds, flx.steps) == (0, 2, 1)
+    cob = work([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=2, batches=3)
+    assert (cob.world_rounds, cob.server_rounds, cob.steps) == (0, 6, 3)
+    alone = work([_rank(r, 3, k=2) for r in range(2)], SPEC, servers=2)  # one GPU per server: no server round
+    assert alone.server_rounds == 0
+    rates = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5, step_s=0.5, world_round_s=0.03,
+                  server_round_s=0.01)
+    p = predict([_rank(r, 3) for r in range(4)], SPEC, servers=2, batches=1, rates=rates)
+    base = predict([_rank(r, 3) for r in range(4)], SPEC, servers=2, batches=1, rates=RATES)
+    assert p["fixed_s"] == pytest.approx(0.5 + 2 * 0.03) and base["fixed_s"] == 0.0
+    assert p["total_s"] == pytest.approx(base["total_s"] + 0.56)
+    c = predict([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=2, batches=3, rates=rates)
+    assert c["fixed_s"] == pytest.approx(3 * 0.5 + 6 * 0.01) and (c["steps"], c["server_rounds"]) == (3, 6)
+
+
+def _uneven(rank, heavy_layer, k=0):
+    """A rank that computes 100 rows at `heavy_layer` and 10 at the other."""
+    n = [100 if l == heavy_layer else 10 for l in range(2)]
+    layers = tuple(mm.LayerRows(n_own_in=10, n_halo=0, n_dst=n[l], nnz=0, inter_halo=0) for l in range(2))
+    world = mm.ViewRows("world", 10, 0, 0, layers)
+    server = mm.ViewRows("server", 10, 0, 0, layers) if k else None
+    return mm.RankRows(rank=rank, features=8, num_classes=4, n_inner=10, n_train=5, layers=2, k=k,
+                       world=world, server=server)
+
+
+def test_the_slowest_rank_sets_each_segment():
+    # layer 0: 8 x 16 = 128 units a row, layer 1: 16 x 4 = 64; rank 0 heavy at layer 0, rank 1 at layer 1
+    unit = 1e-6
+    fb = predict([_uneven(0, 0), _uneven(1, 1)], SPEC, servers=2, batches=1, rates=RATES)
+    # fb's world exchange at layer 1 makes two segments: max(100, 10) x 128 + max(10, 100) x 64
+    assert fb["compute_s"] == pytest.approx((100 * 128 + 100 * 64) * unit)
+    # all layers inside the server: one segment, the slowest rank's whole step
+    flx = predict([_uneven(0, 0, k=2), _uneven(1, 1, k=2)], SPEC, servers=2, batches=1, rates=RATES)
+    assert flx["compute_s"] == pytest.approx(max(100 * 128 + 10 * 64, 10 * 128 + 100 * 64) * unit)
+
+
+def test_compute_scale_multiplies_the_compute():
+    rows = [_rank(0, 3), _rank(1, 3)]
+    scaled = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5, compute_scale=1.7)
+    one, more = (predict(rows, SPEC, servers=2, batches=1, rates=r) for r in (RATES, scaled))
+    assert more["compute_s"] == pytest.approx(1.7 * one["compute_s"])
+    assert more["inter_s"] == one["inter_s"] and more["intra_s"] == one["intra_s"]
