@@ -29,6 +29,7 @@ from bench_scale import add_run_arguments, save_records
 from harness import ENV, REPO, read_run, write_page
 
 from emucluster import cluster as emucluster, costmodel  # noqa: E402
+from granndis_hpc.cluster.linkcheck import link_check_text  # noqa: E402
 
 # Its own emulated cluster, so that a benchmark on the default instance can run beside it.
 os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "auto")
@@ -133,6 +134,7 @@ def sweep(args, data, path):
                     g["predicted"] = {o["label"] + ("" if kinds.get(o["source"]) != "eas" or o["mode"] == "eas"
                                                     else " (eas set)"): o["predicted_s"] for o in d["options"]}
                     g["rates"], g["compute_rate"], g["reason"] = d["rates"], d.get("compute_rate"), d["reason"]
+                    g["link_check"] = d.get("link_check")
                 except (RuntimeError, OSError, ValueError, KeyError, TypeError) as exc:
                     g.setdefault("errors", {})["auto"] = f"{type(exc).__name__}: {exc}"
                 for name, kind, extra in options(LAYERS):
@@ -148,6 +150,17 @@ def sweep(args, data, path):
                 save_records(path, data)
     finally:
         emucluster.teardown()
+
+
+MODEL = (
+    "auto prices each option's epoch (memory_model/epoch_time.py, docs/concepts.md) as the sum of: compute (per "
+    "rank and layer, the rows' projections and the edges' aggregation at rates timed at start-up, times the "
+    "calibration of the model's real training step; between two world exchanges the slowest rank's), "
+    "inter-server seconds (the busiest server's halo and gradient bytes over the measured link), intra-server "
+    "seconds, and fixed seconds (every exchange round, forward and backward, at the cost the start-up check "
+    "measured, and every optimizer step: the calibration's fixed part and a gradient all-reduce round; per "
+    "co-batch for cob). fb is kept unless another option is predicted more than 10 % faster. Runs of an "
+    "earlier version have no calibration and no fixed term: their page shows `-` there.")
 
 
 def fmt(x, digits=3):
@@ -167,6 +180,7 @@ def render(data):
          + ", ".join(f"{g}" + (f" ({cfg['vertices']:,} vertices)" if g == "synthetic" else "") for g in cfg["graphs"])
          + f". Rounds run (rate: graphs): {'; '.join(r['rate'] + ': ' + ', '.join(r['graphs']) for r in data['rates'])}. Whole sweep {data.get('wall_s', 0) / 60:.1f} min.",
          ""]
+    L += ["## The model", "", MODEL, ""]
     if data.get("findings"):  # the reading of these numbers, kept with them in the JSON (--from-json)
         L += ["## What it found", "", *[f"- {f}" for f in data["findings"]], ""]
     L += ["## Summary", "", "| graph | rate | auto chose | fastest measured | chosen / fastest | within 10 % | "
@@ -189,7 +203,7 @@ def render(data):
             L += [f"## {graph}, {r['rate']} (ping-pong {r['inter_Bps'] / 1e6:.3g} MB/s between servers; "
                   f"load {g['loadavg_start']:.1f} -> {g.get('loadavg_end', 0):.1f})", "",
                   "| option | measured epoch (s) | auto's prediction (s) | predicted / measured | "
-                  "predicted compute / inter / intra (s) |", "|---|---:|---:|---:|---|"]
+                  "predicted compute / inter / intra / fixed (s) |", "|---|---:|---:|---:|---|"]
             pred = g.get("predicted", {})
             for n in names + sorted(set(pred) - set(names), key=lambda n: pred[n].get("total_s", 0)):
                 p = pred.get(n) or {}
@@ -199,7 +213,8 @@ def render(data):
                 meas = g["measured"].get(n)
                 ratio = p["total_s"] / meas if meas and p.get("total_s") else None
                 L.append(f"| {n}{mark} | {fmt(meas)} | {fmt(p.get('total_s'))} | {fmt(ratio, 2)} | "
-                         f"{fmt(p.get('compute_s'))} / {fmt(p.get('inter_s'))} / {fmt(p.get('intra_s'))} |")
+                         f"{fmt(p.get('compute_s'))} / {fmt(p.get('inter_s'))} / {fmt(p.get('intra_s'))} / "
+                         f"{fmt(p.get('fixed_s'))} |")
             v = g.get("verdict") or (verdict(g["measured"], g["choice"]) if "choice" in g else None)
             L.append("")
             if "choice" in g:
@@ -209,9 +224,15 @@ def render(data):
                     f"{'not slower' if v['not_slower_than_fb'] else 'SLOWER'} than fb." if v else
                     "Its choice is not among the options run, so no verdict."))
                 cr = g.get("compute_rate") or {}
-                L.append(f"Rates auto priced with: inter {fmt((g['rates'].get('inter_Bps') or 0) / 1e6)} MB/s, "
-                         f"intra {fmt((g['rates'].get('intra_Bps') or 0) / 1e6)} MB/s, row_s {fmt(g['rates'].get('row_s'))}, "
-                         f"edge_s {fmt(g['rates'].get('edge_s'))}" + (f" ({cr['method']})" if cr else "") + ".")
+                rt = g["rates"]
+                fixed = (f", compute x{fmt(rt['compute_scale'])}, step {fmt(rt.get('step_s'))} s, round world "
+                         f"{fmt(rt.get('world_round_s'))} s / server {fmt(rt.get('server_round_s'))} s"
+                         if "compute_scale" in rt else "")
+                L.append(f"Rates auto priced with: inter {fmt((rt.get('inter_Bps') or 0) / 1e6)} MB/s, "
+                         f"intra {fmt((rt.get('intra_Bps') or 0) / 1e6)} MB/s, row_s {fmt(rt.get('row_s'))}, "
+                         f"edge_s {fmt(rt.get('edge_s'))}{fixed}" + (f" ({cr['method']})" if cr else "") + ".")
+                if g.get("link_check"):
+                    L.append(f"Its {link_check_text(g['link_check'], g['link_check'].get('rounds'))}.")
             for n, e in g.get("errors", {}).items():
                 L.append(f"{n}: failed ({e}).")
             L.append("")
