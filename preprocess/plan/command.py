@@ -143,6 +143,9 @@ def format_table(options: Sequence[mm.Option], cfg: PlanConfig, decision: Option
         epoch = f" {o.predicted['total_s']:>9.3g}" if timed else ""
         lines.append(f"{label:<16} {o.rows_per_gpu:>10,} {format_size(o.peak):>11} {ib['total']:>21,} "
                      f"{ib['halo']:>12,} + {ib['gradient']:>9,}{epoch}  {fits}")
+    if decision is not None and decision.rule == "time":  # the terms, as --mode auto prints its table
+        lines.append("predicted epoch by term (s; fixed: steps and exchange rounds), fastest first:")
+        lines += [f"  {line}" for line in mm.decision_table(decision.to_dict())]
     if decision is not None:
         if decision.choice is None:
             lines.append(f"recommendation: none -- {decision.reason}")

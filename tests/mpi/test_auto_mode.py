@@ -103,9 +103,26 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
         assert len(per_rank) == MPI.COMM_WORLD.Get_size()
         assert (decision["rates"]["row_s"], decision["rates"]["edge_s"]) == tuple(max(c) for c in zip(*per_rank))
         assert decision["compute_rate"]["method"] in decision["reason"]
-        totals = [o["predicted_s"]["total_s"] for o in decision["options"] if o["peak_bytes"] <= budget]
-        assert decision["choice"]["predicted_s"]["total_s"] == min(totals)
-        assert "shortest predicted epoch" in decision["reason"]
+        # the rates carry the calibration and the rounds measured at start-up, and the reason says them
+        rates, measured, check = decision["rates"], decision["compute_rate"], decision["link_check"]
+        assert rates["compute_scale"] == measured["compute_scale"] > 0
+        assert rates["step_s"] == pytest.approx(measured["step_s"] + check["rounds"]["allreduce_s"])
+        assert rates["world_round_s"] == check["rounds"]["world_round_s"] > 0
+        assert "link check: inter-server" in decision["reason"] and "a round (mean of" in decision["reason"]
+        # the fastest that fits, or fb where the fastest is predicted no more than the margin faster
+        fits = [o for o in decision["options"] if o["peak_bytes"] <= budget]
+        fastest = min(o["predicted_s"]["total_s"] for o in fits)
+        fb = next(o["predicted_s"]["total_s"] for o in fits if o["mode"] == "fb")
+        if fastest < fb * (1 - rates["baseline_margin"]):
+            assert decision["choice"]["predicted_s"]["total_s"] == fastest
+            assert "shortest predicted epoch" in decision["reason"]
+        else:
+            assert decision["choice"]["mode"] == "fb"
+            assert "fb is kept" in decision["reason"] if fb > fastest else "shortest" in decision["reason"]
+        for o in decision["options"]:
+            p = o["predicted_s"]
+            assert p["total_s"] == pytest.approx(p["compute_s"] + p["inter_s"] + p["intra_s"] + p["fixed_s"])
+            assert p["fixed_s"] >= o["rounds"]["steps"] * rates["step_s"]
         if modes == "exact":
             assert all(o["exact"] for o in decision["options"]) and decision["choice"]["mode"] in ("fb", "flx")
 

@@ -135,6 +135,12 @@ def test_plan_with_link_rates_predicts_each_epoch_and_recommends_the_fastest(tmp
     assert d["choice"]["predicted_s"]["total_s"] == min(totals.values())
     assert d["choice"]["label"] in ("flx k=3", "cob batches=2", "cob batches=4")  # no halo over the slow link
     assert totals["fb"] > totals["flx k=3"]
+    # the table --mode auto prints, with its terms; the calibration's fixed cost per step priced
+    assert "predicted epoch by term" in text and "fixed" in text and "<- chosen" in text
+    assert d["rates"]["compute_scale"] > 0 and d["rates"]["world_round_s"] == 0.0
+    for o in res["options"]:
+        p = o["predicted_s"]
+        assert p["total_s"] == pytest.approx(p["compute_s"] + p["inter_s"] + p["intra_s"] + p["fixed_s"])
 
 
 @pytest.mark.parametrize("text,bytes_per_s", [("10gbit", 1.25e9), ("100Mbit", 12.5e6), ("1.5kbit", 187.5)])
