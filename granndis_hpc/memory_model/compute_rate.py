@@ -192,15 +192,17 @@ def kernel_seconds_per_row(widths: Sequence[Tuple[int, int]], degree: float, row
 
 def fit_step(t_small: float, t_large: float, n: int, per_row_kernels: float) -> Tuple[float, float]:
     """(compute_scale, step_s) from the step's seconds at n and 2n rows: the growth per row over the
-    kernels' prediction, and what is left at n rows (at least 0).  A growth that noise made no larger
-    than zero gives no slope: then the scale is the larger step's seconds over its kernels' prediction
-    and the fixed cost 0 (the scale then holds it)."""
+    kernels' prediction, and what is left at n rows (at least 0).  The scale is at least 1: the step
+    runs every kernel timed and more, so a smaller growth is noise (a burst of load slowed the smaller
+    graph's step).  A growth that noise made no larger than zero gives no slope: then the scale is the
+    larger step's seconds over its kernels' prediction and the fixed cost 0 (the scale then holds it)."""
     if per_row_kernels <= 0:
         return 1.0, max(0.0, t_small)
     per_row = (t_large - t_small) / n
     if per_row <= 0:
-        return t_large / (2 * n * per_row_kernels), 0.0
-    return per_row / per_row_kernels, max(0.0, t_small - per_row * n)
+        return max(1.0, t_large / (2 * n * per_row_kernels)), 0.0
+    scale = max(1.0, per_row / per_row_kernels)
+    return scale, max(0.0, t_small - scale * per_row_kernels * n)
 
 
 def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: float,
@@ -210,7 +212,7 @@ def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: f
     slows both sizes alike), against the kernels' rates (module docstring)."""
     widths = spec.widths()
     d = int(min(64, max(1, round(degree))))
-    n = int(min(1 << 14, max(512, CALIBRATION_UNITS // max(1, sum(i * o for i, o in widths)))))
+    n = int(min(1 << 14, max(1024, CALIBRATION_UNITS // max(1, sum(i * o for i, o in widths)))))
     steps = [training_step(spec, n, d, device), training_step(spec, 2 * n, d, device)]
     for step in steps:
         step()  # untimed: allocations, the C kernels, the optimizer's state
