@@ -140,7 +140,8 @@ def sweep(args, data, path):
                 for name, kind, extra in options(LAYERS):
                     run_dir = os.path.join(args.work, "runs", label, graph, name.replace(" ", "").replace("=", ""))
                     try:
-                        _, g["measured"][name], g["epochs"][name] = train(args, shards[graph, kind], extra, run_dir, log)
+                        _, g["measured"][name], g["epochs"][name] = train(args, shards[graph, kind], extra, run_dir,
+                                                                          log)
                     except (RuntimeError, OSError, ValueError) as exc:  # recorded; the sweep goes on
                         g.setdefault("errors", {})[name] = str(exc)
                     save_records(path, data)
@@ -173,12 +174,15 @@ def render(data):
     L = ["# Does --mode auto pick the fastest option? (emulated 2 x 2 cluster)", "",
          f"Written by `bench/bench_auto.py` ({data['date']}); raw results: `bench/results/auto.json`.", "",
          f"Machine: {cfg['cores']} cores, {cfg['mem_gib']:.0f} GiB, no GPU, Python {cfg['python']}, shared with other "
-         f"jobs: load average {data['loadavg_start'][0]:.1f} at the start, {(data.get('loadavg_end') or [0])[0]:.1f} at the end "
+         f"jobs: load average {data['loadavg_start'][0]:.1f} at the start, "
+         f"{(data.get('loadavg_end') or [0])[0]:.1f} at the end "
          f"(per run below). 3-layer SAGE, hidden {cfg['hidden']}, {cfg['epochs']} epochs per run (the epoch time is "
          f"the median of the epochs after the first), 2 emulated servers x 2 ranks (docs/emulated-cluster.md); "
          f"auto with `--memory-per-gpu {cfg['memory_per_gpu']}` (every option fits). Graphs: "
          + ", ".join(f"{g}" + (f" ({cfg['vertices']:,} vertices)" if g == "synthetic" else "") for g in cfg["graphs"])
-         + f". Rounds run (rate: graphs): {'; '.join(r['rate'] + ': ' + ', '.join(r['graphs']) for r in data['rates'])}. Whole sweep {data.get('wall_s', 0) / 60:.1f} min.",
+         + ". Rounds run (rate: graphs): "
+         + "; ".join(r["rate"] + ": " + ", ".join(r["graphs"]) for r in data["rates"])
+         + f". Whole sweep {data.get('wall_s', 0) / 60:.1f} min.",
          ""]
     L += ["## The model", "", MODEL, ""]
     if data.get("findings"):  # the reading of these numbers, kept with them in the JSON (--from-json)
@@ -281,7 +285,8 @@ def main(argv=None):
     data = {"date": str(datetime.date.today()), "argv": argv, "log": [], "rates": [],
             "loadavg_start": list(os.getloadavg()),
             "config": {"graphs": args.graphs, "vertices": args.vertices, "hidden": args.hidden, "epochs": args.epochs,
-                       "memory_per_gpu": args.memory_per_gpu, "cores": os.cpu_count(), "python": platform.python_version(),
+                       "memory_per_gpu": args.memory_per_gpu, "cores": os.cpu_count(),
+                       "python": platform.python_version(),
                        "mem_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30}}
     if args.append and os.path.exists(args.json):  # a later sweep's rounds beside an earlier one's
         with open(args.json) as f:
