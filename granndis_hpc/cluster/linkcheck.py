@@ -12,9 +12,11 @@ after one untimed round trip (it opens connections).  On a shared machine CPU st
 slows a trial down, while the link's limit is what is measured, so the check keeps the best trial,
 and it runs trials until it has MIN_TRIALS and then while BUDGET_S lasts (at most MAX_TRIALS): on a
 fast link that is a dozen trials, on a slow one (2 MiB a trial: 1.7 s at 10 Mbit/s) the minimum.  The
-ranks outside the measured pair wait without spinning (a non-blocking barrier polled with a sleep):
-four ranks busy-polling MPI on two cores starved the pair and measured the unshaped link at an
-eighth of its rate.  The result states the trials' count, best and median.
+ranks outside the measured pair wait without spinning (a non-blocking barrier polled with a sleep),
+leaving the cores to the pair where ranks outnumber them: with the others spinning in a barrier and
+two trials, a 4-rank run on two cores measured the unshaped emulated link at 13 MB/s where the
+self-check's ping-pong of two ranks measured 104 MB/s.  The result states the trials' count, best
+and median.
 
 `measure_rounds` times what an exchange round costs beyond its bytes, as the cost model charges it
 (memory_model/epoch_time.py): the mean of ROUNDS small all-to-alls of every rank of the world and of
