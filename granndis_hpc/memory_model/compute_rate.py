@@ -247,7 +247,7 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
         return out
     try:
         cal: object = (calibration or calibrate)(spec, degree, device, row, edge)
-    except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:  # a model the step cannot build here
+    except Exception as exc:  # noqa: BLE001  (a model this step cannot build or run: priced by the kernels alone)
         cal = f"{type(exc).__name__}: {exc}"
     cals = allgather(cal)
     failed = [c for c in cals if not isinstance(c, dict)]

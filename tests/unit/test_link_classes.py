@@ -21,3 +21,19 @@ def test_one_server_or_one_rank_per_server():
     assert "one server" in verdict({"inter_Bps": None, "intra_Bps": 3e9})
     assert ratio({"inter_Bps": 1e9, "intra_Bps": None}) is None
     assert verdict({"inter_Bps": 1e9, "intra_Bps": None}) == "links: inter-server 8.00 Gbit/s"
+
+
+def test_the_link_check_says_its_trials_and_rounds():
+    from granndis_hpc.cluster.linkcheck import link_check_text
+
+    links = {"inter_Bps": 1.04e8, "intra_Bps": 5.7e8, "message_bytes": 512 << 10, "seconds": 1.2,
+             "inter": {"trials": 12, "best_Bps": 1.04e8, "median_Bps": 9.1e7},
+             "intra": {"trials": 7, "best_Bps": 5.7e8, "median_Bps": 4e8}}
+    rounds = {"world_round_s": 0.012, "server_round_s": 0.004, "allreduce_s": 0.02, "repeats": 20}
+    text = link_check_text(links, rounds)
+    assert text.startswith("link check: inter-server 104 MB/s (best of 12 ping-pongs of 2 x 512 KiB round trips; "
+                           "median 91)")
+    assert "intra-server 570 MB/s (best of 7" in text and "1.2 s" in text
+    assert text.endswith("world 12 ms, server 4 ms, gradient all-reduce 20 ms")
+    alone = link_check_text({"inter_Bps": None, "intra_Bps": 5e8, "inter": {}, "intra": {}})
+    assert alone == "link check: no inter-server link, intra-server 500 MB/s"
