@@ -19,8 +19,16 @@ layer's input width, partials (distinct rows of b with an in-edge from a) x its 
 Ranks of one server always exchange rows.  On --halo-route per-server the rows still cross once per
 receiving server (a route planned for the pairs that send rows) and 'smaller' counts them so; the
 partials go directly to the rank that reads them (a partial row is of one receiving rank).  Scope: fb
-(the world view of every layer), the world halo exchanged blocking (--no-overlap), float32 layers, no
-input dropout; `problem` says what else is refused and why.
+(the world view of every layer), float32 layers, no input dropout; `problem` says what else is refused
+and why.
+
+Blocking (--no-overlap) a layer exchanges its rows part, then its partials, each waited for.  Overlapped
+(the world halo in --overlap-halos, the default) the rows part is posted by `gather` (PendingRows) and the
+partials as soon as the layer has its own messages; the layer aggregates its own rows' edges while both
+travel, then waits for the rows (their edges) and the partials.  The backward mirrors it
+(engine/exchange.py's _Post/_Wait for both).  A layer that sends partials is not pipelined boundary-first
+(its exchange is of messages, not of the rows the layer below computes): the layer below computes all
+its rows before the exchange is posted.
 
 Set-up (`plan_payload`, collective over the world): every rank counts, per peer, the rows it receives
 and the partial rows it would receive; an all-reduce gives every rank every pair's counts, so all
@@ -30,35 +38,33 @@ uses), so that the sender computes exactly the coefficients fb's receiver would 
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.options.train_groups import HALO_PAYLOADS
-from granndis_hpc.engine.exchange import halo_exchange, routed_exchange, send_index_tensor
+from granndis_hpc.engine.exchange import (halo_exchange, halo_exchange_post, halo_exchange_start, routed_exchange,
+                                          routed_post, send_index_tensor)
 from granndis_hpc.engine.halo_route import ServerRoute, plan_server_route
 from granndis_hpc.engine.steps import TrainingError
 from granndis_hpc.nn.cpu_kernels import csr_matmul
 from granndis_hpc.nn.graph import LayerGraph
-from granndis_hpc.nn.rows import PartialSources
+from granndis_hpc.nn.rows import PartialSources, PendingRows
 from granndis_hpc.nn.sparse import coo_to_csr
 
 __all__ = ["HALO_PAYLOADS", "PartialPayload", "plan_payload", "problem"]
 FLOAT32 = 4
 
 
-def problem(payload: str, mode: str, no_overlap: bool, pending_rows: bool, row_dtype, input_dropout: float, convs,
-            attn_dropout: float) -> Optional[str]:
+def problem(payload: str, mode: str, row_dtype, input_dropout: float, convs, attn_dropout: float) -> Optional[str]:
     """What refuses --halo-payload `payload` in this run (None: nothing); the message says how to fix it."""
     if payload == "rows":
         return None
     fix = "or use --halo-payload rows"
     if mode != "fb":
         return f"--halo-payload {payload} is implemented for --mode fb only (got {mode}); {fix}"
-    if not no_overlap and pending_rows:
-        return (f"--halo-payload {payload} exchanges the world halo blocking: add --no-overlap, {fix}")
     if row_dtype is not None:
         return f"--halo-payload {payload} needs float32 layers (--precision fp32), {fix}"
     if input_dropout > 0:
@@ -251,30 +257,46 @@ class PartialPayload:
         """Whether layer l exchanges partials (on some pair: every rank takes part in its exchanges)."""
         return self.layers[l] is not None
 
-    def sources(self, l: int, h: torch.Tensor, phase: str, exchange: Callable, wire_dtype) -> PartialSources:
-        """Layer l's source rows with the partials (`exchange`: the world group's, bound to `phase`)."""
+    def sources(self, l: int, h: torch.Tensor, phase: str, exchange: Callable, wire_dtype,
+                start: Optional[Callable] = None) -> PartialSources:
+        """Layer l's source rows with the partials (`exchange`, `start`: the world group's blocking and
+        posting exchanges, bound to `phase`).  start None: both parts blocking; given: the rows part is
+        posted now (PendingRows) and the partials when the layer asks for them, each waited for last."""
         lay = self.layers[l]
         assert lay is not None
-        if lay.route is not None:  # the rows on the per-server route, the partials direct
-            halo = routed_exchange(h, lay.route.send_index, lay.route.bind(phase), wire_dtype)
+        route = None if lay.route is None else lay.route.bind(phase)  # the rows relayed, the partials direct
+        rows: Union[torch.Tensor, PendingRows]
+        if start is None:
+            if route is not None:
+                halo = routed_exchange(h, route.send_index, route, wire_dtype)
+            else:
+                halo = halo_exchange(h, lay.send_index, lay.send_counts, lay.recv_counts, exchange, wire_dtype)
+            rows = torch.cat([h, halo], dim=0)
+        elif route is not None:
+            rows = routed_post(h, route.send_index, route, wire_dtype).rows(h)
         else:
-            halo = halo_exchange(h, lay.send_index, lay.send_counts, lay.recv_counts, exchange, wire_dtype)
+            rows = halo_exchange_start(h, lay.send_index, lay.send_counts, lay.recv_counts, start, wire_dtype)
 
-        def partials(m_own: torch.Tensor, kind: str) -> torch.Tensor:
+        def partials(m_own: torch.Tensor, kind: str) -> Callable[[], torch.Tensor]:
             mine = _Product.apply(m_own, *lay.product(kind))
-            got = halo_exchange(mine, lay.p_index, lay.p_send_counts, lay.p_recv_counts, exchange, wire_dtype)
-            return _Product.apply(got, *lay.receive)
-        return PartialSources(torch.cat([h, halo], dim=0), lay.graph, partials)
+            if start is None:
+                got = halo_exchange(mine, lay.p_index, lay.p_send_counts, lay.p_recv_counts, exchange, wire_dtype)
+                summed = _Product.apply(got, *lay.receive)
+                return lambda: summed
+            posted = halo_exchange_post(mine, lay.p_index, lay.p_send_counts, lay.p_recv_counts, start,
+                                        wire_dtype).rows(mine)
+            return lambda: _Product.apply(posted.halo(), *lay.receive)
+        return PartialSources(rows, lay.graph, partials)
 
 
-def payload_of_run(cfg, view, model, pending_rows: bool, row_dtype, comm) -> Optional[PartialPayload]:
+def payload_of_run(cfg, view, model, row_dtype, comm) -> Optional[PartialPayload]:
     """Collective: --halo-payload partial / smaller for the world `view` of `model` (None for rows), or the
     same refusal (problem) on every rank."""
     if cfg.halo_payload == "rows":
         return None
     with collective_errors(comm.topo.world, "", catch=(TrainingError,)):
-        why = problem(cfg.halo_payload, cfg.mode, cfg.no_overlap, pending_rows, row_dtype, cfg.input_dropout,
-                      list(getattr(model, "convs", ())), float(getattr(model, "attn_dropout", 0.0)))
+        why = problem(cfg.halo_payload, cfg.mode, row_dtype, cfg.input_dropout, list(getattr(model, "convs", ())),
+                      float(getattr(model, "attn_dropout", 0.0)))
         if why:
             raise TrainingError(why)
     return plan_payload(view, cfg.halo_payload, list(model.convs), not getattr(model, "residual", False),

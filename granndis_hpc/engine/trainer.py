@@ -167,8 +167,8 @@ class Trainer:
         self._overlap_halo = OVERLAP_HALOS[cfg.overlap_halos] \
             if not cfg.no_overlap and self.contract.pending_rows else frozenset()
         # --halo-payload partial / smaller: which layers and server pairs send partial aggregates (collective).
-        self.world_view.payload = partial.payload_of_run(cfg, self.world_view, self.model, self.contract.pending_rows,
-                                                         self.precision.row_dtype, self.comm)
+        self.world_view.payload = partial.payload_of_run(cfg, self.world_view, self.model, self.precision.row_dtype,
+                                                         self.comm)
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
         # Collective: graphs whose edges the model keys (attention dropout) or types (a typed model) by ids.

@@ -256,7 +256,7 @@ class View:
         x0 = self.input_features
         routes = None if self._routes is None else [route.bind(phase) for route in self._routes]
         posted: Dict[int, Any] = {}  # layer -> PostedHalo, posted from the layer's send rows before its other rows exist
-        payload = None if overlapped else self.payload
+        payload = self.payload
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
             if alone:
@@ -266,8 +266,8 @@ class View:
                 if h.shape[0] != lp.n_own_in:
                     raise ValueError(f"gather layer {l}: {h.shape[0]} own rows, the plan has {lp.n_own_in}")
                 return posted.pop(l).rows(h)
-            if payload is not None and payload.at(l):  # some peers send partial aggregates (blocking)
-                return payload.sources(l, h, phase, exchange, wire_dtype)
+            if payload is not None and payload.at(l):  # some peers send partial aggregates
+                return payload.sources(l, h, phase, exchange, wire_dtype, start if overlapped else None)
             if l == 0 and h is x0:
                 if self.halo_features is None:
                     raise ValueError("gather layer 0: the view holds no halo feature rows (built for a model whose "
@@ -298,7 +298,12 @@ class View:
                 posted[l] = halo_exchange_post(rows, position, lp.send_counts.tolist(), lp.recv_counts.tolist(),
                                                start, wire_dtype)
 
-            return HaloGather(gather, lambda l: self._row_split(l)[0], post)
+            def boundary(l: int) -> Optional[RowSplit]:
+                # A layer that sends partials posts them from its own messages, not from the rows the
+                # layer below computes: no boundary-first split for it.
+                return None if payload is not None and payload.at(l) else self._row_split(l)[0]
+
+            return HaloGather(gather, boundary, post)
         return HaloGather(gather)
 
     def layer_counts(self) -> List[dict]:

@@ -132,16 +132,18 @@ class HaloGather:
 class PartialSources:
     """A layer's source rows where some peers send partial aggregates instead of their rows.
 
-    ``rows`` [n_own + n_halo, d]: the own rows and the halo rows that came as rows; ``graph``: the
-    layer's LayerGraph over them (the in-edges from the other peers' rows left out, degrees unchanged);
-    ``partials(m_own, kind)``: given the messages of the own rows and the layer's aggregation kind, the
-    summed partial aggregates the other peers sent for the destination rows [n_dst, w] (it sends this
-    rank's own partials to them; autograd-connected both ways).  The layer runner adds them to the
-    aggregate of ``graph`` (nn/runner.py)."""
+    ``rows`` [n_own + n_halo, d]: the own rows and the halo rows that came as rows, a tensor or, the
+    exchange overlapped, ``PendingRows``; ``graph``: the layer's LayerGraph over them (the in-edges from
+    the other peers' rows left out, degrees unchanged); ``partials(m_own, kind)``: given the messages of
+    the own rows and the layer's aggregation kind, sends this rank's own partials to the peers and returns
+    ``wait()``, which gives the summed partial aggregates the other peers sent for the destination rows
+    [n_dst, w] (autograd-connected both ways; overlapped, the exchange travels until ``wait()``).  The
+    layer runner adds them to the aggregate of ``graph`` (nn/runner.py)."""
 
     __slots__ = ("rows", "graph", "partials")
 
-    def __init__(self, rows: torch.Tensor, graph, partials: Callable[[torch.Tensor, str], torch.Tensor]):
+    def __init__(self, rows: "torch.Tensor | PendingRows", graph,
+                 partials: Callable[[torch.Tensor, str], Callable[[], torch.Tensor]]):
         self.rows, self.graph, self.partials = rows, graph, partials
 
     @property

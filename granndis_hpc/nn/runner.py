@@ -100,18 +100,39 @@ def _call_layer(layer: Layer, h_src, graph: LayerGraph, attention=None, split=No
 
 def _call_partial(layer: Layer, sources: PartialSources, attention, split):
     """A weighted-sum layer over source rows some of whose peers sent partial aggregates: the aggregate
-    of the rows at hand plus the partials (the same weighted sum in another order of addition)."""
+    of the rows at hand plus the partials (the same weighted sum in another order of addition).
+
+    With the rows part in flight (PendingRows) the partials are posted as soon as the own messages exist,
+    the own rows' edges are aggregated while both travel, then the halo rows' edges and the partials are
+    added as they arrive.  Over a RowSplit the whole layer is computed, then split (the partials' exchange
+    is of the whole layer's destination rows)."""
     kind = layer.weighted_sum
-    if kind is None or split is not None or attention is not None:
+    if kind is None or attention is not None:
         raise ValueError(f"{type(layer).__name__}: partial aggregates need a layer whose aggregation is a "
-                         "weighted sum (Layer.weighted_sum), unsplit and without attention dropout; use "
-                         "--halo-payload rows")
+                         "weighted sum (Layer.weighted_sum), without attention dropout; use --halo-payload rows")
+    if split is not None:
+        out = _call_partial(layer, sources, attention, None)
+        return SplitRows(split, out.index_select(0, split.first), lambda: out.index_select(0, split.rest))
     graph, rows = sources.graph, sources.rows
-    call = LayerCall(graph, attention)
-    m = call.own_messages = layer.message(rows, call)
-    partials = [layer.aggregate_part(GraphPart(graph), m, call),
-                sources.partials(m if m.shape[0] == graph.n_own else m[: graph.n_own], kind)]
-    h_dst = dst_rows(rows, graph.n_dst) if layer.reads_dst else None
+    if isinstance(rows, PendingRows):
+        n_own = rows.own.shape[0]
+        call = LayerCall(graph, attention, n_own=n_own)
+        messages = rows.map(lambda r: layer.message(r, call))  # the halo's on arrival
+        call.own_messages = messages.own
+        wait_partials = sources.partials(messages.own, kind)  # posted
+        partials = [layer.aggregate_part(GraphPart(graph, "own", n_own), messages.own, call)]
+        # Even without halo rows the halo part stays in the graph: its backward posts the reverse
+        # exchange the peers wait for (as in _call_layer).
+        partials.append(layer.aggregate_part(GraphPart(graph, "halo", n_own), messages.halo(), call))
+        partials.append(wait_partials())
+        own = rows.own
+    else:
+        call = LayerCall(graph, attention)
+        m = call.own_messages = layer.message(rows, call)
+        wait_partials = sources.partials(m if m.shape[0] == graph.n_own else m[: graph.n_own], kind)
+        partials = [layer.aggregate_part(GraphPart(graph), m, call), wait_partials()]
+        own = rows
+    h_dst = dst_rows(own, graph.n_dst) if layer.reads_dst else None
     return layer.update(h_dst, layer.combine(partials, call), call)
 
 

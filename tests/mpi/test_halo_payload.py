@@ -3,9 +3,10 @@
 Exact: fb with partial aggregates ('partial', 'smaller') gives the logits, the accuracies and, after
 training with dropout, the parameters of fb with rows, on 2x2, 1x4 and 4x1 (float32 rounding only: the
 same weighted sums in another order), for GraphSAGE (mean), GCN, GIN (sum) and ResSAGE+ (whose layer 0
-exchanges rows every pass, so it sends partials too).  Bytes: the ledger's inter- and intra-server halo
-bytes of one epoch equal counts computed here from the graph and the partition with NumPy, for each
-payload, the per-server-pair choice of 'smaller' made here independently."""
+exchanges rows every pass, so it sends partials too), with the exchanges blocking (--no-overlap) and,
+for GraphSAGE, GCN and ResSAGE+, overlapped (the default).  Bytes: the ledger's inter- and intra-server
+halo bytes of one epoch equal counts computed here from the graph and the partition with NumPy, for each
+payload, the per-server-pair choice of 'smaller' made here independently, blocking and overlapped."""
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -17,10 +18,10 @@ WORLD = MPI.COMM_WORLD
 EPOCHS, HIDDEN = 2, 16
 
 
-def _run(shards, payload, rps, model="sage", route="direct"):
+def _run(shards, payload, rps, model="sage", route="direct", no_overlap=True):
     """Logits before training, parameters after EPOCHS with dropout and the evaluation's accuracies."""
     trainer = make_trainer(shards, "fb", model, 3, epochs=EPOCHS, dropout=0.5, seed=3, halo_payload=payload,
-                           ranks_per_server=rps, no_overlap=True, halo_route=route)
+                           ranks_per_server=rps, no_overlap=no_overlap, halo_route=route)
     try:
         logits, params, scores = logits_then_training(trainer)
         used = [bool(u.any()) for u in trainer.world_view.payload.use] if trainer.world_view.payload else []
@@ -30,31 +31,58 @@ def _run(shards, payload, rps, model="sage", route="direct"):
 
 
 # GraphSAGE on every shape with both payloads, and on 2x2 on the per-server route (rows relayed, partials
-# direct); the other kinds of weighted sum on 2x2 with partials.
-CASES = [("sage", 2, ("partial", "smaller"), "direct"), ("sage", 2, ("partial", "smaller"), "per-server"),
-         ("sage", 4, ("partial",), "direct"), ("sage", 1, ("partial", "smaller"), "direct"),
-         ("gcn", 2, ("partial",), "direct"), ("gin", 2, ("partial",), "direct"), ("ressage", 2, ("partial",), "direct")]
+# direct); the other kinds of weighted sum on 2x2 with partials.  overlap: also run each payload with the
+# exchanges overlapped (the default) and compare it with the blocking run and with rows.
+CASES = [("sage", 2, ("partial", "smaller"), "direct", True), ("sage", 2, ("partial", "smaller"), "per-server", True),
+         ("sage", 4, ("partial",), "direct", True), ("sage", 1, ("partial", "smaller"), "direct", True),
+         ("gcn", 2, ("partial",), "direct", True), ("gin", 2, ("partial",), "direct", False),
+         ("ressage", 2, ("partial",), "direct", True)]
 
 
-@pytest.mark.parametrize("model,rps,payloads,route", CASES)
-def test_partial_aggregates_equal_rows(cora_shapes, model, rps, payloads, route):
-    logits_r, params_r, scores_r, _ = _run(cora_shapes[rps], "rows", rps, model, route)
+def _check_equal(reference, got, where):
+    """Rank 0: logits, parameters after training and scores of `got` equal `reference`'s (rounding only)."""
+    logits_r, params_r, scores_r = reference
+    logits_p, params_p, scores_p = got
+    assert np.abs(logits_r - logits_p).max() < 1e-5 * max(1.0, np.abs(logits_r).max()), where
+    moved = max(params_r[k].abs().max().item() for k in params_r)
+    assert moved > 0
+    # Adam divides a float32 rounding residue of a near-zero gradient by its own small scale: 1e-4
+    # relative (a wrong edge or coefficient moves the updates by up to lr = 1e-2 a step).
+    err = max((params_r[k] - params_p[k]).abs().max().item() / max(1.0, params_r[k].abs().max().item())
+              for k in params_r)
+    assert err < 1e-4, f"{where}: parameters differ by {err:.3e}"
+    assert scores_r == scores_p, where
+
+
+@pytest.mark.parametrize("model,rps,payloads,route,overlap", CASES)
+def test_partial_aggregates_equal_rows(cora_shapes, model, rps, payloads, route, overlap):
+    *rows_run, _ = _run(cora_shapes[rps], "rows", rps, model, route)
     for payload in payloads:
-        logits_p, params_p, scores_p, used = _run(cora_shapes[rps], payload, rps, model, route)
+        runs = [(True, _run(cora_shapes[rps], payload, rps, model, route))]
+        if overlap:
+            runs.append((False, _run(cora_shapes[rps], payload, rps, model, route, no_overlap=False)))
         if WORLD.rank != 0:
             continue
-        where = f"{model}, {payload}, {rps} ranks per server, {route}"
-        if payload == "partial":  # layers 1, 2 (and ResSAGE+'s 0) send partials, where there are servers to
-            assert used == ([model == "ressage", True, True] if rps < WORLD.size else [False] * 3), where
-        assert np.abs(logits_r - logits_p).max() < 1e-5 * max(1.0, np.abs(logits_r).max()), where
-        moved = max(params_r[k].abs().max().item() for k in params_r)
-        assert moved > 0
-        # Adam divides a float32 rounding residue of a near-zero gradient by its own small scale: 1e-4
-        # relative (a wrong edge or coefficient moves the updates by up to lr = 1e-2 a step).
-        err = max((params_r[k] - params_p[k]).abs().max().item() / max(1.0, params_r[k].abs().max().item())
-                  for k in params_r)
-        assert err < 1e-4, f"{where}: parameters differ by {err:.3e}"
-        assert scores_r == scores_p, where
+        for no_overlap, (*got, used) in runs:
+            where = f"{model}, {payload}, {rps} ranks per server, {route}, {'blocking' if no_overlap else 'overlapped'}"
+            if payload == "partial":  # layers 1, 2 (and ResSAGE+'s 0) send partials, where there are servers to
+                assert used == ([model == "ressage", True, True] if rps < WORLD.size else [False] * 3), where
+            _check_equal(rows_run, got, where)
+            if not no_overlap:  # and the same as the blocking run with the same payload
+                assert used == runs[0][1][3], where
+                _check_equal(runs[0][1][:3], got, where)
+
+
+def _traced(fn):
+    """fn()'s exchange trace events (cluster/trace.py), recorded on this rank for the call only."""
+    from granndis_hpc.cluster import trace
+
+    saved, trace.EVENTS = trace.EVENTS, []
+    try:
+        fn()
+        return list(trace.EVENTS)
+    finally:
+        trace.EVENTS = saved
 
 
 def _pair_counts(cora, owner, server):
@@ -79,17 +107,25 @@ def _pair_counts(cora, owner, server):
 @pytest.mark.parametrize("route", ["direct", "per-server"])
 def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes, route):
     measured = {}
-    for payload in ("rows", "partial", "smaller"):
+    # Blocking (--no-overlap) each payload, and overlapped (the default) those that send partials.
+    runs = [(p, True) for p in ("rows", "partial", "smaller")] + [(p, False) for p in ("partial", "smaller")]
+    for payload, no_overlap in runs:
         trainer = make_trainer(cora_shapes[2], "fb", "sage", 3, hidden=HIDDEN, halo_payload=payload,
-                               no_overlap=True, halo_route=route)
+                               no_overlap=no_overlap, halo_route=route)
         try:
-            trainer.train_epoch()
+            events = _traced(trainer.train_epoch)
+            if not no_overlap:  # every exchange was posted: layers 1 and 2 post their rows, and the partials
+                n_used = sum(bool(u.any()) for u in trainer.world_view.payload.use)
+                steps = sum(e[0] == "step_start" for e in events)
+                posts = [sum(e[0] == "post_" + d for e in events) for d in ("fwd", "bwd")]
+                assert steps > 0 and not any(e[0].startswith("block_") for e in events)
+                assert posts[0] == posts[1] == (2 + n_used) * steps, (payload, n_used, steps, posts)
             got = WORLD.allgather((trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo")))
             owner_parts = WORLD.allgather(trainer.slice.global_id[: trainer.slice.n_inner])
             server = np.array([trainer.topo.server_of(r) for r in range(WORLD.size)])
         finally:
             trainer.close()
-        measured[payload] = tuple(sum(g[i] for g in got) for i in (0, 1))
+        measured[payload, no_overlap] = tuple(sum(g[i] for g in got) for i in (0, 1))
     owner = np.empty(sum(p.size for p in owner_parts), dtype=np.int64)
     for rank, gids in enumerate(owner_parts):
         owner[gids] = rank
@@ -109,18 +145,17 @@ def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes, route):
     widths = [(HIDDEN, HIDDEN), (HIDDEN, 7)]
     expected = {payload: 2 * 4 * sum(pick(r * w_in, p * w_msg) for w_in, w_msg in widths for r, p in pairs)
                 for payload, pick in (("rows", lambda r, p: r), ("partial", lambda r, p: p), ("smaller", min))}
-    for payload in measured:
-        assert measured[payload][0] == expected[payload], payload
+    for payload, no_overlap in measured:
+        assert measured[payload, no_overlap][0] == expected[payload], (payload, no_overlap)
     intra = sum(int(rows[~across].sum()) * w_in for w_in, _ in widths) * 2 * 4  # same-server rows
     if route == "direct":
-        assert all(measured[payload][1] == intra for payload in measured)
+        assert all(measured[run][1] == intra for run in measured)
     else:  # the rows that no longer cross are forwarded inside the server; with partials only, none are
-        assert measured["partial"][1] == intra < measured["rows"][1]
+        assert measured["partial", True][1] == measured["partial", False][1] == intra < measured["rows", True][1]
+        assert measured["smaller", True][1] == measured["smaller", False][1]
     assert expected["smaller"] <= min(expected["rows"], expected["partial"])
 
 
-def test_refused_with_overlap(cora_shapes):
-    with pytest.raises(Exception, match="--no-overlap"):
-        make_trainer(cora_shapes[2], "fb", "sage", 3, halo_payload="partial", halo_route="direct")
+def test_refused_outside_fb(cora_shapes):
     with pytest.raises(Exception, match="--mode fb"):
         make_trainer(cora_shapes[2], "flx", "sage", 3, halo_payload="smaller", no_overlap=True, preloaded_layers=1)

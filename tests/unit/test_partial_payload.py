@@ -50,14 +50,14 @@ def test_choice_per_server_pair_and_layer():
 
 
 def _problem(payload="partial", **kw):
-    args = dict(mode="fb", no_overlap=True, pending_rows=True, row_dtype=None,
+    args = dict(mode="fb", row_dtype=None,
                 input_dropout=0.0, convs=[SAGEConv(4, 4), GCNConv(4, 2), GINConv(2, 2)], attn_dropout=0.0)
     args.update(kw)
     return partial.problem(payload, **args)
 
 
 @pytest.mark.parametrize("change,words", [
-    ({"mode": "flx"}, "--mode fb"), ({"no_overlap": False}, "--no-overlap"),
+    ({"mode": "flx"}, "--mode fb"),
     ({"row_dtype": "bf16"}, "--precision fp32"), ({"input_dropout": 0.1}, "--input-dropout"),
     ({"convs": [SAGEConv(4, 4), SAGEMaxConv(4, 4)]}, "SAGEMaxConv"), ({"convs": []}, "weighted sum")])
 def test_refusals_say_what_and_how(change, words):
