@@ -306,8 +306,9 @@ def payload_of_run(cfg, view, model, row_dtype, comm) -> Optional[PartialPayload
 def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Callable,
                  device) -> PartialPayload:
     """Collective over the view's (world) group: the partial payload of `view` for the model's `convs`
-    (its ``at(l)`` False at every layer where every pair sends rows).  static_first: layer 0 reads the input features (their halo rows
-    exchanged once at set-up).  allreduce(array): the sum over the world's ranks."""
+    (its ``at(l)`` False at every layer where every pair sends rows).  static_first: layer 0 reads the
+    input features (their halo rows exchanged once at set-up).  allreduce(array): the sum over the world's
+    ranks."""
     group, layers = view.exchange_group, view.plan.layers
     lp = layers[0]
     if any(other is not lp for other in layers):

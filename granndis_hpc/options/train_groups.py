@@ -281,7 +281,8 @@ class ExchangeOptions(Options):
                                     "for each remote destination row the sum of the sending rank's rows' "
                                     "contributions (gradients return the same way); 'smaller' whichever of the "
                                     "two is fewer bytes, per pair of servers and layer, from exact counts; all "
-                                    "exact; 'partial' and 'smaller' need --no-overlap")
+                                    "exact, overlapped or with --no-overlap; 'partial' and 'smaller' need "
+                                    "--mode fb, --precision fp32 and no input or attention dropout")
     # Kept on resume: a checkpoint's trajectory and its summary's exactness are those of one precision.
     precision: str = option("fp32", choices=PRECISIONS,
                             help="the dtype the layers compute in: fp32, or bf16 (torch.autocast on the run's "

@@ -1,5 +1,6 @@
 """The partial-payload plan (engine/partial.py) without MPI: the counts a receiving rank reads from its
-layer plan, the per-server-pair choice, and the refusals."""
+layer plan, the per-server-pair choice, the refusals, and the layer runner's call over rows and partials
+(nn/runner.py), blocking and with the rows in flight."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -64,3 +65,51 @@ def test_refusals_say_what_and_how(change, words):
     assert _problem() is None and _problem("rows", mode="flx") is None
     why = _problem(**change)
     assert why is not None and words in why and "--halo-payload rows" in why
+
+
+@pytest.mark.parametrize("pending", [False, True])
+@pytest.mark.parametrize("split", [False, True])
+def test_layer_over_rows_and_partials_equals_the_dense_layer(pending, split):
+    """nn/runner.py's partial call: own rows, 4 halo rows sent as rows (in flight or not) and 3 rows of
+    another peer sent as partial aggregates give GraphSAGE's mean over all 13 rows, computed densely here;
+    over a RowSplit its two groups of rows.  The wait for the partials comes after the own edges' part."""
+    import torch
+
+    from granndis_hpc.nn.graph import LayerGraph
+    from granndis_hpc.nn.rows import PartialSources, PendingRows, RowSplit
+    from granndis_hpc.nn.runner import call_layer
+
+    torch.manual_seed(0)
+    n_dst, n_rows, n_src = 6, 10, 13  # sources: 6 own, 4 halo rows, 3 rows whose peer sends partials
+    adj = (torch.rand(n_dst, n_src) < 0.45).float()
+    adj[:, 0] = 1.0  # every row has an in-edge
+    deg = adj.sum(1)
+    h = torch.randn(n_src, 5)
+    conv = SAGEConv(5, 3)  # narrowing: messages are lin_neigh(h), 3 wide, on every path
+    with torch.no_grad():
+        want = conv.lin_self(h[:n_dst]) + conv.lin_neigh(adj @ h / deg[:, None])
+    kept = adj[:, :n_rows]
+    rows, cols = kept.nonzero(as_tuple=True)
+    graph = LayerGraph(n_dst, n_rows, torch.cat([torch.zeros(1, dtype=torch.int64), kept.sum(1).long().cumsum(0)]),
+                       cols, deg, torch.ones(n_rows), None, n_own=n_dst)
+    order = []
+
+    def partials(m_own, kind):
+        assert kind == "mean" and m_own.shape == (n_dst, 3)
+        order.append("posted")
+
+        def wait():
+            order.append("waited")
+            return (adj[:, n_rows:] @ conv.lin_neigh(h[n_rows:])) / deg[:, None]
+        return wait
+
+    def halo():
+        order.append("halo")
+        return h[n_dst:n_rows]
+    src = PendingRows(h[:n_dst], halo, n_rows - n_dst) if pending else h[:n_rows]
+    row_split = RowSplit(torch.tensor([1, 4]), n_dst) if split else None
+    with torch.no_grad():
+        out = call_layer(conv, PartialSources(src, graph, partials), graph, split=row_split)
+        got = out.merge() if split else out
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    assert order == (["posted", "halo", "waited"] if pending else ["posted", "waited"])
