@@ -114,6 +114,8 @@ def _call_partial(layer: Layer, sources: PartialSources, attention, split):
         out = _call_partial(layer, sources, attention, None)
         return SplitRows(split, out.index_select(0, split.first), lambda: out.index_select(0, split.rest))
     graph, rows = sources.graph, sources.rows
+    if isinstance(rows, PendingRows) and not layer.splits_sources:
+        rows = rows.materialize()  # the wait, then the whole block (as in _call_layer)
     if isinstance(rows, PendingRows):
         n_own = rows.own.shape[0]
         call = LayerCall(graph, attention, n_own=n_own)
