@@ -78,7 +78,8 @@ def world_rows(sl, my_rank: int) -> RowSource:
     gid = sl.w_src_global_id.astype(np.int64)
     owner = sl.w_src_rank.astype(np.int64)
     is_own = owner == my_rank
-    pos = position_lookup(inner_gid)(gid)  # inner rows by locality block, not by id (preprocess/partition/row_blocks.py)
+    # Inner rows by locality block, not by id (preprocess/partition/row_blocks.py)
+    pos = position_lookup(inner_gid)(gid)
     if np.any(is_own & (pos < 0)):
         raise planner.PlanError("world view names this rank as owner of a vertex it does not hold; "
                                 "the shard is inconsistent: run `granndis preprocess verify`")
@@ -255,7 +256,8 @@ class View:
         start = functools.partial(self.exchange_group.start, phase=phase)
         x0 = self.input_features
         routes = None if self._routes is None else [route.bind(phase) for route in self._routes]
-        posted: Dict[int, Any] = {}  # layer -> PostedHalo, posted from the layer's send rows before its other rows exist
+        # Layer -> PostedHalo, posted from the layer's send rows before its other rows exist.
+        posted: Dict[int, Any] = {}
         payload = self.payload
 
         def gather(l: int, h: torch.Tensor) -> torch.Tensor:
