@@ -47,16 +47,7 @@ def _rows(units: int, per_row: int) -> int:
 
 def _best(step, device: torch.device) -> float:
     step()  # untimed: allocations, kernel selection
-    best = float("inf")
-    for _ in range(TRIALS):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return max(best, 1e-9)
+    return max(min(_timed(step, device) for _ in range(TRIALS)), 1e-9)
 
 
 def row_seconds(w_in: int, w_out: int, device: torch.device) -> float:
