@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 
-from harness import REPO, run, run_workers, write_page
+from harness import REPO, measure_on_built_sets, run, write_page
 from products_ref import graph_args
 
 ROUTES = ("direct", "per-server")
@@ -167,22 +165,14 @@ def main(argv=None):
     if args.worker:
         _worker(args)
         return 0
-    log = []
     if args.from_results:
         with open(args.results) as f:
             data = json.load(f)
     else:
-        base = tempfile.mkdtemp(prefix="granndis-halo-route-")
-        try:
-            dirs = build_sets(base, log)
-            worker_args = ["--epochs", str(args.epochs), "--sets", *[dirs[n] for n in GRAPHS]]
-            data = {"epochs": args.epochs, "graphs": run_workers(__file__, worker_args)}
-        finally:
-            shutil.rmtree(base, ignore_errors=True)  # the shard sets this run built
-        log.append(" ".join(["mpirun", "-n", "4", "python", "bench/bench_halo_route.py", "--worker", "RESULTS.json",
-                             *worker_args]))
-        log = [line.replace(base, "SETS") for line in log]
-        data["commands"] = log
+        graphs, commands = measure_on_built_sets(
+            os.path.abspath(__file__), build_sets,
+            lambda dirs: ["--epochs", str(args.epochs), "--sets", *[dirs[n] for n in GRAPHS]])
+        data = {"epochs": args.epochs, "graphs": graphs, "commands": commands}
     if args.cluster_sweep:
         data["cluster"] = cluster_rows(args.cluster_sweep)
     with open(args.results, "w") as f:

@@ -20,11 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 
-from harness import REPO, run, run_workers, write_page
+from harness import REPO, measure_on_built_sets, run, write_page
 from products_ref import graph_args
 
 PAYLOADS = ("rows", "partial", "smaller")
@@ -199,21 +197,14 @@ def main(argv=None):
     if args.worker:
         _worker(args)
         return 0
-    log = []
     if args.from_results:
         with open(args.results) as f:
             data = json.load(f)
     else:
-        base = tempfile.mkdtemp(prefix="granndis-partial-")
-        try:
-            dirs = build_sets(base, log)
-            worker_args = ["--sets", *[dirs[(n, s)] for n in GRAPHS for s in SHAPES]]
-            data = {"graphs": run_workers(__file__, worker_args)}
-        finally:
-            shutil.rmtree(base, ignore_errors=True)  # the shard sets this run built
-        log.append(" ".join(["mpirun", "-n", "4", "python", "bench/bench_partial.py", "--worker", "RESULTS.json",
-                             *worker_args]))
-        data["commands"] = [line.replace(base, "SETS").replace(REPO + os.sep, "") for line in log]
+        graphs, commands = measure_on_built_sets(
+            os.path.abspath(__file__), build_sets,
+            lambda dirs: ["--sets", *[dirs[(n, s)] for n in GRAPHS for s in SHAPES]])
+        data = {"graphs": graphs, "commands": commands}
         with open(args.results, "w") as f:
             json.dump(data, f, indent=1)
     write_page(args.out, page(data["graphs"]), "bench/bench_partial.py", [""], data.get("commands", []))

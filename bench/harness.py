@@ -9,6 +9,7 @@ installed (`make setup`, or `pip install -e .`).
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import tempfile
@@ -50,6 +51,22 @@ def run_workers(script, worker_args, ranks=4):
             return json.load(f)
     finally:
         os.unlink(results_file)
+
+
+def measure_on_built_sets(script, build_sets, worker_args_of):
+    """Build shard sets in a temporary folder (`build_sets(base, log)` -> their paths), run `script`'s
+    worker on them (`worker_args_of(paths)`, run_workers) and remove the folder: (the workers' results, the
+    commands that reproduce them, with the folder written SETS and paths relative to the repository)."""
+    log = []
+    base = tempfile.mkdtemp(prefix=f"granndis-{os.path.splitext(os.path.basename(script))[0]}-")
+    try:
+        worker_args = worker_args_of(build_sets(base, log))
+        results = run_workers(script, worker_args)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)  # the shard sets this run built
+    log.append(" ".join(["mpirun", "-n", "4", "python", os.path.relpath(script, REPO), "--worker", "RESULTS.json",
+                         *worker_args]))
+    return results, [line.replace(base, "SETS").replace(REPO + os.sep, "") for line in log]
 
 
 def build(args, out, preload_args, log, layers=None, vertices=None):
