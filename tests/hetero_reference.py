@@ -118,10 +118,11 @@ def reference_forward(p: Dict[str, torch.Tensor], types: GraphTypes, indptr, ind
 
 
 def train_reference(model, graph, layers: int, epochs: int, lr: float, dropout: float, seed: int,
-                    linear_layers: int = 0, norm: bool = False) -> Dict[str, torch.Tensor]:
+                    linear_layers: int = 0, norm: bool = False, features=None) -> Dict[str, torch.Tensor]:
     """Single-process full-graph training of `model`'s parameters in float64 with reference_forward:
     Adam on CE(sum)/n_train over the target type's training vertices, feature dropout with the masks of
-    vertices 0..N-1 (nn/dropout.keep_mask).  Returns the trained parameters by name."""
+    vertices 0..N-1 (nn/dropout.keep_mask).  features(p): the layer-0 rows from the parameters being
+    trained (an input projection's); None: graph.features.  Returns the trained parameters by name."""
     from granndis_hpc.nn.dropout import keep_mask
 
     p = {k: v.detach().double().clone().requires_grad_(True) for k, v in model.named_parameters()}
@@ -133,7 +134,8 @@ def train_reference(model, graph, layers: int, epochs: int, lr: float, dropout: 
         def drop(layer, h, epoch=epoch):
             return h * keep_mask(seed, epoch, layer, ids, h.shape[1], dropout).to(h.dtype) / (1 - dropout)
         opt.zero_grad()
-        logits = reference_forward(p, graph.types, graph.indptr, graph.indices, graph.features, layers, model.name,
+        x = graph.features if features is None else features(p)
+        logits = reference_forward(p, graph.types, graph.indptr, graph.indices, x, layers, model.name,
                                    linear_layers, norm, drop if dropout > 0 else None)
         loss = F.cross_entropy(logits[train], y[train], reduction="sum") / len(train)
         loss.backward()

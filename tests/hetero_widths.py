@@ -9,9 +9,9 @@ from typing import Dict
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from granndis_hpc.preprocess.sources.hetero import canonicalize_hetero
+from tests import hetero_reference
 from tests.hetero_reference import reference_forward
 
 COUNTS = {"a": 60, "b": 40, "c": 30, "d": 10}
@@ -73,21 +73,7 @@ def reference_logits(model_state, graph, rows, layers: int, model: str) -> torch
 
 
 def train_reference(model, graph, rows, layers: int, epochs: int, lr: float, dropout: float, seed: int):
-    """Full-graph training of `model`'s parameters (the input Linears included) in float64: Adam on
-    CE(sum)/n_train over a's training vertices, feature dropout keyed by vertex id (nn/dropout.keep_mask)."""
-    from granndis_hpc.nn.dropout import keep_mask
-
-    p = {k: v.detach().double().clone().requires_grad_(True) for k, v in model.named_parameters()}
-    opt = torch.optim.Adam(list(p.values()), lr=lr)
-    y = torch.from_numpy(graph.labels)
-    train = torch.from_numpy(np.flatnonzero(graph.train_mask))
-    ids = torch.arange(graph.num_vertices)
-    for epoch in range(epochs):
-        def drop(layer, h, epoch=epoch):
-            return h * keep_mask(seed, epoch, layer, ids, h.shape[1], dropout).to(h.dtype) / (1 - dropout)
-        opt.zero_grad()
-        logits = reference_forward(p, graph.types, graph.indptr, graph.indices, projected(p, rows), layers,
-                                   model.name, drop=drop if dropout > 0 else None)
-        F.cross_entropy(logits[train], y[train], reduction="sum").div(len(train)).backward()
-        opt.step()
-    return {k: v.detach() for k, v in p.items()}
+    """tests/hetero_reference.train_reference with the input Linears trained too: layer 0 reads each
+    type's rows projected by the parameters being trained."""
+    return hetero_reference.train_reference(model, graph, layers, epochs, lr, dropout, seed,
+                                            features=lambda p: projected(p, rows))
