@@ -58,8 +58,9 @@ __all__ = ["HALO_PAYLOADS", "PartialPayload", "plan_payload", "problem"]
 FLOAT32 = 4
 
 
-def problem(payload: str, mode: str, row_dtype, input_dropout: float, convs, attn_dropout: float) -> Optional[str]:
-    """What refuses --halo-payload `payload` in this run (None: nothing); the message says how to fix it."""
+def problem(payload: str, mode: str, row_dtype, input_dropout: float, convs) -> Optional[str]:
+    """What refuses --halo-payload `payload` in this run (None: nothing); the message says how to fix it.
+    Attention layers (GAT, and so attention dropout) are not weighted sums: refused with the layers."""
     if payload == "rows":
         return None
     fix = "or use --halo-payload rows"
@@ -69,9 +70,7 @@ def problem(payload: str, mode: str, row_dtype, input_dropout: float, convs, att
         return f"--halo-payload {payload} needs float32 layers (--precision fp32), {fix}"
     if input_dropout > 0:
         return f"--halo-payload {payload} does not support --input-dropout (it drops halo rows), {fix}"
-    if attn_dropout > 0:
-        return f"--halo-payload {payload} does not support attention dropout, {fix}"
-    bad = sorted({type(c).__name__ for c in convs if getattr(c, "weighted_sum", None) is None})
+    bad = sorted({type(c).__name__ for c in convs if c.weighted_sum is None})
     if bad or not convs:
         return (f"--halo-payload {payload} needs layers whose aggregation is a weighted sum (sage, gcn, gin, "
                 f"sage-sum); this model's {', '.join(bad)} is not; {fix}")
@@ -295,11 +294,10 @@ def payload_of_run(cfg, view, model, row_dtype, comm) -> Optional[PartialPayload
     if cfg.halo_payload == "rows":
         return None
     with collective_errors(comm.topo.world, "", catch=(TrainingError,)):
-        why = problem(cfg.halo_payload, cfg.mode, row_dtype, cfg.input_dropout, list(getattr(model, "convs", ())),
-                      float(getattr(model, "attn_dropout", 0.0)))
+        why = problem(cfg.halo_payload, cfg.mode, row_dtype, cfg.input_dropout, list(model.convs))
         if why:
             raise TrainingError(why)
-    return plan_payload(view, cfg.halo_payload, list(model.convs), not getattr(model, "residual", False),
+    return plan_payload(view, cfg.halo_payload, list(model.convs), not model.residual,
                         lambda counts: comm.allreduce_scalar(counts, "sum"), view.device)
 
 

@@ -52,7 +52,7 @@ def test_choice_per_server_pair_and_layer():
 
 def _problem(payload="partial", **kw):
     args = dict(mode="fb", row_dtype=None,
-                input_dropout=0.0, convs=[SAGEConv(4, 4), GCNConv(4, 2), GINConv(2, 2)], attn_dropout=0.0)
+                input_dropout=0.0, convs=[SAGEConv(4, 4), GCNConv(4, 2), GINConv(2, 2)])
     args.update(kw)
     return partial.problem(payload, **args)
 
