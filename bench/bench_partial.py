@@ -73,10 +73,10 @@ def _pairs(payload, trainer):
                 pair[np.ix_(server == s, server == t)] = True
                 none = np.zeros_like(pair)
                 out.append({"layer": layer, "from": int(s), "to": int(t),
-                            "rows": partial.pair_bytes(rows, partials, none, conv.in_features, conv.message_width(),
-                                                       pair),
+                            "rows": partial.pair_bytes(rows, partials, none, conv.in_features,
+                                                       conv.partial_width(), pair),
                             "partial": partial.pair_bytes(rows, partials, pair, conv.in_features,
-                                                          conv.message_width(), pair)})
+                                                          conv.partial_width(), pair)})
     return out
 
 

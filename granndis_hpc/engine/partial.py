@@ -6,15 +6,21 @@ agg(v) = sum_u c(u, v) m(u) over v's in-edges, m the layer's messages and c the 
 for every destination row v of b with an in-edge from a, the partial sum of its own rows'
 contributions p_a(v) = sum_{u on a} c(u, v) m(u); b adds them into agg(v).  The backward sends the
 gradient of agg(v) back to a, which scatters it to its rows (autograd through the same products).
-The sum is the same, in another order of addition (exact, float rounding aside).
+The sum is the same, in another order of addition (exact, float rounding aside).  R-GCN (kind
+RELATION_MEAN, nn/contract.py): out_v = x_v W_root + sum_r mean_{u in N_r(v)} x_u W_r + b is linear in
+the source rows, so a sends p_a(v) = sum_r (sum_{u on a in N_r(v)} x_u / deg_r(v)) W_r, the relations'
+sums taken at input width and projected by the layer (out wide), which b adds to the layer's output;
+the coefficients 1 / deg_r(v) and each edge's relation are the receiver's, sent with the entries.
 
 Which is fewer bytes depends on the pair and the layer: rows cost (distinct rows a sends b) x the
-layer's input width, partials (distinct rows of b with an in-edge from a) x its message width
-(min(in, out)).  Per ordered pair of servers (sending server, receiving server) and layer:
+layer's input width, partials (distinct rows of b with an in-edge from a) x its partial width
+(Layer.partial_width: the message width min(in, out), or R-GCN's output width).  Per ordered pair of
+servers (sending server, receiving server) and layer:
     rows     every layer sends rows (the default);
     partial  every layer whose rows are exchanged per pass sends partials between servers (layer 0 of
              a plain stack reads the input features, whose halo rows were exchanged once at set-up, so
-             it keeps them);
+             it keeps them; a residual stack or a typed model's input projection makes its rows travel
+             every pass, so it sends partials too);
     smaller  whichever of the two the exact counts of the whole server pair make fewer bytes (ties: rows).
 Ranks of one server always exchange rows.  On --halo-route per-server the rows still cross once per
 receiving server (a route planned for the pairs that send rows) and 'smaller' counts them so; the
@@ -33,8 +39,8 @@ its rows before the exchange is posted.
 Set-up (`plan_payload`, collective over the world): every rank counts, per peer, the rows it receives
 and the partial rows it would receive; an all-reduce gives every rank every pair's counts, so all
 choose alike; then each receiving rank sends each sending rank the entries of its partial rows
-(partial row, position in the rows the sender sends it, the coefficient c of every kind the model
-uses), so that the sender computes exactly the coefficients fb's receiver would have used.
+(partial row, position in the rows the sender sends it, the edge's relation, the coefficient c of
+every kind the model uses), so that the sender computes exactly the coefficients fb's receiver would have used.
 """
 from __future__ import annotations
 
@@ -49,6 +55,7 @@ from granndis_hpc.engine.exchange import (halo_exchange, halo_exchange_post, hal
                                           routed_post, send_index_tensor)
 from granndis_hpc.engine.halo_route import ServerRoute, plan_server_route
 from granndis_hpc.engine.steps import TrainingError
+from granndis_hpc.nn.contract import RELATION_MEAN
 from granndis_hpc.nn.cpu_kernels import csr_matmul
 from granndis_hpc.nn.graph import LayerGraph
 from granndis_hpc.nn.rows import PartialSources, PendingRows
@@ -73,7 +80,7 @@ def problem(payload: str, mode: str, row_dtype, input_dropout: float, convs) -> 
     bad = sorted({type(c).__name__ for c in convs if c.weighted_sum is None})
     if bad or not convs:
         return (f"--halo-payload {payload} needs layers whose aggregation is a weighted sum (sage, gcn, gin, "
-                f"sage-sum); this model's {', '.join(bad)} is not; {fix}")
+                f"sage-sum, rgcn); this model's {', '.join(bad)} is not; {fix}")
     return None
 
 
@@ -185,7 +192,10 @@ class _LayerPayload:
         assert graph.src_loops is not None  # (LayerGraph sets it)
         self.graph = LayerGraph(lp.n_dst, int(keep_col.sum()), torch.as_tensor(indptr, device=device),
                                 torch.as_tensor(new_col[lp.indices[keep_edge]], device=device),
-                                graph.dst_degree, graph.src_degree[keep_t], graph.src_loops[keep_t], n_own=n_own)
+                                graph.dst_degree, graph.src_degree[keep_t], graph.src_loops[keep_t], n_own=n_own,
+                                degrees_from=graph)
+        if graph.source_ids is not None:  # a typed layer reads its rows' types from their ids
+            self.graph.source_ids = graph.source_ids[keep_t]
         # The partials part: what this rank sends (rows of its products) and receives, per peer.
         self.p_send_counts = np.where(send_partial, sent.counts, 0).tolist()
         self.p_recv_counts = np.where(recv_partial, received.counts, 0).tolist()
@@ -195,9 +205,11 @@ class _LayerPayload:
         self.receive = received.matrix(recv_partial, lp.n_dst, device)
         self._products: Dict[str, tuple] = {}
 
-    def product(self, kind: str):
+    def product(self, kind: str, num_relations: int = 0):
+        """The CSR pair of this rank's partials from its messages; RELATION_MEAN: per relation (the
+        partial rows it reaches, their CSR pair)."""
         if kind not in self._products:
-            self._products[kind] = self._sent.matrix(self._send_peers, kind, self.n_own, self.device)
+            self._products[kind] = self._sent.matrix(self._send_peers, kind, self.n_own, self.device, num_relations)
         return self._products[kind]
 
 
@@ -226,21 +238,35 @@ class _Received:
 
 
 class _Sent:
-    """This rank as a sender: per receiving peer, the entries (partial row, own row, coefficient per kind)."""
+    """This rank as a sender: per receiving peer, the entries (partial row, own row, the edge's relation,
+    coefficient per kind)."""
 
     def __init__(self, counts: np.ndarray, peer: np.ndarray, partial_row: np.ndarray, own_row: np.ndarray,
-                 values: Dict[str, np.ndarray]):
-        self.counts, self.peer, self.partial_row, self.own_row, self.values = counts, peer, partial_row, own_row, values
+                 relation: np.ndarray, values: Dict[str, np.ndarray]):
+        self.counts, self.peer, self.partial_row, self.own_row = counts, peer, partial_row, own_row
+        self.relation, self.values = relation, values
 
-    def matrix(self, to_peers: np.ndarray, kind: str, n_own: int, device):
-        """The products of the partials this rank sends `to_peers` (rows grouped by peer) from its messages."""
+    def matrix(self, to_peers: np.ndarray, kind: str, n_own: int, device, num_relations: int = 0):
+        """The products of the partials this rank sends `to_peers` (rows grouped by peer) from its messages:
+        a CSR pair, or for RELATION_MEAN per relation r (the partial rows with an entry of r, the CSR pair
+        of those rows), every relation listed (an empty one too: the layer's projection stays in the graph)."""
         if kind not in self.values:
             raise ValueError(f"partial aggregates: no coefficients of the aggregation kind {kind!r} were planned")
         chosen = to_peers[self.peer]
         offsets = np.concatenate([[0], np.cumsum(np.where(to_peers, self.counts, 0))[:-1]])
         rows = offsets[self.peer[chosen]] + self.partial_row[chosen]
         n = int(np.where(to_peers, self.counts, 0).sum())
-        return _csr_pair(rows, self.own_row[chosen], self.values[kind][chosen], (n, n_own), device)
+        cols, vals = self.own_row[chosen], self.values[kind][chosen]
+        if kind != RELATION_MEAN:
+            return _csr_pair(rows, cols, vals, (n, n_own), device)
+        out = []
+        relation = self.relation[chosen]
+        for r in range(num_relations):
+            mine = relation == r
+            reached, local = np.unique(rows[mine], return_inverse=True)
+            out.append((torch.as_tensor(reached, device=device),
+                        _csr_pair(local.reshape(-1), cols[mine], vals[mine], (reached.size, n_own), device)))
+        return out
 
 
 class PartialPayload:
@@ -276,8 +302,14 @@ class PartialPayload:
         else:
             rows = halo_exchange_start(h, lay.send_index, lay.send_counts, lay.recv_counts, start, wire_dtype)
 
-        def partials(m_own: torch.Tensor, kind: str) -> Callable[[], torch.Tensor]:
-            mine = _Product.apply(m_own, *lay.product(kind))
+        def partials(m_own: torch.Tensor, layer) -> Callable[[], torch.Tensor]:
+            kind = layer.weighted_sum
+            if kind == RELATION_MEAN:  # each relation's sums at message width, projected by the layer
+                products = lay.product(kind, layer.num_relations)
+                mine = layer.project_partials([_Product.apply(m_own, *pair) for _, pair in products],
+                                              [reached for reached, _ in products], sum(lay.p_send_counts))
+            else:
+                mine = _Product.apply(m_own, *lay.product(kind))
             if start is None:
                 got = halo_exchange(mine, lay.p_index, lay.p_send_counts, lay.p_recv_counts, exchange, wire_dtype)
                 summed = _Product.apply(got, *lay.receive)
@@ -297,7 +329,10 @@ def payload_of_run(cfg, view, model, row_dtype, comm) -> Optional[PartialPayload
         why = problem(cfg.halo_payload, cfg.mode, row_dtype, cfg.input_dropout, list(model.convs))
         if why:
             raise TrainingError(why)
-    return plan_payload(view, cfg.halo_payload, list(model.convs), not model.residual,
+    # Layer 0 reads the input features, their halo exchanged at set-up, unless the model projects them
+    # first or is residual (its encoder): then its rows are exchanged every pass like any layer's.
+    static_first = not model.residual and not model.contract.input_projection
+    return plan_payload(view, cfg.halo_payload, list(model.convs), static_first,
                         lambda counts: comm.allreduce_scalar(counts, "sum"), view.device)
 
 
@@ -326,7 +361,7 @@ def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Calla
         mine[me] = np.bincount(pairs[:, 0], minlength=mine.shape[1])
         rows_once = np.asarray(allreduce(mine))
     use = choose(payload, rows, partials, group.peer_server, [c.in_features for c in convs],
-                 [c.message_width() for c in convs], static, rows_once)
+                 [c.partial_width() for c in convs], static, rows_once)
     if not any(u.any() for u in use):
         return PartialPayload([None] * len(convs), use, (rows, partials), rows_once)
     # The entries of every pair that sends partials at some layer: receiver -> sender, once.
@@ -335,7 +370,14 @@ def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Calla
     graph = view.graphs[0]
     kinds = sorted({c.weighted_sum for c, u in zip(convs, use) if u.any()})
     coo_vals = []
+    relation = np.zeros(lp.indices.size, dtype=np.int64)  # of every edge (RELATION_MEAN; else 0)
     for kind in kinds:
+        if kind == RELATION_MEAN:  # the relations and coefficients are the model's (one typing for all)
+            conv = next(c for c in convs if c.weighted_sum == kind)
+            rel, coefficient = (t.cpu().numpy() for t in conv.relation_edges(graph))
+            relation = rel.astype(np.int64)
+            coo_vals.append(coefficient.astype(np.float32)[received.halo_edge])
+            continue
         _, cols, vals = graph.coo(kind)
         n_edges = lp.indices.size  # gcn appends its self loops after the edges (never halo columns)
         coo_vals.append(_halo_values(graph, kind, cols, vals, n_edges, lp.n_own_in)[received.halo_edge])
@@ -343,18 +385,18 @@ def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Calla
     order = np.argsort(received.peer[ask], kind="stable")
     ask_peer = received.peer[ask][order]
     meta = np.stack([received.position[ask][order] - received.offsets[ask_peer],
-                     received.col_in_block[ask][order]], axis=1)
+                     received.col_in_block[ask][order], relation[received.halo_edge][ask][order]], axis=1)
     vals = np.stack([v[ask][order] for v in coo_vals], axis=1).astype(np.float32)
     entry_counts = np.bincount(ask_peer, minlength=P).astype(np.int64).tolist()
     got_counts = group.counts(entry_counts)
-    got_meta = group.exchange(torch.as_tensor(meta.reshape(-1, 2), device=device), entry_counts, got_counts,
-                              phase="setup").cpu().numpy().reshape(-1, 2)
+    got_meta = group.exchange(torch.as_tensor(meta.reshape(-1, 3), device=device), entry_counts, got_counts,
+                              phase="setup").cpu().numpy().reshape(-1, 3)
     got_vals = group.exchange(torch.as_tensor(vals.reshape(-1, len(kinds)), device=device), entry_counts, got_counts,
                               phase="setup").cpu().numpy().reshape(-1, len(kinds))
     got_peer = np.repeat(np.arange(P), got_counts)
     send_off = np.concatenate([[0], np.cumsum(lp.send_counts)[:-1]]).astype(np.int64)
     own_row = np.asarray(lp.send_index, dtype=np.int64)[send_off[got_peer] + got_meta[:, 1]]
-    sent = _Sent(partials[:, me].copy(), got_peer, got_meta[:, 0], own_row,
+    sent = _Sent(partials[:, me].copy(), got_peer, got_meta[:, 0], own_row, got_meta[:, 2],
                  {kind: got_vals[:, i] for i, kind in enumerate(kinds)})
     made: Dict[bytes, _LayerPayload] = {}
     out: List[Optional[_LayerPayload]] = []

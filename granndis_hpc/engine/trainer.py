@@ -166,14 +166,15 @@ class Trainer:
         # The exchange groups whose halos travel while the layer computes (--overlap-halos).
         self._overlap_halo = OVERLAP_HALOS[cfg.overlap_halos] \
             if not cfg.no_overlap and self.contract.pending_rows else frozenset()
-        # --halo-payload partial / smaller: which layers and server pairs send partial aggregates (collective).
-        self.world_view.payload = partial.payload_of_run(cfg, self.world_view, self.model, self.precision.row_dtype,
-                                                         self.comm)
         if self._input_dropout_sources() and self.train_view is not None:
             self.train_view.source_ids()  # collective: the halo rows' ids, exchanged once at set-up
         # Collective: graphs whose edges the model keys (attention dropout) or types (a typed model) by ids.
         give_source_ids(self.contract, self.train_view,
                         [self.world_view, *(self.induced.views.values() if self.induced else ())])
+        # --halo-payload partial / smaller: which layers and server pairs send partial aggregates (collective;
+        # after the source ids: a typed layer's relations and the graphs of its partials come from them).
+        self.world_view.payload = partial.payload_of_run(cfg, self.world_view, self.model, self.precision.row_dtype,
+                                                         self.comm)
         self.epoch = 0
         self.activation_bytes = 0  # the most bytes one step's autograd graph saved in this epoch
         self._write_errno = 0  # rank 0: errno of a failed metrics.jsonl append (0: none)

@@ -26,7 +26,9 @@ A layer that cannot be split sets ``splits_sources = False`` and implements ``fo
 runner waits for the halo and calls it on the whole block.  ``splits_rows``: its parts may also be
 restricted to a subset of destination rows (row-restricted sparse products: SAGE, GCN).
 ``weighted_sum``: the aggregation is a weighted sum of the messages (its kind), which lets a server
-send partial aggregates instead of rows (engine/partial.py).
+send partial aggregates instead of rows (engine/partial.py); for the kind "relation-mean" (R-GCN) the
+sums are per relation and projected by the layer before they are sent (``relation_edges``,
+``project_partials``).
 ``reads_dst``: ``update`` reads the destination rows; a layer whose update does not (GCN: a vertex's own
 row enters through the aggregation's self-loop) sets it False and gets ``h_dst = None``, so the runner
 does not copy a row split's destination rows out of the source rows for it (at layer 0 of Cora, rows
@@ -67,6 +69,9 @@ class LayerCall:
         """The sources come in two parts (the halo in flight)."""
         return self.n_own is not None
 
+
+# Layer.weighted_sum of a relation-wise mean whose relations are projected apart (R-GCN).
+RELATION_MEAN = "relation-mean"
 
 # The rows input dropout applies to (ModelContract.input_dropout_rows), and the graphs a model reads
 # graph.source_ids from (ModelContract.source_ids).
@@ -139,13 +144,32 @@ class Layer(nn.Module):
     # weighted sum of its messages over the in-edges (aggregate_part is ``aggregate(part, m, kind)``,
     # combine the sum) and an unsplit call's messages are ``message_width()`` wide: a server may then
     # send a destination row the partial sum of its own rows' contributions instead of the rows
-    # (--halo-payload, engine/partial.py).  None: the aggregation is no such sum.
+    # (--halo-payload, engine/partial.py), added to the aggregate.  RELATION_MEAN: the output is
+    # ``update`` of the aggregate plus sum_r mean_{u in N_r(v)} m(u) W_r, linear in the messages m (R-GCN):
+    # a partial row is then sum_r of the relation's weighted sum of the sender's messages (coefficients
+    # ``relation_edges``), projected (``project_partials``, ``partial_width()`` wide), and added to the
+    # output of ``update`` of the other sources' aggregate.  None: the aggregation is no such sum.
     weighted_sum: ClassVar[Optional[str]] = None
 
     def message_width(self) -> int:
         """The width of message() on an unsplit call (weighted-sum layers: they project first when that
         narrows, so min(in, out))."""
         return min(int(getattr(self, "in_features")), int(getattr(self, "out_features")))
+
+    def partial_width(self) -> int:
+        """The width of a partial row this layer's server sends (--halo-payload): its messages', or for
+        RELATION_MEAN the projected rows' (the output width)."""
+        return self.message_width()
+
+    def relation_edges(self, graph: LayerGraph):
+        """RELATION_MEAN: (relation [nnz] int64, coefficient [nnz] float32) of every in-edge of `graph` in
+        its CSR order, the coefficient the weight of the source's message in its relation's sum."""
+        raise NotImplementedError(f"{type(self).__name__} has no relation-wise weighted sum")
+
+    def project_partials(self, sums: List[torch.Tensor], rows: List[torch.Tensor], n: int) -> torch.Tensor:
+        """RELATION_MEAN: [n, partial_width()] partial rows from each relation r's weighted sums
+        ``sums[r]`` [len(rows[r]), message width] of the rows ``rows[r]`` (int64 indices into the n)."""
+        raise NotImplementedError(f"{type(self).__name__} has no relation-wise weighted sum")
 
     def message(self, h: torch.Tensor, call: LayerCall):
         return h

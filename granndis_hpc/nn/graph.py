@@ -74,6 +74,10 @@ class LayerGraph:
     # int64 [n_src]: the source rows' global ids, given by the engine to the graphs of a model whose
     # contract asks for them (nn/contract.py ModelContract.source_ids); None: source row i is vertex i.
     source_ids: Optional[torch.Tensor] = field(default=None, repr=False)
+    # The graph whose in-edges this graph's are a subset of (same rows), where in-edges were left out
+    # because their sums arrive otherwise (partial aggregates, engine/partial.py): its degrees are that
+    # graph's, and so are the per-relation degrees a relation-wise layer counts (nn/hetero_layers.py).
+    degrees_from: Optional["LayerGraph"] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self.n_dst, self.n_src = int(self.n_dst), int(self.n_src)

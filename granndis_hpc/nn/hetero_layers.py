@@ -23,7 +23,7 @@ from torch import nn
 
 from granndis_hpc.graph.hetero import GraphTypes
 
-from .contract import Layer, LayerCall
+from .contract import RELATION_MEAN, Layer, LayerCall
 from .edge_layers import GATConv
 from .edge_sparse import EdgeCSR
 from .graph import GraphPart, LayerGraph, aggregate
@@ -92,7 +92,8 @@ def relation_graphs(graph: LayerGraph, tables: TypeTables) -> RelationGraphs:
     A relation view's dst_degree is the destination row's in-edge count of that relation in the block:
     the global count in exact modes (a computed row has all its in-edges) and the kept count in sampled
     modes.  Its src_degree is the source row's out-edge count of that relation in the block; the views
-    serve the "mean" and "sum" kinds, which do not read it."""
+    serve the "mean" and "sum" kinds, which do not read it.  A graph with in-edges left out
+    (``graph.degrees_from``) has the relation degrees of the graph it was cut from."""
     cache = _RELATION_GRAPHS.setdefault(graph, {})
     if tables.key in cache:
         return cache[tables.key]
@@ -115,14 +116,15 @@ def relation_graphs(graph: LayerGraph, tables: TypeTables) -> RelationGraphs:
                          f"relation covers")
     graphs, dst_rows, compact = [], [], []
     into = tables.on(graph.device)[2]
+    full = None if graph.degrees_from is None else relation_graphs(graph.degrees_from, tables)
     for r in range(tables.num_relations):
         keep = relation == r  # a mask keeps the CSR order: each relation's rows stay sorted
         rows_r, cols_r = rows[keep], cols[keep]
         counts = torch.bincount(rows_r, minlength=graph.n_dst)
         indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        degree = counts.to(torch.float32) if full is None else full.graphs[r].dst_degree
         src_degree = torch.bincount(cols_r, minlength=graph.n_src).to(torch.float32)
-        view = LayerGraph(graph.n_dst, graph.n_src, indptr, cols_r, counts.to(torch.float32), src_degree,
-                          n_own=graph.n_own)
+        view = LayerGraph(graph.n_dst, graph.n_src, indptr, cols_r, degree, src_degree, n_own=graph.n_own)
         view.source_ids = graph.source_ids
         graphs.append(view)
         # The same edges over the rows of the relation's destination type (every edge's row is one).
@@ -130,7 +132,7 @@ def relation_graphs(graph: LayerGraph, tables: TypeTables) -> RelationGraphs:
         counts_c = counts.index_select(0, type_rows)
         compact.append(LayerGraph(type_rows.shape[0], graph.n_src,
                                   torch.cat([counts_c.new_zeros(1), torch.cumsum(counts_c, 0)]), cols_r,
-                                  counts_c.to(torch.float32), src_degree, n_own=graph.n_own))
+                                  degree.index_select(0, type_rows), src_degree, n_own=graph.n_own))
         dst_rows.append(type_rows)
     cache[tables.key] = views = RelationGraphs(graphs, src_type, dst_type, relation, dst_rows, compact)
     return views
@@ -236,7 +238,13 @@ class RGCNConv(Layer):
     comp [R, B] (with bases), root [in, out], bias [out].
 
     Shapes: source rows [n_src, in] (destination rows their first n_dst) -> [n_dst, out].
+
+    Its neighbour term is linear in the source rows, so a server may send a destination row, instead of
+    its source rows, the partial row sum_r sum_{its u in N_r(v)} x_u W_r / deg_r(v), out wide
+    (Layer.weighted_sum RELATION_MEAN, --halo-payload).
     """
+
+    weighted_sum = RELATION_MEAN
 
     def __init__(self, in_features: int, out_features: int, num_relations: int, num_bases: Optional[int] = None,
                  bias: bool = True, *, types):
@@ -287,6 +295,27 @@ class RGCNConv(Layer):
         for r, agg in enumerate(aggregated):
             out = add_rows(out, rows[r], agg @ weights[r])
         return out if self.bias is None else out + self.bias
+
+    def message_width(self) -> int:
+        return self.in_features  # the messages are the source rows (the means are taken at input width)
+
+    def partial_width(self) -> int:
+        return self.out_features
+
+    def relation_edges(self, graph: LayerGraph):
+        """Each in-edge's relation and 1 / (its destination row's in-degree of that relation)."""
+        views = relation_graphs(graph, self.tables)
+        relation = views.edge_relation
+        degree = torch.stack([g.dst_degree for g in views.graphs]) if views.graphs else \
+            torch.zeros((0, graph.n_dst), device=graph.device)
+        return relation, 1.0 / degree[relation, graph.edge_rows()]
+
+    def project_partials(self, sums, rows, n: int):
+        weights = self.relation_weights()
+        out = weights.new_zeros((n, self.out_features))
+        for r, (z, index) in enumerate(zip(sums, rows)):
+            out = add_rows(out, index, z @ weights[r])
+        return out
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, num_relations={self.num_relations}, "

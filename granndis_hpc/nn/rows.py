@@ -134,16 +134,17 @@ class PartialSources:
 
     ``rows`` [n_own + n_halo, d]: the own rows and the halo rows that came as rows, a tensor or, the
     exchange overlapped, ``PendingRows``; ``graph``: the layer's LayerGraph over them (the in-edges from
-    the other peers' rows left out, degrees unchanged); ``partials(m_own, kind)``: given the messages of
-    the own rows and the layer's aggregation kind, sends this rank's own partials to the peers and returns
-    ``wait()``, which gives the summed partial aggregates the other peers sent for the destination rows
-    [n_dst, w] (autograd-connected both ways; overlapped, the exchange travels until ``wait()``).  The
-    layer runner adds them to the aggregate of ``graph`` (nn/runner.py)."""
+    the other peers' rows left out, degrees unchanged: ``graph.degrees_from``); ``partials(m_own,
+    layer)``: given the messages of the own rows and the layer (its Layer.weighted_sum kind), sends this
+    rank's own partials to the peers and returns ``wait()``, which gives the summed partial aggregates the
+    other peers sent for the destination rows [n_dst, w] (autograd-connected both ways; overlapped, the
+    exchange travels until ``wait()``).  The layer runner adds them to the aggregate of ``graph``, or to
+    the layer's output where they are projected rows (nn/runner.py)."""
 
     __slots__ = ("rows", "graph", "partials")
 
     def __init__(self, rows: "torch.Tensor | PendingRows", graph,
-                 partials: Callable[[torch.Tensor, str], Callable[[], torch.Tensor]]):
+                 partials: Callable[[torch.Tensor, Any], Callable[[], torch.Tensor]]):
         self.rows, self.graph, self.partials = rows, graph, partials
 
     @property

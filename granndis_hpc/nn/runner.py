@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 import torch
 import torch.utils.checkpoint
 
-from .contract import Layer, LayerCall, PassSettings, dst_rows
+from .contract import RELATION_MEAN, Layer, LayerCall, PassSettings, dst_rows
 from .dropout import RowDropout
 from .edge_layers import EdgeDropout
 from .graph import GraphPart, LayerGraph
@@ -105,7 +105,8 @@ def _call_partial(layer: Layer, sources: PartialSources, attention, split):
     With the rows part in flight (PendingRows) the partials are posted as soon as the own messages exist,
     the own rows' edges are aggregated while both travel, then the halo rows' edges and the partials are
     added as they arrive.  Over a RowSplit the whole layer is computed, then split (the partials' exchange
-    is of the whole layer's destination rows)."""
+    is of the whole layer's destination rows).  A RELATION_MEAN layer's partials are projected rows: they
+    are added to its output instead (nn/contract.py)."""
     kind = layer.weighted_sum
     if kind is None or attention is not None:
         raise ValueError(f"{type(layer).__name__}: partial aggregates need a layer whose aggregation is a "
@@ -121,21 +122,22 @@ def _call_partial(layer: Layer, sources: PartialSources, attention, split):
         call = LayerCall(graph, attention, n_own=n_own)
         messages = rows.map(lambda r: layer.message(r, call))  # the halo's on arrival
         call.own_messages = messages.own
-        wait_partials = sources.partials(messages.own, kind)  # posted
+        wait_partials = sources.partials(messages.own, layer)  # posted
         partials = [layer.aggregate_part(GraphPart(graph, "own", n_own), messages.own, call)]
         # Even without halo rows the halo part stays in the graph: its backward posts the reverse
         # exchange the peers wait for (as in _call_layer).
         partials.append(layer.aggregate_part(GraphPart(graph, "halo", n_own), messages.halo(), call))
-        partials.append(wait_partials())
         own = rows.own
     else:
         call = LayerCall(graph, attention)
         m = call.own_messages = layer.message(rows, call)
-        wait_partials = sources.partials(m if m.shape[0] == graph.n_own else m[: graph.n_own], kind)
-        partials = [layer.aggregate_part(GraphPart(graph), m, call), wait_partials()]
+        wait_partials = sources.partials(m if m.shape[0] == graph.n_own else m[: graph.n_own], layer)
+        partials = [layer.aggregate_part(GraphPart(graph), m, call)]
         own = rows
     h_dst = dst_rows(own, graph.n_dst) if layer.reads_dst else None
-    return layer.update(h_dst, layer.combine(partials, call), call)
+    if kind == RELATION_MEAN:
+        return layer.update(h_dst, layer.combine(partials, call), call) + wait_partials()
+    return layer.update(h_dst, layer.combine(partials + [wait_partials()], call), call)
 
 
 def pass_dropout(model, dropout: Optional[RowDropout], settings: PassSettings) -> Optional[RowDropout]:

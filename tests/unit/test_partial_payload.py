@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from granndis_hpc.engine import partial
+from granndis_hpc.graph.hetero import GraphTypes, Relation
+from granndis_hpc.nn.hetero_layers import RGATConv, RGCNConv
 from granndis_hpc.nn.edge_layers import GINConv, SAGEMaxConv
 from granndis_hpc.nn.layers import GCNConv, SAGEConv
+
+
+# Two vertex types (ids 0-6 and 7-12) and three relations.
+TYPES = GraphTypes(("a", "b"), (0, 7, 13), (Relation("a", "x", "a"), Relation("b", "y", "a"), Relation("a", "z", "b")),
+                   "a")
 
 
 def test_receiver_counts_are_distinct_rows_and_distinct_destinations():
@@ -60,9 +67,11 @@ def _problem(payload="partial", **kw):
 @pytest.mark.parametrize("change,words", [
     ({"mode": "flx"}, "--mode fb"),
     ({"row_dtype": "bf16"}, "--precision fp32"), ({"input_dropout": 0.1}, "--input-dropout"),
-    ({"convs": [SAGEConv(4, 4), SAGEMaxConv(4, 4)]}, "SAGEMaxConv"), ({"convs": []}, "weighted sum")])
+    ({"convs": [SAGEConv(4, 4), SAGEMaxConv(4, 4)]}, "SAGEMaxConv"), ({"convs": []}, "weighted sum"),
+    ({"convs": [RGATConv(4, 4, 3, types=TYPES)]}, "RGATConv")])
 def test_refusals_say_what_and_how(change, words):
     assert _problem() is None and _problem("rows", mode="flx") is None
+    assert _problem(convs=[RGCNConv(4, 4, 3, types=TYPES)]) is None
     why = _problem(**change)
     assert why is not None and words in why and "--halo-payload rows" in why
 
@@ -94,8 +103,8 @@ def test_layer_over_rows_and_partials_equals_the_dense_layer(pending, split):
                        cols, deg, torch.ones(n_rows), None, n_own=n_dst)
     order = []
 
-    def partials(m_own, kind):
-        assert kind == "mean" and m_own.shape == (n_dst, 3)
+    def partials(m_own, layer):
+        assert layer.weighted_sum == "mean" and m_own.shape == (n_dst, 3)
         order.append("posted")
 
         def wait():
@@ -113,3 +122,65 @@ def test_layer_over_rows_and_partials_equals_the_dense_layer(pending, split):
         got = out.merge() if split else out
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
     assert order == (["posted", "halo", "waited"] if pending else ["posted", "waited"])
+
+
+@pytest.mark.parametrize("pending", [False, True])
+def test_rgcn_over_rows_and_projected_partials_equals_the_dense_layer(pending):
+    """R-GCN (a RELATION_MEAN weighted sum): own rows, 4 halo rows sent as rows and 3 rows of another
+    peer sent as one projected partial row per destination row (sum_r of their relation means times W_r)
+    give the relation means over all 13 rows, computed densely here per relation; the graph without the
+    partials' edges keeps the whole graph's relation degrees (degrees_from)."""
+    import torch
+
+    from granndis_hpc.nn.graph import LayerGraph
+    from granndis_hpc.nn.rows import PartialSources, PendingRows
+    from granndis_hpc.nn.runner import call_layer
+
+    torch.manual_seed(1)
+    n_dst, n_rows, n_src = 6, 10, 13
+    ids = torch.tensor([0, 8, 3, 9, 5, 1, 7, 2, 10, 4, 11, 6, 12])  # both types among every group of rows
+    kind = (ids >= 7).long()
+    relation = torch.tensor([[0, 2], [1, -1]])[kind[None, :], kind[:n_dst, None]]  # [dst, src] (-1: none)
+    adj = (torch.rand(n_dst, n_src) < 0.6) & (relation >= 0)
+    adj[:, n_rows:] |= relation[:, n_rows:] >= 0  # the partials' peer reaches every row it can
+    conv = RGCNConv(5, 3, 3, num_bases=2, types=TYPES)
+    h = torch.randn(n_src, 5)
+    with torch.no_grad():
+        weights = conv.relation_weights()
+        want = h[:n_dst] @ conv.root + conv.bias
+        for r in range(3):
+            a = (adj & (relation == r)).float()
+            want += (a @ h / a.sum(1, keepdim=True).clamp(min=1)) @ weights[r]
+
+    def csr(a):
+        rows, cols = a.nonzero(as_tuple=True)
+        return torch.cat([torch.zeros(1, dtype=torch.int64), a.sum(1).long().cumsum(0)]), cols
+
+    indptr, cols = csr(adj)
+    full = LayerGraph(n_dst, n_src, indptr, cols, adj.sum(1).float(), torch.ones(n_src), None, n_own=n_dst)
+    full.source_ids = ids
+    indptr, cols = csr(adj[:, :n_rows])
+    graph = LayerGraph(n_dst, n_rows, indptr, cols, full.dst_degree, torch.ones(n_rows), None, n_own=n_dst,
+                       degrees_from=full)
+    graph.source_ids = ids[:n_rows]
+
+    def partials(m_own, layer):
+        assert layer is conv and m_own.shape == (n_dst, 5)
+
+        def wait():  # what the other peer sends: its rows' relation sums with the coefficients, projected
+            rel, coefficient = layer.relation_edges(full)
+            rows = full.edge_rows()
+            far = full.indices >= n_rows
+            sums = []
+            for r in range(3):
+                e = far & (rel == r)
+                a = torch.zeros(n_dst, n_src - n_rows)
+                a[rows[e], full.indices[e] - n_rows] = coefficient[e]
+                sums.append(a @ h[n_rows:])
+            return layer.project_partials(sums, [torch.arange(n_dst)] * 3, n_dst)
+        return wait
+
+    src = PendingRows(h[:n_dst], lambda: h[n_dst:n_rows], n_rows - n_dst) if pending else h[:n_rows]
+    with torch.no_grad():
+        got = call_layer(conv, PartialSources(src, graph, partials), graph)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
