@@ -24,9 +24,10 @@ servers (sending server, receiving server) and layer:
     smaller  whichever of the two the exact counts of the whole server pair make fewer bytes (ties: rows).
 Ranks of one server always exchange rows.  On --halo-route per-server the rows still cross once per
 receiving server (a route planned for the pairs that send rows) and 'smaller' counts them so; the
-partials go directly to the rank that reads them (a partial row is of one receiving rank).  Scope: fb
-(the world view of every layer), float32 layers, no input dropout; `problem` says what else is refused
-and why.
+partials go directly to the rank that reads them (a partial row is of one receiving rank).  Scope: the
+world view's layers of the training plan (fb: every layer; flx with k < L: the L - k layers after the
+preloaded ones, the preloaded layers exchanging rows inside the server), float32 layers, no input
+dropout; `problem` says what else is refused and why.
 
 Blocking (--no-overlap) a layer exchanges its rows part, then its partials, each waited for.  Overlapped
 (the world halo in --overlap-halos, the default) the rows part is posted by `gather` (PendingRows) and the
@@ -61,18 +62,27 @@ from granndis_hpc.nn.graph import LayerGraph
 from granndis_hpc.nn.rows import PartialSources, PendingRows
 from granndis_hpc.nn.sparse import coo_to_csr
 
-__all__ = ["HALO_PAYLOADS", "PartialPayload", "plan_payload", "problem"]
+__all__ = ["HALO_PAYLOADS", "PAYLOAD_MODES", "PartialPayload", "plan_payload", "problem"]
 FLOAT32 = 4
+PAYLOAD_MODES = ("fb", "flx")  # the modes whose world view exchanges rows between servers every step
 
 
-def problem(payload: str, mode: str, row_dtype, input_dropout: float, convs) -> Optional[str]:
+def problem(payload: str, mode: str, row_dtype, input_dropout: float, convs,
+            world_layers: Optional[Sequence[bool]] = None) -> Optional[str]:
     """What refuses --halo-payload `payload` in this run (None: nothing); the message says how to fix it.
-    Attention layers (GAT, and so attention dropout) are not weighted sums: refused with the layers."""
+    world_layers: per layer, whether training runs it on the world view (flx: the layers after the k
+    preloaded ones).  Attention layers (GAT, and so attention dropout) are not weighted sums: refused with
+    the layers."""
     if payload == "rows":
         return None
     fix = "or use --halo-payload rows"
-    if mode != "fb":
-        return f"--halo-payload {payload} is implemented for --mode fb only (got {mode}); {fix}"
+    if mode not in PAYLOAD_MODES:
+        return (f"--halo-payload {payload} is implemented for --mode fb and for flx with --preloaded-layers "
+                f"below --layers (got --mode {mode}); {fix}")
+    if mode == "flx" and world_layers is not None and not any(world_layers):
+        return (f"--halo-payload {payload} with --mode flx changes the layers after the k preloaded ones, "
+                f"which exchange rows between servers; this run preloads every layer (k = --layers, or a "
+                f"training graph of its own with --inductive): use --preloaded-layers below --layers, {fix}")
     if row_dtype is not None:
         return f"--halo-payload {payload} needs float32 layers (--precision fp32), {fix}"
     if input_dropout > 0:
@@ -320,28 +330,34 @@ class PartialPayload:
         return PartialSources(rows, lay.graph, partials)
 
 
-def payload_of_run(cfg, view, model, row_dtype, comm) -> Optional[PartialPayload]:
+def payload_of_run(cfg, view, model, row_dtype, comm, train_view=None) -> Optional[PartialPayload]:
     """Collective: --halo-payload partial / smaller for the world `view` of `model` (None for rows), or the
-    same refusal (problem) on every rank."""
+    same refusal (problem) on every rank.  train_view: the training plan (a LayeredView, engine/views.py);
+    with --mode flx only its layers on `view` (after the k preloaded ones) send partials."""
     if cfg.halo_payload == "rows":
         return None
+    L = len(model.convs)
+    world_layers = [True] * L
+    if cfg.mode == "flx" and train_view is not None:
+        world_layers = [per is view for per in train_view.per_layer]
     with collective_errors(comm.topo.world, "", catch=(TrainingError,)):
-        why = problem(cfg.halo_payload, cfg.mode, row_dtype, cfg.input_dropout, list(model.convs))
+        why = problem(cfg.halo_payload, cfg.mode, row_dtype, cfg.input_dropout, list(model.convs), world_layers)
         if why:
             raise TrainingError(why)
     # Layer 0 reads the input features, their halo exchanged at set-up, unless the model projects them
     # first or is residual (its encoder): then its rows are exchanged every pass like any layer's.
     static_first = not model.residual and not model.contract.input_projection
-    return plan_payload(view, cfg.halo_payload, list(model.convs), static_first,
+    static = [not world_layers[l] or (l == 0 and static_first) for l in range(L)]
+    return plan_payload(view, cfg.halo_payload, list(model.convs), static,
                         lambda counts: comm.allreduce_scalar(counts, "sum"), view.device)
 
 
-def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Callable,
+def plan_payload(view, payload: str, convs, static: Sequence[bool], allreduce: Callable,
                  device) -> PartialPayload:
     """Collective over the view's (world) group: the partial payload of `view` for the model's `convs`
-    (its ``at(l)`` False at every layer where every pair sends rows).  static_first: layer 0 reads the
-    input features (their halo rows exchanged once at set-up).  allreduce(array): the sum over the world's
-    ranks."""
+    (its ``at(l)`` False at every layer where every pair sends rows).  static[l]: layer l sends rows only
+    (layer 0 reading the input features, their halo rows exchanged once at set-up; flx's preloaded
+    layers, which training runs on the server view).  allreduce(array): the sum over the world's ranks."""
     group, layers = view.exchange_group, view.plan.layers
     lp = layers[0]
     if any(other is not lp for other in layers):
@@ -351,7 +367,6 @@ def plan_payload(view, payload: str, convs, static_first: bool, allreduce: Calla
     rows, partials = np.zeros((P, P), np.int64), np.zeros((P, P), np.int64)
     rows[me], partials[me] = rows_me, partials_me
     rows, partials = np.asarray(allreduce(rows)), np.asarray(allreduce(partials))
-    static = [l == 0 and static_first for l in range(len(convs))]
     rows_once = None
     if group.per_server:  # [sender, receiving server]: distinct rows each sender sends to each other server
         server = np.asarray(group.peer_server, dtype=np.int64)

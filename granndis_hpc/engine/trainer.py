@@ -174,7 +174,7 @@ class Trainer:
         # --halo-payload partial / smaller: which layers and server pairs send partial aggregates (collective;
         # after the source ids: a typed layer's relations and the graphs of its partials come from them).
         self.world_view.payload = partial.payload_of_run(cfg, self.world_view, self.model, self.precision.row_dtype,
-                                                         self.comm)
+                                                         self.comm, self.train_view)
         self.epoch = 0
         self.activation_bytes = 0  # the most bytes one step's autograd graph saved in this epoch
         self._write_errno = 0  # rank 0: errno of a failed metrics.jsonl append (0: none)

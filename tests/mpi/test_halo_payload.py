@@ -153,8 +153,3 @@ def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes, route):
         assert measured["partial", True][1] == measured["partial", False][1] == intra < measured["rows", True][1]
         assert measured["smaller", True][1] == measured["smaller", False][1]
     assert expected["smaller"] <= min(expected["rows"], expected["partial"])
-
-
-def test_refused_outside_fb(cora_shapes):
-    with pytest.raises(Exception, match="--mode fb"):
-        make_trainer(cora_shapes[2], "flx", "sage", 3, halo_payload="smaller", no_overlap=True, preloaded_layers=1)

@@ -65,13 +65,14 @@ def _problem(payload="partial", **kw):
 
 
 @pytest.mark.parametrize("change,words", [
-    ({"mode": "flx"}, "--mode fb"),
+    ({"mode": "eas"}, "--mode fb"), ({"mode": "flx", "world_layers": [False] * 3}, "--preloaded-layers below"),
     ({"row_dtype": "bf16"}, "--precision fp32"), ({"input_dropout": 0.1}, "--input-dropout"),
     ({"convs": [SAGEConv(4, 4), SAGEMaxConv(4, 4)]}, "SAGEMaxConv"), ({"convs": []}, "weighted sum"),
     ({"convs": [RGATConv(4, 4, 3, types=TYPES)]}, "RGATConv")])
 def test_refusals_say_what_and_how(change, words):
     assert _problem() is None and _problem("rows", mode="flx") is None
     assert _problem(convs=[RGCNConv(4, 4, 3, types=TYPES)]) is None
+    assert _problem(mode="flx", world_layers=[False, True, True]) is None
     why = _problem(**change)
     assert why is not None and words in why and "--halo-payload rows" in why
 
