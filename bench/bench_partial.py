@@ -181,7 +181,17 @@ def page(results):
               "either payload: over the epoch it sends 0.50-0.62x of the direct route's rows on Cora and the "
               "demo's graph and 0.86x on the products-like graph, and against the default (rows on the "
               "per-server route) 0.56x on Cora, 0.69x on the demo's graph and 0.89x on the products-like graph "
-              "('smaller / rows' compares with the rows of the same route).", ""]
+              "('smaller / rows' compares with the rows of the same route).", "",
+              "## Where partial aggregates apply", "",
+              "Measured here: fb with GraphSAGE. The same payloads serve every layer whose aggregation is a "
+              "weighted sum: GCN, GIN and sage-sum (partials at the message width, min(in, out)) and R-GCN, "
+              "whose partial row is the sum over relations of the sender's rows' relation means, each projected "
+              "by its relation's weight, so it is the output width wide (against rows at the input width). They "
+              "serve fb's layers and, in flx with k < L, the L - k layers after the preloaded ones (the preloaded "
+              "layers exchange rows inside the server only). Refused at set-up with what to change: the other "
+              "modes, flx with k = L, attention and maximum layers (GAT, R-GAT, sage-max), --precision bf16 and "
+              "--input-dropout. Their exactness and byte counts are checked by the tests "
+              "(tests/mpi/test_halo_payload*.py), not measured on this page.", ""]
     return lines
 
 

@@ -276,13 +276,16 @@ class ExchangeOptions(Options):
                                   "there and sent back once); 'direct' sends it once to every rank that "
                                   "reads it; both are exact")
     halo_payload: str = option("rows", choices=HALO_PAYLOADS, on_resume="may_change",
-                               help="what fb sends between servers for layers whose aggregation is a weighted "
-                                    "sum (sage, gcn, gin, sage-sum): 'rows' (default) the halo rows; 'partial' "
-                                    "for each remote destination row the sum of the sending rank's rows' "
-                                    "contributions (gradients return the same way); 'smaller' whichever of the "
-                                    "two is fewer bytes, per pair of servers and layer, from exact counts; all "
-                                    "exact, overlapped or with --no-overlap; 'partial' and 'smaller' need "
-                                    "--mode fb, --precision fp32 and no input or attention dropout")
+                               help="what fb (and flx's world layers when k < L) sends between servers for "
+                                    "layers whose aggregation is a weighted sum (sage, gcn, gin, sage-sum, "
+                                    "rgcn): 'rows' (default) the halo rows; 'partial' for each remote "
+                                    "destination row the sum of the sending rank's rows' contributions (rgcn: "
+                                    "summed over relations and projected, output wide; gradients return the "
+                                    "same way); 'smaller' whichever of the two is fewer bytes, per pair of "
+                                    "servers and layer, from exact counts; all exact, overlapped or with "
+                                    "--no-overlap; 'partial' and 'smaller' need --mode fb or flx with "
+                                    "--preloaded-layers below --layers, --precision fp32 and no input or "
+                                    "attention dropout")
     # Kept on resume: a checkpoint's trajectory and its summary's exactness are those of one precision.
     precision: str = option("fp32", choices=PRECISIONS,
                             help="the dtype the layers compute in: fp32, or bf16 (torch.autocast on the run's "
