@@ -6,9 +6,9 @@ a remote destination row one partial row, out wide: the sum over relations of it
 means (coefficient 1 / deg_r(v)) projected by W_r.  Exact: fb with 'partial' and 'smaller' gives the
 logits, the accuracies and, after training with dropout, the parameters of fb with rows, on 2x2 and 4x1,
 blocking (--no-overlap) and overlapped (both against rows, blocking); with an input projection (layer 0's
-rows then travel every pass) layer 0 sends partials too.  Bytes: the ledger's inter- and intra-server
-halo bytes of one epoch equal counts computed here from the graph and the partition with NumPy, the
-choice of 'smaller' made here."""
+rows then travel every pass) layer 0 sends partials too; in flx with k = 2 < L the last layer sends
+them (against flx with rows).  Bytes: the ledger's inter- and intra-server halo bytes of one epoch equal
+counts computed here from the graph and the partition with NumPy, the choice of 'smaller' made here."""
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -35,10 +35,11 @@ def typed_shapes(typed):
     return build_sets_on_rank0(typed, specs, prefix="granndis-typed-payload-")
 
 
-def _run(shards, payload, rps, no_overlap, options=("num_bases=2",)):
-    trainer = make_trainer(shards, "fb", "rgcn", LAYERS, hidden=HIDDEN, epochs=EPOCHS, dropout=0.5, seed=3,
+def _run(shards, payload, rps, no_overlap, options=("num_bases=2",), k=None):
+    mode, extra = ("fb", {}) if k is None else ("flx", {"preloaded_layers": k})
+    trainer = make_trainer(shards, mode, "rgcn", LAYERS, hidden=HIDDEN, epochs=EPOCHS, dropout=0.5, seed=3,
                            halo_payload=payload, ranks_per_server=rps, no_overlap=no_overlap,
-                           model_option=list(options), eval_every=1)
+                           model_option=list(options), eval_every=1, **extra)
     try:
         logits, params, scores = logits_then_training(trainer)
         used = [bool(u.any()) for u in trainer.world_view.payload.use] if trainer.world_view.payload else []
@@ -47,22 +48,27 @@ def _run(shards, payload, rps, no_overlap, options=("num_bases=2",)):
         trainer.close()
 
 
-# (ranks per server, payload, model options): layer 0 reads the input features (exchanged at set-up) and
-# sends rows, unless the model projects them first (option project).
-CASES = [(2, "partial", ("num_bases=2",)), (2, "smaller", ("num_bases=2",)), (1, "partial", ("num_bases=2",)),
-         (2, "partial", ("project=8",))]
+# (ranks per server, payload, model options, flx's preloaded layers or None for fb): layer 0 reads the
+# input features (exchanged at set-up) and sends rows, unless the model projects them first (option
+# project); flx's preloaded layers exchange rows inside the server.
+CASES = [(2, "partial", ("num_bases=2",), None), (2, "smaller", ("num_bases=2",), None),
+         (1, "partial", ("num_bases=2",), None), (2, "partial", ("project=8",), None),
+         (2, "partial", ("num_bases=2",), 2)]
 
 
-@pytest.mark.parametrize("rps,payload,options", CASES)
-def test_rgcn_partial_aggregates_equal_rows(typed_shapes, rps, payload, options):
-    reference, _ = _run(typed_shapes[rps], "rows", rps, True, options)
-    runs = [(no_overlap, *_run(typed_shapes[rps], payload, rps, no_overlap, options)) for no_overlap in (True, False)]
+@pytest.mark.parametrize("rps,payload,options,k", CASES)
+def test_rgcn_partial_aggregates_equal_rows(typed_shapes, rps, payload, options, k):
+    reference, _ = _run(typed_shapes[rps], "rows", rps, True, options, k)
+    runs = [(no_overlap, *_run(typed_shapes[rps], payload, rps, no_overlap, options, k))
+            for no_overlap in (True, False)]
     if WORLD.rank != 0:
         return
     for no_overlap, got, used in runs:
-        where = f"rgcn {options}, {payload}, {rps} ranks per server, {'blocking' if no_overlap else 'overlapped'}"
+        where = (f"rgcn {options}, {payload}, {rps} ranks per server, k={k}, "
+                 f"{'blocking' if no_overlap else 'overlapped'}")
         if payload == "partial":
-            assert used == ["project=8" in options, True, True], where
+            first = k or 0  # the layers before it run on the preload (flx) or read the input features
+            assert used == [layer >= first and (layer > 0 or "project=8" in options) for layer in range(3)], where
         else:
             assert any(used), where
         _check_equal(reference, got, where)
