@@ -345,7 +345,7 @@ class Automatic(Mode):
                     fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed,
                     job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive,
                     halo_route=cfg.halo_route, rates_for=rates_for, exact_only=cfg.auto_modes == "exact",
-                    device_memory=memory, **model_kw).to_dict()
+                    device_memory=memory, input_dropout=cfg.input_dropout, **model_kw).to_dict()
                 if decision["choice"] is None:
                     raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)
@@ -354,9 +354,10 @@ class Automatic(Mode):
             decision["link_check"] = {**links, "rounds": rounds}
             decision["reason"] += f"; {link_check_text(links, rounds)}; {measured['method']}"
         choice = decision["choice"]
-        # The chosen mode's own knob (flx: preloaded_layers = k; cob: batches_per_epoch), from its entry.
+        # The chosen mode's own knob (flx: preloaded_layers = k; cob: batches_per_epoch), from its entry, and
+        # fb's --halo-payload (rows unless the option sends partial aggregates).
         resolved = dataclasses.replace(cfg, mode=choice["mode"], shards=choice["source"],
-                                       **{"preloaded_layers": None, **choice["train_options"]})
+                                       **{"preloaded_layers": None, "halo_payload": "rows", **choice["train_options"]})
         mode = make_mode(resolved)
         mode.decision = decision
         if not cfg.quiet:

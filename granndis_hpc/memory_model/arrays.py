@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .estimate import LayerRows, MemoryModelError, RankRows, ViewRows
+from .payload import PeerCounts, peer_counts, server_once_from
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -126,6 +127,7 @@ class WorldCounts:
     inter_halo: int  # of n_halo: owned by other servers
     inter_once: Optional[int] = None  # of inter_halo: those it relays on the per-server route (server_inter_once)
     sent_once: Optional[int] = None  # its world send-list length on the per-server route (world_reads once=True)
+    peers: Optional[PeerCounts] = None  # per sending rank (memory_model/payload.py; None: not counted)
 
 
 def _upto(a: np.ndarray, lim: int) -> int:
@@ -175,11 +177,11 @@ def server_view_rows(s: ServerArrays, gpu: int, depth: int) -> ViewRows:
 
 
 def world_counts(g: GpuArrays, server: int, gpus: int, inter_once: Optional[int] = None,
-                 sent_once: Optional[int] = None) -> WorldCounts:
+                 sent_once: Optional[int] = None, peers: Optional[PeerCounts] = None) -> WorldCounts:
     pairs = _world_halo_pairs(g)
     return WorldCounts(n_inner=int(np.asarray(g.w_indptr).shape[0] - 1), nnz=int(np.asarray(g.w_indptr)[-1]),
                        n_halo=int(pairs.shape[0]), inter_halo=int(np.count_nonzero(pairs[:, 0] // gpus != server)),
-                       inter_once=inter_once, sent_once=sent_once)
+                       inter_once=inter_once, sent_once=sent_once, peers=peers)
 
 
 def relayed_by(key: np.ndarray, gid: np.ndarray) -> np.ndarray:
@@ -218,7 +220,7 @@ def rank_rows(rank: int, n_train: int, world: WorldCounts, n_sent: int, server: 
                    n_send=int(n_sent), inter_halo=world.inter_halo, inter_once=world.inter_once,
                    n_send_once=world.sent_once)
     view = ViewRows("world", world.n_inner, world.n_halo, int(n_sent), tuple([wl] * int(layers)),
-                    inter_halo=world.inter_halo, inter_once=world.inter_once)
+                    inter_halo=world.inter_halo, inter_once=world.inter_once, peers=world.peers)
     return RankRows(rank=int(rank), features=int(features), num_classes=int(num_classes), n_inner=world.n_inner,
                     n_train=int(n_train), layers=int(layers), k=int(k), world=view,
                     server=view_rows_from_counts(server, int(k)) if k > 0 and server is not None else None)
@@ -237,11 +239,15 @@ def shard_rows(servers: Sequence[ServerArrays], layers: int, k: int, features: i
         world_sent = world_reads(servers, sum(len(s.gpus) for s in servers))
         world_sent_once = world_reads(servers, sum(len(s.gpus) for s in servers), once=True)
     out = []
+    P = int(np.asarray(world_sent).shape[0])
     for s in servers:
         G, once = len(s.gpus), server_inter_once(s)
+        # fb's partial payloads: the world view per sending rank (memory_model/payload.py)
+        once_from = server_once_from([(g.rank, _world_halo_pairs(g)) for g in s.gpus], s.server, G, P)
         for g in s.gpus:
             sent_once = None if world_sent_once is None else int(world_sent_once[g.rank])
-            out.append(rank_rows(g.rank, g.n_train, world_counts(g, s.server, G, once[g.rank], sent_once),
+            peers = peer_counts(g.rank, g.w_indptr, g.w_src_rank, g.w_src_global_id, P, once_from[g.rank])
+            out.append(rank_rows(g.rank, g.n_train, world_counts(g, s.server, G, once[g.rank], sent_once, peers),
                                  int(world_sent[g.rank]),
                                  server_hop_counts(s, g.gpu) if k > 0 else None, layers, k, features, num_classes))
     return out

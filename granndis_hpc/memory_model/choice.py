@@ -8,13 +8,14 @@ the same entries, so it states the order exactly as it is applied.  No mode is n
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from granndis_hpc.registry import MODES, auto_modes
 from granndis_hpc.units import format_size
 
 from .epoch_time import Rates, Work, seconds, work
 from .estimate import ModelSpec, RankRows, estimate, inter_server_bytes
+from .payload import halo_bytes
 
 # Which Option attribute a mode's knob is, and how auto prefers it: the largest k, the fewest co-batches.
 _KNOBS = {"k": lambda o: -o.k, "batches": lambda o: o.batches}
@@ -30,11 +31,13 @@ def rows_held(r: RankRows) -> int:
 
 @dataclass
 class Option:
-    """One way to train: `mode` (a registered mode), `k` preloaded layers, `batches` co-batches per epoch."""
+    """One way to train: `mode` (a registered mode), `k` preloaded layers, `batches` co-batches per epoch,
+    and what fb sends between servers (`payload`: --halo-payload, memory_model/payload.py)."""
 
     mode: str
     k: int = 0
     batches: int = 1
+    payload: str = "rows"
     peak: int = 0  # estimated peak bytes, max over ranks
     peak_rank: int = 0
     breakdown: Dict[str, int] = field(default_factory=dict)  # of the peak rank
@@ -52,15 +55,19 @@ class Option:
 
     @property
     def label(self) -> str:
-        return self.mode + (f" {self.knob}={getattr(self, self.knob)}" if self.knob else "")
+        return (self.mode + (f" {self.knob}={getattr(self, self.knob)}" if self.knob else "")
+                + (f" payload={self.payload}" if self.payload != "rows" else ""))
 
-    def train_options(self) -> Dict[str, int]:
-        """The train options that run this option (its entry's `train_option` set to the knob)."""
+    def train_options(self) -> Dict[str, Any]:
+        """The train options that run this option (its entry's `train_option` set to the knob, and
+        --halo-payload where it sends partial aggregates)."""
         name = MODES.entry(self.mode).get("train_option")
-        return {name: int(getattr(self, self.knob))} if name and self.knob else {}
+        out: Dict[str, Any] = {name: int(getattr(self, self.knob))} if name and self.knob else {}
+        return {**out, "halo_payload": self.payload} if self.payload != "rows" else out
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "k": self.k, "batches": self.batches, "label": self.label, "peak_bytes": self.peak,
+        return {"mode": self.mode, "k": self.k, "batches": self.batches, "payload": self.payload,
+                "label": self.label, "peak_bytes": self.peak,
                 "peak_rank": self.peak_rank, "breakdown": dict(self.breakdown), "rows_per_gpu": self.rows_per_gpu,
                 "inter_server_bytes": dict(self.inter_server_bytes), "source": self.source,
                 "train_options": self.train_options(), "exact": exact(self), "predicted_s": dict(self.predicted),
@@ -70,17 +77,19 @@ class Option:
 
 
 def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int, device: str = "cpu",
-                batches: int = 1, source: str = "") -> Option:
+                batches: int = 1, source: str = "", payload: str = "rows") -> Option:
     ests = [estimate(r, m, device) for r in rows]
+    # fb's partial payloads: the halo bytes of the layers and server pairs that send partials
+    halo = halo_bytes(rows, m, servers, payload) if payload != "rows" else None
     worst = max(range(len(ests)), key=lambda i: ests[i]["total"])
     held = max(rows_held(r) for r in rows)
     # k: the layers on the server-side view (0 for fb, L for eas and cob).
-    return Option(mode=mode, k=int(rows[0].k), batches=batches,
+    return Option(mode=mode, k=int(rows[0].k), batches=batches, payload=payload,
                   peak=int(ests[worst]["total"]), peak_rank=int(rows[worst].rank), breakdown=ests[worst]["breakdown"],
                   rows_per_gpu=int(held), source=source,
                   # one optimizer step per co-batch (batches is 1 for the full-graph modes)
-                  inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches),
-                  work=work(rows, m, servers, batches))
+                  inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches, halo_bytes=halo),
+                  work=work(rows, m, servers, batches, halo_bytes=halo))
 
 
 @dataclass
@@ -134,7 +143,9 @@ def drop_dominated(options: Sequence[Option]) -> Tuple[List[Option], List[str]]:
     exacts = [o for o in options if exact(o)]
     kept, why = [], []
     for o in options:
-        better = next((b for b in exacts if exact(o) and b is not o and b.source == o.source
+        # An fb option with a partial payload dominates none: its bytes are priced against fb's rows
+        # by the time rule (fb with rows stays the baseline it is kept against).
+        better = next((b for b in exacts if exact(o) and b is not o and b.source == o.source and b.payload == "rows"
                        and o.inter_server_bytes and b.inter_server_bytes  # known for both
                        and b.peak <= o.peak and _inter_total(b) <= _inter_total(o)
                        and (b.peak < o.peak or _inter_total(b) < _inter_total(o))), None)
@@ -256,7 +267,8 @@ BASELINE_MARGIN = 0.10
 
 
 def _baseline(o: Option) -> bool:
-    return bool(MODES.entry(o.mode).get("baseline"))
+    """The registry's baseline sending rows (fb with a partial payload is one of the options it is kept against)."""
+    return bool(MODES.entry(o.mode).get("baseline")) and o.payload == "rows"
 
 
 def _terms(p: Dict[str, float]) -> str:

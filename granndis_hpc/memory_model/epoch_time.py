@@ -82,13 +82,16 @@ def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
     return np.cumsum(starts)
 
 
-def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: int = 1) -> Work:
+def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: int = 1,
+         halo_bytes: Optional[np.ndarray] = None) -> Work:
     """The epoch's work of the option whose every rank's rows are `option_rows` (one co-batch's for cob:
-    `batches` of them make the epoch, each an optimizer step)."""
+    `batches` of them make the epoch, each an optimizer step).  halo_bytes: [rank, (inter, intra)] where
+    they are not rank_halo_bytes' (fb's partial payloads, memory_model/payload.py)."""
     widths = np.asarray(m.widths(), dtype=np.float64)
     n_dst = np.array([[lr.n_dst for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
     nnz = np.array([[lr.nnz for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
-    halo = np.array([rank_halo_bytes(r, m) for r in option_rows], dtype=np.float64).reshape(-1, 2)
+    halo = np.asarray(halo_bytes if halo_bytes is not None else [rank_halo_bytes(r, m) for r in option_rows],
+                      dtype=np.float64).reshape(-1, 2)
     per_server = max(1, len(option_rows) // int(servers))
     server = np.array([r.rank for r in option_rows]) // per_server
     inter = np.bincount(server, weights=halo[:, 0], minlength=int(servers))

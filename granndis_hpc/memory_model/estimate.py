@@ -9,7 +9,7 @@ ModelEstimate): this module names no model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from granndis_hpc.units import INT64_BYTES as I64
 from .graph_bytes import _graph_bytes, _split_graph_bytes
 from .induced import inductive_parts
 from .stacks import send_rows
+
+if TYPE_CHECKING:
+    from .payload import PeerCounts
 
 
 class MemoryModelError(ValueError):
@@ -57,6 +60,9 @@ class ViewRows:
     layers: Tuple[LayerRows, ...]
     inter_halo: int = 0  # of n_halo: rows owned by other servers
     inter_once: Optional[int] = None  # of inter_halo: those it relays on the per-server route (None: all)
+    # The world view per sending rank (memory_model/payload.py), which fb's partial payloads are counted
+    # from; None where they were not counted (fb then offers rows only).
+    peers: Optional["PeerCounts"] = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,9 @@ class ModelSpec:
     # Each vertex type's feature width (a heterogeneous set's; None: unknown or one type): the relational
     # models' per-type input projection (memory_model/hetero_stacks.py ProjectedInput) reads them.
     type_widths: Optional[Tuple[int, ...]] = None
+    # Each conv's message width where fb may send partial aggregates (--halo-payload partial | smaller:
+    # memory_model/payload.py with_payloads applies engine's conditions); (): fb is estimated with rows only.
+    message_widths: Tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.precision not in ACTIVATION_BYTES:
@@ -428,15 +437,18 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
             "rows_per_layer": [lr.n_src for _, lr in tl], "computed_per_layer": [lr.n_dst for _, lr in tl]}
 
 
-def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int, steps: int = 1) -> Dict[str, int]:
+def inter_server_bytes(ranks: Sequence[RankRows], m: ModelSpec, servers: int, steps: int = 1,
+                       halo_bytes: Optional[np.ndarray] = None) -> Dict[str, int]:
     """Inter-server bytes per epoch, summed over ranks, as the ledger counts them.
 
     Halo: every world-exchange layer l >= k sends, forward, the inter-server halo rows at the layer's
     input width (m.activation_bytes a number) and returns their gradients backward (x2); layer 0 of plain
     models reads the static features exchanged at set-up (the estimator's `exchanged`), so in fb it costs
     nothing per epoch.  Gradients: the leaders' ring all-reduce moves 2 (S-1) x params x 4 bytes in all
-    (cluster/accounting.py), once per optimizer step (`steps` per epoch: the co-batches of cob)."""
-    halo = sum(rank_halo_bytes(r, m)[0] for r in ranks)
+    (cluster/accounting.py), once per optimizer step (`steps` per epoch: the co-batches of cob).
+    halo_bytes: [rank, (inter, intra)] where the halo is not rank_halo_bytes' (fb's partial payloads)."""
+    halo = (sum(rank_halo_bytes(r, m)[0] for r in ranks) if halo_bytes is None
+            else int(np.asarray(halo_bytes)[:, 0].sum()))
     grad = 2 * (int(servers) - 1) * m.parameters() * F32 * int(steps)
     return {"halo": int(halo), "gradient": int(grad), "total": int(halo + grad)}
 

@@ -21,6 +21,7 @@ from granndis_hpc.registry import MODES
 from .arrays import GpuArrays, ServerArrays, cobatch_counts, shard_rows, with_cobatch
 from .choice import Option, make_option
 from .estimate import ModelSpec, RankRows
+from .payload import payloads
 
 
 @dataclass
@@ -90,11 +91,16 @@ class RowGroup:
     k: int = 0  # layers on the server-side view
     batches: int = 1
     source: str = ""
+    payload: str = "rows"  # fb's --halo-payload (memory_model/payload.py)
 
 
 def full_batch(s: SetArrays, layers: int, m: ModelSpec, sampling: Sampling) -> List[RowGroup]:
-    """fb: every layer on the world view, which every full set holds."""
-    return [RowGroup("fb", s.rows(layers, 0, m), source=s.source)] if s.kind == "full" and s.wants(0) else []
+    """fb: every layer on the world view, which every full set holds; with rows, and where the model's
+    layers allow partial aggregates (m.message_widths) also with --halo-payload partial and smaller."""
+    if s.kind != "full" or not s.wants(0):
+        return []
+    rows = s.rows(layers, 0, m)
+    return [RowGroup("fb", rows, source=s.source, payload=p) for p in payloads(m, rows)]
 
 
 def flexible_preload(s: SetArrays, layers: int, m: ModelSpec, sampling: Sampling) -> List[RowGroup]:
@@ -138,7 +144,8 @@ def row_groups(s: SetArrays, layers: int, m: ModelSpec, sampling: Sampling) -> L
 
 def options(groups: Sequence[RowGroup], m: ModelSpec, servers: int, device: str = "cpu") -> List[Option]:
     """One Option per group (the groups hold every rank's rows)."""
-    return [make_option(g.mode, g.rows, m, servers, device, batches=g.batches, source=g.source) for g in groups]
+    return [make_option(g.mode, g.rows, m, servers, device, batches=g.batches, source=g.source, payload=g.payload)
+            for g in groups]
 
 
 def cobatch_server_arrays(graph: Dict[str, np.ndarray], server: int, layers: int, batches: int,

@@ -18,6 +18,7 @@ from .epoch_time import Rates
 from .estimate import MemoryModelError, ModelSpec, estimate
 from .induced_sets import InductiveSetArrays
 from .mode_estimates import Sampling, SetArrays, options, row_groups
+from .payload import with_payloads
 
 
 def read_shard_set(path: str) -> Tuple[dict, List[ServerArrays]]:
@@ -95,7 +96,7 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
                       sampler: str = "sage", seed: int = 0, job: Optional[Tuple[int, int]] = None,
                       inductive: bool = False, rates_for: Optional[Callable[[ModelSpec, float], Rates]] = None,
                       exact_only: bool = False, device_memory: Optional[Tuple[int, int]] = None,
-                      **model_kw) -> Decision:
+                      input_dropout: float = 0.0, **model_kw) -> Decision:
     """`--mode auto`: the options the shard sets offer (every mode's `estimate` on every set: full
     sets give fb and flx k <= hops, EAS sets eas, sets of L hops or EAS cob with each co-batch count
     in `batches`), estimated, and the choice for the budget.  inductive: the induced graphs' views of
@@ -106,6 +107,7 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     in-degree, it returns the measured Rates; None is the memory rule (GraNNDis' order, `choose`).
     exact_only: only the exact full-graph options (fb, flx) are considered.
     device_memory: (free, total) bytes of the GPU measured at start-up (usable_budget); None: not measured.
+    input_dropout: the run's --input-dropout (fb's partial payloads refuse it: memory_model/payload.py).
 
     Reads every rank's slice of every set (features included) and samples the first co-batch on
     the calling process: call it on one rank and broadcast the Decision.  device="cuda" for a GPU
@@ -118,7 +120,7 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     found, left_out, degree = [], [], 1.0
     for path in usable:
         manifest, servers = read_shard_set(path)
-        m = model_for(manifest, model, hidden, layers, inductive=inductive, **model_kw)
+        m = with_payloads(model_for(manifest, model, hidden, layers, inductive=inductive, **model_kw), input_dropout)
         ds = manifest["dataset"]
         degree = int(ds.get("num_edges") or 0) / max(1, int(ds.get("num_vertices") or 1))
         s = set_arrays(path, manifest, servers, inductive)

@@ -128,20 +128,21 @@ def describe_build(o: mm.Option, cfg: PlanConfig) -> str:
     if cfg.inductive:
         base += " --inductive"
     build = registry.MODES.entry(o.mode).get("build") or f"(train --mode {o.mode})"
+    payload = f" (train with --halo-payload {o.payload})" if o.payload != "rows" else ""
     return f"{base} " + build.format(k=o.k, batches=o.batches, eas_hops=cfg.eas_hops, fanout=cfg.fanout,
-                                     cob_fanout=cfg.cob_fanout)
+                                     cob_fanout=cfg.cob_fanout) + payload
 
 
 def format_table(options: Sequence[mm.Option], cfg: PlanConfig, decision: Optional[mm.Decision]) -> str:
     timed = any(o.predicted for o in options)  # --inter-rate: each option's predicted epoch seconds
-    lines = [f"{'option':<16} {'rows held':>10} {'peak/GPU':>11} {'inter-server B/epoch':>21} "
+    lines = [f"{'option':<20} {'rows held':>10} {'peak/GPU':>11} {'inter-server B/epoch':>21} "
              f"{'(halo + grad)':>24}" + (f" {'epoch s':>9}" if timed else "") + "  fits"]
     for o in sorted(options, key=mm.preference):
         fits = "-" if cfg.budget is None else ("yes" if o.peak <= cfg.budget else "no")
         ib = o.inter_server_bytes
         label = f"{o.label} [{o.source}]" if o.source else o.label  # --hops H: which of the two sets
         epoch = f" {o.predicted['total_s']:>9.3g}" if timed else ""
-        lines.append(f"{label:<16} {o.rows_per_gpu:>10,} {format_size(o.peak):>11} {ib['total']:>21,} "
+        lines.append(f"{label:<20} {o.rows_per_gpu:>10,} {format_size(o.peak):>11} {ib['total']:>21,} "
                      f"{ib['halo']:>12,} + {ib['gradient']:>9,}{epoch}  {fits}")
     if decision is not None and decision.rule == "time":  # the terms, as --mode auto prints its table
         lines.append("predicted epoch by term (s; fixed: steps and exchange rounds), fastest first:")

@@ -61,15 +61,17 @@ def _load(a: mm.ServerArrays) -> ServerLoad:
 
 
 def model_spec(graph, cfg) -> mm.ModelSpec:
-    """The model the plan is for, with its extra constructor options (cfg.model_options, NAME=VALUE)."""
+    """The model the plan is for, with its extra constructor options (cfg.model_options, NAME=VALUE), and
+    the message widths of fb's partial payloads where its layers allow them (for a run without
+    --input-dropout, which they refuse)."""
     options = registry.model_options(cfg.model, cfg.model_options)
-    return mm.ModelSpec(cfg.model, graph.num_features, cfg.hidden, int(graph.num_classes), cfg.layers,
+    return mm.with_payloads(mm.ModelSpec(cfg.model, graph.num_features, cfg.hidden, int(graph.num_classes), cfg.layers,
                         cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()),
                         linear_layers=cfg.linear_layers or 0, inductive=cfg.inductive,
                         multilabel=np.ndim(graph.labels) == 2, precision=cfg.precision, halo_route=cfg.halo_route,
                         **({"relations": graph.types.num_relations, "relation_rows": graph.types.relations_per_vertex(),
                             "type_widths": tuple(graph.types.width_of(graph.num_features))}
-                           if getattr(graph, "types", None) else {}))
+                           if getattr(graph, "types", None) else {})))
 
 
 def _checked(group, graph, cfg):
@@ -250,7 +252,7 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
         merged: Dict[tuple, mm.RowGroup] = {}
         for part in gathered:
             for g in part:
-                key = (g.mode, g.k, g.batches, g.source)
+                key = (g.mode, g.k, g.batches, g.source, g.payload)
                 if key in merged:
                     merged[key].rows.extend(g.rows)
                 else:

@@ -1,0 +1,169 @@
+"""fb with partial aggregates (--halo-payload partial | smaller, engine/partial.py) in the byte model.
+
+A weighted-sum layer may send, instead of the halo rows rank a sends rank b, for every inner row of b
+with an in-edge from a's rows the partial sum of a's contributions (message width min(in, out), the
+layer's ``message_width()``).  What that costs is counted here per ordered rank pair from the world
+view's arrays the row model reads (arrays.py), vectorised:
+
+- rows_from[a]: distinct rows of rank a this rank reads (what a sends it as rows, direct route);
+- partials_from[a]: this rank's inner rows with an in-edge from a row of a (what a sends as partials);
+- once_from[a]: of rows_from[a], those this rank relays on the per-server route (each row a server
+  reads crosses once, to one of its readers: arrays.relayed_by, as engine/halo_route.py chooses);
+- edges_from[a]: in-edges of this rank's inner rows from a's rows (the rows part's graph drops them).
+
+The choice of the layers and server pairs that send partials is graph/payload.py `choose`, the one the
+engine makes from the same counts, so the bytes predicted are the ledger's (tests/mpi/test_payload_model.py).
+Which runs may use partials at all is graph/payload.py `problem`, applied to the model's layers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from granndis_hpc.graph.payload import choose, problem
+from granndis_hpc.registry import typed
+from granndis_hpc.units import FLOAT32_BYTES as F32
+
+from .estimate import ModelSpec, RankRows
+
+PAYLOADS = ("partial", "smaller")  # what fb may send besides rows, each an option of --mode auto
+
+
+@dataclass(frozen=True)
+class PeerCounts:
+    """One rank's world view per sending rank (the module docstring), each of world-size length."""
+
+    rows_from: Tuple[int, ...]
+    partials_from: Tuple[int, ...]
+    once_from: Tuple[int, ...]
+    edges_from: Tuple[int, ...]
+
+
+def peer_counts(rank: int, w_indptr, w_src_rank, w_src_global_id, world_size: int,
+                once_from: Optional[np.ndarray] = None) -> PeerCounts:
+    """PeerCounts of rank `rank` from its world view's in-edge CSR (inner rows; sources as (owner rank,
+    global id)).  once_from: its relayed rows per owner (`server_once_from`); None: rows_from."""
+    P = int(world_size)
+    src_rank = np.asarray(w_src_rank, dtype=np.int64)
+    gid = np.asarray(w_src_global_id, dtype=np.int64)
+    indptr = np.asarray(w_indptr, dtype=np.int64)
+    n_dst = indptr.shape[0] - 1
+    dst = np.repeat(np.arange(n_dst, dtype=np.int64), np.diff(indptr))
+    other = src_rank != int(rank)
+    rows = np.unique(np.stack([src_rank[other], gid[other]], axis=1), axis=0)[:, 0]
+    partials = np.unique(src_rank[other] * (n_dst + 1) + dst[other]) // (n_dst + 1)
+    rows_from = np.bincount(rows, minlength=P)
+    return PeerCounts(tuple(int(x) for x in rows_from), tuple(int(x) for x in np.bincount(partials, minlength=P)),
+                      tuple(int(x) for x in (rows_from if once_from is None else once_from)),
+                      tuple(int(x) for x in np.bincount(src_rank[other], minlength=P)))
+
+
+def server_once_from(readers: Sequence[Tuple[int, np.ndarray]], server: int, gpus: int,
+                     world_size: int) -> Dict[int, np.ndarray]:
+    """rank -> rows it relays on the per-server route, per owner rank.  readers: (rank, its distinct
+    (owner rank, global id) world halo rows) of every rank of server `server` (arrays._world_halo_pairs)."""
+    from .arrays import relayed_by
+
+    reader = np.concatenate([np.full(p.shape[0], r, np.int64) for r, p in readers] + [np.zeros(0, np.int64)])
+    pairs = np.concatenate([p for _, p in readers] + [np.zeros((0, 2), np.int64)])
+    across = pairs[:, 0] // int(gpus) != int(server)
+    reader, owner, gid = reader[across], pairs[across, 0], pairs[across, 1]
+    order = np.lexsort((reader, gid))
+    chosen = relayed_by(gid[order], gid[order])
+    out = {}
+    for r, _ in readers:  # loop over the server's ranks, not over vertices
+        mine = chosen & (reader[order] == r)
+        out[r] = np.bincount(owner[order][mine], minlength=int(world_size))
+    return out
+
+
+def payload_widths(m: ModelSpec, input_dropout: float = 0.0) -> Tuple[int, ...]:
+    """Each conv's message width where fb may send partial aggregates for model `m` (graph/payload.py
+    `problem` finds nothing to refuse on its layers, built here without storage); () where it may not.
+    A typed (heterogeneous) model and an --inductive run are left to rows: their world views are not the
+    ones these counts describe."""
+    if typed(m.name) or m.inductive:
+        return ()
+    import torch
+
+    from granndis_hpc.nn.models import build_model
+
+    with torch.device("meta"):  # the layers' classes and widths only: no parameter storage
+        model = build_model(m.name, m.features, m.hidden, m.num_classes, m.layers + m.linear_layers,
+                            dropout=m.dropout, norm=m.norm, linear_layers=m.linear_layers, **dict(m.options))
+    convs = list(model.convs)
+    if problem("partial", "fb", None if m.precision == "fp32" else m.precision, input_dropout, convs):
+        return ()
+    return tuple(int(c.message_width()) for c in convs)
+
+
+def with_payloads(m: ModelSpec, input_dropout: float = 0.0) -> ModelSpec:
+    """`m` with its message_widths set (`payload_widths`): fb's estimate then offers the partial payloads."""
+    return replace(m, message_widths=payload_widths(m, input_dropout))
+
+
+def payloads(m: ModelSpec, rows: Sequence[RankRows]) -> Tuple[str, ...]:
+    """The payloads fb offers on these rows: rows, and partial and smaller where the model allows them
+    (m.message_widths) and every rank's world view has its PeerCounts."""
+    if not m.message_widths or not all(r.world.peers is not None for r in rows):
+        return ("rows",)
+    return ("rows",) + PAYLOADS
+
+
+@dataclass
+class PayloadPlan:
+    """The choice and the counts of an fb option with a payload, over every rank (rank order)."""
+
+    use: List[np.ndarray]  # per layer, [sender, receiver]: pairs that send partials (graph/payload.py choose)
+    rows: np.ndarray  # [receiver, sender]
+    partials: np.ndarray
+    once: np.ndarray  # [receiver, sender]: the rows the receiver relays (per-server route)
+    server: np.ndarray  # server of every rank
+
+
+def plan(rows: Sequence[RankRows], m: ModelSpec, servers: int, payload: str) -> PayloadPlan:
+    """The layers and server pairs that send partials, as the engine chooses them (engine/partial.py
+    plan_payload) from the same counts."""
+    ordered = sorted(rows, key=lambda r: r.rank)
+    P = len(ordered)
+    if [r.rank for r in ordered] != list(range(P)):
+        raise ValueError("a payload's bytes need every rank's rows")
+    peers = [r.world.peers for r in ordered]
+    if any(p is None for p in peers):
+        raise ValueError("a payload's bytes need every rank's PeerCounts (memory_model/payload.py)")
+    mat = {k: np.array([getattr(p, k) for p in peers], dtype=np.int64).reshape(P, P)
+           for k in ("rows_from", "partials_from", "once_from")}
+    server = np.arange(P, dtype=np.int64) // max(1, P // int(servers))
+    once = None
+    if m.halo_route == "per-server":  # [sender, receiving server]: distinct rows crossing once per server
+        once = np.zeros((P, int(servers)), dtype=np.int64)
+        np.add.at(once, (slice(None), server), mat["once_from"].T)
+        once[np.arange(P), server] = 0
+    widths = m.widths()
+    static = [not m.estimator.exchanged(l, m) for l in range(m.layers)]
+    use = choose(payload, mat["rows_from"], mat["partials_from"], server, [w[0] for w in widths],
+                 list(m.message_widths), static, once)
+    return PayloadPlan(use, mat["rows_from"], mat["partials_from"], mat["once_from"], server)
+
+
+def halo_bytes(rows: Sequence[RankRows], m: ModelSpec, servers: int, payload: str) -> np.ndarray:
+    """[rank, (inter-server, intra-server)] halo bytes of one fb step with `payload`, received per rank as
+    estimate.rank_halo_bytes counts them (forward and the gradients backward): at an exchanging layer,
+    from a rank of another server the partials at the message width where the pair sends partials, else
+    the rows at the input width (on the per-server route the rows it relays; the others come from a
+    relay of its own server); from its own server's ranks the rows."""
+    p = plan(rows, m, servers, payload)  # (in rank order; `rows` may come in another)
+    same = p.server[:, None] == p.server[None, :]  # [receiver, sender]
+    routed = m.halo_route == "per-server"
+    out = np.zeros((p.rows.shape[0], 2), dtype=np.int64)
+    for l, ((w_in, _), w_msg) in enumerate(zip(m.widths(), m.message_widths)):
+        if not m.estimator.exchanged(l, m):
+            continue
+        partial = p.use[l].T  # [receiver, sender]
+        crossing = np.where(partial, p.partials * w_msg, (p.once if routed else p.rows) * w_in)
+        relayed = np.where(partial, 0, p.rows - p.once) * w_in if routed else 0
+        out[:, 0] += np.where(same, 0, crossing).sum(axis=1)
+        out[:, 1] += np.where(same, p.rows * w_in, relayed).sum(axis=1)
+    return 2 * F32 * out[np.array([r.rank for r in rows], dtype=np.int64)]

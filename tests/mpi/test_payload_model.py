@@ -1,0 +1,51 @@
+"""The byte model of fb's partial payloads (memory_model/payload.py) against the ledger of a real run on
+Cora (mpirun -n 4, 2 servers x 2 ranks): the inter- and intra-server halo bytes of one epoch of fb with
+--halo-payload partial and smaller, on both routes, equal what `preprocess plan` (the build's arrays,
+never written) and --mode auto's model of the shard set (its arrays on disk) predict."""
+import pytest
+from mpi4py import MPI
+
+from tests.mpi.conftest import RANKS_PER_SERVER, TEST_ROW_BLOCK_ROWS, make_trainer, on_rank0
+
+pytestmark = pytest.mark.mpi(min_size=4)
+WORLD = MPI.COMM_WORLD
+HIDDEN = 16
+
+
+def _predicted(cora, shards, route):
+    """Rank 0: label -> (inter-server halo bytes, intra-server halo bytes) of one epoch, from the plan and
+    from the shard set, which must agree."""
+    from granndis_hpc import memory_model as mm
+    from granndis_hpc.preprocess.plan import command as plan
+
+    cfg = plan.PlanConfig(servers=WORLD.size // RANKS_PER_SERVER, gpus_per_server=RANKS_PER_SERVER, layers=3,
+                          hidden=HIDDEN, dropout=0.0, partitioner="metis", seed=0, row_block_rows=TEST_ROW_BLOCK_ROWS,
+                          eas=False, device="cpu", ks=[0], halo_route=route)
+    planned = {o.label: o for o in plan.plan_options(MPI.COMM_SELF, cora, cfg)["options"]}
+    manifest, servers = mm.read_shard_set(shards)
+    m = mm.with_payloads(mm.model_for(manifest, "sage", HIDDEN, 3, dropout=0.0, halo_route=route))
+    s = mm.set_arrays(shards, manifest, servers)
+    model = {o.label: o for o in mm.options(mm.row_groups(s, 3, m, mm.Sampling()), m, cfg.servers)}
+    assert set(planned) == set(model) == {"fb", "fb payload=partial", "fb payload=smaller"}
+    out = {}
+    for label, o in planned.items():
+        assert o.inter_server_bytes == model[label].inter_server_bytes, label
+        assert (o.work.intra_bytes == model[label].work.intra_bytes).all(), label
+        out[label] = (o.inter_server_bytes["halo"], int(o.work.intra_bytes.sum()))
+    return out
+
+
+@pytest.mark.parametrize("route", ["direct", "per-server"])
+def test_predicted_bytes_equal_the_ledgers(cora, cora_shapes, route):
+    predicted = on_rank0(lambda: _predicted(cora, cora_shapes[2], route))
+    for payload in ("rows", "partial", "smaller"):
+        trainer = make_trainer(cora_shapes[2], "fb", "sage", 3, hidden=HIDDEN, halo_payload=payload,
+                               no_overlap=True, halo_route=route)
+        try:
+            trainer.train_epoch()
+            got = WORLD.allgather((trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo")))
+        finally:
+            trainer.close()
+        label = "fb" if payload == "rows" else f"fb payload={payload}"
+        measured = tuple(sum(g[i] for g in got) for i in (0, 1))
+        assert measured == predicted[label], (route, payload, measured, predicted[label])
