@@ -25,6 +25,7 @@ def _predicted(cora, shards, route):
     manifest, servers = mm.read_shard_set(shards)
     m = mm.with_payloads(mm.model_for(manifest, "sage", HIDDEN, 3, dropout=0.0, halo_route=route))
     s = mm.set_arrays(shards, manifest, servers)
+    s.ks, s.sample_cobatches = [0], False  # fb's options only, as the plan's ks=[0]
     model = {o.label: o for o in mm.options(mm.row_groups(s, 3, m, mm.Sampling()), m, cfg.servers)}
     assert set(planned) == set(model) == {"fb", "fb payload=partial", "fb payload=smaller"}
     out = {}

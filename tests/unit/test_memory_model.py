@@ -259,7 +259,8 @@ def test_mode_auto_entry_point_over_shard_sets(small_shards, eas_shards):
     every = none.rejected
     # flx k=1 holds more than fb for no fewer inter-server bytes here (fb caches its layer-0 halo): dropped
     # as dominated, and said.
-    assert {o.label for o in every} == {"fb", "flx k=2", "flx k=3", "eas", "cob batches=2", "cob batches=4"}
+    assert {o.label for o in every} == {"fb", "fb payload=partial", "fb payload=smaller", "flx k=2", "flx k=3",
+                                        "eas", "cob batches=2", "cob batches=4"}
     assert "not considered: flx k=1 (dominated by fb" in none.reason
     flx = {e["rank"]: e["total"] for e in mm.estimate_shard_set(str(small_shards), "sage", 16)}
     eas = {e["rank"]: e["total"] for e in mm.estimate_shard_set(str(eas_shards), "sage", 16)}
