@@ -94,9 +94,10 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
         trainer = make_trainer(f"{shard_sets['full']},{shard_sets['eas']}", "auto", "sage", LAYERS, hidden=HIDDEN,
                                dropout=0.5, memory_per_gpu=str(budget), auto_modes=modes)
         try:
-            decision = trainer.mode.decision
+            decision, payload = trainer.mode.decision, trainer.cfg.halo_payload
         finally:
             trainer.close()
+        assert payload == decision["choice"]["payload"]  # fb's partial payloads are options too, and run as chosen
         assert decision["rule"] == "time" and decision["rates"]["row_s"] > 0
         # measured on every rank, the slowest rank's median kept, and said so in the reason
         per_rank = decision["compute_rate"]["per_rank"]
@@ -112,7 +113,7 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
         # the fastest that fits, or fb where the fastest is predicted no more than the margin faster
         fits = [o for o in decision["options"] if o["peak_bytes"] <= budget]
         fastest = min(o["predicted_s"]["total_s"] for o in fits)
-        fb = next(o["predicted_s"]["total_s"] for o in fits if o["mode"] == "fb")
+        fb = next(o["predicted_s"]["total_s"] for o in fits if o["mode"] == "fb" and o["payload"] == "rows")
         if fastest < fb * (1 - rates["baseline_margin"]):
             assert decision["choice"]["predicted_s"]["total_s"] == fastest
             assert "shortest predicted epoch" in decision["reason"]

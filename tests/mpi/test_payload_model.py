@@ -2,6 +2,9 @@
 Cora (mpirun -n 4, 2 servers x 2 ranks): the inter- and intra-server halo bytes of one epoch of fb with
 --halo-payload partial and smaller, on both routes, equal what `preprocess plan` (the build's arrays,
 never written) and --mode auto's model of the shard set (its arrays on disk) predict."""
+import os
+import shutil
+
 import pytest
 from mpi4py import MPI
 
@@ -50,3 +53,41 @@ def test_predicted_bytes_equal_the_ledgers(cora, cora_shapes, route):
         label = "fb" if payload == "rows" else f"fb payload={payload}"
         measured = tuple(sum(g[i] for g in got) for i in (0, 1))
         assert measured == predicted[label], (route, payload, measured, predicted[label])
+
+
+def test_auto_runs_the_payload_it_chooses(monkeypatch):
+    """--mode auto on a 1-hop set (fb with each payload; flx k=1) priced with an inter-server link so slow
+    that its bytes decide: fb payload=smaller, the fewest, is chosen; the run trains fb with
+    --halo-payload smaller, its summary entry says so, and its ledger's halo bytes are the predicted ones.
+    The graph's features are narrow, so that the halo, not the gradient (Cora's 1433-wide first layer),
+    makes most of the bytes."""
+    from granndis_hpc import memory_model as mm
+    from granndis_hpc.preprocess.sources import load
+    from tests.mpi.conftest import build_sets_on_rank0
+
+    def graph():
+        return load("synthetic", vertices=1500, avg_degree=8.0, features=8, classes=4, seed=1)
+
+    shards = build_sets_on_rank0(graph, {"h1": {"layers": 3, "preload": "full", "hops": 1}},
+                                 prefix="granndis-payload-auto-")["h1"]
+    measured = mm.choose_shard_sets
+    slow = mm.Rates(inter_Bps=1e3, intra_Bps=1e9, row_s=1e-12, edge_s=1e-12)
+    monkeypatch.setattr(mm, "choose_shard_sets",
+                        lambda *a, **kw: measured(*a, **{**kw, "rates_for": lambda m, degree: slow}))
+    trainer = make_trainer(shards, "auto", "sage", 3, hidden=HIDDEN, memory_per_gpu="64GiB", no_overlap=True,
+                           auto_modes="exact")
+    try:
+        decision, cfg = trainer.mode.decision, trainer.cfg
+        assert {"fb", "fb payload=partial", "fb payload=smaller"} <= {o["label"] for o in decision["options"]}
+        choice = decision["choice"]
+        assert choice["label"] == "fb payload=smaller" and choice["train_options"] == {"halo_payload": "smaller"}
+        assert (cfg.mode, cfg.halo_payload) == ("fb", "smaller") and trainer.world_view.payload is not None
+        assert trainer.mode.describe(trainer.manifest)["auto"]["choice"]["payload"] == "smaller"
+        trainer.train_epoch()
+        got = sum(WORLD.allgather(trainer.ledger.bytes("inter", "halo")))
+    finally:
+        trainer.close()
+        WORLD.barrier()
+        if WORLD.rank == 0:  # the set this test built
+            shutil.rmtree(os.path.dirname(shards), ignore_errors=True)
+    assert got == choice["inter_server_bytes"]["halo"]
