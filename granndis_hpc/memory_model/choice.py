@@ -15,7 +15,7 @@ from granndis_hpc.units import format_size
 
 from .epoch_time import Rates, Work, seconds, work
 from .estimate import ModelSpec, RankRows, estimate, inter_server_bytes
-from .payload import halo_bytes
+from .payload import halo_bytes, memory_bytes
 
 # Which Option attribute a mode's knob is, and how auto prefers it: the largest k, the fewest co-batches.
 _KNOBS = {"k": lambda o: -o.k, "batches": lambda o: o.batches}
@@ -79,8 +79,14 @@ class Option:
 def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int, device: str = "cpu",
                 batches: int = 1, source: str = "", payload: str = "rows") -> Option:
     ests = [estimate(r, m, device) for r in rows]
-    # fb's partial payloads: the halo bytes of the layers and server pairs that send partials
+    # fb's partial payloads: the halo bytes of the layers and server pairs that send partials, and what
+    # their structures and buffers add to the memory of fb with rows
     halo = halo_bytes(rows, m, servers, payload) if payload != "rows" else None
+    if payload != "rows":
+        for e, (graph, buffers) in zip(ests, memory_bytes(rows, m, servers, payload)):
+            e["breakdown"] = {**e["breakdown"], "graph": e["breakdown"]["graph"] + int(graph),
+                              "halo_buffers": e["breakdown"]["halo_buffers"] + int(buffers)}
+            e["total"] += int(graph) + int(buffers)
     worst = max(range(len(ests)), key=lambda i: ests[i]["total"])
     held = max(rows_held(r) for r in rows)
     # k: the layers on the server-side view (0 for fb, L for eas and cob).

@@ -167,3 +167,51 @@ def halo_bytes(rows: Sequence[RankRows], m: ModelSpec, servers: int, payload: st
         out[:, 0] += np.where(same, 0, crossing).sum(axis=1)
         out[:, 1] += np.where(same, p.rows * w_in, relayed).sum(axis=1)
     return 2 * F32 * out[np.array([r.rank for r in rows], dtype=np.int64)]
+
+
+def memory_bytes(rows: Sequence[RankRows], m: ModelSpec, servers: int, payload: str) -> np.ndarray:
+    """[rank, (graph, halo buffers)] bytes fb with `payload` holds beyond fb with rows (engine/partial.py),
+    per distinct choice of pairs (the layers sharing one share its structures): the rows part's graph
+    (the world graph without the in-edges from ranks that send partials: its indices, degrees and cached
+    matrices, split where the world halo overlaps), the scatter of the received partials into the rows and
+    the product of the partials sent from the own rows (CSR and transpose each), their send index; and at
+    the layer where it is the most, what the exchange's buffers (rows part at the input width, partials at
+    the message width, sent and received) exceed the rows' by.  The rows' activations and buffers stay
+    counted as they are, which bounds the payload's smaller ones from above."""
+    from .graph_bytes import _graph_bytes, _split_graph_bytes
+    from .estimate import LayerRows
+    from granndis_hpc.units import INT64_BYTES as I64
+
+    p = plan(rows, m, servers, payload)
+    ordered = sorted(rows, key=lambda r: r.rank)
+    edges = np.array([r.world.peers.edges_from for r in ordered], dtype=np.int64)  # type: ignore[union-attr]
+    out = np.zeros((len(ordered), 2), dtype=np.int64)
+    seen: set = set()
+    est = m.estimator
+    for l, ((w_in, _), w_msg) in enumerate(zip(m.widths(), m.message_widths)):
+        u = p.use[l]  # [sender, receiver]
+        if not m.estimator.exchanged(l, m) or not u.any():
+            continue
+        recv = u.T  # [receiver, sender]: senders that send the receiver partials
+        kept_halo = np.where(recv, 0, p.rows).sum(axis=1)
+        p_recv = np.where(recv, p.partials, 0).sum(axis=1)
+        cut_edges = np.where(recv, edges, 0).sum(axis=1)
+        p_sent = np.where(recv, p.partials, 0).sum(axis=0)  # as a sender: what its receivers get
+        p_entries = np.where(recv, edges, 0).sum(axis=0)
+        sent_rows = np.where(recv, 0, p.rows).sum(axis=0)
+        for i, r in enumerate(ordered):
+            lr = r.world.layers[l]
+            buffers = (sent_rows[i] + kept_halo[i]) * w_in + (p_sent[i] + p_recv[i]) * w_msg
+            out[i, 1] = max(out[i, 1], (buffers - (lr.n_send + lr.n_halo) * w_in) * F32)
+            if u.tobytes() in seen:
+                continue
+            kept = LayerRows(n_own_in=lr.n_own_in, n_halo=int(kept_halo[i]), n_dst=lr.n_dst,
+                             nnz=int(lr.nnz - cut_edges[i]), n_send=int(sent_rows[i]))
+            b = _graph_bytes(kept, est.self_loops, True, est.aggregation_input_grad(m, l))
+            if "world" in m.overlap:
+                b += _split_graph_bytes(kept, est.self_loops, l + 1 < m.layers, est.aggregation_input_grad(m, l))
+            b += (lr.n_dst + p_recv[i] + 2) * I64 + 2 * int(p_recv[i]) * (I64 + F32)  # the scatter
+            b += (p_sent[i] + lr.n_own_in + 2) * I64 + 2 * int(p_entries[i]) * (I64 + F32)  # the product
+            out[i, 0] += b + int(p_sent[i]) * I64
+        seen.add(u.tobytes())
+    return out[np.array([r.rank for r in rows], dtype=np.int64)]

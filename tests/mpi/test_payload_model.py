@@ -35,24 +35,34 @@ def _predicted(cora, shards, route):
     for label, o in planned.items():
         assert o.inter_server_bytes == model[label].inter_server_bytes, label
         assert (o.work.intra_bytes == model[label].work.intra_bytes).all(), label
-        out[label] = (o.inter_server_bytes["halo"], int(o.work.intra_bytes.sum()))
+        out[label] = (o.inter_server_bytes["halo"], int(o.work.intra_bytes.sum()), o.peak)
     return out
 
 
 @pytest.mark.parametrize("route", ["direct", "per-server"])
 def test_predicted_bytes_equal_the_ledgers(cora, cora_shapes, route):
+    """Bytes exactly; memory: the torch allocations of set-up and an epoch (on the CPU: features read
+    through NumPy are not among them) stay under the estimated peak, which adds the payload's structures."""
+    from granndis_hpc.memory_model.profile import measure_step_peak
+
     predicted = on_rank0(lambda: _predicted(cora, cora_shapes[2], route))
     for payload in ("rows", "partial", "smaller"):
-        trainer = make_trainer(cora_shapes[2], "fb", "sage", 3, hidden=HIDDEN, halo_payload=payload,
-                               no_overlap=True, halo_route=route)
-        try:
-            trainer.train_epoch()
-            got = WORLD.allgather((trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo")))
-        finally:
-            trainer.close()
+        got = {}
+
+        def train():
+            trainer = make_trainer(cora_shapes[2], "fb", "sage", 3, hidden=HIDDEN, halo_payload=payload,
+                                   no_overlap=True, halo_route=route)
+            try:
+                trainer.train_epoch()
+                got["bytes"] = (trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo"))
+            finally:
+                trainer.close()
+        peak = max(WORLD.allgather(measure_step_peak(train)))
+        every = WORLD.allgather(got["bytes"])
         label = "fb" if payload == "rows" else f"fb payload={payload}"
-        measured = tuple(sum(g[i] for g in got) for i in (0, 1))
-        assert measured == predicted[label], (route, payload, measured, predicted[label])
+        measured = tuple(sum(g[i] for g in every) for i in (0, 1))
+        assert measured == predicted[label][:2], (route, payload, measured, predicted[label])
+        assert peak <= predicted[label][2], (route, payload, peak, predicted[label][2])
 
 
 def test_auto_runs_the_payload_it_chooses(monkeypatch):
