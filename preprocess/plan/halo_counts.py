@@ -118,7 +118,9 @@ def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S:
     # The per-server route: of each row's readers on another server, the one that relays it (keys sorted
     # by row, then reader: a row's readers on one server are consecutive).
     u_x, key = u[across], u[across] * S + r[across] // G
-    once = np.bincount(r[across][mm.relayed_by(key, u_x)], minlength=W)
+    relayed = mm.relayed_by(key, u_x)
+    once = np.bincount(r[across][relayed], minlength=W)
+    peers = None if keep is not None else _peer_counts(group, part, rank_of, W, u, r, across, relayed)
     sent = np.bincount(rank_of[u], minlength=W)
     first = np.ones(key.size, dtype=bool)  # and its send list on that route: a row once per reading server
     first[1:] = key[1:] != key[:-1]
@@ -132,9 +134,32 @@ def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S:
     nnz = np.bincount(rank_of, weights=degree, minlength=W).astype(np.int64)
     n_train = np.bincount(rank_of[train], minlength=W)
     world = [mm.WorldCounts(n_inner=int(n_inner[x]), nnz=int(nnz[x]), n_halo=int(halo[x]),
-                            inter_halo=int(inter[x]), inter_once=int(once[x]), sent_once=int(sent_once[x]))
+                            inter_halo=int(inter[x]), inter_once=int(once[x]), sent_once=int(sent_once[x]),
+                            peers=None if peers is None else peers[x])
              for x in range(W)]  # loop over ranks
     return world, sent, n_train
+
+
+def _peer_counts(group, part, rank_of: np.ndarray, W: int, u: np.ndarray, r: np.ndarray, across: np.ndarray,
+                 relayed: np.ndarray) -> List[mm.PeerCounts]:
+    """Collective: every rank's memory_model.PeerCounts (fb's partial payloads, memory_model/payload.py), as
+    shard_rows counts them from a set: from the distinct (row u, reading rank r) pairs this rank owns the
+    rows and the relayed rows per (reader, owner); from its slice's in-edges the edges and the distinct
+    (destination row, owner of a source) per (reader, owner)."""
+    rows = np.bincount(r * W + rank_of[u], minlength=W * W)
+    once = np.bincount(r[across][relayed] * W + rank_of[u[across]][relayed], minlength=W * W)
+    edges = np.zeros(W * W, dtype=np.int64)
+
+    def reached(block, row, src):
+        reader, owner = rank_of[block + part.lo][row], rank_of[src]
+        other = owner != reader
+        np.add(edges, np.bincount(reader[other] * W + owner[other], minlength=W * W), out=edges)
+        return (block + part.lo)[row][other], owner[other]
+    keys = _pair_keys(part, np.arange(part.hi - part.lo, dtype=np.int64), reached, W)  # destination row x W + owner
+    partials = np.bincount(rank_of[keys // W] * W + keys % W, minlength=W * W)
+    total = group.allreduce_sum(np.concatenate([rows, partials, once, edges]).astype(np.int64))
+    rows, partials, once, edges = (m.reshape(W, W) for m in np.split(total, 4))
+    return [mm.PeerCounts(*(tuple(int(c) for c in m[x]) for m in (rows, partials, once, edges))) for x in range(W)]
 
 
 def owned_rows(group, part, hop_of: np.ndarray, gpu_of: np.ndarray, G: int):
