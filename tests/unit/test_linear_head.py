@@ -144,8 +144,10 @@ def test_plan_estimates_the_head(tmp_path, capsys):
     assert "2-layer sage + 1 Linear" in capsys.readouterr().out
     base = {o["label"]: o for o in res[0]["options"]}
     head = {o["label"]: o for o in res[2]["options"]}
-    assert set(base) == set(head) == {"fb", "flx k=1", "flx k=2"}
+    assert set(base) == set(head) == {"fb", "fb payload=partial", "fb payload=smaller", "flx k=1", "flx k=2"}
     for label in base:
+        if base[label]["payload"] != "rows":  # its choice of layers differs with the head's widths
+            continue
         assert head[label]["peak_bytes"] > base[label]["peak_bytes"]
         assert head[label]["inter_server_bytes"]["gradient"] > base[label]["inter_server_bytes"]["gradient"]
     assert SYN  # the same synthetic graph as the memory model's plan tests
@@ -156,8 +158,9 @@ def test_mode_auto_estimates_the_head(small_shards):
     than without the head, and the head's estimate is what estimate_shard_set gives."""
     plain = mm.choose_shard_sets([str(small_shards)], "sage", 16, 3, 1, batches=(2,))
     head = mm.choose_shard_sets([str(small_shards)], "sage", 16, 3, 1, batches=(2,), linear_layers=1)
-    by_plain = {o.label: o.peak for o in plain.rejected}
-    by_head = {o.label: o.peak for o in head.rejected}
+    # (fb with a partial payload may be dropped as dominated by fb with rows in one and not the other)
+    by_plain = {o.label: o.peak for o in plain.rejected if o.payload == "rows"}
+    by_head = {o.label: o.peak for o in head.rejected if o.payload == "rows"}
     assert set(by_plain) == set(by_head) and all(by_head[k] > by_plain[k] for k in by_plain)
     flx = max(e["total"] for e in mm.estimate_shard_set(str(small_shards), "sage", 16, linear_layers=1))
     assert by_head["flx k=3"] == flx
