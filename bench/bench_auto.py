@@ -46,6 +46,8 @@ LAYERS = 3
 def options(layers):
     """(name = auto's option label, shard set, train arguments): what auto's table lists, one each."""
     out = [("fb", "full", ["--mode", "fb"])]
+    # fb with partial aggregates (--halo-payload): auto offers them for the weighted-sum models
+    out += [(f"fb payload={p}", "full", ["--mode", "fb", "--halo-payload", p]) for p in ("partial", "smaller")]
     out += [(f"flx k={k}", "full", ["--mode", "flx", "--preloaded-layers", str(k)]) for k in range(1, layers + 1)]
     out += [("eas", "eas", ["--mode", "eas"]), ("cob batches=2", "full", ["--mode", "cob", "--batches-per-epoch", "2"])]
     return out
