@@ -16,7 +16,7 @@ Every count is over dense per-vertex arrays and the slices' edges, vectorised; c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -69,8 +69,10 @@ class InducedCounter:
             world, sent, _ = world_view_counts(group, part, prep.server_of, prep.gpu_of, prep.servers, prep.gpus,
                                                degree, prep.train, keep=keep)
             per_graph[name] = (world, sent)
+        # (the full world view without its counts per pair of ranks: an inductive run sends rows only,
+        # memory_model/payload.py, and the sets' own counts leave them out alike)
         worlds = [((per_graph["train"][0][r], int(per_graph["train"][1][r])),
-                   (prep.world[r], int(prep.world_sent[r])),
+                   (replace(prep.world[r], peers=None), int(prep.world_sent[r])),
                    (per_graph["train+val"][0][r], int(per_graph["train+val"][1][r])))
                   for r in range(prep.servers * prep.gpus)]  # loop over ranks
         return cls(group, part, prep, worlds, multilabel_classes)
