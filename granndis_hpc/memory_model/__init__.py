@@ -37,9 +37,9 @@ from .arrays import (GpuArrays, HopCounts, ServerArrays, WorldCounts, cobatch_co
 from .choice import (Decision, Option, choose, choose_by_time, decision_table, drop_dominated, make_option, order_text,
                      preference, price, rows_held)
 from .epoch_time import Rates, predict
-from .estimate import (LayerRows, MemoryModelError, ModelSpec, RankRows, ViewRows, activation_layers,
+from .estimate import (LayerRows, MemoryModelError, ModelSpec, PeerCounts, RankRows, ViewRows, activation_layers,
                        check_rank_rows, estimate, inter_server_bytes, step_peak)
-from .payload import PeerCounts, halo_bytes, payload_widths, peer_counts, with_payloads
+from .payload import halo_bytes, payload_widths, peer_counts, with_payloads
 from .mode_estimates import RowGroup, Sampling, SetArrays, cobatch_server_arrays, options, row_groups
 from .shardsets import choose_shard_sets, estimate_shard_set, fitting_sets, model_for, read_shard_set, set_arrays
 

@@ -11,8 +11,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .estimate import LayerRows, MemoryModelError, RankRows, ViewRows
-from .payload import PeerCounts, peer_counts, server_once_from
+from .estimate import LayerRows, MemoryModelError, PeerCounts, RankRows, ViewRows
+from .payload import peer_counts
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -210,6 +210,23 @@ def server_inter_once(s: ServerArrays) -> Dict[int, int]:
     chosen = relayed_by(gid[order], gid[order])  # one server's readers: the row is the key
     counts = np.bincount(reader[order][chosen], minlength=max([g.rank for g in s.gpus], default=0) + 1)
     return {g.rank: int(counts[g.rank]) for g in s.gpus}
+
+
+def server_once_from(readers: Sequence[Tuple[int, np.ndarray]], server: int, gpus: int,
+                     world_size: int) -> Dict[int, np.ndarray]:
+    """rank -> rows it relays on the per-server route, per owner rank.  readers: (rank, its distinct
+    (owner rank, global id) world halo rows) of every rank of server `server` (_world_halo_pairs)."""
+    reader = np.concatenate([np.full(p.shape[0], r, np.int64) for r, p in readers] + [np.zeros(0, np.int64)])
+    pairs = np.concatenate([p for _, p in readers] + [np.zeros((0, 2), np.int64)])
+    across = pairs[:, 0] // int(gpus) != int(server)
+    reader, owner, gid = reader[across], pairs[across, 0], pairs[across, 1]
+    order = np.lexsort((reader, gid))
+    chosen = relayed_by(gid[order], gid[order])
+    out = {}
+    for r, _ in readers:  # loop over the server's ranks, not over vertices
+        mine = chosen & (reader[order] == r)
+        out[r] = np.bincount(owner[order][mine], minlength=int(world_size))
+    return out
 
 
 def rank_rows(rank: int, n_train: int, world: WorldCounts, n_sent: int, server: Optional[HopCounts], layers: int,

@@ -9,7 +9,7 @@ ModelEstimate): this module names no model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,9 +20,6 @@ from granndis_hpc.units import INT64_BYTES as I64
 from .graph_bytes import _graph_bytes, _split_graph_bytes
 from .induced import inductive_parts
 from .stacks import send_rows
-
-if TYPE_CHECKING:
-    from .payload import PeerCounts
 
 
 class MemoryModelError(ValueError):
@@ -50,6 +47,19 @@ class LayerRows:
 
 
 @dataclass(frozen=True)
+class PeerCounts:
+    """One rank's world view per sending rank, each of world-size length (memory_model/payload.py, which
+    counts fb's partial payloads from them): rows_from[a] the distinct rows of rank a it reads;
+    partials_from[a] its inner rows with an in-edge from a row of a; once_from[a] of rows_from[a] those it
+    relays on the per-server route (a's own server's: 0); edges_from[a] its rows' in-edges from a's rows."""
+
+    rows_from: Tuple[int, ...]
+    partials_from: Tuple[int, ...]
+    once_from: Tuple[int, ...]
+    edges_from: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class ViewRows:
     """A view: all its own rows, its full halo (static features exchanged once) and its L graphs."""
 
@@ -62,7 +72,7 @@ class ViewRows:
     inter_once: Optional[int] = None  # of inter_halo: those it relays on the per-server route (None: all)
     # The world view per sending rank (memory_model/payload.py), which fb's partial payloads are counted
     # from; None where they were not counted (fb then offers rows only).
-    peers: Optional["PeerCounts"] = None
+    peers: Optional[PeerCounts] = None
 
 
 @dataclass(frozen=True)

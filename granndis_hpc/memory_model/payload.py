@@ -8,7 +8,7 @@ view's arrays the row model reads (arrays.py), vectorised:
 - rows_from[a]: distinct rows of rank a this rank reads (what a sends it as rows, direct route);
 - partials_from[a]: this rank's inner rows with an in-edge from a row of a (what a sends as partials);
 - once_from[a]: of rows_from[a], those this rank relays on the per-server route (each row a server
-  reads crosses once, to one of its readers: arrays.relayed_by, as engine/halo_route.py chooses);
+  reads crosses once, to one of its readers: arrays.server_once_from, as engine/halo_route.py chooses);
 - edges_from[a]: in-edges of this rank's inner rows from a's rows (the rows part's graph drops them).
 
 The choice of the layers and server pairs that send partials is graph/payload.py `choose`, the one the
@@ -18,33 +18,25 @@ Which runs may use partials at all is graph/payload.py `problem`, applied to the
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from granndis_hpc.graph.payload import choose, problem
 from granndis_hpc.registry import typed
 from granndis_hpc.units import FLOAT32_BYTES as F32
+from granndis_hpc.units import INT64_BYTES as I64
 
-from .estimate import ModelSpec, RankRows
+from .estimate import LayerRows, ModelSpec, PeerCounts, RankRows
+from .graph_bytes import _graph_bytes, _split_graph_bytes
 
 PAYLOADS = ("partial", "smaller")  # what fb may send besides rows, each an option of --mode auto
-
-
-@dataclass(frozen=True)
-class PeerCounts:
-    """One rank's world view per sending rank (the module docstring), each of world-size length."""
-
-    rows_from: Tuple[int, ...]
-    partials_from: Tuple[int, ...]
-    once_from: Tuple[int, ...]
-    edges_from: Tuple[int, ...]
 
 
 def peer_counts(rank: int, w_indptr, w_src_rank, w_src_global_id, world_size: int,
                 once_from: Optional[np.ndarray] = None) -> PeerCounts:
     """PeerCounts of rank `rank` from its world view's in-edge CSR (inner rows; sources as (owner rank,
-    global id)).  once_from: its relayed rows per owner (`server_once_from`); None: rows_from."""
+    global id)).  once_from: its relayed rows per owner (arrays.server_once_from); None: rows_from."""
     P = int(world_size)
     src_rank = np.asarray(w_src_rank, dtype=np.int64)
     gid = np.asarray(w_src_global_id, dtype=np.int64)
@@ -58,25 +50,6 @@ def peer_counts(rank: int, w_indptr, w_src_rank, w_src_global_id, world_size: in
     return PeerCounts(tuple(int(x) for x in rows_from), tuple(int(x) for x in np.bincount(partials, minlength=P)),
                       tuple(int(x) for x in (rows_from if once_from is None else once_from)),
                       tuple(int(x) for x in np.bincount(src_rank[other], minlength=P)))
-
-
-def server_once_from(readers: Sequence[Tuple[int, np.ndarray]], server: int, gpus: int,
-                     world_size: int) -> Dict[int, np.ndarray]:
-    """rank -> rows it relays on the per-server route, per owner rank.  readers: (rank, its distinct
-    (owner rank, global id) world halo rows) of every rank of server `server` (arrays._world_halo_pairs)."""
-    from .arrays import relayed_by
-
-    reader = np.concatenate([np.full(p.shape[0], r, np.int64) for r, p in readers] + [np.zeros(0, np.int64)])
-    pairs = np.concatenate([p for _, p in readers] + [np.zeros((0, 2), np.int64)])
-    across = pairs[:, 0] // int(gpus) != int(server)
-    reader, owner, gid = reader[across], pairs[across, 0], pairs[across, 1]
-    order = np.lexsort((reader, gid))
-    chosen = relayed_by(gid[order], gid[order])
-    out = {}
-    for r, _ in readers:  # loop over the server's ranks, not over vertices
-        mine = chosen & (reader[order] == r)
-        out[r] = np.bincount(owner[order][mine], minlength=int(world_size))
-    return out
 
 
 def payload_widths(m: ModelSpec, input_dropout: float = 0.0) -> Tuple[int, ...]:
@@ -178,10 +151,6 @@ def memory_bytes(rows: Sequence[RankRows], m: ModelSpec, servers: int, payload: 
     the layer where it is the most, what the exchange's buffers (rows part at the input width, partials at
     the message width, sent and received) exceed the rows' by.  The rows' activations and buffers stay
     counted as they are, which bounds the payload's smaller ones from above."""
-    from .graph_bytes import _graph_bytes, _split_graph_bytes
-    from .estimate import LayerRows
-    from granndis_hpc.units import INT64_BYTES as I64
-
     p = plan(rows, m, servers, payload)
     ordered = sorted(rows, key=lambda r: r.rank)
     edges = np.array([r.world.peers.edges_from for r in ordered], dtype=np.int64)  # type: ignore[union-attr]
