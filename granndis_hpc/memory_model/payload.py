@@ -1,8 +1,8 @@
 """fb with partial aggregates (--halo-payload partial | smaller, engine/partial.py) in the byte model.
 
 A weighted-sum layer may send, instead of the halo rows rank a sends rank b, for every inner row of b
-with an in-edge from a's rows the partial sum of a's contributions (message width min(in, out), the
-layer's ``message_width()``).  What that costs is counted here per ordered rank pair from the world
+with an in-edge from a's rows the partial sum of a's contributions (the layer's ``partial_width()``:
+its message width min(in, out)).  What that costs is counted here per ordered rank pair from the world
 view's arrays the row model reads (arrays.py), vectorised:
 
 - rows_from[a]: distinct rows of rank a this rank reads (what a sends it as rows, direct route);
@@ -53,10 +53,10 @@ def peer_counts(rank: int, w_indptr, w_src_rank, w_src_global_id, world_size: in
 
 
 def payload_widths(m: ModelSpec, input_dropout: float = 0.0) -> Tuple[int, ...]:
-    """Each conv's message width where fb may send partial aggregates for model `m` (graph/payload.py
+    """Each conv's partial width where fb may send partial aggregates for model `m` (graph/payload.py
     `problem` finds nothing to refuse on its layers, built here without storage); () where it may not.
-    A typed (heterogeneous) model and an --inductive run are left to rows: their world views are not the
-    ones these counts describe."""
+    A typed model (R-GCN's partials are counted per relation) and an --inductive run (its training view
+    is the train-induced graph's) are estimated with rows only: these counts do not describe them."""
     if typed(m.name) or m.inductive:
         return ()
     import torch
@@ -69,7 +69,7 @@ def payload_widths(m: ModelSpec, input_dropout: float = 0.0) -> Tuple[int, ...]:
     convs = list(model.convs)
     if problem("partial", "fb", None if m.precision == "fp32" else m.precision, input_dropout, convs):
         return ()
-    return tuple(int(c.message_width()) for c in convs)
+    return tuple(int(c.partial_width()) for c in convs)
 
 
 def with_payloads(m: ModelSpec, input_dropout: float = 0.0) -> ModelSpec:
