@@ -8,7 +8,13 @@ words the verdict).
 
 Inter-server: the leaders of servers 0 and 1 (world ranks rank_table[0, 0] and rank_table[1, 0]);
 intra-server: local ranks 0 and 1 of server 0.  Bandwidth one way = 2 x bytes x round trips / seconds,
-after one untimed round trip (it opens connections).  On a shared machine CPU starvation only ever
+after one untimed round trip (it opens connections).  The inter-server pair is also timed sending both
+ways at once (each leader sends ROUND_TRIPS messages to the other while receiving as many, after a small
+untimed exchange that starts them together): the rate each direction gets = bytes x round trips /
+seconds.  A training step's halo exchanges and gradient all-reduce move data both ways at once, and a
+link is not always full-duplex: on the emulated cluster of one machine the two directions share one
+budget (the rate both ways is about half the one-way rate), on a full-duplex link it equals the one-way
+rate; the cost model prices the simultaneous bytes with it (memory_model/epoch_time.py).  On a shared machine CPU starvation only ever
 slows a trial down, while the link's limit is what is measured, so the check keeps the best trial,
 and it runs trials until it has MIN_TRIALS and then while BUDGET_S lasts (at most MAX_TRIALS): on a
 fast link that is a dozen trials, on a slow one (2 MiB a trial: 1.7 s at 10 Mbit/s) the minimum.  The
@@ -62,19 +68,33 @@ def _pingpong(comm, me: int, peer: int, buf: np.ndarray, round_trips: int = ROUN
     return time.perf_counter() - start
 
 
-def _trials(world, pair, buf) -> List[float]:
-    """The pair's trial seconds (on pair[0]; empty elsewhere): after an untimed round trip, trials until
-    MIN_TRIALS are done and then while BUDGET_S lasts, at most MAX_TRIALS; pair[0] decides and tells
-    pair[1] after each."""
+def _exchange(comm, me: int, peer: int, buf: np.ndarray, rounds: int = ROUND_TRIPS) -> float:
+    """Seconds for `rounds` messages sent each way at once between ranks `me` and `peer` (called by both)."""
+    other = peer if comm.Get_rank() == me else me
+    received = np.empty_like(buf)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        comm.Sendrecv(buf, other, recvbuf=received, source=other)
+    return time.perf_counter() - start
+
+
+def _trials(world, pair, buf, both_ways: bool = False) -> List[float]:
+    """The pair's trial seconds (on pair[0]; empty elsewhere): after an untimed round trip (both_ways: a
+    small untimed exchange, which starts the two together), trials of ping-pongs (both_ways: exchanges)
+    until MIN_TRIALS are done and then while BUDGET_S lasts, at most MAX_TRIALS; pair[0] decides and
+    tells pair[1] after each."""
     rank = world.Get_rank()
     if rank not in pair:
         return []
-    _pingpong(world, pair[0], pair[1], buf, 1)  # untimed: opens the connection
+    if both_ways:
+        _exchange(world, pair[0], pair[1], buf[:64], 1)
+    else:
+        _pingpong(world, pair[0], pair[1], buf, 1)  # untimed: opens the connection
     out: List[float] = []
     start = time.perf_counter()
     more = True
     while more:
-        out.append(_pingpong(world, pair[0], pair[1], buf))
+        out.append((_exchange if both_ways else _pingpong)(world, pair[0], pair[1], buf))
         if rank == pair[0]:
             more = len(out) < MIN_TRIALS or (len(out) < MAX_TRIALS and time.perf_counter() - start < BUDGET_S)
             world.send(more, dest=pair[1], tag=_FLAG_TAG)
@@ -83,15 +103,17 @@ def _trials(world, pair, buf) -> List[float]:
     return out if rank == pair[0] else []
 
 
-def _bandwidth(world, pair, buf) -> Tuple[Optional[float], dict]:
+def _bandwidth(world, pair, buf, both_ways: bool = False) -> Tuple[Optional[float], dict]:
     """(best one-way bandwidth between the world ranks `pair`, {trials, best_Bps, median_Bps}); (None, {})
-    where there is no such pair.  Collective."""
+    where there is no such pair.  both_ways: the bandwidth each direction gets while both send.
+    Collective."""
     if pair is None:
         return None, {}
-    trials = _trials(world, pair, buf)
+    trials = _trials(world, pair, buf, both_ways)
     _wait_idle(world)
     if world.Get_rank() == pair[0]:
-        rates = 2 * buf.nbytes * ROUND_TRIPS / np.maximum(np.asarray(trials), 1e-9)
+        moved = buf.nbytes * ROUND_TRIPS * (1 if both_ways else 2)  # per direction; a ping-pong's both legs
+        rates = moved / np.maximum(np.asarray(trials), 1e-9)
         stats = {"trials": len(trials), "best_Bps": float(rates.max()), "median_Bps": float(np.median(rates))}
     else:
         stats = None
@@ -99,20 +121,32 @@ def _bandwidth(world, pair, buf) -> Tuple[Optional[float], dict]:
     return stats["best_Bps"], stats
 
 
-def measure_links(topo) -> dict:
-    """{inter_Bps, intra_Bps, message_bytes, inter, intra (each {trials, best_Bps, median_Bps}), seconds}:
-    the job's link classes, None where the job has no such link (one server; one rank per server).
-    Collective over the world: every rank calls it and gets the result."""
+def measure_links(topo, both_ways: bool = False) -> dict:
+    """{inter_Bps, inter_both_Bps, intra_Bps, message_bytes, inter, inter_both, intra (each {trials,
+    best_Bps, median_Bps}), seconds}: the job's link classes, None where the job has no such link (one
+    server; one rank per server); inter_both_Bps: the inter-server rate each way while both leaders
+    send, measured with `both_ways` (what --mode auto prices with; None and {} without).  Collective over
+    the world: every rank calls it and gets the result."""
     start = time.perf_counter()
     table = topo.rank_table
     inter = (int(table[0, 0]), int(table[1, 0])) if topo.servers > 1 else None
     intra = (int(table[0, 0]), int(table[0, 1])) if topo.ranks_per_server > 1 else None
     buf = np.zeros(MESSAGE_BYTES, dtype=np.uint8)
     inter_Bps, inter_stats = _bandwidth(topo.world, inter, buf)
+    both_Bps, both_stats = _bandwidth(topo.world, inter if both_ways else None, buf, both_ways=True)
     intra_Bps, intra_stats = _bandwidth(topo.world, intra, buf)
     seconds = max(topo.world.allgather(time.perf_counter() - start))
-    return {"inter_Bps": inter_Bps, "intra_Bps": intra_Bps, "message_bytes": MESSAGE_BYTES,
-            "inter": inter_stats, "intra": intra_stats, "seconds": float(seconds)}
+    return {"inter_Bps": inter_Bps, "inter_both_Bps": both_Bps, "intra_Bps": intra_Bps,
+            "message_bytes": MESSAGE_BYTES, "inter": inter_stats, "inter_both": both_stats, "intra": intra_stats,
+            "seconds": float(seconds)}
+
+
+def both_ways_rate(links: dict) -> Optional[float]:
+    """The inter-server rate each way with both directions busy, as the cost model prices it: the
+    measured one, at most the one-way rate (a link carries no more one way when the other way is busy
+    too: a higher reading is the trials' noise); None where it was not measured."""
+    both, one = links.get("inter_both_Bps"), links.get("inter_Bps")
+    return None if both is None or one is None else float(min(both, one))
 
 
 _BURST = np.random.default_rng(0).standard_normal((192, 192))
@@ -169,7 +203,13 @@ def link_check_text(links: dict, rounds: Optional[dict] = None) -> str:
         return (f"{name}-server {stats['best_Bps'] / 1e6:.3g} MB/s (best of {stats['trials']} ping-pongs of "
                 f"{ROUND_TRIPS} x {links.get('message_bytes', MESSAGE_BYTES) >> 10} KiB round trips; median "
                 f"{stats['median_Bps'] / 1e6:.3g})")
-    text = f"link check: {one('inter', 'inter_Bps')}, {one('intra', 'intra_Bps')}"
+    text = f"link check: {one('inter', 'inter_Bps')}"
+    both = links.get("inter_both") or {}
+    if both:
+        text += (f", both ways at once {both['best_Bps'] / 1e6:.3g} MB/s each (best of {both['trials']} exchanges "
+                 f"of {ROUND_TRIPS} x {links.get('message_bytes', MESSAGE_BYTES) >> 10} KiB each way; median "
+                 f"{both['median_Bps'] / 1e6:.3g})")
+    text += f", {one('intra', 'intra_Bps')}"
     if links.get("seconds") is not None:
         text += f", {links['seconds']:.2g} s"
     if rounds:

@@ -24,7 +24,7 @@ import numpy as np
 from granndis_hpc import memory_model, registry, shards
 from granndis_hpc.options.train_groups import OVERLAP_HALOS
 from granndis_hpc.cluster.errors import collective_errors
-from granndis_hpc.cluster.linkcheck import link_check_text, measure_links, measure_rounds
+from granndis_hpc.cluster.linkcheck import both_ways_rate, link_check_text, measure_links, measure_rounds
 from granndis_hpc.cluster.topology import device_memory
 from granndis_hpc.engine import cobatch, inductive, views
 from granndis_hpc.memory_model import compute_rate
@@ -326,7 +326,7 @@ class Automatic(Mode):
                         overlap=() if cfg.no_overlap else tuple(sorted(OVERLAP_HALOS[cfg.overlap_halos])),
                         precision=cfg.precision)
         if cfg.auto_rule == "time" and paths:
-            links = links or measure_links(topo)  # collective; the trainer's, unless --no-link-check
+            links = links or measure_links(topo, both_ways=True)  # collective; the trainer's, unless --no-link-check
             rounds = measure_rounds(topo)  # collective: what an exchange round and a gradient round cost
             measured = self._compute_rate(topo, paths[0], model_kw, errors)
 
@@ -335,7 +335,8 @@ class Automatic(Mode):
                                           compute_scale=measured["compute_scale"],
                                           step_s=measured["step_s"] + rounds["allreduce_s"],
                                           world_round_s=rounds["world_round_s"],
-                                          server_round_s=rounds["server_round_s"])
+                                          server_round_s=rounds["server_round_s"],
+                                          inter_both_Bps=both_ways_rate(links))
         memory = device_memory(topo)  # collective: what the GPUs have free now (None on the CPU)
         # Rank 0 reads the shard sets and estimates; every rank gets the same decision or error.
         with collective_errors(topo.world, "--mode auto", **errors):

@@ -97,7 +97,9 @@ class Trainer:
         self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport, **topology_args(cfg))
         self.startup.mark("world")
         # The link classes, measured while the network is quiet (cluster/linkcheck.py; collective).
-        self.links = None if cfg.no_link_check else measure_links(self.topo)
+        # auto's time rule also prices the inter-server link both ways at once
+        self.links = None if cfg.no_link_check else measure_links(
+            self.topo, both_ways=cfg.mode == "auto" and cfg.auto_rule == "time")
         share_cpu_threads(self.topo)
         self.world = self.topo.world
         self.ledger = Ledger()

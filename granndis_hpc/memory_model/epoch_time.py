@@ -13,9 +13,15 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   them form a segment whose slowest rank sets its time: compute is the sum over segments of the
   largest rank's segment seconds (a preload whose layers all stay inside the server is one segment:
   the slowest rank's whole step, which the gradient all-reduce then waits for);
-- inter-server: the busiest server's halo bytes (its ranks' inter-server halo rows at each exchanging
-  layer's input width, forward and their gradients backward) plus its share of the gradient all-reduce
-  (2 (S-1) x params x 4 bytes per step over S leaders), over inter_Bps;
+- inter-server: each server's halo bytes (its ranks' inter-server halo rows at each exchanging layer's
+  input width, forward and their gradients backward) plus its share of the gradient all-reduce
+  (2 (S-1) x params x 4 bytes per step over S leaders) cross its link one way while the other way
+  carries, at the same time, the rows and gradients the other servers exchange with it (estimated as
+  their halo bytes over S - 1: exact for two servers) and the same share of the all-reduce: every such
+  exchange is simultaneous both ways.  The bytes both directions carry at once move at inter_both_Bps
+  (the rate each way with both leaders sending, measured at start-up: the one-way rate on a
+  full-duplex link, about half of it where the two directions share one budget), the rest at
+  inter_Bps; the busiest server's seconds are charged;
 - intra-server: the busiest rank's intra-server halo bytes over intra_Bps;
 - fixed: what a step costs beyond rows, edges and bytes: every exchange round (an exchanging layer,
   forward and backward: world_round_s on the world group, server_round_s inside a server, as the
@@ -43,7 +49,9 @@ class Rates:
     """Measured rates: link payload bytes/s (None: the job has no such link), compute seconds per
     computed row per (w_in x w_out) and per edge per feature (w_in), forward and backward, and the
     fixed costs (module docstring): compute_scale, seconds per optimizer step and per exchange round.
-    The fixed costs default to none (a plan priced without them: `preprocess plan` without the cluster)."""
+    inter_both_Bps: the inter-server rate each way while both directions carry data (None: inter_Bps, a
+    full-duplex link).  The fixed costs default to none (a plan priced without them: `preprocess plan`
+    without the cluster)."""
 
     inter_Bps: Optional[float]
     intra_Bps: Optional[float]
@@ -53,6 +61,7 @@ class Rates:
     step_s: float = 0.0
     world_round_s: float = 0.0
     server_round_s: float = 0.0
+    inter_both_Bps: Optional[float] = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,7 +69,8 @@ class Work:
     """What one epoch of an option does, exactly: per rank its row and edge units and intra-server halo
     bytes, per server its inter-server bytes (halo and gradient), and its exchange rounds and steps.
     segment_row_units / segment_edge_units: [segments, ranks], the units between two world-group
-    exchanges (None: one segment, the per-rank totals)."""
+    exchanges (None: one segment, the per-rank totals).  inter_back_bytes: per server, the bytes its link
+    carries the other way while its inter_bytes cross (None: nothing, a one-way transfer)."""
 
     row_units: np.ndarray  # per rank: sum over layers of n_dst x w_in x w_out
     edge_units: np.ndarray  # per rank: sum over layers of nnz x w_in
@@ -72,6 +82,7 @@ class Work:
     steps: int = 1  # optimizer steps per epoch
     segment_row_units: Optional[np.ndarray] = None
     segment_edge_units: Optional[np.ndarray] = None
+    inter_back_bytes: Optional[np.ndarray] = None
 
 
 def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
@@ -95,6 +106,8 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     per_server = max(1, len(option_rows) // int(servers))
     server = np.array([r.rank for r in option_rows]) // per_server
     inter = np.bincount(server, weights=halo[:, 0], minlength=int(servers))
+    # what the other servers exchange with each one, the other way at the same time (module docstring)
+    back = (inter.sum() - inter) / max(1, int(servers) - 1)
     grad_per_server = 2 * (int(servers) - 1) * m.parameters() * F32 / int(servers)
     b = int(batches)
     row_layer = b * n_dst * (widths[:, 0] * widths[:, 1])  # [ranks, layers]
@@ -107,6 +120,7 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     inside = sum(1 for v, x in zip(views, exchanged) if x and v == "server") if per_server > 1 else 0
     return Work(row_units=row_layer.sum(axis=1), edge_units=edge_layer.sum(axis=1),
                 intra_bytes=b * halo[:, 1], inter_bytes=b * (inter + grad_per_server),
+                inter_back_bytes=b * (back + grad_per_server),
                 rows_computed=int(b * n_dst.sum()), world_rounds=2 * b * world, server_rounds=2 * b * inside,
                 steps=b, segment_row_units=(row_layer @ onehot).T, segment_edge_units=(edge_layer @ onehot).T)
 
@@ -117,6 +131,21 @@ def _wire(nbytes: float, rate: Optional[float], link: str) -> float:
     if not rate:
         raise ValueError(f"{nbytes:,.0f} bytes cross the {link} link, whose rate is not measured")
     return float(nbytes / rate)
+
+
+def inter_seconds(w: Work, rates: Rates) -> float:
+    """The inter-server wire seconds of `w` (module docstring): per server, the bytes both directions carry
+    at once at inter_both_Bps and the rest at inter_Bps; the busiest server's."""
+    out = np.asarray(w.inter_bytes, dtype=np.float64)
+    back = np.zeros_like(out) if w.inter_back_bytes is None else np.asarray(w.inter_back_bytes, dtype=np.float64)
+    if out.size == 0 or max(float(out.max()), float(back.max())) <= 0:
+        return 0.0
+    both = np.minimum(out, back)
+    one_way = np.maximum(out, back) - both
+    both_rate = rates.inter_both_Bps or rates.inter_Bps
+    per_server = [_wire(float(b), both_rate, "inter-server") + _wire(float(o), rates.inter_Bps, "inter-server")
+                  for b, o in zip(both, one_way)]
+    return float(max(per_server))
 
 
 def compute_seconds(w: Work, rates: Rates) -> float:
@@ -131,7 +160,7 @@ def compute_seconds(w: Work, rates: Rates) -> float:
 def seconds(w: Work, rates: Rates) -> Dict[str, float]:
     """{compute_s, inter_s, intra_s, fixed_s, total_s}: the additive model of `w`'s epoch (an upper bound)."""
     compute = compute_seconds(w, rates)
-    inter = _wire(float(np.max(w.inter_bytes, initial=0.0)), rates.inter_Bps, "inter-server")
+    inter = inter_seconds(w, rates)
     intra = _wire(float(np.max(w.intra_bytes, initial=0.0)), rates.intra_Bps, "intra-server")
     fixed = w.steps * rates.step_s + w.world_rounds * rates.world_round_s + w.server_rounds * rates.server_round_s
     return {"compute_s": compute, "inter_s": inter, "intra_s": intra, "fixed_s": float(fixed),

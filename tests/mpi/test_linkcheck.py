@@ -19,6 +19,7 @@ def test_every_rank_gets_the_same_link_classes(cluster):
     assert WORLD.allgather(links) == [links] * WORLD.Get_size()
     assert (links["inter_Bps"] is None) == (topo.servers == 1)
     assert (links["intra_Bps"] is None) == (topo.ranks_per_server == 1)
+    assert links["inter_both_Bps"] is None and links["inter_both"] == {}  # measured only when asked
     for key in ("inter_Bps", "intra_Bps"):
         assert links[key] is None or links[key] > 1e6  # at least 8 Mbit/s: MPI on one machine is far above
     text = link_classes.verdict(links)
@@ -29,8 +30,9 @@ def test_the_check_states_its_trials_and_the_rounds_cost(cluster):
     from granndis_hpc.cluster import linkcheck
 
     topo, _, _ = cluster
-    links = linkcheck.measure_links(topo)
-    for name, key in (("inter", "inter_Bps"), ("intra", "intra_Bps")):
+    links = linkcheck.measure_links(topo, both_ways=True)
+    assert WORLD.allgather(links["inter_both"]) == [links["inter_both"]] * WORLD.Get_size()
+    for name, key in (("inter", "inter_Bps"), ("inter_both", "inter_both_Bps"), ("intra", "intra_Bps")):
         stats = links[name]
         if links[key] is None:
             assert stats == {}
@@ -45,3 +47,4 @@ def test_the_check_states_its_trials_and_the_rounds_cost(cluster):
     text = linkcheck.link_check_text(links, rounds)
     assert text.startswith("link check: ") and "gradient all-reduce" in text
     assert ("no inter-server link" in text) == (topo.servers == 1)
+    assert ("both ways at once" in text) == (topo.servers > 1)

@@ -104,3 +104,34 @@ def test_compute_scale_multiplies_the_compute():
     one, more = (predict(rows, SPEC, servers=2, batches=1, rates=r) for r in (RATES, scaled))
     assert more["compute_s"] == pytest.approx(1.7 * one["compute_s"])
     assert more["inter_s"] == one["inter_s"] and more["intra_s"] == one["intra_s"]
+
+
+def test_both_ways_at_once_by_hand():
+    # server 0 (ranks 0, 1): 2 x 3 rows x 16 floats x 4 bytes each, 768 bytes; server 1 (ranks 2, 3): 896
+    rows = [_rank(0, 3), _rank(1, 3), _rank(2, 3), _rank(3, 4)]
+    grad = 2 * 1 * SPEC.parameters() * 4 / 2
+    w = work(rows, SPEC, 2)
+    # two servers: what one sends the other receives, at the same time, and the all-reduce both ways
+    assert list(w.inter_back_bytes) == [896 + grad, 768 + grad]
+    # a shared budget (both ways at 400 B/s each, one way 1000): 768 + grad both ways at once, 128 one way
+    shared = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5, inter_both_Bps=400.0)
+    p = predict(rows, SPEC, servers=2, batches=1, rates=shared)
+    assert p["inter_s"] == pytest.approx((768 + grad) / 400 + 128 / 1000)
+    # full duplex (measured equal to the one-way rate, or not measured): the busier direction at one way
+    for rate in (1000.0, None):
+        duplex = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5, inter_both_Bps=rate)
+        assert predict(rows, SPEC, servers=2, batches=1, rates=duplex)["inter_s"] == pytest.approx((896 + grad) / 1000)
+
+
+def test_both_ways_with_more_servers():
+    # 4 servers of one GPU: halo bytes 384, 384, 384, 512; the rows each server sends are the others'
+    # halo bytes over 3; a preload (no halo) moves only its gradient share, the same both ways
+    rows = [_rank(0, 3), _rank(1, 3), _rank(2, 3), _rank(3, 4)]
+    grad = 2 * 3 * SPEC.parameters() * 4 / 4
+    w = work(rows, SPEC, 4)
+    assert w.inter_back_bytes == pytest.approx([(384 + 384 + 512) / 3 + grad] * 3 + [384 + grad])
+    rates = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5, inter_both_Bps=500.0)
+    assert predict(rows, SPEC, servers=4, batches=1, rates=rates)["inter_s"] == pytest.approx(
+        (384 + grad) / 500 + 128 / 1000)  # server 3: 384 + grad both ways, 128 more in
+    flx = predict([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=4, batches=2, rates=rates)
+    assert flx["inter_s"] == pytest.approx(2 * grad / 500)

@@ -35,5 +35,17 @@ def test_the_link_check_says_its_trials_and_rounds():
                            "median 91)")
     assert "intra-server 570 MB/s (best of 7" in text and "1.2 s" in text
     assert text.endswith("world 12 ms, server 4 ms, gradient all-reduce 20 ms")
+    both = {**links, "inter_both_Bps": 5.2e7, "inter_both": {"trials": 3, "best_Bps": 5.2e7, "median_Bps": 5e7}}
+    assert ("median 91), both ways at once 52 MB/s each (best of 3 exchanges of 2 x 512 KiB each way; median 50), "
+            "intra-server 570 MB/s") in link_check_text(both, rounds)
     alone = link_check_text({"inter_Bps": None, "intra_Bps": 5e8, "inter": {}, "intra": {}})
     assert alone == "link check: no inter-server link, intra-server 500 MB/s"
+
+
+def test_both_ways_rate_is_at_most_one_way():
+    from granndis_hpc.cluster.linkcheck import both_ways_rate
+
+    assert both_ways_rate({"inter_Bps": 1.36e6, "inter_both_Bps": 0.7e6}) == 0.7e6  # a shared budget
+    assert both_ways_rate({"inter_Bps": 1.36e6, "inter_both_Bps": 1.4e6}) == 1.36e6  # full duplex, noise
+    assert both_ways_rate({"inter_Bps": 1.36e6, "inter_both_Bps": None}) is None  # not measured
+    assert both_ways_rate({"inter_Bps": None, "inter_both_Bps": None}) is None  # one server
