@@ -12,11 +12,13 @@ after one untimed round trip (it opens connections).  The inter-server pair is a
 ways at once (each leader sends ROUND_TRIPS messages to the other while receiving as many, after a small
 untimed exchange that starts them together): the rate each direction gets = bytes x round trips /
 seconds.  A training step's halo exchanges and gradient all-reduce move data both ways at once, and a
-link is not always full-duplex: on the emulated cluster of one machine the two directions share one
-budget (the rate both ways is about half the one-way rate), on a full-duplex link it equals the one-way
-rate; the cost model prices the simultaneous bytes with it (memory_model/epoch_time.py).  On a shared machine CPU starvation only ever
-slows a trial down, while the link's limit is what is measured, so the check keeps the best trial,
-and it runs trials until it has MIN_TRIALS and then while BUDGET_S lasts (at most MAX_TRIALS): on a
+link is not always full-duplex: where the two directions share one budget the rate both ways is about
+half the one-way rate, on a full-duplex link it equals the one-way rate; the cost model prices the
+simultaneous bytes with it (memory_model/epoch_time.py).  Only --mode auto's time rule measures it.
+
+On a shared machine CPU starvation only ever slows a trial down, while the link's limit is what is
+measured, so the check keeps the best trial, and it runs trials until it has MIN_TRIALS and then
+while BUDGET_S lasts (at most MAX_TRIALS): on a
 fast link that is a dozen trials, on a slow one (2 MiB a trial: 1.7 s at 10 Mbit/s) the minimum.  The
 ranks outside the measured pair wait without spinning (a non-blocking barrier polled with a sleep),
 leaving the cores to the pair where ranks outnumber them: with the others spinning in a barrier and

@@ -26,7 +26,7 @@ from granndis_hpc.options.train_groups import OVERLAP_HALOS
 from granndis_hpc.cluster.errors import collective_errors
 from granndis_hpc.cluster.linkcheck import both_ways_rate, link_check_text, measure_links, measure_rounds
 from granndis_hpc.cluster.topology import device_memory
-from granndis_hpc.engine import cobatch, inductive, views
+from granndis_hpc.engine import cobatch, cobsetup, inductive, views
 from granndis_hpc.memory_model import compute_rate
 from granndis_hpc.engine.steps import RunContext, Step, TrainingError, rows_accounting
 from granndis_hpc.graph.sampler import CoBatchSampler, SamplerError
@@ -315,7 +315,7 @@ class Automatic(Mode):
     def resolve(self, topo, links: Optional[dict] = None):
         cfg = self.cfg
         paths = [p for p in str(cfg.shards).split(",") if p]
-        decision = measured = rates_for = rounds = None
+        decision = measured = rates_for = rounds = setup = None
         errors: Dict[str, Any] = dict(catch=(TrainingError, memory_model.MemoryModelError, shards.ShardError, OSError,
                                              KeyError,
                              ValueError))
@@ -329,6 +329,9 @@ class Automatic(Mode):
             links = links or measure_links(topo, both_ways=True)  # collective; the trainer's, unless --no-link-check
             rounds = measure_rounds(topo)  # collective: what an exchange round and a gradient round cost
             measured = self._compute_rate(topo, paths[0], model_kw, errors)
+            # cob's co-batch set-up (a sampled mode: not with --auto-modes exact); collective
+            setup = (cobsetup.measure(cfg, paths[0], topo) if cfg.auto_modes != "exact"
+                     else {"cobatch_s": 0.0, "cobatch_row_s": 0.0, "method": ""})
 
             def rates_for(m, degree):
                 return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], measured["row_s"], measured["edge_s"],
@@ -336,7 +339,8 @@ class Automatic(Mode):
                                           step_s=measured["step_s"] + rounds["allreduce_s"],
                                           world_round_s=rounds["world_round_s"],
                                           server_round_s=rounds["server_round_s"],
-                                          inter_both_Bps=both_ways_rate(links))
+                                          inter_both_Bps=both_ways_rate(links),
+                                          cobatch_s=setup["cobatch_s"], cobatch_row_s=setup["cobatch_row_s"])
         memory = device_memory(topo)  # collective: what the GPUs have free now (None on the CPU)
         # Rank 0 reads the shard sets and estimates; every rank gets the same decision or error.
         with collective_errors(topo.world, "--mode auto", **errors):
@@ -354,6 +358,9 @@ class Automatic(Mode):
             decision["compute_rate"] = measured
             decision["link_check"] = {**links, "rounds": rounds}
             decision["reason"] += f"; {link_check_text(links, rounds)}; {measured['method']}"
+            if setup and setup["method"]:
+                decision["cobatch_setup"] = setup
+                decision["reason"] += f"; {setup['method']}"
         choice = decision["choice"]
         # The chosen mode's own knob (flx: preloaded_layers = k; cob: batches_per_epoch), from its entry, and
         # fb's --halo-payload (rows unless the option sends partial aggregates).

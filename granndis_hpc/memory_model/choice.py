@@ -95,7 +95,9 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
                   rows_per_gpu=int(held), source=source,
                   # one optimizer step per co-batch (batches is 1 for the full-graph modes)
                   inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches, halo_bytes=halo),
-                  work=work(rows, m, servers, batches, halo_bytes=halo))
+                  # a batched mode sets up each co-batch (one per epoch is planned once and reused)
+                  work=work(rows, m, servers, batches, halo_bytes=halo,
+                            cobatches=batches if MODES.entry(mode).get("knob") == "batches" and batches > 1 else 0))
 
 
 @dataclass

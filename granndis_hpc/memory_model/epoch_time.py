@@ -27,7 +27,11 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   forward and backward: world_round_s on the world group, server_round_s inside a server, as the
   start-up check times a small exchange of every rank) and every optimizer step (step_s: the
   optimizer and the step's fixed compute, from the same calibration, plus a gradient all-reduce
-  round);
+  round), and for cob every co-batch's set-up (sampling it, splitting it over the server's GPUs,
+  planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of the busiest rank's
+  co-batch, as
+  engine/cobsetup.py times it on the job's graph at start-up; the loader builds a co-batch while the
+  previous step computes, which hides it only where the host has cores to spare);
 all times the co-batches per epoch (cob's rows are one co-batch's, each co-batch a step with its own
 rounds).  The total is their sum: the additive model, an upper bound that overlapping the exchanges
 with compute only lowers (report/linkmodel.py models the overlap of a run that has been measured).
@@ -50,8 +54,10 @@ class Rates:
     computed row per (w_in x w_out) and per edge per feature (w_in), forward and backward, and the
     fixed costs (module docstring): compute_scale, seconds per optimizer step and per exchange round.
     inter_both_Bps: the inter-server rate each way while both directions carry data (None: inter_Bps, a
-    full-duplex link).  The fixed costs default to none (a plan priced without them: `preprocess plan`
-    without the cluster)."""
+    full-duplex link); cobatch_s, cobatch_row_s: seconds to set up a co-batch, fixed and per row of its
+    dependency graph.
+    The fixed costs default to none (a plan priced without them: `preprocess plan` without the
+    cluster)."""
 
     inter_Bps: Optional[float]
     intra_Bps: Optional[float]
@@ -62,6 +68,8 @@ class Rates:
     world_round_s: float = 0.0
     server_round_s: float = 0.0
     inter_both_Bps: Optional[float] = None
+    cobatch_s: float = 0.0
+    cobatch_row_s: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,7 +78,9 @@ class Work:
     bytes, per server its inter-server bytes (halo and gradient), and its exchange rounds and steps.
     segment_row_units / segment_edge_units: [segments, ranks], the units between two world-group
     exchanges (None: one segment, the per-rank totals).  inter_back_bytes: per server, the bytes its link
-    carries the other way while its inter_bytes cross (None: nothing, a one-way transfer)."""
+    carries the other way while its inter_bytes cross (None: nothing, a one-way transfer).  cobatches:
+    the co-batches set up per epoch; cobatch_rows: their rows (the busiest rank's per co-batch, times
+    their number)."""
 
     row_units: np.ndarray  # per rank: sum over layers of n_dst x w_in x w_out
     edge_units: np.ndarray  # per rank: sum over layers of nnz x w_in
@@ -83,6 +93,8 @@ class Work:
     segment_row_units: Optional[np.ndarray] = None
     segment_edge_units: Optional[np.ndarray] = None
     inter_back_bytes: Optional[np.ndarray] = None
+    cobatches: int = 0
+    cobatch_rows: float = 0.0
 
 
 def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
@@ -94,10 +106,11 @@ def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
 
 
 def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: int = 1,
-         halo_bytes: Optional[np.ndarray] = None) -> Work:
+         halo_bytes: Optional[np.ndarray] = None, cobatches: int = 0) -> Work:
     """The epoch's work of the option whose every rank's rows are `option_rows` (one co-batch's for cob:
-    `batches` of them make the epoch, each an optimizer step).  halo_bytes: [rank, (inter, intra)] where
-    they are not rank_halo_bytes' (fb's partial payloads, memory_model/payload.py)."""
+    `batches` of them make the epoch, each an optimizer step; `cobatches` of them set up per epoch).
+    halo_bytes: [rank, (inter, intra)] where they are not rank_halo_bytes' (fb's partial payloads,
+    memory_model/payload.py)."""
     widths = np.asarray(m.widths(), dtype=np.float64)
     n_dst = np.array([[lr.n_dst for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
     nnz = np.array([[lr.nnz for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
@@ -121,6 +134,7 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     return Work(row_units=row_layer.sum(axis=1), edge_units=edge_layer.sum(axis=1),
                 intra_bytes=b * halo[:, 1], inter_bytes=b * (inter + grad_per_server),
                 inter_back_bytes=b * (back + grad_per_server),
+                cobatches=int(cobatches), cobatch_rows=float(int(cobatches) * n_dst.sum(axis=1).max(initial=0.0)),
                 rows_computed=int(b * n_dst.sum()), world_rounds=2 * b * world, server_rounds=2 * b * inside,
                 steps=b, segment_row_units=(row_layer @ onehot).T, segment_edge_units=(edge_layer @ onehot).T)
 
@@ -162,7 +176,8 @@ def seconds(w: Work, rates: Rates) -> Dict[str, float]:
     compute = compute_seconds(w, rates)
     inter = inter_seconds(w, rates)
     intra = _wire(float(np.max(w.intra_bytes, initial=0.0)), rates.intra_Bps, "intra-server")
-    fixed = w.steps * rates.step_s + w.world_rounds * rates.world_round_s + w.server_rounds * rates.server_round_s
+    fixed = (w.steps * rates.step_s + w.world_rounds * rates.world_round_s + w.server_rounds * rates.server_round_s
+             + w.cobatches * rates.cobatch_s + w.cobatch_rows * rates.cobatch_row_s)
     return {"compute_s": compute, "inter_s": inter, "intra_s": intra, "fixed_s": float(fixed),
             "total_s": compute + inter + intra + float(fixed)}
 

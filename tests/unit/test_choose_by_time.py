@@ -109,3 +109,21 @@ def test_decision_table_marks_the_choice():
     assert lines[0].split() == ["option", "predicted", "s", "compute", "inter", "intra", "fixed", "peak/GPU",
                                 "exact"]
     assert any(line.startswith("flx k=2") and line.endswith("<- chosen") for line in lines)
+
+
+def test_cob_options_set_up_each_co_batch():
+    l0 = mm.LayerRows(n_own_in=20, n_halo=0, n_dst=10, nnz=30, inter_halo=0)
+    l1 = mm.LayerRows(n_own_in=10, n_halo=0, n_dst=5, nnz=10, inter_halo=0)
+    spec = mm.ModelSpec("sage", features=8, hidden=16, num_classes=4, layers=2)
+
+    def rank(r):
+        v = mm.ViewRows("server", 20, 0, 0, (l0, l1))
+        return mm.RankRows(rank=r, features=8, num_classes=4, n_inner=5, n_train=5, layers=2, k=2,
+                           world=mm.ViewRows("world", 20, 0, 0, (l0, l1)), server=v)
+    rows = [rank(r) for r in range(4)]
+    cob = mm.make_option("cob", rows, spec, servers=2, batches=4)
+    flx = mm.make_option("flx", rows, spec, servers=2)
+    assert cob.work.cobatch_rows == 4 * 15 and flx.work.cobatch_rows == 0  # rows 10 + 5 per co-batch
+    rates = mm.Rates(inter_Bps=1e9, intra_Bps=1e9, row_s=0.0, edge_s=0.0, cobatch_s=0.02, cobatch_row_s=1e-3)
+    mm.choice.price([cob, flx], rates)
+    assert cob.predicted["fixed_s"] == pytest.approx(4 * 0.02 + 60e-3) and flx.predicted["fixed_s"] == 0.0

@@ -2,7 +2,7 @@
 import pytest
 
 import granndis_hpc.memory_model as mm
-from granndis_hpc.memory_model.epoch_time import Rates, predict, work
+from granndis_hpc.memory_model.epoch_time import Rates, predict, seconds, work
 
 SPEC = mm.ModelSpec("sage", features=8, hidden=16, num_classes=4, layers=2)  # widths (8, 16), (16, 4)
 RATES = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5)
@@ -135,3 +135,33 @@ def test_both_ways_with_more_servers():
         (384 + grad) / 500 + 128 / 1000)  # server 3: 384 + grad both ways, 128 more in
     flx = predict([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=4, batches=2, rates=rates)
     assert flx["inter_s"] == pytest.approx(2 * grad / 500)
+
+
+def test_cobatch_set_up_by_hand():
+    rows = [_rank(r, 3, k=2) for r in range(4)]  # every rank computes 10 + 10 rows a co-batch
+    assert work(rows, SPEC, 2, batches=3).cobatch_rows == 0.0  # none set up: nothing charged
+    w = work(rows, SPEC, 2, batches=3, cobatches=3)
+    assert (w.cobatches, w.cobatch_rows) == (3, 3 * 20)
+    timed = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5, cobatch_s=0.01, cobatch_row_s=2e-3)
+    with_setup = predict(rows, SPEC, servers=2, batches=3, rates=timed)
+    assert with_setup["fixed_s"] == 0.0  # predict() prices what work() counts: no co-batch set up
+    p, base = seconds(w, timed), seconds(w, RATES)
+    assert p["fixed_s"] == pytest.approx(3 * 0.01 + 60 * 2e-3) and base["fixed_s"] == 0.0
+    assert p["total_s"] == pytest.approx(base["total_s"] + 0.15)
+
+
+def test_uneven_ranks_charge_the_busiest_co_batch():
+    rows = [_uneven(0, 0, k=2), _uneven(1, 1, k=2)]  # 110 rows each
+    assert work(rows, SPEC, 2, batches=2, cobatches=2).cobatch_rows == 2 * 110
+    rows = [_uneven(0, 0, k=2), _rank(1, 3, k=2)]  # 110 and 20 rows
+    assert work(rows, SPEC, 2, batches=2, cobatches=2).cobatch_rows == 2 * 110
+
+
+def test_the_set_up_line_through_two_builds():
+    from granndis_hpc.engine.cobsetup import fit
+
+    # 0.03 s for 100 rows, 0.09 s for 400: 0.2 ms a row and 0.01 s fixed
+    assert fit((0.03, 100), (0.09, 400)) == pytest.approx((0.01, 2e-4))
+    assert fit((0.05, 100), (0.04, 400)) == (0.05, 0.0)  # the larger build timed faster: all fixed
+    assert fit((0.001, 100), (0.09, 400)) == pytest.approx((0.0, 0.089 / 300))  # never a negative fixed part
+    assert fit((0.02, 100), (0.04, 100)) == (0.0, 0.04 / 100)  # one size only: all per row
