@@ -159,11 +159,14 @@ MODEL = (
     "auto prices each option's epoch (memory_model/epoch_time.py, docs/concepts.md) as the sum of: compute (per "
     "rank and layer, the rows' projections and the edges' aggregation at rates timed at start-up, times the "
     "calibration of the model's real training step; between two world exchanges the slowest rank's), "
-    "inter-server seconds (the busiest server's halo and gradient bytes over the measured link), intra-server "
-    "seconds, and fixed seconds (every exchange round, forward and backward, at the cost the start-up check "
-    "measured, and every optimizer step: the calibration's fixed part and a gradient all-reduce round; per "
-    "co-batch for cob). fb is kept unless another option is predicted more than 10 % faster. Runs of an "
-    "earlier version have no calibration and no fixed term: their page shows `-` there.")
+    "inter-server seconds (the busiest server's halo and gradient bytes over the measured link; what crosses "
+    "both ways at once, as the halo exchanges and the gradient all-reduce do, at the rate the start-up check "
+    "measured with both leaders sending), intra-server seconds, and fixed seconds (every exchange round, "
+    "forward and backward, at the cost the start-up check measured, and every optimizer step: the "
+    "calibration's fixed part and a gradient all-reduce round; per co-batch for cob, and each co-batch's "
+    "set-up, fixed and per row, timed at start-up on the job's graph). fb is kept unless another option is "
+    "predicted more than 10 % faster. Runs of an earlier version have no calibration and no fixed term: "
+    "their page shows `-` there.")
 
 
 def fmt(x, digits=3):
@@ -234,7 +237,12 @@ def render(data):
                 fixed = (f", compute x{fmt(rt['compute_scale'])}, step {fmt(rt.get('step_s'))} s, round world "
                          f"{fmt(rt.get('world_round_s'))} s / server {fmt(rt.get('server_round_s'))} s"
                          if "compute_scale" in rt else "")
-                L.append(f"Rates auto priced with: inter {fmt((rt.get('inter_Bps') or 0) / 1e6)} MB/s, "
+                if "cobatch_row_s" in rt:
+                    fixed += (f", co-batch set-up {fmt(rt['cobatch_s'])} s + {fmt(rt['cobatch_row_s'])} s "
+                              f"per row")
+                both = (f" ({fmt(rt['inter_both_Bps'] / 1e6)} MB/s each way both ways at once)"
+                        if rt.get("inter_both_Bps") else "")
+                L.append(f"Rates auto priced with: inter {fmt((rt.get('inter_Bps') or 0) / 1e6)} MB/s{both}, "
                          f"intra {fmt((rt.get('intra_Bps') or 0) / 1e6)} MB/s, row_s {fmt(rt.get('row_s'))}, "
                          f"edge_s {fmt(rt.get('edge_s'))}{fixed}" + (f" ({cr['method']})" if cr else "") + ".")
                 if g.get("link_check"):
