@@ -110,6 +110,19 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
         assert rates["step_s"] == pytest.approx(measured["step_s"] + check["rounds"]["allreduce_s"])
         assert rates["world_round_s"] == check["rounds"]["world_round_s"] > 0
         assert "link check: inter-server" in decision["reason"] and "a round (mean of" in decision["reason"]
+        # the inter-server link also measured both ways at once, priced at no more than one way
+        assert (check["inter_both"] != {}) == (check["inter_Bps"] is not None)
+        if check["inter_Bps"] is not None:
+            assert 0 < rates["inter_both_Bps"] == min(check["inter_both_Bps"], check["inter_Bps"])
+            assert "both ways at once" in decision["reason"]
+        # cob's co-batch set-up, timed on the full set's server graphs, only where cob is considered
+        setup = decision.get("cobatch_setup")
+        if modes == "any":
+            assert setup["rows"] > 0 and setup["cobatch_s"] + setup["rows"] * setup["cobatch_row_s"] > 0
+            assert setup["method"] in decision["reason"]
+            assert (rates["cobatch_s"], rates["cobatch_row_s"]) == (setup["cobatch_s"], setup["cobatch_row_s"])
+        else:
+            assert setup is None and rates["cobatch_s"] == rates["cobatch_row_s"] == 0.0
         # the fastest that fits, or fb where the fastest is predicted no more than the margin faster
         fits = [o for o in decision["options"] if o["peak_bytes"] <= budget]
         fastest = min(o["predicted_s"]["total_s"] for o in fits)
