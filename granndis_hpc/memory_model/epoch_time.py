@@ -29,9 +29,8 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   optimizer and the step's fixed compute, from the same calibration, plus a gradient all-reduce
   round), and for cob every co-batch's set-up (sampling it, splitting it over the server's GPUs,
   planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of the busiest rank's
-  co-batch, as
-  engine/cobsetup.py times it on the job's graph at start-up; the loader builds a co-batch while the
-  previous step computes, which hides it only where the host has cores to spare);
+  co-batch, as engine/cobsetup.py times it on the job's graph at start-up; the loader builds a co-batch
+  while the previous step computes, which hides it only where the host has cores to spare);
 all times the co-batches per epoch (cob's rows are one co-batch's, each co-batch a step with its own
 rounds).  The total is their sum: the additive model, an upper bound that overlapping the exchanges
 with compute only lowers (report/linkmodel.py models the overlap of a run that has been measured).
@@ -55,9 +54,8 @@ class Rates:
     fixed costs (module docstring): compute_scale, seconds per optimizer step and per exchange round.
     inter_both_Bps: the inter-server rate each way while both directions carry data (None: inter_Bps, a
     full-duplex link); cobatch_s, cobatch_row_s: seconds to set up a co-batch, fixed and per row of its
-    dependency graph.
-    The fixed costs default to none (a plan priced without them: `preprocess plan` without the
-    cluster)."""
+    dependency graph.  The fixed costs default to none (a plan priced without them: `preprocess plan`
+    without the cluster)."""
 
     inter_Bps: Optional[float]
     intra_Bps: Optional[float]
