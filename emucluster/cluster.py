@@ -51,7 +51,7 @@ from .config import (HERE, REPO, ENV_STATE_DIR, DEFAULT_STATE_DIR, NS_PREFIX, HU
                        format_rate, parse_delay, tbf_burst_bytes, qdisc_commands, instance_names, state_dir,
                        layout, read_state, write_state, host_index)  # noqa: F401
 from .launch import (enter_argv, agent_argv, EXPORTED_ENV, split_np, launcher_argv, run_bounded,
-                       default_python)  # noqa: F401
+                       default_python, YIELD_MCA)  # noqa: F401
 from .check import check_measurement, format_selfcheck  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------

@@ -129,6 +129,20 @@ def test_launcher_command_line(state):
     assert "emu-s0:3,emu-s1:3" in cmd2
 
 
+def test_launcher_yields_when_ranks_outnumber_the_cores(state, monkeypatch):
+    """Open MPI believes each emulated server's slots: emu-mpirun asks waiting ranks to yield the core when
+    the job's ranks outnumber the machine's, as mpirun does on one oversubscribed node; the environment's
+    own setting wins."""
+    def yields(n, cores, env):
+        monkeypatch.setattr(emu.os, "cpu_count", lambda: cores)
+        cmd, _ = emu.launcher_argv(["-n", str(n), "prog"], state, 60, env=env)
+        mpi = cmd[cmd.index("mpirun"):]
+        return {mpi[i + 1]: mpi[i + 2] for i, a in enumerate(mpi[:-2]) if a == "--mca"}.get("mpi_yield_when_idle")
+    assert yields(4, 2, {}) == "1" and yields(6, 4, {}) == "1"
+    assert yields(4, 4, {}) is None and yields(2, 8, {}) is None
+    assert yields(4, 2, {emu.YIELD_MCA: "0"}) is None  # mpirun reads it from the environment itself
+
+
 @pytest.mark.parametrize("argv,words", [(["-n", "3", "prog"], "multiple of 2"), (["prog"], "-n N"),
                                         (["-n", "4"], "no program"), (["-n", "x", "p"], "not a number"),
                                         (["-n"], "needs a number")])
