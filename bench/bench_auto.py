@@ -162,8 +162,9 @@ MODEL = (
     "inter-server seconds (the busiest server's halo and gradient bytes over the measured link; what crosses "
     "both ways at once, as the halo exchanges and the gradient all-reduce do, at the rate the start-up check "
     "measured with both leaders sending), intra-server seconds, and fixed seconds (every exchange round, "
-    "forward and backward, at the cost the start-up check measured, and every optimizer step: the "
-    "calibration's fixed part and a gradient all-reduce round; per co-batch for cob, and each co-batch's "
+    "forward and backward, at the cost the start-up check measured on the run's own exchange paths, and "
+    "every optimizer step: the calibration's fixed part and a gradient all-reduce round; per co-batch for "
+    "cob, and each co-batch's "
     "set-up, fixed and per row, timed at start-up on the job's graph). fb is kept unless another option is "
     "predicted more than 10 % faster. Runs of an earlier version have no calibration and no fixed term: "
     "their page shows `-` there.")

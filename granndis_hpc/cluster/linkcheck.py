@@ -26,12 +26,8 @@ two trials, a 4-rank run on two cores measured the unshaped emulated link at 13 
 self-check's ping-pong of two ranks measured 104 MB/s.  The result states the trials' count, best
 and median.
 
-`measure_rounds` times what an exchange round costs beyond its bytes, as the cost model charges it
-(memory_model/epoch_time.py): the mean of ROUNDS small all-to-alls of every rank of the world and of
-each server, and of small world all-reduces (the gradient's round), the slowest rank's, each entered
-from a millisecond of compute.  In a tight loop of collectives the ranks run in step and a round costs
-tens of microseconds; between layers they arrive apart (a rank that lost its core for a time slice
-arrives late), and the others' wait is what a round costs a step on a shared machine.
+What an exchange round costs beyond its bytes is measured on the engine's own exchange path by
+cluster/roundcheck.py; `link_check_text` states both.
 """
 from __future__ import annotations
 
@@ -45,7 +41,6 @@ ROUND_TRIPS = 2
 MIN_TRIALS = 2
 MAX_TRIALS = 12
 BUDGET_S = 1.0  # per link class, once MIN_TRIALS are done
-ROUNDS = 20  # small collectives timed per group by measure_rounds
 _FLAG_TAG = 7321
 
 
@@ -151,48 +146,6 @@ def both_ways_rate(links: dict) -> Optional[float]:
     return None if both is None or one is None else float(min(both, one))
 
 
-_BURST = np.random.default_rng(0).standard_normal((192, 192))
-
-
-def _burst() -> None:
-    """A millisecond of compute (four 192 x 192 products), as a layer computes between two exchanges."""
-    for _ in range(4):
-        _BURST @ _BURST
-
-
-def _mean_wait(call, repeats: int) -> float:
-    """The mean seconds `call` (a collective) takes when every rank arrives from a burst of compute: on a
-    machine whose cores the ranks share, some arrive late, and the others wait for them, as at every
-    exchange of a training step."""
-    call()  # untimed
-    total = 0.0
-    for _ in range(repeats):
-        _burst()
-        start = time.perf_counter()
-        call()
-        total += time.perf_counter() - start
-    return total / repeats
-
-
-def measure_rounds(topo, repeats: int = ROUNDS) -> dict:
-    """{world_round_s, server_round_s, allreduce_s, repeats}: the mean seconds of a small all-to-all of
-    the world's ranks, of each server's ranks (0 with one rank per server) and of a small world
-    all-reduce, each entered from a burst of compute (`_mean_wait`), the slowest rank's.  Collective."""
-    world, server = topo.world, topo.server_comm
-    send = np.zeros(world.Get_size(), dtype=np.int64)
-    recv = np.zeros_like(send)
-    s_send = np.zeros(server.Get_size(), dtype=np.int64)
-    s_recv = np.zeros_like(s_send)
-    one, out = np.zeros(1), np.zeros(1)
-    world.Barrier()
-    mine = [_mean_wait(lambda: world.Alltoall(send, recv), repeats),
-            _mean_wait(lambda: server.Alltoall(s_send, s_recv), repeats) if server.Get_size() > 1 else 0.0,
-            _mean_wait(lambda: world.Allreduce(one, out), repeats)]
-    slowest = np.max(np.asarray(world.allgather(mine), dtype=np.float64), axis=0)
-    return {"world_round_s": float(slowest[0]), "server_round_s": float(slowest[1]), "allreduce_s": float(slowest[2]),
-            "repeats": int(repeats)}
-
-
 def link_check_text(links: dict, rounds: Optional[dict] = None) -> str:
     """What the check measured, for a decision's reason: each link's best and median and its trials,
     and the rounds' seconds."""
@@ -215,7 +168,10 @@ def link_check_text(links: dict, rounds: Optional[dict] = None) -> str:
     if links.get("seconds") is not None:
         text += f", {links['seconds']:.2g} s"
     if rounds:
-        text += (f"; a round (mean of {rounds['repeats']} small exchanges after compute, the slowest rank's): world "
+        # (a record without paths was timed with small MPI all-to-alls, before the run's own exchanges were)
+        how = (f"of the run's own exchanges after compute, world {rounds['world_path']}, server "
+               f"{rounds['server_path']}" if "world_path" in rounds else "small exchanges after compute")
+        text += (f"; a round (mean of {rounds['repeats']} {how}, the slowest rank's): world "
                  f"{rounds['world_round_s'] * 1e3:.3g} ms, server {rounds['server_round_s'] * 1e3:.3g} ms, "
                  f"gradient all-reduce {rounds['allreduce_s'] * 1e3:.3g} ms")
     return text

@@ -24,7 +24,8 @@ import numpy as np
 from granndis_hpc import memory_model, registry, shards
 from granndis_hpc.options.train_groups import OVERLAP_HALOS
 from granndis_hpc.cluster.errors import collective_errors
-from granndis_hpc.cluster.linkcheck import both_ways_rate, link_check_text, measure_links, measure_rounds
+from granndis_hpc.cluster.linkcheck import both_ways_rate, link_check_text, measure_links
+from granndis_hpc.cluster.roundcheck import measure_exchange_rounds
 from granndis_hpc.cluster.topology import device_memory
 from granndis_hpc.engine import cobatch, cobsetup, inductive, views
 from granndis_hpc.memory_model import compute_rate
@@ -54,9 +55,10 @@ class Mode:
         default what its registry entry declares it `needs`."""
         return registry.mode_problem(cls.name, cfg)
 
-    def resolve(self, topo, links: Optional[dict] = None) -> "Mode":
+    def resolve(self, topo, links: Optional[dict] = None, comm=None) -> "Mode":
         """The mode that will run (collective): itself, except for `auto`, which picks one (with the
-        links measured at start-up, cluster/linkcheck.py, where the trainer measured them)."""
+        links measured at start-up, cluster/linkcheck.py, where the trainer measured them, and the
+        rounds of the run's Communicator `comm`, cluster/roundcheck.py)."""
         return self
 
     def shard_layers(self) -> Optional[int]:
@@ -312,7 +314,7 @@ class Automatic(Mode):
     name = "auto"
     help = "the fastest predicted option that fits --memory-per-gpu (--auto-rule memory: GraNNDis' order)"
 
-    def resolve(self, topo, links: Optional[dict] = None):
+    def resolve(self, topo, links: Optional[dict] = None, comm=None):
         cfg = self.cfg
         paths = [p for p in str(cfg.shards).split(",") if p]
         decision = measured = rates_for = rounds = setup = None
@@ -327,7 +329,13 @@ class Automatic(Mode):
                         precision=cfg.precision)
         if cfg.auto_rule == "time" and paths:
             links = links or measure_links(topo, both_ways=True)  # collective; the trainer's, unless --no-link-check
-            rounds = measure_rounds(topo)  # collective: what an exchange round and a gradient round cost
+            if comm is None:
+                raise TrainingError("--mode auto --auto-rule time times the run's exchange rounds: resolve it "
+                                    "with the run's Communicator (Trainer does)")
+            # collective: what an exchange round and a gradient round cost on the paths this run takes
+            rounds = measure_exchange_rounds(comm, world_overlapped=not cfg.no_overlap,
+                                             server_overlapped=not cfg.no_overlap
+                                             and "server" in OVERLAP_HALOS[cfg.overlap_halos])
             measured = self._compute_rate(topo, paths[0], model_kw, errors)
             # cob's co-batch set-up (a sampled mode: not with --auto-modes exact); collective
             setup = (cobsetup.measure(cfg, paths[0], topo) if cfg.auto_modes != "exact"

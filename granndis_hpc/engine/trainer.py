@@ -107,7 +107,8 @@ class Trainer:
         self.device = self.topo.device
         # The model and mode names were checked where the options are (TrainConfig: choices read from the
         # registries), the one place; every rank holds the same config, so this cannot differ by rank.
-        self.mode = make_mode(cfg).resolve(self.topo, self.links)  # `auto` picks the mode (and shard set) that fits
+        # `auto` picks the mode (and shard set) that fits
+        self.mode = make_mode(cfg).resolve(self.topo, self.links, self.comm)
         self.cfg = cfg = self.mode.cfg
         with collective_errors(self.world, "", catch=(PrecisionError,)):
             self.precision = Precision(cfg.precision, self.device)  # --precision (engine/precision.py)

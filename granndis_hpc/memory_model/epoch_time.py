@@ -25,7 +25,8 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
 - intra-server: the busiest rank's intra-server halo bytes over intra_Bps;
 - fixed: what a step costs beyond rows, edges and bytes: every exchange round (an exchanging layer,
   forward and backward: world_round_s on the world group, server_round_s inside a server, as the
-  start-up check times a small exchange of every rank) and every optimizer step (step_s: the
+  start-up check times the run's own exchanges, overlapped or blocking as the run makes them:
+  cluster/roundcheck.py) and every optimizer step (step_s: the
   optimizer and the step's fixed compute, from the same calibration, plus a gradient all-reduce
   round), and for cob every co-batch's set-up (sampling it, splitting it over the server's GPUs,
   planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of the busiest rank's

@@ -88,11 +88,13 @@ def test_three_budgets_three_choices(shard_sets, estimates, expected):
 
 def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, estimates):
     """The default rule: every option priced with the links and compute rate measured at start-up, the
-    choice the smallest predicted epoch among those that fit; --auto-modes exact leaves out eas and cob."""
+    choice the smallest predicted epoch among those that fit; --auto-modes exact leaves out eas and cob.
+    The rounds are timed on the paths the run takes (the second run: --no-overlap, blocking)."""
     budget = _budgets(estimates)["flx"]  # every option fits
     for modes in ("any", "exact"):
         trainer = make_trainer(f"{shard_sets['full']},{shard_sets['eas']}", "auto", "sage", LAYERS, hidden=HIDDEN,
-                               dropout=0.5, memory_per_gpu=str(budget), auto_modes=modes)
+                               dropout=0.5, memory_per_gpu=str(budget), auto_modes=modes,
+                               no_overlap=modes == "exact")
         try:
             decision, payload = trainer.mode.decision, trainer.cfg.halo_payload
         finally:
@@ -109,6 +111,10 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
         assert rates["compute_scale"] == measured["compute_scale"] > 0
         assert rates["step_s"] == pytest.approx(measured["step_s"] + check["rounds"]["allreduce_s"])
         assert rates["world_round_s"] == check["rounds"]["world_round_s"] > 0
+        assert rates["server_round_s"] == check["rounds"]["server_round_s"]
+        paths = ("blocking", "blocking") if modes == "exact" else ("overlapped", "blocking")
+        assert (check["rounds"]["world_path"], check["rounds"]["server_path"]) == paths
+        assert f"world {paths[0]}, server {paths[1]}" in decision["reason"]
         assert "link check: inter-server" in decision["reason"] and "a round (mean of" in decision["reason"]
         # the inter-server link also measured both ways at once, priced at no more than one way
         assert (check["inter_both"] != {}) == (check["inter_Bps"] is not None)

@@ -1,6 +1,6 @@
-"""The start-up link check (cluster/linkcheck.py) on 2 x 2, 1 x 4 and 4 x 1: every rank gets the same
-measurement, positive where the job has that link class and None where it has none; its verdict
-(link_classes.py) names the rates."""
+"""The start-up link check (cluster/linkcheck.py) and the rounds' check (cluster/roundcheck.py) on 2 x 2,
+1 x 4 and 4 x 1: every rank gets the same measurement, positive where the job has that link class or
+group and None (or 0) where it has none; its verdict (link_classes.py) names the rates."""
 import pytest
 
 from tests.mpi.conftest import WORLD, cluster_fixture
@@ -27,9 +27,9 @@ def test_every_rank_gets_the_same_link_classes(cluster):
 
 
 def test_the_check_states_its_trials_and_the_rounds_cost(cluster):
-    from granndis_hpc.cluster import linkcheck
+    from granndis_hpc.cluster import linkcheck, roundcheck
 
-    topo, _, _ = cluster
+    topo, comm, _ = cluster
     links = linkcheck.measure_links(topo, both_ways=True)
     assert WORLD.allgather(links["inter_both"]) == [links["inter_both"]] * WORLD.Get_size()
     for name, key in (("inter", "inter_Bps"), ("inter_both", "inter_both_Bps"), ("intra", "intra_Bps")):
@@ -40,11 +40,32 @@ def test_the_check_states_its_trials_and_the_rounds_cost(cluster):
             assert linkcheck.MIN_TRIALS <= stats["trials"] <= linkcheck.MAX_TRIALS
             assert stats["best_Bps"] == links[key] >= stats["median_Bps"] > 0
     assert links["seconds"] > 0
-    rounds = linkcheck.measure_rounds(topo, repeats=5)
+    rounds = roundcheck.measure_exchange_rounds(comm, repeats=5)
     assert WORLD.allgather(rounds) == [rounds] * WORLD.Get_size()
-    assert rounds["world_round_s"] > 0 and rounds["allreduce_s"] > 0 and rounds["repeats"] == 5
+    assert rounds["world_round_s"] > 0 and rounds["allreduce_s"] > 0
+    assert roundcheck.MIN_ROUNDS <= rounds["repeats"] <= 5 and rounds["seconds"] > 0
     assert (rounds["server_round_s"] > 0) == (topo.ranks_per_server > 1)
     text = linkcheck.link_check_text(links, rounds)
     assert text.startswith("link check: ") and "gradient all-reduce" in text
+    assert "world overlapped, server blocking" in text
     assert ("no inter-server link" in text) == (topo.servers == 1)
     assert ("both ways at once" in text) == (topo.servers > 1)
+
+
+def test_the_rounds_run_on_the_run_s_paths_and_leave_its_ledger_alone(cluster, monkeypatch):
+    from granndis_hpc.cluster import roundcheck
+
+    topo, comm, ledger = cluster
+    before = ledger.snapshot()
+    # no time budget: every rank stops after the fewest rounds, together (the all-reduce carries the flag)
+    monkeypatch.setattr(roundcheck, "BUDGET_S", 0.0)
+    for world, server in ((False, False), (True, True)):
+        rounds = roundcheck.measure_exchange_rounds(comm, world_overlapped=world, server_overlapped=server,
+                                                    repeats=roundcheck.ROUNDS)
+        assert rounds["repeats"] == roundcheck.MIN_ROUNDS
+        assert WORLD.allgather(rounds) == [rounds] * WORLD.Get_size()
+        assert (rounds["world_path"], rounds["server_path"]) == (("overlapped",) * 2 if world else ("blocking",) * 2)
+        assert rounds["world_round_s"] > 0 and (rounds["server_round_s"] > 0) == (topo.ranks_per_server > 1)
+    assert comm.ledger is ledger and ledger.snapshot() == before  # the check's bytes went to a scratch ledger
+    with pytest.raises(ValueError, match="repeats must be at least"):  # refused on every rank before a message
+        roundcheck.measure_exchange_rounds(comm, repeats=0)

@@ -38,6 +38,10 @@ def test_the_link_check_says_its_trials_and_rounds():
     both = {**links, "inter_both_Bps": 5.2e7, "inter_both": {"trials": 3, "best_Bps": 5.2e7, "median_Bps": 5e7}}
     assert ("median 91), both ways at once 52 MB/s each (best of 3 exchanges of 2 x 512 KiB each way; median 50), "
             "intra-server 570 MB/s") in link_check_text(both, rounds)
+    assert "(mean of 20 small exchanges after compute, the slowest rank's)" in text  # a record of the MPI check
+    engine = link_check_text(links, {**rounds, "repeats": 7, "world_path": "blocking", "server_path": "overlapped"})
+    assert ("(mean of 7 of the run's own exchanges after compute, world blocking, server overlapped, the slowest "
+            "rank's): world 12 ms, server 4 ms, gradient all-reduce 20 ms") in engine
     alone = link_check_text({"inter_Bps": None, "intra_Bps": 5e8, "inter": {}, "intra": {}})
     assert alone == "link check: no inter-server link, intra-server 500 MB/s"
 
