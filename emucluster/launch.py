@@ -70,9 +70,8 @@ def split_np(argv):
 # machine's cores and keeps its default for a node it believes it does not oversubscribe: a rank waiting
 # in MPI spins, taking a core from a rank still computing, and an exchange round costs scheduler time
 # slices.  Plain mpirun on one oversubscribed node yields instead; emu-mpirun asks for the same when the
-# job has more ranks than the machine has cores (unless the environment sets it).  Measured on 2 cores
-# (4 ranks, other jobs running, load 18-27), fb on Cora, alternating runs: unshaped 0.31-0.50 s epochs
-# against 0.62-0.75 s spinning; 100 Mbit/s 0.29-0.53 s against 0.57-0.82 s.
+# job has more ranks than the machine has cores (unless the environment sets it): measured in
+# docs/emulated-cluster.md, epochs up to twice as fast.
 YIELD_MCA = "OMPI_MCA_mpi_yield_when_idle"
 
 
