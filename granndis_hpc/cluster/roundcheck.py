@@ -8,18 +8,18 @@ compute, unless --no-overlap), the server group's exchange (blocking unless --ov
 hierarchical all-reduce (reduce in the server, leaders' all-reduce, broadcast).  On a machine whose
 cores the ranks share, such a round costs what the operating system's scheduler makes it cost: it
 completes only once every rank has run after every rank has posted, and a rank that waits
-(MPI_Waitall spins) competes for the cores with those still computing.  A plain MPI_Alltoall timed in a
-tight loop does not see that, so the check runs the engine's calls with the engine's bytes-free form of
-a round: one row of ROW_FLOATS float32 to every peer.
+(MPI_Waitall spins unless Open MPI was told to yield) competes for the cores with those still computing.
+The check runs the engine's own calls, not MPI's collectives, so that what the run's path adds (its
+progress threads, the all-reduce's three stages) is in the price, with a round's smallest payload: one
+row of ROW_FLOATS float32 to every peer (the bytes are priced apart).
 
 `measure_exchange_rounds` times rounds of the three, interleaved (they see the same load), each entered
 from a burst of compute (a millisecond of matrix products, as a layer computes between two exchanges);
 an overlapped round is its posting plus its wait, with a second burst between them (the compute the
 exchange hides), as the ledger counts the exchange's time.  It runs up to `repeats` of them, and stops
 after MIN_ROUNDS once BUDGET_S has passed on any rank: the all-reduce round carries that flag (a sum
-every rank reads alike), so every rank stops after the same round without a message of its own.  On a
-quiet machine 20 rounds take a tenth of a second; where the cores are shared by many more threads than
-they have, a round can take a tenth of a second itself.  The slowest rank's mean is kept: a round waits
+every rank reads alike), so every rank stops after the same round without a message of its own (on 2
+cores shared by 4 ranks and other jobs, load 17-27, rounds of 30-200 ms: 3-4 rounds, 1-5 s).  The slowest rank's mean is kept: a round waits
 for the last rank.  Its bytes go to a scratch ledger, so the run's ledger starts empty.  Collective over
 the world: every rank calls it with the same arguments; it raises nothing that one rank alone could
 raise (every input is checked before the first message).
