@@ -19,10 +19,10 @@ an overlapped round is its posting plus its wait, with a second burst between th
 exchange hides), as the ledger counts the exchange's time.  It runs up to `repeats` of them, and stops
 after MIN_ROUNDS once BUDGET_S has passed on any rank: the all-reduce round carries that flag (a sum
 every rank reads alike), so every rank stops after the same round without a message of its own (on 2
-cores shared by 4 ranks and other jobs, load 17-27, rounds of 30-200 ms: 3-4 rounds, 1-5 s).  The slowest rank's mean is kept: a round waits
-for the last rank.  Its bytes go to a scratch ledger, so the run's ledger starts empty.  Collective over
-the world: every rank calls it with the same arguments; it raises nothing that one rank alone could
-raise (every input is checked before the first message).
+cores shared by 4 ranks and other jobs, load 17-27, rounds of 30-200 ms: 3-4 rounds, 1-5 s).  The
+slowest rank's mean is kept: a round waits for the last rank.  Its bytes go to a scratch ledger, so the
+run's ledger starts empty.  Collective over the world: every rank calls it with the same arguments; it
+raises nothing that one rank alone could raise (every input is checked before the first message).
 """
 from __future__ import annotations
 
