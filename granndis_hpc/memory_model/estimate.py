@@ -18,6 +18,7 @@ from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
 from .graph_bytes import _graph_bytes, _split_graph_bytes
+from .host import host_parts
 from .induced import inductive_parts
 from .stacks import send_rows
 
@@ -440,6 +441,8 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
                                    "(RankRows.evaluation: memory_model/induced_sets.py, "
                                    "preprocess/plan/induced_counts.py)")
         breakdown.update(inductive_parts(r, m, device, int(act["fresh"]) + transient))
+    elif device == "cpu":  # the process, its shard slice and the heap's holes (memory_model/host.py)
+        breakdown.update(host_parts(r, int(act["fresh"]) + transient))
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),
             "activation_saved": int(act["saved"]), "activation_per_layer": act["per_layer"],

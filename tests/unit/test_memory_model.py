@@ -125,8 +125,17 @@ def test_estimate_breakdown_and_bad_input():
     est = mm.estimate(rows, spec)
     b = est["breakdown"]
     assert est["total"] == sum(b.values())
-    assert set(b) == {"features", "graph", "parameters", "gradients", "optimizer", "activations", "halo_buffers",
-                      "step_transient"}
+    device_parts = {"features", "graph", "parameters", "gradients", "optimizer", "activations", "halo_buffers",
+                    "step_transient"}
+    # On a CPU device the estimate is of the process's resident memory: the process, its shard slice and
+    # the heap's holes (memory_model/host.py); a GPU's estimate leaves the host alone.
+    assert set(b) == device_parts | {"runtime", "shard_slice", "allocator"}
+    assert set(mm.estimate(rows, spec, device="cuda")["breakdown"]) == device_parts
+    assert b["runtime"] == (256 + 80) << 20
+    step = b["activations"] + b["halo_buffers"] + b["step_transient"]
+    assert b["allocator"] == int(1.5 * step)
+    own, nnz, world_nnz = rows.server.n_own, rows.server.layers[0].nnz, rows.world.layers[0].nnz
+    assert b["shard_slice"] == own * (39 + 4) + nnz * 8 + (rows.n_inner + 1) * 8 + world_nnz * 12
     # Layers 1..2 exchange (n_send + n_halo) rows at width 16; the buffer share is at most the largest.
     biggest = max((lr.n_send + lr.n_halo) * 16 * 4 for lr in rows.server.layers[1:])
     assert 0 < b["halo_buffers"] <= biggest
