@@ -11,11 +11,13 @@ No MPI, nothing from the engine, so `preprocess` can use it offline.  The parts:
 - induced.py, induced_sets.py: an inductive run's evaluation views and slice, and the induced graphs'
   views counted from an inductive set's own arrays (--mode auto; plan counts them from build slices);
 - payload.py: fb's partial payloads (--halo-payload partial | smaller): their counts per rank pair and bytes;
+- host.py: on a CPU device, what a transductive rank's resident memory holds beyond its tensors (the
+  process, its shard slice, cob's sampler index and next co-batch, the heap's holes);
 - epoch_time.py: an option's predicted epoch time (`Rates`, `predict`) from its exact rows and bytes;
 - shardsets.py: reading shard sets on disk (`estimate_shard_set`, `choose_shard_sets` for --mode auto);
 - profile.py: measuring a step's peak with torch's profiler (tests and bench only; not imported here).
 
-What a rank holds (on its device; the host copies are not counted), for an L-layer model trained
+What a rank holds (on its device; on a CPU device also what host.py adds), for an L-layer model trained
 with k preloaded hops (docs/memory-model.md has the formulas and the measurements):
 - features: the static input rows of every view the run builds (own rows and the halo rows exchanged
   once at set-up): the server view (k >= 1) and the world view (always: exact evaluation uses it);

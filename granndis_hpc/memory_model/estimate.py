@@ -173,6 +173,10 @@ class ModelSpec:
     # Each conv's message width where fb may send partial aggregates (--halo-payload partial | smaller:
     # memory_model/payload.py with_payloads applies engine's conditions); (): fb is estimated with rows only.
     message_widths: Tuple[int, ...] = ()
+    # On a CPU device, estimate the rank's resident memory (what `preprocess plan --device cpu` compares with
+    # a CPU run's peak RSS): the process, its shard slice and the heap's holes too (memory_model/host.py).
+    # --mode auto leaves it off: its --memory-per-gpu is what the (emulated) GPU's tensors may take.
+    resident: bool = False
 
     def __post_init__(self):
         if self.precision not in ACTIVATION_BYTES:
@@ -441,7 +445,7 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
                                    "(RankRows.evaluation: memory_model/induced_sets.py, "
                                    "preprocess/plan/induced_counts.py)")
         breakdown.update(inductive_parts(r, m, device, int(act["fresh"]) + transient))
-    elif device == "cpu":  # the process, its shard slice and the heap's holes (memory_model/host.py)
+    elif device == "cpu" and m.resident:  # the process, its slice and the heap's holes (memory_model/host.py)
         breakdown.update(host_parts(r, int(act["fresh"]) + transient))
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),

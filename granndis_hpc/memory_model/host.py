@@ -1,8 +1,8 @@
 """What a rank's resident memory holds on a CPU device beyond the tensors `estimate` counts, for a
 transductive run (an inductive one's are memory_model/induced.py's).
 
-On a CPU device the estimate is compared with the process's peak resident memory (VmHWM), not with an
-allocator's count, so it adds:
+`preprocess plan --device cpu` (ModelSpec.resident) estimates what a CPU run's peak resident memory
+(VmHWM) is compared with, not an allocator's count, so it adds:
 - runtime: the process before it reads its shard (the interpreter, torch, MPI, h5py and this package)
   and what the trainer's set-up adds outside its arrays (MPI's communicators and buffers, the thread
   pool, the pages of the libraries it runs);
@@ -16,10 +16,10 @@ allocator's count, so it adds:
 - allocator: what the C heap keeps of the step beyond the step's own peak.  After set-up the engine
   keeps freed memory for reuse and serves every block from the heap (engine/hostmem.py: no mmap), and
   the heap then holds the step's peak plus the holes that blocks of changing sizes leave between the
-  step's longer-lived tensors and the graph caches the first step builds: measured on R-GCN over a
-  30,000- and a 100,000-vertex graph with ogbn-mag's statistics (fb, flx, eas, cob), the heap's free
-  bytes after an epoch were 1.8-2.5 times the peak torch allocated in it (the profiler's), ALLOCATOR_HOLES
-  of it beyond the peak itself.
+  step's longer-lived tensors (building the graph caches before the first step changed nothing): measured
+  with glibc's mallinfo2 on R-GCN over a 30,000- and a 100,000-vertex graph with ogbn-mag's statistics
+  (fb, flx, eas, cob), the heap's free bytes after an epoch were 1.8-2.8 times the peak torch allocated
+  in it (its profiler's); counted as ALLOCATOR_HOLES of the step's estimated transient beyond it.
 """
 from __future__ import annotations
 

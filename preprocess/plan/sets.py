@@ -69,6 +69,7 @@ def model_spec(graph, cfg) -> mm.ModelSpec:
                         cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()),
                         linear_layers=cfg.linear_layers or 0, inductive=cfg.inductive,
                         multilabel=np.ndim(graph.labels) == 2, precision=cfg.precision, halo_route=cfg.halo_route,
+                        resident=cfg.device == "cpu",
                         **({"relations": graph.types.num_relations, "relation_rows": graph.types.relations_per_vertex(),
                             "type_widths": tuple(graph.types.width_of(graph.num_features))}
                            if getattr(graph, "types", None) else {})))

@@ -6,6 +6,7 @@ real models with a gather that does what engine/views.View.gather_fn does (stati
 layer 0, an autograd halo exchange after it; here a loopback exchange: the rows sent come back as the
 halo).  Row counts from shard arrays are checked against the real planner.  The engine on several
 ranks (halos from other GPUs and servers) is checked in tests/mpi/test_memory_model_mpi.py."""
+import dataclasses
 import json
 import re
 
@@ -123,14 +124,18 @@ def test_estimate_breakdown_and_bad_input():
     rows, _, _ = _random_plan(np.random.default_rng(2), 3)
     spec = mm.ModelSpec("sage", 24, 16, 5, 3)
     est = mm.estimate(rows, spec)
-    b = est["breakdown"]
-    assert est["total"] == sum(b.values())
+    assert est["total"] == sum(est["breakdown"].values())
+    resident = mm.estimate(rows, dataclasses.replace(spec, resident=True))
+    b = resident["breakdown"]
+    assert resident["total"] == sum(b.values())
     device_parts = {"features", "graph", "parameters", "gradients", "optimizer", "activations", "halo_buffers",
                     "step_transient"}
-    # On a CPU device the estimate is of the process's resident memory: the process, its shard slice and
-    # the heap's holes (memory_model/host.py); a GPU's estimate leaves the host alone.
+    # A resident estimate on a CPU device (preprocess plan --device cpu) adds the process, its shard slice
+    # and the heap's holes (memory_model/host.py); without it, or on a GPU, the tensors alone.
     assert set(b) == device_parts | {"runtime", "shard_slice", "allocator"}
-    assert set(mm.estimate(rows, spec, device="cuda")["breakdown"]) == device_parts
+    assert set(est["breakdown"]) == device_parts == set(mm.estimate(rows, dataclasses.replace(spec, resident=True),
+                                                                     device="cuda")["breakdown"])
+    assert all(est["breakdown"][k] == b[k] for k in device_parts)
     assert b["runtime"] == (256 + 80) << 20
     step = b["activations"] + b["halo_buffers"] + b["step_transient"]
     assert b["allocator"] == int(1.5 * step)
