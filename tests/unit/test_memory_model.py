@@ -318,7 +318,7 @@ def test_plan_counts_equal_the_written_shards(small_graph, small_shards, tmp_pat
                           device="cpu", ks=[0, 2, 3])
     got = {o.label: o for o in plan.plan_options(MPI.COMM_SELF, small_graph, cfg)["options"]}
     for label, path, k in (("flx k=2", two, 2), ("flx k=3", small_shards, 3), ("fb", small_shards, 0)):
-        ests = mm.estimate_shard_set(str(path), "sage", 16, 3, k=k)
+        ests = mm.estimate_shard_set(str(path), "sage", 16, 3, k=k, resident=True)  # plan's on a CPU: resident
         worst = max(ests, key=lambda e: e["total"])
         assert got[label].peak == worst["total"] and got[label].breakdown == worst["breakdown"], label
 
@@ -395,7 +395,8 @@ def test_plan_of_a_set_and_auto_on_it_estimate_and_choose_alike(recipe_model, sm
                           device="cpu", hops=3, eas_hops=1, fanout=2, cob_batches=(2, 4), model_options=options)
     planned = plan.plan_options(MPI.COMM_SELF, small_graph, cfg)
     sets = [str(small_shards), str(eas_shards)]
-    kw = dict(batches=(2, 4), options=tuple(model_options(model, options).items()))
+    # plan --device cpu estimates a rank's resident memory (ModelSpec.resident), so auto's side asks for it.
+    kw = dict(batches=(2, 4), options=tuple(model_options(model, options).items()), resident=True)
     every = mm.choose_shard_sets(sets, model, 16, 3, 1, **kw).rejected
     table = plan.format_table(planned["options"], cfg, None)
     assert "flx k=3 [--hops 3]" in table and "cob batches=2 [--preload eas]" in table
