@@ -131,8 +131,9 @@ class EstimateOptions(Options):
                                           help="GPU memory budget per rank, e.g. 40GiB: plan recommends the "
                                                "build that fits; build --hops auto preloads as deep as fits")
     device: str = reuse(TrainConfig, "device",
-                        help="the device training runs on (dropout masks are bool on cuda, float on cpu); "
-                             "auto = cuda, the GPUs a plan is for")
+                        help="the device training runs on (dropout masks are bool on cuda, float on cpu; on cpu "
+                             "the estimate is of a rank's resident memory, the process included); auto = cuda, "
+                             "the GPUs a plan is for")
 
     @property
     def estimate_device(self) -> str:
