@@ -141,6 +141,16 @@ def test_estimate_breakdown_and_bad_input():
     assert b["allocator"] == int(1.5 * step)
     own, nnz, world_nnz = rows.server.n_own, rows.server.layers[0].nnz, rows.world.layers[0].nnz
     assert b["shard_slice"] == own * (39 + 4) + nnz * 8 + (rows.n_inner + 1) * 8 + world_nnz * 12
+    # A co-batch view: the sampler's server index and the next co-batch over its rows; the slice is the world
+    # view's (fb's rows: a co-batch's rows are the sample's, not the file's).
+    cob = dataclasses.replace(rows, server=dataclasses.replace(rows.server, name="cobatch"))
+    c = mm.estimate(cob, dataclasses.replace(spec, resident=True))["breakdown"]
+    v = rows.server
+    index = (v.n_own + v.n_halo) * (24 * 4 + 32) + v.layers[0].nnz * 15
+    nxt = (v.n_own + v.n_halo) * 25 * 4 + v.n_send * 8 + sum(
+        (lr.n_dst + 1) * 8 + lr.nnz * 8 + (lr.n_dst + lr.n_src) * 4 + (lr.n_send + lr.n_halo) * 8 for lr in v.layers)
+    assert c["cobatch_host"] == index + nxt
+    assert c["shard_slice"] == rows.world.n_own * 43 + world_nnz * 8 + (rows.n_inner + 1) * 8 + world_nnz * 12
     # Layers 1..2 exchange (n_send + n_halo) rows at width 16; the buffer share is at most the largest.
     biggest = max((lr.n_send + lr.n_halo) * 16 * 4 for lr in rows.server.layers[1:])
     assert 0 < b["halo_buffers"] <= biggest
