@@ -320,10 +320,16 @@ class GATConv(Layer):
         (nn/edge_sparse.py), whose sparse products then make the weighted sum."""
         H = self.heads
         e = F.leaky_relu(a_src[cols] + a_dst[rows], self.negative_slope)  # [E, H]
-        mx = e.new_full((n_dst, H), -math.inf).scatter_reduce(
-            0, rows.unsqueeze(1).expand(-1, H), e.detach(), "amax", include_self=True)
+        if csr is not None:  # rows sorted: each row's edges are one segment (-inf and 0 where it has none)
+            mx = torch.segment_reduce(e.detach(), "max", offsets=csr.indptr, axis=0, unsafe=True)
+        else:
+            mx = e.new_full((n_dst, H), -math.inf).scatter_reduce(
+                0, rows.unsqueeze(1).expand(-1, H), e.detach(), "amax", include_self=True)
         w = torch.exp(e - mx[rows])
-        s = w.new_zeros((n_dst, H)).index_add(0, rows, w)
+        # A segment sum reads each row's edges in order, as index_add adds them (the same sums); index_add
+        # of [E, H] rows on CPU is a small add per edge, many times slower.
+        s = (torch.segment_reduce(w, "sum", offsets=csr.indptr, axis=0, unsafe=True) if csr is not None
+             else w.new_zeros((n_dst, H)).index_add(0, rows, w))
         if attention is not None:  # the denominator sums the undropped weights
             w = w * (keep().to(w.dtype) * (1.0 / (1.0 - attention.p)))
         # In the weights' dtype: under --precision bf16 the softmax is float32 (the attention logits read

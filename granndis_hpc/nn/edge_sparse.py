@@ -32,6 +32,10 @@ class EdgeCSR:
                                                                                               self.by_source).to(narrow)
 
 
+# Edges per chunk of the attention weights' gradient: a transient of _CHUNK x H C values, a few MiB.
+_CHUNK = 1 << 14
+
+
 def _pointer(index: torch.Tensor, n: int) -> torch.Tensor:
     counts = torch.bincount(index, minlength=n)
     return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
@@ -58,11 +62,16 @@ class _WeightedSum(torch.autograd.Function):
         grad = grad.to(w.dtype)
         grad_w = grad_x = None
         if ctx.needs_input_grad[0]:
-            # Head by head (a transient [E, C], not [E, H, C]); a gather, as torch.sparse.sampled_addmm's
-            # CPU kernel gave wrong values on some parts of a distributed graph.
-            xs, gs = (t.to(w.dtype).permute(1, 0, 2).contiguous() for t in (x, grad))
-            grad_w = torch.stack([(gs[h].index_select(0, e.rows) * xs[h].index_select(0, e.cols)).sum(-1)
-                                  for h in range(heads)], 1)
+            # A gather, as torch.sparse.sampled_addmm's CPU kernel gave wrong values on some parts of a
+            # distributed graph; all heads at once over a chunk of edges (a transient [chunk, H C], not
+            # [E, H, C]), read from x and grad as they are (no per-head copies).
+            width = heads * x.shape[2]  # not -1: a part may have no rows
+            xf, gf = x.to(w.dtype).reshape(x.shape[0], width), grad.reshape(grad.shape[0], width)
+            grad_w = w.new_empty(w.shape)
+            for a in range(0, w.shape[0], _CHUNK):
+                rows, cols = e.rows[a:a + _CHUNK], e.cols[a:a + _CHUNK]
+                grad_w[a:a + _CHUNK] = (gf.index_select(0, rows).mul_(xf.index_select(0, cols))
+                                        .view(-1, heads, x.shape[2]).sum(-1))
         if ctx.needs_input_grad[1]:
             w_t = w.index_select(0, e.by_source)
             grad_x = torch.stack([_product(e.indptr_t, e.rows_t, w_t[:, h].contiguous(), (e.n_src, e.n_dst),
