@@ -19,6 +19,12 @@ WORK/records.json so that they can run apart):
    link re-shaped between them after --epochs epochs, bench_products.Reshaper): median epoch time and
    its breakdown, exact bytes per link class (the runs' metrics.jsonl ledgers), every rank's peak RSS
    (VmHWM, polled) against plan's estimate, the speedup over fb beside fb's inter-server share.
+4. reference: the one-process reference epoch, each model from PyG's convolutions (HeteroConv of
+   GATConv for R-GAT, RGCNConv for R-GCN) on the same graph in one process (bench/hetero_pyg.py).
+
+Each run replaces only its models' records (--models): a model is added to, or rerun in, the records of
+another at the same sizes, and --replan renews plan's estimates alone (e.g. --from-results
+bench/results/hetero.json --replan, then the page is rewritten).
 
 Writes WORK/records.json, a copy under bench/results/ (--results) and the page --out (bench/hetero_page.py).
 """
@@ -36,7 +42,7 @@ os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "hetero")
 os.environ.setdefault("GRANNDIS_EMU_SUBNET", "10.216.0")
 
 from harness import ENV, REPO  # noqa: E402
-from bench_scale import MemoryGuard, add_run_arguments, save_records, sweep_records  # noqa: E402
+from bench_scale import MemoryGuard, add_run_arguments, load_records, save_records, sweep_records  # noqa: E402
 from bench_products import EMU_MPIRUN, RankPeaks, Reshaper, run  # noqa: E402
 import hetero_page  # noqa: E402
 
@@ -65,7 +71,8 @@ def shard_dir(args, name):
 
 
 def stage_plan(args, records, path, log):
-    records["plan"] = {}
+    """Plan's estimates of the models run (other models' kept); a run already recorded gets the new one."""
+    plans = records.setdefault("plan", {})
     for model in args.models:
         out = os.path.join(args.work, f"plan-{model}.json")
         run(["mpirun", "-n", "2", sys.executable, "-m", "granndis_hpc.preprocess", "plan", *graph_args(args),
@@ -74,9 +81,13 @@ def stage_plan(args, records, path, log):
         with open(out) as f:
             plan = json.load(f)
         by_label = {(o["label"], o["source"]): o for o in plan["options"]}
-        records["plan"][model] = {m: {"label": lab, "peak_bytes": o["peak_bytes"], "peak_rank": o["peak_rank"],
-                                      "inter_server_bytes": o["inter_server_bytes"]}
-                                  for m, (_, _, lab, src) in MODES.items() for o in [by_label.get((lab, src))] if o}
+        plans[model] = {m: {"label": lab, "peak_bytes": o["peak_bytes"], "peak_rank": o["peak_rank"],
+                            "inter_server_bytes": o["inter_server_bytes"]}
+                        for m, (_, _, lab, src) in MODES.items() for o in [by_label.get((lab, src))] if o}
+        for rnd in records.get("train") or []:
+            for mode, rec in rnd["runs"].items():
+                if mode.startswith(f"{model}/"):
+                    rec["estimate"] = plans[model].get(mode.split("/", 1)[1], {}).get("peak_bytes")
         save_records(path, records)
 
 
@@ -158,8 +169,18 @@ def train_one(args, records, model, mode, log):
     return out
 
 
+def _checks(rnd, models):
+    """A round's link checks by model (records written before they were kept per model: the one check)."""
+    if "checks" in rnd or "bw_Bps" not in rnd:
+        return rnd.get("checks", {})
+    return {m: {k: rnd[k] for k in ("bw_Bps", "loadavg", "link_problems")} for m in models}
+
+
 def stage_train(args, records, path, log):
+    """Trains the models run; the records of other models at the same rates are kept (one model can be
+    added to or rerun in the records of another)."""
     def runs():
+        before = {rnd["label"]: rnd for rnd in records.get("train") or []}
         rounds = []
         for label in args.rates:  # every link checked before the runs
             bps = emucluster.parse_rate(label)
@@ -168,9 +189,13 @@ def stage_train(args, records, path, log):
             pp = emucluster.selfcheck(2, python=sys.executable)
             if pp["fatal"]:
                 raise RuntimeError(f"{label}: the emulated link is not what it should be: {'; '.join(pp['problems'])}")
-            rounds.append({"label": label, "rate_bps": bps, "bw_Bps": pp["inter_Bps"]["1"],
-                           "loadavg": os.getloadavg()[0], "link_problems": pp["problems"], "runs": {}})
-        records["train"] = rounds
+            kept = {k: v for k, v in before.get(label, {}).get("runs", {}).items()
+                    if k.split("/", 1)[0] not in args.models}
+            checks = dict(_checks(before.get(label, {}), records.get("models", [])))
+            checks.update({m: {"bw_Bps": pp["inter_Bps"]["1"], "loadavg": os.getloadavg()[0],
+                               "link_problems": pp["problems"]} for m in args.models})
+            rounds.append({"label": label, "rate_bps": bps, "checks": checks, "runs": kept})
+        records["train"] = rounds + [rnd for label, rnd in before.items() if label not in args.rates]
         log.append(f"(each run re-shapes the link to the next of {', '.join(args.rates)} after every {args.epochs} "
                    "epochs)")
         for model in args.models:
@@ -180,6 +205,25 @@ def stage_train(args, records, path, log):
                     rnd["runs"][f"{model}/{mode}"] = per_rate[rnd["label"]]
                 save_records(path, records)
     on_cluster(runs)
+
+
+def stage_reference(args, records, path, log):
+    """Each model from PyG's convolutions on the same graph in one process (bench/hetero_pyg.py)."""
+    refs = records.setdefault("reference", {})
+    for model in args.models:
+        out = os.path.join(args.work, f"reference-{model}.json")
+        try:
+            run([sys.executable, os.path.join(REPO, "bench", "hetero_pyg.py"), *graph_args(args)[4:], "--model",
+                 model, "--layers", args.layers, "--hidden", args.hidden, "--epochs", args.epochs, "--json", out],
+                log, args.run_timeout)
+            with open(out) as f:
+                refs[model] = json.load(f)
+        except RuntimeError as exc:
+            refs[model] = {"error": str(exc).splitlines()[0][:300]}
+        save_records(path, records)
+
+
+STAGES = {"plan": stage_plan, "build": stage_build, "train": stage_train, "reference": stage_reference}
 
 
 def machine() -> str:
@@ -195,19 +239,52 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, {mem_kib / 2**20:.0f} GiB, torch CPU"
 
 
+SIZES = {"vertices": MAG_VERTICES, "seed": 0, "layers": 3, "hidden": 64, "epochs": 3}
+
+
+def from_results(args):
+    """--from-results: WORK/records.json from a copy of the records ($WORK read as --work)."""
+    with open(args.from_results, encoding="utf-8") as f:
+        text = f.read().replace("$WORK", os.path.abspath(args.work))
+    os.makedirs(args.work, exist_ok=True)
+    with open(os.path.join(args.work, "records.json"), "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def settle_sizes(parser, args, records):
+    """The graph and model sizes: those of the records where not given (a model is added at the size the
+    others ran at), the defaults without records; a size unlike the records' with runs recorded is refused."""
+    for key, default in SIZES.items():
+        have = records.get(key)
+        if getattr(args, key) is None:
+            setattr(args, key, default if have is None else have)
+        elif have is not None and have != getattr(args, key) and records.get("train"):
+            parser.error(f"--{key} {getattr(args, key)}: the records in {args.work} are of --{key} {have}; "
+                         f"leave --{key} out, or use another --work")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vertices", type=int, default=MAG_VERTICES, help="graph size (every count scales with it)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: rgcn, rgat")
+    p.add_argument("--vertices", type=int, help=f"graph size (every count scales with it; {MAG_VERTICES:,}: "
+                   "ogbn-mag's); default: the records', else ogbn-mag's")
+    p.add_argument("--seed", type=int, help="the graph's seed (default: the records', else 0)")
+    p.add_argument("--models", default=",".join(MODELS),
+                   help="comma-separated: rgcn, rgat; only their records are replaced, other models' are kept")
     p.add_argument("--modes", default="fb,flx,eas,cob", help=f"from {', '.join(MODES)}; fb first (the baseline)")
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=3, help="per rate; the first at each rate is left out")
+    p.add_argument("--layers", type=int, help="default: the records', else 3")
+    p.add_argument("--hidden", type=int, help="default: the records', else 64")
+    p.add_argument("--epochs", type=int, help="per rate; the first at each rate is left out (default: the "
+                   "records', else 3)")
     p.add_argument("--rates", default="1gbit,100mbit", help="link rates, in this order within every run")
-    p.add_argument("--stages", nargs="*", default=["plan", "build", "train"], choices=("plan", "build", "train"),
+    p.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES,
                    help="what to run; none: rewrite --out from the records")
+    p.add_argument("--replan", action="store_true",
+                   help="only the plan stage, for every model in the records, at the records' sizes: the "
+                        "estimate column anew from `preprocess plan` (nothing trained or built)")
+    p.add_argument("--from-results", metavar="JSON",
+                   help="start from this copy of the records (e.g. bench/results/hetero.json), written to "
+                        "WORK/records.json in place of the one there")
     p.add_argument("--memory-budget", type=float, default=100.0,
                    help="GiB the 4 ranks of one run may use by plan's estimate")
     add_run_arguments(p, 3600, 3600, "seconds per build or plan")
@@ -217,13 +294,32 @@ def main(argv=None):
                    help="a copy of the records (JSON); '' for none")
     args = p.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if any(m not in MODELS for m in args.models):
+        p.error(f"--models: from {', '.join(MODELS)}")
+    if args.from_results:
+        from_results(args)
+    before = load_records(os.path.join(args.work, "records.json"))
+    if args.replan:
+        planned = [m for m in MODELS if m in before.get("models", []) or m in before.get("plan", {})]
+        if not planned:
+            p.error(f"--replan: no models in the records in {args.work} (--from-results reads a copy)")
+        args.stages, args.models = ["plan"], planned
+    settle_sizes(p, args, before)
     path, records, log = sweep_records(p, args, MODES)
     for stage in args.stages:
-        {"plan": stage_plan, "build": stage_build, "train": stage_train}[stage](args, records, path, log)
-    records.update(machine=machine(), work=os.path.abspath(args.work), vertices=args.vertices, epochs=args.epochs,
-                   layers=args.layers, hidden=args.hidden, models=args.models, modes=args.modes, rates=args.rates)
+        STAGES[stage](args, records, path, log)
+    added = args.models if "train" in args.stages else []
+    models = [m for m in MODELS if m in records.get("models", []) or m in added]
+    modes = [m for m in MODES if m in records.get("modes", []) or m in args.modes]
+    rates = list(dict.fromkeys([r["label"] for r in records.get("train") or []] or args.rates))
+    commands = records.setdefault("commands", [])
+    if args.stages and hetero_page.command(argv) not in commands:
+        commands.append(hetero_page.command(argv))
+    records.update(machine=machine(), work=os.path.abspath(args.work), vertices=args.vertices, seed=args.seed,
+                   epochs=args.epochs, layers=args.layers, hidden=args.hidden, models=models, modes=modes,
+                   rates=rates)
     save_records(path, records)
-    page = hetero_page.render(records, argv)
+    page = hetero_page.render(records)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".tmp", "w") as f:
         f.write(page)

@@ -2,6 +2,8 @@
 `python bench/bench_hetero.py --stages --work DIR` rewrites it without running anything."""
 from __future__ import annotations
 
+import shlex
+
 
 def gib(n):
     return "" if n is None else f"{n / 2**30:.2f}"
@@ -74,7 +76,35 @@ def _memory_table(rounds, model, modes, plan):
     return L + [""]
 
 
-def render(records, argv):
+def _reference_lines(records, modes):
+    """The one-process reference epoch (PyG) beside each model's fb and best mode at each rate."""
+    refs = records.get("reference") or {}
+    if not refs:
+        return []
+    rounds = records.get("train") or []
+    L = ["## One-process reference epoch", "",
+         "Each model from PyG's convolutions (R-GCN: `RGCNConv(aggr=\"mean\")`; R-GAT: `HeteroConv` of "
+         "`GATConv(add_self_loops=False)` per relation, summed) trained on the same graph, whole in one process "
+         "(bench/hetero_pyg.py: same widths, heads and activations, no dropout; an epoch is the forward, the "
+         "loss on the training papers, the backward and Adam's step; median over all but the first), beside "
+         "the 4 emulated ranks' fb epoch at each rate.", "",
+         "| model | one process, PyG (s) | peak RSS (GiB) | " + " | ".join(f"fb at {r['label']} (s)" for r in rounds)
+         + " |", "|---|---:|---:|" + "---:|" * len(rounds)]
+    for model, ref in refs.items():
+        fb = [_runs(r, model, modes).get("fb", {}) for r in rounds]
+        cells = ["" if "error" in x else f"{x['epoch_s']:.3f}" for x in fb]
+        head = ([f"error: {ref['error']}", ""] if "error" in ref else
+                [f"{ref['epoch_s']:.3f}", gib(ref.get("peak_rss"))])
+        L.append(f"| {model} | " + " | ".join(head + cells) + " |")
+    return L + [""]
+
+
+def command(argv):
+    """The bench's command line as the page shows it."""
+    return f"python bench/bench_hetero.py {shlex.join(argv)}".rstrip()
+
+
+def render(records):
     modes = records.get("modes", ["fb", "flx", "eas", "cob"])
     names = {"rgcn": "R-GCN", "rgat": "R-GAT"}
     title = " and ".join(names.get(m, m) for m in records.get("models", ["rgcn", "rgat"]))
@@ -100,13 +130,14 @@ def render(records, argv):
         L += ["### Breakdown per epoch (s) and bytes per link class", ""] + _breakdown_table(rounds, model, modes)
         L += ["### Peak memory per rank against `preprocess plan`'s estimate", ""]
         L += _memory_table(rounds, model, modes, plan)
+    L += _reference_lines(records, modes)
     # The work directory (--work) is written $WORK: the commands hold no path of the machine they ran on.
     work = records.get("work")
 
     def portable(line: str) -> str:
         return line.replace(work, "$WORK") if work else line
 
-    argv = [a for a in argv if a != "--stages"]  # a page rewritten from its records (--stages alone) runs nothing
-    L += ["## Commands", "", "```", portable(f"python bench/bench_hetero.py {' '.join(argv)}".rstrip()),
-          *map(portable, records.get("log", [])), "```", ""]
+    # Every bench command that added to the records, then what they ran (each command once).
+    L += ["## Commands", "", "```", *dict.fromkeys(map(portable, records.get("commands", []))),
+          *dict.fromkeys(map(portable, records.get("log", []))), "```", ""]
     return "\n".join(L)
