@@ -45,6 +45,7 @@ from harness import ENV, REPO  # noqa: E402
 from bench_scale import MemoryGuard, add_run_arguments, load_records, save_records, sweep_records  # noqa: E402
 from bench_products import EMU_MPIRUN, RankPeaks, Reshaper, run  # noqa: E402
 import hetero_page  # noqa: E402
+import hetero_pyg  # noqa: E402
 
 from emucluster import cluster as emucluster, costmodel  # noqa: E402
 from granndis_hpc.preprocess.sources.synthetic_mag import MAG_VERTICES  # noqa: E402
@@ -190,7 +191,7 @@ def stage_train(args, records, path, log):
             if pp["fatal"]:
                 raise RuntimeError(f"{label}: the emulated link is not what it should be: {'; '.join(pp['problems'])}")
             kept = {k: v for k, v in before.get(label, {}).get("runs", {}).items()
-                    if k.split("/", 1)[0] not in args.models}
+                    if k.split("/", 1)[0] not in args.models or k.split("/", 1)[1] not in args.modes}
             checks = dict(_checks(before.get(label, {}), records.get("models", [])))
             checks.update({m: {"bw_Bps": pp["inter_Bps"]["1"], "loadavg": os.getloadavg()[0],
                                "link_problems": pp["problems"]} for m in args.models})
@@ -212,10 +213,18 @@ def stage_reference(args, records, path, log):
     refs = records.setdefault("reference", {})
     for model in args.models:
         out = os.path.join(args.work, f"reference-{model}.json")
+        cmd = [sys.executable, os.path.join(REPO, "bench", "hetero_pyg.py"), *graph_args(args)[4:], "--model", model,
+               "--layers", args.layers, "--hidden", args.hidden, "--epochs", args.epochs, "--json", out]
+        if args.reuse_reference and os.path.exists(out):
+            with open(out) as f:
+                ref = json.load(f)
+            if all(ref.get(k) == getattr(args, k) for k in hetero_pyg.SIZES):
+                log.append(f"{' '.join(map(str, cmd))}   # reused: already measured".replace(REPO + os.sep, ""))
+                refs[model] = ref
+                save_records(path, records)
+                continue
         try:
-            run([sys.executable, os.path.join(REPO, "bench", "hetero_pyg.py"), *graph_args(args)[4:], "--model",
-                 model, "--layers", args.layers, "--hidden", args.hidden, "--epochs", args.epochs, "--json", out],
-                log, args.run_timeout)
+            run(cmd, log, args.run_timeout)
             with open(out) as f:
                 refs[model] = json.load(f)
         except RuntimeError as exc:
@@ -270,8 +279,9 @@ def main(argv=None):
                    "ogbn-mag's); default: the records', else ogbn-mag's")
     p.add_argument("--seed", type=int, help="the graph's seed (default: the records', else 0)")
     p.add_argument("--models", default=",".join(MODELS),
-                   help="comma-separated: rgcn, rgat; only their records are replaced, other models' are kept")
-    p.add_argument("--modes", default="fb,flx,eas,cob", help=f"from {', '.join(MODES)}; fb first (the baseline)")
+                   help="comma-separated: rgcn, rgat; only their runs in --modes are replaced, the other runs are kept")
+    p.add_argument("--modes", default="fb,flx,eas,cob",
+                   help=f"from {', '.join(MODES)}; fb (the baseline) first, or recorded already")
     p.add_argument("--layers", type=int, help="default: the records', else 3")
     p.add_argument("--hidden", type=int, help="default: the records', else 64")
     p.add_argument("--epochs", type=int, help="per rate; the first at each rate is left out (default: the "
@@ -285,6 +295,8 @@ def main(argv=None):
     p.add_argument("--from-results", metavar="JSON",
                    help="start from this copy of the records (e.g. bench/results/hetero.json), written to "
                         "WORK/records.json in place of the one there")
+    p.add_argument("--reuse-reference", action="store_true",
+                   help="keep a reference record already in --work that was measured at the same sizes")
     p.add_argument("--memory-budget", type=float, default=100.0,
                    help="GiB the 4 ranks of one run may use by plan's estimate")
     add_run_arguments(p, 3600, 3600, "seconds per build or plan")
@@ -305,7 +317,13 @@ def main(argv=None):
             p.error(f"--replan: no models in the records in {args.work} (--from-results reads a copy)")
         args.stages, args.models = ["plan"], planned
     settle_sizes(p, args, before)
-    path, records, log = sweep_records(p, args, MODES)
+    # fb is the baseline: a run without it adds modes to records that hold fb's runs of its models
+    path, records, log = sweep_records(p, args, MODES, fb_first=False)
+    if "train" in args.stages and "fb" not in args.modes:
+        have = {k for rnd in records.get("train") or [] for k in rnd["runs"]}
+        if any(f"{m}/fb" not in have for m in args.models):
+            p.error(f"--modes {','.join(args.modes)}: the records in {args.work} hold no fb run of "
+                    f"{', '.join(args.models)} (fb is the baseline); add fb")
     for stage in args.stages:
         STAGES[stage](args, records, path, log)
     added = args.models if "train" in args.stages else []

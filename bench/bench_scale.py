@@ -60,12 +60,13 @@ def add_run_arguments(parser, timeout: int, run_timeout: int, timeout_help: str)
     parser.add_argument("--run-timeout", type=int, default=run_timeout, help="seconds per training run")
 
 
-def sweep_records(parser, args, modes):
-    """A link-rate sweep's arguments checked (fb first, at least 2 epochs: the first is left out; --rates
-    and --modes as lists) and its records in --work: (path, records, log of every command run)."""
+def sweep_records(parser, args, modes, fb_first=True):
+    """A link-rate sweep's arguments checked (fb first unless fb_first is False, at least 2 epochs: the
+    first is left out; --rates and --modes as lists) and its records in --work: (path, records, log of
+    every command run)."""
     args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if args.modes[:1] != ["fb"] or any(m not in modes for m in args.modes):
+    if (fb_first and args.modes[:1] != ["fb"]) or not args.modes or any(m not in modes for m in args.modes):
         parser.error(f"--modes: start with fb (the baseline), then any of {', '.join(modes)}")
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first is left out)")

@@ -120,6 +120,11 @@ def render(records):
          "## Graph and build", ""]
     L += _graph_lines(records)
     rounds = records.get("train") or []
+    loads = [f"{m} {c['loadavg']:.1f}" for m in records.get("models", []) for c in
+             [next((r["checks"][m] for r in rounds if m in r.get("checks", {})), None)] if c]
+    if loads:
+        L += ["The machine's 1-minute load average at the link checks before each model's runs (2 cores, shared "
+              "with other jobs: times scale with the load and vary from run to run): " + ", ".join(loads) + ".", ""]
     if not rounds:
         L += ["## Training", "", "No training stage in the records.", ""]
     for model in records.get("models", []):

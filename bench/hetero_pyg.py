@@ -12,7 +12,9 @@ convolutions, trained on the same graph in one process (not a test).
 3 layers, --hidden, no dropout, Adam; an epoch is the forward over every vertex, the cross entropy over
 the target type's training vertices, the backward and the optimiser's step.  The graph is loaded whole
 in this process (`--source synthetic --generator mag`), as a PyG user holds it; the median epoch over all
-but the first and the process's peak RSS are written as JSON.
+but the first and the process's peak RSS are written as JSON.  One torch thread by default, as each rank
+of the emulated cluster has on a 2-core machine (torch's threads spin on a loaded machine: 2 threads
+were 10x slower than 1 there).
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from granndis_hpc.preprocess.sources import load
+
+
+SIZES = ("vertices", "seed", "layers", "hidden", "epochs")  # what a record was measured at
 
 
 def typed_inputs(g):
@@ -106,8 +111,11 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--epochs", type=int, default=3, help="the first is left out of the median")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch's threads (1: as each of the 4 emulated ranks on this 2-core machine has)")
     p.add_argument("--json", required=True, help="where the record is written")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     g = load("synthetic", generator="mag", vertices=args.vertices, seed=args.seed)
     inputs = typed_inputs(g)
     t = g.types.index(g.types.target)
@@ -122,9 +130,10 @@ def main(argv=None):
         model = RGAT(g.num_features, args.hidden, g.num_classes, args.layers, g.types)
     times = epochs(model, inputs, labels, train, args.epochs)
     import torch_geometric
-    record = {"model": args.model, "epoch_s": statistics.median(times[1:]), "epoch_times": times,
-              "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "threads": torch.get_num_threads(),
-              "torch": torch.__version__, "torch_geometric": torch_geometric.__version__}
+    record = dict(model=args.model, **{k: getattr(args, k) for k in SIZES}, epoch_s=statistics.median(times[1:]),
+                  epoch_times=times, peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  threads=torch.get_num_threads(), torch=torch.__version__,
+                  torch_geometric=torch_geometric.__version__)
     with open(args.json, "w") as f:
         json.dump(record, f, indent=1)
     print(json.dumps(record))
