@@ -84,6 +84,29 @@ def _traced(fn):
         trace.EVENTS = saved
 
 
+def _measure_payloads(runs, make, check=None):
+    """One traced epoch per (payload, no_overlap) run of the trainer make(payload, no_overlap) builds,
+    check(trainer, events, payload, no_overlap) after it where given: the runs' summed (inter, intra)
+    halo bytes, each vertex's owning rank and each rank's server."""
+    measured = {}
+    for payload, no_overlap in runs:
+        trainer = make(payload, no_overlap)
+        try:
+            events = _traced(trainer.train_epoch)
+            if check is not None:
+                check(trainer, events, payload, no_overlap)
+            got = WORLD.allgather((trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo")))
+            owner_parts = WORLD.allgather(trainer.slice.global_id[: trainer.slice.n_inner])
+            server = np.array([trainer.topo.server_of(r) for r in range(WORLD.size)])
+        finally:
+            trainer.close()
+        measured[payload, no_overlap] = tuple(sum(g[i] for g in got) for i in (0, 1))
+    owner = np.empty(sum(p.size for p in owner_parts), dtype=np.int64)
+    for rank, gids in enumerate(owner_parts):
+        owner[gids] = rank
+    return measured, owner, server
+
+
 def _pair_counts(cora, owner, server):
     """[reader, source] rank pairs: (distinct rows the source sends the reader, distinct rows of the
     reader with an in-edge from the source's rows), and [reading server, source] the distinct rows the
@@ -105,29 +128,22 @@ def _pair_counts(cora, owner, server):
 
 @pytest.mark.parametrize("route", ["direct", "per-server"])
 def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes, route):
-    measured = {}
     # Blocking (--no-overlap) each payload, and overlapped (the default) those that send partials.
     runs = [(p, True) for p in ("rows", "partial", "smaller")] + [(p, False) for p in ("partial", "smaller")]
-    for payload, no_overlap in runs:
-        trainer = make_trainer(cora_shapes[2], "fb", "sage", 3, hidden=HIDDEN, halo_payload=payload,
-                               no_overlap=no_overlap, halo_route=route)
-        try:
-            events = _traced(trainer.train_epoch)
-            if not no_overlap:  # every exchange was posted: layers 1 and 2 post their rows, and the partials
-                n_used = sum(bool(u.any()) for u in trainer.world_view.payload.use)
-                steps = sum(e[0] == "step_start" for e in events)
-                posts = [sum(e[0] == "post_" + d for e in events) for d in ("fwd", "bwd")]
-                assert steps > 0 and not any(e[0].startswith("block_") for e in events)
-                assert posts[0] == posts[1] == (2 + n_used) * steps, (payload, n_used, steps, posts)
-            got = WORLD.allgather((trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo")))
-            owner_parts = WORLD.allgather(trainer.slice.global_id[: trainer.slice.n_inner])
-            server = np.array([trainer.topo.server_of(r) for r in range(WORLD.size)])
-        finally:
-            trainer.close()
-        measured[payload, no_overlap] = tuple(sum(g[i] for g in got) for i in (0, 1))
-    owner = np.empty(sum(p.size for p in owner_parts), dtype=np.int64)
-    for rank, gids in enumerate(owner_parts):
-        owner[gids] = rank
+
+    def posted_every_exchange(trainer, events, payload, no_overlap):
+        if not no_overlap:  # every exchange was posted: layers 1 and 2 post their rows, and the partials
+            n_used = sum(bool(u.any()) for u in trainer.world_view.payload.use)
+            steps = sum(e[0] == "step_start" for e in events)
+            posts = [sum(e[0] == "post_" + d for e in events) for d in ("fwd", "bwd")]
+            assert steps > 0 and not any(e[0].startswith("block_") for e in events)
+            assert posts[0] == posts[1] == (2 + n_used) * steps, (payload, n_used, steps, posts)
+
+    measured, owner, server = _measure_payloads(
+        runs, lambda payload, no_overlap: make_trainer(cora_shapes[2], "fb", "sage", 3, hidden=HIDDEN,
+                                                       halo_payload=payload, no_overlap=no_overlap,
+                                                       halo_route=route),
+        posted_every_exchange)
     rows, partials, once = _pair_counts(cora, owner, server)
     across = server[:, None] != server[None, :]  # [reader, source]
     # Per ordered server pair (s sends, t reads): the rows that cross (once per reading rank on the direct

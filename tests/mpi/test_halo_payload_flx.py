@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from tests.mpi.conftest import logits_then_training, make_trainer
-from tests.mpi.test_halo_payload import _check_equal, _pair_counts, _traced
+from tests.mpi.test_halo_payload import _check_equal, _measure_payloads, _pair_counts
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -47,21 +47,12 @@ def test_flx_partial_aggregates_equal_rows(cora_shapes, k, payload):
 
 
 def test_flx_ledger_bytes_equal_the_partition_count(cora, cora_shapes):
-    k, measured = 1, {}
-    for payload, no_overlap in [("rows", True), ("partial", True), ("smaller", True), ("smaller", False)]:
-        trainer = make_trainer(cora_shapes[2], "flx", "sage", 3, hidden=HIDDEN, halo_payload=payload,
-                               preloaded_layers=k, no_overlap=no_overlap, halo_route="direct")
-        try:
-            _traced(trainer.train_epoch)
-            got = WORLD.allgather((trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo")))
-            owner_parts = WORLD.allgather(trainer.slice.global_id[: trainer.slice.n_inner])
-            server = np.array([trainer.topo.server_of(r) for r in range(WORLD.size)])
-        finally:
-            trainer.close()
-        measured[payload, no_overlap] = tuple(sum(g[i] for g in got) for i in (0, 1))
-    owner = np.empty(sum(p.size for p in owner_parts), dtype=np.int64)
-    for rank, gids in enumerate(owner_parts):
-        owner[gids] = rank
+    k = 1
+    measured, owner, server = _measure_payloads(
+        [("rows", True), ("partial", True), ("smaller", True), ("smaller", False)],
+        lambda payload, no_overlap: make_trainer(cora_shapes[2], "flx", "sage", 3, hidden=HIDDEN,
+                                                 halo_payload=payload, preloaded_layers=k,
+                                                 no_overlap=no_overlap, halo_route="direct"))
     rows, partials, _ = _pair_counts(cora, owner, server)
     pairs = []
     for s in np.unique(server):

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from tests.hetero_graphs import typed_graph
 from tests.mpi.conftest import build_sets_on_rank0, logits_then_training, make_trainer
-from tests.mpi.test_halo_payload import _check_equal, _pair_counts, _traced
+from tests.mpi.test_halo_payload import _check_equal, _measure_payloads, _pair_counts
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -75,22 +75,11 @@ def test_rgcn_partial_aggregates_equal_rows(typed_shapes, rps, payload, options,
 
 
 def test_rgcn_ledger_bytes_equal_the_partition_count(typed, typed_shapes):
-    measured = {}
     runs = [(p, True) for p in ("rows", "partial", "smaller")] + [("smaller", False)]
-    for payload, no_overlap in runs:
-        trainer = make_trainer(typed_shapes[2], "fb", "rgcn", LAYERS, hidden=HIDDEN, halo_payload=payload,
-                               no_overlap=no_overlap, halo_route="direct")
-        try:
-            _traced(trainer.train_epoch)
-            got = WORLD.allgather((trainer.ledger.bytes("inter", "halo"), trainer.ledger.bytes("intra", "halo")))
-            owner_parts = WORLD.allgather(trainer.slice.global_id[: trainer.slice.n_inner])
-            server = np.array([trainer.topo.server_of(r) for r in range(WORLD.size)])
-        finally:
-            trainer.close()
-        measured[payload, no_overlap] = tuple(sum(g[i] for g in got) for i in (0, 1))
-    owner = np.empty(sum(p.size for p in owner_parts), dtype=np.int64)
-    for rank, gids in enumerate(owner_parts):
-        owner[gids] = rank
+    measured, owner, server = _measure_payloads(
+        runs, lambda payload, no_overlap: make_trainer(typed_shapes[2], "fb", "rgcn", LAYERS, hidden=HIDDEN,
+                                                       halo_payload=payload, no_overlap=no_overlap,
+                                                       halo_route="direct"))
     rows, partials, _ = _pair_counts(typed, owner, server)
     across = server[:, None] != server[None, :]  # [reader, source]
     pairs = []
