@@ -22,6 +22,8 @@ from granndis_hpc.units import INT64_BYTES as I64
 from .zoo_stacks import EdgeEstimate, GATEstimate
 
 DEFAULT_RELATIONS = 8
+# Edges per chunk of R-GAT's attention-weight gradient (nn/edge_sparse.py's _CHUNK).
+EDGE_CHUNK = 1 << 14
 
 
 def relations(m) -> int:
@@ -135,8 +137,15 @@ class RGATEstimate(ProjectedInput, GATEstimate):
         return b, w + R * 2 * hc * F32
 
     def edge_transient(self, lr, m, layer, win, wout):
+        """One relation at a time (autograd's backward finishes a relation's chain before the next's):
+        three [E, H] tensors (the forward's logits, their rows' maxima and difference; the backward's
+        weights' gradient, its copy in source order and the exponential's gradient), counted over all
+        the layer's edges as the largest relation's share is not known here; the per-head copy of the
+        projected rows [H, n_src, C] that the weighted sum's products read; and the backward's chunk of
+        gathered rows and output gradients, 2 x [EDGE_CHUNK, H C] (nn/edge_sparse.py)."""
         heads, c = self._per_head(m, layer)
-        return 2 * lr.nnz * c * F32  # the backward's per-head gathers at the edges
+        chunk = min(lr.nnz, EDGE_CHUNK)
+        return (3 * lr.nnz * heads + lr.n_src * heads * c + 2 * chunk * heads * c) * F32
 
 
 RGCN_ESTIMATE = RGCNEstimate()

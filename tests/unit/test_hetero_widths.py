@@ -160,3 +160,23 @@ def test_memory_model_counts_the_projection(typed, model, options):
     net = build_model(model, graph.num_features, 8, 3, 2, types=types, **options)
     assert spec.estimator.parameters(spec) == sum(p.numel() for p in net.parameters())
     assert spec.estimator.all_widths(spec)[0][0] == options.get("project", 8)
+
+
+def test_rgat_edge_transient_counts_one_relations_logits_the_head_copy_and_one_gradient_chunk():
+    """R-GAT's per-edge transient: three [E, H] float32 tensors, the projected rows' per-head copy
+    [H, n_src, C] and the backward's two gathered chunks [chunk, H C] (nn/edge_sparse.py's chunk), not
+    the gathered [E, C] rows per head."""
+    from granndis_hpc import memory_model as mm
+    from granndis_hpc.memory_model.hetero_stacks import EDGE_CHUNK, RGAT_ESTIMATE
+    from granndis_hpc.nn.edge_sparse import _CHUNK
+
+    assert EDGE_CHUNK == _CHUNK
+    spec = mm.ModelSpec("rgat", 32, 16, 5, 3, 0.0, relations=4, options={"heads": 3})
+    for nnz in (1000, 200_000):
+        lr = mm.LayerRows(n_own_in=700, n_halo=300, n_dst=700, nnz=nnz, n_send=50)
+        n_src, heads, c = 1000, 3, 16
+        expected = 4 * (3 * nnz * heads + heads * n_src * c + 2 * min(nnz, 16384) * heads * c)
+        assert RGAT_ESTIMATE.edge_transient(lr, spec, 0, 32, 48) == expected
+        # the last conv: out_heads (1) heads of the classes
+        expected = 4 * (3 * nnz + n_src * 5 + 2 * min(nnz, 16384) * 5)
+        assert RGAT_ESTIMATE.edge_transient(lr, spec, 2, 48, 5) == expected
