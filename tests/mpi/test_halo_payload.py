@@ -23,10 +23,17 @@ def _run(shards, payload, rps, model="sage", route="direct", no_overlap=True):
     """Logits before training, parameters after EPOCHS with dropout and the evaluation's accuracies."""
     trainer = make_trainer(shards, "fb", model, 3, epochs=EPOCHS, dropout=0.5, seed=3, halo_payload=payload,
                            ranks_per_server=rps, no_overlap=no_overlap, halo_route=route)
+    (logits, params, scores), used = _trained(trainer)
+    return logits, params, scores, used
+
+
+def _trained(trainer):
+    """(logits before training, parameters after it, scores) and which world layers sent partials; closes
+    the trainer."""
     try:
         logits, params, scores = logits_then_training(trainer)
         used = [bool(u.any()) for u in trainer.world_view.payload.use] if trainer.world_view.payload else []
-        return logits, params, scores, used
+        return (logits, params, scores), used
     finally:
         trainer.close()
 
@@ -126,6 +133,19 @@ def _pair_counts(cora, owner, server):
     return rows, partials, once
 
 
+
+def _server_pairs(rows, partials, server, once=None):
+    """Per ordered server pair (s sends, t reads): the rows that cross (once per reading rank from the
+    [reader, source] counts, or once per reading server from `once` where given) and the partial rows."""
+    pairs = []
+    for s in np.unique(server):
+        for t in np.unique(server):
+            if s != t:
+                reading = (server[:, None] == t) & (server[None, :] == s)
+                crossing = rows[reading].sum() if once is None else once[t, server == s].sum()
+                pairs.append((int(crossing), int(partials[reading].sum())))
+    return pairs
+
 @pytest.mark.parametrize("route", ["direct", "per-server"])
 def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes, route):
     # Blocking (--no-overlap) each payload, and overlapped (the default) those that send partials.
@@ -148,13 +168,7 @@ def test_ledger_bytes_equal_the_partition_count(cora, cora_shapes, route):
     across = server[:, None] != server[None, :]  # [reader, source]
     # Per ordered server pair (s sends, t reads): the rows that cross (once per reading rank on the direct
     # route, once per reading server on the per-server one) and the partial rows.
-    pairs = []
-    for s in np.unique(server):
-        for t in np.unique(server):
-            if s != t:
-                reading = (server[:, None] == t) & (server[None, :] == s)
-                crossing = once[t, server == s].sum() if route == "per-server" else rows[reading].sum()
-                pairs.append((int(crossing), int(partials[reading].sum())))
+    pairs = _server_pairs(rows, partials, server, once if route == "per-server" else None)
     # Layer 0 reads the input features (their halo exchanged once at set-up); layer 1 is 16 -> 16 wide
     # (messages 16), layer 2 16 -> 7 (messages 7); forward and backward, float32.
     widths = [(HIDDEN, HIDDEN), (HIDDEN, 7)]

@@ -8,12 +8,11 @@ Bytes: the ledger's inter-server halo bytes of one epoch equal counts computed h
 the partition with NumPy for the world view's layers only (the preloaded layers send nothing between
 servers), the choice of 'smaller' made here; the intra-server bytes are those of rows.  Refused where
 no layer runs on the world view (k = L) and in the other modes."""
-import numpy as np
 import pytest
 from mpi4py import MPI
 
-from tests.mpi.conftest import logits_then_training, make_trainer
-from tests.mpi.test_halo_payload import _check_equal, _measure_payloads, _pair_counts
+from tests.mpi.conftest import make_trainer
+from tests.mpi.test_halo_payload import _check_equal, _measure_payloads, _pair_counts, _server_pairs, _trained
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -23,12 +22,7 @@ EPOCHS, HIDDEN = 2, 16
 def _run(shards, payload, k, no_overlap):
     trainer = make_trainer(shards, "flx", "sage", 3, epochs=EPOCHS, dropout=0.5, seed=3, halo_payload=payload,
                            preloaded_layers=k, ranks_per_server=2, no_overlap=no_overlap)
-    try:
-        logits, params, scores = logits_then_training(trainer)
-        used = [bool(u.any()) for u in trainer.world_view.payload.use] if trainer.world_view.payload else []
-        return (logits, params, scores), used
-    finally:
-        trainer.close()
+    return _trained(trainer)
 
 
 @pytest.mark.parametrize("k,payload", [(1, "partial"), (1, "smaller"), (2, "partial")])
@@ -54,12 +48,7 @@ def test_flx_ledger_bytes_equal_the_partition_count(cora, cora_shapes):
                                                  halo_payload=payload, preloaded_layers=k,
                                                  no_overlap=no_overlap, halo_route="direct"))
     rows, partials, _ = _pair_counts(cora, owner, server)
-    pairs = []
-    for s in np.unique(server):
-        for t in np.unique(server):
-            if s != t:
-                reading = (server[:, None] == t) & (server[None, :] == s)
-                pairs.append((int(rows[reading].sum()), int(partials[reading].sum())))
+    pairs = _server_pairs(rows, partials, server)
     # The world view runs layers 1 (16 -> 16, messages 16) and 2 (16 -> 7, messages 7); forward and
     # backward, float32.  Layer 0 runs on the preload: no inter-server bytes.
     widths = [(HIDDEN, HIDDEN), (HIDDEN, 7)]

@@ -9,13 +9,12 @@ blocking (--no-overlap) and overlapped (both against rows, blocking); with an in
 rows then travel every pass) layer 0 sends partials too; in flx with k = 2 < L the last layer sends
 them (against flx with rows).  Bytes: the ledger's inter- and intra-server halo bytes of one epoch equal
 counts computed here from the graph and the partition with NumPy, the choice of 'smaller' made here."""
-import numpy as np
 import pytest
 from mpi4py import MPI
 
 from tests.hetero_graphs import typed_graph
-from tests.mpi.conftest import build_sets_on_rank0, logits_then_training, make_trainer
-from tests.mpi.test_halo_payload import _check_equal, _measure_payloads, _pair_counts
+from tests.mpi.conftest import build_sets_on_rank0, make_trainer
+from tests.mpi.test_halo_payload import _check_equal, _measure_payloads, _pair_counts, _server_pairs, _trained
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
@@ -40,12 +39,7 @@ def _run(shards, payload, rps, no_overlap, options=("num_bases=2",), k=None):
     trainer = make_trainer(shards, mode, "rgcn", LAYERS, hidden=HIDDEN, epochs=EPOCHS, dropout=0.5, seed=3,
                            halo_payload=payload, ranks_per_server=rps, no_overlap=no_overlap,
                            model_option=list(options), eval_every=1, **extra)
-    try:
-        logits, params, scores = logits_then_training(trainer)
-        used = [bool(u.any()) for u in trainer.world_view.payload.use] if trainer.world_view.payload else []
-        return (logits, params, scores), used
-    finally:
-        trainer.close()
+    return _trained(trainer)
 
 
 # (ranks per server, payload, model options, flx's preloaded layers or None for fb): layer 0 reads the
@@ -82,12 +76,7 @@ def test_rgcn_ledger_bytes_equal_the_partition_count(typed, typed_shapes):
                                                        halo_route="direct"))
     rows, partials, _ = _pair_counts(typed, owner, server)
     across = server[:, None] != server[None, :]  # [reader, source]
-    pairs = []
-    for s in np.unique(server):
-        for t in np.unique(server):
-            if s != t:
-                reading = (server[:, None] == t) & (server[None, :] == s)
-                pairs.append((int(rows[reading].sum()), int(partials[reading].sum())))
+    pairs = _server_pairs(rows, partials, server)
     # Layers 1 (8 -> 8) and 2 (8 -> 4 classes): rows at the input width, a partial row at the output width
     # (R-GCN projects each relation's mean before it is sent); forward and backward, float32.
     classes = int(typed.num_classes)
