@@ -194,6 +194,11 @@ class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
                                        help="the link between servers in bits/s, e.g. 10gbit: adds each option's "
                                             "predicted epoch seconds (the compute rate measured on this machine) and "
                                             "recommends the fastest that fits, as --mode auto's --auto-rule time does")
+    inter_both_rate: Optional[str] = option(
+        None, parse=rate_text, metavar="RATE", group="predicted epoch time",
+        help="the link between servers in bits/s each way while both servers send at once, as the halo "
+             "exchanges and the gradient all-reduce do, e.g. 5gbit where both directions share one budget "
+             "(default: --inter-rate, a full-duplex link; --mode auto measures it at start-up)")
     intra_rate: Optional[str] = option(None, parse=rate_text, metavar="RATE", group="predicted epoch time",
                                        help="the links inside a server in bits/s, e.g. 100gbit (default: --inter-rate)")
     json: Optional[str] = option(None, metavar="PATH", help="also write the options and the decision as JSON")

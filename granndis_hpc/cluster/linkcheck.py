@@ -171,6 +171,8 @@ def link_check_text(links: dict, rounds: Optional[dict] = None) -> str:
         # (a record without paths was timed with small MPI all-to-alls, before the run's own exchanges were)
         how = (f"of the run's own exchanges after compute, world {rounds['world_path']}, server "
                f"{rounds['server_path']}" if "world_path" in rounds else "small exchanges after compute")
+        if "gradient_path" in rounds:
+            how += f", gradient {rounds['gradient_path']}"
         text += (f"; a round (mean of {rounds['repeats']} {how}, the slowest rank's): world "
                  f"{rounds['world_round_s'] * 1e3:.3g} ms, server {rounds['server_round_s'] * 1e3:.3g} ms, "
                  f"gradient all-reduce {rounds['allreduce_s'] * 1e3:.3g} ms")

@@ -5,9 +5,11 @@ forward and backward -- a fixed time beyond its bytes, and every optimizer step 
 round.  A round is what the training step pays: the Communicator's world exchange (Isend/Irecv between
 servers, the server's part beside it; overlapped, posted with a progress thread and completed after
 compute, unless --no-overlap), the server group's exchange (blocking unless --overlap-halos all) and the
-hierarchical all-reduce (reduce in the server, leaders' all-reduce, broadcast).  On a machine whose
-cores the ranks share, such a round costs what the operating system's scheduler makes it cost: it
-completes only once every rank has run after every rank has posted, and a rank that waits
+hierarchical all-reduce (reduce in the server, leaders' all-reduce, broadcast): overlapped as
+cluster/gradsync.py runs it (a bucket posted with `reduce_flat_start`, moved on by the polls of the
+backward's gradient hooks, completed after the backward), or blocking (`allreduce_`) under --no-overlap.
+On a machine whose cores the ranks share, such a round costs what the operating system's scheduler makes
+it cost: it completes only once every rank has run after every rank has posted, and a rank that waits
 (MPI_Waitall spins unless Open MPI was told to yield) competes for the cores with those still computing.
 The check runs the engine's own calls, not MPI's collectives, so that what the run's path adds (its
 progress threads, the all-reduce's three stages) is in the price, with a round's smallest payload: one
@@ -16,13 +18,16 @@ row of ROW_FLOATS float32 to every peer (the bytes are priced apart).
 `measure_exchange_rounds` times rounds of the three, interleaved (they see the same load), each entered
 from a burst of compute (a millisecond of matrix products, as a layer computes between two exchanges);
 an overlapped round is its posting plus its wait, with a second burst between them (the compute the
-exchange hides), as the ledger counts the exchange's time.  It runs up to `repeats` of them, and stops
-after MIN_ROUNDS once BUDGET_S has passed on any rank: the all-reduce round carries that flag (a sum
-every rank reads alike), so every rank stops after the same round without a message of its own (on 2
-cores shared by 4 ranks and other jobs, load 17-27, rounds of 30-200 ms: 3-4 rounds, 1-5 s).  The
-slowest rank's mean is kept: a round waits for the last rank.  Its bytes go to a scratch ledger, so the
-run's ledger starts empty.  Collective over the world: every rank calls it with the same arguments; it
-raises nothing that one rank alone could raise (every input is checked before the first message).
+exchange hides), as the ledger counts the exchange's time; an overlapped all-reduce's burst is cut by a
+poll after each of its products, as the backward's hooks poll the posted buckets between layers, and the
+polls count in the round (the gradient's bytes are priced apart, with the backward they hide behind:
+memory_model/epoch_time.py).  It runs up to `repeats` of them, and stops after MIN_ROUNDS once BUDGET_S
+has passed on any rank: the all-reduce round carries that flag (a sum every rank reads alike), so every
+rank stops after the same round without a message of its own (on 2 cores shared by 4 ranks and other
+jobs, load 17-27, rounds of 30-200 ms: 3-4 rounds, 1-5 s).  The slowest rank's mean is kept: a round
+waits for the last rank.  Its bytes go to a scratch ledger, so the run's ledger starts empty.  Collective
+over the world: every rank calls it with the same arguments; it raises nothing that one rank alone could
+raise (every input is checked before the first message).
 """
 from __future__ import annotations
 
@@ -41,10 +46,17 @@ ROW_FLOATS = 16  # one row of 64 bytes to every peer: a round, not a transfer
 _BURST = np.random.default_rng(0).standard_normal((192, 192))
 
 
-def burst() -> None:
-    """A millisecond of compute (four 192 x 192 products), as a layer computes between two exchanges."""
+def burst(between=None) -> float:
+    """A millisecond of compute (four 192 x 192 products), as a layer computes between two exchanges;
+    `between` (a pending exchange's poll) runs after each product: returns the seconds it took."""
+    spent = 0.0
     for _ in range(4):
         _BURST @ _BURST
+        if between is not None:
+            t0 = time.perf_counter()
+            between()
+            spent += time.perf_counter() - t0
+    return spent
 
 
 def _exchange_round(start, exchange, size: int, device, overlapped: bool):
@@ -68,13 +80,29 @@ def _exchange_round(start, exchange, size: int, device, overlapped: bool):
     return posted if overlapped else blocking
 
 
+def _allreduce_round(comm, flat: torch.Tensor, overlapped: bool):
+    """One gradient all-reduce round of `flat` (summed in place): (its seconds, the sum)."""
+    if not overlapped:
+        t0 = time.perf_counter()
+        comm.allreduce_([flat], phase="gradient")
+        return time.perf_counter() - t0, flat
+    t0 = time.perf_counter()
+    pending = comm.reduce_flat_start(flat, "gradient")  # posted by the bucket's last gradient hook
+    posting = time.perf_counter() - t0
+    polls = burst(pending.poll)  # the backward's earlier layers, each hook polling the posted bucket
+    t1 = time.perf_counter()
+    out = pending.wait()  # GradientSync.finish()
+    return posting + polls + time.perf_counter() - t1, out
+
+
 def measure_exchange_rounds(comm, world_overlapped: bool = True, server_overlapped: bool = False,
-                            repeats: int = ROUNDS) -> dict:
-    """{world_round_s, server_round_s, allreduce_s, repeats, seconds, world_path, server_path}: the mean
-    seconds of a round of the world exchange, of the server exchange (0 with one rank per server) and of
-    the gradient all-reduce on `comm` (a Communicator), on the paths the run takes (`*_overlapped`:
-    posted and completed after compute, else blocking), the slowest rank's; `repeats`: the rounds timed
-    (MIN_ROUNDS to `repeats`, the same on every rank).  Collective over the world."""
+                            repeats: int = ROUNDS, gradient_overlapped: bool = True) -> dict:
+    """{world_round_s, server_round_s, allreduce_s, repeats, seconds, world_path, server_path,
+    gradient_path}: the mean seconds of a round of the world exchange, of the server exchange (0 with one
+    rank per server) and of the gradient all-reduce on `comm` (a Communicator), on the paths the run takes
+    (`*_overlapped`: posted and completed after compute, else blocking; the run's --no-overlap turns all
+    three to blocking), the slowest rank's; `repeats`: the rounds timed (MIN_ROUNDS to `repeats`, the same
+    on every rank).  Collective over the world."""
     repeats = int(repeats)
     if repeats < MIN_ROUNDS:
         raise ValueError(f"repeats must be at least {MIN_ROUNDS}, got {repeats}")
@@ -90,9 +118,8 @@ def measure_exchange_rounds(comm, world_overlapped: bool = True, server_overlapp
         def allreduce(stop: bool):
             flat.zero_()
             flat[0] = float(stop)
-            t0 = time.perf_counter()
-            comm.allreduce_([flat], phase="gradient")
-            return time.perf_counter() - t0, float(flat[0]) > 0  # stop: some rank's budget has passed
+            seconds, total = _allreduce_round(comm, flat, gradient_overlapped)
+            return seconds, float(total[0]) > 0  # stop: some rank's budget has passed
         groups = [world] + ([server] if topo.ranks_per_server > 1 else [])
         for fn in groups:  # untimed: opens the connections
             fn()
@@ -116,4 +143,5 @@ def measure_exchange_rounds(comm, world_overlapped: bool = True, server_overlapp
     return {"world_round_s": float(slowest[0]), "server_round_s": float(slowest[1]),
             "allreduce_s": float(slowest[2]), "repeats": done, "seconds": float(slowest[3]),
             "world_path": "overlapped" if world_overlapped else "blocking",
-            "server_path": "overlapped" if server_overlapped else "blocking"}
+            "server_path": "overlapped" if server_overlapped else "blocking",
+            "gradient_path": "overlapped" if gradient_overlapped else "blocking"}

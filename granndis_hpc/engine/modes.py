@@ -335,7 +335,8 @@ class Automatic(Mode):
             # collective: what an exchange round and a gradient round cost on the paths this run takes
             rounds = measure_exchange_rounds(comm, world_overlapped=not cfg.no_overlap,
                                              server_overlapped=not cfg.no_overlap
-                                             and "server" in OVERLAP_HALOS[cfg.overlap_halos])
+                                             and "server" in OVERLAP_HALOS[cfg.overlap_halos],
+                                             gradient_overlapped=not cfg.no_overlap)
             measured = self._compute_rate(topo, paths[0], model_kw, errors)
             # cob's co-batch set-up (a sampled mode: not with --auto-modes exact); collective
             setup = (cobsetup.measure(cfg, paths[0], topo) if cfg.auto_modes != "exact"

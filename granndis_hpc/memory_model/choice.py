@@ -280,7 +280,9 @@ def _baseline(o: Option) -> bool:
 
 
 def _terms(p: Dict[str, float]) -> str:
-    return (f"compute {p['compute_s']:.3g}, inter-server {p['inter_s']:.3g}, intra-server {p['intra_s']:.3g}, "
+    hidden = p.get("gradient_hidden_s", 0.0)  # the gradient's seconds the backward hides (epoch_time.py)
+    inter = f"{p['inter_s']:.3g}" + (f" after {hidden:.3g} of the gradient's hidden by the backward" if hidden else "")
+    return (f"compute {p['compute_s']:.3g}, inter-server {inter}, intra-server {p['intra_s']:.3g}, "
             f"fixed {p.get('fixed_s', 0.0):.3g}")
 
 
@@ -298,8 +300,8 @@ def _margin_text(fastest: Option, base: Option, margin: float, name) -> Tuple[bo
 def choose_by_time(options: Sequence[Option], budget_bytes: int, rates: Rates, exact_only: bool = False,
                    margin: float = BASELINE_MARGIN) -> Decision:
     """Among the options whose estimated peak fits the budget (only the exact ones with `exact_only`),
-    the one of the shortest predicted epoch (memory_model/epoch_time.py: the additive model, an upper
-    bound); equal predictions go by GraNNDis' order (`preference`).  The baseline (fb) is kept unless
+    the one of the shortest predicted epoch (memory_model/epoch_time.py: the additive model less the
+    gradient's hidden part); equal predictions go by GraNNDis' order (`preference`).  The baseline (fb) is kept unless
     the fastest is predicted faster by more than `margin` (a share of fb's prediction).  Every option
     is priced, for the table; a dominated one (`drop_dominated`: no less memory, no fewer inter-server
     bytes, and as many rows) is not considered."""
@@ -323,7 +325,7 @@ def choose_by_time(options: Sequence[Option], budget_bytes: int, rates: Rates, e
     lead = (f"{name(best)} has the shortest predicted epoch of the options that fit" if best is fits[0]
             else f"{name(best)} is chosen among the options that fit")
     why = (f"{lead} {format_size(budget_bytes)} per GPU: {p['total_s']:.3g} s ({_terms(p)}; the additive model, "
-           f"which overlap only lowers)")
+           f"which overlapping the halo exchanges only lowers)")
     if said:
         why += "; " + said
     runner = next((o for o in fits if o is not best), None)

@@ -21,24 +21,39 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   exchange is simultaneous both ways.  The bytes both directions carry at once move at inter_both_Bps
   (the rate each way with both leaders sending, measured at start-up: the one-way rate on a
   full-duplex link, about half of it where the two directions share one budget), the rest at
-  inter_Bps; the busiest server's seconds are charged;
+  inter_Bps; the busiest server's seconds are charged, less the gradient's hidden part (below);
+- the gradient's overlap: a run that overlaps (all modes but under --no-overlap: ModelSpec.overlap is
+  not empty) reduces its gradient in buckets while the backward computes the earlier layers
+  (cluster/gradsync.py), so the gradient's share of the inter-server seconds (what the busiest server's
+  seconds fall by without the all-reduce's bytes) is hidden behind the backward up to the backward's
+  duration, and only the excess is charged.  The backward is the compute term's backward share: a
+  projection's backward is two of its three products of one size (the input's gradient and the
+  weight's), an aggregation's one of its two (the transposed product), so ROW_BACKWARD and
+  EDGE_BACKWARD of the row and edge seconds, per segment the slowest rank's, times compute_scale.  For
+  the gradient this is a lower bound: the bucket of the first layer's parameters is final only when
+  the backward ends (report/linkmodel.py charges it for a run that has been measured), the share
+  counts an input gradient the first layer does not compute, and the buckets move only while the
+  backward's hooks poll them; a blocking run (--no-overlap) is charged the whole gradient;
 - intra-server: the busiest rank's intra-server halo bytes over intra_Bps;
 - fixed: what a step costs beyond rows, edges and bytes: every exchange round (an exchanging layer,
   forward and backward: world_round_s on the world group, server_round_s inside a server, as the
   start-up check times the run's own exchanges, overlapped or blocking as the run makes them:
-  cluster/roundcheck.py) and every optimizer step (step_s: the
-  optimizer and the step's fixed compute, from the same calibration, plus a gradient all-reduce
-  round), and for cob every co-batch's set-up (sampling it, splitting it over the server's GPUs,
+  cluster/roundcheck.py) and every optimizer step (step_s: the optimizer and the step's fixed compute,
+  from the same calibration, plus a gradient all-reduce round, timed on the run's path too: a bucket's
+  posting, its polls and its wait after compute where the run overlaps the gradient, else the blocking
+  all-reduce), and for cob every co-batch's set-up (sampling it, splitting it over the server's GPUs,
   planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of the busiest rank's
   co-batch, as engine/cobsetup.py times it on the job's graph at start-up; the loader builds a co-batch
   while the previous step computes, which hides it only where the host has cores to spare);
 all times the co-batches per epoch (cob's rows are one co-batch's, each co-batch a step with its own
-rounds).  The total is their sum: the additive model, an upper bound that overlapping the exchanges
-with compute only lowers (report/linkmodel.py models the overlap of a run that has been measured).
+rounds).  The total is their sum: the additive model with the gradient's overlap credited, an upper
+bound in its halo terms, which overlapping the halo exchanges with compute only lowers
+(report/linkmodel.py models the overlap of a run that has been measured), and a lower bound in its
+gradient term where the run overlaps the gradient (above).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Optional, Sequence
 
 import numpy as np
@@ -46,6 +61,11 @@ import numpy as np
 from granndis_hpc.units import FLOAT32_BYTES as F32
 
 from .estimate import ModelSpec, RankRows, rank_halo_bytes
+
+# The backward's share of a layer's kernels (module docstring): a projection's backward is two products
+# of the forward's size (the input's gradient and the weight's), an aggregation's one (the transpose's).
+ROW_BACKWARD = 2.0 / 3.0
+EDGE_BACKWARD = 1.0 / 2.0
 
 
 @dataclass(frozen=True)
@@ -79,7 +99,9 @@ class Work:
     exchanges (None: one segment, the per-rank totals).  inter_back_bytes: per server, the bytes its link
     carries the other way while its inter_bytes cross (None: nothing, a one-way transfer).  cobatches:
     the co-batches set up per epoch; cobatch_rows: their rows (the busiest rank's per co-batch, times
-    their number)."""
+    their number).  grad_bytes: per server, the gradient all-reduce's bytes within inter_bytes and, the
+    same, within inter_back_bytes (None: none); grad_overlapped: the run reduces them during the backward
+    (module docstring)."""
 
     row_units: np.ndarray  # per rank: sum over layers of n_dst x w_in x w_out
     edge_units: np.ndarray  # per rank: sum over layers of nnz x w_in
@@ -94,6 +116,8 @@ class Work:
     inter_back_bytes: Optional[np.ndarray] = None
     cobatches: int = 0
     cobatch_rows: float = 0.0
+    grad_bytes: Optional[np.ndarray] = None
+    grad_overlapped: bool = False
 
 
 def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
@@ -135,7 +159,8 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
                 inter_back_bytes=b * (back + grad_per_server),
                 cobatches=int(cobatches), cobatch_rows=float(int(cobatches) * n_dst.sum(axis=1).max(initial=0.0)),
                 rows_computed=int(b * n_dst.sum()), world_rounds=2 * b * world, server_rounds=2 * b * inside,
-                steps=b, segment_row_units=(row_layer @ onehot).T, segment_edge_units=(edge_layer @ onehot).T)
+                steps=b, segment_row_units=(row_layer @ onehot).T, segment_edge_units=(edge_layer @ onehot).T,
+                grad_bytes=np.full(int(servers), b * grad_per_server), grad_overlapped=bool(m.overlap))
 
 
 def _wire(nbytes: float, rate: Optional[float], link: str) -> float:
@@ -161,24 +186,42 @@ def inter_seconds(w: Work, rates: Rates) -> float:
     return float(max(per_server))
 
 
-def compute_seconds(w: Work, rates: Rates) -> float:
-    """The compute of `w` (module docstring): per segment the slowest rank, summed, times compute_scale."""
+def compute_seconds(w: Work, rates: Rates, row_share: float = 1.0, edge_share: float = 1.0) -> float:
+    """The compute of `w` (module docstring): per segment the slowest rank, summed, times compute_scale;
+    `row_share`, `edge_share`: the part of the row and edge seconds counted (the backward's: ROW_BACKWARD,
+    EDGE_BACKWARD)."""
+    row_s, edge_s = rates.row_s * row_share, rates.edge_s * edge_share
     if w.segment_row_units is None or w.segment_edge_units is None:
-        per_segment = (w.row_units * rates.row_s + w.edge_units * rates.edge_s)[None, :]
+        per_segment = (w.row_units * row_s + w.edge_units * edge_s)[None, :]
     else:
-        per_segment = w.segment_row_units * rates.row_s + w.segment_edge_units * rates.edge_s
+        per_segment = w.segment_row_units * row_s + w.segment_edge_units * edge_s
     return float(rates.compute_scale * np.max(per_segment, axis=1, initial=0.0).sum())
 
 
+def gradient_hidden_seconds(w: Work, rates: Rates) -> float:
+    """The inter-server seconds of `w`'s gradient that its backward hides (module docstring): 0 for a
+    blocking run, else the gradient's share of the busiest server's inter-server seconds, at most the
+    backward's compute seconds."""
+    if not w.grad_overlapped or w.grad_bytes is None or float(np.max(w.grad_bytes, initial=0.0)) <= 0:
+        return 0.0
+    grad = np.asarray(w.grad_bytes, dtype=np.float64)
+    back = None if w.inter_back_bytes is None else np.asarray(w.inter_back_bytes, dtype=np.float64) - grad
+    halo_only = replace(w, inter_bytes=np.asarray(w.inter_bytes, dtype=np.float64) - grad, inter_back_bytes=back)
+    gradient = inter_seconds(w, rates) - inter_seconds(halo_only, rates)
+    return float(max(0.0, min(gradient, compute_seconds(w, rates, ROW_BACKWARD, EDGE_BACKWARD))))
+
+
 def seconds(w: Work, rates: Rates) -> Dict[str, float]:
-    """{compute_s, inter_s, intra_s, fixed_s, total_s}: the additive model of `w`'s epoch (an upper bound)."""
+    """{compute_s, inter_s, intra_s, fixed_s, total_s, gradient_hidden_s}: the additive model of `w`'s
+    epoch; inter_s is charged less gradient_hidden_s, the gradient's seconds its backward hides."""
     compute = compute_seconds(w, rates)
-    inter = inter_seconds(w, rates)
+    hidden = gradient_hidden_seconds(w, rates)
+    inter = inter_seconds(w, rates) - hidden
     intra = _wire(float(np.max(w.intra_bytes, initial=0.0)), rates.intra_Bps, "intra-server")
     fixed = (w.steps * rates.step_s + w.world_rounds * rates.world_round_s + w.server_rounds * rates.server_round_s
              + w.cobatches * rates.cobatch_s + w.cobatch_rows * rates.cobatch_row_s)
     return {"compute_s": compute, "inter_s": inter, "intra_s": intra, "fixed_s": float(fixed),
-            "total_s": compute + inter + intra + float(fixed)}
+            "total_s": compute + inter + intra + float(fixed), "gradient_hidden_s": hidden}
 
 
 def predict(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: int, rates: Rates) -> dict:

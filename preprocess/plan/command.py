@@ -218,10 +218,25 @@ def check_writable(path: str) -> None:
         raise PlanError(f"--json {path}: not writable (permission denied or read-only); choose another path")
 
 
+def check_both_rate(args) -> None:
+    """PlanError unless --inter-both-rate comes with --inter-rate and is at most it (a link carries no
+    more one way while the other way is busy too)."""
+    both = getattr(args, "inter_both_rate", None)
+    if both is None:
+        return
+    if args.inter_rate is None:
+        raise PlanError(f"--inter-both-rate {both} is the link between servers with both sending at once: give "
+                        f"--inter-rate (its rate one way) with it")
+    if parse_rate(both) > parse_rate(args.inter_rate):
+        raise PlanError(f"--inter-both-rate {both} is more than --inter-rate {args.inter_rate}: a link carries no "
+                        f"more one way while the other way is busy too; give at most --inter-rate (a full-duplex "
+                        f"link: leave --inter-both-rate out)")
+
+
 def planned_rates(group, args, m: mm.ModelSpec, graph) -> Optional[mm.Rates]:
-    """--inter-rate (and --intra-rate): the links given, with the compute rate measured and calibrated on
-    this machine's first GPU, else its CPU (rank 0's, shared; the exchange rounds' fixed cost needs the
-    cluster and is not priced); None without --inter-rate."""
+    """--inter-rate (and --inter-both-rate, --intra-rate): the links given, with the compute rate measured
+    and calibrated on this machine's first GPU, else its CPU (rank 0's, shared; the exchange rounds' fixed
+    cost needs the cluster and is not priced); None without --inter-rate."""
     if args.inter_rate is None:
         return None
     rates = None
@@ -237,8 +252,10 @@ def planned_rates(group, args, m: mm.ModelSpec, graph) -> Optional[mm.Rates]:
             cal = compute_rate.calibrate(m, degree, device, row_s, edge_s)
         except (ValueError, TypeError, RuntimeError, NotImplementedError):
             cal = {"compute_scale": 1.0, "step_s": 0.0}
+        both = getattr(args, "inter_both_rate", None)
         rates = mm.Rates(parse_rate(args.inter_rate), parse_rate(args.intra_rate or args.inter_rate), row_s, edge_s,
-                         compute_scale=cal["compute_scale"], step_s=cal["step_s"])
+                         compute_scale=cal["compute_scale"], step_s=cal["step_s"],
+                         inter_both_Bps=None if both is None else parse_rate(both))
     return group.bcast_object(rates)
 
 
@@ -255,6 +272,7 @@ def cmd_plan(args, argv) -> int:
             _budget(args.memory_per_rank)  # a bad size fails here, on every rank
             if args.build_ranks is not None and args.build_ranks < 1:
                 raise PlanError(f"--build-ranks must be >= 1 (got {args.build_ranks})")
+            check_both_rate(args)
             if args.json:
                 check_writable(args.json)  # before the work, not after printing the table
         with group.errors("opening the dataset"):

@@ -47,7 +47,7 @@ def test_the_check_states_its_trials_and_the_rounds_cost(cluster):
     assert (rounds["server_round_s"] > 0) == (topo.ranks_per_server > 1)
     text = linkcheck.link_check_text(links, rounds)
     assert text.startswith("link check: ") and "gradient all-reduce" in text
-    assert "world overlapped, server blocking" in text
+    assert "world overlapped, server blocking, gradient overlapped" in text
     assert ("no inter-server link" in text) == (topo.servers == 1)
     assert ("both ways at once" in text) == (topo.servers > 1)
 
@@ -59,13 +59,17 @@ def test_the_rounds_run_on_the_run_s_paths_and_leave_its_ledger_alone(cluster, m
     before = ledger.snapshot()
     # no time budget: every rank stops after the fewest rounds, together (the all-reduce carries the flag)
     monkeypatch.setattr(roundcheck, "BUDGET_S", 0.0)
-    for world, server in ((False, False), (True, True)):
-        rounds = roundcheck.measure_exchange_rounds(comm, world_overlapped=world, server_overlapped=server,
-                                                    repeats=roundcheck.ROUNDS)
+    # (the gradient's overlapped round is GradientSync's bucket: posted, polled, waited for; its sum carries
+    # the flag, so stopping together checks it too)
+    for overlapped in (False, True):
+        rounds = roundcheck.measure_exchange_rounds(comm, world_overlapped=overlapped, server_overlapped=overlapped,
+                                                    repeats=roundcheck.ROUNDS, gradient_overlapped=overlapped)
         assert rounds["repeats"] == roundcheck.MIN_ROUNDS
         assert WORLD.allgather(rounds) == [rounds] * WORLD.Get_size()
-        assert (rounds["world_path"], rounds["server_path"]) == (("overlapped",) * 2 if world else ("blocking",) * 2)
+        assert (rounds["world_path"], rounds["server_path"], rounds["gradient_path"]) == (
+            ("overlapped",) * 3 if overlapped else ("blocking",) * 3)
         assert rounds["world_round_s"] > 0 and (rounds["server_round_s"] > 0) == (topo.ranks_per_server > 1)
+        assert rounds["allreduce_s"] > 0
     assert comm.ledger is ledger and ledger.snapshot() == before  # the check's bytes went to a scratch ledger
     with pytest.raises(ValueError, match="repeats must be at least"):  # refused on every rank before a message
         roundcheck.measure_exchange_rounds(comm, repeats=0)

@@ -4,7 +4,9 @@ import pytest
 import granndis_hpc.memory_model as mm
 from granndis_hpc.memory_model.epoch_time import Rates, predict, seconds, work
 
-SPEC = mm.ModelSpec("sage", features=8, hidden=16, num_classes=4, layers=2)  # widths (8, 16), (16, 4)
+# widths (8, 16), (16, 4); blocking (--no-overlap): the gradient's bytes charged whole (test_gradient_overlap.py
+# prices a run that overlaps them with the backward)
+SPEC = mm.ModelSpec("sage", features=8, hidden=16, num_classes=4, layers=2, overlap=())
 RATES = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5)
 
 

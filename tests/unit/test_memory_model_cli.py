@@ -127,11 +127,12 @@ def test_plan_with_link_rates_predicts_each_epoch_and_recommends_the_fastest(tmp
     """--inter-rate / --intra-rate: every option priced (the compute rate measured here), the time rule's
     recommendation; a slow link between servers favours the deepest preload, which sends no halo rows."""
     rc, res = _plan(tmp_path, "--memory-per-gpu", "1GiB", "--inter-rate", "1mbit", "--intra-rate", "100gbit",
-                    "--no-eas")
+                    "--inter-both-rate", "0.5mbit", "--no-eas")
     text = capsys.readouterr().out
     assert rc == 0 and "epoch s" in text
     d = res["decision"]
     assert d["rule"] == "time" and d["rates"]["inter_Bps"] == 1e6 / 8 and d["rates"]["intra_Bps"] == 1e11 / 8
+    assert d["rates"]["inter_both_Bps"] == 0.5e6 / 8
     totals = {o["label"]: o["predicted_s"]["total_s"] for o in res["options"]}
     assert d["choice"]["predicted_s"]["total_s"] == min(totals.values())
     assert d["choice"]["label"] in ("flx k=3", "cob batches=2", "cob batches=4")  # no halo over the slow link
@@ -142,6 +143,8 @@ def test_plan_with_link_rates_predicts_each_epoch_and_recommends_the_fastest(tmp
     for o in res["options"]:
         p = o["predicted_s"]
         assert p["total_s"] == pytest.approx(p["compute_s"] + p["inter_s"] + p["intra_s"] + p["fixed_s"])
+    rc, _ = _plan(tmp_path, "--inter-rate", "1mbit", "--inter-both-rate", "2mbit")  # refused before the work
+    assert rc != 0 and "more than --inter-rate" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text,bytes_per_s", [("10gbit", 1.25e9), ("100Mbit", 12.5e6), ("1.5kbit", 187.5)])
