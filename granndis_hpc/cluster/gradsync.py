@@ -29,17 +29,8 @@ import torch
 
 from .comm import Communicator
 from .errors import ClusterError
-from .layout import plan_layer_buckets
+from .layout import OVERLAP_BUCKETS, plan_layer_buckets
 
-# Buckets per backward, as a byte target: total gradient bytes / OVERLAP_BUCKETS, cut at layer
-# boundaries (layout.plan_layer_buckets).  Why a count and not DDP's fixed 25 MB (or the 1 MiB this
-# replaced): our models hold 0.1-1 MB of parameters, so any fixed cap above that is one bucket, final
-# only when the backward ends, and nothing overlaps (a 2-layer model's gradient is one 92 KB bucket).  The last
-# bucket (layer 0's) is final only at the end of the backward, so about 1/OVERLAP_BUCKETS of the
-# gradient's wire time stays exposed; each bucket costs a few messages' latency (a send to the leader,
-# the leaders' pair, a broadcast) and a blocking broadcast in finish(), so the count is bounded
-# (at most 2 * OVERLAP_BUCKETS + 1) instead of one bucket per layer of a 56-layer model.
-OVERLAP_BUCKETS = 8
 
 
 def layer_of(name: str) -> str:

@@ -80,6 +80,18 @@ def plan_buckets(nbytes: Sequence[int], dtypes: Sequence, bucket_bytes: int) -> 
     return buckets
 
 
+# Buckets per backward, as a byte target: total gradient bytes / OVERLAP_BUCKETS, cut at layer
+# boundaries (plan_layer_buckets).  Why a count and not DDP's fixed 25 MB (or a 1 MiB cap): our models
+# hold 0.1-1 MB of parameters, so any fixed cap above that is one bucket, final only when the backward
+# ends, and nothing overlaps (a 2-layer model's gradient is one 92 KB bucket).  The last bucket (layer
+# 0's) is final only at the end of the backward, so about 1/OVERLAP_BUCKETS of the gradient's wire time
+# stays exposed, or layer 0's share where that is larger (memory_model/epoch_time.py prices it); each
+# bucket costs a few messages' latency (a send to the leader, the leaders' pair, a broadcast) and a
+# blocking broadcast in finish(), so the count is bounded (at most 2 * OVERLAP_BUCKETS + 1) instead of
+# one bucket per layer of a 56-layer model.
+OVERLAP_BUCKETS = 8
+
+
 def plan_layer_buckets(nbytes: Sequence[int], dtypes: Sequence, units: Sequence, target_bytes: int) -> list[list[int]]:
     """Indices of tensors per gradient bucket, for tensors listed in the order the backward makes them
     final (the last layer's first): consecutive tensors of one dtype, a bucket closed only where the

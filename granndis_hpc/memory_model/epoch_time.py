@@ -26,14 +26,16 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   not empty) reduces its gradient in buckets while the backward computes the earlier layers
   (cluster/gradsync.py), so the gradient's share of the inter-server seconds (what the busiest server's
   seconds fall by without the all-reduce's bytes) is hidden behind the backward up to the backward's
-  duration, and only the excess is charged.  The backward is the compute term's backward share: a
-  projection's backward is two of its three products of one size (the input's gradient and the
-  weight's), an aggregation's one of its two (the transposed product), so ROW_BACKWARD and
-  EDGE_BACKWARD of the row and edge seconds, per segment the slowest rank's, times compute_scale.  For
-  the gradient this is a lower bound: the bucket of the first layer's parameters is final only when
-  the backward ends (report/linkmodel.py charges it for a run that has been measured), the share
-  counts an input gradient the first layer does not compute, and the buckets move only while the
-  backward's hooks poll them; a blocking run (--no-overlap) is charged the whole gradient;
+  duration, and only the excess is charged; the last bucket's share is charged whole: the bucket of
+  the first layer's parameters is final only when the backward ends (last_bucket_share: at least
+  1/OVERLAP_BUCKETS of the gradient, the buckets' byte target, or the parameters that read the input
+  features where they are more, as on Cora's 1,433 inputs).  The backward is the compute term's
+  backward share: a projection's backward is two of its three products of one size (the input's
+  gradient and the weight's), an aggregation's one of its two (the transposed product), so
+  ROW_BACKWARD and EDGE_BACKWARD of the row and edge seconds, per segment the slowest rank's, times
+  compute_scale.  For the gradient this is a lower bound: the share counts an input gradient the first
+  layer does not compute, and the buckets move only while the backward's hooks poll them; a blocking
+  run (--no-overlap) is charged the whole gradient;
 - intra-server: the busiest rank's intra-server halo bytes over intra_Bps;
 - fixed: what a step costs beyond rows, edges and bytes: every exchange round (an exchanging layer,
   forward and backward: world_round_s on the world group, server_round_s inside a server, as the
@@ -58,6 +60,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
+from granndis_hpc.cluster.layout import OVERLAP_BUCKETS
 from granndis_hpc.units import FLOAT32_BYTES as F32
 
 from .estimate import ModelSpec, RankRows, rank_halo_bytes
@@ -100,8 +103,8 @@ class Work:
     carries the other way while its inter_bytes cross (None: nothing, a one-way transfer).  cobatches:
     the co-batches set up per epoch; cobatch_rows: their rows (the busiest rank's per co-batch, times
     their number).  grad_bytes: per server, the gradient all-reduce's bytes within inter_bytes and, the
-    same, within inter_back_bytes (None: none); grad_overlapped: the run reduces them during the backward
-    (module docstring)."""
+    same, within inter_back_bytes (None: none); grad_overlapped: the run reduces them during the backward;
+    grad_last_share: the share of them in the bucket the backward finishes last (module docstring)."""
 
     row_units: np.ndarray  # per rank: sum over layers of n_dst x w_in x w_out
     edge_units: np.ndarray  # per rank: sum over layers of nnz x w_in
@@ -118,6 +121,7 @@ class Work:
     cobatch_rows: float = 0.0
     grad_bytes: Optional[np.ndarray] = None
     grad_overlapped: bool = False
+    grad_last_share: float = 1.0
 
 
 def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
@@ -160,7 +164,22 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
                 cobatches=int(cobatches), cobatch_rows=float(int(cobatches) * n_dst.sum(axis=1).max(initial=0.0)),
                 rows_computed=int(b * n_dst.sum()), world_rounds=2 * b * world, server_rounds=2 * b * inside,
                 steps=b, segment_row_units=(row_layer @ onehot).T, segment_edge_units=(edge_layer @ onehot).T,
-                grad_bytes=np.full(int(servers), b * grad_per_server), grad_overlapped=bool(m.overlap))
+                grad_bytes=np.full(int(servers), b * grad_per_server), grad_overlapped=bool(m.overlap),
+                grad_last_share=last_bucket_share(m))
+
+
+def last_bucket_share(m: ModelSpec) -> float:
+    """The share of `m`'s gradient in the bucket the backward finishes last, which no compute hides
+    (cluster/gradsync.py): at least 1/OVERLAP_BUCKETS (the buckets' byte target), or the parameters that
+    read the input features where they are more: the parameter count less its value at input width 0,
+    extrapolated from widths 1 and 2 (the count is affine in the input widths)."""
+    def count(width: int) -> int:
+        widths = None if m.type_widths is None else (width,) * len(m.type_widths)
+        return replace(m, features=width, type_widths=widths).parameters()
+
+    total = m.parameters()
+    first = total - (2 * count(1) - count(2))
+    return float(min(1.0, max(1.0 / OVERLAP_BUCKETS, first / max(total, 1))))
 
 
 def _wire(nbytes: float, rate: Optional[float], link: str) -> float:
@@ -200,15 +219,16 @@ def compute_seconds(w: Work, rates: Rates, row_share: float = 1.0, edge_share: f
 
 def gradient_hidden_seconds(w: Work, rates: Rates) -> float:
     """The inter-server seconds of `w`'s gradient that its backward hides (module docstring): 0 for a
-    blocking run, else the gradient's share of the busiest server's inter-server seconds, at most the
-    backward's compute seconds."""
+    blocking run, else the gradient's share of the busiest server's inter-server seconds less its last
+    bucket's, at most the backward's compute seconds."""
     if not w.grad_overlapped or w.grad_bytes is None or float(np.max(w.grad_bytes, initial=0.0)) <= 0:
         return 0.0
     grad = np.asarray(w.grad_bytes, dtype=np.float64)
     back = None if w.inter_back_bytes is None else np.asarray(w.inter_back_bytes, dtype=np.float64) - grad
     halo_only = replace(w, inter_bytes=np.asarray(w.inter_bytes, dtype=np.float64) - grad, inter_back_bytes=back)
     gradient = inter_seconds(w, rates) - inter_seconds(halo_only, rates)
-    return float(max(0.0, min(gradient, compute_seconds(w, rates, ROW_BACKWARD, EDGE_BACKWARD))))
+    hideable = gradient * (1.0 - w.grad_last_share)
+    return float(max(0.0, min(hideable, compute_seconds(w, rates, ROW_BACKWARD, EDGE_BACKWARD))))
 
 
 def seconds(w: Work, rates: Rates) -> Dict[str, float]:

@@ -1,6 +1,7 @@
 """The gradient's overlap with the backward in the epoch-time model (memory_model/epoch_time.py), checked
 by hand: an overlapped run's gradient bytes on the link between servers hide behind the backward's
-compute up to its duration, a blocking run's are charged whole; and `preprocess plan --inter-both-rate`
+compute up to its duration, except the bucket the backward finishes last, a blocking run's are charged
+whole; and `preprocess plan --inter-both-rate`
 prices exactly the bytes that cross both ways at once."""
 import dataclasses
 import types
@@ -9,11 +10,14 @@ import pytest
 
 import granndis_hpc.memory_model as mm
 from granndis_hpc.memory_model import choice
-from granndis_hpc.memory_model.epoch_time import Rates, predict, seconds, work
+from granndis_hpc.memory_model.epoch_time import Rates, last_bucket_share, predict, seconds, work
 from tests.unit.test_epoch_time import _rank, _uneven
 
 OVERLAPPED = mm.ModelSpec("sage", features=8, hidden=16, num_classes=4, layers=2)  # the default: overlap on
 BLOCKING = dataclasses.replace(OVERLAPPED, overlap=())  # --no-overlap
+# SAGE's layer 0 reads the 8 input features with two [16, 8] weights: that share of the gradient is in the
+# bucket the backward finishes last, and nothing hides it
+LAST = 2 * 8 * 16 / OVERLAPPED.parameters()
 FB = [_rank(0, 3), _rank(1, 3), _rank(2, 3), _rank(3, 4)]  # 2 servers x 2 GPUs
 
 
@@ -40,20 +44,20 @@ def test_a_gradient_shorter_than_the_backward_costs_only_its_round(both):
     assert grad < backward
     p = predict(FB, OVERLAPPED, servers=2, batches=1, rates=rates)
     assert p["compute_s"] == pytest.approx(compute)
-    assert p["gradient_hidden_s"] == pytest.approx(grad)
-    assert p["inter_s"] == pytest.approx(halo)  # the gradient's bytes all hidden
+    assert p["gradient_hidden_s"] == pytest.approx(grad * (1 - LAST))
+    assert p["inter_s"] == pytest.approx(halo + grad * LAST)  # all hidden but the last bucket's bytes
     assert p["fixed_s"] == pytest.approx(0.02 + 2 * 0.003)  # its all-reduce round stays in the step's fixed cost
-    assert p["total_s"] == pytest.approx(compute + halo + p["intra_s"] + 0.026)
+    assert p["total_s"] == pytest.approx(compute + halo + grad * LAST + p["intra_s"] + 0.026)
     blocking = predict(FB, BLOCKING, servers=2, batches=1, rates=rates)
     assert blocking["inter_s"] == pytest.approx(halo + grad) and blocking["gradient_hidden_s"] == 0.0
-    assert blocking["total_s"] - p["total_s"] == pytest.approx(grad)
+    assert blocking["total_s"] - p["total_s"] == pytest.approx(grad * (1 - LAST))
 
 
 @pytest.mark.parametrize("both", [None, 600.0])
 def test_a_gradient_longer_than_the_backward_charges_the_excess(both):
     rates = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5, compute_scale=1.5, inter_both_Bps=both)
     compute, backward, halo, grad = _by_hand(rates, OVERLAPPED)
-    assert grad > backward
+    assert grad * (1 - LAST) > backward
     p = predict(FB, OVERLAPPED, servers=2, batches=1, rates=rates)
     assert p["gradient_hidden_s"] == pytest.approx(backward)
     assert p["inter_s"] == pytest.approx(halo + grad - backward)
@@ -76,8 +80,23 @@ def test_the_backward_is_each_segment_s_slowest_rank_and_scales_with_the_steps()
     for rows, back in ((fb, backward), (flx, backward_flx)):
         for batches in (1, 3):
             p = predict(rows, OVERLAPPED, servers=2, batches=batches, rates=rates)
-            assert p["gradient_hidden_s"] == pytest.approx(batches * min(grad, back))
-            assert p["inter_s"] == pytest.approx(batches * max(0.0, grad - back))
+            hidden = min(grad * (1 - LAST), back)
+            assert p["gradient_hidden_s"] == pytest.approx(batches * hidden)
+            assert p["inter_s"] == pytest.approx(batches * (grad - hidden))
+
+
+def test_the_last_bucket_is_the_first_layers_weights_or_an_eighth_of_the_gradient():
+    # Cora's SAGE: 1,433 inputs read by two [64, 1433] weights, most of the gradient
+    cora = mm.ModelSpec("sage", features=1433, hidden=64, num_classes=7, layers=3)
+    assert last_bucket_share(cora) == pytest.approx(2 * 1433 * 64 / cora.parameters())
+    assert last_bucket_share(OVERLAPPED) == pytest.approx(LAST)
+    # one input feature: its weights are a sliver, so the buckets' byte target (1/8) sets the share
+    narrow = mm.ModelSpec("sage", features=1, hidden=64, num_classes=7, layers=3)
+    assert 2 * 64 / narrow.parameters() < 1 / 8 and last_bucket_share(narrow) == pytest.approx(1 / 8)
+    # GAT's layer 0 reads them with one [heads x hidden, F] weight
+    gat = mm.ModelSpec("gat", features=1433, hidden=64, num_classes=7, layers=3)
+    heads = dict(gat.options).get("heads") or 1
+    assert last_bucket_share(gat) == pytest.approx(1433 * 64 * heads / gat.parameters())
 
 
 def test_one_server_hides_nothing():
