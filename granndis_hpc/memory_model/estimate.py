@@ -446,7 +446,7 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
                                    "preprocess/plan/induced_counts.py)")
         breakdown.update(inductive_parts(r, m, device, int(act["fresh"]) + transient))
     elif device == "cpu" and m.resident:  # the process, its slice and the heap's holes (memory_model/host.py)
-        breakdown.update(host_parts(r, int(act["fresh"]) + transient))
+        breakdown.update(host_parts(r, int(act["fresh"]) + transient, est.heap_holes))
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),
             "activation_saved": int(act["saved"]), "activation_per_layer": act["per_layer"],

@@ -19,6 +19,7 @@ from typing import Tuple
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
+from .host import HEAP_HOLES_RGAT, HEAP_HOLES_RGCN
 from .zoo_stacks import EdgeEstimate, GATEstimate
 
 DEFAULT_RELATIONS = 8
@@ -89,6 +90,8 @@ class RGCNEstimate(ProjectedInput, EdgeEstimate):
     mean over its destination type's rows [rows, win] (its projection's input; relation_rows of them per
     destination row) and, with bases, the combined weights [R, win, wout]."""
 
+    heap_holes = HEAP_HOLES_RGCN
+
     def conv_parameters(self, m, layer, win, wout):
         R, B = relations(m), m.option("num_bases")
         return (B or R) * win * wout + (R * B if B else 0) + win * wout + wout
@@ -113,6 +116,8 @@ class RGATEstimate(ProjectedInput, GATEstimate):
     the edge index, the LeakyReLU input and the exponentials [E, H] (and the dropout mask), no gathered
     rows (the weighted sum is a sparse product per head, nn/edge_sparse.py); per relation, its
     destination type's rows' weighted sum and sum of exponentials."""
+
+    heap_holes = HEAP_HOLES_RGAT
 
     def all_widths(self, m):
         T = m.layers + m.linear_layers

@@ -16,10 +16,12 @@ transductive run (an inductive one's are memory_model/induced.py's).
 - allocator: what the C heap keeps of the step beyond the step's own peak.  After set-up the engine
   keeps freed memory for reuse and serves every block from the heap (engine/hostmem.py: no mmap), and
   the heap then holds the step's peak plus the holes that blocks of changing sizes leave between the
-  step's longer-lived tensors (building the graph caches before the first step changed nothing): measured
-  with glibc's mallinfo2 on R-GCN over a 30,000- and a 100,000-vertex graph with ogbn-mag's statistics
-  (fb, flx, eas, cob), the heap's free bytes after an epoch were 1.8-2.8 times the peak torch allocated
-  in it (its profiler's); counted as ALLOCATOR_HOLES of the step's estimated transient beyond it.
+  step's longer-lived tensors.  How much depends on what the model's step allocates, so it is the
+  model's estimator's `heap_holes` (memory_model/stacks.py ModelEstimate), a fraction of the step's
+  estimated transient (activations, halo buffers and the rest), measured by bench/check_heap_holes.py
+  (one process, fb, 3 layers, hidden 64: glibc's mallinfo2 free bytes after three epochs, less the
+  peak torch allocated in a fourth (its profiler), over the estimate's step):
+  HEAP_HOLES_* below, with their measurements.
 """
 from __future__ import annotations
 
@@ -39,17 +41,33 @@ SERVER_HOP_BYTES = 4
 # What the trainer's set-up adds to the process outside its arrays (measured on 2 x 2 emulated ranks
 # with 30,000 and 100,000 vertices: 78-86 MiB of anonymous and file pages, independent of the graph).
 SETUP_PROCESS_BYTES = 80 << 20
-# The heap's holes as a fraction of the step's peak (module docstring): measured 0.8-1.8.
-ALLOCATOR_HOLES = 1.5
+# The heap's holes as a fraction of the step's estimated transient (module docstring), per model family,
+# measured with bench/check_heap_holes.py over repeated runs (it prints each; they vary from run to run).
+# A step whose bytes are mostly a few large per-edge tensors left fewer holes than one of per-row blocks
+# of many sizes.  R-GCN's update adds each relation's product [rows of its type, out] to a new
+# [rows, out] sum, relation by relation: 1.82-2.38 at 10,000 vertices and 1.58-1.65 at 30,000 (the typed
+# synthetic graph with ogbn-mag's statistics).
+HEAP_HOLES_RGCN = 2.0
+# R-GAT: mostly its per-edge attention tensors ([edges, heads] per relation, saved for the backward)
+# and its relations' projections: 1.10-1.29 at 10,000 vertices, 0.76-0.85 at 30,000 (the same graphs).
+HEAP_HOLES_RGAT = 1.0
+# GAT: mostly its gathered messages [edges, heads, C]: 0.44 at 2,500 and at 5,000 vertices (DC-SBM;
+# small, as a step above 1 GiB measures too few: the heap gives its free top beyond 1 GiB back to the
+# system, engine/hostmem.py's trim threshold).
+HEAP_HOLES_GAT = 0.5
+# SAGE (0.71-0.99 at 20,000 vertices, 1.38-1.48 at 60,000, DC-SBM), GCN (0.93-1.51, 0.79-1.19), and
+# every model not measured (GIN, SAGE-max, sage-sum, ressage, the pyg models: their estimators' default).
+HEAP_HOLES_ROWS = 1.5
 # ServerIndex per row (indptr, owner, in_degree, global_id) and per edge (indices, edge_dst int32,
 # src_owner int16, is_loop).
 INDEX_ROW_BYTES = 4 * I64
 INDEX_EDGE_BYTES = I64 + 4 + 2 + 1
 
 
-def host_parts(r, step: int) -> Dict[str, int]:
+def host_parts(r, step: int, holes: float) -> Dict[str, int]:
     """The breakdown entries of a transductive run on a CPU device (module docstring); step: the step's
-    bytes above the static ones (activations, halo buffers and the rest)."""
+    bytes above the static ones (activations, halo buffers and the rest); holes: the model's heap holes
+    per byte of it (its estimator's heap_holes)."""
     cob = r.server is not None and r.server.name == "cobatch"
     view = r.server if r.server is not None and not cob else r.world
     rows = view.n_own  # a server view's own rows are the slice's rows of every hop it plans
@@ -68,5 +86,5 @@ def host_parts(r, step: int) -> Dict[str, int]:
         nxt = rows_c * (r.features + 1) * F32 + c.n_send * I64
         nxt += sum(_graph_bytes(lr, False, False, False) for lr in c.layers)
         out["cobatch_host"] = int(index + nxt)
-    out["allocator"] = int(ALLOCATOR_HOLES * step)
+    out["allocator"] = int(holes * step)
     return out

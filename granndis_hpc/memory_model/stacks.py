@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
+from .host import HEAP_HOLES_ROWS
+
 
 class SAGE_BYTES:
     """SAGEConv: the source rows get two gradients in the backward (lin_self's slice and the
@@ -119,6 +121,9 @@ class ModelEstimate:
     the same) and pass it as `register_model(..., estimator=...)`."""
 
     conv = SAGE_BYTES  # the layer's declared sizes: its source_grad_paths, self_loops and byte counts
+    # On a CPU device, the C heap's holes the model's step leaves, as a fraction of the step's transient
+    # (memory_model/host.py's allocator term, where the measurements are).
+    heap_holes = HEAP_HOLES_ROWS
 
     @property
     def grad_paths(self) -> int:

@@ -14,6 +14,7 @@ from typing import Tuple
 from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
+from .host import HEAP_HOLES_GAT
 from .stacks import SAGE_BYTES, PlainEstimate
 
 
@@ -107,6 +108,8 @@ class GATEstimate(EdgeEstimate):
     projected rows [E, H, C], and the per-row weighted sum and sum of exponentials.  These are the bytes
     of the one-part softmax; a layer whose halo is in flight combines two parts and keeps about two more
     [n_dst, H C] tensors (small beside the per-edge ones: E is n_dst times the mean degree plus one)."""
+
+    heap_holes = HEAP_HOLES_GAT
 
     def _heads(self, m, layer):
         last = layer == m.layers - 1 and not m.linear_layers  # (else the Linear layers give the classes)
