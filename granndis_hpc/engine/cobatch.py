@@ -217,7 +217,8 @@ class BatchedSteps:
         start = cobplan.clock()
         graphs = cobplan.layer_graphs(hp, ctx.device, put)
         built.view = cobplan.assemble_view(hp, graphs, self.split.group, ctx.device, put,
-                                           source_ids_on_graphs=registry.typed(ctx.cfg.model))
+                                           source_ids_on_graphs=registry.typed(ctx.cfg.model),
+                                           static_features=ctx.static_features)
         n_targets = int((hp.own_hop == 0).sum())
         built.rows = torch.arange(n_targets, device=ctx.device)
         labels = ctx.slice.labels[hp.ids[:n_targets] - ctx.slice.row_offset]

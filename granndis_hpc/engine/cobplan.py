@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Union
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ import torch
 from granndis_hpc.engine import views
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.sampler import Draw
+from granndis_hpc.graph.typed_features import TypedRows
 from granndis_hpc.nn.graph import LayerGraph
 
 
@@ -71,7 +72,9 @@ class ServerIndex:
         self.edge_offsets = self.indptr[self.offsets]  # edges of GPU p's rows: [edge_offsets[p], edge_offsets[p+1])
         self.in_degree = np.asarray(graph["in_degree"], dtype=np.int64)
         self.global_id = np.asarray(graph["global_id"], dtype=np.int64)
-        self.features = np.asarray(graph["features"], dtype=np.float32)
+        # A TypedRows where the types' widths differ: the server's rows at their own widths.
+        features = graph["features"]
+        self.features = features if isinstance(features, TypedRows) else np.asarray(features, dtype=np.float32)
 
     def order(self, hop: np.ndarray, by_owner: bool):
         """The sample's vertices sorted by (owner, hop, id) (by (hop, id) without by_owner), where each
@@ -116,8 +119,8 @@ class HostPlan:
     degree: np.ndarray  # float32 [n_own]
     loops: np.ndarray  # float32 [n_own]: stored self loops of the own rows
     halo_degree: np.ndarray  # float32 [H]: degree minus stored loops (the halo row gets 0 loops)
-    features: np.ndarray  # float32 [n_own, F]
-    halo_features: np.ndarray  # float32 [H, F]
+    features: Union[np.ndarray, TypedRows]  # float32 [n_own, F], or at the rows' own widths
+    halo_features: Union[np.ndarray, TypedRows]  # float32 [H, F], or at the rows' own widths
     row_ids: np.ndarray  # int64 [n_own]: dropout keys
     halo_row_ids: np.ndarray  # int64 [H]
     global_ids: np.ndarray  # int64 [n_own]: the rows' global vertex ids (a typed model's vertex types)
@@ -212,10 +215,25 @@ def _finish(index, draw, ids, edges, indptr, sources, table, send_pos, send_coun
     plan = planner.build_plan(own_hop, indptr, sources, table, send_pos, send_counts, index.layers,
                               all_active=False, complete_degree=degree if index.exact else None, group="server")
     return HostPlan(plan=plan, ids=ids, halo_ids=halo_ids, own_hop=own_hop, degree=degree, loops=loops,
-                    halo_degree=halo_degree, features=np.take(index.features, ids, axis=0),
-                    halo_features=np.take(index.features, halo_ids, axis=0),
+                    halo_degree=halo_degree, features=_take(index.features, ids),
+                    halo_features=_take(index.features, halo_ids),
                     row_ids=row_ids, halo_row_ids=halo_row_ids, global_ids=index.global_id[ids],
                     halo_global_ids=index.global_id[halo_ids])
+
+
+def _take(features, ids):
+    return features.take(ids) if isinstance(features, TypedRows) else np.take(features, ids, axis=0)
+
+
+def _features_on(features, t, padded: bool):
+    """A co-batch's feature rows on the device: a matrix, or rows at their own widths (TypedRows) for a
+    model that projects each type.  padded: a model that reads the rows as they are (a homogeneous model
+    on a set of several widths) takes them zero-padded, this co-batch's rows only."""
+    if not isinstance(features, TypedRows):
+        return t(features)
+    if padded:
+        return t(features.padded())
+    return TypedRows([t(np.ascontiguousarray(b)) for b in features.blocks], t(features.row_type), features.width)
 
 
 def _put(device, put):
@@ -239,9 +257,12 @@ def layer_graphs(hp: HostPlan, device, put=None) -> List[LayerGraph]:
     return graphs
 
 
-def assemble_view(hp: HostPlan, graphs, group, device, put=None, source_ids_on_graphs: bool = False) -> views.View:
+def assemble_view(hp: HostPlan, graphs, group, device, put=None, source_ids_on_graphs: bool = False,
+                  static_features: bool = True) -> views.View:
     """A views.View of the plan whose static data (features, degrees, ids of halo rows) is already at hand.
-    source_ids_on_graphs: every layer graph gets its source rows' global ids (engine/source_ids.py)."""
+    source_ids_on_graphs: every layer graph gets its source rows' global ids (engine/source_ids.py).
+    static_features: the model reads the features as they are (False: it projects each type first,
+    ModelContract.input_projection, so rows at their own widths stay so and the halo's are not sent)."""
     t = _put(device, put)
     if source_ids_on_graphs:
         own, halo = t(hp.global_ids), t(hp.halo_global_ids)
@@ -250,7 +271,9 @@ def assemble_view(hp: HostPlan, graphs, group, device, put=None, source_ids_on_g
     halo_rows0 = t(hp.plan.layers[0].halo_rows)
     row_ids = t(hp.row_ids)
     source_ids = torch.cat([row_ids[: hp.plan.layers[0].n_own_in], t(hp.halo_row_ids).index_select(0, halo_rows0)])
-    return views.View.assembled(hp.plan, group, device, features=t(hp.features), halo_features=t(hp.halo_features),
+    features = _features_on(hp.features, t, padded=static_features)
+    halo_features = _features_on(hp.halo_features, t, padded=True) if static_features else None
+    return views.View.assembled(hp.plan, group, device, features=features, halo_features=halo_features,
                                 graphs=graphs, row_ids=row_ids, source_ids=source_ids, put=put)
 
 

@@ -27,6 +27,7 @@ import torch
 from granndis_hpc import shards
 from granndis_hpc.engine import views
 from granndis_hpc.graph.csr import csr_row_positions, row_of_edges
+from granndis_hpc.graph.typed_features import TypedRows
 from granndis_hpc.engine.steps import RunContext, TrainingError
 
 TRAIN = shards.SPLIT_BITS["train"]
@@ -129,7 +130,7 @@ def take_rows(rows: views.RowSource, take: np.ndarray, keep_edge: np.ndarray, de
         own_pos=own_pos, peer=rows.peer[pos], key=rows.key[pos],
         src_hop=(rows.src_hop if src_hop is None else np.asarray(src_hop, dtype=np.int64))[pos],
         degree=(lens if degree is None else np.asarray(degree)).astype(np.float32),
-        features=rows.features[take],
+        features=rows.features.take(take) if isinstance(rows.features, TypedRows) else rows.features[take],
         global_id=None if rows.global_id is None else np.asarray(rows.global_id)[take])
 
 

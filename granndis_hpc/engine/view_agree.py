@@ -13,7 +13,8 @@ _DTYPE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.fl
 
 def row_signature(features) -> int:
     """One integer for the width and dtype of a view's static rows (what its exchanges send)."""
-    a = np.asarray(features) if not isinstance(features, torch.Tensor) else features
+    # A tensor, an array, or rows at their own widths (TypedRows: the widest width, float32)
+    a = features if isinstance(features, torch.Tensor) or hasattr(features, "dtype") else np.asarray(features)
     dtype = np.dtype(str(a.dtype).replace("torch.", ""))
     width = int(a.shape[1]) if len(a.shape) == 2 else -1
     return width * 16 + _DTYPE_CODES.get(dtype, 15)

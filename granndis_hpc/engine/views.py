@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Collection, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Collection, Dict, List, Optional, Union
 
 import numpy as np
 import torch
@@ -33,6 +33,7 @@ from granndis_hpc.engine.view_agree import agree_with_peers, row_signature
 from granndis_hpc.nn.rows import HaloGather, RowSplit
 from granndis_hpc.graph import planner
 from granndis_hpc.graph.csr import owner_of, position_lookup
+from granndis_hpc.graph.typed_features import TypedRows
 from granndis_hpc.nn.graph import LayerGraph
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ class RowSource:
     key: np.ndarray  # per edge: the key the peer resolves
     src_hop: np.ndarray  # per edge: hop of the source row
     degree: np.ndarray  # float [n]: normalisation degree of every own row
-    features: np.ndarray  # float32 [n, F]
+    # float32 [n, F], or a TypedRows (types of different widths: each row at its own width)
+    features: Union[np.ndarray, TypedRows]
     # int64 [n]: the vertex id every rank and a single process know the row by (global id), which keys
     # its dropout masks (nn/dropout.py); None: the row's position (no shape-independence).
     global_id: Optional[np.ndarray] = None
@@ -121,6 +123,16 @@ def _per_layer(layers, make) -> list:
     return out
 
 
+def held_features(features, static_features: bool, device):
+    """The view's own feature rows on the device: a matrix, or (types of different widths, read by a
+    model that projects each type) a TypedRows at the rows' own widths, so nothing [rows, widest] is
+    held.  A model that reads the features as they are (static_features: a homogeneous model on such a
+    set) takes the zero-padded matrix: it is that model's input, [rows, widest] by definition."""
+    if isinstance(features, TypedRows):
+        return features.padded_tensor(device) if static_features else features.to(device)
+    return torch.as_tensor(np.ascontiguousarray(features), device=device)
+
+
 class View:
     """A planned view bound to a transport: builds LayerGraphs and the model's `gather` function."""
 
@@ -142,7 +154,7 @@ class View:
         # send it without the row's stored self loops (and give the halo row 0 loops), so the static
         # exchange stays one column (and is unchanged on graphs without loops).
         halo_degree = self.exchange_full(own_degree - own_loops.unsqueeze(1), phase=static_phase).squeeze(1)
-        self.features = torch.as_tensor(np.ascontiguousarray(rows.features), device=device)
+        self.features = held_features(rows.features, static_features, device)
         # static_features False: the model reads its own projection of the features at layer 0
         # (ModelContract.input_projection), so the halo's feature rows are never read: not exchanged or held.
         self.halo_features = self.exchange_full(self.features, phase=static_phase) if static_features else None
@@ -171,8 +183,8 @@ class View:
         self.payload: Optional[PartialPayload] = None
 
     @classmethod
-    def assembled(cls, plan: planner.Plan, group: ExchangeGroup, device: torch.device, features: torch.Tensor,
-                  halo_features: torch.Tensor, graphs: List[LayerGraph], row_ids: Optional[torch.Tensor],
+    def assembled(cls, plan: planner.Plan, group: ExchangeGroup, device: torch.device, features,
+                  halo_features: Optional[torch.Tensor], graphs: List[LayerGraph], row_ids: Optional[torch.Tensor],
                   source_ids: Optional[torch.Tensor], static_phase: str = "halo", put=None) -> "View":
         """A view whose static per-row data is already at hand (engine/cobplan.py: a co-batch planned from
         host memory), so nothing is exchanged to build it: the same object __init__ makes, given its parts.

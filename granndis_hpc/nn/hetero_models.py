@@ -26,11 +26,13 @@ Parameter names (tests/hetero_reference.py reads them):
   inputs.{type}.(weight [project, type width], bias [project]) with the input projection (option ``project``)
 
 The input projection: where the vertex types' feature widths differ (graph/hetero.py ``widths``; the
-rows arrive zero-padded to the widest), each type gets a Linear from its own width to a common one (option
-``project``, default --hidden), applied to each row's own columns before layer 0, as GraphStorm's input
-encoders; option ``project`` > 0 adds it where the widths are one too.  Layer 0's rows are then the
-projected ones, so the model's contract declares ``input_projection``: its layer-0 halo rows are exchanged
-every step (they change with the Linears), not taken from the features exchanged once at set-up.
+rows arrive as a TypedRows, graph/typed_features.py: one block per type at its own width), each type gets
+a Linear from its own width to a common one (option ``project``, default --hidden), applied to its
+block before layer 0, as GraphStorm's input encoders (rows given as one matrix, zero-padded to the
+widest, are read at each row's own columns); option ``project`` > 0 adds it where the widths are one
+too.  Layer 0's rows are then the projected ones, so the model's contract declares ``input_projection``:
+its layer-0 halo rows are exchanged every step (they change with the Linears), not taken from the
+features exchanged once at set-up.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from granndis_hpc.graph.hetero import GraphTypes
+from granndis_hpc.graph.typed_features import TypedRows
 
 from .contract import ModelContract
 from .hetero_layers import RGATConv, RGCNConv, TypeTables, source_ids
@@ -84,18 +87,34 @@ class HeteroGNN(EdgeGNN):
                                             for t in embedded})
 
     def forward(self, x, graphs, gather=None, dropout=None, settings=None):
+        if isinstance(x, TypedRows) and not len(self.inputs):
+            raise ValueError(f"{self.name}: the input rows are held at their types' own widths, but the model "
+                             f"has no input projection to read them (--model-option project)")
         if len(self.inputs):
             x = self.projected(x, graphs[0])
         if len(self.embeddings):
             x = self.embedded(x, graphs[0])
         return super().forward(x, graphs, gather, dropout, settings)
 
-    def projected(self, x: torch.Tensor, graph) -> torch.Tensor:
-        """Layer 0's own rows through their type's input Linear, each from its type's own columns."""
+    def projected(self, x, graph) -> torch.Tensor:
+        """Layer 0's own rows through their type's input Linear, each from its type's own columns: x is a
+        TypedRows (graph/typed_features.py: one block per type at its own width, where the types' widths
+        differ) or a matrix [rows, F] (a set of one width, or rows zero-padded to the widest)."""
+        # The parameters' dtype (float32; a bf16 run's autocast output is widened back, as the runner rounds)
+        dtype = next(iter(self.inputs.values())).weight.dtype
+        if isinstance(x, TypedRows):
+            if len(x.blocks) != len(self.inputs):
+                raise ValueError(f"{self.name}: the input rows hold {len(x.blocks)} vertex types, the model "
+                                 f"projects {len(self.inputs)}")
+            out = x.blocks[0].new_zeros((len(x), self.widths[0]), dtype=dtype)
+            for t, linear in enumerate(self.inputs.values()):
+                # Block t holds type t's rows in row order: the rows where row_type is t, ascending.
+                rows = torch.nonzero(x.row_type == t).squeeze(1)
+                out = out.index_put((rows,), linear(x.blocks[t]).to(dtype))
+            return out
         ids = source_ids(graph)[: x.shape[0]]
         kind = self.tables.vertex_type(ids)
-        # The parameters' dtype (float32; a bf16 run's autocast output is widened back, as the runner rounds)
-        out = x.new_zeros((x.shape[0], self.widths[0]), dtype=next(iter(self.inputs.values())).weight.dtype)
+        out = x.new_zeros((x.shape[0], self.widths[0]), dtype=dtype)
         for t, linear in enumerate(self.inputs.values()):
             rows = torch.nonzero(kind == t).squeeze(1)
             out = out.index_put((rows,), linear(x.index_select(0, rows)[:, : linear.in_features]).to(out.dtype))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from granndis_hpc.graph.typed_features import TypedRows
+
 from .schema import ShardError, manifest_datasets
 from .typed_rows import flat_length, widths_of
 
@@ -106,8 +108,8 @@ def check_rank_slice(sl, manifest: dict, fpath: str, n_server: int) -> None:
     if int(np.count_nonzero(sl.train_mask & sl.val_mask) + np.count_nonzero(sl.train_mask & sl.test_mask)
            + np.count_nonzero(sl.val_mask & sl.test_mask)):
         raise _fail(fpath, "split/*", "marks a row in more than one of train, val and test", manifest)
-    if not np.all(np.isfinite(sl.features)):
-        bad = int(np.count_nonzero(~np.isfinite(sl.features).all(axis=1)))
+    bad = _non_finite_rows(sl.features)
+    if bad:
         raise _fail(fpath, "features", f"holds NaN or infinite values in {bad} of GPU {sl.gpu}'s rows", manifest)
 
 
@@ -120,6 +122,15 @@ def check_server_graph(graph: dict, manifest: dict, fpath: str) -> None:
     _in_range(graph["indices"], 0, n, "graph/indices", manifest, fpath)
     _in_range(graph["hop"], 0, int(manifest["preload"]["hops"]) + 1, "vertices/hop", manifest, fpath)
     _in_range(graph["global_id"], 0, int(manifest["dataset"]["num_vertices"]), "vertices/global_id", manifest, fpath)
-    if "features" in graph and not np.all(np.isfinite(graph["features"])):
-        bad = int(np.count_nonzero(~np.isfinite(graph["features"]).all(axis=1)))
+    bad = _non_finite_rows(graph["features"]) if "features" in graph else 0
+    if bad:
         raise _fail(fpath, "features", f"holds NaN or infinite values in {bad} of the server's rows", manifest)
+
+
+def _non_finite_rows(features) -> int:
+    """Rows holding NaN or an infinite value (a matrix, or a TypedRows at its own widths)."""
+    if isinstance(features, TypedRows):
+        return 0 if features.all_finite() else int(np.count_nonzero(~features.finite_rows()))
+    if np.all(np.isfinite(features)):
+        return 0
+    return int(np.count_nonzero(~np.isfinite(features).all(axis=1)))

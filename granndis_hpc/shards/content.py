@@ -26,6 +26,8 @@ from typing import Optional
 
 import numpy as np
 
+from granndis_hpc.graph.typed_features import TypedRows
+
 from .schema import ShardError
 
 # What the digest covers, in this order (dtype fixed, little-endian, so that it does not depend on the
@@ -128,7 +130,7 @@ def _starts(lengths: np.ndarray) -> np.ndarray:
     return np.cumsum(lengths) - lengths
 
 
-def _row_array(sl, name: str) -> np.ndarray:
+def _row_array(sl, name: str):
     return {"features": sl.features, "labels": sl.labels, "train_mask": sl.train_mask,
             "val_mask": sl.val_mask, "test_mask": sl.test_mask}[name]
 
@@ -215,7 +217,9 @@ def job_digest(world, sl, manifest: dict, chunk_bytes: int = CHUNK_BYTES) -> tup
             sel = r.held(lo, hi)
             ids, _ = _gather(world, np.asarray(sl.global_id, np.int64)[sel], 1)
             copy, _ = _gather(world, (hop[sel] > 0).astype(np.int8), 1)
-            rows, _ = _gather(world, a[sel], width)
+            # Rows at their own widths (TypedRows) are hashed zero-padded (the module docstring): padded
+            # here, one range's rows at a time.
+            rows, _ = _gather(world, a.take(sel).padded() if isinstance(a, TypedRows) else a[sel], width)
             if root and not problems:
                 ids, copy = ids[:, 0], copy[:, 0].astype(bool)
                 home = np.empty((hi - lo, width), dtype=rows.dtype)

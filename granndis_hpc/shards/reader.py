@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 
 from .checks import (check_file_layout, check_offsets, check_pointer, check_rank_slice,
                      check_server_graph)
 from .schema import FORMAT_VERSION, ShardError, has_train_hop, is_inductive, manifest_datasets, server_file_name
-from .typed_rows import read_rows, read_scattered, widths_of
+from granndis_hpc.graph.typed_features import TypedRows
+
+from .typed_rows import flat_length, read_scattered, row_widths, widths_of
 
 if TYPE_CHECKING:  # h5py is imported where a file is opened (_open_server)
     import h5py
@@ -30,7 +32,9 @@ class RankSlice:
     gpus_per_server: int
     global_id: np.ndarray  # int64 [n]   own rows, sorted by hop (then locality block, global id)
     hop: np.ndarray  # int32 [n]
-    features: np.ndarray  # float32 [n, F] (types of different widths: zero-padded, shards/typed_rows.py)
+    # float32 [n, F]; types of different widths: a TypedRows, each row at its own type's width
+    # (graph/typed_features.py), never padded to the widest
+    features: Union[np.ndarray, TypedRows]
     labels: np.ndarray  # int64 [n] class ids, or uint8 [n, C] 0/1 in a multi-label set
     train_mask: np.ndarray  # bool [n]
     val_mask: np.ndarray
@@ -143,13 +147,16 @@ def read_rank_slice(path, manifest: dict, server: int, gpu: int) -> RankSlice:
     return sl
 
 
-def _feature_rows(f, manifest: dict, lo: int, hi: int, global_id: np.ndarray) -> np.ndarray:
-    """float32 [hi - lo, F]: the file rows lo..hi-1's features (flat ones unpacked, zero-padded)."""
+def _feature_rows(f, manifest: dict, lo: int, hi: int, global_id: np.ndarray) -> Union[np.ndarray, TypedRows]:
+    """The file rows lo..hi-1's features: float32 [hi - lo, F], or (types of different widths) a
+    TypedRows of the flat entries, each row at its own width."""
     types = widths_of(manifest)
     if types is None:
         return f["features"][lo:hi]
-    return read_rows(f["features"], types, global_id, f["vertices/global_id"][:lo],
-                     int(manifest["dataset"]["num_features"]))
+    start = flat_length(types, f["vertices/global_id"][:lo])
+    length = int(row_widths(types, global_id).sum())
+    return TypedRows.from_flat(f["features"][start:start + length], types, global_id,
+                               int(manifest["dataset"]["num_features"]))
 
 
 @dataclass(frozen=True)
@@ -188,8 +195,9 @@ def read_server_graph(path, manifest: dict, server: int, features: bool = False)
     """A server's whole subgraph without features: what runtime samplers (co-batches) draw from.
 
     Keys: indptr, indices (server-local in-edge CSR), in_degree (global), hop, train (bool), offsets,
-    global_id; with features=True also features (float32 [n_s, F]: a batched mode keeps the server's
-    rows in host memory, as a real loader does, instead of reading the file per co-batch)."""
+    global_id; with features=True also features (float32 [n_s, F], or a TypedRows where the types'
+    widths differ: a batched mode keeps the server's rows in host memory, as a real loader does, instead
+    of reading the file per co-batch)."""
     with _open_server(os.fspath(path), manifest, server) as f:
         check_file_layout(f, manifest, f.filename)
         out = {"indptr": f["graph/indptr"][:], "indices": f["graph/indices"][:],

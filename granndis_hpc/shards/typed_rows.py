@@ -1,12 +1,13 @@
 """Feature rows of a heterogeneous set whose vertex types have different widths (graph/hetero.py ``widths``).
 
-In memory (the canonical graph, a rank's slice, a sampler's server rows) such rows are one float32
-matrix [rows, widest width]: a row's features first, zeros after them.  In a server file the
-``features`` dataset is flat instead: float32 [sum of the rows' widths], each row at its own type's
-width, in row order, so nothing is stored for the padding.  Row i of a file starts at the sum of the
-widths of rows 0..i-1, which its global ids give (a row's type is a binary search of its id), so a
-rank's contiguous rows are one contiguous range of the flat dataset.  A set of one width keeps its
-[rows, F] dataset; `widths_of` tells the two apart from the manifest.
+A rank's slice and a sampler's server rows hold them at their own widths too (graph/typed_features.py
+``TypedRows``, built from the flat entries read here); the canonical graph of a build and the readers of a
+file's rows in blocks (verify, the content pass) see them as one float32 matrix [rows, widest width], a
+row's features first, zeros after them.  In a server file the ``features`` dataset is flat: float32 [sum of
+the rows' widths], each row at its own type's width, in row order, so nothing is stored for the padding.
+Row i of a file starts at the sum of the widths of rows 0..i-1, which its global ids give (a row's type is a
+binary search of its id), so a rank's contiguous rows are one contiguous range of the flat dataset.  A set
+of one width keeps its [rows, F] dataset; `widths_of` tells the two apart from the manifest.
 """
 from __future__ import annotations
 
@@ -60,14 +61,6 @@ def unpack(flat: np.ndarray, widths: np.ndarray, width: int) -> np.ndarray:
 def flat_length(types: GraphTypes, global_id) -> int:
     """Entries of the flat dataset of the rows with these global ids."""
     return int(row_widths(types, global_id).sum())
-
-
-def read_rows(dset, types: GraphTypes, global_id: np.ndarray, before: np.ndarray, width: int) -> np.ndarray:
-    """Rows [n, width] of a flat dataset: the contiguous file rows with ids `global_id`, after the rows with
-    ids `before` (every row of the file before them)."""
-    start = flat_length(types, before)
-    widths = row_widths(types, global_id)
-    return unpack(dset[start:start + int(widths.sum())], widths, width)
 
 
 def read_scattered(dset, types: GraphTypes, server_global_id: np.ndarray, sorted_rows: np.ndarray,

@@ -71,13 +71,26 @@ def test_shards_store_each_row_at_its_width(typed, built):
         # The flat entries are each row's own columns, in row order (an independent unpacking).
         want = np.concatenate([graph.features[v, :widths[k]] for v, k in zip(gid, kind)])
         np.testing.assert_array_equal(flat, want)
+        # The readers hold each row at its own width (TypedRows): its type's block, nothing padded.
         server = read_server_graph(out, manifest, s, features=True)
-        np.testing.assert_array_equal(server["features"], graph.features[server["global_id"]])
+        _assert_own_widths(server["features"], graph, server["global_id"])
         pick = np.array([5, 0, len(gid) - 1, 3])
         np.testing.assert_array_equal(read_server_rows(out, manifest, s, pick), graph.features[gid[pick]])
         for g in range(2):
             sl = read_rank_slice(out, manifest, s, g)
-            np.testing.assert_array_equal(sl.features, graph.features[sl.global_id])
+            _assert_own_widths(sl.features, graph, sl.global_id)
+
+
+def _assert_own_widths(held, graph, gid):
+    """held: the rows with global ids gid, one block per type at its own width in row order, whose bytes
+    are the rows' own widths x 4; padded, they are the canonical graph's rows."""
+    widths = np.asarray(graph.types.widths)
+    kind = graph.types.vertex_type(gid)
+    assert held.nbytes == 4 * int(widths[kind].sum())
+    assert [tuple(b.shape) for b in held.blocks] == [(int((kind == t).sum()), int(w)) for t, w in enumerate(widths)]
+    for t, w in enumerate(widths):
+        np.testing.assert_array_equal(held.blocks[t], graph.features[gid[kind == t], :w])
+    np.testing.assert_array_equal(held.padded(), graph.features[gid])
 
 
 @pytest.mark.parametrize("block_bytes", [None, 256])
