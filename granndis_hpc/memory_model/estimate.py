@@ -21,6 +21,7 @@ from .graph_bytes import _graph_bytes, _split_graph_bytes
 from .host import host_parts
 from .induced import inductive_parts
 from .stacks import send_rows
+from .typed_widths import view_width
 
 
 class MemoryModelError(ValueError):
@@ -170,6 +171,9 @@ class ModelSpec:
     # Each vertex type's feature width (a heterogeneous set's; None: unknown or one type): the relational
     # models' per-type input projection (memory_model/hetero_stacks.py ProjectedInput) reads them.
     type_widths: Optional[Tuple[int, ...]] = None
+    # Each vertex type's vertex count, beside type_widths: rows held at their own widths are counted at
+    # the mean width (memory_model/typed_widths.py); None: at the widest.
+    type_counts: Optional[Tuple[int, ...]] = None
     # Each conv's message width where fb may send partial aggregates (--halo-payload partial | smaller:
     # memory_model/payload.py with_payloads applies engine's conditions); (): fb is estimated with rows only.
     message_widths: Tuple[int, ...] = ()
@@ -386,8 +390,11 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
     # A model that projects its input first (memory_model/hetero_stacks.py projection) holds no halo
     # feature rows (engine/views.py static_features).
     halo_features = 0 if getattr(est, "projects", lambda _: False)(m) else 1
+    # Own rows at their own types' widths where the model projects a set of several widths.
+    own_width = view_width(m)
     for v in r.views():
-        features += (v.n_own + v.n_halo * halo_features) * r.features * F32 + (v.n_own + v.n_halo) * F32
+        features += int((v.n_own * own_width + v.n_halo * halo_features * r.features) * F32)
+        features += (v.n_own + v.n_halo) * F32
         features += v.n_send * I64  # the full send list
     graph = 0
     for v in r.views():
@@ -446,7 +453,7 @@ def estimate(r: RankRows, m: ModelSpec, device: str = "cpu", adam: bool = True) 
                                    "preprocess/plan/induced_counts.py)")
         breakdown.update(inductive_parts(r, m, device, int(act["fresh"]) + transient))
     elif device == "cpu" and m.resident:  # the process, its slice and the heap's holes (memory_model/host.py)
-        breakdown.update(host_parts(r, int(act["fresh"]) + transient, est.heap_holes))
+        breakdown.update(host_parts(r, m, int(act["fresh"]) + transient, est.heap_holes))
     total = sum(breakdown.values())
     return {"rank": r.rank, "k": r.k, "breakdown": breakdown, "total": int(total),
             "activation_saved": int(act["saved"]), "activation_per_layer": act["per_layer"],

@@ -8,8 +8,9 @@ The byte counts mirror the forward passes of nn/hetero_layers.py.  No torch here
 
 The per-type input projection (nn/hetero_models.py, where the set's types' widths differ or option
 ``project`` asks for it; ModelSpec's ``type_widths``): layer 0 reads the projection's width, its Linears'
-parameters count, and it saves the own rows it reads ([rows, F], the widest type's width, as the rows
-are held) and its output [rows, P].  Layer 0's halo is then exchanged every step, with a gradient, as
+parameters count, and it saves its output [rows, P] and, where the rows are one matrix (a set of one
+width with option ``project``), the own rows it gathers per type [rows, F]; rows held at their own widths
+(memory_model/typed_widths.py) are read in place.  Layer 0's halo is then exchanged every step, with a gradient, as
 any exchanged layer's (``exchanged``), and no view holds its halo's feature rows (estimate.py).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
 from .host import HEAP_HOLES_RGAT, HEAP_HOLES_RGCN
+from .typed_widths import typed
 from .zoo_stacks import EdgeEstimate, GATEstimate
 
 DEFAULT_RELATIONS = 8
@@ -73,7 +75,9 @@ class ProjectedInput:
         P = projection(m)
         if P:
             own0 = rows.server.n_own if rows.k > 0 else rows.world.n_own
-            saved = own0 * (rows.features + P) * F32
+            # The Linears read the held rows in place where they are at their own widths (a block per type,
+            # memory_model/typed_widths.py); rows of one matrix are gathered per type first.
+            saved = own0 * ((0 if typed(m) else rows.features) + P) * F32
             out["per_layer"][0] += saved
             out["fresh_per_layer"][0] += saved
         return out

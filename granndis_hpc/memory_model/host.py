@@ -32,6 +32,7 @@ from granndis_hpc.units import INT64_BYTES as I64
 
 from .graph_bytes import _graph_bytes
 from .induced import RUNTIME_BYTES, SLICE_EDGE_BYTES, SLICE_INNER_BYTES
+from .typed_widths import held_width, view_width
 
 # Per row of a transductive slice (shards/schema.py dtypes): global_id, hop, labels, the three masks,
 # indptr, in_degree; per world edge: src_global_id, src_rank; per row, its share of server_hop.
@@ -64,10 +65,11 @@ INDEX_ROW_BYTES = 4 * I64
 INDEX_EDGE_BYTES = I64 + 4 + 2 + 1
 
 
-def host_parts(r, step: int, holes: float) -> Dict[str, int]:
+def host_parts(r, m, step: int, holes: float) -> Dict[str, int]:
     """The breakdown entries of a transductive run on a CPU device (module docstring); step: the step's
     bytes above the static ones (activations, halo buffers and the rest); holes: the model's heap holes
-    per byte of it (its estimator's heap_holes)."""
+    per byte of it (its estimator's heap_holes).  Feature rows of a set of several widths are held at
+    their own (memory_model/typed_widths.py)."""
     cob = r.server is not None and r.server.name == "cobatch"
     view = r.server if r.server is not None and not cob else r.world
     rows = view.n_own  # a server view's own rows are the slice's rows of every hop it plans
@@ -82,8 +84,10 @@ def host_parts(r, step: int, holes: float) -> Dict[str, int]:
     if cob:
         c = r.server
         rows_c, edges_c = c.n_own + c.n_halo, c.layers[0].nnz
-        index = rows_c * (r.features * F32 + INDEX_ROW_BYTES) + edges_c * INDEX_EDGE_BYTES
-        nxt = rows_c * (r.features + 1) * F32 + c.n_send * I64
+        index = rows_c * (held_width(m) * F32 + INDEX_ROW_BYTES) + edges_c * INDEX_EDGE_BYTES
+        # The next co-batch's own rows, its halo rows (none for a model that projects them), degrees.
+        halo = 0 if getattr(m.estimator, "projects", lambda _: False)(m) else c.n_halo * r.features
+        nxt = (c.n_own * view_width(m) + halo + rows_c) * F32 + c.n_send * I64
         nxt += sum(_graph_bytes(lr, False, False, False) for lr in c.layers)
         out["cobatch_host"] = int(index + nxt)
     out["allocator"] = int(holes * step)

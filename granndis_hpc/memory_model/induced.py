@@ -29,6 +29,7 @@ from granndis_hpc.units import FLOAT32_BYTES as F32
 from granndis_hpc.units import INT64_BYTES as I64
 
 from .graph_bytes import _graph_bytes, _split_graph_bytes
+from .typed_widths import held_width, view_width
 
 # Bytes the shard reader keeps per row, per edge and per server row (granndis_hpc/shards/schema.py dtypes,
 # shards.read_rank_slice): global_id, hop, labels, the three masks, indptr, in_degree, train_in_degree;
@@ -54,11 +55,12 @@ SAMPLER_EDGE_BYTES = 8 + 8 + 1
 RUNTIME_BYTES = 256 << 20
 
 
-def slice_bytes(rows: int, edges: int, inner: int, world_edges: int, server_rows: int, features: int,
+def slice_bytes(rows: int, edges: int, inner: int, world_edges: int, server_rows: int, features: float,
                 multilabel_classes: int = 0) -> int:
     """Bytes of one rank's shard slice (read_rank_slice) of an inductive set: its rows of the server file
     (all hops) with their features and in-edges, its inner rows' world view, the server-wide hop and
-    train arrays.  multilabel_classes: uint8 labels [rows, C] in place of int64 class ids."""
+    train arrays.  multilabel_classes: uint8 labels [rows, C] in place of int64 class ids.  features: the
+    feature floats per row (memory_model/typed_widths.py held_width: rows at their own widths)."""
     per_row = SLICE_ROW_BYTES + features * F32 + (multilabel_classes - 8 if multilabel_classes else 0)
     return int(rows * per_row + edges * SLICE_EDGE_BYTES + (inner + 1) * SLICE_INNER_BYTES
                + world_edges * SLICE_WORLD_EDGE_BYTES + server_rows * SLICE_SERVER_ROW_BYTES)
@@ -68,7 +70,8 @@ def _view_static(v, r, m) -> int:
     """An evaluation view's rows (features, degrees), send list, one shared forward graph and the split
     matrices its overlapped forward caches (one per row split)."""
     est = m.estimator
-    b = (v.n_own + v.n_halo) * (r.features + 1) * F32 + v.n_send * I64
+    halo = 0 if getattr(est, "projects", lambda _: False)(m) else v.n_halo * r.features  # no halo features
+    b = int((v.n_own * view_width(m) + halo + v.n_own + v.n_halo) * F32) + v.n_send * I64
     lr = v.layers[0]  # every layer of a world view is the same rows object (arrays.rank_rows)
     b += _graph_bytes(lr, est.self_loops, True, False)
     if "world" in m.overlap:
@@ -110,7 +113,7 @@ def inductive_parts(r, m, device: str, step_transient: int) -> Dict[str, int]:
     out = {"evaluation_views": int(views), "evaluation_transient": int(max(0, peak - step_transient))}
     if device == "cpu" and r.host_bytes:
         full = max(r.evaluation, key=lambda v: v.n_own)  # the full graph's world view: the slice's rows
-        out["evaluation_views"] -= full.n_own * r.features * F32
+        out["evaluation_views"] -= int(full.n_own * view_width(m) * F32)
         out["shard_slice"] = int(r.host_bytes)
         # What the full world view's set-up leaves (SETUP_EDGE_BYTES), and the process itself.
         out["setup_rows"] = full.layers[0].nnz * SETUP_EDGE_BYTES
@@ -119,6 +122,6 @@ def inductive_parts(r, m, device: str, step_transient: int) -> Dict[str, int]:
             # The server graph the sampler draws from (shards.read_server_graph, features included),
             # and the edge row and mask of its train-induced filter (engine/inductive.py).
             rows, edges = r.server_file
-            out["sampler_graph"] = rows * (r.features * F32 + SAMPLER_ROW_BYTES) + edges * SAMPLER_EDGE_BYTES
+            out["sampler_graph"] = int(rows * (held_width(m) * F32 + SAMPLER_ROW_BYTES) + edges * SAMPLER_EDGE_BYTES)
     return out
 

@@ -27,6 +27,7 @@ from .arrays import (GpuArrays, ServerArrays, inductive_rank_rows, server_hop_co
 from .estimate import MemoryModelError, ModelSpec, RankRows
 from .induced import slice_bytes
 from .mode_estimates import SetArrays
+from .typed_widths import held_width
 
 TRAIN = SPLIT_BITS["train"]
 TRAIN_VAL = SPLIT_BITS["train"] | SPLIT_BITS["val"]
@@ -124,7 +125,7 @@ class InductiveSetArrays(SetArrays):
             for g in s.gpus:
                 rows, edges = g.slice_size
                 full = worlds[g.rank][1][0]
-                host = slice_bytes(rows, edges, full.n_inner, full.nnz, int(s.hop.shape[0]), m.features,
+                host = slice_bytes(rows, edges, full.n_inner, full.nnz, int(s.hop.shape[0]), held_width(m),
                                    self.multilabel_classes)
                 out.append(inductive_rank_rows(g.rank, worlds[g.rank], server_hop_counts(view, g.gpu) if view else None,
                                                layers, k, m.features, m.num_classes, host,

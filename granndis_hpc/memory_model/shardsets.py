@@ -54,6 +54,7 @@ def model_for(manifest: dict, name: str, hidden: int, layers: int, **kw) -> Mode
         kw.setdefault("relations", types.num_relations)
         kw.setdefault("relation_rows", types.relations_per_vertex())
         kw.setdefault("type_widths", tuple(types.width_of(int(ds["num_features"]))))
+        kw.setdefault("type_counts", tuple(types.count(t) for t in types.names))
     return ModelSpec(name, int(ds["num_features"]), int(hidden), int(ds["num_classes"]), int(layers), **kw)
 
 

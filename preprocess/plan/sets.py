@@ -71,7 +71,8 @@ def model_spec(graph, cfg) -> mm.ModelSpec:
                         multilabel=np.ndim(graph.labels) == 2, precision=cfg.precision, halo_route=cfg.halo_route,
                         resident=cfg.device == "cpu",
                         **({"relations": graph.types.num_relations, "relation_rows": graph.types.relations_per_vertex(),
-                            "type_widths": tuple(graph.types.width_of(graph.num_features))}
+                            "type_widths": tuple(graph.types.width_of(graph.num_features)),
+                            "type_counts": tuple(graph.types.count(t) for t in graph.types.names)}
                            if getattr(graph, "types", None) else {})))
 
 

@@ -10,13 +10,20 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from tests.hetero_widths import reference_logits, train_reference, type_rows, widths_graph
+from tests.hetero_widths import COUNTS, reference_logits, train_reference, type_rows, widths_graph
 from tests.mpi.conftest import assert_views_close, build_sets_on_rank0, make_trainer, view_logits
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
 LAYERS, EPOCHS, LR, SEED = 2, 4, 0.01, 5
 OPTIONS = {"rgcn": ["num_bases=2"], "rgat": ["heads=2"]}
+TYPE_WIDTHS = (7, 12, 5, 5)  # a, b, c and d (derived from c: c's width), in COUNTS' order
+
+
+def _own_width_bytes(global_id: np.ndarray) -> int:
+    """4 x the rows' own widths, each row's type read from its id (the types own consecutive id ranges)."""
+    kind = np.searchsorted(np.cumsum(list(COUNTS.values())), global_id, side="right")
+    return 4 * int(np.asarray(TYPE_WIDTHS)[kind].sum())
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +49,14 @@ def test_logits_equal_reference(typed, sets, model, mode, k):
     try:
         assert trainer.model.contract.input_projection
         assert trainer.world_view.halo_features is None  # the features of halo rows are never exchanged
+        # Every view holds its own rows at their types' own widths: its bytes are its rows' widths x 4.
+        held = [(view.features.nbytes, _own_width_bytes(view.row_ids.numpy()))
+                for view in trainer.mode.static_view.views + [trainer.world_view]]
+        assert all(got == want for got, want in held), held
+        assert sum(b.nbytes for b in trainer.world_view.features.blocks) == held[-1][0]
+        # The world views' rows are every vertex once: the types' counts x their widths x 4 over the ranks.
+        total = WORLD.allreduce(held[-1][0])
+        assert total == 4 * sum(COUNTS[t] * w for t, w in zip(COUNTS, TYPE_WIDTHS)), total
         views = view_logits(trainer)
         if WORLD.rank == 0:
             want = reference_logits(trainer.model.state_dict(), graph, rows, LAYERS, model).numpy()
