@@ -37,6 +37,7 @@ def sets(typed):
     specs = {f"w-{rps}": {"servers": WORLD.size // rps, "gpus_per_server": rps, "layers": LAYERS,
                           "preload": "full"} for rps in (1, 2, 4)}
     specs["w-eas"] = {"servers": 2, "gpus_per_server": 2, "layers": LAYERS, "preload": "eas", "hops": 1, "fanout": 4}
+    specs["w-inductive"] = {"servers": 2, "gpus_per_server": 2, "layers": LAYERS, "preload": "full", "inductive": True}
     return build_sets_on_rank0(typed[0], specs, prefix="granndis-widths-")
 
 
@@ -45,7 +46,10 @@ def sets(typed):
 def test_logits_equal_reference(typed, sets, model, mode, k):
     graph, rows = typed
     extra = {"preloaded_layers": k} if k is not None else {}
-    trainer = make_trainer(sets["w-2"], mode, model, LAYERS, hidden=8, model_option=OPTIONS[model], **extra)
+    # --verify-content: the job's rows, held at their own widths, hash to the manifest's digest (of the
+    # zero-padded rows), preloaded copies included
+    trainer = make_trainer(sets["w-2"], mode, model, LAYERS, hidden=8, model_option=OPTIONS[model],
+                           verify_content=True, **extra)
     try:
         assert trainer.model.contract.input_projection
         assert trainer.world_view.halo_features is None  # the features of halo rows are never exchanged
@@ -92,15 +96,18 @@ def test_training_with_dropout_equals_reference(typed, sets, model, mode, k, rps
         trainer.close()
 
 
-@pytest.mark.parametrize("model,mode", [("rgcn", "eas"), ("rgat", "cob"), ("rgcn", "mb"), ("rgat", "fb-bf16")])
+@pytest.mark.parametrize("model,mode", [("rgcn", "eas"), ("rgat", "cob"), ("rgcn", "mb"), ("rgat", "fb-bf16"),
+                                        ("rgcn", "flx-inductive"), ("rgat", "cob-inductive")])
 def test_sampled_modes_train(sets, model, mode):
-    """eas, cob and mb sample, so they are not compared with the reference, nor is --precision bf16 (rounded
-    rows): they train and the loss falls."""
+    """eas, cob and mb sample, so they are not compared with the reference, nor are --precision bf16 (rounded
+    rows) and --inductive (its own induced graphs; its views take their rows' blocks of the held rows):
+    they train and the loss falls."""
+    mode, _, option = mode.partition("-")
     extra = {"batches_per_epoch": 2, "fanout": 4} if mode in ("cob", "mb") else {}
-    if mode == "fb-bf16":
-        mode, extra = "fb", {"precision": "bf16"}
-    trainer = make_trainer(sets["w-eas" if mode == "eas" else "w-2"], mode, model, LAYERS, hidden=8, lr=0.02,
-                           seed=SEED, model_option=OPTIONS[model], **extra)
+    extra.update({"bf16": {"precision": "bf16"}, "inductive": {"inductive": True}}.get(option, {}))
+    shards = sets["w-eas" if mode == "eas" else "w-inductive" if option == "inductive" else "w-2"]
+    trainer = make_trainer(shards, mode, model, LAYERS, hidden=8, lr=0.02, seed=SEED, model_option=OPTIONS[model],
+                           **extra)
     try:
         losses = [trainer.train_epoch()["loss"] for _ in range(10)]
     finally:
