@@ -33,7 +33,7 @@ def agree_with_peers(alltoall_counts, num_peers: int, signature: int, problem, f
                                 f"shard is inconsistent: see their message); run `granndis preprocess verify`")
     other = np.flatnonzero(theirs != signature)
     if other.size:
-        shape = tuple(np.shape(features))
+        shape = tuple(features.shape if hasattr(features, "shape") else np.shape(features))
         raise planner.PlanError(
             f"this rank's rows are {shape[1:] or shape} of {getattr(features, 'dtype', '?')} but peer(s) "
             f"{other.tolist()} of the view hold rows of another width or dtype: the exchange cannot agree on a "

@@ -15,7 +15,7 @@ The blocks are NumPy arrays on the host (a rank's slice, a sampler's server rows
 """
 from __future__ import annotations
 
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -32,6 +32,7 @@ class TypedRows:
     def __init__(self, blocks: Sequence[Any], row_type: Any, width: int):
         self.blocks: Tuple[Any, ...] = tuple(blocks)
         self.row_type, self.width = row_type, int(width)
+        self._rank: Optional[np.ndarray] = None  # rank_in_type, computed once (a sampler takes rows per batch)
 
     # ---- construction (host) ------------------------------------------------------------------
     @classmethod
@@ -102,12 +103,15 @@ class TypedRows:
         return TypedRows(blocks, kind, self.width)
 
     def rank_in_type(self) -> np.ndarray:
-        """int64 [rows]: each row's position in its type's block (host form)."""
+        """int64 [rows]: each row's position in its type's block (host form; computed on the first call)."""
+        if self._rank is not None:
+            return self._rank
         row_type = np.asarray(self.row_type)
         order = np.argsort(row_type, kind="stable")
         starts = np.concatenate([[0], np.cumsum(np.bincount(row_type, minlength=len(self.blocks)))])
         rank = np.empty(row_type.shape[0], dtype=np.int64)
         rank[order] = np.arange(row_type.shape[0], dtype=np.int64) - starts[row_type[order]]
+        self._rank = rank
         return rank
 
     def padded(self) -> np.ndarray:
