@@ -105,15 +105,18 @@ class InducedCounter:
             each = [(int(np.sum(c.own)), int(np.sum(c.nnz))) for c in file_counts[rank // G * G:(rank // G + 1) * G]]
         return each[rank % G], tuple(int(x) for x in np.sum(each, axis=0))
 
-    def host_bytes(self, rank: int, file_counts: Optional[List[mm.HopCounts]], features: int) -> int:
-        """The rank's shard slice (shards.read_rank_slice) of the set."""
+    def host_bytes(self, rank: int, file_counts: Optional[List[mm.HopCounts]], features: float) -> int:
+        """The rank's shard slice (shards.read_rank_slice) of the set; features: floats per row (rows held at
+        their own widths: memory_model/typed_widths.py held_width)."""
         full = self.prep.world[rank]
         (rows, edges), (server_rows, _) = self.file_rows(rank, file_counts)
         return slice_bytes(rows, edges, full.n_inner, full.nnz, server_rows, features, self.multilabel_classes)
 
     def rows(self, server: Optional[List[mm.HopCounts]], file_counts: Optional[List[mm.HopCounts]], layers: int,
-             k: int, features: int, num_classes: int) -> List[mm.RankRows]:
-        """RankRows of every rank (rank order) with k layers on the train-induced server views `server`."""
+             k: int, features: int, num_classes: int, held: Optional[float] = None) -> List[mm.RankRows]:
+        """RankRows of every rank (rank order) with k layers on the train-induced server views `server`;
+        held: the slice's feature floats per row (None: features)."""
+        held = features if held is None else held
         return [inductive_rank_rows(r, self.worlds[r], server[r] if k > 0 else None, layers, k, features, num_classes,
-                                    self.host_bytes(r, file_counts, features), self.file_rows(r, file_counts)[1])
+                                    self.host_bytes(r, file_counts, held), self.file_rows(r, file_counts)[1])
                 for r in range(len(self.worlds))]  # loop over ranks

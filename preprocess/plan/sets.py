@@ -27,6 +27,7 @@ from granndis_hpc import memory_model as mm
 from granndis_hpc import registry
 from granndis_hpc.cluster.group import as_group
 from granndis_hpc.memory_model.induced_sets import train_induced_edges
+from granndis_hpc.memory_model.typed_widths import held_width
 
 from granndis_hpc.preprocess.build.pipeline import BuildConfig, build_server, validate_config
 from granndis_hpc.preprocess.plan.build_memory import ServerLoad
@@ -147,7 +148,7 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
     def rows_of(counts, derived, k):
         if ind is None:
             return prep.rows(counts, L, k, features, classes)
-        return ind.rows(derived.get(k) if derived else None, counts, L, k, features, classes)
+        return ind.rows(derived.get(k) if derived else None, counts, L, k, features, classes, held_width(m))
 
     def counted_set(build, kind, hops, source, depths, **kw):
         rows = {k: rows_of(build.counts, build.induced, k) for k in depths}
