@@ -34,7 +34,8 @@ class PlanView(Protocol):
 
     @property
     def input_features(self) -> torch.Tensor:
-        """Layer 0's own input rows."""
+        """Layer 0's own input rows (a graph.typed_features.TypedRows where the types' widths differ and the
+        model projects each type)."""
 
     @property
     def graphs(self) -> Sequence[LayerGraph]:
