@@ -59,6 +59,11 @@ def test_held_bytes_are_the_rows_own_widths_and_read_back_padded(typed):
     assert on[:50].nbytes == held[:50].nbytes
     with pytest.raises(ValueError, match="entries"):
         TypedRows.from_flat(np.zeros(3, np.float32), graph.types, gid, WIDEST)
+    # the readers' finiteness check sees each row's own columns
+    assert held.all_finite()
+    held.blocks[1][3, 11] = np.nan
+    bad = np.flatnonzero(~held.finite_rows())
+    assert not held.all_finite() and bad.size == 1 and graph.types.vertex_type(gid[bad])[0] == 1
 
 
 @pytest.mark.parametrize("model", ["rgcn", "rgat"])
