@@ -349,7 +349,12 @@ class Automatic(Mode):
                                           world_round_s=rounds["world_round_s"],
                                           server_round_s=rounds["server_round_s"],
                                           inter_both_Bps=both_ways_rate(links),
-                                          cobatch_s=setup["cobatch_s"], cobatch_row_s=setup["cobatch_row_s"])
+                                          cobatch_s=setup["cobatch_s"], cobatch_row_s=setup["cobatch_row_s"],
+                                          # a co-batch step's all-reduce of its target count (one int over the
+                                          # world, blocking) at the gradient round's price: of the rounds timed,
+                                          # the one that is also a blocking all-reduce of a few bytes over every
+                                          # rank (the exchange rounds are point-to-point, some overlapped)
+                                          targets_round_s=rounds["allreduce_s"])
         memory = device_memory(topo)  # collective: what the GPUs have free now (None on the CPU)
         # Rank 0 reads the shard sets and estimates; every rank gets the same decision or error.
         with collective_errors(topo.world, "--mode auto", **errors):

@@ -73,7 +73,8 @@ class Option:
                 "train_options": self.train_options(), "exact": exact(self), "predicted_s": dict(self.predicted),
                 "rounds": None if self.work is None else {"world": self.work.world_rounds,
                                                           "server": self.work.server_rounds,
-                                                          "steps": self.work.steps}}
+                                                          "steps": self.work.steps,
+                                                          "targets": self.work.target_rounds}}
 
 
 def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int, device: str = "cpu",
@@ -89,15 +90,17 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
             e["total"] += int(graph) + int(buffers)
     worst = max(range(len(ests)), key=lambda i: ests[i]["total"])
     held = max(rows_held(r) for r in rows)
+    batched = MODES.entry(mode).get("knob") == "batches"
     # k: the layers on the server-side view (0 for fb, L for eas and cob).
     return Option(mode=mode, k=int(rows[0].k), batches=batches, payload=payload,
                   peak=int(ests[worst]["total"]), peak_rank=int(rows[worst].rank), breakdown=ests[worst]["breakdown"],
                   rows_per_gpu=int(held), source=source,
                   # one optimizer step per co-batch (batches is 1 for the full-graph modes)
                   inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches, halo_bytes=halo),
-                  # a batched mode sets up each co-batch (one per epoch is planned once and reused)
+                  # a batched mode sets up each co-batch (one per epoch is planned once and reused) and
+                  # all-reduces the target count of every one
                   work=work(rows, m, servers, batches, halo_bytes=halo,
-                            cobatches=batches if MODES.entry(mode).get("knob") == "batches" and batches > 1 else 0))
+                            cobatches=batches if batched and batches > 1 else 0, batched=batched))
 
 
 @dataclass

@@ -46,7 +46,9 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   all-reduce), and for cob every co-batch's set-up (sampling it, splitting it over the server's GPUs,
   planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of the busiest rank's
   co-batch, as engine/cobsetup.py times it on the job's graph at start-up; the loader builds a co-batch
-  while the previous step computes, which hides it only where the host has cores to spare);
+  while the previous step computes, which hides it only where the host has cores to spare) and every
+  co-batch's all-reduce of its target count (targets_round_s: the loss is the mean over the targets of
+  every server's co-batch, whose number each step sums over the world before its loss);
 all times the co-batches per epoch (cob's rows are one co-batch's, each co-batch a step with its own
 rounds).  The total is their sum: the additive model with the gradient's overlap credited, an upper
 bound in its halo terms, which overlapping the halo exchanges with compute only lowers
@@ -78,8 +80,8 @@ class Rates:
     fixed costs (module docstring): compute_scale, seconds per optimizer step and per exchange round.
     inter_both_Bps: the inter-server rate each way while both directions carry data (None: inter_Bps, a
     full-duplex link); cobatch_s, cobatch_row_s: seconds to set up a co-batch, fixed and per row of its
-    dependency graph.  The fixed costs default to none (a plan priced without them: `preprocess plan`
-    without the cluster)."""
+    dependency graph; targets_round_s: seconds of a batched step's all-reduce of its target count.  The
+    fixed costs default to none (a plan priced without them: `preprocess plan` without the cluster)."""
 
     inter_Bps: Optional[float]
     intra_Bps: Optional[float]
@@ -92,6 +94,7 @@ class Rates:
     inter_both_Bps: Optional[float] = None
     cobatch_s: float = 0.0
     cobatch_row_s: float = 0.0
+    targets_round_s: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,8 +105,9 @@ class Work:
     exchanges (None: one segment, the per-rank totals).  inter_back_bytes: per server, the bytes its link
     carries the other way while its inter_bytes cross (None: nothing, a one-way transfer).  cobatches:
     the co-batches set up per epoch; cobatch_rows: their rows (the busiest rank's per co-batch, times
-    their number).  grad_bytes: per server, the gradient all-reduce's bytes within inter_bytes and, the
-    same, within inter_back_bytes (None: none); grad_overlapped: the run reduces them during the backward;
+    their number); target_rounds: the all-reduces of a step's target count per epoch (one per co-batch).
+    grad_bytes: per server, the gradient all-reduce's bytes within inter_bytes and, the same, within
+    inter_back_bytes (None: none); grad_overlapped: the run reduces them during the backward;
     grad_last_share: the share of them in the bucket the backward finishes last (module docstring)."""
 
     row_units: np.ndarray  # per rank: sum over layers of n_dst x w_in x w_out
@@ -122,6 +126,7 @@ class Work:
     grad_bytes: Optional[np.ndarray] = None
     grad_overlapped: bool = False
     grad_last_share: float = 1.0
+    target_rounds: int = 0
 
 
 def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
@@ -133,9 +138,10 @@ def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
 
 
 def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: int = 1,
-         halo_bytes: Optional[np.ndarray] = None, cobatches: int = 0) -> Work:
+         halo_bytes: Optional[np.ndarray] = None, cobatches: int = 0, batched: bool = False) -> Work:
     """The epoch's work of the option whose every rank's rows are `option_rows` (one co-batch's for cob:
-    `batches` of them make the epoch, each an optimizer step; `cobatches` of them set up per epoch).
+    `batches` of them make the epoch, each an optimizer step; `cobatches` of them set up per epoch;
+    batched: a co-batch's mode, whose every step all-reduces its target count).
     halo_bytes: [rank, (inter, intra)] where they are not rank_halo_bytes' (fb's partial payloads,
     memory_model/payload.py)."""
     widths = np.asarray(m.widths(), dtype=np.float64)
@@ -162,6 +168,7 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
                 intra_bytes=b * halo[:, 1], inter_bytes=b * (inter + grad_per_server),
                 inter_back_bytes=b * (back + grad_per_server),
                 cobatches=int(cobatches), cobatch_rows=float(int(cobatches) * n_dst.sum(axis=1).max(initial=0.0)),
+                target_rounds=b if batched else 0,
                 rows_computed=int(b * n_dst.sum()), world_rounds=2 * b * world, server_rounds=2 * b * inside,
                 steps=b, segment_row_units=(row_layer @ onehot).T, segment_edge_units=(edge_layer @ onehot).T,
                 grad_bytes=np.full(int(servers), b * grad_per_server), grad_overlapped=bool(m.overlap),
@@ -239,7 +246,8 @@ def seconds(w: Work, rates: Rates) -> Dict[str, float]:
     inter = inter_seconds(w, rates) - hidden
     intra = _wire(float(np.max(w.intra_bytes, initial=0.0)), rates.intra_Bps, "intra-server")
     fixed = (w.steps * rates.step_s + w.world_rounds * rates.world_round_s + w.server_rounds * rates.server_round_s
-             + w.cobatches * rates.cobatch_s + w.cobatch_rows * rates.cobatch_row_s)
+             + w.cobatches * rates.cobatch_s + w.cobatch_rows * rates.cobatch_row_s
+             + w.target_rounds * rates.targets_round_s)
     return {"compute_s": compute, "inter_s": inter, "intra_s": intra, "fixed_s": float(fixed),
             "total_s": compute + inter + intra + float(fixed), "gradient_hidden_s": hidden}
 

@@ -127,6 +127,10 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
             assert setup["rows"] > 0 and setup["cobatch_s"] + setup["rows"] * setup["cobatch_row_s"] > 0
             assert setup["method"] in decision["reason"]
             assert (rates["cobatch_s"], rates["cobatch_row_s"]) == (setup["cobatch_s"], setup["cobatch_row_s"])
+            # every co-batch step all-reduces its target count: one round each, at the gradient round's price
+            assert rates["targets_round_s"] == check["rounds"]["allreduce_s"] > 0
+            cob = [o for o in decision["options"] if o["mode"] == "cob"]
+            assert cob and all(o["rounds"]["targets"] == o["batches"] == o["rounds"]["steps"] for o in cob)
         else:
             assert setup is None and rates["cobatch_s"] == rates["cobatch_row_s"] == 0.0
         # the fastest that fits, or fb where the fastest is predicted no more than the margin faster
@@ -140,6 +144,7 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
             assert decision["choice"]["mode"] == "fb"
             assert "fb is kept" in decision["reason"] if fb > fastest else "shortest" in decision["reason"]
         for o in decision["options"]:
+            assert o["rounds"]["targets"] == (o["batches"] if o["mode"] == "cob" else 0)
             p = o["predicted_s"]
             assert p["total_s"] == pytest.approx(p["compute_s"] + p["inter_s"] + p["intra_s"] + p["fixed_s"])
             assert p["fixed_s"] >= o["rounds"]["steps"] * rates["step_s"]

@@ -1,4 +1,6 @@
 """--auto-rule time: the option of the shortest predicted epoch among those that fit (memory_model/choice.py)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -100,7 +102,7 @@ def test_fixed_costs_count_per_round_and_step():
     assert d.choice.mode == "fb"
     p = {o["label"]: o["predicted_s"] for o in d.to_dict()["options"]}
     assert p["fb"]["fixed_s"] == pytest.approx(0.014) and p["cob batches=8"]["fixed_s"] == pytest.approx(0.096)
-    assert d.to_dict()["choice"]["rounds"] == {"world": 2, "server": 0, "steps": 1}
+    assert d.to_dict()["choice"]["rounds"] == {"world": 2, "server": 0, "steps": 1, "targets": 0}
 
 
 def test_decision_table_marks_the_choice():
@@ -111,19 +113,44 @@ def test_decision_table_marks_the_choice():
     assert any(line.startswith("flx k=2") and line.endswith("<- chosen") for line in lines)
 
 
-def test_cob_options_set_up_each_co_batch():
+def _server_rows():
+    """Four ranks (2 servers x 2) whose every layer is on the server view: 10 + 5 rows a co-batch."""
     l0 = mm.LayerRows(n_own_in=20, n_halo=0, n_dst=10, nnz=30, inter_halo=0)
     l1 = mm.LayerRows(n_own_in=10, n_halo=0, n_dst=5, nnz=10, inter_halo=0)
-    spec = mm.ModelSpec("sage", features=8, hidden=16, num_classes=4, layers=2)
 
     def rank(r):
         v = mm.ViewRows("server", 20, 0, 0, (l0, l1))
         return mm.RankRows(rank=r, features=8, num_classes=4, n_inner=5, n_train=5, layers=2, k=2,
                            world=mm.ViewRows("world", 20, 0, 0, (l0, l1)), server=v)
-    rows = [rank(r) for r in range(4)]
-    cob = mm.make_option("cob", rows, spec, servers=2, batches=4)
-    flx = mm.make_option("flx", rows, spec, servers=2)
+    return [rank(r) for r in range(4)]
+
+
+SPEC = mm.ModelSpec("sage", features=8, hidden=16, num_classes=4, layers=2)
+
+
+def test_cob_options_set_up_each_co_batch():
+    rows = _server_rows()
+    cob = mm.make_option("cob", rows, SPEC, servers=2, batches=4)
+    flx = mm.make_option("flx", rows, SPEC, servers=2)
     assert cob.work.cobatch_rows == 4 * 15 and flx.work.cobatch_rows == 0  # rows 10 + 5 per co-batch
     rates = mm.Rates(inter_Bps=1e9, intra_Bps=1e9, row_s=0.0, edge_s=0.0, cobatch_s=0.02, cobatch_row_s=1e-3)
     mm.choice.price([cob, flx], rates)
     assert cob.predicted["fixed_s"] == pytest.approx(4 * 0.02 + 60e-3) and flx.predicted["fixed_s"] == 0.0
+
+
+@pytest.mark.parametrize("batches", [1, 2, 5])
+def test_cob_options_all_reduce_each_co_batch_s_targets(batches):
+    """Every co-batch step sums its target count over the world (engine/cobatch.py): one small all-reduce
+    round per co-batch, priced at targets_round_s; a full-graph option has its count at set-up."""
+    rows, round_s = _server_rows(), 0.0037
+    base = mm.Rates(inter_Bps=1e9, intra_Bps=1e9, row_s=1e-6, edge_s=1e-7, step_s=0.01, server_round_s=0.002,
+                    cobatch_s=0.02, cobatch_row_s=1e-4)
+    priced = dataclasses.replace(base, targets_round_s=round_s)
+    for mode, rounds in (("cob", batches), ("flx", 0), ("fb", 0)):
+        option = mm.make_option(mode, rows, SPEC, servers=2, batches=batches if mode == "cob" else 1)
+        assert option.to_dict()["rounds"]["targets"] == rounds
+        without, with_rounds = (dict(mm.epoch_time.seconds(option.work, r)) for r in (base, priced))
+        assert with_rounds["total_s"] - without["total_s"] == pytest.approx(rounds * round_s, rel=1e-12, abs=1e-15)
+        assert with_rounds["fixed_s"] - without["fixed_s"] == pytest.approx(rounds * round_s, rel=1e-12, abs=1e-15)
+        for part in ("compute_s", "inter_s", "intra_s"):
+            assert with_rounds[part] == without[part]
