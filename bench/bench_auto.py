@@ -243,6 +243,8 @@ def render(data):
                 if "cobatch_row_s" in rt:
                     fixed += (f", co-batch set-up {fmt(rt['cobatch_s'])} s + {fmt(rt['cobatch_row_s'])} s "
                               f"per row")
+                if rt.get("targets_round_s"):
+                    fixed += f", target-count all-reduce {fmt(rt['targets_round_s'])} s per co-batch"
                 both = (f" ({fmt(rt['inter_both_Bps'] / 1e6)} MB/s each way both ways at once)"
                         if rt.get("inter_both_Bps") else "")
                 L.append(f"Rates auto priced with: inter {fmt((rt.get('inter_Bps') or 0) / 1e6)} MB/s{both}, "
