@@ -14,14 +14,16 @@ seconds per row, and the slowest rank's of each is kept.
 
 auto decides before the run reads its shards, so nothing of the run is at hand yet: the check reads the
 server graph's structure (CSR, hops, split, ids: what the sampler and the planner use) and no feature
-row, which on a wide set is most of the file.  The one step it leaves out is the host copy of each
-row's features out of the server's rows (a gather of F floats a row after the plan: about 0.04 us a row
-at 100 features, against the microseconds a row the sampling and planning take).
+row, which on a wide set is most of the file.  Where auto then chooses a batched mode on the same shard
+set, its loader samples from that structure and reads only the features: the run reads its server
+graph once.  The one step the timing leaves out is the host copy of each row's features out of the
+server's rows (a gather of F floats a row after the plan: about 0.04 us a row at 100 features, against
+the microseconds a row the sampling and planning take).
 """
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -60,12 +62,11 @@ def structure_only(graph: dict) -> dict:
     return {**graph, "features": np.zeros((n, 0), dtype=np.float32)}
 
 
-def _rank_rate(cfg, path: str, topo, device) -> Optional[tuple]:
-    """(fixed seconds, seconds per row, rows of the larger co-batch) of this rank's timed co-batches;
-    None where its server has no training vertex (the cob options are then refused by their own checks).
-    Reads the server's graph structure only: no feature row (module docstring)."""
-    manifest = shards.read_manifest(path)
-    graph = structure_only(shards.read_server_graph(path, manifest, topo.server))
+def _rank_rate(cfg, graph: dict, manifest: dict, topo, device) -> Optional[tuple]:
+    """(fixed seconds, seconds per row, rows of the larger co-batch) of this rank's timed co-batches on its
+    server's `graph` (its structure: shards.read_server_graph without features); None where the server
+    has no training vertex (the cob options are then refused by their own checks)."""
+    graph = structure_only(graph)
     if cfg.inductive:
         graph = inductive.train_induced_graph(graph)
     train_ids = np.flatnonzero(graph["train"] & (graph["hop"] == 0))
@@ -87,14 +88,19 @@ def _rank_rate(cfg, path: str, topo, device) -> Optional[tuple]:
     return fixed, row_s, timed["large"][1]
 
 
-def measure(cfg, path: str, topo) -> dict:
-    """{cobatch_s, cobatch_row_s, rows, method}: the slowest rank's fixed seconds and seconds per row to
-    set up a co-batch of the shard set at `path` (module docstring); 0 where they could not be measured
-    (the method says why).  Collective over the world."""
+def measure(cfg, path: str, topo) -> Tuple[dict, Optional[dict]]:
+    """({cobatch_s, cobatch_row_s, rows, method}, graph): the slowest rank's fixed seconds and seconds per
+    row to set up a co-batch of the shard set at `path` (module docstring), 0 where they could not be
+    measured (the method says why), and the rank's server graph as read here: its structure, no feature
+    row (None where it could not be read), which a batched mode chosen on `path` samples from, reading
+    only the features then (BatchedMode.setup).  Collective over the world."""
     mine: Optional[tuple] = None
+    graph: Optional[dict] = None
     error = ""
     try:
-        mine = _rank_rate(cfg, path, topo, topo.device)
+        manifest = shards.read_manifest(path)
+        graph = shards.read_server_graph(path, manifest, topo.server)
+        mine = _rank_rate(cfg, graph, manifest, topo, topo.device)
     except (shards.ShardError, SamplerError, OSError, KeyError, ValueError) as exc:
         error = f"{type(exc).__name__}: {exc}"
     got = topo.allgather_object((mine, error))
@@ -102,10 +108,11 @@ def measure(cfg, path: str, topo) -> dict:
     rates = [m for m, _ in got if m is not None]
     if errors or not rates:
         why = errors[0] if errors else "no server holds training vertices"
-        return {"cobatch_s": 0.0, "cobatch_row_s": 0.0, "rows": 0, "method": f"co-batch set-up not priced ({why})"}
+        return ({"cobatch_s": 0.0, "cobatch_row_s": 0.0, "rows": 0, "method": f"co-batch set-up not priced ({why})"},
+                graph)
     fixed, row_s = max(r[0] for r in rates), max(r[1] for r in rates)
     rows = int(np.mean([r[2] for r in rates]))
-    return {"cobatch_s": float(fixed), "cobatch_row_s": float(row_s), "rows": rows,
-            "method": (f"co-batch set-up {fixed * 1e3:.3g} ms + {row_s * 1e6:.3g} us per row (sampled, split, "
-                       f"planned and laid out; fitted on co-batches of up to {rows:,} rows, every rank at once, "
-                       f"best of {TRIALS}, the slowest rank's)")}
+    return ({"cobatch_s": float(fixed), "cobatch_row_s": float(row_s), "rows": rows,
+             "method": (f"co-batch set-up {fixed * 1e3:.3g} ms + {row_s * 1e6:.3g} us per row (sampled, split, "
+                        f"planned and laid out; fitted on co-batches of up to {rows:,} rows, every rank at once, "
+                        f"best of {TRIALS}, the slowest rank's)")}, graph)

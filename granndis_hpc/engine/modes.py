@@ -237,6 +237,10 @@ class BatchedMode(Mode):
     co-batch's dependency graph this rank computes and how it gets the others."""
 
     split_kind = ""
+    # The server graph's structure (shards.read_server_graph, no features) where auto's co-batch set-up
+    # check read it from the shard set this mode trains on (engine/cobsetup.py); set-up then reads only
+    # the features
+    server_structure: Optional[dict] = None
 
     def check(self, manifest):
         cfg, pre = self.cfg, manifest["preload"]  # fanout and sampler names: TrainConfig checks them
@@ -254,7 +258,9 @@ class BatchedMode(Mode):
         # Every rank of a server draws the same co-batches (same seed): each reads its server's graph.
         with collective_errors(topo.world, "reading the server graph for co-batches",
                                catch=(shards.ShardError, SamplerError, OSError, KeyError)):
-            graph = shards.read_server_graph(cfg.shards, ctx.manifest, topo.server, features=True)
+            held, self.server_structure = self.server_structure, None  # the loader keeps its own graph
+            graph = (shards.read_server_graph(cfg.shards, ctx.manifest, topo.server, features=True) if held is None
+                     else {**held, "features": shards.read_server_features(cfg.shards, ctx.manifest, topo.server)})
             if ctx.inductive:  # co-batches are sampled over the train-induced edges only
                 graph = inductive.train_induced_graph(graph)
             train_ids = np.flatnonzero(graph["train"] & (graph["hop"] == 0))
@@ -317,7 +323,7 @@ class Automatic(Mode):
     def resolve(self, topo, links: Optional[dict] = None, comm=None):
         cfg = self.cfg
         paths = [p for p in str(cfg.shards).split(",") if p]
-        decision = measured = rates_for = rounds = setup = None
+        decision = measured = rates_for = rounds = setup = structure = None
         errors: Dict[str, Any] = dict(catch=(TrainingError, memory_model.MemoryModelError, shards.ShardError, OSError,
                                              KeyError,
                              ValueError))
@@ -339,8 +345,8 @@ class Automatic(Mode):
                                              gradient_overlapped=not cfg.no_overlap)
             measured = self._compute_rate(topo, paths[0], model_kw, errors)
             # cob's co-batch set-up (a sampled mode: not with --auto-modes exact); collective
-            setup = (cobsetup.measure(cfg, paths[0], topo) if cfg.auto_modes != "exact"
-                     else {"cobatch_s": 0.0, "cobatch_row_s": 0.0, "method": ""})
+            setup, structure = (cobsetup.measure(cfg, paths[0], topo) if cfg.auto_modes != "exact"
+                                else ({"cobatch_s": 0.0, "cobatch_row_s": 0.0, "method": ""}, None))
 
             def rates_for(m, degree):
                 return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], measured["row_s"], measured["edge_s"],
@@ -382,6 +388,8 @@ class Automatic(Mode):
                                        **{"preloaded_layers": None, "halo_payload": "rows", **choice["train_options"]})
         mode = make_mode(resolved)
         mode.decision = decision
+        if isinstance(mode, BatchedMode) and choice["source"] == paths[0]:
+            mode.server_structure = structure  # what the set-up check read: not read again
         if not cfg.quiet:
             log.info(f"[auto] {choice['label']} on {choice['source']}: estimated peak "
                      f"{format_size(choice['peak_bytes'])} per GPU within {format_size(decision['budget_bytes'])}")

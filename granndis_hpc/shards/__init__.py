@@ -5,8 +5,8 @@ preprocess stage writes with prepare_output_dir / stage_server_file / commit_sha
 """
 from .content import check_job_content
 from .manifest import check_job, manifest_digests, read_manifest, sha256_file, verify_checksums
-from .reader import (RankSlice, open_server, read_rank_slice, read_server_arrays, read_server_graph, read_server_rows,
-                     server_file)
+from .reader import (RankSlice, open_server, read_rank_slice, read_server_arrays, read_server_features,
+                     read_server_graph, read_server_rows, server_file)
 from .schema import (DATASETS, FORMAT_VERSION, INDUCTIVE_DATASETS, MANIFEST_NAME, SPLIT_BITS, TRAIN_HOP_DATASETS,
                      TRAIN_HOP_UNREACHED, ShardError, datasets_of, has_train_hop, is_inductive, is_multilabel,
                      row_block_rows, server_file_name, split_code)
@@ -20,8 +20,8 @@ __all__ = [
     "TRAIN_HOP_DATASETS", "TRAIN_HOP_UNREACHED", "datasets_of", "has_train_hop", "is_inductive", "is_multilabel",
     "row_block_rows", "split_code",
     "read_manifest", "check_job", "check_job_content", "verify_checksums", "sha256_file",
-    "RankSlice", "open_server", "read_rank_slice", "read_server_arrays", "read_server_graph", "read_server_rows",
-           "server_file",
+    "RankSlice", "open_server", "read_rank_slice", "read_server_arrays", "read_server_features",
+    "read_server_graph", "read_server_rows", "server_file",
     "StagedFile", "StreamedDataset", "check_free_space", "estimate_file_bytes", "leftover_temporaries",
            "lower_bound_set_bytes",
     "manifest_digests", "prepare_output_dir", "stage_server_file", "commit_shard_set", "discard_staged", "write_shards",

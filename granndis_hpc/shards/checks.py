@@ -122,7 +122,14 @@ def check_server_graph(graph: dict, manifest: dict, fpath: str) -> None:
     _in_range(graph["indices"], 0, n, "graph/indices", manifest, fpath)
     _in_range(graph["hop"], 0, int(manifest["preload"]["hops"]) + 1, "vertices/hop", manifest, fpath)
     _in_range(graph["global_id"], 0, int(manifest["dataset"]["num_vertices"]), "vertices/global_id", manifest, fpath)
-    bad = _non_finite_rows(graph["features"]) if "features" in graph else 0
+    if "features" in graph:
+        check_server_features(graph["features"], manifest, fpath)
+
+
+def check_server_features(features, manifest: dict, fpath: str) -> None:
+    """A server's feature rows as a batched mode holds them (shards.read_server_graph, read_server_features):
+    a matrix, or a TypedRows at its types' own widths."""
+    bad = _non_finite_rows(features)
     if bad:
         raise _fail(fpath, "features", f"holds NaN or infinite values in {bad} of the server's rows", manifest)
 

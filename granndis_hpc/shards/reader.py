@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional, Union
 import numpy as np
 
 from .checks import (check_file_layout, check_offsets, check_pointer, check_rank_slice,
-                     check_server_graph)
+                     check_server_features, check_server_graph)
 from .schema import FORMAT_VERSION, ShardError, has_train_hop, is_inductive, manifest_datasets, server_file_name
 from granndis_hpc.graph.typed_features import TypedRows
 
@@ -210,6 +210,18 @@ def read_server_graph(path, manifest: dict, server: int, features: bool = False)
             out["train_in_degree"] = f["graph/train_in_degree"][:]
         check_server_graph(out, manifest, f.filename)
         return out
+
+
+def read_server_features(path, manifest: dict, server: int):
+    """A server's feature rows, float32 [n_s, F] or a TypedRows where the types' widths differ
+    (read_server_graph's with features=True), for a loader that
+    holds the server's graph structure already (read by --mode auto's co-batch set-up check)."""
+    with _open_server(os.fspath(path), manifest, server) as f:
+        check_file_layout(f, manifest, f.filename)
+        global_id = f["vertices/global_id"][:]
+        features = _feature_rows(f, manifest, 0, global_id.shape[0], global_id)
+        check_server_features(features, manifest, f.filename)
+        return features
 
 
 def read_server_rows(path, manifest: dict, server: int, ids) -> np.ndarray:

@@ -4,6 +4,7 @@ with the largest co-batch that fits), each run trains, each run's measured peak 
 budget, and a budget too small for anything is refused on every rank with the budget needed."""
 import numpy as np
 import pytest
+import torch
 from mpi4py import MPI
 
 from granndis_hpc import memory_model as mm
@@ -156,3 +157,58 @@ def test_nothing_fits_is_refused_with_the_budget_needed(shard_sets):
     with pytest.raises(ClusterError, match=r"nothing fits .* use --memory-per-gpu"):
         make_trainer(f"{shard_sets['full']},{shard_sets['eas']}", "auto", "sage", LAYERS, hidden=HIDDEN,
                      memory_per_gpu="1KiB")
+
+
+def test_a_cob_choice_samples_from_the_structure_the_set_up_check_read(shard_sets, monkeypatch):
+    """Auto's co-batch set-up check reads the server graph without features; where auto then chooses cob on
+    that set, the loader samples from what the check read and reads only the features, and trains exactly
+    as `--mode cob` with the same co-batches, which reads the graph itself.  (On this graph fb is both the
+    smallest and the fastest option: the time rule is handed cob with 2 co-batches only, to choose it, and
+    the compute rate, which only ranks the options, is given instead of measured: the test stays short.)"""
+    import functools
+    import sys
+
+    from granndis_hpc import shards
+    from granndis_hpc.memory_model import compute_rate, shardsets
+
+    monkeypatch.setattr(compute_rate, "measure_job", lambda *a, **kw: {
+        "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "step_s": 0.0, "calibration": None,
+        "method": "compute rate given"})
+    monkeypatch.setattr(mm, "choose_shard_sets", functools.partial(mm.choose_shard_sets, batches=(2,)))
+    choose = shardsets.choose_by_time
+    monkeypatch.setattr(shardsets, "choose_by_time",
+                        lambda options, *a, **kw: choose([o for o in options if o.mode == "cob"], *a, **kw))
+    calls = []
+
+    def spy(name):
+        original = getattr(shards, name)
+
+        def read(path, manifest, server, **kw):
+            caller = sys._getframe(1).f_code
+            calls.append((name, caller.co_filename.rsplit("/", 1)[-1], caller.co_name, server,
+                          kw.get("features", False)))
+            return original(path, manifest, server, **kw)
+        monkeypatch.setattr(shards, name, read)
+    spy("read_server_graph")
+    spy("read_server_features")
+
+    def trained(mode, **kw):
+        trainer = make_trainer(shard_sets["full"], mode, "sage", LAYERS, hidden=HIDDEN, dropout=0.5, **kw)
+        try:
+            trainer.train_epoch()
+            return trainer.mode, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        finally:
+            trainer.close()
+
+    mode, auto_params = trained("auto", memory_per_gpu="1GiB")
+    assert mode.name == "cob" and mode.cfg.batches_per_epoch == 2, mode.decision["reason"]
+    server = WORLD.rank // (WORLD.size // 2)
+    engine = [c for c in calls if c[1] in ("cobsetup.py", "modes.py")]  # rank 0 also reads for the estimates
+    assert engine == [("read_server_graph", "cobsetup.py", "measure", server, False),
+                      ("read_server_features", "modes.py", "setup", server, False)], engine
+    calls.clear()
+    _, cob_params = trained("cob", batches_per_epoch=mode.cfg.batches_per_epoch)
+    assert calls == [("read_server_graph", "modes.py", "setup", server, True)], calls
+    assert auto_params.keys() == cob_params.keys()
+    for key in auto_params:
+        assert torch.equal(auto_params[key], cob_params[key]), key

@@ -103,6 +103,13 @@ def test_read_server_graph_and_rows_check_the_file(shard_set, tmp_path):
     wide = tamper(shard_set, tmp_path / "wide", 0, "features", lambda a: np.hstack([a, a]))
     with pytest.raises(shards.ShardError, match=r"'features' has shape \[\d+, 14\], expected \[\d+, 7\]"):
         shards.read_server_rows(wide, shards.read_manifest(wide), 0, [0, 1])
+    with pytest.raises(shards.ShardError, match=r"'features' has shape \[\d+, 14\], expected \[\d+, 7\]"):
+        shards.read_server_features(wide, shards.read_manifest(wide), 0)
+    nan = tamper(shard_set, tmp_path / "nan", 0, "features", lambda a: _set(a, (slice(None), 0), np.nan))
+    for read in (lambda m: shards.read_server_graph(nan, m, 0, features=True),
+                 lambda m: shards.read_server_features(nan, m, 0)):
+        with pytest.raises(shards.ShardError, match=r"server-0000.h5.*features.*NaN or infinite values in \d+ of"):
+            read(shards.read_manifest(nan))
 
 
 def test_verify_reports_non_finite_features(shard_set, tmp_path):
