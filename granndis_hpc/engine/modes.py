@@ -357,9 +357,11 @@ class Automatic(Mode):
                                           inter_both_Bps=both_ways_rate(links),
                                           cobatch_s=setup["cobatch_s"], cobatch_row_s=setup["cobatch_row_s"],
                                           # a co-batch step's all-reduce of its target count (one int over the
-                                          # world, blocking) at the gradient round's price: of the rounds timed,
-                                          # the one that is also a blocking all-reduce of a few bytes over every
-                                          # rank (the exchange rounds are point-to-point, some overlapped)
+                                          # world) at the gradient round's price: of the rounds timed, the one
+                                          # that is an all-reduce of a few bytes over every rank (the exchange
+                                          # rounds are point-to-point); timed as the run reduces its gradient,
+                                          # posted and polled where it overlaps, so it may price a blocking
+                                          # all-reduce's wait a little low there
                                           targets_round_s=rounds["allreduce_s"])
         memory = device_memory(topo)  # collective: what the GPUs have free now (None on the CPU)
         # Rank 0 reads the shard sets and estimates; every rank gets the same decision or error.
