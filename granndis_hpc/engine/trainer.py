@@ -175,9 +175,12 @@ class Trainer:
         give_source_ids(self.contract, self.train_view,
                         [self.world_view, *(self.induced.views.values() if self.induced else ())])
         # --halo-payload partial / smaller: which layers and server pairs send partial aggregates (collective;
-        # after the source ids: a typed layer's relations and the graphs of its partials come from them).
-        self.world_view.payload = partial.payload_of_run(cfg, self.world_view, self.model, self.precision.row_dtype,
-                                                         self.comm, self.train_view)
+        # after the source ids: a typed layer's relations and the graphs of its partials come from them), on
+        # the world view training runs on (--inductive: the train-induced graph's; evaluation on the others
+        # exchanges rows).
+        trained = self.induced.views["train"] if self.induced is not None else self.world_view
+        trained.payload = partial.payload_of_run(cfg, trained, self.model, self.precision.row_dtype, self.comm,
+                                                 self.train_view)
         self.epoch = 0
         self.activation_bytes = 0  # the most bytes one step's autograd graph saved in this epoch
         self._write_errno = 0  # rank 0: errno of a failed metrics.jsonl append (0: none)

@@ -10,17 +10,15 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["FLOAT32", "PAYLOAD_MODES", "choose", "pair_bytes", "problem"]
+__all__ = ["FLOAT32", "PAYLOAD_MODES", "choose", "pair_bytes", "problem", "world_problem"]
 FLOAT32 = 4
 PAYLOAD_MODES = ("fb", "flx")  # the modes whose world view exchanges rows between servers every step
 
 
-def problem(payload: str, mode: str, row_dtype, input_dropout: float, convs,
-            world_layers: Optional[Sequence[bool]] = None) -> Optional[str]:
-    """What refuses --halo-payload `payload` in this run (None: nothing); the message says how to fix it.
-    world_layers: per layer, whether training runs it on the world view (flx: the layers after the k
-    preloaded ones).  Attention layers (GAT, and so attention dropout) are not weighted sums: refused with
-    the layers."""
+def world_problem(payload: str, mode: str, world_layers: Optional[Sequence[bool]] = None) -> Optional[str]:
+    """What refuses --halo-payload `payload` for `mode` whatever the model (None: nothing): the modes and
+    depths that exchange no rows between servers.  world_layers: per layer, whether training runs it on
+    the world view (flx: the layers after the k preloaded ones)."""
     if payload == "rows":
         return None
     fix = "or use --halo-payload rows"
@@ -29,8 +27,22 @@ def problem(payload: str, mode: str, row_dtype, input_dropout: float, convs,
                 f"below --layers (got --mode {mode}); {fix}")
     if mode == "flx" and world_layers is not None and not any(world_layers):
         return (f"--halo-payload {payload} with --mode flx changes the layers after the k preloaded ones, "
-                f"which exchange rows between servers; this run preloads every layer (k = --layers, or a "
-                f"training graph of its own with --inductive): use --preloaded-layers below --layers, {fix}")
+                f"which exchange rows between servers; this run preloads every layer (k = --layers): use "
+                f"--preloaded-layers below --layers, {fix}")
+    return None
+
+
+def problem(payload: str, mode: str, row_dtype, input_dropout: float, convs,
+            world_layers: Optional[Sequence[bool]] = None) -> Optional[str]:
+    """What refuses --halo-payload `payload` in this run (None: nothing); the message says how to fix it.
+    world_layers: as `world_problem`.  Attention layers (GAT, and so attention dropout) are not weighted
+    sums: refused with the layers."""
+    if payload == "rows":
+        return None
+    why = world_problem(payload, mode, world_layers)
+    if why:
+        return why
+    fix = "or use --halo-payload rows"
     if row_dtype is not None:
         return f"--halo-payload {payload} needs float32 layers (--precision fp32), {fix}"
     if input_dropout > 0:

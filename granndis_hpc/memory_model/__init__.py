@@ -10,7 +10,7 @@ No MPI, nothing from the engine, so `preprocess` can use it offline.  The parts:
 - mode_estimates.py: each mode's `estimate` of a set (what its options train on; cob samples its co-batch);
 - induced.py, induced_sets.py: an inductive run's evaluation views and slice, and the induced graphs'
   views counted from an inductive set's own arrays (--mode auto; plan counts them from build slices);
-- payload.py: fb's partial payloads (--halo-payload partial | smaller): their counts per rank pair and bytes;
+- payload.py: fb's and flx's partial payloads (--halo-payload partial | smaller): their counts per rank pair and bytes;
 - host.py: on a CPU device, what a transductive rank's resident memory holds beyond its tensors (the
   process, its shard slice, cob's sampler index and next co-batch, the heap's holes);
 - epoch_time.py: an option's predicted epoch time (`Rates`, `predict`) from its exact rows and bytes;
@@ -41,7 +41,7 @@ from .choice import (Decision, Option, choose, choose_by_time, decision_table, d
 from .epoch_time import Rates, predict
 from .estimate import (LayerRows, MemoryModelError, ModelSpec, PeerCounts, RankRows, ViewRows, activation_layers,
                        check_rank_rows, estimate, inter_server_bytes, step_peak)
-from .payload import halo_bytes, payload_widths, peer_counts, with_payloads
+from .payload import halo_bytes, payload_check, payload_widths, peer_counts, refusal_note, with_payloads
 from .mode_estimates import RowGroup, Sampling, SetArrays, cobatch_server_arrays, options, row_groups
 from .shardsets import choose_shard_sets, estimate_shard_set, fitting_sets, model_for, read_shard_set, set_arrays
 
@@ -54,4 +54,5 @@ __all__ = ["GpuArrays", "HopCounts", "ServerArrays", "WorldCounts", "cobatch_cou
            "RankRows", "ViewRows", "activation_layers", "check_rank_rows", "estimate", "inter_server_bytes",
            "step_peak", "RowGroup", "Sampling", "SetArrays", "cobatch_server_arrays", "options", "row_groups",
            "choose_shard_sets", "estimate_shard_set", "fitting_sets", "model_for", "read_shard_set", "set_arrays",
-           "PeerCounts", "halo_bytes", "payload_widths", "peer_counts", "with_payloads"]
+           "PeerCounts", "halo_bytes", "payload_check", "payload_widths", "peer_counts", "refusal_note",
+           "with_payloads"]

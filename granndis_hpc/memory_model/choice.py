@@ -32,7 +32,7 @@ def rows_held(r: RankRows) -> int:
 @dataclass
 class Option:
     """One way to train: `mode` (a registered mode), `k` preloaded layers, `batches` co-batches per epoch,
-    and what fb sends between servers (`payload`: --halo-payload, memory_model/payload.py)."""
+    and what fb and flx send between servers (`payload`: --halo-payload, memory_model/payload.py)."""
 
     mode: str
     k: int = 0
@@ -80,8 +80,8 @@ class Option:
 def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int, device: str = "cpu",
                 batches: int = 1, source: str = "", payload: str = "rows") -> Option:
     ests = [estimate(r, m, device) for r in rows]
-    # fb's partial payloads: the halo bytes of the layers and server pairs that send partials, and what
-    # their structures and buffers add to the memory of fb with rows
+    # fb's and flx's partial payloads: the halo bytes of the layers and server pairs that send partials, and
+    # what their structures and buffers add to the memory of the same option with rows
     halo = halo_bytes(rows, m, servers, payload) if payload != "rows" else None
     if payload != "rows":
         for e, (graph, buffers) in zip(ests, memory_bytes(rows, m, servers, payload)):
@@ -154,7 +154,7 @@ def drop_dominated(options: Sequence[Option]) -> Tuple[List[Option], List[str]]:
     exacts = [o for o in options if exact(o)]
     kept, why = [], []
     for o in options:
-        # An fb option with a partial payload dominates none: its bytes are priced against fb's rows
+        # An option with a partial payload dominates none: its bytes are priced against the rows options
         # by the time rule (fb with rows stays the baseline it is kept against).
         better = next((b for b in exacts if exact(o) and b is not o and b.source == o.source and b.payload == "rows"
                        and o.inter_server_bytes and b.inter_server_bytes  # known for both

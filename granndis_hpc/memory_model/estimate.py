@@ -174,9 +174,10 @@ class ModelSpec:
     # Each vertex type's vertex count, beside type_widths: rows held at their own widths are counted at
     # the mean width (memory_model/typed_widths.py); None: at the widest.
     type_counts: Optional[Tuple[int, ...]] = None
-    # Each conv's message width where fb may send partial aggregates (--halo-payload partial | smaller:
-    # memory_model/payload.py with_payloads applies engine's conditions); (): fb is estimated with rows only.
+    # Each conv's partial width where fb and flx may send partial aggregates (--halo-payload partial | smaller:
+    # memory_model/payload.py with_payloads applies the engine's conditions); (): estimated with rows only.
     message_widths: Tuple[int, ...] = ()
+    payload_refusal: str = ""  # why they are not offered where the model or the run refuses them ("": none)
     # On a CPU device, estimate the rank's resident memory (what `preprocess plan --device cpu` compares with
     # a CPU run's peak RSS): the process, its shard slice and the heap's holes too (memory_model/host.py).
     # --mode auto leaves it off: its --memory-per-gpu is what the (emulated) GPU's tensors may take.

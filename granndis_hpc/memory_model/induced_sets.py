@@ -22,11 +22,12 @@ import numpy as np
 from granndis_hpc.graph.csr import row_of_edges
 from granndis_hpc.shards import SPLIT_BITS
 
-from .arrays import (GpuArrays, ServerArrays, inductive_rank_rows, server_hop_counts, server_inter_once, world_counts,
-                     world_reads)
+from .arrays import (GpuArrays, ServerArrays, _world_halo_pairs, inductive_rank_rows, server_hop_counts,
+                     server_inter_once, server_once_from, world_counts, world_reads)
 from .estimate import MemoryModelError, ModelSpec, RankRows
 from .induced import slice_bytes
 from .mode_estimates import SetArrays
+from .payload import peer_counts
 from .typed_widths import held_width
 
 TRAIN = SPLIT_BITS["train"]
@@ -106,8 +107,16 @@ class InductiveSetArrays(SetArrays):
                     dataclasses.replace(s, gpus=[induced_world(g, bits) for g in s.gpus]) for s in self.servers]
                 sent, sent_once = world_reads(servers, W), world_reads(servers, W, once=True)
                 once = {r: n for s in servers for r, n in server_inter_once(s).items()}
-                per_graph.append({g.rank: (world_counts(g, s.server, len(s.gpus), once[g.rank], int(sent_once[g.rank])),
-                                           int(sent[g.rank]))
+                # the train-induced view's counts per pair of ranks: the partial payloads of fb and flx train there
+                peers = {g.rank: None for s in servers for g in s.gpus}
+                if bits == TRAIN:
+                    for s in servers:  # loop over servers
+                        G = len(s.gpus)
+                        once_from = server_once_from([(g.rank, _world_halo_pairs(g)) for g in s.gpus], s.server, G, W)
+                        peers.update({g.rank: peer_counts(g.rank, g.w_indptr, g.w_src_rank, g.w_src_global_id, W,
+                                                          once_from[g.rank]) for g in s.gpus})
+                per_graph.append({g.rank: (world_counts(g, s.server, len(s.gpus), once[g.rank], int(sent_once[g.rank]),
+                                                        peers[g.rank]), int(sent[g.rank]))
                                   for s in servers for g in s.gpus})
             self._worlds = {r: tuple(p[r] for p in per_graph) for r in per_graph[0]}
         return self._worlds

@@ -4,8 +4,9 @@ and by `preprocess plan` (on the builds it runs), so that both estimate a set th
 
 A mode's estimate takes a `SetArrays` (one set's arrays) and returns `RowGroup`s, one per option it
 offers on that set: full sets serve fb and flx with any k <= min(hops, L) (rows deeper than k stay
-resident but inactive), EAS sets serve eas, and a set whose preload holds L hops (or an EAS set)
-serves cob with each co-batch count, sampled here exactly as the run samples its first co-batch.
+resident but inactive), each with rows and, where the model and k allow, partial aggregates; EAS sets
+serve eas, and a set whose preload holds L hops (or an EAS set) serves cob with each co-batch count,
+sampled here exactly as the run samples its first co-batch.
 """
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ class RowGroup:
     k: int = 0  # layers on the server-side view
     batches: int = 1
     source: str = ""
-    payload: str = "rows"  # fb's --halo-payload (memory_model/payload.py)
+    payload: str = "rows"  # fb's and flx's --halo-payload (memory_model/payload.py)
 
 
 def full_batch(s: SetArrays, layers: int, m: ModelSpec, sampling: Sampling) -> List[RowGroup]:
@@ -104,11 +105,16 @@ def full_batch(s: SetArrays, layers: int, m: ModelSpec, sampling: Sampling) -> L
 
 
 def flexible_preload(s: SetArrays, layers: int, m: ModelSpec, sampling: Sampling) -> List[RowGroup]:
-    """flx with each k = 1..min(hops, L) of a full set."""
+    """flx with each k = 1..min(hops, L) of a full set; where k < L and the model's layers allow partial
+    aggregates (m.message_widths) also with --halo-payload partial and smaller at its world layers."""
     if s.kind != "full":
         return []
-    return [RowGroup("flx", s.rows(layers, k, m), k=k, source=s.source)
-            for k in range(1, min(int(s.hops), int(layers)) + 1) if s.wants(k)]
+    out = []
+    for k in range(1, min(int(s.hops), int(layers)) + 1):
+        if s.wants(k):
+            rows = s.rows(layers, k, m)
+            out += [RowGroup("flx", rows, k=k, source=s.source, payload=p) for p in payloads(m, rows, "flx")]
+    return out
 
 
 def expansion_aware(s: SetArrays, layers: int, m: ModelSpec, sampling: Sampling) -> List[RowGroup]:

@@ -18,7 +18,7 @@ from .epoch_time import Rates
 from .estimate import MemoryModelError, ModelSpec, estimate
 from .induced_sets import InductiveSetArrays
 from .mode_estimates import Sampling, SetArrays, options, row_groups
-from .payload import with_payloads
+from .payload import refusal_note, with_payloads
 
 
 def read_shard_set(path: str) -> Tuple[dict, List[ServerArrays]]:
@@ -108,7 +108,8 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     in-degree, it returns the measured Rates; None is the memory rule (GraNNDis' order, `choose`).
     exact_only: only the exact full-graph options (fb, flx) are considered.
     device_memory: (free, total) bytes of the GPU measured at start-up (usable_budget); None: not measured.
-    input_dropout: the run's --input-dropout (fb's partial payloads refuse it: memory_model/payload.py).
+    input_dropout: the run's --input-dropout (the partial payloads refuse it: memory_model/payload.py; the
+    reason says why where the model or the run refuses them).
 
     Reads every rank's slice of every set (features included) and samples the first co-batch on
     the calling process: call it on one rank and broadcast the Decision.  device="cuda" for a GPU
@@ -121,8 +122,10 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     found, left_out, degree = [], [], 1.0
     for path in usable:
         manifest, servers = read_shard_set(path)
-        m = with_payloads(model_for(manifest, model, hidden, layers, inductive=inductive, **model_kw), input_dropout)
         ds = manifest["dataset"]
+        types = GraphTypes.from_record(ds["types"]) if "types" in ds else None  # (a typed model is built with them)
+        m = with_payloads(model_for(manifest, model, hidden, layers, inductive=inductive, **model_kw), input_dropout,
+                          types)
         degree = int(ds.get("num_edges") or 0) / max(1, int(ds.get("num_vertices") or 1))
         s = set_arrays(path, manifest, servers, inductive)
         found += options(row_groups(s, layers, m, sampling), m, int(manifest["servers"]), device)
@@ -141,6 +144,8 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     if device == "cuda":  # the context, NCCL's buffers and fragmentation first (choice.py)
         decision = dataclasses.replace(decision, reason=decision.reason + headroom_note(budget_bytes, fits_in,
                                                                                         device_memory))
+    if m.payload_refusal:
+        decision = dataclasses.replace(decision, reason=decision.reason + refusal_note(m))
     if left_out:
         decision = dataclasses.replace(decision, reason=decision.reason + "; options not considered: "
                                        + "; ".join(left_out))

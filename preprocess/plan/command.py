@@ -297,6 +297,8 @@ def cmd_plan(args, argv) -> int:
             decision = mm.choose_by_time(result["options"], cfg.budget, rates)
         else:
             decision = mm.choose(result["options"], cfg.budget)
+        if decision is not None and result["model"].payload_refusal:
+            decision = dataclasses.replace(decision, reason=decision.reason + mm.refusal_note(result["model"]))
     except Exception as exc:  # noqa: BLE001
         return fail(group, "plan", exc)
     if group.rank == 0:

@@ -38,7 +38,7 @@ docs/performance/hops-auto.md, docs/performance/build-scaling.md ("`preprocess p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -89,13 +89,14 @@ def _distinct_on_owner(group, part, keys: np.ndarray, width: int) -> np.ndarray:
 
 
 def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S: int, G: int,
-                      degree: np.ndarray, train: np.ndarray, keep: np.ndarray = None):
+                      degree: np.ndarray, train: np.ndarray, keep: np.ndarray = None, pairs: bool = True):
     """Collective: (WorldCounts of every rank r = s*G + g, world_sent[r], n_train[r]) for all servers.
 
     A rank's world view holds its inner rows and their in-edges; its halo is the distinct sources owned
     by another rank (shard_rows' (owner rank, global id) pairs: the owner is a function of the id).
     keep: the world view of the graph induced by these vertices (every vertex when None); `degree` is
-    then every vertex's in-degree within it."""
+    then every vertex's in-degree within it.  pairs: whether to count the PeerCounts too (the partial
+    payloads'; None where not)."""
     W = S * G
     rank_of = server_of.astype(np.int64) * G + gpu_of
 
@@ -120,7 +121,7 @@ def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S:
     u_x, key = u[across], u[across] * S + r[across] // G
     relayed = mm.relayed_by(key, u_x)
     once = np.bincount(r[across][relayed], minlength=W)
-    peers = None if keep is not None else _peer_counts(group, part, rank_of, W, u, r, across, relayed)
+    peers = _peer_counts(group, part, rank_of, W, u, r, across, relayed, keep) if pairs else None
     sent = np.bincount(rank_of[u], minlength=W)
     first = np.ones(key.size, dtype=bool)  # and its send list on that route: a row once per reading server
     first[1:] = key[1:] != key[:-1]
@@ -141,11 +142,11 @@ def world_view_counts(group, part, server_of: np.ndarray, gpu_of: np.ndarray, S:
 
 
 def _peer_counts(group, part, rank_of: np.ndarray, W: int, u: np.ndarray, r: np.ndarray, across: np.ndarray,
-                 relayed: np.ndarray) -> List[mm.PeerCounts]:
+                 relayed: np.ndarray, keep: Optional[np.ndarray] = None) -> List[mm.PeerCounts]:
     """Collective: every rank's memory_model.PeerCounts (fb's partial payloads, memory_model/payload.py), as
     shard_rows counts them from a set: from the distinct (row u, reading rank r) pairs this rank owns the
     rows and the relayed rows per (reader, owner); from its slice's in-edges the edges and the distinct
-    (destination row, owner of a source) per (reader, owner)."""
+    (destination row, owner of a source) per (reader, owner); keep: of the graph induced by these vertices."""
     rows = np.bincount(r * W + rank_of[u], minlength=W * W)
     once = np.bincount(r[across][relayed] * W + rank_of[u[across]][relayed], minlength=W * W)
     edges = np.zeros(W * W, dtype=np.int64)
@@ -153,9 +154,12 @@ def _peer_counts(group, part, rank_of: np.ndarray, W: int, u: np.ndarray, r: np.
     def reached(block, row, src):
         reader, owner = rank_of[block + part.lo][row], rank_of[src]
         other = owner != reader
+        if keep is not None:
+            other &= keep[src]
         np.add(edges, np.bincount(reader[other] * W + owner[other], minlength=W * W), out=edges)
         return (block + part.lo)[row][other], owner[other]
-    keys = _pair_keys(part, np.arange(part.hi - part.lo, dtype=np.int64), reached, W)  # destination row x W + owner
+    local = np.arange(part.hi - part.lo, dtype=np.int64)
+    keys = _pair_keys(part, local if keep is None else local[keep[part.lo:part.hi]], reached, W)  # row x W + owner
     partials = np.bincount(rank_of[keys // W] * W + keys % W, minlength=W * W)
     total = group.allreduce_sum(np.concatenate([rows, partials, once, edges]).astype(np.int64))
     rows, partials, once, edges = (m.reshape(W, W) for m in np.split(total, 4))

@@ -67,10 +67,10 @@ class InducedCounter:
             degree = group.allgatherv_rows(
                 np.bincount(edge_row, weights=keep[part.indices], minlength=part.hi - part.lo).astype(np.int64), rows)
             world, sent, _ = world_view_counts(group, part, prep.server_of, prep.gpu_of, prep.servers, prep.gpus,
-                                               degree, prep.train, keep=keep)
+                                               degree, prep.train, keep=keep, pairs=name == "train")
             per_graph[name] = (world, sent)
-        # (the full world view without its counts per pair of ranks: an inductive run sends rows only,
-        # memory_model/payload.py, and the sets' own counts leave them out alike)
+        # (the counts per pair of ranks of the train-induced view only, which the partial payloads train on,
+        # memory_model/payload.py; the sets' own counts alike)
         worlds = [((per_graph["train"][0][r], int(per_graph["train"][1][r])),
                    (replace(prep.world[r], peers=None), int(prep.world_sent[r])),
                    (per_graph["train+val"][0][r], int(per_graph["train+val"][1][r])))

@@ -63,8 +63,8 @@ def _load(a: mm.ServerArrays) -> ServerLoad:
 
 def model_spec(graph, cfg) -> mm.ModelSpec:
     """The model the plan is for, with its extra constructor options (cfg.model_options, NAME=VALUE), and
-    the message widths of fb's partial payloads where its layers allow them (for a run without
-    --input-dropout, which they refuse)."""
+    the message widths of fb's and flx's partial payloads where its layers allow them (for a run without
+    --input-dropout, which they refuse; a typed model built with the graph's types)."""
     options = registry.model_options(cfg.model, cfg.model_options)
     return mm.with_payloads(mm.ModelSpec(cfg.model, graph.num_features, cfg.hidden, int(graph.num_classes), cfg.layers,
                         cfg.dropout, cfg.norm, cfg.checkpoint_activations, tuple(options.items()),
@@ -74,7 +74,7 @@ def model_spec(graph, cfg) -> mm.ModelSpec:
                         **({"relations": graph.types.num_relations, "relation_rows": graph.types.relations_per_vertex(),
                             "type_widths": tuple(graph.types.width_of(graph.num_features)),
                             "type_counts": tuple(graph.types.count(t) for t in graph.types.names)}
-                           if getattr(graph, "types", None) else {})))
+                           if getattr(graph, "types", None) else {})), types=getattr(graph, "types", None))
 
 
 def _checked(group, graph, cfg):

@@ -127,7 +127,7 @@ def test_inter_server_bytes_of_each_payload(graph, shard_set, route):
 
 
 @pytest.mark.parametrize("change", [dict(name="gat"), dict(name="sage-max"), dict(precision="bf16"),
-                                    dict(input_dropout=0.2), dict(inductive=True)])
+                                    dict(input_dropout=0.2)])
 def test_no_partial_payload_where_the_engine_refuses_it(change):
     kw = dict(change)
     dropout = kw.pop("input_dropout", 0.0)
