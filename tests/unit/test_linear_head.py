@@ -144,7 +144,8 @@ def test_plan_estimates_the_head(tmp_path, capsys):
     assert "2-layer sage + 1 Linear" in capsys.readouterr().out
     base = {o["label"]: o for o in res[0]["options"]}
     head = {o["label"]: o for o in res[2]["options"]}
-    assert set(base) == set(head) == {"fb", "fb payload=partial", "fb payload=smaller", "flx k=1", "flx k=2"}
+    assert set(base) == set(head) == {"fb", "fb payload=partial", "fb payload=smaller", "flx k=1", "flx k=2",
+                                      "flx k=1 payload=partial", "flx k=1 payload=smaller"}
     for label in base:
         if base[label]["payload"] != "rows":  # its choice of layers differs with the head's widths
             continue

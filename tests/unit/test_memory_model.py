@@ -418,6 +418,8 @@ def test_plan_of_a_set_and_auto_on_it_estimate_and_choose_alike(recipe_model, sm
     assert sorted(map(same, kept), key=str) == sorted(map(same, every), key=str)
     for budget in sorted({o.peak for o in every}):
         a, b = mm.choose(planned["options"], budget), mm.choose_shard_sets(sets, model, 16, 3, budget, **kw)
-        # The same reasons but for the names of the sets ("[--hops 3]" planned, the set's path in auto).
+        # The same reasons but for the names of the sets ("[--hops 3]" planned, the set's path in auto); plan's
+        # command adds the note on refused payloads as auto does.
         assert same(a.choice) == same(b.choice)
-        assert re.sub(r" \[[^\]]*\]", "", a.reason) == re.sub(r" \[[^\]]*\]", "", b.reason)
+        assert re.sub(r" \[[^\]]*\]", "", a.reason + mm.refusal_note(planned["model"])) == \
+            re.sub(r" \[[^\]]*\]", "", b.reason)

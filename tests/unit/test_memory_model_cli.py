@@ -23,8 +23,9 @@ def test_plan_cli_prints_every_option_and_recommends(tmp_path, capsys):
     rc, res = _plan(tmp_path, "--memory-per-gpu", "1GiB")
     text = capsys.readouterr().out
     labels = [o["label"] for o in res["options"]]
-    assert rc == 0 and set(labels) == {"fb", "fb payload=partial", "fb payload=smaller", "flx k=1", "flx k=2",
-                                       "flx k=3", "eas", "cob batches=2", "cob batches=4"}
+    payloads = {f"{o} payload={p}" for o in ("fb", "flx k=1", "flx k=2") for p in ("partial", "smaller")}
+    assert rc == 0 and set(labels) == {"fb", "flx k=1", "flx k=2", "flx k=3", "eas", "cob batches=2",
+                                       "cob batches=4"} | payloads
     assert res["decision"]["choice"]["label"] == "flx k=3" and "recommendation: flx k=3" in text
     assert not list(tmp_path.glob("*.h5"))  # no shard written
     by = {o["label"]: o for o in res["options"]}

@@ -41,8 +41,9 @@ def test_plan_no_eas_from_slices_equals_whole_graph(tmp_path, capsys, monkeypatc
     assert rc == 0 and len(called) == 1
     assert sliced == whole  # options, decision, partition entry, build memory
     assert text_sliced == capsys.readouterr().out
-    assert [o["label"] for o in sliced["options"]] == ["fb", "fb payload=partial", "fb payload=smaller", "flx k=1",
-                                                     "flx k=2", "flx k=3"]
+    assert [o["label"] for o in sliced["options"]] == [
+        "fb", "fb payload=partial", "fb payload=smaller", "flx k=1", "flx k=1 payload=partial",
+        "flx k=1 payload=smaller", "flx k=2", "flx k=2 payload=partial", "flx k=2 payload=smaller", "flx k=3"]
 
 
 def test_build_hops_auto_from_slices_equals_whole_graph(tmp_path, capsys, monkeypatch):
