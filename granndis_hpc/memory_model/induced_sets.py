@@ -24,7 +24,7 @@ from granndis_hpc.shards import SPLIT_BITS
 
 from .arrays import (GpuArrays, ServerArrays, _world_halo_pairs, inductive_rank_rows, server_hop_counts,
                      server_inter_once, server_once_from, world_counts, world_reads)
-from .estimate import MemoryModelError, ModelSpec, RankRows
+from .estimate import MemoryModelError, ModelSpec, PeerCounts, RankRows
 from .induced import slice_bytes
 from .mode_estimates import SetArrays
 from .payload import peer_counts
@@ -108,7 +108,7 @@ class InductiveSetArrays(SetArrays):
                 sent, sent_once = world_reads(servers, W), world_reads(servers, W, once=True)
                 once = {r: n for s in servers for r, n in server_inter_once(s).items()}
                 # the train-induced view's counts per pair of ranks: the partial payloads of fb and flx train there
-                peers = {g.rank: None for s in servers for g in s.gpus}
+                peers: Dict[int, Optional[PeerCounts]] = {g.rank: None for s in servers for g in s.gpus}
                 if bits == TRAIN:
                     for s in servers:  # loop over servers
                         G = len(s.gpus)
