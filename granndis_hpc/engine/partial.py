@@ -26,8 +26,8 @@ Ranks of one server always exchange rows.  On --halo-route per-server the rows s
 receiving server (a route planned for the pairs that send rows) and 'smaller' counts them so; the
 partials go directly to the rank that reads them (a partial row is of one receiving rank).  Scope: the
 world view's layers of the training plan (fb: every layer; flx with k < L: the L - k layers after the
-preloaded ones, the preloaded layers exchanging rows inside the server), float32 layers, no input
-dropout; `problem` says what else is refused and why.  `problem` and `choose` live in graph/payload.py,
+preloaded ones, the preloaded layers exchanging rows inside the server; --inductive: the train-induced
+graph's world view, which training runs on), float32 layers, no input dropout; `problem` says what else is refused and why.  `problem` and `choose` live in graph/payload.py,
 which the memory model's byte count of the payloads (memory_model/payload.py: --mode auto and `preprocess
 plan`) applies to the same counts.
 

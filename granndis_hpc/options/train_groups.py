@@ -285,8 +285,10 @@ class ExchangeOptions(Options):
                                     "servers and layer, from exact counts; all exact, overlapped or with "
                                     "--no-overlap; 'partial' and 'smaller' need --mode fb or flx with "
                                     "--preloaded-layers below --layers, --precision fp32 and no input or "
-                                    "attention dropout; --mode auto sets it to the payload of the option it "
-                                    "chooses (fb's partial payloads are among its options; rows otherwise)")
+                                    "attention dropout; with --inductive they travel on the train-induced "
+                                    "graph training runs on; --mode auto sets it to the payload of the option "
+                                    "it chooses (fb's and flx's partial payloads are among its options; rows "
+                                    "otherwise)")
     # Kept on resume: a checkpoint's trajectory and its summary's exactness are those of one precision.
     precision: str = option("fp32", choices=PRECISIONS,
                             help="the dtype the layers compute in: fp32, or bf16 (torch.autocast on the run's "
