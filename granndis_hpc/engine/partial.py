@@ -27,9 +27,9 @@ receiving server (a route planned for the pairs that send rows) and 'smaller' co
 partials go directly to the rank that reads them (a partial row is of one receiving rank).  Scope: the
 world view's layers of the training plan (fb: every layer; flx with k < L: the L - k layers after the
 preloaded ones, the preloaded layers exchanging rows inside the server; --inductive: the train-induced
-graph's world view, which training runs on), float32 layers, no input dropout; `problem` says what else is refused and why.  `problem` and `choose` live in graph/payload.py,
-which the memory model's byte count of the payloads (memory_model/payload.py: --mode auto and `preprocess
-plan`) applies to the same counts.
+graph's world view, which training runs on), float32 layers, no input dropout; `problem` says what else
+is refused and why.  `problem` and `choose` live in graph/payload.py, which the memory model's byte count
+of the payloads (memory_model/payload.py: --mode auto and `preprocess plan`) applies to the same counts.
 
 Blocking (--no-overlap) a layer exchanges its rows part, then its partials, each waited for.  Overlapped
 (the world halo in --overlap-halos, the default) the rows part is posted by `gather` (PendingRows) and the
