@@ -147,16 +147,17 @@ def exact(o: Option) -> bool:
 
 
 def drop_dominated(options: Sequence[Option]) -> Tuple[List[Option], List[str]]:
-    """The exact full-graph options (fb, flx) without those another one of the same shard set beats on
-    both counts: no more memory and no more inter-server bytes, less of one (flx
-    k = 1 of a 2-layer model holds more rows than fb for the same inter-server bytes, since fb caches its
-    layer-0 halo).  Returns (kept, one line per dropped option saying why)."""
+    """The exact full-graph options (fb, flx) without those another one of the same shard set (sending rows,
+    or the same payload) beats on both counts: no more memory and no more inter-server bytes, less of one
+    (flx k = 1 of a 2-layer model holds more rows than fb for the same inter-server bytes, since fb caches
+    its layer-0 halo; so with the same payload).  Returns (kept, one line per dropped option saying why)."""
     exacts = [o for o in options if exact(o)]
     kept, why = [], []
     for o in options:
-        # An option with a partial payload dominates none: its bytes are priced against the rows options
-        # by the time rule (fb with rows stays the baseline it is kept against).
-        better = next((b for b in exacts if exact(o) and b is not o and b.source == o.source and b.payload == "rows"
+        # An option with a partial payload dominates only those of its payload: its bytes are priced against
+        # the rows options by the time rule (fb with rows stays the baseline it is kept against).
+        better = next((b for b in exacts if exact(o) and b is not o and b.source == o.source
+                       and b.payload in ("rows", o.payload)
                        and o.inter_server_bytes and b.inter_server_bytes  # known for both
                        and b.peak <= o.peak and _inter_total(b) <= _inter_total(o)
                        and (b.peak < o.peak or _inter_total(b) < _inter_total(o))), None)
