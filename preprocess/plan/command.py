@@ -308,6 +308,8 @@ def cmd_plan(args, argv) -> int:
               f"{f' + {m.linear_layers} Linear' if m.linear_layers else ''}, hidden {m.hidden}; estimates per GPU on "
               f"{cfg.device} (max over GPUs), inter-server bytes per epoch summed over ranks", flush=True)
         print(format_table(result["options"], cfg, decision), flush=True)
+        if decision is None and m.payload_refusal:  # (with a decision its reason says it)
+            print(f"[plan] {mm.refusal_note(m)[2:]}", flush=True)
         lines, build_record = build_memory_lines(graph, result, _raw_keys(args, graph), args.build_ranks or group.size,
                                                  cfg.partitioner, _budget(args.memory_per_rank),
                                                  symmetric=getattr(args, "symmetrize", True),

@@ -160,3 +160,13 @@ def test_auto_prices_the_flx_payloads(sets):
     assert c.to_dict()["train_options"] == {"preloaded_layers": 2, "halo_payload": c.payload}
     assert c.inter_server_bytes["halo"] == min(o.inter_server_bytes["halo"] for o in d.options)
     assert c.inter_server_bytes["halo"] < next(o for o in d.options if o.label == "flx k=2").inter_server_bytes["halo"]
+
+
+def test_plan_says_why_no_payload_is_offered(tmp_path, capsys):
+    """`preprocess plan` of a model whose layers are no weighted sum: rows only, and the line says why."""
+    from tests.unit.test_memory_model_cli import _plan
+
+    rc, res = _plan(tmp_path, "--model", "gat", "--no-eas")
+    assert rc == 0 and all(o["payload"] == "rows" for o in res["options"])
+    assert "no partial payloads offered: --halo-payload partial needs layers whose aggregation is a weighted sum" \
+        in capsys.readouterr().out
