@@ -113,7 +113,7 @@ def flexible_preload(s: SetArrays, layers: int, m: ModelSpec, sampling: Sampling
     for k in range(1, min(int(s.hops), int(layers)) + 1):
         if s.wants(k):
             rows = s.rows(layers, k, m)
-            out += [RowGroup("flx", rows, k=k, source=s.source, payload=p) for p in payloads(m, rows, "flx")]
+            out += [RowGroup("flx", rows, k=k, source=s.source, payload=p) for p in payloads(m, rows, "flx", k)]
     return out
 
 

@@ -96,12 +96,11 @@ def refusal_note(m: ModelSpec) -> str:
     return f"; no partial payloads offered: {m.payload_refusal}" if m.payload_refusal else ""
 
 
-def payloads(m: ModelSpec, rows: Sequence[RankRows], mode: str = "fb") -> Tuple[str, ...]:
-    """The payloads `mode` offers on these rows (every rank's of one option, its k theirs): rows, and
-    partial and smaller where the model allows them (m.message_widths), the mode at that depth exchanges
-    rows between servers (graph/payload.py `world_problem`: fb, flx with k < L) and every rank's world
-    view has its PeerCounts."""
-    k = int(rows[0].k) if rows else 0
+def payloads(m: ModelSpec, rows: Sequence[RankRows], mode: str = "fb", k: int = 0) -> Tuple[str, ...]:
+    """The payloads `mode` with k preloaded layers offers on these rows (this process's ranks' of the
+    option, perhaps none): rows, and partial and smaller where the model allows them (m.message_widths),
+    the mode at that depth exchanges rows between servers (graph/payload.py `world_problem`: fb, flx with
+    k < L) and every rank's world view has its PeerCounts."""
     if (not m.message_widths or world_problem("partial", mode, [l >= k for l in range(m.layers)])
             or not all(r.world.peers is not None for r in rows)):
         return ("rows",)
