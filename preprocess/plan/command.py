@@ -135,14 +135,15 @@ def describe_build(o: mm.Option, cfg: PlanConfig) -> str:
 
 def format_table(options: Sequence[mm.Option], cfg: PlanConfig, decision: Optional[mm.Decision]) -> str:
     timed = any(o.predicted for o in options)  # --inter-rate: each option's predicted epoch seconds
-    lines = [f"{'option':<20} {'rows held':>10} {'peak/GPU':>11} {'inter-server B/epoch':>21} "
+    names = {id(o): f"{o.label} [{o.source}]" if o.source else o.label for o in options}  # --hops H: which set
+    w = max([20, *map(len, names.values())])
+    lines = [f"{'option':<{w}} {'rows held':>10} {'peak/GPU':>11} {'inter-server B/epoch':>21} "
              f"{'(halo + grad)':>24}" + (f" {'epoch s':>9}" if timed else "") + "  fits"]
     for o in sorted(options, key=mm.preference):
         fits = "-" if cfg.budget is None else ("yes" if o.peak <= cfg.budget else "no")
         ib = o.inter_server_bytes
-        label = f"{o.label} [{o.source}]" if o.source else o.label  # --hops H: which of the two sets
         epoch = f" {o.predicted['total_s']:>9.3g}" if timed else ""
-        lines.append(f"{label:<20} {o.rows_per_gpu:>10,} {format_size(o.peak):>11} {ib['total']:>21,} "
+        lines.append(f"{names[id(o)]:<{w}} {o.rows_per_gpu:>10,} {format_size(o.peak):>11} {ib['total']:>21,} "
                      f"{ib['halo']:>12,} + {ib['gradient']:>9,}{epoch}  {fits}")
     if decision is not None and decision.rule == "time":  # the terms, as --mode auto prints its table
         lines.append("predicted epoch by term (s; fixed: steps and exchange rounds), fastest first:")
