@@ -65,6 +65,22 @@ def _expected(graph, owner, servers=2):
     return rows, partials, edges, once, server
 
 
+def _want(graph, owner, widths, route):
+    """payload -> inter-server halo bytes of one epoch: per ordered server pair and exchanging layer
+    (w_in, w_msg), rows x w_in (once per reading server on the per-server route) or partials x w_msg,
+    'smaller' the fewer; forward and backward, float32."""
+    rows, partials, _, once, server = _expected(graph, owner)
+    pairs = []
+    for a in range(2):
+        for b in range(2):
+            if a != b:
+                reading = (server[:, None] == b) & (server[None, :] == a)
+                crossing = once[b, server == a].sum() if route == "per-server" else rows[reading].sum()
+                pairs.append((int(crossing), int(partials[reading].sum())))
+    return {payload: 2 * 4 * sum(pick(r * w_in, p * w_msg) for w_in, w_msg in widths for r, p in pairs)
+            for payload, pick in (("rows", lambda r, p: r), ("partial", lambda r, p: p), ("smaller", min))}
+
+
 def _model(route="direct", **kw):
     return mm.with_payloads(mm.ModelSpec("sage", FEATURES, HIDDEN, CLASSES, 3, halo_route=route, **kw))
 
@@ -96,17 +112,10 @@ def test_inter_server_bytes_of_each_payload(graph, shard_set, route):
     s = mm.SetArrays(servers, "full", 3, 3, ks=[0], sample_cobatches=False)
     got = {o.payload: o for o in mm.options(mm.row_groups(s, 3, m, mm.Sampling()), m, 2) if o.mode == "fb"}
     assert set(got) == {"rows", "partial", "smaller"}
-    rows, partials, _, once, server = _expected(graph, _owner(shard_set))
-    pairs = []
-    for a in range(2):
-        for b in range(2):
-            if a != b:
-                reading = (server[:, None] == b) & (server[None, :] == a)
-                crossing = once[b, server == a].sum() if route == "per-server" else rows[reading].sum()
-                pairs.append((int(crossing), int(partials[reading].sum())))
     widths = [(HIDDEN, HIDDEN), (HIDDEN, CLASSES)]
-    want = {payload: 2 * 4 * sum(pick(r * w_in, p * w_msg) for w_in, w_msg in widths for r, p in pairs)
-            for payload, pick in (("rows", lambda r, p: r), ("partial", lambda r, p: p), ("smaller", min))}
+    owner = _owner(shard_set)
+    want = _want(graph, owner, widths, route)
+    rows, _, _, once, server = _expected(graph, owner)
     for payload, o in got.items():
         assert o.inter_server_bytes["halo"] == want[payload], (payload, route)
         assert o.inter_server_bytes["gradient"] == got["rows"].inter_server_bytes["gradient"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from granndis_hpc import memory_model as mm
-from tests.unit.test_payload_model import _expected, _owner
+from tests.unit.test_payload_model import _owner, _want
 
 HIDDEN, CLASSES, FEATURES = 16, 4, 12
 
@@ -34,22 +34,6 @@ def sets(graph, tmp_path_factory):
     base = tmp_path_factory.mktemp("payload-options")
     return {"full": _build(graph, base / "full3"), "inductive": _build(graph, base / "ind3", inductive=True),
             "h2": _build(graph, base / "h2", hops=2)}
-
-
-def _want(graph, owner, widths, route):
-    """payload -> inter-server halo bytes of one epoch: per ordered server pair and exchanging layer
-    (w_in, w_msg), rows x w_in (once per reading server on the per-server route) or partials x w_msg,
-    'smaller' the fewer; forward and backward, float32."""
-    rows, partials, _, once, server = _expected(graph, owner)
-    pairs = []
-    for a in range(2):
-        for b in range(2):
-            if a != b:
-                reading = (server[:, None] == b) & (server[None, :] == a)
-                crossing = once[b, server == a].sum() if route == "per-server" else rows[reading].sum()
-                pairs.append((int(crossing), int(partials[reading].sum())))
-    return {payload: 2 * 4 * sum(pick(r * w_in, p * w_msg) for w_in, w_msg in widths for r, p in pairs)
-            for payload, pick in (("rows", lambda r, p: r), ("partial", lambda r, p: p), ("smaller", min))}
 
 
 def _options(path, m, inductive=False):
