@@ -12,8 +12,17 @@ its choice, its predicted epoch per option, the rates it measured, and its own m
 verdict per (graph, rate): auto's choice is "within 10 %" when the measured epoch of the option it
 chose is at most 1.1x the fastest measured option, and "not slower than fb" when it is at most fb's.
 
+The products-size graph (`--graphs products`: bench_products.py's graph, built with its preset, trained as
+configs/products.toml) runs auto once per rate and each option auto lists once over every rate, the link
+re-shaped between them (bench/auto_reshaped.py), plus runs for their exact ledger bytes alone (fb on the
+direct route, fb's partial payloads); e.g., root, beside rounds of the other graphs already in --json:
+
+    python bench/bench_auto.py --graphs products --merge --reuse-shards --over-estimate --min-available-gib 2.5 \
+        --timeout 3600 --run-timeout 900
+
 Writes --json (bench/results/auto.json) after every run, and the page --out (docs/performance/auto.md);
---from-json rewrites the page from a saved one.  The cluster is torn down on exit, failure or SIGTERM.
+--from-json rewrites the page from a saved one; --merge puts a sweep's rounds into --json by (graph, rate)
+beside the other graphs' rounds.  The cluster is torn down on exit, failure or SIGTERM.
 """
 from __future__ import annotations
 
