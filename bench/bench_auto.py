@@ -247,12 +247,14 @@ def bytes_section(data):
                 "its ranks, which shares it inside the server); `route=direct` once per reading rank; the "
                 "payloads send partial aggregates where they are fewer bytes (`smaller`) or always (`partial`).",
                 "", "| run | inter-server halo B | inter-server gradient B | intra-server halo B | "
-                "intra-server gradient B | inter-server halo / fb's |", "|---|---:|---:|---:|---:|---:|"]
+                "intra-server gradient B | inter-server halo / fb's | auto's count of the inter-server halo B |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
         fb = g["bytes"].get("fb", {}).get("inter_halo")
         for n, b in g["bytes"].items():
             ratio = f"{b['inter_halo'] / fb:.3f}" if fb else "-"
+            model = (g.get("inter_server_bytes", {}).get(n) or {}).get("halo")
             out.append(f"| {n} | {b['inter_halo']:,} | {b['inter_grad']:,} | {b['intra_halo']:,} | "
-                       f"{b['intra_grad']:,} | {ratio} |")
+                       f"{b['intra_grad']:,} | {ratio} | {'-' if model is None else f'{model:,}'} |")
         out.append("")
     return out
 
