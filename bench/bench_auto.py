@@ -315,9 +315,12 @@ def render(data):
                   "predicted compute / inter / intra / fixed (s) |", "|---|---:|---:|---:|---|"]
             pred = g.get("predicted", {})
             other = g.get("other", {})  # runs for their bytes, not among auto's options
+            unrun = []
             for n in names + sorted(set(pred) - set(names), key=lambda n: pred[n].get("total_s", 0)) + list(other):
                 p = pred.get(n) or {}
-                if n not in g["measured"] and n not in other and not p:
+                if n not in g["measured"] and n not in other and n != g.get("choice"):
+                    if p:  # predicted, not run: listed below the table
+                        unrun.append(f"{n} {fmt(p.get('total_s'))}")
                     continue
                 mark = " **(auto)**" if n == g.get("choice") else (" (not an option of auto)" if n in other else "")
                 meas = g["measured"].get(n, other.get(n))
@@ -327,6 +330,8 @@ def render(data):
                          f"{fmt(p.get('fixed_s'))} |")
             v = g.get("verdict") or (verdict(g["measured"], g["choice"]) if "choice" in g else None)
             L.append("")
+            if unrun:
+                L += [f"Predicted, not run (s): {', '.join(unrun)}.", ""]
             if "choice" in g:
                 L.append(f"auto chose **{g['choice']}**; its own run's epoch: {fmt(g.get('auto_epoch_s'))} s. " + (
                     f"Fastest measured: {v['fastest']}; auto's choice / fastest = {v['ratio']:.2f} "
