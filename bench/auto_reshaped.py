@@ -3,12 +3,14 @@
 A products-size run spends a minute or more reading its shards and ~20 s in its final evaluation, so,
 as bench_products.py does, each option trains --epochs epochs at each rate in turn in one run, the link
 re-shaped between them (bench_products.Reshaper), under the memory guard (bench_scale.MemoryGuard) and
-with every rank's peak RSS polled (bench_products.RankPeaks).  auto's own runs stay one per rate: its
-link check runs at start-up.  The options are those auto's decision lists (its first run's table);
+with every rank's peak RSS polled (bench_products.RankPeaks); with --repeats N, N such runs per option,
+the options in turn and then again, an option's epoch at a rate the median of its runs'.  auto's own runs
+stay per rate (bench_auto.py): its link check runs at start-up.  The options are those auto's decision
+lists (the table of its run that made the round's choice);
 besides them, runs for the exact inter-server bytes alone: fb on the direct route (a halo row once per
 reading rank) and, where auto does not offer them (products trains with input dropout, which partial
 payloads do not support), fb with partial and smaller payloads with `--input-dropout 0` (the bytes do
-not depend on dropout).  A run whose 4 ranks auto's estimate puts above --memory-budget is not run
+not depend on dropout), once each.  A run whose 4 ranks auto's estimate puts above --memory-budget is not run
 unless --over-estimate.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import shutil
 import time
 
+from auto_page import record_run
 from bench_products import RankPeaks, Reshaper
 from bench_scale import MemoryGuard
 from harness import read_run
@@ -66,8 +69,9 @@ def run_reshaped(run, cmd, run_dir, args, log):
 
 
 def sweep(data, graph, options, shards, train_cmd, run, args, log, save):
-    """Every option of `options` (name, shard set, train arguments) and the byte runs, one run each over
-    every rate; the results go into the rounds of `graph` in data["rates"], saved (`save()`) after each."""
+    """Every option of `options` (name, shard set, train arguments) --repeats runs over every rate, in turn,
+    and the byte runs one; the results go into the rounds of `graph` in data["rates"], saved (`save()`) after
+    each run."""
     rounds = {r["rate"]: r["graphs"][graph] for r in data["rates"] if graph in r["graphs"] and r["rate"] in args.rates}
     decided = next((g for g in (rounds.get(label) for label in args.rates) if g and g.get("predicted")), None)
     offered = set(decided["predicted"]) if decided else None
@@ -75,7 +79,8 @@ def sweep(data, graph, options, shards, train_cmd, run, args, log, save):
     runs = [(o, True) for o in chosen] + [(o, False) for o in byte_runs(offered or ())]
     for g in rounds.values():
         g["options"] = [o[0] for o in chosen]
-    for (name, kind, extra), is_option in runs:
+    n = args.repeats
+    for (name, kind, extra), is_option, k in [(*r, k) for k in range(n) for r in runs if r[1] or k == 0]:
         est = (decided or {}).get("peak_bytes", {}).get(name)
         over = est is not None and 4 * est > args.memory_budget * 2**30
         if over and not args.over_estimate:
@@ -83,7 +88,7 @@ def sweep(data, graph, options, shards, train_cmd, run, args, log, save):
                                        f"--memory-budget {args.memory_budget} GiB"} for label in args.rates}
         else:
             run_dir = os.path.join(args.work, "runs", "reshaped", graph, name.replace(" ", "").replace("=", "")
-                                   .replace(",", "-"))
+                                   .replace(",", "-") + ("" if n == 1 else f"-run{k + 1}"))
             result = run_reshaped(run, train_cmd(shards[graph, kind], extra, run_dir,
                                                  args.epochs * len(args.rates)), run_dir, args, log)
         for label, rec in result.items():
@@ -91,14 +96,17 @@ def sweep(data, graph, options, shards, train_cmd, run, args, log, save):
             if g is None:  # a rate whose link check failed
                 continue
             if "error" in rec:
-                g.setdefault("errors", {})[name] = rec["error"]
+                g.setdefault("errors", {})[name] = ("" if n == 1 else f"run {k + 1} of {n}: ") + rec["error"]
             else:
-                g["measured" if is_option else "other"] = dict(g.get("measured" if is_option else "other", {}),
-                                                               **{name: rec["epoch_s"]})
-                g["epochs"][name] = rec["epochs"]
+                record_run(g, name, rec["epoch_s"], rec["epochs"], "measured" if is_option else "other")
                 g.setdefault("bytes", {})[name] = rec["bytes"]
-            g.setdefault("runs", {})[name] = {k: rec.get(k) for k in ("peak_rss", "run_wall_s",
-                                                                      "final_evaluation_s")}
+            # every run's wall and final evaluation; each rank's peak RSS over the runs
+            seen = g.setdefault("runs", {}).setdefault(name, {"peak_rss": None, "run_wall_s": [],
+                                                              "final_evaluation_s": []})
+            if rec.get("peak_rss"):
+                seen["peak_rss"] = [max(a, b) for a, b in zip(seen["peak_rss"] or rec["peak_rss"], rec["peak_rss"])]
+            seen["run_wall_s"].append(rec.get("run_wall_s"))
+            seen["final_evaluation_s"].append(rec.get("final_evaluation_s"))
             if over:
                 g["runs"][name]["over_estimate"] = f"{est / 2**30:.2f} GiB per rank by auto's estimate"
         save()

@@ -8,14 +8,19 @@ For each graph (Cora from tests/data; the demo's synthetic graph at --vertices) 
 emu-mpirun (4 ranks, 2 per server), each option auto's table lists (fb; flx k=1..L on the full set; eas;
 cob with the fewest co-batches) and before them `--mode auto --shards FULL,EAS` (the time rule, the default).
 Recorded per run: the measured epoch time (median of the epochs after the first); from auto's run:
-its choice, its predicted epoch per option, the rates it measured, and its own measured epoch.  The
+its choice, its predicted epoch per option, the rates it measured, and its own measured epoch.  With
+--repeats N each (graph, rate) runs auto and the options N times in turn (auto, every option, auto, ...,
+so that a change of this shared machine's load reaches all alike); an option's measured epoch is the
+median of its runs' (every run's kept beside it), auto's choice the one most of its runs made.  The
 verdict per (graph, rate): auto's choice is "within 10 %" when the measured epoch of the option it
-chose is at most 1.1x the fastest measured option, and "not slower than fb" when it is at most fb's.
+chose is at most 1.1x the fastest measured option, and "not slower than fb" when it is at most fb's;
+the page says besides whether the two options' runs, min to max, overlap (auto_page.py renders it).
 
 The products-size graph (`--graphs products`: bench_products.py's graph, built with its preset, trained as
-configs/products.toml) runs auto once per rate and each option auto lists once over every rate, the link
-re-shaped between them (bench/auto_reshaped.py), plus runs for their exact ledger bytes alone (fb on the
-direct route, fb's partial payloads); e.g., root, beside rounds of the other graphs already in --json:
+configs/products.toml) runs auto --repeats times per rate and each option auto lists --repeats times over
+every rate (in turn), the link re-shaped between them (bench/auto_reshaped.py), plus runs for their exact
+ledger bytes alone (fb on the direct route, fb's partial payloads; once); e.g., root, beside rounds of the
+other graphs already in --json:
 
     python bench/bench_auto.py --graphs products --merge --reuse-shards --over-estimate --min-available-gib 2.5 \
         --timeout 3600 --run-timeout 900
@@ -43,9 +48,9 @@ from bench_scale import MemoryGuard, add_run_arguments, save_records  # noqa: E4
 from harness import ENV, REPO, read_run, write_page  # noqa: E402
 from products_ref import PRODUCTS, graph_args  # noqa: E402
 import auto_reshaped  # noqa: E402
+from auto_page import LAYERS, auto_decision, command_args, options, record_run, render, verdict  # noqa: E402
 
 from emucluster import cluster as emucluster, costmodel  # noqa: E402
-from granndis_hpc.cluster.linkcheck import link_check_text  # noqa: E402
 
 GRAPHS = {
     "cora": ["--source", "planetoid", "--name", "cora", "--root", os.path.join(REPO, "tests", "data", "planetoid")],
@@ -57,28 +62,6 @@ GRAPHS = {
 # products trains bench_products.py's setting: inductive, 3 SAGE + 1 Linear, LayerNorm, hidden 64
 PRODUCTS_TRAIN = ["--config", "configs/products.toml"]
 SETS = {"full": ["--preload", "full"], "eas": ["--preload", "eas", "--hops", "1", "--eas-fanout", "15"]}
-LAYERS = 3
-
-
-def options(layers):
-    """(name = auto's option label, shard set, train arguments): what auto's table lists, one each."""
-    out = [("fb", "full", ["--mode", "fb"])]
-    # fb with partial aggregates (--halo-payload): auto offers them for the weighted-sum models
-    out += [(f"fb payload={p}", "full", ["--mode", "fb", "--halo-payload", p]) for p in ("partial", "smaller")]
-    out += [(f"flx k={k}", "full", ["--mode", "flx", "--preloaded-layers", str(k)]) for k in range(1, layers + 1)]
-    out += [("eas", "eas", ["--mode", "eas"]), ("cob batches=2", "full", ["--mode", "cob", "--batches-per-epoch", "2"])]
-    return out
-
-
-def verdict(measured, choice):
-    """(fastest option, auto's choice's epoch / fastest's, within 10 %, not slower than fb) from the
-    options' measured epochs; None where auto's choice was not among the options run."""
-    if choice not in measured:
-        return None
-    fastest = min(measured, key=measured.get)
-    ratio = measured[choice] / measured[fastest]
-    return {"fastest": fastest, "ratio": ratio, "within_10pct": ratio <= 1.10,
-            "not_slower_than_fb": measured[choice] <= measured.get("fb", float("inf"))}
 
 
 def build_args(graph, args):
@@ -130,6 +113,57 @@ def train(args, graph, shards, extra, run_dir, log):
     return summary, costmodel.summarize_run(records)["epoch_s"], [float(r["time_s"]) for r in records]
 
 
+def rep_suffix(k, repeats):
+    """The run directory's suffix of run k (0-based) of an option: none where it runs once."""
+    return "" if repeats == 1 else f"-run{k + 1}"
+
+
+def rep_prefix(k, repeats):
+    return "" if repeats == 1 else f"run {k + 1} of {repeats}: "
+
+
+def train_auto(args, g, graph, shards, run_dir, log):
+    """One run of --mode auto in round `g`: its choice, epoch and decision join g["auto_runs"]; the round's
+    choice, auto epoch and decision (predictions, rates) are those auto_page.auto_decision picks."""
+    summary, epoch_s, epochs = train(args, graph, f"{shards[graph, 'full']},{shards[graph, 'eas']}",
+                                     ["--mode", "auto", "--memory-per-gpu", args.memory_per_gpu], run_dir, log)
+    d = find_decision(summary)
+    kinds = {v: k for (gr, k), v in shards.items() if gr == graph}
+    name = lambda o: o["label"] + ("" if kinds.get(o["source"]) != "eas" or o["mode"] == "eas"  # noqa
+                                   else " (eas set)")
+    g.setdefault("auto_runs", []).append({
+        "choice": name(d["choice"]), "epoch_s": epoch_s, "epochs": epochs,
+        "predicted": {name(o): o["predicted_s"] for o in d["options"]},
+        "peak_bytes": {name(o): o["peak_bytes"] for o in d["options"]},
+        "inter_server_bytes": {name(o): o.get("inter_server_bytes") for o in d["options"]},
+        "rates": d["rates"], "compute_rate": d.get("compute_rate"), "reason": d["reason"],
+        "link_check": d.get("link_check")})
+    g["choice"], first, g["auto_epoch_s"] = auto_decision(g["auto_runs"])
+    g.update({k: first[k] for k in ("predicted", "peak_bytes", "inter_server_bytes", "rates", "compute_rate",
+                                    "reason", "link_check")})
+
+
+def measure_round(args, g, graph, shards, where, log, save):
+    """Round `g` (a graph at a rate): --repeats times auto and then every option (products: auto alone; its
+    options run over every rate in auto_reshaped.py), each run into `where`, saved (`save()`) after each."""
+    n = args.repeats
+    for k in range(n):  # round-robin: a change of the machine's load reaches every option alike
+        # auto first: a sweep stopped part-way has its choice beside the options measured so far
+        try:
+            train_auto(args, g, graph, shards, os.path.join(where, "auto" + rep_suffix(k, n)), log)
+        except (RuntimeError, OSError, ValueError, KeyError, TypeError) as exc:
+            g.setdefault("errors", {})["auto"] = rep_prefix(k, n) + f"{type(exc).__name__}: {exc}"
+        save()
+        for name, kind, extra in options(LAYERS) if graph != "products" else ():
+            run_dir = os.path.join(where, name.replace(" ", "").replace("=", "") + rep_suffix(k, n))
+            try:
+                _, epoch_s, epochs = train(args, graph, shards[graph, kind], extra, run_dir, log)
+                record_run(g, name, epoch_s, epochs)
+            except (RuntimeError, OSError, ValueError) as exc:  # recorded; the sweep goes on
+                g.setdefault("errors", {})[name] = rep_prefix(k, n) + str(exc)
+            save()
+
+
 def sweep(args, data, path):
     log = data["log"]
     shards = {}
@@ -161,34 +195,10 @@ def sweep(args, data, path):
                 entry = dict({"rate": label, "rate_bps": bps, "graphs": {}}, **link)
                 data["rates"].append(entry)
             for graph in args.graphs:
-                g = entry["graphs"][graph] = {"loadavg_start": os.getloadavg()[0], "measured": {}, "epochs": {},
-                                              "link": link, "instance": instance}
-                # auto first: a sweep stopped part-way has its choice beside the options measured so far
-                run_dir = os.path.join(args.work, "runs", label, graph, "auto")
-                try:
-                    summary, g["auto_epoch_s"], g["epochs"]["auto"] = train(
-                        args, graph, f"{shards[graph, 'full']},{shards[graph, 'eas']}",
-                        ["--mode", "auto", "--memory-per-gpu", args.memory_per_gpu], run_dir, log)
-                    d = find_decision(summary)
-                    kinds = {v: k for (gr, k), v in shards.items() if gr == graph}
-                    name = lambda o: o["label"] + ("" if kinds.get(o["source"]) != "eas" or o["mode"] == "eas"  # noqa
-                                                   else " (eas set)")
-                    g["choice"] = name(d["choice"])
-                    g["predicted"] = {name(o): o["predicted_s"] for o in d["options"]}
-                    g["peak_bytes"] = {name(o): o["peak_bytes"] for o in d["options"]}
-                    g["inter_server_bytes"] = {name(o): o.get("inter_server_bytes") for o in d["options"]}
-                    g["rates"], g["compute_rate"], g["reason"] = d["rates"], d.get("compute_rate"), d["reason"]
-                    g["link_check"] = d.get("link_check")
-                except (RuntimeError, OSError, ValueError, KeyError, TypeError) as exc:
-                    g.setdefault("errors", {})["auto"] = f"{type(exc).__name__}: {exc}"
-                for name, kind, extra in options(LAYERS) if graph != "products" else ():  # products: below
-                    run_dir = os.path.join(args.work, "runs", label, graph, name.replace(" ", "").replace("=", ""))
-                    try:
-                        _, g["measured"][name], g["epochs"][name] = train(args, graph, shards[graph, kind], extra,
-                                                                          run_dir, log)
-                    except (RuntimeError, OSError, ValueError) as exc:  # recorded; the sweep goes on
-                        g.setdefault("errors", {})[name] = str(exc)
-                    save_records(path, data)
+                g = entry["graphs"][graph] = {"loadavg_start": os.getloadavg()[0], "measured": {}, "link": link,
+                                              "instance": instance, "repeats": args.repeats}
+                measure_round(args, g, graph, shards, os.path.join(args.work, "runs", label, graph), log,
+                              lambda: save_records(path, data))
                 if "choice" in g:
                     g["verdict"] = verdict(g["measured"], g["choice"])
                 g["loadavg_end"] = os.getloadavg()[0]
@@ -208,163 +218,6 @@ def sweep(args, data, path):
         emucluster.teardown()
 
 
-MODEL = (
-    "auto prices each option's epoch (memory_model/epoch_time.py, docs/concepts.md) as the sum of: compute (per "
-    "rank and layer, the rows' projections and the edges' aggregation at rates timed at start-up, times the "
-    "calibration of the model's real training step; between two world exchanges the slowest rank's), "
-    "inter-server seconds (the busiest server's halo and gradient bytes over the measured link; what crosses "
-    "both ways at once, as the halo exchanges and the gradient all-reduce do, at the rate the start-up check "
-    "measured with both leaders sending; the gradient's seconds, where the run overlaps the gradient with "
-    "the backward, charged only beyond the backward's share of the compute, except the last bucket's, the first "
-    "layer's, charged whole), intra-server seconds, and fixed "
-    "seconds (every exchange round, forward and backward, at the cost the start-up check measured on the "
-    "run's own exchange paths, and every optimizer step: the calibration's fixed part and a gradient "
-    "all-reduce round, overlapped as the run makes it; per co-batch for cob, and each co-batch's "
-    "set-up, fixed and per row, timed at start-up on the job's graph). fb is kept unless another option is "
-    "predicted more than 10 % faster. Runs of an earlier version have no calibration and no fixed term: "
-    "their page shows `-` there.")
-
-
-RESHAPED = ("the link re-shaped to the next rate after every few epochs, bench_products.Reshaper; the first epoch at "
-            "each rate is left out of its median")
-PRODUCTS_NOTE = (
-    "products: bench_products.py's graph (`--generator local`, ogbn-products' statistics) built with "
-    "configs/products.build.toml (inductive, 3 hops) and trained as configs/products.toml (inductive, 3 SAGE "
-    "+ 1 Linear, LayerNorm, hidden 64, dropout and input dropout 0.3); auto runs once per rate (its link check "
-    f"runs at start-up), each option once over every rate ({RESHAPED}), under the memory guard. Its final "
-    "evaluation is not in the epoch time.")
-
-
-def bytes_section(data):
-    """Per graph with recorded ledger bytes: each run's inter- and intra-server bytes of one epoch."""
-    out = []
-    for graph in data["config"]["graphs"]:
-        g = next((r["graphs"][graph] for r in data["rates"] if r["graphs"].get(graph, {}).get("bytes")), None)
-        if g is None:
-            continue
-        out += [f"## {graph}: bytes of one training epoch (ledger, summed over ranks)", "",
-                "Exact, the same at every rate. fb's default route sends a remote row once per server (to one of "
-                "its ranks, which shares it inside the server); `route=direct` once per reading rank; the "
-                "payloads send partial aggregates where they are fewer bytes (`smaller`) or always (`partial`).",
-                "", "| run | inter-server halo B | inter-server gradient B | intra-server halo B | "
-                "intra-server gradient B | inter-server halo / fb's | auto's count of the inter-server halo B |",
-                "|---|---:|---:|---:|---:|---:|---:|"]
-        fb = g["bytes"].get("fb", {}).get("inter_halo")
-        for n, b in g["bytes"].items():
-            ratio = f"{b['inter_halo'] / fb:.3f}" if fb else "-"
-            model = (g.get("inter_server_bytes", {}).get(n) or {}).get("halo")
-            out.append(f"| {n} | {b['inter_halo']:,} | {b['inter_grad']:,} | {b['intra_halo']:,} | "
-                       f"{b['intra_grad']:,} | {ratio} | {'-' if model is None else f'{model:,}'} |")
-        out.append("")
-    return out
-
-
-def fmt(x, digits=3):
-    return "-" if x is None else f"{x:.{digits}g}"
-
-
-def render(data):
-    names = [n for n, _, _ in options(LAYERS)]
-    cfg = data["config"]
-    L = ["# Does --mode auto pick the fastest option? (emulated 2 x 2 cluster)", "",
-         f"Written by `bench/bench_auto.py` ({data['date']}); raw results: `bench/results/auto.json`.", "",
-         f"Machine: {cfg['cores']} cores, {cfg['mem_gib']:.0f} GiB, no GPU, Python {cfg['python']}, shared with other "
-         f"jobs: load average {data['loadavg_start'][0]:.1f} at the start, "
-         f"{(data.get('loadavg_end') or [0])[0]:.1f} at the end "
-         f"(per run below). 3-layer SAGE, hidden {cfg['hidden']}, {cfg['epochs']} epochs per run (the epoch time is "
-         f"the median of the epochs after the first), 2 emulated servers x 2 ranks (docs/emulated-cluster.md); "
-         f"auto with `--memory-per-gpu {cfg['memory_per_gpu']}` (every option fits). Graphs: "
-         + ", ".join(f"{g}" + (f" ({cfg['vertices']:,} vertices)" if g == "synthetic" else "")
-                     + (f" ({cfg.get('products_vertices', 0):,} vertices)" if g == "products" else "")
-                     for g in cfg["graphs"])
-         + ". Rounds run (rate: graphs): "
-         + "; ".join(r["rate"] + ": " + ", ".join(r["graphs"]) for r in data["rates"])
-         + f". Whole sweep {data.get('wall_s', 0) / 60:.1f} min.",
-         ""]
-    if "products" in cfg["graphs"]:
-        L[-1:] = [PRODUCTS_NOTE, ""]
-    L += ["## The model", "", MODEL, ""]
-    if data.get("findings"):  # the reading of these numbers, kept with them in the JSON (--from-json)
-        L += ["## What it found", "", *[f"- {f}" for f in data["findings"]], ""]
-    L += ["## Summary", "", "| graph | rate | auto chose | fastest measured | chosen / fastest | within 10 % | "
-          "not slower than fb | auto's own run / fastest |", "|---|---|---|---|---:|---|---|---:|"]
-    for r in data["rates"]:
-        for graph, g in r["graphs"].items():
-            v, best = g.get("verdict"), min(g["measured"].values()) if g["measured"] else None
-            if v is None and "choice" in g:  # a sweep stopped part-way: among the options measured so far
-                v = verdict(g["measured"], g["choice"])
-            own = g.get("auto_epoch_s") / best if best and g.get("auto_epoch_s") else None
-            planned = len(g.get("options") or options(LAYERS))
-            part = "" if len(g["measured"]) == planned else f" (stopped: {len(g['measured'])} of {planned} options run)"
-            L.append(f"| {graph} | {r['rate']}{part} | {g.get('choice', 'failed')} | "
-                     + (f"{v['fastest']} | {v['ratio']:.2f} | {'yes' if v['within_10pct'] else 'no'} | "
-                        f"{'yes' if v['not_slower_than_fb'] else 'no'} |" if v else "- | - | - | - |")
-                     + f" {fmt(own)} |")
-    L.append("")
-    L += bytes_section(data)
-    for r in data["rates"]:
-        for graph, g in r["graphs"].items():
-            link = g.get("link") or r  # the graph's own link check (rounds merged from another sweep)
-            L += [f"## {graph}, {r['rate']} (ping-pong {link['inter_Bps'] / 1e6:.3g} MB/s between servers; "
-                  f"load {g['loadavg_start']:.1f} -> {g.get('loadavg_end', 0):.1f})", ""]
-            if "options" in g:
-                L += [f"Each option's epochs: its one run over every rate ({RESHAPED}); auto's: its own run at "
-                      "this rate.", ""]
-            L += [
-                  "| option | measured epoch (s) | auto's prediction (s) | predicted / measured | "
-                  "predicted compute / inter / intra / fixed (s) |", "|---|---:|---:|---:|---|"]
-            pred = g.get("predicted", {})
-            other = g.get("other", {})  # runs for their bytes, not among auto's options
-            unrun = []
-            for n in names + sorted(set(pred) - set(names), key=lambda n: pred[n].get("total_s", 0)) + list(other):
-                p = pred.get(n) or {}
-                if n not in g["measured"] and n not in other and n != g.get("choice"):
-                    if p:  # predicted, not run: listed below the table
-                        unrun.append(f"{n} {fmt(p.get('total_s'))}")
-                    continue
-                mark = " **(auto)**" if n == g.get("choice") else (" (not an option of auto)" if n in other else "")
-                meas = g["measured"].get(n, other.get(n))
-                ratio = p["total_s"] / meas if meas and p.get("total_s") else None
-                L.append(f"| {n}{mark} | {fmt(meas)} | {fmt(p.get('total_s'))} | {fmt(ratio, 2)} | "
-                         f"{fmt(p.get('compute_s'))} / {fmt(p.get('inter_s'))} / {fmt(p.get('intra_s'))} / "
-                         f"{fmt(p.get('fixed_s'))} |")
-            v = g.get("verdict") or (verdict(g["measured"], g["choice"]) if "choice" in g else None)
-            L.append("")
-            if unrun:
-                L += [f"Predicted, not run (s): {', '.join(unrun)}.", ""]
-            if "choice" in g:
-                L.append(f"auto chose **{g['choice']}**; its own run's epoch: {fmt(g.get('auto_epoch_s'))} s. " + (
-                    f"Fastest measured: {v['fastest']}; auto's choice / fastest = {v['ratio']:.2f} "
-                    f"({'within' if v['within_10pct'] else 'NOT within'} 10 %), "
-                    f"{'not slower' if v['not_slower_than_fb'] else 'SLOWER'} than fb." if v else
-                    "Its choice is not among the options run, so no verdict."))
-                cr = g.get("compute_rate") or {}
-                rt = g["rates"]
-                fixed = (f", compute x{fmt(rt['compute_scale'])}, step {fmt(rt.get('step_s'))} s, round world "
-                         f"{fmt(rt.get('world_round_s'))} s / server {fmt(rt.get('server_round_s'))} s"
-                         if "compute_scale" in rt else "")
-                if "cobatch_row_s" in rt:
-                    fixed += (f", co-batch set-up {fmt(rt['cobatch_s'])} s + {fmt(rt['cobatch_row_s'])} s "
-                              f"per row")
-                if rt.get("targets_round_s"):
-                    fixed += f", target-count all-reduce {fmt(rt['targets_round_s'])} s per co-batch"
-                both = (f" ({fmt(rt['inter_both_Bps'] / 1e6)} MB/s each way both ways at once)"
-                        if rt.get("inter_both_Bps") else "")
-                L.append(f"Rates auto priced with: inter {fmt((rt.get('inter_Bps') or 0) / 1e6)} MB/s{both}, "
-                         f"intra {fmt((rt.get('intra_Bps') or 0) / 1e6)} MB/s, row_s {fmt(rt.get('row_s'))}, "
-                         f"edge_s {fmt(rt.get('edge_s'))}{fixed}" + (f" ({cr['method']})" if cr else "") + ".")
-                if g.get("link_check"):
-                    L.append(f"Its {link_check_text(g['link_check'], g['link_check'].get('rounds'))}.")
-            for n, e in g.get("errors", {}).items():
-                L.append(f"{n}: failed ({e}).")
-            peaks = {n: max(x["peak_rss"]) for n, x in g.get("runs", {}).items() if x.get("peak_rss")}
-            if peaks:
-                L.append("Largest rank's peak RSS per run (GiB): " + ", ".join(
-                    f"{n} {v / 2**30:.2f}" for n, v in peaks.items()) + ".")
-            L.append("")
-    return L
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -375,6 +228,9 @@ def main(argv=None):
     p.add_argument("--rates", default="unshaped,1gbit,100mbit,10mbit", help="comma-separated, tc's units")
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--epochs", type=int, default=4, help="per run; the first is left out of the median")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each option (auto included) per graph and rate, the options in turn and then "
+                        "again; an option's epoch is the median of its runs'")
     p.add_argument("--memory-per-gpu", default="16GiB")
     p.add_argument("--work", default=os.path.join(REPO, "bench-out", "auto"))
     p.add_argument("--json", default=os.path.join(REPO, "bench", "results", "auto.json"))
@@ -403,6 +259,8 @@ def main(argv=None):
         p.error(f"--graphs: any of {', '.join(GRAPHS)}")
     if args.epochs < 2:
         p.error("--epochs must be at least 2 (the first is left out)")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     try:
         for r in args.rates:
             emucluster.parse_rate(r)
@@ -418,6 +276,7 @@ def main(argv=None):
     data = {"date": str(datetime.date.today()), "argv": argv, "log": [], "rates": [],
             "loadavg_start": list(os.getloadavg()),
             "config": {"graphs": args.graphs, "vertices": args.vertices, "hidden": args.hidden, "epochs": args.epochs,
+                       "repeats": args.repeats,
                        "memory_per_gpu": args.memory_per_gpu, "cores": os.cpu_count(),
                        "products_vertices": args.products_vertices,
                        "python": platform.python_version(),
@@ -442,12 +301,6 @@ def main(argv=None):
         save_records(args.json, data)
     write_page(args.out, render(data), "bench/bench_auto.py", command_args(data), data["log"])
     return 0
-
-
-def command_args(data):
-    """The page's command line: the sweep's arguments (several sweeps of one --json: joined by `&&`)."""
-    runs = data["argv"] if data["argv"] and not isinstance(data["argv"][0], str) else [data["argv"]]
-    return [" && python bench/bench_auto.py ".join(" ".join(a) for a in runs)]
 
 
 if __name__ == "__main__":
