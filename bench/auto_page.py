@@ -167,6 +167,13 @@ def run_count(runs):
     return "-" if not runs else f"{len(runs)}, {spread(runs)}"
 
 
+def choice_share(g):
+    """" (k of n runs)" where auto's runs in round `g` did not all make the choice the verdict judges."""
+    runs = g.get("auto_runs") or []
+    k = sum(r["choice"] == g.get("choice") for r in runs)
+    return "" if k == len(runs) else f" ({k} of {len(runs)} runs)"
+
+
 def auto_runs_text(g):
     """The page's words on auto's own runs in round `g`: one run's epoch, or several runs' median, range and
     (where they differ) their choices."""
@@ -174,8 +181,9 @@ def auto_runs_text(g):
     if len(runs) < 2:
         return f"its own run's epoch: {fmt(g.get('auto_epoch_s'))} s. "
     choices = collections.Counter(r["choice"] for r in runs)
-    differ = "" if len(choices) == 1 else (" They chose " + ", ".join(f"{c} {k} times" for c, k in choices.items())
-                                           + "; the verdict judges the choice most of them made.")
+    differ = "" if len(choices) == 1 else (" They chose " + ", ".join(f"{c} in {k}" for c, k in choices.items())
+                                           + "; the verdict judges the choice most of them made (on a tie, the "
+                                           "first run's).")
     return (f"its own {len(runs)} runs' epoch: median {fmt(g.get('auto_epoch_s'))} s, "
             f"{spread([r['epoch_s'] for r in runs])} s.{differ} ")
 
@@ -216,7 +224,7 @@ def render(data):
             own = g.get("auto_epoch_s") / best if best and g.get("auto_epoch_s") else None
             planned = len(g.get("options") or options(LAYERS))
             part = "" if len(g["measured"]) == planned else f" (stopped: {len(g['measured'])} of {planned} options run)"
-            L.append(f"| {graph} | {r['rate']}{part} | {g.get('choice', 'failed')} | "
+            L.append(f"| {graph} | {r['rate']}{part} | {g.get('choice', 'failed')}{choice_share(g)} | "
                      + (f"{v['fastest']} | {v['ratio']:.2f} | {'yes' if v['within_10pct'] else 'no'} | "
                         f"{'yes' if v['not_slower_than_fb'] else 'no'} |" if v else "- | - | - | - |")
                      + f" {fmt(own)} | "

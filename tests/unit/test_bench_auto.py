@@ -93,6 +93,10 @@ def test_page_gives_medians_ranges_and_overlap_and_renders_old_rounds():
     assert "| fb **(auto)** | 1 | - | - | - / - / - / - | - |" in page
     assert "its own 3 runs' epoch: median 1.2 s, 1.1-1.4 s." in page
     assert "Their runs' ranges overlap: the difference is within this machine's spread." in page
+    new["auto_runs"][1]["choice"] = "fb"  # auto's runs differ: the page says how many made the choice judged
+    page = "\n".join(auto_page.render(_data([("unshaped", new)])))
+    assert "| cora | unshaped (stopped: 2 of 8 options run) | eas (2 of 3 runs) | fb | 1.04 |" in page
+    assert "They chose eas in 2, fb in 1; the verdict judges the choice most of them made" in page
     # a page of old rounds alone says nothing of repeats
     old_page = "\n".join(auto_page.render(_data([("10mbit", old)])))
     assert "per (graph, rate)" not in old_page and "Ranges overlap:" not in old_page
