@@ -93,9 +93,10 @@ def repeats_text(data):
                 per[graph].add(g["repeats"])
     if not per:
         return ""
-    counts = {graph: "/".join(str(n) for n in sorted(ns)) for graph, ns in per.items()}
-    runs = (f"{next(iter(counts.values()))} times" if len(set(counts.values())) == 1 else
-            "; ".join(f"{graph}: {c} times" for graph, c in counts.items()) + ",")
+    counts = {graph: "once" if ns == {1} else "/".join(str(n) for n in sorted(ns)) + " times"
+              for graph, ns in per.items()}
+    runs = (next(iter(counts.values())) if len(set(counts.values())) == 1 else
+            "; ".join(f"{graph}: {c}" for graph, c in counts.items()) + ",")
     return (f" Each option, auto included, ran {runs} per (graph, rate), the options in turn and then again "
             "(auto, every option once, auto, ...), so that a change of the machine's load reaches all alike; an "
             "option's measured epoch is the median of its runs' epochs and the verdicts judge these medians; the "
