@@ -23,7 +23,9 @@ What an entry carries (docs/extending.md, the recipes):
   full-graph mode: dominated options of these are dropped), ``any_depth`` (serves a set built for
   another depth), ``build`` (the `preprocess build` arguments that make its set, for `plan`), and
   ``needs`` (options it requires: config refuses a run without them), ``baseline`` (the mode every
-  speedup is measured against: `granndis report` and the link sweep).
+  speedup is measured against: `granndis report` and the link sweep), ``setup_timer`` (a batched mode's
+  timing of a co-batch's set-up on a server graph, engine/cobsetup.py: `plan --inter-rate` prices its
+  options with it, as --mode auto does).
 """
 from __future__ import annotations
 
@@ -324,6 +326,7 @@ MODES.declare("eas", "granndis_hpc.engine.modes:ExpansionAware", rank=1, phrase=
 MODES.declare("cob", "granndis_hpc.engine.modes:CooperativeBatching", rank=2, knob="batches",
               train_option="batches_per_epoch",
               phrase="cob with the fewest co-batches", estimate=f"{_ESTIMATES}:cooperative_batching",
+              setup_timer="granndis_hpc.engine.cobsetup:time_server_graph",
               build="--preload eas --hops {eas_hops} --eas-fanout {fanout}   (train --mode cob --batches-per-epoch "
                     "{batches} --fanout {cob_fanout})")
 MODES.declare("mb", "granndis_hpc.engine.modes:PerGpuMiniBatch")

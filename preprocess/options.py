@@ -201,6 +201,11 @@ class PlanOptions(EstimateOptions, EasOptions, LayoutOptions, SourceOptions):
              "(default: --inter-rate, a full-duplex link; --mode auto measures it at start-up)")
     intra_rate: Optional[str] = option(None, parse=rate_text, metavar="RATE", group="predicted epoch time",
                                        help="the links inside a server in bits/s, e.g. 100gbit (default: --inter-rate)")
+    cobatch_setup: Optional[str] = option(
+        None, metavar="SECONDS,SECONDS_PER_ROW", group="predicted epoch time",
+        help="what setting up a co-batch costs, fixed seconds and seconds per row of its dependency graph, e.g. "
+             "0.002,4e-6 (a run's summary.json plan.auto.cobatch_setup; default: timed on this host on each "
+             "server's graph, one server at a time, the slowest server's kept)")
     json: Optional[str] = option(None, metavar="PATH", help="also write the options and the decision as JSON")
     build_ranks: Optional[int] = option(None, metavar="P", group="build memory (the distributed `preprocess build`)",
                                         help="ranks of the build the memory estimate is for (default: this plan's "

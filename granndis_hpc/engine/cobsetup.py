@@ -66,23 +66,33 @@ def _rank_rate(cfg, graph: dict, manifest: dict, topo, device) -> Optional[tuple
     """(fixed seconds, seconds per row, rows of the larger co-batch) of this rank's timed co-batches on its
     server's `graph` (its structure: shards.read_server_graph without features); None where the server
     has no training vertex (the cob options are then refused by their own checks)."""
-    graph = structure_only(graph)
     if cfg.inductive:
         graph = inductive.train_induced_graph(graph)
+    exact = manifest["preload"]["kind"] == "full" and cfg.fanout == -1 and cfg.sampler == "sage"
+    return time_server_graph(graph, cfg.conv_layers, cfg.sampler, cfg.fanout, cfg.seed, topo.server, topo.local_rank,
+                             exact, device)
+
+
+def time_server_graph(graph: dict, layers: int, sampler: str, fanout: int, seed: int, server: int, gpu: int,
+                      exact: bool, device) -> Optional[tuple]:
+    """(fixed seconds, seconds per row, rows of the larger co-batch) of GPU `gpu`'s part of co-batches of
+    server `server`'s `graph` (the keys of shards.read_server_graph; features are not read), sampled as the
+    run samples them (an inductive run's graph: its train-induced edges); None where the server has no
+    training vertex.  What --mode auto times on every rank at once, and `preprocess plan --inter-rate`
+    (through the batched modes' registry entry, `setup_timer`) one server at a time."""
+    graph = structure_only(graph)
     train_ids = np.flatnonzero(graph["train"] & (graph["hop"] == 0))
     if train_ids.shape[0] == 0:
         return None
-    sampler = CoBatchSampler(graph["indptr"], graph["indices"], train_ids, 1, cfg.conv_layers, cfg.sampler,
-                             cfg.fanout, cfg.seed, topo.server)
-    exact = manifest["preload"]["kind"] == "full" and cfg.fanout == -1 and cfg.sampler == "sage"
-    index = cobplan.ServerIndex(graph, cfg.conv_layers, exact)  # built once per run: not a co-batch's cost
-    perm = np.random.default_rng([cfg.seed, topo.server]).permutation(train_ids)
+    draws = CoBatchSampler(graph["indptr"], graph["indices"], train_ids, 1, layers, sampler, fanout, seed, server)
+    index = cobplan.ServerIndex(graph, layers, exact)  # built once per run: not a co-batch's cost
+    perm = np.random.default_rng([seed, server]).permutation(train_ids)
     large = perm[: max(1, min(TARGETS, perm.shape[0] // 2))]
     small = large[: max(1, large.shape[0] // 4)]
-    _build_seconds(sampler, index, small, topo.local_rank, device)  # untimed: first use of every kernel
+    _build_seconds(draws, index, small, gpu, device)  # untimed: first use of every kernel
     timed = {}
     for name, targets in (("small", small), ("large", large)):
-        runs = [_build_seconds(sampler, index, targets, topo.local_rank, device) for _ in range(TRIALS)]
+        runs = [_build_seconds(draws, index, targets, gpu, device) for _ in range(TRIALS)]
         timed[name] = (min(t for t, _ in runs), runs[0][1])
     fixed, row_s = fit(timed["small"], timed["large"])
     return fixed, row_s, timed["large"][1]

@@ -344,9 +344,7 @@ class Automatic(Mode):
                                              and "server" in OVERLAP_HALOS[cfg.overlap_halos],
                                              gradient_overlapped=not cfg.no_overlap)
             measured = self._compute_rate(topo, paths[0], model_kw, errors)
-            # cob's co-batch set-up (a sampled mode: not with --auto-modes exact); collective
-            setup, structure = (cobsetup.measure(cfg, paths[0], topo) if cfg.auto_modes != "exact"
-                                else ({"cobatch_s": 0.0, "cobatch_row_s": 0.0, "method": ""}, None))
+            setup = {"cobatch_s": 0.0, "cobatch_row_s": 0.0, "method": ""}  # priced at zero until timed
 
             def rates_for(m, degree):
                 return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], measured["row_s"], measured["edge_s"],
@@ -365,16 +363,33 @@ class Automatic(Mode):
                                           targets_round_s=rounds["allreduce_s"])
         memory = device_memory(topo)  # collective: what the GPUs have free now (None on the CPU)
         # Rank 0 reads the shard sets and estimates; every rank gets the same decision or error.
+        found = timing = None
         with collective_errors(topo.world, "--mode auto", **errors):
             if topo.rank == 0:
-                decision = memory_model.choose_shard_sets(
+                found = memory_model.shard_set_options(
                     paths, cfg.model, cfg.hidden, cfg.conv_layers, cfg.memory_per_gpu_bytes, device=topo.device.type,
                     fanout=cfg.fanout, sampler=cfg.sampler, seed=cfg.seed,
                     job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive,
-                    halo_route=cfg.halo_route, rates_for=rates_for, exact_only=cfg.auto_modes == "exact",
-                    device_memory=memory, input_dropout=cfg.input_dropout, **model_kw).to_dict()
-                if decision["choice"] is None:
-                    raise TrainingError(decision["reason"])
+                    halo_route=cfg.halo_route, exact_only=cfg.auto_modes == "exact",
+                    device_memory=memory, input_dropout=cfg.input_dropout, **model_kw)
+                first = found.decide(rates_for)  # the time rule: the co-batch set-up at zero, a lower bound
+                if first.choice is None:
+                    raise TrainingError(first.reason)
+                timing = rates_for is not None and memory_model.setup_matters(first)
+                decision = first.to_dict()
+                if rates_for is not None and not timing and memory_model.setup_not_timed(first):
+                    setup = {"cobatch_s": 0.0, "cobatch_row_s": 0.0, "timed": False,
+                             "method": memory_model.setup_not_timed(first)}
+        # Every rank learns whether cob's set-up can matter: timing it is collective (all ranks or none).
+        timing, setup = topo.bcast_object((timing, setup))
+        if timing:
+            setup, structure = cobsetup.measure(cfg, paths[0], topo)  # collective; reads the server graphs
+            with collective_errors(topo.world, "--mode auto", **errors):
+                if topo.rank == 0:
+                    assert found is not None  # (rank 0 estimated the options above)
+                    decision = found.decide(rates_for).to_dict()  # the same options, cob's set-up priced
+                    if decision["choice"] is None:  # (the budget is the same: something fits)
+                        raise TrainingError(decision["reason"])
         decision = topo.bcast_object(decision)
         if measured is not None and links is not None:  # how the links and compute were measured, beside the rates
             decision["compute_rate"] = measured

@@ -67,7 +67,8 @@ def server_arrays_from_build(arrays: Dict[str, np.ndarray], server: int) -> Serv
             w_src_global_id=arrays["world/src_global_id"][wip[wlo]:wip[whi]],
             n_train=int(np.count_nonzero(train[lo:hi]))))
     graph = {"indptr": ip, "indices": np.asarray(ix, np.int64), "in_degree": arrays.get("graph/in_degree"),
-             "hop": hop, "train": np.asarray(arrays["split/train"], bool), "offsets": offsets}
+             "hop": hop, "train": np.asarray(arrays["split/train"], bool), "offsets": offsets,
+             "global_id": arrays.get("vertices/global_id")}
     return ServerArrays(server=server, hop=hop, offsets=offsets, gpus=gpus, graph=graph)
 
 

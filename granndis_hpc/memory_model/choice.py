@@ -344,6 +344,37 @@ def choose_by_time(options: Sequence[Option], budget_bytes: int, rates: Rates, e
                     rates={**asdict(rates), "baseline_margin": margin})
 
 
+def sets_up_cobatches(o: Option) -> bool:
+    """Whether the option's predicted epoch includes setting up co-batches (Rates.cobatch_s and cobatch_row_s:
+    a batched mode of more than one co-batch an epoch), which --mode auto times only where it can matter."""
+    return o.work is not None and o.work.cobatches > 0
+
+
+def setup_matters(decision: Decision) -> bool:
+    """Whether timing the co-batch set-up can change `decision`, made with it priced at zero (a lower bound
+    of every option that sets up co-batches; the others' prices do not depend on it).  Only if the chosen
+    option sets up co-batches: were it another, a dearer set-up only raises options that lost already
+    (choose_by_time's order and its margin against the baseline then pick the same option)."""
+    return decision.choice is not None and sets_up_cobatches(decision.choice)
+
+
+def setup_not_timed(decision: Decision) -> str:
+    """Why a decision made with the co-batch set-up at zero (setup_matters False) needs no timing of it, in
+    words; "" where no option sets up co-batches."""
+    name = _namer(decision.options)
+    priced = [o for o in decision.options if sets_up_cobatches(o) and o.predicted]
+    if not priced:
+        return ""
+    fits = [o for o in priced if o.peak <= decision.budget]
+    if decision.choice is None or not fits:
+        why = "no option that sets up co-batches fits the budget"
+    else:
+        fastest = min(fits, key=lambda o: o.predicted["total_s"])
+        why = (f"with none, {name(fastest)} ({fastest.predicted['total_s']:.3g} s, a lower bound) is already not "
+               f"chosen against {name(decision.choice)} ({decision.choice.predicted['total_s']:.3g} s)")
+    return (f"co-batch set-up not timed: {why}; the co-batch options' predicted seconds leave it out")
+
+
 def decision_table(decision: dict) -> List[str]:
     """The options of a Decision's `to_dict`, one line each: label, predicted epoch seconds and its terms
     (with the time rule: compute, inter- and intra-server wire, fixed: the steps' and exchange rounds'),

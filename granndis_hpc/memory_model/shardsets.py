@@ -113,13 +113,68 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
 
     Reads every rank's slice of every set (features included) and samples the first co-batch on
     the calling process: call it on one rank and broadcast the Decision.  device="cuda" for a GPU
-    run (bool dropout masks)."""
+    run (bool dropout masks).  shard_set_options and ShardSetOptions.decide are its two halves (auto
+    decides twice on the same options where it times the co-batch set-up)."""
+    found = shard_set_options(paths, model, hidden, layers, budget_bytes, device, batches, fanout, sampler, seed, job,
+                              inductive, exact_only, device_memory, input_dropout, **model_kw)
+    return found.decide(rates_for)
+
+
+@dataclasses.dataclass
+class ShardSetOptions:
+    """Every option of the shard sets, estimated (shard_set_options), and what a decision on them says beside."""
+
+    found: list  # [Option]
+    m: ModelSpec
+    degree: float
+    budget_bytes: int
+    device: str
+    exact_only: bool
+    device_memory: Optional[Tuple[int, int]]
+    left_out: List[str]
+    skipped: List[str]
+
+    def decide(self, rates_for: Optional[Callable[[ModelSpec, float], Rates]] = None) -> Decision:
+        """The choice among the options (choose_shard_sets' rates_for); may be called again with other rates."""
+        fits_in = usable_budget(self.budget_bytes, self.device, self.device_memory)
+        found, exact_only, m = self.found, self.exact_only, self.m
+        if rates_for is not None:
+            decision = choose_by_time(found, fits_in, rates_for(m, self.degree), exact_only)
+        else:
+            decision = choose([o for o in found if exact(o) or not exact_only], fits_in)
+            if exact_only and not all(exact(o) for o in found):
+                decision = dataclasses.replace(decision, reason=decision.reason
+                                               + "; the sampled modes left out (exact options only)")
+        if self.device == "cuda":  # the context, NCCL's buffers and fragmentation first (choice.py)
+            decision = dataclasses.replace(decision, reason=decision.reason + headroom_note(
+                self.budget_bytes, fits_in, self.device_memory))
+        if m.payload_refusal:
+            decision = dataclasses.replace(decision, reason=decision.reason + refusal_note(m))
+        if self.left_out:
+            decision = dataclasses.replace(decision, reason=decision.reason + "; options not considered: "
+                                           + "; ".join(self.left_out))
+        if self.skipped:
+            decision = dataclasses.replace(decision,
+                                           reason=decision.reason + "; sets not considered: " + "; ".join(self.skipped))
+        return decision
+
+
+def shard_set_options(paths: Sequence[str], model: str, hidden: int, layers: int, budget_bytes: int,
+                      device: str = "cpu", batches: Sequence[int] = (2, 4, 8, 16, 32, 64), fanout: int = -1,
+                      sampler: str = "sage", seed: int = 0, job: Optional[Tuple[int, int]] = None,
+                      inductive: bool = False, exact_only: bool = False,
+                      device_memory: Optional[Tuple[int, int]] = None, input_dropout: float = 0.0,
+                      **model_kw) -> ShardSetOptions:
+    """choose_shard_sets' options, estimated, without the decision (its arguments, less rates_for)."""
     manifests = {path: shards.read_manifest(path) for path in paths}
     usable, skipped = fitting_sets(manifests, layers, job, inductive)
     if not usable:
         raise MemoryModelError("--mode auto: none of the shard sets can run this job: " + "; ".join(skipped))
     sampling = Sampling(tuple(batches), fanout, sampler, seed)
-    found, left_out, degree = [], [], 1.0
+    found: list = []
+    left_out: List[str] = []
+    degree = 1.0
+    m: Any = None
     for path in usable:
         manifest, servers = read_shard_set(path)
         ds = manifest["dataset"]
@@ -133,26 +188,7 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
             left_out.append(f"flx and eas on {path}, which holds no train-induced hops (graph/train_hop: built by an "
                             f"earlier version); rebuild it with `granndis preprocess build ... --inductive --out "
                             f"{path} --overwrite` to offer them")
-    fits_in = usable_budget(budget_bytes, device, device_memory)
-    if rates_for is not None:
-        decision = choose_by_time(found, fits_in, rates_for(m, degree), exact_only)
-    else:
-        decision = choose([o for o in found if exact(o) or not exact_only], fits_in)
-        if exact_only and not all(exact(o) for o in found):
-            decision = dataclasses.replace(decision, reason=decision.reason
-                                           + "; the sampled modes left out (exact options only)")
-    if device == "cuda":  # the context, NCCL's buffers and fragmentation first (choice.py)
-        decision = dataclasses.replace(decision, reason=decision.reason + headroom_note(budget_bytes, fits_in,
-                                                                                        device_memory))
-    if m.payload_refusal:
-        decision = dataclasses.replace(decision, reason=decision.reason + refusal_note(m))
-    if left_out:
-        decision = dataclasses.replace(decision, reason=decision.reason + "; options not considered: "
-                                       + "; ".join(left_out))
-    if skipped:
-        decision = dataclasses.replace(decision,
-                                       reason=decision.reason + "; sets not considered: " + "; ".join(skipped))
-    return decision
+    return ShardSetOptions(found, m, degree, int(budget_bytes), device, exact_only, device_memory, left_out, skipped)
 
 
 def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[int, int]],

@@ -23,6 +23,7 @@ from granndis_hpc.cluster.group import as_group
 from granndis_hpc.units import format_size, parse_rate, parse_size
 
 from granndis_hpc.preprocess.build.pipeline import check_dataset
+from granndis_hpc.preprocess.plan import cobatch_setup
 from granndis_hpc.preprocess.plan.build_memory import estimate_build_memory, smallest_fitting_ranks
 from granndis_hpc.preprocess.options import hops_value
 from granndis_hpc.preprocess.plan.sets import plan_options
@@ -65,6 +66,7 @@ class PlanConfig:
     hops: Optional[int] = None  # estimate the one full build of H hops (what --mode auto sees on it)
     model_options: Sequence[str] = ()  # the model's extra constructor options, NAME=VALUE
     inductive: bool = False  # the build is for --inductive training (estimates add its evaluation views)
+    time_setup: bool = False  # time a co-batch's set-up on the server graphs (--inter-rate, plan/cobatch_setup.py)
 
 
 def fail(group, command: str, exc: BaseException) -> int:
@@ -202,7 +204,9 @@ def config_from_args(args, **overrides) -> PlanConfig:
                      cob_fanout=getattr(args, "cob_fanout", -1),
                      hops=args.hops if isinstance(getattr(args, "hops", None), int) else None,
                      model_options=tuple(getattr(args, "model_option", None) or ()),
-                     inductive=bool(getattr(args, "inductive", False)))
+                     inductive=bool(getattr(args, "inductive", False)),
+                     time_setup=(getattr(args, "inter_rate", None) is not None
+                                 and getattr(args, "cobatch_setup", None) is None))
     return dataclasses.replace(cfg, **overrides)
 
 
@@ -234,10 +238,11 @@ def check_both_rate(args) -> None:
                         f"link: leave --inter-both-rate out)")
 
 
-def planned_rates(group, args, m: mm.ModelSpec, graph) -> Optional[mm.Rates]:
+def planned_rates(group, args, m: mm.ModelSpec, graph, setup: Optional[dict] = None) -> Optional[mm.Rates]:
     """--inter-rate (and --inter-both-rate, --intra-rate): the links given, with the compute rate measured
     and calibrated on this machine's first GPU, else its CPU (rank 0's, shared; the exchange rounds' fixed
-    cost needs the cluster and is not priced); None without --inter-rate."""
+    cost needs the cluster and is not priced), and a co-batch's set-up (`setup`: cobatch_setup.summary's or
+    given's fields); None without --inter-rate."""
     if args.inter_rate is None:
         return None
     rates = None
@@ -256,7 +261,9 @@ def planned_rates(group, args, m: mm.ModelSpec, graph) -> Optional[mm.Rates]:
         both = getattr(args, "inter_both_rate", None)
         rates = mm.Rates(parse_rate(args.inter_rate), parse_rate(args.intra_rate or args.inter_rate), row_s, edge_s,
                          compute_scale=cal["compute_scale"], step_s=cal["step_s"],
-                         inter_both_Bps=None if both is None else parse_rate(both))
+                         inter_both_Bps=None if both is None else parse_rate(both),
+                         cobatch_s=(setup or {}).get("cobatch_s", 0.0),
+                         cobatch_row_s=(setup or {}).get("cobatch_row_s", 0.0))
     return group.bcast_object(rates)
 
 
@@ -274,6 +281,8 @@ def cmd_plan(args, argv) -> int:
             if args.build_ranks is not None and args.build_ranks < 1:
                 raise PlanError(f"--build-ranks must be >= 1 (got {args.build_ranks})")
             check_both_rate(args)
+            if getattr(args, "cobatch_setup", None) is not None:
+                cobatch_setup.parse_setup(args.cobatch_setup)  # refused before the work
             if args.json:
                 check_writable(args.json)  # before the work, not after printing the table
         with group.errors("opening the dataset"):
@@ -289,7 +298,8 @@ def cmd_plan(args, argv) -> int:
             with group.errors("loading the dataset"):
                 graph = sources.load_from_args(args)
         result = plan_options(group, graph, cfg)
-        rates = planned_rates(group, args, result["model"], graph)
+        setup = _setup(args, result)
+        rates = planned_rates(group, args, result["model"], graph, setup)
         if rates is not None:
             mm.price(result["options"], rates)
         if cfg.budget is None:
@@ -298,6 +308,8 @@ def cmd_plan(args, argv) -> int:
             decision = mm.choose_by_time(result["options"], cfg.budget, rates)
         else:
             decision = mm.choose(result["options"], cfg.budget)
+        if decision is not None and setup is not None and setup["method"]:
+            decision = dataclasses.replace(decision, reason=decision.reason + "; " + setup["method"])
         if decision is not None and result["model"].payload_refusal:
             decision = dataclasses.replace(decision, reason=decision.reason + mm.refusal_note(result["model"]))
     except Exception as exc:  # noqa: BLE001
@@ -309,6 +321,8 @@ def cmd_plan(args, argv) -> int:
               f"{f' + {m.linear_layers} Linear' if m.linear_layers else ''}, hidden {m.hidden}; estimates per GPU on "
               f"{cfg.device} (max over GPUs), inter-server bytes per epoch summed over ranks", flush=True)
         print(format_table(result["options"], cfg, decision), flush=True)
+        if decision is None and setup is not None and setup["method"]:  # (with a decision its reason says it)
+            print(f"[plan] {setup['method']}", flush=True)
         if decision is None and m.payload_refusal:  # (with a decision its reason says it)
             print(f"[plan] {mm.refusal_note(m)[2:]}", flush=True)
         lines, build_record = build_memory_lines(graph, result, _raw_keys(args, graph), args.build_ranks or group.size,
@@ -321,7 +335,7 @@ def cmd_plan(args, argv) -> int:
         if args.json:
             try:
                 with open(args.json, "w") as f:
-                    json.dump({"options": [o.to_dict() for o in result["options"]],
+                    json.dump({"options": [o.to_dict() for o in result["options"]], "cobatch_setup": setup,
                                "decision": None if decision is None else decision.to_dict(),
                                "partition": result["partition"], "build_memory": build_record}, f,
                               indent=1, sort_keys=True)
@@ -334,6 +348,16 @@ def cmd_plan(args, argv) -> int:
             print(f"preprocess plan: error: {decision.reason}", file=sys.stderr, flush=True)
         return 2
     return 0
+
+
+def _setup(args, result) -> Optional[dict]:
+    """The co-batch set-up the plan prices cob with (--inter-rate only; plan/cobatch_setup.py): --cobatch-setup's,
+    else the one timed on the server graphs; None where no option sets up co-batches."""
+    if args.inter_rate is None or not any(o.work is not None and o.work.cobatches > 0 for o in result["options"]):
+        return None
+    if getattr(args, "cobatch_setup", None) is not None:
+        return cobatch_setup.given(args.cobatch_setup)
+    return cobatch_setup.summary(result.get("setup") or {})
 
 
 def _raw_keys(args, graph) -> int:

@@ -322,11 +322,12 @@ class CountedBuild:
     loads: List[ServerLoad]  # every server's rows and their in-edges, in server_order
     cobatches: Dict[int, Dict[int, tuple]]  # b -> memory_model.cobatch_counts of the first co-batch
     induced: Dict[int, List[mm.HopCounts]] = None  # k -> `induced`'s server views of every rank
+    setup: Dict[int, object] = None  # server -> its co-batch set-up timed (count_build's time_setup)
 
 
 def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequence[int] = (),
                 sampling: mm.Sampling = None, induced=None, induced_ks: Sequence[int] = (),
-                sampled_graph=None) -> CountedBuild:
+                sampled_graph=None, time_setup=None) -> CountedBuild:
     """Collective: the build `bcfg` (preload full or eas, its hops) counted server by server with the
     sliced build's own steps: the halo (dist_server.select_halo: the k-hop BFS, or the EAS selection),
     the owners (dist_server.assign_owners_sliced), the server view's counts (server_hop_counts_sliced).
@@ -336,7 +337,9 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
     graph (no features, no world view) is assembled on the server's writer rank s % P
     (dist_server.server_graph) and only the sample's counts leave it; sampled_graph(graph) -> the graph
     sampled (an inductive run's: its train-induced edges).  induced, induced_ks: as full_preload_rows'
-    hook, for each depth in induced_ks (CountedBuild.induced)."""
+    hook, for each depth in induced_ks (CountedBuild.induced).  time_setup(server, graph) -> a co-batch's
+    set-up timed on the server's graph (plan/cobatch_setup.py), called on the writer, one server at a time
+    (the others wait in the next server's collectives): CountedBuild.setup, every server's."""
     from granndis_hpc.preprocess.build.dist_server import in_file_order, server_graph
 
     group = as_group(group)
@@ -345,6 +348,7 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
     loads: Dict[int, ServerLoad] = {}
     mine: Dict[int, Dict[int, tuple]] = {int(b): {} for b in batches}
     derived: Dict[int, List[mm.HopCounts]] = {}
+    timed: Dict[int, object] = {}
     for s in range(S):
         inner = np.flatnonzero(prep.server_of == s).astype(np.int64)
         hop_of = select_halo(group, part, inner, bcfg)
@@ -362,6 +366,8 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
             verts, hop, owner = in_file_order(*owned, prep.server_of, prep.gpu_of, prep.block)
             del owned
             graph = server_graph(group, part, s % group.size, verts, hop, owner, prep.train, G)
+            if graph is not None:  # what the run's loader reads beside (the co-batch's layout uses them)
+                graph.update(global_id=verts.astype(np.int64), in_degree=prep.degree[verts].astype(np.int64))
             del verts, hop, owner
             with group.errors("sampling co-batches"):
                 if graph is not None and sampled_graph is not None:
@@ -372,10 +378,14 @@ def count_build(group, part, prep: Prepared, bcfg, layers: int, batches: Sequenc
                                                        sampling.seed)
                         mine[b].update(mm.cobatch_counts([cob]))
                         del cob
+                    if time_setup is not None:
+                        timed[s] = time_setup(s, graph)
             del graph
     cobatches: Dict[int, Dict[int, tuple]] = {b: {} for b in mine}
-    for part_counts in (group.allgather_object(mine) if mine else ()):
+    setup: Dict[int, object] = {}
+    for part_counts, part_timed in (group.allgather_object((mine, timed)) if mine else ()):
         for b, by_rank in part_counts.items():
             cobatches[b].update(by_rank)
+        setup.update(part_timed)
     return CountedBuild(counts=counts, loads=[loads[x] for x in server_order(group, S)], cobatches=cobatches,
-                        induced=derived if induced is not None else None)
+                        induced=derived if induced is not None else None, setup=setup)

@@ -30,6 +30,7 @@ from granndis_hpc.memory_model.induced_sets import train_induced_edges
 from granndis_hpc.memory_model.typed_widths import held_width
 
 from granndis_hpc.preprocess.build.pipeline import BuildConfig, build_server, validate_config
+from granndis_hpc.preprocess.plan import cobatch_setup
 from granndis_hpc.preprocess.plan.build_memory import ServerLoad
 from granndis_hpc.preprocess.plan.halo_counts import count_build, full_preload_rows, prepare
 from granndis_hpc.preprocess.partition.gpu_split import split_servers_over_gpus
@@ -156,6 +157,7 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
                           **kw)
 
     counted, sets, loads = None, [], {}
+    setup: Dict[tuple, object] = {}  # (build, server) -> its co-batch set-up timed (cfg.time_setup)
     sampled = dict(sampled_graph=train_induced_edges) if ind else {}
     if cfg.hops is None:
         counted = full_preload_rows(group, part, cfg.servers, cfg.gpus_per_server, L, ks, cfg.partitioner, cfg.seed,
@@ -170,12 +172,16 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
     else:
         H = cfg.hops
         full = count_build(group, part, prep, dataclasses.replace(bcfg, preload="full", hops=H), L,
-                           batches if H >= L else (), sampling, induced_ks=range(1, min(H, L) + 1), **hook, **sampled)
+                           batches if H >= L else (), sampling, induced_ks=range(1, min(H, L) + 1), **hook, **sampled,
+                           time_setup=cobatch_setup.timer(cfg, "full"))
+        setup.update({(f"--hops {H}", s): t for s, t in (full.setup or {}).items()})
         sets.append(counted_set(full, "full", H, f"--hops {H}", range(0, min(H, L) + 1), ks=ks))
         loads[f"flx k={H}"] = (False, full.loads)
     if cfg.eas:
         eas = count_build(group, part, prep, dataclasses.replace(bcfg, preload="eas", hops=cfg.eas_hops), L,
-                          batches, sampling, induced_ks=(L,), **hook, **sampled)
+                          batches, sampling, induced_ks=(L,), **hook, **sampled,
+                          time_setup=cobatch_setup.timer(cfg, "eas"))
+        setup.update({("--preload eas" if cfg.hops else "eas", s): t for s, t in (eas.setup or {}).items()})
         sets.append(counted_set(eas, "eas", cfg.eas_hops, "--preload eas" if cfg.hops else "", (0, L)))
         loads["eas"] = (True, eas.loads)
     with group.errors("counting rows"):
@@ -184,7 +190,7 @@ def plan_options_sliced(group, part: GraphSlice, cfg) -> Dict[str, object]:
     # "counted" (rows, server and GPU of every vertex) for tests/mpi/test_hops_auto_sliced.py; "groups":
     # every option's rows of every rank.
     return {"options": options, "model": m, "partition": prep.partition.manifest_entry(), "server_loads": loads,
-            "counted": counted, "prepared": prep, "groups": groups}
+            "counted": counted, "prepared": prep, "groups": groups, "setup": setup}
 
 
 def plan_options(group, graph, cfg) -> Dict[str, object]:
@@ -242,6 +248,7 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
     sampling = mm.Sampling(tuple(int(b) for b in cfg.cob_batches), cfg.cob_fanout, cfg.cob_sampler, cfg.seed)
     with group.errors("counting rows"):
         groups = [g for s in sets for g in mm.row_groups(s, L, m, sampling)]
+    setup = _time_setup(group, sets, cfg) if cfg.time_setup and any(g.mode == "cob" for g in groups) else {}
     # What each server's writer would fetch in the distributed build (preprocess/plan/build_memory.py): the
     # in-edges of its rows.  EAS fetches the rows of every candidate it scores: the full h-hop ball.
     # label -> (an EAS build, its servers' loads)
@@ -268,4 +275,22 @@ def plan_options(group, graph, cfg) -> Dict[str, object]:
             for key, (is_eas, lst) in part.items():
                 server_loads.setdefault(key, (is_eas, []))[1].extend(lst)
     options = group.bcast_object(options)
-    return {"options": options, "model": m, "partition": sp.manifest_entry(), "server_loads": server_loads}
+    return {"options": options, "model": m, "partition": sp.manifest_entry(), "server_loads": server_loads,
+            "setup": setup}
+
+
+def _time_setup(group, sets, cfg) -> Dict[tuple, object]:
+    """Collective: the co-batch set-up timed on every server graph of the sets that sample co-batches
+    (plan/cobatch_setup.py), one rank after the other (each its own servers in turn): {(set, server): timing}
+    on every rank."""
+    mine: Dict[tuple, object] = {}
+    for r in range(group.size):  # the block's exit is collective: rank r + 1 starts once rank r is done
+        with group.errors("timing a co-batch's set-up", catch=(ValueError, RuntimeError)):
+            for s in sets if r == group.rank else ():
+                if s.sample_cobatches and (s.kind == "eas" or int(s.hops) >= cfg.layers):
+                    time_setup = cobatch_setup.timer(cfg, s.kind)
+                    mine.update({(s.source or s.kind, a.server): time_setup(a.server, a.graph) for a in s.servers})
+    out: Dict[tuple, object] = {}
+    for part in group.allgather_object(mine):
+        out.update(part)
+    return out

@@ -174,7 +174,7 @@ def test_a_cob_choice_samples_from_the_structure_the_set_up_check_read(shard_set
     monkeypatch.setattr(compute_rate, "measure_job", lambda *a, **kw: {
         "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "step_s": 0.0, "calibration": None,
         "method": "compute rate given"})
-    monkeypatch.setattr(mm, "choose_shard_sets", functools.partial(mm.choose_shard_sets, batches=(2,)))
+    monkeypatch.setattr(mm, "shard_set_options", functools.partial(mm.shard_set_options, batches=(2,)))
     choose = shardsets.choose_by_time
     monkeypatch.setattr(shardsets, "choose_by_time",
                         lambda options, *a, **kw: choose([o for o in options if o.mode == "cob"], *a, **kw))
@@ -212,3 +212,64 @@ def test_a_cob_choice_samples_from_the_structure_the_set_up_check_read(shard_set
     assert auto_params.keys() == cob_params.keys()
     for key in auto_params:
         assert torch.equal(auto_params[key], cob_params[key]), key
+
+
+def test_the_set_up_check_runs_only_where_cob_can_win(shard_sets, monkeypatch):
+    """The time rule prices cob's co-batch set-up at zero first (a lower bound); where a non-cob option wins
+    even so, the set-up check (collective: it reads every server graph) is not run on any rank, the decision
+    says why, and it is the one made with the check run.  Where cob wins at zero, the check runs once on
+    every rank and the decision is made again with the price measured.  (Links, rounds and the compute rate
+    are given, not measured, so the decisions compare exactly; the check itself is real.)"""
+    from granndis_hpc.engine import cobsetup, modes
+    from granndis_hpc.memory_model import compute_rate, shardsets
+
+    monkeypatch.setattr(compute_rate, "measure_job", lambda *a, **kw: {
+        "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "step_s": 1e-4, "calibration": None,
+        "method": "compute rate given"})
+    monkeypatch.setattr(modes, "measure_links", lambda topo, both_ways=True: {
+        "inter_Bps": 1e8, "intra_Bps": 1e9, "inter_both_Bps": 1e8})
+    monkeypatch.setattr(modes, "measure_exchange_rounds", lambda comm, **kw: {
+        "world_round_s": 1e-4, "server_round_s": 1e-5, "allreduce_s": 1e-4, "repeats": 1})
+    checks = []
+    measure = cobsetup.measure
+
+    def counted(*a, **kw):
+        checks.append(a[1])
+        return measure(*a, **kw)
+    monkeypatch.setattr(cobsetup, "measure", counted)
+
+    def decided():
+        trainer = make_trainer(f"{shard_sets['full']},{shard_sets['eas']}", "auto", "sage", LAYERS, hidden=HIDDEN,
+                               memory_per_gpu="1GiB", no_link_check=True)
+        try:
+            return trainer.mode.decision
+        finally:
+            trainer.close()
+
+    skipped = decided()
+    assert skipped["choice"]["mode"] != "cob" and checks == [], (skipped["reason"], checks)
+    assert skipped["cobatch_setup"]["timed"] is False and skipped["cobatch_setup"]["cobatch_s"] == 0.0
+    assert "co-batch set-up not timed" in skipped["reason"] and "a lower bound" in skipped["reason"]
+    assert WORLD.allgather(len(checks)) == [0] * WORLD.size
+    monkeypatch.setattr(mm, "setup_matters", lambda decision: True)  # the check forced: the same choice
+    forced = decided()
+    assert checks == [shard_sets["full"]] and "timed" not in forced["cobatch_setup"]
+    assert forced["cobatch_setup"]["cobatch_s"] + forced["cobatch_setup"]["cobatch_row_s"] > 0
+    assert (forced["choice"]["label"], forced["choice"]["source"]) == (skipped["choice"]["label"],
+                                                                       skipped["choice"]["source"])
+    priced = {(o["label"], o["source"]): o["predicted_s"]["total_s"] for o in forced["options"]}
+    for o in skipped["options"]:  # the options that set up no co-batch: priced alike; cob's dearer when timed
+        key, total = (o["label"], o["source"]), o["predicted_s"]["total_s"]
+        assert priced[key] > total if o["mode"] == "cob" and o["batches"] > 1 else priced[key] == total, key
+    monkeypatch.undo()
+    monkeypatch.setattr(compute_rate, "measure_job", lambda *a, **kw: {
+        "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "step_s": 1e-4, "calibration": None,
+        "method": "compute rate given"})
+    monkeypatch.setattr(cobsetup, "measure", counted)
+    choose = shardsets.choose_by_time  # only cob offered: cob wins at zero, so its set-up is timed
+    monkeypatch.setattr(shardsets, "choose_by_time",
+                        lambda options, *a, **kw: choose([o for o in options if o.mode == "cob"], *a, **kw))
+    checks.clear()
+    timed = decided()
+    assert timed["choice"]["mode"] == "cob" and checks == [shard_sets["full"]], checks
+    assert "co-batch set-up not timed" not in timed["reason"] and "co-batch set-up" in timed["reason"]

@@ -139,3 +139,36 @@ def test_an_unreadable_set_is_not_priced(tmp_path):
     assert graph is None
     assert (got["cobatch_s"], got["cobatch_row_s"], got["rows"]) == (0.0, 0.0, 0)
     assert "co-batch set-up not priced" in got["method"]
+
+
+@pytest.mark.parametrize("sliced", [False, True])
+def test_plan_times_the_set_up_on_the_graphs_the_build_writes(shard_set, monkeypatch, sliced):
+    """`preprocess plan --inter-rate` times a co-batch's set-up with this module's timing (through the cob
+    mode's registry entry) on every server's graph of the build, one at a time: the same structure as the
+    build's files hold (read_server_graph's, which --mode auto times on), from a whole graph or from slices."""
+    from mpi4py import MPI
+
+    from granndis_hpc.preprocess.plan import command as plan
+    from granndis_hpc.preprocess.plan.sets import whole_graph_slice
+
+    seen = {}
+    timer = cobsetup.time_server_graph
+
+    def spy(graph, layers, sampler, fanout, seed, server, gpu, exact, device):
+        seen[server] = graph
+        assert (layers, sampler, fanout, gpu, exact) == (LAYERS, "sage", -1, 0, True)
+        return timer(graph, layers, sampler, fanout, seed, server, gpu, exact, device)
+    monkeypatch.setattr(cobsetup, "time_server_graph", spy)
+    graph = make_graph(n=900, m=5000, features=64)
+    cfg = plan.PlanConfig(servers=2, gpus_per_server=2, layers=LAYERS, hidden=8, partitioner="metis", device="cpu",
+                          hops=LAYERS, eas=False, cob_batches=(2,), cob_fanout=-1, time_setup=True)
+    got = plan.plan_options(MPI.COMM_SELF, whole_graph_slice(MPI.COMM_SELF, graph) if sliced else graph, cfg)
+    manifest = shards.read_manifest(shard_set)
+    assert sorted(seen) == [0, 1] and sorted(got["setup"]) == [(f"--hops {LAYERS}", 0), (f"--hops {LAYERS}", 1)]
+    for server, timed in seen.items():
+        written = shards.read_server_graph(shard_set, manifest, server)
+        for key in ("indptr", "indices", "hop", "offsets", "global_id", "in_degree"):  # what the timing reads
+            assert np.array_equal(np.asarray(timed[key]), written[key]), (server, key)
+        assert np.array_equal(np.asarray(timed["train"], bool), np.asarray(written["train"], bool)), server
+        fixed, row_s, rows = got["setup"][(f"--hops {LAYERS}", server)]
+        assert fixed >= 0 and row_s >= 0 and fixed + row_s > 0 and rows > 0

@@ -148,6 +148,34 @@ def test_plan_with_link_rates_predicts_each_epoch_and_recommends_the_fastest(tmp
     assert rc != 0 and "more than --inter-rate" in capsys.readouterr().err
 
 
+def test_plan_prices_the_co_batch_set_up(tmp_path, capsys):
+    """--inter-rate with cob in the plan: a co-batch's set-up is timed on each server's graph of the build
+    (one server at a time, on this host) and charged per co-batch, as --mode auto charges it; given with
+    --cobatch-setup, it is not timed; no cob option, nothing timed."""
+    args = ("--hops", "3", "--no-eas", "--memory-per-gpu", "1GiB", "--inter-rate", "1gbit")
+    rc, res = _plan(tmp_path, *args, "--cobatch-setup", "0.5,0")
+    assert rc == 0 and res["decision"]["rates"]["cobatch_s"] == 0.5 and res["decision"]["rates"]["cobatch_row_s"] == 0
+    step_s = res["decision"]["rates"]["step_s"]
+    by = {o["label"]: o for o in res["options"]}
+    for label, batches in (("cob batches=2", 2), ("cob batches=4", 4), ("flx k=3", 0)):
+        o = by[label]
+        assert o["predicted_s"]["fixed_s"] == pytest.approx(o["rounds"]["steps"] * step_s + 0.5 * batches), label
+    assert "(--cobatch-setup)" in capsys.readouterr().out
+    rc, res = _plan(tmp_path, *args)
+    text = capsys.readouterr().out
+    setup, rates = res["cobatch_setup"], res["decision"]["rates"]
+    assert rc == 0 and "timed on this host, one server at a time, the slowest of 2 server graphs" in setup["method"]
+    assert setup["method"] in text and setup["method"] in res["decision"]["reason"]
+    assert (rates["cobatch_s"], rates["cobatch_row_s"]) == (setup["cobatch_s"], setup["cobatch_row_s"])
+    assert setup["cobatch_s"] + setup["cobatch_row_s"] > 0
+    cob = next(o for o in res["options"] if o["label"] == "cob batches=4")
+    assert cob["predicted_s"]["fixed_s"] >= cob["rounds"]["steps"] * rates["step_s"] + 4 * setup["cobatch_s"]
+    rc, res = _plan(tmp_path, "--hops", "2", "--no-eas", "--inter-rate", "1gbit")  # a 2-hop set serves no cob
+    assert rc == 0 and res["cobatch_setup"] is None and "co-batch set-up" not in capsys.readouterr().out
+    rc, _ = _plan(tmp_path, *args, "--cobatch-setup", "1")
+    assert rc != 0 and "SECONDS,SECONDS_PER_ROW" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text,bytes_per_s", [("10gbit", 1.25e9), ("100Mbit", 12.5e6), ("1.5kbit", 187.5)])
 def test_rates_are_bits_per_second(text, bytes_per_s):
     from granndis_hpc.units import parse_rate
