@@ -10,7 +10,9 @@ as the model counts them).  Both are fitted here on the rank's own server graph,
 (as the run's loaders build): co-batches of TARGETS training vertices (at most half the server's) and
 of a quarter as many, each built TRIALS times after an untimed one, the best of each size kept (CPU
 starvation only slows a build down); the line through the two sizes gives the fixed seconds and the
-seconds per row, and the slowest rank's of each is kept.
+seconds per row, and the slowest rank's of each is kept.  --mode auto runs the check only where a
+co-batch option wins with the set-up priced at zero (engine/modes.py: the lower bound), and `preprocess
+plan --inter-rate` runs the same timing (`time_server_graph`) on each server graph it builds, serially.
 
 auto decides before the run reads its shards, so nothing of the run is at hand yet: the check reads the
 server graph's structure (CSR, hops, split, ids: what the sampler and the planner use) and no feature

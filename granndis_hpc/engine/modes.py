@@ -315,7 +315,9 @@ class Automatic(Mode):
     predicted epoch (--auto-rule time: the links and the compute rate measured here), or the first in
     GraNNDis' order (--auto-rule memory): full-batch FLX with the largest k, then FLX on an EAS set,
     then cooperative batching with the fewest co-batches.  --auto-modes exact leaves out the sampled
-    modes.  Nothing fitting is refused with the budget that would be needed."""
+    modes.  Nothing fitting is refused with the budget that would be needed.  The time rule prices the
+    co-batch set-up at zero first and times it (engine/cobsetup.py, collective) only where a co-batch
+    option then wins, deciding again with its price."""
 
     name = "auto"
     help = "the fastest predicted option that fits --memory-per-gpu (--auto-rule memory: GraNNDis' order)"

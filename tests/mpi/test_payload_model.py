@@ -80,10 +80,9 @@ def test_auto_runs_the_payload_it_chooses(monkeypatch):
 
     shards = build_sets_on_rank0(graph, {"h1": {"layers": 3, "preload": "full", "hops": 1}},
                                  prefix="granndis-payload-auto-")["h1"]
-    measured = mm.choose_shard_sets
+    decide = mm.ShardSetOptions.decide
     slow = mm.Rates(inter_Bps=1e3, intra_Bps=1e9, row_s=1e-12, edge_s=1e-12)
-    monkeypatch.setattr(mm, "choose_shard_sets",
-                        lambda *a, **kw: measured(*a, **{**kw, "rates_for": lambda m, degree: slow}))
+    monkeypatch.setattr(mm.ShardSetOptions, "decide", lambda self, rates_for=None: decide(self, lambda m, degree: slow))
     trainer = make_trainer(shards, "auto", "sage", 3, hidden=HIDDEN, memory_per_gpu="64GiB", no_overlap=True,
                            auto_modes="exact")
     try:
