@@ -379,9 +379,9 @@ class Automatic(Mode):
                     raise TrainingError(first.reason)
                 timing = rates_for is not None and memory_model.setup_matters(first)
                 decision = first.to_dict()
-                if rates_for is not None and not timing and memory_model.setup_not_timed(first):
-                    setup = {"cobatch_s": 0.0, "cobatch_row_s": 0.0, "timed": False,
-                             "method": memory_model.setup_not_timed(first)}
+                why = memory_model.setup_not_timed(first) if rates_for is not None and not timing else ""
+                if why:  # said in the reason and summary.json (plan.auto.cobatch_setup)
+                    setup = {"cobatch_s": 0.0, "cobatch_row_s": 0.0, "timed": False, "method": why}
         # Every rank learns whether cob's set-up can matter: timing it is collective (all ranks or none).
         timing, setup = topo.bcast_object((timing, setup))
         if timing:
