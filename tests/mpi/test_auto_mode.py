@@ -205,6 +205,9 @@ def test_a_cob_choice_samples_from_the_structure_the_set_up_check_read(shard_set
 
     mode, auto_params = trained("auto", memory_per_gpu="1GiB")
     assert mode.name == "cob" and mode.cfg.batches_per_epoch == 2, mode.decision["reason"]
+    setup = mode.decision["cobatch_setup"]  # cob won with its set-up at zero: timed, and decided again with it
+    assert "timed" not in setup and setup["cobatch_s"] + setup["cobatch_row_s"] > 0
+    assert mode.decision["rates"]["cobatch_s"] == setup["cobatch_s"] and setup["method"] in mode.decision["reason"]
     server = WORLD.rank // (WORLD.size // 2)
     engine = [c for c in calls if c[1] in ("cobsetup.py", "modes.py")]  # rank 0 also reads for the estimates
     assert engine == [("read_server_graph", "cobsetup.py", "measure", server, False),
@@ -220,11 +223,11 @@ def test_a_cob_choice_samples_from_the_structure_the_set_up_check_read(shard_set
 def test_the_set_up_check_runs_only_where_cob_can_win(shard_sets, monkeypatch):
     """The time rule prices cob's co-batch set-up at zero first (a lower bound); where a non-cob option wins
     even so, the set-up check (collective: it reads every server graph) is not run on any rank, the decision
-    says why, and it is the one made with the check run.  Where cob wins at zero, the check runs once on
-    every rank and the decision is made again with the price measured.  (Links, rounds and the compute rate
-    are given, not measured, so the decisions compare exactly; the check itself is real.)"""
+    says why, and it is the one made with the check run.  (Where cob wins at zero, the check runs:
+    test_a_cob_choice_samples_from_the_structure_the_set_up_check_read.)  Links, rounds and the compute rate
+    are given, not measured, so the decisions compare exactly; the check itself is real."""
     from granndis_hpc.engine import cobsetup, modes
-    from granndis_hpc.memory_model import compute_rate, shardsets
+    from granndis_hpc.memory_model import compute_rate
 
     monkeypatch.setattr(compute_rate, "measure_job", lambda *a, **kw: {
         "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "step_s": 1e-4, "calibration": None,
@@ -264,15 +267,3 @@ def test_the_set_up_check_runs_only_where_cob_can_win(shard_sets, monkeypatch):
     for o in skipped["options"]:  # the options that set up no co-batch: priced alike; cob's dearer when timed
         key, total = (o["label"], o["source"]), o["predicted_s"]["total_s"]
         assert priced[key] > total if o["mode"] == "cob" and o["batches"] > 1 else priced[key] == total, key
-    monkeypatch.undo()
-    monkeypatch.setattr(compute_rate, "measure_job", lambda *a, **kw: {
-        "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "step_s": 1e-4, "calibration": None,
-        "method": "compute rate given"})
-    monkeypatch.setattr(cobsetup, "measure", counted)
-    choose = shardsets.choose_by_time  # only cob offered: cob wins at zero, so its set-up is timed
-    monkeypatch.setattr(shardsets, "choose_by_time",
-                        lambda options, *a, **kw: choose([o for o in options if o.mode == "cob"], *a, **kw))
-    checks.clear()
-    timed = decided()
-    assert timed["choice"]["mode"] == "cob" and checks == [shard_sets["full"]], checks
-    assert "co-batch set-up not timed" not in timed["reason"] and "co-batch set-up" in timed["reason"]
