@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from . import trace
 from .accounting import allreduce_bytes_model, ring_chunk_sizes
 from .pending import MPIProgress, np_view
 from .staging import wait_event
@@ -16,6 +17,22 @@ from .staging import wait_event
 # Dtypes MPI can sum; the leaders' all-reduce always goes through MPI.
 REDUCIBLE = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE,
              torch.int32: MPI.INT32_T, torch.int64: MPI.INT64_T}
+
+
+# The leaders' pairwise exchange on 2 servers travels in messages of at most this many bytes, under the
+# eager limit of Open MPI's TCP transport (64 KiB with its header), so that neither direction waits for
+# a rendezvous handshake.  One message larger than the limit is a rendezvous: the sender waits for the
+# receiver's clear-to-send, which, on the one TCP connection between the leaders, queues behind the
+# receiver's own bucket whenever that leader's bucket was cleared first -- the two directions then run
+# one after the other, and the later leader waits twice the bucket's wire time (Cora's 734 kB first-layer
+# bucket at 10 Mbit/s: 1.15 s instead of 0.6 s; docs/concepts.md).
+LEADERS_MESSAGE_BYTES = 32768
+
+
+def leaders_pieces(numel: int, element_size: int) -> List[Tuple[int, int]]:
+    """[start, end) element ranges of the leaders' messages of one bucket (at least one, maybe empty)."""
+    step = max(1, LEADERS_MESSAGE_BYTES // element_size)
+    return [(a, min(a + step, numel)) for a in range(0, max(numel, 1), step)]
 
 
 class PendingReduce:
@@ -140,11 +157,17 @@ class PendingReduce:
                 other = torch.empty(host.shape, dtype=host.dtype)
                 peer = int(topo.rank_table[1 - topo.server, 0])
                 p2p, n = comm._p2p, host.numel()
-                recv = p2p.Irecv([np_view(other), n, self._mpi_type()], source=peer, tag=self._LEADERS_TAG)
-                waiter = self._send_when_ready(lambda: [p2p.Isend([np_view(host), n, self._mpi_type()], dest=peer,
-                                                                  tag=self._LEADERS_TAG)])
-                waiter._requests.insert(0, recv)
+                # In pieces below the transports' eager limit (see LEADERS_MESSAGE_BYTES); the same tag, so
+                # they match in posting order, the same on both leaders.
+                pieces = leaders_pieces(n, host.element_size())
+                recvs = [p2p.Irecv([np_view(other[a:b]), b - a, self._mpi_type()], source=peer,
+                                   tag=self._LEADERS_TAG) for a, b in pieces]
+                waiter = self._send_when_ready(lambda: [p2p.Isend([np_view(host[a:b]), b - a, self._mpi_type()],
+                                                                  dest=peer, tag=self._LEADERS_TAG)
+                                                        for a, b in pieces])
+                waiter._requests[:0] = recvs
                 self._stage2 = (waiter, other)
+                trace.mark("grad_leaders_post", host.numel())
         elif topo.servers > 2 and topo.is_leader and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             with comm._timed("inter", self.phase, sync=False):
                 self._stage2 = LeadersRing(topo.leader_comm, self._host_flat(), REDUCIBLE[self.flat.dtype],
@@ -182,7 +205,9 @@ class PendingReduce:
         elif self._stage2:
             with comm._timed("inter", self.phase):
                 waiter, other = self._stage2
+                trace.mark("grad_leaders_wait_start", self.flat.numel())
                 waiter.wait()
+                trace.mark("grad_leaders_wait_end", self.flat.numel())
                 self._host.add_(other)
                 if self._staging.copies:
                     self._staging.to_device(self._host, into=self.flat)

@@ -3,7 +3,9 @@
 GRANNDIS_EXCHANGE_TRACE=1 in every rank's environment (emucluster/ forwards GRANNDIS_* to the ranks):
 each rank records, per exchange and direction, when it was posted, when the caller started waiting and
 when the wait returned, when the progress thread saw its MPI requests complete, and the blocking
-exchanges' start and end; the trainer marks each step's start, backward and end.  With --out, each rank
+exchanges' start and end; the trainer marks each step's start, backward and end; on 2 servers each leader
+marks every gradient bucket's pairwise exchange (grad_leaders_post, _wait_start, _wait_end; the id is the
+bucket's element count: cluster/allreduce.py).  With --out, each rank
 writes its events to RUN_DIR/exchange-trace-rank<R>.json when the run ends (engine/trainer.py).  Times
 are time.perf_counter() seconds of the rank's own clock (ranks of one machine share it).  Off, every hook
 is one check of a module global (`EVENTS is None`).

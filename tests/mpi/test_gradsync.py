@@ -111,3 +111,25 @@ def test_bucketed_gradients_during_backward_equal_the_plain_torch_sum(cluster):
         assert any(layer_of(n) == "norms.0" for n in results[0][5][0])
         assert results[0][4][0] > hooks // 2, results[0][4]
     on_every_rank(check)
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_bucket_of_several_leader_messages_sums_exactly(cluster, dtype):
+    """A bucket larger than LEADERS_MESSAGE_BYTES crosses between the leaders in several messages (the
+    last one shorter): the sum is every rank's values added, the same bits on every rank."""
+    topo, comm, ledger = cluster
+    numel = 2 * 32768 // torch.tensor([], dtype=dtype).element_size() + 7  # two full messages and 7 elements
+
+    def values(rank):
+        return torch.from_numpy(np.random.default_rng([701, rank]).standard_normal(numel)).to(dtype)
+
+    flat = values(topo.rank)
+    comm.reduce_flat_start(flat).wait()
+    expected = np.sum([values(r).double().numpy() for r in range(P)], axis=0)
+    everyone = topo.world.allgather(flat.numpy().tobytes())
+
+    def check():
+        np.testing.assert_allclose(flat.double().numpy(), expected, rtol=1e-5, atol=1e-5)
+        assert everyone[topo.rank] == everyone[0]
+    on_every_rank(check)
