@@ -28,7 +28,8 @@ INSTANCE_RE = r"[a-z][a-z0-9]{0,7}"
 MAX_SERVERS = 16
 CMD_TIMEOUT_S = 30            # every ip/tc/nsenter call is bounded
 DEFAULT_RUN_TIMEOUT_S = 1800  # emu-mpirun's default bound on a whole job
-# tbf: the queue may hold this much time of traffic before dropping; TCP backs off long before.
+# tbf: the queue may hold this much time of traffic before dropping.  TCP mostly backs off before it fills;
+# at 10 Mbit/s a few packets a run are dropped and retransmitted (docs/emulated-cluster.md).
 TBF_LATENCY = "200ms"
 EXIT_USAGE, EXIT_REFUSED = 2, 3
 
