@@ -73,6 +73,7 @@ class Option:
                 "train_options": self.train_options(), "exact": exact(self), "predicted_s": dict(self.predicted),
                 "rounds": None if self.work is None else {"world": self.work.world_rounds,
                                                           "server": self.work.server_rounds,
+                                                          "relay": self.work.relay_rounds,
                                                           "steps": self.work.steps,
                                                           "targets": self.work.target_rounds}}
 

@@ -38,17 +38,22 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   run (--no-overlap) is charged the whole gradient;
 - intra-server: the busiest rank's intra-server halo bytes over intra_Bps;
 - fixed: what a step costs beyond rows, edges and bytes: every exchange round (an exchanging layer,
-  forward and backward: world_round_s on the world group, server_round_s inside a server, as the
-  start-up check times the run's own exchanges, overlapped or blocking as the run makes them:
-  cluster/roundcheck.py) and every optimizer step (step_s: the optimizer and the step's fixed compute,
-  from the same calibration, plus a gradient all-reduce round, timed on the run's path too: a bucket's
-  posting, its polls and its wait after compute where the run overlaps the gradient, else the blocking
-  all-reduce), and for cob every co-batch's set-up (sampling it, splitting it over the server's GPUs,
-  planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of the busiest rank's
-  co-batch, as engine/cobsetup.py times it on the job's graph at start-up; the loader builds a co-batch
-  while the previous step computes, which hides it only where the host has cores to spare) and every
-  co-batch's all-reduce of its target count (targets_round_s: the loss is the mean over the targets of
-  every server's co-batch, whose number each step sums over the world before its loss);
+  forward and backward: world_round_s on the world group, server_round_s inside a server, as the start-up
+  check times the run's own exchanges, overlapped or blocking as the run makes them:
+  cluster/roundcheck.py; a world layer on the per-server route (--halo-route per-server, the default, with
+  more than one server and more than one rank per server: engine/halo_route.py) adds a relay round inside
+  the server, forward and backward: the relays forward the rows that crossed to the server's other
+  readers, and return their gradients, over a blocking server-group exchange, priced at server_round_s,
+  the server group's round on the run's path (blocking unless --overlap-halos all, where the relay's
+  blocking round is priced at the overlapped one's cost)) and every optimizer step (step_s: the optimizer
+  and the step's fixed compute, from the same calibration, plus a gradient all-reduce round, timed on the
+  run's path too: a bucket's posting, its polls and its wait after compute where the run overlaps the
+  gradient, else the blocking all-reduce), and for cob every co-batch's set-up (sampling it, splitting it
+  over the server's GPUs, planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of
+  the busiest rank's co-batch, as engine/cobsetup.py times it on the job's graph at start-up; the loader
+  builds a co-batch while the previous step computes, which hides it only where the host has cores to
+  spare) and every co-batch's all-reduce of its target count (targets_round_s: the loss is the mean over
+  the targets of every server's co-batch, whose number each step sums over the world before its loss);
 all times the co-batches per epoch (cob's rows are one co-batch's, each co-batch a step with its own
 rounds).  The total is their sum: the additive model with the gradient's overlap credited, an upper
 bound in its halo terms, which overlapping the halo exchanges with compute only lowers
@@ -108,7 +113,8 @@ class Work:
     their number); target_rounds: the all-reduces of a step's target count per epoch (one per co-batch).
     grad_bytes: per server, the gradient all-reduce's bytes within inter_bytes and, the same, within
     inter_back_bytes (None: none); grad_overlapped: the run reduces them during the backward;
-    grad_last_share: the share of them in the bucket the backward finishes last (module docstring)."""
+    grad_last_share: the share of them in the bucket the backward finishes last (module docstring).
+    relay_rounds: the server-group rounds of the per-server route (one per world round, module docstring)."""
 
     row_units: np.ndarray  # per rank: sum over layers of n_dst x w_in x w_out
     edge_units: np.ndarray  # per rank: sum over layers of nnz x w_in
@@ -117,6 +123,7 @@ class Work:
     rows_computed: int  # all ranks, all layers, the epoch
     world_rounds: int = 0  # world-group exchanges per epoch (forward and backward, every step)
     server_rounds: int = 0  # server-group exchanges per epoch
+    relay_rounds: int = 0  # the per-server route's sharing exchanges inside a server per epoch
     steps: int = 1  # optimizer steps per epoch
     segment_row_units: Optional[np.ndarray] = None
     segment_edge_units: Optional[np.ndarray] = None
@@ -164,12 +171,16 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     exchanged = [m.estimator.exchanged(l) for l in range(len(views))]
     world = sum(1 for v, x in zip(views, exchanged) if x and v == "world") if len(option_rows) > 1 else 0
     inside = sum(1 for v, x in zip(views, exchanged) if x and v == "server") if per_server > 1 else 0
+    # the per-server route shares every world layer's crossed rows inside the receiving server
+    # (engine/halo_route.py; ExchangeGroup.per_server: more than one server, more than one rank in each)
+    relayed = world if m.halo_route == "per-server" and per_server > 1 and int(servers) > 1 else 0
     return Work(row_units=row_layer.sum(axis=1), edge_units=edge_layer.sum(axis=1),
                 intra_bytes=b * halo[:, 1], inter_bytes=b * (inter + grad_per_server),
                 inter_back_bytes=b * (back + grad_per_server),
                 cobatches=int(cobatches), cobatch_rows=float(int(cobatches) * n_dst.sum(axis=1).max(initial=0.0)),
                 target_rounds=b if batched else 0,
                 rows_computed=int(b * n_dst.sum()), world_rounds=2 * b * world, server_rounds=2 * b * inside,
+                relay_rounds=2 * b * relayed,
                 steps=b, segment_row_units=(row_layer @ onehot).T, segment_edge_units=(edge_layer @ onehot).T,
                 grad_bytes=np.full(int(servers), b * grad_per_server), grad_overlapped=bool(m.overlap),
                 grad_last_share=last_bucket_share(m))
@@ -245,7 +256,8 @@ def seconds(w: Work, rates: Rates) -> Dict[str, float]:
     hidden = gradient_hidden_seconds(w, rates)
     inter = inter_seconds(w, rates) - hidden
     intra = _wire(float(np.max(w.intra_bytes, initial=0.0)), rates.intra_Bps, "intra-server")
-    fixed = (w.steps * rates.step_s + w.world_rounds * rates.world_round_s + w.server_rounds * rates.server_round_s
+    fixed = (w.steps * rates.step_s + w.world_rounds * rates.world_round_s
+             + (w.server_rounds + w.relay_rounds) * rates.server_round_s
              + w.cobatches * rates.cobatch_s + w.cobatch_rows * rates.cobatch_row_s
              + w.target_rounds * rates.targets_round_s)
     return {"compute_s": compute, "inter_s": inter, "intra_s": intra, "fixed_s": float(fixed),
@@ -258,4 +270,5 @@ def predict(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches
     w = work(option_rows, m, servers, batches)
     return {**seconds(w, rates), "inter_bytes_max_server": int(np.max(w.inter_bytes, initial=0)),
             "intra_bytes_max_rank": int(np.max(w.intra_bytes, initial=0)), "rows_computed": w.rows_computed,
-            "world_rounds": w.world_rounds, "server_rounds": w.server_rounds, "steps": w.steps}
+            "world_rounds": w.world_rounds, "server_rounds": w.server_rounds,
+            "relay_rounds": w.relay_rounds, "steps": w.steps}

@@ -1,4 +1,6 @@
 """The additive epoch-time model of an option (memory_model/epoch_time.py), checked by hand."""
+from dataclasses import replace
+
 import pytest
 
 import granndis_hpc.memory_model as mm
@@ -73,8 +75,9 @@ def test_rounds_and_steps_by_hand():
                   server_round_s=0.01)
     p = predict([_rank(r, 3) for r in range(4)], SPEC, servers=2, batches=1, rates=rates)
     base = predict([_rank(r, 3) for r in range(4)], SPEC, servers=2, batches=1, rates=RATES)
-    assert p["fixed_s"] == pytest.approx(0.5 + 2 * 0.03) and base["fixed_s"] == 0.0
-    assert p["total_s"] == pytest.approx(base["total_s"] + 0.56)
+    # + fb's 2 relay rounds of the per-server route (test_the_per_server_route_adds_a_relay_round)
+    assert p["fixed_s"] == pytest.approx(0.5 + 2 * 0.03 + 2 * 0.01) and base["fixed_s"] == 0.0
+    assert p["total_s"] == pytest.approx(base["total_s"] + 0.58)
     c = predict([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=2, batches=3, rates=rates)
     assert c["fixed_s"] == pytest.approx(3 * 0.5 + 6 * 0.01) and (c["steps"], c["server_rounds"]) == (3, 6)
 
@@ -167,3 +170,27 @@ def test_the_set_up_line_through_two_builds():
     assert fit((0.05, 100), (0.04, 400)) == (0.05, 0.0)  # the larger build timed faster: all fixed
     assert fit((0.001, 100), (0.09, 400)) == pytest.approx((0.0, 0.089 / 300))  # never a negative fixed part
     assert fit((0.02, 100), (0.04, 100)) == (0.0, 0.04 / 100)  # one size only: all per row
+
+
+def test_the_per_server_route_adds_a_relay_round():
+    # the world layer (layer 1) on the per-server route: its rows cross to one reader per server, which
+    # forwards them to the server's other readers (and returns their gradients) over a server-group round
+    rates = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5, step_s=0.5, world_round_s=0.03,
+                  server_round_s=0.01)
+    fb = [_rank(r, 3) for r in range(4)]  # 2 servers x 2 GPUs
+    routed = predict(fb, SPEC, servers=2, batches=1, rates=rates)
+    assert (routed["world_rounds"], routed["relay_rounds"], routed["server_rounds"]) == (2, 2, 0)
+    assert routed["fixed_s"] == pytest.approx(0.5 + 2 * 0.03 + 2 * 0.01)
+    direct = predict(fb, replace(SPEC, halo_route="direct"), servers=2, batches=1, rates=rates)
+    assert direct["relay_rounds"] == 0 and direct["fixed_s"] == pytest.approx(0.5 + 2 * 0.03)
+    assert routed["total_s"] - direct["total_s"] == pytest.approx(0.02)
+    # a relay round per world round: 3 steps relay 3 times as often
+    assert work(fb, SPEC, servers=2, batches=3).relay_rounds == 6
+    # flx k=1: layer 0 on the server view (not exchanged: the static halo), layer 1 on the world view, relayed
+    flx1 = work([_rank(r, 3, k=1) for r in range(4)], SPEC, servers=2)
+    assert (flx1.world_rounds, flx1.server_rounds, flx1.relay_rounds) == (2, 0, 2)
+    # nothing to relay: every layer inside the server (flx k=2), one server, or one GPU per server
+    assert work([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=2).relay_rounds == 0
+    assert work([_rank(r, 0) for r in range(4)], SPEC, servers=1).relay_rounds == 0
+    alone = work([_rank(r, 3) for r in range(2)], SPEC, servers=2)
+    assert (alone.world_rounds, alone.relay_rounds) == (2, 0)
