@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from granndis_hpc.registry import MODES, auto_modes
 from granndis_hpc.units import format_size
 
 from .epoch_time import Rates, Work, seconds, work
 from .estimate import ModelSpec, RankRows, estimate, inter_server_bytes
 from .payload import halo_bytes, memory_bytes
+from .payload import plan as payload_plan
 
 # Which Option attribute a mode's knob is, and how auto prefers it: the largest k, the fewest co-batches.
 _KNOBS = {"k": lambda o: -o.k, "batches": lambda o: o.batches}
@@ -84,6 +87,9 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
     # fb's and flx's partial payloads: the halo bytes of the layers and server pairs that send partials, and
     # what their structures and buffers add to the memory of the same option with rows
     halo = halo_bytes(rows, m, servers, payload) if payload != "rows" else None
+    # a layer that sends partials exchanges them in a world round of their own beside its rows'
+    partial_layers = (sum(bool(np.any(u)) for u in payload_plan(rows, m, servers, payload).use)
+                      if payload != "rows" else 0)
     if payload != "rows":
         for e, (graph, buffers) in zip(ests, memory_bytes(rows, m, servers, payload)):
             e["breakdown"] = {**e["breakdown"], "graph": e["breakdown"]["graph"] + int(graph),
@@ -101,7 +107,8 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
                   # a batched mode sets up each co-batch (one per epoch is planned once and reused) and
                   # all-reduces the target count of every one
                   work=work(rows, m, servers, batches, halo_bytes=halo,
-                            cobatches=batches if batched and batches > 1 else 0, batched=batched))
+                            cobatches=batches if batched and batches > 1 else 0, batched=batched,
+                            partial_layers=partial_layers))
 
 
 @dataclass

@@ -40,20 +40,21 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
 - fixed: what a step costs beyond rows, edges and bytes: every exchange round (an exchanging layer,
   forward and backward: world_round_s on the world group, server_round_s inside a server, as the start-up
   check times the run's own exchanges, overlapped or blocking as the run makes them:
-  cluster/roundcheck.py; a world layer on the per-server route (--halo-route per-server, the default, with
-  more than one server and more than one rank per server: engine/halo_route.py) adds a relay round inside
-  the server, forward and backward: the relays forward the rows that crossed to the server's other
-  readers, and return their gradients, over a blocking server-group exchange, priced at server_round_s,
-  the server group's round on the run's path (blocking unless --overlap-halos all, where the relay's
-  blocking round is priced at the overlapped one's cost)) and every optimizer step (step_s: the optimizer
-  and the step's fixed compute, from the same calibration, plus a gradient all-reduce round, timed on the
-  run's path too: a bucket's posting, its polls and its wait after compute where the run overlaps the
-  gradient, else the blocking all-reduce), and for cob every co-batch's set-up (sampling it, splitting it
-  over the server's GPUs, planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of
-  the busiest rank's co-batch, as engine/cobsetup.py times it on the job's graph at start-up; the loader
-  builds a co-batch while the previous step computes, which hides it only where the host has cores to
-  spare) and every co-batch's all-reduce of its target count (targets_round_s: the loss is the mean over
-  the targets of every server's co-batch, whose number each step sums over the world before its loss);
+  cluster/roundcheck.py; a layer that sends partial aggregates, a second world round for them; a world
+  layer on the per-server route (--halo-route per-server, the default, with more than one server and more
+  than one rank per server: engine/halo_route.py) adds a relay round inside the server, forward and
+  backward: the relays forward the rows that crossed to the server's other readers, and return their
+  gradients, over a blocking server-group exchange, priced at server_round_s, the server group's round on
+  the run's path (blocking unless --overlap-halos all, where the relay's blocking round is priced at the
+  overlapped one's cost)) and every optimizer step (step_s: the optimizer and the step's fixed compute,
+  from the same calibration, plus a gradient all-reduce round, timed on the run's path too: a bucket's
+  posting, its polls and its wait after compute where the run overlaps the gradient, else the blocking
+  all-reduce), and for cob every co-batch's set-up (sampling it, splitting it over the server's GPUs,
+  planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of the busiest rank's
+  co-batch, as engine/cobsetup.py times it on the job's graph at start-up; the loader builds a co-batch
+  while the previous step computes, which hides it only where the host has cores to spare) and every
+  co-batch's all-reduce of its target count (targets_round_s: the loss is the mean over the targets of
+  every server's co-batch, whose number each step sums over the world before its loss);
 all times the co-batches per epoch (cob's rows are one co-batch's, each co-batch a step with its own
 rounds).  The total is their sum: the additive model with the gradient's overlap credited, an upper
 bound in its halo terms, which overlapping the halo exchanges with compute only lowers
@@ -145,12 +146,14 @@ def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
 
 
 def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: int = 1,
-         halo_bytes: Optional[np.ndarray] = None, cobatches: int = 0, batched: bool = False) -> Work:
+         halo_bytes: Optional[np.ndarray] = None, cobatches: int = 0, batched: bool = False,
+         partial_layers: int = 0) -> Work:
     """The epoch's work of the option whose every rank's rows are `option_rows` (one co-batch's for cob:
     `batches` of them make the epoch, each an optimizer step; `cobatches` of them set up per epoch;
     batched: a co-batch's mode, whose every step all-reduces its target count).
     halo_bytes: [rank, (inter, intra)] where they are not rank_halo_bytes' (fb's partial payloads,
-    memory_model/payload.py)."""
+    memory_model/payload.py); partial_layers: the world layers that send partial aggregates, each a
+    second world round beside its rows' (engine/partial.py), forward and backward."""
     widths = np.asarray(m.widths(), dtype=np.float64)
     n_dst = np.array([[lr.n_dst for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
     nnz = np.array([[lr.nnz for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
@@ -170,6 +173,7 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     views = [view for view, _ in option_rows[0].training_layers()]
     exchanged = [m.estimator.exchanged(l) for l in range(len(views))]
     world = sum(1 for v, x in zip(views, exchanged) if x and v == "world") if len(option_rows) > 1 else 0
+    partial = int(partial_layers) if world else 0
     inside = sum(1 for v, x in zip(views, exchanged) if x and v == "server") if per_server > 1 else 0
     # the per-server route shares every world layer's crossed rows inside the receiving server
     # (engine/halo_route.py; ExchangeGroup.per_server: more than one server, more than one rank in each)
@@ -179,8 +183,8 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
                 inter_back_bytes=b * (back + grad_per_server),
                 cobatches=int(cobatches), cobatch_rows=float(int(cobatches) * n_dst.sum(axis=1).max(initial=0.0)),
                 target_rounds=b if batched else 0,
-                rows_computed=int(b * n_dst.sum()), world_rounds=2 * b * world, server_rounds=2 * b * inside,
-                relay_rounds=2 * b * relayed,
+                rows_computed=int(b * n_dst.sum()), world_rounds=2 * b * (world + partial),
+                server_rounds=2 * b * inside, relay_rounds=2 * b * relayed,
                 steps=b, segment_row_units=(row_layer @ onehot).T, segment_edge_units=(edge_layer @ onehot).T,
                 grad_bytes=np.full(int(servers), b * grad_per_server), grad_overlapped=bool(m.overlap),
                 grad_last_share=last_bucket_share(m))

@@ -194,3 +194,15 @@ def test_the_per_server_route_adds_a_relay_round():
     assert work([_rank(r, 0) for r in range(4)], SPEC, servers=1).relay_rounds == 0
     alone = work([_rank(r, 3) for r in range(2)], SPEC, servers=2)
     assert (alone.world_rounds, alone.relay_rounds) == (2, 0)
+
+
+def test_partial_aggregates_add_a_world_round():
+    # a layer that sends partials exchanges its rows part (relayed) and its partials, each a world round
+    fb = [_rank(r, 3) for r in range(4)]
+    w = work(fb, SPEC, servers=2, partial_layers=1)
+    assert (w.world_rounds, w.relay_rounds, w.server_rounds) == (4, 2, 0)
+    rates = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5, step_s=0.5, world_round_s=0.03,
+                  server_round_s=0.01)
+    assert seconds(w, rates)["fixed_s"] == pytest.approx(0.5 + 4 * 0.03 + 2 * 0.01)
+    # every layer inside the server (flx k=2): no world layer, no partials
+    assert work([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=2, partial_layers=1).world_rounds == 0

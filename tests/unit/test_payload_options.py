@@ -64,6 +64,16 @@ def test_flx_payloads_bytes(graph, sets, route):
         if route == "direct":  # partials replace rows between servers only: the intra-server bytes stay
             assert got[f"flx k={k} payload=partial"].work.intra_bytes.sum() == got[f"flx k={k}"].work.intra_bytes.sum()
         assert want["smaller"] <= min(want["rows"], want["partial"])
+        # rounds: each exchanging world layer one world round (forward and backward), its rows relayed inside
+        # the server on the per-server route; one that sends partials a second world round for them (with
+        # partial, every one; smaller, those where they are fewer bytes)
+        n = len(WORLD_LAYERS[k])
+        relay = 2 * n if route == "per-server" else 0
+        for payload, world in (("rows", 2 * n), ("partial", 4 * n)):
+            o = got[f"flx k={k}" + (f" payload={payload}" if payload != "rows" else "")]
+            assert (o.work.world_rounds, o.work.relay_rounds, o.work.server_rounds) == (world, relay, 2 * (k - 1))
+        assert 2 * n <= got[f"flx k={k} payload=smaller"].work.world_rounds <= 4 * n
+    assert (got["fb payload=partial"].work.world_rounds, got["fb"].work.world_rounds) == (8, 4)
     assert got["flx k=1 payload=smaller"].train_options() == {"preloaded_layers": 1, "halo_payload": "smaller"}
     assert "flx k=3" in got and not any(label.startswith("flx k=3 payload") for label in got)  # k = L: no world layer
     # flx k=1's world layers are fb's exchanging ones: the same bytes
