@@ -4,7 +4,8 @@ The cost model (memory_model/epoch_time.py) charges every exchange round -- a la
 forward and backward -- a fixed time beyond its bytes, and every optimizer step a gradient all-reduce
 round.  A round is what the training step pays: the Communicator's world exchange (Isend/Irecv between
 servers, the server's part beside it; overlapped, posted with a progress thread and completed after
-compute, unless --no-overlap), the server group's exchange (blocking unless --overlap-halos all) and the
+compute, unless --no-overlap), the server group's exchange (blocking unless --overlap-halos all; its price
+is also that of the per-server route's relay of a world round's rows, a blocking server exchange) and the
 hierarchical all-reduce (reduce in the server, leaders' all-reduce, broadcast): overlapped as
 cluster/gradsync.py runs it (a bucket posted with `reduce_flat_start`, moved on by the polls of the
 backward's gradient hooks, completed after the backward), or blocking (`allreduce_`) under --no-overlap.
