@@ -60,16 +60,16 @@ typecheck: setup
 	$(PY) -m mypy
 
 test-unit: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider --durations=20 tests/unit
 
 # 2 emulated servers x 2 ranks by default; tests that need other shapes build them from the world.
 test-mpi: setup
-	GRANNDIS_RANKS_PER_SERVER=$(RANKS_PER_SERVER) $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests/mpi
+	GRANNDIS_RANKS_PER_SERVER=$(RANKS_PER_SERVER) $(MPIRUN) $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi --durations=20 tests/mpi
 
 # Tests that start their own mpirun (or a Slurm job), one job at a time (beside the other lanes in `make test`);
 # tests/unit starts none.
 test-launch: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests/launch
+	$(PY) -m pytest -q -p no:cacheprovider --durations=20 tests/launch
 
 # The three lanes run side by side: a launch test spends much of its time starting and stopping its own
 # mpirun and the MPI ranks wait on each other, so one lane alone leaves the cores idle.  Each lane's output
