@@ -39,13 +39,8 @@ import platform
 import sys
 import time
 
-# Its own emulated cluster, so that a benchmark on the default instance can run beside it (set before
-# bench_products is imported, which names its own).
-os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "auto")
-os.environ.setdefault("GRANNDIS_EMU_SUBNET", "10.219.0")
-
 from bench_scale import MemoryGuard, add_run_arguments, save_records  # noqa: E402
-from harness import ENV, REPO, read_run, write_page  # noqa: E402
+from harness import ENV, REPO, own_instance, read_run, write_page  # noqa: E402
 from products_ref import PRODUCTS, graph_args  # noqa: E402
 import auto_reshaped  # noqa: E402
 from auto_page import LAYERS, auto_decision, command_args, options, record_run, render, verdict  # noqa: E402
@@ -219,6 +214,7 @@ def sweep(args, data, path):
 
 
 def main(argv=None):
+    own_instance("auto", "10.219.0")  # a benchmark on another instance can run beside it
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--graphs", default="cora,synthetic", help=f"comma-separated, from: {', '.join(GRAPHS)}")

@@ -37,11 +37,7 @@ import shutil
 import sys
 import time
 
-# An emulated cluster of its own, so that it never touches one another job has set up.
-os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "hetero")
-os.environ.setdefault("GRANNDIS_EMU_SUBNET", "10.216.0")
-
-from harness import ENV, REPO  # noqa: E402
+from harness import ENV, REPO, own_instance  # noqa: E402
 from bench_scale import MemoryGuard, add_run_arguments, load_records, save_records, sweep_records  # noqa: E402
 from bench_products import EMU_MPIRUN, RankPeaks, Reshaper, run  # noqa: E402
 import hetero_page  # noqa: E402
@@ -273,6 +269,7 @@ def settle_sizes(parser, args, records):
 
 
 def main(argv=None):
+    own_instance("hetero", "10.216.0")  # never touches a cluster another job set up
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vertices", type=int, help=f"graph size (every count scales with it; {MAG_VERTICES:,}: "

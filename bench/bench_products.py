@@ -35,12 +35,7 @@ import shutil
 import sys
 import time
 
-# The emulated cluster of this benchmark is an instance of its own, so that it never touches a cluster
-# another job has set up (emucluster/config.py instance_names).
-os.environ.setdefault("GRANNDIS_EMU_INSTANCE", "prod")
-os.environ.setdefault("GRANNDIS_EMU_SUBNET", "10.215.0")
-
-from harness import ENV, REPO, Watcher  # noqa: E402
+from harness import ENV, REPO, own_instance, Watcher  # noqa: E402
 from bench_scale import MemoryGuard, add_run_arguments, save_records, sweep_records  # noqa: E402
 from products_ref import PRODUCTS, graph_args  # noqa: E402
 import products_page  # noqa: E402
@@ -288,6 +283,7 @@ def stage_reference(args, records, path, log):
 
 
 def main(argv=None):
+    own_instance("prod", "10.215.0")  # never touches a cluster another job set up
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vertices", type=int, default=PRODUCTS["vertices"],

@@ -27,6 +27,14 @@ from emucluster.mpienv import MPI_ENV, RANKS_PER_SERVER, mpi_env  # noqa: E402,F
 ENV = mpi_env()
 
 
+def own_instance(name: str, subnet: str) -> None:
+    """Give this benchmark its own emulated cluster (emucluster/config.py instance_names), unless the
+    environment names one: set in main(), not at import, so that importing a benchmark's helpers (the
+    tests do) leaves the process's environment alone."""
+    os.environ.setdefault("GRANNDIS_EMU_INSTANCE", name)
+    os.environ.setdefault("GRANNDIS_EMU_SUBNET", subnet)
+
+
 def run(cmd, log=None, *, env=None, cwd=REPO, timeout=None, capture=False, check=True):
     """Run `cmd` (echoed, and appended to `log`, the page's command list), in the repository with the MPI
     environment unless told otherwise; returns the CompletedProcess.  check=True raises on failure."""
