@@ -2,7 +2,7 @@
 
 The reference is tests/dense_reference.py: plain dense torch on the whole graph with the same weights,
 written from the formulas, not from the engine's layers.  `fb` (world view, halo every layer) and `flx`
-(full preload, intra-server exchange only) must give the same logits and, after 20 epochs of training
+(full preload, intra-server exchange only) must give the same logits and, after 8 epochs of training
 with dropout 0, the same parameters as single-process full-graph training."""
 import copy
 import numpy as np
@@ -53,12 +53,12 @@ def test_logits_equal_dense_reference(cora, cora_shards, model, layers):
 
 @pytest.mark.parametrize("mode", ["fb", "flx"])
 def test_parameters_after_training_equal_reference(cora, cora_shards, mode):
-    trainer = _trainer(cora_shards[('full', 3)], mode, "sage", 3, epochs=20)
+    trainer = _trainer(cora_shards[('full', 3)], mode, "sage", 3, epochs=8)
     try:
         initial = copy.deepcopy(trainer.model)
         trainer.run()
         if WORLD.rank == 0:
-            ref = train_dense(cora, initial, 20, 0.01)
+            ref = train_dense(cora, initial, 8, 0.01)
             assert_parameters_close(trainer.model, ref, 1e-4)
     finally:
         trainer.close()

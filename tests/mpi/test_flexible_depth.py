@@ -2,7 +2,7 @@
 
 A 4-layer model on shard sets preloaded with k = 1..4 hops: the first k layers run on the server's
 preloaded graph (intra-server exchange only), the remaining 4-k with the world exchange.  Every k must
-equal the dense single-process reference (tests/dense_reference.py) in logits and, after 20 epochs,
+equal the dense single-process reference (tests/dense_reference.py) in logits and, after EPOCHS,
 in parameters; the ledger shows the trade: inter-server halo bytes fall linearly in k to 0 at k = L,
 while the rows computed per epoch grow."""
 import copy
@@ -18,6 +18,7 @@ from tests.mpi.conftest import build_sets_on_rank0, gather_by_global_id, make_tr
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
 LAYERS = 4
+EPOCHS = 8  # each a full Adam step: a wrong backward shows at the first
 DEPTHS = list(range(1, LAYERS + 1))
 
 
@@ -55,12 +56,12 @@ def test_logits_equal_dense_reference(cora, depth_shards, model, k):
 # test's; k = L is tests/mpi/test_engine_exact.py's flx).
 @pytest.mark.parametrize("k,model", [(1, "sage"), (2, "gcn"), (3, "sage")])
 def test_parameters_after_training_equal_reference(cora, depth_shards, model, k):
-    trainer = make_trainer(depth_shards[k], "flx", model, LAYERS, epochs=20)
+    trainer = make_trainer(depth_shards[k], "flx", model, LAYERS, epochs=EPOCHS)
     try:
         initial = copy.deepcopy(trainer.model)
         trainer.run()
         if WORLD.rank == 0:
-            ref = train_dense(cora, initial, 20, 0.01)
+            ref = train_dense(cora, initial, EPOCHS, 0.01)
             assert_parameters_close(trainer.model, ref, 1e-4, f"k={k} ")
     finally:
         trainer.close()

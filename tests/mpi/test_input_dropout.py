@@ -17,7 +17,7 @@ from tests.mpi.conftest import make_trainer
 
 pytestmark = pytest.mark.mpi(min_size=4)
 WORLD = MPI.COMM_WORLD
-P_IN, P, EPOCHS, LR, WD, SEED, LAYERS = 0.5, 0.5, 20, 0.01, 5e-4, 7, 3
+P_IN, P, EPOCHS, LR, WD, SEED, LAYERS = 0.5, 0.5, 8, 0.01, 5e-4, 7, 3
 RECIPE = dict(epochs=EPOCHS, lr=LR, dropout=P, input_dropout=P_IN, seed=SEED, weight_decay=WD,
               weight_decay_on="first")
 
