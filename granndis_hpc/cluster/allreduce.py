@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -11,28 +11,13 @@ from mpi4py import MPI
 
 from . import trace
 from .accounting import allreduce_bytes_model, ring_chunk_sizes
+from .layout import message_pieces
 from .pending import MPIProgress, np_view
 from .staging import wait_event
 
 # Dtypes MPI can sum; the leaders' all-reduce always goes through MPI.
 REDUCIBLE = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE,
              torch.int32: MPI.INT32_T, torch.int64: MPI.INT64_T}
-
-
-# The leaders' pairwise exchange on 2 servers travels in messages of at most this many bytes, under the
-# eager limit of Open MPI's TCP transport (64 KiB with its header), so that neither direction waits for
-# a rendezvous handshake.  One message larger than the limit is a rendezvous: the sender waits for the
-# receiver's clear-to-send, which, on the one TCP connection between the leaders, queues behind the
-# receiver's own bucket whenever that leader's bucket was cleared first -- the two directions then run
-# one after the other, and the later leader waits twice the bucket's wire time (Cora's 734 kB first-layer
-# bucket at 10 Mbit/s: 1.15 s instead of 0.6 s; docs/concepts.md).
-LEADERS_MESSAGE_BYTES = 32768
-
-
-def leaders_pieces(numel: int, element_size: int) -> List[Tuple[int, int]]:
-    """[start, end) element ranges of the leaders' messages of one bucket (at least one, maybe empty)."""
-    step = max(1, LEADERS_MESSAGE_BYTES // element_size)
-    return [(a, min(a + step, numel)) for a in range(0, max(numel, 1), step)]
 
 
 class PendingReduce:
@@ -157,9 +142,9 @@ class PendingReduce:
                 other = torch.empty(host.shape, dtype=host.dtype)
                 peer = int(topo.rank_table[1 - topo.server, 0])
                 p2p, n = comm._p2p, host.numel()
-                # In pieces below the transports' eager limit (see LEADERS_MESSAGE_BYTES); the same tag, so
+                # In pieces below the transports' eager limit (layout.MESSAGE_PIECE_BYTES); the same tag, so
                 # they match in posting order, the same on both leaders.
-                pieces = leaders_pieces(n, host.element_size())
+                pieces = message_pieces(n, host.element_size())
                 recvs = [p2p.Irecv([np_view(other[a:b]), b - a, self._mpi_type()], source=peer,
                                    tag=self._LEADERS_TAG) for a, b in pieces]
                 waiter = self._send_when_ready(lambda: [p2p.Isend([np_view(host[a:b]), b - a, self._mpi_type()],

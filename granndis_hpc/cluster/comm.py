@@ -4,7 +4,7 @@
   (gloo/NCCL `all_to_all_single` with splits, or MPI `Alltoallv` on the server communicator).
 * `world_exchange`: the same over the whole job; same-server blocks go through the intra transport,
   other blocks through MPI point-to-point (only the non-empty pairs, non-blocking, CPU-staged from
-  a GPU), overlapped with the intra part.
+  a GPU, in messages under the TCP eager limit: layout.message_pieces), overlapped with the intra part.
 * `allreduce_`: hierarchical all-reduce over flat buckets (reduce in the server, MPI all-reduce
   among leaders, broadcast in the server).
 
@@ -29,7 +29,7 @@ from .accounting import allreduce_bytes_model
 from .allreduce import REDUCIBLE, PendingReduce
 from .errors import ClusterError, agree
 from .exchange_group import ExchangeGroup, local_group
-from .layout import block_rows, check_counts, offsets_of, plan_buckets
+from .layout import block_rows, check_counts, message_pieces, offsets_of, plan_buckets
 from .ledger import Ledger
 from .pending import MPIProgress, PendingExchange, TimedSync, byte_rows, check_poll_setting, np_view, typed_rows
 from .staging import HostStaging, wait_event
@@ -281,7 +281,6 @@ class Communicator:
         """Post Irecv (and Isend) for the inter-server blocks; returns (requests, deferred sends or None,
         host staging or None).  Staged from a GPU, the sends are deferred until their copy has completed
         (MPIProgress posts them) and the receives land in a pooled host buffer."""
-        rtype = self._row_type(row_bytes)
         requests = []
         staged, ready = None, None
         st = self._staging
@@ -296,19 +295,29 @@ class Communicator:
         else:
             recv_buf, recv_off = np_view(out_bytes), r_off[to_recv]
             send_buf, send_off = np_view(send_bytes), s_off[to_send]
+        # Each block in messages of at most MESSAGE_PIECE_BYTES bytes (under the TCP eager limit, so that
+        # the two directions between a pair of ranks travel at once; layout.py), in order, one tag: the
+        # receiver posts the same pieces of the same block, so they match in posting order.
+        recv_flat, send_flat = np.reshape(recv_buf, -1, copy=False), np.reshape(send_buf, -1, copy=False)
         for src, off in zip(to_recv.tolist(), np.asarray(recv_off).tolist()):
-            n = int(rc[src])
-            requests.append(self._p2p.Irecv([recv_buf[off:off + n], n, rtype], source=src, tag=_P2P_TAG))
+            requests += self._post_pieces(self._p2p.Irecv, recv_flat, off * row_bytes, int(rc[src]) * row_bytes,
+                                          src)
 
         def post_sends():
             sends = []
             for dst, off in zip(to_send.tolist(), np.asarray(send_off).tolist()):
-                n = int(sc[dst])
-                sends.append(self._p2p.Isend([send_buf[off:off + n], n, rtype], dest=dst, tag=_P2P_TAG))
+                sends += self._post_pieces(self._p2p.Isend, send_flat, off * row_bytes,
+                                           int(sc[dst]) * row_bytes, dst)
             return sends
         if ready is None:
             return requests + post_sends(), None, staged
         return requests, (ready, post_sends), staged
+
+    @staticmethod
+    def _post_pieces(post, flat, start: int, nbytes: int, peer: int) -> list:
+        """Irecv or Isend (`post`) of flat[start:start + nbytes] (uint8) with `peer` as message_pieces."""
+        return [post([flat[start + a:start + b], b - a, MPI.BYTE], peer, _P2P_TAG)
+                for a, b in message_pieces(nbytes, 1)]
 
     # ----------------------------------------------------------------- all-reduce
     def allreduce_(self, tensors: Sequence[torch.Tensor], phase: str = "gradient", average: bool = False,

@@ -5,7 +5,7 @@ counts[p] rows and starts at offsets[p] = counts[0] + ... + counts[p-1].
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -13,6 +13,22 @@ from .errors import ClusterError
 
 # MPI counts are C ints; we count rows (with a row-sized datatype), so this bounds rows, not bytes.
 MAX_MPI_COUNT = 2**31 - 1
+
+# Point-to-point messages between servers (the world exchange's blocks, the 2-server leaders' gradient
+# buckets) travel in messages of at most this many bytes, under the eager limit of Open MPI's TCP transport
+# (64 KiB with its header), so that neither direction waits for a rendezvous handshake.  One message larger
+# than the limit is a rendezvous: the sender waits for the receiver's clear-to-send, which, on the one TCP
+# connection between the two ranks, queues behind the receiver's own outgoing message whenever that one
+# was cleared first -- the two directions then run one after the other, and the later rank waits twice
+# the wire time (docs/concepts.md).  Pieces of one block share its tag and match in posting order.
+MESSAGE_PIECE_BYTES = 32768
+
+
+def message_pieces(count: int, item_bytes: int) -> List[Tuple[int, int]]:
+    """[start, end) item ranges of the messages one block of `count` items of `item_bytes` bytes travels
+    in: at most MESSAGE_PIECE_BYTES each (one item where an item is larger); at least one, maybe empty."""
+    step = max(1, MESSAGE_PIECE_BYTES // item_bytes)
+    return [(a, min(a + step, count)) for a in range(0, max(count, 1), step)]
 
 
 def check_counts(counts: Sequence[int], peers: int, name: str) -> np.ndarray:

@@ -18,6 +18,7 @@ import torch
 from mpi4py import MPI
 
 from granndis_hpc.cluster import ClusterError, Communicator, Ledger, agree
+from granndis_hpc.cluster.layout import MESSAGE_PIECE_BYTES
 from tests.mpi.conftest import cluster_fixture
 
 P = MPI.COMM_WORLD.Get_size()
@@ -151,6 +152,35 @@ def test_world_exchange_of_real_cora_features(cluster, planetoid_root):
     got = comm.world_exchange(torch.from_numpy(features[send_ids]), counts[me], counts[:, me])
     expected = features[wanted[me]]  # grouped by source rank == sorted by id (contiguous owners)
     assert np.array_equal(got.numpy(), expected)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_world_exchange_blocks_of_several_messages_arrive_exactly(cluster):
+    """Blocks between servers travel in messages of at most 32 KiB (cluster/layout.py): blocks of several
+    messages and a remainder, message ends inside a row (rows of 12 bytes), a block of one short message
+    and empty ones; two exchanges in flight at once with the same tag, waited for in reverse order."""
+    topo, comm, ledger = cluster
+    assert MESSAGE_PIECE_BYTES == 32768
+    me, row_bytes = topo.rank, 12
+    # 5,600 rows = 67,200 bytes: two full messages and 1,664 bytes; + src + dst rows; 3 rows; none
+    counts = np.full((P, P), 5600) + np.arange(P)[:, None] + np.arange(P)[None, :]
+    counts[0, P - 1], counts[P - 1, 0], counts[1, 0] = 3, 0, 0
+    second = counts.T.copy()
+
+    def rows(seed, rank, n):
+        return _rows(seed, rank, n, (3,), np.float32)
+    ledger.reset()
+    first = comm.world_exchange_start(_to_torch(rows(500, me, counts[me].sum())), counts[me], counts[:, me])
+    later = comm.world_exchange_start(_to_torch(rows(501, me, second[me].sum())), second[me], second[:, me])
+    got_later, got_first = later.wait(), first.wait()
+    server = np.arange(P) // topo.ranks_per_server           # independent of topo's tables
+    same = server == server[me]
+    inter = (counts[me][~same].sum() + second[me][~same].sum()) * row_bytes
+    intra = (counts[me][same].sum() - counts[me, me] + second[me][same].sum() - second[me, me]) * row_bytes
+    assert torch.equal(got_first, _receive_reference(counts, 500, me, list(range(P)), (3,), np.float32, None))
+    assert torch.equal(got_later, _receive_reference(second, 501, me, list(range(P)), (3,), np.float32, None))
+    assert ledger.bytes("inter", "halo") == inter
+    assert ledger.bytes("intra", "halo") == intra
 
 
 @pytest.mark.mpi(min_size=4)

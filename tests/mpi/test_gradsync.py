@@ -116,7 +116,7 @@ def test_bucketed_gradients_during_backward_equal_the_plain_torch_sum(cluster):
 @pytest.mark.mpi(min_size=4)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_bucket_of_several_leader_messages_sums_exactly(cluster, dtype):
-    """A bucket larger than LEADERS_MESSAGE_BYTES crosses between the leaders in several messages (the
+    """A bucket larger than layout.MESSAGE_PIECE_BYTES crosses between the leaders in several messages (the
     last one shorter): the sum is every rank's values added, the same bits on every rank."""
     topo, comm, ledger = cluster
     numel = 2 * 32768 // torch.tensor([], dtype=dtype).element_size() + 7  # two full messages and 7 elements
