@@ -144,7 +144,7 @@ class PendingReduce:
                 p2p, n = comm._p2p, host.numel()
                 # In pieces below the transports' eager limit (layout.MESSAGE_PIECE_BYTES); the same tag, so
                 # they match in posting order, the same on both leaders.
-                pieces = message_pieces(n, host.element_size())
+                pieces = message_pieces(n, host.element_size(), comm.piece_bytes)
                 recvs = [p2p.Irecv([np_view(other[a:b]), b - a, self._mpi_type()], source=peer,
                                    tag=self._LEADERS_TAG) for a, b in pieces]
                 waiter = self._send_when_ready(lambda: [p2p.Isend([np_view(host[a:b]), b - a, self._mpi_type()],

@@ -27,15 +27,16 @@ from mpi4py import MPI
 
 from .accounting import allreduce_bytes_model
 from .allreduce import REDUCIBLE, PendingReduce
-from .errors import ClusterError, agree
+from .errors import ClusterError, agree, collective_errors
 from .exchange_group import ExchangeGroup, local_group
-from .layout import block_rows, check_counts, message_pieces, offsets_of, plan_buckets
+from .layout import block_rows, check_counts, message_pieces, offsets_of, piece_bytes_setting, plan_buckets
 from .ledger import Ledger
 from .pending import MPIProgress, PendingExchange, TimedSync, byte_rows, check_poll_setting, np_view, typed_rows
 from .staging import HostStaging, wait_event
 from .topology import Topology
 
 ENV_CHECK_COMM = "GRANNDIS_CHECK_COMM"
+ENV_PIECE_BYTES = "GRANNDIS_MESSAGE_PIECE_BYTES"
 DEFAULT_BUCKET_BYTES = 25 << 20
 _P2P_TAG = 17
 
@@ -52,6 +53,9 @@ class Communicator:
             raise ClusterError(f"intra_transport={transport} but the topology was built with "
                                f"{topo.intra_transport}; pass intra_transport={transport!r} to init_topology")
         check_poll_setting(topo.world)
+        with collective_errors(topo.world, "", catch=(ValueError,)):  # the same one line on every rank
+            # the largest message between servers (layout.MESSAGE_PIECE_BYTES)
+            self.piece_bytes = piece_bytes_setting(os.environ.get(ENV_PIECE_BYTES, ""))
         self.topo, self.ledger = topo, ledger
         self.intra_transport = transport
         self.validate = (os.environ.get(ENV_CHECK_COMM, "") not in ("", "0")) if validate is None else validate
@@ -313,11 +317,10 @@ class Communicator:
             return requests + post_sends(), None, staged
         return requests, (ready, post_sends), staged
 
-    @staticmethod
-    def _post_pieces(post, flat, start: int, nbytes: int, peer: int) -> list:
+    def _post_pieces(self, post, flat, start: int, nbytes: int, peer: int) -> list:
         """Irecv or Isend (`post`) of flat[start:start + nbytes] (uint8) with `peer` as message_pieces."""
         return [post([flat[start + a:start + b], b - a, MPI.BYTE], peer, _P2P_TAG)
-                for a, b in message_pieces(nbytes, 1)]
+                for a, b in message_pieces(nbytes, 1, self.piece_bytes)]
 
     # ----------------------------------------------------------------- all-reduce
     def allreduce_(self, tensors: Sequence[torch.Tensor], phase: str = "gradient", average: bool = False,

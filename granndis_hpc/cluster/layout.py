@@ -21,13 +21,33 @@ MAX_MPI_COUNT = 2**31 - 1
 # connection between the two ranks, queues behind the receiver's own outgoing message whenever that one
 # was cleared first -- the two directions then run one after the other, and the later rank waits twice
 # the wire time (docs/concepts.md).  Pieces of one block share its tag and match in posting order.
+# GRANNDIS_MESSAGE_PIECE_BYTES sets another size (0: one message a block), for fabrics whose rendezvous
+# does not queue behind data (RDMA), where fewer, larger messages cost less.
 MESSAGE_PIECE_BYTES = 32768
 
 
-def message_pieces(count: int, item_bytes: int) -> List[Tuple[int, int]]:
+def piece_bytes_setting(text: str) -> int:
+    """GRANNDIS_MESSAGE_PIECE_BYTES's value: MESSAGE_PIECE_BYTES where unset or empty, else a whole number
+    of bytes >= 0 (0: one message a block), or a ValueError saying what to give."""
+    if not text.strip():
+        return MESSAGE_PIECE_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"GRANNDIS_MESSAGE_PIECE_BYTES={text!r}: give a whole number of bytes >= 0 "
+                         f"(0: one message a block; default {MESSAGE_PIECE_BYTES})")
+    return value
+
+
+def message_pieces(count: int, item_bytes: int, piece_bytes: int = MESSAGE_PIECE_BYTES) -> List[Tuple[int, int]]:
     """[start, end) item ranges of the messages one block of `count` items of `item_bytes` bytes travels
-    in: at most MESSAGE_PIECE_BYTES each (one item where an item is larger); at least one, maybe empty."""
-    step = max(1, MESSAGE_PIECE_BYTES // item_bytes)
+    in: at most `piece_bytes` each (one item where an item is larger; the whole block where it is 0); at
+    least one, maybe empty."""
+    if piece_bytes == 0:
+        return [(0, count)]
+    step = max(1, piece_bytes // item_bytes)
     return [(a, min(a + step, count)) for a in range(0, max(count, 1), step)]
 
 

@@ -37,6 +37,10 @@ ENVIRONMENT: Tuple[EnvVar, ...] = (
     EnvVar("GRANNDIS_CHECK_COMM", "0 | 1", "0", "granndis_hpc/cluster/comm.py",
            "1: every exchange also sends its counts to its peers and fails on a mismatch (a debugging check: "
            "one more message per exchange)"),
+    EnvVar("GRANNDIS_MESSAGE_PIECE_BYTES", "BYTES", "32768", "granndis_hpc/cluster/comm.py",
+           "the largest message between servers: a halo block or a 2-server gradient bucket travels in pieces "
+           "of at most this many bytes, under Open MPI's TCP eager limit, so both directions move at once; "
+           "0: one message a block (for RDMA fabrics, where a rendezvous does not wait behind data)"),
     EnvVar("GRANNDIS_PROGRESS_POLL", "FIRST_S[,FACTOR,MAX_S]", "0.001,2,0.004", "granndis_hpc/cluster/pending.py",
            "how often the progress thread polls the pending exchanges: the first interval, the back-off factor "
            "and the longest interval, in seconds (read at import on every rank; bench/bench_cluster.py "

@@ -155,12 +155,29 @@ def test_world_exchange_of_real_cora_features(cluster, planetoid_root):
 
 
 @pytest.mark.mpi(min_size=4)
-def test_world_exchange_blocks_of_several_messages_arrive_exactly(cluster):
-    """Blocks between servers travel in messages of at most 32 KiB (cluster/layout.py): blocks of several
-    messages and a remainder, message ends inside a row (rows of 12 bytes), a block of one short message
-    and empty ones; two exchanges in flight at once with the same tag, waited for in reverse order."""
+@pytest.mark.parametrize("piece_bytes", [MESSAGE_PIECE_BYTES, 1000, 0])
+def test_world_exchange_blocks_of_several_messages_arrive_exactly(cluster, piece_bytes):
+    """Blocks between servers travel in messages of at most 32 KiB (cluster/layout.py; another size or
+    one message a block with GRANNDIS_MESSAGE_PIECE_BYTES): blocks of several messages and a remainder,
+    message ends inside a row (rows of 12 bytes), a block of one short message and empty ones; two
+    exchanges in flight at once with the same tag, waited for in reverse order."""
     topo, comm, ledger = cluster
     assert MESSAGE_PIECE_BYTES == 32768
+    default, comm.piece_bytes = comm.piece_bytes, piece_bytes
+    try:
+        _exchange_blocks_of_several_messages(topo, comm, ledger)
+    finally:
+        comm.piece_bytes = default
+
+
+def test_a_bad_message_piece_size_is_one_error_on_every_rank(cluster, monkeypatch):
+    topo, _, _ = cluster
+    monkeypatch.setenv("GRANNDIS_MESSAGE_PIECE_BYTES", "32k")
+    with pytest.raises(ClusterError, match=r"GRANNDIS_MESSAGE_PIECE_BYTES='32k': give a whole number of bytes"):
+        Communicator(topo, Ledger())
+
+
+def _exchange_blocks_of_several_messages(topo, comm, ledger):
     me, row_bytes = topo.rank, 12
     # 5,600 rows = 67,200 bytes: two full messages and 1,664 bytes; + src + dst rows; 3 rows; none
     counts = np.full((P, P), 5600) + np.arange(P)[:, None] + np.arange(P)[None, :]

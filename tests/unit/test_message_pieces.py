@@ -1,6 +1,8 @@
 """The messages one block between servers travels in (cluster/layout.py; the world exchange's blocks, the
 leaders' gradient buckets): under the eager limit, covering it exactly."""
-from granndis_hpc.cluster.layout import MESSAGE_PIECE_BYTES, message_pieces
+import pytest
+
+from granndis_hpc.cluster.layout import MESSAGE_PIECE_BYTES, message_pieces, piece_bytes_setting
 
 
 def test_pieces_cover_the_block_in_messages_of_at_most_the_limit():
@@ -14,3 +16,17 @@ def test_pieces_cover_the_block_in_messages_of_at_most_the_limit():
     # bytes of a world-exchange block (items of one byte): message ends need not fall between rows
     assert message_pieces(67200, 1) == [(0, 32768), (32768, 65536), (65536, 67200)]
     assert message_pieces(3, 40000) == [(0, 1), (1, 2), (2, 3)]  # an item over the limit: one a message
+
+
+def test_another_piece_size_or_one_message_a_block():
+    assert message_pieces(2500, 1, 1000) == [(0, 1000), (1000, 2000), (2000, 2500)]
+    assert message_pieces(20000, 4, 0) == [(0, 20000)]  # 0: the whole block in one message
+    assert message_pieces(0, 4, 0) == [(0, 0)]
+
+
+def test_the_piece_size_setting():
+    assert piece_bytes_setting("") == piece_bytes_setting("  ") == MESSAGE_PIECE_BYTES
+    assert piece_bytes_setting("0") == 0 and piece_bytes_setting("65536") == 65536
+    for bad in ("32k", "-1", "1.5"):
+        with pytest.raises(ValueError, match=f"GRANNDIS_MESSAGE_PIECE_BYTES={bad!r}: give a whole number"):
+            piece_bytes_setting(bad)
