@@ -10,8 +10,9 @@ Inter-server: the leaders of servers 0 and 1 (world ranks rank_table[0, 0] and r
 intra-server: local ranks 0 and 1 of server 0.  Bandwidth one way = 2 x bytes x round trips / seconds,
 after one untimed round trip (it opens connections).  The inter-server pair is also timed sending both
 ways at once (each leader sends ROUND_TRIPS messages to the other while receiving as many, after a small
-untimed exchange that starts them together): the rate each direction gets = bytes x round trips /
-seconds.  A training step's halo exchanges and gradient all-reduce move data both ways at once, and a
+untimed exchange that starts them together; each message in the pieces the engine sends between servers,
+cluster/layout.py): the rate each direction gets = bytes x round trips / seconds.  A training step's halo
+exchanges and gradient all-reduce move data both ways at once, and a
 link is not always full-duplex: where the two directions share one budget the rate both ways is about
 half the one-way rate, on a full-duplex link it equals the one-way rate; the cost model prices the
 simultaneous bytes with it (memory_model/epoch_time.py).  Only --mode auto's time rule measures it.
@@ -35,6 +36,9 @@ import time
 from typing import List, Optional, Tuple
 
 import numpy as np
+from mpi4py import MPI
+
+from .layout import MESSAGE_PIECE_BYTES, message_pieces
 
 MESSAGE_BYTES = 512 << 10
 ROUND_TRIPS = 2
@@ -42,6 +46,7 @@ MIN_TRIALS = 2
 MAX_TRIALS = 12
 BUDGET_S = 1.0  # per link class, once MIN_TRIALS are done
 _FLAG_TAG = 7321
+_EXCHANGE_TAG = 7322
 
 
 def _wait_idle(comm) -> None:
@@ -65,17 +70,23 @@ def _pingpong(comm, me: int, peer: int, buf: np.ndarray, round_trips: int = ROUN
     return time.perf_counter() - start
 
 
-def _exchange(comm, me: int, peer: int, buf: np.ndarray, rounds: int = ROUND_TRIPS) -> float:
-    """Seconds for `rounds` messages sent each way at once between ranks `me` and `peer` (called by both)."""
+def _exchange(comm, me: int, peer: int, buf: np.ndarray, rounds: int = ROUND_TRIPS,
+              piece_bytes: int = MESSAGE_PIECE_BYTES) -> float:
+    """Seconds for `rounds` messages sent each way at once between ranks `me` and `peer` (called by both),
+    each in pieces of at most `piece_bytes` as the engine sends its blocks between servers (one larger
+    message each way runs the two directions one after the other: cluster/layout.py)."""
     other = peer if comm.Get_rank() == me else me
     received = np.empty_like(buf)
+    pieces = message_pieces(buf.nbytes, 1, piece_bytes)
     start = time.perf_counter()
     for _ in range(rounds):
-        comm.Sendrecv(buf, other, recvbuf=received, source=other)
+        requests = [comm.Irecv(received[a:b], source=other, tag=_EXCHANGE_TAG) for a, b in pieces]
+        requests += [comm.Isend(buf[a:b], dest=other, tag=_EXCHANGE_TAG) for a, b in pieces]
+        MPI.Request.Waitall(requests)
     return time.perf_counter() - start
 
 
-def _trials(world, pair, buf, both_ways: bool = False) -> List[float]:
+def _trials(world, pair, buf, both_ways: bool = False, piece_bytes: int = MESSAGE_PIECE_BYTES) -> List[float]:
     """The pair's trial seconds (on pair[0]; empty elsewhere): after an untimed round trip (both_ways: a
     small untimed exchange, which starts the two together), trials of ping-pongs (both_ways: exchanges)
     until MIN_TRIALS are done and then while BUDGET_S lasts, at most MAX_TRIALS; pair[0] decides and
@@ -91,7 +102,8 @@ def _trials(world, pair, buf, both_ways: bool = False) -> List[float]:
     start = time.perf_counter()
     more = True
     while more:
-        out.append((_exchange if both_ways else _pingpong)(world, pair[0], pair[1], buf))
+        out.append(_exchange(world, pair[0], pair[1], buf, piece_bytes=piece_bytes) if both_ways
+                   else _pingpong(world, pair[0], pair[1], buf))
         if rank == pair[0]:
             more = len(out) < MIN_TRIALS or (len(out) < MAX_TRIALS and time.perf_counter() - start < BUDGET_S)
             world.send(more, dest=pair[1], tag=_FLAG_TAG)
@@ -100,13 +112,14 @@ def _trials(world, pair, buf, both_ways: bool = False) -> List[float]:
     return out if rank == pair[0] else []
 
 
-def _bandwidth(world, pair, buf, both_ways: bool = False) -> Tuple[Optional[float], dict]:
+def _bandwidth(world, pair, buf, both_ways: bool = False,
+               piece_bytes: int = MESSAGE_PIECE_BYTES) -> Tuple[Optional[float], dict]:
     """(best one-way bandwidth between the world ranks `pair`, {trials, best_Bps, median_Bps}); (None, {})
     where there is no such pair.  both_ways: the bandwidth each direction gets while both send.
     Collective."""
     if pair is None:
         return None, {}
-    trials = _trials(world, pair, buf, both_ways)
+    trials = _trials(world, pair, buf, both_ways, piece_bytes)
     _wait_idle(world)
     if world.Get_rank() == pair[0]:
         moved = buf.nbytes * ROUND_TRIPS * (1 if both_ways else 2)  # per direction; a ping-pong's both legs
@@ -118,11 +131,12 @@ def _bandwidth(world, pair, buf, both_ways: bool = False) -> Tuple[Optional[floa
     return stats["best_Bps"], stats
 
 
-def measure_links(topo, both_ways: bool = False) -> dict:
+def measure_links(topo, both_ways: bool = False, piece_bytes: int = MESSAGE_PIECE_BYTES) -> dict:
     """{inter_Bps, inter_both_Bps, intra_Bps, message_bytes, inter, inter_both, intra (each {trials,
     best_Bps, median_Bps}), seconds}: the job's link classes, None where the job has no such link (one
     server; one rank per server); inter_both_Bps: the inter-server rate each way while both leaders
-    send, measured with `both_ways` (what --mode auto prices with; None and {} without).  Collective over
+    send, measured with `both_ways` (what --mode auto prices with; None and {} without), in messages of at
+    most `piece_bytes` as the run sends (the Communicator's `piece_bytes`).  Collective over
     the world: every rank calls it and gets the result."""
     start = time.perf_counter()
     table = topo.rank_table
@@ -130,7 +144,8 @@ def measure_links(topo, both_ways: bool = False) -> dict:
     intra = (int(table[0, 0]), int(table[0, 1])) if topo.ranks_per_server > 1 else None
     buf = np.zeros(MESSAGE_BYTES, dtype=np.uint8)
     inter_Bps, inter_stats = _bandwidth(topo.world, inter, buf)
-    both_Bps, both_stats = _bandwidth(topo.world, inter if both_ways else None, buf, both_ways=True)
+    both_Bps, both_stats = _bandwidth(topo.world, inter if both_ways else None, buf, both_ways=True,
+                                      piece_bytes=piece_bytes)
     intra_Bps, intra_stats = _bandwidth(topo.world, intra, buf)
     seconds = max(topo.world.allgather(time.perf_counter() - start))
     return {"inter_Bps": inter_Bps, "inter_both_Bps": both_Bps, "intra_Bps": intra_Bps,

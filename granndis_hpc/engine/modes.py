@@ -336,10 +336,11 @@ class Automatic(Mode):
                         overlap=() if cfg.no_overlap else tuple(sorted(OVERLAP_HALOS[cfg.overlap_halos])),
                         precision=cfg.precision)
         if cfg.auto_rule == "time" and paths:
-            links = links or measure_links(topo, both_ways=True)  # collective; the trainer's, unless --no-link-check
             if comm is None:
                 raise TrainingError("--mode auto --auto-rule time times the run's exchange rounds: resolve it "
                                     "with the run's Communicator (Trainer does)")
+            # collective; the trainer's, unless --no-link-check
+            links = links or measure_links(topo, both_ways=True, piece_bytes=comm.piece_bytes)
             # collective: what an exchange round and a gradient round cost on the paths this run takes
             rounds = measure_exchange_rounds(comm, world_overlapped=not cfg.no_overlap,
                                              server_overlapped=not cfg.no_overlap

@@ -96,14 +96,14 @@ class Trainer:
         self.kernels = DeterministicKernels(cfg.deterministic)  # before any GPU work (cuBLAS's workspace)
         self.topo = init_topology(cfg.ranks_per_server, cfg.device, cfg.intra_transport, **topology_args(cfg))
         self.startup.mark("world")
-        # The link classes, measured while the network is quiet (cluster/linkcheck.py; collective).
-        # auto's time rule also prices the inter-server link both ways at once
-        self.links = None if cfg.no_link_check else measure_links(
-            self.topo, both_ways=cfg.mode == "auto" and cfg.auto_rule == "time")
-        share_cpu_threads(self.topo)
         self.world = self.topo.world
         self.ledger = Ledger()
         self.comm = Communicator(self.topo, self.ledger, cfg.intra_transport, host_staging=cfg.host_staging)
+        # The link classes, measured while the network is quiet (cluster/linkcheck.py; collective).
+        # auto's time rule also prices the inter-server link both ways at once, in the run's messages
+        self.links = None if cfg.no_link_check else measure_links(
+            self.topo, both_ways=cfg.mode == "auto" and cfg.auto_rule == "time", piece_bytes=self.comm.piece_bytes)
+        share_cpu_threads(self.topo)
         self.device = self.topo.device
         # The model and mode names were checked where the options are (TrainConfig: choices read from the
         # registries), the one place; every rank holds the same config, so this cannot differ by rank.

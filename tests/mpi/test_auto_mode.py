@@ -246,7 +246,7 @@ def test_the_set_up_check_runs_only_where_cob_can_win(shard_sets, monkeypatch):
     monkeypatch.setattr(compute_rate, "measure_job", lambda *a, **kw: {
         "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "step_s": 1e-4, "calibration": None,
         "method": "compute rate given"})
-    monkeypatch.setattr(modes, "measure_links", lambda topo, both_ways=True: {
+    monkeypatch.setattr(modes, "measure_links", lambda topo, both_ways=True, piece_bytes=None: {
         "inter_Bps": 1e8, "intra_Bps": 1e9, "inter_both_Bps": 1e8})
     monkeypatch.setattr(modes, "measure_exchange_rounds", lambda comm, **kw: {
         "world_round_s": 1e-4, "server_round_s": 1e-5, "allreduce_s": 1e-4, "repeats": 1})
