@@ -170,6 +170,7 @@ def test_world_exchange_blocks_of_several_messages_arrive_exactly(cluster, piece
         comm.piece_bytes = default
 
 
+@pytest.mark.mpi(min_size=4)
 def test_a_bad_message_piece_size_is_one_error_on_every_rank(cluster, monkeypatch):
     topo, _, _ = cluster
     monkeypatch.setenv("GRANNDIS_MESSAGE_PIECE_BYTES", "32k")
