@@ -71,11 +71,12 @@ test-mpi: setup
 test-launch: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=20 tests/launch
 
-# The three lanes run side by side: a launch test spends much of its time starting and stopping its own
-# mpirun and the MPI ranks wait on each other, so one lane alone leaves the cores idle.  Each lane's output
-# is printed whole when the lane ends; the status is non-zero if any fails.
-test: lint typecheck
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test-unit test-launch test-mpi
+# The three lanes run side by side, with lint and the type check beside them: a launch test spends much of
+# its time starting and stopping its own mpirun and the MPI ranks wait on each other, so one lane alone
+# leaves the cores idle.  Each lane's output is printed whole when the lane ends; the status is non-zero if
+# any fails.
+test: setup
+	@$(MAKE) --no-print-directory -j5 --output-sync=target lint typecheck test-unit test-launch test-mpi
 
 # The edit loop's lane (a few minutes): lint, types, the serial tests but the slow ones, and the exact-logits
 # tests of the distributed engine on 2 emulated servers x 2 ranks (homogeneous and heterogeneous).
