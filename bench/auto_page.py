@@ -191,6 +191,17 @@ def auto_runs_text(g):
             f"{spread([r['epoch_s'] for r in runs])} s.{differ} ")
 
 
+def epochs_text(data) -> str:
+    """'N epochs per run', with the graphs whose rounds (merged from another sweep) ran another count."""
+    other = {}
+    for r in data["rates"]:
+        for graph, g in r["graphs"].items():
+            for runs in (g.get("run_epochs") or {}).values():
+                other.update({graph: len(run) for run in runs if len(run) != data["config"]["epochs"]})
+    return f"{data['config']['epochs']} epochs per run" + (
+        " (" + ", ".join(f"{g}'s rounds: {n}" for g, n in sorted(other.items())) + ")" if other else "")
+
+
 def render(data):
     names = [n for n, _, _ in options(LAYERS)]
     cfg = data["config"]
@@ -199,7 +210,7 @@ def render(data):
          f"Machine: {cfg['cores']} cores, {cfg['mem_gib']:.0f} GiB, no GPU, Python {cfg['python']}, shared with other "
          f"jobs: load average {data['loadavg_start'][0]:.1f} at the start, "
          f"{(data.get('loadavg_end') or [0])[0]:.1f} at the end "
-         f"(per run below). 3-layer SAGE, hidden {cfg['hidden']}, {cfg['epochs']} epochs per run (the epoch time is "
+         f"(per run below). 3-layer SAGE, hidden {cfg['hidden']}, {epochs_text(data)} (the epoch time is "
          f"the median of the epochs after the first), 2 emulated servers x 2 ranks (docs/emulated-cluster.md); "
          f"auto with `--memory-per-gpu {cfg['memory_per_gpu']}` (every option fits). Graphs: "
          + ", ".join(f"{g}" + (f" ({cfg['vertices']:,} vertices)" if g == "synthetic" else "")
