@@ -11,6 +11,7 @@ before repeats (one run each, no `measured_runs`) render as they did, with `-` f
 from __future__ import annotations
 
 import collections
+import re
 import statistics
 
 from granndis_hpc.cluster.linkcheck import link_check_text
@@ -189,6 +190,15 @@ def auto_runs_text(g):
                                            "first run's).")
     return (f"its own {len(runs)} runs' epoch: median {fmt(g.get('auto_epoch_s'))} s, "
             f"{spread([r['epoch_s'] for r in runs])} s.{differ} ")
+
+
+def page_log(log) -> list:
+    """The commands for the page, each once: a run's directory as runs/RATE/... and a repeated run's as
+    `-runK`, which the page's first line explains."""
+    lines = dict.fromkeys(re.sub(r"-run\d+\b", "-runK", re.sub(r"/runs/[^/ ]+/", "/runs/RATE/", line))
+                          for line in log)
+    return ["(each train line runs once per round: RATE is the round's rate, which `emu-cluster shape --rate RATE` "
+            "set the link to, and runK the round's K-th run of it)", *lines]
 
 
 def epochs_text(data) -> str:

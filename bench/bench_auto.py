@@ -43,7 +43,7 @@ from bench_scale import MemoryGuard, add_run_arguments, save_records  # noqa: E4
 from harness import ENV, REPO, own_instance, read_run, write_page  # noqa: E402
 from products_ref import PRODUCTS, graph_args  # noqa: E402
 import auto_reshaped  # noqa: E402
-from auto_page import LAYERS, auto_decision, command_args, options, record_run, render, verdict  # noqa: E402
+from auto_page import LAYERS, auto_decision, command_args, options, page_log, record_run, render, verdict  # noqa: E402
 
 from emucluster import cluster as emucluster, costmodel  # noqa: E402
 
@@ -247,7 +247,7 @@ def main(argv=None):
     if args.from_json:
         with open(args.json) as f:
             data = json.load(f)
-        write_page(args.out, render(data), "bench/bench_auto.py", command_args(data), data["log"])
+        write_page(args.out, render(data), "bench/bench_auto.py", command_args(data), page_log(data["log"]))
         return 0
     args.graphs = [g.strip() for g in args.graphs.split(",") if g.strip()]
     args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
@@ -295,7 +295,7 @@ def main(argv=None):
     finally:
         data["loadavg_end"], data["wall_s"] = list(os.getloadavg()), time.monotonic() - started
         save_records(args.json, data)
-    write_page(args.out, render(data), "bench/bench_auto.py", command_args(data), data["log"])
+    write_page(args.out, render(data), "bench/bench_auto.py", command_args(data), page_log(data["log"]))
     return 0
 
 
