@@ -5,13 +5,13 @@ import itertools
 import threading
 from typing import Any, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 from . import trace
 from .accounting import allreduce_bytes_model, ring_chunk_sizes
-from .layout import message_pieces
 from .pending import MPIProgress, np_view
 from .staging import wait_event
 
@@ -141,15 +141,13 @@ class PendingReduce:
                 host = self._host_flat()
                 other = torch.empty(host.shape, dtype=host.dtype)
                 peer = int(topo.rank_table[1 - topo.server, 0])
-                p2p, n = comm._p2p, host.numel()
-                # In pieces below the transports' eager limit (layout.MESSAGE_PIECE_BYTES); the same tag, so
-                # they match in posting order, the same on both leaders.
-                pieces = message_pieces(n, host.element_size(), comm.piece_bytes)
-                recvs = [p2p.Irecv([np_view(other[a:b]), b - a, self._mpi_type()], source=peer,
-                                   tag=self._LEADERS_TAG) for a, b in pieces]
-                waiter = self._send_when_ready(lambda: [p2p.Isend([np_view(host[a:b]), b - a, self._mpi_type()],
-                                                                  dest=peer, tag=self._LEADERS_TAG)
-                                                        for a, b in pieces])
+                p2p, nbytes = comm._p2p, host.numel() * host.element_size()
+                # In pieces below the transports' eager limit, as the world exchange's blocks (layout.py
+                # message_pieces); the same tag, so they match in posting order, the same on both leaders.
+                recvs = comm._post_pieces(p2p.Irecv, np_view(other).view(np.uint8), 0, nbytes, peer,
+                                          self._LEADERS_TAG)
+                waiter = self._send_when_ready(lambda: comm._post_pieces(p2p.Isend, np_view(host).view(np.uint8), 0,
+                                                                         nbytes, peer, self._LEADERS_TAG))
                 waiter._requests[:0] = recvs
                 self._stage2 = (waiter, other)
                 trace.mark("grad_leaders_post", host.numel())

@@ -317,9 +317,10 @@ class Communicator:
             return requests + post_sends(), None, staged
         return requests, (ready, post_sends), staged
 
-    def _post_pieces(self, post, flat, start: int, nbytes: int, peer: int) -> list:
-        """Irecv or Isend (`post`) of flat[start:start + nbytes] (uint8) with `peer` as message_pieces."""
-        return [post([flat[start + a:start + b], b - a, MPI.BYTE], peer, _P2P_TAG)
+    def _post_pieces(self, post, flat, start: int, nbytes: int, peer: int, tag: int = _P2P_TAG) -> list:
+        """Irecv or Isend (`post`) of flat[start:start + nbytes] (uint8) with `peer` as message_pieces: the
+        world exchange's blocks and the 2-server leaders' gradient buckets (allreduce.py)."""
+        return [post([flat[start + a:start + b], b - a, MPI.BYTE], peer, tag)
                 for a, b in message_pieces(nbytes, 1, self.piece_bytes)]
 
     # ----------------------------------------------------------------- all-reduce

@@ -43,11 +43,9 @@ def piece_bytes_setting(text: str) -> int:
 
 def message_pieces(count: int, item_bytes: int, piece_bytes: int = MESSAGE_PIECE_BYTES) -> List[Tuple[int, int]]:
     """[start, end) item ranges of the messages one block of `count` items of `item_bytes` bytes travels
-    in: at most `piece_bytes` each (one item where an item is larger; the whole block where it is 0); at
-    least one, maybe empty."""
-    if piece_bytes == 0:
-        return [(0, count)]
-    step = max(1, piece_bytes // item_bytes)
+    in: at most `piece_bytes` each (one item where an item is larger; where it is 0, the whole block, cut
+    only where its count would pass MPI's int count, MAX_MPI_COUNT items); at least one, maybe empty."""
+    step = MAX_MPI_COUNT if piece_bytes == 0 else max(1, min(MAX_MPI_COUNT, piece_bytes // item_bytes))
     return [(a, min(a + step, count)) for a in range(0, max(count, 1), step)]
 
 

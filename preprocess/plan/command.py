@@ -353,7 +353,7 @@ def cmd_plan(args, argv) -> int:
 def _setup(args, result) -> Optional[dict]:
     """The co-batch set-up the plan prices cob with (--inter-rate only; plan/cobatch_setup.py): --cobatch-setup's,
     else the one timed on the server graphs; None where no option sets up co-batches."""
-    if args.inter_rate is None or not any(o.work is not None and o.work.cobatches > 0 for o in result["options"]):
+    if args.inter_rate is None or not any(mm.sets_up_cobatches(o) for o in result["options"]):
         return None
     if getattr(args, "cobatch_setup", None) is not None:
         return cobatch_setup.given(args.cobatch_setup)

@@ -22,6 +22,9 @@ def test_another_piece_size_or_one_message_a_block():
     assert message_pieces(2500, 1, 1000) == [(0, 1000), (1000, 2000), (2000, 2500)]
     assert message_pieces(20000, 4, 0) == [(0, 20000)]  # 0: the whole block in one message
     assert message_pieces(0, 4, 0) == [(0, 0)]
+    # one message a block, but never past MPI's int count (a block of bytes over 2 GiB)
+    big = 2**31 + 5
+    assert message_pieces(big, 1, 0) == [(0, 2**31 - 1), (2**31 - 1, big)]
 
 
 def test_the_piece_size_setting():
