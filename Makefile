@@ -74,9 +74,12 @@ test-launch: setup
 # The three lanes run side by side, with lint and the type check beside them: a launch test spends much of
 # its time starting and stopping its own mpirun and the MPI ranks wait on each other, so one lane alone
 # leaves the cores idle.  Each lane's output is printed whole when the lane ends; the status is non-zero if
-# any fails.
+# any fails, and then the last lines say which test each MPI rank was in (tests/mpi/conftest.py).
 test: setup
-	@$(MAKE) --no-print-directory -j5 --output-sync=target lint typecheck test-unit test-launch test-mpi
+	@rm -rf .test-progress && mkdir .test-progress
+	@GRANNDIS_TEST_PROGRESS_DIR=$(CURDIR)/.test-progress \
+	    $(MAKE) --no-print-directory -j5 --output-sync=target lint typecheck test-unit test-launch test-mpi \
+	    || { echo "make test failed; where the MPI lane's ranks were:"; cat .test-progress/mpi-rank-* 2>/dev/null; exit 1; }
 
 # The edit loop's lane (a few minutes): lint, types, the serial tests but the slow ones, and the exact-logits
 # tests of the distributed engine on 2 emulated servers x 2 ranks (homogeneous and heterogeneous).

@@ -14,6 +14,24 @@ TEST_ROW_BLOCK_ROWS = 64
 # GRANNDIS_TEST_HOST_STAGING=1 runs the cluster primitives' tests with the GPU path's host staging
 # emulated on the CPU (the trainer's --host-staging).
 TEST_HOST_STAGING = os.environ.get("GRANNDIS_TEST_HOST_STAGING", "") not in ("", "0")
+# GRANNDIS_TEST_PROGRESS_DIR (set by `make test`): each rank keeps there the test it is in, so a lane whose
+# rank crashed says where every rank was (a crashed rank's buffered output is lost, and its fault
+# handler's stack can be cut from a long log).
+TEST_PROGRESS_DIR = os.environ.get("GRANNDIS_TEST_PROGRESS_DIR", "")
+
+
+def _progress(state, nodeid):
+    if TEST_PROGRESS_DIR:
+        with open(os.path.join(TEST_PROGRESS_DIR, f"mpi-rank-{WORLD.rank}"), "w") as f:
+            f.write(f"MPI lane, rank {WORLD.rank}: {state} {nodeid}\n")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _progress("in", nodeid)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _progress("done with", nodeid)
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +60,26 @@ def cluster_fixture(shapes):
     return cluster
 
 
+_session_dir = None  # every shared_tmpdir of this run is inside it; removed when the run ends
+
+
 def shared_tmpdir(prefix="granndis-test-"):
-    """A new temporary directory made by rank 0, its path on every rank."""
-    return WORLD.bcast(tempfile.mkdtemp(prefix=prefix) if WORLD.rank == 0 else None)
+    """A new temporary directory made by rank 0, its path on every rank (collective over the world).  It is
+    inside the run's own directory, which pytest_sessionfinish removes: a run leaves nothing in /tmp."""
+    global _session_dir
+    if _session_dir is None:
+        _session_dir = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-mpi-tests-") if WORLD.rank == 0 else None)
+    return WORLD.bcast(tempfile.mkdtemp(prefix=prefix, dir=_session_dir) if WORLD.rank == 0 else None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Rank 0 removes the run's temporary directories once every rank is done with them."""
+    if _session_dir is not None:
+        import shutil
+
+        WORLD.barrier()
+        if WORLD.rank == 0:
+            shutil.rmtree(_session_dir, ignore_errors=True)
 
 
 def scratch(prefix):
