@@ -87,7 +87,7 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
     # fb's and flx's partial payloads: the halo bytes of the layers and server pairs that send partials, and
     # what their structures and buffers add to the memory of the same option with rows
     halo = halo_bytes(rows, m, servers, payload) if payload != "rows" else None
-    # a layer that sends partials exchanges them in a world round of their own beside its rows'
+    # a layer that sends partials exchanges them in a world round of their own (priced where it blocks)
     partial_layers = (sum(bool(np.any(u)) for u in payload_plan(rows, m, servers, payload).use)
                       if payload != "rows" else 0)
     if payload != "rows":

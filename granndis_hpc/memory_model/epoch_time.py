@@ -40,7 +40,8 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
 - fixed: what a step costs beyond rows, edges and bytes: every exchange round (an exchanging layer,
   forward and backward: world_round_s on the world group, server_round_s inside a server, as the start-up
   check times the run's own exchanges, overlapped or blocking as the run makes them:
-  cluster/roundcheck.py; a layer that sends partial aggregates, a second world round for them; a world
+  cluster/roundcheck.py; a layer that sends partial aggregates, a second world round for them where the
+  world group blocks (overlapped, they travel beside the rows' round and add only their bytes); a world
   layer on the per-server route (--halo-route per-server, the default, with more than one server and more
   than one rank per server: engine/halo_route.py) adds a relay round inside the server, forward and
   backward: the relays forward the rows that crossed to the server's other readers, and return their
@@ -153,7 +154,8 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     batched: a co-batch's mode, whose every step all-reduces its target count).
     halo_bytes: [rank, (inter, intra)] where they are not rank_halo_bytes' (fb's partial payloads,
     memory_model/payload.py); partial_layers: the world layers that send partial aggregates, each a
-    second world round beside its rows' (engine/partial.py), forward and backward."""
+    second world round after its rows' (engine/partial.py), forward and backward, where the world group's
+    exchanges block (--no-overlap)."""
     widths = np.asarray(m.widths(), dtype=np.float64)
     n_dst = np.array([[lr.n_dst for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
     nnz = np.array([[lr.nnz for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
@@ -173,7 +175,12 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     views = [view for view, _ in option_rows[0].training_layers()]
     exchanged = [m.estimator.exchanged(l) for l in range(len(views))]
     world = sum(1 for v, x in zip(views, exchanged) if x and v == "world") if len(option_rows) > 1 else 0
-    partial = int(partial_layers) if world else 0
+    # Blocking, a layer's partials are a world round after its rows'.  Overlapped (the world group in
+    # m.overlap, the default) both are posted before the layer aggregates its own rows' edges and waited
+    # for together (engine/partial.py): the partials' round adds bytes, not a latency of its own (Cora,
+    # 3 runs an option at 4 rates: partial and smaller within -79..+14 ms of fb's epoch, where a second
+    # world round was priced +26..+33 ms).
+    partial = int(partial_layers) if world and "world" not in m.overlap else 0
     inside = sum(1 for v, x in zip(views, exchanged) if x and v == "server") if per_server > 1 else 0
     # the per-server route shares every world layer's crossed rows inside the receiving server
     # (engine/halo_route.py; ExchangeGroup.per_server: more than one server, more than one rank in each)

@@ -196,8 +196,8 @@ def test_the_per_server_route_adds_a_relay_round():
     assert (alone.world_rounds, alone.relay_rounds) == (2, 0)
 
 
-def test_partial_aggregates_add_a_world_round():
-    # a layer that sends partials exchanges its rows part (relayed) and its partials, each a world round
+def test_partial_aggregates_add_a_world_round_where_it_blocks():
+    # blocking, a layer that sends partials exchanges its rows part (relayed), then its partials: two world rounds
     fb = [_rank(r, 3) for r in range(4)]
     w = work(fb, SPEC, servers=2, partial_layers=1)
     assert (w.world_rounds, w.relay_rounds, w.server_rounds) == (4, 2, 0)
@@ -206,3 +206,6 @@ def test_partial_aggregates_add_a_world_round():
     assert seconds(w, rates)["fixed_s"] == pytest.approx(0.5 + 4 * 0.03 + 2 * 0.01)
     # every layer inside the server (flx k=2): no world layer, no partials
     assert work([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=2, partial_layers=1).world_rounds == 0
+    # overlapped world exchanges (the default): the partials travel beside the rows' round
+    overlapped = work(fb, replace(SPEC, overlap=("world",)), servers=2, partial_layers=1)
+    assert (overlapped.world_rounds, overlapped.relay_rounds) == (2, 2)

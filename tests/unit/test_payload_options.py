@@ -2,6 +2,7 @@
 (its world layers), R-GCN (one partial row per remote destination, out wide) and --inductive runs (on
 the train-induced graph), as options of --mode auto and `preprocess plan`, against counts computed here
 with NumPy from the graph and the shard set's partition; and where they are not offered, the reason."""
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -53,6 +54,7 @@ WORLD_LAYERS = {0: [(HIDDEN, HIDDEN), (HIDDEN, CLASSES)], 1: [(HIDDEN, HIDDEN), 
 def test_flx_payloads_bytes(graph, sets, route):
     m = mm.with_payloads(mm.ModelSpec("sage", FEATURES, HIDDEN, CLASSES, 3, halo_route=route))
     got = _options(sets["full"], m)
+    blocking = _options(sets["full"], replace(m, overlap=()))  # --no-overlap
     owner = _owner(sets["full"])
     for k in (1, 2):
         want = _want(graph, owner, WORLD_LAYERS[k], route)
@@ -65,15 +67,20 @@ def test_flx_payloads_bytes(graph, sets, route):
             assert got[f"flx k={k} payload=partial"].work.intra_bytes.sum() == got[f"flx k={k}"].work.intra_bytes.sum()
         assert want["smaller"] <= min(want["rows"], want["partial"])
         # rounds: each exchanging world layer one world round (forward and backward), its rows relayed inside
-        # the server on the per-server route; one that sends partials a second world round for them (with
-        # partial, every one; smaller, those where they are fewer bytes)
+        # the server on the per-server route; blocking, one that sends partials a second world round for
+        # them (with partial, every one; smaller, those where they are fewer bytes); overlapped (the
+        # default), the partials travel beside the rows' round
         n = len(WORLD_LAYERS[k])
         relay = 2 * n if route == "per-server" else 0
         for payload, world in (("rows", 2 * n), ("partial", 4 * n)):
-            o = got[f"flx k={k}" + (f" payload={payload}" if payload != "rows" else "")]
-            assert (o.work.world_rounds, o.work.relay_rounds, o.work.server_rounds) == (world, relay, 2 * (k - 1))
-        assert 2 * n <= got[f"flx k={k} payload=smaller"].work.world_rounds <= 4 * n
-    assert (got["fb payload=partial"].work.world_rounds, got["fb"].work.world_rounds) == (8, 4)
+            label = f"flx k={k}" + (f" payload={payload}" if payload != "rows" else "")
+            o, b = got[label], blocking[label]
+            assert (b.work.world_rounds, b.work.relay_rounds, b.work.server_rounds) == (world, relay, 2 * (k - 1))
+            assert (o.work.world_rounds, o.work.relay_rounds, o.work.server_rounds) == (2 * n, relay, 2 * (k - 1))
+        assert 2 * n <= blocking[f"flx k={k} payload=smaller"].work.world_rounds <= 4 * n
+        assert got[f"flx k={k} payload=smaller"].work.world_rounds == 2 * n
+    assert (blocking["fb payload=partial"].work.world_rounds, blocking["fb"].work.world_rounds) == (8, 4)
+    assert got["fb payload=partial"].work.world_rounds == got["fb"].work.world_rounds == 4
     assert got["flx k=1 payload=smaller"].train_options() == {"preloaded_layers": 1, "halo_payload": "smaller"}
     assert "flx k=3" in got and not any(label.startswith("flx k=3 payload") for label in got)  # k = L: no world layer
     # flx k=1's world layers are fb's exchanging ones: the same bytes
