@@ -226,7 +226,10 @@ class LeadersRing:
     and copied to the others, so every leader holds the same bits (what a blocking MPI all-reduce does
     not promise); leader r sends every chunk but r+1 and every chunk but r+2, which is the ledger's
     `allreduce_bytes_model`.  Blocking MPI_Sendrecv in the thread (MPI_THREAD_MULTIPLE; the caller checks):
-    its messages progress while the caller computes, unlike MPI's non-blocking collectives here."""
+    its messages progress while the caller computes, unlike MPI's non-blocking collectives here.  Whole
+    chunks, not message pieces (layout.message_pieces): a leader sends to r+1 and receives from r-1, so
+    with S > 2 no pair of leaders sends to each other at once and no rendezvous waits behind the other
+    direction's data."""
 
     def __init__(self, leaders: MPI.Comm, host: torch.Tensor, mpi_type: MPI.Datatype, tag: int, ready=None):
         self._error: Optional[BaseException] = None
