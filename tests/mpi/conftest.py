@@ -60,26 +60,26 @@ def cluster_fixture(shapes):
     return cluster
 
 
-_session_dir = None  # every shared_tmpdir of this run is inside it; removed when the run ends
+_run_tmpdir = None  # every shared_tmpdir of this run is inside it; removed when the run ends
 
 
 def shared_tmpdir(prefix="granndis-test-"):
     """A new temporary directory made by rank 0, its path on every rank (collective over the world).  It is
     inside the run's own directory, which pytest_sessionfinish removes: a run leaves nothing in /tmp."""
-    global _session_dir
-    if _session_dir is None:
-        _session_dir = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-mpi-tests-") if WORLD.rank == 0 else None)
-    return WORLD.bcast(tempfile.mkdtemp(prefix=prefix, dir=_session_dir) if WORLD.rank == 0 else None)
+    global _run_tmpdir
+    if _run_tmpdir is None:
+        _run_tmpdir = WORLD.bcast(tempfile.mkdtemp(prefix="granndis-mpi-tests-") if WORLD.rank == 0 else None)
+    return WORLD.bcast(tempfile.mkdtemp(prefix=prefix, dir=_run_tmpdir) if WORLD.rank == 0 else None)
 
 
 def pytest_sessionfinish(session, exitstatus):
     """Rank 0 removes the run's temporary directories once every rank is done with them."""
-    if _session_dir is not None:
+    if _run_tmpdir is not None:
         import shutil
 
         WORLD.barrier()
         if WORLD.rank == 0:
-            shutil.rmtree(_session_dir, ignore_errors=True)
+            shutil.rmtree(_run_tmpdir, ignore_errors=True)
 
 
 def scratch(prefix):
