@@ -50,7 +50,7 @@ ACCURACY_ARGS = ["--hidden", "64", "--lr", "0.01", "--dropout", "0", "--weight-d
                  "--quiet"]
 
 
-# SAGE only: GCN's fb/flx accuracy on Cora (and CiteSeer) is tests/mpi/test_published_accuracy.py's.
+# SAGE only: GCN's flx accuracy on Cora is tests/mpi/test_published_accuracy.py's (CiteSeer's: bench/bench_accuracy.py).
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("model", ["sage"])
 def test_cora_accuracy_of_flx_and_eas(cora_shards, tmp_path, model):

@@ -1,15 +1,17 @@
 """The documented GCN recipe reaches Kipf & Welling's published accuracy (mpirun -n 4, 2 servers x 2 ranks).
 
 The two commands of docs/performance/accuracy.md's "Reproducing the published GCN accuracy" section are read from the
-page itself (so the documented recipe is the tested one), run for Cora and CiteSeer with seeds 0-4
-in the page's mode (flx), one run after another in this process group, and the mean test accuracy at
-the best-validation epoch must be within one point of the paper's (Cora 81.5 %, CiteSeer 70.3 %).
+page itself (so the documented recipe is the tested one), run for Cora with seeds 0-4 in the page's
+mode (flx), one run after another in this process group, and the mean test accuracy at the
+best-validation epoch must be within one point of the paper's 81.5 %.  CiteSeer (70.3 %) is checked by
+bench/bench_accuracy.py, whose page gives both datasets: its five runs here would add about 100 s to the
+distributed lane, the longest of `make test`.
 fb is not run here: it computes exactly what flx computes (tests/mpi/test_engine_exact.py and friends
 check every exact mode against a dense single-process reference); bench/bench_accuracy.py runs every
 seed in both modes (docs/performance/accuracy.md).
 
-The heaviest test of the suite: 5 runs of 200 epochs, each evaluated every epoch, per dataset; hence
-the slow mark and the long timeout.
+The heaviest test of the suite: 5 runs of 200 epochs, each evaluated every epoch; hence the slow mark and
+the long timeout.
 """
 import os
 import re
@@ -24,7 +26,7 @@ from tests.mpi.conftest import shared_tmpdir
 
 pytestmark = [pytest.mark.mpi(min_size=4), pytest.mark.slow]
 WORLD = MPI.COMM_WORLD
-PUBLISHED = {"cora": 0.815, "citeseer": 0.703}  # Kipf & Welling 2017, Table 2
+PUBLISHED = {"cora": 0.815}  # Kipf & Welling 2017, Table 2
 SEEDS = range(5)
 PAGE = "docs/performance/accuracy.md"
 SECTION = "### Reproducing the published GCN accuracy"
@@ -52,7 +54,7 @@ def with_values(argv, **values):
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("dataset", ["cora", "citeseer"])
+@pytest.mark.parametrize("dataset", ["cora"])
 def test_readme_recipe_reaches_the_published_gcn_accuracy(dataset):
     from granndis_hpc.cli import run_training
     from granndis_hpc.preprocess.__main__ import main as preprocess_main
