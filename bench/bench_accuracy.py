@@ -209,7 +209,7 @@ NOTES = [
     "within their standard deviations.",
     "- tests/mpi/test_published_accuracy.py runs the two commands below on Cora (seeds 0-4 in flx, their mode) "
     "and checks the mean within one point of the paper; CiteSeer's check is this page's (its 5 runs of 200 "
-    "epochs would add about 100 s to the distributed test lane).",
+    "epochs would lengthen the distributed test lane, which sets `make test`'s time).",
 ]
 
 

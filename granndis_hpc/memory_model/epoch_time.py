@@ -178,8 +178,8 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     # Blocking, a layer's partials are a world round after its rows'.  Overlapped (the world group in
     # m.overlap, the default) both are posted before the layer aggregates its own rows' edges and waited
     # for together (engine/partial.py): the partials' round adds bytes, not a latency of its own (Cora,
-    # 3 runs an option at 4 rates: partial and smaller within -79..+14 ms of fb's epoch, where a second
-    # world round was priced +26..+33 ms).
+    # 3 runs an option at 4 rates, docs/performance/auto.md: partial and smaller within -79..+14 ms of fb's
+    # epoch, where their partials' rounds were priced +13..+33 ms).
     partial = int(partial_layers) if world and "world" not in m.overlap else 0
     inside = sum(1 for v, x in zip(views, exchanged) if x and v == "server") if per_server > 1 else 0
     # the per-server route shares every world layer's crossed rows inside the receiving server

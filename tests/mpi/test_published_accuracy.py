@@ -4,7 +4,7 @@ The two commands of docs/performance/accuracy.md's "Reproducing the published GC
 page itself (so the documented recipe is the tested one), run for Cora with seeds 0-4 in the page's
 mode (flx), one run after another in this process group, and the mean test accuracy at the
 best-validation epoch must be within one point of the paper's 81.5 %.  CiteSeer (70.3 %) is checked by
-bench/bench_accuracy.py, whose page gives both datasets: its five runs here would add about 100 s to the
+bench/bench_accuracy.py, whose page gives both datasets: its five runs here would lengthen the
 distributed lane, the longest of `make test`.
 fb is not run here: it computes exactly what flx computes (tests/mpi/test_engine_exact.py and friends
 check every exact mode against a dense single-process reference); bench/bench_accuracy.py runs every
