@@ -307,6 +307,9 @@ def render(data):
                 fixed = (f", compute x{fmt(rt['compute_scale'])}, step {fmt(rt.get('step_s'))} s, round world "
                          f"{fmt(rt.get('world_round_s'))} s / server {fmt(rt.get('server_round_s'))} s"
                          if "compute_scale" in rt else "")
+                if rt.get("overlap_scale") is not None:
+                    fixed += (f", overlapped path x{fmt(rt['overlap_scale'])} (+{fmt(rt.get('overlap_step_s'))} s "
+                              f"a step)")
                 if "cobatch_row_s" in rt:
                     fixed += (f", co-batch set-up {fmt(rt['cobatch_s'])} s + {fmt(rt['cobatch_row_s'])} s "
                               f"per row")

@@ -352,6 +352,8 @@ class Automatic(Mode):
             def rates_for(m, degree):
                 return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], measured["row_s"], measured["edge_s"],
                                           compute_scale=measured["compute_scale"],
+                                          overlap_scale=measured["overlap_scale"],
+                                          overlap_step_s=measured["overlap_step_s"],
                                           step_s=measured["step_s"] + rounds["allreduce_s"],
                                           world_round_s=rounds["world_round_s"],
                                           server_round_s=rounds["server_round_s"],

@@ -21,6 +21,19 @@ compute.  So `calibrate` times the model's real training step (nn.models.build_m
 cross-entropy, backward, Adam) on a random graph of the set's degree at n and 2n rows: the growth
 from n to 2n is the per-row cost, which over the kernels' prediction for the same rows is
 `compute_scale`; what is left at n rows is the step's fixed cost (`step_s`: optimizer, launches).
+
+fb's world view computes its layers another way: the halo in flight (nn/rows.PendingRows), a layer
+aggregates its own rows' edges and its halo rows' apart and combines them, and boundary-first it computes
+the rows the next exchange sends, then the others, and merges them (nn/runner.py).  On the products-size
+graph fb's measured compute was 1.2-1.4x of flx k=3's and eas', which the plain step predicted within
+1 % of each other (docs/performance/auto.md).  So `calibrate` also times the step on that path
+(`training_step(overlapped=True)`: a halo of 1/16 of the rows at hand, every 4th row a boundary row) at
+the same sizes: its growth from n to 2n over the kernels' prediction is `overlap_scale` (products'
+model: 1.2-1.3x compute_scale), and what its fixed cost adds to the plain step's is `overlap_step_s`
+(the split's and merge's per-layer calls: 3-5 ms).  The sizes are some thousand rows (CALIBRATION_UNITS;
+products' model: 4,599): at 1,149 rows the per-row growth measured 1.35-1.7x the kernels' prediction and
+the two paths' ratio scattered 1.1-1.5 between calibrations; at 4,599, 1.9-2.1x and 1.2-1.3 (a larger
+graph leaves the caches, as a run's hundreds of thousands of rows do).
 """
 from __future__ import annotations
 
@@ -128,32 +141,62 @@ def measure(widths: Sequence[Tuple[int, int]], degree: float, device: torch.devi
     return median_rates(samples(widths, degree, device, repeats))
 
 
-CALIBRATION_UNITS = 1 << 24  # projection multiply-adds of the calibration's smaller graph
+CALIBRATION_UNITS = 1 << 26  # projection multiply-adds of the calibration's smaller graph
 CALIBRATION_REPEATS = 5  # timed steps per size, the two sizes interleaved: the fastest of each
 CALIBRATION_BUDGET_S = 3.0  # no further repeat once the timed steps took this long
 
 
-def _calibration_graph(n: int, degree: int, device: torch.device, seed: int = 1):
-    """A random graph of n rows, `degree` in-edges each, as the model's layers read it (nn/graph.LayerGraph)."""
+def _calibration_graph(n: int, degree: int, device: torch.device, seed: int = 1, n_halo: int = 0):
+    """A random graph of n rows, `degree` in-edges each from the n rows and `n_halo` halo rows after them,
+    as the model's layers read it (nn/graph.LayerGraph; with a halo, n_own = n: the own/halo split)."""
     from granndis_hpc.nn.graph import LayerGraph
 
     g = torch.Generator().manual_seed(seed)
-    indices = torch.randint(0, n, (n * degree,), generator=g)
-    return LayerGraph(n_dst=n, n_src=n, indptr=torch.arange(0, n * degree + 1, degree), indices=indices,
+    n_src = n + int(n_halo)
+    indices = torch.randint(0, n_src, (n * degree,), generator=g)
+    return LayerGraph(n_dst=n, n_src=n_src, indptr=torch.arange(0, n * degree + 1, degree), indices=indices,
                       dst_degree=torch.full((n,), float(degree)),
-                      src_degree=torch.bincount(indices, minlength=n).to(torch.float32)).to(device)
+                      src_degree=torch.bincount(indices, minlength=n_src).to(torch.float32),
+                      n_own=n if n_halo else None).to(device)
 
 
-def training_step(spec, n: int, degree: int, device: torch.device) -> Callable[[], None]:
+OVERLAP_HALO_SHARE = 16  # the overlapped calibration's halo: one row per this many rows at hand
+BOUNDARY_EVERY = 4  # and every this many-th row at hand a boundary row (sent first)
+
+
+def _world_gather(n: int, device: torch.device):
+    """A gather as the world view's overlapped one calls the layers (engine/views.py): layer l's own rows
+    and n // OVERLAP_HALO_SHARE halo rows at hand but handed over as in flight (PendingRows), and the
+    boundary split of every layer's rows (RowSplit, every BOUNDARY_EVERY-th row first) whose posting sends
+    nothing.  The halo rows are leaves that get their gradient, as the exchange's backward reads it."""
+    from granndis_hpc.nn.rows import HaloGather, PendingRows, RowSplit
+
+    n_halo = max(1, n // OVERLAP_HALO_SHARE)
+    halos: dict = {}
+    split = RowSplit(torch.arange(0, n, BOUNDARY_EVERY, device=device), n)
+
+    def rows(l: int, h: torch.Tensor):
+        if l not in halos:
+            halos[l] = torch.randn(n_halo, *h.shape[1:], device=device, dtype=h.dtype, requires_grad=True)
+        halo = halos[l]
+        halo.grad = None
+        return PendingRows(h, lambda: halo, n_halo)
+    return HaloGather(rows, boundary=lambda l: split, post=lambda l, first: None), n_halo
+
+
+def training_step(spec, n: int, degree: int, device: torch.device, overlapped: bool = False) -> Callable[[], None]:
     """One training step of the model `spec` (a memory_model ModelSpec) on a random graph of n rows and
-    `degree` in-edges each: forward, cross-entropy, backward and an Adam step, as the trainer runs it."""
+    `degree` in-edges each: forward, cross-entropy, backward and an Adam step, as the trainer runs it.
+    overlapped: through the world view's overlapped path (`_world_gather`; the graph's sources are the n
+    rows and the halo's), as fb computes."""
     from granndis_hpc.nn.models import build_model
 
     model = build_model(spec.name, spec.features, spec.hidden, spec.num_classes, spec.layers + spec.linear_layers,
                         dropout=spec.dropout, norm=spec.norm, linear_layers=spec.linear_layers,
                         **dict(spec.options)).to(device)
     model.train()
-    graphs = [_calibration_graph(n, degree, device)] * model.num_layers
+    gather, n_halo = _world_gather(n, device) if overlapped else (None, 0)
+    graphs = [_calibration_graph(n, degree, device, n_halo=n_halo)] * model.num_layers
     g = torch.Generator().manual_seed(2)
     x = torch.randn(n, spec.features, generator=g).to(device)
     labels = torch.randint(0, spec.num_classes, (n,), generator=g).to(device)
@@ -161,7 +204,7 @@ def training_step(spec, n: int, degree: int, device: torch.device) -> Callable[[
 
     def step():
         opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x, graphs), labels).backward()
+        torch.nn.functional.cross_entropy(model(x, graphs, gather=gather), labels).backward()
         opt.step()
     return step
 
@@ -198,23 +241,30 @@ def fit_step(t_small: float, t_large: float, n: int, per_row_kernels: float) -> 
 
 def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: float,
               repeats: int = CALIBRATION_REPEATS) -> dict:
-    """{compute_scale, step_s, rows, step_small_s, step_large_s}: the model's real step (`training_step`)
-    at n and 2n rows, each the fastest of `repeats` after an untimed one, interleaved (a burst of load
-    slows both sizes alike), against the kernels' rates (module docstring)."""
+    """{compute_scale, step_s, overlap_scale, overlap_step_s, rows, step_small_s, step_large_s,
+    overlapped_small_s, overlapped_large_s}: the model's real step (`training_step`) at n and 2n rows, plain and through the
+    world view's overlapped path, each the fastest of `repeats` after an untimed one, the four interleaved
+    (a burst of load slows them alike), against the kernels' rates (module docstring)."""
     widths = spec.widths()
     d = int(min(64, max(1, round(degree))))
     n = int(min(1 << 14, max(1024, CALIBRATION_UNITS // max(1, sum(i * o for i, o in widths)))))
-    steps = [training_step(spec, n, d, device), training_step(spec, 2 * n, d, device)]
+    steps = [training_step(spec, rows, d, device, overlapped)
+             for overlapped in (False, True) for rows in (n, 2 * n)]
     for step in steps:
-        step()  # untimed: allocations, the C kernels, the optimizer's state
-    best = [float("inf"), float("inf")]
+        step()  # untimed: allocations, the C kernels, the optimizer's state, the split matrices
+    best = [float("inf")] * len(steps)
     start = time.perf_counter()
     for _ in range(int(repeats)):
         best = [min(b, _timed(step, device)) for b, step in zip(best, steps)]
         if time.perf_counter() - start > CALIBRATION_BUDGET_S:  # a loaded machine: enough for a bound
             break
-    scale, fixed = fit_step(best[0], best[1], n, kernel_seconds_per_row(widths, d, row_s, edge_s))
-    return {"compute_scale": scale, "step_s": fixed, "rows": n, "step_small_s": best[0], "step_large_s": best[1]}
+    kernels = kernel_seconds_per_row(widths, d, row_s, edge_s)
+    scale, fixed = fit_step(best[0], best[1], n, kernels)
+    over_scale, over_fixed = fit_step(best[2], best[3], n, kernels)
+    # The overlapped path runs every product the plain one does and more: a smaller growth is noise.
+    return {"compute_scale": scale, "step_s": fixed, "overlap_scale": max(scale, over_scale),
+            "overlap_step_s": max(0.0, over_fixed - fixed), "rows": n, "step_small_s": best[0],
+            "step_large_s": best[1], "overlapped_small_s": best[2], "overlapped_large_s": best[3]}
 
 
 def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.device,
@@ -223,9 +273,9 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     """Collective: every rank measures (`samples`) and the ranks' medians are combined (`combine`);
     `allgather` is the job's (every rank's object, in rank order).  With `spec` (the model's ModelSpec)
     every rank then calibrates its real step against the job's rates (`calibrate`; a test injects
-    `calibration`) and the largest scale and fixed cost are kept.  Returns {row_s, edge_s, per_rank
-    (each rank's median row_s and edge_s), compute_scale, step_s, calibration (per rank, or why there
-    is none), method (how it was measured, for the decision)}."""
+    `calibration`) and the largest scales and fixed cost are kept.  Returns {row_s, edge_s, per_rank
+    (each rank's median row_s and edge_s), compute_scale, overlap_scale, step_s, overlap_step_s, calibration (per rank,
+    or why there is none), method (how it was measured, for the decision)}."""
     mine = median_rates(samples(widths, degree, device, repeats, once))
     per_rank = [tuple(r) for r in allgather(mine)]
     row, edge = combine(per_rank)
@@ -233,7 +283,7 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     method = (f"compute rate on {device.type}: median of {repeats} passes after a warm-up on each of "
               f"{len(per_rank)} ranks, the slowest rank's kept (row_s over the ranks {min(rows):.3g}-{max(rows):.3g})")
     out: dict = {"row_s": row, "edge_s": edge, "per_rank": [list(r) for r in per_rank], "compute_scale": 1.0,
-           "step_s": 0.0, "calibration": None, "method": method}
+                 "overlap_scale": 1.0, "step_s": 0.0, "overlap_step_s": 0.0, "calibration": None, "method": method}
     if spec is None:
         return out
     try:
@@ -248,8 +298,13 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
         return out
     scales = [float(c["compute_scale"]) for c in cals]
     fixed = [float(c["step_s"]) for c in cals]
-    out.update(compute_scale=max(scales), step_s=max(fixed), calibration=cals)
+    overlapped = [float(c.get("overlap_scale", c["compute_scale"])) for c in cals]
+    overlap_fixed = [float(c.get("overlap_step_s", 0.0)) for c in cals]
+    out.update(compute_scale=max(scales), step_s=max(fixed), overlap_scale=max(overlapped),
+               overlap_step_s=max(overlap_fixed), calibration=cals)
     out["method"] += (f"; calibrated on the model's training step at {cals[0]['rows']} and {2 * cals[0]['rows']} "
                       f"random-graph rows: compute x{max(scales):.3g} of the kernels' prediction (ranks "
-                      f"{min(scales):.3g}-{max(scales):.3g}), {max(fixed):.3g} s fixed per step, the slowest rank's")
+                      f"{min(scales):.3g}-{max(scales):.3g}), x{max(overlapped):.3g} on the world view's "
+                      f"overlapped path, {max(fixed):.3g} s fixed per step (+{max(overlap_fixed):.3g} s overlapped), the "
+                      f"slowest rank's")
     return out

@@ -9,7 +9,9 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   per computed row and its aggregation per edge, forward and backward, as memory_model/compute_rate.py
   times its kernels), times compute_scale (the model's real training step on a random graph over
   what the kernels predict for it: the step also runs SAGE's second projection, bias, activation,
-  dropout and the loss).  A world-group exchange waits for every rank, so the layers between two of
+  dropout and the loss), or overlap_scale for a layer the run computes on the overlapped path (its halo in
+  flight or its rows split boundary-first: estimate.overlapped_layers; fb's and flx's world layers by
+  default), the same step's calibration on that path (memory_model/compute_rate.py).  A world-group exchange waits for every rank, so the layers between two of
   them form a segment whose slowest rank sets its time: compute is the sum over segments of the
   largest rank's segment seconds (a preload whose layers all stay inside the server is one segment:
   the slowest rank's whole step, which the gradient all-reduce then waits for);
@@ -48,7 +50,7 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   gradients, over a blocking server-group exchange, priced at server_round_s, the server group's round on
   the run's path (blocking unless --overlap-halos all, where the relay's blocking round is priced at the
   overlapped one's cost)) and every optimizer step (step_s: the optimizer and the step's fixed compute,
-  from the same calibration, plus a gradient all-reduce round, timed on the run's path too: a bucket's
+  from the same calibration, and overlap_step_s more where a layer is on the overlapped path, plus a gradient all-reduce round, timed on the run's path too: a bucket's
   posting, its polls and its wait after compute where the run overlaps the gradient, else the blocking
   all-reduce), and for cob every co-batch's set-up (sampling it, splitting it over the server's GPUs,
   planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of the busiest rank's
@@ -72,7 +74,7 @@ import numpy as np
 from granndis_hpc.cluster.layout import OVERLAP_BUCKETS
 from granndis_hpc.units import FLOAT32_BYTES as F32
 
-from .estimate import ModelSpec, RankRows, rank_halo_bytes
+from .estimate import ModelSpec, RankRows, overlapped_layers, rank_halo_bytes
 
 # The backward's share of a layer's kernels (module docstring): a projection's backward is two products
 # of the forward's size (the input's gradient and the weight's), an aggregation's one (the transpose's).
@@ -84,7 +86,8 @@ EDGE_BACKWARD = 1.0 / 2.0
 class Rates:
     """Measured rates: link payload bytes/s (None: the job has no such link), compute seconds per
     computed row per (w_in x w_out) and per edge per feature (w_in), forward and backward, and the
-    fixed costs (module docstring): compute_scale, seconds per optimizer step and per exchange round.
+    fixed costs (module docstring): compute_scale (overlap_scale on the overlapped path; None: the same),
+    seconds per optimizer step (overlap_step_s more with a layer on that path) and per exchange round.
     inter_both_Bps: the inter-server rate each way while both directions carry data (None: inter_Bps, a
     full-duplex link); cobatch_s, cobatch_row_s: seconds to set up a co-batch, fixed and per row of its
     dependency graph; targets_round_s: seconds of a batched step's all-reduce of its target count.  The
@@ -102,6 +105,8 @@ class Rates:
     cobatch_s: float = 0.0
     cobatch_row_s: float = 0.0
     targets_round_s: float = 0.0
+    overlap_scale: Optional[float] = None
+    overlap_step_s: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,7 +121,9 @@ class Work:
     grad_bytes: per server, the gradient all-reduce's bytes within inter_bytes and, the same, within
     inter_back_bytes (None: none); grad_overlapped: the run reduces them during the backward;
     grad_last_share: the share of them in the bucket the backward finishes last (module docstring).
-    relay_rounds: the server-group rounds of the per-server route (one per world round, module docstring)."""
+    relay_rounds: the server-group rounds of the per-server route (one per world round, module docstring).
+    overlapped_row_units / overlapped_edge_units: [segments, ranks], of the segment units those of the
+    layers on the overlapped path (None: none); overlapped_steps: the steps that have such layers."""
 
     row_units: np.ndarray  # per rank: sum over layers of n_dst x w_in x w_out
     edge_units: np.ndarray  # per rank: sum over layers of nnz x w_in
@@ -136,6 +143,9 @@ class Work:
     grad_overlapped: bool = False
     grad_last_share: float = 1.0
     target_rounds: int = 0
+    overlapped_row_units: Optional[np.ndarray] = None
+    overlapped_edge_units: Optional[np.ndarray] = None
+    overlapped_steps: int = 0
 
 
 def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
@@ -185,6 +195,10 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     # the per-server route shares every world layer's crossed rows inside the receiving server
     # (engine/halo_route.py; ExchangeGroup.per_server: more than one server, more than one rank in each)
     relayed = world if m.halo_route == "per-server" and per_server > 1 and int(servers) > 1 else 0
+    # the layers computed on the overlapped path (halo in flight, or rows split boundary-first), priced
+    # at overlap_scale: one rank has no peer, so no exchange to overlap
+    pending, split = overlapped_layers(option_rows[0], m)
+    on_path = np.array([p or q for p, q in zip(pending, split)], dtype=np.float64) * (len(option_rows) > 1)
     return Work(row_units=row_layer.sum(axis=1), edge_units=edge_layer.sum(axis=1),
                 intra_bytes=b * halo[:, 1], inter_bytes=b * (inter + grad_per_server),
                 inter_back_bytes=b * (back + grad_per_server),
@@ -194,7 +208,10 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
                 server_rounds=2 * b * inside, relay_rounds=2 * b * relayed,
                 steps=b, segment_row_units=(row_layer @ onehot).T, segment_edge_units=(edge_layer @ onehot).T,
                 grad_bytes=np.full(int(servers), b * grad_per_server), grad_overlapped=bool(m.overlap),
-                grad_last_share=last_bucket_share(m))
+                grad_last_share=last_bucket_share(m),
+                overlapped_row_units=(row_layer @ (onehot * on_path[:, None])).T,
+                overlapped_edge_units=(edge_layer @ (onehot * on_path[:, None])).T,
+                overlapped_steps=b if on_path.any() else 0)
 
 
 def last_bucket_share(m: ModelSpec) -> float:
@@ -235,7 +252,8 @@ def inter_seconds(w: Work, rates: Rates) -> float:
 
 
 def compute_seconds(w: Work, rates: Rates, row_share: float = 1.0, edge_share: float = 1.0) -> float:
-    """The compute of `w` (module docstring): per segment the slowest rank, summed, times compute_scale;
+    """The compute of `w` (module docstring): per segment the slowest rank, summed, each layer at its path's
+    scale (compute_scale, or overlap_scale on the overlapped path);
     `row_share`, `edge_share`: the part of the row and edge seconds counted (the backward's: ROW_BACKWARD,
     EDGE_BACKWARD)."""
     row_s, edge_s = rates.row_s * row_share, rates.edge_s * edge_share
@@ -243,7 +261,12 @@ def compute_seconds(w: Work, rates: Rates, row_share: float = 1.0, edge_share: f
         per_segment = (w.row_units * row_s + w.edge_units * edge_s)[None, :]
     else:
         per_segment = w.segment_row_units * row_s + w.segment_edge_units * edge_s
-    return float(rates.compute_scale * np.max(per_segment, axis=1, initial=0.0).sum())
+    per_segment = rates.compute_scale * per_segment
+    if w.overlapped_row_units is not None and w.overlapped_edge_units is not None:
+        over = w.overlapped_row_units * row_s + w.overlapped_edge_units * edge_s
+        scale = rates.compute_scale if rates.overlap_scale is None else rates.overlap_scale
+        per_segment = per_segment + (scale - rates.compute_scale) * over
+    return float(np.max(per_segment, axis=1, initial=0.0).sum())
 
 
 def gradient_hidden_seconds(w: Work, rates: Rates) -> float:
@@ -267,7 +290,7 @@ def seconds(w: Work, rates: Rates) -> Dict[str, float]:
     hidden = gradient_hidden_seconds(w, rates)
     inter = inter_seconds(w, rates) - hidden
     intra = _wire(float(np.max(w.intra_bytes, initial=0.0)), rates.intra_Bps, "intra-server")
-    fixed = (w.steps * rates.step_s + w.world_rounds * rates.world_round_s
+    fixed = (w.steps * rates.step_s + w.overlapped_steps * rates.overlap_step_s + w.world_rounds * rates.world_round_s
              + (w.server_rounds + w.relay_rounds) * rates.server_round_s
              + w.cobatches * rates.cobatch_s + w.cobatch_rows * rates.cobatch_row_s
              + w.target_rounds * rates.targets_round_s)

@@ -110,6 +110,8 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
         # the rates carry the calibration and the rounds measured at start-up, and the reason says them
         rates, measured, check = decision["rates"], decision["compute_rate"], decision["link_check"]
         assert rates["compute_scale"] == measured["compute_scale"] > 0
+        assert rates["overlap_scale"] == measured["overlap_scale"] >= measured["compute_scale"]
+        assert rates["overlap_step_s"] == measured["overlap_step_s"] >= 0
         assert rates["step_s"] == pytest.approx(measured["step_s"] + check["rounds"]["allreduce_s"])
         assert rates["world_round_s"] == check["rounds"]["world_round_s"] > 0
         assert rates["server_round_s"] == check["rounds"]["server_round_s"]
@@ -189,7 +191,8 @@ def test_a_cob_choice_samples_from_the_structure_the_set_up_check_read(shard_set
     from granndis_hpc.memory_model import compute_rate, shardsets
 
     monkeypatch.setattr(compute_rate, "measure_job", lambda *a, **kw: {
-        "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "step_s": 0.0, "calibration": None,
+        "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "overlap_scale": 1.0, "step_s": 0.0,
+        "overlap_step_s": 0.0, "calibration": None,
         "method": "compute rate given"})
     monkeypatch.setattr(mm, "shard_set_options", functools.partial(mm.shard_set_options, batches=(2,)))
     choose = shardsets.choose_by_time
@@ -244,7 +247,8 @@ def test_the_set_up_check_runs_only_where_cob_can_win(shard_sets, monkeypatch):
     from granndis_hpc.memory_model import compute_rate
 
     monkeypatch.setattr(compute_rate, "measure_job", lambda *a, **kw: {
-        "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "step_s": 1e-4, "calibration": None,
+        "row_s": 1e-9, "edge_s": 1e-9, "per_rank": [], "compute_scale": 1.0, "overlap_scale": 1.0, "step_s": 1e-4,
+        "overlap_step_s": 0.0, "calibration": None,
         "method": "compute rate given"})
     monkeypatch.setattr(modes, "measure_links", lambda topo, both_ways=True, piece_bytes=None: {
         "inter_Bps": 1e8, "intra_Bps": 1e9, "inter_both_Bps": 1e8})

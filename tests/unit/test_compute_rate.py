@@ -88,6 +88,35 @@ def test_calibrate_times_the_real_training_step():
     out = compute_rate.calibrate(spec, 4.0, torch.device("cpu"), 1e-9, 1e-9, repeats=2)
     assert out["rows"] >= 1024 and 0 < out["step_small_s"] and 0 < out["step_large_s"]
     assert out["compute_scale"] >= 1 and math.isfinite(out["compute_scale"]) and out["step_s"] >= 0
+    # the world view's overlapped path: at least the plain scale (it runs every product and more)
+    assert 0 < out["overlapped_small_s"] and 0 < out["overlapped_large_s"]
+    assert out["compute_scale"] <= out["overlap_scale"] and math.isfinite(out["overlap_scale"])
+    assert out["overlap_step_s"] >= 0
+
+
+def test_the_overlapped_step_runs_the_world_views_path():
+    from granndis_hpc.nn.models import build_model
+    from granndis_hpc.nn.rows import PendingRows
+
+    cpu = torch.device("cpu")
+    gather, n_halo = compute_rate._world_gather(64, cpu)
+    assert n_halo == 64 // compute_rate.OVERLAP_HALO_SHARE
+    boundaries = []
+    split = gather.boundary
+    gather.boundary = lambda l: boundaries.append(l) or split(l)
+    graph = compute_rate._calibration_graph(64, 3, cpu, n_halo=n_halo)
+    assert (graph.n_dst, graph.n_src, graph.n_own) == (64, 64 + n_halo, 64)
+    model = build_model("sage", 5, 8, 3, 3).eval()
+    x = torch.randn(64, 5)
+    got = model(x, [graph] * 3, gather=gather)
+    assert boundaries == [1, 2]  # layers 0 and 1 compute the next exchange's rows first
+    # the halo handed over in flight, and the same logits as the same rows gathered at once
+    assert isinstance(gather(0, x), PendingRows)
+    halos = {l: gather(l, torch.zeros(64, w)).halo() for l, w in ((0, 5), (1, 8), (2, 8))}
+    want = model(x, [graph] * 3, gather=lambda l, h: torch.cat([h, halos[l]]))
+    torch.testing.assert_close(got, want)
+    got.sum().backward()  # the halo rows get their gradient, as the exchange's backward reads it
+    assert all(h.grad is not None and h.grad.abs().sum() > 0 for h in halos.values())
 
 
 def test_measure_job_keeps_the_slowest_calibration():
@@ -109,6 +138,19 @@ def test_measure_job_keeps_the_slowest_calibration():
     assert seen == [("spec", 3.0, 0.05, 0.01)]  # calibrated against the job's rates, not its own
     assert (out["compute_scale"], out["step_s"]) == (2.5, 0.01)
     assert "compute x2.5" in out["method"] and "0.01 s fixed per step" in out["method"]
+    # a calibration without the overlapped path's figures: its plain scale, no extra fixed cost
+    assert (out["overlap_scale"], out["overlap_step_s"]) == (2.5, 0.0)
+
+
+def test_measure_job_keeps_the_slowest_overlapped_calibration():
+    once, _ = _scripted([(9.0, 9.0), (0.02, 0.01)])
+    cals = [{"compute_scale": 1.5, "step_s": 0.01, "overlap_scale": 2.1, "overlap_step_s": 0.001, "rows": 512},
+            {"compute_scale": 1.8, "step_s": 0.002, "overlap_scale": 1.9, "overlap_step_s": 0.004, "rows": 512}]
+    gathered = iter([[(0.05, 0.001), (0.04, 0.001)], cals])
+    out = compute_rate.measure_job([(8, 4)], 3.0, torch.device("cpu"), lambda mine: next(gathered), repeats=1,
+                                   once=once, spec="spec", calibration=lambda *a: cals[0])
+    assert (out["compute_scale"], out["overlap_scale"], out["overlap_step_s"]) == (1.8, 2.1, 0.004)
+    assert "x2.1 on the world view's overlapped path" in out["method"] and "(+0.004 s overlapped)" in out["method"]
 
 
 def test_a_model_the_step_cannot_build_is_priced_by_the_kernels():

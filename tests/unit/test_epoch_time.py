@@ -209,3 +209,41 @@ def test_partial_aggregates_add_a_world_round_where_it_blocks():
     # overlapped world exchanges (the default): the partials travel beside the rows' round
     overlapped = work(fb, replace(SPEC, overlap=("world",)), servers=2, partial_layers=1)
     assert (overlapped.world_rounds, overlapped.relay_rounds) == (2, 2)
+
+
+def _three_layers(rank, k):
+    """A rank of a 3-layer SAGE (widths (8, 16), (16, 16), (16, 4)): layer l computes 10 (l + 1) rows
+    over 5 (l + 1) edges, its first k layers on the server view."""
+    layers = tuple(mm.LayerRows(n_own_in=10, n_halo=4, n_dst=10 * (l + 1), nnz=5 * (l + 1), inter_halo=2)
+                   for l in range(3))
+    world = mm.ViewRows("world", 10, 4, 4, layers, inter_halo=2)
+    server = mm.ViewRows("server", 10, 4, 4, layers) if k else None
+    return mm.RankRows(rank=rank, features=8, num_classes=4, n_inner=10, n_train=5, layers=3, k=k,
+                       world=world, server=server)
+
+
+def test_overlap_scale_prices_the_layers_on_the_overlapped_path():
+    spec = mm.ModelSpec("sage", features=8, hidden=16, num_classes=4, layers=3)  # overlapped: the world group
+    rates = replace(RATES, compute_scale=1.5, overlap_scale=2.0, overlap_step_s=0.25)
+    # per layer: rows x w_in x w_out x row_s + edges x w_in x edge_s
+    layer = [10 * 128e-6 + 5 * 8e-5, 20 * 256e-6 + 10 * 16e-5, 30 * 64e-6 + 15 * 16e-5]
+
+    def compute(rows, m, r=rates):
+        p = predict(rows, m, servers=2, batches=1, rates=r)
+        return p["compute_s"], p["fixed_s"]
+    # fb: every layer's halo in flight (layers 1, 2) or its rows split for the next one's (layers 0, 1)
+    assert compute([_three_layers(r, 0) for r in range(4)], spec) == pytest.approx(
+        (2.0 * sum(layer), 0.25 + 4 * rates.world_round_s))
+    # flx k=2: layer 0 and its server-view exchange are plain; layer 1 splits its rows for layer 2's world
+    # exchange, which is in flight at layer 2
+    flx = compute([_three_layers(r, 2) for r in range(4)], spec)
+    assert flx == pytest.approx((1.5 * layer[0] + 2.0 * (layer[1] + layer[2]), 0.25))
+    # every layer inside the server (k = L), or --no-overlap: the plain path, no overlapped step's cost
+    assert compute([_three_layers(r, 3) for r in range(4)], spec) == pytest.approx((1.5 * sum(layer), 0.0))
+    assert compute([_three_layers(r, 0) for r in range(4)], replace(spec, overlap=())) == pytest.approx(
+        (1.5 * sum(layer), 0.0))
+    # one rank has no peer: nothing to overlap
+    assert compute([_three_layers(0, 0)], spec)[0] == pytest.approx(1.5 * sum(layer))
+    # no overlapped calibration (overlap_scale None): the plain scale throughout
+    assert compute([_three_layers(r, 0) for r in range(4)], spec, replace(rates, overlap_scale=None))[0] == \
+        pytest.approx(1.5 * sum(layer))
