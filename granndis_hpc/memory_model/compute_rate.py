@@ -242,9 +242,10 @@ def fit_step(t_small: float, t_large: float, n: int, per_row_kernels: float) -> 
 def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: float,
               repeats: int = CALIBRATION_REPEATS) -> dict:
     """{compute_scale, step_s, overlap_scale, overlap_step_s, rows, step_small_s, step_large_s,
-    overlapped_small_s, overlapped_large_s}: the model's real step (`training_step`) at n and 2n rows, plain and through the
-    world view's overlapped path, each the fastest of `repeats` after an untimed one, the four interleaved
-    (a burst of load slows them alike), against the kernels' rates (module docstring)."""
+    overlapped_small_s, overlapped_large_s}: the model's real step (`training_step`) at n and 2n rows,
+    plain and through the world view's overlapped path, each the fastest of `repeats` after an untimed
+    one, the four interleaved (a burst of load slows them alike), against the kernels' rates (module
+    docstring)."""
     widths = spec.widths()
     d = int(min(64, max(1, round(degree))))
     n = int(min(1 << 14, max(1024, CALIBRATION_UNITS // max(1, sum(i * o for i, o in widths)))))
@@ -305,6 +306,6 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     out["method"] += (f"; calibrated on the model's training step at {cals[0]['rows']} and {2 * cals[0]['rows']} "
                       f"random-graph rows: compute x{max(scales):.3g} of the kernels' prediction (ranks "
                       f"{min(scales):.3g}-{max(scales):.3g}), x{max(overlapped):.3g} on the world view's "
-                      f"overlapped path, {max(fixed):.3g} s fixed per step (+{max(overlap_fixed):.3g} s overlapped), the "
-                      f"slowest rank's")
+                      f"overlapped path, {max(fixed):.3g} s fixed per step (+{max(overlap_fixed):.3g} s "
+                      f"overlapped), the slowest rank's")
     return out

@@ -9,12 +9,13 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   per computed row and its aggregation per edge, forward and backward, as memory_model/compute_rate.py
   times its kernels), times compute_scale (the model's real training step on a random graph over
   what the kernels predict for it: the step also runs SAGE's second projection, bias, activation,
-  dropout and the loss), or overlap_scale for a layer the run computes on the overlapped path (its halo in
-  flight or its rows split boundary-first: estimate.overlapped_layers; fb's and flx's world layers by
-  default), the same step's calibration on that path (memory_model/compute_rate.py).  A world-group exchange waits for every rank, so the layers between two of
-  them form a segment whose slowest rank sets its time: compute is the sum over segments of the
-  largest rank's segment seconds (a preload whose layers all stay inside the server is one segment:
-  the slowest rank's whole step, which the gradient all-reduce then waits for);
+  dropout and the loss), or overlap_scale for a layer the run computes on the overlapped path (its
+  halo in flight or its rows split boundary-first: estimate.overlapped_layers; fb's and flx's world
+  layers by default), the same step's calibration on that path (memory_model/compute_rate.py).  A
+  world-group exchange waits for every rank, so the layers between two of them form a segment whose
+  slowest rank sets its time: compute is the sum over segments of the largest rank's segment seconds
+  (a preload whose layers all stay inside the server is one segment: the slowest rank's whole step,
+  which the gradient all-reduce then waits for);
 - inter-server: each server's halo bytes (its ranks' inter-server halo rows at each exchanging layer's
   input width, forward and their gradients backward) plus its share of the gradient all-reduce
   (2 (S-1) x params x 4 bytes per step over S leaders) cross its link one way while the other way
