@@ -50,15 +50,16 @@ not on one machine.  `work` counts what an epoch does from the option's RankRows
   backward: the relays forward the rows that crossed to the server's other readers, and return their
   gradients, over a blocking server-group exchange, priced at server_round_s, the server group's round on
   the run's path (blocking unless --overlap-halos all, where the relay's blocking round is priced at the
-  overlapped one's cost)) and every optimizer step (step_s: the optimizer and the step's fixed compute,
-  from the same calibration, and overlap_step_s more where a layer is on the overlapped path, plus a gradient all-reduce round, timed on the run's path too: a bucket's
-  posting, its polls and its wait after compute where the run overlaps the gradient, else the blocking
-  all-reduce), and for cob every co-batch's set-up (sampling it, splitting it over the server's GPUs,
-  planning and laying it out: cobatch_s per co-batch and cobatch_row_s per row of the busiest rank's
-  co-batch, as engine/cobsetup.py times it on the job's graph at start-up; the loader builds a co-batch
-  while the previous step computes, which hides it only where the host has cores to spare) and every
-  co-batch's all-reduce of its target count (targets_round_s: the loss is the mean over the targets of
-  every server's co-batch, whose number each step sums over the world before its loss);
+  overlapped one's cost)) and every optimizer step (step_s: the optimizer and the step's fixed compute, from
+  the same calibration, and overlap_step_s more where a layer is on the overlapped path, plus a gradient
+  all-reduce round, timed on the run's path too: a bucket's posting, its polls and its wait after compute
+  where the run overlaps the gradient, else the blocking all-reduce), and for cob every co-batch's set-up
+  (sampling it, splitting it over the server's GPUs, planning and laying it out: cobatch_s per co-batch and
+  cobatch_row_s per row of the busiest rank's co-batch, as engine/cobsetup.py times it on the job's graph at
+  start-up; the loader builds a co-batch while the previous step computes, which hides it only where the
+  host has cores to spare) and every co-batch's all-reduce of its target count (targets_round_s: the loss is
+  the mean over the targets of every server's co-batch, whose number each step sums over the world before
+  its loss);
 all times the co-batches per epoch (cob's rows are one co-batch's, each co-batch a step with its own
 rounds).  The total is their sum: the additive model with the gradient's overlap credited, an upper
 bound in its halo terms, which overlapping the halo exchanges with compute only lowers
