@@ -25,15 +25,17 @@ from n to 2n is the per-row cost, which over the kernels' prediction for the sam
 fb's world view computes its layers another way: the halo in flight (nn/rows.PendingRows), a layer
 aggregates its own rows' edges and its halo rows' apart and combines them, and boundary-first it computes
 the rows the next exchange sends, then the others, and merges them (nn/runner.py).  On the products-size
-graph fb's measured compute was 1.2-1.4x of flx k=3's and eas', which the plain step predicted within
-1 % of each other (docs/performance/auto.md).  So `calibrate` also times the step on that path
-(`training_step(overlapped=True)`: a halo of 1/16 of the rows at hand, every 4th row a boundary row) at
-the same sizes: its growth from n to 2n over the kernels' prediction is `overlap_scale` (products'
-model: 1.2-1.3x compute_scale), and what its fixed cost adds to the plain step's is `overlap_step_s`
-(the split's and merge's per-layer calls: 3-5 ms).  The sizes are some thousand rows (CALIBRATION_UNITS;
-products' model: 4,599): at 1,149 rows the per-row growth measured 1.35-1.7x the kernels' prediction and
-the two paths' ratio scattered 1.1-1.5 between calibrations; at 4,599, 1.9-2.1x and 1.2-1.3 (a larger
-graph leaves the caches, as a run's hundreds of thousands of rows do).
+graph fb's measured compute was 0.90-1.29x of flx k=3's over two runs at four rates (median 1.12), where
+the plain step predicted the two within 1 % of each other (docs/performance/auto.md).  So `calibrate` also
+times the step on that path (`training_step(overlapped=True)`: a halo of 1/16 of the rows at hand, in
+flight where the layer's sources come through the exchange, every 4th row a boundary row) at the same
+sizes: its growth from n to 2n over the kernels' prediction is `overlap_scale` (one process, products'
+model: 1.03-1.09x compute_scale; Cora's, 1,433 input features, 1.18x), and what its fixed cost adds to the
+plain step's is `overlap_step_s` (the split's and merge's per-layer calls: 4-6 ms on products' model).
+The sizes are some thousand rows (CALIBRATION_UNITS; products' model: 4,599): at 1,149 rows the per-row
+growth measured 1.35-1.7x the kernels' prediction and the two paths' ratio scattered widely between
+calibrations; at 4,599, 2.0-2.1x and 1.03-1.09 (a larger graph leaves the caches, as a run's tens of
+thousands of rows a rank do).
 """
 from __future__ import annotations
 
@@ -164,11 +166,13 @@ OVERLAP_HALO_SHARE = 16  # the overlapped calibration's halo: one row per this m
 BOUNDARY_EVERY = 4  # and every this many-th row at hand a boundary row (sent first)
 
 
-def _world_gather(n: int, device: torch.device):
-    """A gather as the world view's overlapped one calls the layers (engine/views.py): layer l's own rows
-    and n // OVERLAP_HALO_SHARE halo rows at hand but handed over as in flight (PendingRows), and the
-    boundary split of every layer's rows (RowSplit, every BOUNDARY_EVERY-th row first) whose posting sends
-    nothing.  The halo rows are leaves that get their gradient, as the exchange's backward reads it."""
+def _world_gather(n: int, device: torch.device, exchanged: Callable[[int], bool]):
+    """A gather as the world view's overlapped one calls the layers (engine/views.py), with n //
+    OVERLAP_HALO_SHARE halo rows after layer l's own rows: where layer l's sources come through the
+    exchange (`exchanged(l)`, the model's estimator's) the halo is handed over as in flight (PendingRows)
+    and gets its gradient, as the exchange's backward reads it, and the layer before splits its rows
+    boundary-first (RowSplit, every BOUNDARY_EVERY-th row first, whose posting sends nothing); otherwise
+    the halo is the static one, feature rows read at once without a gradient (SAGE's layer 0)."""
     from granndis_hpc.nn.rows import HaloGather, PendingRows, RowSplit
 
     n_halo = max(1, n // OVERLAP_HALO_SHARE)
@@ -177,11 +181,15 @@ def _world_gather(n: int, device: torch.device):
 
     def rows(l: int, h: torch.Tensor):
         if l not in halos:
-            halos[l] = torch.randn(n_halo, *h.shape[1:], device=device, dtype=h.dtype, requires_grad=True)
+            halos[l] = torch.randn(n_halo, *h.shape[1:], device=device, dtype=h.dtype,
+                                   requires_grad=exchanged(l))
         halo = halos[l]
+        if not exchanged(l):
+            return torch.cat([h, halo])
         halo.grad = None
         return PendingRows(h, lambda: halo, n_halo)
-    return HaloGather(rows, boundary=lambda l: split, post=lambda l, first: None), n_halo
+    return HaloGather(rows, boundary=lambda l: split if exchanged(l) else None,
+                      post=lambda l, first: None), n_halo
 
 
 def training_step(spec, n: int, degree: int, device: torch.device, overlapped: bool = False) -> Callable[[], None]:
@@ -195,7 +203,7 @@ def training_step(spec, n: int, degree: int, device: torch.device, overlapped: b
                         dropout=spec.dropout, norm=spec.norm, linear_layers=spec.linear_layers,
                         **dict(spec.options)).to(device)
     model.train()
-    gather, n_halo = _world_gather(n, device) if overlapped else (None, 0)
+    gather, n_halo = _world_gather(n, device, lambda l: spec.estimator.exchanged(l, spec)) if overlapped else (None, 0)
     graphs = [_calibration_graph(n, degree, device, n_halo=n_halo)] * model.num_layers
     g = torch.Generator().manual_seed(2)
     x = torch.randn(n, spec.features, generator=g).to(device)
@@ -302,8 +310,8 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     fixed = [float(c["step_s"]) for c in cals]
     # The overlapped path: each rank's ratio to its own plain step and its extra fixed cost, the median
     # over the ranks.  A rank's two paths are timed side by side, but ranks sharing cores disturb each
-    # other's fits: on the products-size graph, 4 ranks on 2 cores, the ratios came out 1.0-1.54 and
-    # the extra fixed costs 0-43 ms, where one rank alone measures 1.2-1.3 and 3-5 ms.
+    # other's fits: on the products-size graph, 4 ranks on 2 cores, one start-up's ranks measured
+    # ratios 1.0-1.57 and extra fixed costs 0-43 ms.
     ratios = [float(c.get("overlap_scale", c["compute_scale"])) / max(float(c["compute_scale"]), 1e-12) for c in cals]
     overlap_fixed = [float(c.get("overlap_step_s", 0.0)) for c in cals]
     out.update(compute_scale=max(scales), step_s=max(fixed), overlap_scale=max(scales) * float(np.median(ratios)),

@@ -99,7 +99,8 @@ def test_the_overlapped_step_runs_the_world_views_path():
     from granndis_hpc.nn.rows import PendingRows
 
     cpu = torch.device("cpu")
-    gather, n_halo = compute_rate._world_gather(64, cpu)
+    # SAGE's layer 0 reads the static halo (feature rows, no gradient); layers 1 and 2 exchange
+    gather, n_halo = compute_rate._world_gather(64, cpu, lambda l: l > 0)
     assert n_halo == 64 // compute_rate.OVERLAP_HALO_SHARE
     boundaries = []
     split = gather.boundary
@@ -110,13 +111,18 @@ def test_the_overlapped_step_runs_the_world_views_path():
     x = torch.randn(64, 5)
     got = model(x, [graph] * 3, gather=gather)
     assert boundaries == [1, 2]  # layers 0 and 1 compute the next exchange's rows first
-    # the halo handed over in flight, and the same logits as the same rows gathered at once
-    assert isinstance(gather(0, x), PendingRows)
-    halos = {l: gather(l, torch.zeros(64, w)).halo() for l, w in ((0, 5), (1, 8), (2, 8))}
+    assert split(0) is None and split(1) is not None
+    # the exchanged layers' halo handed over in flight, the static one at once, and the same logits as the
+    # same rows gathered at once
+    static = gather(0, x)
+    assert torch.is_tensor(static) and static.shape == (64 + n_halo, 5) and not static.requires_grad
+    halos = {l: gather(l, torch.zeros(64, 8)) for l in (1, 2)}
+    assert all(isinstance(h, PendingRows) for h in halos.values())
+    halos = {0: static[64:], **{l: h.halo() for l, h in halos.items()}}
     want = model(x, [graph] * 3, gather=lambda l, h: torch.cat([h, halos[l]]))
     torch.testing.assert_close(got, want)
-    got.sum().backward()  # the halo rows get their gradient, as the exchange's backward reads it
-    assert all(h.grad is not None and h.grad.abs().sum() > 0 for h in halos.values())
+    got.sum().backward()  # the exchanged halo rows get their gradient, as the exchange's backward reads it
+    assert all(halos[l].grad is not None and halos[l].grad.abs().sum() > 0 for l in (1, 2))
 
 
 def test_measure_job_keeps_the_slowest_calibration():
