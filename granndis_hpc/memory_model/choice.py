@@ -78,6 +78,7 @@ class Option:
                                                           "server": self.work.server_rounds,
                                                           "relay": self.work.relay_rounds,
                                                           "steps": self.work.steps,
+                                                          "overlapped_steps": self.work.overlapped_steps,
                                                           "targets": self.work.target_rounds}}
 
 

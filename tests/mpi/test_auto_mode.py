@@ -165,9 +165,13 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
             p = o["predicted_s"]
             assert p["total_s"] == pytest.approx(p["compute_s"] + p["inter_s"] + p["intra_s"] + p["fixed_s"])
             assert p["fixed_s"] >= o["rounds"]["steps"] * rates["step_s"]
+            # the steps whose layers run the overlapped path: fb's and flx k < L's, where the world group overlaps
+            overlapped = o["mode"] == "fb" or (o["mode"] == "flx" and o["k"] < LAYERS)
+            assert r["overlapped_steps"] == (r["steps"] if overlapped and modes != "exact" else 0)
             if o["mode"] != "cob":  # no co-batch set-up: the steps and the rounds
                 assert p["fixed_s"] == pytest.approx(r["steps"] * rates["step_s"] + r["world"] * rates["world_round_s"]
-                                                     + (r["server"] + r["relay"]) * rates["server_round_s"])
+                                                     + (r["server"] + r["relay"]) * rates["server_round_s"]
+                                                     + r["overlapped_steps"] * rates["overlap_step_s"])
         if modes == "exact":
             assert all(o["exact"] for o in decision["options"]) and decision["choice"]["mode"] in ("fb", "flx")
 
