@@ -102,7 +102,8 @@ def test_fixed_costs_count_per_round_and_step():
     assert d.choice.mode == "fb"
     p = {o["label"]: o["predicted_s"] for o in d.to_dict()["options"]}
     assert p["fb"]["fixed_s"] == pytest.approx(0.014) and p["cob batches=8"]["fixed_s"] == pytest.approx(0.096)
-    assert d.to_dict()["choice"]["rounds"] == {"world": 2, "server": 0, "relay": 0, "steps": 1, "targets": 0}
+    assert d.to_dict()["choice"]["rounds"] == {"world": 2, "server": 0, "relay": 0, "steps": 1, "overlapped_steps": 0,
+                                             "targets": 0}
 
 
 def test_decision_table_marks_the_choice():
