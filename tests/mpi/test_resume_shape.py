@@ -128,7 +128,8 @@ def test_exact_run_continues_on_4x1_then_1x4_as_one_single_process_run(cora, cor
     moved = max((v.detach().double() - want.get_parameter(k).detach()).abs().max().item()
                 for k, v in initial.named_parameters())
     assert moved > 1e-2  # training moved the parameters
-    assert_parameters_close(resumed.model, want, rel_tol=1e-5, label="resumed on 4x1 and 1x4: ")
+    # float32 sums in three shapes' orders against one process's: 1.0e-5 measured after 9 epochs
+    assert_parameters_close(resumed.model, want, rel_tol=5e-5, label="resumed on 4x1 and 1x4: ")
     # ... and the comparison tells trajectories apart: another seed's masks end elsewhere.
     other = train_dense(cora, copy.deepcopy(initial).double(), EPOCHS, LR, dropout=P, seed=SEED + 1)
     assert max((got[k] - v.detach()).abs().max().item() for k, v in other.named_parameters()) > 1e-3
