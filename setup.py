@@ -9,8 +9,9 @@ one when the library is loaded (GCC's target_clones, cpu_kernels.c).
 """
 from setuptools import Extension, setup
 
-# -ffp-contract=off: a multiply and an add are never fused, so the products equal torch's bit for bit
-# (GCC fuses them by default outside ISO C modes).  No -march: the clones carry the CPU-specific code.
+# -ffp-contract=off: a multiply and an add are never fused, so every product is rounded before it is added
+# in the entries' order, as tests/unit/test_cpu_kernels.py checks bit for bit (GCC fuses them by default
+# outside ISO C modes).  No -march: the clones carry the CPU-specific code.
 KERNELS = Extension(
     "granndis_hpc.nn._cpu_kernels",
     sources=["granndis_hpc/nn/cpu_kernels.c", "granndis_hpc/nn/cpu_kernels_module.c"],

@@ -55,8 +55,11 @@ ENVIRONMENT: Tuple[EnvVar, ...] = (
            "it and creates the file on the time-limit warning, which srun drops before the tasks start"),
     EnvVar("GRANNDIS_CPU_KERNELS", "auto | native | torch", "auto", "granndis_hpc/nn/cpu_kernels.py",
            "the CPU path's sparse product and keyed dropout: native, the C kernels of nn/cpu_kernels.c "
-           "(built with the package, the extension granndis_hpc.nn._cpu_kernels; the same results as torch's "
-           "ops, bit for bit, and faster: docs/performance/single-rank.md); torch, torch's ops; auto, the C "
+           "(built with the package, the extension granndis_hpc.nn._cpu_kernels; faster: "
+           "docs/performance/single-rank.md; the same dropout masks as torch's ops, bit for bit, and each product "
+           "row summed in its entries' order without fused multiply-adds, which torch's CPU kernel matches bit for "
+           "bit on some CPUs and in all but the last bits on others, MKL's AVX-512 path); torch, torch's ops; "
+           "auto, the C "
            "kernels where the package was installed with them, else torch's ops with one warning.  A run's "
            "summary.json names what it used (compute)"),
     # Preprocessing.
