@@ -29,13 +29,11 @@ graph fb's measured compute was 0.90-1.29x of flx k=3's over two runs at four ra
 the plain step predicted the two within 1 % of each other (docs/performance/auto.md).  So `calibrate` also
 times the step on that path (`training_step(overlapped=True)`: a halo of 1/16 of the rows at hand, in
 flight where the layer's sources come through the exchange, every 4th row a boundary row) at the same
-sizes: its growth from n to 2n over the kernels' prediction is `overlap_scale` (one process, products'
-model: 1.03-1.09x compute_scale; Cora's, 1,433 input features, 1.18x), and what its fixed cost adds to the
-plain step's is `overlap_step_s` (the split's and merge's per-layer calls: 4-6 ms on products' model).
-The sizes are some thousand rows (CALIBRATION_UNITS; products' model: 4,599): at 1,149 rows the per-row
-growth measured 1.35-1.7x the kernels' prediction and the two paths' ratio scattered widely between
-calibrations; at 4,599, 2.0-2.1x and 1.03-1.09 (a larger graph leaves the caches, as a run's tens of
-thousands of rows a rank do).
+sizes: its growth from n to 2n over the kernels' prediction is `overlap_scale`, and what its fixed cost
+adds to the plain step's is `overlap_step_s` (the split's and merge's per-layer calls); each auto run's
+reason, and the auto page's rates lines, give both.  The sizes are some thousand rows (CALIBRATION_UNITS;
+products' model: 4,599), where a step's per-row cost comes nearer a run's, whose rows leave the caches; at
+about a thousand rows the two paths' ratio scattered widely between calibrations.
 """
 from __future__ import annotations
 
@@ -310,8 +308,8 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     fixed = [float(c["step_s"]) for c in cals]
     # The overlapped path: each rank's ratio to its own plain step and its extra fixed cost, the median
     # over the ranks.  A rank's two paths are timed side by side, but ranks sharing cores disturb each
-    # other's fits: on the products-size graph, 4 ranks on 2 cores, one start-up's ranks measured
-    # ratios 1.0-1.57 and extra fixed costs 0-43 ms.
+    # other's fits: on Cora at 10 Mbit/s, 4 ranks on 2 cores, one start-up's ranks measured ratios 1.0-3.16,
+    # their median 1.39 (docs/performance/auto.md).
     ratios = [float(c.get("overlap_scale", c["compute_scale"])) / max(float(c["compute_scale"]), 1e-12) for c in cals]
     overlap_fixed = [float(c.get("overlap_step_s", 0.0)) for c in cals]
     out.update(compute_scale=max(scales), step_s=max(fixed), overlap_scale=max(scales) * float(np.median(ratios)),

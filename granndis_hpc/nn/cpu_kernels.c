@@ -12,10 +12,11 @@
  * (blocks of up to 8 vectors), so an entry costs one load of its H row segment and a multiply and an add
  * per vector and the output row is written once; the mask is hashed and applied in one pass.
  *
- * Results are the entries' order's, bit for bit: multiplies and adds stay separate (C99 mode, no
- * contraction into FMA) and every output row is summed in the CSR order of its entries by one thread,
- * whatever the thread count.  torch's CPU product gives the same bits where its kernel does the same; MKL's
- * AVX-512 path orders and fuses otherwise (the last bits differ).  Threads take contiguous row ranges (the product: of about equal entry counts). */
+ * Every output row is the sum of its entries' products in CSR order, bit for bit: multiplies and adds
+ * stay separate (C99 mode, no contraction into FMA) and one thread sums a row, whatever the thread count.
+ * torch's CPU product gives the same bits where its kernel does the same; MKL's AVX-512 path orders and
+ * fuses otherwise (the last bits differ).  Threads take contiguous row ranges (the product: of about equal
+ * entry counts). */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
