@@ -346,8 +346,6 @@ class Automatic(Mode):
                                              server_overlapped=not cfg.no_overlap
                                              and "server" in OVERLAP_HALOS[cfg.overlap_halos],
                                              gradient_overlapped=not cfg.no_overlap)
-            measured = self._compute_rate(topo, paths[0], model_kw, errors)
-            setup = {"cobatch_s": 0.0, "cobatch_row_s": 0.0, "method": ""}  # priced at zero until timed
 
             def rates_for(m, degree):
                 return memory_model.Rates(links["inter_Bps"], links["intra_Bps"], measured["row_s"], measured["edge_s"],
@@ -377,6 +375,13 @@ class Automatic(Mode):
                     job=(topo.servers, topo.ranks_per_server), inductive=cfg.inductive,
                     halo_route=cfg.halo_route, exact_only=cfg.auto_modes == "exact",
                     device_memory=memory, input_dropout=cfg.input_dropout, **model_kw)
+        if rates_for is not None:
+            # collective: at the widths of the model and the degree of the graph the run trains on (rank 0's
+            # estimates: ShardSetOptions.degree)
+            measured = self._compute_rate(topo, found)
+            setup = {"cobatch_s": 0.0, "cobatch_row_s": 0.0, "method": ""}  # priced at zero until timed
+        with collective_errors(topo.world, "--mode auto", **errors):
+            if topo.rank == 0:
                 first = found.decide(rates_for)  # the time rule: the co-batch set-up at zero, a lower bound
                 if first.choice is None:
                     raise TrainingError(first.reason)
@@ -420,17 +425,10 @@ class Automatic(Mode):
             log.info(f"[auto] {decision['reason']}")
         return mode
 
-    def _compute_rate(self, topo, path: str, model_kw: dict, errors: dict) -> dict:
+    def _compute_rate(self, topo, found) -> dict:
         """Collective: the compute rate measured on every rank (memory_model/compute_rate.measure_job) at
-        the model's widths and the graph's average degree, read from the first shard set on rank 0 (every
-        set of --shards holds one dataset: choose_shard_sets refuses a mix, so the first one's serve)."""
-        cfg, shape = self.cfg, None
-        with collective_errors(topo.world, "--mode auto", **errors):
-            if topo.rank == 0:
-                manifest = shards.read_manifest(path)
-                m = memory_model.model_for(manifest, cfg.model, cfg.hidden, cfg.conv_layers, inductive=cfg.inductive,
-                                           **model_kw)
-                ds = manifest["dataset"]
-                shape = (m.widths(), int(ds.get("num_edges") or 0) / max(1, int(ds.get("num_vertices") or 1)), m)
+        the model's widths and the in-degree of the graph the run trains on, from rank 0's estimates of the
+        options (`found`, memory_model.ShardSetOptions; None on the other ranks)."""
+        shape = (found.m.widths(), found.degree, found.m) if topo.rank == 0 else None
         widths, degree, m = topo.bcast_object(shape)
         return compute_rate.measure_job(widths, degree, topo.device, topo.allgather_object, spec=m)

@@ -58,6 +58,11 @@ def _rows(units: int, per_row: int) -> int:
     return int(min(1 << 14, max(256, units // max(1, per_row))))
 
 
+def _degree(degree: float) -> int:
+    """A random graph's in-edges a row (the kernels' trials, the calibration): the degree, rounded, in 1-64."""
+    return int(min(64, max(1, round(degree))))
+
+
 def _best(step, device: torch.device) -> float:
     step()  # untimed: allocations, kernel selection
     return max(min(_timed(step, device) for _ in range(TRIALS)), 1e-9)
@@ -86,7 +91,7 @@ def _random_graph(n: int, degree: int, device: torch.device, seed: int = 0):
 
 def edge_seconds(width: int, degree: float, device: torch.device) -> float:
     """Seconds per edge per feature: the aggregation's product forward and its transpose's backward."""
-    d = int(min(64, max(1, round(degree))))
+    d = _degree(degree)
     n = _rows(EDGE_UNITS, d * width)
     a, at = _random_graph(n, d, device)
     h = torch.randn(n, width, device=device)
@@ -253,7 +258,7 @@ def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: f
     one, the four interleaved (a burst of load slows them alike), against the kernels' rates (module
     docstring)."""
     widths = spec.widths()
-    d = int(min(64, max(1, round(degree))))
+    d = _degree(degree)
     n = int(min(1 << 14, max(1024, CALIBRATION_UNITS // max(1, sum(i * o for i, o in widths)))))
     steps = [training_step(spec, rows, d, device, overlapped)
              for overlapped in (False, True) for rows in (n, 2 * n)]
@@ -281,7 +286,7 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     `allgather` is the job's (every rank's object, in rank order).  With `spec` (the model's ModelSpec)
     every rank then calibrates its real step against the job's rates (`calibrate`; a test injects
     `calibration`) and the largest scale and fixed cost are kept, and the overlapped path's ratio to the
-    plain step and its extra fixed cost, the ranks' median.  Returns {row_s, edge_s, per_rank
+    plain step and its extra fixed cost, the ranks' median.  Returns {row_s, edge_s, degree (as given), per_rank
     (each rank's median row_s and edge_s), compute_scale, overlap_scale, step_s, overlap_step_s, calibration (per rank,
     or why there is none), method (how it was measured, for the decision)}."""
     mine = median_rates(samples(widths, degree, device, repeats, once))
@@ -290,7 +295,8 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     rows = [r for r, _ in per_rank]
     method = (f"compute rate on {device.type}: median of {repeats} passes after a warm-up on each of "
               f"{len(per_rank)} ranks, the slowest rank's kept (row_s over the ranks {min(rows):.3g}-{max(rows):.3g})")
-    out: dict = {"row_s": row, "edge_s": edge, "per_rank": [list(r) for r in per_rank], "compute_scale": 1.0,
+    out: dict = {"row_s": row, "edge_s": edge, "degree": float(degree), "per_rank": [list(r) for r in per_rank],
+                 "compute_scale": 1.0,
                  "overlap_scale": 1.0, "step_s": 0.0, "overlap_step_s": 0.0, "calibration": None, "method": method}
     if spec is None:
         return out
@@ -315,9 +321,9 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     out.update(compute_scale=max(scales), step_s=max(fixed), overlap_scale=max(scales) * float(np.median(ratios)),
                overlap_step_s=float(np.median(overlap_fixed)), calibration=cals)
     out["method"] += (f"; calibrated on the model's training step at {cals[0]['rows']} and {2 * cals[0]['rows']} "
-                      f"random-graph rows: compute x{max(scales):.3g} of the kernels' prediction (ranks "
-                      f"{min(scales):.3g}-{max(scales):.3g}), {max(fixed):.3g} s fixed per step, the slowest "
-                      f"rank's; the world view's overlapped path x{float(np.median(ratios)):.3g} of that "
+                      f"random-graph rows of {_degree(degree)} in-edges: compute x{max(scales):.3g} of the kernels' "
+                      f"prediction (ranks {min(scales):.3g}-{max(scales):.3g}), {max(fixed):.3g} s fixed per step, "
+                      f"the slowest rank's; the world view's overlapped path x{float(np.median(ratios)):.3g} of that "
                       f"(ranks {min(ratios):.3g}-{max(ratios):.3g}) and +{float(np.median(overlap_fixed)):.3g} s "
                       f"a step, the ranks' median")
     return out

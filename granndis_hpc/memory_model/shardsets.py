@@ -13,7 +13,7 @@ from granndis_hpc import shards
 from granndis_hpc.graph.hetero import GraphTypes
 
 from .arrays import ServerArrays, gpu_arrays_from_slice
-from .choice import Decision, choose, choose_by_time, exact, headroom_note, usable_budget
+from .choice import Decision, choose, choose_by_time, exact, headroom_note, training_degree, usable_budget
 from .epoch_time import Rates
 from .estimate import MemoryModelError, ModelSpec, estimate
 from .induced_sets import InductiveSetArrays
@@ -104,8 +104,9 @@ def choose_shard_sets(paths: Sequence[str], model: str, hidden: int, layers: int
     each inductive set (memory_model/induced_sets.py); a set without train-induced hops offers fb and
     cob only, named in the reason.
 
-    rates_for: the time rule (`choose_by_time`): called once with the model and the graph's average
-    in-degree, it returns the measured Rates; None is the memory rule (GraNNDis' order, `choose`).
+    rates_for: the time rule (`choose_by_time`): called once with the model and the in-degree of the graph
+    the run trains on (choice.training_degree), it returns the measured Rates; None is the memory rule
+    (GraNNDis' order, `choose`).
     exact_only: only the exact full-graph options (fb, flx) are considered.
     device_memory: (free, total) bytes of the GPU measured at start-up (usable_budget); None: not measured.
     input_dropout: the run's --input-dropout (the partial payloads refuse it: memory_model/payload.py; the
@@ -126,7 +127,7 @@ class ShardSetOptions:
 
     found: list  # [Option]
     m: ModelSpec
-    degree: float
+    degree: float  # in-edges per row of the graph the run trains on (choice.training_degree)
     budget_bytes: int
     device: str
     exact_only: bool
@@ -188,7 +189,8 @@ def shard_set_options(paths: Sequence[str], model: str, hidden: int, layers: int
             left_out.append(f"flx and eas on {path}, which holds no train-induced hops (graph/train_hop: built by an "
                             f"earlier version); rebuild it with `granndis preprocess build ... --inductive --out "
                             f"{path} --overwrite` to offer them")
-    return ShardSetOptions(found, m, degree, int(budget_bytes), device, exact_only, device_memory, left_out, skipped)
+    return ShardSetOptions(found, m, training_degree(found, m, degree), int(budget_bytes), device, exact_only,
+                           device_memory, left_out, skipped)
 
 
 def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[int, int]],

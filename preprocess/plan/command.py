@@ -238,11 +238,13 @@ def check_both_rate(args) -> None:
                         f"link: leave --inter-both-rate out)")
 
 
-def planned_rates(group, args, m: mm.ModelSpec, graph, setup: Optional[dict] = None) -> Optional[mm.Rates]:
+def planned_rates(group, args, m: mm.ModelSpec, graph, setup: Optional[dict] = None,
+                  options: Sequence[mm.Option] = ()) -> Optional[mm.Rates]:
     """--inter-rate (and --inter-both-rate, --intra-rate): the links given, with the compute rate measured
     and calibrated on this machine's first GPU, else its CPU (rank 0's, shared; the exchange rounds' fixed
-    cost needs the cluster and is not priced), and a co-batch's set-up (`setup`: cobatch_setup.summary's or
-    given's fields); None without --inter-rate."""
+    cost needs the cluster and is not priced), at the in-degree of the graph the options train on
+    (mm.training_degree), and a co-batch's set-up (`setup`: cobatch_setup.summary's or given's fields);
+    None without --inter-rate."""
     if args.inter_rate is None:
         return None
     rates = None
@@ -252,7 +254,7 @@ def planned_rates(group, args, m: mm.ModelSpec, graph, setup: Optional[dict] = N
         from granndis_hpc.memory_model import compute_rate
 
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        degree = graph.num_edges / max(1, graph.num_vertices)
+        degree = mm.training_degree(options, m, graph.num_edges / max(1, graph.num_vertices))
         row_s, edge_s = compute_rate.measure(m.widths(), degree, device)
         try:  # the model's real step (compute_rate.calibrate); the exchange rounds need the cluster: not priced
             cal = compute_rate.calibrate(m, degree, device, row_s, edge_s)
@@ -261,6 +263,7 @@ def planned_rates(group, args, m: mm.ModelSpec, graph, setup: Optional[dict] = N
         both = getattr(args, "inter_both_rate", None)
         rates = mm.Rates(parse_rate(args.inter_rate), parse_rate(args.intra_rate or args.inter_rate), row_s, edge_s,
                          compute_scale=cal["compute_scale"], step_s=cal["step_s"],
+                         overlap_scale=cal.get("overlap_scale"), overlap_step_s=cal.get("overlap_step_s", 0.0),
                          inter_both_Bps=None if both is None else parse_rate(both),
                          cobatch_s=(setup or {}).get("cobatch_s", 0.0),
                          cobatch_row_s=(setup or {}).get("cobatch_row_s", 0.0))
@@ -299,7 +302,7 @@ def cmd_plan(args, argv) -> int:
                 graph = sources.load_from_args(args)
         result = plan_options(group, graph, cfg)
         setup = _setup(args, result)
-        rates = planned_rates(group, args, result["model"], graph, setup)
+        rates = planned_rates(group, args, result["model"], graph, setup, result["options"])
         if rates is not None:
             mm.price(result["options"], rates)
         if cfg.budget is None:

@@ -17,18 +17,18 @@ WORLD = MPI.COMM_WORLD
 LAYERS, HIDDEN = 3, 16
 
 
+def _graph():
+    from granndis_hpc.preprocess.sources import load
+    return load("synthetic", vertices=6000, avg_degree=20.0, features=512, classes=4, seed=1)
+
+
 @pytest.fixture(scope="module")
 def shard_sets():
     """A full 3-hop set and an EAS set (h=1, f=1) of one graph whose features (512 wide, hidden 16)
     dominate memory: there the sampled EAS halo is cheaper than even the full 1-hop preload, as the
     paper's chain assumes (on narrow features flx k=1 is the cheaper of the two, and auto picks it)."""
-    from granndis_hpc.preprocess.sources import load
-
-    def graph():
-        return load("synthetic", vertices=6000, avg_degree=20.0, features=512, classes=4, seed=1)
-
-    return build_sets_on_rank0(graph, {"full": {"layers": LAYERS, "preload": "full"},
-                                       "eas": {"layers": LAYERS, "preload": "eas", "hops": 1, "fanout": 1}},
+    return build_sets_on_rank0(_graph, {"full": {"layers": LAYERS, "preload": "full"},
+                                        "eas": {"layers": LAYERS, "preload": "eas", "hops": 1, "fanout": 1}},
                                prefix="granndis-auto-")
 
 
@@ -107,6 +107,9 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
         assert len(per_rank) == MPI.COMM_WORLD.Get_size()
         assert (decision["rates"]["row_s"], decision["rates"]["edge_s"]) == tuple(max(c) for c in zip(*per_rank))
         assert decision["compute_rate"]["method"] in decision["reason"]
+        # at the degree of the graph fb trains on: every vertex, every in-edge (this graph is transductive)
+        graph = _graph()
+        assert decision["compute_rate"]["degree"] == pytest.approx(graph.indptr[-1] / graph.num_vertices, rel=1e-12)
         # the rates carry the calibration and the rounds measured at start-up, and the reason says them
         rates, measured, check = decision["rates"], decision["compute_rate"], decision["link_check"]
         assert rates["compute_scale"] == measured["compute_scale"] > 0

@@ -237,7 +237,6 @@ def test_mode_auto_counts_the_inductive_views_plan_counts(datasets):
                                                                                                 f"--hops {L}")]:
             if auto.get(key) != groups[key]:
                 problems.append(f"auto's {key} rows differ from plan's")
-        print("EASCMP", auto[("eas", L, "--preload eas")] == groups[("eas", L, "--preload eas")])
         for r, want in every_eas:
             got = [rows_of(lr) for _, lr in auto[("eas", L, "--preload eas")][r].training_layers()]
             if got != want:
@@ -250,4 +249,23 @@ def test_mode_auto_counts_the_inductive_views_plan_counts(datasets):
         auto_full = {o.label: o.peak for o in decision.rejected if o.source == dirs["full"]}
         if not auto_full or any(planned_full.get(label) != peak for label, peak in auto_full.items()):
             problems.append(f"estimates differ: plan {planned_full}, auto {auto_full}")
+    agreed(problems)
+
+
+def test_auto_calibrates_at_the_train_induced_graph_s_degree(datasets):
+    """An inductive run trains on the train-induced graph, so --mode auto measures the compute rate at its
+    in-edges per row (ShardSetOptions.degree), counted here with NumPy from the raw graph: fb computes every
+    training vertex, from its in-edges out of training vertices.  The dataset's average degree differs."""
+    graph, dirs, *_ = planned(datasets, "cora")
+    problems = []
+    if WORLD.rank == 0:
+        found = mm.shard_set_options([dirs["full"]], "sage", HIDDEN, L, 1, dropout=0.5, inductive=True,
+                                     job=(WORLD.size // RANKS_PER_SERVER, RANKS_PER_SERVER))
+        dst = np.repeat(np.arange(graph.num_vertices), np.diff(graph.indptr))
+        train = np.asarray(graph.train_mask, dtype=bool)
+        want = np.count_nonzero(train[dst] & train[graph.indices]) / np.count_nonzero(train)
+        if found.degree != pytest.approx(want, rel=1e-12):
+            problems.append(f"auto's degree {found.degree}, the train-induced graph's {want}")
+        if abs(graph.indptr[-1] / graph.num_vertices - want) < 1:
+            problems.append("the test needs a dataset whose average degree differs from its train-induced graph's")
     agreed(problems)
