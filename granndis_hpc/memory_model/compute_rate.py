@@ -18,9 +18,10 @@ The kernels are not all a training step runs: SAGE projects twice per layer (its
 neighbours' rows), and the step adds the bias, activation, dropout, loss, the optimizer and Python's
 per-layer overhead.  On Cora (3-layer SAGE, hidden 64) the kernels predicted 0.5-0.7x of the measured
 compute.  So `calibrate` times the model's real training step (nn.models.build_model, forward,
-cross-entropy, backward, Adam) on a random graph of the set's degree at n and 2n rows: the growth
-from n to 2n is the per-row cost, which over the kernels' prediction for the same rows is
-`compute_scale`; what is left at n rows is the step's fixed cost (`step_s`: optimizer, launches).
+cross-entropy, backward, Adam) on a random graph of the run's degree at n and 2n rows, the job's ranks
+stepping together as they do in training: the growth from n to 2n is the per-row cost, which over the
+kernels' prediction for the same rows is `compute_scale`; what is left at n rows is the step's fixed
+cost (`step_s`: optimizer, launches).
 
 fb's world view computes its layers another way: the halo in flight (nn/rows.PendingRows), a layer
 aggregates its own rows' edges and its halo rows' apart and combines them, and boundary-first it computes
@@ -250,25 +251,56 @@ def fit_step(t_small: float, t_large: float, n: int, per_row_kernels: float) -> 
     return scale, max(0.0, t_small - scale * per_row_kernels * n)
 
 
+class CalibrationFailed(RuntimeError):
+    """A rank of the job could not build or run the model's step: every rank raises it with that rank's reason."""
+
+
+def _agree_or_raise(gathered: list) -> bool:
+    """Every rank's (over the budget, problem): CalibrationFailed with the first rank's problem, else
+    whether any rank is over the budget."""
+    problems = [p for _, p in gathered if p]
+    if problems:
+        raise CalibrationFailed(problems[0])
+    return any(late for late, _ in gathered)
+
+
 def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: float,
-              repeats: int = CALIBRATION_REPEATS) -> dict:
+              repeats: int = CALIBRATION_REPEATS, allgather: Optional[Callable[[object], list]] = None) -> dict:
     """{compute_scale, step_s, overlap_scale, overlap_step_s, rows, step_small_s, step_large_s,
     overlapped_small_s, overlapped_large_s}: the model's real step (`training_step`) at n and 2n rows,
     plain and through the world view's overlapped path, each the fastest of `repeats` after an untimed
     one, the four interleaved (a burst of load slows them alike), against the kernels' rates (module
-    docstring)."""
+    docstring).
+
+    allgather: the job's (measure_job's; None: this process alone).  Collective then: the ranks start
+    every timed step together, as they compute a training step together.  Timed one at a time, a rank
+    whose peers wait had the cores to itself: on the products-size set, 4 ranks on 2 cores, the fastest
+    of such steps priced the epoch's compute at 0.56x of measured.  A rank that cannot build or run the
+    step makes every rank raise CalibrationFailed with its reason (none is left waiting for it)."""
+    gather = allgather or (lambda mine: [mine])
     widths = spec.widths()
     d = _degree(degree)
     n = int(min(1 << 14, max(1024, CALIBRATION_UNITS // max(1, sum(i * o for i, o in widths)))))
-    steps = [training_step(spec, rows, d, device, overlapped)
-             for overlapped in (False, True) for rows in (n, 2 * n)]
-    for step in steps:
-        step()  # untimed: allocations, the C kernels, the optimizer's state, the split matrices
+    problem = None
+    try:
+        steps = [training_step(spec, rows, d, device, overlapped)
+                 for overlapped in (False, True) for rows in (n, 2 * n)]
+        for step in steps:
+            step()  # untimed: allocations, the C kernels, the optimizer's state, the split matrices
+    except Exception as exc:  # noqa: BLE001  (said on every rank; measure_job prices by the kernels alone)
+        problem = f"{type(exc).__name__}: {exc}"
+    _agree_or_raise(gather((False, problem)))
     best = [float("inf")] * len(steps)
     start = time.perf_counter()
     for _ in range(int(repeats)):
-        best = [min(b, _timed(step, device)) for b, step in zip(best, steps)]
-        if time.perf_counter() - start > CALIBRATION_BUDGET_S:  # a loaded machine: enough for a bound
+        for i, step in enumerate(steps):
+            gather(None)  # together (docstring)
+            try:  # a failure is said at the round's end, so that every rank makes the same collective calls
+                best[i] = min(best[i], _timed(step, device))
+            except Exception as exc:  # noqa: BLE001
+                problem = problem or f"{type(exc).__name__}: {exc}"
+        # every rank stops once one is over the budget (a loaded machine: enough for a bound)
+        if _agree_or_raise(gather((time.perf_counter() - start > CALIBRATION_BUDGET_S, problem))):
             break
     kernels = kernel_seconds_per_row(widths, d, row_s, edge_s)
     scale, fixed = fit_step(best[0], best[1], n, kernels)
@@ -282,13 +314,13 @@ def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: f
 def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.device,
                 allgather: Callable[[object], list], repeats: int = REPEATS, once: Optional[Pass] = None,
                 spec=None, calibration: Optional[Callable[..., dict]] = None) -> dict:
-    """Collective: every rank measures (`samples`) and the ranks' medians are combined (`combine`);
-    `allgather` is the job's (every rank's object, in rank order).  With `spec` (the model's ModelSpec)
-    every rank then calibrates its real step against the job's rates (`calibrate`; a test injects
-    `calibration`) and the largest scale and fixed cost are kept, and the overlapped path's ratio to the
-    plain step and its extra fixed cost, the ranks' median.  Returns {row_s, edge_s, degree (as given), per_rank
-    (each rank's median row_s and edge_s), compute_scale, overlap_scale, step_s, overlap_step_s, calibration (per rank,
-    or why there is none), method (how it was measured, for the decision)}."""
+    """Collective: every rank measures (`samples`) and the ranks' medians are combined (`combine`); `allgather` is the
+    job's (every rank's object, in rank order).  With `spec` (the model's ModelSpec) every rank then calibrates
+    its real step against the job's rates, the ranks stepping together (`calibrate`; a test injects
+    `calibration`) and the largest scale and fixed cost are kept, and the overlapped path's ratio to the plain
+    step and its extra fixed cost, the ranks' median.  Returns {row_s, edge_s, degree (as given), per_rank (each
+    rank's median row_s and edge_s), compute_scale, overlap_scale, step_s, overlap_step_s, calibration (per
+    rank, or why there is none), method (how it was measured, for the decision)}."""
     mine = median_rates(samples(widths, degree, device, repeats, once))
     per_rank = [tuple(r) for r in allgather(mine)]
     row, edge = combine(per_rank)
@@ -301,8 +333,10 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     if spec is None:
         return out
     try:
-        cal: object = (calibration or calibrate)(spec, degree, device, row, edge)
-    except Exception as exc:  # noqa: BLE001  (a model this step cannot build or run: priced by the kernels alone)
+        cal: object = (calibration or calibrate)(spec, degree, device, row, edge, allgather=allgather)
+    except CalibrationFailed as exc:  # a rank's model this step cannot build or run: priced by the kernels alone
+        cal = str(exc)
+    except Exception as exc:  # noqa: BLE001  (the same, raised by an injected calibration)
         cal = f"{type(exc).__name__}: {exc}"
     cals = allgather(cal)
     failed = [c for c in cals if not isinstance(c, dict)]

@@ -94,6 +94,47 @@ def test_calibrate_times_the_real_training_step():
     assert out["overlap_step_s"] >= 0
 
 
+def test_the_ranks_calibrate_together():
+    """With the job's allgather, every timed step starts after all ranks agree (a training step's ranks
+    compute at once), and the budget's stop is the ranks' together: the same calls on every rank."""
+    import granndis_hpc.memory_model as mm
+
+    spec = mm.ModelSpec("sage", features=16, hidden=8, num_classes=3, layers=2)
+    calls = []
+
+    def allgather(mine):
+        calls.append(mine)
+        return [mine, None if mine is None else (False, None)]  # a peer that is never late nor failing
+    out = compute_rate.calibrate(spec, 4.0, torch.device("cpu"), 1e-9, 1e-9, repeats=2, allgather=allgather)
+    assert out["compute_scale"] >= 1
+    # whether every rank built its steps, then per repeat a start for each of the 4 steps and the budget's check
+    assert calls == [(False, None)] + 2 * ([None] * 4 + [(False, None)])
+    # a peer over the budget stops this rank too
+    calls.clear()
+    compute_rate.calibrate(spec, 4.0, torch.device("cpu"), 1e-9, 1e-9, repeats=3,
+                           allgather=lambda mine: calls.append(mine) or [mine, None if mine is None else (True, None)])
+    assert calls == [(False, None)] + [None] * 4 + [(False, None)]
+
+
+def test_a_rank_that_cannot_calibrate_stops_every_rank_with_its_reason():
+    import granndis_hpc.memory_model as mm
+
+    spec = mm.ModelSpec("sage", features=16, hidden=8, num_classes=3, layers=2)
+    with pytest.raises(compute_rate.CalibrationFailed, match="ValueError: no such model"):
+        compute_rate.calibrate(spec, 4.0, torch.device("cpu"), 1e-9, 1e-9, repeats=2,
+                               allgather=lambda mine: [mine, (False, "ValueError: no such model")])
+    # measure_job prices by the kernels alone, saying that rank's reason once
+    once, _ = _scripted([(9.0, 9.0), (0.02, 0.01)])
+    gathered = iter([[(0.05, 0.001), (0.04, 0.001)], [(False, None), (False, "ValueError: no such model")]])
+
+    def allgather(mine):
+        out = next(gathered, None)
+        return out if out is not None else [mine, mine]
+    out = compute_rate.measure_job([(8, 4)], 3.0, torch.device("cpu"), allgather, repeats=1, once=once, spec=spec)
+    assert (out["compute_scale"], out["step_s"]) == (1.0, 0.0)
+    assert out["calibration"] == "not calibrated (ValueError: no such model): the kernels' rates alone"
+
+
 def test_the_overlapped_step_runs_the_world_views_path():
     from granndis_hpc.nn.models import build_model
     from granndis_hpc.nn.rows import PendingRows
@@ -129,7 +170,7 @@ def test_measure_job_keeps_the_slowest_calibration():
     once, _ = _scripted([(9.0, 9.0), (0.02, 0.01)])
     seen = []
 
-    def calibration(spec, degree, device, row, edge):
+    def calibration(spec, degree, device, row, edge, allgather):
         seen.append((spec, degree, row, edge))
         return {"compute_scale": 1.5, "step_s": 0.01, "rows": 512}
     others = [{"compute_scale": 2.5, "step_s": 0.002, "rows": 512}]
@@ -156,7 +197,7 @@ def test_measure_job_keeps_the_slowest_overlapped_calibration():
             {"compute_scale": 1.6, "step_s": 0.002, "overlap_scale": 2.0, "overlap_step_s": 0.004, "rows": 512}]
     gathered = iter([[(0.05, 0.001), (0.04, 0.001), (0.04, 0.001)], cals])
     out = compute_rate.measure_job([(8, 4)], 3.0, torch.device("cpu"), lambda mine: next(gathered), repeats=1,
-                                   once=once, spec="spec", calibration=lambda *a: cals[0])
+                                   once=once, spec="spec", calibration=lambda *a, **kw: cals[0])
     # the slowest rank's plain scale, times the ranks' median ratio; the median extra fixed cost
     assert out["compute_scale"] == 2.0
     assert out["overlap_scale"] == pytest.approx(2.0 * 1.25) and out["overlap_step_s"] == 0.004
@@ -166,7 +207,7 @@ def test_measure_job_keeps_the_slowest_overlapped_calibration():
 def test_a_model_the_step_cannot_build_is_priced_by_the_kernels():
     once, _ = _scripted([(9.0, 9.0), (0.02, 0.01)])
 
-    def calibration(*args):
+    def calibration(*args, **kw):
         raise ValueError("model 'rgcn' needs a heterogeneous shard set")
     out = compute_rate.measure_job([(8, 4)], 3.0, torch.device("cpu"), lambda mine: [mine], repeats=1, once=once,
                                    spec="spec", calibration=calibration)
