@@ -107,7 +107,8 @@ def repeats_text(data):
 MODEL = (
     "auto prices each option's epoch (memory_model/epoch_time.py, docs/concepts.md) as the sum of: compute (per "
     "rank and layer, the rows' projections and the edges' aggregation at rates timed at start-up, times the "
-    "calibration of the model's real training step, on the world view's overlapped path for the layers a run "
+    "calibration of the model's real training step (every rank stepping at once, on a random graph of the "
+    "in-degree of the graph the run trains on), on the world view's overlapped path for the layers a run "
     "computes that way (fb's and flx's world layers); between two world exchanges the slowest rank's), "
     "inter-server seconds (the busiest server's halo and gradient bytes over the measured link; what crosses "
     "both ways at once, as the halo exchanges and the gradient all-reduce do, at the rate the start-up check "
@@ -225,7 +226,8 @@ def render(data):
          f"(per run below). 3-layer SAGE, hidden {cfg['hidden']}, {epochs_text(data)} (the epoch time is "
          f"the median of the epochs after the first), 2 emulated servers x 2 ranks (docs/emulated-cluster.md); "
          f"auto with `--memory-per-gpu {cfg['memory_per_gpu']}` (every option fits). Graphs: "
-         + ", ".join(f"{g}" + (f" ({cfg['vertices']:,} vertices)" if g == "synthetic" else "")
+         + ", ".join(f"{g}" + (f" (bench/demo.sh's graph: its generator, seed and feature noise; "
+                               f"{cfg['vertices']:,} vertices)" if g == "synthetic" else "")
                      + (f" ({cfg.get('products_vertices', 0):,} vertices)" if g == "products" else "")
                      for g in cfg["graphs"])
          + ". Rounds run (rate: graphs): "

@@ -141,6 +141,8 @@ def test_plan_with_link_rates_predicts_each_epoch_and_recommends_the_fastest(tmp
     # the table --mode auto prints, with its terms; the calibration's fixed cost per step priced
     assert "predicted epoch by term" in text and "fixed" in text and "<- chosen" in text
     assert d["rates"]["compute_scale"] > 0 and d["rates"]["world_round_s"] == 0.0
+    # fb's layers priced on its overlapped path, calibrated as auto calibrates them
+    assert d["rates"]["overlap_scale"] >= d["rates"]["compute_scale"] and d["rates"]["overlap_step_s"] >= 0
     for o in res["options"]:
         p = o["predicted_s"]
         assert p["total_s"] == pytest.approx(p["compute_s"] + p["inter_s"] + p["intra_s"] + p["fixed_s"])
