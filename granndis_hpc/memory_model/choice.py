@@ -294,19 +294,18 @@ def _baseline(o: Option) -> bool:
 
 def training_degree(options: Sequence[Option], m: ModelSpec, fallback: float) -> float:
     """The in-edges per computed row of the graph the run trains on, as the compute rate's kernels count
-    them: the baseline's epoch (fb's, else the first option's), its edges times their input widths over its
-    rows times their projections', so that a step at this degree holds the epoch's kernel work per row
-    (compute_rate.kernel_seconds_per_row).  The dataset's average degree is not it: an inductive run trains
-    on the train-induced graph (products-size: about 3 in-edges a row, the dataset 26), and the compute
+    them: the baseline's epoch (fb's, else the first option's), its edges times their input widths over
+    its computed rows times theirs (Work.dst_units), so that a step at this degree holds the epoch's
+    aggregation work per row.  The dataset's average degree is not it: an inductive run trains on the
+    train-induced graph (products-size: about 3 in-edges a row, the dataset 26), and the compute
     calibration's scale at the one degree priced the other's rows at 0.9x (docs/performance/auto.md).
-    `fallback` where no option has its epoch's work (the memory rule's estimates)."""
-    with_work = [o for o in options if o.work is not None and float(o.work.row_units.sum()) > 0]
-    if not with_work:
+    `fallback` where no option has its epoch's work counted."""
+    counted = [o for o in options if o.work is not None and o.work.dst_units is not None
+               and float(o.work.dst_units.sum()) > 0]
+    if not counted:
         return float(fallback)
-    o = next((o for o in with_work if _baseline(o)), with_work[0])
-    w = np.asarray(m.widths(), dtype=np.float64)
-    per_row = float(o.work.edge_units.sum()) / float(o.work.row_units.sum())
-    return per_row * float((w[:, 0] * w[:, 1]).sum()) / float(w[:, 0].sum())
+    o = next((o for o in counted if _baseline(o)), counted[0])
+    return float(o.work.edge_units.sum()) / float(o.work.dst_units.sum())
 
 
 def _terms(p: Dict[str, float]) -> str:

@@ -170,6 +170,10 @@ OVERLAP_HALO_SHARE = 16  # the overlapped calibration's halo: one row per this m
 BOUNDARY_EVERY = 4  # and every this many-th row at hand a boundary row (sent first)
 
 
+def _halo_rows(n: int) -> int:
+    return max(1, n // OVERLAP_HALO_SHARE)
+
+
 def _world_gather(n: int, device: torch.device, exchanged: Callable[[int], bool]):
     """A gather as the world view's overlapped one calls the layers (engine/views.py), with n //
     OVERLAP_HALO_SHARE halo rows after layer l's own rows: where layer l's sources come through the
@@ -179,7 +183,7 @@ def _world_gather(n: int, device: torch.device, exchanged: Callable[[int], bool]
     the halo is the static one, feature rows read at once without a gradient (SAGE's layer 0)."""
     from granndis_hpc.nn.rows import HaloGather, PendingRows, RowSplit
 
-    n_halo = max(1, n // OVERLAP_HALO_SHARE)
+    n_halo = _halo_rows(n)
     halos: dict = {}
     split = RowSplit(torch.arange(0, n, BOUNDARY_EVERY, device=device), n)
 
@@ -231,9 +235,18 @@ def _timed(step, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def kernel_seconds_per_row(widths: Sequence[Tuple[int, int]], degree: float, row_s: float, edge_s: float) -> float:
-    """What the kernels' rates predict one row of every layer costs (one projection, `degree` edges)."""
-    return float(sum(i * o * row_s + degree * i * edge_s for i, o in widths))
+def kernel_seconds(spec, n: int, degree: int, row_s: float, edge_s: float, overlapped: bool = False) -> float:
+    """What the kernels' rates predict the calibration's step at n rows costs, counted as epoch_time
+    counts a run's layers: each conv's projected rows (the model's estimator's projected_rows) at its
+    widths and its n x degree edges; overlapped, with the halo rows `training_step` adds after the n own
+    ones (`_halo_rows`), split (in flight) at the layers the exchange feeds."""
+    from .estimate import LayerRows
+
+    est = spec.estimator
+    n_halo = _halo_rows(n) if overlapped else 0
+    layer = LayerRows(n_own_in=n, n_halo=n_halo, n_dst=n, nnz=n * degree)
+    return float(sum(est.projected_rows(layer, i, o, overlapped and est.exchanged(l, spec)) * i * o * row_s
+                     + n * degree * i * edge_s for l, (i, o) in enumerate(spec.widths())))
 
 
 def fit_step(t_small: float, t_large: float, n: int, per_row_kernels: float) -> Tuple[float, float]:
@@ -302,9 +315,11 @@ def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: f
         # every rank stops once one is over the budget (a loaded machine: enough for a bound)
         if _agree_or_raise(gather((time.perf_counter() - start > CALIBRATION_BUDGET_S, problem))):
             break
-    kernels = kernel_seconds_per_row(widths, d, row_s, edge_s)
-    scale, fixed = fit_step(best[0], best[1], n, kernels)
-    over_scale, over_fixed = fit_step(best[2], best[3], n, kernels)
+    # per row from n to 2n, each path's own count (the overlapped one projects its halo rows too)
+    plain, over = ((kernel_seconds(spec, 2 * n, d, row_s, edge_s, o) - kernel_seconds(spec, n, d, row_s, edge_s, o)) / n
+                   for o in (False, True))
+    scale, fixed = fit_step(best[0], best[1], n, plain)
+    over_scale, over_fixed = fit_step(best[2], best[3], n, over)
     # The overlapped path runs every product the plain one does and more: a smaller growth is noise.
     return {"compute_scale": scale, "step_s": fixed, "overlap_scale": max(scale, over_scale),
             "overlap_step_s": max(0.0, over_fixed - fixed), "rows": n, "step_small_s": best[0],

@@ -5,13 +5,16 @@ eas) trades inter-server bytes for more rows computed, which pays on a slow link
 not on one machine.  `work` counts what an epoch does from the option's RankRows (every rank's), and
 `seconds` prices it with `Rates`:
 
-- compute: per rank and layer  n_dst x row_s x w_in x w_out + nnz x edge_s x w_in  (a layer's projection
-  per computed row and its aggregation per edge, forward and backward, as memory_model/compute_rate.py
-  times its kernels), times compute_scale (the model's real training step on a random graph over
-  what the kernels predict for it: the step also runs SAGE's second projection, bias, activation,
-  dropout and the loss), or overlap_scale for a layer the run computes on the overlapped path (its
-  halo in flight or its rows split boundary-first: estimate.overlapped_layers; fb's and flx's world
-  layers by default), the same step's calibration on that path (memory_model/compute_rate.py).  A
+- compute: per rank and layer  projected x row_s x w_in x w_out + nnz x edge_s x w_in  (a layer's
+  projections and its aggregation per edge, forward and backward, as memory_model/compute_rate.py
+  times its kernels; `projected` the rows its Linears read, the model's estimator's projected_rows:
+  SAGE's two per computed row, and the source rows, halo included, where it projects them first, as
+  fb's world layers do with the halo in flight: on the 20,000-vertex demo graph fb's halo is twice its
+  own rows), times compute_scale (the model's real training step on a random graph over what the
+  kernels predict for it: the step also runs bias, activation, dropout and the loss), or overlap_scale
+  for a layer the run computes on the overlapped path (its halo in flight or its rows split
+  boundary-first: estimate.overlapped_layers; fb's and flx's world layers by default), the same step's
+  calibration on that path (memory_model/compute_rate.py).  A
   world-group exchange waits for every rank, so the layers between two of them form a segment whose
   slowest rank sets its time: compute is the sum over segments of the largest rank's segment seconds
   (a preload whose layers all stay inside the server is one segment: the slowest rank's whole step,
@@ -127,7 +130,7 @@ class Work:
     overlapped_row_units / overlapped_edge_units: [segments, ranks], of the segment units those of the
     layers on the overlapped path (None: none); overlapped_steps: the steps that have such layers."""
 
-    row_units: np.ndarray  # per rank: sum over layers of n_dst x w_in x w_out
+    row_units: np.ndarray  # per rank: sum over layers of the rows projected x w_in x w_out
     edge_units: np.ndarray  # per rank: sum over layers of nnz x w_in
     intra_bytes: np.ndarray  # per rank
     inter_bytes: np.ndarray  # per server
@@ -148,6 +151,9 @@ class Work:
     overlapped_row_units: Optional[np.ndarray] = None
     overlapped_edge_units: Optional[np.ndarray] = None
     overlapped_steps: int = 0
+    # per rank: sum over layers of n_dst x w_in, the computed rows at the aggregation's widths (edge_units
+    # over it: the in-edges per row as the kernels count them, choice.training_degree; None: not counted)
+    dst_units: Optional[np.ndarray] = None
 
 
 def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
@@ -180,7 +186,13 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     back = (inter.sum() - inter) / max(1, int(servers) - 1)
     grad_per_server = 2 * (int(servers) - 1) * m.parameters() * F32 / int(servers)
     b = int(batches)
-    row_layer = b * n_dst * (widths[:, 0] * widths[:, 1])  # [ranks, layers]
+    # the layers whose halo is in flight (their sources split), which SAGE and GCN project first
+    pending, split = overlapped_layers(option_rows[0], m)
+    pending = [p and len(option_rows) > 1 for p in pending]
+    projected = np.array([[m.estimator.projected_rows(lr, int(w[0]), int(w[1]), p)
+                           for (_, lr), w, p in zip(r.training_layers(), widths, pending)] for r in option_rows],
+                         dtype=np.float64)
+    row_layer = b * projected * (widths[:, 0] * widths[:, 1])  # [ranks, layers]
     edge_layer = b * nnz * widths[:, 0]
     seg = segments(option_rows, m)
     onehot = (seg[:, None] == np.arange(int(seg.max()) + 1)[None, :]).astype(np.float64)  # [layers, segments]
@@ -199,7 +211,6 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     relayed = world if m.halo_route == "per-server" and per_server > 1 and int(servers) > 1 else 0
     # the layers computed on the overlapped path (halo in flight, or rows split boundary-first), priced
     # at overlap_scale: one rank has no peer, so no exchange to overlap
-    pending, split = overlapped_layers(option_rows[0], m)
     on_path = np.array([p or q for p, q in zip(pending, split)], dtype=np.float64) * (len(option_rows) > 1)
     return Work(row_units=row_layer.sum(axis=1), edge_units=edge_layer.sum(axis=1),
                 intra_bytes=b * halo[:, 1], inter_bytes=b * (inter + grad_per_server),
@@ -213,7 +224,8 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
                 grad_last_share=last_bucket_share(m),
                 overlapped_row_units=(row_layer @ (onehot * on_path[:, None])).T,
                 overlapped_edge_units=(edge_layer @ (onehot * on_path[:, None])).T,
-                overlapped_steps=b if on_path.any() else 0)
+                overlapped_steps=b if on_path.any() else 0,
+                dst_units=(b * n_dst * widths[:, 0]).sum(axis=1))
 
 
 def last_bucket_share(m: ModelSpec) -> float:

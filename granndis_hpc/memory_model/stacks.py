@@ -18,6 +18,13 @@ from granndis_hpc.units import INT64_BYTES as I64
 from .host import HEAP_HOLES_ROWS
 
 
+def projects_first(n_dst: int, n_own_in: int, win: int, wout: int, split_sources: bool) -> bool:
+    """nn/layers.project_first on a layer's counts: its Linear projects the source rows before the
+    aggregation where it narrows, and at equal widths where the sources are split (the halo in flight)
+    and the own source rows are no more than the destination rows (fb's world layers)."""
+    return wout < win or (split_sources and wout == win and n_own_in <= n_dst)
+
+
 class SAGE_BYTES:
     """SAGEConv: the source rows get two gradients in the backward (lin_self's slice and the
     aggregation); the aggregation adds no self-loop entries."""
@@ -50,7 +57,13 @@ class SAGE_BYTES:
         """Overlapped (the halo in flight): at equal widths with no more own source rows than destination
         rows the conv projects first (nn/layers.project_first), so lin_neigh saves the own rows and the
         halo buffer (as many rows as the gathered ones it saved otherwise), not the [n_dst, win] aggregate."""
-        return -n_dst * win * F32 if win == wout and n_own_in <= n_dst else 0
+        return -n_dst * win * F32 if win == wout and projects_first(n_dst, n_own_in, win, wout, True) else 0
+
+    @staticmethod
+    def projected_rows(n_src: int, n_dst: int, n_own_in: int, win: int, wout: int, split_sources: bool) -> int:
+        """Rows the layer's Linears project: lin_self every computed row; lin_neigh every source row where
+        it projects first (the own and the halo rows), else the [n_dst] aggregates."""
+        return n_dst + (n_src if projects_first(n_dst, n_own_in, win, wout, split_sources) else n_dst)
 
 
 class GCN_BYTES:
@@ -70,6 +83,11 @@ class GCN_BYTES:
         it (the [n_dst, win] aggregate); its weight when its input needs a gradient."""
         weight = win * wout * F32 if input_grad else 0
         return (n_src * win * F32 if wout < win else n_dst * win * F32) + weight, weight
+
+    @staticmethod
+    def projected_rows(n_src: int, n_dst: int, n_own_in: int, win: int, wout: int, split_sources: bool) -> int:
+        """Rows its Linear projects: the source rows where it projects first, else the [n_dst] aggregates."""
+        return n_src if projects_first(n_dst, n_own_in, win, wout, split_sources) else n_dst
 
 
 def between_convs_saved(rows: int, width: int, norm: bool, dropout: float, mask_bytes: int) -> Tuple[int, int]:
@@ -152,6 +170,14 @@ class ModelEstimate:
         declared `pending_saved`, 0 for a layer that declares none."""
         extra = getattr(self.conv, "pending_saved", None)
         return int(extra(layer_rows.n_dst, layer_rows.n_own_in, win, wout)) if extra is not None else 0
+
+    def projected_rows(self, layer_rows, win: int, wout: int, split_sources: bool) -> int:
+        """Rows the layer's projections read (the compute model's row units, memory_model/epoch_time.py):
+        its declared `projected_rows` (split_sources: the halo in flight), else one per computed row."""
+        rows = getattr(self.conv, "projected_rows", None)
+        if rows is None:
+            return int(layer_rows.n_dst)
+        return int(rows(layer_rows.n_src, layer_rows.n_dst, layer_rows.n_own_in, win, wout, split_sources))
 
     def aggregation_input_grad(self, m, layer: int) -> bool:
         """Does the aggregation's input need a gradient (then the backward builds the transpose)?"""

@@ -159,19 +159,19 @@ def test_cob_options_all_reduce_each_co_batch_s_targets(batches):
 
 def test_the_training_degree_is_the_baseline_s_edges_per_row():
     """The compute rate is calibrated at the in-edges per row of the graph the baseline (fb) trains on,
-    its kernel units read back: rows x sum(w_in x w_out) and edges x sum(w_in) over the layers."""
+    as the kernels count them: edges x w_in over computed rows x w_in, over the layers."""
     m = mm.ModelSpec("sage", 100, 64, 47, 3)
-    widths = np.array(m.widths(), dtype=np.float64)
+    win = np.array([i for i, _ in m.widths()], dtype=np.float64)
 
-    def option(mode, rows, edges, payload="rows"):
-        w = Work(row_units=np.array(rows, dtype=np.float64) * (widths[:, 0] * widths[:, 1]).sum(),
-                 edge_units=np.array(edges, dtype=np.float64) * widths[:, 0].sum(),
-                 intra_bytes=np.zeros(len(rows)), inter_bytes=np.zeros(1), rows_computed=int(sum(rows)))
+    def option(mode, rows, degree, payload="rows"):
+        rows = np.array(rows, dtype=np.float64)
+        w = Work(row_units=rows, edge_units=rows * degree * win.sum(), intra_bytes=np.zeros(len(rows)),
+                 inter_bytes=np.zeros(1), rows_computed=int(rows.sum()), dst_units=rows * win.sum())
         return mm.Option(mode=mode, payload=payload, work=w)
 
-    eas = option("eas", [500, 700], [1000, 1400])  # sampled: 2 in-edges a row
-    fb = option("fb", [400, 600], [1200, 1800])  # every in-edge of the train-induced graph: 3 a row
-    partial = option("fb", [400, 600], [4000, 6000], payload="partial")
+    eas = option("eas", [500, 700], 2.0)  # sampled: 2 in-edges a row
+    fb = option("fb", [400, 600], 3.0)  # every in-edge of the train-induced graph: 3 a row
+    partial = option("fb", [400, 600], 10.0, payload="partial")
     assert mm.training_degree([eas, partial, fb], m, fallback=26.0) == pytest.approx(3.0)
     assert mm.training_degree([eas, partial], m, fallback=26.0) == pytest.approx(2.0)  # no baseline: the first
     assert mm.training_degree([mm.Option(mode="fb")], m, fallback=26.0) == 26.0  # no work: the dataset's

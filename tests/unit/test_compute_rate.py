@@ -75,10 +75,22 @@ def test_fit_step_separates_the_per_row_and_the_fixed_cost():
     assert scale == 1.0 and fixed == pytest.approx(0.2 - 1000 * 5e-5)
 
 
-def test_kernel_prediction_per_row():
-    # (8 x 4 x row_s + 3 x 8 x edge_s) + (4 x 2 x row_s + 3 x 4 x edge_s)
-    got = compute_rate.kernel_seconds_per_row([(8, 4), (4, 2)], 3.0, 1e-3, 1e-2)
-    assert got == pytest.approx(40e-3 + 36e-2)
+def test_kernel_prediction_counts_the_projected_rows():
+    import granndis_hpc.memory_model as mm
+
+    # SAGE 8 -> 8 -> 8 -> 4 (layer 0 reads the static features; layers 1-2 the exchange)
+    spec = mm.ModelSpec("sage", features=8, hidden=8, num_classes=4, layers=3)
+    n, d, row_s, edge_s = 1024, 3, 1e-3, 1e-2
+    edges = 3 * n * d * 8 * edge_s
+    # plain: lin_self and lin_neigh project the n rows (or their aggregates) at every layer
+    want = 2 * n * (8 * 8 + 8 * 8 + 8 * 4) * row_s + edges
+    assert compute_rate.kernel_seconds(spec, n, d, row_s, edge_s) == pytest.approx(want)
+    # overlapped: layer 1 (8 -> 8, its halo in flight) projects its n + n/16 sources first; layer 2
+    # narrows (8 -> 4), so it projects its sources, halo included, on either path; layer 0 holds the static
+    # halo rows, not split, at equal widths: it aggregates first
+    h = n // 16
+    want = (2 * n * 8 * 8 + (2 * n + h) * 8 * 8 + (2 * n + h) * 8 * 4) * row_s + edges
+    assert compute_rate.kernel_seconds(spec, n, d, row_s, edge_s, overlapped=True) == pytest.approx(want)
 
 
 def test_calibrate_times_the_real_training_step():
@@ -133,6 +145,40 @@ def test_a_rank_that_cannot_calibrate_stops_every_rank_with_its_reason():
     out = compute_rate.measure_job([(8, 4)], 3.0, torch.device("cpu"), allgather, repeats=1, once=once, spec=spec)
     assert (out["compute_scale"], out["step_s"]) == (1.0, 0.0)
     assert out["calibration"] == "not calibrated (ValueError: no such model): the kernels' rates alone"
+
+
+@pytest.mark.parametrize("name", ["sage", "gcn"])
+@pytest.mark.parametrize("features", [5, 8, 16])  # widening, equal and narrowing into hidden 8
+def test_the_projected_rows_are_the_rows_the_linears_read(name, features):
+    """The compute model's projected rows (the model's estimator's projected_rows) against the rows every
+    Linear of each conv reads in the real model, plain and on the world view's overlapped path (the halo
+    in flight at the exchanged layers, 1 and 2)."""
+    import granndis_hpc.memory_model as mm
+    from granndis_hpc.nn.models import build_model
+
+    cpu, n = torch.device("cpu"), 64
+    spec = mm.ModelSpec(name, features=features, hidden=8, num_classes=3, layers=3)
+    model = build_model(name, features, 8, 3, 3).eval()
+    seen = [0] * 3
+
+    def count(l):
+        def hook(module, args):
+            seen[l] += args[0].shape[0]
+        return hook
+    for l, conv in enumerate(model.convs):
+        for lin in conv.modules():
+            if isinstance(lin, torch.nn.Linear):
+                lin.register_forward_pre_hook(count(l))
+    x = torch.randn(n, features)
+    for overlapped in (False, True):
+        gather, n_halo = compute_rate._world_gather(n, cpu, lambda l: l > 0) if overlapped else (None, 0)
+        graph = compute_rate._calibration_graph(n, 3, cpu, n_halo=n_halo)
+        seen[:] = [0] * 3
+        model(x, [graph] * 3, gather=gather)
+        rows = mm.LayerRows(n_own_in=n, n_halo=n_halo, n_dst=n, nnz=3 * n)
+        want = [spec.estimator.projected_rows(rows, i, o, overlapped and l > 0)
+                for l, (i, o) in enumerate(spec.widths())]
+        assert seen == want, (overlapped, seen, want)
 
 
 def test_the_overlapped_step_runs_the_world_views_path():

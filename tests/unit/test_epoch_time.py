@@ -25,8 +25,9 @@ def test_fb_by_hand():
     rows = [_rank(0, 3), _rank(1, 3), _rank(2, 3), _rank(3, 4)]  # 2 servers x 2 GPUs
     grad = 2 * 1 * SPEC.parameters() * 4 / 2  # each server's share of the ring all-reduce
     p = predict(rows, SPEC, servers=2, batches=1, rates=RATES)
-    # rows: 10 x 8 x 16 + 10 x 16 x 4 = 1920 units; edges: 30 x 8 + 40 x 16 = 880 units
-    assert p["compute_s"] == pytest.approx(1920e-6 + 880e-5)
+    # projected rows (SAGE: lin_self's n_dst, lin_neigh's n_dst aggregates, or where it narrows (16 -> 4) its
+    # 10 + 6 source rows): 20 x 8 x 16 + 26 x 16 x 4 = 4224 units; edges: 30 x 8 + 40 x 16 = 880 units
+    assert p["compute_s"] == pytest.approx(4224e-6 + 880e-5)
     # sage's layer 0 reads the static halo; layer 1 sends 16 floats a row, forward and backward
     assert p["inter_bytes_max_server"] == 2 * 3 * 64 + 2 * 4 * 64 + grad  # server 1 (ranks 2, 3)
     assert p["inter_s"] == pytest.approx((896 + grad) / 1000)
@@ -83,7 +84,9 @@ def test_rounds_and_steps_by_hand():
 
 
 def _uneven(rank, heavy_layer, k=0):
-    """A rank that computes 100 rows at `heavy_layer` and 10 at the other."""
+    """A rank that computes 100 rows at `heavy_layer` and 10 at the other, from 10 own source rows: SAGE
+    projects 2 x 100 or 2 x 10 rows at layer 0 (8 -> 16) and 100 + 10 or 10 + 10 at layer 1 (16 -> 4, the
+    source rows projected first)."""
     n = [100 if l == heavy_layer else 10 for l in range(2)]
     layers = tuple(mm.LayerRows(n_own_in=10, n_halo=0, n_dst=n[l], nnz=0, inter_halo=0) for l in range(2))
     world = mm.ViewRows("world", 10, 0, 0, layers)
@@ -93,14 +96,15 @@ def _uneven(rank, heavy_layer, k=0):
 
 
 def test_the_slowest_rank_sets_each_segment():
-    # layer 0: 8 x 16 = 128 units a row, layer 1: 16 x 4 = 64; rank 0 heavy at layer 0, rank 1 at layer 1
+    # layer 0: 8 x 16 = 128 units a projected row, layer 1: 16 x 4 = 64; rank 0 heavy at layer 0, rank 1 at
+    # layer 1
     unit = 1e-6
     fb = predict([_uneven(0, 0), _uneven(1, 1)], SPEC, servers=2, batches=1, rates=RATES)
-    # fb's world exchange at layer 1 makes two segments: max(100, 10) x 128 + max(10, 100) x 64
-    assert fb["compute_s"] == pytest.approx((100 * 128 + 100 * 64) * unit)
+    # fb's world exchange at layer 1 makes two segments: max(200, 20) x 128 + max(20, 110) x 64
+    assert fb["compute_s"] == pytest.approx((200 * 128 + 110 * 64) * unit)
     # all layers inside the server: one segment, the slowest rank's whole step
     flx = predict([_uneven(0, 0, k=2), _uneven(1, 1, k=2)], SPEC, servers=2, batches=1, rates=RATES)
-    assert flx["compute_s"] == pytest.approx(max(100 * 128 + 10 * 64, 10 * 128 + 100 * 64) * unit)
+    assert flx["compute_s"] == pytest.approx(max(200 * 128 + 20 * 64, 20 * 128 + 110 * 64) * unit)
 
 
 def test_compute_scale_multiplies_the_compute():
@@ -225,15 +229,18 @@ def _three_layers(rank, k):
 def test_overlap_scale_prices_the_layers_on_the_overlapped_path():
     spec = mm.ModelSpec("sage", features=8, hidden=16, num_classes=4, layers=3)  # overlapped: the world group
     rates = replace(RATES, compute_scale=1.5, overlap_scale=2.0, overlap_step_s=0.25)
-    # per layer: rows x w_in x w_out x row_s + edges x w_in x edge_s
-    layer = [10 * 128e-6 + 5 * 8e-5, 20 * 256e-6 + 10 * 16e-5, 30 * 64e-6 + 15 * 16e-5]
+    # per layer: projected rows x w_in x w_out x row_s + edges x w_in x edge_s; SAGE projects 2 n_dst rows,
+    # or n_dst + n_src (10 own + 4 halo) where lin_neigh projects the sources first: layer 2 narrows, and
+    # layer 1 (16 -> 16) does so with its halo in flight (fb's world layers)
+    layer = [20 * 128e-6 + 5 * 8e-5, 40 * 256e-6 + 10 * 16e-5, 44 * 64e-6 + 15 * 16e-5]
+    fb_layer = [layer[0], 34 * 256e-6 + 10 * 16e-5, layer[2]]
 
     def compute(rows, m, r=rates):
         p = predict(rows, m, servers=2, batches=1, rates=r)
         return p["compute_s"], p["fixed_s"]
     # fb: every layer's halo in flight (layers 1, 2) or its rows split for the next one's (layers 0, 1)
     assert compute([_three_layers(r, 0) for r in range(4)], spec) == pytest.approx(
-        (2.0 * sum(layer), 0.25 + 4 * rates.world_round_s))
+        (2.0 * sum(fb_layer), 0.25 + 4 * rates.world_round_s))
     # flx k=2: layer 0 and its server-view exchange are plain; layer 1 splits its rows for layer 2's world
     # exchange, which is in flight at layer 2
     flx = compute([_three_layers(r, 2) for r in range(4)], spec)
@@ -246,4 +253,4 @@ def test_overlap_scale_prices_the_layers_on_the_overlapped_path():
     assert compute([_three_layers(0, 0)], spec)[0] == pytest.approx(1.5 * sum(layer))
     # no overlapped calibration (overlap_scale None): the plain scale throughout
     assert compute([_three_layers(r, 0) for r in range(4)], spec, replace(rates, overlap_scale=None))[0] == \
-        pytest.approx(1.5 * sum(layer))
+        pytest.approx(1.5 * sum(fb_layer))

@@ -23,9 +23,10 @@ FB = [_rank(0, 3), _rank(1, 3), _rank(2, 3), _rank(3, 4)]  # 2 servers x 2 GPUs
 
 def _by_hand(rates: Rates, spec: mm.ModelSpec):
     """fb's terms on FB, counted here: (compute, backward, halo's inter-server seconds, gradient's)."""
-    # per rank: layer 0 10 rows x 8 x 16 and 30 edges x 8, layer 1 10 x 16 x 4 and 40 x 16; the ranks are
-    # alike, so the slowest rank's segments add up to one rank's layers
-    rows, edges = 10 * 8 * 16 + 10 * 16 * 4, 30 * 8 + 40 * 16
+    # per rank: layer 0 projects 2 x 10 rows at 8 x 16 over 30 edges x 8, layer 1 (narrowing: its 10 + 6
+    # source rows first) 10 + 16 at 16 x 4 over 40 x 16; the ranks are alike, so the slowest rank's segments
+    # add up to one rank's layers
+    rows, edges = 20 * 8 * 16 + 26 * 16 * 4, 30 * 8 + 40 * 16
     compute = rates.compute_scale * (rows * rates.row_s + edges * rates.edge_s)
     backward = rates.compute_scale * (rows * rates.row_s * 2 / 3 + edges * rates.edge_s / 2)
     # layer 1's halo, 16 floats a row forward and backward: server 0 sends 2 x 3 rows (768 bytes) and
@@ -69,14 +70,15 @@ def test_a_gradient_longer_than_the_backward_charges_the_excess(both):
 
 
 def test_the_backward_is_each_segment_s_slowest_rank_and_scales_with_the_steps():
-    # rank 0 heavy at layer 0 (100 rows of 8 x 16), rank 1 at layer 1 (100 of 16 x 4); no halo, no edges:
-    # the inter-server seconds are the gradient's alone, both ways, hidden behind the backward's products
+    # rank 0 heavy at layer 0 (100 rows of 8 x 16, 200 projected), rank 1 at layer 1 (100 of 16 x 4, 110
+    # projected); no halo, no edges: the inter-server seconds are the gradient's alone, both ways, hidden
+    # behind the backward's products
     rates = Rates(inter_Bps=50.0, intra_Bps=1e4, row_s=1e-5, edge_s=1e-5)
     grad = 2 * 1 * OVERLAPPED.parameters() * 4 / 2 / 50.0
     fb = [_uneven(0, 0), _uneven(1, 1)]  # layer 1 exchanges on the world: two segments
-    backward = 2 / 3 * (100 * 128 + 100 * 64) * 1e-5
+    backward = 2 / 3 * (200 * 128 + 110 * 64) * 1e-5
     flx = [_uneven(0, 0, k=2), _uneven(1, 1, k=2)]  # one segment: the slower rank's whole step
-    backward_flx = 2 / 3 * max(100 * 128 + 10 * 64, 10 * 128 + 100 * 64) * 1e-5
+    backward_flx = 2 / 3 * max(200 * 128 + 20 * 64, 20 * 128 + 110 * 64) * 1e-5
     for rows, back in ((fb, backward), (flx, backward_flx)):
         for batches in (1, 3):
             p = predict(rows, OVERLAPPED, servers=2, batches=batches, rates=rates)
