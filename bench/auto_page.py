@@ -106,7 +106,8 @@ def repeats_text(data):
 
 MODEL = (
     "auto prices each option's epoch (memory_model/epoch_time.py, docs/concepts.md) as the sum of: compute (per "
-    "rank and layer, the rows' projections and the edges' aggregation at rates timed at start-up, times the "
+    "rank and layer, the rows its Linears project (the halo rows too where a layer projects before it "
+    "aggregates, as fb's world layers do) and the edges' aggregation at rates timed at start-up, times the "
     "calibration of the model's real training step (every rank stepping at once, on a random graph of the "
     "in-degree of the graph the run trains on), on the world view's overlapped path for the layers a run "
     "computes that way (fb's and flx's world layers); between two world exchanges the slowest rank's), "
