@@ -286,10 +286,10 @@ def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: f
     docstring).
 
     allgather: the job's (measure_job's; None: this process alone).  Collective then: the ranks start
-    every timed step together, as they compute a training step together.  Timed one at a time, a rank
-    whose peers wait had the cores to itself: on the products-size set, 4 ranks on 2 cores, the fastest
-    of such steps priced the epoch's compute at 0.56x of measured.  A rank that cannot build or run the
-    step makes every rank raise CalibrationFailed with its reason (none is left waiting for it)."""
+    every timed step together, as they compute a training step together: where ranks share cores (the
+    emulated cluster's 4 ranks on 2), a rank timed while its peers wait has the cores to itself, which
+    no training step has.  A rank that cannot build or run the step makes every rank raise
+    CalibrationFailed with its reason (none is left waiting for it)."""
     gather = allgather or (lambda mine: [mine])
     widths = spec.widths()
     d = _degree(degree)
