@@ -382,6 +382,7 @@ class Automatic(Mode):
             setup = {"cobatch_s": 0.0, "cobatch_row_s": 0.0, "method": ""}  # priced at zero until timed
         with collective_errors(topo.world, "--mode auto", **errors):
             if topo.rank == 0:
+                assert found is not None  # (rank 0 estimated the options above)
                 first = found.decide(rates_for)  # the time rule: the co-batch set-up at zero, a lower bound
                 if first.choice is None:
                     raise TrainingError(first.reason)

@@ -304,8 +304,9 @@ def training_degree(options: Sequence[Option], m: ModelSpec, fallback: float) ->
                and float(o.work.dst_units.sum()) > 0]
     if not counted:
         return float(fallback)
-    o = next((o for o in counted if _baseline(o)), counted[0])
-    return float(o.work.edge_units.sum()) / float(o.work.dst_units.sum())
+    w = next((o for o in counted if _baseline(o)), counted[0]).work
+    assert w is not None and w.dst_units is not None  # (counted)
+    return float(w.edge_units.sum()) / float(w.dst_units.sum())
 
 
 def _terms(p: Dict[str, float]) -> str:
