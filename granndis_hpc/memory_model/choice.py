@@ -297,9 +297,8 @@ def training_degree(options: Sequence[Option], m: ModelSpec, fallback: float) ->
     them: the baseline's epoch (fb's, else the first option's), its edges times their input widths over
     its computed rows times theirs (Work.dst_units), so that a step at this degree holds the epoch's
     aggregation work per row.  The dataset's average degree is not it: an inductive run trains on the
-    train-induced graph (products-size: about 3 in-edges a row, the dataset 26), and the compute
-    calibration's scale at the one degree priced the other's rows at 0.9x (docs/performance/auto.md).
-    `fallback` where no option has its epoch's work counted."""
+    train-induced graph (products-size: about 3 in-edges a row, the dataset 26), and a scale calibrated
+    at one degree misprices rows at the other.  `fallback` where no option has its epoch's work counted."""
     counted = [o for o in options if o.work is not None and o.work.dst_units is not None
                and float(o.work.dst_units.sum()) > 0]
     if not counted:

@@ -14,20 +14,19 @@ every rank times REPEATS passes (each the best of TRIALS trials per layer width)
 which one slow or lucky pass does not move; the job's rate is the largest of the ranks' medians, as an
 epoch waits for its slowest rank (`combine`, `measure_job`).
 
-The kernels are not all a training step runs: SAGE projects twice per layer (its own and its
-neighbours' rows), and the step adds the bias, activation, dropout, loss, the optimizer and Python's
-per-layer overhead.  On Cora (3-layer SAGE, hidden 64) the kernels predicted 0.5-0.7x of the measured
-compute.  So `calibrate` times the model's real training step (nn.models.build_model, forward,
-cross-entropy, backward, Adam) on a random graph of the run's degree at n and 2n rows, the job's ranks
-stepping together as they do in training: the growth from n to 2n is the per-row cost, which over the
-kernels' prediction for the same rows is `compute_scale`; what is left at n rows is the step's fixed
-cost (`step_s`: optimizer, launches).
+The kernels are not all a training step runs: the step adds the bias, activation, dropout, loss, the
+optimizer and Python's per-layer overhead to the projections and aggregations they time (counted as the
+epoch counts them: kernel_seconds, each layer's projected rows). So `calibrate` times the model's real
+training step (nn.models.build_model, forward, cross-entropy, backward, Adam) on a random graph of the
+run's degree at n and 2n rows, the job's ranks stepping together as they do in training: the growth from
+n to 2n is the per-row cost, which over the kernels' prediction for the same rows is `compute_scale`;
+what is left at n rows is the step's fixed cost (`step_s`: optimizer, launches).
 
 fb's world view computes its layers another way: the halo in flight (nn/rows.PendingRows), a layer
 aggregates its own rows' edges and its halo rows' apart and combines them, and boundary-first it computes
 the rows the next exchange sends, then the others, and merges them (nn/runner.py).  On the products-size
-graph fb's measured compute was 0.90-1.29x of flx k=3's over two runs at four rates (median 1.12), where
-the plain step predicted the two within 1 % of each other (docs/performance/auto.md).  So `calibrate` also
+graph fb's measured compute is 1.16x flx k=3's, which the plain step alone does not see
+(docs/performance/auto.md).  So `calibrate` also
 times the step on that path (`training_step(overlapped=True)`: a halo of 1/16 of the rows at hand, in
 flight where the layer's sources come through the exchange, every 4th row a boundary row) at the same
 sizes: its growth from n to 2n over the kernels' prediction is `overlap_scale`, and what its fixed cost
@@ -363,8 +362,8 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     fixed = [float(c["step_s"]) for c in cals]
     # The overlapped path: each rank's ratio to its own plain step and its extra fixed cost, the median
     # over the ranks.  A rank's two paths are timed side by side, but ranks sharing cores disturb each
-    # other's fits: on Cora at 10 Mbit/s, 4 ranks on 2 cores, one start-up's ranks measured ratios 1.0-3.16,
-    # their median 1.39 (docs/performance/auto.md).
+    # other's fits: on the products-size graph unshaped, 4 ranks on 2 cores, one start-up's ranks measured
+    # ratios 1.2-3.36, their median 1.35 (docs/performance/auto.md).
     ratios = [float(c.get("overlap_scale", c["compute_scale"])) / max(float(c["compute_scale"]), 1e-12) for c in cals]
     overlap_fixed = [float(c.get("overlap_step_s", 0.0)) for c in cals]
     out.update(compute_scale=max(scales), step_s=max(fixed), overlap_scale=max(scales) * float(np.median(ratios)),
