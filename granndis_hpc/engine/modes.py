@@ -428,8 +428,9 @@ class Automatic(Mode):
 
     def _compute_rate(self, topo, found) -> dict:
         """Collective: the compute rate measured on every rank (memory_model/compute_rate.measure_job) at
-        the model's widths and the in-degree of the graph the run trains on, from rank 0's estimates of the
-        options (`found`, memory_model.ShardSetOptions; None on the other ranks)."""
-        shape = (found.m.widths(), found.degree, found.m) if topo.rank == 0 else None
-        widths, degree, m = topo.bcast_object(shape)
-        return compute_rate.measure_job(widths, degree, topo.device, topo.allgather_object, spec=m)
+        the model's widths, the in-degree of the graph the run trains on and its overlapped path's shape,
+        from rank 0's estimates of the options (`found`, memory_model.ShardSetOptions; None on the other
+        ranks)."""
+        graph = (found.m.widths(), found.degree, found.m, found.shape) if topo.rank == 0 else None
+        widths, degree, m, shape = topo.bcast_object(graph)
+        return compute_rate.measure_job(widths, degree, topo.device, topo.allgather_object, spec=m, shape=shape)

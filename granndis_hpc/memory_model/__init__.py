@@ -38,7 +38,7 @@ from .arrays import (GpuArrays, HopCounts, ServerArrays, WorldCounts, cobatch_co
                      with_cobatch, world_counts, world_reads, relayed_by, server_inter_once)
 from .choice import (Decision, Option, choose, choose_by_time, decision_table, drop_dominated, make_option, order_text,
                      preference, price, rows_held, sets_up_cobatches, setup_matters, setup_not_timed,
-                     training_degree)
+                     training_degree, training_shape)
 from .epoch_time import Rates, predict
 from .estimate import (LayerRows, MemoryModelError, ModelSpec, PeerCounts, RankRows, ViewRows, activation_layers,
                        check_rank_rows, estimate, inter_server_bytes, step_peak)
@@ -53,7 +53,7 @@ __all__ = ["GpuArrays", "HopCounts", "ServerArrays", "WorldCounts", "cobatch_cou
            "with_cobatch", "world_counts", "world_reads", "relayed_by", "server_inter_once", "Decision", "Option",
            "choose", "choose_by_time", "decision_table", "Rates", "predict", "price", "drop_dominated",
            "make_option", "order_text", "preference", "rows_held", "sets_up_cobatches", "setup_matters",
-           "setup_not_timed", "training_degree", "shard_set_options", "ShardSetOptions", "LayerRows",
+           "setup_not_timed", "training_degree", "training_shape", "shard_set_options", "ShardSetOptions", "LayerRows",
            "MemoryModelError", "ModelSpec",
            "RankRows", "ViewRows", "activation_layers", "check_rank_rows", "estimate", "inter_server_bytes",
            "step_peak", "RowGroup", "Sampling", "SetArrays", "cobatch_server_arrays", "options", "row_groups",

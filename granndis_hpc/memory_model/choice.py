@@ -17,7 +17,7 @@ from granndis_hpc.units import format_size
 
 from .epoch_time import Rates, Work, seconds, work
 from .estimate import ModelSpec, RankRows, estimate, inter_server_bytes
-from .payload import halo_bytes, memory_bytes
+from .payload import computed_rows, halo_bytes, memory_bytes
 from .payload import plan as payload_plan
 
 # Which Option attribute a mode's knob is, and how auto prefers it: the largest k, the fewest co-batches.
@@ -88,9 +88,9 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
     # fb's and flx's partial payloads: the halo bytes of the layers and server pairs that send partials, and
     # what their structures and buffers add to the memory of the same option with rows
     halo = halo_bytes(rows, m, servers, payload) if payload != "rows" else None
-    # a layer that sends partials exchanges them in a world round of their own (priced where it blocks)
-    partial_layers = (sum(bool(np.any(u)) for u in payload_plan(rows, m, servers, payload).use)
-                      if payload != "rows" else 0)
+    # a layer that sends partials exchanges them in a world round of their own (priced where it blocks), and the
+    # layer below it computes its rows unsplit
+    partial_layers = [bool(np.any(u)) for u in payload_plan(rows, m, servers, payload).use] if payload != "rows" else []
     if payload != "rows":
         for e, (graph, buffers) in zip(ests, memory_bytes(rows, m, servers, payload)):
             e["breakdown"] = {**e["breakdown"], "graph": e["breakdown"]["graph"] + int(graph),
@@ -107,7 +107,8 @@ def make_option(mode: str, rows: Sequence[RankRows], m: ModelSpec, servers: int,
                   inter_server_bytes=inter_server_bytes(rows, m, servers, steps=batches, halo_bytes=halo),
                   # a batched mode sets up each co-batch (one per epoch is planned once and reused) and
                   # all-reduces the target count of every one
-                  work=work(rows, m, servers, batches, halo_bytes=halo,
+                  work=work(computed_rows(rows, m, servers, payload) if payload != "rows" else rows, m, servers,
+                            batches, halo_bytes=halo,
                             cobatches=batches if batched and batches > 1 else 0, batched=batched,
                             partial_layers=partial_layers))
 
@@ -292,6 +293,14 @@ def _baseline(o: Option) -> bool:
     return bool(MODES.entry(o.mode).get("baseline")) and o.payload == "rows"
 
 
+def _training_work(options: Sequence[Option], counted) -> Optional[Work]:
+    """The work of the baseline (fb's epoch, else the first option's) among the options whose work has
+    what `counted` reads (None: no such option)."""
+    found = [o.work for o in options if o.work is not None and counted(o.work)]
+    return next((o.work for o in options if o.work is not None and counted(o.work) and _baseline(o)),
+                found[0] if found else None)
+
+
 def training_degree(options: Sequence[Option], m: ModelSpec, fallback: float) -> float:
     """The in-edges per computed row of the graph the run trains on, as the compute rate's kernels count
     them: the baseline's epoch (fb's, else the first option's), its edges times their input widths over
@@ -299,13 +308,21 @@ def training_degree(options: Sequence[Option], m: ModelSpec, fallback: float) ->
     aggregation work per row.  The dataset's average degree is not it: an inductive run trains on the
     train-induced graph (products-size: about 3 in-edges a row, the dataset 26), and a scale calibrated
     at one degree misprices rows at the other.  `fallback` where no option has its epoch's work counted."""
-    counted = [o for o in options if o.work is not None and o.work.dst_units is not None
-               and float(o.work.dst_units.sum()) > 0]
-    if not counted:
+    w = _training_work(options, lambda w: w.dst_units is not None and float(w.dst_units.sum()) > 0)
+    if w is None or w.dst_units is None:
         return float(fallback)
-    w = next((o for o in counted if _baseline(o)), counted[0]).work
-    assert w is not None and w.dst_units is not None  # (counted)
     return float(w.edge_units.sum()) / float(w.dst_units.sum())
+
+
+def training_shape(options: Sequence[Option]) -> Optional[Tuple[float, float]]:
+    """The overlapped path's shape in the baseline's epoch (fb's, else the first option's with a layer on
+    that path): its halo rows and its boundary-first rows per computed row (Work.overlap_shape), at which
+    compute_rate calibrates the path.  The path's cost per row over the kernels' grows with its halo: on
+    the demo graph's model (SAGE 100-64-64-16, one process, 5,000 rows) 1.31x with a halo of 1/16 of the
+    rows and a quarter of them first, 1.49x at fb's shape there (a halo of twice the rows, 95 % first).
+    None where no option computes on that path."""
+    w = _training_work(options, lambda w: w.overlap_shape is not None)
+    return None if w is None else w.overlap_shape
 
 
 def _terms(p: Dict[str, float]) -> str:

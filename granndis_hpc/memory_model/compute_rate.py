@@ -27,9 +27,11 @@ aggregates its own rows' edges and its halo rows' apart and combines them, and b
 the rows the next exchange sends, then the others, and merges them (nn/runner.py).  On the products-size
 graph fb's measured compute is 1.16x flx k=3's, which the plain step alone does not see
 (docs/performance/auto.md).  So `calibrate` also
-times the step on that path (`training_step(overlapped=True)`: a halo of 1/16 of the rows at hand, in
-flight where the layer's sources come through the exchange, every 4th row a boundary row) at the same
-sizes: its growth from n to 2n over the kernels' prediction is `overlap_scale`, and what its fixed cost
+times the step on that path (`training_step(overlapped=True)`: a halo in flight where the layer's sources
+come through the exchange, and the rows the next exchange sends computed first) at the same sizes, in the
+run's shape: the halo rows and the rows computed first per row of the baseline's (fb's) epoch
+(choice.training_shape; fb on the 20,000-vertex demo graph: a halo of 1.97 rows a row, nearly every row
+sent).  Its growth from n to 2n over the kernels' prediction is `overlap_scale`, and what its fixed cost
 adds to the plain step's is `overlap_step_s` (the split's and merge's per-layer calls); each auto run's
 reason, and the auto page's rates lines, give both.  The sizes are some thousand rows (CALIBRATION_UNITS;
 products' model: 4,599), where a step's per-row cost comes nearer a run's, whose rows leave the caches; at
@@ -165,26 +167,48 @@ def _calibration_graph(n: int, degree: int, device: torch.device, seed: int = 1,
                       n_own=n if n_halo else None).to(device)
 
 
-OVERLAP_HALO_SHARE = 16  # the overlapped calibration's halo: one row per this many rows at hand
-BOUNDARY_EVERY = 4  # and every this many-th row at hand a boundary row (sent first)
+# The overlapped calibration's shape where the run's is not known (`preprocess plan` without options): a
+# halo of one row per 16 rows at hand, a quarter of them boundary rows (sent first).
+DEFAULT_SHAPE = (1.0 / 16.0, 0.25)
+MAX_HALO_SHARE = 4.0  # at most this many halo rows per row at hand (the calibration's memory stays bounded)
 
 
-def _halo_rows(n: int) -> int:
-    return max(1, n // OVERLAP_HALO_SHARE)
+def _shape(shape: Optional[Tuple[float, float]]) -> Tuple[float, float]:
+    halo, first = DEFAULT_SHAPE if shape is None else shape
+    return float(min(MAX_HALO_SHARE, max(0.0, halo))), float(min(1.0, max(0.0, first)))
 
 
-def _world_gather(n: int, device: torch.device, exchanged: Callable[[int], bool]):
-    """A gather as the world view's overlapped one calls the layers (engine/views.py), with n //
-    OVERLAP_HALO_SHARE halo rows after layer l's own rows: where layer l's sources come through the
-    exchange (`exchanged(l)`, the model's estimator's) the halo is handed over as in flight (PendingRows)
-    and gets its gradient, as the exchange's backward reads it, and the layer before splits its rows
-    boundary-first (RowSplit, every BOUNDARY_EVERY-th row first, whose posting sends nothing); otherwise
-    the halo is the static one, feature rows read at once without a gradient (SAGE's layer 0)."""
+def _shape_text(shape: Optional[Tuple[float, float]]) -> str:
+    halo, first = _shape(shape)
+    return (f"{halo:.3g} halo rows and {first:.0%} of the rows computed first per row"
+            + (", the run's" if shape is not None else ""))
+
+
+def _halo_rows(n: int, shape: Optional[Tuple[float, float]] = None) -> int:
+    """The halo rows of the overlapped calibration at n rows at hand: the shape's share, at least one."""
+    return max(1, int(round(n * _shape(shape)[0])))
+
+
+def _boundary(n: int, shape: Optional[Tuple[float, float]], device: torch.device) -> torch.Tensor:
+    """The shape's share of n rows, evenly spaced, at least one: the rows a split layer computes first."""
+    count = max(1, min(n, int(round(n * _shape(shape)[1]))))
+    return torch.unique(torch.linspace(0, n - 1, count, device=device).round().to(torch.int64))
+
+
+def _world_gather(n: int, device: torch.device, exchanged: Callable[[int], bool],
+                  shape: Optional[Tuple[float, float]] = None):
+    """A gather as the world view's overlapped one calls the layers (engine/views.py), with the shape's
+    halo rows after layer l's own rows (`_halo_rows`): where layer l's sources come through the exchange
+    (`exchanged(l)`, the model's estimator's) the halo is handed over as in flight (PendingRows) and gets
+    its gradient, as the exchange's backward reads it, and the layer before splits its rows boundary-first
+    (RowSplit, the shape's share of the rows first, whose posting sends nothing); otherwise the halo is the
+    static one, feature rows read at once without a gradient (SAGE's layer 0).  shape: (halo rows,
+    boundary rows) per row at hand, the run's (choice.training_shape); None: DEFAULT_SHAPE."""
     from granndis_hpc.nn.rows import HaloGather, PendingRows, RowSplit
 
-    n_halo = _halo_rows(n)
+    n_halo = _halo_rows(n, shape)
     halos: dict = {}
-    split = RowSplit(torch.arange(0, n, BOUNDARY_EVERY, device=device), n)
+    split = RowSplit(_boundary(n, shape, device), n)
 
     def rows(l: int, h: torch.Tensor):
         if l not in halos:
@@ -199,18 +223,20 @@ def _world_gather(n: int, device: torch.device, exchanged: Callable[[int], bool]
                       post=lambda l, first: None), n_halo
 
 
-def training_step(spec, n: int, degree: int, device: torch.device, overlapped: bool = False) -> Callable[[], None]:
+def training_step(spec, n: int, degree: int, device: torch.device, overlapped: bool = False,
+                  shape: Optional[Tuple[float, float]] = None) -> Callable[[], None]:
     """One training step of the model `spec` (a memory_model ModelSpec) on a random graph of n rows and
     `degree` in-edges each: forward, cross-entropy, backward and an Adam step, as the trainer runs it.
-    overlapped: through the world view's overlapped path (`_world_gather`; the graph's sources are the n
-    rows and the halo's), as fb computes."""
+    overlapped: through the world view's overlapped path (`_world_gather` at `shape`; the graph's sources
+    are the n rows and the halo's), as fb computes."""
     from granndis_hpc.nn.models import build_model
 
     model = build_model(spec.name, spec.features, spec.hidden, spec.num_classes, spec.layers + spec.linear_layers,
                         dropout=spec.dropout, norm=spec.norm, linear_layers=spec.linear_layers,
                         **dict(spec.options)).to(device)
     model.train()
-    gather, n_halo = _world_gather(n, device, lambda l: spec.estimator.exchanged(l, spec)) if overlapped else (None, 0)
+    gather, n_halo = (_world_gather(n, device, lambda l: spec.estimator.exchanged(l, spec), shape) if overlapped
+                      else (None, 0))
     graphs = [_calibration_graph(n, degree, device, n_halo=n_halo)] * model.num_layers
     g = torch.Generator().manual_seed(2)
     x = torch.randn(n, spec.features, generator=g).to(device)
@@ -234,15 +260,16 @@ def _timed(step, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def kernel_seconds(spec, n: int, degree: int, row_s: float, edge_s: float, overlapped: bool = False) -> float:
+def kernel_seconds(spec, n: int, degree: int, row_s: float, edge_s: float, overlapped: bool = False,
+                   shape: Optional[Tuple[float, float]] = None) -> float:
     """What the kernels' rates predict the calibration's step at n rows costs, counted as epoch_time
     counts a run's layers: each conv's projected rows (the model's estimator's projected_rows) at its
     widths and its n x degree edges; overlapped, with the halo rows `training_step` adds after the n own
-    ones (`_halo_rows`), split (in flight) at the layers the exchange feeds."""
+    ones at `shape` (`_halo_rows`), split (in flight) at the layers the exchange feeds."""
     from .estimate import LayerRows
 
     est = spec.estimator
-    n_halo = _halo_rows(n) if overlapped else 0
+    n_halo = _halo_rows(n, shape) if overlapped else 0
     layer = LayerRows(n_own_in=n, n_halo=n_halo, n_dst=n, nnz=n * degree)
     return float(sum(est.projected_rows(layer, i, o, overlapped and est.exchanged(l, spec)) * i * o * row_s
                      + n * degree * i * edge_s for l, (i, o) in enumerate(spec.widths())))
@@ -277,10 +304,12 @@ def _agree_or_raise(gathered: list) -> bool:
 
 
 def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: float,
-              repeats: int = CALIBRATION_REPEATS, allgather: Optional[Callable[[object], list]] = None) -> dict:
-    """{compute_scale, step_s, overlap_scale, overlap_step_s, rows, step_small_s, step_large_s,
+              repeats: int = CALIBRATION_REPEATS, allgather: Optional[Callable[[object], list]] = None,
+              shape: Optional[Tuple[float, float]] = None) -> dict:
+    """{compute_scale, step_s, overlap_scale, overlap_step_s, rows, shape, step_small_s, step_large_s,
     overlapped_small_s, overlapped_large_s}: the model's real step (`training_step`) at n and 2n rows,
-    plain and through the world view's overlapped path, each the fastest of `repeats` after an untimed
+    plain and through the world view's overlapped path at `shape` (the run's halo and boundary rows per
+    row: choice.training_shape; None: DEFAULT_SHAPE), each the fastest of `repeats` after an untimed
     one, the four interleaved (a burst of load slows them alike), against the kernels' rates (module
     docstring).
 
@@ -295,7 +324,7 @@ def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: f
     n = int(min(1 << 14, max(1024, CALIBRATION_UNITS // max(1, sum(i * o for i, o in widths)))))
     problem = None
     try:
-        steps = [training_step(spec, rows, d, device, overlapped)
+        steps = [training_step(spec, rows, d, device, overlapped, shape)
                  for overlapped in (False, True) for rows in (n, 2 * n)]
         for step in steps:
             step()  # untimed: allocations, the C kernels, the optimizer's state, the split matrices
@@ -315,26 +344,29 @@ def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: f
         if _agree_or_raise(gather((time.perf_counter() - start > CALIBRATION_BUDGET_S, problem))):
             break
     # per row from n to 2n, each path's own count (the overlapped one projects its halo rows too)
-    plain, over = ((kernel_seconds(spec, 2 * n, d, row_s, edge_s, o) - kernel_seconds(spec, n, d, row_s, edge_s, o)) / n
-                   for o in (False, True))
+    plain, over = ((kernel_seconds(spec, 2 * n, d, row_s, edge_s, o, shape)
+                    - kernel_seconds(spec, n, d, row_s, edge_s, o, shape)) / n for o in (False, True))
     scale, fixed = fit_step(best[0], best[1], n, plain)
     over_scale, over_fixed = fit_step(best[2], best[3], n, over)
     # The overlapped path runs every product the plain one does and more: a smaller growth is noise.
     return {"compute_scale": scale, "step_s": fixed, "overlap_scale": max(scale, over_scale),
-            "overlap_step_s": max(0.0, over_fixed - fixed), "rows": n, "step_small_s": best[0],
+            "overlap_step_s": max(0.0, over_fixed - fixed), "rows": n, "shape": list(_shape(shape)),
+            "step_small_s": best[0],
             "step_large_s": best[1], "overlapped_small_s": best[2], "overlapped_large_s": best[3]}
 
 
 def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.device,
                 allgather: Callable[[object], list], repeats: int = REPEATS, once: Optional[Pass] = None,
-                spec=None, calibration: Optional[Callable[..., dict]] = None) -> dict:
+                spec=None, calibration: Optional[Callable[..., dict]] = None,
+                shape: Optional[Tuple[float, float]] = None) -> dict:
     """Collective: every rank measures (`samples`) and the ranks' medians are combined (`combine`); `allgather` is the
     job's (every rank's object, in rank order).  With `spec` (the model's ModelSpec) every rank then calibrates
-    its real step against the job's rates, the ranks stepping together (`calibrate`; a test injects
-    `calibration`) and the largest scale and fixed cost are kept, and the overlapped path's ratio to the plain
-    step and its extra fixed cost, the ranks' median.  Returns {row_s, edge_s, degree (as given), per_rank (each
-    rank's median row_s and edge_s), compute_scale, overlap_scale, step_s, overlap_step_s, calibration (per
-    rank, or why there is none), method (how it was measured, for the decision)}."""
+    its real step against the job's rates, the ranks stepping together (`calibrate`, its overlapped path at
+    `shape`; a test injects `calibration`) and the largest scale and fixed cost are kept, and the overlapped
+    path's ratio to the plain step and its extra fixed cost, the ranks' median.  Returns {row_s, edge_s,
+    degree (as given), per_rank (each rank's median row_s and edge_s), compute_scale, overlap_scale, step_s,
+    overlap_step_s, calibration (per rank, or why there is none), method (how it was measured, for the
+    decision)}."""
     mine = median_rates(samples(widths, degree, device, repeats, once))
     per_rank = [tuple(r) for r in allgather(mine)]
     row, edge = combine(per_rank)
@@ -347,7 +379,7 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     if spec is None:
         return out
     try:
-        cal: object = (calibration or calibrate)(spec, degree, device, row, edge, allgather=allgather)
+        cal: object = (calibration or calibrate)(spec, degree, device, row, edge, allgather=allgather, shape=shape)
     except CalibrationFailed as exc:  # a rank's model this step cannot build or run: priced by the kernels alone
         cal = str(exc)
     except Exception as exc:  # noqa: BLE001  (the same, raised by an injected calibration)
@@ -371,7 +403,8 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     out["method"] += (f"; calibrated on the model's training step at {cals[0]['rows']} and {2 * cals[0]['rows']} "
                       f"random-graph rows of {_degree(degree)} in-edges: compute x{max(scales):.3g} of the kernels' "
                       f"prediction (ranks {min(scales):.3g}-{max(scales):.3g}), {max(fixed):.3g} s fixed per step, "
-                      f"the slowest rank's; the world view's overlapped path x{float(np.median(ratios)):.3g} of that "
+                      f"the slowest rank's; the world view's overlapped path ({_shape_text(shape)}) "
+                      f"x{float(np.median(ratios)):.3g} of that "
                       f"(ranks {min(ratios):.3g}-{max(ratios):.3g}) and +{float(np.median(overlap_fixed)):.3g} s "
                       f"a step, the ranks' median")
     return out

@@ -72,7 +72,7 @@ gradient term where the run overlaps the gradient (above).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -154,6 +154,10 @@ class Work:
     # per rank: sum over layers of n_dst x w_in, the computed rows at the aggregation's widths (edge_units
     # over it: the in-edges per row as the kernels count them, choice.training_degree; None: not counted)
     dst_units: Optional[np.ndarray] = None
+    # (halo rows per computed row at the layers whose halo is in flight, rows computed first per computed row
+    # at the layers split boundary-first), every rank's: the overlapped path's shape, at which compute_rate
+    # calibrates it (choice.training_shape; None: no layer on that path)
+    overlap_shape: Optional[Tuple[float, float]] = None
 
 
 def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
@@ -166,14 +170,15 @@ def segments(option_rows: Sequence[RankRows], m: ModelSpec) -> np.ndarray:
 
 def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: int = 1,
          halo_bytes: Optional[np.ndarray] = None, cobatches: int = 0, batched: bool = False,
-         partial_layers: int = 0) -> Work:
+         partial_layers: Sequence[bool] = ()) -> Work:
     """The epoch's work of the option whose every rank's rows are `option_rows` (one co-batch's for cob:
     `batches` of them make the epoch, each an optimizer step; `cobatches` of them set up per epoch;
     batched: a co-batch's mode, whose every step all-reduces its target count).
     halo_bytes: [rank, (inter, intra)] where they are not rank_halo_bytes' (fb's partial payloads,
-    memory_model/payload.py); partial_layers: the world layers that send partial aggregates, each a
-    second world round after its rows' (engine/partial.py), forward and backward, where the world group's
-    exchanges block (--no-overlap)."""
+    memory_model/payload.py); partial_layers: per training layer, whether it sends partial aggregates
+    (on some pair of ranks: engine/partial.py), each such world layer a second world round after its rows',
+    forward and backward, where the world group's exchanges block (--no-overlap), and no boundary-first
+    split of the layer below it (its partials are sent from its own messages)."""
     widths = np.asarray(m.widths(), dtype=np.float64)
     n_dst = np.array([[lr.n_dst for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
     nnz = np.array([[lr.nnz for _, lr in r.training_layers()] for r in option_rows], dtype=np.float64)
@@ -189,6 +194,8 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     # the layers whose halo is in flight (their sources split), which SAGE and GCN project first
     pending, split = overlapped_layers(option_rows[0], m)
     pending = [p and len(option_rows) > 1 for p in pending]
+    sends_partials = list(partial_layers) + [False] * (len(pending) - len(partial_layers))
+    split = [q and not sends_partials[l + 1] for l, q in enumerate(split)]
     projected = np.array([[m.estimator.projected_rows(lr, int(w[0]), int(w[1]), p)
                            for (_, lr), w, p in zip(r.training_layers(), widths, pending)] for r in option_rows],
                          dtype=np.float64)
@@ -204,7 +211,8 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
     # for together (engine/partial.py): the partials' round adds bytes, not a latency of its own (Cora,
     # 3 runs an option at 4 rates, docs/performance/auto.md: partial and smaller within -79..+14 ms of fb's
     # epoch, where their partials' rounds were priced +13..+33 ms).
-    partial = int(partial_layers) if world and "world" not in m.overlap else 0
+    partial = sum(1 for v, x, p in zip(views, exchanged, sends_partials) if p and x and v == "world")
+    partial = partial if world and "world" not in m.overlap else 0
     inside = sum(1 for v, x in zip(views, exchanged) if x and v == "server") if per_server > 1 else 0
     # the per-server route shares every world layer's crossed rows inside the receiving server
     # (engine/halo_route.py; ExchangeGroup.per_server: more than one server, more than one rank in each)
@@ -225,7 +233,24 @@ def work(option_rows: Sequence[RankRows], m: ModelSpec, servers: int, batches: i
                 overlapped_row_units=(row_layer @ (onehot * on_path[:, None])).T,
                 overlapped_edge_units=(edge_layer @ (onehot * on_path[:, None])).T,
                 overlapped_steps=b if on_path.any() else 0,
-                dst_units=(b * n_dst * widths[:, 0]).sum(axis=1))
+                dst_units=(b * n_dst * widths[:, 0]).sum(axis=1),
+                overlap_shape=overlap_shape(option_rows, pending, split) if on_path.any() else None)
+
+
+def overlap_shape(option_rows: Sequence[RankRows], pending: Sequence[bool],
+                  split: Sequence[bool]) -> Tuple[float, float]:
+    """(halo rows per computed row at the `pending` layers, rows computed first per computed row at the
+    `split` layers: those layer l + 1 sends), summed over every rank: how much of the overlapped path's
+    work is the halo's and the boundary's, where compute_rate calibrates that path.  A layer's send list
+    counts a row once per peer reading it (LayerRows.n_send), so the rows computed first are taken as at
+    most the rows computed: an upper bound of the distinct ones (fb's world layers on the 20,000-vertex
+    demo graph: 9,869 sends of 4,768 distinct rows, of 5,002 computed; its halo 9,796 rows)."""
+    layers = [[lr for _, lr in r.training_layers()] for r in option_rows]
+    halo = sum(ls[l].n_halo for ls in layers for l, p in enumerate(pending) if p)
+    at_halo = sum(ls[l].n_dst for ls in layers for l, p in enumerate(pending) if p)
+    first = sum(min(ls[l + 1].n_send, ls[l].n_dst) for ls in layers for l, q in enumerate(split) if q)
+    at_split = sum(ls[l].n_dst for ls in layers for l, q in enumerate(split) if q)
+    return halo / max(1, at_halo), first / max(1, at_split)
 
 
 def last_bucket_share(m: ModelSpec) -> float:

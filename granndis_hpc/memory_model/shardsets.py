@@ -13,7 +13,8 @@ from granndis_hpc import shards
 from granndis_hpc.graph.hetero import GraphTypes
 
 from .arrays import ServerArrays, gpu_arrays_from_slice
-from .choice import Decision, choose, choose_by_time, exact, headroom_note, training_degree, usable_budget
+from .choice import (Decision, choose, choose_by_time, exact, headroom_note, training_degree, training_shape,
+                     usable_budget)
 from .epoch_time import Rates
 from .estimate import MemoryModelError, ModelSpec, estimate
 from .induced_sets import InductiveSetArrays
@@ -134,6 +135,9 @@ class ShardSetOptions:
     device_memory: Optional[Tuple[int, int]]
     left_out: List[str]
     skipped: List[str]
+    # the overlapped path's (halo, boundary) rows per computed row in the baseline's epoch, where compute_rate
+    # calibrates that path (choice.training_shape; None: no option computes on it)
+    shape: Optional[Tuple[float, float]] = None
 
     def decide(self, rates_for: Optional[Callable[[ModelSpec, float], Rates]] = None) -> Decision:
         """The choice among the options (choose_shard_sets' rates_for); may be called again with other rates."""
@@ -190,7 +194,7 @@ def shard_set_options(paths: Sequence[str], model: str, hidden: int, layers: int
                             f"earlier version); rebuild it with `granndis preprocess build ... --inductive --out "
                             f"{path} --overwrite` to offer them")
     return ShardSetOptions(found, m, training_degree(found, m, degree), int(budget_bytes), device, exact_only,
-                           device_memory, left_out, skipped)
+                           device_memory, left_out, skipped, training_shape(found))
 
 
 def fitting_sets(manifests: Dict[str, dict], layers: int, job: Optional[Tuple[int, int]],

@@ -243,8 +243,8 @@ def planned_rates(group, args, m: mm.ModelSpec, graph, setup: Optional[dict] = N
     """--inter-rate (and --inter-both-rate, --intra-rate): the links given, with the compute rate measured
     and calibrated on this machine's first GPU, else its CPU (rank 0's, shared; the exchange rounds' fixed
     cost needs the cluster and is not priced), at the in-degree of the graph the options train on
-    (mm.training_degree), and a co-batch's set-up (`setup`: cobatch_setup.summary's or given's fields);
-    None without --inter-rate."""
+    (mm.training_degree) and their overlapped path's shape (mm.training_shape), and a co-batch's set-up
+    (`setup`: cobatch_setup.summary's or given's fields); None without --inter-rate."""
     if args.inter_rate is None:
         return None
     rates = None
@@ -257,7 +257,7 @@ def planned_rates(group, args, m: mm.ModelSpec, graph, setup: Optional[dict] = N
         degree = mm.training_degree(options, m, graph.num_edges / max(1, graph.num_vertices))
         row_s, edge_s = compute_rate.measure(m.widths(), degree, device)
         try:  # the model's real step (compute_rate.calibrate); the exchange rounds need the cluster: not priced
-            cal = compute_rate.calibrate(m, degree, device, row_s, edge_s)
+            cal = compute_rate.calibrate(m, degree, device, row_s, edge_s, shape=mm.training_shape(options))
         except (ValueError, TypeError, RuntimeError, NotImplementedError):
             cal = {"compute_scale": 1.0, "step_s": 0.0}
         both = getattr(args, "inter_both_rate", None)

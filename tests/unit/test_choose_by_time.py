@@ -176,3 +176,18 @@ def test_the_training_degree_is_the_baseline_s_edges_per_row():
     assert mm.training_degree([eas, partial], m, fallback=26.0) == pytest.approx(2.0)  # no baseline: the first
     assert mm.training_degree([mm.Option(mode="fb")], m, fallback=26.0) == 26.0  # no work: the dataset's
     assert mm.training_degree([], m, fallback=26.0) == 26.0
+
+
+def test_the_training_shape_is_the_baseline_s_overlapped_path():
+    """The overlapped path is calibrated at the baseline's (fb's) halo and boundary rows per row, else the first
+    option's that computes on that path; None where none does."""
+    def option(mode, shape, payload="rows"):
+        w = Work(row_units=np.ones(2), edge_units=np.ones(2), intra_bytes=np.zeros(2), inter_bytes=np.zeros(1),
+                 rows_computed=2, overlap_shape=shape)
+        return mm.Option(mode=mode, payload=payload, work=w)
+
+    eas, flx = option("eas", None), option("flx", (0.1, 0.3))
+    fb, partial = option("fb", (2.0, 0.95)), option("fb", (1.0, 0.5), payload="partial")
+    assert mm.training_shape([eas, flx, partial, fb]) == (2.0, 0.95)
+    assert mm.training_shape([eas, partial, flx]) == (1.0, 0.5)  # no baseline: the first on the path
+    assert mm.training_shape([eas]) is None and mm.training_shape([]) is None

@@ -91,14 +91,19 @@ def test_kernel_prediction_counts_the_projected_rows():
     h = n // 16
     want = (2 * n * 8 * 8 + (2 * n + h) * 8 * 8 + (2 * n + h) * 8 * 4) * row_s + edges
     assert compute_rate.kernel_seconds(spec, n, d, row_s, edge_s, overlapped=True) == pytest.approx(want)
+    # at the run's shape: 2 halo rows per row at hand (the split share moves no projection)
+    h = 2 * n
+    want = (2 * n * 8 * 8 + (2 * n + h) * 8 * 8 + (2 * n + h) * 8 * 4) * row_s + edges
+    assert compute_rate.kernel_seconds(spec, n, d, row_s, edge_s, True, (2.0, 0.95)) == pytest.approx(want)
 
 
 def test_calibrate_times_the_real_training_step():
     import granndis_hpc.memory_model as mm
 
     spec = mm.ModelSpec("sage", features=16, hidden=8, num_classes=3, layers=2)
-    out = compute_rate.calibrate(spec, 4.0, torch.device("cpu"), 1e-9, 1e-9, repeats=2)
+    out = compute_rate.calibrate(spec, 4.0, torch.device("cpu"), 1e-9, 1e-9, repeats=2, shape=(2.0, 0.95))
     assert out["rows"] >= 1024 and 0 < out["step_small_s"] and 0 < out["step_large_s"]
+    assert out["shape"] == [2.0, 0.95]  # the overlapped path at the run's halo and boundary rows
     assert out["compute_scale"] >= 1 and math.isfinite(out["compute_scale"]) and out["step_s"] >= 0
     # the world view's overlapped path: at least the plain scale (it runs every product and more)
     assert 0 < out["overlapped_small_s"] and 0 < out["overlapped_large_s"]
@@ -181,14 +186,18 @@ def test_the_projected_rows_are_the_rows_the_linears_read(name, features):
         assert seen == want, (overlapped, seen, want)
 
 
-def test_the_overlapped_step_runs_the_world_views_path():
+@pytest.mark.parametrize("shape,halo_rows,first_rows", [(None, 4, 16), ((2.0, 0.95), 128, 61), ((9.0, 0.0), 256, 1)])
+def test_the_overlapped_step_runs_the_world_views_path(shape, halo_rows, first_rows):
     from granndis_hpc.nn.models import build_model
     from granndis_hpc.nn.rows import PendingRows
 
     cpu = torch.device("cpu")
-    # SAGE's layer 0 reads the static halo (feature rows, no gradient); layers 1 and 2 exchange
-    gather, n_halo = compute_rate._world_gather(64, cpu, lambda l: l > 0)
-    assert n_halo == 64 // compute_rate.OVERLAP_HALO_SHARE
+    # SAGE's layer 0 reads the static halo (feature rows, no gradient); layers 1 and 2 exchange.  The shape's
+    # halo rows per row at hand (at most MAX_HALO_SHARE) and its share of the rows computed first (at least one)
+    gather, n_halo = compute_rate._world_gather(64, cpu, lambda l: l > 0, shape)
+    assert n_halo == halo_rows
+    first = gather.boundary(1).first
+    assert first.numel() == first_rows and int(first[0]) == 0 and bool((first[1:] > first[:-1]).all())
     boundaries = []
     split = gather.boundary
     gather.boundary = lambda l: boundaries.append(l) or split(l)
@@ -216,7 +225,7 @@ def test_measure_job_keeps_the_slowest_calibration():
     once, _ = _scripted([(9.0, 9.0), (0.02, 0.01)])
     seen = []
 
-    def calibration(spec, degree, device, row, edge, allgather):
+    def calibration(spec, degree, device, row, edge, allgather, shape=None):
         seen.append((spec, degree, row, edge))
         return {"compute_scale": 1.5, "step_s": 0.01, "rows": 512}
     others = [{"compute_scale": 2.5, "step_s": 0.002, "rows": 512}]
@@ -242,12 +251,16 @@ def test_measure_job_keeps_the_slowest_overlapped_calibration():
             {"compute_scale": 2.0, "step_s": 0.002, "overlap_scale": 2.0, "overlap_step_s": 0.04, "rows": 512},
             {"compute_scale": 1.6, "step_s": 0.002, "overlap_scale": 2.0, "overlap_step_s": 0.004, "rows": 512}]
     gathered = iter([[(0.05, 0.001), (0.04, 0.001), (0.04, 0.001)], cals])
+    shapes = []
     out = compute_rate.measure_job([(8, 4)], 3.0, torch.device("cpu"), lambda mine: next(gathered), repeats=1,
-                                   once=once, spec="spec", calibration=lambda *a, **kw: cals[0])
+                                   once=once, spec="spec", shape=(2.0, 0.95),
+                                   calibration=lambda *a, **kw: shapes.append(kw["shape"]) or cals[0])
+    assert shapes == [(2.0, 0.95)]  # the run's overlapped path's shape, where the calibration takes it
     # the slowest rank's plain scale, times the ranks' median ratio; the median extra fixed cost
     assert out["compute_scale"] == 2.0
     assert out["overlap_scale"] == pytest.approx(2.0 * 1.25) and out["overlap_step_s"] == 0.004
-    assert "overlapped path x1.25 of that (ranks 1-1.4) and +0.004 s a step" in out["method"]
+    assert ("overlapped path (2 halo rows and 95% of the rows computed first per row, the run's) x1.25 of that "
+            "(ranks 1-1.4) and +0.004 s a step") in out["method"]
 
 
 def test_a_model_the_step_cannot_build_is_priced_by_the_kernels():

@@ -203,15 +203,15 @@ def test_the_per_server_route_adds_a_relay_round():
 def test_partial_aggregates_add_a_world_round_where_it_blocks():
     # blocking, a layer that sends partials exchanges its rows part (relayed), then its partials: two world rounds
     fb = [_rank(r, 3) for r in range(4)]
-    w = work(fb, SPEC, servers=2, partial_layers=1)
+    w = work(fb, SPEC, servers=2, partial_layers=(False, True))
     assert (w.world_rounds, w.relay_rounds, w.server_rounds) == (4, 2, 0)
     rates = Rates(inter_Bps=1000.0, intra_Bps=1e4, row_s=1e-6, edge_s=1e-5, step_s=0.5, world_round_s=0.03,
                   server_round_s=0.01)
     assert seconds(w, rates)["fixed_s"] == pytest.approx(0.5 + 4 * 0.03 + 2 * 0.01)
     # every layer inside the server (flx k=2): no world layer, no partials
-    assert work([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=2, partial_layers=1).world_rounds == 0
+    assert work([_rank(r, 3, k=2) for r in range(4)], SPEC, servers=2, partial_layers=(False, True)).world_rounds == 0
     # overlapped world exchanges (the default): the partials travel beside the rows' round
-    overlapped = work(fb, replace(SPEC, overlap=("world",)), servers=2, partial_layers=1)
+    overlapped = work(fb, replace(SPEC, overlap=("world",)), servers=2, partial_layers=(False, True))
     assert (overlapped.world_rounds, overlapped.relay_rounds) == (2, 2)
 
 
@@ -254,3 +254,29 @@ def test_overlap_scale_prices_the_layers_on_the_overlapped_path():
     # no overlapped calibration (overlap_scale None): the plain scale throughout
     assert compute([_three_layers(r, 0) for r in range(4)], spec, replace(rates, overlap_scale=None))[0] == \
         pytest.approx(1.5 * sum(fb_layer))
+
+
+def test_the_overlapped_path_s_shape_by_hand():
+    """Work.overlap_shape: (halo rows per computed row at the layers whose halo is in flight, rows the next
+    layer sends per computed row at the layers split boundary-first), over every rank; where compute_rate
+    calibrates that path (choice.training_shape)."""
+    spec = mm.ModelSpec("sage", features=8, hidden=16, num_classes=4, layers=3)  # overlapped: the world group
+
+    def rank(r, k, sends=lambda l: 2 * (l + 1) + 1):  # layer l sends 2 (l + 1) + 1 of its input rows
+        base = _three_layers(r, k)
+        layers = tuple(replace(lr, n_send=sends(l)) for l, lr in enumerate(base.world.layers))
+        return replace(base, world=replace(base.world, layers=layers),
+                       server=None if base.server is None else replace(base.server, layers=layers))
+
+    def shape(k, ranks=4, m=spec):
+        return work([rank(r, k) for r in range(ranks)], m, servers=2 if ranks > 1 else 1).overlap_shape
+    # fb: layers 1 and 2 in flight (4 halo rows over 20 and 30 computed), layers 0 and 1 split for the sends of
+    # layers 1 and 2 (5 and 7 rows over 10 and 20 computed)
+    assert shape(0) == pytest.approx((8 / 50, 12 / 30))
+    # flx k=2: layer 2 in flight, layer 1 split for it
+    assert shape(2) == pytest.approx((4 / 30, 7 / 20))
+    # a send list counts a row once per peer: the rows computed first are at most those computed (20 of layer 1)
+    many = work([rank(r, 2, sends=lambda l: 50) for r in range(4)], spec, servers=2).overlap_shape
+    assert many == pytest.approx((4 / 30, 20 / 20))
+    # nothing on the overlapped path: every layer inside the server, --no-overlap, one rank
+    assert shape(3) is None and shape(0, m=replace(spec, overlap=())) is None and shape(0, ranks=1) is None

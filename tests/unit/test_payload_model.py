@@ -135,6 +135,34 @@ def test_inter_server_bytes_of_each_payload(graph, shard_set, route):
     assert got["partial"].to_dict()["payload"] == "partial"
 
 
+def test_a_partial_payload_computes_its_rows_part(graph, shard_set):
+    """At a layer that receives partials, a rank projects and aggregates its own rows and the halo rows that
+    still come as rows (its own server's), over the rows part's edges plus the product of its own rows'
+    messages into the partials it sends; the layer below computes its rows unsplit (the partials are sent
+    from the layer's own messages): counted here with NumPy from the graph and the partition."""
+    m = _model()
+    _, servers = mm.read_shard_set(shard_set)
+    rows = sorted(mm.shard_rows(servers, 3, 0, FEATURES, CLASSES), key=lambda r: r.rank)
+    want_rows, _, edges, _, server = _expected(graph, _owner(shard_set))
+    across = server[:, None] != server[None, :]  # [reader, source]
+    kept, cut, sent = (np.where(~across, want_rows, 0).sum(axis=1), np.where(across, edges, 0).sum(axis=1),
+                       np.where(across, edges, 0).sum(axis=0))
+    got = mm.payload.computed_rows(rows, m, 2, "partial")
+    for r, g in zip(rows, got):
+        assert g.world.layers[0] == r.world.layers[0]  # layer 0 reads the static features: rows
+        for l in (1, 2):
+            lr = r.world.layers[l]
+            want = mm.LayerRows(**{**lr.__dict__, "n_halo": int(kept[r.rank]),
+                                   "nnz": int(lr.nnz - cut[r.rank] + sent[r.rank])})
+            assert g.world.layers[l] == want, (r.rank, l)
+    s = mm.SetArrays(servers, "full", 3, 3, ks=[0], sample_cobatches=False)
+    fb = {o.payload: o for o in mm.options(mm.row_groups(s, 3, m, mm.Sampling()), m, 2) if o.mode == "fb"}
+    # fewer rows projected (layer 1 projects its sources first with its halo in flight, layer 2 narrows),
+    # and no layer split boundary-first: the whole step off the overlapped path's split
+    assert (fb["partial"].work.row_units < fb["rows"].work.row_units).all()
+    assert fb["partial"].work.overlap_shape[1] == 0 < fb["rows"].work.overlap_shape[1]
+
+
 @pytest.mark.parametrize("change", [dict(name="gat"), dict(name="sage-max"), dict(precision="bf16"),
                                     dict(input_dropout=0.2)])
 def test_no_partial_payload_where_the_engine_refuses_it(change):
