@@ -25,7 +25,7 @@ what is left at n rows is the step's fixed cost (`step_s`: optimizer, launches).
 fb's world view computes its layers another way: the halo in flight (nn/rows.PendingRows), a layer
 aggregates its own rows' edges and its halo rows' apart and combines them, and boundary-first it computes
 the rows the next exchange sends, then the others, and merges them (nn/runner.py).  On the products-size
-graph fb's measured compute is 1.16x flx k=3's, which the plain step alone does not see
+graph fb's measured compute is 1.13x flx k=3's, which the plain step alone does not see
 (docs/performance/auto.md).  So `calibrate` also
 times the step on that path (`training_step(overlapped=True)`: a halo in flight where the layer's sources
 come through the exchange, and the rows the next exchange sends computed first) at the same sizes, in the
@@ -394,8 +394,8 @@ def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.
     fixed = [float(c["step_s"]) for c in cals]
     # The overlapped path: each rank's ratio to its own plain step and its extra fixed cost, the median
     # over the ranks.  A rank's two paths are timed side by side, but ranks sharing cores disturb each
-    # other's fits: on the products-size graph unshaped, 4 ranks on 2 cores, one start-up's ranks measured
-    # ratios 1.2-3.36, their median 1.35 (docs/performance/auto.md).
+    # other's fits: on the products-size graph at 1 Gbit/s, 4 ranks on 2 cores, one start-up's ranks
+    # measured ratios 1-2.05, their median 1.31 (docs/performance/auto.md).
     ratios = [float(c.get("overlap_scale", c["compute_scale"])) / max(float(c["compute_scale"]), 1e-12) for c in cals]
     overlap_fixed = [float(c.get("overlap_step_s", 0.0)) for c in cals]
     out.update(compute_scale=max(scales), step_s=max(fixed), overlap_scale=max(scales) * float(np.median(ratios)),

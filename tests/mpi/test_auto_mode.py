@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from granndis_hpc import memory_model as mm
 from granndis_hpc.cluster.errors import ClusterError
+from granndis_hpc.memory_model import compute_rate
 from granndis_hpc.memory_model.profile import measure_step_peak
 from tests.mpi.conftest import build_sets_on_rank0, make_trainer
 
@@ -20,6 +21,27 @@ LAYERS, HIDDEN = 3, 16
 def _graph():
     from granndis_hpc.preprocess.sources import load
     return load("synthetic", vertices=6000, avg_degree=20.0, features=512, classes=4, seed=1)
+
+
+def _owner(path):
+    """The owner rank of every vertex, from the set's inner rows' global ids."""
+    from granndis_hpc import shards
+
+    manifest = shards.read_manifest(path)
+    owner = np.full(int(manifest["dataset"]["num_vertices"]), -1, dtype=np.int64)
+    for rank in range(WORLD.Get_size()):
+        sl = shards.read_rank_slice(path, manifest, *divmod(rank, int(manifest["gpus_per_server"])))
+        owner[np.asarray(sl.global_id[: sl.n_inner], dtype=np.int64)] = rank
+    assert (owner >= 0).all()
+    return owner
+
+
+def _halo_rows(graph, owner):
+    """Every rank's distinct in-neighbours it does not own, summed over the ranks."""
+    dst = np.repeat(np.arange(graph.num_vertices), np.diff(graph.indptr))
+    src = np.asarray(graph.indices, dtype=np.int64)
+    remote = owner[src] != owner[dst]
+    return int(np.unique(np.stack([owner[dst][remote], src[remote]], axis=1), axis=0).shape[0])
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +132,13 @@ def test_time_rule_picks_the_fastest_predicted_option_that_fits(shard_sets, esti
         # at the degree of the graph fb trains on: every vertex, every in-edge (this graph is transductive)
         graph = _graph()
         assert decision["compute_rate"]["degree"] == pytest.approx(graph.indptr[-1] / graph.num_vertices, rel=1e-12)
+        # the overlapped path calibrated at fb's halo rows per computed row: every world layer that exchanges
+        # reads the 1-hop halo of the rank's own vertices (counted here from the graph and the partition);
+        # --no-overlap computes no layer on that path: the default shape, which nothing prices
+        want = (_halo_rows(graph, _owner(shard_sets["full"])) / graph.num_vertices if modes == "any"
+                else compute_rate.DEFAULT_SHAPE[0])
+        for cal in decision["compute_rate"]["calibration"]:
+            assert cal["shape"][0] == pytest.approx(want, rel=1e-12) and 0 < cal["shape"][1] <= 1
         # the rates carry the calibration and the rounds measured at start-up, and the reason says them
         rates, measured, check = decision["rates"], decision["compute_rate"], decision["link_check"]
         assert rates["compute_scale"] == measured["compute_scale"] > 0
