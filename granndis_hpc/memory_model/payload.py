@@ -175,9 +175,10 @@ def computed_rows(rows: Sequence[RankRows], m: ModelSpec, servers: int, payload:
     this rank partials, its sources are its own rows and the halo rows that still come as rows, and its
     edges those of the rows part plus the product that sums its own rows' messages into the partials it
     sends (its receivers' cut edges: the same count, moved to the sender).  A halo row that came as a
-    partial is not projected: on the demo graph (20,000 vertices, fb's halo twice the own rows) fb's
-    layer 0 and 1 computed in 46 and 36 ms a step with rows and 22 and 35 ms with partials.  The rows
-    and bytes the epoch moves are counted apart (halo_bytes)."""
+    partial is not projected, and the layer below is not split boundary-first (epoch_time.work's
+    partial_layers): on the demo graph (20,000 vertices, fb's halo twice the own rows, layers 1 and 2
+    sending partials) fb's layers 0 and 1 computed in 46 and 36 ms a step with rows and 22 and 35 ms with
+    partials.  The rows and bytes the epoch moves are counted apart (halo_bytes)."""
     p = plan(rows, m, servers, payload)
     ordered = sorted(rows, key=lambda r: r.rank)
     edges = np.array([r.world.peers.edges_from for r in ordered], dtype=np.int64)  # type: ignore[union-attr]
