@@ -296,9 +296,9 @@ def _baseline(o: Option) -> bool:
 def _training_work(options: Sequence[Option], counted) -> Optional[Work]:
     """The work of the baseline (fb's epoch, else the first option's) among the options whose work has
     what `counted` reads (None: no such option)."""
-    found = [o.work for o in options if o.work is not None and counted(o.work)]
-    return next((o.work for o in options if o.work is not None and counted(o.work) and _baseline(o)),
-                found[0] if found else None)
+    found = [o for o in options if o.work is not None and counted(o.work)]
+    chosen = next((o for o in found if _baseline(o)), found[0] if found else None)
+    return None if chosen is None else chosen.work
 
 
 def training_degree(options: Sequence[Option], m: ModelSpec, fallback: float) -> float:
@@ -317,10 +317,9 @@ def training_degree(options: Sequence[Option], m: ModelSpec, fallback: float) ->
 def training_shape(options: Sequence[Option]) -> Optional[Tuple[float, float]]:
     """The overlapped path's shape in the baseline's epoch (fb's, else the first option's with a layer on
     that path): its halo rows and its boundary-first rows per computed row (Work.overlap_shape), at which
-    compute_rate calibrates the path.  The path's cost per row over the kernels' grows with its halo: on
-    the demo graph's model (SAGE 100-64-64-16, one process, 5,000 rows) 1.31x with a halo of 1/16 of the
-    rows and a quarter of them first, 1.49x at fb's shape there (a halo of twice the rows, 95 % first).
-    None where no option computes on that path."""
+    compute_rate calibrates the path: a fixed small halo misprices fb where its halo is larger than its own
+    rows (the 20,000-vertex demo graph: 1.97 halo rows a row, docs/performance/auto.md).  None where no
+    option computes on that path."""
     w = _training_work(options, lambda w: w.overlap_shape is not None)
     return None if w is None else w.overlap_shape
 

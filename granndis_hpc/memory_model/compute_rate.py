@@ -351,8 +351,8 @@ def calibrate(spec, degree: float, device: torch.device, row_s: float, edge_s: f
     # The overlapped path runs every product the plain one does and more: a smaller growth is noise.
     return {"compute_scale": scale, "step_s": fixed, "overlap_scale": max(scale, over_scale),
             "overlap_step_s": max(0.0, over_fixed - fixed), "rows": n, "shape": list(_shape(shape)),
-            "step_small_s": best[0],
-            "step_large_s": best[1], "overlapped_small_s": best[2], "overlapped_large_s": best[3]}
+            "step_small_s": best[0], "step_large_s": best[1], "overlapped_small_s": best[2],
+            "overlapped_large_s": best[3]}
 
 
 def measure_job(widths: Sequence[Tuple[int, int]], degree: float, device: torch.device,

@@ -176,9 +176,11 @@ def computed_rows(rows: Sequence[RankRows], m: ModelSpec, servers: int, payload:
     edges those of the rows part plus the product that sums its own rows' messages into the partials it
     sends (its receivers' cut edges: the same count, moved to the sender).  A halo row that came as a
     partial is not projected, and the layer below is not split boundary-first (epoch_time.work's
-    partial_layers): on the demo graph (20,000 vertices, fb's halo twice the own rows, layers 1 and 2
-    sending partials) fb's layers 0 and 1 computed in 46 and 36 ms a step with rows and 22 and 35 ms with
-    partials.  The rows and bytes the epoch moves are counted apart (halo_bytes)."""
+    partial_layers): on the demo graph unshaped (20,000 vertices, fb's halo twice the own rows, layers 1
+    and 2 sending partials) the slowest rank's layers 0, 1 and 2 computed 31.5, 35.7 and 16.6 ms a step
+    with rows and 26.1, 31.9 and 15.6 ms with partials (layer_compute_s in the auto sweep's runs'
+    metrics.jsonl, docs/performance/auto.md).  The rows and bytes the epoch moves are counted apart
+    (halo_bytes)."""
     p = plan(rows, m, servers, payload)
     ordered = sorted(rows, key=lambda r: r.rank)
     edges = np.array([r.world.peers.edges_from for r in ordered], dtype=np.int64)  # type: ignore[union-attr]
